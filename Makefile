@@ -1,0 +1,50 @@
+# raftmq: the two commands are `make demo` and `make test`. Everything else is a step of those.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PACKAGES := dledger
+
+.PHONY: venv gen gen-check lint typecheck test test-fast demo bench-store clean
+
+venv: $(STAMP)
+
+# Reinstalled whenever pyproject.toml changes. Needs only Python 3.11 and the package index.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "raftmq needs Python >= 3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Regenerate the committed gRPC stubs in gen/ from protos/.
+gen: venv
+	$(PY) protos/generate.py
+
+# Generate the stubs into a temporary dir and fail if the committed ones differ.
+gen-check: venv
+	$(PY) protos/generate.py --check
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: venv
+	$(PY) -m mypy $(PACKAGES) protos/generate.py
+
+test: venv gen-check lint typecheck
+	$(PY) -m pytest
+
+# The edit loop: unit tests and the simulator only.
+test-fast: venv
+	$(PY) -m pytest tests/unit tests/sim -q
+
+demo: venv
+	$(PY) -m dledger.storage.demo
+
+bench-store: venv
+	$(PY) -m bench.store
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,152 @@
+"""The contract between the Raft core and a log store.
+
+Both the real store (``dledger.storage``) and the in-memory store used by the simulator
+(``dledger.sim``) implement :class:`LogStore`. The Raft core (``dledger.core``) only ever
+talks to its log through this interface.
+
+Durability model
+----------------
+``append`` and ``truncate_suffix`` change what the store *holds* but promise nothing about
+what survives a crash. ``flush`` makes everything appended so far durable and returns the
+highest durable index. ``save_hard_state`` is durable when it returns. The driver of the
+core (the server, or the simulator) decides when to flush: under SYNC_FLUSH it flushes the
+log and the hard state before it sends any message that depends on them.
+
+Indices start at 1. Index 0 is the empty prefix, whose term is 0.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class EntryType(enum.IntEnum):
+    """What an entry means to the Raft layer.
+
+    Values 0..15 are reserved for dledger; values 16..255 belong to the application
+    (the broker uses them for its own control records). dledger never interprets them.
+    """
+
+    NORMAL = 0
+    NOOP = 1  # appended by a new leader to commit entries of earlier terms (Raft, fig. 8)
+    CONFIG = 2  # membership configuration (reserved)
+
+
+APPLICATION_TYPE_MIN = 16
+ENTRY_TYPE_MAX = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One Raft log entry. ``body`` is opaque bytes to everything in ``dledger``."""
+
+    term: int
+    index: int
+    body: bytes
+    type: int = EntryType.NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What Raft must remember across a crash before it may answer a peer."""
+
+    term: int = 0
+    voted_for: str | None = None
+
+
+class DLedgerError(Exception):
+    """Root of every error raised by ``dledger``. ``code`` is stable and machine readable."""
+
+    code = "DLEDGER_ERROR"
+
+
+class LogCompactedError(DLedgerError):
+    """The requested index is below the first index still held (deleted by retention)."""
+
+    code = "LOG_COMPACTED"
+
+
+class IndexOutOfRangeError(DLedgerError):
+    """The requested index is above the last index held."""
+
+    code = "INDEX_OUT_OF_RANGE"
+
+
+class CorruptLogError(DLedgerError):
+    """Stored bytes fail a check (magic, size, CRC). Carries the file and byte offset."""
+
+    code = "CORRUPT_LOG"
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class LogStore(Protocol):
+    """The log of one Raft member, as the core sees it."""
+
+    def first_index(self) -> int:
+        """Smallest index still held; ``last_index() + 1`` when the store holds nothing."""
+        ...
+
+    def last_index(self) -> int:
+        """Highest index held; 0 when nothing was ever appended."""
+        ...
+
+    def last_term(self) -> int:
+        """Term of ``last_index()``; 0 when nothing was ever appended."""
+        ...
+
+    def term_at(self, index: int) -> int:
+        """Term of entry ``index``.
+
+        ``term_at(0) == 0``. ``term_at(first_index() - 1)`` is still answered after a prefix
+        deletion (the store remembers the term of the last deleted entry). Raises
+        :class:`LogCompactedError` below that and :class:`IndexOutOfRangeError` above
+        ``last_index()``.
+        """
+        ...
+
+    def read(self, index: int) -> Entry:
+        """Entry ``index``; same errors as :meth:`term_at`; :class:`CorruptLogError` on bad bytes."""
+        ...
+
+    def read_range(self, start: int, max_bytes: int, max_count: int = 1 << 30) -> list[Entry]:
+        """Entries from ``start`` on, at most ``max_count`` of them and about ``max_bytes``
+        of bodies, but always at least one entry when ``start <= last_index()``.
+        Returns ``[]`` when ``start == last_index() + 1``."""
+        ...
+
+    def append(self, entries: Sequence[Entry]) -> int:
+        """Append entries whose indices are ``last_index()+1, +2, ...`` in order.
+
+        Not durable until :meth:`flush`. Returns the new ``last_index()``.
+        """
+        ...
+
+    def truncate_suffix(self, index: int) -> None:
+        """Remove every entry with index ``>= index`` (Raft conflict repair).
+
+        Durable when it returns: a truncated entry never reappears after a crash.
+        """
+        ...
+
+    def flush(self) -> int:
+        """Make every appended entry durable; return the highest durable index."""
+        ...
+
+    def flushed_index(self) -> int:
+        """Highest index known to be durable."""
+        ...
+
+    def load_hard_state(self) -> HardState:
+        """The last hard state saved (``HardState()`` for a new store)."""
+        ...
+
+    def save_hard_state(self, state: HardState) -> None:
+        """Save atomically and durably (temp file, fsync, rename, fsync dir)."""
+        ...

@@ -1,0 +1,229 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Entry(_message.Message):
+    __slots__ = ("term", "index", "type", "body")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    index: int
+    type: int
+    body: bytes
+    def __init__(self, term: _Optional[int] = ..., index: _Optional[int] = ..., type: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class VoteRequest(_message.Message):
+    __slots__ = ("group", "from_id", "to_id", "term", "last_log_index", "last_log_term", "pre_vote", "leadership_transfer")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    LEADERSHIP_TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    from_id: str
+    to_id: str
+    term: int
+    last_log_index: int
+    last_log_term: int
+    pre_vote: bool
+    leadership_transfer: bool
+    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ..., pre_vote: _Optional[bool] = ..., leadership_transfer: _Optional[bool] = ...) -> None: ...
+
+class VoteResponse(_message.Message):
+    __slots__ = ("from_id", "to_id", "term", "granted", "pre_vote", "reject_reason")
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    REJECT_REASON_FIELD_NUMBER: _ClassVar[int]
+    from_id: str
+    to_id: str
+    term: int
+    granted: bool
+    pre_vote: bool
+    reject_reason: str
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., granted: _Optional[bool] = ..., pre_vote: _Optional[bool] = ..., reject_reason: _Optional[str] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("group", "from_id", "to_id", "term", "prev_log_index", "prev_log_term", "entries", "leader_commit")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    PREV_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PREV_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LEADER_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    from_id: str
+    to_id: str
+    term: int
+    prev_log_index: int
+    prev_log_term: int
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    leader_commit: int
+    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index")
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    from_id: str
+    to_id: str
+    term: int
+    success: bool
+    match_index: int
+    conflict_index: int
+    conflict_term: int
+    last_log_index: int
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ...) -> None: ...
+
+class TimeoutNowRequest(_message.Message):
+    __slots__ = ("group", "from_id", "to_id", "term")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    from_id: str
+    to_id: str
+    term: int
+    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+
+class PeerMessage(_message.Message):
+    __slots__ = ("vote_request", "vote_response", "append_request", "append_response", "timeout_now")
+    VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    VOTE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    APPEND_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    APPEND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_NOW_FIELD_NUMBER: _ClassVar[int]
+    vote_request: VoteRequest
+    vote_response: VoteResponse
+    append_request: AppendRequest
+    append_response: AppendResponse
+    timeout_now: TimeoutNowRequest
+    def __init__(self, vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., timeout_now: _Optional[_Union[TimeoutNowRequest, _Mapping]] = ...) -> None: ...
+
+class PeerAck(_message.Message):
+    __slots__ = ("received",)
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    received: int
+    def __init__(self, received: _Optional[int] = ...) -> None: ...
+
+class AppendEntriesRequest(_message.Message):
+    __slots__ = ("group", "bodies", "type")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    BODIES_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    bodies: _containers.RepeatedScalarFieldContainer[bytes]
+    type: int
+    def __init__(self, group: _Optional[str] = ..., bodies: _Optional[_Iterable[bytes]] = ..., type: _Optional[int] = ...) -> None: ...
+
+class AppendEntriesResponse(_message.Message):
+    __slots__ = ("first_index", "last_index", "term")
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    first_index: int
+    last_index: int
+    term: int
+    def __init__(self, first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("group", "index", "max_count", "max_bytes")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    index: int
+    max_count: int
+    max_bytes: int
+    def __init__(self, group: _Optional[str] = ..., index: _Optional[int] = ..., max_count: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("entries", "commit_index")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    commit_index: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ...) -> None: ...
+
+class MetadataRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class PeerProgress(_message.Message):
+    __slots__ = ("id", "match_index", "next_index")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    match_index: int
+    next_index: int
+    def __init__(self, id: _Optional[str] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ...) -> None: ...
+
+class MetadataResponse(_message.Message):
+    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SELF_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    STORE_PATH_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    self_id: str
+    role: str
+    term: int
+    leader_id: str
+    leader_client_addr: str
+    commit_index: int
+    applied_index: int
+    first_index: int
+    last_index: int
+    flushed_index: int
+    peers: _containers.RepeatedCompositeFieldContainer[PeerProgress]
+    store_path: str
+    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ...) -> None: ...
+
+class TransferLeadershipRequest(_message.Message):
+    __slots__ = ("group", "target_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    target_id: str
+    def __init__(self, group: _Optional[str] = ..., target_id: _Optional[str] = ...) -> None: ...
+
+class TransferLeadershipResponse(_message.Message):
+    __slots__ = ("leader_id", "term")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    leader_id: str
+    term: int
+    def __init__(self, leader_id: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
