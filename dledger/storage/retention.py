@@ -1,0 +1,68 @@
+"""Retention policy: which whole data segments may be deleted (RocketMQ's cleanup rules).
+
+Pure functions with the clock passed in, so that every rule is testable. The store applies
+the result with :meth:`dledger.storage.store.SegmentedLogStore.delete_prefix`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+# RocketMQ's defaults: keep files 72 hours, delete at 4 in the morning (local time).
+DEFAULT_FILE_RESERVED_TIME_HOURS = 72
+DEFAULT_DELETE_WHEN = "04"
+SECONDS_PER_HOUR = 3600
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What the policy needs to know about one data segment."""
+
+    path: str
+    start_position: int
+    first_index: int  # 0 when the segment holds no entry
+    last_index: int  # 0 when the segment holds no entry
+    mtime_s: float  # last modification time, seconds since the epoch
+
+
+def parse_delete_when(delete_when: str) -> frozenset[int]:
+    """``"04"`` or ``"04;05"`` -> the hours of the day at which deletion may run."""
+    hours: set[int] = set()
+    for part in delete_when.split(";"):
+        text = part.strip()
+        if not text.isdigit() or not 0 <= int(text) <= 23:
+            raise ValueError(f"deleteWhen={delete_when!r}: {part!r} is not an hour 00..23")
+        hours.add(int(text))
+    return frozenset(hours)
+
+
+def segments_to_delete(
+    segments: Sequence[SegmentInfo],
+    *,
+    now: datetime,
+    applied_index: int,
+    file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS,
+    delete_when: str = DEFAULT_DELETE_WHEN,
+) -> list[SegmentInfo]:
+    """The leading segments (oldest first) that retention deletes now.
+
+    A segment is deleted when all of these hold: the hour of ``now`` is one of
+    ``delete_when``; the segment was last modified at least ``file_reserved_time_hours``
+    before ``now``; every entry in it is at or below ``applied_index`` (committed and applied
+    by the state machine, so nothing still needs it); it is not the last (active) segment; and
+    every segment before it is deleted too (the log stays a contiguous suffix).
+    """
+    if file_reserved_time_hours < 0:
+        raise ValueError(f"fileReservedTime={file_reserved_time_hours} must be >= 0")
+    hours = parse_delete_when(delete_when)
+    if now.hour not in hours:
+        return []
+    cutoff_s = now.timestamp() - file_reserved_time_hours * SECONDS_PER_HOUR
+    out: list[SegmentInfo] = []
+    for seg in segments[:-1]:
+        if seg.last_index == 0 or seg.last_index > applied_index or seg.mtime_s > cutoff_s:
+            break
+        out.append(seg)
+    return out

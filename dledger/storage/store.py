@@ -1,0 +1,1243 @@
+"""The DLedger log store of one Raft member: mmap'd data segments, an O(1) index, durable
+metadata, group-commit flushing and crash recovery. See docs/STORAGE.md and docs/FORMAT.md.
+
+Locking: ``_lock`` guards all in-memory state and the mappings; it is never held across an
+fsync/msync on the append path. ``_flush_lock`` serialises the things that sync or reshape
+files (flush, checkpoint, truncate, delete, close); a thread that holds both takes
+``_flush_lock`` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+
+from dledger.log import (
+    ENTRY_TYPE_MAX,
+    CorruptLogError,
+    DLedgerError,
+    Entry,
+    HardState,
+    IndexOutOfRangeError,
+    LogCompactedError,
+    LogStore,
+)
+from dledger.storage import codec
+from dledger.storage.codec import (
+    BLANK_MAGIC_BYTES,
+    BLANK_SIZE,
+    ENTRY_HEADER_SIZE,
+    ENTRY_MAGIC,
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_CRC_OFFSET,
+    HEADER_NO_CRC,
+    INDEX_CRC_OFFSET,
+    INDEX_MAGIC,
+    INDEX_NO_CRC,
+    INDEX_RECORD_SIZE,
+    MAX_ENTRY_BODY_BYTES,
+    NO_TRUNCATE_PENDING,
+    U32,
+    Checkpoint,
+    ItemKind,
+    RecordError,
+    crc32c,
+)
+from dledger.storage.files import (
+    ALLOC_SUFFIX,
+    PAGE_SIZE,
+    SEGMENT_NAME_DIGITS,
+    MappedFile,
+    SegmentAllocator,
+    atomic_write,
+    fsync_dir,
+    segment_name,
+)
+from dledger.storage.retention import (
+    DEFAULT_DELETE_WHEN,
+    DEFAULT_FILE_RESERVED_TIME_HOURS,
+    SegmentInfo,
+    segments_to_delete,
+)
+
+log = logging.getLogger(__name__)
+
+# RocketMQ's commitlog file size: few enough files for a large disk, small enough that
+# retention frees space in useful steps.
+DEFAULT_SEGMENT_SIZE_BYTES = 1 << 30
+# Tests use tiny segments to cross boundaries often; below this the blank-record and
+# pre-allocation overheads dominate and nothing realistic fits.
+MIN_SEGMENT_SIZE_BYTES = 64 * 1024
+# 1 Mi index records of 32 bytes per index file (like DLedger's 5M x 32 B index files, but
+# smaller so that a young store does not map hundreds of MiB of index).
+DEFAULT_INDEX_SEGMENT_SIZE_BYTES = (1 << 20) * INDEX_RECORD_SIZE
+# RocketMQ's flushIntervalCommitLog default.
+DEFAULT_FLUSH_INTERVAL_MS = 500
+# How stale the checkpoint may get: it bounds how much log recovery re-verifies after a
+# crash, and costs two fsyncs each time it is written.
+DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
+
+# Group-commit syncs allowed to run at once. Overlapping syncs are correct (see _flush_to)
+# but on this machine 2 or 4 only split batches (fewer entries per sync) without raising
+# throughput (measured with bench/store.py), so one at a time.
+MAX_CONCURRENT_SYNCS = 1
+
+# Recovery reads segments in chunks of this size when it looks for the end of written data.
+SCAN_CHUNK_BYTES = 1 << 20
+
+# The next data segment is requested when the active one is this full: early enough that
+# the background thread has written its zeros before the roll at any realistic append rate,
+# late enough that a short-lived or idle store does not pay for a segment it never uses.
+PREALLOCATE_AT_FILL = 0.5
+
+DATA_DIR = "commitlog"
+INDEX_DIR = "index"
+CHECKPOINT_FILE = "checkpoint"
+ABORT_FILE = "abort"
+LOCK_FILE = "lock"
+META_FILE = "meta"
+
+
+class FlushDiskType(enum.Enum):
+    """RocketMQ's ``flushDiskType``."""
+
+    SYNC_FLUSH = "SYNC_FLUSH"  # callers flush (group commit) before acknowledging
+    ASYNC_FLUSH = "ASYNC_FLUSH"  # a background thread flushes every flush_interval_ms
+
+
+class StoreLockedError(DLedgerError):
+    """Another process (or another open store in this process) holds the store's lock."""
+
+    code = "STORE_LOCKED"
+
+
+class StoreClosedError(DLedgerError):
+    code = "STORE_CLOSED"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_BYTES
+    index_segment_size_bytes: int = DEFAULT_INDEX_SEGMENT_SIZE_BYTES
+    flush_disk_type: FlushDiskType = FlushDiskType.SYNC_FLUSH
+    flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
+    checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS
+    preallocate: bool = True  # create the next data segment in a background thread
+    warm_segments: bool = False  # write zeros into new data segments (see files._create_file)
+    full_verify_on_open: bool = False  # check every entry's CRCs on open, not just the tail
+
+    def __post_init__(self) -> None:
+        for name in ("segment_size_bytes", "index_segment_size_bytes"):
+            value = getattr(self, name)
+            if value < MIN_SEGMENT_SIZE_BYTES or value % PAGE_SIZE:
+                raise ValueError(
+                    f"{name}={value} must be >= {MIN_SEGMENT_SIZE_BYTES} and a multiple of "
+                    f"the page size {PAGE_SIZE}"
+                )
+        if self.segment_size_bytes >= 1 << 32:
+            # Blank records store the remaining length of a segment in a u32.
+            raise ValueError(f"segment_size_bytes={self.segment_size_bytes} must be < 4 GiB")
+        if self.index_segment_size_bytes % INDEX_RECORD_SIZE:
+            raise ValueError("index_segment_size_bytes must be a multiple of 32")
+        if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
+            raise ValueError("flush_interval_ms and checkpoint_interval_ms must be > 0")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest body that fits: an entry never straddles two segment files."""
+        return min(MAX_ENTRY_BODY_BYTES, self.segment_size_bytes - ENTRY_HEADER_SIZE)
+
+
+class SegmentedLogStore:
+    """A :class:`dledger.log.LogStore` on disk under ``root_dir`` (see docs/STORAGE.md)."""
+
+    def __init__(self, root_dir: str | os.PathLike[str], config: StoreConfig | None = None):
+        self.config = config if config is not None else StoreConfig()
+        self.root = Path(root_dir)
+        self._seg_size = self.config.segment_size_bytes
+        self._idx_size = self.config.index_segment_size_bytes
+        self._max_body = self.config.max_body_bytes
+        self._prealloc_at = int(self._seg_size * PREALLOCATE_AT_FILL)
+        self._next_requested = -1  # start of the segment last asked of the allocator
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._sync_done = threading.Condition(self._lock)
+        self._syncs_in_flight = 0  # group-commit syncs running now
+        self._sync_started_index = 0  # highest index a started sync covers
+        self._reshaping = False  # truncate/delete/close waiting for syncs to drain
+        self._meta_lock = threading.Lock()
+        self._closed = True
+        self._lock_fd = -1
+        self._segments: list[MappedFile] = []
+        self._seg_first: list[int] = []  # first entry index in each segment, 0 when empty
+        self._index_files: dict[int, MappedFile] = {}  # index file number -> file
+        self._cur_index: MappedFile | None = None  # index file of the last appended record
+        self._base_index = 0
+        self._base_term = 0
+        self._last_index = 0
+        self._last_term = 0
+        self._write_pos = 0
+        self._flushed_pos = 0
+        self._flushed_index = 0
+        self._index_synced = 0  # index records up to here are msync'ed
+        self._commit_index = 0
+        self._applied_index = 0
+        self._last_checkpoint_s = 0.0
+        self.flush_count = 0  # number of data syncs done (group-commit metric)
+        self.recovered_from_crash = False
+        self._created_first_segment = False
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._allocator: SegmentAllocator | None = None
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._data_dir = self.root / DATA_DIR
+        self._index_dir = self.root / INDEX_DIR
+        self._data_dir.mkdir(exist_ok=True)
+        self._index_dir.mkdir(exist_ok=True)
+        self._acquire_lock()
+        try:
+            self._open()
+        except BaseException:
+            self._release_files()
+            self._unlock()
+            raise
+        self._closed = False
+        if self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"flusher-{self.root.name}", daemon=True
+            )
+            self._flusher.start()
+
+    # ------------------------------------------------------------------ open / recovery
+
+    def _acquire_lock(self) -> None:
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"store {self.root} is locked by another process or open store"
+            ) from None
+        self._lock_fd = fd
+
+    def _open(self) -> None:
+        t0 = time.monotonic()
+        ckpt = self._read_checkpoint()
+        abort = self.root / ABORT_FILE
+        self.recovered_from_crash = abort.exists()
+        abort.touch()
+        fsync_dir(self.root)
+        self._base_index = ckpt.base_index
+        self._base_term = ckpt.base_term
+        self._commit_index = ckpt.commit_index
+        self._applied_index = ckpt.applied_index
+        self._open_index_files()
+        self._open_data_segments(ckpt)
+        self._recover(ckpt)
+        self._allocator = SegmentAllocator(
+            self._data_dir,
+            self._seg_size,
+            enabled=self.config.preallocate,
+            warm=self.config.warm_segments,
+        )
+        self._maybe_preallocate()
+        log.info(
+            "store opened root=%s crashed=%s first_index=%d last_index=%d write_pos=%d "
+            "segments=%d elapsed_ms=%.1f",
+            self.root,
+            self.recovered_from_crash,
+            self._base_index + 1,
+            self._last_index,
+            self._write_pos,
+            len(self._segments),
+            (time.monotonic() - t0) * 1000,
+        )
+
+    def _read_checkpoint(self) -> Checkpoint:
+        path = self.root / CHECKPOINT_FILE
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.with_name(path.name + ".tmp"))
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return Checkpoint()
+        try:
+            return codec.decode_checkpoint(data)
+        except RecordError as e:
+            raise CorruptLogError(
+                f"checkpoint {path}: {e.reason}", path=str(path), offset=e.offset
+            ) from None
+
+    def _list_files(self, directory: Path, unit: int) -> list[int]:
+        starts = []
+        for p in directory.iterdir():
+            if p.name.endswith((ALLOC_SUFFIX, ".tmp")):
+                p.unlink()  # an allocation or a write that a crash interrupted
+                continue
+            if len(p.name) != SEGMENT_NAME_DIGITS or not p.name.isdigit():
+                raise DLedgerError(f"unexpected file {p} in the store")
+            start = int(p.name)
+            if start % unit or p.stat().st_size > unit:
+                raise DLedgerError(
+                    f"{p} does not start at a multiple of {unit} bytes or is larger than that: "
+                    "is the store opened "
+                    "with a different segment size than it was written with?"
+                )
+            starts.append(start)
+        return sorted(starts)
+
+    def _open_index_files(self) -> None:
+        for start in self._list_files(self._index_dir, self._idx_size):
+            path = self._index_dir / segment_name(start)
+            self._index_files[start // self._idx_size] = MappedFile(
+                path, start, self._idx_size, create=False
+            )
+
+    def _open_data_segments(self, ckpt: Checkpoint) -> None:
+        starts = self._list_files(self._data_dir, self._seg_size)
+        for a, b in itertools.pairwise(starts):
+            if b != a + self._seg_size:
+                missing = self._data_dir / segment_name(a + self._seg_size)
+                raise CorruptLogError(
+                    f"data segment {missing} is missing (the log has a hole)",
+                    path=str(missing),
+                    offset=0,
+                )
+        for start in starts:
+            path = self._data_dir / segment_name(start)
+            self._segments.append(MappedFile(path, start, self._seg_size, create=False))
+        # A crash inside delete_prefix leaves segments whose entries are all <= base_index.
+        while len(self._segments) >= 2:
+            first = self._peek_first_index(self._segments[1])
+            if first == 0 or first > self._base_index + 1:
+                break
+            log.info("dropping segment left by an interrupted delete path=%s", self._segments[0])
+            self._segments.pop(0).delete()
+        if not self._segments:
+            start = ckpt.flushed_position - ckpt.flushed_position % self._seg_size
+            path = self._data_dir / segment_name(start)
+            self._segments.append(
+                MappedFile(path, start, self._seg_size, create=True, warm=self.config.warm_segments)
+            )
+            self._created_first_segment = True
+
+    def _peek_first_index(self, seg: MappedFile) -> int:
+        try:
+            return codec.decode_header(seg.mm, 0).index
+        except RecordError:
+            return 0
+
+    def _corrupt(self, seg: MappedFile, pos: int, reason: str) -> CorruptLogError:
+        offset = pos - seg.start
+        return CorruptLogError(
+            f"corrupt log entry in {seg.path} at byte offset {offset} (position {pos}): {reason}",
+            path=str(seg.path),
+            offset=offset,
+        )
+
+    def _recover(self, ckpt: Checkpoint) -> None:
+        segs = self._segments
+        ckpt_pos = ckpt.flushed_position
+        pending = ckpt.truncate_pending_position
+        if self.config.full_verify_on_open or ckpt_pos <= segs[0].start:
+            k0 = 0
+        else:
+            # the last segment holding flushed bytes (ckpt_pos may be the start of an empty one)
+            k0 = max(k for k, s in enumerate(segs) if s.start < ckpt_pos)
+        # The index of the first entry the scan will meet.
+        if k0 == 0:
+            expected = self._base_index + 1
+            prev_term = self._base_term
+        else:
+            first = self._peek_first_index(segs[k0])
+            if first == 0:
+                raise self._corrupt(segs[k0], segs[k0].start, "no valid first entry")
+            expected = first
+            prev_term = self._record(first - 1).term if first - 1 > self._base_index else 0
+        self._last_index = expected - 1
+        self._last_term = prev_term
+        self._index_synced = expected - 1  # records below the scan are not rewritten
+        end_pos = segs[k0].start  # write position after the last valid (kept) record
+        scan_stop = end_pos  # first position not covered by a valid record (stale included)
+        bad_reason = ""
+        for k in range(k0, len(segs)):
+            seg = segs[k]
+            terminal: codec.ScanItem | None = None
+            for item in codec.iter_segment(seg.mm, seg.start):
+                if item.kind is not ItemKind.ENTRY:
+                    terminal = item
+                    break
+                h = item.header
+                assert h is not None
+                if h.index != expected or h.term < self._last_term:
+                    terminal = item
+                    bad_reason = (
+                        f"entry index={h.index} term={h.term} does not follow "
+                        f"index={expected - 1} term={self._last_term}"
+                    )
+                    break
+                expected += 1
+                scan_stop = item.position + item.size
+                if item.position >= pending:
+                    continue  # an entry an interrupted truncate_suffix was removing
+                self._write_index_record(h.index, h.total_size, h.position, h.term, h.type)
+                self._last_index = h.index
+                self._last_term = h.term
+                end_pos = scan_stop
+            assert terminal is not None
+            if terminal.kind in (ItemKind.BLANK, ItemKind.PADDING):
+                scan_stop = seg.end
+                if terminal.position < pending:
+                    end_pos = seg.end
+                continue  # the log goes on in the next segment, if there is one
+            if terminal.kind is ItemKind.CORRUPT and not bad_reason:
+                bad_reason = terminal.reason
+            scan_stop = terminal.position
+            break
+        if pending != NO_TRUNCATE_PENDING:
+            log.warning("completing an interrupted truncation position=%d", pending)
+            self._zero_data(max(pending, end_pos), scan_stop)
+            scan_stop = end_pos if scan_stop >= pending else scan_stop
+        if end_pos < ckpt_pos:
+            seg = self._segment_at(end_pos)
+            raise self._corrupt(
+                seg,
+                end_pos,
+                f"{bad_reason or 'entry missing'}; the checkpoint says the log is durable up "
+                f"to position {ckpt_pos}",
+            )
+        # Torn tail or corruption in the middle? Look for any valid entry after the end.
+        self._check_nothing_valid_after(scan_stop, end_pos, bad_reason)
+        if bad_reason or self._has_nonzero_header(end_pos):
+            log.warning(
+                "truncating torn tail path=%s offset=%d reason=%s",
+                self._segment_at(end_pos).path,
+                end_pos - self._segment_at(end_pos).start,
+                bad_reason or "partial entry",
+            )
+            self._zero_torn_tail(end_pos)
+        # Drop empty segments beyond the write position (pre-allocated, or emptied above).
+        dropped = False
+        while len(segs) > 1 and segs[-1].start > end_pos:
+            segs.pop().delete()
+            dropped = True
+        if dropped or self._created_first_segment:
+            fsync_dir(self._data_dir)
+        assert self._last_index >= self._base_index
+        assert segs[0].start <= end_pos <= segs[-1].end
+        self._write_pos = end_pos
+        self._fill_seg_first()
+        if self._clean_index_after(self._last_index) | self._clean_index_before(
+            self._base_index + 1
+        ):
+            fsync_dir(self._index_dir)
+        # What survived is in the page cache; make it durable before calling it flushed.
+        start = min(ckpt_pos, end_pos)
+        self._sync_data(self._segment_floor(start), end_pos)
+        self._flushed_pos = end_pos
+        self._flushed_index = self._last_index
+        if not (self.root / CHECKPOINT_FILE).exists() or (
+            ckpt.flushed_position,
+            ckpt.flushed_index,
+            pending,
+        ) != (
+            end_pos,
+            self._last_index,
+            NO_TRUNCATE_PENDING,
+        ):
+            self._persist_checkpoint()
+
+    def _segment_floor(self, pos: int) -> int:
+        return max(self._segments[0].start, pos)
+
+    def _fill_seg_first(self) -> None:
+        self._seg_first = [self._peek_first_index(s) for s in self._segments]
+        for k, s in enumerate(self._segments):
+            if s.start >= self._write_pos:
+                self._seg_first[k] = 0
+
+    def _has_nonzero_header(self, pos: int) -> bool:
+        seg = self._segment_at(pos)
+        off = pos - seg.start
+        n = min(ENTRY_HEADER_SIZE, seg.size_bytes - off)
+        return n > 0 and any(seg.mm[off : off + n])
+
+    def _check_nothing_valid_after(self, scan_stop: int, end_pos: int, reason: str) -> None:
+        for seg in self._segments:
+            if seg.end <= scan_stop:
+                continue
+            start_off = scan_stop - seg.start if seg.start <= scan_stop else 0
+            end_off = self._search_end(seg, start_off)
+            found = codec.find_valid_entry(seg.mm, seg.start, start_off, end_off)
+            if found >= 0:
+                bad = self._segment_at(end_pos)
+                raise self._corrupt(
+                    bad,
+                    end_pos,
+                    f"{reason or 'entry missing'}, but a valid entry follows at "
+                    f"{seg.path} offset {found}",
+                )
+
+    def _search_end(self, seg: MappedFile, start_off: int) -> int:
+        """Where the search for valid entries after the end of the log may stop: the start of
+        the first run of zero bytes longer than any entry (a run that long cannot lie inside
+        written records, since every entry header has a non-zero magic). Bounds the work on
+        open to the written bytes plus one maximum entry, not the whole (1 GiB) segment."""
+        chunk = SCAN_CHUNK_BYTES
+        limit = self._max_body + ENTRY_HEADER_SIZE + 2 * chunk
+        zeros = bytes(chunk)
+        mm = seg.mm
+        run = 0
+        run_start = start_off
+        a = start_off
+        while a < seg.size_bytes:
+            b = min(a + chunk, seg.size_bytes)
+            if mm[a:b] == zeros[: b - a]:
+                if run == 0:
+                    run_start = a
+                run += b - a
+                if run >= limit:
+                    return run_start
+            else:
+                run = 0
+            a = b
+        return seg.size_bytes
+
+    def _zero_torn_tail(self, pos: int) -> None:
+        seg = self._segment_at(pos)
+        off = pos - seg.start
+        end = min(seg.size_bytes, off + ENTRY_HEADER_SIZE)
+        with contextlib.suppress(RecordError, Exception):
+            (magic, total) = HEADER.unpack_from(seg.mm, off)[:2]
+            if magic == ENTRY_MAGIC and ENTRY_HEADER_SIZE <= total <= seg.size_bytes - off:
+                end = off + total
+        seg.zero(off, end)
+        seg.sync(off, end)
+
+    def _zero_data(self, start: int, end: int) -> None:
+        """Zero data bytes in ``[start, end)`` and sync them (truncation)."""
+        for seg in self._segments:
+            a = max(start, seg.start)
+            b = min(end, seg.end)
+            if a < b:
+                seg.zero(a - seg.start, b - seg.start)
+                seg.sync(a - seg.start, b - seg.start)
+
+    def _segment_at(self, pos: int) -> MappedFile:
+        """The segment holding ``pos`` (the last one when ``pos`` is past the end)."""
+        segs = self._segments
+        k = (pos - segs[0].start) // self._seg_size
+        return segs[max(0, min(k, len(segs) - 1))]
+
+    # ------------------------------------------------------------------ index records
+
+    def _index_file(self, number: int, *, create: bool) -> MappedFile | None:
+        f = self._index_files.get(number)
+        if f is None and create:
+            start = number * self._idx_size
+            f = MappedFile(
+                self._index_dir / segment_name(start), start, self._idx_size, create=True
+            )
+            self._index_files[number] = f
+        return f
+
+    def _write_index_record(self, index: int, size: int, pos: int, term: int, typ: int) -> None:
+        byte = index * INDEX_RECORD_SIZE
+        f = self._index_file(byte // self._idx_size, create=True)
+        assert f is not None
+        off = byte - f.start
+        head = INDEX_NO_CRC.pack(INDEX_MAGIC, size, pos, term, typ)
+        f.mm[off : off + INDEX_CRC_OFFSET] = head
+        U32.pack_into(f.mm, off + INDEX_CRC_OFFSET, crc32c(head))
+
+    def _record(self, index: int) -> codec.IndexRecord:
+        byte = index * INDEX_RECORD_SIZE
+        f = self._index_files.get(byte // self._idx_size)
+        if f is None:
+            path = self._index_dir / segment_name(byte - byte % self._idx_size)
+            raise CorruptLogError(
+                f"index file {path} for index {index} is missing", path=str(path), offset=0
+            )
+        try:
+            return codec.decode_index_record(f.mm, byte - f.start)
+        except RecordError as e:
+            raise CorruptLogError(
+                f"index record of index {index} in {f.path} at offset {e.offset}: {e.reason}",
+                path=str(f.path),
+                offset=e.offset,
+            ) from None
+
+    def _clean_index_after(self, last: int) -> bool:
+        """Zero index records above ``last`` and delete index files wholly above it. Returns
+        whether a file was deleted (the caller syncs the directory)."""
+        first_byte = (last + 1) * INDEX_RECORD_SIZE
+        deleted = False
+        for number in sorted(self._index_files):
+            f = self._index_files[number]
+            if f.start > first_byte and number != first_byte // self._idx_size:
+                del self._index_files[number]
+                f.delete()
+                deleted = True
+            elif f.end > first_byte:
+                off = first_byte - f.start
+                end = off
+                while end < f.size_bytes and f.mm[end : end + 4] != b"\0\0\0\0":
+                    end += INDEX_RECORD_SIZE
+                f.zero(off, end)
+                f.sync(off, end)
+        return deleted
+
+    def _clean_index_before(self, first: int) -> bool:
+        """Delete index files whose records are all below ``first``; True if any."""
+        deleted = False
+        for number in sorted(self._index_files):
+            f = self._index_files[number]
+            if f.end <= first * INDEX_RECORD_SIZE:
+                del self._index_files[number]
+                f.delete()
+                deleted = True
+        return deleted
+
+    # ------------------------------------------------------------------ LogStore: reads
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
+    def first_index(self) -> int:
+        return self._base_index + 1
+
+    def last_index(self) -> int:
+        return self._last_index
+
+    def last_term(self) -> int:
+        return self._last_term
+
+    def _check_range(self, index: int) -> None:
+        if index <= self._base_index:
+            raise LogCompactedError(f"index {index} < first index {self._base_index + 1}")
+        if index > self._last_index:
+            raise IndexOutOfRangeError(f"index {index} > last index {self._last_index}")
+
+    def term_at(self, index: int) -> int:
+        with self._lock:
+            self._check_open()
+            if index == 0:
+                return 0
+            if index == self._base_index:
+                return self._base_term
+            self._check_range(index)
+            if index == self._last_index:
+                return self._last_term
+            return self._record(index).term
+
+    def _read_locked(self, index: int) -> Entry:
+        rec = self._record(index)
+        seg = self._segment_at(rec.position)
+        off = rec.position - seg.start
+        mm = seg.mm
+        if not seg.start <= rec.position < seg.end or off + rec.size > seg.size_bytes:
+            raise self._corrupt(seg, rec.position, f"index record of {index} points outside")
+        (magic, total, idx, term, pos, typ, version, _r, body_size, body_crc, hcrc) = (
+            HEADER.unpack_from(mm, off)
+        )
+        if magic != ENTRY_MAGIC or crc32c(mm[off : off + HEADER_CRC_OFFSET]) != hcrc:
+            raise self._corrupt(seg, pos, "entry header magic or CRC mismatch")
+        if (idx, term, pos, total, typ) != (index, rec.term, rec.position, rec.size, rec.type):
+            raise self._corrupt(seg, rec.position, f"entry does not match index record {index}")
+        if version != FORMAT_VERSION or total != ENTRY_HEADER_SIZE + body_size:
+            raise self._corrupt(seg, rec.position, "entry version or size mismatch")
+        body = mm[off + ENTRY_HEADER_SIZE : off + total]
+        if crc32c(body) != body_crc:
+            raise self._corrupt(seg, rec.position, "entry body CRC mismatch")
+        return Entry(term=term, index=index, body=body, type=typ)
+
+    def read(self, index: int) -> Entry:
+        with self._lock:
+            self._check_open()
+            self._check_range(index)
+            return self._read_locked(index)
+
+    def read_range(self, start: int, max_bytes: int, max_count: int = 1 << 30) -> list[Entry]:
+        with self._lock:
+            self._check_open()
+            if start == self._last_index + 1:
+                return []
+            self._check_range(start)
+            out: list[Entry] = []
+            total = 0
+            index = start
+            while index <= self._last_index and len(out) < max_count:
+                e = self._read_locked(index)
+                total += len(e.body)
+                if out and total > max_bytes:
+                    break
+                out.append(e)
+                index += 1
+            return out
+
+    def read_raw(self, start: int, max_bytes: int) -> tuple[bytes, int]:
+        """Encoded entries (headers + bodies, as in the segment file) from ``start`` on, all in
+        one segment, about ``max_bytes`` long but at least one entry; and how many there are.
+
+        Every entry's CRCs are checked. Decode with :func:`codec.iter_entries`.
+        """
+        with self._lock:
+            self._check_open()
+            if start == self._last_index + 1:
+                return b"", 0
+            self._check_range(start)
+            rec = self._record(start)
+            seg = self._segment_at(rec.position)
+            mm = seg.mm
+            off0 = off = rec.position - seg.start
+            index = start
+            limit = min(seg.size_bytes, self._write_pos - seg.start)
+            while index <= self._last_index and off + ENTRY_HEADER_SIZE <= limit:
+                if mm[off : off + 4] == BLANK_MAGIC_BYTES:
+                    break  # the segment ends here; the next batch starts in the next one
+                try:
+                    h = codec.verify_entry(mm, off, expected_position=seg.start + off)
+                except RecordError as e:
+                    raise self._corrupt(seg, seg.start + off, e.reason) from None
+                if h.index != index:
+                    raise self._corrupt(seg, seg.start + off, f"expected index {index}")
+                if off > off0 and off + h.total_size - off0 > max_bytes:
+                    break
+                off += h.total_size
+                index += 1
+            return bytes(mm[off0:off]), index - start
+
+    # ------------------------------------------------------------------ LogStore: writes
+
+    def append(self, entries: Sequence[Entry]) -> int:
+        if not entries:
+            return self._last_index
+        with self._lock:
+            self._check_open()
+            idx = self._last_index
+            term = self._last_term
+            max_body = self._max_body
+            for e in entries:  # validate the whole batch before writing any of it
+                idx += 1
+                if e.index != idx:
+                    raise ValueError(f"append: entry index {e.index}, expected {idx}")
+                if e.term < term:
+                    raise ValueError(f"append: term {e.term} < previous term {term}")
+                if len(e.body) > max_body:
+                    raise ValueError(f"append: body of {len(e.body)} bytes > {max_body}")
+                if not 0 <= e.type <= ENTRY_TYPE_MAX:
+                    raise ValueError(f"append: type {e.type} out of range")
+                term = e.term
+            self._append_locked([(e.term, e.type, e.body) for e in entries])
+            return self._last_index
+
+    def append_bodies(self, term: int, bodies: Sequence[bytes], type: int = 0) -> int:
+        """Batch path for a leader: append ``bodies`` as entries of ``term``, indices assigned
+        by the store. Returns the new last index."""
+        if not bodies:
+            return self._last_index
+        with self._lock:
+            self._check_open()
+            if term < self._last_term:
+                raise ValueError(f"append: term {term} < previous term {self._last_term}")
+            if not 0 <= type <= ENTRY_TYPE_MAX:
+                raise ValueError(f"append: type {type} out of range")
+            max_body = self._max_body
+            for b in bodies:
+                if len(b) > max_body:
+                    raise ValueError(f"append: body of {len(b)} bytes > {max_body}")
+            self._append_locked([(term, type, b) for b in bodies])
+            return self._last_index
+
+    def _append_locked(self, items: list[tuple[int, int, bytes]]) -> None:
+        seg = self._segments[-1]
+        seg_size = self._seg_size
+        mm = seg.mm
+        off = self._write_pos - seg.start
+        idx = self._last_index
+        term = self._last_term
+        ifile = self._cur_index
+        if ifile is None or not ifile.start <= (idx + 1) * INDEX_RECORD_SIZE < ifile.end:
+            ifile = self._index_file(((idx + 1) * INDEX_RECORD_SIZE) // self._idx_size, create=True)
+            assert ifile is not None
+        imm = ifile.mm
+        ioff = (idx + 1) * INDEX_RECORD_SIZE - ifile.start
+        isize = ifile.size_bytes
+        head_pack = HEADER_NO_CRC.pack
+        idx_pack = INDEX_NO_CRC.pack
+        u32_pack_into = U32.pack_into
+        for term, typ, body in items:
+            n = len(body)
+            total = ENTRY_HEADER_SIZE + n
+            if off + total > seg_size:
+                seg = self._roll(seg, off)
+                mm = seg.mm
+                off = 0
+            if ioff >= isize:
+                ifile = self._index_file((ifile.start + isize) // isize, create=True)
+                assert ifile is not None
+                imm = ifile.mm
+                ioff = 0
+            idx += 1
+            pos = seg.start + off
+            if off == 0:
+                self._seg_first[-1] = idx
+            # Body first, header last: a crash mid-write leaves a header that fails its CRC.
+            mm[off + ENTRY_HEADER_SIZE : off + total] = body
+            head = head_pack(
+                ENTRY_MAGIC, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, crc32c(body)
+            )
+            mm[off : off + HEADER_CRC_OFFSET] = head
+            u32_pack_into(mm, off + HEADER_CRC_OFFSET, crc32c(head))
+            ihead = idx_pack(INDEX_MAGIC, total, pos, term, typ)
+            imm[ioff : ioff + INDEX_CRC_OFFSET] = ihead
+            u32_pack_into(imm, ioff + INDEX_CRC_OFFSET, crc32c(ihead))
+            off += total
+            ioff += INDEX_RECORD_SIZE
+        assert off <= seg_size and seg is self._segments[-1]
+        assert idx == self._last_index + len(items) and term >= self._last_term
+        self._cur_index = ifile
+        self._write_pos = seg.start + off
+        self._last_index = idx
+        self._last_term = term
+        if off >= self._prealloc_at and self._next_requested != seg.end:
+            self._maybe_preallocate()
+
+    def _maybe_preallocate(self) -> None:
+        """Ask for the next segment once the active one is PREALLOCATE_AT_FILL full."""
+        seg = self._segments[-1]
+        if self._write_pos - seg.start >= self._prealloc_at and self._next_requested != seg.end:
+            assert self._allocator is not None
+            self._allocator.request(seg.end)
+            self._next_requested = seg.end
+
+    def _roll(self, seg: MappedFile, off: int) -> MappedFile:
+        """Close ``seg`` with a blank record (if one fits) and start the next segment."""
+        remaining = self._seg_size - off
+        if remaining >= BLANK_SIZE:
+            seg.mm[off : off + BLANK_SIZE] = codec.encode_blank(
+                position=seg.start + off, length=remaining
+            )
+        assert self._allocator is not None
+        nxt = self._allocator.take(seg.end)
+        assert nxt.start == seg.end
+        self._segments.append(nxt)
+        self._seg_first.append(0)
+        self._write_pos = nxt.start
+        return nxt
+
+    def append_durable(self, entries: Sequence[Entry]) -> int:
+        """``append`` then wait until the entries are durable (group commit)."""
+        last = self.append(entries)
+        self._flush_to(last)
+        return last
+
+    # ------------------------------------------------------------------ flushing
+
+    def flush(self) -> int:
+        with self._lock:
+            self._check_open()
+            target = self._last_index
+        return self._flush_to(target)
+
+    def _flush_to(self, target: int) -> int:
+        """Group commit. A thread whose entries no running sync covers starts one that covers
+        everything appended so far; threads that arrive meanwhile wait for it or, when it
+        started before their append, start the next one (up to MAX_CONCURRENT_SYNCS run at
+        once: an fdatasync that returns covers every byte written before it began, so
+        overlapping syncs are safe and keep the disk busy while others gather a batch).
+        Appends continue during a sync: ``_lock`` is not held across it and fdatasync
+        releases the GIL (``mmap.flush`` would not)."""
+        with self._lock:
+            while True:
+                self._check_open()
+                assert self._flushed_index <= self._last_index
+                assert self._flushed_pos <= self._write_pos
+                goal = min(target, self._last_index)
+                if self._flushed_index >= goal:
+                    return self._flushed_index
+                if (
+                    not self._reshaping
+                    and self._syncs_in_flight < MAX_CONCURRENT_SYNCS
+                    and (self._syncs_in_flight == 0 or self._sync_started_index < goal)
+                ):
+                    break
+                self._sync_done.wait()
+            self._syncs_in_flight += 1
+            start, end, end_index = self._flushed_pos, self._write_pos, self._last_index
+            self._sync_started_index = end_index
+            segments = [s for s in self._segments if s.end > start and s.start < end]
+        ok = False
+        try:
+            for seg in segments:
+                os.fdatasync(seg.fd)
+            ok = True
+        finally:
+            with self._lock:
+                self._syncs_in_flight -= 1
+                if not ok:
+                    self._sync_started_index = self._flushed_index  # let a waiter retry
+                if ok and end_index > self._flushed_index:
+                    assert end >= self._flushed_pos
+                    self._flushed_pos = end
+                    self._flushed_index = end_index
+                self.flush_count += 1
+                self._sync_done.notify_all()
+        due = (time.monotonic() - self._last_checkpoint_s) * 1000
+        if due >= self.config.checkpoint_interval_ms and self._flush_lock.acquire(blocking=False):
+            try:
+                if not self._closed:
+                    self._persist_checkpoint()
+            finally:
+                self._flush_lock.release()
+        return end_index
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold ``_flush_lock`` with no sync running (to truncate, delete, close)."""
+        with self._flush_lock:
+            with self._lock:
+                self._reshaping = True
+                while self._syncs_in_flight:
+                    self._sync_done.wait()
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._reshaping = False
+                    self._sync_started_index = self._flushed_index
+                    self._sync_done.notify_all()
+
+    def _sync_data(self, start: int, end: int, *, whole_file: bool = False) -> None:
+        """Make data bytes ``[start, end)`` durable. Holding ``_flush_lock`` (or opening): the
+        segment list only grows at its end meanwhile. ``whole_file`` uses fdatasync, which
+        writes back every dirty page of the file (those dirtied through the shared mapping
+        too) and releases the GIL while it waits for the disk."""
+        for seg in list(self._segments):
+            a = max(start, seg.start)
+            b = min(end, seg.end)
+            if a < b:
+                if whole_file:
+                    os.fdatasync(seg.fd)
+                else:
+                    seg.sync(a - seg.start, b - seg.start)
+
+    def flushed_index(self) -> int:
+        return self._flushed_index
+
+    def _flush_loop(self) -> None:
+        interval_s = self.config.flush_interval_ms / 1000
+        while not self._stop_flusher.wait(interval_s):
+            try:
+                self.flush()
+            except StoreClosedError:
+                return
+            except Exception:
+                log.exception("background flush failed root=%s", self.root)
+
+    # ------------------------------------------------------------------ checkpoint / meta
+
+    def _persist_checkpoint(self, truncate_pending: int = NO_TRUNCATE_PENDING) -> None:
+        """Write the checkpoint durably. Caller holds ``_flush_lock`` (or is opening)."""
+        with self._lock:
+            self._persist_checkpoint_locked(truncate_pending, io_under_lock=False)
+
+    def _persist_checkpoint_locked(
+        self, truncate_pending: int = NO_TRUNCATE_PENDING, *, io_under_lock: bool = True
+    ) -> None:
+        """Snapshot under ``_lock`` (held by the caller) and write. With ``io_under_lock``
+        false the lock is dropped around the file I/O (the flush path)."""
+        ckpt = Checkpoint(
+            flushed_position=self._flushed_pos,
+            flushed_index=self._flushed_index,
+            commit_index=self._commit_index,
+            applied_index=self._applied_index,
+            base_index=self._base_index,
+            base_term=self._base_term,
+            truncate_pending_position=truncate_pending,
+        )
+        lo = max(self._index_synced, self._base_index) + 1
+        hi = self._flushed_index
+        files = list(self._index_files.values())
+        if not io_under_lock:
+            self._lock.release()
+        try:
+            # Index records below the checkpoint are not rebuilt by recovery: sync them first.
+            for f in files:
+                a = max(lo * INDEX_RECORD_SIZE, f.start)
+                b = min((hi + 1) * INDEX_RECORD_SIZE, f.end)
+                if a < b:
+                    f.sync(a - f.start, b - f.start)
+            atomic_write(self.root / CHECKPOINT_FILE, codec.encode_checkpoint(ckpt))
+        finally:
+            if not io_under_lock:
+                self._lock.acquire()
+        self._index_synced = max(self._index_synced, hi)
+        self._last_checkpoint_s = time.monotonic()
+
+    def write_checkpoint(self, commit_index: int, applied_index: int) -> None:
+        """Record the server's commit and applied indices (durably, with the flushed ones)."""
+        with self._flush_lock:
+            with self._lock:
+                self._check_open()
+                self._commit_index = commit_index
+                self._applied_index = applied_index
+            self._persist_checkpoint()
+
+    def read_checkpoint(self) -> Checkpoint:
+        """The checkpoint as stored on disk."""
+        return self._read_checkpoint()
+
+    def load_hard_state(self) -> HardState:
+        path = self.root / META_FILE
+        with self._meta_lock:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                return HardState()
+        try:
+            return codec.decode_hard_state(data)
+        except RecordError as e:
+            raise CorruptLogError(
+                f"hard state {path}: {e.reason}", path=str(path), offset=e.offset
+            ) from None
+
+    def save_hard_state(self, state: HardState) -> None:
+        data = codec.encode_hard_state(state)
+        with self._meta_lock:
+            self._check_open()
+            atomic_write(self.root / META_FILE, data)
+
+    # ------------------------------------------------------------------ truncation / deletion
+
+    def truncate_suffix(self, index: int) -> None:
+        with self._exclusive(), self._lock:
+            self._check_open()
+            if index > self._last_index:
+                if index == self._last_index + 1:
+                    return
+                raise IndexOutOfRangeError(f"truncate at {index} > last index + 1")
+            if index <= self._base_index:
+                raise LogCompactedError(f"truncate at {index} <= deleted index {self._base_index}")
+            rec = self._record(index)
+            new_pos = rec.position
+            old_pos = self._write_pos
+            old_last = self._last_index
+            new_term = self._base_term if index - 1 == self._base_index else 0
+            if index - 1 > self._base_index:
+                new_term = self._record(index - 1).term
+            self._flushed_pos = min(self._flushed_pos, new_pos)
+            self._flushed_index = min(self._flushed_index, index - 1)
+            self._index_synced = min(self._index_synced, index - 1)
+            # 1. Durable intent: recovery finishes the job if we crash from here on.
+            self._persist_checkpoint_locked(truncate_pending=new_pos)
+            # 2. Zero the data and drop segments after the one holding new_pos.
+            self._zero_data(new_pos, old_pos)
+            keep = self._segments.index(self._segment_at(new_pos)) + 1
+            for seg in self._segments[keep:]:
+                seg.delete()
+            del self._segments[keep:]
+            del self._seg_first[keep:]
+            if self._segments[-1].start == new_pos:
+                self._seg_first[-1] = 0
+            assert self._allocator is not None
+            self._allocator.discard_from(self._segments[-1].end + 1)
+            self._next_requested = -1
+            self._maybe_preallocate()
+            fsync_dir(self._data_dir)
+            # 3. Index records.
+            self._clean_index_after(index - 1)
+            fsync_dir(self._index_dir)
+            assert new_pos <= old_pos and self._flushed_pos <= new_pos
+            assert self._segments[-1].start <= new_pos <= self._segments[-1].end
+            self._cur_index = None
+            self._write_pos = new_pos
+            self._last_index = index - 1
+            self._last_term = new_term
+            # 4. Done: clear the intent.
+            self._persist_checkpoint_locked()
+            log.info(
+                "truncated suffix root=%s from_index=%d old_last=%d position=%d old_position=%d",
+                self.root,
+                index,
+                old_last,
+                new_pos,
+                old_pos,
+            )
+
+    def _segment_last_indices(self) -> list[int]:
+        out = []
+        n = len(self._segments)
+        for k in range(n):
+            nxt = next((self._seg_first[j] for j in range(k + 1, n) if self._seg_first[j]), 0)
+            if self._seg_first[k] == 0:
+                out.append(0)
+            else:
+                out.append(nxt - 1 if nxt else self._last_index)
+        return out
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        """One :class:`SegmentInfo` per data segment, oldest first."""
+        with self._lock:
+            self._check_open()
+            lasts = self._segment_last_indices()
+            return [
+                SegmentInfo(
+                    path=str(s.path),
+                    start_position=s.start,
+                    first_index=self._seg_first[k],
+                    last_index=lasts[k],
+                    mtime_s=os.stat(s.path).st_mtime,
+                )
+                for k, s in enumerate(self._segments)
+            ]
+
+    def delete_prefix(self, index: int) -> int:
+        """Delete the leading segments whose entries are all ``<= index`` (never the last
+        segment). Flushes first. Returns the new :meth:`first_index`."""
+        self.flush()
+        with self._exclusive(), self._lock:
+            self._check_open()
+            lasts = self._segment_last_indices()
+            n = 0
+            while n < len(self._segments) - 1 and 0 < lasts[n] <= min(index, self._last_index):
+                n += 1
+            if n == 0:
+                return self._base_index + 1
+            new_base = lasts[n - 1]
+            new_base_term = self._last_term if new_base == self._last_index else 0
+            if new_base != self._last_index:
+                new_base_term = self._record(new_base).term
+            old_base = self._base_index
+            self._base_index = new_base
+            self._base_term = new_base_term
+            # Durable first: a crash after this point finishes the deletion on open.
+            self._persist_checkpoint_locked()
+            for seg in self._segments[:n]:
+                seg.delete()
+            del self._segments[:n]
+            del self._seg_first[:n]
+            fsync_dir(self._data_dir)
+            self._cur_index = None
+            self._clean_index_before(new_base + 1)
+            fsync_dir(self._index_dir)
+            log.info(
+                "deleted prefix root=%s segments=%d old_first=%d new_first=%d",
+                self.root,
+                n,
+                old_base + 1,
+                new_base + 1,
+            )
+            return new_base + 1
+
+    def apply_retention(
+        self,
+        *,
+        now: datetime,
+        applied_index: int,
+        file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS,
+        delete_when: str = DEFAULT_DELETE_WHEN,
+    ) -> int:
+        """Apply :func:`segments_to_delete`; return how many segments were deleted."""
+        doomed = segments_to_delete(
+            self.segment_infos(),
+            now=now,
+            applied_index=applied_index,
+            file_reserved_time_hours=file_reserved_time_hours,
+            delete_when=delete_when,
+        )
+        if not doomed:
+            return 0
+        before = len(self._segments)
+        self.delete_prefix(doomed[-1].last_index)
+        return before - len(self._segments)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def verify(self) -> int:
+        """Check every entry's CRCs and links; return how many were checked."""
+        with self._lock:
+            self._check_open()
+            for index in range(self._base_index + 1, self._last_index + 1):
+                self._read_locked(index)
+            return self._last_index - self._base_index
+
+    @property
+    def write_position(self) -> int:
+        return self._write_pos
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Flush, write the checkpoint, unmap, remove the abort marker, release the lock."""
+        if self._closed:
+            return
+        self._stop_flusher.set()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
+        self.flush()
+        with self._exclusive():
+            self._persist_checkpoint()
+            with self._lock:
+                self._closed = True
+        self._release_files()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.root / ABORT_FILE)
+        fsync_dir(self.root)
+        self._unlock()
+        log.info("store closed root=%s last_index=%d", self.root, self._last_index)
+
+    def _release_files(self) -> None:
+        if self._allocator is not None:
+            self._allocator.close()
+            self._allocator = None
+        for seg in self._segments:
+            seg.close()
+        for f in self._index_files.values():
+            f.close()
+        self._segments = []
+        self._index_files = {}
+        self._cur_index = None
+
+    def _unlock(self) -> None:
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> SegmentedLogStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+_check: type[LogStore] = SegmentedLogStore
