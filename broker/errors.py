@@ -1,0 +1,103 @@
+"""The broker's exception hierarchy.
+
+Every error the broker raises on purpose is a :class:`BrokerError`. ``code`` is a stable,
+machine-readable string (the gRPC layer maps codes to status codes in one place); the
+message is for humans and may change.
+"""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Root of every error raised by ``broker``. ``code`` is stable and machine readable."""
+
+    code = "BROKER_ERROR"
+
+
+class InvalidMessageError(BrokerError):
+    """A message field is out of its allowed range or has a forbidden character."""
+
+    code = "INVALID_MESSAGE"
+
+
+class InvalidTopicError(InvalidMessageError):
+    """A topic name is empty, too long, or uses a character outside ``[%|a-zA-Z0-9_-]``."""
+
+    code = "INVALID_TOPIC"
+
+
+class MessageBodyEmptyError(InvalidMessageError):
+    """A message has an empty body (RocketMQ rejects those too)."""
+
+    code = "MESSAGE_BODY_EMPTY"
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A message body is larger than ``maxMessageSize``."""
+
+    code = "MESSAGE_TOO_LARGE"
+
+
+class PropertiesTooLargeError(InvalidMessageError):
+    """A message's properties (user and system: tags, keys, group) are too large."""
+
+    code = "PROPERTIES_TOO_LARGE"
+
+
+class InvalidMessageIdError(BrokerError):
+    """A message id (uniq id or offsetMsgId) is not 32 hex characters or is malformed."""
+
+    code = "INVALID_MESSAGE_ID"
+
+
+class CorruptMessageError(BrokerError):
+    """Encoded message bytes fail a check (magic, size, CRC, field bounds).
+
+    ``offset`` is the byte offset of the bad message (or batch header) relative to the buffer
+    handed to the decoder; the caller adds its file/position context.
+    """
+
+    code = "CORRUPT_MESSAGE"
+
+    def __init__(self, reason: str, offset: int) -> None:
+        super().__init__(f"{reason} at offset {offset}")
+        self.reason = reason
+        self.offset = offset
+
+
+class CorruptStoreError(BrokerError):
+    """A broker store file (ConsumeQueue, index) fails a check. Carries path and offset."""
+
+    code = "CORRUPT_STORE"
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.offset = offset
+
+
+class OffsetOutOfRangeError(BrokerError):
+    """A queue offset is outside ``[min_offset, max_offset]`` of its ConsumeQueue."""
+
+    code = "OFFSET_OUT_OF_RANGE"
+
+    def __init__(self, message: str, *, min_offset: int, max_offset: int) -> None:
+        super().__init__(message)
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+
+class PositionOrderError(BrokerError):
+    """A store was asked to append a commitlog position below one it already holds.
+
+    ConsumeQueues and the key index are built in commitlog order; replaying entries means
+    ``truncate_after_position`` first.
+    """
+
+    code = "POSITION_ORDER"
+
+
+class StoreClosedError(BrokerError):
+    """An operation on a store that was closed."""
+
+    code = "STORE_CLOSED"

@@ -1,0 +1,331 @@
+"""ConsumeQueue files of broker/consumequeue.py (docs/FORMAT.md, "Broker: ConsumeQueue")."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.consumequeue import (
+    CQ_RECORD_SIZE,
+    DEFAULT_RECORDS_PER_FILE,
+    ConsumeQueue,
+    ConsumeQueueStore,
+    file_name,
+)
+from broker.errors import (
+    CorruptStoreError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    PositionOrderError,
+    StoreClosedError,
+)
+
+PER_FILE = 4
+
+
+def records(n: int, start: int = 0, size: int = 100) -> list[tuple[int, int, int]]:
+    """``n`` records for consecutive messages of ``size`` bytes from position ``start``."""
+    return [(start + i * size, size, (i * 7919) - 5000) for i in range(n)]
+
+
+def open_cq(path: Path, per_file: int = PER_FILE) -> ConsumeQueue:
+    return ConsumeQueue(path, records_per_file=per_file)
+
+
+def files_of(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_defaults_match_rocketmq() -> None:
+    assert CQ_RECORD_SIZE == 20
+    assert DEFAULT_RECORDS_PER_FILE == 300_000
+    assert file_name(0) == "00000000000000000000"
+    assert file_name(6_000_000) == "00000000000006000000"
+
+
+def test_append_and_read_across_files(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    recs = records(10)
+    for i, r in enumerate(recs[:3]):
+        assert cq.append(*r) == i
+    assert cq.append_many(recs[3:]) == 3
+    assert (cq.min_offset, cq.max_offset) == (0, 10)
+    assert cq.last_position() == 1000
+    assert files_of(tmp_path) == [file_name(0), file_name(80), file_name(160)]
+    assert all(os.path.getsize(tmp_path / f) == PER_FILE * 20 for f in files_of(tmp_path))
+    for i, r in enumerate(recs):
+        assert cq.get(i) == r
+    got = cq.read(2, 7)
+    assert (got.start_offset, len(got), got.end_offset) == (2, 7, 9)
+    assert list(got) == recs[2:9]
+    assert got[0] == recs[2] and got[-1] == recs[8]
+    assert got.positions() == [r[0] for r in recs[2:9]]
+    assert len(got.raw) == 7 * 20
+    assert list(cq.read(8, 100)) == recs[8:]
+    assert len(cq.read(10, 5)) == 0  # at max_offset: nothing new yet
+    with pytest.raises(OffsetOutOfRangeError) as info:
+        cq.read(11, 1)
+    assert (info.value.min_offset, info.value.max_offset) == (0, 10)
+    assert info.value.code == "OFFSET_OUT_OF_RANGE"
+    with pytest.raises(OffsetOutOfRangeError):
+        cq.get(10)
+    with pytest.raises(IndexError):
+        got[7]
+    cq.close()
+
+
+def test_record_bytes_are_rocketmq_layout(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append(0x0102030405060708, 0x0A0B0C0D, -2)
+    cq.close()
+    raw = (tmp_path / file_name(0)).read_bytes()
+    assert raw[:20] == bytes.fromhex("01020304050607080A0B0C0DFFFFFFFFFFFFFFFE")
+    assert raw[20:] == bytes(20 * (PER_FILE - 1))
+
+
+def test_order_and_range_checks(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append(1000, 50, 0)
+    with pytest.raises(PositionOrderError):
+        cq.append(1049, 10, 0)  # overlaps the last message
+    cq.append(1050, 10, 0)
+    for bad in [(-1, 1, 0), (2000, 0, 0), (2000, 1 << 31, 0), (2000, 1, 1 << 63)]:
+        with pytest.raises(ValueError):
+            cq.append(*bad)
+    with pytest.raises(PositionOrderError):
+        cq.append_many([(3000, 10, 0), (2000, 10, 0)])
+    assert cq.max_offset == 3  # the good record before the bad one stayed
+    with pytest.raises(ValueError):
+        cq.read(0, -1)
+    cq.close()
+    with pytest.raises(StoreClosedError):
+        cq.append(5000, 1, 0)
+    cq.close()  # idempotent
+
+
+def test_reopen_recovers(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(9))
+    cq.close()
+    cq = open_cq(tmp_path)
+    assert (cq.min_offset, cq.max_offset, cq.last_position()) == (0, 9, 900)
+    assert list(cq.read(0, 9)) == records(9)
+    cq.append(900, 100, 1)
+    assert cq.get(9) == (900, 100, 1)
+    cq.close()
+
+
+def test_reopen_at_exact_file_boundary_and_empty(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path / "a")
+    cq.append_many(records(8))
+    cq.close()
+    cq = open_cq(tmp_path / "a")
+    assert (cq.max_offset, cq.last_position()) == (8, 800)
+    cq.append(800, 100, 0)
+    assert cq.get(8) == (800, 100, 0)
+    cq.close()
+    empty = open_cq(tmp_path / "b")
+    assert (empty.min_offset, empty.max_offset, empty.last_position()) == (0, 0, 0)
+    empty.close()
+    empty = open_cq(tmp_path / "b")
+    assert empty.max_offset == 0
+    empty.close()
+
+
+def test_torn_record_dropped(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(6))
+    cq.close()
+    path = tmp_path / file_name(80)
+    raw = bytearray(path.read_bytes())
+    # Record 6 (slot 2 of the second file) half written: position bytes only, size zero.
+    raw[40:48] = struct.pack(">Q", 600)
+    path.write_bytes(bytes(raw))
+    cq = open_cq(tmp_path)
+    assert cq.max_offset == 6
+    assert path.read_bytes()[40:60] == bytes(20)  # zeroed, so it can never come back
+    cq.close()
+
+
+def test_truncated_file_half_record(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(7))
+    cq.close()
+    path = tmp_path / file_name(80)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: 2 * 20 + 9])  # record 6 torn after 9 of its 20 bytes
+    cq = open_cq(tmp_path)
+    assert (cq.max_offset, cq.last_position()) == (6, 600)
+    assert os.path.getsize(path) == PER_FILE * 20
+    assert list(cq.read(0, 10)) == records(6)
+    cq.close()
+
+
+def test_stray_record_after_a_gap_and_out_of_order(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(5))
+    cq.close()
+    path = tmp_path / file_name(80)
+    raw = bytearray(path.read_bytes())
+    raw[60:80] = struct.pack(">QIq", 700, 100, 0)  # slot 3 written, slot 2 never was
+    path.write_bytes(bytes(raw))
+    cq = open_cq(tmp_path)
+    assert cq.max_offset == 5
+    assert path.read_bytes()[20:] == bytes(60)
+    cq.append(500, 100, 0)
+    cq.close()
+    raw = bytearray(path.read_bytes())
+    raw[40:60] = struct.pack(">QIq", 10, 100, 0)  # goes backwards: garbage
+    path.write_bytes(bytes(raw))
+    cq = open_cq(tmp_path)
+    assert cq.max_offset == 6
+    cq.close()
+
+
+def test_empty_trailing_file_removed(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(5))
+    cq.close()
+    (tmp_path / file_name(80)).write_bytes(bytes(80))  # crash right after creating file 2
+    cq = open_cq(tmp_path)
+    assert cq.max_offset == 4
+    assert files_of(tmp_path) == [file_name(0)]
+    cq.close()
+
+
+def test_bad_directory_contents(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(10))
+    cq.close()
+    (tmp_path / file_name(80)).unlink()
+    with pytest.raises(CorruptStoreError, match="missing"):
+        open_cq(tmp_path)
+    with pytest.raises(CorruptStoreError, match="records_per_file"):
+        open_cq(tmp_path, per_file=3)
+
+
+def test_truncate_after_position(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(10))
+    assert cq.truncate_after_position(2000) == 10  # nothing at or beyond
+    assert cq.truncate_after_position(650) == 7  # drops positions 700.. and keeps 600
+    assert (cq.max_offset, cq.last_position()) == (7, 700)
+    assert files_of(tmp_path) == [file_name(0), file_name(80)]
+    cq.append(700, 50, 3)
+    assert cq.get(7) == (700, 50, 3)
+    assert cq.truncate_after_position(400) == 4  # exactly at a file start: file removed
+    assert files_of(tmp_path) == [file_name(0)]
+    assert cq.last_position() == 400
+    cq.close()
+    cq = open_cq(tmp_path)
+    assert (cq.max_offset, cq.last_position()) == (4, 400)
+    assert cq.truncate_after_position(0) == 0
+    assert (cq.min_offset, cq.max_offset, cq.last_position()) == (0, 0, 0)
+    assert (tmp_path / file_name(0)).read_bytes() == bytes(80)
+    cq.append_many(records(3))
+    assert list(cq.read(0, 3)) == records(3)
+    cq.close()
+
+
+def test_retention_moves_min_offset(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(10))  # file 0: 0..300, file 1: 400..700, file 2: 800, 900
+    assert cq.delete_files_before(300) == 0  # record 3 (position 300) still readable
+    assert cq.min_offset == 3
+    with pytest.raises(OffsetOutOfRangeError):
+        cq.read(2, 1)
+    assert cq.delete_files_before(500) == 1
+    assert files_of(tmp_path) == [file_name(80), file_name(160)]
+    assert cq.min_offset == 5
+    assert list(cq.read(5, 2)) == records(10)[5:7]
+    assert cq.delete_files_before(10_000) == 1  # the last file always stays
+    assert files_of(tmp_path) == [file_name(160)]
+    assert (cq.min_offset, cq.max_offset) == (10, 10)
+    cq.close()
+    cq = open_cq(tmp_path)
+    assert (cq.min_offset, cq.max_offset, cq.last_position()) == (8, 10, 1000)
+    cq.delete_files_before(10_000)
+    assert cq.min_offset == 10
+    cq.append(1000, 1, 0)
+    assert cq.get(10) == (1000, 1, 0)
+    cq.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=50), st.integers(min_value=1, max_value=90)),
+        max_size=30,
+    ),
+    st.integers(min_value=0, max_value=3000),
+)
+def test_two_stores_same_sequence_byte_identical(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, int]], cut: int
+) -> None:
+    roots = [tmp_path_factory.mktemp("a"), tmp_path_factory.mktemp("b")]
+    for n, root in enumerate(roots):
+        store = ConsumeQueueStore(root, records_per_file=3)
+        position = 0
+        for i, (gap, size) in enumerate(steps):
+            position += gap
+            store.append(f"T{i % 2}", i % 3, position, size, i - 10)
+            position += size
+            if n == 1 and i % 4 == 0:  # flush timing must not matter
+                store.flush()
+        store.truncate_after_position(cut)
+        store.close()
+    dumps = []
+    for root in roots:
+        base = root / "consumequeue"
+        dumps.append(
+            {str(p.relative_to(base)): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+        )
+    assert dumps[0] == dumps[1]
+
+
+def test_store_layout_and_operations(tmp_path: Path) -> None:
+    store = ConsumeQueueStore(tmp_path, records_per_file=PER_FILE)
+    assert store.find("TopicA", 0) is None
+    assert store.append("TopicA", 0, 100, 10, 1) == 0
+    assert store.append("TopicA", 1, 110, 10, 2) == 0
+    assert store.append("%RETRY%g", 0, 120, 10, 3) == 0
+    assert store.append("TopicA", 0, 130, 10, 4) == 1
+    assert (tmp_path / "consumequeue" / "TopicA" / "0" / file_name(0)).is_file()
+    assert (tmp_path / "consumequeue" / "%RETRY%g" / "0" / file_name(0)).is_file()
+    assert store.last_position() == 140
+    with pytest.raises(InvalidTopicError):
+        store.queue("bad topic", 0)
+    with pytest.raises(ValueError):
+        store.queue("TopicA", -1)
+    store.close()
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.queue("TopicA", 0)
+
+    (tmp_path / "consumequeue" / "not a topic").mkdir()
+    store = ConsumeQueueStore(tmp_path, records_per_file=PER_FILE)
+    assert store.queue_ids() == [("%RETRY%g", 0), ("TopicA", 0), ("TopicA", 1)]
+    assert store.last_position() == 140
+    q = store.find("TopicA", 0)
+    assert q is not None and q.max_offset == 2
+    store.truncate_after_position(115)
+    assert store.find("TopicA", 0).max_offset == 1  # type: ignore[union-attr]
+    assert store.find("TopicA", 1).max_offset == 1  # type: ignore[union-attr]
+    assert store.find("%RETRY%g", 0).max_offset == 0  # type: ignore[union-attr]
+    assert store.last_position() == 120
+    assert store.delete_files_before(0) == 0
+    store.flush()
+    store.close()
+
+
+def test_read_is_a_copy_safe_after_close(tmp_path: Path) -> None:
+    cq = open_cq(tmp_path)
+    cq.append_many(records(3))
+    got = cq.read(0, 3)
+    cq.close()
+    assert list(got) == records(3)
