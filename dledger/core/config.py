@@ -1,0 +1,92 @@
+"""Configuration of one Raft member, and the core's named limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dledger.core.errors import ConfigError
+
+# Largest group the core accepts: Raft groups beyond 7 voters only add commit latency, and the
+# deployment story (DESIGN.md section 1) is groups of 3, 5 or 7.
+MAX_GROUP_SIZE = 7
+
+# Upper bound on entries in one propose() call, so one call cannot build an unbounded batch.
+MAX_ENTRIES_PER_PROPOSAL = 10_000
+
+# Upper bound on the bytes of committed entries handed out in one Ready, so a member that
+# restarts with a long committed log applies it in bounded chunks rather than one huge list.
+MAX_READY_COMMITTED_BYTES = 16 << 20
+
+# Upper bound on the in-flight window per follower (config values above it are rejected): the
+# leader keeps one int per in-flight append.
+MAX_INFLIGHT_APPENDS_LIMIT = 4096
+
+# Test-only fault injections. Each one deliberately breaks one Raft rule so that the tests and
+# the simulator can prove they notice. Never set them outside tests.
+MUTATIONS = frozenset(
+    {
+        "vote_without_log_check",  # grant (pre-)votes without the up-to-date log check
+        "commit_old_term_by_count",  # commit an entry of an earlier term by counting replicas
+        "reply_before_persisting_vote",  # a vote for another node is never made durable
+        "no_truncate_conflict",  # a follower keeps a conflicting suffix instead of truncating
+        "leader_never_steps_down",  # check-quorum never deposes the leader
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    """Tunables of one member. Times are in ticks; the driver decides how long a tick is."""
+
+    # A follower that hears nothing from a leader for a randomized [T, 2T) ticks campaigns.
+    election_timeout_ticks: int = 10
+    # The leader sends a heartbeat (empty append) to each follower this often.
+    heartbeat_interval_ticks: int = 1
+    # Appends in flight per follower in the replicate state (pipelining window).
+    max_inflight_appends: int = 64
+    # Bodies in one AppendRequest: about this many bytes (always at least one entry) ...
+    max_append_batch_bytes: int = 1 << 20
+    # ... and at most this many entries.
+    max_append_batch_entries: int = 1024
+    # Back-pressure: propose() refuses when uncommitted proposed bytes would exceed this.
+    max_pending_proposal_bytes: int = 64 << 20
+    # A leader that heard from no majority for an election timeout steps down; followers
+    # that heard from a leader within the election timeout ignore (pre-)vote requests.
+    check_quorum: bool = True
+    # Candidates first ask for pre-votes without raising their term (Raft thesis 9.6).
+    pre_vote: bool = True
+    # When set, a leader that is not this member hands leadership to it once it is caught up.
+    preferred_leader_id: str | None = None
+    # TEST ONLY: names from MUTATIONS that break Raft on purpose. Empty in production.
+    mutations: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.election_timeout_ticks < 2:
+            raise ConfigError(
+                f"election_timeout_ticks must be >= 2, got {self.election_timeout_ticks}"
+            )
+        if not 1 <= self.heartbeat_interval_ticks < self.election_timeout_ticks:
+            raise ConfigError(
+                "heartbeat_interval_ticks must be in [1, election_timeout_ticks), got "
+                f"{self.heartbeat_interval_ticks}"
+            )
+        if not 1 <= self.max_inflight_appends <= MAX_INFLIGHT_APPENDS_LIMIT:
+            raise ConfigError(
+                f"max_inflight_appends must be in [1, {MAX_INFLIGHT_APPENDS_LIMIT}], got "
+                f"{self.max_inflight_appends}"
+            )
+        if self.max_append_batch_bytes < 1:
+            raise ConfigError(
+                f"max_append_batch_bytes must be >= 1, got {self.max_append_batch_bytes}"
+            )
+        if self.max_append_batch_entries < 1:
+            raise ConfigError(
+                f"max_append_batch_entries must be >= 1, got {self.max_append_batch_entries}"
+            )
+        if self.max_pending_proposal_bytes < 1:
+            raise ConfigError(
+                f"max_pending_proposal_bytes must be >= 1, got {self.max_pending_proposal_bytes}"
+            )
+        unknown = set(self.mutations) - MUTATIONS
+        if unknown:
+            raise ConfigError(f"unknown mutations {sorted(unknown)}; known: {sorted(MUTATIONS)}")

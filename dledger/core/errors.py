@@ -1,0 +1,45 @@
+"""Errors raised by the Raft core. Every one has a stable, machine-readable ``code``."""
+
+from __future__ import annotations
+
+from dledger.log import DLedgerError
+
+
+class ConfigError(DLedgerError):
+    """A :class:`~dledger.core.config.RaftConfig` value or the peer list is invalid."""
+
+    code = "INVALID_CONFIG"
+
+
+class UnknownPeerError(DLedgerError):
+    """A node id that is not a member of this group."""
+
+    code = "UNKNOWN_PEER"
+
+
+class NotLeaderError(DLedgerError):
+    """Only the leader accepts proposals and transfers; ``leader_id`` is a hint (or None)."""
+
+    code = "NOT_LEADER"
+
+    def __init__(self, message: str, *, leader_id: str | None) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+
+
+class ProposalDroppedError(DLedgerError):
+    """The proposal was not appended (empty, too many entries, ...); nothing was changed."""
+
+    code = "PROPOSAL_DROPPED"
+
+
+class BackPressureError(ProposalDroppedError):
+    """Too many uncommitted bytes are pending on the leader; retry after commits catch up."""
+
+    code = "BACK_PRESSURE"
+
+
+class TransferInProgressError(DLedgerError):
+    """A leadership transfer is under way: the leader takes no proposals until it ends."""
+
+    code = "TRANSFER_IN_PROGRESS"

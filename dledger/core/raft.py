@@ -1,0 +1,965 @@
+"""The Raft state machine of one group member. See the package docstring for the driver contract."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dledger.core.config import (
+    MAX_ENTRIES_PER_PROPOSAL,
+    MAX_GROUP_SIZE,
+    MAX_READY_COMMITTED_BYTES,
+    RaftConfig,
+)
+from dledger.core.errors import (
+    BackPressureError,
+    ConfigError,
+    NotLeaderError,
+    ProposalDroppedError,
+    TransferInProgressError,
+    UnknownPeerError,
+)
+from dledger.core.messages import (
+    REJECT_ALREADY_VOTED,
+    REJECT_LEADER_LEASE,
+    REJECT_STALE_LOG,
+    REJECT_STALE_TERM,
+    AppendRequest,
+    AppendResponse,
+    Message,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+from dledger.log import Entry, EntryType, HardState, LogStore
+
+logger = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class ProgressState(enum.Enum):
+    PROBE = "probe"  # one append at a time until the follower's match point is found
+    REPLICATE = "replicate"  # pipelined appends, at most max_inflight_appends in flight
+
+
+@dataclass(frozen=True, slots=True)
+class SoftState:
+    """Volatile state the driver may want to react to (routing, metrics, logs)."""
+
+    role: Role
+    term: int
+    leader_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Everything the driver must do, in this order (see the package docstring).
+
+    1. ``hard_state`` is not None: save it durably (``LogStore.save_hard_state``).
+    2. ``must_flush_log``: ``LogStore.flush()`` (entries were appended since the last Ready).
+    3. send ``messages`` (only now: they may promise the durability of 1 and 2).
+    4. apply ``committed`` in order.
+    5. call ``advance(ready, log.flushed_index())``.
+    """
+
+    hard_state: HardState | None
+    must_flush_log: bool
+    messages: tuple[Message, ...]
+    committed: tuple[Entry, ...]
+    soft_state: SoftState | None
+
+    def is_empty(self) -> bool:
+        return (
+            self.hard_state is None
+            and not self.must_flush_log
+            and not self.messages
+            and not self.committed
+            and self.soft_state is None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """Where accepted bodies went. They are committed iff the entries at these indices are
+    committed with this ``term``; any other term at those indices means they were lost."""
+
+    term: int
+    first_index: int
+    last_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    peer_id: str
+    match_index: int
+    next_index: int
+    state: str
+    inflight_appends: int
+    lag_entries: int
+    recent_active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Read-only snapshot for a status RPC. ``peers`` is filled on the leader only."""
+
+    node_id: str
+    role: Role
+    term: int
+    leader_id: str | None
+    voted_for: str | None
+    commit_index: int
+    applied_index: int
+    last_index: int
+    flushed_index: int
+    transfer_target: str | None
+    peers: tuple[PeerStatus, ...]
+
+
+class _Progress:
+    """The leader's view of one follower (etcd's Progress)."""
+
+    __slots__ = (
+        "commit_sent",
+        "inflight",
+        "last_heard_tick",
+        "match",
+        "next",
+        "probe_sent",
+        "stalled_ticks",
+        "state",
+    )
+
+    def __init__(self, next_index: int) -> None:
+        self.match = 0
+        self.next = next_index
+        self.state = ProgressState.PROBE
+        self.probe_sent = False
+        self.inflight: deque[int] = deque()  # last index of each append in flight, ascending
+        self.last_heard_tick = 0  # leader tick count when this follower last answered
+        self.commit_sent = 0
+        self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
+
+    def become_probe(self, next_index: int) -> None:
+        self.state = ProgressState.PROBE
+        self.next = next_index
+        self.probe_sent = False
+        self.inflight.clear()
+        self.stalled_ticks = 0
+
+    def become_replicate(self) -> None:
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflight.clear()
+
+    def free_up_to(self, index: int) -> None:
+        while self.inflight and self.inflight[0] <= index:
+            self.inflight.popleft()
+
+
+class RaftNode:
+    """One member's Raft state machine. Not thread-safe; drive it from one thread/task."""
+
+    def __init__(
+        self,
+        node_id: str,
+        peer_ids: Sequence[str],
+        log: LogStore,
+        config: RaftConfig,
+        rng: random.Random,
+        *,
+        applied_index: int = 0,
+    ) -> None:
+        """``peer_ids`` are the other members (``node_id`` itself may be listed; it is skipped).
+
+        ``applied_index`` is how far the application already applied (from its checkpoint);
+        those entries are known committed and are not handed out again.
+        """
+        others = tuple(p for p in peer_ids if p != node_id)
+        if len(set(others)) != len(others):
+            raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
+        if len(others) + 1 > MAX_GROUP_SIZE:
+            raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
+        pref = config.preferred_leader_id
+        if pref is not None and pref != node_id and pref not in others:
+            raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
+        if not 0 <= applied_index <= log.last_index():
+            raise ConfigError(f"applied_index {applied_index} beyond the log's last index")
+        self.id = node_id
+        self.peers = others
+        self.cfg = config
+        self._log = log
+        self._rng = rng
+        self._quorum = (len(others) + 1) // 2 + 1
+        self._mut = config.mutations
+
+        hs = log.load_hard_state()
+        self._term = hs.term
+        self._voted_for = hs.voted_for
+        self._persisted_hs = hs
+        self._role = Role.FOLLOWER
+        self._leader_id: str | None = None
+        self._commit = applied_index
+        self._handed = applied_index  # last committed index handed out in a Ready
+        self._applied = applied_index  # last index the driver confirmed applied (advance)
+        self._flushed = min(log.flushed_index(), log.last_index())
+        self._log_dirty = False
+        self._msgs: list[Message] = []
+        self._outstanding: Ready | None = None
+        self._last_soft = SoftState(Role.FOLLOWER, self._term, None)
+        self._soft_reported: SoftState | None = None
+
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._leader_ticks = 0  # ticks since this node became leader (check-quorum clock)
+        self._randomized_timeout = config.election_timeout_ticks
+        self._votes: dict[str, bool] = {}
+        self._progress: dict[str, _Progress] = {}
+        self._transferee: str | None = None
+        self._transfer_elapsed = 0
+        self._pending: deque[tuple[int, int]] = deque()  # (last index, bytes) per proposal
+        self._pending_bytes = 0
+        self._reset_randomized_timeout()
+        logger.info(
+            "node=%s term=%d start last_index=%d commit=%d",
+            node_id,
+            self._term,
+            log.last_index(),
+            self._commit,
+        )
+
+    # ------------------------------------------------------------------ read-only state
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def term(self) -> int:
+        return self._term
+
+    @property
+    def leader_id(self) -> str | None:
+        return self._leader_id
+
+    @property
+    def commit_index(self) -> int:
+        return self._commit
+
+    @property
+    def last_index(self) -> int:
+        return self._log.last_index()
+
+    @property
+    def voted_for(self) -> str | None:
+        return self._voted_for
+
+    @property
+    def transfer_target(self) -> str | None:
+        return self._transferee
+
+    def status(self) -> Status:
+        last = self._log.last_index()
+        peers = tuple(
+            PeerStatus(
+                peer_id=p,
+                match_index=pr.match,
+                next_index=pr.next,
+                state=pr.state.value,
+                inflight_appends=len(pr.inflight),
+                lag_entries=last - pr.match,
+                recent_active=self._recently_heard(pr),
+            )
+            for p, pr in self._progress.items()
+        )
+        return Status(
+            node_id=self.id,
+            role=self._role,
+            term=self._term,
+            leader_id=self._leader_id,
+            voted_for=self._voted_for,
+            commit_index=self._commit,
+            applied_index=self._applied,
+            last_index=last,
+            flushed_index=self._flushed,
+            transfer_target=self._transferee,
+            peers=peers,
+        )
+
+    # ------------------------------------------------------------------ driver interface
+
+    def tick(self) -> None:
+        """Advance the logical clock by one tick."""
+        if self._role is Role.LEADER:
+            self._tick_leader()
+        else:
+            self._election_elapsed += 1
+            if self._election_elapsed >= self._randomized_timeout:
+                self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
+
+    def propose(self, bodies: Sequence[bytes], entry_type: int = EntryType.NORMAL) -> Proposal:
+        """Append ``bodies`` as consecutive entries (leader only). Raises NotLeaderError,
+        TransferInProgressError, BackPressureError or ProposalDroppedError; nothing is
+        appended when it raises."""
+        if self._role is not Role.LEADER:
+            raise NotLeaderError(f"node {self.id} is not the leader", leader_id=self._leader_id)
+        if self._transferee is not None:
+            raise TransferInProgressError(f"leadership is being transferred to {self._transferee}")
+        if not bodies:
+            raise ProposalDroppedError("empty proposal")
+        if len(bodies) > MAX_ENTRIES_PER_PROPOSAL:
+            raise ProposalDroppedError(
+                f"{len(bodies)} entries exceed MAX_ENTRIES_PER_PROPOSAL={MAX_ENTRIES_PER_PROPOSAL}"
+            )
+        if not 0 <= int(entry_type) <= 255 or entry_type in (EntryType.NOOP, EntryType.CONFIG):
+            raise ProposalDroppedError(f"entry type {entry_type} cannot be proposed")
+        size = sum(len(b) for b in bodies)
+        limit = self.cfg.max_pending_proposal_bytes
+        if self._pending_bytes + size > limit:
+            raise BackPressureError(
+                f"{self._pending_bytes} uncommitted bytes pending, +{size} exceeds "
+                f"max_pending_proposal_bytes={limit}"
+            )
+        first = self._log.last_index() + 1
+        entries = [
+            Entry(term=self._term, index=first + i, body=bytes(b), type=int(entry_type))
+            for i, b in enumerate(bodies)
+        ]
+        self._append_local(entries)
+        last = entries[-1].index
+        self._pending.append((last, size))
+        self._pending_bytes += size
+        self._broadcast_append()
+        return Proposal(term=self._term, first_index=first, last_index=last)
+
+    def transfer_leadership(self, target_id: str) -> None:
+        """Hand leadership to ``target_id``: stop proposals, catch it up, send TimeoutNow.
+        Aborted after an election timeout. A no-op when the target is this node."""
+        if self._role is not Role.LEADER:
+            raise NotLeaderError(f"node {self.id} is not the leader", leader_id=self._leader_id)
+        if target_id == self.id:
+            return
+        if target_id not in self._progress:
+            raise UnknownPeerError(f"{target_id!r} is not a member")
+        if self._transferee is not None:
+            if self._transferee == target_id:
+                return
+            raise TransferInProgressError(f"already transferring to {self._transferee}")
+        logger.info("node=%s term=%d transfer_start target=%s", self.id, self._term, target_id)
+        self._transferee = target_id
+        self._transfer_elapsed = 0
+        pr = self._progress[target_id]
+        last = self._log.last_index()
+        if pr.match == last:
+            self._send(TimeoutNow(self.id, target_id, self._term))
+            return
+        if pr.state is ProgressState.REPLICATE and pr.next > last:
+            pr.become_probe(pr.match + 1)  # everything was sent; resend what is unacknowledged
+        self._send_append(target_id)
+
+    def step(self, m: Message) -> None:
+        """Feed one message received from a peer."""
+        if m.to_id != self.id or m.from_id not in self._peer_set():
+            logger.warning("node=%s drop misaddressed message %s", self.id, type(m).__name__)
+            return
+        if m.term > self._term:
+            if isinstance(m, VoteRequest):
+                if not m.leadership_transfer and (
+                    self._in_lease() or (m.pre_vote and self._heard_leader_recently())
+                ):
+                    # A member that heard from a live leader ignores disruptions: always for
+                    # pre-votes (Raft thesis 9.6), for votes too with check-quorum (etcd).
+                    self._send(
+                        VoteResponse(
+                            self.id,
+                            m.from_id,
+                            self._term,
+                            granted=False,
+                            pre_vote=m.pre_vote,
+                            reject_reason=REJECT_LEADER_LEASE,
+                        )
+                    )
+                    return
+                if not m.pre_vote:
+                    self._become_follower(m.term, None)
+            elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
+                pass  # a granted pre-vote carries the future term; no term change
+            else:
+                leader = m.from_id if isinstance(m, (AppendRequest, TimeoutNow)) else None
+                self._become_follower(m.term, leader)
+        elif m.term < self._term:
+            if isinstance(m, AppendRequest):
+                # Tell a stale leader about the newer term so that it steps down.
+                self._send(
+                    AppendResponse(
+                        self.id,
+                        m.from_id,
+                        self._term,
+                        success=False,
+                        last_log_index=self._log.last_index(),
+                        rejected_index=m.prev_log_index,
+                    )
+                )
+            elif isinstance(m, VoteRequest):
+                self._send(
+                    VoteResponse(
+                        self.id,
+                        m.from_id,
+                        self._term,
+                        granted=False,
+                        pre_vote=m.pre_vote,
+                        reject_reason=REJECT_STALE_TERM,
+                    )
+                )
+            return
+
+        if isinstance(m, AppendRequest):
+            self._handle_append(m)
+        elif isinstance(m, AppendResponse):
+            self._handle_append_response(m)
+        elif isinstance(m, VoteRequest):
+            self._handle_vote_request(m)
+        elif isinstance(m, VoteResponse):
+            self._handle_vote_response(m)
+        else:
+            self._handle_timeout_now(m)
+        self._check_invariants()
+
+    def has_ready(self) -> bool:
+        """True when ready() would return a non-empty Ready."""
+        return (
+            bool(self._msgs)
+            or self._log_dirty
+            or self._hard_state_to_save() != self._persisted_hs
+            or self._handed < min(self._commit, self._log.last_index())
+            or self._soft_state() != self._soft_reported
+        )
+
+    def ready(self) -> Ready:
+        """Collect what the driver must do now. Call advance() before the next ready()."""
+        assert self._outstanding is None, "ready() called twice without advance()"
+        hs = self._hard_state_to_save()
+        committed: list[Entry] = []
+        upto = min(self._commit, self._log.last_index())
+        start = self._handed + 1
+        if start <= upto:
+            committed = self._log.read_range(
+                start, MAX_READY_COMMITTED_BYTES, max_count=upto - start + 1
+            )
+            assert committed and committed[0].index == start and committed[-1].index <= upto
+            self._handed = committed[-1].index
+        soft = self._soft_state()
+        rd = Ready(
+            hard_state=hs if hs != self._persisted_hs else None,
+            must_flush_log=self._log_dirty,
+            messages=tuple(self._msgs),
+            committed=tuple(committed),
+            soft_state=soft if soft != self._soft_reported else None,
+        )
+        self._msgs = []
+        self._log_dirty = False
+        self._soft_reported = soft
+        self._outstanding = rd
+        return rd
+
+    def advance(self, rd: Ready, flushed_index: int) -> None:
+        """The driver did everything ``rd`` asked; ``flushed_index`` is now durable."""
+        assert rd is self._outstanding, "advance() with a Ready that is not outstanding"
+        self._outstanding = None
+        if rd.hard_state is not None:
+            self._persisted_hs = rd.hard_state
+        if rd.committed:
+            assert rd.committed[0].index == self._applied + 1, "committed entries skipped"
+            self._applied = rd.committed[-1].index
+        self._flushed = min(flushed_index, self._log.last_index())
+        if self._role is Role.LEADER:
+            self._maybe_commit()
+        self._check_invariants()
+
+    # ------------------------------------------------------------------ internals: misc
+
+    def _peer_set(self) -> tuple[str, ...]:
+        return self.peers
+
+    def _send(self, m: Message) -> None:
+        self._msgs.append(m)
+
+    def _soft_state(self) -> SoftState:
+        s = self._last_soft
+        if s.role is not self._role or s.term != self._term or s.leader_id != self._leader_id:
+            s = SoftState(self._role, self._term, self._leader_id)
+            self._last_soft = s
+        return s
+
+    def _hard_state_to_save(self) -> HardState:
+        voted = self._voted_for
+        if "reply_before_persisting_vote" in self._mut and voted not in (None, self.id):
+            # MUTATION: the vote for another node is answered but never made durable.
+            voted = self._persisted_hs.voted_for if self._persisted_hs.term == self._term else None
+        hs = self._persisted_hs
+        if hs.term == self._term and hs.voted_for == voted:
+            return hs
+        return HardState(self._term, voted)
+
+    def _in_lease(self) -> bool:
+        return self.cfg.check_quorum and self._heard_leader_recently()
+
+    def _heard_leader_recently(self) -> bool:
+        return (
+            self._leader_id is not None and self._election_elapsed < self.cfg.election_timeout_ticks
+        )
+
+    def _reset_randomized_timeout(self) -> None:
+        t = self.cfg.election_timeout_ticks
+        self._randomized_timeout = self._rng.randrange(t, 2 * t)
+
+    def _append_local(self, entries: Sequence[Entry]) -> None:
+        assert entries[0].index == self._log.last_index() + 1, "append not contiguous"
+        self._log.append(entries)
+        self._log_dirty = True
+
+    def _check_invariants(self) -> None:
+        last = self._log.last_index()
+        assert self._applied <= self._handed <= self._commit, "applied/handed/commit order"
+        assert self._commit <= last, "commit index beyond the last index"
+        if self._role is Role.LEADER:
+            assert self._voted_for == self.id and self._leader_id == self.id
+            assert self._log.last_term() == self._term, "leader's last entry not of its term"
+        if self._role is Role.CANDIDATE:
+            assert self._voted_for == self.id
+
+    # ------------------------------------------------------------------ role changes
+
+    def _become_follower(self, term: int, leader_id: str | None) -> None:
+        assert term >= self._term
+        if term > self._term:
+            self._term = term
+            self._voted_for = None
+        if self._role is not Role.FOLLOWER or leader_id != self._leader_id:
+            logger.info("node=%s term=%d become_follower leader=%s", self.id, self._term, leader_id)
+        self._role = Role.FOLLOWER
+        self._leader_id = leader_id
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
+        self._votes = {}
+        self._progress = {}
+        self._transferee = None
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def _campaign(self, *, pre_vote: bool, transfer: bool) -> None:
+        self._election_elapsed = 0
+        self._reset_randomized_timeout()
+        self._votes = {self.id: True}
+        self._leader_id = None
+        self._progress = {}
+        self._transferee = None
+        if pre_vote:
+            self._role = Role.PRE_CANDIDATE
+            req_term = self._term + 1
+        else:
+            self._role = Role.CANDIDATE
+            self._term += 1
+            self._voted_for = self.id
+            req_term = self._term
+        logger.info(
+            "node=%s term=%d campaign pre_vote=%s transfer=%s",
+            self.id,
+            req_term,
+            pre_vote,
+            transfer,
+        )
+        if self._quorum == 1:
+            self._win_vote()
+            return
+        last_index = self._log.last_index()
+        last_term = self._log.last_term()
+        for p in self.peers:
+            self._send(
+                VoteRequest(
+                    self.id,
+                    p,
+                    req_term,
+                    last_log_index=last_index,
+                    last_log_term=last_term,
+                    pre_vote=pre_vote,
+                    leadership_transfer=transfer,
+                )
+            )
+
+    def _win_vote(self) -> None:
+        if self._role is Role.PRE_CANDIDATE:
+            self._campaign(pre_vote=False, transfer=False)
+        else:
+            self._become_leader()
+
+    def _become_leader(self) -> None:
+        assert self._role is Role.CANDIDATE
+        self._role = Role.LEADER
+        self._leader_id = self.id
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._leader_ticks = 0
+        self._votes = {}
+        nxt = self._log.last_index() + 1
+        self._progress = {p: _Progress(nxt) for p in self.peers}
+        self._transferee = None
+        self._pending.clear()
+        self._pending_bytes = 0
+        logger.info("node=%s term=%d become_leader last_index=%d", self.id, self._term, nxt - 1)
+        # Raft figure 8: entries of earlier terms commit only under one of the current term.
+        self._append_local([Entry(self._term, nxt, b"", EntryType.NOOP)])
+        self._broadcast_append()
+        if not self.peers:
+            self._maybe_commit()
+
+    # ------------------------------------------------------------------ leader side
+
+    def _tick_leader(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        timeout = self.cfg.election_timeout_ticks
+        self._leader_ticks += 1
+        if self._election_elapsed >= timeout:
+            self._election_elapsed = 0  # the leader's own lease never lapses while it leads
+        if self.cfg.check_quorum:
+            # Step down once no majority has answered within the last election timeout.
+            active = 1 + sum(1 for pr in self._progress.values() if self._recently_heard(pr))
+            if active < self._quorum and "leader_never_steps_down" not in self._mut:
+                logger.warning(
+                    "node=%s term=%d check_quorum_failed active=%d", self.id, self._term, active
+                )
+                self._become_follower(self._term, None)
+                return
+        if self._transferee is not None:
+            self._transfer_elapsed += 1
+            if self._transfer_elapsed >= timeout:
+                logger.warning(
+                    "node=%s term=%d transfer_aborted target=%s",
+                    self.id,
+                    self._term,
+                    self._transferee,
+                )
+                self._transferee = None
+        # An append lost in the replicate state leaves a gap that no answer will reveal
+        # if nothing else is sent: after a stall, fall back to probing from the match.
+        stall_limit = max(1, timeout // 2)
+        for p, pr in self._progress.items():
+            if pr.state is ProgressState.REPLICATE and pr.match < pr.next - 1:
+                pr.stalled_ticks += 1
+                if pr.stalled_ticks >= stall_limit:
+                    pr.become_probe(pr.match + 1)
+                    self._send_append(p)
+        if self._heartbeat_elapsed >= self.cfg.heartbeat_interval_ticks:
+            self._heartbeat_elapsed = 0
+            for p in self.peers:
+                self._send_heartbeat(p)
+            self._maybe_transfer_to_preferred()
+
+    def _recently_heard(self, pr: _Progress) -> bool:
+        return self._leader_ticks - pr.last_heard_tick < self.cfg.election_timeout_ticks
+
+    def _maybe_transfer_to_preferred(self) -> None:
+        pref = self.cfg.preferred_leader_id
+        if pref is None or pref == self.id or self._transferee is not None:
+            return
+        pr = self._progress[pref]
+        if self._recently_heard(pr) and pr.match == self._log.last_index():
+            self.transfer_leadership(pref)
+
+    def _send_heartbeat(self, peer: str) -> None:
+        pr = self._progress[peer]
+        # prev = match: known to match, so a heartbeat never triggers a rejection.
+        self._send(
+            AppendRequest(
+                self.id,
+                peer,
+                self._term,
+                prev_log_index=pr.match,
+                prev_log_term=self._log.term_at(pr.match),
+                entries=(),
+                leader_commit=self._commit,
+            )
+        )
+        pr.commit_sent = max(pr.commit_sent, min(self._commit, pr.match))
+
+    def _send_append(self, peer: str) -> bool:
+        """Send the next batch to ``peer`` if its state allows; True when something was sent."""
+        pr = self._progress[peer]
+        last = self._log.last_index()
+        if pr.state is ProgressState.PROBE:
+            if pr.probe_sent:
+                return False
+        elif len(pr.inflight) >= self.cfg.max_inflight_appends or pr.next > last:
+            return False
+        prev = pr.next - 1
+        assert 0 <= prev <= last, f"next {pr.next} out of range (last {last})"
+        entries: tuple[Entry, ...] = ()
+        if pr.next <= last:
+            entries = tuple(
+                self._log.read_range(
+                    pr.next, self.cfg.max_append_batch_bytes, self.cfg.max_append_batch_entries
+                )
+            )
+        self._send(
+            AppendRequest(
+                self.id,
+                peer,
+                self._term,
+                prev_log_index=prev,
+                prev_log_term=self._log.term_at(prev),
+                entries=entries,
+                leader_commit=self._commit,
+            )
+        )
+        pr.commit_sent = max(pr.commit_sent, min(self._commit, prev + len(entries)))
+        if pr.state is ProgressState.PROBE:
+            pr.probe_sent = True
+        else:
+            pr.next = entries[-1].index + 1
+            pr.inflight.append(entries[-1].index)
+        return True
+
+    def _broadcast_append(self) -> None:
+        for p in self.peers:
+            while self._send_append(p) and self._progress[p].state is ProgressState.REPLICATE:
+                pass
+
+    def _handle_append_response(self, m: AppendResponse) -> None:
+        if self._role is not Role.LEADER:
+            return
+        pr = self._progress[m.from_id]
+        pr.last_heard_tick = self._leader_ticks
+        if not m.success:
+            if m.rejected_index <= pr.match:
+                return  # stale: that prefix is already known to match
+            if pr.state is ProgressState.PROBE and m.rejected_index != pr.next - 1:
+                return  # stale: not the answer to the probe in flight
+            nxt = m.conflict_index
+            if m.conflict_term > 0:
+                idx = self._last_index_of_term(
+                    m.conflict_term, min(m.rejected_index, self._log.last_index())
+                )
+                if idx > 0:
+                    nxt = idx + 1
+            nxt = max(pr.match + 1, min(nxt, m.rejected_index))
+            pr.become_probe(nxt)
+            self._send_append(m.from_id)
+            return
+        advanced = m.match_index > pr.match
+        if advanced:
+            pr.match = m.match_index
+            pr.next = max(pr.next, pr.match + 1)
+            pr.stalled_ticks = 0
+        if pr.state is ProgressState.PROBE:
+            if m.match_index >= pr.next - 1:
+                pr.become_replicate()
+            else:
+                pr.probe_sent = False
+        else:
+            pr.free_up_to(pr.match)
+            if not advanced and len(pr.inflight) >= self.cfg.max_inflight_appends:
+                pr.inflight.popleft()  # a heartbeat answer: maybe an append was lost
+        if advanced:
+            self._maybe_commit()
+            if self._transferee == m.from_id and pr.match == self._log.last_index():
+                logger.info(
+                    "node=%s term=%d send_timeout_now to=%s", self.id, self._term, m.from_id
+                )
+                self._send(TimeoutNow(self.id, m.from_id, self._term))
+        while self._send_append(m.from_id) and pr.state is ProgressState.REPLICATE:
+            pass
+
+    def _last_index_of_term(self, term: int, upto: int) -> int:
+        """Largest index <= upto whose term is ``term``; 0 when there is none."""
+        i = upto
+        first = self._log.first_index()
+        while i >= first and self._log.term_at(i) > term:
+            i -= 1
+        if i >= first and self._log.term_at(i) == term:
+            return i
+        return 0
+
+    def _maybe_commit(self) -> None:
+        assert self._role is Role.LEADER
+        matches = sorted(
+            [min(self._flushed, self._log.last_index())]
+            + [pr.match for pr in self._progress.values()],
+            reverse=True,
+        )
+        qi = matches[self._quorum - 1]
+        if qi <= self._commit:
+            return
+        if self._log.term_at(qi) != self._term and "commit_old_term_by_count" not in self._mut:
+            return  # Raft figure 8: never commit an earlier term's entry by counting replicas
+        self._commit = qi
+        while self._pending and self._pending[0][0] <= qi:
+            self._pending_bytes -= self._pending.popleft()[1]
+        # Tell idle followers the new commit index now rather than at the next heartbeat;
+        # a follower with appends in flight learns it from the next append.
+        for p, pr in self._progress.items():
+            if not pr.inflight and min(qi, pr.match) > pr.commit_sent:
+                self._send_heartbeat(p)
+
+    # ------------------------------------------------------------------ follower side
+
+    def _handle_append(self, m: AppendRequest) -> None:
+        if self._role is Role.LEADER:
+            raise AssertionError(f"two leaders in term {self._term}: {self.id} and {m.from_id}")
+        if self._role is not Role.FOLLOWER or self._leader_id != m.from_id:
+            self._become_follower(m.term, m.from_id)
+        self._election_elapsed = 0
+        log = self._log
+        last = log.last_index()
+        prev = m.prev_log_index
+        entries = m.entries
+        if entries:
+            assert entries[0].index == prev + 1, "append entries not contiguous with prev"
+        if prev < self._commit:
+            # The committed prefix matches the leader's; skip what it already covers.
+            skip = min(len(entries), self._commit - prev)
+            entries = entries[skip:]
+            prev = prev + skip
+            if prev < self._commit:
+                self._reply_append_ok(m.from_id, self._commit)
+                return
+        if prev > last:
+            self._send(
+                AppendResponse(
+                    self.id,
+                    m.from_id,
+                    self._term,
+                    success=False,
+                    conflict_index=last + 1,
+                    conflict_term=0,
+                    last_log_index=last,
+                    rejected_index=m.prev_log_index,
+                )
+            )
+            return
+        # After skipping the committed prefix, prev is committed here: it matches the leader.
+        prev_term = log.term_at(prev) if prev != m.prev_log_index else m.prev_log_term
+        local_term = log.term_at(prev)
+        if local_term != prev_term:
+            first = prev
+            floor = max(self._commit + 1, log.first_index())
+            while first - 1 >= floor and log.term_at(first - 1) == local_term:
+                first -= 1
+            self._send(
+                AppendResponse(
+                    self.id,
+                    m.from_id,
+                    self._term,
+                    success=False,
+                    conflict_index=first,
+                    conflict_term=local_term,
+                    last_log_index=last,
+                    rejected_index=m.prev_log_index,
+                )
+            )
+            return
+        to_append: Sequence[Entry] = ()
+        for i, e in enumerate(entries):
+            if e.index > last:
+                to_append = entries[i:]
+                break
+            if log.term_at(e.index) != e.term:
+                if "no_truncate_conflict" in self._mut:
+                    # MUTATION: keep the conflicting suffix, append only past it.
+                    to_append = [x for x in entries[i:] if x.index > last]
+                    break
+                assert e.index > self._commit, f"truncating committed index {e.index}"
+                logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
+                log.truncate_suffix(e.index)
+                self._flushed = min(self._flushed, e.index - 1)
+                to_append = entries[i:]
+                break
+        if to_append:
+            self._append_local(to_append)
+        last_new = prev + len(entries)
+        if m.leader_commit > self._commit:
+            self._commit = max(self._commit, min(m.leader_commit, last_new))
+        self._reply_append_ok(m.from_id, last_new)
+
+    def _reply_append_ok(self, to: str, match: int) -> None:
+        self._send(
+            AppendResponse(
+                self.id,
+                to,
+                self._term,
+                success=True,
+                match_index=match,
+                last_log_index=self._log.last_index(),
+            )
+        )
+
+    def _handle_vote_request(self, m: VoteRequest) -> None:
+        # etcd's rule: same vote again, or a fresh vote with no leader known, or a pre-vote
+        # for a later term.
+        can_vote = (
+            self._voted_for == m.from_id
+            or (self._voted_for is None and self._leader_id is None)
+            or (m.pre_vote and m.term > self._term)
+        )
+        log_ok = (m.last_log_term, m.last_log_index) >= (
+            self._log.last_term(),
+            self._log.last_index(),
+        ) or "vote_without_log_check" in self._mut
+        if can_vote and log_ok:
+            if not m.pre_vote:
+                self._voted_for = m.from_id
+                self._election_elapsed = 0
+            logger.info(
+                "node=%s term=%d grant_vote to=%s pre_vote=%s",
+                self.id,
+                m.term,
+                m.from_id,
+                m.pre_vote,
+            )
+            self._send(VoteResponse(self.id, m.from_id, m.term, granted=True, pre_vote=m.pre_vote))
+        else:
+            reason = REJECT_ALREADY_VOTED if not can_vote else REJECT_STALE_LOG
+            self._send(
+                VoteResponse(
+                    self.id,
+                    m.from_id,
+                    self._term,
+                    granted=False,
+                    pre_vote=m.pre_vote,
+                    reject_reason=reason,
+                )
+            )
+
+    def _handle_vote_response(self, m: VoteResponse) -> None:
+        if self._role is Role.PRE_CANDIDATE:
+            if not m.pre_vote or (m.granted and m.term != self._term + 1):
+                return
+        elif self._role is Role.CANDIDATE:
+            if m.pre_vote:
+                return
+        else:
+            return
+        self._votes.setdefault(m.from_id, m.granted)
+        granted = sum(1 for v in self._votes.values() if v)
+        rejected = len(self._votes) - granted
+        if granted >= self._quorum:
+            self._win_vote()
+        elif rejected >= self._quorum:
+            self._become_follower(self._term, None)
+
+    def _handle_timeout_now(self, m: TimeoutNow) -> None:
+        if self._role is Role.LEADER:
+            return
+        logger.info("node=%s term=%d timeout_now from=%s", self.id, self._term, m.from_id)
+        self._campaign(pre_vote=False, transfer=True)

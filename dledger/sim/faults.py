@@ -1,0 +1,189 @@
+"""Fault schedules: what goes wrong, and when, in one simulated run; and their minimization."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# Node ids of a simulated group of n members.
+NODE_PREFIX = "n"
+
+# Target that a fault resolves at run time to the current leader (or to nothing).
+LEADER = "leader"
+
+PARTITION_SHAPES = ("halves", "isolate", "isolate_leader", "bridge", "ring", "deaf", "mute")
+
+
+def node_ids(n: int) -> tuple[str, ...]:
+    return tuple(f"{NODE_PREFIX}{i}" for i in range(n))
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    """One fault at ``at_ms`` of simulated time.
+
+    kind:
+      ``partition``: ``shape`` in PARTITION_SHAPES; ``groups`` lists the sides (``bridge``:
+        two sides then the bridge node; ``ring``: the ring order; ``isolate``/``deaf``/
+        ``mute``: one node, or ``leader`` resolved at run time);
+      ``heal``: every link works again;
+      ``crash``/``restart``: ``target`` is a node id or ``leader``;
+      ``loss``: drop each message with probability ``loss_pct``/100;
+      ``isolate_next_leader``: the next member to win an election is isolated at once
+        (before its first append leaves), which strands entries of several terms;
+      ``crash_next_voter``: the next member to send a granted vote crashes right after
+        sending it and restarts a few ms later (does it remember its vote?).
+    """
+
+    at_ms: int
+    kind: str
+    shape: str = ""
+    groups: tuple[tuple[str, ...], ...] = ()
+    target: str = ""
+    loss_pct: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "partition":
+            sides = " | ".join(",".join(g) for g in self.groups)
+            return f"t={self.at_ms}ms partition {self.shape} [{sides}]"
+        if self.kind in ("crash", "restart"):
+            return f"t={self.at_ms}ms {self.kind} {self.target}"
+        if self.kind == "loss":
+            return f"t={self.at_ms}ms loss {self.loss_pct}%"
+        return f"t={self.at_ms}ms {self.kind}"
+
+
+def generate_schedule(
+    rng: random.Random, nodes: Sequence[str], fault_phase_ms: int
+) -> list[FaultEvent]:
+    """A random fault schedule over ``[0, fault_phase_ms)``, sorted by time."""
+    events: list[FaultEvent] = []
+    n_events = rng.randint(3, 10)
+    for _ in range(n_events):
+        at = rng.randrange(50, fault_phase_ms)
+        r = rng.random()
+        if r < 0.40:
+            events.append(_random_partition(rng, nodes, at))
+            if rng.random() < 0.7:
+                heal_at = min(fault_phase_ms - 1, at + rng.randint(100, 800))
+                events.append(FaultEvent(heal_at, "heal"))
+        elif r < 0.75:
+            target = LEADER if rng.random() < 0.5 else rng.choice(nodes)
+            events.append(FaultEvent(at, "crash", target=target))
+            if rng.random() < 0.85:
+                down_ms = rng.choice((rng.randint(1, 30), rng.randint(30, 600)))
+                restart_target = "all" if target == LEADER else target
+                events.append(
+                    FaultEvent(
+                        min(fault_phase_ms - 1, at + down_ms), "restart", target=restart_target
+                    )
+                )
+        elif r < 0.8:
+            events.append(FaultEvent(at, "loss", loss_pct=rng.choice((5, 20, 50))))
+            events.append(FaultEvent(min(fault_phase_ms - 1, at + rng.randint(50, 500)), "loss"))
+        elif r < 0.86:
+            events.append(FaultEvent(at, "heal"))
+        elif r < 0.94:
+            events.append(FaultEvent(at, "isolate_next_leader"))
+            heal_at = min(fault_phase_ms - 1, at + rng.randint(150, 700))
+            events.append(FaultEvent(heal_at, "heal"))
+        else:
+            events.append(FaultEvent(at, "crash_next_voter"))
+    events.sort(key=lambda e: e.at_ms)
+    return events
+
+
+def _random_partition(rng: random.Random, nodes: Sequence[str], at: int) -> FaultEvent:
+    shape = rng.choice(PARTITION_SHAPES)
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)
+    n = len(shuffled)
+    groups: tuple[tuple[str, ...], ...]
+    if shape == "halves":
+        cut = rng.randint(1, n - 1)
+        groups = (tuple(sorted(shuffled[:cut])), tuple(sorted(shuffled[cut:])))
+    elif shape == "bridge" and n >= 3:
+        bridge = shuffled[0]
+        rest = shuffled[1:]
+        cut = rng.randint(1, len(rest) - 1)
+        groups = (tuple(sorted(rest[:cut])), tuple(sorted(rest[cut:])), (bridge,))
+    elif shape == "ring":
+        groups = (tuple(shuffled),)
+    elif shape == "isolate_leader":
+        shape = "isolate"
+        groups = ((LEADER,),)
+    elif shape in ("isolate", "deaf", "mute"):
+        groups = ((LEADER if rng.random() < 0.5 else shuffled[0],),)
+    else:
+        shape = "isolate"
+        groups = ((shuffled[0],),)
+    return FaultEvent(at, "partition", shape=shape, groups=groups)
+
+
+def blocked_links(
+    shape: str, groups: tuple[tuple[str, ...], ...], nodes: Sequence[str]
+) -> set[tuple[str, str]]:
+    """Directed (from, to) pairs that drop every message under this partition."""
+    blocked: set[tuple[str, str]] = set()
+    if shape == "halves":
+        side = {x: i for i, g in enumerate(groups) for x in g}
+        for a in nodes:
+            for b in nodes:
+                if a != b and side.get(a) != side.get(b):
+                    blocked.add((a, b))
+    elif shape == "bridge":
+        left, right, (bridge,) = groups
+        for a in left:
+            for b in right:
+                blocked.add((a, b))
+                blocked.add((b, a))
+        _ = bridge  # the bridge node keeps every link
+    elif shape == "ring":
+        ring = groups[0]
+        n = len(ring)
+        allowed = set()
+        for i, a in enumerate(ring):
+            allowed.add((a, ring[(i + 1) % n]))
+            allowed.add((ring[(i + 1) % n], a))
+        for a in nodes:
+            for b in nodes:
+                if a != b and (a, b) not in allowed:
+                    blocked.add((a, b))
+    else:
+        (x,) = groups[0]
+        for other in nodes:
+            if other == x:
+                continue
+            if shape in ("isolate", "deaf"):
+                blocked.add((other, x))
+            if shape in ("isolate", "mute"):
+                blocked.add((x, other))
+    return blocked
+
+
+def minimize(
+    events: Sequence[FaultEvent], still_fails: Callable[[list[FaultEvent]], bool]
+) -> list[FaultEvent]:
+    """Delta debugging (ddmin): a 1-minimal sub-list of ``events`` for which the run still
+    fails. ``still_fails`` re-runs the simulation (same seed) with a candidate schedule."""
+    current = list(events)
+    n = 2
+    while len(current) >= 2:
+        chunk = max(1, len(current) // n)
+        subsets = [current[i : i + chunk] for i in range(0, len(current), chunk)]
+        reduced = False
+        for i in range(len(subsets)):
+            complement = [e for j, s in enumerate(subsets) if j != i for e in s]
+            if still_fails(complement):
+                current = complement
+                n = max(n - 1, 2)
+                reduced = True
+                break
+        if not reduced:
+            if n >= len(current):
+                break
+            n = min(len(current), n * 2)
+    if len(current) == 1 and still_fails([]):
+        return []
+    return current

@@ -1,0 +1,646 @@
+"""A deterministic, single-threaded simulation of one Raft group under faults.
+
+Everything random comes from PRNGs seeded by the run's seed, and time is simulated, so a seed
+replays bit for bit. The driver of each simulated member follows the core's Ready/advance
+contract exactly (see ``dledger.core``), with a simulated disk that takes time to persist:
+a crash before the persist completes loses the Ready (its unsaved hard state, its unflushed
+entries and its unsent messages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dledger.core import (
+    AppendRequest,
+    AppendResponse,
+    BackPressureError,
+    Message,
+    NotLeaderError,
+    ProposalDroppedError,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+    TimeoutNow,
+    TransferInProgressError,
+    VoteRequest,
+    VoteResponse,
+)
+from dledger.log import Entry
+from dledger.sim.faults import (
+    LEADER,
+    FaultEvent,
+    blocked_links,
+    generate_schedule,
+    node_ids,
+)
+from dledger.sim.memlog import AppendHook, MemLog
+
+logger = logging.getLogger(__name__)
+
+TICK_MS = 10  # one Raft tick of simulated time
+ELECTION_TIMEOUT_TICKS = 10  # so elections time out after 100..200 ms of simulated time
+# After the faults end, a leader must be elected and a new proposal committed within this.
+LIVENESS_BOUND_MS = 4_000
+# Hard stop for one run (simulated), whatever happens.
+MAX_SIM_TIME_MS = 20_000
+
+# Bounds the leader's uncommitted backlog (bodies are ~5 bytes: about 100 entries), so that
+# after the heal the backlog commits well within LIVENESS_BOUND_MS.
+SIM_PENDING_PROPOSAL_BYTES = 512
+MIN_ENTRIES_PER_RTT = 4
+
+_TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL = range(6)
+
+
+class Violation(Exception):
+    """A Raft invariant failed. ``kind`` is a short stable name."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class SimParams:
+    """Everything about a run that the seed decides, except the fault schedule."""
+
+    nodes: int
+    pre_vote: bool
+    check_quorum: bool
+    heartbeat_interval_ticks: int
+    max_append_batch_entries: int
+    max_inflight_appends: int
+    preferred_leader_id: str | None
+    net_delay_max_ms: int
+    dup_pct: int
+    fault_phase_ms: int
+    deaf_leader_at_heal: bool
+    client_interval_max_ms: int
+
+    @staticmethod
+    def from_seed(seed: int, nodes: int) -> SimParams:
+        rng = random.Random(f"params-{seed}")
+        check_quorum = rng.random() < 0.8
+        pre_vote = rng.random() < 0.5
+        batch = rng.choice((1, 2, 4, 64))
+        # At least MIN_ENTRIES_PER_RTT entries per round trip, or the clients outrun the
+        # replication and "liveness" would fail for want of throughput, not of correctness.
+        inflight = max(rng.choice((1, 2, 8, 64)), -(-MIN_ENTRIES_PER_RTT // batch))
+        return SimParams(
+            nodes=nodes,
+            pre_vote=pre_vote,
+            check_quorum=check_quorum,
+            heartbeat_interval_ticks=rng.choice((1, 2, 3)),
+            max_append_batch_entries=batch,
+            max_inflight_appends=inflight,
+            preferred_leader_id=(f"n{rng.randrange(nodes)}" if rng.random() < 0.15 else None),
+            net_delay_max_ms=rng.choice((3, 10, 25)),
+            dup_pct=rng.choice((0, 0, 2, 10)),
+            fault_phase_ms=rng.randint(600, 1_500),
+            # A deaf node (sends, never receives) is harmless only with both: check-quorum
+            # deposes it as leader, pre-vote keeps it from raising everyone's term forever.
+            deaf_leader_at_heal=check_quorum and pre_vote and rng.random() < 0.4,
+            client_interval_max_ms=rng.choice((20, 50)),
+        )
+
+    def raft_config(self, mutations: frozenset[str]) -> RaftConfig:
+        return RaftConfig(
+            election_timeout_ticks=ELECTION_TIMEOUT_TICKS,
+            heartbeat_interval_ticks=self.heartbeat_interval_ticks,
+            max_inflight_appends=self.max_inflight_appends,
+            max_append_batch_entries=self.max_append_batch_entries,
+            max_append_batch_bytes=4096,
+            max_pending_proposal_bytes=SIM_PENDING_PROPOSAL_BYTES,
+            check_quorum=self.check_quorum,
+            pre_vote=self.pre_vote,
+            preferred_leader_id=self.preferred_leader_id,
+            mutations=mutations,
+        )
+
+
+@dataclass
+class SimResult:
+    seed: int
+    nodes: int
+    violation: Violation | None
+    steps: int
+    sim_time_ms: int
+    trace_hash: str
+    faults: list[FaultEvent]
+    trace: list[str] = field(default_factory=list)
+    acked: int = 0
+
+
+class _Node:
+    __slots__ = (
+        "accepted",
+        "applied",
+        "core",
+        "id",
+        "incarnation",
+        "log",
+        "max_applied",
+        "pending",
+        "seen_leader_term",
+        "up",
+    )
+
+    def __init__(self, node_id: str, log: MemLog) -> None:
+        self.id = node_id
+        self.log = log
+        self.core: RaftNode | None = None
+        self.up = False
+        self.incarnation = 0
+        self.pending: Ready | None = None  # Ready being persisted
+        self.applied = 0  # applied index of this incarnation
+        self.max_applied = 0  # highest index ever applied (durable by contract)
+        self.accepted: dict[int, tuple[int, bytes, int]] = {}  # index -> (term, body, at_ms)
+        self.seen_leader_term = -1
+
+
+class Simulation:
+    """One run: ``Simulation(seed, nodes).run()``. ``faults`` overrides the seed's schedule."""
+
+    def __init__(
+        self,
+        seed: int,
+        nodes: int = 3,
+        *,
+        mutations: frozenset[str] = frozenset(),
+        faults: Sequence[FaultEvent] | None = None,
+        trace: bool = False,
+    ) -> None:
+        self.seed = seed
+        self.params = SimParams.from_seed(seed, nodes)
+        self.config = self.params.raft_config(mutations)
+        self.ids = node_ids(nodes)
+        if faults is None:
+            faults = generate_schedule(
+                random.Random(f"faults-{seed}"), self.ids, self.params.fault_phase_ms
+            )
+        self.faults = list(faults)
+        self._net_rng = random.Random(f"net-{seed}")
+        self._client_rng = random.Random(f"client-{seed}")
+        self._trace_on = trace
+        self.trace: list[str] = []
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.now = 0
+        self.steps = 0
+        self._queue: list[tuple[int, int, int, object]] = []
+        self._seq = 0
+        self._blocked: set[tuple[str, str]] = set()
+        self._loss_pct = 0
+        self._healed_at: int | None = None
+        self._armed_isolate_leader = False
+        self._armed_crash_voter = False
+        self._live = False
+        # Checker state.
+        self._history: list[tuple[int, int, bytes]] = [(0, 0, b"")]  # committed, index 0 dummy
+        self._history_hash: list[int] = [0]  # prefix hashes of the committed history
+        self._prefix: dict[tuple[int, int], int] = {}  # (index, term) -> prefix hash
+        self._leaders: dict[int, str] = {}  # term -> leader id
+        self._votes: dict[tuple[str, int], str] = {}  # (voter, term) -> candidate
+        self._commit_marks: dict[int, tuple[int, int]] = {}  # term -> (index, prefix hash)
+        self._acked: dict[int, tuple[int, bytes]] = {}
+        self._next_body = 0
+        self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _make_hook(self, nid: str) -> AppendHook:
+        prefix = self._prefix
+
+        def on_append(e: Entry, h: int) -> None:
+            key = (e.index, e.term)
+            seen = prefix.get(key)
+            if seen is None:
+                prefix[key] = h
+            elif seen != h:
+                raise Violation(
+                    "log_matching",
+                    f"{nid} holds entry index={e.index} term={e.term} with a different prefix",
+                )
+
+        return on_append
+
+    def _push(self, at: int, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (at, self._seq, kind, payload))
+
+    def _note(self, line: str) -> None:
+        self._hash.update(line.encode())
+        if self._trace_on:
+            self.trace.append(f"{self.now:>6}ms {line}")
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        violation: Violation | None = None
+        try:
+            self._run()
+        except Violation as v:
+            violation = v
+        except AssertionError as e:
+            violation = Violation("core_assertion", str(e) or repr(e))
+        if violation is not None:
+            self._note(f"VIOLATION {violation}")
+        return SimResult(
+            seed=self.seed,
+            nodes=len(self.ids),
+            violation=violation,
+            steps=self.steps,
+            sim_time_ms=self.now,
+            trace_hash=self._hash.hexdigest(),
+            faults=self.faults,
+            trace=self.trace,
+            acked=len(self._acked),
+        )
+
+    def _run(self) -> None:
+        for nid in self.ids:
+            self._start(self.nodes[nid])
+        self._push(TICK_MS, _TICK, None)
+        self._push(self._client_rng.randint(1, 20), _CLIENT, None)
+        for f in self.faults:
+            self._push(f.at_ms, _FAULT, f)
+        self._push(self.params.fault_phase_ms, _HEAL, None)
+        queue = self._queue
+        while queue:
+            at, _, kind, payload = heapq.heappop(queue)
+            self.now = at
+            self.steps += 1
+            if at > MAX_SIM_TIME_MS:
+                raise Violation("liveness", "simulation exceeded MAX_SIM_TIME_MS")
+            if kind == _TICK:
+                self._on_tick()
+            elif kind == _DELIVER:
+                self._on_deliver(payload)  # type: ignore[arg-type]
+            elif kind == _PERSIST:
+                self._on_persist(payload)  # type: ignore[arg-type]
+            elif kind == _FAULT:
+                self._on_fault(payload)  # type: ignore[arg-type]
+            elif kind == _CLIENT:
+                self._on_client()
+            else:
+                self._on_heal()
+            if self._live:
+                break
+            if self._healed_at is not None and at > self._healed_at + LIVENESS_BOUND_MS:
+                raise Violation(
+                    "liveness",
+                    f"no proposal committed within {LIVENESS_BOUND_MS}ms after the faults healed",
+                )
+        self._final_checks()
+
+    # ------------------------------------------------------------------ node lifecycle
+
+    def _start(self, node: _Node) -> None:
+        node.incarnation += 1
+        node.up = True
+        node.pending = None
+        node.applied = 0
+        node.accepted = {}
+        node.seen_leader_term = -1
+        node.core = RaftNode(
+            node.id,
+            self.ids,
+            node.log,
+            self.config,
+            random.Random(f"core-{self.seed}-{node.id}-{node.incarnation}"),
+        )
+        self._note(f"start {node.id} inc={node.incarnation} last={node.log.last_index()}")
+
+    def _crash(self, node: _Node) -> None:
+        if not node.up:
+            return
+        node.up = False
+        node.core = None
+        node.pending = None
+        lost = node.log.crash()
+        self._note(f"crash {node.id} lost_unflushed={lost}")
+        if node.log.last_index() < node.max_applied:
+            raise Violation(
+                "durability",
+                f"{node.id} lost applied entries in a crash "
+                f"(last {node.log.last_index()} < {node.max_applied})",
+            )
+
+    # ------------------------------------------------------------------ events
+
+    def _on_tick(self) -> None:
+        for nid in self.ids:
+            node = self.nodes[nid]
+            if node.up:
+                assert node.core is not None
+                node.core.tick()
+                self._after(node)
+        self._push(self.now + TICK_MS, _TICK, None)
+
+    def _on_deliver(self, m: Message) -> None:
+        node = self.nodes[m.to_id]
+        if not node.up or (m.from_id, m.to_id) in self._blocked:
+            return
+        assert node.core is not None
+        if self._trace_on:
+            self._note(f"recv {_describe(m)}")
+        else:
+            self._note(f"r{m.from_id}{m.to_id}{type(m).__name__[0]}{m.term}")
+        node.core.step(m)
+        self._after(node)
+
+    def _on_persist(self, payload: tuple[str, int]) -> None:
+        nid, incarnation = payload
+        node = self.nodes[nid]
+        if not node.up or node.incarnation != incarnation or node.pending is None:
+            return
+        core = node.core
+        assert core is not None
+        rd = node.pending
+        node.pending = None
+        log = node.log
+        if rd.hard_state is not None:
+            log.save_hard_state(rd.hard_state)
+        if rd.must_flush_log:
+            log.flush()
+        voted = False
+        for m in rd.messages:
+            if isinstance(m, VoteResponse) and m.granted and not m.pre_vote:
+                voted = True
+                key = (m.from_id, m.term)
+                other = self._votes.setdefault(key, m.to_id)
+                if other != m.to_id:
+                    raise Violation(
+                        "vote_once", f"{m.from_id} voted for {other} and {m.to_id} in term {m.term}"
+                    )
+            self._send(m)
+        for e in rd.committed:
+            self._apply(node, e)
+        core.advance(rd, log.flushed_index())
+        self._after(node)
+        if voted and self._armed_crash_voter:
+            self._armed_crash_voter = False
+            self._crash(node)
+            restart_at = self.now + 1 + int(self._net_rng.random() * 5)
+            self._push(restart_at, _FAULT, FaultEvent(restart_at, "restart", target=node.id))
+
+    def _send(self, m: Message) -> None:
+        rand = self._net_rng.random
+        if (m.from_id, m.to_id) in self._blocked:
+            return
+        if self._loss_pct and rand() * 100 < self._loss_pct:
+            return
+        max_delay = self.params.net_delay_max_ms
+        delay = 1 + int(rand() * max_delay)
+        if rand() < 0.02:
+            delay += 20 + int(rand() * 130)  # a straggler: heavy reordering
+        self._push(self.now + delay, _DELIVER, m)
+        if self.params.dup_pct and rand() * 100 < self.params.dup_pct:
+            self._push(self.now + 1 + int(rand() * 3 * max_delay), _DELIVER, m)
+
+    def _after(self, node: _Node) -> None:
+        """Checks after a node's core ran, then start persisting its next Ready."""
+        core = node.core
+        assert core is not None
+        log = node.log
+        if log.truncated:
+            self._check_truncations(node)
+        if core.role is Role.LEADER:
+            term = core.term
+            if node.seen_leader_term != term:
+                node.seen_leader_term = term
+                self._on_new_leader(node, term)
+            commit = core.commit_index
+            mark = self._commit_marks.get(term)
+            if commit > 0 and (mark is None or mark[0] < commit):
+                h = log.prefix_hash(commit)
+                self._commit_marks[term] = (commit, h)
+                self._check_electable_hold(
+                    commit, h, f"{node.id} committed {commit} in term {term}"
+                )
+        if node.pending is None and core.has_ready():
+            node.pending = core.ready()
+            self._push(
+                self.now + int(self._net_rng.random() * 4), _PERSIST, (node.id, node.incarnation)
+            )
+
+    def _check_truncations(self, node: _Node) -> None:
+        """A member never removes a committed entry from its log (it may remove entries that
+        differ from the committed ones at the same index)."""
+        for index, removed in node.log.truncated:
+            if index <= node.max_applied:
+                raise Violation(
+                    "committed_lost",
+                    f"{node.id} truncated index {index} <= its applied {node.max_applied}",
+                )
+            hist_hash = self._history_hash
+            if index < len(hist_hash) and removed and removed[0] == hist_hash[index]:
+                raise Violation("committed_lost", f"{node.id} truncated committed index {index}")
+            for t, (c, h) in self._commit_marks.items():
+                if index <= c < index + len(removed) and removed[c - index] == h:
+                    raise Violation(
+                        "committed_lost",
+                        f"{node.id} truncated from {index}, removing index {c} committed "
+                        f"in term {t}",
+                    )
+        node.log.truncated.clear()
+
+    def _check_electable_hold(self, index: int, h: int, why: str) -> None:
+        """Any member whose log is at least as up to date as a majority's could win an
+        election right now, so it must already hold every committed entry (leader
+        completeness for every reachable leader, not only the ones that happen)."""
+        quorum = len(self.ids) // 2 + 1
+        keys = {nid: (n.log.last_term(), n.log.last_index()) for nid, n in self.nodes.items()}
+        for nid, node in self.nodes.items():
+            if not node.up:
+                continue
+            log = node.log
+            if index <= log.last_index() and log.prefix_hash(index) == h:
+                continue
+            mine = keys[nid]
+            if sum(1 for k in keys.values() if k <= mine) >= quorum:
+                raise Violation(
+                    "leader_completeness",
+                    f"{nid} could be elected (log {mine[1]}/{mine[0]}) but lacks committed index "
+                    f"{index} ({why})",
+                )
+
+    def _on_new_leader(self, node: _Node, term: int) -> None:
+        other = self._leaders.get(term)
+        if other is not None and other != node.id:
+            raise Violation("election_safety", f"two leaders in term {term}: {other} and {node.id}")
+        self._leaders[term] = node.id
+        self._note(f"leader {node.id} term={term} last={node.log.last_index()}")
+        if self._armed_isolate_leader:
+            self._armed_isolate_leader = False
+            self._blocked = blocked_links("isolate", ((node.id,),), self.ids)
+            self._note(f"isolate new leader {node.id}")
+        log = node.log
+        for t, (index, h) in self._commit_marks.items():
+            if t < term and (index > log.last_index() or log.prefix_hash(index) != h):
+                raise Violation(
+                    "leader_completeness",
+                    f"leader {node.id} of term {term} lacks index {index} committed in term {t}",
+                )
+
+    def _apply(self, node: _Node, e: Entry) -> None:
+        if e.index != node.applied + 1:
+            raise Violation("apply_order", f"{node.id} applied {e.index} after {node.applied}")
+        node.applied = e.index
+        node.max_applied = max(node.max_applied, e.index)
+        hist = self._history
+        if e.index < len(hist):
+            if hist[e.index] != (e.term, e.type, e.body):
+                raise Violation(
+                    "state_machine_safety",
+                    f"{node.id} applied index={e.index} term={e.term} but term="
+                    f"{hist[e.index][0]} was committed there",
+                )
+        else:
+            assert e.index == len(hist)
+            hist.append((e.term, e.type, e.body))
+            hh = self._history_hash
+            hh.append(hash((hh[-1], e.term, e.type, e.body)))  # the same chain as MemLog's
+        acc = node.accepted.pop(e.index, None)
+        if acc is not None and acc[0] == e.term:
+            self._acked[e.index] = (e.term, acc[1])
+            if self._healed_at is not None and acc[2] >= self._healed_at:
+                self._live = True
+                self._note(f"live index={e.index}")
+
+    def _leader(self) -> _Node | None:
+        best: _Node | None = None
+        best_term = -1
+        for nid in self.ids:
+            core = self.nodes[nid].core
+            if core is not None and core.role is Role.LEADER and core.term > best_term:
+                best, best_term = self.nodes[nid], core.term
+        return best
+
+    def _on_client(self) -> None:
+        rng = self._client_rng
+        self._push(self.now + rng.randint(1, self.params.client_interval_max_ms), _CLIENT, None)
+        target = self._leader()
+        if target is None or rng.random() < 0.1:
+            target = self.nodes[rng.choice(self.ids)]
+        if not target.up:
+            return
+        core = target.core
+        assert core is not None
+        bodies = []
+        for _ in range(rng.randint(1, 3)):
+            self._next_body += 1
+            bodies.append(b"p%d" % self._next_body)
+        try:
+            prop = core.propose(bodies)
+        except (NotLeaderError, TransferInProgressError, BackPressureError, ProposalDroppedError):
+            return
+        for i, b in enumerate(bodies):
+            target.accepted[prop.first_index + i] = (prop.term, b, self.now)
+        self._note(f"propose {target.id} term={prop.term} {prop.first_index}..{prop.last_index}")
+        self._after(target)
+
+    def _resolve(self, target: str) -> str | None:
+        if target == LEADER:
+            leader = self._leader()
+            return leader.id if leader is not None else None
+        return target
+
+    def _on_fault(self, f: FaultEvent) -> None:
+        self._note(f"fault {f.describe()}")
+        if f.kind == "partition":
+            groups = tuple(
+                tuple(r for r in (self._resolve(x) for x in g) if r is not None) for g in f.groups
+            )
+            if any(not g for g in groups):
+                return
+            self._blocked = blocked_links(f.shape, groups, self.ids)
+        elif f.kind == "heal":
+            self._blocked = set()
+        elif f.kind == "loss":
+            self._loss_pct = f.loss_pct
+        elif f.kind == "isolate_next_leader":
+            self._armed_isolate_leader = True
+        elif f.kind == "crash_next_voter":
+            self._armed_crash_voter = True
+        elif f.kind == "crash":
+            nid = self._resolve(f.target)
+            if nid is not None:
+                self._crash(self.nodes[nid])
+        elif f.kind == "restart":
+            for nid in self.ids if f.target == "all" else (f.target,):
+                if not self.nodes[nid].up:
+                    self._start(self.nodes[nid])
+
+    def _on_heal(self) -> None:
+        self._healed_at = self.now
+        self._blocked = set()
+        self._loss_pct = 0
+        self._armed_isolate_leader = False  # triggered faults end with the fault phase too
+        self._armed_crash_voter = False
+        for nid in self.ids:
+            if not self.nodes[nid].up:
+                self._start(self.nodes[nid])
+        if self.params.deaf_leader_at_heal:
+            leader = self._leader()
+            if leader is not None:
+                self._blocked = blocked_links("deaf", ((leader.id,),), self.ids)
+                self._note(f"heal (leader {leader.id} stays deaf)")
+                return
+        self._note("heal")
+
+    def _final_checks(self) -> None:
+        if not self._live:
+            raise Violation("liveness", "run ended before a proposal committed after healing")
+        quorum = len(self.ids) // 2 + 1
+        for index, (term, body) in self._acked.items():
+            holders = 0
+            for n in self.nodes.values():
+                if n.log.flushed_index() >= index:
+                    e = n.log.read(index)
+                    holders += e.term == term and e.body == body
+            if holders < quorum:
+                raise Violation(
+                    "acked_lost",
+                    f"acknowledged index {index} is durable on {holders} nodes only",
+                )
+
+
+def _describe(m: Message) -> str:
+    head = f"{type(m).__name__} {m.from_id}->{m.to_id} term={m.term}"
+    if isinstance(m, AppendRequest):
+        return (
+            f"{head} prev={m.prev_log_index}/{m.prev_log_term} n={len(m.entries)} "
+            f"commit={m.leader_commit}"
+        )
+    if isinstance(m, AppendResponse):
+        if m.success:
+            return f"{head} ok match={m.match_index}"
+        return f"{head} reject at={m.rejected_index} conflict={m.conflict_index}/{m.conflict_term}"
+    if isinstance(m, VoteRequest):
+        return (
+            f"{head} last={m.last_log_index}/{m.last_log_term} pre={int(m.pre_vote)} "
+            f"transfer={int(m.leadership_transfer)}"
+        )
+    if isinstance(m, VoteResponse):
+        return f"{head} granted={int(m.granted)} pre={int(m.pre_vote)} {m.reject_reason}"
+    assert isinstance(m, TimeoutNow)
+    return head
+
+
+def run_seed(
+    seed: int,
+    nodes: int = 3,
+    *,
+    mutations: frozenset[str] = frozenset(),
+    faults: Sequence[FaultEvent] | None = None,
+    trace: bool = False,
+) -> SimResult:
+    return Simulation(seed, nodes, mutations=mutations, faults=faults, trace=trace).run()

@@ -1,0 +1,131 @@
+"""The simulator itself: determinism, the checks, minimization, the CLI, and the seed sweep."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dledger.sim import Simulation, Violation, run_seed, run_seeds
+from dledger.sim.__main__ import main
+from dledger.sim.faults import minimize
+
+ROOT = Path(__file__).resolve().parents[2]
+SOAK = os.environ.get("RAFTMQ_SOAK") == "1"
+# make test: 1,000 seeds per group size (2,000 in all); RAFTMQ_SOAK=1: 10,000 per size.
+SEEDS_PER_SIZE = 10_000 if SOAK else 1_000
+
+
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_seed_sweep_finds_no_violation(nodes: int) -> None:
+    summary = run_seeds(range(SEEDS_PER_SIZE), nodes)
+    failure = summary.first_failure
+    assert failure is None, (
+        f"seed {failure.seed}: {failure.violation}; replay with "
+        f"python -m dledger.sim --seed {failure.seed} --nodes {nodes} --trace"
+    )
+    assert summary.seeds_run == SEEDS_PER_SIZE
+    print(
+        f"{nodes} nodes: {summary.seeds_run} seeds in {summary.wall_s:.1f}s "
+        f"({summary.seeds_run / summary.wall_s:.0f} seeds/s), {summary.steps} steps, "
+        f"{summary.sim_time_ms / 1000:.0f}s simulated"
+    )
+
+
+@pytest.mark.slow
+def test_seven_node_groups() -> None:
+    n = 5_000 if SOAK else 100
+    summary = run_seeds(range(n), 7)
+    assert summary.violations == 0, summary.first_failure
+
+
+@pytest.mark.parametrize(("seed", "nodes"), [(3, 3), (11, 5)])
+def test_same_seed_same_run(seed: int, nodes: int) -> None:
+    a = run_seed(seed, nodes, trace=True)
+    b = run_seed(seed, nodes, trace=True)
+    assert a.trace_hash == b.trace_hash
+    assert a.trace == b.trace
+    assert a.steps == b.steps and a.sim_time_ms == b.sim_time_ms
+    assert run_seed(seed + 1, nodes).trace_hash != a.trace_hash
+
+
+def test_same_seed_same_run_across_processes_and_hash_seeds() -> None:
+    hashes = set()
+    for hash_seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
+        out = subprocess.run(
+            [sys.executable, "-m", "dledger.sim", "--seed", "42", "--nodes", "5"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            check=True,
+            timeout=60,
+        ).stdout
+        hashes.add(out.split("trace_hash=")[1].split()[0])
+    assert hashes == {run_seed(42, 5).trace_hash}
+
+
+def test_runs_have_real_faults_and_progress() -> None:
+    r = run_seed(5, 5, trace=True)
+    assert r.violation is None
+    assert r.faults, "every seed has a fault schedule"
+    assert any("crash" in line or "partition" in line for line in r.trace)
+    assert r.acked > 0
+
+
+def test_minimized_schedule_still_fails() -> None:
+    mutations = frozenset({"no_truncate_conflict"})
+    seed = next(s for s in range(200) if run_seed(s, 3, mutations=mutations).violation)
+    full = run_seed(seed, 3, mutations=mutations)
+    assert full.violation is not None
+
+    def still_fails(events: list) -> bool:  # type: ignore[type-arg]
+        return run_seed(seed, 3, mutations=mutations, faults=events).violation is not None
+
+    small = minimize(full.faults, still_fails)
+    assert len(small) <= len(full.faults)
+    assert still_fails(small)
+
+
+def test_minimize_is_one_minimal_on_a_toy_predicate() -> None:
+    events = list(range(20))
+    assert minimize(events, lambda xs: 3 in xs and 17 in xs) == [3, 17]  # type: ignore[arg-type,operator]
+
+
+def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--seeds", "4", "--nodes", "3", "--jobs", "1"]) == 0
+    assert "violations: 0" in capsys.readouterr().out
+    assert main(["--nodes", "9"]) == 2
+    assert main(["--no-such-flag"]) == 2
+    assert main(["--faults-json", "[]"]) == 2
+    mutation = "vote_without_log_check"
+    seed = next(s for s in range(500) if run_seed(s, 3, mutations=frozenset({mutation})).violation)
+    capsys.readouterr()
+    rc = main(["--seed", str(seed), "--nodes", "3", "--mutation", mutation])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert f"VIOLATION seed={seed}" in out and "minimized to" in out and "replay:" in out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(min_value=0, max_value=2**40), nodes=st.sampled_from([3, 5]))
+def test_any_seed_is_safe_and_live(seed: int, nodes: int) -> None:
+    r = run_seed(seed, nodes)
+    assert r.violation is None, f"python -m dledger.sim --seed {seed} --nodes {nodes} --trace"
+
+
+def test_checker_catches_a_removed_committed_entry() -> None:
+    sim = Simulation(5, 3)
+    assert sim.run().violation is None
+    node = next(n for n in sim.nodes.values() if n.up and n.log.last_index() > 5)
+    node.max_applied = 0  # as if it had not applied anything: only the history can tell
+    node.log.truncate_suffix(3)
+    with pytest.raises(Violation) as info:
+        sim._after(node)
+    assert info.value.kind == "committed_lost"

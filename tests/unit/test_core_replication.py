@@ -1,0 +1,264 @@
+"""Log replication: NOOP on election, figure-8 commit rule, pipelining, back-off, truncation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dledger.core import (
+    AppendRequest,
+    AppendResponse,
+    BackPressureError,
+    Message,
+    NotLeaderError,
+    ProgressState,
+    ProposalDroppedError,
+    RaftConfig,
+    RaftNode,
+    Role,
+    VoteResponse,
+)
+from dledger.log import Entry, EntryType, HardState
+from dledger.sim.harness import Cluster
+from dledger.sim.memlog import MemLog
+
+
+def _drain(node: RaftNode, log: MemLog) -> list[Message]:
+    out: list[Message] = []
+    while node.has_ready():
+        rd = node.ready()
+        if rd.hard_state is not None:
+            log.save_hard_state(rd.hard_state)
+        if rd.must_flush_log:
+            log.flush()
+        out.extend(rd.messages)
+        node.advance(rd, log.flushed_index())
+    return out
+
+
+def _preset(log: MemLog, terms: list[int]) -> None:
+    log.append([Entry(t, i + 1, b"e%d" % (i + 1)) for i, t in enumerate(terms)])
+    log.flush()
+    log.save_hard_state(HardState(term=max(terms, default=0)))
+
+
+def _standalone_leader(terms: list[int], config: RaftConfig) -> tuple[RaftNode, MemLog]:
+    """n0 of {n0, n1, n2} with a preset log, elected with n1's vote; nothing replicated."""
+    log = MemLog()
+    _preset(log, terms)
+    node = RaftNode("n0", ["n1", "n2"], log, config, random.Random(0))
+    while node.role is not Role.CANDIDATE:
+        node.tick()
+    _drain(node, log)
+    node.step(VoteResponse("n1", "n0", node.term, granted=True))
+    assert node.role is Role.LEADER
+    return node, log
+
+
+def _appends_to(msgs: list[Message], to: str) -> list[AppendRequest]:
+    return [m for m in msgs if isinstance(m, AppendRequest) and m.to_id == to]
+
+
+@pytest.mark.parametrize("n", [3, 5, 7])
+def test_replicates_and_commits_in_order(n: int) -> None:
+    c = Cluster(n, seed=n)
+    leader = c.elect()
+    for i in range(20):
+        c.nodes[leader].propose([b"m%d" % i])
+    c.tick(times=2)
+    expected = [b"m%d" % i for i in range(20)]
+    for nid in c.ids:
+        assert c.bodies(nid) == expected
+        assert c.nodes[nid].commit_index == c.nodes[leader].last_index
+
+
+def test_new_leader_appends_noop_of_its_term() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    node = c.nodes[leader]
+    last = c.logs[leader].read(node.last_index)
+    assert last.type == EntryType.NOOP and last.term == node.term
+    assert node.commit_index == node.last_index  # committed through the NOOP
+
+
+def test_figure8_old_term_entry_not_committed_by_count() -> None:
+    cfg = RaftConfig(pre_vote=False)
+    node, log = _standalone_leader([1, 2], cfg)  # NOOP of term 3 at index 3
+    _drain(node, log)
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=2))
+    _drain(node, log)
+    assert node.commit_index == 0  # index 2 (term 2) is on a majority but is not of term 3
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=3))
+    _drain(node, log)
+    assert node.commit_index == 3  # committing the NOOP commits everything before it
+
+
+def test_mutation_commit_old_term_by_count() -> None:
+    cfg = RaftConfig(pre_vote=False, mutations=frozenset({"commit_old_term_by_count"}))
+    node, log = _standalone_leader([1, 2], cfg)
+    _drain(node, log)
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=2))
+    _drain(node, log)
+    assert node.commit_index == 2
+
+
+def test_leader_counts_itself_only_when_flushed() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    a, b = (x for x in c.ids if x != leader)
+    c.isolated.add(b)
+    c.hold_flush.add(leader)
+    node = c.nodes[leader]
+    before = node.commit_index
+    node.propose([b"x"])
+    c.deliver()
+    assert c.nodes[a].last_index == node.last_index  # a acknowledged it
+    assert node.commit_index == before  # but the leader's own copy is not durable
+    c.hold_flush.clear()
+    c.logs[leader].flush()
+    c.tick([leader])
+    assert node.commit_index == node.last_index
+
+
+def test_probe_sends_one_append_at_a_time() -> None:
+    cfg = RaftConfig(pre_vote=False, max_append_batch_entries=1)
+    node, log = _standalone_leader([1], cfg)
+    msgs = _drain(node, log)
+    assert len(_appends_to(msgs, "n1")) == 1  # the probe
+    node.propose([b"a"])
+    node.propose([b"b"])
+    assert _appends_to(_drain(node, log), "n1") == []  # still probing: wait for an answer
+    assert node.status().peers[0].state == ProgressState.PROBE.value
+
+
+def test_replicate_pipelines_up_to_the_inflight_window() -> None:
+    cfg = RaftConfig(pre_vote=False, max_append_batch_entries=1, max_inflight_appends=4)
+    node, log = _standalone_leader([1], cfg)
+    (probe,) = _appends_to(_drain(node, log), "n1")
+    # follower n1 matches everything: switch to replicate
+    node.step(
+        AppendResponse("n1", "n0", node.term, success=True, match_index=probe.prev_log_index + 1)
+    )
+    _drain(node, log)
+    node.propose([b"p%d" % i for i in range(10)])
+    sent = _appends_to(_drain(node, log), "n1")
+    assert len(sent) == 4  # pipelined, without waiting, but bounded
+    assert all(len(m.entries) == 1 for m in sent)
+    assert [m.entries[0].index for m in sent] == [3, 4, 5, 6]
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=3))
+    sent = _appends_to(_drain(node, log), "n1")
+    assert [m.entries[0].index for m in sent] == [7]  # one slot freed, one more sent
+
+
+def test_batches_respect_entry_and_byte_limits() -> None:
+    c = Cluster(3, RaftConfig(max_append_batch_entries=3, max_append_batch_bytes=10))
+    leader = c.elect()
+    c.nodes[leader].propose([b"1234"] * 10)
+    c.tick(times=2)
+    sizes = [len(m.entries) for m in c.sent if isinstance(m, AppendRequest) and m.entries]
+    assert max(sizes) <= 2  # 3 bodies of 4 bytes exceed 10 bytes
+    assert c.bodies("n1") == [b"1234"] * 10
+
+
+def _divergent_cluster(conflict_len: int, config: RaftConfig) -> Cluster:
+    c = Cluster(3, config)
+    _preset(c.logs["n0"], [1, 1, 1, 3, 3])
+    _preset(c.logs["n1"], [1, 1, 1] + [2] * conflict_len)
+    _preset(c.logs["n2"], [1, 1, 1, 3, 3])
+    for nid in c.ids:
+        c.start(nid)
+    return c
+
+
+def test_fast_conflict_backoff_jumps_over_a_whole_term() -> None:
+    c = _divergent_cluster(50, RaftConfig(pre_vote=False))
+    c.tick_until(lambda: c.leader() in ("n0", "n2"))
+    c.tick(times=3)
+    rejections = [
+        m for m in c.sent if isinstance(m, AppendResponse) and m.from_id == "n1" and not m.success
+    ]
+    assert 1 <= len(rejections) <= 2  # not one per conflicting entry (50)
+    assert rejections[0].conflict_term == 2 and rejections[0].conflict_index == 4
+
+
+def test_conflicting_suffix_is_truncated() -> None:
+    c = _divergent_cluster(50, RaftConfig(pre_vote=False))
+    c.tick_until(lambda: c.leader() in ("n0", "n2"))
+    leader = c.leader()
+    assert leader is not None
+    c.nodes[leader].propose([b"after"])
+    c.tick(times=3)
+    assert c.logs["n1"].entries() == c.logs[leader].entries()
+    assert c.logs["n1"].last_index() < 53
+
+
+def test_mutation_no_truncate_conflict_keeps_divergent_log() -> None:
+    cfg = RaftConfig(pre_vote=False, mutations=frozenset({"no_truncate_conflict"}))
+    c = _divergent_cluster(2, cfg)
+    c.tick_until(lambda: c.leader() in ("n0", "n2"))
+    leader = c.leader()
+    assert leader is not None
+    c.tick(times=3)
+    assert [e.term for e in c.logs["n1"].entries()][3:5] == [2, 2]  # kept the conflict
+    assert c.logs["n1"].entries() != c.logs[leader].entries()
+
+
+def test_follower_never_truncates_below_commit() -> None:
+    log = MemLog()
+    _preset(log, [1, 1, 1])
+    node = RaftNode("n1", ["n0", "n2"], log, RaftConfig(), random.Random(0))
+    node.step(AppendRequest("n0", "n1", 1, 3, 1, (), 3))  # learns commit 3
+    _drain(node, log)
+    assert node.commit_index == 3
+    # a (buggy or replayed) request whose entries conflict with committed ones
+    bad = (Entry(2, 2, b"zz"), Entry(2, 3, b"zz"), Entry(2, 4, b"new"))
+    node.step(AppendRequest("n0", "n1", 2, 1, 1, bad, 3))
+    _drain(node, log)
+    assert [e.term for e in log.entries()][:3] == [1, 1, 1]
+
+
+def test_back_pressure_and_not_leader_errors() -> None:
+    c = Cluster(3, RaftConfig(max_pending_proposal_bytes=10))
+    leader = c.elect()
+    follower = next(x for x in c.ids if x != leader)
+    with pytest.raises(NotLeaderError) as info:
+        c.nodes[follower].propose([b"x"])
+    assert info.value.leader_id == leader and info.value.code == "NOT_LEADER"
+    c.isolated.update(x for x in c.ids if x != leader)
+    c.nodes[leader].propose([b"123456"])
+    with pytest.raises(BackPressureError) as bp:
+        c.nodes[leader].propose([b"123456"])
+    assert bp.value.code == "BACK_PRESSURE"
+    with pytest.raises(ProposalDroppedError):
+        c.nodes[leader].propose([])
+    c.isolated.clear()
+    c.tick(times=2)
+    c.nodes[leader].propose([b"123456"])  # committed: room again
+
+
+def test_restarted_follower_relearns_commit() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    c.nodes[leader].propose([b"a", b"b"])
+    c.tick(times=2)
+    follower = next(x for x in c.ids if x != leader)
+    node = c.crash_and_restart(follower)
+    assert node.commit_index == 0
+    c.tick(times=2)
+    assert node.commit_index == c.nodes[leader].commit_index
+    assert c.bodies(follower) == [b"a", b"b"]
+
+
+def test_status_reports_peer_lag() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    lagging = next(x for x in c.ids if x != leader)
+    c.isolated.add(lagging)
+    c.nodes[leader].propose([b"a", b"b", b"c"])
+    c.deliver()
+    st = c.nodes[leader].status()
+    assert st.role is Role.LEADER and st.leader_id == leader
+    lag = {p.peer_id: p.lag_entries for p in st.peers}
+    assert lag[lagging] >= 3
+    assert min(lag.values()) == 0
