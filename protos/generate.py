@@ -34,13 +34,19 @@ def generate(out_dir: Path) -> list[Path]:
     if not protos:
         raise SystemExit("generate: no .proto files under protos/")
     include = Path(protoc.__file__).parent / "_proto"
+    # mypy-protobuf's plugin types the gRPC stubs (protoc's own --pyi_out covers only messages).
+    plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
+    if not plugin.exists():
+        raise SystemExit(f"generate: {plugin} missing: install the test extras (mypy-protobuf)")
     args = [
         "protoc",
         f"-I{PROTO_DIR}",
         f"-I{include}",
+        f"--plugin=protoc-gen-mypy_grpc={plugin}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
         *[str(p) for p in protos],
     ]
     if protoc.main(args) != 0:

@@ -666,6 +666,35 @@ class SegmentedLogStore:
             raise self._corrupt(seg, rec.position, "entry body CRC mismatch")
         return Entry(term=term, index=index, body=body, type=typ)
 
+    def body_position(self, index: int) -> int:
+        """Absolute data position of the body of entry ``index``.
+
+        Positions are a function of the log prefix and the segment size only, so every replica
+        with the same ``segment_size_bytes`` gives the same answer: applications use it as a
+        stable address of bytes inside a committed entry (the broker's commitlog position).
+        """
+        with self._lock:
+            self._check_open()
+            self._check_range(index)
+            return self._record(index).position + ENTRY_HEADER_SIZE
+
+    def read_at(self, position: int, size: int) -> bytes:
+        """``size`` bytes at absolute data ``position``, which must lie within one segment and
+        below the write position. No CRC check here: callers address bytes inside an entry
+        body and verify their own checksums (the broker's messages carry one each)."""
+        with self._lock:
+            self._check_open()
+            if size < 0 or position < 0:
+                raise IndexOutOfRangeError(f"bad range position={position} size={size}")
+            seg = self._segment_at(position)
+            if not (seg.start <= position and position + size <= min(seg.end, self._write_pos)):
+                raise IndexOutOfRangeError(
+                    f"range [{position}, {position + size}) is not stored "
+                    f"(segment {seg.start}..{seg.end}, write position {self._write_pos})"
+                )
+            off = position - seg.start
+            return bytes(seg.mm[off : off + size])
+
     def read(self, index: int) -> Entry:
         with self._lock:
             self._check_open()

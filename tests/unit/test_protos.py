@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from types import ModuleType
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("raftmq_generate", ROOT / "protos" / "generate.py")
+    spec = importlib.util.spec_from_file_location(
+        "raftmq_generate", ROOT / "protos" / "generate.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -534,3 +534,23 @@ def test_truncate_while_other_threads_append_and_flush(tmp_path: Path) -> None:
     s = SegmentedLogStore(root, SMALL)
     assert s.last_index() == last and s.verify() == last
     s.close()
+
+
+def test_body_position_and_read_at_address_bytes_inside_entries(tmp_path: Path) -> None:
+    bodies = [bytes([i % 251]) * (1000 + 37 * i) for i in range(200)]  # crosses segments
+    twin_positions = []
+    for name in ("a", "b"):
+        s = SegmentedLogStore(tmp_path / name, SMALL)
+        s.append([Entry(1, i + 1, b) for i, b in enumerate(bodies)])
+        positions = [s.body_position(i + 1) for i in range(len(bodies))]
+        for i, (pos, body) in enumerate(zip(positions, bodies, strict=True)):
+            assert s.read_at(pos, len(body)) == body, i
+            assert s.read_at(pos + 3, 5) == body[3:8]
+        with pytest.raises(IndexOutOfRangeError):
+            s.read_at(s.write_position, 1)
+        with pytest.raises(IndexOutOfRangeError):
+            s.body_position(len(bodies) + 1)
+        twin_positions.append(positions)
+        s.close()
+    # Same log, same segment size: the same positions on every replica.
+    assert twin_positions[0] == twin_positions[1]

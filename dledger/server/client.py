@@ -1,0 +1,165 @@
+"""A small synchronous client of the DLedger log service (what tests, mqcluster and tools use).
+
+It finds the leader by asking any node, follows ``NOT_LEADER`` redirects, and reports
+failures with the node's machine-readable code. Users can equally call the generated stubs
+in ``raftmq.dledger.v1`` directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+from raftmq.dledger.v1 import dledger_pb2 as pb
+from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
+
+from dledger.log import DLedgerError, Entry
+from dledger.server.convert import entry_from_pb
+from dledger.server.transport import CHANNEL_OPTIONS
+
+# Nodes start every error detail with a machine-readable code such as NOT_LEADER or NO_QUORUM.
+_CODE = re.compile(r"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{3,})\b")
+_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
+# Redirects followed by one call before it gives up (a group elects within a few hops).
+MAX_REDIRECTS = 5
+
+
+class ClientError(DLedgerError):
+    """A call failed; ``status`` is the gRPC status code name, ``code`` the node's code."""
+
+    def __init__(self, message: str, *, status: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    first_index: int
+    last_index: int
+    term: int
+    node: str  # client address of the leader that acknowledged it
+
+
+def _error(exc: grpc.RpcError, addr: str) -> ClientError:
+    status = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
+    detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    match = _CODE.match(detail or "")
+    code = match.group(1) if match else status
+    return ClientError(f"{addr}: {status} {detail}", status=status, code=code)
+
+
+class LogClient:
+    """Talks to the client ports of one group's nodes."""
+
+    def __init__(self, addrs: Sequence[str], group: str = "", timeout_s: float = 5.0) -> None:
+        assert addrs, "at least one node address"
+        self.addrs = list(addrs)
+        self.group = group
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._leader: str | None = None
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
+
+    def __enter__(self) -> LogClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stub(self, addr: str) -> pb_grpc.DLedgerClientStub:
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            self._channels[addr] = ch
+        return pb_grpc.DLedgerClientStub(ch)
+
+    def metadata(self, addr: str, timeout_s: float | None = None) -> pb.MetadataResponse:
+        try:
+            md: pb.MetadataResponse = self._stub(addr).Metadata(
+                pb.MetadataRequest(group=self.group), timeout=timeout_s or self.timeout_s
+            )
+            return md
+        except grpc.RpcError as exc:
+            raise _error(exc, addr) from None
+
+    def find_leader(self) -> str | None:
+        """Client address of the leader, asking the nodes in turn; None if none knows one."""
+        for addr in self.addrs:
+            try:
+                md = self.metadata(addr, timeout_s=1.0)
+            except ClientError:
+                continue
+            if md.role == "LEADER":
+                return addr
+            if md.leader_client_addr:
+                return md.leader_client_addr
+        return None
+
+    def append(self, bodies: Sequence[bytes], entry_type: int = 0) -> AppendResult:
+        """Append a batch; returns once a majority holds it (per the group's flush mode).
+
+        Raises :class:`ClientError` when the outcome is a failure *or unknown* (e.g.
+        ``LEADERSHIP_LOST``, ``NO_QUORUM``): the entries may or may not be committed.
+        """
+        request = pb.AppendEntriesRequest(group=self.group, bodies=list(bodies), type=entry_type)
+        addr = self._leader or self.find_leader() or self.addrs[0]
+        for _ in range(MAX_REDIRECTS):
+            try:
+                resp = self._stub(addr).Append(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                err = _error(exc, addr)
+                match = _NOT_LEADER.search(err.args[0])
+                if err.code == "NOT_LEADER" and match and match.group(2):
+                    addr = match.group(2)
+                    self._leader = addr
+                    continue
+                self._leader = None
+                raise err from None
+            self._leader = addr
+            return AppendResult(resp.first_index, resp.last_index, resp.term, addr)
+        self._leader = None
+        raise ClientError("no leader found after redirects", status="UNAVAILABLE", code="NO_LEADER")
+
+    def get(self, addr: str, index: int, max_count: int = 1000) -> tuple[list[Entry], int]:
+        """Committed entries from ``index`` on, as ``addr`` holds them, and its commit index."""
+        try:
+            resp = self._stub(addr).Get(
+                pb.GetRequest(group=self.group, index=index, max_count=max_count),
+                timeout=self.timeout_s,
+            )
+        except grpc.RpcError as exc:
+            raise _error(exc, addr) from None
+        return [entry_from_pb(e) for e in resp.entries], resp.commit_index
+
+    def read_all(self, addr: str, upto: int | None = None) -> list[Entry]:
+        """Every committed entry ``addr`` holds (up to ``upto``), paging through Get."""
+        out: list[Entry] = []
+        index = 1
+        while True:
+            entries, commit = self.get(addr, index, max_count=5000)
+            if upto is not None:
+                entries = [e for e in entries if e.index <= upto]
+            out.extend(entries)
+            if not entries or (upto is not None and out and out[-1].index >= upto):
+                return out
+            index = entries[-1].index + 1
+            if index > commit:
+                return out
+
+    def transfer_leadership(self, target_id: str) -> pb.TransferLeadershipResponse:
+        addr = self.find_leader() or self.addrs[0]
+        try:
+            resp: pb.TransferLeadershipResponse = self._stub(addr).TransferLeadership(
+                pb.TransferLeadershipRequest(group=self.group, target_id=target_id),
+                timeout=self.timeout_s,
+            )
+            return resp
+        except grpc.RpcError as exc:
+            raise _error(exc, addr) from None

@@ -1,0 +1,570 @@
+"""One DLedger member as an asyncio process: drives the Raft core with real time, disk and gRPC.
+
+The node follows the core's driver contract (``dledger.core`` docstring) in a single task, the
+*ready loop*: save the hard state, flush the log (in a thread, so that the loop keeps taking
+messages and proposals meanwhile and the next flush covers all of them: group commit), send
+messages, apply committed entries, ``advance``. Peer RPC and client RPC listen on separate
+ports so that either can be cut off on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import heapq
+import itertools
+import logging
+import random
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from raftmq.dledger.v1 import dledger_pb2 as pb
+from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
+
+from dledger.core import (
+    BackPressureError,
+    NotLeaderError,
+    ProposalDroppedError,
+    RaftConfig,
+    RaftNode,
+    Role,
+    TransferInProgressError,
+    UnknownPeerError,
+)
+from dledger.log import (
+    DLedgerError,
+    Entry,
+    EntryType,
+    IndexOutOfRangeError,
+    LogCompactedError,
+)
+from dledger.server.convert import entry_to_pb, from_pb, validate
+from dledger.server.transport import SERVER_OPTIONS, PeerTransport
+from dledger.storage import FlushDiskType, SegmentedLogStore, StoreConfig
+
+logger = logging.getLogger(__name__)
+
+# Bytes of entry bodies one Get returns at most (a client pages through larger ranges).
+GET_MAX_BYTES = 4 << 20
+# Entries one Get returns at most.
+GET_MAX_COUNT = 10_000
+# How often the applied/commit checkpoint is written while entries are being applied.
+CHECKPOINT_INTERVAL_MS = 1000
+
+
+class StateMachine(Protocol):
+    """What the application (the broker) plugs into a node."""
+
+    def applied_index(self) -> int:
+        """Index up to which the application's own durable state already includes entries."""
+        ...
+
+    def apply(self, entries: Sequence[Entry]) -> None:
+        """Committed entries, in log order, each exactly once per process lifetime."""
+        ...
+
+    def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None: ...
+
+
+# Adds servicers to a server and returns the full names of the services it added.
+ServiceRegistrar = Callable[[grpc.aio.Server], Sequence[str]]
+
+
+class LogOnlyStateMachine:
+    """The state machine of a plain DLedger group: the replicated log is the whole state."""
+
+    def __init__(self) -> None:
+        self.last_applied = 0
+
+    def applied_index(self) -> int:
+        return 0
+
+    def apply(self, entries: Sequence[Entry]) -> None:
+        self.last_applied = entries[-1].index
+
+    def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    group: str
+    self_id: str
+    peers: Mapping[str, str]  # node id -> peer RPC address host:port (this node included)
+    client_host: str
+    client_port: int
+    store_dir: str
+    store: StoreConfig = field(default_factory=StoreConfig)
+    tick_ms: int = 50
+    heartbeat_interval_ms: int = 100
+    election_timeout_ms: int = 500
+    append_timeout_ms: int = 3000
+    preferred_leader_id: str | None = None
+
+    def __post_init__(self) -> None:
+        assert self.self_id in self.peers, "self_id must be one of the peers"
+        assert self.tick_ms > 0 and self.heartbeat_interval_ms >= self.tick_ms
+        assert self.election_timeout_ms >= 2 * self.heartbeat_interval_ms
+
+    @property
+    def client_addr(self) -> str:
+        return f"{self.client_host}:{self.client_port}"
+
+    def raft_config(self) -> RaftConfig:
+        return RaftConfig(
+            election_timeout_ticks=max(2, self.election_timeout_ms // self.tick_ms),
+            heartbeat_interval_ticks=max(1, self.heartbeat_interval_ms // self.tick_ms),
+            preferred_leader_id=self.preferred_leader_id,
+        )
+
+
+class StartError(Exception):
+    """The node cannot start (port in use, store locked or corrupt). One line, for the CLI."""
+
+
+@dataclass(order=True, slots=True)
+class _Waiter:
+    last_index: int
+    seq: int
+    term: int = field(compare=False)
+    first_index: int = field(compare=False)
+    future: asyncio.Future[None] = field(compare=False)
+
+
+class ProposalLostError(DLedgerError):
+    """A proposal's entries were replaced by a newer leader's, or leadership was lost before
+    they committed: the outcome is unknown to this node (they may still commit elsewhere)."""
+
+    code = "PROPOSAL_LOST"
+
+
+def _not_leader_detail(leader_id: str | None, leader_addr: str) -> str:
+    return f"NOT_LEADER leader={leader_id or ''} addr={leader_addr}"
+
+
+class DLedgerNode:
+    """A running member: call :meth:`start`, then :meth:`wait_closed` or :meth:`stop`."""
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        state_machine: StateMachine | None = None,
+        seed: int | None = None,
+        client_services: Sequence[ServiceRegistrar] = (),
+    ) -> None:
+        """``client_services`` add the application's gRPC services to the client port (each
+        registrar adds its servicers and returns their full names for health/reflection)."""
+        self.cfg = cfg
+        self._client_services = tuple(client_services)
+        self.sm: StateMachine = (
+            state_machine if state_machine is not None else LogOnlyStateMachine()
+        )
+        self._seed = seed if seed is not None else random.randrange(1 << 62)
+        self._wake_event = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._waiters: list[_Waiter] = []
+        self._waiter_seq = itertools.count()
+        self._client_addrs: dict[str, str] = {cfg.self_id: cfg.client_addr}
+        self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
+        self._last_checkpoint_s = 0.0
+        self._applied = 0
+        self._leader_changed = asyncio.Event()
+        self.store: SegmentedLogStore
+        self.core: RaftNode
+        self._peer_server: grpc.aio.Server | None = None
+        self._client_server: grpc.aio.Server | None = None
+        self._transport: PeerTransport | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        # Ports first: a busy port must stop the node before it touches its store.
+        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_DLedgerPeerServicer_to_server(_PeerServicer(self), self._peer_server)
+        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_DLedgerClientServicer_to_server(_ClientServicer(self), self._client_server)
+        client_names = ["raftmq.dledger.v1.DLedgerClient"]
+        for register in self._client_services:
+            client_names.extend(register(self._client_server))
+        for server, addr, names in (
+            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"]),
+            (self._client_server, cfg.client_addr, client_names),
+        ):
+            _add_health_and_reflection(server, names)
+            _check_port_free(addr)
+            try:
+                port = server.add_insecure_port(addr)
+            except RuntimeError:
+                port = 0
+            if port == 0:
+                raise StartError(f"port in use or not bindable: {addr}")
+        try:
+            self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
+        except Exception as exc:
+            raise StartError(f"store {cfg.store_dir}: {exc}") from exc
+        self._applied = self.sm.applied_index()
+        self.core = RaftNode(
+            cfg.self_id,
+            list(cfg.peers),
+            self.store,
+            cfg.raft_config(),
+            random.Random(self._seed),
+            applied_index=self._applied,
+        )
+        self._transport = PeerTransport(
+            cfg.group, cfg.self_id, cfg.client_addr, dict(cfg.peers.items())
+        )
+        await self._peer_server.start()
+        await self._client_server.start()
+        self._transport.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._tick_loop(), name="tick"),
+            loop.create_task(self._ready_loop(), name="ready"),
+        ]
+        logger.info(
+            "node=%s group=%s started peer=%s client=%s last_index=%d term=%d",
+            cfg.self_id,
+            cfg.group,
+            cfg.peers[cfg.self_id],
+            cfg.client_addr,
+            self.store.last_index(),
+            self.core.term,
+        )
+
+    async def stop(self) -> None:
+        """Stop serving, then close the store cleanly (removes the abort marker)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for server in (self._client_server, self._peer_server):
+            if server is not None:
+                await server.stop(grace=0.2)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._transport is not None:
+            await self._transport.stop()
+        self._fail_waiters("node stopping")
+        self._flush_pool.shutdown(wait=True)
+        with contextlib.suppress(Exception):
+            self.store.write_checkpoint(self.core.commit_index, self._applied)
+        self.store.close()
+        logger.info("node=%s stopped", self.cfg.self_id)
+
+    async def wait_closed(self) -> None:
+        await self._stopped.wait()
+
+    # ------------------------------------------------------------------ inputs
+
+    def _wake(self) -> None:
+        self._wake_event.set()
+
+    async def _tick_loop(self) -> None:
+        period_s = self.cfg.tick_ms / 1000
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += period_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if loop.time() - next_at > 10 * period_s:
+                next_at = loop.time()  # paused (SIGSTOP) or starved: do not burst ticks
+            self.core.tick()
+            self._wake()
+
+    def on_peer_message(self, sender: str, pm: pb.PeerMessage) -> None:
+        m = from_pb(pm)
+        if m is None:
+            return
+        if m.from_id != sender:
+            logger.warning(
+                "node=%s drop message claiming from=%s on stream of %s",
+                self.cfg.self_id,
+                m.from_id,
+                sender,
+            )
+            return
+        problem = validate(m)
+        if problem is not None:
+            logger.warning(
+                "node=%s drop malformed %s from=%s: %s",
+                self.cfg.self_id,
+                type(m).__name__,
+                sender,
+                problem,
+            )
+            return
+        self.core.step(m)
+        self._wake()
+
+    def note_client_addr(self, node_id: str, addr: str) -> None:
+        if node_id in self.cfg.peers and addr:
+            self._client_addrs[node_id] = addr
+
+    def leader_client_addr(self) -> tuple[str | None, str]:
+        leader = self.core.leader_id
+        return leader, self._client_addrs.get(leader, "") if leader else ""
+
+    async def propose(self, bodies: Sequence[bytes], entry_type: int) -> tuple[int, int, int]:
+        """Append on the leader and wait until committed and applied. Returns (first, last,
+        term). Raises the core's errors, :class:`ProposalLostError` or asyncio.TimeoutError."""
+        proposal = self.core.propose(bodies, entry_type)
+        self._wake()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(
+            self._waiters,
+            _Waiter(
+                proposal.last_index,
+                next(self._waiter_seq),
+                proposal.term,
+                proposal.first_index,
+                future,
+            ),
+        )
+        await asyncio.wait_for(future, self.cfg.append_timeout_ms / 1000)
+        return proposal.first_index, proposal.last_index, proposal.term
+
+    # ------------------------------------------------------------------ the ready loop
+
+    async def _ready_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        assert self._transport is not None
+        while True:
+            await self._wake_event.wait()
+            self._wake_event.clear()
+            while self.core.has_ready():
+                rd = self.core.ready()
+                if rd.hard_state is not None:
+                    self.store.save_hard_state(rd.hard_state)
+                if sync:
+                    if rd.must_flush_log:
+                        flushed = await loop.run_in_executor(self._flush_pool, self.store.flush)
+                    else:
+                        flushed = self.store.flushed_index()
+                else:
+                    # ASYNC_FLUSH: an entry in the page cache counts (docs/STORAGE.md).
+                    flushed = self.store.last_index()
+                for m in rd.messages:
+                    self._transport.send(m)
+                if rd.committed:
+                    self.sm.apply(rd.committed)
+                    self._applied = rd.committed[-1].index
+                    self._resolve_waiters(self._applied)
+                if rd.soft_state is not None:
+                    self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
+                self.core.advance(rd, flushed)
+                self._maybe_checkpoint()
+
+    def _on_soft_state(self, role: Role, term: int) -> None:
+        leader = self.core.leader_id
+        logger.info("node=%s role=%s term=%d leader=%s", self.cfg.self_id, role.value, term, leader)
+        if role is not Role.LEADER:
+            self._fail_waiters("leadership lost before commit; outcome unknown")
+        self._leader_changed.set()
+        self._leader_changed = asyncio.Event()
+        self.sm.on_role_change(role, term, leader)
+
+    def _resolve_waiters(self, applied: int) -> None:
+        while self._waiters and self._waiters[0].last_index <= applied:
+            w = heapq.heappop(self._waiters)
+            if w.future.done():
+                continue
+            if self.store.term_at(w.last_index) == w.term:
+                w.future.set_result(None)
+            else:
+                w.future.set_exception(ProposalLostError("entries replaced by a newer leader"))
+
+    def _fail_waiters(self, why: str) -> None:
+        for w in self._waiters:
+            if not w.future.done():
+                w.future.set_exception(ProposalLostError(why))
+        self._waiters.clear()
+
+    def _maybe_checkpoint(self) -> None:
+        now = time.monotonic()
+        if (now - self._last_checkpoint_s) * 1000 >= CHECKPOINT_INTERVAL_MS:
+            self._last_checkpoint_s = now
+            self.store.write_checkpoint(self.core.commit_index, self._applied)
+
+    async def wait_leader_change(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
+
+
+def _check_port_free(addr: str) -> None:
+    """Fail with one clear line before gRPC core gets to log its own bind error."""
+    host, _, port_text = addr.rpartition(":")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), int(port_text)))
+        except OSError as exc:
+            raise StartError(f"port in use or not bindable: {addr} ({exc.strerror})") from None
+
+
+def _add_health_and_reflection(server: grpc.aio.Server, names: list[str]) -> None:
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ["", *names]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+
+
+class _PeerServicer(pb_grpc.DLedgerPeerServicer):
+    def __init__(self, node: DLedgerNode) -> None:
+        self.node = node
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
+    ) -> pb.PeerAck:
+        md = dict(context.invocation_metadata() or ())
+        group, sender = md.get("x-raftmq-group", ""), md.get("x-raftmq-from", "")
+        if group != self.node.cfg.group or sender not in self.node.cfg.peers:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"not a member of group {self.node.cfg.group}: group={group} from={sender}",
+            )
+        self.node.note_client_addr(sender, md.get("x-raftmq-client-addr", ""))
+        received = 0
+        async for pm in request_iterator:
+            received += 1
+            self.node.on_peer_message(sender, pm)
+        return pb.PeerAck(received=received)
+
+
+class _ClientServicer(pb_grpc.DLedgerClientServicer):
+    """The log client service. Errors map to status codes here and only here."""
+
+    def __init__(self, node: DLedgerNode) -> None:
+        self.node = node
+
+    async def _check_group(self, group: str, context: grpc.aio.ServicerContext) -> None:
+        if group and group != self.node.cfg.group:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"UNKNOWN_GROUP this node serves group {self.node.cfg.group!r}, not {group!r}",
+            )
+
+    async def Append(
+        self, request: pb.AppendEntriesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendEntriesResponse:
+        node = self.node
+        await self._check_group(request.group, context)
+        entry_type = request.type or EntryType.NORMAL
+        try:
+            first, last, term = await node.propose(list(request.bodies), entry_type)
+        except NotLeaderError as exc:
+            _, addr = node.leader_client_addr()
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, _not_leader_detail(exc.leader_id, addr)
+            )
+            raise AssertionError("unreachable") from None  # abort raises; for the type checker
+        except BackPressureError as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"BACK_PRESSURE {exc}")
+        except TransferInProgressError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}")
+        except ProposalDroppedError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code} {exc}")
+        except ProposalLostError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"LEADERSHIP_LOST {exc}")
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"NO_QUORUM not committed within {node.cfg.append_timeout_ms} ms; outcome unknown",
+            )
+        return pb.AppendEntriesResponse(first_index=first, last_index=last, term=term)
+
+    async def Get(
+        self, request: pb.GetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetResponse:
+        node = self.node
+        await self._check_group(request.group, context)
+        commit = node.core.commit_index
+        if request.index < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "index must be >= 1")
+        if request.index > commit:
+            return pb.GetResponse(commit_index=commit)
+        count = min(max(1, request.max_count), GET_MAX_COUNT, commit - request.index + 1)
+        max_bytes = min(request.max_bytes or GET_MAX_BYTES, GET_MAX_BYTES)
+        try:
+            entries = node.store.read_range(request.index, max_bytes, max_count=count)
+        except LogCompactedError as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{exc.code} {exc}")
+            raise AssertionError("unreachable") from None
+        except IndexOutOfRangeError:
+            entries = []
+        return pb.GetResponse(entries=[entry_to_pb(e) for e in entries], commit_index=commit)
+
+    async def Metadata(
+        self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MetadataResponse:
+        node = self.node
+        await self._check_group(request.group, context)
+        st = node.core.status()
+        leader, addr = node.leader_client_addr()
+        return pb.MetadataResponse(
+            group=node.cfg.group,
+            self_id=node.cfg.self_id,
+            role=st.role.name,
+            term=st.term,
+            leader_id=leader or "",
+            leader_client_addr=addr,
+            commit_index=st.commit_index,
+            applied_index=st.applied_index,
+            first_index=node.store.first_index(),
+            last_index=st.last_index,
+            flushed_index=node.store.flushed_index(),
+            peers=[
+                pb.PeerProgress(id=p.peer_id, match_index=p.match_index, next_index=p.next_index)
+                for p in st.peers
+            ],
+            store_path=str(node.store.root),
+        )
+
+    async def TransferLeadership(
+        self, request: pb.TransferLeadershipRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TransferLeadershipResponse:
+        node = self.node
+        await self._check_group(request.group, context)
+        try:
+            node.core.transfer_leadership(request.target_id)
+        except NotLeaderError as exc:
+            _, addr = node.leader_client_addr()
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, _not_leader_detail(exc.leader_id, addr)
+            )
+        except UnknownPeerError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code} {exc}")
+        except TransferInProgressError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}")
+        node._wake()
+        deadline = time.monotonic() + node.cfg.election_timeout_ms * 4 / 1000
+        while node.core.leader_id != request.target_id and time.monotonic() < deadline:
+            await node.wait_leader_change(deadline - time.monotonic())
+        if node.core.leader_id != request.target_id:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"TRANSFER_TIMEOUT leader is still {node.core.leader_id}",
+            )
+        return pb.TransferLeadershipResponse(
+            leader_id=node.core.leader_id or "", term=node.core.term
+        )

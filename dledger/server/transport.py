@@ -1,0 +1,173 @@
+"""Peer transport: one long-lived client stream per peer, fed from a bounded queue.
+
+Raft tolerates lost messages, so the transport never blocks the node: when a peer is slow,
+paused or gone, its queue fills and further messages to it are dropped (and counted). A
+broken stream is reopened with capped exponential back-off. Keepalive pings detect a peer
+that vanished without closing its socket (SIGSTOP, cable pulled) within a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+from raftmq.dledger.v1 import dledger_pb2 as pb
+from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
+
+from dledger.core import Message
+from dledger.server.convert import to_pb
+
+logger = logging.getLogger(__name__)
+
+# Messages queued per peer before new ones are dropped. Each is at most one append batch
+# (max_append_batch_bytes), so this bounds the memory a dead peer can pin.
+PEER_QUEUE_MAX_MESSAGES = 256
+# Reconnect back-off bounds after a failed stream.
+RECONNECT_MIN_MS = 20
+RECONNECT_MAX_MS = 1000
+# Largest gRPC message either side accepts: an append batch of max_append_batch_bytes plus
+# one maximum-size entry (64 MiB, the store's limit) must fit.
+MAX_GRPC_MESSAGE_BYTES = 80 << 20
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_MIN_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
+]
+
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    # Without this, gRPC binds with SO_REUSEPORT and a second process on the same port
+    # "succeeds" and steals half the connections; we want a clear "port in use" instead.
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+]
+
+
+@dataclass(slots=True)
+class LinkStats:
+    sent: int = 0
+    dropped: int = 0
+    reconnects: int = 0
+
+
+class PeerLink:
+    """The outbound half of the conversation with one peer."""
+
+    def __init__(self, group: str, self_id: str, self_client_addr: str, peer_id: str, addr: str):
+        self.peer_id = peer_id
+        self.addr = addr
+        self.stats = LinkStats()
+        self._group = group
+        self._metadata = (
+            ("x-raftmq-group", group),
+            ("x-raftmq-from", self_id),
+            ("x-raftmq-client-addr", self_client_addr),
+        )
+        self._queue: asyncio.Queue[pb.PeerMessage] = asyncio.Queue(PEER_QUEUE_MAX_MESSAGES)
+        self._task: asyncio.Task[None] | None = None
+        self._channel: grpc.aio.Channel | None = None
+
+    def start(self) -> None:
+        assert self._task is None
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"peer-{self.peer_id}"
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+            self._channel = None
+
+    def send(self, m: Message) -> None:
+        try:
+            self._queue.put_nowait(to_pb(m, self._group))
+        except asyncio.QueueFull:
+            self.stats.dropped += 1
+
+    async def _messages(self) -> AsyncIterator[pb.PeerMessage]:
+        while True:
+            msg = await self._queue.get()
+            self.stats.sent += 1
+            yield msg
+
+    async def _run(self) -> None:
+        backoff_ms = RECONNECT_MIN_MS
+        while True:
+            try:
+                if self._channel is None:
+                    self._channel = grpc.aio.insecure_channel(self.addr, options=CHANNEL_OPTIONS)
+                stub = pb_grpc.DLedgerPeerStub(self._channel)
+                call = stub.Stream(self._messages(), metadata=self._metadata)
+                await call
+                backoff_ms = RECONNECT_MIN_MS
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    logger.warning(
+                        "peer=%s addr=%s stream_failed code=%s detail=%s",
+                        self.peer_id,
+                        self.addr,
+                        exc.code().name,
+                        exc.details(),
+                    )
+            except Exception:
+                logger.exception("peer=%s addr=%s stream_crashed", self.peer_id, self.addr)
+            self.stats.reconnects += 1
+            # Whatever queued up while the peer was unreachable is stale by now: Raft will
+            # resend what matters (heartbeats carry the commit index, probes find the match).
+            while not self._queue.empty():
+                self._queue.get_nowait()
+                self.stats.dropped += 1
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms = min(RECONNECT_MAX_MS, backoff_ms * 2)
+
+
+class PeerTransport:
+    """All outbound links of one node."""
+
+    def __init__(
+        self, group: str, self_id: str, self_client_addr: str, peers: dict[str, str]
+    ) -> None:
+        self.links = {
+            pid: PeerLink(group, self_id, self_client_addr, pid, addr)
+            for pid, addr in peers.items()
+            if pid != self_id
+        }
+
+    def start(self) -> None:
+        for link in self.links.values():
+            link.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(link.stop() for link in self.links.values()))
+
+    def send(self, m: Message) -> None:
+        link = self.links.get(m.to_id)
+        if link is None:
+            logger.warning("drop message to unknown peer=%s", m.to_id)
+            return
+        link.send(m)
+
+
+MessageHandler = Callable[[str, str, Message], None]
