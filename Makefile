@@ -4,9 +4,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PACKAGES := dledger
+PACKAGES := dledger broker
 
-.PHONY: venv gen gen-check lint typecheck test test-fast demo bench-store clean
+.PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-store bench-broker clean
 
 venv: $(STAMP)
 
@@ -40,11 +40,19 @@ test: venv gen-check lint typecheck
 test-fast: venv
 	$(PY) -m pytest tests/unit tests/sim -q
 
+# The main job: the log store on its own, then a local 3-node group over gRPC with a leader
+# failover, checked replica by replica; everything is torn down at the end.
 demo: venv
 	$(PY) -m dledger.storage.demo
+	$(PY) -m broker.demo
 
 bench-store: venv
 	$(PY) -m bench.store
+
+bench-broker: venv
+	$(PY) -m bench.broker
+
+bench: bench-store bench-broker
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

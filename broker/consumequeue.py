@@ -592,6 +592,22 @@ class ConsumeQueueStore:
             for cq in self._all():
                 cq.truncate_after_position(commitlog_position)
 
+    def drop_topic(self, topic: str) -> int:
+        """Close and delete every queue of ``topic`` (topic deletion). Returns how many."""
+        with self._lock:
+            self._check_open()
+            dropped = 0
+            for name, queue_id in self.queue_ids():
+                if name != topic:
+                    continue
+                cq = self.find(name, queue_id)
+                if cq is not None:
+                    cq.destroy()
+                self._queues.pop((name, queue_id), None)
+                dropped += 1
+            shutil.rmtree(self.directory / topic, ignore_errors=True)
+            return dropped
+
     def delete_files_before(self, commitlog_min_position: int) -> int:
         """:meth:`ConsumeQueue.delete_files_before` on every queue; total files deleted."""
         with self._lock:

@@ -101,3 +101,33 @@ class StoreClosedError(BrokerError):
     """An operation on a store that was closed."""
 
     code = "STORE_CLOSED"
+
+
+class InvalidRequestError(BrokerError):
+    """A request field is missing or out of range (queue nums, perm, batch size, ...)."""
+
+    code = "INVALID_REQUEST"
+
+
+class QueueIdOutOfRangeError(InvalidRequestError):
+    """A queue id is not below the topic's write (send) or read (pull) queue count."""
+
+    code = "QUEUE_ID_OUT_OF_RANGE"
+
+
+class TopicNotFoundError(BrokerError):
+    """The topic does not exist (and ``autoCreateTopicEnable`` is off)."""
+
+    code = "TOPIC_NOT_FOUND"
+
+
+class NoPermissionError(BrokerError):
+    """The topic's perm forbids the operation (send without PERM_WRITE, pull without READ)."""
+
+    code = "NO_PERMISSION"
+
+
+class MessageNotFoundError(BrokerError):
+    """No stored message has the id or position asked for."""
+
+    code = "MESSAGE_NOT_FOUND"

@@ -584,6 +584,35 @@ class IndexStore:
         full.extend(build_key(topic, k) for k in keys if k)
         self.put_keys(full, position, store_timestamp_ms)
 
+    def put_messages(self, messages: Sequence[tuple[str, Sequence[str], str, int, int]]) -> None:
+        """:meth:`put_message` for ``(topic, keys, uniq_id, position, store_timestamp_ms)`` of
+        many messages in position order, under one lock (the dispatcher's batch path)."""
+        with self._lock:
+            self._check_open()
+            last = self._max_position()
+            for topic, keys, uniq_id, position, timestamp_ms in messages:
+                if not 0 <= position <= _I64_MAX or not 0 <= timestamp_ms <= _I64_MAX:
+                    raise ValueError(f"position {position} or time {timestamp_ms} out of range")
+                if position < last:
+                    raise PositionOrderError(
+                        f"index: position {position} is below the last indexed {last}"
+                        " (truncate_after_position before replaying)"
+                    )
+                prefix = topic + KEY_SEPARATOR
+                full = [prefix + uniq_id] if uniq_id else []
+                full.extend(prefix + k for k in keys if k)
+                unique = list(dict.fromkeys(full))
+                if not unique:
+                    continue
+                if len(unique) > self.max_records:
+                    raise ValueError(
+                        f"{len(unique)} keys do not fit in a file of {self.max_records}"
+                    )
+                f = self._writable(len(unique), timestamp_ms)
+                for key in unique:
+                    f.put(key_hash(key), position, timestamp_ms)
+                last = position
+
     def query(
         self, key: str, max_results: int, begin_ms: int = 0, end_ms: int = _I64_MAX
     ) -> list[int]:

@@ -112,7 +112,7 @@ class LogStore(Protocol):
         ...
 
     def read(self, index: int) -> Entry:
-        """Entry ``index``; same errors as :meth:`term_at`; :class:`CorruptLogError` on bad bytes."""
+        """Entry ``index``; errors as :meth:`term_at`, :class:`CorruptLogError` on bad bytes."""
         ...
 
     def read_range(self, start: int, max_bytes: int, max_count: int = 1 << 30) -> list[Entry]:

@@ -354,3 +354,24 @@ def test_crash_right_after_rollover(tmp_path: Path) -> None:
     crashed.put_message("T", ("k", "j"), "", 30, T0 + 3)
     assert crashed.query_key("T", "k", 10) == [30, 20, 10, 0]
     crashed.close()
+
+
+def test_put_messages_equals_put_message_one_by_one(tmp_path: Path) -> None:
+    items = [
+        ("T", (f"k{i}", f"shared{i % 3}"), f"{i:032X}", 100 * i, 1_000_000 + 700 * i)
+        for i in range(40)
+    ]
+    one = IndexStore(tmp_path / "one", hash_slots=7, max_records=25)
+    for topic, keys, uniq, position, ts in items:
+        one.put_message(topic, keys, uniq, position, ts)
+    many = IndexStore(tmp_path / "many", hash_slots=7, max_records=25)
+    many.put_messages(items[:15])
+    many.put_messages(items[15:])
+    one.close()
+    many.close()
+    files_one = sorted((tmp_path / "one" / "index").iterdir())
+    files_many = sorted((tmp_path / "many" / "index").iterdir())
+    assert [f.name for f in files_one] == [f.name for f in files_many] and len(files_one) > 1
+    assert [f.read_bytes() for f in files_one] == [f.read_bytes() for f in files_many]
+    with pytest.raises(PositionOrderError):
+        IndexStore(tmp_path / "many", hash_slots=7, max_records=25).put_messages([items[0]])

@@ -1,0 +1,251 @@
+"""Benchmark of the broker on a local 3-node group (``python -m bench.broker``).
+
+Starts a group in a temp dir (auto ports), creates a topic of 8 queues and measures:
+
+- send throughput: ``--threads`` producers, each sending batches of ``--batch`` messages of
+  ``--size`` bytes (one SendMessage = one Raft entry), for ``--seconds``;
+- single-message send latency (one producer, one message per request);
+- long-poll wake-up: a pull held on the leader and one on a follower, then one send; the time
+  from the start of the send to the pull's answer, and to the send's acknowledgement.
+
+Prints a table and writes ``bench/results/broker-<UTC timestamp>.json``. Stops the group and
+removes its temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+
+from broker.cluster import LocalCluster
+from broker.message import UniqIdGenerator
+
+TOPIC = "BenchTopic"
+QUEUES = 8
+WAKE_ROUNDS = 20
+SEGMENT_BYTES = 64 << 20
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _leader_stub(cluster: LocalCluster) -> tuple[str, pb_grpc.BrokerStub]:
+    leader = cluster.wait_leader()
+    addr = cluster.node(leader).client_addr
+    return addr, pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+
+
+def bench_throughput(
+    addr: str, threads: int, batch: int, size: int, seconds: float
+) -> dict[str, Any]:
+    counts = [0] * threads
+    errors = [0] * threads
+    stop = time.monotonic() + seconds
+    body = os.urandom(size)
+
+    def run(i: int) -> None:
+        ids = UniqIdGenerator(ip="127.0.0.1", instance_hash=i)
+        stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        n = 0
+        while time.monotonic() < stop:
+            msgs = [
+                pb.Message(
+                    queue_id=(n + j) % QUEUES,
+                    tags="T",
+                    keys=[f"k{i}-{n + j}"],
+                    body=body,
+                    msg_id=ids.next_id(),
+                )
+                for j in range(batch)
+            ]
+            try:
+                stub.SendMessage(pb.SendMessageRequest(topic=TOPIC, messages=msgs), timeout=10)
+            except grpc.RpcError:
+                errors[i] += 1
+                continue
+            n += batch
+            counts[i] = n
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(seconds + 30)
+    elapsed = time.monotonic() - started
+    total = sum(counts)
+    return {
+        "threads": threads,
+        "batch": batch,
+        "message_bytes": size,
+        "messages": total,
+        "messages_per_s": total / elapsed,
+        "mb_per_s": total * size / elapsed / 1e6,
+        "failed_requests": sum(errors),
+    }
+
+
+def bench_single(stub: pb_grpc.BrokerStub, seconds: float) -> dict[str, Any]:
+    ids = UniqIdGenerator(ip="127.0.0.1", instance_hash=999)
+    lat: list[float] = []
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        t0 = time.perf_counter()
+        stub.SendMessage(
+            pb.SendMessageRequest(
+                topic=TOPIC,
+                messages=[pb.Message(queue_id=0, body=b"x" * 128, msg_id=ids.next_id())],
+            ),
+            timeout=10,
+        )
+        lat.append((time.perf_counter() - t0) * 1000)
+    return {
+        "sends": len(lat),
+        "p50_ms": statistics.median(lat),
+        "p99_ms": _pct(lat, 0.99),
+    }
+
+
+def bench_wake(cluster: LocalCluster, leader_addr: str, stub: pb_grpc.BrokerStub) -> dict[str, Any]:
+    ids = UniqIdGenerator(ip="127.0.0.1", instance_hash=1234)
+    follower_addr = next(a for a in cluster.client_addrs if a != leader_addr)
+    out: dict[str, Any] = {}
+    for role, addr in (("leader", leader_addr), ("follower", follower_addr)):
+        consumer = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        wake: list[float] = []
+        after_ack: list[float] = []
+        leader = pb_grpc.BrokerStub(grpc.insecure_channel(leader_addr))
+        for _ in range(WAKE_ROUNDS):
+            want = leader.GetQueueOffsets(
+                pb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=7), timeout=5
+            ).max_offset
+            deadline = time.monotonic() + 10
+            while True:  # a follower applies the previous round's commit a little later
+                end = consumer.GetQueueOffsets(
+                    pb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=7), timeout=5
+                ).max_offset
+                if end == want or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            held = consumer.PullMessage.future(
+                pb.PullMessageRequest(
+                    topic=TOPIC, queue_id=7, queue_offset=end, suspend_timeout_ms=10_000
+                ),
+                timeout=20,
+            )
+            try:
+                early = held.result(timeout=0.05)
+                raise SystemExit(f"bench: the pull was answered before any send: {early}")
+            except grpc.FutureTimeoutError:
+                pass
+            t0 = time.perf_counter()
+            stub.SendMessage(
+                pb.SendMessageRequest(
+                    topic=TOPIC, messages=[pb.Message(queue_id=7, body=b"w", msg_id=ids.next_id())]
+                ),
+                timeout=10,
+            )
+            acked = time.perf_counter()
+            resp = held.result(timeout=15)
+            woke = time.perf_counter()
+            assert resp.status == pb.FOUND
+            wake.append((woke - t0) * 1000)
+            after_ack.append((woke - acked) * 1000)
+        out[role] = {
+            "rounds": WAKE_ROUNDS,
+            "send_start_to_pull_answer_p50_ms": statistics.median(wake),
+            "send_start_to_pull_answer_max_ms": max(wake),
+            "send_ack_to_pull_answer_p50_ms": statistics.median(after_ack),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.broker", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each case")
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.threads <= 0 or args.batch <= 0 or args.size <= 0:
+        print("error: --seconds, --threads, --batch and --size must be > 0", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="bench-broker-"))
+    started = datetime.now(UTC)
+    cluster = LocalCluster(tmp)
+    cluster.configure(
+        3,
+        auto_ports=True,
+        extra={
+            "mappedFileSizeCommitLog": str(SEGMENT_BYTES),
+            "maxHashSlotNum": "500000",
+            "maxIndexNum": "2000000",
+        },
+    )
+    try:
+        cluster.up()
+        addr, stub = _leader_stub(cluster)
+        stub.CreateTopic(
+            pb.CreateTopicRequest(
+                topic=pb.TopicConfig(
+                    topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES
+                )
+            ),
+            timeout=10,
+        )
+        wake = bench_wake(cluster, addr, stub)
+        single = bench_single(stub, min(args.seconds, 3.0))
+        throughput = bench_throughput(addr, args.threads, args.batch, args.size, args.seconds)
+    finally:
+        cluster.down(grace_s=5.0)
+        cluster.purge()
+    result: dict[str, Any] = {
+        "bench": "broker",
+        "started_utc": started.isoformat(),
+        "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "group": "3 nodes, loopback, SYNC_FLUSH",
+        "send_throughput": throughput,
+        "single_send": single,
+        "long_poll_wake": wake,
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"broker-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    t = throughput
+    print(
+        f"send: {t['threads']} producers x {t['batch']} msgs x {t['message_bytes']} B: "
+        f"{t['messages_per_s']:,.0f} msg/s ({t['mb_per_s']:.1f} MB/s), "
+        f"failed requests {t['failed_requests']}"
+    )
+    print(f"single-message send: p50 {single['p50_ms']:.2f} ms, p99 {single['p99_ms']:.2f} ms")
+    for role, w in wake.items():
+        print(
+            f"long-poll wake on {role}: send start -> pull answer p50 "
+            f"{w['send_start_to_pull_answer_p50_ms']:.1f} ms (max "
+            f"{w['send_start_to_pull_answer_max_ms']:.1f}), ack -> pull answer p50 "
+            f"{w['send_ack_to_pull_answer_p50_ms']:.1f} ms"
+        )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

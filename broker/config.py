@@ -1,0 +1,304 @@
+"""``broker.conf``: RocketMQ's properties format and key names, validated strictly.
+
+Every key has a type, a default (or is required) and a one-line description. Unknown keys, bad
+values, a duplicated key, a self id missing from ``dLegerPeers`` each raise :class:`ConfigError`
+whose message names the file and the key, so the process can stop at start with one clear line.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import javaproperties
+
+from dledger.server.node import NodeConfig
+from dledger.storage import FlushDiskType, StoreConfig
+
+
+class ConfigError(Exception):
+    """A configuration the broker refuses to start with."""
+
+    code = "CONFIG_ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    node_id: str
+    host: str
+    port: int
+
+    @property
+    def addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise ValueError("is not a boolean (true/false)")
+
+
+def _parse_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError("is not an integer") from None
+        if not low <= value <= high:
+            raise ValueError(f"is out of range [{low}, {high}]")
+        return value
+
+    return parse
+
+
+def _parse_port(text: str) -> int:
+    return _parse_int(1, 65535)(text)
+
+
+def _parse_str(text: str) -> str:
+    value = text.strip()
+    if not value:
+        raise ValueError("is empty")
+    return value
+
+
+def _parse_optional_str(text: str) -> str:
+    return text.strip()
+
+
+def _parse_flush(text: str) -> FlushDiskType:
+    try:
+        return FlushDiskType[text.strip()]
+    except KeyError:
+        raise ValueError("must be SYNC_FLUSH or ASYNC_FLUSH") from None
+
+
+def _parse_delete_when(text: str) -> str:
+    hours = [h.strip() for h in text.split(";") if h.strip()]
+    if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
+        raise ValueError("must be hours 00-23 separated by ';' (e.g. 04 or 04;05)")
+    return ";".join(hours)
+
+
+def parse_peers(text: str) -> tuple[Peer, ...]:
+    """``n0-127.0.0.1:40911;n1-127.0.0.1:40912`` -> peers, in the order given."""
+    peers: list[Peer] = []
+    for item in (part.strip() for part in text.split(";")):
+        if not item:
+            continue
+        node_id, sep, addr = item.partition("-")
+        host, colon, port_text = addr.rpartition(":")
+        if not sep or not colon or not node_id or not host:
+            raise ValueError(f"entry {item!r} is not id-host:port")
+        peers.append(Peer(node_id.strip(), host.strip(), _parse_port(port_text)))
+    if not peers:
+        raise ValueError("lists no peers")
+    ids = [p.node_id for p in peers]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"repeats a node id: {ids}")
+    addrs = [p.addr for p in peers]
+    if len(set(addrs)) != len(addrs):
+        raise ValueError(f"repeats an address: {addrs}")
+    return tuple(peers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    parse: Callable[[str], Any]
+    default: str | None  # None: required
+    doc: str
+
+
+# The keys we accept, with RocketMQ's names where RocketMQ has the key. Limits in the parsers.
+KEYS: Mapping[str, _Key] = {
+    "brokerClusterName": _Key(_parse_str, "DefaultCluster", "cluster this group belongs to"),
+    "brokerName": _Key(_parse_str, "broker-a", "broker group name (one Raft group)"),
+    "enableDLegerCommitLog": _Key(_parse_bool, "true", "must be true: raftmq is DLedger-only"),
+    "dLegerGroup": _Key(_parse_optional_str, "", "Raft group name (default: brokerName)"),
+    "dLegerPeers": _Key(parse_peers, None, "id-host:port;... peer (Raft) addresses"),
+    "dLegerSelfId": _Key(_parse_str, None, "this node's id, one of dLegerPeers"),
+    "listenPort": _Key(_parse_port, "10911", "client gRPC port"),
+    "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
+    "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
+    "flushDiskType": _Key(_parse_flush, "SYNC_FLUSH", "SYNC_FLUSH or ASYNC_FLUSH"),
+    "flushIntervalCommitLog": _Key(_parse_int(1, 60_000), "500", "ASYNC_FLUSH period, ms"),
+    "mappedFileSizeCommitLog": _Key(
+        _parse_int(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
+    ),
+    "namesrvAddr": _Key(_parse_optional_str, "", "host:port;... of the NameServers"),
+    "preferredLeaderId": _Key(_parse_optional_str, "", "node id that should lead when healthy"),
+    "fileReservedTime": _Key(_parse_int(1, 24 * 365 * 10), "72", "hours a segment is kept"),
+    "deleteWhen": _Key(_parse_delete_when, "04", "hours of day when old segments are deleted"),
+    "maxMessageSize": _Key(_parse_int(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
+    "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
+    "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
+    "defaultTopicQueueNums": _Key(
+        _parse_int(1, 1024), "8", "queues of an auto-created topic (and CreateTopic default)"
+    ),
+    "maxHashSlotNum": _Key(_parse_int(1, 50_000_000), "5000000", "key index hash slots per file"),
+    "maxIndexNum": _Key(_parse_int(1, 200_000_000), "20000000", "key index records per file"),
+    "accessMessageInMemoryMaxRatio": _Key(
+        _parse_int(1, 100), "40", "% of RAM a pull may lag the write position before a follower"
+    ),
+    # Our own broker keys.
+    "dedupWindowSeconds": _Key(_parse_int(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
+    "dedupWindowMaxIds": _Key(_parse_int(1, 10_000_000), "100000", "uniq ids kept for dedup"),
+    "consumerOffsetCommitIntervalMs": _Key(
+        _parse_int(1, 60_000), "100", "leader proposes coalesced consumer offsets this often, ms"
+    ),
+    # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
+    "raftTickMs": _Key(_parse_int(5, 1000), "50", "Raft logical clock period, ms"),
+    "raftHeartbeatIntervalMs": _Key(_parse_int(5, 10_000), "100", "leader heartbeat period, ms"),
+    "raftElectionTimeoutMs": _Key(
+        _parse_int(20, 60_000), "500", "base election timeout (randomized to [T, 2T)), ms"
+    ),
+    "rpcTimeoutMs": _Key(_parse_int(10, 600_000), "3000", "deadline of a client append, ms"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    path: str
+    brokerClusterName: str
+    brokerName: str
+    dLegerGroup: str
+    dLegerPeers: tuple[Peer, ...]
+    dLegerSelfId: str
+    listenPort: int
+    brokerIP1: str
+    storePathRootDir: str
+    flushDiskType: FlushDiskType
+    flushIntervalCommitLog: int
+    mappedFileSizeCommitLog: int
+    namesrvAddr: str
+    preferredLeaderId: str
+    fileReservedTime: int
+    deleteWhen: str
+    maxMessageSize: int
+    autoCreateTopicEnable: bool
+    slaveReadEnable: bool
+    defaultTopicQueueNums: int
+    maxHashSlotNum: int
+    maxIndexNum: int
+    accessMessageInMemoryMaxRatio: int
+    dedupWindowSeconds: int
+    dedupWindowMaxIds: int
+    consumerOffsetCommitIntervalMs: int
+    raftTickMs: int
+    raftHeartbeatIntervalMs: int
+    raftElectionTimeoutMs: int
+    rpcTimeoutMs: int
+
+    @property
+    def self_peer(self) -> Peer:
+        return next(p for p in self.dLegerPeers if p.node_id == self.dLegerSelfId)
+
+    @property
+    def client_addr(self) -> str:
+        return f"{self.brokerIP1}:{self.listenPort}"
+
+    @property
+    def dledger_dir(self) -> Path:
+        return Path(self.storePathRootDir) / f"dledger-{self.dLegerSelfId}"
+
+
+def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
+    """Parse and validate the text of a broker.conf."""
+    raw: dict[str, str] = {}
+    try:
+        for item in javaproperties.parse(io.StringIO(text)):
+            if not isinstance(item, javaproperties.KeyValue):
+                continue  # comments and blank lines
+            name, value = item.key, item.value
+            if name in raw:
+                raise ConfigError(f"{path}: key '{name}' is set twice")
+            raw[name] = value
+    except (ValueError, javaproperties.InvalidUEscapeError) as exc:
+        raise ConfigError(f"{path}: not a properties file: {exc}") from None
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key '{unknown[0]}' (mqbroker --help lists the keys)")
+    values: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        text_value = raw.get(name, key.default)
+        if text_value is None:
+            raise ConfigError(f"{path}: key '{name}' is required ({key.doc})")
+        try:
+            values[name] = key.parse(text_value)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: key '{name}': {text_value!r} {exc}") from None
+    if not values["enableDLegerCommitLog"]:
+        raise ConfigError(f"{path}: key 'enableDLegerCommitLog' must be true (DLedger-only)")
+    if not values["dLegerGroup"]:
+        values["dLegerGroup"] = values["brokerName"]
+    ids = [p.node_id for p in values["dLegerPeers"]]
+    if values["dLegerSelfId"] not in ids:
+        raise ConfigError(
+            f"{path}: key 'dLegerSelfId': {values['dLegerSelfId']!r} is not in dLegerPeers {ids}"
+        )
+    if values["preferredLeaderId"] and values["preferredLeaderId"] not in ids:
+        raise ConfigError(
+            f"{path}: key 'preferredLeaderId': {values['preferredLeaderId']!r} "
+            f"is not in dLegerPeers {ids}"
+        )
+    if values["listenPort"] in {p.port for p in values["dLegerPeers"]}:
+        raise ConfigError(f"{path}: key 'listenPort': {values['listenPort']} is a peer port")
+    tick = values["raftTickMs"]
+    if values["raftHeartbeatIntervalMs"] < tick:
+        raise ConfigError(f"{path}: key 'raftHeartbeatIntervalMs' must be >= raftTickMs ({tick})")
+    if values["raftElectionTimeoutMs"] < 2 * values["raftHeartbeatIntervalMs"]:
+        raise ConfigError(
+            f"{path}: key 'raftElectionTimeoutMs' must be >= 2 x raftHeartbeatIntervalMs"
+        )
+    values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
+    values.pop("enableDLegerCommitLog")
+    return BrokerConfig(path=path, **values)
+
+
+def load_config(path: str | os.PathLike[str]) -> BrokerConfig:
+    """Read and validate a broker.conf file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return parse_config(text, str(path))
+
+
+def render_config(values: Mapping[str, object]) -> str:
+    """A broker.conf text for ``values`` (used by mqcluster to write node configs)."""
+    unknown = sorted(set(values) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"render_config: unknown key '{unknown[0]}'")
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def node_config(cfg: BrokerConfig) -> NodeConfig:
+    """The DLedger member this broker runs (dledger knows nothing of brokers)."""
+    return NodeConfig(
+        group=cfg.dLegerGroup,
+        self_id=cfg.dLegerSelfId,
+        peers={p.node_id: p.addr for p in cfg.dLegerPeers},
+        client_host=cfg.brokerIP1,
+        client_port=cfg.listenPort,
+        store_dir=str(cfg.dledger_dir),
+        store=StoreConfig(
+            segment_size_bytes=cfg.mappedFileSizeCommitLog,
+            flush_disk_type=cfg.flushDiskType,
+            flush_interval_ms=cfg.flushIntervalCommitLog,
+        ),
+        tick_ms=cfg.raftTickMs,
+        heartbeat_interval_ms=cfg.raftHeartbeatIntervalMs,
+        election_timeout_ms=cfg.raftElectionTimeoutMs,
+        append_timeout_ms=cfg.rpcTimeoutMs,
+        preferred_leader_id=cfg.preferredLeaderId or None,
+    )

@@ -1,0 +1,782 @@
+"""``raftmq.broker.v1.Broker``: the broker's gRPC service on a node's client port.
+
+Writes (sends, offset commits, topic admin) are proposed to the Raft log on the leader and
+answered once committed and applied; reads (pulls, lookups, offsets, topics) are answered from
+this node's applied state, so a follower serves exactly what it has applied (only committed
+entries ever are). Errors map to gRPC status codes in :func:`error_status` and only there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+
+from broker.errors import (
+    BrokerError,
+    CorruptMessageError,
+    CorruptStoreError,
+    InvalidMessageError,
+    InvalidMessageIdError,
+    InvalidRequestError,
+    MessageNotFoundError,
+    NoPermissionError,
+    OffsetOutOfRangeError,
+    QueueIdOutOfRangeError,
+    TopicNotFoundError,
+)
+from broker.message import (
+    MESSAGE_HEAD,
+    Message,
+    UniqIdGenerator,
+    decode_message,
+    decode_offset_msg_id,
+    encode_batch,
+    encode_offset_msg_id,
+    tags_hash,
+    validate_topic,
+)
+from broker.state import (
+    ENTRY_MESSAGES,
+    ENTRY_OFFSETS,
+    ENTRY_TOPIC,
+    PERM_READ,
+    PERM_RW,
+    PERM_WRITE,
+    TOPIC_CREATE_IF_ABSENT,
+    TOPIC_DELETE,
+    TOPIC_UPSERT,
+    BrokerStateMachine,
+    OffsetKey,
+    QueueKey,
+    SendResult,
+    TopicConfig,
+    encode_offsets_record,
+    encode_topic_record,
+)
+from dledger.core import (
+    BackPressureError,
+    NotLeaderError,
+    ProposalDroppedError,
+    Role,
+    TransferInProgressError,
+)
+from dledger.log import DLedgerError, IndexOutOfRangeError, LogCompactedError
+from dledger.server.node import DLedgerNode, ProposalLostError
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "raftmq.broker.v1.Broker"
+
+# Long polling: RocketMQ's default hold (brokerSuspendMaxTimeMillis is 15 s on the client
+# side); a request may ask for more, up to 60 s, so a hung consumer never pins a handler longer.
+DEFAULT_SUSPEND_TIMEOUT_MS = 15_000
+MAX_SUSPEND_TIMEOUT_MS = 60_000
+# Pull sizes: RocketMQ's default pull batch is 32; 1024 bounds one response (and its memory).
+DEFAULT_PULL_MAX_MSGS = 32
+MAX_PULL_MSGS = 1024
+# Bytes of message bodies one pull or key query returns at most (at least one message): keeps
+# a response far below the 80 MiB gRPC message limit even with 4 MiB messages.
+MAX_RESPONSE_BODY_BYTES = 16 << 20
+# ConsumeQueue records one pull scans for tag matches (RocketMQ scans 16,000 bytes = 800).
+PULL_MAX_SCAN_RECORDS = 800
+# Messages per SendMessage: one entry per request; bounded like dledger's Append.
+MAX_SEND_BATCH = 10_000
+# QueryMessageByKey results (RocketMQ's defaultQueryMaxNum is 32).
+DEFAULT_QUERY_MAX_NUM = 32
+MAX_QUERY_MAX_NUM = 1024
+# Consumer heartbeats older than this are dropped (RocketMQ's channelExpiredTimeout).
+CONSUMER_EXPIRE_MS = 120_000
+# RocketMQ's accessMessageInMemoryMaxRatio default: a pull reading further behind the write
+# position than this share of RAM is probably not in page cache: suggest a follower.
+DEFAULT_MEMORY_RATIO_PERCENT = 40
+# Leader: coalesced consumer offsets are proposed this often (one entry for all of them).
+DEFAULT_OFFSET_COMMIT_INTERVAL_MS = 100
+
+_STORE_TS = struct.Struct(">q")
+_STORE_TS_AT = 40  # docs/FORMAT.md "Broker: Message": store_timestamp_ms
+_I64_MAX = (1 << 63) - 1
+
+_STATUS_BY_CODE: Mapping[type[BaseException], grpc.StatusCode] = {
+    TopicNotFoundError: grpc.StatusCode.NOT_FOUND,
+    MessageNotFoundError: grpc.StatusCode.NOT_FOUND,
+    NoPermissionError: grpc.StatusCode.PERMISSION_DENIED,
+    InvalidMessageError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidMessageIdError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
+    CorruptMessageError: grpc.StatusCode.DATA_LOSS,
+    CorruptStoreError: grpc.StatusCode.DATA_LOSS,
+    BackPressureError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
+    LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
+}
+
+
+def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
+    """The one place where exceptions become a gRPC status and a detail starting with a
+    stable code (the same codes and texts as dledger's client service)."""
+    if isinstance(exc, NotLeaderError):
+        _, addr = node.leader_client_addr()
+        return (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"NOT_LEADER leader={exc.leader_id or ''} addr={addr}",
+        )
+    if isinstance(exc, TransferInProgressError):
+        return grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}"
+    if isinstance(exc, ProposalLostError):
+        return grpc.StatusCode.UNAVAILABLE, f"LEADERSHIP_LOST {exc}"
+    if isinstance(exc, TimeoutError):
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            f"NO_QUORUM not committed within {node.cfg.append_timeout_ms} ms; outcome unknown",
+        )
+    if isinstance(exc, BackPressureError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"BACK_PRESSURE {exc}"
+    for cls in type(exc).__mro__:
+        status = _STATUS_BY_CODE.get(cls)
+        if status is not None:
+            code = getattr(exc, "code", "ERROR")
+            return status, f"{code} {exc}"
+    if isinstance(exc, BrokerError | DLedgerError):
+        return grpc.StatusCode.INTERNAL, f"{exc.code} {exc}"
+    return grpc.StatusCode.INTERNAL, f"INTERNAL {type(exc).__name__}: {exc}"
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+_Handler = Callable[[Any, _Req, grpc.aio.ServicerContext], Awaitable[_Resp]]
+
+
+def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
+    """Map every exception a handler raises through :func:`error_status`."""
+
+    @functools.wraps(fn)
+    async def wrapper(
+        self: BrokerServicer, request: _Req, context: grpc.aio.ServicerContext
+    ) -> _Resp:
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            status, detail = error_status(exc, self.node)
+            if status is grpc.StatusCode.INTERNAL:
+                logger.exception("rpc=%s failed", fn.__name__)
+            await context.abort(status, detail)
+            raise AssertionError("unreachable") from None  # abort raises
+
+    return wrapper
+
+
+def parse_subscription(expression: str) -> frozenset[str] | None:
+    """``"*"`` or empty: every message (None); ``"TagA || TagB"``: those tags."""
+    text = expression.strip()
+    if not text or text == "*":
+        return None
+    tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+    if not tags:
+        raise InvalidRequestError(f"subscription {expression!r} names no tag")
+    return tags
+
+
+@dataclass(slots=True)
+class _PullWaiter:
+    hashes: frozenset[int] | None
+    future: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class _Consumer:
+    last_seen_ms: int
+    subscriptions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    store_host: str
+    store_port: int
+    auto_create_topic: bool = False
+    default_topic_queue_nums: int = 8
+    max_message_size_bytes: int = 4 << 20
+    slave_read_enable: bool = False
+    memory_ratio_percent: int = DEFAULT_MEMORY_RATIO_PERCENT
+    offset_commit_interval_ms: int = DEFAULT_OFFSET_COMMIT_INTERVAL_MS
+
+
+def _total_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+class BrokerServicer(pb_grpc.BrokerServicer):
+    """Serves one node. :meth:`register` adds it to the node's client port."""
+
+    def __init__(self, node: DLedgerNode, sm: BrokerStateMachine, cfg: ServiceConfig) -> None:
+        self.node = node
+        self.sm = sm
+        self.cfg = cfg
+        self._ids = UniqIdGenerator(ip=cfg.store_host if _is_ipv4(cfg.store_host) else None)
+        self._waiters: dict[QueueKey, list[_PullWaiter]] = {}
+        self._pending_offsets: dict[OffsetKey, int] = {}
+        self._offset_flush: asyncio.Task[None] | None = None
+        self._inflight: dict[str, asyncio.Future[SendResult]] = {}
+        self._consumers: dict[str, dict[str, _Consumer]] = {}
+        self._memory_limit_bytes = _total_memory_bytes() * cfg.memory_ratio_percent // 100
+        sm.add_listener(self._on_dispatch)
+
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        pb_grpc.add_BrokerServicer_to_server(self, server)
+        return [SERVICE_NAME]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_leader(self) -> None:
+        if self.node.core.role is not Role.LEADER:
+            raise NotLeaderError("not the leader", leader_id=self.node.core.leader_id)
+
+    def _topic(self, name: str) -> TopicConfig:
+        validate_topic(name)
+        topic = self.sm.topics.get(name)
+        if topic is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist")
+        return topic
+
+    def _readable_queue(self, name: str, queue_id: int) -> TopicConfig:
+        topic = self._topic(name)
+        if not topic.perm & PERM_READ:
+            raise NoPermissionError(f"topic {name!r} is not readable (perm={topic.perm})")
+        if not 0 <= queue_id < topic.read_queue_nums:
+            raise QueueIdOutOfRangeError(
+                f"queue id {queue_id} is outside [0, {topic.read_queue_nums}) of {name!r}"
+            )
+        return topic
+
+    def _offset_msg_id(self, position: int) -> str:
+        return encode_offset_msg_id(self.cfg.store_host, self.cfg.store_port, position)
+
+    def _read_message(self, position: int, size: int | None = None) -> pb.Message:
+        """The stored message at ``position`` (CRC checked), only if its entry was applied."""
+        if not 0 <= position < self.sm.dispatch_end:
+            raise MessageNotFoundError(f"no applied message at position {position}")
+        store = self.node.store
+        try:
+            if size is None:
+                size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
+            raw = store.read_at(position, size)
+        except IndexOutOfRangeError as exc:
+            raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
+        msg = decode_message(raw)
+        return self._to_pb(msg, position)
+
+    def _to_pb(self, msg: Message, position: int, queue_offset: int = -1) -> pb.Message:
+        return pb.Message(
+            topic=msg.topic,
+            queue_id=msg.queue_id,
+            tags=msg.tags,
+            keys=list(msg.keys),
+            properties=dict(msg.properties),
+            body=msg.body,
+            born_host=msg.born_host,
+            born_timestamp_ms=msg.born_timestamp_ms,
+            store_timestamp_ms=msg.store_timestamp_ms,
+            producer_group=msg.producer_group,
+            msg_id=msg.uniq_id,
+            offset_msg_id=self._offset_msg_id(position),
+            queue_offset=queue_offset,
+            commitlog_position=position,
+            reconsume_times=msg.reconsume_times,
+            flag=msg.flag,
+            sys_flag=msg.sys_flag,
+        )
+
+    def _result_pb(self, r: SendResult) -> pb.SendResult:
+        return pb.SendResult(
+            msg_id=r.uniq_id,
+            offset_msg_id=self._offset_msg_id(r.position),
+            queue_id=r.queue_id,
+            queue_offset=r.queue_offset,
+            commitlog_position=r.position,
+            duplicate=r.duplicate,
+        )
+
+    # ------------------------------------------------------------------ send
+
+    async def _auto_create(self, name: str) -> TopicConfig:
+        n = self.cfg.default_topic_queue_nums
+        topic = TopicConfig(name, n, n, PERM_RW)
+        topic.validate()
+        await self.node.propose([encode_topic_record(TOPIC_CREATE_IF_ABSENT, topic)], ENTRY_TOPIC)
+        logger.info("topic auto-created topic=%s queues=%d", name, n)
+        return self.sm.topics[name]
+
+    def _build(self, request: pb.SendMessageRequest, now_ms: int) -> list[Message]:
+        out = []
+        for m in request.messages:
+            if m.topic and m.topic != request.topic:
+                raise InvalidRequestError(
+                    f"message topic {m.topic!r} differs from the request's {request.topic!r}"
+                )
+            out.append(
+                Message(
+                    topic=request.topic,
+                    queue_id=m.queue_id,
+                    body=m.body,
+                    tags=m.tags,
+                    keys=tuple(m.keys),
+                    properties=dict(m.properties),
+                    born_host=m.born_host,
+                    born_timestamp_ms=m.born_timestamp_ms or now_ms,
+                    store_timestamp_ms=now_ms,
+                    producer_group=m.producer_group,
+                    uniq_id=m.msg_id or self._ids.next_id(),
+                    reconsume_times=m.reconsume_times,
+                    flag=m.flag,
+                    sys_flag=m.sys_flag,
+                )
+            )
+        return out
+
+    @_rpc
+    async def SendMessage(
+        self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SendMessageResponse:
+        self._require_leader()
+        if not request.messages:
+            raise InvalidRequestError("a send needs at least one message")
+        if len(request.messages) > MAX_SEND_BATCH:
+            raise InvalidRequestError(
+                f"{len(request.messages)} messages in one send, more than {MAX_SEND_BATCH}"
+            )
+        validate_topic(request.topic)
+        topic = self.sm.topics.get(request.topic)
+        if topic is None:
+            if not self.cfg.auto_create_topic:
+                raise TopicNotFoundError(
+                    f"topic {request.topic!r} does not exist (autoCreateTopicEnable=false)"
+                )
+            topic = await self._auto_create(request.topic)
+        if not topic.perm & PERM_WRITE:
+            raise NoPermissionError(f"topic {topic.name!r} is not writable (perm={topic.perm})")
+        for m in request.messages:
+            if not 0 <= m.queue_id < topic.write_queue_nums:
+                raise QueueIdOutOfRangeError(
+                    f"queue id {m.queue_id} is outside [0, {topic.write_queue_nums})"
+                    f" of {topic.name!r}"
+                )
+        # A retry of a send still in flight here waits for the original instead of proposing
+        # again (the dedup window inside apply covers every other case).
+        ids = [m.msg_id for m in request.messages]
+        if all(ids) and all(i in self._inflight for i in ids):
+            with contextlib.suppress(Exception):
+                originals = await asyncio.gather(*(asyncio.shield(self._inflight[i]) for i in ids))
+                return pb.SendMessageResponse(results=[self._result_pb(_dup(r)) for r in originals])
+        messages = self._build(request, int(time.time() * 1000))
+        body, _ = encode_batch(messages, self.cfg.max_message_size_bytes)
+        max_body = self.node.cfg.store.max_body_bytes
+        if len(body) > max_body:
+            raise InvalidRequestError(
+                f"batch of {len(body)} bytes is larger than one log entry ({max_body} bytes)"
+            )
+        loop = asyncio.get_running_loop()
+        mine: dict[str, asyncio.Future[SendResult]] = {}
+        for msg in messages:
+            if msg.uniq_id not in self._inflight:
+                mine[msg.uniq_id] = self._inflight[msg.uniq_id] = loop.create_future()
+        try:
+            first, _last, _term = await self.node.propose([body], ENTRY_MESSAGES)
+            results = self.sm.take_results(first)
+            assert results is not None and len(results) == len(messages), (
+                f"no results for entry {first}"
+            )
+            for r in results:
+                fut = mine.get(r.uniq_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(r)
+        except BaseException as exc:
+            for fut in mine.values():
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else ProposalLostError())
+                    fut.exception()  # retrieved: nobody else may be waiting
+            raise
+        finally:
+            for uid in mine:
+                del self._inflight[uid]
+        return pb.SendMessageResponse(results=[self._result_pb(r) for r in results])
+
+    # ------------------------------------------------------------------ pull
+
+    def _on_dispatch(self, touched: Mapping[QueueKey, set[int]]) -> None:
+        """Called by apply: wake the long polls of the queues that just got messages."""
+        for key, hashes in touched.items():
+            waiters = self._waiters.get(key)
+            if not waiters:
+                continue
+            keep = []
+            for w in waiters:
+                if w.future.done():
+                    continue
+                if w.hashes is None or not w.hashes.isdisjoint(hashes):
+                    w.future.set_result(None)
+                else:
+                    keep.append(w)
+            if keep:
+                self._waiters[key] = keep
+            else:
+                del self._waiters[key]
+
+    def _suggest_follower(self, position: int) -> bool:
+        if not self.cfg.slave_read_enable or self.node.core.role is not Role.LEADER:
+            return False
+        behind = self.node.store.write_position - position
+        return behind > self._memory_limit_bytes
+
+    def _pull_once(
+        self,
+        request: pb.PullMessageRequest,
+        hashes: frozenset[int] | None,
+        tags: frozenset[str] | None,
+    ) -> pb.PullMessageResponse:
+        key = (request.topic, request.queue_id)
+        cq = self.sm.cqs.find(*key)
+        low, high = (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
+        resp = pb.PullMessageResponse(
+            min_offset=low, max_offset=high, node_id=self.node.cfg.self_id
+        )
+        offset = request.queue_offset
+        if offset < low or offset > high:
+            resp.status = pb.OFFSET_ILLEGAL
+            resp.next_begin_offset = low if offset < low else high
+            return resp
+        if offset == high or cq is None:
+            resp.status = pb.NO_NEW_MSG
+            resp.next_begin_offset = offset
+            return resp
+        max_msgs = min(request.max_msgs or DEFAULT_PULL_MAX_MSGS, MAX_PULL_MSGS)
+        scan = max(max_msgs, PULL_MAX_SCAN_RECORDS) if hashes is not None else max_msgs
+        records = cq.read(offset, scan)
+        next_offset = offset
+        last_position = -1
+        body_bytes = 0
+        for i, (position, size, tag_hash) in enumerate(records):
+            next_offset = offset + i + 1
+            if hashes is not None and tag_hash not in hashes:
+                continue
+            m = self._read_message(position, size)
+            last_position = position
+            if tags is not None and m.tags not in tags:
+                continue  # a hash collision: the exact check (RocketMQ does it client side)
+            m.queue_offset = offset + i
+            resp.messages.append(m)
+            body_bytes += len(m.body)
+            if len(resp.messages) >= max_msgs or body_bytes >= MAX_RESPONSE_BODY_BYTES:
+                break
+        resp.next_begin_offset = next_offset
+        resp.status = pb.FOUND if resp.messages else pb.NO_MATCHED_MSG
+        if last_position >= 0:
+            resp.suggest_pull_from_follower = self._suggest_follower(last_position)
+        return resp
+
+    @_rpc
+    async def PullMessage(
+        self, request: pb.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PullMessageResponse:
+        self._readable_queue(request.topic, request.queue_id)
+        if request.max_msgs < 0 or request.suspend_timeout_ms < 0:
+            raise InvalidRequestError("max_msgs and suspend_timeout_ms must not be negative")
+        tags = parse_subscription(request.subscription)
+        hashes = None if tags is None else frozenset(tags_hash(t) for t in tags)
+        timeout_ms = min(
+            request.suspend_timeout_ms or DEFAULT_SUSPEND_TIMEOUT_MS, MAX_SUSPEND_TIMEOUT_MS
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        key = (request.topic, request.queue_id)
+        while True:
+            resp = self._pull_once(request, hashes, tags)
+            if resp.status != pb.NO_NEW_MSG or request.no_suspend:
+                return resp
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return resp
+            waiter = _PullWaiter(hashes, loop.create_future())
+            self._waiters.setdefault(key, []).append(waiter)
+            try:
+                await asyncio.wait_for(waiter.future, remaining)
+            except TimeoutError:
+                return self._pull_once(request, hashes, tags)
+            finally:
+                if not waiter.future.done():
+                    waiter.future.cancel()
+
+    # ------------------------------------------------------------------ offsets
+
+    def _schedule_offset_flush(self) -> None:
+        if self._offset_flush is None or self._offset_flush.done():
+            self._offset_flush = asyncio.get_running_loop().create_task(self._delayed_flush())
+
+    async def _delayed_flush(self) -> None:
+        await asyncio.sleep(self.cfg.offset_commit_interval_ms / 1000)
+        try:
+            await self._flush_offsets()
+        except Exception as exc:  # committed by the next flush or lost with leadership
+            logger.warning("offset commit failed pending=%d: %s", len(self._pending_offsets), exc)
+
+    async def _flush_offsets(self) -> None:
+        """Propose every pending offset in one entry and wait until it is applied."""
+        if not self._pending_offsets:
+            return
+        pending, self._pending_offsets = self._pending_offsets, {}
+        try:
+            await self.node.propose([encode_offsets_record(pending)], ENTRY_OFFSETS)
+        except NotLeaderError:
+            raise  # a follower's buffer is meaningless: drop it
+        except Exception:
+            for k, v in pending.items():  # keep them for the next flush unless superseded
+                self._pending_offsets.setdefault(k, v)
+            raise
+
+    @_rpc
+    async def UpdateConsumerOffset(
+        self, request: pb.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateConsumerOffsetResponse:
+        self._require_leader()
+        if not request.consumer_group:
+            raise InvalidRequestError("consumer_group is empty")
+        self._readable_queue(request.topic, request.queue_id)
+        if request.queue_offset < 0:
+            raise InvalidRequestError(f"offset {request.queue_offset} is negative")
+        key = (request.consumer_group, request.topic, request.queue_id)
+        self._pending_offsets[key] = request.queue_offset
+        if request.sync:
+            await self._flush_offsets()
+        else:
+            self._schedule_offset_flush()
+        return pb.UpdateConsumerOffsetResponse()
+
+    @_rpc
+    async def QueryConsumerOffset(
+        self, request: pb.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QueryConsumerOffsetResponse:
+        key = (request.consumer_group, request.topic, request.queue_id)
+        offset = self._pending_offsets.get(key, self.sm.offsets.get(key, -1))
+        return pb.QueryConsumerOffsetResponse(queue_offset=offset)
+
+    def _search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms``."""
+        cq = self.sm.cqs.find(topic, queue_id)
+        if cq is None:
+            return 0
+        low, high = cq.min_offset, cq.max_offset
+        store = self.node.store
+        while low < high:
+            mid = (low + high) // 2
+            position = cq.get(mid)[0]
+            ts = _STORE_TS.unpack(store.read_at(position + _STORE_TS_AT, 8))[0]
+            if ts < timestamp_ms:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    @_rpc
+    async def ResetConsumerOffset(
+        self, request: pb.ResetConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResetConsumerOffsetResponse:
+        self._require_leader()
+        if not request.consumer_group:
+            raise InvalidRequestError("consumer_group is empty")
+        topic = self._topic(request.topic)
+        if request.queue_id == -1:
+            queue_ids = list(range(topic.read_queue_nums))
+        else:
+            self._readable_queue(request.topic, request.queue_id)
+            queue_ids = [request.queue_id]
+        target = request.WhichOneof("target")
+        if target is None:
+            raise InvalidRequestError("give queue_offset or timestamp_ms")
+        offsets: dict[OffsetKey, int] = {}
+        for q in queue_ids:
+            low, high = self.sm.queue_offsets(request.topic, q)
+            if target == "queue_offset":
+                value = min(max(request.queue_offset, low), high)
+            else:
+                value = self._search_offset(request.topic, q, request.timestamp_ms)
+            offsets[(request.consumer_group, request.topic, q)] = value
+        for k in offsets:
+            self._pending_offsets.pop(k, None)
+        await self.node.propose([encode_offsets_record(offsets)], ENTRY_OFFSETS)
+        return pb.ResetConsumerOffsetResponse(
+            offsets=[pb.QueueOffset(queue_id=k[2], queue_offset=v) for k, v in offsets.items()]
+        )
+
+    @_rpc
+    async def SearchOffset(
+        self, request: pb.SearchOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SearchOffsetResponse:
+        self._readable_queue(request.topic, request.queue_id)
+        offset = self._search_offset(request.topic, request.queue_id, request.timestamp_ms)
+        return pb.SearchOffsetResponse(queue_offset=offset)
+
+    @_rpc
+    async def GetQueueOffsets(
+        self, request: pb.GetQueueOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetQueueOffsetsResponse:
+        self._readable_queue(request.topic, request.queue_id)
+        low, high = self.sm.queue_offsets(request.topic, request.queue_id)
+        return pb.GetQueueOffsetsResponse(min_offset=low, max_offset=high)
+
+    # ------------------------------------------------------------------ topics
+
+    @staticmethod
+    def _topic_pb(t: TopicConfig) -> pb.TopicConfig:
+        return pb.TopicConfig(
+            topic_name=t.name,
+            read_queue_nums=t.read_queue_nums,
+            write_queue_nums=t.write_queue_nums,
+            perm=t.perm,
+        )
+
+    @_rpc
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTopicResponse:
+        self._require_leader()
+        t = request.topic
+        n = self.cfg.default_topic_queue_nums
+        topic = TopicConfig(
+            t.topic_name, t.read_queue_nums or n, t.write_queue_nums or n, t.perm or PERM_RW
+        )
+        topic.validate()
+        await self.node.propose([encode_topic_record(TOPIC_UPSERT, topic)], ENTRY_TOPIC)
+        return pb.CreateTopicResponse(topic=self._topic_pb(self.sm.topics[topic.name]))
+
+    @_rpc
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTopicResponse:
+        self._require_leader()
+        topic = self._topic(request.topic)
+        await self.node.propose([encode_topic_record(TOPIC_DELETE, topic)], ENTRY_TOPIC)
+        return pb.DeleteTopicResponse()
+
+    @_rpc
+    async def GetTopic(
+        self, request: pb.GetTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTopicResponse:
+        return pb.GetTopicResponse(topic=self._topic_pb(self._topic(request.topic)))
+
+    @_rpc
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        return pb.ListTopicsResponse(
+            topics=[self._topic_pb(t) for _, t in sorted(self.sm.topics.items())]
+        )
+
+    # ------------------------------------------------------------------ lookups
+
+    @_rpc
+    async def QueryMessageByKey(
+        self, request: pb.QueryMessageByKeyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QueryMessageByKeyResponse:
+        validate_topic(request.topic)
+        if not request.key:
+            raise InvalidRequestError("key is empty")
+        max_num = min(request.max_num or DEFAULT_QUERY_MAX_NUM, MAX_QUERY_MAX_NUM)
+        end = request.end_timestamp_ms or _I64_MAX
+        # Candidates: different keys may share a hash; check the messages' keys.
+        positions = self.sm.index.query_key(
+            request.topic, request.key, max_num * 2, request.begin_timestamp_ms, end
+        )
+        resp = pb.QueryMessageByKeyResponse()
+        body_bytes = 0
+        for position in positions:
+            if position >= self.sm.dispatch_end:
+                continue
+            m = self._read_message(position)
+            if m.topic == request.topic and request.key in m.keys:
+                resp.messages.append(m)
+                body_bytes += len(m.body)
+                if len(resp.messages) >= max_num or body_bytes >= MAX_RESPONSE_BODY_BYTES:
+                    break
+        return resp
+
+    @_rpc
+    async def ViewMessage(
+        self, request: pb.ViewMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ViewMessageResponse:
+        which = request.WhichOneof("id")
+        if which == "offset_msg_id":
+            position = decode_offset_msg_id(request.offset_msg_id).position
+            try:
+                return pb.ViewMessageResponse(message=self._read_message(position))
+            except CorruptMessageError:
+                raise MessageNotFoundError(f"no message starts at position {position}") from None
+        if which != "msg_id":
+            raise InvalidRequestError("give offset_msg_id or msg_id")
+        uniq = request.msg_id.upper()
+        recent = self.sm.find_uniq(uniq)
+        if recent is not None and (not request.topic or recent.topic == request.topic):
+            return pb.ViewMessageResponse(message=self._read_message(recent.position))
+        if not request.topic:
+            raise InvalidRequestError(
+                "msg_id outside the dedup window: give the topic to search the key index"
+            )
+        validate_topic(request.topic)
+        for position in self.sm.index.query_key(request.topic, uniq, 16):
+            if position >= self.sm.dispatch_end:
+                continue
+            m = self._read_message(position)
+            if m.msg_id == uniq and m.topic == request.topic:
+                return pb.ViewMessageResponse(message=m)
+        raise MessageNotFoundError(f"no message {uniq} in topic {request.topic!r}")
+
+    # ------------------------------------------------------------------ consumers
+
+    @_rpc
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        if not request.client_id or not request.consumer_group:
+            raise InvalidRequestError("client_id and consumer_group are required")
+        now = int(time.time() * 1000)
+        group = self._consumers.setdefault(request.consumer_group, {})
+        group[request.client_id] = _Consumer(
+            now, {s.topic: s.expression for s in request.subscriptions}
+        )
+        return pb.HeartbeatResponse()
+
+    @_rpc
+    async def GetConsumerList(
+        self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetConsumerListResponse:
+        now = int(time.time() * 1000)
+        group = self._consumers.get(request.consumer_group, {})
+        for client_id in [c for c, v in group.items() if now - v.last_seen_ms > CONSUMER_EXPIRE_MS]:
+            del group[client_id]
+        return pb.GetConsumerListResponse(client_ids=sorted(group))
+
+
+def _dup(r: SendResult) -> SendResult:
+    return SendResult(
+        r.uniq_id, r.topic, r.queue_id, r.queue_offset, r.position, r.store_timestamp_ms, True
+    )
+
+
+def _is_ipv4(host: str) -> bool:
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)

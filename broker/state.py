@@ -1,0 +1,659 @@
+"""The broker's replicated state machine: what every member builds from committed entries.
+
+``dledger`` hands committed entries to :meth:`BrokerStateMachine.apply` in log order, exactly
+once per process lifetime, on every member. Everything here is a pure function of those entries
+(and of the commitlog positions ``dledger`` gives their bodies), so every member that applied
+the same prefix holds the same ConsumeQueues, key index, topics, consumer offsets and dedup
+window. Nothing here reads a clock: store timestamps are in the messages (the leader set them
+before proposing).
+
+Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMAT.md,
+"Broker: control records"):
+
+- :data:`ENTRY_MESSAGES` (16): a message batch (``broker.message.encode_batch``);
+- :data:`ENTRY_OFFSETS` (17): consumer offset updates, many per entry;
+- :data:`ENTRY_TOPIC` (18): one topic admin operation.
+
+Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
+position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
+about every second and on close, after the ConsumeQueues and the index are flushed. On open the
+ConsumeQueues and the index are truncated back to the snapshot's dispatch position and
+:meth:`applied_index` returns its applied index, so only later entries are applied again. When
+the stores do not match the snapshot (``consumequeue/`` or ``index/`` deleted, a torn delete,
+no snapshot) they are wiped and rebuilt from the whole log (:meth:`applied_index` returns 0).
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import logging
+import os
+import shutil
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
+from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
+from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
+from broker.message import iter_dispatch, validate_topic
+from dledger.core import Role
+from dledger.log import Entry
+
+logger = logging.getLogger(__name__)
+
+ENTRY_MESSAGES = 16
+ENTRY_OFFSETS = 17
+ENTRY_TOPIC = 18
+
+CONTROL_VERSION = 1
+TOPIC_UPSERT = 1
+TOPIC_CREATE_IF_ABSENT = 2  # auto-creation: concurrent first sends must not reset a config
+TOPIC_DELETE = 3
+
+# RocketMQ PermName bits.
+PERM_INHERIT = 1
+PERM_WRITE = 2
+PERM_READ = 4
+PERM_RW = PERM_READ | PERM_WRITE
+
+# A topic has at most this many queues: each one is a directory of 6 MB files on every member;
+# RocketMQ has no hard limit, but thousands of queues per topic are a configuration mistake.
+MAX_QUEUE_NUMS = 1024
+# RocketMQ's defaultTopicQueueNums (broker side) for auto-created topics and CreateTopic
+# requests that leave the counts at 0.
+DEFAULT_TOPIC_QUEUE_NUMS = 8
+# Idempotent sends: a uniq id seen within this much store time (and among the last
+# DEDUP_MAX_IDS ids) is a duplicate. 10 minutes covers any client's retry schedule.
+DEFAULT_DEDUP_WINDOW_MS = 10 * 60 * 1000
+# Bounds memory (about 150 bytes per id) and the snapshot (44 + topic bytes per id).
+DEFAULT_DEDUP_MAX_IDS = 100_000
+# The leader's send handlers collect results of the entries they proposed from here; a
+# handler runs within a few entries of its own, so 1024 entries is far more than enough.
+RESULTS_KEPT = 1024
+# How often the snapshot is rewritten while entries are applied (it is a few ms to write).
+SNAPSHOT_INTERVAL_MS = 1000
+SNAPSHOT_FILE = "snapshot.json"
+SNAPSHOT_VERSION = 1
+
+_TOPIC_RECORD = struct.Struct(">BBiii")  # version, op, read, write, perm (then u8 len + name)
+_OFFSETS_HEAD = struct.Struct(">BI")  # version, number of (group, topic) runs
+_OFFSET_ITEM = struct.Struct(">iq")  # queue id, offset
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_DEDUP_ITEM = struct.Struct(">16sqiqqB")  # uniq id, store ts, queue id, offset, position, tlen
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    name: str
+    read_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
+    write_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
+    perm: int = PERM_RW
+
+    def validate(self) -> None:
+        validate_topic(self.name)
+        for what, n in (("read", self.read_queue_nums), ("write", self.write_queue_nums)):
+            if not 1 <= n <= MAX_QUEUE_NUMS:
+                raise InvalidRequestError(f"{what} queue nums {n} is outside [1, {MAX_QUEUE_NUMS}]")
+        if not 0 <= self.perm <= PERM_READ | PERM_WRITE | PERM_INHERIT:
+            raise InvalidRequestError(f"perm {self.perm} is outside [0, 7]")
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where one message of a send is stored; ``duplicate``: an earlier send stored it."""
+
+    uniq_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    position: int
+    store_timestamp_ms: int
+    duplicate: bool = False
+
+
+OffsetKey = tuple[str, str, int]  # consumer group, topic, queue id
+
+
+@dataclass(frozen=True, slots=True)
+class _Captured:
+    """The small state at one applied index, for a snapshot written in the background."""
+
+    applied: int
+    dispatch_end: int
+    index_max_position: int
+    latest_store_ts: int
+    queues: dict[str, int]
+    topics: dict[str, TopicConfig]
+    offsets: dict[OffsetKey, int]
+    dedup: list[SendResult]
+
+
+QueueKey = tuple[str, int]
+# Called at the end of each apply with the queues that got messages and their tag hashes.
+DispatchListener = Callable[[Mapping[QueueKey, set[int]]], None]
+
+
+class CommitLog(Protocol):
+    """What the state machine needs of ``dledger``'s store."""
+
+    def body_position(self, index: int) -> int: ...
+    def first_index(self) -> int: ...
+    def last_index(self) -> int: ...
+
+
+# ------------------------------------------------------------------------- control records
+
+
+def encode_topic_record(op: int, topic: TopicConfig) -> bytes:
+    name = topic.name.encode("ascii")
+    return (
+        _TOPIC_RECORD.pack(
+            CONTROL_VERSION, op, topic.read_queue_nums, topic.write_queue_nums, topic.perm
+        )
+        + _U8.pack(len(name))
+        + name
+    )
+
+
+def decode_topic_record(body: bytes) -> tuple[int, TopicConfig]:
+    if len(body) < _TOPIC_RECORD.size + 1:
+        raise CorruptMessageError("truncated topic record", 0)
+    version, op, read, write, perm = _TOPIC_RECORD.unpack_from(body, 0)
+    n = body[_TOPIC_RECORD.size]
+    start = _TOPIC_RECORD.size + 1
+    if version != CONTROL_VERSION or op not in (TOPIC_UPSERT, TOPIC_CREATE_IF_ABSENT, TOPIC_DELETE):
+        raise CorruptMessageError(f"topic record version {version} op {op}", 0)
+    if len(body) != start + n:
+        raise CorruptMessageError("topic record size mismatch", 0)
+    return op, TopicConfig(body[start:].decode("ascii"), read, write, perm)
+
+
+def encode_offsets_record(offsets: Mapping[OffsetKey, int]) -> bytes:
+    """Offsets grouped by (group, topic): each name once, then (queue id, offset) pairs."""
+    runs: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for (group, topic, queue_id), offset in sorted(offsets.items()):
+        runs.setdefault((group, topic), []).append((queue_id, offset))
+    parts = [_OFFSETS_HEAD.pack(CONTROL_VERSION, len(runs))]
+    for (group, topic), items in runs.items():
+        g, t = group.encode("utf-8"), topic.encode("ascii")
+        if len(g) > 255 or len(t) > 255 or len(items) > 0xFFFF:
+            raise InvalidRequestError("consumer group or topic too long, or too many queues")
+        parts += [_U8.pack(len(g)), g, _U8.pack(len(t)), t, _U16.pack(len(items))]
+        parts.extend(_OFFSET_ITEM.pack(q, o) for q, o in items)
+    return b"".join(parts)
+
+
+def decode_offsets_record(body: bytes) -> dict[OffsetKey, int]:
+    try:
+        version, runs = _OFFSETS_HEAD.unpack_from(body, 0)
+        if version != CONTROL_VERSION:
+            raise CorruptMessageError(f"offsets record version {version}", 0)
+        at = _OFFSETS_HEAD.size
+        out: dict[OffsetKey, int] = {}
+        for _ in range(runs):
+            n = body[at]
+            group = body[at + 1 : at + 1 + n].decode("utf-8")
+            at += 1 + n
+            n = body[at]
+            topic = body[at + 1 : at + 1 + n].decode("ascii")
+            at += 1 + n
+            (count,) = _U16.unpack_from(body, at)
+            at += 2
+            for queue_id, offset in _OFFSET_ITEM.iter_unpack(
+                body[at : at + count * _OFFSET_ITEM.size]
+            ):
+                out[(group, topic, queue_id)] = offset
+            at += count * _OFFSET_ITEM.size
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptMessageError(f"truncated offsets record: {exc}", 0) from None
+    if at != len(body):
+        raise CorruptMessageError("offsets record size mismatch", at)
+    return out
+
+
+# ------------------------------------------------------------------------- state machine
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class BrokerStateMachine:
+    """dledger's ``StateMachine`` for the broker. Call :meth:`attach` before the node starts,
+    :meth:`close` after it stopped."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
+        dedup_max_ids: int = DEFAULT_DEDUP_MAX_IDS,
+        hash_slots: int = DEFAULT_HASH_SLOTS,
+        max_index_records: int = DEFAULT_MAX_RECORDS,
+        cq_records_per_file: int = DEFAULT_RECORDS_PER_FILE,
+        snapshot_interval_ms: int = SNAPSHOT_INTERVAL_MS,
+    ) -> None:
+        assert dedup_window_ms >= 0 and dedup_max_ids >= 1
+        self.root = Path(root)
+        self.config_dir = self.root / "config"
+        self.dedup_window_ms = dedup_window_ms
+        self.dedup_max_ids = dedup_max_ids
+        self._hash_slots = hash_slots
+        self._max_index_records = max_index_records
+        self._cq_records_per_file = cq_records_per_file
+        self._snapshot_interval_s = snapshot_interval_ms / 1000
+        self._log: CommitLog | None = None
+        self.cqs: ConsumeQueueStore
+        self.index: IndexStore
+        self.topics: dict[str, TopicConfig] = {}
+        self.offsets: dict[OffsetKey, int] = {}
+        self.dedup: OrderedDict[str, SendResult] = OrderedDict()
+        self._latest_store_ts = 0
+        self._applied = 0
+        self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
+        self._results: OrderedDict[int, list[SendResult]] = OrderedDict()
+        self._listeners: list[DispatchListener] = []
+        self._last_snapshot_s = 0.0
+        self._snapshot_applied = -1
+        self._snapshot_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-snapshot")
+        self._snapshot_future: concurrent.futures.Future[None] | None = None
+        self._opened = False
+        self.role: Role = Role.FOLLOWER
+        self.leader_id: str | None = None
+
+    # ------------------------------------------------------------------ wiring
+
+    def attach(self, log: CommitLog) -> None:
+        """The commitlog whose committed entries this applies (a getter's result is fine:
+        the store only has to be open by the time :meth:`applied_index` is called)."""
+        self._log = log
+
+    def add_listener(self, listener: DispatchListener) -> None:
+        self._listeners.append(listener)
+
+    @property
+    def log(self) -> CommitLog:
+        assert self._log is not None, "attach() the commitlog first"
+        return self._log
+
+    @property
+    def last_applied(self) -> int:
+        return self._applied
+
+    @property
+    def dispatch_end(self) -> int:
+        """Commitlog positions below this belong to applied entries (visible to readers)."""
+        return self._dispatch_end
+
+    # ------------------------------------------------------------------ StateMachine
+
+    def applied_index(self) -> int:
+        """Open the stores (recovering or rebuilding them); the index already applied."""
+        if not self._opened:
+            self._open()
+        return self._applied
+
+    def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
+        self.role = role
+        self.leader_id = leader_id
+
+    def apply(self, entries: Sequence[Entry]) -> None:
+        assert self._opened, "applied_index() opens the state machine first"
+        touched: dict[QueueKey, set[int]] = {}
+        for entry in entries:
+            assert entry.index == self._applied + 1, (
+                f"entries out of order: got {entry.index} after {self._applied}"
+            )
+            try:
+                if entry.type == ENTRY_MESSAGES:
+                    self._apply_messages(entry, touched)
+                elif entry.type == ENTRY_OFFSETS:
+                    self.offsets.update(decode_offsets_record(entry.body))
+                elif entry.type == ENTRY_TOPIC:
+                    self._apply_topic(entry)
+            except (BrokerError, ValueError) as exc:
+                # Same bytes on every member, so every member skips the same entry.
+                logger.error("skip bad entry index=%d type=%d: %s", entry.index, entry.type, exc)
+            self._applied = entry.index
+        if touched:
+            for listener in self._listeners:
+                listener(touched)
+        self._maybe_snapshot()
+
+    # ------------------------------------------------------------------ apply
+
+    def _apply_messages(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+        base = self.log.body_position(entry.index)
+        results: list[SendResult] = []
+        per_queue: dict[QueueKey, list[tuple[int, int, int]]] = {}
+        next_offset: dict[QueueKey, int] = {}
+        dedup = self.dedup
+        to_index: list[tuple[str, Sequence[str], str, int, int]] = []
+        # The whole batch is checked (entry CRC covered it already; each message's CRC is
+        # checked again when it is read): a corrupt batch is skipped as a whole.
+        infos = list(iter_dispatch(entry.body, verify_crc=False))
+        for info in infos:
+            original = dedup.get(info.uniq_id)
+            if original is not None:
+                results.append(_as_duplicate(original))
+                continue
+            key = (info.topic, info.queue_id)
+            offset = next_offset.get(key)
+            if offset is None:
+                offset = self.cqs.queue(info.topic, info.queue_id).max_offset
+            next_offset[key] = offset + 1
+            position = base + info.offset
+            per_queue.setdefault(key, []).append((position, info.size, info.tags_hash))
+            touched.setdefault(key, set()).add(info.tags_hash)
+            to_index.append(
+                (info.topic, info.keys, info.uniq_id, position, info.store_timestamp_ms)
+            )
+            result = SendResult(
+                info.uniq_id,
+                info.topic,
+                info.queue_id,
+                offset,
+                position,
+                info.store_timestamp_ms,
+            )
+            dedup[info.uniq_id] = result
+            results.append(result)
+            if info.store_timestamp_ms > self._latest_store_ts:
+                self._latest_store_ts = info.store_timestamp_ms
+        for (topic, queue_id), records in per_queue.items():
+            self.cqs.queue(topic, queue_id).append_many(records)
+        self.index.put_messages(to_index)
+        self._dispatch_end = base + len(entry.body)
+        self._evict_dedup()
+        if self.role is Role.LEADER:  # only a leader has send handlers waiting for them
+            self._results[entry.index] = results
+            while len(self._results) > RESULTS_KEPT:
+                self._results.popitem(last=False)
+
+    def _evict_dedup(self) -> None:
+        dedup = self.dedup
+        cutoff = self._latest_store_ts - self.dedup_window_ms
+        while dedup:
+            oldest = next(iter(dedup.values()))
+            if len(dedup) <= self.dedup_max_ids and oldest.store_timestamp_ms >= cutoff:
+                break
+            dedup.popitem(last=False)
+
+    def _apply_topic(self, entry: Entry) -> None:
+        op, topic = decode_topic_record(entry.body)
+        if op == TOPIC_UPSERT or (op == TOPIC_CREATE_IF_ABSENT and topic.name not in self.topics):
+            self.topics[topic.name] = topic
+            logger.info("topic set topic=%s config=%s index=%d", topic.name, topic, entry.index)
+        elif op == TOPIC_DELETE and topic.name in self.topics:
+            del self.topics[topic.name]
+            for key in [k for k in self.offsets if k[1] == topic.name]:
+                del self.offsets[key]
+            self.cqs.drop_topic(topic.name)
+            logger.info("topic deleted topic=%s index=%d", topic.name, entry.index)
+            # The queues' files are gone: a snapshot from before the delete no longer matches
+            # the disk, so write one now (a crash in between is caught by the queue check).
+            self._write_snapshot()
+
+    # ------------------------------------------------------------------ queries
+
+    def take_results(self, index: int) -> list[SendResult] | None:
+        """The per-message results of message entry ``index`` (once), None when unknown."""
+        return self._results.pop(index, None)
+
+    def find_uniq(self, uniq_id: str) -> SendResult | None:
+        return self.dedup.get(uniq_id)
+
+    def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self.cqs.find(topic, queue_id)
+        return (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
+
+    # ------------------------------------------------------------------ persistence
+
+    def _maybe_snapshot(self) -> None:
+        now = time.monotonic()
+        if (
+            now - self._last_snapshot_s >= self._snapshot_interval_s
+            and self._applied != self._snapshot_applied
+            and (self._snapshot_future is None or self._snapshot_future.done())
+        ):
+            self._check_snapshot_future()
+            # Captured here, between two applies (consistent); flushed and written in a
+            # thread so that msync and fsync never stall the event loop.
+            captured = self._capture()
+            self._last_snapshot_s = now
+            self._snapshot_applied = self._applied
+            self._snapshot_future = self._snapshot_pool.submit(self._persist, captured)
+
+    def _check_snapshot_future(self) -> None:
+        f = self._snapshot_future
+        if f is not None and f.done() and f.exception() is not None:
+            logger.error("snapshot write failed: %s", f.exception())
+
+    def wait_snapshot(self) -> None:
+        """Wait for a snapshot being written in the background (if any)."""
+        if self._snapshot_future is not None:
+            self._snapshot_future.result()
+
+    def _capture(self) -> _Captured:
+        queues = {}
+        for topic, queue_id in self.cqs.queue_ids():
+            cq = self.cqs.find(topic, queue_id)
+            if cq is not None and cq.max_offset:
+                queues[f"{topic}/{queue_id}"] = cq.max_offset
+        return _Captured(
+            applied=self._applied,
+            dispatch_end=self._dispatch_end,
+            index_max_position=self.index.max_position(),
+            latest_store_ts=self._latest_store_ts,
+            queues=queues,
+            topics=dict(self.topics),
+            offsets=dict(self.offsets),
+            dedup=list(self.dedup.values()),
+        )
+
+    def _persist(self, c: _Captured) -> None:
+        """Flush the stores (they hold at least what ``c`` describes: what was applied since
+        is cut off again on open), then write the snapshot atomically."""
+        started = time.monotonic()
+        self.cqs.flush()
+        self.index.flush()
+        offsets: dict[str, dict[str, dict[str, int]]] = {}
+        for (group, topic, queue_id), offset in sorted(c.offsets.items()):
+            offsets.setdefault(group, {}).setdefault(topic, {})[str(queue_id)] = offset
+        packed = bytearray()
+        for r in c.dedup:
+            t = r.topic.encode("ascii")
+            packed += _DEDUP_ITEM.pack(
+                bytes.fromhex(r.uniq_id),
+                r.store_timestamp_ms,
+                r.queue_id,
+                r.queue_offset,
+                r.position,
+                len(t),
+            )
+            packed += t
+        data = {
+            "version": SNAPSHOT_VERSION,
+            "applied_index": c.applied,
+            "dispatch_position": c.dispatch_end,
+            "index_max_position": c.index_max_position,
+            "latest_store_timestamp_ms": c.latest_store_ts,
+            "queues": c.queues,
+            "topics": {
+                name: [t.read_queue_nums, t.write_queue_nums, t.perm]
+                for name, t in sorted(c.topics.items())
+            },
+            "offsets": offsets,
+            "dedup": base64.b64encode(bytes(packed)).decode("ascii"),
+        }
+        raw = json.dumps(data, separators=(",", ":")).encode()
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.config_dir / SNAPSHOT_FILE, raw)
+        logger.debug(
+            "snapshot applied=%d bytes=%d ms=%.1f",
+            c.applied,
+            len(raw),
+            (time.monotonic() - started) * 1000,
+        )
+
+    def _write_snapshot(self) -> None:
+        """Write a snapshot now, in this thread (after any one in flight)."""
+        self.wait_snapshot()
+        self._persist(self._capture())
+        self._last_snapshot_s = time.monotonic()
+        self._snapshot_applied = self._applied
+
+    def _load_snapshot(self, data: Mapping[str, Any]) -> None:
+        if data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {data.get('version')}")
+        self._applied = int(data["applied_index"])
+        self._dispatch_end = int(data["dispatch_position"])
+        self._latest_store_ts = int(data["latest_store_timestamp_ms"])
+        self.topics = {
+            name: TopicConfig(name, int(r), int(w), int(p))
+            for name, (r, w, p) in data["topics"].items()
+        }
+        self.offsets = {
+            (group, topic, int(q)): int(o)
+            for group, topics in data["offsets"].items()
+            for topic, queues in topics.items()
+            for q, o in queues.items()
+        }
+        raw = base64.b64decode(data["dedup"])
+        at = 0
+        self.dedup = OrderedDict()
+        while at < len(raw):
+            uniq, ts, queue_id, offset, position, tlen = _DEDUP_ITEM.unpack_from(raw, at)
+            at += _DEDUP_ITEM.size
+            topic = raw[at : at + tlen].decode("ascii")
+            at += tlen
+            uid = uniq.hex().upper()
+            self.dedup[uid] = SendResult(uid, topic, queue_id, offset, position, ts)
+
+    def _open_stores(self) -> None:
+        self.cqs = ConsumeQueueStore(self.root, records_per_file=self._cq_records_per_file)
+        self.index = IndexStore(
+            self.root, hash_slots=self._hash_slots, max_records=self._max_index_records
+        )
+
+    def _open(self) -> None:
+        path = self.config_dir / SNAPSHOT_FILE
+        had_stores = (self.root / "consumequeue").is_dir() and (self.root / "index").is_dir()
+        problem = ""
+        data: dict[str, Any] | None = None
+        if path.exists():
+            try:
+                data = json.loads(path.read_bytes())
+            except ValueError as exc:
+                problem = f"unreadable snapshot: {exc}"
+        elif had_stores:
+            problem = "no snapshot"
+        if not had_stores and data is not None:
+            problem = "consumequeue/ or index/ missing"
+        self._open_stores()
+        if data is not None and not problem:
+            try:
+                self._load_snapshot(data)
+                problem = self._recover_to_snapshot(data)
+            except (KeyError, ValueError, TypeError, struct.error) as exc:
+                problem = f"bad snapshot: {exc}"
+        if problem:
+            self._rebuild(problem)
+        self._opened = True
+        self._snapshot_applied = self._applied
+        logger.info(
+            "broker state opened applied=%d topics=%d offsets=%d dedup=%d",
+            self._applied,
+            len(self.topics),
+            len(self.offsets),
+            len(self.dedup),
+        )
+
+    def _recover_to_snapshot(self, data: Mapping[str, Any]) -> str:
+        """Cut the stores back to the snapshot; a reason to rebuild, or empty when they match."""
+        log = self.log
+        if not log.first_index() - 1 <= self._applied <= log.last_index():
+            return (
+                f"snapshot applied index {self._applied} outside the log"
+                f" [{log.first_index()}, {log.last_index()}]"
+            )
+        self.cqs.truncate_after_position(self._dispatch_end)
+        self.index.truncate_after_position(self._dispatch_end)
+        expected = {str(k): int(v) for k, v in data["queues"].items()}
+        for topic, queue_id in self.cqs.queue_ids():
+            cq = self.cqs.find(topic, queue_id)
+            have = 0 if cq is None else cq.max_offset
+            want = expected.pop(f"{topic}/{queue_id}", 0)
+            if have != want:
+                return f"queue {topic}/{queue_id} holds {have} records, snapshot says {want}"
+        if expected:
+            return f"queues missing: {sorted(expected)[:3]}"
+        if self.index.max_position() != int(data["index_max_position"]):
+            return (
+                f"index ends at {self.index.max_position()},"
+                f" snapshot says {data['index_max_position']}"
+            )
+        return ""
+
+    def _rebuild(self, why: str) -> None:
+        """Forget everything derived from the log and apply it again from the start."""
+        first = self.log.first_index()
+        logger.warning(
+            "rebuilding broker state from the commitlog reason=%r first_index=%d", why, first
+        )
+        if first > 1:
+            logger.error(
+                "the log starts at index %d: entries before it cannot be re-applied", first
+            )
+        self.cqs.close()
+        self.index.close()
+        shutil.rmtree(self.root / "consumequeue", ignore_errors=True)
+        shutil.rmtree(self.root / "index", ignore_errors=True)
+        (self.config_dir / SNAPSHOT_FILE).unlink(missing_ok=True)
+        self._open_stores()
+        self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
+        self._latest_store_ts = 0
+        self._applied = first - 1
+        self._dispatch_end = 0
+
+    def close(self) -> None:
+        """Write a final snapshot and close the stores (after the node stopped applying)."""
+        if not self._opened:
+            return
+        self._write_snapshot()
+        self._snapshot_pool.shutdown(wait=True)
+        self.cqs.close()
+        self.index.close()
+        self._opened = False
+
+
+def _as_duplicate(original: SendResult) -> SendResult:
+    return SendResult(
+        original.uniq_id,
+        original.topic,
+        original.queue_id,
+        original.queue_offset,
+        original.position,
+        original.store_timestamp_ms,
+        duplicate=True,
+    )

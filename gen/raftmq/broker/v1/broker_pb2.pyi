@@ -1,0 +1,354 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PullStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PULL_STATUS_UNSPECIFIED: _ClassVar[PullStatus]
+    FOUND: _ClassVar[PullStatus]
+    NO_NEW_MSG: _ClassVar[PullStatus]
+    NO_MATCHED_MSG: _ClassVar[PullStatus]
+    OFFSET_ILLEGAL: _ClassVar[PullStatus]
+PULL_STATUS_UNSPECIFIED: PullStatus
+FOUND: PullStatus
+NO_NEW_MSG: PullStatus
+NO_MATCHED_MSG: PullStatus
+OFFSET_ILLEGAL: PullStatus
+
+class Message(_message.Message):
+    __slots__ = ("topic", "queue_id", "tags", "keys", "properties", "body", "born_host", "born_timestamp_ms", "store_timestamp_ms", "producer_group", "msg_id", "offset_msg_id", "queue_offset", "commitlog_position", "reconsume_times", "flag", "sys_flag")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_POSITION_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    SYS_FLAG_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    tags: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    properties: _containers.ScalarMap[str, str]
+    body: bytes
+    born_host: str
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    producer_group: str
+    msg_id: str
+    offset_msg_id: str
+    queue_offset: int
+    commitlog_position: int
+    reconsume_times: int
+    flag: int
+    sys_flag: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., tags: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., body: _Optional[bytes] = ..., born_host: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., producer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., offset_msg_id: _Optional[str] = ..., queue_offset: _Optional[int] = ..., commitlog_position: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ...) -> None: ...
+
+class SendMessageRequest(_message.Message):
+    __slots__ = ("topic", "messages")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class SendResult(_message.Message):
+    __slots__ = ("msg_id", "offset_msg_id", "queue_id", "queue_offset", "commitlog_position", "duplicate")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_POSITION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    commitlog_position: int
+    duplicate: bool
+    def __init__(self, msg_id: _Optional[str] = ..., offset_msg_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_position: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class SendMessageResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
+
+class PullMessageRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msgs", "subscription", "suspend_timeout_ms", "no_suspend")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MSGS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    NO_SUSPEND_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msgs: int
+    subscription: str
+    suspend_timeout_ms: int
+    no_suspend: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msgs: _Optional[int] = ..., subscription: _Optional[str] = ..., suspend_timeout_ms: _Optional[int] = ..., no_suspend: _Optional[bool] = ...) -> None: ...
+
+class PullMessageResponse(_message.Message):
+    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset", "suggest_pull_from_follower", "node_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SUGGEST_PULL_FROM_FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    status: PullStatus
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_pull_from_follower: bool
+    node_id: str
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., suggest_pull_from_follower: _Optional[bool] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class UpdateConsumerOffsetRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "sync")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    sync: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., sync: _Optional[bool] = ...) -> None: ...
+
+class UpdateConsumerOffsetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QueryConsumerOffsetRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class QueryConsumerOffsetResponse(_message.Message):
+    __slots__ = ("queue_offset",)
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_offset: int
+    def __init__(self, queue_offset: _Optional[int] = ...) -> None: ...
+
+class ResetConsumerOffsetRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "timestamp_ms")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    timestamp_ms: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class QueueOffset(_message.Message):
+    __slots__ = ("queue_id", "queue_offset")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    queue_offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
+class ResetConsumerOffsetResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
+
+class SearchOffsetRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class SearchOffsetResponse(_message.Message):
+    __slots__ = ("queue_offset",)
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_offset: int
+    def __init__(self, queue_offset: _Optional[int] = ...) -> None: ...
+
+class GetQueueOffsetsRequest(_message.Message):
+    __slots__ = ("topic", "queue_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class GetQueueOffsetsResponse(_message.Message):
+    __slots__ = ("min_offset", "max_offset")
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    min_offset: int
+    max_offset: int
+    def __init__(self, min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class TopicConfig(_message.Message):
+    __slots__ = ("topic_name", "read_queue_nums", "write_queue_nums", "perm")
+    TOPIC_NAME_FIELD_NUMBER: _ClassVar[int]
+    READ_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
+    PERM_FIELD_NUMBER: _ClassVar[int]
+    topic_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    def __init__(self, topic_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicConfig
+    def __init__(self, topic: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicConfig
+    def __init__(self, topic: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class GetTopicResponse(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicConfig
+    def __init__(self, topic: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicConfig]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ...) -> None: ...
+
+class QueryMessageByKeyRequest(_message.Message):
+    __slots__ = ("topic", "key", "max_num", "begin_timestamp_ms", "end_timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    END_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: str
+    max_num: int
+    begin_timestamp_ms: int
+    end_timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., max_num: _Optional[int] = ..., begin_timestamp_ms: _Optional[int] = ..., end_timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class QueryMessageByKeyResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class ViewMessageRequest(_message.Message):
+    __slots__ = ("offset_msg_id", "msg_id", "topic")
+    OFFSET_MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    offset_msg_id: str
+    msg_id: str
+    topic: str
+    def __init__(self, offset_msg_id: _Optional[str] = ..., msg_id: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class ViewMessageResponse(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: Message
+    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+
+class Subscription(_message.Message):
+    __slots__ = ("topic", "expression")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    expression: str
+    def __init__(self, topic: _Optional[str] = ..., expression: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("client_id", "consumer_group", "subscriptions")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    consumer_group: str
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    def __init__(self, client_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetConsumerListRequest(_message.Message):
+    __slots__ = ("consumer_group",)
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    def __init__(self, consumer_group: _Optional[str] = ...) -> None: ...
+
+class GetConsumerListResponse(_message.Message):
+    __slots__ = ("client_ids",)
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...

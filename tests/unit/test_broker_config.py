@@ -1,0 +1,104 @@
+"""broker.conf parsing: RocketMQ keys, strict validation, one clear line per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.config import ConfigError, load_config, parse_config, parse_peers, render_config
+
+GOOD = """\
+brokerClusterName = DefaultCluster
+brokerName=RaftNode00
+enableDLegerCommitLog=true
+dLegerGroup=RaftNode00
+dLegerPeers=n0-127.0.0.1:40911;n1-127.0.0.1:40912;n2-127.0.0.1:40913
+## must be unique
+dLegerSelfId=n1
+listenPort=10921
+storePathRootDir=/tmp/rmqstore/node01
+flushDiskType=ASYNC_FLUSH
+"""
+
+
+def test_good_config_with_rocketmq_keys() -> None:
+    cfg = parse_config(GOOD)
+    assert cfg.brokerName == "RaftNode00"
+    assert [p.node_id for p in cfg.dLegerPeers] == ["n0", "n1", "n2"]
+    assert cfg.self_peer.port == 40912
+    assert cfg.listenPort == 10921
+    assert cfg.flushDiskType.name == "ASYNC_FLUSH"
+    assert cfg.maxMessageSize == 4 * 1024 * 1024
+    assert cfg.autoCreateTopicEnable is False
+    assert str(cfg.dledger_dir) == "/tmp/rmqstore/node01/dledger-n1"
+
+
+def test_defaults_group_to_broker_name_and_sync_flush() -> None:
+    cfg = parse_config("dLegerPeers=n0-127.0.0.1:40911\ndLegerSelfId=n0\nbrokerName=b\n")
+    assert cfg.dLegerGroup == "b"
+    assert cfg.flushDiskType.name == "SYNC_FLUSH"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("listenPortt=1\n", "unknown key 'listenPortt'"),
+        ("listenPort=abc\n", "key 'listenPort': 'abc' is not an integer"),
+        ("listenPort=70000\n", "key 'listenPort': '70000' is out of range"),
+        ("flushDiskType=SOMETIMES\n", "key 'flushDiskType'"),
+        ("autoCreateTopicEnable=maybe\n", "key 'autoCreateTopicEnable'"),
+        ("deleteWhen=25\n", "key 'deleteWhen'"),
+        ("enableDLegerCommitLog=false\n", "key 'enableDLegerCommitLog' must be true"),
+        ("preferredLeaderId=n9\n", "key 'preferredLeaderId'"),
+        ("listenPort=40911\n", "is a peer port"),
+        ("brokerName=x\n", "key 'brokerName' is set twice"),
+    ],
+)
+def test_each_mistake_names_its_key(extra: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        base = GOOD.replace("listenPort=10921\n", "").replace("enableDLegerCommitLog=true\n", "")
+        parse_config(base + extra, "node.conf")
+    message = str(err.value)
+    assert needle in message
+    assert message.startswith("node.conf: ")
+    assert "\n" not in message
+
+
+def test_self_id_must_be_a_peer() -> None:
+    with pytest.raises(ConfigError, match="'dLegerSelfId': 'n7' is not in dLegerPeers"):
+        parse_config(GOOD.replace("dLegerSelfId=n1", "dLegerSelfId=n7"))
+
+
+def test_required_keys() -> None:
+    with pytest.raises(ConfigError, match="key 'dLegerPeers' is required"):
+        parse_config("dLegerSelfId=n0\n")
+
+
+@pytest.mark.parametrize(
+    "peers",
+    ["n0", "n0-127.0.0.1", "n0-127.0.0.1:x", "n0-a:1;n0-b:2", "n0-a:1;n1-a:1", ";;"],
+)
+def test_bad_peer_lists(peers: str) -> None:
+    with pytest.raises(ValueError):
+        parse_peers(peers)
+
+
+def test_unreadable_and_binary_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.conf")
+    bad = tmp_path / "bin.conf"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(bad)
+
+
+def test_render_round_trips(tmp_path: Path) -> None:
+    text = render_config(
+        {"dLegerPeers": "n0-127.0.0.1:1;n1-127.0.0.1:2", "dLegerSelfId": "n1", "listenPort": 3}
+    )
+    path = tmp_path / "b.conf"
+    path.write_text(text)
+    assert load_config(path).listenPort == 3
+    with pytest.raises(ConfigError):
+        render_config({"nope": 1})

@@ -1,0 +1,281 @@
+"""BrokerStateMachine driven directly with committed entries (no node, no network)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from broker.errors import CorruptMessageError
+from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
+from broker.state import (
+    ENTRY_MESSAGES,
+    ENTRY_OFFSETS,
+    ENTRY_TOPIC,
+    TOPIC_CREATE_IF_ABSENT,
+    TOPIC_DELETE,
+    TOPIC_UPSERT,
+    BrokerStateMachine,
+    QueueKey,
+    TopicConfig,
+    decode_offsets_record,
+    decode_topic_record,
+    encode_offsets_record,
+    encode_topic_record,
+)
+from dledger.core import Role
+from dledger.log import Entry
+
+HEADER = 48  # any fixed per-entry overhead: positions only need to be a function of the log
+IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
+
+
+class FakeLog:
+    """Entries laid out back to back like the real store: body position is a prefix sum."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.positions: list[int] = []
+        self.end = 0
+
+    def add(self, body: bytes, entry_type: int) -> Entry:
+        e = Entry(term=1, index=len(self.entries) + 1, body=body, type=entry_type)
+        self.positions.append(self.end + HEADER)
+        self.end += HEADER + len(body)
+        self.entries.append(e)
+        return e
+
+    def body_position(self, index: int) -> int:
+        return self.positions[index - 1]
+
+    def first_index(self) -> int:
+        return 1
+
+    def last_index(self) -> int:
+        return len(self.entries)
+
+
+def msg(queue_id: int, n: int, *, ts: int = 1_000_000, uniq: str = "", **kw: object) -> Message:
+    return Message(
+        topic=str(kw.pop("topic", "T")),
+        queue_id=queue_id,
+        body=f"body-{n}".encode(),
+        tags=str(kw.pop("tags", f"Tag{n % 3}")),
+        keys=(f"k{n}",),
+        store_timestamp_ms=ts,
+        uniq_id=uniq or IDS.next_id(),
+    )
+
+
+def batch(log: FakeLog, messages: Sequence[Message]) -> Entry:
+    body, _ = encode_batch(messages)
+    return log.add(body, ENTRY_MESSAGES)
+
+
+def new_sm(root: Path, log: FakeLog, **kw: int) -> BrokerStateMachine:
+    sm = BrokerStateMachine(
+        root, hash_slots=1000, max_index_records=5000, cq_records_per_file=50, **kw
+    )
+    sm.attach(log)
+    sm.on_role_change(Role.LEADER, 1, "n0")  # results are kept for a leader's send handlers
+    return sm
+
+
+def cq_bytes(root: Path) -> dict[str, bytes]:
+    base = root / "consumequeue"
+    return {
+        str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()
+    }
+
+
+def fill(log: FakeLog, entries: int = 12, per_entry: int = 10, queues: int = 4) -> list[Message]:
+    sent: list[Message] = []
+    n = 0
+    for e in range(entries):
+        ms = [msg(i % queues, n + i, ts=1_000_000 + e) for i in range(per_entry)]
+        n += per_entry
+        batch(log, ms)
+        sent.extend(ms)
+    return sent
+
+
+def test_control_records_round_trip() -> None:
+    t = TopicConfig("Orders", 4, 2, 6)
+    assert decode_topic_record(encode_topic_record(TOPIC_UPSERT, t)) == (TOPIC_UPSERT, t)
+    offsets = {("g1", "T", 0): 5, ("g1", "T", 3): 9, ("g2", "U", 1): 0}
+    assert decode_offsets_record(encode_offsets_record(offsets)) == offsets
+    with pytest.raises(CorruptMessageError):
+        decode_offsets_record(encode_offsets_record(offsets)[:-1])
+    with pytest.raises(CorruptMessageError):
+        decode_topic_record(encode_topic_record(TOPIC_UPSERT, t) + b"x")
+
+
+def test_messages_are_dispatched_in_log_order(tmp_path: Path) -> None:
+    log = FakeLog()
+    sm = new_sm(tmp_path, log)
+    assert sm.applied_index() == 0
+    woken: list[Mapping[QueueKey, set[int]]] = []
+    sm.add_listener(lambda touched: woken.append(dict(touched)))
+    sent = fill(log)
+    sm.apply(log.entries[:5])
+    sm.apply(log.entries[5:])
+    assert sm.last_applied == len(log.entries)
+    assert woken and set(woken[0]) == {("T", q) for q in range(4)}
+    per_queue: dict[int, list[Message]] = {}
+    for m in sent:
+        per_queue.setdefault(m.queue_id, []).append(m)
+    for q, ms in per_queue.items():
+        cq = sm.cqs.find("T", q)
+        assert cq is not None and cq.max_offset == len(ms)
+        records = list(cq.read(0, len(ms)))
+        assert [r[2] for r in records] == [tags_hash(m.tags) for m in ms]
+        positions = [r[0] for r in records]
+        assert positions == sorted(positions)
+    # Every result is recorded once per entry, and the index finds keys and ids.
+    results = sm.take_results(3)
+    assert results is not None and len(results) == 10 and sm.take_results(3) is None
+    r = results[4]
+    assert sm.index.query_key("T", r.uniq_id, 4) == [r.position]
+    assert sm.index.query_key("T", "k24", 4) == [r.position]
+    assert sm.cqs.queue("T", r.queue_id).get(r.queue_offset)[0] == r.position
+    sm.close()
+
+
+def test_duplicate_uniq_ids_are_answered_with_the_original(tmp_path: Path) -> None:
+    log = FakeLog()
+    sm = new_sm(tmp_path, log)
+    sm.applied_index()
+    first = msg(1, 1)
+    batch(log, [first, msg(2, 2)])
+    # A retry (other queue, later) and a duplicate inside the same batch.
+    retry = dataclasses.replace(first, queue_id=3, store_timestamp_ms=1_000_500)
+    batch(log, [retry, msg(0, 3), retry])
+    sm.apply(log.entries)
+    original = sm.take_results(1)
+    again = sm.take_results(2)
+    assert original is not None and again is not None
+    assert again[0].duplicate and again[2].duplicate and not again[1].duplicate
+    assert (again[0].queue_id, again[0].queue_offset, again[0].position) == (
+        original[0].queue_id,
+        original[0].queue_offset,
+        original[0].position,
+    )
+    cq3 = sm.cqs.find("T", 3)
+    assert cq3 is None or cq3.max_offset == 0
+    sm.close()
+
+
+def test_dedup_window_evicts_by_store_time_and_count(tmp_path: Path) -> None:
+    log = FakeLog()
+    sm = new_sm(tmp_path, log, dedup_window_ms=1000, dedup_max_ids=5)
+    sm.applied_index()
+    old = msg(0, 0, ts=10_000)
+    batch(log, [old])
+    batch(log, [msg(0, 1, ts=10_500)])
+    batch(log, [msg(0, 2, ts=11_001)])  # old is now out of the 1 s window
+    batch(log, [dataclasses.replace(old, store_timestamp_ms=11_002)])
+    sm.apply(log.entries)
+    retried = sm.take_results(4)
+    assert retried is not None and not retried[0].duplicate  # stored again: outside the window
+    batch(log, [msg(1, 10 + i, ts=11_003) for i in range(8)])
+    sm.apply(log.entries[-1:])
+    assert len(sm.dedup) == 5
+    sm.close()
+
+
+def test_offsets_and_topics(tmp_path: Path) -> None:
+    log = FakeLog()
+    sm = new_sm(tmp_path, log)
+    sm.applied_index()
+    log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("T", 4, 4, 6)), ENTRY_TOPIC)
+    log.add(encode_topic_record(TOPIC_CREATE_IF_ABSENT, TopicConfig("T", 8, 8, 6)), ENTRY_TOPIC)
+    batch(log, [msg(0, 1), msg(1, 2)])
+    log.add(encode_offsets_record({("g", "T", 0): 1, ("g", "T", 1): 1}), ENTRY_OFFSETS)
+    log.add(encode_offsets_record({("g", "T", 0): 0}), ENTRY_OFFSETS)
+    sm.apply(log.entries)
+    assert sm.topics["T"] == TopicConfig("T", 4, 4, 6)  # create-if-absent kept the first
+    assert sm.offsets == {("g", "T", 0): 0, ("g", "T", 1): 1}
+    log.add(encode_topic_record(TOPIC_DELETE, TopicConfig("T")), ENTRY_TOPIC)
+    sm.apply(log.entries[-1:])
+    assert "T" not in sm.topics and sm.offsets == {}
+    assert not (tmp_path / "consumequeue" / "T").exists()
+    sm.close()
+
+
+def test_a_corrupt_entry_is_skipped_whole(tmp_path: Path) -> None:
+    log = FakeLog()
+    sm = new_sm(tmp_path, log)
+    sm.applied_index()
+    body, _ = encode_batch([msg(0, 1), msg(0, 2)])
+    log.add(body[:-1], ENTRY_MESSAGES)
+    log.add(b"\x01", ENTRY_OFFSETS)
+    batch(log, [msg(0, 3)])
+    sm.apply(log.entries)
+    cq = sm.cqs.find("T", 0)
+    assert cq is not None and cq.max_offset == 1 and sm.last_applied == 3
+    sm.close()
+
+
+def test_restart_resumes_from_the_snapshot(tmp_path: Path) -> None:
+    log = FakeLog()
+    fill(log)
+    ref = new_sm(tmp_path / "ref", log)
+    ref.applied_index()
+    ref.apply(log.entries)
+    ref.close()
+
+    sm = new_sm(tmp_path / "a", log)
+    sm.applied_index()
+    sm.apply(log.entries[:6])
+    sm.close()
+    again = new_sm(tmp_path / "a", log)
+    assert again.applied_index() == 6
+    again.apply(log.entries[6:])
+    assert again.offsets == ref.offsets and again.dedup == ref.dedup
+    again.close()
+    assert cq_bytes(tmp_path / "a") == cq_bytes(tmp_path / "ref")
+
+
+def test_crash_after_snapshot_truncates_and_replays(tmp_path: Path) -> None:
+    log = FakeLog()
+    fill(log)
+    ref = new_sm(tmp_path / "ref", log)
+    ref.applied_index()
+    ref.apply(log.entries)
+    ref.close()
+
+    sm = new_sm(tmp_path / "a", log, snapshot_interval_ms=0)
+    sm.applied_index()
+    sm.apply(log.entries[:4])  # snapshot at 4
+    sm.wait_snapshot()
+    sm._snapshot_interval_s = 3600  # no more snapshots
+    sm.apply(log.entries[4:9])
+    sm._snapshot_pool.shutdown()
+    sm.cqs.close()  # a crash: the queues and index hold entries 5..9, the snapshot does not
+    sm.index.close()
+    again = new_sm(tmp_path / "a", log)
+    assert again.applied_index() == 4
+    again.apply(log.entries[4:])
+    again.close()
+    assert cq_bytes(tmp_path / "a") == cq_bytes(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("lost", ["consumequeue", "index", "config"])
+def test_lost_stores_are_rebuilt_from_the_log(tmp_path: Path, lost: str) -> None:
+    log = FakeLog()
+    sent = fill(log)
+    sm = new_sm(tmp_path, log)
+    sm.applied_index()
+    sm.apply(log.entries)
+    sm.close()
+    before = cq_bytes(tmp_path)
+    shutil.rmtree(tmp_path / lost)
+    again = new_sm(tmp_path, log)
+    assert again.applied_index() == 0
+    again.apply(log.entries)
+    assert again.index.query_key("T", sent[7].uniq_id, 2) != []
+    again.close()
+    assert cq_bytes(tmp_path) == before
