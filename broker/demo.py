@@ -1,121 +1,236 @@
-"""``make demo``: a local 3-node group over gRPC, a leader failover, and a check of every replica.
+"""``make demo``: a 3-node broker group, producing and consuming over gRPC through a failover.
 
-Steps: start a 3-node group (``mqcluster up``), append a batch stream through the client
-service, SIGKILL the leader under load and time the failover, restart the old leader and wait
-until it catches up, compare every replica's committed log, tear everything down.
+Steps: start a local 3-node group (``mqcluster up``); create a topic; a producer sends batches
+of messages with tags and keys over ``raftmq.broker.v1.Broker``; SIGKILL the leader while it
+sends (a batch whose outcome is unknown is retried with the same message ids, which the broker
+deduplicates); restart the old leader; consume every queue from every node and check that each
+acknowledged message is there exactly once, in send order per queue, on all three replicas;
+tear everything down. It talks to the generated stubs only, as any client could.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.cluster import ClusterError, LocalCluster, format_table
-from dledger.server.client import ClientError
 
 # Bounds of the demo's load (it must stop by itself).
-DEMO_BATCHES = 200
-DEMO_BATCH_SIZE = 50
+DEMO_BATCHES = 150
+DEMO_BATCH_SIZE = 20
+DEMO_QUEUES = 4
 DEMO_MAX_SECONDS = 120
+TOPIC = "DemoTopic"
+_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
+T = TypeVar("T")
 
 
 def _say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+class _Client:
+    """Stubs per node; leader-only calls follow NOT_LEADER and retry while unavailable."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.channels: dict[str, grpc.Channel] = {}
+        self.leader = ""
+
+    def stub(self, addr: str) -> pb_grpc.BrokerStub:
+        if addr not in self.channels:
+            self.channels[addr] = grpc.insecure_channel(addr)
+        return pb_grpc.BrokerStub(self.channels[addr])
+
+    def close(self) -> None:
+        for ch in self.channels.values():
+            ch.close()
+
+    def write(self, call: Callable[[pb_grpc.BrokerStub], T], timeout_s: float = 15.0) -> T:
+        deadline = time.monotonic() + timeout_s
+        addrs = self.cluster.client_addrs
+        addr = self.leader or addrs[0]
+        while True:
+            try:
+                result = call(self.stub(addr))
+                self.leader = addr
+                return result
+            except grpc.RpcError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                match = _NOT_LEADER.match(exc.details() or "")
+                if match and match.group(2):
+                    addr = match.group(2)
+                    continue
+                if exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise
+                addr = addrs[(addrs.index(addr) + 1) % len(addrs)] if addr in addrs else addrs[0]
+                time.sleep(0.05)
+
+    def pull_queue(self, addr: str, queue_id: int) -> list[pb.Message]:
+        out: list[pb.Message] = []
+        offset = 0
+        while True:
+            resp = self.stub(addr).PullMessage(
+                pb.PullMessageRequest(
+                    consumer_group="demo-consumers",
+                    topic=TOPIC,
+                    queue_id=queue_id,
+                    queue_offset=offset,
+                    max_msgs=256,
+                    no_suspend=True,
+                ),
+                timeout=10,
+            )
+            if not resp.messages:
+                return out
+            out.extend(resp.messages)
+            offset = resp.next_begin_offset
+
+
 def run(base_dir: Path) -> int:
     cluster = LocalCluster(base_dir / "group")
     # Small segments: the demo writes a few MB; default 1 GiB segments are for production.
     cluster.configure(3, auto_ports=True, extra={"mappedFileSizeCommitLog": str(16 << 20)})
+    client = _Client(cluster)
     try:
-        _say("starting a 3-node DLedger group on 127.0.0.1")
+        _say("starting a 3-node broker group (one Raft group) on 127.0.0.1")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
-        client = cluster.client()
 
-        _say(f"appending {DEMO_BATCHES} batches of {DEMO_BATCH_SIZE} entries through gRPC")
-        acked: list[bytes] = []
+        _say(f"creating topic {TOPIC} with {DEMO_QUEUES} queues (replicated through Raft)")
+        topic = client.write(
+            lambda s: s.CreateTopic(
+                pb.CreateTopicRequest(
+                    topic=pb.TopicConfig(
+                        topic_name=TOPIC, read_queue_nums=DEMO_QUEUES, write_queue_nums=DEMO_QUEUES
+                    )
+                ),
+                timeout=5,
+            )
+        )
+        print(f"created: {topic.topic.topic_name} queues={topic.topic.write_queue_nums}")
+
+        _say(f"producing {DEMO_BATCHES} batches of {DEMO_BATCH_SIZE} messages over gRPC")
+        sent: dict[int, list[str]] = {q: [] for q in range(DEMO_QUEUES)}
         ack_times: list[float] = []
-        stop = threading.Event()
-        errors: list[str] = []
+        retried = [0]
+        duplicates = [0]
 
-        def writer() -> None:
+        def producer() -> None:
             deadline = time.monotonic() + DEMO_MAX_SECONDS
             for b in range(DEMO_BATCHES):
-                if stop.is_set() or time.monotonic() > deadline:
+                if time.monotonic() > deadline:
                     return
-                bodies = [f"demo-{b:04d}-{i:02d}".encode() for i in range(DEMO_BATCH_SIZE)]
-                try:
-                    client.append(bodies)
-                except ClientError as exc:
-                    errors.append(exc.code)
-                    time.sleep(0.02)
-                    continue
-                acked.extend(bodies)
+                queue_id = b % DEMO_QUEUES
+                messages = [
+                    pb.Message(
+                        topic=TOPIC,
+                        queue_id=queue_id,
+                        tags="TagA" if i % 2 == 0 else "TagB",
+                        keys=[f"order-{b}-{i}"],
+                        body=f"demo message {b}-{i}".encode(),
+                        msg_id=uuid.uuid4().hex.upper(),
+                        producer_group="demo-producers",
+                    )
+                    for i in range(DEMO_BATCH_SIZE)
+                ]
+                request = pb.SendMessageRequest(topic=TOPIC, messages=messages)
+                attempts = [0]
+
+                def send(
+                    stub: pb_grpc.BrokerStub,
+                    request: pb.SendMessageRequest = request,
+                    attempts: list[int] = attempts,
+                ) -> pb.SendMessageResponse:
+                    attempts[0] += 1
+                    resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=5)
+                    return resp
+
+                resp = client.write(send, timeout_s=30)
+                retried[0] += attempts[0] > 1
+                duplicates[0] += sum(r.duplicate for r in resp.results)
+                sent[queue_id].extend(m.msg_id for m in messages)
                 ack_times.append(time.monotonic())
 
         started = time.monotonic()
-        thread = threading.Thread(target=writer, daemon=True)
+        thread = threading.Thread(target=producer, daemon=True)
         thread.start()
         while len(ack_times) < DEMO_BATCHES // 3 and thread.is_alive():
             time.sleep(0.01)
 
-        _say(f"SIGKILL the leader {leader} while appends continue")
+        _say(f"SIGKILL the leader {leader} while the producer keeps sending")
         cluster.signal(leader, signal.SIGKILL)
         killed_at = time.monotonic()
         new_leader = cluster.wait_leader(exclude=leader)
         thread.join(DEMO_MAX_SECONDS)
-        stop.set()
         after = [t for t in ack_times if t > killed_at]
-        failover_s = (after[0] - killed_at) if after else float("nan")
-        elapsed = time.monotonic() - started
+        failover_ms = (after[0] - killed_at) * 1000 if after else float("nan")
+        total = sum(len(v) for v in sent.values())
         print(
-            f"new leader: {new_leader}; failover (kill -> next acknowledged append): "
-            f"{failover_s * 1000:.0f} ms"
+            f"new leader: {new_leader}; failover (kill -> next acknowledged send): "
+            f"{failover_ms:.0f} ms"
         )
         print(
-            f"acknowledged {len(acked)} entries in {elapsed:.2f} s; "
-            f"failed or unknown-outcome batches: {len(errors)} {sorted(set(errors))}"
+            f"acknowledged {total} messages in {time.monotonic() - started:.2f} s; "
+            f"batches retried with the same ids: {retried[0]}; "
+            f"answered as duplicates: {duplicates[0]}"
         )
-        print(format_table(cluster.status_rows()))
 
-        _say(f"restarting {leader}; it must catch up from the new leader")
+        _say(f"restarting {leader}; it catches up from the new leader")
         cluster.start(leader)
+        cluster.wait_leader()
         deadline = time.monotonic() + 30
-        logs: dict[str, list[bytes]] = {}
         while time.monotonic() < deadline:
             rows = cluster.status_rows()
-            commits = {r["commit"] for r in rows}
-            if len(commits) == 1 and all(r["role"] in ("LEADER", "FOLLOWER") for r in rows):
+            if len({r["commit"] for r in rows}) == 1 and all(r["pid"] != "-" for r in rows):
                 break
             time.sleep(0.1)
         print(format_table(cluster.status_rows()))
+
+        _say("consuming every queue from every node")
+        ok = True
         for n in cluster.nodes:
-            logs[n.node_id] = [e.body for e in client.read_all(n.client_addr) if e.type == 0]
-        first = logs[cluster.nodes[0].node_id]
-        same = all(log == first for log in logs.values())
-        present = set(first)
-        lost = [v for v in acked if v not in present]
-        dupes = len(first) - len(present)
-        _say("verdict")
-        print(
-            f"replicas identical: {same}; entries per replica: "
-            f"{ {k: len(v) for k, v in logs.items()} }"
+            counts = []
+            for q in range(DEMO_QUEUES):
+                got = [m.msg_id for m in client.pull_queue(n.client_addr, q)]
+                counts.append(len(got))
+                if got != sent[q]:
+                    ok = False
+                    print(
+                        f"  {n.node_id} queue {q}: {len(got)} messages, expected {len(sent[q])}"
+                        " in send order"
+                    )
+            print(f"  {n.node_id}: messages per queue {counts}")
+        sample = client.stub(cluster.client_addrs[0]).QueryMessageByKey(
+            pb.QueryMessageByKeyRequest(topic=TOPIC, key="order-7-3"), timeout=5
         )
-        print(f"acknowledged entries lost: {len(lost)}; duplicated entries: {dupes}")
-        client.close()
-        ok = same and not lost and dupes == 0
+        print(f"  lookup by key order-7-3: {[m.body.decode() for m in sample.messages]}")
+        _say("verdict")
+        print(f"every acknowledged message exactly once, in order, on all 3 replicas: {ok}")
         print("DEMO OK" if ok else "DEMO FAILED")
         return 0 if ok else 1
-    except ClusterError as exc:
+    except (ClusterError, grpc.RpcError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     finally:
+        client.close()
         _say("tearing down")
         cluster.down()
         print("all nodes stopped")
