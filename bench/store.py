@@ -2,7 +2,8 @@
 
 Measures, in one run on the same disk: the raw fsync rate (4 KiB write + fsync), the
 sequential write bandwidth (256 MiB written then one fsync), SYNC_FLUSH group commit with
-64 appender threads doing ``append_durable`` (128 B, 1 KiB, 16 KiB entries) and ASYNC_FLUSH
+64 appenders (128 B, 1 KiB, 16 KiB entries) both as OS threads doing ``append_durable`` and as
+coroutines on one event loop with one flush thread (how the server drives it), and ASYNC_FLUSH
 from one thread appending batches. Prints a table and writes
 ``bench/results/store-<UTC timestamp>.json``. Bounded in time; removes its temp dir.
 """
@@ -10,6 +11,8 @@ from one thread appending batches. Prints a table and writes
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -132,6 +135,82 @@ def bench_sync(directory: Path, size: int, seconds: float, threads: int) -> dict
     }
 
 
+def bench_sync_event_loop(
+    directory: Path, size: int, seconds: float, appenders: int
+) -> dict[str, float]:
+    """SYNC_FLUSH group commit the way ``dledger.server.node`` drives the store: concurrent
+    appenders are coroutines on one event loop; one flush at a time runs in a worker thread
+    and covers everything appended before it started; each appender waits for its index."""
+    root = directory / f"sync-loop-{size}"
+    store = SegmentedLogStore(root, StoreConfig(flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    body = os.urandom(size)
+    latencies: list[float] = []
+    appended = [0]
+
+    async def run() -> tuple[float, int]:
+        loop = asyncio.get_running_loop()
+        pool = concurrent.futures.ThreadPoolExecutor(1, "bench-flush")
+        waiters: list[tuple[int, asyncio.Future[None]]] = []
+        kick = asyncio.Event()
+        stop = asyncio.Event()
+
+        async def committer() -> None:
+            while True:
+                await kick.wait()
+                kick.clear()
+                flushed = await loop.run_in_executor(pool, store.flush)
+                still = []
+                for index, fut in waiters:
+                    if index <= flushed:
+                        fut.set_result(None)
+                    else:
+                        still.append((index, fut))
+                waiters[:] = still
+                if waiters:
+                    kick.set()
+
+        async def appender() -> None:
+            while not stop.is_set():
+                t = time.perf_counter()
+                index = store.append_bodies(1, [body])
+                fut: asyncio.Future[None] = loop.create_future()
+                waiters.append((index, fut))
+                kick.set()
+                await fut
+                latencies.append(time.perf_counter() - t)
+                appended[0] += 1
+
+        flush_task = asyncio.create_task(committer())
+        flushes_before = store.flush_count
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(appender()) for _ in range(appenders)]
+        await asyncio.sleep(seconds)
+        stop.set()
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+        flush_task.cancel()
+        pool.shutdown(wait=True)
+        return elapsed, store.flush_count - flushes_before
+
+    elapsed, flushes = asyncio.run(run())
+    store.close()
+    shutil.rmtree(root)
+    n = appended[0]
+    lat = sorted(latencies)
+    return {
+        "entry_bytes": size,
+        "appenders": appenders,
+        "appends": n,
+        "appends_per_s": n / elapsed,
+        "mb_per_s": n * size / elapsed / 1e6,
+        "syncs": flushes,
+        "syncs_per_append": flushes / n if n else 0.0,
+        "entries_per_sync": n / flushes if flushes else 0.0,
+        "p50_ms": lat[len(lat) // 2] * 1000 if lat else 0.0,
+        "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else 0.0,
+    }
+
+
 def bench_async(directory: Path, size: int, seconds: float) -> dict[str, float]:
     root = directory / f"async-{size}"
     store = SegmentedLogStore(root, StoreConfig(flush_disk_type=FlushDiskType.ASYNC_FLUSH))
@@ -172,13 +251,20 @@ def main(argv: list[str] | None = None) -> int:
         fsync = fsync_rate(tmp, min(args.seconds, 3.0))
         seq = seq_bandwidth(tmp)
         sync = [bench_sync(tmp, size, args.seconds, args.threads) for size in SIZES]
+        sync_loop = [bench_sync_event_loop(tmp, size, args.seconds, args.threads) for size in SIZES]
         asyn = [bench_async(tmp, size, args.seconds) for size in SIZES]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     by_size = {r["entry_bytes"]: r for r in sync}
-    sync_over_seq = by_size[16384]["mb_per_s"] / seq["mb_per_s"]
+    threads_over_seq = by_size[16384]["mb_per_s"] / seq["mb_per_s"]
+    loop_by_size = {r["entry_bytes"]: r for r in sync_loop}
+    sync_over_seq = loop_by_size[16384]["mb_per_s"] / seq["mb_per_s"]
     ratios: dict[str, Any] = {
+        # The target is judged on the server's path (coroutines + one flush thread); the
+        # 64-OS-thread figure is kept beside it: there Python's GIL hand-offs, not the disk,
+        # limit how many appenders join each sync.
         "sync_16k_mb_per_s_over_seq_bandwidth": sync_over_seq,
+        "sync_16k_threads_mb_per_s_over_seq_bandwidth": threads_over_seq,
         "sync_syncs_per_append": {str(r["entry_bytes"]): r["syncs_per_append"] for r in sync},
         "sync_appends_per_s_over_raw_fsync_rate": {
             str(r["entry_bytes"]): r["appends_per_s"] / fsync["fsyncs_per_s"] for r in sync
@@ -194,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "seconds_per_case": args.seconds,
         "disk": {"fsync_4k": fsync, "sequential_write": seq},
-        "sync_flush_group_commit": sync,
+        "sync_flush_group_commit_threads": sync,
+        "sync_flush_group_commit_event_loop": sync_loop,
         "async_flush_one_thread": asyn,
         "ratios": ratios,
         "targets_met": targets,
@@ -215,6 +302,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['mb_per_s']:>7,.1f} MB/s  {r['entries_per_sync']:6.1f} entries/sync "
             f"({r['syncs_per_append']:.3f} syncs/append)  p50 {r['p50_ms']:.2f} ms"
         )
+    print(
+        f"SYNC_FLUSH, {args.threads} appenders on one event loop + one flush thread "
+        "(the server's path):"
+    )
+    for r in sync_loop:
+        print(
+            f"  {r['entry_bytes']:>6} B: {r['appends_per_s']:>9,.0f} appends/s "
+            f"{r['mb_per_s']:>7,.1f} MB/s  {r['entries_per_sync']:6.1f} entries/sync "
+            f"({r['syncs_per_append']:.3f} syncs/append)  p50 {r['p50_ms']:.2f} ms"
+        )
     print(f"ASYNC_FLUSH, one thread, batches of {ASYNC_BATCH}:")
     for r in asyn:
         print(
@@ -223,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "ratios: SYNC 16 KiB / sequential bandwidth = "
-        f"{ratios['sync_16k_mb_per_s_over_seq_bandwidth']:.2f}; targets met: {targets}"
+        f"{ratios['sync_16k_mb_per_s_over_seq_bandwidth']:.2f} (event loop), "
+        f"{threads_over_seq:.2f} (OS threads); targets met: {targets}"
     )
     print(f"wrote {out}")
     return 0
