@@ -65,3 +65,27 @@ def test_every_error_maps_to_a_status_and_a_stable_code(
     got_status, detail = error_status(exc, _node())
     assert got_status == status
     assert detail.startswith(prefix), detail
+
+
+@pytest.mark.parametrize(
+    ("slave_read", "role", "behind_bytes", "expected"),
+    [
+        (True, "LEADER", 2_000, True),  # far behind the write position: likely not in memory
+        (True, "LEADER", 500, False),  # recent data: page cache, serve it here
+        (False, "LEADER", 2_000, False),  # slaveReadEnable=false: never send reads away
+        (True, "FOLLOWER", 2_000, False),  # a follower is where the hint sends you already
+    ],
+)
+def test_pull_from_follower_hint(
+    slave_read: bool, role: str, behind_bytes: int, expected: bool
+) -> None:
+    from broker.service import BrokerServicer
+    from dledger.core import Role
+
+    servicer = object.__new__(BrokerServicer)
+    servicer.cfg = SimpleNamespace(slave_read_enable=slave_read)  # type: ignore[assignment]
+    servicer.node = SimpleNamespace(  # type: ignore[assignment]
+        core=SimpleNamespace(role=Role[role]), store=SimpleNamespace(write_position=10_000)
+    )
+    servicer._memory_limit_bytes = 1_000
+    assert servicer._suggest_follower(10_000 - behind_bytes) is expected
