@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PACKAGES := dledger broker
+PACKAGES := dledger broker nameserver
 
 .PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-store bench-broker clean
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from broker.config import KEYS, BrokerConfig, ConfigError, load_config, node_config
+from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.server import DLedgerNode, StartError
@@ -75,12 +76,18 @@ class _LazyLog:
         return self._node.store.last_index()
 
 
-async def _serve(node: DLedgerNode, sm: BrokerStateMachine) -> None:
+async def _serve(
+    node: DLedgerNode, sm: BrokerStateMachine, registrar: BrokerRegistrar | None = None
+) -> None:
     await node.start()
+    if registrar is not None:
+        registrar.start()
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
 
     async def stop() -> None:
+        if registrar is not None:
+            await registrar.stop()  # unregister first: routes drop this node at once
         await node.stop()
         sm.close()  # the node applies nothing after stop(): final snapshot
         stopped.set()
@@ -110,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqbroker: {exc}", file=sys.stderr)
         return 2
     node, sm = build(cfg)
+    registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
     try:
-        asyncio.run(_serve(node, sm))
+        asyncio.run(_serve(node, sm, registrar))
     except StartError as exc:
         print(f"mqbroker: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -1,13 +1,16 @@
 """``mqcluster``: a local broker group on 127.0.0.1 (our answer to RocketMQ's dledger/fast-try.sh).
 
-    mqcluster up [--nodes 3] [--base-dir DIR]   write configs, start nodes, wait for a leader
+    mqcluster up [--nodes 3] [--base-dir DIR]   write configs, start a NameServer and the nodes,
+                                                wait for a leader (--no-namesrv: nodes only)
     mqcluster status                            one row per node: role, term, commit index, ports
-    mqcluster kill nX [--signal KILL]           SIGKILL (or STOP/CONT/TERM) one node
-    mqcluster start nX                          start a node again with its config and data
-    mqcluster down [--purge]                    stop every node (TERM, then KILL after a grace)
+    mqcluster kill nX [--signal KILL]           SIGKILL (or STOP/CONT/TERM) one node (or namesrv)
+    mqcluster start nX                          start a node (or namesrv) again
+    mqcluster down [--purge]                    stop every node and the NameServer (TERM, then
+                                                KILL after a grace)
 
-Nodes run as background processes with their logs in the base dir. Only processes this tool
-started (their PIDs are in ``nX.pid``, checked against the command line) are ever signalled.
+Nodes and the NameServer run as background processes with their logs in the base dir. Only
+processes this tool started (their PIDs are in ``nX.pid`` and ``namesrv.pid``, checked against
+the command line) are ever signalled.
 """
 
 from __future__ import annotations
@@ -34,8 +37,13 @@ STATE_FILE = "cluster.json"
 CLIENT_PORT_BASE = 10911
 CLIENT_PORT_STEP = 10
 PEER_PORT_BASE = 40911
+# The NameServer's port (RocketMQ's 9876) unless --auto-ports.
+NAMESRV_PORT = 9876
+NAMESRV_ID = "namesrv"
 # Seconds `up` and `start` wait for a leader; `down` waits after SIGTERM before SIGKILL.
 LEADER_WAIT_S = 30.0
+# Seconds `up` waits for the NameServer to listen (it starts in well under a second).
+NAMESRV_WAIT_S = 10.0
 STOP_GRACE_S = 10.0
 MAX_NODES = 7
 
@@ -58,10 +66,32 @@ class NodeInfo:
         return f"127.0.0.1:{self.client_port}"
 
 
+@dataclass(frozen=True, slots=True)
+class NameSrvInfo:
+    port: int
+    conf: str
+    log: str
+    pid_file: str
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return _free_ports(1)[0]
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every probe socket stays bound until all are picked (one at
+    a time, the kernel may hand out the same port twice)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def _read_pid(path: Path) -> int | None:
@@ -69,6 +99,15 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _wait_pid_gone(pid: int, conf: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid, conf):
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _pid_alive(pid: int, conf: str) -> bool:
@@ -93,11 +132,14 @@ class LocalCluster:
         self.base = Path(base_dir).resolve()
         self.group = ""
         self.nodes: list[NodeInfo] = []
+        self.namesrv: NameSrvInfo | None = None
         state = self.base / STATE_FILE
         if state.exists():
             data = json.loads(state.read_text())
             self.group = data["group"]
             self.nodes = [NodeInfo(**n) for n in data["nodes"]]
+            if data.get("namesrv"):
+                self.namesrv = NameSrvInfo(**data["namesrv"])
 
     # ------------------------------------------------------------------ setup
 
@@ -108,20 +150,39 @@ class LocalCluster:
         group: str = "broker-a",
         auto_ports: bool = False,
         extra: dict[str, str] | None = None,
+        namesrv: bool = False,
+        namesrv_conf: dict[str, str] | None = None,
     ) -> None:
-        """Write one broker.conf per node and the state file."""
+        """Write one broker.conf per node and the state file; with ``namesrv`` also a
+        NameServer config (``namesrv_conf``: extra keys), and point every node at it."""
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterError(f"--nodes must be in [1, {MAX_NODES}], got {nodes}")
-        if self.nodes and any(self.pid(n) for n in self.nodes):
+        if (self.nodes and any(self.pid(n) for n in self.nodes)) or self.namesrv_pid() is not None:
             raise ClusterError(f"a cluster is running in {self.base}; run 'mqcluster down' first")
         self.base.mkdir(parents=True, exist_ok=True)
+        self.namesrv = None
         ids = [f"n{i}" for i in range(nodes)]
         if auto_ports:
-            client_ports = [_free_port() for _ in ids]
-            peer_ports = [_free_port() for _ in ids]
+            free = _free_ports(2 * nodes + 1)
+            client_ports, peer_ports, namesrv_port = free[:nodes], free[nodes:-1], free[-1]
         else:
             client_ports = [CLIENT_PORT_BASE + CLIENT_PORT_STEP * i for i in range(nodes)]
             peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
+            namesrv_port = NAMESRV_PORT
+        if namesrv:
+            port = namesrv_port
+            conf_path = self.base / f"{NAMESRV_ID}.conf"
+            conf_path.write_text(
+                "".join(
+                    f"{k}={v}\n" for k, v in {"listenPort": port, **(namesrv_conf or {})}.items()
+                )
+            )
+            self.namesrv = NameSrvInfo(
+                port,
+                str(conf_path),
+                str(self.base / f"{NAMESRV_ID}.log"),
+                str(self.base / f"{NAMESRV_ID}.pid"),
+            )
         peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, peer_ports, strict=True))
         self.group = group
         self.nodes = []
@@ -137,6 +198,8 @@ class LocalCluster:
                 "listenPort": cport,
                 "storePathRootDir": str(self.base / node_id),
             }
+            if self.namesrv is not None:
+                values["namesrvAddr"] = self.namesrv.addr
             values.update(extra or {})
             conf.write_text(render_config(values))
             self.nodes.append(
@@ -150,7 +213,14 @@ class LocalCluster:
                 )
             )
         (self.base / STATE_FILE).write_text(
-            json.dumps({"group": group, "nodes": [asdict(n) for n in self.nodes]}, indent=2)
+            json.dumps(
+                {
+                    "group": group,
+                    "nodes": [asdict(n) for n in self.nodes],
+                    "namesrv": asdict(self.namesrv) if self.namesrv else None,
+                },
+                indent=2,
+            )
         )
 
     def node(self, node_id: str) -> NodeInfo:
@@ -169,6 +239,54 @@ class LocalCluster:
     def pid(self, n: NodeInfo) -> int | None:
         pid = _read_pid(Path(n.pid_file))
         return pid if pid is not None and _pid_alive(pid, n.conf) else None
+
+    def namesrv_pid(self) -> int | None:
+        ns = self.namesrv
+        if ns is None:
+            return None
+        pid = _read_pid(Path(ns.pid_file))
+        return pid if pid is not None and _pid_alive(pid, ns.conf) else None
+
+    def start_namesrv(self) -> int:
+        ns = self.namesrv
+        if ns is None:
+            raise ClusterError("this cluster has no NameServer (it was set up with --no-namesrv)")
+        if self.namesrv_pid() is not None:
+            raise ClusterError(f"{NAMESRV_ID} is already running")
+        with open(ns.log, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nameserver", "-c", ns.conf],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        Path(ns.pid_file).write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def wait_namesrv(self, timeout_s: float = NAMESRV_WAIT_S) -> None:
+        """Wait until the NameServer accepts connections; fail if it exited (busy port...)."""
+        ns = self.namesrv
+        assert ns is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.namesrv_pid() is None:
+                raise ClusterError(f"{NAMESRV_ID} exited at start; see {ns.log}")
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(0.2)
+                if s.connect_ex(("127.0.0.1", ns.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise ClusterError(f"{NAMESRV_ID} not listening on {ns.addr} within {timeout_s:.0f} s")
+
+    def signal_namesrv(self, sig: signal.Signals = signal.SIGKILL) -> int:
+        pid = self.namesrv_pid()
+        if pid is None or self.namesrv is None:
+            raise ClusterError(f"{NAMESRV_ID} is not running")
+        os.kill(pid, sig)
+        if sig is signal.SIGKILL:
+            _wait_pid_gone(pid, self.namesrv.conf, 5.0)
+        return pid
 
     def start(self, node_id: str) -> int:
         n = self.node(node_id)
@@ -196,36 +314,46 @@ class LocalCluster:
         return pid
 
     def _wait_gone(self, n: NodeInfo, pid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _pid_alive(pid, n.conf):
-                return True
-            time.sleep(0.02)
-        return False
+        return _wait_pid_gone(pid, n.conf, timeout_s)
 
     def up(self, wait_s: float = LEADER_WAIT_S) -> str:
+        if self.namesrv is not None and self.namesrv_pid() is None:
+            self.start_namesrv()
+            self.wait_namesrv()
         for n in self.nodes:
             if self.pid(n) is None:
                 self.start(n.node_id)
         return self.wait_leader(wait_s)
 
     def down(self, grace_s: float = STOP_GRACE_S) -> list[str]:
-        """Stop every running node; returns the ids that needed SIGKILL."""
-        running = [(n, p) for n in self.nodes if (p := self.pid(n)) is not None]
-        for _n, pid in running:
+        """Stop every running node, then the NameServer (so that the nodes can unregister);
+        returns the ids that needed SIGKILL."""
+        killed = self._stop_all(
+            [(n.node_id, p, n.conf) for n in self.nodes if (p := self.pid(n)) is not None],
+            grace_s,
+        )
+        if self.namesrv is not None and (pid := self.namesrv_pid()) is not None:
+            killed += self._stop_all([(NAMESRV_ID, pid, self.namesrv.conf)], grace_s)
+        for pid_file in [n.pid_file for n in self.nodes] + (
+            [self.namesrv.pid_file] if self.namesrv else []
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                Path(pid_file).unlink()
+        return killed
+
+    @staticmethod
+    def _stop_all(running: list[tuple[str, int, str]], grace_s: float) -> list[str]:
+        for _name, pid, _conf in running:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)  # a paused node cannot handle SIGTERM
+                os.kill(pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
                 os.kill(pid, signal.SIGTERM)
         killed = []
-        for n, pid in running:
-            if not self._wait_gone(n, pid, grace_s):
+        for name, pid, conf in running:
+            if not _wait_pid_gone(pid, conf, grace_s):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                self._wait_gone(n, pid, 5.0)
-                killed.append(n.node_id)
-        for n in self.nodes:
-            with contextlib.suppress(FileNotFoundError):
-                Path(n.pid_file).unlink()
+                _wait_pid_gone(pid, conf, 5.0)
+                killed.append(name)
         return killed
 
     def purge(self) -> None:
@@ -285,6 +413,14 @@ class LocalCluster:
         return rows
 
 
+def namesrv_line(cluster: LocalCluster) -> str:
+    if cluster.namesrv is None:
+        return "namesrv: none (--no-namesrv)"
+    pid = cluster.namesrv_pid()
+    state = f"pid {pid}" if pid is not None else "DOWN"
+    return f"namesrv: {cluster.namesrv.addr} {state}; log {cluster.namesrv.log}"
+
+
 def format_table(rows: list[dict[str, object]]) -> str:
     if not rows:
         return "(no nodes)"
@@ -306,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--group", default="broker-a")
     up.add_argument("--auto-ports", action="store_true", help="pick free ports")
     up.add_argument(
+        "--no-namesrv", action="store_true", help="do not start a NameServer (nodes only)"
+    )
+    up.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="extra broker.conf key"
     )
     sub.add_parser("status", help="show every node")
@@ -326,7 +465,13 @@ def main(argv: list[str] | None = None) -> int:
                 if not sep:
                     parser.error(f"--set {item!r}: expected KEY=VALUE")
                 extra[key] = value
-            cluster.configure(ns.nodes, group=ns.group, auto_ports=ns.auto_ports, extra=extra)
+            cluster.configure(
+                ns.nodes,
+                group=ns.group,
+                auto_ports=ns.auto_ports,
+                extra=extra,
+                namesrv=not ns.no_namesrv,
+            )
             try:
                 leader = cluster.up()
             except ClusterError:
@@ -334,17 +479,23 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             print(f"group {cluster.group}: leader {leader}; logs and data in {cluster.base}")
             print(format_table(cluster.status_rows()))
+            print(namesrv_line(cluster))
         elif ns.cmd == "status":
             if not cluster.nodes:
                 raise ClusterError(f"no cluster in {cluster.base}; run 'mqcluster up'")
             rows = cluster.status_rows()
             print(format_table(rows))
+            print(namesrv_line(cluster))
             return 0 if any(r["role"] == "LEADER" for r in rows) else 1
         elif ns.cmd == "kill":
-            pid = cluster.signal(ns.node, signal.Signals[f"SIG{ns.signal}"])
+            sig = signal.Signals[f"SIG{ns.signal}"]
+            if ns.node == NAMESRV_ID:
+                pid = cluster.signal_namesrv(sig)
+            else:
+                pid = cluster.signal(ns.node, sig)
             print(f"sent SIG{ns.signal} to {ns.node} (pid {pid})")
         elif ns.cmd == "start":
-            pid = cluster.start(ns.node)
+            pid = cluster.start_namesrv() if ns.node == NAMESRV_ID else cluster.start(ns.node)
             print(f"started {ns.node} (pid {pid})")
         elif ns.cmd == "down":
             killed = cluster.down()

@@ -74,6 +74,19 @@ def _parse_optional_str(text: str) -> str:
     return text.strip()
 
 
+def _parse_namesrv_addr(text: str) -> str:
+    """``a:9876;b:9876`` (empty: no NameServer); normalized to ``;`` without spaces."""
+    addrs = [a.strip() for a in text.split(";") if a.strip()]
+    for addr in addrs:
+        host, colon, port_text = addr.rpartition(":")
+        if not colon or not host:
+            raise ValueError(f"entry {addr!r} is not host:port")
+        _parse_port(port_text)
+    if len(set(addrs)) != len(addrs):
+        raise ValueError(f"repeats an address: {addrs}")
+    return ";".join(addrs)
+
+
 def _parse_flush(text: str) -> FlushDiskType:
     try:
         return FlushDiskType[text.strip()]
@@ -133,7 +146,12 @@ KEYS: Mapping[str, _Key] = {
     "mappedFileSizeCommitLog": _Key(
         _parse_int(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
     ),
-    "namesrvAddr": _Key(_parse_optional_str, "", "host:port;... of the NameServers"),
+    "namesrvAddr": _Key(_parse_namesrv_addr, "", "host:port;... of the NameServers"),
+    # RocketMQ's registerNameServerPeriod default (30 s); at least 100 ms (a NameServer call
+    # per node per period), at most 10 minutes (NameServers drop nodes silent for 2 minutes).
+    "registerBrokerPeriod": _Key(
+        _parse_int(100, 600_000), "30000", "ms between registrations with each NameServer"
+    ),
     "preferredLeaderId": _Key(_parse_optional_str, "", "node id that should lead when healthy"),
     "fileReservedTime": _Key(_parse_int(1, 24 * 365 * 10), "72", "hours a segment is kept"),
     "deleteWhen": _Key(_parse_delete_when, "04", "hours of day when old segments are deleted"),
@@ -179,6 +197,7 @@ class BrokerConfig:
     flushIntervalCommitLog: int
     mappedFileSizeCommitLog: int
     namesrvAddr: str
+    registerBrokerPeriod: int
     preferredLeaderId: str
     fileReservedTime: int
     deleteWhen: str
@@ -204,6 +223,10 @@ class BrokerConfig:
     @property
     def client_addr(self) -> str:
         return f"{self.brokerIP1}:{self.listenPort}"
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [a for a in self.namesrvAddr.split(";") if a]
 
     @property
     def dledger_dir(self) -> Path:

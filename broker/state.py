@@ -279,7 +279,9 @@ class BrokerStateMachine:
         self._snapshot_future: concurrent.futures.Future[None] | None = None
         self._opened = False
         self.role: Role = Role.FOLLOWER
+        self.term = 0
         self.leader_id: str | None = None
+        self._change_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ wiring
 
@@ -290,6 +292,15 @@ class BrokerStateMachine:
 
     def add_listener(self, listener: DispatchListener) -> None:
         self._listeners.append(listener)
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Called (in the applying thread) after a role/term/leader change and after a topic
+        was created, updated or deleted: what the NameServers must hear about at once."""
+        self._change_listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._change_listeners:
+            listener()
 
     @property
     def log(self) -> CommitLog:
@@ -315,7 +326,9 @@ class BrokerStateMachine:
 
     def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
         self.role = role
+        self.term = term
         self.leader_id = leader_id
+        self._changed()
 
     def apply(self, entries: Sequence[Entry]) -> None:
         assert self._opened, "applied_index() opens the state machine first"
@@ -402,8 +415,11 @@ class BrokerStateMachine:
     def _apply_topic(self, entry: Entry) -> None:
         op, topic = decode_topic_record(entry.body)
         if op == TOPIC_UPSERT or (op == TOPIC_CREATE_IF_ABSENT and topic.name not in self.topics):
+            changed = self.topics.get(topic.name) != topic
             self.topics[topic.name] = topic
             logger.info("topic set topic=%s config=%s index=%d", topic.name, topic, entry.index)
+            if changed:
+                self._changed()
         elif op == TOPIC_DELETE and topic.name in self.topics:
             del self.topics[topic.name]
             for key in [k for k in self.offsets if k[1] == topic.name]:
@@ -413,6 +429,7 @@ class BrokerStateMachine:
             # The queues' files are gone: a snapshot from before the delete no longer matches
             # the disk, so write one now (a crash in between is caught by the queue check).
             self._write_snapshot()
+            self._changed()
 
     # ------------------------------------------------------------------ queries
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from broker.cluster import LocalCluster
+from broker.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
 
 # Every node PID a test started, to prove at the end that none outlived its test.
 _STARTED: list[tuple[int, str]] = []
@@ -27,23 +34,36 @@ def local_group(tmp_path: Path) -> Iterator[ClusterFactory]:
     """
     clusters: list[LocalCluster] = []
 
-    def make(nodes: int = 3, wait: bool = True, **conf: object) -> LocalCluster:
+    def make(
+        nodes: int = 3, wait: bool = True, namesrv: bool = False, **conf: object
+    ) -> LocalCluster:
+        """``namesrv=True``: the group also gets its own NameServer (``cluster.namesrv``)."""
         extra = {"mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES)}
         extra.update({k: str(v) for k, v in conf.items()})
         cluster = LocalCluster(tmp_path / f"group{len(clusters)}")
         clusters.append(cluster)
-        cluster.configure(nodes, auto_ports=True, extra=extra)
+        cluster.configure(nodes, auto_ports=True, extra=extra, namesrv=namesrv)
         original_start = cluster.start
+        original_start_namesrv = cluster.start_namesrv
 
         def start(node_id: str) -> int:
             pid = original_start(node_id)
             _STARTED.append((pid, cluster.node(node_id).conf))
             return pid
 
+        def start_namesrv() -> int:
+            pid = original_start_namesrv()
+            assert cluster.namesrv is not None
+            _STARTED.append((pid, cluster.namesrv.conf))
+            return pid
+
         cluster.start = start  # type: ignore[method-assign]
+        cluster.start_namesrv = start_namesrv  # type: ignore[method-assign]
         if wait:
             cluster.up()
         else:
+            if cluster.namesrv is not None:
+                cluster.start_namesrv()
             for n in cluster.nodes:
                 cluster.start(n.node_id)
         return cluster
@@ -53,9 +73,83 @@ def local_group(tmp_path: Path) -> Iterator[ClusterFactory]:
         cluster.down(grace_s=5.0)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from broker.cluster import _pid_alive
+@dataclass
+class NameServerProc:
+    """A NameServer process started by the ``name_servers`` fixture."""
 
+    port: int
+    conf: str
+    log: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 5.0) -> int | None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5.0)
+        return self.proc.returncode
+
+
+NameServerFactory = Callable[..., NameServerProc]
+
+
+@pytest.fixture
+def name_servers(tmp_path: Path) -> Iterator[NameServerFactory]:
+    """``name_servers(**conf)`` starts one ``mqnamesrv`` on a free port (``conf``: its config
+    keys) and waits until it listens. Every one is stopped when the test ends."""
+    started: list[NameServerProc] = []
+
+    def make(**conf: object) -> NameServerProc:
+        port = _free_port()
+        base = tmp_path / f"namesrv{len(started)}"
+        conf_path, log_path = base.with_suffix(".conf"), base.with_suffix(".log")
+        values = {"listenPort": port, **conf}
+        conf_path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nameserver", "-c", str(conf_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        ns = NameServerProc(port, str(conf_path), str(log_path), proc)
+        started.append(ns)
+        _STARTED.append((proc.pid, str(conf_path)))
+        _wait_listening(ns)
+        return ns
+
+    yield make
+    for ns in started:
+        ns.stop()
+        _wait_pid_gone(ns.proc.pid, ns.conf, 5.0)
+
+
+def _wait_listening(ns: NameServerProc, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not ns.alive():
+            raise AssertionError(f"NameServer exited at start: {Path(ns.log).read_text()}")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", ns.port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"NameServer not listening on {ns.addr} within {timeout_s} s")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stray = [pid for pid, conf in _STARTED if _pid_alive(pid, conf)]
     for pid in stray:
         os.kill(pid, 9)

@@ -34,6 +34,14 @@ def test_good_config_with_rocketmq_keys() -> None:
     assert str(cfg.dledger_dir) == "/tmp/rmqstore/node01/dledger-n1"
 
 
+def test_namesrv_addr_and_register_period() -> None:
+    cfg = parse_config(GOOD)
+    assert (cfg.namesrvAddr, cfg.namesrv_addrs, cfg.registerBrokerPeriod) == ("", [], 30_000)
+    cfg = parse_config(GOOD + "namesrvAddr= a:9876 ; b:9877;\nregisterBrokerPeriod=1000\n")
+    assert cfg.namesrv_addrs == ["a:9876", "b:9877"]
+    assert cfg.registerBrokerPeriod == 1000
+
+
 def test_defaults_group_to_broker_name_and_sync_flush() -> None:
     cfg = parse_config("dLegerPeers=n0-127.0.0.1:40911\ndLegerSelfId=n0\nbrokerName=b\n")
     assert cfg.dLegerGroup == "b"
@@ -53,6 +61,9 @@ def test_defaults_group_to_broker_name_and_sync_flush() -> None:
         ("preferredLeaderId=n9\n", "key 'preferredLeaderId'"),
         ("listenPort=40911\n", "is a peer port"),
         ("brokerName=x\n", "key 'brokerName' is set twice"),
+        ("namesrvAddr=localhost\n", "key 'namesrvAddr'"),
+        ("namesrvAddr=a:1;a:1\n", "repeats an address"),
+        ("registerBrokerPeriod=10\n", "key 'registerBrokerPeriod': '10' is out of range"),
     ],
 )
 def test_each_mistake_names_its_key(extra: str, needle: str) -> None:

@@ -1,0 +1,1 @@
+"""The NameServer (``mqnamesrv``): broker registration and topic routes, in memory."""

@@ -1,0 +1,238 @@
+"""``raftmq.nameserver.v1.NameServer`` over grpc.aio: the route table plus its expiry scan.
+
+Errors map to gRPC status codes in :data:`_STATUS` and only there; the detail starts with the
+error's stable code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from raftmq.nameserver.v1 import nameserver_pb2 as pb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
+
+from nameserver.config import NameServerConfig
+from nameserver.routes import (
+    InvalidRequestError,
+    NameServerError,
+    Registration,
+    RouteTable,
+    TooManyBrokersError,
+    TopicNotExistError,
+    TopicRoute,
+)
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "raftmq.nameserver.v1.NameServer"
+# RocketMQ binds the NameServer on every interface.
+BIND_HOST = "0.0.0.0"
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    # Without this a second process on the same port "succeeds" and steals connections.
+    ("grpc.so_reuseport", 0),
+]
+# In-flight RPCs get this long to finish when the server stops.
+STOP_GRACE_S = 0.5
+
+_STATUS: dict[type[NameServerError], grpc.StatusCode] = {
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    TopicNotExistError: grpc.StatusCode.NOT_FOUND,
+    TooManyBrokersError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+class StartError(Exception):
+    """The NameServer cannot start (port busy). One line, for the CLI."""
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+_Handler = Callable[[Any, _Req, grpc.aio.ServicerContext], Awaitable[_Resp]]
+
+
+def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: _Req, context: grpc.aio.ServicerContext) -> _Resp:
+        try:
+            return await fn(self, request, context)
+        except NameServerError as exc:
+            status = _STATUS.get(type(exc), grpc.StatusCode.INTERNAL)
+            await context.abort(status, f"{exc.code} {exc}")
+            raise AssertionError("unreachable") from None  # abort raises
+
+    return wrapper
+
+
+def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:
+    return Registration(
+        cluster=req.cluster,
+        broker_name=req.broker_name,
+        node_id=req.node_id,
+        role=pb.BrokerRole.Name(req.role),
+        client_addr=req.client_addr,
+        term=req.term,
+        topics=tuple(
+            TopicRoute(t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm)
+            for t in req.topics
+        ),
+        heartbeat_period_ms=req.heartbeat_period_ms,
+    )
+
+
+class NameServerServicer(pb_grpc.NameServerServicer):
+    def __init__(self, table: RouteTable) -> None:
+        self.table = table
+
+    @_rpc
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterBrokerResponse:
+        self.table.register(registration_from_pb(request))
+        return pb.RegisterBrokerResponse(broker_expired_time_ms=self.table.broker_expired_time_ms)
+
+    @_rpc
+    async def UnregisterBroker(
+        self, request: pb.UnregisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterBrokerResponse:
+        removed = self.table.unregister(request.cluster, request.broker_name, request.node_id)
+        return pb.UnregisterBrokerResponse(removed=removed)
+
+    @_rpc
+    async def GetRouteInfoByTopic(
+        self, request: pb.GetRouteInfoByTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetRouteInfoByTopicResponse:
+        if not request.topic:
+            raise InvalidRequestError("topic is empty")
+        groups = []
+        for g in self.table.route(request.topic):
+            groups.append(
+                pb.GroupRoute(
+                    cluster=g.cluster,
+                    broker_name=g.broker_name,
+                    read_queue_nums=g.topic.read_queue_nums,
+                    write_queue_nums=g.topic.write_queue_nums,
+                    perm=g.topic.perm,
+                    leader_id=g.leader.node_id if g.leader else "",
+                    leader_addr=g.leader.client_addr if g.leader else "",
+                    leader_term=g.leader.term if g.leader else 0,
+                    followers=[
+                        pb.NodeAddr(node_id=f.node_id, addr=f.client_addr) for f in g.followers
+                    ],
+                )
+            )
+        return pb.GetRouteInfoByTopicResponse(topic=request.topic, groups=groups)
+
+    @_rpc
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetClusterInfoResponse:
+        clusters: dict[str, pb.ClusterInfo] = {}
+        for g in self.table.cluster_info():
+            cluster = clusters.setdefault(g.cluster, pb.ClusterInfo(name=g.cluster))
+            cluster.groups.append(
+                pb.GroupInfo(
+                    broker_name=g.broker_name,
+                    leader_id=g.leader_id,
+                    members=[
+                        pb.MemberInfo(
+                            node_id=r.node_id,
+                            role=r.role,
+                            client_addr=r.client_addr,
+                            term=r.term,
+                            last_heartbeat_age_ms=age_ms,
+                            heartbeat_period_ms=r.heartbeat_period_ms,
+                            topic_count=len(r.topics),
+                        )
+                        for r, age_ms in g.members
+                    ],
+                )
+            )
+        return pb.GetClusterInfoResponse(clusters=[clusters[k] for k in sorted(clusters)])
+
+    @_rpc
+    async def GetAllTopicList(
+        self, request: pb.GetAllTopicListRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetAllTopicListResponse:
+        return pb.GetAllTopicListResponse(topics=self.table.all_topics())
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail with one clear line before gRPC core gets to log its own bind error."""
+    with socket.socket(socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise StartError(
+                f"port in use or not bindable: {host}:{port} ({exc.strerror})"
+            ) from None
+
+
+class NameServer:
+    """One NameServer: call :meth:`start`, then :meth:`stop`."""
+
+    def __init__(self, cfg: NameServerConfig, host: str = BIND_HOST) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.table = RouteTable(cfg.brokerExpiredTime)
+        self._server: grpc.aio.Server | None = None
+        self._scan_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_NameServerServicer_to_server(NameServerServicer(self.table), server)
+        health_servicer = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection(
+            [
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
+        _check_port_free(self.host, self.cfg.listenPort)
+        addr = f"{self.host}:{self.cfg.listenPort}"
+        try:
+            port = server.add_insecure_port(addr)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise StartError(f"port in use or not bindable: {addr}")
+        await server.start()
+        self._server = server
+        self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="scan")
+        logger.info(
+            "nameserver started addr=%s broker_expired_time_ms=%d scan_interval_ms=%d",
+            addr,
+            self.cfg.brokerExpiredTime,
+            self.cfg.scanNotActiveBrokerInterval,
+        )
+
+    async def _scan_loop(self) -> None:
+        period_s = self.cfg.scanNotActiveBrokerInterval / 1000
+        while True:
+            await asyncio.sleep(period_s)
+            self.table.scan_expired()
+
+    async def stop(self) -> None:
+        if self._scan_task is not None:
+            self._scan_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scan_task
+            self._scan_task = None
+        if self._server is not None:
+            await self._server.stop(grace=STOP_GRACE_S)
+            self._server = None
+        logger.info("nameserver stopped port=%d", self.cfg.listenPort)
