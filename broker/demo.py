@@ -25,6 +25,8 @@ from typing import TypeVar
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from broker.cluster import ClusterError, LocalCluster, format_table
 
@@ -75,7 +77,9 @@ class _Client:
                 if match and match.group(2):
                     addr = match.group(2)
                     continue
-                if exc.code() not in (
+                # No leader known yet (an election is running), or the node is unreachable:
+                # try the next node shortly. Anything else is a real error.
+                if not match and exc.code() not in (
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 ):
@@ -104,13 +108,57 @@ class _Client:
             offset = resp.next_begin_offset
 
 
+def _check_queue(acked: list[str], got: list[str]) -> str:
+    """Why ``got`` (a queue as consumed) fails "every acknowledged id exactly once, in send
+    order"; "" when it holds. Ids of sends that never got an answer may appear too."""
+    if len(set(got)) != len(got):
+        return "a message id appears twice"
+    position = {msg_id: i for i, msg_id in enumerate(got)}
+    missing = [m for m in acked if m not in position]
+    if missing:
+        return f"{len(missing)} acknowledged messages missing"
+    order = [position[m] for m in acked]
+    if order != sorted(order):
+        return "acknowledged messages out of send order"
+    return ""
+
+
+def _wait_route(cluster: LocalCluster, ok: Callable[[str], bool], timeout_s: float = 15.0) -> str:
+    """The NameServer's route for TOPIC once its leader satisfies ``ok``, as one line."""
+    assert cluster.namesrv is not None
+    deadline = time.monotonic() + timeout_s
+    text = "(no route)"
+    with grpc.insecure_channel(cluster.namesrv.addr) as channel:
+        stub = ns_grpc.NameServerStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                resp = stub.GetRouteInfoByTopic(
+                    ns_pb.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=2
+                )
+            except grpc.RpcError:
+                time.sleep(0.1)
+                continue
+            for g in resp.groups:
+                followers = ", ".join(f"{f.node_id}@{f.addr}" for f in g.followers)
+                text = (
+                    f"group {g.broker_name}: {g.write_queue_nums} queues, leader "
+                    f"{g.leader_id}@{g.leader_addr} (term {g.leader_term}), followers {followers}"
+                )
+                if ok(g.leader_id):
+                    return text
+            time.sleep(0.1)
+    return text
+
+
 def run(base_dir: Path) -> int:
     cluster = LocalCluster(base_dir / "group")
     # Small segments: the demo writes a few MB; default 1 GiB segments are for production.
-    cluster.configure(3, auto_ports=True, extra={"mappedFileSizeCommitLog": str(16 << 20)})
+    cluster.configure(
+        3, auto_ports=True, namesrv=True, extra={"mappedFileSizeCommitLog": str(16 << 20)}
+    )
     client = _Client(cluster)
     try:
-        _say("starting a 3-node broker group (one Raft group) on 127.0.0.1")
+        _say("starting a NameServer and a 3-node broker group (one Raft group) on 127.0.0.1")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
 
@@ -126,6 +174,8 @@ def run(base_dir: Path) -> int:
             )
         )
         print(f"created: {topic.topic.topic_name} queues={topic.topic.write_queue_nums}")
+        route = _wait_route(cluster, lambda leader_id: bool(leader_id))
+        print(f"NameServer route for {TOPIC}: {route}")
 
         _say(f"producing {DEMO_BATCHES} batches of {DEMO_BATCH_SIZE} messages over gRPC")
         sent: dict[int, list[str]] = {q: [] for q in range(DEMO_QUEUES)}
@@ -183,6 +233,8 @@ def run(base_dir: Path) -> int:
         after = [t for t in ack_times if t > killed_at]
         failover_ms = (after[0] - killed_at) * 1000 if after else float("nan")
         total = sum(len(v) for v in sent.values())
+        route = _wait_route(cluster, lambda leader_id: leader_id == new_leader)
+        print(f"NameServer route for {TOPIC} now: {route}")
         print(
             f"new leader: {new_leader}; failover (kill -> next acknowledged send): "
             f"{failover_ms:.0f} ms"
@@ -211,12 +263,10 @@ def run(base_dir: Path) -> int:
             for q in range(DEMO_QUEUES):
                 got = [m.msg_id for m in client.pull_queue(n.client_addr, q)]
                 counts.append(len(got))
-                if got != sent[q]:
+                problem = _check_queue(sent[q], got)
+                if problem:
                     ok = False
-                    print(
-                        f"  {n.node_id} queue {q}: {len(got)} messages, expected {len(sent[q])}"
-                        " in send order"
-                    )
+                    print(f"  {n.node_id} queue {q}: {problem}")
             print(f"  {n.node_id}: messages per queue {counts}")
         sample = client.stub(cluster.client_addrs[0]).QueryMessageByKey(
             pb.QueryMessageByKeyRequest(topic=TOPIC, key="order-7-3"), timeout=5
