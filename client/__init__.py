@@ -1,0 +1,47 @@
+"""raftmq client: NameServer routing, producer, pull and push consumers (docs/CLIENT.md).
+
+Depends only on the generated protos (``raftmq.*.v1``), grpc, tenacity and the stdlib.
+"""
+
+from client.admin import MQAdmin
+from client.allocate import (
+    AllocateMessageQueueAveragely,
+    AllocateMessageQueueAveragelyByCircle,
+    AllocateMessageQueueConsistentHash,
+)
+from client.consumer import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    MessageModel,
+    PullConsumer,
+    PullResult,
+    PushConsumer,
+)
+from client.errors import MQClientError
+from client.message import Message, MessageExt, MessageQueue, SendResult
+from client.producer import (
+    MessageQueueSelector,
+    Producer,
+    SelectMessageQueueByHash,
+)
+
+__all__ = [
+    "AllocateMessageQueueAveragely",
+    "AllocateMessageQueueAveragelyByCircle",
+    "AllocateMessageQueueConsistentHash",
+    "ConsumeFromWhere",
+    "ConsumeStatus",
+    "MQAdmin",
+    "MQClientError",
+    "Message",
+    "MessageExt",
+    "MessageModel",
+    "MessageQueue",
+    "MessageQueueSelector",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PushConsumer",
+    "SelectMessageQueueByHash",
+    "SendResult",
+]

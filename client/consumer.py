@@ -1,0 +1,614 @@
+"""Consumers: ``PullConsumer`` (the caller picks queues and offsets) and ``PushConsumer``
+(a long-polling loop per assigned queue calling a listener, with rebalancing).
+
+PushConsumer in **clustering** mode splits a topic's queues among the live consumers of its
+group: every ``HEARTBEAT_INTERVAL_S`` it heartbeats to every node of every broker group of its
+topics, reads the group's consumer list and, when the list or the route changed (and at least
+every ``REBALANCE_INTERVAL_S``), recomputes its share with the allocation strategy
+(``client.allocate``). Offsets are committed to the broker after the listener returned
+``CONSUME_SUCCESS`` (every ``OFFSET_PERSIST_INTERVAL_S``, synchronously when a queue is given
+up and on shutdown). In **broadcasting** mode every consumer takes every queue and keeps its
+offsets in a local JSON file.
+
+Each assigned queue is served by one thread that pulls and calls the listener in queue order,
+so messages of one queue are consumed one batch at a time in queue order (orderly per queue).
+
+``RECONSUME_LATER`` (or an exception from the listener): the same batch is redelivered in place
+after ``RECONSUME_DELAY_S``, blocking its queue meanwhile. Retry topics
+(``%RETRY%{group}``, delay levels, DLQ) come with issue #7.
+
+Limitation: the broker forgets a consumer only when its heartbeats stop for 120 s (there is no
+unregister RPC yet), so the queues of a consumer that shut down are reassigned after that.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+
+from client.allocate import AllocateMessageQueueAveragely, AllocateStrategy
+from client.errors import MQClientError
+from client.message import MessageExt, MessageQueue, new_client_id
+from client.route import RETRYABLE_STATUSES, ChannelPool, RouteClient
+
+log = logging.getLogger(__name__)
+
+# How often a push consumer heartbeats and checks the consumer list and routes.
+HEARTBEAT_INTERVAL_S = 1.0
+# A rebalance at least this often even when nothing seems to have changed (RocketMQ: 20 s).
+REBALANCE_INTERVAL_S = 5.0
+# Offsets of consumed messages reach the broker (or the local file) at least this often.
+OFFSET_PERSIST_INTERVAL_S = 1.0
+# Long-polling hold asked of the broker (its default; the broker caps it at 60 s).
+LONG_POLL_SUSPEND_MS = 15_000
+# Extra time on top of the hold before a pull RPC is given up.
+PULL_RPC_MARGIN_S = 5.0
+# Unary calls other than pulls.
+RPC_TIMEOUT_S = 3.0
+# One heartbeat to one node: short, so an unreachable node does not delay the others' view.
+HEARTBEAT_RPC_S = 1.0
+# Messages per pull (RocketMQ's pullBatchSize) and per listener call (consumeMessageBatchMaxSize).
+PULL_BATCH_SIZE = 32
+CONSUME_BATCH_SIZE = 1
+# Before a RECONSUME_LATER batch is delivered again in place (until retry topics, issue #7).
+RECONSUME_DELAY_S = 1.0
+# After a failed pull, before the next (the route is refreshed meanwhile).
+PULL_ERROR_BACKOFF_S = 0.5
+# Threads serving assigned queues; queues beyond wait for a free thread.
+MAX_QUEUE_THREADS = 64
+# How often a waiting thread checks for shutdown.
+STOP_POLL_S = 0.1
+# Where broadcasting consumers keep offsets by default (RocketMQ: ~/.rocketmq_offsets).
+DEFAULT_OFFSET_STORE_DIR = Path.home() / ".raftmq_offsets"
+
+
+class ConsumeStatus(enum.Enum):
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class MessageModel(enum.Enum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFromWhere(enum.Enum):
+    """Where a queue without a stored offset starts."""
+
+    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str  # FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL
+    messages: list[MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+MessageListener = Callable[[list[MessageExt]], ConsumeStatus]
+
+
+def parse_tags(expression: str) -> frozenset[str] | None:
+    """``"TagA || TagB"`` -> {TagA, TagB}; ``"*"`` or empty -> None (everything)."""
+    expr = expression.strip()
+    if expr in ("", "*"):
+        return None
+    tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
+    if not tags:
+        raise MQClientError("INVALID_SUBSCRIPTION", "INVALID_ARGUMENT", repr(expression))
+    return tags
+
+
+def _local_host() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class _ClientBase:
+    def __init__(self, group: str, namesrv_addr: str) -> None:
+        if not group:
+            raise MQClientError("INVALID_GROUP", "INVALID_ARGUMENT", "a consumer group is required")
+        self.group = group
+        self.namesrv_addr = namesrv_addr
+        self._channels = ChannelPool()
+        self._routes_client: RouteClient | None = None
+
+    @property
+    def _routes(self) -> RouteClient:
+        if self._routes_client is None:
+            raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
+        return self._routes_client
+
+    def _start_routes(self) -> None:
+        if self._routes_client is None:
+            self._routes_client = RouteClient(self.namesrv_addr, self._channels)
+
+    def _close(self) -> None:
+        self._channels.close()
+        self._routes_client = None
+
+    def fetch_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's readable queues over every broker group, sorted."""
+        return sorted(self._routes.get_route(topic).read_queues())
+
+    def _pull_request(
+        self, mq: MessageQueue, offset: int, max_nums: int, expression: str, suspend_ms: int
+    ) -> pb.PullMessageRequest:
+        return pb.PullMessageRequest(
+            consumer_group=self.group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            max_msgs=max_nums,
+            subscription=expression,
+            suspend_timeout_ms=suspend_ms,
+            no_suspend=suspend_ms <= 0,
+        )
+
+    @staticmethod
+    def _to_result(
+        mq: MessageQueue, resp: pb.PullMessageResponse, tags: frozenset[str] | None
+    ) -> PullResult:
+        messages = [
+            MessageExt.from_pb(m, mq.broker_name)
+            for m in resp.messages
+            if tags is None or m.tags in tags  # exact tag check on the client too
+        ]
+        return PullResult(
+            pb.PullStatus.Name(resp.status),
+            messages,
+            resp.next_begin_offset,
+            resp.min_offset,
+            resp.max_offset,
+        )
+
+    def fetch_offset(self, mq: MessageQueue) -> int:
+        """The group's committed offset of the queue (the leader's newest); -1 when none."""
+
+        def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> int:
+            resp = stub.QueryConsumerOffset(
+                pb.QueryConsumerOffsetRequest(
+                    consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id
+                ),
+                timeout=min(timeout_s, RPC_TIMEOUT_S),
+            )
+            return int(resp.queue_offset)
+
+        return self._routes.call_leader(mq.topic, mq.broker_name, call, RPC_TIMEOUT_S * 2)
+
+    def update_offset(self, mq: MessageQueue, offset: int, sync: bool = True) -> None:
+        """Commit the group's offset of the queue (``sync``: answered after the commit)."""
+
+        def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> None:
+            stub.UpdateConsumerOffset(
+                pb.UpdateConsumerOffsetRequest(
+                    consumer_group=self.group,
+                    topic=mq.topic,
+                    queue_id=mq.queue_id,
+                    queue_offset=offset,
+                    sync=sync,
+                ),
+                timeout=min(timeout_s, RPC_TIMEOUT_S),
+            )
+
+        self._routes.call_leader(mq.topic, mq.broker_name, call, RPC_TIMEOUT_S * 2)
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> int:
+            resp = stub.GetQueueOffsets(
+                pb.GetQueueOffsetsRequest(topic=mq.topic, queue_id=mq.queue_id),
+                timeout=min(timeout_s, RPC_TIMEOUT_S),
+            )
+            return int(resp.max_offset)
+
+        return self._routes.call_leader(mq.topic, mq.broker_name, call, RPC_TIMEOUT_S * 2)
+
+
+class PullConsumer(_ClientBase):
+    """The caller picks queues and offsets: ``fetch_queues``, ``pull``, ``update_offset``,
+    ``fetch_offset``."""
+
+    def start(self) -> None:
+        self._start_routes()
+
+    def shutdown(self) -> None:
+        self._close()
+
+    def __enter__(self) -> PullConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def pull(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int = PULL_BATCH_SIZE,
+        expression: str = "*",
+        suspend_timeout_ms: int = 0,
+    ) -> PullResult:
+        """Up to ``max_nums`` messages of ``mq`` from ``offset`` matching ``expression``; with
+        ``suspend_timeout_ms`` the broker holds the call until a message arrives (long poll).
+        Tries the group's leader first, then the other nodes while one is unreachable."""
+        tags = parse_tags(expression)
+        request = self._pull_request(mq, offset, max_nums, expression, suspend_timeout_ms)
+        timeout_s = suspend_timeout_ms / 1000 + PULL_RPC_MARGIN_S
+        last: MQClientError | None = None
+        for addr in self._routes.any_addr(mq.topic, mq.broker_name):
+            try:
+                resp = self._channels.broker(addr).PullMessage(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                last = MQClientError.from_rpc(exc)
+                if exc.code() not in RETRYABLE_STATUSES:
+                    raise last from exc
+                continue
+            return self._to_result(mq, resp, tags)
+        self._routes.invalidate(mq.topic)
+        raise last or MQClientError("NO_ROUTE", "UNAVAILABLE", f"no node for {mq.key()}")
+
+
+class _ProcessQueue:
+    """One assigned queue: its pull/consume thread's state."""
+
+    def __init__(self, mq: MessageQueue, expression: str) -> None:
+        self.mq = mq
+        self.expression = expression
+        self.tags = parse_tags(expression)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.consumed_offset = -1  # next offset to consume; -1 until known
+        self.persisted_offset = -1
+        # Held while an offset of this queue is being committed, so commits never reorder.
+        self.persist_lock = threading.Lock()
+        self.future: Future[None] | None = None
+
+    def running(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+
+class PushConsumer(_ClientBase):
+    """``PushConsumer(group, namesrv_addr)``; ``subscribe(topic, "TagA || TagB")``,
+    ``register_listener(fn)``, ``start()``, ``shutdown()``. See the module docstring."""
+
+    def __init__(
+        self,
+        group: str,
+        namesrv_addr: str,
+        message_model: MessageModel = MessageModel.CLUSTERING,
+        *,
+        allocate_strategy: AllocateStrategy = AllocateMessageQueueAveragely,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        consume_batch_size: int = CONSUME_BATCH_SIZE,
+        pull_batch_size: int = PULL_BATCH_SIZE,
+        offset_store_dir: str | os.PathLike[str] | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        super().__init__(group, namesrv_addr)
+        self.message_model = message_model
+        self.allocate_strategy = allocate_strategy
+        self.consume_from_where = consume_from_where
+        self.consume_batch_size = max(1, consume_batch_size)
+        self.pull_batch_size = max(1, pull_batch_size)
+        self.client_id = client_id or new_client_id(_local_host())
+        self._subscriptions: dict[str, str] = {}
+        self._listener: MessageListener | None = None
+        self._queues: dict[MessageQueue, _ProcessQueue] = {}
+        self._dropping: list[_ProcessQueue] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._last_view: dict[str, tuple[tuple[MessageQueue, ...], tuple[str, ...]]] = {}
+        store_dir = Path(offset_store_dir) if offset_store_dir else DEFAULT_OFFSET_STORE_DIR
+        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.client_id)
+        self._offset_file = store_dir / safe_id / self.group / "offsets.json"
+        self._local_offsets: dict[str, int] = {}
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        parse_tags(expression)
+        self._subscriptions[topic] = expression
+
+    def register_listener(self, listener: MessageListener) -> None:
+        self._listener = listener
+
+    def assigned_queues(self) -> list[MessageQueue]:
+        with self._lock:
+            return sorted(self._queues)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if self._listener is None or not self._subscriptions:
+            raise MQClientError(
+                "NOT_READY", "FAILED_PRECONDITION", "subscribe() and register_listener() first"
+            )
+        self._start_routes()
+        if self.message_model is MessageModel.BROADCASTING and self._offset_file.exists():
+            self._local_offsets = {
+                k: int(v) for k, v in json.loads(self._offset_file.read_text()).items()
+            }
+        self._stop.clear()
+        self._executor = ThreadPoolExecutor(MAX_QUEUE_THREADS, thread_name_prefix="consume")
+        self._thread = threading.Thread(
+            target=self._run, name=f"rebalance-{self.client_id}", daemon=True
+        )
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stops every thread, then commits every consumed offset (synchronously)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            pqs = list(self._queues.values()) + self._dropping
+            self._queues, self._dropping = {}, []
+        for pq in pqs:
+            pq.stop.set()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._persist(pqs, sync=True)
+        self._close()
+
+    def __enter__(self) -> PushConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- rebalance ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_rebalance = 0.0
+        last_persist = time.monotonic()
+        while not self._stop.is_set():
+            changed = False
+            for topic in list(self._subscriptions):
+                try:
+                    changed |= self._refresh_view(topic)
+                except MQClientError as exc:
+                    log.warning("client=%s topic=%s view failed: %s", self.client_id, topic, exc)
+            now = time.monotonic()
+            if changed or now - last_rebalance >= REBALANCE_INTERVAL_S:
+                self._rebalance()
+                last_rebalance = now
+            if now - last_persist >= OFFSET_PERSIST_INTERVAL_S:
+                with self._lock:
+                    pqs = list(self._queues.values())
+                self._persist(pqs, sync=False)
+                last_persist = now
+            self._stop.wait(HEARTBEAT_INTERVAL_S)
+
+    def _refresh_view(self, topic: str) -> bool:
+        """Heartbeat, then the topic's queues and the group's consumers; True when changed."""
+        routes = self._routes
+        route = routes.get_route(topic)
+        queues = tuple(sorted(route.read_queues()))
+        if self.message_model is MessageModel.BROADCASTING:
+            clients: tuple[str, ...] = (self.client_id,)
+        else:
+            request = pb.HeartbeatRequest(
+                client_id=self.client_id,
+                consumer_group=self.group,
+                subscriptions=[
+                    pb.Subscription(topic=t, expression=e) for t, e in self._subscriptions.items()
+                ],
+            )
+            # Every node of every group, not only the leader: the broker keeps heartbeats in
+            # the memory of the node that got them, so after a failover the new leader
+            # already knows every consumer and the split does not wobble.
+            calls = [
+                self._channels.broker(addr).Heartbeat.future(request, timeout=HEARTBEAT_RPC_S)
+                for g in route.groups
+                for addr in g.addrs
+            ]
+            for call in calls:
+                try:
+                    call.result()
+                except grpc.RpcError as exc:
+                    log.debug("heartbeat failed: %s", MQClientError.from_rpc(exc))
+
+            def members(stub: bpb_grpc.BrokerStub, timeout_s: float) -> tuple[str, ...]:
+                resp = stub.GetConsumerList(
+                    pb.GetConsumerListRequest(consumer_group=self.group),
+                    timeout=min(timeout_s, RPC_TIMEOUT_S),
+                )
+                return tuple(sorted(resp.client_ids))
+
+            found: set[str] = set()
+            for g in route.groups:
+                try:
+                    found.update(routes.call_leader(topic, g.broker_name, members, RPC_TIMEOUT_S))
+                except MQClientError as exc:
+                    log.warning("consumer list from %s failed: %s", g.broker_name, exc)
+            found.add(self.client_id)
+            clients = tuple(sorted(found))
+        view = (queues, clients)
+        changed = self._last_view.get(topic) != view
+        self._last_view[topic] = view
+        return changed
+
+    def _rebalance(self) -> None:
+        wanted: dict[MessageQueue, str] = {}
+        for topic, expression in self._subscriptions.items():
+            view = self._last_view.get(topic)
+            if view is None:
+                continue
+            queues, clients = view
+            if self.message_model is MessageModel.BROADCASTING:
+                mine = list(queues)
+            else:
+                mine = self.allocate_strategy(self.group, self.client_id, queues, clients)
+            for mq in mine:
+                wanted[mq] = expression
+        executor = self._executor
+        if executor is None:
+            return
+        with self._lock:
+            self._dropping = [pq for pq in self._dropping if pq.running()]
+            for mq in [mq for mq in self._queues if mq not in wanted]:
+                pq = self._queues.pop(mq)
+                pq.stop.set()  # its thread commits the offset synchronously as it leaves
+                self._dropping.append(pq)
+                log.info("client=%s drops %s", self.client_id, mq.key())
+            busy = {pq.mq for pq in self._dropping}
+            for mq, expression in wanted.items():
+                if mq in self._queues or mq in busy:
+                    continue
+                pq = _ProcessQueue(mq, expression)
+                self._queues[mq] = pq
+                pq.future = executor.submit(self._serve, pq)
+                log.info("client=%s takes %s", self.client_id, mq.key())
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    def _initial_offset(self, mq: MessageQueue) -> int:
+        if self.message_model is MessageModel.BROADCASTING:
+            stored = self._local_offsets.get(mq.key(), -1)
+        else:
+            stored = self.fetch_offset(mq)
+        if stored >= 0:
+            return stored
+        if self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET:
+            return self.max_offset(mq)
+        return 0
+
+    def _persist(self, pqs: Sequence[_ProcessQueue], sync: bool) -> None:
+        todo = []
+        for pq in pqs:
+            with pq.lock:
+                if pq.consumed_offset >= 0 and pq.consumed_offset != pq.persisted_offset:
+                    todo.append((pq, pq.consumed_offset))
+        if not todo:
+            return
+        if self.message_model is MessageModel.BROADCASTING:
+            with self._lock:
+                for pq, offset in todo:
+                    self._local_offsets[pq.mq.key()] = offset
+                data = json.dumps(self._local_offsets, sort_keys=True)
+            self._offset_file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self._offset_file.parent, prefix=".offsets-")
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+            os.replace(tmp, self._offset_file)
+            for pq, offset in todo:
+                pq.persisted_offset = offset
+            return
+        for pq, _ in todo:
+            with pq.persist_lock:
+                with pq.lock:
+                    offset = pq.consumed_offset
+                if offset == pq.persisted_offset:
+                    continue
+                try:
+                    self.update_offset(pq.mq, offset, sync=sync)
+                except MQClientError as exc:
+                    log.warning("offset commit %s=%d failed: %s", pq.mq.key(), offset, exc)
+                    continue
+                with pq.lock:
+                    pq.persisted_offset = offset
+
+    # -- one queue ------------------------------------------------------------------------------
+
+    def _serve(self, pq: _ProcessQueue) -> None:
+        try:
+            self._serve_loop(pq)
+        except Exception:
+            log.exception("client=%s queue %s failed", self.client_id, pq.mq.key())
+        finally:
+            if not self._stop.is_set():  # given up by a rebalance: hand over the offset now
+                self._persist([pq], sync=True)
+
+    def _pull_once(self, pq: _ProcessQueue, offset: int, addr: str) -> PullResult | None:
+        request = self._pull_request(
+            pq.mq, offset, self.pull_batch_size, pq.expression, LONG_POLL_SUSPEND_MS
+        )
+        call = self._channels.broker(addr).PullMessage.future(
+            request, timeout=LONG_POLL_SUSPEND_MS / 1000 + PULL_RPC_MARGIN_S
+        )
+        while True:
+            try:
+                resp = call.result(timeout=STOP_POLL_S)
+                break
+            except grpc.FutureTimeoutError:
+                if pq.stop.is_set() or self._stop.is_set():
+                    call.cancel()
+                    return None
+        return self._to_result(pq.mq, resp, pq.tags)
+
+    def _serve_loop(self, pq: _ProcessQueue) -> None:
+        offset = -1
+        node = 0
+        while not pq.stop.is_set():
+            try:
+                if offset < 0:
+                    offset = self._initial_offset(pq.mq)
+                    with pq.lock:
+                        pq.consumed_offset = pq.persisted_offset = offset
+                addrs = self._routes.any_addr(pq.mq.topic, pq.mq.broker_name)
+                result = self._pull_once(pq, offset, addrs[node % len(addrs)])
+            except (MQClientError, grpc.RpcError) as exc:
+                err = MQClientError.from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                log.warning("client=%s pull %s failed: %s", self.client_id, pq.mq.key(), err)
+                node += 1
+                self._routes.invalidate(pq.mq.topic)
+                pq.stop.wait(PULL_ERROR_BACKOFF_S)
+                continue
+            if result is None:
+                return
+            if result.status == "OFFSET_ILLEGAL":
+                log.warning(
+                    "%s offset %d illegal: now %d", pq.mq.key(), offset, result.next_begin_offset
+                )
+            size = self.consume_batch_size
+            for i in range(0, len(result.messages), size):
+                batch = result.messages[i : i + size]
+                if not self._consume(pq, batch):
+                    return  # stopped before the batch was consumed: not committed
+                with pq.lock:
+                    pq.consumed_offset = batch[-1].queue_offset + 1
+            offset = result.next_begin_offset
+            with pq.lock:  # filtered-out messages are consumed too
+                pq.consumed_offset = max(pq.consumed_offset, offset)
+
+    def _consume(self, pq: _ProcessQueue, batch: list[MessageExt]) -> bool:
+        listener = self._listener
+        assert listener is not None
+        attempt = 0
+        while not pq.stop.is_set():
+            try:
+                status = listener(batch)
+            except Exception:
+                log.exception("listener failed on %s; reconsume later", pq.mq.key())
+                status = ConsumeStatus.RECONSUME_LATER
+            if status is ConsumeStatus.CONSUME_SUCCESS:
+                return True
+            attempt += 1
+            log.info("%s: RECONSUME_LATER (attempt %d)", pq.mq.key(), attempt)
+            pq.stop.wait(RECONSUME_DELAY_S)
+        return False

@@ -1,0 +1,124 @@
+"""Messages, queues and send results as the client's callers see them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from raftmq.broker.v1 import broker_pb2 as pb
+
+# RocketMQ's uniq key: 32 uppercase hex characters.
+MSG_ID_HEX_CHARS = 32
+
+
+def new_msg_id() -> str:
+    """A fresh uniq message id (32 uppercase hex), made once per message so that retries of
+    the same message carry the same id and the broker deduplicates them."""
+    return uuid.uuid4().hex.upper()
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send. ``msg_id`` is filled by the producer on first send and kept across
+    retries."""
+
+    topic: str
+    body: bytes
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    msg_id: str = ""
+
+    def to_pb(self, queue_id: int, producer_group: str, born_host: str) -> pb.Message:
+        if not self.msg_id:
+            self.msg_id = new_msg_id()
+        return pb.Message(
+            topic=self.topic,
+            queue_id=queue_id,
+            tags=self.tags,
+            keys=list(self.keys),
+            properties=dict(self.properties),
+            body=self.body,
+            born_host=born_host,
+            born_timestamp_ms=int(time.time() * 1000),
+            producer_group=producer_group,
+            msg_id=self.msg_id,
+        )
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageQueue:
+    """One queue of a topic in one broker group."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def key(self) -> str:
+        return f"{self.topic}@{self.broker_name}@{self.queue_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageExt:
+    """A consumed message with what the broker filled in."""
+
+    topic: str
+    body: bytes
+    tags: str
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    msg_id: str
+    offset_msg_id: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    commitlog_position: int
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    reconsume_times: int
+
+    @classmethod
+    def from_pb(cls, m: pb.Message, broker_name: str) -> MessageExt:
+        return cls(
+            topic=m.topic,
+            body=m.body,
+            tags=m.tags,
+            keys=tuple(m.keys),
+            properties=dict(m.properties),
+            msg_id=m.msg_id,
+            offset_msg_id=m.offset_msg_id,
+            broker_name=broker_name,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            commitlog_position=m.commitlog_position,
+            born_timestamp_ms=m.born_timestamp_ms,
+            store_timestamp_ms=m.store_timestamp_ms,
+            reconsume_times=m.reconsume_times,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The broker's answer for one message: only ever made from an OK answer."""
+
+    msg_id: str
+    offset_msg_id: str
+    message_queue: MessageQueue
+    queue_offset: int
+    commitlog_position: int
+    duplicate: bool
+
+
+_counter_lock = threading.Lock()
+_counter = [0]
+
+
+def new_client_id(host: str) -> str:
+    """Unique per client instance, even several in one process: ``host@pid#n``."""
+    with _counter_lock:
+        _counter[0] += 1
+        n = _counter[0]
+    return f"{host}@{os.getpid()}#{n}-{uuid.uuid4().hex[:6]}"

@@ -1,0 +1,270 @@
+"""NameServer access and broker-group routing.
+
+A NameServer is picked at random from ``namesrv_addr`` (``a:9876;b:9876``) and kept until a
+call to it fails; then the others are tried in random order. Topic routes are cached and
+refreshed when older than ``poll_name_server_interval_s`` (RocketMQ's
+``pollNameServerInterval``, 30 s) and at once after an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
+
+from client.errors import MQClientError
+from client.message import MessageQueue
+
+log = logging.getLogger(__name__)
+
+# RocketMQ's pollNameServerInterval: how old a cached route may get.
+POLL_NAME_SERVER_INTERVAL_S = 30.0
+# One NameServer call; a dead NameServer must not stall a client for long.
+NAMESRV_RPC_TIMEOUT_S = 3.0
+# Between attempts on a group with no known or reachable leader (an election is running).
+NO_LEADER_BACKOFF_S = 0.1
+# At most this many NOT_LEADER hops before a route refresh (a group has at most 7 nodes).
+MAX_REDIRECTS = 8
+# RocketMQ PermName bits.
+PERM_READ = 4
+PERM_WRITE = 2
+
+_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
+# Outcome unknown or no leader right now: another attempt (same msg ids) may succeed.
+RETRYABLE_STATUSES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+T = TypeVar("T")
+
+
+def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
+    addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
+    if not addrs:
+        raise MQClientError("INVALID_NAMESRV_ADDR", "INVALID_ARGUMENT", repr(namesrv_addr))
+    return addrs
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerGroupRoute:
+    """One broker group serving a topic: its queues and where to send."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    leader_addr: str  # "" while the group has no registered leader
+    follower_addrs: tuple[str, ...]
+
+    @property
+    def addrs(self) -> tuple[str, ...]:
+        return ((self.leader_addr,) if self.leader_addr else ()) + self.follower_addrs
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    topic: str
+    groups: tuple[BrokerGroupRoute, ...]
+
+    def write_queues(self) -> list[MessageQueue]:
+        return [
+            MessageQueue(self.topic, g.broker_name, q)
+            for g in self.groups
+            if g.perm & PERM_WRITE
+            for q in range(g.write_queue_nums)
+        ]
+
+    def read_queues(self) -> list[MessageQueue]:
+        return [
+            MessageQueue(self.topic, g.broker_name, q)
+            for g in self.groups
+            if g.perm & PERM_READ
+            for q in range(g.read_queue_nums)
+        ]
+
+    def group(self, broker_name: str) -> BrokerGroupRoute | None:
+        return next((g for g in self.groups if g.broker_name == broker_name), None)
+
+
+class ChannelPool:
+    """One gRPC channel per address, shared by every stub of a client."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def get(self, addr: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(addr)
+            if ch is None:
+                ch = self._channels[addr] = grpc.insecure_channel(addr)
+            return ch
+
+    def broker(self, addr: str) -> bpb_grpc.BrokerStub:
+        return bpb_grpc.BrokerStub(self.get(addr))
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+
+class RouteClient:
+    """Topic routes from the NameServers, cached, plus leader-following broker calls."""
+
+    def __init__(
+        self,
+        namesrv_addr: str,
+        channels: ChannelPool,
+        poll_interval_s: float = POLL_NAME_SERVER_INTERVAL_S,
+    ) -> None:
+        self._namesrvs = parse_namesrv_addr(namesrv_addr)
+        self._current = random.choice(self._namesrvs)
+        self._channels = channels
+        self._poll_interval_s = poll_interval_s
+        self._lock = threading.Lock()
+        self._routes: dict[str, tuple[float, TopicRoute]] = {}
+        # Leaders learnt from NOT_LEADER redirects, fresher than the NameServer's view.
+        self._leaders: dict[str, str] = {}
+
+    def _query(self, topic: str) -> TopicRoute:
+        others = [a for a in self._namesrvs if a != self._current]
+        order = [self._current, *random.sample(others, len(others))]
+        last: MQClientError | None = None
+        for addr in order:
+            try:
+                resp = ns_grpc.NameServerStub(self._channels.get(addr)).GetRouteInfoByTopic(
+                    ns_pb.GetRouteInfoByTopicRequest(topic=topic), timeout=NAMESRV_RPC_TIMEOUT_S
+                )
+            except grpc.RpcError as exc:
+                err = MQClientError.from_rpc(exc)
+                if err.status == "NOT_FOUND":
+                    # Another NameServer may not have heard of the topic yet either; one
+                    # answer that it does not exist is an answer, not a failure.
+                    self._current = addr
+                    raise err from exc
+                log.warning("namesrv=%s failed: %s; trying another", addr, err)
+                last = err
+                continue
+            self._current = addr
+            return TopicRoute(
+                topic,
+                tuple(
+                    BrokerGroupRoute(
+                        g.broker_name,
+                        g.read_queue_nums,
+                        g.write_queue_nums,
+                        g.perm,
+                        g.leader_addr,
+                        tuple(f.addr for f in g.followers),
+                    )
+                    for g in resp.groups
+                ),
+            )
+        assert last is not None
+        raise last
+
+    def get_route(self, topic: str, force: bool = False) -> TopicRoute:
+        now = time.monotonic()
+        with self._lock:
+            cached = self._routes.get(topic)
+        if cached is not None and not force and now - cached[0] < self._poll_interval_s:
+            return cached[1]
+        route = self._query(topic)
+        with self._lock:
+            self._routes[topic] = (now, route)
+            for g in route.groups:
+                if g.leader_addr:
+                    self._leaders[g.broker_name] = g.leader_addr
+        return route
+
+    def invalidate(self, topic: str) -> None:
+        with self._lock:
+            self._routes.pop(topic, None)
+
+    def _candidates(self, topic: str, broker_name: str, refresh: bool) -> list[str]:
+        try:
+            route = self.get_route(topic, force=refresh)
+        except MQClientError as exc:
+            log.warning("route refresh for topic=%s failed: %s", topic, exc)
+            with self._lock:
+                cached = self._routes.get(topic)
+            if cached is None:
+                raise
+            route = cached[1]
+        group = route.group(broker_name)
+        if group is None:
+            raise MQClientError("NO_ROUTE", "NOT_FOUND", f"{broker_name} no longer serves {topic}")
+        with self._lock:
+            known = self._leaders.get(broker_name, "")
+        first = [known] if known else []
+        return first + [a for a in group.addrs if a not in first]
+
+    def call_leader(
+        self,
+        topic: str,
+        broker_name: str,
+        call: Callable[[bpb_grpc.BrokerStub, float], T],
+        timeout_s: float,
+    ) -> T:
+        """``call(stub, rpc_timeout_s)`` on the group's leader: follows ``NOT_LEADER`` redirects,
+        and while no leader is known or reachable tries the group's other nodes until
+        ``timeout_s`` passes. Errors other than "no leader here" are raised at once."""
+        deadline = time.monotonic() + timeout_s
+        candidates = self._candidates(topic, broker_name, refresh=False)
+        addr = candidates[0] if candidates else ""
+        hops = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if not addr:
+                if remaining <= 0:
+                    raise MQClientError("NO_LEADER", "UNAVAILABLE", f"{broker_name}: no leader")
+                time.sleep(min(NO_LEADER_BACKOFF_S, remaining))
+                candidates = self._candidates(topic, broker_name, refresh=True)
+                addr = candidates[0] if candidates else ""
+                continue
+            try:
+                result = call(self._channels.broker(addr), max(remaining, 0.05))
+            except grpc.RpcError as exc:
+                err = MQClientError.from_rpc(exc)
+                match = _NOT_LEADER.match(err.message)
+                if not match and exc.code() not in RETRYABLE_STATUSES:
+                    raise err from exc
+                if time.monotonic() >= deadline:
+                    raise err from exc
+                if match and match.group(2) and hops < MAX_REDIRECTS:
+                    hops += 1
+                    addr = match.group(2)
+                    continue
+                # No leader known (an election), the node is down, or a retryable error:
+                # forget the leader, back off a little and try the next node.
+                hops = 0
+                with self._lock:
+                    if self._leaders.get(broker_name) == addr:
+                        del self._leaders[broker_name]
+                candidates = self._candidates(topic, broker_name, refresh=True)
+                rest = [a for a in candidates if a != addr] or candidates
+                time.sleep(min(NO_LEADER_BACKOFF_S, max(deadline - time.monotonic(), 0)))
+                addr = random.choice(rest) if rest else ""
+                continue
+            with self._lock:
+                self._leaders[broker_name] = addr
+            return result
+
+    def any_addr(self, topic: str, broker_name: str) -> list[str]:
+        """Every node of the group, the known leader first (for reads any node can serve)."""
+        return self._candidates(topic, broker_name, refresh=False)

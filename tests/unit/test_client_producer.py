@@ -1,0 +1,164 @@
+"""Producer send logic against in-process fake NameServer and broker nodes: NOT_LEADER
+redirects, retry on another broker group with the same msg ids, no retry of request errors,
+and no success without the broker's OK."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from raftmq.nameserver.v1 import nameserver_pb2 as pb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
+
+from client import Message, MQClientError, Producer
+
+# (status, detail) to abort with, or None to answer OK.
+Behaviour = Callable[[], tuple[grpc.StatusCode, str] | None]
+
+
+@dataclass
+class FakeBroker(bpb_grpc.BrokerServicer):
+    name: str
+    behaviour: Behaviour = lambda: None
+    seen: list[list[str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def SendMessage(
+        self, request: bpb.SendMessageRequest, context: grpc.ServicerContext
+    ) -> bpb.SendMessageResponse:
+        with self.lock:
+            self.seen.append([m.msg_id for m in request.messages])
+        failure = self.behaviour()
+        if failure is not None:
+            context.abort(*failure)
+        return bpb.SendMessageResponse(
+            results=[
+                bpb.SendResult(msg_id=m.msg_id, queue_id=m.queue_id, queue_offset=i)
+                for i, m in enumerate(request.messages)
+            ]
+        )
+
+
+class FakeNameServer(pb_grpc.NameServerServicer):
+    def __init__(self) -> None:
+        self.groups: list[pb.GroupRoute] = []
+
+    def GetRouteInfoByTopic(
+        self, request: pb.GetRouteInfoByTopicRequest, context: grpc.ServicerContext
+    ) -> pb.GetRouteInfoByTopicResponse:
+        return pb.GetRouteInfoByTopicResponse(topic=request.topic, groups=self.groups)
+
+
+@dataclass
+class World:
+    namesrv: FakeNameServer
+    namesrv_addr: str
+    brokers: dict[str, FakeBroker]  # addr -> broker node
+    addrs: dict[str, str]  # node name -> addr
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    servers = []
+
+    def serve(add: Callable[[grpc.Server], None]) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(4))
+        add(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    brokers, addrs = {}, {}
+    for name in ("a0", "a1", "b0"):
+        broker = FakeBroker(name)
+        addr = serve(lambda s, b=broker: bpb_grpc.add_BrokerServicer_to_server(b, s))
+        brokers[addr], addrs[name] = broker, addr
+    namesrv = FakeNameServer()
+    namesrv.groups = [
+        pb.GroupRoute(
+            broker_name="broker-a",
+            read_queue_nums=1,
+            write_queue_nums=1,
+            perm=6,
+            leader_id="a0",
+            leader_addr=addrs["a0"],
+            followers=[pb.NodeAddr(node_id="a1", addr=addrs["a1"])],
+        ),
+        pb.GroupRoute(
+            broker_name="broker-b",
+            read_queue_nums=1,
+            write_queue_nums=1,
+            perm=6,
+            leader_id="b0",
+            leader_addr=addrs["b0"],
+        ),
+    ]
+    ns_addr = serve(lambda s: pb_grpc.add_NameServerServicer_to_server(namesrv, s))
+    yield World(namesrv, ns_addr, brokers, addrs)
+    for server in servers:
+        server.stop(None).wait()
+
+
+def node(w: World, name: str) -> FakeBroker:
+    return w.brokers[w.addrs[name]]
+
+
+def test_follows_not_leader_with_the_same_msg_id(world: World) -> None:
+    node(world, "a0").behaviour = lambda: (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"NOT_LEADER leader=a1 addr={world.addrs['a1']}",
+    )
+    with Producer("pg", world.namesrv_addr) as producer:
+        msg = Message("T", b"x")
+        result = producer.send(msg)
+    assert result.message_queue.broker_name == "broker-a"
+    assert node(world, "a0").seen == [[msg.msg_id]] and node(world, "a1").seen == [[msg.msg_id]]
+    assert result.msg_id == msg.msg_id and len(msg.msg_id) == 32
+
+
+def test_retries_on_another_group_with_the_same_msg_ids(world: World) -> None:
+    for name in ("a0", "a1"):
+        node(world, name).behaviour = lambda: (grpc.StatusCode.UNAVAILABLE, "NO_QUORUM")
+    with Producer("pg", world.namesrv_addr, send_msg_timeout_s=0.3) as producer:
+        msgs = [Message("T", b"1"), Message("T", b"2")]
+        results = producer.send_batch(msgs)
+    assert {r.message_queue.broker_name for r in results} == {"broker-b"}
+    ids = [m.msg_id for m in msgs]
+    seen = node(world, "a0").seen + node(world, "a1").seen + node(world, "b0").seen
+    assert len(seen) >= 2 and all(s == ids for s in seen)
+
+
+def test_request_errors_are_not_retried(world: World) -> None:
+    node(world, "a0").behaviour = lambda: (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MESSAGE_TOO_LARGE 5000000 > 4194304",
+    )
+    with Producer("pg", world.namesrv_addr) as producer, pytest.raises(MQClientError) as info:
+        producer.send(Message("T", b"big"))
+    assert (info.value.code, info.value.status) == ("MESSAGE_TOO_LARGE", "INVALID_ARGUMENT")
+    assert len(node(world, "a0").seen) == 1 and not node(world, "b0").seen
+
+
+def test_no_success_without_an_ok(world: World) -> None:
+    for b in world.brokers.values():
+        b.behaviour = lambda: (grpc.StatusCode.UNAVAILABLE, "LEADERSHIP_LOST")
+    failures: list[BaseException] = []
+    with Producer(
+        "pg", world.namesrv_addr, send_msg_timeout_s=0.2, retry_times_when_send_failed=2
+    ) as producer:
+        with pytest.raises(MQClientError) as info:
+            producer.send(Message("T", b"x"))
+        future = producer.send_async(Message("T", b"y"), on_exception=failures.append)
+        with pytest.raises(MQClientError):
+            future.result(timeout=10)
+    assert info.value.code == "LEADERSHIP_LOST"
+    assert len(failures) == 1
+    # 1 + 2 attempts alternate between the groups.
+    assert node(world, "b0").seen and node(world, "a0").seen
