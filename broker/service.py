@@ -761,6 +761,18 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.HeartbeatResponse()
 
     @_rpc
+    async def UnregisterConsumer(
+        self, request: pb.UnregisterConsumerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterConsumerResponse:
+        if not request.client_id or not request.consumer_group:
+            raise InvalidRequestError("client_id and consumer_group are required")
+        group = self._consumers.get(request.consumer_group, {})
+        removed = group.pop(request.client_id, None) is not None
+        if not group:
+            self._consumers.pop(request.consumer_group, None)
+        return pb.UnregisterConsumerResponse(removed=removed)
+
+    @_rpc
     async def GetConsumerList(
         self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetConsumerListResponse:

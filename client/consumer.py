@@ -17,8 +17,8 @@ so messages of one queue are consumed one batch at a time in queue order (orderl
 after ``RECONSUME_DELAY_S``, blocking its queue meanwhile. Retry topics
 (``%RETRY%{group}``, delay levels, DLQ) come with issue #7.
 
-Limitation: the broker forgets a consumer only when its heartbeats stop for 120 s (there is no
-unregister RPC yet), so the queues of a consumer that shut down are reassigned after that.
+A consumer that shuts down unregisters from every node, so the rest of the group takes its
+queues at the next heartbeat; one that dies silently is forgotten after 120 s without heartbeats.
 """
 
 from __future__ import annotations
@@ -372,7 +372,33 @@ class PushConsumer(_ClientBase):
             self._executor.shutdown(wait=True)
             self._executor = None
         self._persist(pqs, sync=True)
+        if self.message_model is MessageModel.CLUSTERING:
+            self._unregister()
         self._close()
+
+    def _unregister(self) -> None:
+        """Tell every node of every subscribed group that this consumer left, so the rest of
+        the group rebalances at its next heartbeat rather than after the broker's expiry."""
+        request = pb.UnregisterConsumerRequest(client_id=self.client_id, consumer_group=self.group)
+        calls = []
+        for topic in self._subscriptions:
+            try:
+                route = self._routes.get_route(topic)
+            except MQClientError as exc:
+                log.debug("unregister: no route for topic=%s: %s", topic, exc)
+                continue
+            calls += [
+                self._channels.broker(addr).UnregisterConsumer.future(
+                    request, timeout=HEARTBEAT_RPC_S
+                )
+                for g in route.groups
+                for addr in g.addrs
+            ]
+        for call in calls:
+            try:
+                call.result()
+            except grpc.RpcError as exc:
+                log.debug("unregister failed: %s", MQClientError.from_rpc(exc))
 
     def __enter__(self) -> PushConsumer:
         self.start()

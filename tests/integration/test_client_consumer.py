@@ -172,6 +172,17 @@ def test_clustering_two_then_three_consumers(
         sent += [producer.send(Message("ClusT", f"y{i}".encode())).msg_id for i in range(80)]
         wait_for(lambda: rec.count() >= 160, CONSUME_DEADLINE_S, "160 consumed by 3")
         wait_for(lambda: all_committed(reader), CONSUME_DEADLINE_S, "offsets committed")
+
+        # Two leave (shutdown commits their offsets and unregisters them): the one left takes
+        # every queue within 10 s, not after the broker's 120 s heartbeat expiry.
+        for _ in range(2):
+            consumers.pop(0).shutdown()
+        left_at = time.monotonic()
+        wait_for(lambda: partitioned(consumers, 8), 10.0, "the last consumer takes all 8")
+        print(f"\nqueues reassigned {time.monotonic() - left_at:.2f} s after 2 consumers left")
+        sent += [producer.send(Message("ClusT", f"z{i}".encode())).msg_id for i in range(80)]
+        wait_for(lambda: rec.count() >= 240, CONSUME_DEADLINE_S, "240 consumed by 1")
+        wait_for(lambda: all_committed(reader), CONSUME_DEADLINE_S, "offsets committed")
     # No failure happened: every message exactly once.
     assert rec.ids == Counter(sent)
 

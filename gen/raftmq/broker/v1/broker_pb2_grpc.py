@@ -109,6 +109,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerListResponse.FromString,
                 _registered_method=True)
+        self.UnregisterConsumer = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UnregisterConsumer',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -204,6 +209,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UnregisterConsumer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +292,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetConsumerList,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerListRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerListResponse.SerializeToString,
+            ),
+            'UnregisterConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterConsumer,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -688,6 +704,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/GetConsumerList',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UnregisterConsumer',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.FromString,
             options,
             channel_credentials,
             insecure,

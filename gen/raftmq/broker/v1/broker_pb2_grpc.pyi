@@ -53,6 +53,7 @@ class BrokerStub:
     ViewMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ViewMessageRequest, _broker_pb2.ViewMessageResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatResponse]
     GetConsumerList: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerListRequest, _broker_pb2.GetConsumerListResponse]
+    UnregisterConsumer: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -72,6 +73,7 @@ class BrokerAsyncStub(BrokerStub):
     ViewMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.ViewMessageRequest, _broker_pb2.ViewMessageResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatResponse]  # type: ignore[assignment]
     GetConsumerList: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerListRequest, _broker_pb2.GetConsumerListResponse]  # type: ignore[assignment]
+    UnregisterConsumer: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -178,5 +180,12 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.GetConsumerListRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.GetConsumerListResponse, _abc.Awaitable[_broker_pb2.GetConsumerListResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UnregisterConsumer(
+        self,
+        request: _broker_pb2.UnregisterConsumerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UnregisterConsumerResponse, _abc.Awaitable[_broker_pb2.UnregisterConsumerResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
