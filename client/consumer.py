@@ -68,6 +68,10 @@ CONSUME_BATCH_SIZE = 1
 RECONSUME_DELAY_S = 1.0
 # After a failed pull, before the next (the route is refreshed meanwhile).
 PULL_ERROR_BACKOFF_S = 0.5
+# A queue offset beyond a node's max offset usually means that node has not applied as far as
+# another had (failover); the consumer waits this long for it before accepting the correction
+# (which would redeliver), as after a topic was deleted and re-created.
+AHEAD_OF_BROKER_WAIT_S = 30.0
 # Threads serving assigned queues; queues beyond wait for a free thread.
 MAX_QUEUE_THREADS = 64
 # How often a waiting thread checks for shutdown.
@@ -590,6 +594,7 @@ class PushConsumer(_ClientBase):
     def _serve_loop(self, pq: _ProcessQueue) -> None:
         offset = -1
         node = 0
+        ahead_since: float | None = None  # since when this queue's offset is past every node's
         while not pq.stop.is_set():
             try:
                 if offset < 0:
@@ -608,9 +613,29 @@ class PushConsumer(_ClientBase):
             if result is None:
                 return
             if result.status == "OFFSET_ILLEGAL":
+                if offset > result.next_begin_offset and ahead_since is None:
+                    ahead_since = time.monotonic()
+                if (
+                    offset > result.next_begin_offset
+                    and ahead_since is not None
+                    and time.monotonic() - ahead_since < AHEAD_OF_BROKER_WAIT_S
+                ):
+                    # Ahead of this node: it has not applied as far as another node had (a
+                    # follower or a new leader catching up). Moving back would redeliver what
+                    # was consumed; wait for it instead, trying the next node.
+                    log.info(
+                        "%s offset %d ahead of node (max %d): waiting",
+                        pq.mq.key(),
+                        offset,
+                        result.next_begin_offset,
+                    )
+                    node += 1
+                    pq.stop.wait(PULL_ERROR_BACKOFF_S)
+                    continue
                 log.warning(
                     "%s offset %d illegal: now %d", pq.mq.key(), offset, result.next_begin_offset
                 )
+            ahead_since = None
             size = self.consume_batch_size
             for i in range(0, len(result.messages), size):
                 batch = result.messages[i : i + size]

@@ -156,3 +156,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if stray:
         session.exitstatus = 1
         print(f"\nERROR: test processes outlived their tests: {stray}")
+
+
+@pytest.fixture
+def no_client_threads_left() -> Iterator[None]:
+    """Every client thread a test started is gone once its clients were shut down."""
+    from support import client_threads, wait_for
+
+    yield
+    wait_for(lambda: not client_threads(), 5.0, "client threads to stop")

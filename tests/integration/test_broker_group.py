@@ -16,6 +16,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+from support import wait_for
 
 from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
@@ -28,15 +29,6 @@ TAGS = ("TagA", "TagB", "TagC")
 # Small key index files: the defaults (about 420 MB sparse per file) are for production.
 INDEX_CONF = {"maxHashSlotNum": 100_000, "maxIndexNum": 400_000}
 _NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Broker:

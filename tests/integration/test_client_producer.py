@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -18,66 +17,15 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
+from support import ROUTE_DEADLINE_S, create_topic, wait_for
 
 from broker.cluster import LocalCluster, _free_port
 from client import Message, MQClientError, Producer, PullConsumer, SendResult
 from client.message import MessageQueue
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 
-ROUTE_DEADLINE_S = 10.0
 READ_DEADLINE_S = 15.0
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-CLIENT_THREAD_PREFIXES = ("producer", "consume", "rebalance")
-
-
-@pytest.fixture(autouse=True)
-def no_client_threads_left() -> Iterator[None]:
-    """Every client thread a test started is gone once its clients were shut down."""
-    yield
-    wait_for(
-        lambda: not [t for t in threading.enumerate() if t.name.startswith(CLIENT_THREAD_PREFIXES)],
-        5.0,
-        "client threads to stop",
-    )
-
-
-def create_topic(cluster: LocalCluster, topic: str, queues: int) -> None:
-    """Create ``topic`` on the group's leader and wait until the NameServer routes it."""
-    assert cluster.namesrv is not None
-    leader = cluster.wait_leader()
-    with grpc.insecure_channel(cluster.node(leader).client_addr) as ch:
-        bpb_grpc.BrokerStub(ch).CreateTopic(
-            bpb.CreateTopicRequest(
-                topic=bpb.TopicConfig(
-                    topic_name=topic, read_queue_nums=queues, write_queue_nums=queues
-                )
-            ),
-            timeout=10,
-        )
-    with grpc.insecure_channel(cluster.namesrv.addr) as ch:
-        stub = nspb_grpc.NameServerStub(ch)
-
-        def routed() -> bool:
-            try:
-                r = stub.GetRouteInfoByTopic(
-                    nspb.GetRouteInfoByTopicRequest(topic=topic), timeout=2
-                )
-            except grpc.RpcError:
-                return False
-            return len(r.groups) == 1 and bool(r.groups[0].leader_addr)
-
-        wait_for(routed, ROUTE_DEADLINE_S, f"route of {topic}")
 
 
 def namesrv_addr(cluster: LocalCluster) -> str:

@@ -15,20 +15,12 @@ import grpc
 import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
+from support import wait_for
 
 from broker.cluster import LocalCluster
 from dledger.server.client import ClientError, LogClient
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def live_nodes(cluster: LocalCluster) -> list[str]:
