@@ -1,24 +1,74 @@
-"""A small admin helper: create a topic on every broker group of a cluster, as the NameServer
-lists them, and wait until the NameServer routes it (``mqadmin updateTopic`` in short)."""
+"""Admin operations behind ``mqadmin`` (client/mqadmin.py): create, update and delete topics on
+every broker group of a cluster, as the NameServer lists them; routes, cluster and node status;
+queue offsets, consumer progress and offset resets; message lookup by key or id.
+
+Every failure is an ``MQClientError`` carrying the broker's or NameServer's stable code."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from client.errors import MQClientError
-from client.route import NAMESRV_RPC_TIMEOUT_S, ChannelPool, RouteClient, parse_namesrv_addr
+from client.message import MessageExt, MessageQueue
+from client.route import (
+    NAMESRV_RPC_TIMEOUT_S,
+    ChannelPool,
+    RouteClient,
+    TopicRoute,
+    parse_namesrv_addr,
+)
 
 log = logging.getLogger(__name__)
+T_ = TypeVar("T_")
 
 # How long create_topic waits for the groups' leaders and for the route to appear.
 CREATE_TOPIC_TIMEOUT_S = 15.0
 POLL_S = 0.1
+# One admin call to one broker group (following NOT_LEADER redirects within it).
+ADMIN_CALL_TIMEOUT_S = 6.0
+# RocketMQ PermName: read + write.
+PERM_READ_WRITE = 6
+_HEX32 = re.compile(r"^[0-9A-Fa-f]{32}$")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """``topicStatus``: one queue's offsets."""
+
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    """``consumerProgress``: one queue of a consumer group. ``consumer_offset`` is -1 when the
+    group never committed one; ``lag`` then counts from the queue's min offset."""
+
+    broker_name: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOffset:
+    broker_name: str
+    queue_id: int
+    offset: int
 
 
 class MQAdmin:
@@ -32,10 +82,15 @@ class MQAdmin:
         queues: int = 8,
         cluster: str = "",
         timeout_s: float = CREATE_TOPIC_TIMEOUT_S,
+        *,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: int = PERM_READ_WRITE,
     ) -> list[str]:
-        """Create (or update) ``topic`` with ``queues`` read and write queues on every group of
-        ``cluster`` (every cluster when empty); returns the broker group names once every
-        group routes it. Raises ``MQClientError`` on a broker's refusal or at the timeout."""
+        """Create (or update) ``topic`` with ``queues`` read and write queues (or
+        ``read_queues`` / ``write_queues``) and ``perm`` on every group of ``cluster`` (every
+        cluster when empty); returns the broker group names once every group routes it.
+        Raises ``MQClientError`` on a broker's refusal or at the timeout."""
         deadline = time.monotonic() + timeout_s
         channels = ChannelPool()
         try:
@@ -52,8 +107,11 @@ class MQAdmin:
                             pb.CreateTopicRequest(
                                 topic=pb.TopicConfig(
                                     topic_name=topic,
-                                    read_queue_nums=queues,
-                                    write_queue_nums=queues,
+                                    read_queue_nums=queues if read_queues is None else read_queues,
+                                    write_queue_nums=(
+                                        queues if write_queues is None else write_queues
+                                    ),
+                                    perm=perm,
                                 )
                             ),
                             timeout=max(deadline - time.monotonic(), POLL_S),
@@ -101,3 +159,224 @@ class MQAdmin:
         except MQClientError:
             return False
         return {g.broker_name for g in route.groups if g.leader_addr} >= groups
+
+    # -- NameServer views ---------------------------------------------------------------
+
+    def _namesrv_call(self, call: Callable[[ns_grpc.NameServerStub], T_]) -> T_:
+        """``call`` on the first NameServer that answers; a NameServer's error answer (not
+        ``UNAVAILABLE``) is raised at once."""
+        channels = ChannelPool()
+        last: MQClientError | None = None
+        try:
+            for addr in self._namesrvs:
+                try:
+                    return call(ns_grpc.NameServerStub(channels.get(addr)))
+                except grpc.RpcError as exc:
+                    last = MQClientError.from_rpc(exc)
+                    if last.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                        raise last from exc
+            assert last is not None
+            raise last
+        finally:
+            channels.close()
+
+    def cluster_info(self) -> ns_pb.GetClusterInfoResponse:
+        """Clusters, their broker groups and every registered member (``clusterList``)."""
+        resp: ns_pb.GetClusterInfoResponse = self._namesrv_call(
+            lambda stub: stub.GetClusterInfo(
+                ns_pb.GetClusterInfoRequest(), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        return resp
+
+    def topic_list(self) -> list[str]:
+        """Every topic some registered broker serves, sorted."""
+        resp = self._namesrv_call(
+            lambda stub: stub.GetAllTopicList(
+                ns_pb.GetAllTopicListRequest(), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        return list(resp.topics)
+
+    def topic_route_info(self, topic: str) -> ns_pb.GetRouteInfoByTopicResponse:
+        """The NameServer's route of ``topic`` (``TOPIC_NOT_FOUND`` / ``NOT_FOUND`` if none)."""
+        resp: ns_pb.GetRouteInfoByTopicResponse = self._namesrv_call(
+            lambda stub: stub.GetRouteInfoByTopic(
+                ns_pb.GetRouteInfoByTopicRequest(topic=topic), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        return resp
+
+    # -- per-group broker calls -----------------------------------------------------------
+
+    def _each_group(
+        self,
+        topic: str,
+        call: Callable[[RouteClient, TopicRoute, str], T_],
+    ) -> list[T_]:
+        channels = ChannelPool()
+        try:
+            routes = RouteClient(self.namesrv_addr, channels)
+            route = routes.get_route(topic, force=True)
+            return [call(routes, route, g.broker_name) for g in route.groups]
+        finally:
+            channels.close()
+
+    @staticmethod
+    def _leader_call(
+        routes: RouteClient,
+        topic: str,
+        broker_name: str,
+        call: Callable[[bpb_grpc.BrokerStub, float], T_],
+    ) -> T_:
+        return routes.call_leader(topic, broker_name, call, ADMIN_CALL_TIMEOUT_S)
+
+    def _queue_offsets(
+        self, routes: RouteClient, topic: str, name: str, queue_id: int
+    ) -> pb.GetQueueOffsetsResponse:
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.GetQueueOffsetsResponse:
+            resp: pb.GetQueueOffsetsResponse = stub.GetQueueOffsets(
+                pb.GetQueueOffsetsRequest(topic=topic, queue_id=queue_id), timeout=t
+            )
+            return resp
+
+        return self._leader_call(routes, topic, name, call)
+
+    def _consumer_offset(
+        self, routes: RouteClient, group: str, topic: str, name: str, queue_id: int
+    ) -> int:
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> int:
+            req = pb.QueryConsumerOffsetRequest(
+                consumer_group=group, topic=topic, queue_id=queue_id
+            )
+            return int(stub.QueryConsumerOffset(req, timeout=t).queue_offset)
+
+        return self._leader_call(routes, topic, name, call)
+
+    def _view_message(
+        self, routes: RouteClient, topic: str, name: str, req: pb.ViewMessageRequest
+    ) -> pb.ViewMessageResponse:
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.ViewMessageResponse:
+            resp: pb.ViewMessageResponse = stub.ViewMessage(req, timeout=t)
+            return resp
+
+        return self._leader_call(routes, topic, name, call)
+
+    def delete_topic(self, topic: str) -> list[str]:
+        """Delete ``topic`` on every broker group routing it; returns those groups' names."""
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> str:
+            self._leader_call(
+                routes,
+                topic,
+                name,
+                lambda stub, t: stub.DeleteTopic(pb.DeleteTopicRequest(topic=topic), timeout=t),
+            )
+            return name
+
+        return self._each_group(topic, one)
+
+    def topic_status(self, topic: str) -> list[QueueStatus]:
+        """Min and max offset of every readable queue of ``topic`` in every group."""
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> list[QueueStatus]:
+            group = route.group(name)
+            assert group is not None
+            out = []
+            for q in range(group.read_queue_nums):
+                resp = self._queue_offsets(routes, topic, name, q)
+                out.append(QueueStatus(name, q, resp.min_offset, resp.max_offset))
+            return out
+
+        return [s for rows in self._each_group(topic, one) for s in rows]
+
+    def consumer_progress(self, group: str, topic: str) -> list[QueueProgress]:
+        """Per readable queue: the broker's max offset, ``group``'s committed offset, the lag."""
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> list[QueueProgress]:
+            g = route.group(name)
+            assert g is not None
+            out = []
+            for q in range(g.read_queue_nums):
+                offs = self._queue_offsets(routes, topic, name, q)
+                consumer = self._consumer_offset(routes, group, topic, name, q)
+                base = consumer if consumer >= 0 else offs.min_offset
+                lag = max(offs.max_offset - base, 0)
+                out.append(QueueProgress(name, q, offs.max_offset, consumer, lag))
+            return out
+
+        return [p for rows in self._each_group(topic, one) for p in rows]
+
+    def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> list[ResetOffset]:
+        """Set ``group``'s offset of every queue of ``topic`` to the first message stored at or
+        after ``timestamp_ms`` (the queue's end if none); returns the offsets set."""
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> list[ResetOffset]:
+            resp = self._leader_call(
+                routes,
+                topic,
+                name,
+                lambda stub, t: stub.ResetConsumerOffset(
+                    pb.ResetConsumerOffsetRequest(
+                        consumer_group=group, topic=topic, queue_id=-1, timestamp_ms=timestamp_ms
+                    ),
+                    timeout=t,
+                ),
+            )
+            return [ResetOffset(name, o.queue_id, o.queue_offset) for o in resp.offsets]
+
+        return [r for rows in self._each_group(topic, one) for r in rows]
+
+    def query_msg_by_key(self, topic: str, key: str, max_num: int = 32) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` in every group, newest first."""
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> list[MessageExt]:
+            resp = self._leader_call(
+                routes,
+                topic,
+                name,
+                lambda stub, t: stub.QueryMessageByKey(
+                    pb.QueryMessageByKeyRequest(topic=topic, key=key, max_num=max_num),
+                    timeout=t,
+                ),
+            )
+            return [MessageExt.from_pb(m, name) for m in resp.messages]
+
+        msgs = [m for rows in self._each_group(topic, one) for m in rows]
+        return sorted(msgs, key=lambda m: m.store_timestamp_ms, reverse=True)[:max_num]
+
+    def query_msg_by_id(self, topic: str, msg_id: str) -> MessageExt:
+        """The message of ``topic`` whose uniq id (``msg_id``) or ``offset_msg_id`` is
+        ``msg_id``, looked up in every group; ``MESSAGE_NOT_FOUND`` when none has it."""
+        requests = [pb.ViewMessageRequest(msg_id=msg_id, topic=topic)]
+        if _HEX32.match(msg_id):  # offset msg ids are hex too: try both readings
+            requests.append(pb.ViewMessageRequest(offset_msg_id=msg_id, topic=topic))
+        else:
+            requests = [pb.ViewMessageRequest(offset_msg_id=msg_id, topic=topic)]
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> MessageExt | None:
+            for req in requests:
+                try:
+                    resp = self._view_message(routes, topic, name, req)
+                except MQClientError as exc:
+                    if exc.status in ("NOT_FOUND", "INVALID_ARGUMENT"):
+                        continue
+                    raise
+                if resp.message.topic == topic:
+                    return MessageExt.from_pb(resp.message, name)
+            return None
+
+        found = [m for m in self._each_group(topic, one) if m is not None]
+        if not found:
+            raise MQClientError(
+                "MESSAGE_NOT_FOUND", "NOT_FOUND", f"no message {msg_id} in topic {topic}"
+            )
+        return found[0]
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of ``topic`` over every group, sorted."""
+        channels = ChannelPool()
+        try:
+            return sorted(RouteClient(self.namesrv_addr, channels).get_route(topic).read_queues())
+        finally:
+            channels.close()

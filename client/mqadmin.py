@@ -1,0 +1,433 @@
+"""``mqadmin``: raftmq's admin command line, in RocketMQ's vocabulary (docs/CLIENT.md#mqadmin).
+
+    mqadmin [-n host:port;host:port] [--json] COMMAND [flags]
+
+Exit codes: 0 ok; 1 a failed operation (one line on stderr with the broker's or NameServer's
+stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
+
+from client.admin import MQAdmin
+from client.consumer import PullConsumer
+from client.errors import MQClientError
+from client.message import Message, MessageExt, MessageQueue
+from client.producer import Producer
+
+DEFAULT_PRODUCER_GROUP = "mqadmin_producer"
+DEFAULT_CONSUMER_GROUP = "mqadmin_consumer"
+ROLE_NAMES = {
+    ns_pb.LEADER: "LEADER",
+    ns_pb.FOLLOWER: "FOLLOWER",
+    ns_pb.CANDIDATE: "CANDIDATE",
+    ns_pb.PRE_CANDIDATE: "PRE_CANDIDATE",
+}
+
+Row = dict[str, Any]
+
+
+def format_table(rows: Sequence[Row], columns: Sequence[str] | None = None) -> str:
+    """Rows as an aligned text table: a header, then one line per row. Numbers are
+    right-aligned, everything else left-aligned; no trailing spaces."""
+    if not rows:
+        return "(none)"
+    cols = list(columns) if columns is not None else list(rows[0])
+    cells = [[_cell(r.get(c, "")) for c in cols] for r in rows]
+    numeric = [all(isinstance(r.get(c), int | float) for r in rows) for c in cols]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(cols)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(cols), *(line(c) for c in cells)])
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def table(self, rows: Sequence[Row], extra: Row | None = None) -> None:
+        if self.as_json:
+            doc: Any = {"rows": list(rows), **extra} if extra else list(rows)
+            print(json.dumps(doc, indent=2, sort_keys=False))
+            return
+        print(format_table(rows))
+        for k, v in (extra or {}).items():
+            print(f"{k}: {v}")
+
+    def obj(self, doc: Row) -> None:
+        if self.as_json:
+            print(json.dumps(doc, indent=2))
+            return
+        width = max(len(k) for k in doc)
+        for k, v in doc.items():
+            print(f"{k.ljust(width)}  {_cell(v)}")
+
+
+def message_row(m: MessageExt) -> Row:
+    return {
+        "msg_id": m.msg_id,
+        "offset_msg_id": m.offset_msg_id,
+        "broker": m.broker_name,
+        "queue": m.queue_id,
+        "offset": m.queue_offset,
+        "tags": m.tags,
+        "keys": list(m.keys),
+        "store_time_ms": m.store_timestamp_ms,
+        "body": m.body.decode("utf-8", errors="replace"),
+    }
+
+
+def parse_timestamp(value: str) -> int:
+    if value == "now":
+        return int(time.time() * 1000)
+    try:
+        ts = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a timestamp in ms or 'now': {value!r}") from None
+    if ts < 0:
+        raise argparse.ArgumentTypeError(f"negative timestamp: {value}")
+    return ts
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    if args.cluster:
+        names = [c.name for c in admin.cluster_info().clusters]
+        if args.cluster not in names:
+            raise MQClientError(
+                "CLUSTER_NOT_FOUND", "NOT_FOUND", f"no cluster {args.cluster!r}; known: {names}"
+            )
+    groups = admin.create_topic(
+        args.topic,
+        cluster=args.cluster,
+        read_queues=args.read_queues,
+        write_queues=args.write_queues,
+        perm=args.perm,
+    )
+    out.table(
+        [
+            {
+                "broker": g,
+                "topic": args.topic,
+                "read_queues": args.read_queues,
+                "write_queues": args.write_queues,
+                "perm": args.perm,
+            }
+            for g in groups
+        ]
+    )
+
+
+def cmd_delete_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    groups = admin.delete_topic(args.topic)
+    out.table([{"broker": g, "topic": args.topic, "deleted": True} for g in groups])
+
+
+def cmd_topic_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    topics = admin.topic_list()
+    if out.as_json:
+        print(json.dumps(topics))
+    else:
+        print("\n".join(topics) if topics else "(none)")
+
+
+def cmd_topic_route(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    route = admin.topic_route_info(args.topic)
+    out.table(
+        [
+            {
+                "cluster": g.cluster,
+                "broker": g.broker_name,
+                "read_queues": g.read_queue_nums,
+                "write_queues": g.write_queue_nums,
+                "perm": g.perm,
+                "leader": g.leader_id,
+                "leader_addr": g.leader_addr,
+                "term": g.leader_term,
+                "followers": [f"{f.node_id}={f.addr}" for f in g.followers],
+            }
+            for g in route.groups
+        ]
+    )
+
+
+def cmd_topic_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    rows = [
+        {
+            "broker": s.broker_name,
+            "queue": s.queue_id,
+            "min_offset": s.min_offset,
+            "max_offset": s.max_offset,
+        }
+        for s in admin.topic_status(args.topic)
+    ]
+    out.table(rows)
+
+
+def cmd_cluster_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    rows = []
+    for c in admin.cluster_info().clusters:
+        for g in c.groups:
+            leader = next((m for m in g.members if m.node_id == g.leader_id), None)
+            rows.append(
+                {
+                    "cluster": c.name,
+                    "broker": g.broker_name,
+                    "nodes": len(g.members),
+                    "leader": g.leader_id or "-",
+                    "leader_addr": leader.client_addr if leader else "-",
+                    "term": leader.term if leader else 0,
+                    "topics": leader.topic_count if leader else 0,
+                }
+            )
+    out.table(rows)
+
+
+def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    rows = []
+    for c in admin.cluster_info().clusters:
+        if args.cluster and c.name != args.cluster:
+            continue
+        for g in c.groups:
+            for m in g.members:
+                rows.append(
+                    {
+                        "cluster": c.name,
+                        "broker": g.broker_name,
+                        "node": m.node_id,
+                        "role": ROLE_NAMES.get(m.role, "UNKNOWN"),
+                        "term": m.term,
+                        "addr": m.client_addr,
+                        "heartbeat_age_ms": m.last_heartbeat_age_ms,
+                        "heartbeat_period_ms": m.heartbeat_period_ms,
+                        "topics": m.topic_count,
+                    }
+                )
+    out.table(rows)
+
+
+def cmd_consumer_progress(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    progress = admin.consumer_progress(args.group, args.topic)
+    rows = [
+        {
+            "broker": p.broker_name,
+            "queue": p.queue_id,
+            "broker_offset": p.broker_offset,
+            "consumer_offset": p.consumer_offset,
+            "lag": p.lag,
+        }
+        for p in progress
+    ]
+    out.table(rows, {"total_lag": sum(p.lag for p in progress)})
+
+
+def cmd_query_msg_by_key(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    out.table([message_row(m) for m in admin.query_msg_by_key(args.topic, args.key, args.max)])
+
+
+def cmd_query_msg_by_id(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    m = admin.query_msg_by_id(args.topic, args.id)
+    row = message_row(m)
+    row["properties"] = dict(m.properties)
+    row["born_time_ms"] = m.born_timestamp_ms
+    row["commitlog_position"] = m.commitlog_position
+    row["reconsume_times"] = m.reconsume_times
+    if out.as_json:
+        out.obj(row)
+    else:
+        out.obj({k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in row.items()})
+
+
+def cmd_reset_offset_by_time(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    resets = admin.reset_offset_by_time(args.group, args.topic, args.timestamp)
+    out.table(
+        [{"broker": r.broker_name, "queue": r.queue_id, "offset": r.offset} for r in resets],
+        {"timestamp_ms": args.timestamp},
+    )
+
+
+def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    keys = tuple(k for k in (args.keys or "").split(",") if k) if args.keys else ()
+    with Producer(args.producer_group, admin.namesrv_addr) as producer:
+        r = producer.send(Message(args.topic, args.body.encode(), tags=args.tags, keys=keys))
+    out.obj(
+        {
+            "msg_id": r.msg_id,
+            "offset_msg_id": r.offset_msg_id,
+            "broker": r.message_queue.broker_name,
+            "queue": r.message_queue.queue_id,
+            "queue_offset": r.queue_offset,
+            "duplicate": r.duplicate,
+        }
+    )
+
+
+def cmd_consume_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    rows: list[Row] = []
+    with PullConsumer(args.group, admin.namesrv_addr) as consumer:
+        queues: list[MessageQueue] = consumer.fetch_queues(args.topic)
+        if args.broker:
+            queues = [q for q in queues if q.broker_name == args.broker]
+        if args.queue is not None:
+            queues = [q for q in queues if q.queue_id == args.queue]
+            if not queues:
+                raise MQClientError(
+                    "QUEUE_ID_OUT_OF_RANGE", "INVALID_ARGUMENT", f"no queue {args.queue}"
+                )
+        for mq in queues:
+            offset = 0 if args.offset is None else args.offset
+            while len(rows) < args.count:
+                res = consumer.pull(mq, offset, min(args.count - len(rows), 32), args.subexpr)
+                if res.status == "OFFSET_ILLEGAL" and res.next_begin_offset != offset:
+                    offset = res.next_begin_offset
+                    continue
+                if res.status not in ("FOUND", "NO_MATCHED_MSG"):
+                    break
+                rows.extend(message_row(m) for m in res.messages)
+                if res.next_begin_offset <= offset:
+                    break
+                offset = res.next_begin_offset
+            if len(rows) >= args.count:
+                break
+    out.table(rows[: args.count])
+
+
+# -- argument parsing ----------------------------------------------------------------------
+
+Handler = Callable[[MQAdmin, argparse.Namespace, Output], None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mqadmin",
+        description="raftmq admin tool (RocketMQ's mqadmin vocabulary).",
+        epilog="Exit codes: 0 ok, 1 failed operation, 2 bad usage.",
+    )
+    parser.add_argument(
+        "-n",
+        "--namesrv",
+        default=os.environ.get("NAMESRV_ADDR", ""),
+        help="NameServer addresses host:port;host:port (default: $NAMESRV_ADDR)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log the client's retries to stderr"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        # Global flags are also accepted after the command name.
+        p.add_argument("-n", "--namesrv", default=argparse.SUPPRESS, help="NameServer addresses")
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON")
+        return p
+
+    def topic(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-t", "--topic", required=True, help="topic name")
+
+    p = add("updateTopic", cmd_update_topic, "create or update a topic on every broker group")
+    topic(p)
+    p.add_argument("-c", "--cluster", default="", help="cluster name (default: every cluster)")
+    p.add_argument("-r", "--read-queues", dest="read_queues", type=int, default=8)
+    p.add_argument("-w", "--write-queues", dest="write_queues", type=int, default=8)
+    p.add_argument("-p", "--perm", type=int, default=6, choices=(2, 4, 6), help="2 W, 4 R, 6 RW")
+
+    p = add("deleteTopic", cmd_delete_topic, "delete a topic on every broker group serving it")
+    topic(p)
+    add("topicList", cmd_topic_list, "list every topic the NameServer routes")
+    topic(add("topicRoute", cmd_topic_route, "a topic's route: groups, queues, leader, followers"))
+    topic(add("topicStatus", cmd_topic_status, "min and max offset of every queue of a topic"))
+    add("clusterList", cmd_cluster_list, "clusters and their broker groups")
+    p = add("brokerStatus", cmd_broker_status, "every node: role, term, address, heartbeat age")
+    p.add_argument("-c", "--cluster", default="", help="only this cluster")
+
+    p = add("consumerProgress", cmd_consumer_progress, "a consumer group's offsets and lag")
+    p.add_argument("-g", "--group", required=True, help="consumer group")
+    topic(p)
+
+    p = add("queryMsgByKey", cmd_query_msg_by_key, "messages of a topic with a key")
+    topic(p)
+    p.add_argument("-k", "--key", required=True)
+    p.add_argument("-m", "--max", type=int, default=32, help="at most this many (default 32)")
+
+    p = add("queryMsgById", cmd_query_msg_by_id, "a message by uniq id or offsetMsgId")
+    topic(p)
+    p.add_argument("-i", "--id", required=True, help="msg id (uniq) or offset msg id")
+
+    p = add("resetOffsetByTime", cmd_reset_offset_by_time, "reset a group's offsets to a time")
+    p.add_argument("-g", "--group", required=True, help="consumer group")
+    topic(p)
+    p.add_argument(
+        "-s", "--timestamp", required=True, type=parse_timestamp, help="ms since epoch, or now"
+    )
+
+    p = add("sendMessage", cmd_send_message, "send one message")
+    topic(p)
+    p.add_argument("-p", "--body", required=True, help="message body (UTF-8)")
+    p.add_argument("--tags", default="", help="tag")
+    p.add_argument("--keys", default="", help="keys, comma-separated")
+    p.add_argument("--producer-group", default=DEFAULT_PRODUCER_GROUP)
+
+    p = add("consumeMessage", cmd_consume_message, "pull messages and print them (no commit)")
+    topic(p)
+    p.add_argument("-g", "--group", default=DEFAULT_CONSUMER_GROUP, help="consumer group")
+    p.add_argument("-b", "--broker", default="", help="only this broker group")
+    p.add_argument("-q", "--queue", type=int, default=None, help="only this queue id")
+    p.add_argument("-o", "--offset", type=int, default=None, help="start offset (default: min)")
+    p.add_argument("-c", "--count", type=int, default=32, help="at most this many (default 32)")
+    p.add_argument("-s", "--subexpr", default="*", help="tag expression (default *)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with usage on a bad command line
+    if not args.namesrv:
+        parser.error("no NameServer: pass -n host:port or set NAMESRV_ADDR")
+    # The client logs retries and failovers; only the one error line goes to stderr by default.
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.CRITICAL + 1,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    out = Output(args.json)
+    try:
+        admin = MQAdmin(args.namesrv)
+        args.handler(admin, args, out)
+    except MQClientError as exc:
+        detail = " ".join(exc.message.split())
+        if detail.startswith(exc.code + " "):
+            detail = detail[len(exc.code) + 1 :]
+        print(f"mqadmin {args.command}: {exc.code} ({exc.status}): {detail}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
