@@ -17,6 +17,7 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
+from support import wait_for
 
 from broker.cluster import LocalCluster
 
@@ -27,15 +28,6 @@ CHANGE_DEADLINE_S = 5.0
 RPC_TIMEOUT_S = 2.0
 # conftest's ``name_servers`` fixture: (**namesrv_conf) -> a started NameServerProc.
 NameServerFactory = Callable[..., Any]
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Channels:
