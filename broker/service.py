@@ -36,6 +36,7 @@ from broker.errors import (
     QueueIdOutOfRangeError,
     TopicNotFoundError,
 )
+from broker.locks import QueueLockTable
 from broker.message import (
     MESSAGE_HEAD,
     Message,
@@ -98,6 +99,9 @@ DEFAULT_QUERY_MAX_NUM = 32
 MAX_QUERY_MAX_NUM = 1024
 # Consumer heartbeats older than this are dropped (RocketMQ's channelExpiredTimeout).
 CONSUMER_EXPIRE_MS = 120_000
+# Queues in one LockBatchMQ/UnlockBatchMQ or one heartbeat's locked list (RocketMQ locks per
+# broker group, at most a few hundred queues per consumer).
+MAX_LOCK_BATCH = 4096
 # RocketMQ's accessMessageInMemoryMaxRatio default: a pull reading further behind the write
 # position than this share of RAM is probably not in page cache: suggest a follower.
 DEFAULT_MEMORY_RATIO_PERCENT = 40
@@ -235,6 +239,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self._offset_flush: asyncio.Task[None] | None = None
         self._inflight: dict[str, asyncio.Future[SendResult]] = {}
         self._consumers: dict[str, dict[str, _Consumer]] = {}
+        self._locks = QueueLockTable()
         self._memory_limit_bytes = _total_memory_bytes() * cfg.memory_ratio_percent // 100
         sm.add_listener(self._on_dispatch)
 
@@ -758,6 +763,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         group[request.client_id] = _Consumer(
             now, {s.topic: s.expression for s in request.subscriptions}
         )
+        if len(request.locked_queues) > MAX_LOCK_BATCH:
+            raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} locked queues in a heartbeat")
+        self._locks.claim(
+            request.consumer_group,
+            request.client_id,
+            [(q.topic, q.queue_id) for q in request.locked_queues],
+            _monotonic_ms(),
+        )
         return pb.HeartbeatResponse()
 
     @_rpc
@@ -770,7 +783,43 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         removed = group.pop(request.client_id, None) is not None
         if not group:
             self._consumers.pop(request.consumer_group, None)
+        self._locks.release_client(request.consumer_group, request.client_id)
         return pb.UnregisterConsumerResponse(removed=removed)
+
+    @staticmethod
+    def _lock_request(
+        request: pb.LockBatchRequest | pb.UnlockBatchRequest,
+    ) -> list[tuple[str, int]]:
+        if not request.client_id or not request.consumer_group:
+            raise InvalidRequestError("client_id and consumer_group are required")
+        if len(request.queues) > MAX_LOCK_BATCH:
+            raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} queues in one lock request")
+        for q in request.queues:
+            validate_topic(q.topic)
+        return [(q.topic, q.queue_id) for q in request.queues]
+
+    @_rpc
+    async def LockBatchMQ(
+        self, request: pb.LockBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LockBatchResponse:
+        # Only the leader grants locks, so two consumers never each get one from another node.
+        self._require_leader()
+        queues = self._lock_request(request)
+        locked = self._locks.lock(
+            request.consumer_group, request.client_id, queues, _monotonic_ms()
+        )
+        return pb.LockBatchResponse(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in locked])
+
+    @_rpc
+    async def UnlockBatchMQ(
+        self, request: pb.UnlockBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnlockBatchResponse:
+        # Any node: a release must reach the node that will lead next, too.
+        queues = self._lock_request(request)
+        released = self._locks.unlock(request.consumer_group, request.client_id, queues)
+        return pb.UnlockBatchResponse(
+            unlocked=[pb.QueueRef(topic=t, queue_id=q) for t, q in released]
+        )
 
     @_rpc
     async def GetConsumerList(
@@ -780,7 +829,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         group = self._consumers.get(request.consumer_group, {})
         for client_id in [c for c, v in group.items() if now - v.last_seen_ms > CONSUMER_EXPIRE_MS]:
             del group[client_id]
+            self._locks.release_client(request.consumer_group, client_id)
         return pb.GetConsumerListResponse(client_ids=sorted(group))
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 def _dup(r: SendResult) -> SendResult:

@@ -10,6 +10,13 @@ every ``REBALANCE_INTERVAL_S``), recomputes its share with the allocation strate
 up and on shutdown). In **broadcasting** mode every consumer takes every queue and keeps its
 offsets in a local JSON file.
 
+In clustering mode a queue is consumed only while this consumer holds its lock on the broker
+group's leader (``LockBatchMQ``, renewed every ``LOCK_RENEW_INTERVAL_S`` and in every
+heartbeat). A consumer giving a queue up commits its offset, then unlocks; the next owner gets
+the lock only then and reads the committed offset after locking. So a queue is never consumed
+by two consumers at once, and a graceful rebalance redelivers nothing. A consumer that cannot
+renew a lock for ``LOCK_LOCAL_LIVE_S`` stops consuming the queue (the broker frees it after 60 s).
+
 Each assigned queue is served by one thread that pulls and calls the listener in queue order,
 so messages of one queue are consumed one batch at a time in queue order (orderly per queue).
 
@@ -78,6 +85,12 @@ MAX_QUEUE_THREADS = 64
 STOP_POLL_S = 0.1
 # Where broadcasting consumers keep offsets by default (RocketMQ: ~/.rocketmq_offsets).
 DEFAULT_OFFSET_STORE_DIR = Path.home() / ".raftmq_offsets"
+# Queue locks (clustering), RocketMQ's figures: renew every 20 s; trust a lock for 30 s after
+# its last renewal, well inside the broker's 60 s expiry (broker.locks.LOCK_MAX_LIVE_MS).
+LOCK_RENEW_INTERVAL_S = 20.0
+LOCK_LOCAL_LIVE_S = 30.0
+# Between attempts to lock a queue another consumer still holds (it is committing, then unlocks).
+LOCK_RETRY_S = 0.3
 
 
 class ConsumeStatus(enum.Enum):
@@ -286,6 +299,12 @@ class _ProcessQueue:
         # Held while an offset of this queue is being committed, so commits never reorder.
         self.persist_lock = threading.Lock()
         self.future: Future[None] | None = None
+        # Monotonic time of the last successful lock or renewal on the leader; None: not held.
+        self.locked_at: float | None = None
+
+    def lock_valid(self) -> bool:
+        at = self.locked_at
+        return at is not None and time.monotonic() - at < LOCK_LOCAL_LIVE_S
 
     def running(self) -> bool:
         return self.future is not None and not self.future.done()
@@ -415,7 +434,7 @@ class PushConsumer(_ClientBase):
 
     def _run(self) -> None:
         last_rebalance = 0.0
-        last_persist = time.monotonic()
+        last_persist = last_lock = time.monotonic()
         while not self._stop.is_set():
             changed = False
             for topic in list(self._subscriptions):
@@ -432,6 +451,11 @@ class PushConsumer(_ClientBase):
                     pqs = list(self._queues.values())
                 self._persist(pqs, sync=False)
                 last_persist = now
+            if self._uses_locks and now - last_lock >= LOCK_RENEW_INTERVAL_S:
+                with self._lock:
+                    held = [pq for pq in self._queues.values() if pq.locked_at is not None]
+                self._lock_queues(held)
+                last_lock = now
             self._stop.wait(HEARTBEAT_INTERVAL_S)
 
     def _refresh_view(self, topic: str) -> bool:
@@ -442,21 +466,30 @@ class PushConsumer(_ClientBase):
         if self.message_model is MessageModel.BROADCASTING:
             clients: tuple[str, ...] = (self.client_id,)
         else:
-            request = pb.HeartbeatRequest(
-                client_id=self.client_id,
-                consumer_group=self.group,
-                subscriptions=[
-                    pb.Subscription(topic=t, expression=e) for t, e in self._subscriptions.items()
-                ],
-            )
-            # Every node of every group, not only the leader: the broker keeps heartbeats in
-            # the memory of the node that got them, so after a failover the new leader
-            # already knows every consumer and the split does not wobble.
-            calls = [
-                self._channels.broker(addr).Heartbeat.future(request, timeout=HEARTBEAT_RPC_S)
-                for g in route.groups
-                for addr in g.addrs
+            subscriptions = [
+                pb.Subscription(topic=t, expression=e) for t, e in self._subscriptions.items()
             ]
+            with self._lock:
+                held = [pq.mq for pq in self._queues.values() if pq.lock_valid()]
+            # Every node of every group, not only the leader: the broker keeps heartbeats (and
+            # the queue locks they report) in the memory of the node that got them, so after a
+            # failover the new leader already knows every consumer and lock.
+            calls = []
+            for g in route.groups:
+                request = pb.HeartbeatRequest(
+                    client_id=self.client_id,
+                    consumer_group=self.group,
+                    subscriptions=subscriptions,
+                    locked_queues=[
+                        pb.QueueRef(topic=mq.topic, queue_id=mq.queue_id)
+                        for mq in held
+                        if mq.broker_name == g.broker_name
+                    ],
+                )
+                calls += [
+                    self._channels.broker(addr).Heartbeat.future(request, timeout=HEARTBEAT_RPC_S)
+                    for addr in g.addrs
+                ]
             for call in calls:
                 try:
                     call.result()
@@ -514,6 +547,69 @@ class PushConsumer(_ClientBase):
                 self._queues[mq] = pq
                 pq.future = executor.submit(self._serve, pq)
                 log.info("client=%s takes %s", self.client_id, mq.key())
+
+    # -- queue locks ----------------------------------------------------------------------------
+
+    @property
+    def _uses_locks(self) -> bool:
+        return self.message_model is MessageModel.CLUSTERING
+
+    def _lock_queues(self, pqs: Sequence[_ProcessQueue]) -> None:
+        """Lock (or renew) ``pqs`` on their groups' leaders; marks each held or not."""
+        by_group: dict[tuple[str, str], list[_ProcessQueue]] = {}
+        for pq in pqs:
+            by_group.setdefault((pq.mq.topic, pq.mq.broker_name), []).append(pq)
+        for (topic, broker_name), group_pqs in by_group.items():
+            request = pb.LockBatchRequest(
+                consumer_group=self.group,
+                client_id=self.client_id,
+                queues=[
+                    pb.QueueRef(topic=pq.mq.topic, queue_id=pq.mq.queue_id) for pq in group_pqs
+                ],
+            )
+
+            def call(
+                stub: bpb_grpc.BrokerStub, timeout_s: float, request: pb.LockBatchRequest = request
+            ) -> set[tuple[str, int]]:
+                resp = stub.LockBatchMQ(request, timeout=min(timeout_s, RPC_TIMEOUT_S))
+                return {(q.topic, q.queue_id) for q in resp.locked}
+
+            asked_at = time.monotonic()
+            try:
+                locked = self._routes.call_leader(topic, broker_name, call, RPC_TIMEOUT_S * 2)
+            except MQClientError as exc:
+                log.warning("client=%s lock on %s failed: %s", self.client_id, broker_name, exc)
+                continue  # kept until LOCK_LOCAL_LIVE_S runs out
+            for pq in group_pqs:
+                if (pq.mq.topic, pq.mq.queue_id) in locked:
+                    pq.locked_at = asked_at
+                else:
+                    if pq.locked_at is not None:
+                        log.warning("client=%s lost the lock of %s", self.client_id, pq.mq.key())
+                    pq.locked_at = None
+
+    def _unlock(self, pq: _ProcessQueue) -> None:
+        """Release ``pq``'s lock on every node of its group (the next leader too)."""
+        pq.locked_at = None
+        request = pb.UnlockBatchRequest(
+            consumer_group=self.group,
+            client_id=self.client_id,
+            queues=[pb.QueueRef(topic=pq.mq.topic, queue_id=pq.mq.queue_id)],
+        )
+        try:
+            addrs = self._routes.any_addr(pq.mq.topic, pq.mq.broker_name)
+        except MQClientError as exc:
+            log.warning("unlock %s: no route: %s", pq.mq.key(), exc)
+            return
+        calls = [
+            self._channels.broker(a).UnlockBatchMQ.future(request, timeout=HEARTBEAT_RPC_S)
+            for a in addrs
+        ]
+        for c in calls:
+            try:
+                c.result()
+            except grpc.RpcError as exc:
+                log.debug("unlock %s failed: %s", pq.mq.key(), MQClientError.from_rpc(exc))
 
     # -- offsets --------------------------------------------------------------------------------
 
@@ -573,6 +669,8 @@ class PushConsumer(_ClientBase):
         finally:
             if not self._stop.is_set():  # given up by a rebalance: hand over the offset now
                 self._persist([pq], sync=True)
+                if self._uses_locks and pq.locked_at is not None:
+                    self._unlock(pq)  # only after the commit: the next owner starts there
 
     def _pull_once(self, pq: _ProcessQueue, offset: int, addr: str) -> PullResult | None:
         request = self._pull_request(
@@ -596,6 +694,12 @@ class PushConsumer(_ClientBase):
         node = 0
         ahead_since: float | None = None  # since when this queue's offset is past every node's
         while not pq.stop.is_set():
+            if self._uses_locks and not pq.lock_valid():
+                offset = -1  # whoever held it may have committed since: read after locking
+                self._lock_queues([pq])
+                if not pq.lock_valid():
+                    pq.stop.wait(LOCK_RETRY_S)
+                    continue
             try:
                 if offset < 0:
                     offset = self._initial_offset(pq.mq)
@@ -637,12 +741,18 @@ class PushConsumer(_ClientBase):
                 )
             ahead_since = None
             size = self.consume_batch_size
+            lost_lock = False
             for i in range(0, len(result.messages), size):
                 batch = result.messages[i : i + size]
+                if self._uses_locks and not pq.lock_valid():
+                    lost_lock = True  # another consumer may own the queue now
+                    break
                 if not self._consume(pq, batch):
                     return  # stopped before the batch was consumed: not committed
                 with pq.lock:
                     pq.consumed_offset = batch[-1].queue_offset + 1
+            if lost_lock:
+                continue  # relock at the top, then start from the committed offset
             offset = result.next_begin_offset
             with pq.lock:  # filtered-out messages are consumed too
                 pq.consumed_offset = max(pq.consumed_offset, offset)

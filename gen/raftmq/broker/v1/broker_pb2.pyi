@@ -328,14 +328,16 @@ class Subscription(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., expression: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("client_id", "consumer_group", "subscriptions")
+    __slots__ = ("client_id", "consumer_group", "subscriptions", "locked_queues")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_QUEUES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     consumer_group: str
     subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
-    def __init__(self, client_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ...) -> None: ...
+    locked_queues: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, client_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., locked_queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ()
@@ -354,6 +356,46 @@ class UnregisterConsumerResponse(_message.Message):
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     removed: bool
     def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
+class QueueRef(_message.Message):
+    __slots__ = ("topic", "queue_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class LockBatchRequest(_message.Message):
+    __slots__ = ("consumer_group", "client_id", "queues")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    client_id: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
+
+class LockBatchResponse(_message.Message):
+    __slots__ = ("locked",)
+    LOCKED_FIELD_NUMBER: _ClassVar[int]
+    locked: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, locked: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
+
+class UnlockBatchRequest(_message.Message):
+    __slots__ = ("consumer_group", "client_id", "queues")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    client_id: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
+
+class UnlockBatchResponse(_message.Message):
+    __slots__ = ("unlocked",)
+    UNLOCKED_FIELD_NUMBER: _ClassVar[int]
+    unlocked: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, unlocked: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)

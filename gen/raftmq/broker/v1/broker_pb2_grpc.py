@@ -114,6 +114,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.FromString,
                 _registered_method=True)
+        self.LockBatchMQ = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/LockBatchMQ',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchResponse.FromString,
+                _registered_method=True)
+        self.UnlockBatchMQ = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UnlockBatchMQ',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnlockBatchRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnlockBatchResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -215,6 +225,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LockBatchMQ(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnlockBatchMQ(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +319,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.UnregisterConsumer,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.SerializeToString,
+            ),
+            'LockBatchMQ': grpc.unary_unary_rpc_method_handler(
+                    servicer.LockBatchMQ,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchResponse.SerializeToString,
+            ),
+            'UnlockBatchMQ': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnlockBatchMQ,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnlockBatchRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnlockBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +763,60 @@ class Broker:
             '/raftmq.broker.v1.Broker/UnregisterConsumer',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LockBatchMQ(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/LockBatchMQ',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnlockBatchMQ(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UnlockBatchMQ',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UnlockBatchRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UnlockBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

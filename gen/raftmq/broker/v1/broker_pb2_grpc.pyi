@@ -54,6 +54,8 @@ class BrokerStub:
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatResponse]
     GetConsumerList: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerListRequest, _broker_pb2.GetConsumerListResponse]
     UnregisterConsumer: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]
+    LockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]
+    UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -74,6 +76,8 @@ class BrokerAsyncStub(BrokerStub):
     Heartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatResponse]  # type: ignore[assignment]
     GetConsumerList: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerListRequest, _broker_pb2.GetConsumerListResponse]  # type: ignore[assignment]
     UnregisterConsumer: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]  # type: ignore[assignment]
+    LockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]  # type: ignore[assignment]
+    UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -187,5 +191,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.UnregisterConsumerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.UnregisterConsumerResponse, _abc.Awaitable[_broker_pb2.UnregisterConsumerResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def LockBatchMQ(
+        self,
+        request: _broker_pb2.LockBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.LockBatchResponse, _abc.Awaitable[_broker_pb2.LockBatchResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UnlockBatchMQ(
+        self,
+        request: _broker_pb2.UnlockBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UnlockBatchResponse, _abc.Awaitable[_broker_pb2.UnlockBatchResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
