@@ -9,6 +9,14 @@ Retries: a failed attempt is retried ``retry_times_when_send_failed`` times (ten
 another broker group when the topic has one (RocketMQ's behaviour; a message whose first
 outcome was unknown may then be stored by two groups). Sends through a
 ``MessageQueueSelector`` (ordered messages) are retried on the same queue only.
+
+Coalescing: sends to one broker group share RPCs. At most ``MAX_INFLIGHT_PER_GROUP`` SendMessage
+calls per group are in flight; sends that arrive meanwhile wait and leave together in the next
+call (up to ``MAX_COALESCE_MESSAGES`` messages / ``MAX_COALESCE_BYTES``), so many threads or async
+sends cost a few RPCs and a few log entries rather than one each. Each caller's messages keep
+their own queue; each caller gets its own results. A coalesced call that fails with a
+non-retryable error is split and every caller's messages are sent alone, so one bad message
+fails only its own send.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import itertools
 import logging
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -39,12 +48,19 @@ SEND_MSG_TIMEOUT_S = 3.0
 RETRY_TIMES_WHEN_SEND_FAILED = 2
 # Between retries (a new leader is usually elected within a second or two).
 RETRY_WAIT_S = 0.2
-# Threads for async and one-way sends.
-ASYNC_SEND_THREADS = 8
+# Threads for async and one-way sends (each waits on its send; coalescing batches them).
+ASYNC_SEND_THREADS = 64
 # At most this many async/one-way sends in flight; send_async blocks beyond (back pressure).
 ASYNC_MAX_PENDING = 1024
 # RocketMQ's maxMessageSize default (4 MiB); checked again by the broker.
 MAX_BATCH_MESSAGES = 1024
+
+# Coalescing, per broker group: SendMessage calls in flight at once (a leader replicates the
+# entries of concurrent calls together, so a few suffice to keep it busy), and the size of one
+# coalesced call (well under the broker's 4 MiB message and per-entry limits).
+MAX_INFLIGHT_PER_GROUP = 4
+MAX_COALESCE_MESSAGES = 512
+MAX_COALESCE_BYTES = 1 << 20
 
 # Codes for which another attempt may succeed; everything else is the caller's to fix.
 _RETRYABLE_CODES = frozenset(
@@ -79,6 +95,32 @@ def _local_host() -> str:
         return "127.0.0.1"
 
 
+class _PendingSend:
+    """One caller's messages waiting in a group's coalescing queue."""
+
+    __slots__ = ("error", "event", "lead", "mq", "pbs", "results", "size")
+
+    def __init__(self, mq: MessageQueue, pbs: list[pb.Message]) -> None:
+        self.mq = mq
+        self.pbs = pbs
+        self.size = sum(len(m.body) for m in pbs)
+        self.event = threading.Event()
+        self.lead = False  # handed the group's in-flight slot: this caller sends the next call
+        self.results: list[SendResult] | None = None
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.results is not None or self.error is not None
+
+
+class _GroupQueue:
+    __slots__ = ("inflight", "waiting")
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.waiting: deque[_PendingSend] = deque()
+
+
 class Producer:
     """``Producer(group, namesrv_addr)``; ``start()``, then ``send``/``send_async``/
     ``send_oneway``/``send_batch``; ``shutdown()`` (or use it as a context manager)."""
@@ -101,6 +143,8 @@ class Producer:
         self._pending = threading.BoundedSemaphore(ASYNC_MAX_PENDING)
         self._rr = itertools.count()
         self._born_host = _local_host()
+        self._coalesce_lock = threading.Lock()
+        self._groups: dict[tuple[str, str], _GroupQueue] = {}
 
     def start(self) -> None:
         if self._routes is not None:
@@ -142,22 +186,78 @@ class Producer:
         return queues[start % len(queues)]
 
     def _send_once(self, mq: MessageQueue, msgs: Sequence[Message]) -> list[SendResult]:
+        """One attempt, coalesced with other callers' sends to the same group."""
+        me = _PendingSend(mq, [m.to_pb(mq.queue_id, self.group, self._born_host) for m in msgs])
+        key = (mq.topic, mq.broker_name)
+        with self._coalesce_lock:
+            gq = self._groups.setdefault(key, _GroupQueue())
+            if gq.inflight < MAX_INFLIGHT_PER_GROUP:
+                gq.inflight += 1
+                me.lead = True
+            else:
+                gq.waiting.append(me)
+        while not me.lead:
+            me.event.wait()
+            if me.done():
+                break
+        if me.lead:
+            batch = [me]
+            with self._coalesce_lock:
+                count, size = len(me.pbs), me.size
+                while gq.waiting:
+                    nxt = gq.waiting[0]
+                    count, size = count + len(nxt.pbs), size + nxt.size
+                    if count > MAX_COALESCE_MESSAGES or size > MAX_COALESCE_BYTES:
+                        break
+                    batch.append(gq.waiting.popleft())
+            try:
+                self._send_coalesced(mq, batch)
+            finally:
+                with self._coalesce_lock:  # hand the slot to the next waiting caller
+                    if gq.waiting:
+                        heir = gq.waiting.popleft()
+                        heir.lead = True
+                        heir.event.set()
+                    else:
+                        gq.inflight -= 1
+                for p in batch[1:]:
+                    p.event.set()
+        if me.error is not None:
+            raise me.error
+        assert me.results is not None
+        return me.results
+
+    def _send_coalesced(self, mq: MessageQueue, batch: list[_PendingSend]) -> None:
+        """Sends every pending send of ``batch`` in one call; fills each one's outcome."""
+        try:
+            results = self._call_send(mq, [m for p in batch for m in p.pbs])
+        except BaseException as exc:
+            if len(batch) > 1 and isinstance(exc, MQClientError) and not _retryable(exc):
+                for p in batch:  # isolate the culprit: each caller's messages alone
+                    self._send_coalesced(mq, [p])
+                return
+            for p in batch:
+                p.error = exc
+            return
+        at = 0
+        for p in batch:
+            p.results = results[at : at + len(p.pbs)]
+            at += len(p.pbs)
+
+    def _call_send(self, mq: MessageQueue, pbs: list[pb.Message]) -> list[SendResult]:
         routes = self._route_client()
-        request = pb.SendMessageRequest(
-            topic=mq.topic,
-            messages=[m.to_pb(mq.queue_id, self.group, self._born_host) for m in msgs],
-        )
+        request = pb.SendMessageRequest(topic=mq.topic, messages=pbs)
 
         def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> pb.SendMessageResponse:
             resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=timeout_s)
             return resp
 
         resp = routes.call_leader(mq.topic, mq.broker_name, call, self.send_msg_timeout_s)
-        if len(resp.results) != len(msgs):
+        if len(resp.results) != len(pbs):
             raise MQClientError(
                 "BAD_RESPONSE",
                 "INTERNAL",
-                f"{len(resp.results)} results for {len(msgs)} messages",
+                f"{len(resp.results)} results for {len(pbs)} messages",
             )
         return [
             SendResult(

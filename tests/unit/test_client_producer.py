@@ -28,13 +28,15 @@ class FakeBroker(bpb_grpc.BrokerServicer):
     behaviour: Behaviour = lambda: None
     seen: list[list[str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Looks at the request; (status, detail) to abort with.
+    inspect: Callable[[bpb.SendMessageRequest], tuple[grpc.StatusCode, str] | None] = lambda r: None
 
     def SendMessage(
         self, request: bpb.SendMessageRequest, context: grpc.ServicerContext
     ) -> bpb.SendMessageResponse:
         with self.lock:
             self.seen.append([m.msg_id for m in request.messages])
-        failure = self.behaviour()
+        failure = self.behaviour() or self.inspect(request)
         if failure is not None:
             context.abort(*failure)
         return bpb.SendMessageResponse(
@@ -162,3 +164,74 @@ def test_no_success_without_an_ok(world: World) -> None:
     assert len(failures) == 1
     # 1 + 2 attempts alternate between the groups.
     assert node(world, "b0").seen and node(world, "a0").seen
+
+
+def _concurrently(n: int, fn: Callable[[int], object]) -> list[object]:
+    out: list[object] = [None] * n
+    start = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = fn(i)
+        except BaseException as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_concurrent_sends_share_calls_and_each_gets_its_own_result(world: World) -> None:
+    gate = threading.Event()
+
+    def slow() -> None:
+        gate.wait(0.2)  # the first calls stall: everyone else queues up behind them
+
+    node(world, "a0").behaviour = slow  # type: ignore[assignment]
+    n = 64
+    with Producer("pg", world.namesrv_addr) as producer:
+        msgs = [Message("T", f"m{i}".encode()) for i in range(n)]
+        # Both groups take sends round-robin; to count calls, send to broker-a only.
+        world.namesrv.groups = world.namesrv.groups[:1]
+        results = _concurrently(n, lambda i: producer.send(msgs[i]))
+    calls = node(world, "a0").seen
+    assert sum(len(c) for c in calls) == n
+    assert len(calls) <= n // 4, f"{len(calls)} calls for {n} concurrent sends: no coalescing"
+    assert max(len(c) for c in calls) > 1
+    for msg, r in zip(msgs, results, strict=True):
+        assert not isinstance(r, BaseException), r
+        assert r.msg_id == msg.msg_id  # type: ignore[union-attr]
+
+
+def test_a_bad_message_fails_only_its_own_coalesced_send(world: World) -> None:
+    world.namesrv.groups = world.namesrv.groups[:1]
+    seen_bodies: list[list[bytes]] = []
+
+    def refuse_bad(request: bpb.SendMessageRequest) -> tuple[grpc.StatusCode, str] | None:
+        seen_bodies.append([m.body for m in request.messages])
+        threading.Event().wait(0.1)
+        if any(m.body == b"bad" for m in request.messages):
+            return (grpc.StatusCode.INVALID_ARGUMENT, "MESSAGE_TOO_LARGE bad")
+        return None
+
+    node(world, "a0").inspect = refuse_bad
+    n = 32
+    with Producer("pg", world.namesrv_addr) as producer:
+        bodies = [b"bad" if i == n // 2 else f"ok{i}".encode() for i in range(n)]
+
+        def send_one(i: int) -> object:
+            if bodies[i] == b"bad":  # arrives while the first calls are in flight: it waits
+                threading.Event().wait(0.05)
+            return producer.send(Message("T", bodies[i]))
+
+        results = _concurrently(n, send_one)
+    assert any(len(b) > 1 and b"bad" in b for b in seen_bodies), "never coalesced with bad"
+    for body, r in zip(bodies, results, strict=True):
+        if body == b"bad":
+            assert isinstance(r, MQClientError) and r.code == "MESSAGE_TOO_LARGE"
+        else:
+            assert not isinstance(r, BaseException), (body, r)
