@@ -138,7 +138,7 @@ def test_broadcasting_tags_and_reconsume_later(
     assert cluster.namesrv is not None
     addr = cluster.namesrv.addr
     create_topic(cluster, "BcastT", 4)
-    recs = [Recorder(fail_once={"m3"}), Recorder()]
+    recs = [Recorder(fail_once={"m3"}), Recorder(), Recorder()]
     for rec in recs:
         c = PushConsumer(
             "bgroup", addr, MessageModel.BROADCASTING, offset_store_dir=tmp_path / "offsets"
@@ -162,7 +162,7 @@ def test_broadcasting_tags_and_reconsume_later(
     for c in consumers:
         c.shutdown()
     files = list((tmp_path / "offsets").rglob("offsets.json"))
-    assert len(files) == 2
+    assert len(files) == 3
 
 
 def test_ordered_messages_consumed_in_send_order_across_a_leader_kill(
