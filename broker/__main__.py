@@ -54,6 +54,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
             slave_read_enable=cfg.slaveReadEnable,
             memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
             offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
+            delay_levels_ms=cfg.delay_levels_ms,
         ),
     )
     registrars.append(servicer.register)

@@ -16,6 +16,7 @@ from typing import Any
 
 import javaproperties
 
+from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 
@@ -92,6 +93,22 @@ def _parse_flush(text: str) -> FlushDiskType:
         return FlushDiskType[text.strip()]
     except KeyError:
         raise ValueError("must be SYNC_FLUSH or ASYNC_FLUSH") from None
+
+
+def _parse_delay_levels(text: str) -> str:
+    """RocketMQ's ``messageDelayLevel``: ``1s 5s 10s 30s 1m ...`` (s, m, h, d units)."""
+    parse_delay_levels(text)
+    return " ".join(text.split())
+
+
+def _parse_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not 1e-6 <= value <= 1000:
+        raise ValueError(f"{value} is outside [0.000001, 1000]")
+    return value
 
 
 def _parse_delete_when(text: str) -> str:
@@ -172,6 +189,12 @@ KEYS: Mapping[str, _Key] = {
     "consumerOffsetCommitIntervalMs": _Key(
         _parse_int(1, 60_000), "100", "leader proposes coalesced consumer offsets this often, ms"
     ),
+    "messageDelayLevel": _Key(
+        _parse_delay_levels, DEFAULT_DELAY_LEVELS, "delay of each level (DELAY property), 1-based"
+    ),
+    "delayLevelScale": _Key(
+        _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
+    ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
     "raftTickMs": _Key(_parse_int(5, 1000), "50", "Raft logical clock period, ms"),
     "raftHeartbeatIntervalMs": _Key(_parse_int(5, 10_000), "100", "leader heartbeat period, ms"),
@@ -211,6 +234,8 @@ class BrokerConfig:
     dedupWindowSeconds: int
     dedupWindowMaxIds: int
     consumerOffsetCommitIntervalMs: int
+    messageDelayLevel: str
+    delayLevelScale: float
     raftTickMs: int
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int
@@ -223,6 +248,10 @@ class BrokerConfig:
     @property
     def client_addr(self) -> str:
         return f"{self.brokerIP1}:{self.listenPort}"
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.messageDelayLevel, self.delayLevelScale)
 
     @property
     def namesrv_addrs(self) -> list[str]:

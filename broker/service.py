@@ -16,7 +16,7 @@ import os
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -48,9 +48,28 @@ from broker.message import (
     tags_hash,
     validate_topic,
 )
+from broker.schedule import (
+    DEFAULT_DELAY_LEVELS,
+    DEFAULT_MAX_RECONSUME_TIMES,
+    DLQ_QUEUE_NUMS,
+    PROPERTY_DELAY,
+    RETRY_QUEUE_NUMS,
+    SCHEDULE_TOPIC,
+    delay_level_of,
+    delivered_copy,
+    dlq_topic,
+    due_ms,
+    encode_schedule_header,
+    is_system_topic,
+    parse_delay_levels,
+    retry_topic,
+    send_back_copy,
+    to_schedule,
+)
 from broker.state import (
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
+    ENTRY_SCHEDULE,
     ENTRY_TOPIC,
     PERM_READ,
     PERM_RW,
@@ -99,6 +118,14 @@ DEFAULT_QUERY_MAX_NUM = 32
 MAX_QUERY_MAX_NUM = 1024
 # Consumer heartbeats older than this are dropped (RocketMQ's channelExpiredTimeout).
 CONSUMER_EXPIRE_MS = 120_000
+# The scheduler sleeps until the next due message, at most this long (a new delayed message
+# is due one delay after it is stored, so this only bounds lateness for the shortest levels)
+# and at least this long between passes.
+SCHEDULE_IDLE_MS = 100
+SCHEDULE_MIN_WAIT_MS = 5
+# One delivery entry holds at most this many messages / bytes of copies.
+SCHEDULE_BATCH_MESSAGES = 512
+SCHEDULE_BATCH_BYTES = 1 << 20
 # Queues in one LockBatchMQ/UnlockBatchMQ or one heartbeat's locked list (RocketMQ locks per
 # broker group, at most a few hundred queues per consumer).
 MAX_LOCK_BATCH = 4096
@@ -217,6 +244,7 @@ class ServiceConfig:
     slave_read_enable: bool = False
     memory_ratio_percent: int = DEFAULT_MEMORY_RATIO_PERCENT
     offset_commit_interval_ms: int = DEFAULT_OFFSET_COMMIT_INTERVAL_MS
+    delay_levels_ms: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)
 
 
 def _total_memory_bytes() -> int:
@@ -240,6 +268,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self._inflight: dict[str, asyncio.Future[SendResult]] = {}
         self._consumers: dict[str, dict[str, _Consumer]] = {}
         self._locks = QueueLockTable()
+        self._scheduler: asyncio.Task[None] | None = None
+        sm.add_change_listener(self._maybe_start_scheduler)
         self._memory_limit_bytes = _total_memory_bytes() * cfg.memory_ratio_percent // 100
         sm.add_listener(self._on_dispatch)
 
@@ -308,11 +338,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             sys_flag=msg.sys_flag,
         )
 
-    def _result_pb(self, r: SendResult) -> pb.SendResult:
+    def _result_pb(self, r: SendResult, queue_id: int | None = None) -> pb.SendResult:
         return pb.SendResult(
             msg_id=r.uniq_id,
             offset_msg_id=self._offset_msg_id(r.position),
-            queue_id=r.queue_id,
+            queue_id=r.queue_id if queue_id is None else queue_id,
             queue_offset=r.queue_offset,
             commitlog_position=r.position,
             duplicate=r.duplicate,
@@ -353,6 +383,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     sys_flag=m.sys_flag,
                 )
             )
+        if not is_system_topic(request.topic):
+            levels = len(self.cfg.delay_levels_ms)
+            for i, msg in enumerate(out):
+                level = delay_level_of(msg, levels)
+                if level:
+                    out[i] = to_schedule(msg, level)
         return out
 
     @_rpc
@@ -390,6 +426,18 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 originals = await asyncio.gather(*(asyncio.shield(self._inflight[i]) for i in ids))
                 return pb.SendMessageResponse(results=[self._result_pb(_dup(r)) for r in originals])
         messages = self._build(request, int(time.time() * 1000))
+        results = await self._store(messages)
+        return pb.SendMessageResponse(
+            results=[
+                # A delayed message is stored in the schedule topic until due: answer with the
+                # queue the producer chose (RocketMQ does the same).
+                self._result_pb(r, m.queue_id if r.topic == SCHEDULE_TOPIC else None)
+                for r, m in zip(results, request.messages, strict=True)
+            ]
+        )
+
+    async def _store(self, messages: list[Message]) -> list[SendResult]:
+        """Propose ``messages`` as one entry; their results once it is applied."""
         body, _ = encode_batch(messages, self.cfg.max_message_size_bytes)
         max_body = self.node.cfg.store.max_body_bytes
         if len(body) > max_body:
@@ -420,7 +468,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         finally:
             for uid in mine:
                 del self._inflight[uid]
-        return pb.SendMessageResponse(results=[self._result_pb(r) for r in results])
+        return results
 
     # ------------------------------------------------------------------ pull
 
@@ -831,6 +879,170 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             del group[client_id]
             self._locks.release_client(request.consumer_group, client_id)
         return pb.GetConsumerListResponse(client_ids=sorted(group))
+
+    # ------------------------------------------------------------------ retries and DLQ
+
+    async def _ensure_system_topic(self, name: str, queues: int) -> None:
+        if name not in self.sm.topics:
+            topic = TopicConfig(name, queues, queues, PERM_RW)
+            topic.validate()
+            record = encode_topic_record(TOPIC_CREATE_IF_ABSENT, topic)
+            await self.node.propose([record], ENTRY_TOPIC)
+            logger.info("system topic created topic=%s queues=%d", name, queues)
+
+    def _stored(self, position: int) -> Message:
+        """The applied message at ``position``, decoded (CRC checked)."""
+        if not 0 <= position < self.sm.dispatch_end:
+            raise MessageNotFoundError(f"no applied message at position {position}")
+        store = self.node.store
+        try:
+            size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
+            return decode_message(store.read_at(position, size))
+        except IndexOutOfRangeError as exc:
+            raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
+
+    @_rpc
+    async def ConsumerSendMsgBack(
+        self, request: pb.ConsumerSendMsgBackRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ConsumerSendMsgBackResponse:
+        self._require_leader()
+        group = request.consumer_group
+        if not group:
+            raise InvalidRequestError("consumer_group is required")
+        validate_topic(retry_topic(group))
+        stored = self._stored(request.commitlog_position)
+        if request.msg_id and stored.uniq_id != request.msg_id.upper():
+            raise MessageNotFoundError(
+                f"the message at position {request.commitlog_position} is {stored.uniq_id},"
+                f" not {request.msg_id}"
+            )
+        max_times = (
+            request.max_reconsume_times
+            if request.HasField("max_reconsume_times")
+            else DEFAULT_MAX_RECONSUME_TIMES
+        )
+        now_ms = int(time.time() * 1000)
+        levels = self.cfg.delay_levels_ms
+        copy = send_back_copy(stored, group, request.delay_level, max_times, now_ms, len(levels))
+        dead = copy.topic == dlq_topic(group)
+        target = copy.topic if dead else retry_topic(group)
+        await self._ensure_system_topic(target, DLQ_QUEUE_NUMS if dead else RETRY_QUEUE_NUMS)
+        (result,) = await self._store([copy])
+        level = int(copy.properties.get(PROPERTY_DELAY, "0") or 0)
+        logger.info(
+            "send back group=%s msg=%s attempt=%d -> %s level=%d",
+            group,
+            stored.uniq_id,
+            copy.reconsume_times,
+            target,
+            level,
+        )
+        return pb.ConsumerSendMsgBackResponse(
+            topic=target,
+            dead_lettered=dead,
+            result=self._result_pb(result),
+            deliver_at_ms=0 if dead else due_ms(result.store_timestamp_ms, level, levels),
+        )
+
+    # ------------------------------------------------------------------ the scheduler
+
+    def _maybe_start_scheduler(self) -> None:
+        """A change listener: a node that became leader starts delivering due messages."""
+        if self.sm.role is not Role.LEADER:
+            return
+        if self._scheduler is not None and not self._scheduler.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # applied outside the event loop (tests): nothing to schedule
+            return
+        self._scheduler = loop.create_task(self._schedule_loop(), name="scheduler")
+
+    async def _schedule_loop(self) -> None:
+        """While this node leads: deliver every due scheduled message, level by level."""
+        term = self.node.core.term
+        logger.info("scheduler started node=%s term=%d", self.node.cfg.self_id, term)
+        while self.node.core.role is Role.LEADER and self.node.core.term == term:
+            next_due: int | None = None
+            try:
+                for level in range(1, len(self.cfg.delay_levels_ms) + 1):
+                    due = await self._deliver_level(level)
+                    if due is not None and (next_due is None or due < next_due):
+                        next_due = due
+            except (DLedgerError, ProposalLostError, BrokerError) as exc:
+                # Lost leadership or quorum mid-proposal: nothing was half done (one entry
+                # holds the copies and the offset); the next leader resumes from the log.
+                logger.info("scheduler pass failed: %s", exc)
+                next_due = None
+            now_ms = time.time() * 1000
+            wait_ms = SCHEDULE_IDLE_MS if next_due is None else next_due - now_ms
+            await asyncio.sleep(min(max(wait_ms, SCHEDULE_MIN_WAIT_MS), SCHEDULE_IDLE_MS) / 1000)
+        logger.info("scheduler stopped node=%s term=%d", self.node.cfg.self_id, term)
+
+    async def _deliver_level(self, level: int) -> int | None:
+        """Deliver the due head of ``level``'s queue; the next due time (ms), or None."""
+        delays = self.cfg.delay_levels_ms
+        while True:
+            cq = self.sm.cqs.find(SCHEDULE_TOPIC, level - 1)
+            if cq is None:
+                return None
+            start = self.sm.schedule_offsets.get(level, 0)
+            if start >= cq.max_offset:
+                return None
+            start = max(start, cq.min_offset)
+            now_ms = int(time.time() * 1000)
+            copies: list[Message] = []
+            end = start
+            size = 0
+            next_due: int | None = None
+            for position, msg_size, store_ts in cq.read(start, SCHEDULE_BATCH_MESSAGES):
+                due = due_ms(store_ts, level, delays)
+                if due > now_ms:
+                    next_due = due
+                    break
+                if size + msg_size > SCHEDULE_BATCH_BYTES and copies:
+                    break
+                end += 1
+                size += msg_size
+                copy = self._delivery(position, now_ms)
+                if copy is not None:
+                    copies.append(copy)
+            if end == start:
+                return next_due
+            current = self.sm.schedule_offsets.get(level, 0)
+            body = encode_schedule_header(level, current, end)
+            if copies:
+                batch, _ = encode_batch(copies, self.cfg.max_message_size_bytes)
+                body += batch
+            await self.node.propose([body], ENTRY_SCHEDULE)
+            if self.sm.schedule_offsets.get(level, 0) != end:
+                # Skipped when applied (another pass delivered them first, or the entry was
+                # bad): look again at the next pass rather than spin here.
+                logger.warning("schedule entry level=%d [%d, %d) not applied", level, current, end)
+                return None
+            logger.debug(
+                "delivered level=%d offsets [%d, %d) copies=%d", level, start, end, len(copies)
+            )
+            if end - start < SCHEDULE_BATCH_MESSAGES and next_due is not None:
+                return next_due
+
+    def _delivery(self, position: int, now_ms: int) -> Message | None:
+        """The copy of the scheduled message at ``position`` for its real queue; None when it
+        cannot be delivered (unreadable, or its topic was deleted): it is skipped."""
+        try:
+            copy = delivered_copy(self._stored(position), now_ms)
+        except BrokerError as exc:
+            logger.error("scheduled message at %d skipped: %s", position, exc)
+            return None
+        topic = self.sm.topics.get(copy.topic)
+        if topic is None:
+            logger.warning(
+                "scheduled message %s dropped: topic %s is gone", copy.uniq_id, copy.topic
+            )
+            return None
+        if copy.queue_id >= topic.write_queue_nums:
+            copy = replace(copy, queue_id=copy.queue_id % topic.write_queue_nums)
+        return copy
 
 
 def _monotonic_ms() -> int:

@@ -12,7 +12,9 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
 
 - :data:`ENTRY_MESSAGES` (16): a message batch (``broker.message.encode_batch``);
 - :data:`ENTRY_OFFSETS` (17): consumer offset updates, many per entry;
-- :data:`ENTRY_TOPIC` (18): one topic admin operation.
+- :data:`ENTRY_TOPIC` (18): one topic admin operation;
+- :data:`ENTRY_SCHEDULE` (19): due delayed messages delivered to their real queues, with the
+  schedule level's new delivered offset (``broker.schedule``).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -43,6 +45,7 @@ from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
 from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
 from broker.message import iter_dispatch, validate_topic
+from broker.schedule import SCHEDULE_HEADER, SCHEDULE_TOPIC, decode_schedule_header
 from dledger.core import Role
 from dledger.log import Entry
 
@@ -51,6 +54,7 @@ logger = logging.getLogger(__name__)
 ENTRY_MESSAGES = 16
 ENTRY_OFFSETS = 17
 ENTRY_TOPIC = 18
+ENTRY_SCHEDULE = 19
 
 CONTROL_VERSION = 1
 TOPIC_UPSERT = 1
@@ -134,6 +138,7 @@ class _Captured:
     topics: dict[str, TopicConfig]
     offsets: dict[OffsetKey, int]
     dedup: list[SendResult]
+    schedule: dict[int, int]
 
 
 QueueKey = tuple[str, int]
@@ -268,6 +273,8 @@ class BrokerStateMachine:
         self.topics: dict[str, TopicConfig] = {}
         self.offsets: dict[OffsetKey, int] = {}
         self.dedup: OrderedDict[str, SendResult] = OrderedDict()
+        # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
+        self.schedule_offsets: dict[int, int] = {}
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -344,6 +351,8 @@ class BrokerStateMachine:
                     self.offsets.update(decode_offsets_record(entry.body))
                 elif entry.type == ENTRY_TOPIC:
                     self._apply_topic(entry)
+                elif entry.type == ENTRY_SCHEDULE:
+                    self._apply_schedule(entry, touched)
             except (BrokerError, ValueError) as exc:
                 # Same bytes on every member, so every member skips the same entry.
                 logger.error("skip bad entry index=%d type=%d: %s", entry.index, entry.type, exc)
@@ -355,8 +364,33 @@ class BrokerStateMachine:
 
     # ------------------------------------------------------------------ apply
 
-    def _apply_messages(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
-        base = self.log.body_position(entry.index)
+    def _apply_schedule(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+        level, from_offset, to_offset = decode_schedule_header(entry.body)
+        current = self.schedule_offsets.get(level, 0)
+        if current != from_offset:
+            # Proposed twice (a leader re-scanned before its first proposal applied, or a
+            # deposed leader's entry): the first one delivered these; skip the copy whole.
+            logger.info(
+                "skip stale schedule entry index=%d level=%d from=%d current=%d",
+                entry.index,
+                level,
+                from_offset,
+                current,
+            )
+            return
+        if len(entry.body) > SCHEDULE_HEADER.size:  # only skipped messages: no copies
+            self._apply_messages(entry, touched, SCHEDULE_HEADER.size, check_dedup=False)
+        self.schedule_offsets[level] = to_offset
+
+    def _apply_messages(
+        self,
+        entry: Entry,
+        touched: dict[QueueKey, set[int]],
+        body_offset: int = 0,
+        check_dedup: bool = True,
+    ) -> None:
+        base = self.log.body_position(entry.index) + body_offset
+        body = memoryview(entry.body)[body_offset:] if body_offset else entry.body
         results: list[SendResult] = []
         per_queue: dict[QueueKey, list[tuple[int, int, int]]] = {}
         next_offset: dict[QueueKey, int] = {}
@@ -364,9 +398,9 @@ class BrokerStateMachine:
         to_index: list[tuple[str, Sequence[str], str, int, int]] = []
         # The whole batch is checked (entry CRC covered it already; each message's CRC is
         # checked again when it is read): a corrupt batch is skipped as a whole.
-        infos = list(iter_dispatch(entry.body, verify_crc=False))
+        infos = list(iter_dispatch(body, verify_crc=False))
         for info in infos:
-            original = dedup.get(info.uniq_id)
+            original = dedup.get(info.uniq_id) if check_dedup else None
             if original is not None:
                 results.append(_as_duplicate(original))
                 continue
@@ -376,8 +410,11 @@ class BrokerStateMachine:
                 offset = self.cqs.queue(info.topic, info.queue_id).max_offset
             next_offset[key] = offset + 1
             position = base + info.offset
-            per_queue.setdefault(key, []).append((position, info.size, info.tags_hash))
-            touched.setdefault(key, set()).add(info.tags_hash)
+            # The schedule topic's records carry the store time where others carry the tag
+            # hash (RocketMQ does the same): the scheduler finds due heads without reading.
+            tag = info.store_timestamp_ms if info.topic == SCHEDULE_TOPIC else info.tags_hash
+            per_queue.setdefault(key, []).append((position, info.size, tag))
+            touched.setdefault(key, set()).add(tag)
             to_index.append(
                 (info.topic, info.keys, info.uniq_id, position, info.store_timestamp_ms)
             )
@@ -389,14 +426,15 @@ class BrokerStateMachine:
                 position,
                 info.store_timestamp_ms,
             )
-            dedup[info.uniq_id] = result
+            if check_dedup:
+                dedup[info.uniq_id] = result
             results.append(result)
             if info.store_timestamp_ms > self._latest_store_ts:
                 self._latest_store_ts = info.store_timestamp_ms
         for (topic, queue_id), records in per_queue.items():
             self.cqs.queue(topic, queue_id).append_many(records)
         self.index.put_messages(to_index)
-        self._dispatch_end = base + len(entry.body)
+        self._dispatch_end = base + len(body)
         self._evict_dedup()
         if self.role is Role.LEADER:  # only a leader has send handlers waiting for them
             self._results[entry.index] = results
@@ -486,6 +524,7 @@ class BrokerStateMachine:
             topics=dict(self.topics),
             offsets=dict(self.offsets),
             dedup=list(self.dedup.values()),
+            schedule=dict(self.schedule_offsets),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -522,6 +561,7 @@ class BrokerStateMachine:
             },
             "offsets": offsets,
             "dedup": base64.b64encode(bytes(packed)).decode("ascii"),
+            "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -555,6 +595,9 @@ class BrokerStateMachine:
             for group, topics in data["offsets"].items()
             for topic, queues in topics.items()
             for q, o in queues.items()
+        }
+        self.schedule_offsets = {
+            int(level): int(offset) for level, offset in data.get("schedule", {}).items()
         }
         raw = base64.b64decode(data["dedup"])
         at = 0
@@ -649,6 +692,7 @@ class BrokerStateMachine:
         (self.config_dir / SNAPSHOT_FILE).unlink(missing_ok=True)
         self._open_stores()
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
+        self.schedule_offsets = {}
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

@@ -1,11 +1,13 @@
 """Admin operations behind ``mqadmin`` (client/mqadmin.py): create, update and delete topics on
 every broker group of a cluster, as the NameServer lists them; routes, cluster and node status;
-queue offsets, consumer progress and offset resets; message lookup by key or id.
+queue offsets, consumer progress and offset resets; message lookup by key or id; the
+dead-letter queue of a consumer group: list, and resend to the original topic.
 
 Every failure is an ``MQClientError`` carrying the broker's or NameServer's stable code."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -19,8 +21,17 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
+from client.consumer import PullConsumer
 from client.errors import MQClientError
-from client.message import MessageExt, MessageQueue
+from client.message import (
+    DLQ_PREFIX,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    Message,
+    MessageExt,
+    MessageQueue,
+    SendResult,
+)
+from client.producer import Producer
 from client.route import (
     NAMESRV_RPC_TIMEOUT_S,
     ChannelPool,
@@ -40,6 +51,14 @@ ADMIN_CALL_TIMEOUT_S = 6.0
 # RocketMQ PermName: read + write.
 PERM_READ_WRITE = 6
 _HEX32 = re.compile(r"^[0-9A-Fa-f]{32}$")
+# dlqList / dlqResend read at most this many dead letters per call.
+MAX_DLQ_MESSAGES = 10_000
+DLQ_PULL_BATCH = 256
+# Properties the broker adds on the way to the DLQ; a resend leaves them out.
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+_SYSTEM_PROPERTIES = frozenset(
+    {PROPERTY_DLQ_ORIGIN_TOPIC, "RETRY_TOPIC", "DELAY", "REAL_TOPIC", "REAL_QID"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +391,57 @@ class MQAdmin:
                 "MESSAGE_NOT_FOUND", "NOT_FOUND", f"no message {msg_id} in topic {topic}"
             )
         return found[0]
+
+    def dlq_messages(self, group: str, max_num: int = MAX_DLQ_MESSAGES) -> list[MessageExt]:
+        """Every message in ``%DLQ%{group}`` (every broker group), oldest first per queue."""
+        topic = DLQ_PREFIX + group
+        out: list[MessageExt] = []
+        with PullConsumer(group, self.namesrv_addr) as consumer:
+            for mq in consumer.fetch_queues(topic):
+                offset = 0
+                while len(out) < max_num:
+                    res = consumer.pull(mq, offset, min(DLQ_PULL_BATCH, max_num - len(out)))
+                    if res.status == "OFFSET_ILLEGAL" and res.next_begin_offset != offset:
+                        offset = res.next_begin_offset
+                        continue
+                    out.extend(res.messages)
+                    if res.status != "FOUND" or res.next_begin_offset <= offset:
+                        break
+                    offset = res.next_begin_offset
+        return out
+
+    def resend_dlq(
+        self, group: str, msg_id: str = "", producer_group: str = "mqadmin-dlq"
+    ) -> list[tuple[MessageExt, SendResult]]:
+        """Send dead letters of ``group`` (all, or those whose original or stored id is
+        ``msg_id``) back to their original topics. The resent copy's id is derived from the
+        dead letter's, so resending twice within the broker's dedup window stores it once."""
+        wanted = msg_id.upper()
+        letters = [
+            m
+            for m in self.dlq_messages(group)
+            if not wanted or wanted in (m.msg_id.upper(), m.store_msg_id.upper())
+        ]
+        if wanted and not letters:
+            raise MQClientError(
+                "MESSAGE_NOT_FOUND", "NOT_FOUND", f"no dead letter {msg_id} for group {group}"
+            )
+        out = []
+        with Producer(producer_group, self.namesrv_addr) as producer:
+            for m in letters:
+                origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, "")
+                if not origin:
+                    raise MQClientError(
+                        "BAD_DEAD_LETTER", "FAILED_PRECONDITION", f"{m.msg_id} has no origin topic"
+                    )
+                props = {k: v for k, v in m.properties.items() if k not in _SYSTEM_PROPERTIES}
+                props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, m.msg_id)
+                resend_id = hashlib.md5(
+                    f"{m.store_msg_id or m.msg_id}/resend".encode(), usedforsecurity=False
+                ).hexdigest()
+                msg = Message(origin, m.body, m.tags, m.keys, props, msg_id=resend_id.upper())
+                out.append((m, producer.send(msg)))
+        return out
 
     def queues(self, topic: str) -> list[MessageQueue]:
         """The readable queues of ``topic`` over every group, sorted."""

@@ -20,9 +20,14 @@ renew a lock for ``LOCK_LOCAL_LIVE_S`` stops consuming the queue (the broker fre
 Each assigned queue is served by one thread that pulls and calls the listener in queue order,
 so messages of one queue are consumed one batch at a time in queue order (orderly per queue).
 
-``RECONSUME_LATER`` (or an exception from the listener): the same batch is redelivered in place
-after ``RECONSUME_DELAY_S``, blocking its queue meanwhile. Retry topics
-(``%RETRY%{group}``, delay levels, DLQ) come with issue #7.
+``RECONSUME_LATER`` (or an exception from the listener), clustering mode: every message of the
+batch is sent back to the broker (``ConsumerSendMsgBack``), which redelivers it through the
+group's retry topic ``%RETRY%{group}`` (every consumer of the group subscribes to it) after
+the delay of level ``3 + reconsume_times`` (10 s, 30 s, 1 m, ...), and after
+``max_reconsume_times`` (16) failures parks it in ``%DLQ%{group}``; the queue moves on. A
+message whose send-back fails is retried in place. **Orderly** listeners
+(``register_listener(fn, orderly=True)``) and broadcasting consumers instead retry the batch in
+place after ``RECONSUME_DELAY_S``, holding back the queue, so order is kept.
 
 A consumer that shuts down unregisters from every node, so the rest of the group takes its
 queues at the next heartbeat; one that dies silently is forgotten after 120 s without heartbeats.
@@ -49,7 +54,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client.allocate import AllocateMessageQueueAveragely, AllocateStrategy
 from client.errors import MQClientError
-from client.message import MessageExt, MessageQueue, new_client_id
+from client.message import RETRY_PREFIX, MessageExt, MessageQueue, new_client_id
 from client.route import RETRYABLE_STATUSES, ChannelPool, RouteClient
 
 log = logging.getLogger(__name__)
@@ -91,6 +96,10 @@ LOCK_RENEW_INTERVAL_S = 20.0
 LOCK_LOCAL_LIVE_S = 30.0
 # Between attempts to lock a queue another consumer still holds (it is committing, then unlocks).
 LOCK_RETRY_S = 0.3
+# RocketMQ's maxReconsumeTimes default: send-backs before a message goes to %DLQ%{group}.
+MAX_RECONSUME_TIMES = 16
+# A send-back is one RPC to the group's leader (redirects and elections included).
+SEND_BACK_TIMEOUT_S = 3.0
 
 
 class ConsumeStatus(enum.Enum):
@@ -326,8 +335,15 @@ class PushConsumer(_ClientBase):
         pull_batch_size: int = PULL_BATCH_SIZE,
         offset_store_dir: str | os.PathLike[str] | None = None,
         client_id: str | None = None,
+        max_reconsume_times: int = MAX_RECONSUME_TIMES,
     ) -> None:
         super().__init__(group, namesrv_addr)
+        if not 0 <= max_reconsume_times <= 64:
+            raise MQClientError(
+                "INVALID_ARGUMENT", "INVALID_ARGUMENT", "max_reconsume_times must be in [0, 64]"
+            )
+        self.max_reconsume_times = max_reconsume_times
+        self.orderly = False
         self.message_model = message_model
         self.allocate_strategy = allocate_strategy
         self.consume_from_where = consume_from_where
@@ -354,8 +370,11 @@ class PushConsumer(_ClientBase):
         parse_tags(expression)
         self._subscriptions[topic] = expression
 
-    def register_listener(self, listener: MessageListener) -> None:
+    def register_listener(self, listener: MessageListener, *, orderly: bool = False) -> None:
+        """``orderly``: a failed batch is retried in place, holding back its queue (RocketMQ's
+        MessageListenerOrderly); otherwise failed messages go through the retry topic."""
         self._listener = listener
+        self.orderly = orderly
 
     def assigned_queues(self) -> list[MessageQueue]:
         with self._lock:
@@ -369,6 +388,9 @@ class PushConsumer(_ClientBase):
                 "NOT_READY", "FAILED_PRECONDITION", "subscribe() and register_listener() first"
             )
         self._start_routes()
+        if self.message_model is MessageModel.CLUSTERING:
+            # Redeliveries of this group's failed messages (RocketMQ subscribes the same way).
+            self._subscriptions.setdefault(RETRY_PREFIX + self.group, "*")
         if self.message_model is MessageModel.BROADCASTING and self._offset_file.exists():
             self._local_offsets = {
                 k: int(v) for k, v in json.loads(self._offset_file.read_text()).items()
@@ -441,7 +463,15 @@ class PushConsumer(_ClientBase):
                 try:
                     changed |= self._refresh_view(topic)
                 except MQClientError as exc:
-                    log.warning("client=%s topic=%s view failed: %s", self.client_id, topic, exc)
+                    # The retry topic exists only once a message of the group failed.
+                    quiet = topic.startswith(RETRY_PREFIX) and exc.status == "NOT_FOUND"
+                    log.log(
+                        logging.DEBUG if quiet else logging.WARNING,
+                        "client=%s topic=%s view failed: %s",
+                        self.client_id,
+                        topic,
+                        exc,
+                    )
             now = time.monotonic()
             if changed or now - last_rebalance >= REBALANCE_INTERVAL_S:
                 self._rebalance()
@@ -758,8 +788,10 @@ class PushConsumer(_ClientBase):
                 pq.consumed_offset = max(pq.consumed_offset, offset)
 
     def _consume(self, pq: _ProcessQueue, batch: list[MessageExt]) -> bool:
+        """Call the listener until the batch is consumed; False when stopped first."""
         listener = self._listener
         assert listener is not None
+        send_back = self.message_model is MessageModel.CLUSTERING and not self.orderly
         attempt = 0
         while not pq.stop.is_set():
             try:
@@ -769,7 +801,41 @@ class PushConsumer(_ClientBase):
                 status = ConsumeStatus.RECONSUME_LATER
             if status is ConsumeStatus.CONSUME_SUCCESS:
                 return True
+            if send_back:
+                batch = [m for m in batch if not self._send_back(m)]
+                if not batch:
+                    return True  # every message is the retry topic's now
             attempt += 1
             log.info("%s: RECONSUME_LATER (attempt %d)", pq.mq.key(), attempt)
             pq.stop.wait(RECONSUME_DELAY_S)
         return False
+
+    def _send_back(self, msg: MessageExt) -> bool:
+        """Hand a failed message to the broker's retry machinery; False when that failed."""
+        request = pb.ConsumerSendMsgBackRequest(
+            consumer_group=self.group,
+            commitlog_position=msg.commitlog_position,
+            msg_id=msg.store_msg_id or msg.msg_id,
+            delay_level=0,
+            max_reconsume_times=self.max_reconsume_times,
+        )
+
+        def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> pb.ConsumerSendMsgBackResponse:
+            resp: pb.ConsumerSendMsgBackResponse = stub.ConsumerSendMsgBack(
+                request, timeout=min(timeout_s, RPC_TIMEOUT_S)
+            )
+            return resp
+
+        topic = msg.store_topic or msg.topic
+        try:
+            resp = self._routes.call_leader(topic, msg.broker_name, call, SEND_BACK_TIMEOUT_S)
+        except MQClientError as exc:
+            log.warning("send back %s failed, retrying in place: %s", msg.msg_id, exc)
+            return False
+        log.info(
+            "sent back %s (attempt %d) to %s",
+            msg.msg_id,
+            msg.reconsume_times + 1,
+            resp.topic,
+        )
+        return True

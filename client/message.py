@@ -12,6 +12,12 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 # RocketMQ's uniq key: 32 uppercase hex characters.
 MSG_ID_HEX_CHARS = 32
+# RocketMQ's property names and system topic prefixes (see docs/BROKER.md, "Retries").
+PROPERTY_DELAY = "DELAY"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
 
 
 def new_msg_id() -> str:
@@ -23,7 +29,8 @@ def new_msg_id() -> str:
 @dataclass(slots=True)
 class Message:
     """A message to send. ``msg_id`` is filled by the producer on first send and kept across
-    retries."""
+    retries. ``delay_time_level`` (1..18 with the default levels: 1s 5s 10s 30s 1m 2m ... 2h)
+    delivers it to consumers only that long after it was stored."""
 
     topic: str
     body: bytes
@@ -31,16 +38,20 @@ class Message:
     keys: tuple[str, ...] = ()
     properties: dict[str, str] = field(default_factory=dict)
     msg_id: str = ""
+    delay_time_level: int = 0
 
     def to_pb(self, queue_id: int, producer_group: str, born_host: str) -> pb.Message:
         if not self.msg_id:
             self.msg_id = new_msg_id()
+        properties = dict(self.properties)
+        if self.delay_time_level > 0:
+            properties[PROPERTY_DELAY] = str(self.delay_time_level)
         return pb.Message(
             topic=self.topic,
             queue_id=queue_id,
             tags=self.tags,
             keys=list(self.keys),
-            properties=dict(self.properties),
+            properties=properties,
             body=self.body,
             born_host=born_host,
             born_timestamp_ms=int(time.time() * 1000),
@@ -63,7 +74,12 @@ class MessageQueue:
 
 @dataclass(frozen=True, slots=True)
 class MessageExt:
-    """A consumed message with what the broker filled in."""
+    """A consumed message with what the broker filled in.
+
+    A message redelivered from the group's retry topic shows its original ``topic`` and
+    ``msg_id`` (as RocketMQ's consumer does), a dead letter its original ``msg_id``; ``reconsume_times`` says which retry it is, and
+    ``store_topic``/``store_msg_id`` name the stored copy (``%RETRY%{group}``).
+    """
 
     topic: str
     body: bytes
@@ -79,16 +95,25 @@ class MessageExt:
     born_timestamp_ms: int
     store_timestamp_ms: int
     reconsume_times: int
+    store_topic: str = ""
+    store_msg_id: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Message, broker_name: str) -> MessageExt:
+        properties = dict(m.properties)
+        topic, msg_id = m.topic, m.msg_id
+        if topic.startswith(RETRY_PREFIX):
+            topic = properties.get(PROPERTY_RETRY_TOPIC, topic)
+            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
+        elif topic.startswith(DLQ_PREFIX):  # a dead letter keeps its topic, shows its origin id
+            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
         return cls(
-            topic=m.topic,
+            topic=topic,
             body=m.body,
             tags=m.tags,
             keys=tuple(m.keys),
-            properties=dict(m.properties),
-            msg_id=m.msg_id,
+            properties=properties,
+            msg_id=msg_id,
             offset_msg_id=m.offset_msg_id,
             broker_name=broker_name,
             queue_id=m.queue_id,
@@ -97,6 +122,8 @@ class MessageExt:
             born_timestamp_ms=m.born_timestamp_ms,
             store_timestamp_ms=m.store_timestamp_ms,
             reconsume_times=m.reconsume_times,
+            store_topic=m.topic,
+            store_msg_id=m.msg_id,
         )
 
 

@@ -316,6 +316,33 @@ def cmd_consume_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -
     out.table(rows[: args.count])
 
 
+def cmd_dlq_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    rows = []
+    for m in admin.dlq_messages(args.group, args.count):
+        row = message_row(m)
+        row["origin_topic"] = m.properties.get("DLQ_ORIGIN_TOPIC", "")
+        row["dlq_msg_id"] = m.store_msg_id
+        row["reconsume_times"] = m.reconsume_times
+        rows.append(row)
+    out.table(rows)
+
+
+def cmd_dlq_resend(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    rows: list[Row] = [
+        {
+            "msg_id": m.msg_id,
+            "topic": r.message_queue.topic,
+            "broker": r.message_queue.broker_name,
+            "queue": r.message_queue.queue_id,
+            "queue_offset": r.queue_offset,
+            "new_msg_id": r.msg_id,
+            "duplicate": r.duplicate,
+        }
+        for m, r in admin.resend_dlq(args.group, args.id)
+    ]
+    out.table(rows)
+
+
 # -- argument parsing ----------------------------------------------------------------------
 
 Handler = Callable[[MQAdmin, argparse.Namespace, Output], None]
@@ -401,6 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--offset", type=int, default=None, help="start offset (default: min)")
     p.add_argument("-c", "--count", type=int, default=32, help="at most this many (default 32)")
     p.add_argument("-s", "--subexpr", default="*", help="tag expression (default *)")
+
+    p = add("dlqList", cmd_dlq_list, "a consumer group's dead letters (%%DLQ%%{group})")
+    p.add_argument("-g", "--group", required=True, help="consumer group")
+    p.add_argument("-c", "--count", type=int, default=1000, help="at most this many (1000)")
+    p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
+    p.add_argument("-g", "--group", required=True, help="consumer group")
+    p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
     return parser
 
 

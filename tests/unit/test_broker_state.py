@@ -11,9 +11,11 @@ import pytest
 
 from broker.errors import CorruptMessageError
 from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
+from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
 from broker.state import (
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
+    ENTRY_SCHEDULE,
     ENTRY_TOPIC,
     TOPIC_CREATE_IF_ABSENT,
     TOPIC_DELETE,
@@ -279,3 +281,31 @@ def test_lost_stores_are_rebuilt_from_the_log(tmp_path: Path, lost: str) -> None
     assert again.index.query_key("T", sent[7].uniq_id, 2) != []
     again.close()
     assert cq_bytes(tmp_path) == before
+
+
+def test_schedule_entries_deliver_once_and_stale_ones_are_skipped(tmp_path: Path) -> None:
+    log = FakeLog()
+    originals = [msg(0, n, ts=1000 + n) for n in range(4)]
+    batch(log, [to_schedule(m, 2) for m in originals])
+    copies = [delivered_copy(to_schedule(m, 2), now_ms=9000) for m in originals]
+    first, _ = encode_batch(copies[:3])
+    log.add(encode_schedule_header(2, 0, 3) + first, ENTRY_SCHEDULE)
+    log.add(encode_schedule_header(2, 0, 3) + first, ENTRY_SCHEDULE)  # proposed twice: skipped
+    rest, _ = encode_batch(copies[3:])
+    log.add(encode_schedule_header(2, 3, 4) + rest, ENTRY_SCHEDULE)
+    log.add(encode_schedule_header(5, 0, 1), ENTRY_SCHEDULE)  # header only: offsets move
+    sm = new_sm(tmp_path / "a", log)
+    sm.applied_index()
+    sm.apply(log.entries)
+    sched = sm.cqs.find(SCHEDULE_TOPIC, 1)
+    assert sched is not None and sched.max_offset == 4
+    # The schedule queue's records carry store times (for due checks), not tag hashes.
+    assert [r[2] for r in sched.read(0, 4)] == [1000, 1001, 1002, 1003]
+    real = sm.cqs.find("T", 0)
+    assert real is not None and real.max_offset == 4  # 4 delivered, not 7
+    assert sm.schedule_offsets == {2: 4, 5: 1}
+    sm.close()
+    again = new_sm(tmp_path / "a", log)
+    again.applied_index()
+    assert again.schedule_offsets == {2: 4, 5: 1}  # in the snapshot
+    again.close()

@@ -397,6 +397,32 @@ class UnlockBatchResponse(_message.Message):
     unlocked: _containers.RepeatedCompositeFieldContainer[QueueRef]
     def __init__(self, unlocked: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
+class ConsumerSendMsgBackRequest(_message.Message):
+    __slots__ = ("consumer_group", "commitlog_position", "msg_id", "delay_level", "max_reconsume_times")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_POSITION_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    commitlog_position: int
+    msg_id: str
+    delay_level: int
+    max_reconsume_times: int
+    def __init__(self, consumer_group: _Optional[str] = ..., commitlog_position: _Optional[int] = ..., msg_id: _Optional[str] = ..., delay_level: _Optional[int] = ..., max_reconsume_times: _Optional[int] = ...) -> None: ...
+
+class ConsumerSendMsgBackResponse(_message.Message):
+    __slots__ = ("topic", "dead_lettered", "result", "deliver_at_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    dead_lettered: bool
+    result: SendResult
+    deliver_at_ms: int
+    def __init__(self, topic: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., result: _Optional[_Union[SendResult, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -56,6 +56,7 @@ class BrokerStub:
     UnregisterConsumer: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]
     LockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
+    ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -78,6 +79,7 @@ class BrokerAsyncStub(BrokerStub):
     UnregisterConsumer: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]  # type: ignore[assignment]
     LockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]  # type: ignore[assignment]
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
+    ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -205,5 +207,12 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.UnlockBatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.UnlockBatchResponse, _abc.Awaitable[_broker_pb2.UnlockBatchResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ConsumerSendMsgBack(
+        self,
+        request: _broker_pb2.ConsumerSendMsgBackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ConsumerSendMsgBackResponse, _abc.Awaitable[_broker_pb2.ConsumerSendMsgBackResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
