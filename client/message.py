@@ -77,8 +77,9 @@ class MessageExt:
     """A consumed message with what the broker filled in.
 
     A message redelivered from the group's retry topic shows its original ``topic`` and
-    ``msg_id`` (as RocketMQ's consumer does), a dead letter its original ``msg_id``; ``reconsume_times`` says which retry it is, and
-    ``store_topic``/``store_msg_id`` name the stored copy (``%RETRY%{group}``).
+    ``msg_id`` (as RocketMQ's consumer does), a dead letter its original ``msg_id``;
+    ``reconsume_times`` says which retry it is, and ``store_topic``/``store_msg_id`` name the
+    stored copy (``%RETRY%{group}``, ``%DLQ%{group}``).
     """
 
     topic: str
