@@ -6,7 +6,14 @@ Starts a group in a temp dir (auto ports), creates a topic of 8 queues and measu
   ``--size`` bytes (one SendMessage = one Raft entry), for ``--seconds``;
 - single-message send latency (one producer, one message per request);
 - long-poll wake-up: a pull held on the leader and one on a follower, then one send; the time
-  from the start of the send to the pull's answer, and to the send's acknowledgement.
+  from the start of the send to the pull's answer, and to the send's acknowledgement;
+- delayed messages (issue #7): the same producers send ``--delayed`` messages with delay level 1
+  (scaled to 1 ms by ``delayLevelScale``); the rate is messages per second from the first send
+  until the scheduler delivered the last one to its real queue;
+- consumer retries: ``--delayed`` messages are sent back (``ConsumerSendMsgBack``, level 1,
+  ``--batch`` per call, as a push consumer sends back a failed batch) by ``--threads``
+  consumers; the rate is until the last retry copy is consumable in ``%RETRY%{group}``.
+  Both are reported as a ratio to the plain send rate of the same run.
 
 Prints a table and writes ``bench/results/broker-<UTC timestamp>.json``. Stops the group and
 removes its temp dir.
@@ -35,6 +42,12 @@ from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
 
 TOPIC = "BenchTopic"
+DELAY_TOPIC = "BenchDelay"
+RETRY_SOURCE_TOPIC = "BenchRetrySrc"
+RETRY_GROUP = "bench-retry"
+# 1 s (level 1) scaled to 1 ms: the delay itself does not count, the machinery does.
+DELAY_LEVEL_SCALE = "0.001"
+DELIVERY_TIMEOUT_S = 120.0
 QUEUES = 8
 WAKE_ROUNDS = 20
 SEGMENT_BYTES = 64 << 20
@@ -98,6 +111,143 @@ def bench_throughput(
         "messages_per_s": total / elapsed,
         "mb_per_s": total * size / elapsed / 1e6,
         "failed_requests": sum(errors),
+    }
+
+
+def _queue_total(stub: pb_grpc.BrokerStub, topic: str, queues: int) -> int:
+    total = 0
+    for q in range(queues):
+        try:
+            resp = stub.GetQueueOffsets(
+                pb.GetQueueOffsetsRequest(topic=topic, queue_id=q), timeout=5
+            )
+        except grpc.RpcError:
+            return -1
+        total += resp.max_offset
+    return total
+
+
+def _send_all(
+    addr: str, topic: str, threads: int, batch: int, size: int, total: int, delay_level: int
+) -> int:
+    """Send ``total`` messages (``delay_level`` > 0: delayed) with ``threads`` producers."""
+    body = os.urandom(size)
+    per_thread = total // threads
+    sent = [0] * threads
+    props = {"DELAY": str(delay_level)} if delay_level else {}
+
+    def run(i: int) -> None:
+        ids = UniqIdGenerator(ip="127.0.0.1", instance_hash=1000 + i)
+        stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        while sent[i] < per_thread:
+            n = min(batch, per_thread - sent[i])
+            msgs = [
+                pb.Message(
+                    queue_id=(sent[i] + j) % QUEUES,
+                    body=body,
+                    properties=props,
+                    msg_id=ids.next_id(),
+                )
+                for j in range(n)
+            ]
+            try:
+                stub.SendMessage(pb.SendMessageRequest(topic=topic, messages=msgs), timeout=10)
+            except grpc.RpcError:
+                continue
+            sent[i] += n
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(DELIVERY_TIMEOUT_S)
+    return sum(sent)
+
+
+def _wait_total(stub: pb_grpc.BrokerStub, topic: str, queues: int, want: int) -> bool:
+    deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if _queue_total(stub, topic, queues) >= want:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def bench_delay(
+    addr: str, stub: pb_grpc.BrokerStub, threads: int, batch: int, size: int, total: int
+) -> dict[str, Any]:
+    started = time.monotonic()
+    sent = _send_all(addr, DELAY_TOPIC, threads, batch, size, total, delay_level=1)
+    sent_s = time.monotonic() - started
+    delivered = _wait_total(stub, DELAY_TOPIC, QUEUES, sent)
+    elapsed = time.monotonic() - started
+    return {
+        "messages": sent,
+        "all_delivered": delivered,
+        "send_seconds": sent_s,
+        "messages_per_s": sent / elapsed,
+        "conditions": f"{threads} producers x {batch} msgs x {size} B, level 1 = 1 ms",
+    }
+
+
+def bench_send_back(
+    addr: str, stub: pb_grpc.BrokerStub, threads: int, batch: int, size: int, total: int
+) -> dict[str, Any]:
+    sent = _send_all(addr, RETRY_SOURCE_TOPIC, threads, batch, size, total, delay_level=0)
+    positions: list[tuple[int, str]] = []
+    for q in range(QUEUES):
+        offset = 0
+        while True:
+            resp = stub.PullMessage(
+                pb.PullMessageRequest(
+                    consumer_group=RETRY_GROUP,
+                    topic=RETRY_SOURCE_TOPIC,
+                    queue_id=q,
+                    queue_offset=offset,
+                    max_msgs=1024,
+                    no_suspend=True,
+                ),
+                timeout=30,
+            )
+            positions += [(m.commitlog_position, m.msg_id) for m in resp.messages]
+            if not resp.messages:
+                break
+            offset = resp.next_begin_offset
+    chunks = [positions[i::threads] for i in range(threads)]
+    failed = [0] * threads
+
+    def run(i: int) -> None:
+        s = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        mine = chunks[i]
+        for at in range(0, len(mine), batch):
+            part = mine[at : at + batch]
+            try:
+                s.ConsumerSendMsgBack(
+                    pb.ConsumerSendMsgBackRequest(
+                        consumer_group=RETRY_GROUP,
+                        messages=[pb.SendBackItem(commitlog_position=p, msg_id=m) for p, m in part],
+                        delay_level=1,
+                    ),
+                    timeout=10,
+                )
+            except grpc.RpcError:
+                failed[i] += len(part)
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(DELIVERY_TIMEOUT_S)
+    delivered = _wait_total(stub, "%RETRY%" + RETRY_GROUP, 1, len(positions) - sum(failed))
+    elapsed = time.monotonic() - started
+    return {
+        "messages": len(positions),
+        "source_sent": sent,
+        "failed_send_backs": sum(failed),
+        "all_delivered": delivered,
+        "messages_per_s": len(positions) / elapsed,
+        "conditions": f"{threads} consumers, {batch} messages per send-back, level 1 = 1 ms",
     }
 
 
@@ -182,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--delayed", type=int, default=20_000, help="messages per delay case")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.threads <= 0 or args.batch <= 0 or args.size <= 0:
@@ -197,22 +348,26 @@ def main(argv: list[str] | None = None) -> int:
             "mappedFileSizeCommitLog": str(SEGMENT_BYTES),
             "maxHashSlotNum": "500000",
             "maxIndexNum": "2000000",
+            "delayLevelScale": DELAY_LEVEL_SCALE,
         },
     )
     try:
         cluster.up()
         addr, stub = _leader_stub(cluster)
-        stub.CreateTopic(
-            pb.CreateTopicRequest(
-                topic=pb.TopicConfig(
-                    topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES
-                )
-            ),
-            timeout=10,
-        )
+        for name in (TOPIC, DELAY_TOPIC, RETRY_SOURCE_TOPIC):
+            stub.CreateTopic(
+                pb.CreateTopicRequest(
+                    topic=pb.TopicConfig(
+                        topic_name=name, read_queue_nums=QUEUES, write_queue_nums=QUEUES
+                    )
+                ),
+                timeout=10,
+            )
         wake = bench_wake(cluster, addr, stub)
         single = bench_single(stub, min(args.seconds, 3.0))
         throughput = bench_throughput(addr, args.threads, args.batch, args.size, args.seconds)
+        delay = bench_delay(addr, stub, args.threads, args.batch, args.size, args.delayed)
+        retry = bench_send_back(addr, stub, args.threads, args.batch, args.size, args.delayed)
     finally:
         cluster.down(grace_s=5.0)
         cluster.purge()
@@ -224,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         "send_throughput": throughput,
         "single_send": single,
         "long_poll_wake": wake,
+        "delayed_messages": delay,
+        "consumer_retries": retry,
+        "delay_to_send_ratio": delay["messages_per_s"] / throughput["messages_per_s"],
+        "retry_to_send_ratio": retry["messages_per_s"] / throughput["messages_per_s"],
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -242,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{w['send_start_to_pull_answer_p50_ms']:.1f} ms (max "
             f"{w['send_start_to_pull_answer_max_ms']:.1f}), ack -> pull answer p50 "
             f"{w['send_ack_to_pull_answer_p50_ms']:.1f} ms"
+        )
+    for name, key in (("delayed messages", "delayed_messages"), ("retries", "consumer_retries")):
+        d = result[key]
+        ratio = d["messages_per_s"] / t["messages_per_s"]
+        print(
+            f"{name}: {d['messages_per_s']:,.0f} msg/s ({d['conditions']}), "
+            f"{ratio:.2f} x the send rate (target >= 0.25), all delivered: {d['all_delivered']}"
         )
     print(f"wrote {out}")
     return 0

@@ -126,6 +126,8 @@ SCHEDULE_MIN_WAIT_MS = 5
 # One delivery entry holds at most this many messages / bytes of copies.
 SCHEDULE_BATCH_MESSAGES = 512
 SCHEDULE_BATCH_BYTES = 1 << 20
+# Messages in one ConsumerSendMsgBack (a consumer sends back one failed batch at a time).
+MAX_SEND_BACK_BATCH = 1024
 # Queues in one LockBatchMQ/UnlockBatchMQ or one heartbeat's locked list (RocketMQ locks per
 # broker group, at most a few hundred queues per consumer).
 MAX_LOCK_BATCH = 4096
@@ -909,13 +911,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         group = request.consumer_group
         if not group:
             raise InvalidRequestError("consumer_group is required")
+        if not 1 <= len(request.messages) <= MAX_SEND_BACK_BATCH:
+            raise InvalidRequestError(f"send back 1 to {MAX_SEND_BACK_BATCH} messages")
         validate_topic(retry_topic(group))
-        stored = self._stored(request.commitlog_position)
-        if request.msg_id and stored.uniq_id != request.msg_id.upper():
-            raise MessageNotFoundError(
-                f"the message at position {request.commitlog_position} is {stored.uniq_id},"
-                f" not {request.msg_id}"
-            )
         max_times = (
             request.max_reconsume_times
             if request.HasField("max_reconsume_times")
@@ -923,26 +921,42 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         )
         now_ms = int(time.time() * 1000)
         levels = self.cfg.delay_levels_ms
-        copy = send_back_copy(stored, group, request.delay_level, max_times, now_ms, len(levels))
-        dead = copy.topic == dlq_topic(group)
-        target = copy.topic if dead else retry_topic(group)
-        await self._ensure_system_topic(target, DLQ_QUEUE_NUMS if dead else RETRY_QUEUE_NUMS)
-        (result,) = await self._store([copy])
-        level = int(copy.properties.get(PROPERTY_DELAY, "0") or 0)
-        logger.info(
-            "send back group=%s msg=%s attempt=%d -> %s level=%d",
+        copies: list[Message] = []
+        for item in request.messages:
+            stored = self._stored(item.commitlog_position)
+            if item.msg_id and stored.uniq_id != item.msg_id.upper():
+                raise MessageNotFoundError(
+                    f"the message at position {item.commitlog_position} is {stored.uniq_id},"
+                    f" not {item.msg_id}"
+                )
+            copies.append(
+                send_back_copy(stored, group, request.delay_level, max_times, now_ms, len(levels))
+            )
+        dlq = dlq_topic(group)
+        if any(c.topic == dlq for c in copies):
+            await self._ensure_system_topic(dlq, DLQ_QUEUE_NUMS)
+        if any(c.topic != dlq for c in copies):
+            await self._ensure_system_topic(retry_topic(group), RETRY_QUEUE_NUMS)
+        results = await self._store(copies)  # one entry for the whole batch
+        out = []
+        for copy, result in zip(copies, results, strict=True):
+            dead = copy.topic == dlq
+            level = int(copy.properties.get(PROPERTY_DELAY, "0") or 0)
+            out.append(
+                pb.SendBackResult(
+                    topic=dlq if dead else retry_topic(group),
+                    dead_lettered=dead,
+                    result=self._result_pb(result),
+                    deliver_at_ms=0 if dead else due_ms(result.store_timestamp_ms, level, levels),
+                )
+            )
+        logger.debug(
+            "send back group=%s messages=%d dead_lettered=%d",
             group,
-            stored.uniq_id,
-            copy.reconsume_times,
-            target,
-            level,
+            len(out),
+            sum(r.dead_lettered for r in out),
         )
-        return pb.ConsumerSendMsgBackResponse(
-            topic=target,
-            dead_lettered=dead,
-            result=self._result_pb(result),
-            deliver_at_ms=0 if dead else due_ms(result.store_timestamp_ms, level, levels),
-        )
+        return pb.ConsumerSendMsgBackResponse(results=out)
 
     # ------------------------------------------------------------------ the scheduler
 

@@ -801,21 +801,24 @@ class PushConsumer(_ClientBase):
                 status = ConsumeStatus.RECONSUME_LATER
             if status is ConsumeStatus.CONSUME_SUCCESS:
                 return True
-            if send_back:
-                batch = [m for m in batch if not self._send_back(m)]
-                if not batch:
-                    return True  # every message is the retry topic's now
+            if send_back and self._send_back(batch):
+                return True  # every message is the retry topic's now
             attempt += 1
             log.info("%s: RECONSUME_LATER (attempt %d)", pq.mq.key(), attempt)
             pq.stop.wait(RECONSUME_DELAY_S)
         return False
 
-    def _send_back(self, msg: MessageExt) -> bool:
-        """Hand a failed message to the broker's retry machinery; False when that failed."""
+    def _send_back(self, batch: list[MessageExt]) -> bool:
+        """Hand a failed batch (one queue's) to the broker's retry machinery in one call;
+        False when that failed (the batch is then retried in place)."""
         request = pb.ConsumerSendMsgBackRequest(
             consumer_group=self.group,
-            commitlog_position=msg.commitlog_position,
-            msg_id=msg.store_msg_id or msg.msg_id,
+            messages=[
+                pb.SendBackItem(
+                    commitlog_position=m.commitlog_position, msg_id=m.store_msg_id or m.msg_id
+                )
+                for m in batch
+            ],
             delay_level=0,
             max_reconsume_times=self.max_reconsume_times,
         )
@@ -826,16 +829,13 @@ class PushConsumer(_ClientBase):
             )
             return resp
 
-        topic = msg.store_topic or msg.topic
+        first = batch[0]
+        topic = first.store_topic or first.topic
         try:
-            resp = self._routes.call_leader(topic, msg.broker_name, call, SEND_BACK_TIMEOUT_S)
+            resp = self._routes.call_leader(topic, first.broker_name, call, SEND_BACK_TIMEOUT_S)
         except MQClientError as exc:
-            log.warning("send back %s failed, retrying in place: %s", msg.msg_id, exc)
+            log.warning("send back of %d failed, retrying in place: %s", len(batch), exc)
             return False
-        log.info(
-            "sent back %s (attempt %d) to %s",
-            msg.msg_id,
-            msg.reconsume_times + 1,
-            resp.topic,
-        )
+        for m, r in zip(batch, resp.results, strict=False):
+            log.info("sent back %s (attempt %d) to %s", m.msg_id, m.reconsume_times + 1, r.topic)
         return True

@@ -398,20 +398,26 @@ class UnlockBatchResponse(_message.Message):
     def __init__(self, unlocked: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class ConsumerSendMsgBackRequest(_message.Message):
-    __slots__ = ("consumer_group", "commitlog_position", "msg_id", "delay_level", "max_reconsume_times")
+    __slots__ = ("consumer_group", "messages", "delay_level", "max_reconsume_times")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
-    COMMITLOG_POSITION_FIELD_NUMBER: _ClassVar[int]
-    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
     MAX_RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
-    commitlog_position: int
-    msg_id: str
+    messages: _containers.RepeatedCompositeFieldContainer[SendBackItem]
     delay_level: int
     max_reconsume_times: int
-    def __init__(self, consumer_group: _Optional[str] = ..., commitlog_position: _Optional[int] = ..., msg_id: _Optional[str] = ..., delay_level: _Optional[int] = ..., max_reconsume_times: _Optional[int] = ...) -> None: ...
+    def __init__(self, consumer_group: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[SendBackItem, _Mapping]]] = ..., delay_level: _Optional[int] = ..., max_reconsume_times: _Optional[int] = ...) -> None: ...
 
-class ConsumerSendMsgBackResponse(_message.Message):
+class SendBackItem(_message.Message):
+    __slots__ = ("commitlog_position", "msg_id")
+    COMMITLOG_POSITION_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    commitlog_position: int
+    msg_id: str
+    def __init__(self, commitlog_position: _Optional[int] = ..., msg_id: _Optional[str] = ...) -> None: ...
+
+class SendBackResult(_message.Message):
     __slots__ = ("topic", "dead_lettered", "result", "deliver_at_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
@@ -422,6 +428,12 @@ class ConsumerSendMsgBackResponse(_message.Message):
     result: SendResult
     deliver_at_ms: int
     def __init__(self, topic: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., result: _Optional[_Union[SendResult, _Mapping]] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
+class ConsumerSendMsgBackResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendBackResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendBackResult, _Mapping]]] = ...) -> None: ...
 
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)
