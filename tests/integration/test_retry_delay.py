@@ -240,3 +240,44 @@ def test_delayed_messages_survive_a_leader_kill_once_and_never_early(
     wait_for(lambda: _replica_queues(cluster) is not None, 30, "replicas agree on DelayT")
     dups = sum(len(v) - 1 for v in got.values())
     print(f"\n{delivered_at_kill} delivered before the kill; consumer-side repeats: {dups}")
+
+
+def test_orderly_listener_retries_in_place_and_keeps_order(
+    local_group: Callable[..., LocalCluster], consumers: list[PushConsumer]
+) -> None:
+    cluster = local_group(3, namesrv=True, delayLevelScale=SCALE)
+    assert cluster.namesrv is not None
+    addr = cluster.namesrv.addr
+    create_topic(cluster, "OrderlyT", 1)
+    lock = threading.Lock()
+    bodies: list[str] = []
+    failures = {"m1": 2}
+
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+        body = msgs[0].body.decode()
+        with lock:
+            bodies.append(body)
+            if failures.get(body, 0) > 0:
+                failures[body] -= 1
+                return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c = PushConsumer("orderly-cg", addr)
+    c.subscribe("OrderlyT", "*")
+    c.register_listener(listener, orderly=True)
+    consumers.append(c)
+    c.start()
+    with Producer("orderly-pg", addr) as producer:
+        for i in range(5):
+            producer.send(Message("OrderlyT", f"m{i}".encode()))
+
+    def done() -> bool:
+        with lock:
+            return len(bodies) >= 7
+
+    wait_for(done, 30, "5 messages and 2 in-place retries")
+    with lock:
+        assert bodies == ["m0", "m1", "m1", "m1", "m2", "m3", "m4"]
+    # Nothing went through the retry topic.
+    route = mqadmin(addr, "topicRoute", "-t", "%RETRY%orderly-cg")
+    assert route.returncode == 1 and "NOT_FOUND" in route.stderr
