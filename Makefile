@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := dledger broker nameserver client
 
-.PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-store bench-broker clean
+.PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker clean
 
 venv: $(STAMP)
 
@@ -52,7 +52,14 @@ bench-store: venv
 bench-broker: venv
 	$(PY) -m bench.broker
 
-bench: bench-store bench-broker
+# The benchmark of issue #10 (mqbench): a 3-node group under both flush modes, side by side with
+# etcd and NATS JetStream when installed (make bench-peers); results in bench/results/.
+bench: venv
+	$(PY) -m bench
+
+# Every part of mqbench once, small: checks the harness end to end (also run by make test).
+bench-smoke: venv
+	$(PY) -m bench --smoke
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

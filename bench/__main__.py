@@ -1,0 +1,458 @@
+"""``mqbench`` / ``python -m bench``: raftmq on a local 3-node group, side by side with peers.
+
+Starts a fresh local group with a NameServer (once under SYNC_FLUSH, once under ASYNC_FLUSH),
+drives it over gRPC with load-generator processes using the real client, and measures:
+
+- produce throughput (messages/s, MB/s) and latency p50/p99/p99.9 for each message size and
+  number of sends in flight (``--sizes``, ``--in-flight``), under both flush modes, with the
+  CPU seconds each node spent per million messages;
+- end-to-end latency, send to push-consumer callback, at a fixed moderate rate;
+- catch-up consumption of a backlog (``--backlog`` messages of 1 KiB) with a pull consumer;
+- failover: SIGKILL of the leader to the next acknowledged send (``--failovers`` trials);
+- delayed-message and consumer-retry throughput as ratios to the plain send rate (issue #7);
+- peak RSS of every node;
+- when installed (``make bench-peers``), a 3-node etcd and a 3-node NATS JetStream R3 on
+  127.0.0.1 under the same load shape, and our figures as ratios to theirs.
+
+Writes ``bench/results/<UTC timestamp>.json``, ``.md`` (tables) and ``.png`` (chart).
+``--smoke`` runs every part once, small (under a minute): what CI checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from broker.cluster import LocalCluster
+from client import (
+    ConsumeStatus,
+    Message,
+    MessageExt,
+    MQAdmin,
+    MQClientError,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+)
+
+TOPIC = "BenchT"
+QUEUES = 8
+SEGMENT_BYTES = 256 << 20
+# Processes generating load (each runs in_flight / LOADGEN_PROCESSES sender threads); two
+# keep one process's GIL from capping the load on this 2-core machine.
+LOADGEN_PROCESSES = 2
+# A load-generator process must report within its duration plus this.
+LOADGEN_GRACE_S = 60.0
+E2E_RATE_PER_S = 500
+BACKLOG_BATCH = 256
+BACKLOG_THREADS = 4
+CONSUME_THREADS = QUEUES
+# A failover trial gives up after this long without an acknowledged send.
+FAILOVER_TIMEOUT_S = 30.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``values``; 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+def _cpu_s(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def _peak_rss_mb(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@contextlib.contextmanager
+def local_group(base: Path, flush: str) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(base / flush.lower())
+    cluster.configure(
+        3,
+        auto_ports=True,
+        namesrv=True,
+        extra={
+            "flushDiskType": flush,
+            "mappedFileSizeCommitLog": str(SEGMENT_BYTES),
+            "maxHashSlotNum": "500000",
+            "maxIndexNum": "4000000",
+            "delayLevelScale": "0.001",
+        },
+    )
+    try:
+        cluster.up()
+        assert cluster.namesrv is not None
+        MQAdmin(cluster.namesrv.addr).create_topic(TOPIC, queues=QUEUES)
+        yield cluster
+    finally:
+        cluster.down(grace_s=5.0)
+        cluster.purge()
+
+
+def produce_case(
+    cluster: LocalCluster, size: int, in_flight: int, seconds: float
+) -> dict[str, Any]:
+    """``in_flight`` closed-loop senders of ``size``-byte messages for ``seconds``."""
+    assert cluster.namesrv is not None
+    procs = 1 if in_flight < LOADGEN_PROCESSES else LOADGEN_PROCESSES
+    threads = max(1, in_flight // procs)
+    pids = {n.node_id: cluster.pid(n) for n in cluster.nodes}
+    cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
+    cmd = [sys.executable, "-m", "bench.loadgen", "--namesrv", cluster.namesrv.addr]
+    cmd += ["--topic", TOPIC, "--size", str(size), "--threads", str(threads)]
+    cmd += ["--seconds", str(seconds)]
+    running = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(procs)
+    ]
+    outs = []
+    for p in running:
+        try:
+            out, err = p.communicate(timeout=seconds + LOADGEN_GRACE_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"loadgen failed ({p.returncode}): {err.strip()[-500:]}")
+        outs.append(json.loads(out))
+    cpu1 = {k: _cpu_s(p) for k, p in pids.items()}
+    sent = sum(int(o["sent"]) for o in outs)
+    lat_ms = [us / 1000 for o in outs for us in o["latencies_us"]]
+    cpu_per_m = {k: (cpu1[k] - cpu0[k]) / sent * 1e6 if sent else 0.0 for k in sorted(pids)}
+    return {
+        "message_bytes": size,
+        "in_flight": procs * threads,
+        "loadgen_processes": procs,
+        "seconds": seconds,
+        "messages": sent,
+        "failed": sum(int(o["failed"]) for o in outs),
+        "messages_per_s": sent / seconds,
+        "mb_per_s": sent * size / seconds / 1e6,
+        "p50_ms": pct(lat_ms, 0.50),
+        "p99_ms": pct(lat_ms, 0.99),
+        "p999_ms": pct(lat_ms, 0.999),
+        "cpu_s_per_million_msgs": cpu_per_m,
+    }
+
+
+def e2e_latency(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
+    """Send at ``E2E_RATE_PER_S`` and time each message from send to the consumer callback."""
+    assert cluster.namesrv is not None
+    addr = cluster.namesrv.addr
+    lat_ms: list[float] = []
+    lock = threading.Lock()
+
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+        now_ns = time.time_ns()
+        with lock:
+            for m in msgs:
+                t0 = m.properties.get("bench_t0_ns")
+                if t0 is not None:
+                    lat_ms.append((now_ns - int(t0)) / 1e6)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer("bench-e2e", addr, consume_batch_size=32)
+    consumer.subscribe(TOPIC, "e2e")
+    consumer.register_listener(listener)
+    consumer.start()
+    sent = 0
+    try:
+        time.sleep(3.0)  # the consumer takes its queues (rebalance, locks)
+        with Producer("bench-e2e-pg", addr) as producer:
+            period_s = 1.0 / E2E_RATE_PER_S
+            next_at = time.monotonic()
+            stop_at = next_at + seconds
+            while next_at < stop_at:
+                time.sleep(max(0.0, next_at - time.monotonic()))
+                props = {"bench_t0_ns": str(time.time_ns())}
+                with contextlib.suppress(MQClientError):
+                    producer.send(Message(TOPIC, b"x" * 1024, tags="e2e", properties=props))
+                    sent += 1
+                next_at += period_s
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if len(lat_ms) >= sent:
+                    break
+            time.sleep(0.05)
+    finally:
+        consumer.shutdown()
+    with lock:
+        got = list(lat_ms)
+    return {
+        "rate_per_s": E2E_RATE_PER_S,
+        "message_bytes": 1024,
+        "sent": sent,
+        "received": len(got),
+        "p50_ms": pct(got, 0.50),
+        "p99_ms": pct(got, 0.99),
+        "p999_ms": pct(got, 0.999),
+    }
+
+
+def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
+    """Fill a fresh topic with ``messages`` x 1 KiB, then read it all back, every queue in
+    parallel, with a pull consumer (the catch-up read of a consumer that was down)."""
+    assert cluster.namesrv is not None
+    addr = cluster.namesrv.addr
+    topic = "BenchBacklog"
+    MQAdmin(addr).create_topic(topic, queues=QUEUES)
+    body = os.urandom(1024)
+    per_thread = messages // BACKLOG_THREADS
+    t0 = time.monotonic()
+    with Producer("bench-backlog", addr) as producer:
+
+        def fill(i: int) -> None:
+            done = 0
+            while done < per_thread:
+                n = min(BACKLOG_BATCH, per_thread - done)
+                with contextlib.suppress(MQClientError):
+                    producer.send_batch([Message(topic, body) for _ in range(n)])
+                    done += n
+
+        fillers = [threading.Thread(target=fill, args=(i,)) for i in range(BACKLOG_THREADS)]
+        for t in fillers:
+            t.start()
+        for t in fillers:
+            t.join()
+    fill_s = time.monotonic() - t0
+    total = per_thread * BACKLOG_THREADS
+    counts = [0] * CONSUME_THREADS
+    with PullConsumer("bench-backlog-cg", addr) as consumer:
+        queues = consumer.fetch_queues(topic)
+        t1 = time.monotonic()
+
+        def drain(i: int) -> None:
+            for mq in queues[i::CONSUME_THREADS]:
+                offset = 0
+                while True:
+                    res = consumer.pull(mq, offset, 1024)
+                    counts[i] += len(res.messages)
+                    if res.status != "FOUND":
+                        break
+                    offset = res.next_begin_offset
+
+        readers = [threading.Thread(target=drain, args=(i,)) for i in range(CONSUME_THREADS)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+        read_s = time.monotonic() - t1
+    read = sum(counts)
+    return {
+        "messages": total,
+        "message_bytes": 1024,
+        "fill_seconds": fill_s,
+        "fill_messages_per_s": total / fill_s,
+        "read": read,
+        "read_seconds": read_s,
+        "read_messages_per_s": read / read_s,
+        "read_mb_per_s": read * 1024 / read_s / 1e6,
+    }
+
+
+def failover_trials(cluster: LocalCluster, trials: int) -> dict[str, Any]:
+    """SIGKILL the leader with a producer sending; time to its next acknowledged send."""
+    assert cluster.namesrv is not None
+    times: list[float] = []
+    with Producer("bench-failover", cluster.namesrv.addr, send_msg_timeout_s=1.0) as producer:
+        producer.send(Message(TOPIC, b"warm"))
+        for _ in range(trials):
+            leader = cluster.wait_leader()
+            killed_at = time.monotonic()
+            cluster.signal(leader, signal.SIGKILL)
+            while time.monotonic() - killed_at < FAILOVER_TIMEOUT_S:
+                try:
+                    producer.send(Message(TOPIC, b"after-kill"))
+                except MQClientError:
+                    continue
+                times.append(time.monotonic() - killed_at)
+                break
+            cluster.start(leader)
+            cluster.wait_leader()
+    return {
+        "trials": trials,
+        "seconds": times,
+        "median_s": statistics.median(times) if times else None,
+        "max_s": max(times) if times else None,
+    }
+
+
+def delay_and_retry(cluster: LocalCluster, messages: int, send_rate: float) -> dict[str, Any]:
+    """bench.broker's delayed-message and retry throughput cases on this group."""
+    from bench import broker as bb
+
+    addr = cluster.node(cluster.wait_leader()).client_addr
+    import grpc
+    from raftmq.broker.v1 import broker_pb2 as pb
+    from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+    for name in (bb.DELAY_TOPIC, bb.RETRY_SOURCE_TOPIC):
+        stub.CreateTopic(
+            pb.CreateTopicRequest(
+                topic=pb.TopicConfig(topic_name=name, read_queue_nums=8, write_queue_nums=8)
+            ),
+            timeout=10,
+        )
+    delay = bb.bench_delay(addr, stub, 16, 64, 1024, messages)
+    retry = bb.bench_send_back(addr, stub, 16, 64, 1024, messages)
+    return {
+        "delayed": delay,
+        "retries": retry,
+        "send_rate_for_ratio": send_rate,
+        "delay_ratio": delay["messages_per_s"] / send_rate if send_rate else None,
+        "retry_ratio": retry["messages_per_s"] / send_rate if send_rate else None,
+    }
+
+
+def peers(seconds: float) -> dict[str, Any]:
+    """etcd and NATS JetStream at 1 KiB, 256 in flight, when bench.peers and the servers exist."""
+    try:
+        mod = importlib.import_module("bench.peers")
+    except ImportError:
+        return {"skipped": "bench.peers is not available"}
+    out: dict[str, Any] = {}
+    for name, cluster_cls, run in (
+        ("etcd", "EtcdCluster", "run_etcd"),
+        ("nats_jetstream_r3", "NatsCluster", "run_nats"),
+    ):
+        cls = getattr(mod, cluster_cls)
+        if not cls.available():
+            out[name] = {"skipped": "not installed (make bench-peers)"}
+            continue
+        try:
+            out[name] = getattr(mod, run)(1024, 256, seconds)
+        except Exception as exc:  # a peer failing must not lose our own figures
+            out[name] = {"skipped": f"failed: {exc}"}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mqbench", description=__doc__)
+    p.add_argument("--smoke", action="store_true", help="every part once, small (< 1 minute)")
+    p.add_argument("--seconds", type=float, default=3.0, help="each produce case")
+    p.add_argument("--sizes", default="128,1024,16384")
+    p.add_argument("--in-flight", dest="in_flight", default="1,16,256")
+    p.add_argument("--backlog", type=int, default=1_000_000)
+    p.add_argument("--failovers", type=int, default=10)
+    p.add_argument("--delayed", type=int, default=20_000)
+    p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--out", default=str(RESULTS_DIR))
+    a = p.parse_args(argv)
+    try:
+        sizes = [int(x) for x in a.sizes.split(",")]
+        in_flight = [int(x) for x in a.in_flight.split(",")]
+    except ValueError:
+        print("mqbench: --sizes and --in-flight are comma-separated integers", file=sys.stderr)
+        return 2
+    if a.smoke:
+        a.seconds, sizes, in_flight = 1.0, [1024], [16]
+        a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
+    if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0:
+        print("mqbench: sizes, in-flight, seconds and backlog must be > 0", file=sys.stderr)
+        return 2
+    started = datetime.now(UTC)
+    result: dict[str, Any] = {
+        "bench": "mqbench",
+        "smoke": a.smoke,
+        "started_utc": started.isoformat(),
+        "host": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_avg_at_start": os.getloadavg(),
+        },
+        "conditions": "3 nodes on 127.0.0.1, majority-acknowledged sends through client.Producer "
+        f"(coalescing), topic of {QUEUES} queues; SYNC_FLUSH = fdatasync before every ack "
+        "(leader and followers), ASYNC_FLUSH = page cache, flushed every 500 ms",
+        "produce": [],
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="mqbench-"))
+    try:
+        for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
+            with local_group(tmp, flush) as cluster:
+                for size in sizes:
+                    for n in in_flight:
+                        case = produce_case(cluster, size, n, a.seconds)
+                        case["flush"] = flush
+                        result["produce"].append(case)
+                        print(
+                            f"{flush} {size} B x {n} in flight: "
+                            f"{case['messages_per_s']:,.0f} msg/s {case['mb_per_s']:.1f} MB/s "
+                            f"p50 {case['p50_ms']:.1f} p99 {case['p99_ms']:.1f} ms",
+                            flush=True,
+                        )
+                if flush == "SYNC_FLUSH":
+                    result["e2e"] = e2e_latency(cluster, 2.0 if a.smoke else 5.0)
+                    print(f"e2e: {result['e2e']}", flush=True)
+                    ref = max((c["messages_per_s"] for c in result["produce"]), default=0.0)
+                    result["delay_retry"] = delay_and_retry(cluster, a.delayed, ref)
+                    print(
+                        f"delay ratio {result['delay_retry']['delay_ratio']:.2f}, "
+                        f"retry ratio {result['delay_retry']['retry_ratio']:.2f}",
+                        flush=True,
+                    )
+                    result["backlog"] = backlog_consume(cluster, a.backlog)
+                    print(f"backlog: {result['backlog']}", flush=True)
+                # Before the failover trials, which restart nodes.
+                result.setdefault("peak_rss_mb", {})[flush] = {
+                    n.node_id: _peak_rss_mb(cluster.pid(n)) for n in cluster.nodes
+                }
+                if flush == "SYNC_FLUSH":
+                    result["failover"] = failover_trials(cluster, a.failovers)
+                    print(f"failover: {result['failover']}", flush=True)
+        result["peers"] = {"skipped": "--no-peers"} if a.no_peers else peers(a.seconds + 2)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["finished_utc"] = datetime.now(UTC).isoformat()
+    from bench.report import ratios, write_chart, write_markdown
+
+    result["ratios"] = ratios(result)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / started.strftime("%Y%m%dT%H%M%SZ")
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    md = write_markdown(result, stem.with_suffix(".md"))
+    write_chart(result, stem.with_suffix(".png"))
+    print(md)
+    print(f"wrote {stem}.json, .md, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
