@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from broker.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
+from client import PushConsumer
 
 # Every node PID a test started, to prove at the end that none outlived its test.
 _STARTED: list[tuple[int, str]] = []
@@ -165,3 +166,12 @@ def no_client_threads_left() -> Iterator[None]:
 
     yield
     wait_for(lambda: not client_threads(), 5.0, "client threads to stop")
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[PushConsumer]]:
+    """Every push consumer appended here is shut down at the end, pass or fail."""
+    started: list[PushConsumer] = []
+    yield started
+    for c in started:
+        c.shutdown()

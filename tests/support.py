@@ -35,28 +35,61 @@ def client_threads() -> list[str]:
 
 
 def create_topic(cluster: LocalCluster, topic: str, queues: int) -> None:
-    """Create ``topic`` on the group's leader and wait until the NameServer routes it."""
+    """Create ``topic`` on the group's leader and wait until its NameServer routes it."""
     assert cluster.namesrv is not None
-    leader = cluster.wait_leader()
-    with grpc.insecure_channel(cluster.node(leader).client_addr) as ch:
-        bpb_grpc.BrokerStub(ch).CreateTopic(
-            bpb.CreateTopicRequest(
-                topic=bpb.TopicConfig(
-                    topic_name=topic, read_queue_nums=queues, write_queue_nums=queues
-                )
-            ),
-            timeout=10,
-        )
-    with grpc.insecure_channel(cluster.namesrv.addr) as ch:
-        stub = nspb_grpc.NameServerStub(ch)
+    create_topic_on([cluster], [cluster.namesrv.addr], topic, queues)
 
-        def routed() -> bool:
-            try:
-                r = stub.GetRouteInfoByTopic(
-                    nspb.GetRouteInfoByTopicRequest(topic=topic), timeout=2
-                )
-            except grpc.RpcError:
-                return False
-            return len(r.groups) == 1 and bool(r.groups[0].leader_addr)
 
-        wait_for(routed, ROUTE_DEADLINE_S, f"route of {topic}")
+def create_topic_on(
+    groups: list[LocalCluster], namesrv_addrs: list[str], topic: str, queues: int
+) -> None:
+    """Create ``topic`` on every group's leader; wait until every NameServer routes it to every
+    group with a leader address."""
+    for g in groups:
+        with grpc.insecure_channel(g.node(g.wait_leader()).client_addr) as ch:
+            bpb_grpc.BrokerStub(ch).CreateTopic(
+                bpb.CreateTopicRequest(
+                    topic=bpb.TopicConfig(
+                        topic_name=topic, read_queue_nums=queues, write_queue_nums=queues
+                    )
+                ),
+                timeout=10,
+            )
+    for addr in namesrv_addrs:
+        with grpc.insecure_channel(addr) as ch:
+            stub = nspb_grpc.NameServerStub(ch)
+
+            def routed(stub: nspb_grpc.NameServerStub = stub) -> bool:
+                try:
+                    r = stub.GetRouteInfoByTopic(
+                        nspb.GetRouteInfoByTopicRequest(topic=topic), timeout=2
+                    )
+                except grpc.RpcError:
+                    return False
+                return len(r.groups) == len(groups) and all(g.leader_addr for g in r.groups)
+
+            wait_for(routed, ROUTE_DEADLINE_S, f"route of {topic} on {addr}")
+
+
+def pull_ids(addr: str, topic: str, queue_id: int) -> list[str]:
+    """The msg ids of every message in one queue, as the node at ``addr`` serves them."""
+    ids: list[str] = []
+    with grpc.insecure_channel(addr) as ch:
+        stub = bpb_grpc.BrokerStub(ch)
+        offset = 0
+        while True:
+            resp = stub.PullMessage(
+                bpb.PullMessageRequest(
+                    consumer_group="test-pull-ids",
+                    topic=topic,
+                    queue_id=queue_id,
+                    queue_offset=offset,
+                    max_msgs=1024,
+                    no_suspend=True,
+                ),
+                timeout=10,
+            )
+            ids += [m.msg_id for m in resp.messages]
+            if not resp.messages:
+                return ids
+            offset = resp.next_begin_offset

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,15 +60,6 @@ class Recorder:
     def count(self) -> int:
         with self.lock:
             return sum(self.ids.values())
-
-
-@pytest.fixture
-def consumers() -> Iterator[list[PushConsumer]]:
-    """Every consumer appended here is shut down at the end, pass or fail."""
-    started: list[PushConsumer] = []
-    yield started
-    for c in started:
-        c.shutdown()
 
 
 def partitioned(cs: list[PushConsumer], n_queues: int) -> bool:

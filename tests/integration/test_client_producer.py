@@ -11,13 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-import grpc
 import pytest
-from raftmq.broker.v1 import broker_pb2 as bpb
-from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from raftmq.nameserver.v1 import nameserver_pb2 as nspb
-from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
-from support import ROUTE_DEADLINE_S, create_topic, wait_for
+from support import create_topic, create_topic_on, wait_for
 
 from broker.cluster import LocalCluster, _free_port
 from client import Message, MQClientError, Producer, PullConsumer, SendResult
@@ -156,29 +151,7 @@ def test_two_groups_two_namesrvs_survive_a_namesrv_and_a_leader_kill(
     both = f"{ns1.addr};{ns2.addr}"
     group_a = local_group(3, namesrvAddr=both)
     group_b = local_group(3, namesrvAddr=both, brokerName="broker-b")
-    for g in (group_a, group_b):
-        leader = g.wait_leader()
-        with grpc.insecure_channel(g.node(leader).client_addr) as ch:
-            bpb_grpc.BrokerStub(ch).CreateTopic(
-                bpb.CreateTopicRequest(
-                    topic=bpb.TopicConfig(topic_name="Both", read_queue_nums=4, write_queue_nums=4)
-                ),
-                timeout=10,
-            )
-    for ns in (ns1, ns2):
-        with grpc.insecure_channel(ns.addr) as ch:
-            stub = nspb_grpc.NameServerStub(ch)
-
-            def routed(stub: nspb_grpc.NameServerStub = stub) -> bool:
-                try:
-                    r = stub.GetRouteInfoByTopic(
-                        nspb.GetRouteInfoByTopicRequest(topic="Both"), timeout=2
-                    )
-                except grpc.RpcError:
-                    return False
-                return len(r.groups) == 2 and all(g.leader_addr for g in r.groups)
-
-            wait_for(routed, ROUTE_DEADLINE_S, f"route of Both over 2 groups on {ns.addr}")
+    create_topic_on([group_a, group_b], [ns1.addr, ns2.addr], "Both", 4)
 
     acked: list[SendResult] = []
     errors: list[BaseException] = []

@@ -9,16 +9,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import grpc
 import pytest
-from raftmq.broker.v1 import broker_pb2 as bpb
-from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from raftmq.nameserver.v1 import nameserver_pb2 as nspb
-from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
-from support import ROUTE_DEADLINE_S, wait_for
+from support import create_topic_on, wait_for
 
 from broker.cluster import LocalCluster
 from client import ConsumeStatus, Message, MessageExt, MQClientError, Producer, PushConsumer
@@ -51,14 +46,6 @@ class Recorder:
             return len(self.ids)
 
 
-@pytest.fixture
-def consumers() -> Iterator[list[PushConsumer]]:
-    started: list[PushConsumer] = []
-    yield started
-    for c in started:
-        c.shutdown()
-
-
 def even_split(cs: list[PushConsumer], n_queues: int) -> bool:
     shares = [set(c.assigned_queues()) for c in cs]
     union = set().union(*shares)
@@ -80,32 +67,7 @@ def test_four_consumers_then_a_fifth_joins_and_two_leave(
         local_group(3, namesrvAddr=both),
         local_group(3, namesrvAddr=both, brokerName="broker-b"),
     ]
-    for g in groups:
-        with grpc.insecure_channel(g.node(g.wait_leader()).client_addr) as ch:
-            bpb_grpc.BrokerStub(ch).CreateTopic(
-                bpb.CreateTopicRequest(
-                    topic=bpb.TopicConfig(
-                        topic_name=TOPIC,
-                        read_queue_nums=QUEUES_PER_GROUP,
-                        write_queue_nums=QUEUES_PER_GROUP,
-                    )
-                ),
-                timeout=10,
-            )
-    for ns in (ns1, ns2):
-        with grpc.insecure_channel(ns.addr) as ch:
-            stub = nspb_grpc.NameServerStub(ch)
-
-            def routed(stub: nspb_grpc.NameServerStub = stub) -> bool:
-                try:
-                    r = stub.GetRouteInfoByTopic(
-                        nspb.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=2
-                    )
-                except grpc.RpcError:
-                    return False
-                return len(r.groups) == 2 and all(g.leader_addr for g in r.groups)
-
-            wait_for(routed, ROUTE_DEADLINE_S, f"route of {TOPIC} over 2 groups on {ns.addr}")
+    create_topic_on(groups, [ns1.addr, ns2.addr], TOPIC, QUEUES_PER_GROUP)
     n_queues = 2 * QUEUES_PER_GROUP
     rec = Recorder()
 

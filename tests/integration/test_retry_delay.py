@@ -13,13 +13,13 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from support import create_topic, wait_for
+from support import create_topic, pull_ids, wait_for
 
 from broker.cluster import LocalCluster
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
@@ -37,14 +37,6 @@ LATE_S = 2.0
 FIRST_RETRY_LATE_S = 6.0
 
 
-@pytest.fixture
-def consumers() -> Iterator[list[PushConsumer]]:
-    started: list[PushConsumer] = []
-    yield started
-    for c in started:
-        c.shutdown()
-
-
 def mqadmin(addr: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "client.mqadmin", "-n", addr, "--json", *args],
@@ -54,33 +46,10 @@ def mqadmin(addr: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _pull_all(addr: str, topic: str, queue_id: int) -> list[str]:
-    ids: list[str] = []
-    with grpc.insecure_channel(addr) as ch:
-        stub = bpb_grpc.BrokerStub(ch)
-        offset = 0
-        while True:
-            resp = stub.PullMessage(
-                bpb.PullMessageRequest(
-                    consumer_group="replica-check",
-                    topic=topic,
-                    queue_id=queue_id,
-                    queue_offset=offset,
-                    max_msgs=256,
-                    no_suspend=True,
-                ),
-                timeout=10,
-            )
-            ids += [m.msg_id for m in resp.messages]
-            if not resp.messages:
-                return ids
-            offset = resp.next_begin_offset
-
-
 def _replica_queues(cluster: LocalCluster) -> list[list[str]] | None:
     """DelayT's 4 queues as every node serves them; None while the nodes disagree."""
     try:
-        views = [[_pull_all(n.client_addr, "DelayT", q) for q in range(4)] for n in cluster.nodes]
+        views = [[pull_ids(n.client_addr, "DelayT", q) for q in range(4)] for n in cluster.nodes]
     except grpc.RpcError:  # a node still starting or catching up
         return None
     return views[0] if all(v == views[0] for v in views) else None
