@@ -358,6 +358,22 @@ class ConsumeQueue:
                 max_offset=self._max_offset,
             )
 
+    def offset_of(self, position: int) -> int | None:
+        """The queue offset of the record at commitlog ``position`` (binary search: positions
+        increase with offsets), or None when no readable record is there."""
+        with self._lock:
+            self._check_open()
+            lo, hi = self._min_offset, self._max_offset
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._record(mid)[0] < position:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < self._max_offset and self._record(lo)[0] == position:
+                return lo
+            return None
+
     def get(self, queue_offset: int) -> tuple[int, int, int]:
         """The record at ``queue_offset``: ``(position, size, tag_hash)``."""
         with self._lock:

@@ -302,11 +302,21 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             )
         return topic
 
+    def _queue_offset(self, topic: str, queue_id: int, position: int) -> int:
+        """The queue offset of the message at ``position`` (-1 when its queue no longer has
+        it, e.g. its topic was deleted and created again)."""
+        cq = self.sm.cqs.find(topic, queue_id)
+        offset = None if cq is None else cq.offset_of(position)
+        return -1 if offset is None else offset
+
     def _offset_msg_id(self, position: int) -> str:
         return encode_offset_msg_id(self.cfg.store_host, self.cfg.store_port, position)
 
-    def _read_message(self, position: int, size: int | None = None) -> pb.Message:
-        """The stored message at ``position`` (CRC checked), only if its entry was applied."""
+    def _read_message(
+        self, position: int, size: int | None = None, queue_offset: int | None = None
+    ) -> pb.Message:
+        """The stored message at ``position`` (CRC checked), only if its entry was applied,
+        with its queue offset (looked up by a binary search of its ConsumeQueue unless given)."""
         if not 0 <= position < self.sm.dispatch_end:
             raise MessageNotFoundError(f"no applied message at position {position}")
         store = self.node.store
@@ -317,7 +327,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         except IndexOutOfRangeError as exc:
             raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
         msg = decode_message(raw)
-        return self._to_pb(msg, position)
+        if queue_offset is None:
+            queue_offset = self._queue_offset(msg.topic, msg.queue_id, position)
+        return self._to_pb(msg, position, queue_offset)
 
     def _to_pb(self, msg: Message, position: int, queue_offset: int = -1) -> pb.Message:
         return pb.Message(
@@ -530,11 +542,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             next_offset = offset + i + 1
             if hashes is not None and tag_hash not in hashes:
                 continue
-            m = self._read_message(position, size)
+            m = self._read_message(position, size, offset + i)
             last_position = position
             if tags is not None and m.tags not in tags:
                 continue  # a hash collision: the exact check (RocketMQ does it client side)
-            m.queue_offset = offset + i
             resp.messages.append(m)
             body_bytes += len(m.body)
             if len(resp.messages) >= max_msgs or body_bytes >= MAX_RESPONSE_BODY_BYTES:

@@ -104,10 +104,13 @@ def test_mqadmin_against_a_group(local_group: Callable[..., LocalCluster]) -> No
 
     by_key = ok_json(addr, "queryMsgByKey", "-t", TOPIC, "-k", "key-3")
     assert [m["body"] for m in by_key] == ["body-3"]
+    # Lookups answer with the message's queue offset too (what the send answered).
+    assert (by_key[0]["queue"], by_key[0]["offset"]) == (sent[3]["queue"], sent[3]["queue_offset"])
     by_id = ok_json(addr, "queryMsgById", "-t", TOPIC, "-i", sent[5]["msg_id"])
     assert by_id["body"] == "body-5" and by_id["keys"] == ["key-5"]
+    assert by_id["offset"] == sent[5]["queue_offset"]
     by_offset_id = ok_json(addr, "queryMsgById", "-t", TOPIC, "-i", sent[6]["offset_msg_id"])
-    assert by_offset_id["body"] == "body-6"
+    assert by_offset_id["body"] == "body-6" and by_offset_id["offset"] == sent[6]["queue_offset"]
 
     clusters = ok_json(addr, "clusterList")
     assert [(c["broker"], c["nodes"]) for c in clusters] == [(broker, 3)]

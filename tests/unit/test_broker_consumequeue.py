@@ -329,3 +329,13 @@ def test_read_is_a_copy_safe_after_close(tmp_path: Path) -> None:
     got = cq.read(0, 3)
     cq.close()
     assert list(got) == records(3)
+
+
+def test_offset_of_finds_a_position_by_binary_search(tmp_path: Path) -> None:
+    cq = ConsumeQueue(tmp_path / "q", records_per_file=4)
+    positions = [100 + 37 * i for i in range(11)]  # spans 3 files
+    for p in positions:
+        cq.append(p, 10, 0)
+    assert [cq.offset_of(p) for p in positions] == list(range(11))
+    assert cq.offset_of(101) is None and cq.offset_of(0) is None and cq.offset_of(10_000) is None
+    cq.close()
