@@ -26,6 +26,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,7 +38,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from client.errors import MQClientError
-from client.message import Message, MessageQueue, SendResult
+from client.message import Message, MessageQueue, SendResult, new_msg_id
 from client.route import RETRYABLE_STATUSES, ChannelPool, RouteClient
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class Producer:
     # -- queue choice ---------------------------------------------------------------------------
 
     def _pick_queue(self, topic: str, avoid: str) -> MessageQueue:
-        queues = self._route_client().get_route(topic).write_queues()
+        queues = self._route_client().get_route(topic).write_queue_tuple()
         if not queues:
             raise MQClientError("NO_ROUTE", "NOT_FOUND", f"no writable queue for {topic}")
         start = next(self._rr)
@@ -283,7 +284,8 @@ class Producer:
         if any(m.topic != topic for m in msgs):
             raise MQClientError("INVALID_MESSAGE", "INVALID_ARGUMENT", "a batch has one topic")
         for m in msgs:
-            m.to_pb(0, self.group, self._born_host)  # fixes every msg_id before attempt one
+            if not m.msg_id:  # fixed before attempt one, kept by every retry
+                m.msg_id = new_msg_id()
         failed_group = [""]
 
         def attempt() -> list[SendResult]:
@@ -303,13 +305,19 @@ class Producer:
                     self._route_client().invalidate(topic)
                 raise
 
-        retrying = Retrying(
-            stop=stop_after_attempt(1 + retries),
-            wait=wait_fixed(RETRY_WAIT_S),
-            retry=retry_if_exception(_retryable),
-            reraise=True,
-        )
         try:
+            try:
+                return attempt()  # the common case, without building a retry policy
+            except MQClientError as exc:
+                if retries <= 0 or not _retryable(exc):
+                    raise
+            time.sleep(RETRY_WAIT_S)
+            retrying = Retrying(
+                stop=stop_after_attempt(retries),
+                wait=wait_fixed(RETRY_WAIT_S),
+                retry=retry_if_exception(_retryable),
+                reraise=True,
+            )
             return retrying(attempt)
         except grpc.RpcError as exc:  # not expected: call_leader converts
             raise MQClientError.from_rpc(exc) from exc
@@ -366,7 +374,7 @@ class Producer:
         if executor is None:
             raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
         if not msg.msg_id:
-            msg.to_pb(0, self.group, self._born_host)
+            msg.msg_id = new_msg_id()
         self._pending.acquire()
         try:
             future = executor.submit(self.send, msg, selector, arg)

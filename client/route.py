@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -78,22 +78,35 @@ class BrokerGroupRoute:
 class TopicRoute:
     topic: str
     groups: tuple[BrokerGroupRoute, ...]
+    # Computed once per route (a producer picks a queue per send).
+    _write: tuple[MessageQueue, ...] = field(init=False, repr=False, compare=False)
+    _read: tuple[MessageQueue, ...] = field(init=False, repr=False, compare=False)
 
-    def write_queues(self) -> list[MessageQueue]:
-        return [
+    def __post_init__(self) -> None:
+        write = tuple(
             MessageQueue(self.topic, g.broker_name, q)
             for g in self.groups
             if g.perm & PERM_WRITE
             for q in range(g.write_queue_nums)
-        ]
-
-    def read_queues(self) -> list[MessageQueue]:
-        return [
+        )
+        read = tuple(
             MessageQueue(self.topic, g.broker_name, q)
             for g in self.groups
             if g.perm & PERM_READ
             for q in range(g.read_queue_nums)
-        ]
+        )
+        object.__setattr__(self, "_write", write)
+        object.__setattr__(self, "_read", read)
+
+    def write_queues(self) -> list[MessageQueue]:
+        return list(self._write)
+
+    def write_queue_tuple(self) -> tuple[MessageQueue, ...]:
+        """The writable queues without a copy (the producer's hot path)."""
+        return self._write
+
+    def read_queues(self) -> list[MessageQueue]:
+        return list(self._read)
 
     def group(self, broker_name: str) -> BrokerGroupRoute | None:
         return next((g for g in self.groups if g.broker_name == broker_name), None)
