@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PACKAGES := dledger broker nameserver client
+PACKAGES := dledger broker nameserver client jepsen_like
 
 .PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker clean
 

@@ -88,13 +88,6 @@ def _parse_namesrv_addr(text: str) -> str:
     return ";".join(addrs)
 
 
-def _parse_flush(text: str) -> FlushDiskType:
-    try:
-        return FlushDiskType[text.strip()]
-    except KeyError:
-        raise ValueError("must be SYNC_FLUSH or ASYNC_FLUSH") from None
-
-
 def _parse_delay_levels(text: str) -> str:
     """RocketMQ's ``messageDelayLevel``: ``1s 5s 10s 30s 1m ...`` (s, m, h, d units)."""
     parse_delay_levels(text)
@@ -109,6 +102,24 @@ def _parse_scale(text: str) -> float:
     if not 1e-6 <= value <= 1000:
         raise ValueError(f"{value} is outside [0.000001, 1000]")
     return value
+
+
+def _parse_advertised_addr(text: str) -> str:
+    """``host:port`` or empty (advertise the bound ``brokerIP1:listenPort``)."""
+    addr = text.strip()
+    if addr:
+        host, colon, port_text = addr.rpartition(":")
+        if not colon or not host:
+            raise ValueError("is not host:port")
+        _parse_port(port_text)
+    return addr
+
+
+def _parse_flush(text: str) -> FlushDiskType:
+    try:
+        return FlushDiskType[text.strip()]
+    except KeyError:
+        raise ValueError("must be SYNC_FLUSH or ASYNC_FLUSH") from None
 
 
 def _parse_delete_when(text: str) -> str:
@@ -202,6 +213,13 @@ KEYS: Mapping[str, _Key] = {
         _parse_int(20, 60_000), "500", "base election timeout (randomized to [T, 2T)), ms"
     ),
     "rpcTimeoutMs": _Key(_parse_int(10, 600_000), "3000", "deadline of a client append, ms"),
+    # Test harness keys (jepsen_like): a proxy in front of the client port, and an unsafe ack.
+    "advertisedClientAddr": _Key(
+        _parse_advertised_addr, "", "host:port clients and peers are told (default: bound one)"
+    ),
+    "unsafeAckBeforeReplication": _Key(
+        _parse_bool, "false", "TEST ONLY: ack appends before a majority holds them (loses data)"
+    ),
 }
 
 
@@ -240,6 +258,8 @@ class BrokerConfig:
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int
     rpcTimeoutMs: int
+    advertisedClientAddr: str
+    unsafeAckBeforeReplication: bool
 
     @property
     def self_peer(self) -> Peer:
@@ -247,7 +267,8 @@ class BrokerConfig:
 
     @property
     def client_addr(self) -> str:
-        return f"{self.brokerIP1}:{self.listenPort}"
+        """The address clients are told to use (a proxy's, when advertisedClientAddr is set)."""
+        return self.advertisedClientAddr or f"{self.brokerIP1}:{self.listenPort}"
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:
@@ -353,4 +374,6 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         election_timeout_ms=cfg.raftElectionTimeoutMs,
         append_timeout_ms=cfg.rpcTimeoutMs,
         preferred_leader_id=cfg.preferredLeaderId or None,
+        advertised_client_addr=cfg.advertisedClientAddr,
+        unsafe_ack_before_replication=cfg.unsafeAckBeforeReplication,
     )

@@ -107,6 +107,12 @@ class NodeConfig:
     election_timeout_ms: int = 500
     append_timeout_ms: int = 3000
     preferred_leader_id: str | None = None
+    # Client address peers and clients are told to use ("" = client_addr, the bound one); a
+    # test harness sets it to a proxy in front of the client port.
+    advertised_client_addr: str = ""
+    # TEST ONLY (jepsen_like's "checker has teeth" run): acknowledge an Append as soon as the
+    # leader appended it locally, before a majority holds it. Breaks promise 1; never in prod.
+    unsafe_ack_before_replication: bool = False
 
     def __post_init__(self) -> None:
         assert self.self_id in self.peers, "self_id must be one of the peers"
@@ -116,6 +122,10 @@ class NodeConfig:
     @property
     def client_addr(self) -> str:
         return f"{self.client_host}:{self.client_port}"
+
+    @property
+    def public_client_addr(self) -> str:
+        return self.advertised_client_addr or self.client_addr
 
     def raft_config(self) -> RaftConfig:
         return RaftConfig(
@@ -172,7 +182,7 @@ class DLedgerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: list[_Waiter] = []
         self._waiter_seq = itertools.count()
-        self._client_addrs: dict[str, str] = {cfg.self_id: cfg.client_addr}
+        self._client_addrs: dict[str, str] = {cfg.self_id: cfg.public_client_addr}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
@@ -221,8 +231,14 @@ class DLedgerNode:
             applied_index=self._applied,
         )
         self._transport = PeerTransport(
-            cfg.group, cfg.self_id, cfg.client_addr, dict(cfg.peers.items())
+            cfg.group, cfg.self_id, cfg.public_client_addr, dict(cfg.peers.items())
         )
+        if cfg.unsafe_ack_before_replication:
+            logger.warning(
+                "node=%s UNSAFE unsafeAckBeforeReplication=true: appends are acknowledged "
+                "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
+                cfg.self_id,
+            )
         await self._peer_server.start()
         await self._client_server.start()
         self._transport.start()
@@ -321,6 +337,9 @@ class DLedgerNode:
         term). Raises the core's errors, :class:`ProposalLostError` or asyncio.TimeoutError."""
         proposal = self.core.propose(bodies, entry_type)
         self._wake()
+        if self.cfg.unsafe_ack_before_replication:
+            # TEST ONLY (see NodeConfig): answer before any replication or commit.
+            return proposal.first_index, proposal.last_index, proposal.term
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(
             self._waiters,

@@ -1,0 +1,377 @@
+"""Checkers over a history and the final state of the group. Pure functions, no I/O.
+
+Each returns a :class:`CheckResult`; a run passes when every result is valid. Values are
+unique integers; a read is ``[queue, offset, v]`` (for the ``log`` workload the queue is 0
+and the offset is the Raft index).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from jepsen_like.history import MONITOR, Op, pairs
+
+logger = logging.getLogger(__name__)
+
+# Examples kept per checker in results.json (the counts are always complete).
+MAX_EXAMPLES = 20
+WRITE_FS = frozenset({"send", "append"})
+READ_FS = frozenset({"poll", "read"})
+DRAIN_F = "drain"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str
+    valid: bool
+    count: int  # how many problems (or, for ``duplicated``, duplicated values)
+    summary: str
+    examples: list[Any] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What one node holds after heal: entry checksums up to its commit index and its
+    ConsumeQueues (queue key -> ``[(offset, msg_id)]``); ``error`` when it could not be read."""
+
+    node: str
+    commit_index: int = 0
+    last_index: int = 0
+    checksums: list[tuple[int, int, int]] = field(default_factory=list)  # (index, term, crc)
+    consume_queues: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    error: str = ""
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> NodeState:
+        return NodeState(
+            node=str(d["node"]),
+            commit_index=int(d.get("commit_index", 0)),
+            last_index=int(d.get("last_index", 0)),
+            checksums=[(int(a), int(b), int(c)) for a, b, c in d.get("checksums", [])],
+            consume_queues={
+                str(k): [(int(o), str(m)) for o, m in v]
+                for k, v in d.get("consume_queues", {}).items()
+            },
+            error=str(d.get("error", "")),
+        )
+
+
+def _ex(items: Iterable[Any]) -> list[Any]:
+    out = []
+    for i, item in enumerate(items):
+        if i >= MAX_EXAMPLES:
+            break
+        out.append(item)
+    return out
+
+
+class _Index:
+    """Facts the checkers share: writes by outcome, reads, and the final drain."""
+
+    def __init__(self, ops: Sequence[Op]) -> None:
+        self.invoked: dict[int, Op] = {}
+        self.acked: dict[int, tuple[Op, Op]] = {}  # v -> (invoke, ok)
+        self.failed: set[int] = set()
+        self.unknown: set[int] = set()
+        self.reads: list[tuple[Op, list[tuple[int, int, int]]]] = []
+        self.drain: list[tuple[int, int, int]] = []
+        self.drain_failed: list[Op] = []
+        self.drain_done = False
+        for inv, done in pairs(ops):
+            if inv.f in WRITE_FS:
+                v = int(inv.value["v"])
+                self.invoked[v] = inv
+                if done is None or done.type == "info":
+                    self.unknown.add(v)
+                elif done.type == "ok":
+                    self.acked[v] = (inv, done)
+                else:
+                    self.failed.add(v)
+            elif inv.f in READ_FS or inv.f == DRAIN_F:
+                if done is None or done.type != "ok":
+                    if inv.f == DRAIN_F:
+                        self.drain_failed.append(done or inv)
+                    continue
+                triples = [(int(q), int(o), int(v)) for q, o, v in done.value]
+                if inv.f == DRAIN_F:
+                    self.drain.extend(triples)
+                    self.drain_done = True
+                else:
+                    self.reads.append((done, triples))
+        # value -> drain positions; (queue, offset) -> value
+        self.drain_pos: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.at: dict[tuple[int, int], int] = {}
+        for q, o, v in self.drain:
+            self.drain_pos[v].append((q, o))
+            self.at[(q, o)] = v
+
+
+def check_lost(ix: _Index) -> CheckResult:
+    """Acknowledged writes that the final drain did not read (must be none)."""
+    if not ix.drain_done or ix.drain_failed:
+        return CheckResult(
+            "lost",
+            False,
+            len(ix.acked),
+            "the final drain did not complete, so nothing acknowledged can be shown present",
+            _ex(op.value for op in ix.drain_failed),
+        )
+    lost = sorted(v for v in ix.acked if v not in ix.drain_pos)
+    recovered = sum(1 for v in ix.unknown if v in ix.drain_pos)
+    stats = {
+        "acknowledged": len(ix.acked),
+        "unknown_outcome": len(ix.unknown),
+        "unknown_but_present": recovered,
+        "failed": len(ix.failed),
+        "drained": len(ix.drain),
+    }
+    examples = [
+        {"v": v, "acked_at": ix.acked[v][1].time, "reported": ix.acked[v][1].value}
+        for v in _ex(lost)
+    ]
+    return CheckResult(
+        "lost",
+        not lost,
+        len(lost),
+        f"{len(lost)} of {len(ix.acked)} acknowledged writes missing from the final drain",
+        examples,
+        stats,
+    )
+
+
+def check_unexpected(ix: _Index) -> CheckResult:
+    """Reads of values that were never sent, or sent and then definitely failed."""
+    seen = [(q, o, v) for _, triples in ix.reads for q, o, v in triples] + ix.drain
+    bad = [
+        {"queue": q, "offset": o, "v": v, "why": "never sent" if v not in ix.invoked else "failed"}
+        for q, o, v in seen
+        if v not in ix.invoked or v in ix.failed
+    ]
+    return CheckResult(
+        "unexpected", not bad, len(bad), f"{len(bad)} reads of values never (or not) sent", _ex(bad)
+    )
+
+
+def check_duplicated(ix: _Index, max_duplicates: int = 0) -> CheckResult:
+    """Values stored at more than one position (the producer's msg id dedup should make this
+    0; ``max_duplicates`` allows an at-least-once budget)."""
+    dups = {v: pos for v, pos in ix.drain_pos.items() if len(pos) > 1}
+    return CheckResult(
+        "duplicated",
+        len(dups) <= max_duplicates,
+        len(dups),
+        f"{len(dups)} values stored more than once (allowed {max_duplicates})",
+        _ex({"v": v, "positions": pos} for v, pos in sorted(dups.items())),
+    )
+
+
+def check_order(ix: _Index) -> CheckResult:
+    """Read order agrees with commit order; acknowledgements agree with the log; real time.
+
+    - the drain of each queue has strictly increasing offsets;
+    - an acknowledged write is found at the (queue, offset) its acknowledgement reported;
+    - a read during the run saw, at each (queue, offset), the value the drain has there, and
+      each process read each queue at increasing offsets;
+    - real time: if write A was acknowledged before write B was invoked, A precedes B in
+      their queue.
+    """
+    problems: list[dict[str, Any]] = []
+    last: dict[int, int] = {}
+    for q, o, v in ix.drain:
+        if q in last and o <= last[q]:
+            problems.append({"kind": "drain-not-increasing", "queue": q, "offset": o, "v": v})
+        last[q] = o
+    for v, (_inv, ok) in ix.acked.items():
+        reported = (int(ok.value["queue"]), int(ok.value["offset"]))
+        found = ix.at.get(reported)
+        if v in ix.drain_pos and found != v:
+            problems.append(
+                {"kind": "ack-position", "v": v, "reported": list(reported), "holds": found}
+            )
+    read_last: dict[tuple[str, int], int] = {}
+    for op, triples in ix.reads:
+        for q, o, v in triples:
+            if ix.drain_done and ix.at.get((q, o)) != v:
+                problems.append(
+                    {
+                        "kind": "read-diverges",
+                        "process": op.process,
+                        "queue": q,
+                        "offset": o,
+                        "read": v,
+                        "final": ix.at.get((q, o)),
+                        "time": op.time,
+                    }
+                )
+            key = (op.process, q)
+            if key in read_last and o <= read_last[key]:
+                problems.append(
+                    {"kind": "read-backwards", "process": op.process, "queue": q, "offset": o}
+                )
+            read_last[key] = o
+    # Real-time order, per queue, over acknowledged writes at their drained positions:
+    # walking offsets downwards, the earliest ack among later positions must not precede
+    # the invoke of the write at this position.
+    by_queue: dict[int, list[tuple[int, float, float, int]]] = defaultdict(list)
+    for v, (inv, ok) in ix.acked.items():
+        pos = ix.drain_pos.get(v)
+        if pos:
+            q, o = pos[0]
+            by_queue[q].append((o, inv.time, ok.time, v))
+    for q, rows in by_queue.items():
+        rows.sort()
+        min_ok = float("inf")
+        min_ok_v = -1
+        for o, inv_t, ok_t, v in reversed(rows):
+            if min_ok < inv_t:
+                problems.append(
+                    {
+                        "kind": "real-time",
+                        "queue": q,
+                        "v": v,
+                        "offset": o,
+                        "invoked_at": inv_t,
+                        "later_v_acked_at": min_ok,
+                        "later_v": min_ok_v,
+                    }
+                )
+            if ok_t < min_ok:
+                min_ok, min_ok_v = ok_t, v
+    kinds: dict[str, int] = defaultdict(int)
+    for p in problems:
+        kinds[p["kind"]] += 1
+    return CheckResult(
+        "order",
+        not problems,
+        len(problems),
+        f"{len(problems)} order violations" + (f" {dict(kinds)}" if kinds else ""),
+        _ex(problems),
+        {"reads": sum(len(t) for _, t in ix.reads), "by_kind": dict(kinds)},
+    )
+
+
+def check_replicas(nodes: Sequence[NodeState], convergence: str = "") -> CheckResult:
+    """After heal every node committed and applied the leader's whole log (``convergence``
+    is why not, as the run saw it), holds the same entries (index, term, checksum) up to the
+    common commit index it was read to, and the same ConsumeQueues."""
+    problems: list[dict[str, Any]] = []
+    if not nodes:
+        return CheckResult("replicas", False, 1, "no node state was collected")
+    if convergence:
+        problems.append({"kind": "not-converged", "why": convergence})
+    for n in nodes:
+        if n.error:
+            problems.append({"kind": "unreadable", "node": n.node, "error": n.error})
+    ok_nodes = [n for n in nodes if not n.error]
+    commits = {n.node: n.commit_index for n in ok_nodes}
+    if ok_nodes:
+        ref = max(ok_nodes, key=lambda n: len(n.checksums))
+        for n in ok_nodes:
+            if n is ref:
+                continue
+            for mine, theirs in zip(n.checksums, ref.checksums, strict=False):
+                if mine != theirs:
+                    problems.append(
+                        {
+                            "kind": "entry-differs",
+                            "index": mine[0],
+                            n.node: list(mine),
+                            ref.node: list(theirs),
+                        }
+                    )
+                    break
+            if len(n.checksums) != len(ref.checksums):
+                problems.append(
+                    {
+                        "kind": "log-length-differs",
+                        n.node: len(n.checksums),
+                        ref.node: len(ref.checksums),
+                    }
+                )
+        cq_ref = max(ok_nodes, key=lambda n: sum(len(v) for v in n.consume_queues.values()))
+        for n in ok_nodes:
+            if n is cq_ref:
+                continue
+            for key in sorted(set(n.consume_queues) | set(cq_ref.consume_queues)):
+                mine_q = n.consume_queues.get(key, [])
+                ref_q = cq_ref.consume_queues.get(key, [])
+                if mine_q != ref_q:
+                    first = next(
+                        (i for i, (a, b) in enumerate(zip(mine_q, ref_q, strict=False)) if a != b),
+                        min(len(mine_q), len(ref_q)),
+                    )
+                    problems.append(
+                        {
+                            "kind": "consume-queue-differs",
+                            "queue": key,
+                            "at": first,
+                            n.node: len(mine_q),
+                            cq_ref.node: len(ref_q),
+                        }
+                    )
+    return CheckResult(
+        "replicas",
+        not problems,
+        len(problems),
+        f"{len(problems)} replica disagreements over {len(nodes)} nodes",
+        _ex(problems),
+        {
+            "commit_index": commits,
+            "entries_compared": min((len(n.checksums) for n in ok_nodes), default=0),
+            "queues_compared": len({k for n in ok_nodes for k in n.consume_queues}),
+        },
+    )
+
+
+def check_leaders(ops: Sequence[Op]) -> CheckResult:
+    """At most one leader per term among the states the monitor polled."""
+    leaders: dict[int, set[str]] = defaultdict(set)
+    polls = 0
+    for op in ops:
+        if op.process == MONITOR and op.f == "state" and op.type == "ok":
+            polls += 1
+            if op.value.get("role") == "LEADER":
+                leaders[int(op.value["term"])].add(str(op.value["node"]))
+    bad = {t: sorted(ns) for t, ns in leaders.items() if len(ns) > 1}
+    return CheckResult(
+        "leaders",
+        not bad,
+        len(bad),
+        f"{len(bad)} terms with more than one leader ({len(leaders)} terms seen)",
+        _ex({"term": t, "leaders": ns} for t, ns in sorted(bad.items())),
+        {"polls": polls, "terms_with_leader": len(leaders)},
+    )
+
+
+def check_all(
+    ops: Sequence[Op],
+    nodes: Sequence[NodeState] | None,
+    max_duplicates: int = 0,
+    convergence: str = "",
+) -> list[CheckResult]:
+    """Every checker; ``nodes`` None skips the replica check (e.g. a history file alone);
+    ``convergence``: why the nodes did not all catch up with the leader after heal."""
+    ix = _Index(ops)
+    results = [
+        check_lost(ix),
+        check_unexpected(ix),
+        check_duplicated(ix, max_duplicates),
+        check_order(ix),
+    ]
+    if nodes is not None:
+        results.append(check_replicas(nodes, convergence))
+    results.append(check_leaders(ops))
+    return results
+
+
+def index(ops: Sequence[Op]) -> _Index:
+    """The shared facts of a history (exposed for the report's counts)."""
+    return _Index(ops)

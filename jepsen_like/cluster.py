@@ -1,0 +1,290 @@
+"""The group under test: a NameServer and 3 or 5 nodes from :class:`broker.cluster.LocalCluster`,
+with every directed peer link and every client-to-node link going through :class:`ProxyNet`.
+
+Node ``a`` is told that peer ``b`` lives at the port of link ``a->b`` (so each node's own
+``dLegerPeers`` differs only in the other nodes' ports), and every node advertises the port of
+link ``client->a`` as its client address, so NameServer routes and ``NOT_LEADER`` redirects
+send clients through the proxy too. The harness itself talks to the nodes directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from broker.cluster import ClusterError, LocalCluster, NodeInfo
+from dledger.server.client import ClientError, LogClient
+from jepsen_like.proxy import ProxyNet
+
+logger = logging.getLogger(__name__)
+
+CLIENT = "client"
+# Log segments of the group under test: small, so that runs roll segments and disk faults
+# scan little data (the integration tests use the same size).
+SEGMENT_BYTES = 4 << 20
+# Seconds a (re)started node gets to serve its client port or exit (a refused start exits
+# as soon as it has read its store; a loaded 2-core machine needs several seconds for either).
+START_WAIT_S = 30.0
+# What a node's start error says when its store is damaged (then it is wiped and re-synced).
+CORRUPT_MARK = "corrupt"
+# Seconds between checks of a process that is starting or stopping.
+POLL_S = 0.05
+# Seconds of any other call of the harness's direct (unproxied) client.
+DIRECT_RPC_TIMEOUT_S = 2.0
+# Seconds for a Metadata call from the harness.
+METADATA_TIMEOUT_S = 0.5
+# Seconds the group gets to elect a leader.
+LEADER_WAIT_S = 30.0
+# Seconds a node gets to stop on SIGTERM before SIGKILL.
+STOP_GRACE_S = 5.0
+
+
+def link_name(src: str, dst: str) -> str:
+    return f"{src}->{dst}"
+
+
+class JepsenCluster:
+    """Set up with :meth:`setup`, always finish with :meth:`teardown`."""
+
+    def __init__(self, base: Path, nodes: int, net: ProxyNet, extra: dict[str, str]) -> None:
+        self.base = base
+        self.n_nodes = nodes
+        self.net = net
+        self.extra = {"mappedFileSizeCommitLog": str(SEGMENT_BYTES), **extra}
+        self.local = LocalCluster(base)
+        self.paused: set[str] = set()
+        self.started_pids: list[int] = []
+        self.proxy_client_addrs: dict[str, str] = {}
+        self.events: list[str] = []
+
+    # ------------------------------------------------------------------ setup
+
+    @property
+    def ids(self) -> list[str]:
+        return [n.node_id for n in self.local.nodes]
+
+    def node(self, node_id: str) -> NodeInfo:
+        return self.local.node(node_id)
+
+    def setup(self) -> None:
+        self.local.configure(self.n_nodes, auto_ports=True, extra=self.extra, namesrv=True)
+        nodes = self.local.nodes
+        for a in nodes:
+            for b in nodes:
+                if a is not b:
+                    self.net.add_link(link_name(a.node_id, b.node_id), b.peer_port)
+            port = self.net.add_link(link_name(CLIENT, a.node_id), a.client_port)
+            self.proxy_client_addrs[a.node_id] = f"127.0.0.1:{port}"
+        for a in nodes:
+            peers = ";".join(
+                f"{b.node_id}-127.0.0.1:"
+                + str(
+                    b.peer_port
+                    if b is a
+                    else self.net.links[link_name(a.node_id, b.node_id)].listen_port
+                )
+                for b in nodes
+            )
+            conf = Path(a.conf)
+            lines = [
+                f"dLegerPeers={peers}" if line.startswith("dLegerPeers=") else line
+                for line in conf.read_text().splitlines()
+            ]
+            lines.append(f"advertisedClientAddr={self.proxy_client_addrs[a.node_id]}")
+            conf.write_text("\n".join(lines) + "\n")
+
+    def up(self) -> str:
+        self._track(self.local.start_namesrv())
+        self.local.wait_namesrv()
+        failed = self.start_many(self.ids)
+        if failed:
+            nid, reason = sorted(failed.items())[0]
+            raise ClusterError(f"{nid} failed to start: {reason}")
+        return self.local.wait_leader(LEADER_WAIT_S)
+
+    def _track(self, pid: int) -> None:
+        self.started_pids.append(pid)
+
+    @property
+    def namesrv_addr(self) -> str:
+        assert self.local.namesrv is not None
+        return self.local.namesrv.addr
+
+    # ------------------------------------------------------------------ processes
+
+    def running(self, node_id: str) -> bool:
+        return self.local.pid(self.node(node_id)) is not None
+
+    def kill(self, node_id: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        self.paused.discard(node_id)
+        with contextlib.suppress(ClusterError):
+            self.local.signal(node_id, signal.SIGCONT)
+            self.local.signal(node_id, sig)
+
+    def stop(self, node_id: str) -> None:
+        """SIGTERM and wait (a clean stop), SIGKILL after a grace."""
+        n = self.node(node_id)
+        pid = self.local.pid(n)
+        if pid is None:
+            return
+        self.paused.discard(node_id)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and self.local.pid(n) is not None:
+            time.sleep(POLL_S)
+        if self.local.pid(n) is not None:
+            self.kill(node_id)
+
+    def pause(self, node_id: str) -> None:
+        self.local.signal(node_id, signal.SIGSTOP)
+        self.paused.add(node_id)
+
+    def resume(self, node_id: str) -> None:
+        if node_id in self.paused:
+            with contextlib.suppress(ClusterError):
+                self.local.signal(node_id, signal.SIGCONT)
+            self.paused.discard(node_id)
+
+    def start(self, node_id: str) -> str:
+        """Start a node that is down; see :meth:`start_many`."""
+        return self.start_many([node_id]).get(node_id, "")
+
+    def start_many(self, node_ids: list[str]) -> dict[str, str]:
+        """Start the nodes that are down, together. Returns the reason each node that refused
+        to start gave: a corrupt store is then wiped and the node started empty, to catch up
+        from its peers; any other failure leaves it down (and is reported in ``events``)."""
+        launched: dict[str, tuple[int, int]] = {}
+        for nid in node_ids:
+            if nid in launched or self.running(nid):
+                continue
+            log_start = _size(Path(self.node(nid).log))
+            pid = self.local.start(nid)
+            self._track(pid)
+            launched[nid] = (pid, log_start)
+        deadline = time.monotonic() + START_WAIT_S
+        pending = set(launched)
+        with self.direct_client() as client:
+            while pending and time.monotonic() < deadline:
+                for nid in list(pending):
+                    if _exited(launched[nid][0]) or self._serving(client, nid):
+                        pending.discard(nid)
+                time.sleep(POLL_S)
+        if pending:
+            logger.warning(
+                "nodes %s neither serve nor exited after %s s", sorted(pending), START_WAIT_S
+            )
+        reasons: dict[str, str] = {}
+        for nid, (pid, log_start) in launched.items():
+            if not _exited(pid):
+                continue
+            reason = _last_error_line(Path(self.node(nid).log), log_start) or "exited at start"
+            reasons[nid] = reason
+            if CORRUPT_MARK not in reason.lower():
+                # Not a damaged store (a bad config, a code bug): nothing to repair; stays down.
+                logger.error("node=%s failed to start: %s", nid, reason)
+                self.events.append(f"{nid} failed to start: {reason}")
+                continue
+            logger.warning("node=%s refused to start: %s; wiping it to re-sync", nid, reason)
+            self.events.append(f"{nid} refused to start: {reason}; wiped and re-synced")
+            self.wipe(nid)
+            self._track(self.local.start(nid))
+        return reasons
+
+    def _serving(self, client: LogClient, node_id: str) -> bool:
+        try:
+            client.metadata(self.node(node_id).client_addr, timeout_s=METADATA_TIMEOUT_S)
+        except ClientError:
+            return False
+        return True
+
+    def log_size(self, node_id: str) -> int:
+        return _size(Path(self.node(node_id).log))
+
+    def log_line(self, node_id: str, offset: int, needle: str) -> str:
+        """The first line of the node's log after byte ``offset`` containing ``needle``."""
+        try:
+            with Path(self.node(node_id).log).open("rb") as fh:
+                fh.seek(offset)
+                text = fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return next((ln.strip()[:500] for ln in text.splitlines() if needle in ln), "")
+
+    def wipe(self, node_id: str) -> None:
+        shutil.rmtree(self.store_root(node_id), ignore_errors=True)
+
+    def store_root(self, node_id: str) -> Path:
+        return self.base / node_id
+
+    def dledger_dir(self, node_id: str) -> Path:
+        return self.store_root(node_id) / f"dledger-{node_id}"
+
+    def teardown(self) -> None:
+        for nid in list(self.paused):
+            self.resume(nid)
+        self.local.down(grace_s=STOP_GRACE_S)
+
+    # ------------------------------------------------------------------ state
+
+    def direct_client(self) -> LogClient:
+        return LogClient(
+            self.local.client_addrs, group=self.local.group, timeout_s=DIRECT_RPC_TIMEOUT_S
+        )
+
+    def proxied_client(self, timeout_s: float) -> LogClient:
+        addrs = [self.proxy_client_addrs[i] for i in self.ids]
+        return LogClient(addrs, group=self.local.group, timeout_s=timeout_s)
+
+    def leader(self, client: LogClient) -> str | None:
+        for n in self.local.nodes:
+            if n.node_id in self.paused or not self.running(n.node_id):
+                continue
+            try:
+                md = client.metadata(n.client_addr, timeout_s=METADATA_TIMEOUT_S)
+            except ClientError:
+                continue
+            if md.role == "LEADER":
+                return n.node_id
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _exited(pid: int) -> bool:
+    """True once our child ``pid`` has exited (reaped here) or is a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _last_error_line(log: Path, offset: int) -> str:
+    """Why a start failed: the last line written since ``offset`` that names an error (a
+    refused start ends with its reason), else the last line."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "rror" in ln or "orrupt" in ln]
+    pick = errors or lines
+    return pick[-1][:500] if pick else ""

@@ -1,0 +1,311 @@
+"""The nemesis: a seeded random schedule of faults, each followed by its heal.
+
+The schedule alternates a fault window and a healthy window, both ``interval_s`` long, until
+the deadline; it always ends with everything healed (:meth:`Nemesis.heal_all`). Choices (which
+fault, which shape, which node) come from one ``random.Random(seed)``; the nodes a choice
+depends on (the leader) are looked up when the fault starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jepsen_like import disk
+from jepsen_like.cluster import CLIENT, JepsenCluster, link_name
+from jepsen_like.history import NEMESIS, History
+from jepsen_like.proxy import LinkFaults
+
+logger = logging.getLogger(__name__)
+
+NEMESES = ("partition", "kill", "pause", "disk", "latency", "bandwidth", "rolling")
+PARTITION_SHAPES = (
+    "random-halves",
+    "isolate-leader",
+    "bridge",
+    "majorities-ring",
+    "one-way",
+    "client-leader",
+)
+# Link delay of the latency fault (per directed link, each way): base and uniform jitter.
+LATENCY_MS = 50.0
+JITTER_MS = 50.0
+# Peer link rate of the bandwidth fault (a send load of a few hundred small messages per
+# second needs tens of KiB/s of replication).
+BANDWIDTH_BYTES_PER_S = 64 * 1024
+# Chance that a process fault (kill, pause, one-way cut) targets the leader.
+LEADER_TARGET_PROBABILITY = 0.5
+# Seconds a rolling restart waits for a leader after restarting each node.
+ROLL_LEADER_WAIT_S = 10.0
+# What a node logs when recovery cuts off a torn tail (dledger/storage/store.py).
+TORN_TAIL_LOG_MARK = "torn tail"
+# Seconds between checks of the stop flag while waiting inside a window.
+POLL_S = 0.1
+
+
+@dataclass(slots=True)
+class FaultWindow:
+    kind: str
+    detail: str
+    start_s: float
+    end_s: float | None = None
+
+
+def partition_links(
+    shape: str, ids: Sequence[str], leader: str | None, rng: random.Random
+) -> tuple[list[str], str]:
+    """Directed peer links to cut for ``shape``, and a description."""
+    nodes = list(ids)
+    rng.shuffle(nodes)
+    n = len(nodes)
+
+    def between(a: Sequence[str], b: Sequence[str]) -> list[str]:
+        return [link_name(x, y) for x in a for y in b] + [link_name(y, x) for x in a for y in b]
+
+    if shape == "random-halves":
+        small, big = nodes[: n // 2], nodes[n // 2 :]
+        return between(small, big), f"halves {sorted(small)} | {sorted(big)}"
+    if shape == "isolate-leader":
+        target = leader if leader in nodes else nodes[0]
+        rest = [x for x in nodes if x != target]
+        return between([target], rest), f"isolated {target} (leader={leader}) from {sorted(rest)}"
+    if shape == "bridge":
+        half = (n - 1) // 2
+        a, bridge, b = nodes[:half], nodes[half], nodes[half + 1 :]
+        return between(a, b), f"bridge {bridge} between {sorted(a)} and {sorted(b)}"
+    if shape == "majorities-ring":
+        if n <= 3:  # each node hears from exactly one other: a directed ring
+            cut = [link_name(nodes[i], nodes[(i + 1) % n]) for i in range(n)]
+            return cut, f"one-way ring {' -> '.join(nodes)} cut"
+        reach = (n // 2 + 1) // 2  # 2 * reach + 1 >= a majority: itself and its neighbours
+        links = []
+        for i, x in enumerate(nodes):
+            for j, y in enumerate(nodes):
+                d = min((i - j) % n, (j - i) % n)
+                if x != y and d > reach:
+                    links.append(link_name(x, y))
+        return links, f"majorities ring {' - '.join(nodes)}"
+    if shape == "one-way":
+        target = leader if leader and rng.random() < LEADER_TARGET_PROBABILITY else nodes[0]
+        rest = [x for x in nodes if x != target]
+        if rng.random() < 0.5:
+            return [link_name(target, y) for y in rest], f"{target} cannot send to peers"
+        return [link_name(y, target) for y in rest], f"{target} cannot hear from peers"
+    if shape == "client-leader":  # the peers are fine; the clients cannot reach the leader
+        target = leader if leader in nodes else nodes[0]
+        return [link_name(CLIENT, target)], f"clients cut from {target} (leader={leader})"
+    raise ValueError(f"unknown partition shape {shape!r}")
+
+
+class Nemesis:
+    def __init__(
+        self,
+        cluster: JepsenCluster,
+        history: History,
+        kinds: Sequence[str],
+        seed: int,
+        interval_s: float,
+        shapes: Sequence[str] = PARTITION_SHAPES,
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.kinds = list(kinds)
+        self.shapes = list(shapes)
+        self.rng = random.Random(seed)
+        self.interval_s = interval_s
+        self.windows: list[FaultWindow] = []
+        self.refusals: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._down: set[str] = set()
+        self._torn: dict[str, int] = {}  # node -> its log's size when its tail was torn
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ thread
+
+    def start(self, deadline_mono: float) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(deadline_mono,), name="nemesis", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _sleep_until(self, t: float) -> bool:
+        """Wait until monotonic ``t``; False if told to stop first."""
+        while time.monotonic() < t:
+            if self._stop.wait(min(POLL_S, max(0.0, t - time.monotonic()))):
+                return False
+        return True
+
+    def _run(self, deadline: float) -> None:
+        max_windows = int((deadline - time.monotonic()) / max(self.interval_s, POLL_S)) + 2
+        try:
+            # a healthy start, so that the workload is running before the first fault
+            if not self._sleep_until(min(deadline, time.monotonic() + self.interval_s)):
+                return
+            for _ in range(max_windows):
+                if time.monotonic() + self.interval_s > deadline or not self.kinds:
+                    return
+                kind = self.rng.choice(self.kinds)
+                try:
+                    self._fault(kind, min(deadline, time.monotonic() + self.interval_s))
+                except Exception as exc:  # a fault that could not be applied is reported
+                    logger.exception("nemesis %s failed", kind)
+                    self.errors.append(f"{kind}: {exc}")
+                finally:
+                    self.heal_all()
+                if not self._sleep_until(min(deadline, time.monotonic() + self.interval_s)):
+                    return
+        finally:
+            self.heal_all()
+
+    # ------------------------------------------------------------------ faults
+
+    def _begin(self, kind: str, detail: str) -> FaultWindow:
+        w = FaultWindow(kind, detail, self.history.now())
+        with self._lock:
+            self.windows.append(w)
+        self.history.add(NEMESIS, "info", "start", {"fault": kind, "detail": detail})
+        logger.info("nemesis start %s: %s", kind, detail)
+        return w
+
+    def _leader(self) -> str | None:
+        with self.cluster.direct_client() as c:
+            return self.cluster.leader(c)
+
+    def _pick(self, k: int = 1) -> list[str]:
+        ids = self.cluster.ids
+        leader = self._leader()
+        if leader and self.rng.random() < LEADER_TARGET_PROBABILITY:
+            others = [x for x in ids if x != leader]
+            return [leader, *self.rng.sample(others, k - 1)]
+        return self.rng.sample(ids, k)
+
+    def _fault(self, kind: str, until: float) -> None:
+        c = self.cluster
+        n = len(c.ids)
+        if kind == "partition":
+            shape = self.rng.choice(self.shapes)
+            links, detail = partition_links(shape, c.ids, self._leader(), self.rng)
+            self._begin(kind, f"{shape}: {detail}")
+            c.net.cut(links)
+        elif kind == "kill":
+            targets = self._pick(self.rng.randint(1, max(1, (n - 1) // 2)))
+            self._begin(kind, f"SIGKILL {targets}")
+            for t in targets:
+                c.kill(t)
+                self._down.add(t)
+        elif kind == "pause":
+            targets = self._pick(self.rng.randint(1, max(1, (n - 1) // 2)))
+            self._begin(kind, f"SIGSTOP {targets}")
+            for t in targets:
+                c.pause(t)
+        elif kind == "disk":
+            (target,) = self._pick(1)
+            c.kill(target)
+            self._down.add(target)
+            fault = self.rng.choice(["torn-tail", "bit-flip"])
+            d = c.dledger_dir(target)
+            try:
+                if fault == "torn-tail":
+                    what = disk.tear_tail(d, self.rng)
+                    self._torn[target] = c.log_size(target)
+                else:
+                    what = disk.flip_bit(d, self.rng)
+            except disk.DiskFaultError as exc:
+                what = f"skipped: {exc}"
+            self._begin(kind, f"{fault} on {target} (SIGKILLed): {what}")
+        elif kind == "latency":
+            links = [name for name in c.net.links if not name.startswith("client")]
+            self._begin(kind, f"{LATENCY_MS:.0f} ms + up to {JITTER_MS:.0f} ms on every peer link")
+            c.net.set_faults(links, LinkFaults(latency_ms=LATENCY_MS, jitter_ms=JITTER_MS))
+        elif kind == "bandwidth":
+            links = [name for name in c.net.links if not name.startswith("client")]
+            self._begin(kind, f"{BANDWIDTH_BYTES_PER_S} bytes/s on every peer link")
+            c.net.set_faults(links, LinkFaults(bandwidth_bytes_per_s=BANDWIDTH_BYTES_PER_S))
+        elif kind == "rolling":
+            order = list(c.ids)
+            self.rng.shuffle(order)
+            self._begin(kind, f"rolling restart {order} (SIGTERM, start)")
+            for nid in order:
+                if self._stop.is_set():
+                    break
+                c.stop(nid)
+                reason = c.start(nid)
+                if reason:
+                    self.refusals.append(f"{nid}: {reason}")
+                with c.direct_client() as client:
+                    wait_end = time.monotonic() + ROLL_LEADER_WAIT_S
+                    while time.monotonic() < wait_end and c.leader(client) is None:
+                        time.sleep(POLL_S)
+        else:
+            raise ValueError(f"unknown nemesis {kind!r}")
+        self._sleep_until(until)
+
+    def heal_all(self) -> None:
+        """Heal every link and process fault, end the open window (idempotent)."""
+        c = self.cluster
+        with contextlib.suppress(Exception):
+            c.net.heal_all()
+        for nid in list(c.paused):
+            c.resume(nid)
+        down = sorted(self._down | {i for i in c.ids if not c.running(i)})
+        try:
+            reasons = c.start_many(down)
+        except Exception as exc:  # reported; the run's final heal tries again
+            logger.exception("nemesis could not restart %s", down)
+            self.errors.append(f"restart {down}: {exc}")
+        else:
+            self.refusals += [f"{nid}: {r}" for nid, r in reasons.items()]
+            self._down.clear()
+        for nid, offset in self._torn.items():
+            line = c.log_line(nid, offset, TORN_TAIL_LOG_MARK)
+            c.events.append(
+                f"{nid} recovered its torn tail: {line}"
+                if line
+                else f"{nid}: no torn-tail truncation in its log after the torn write"
+            )
+        self._torn.clear()
+        with self._lock:
+            open_windows = [w for w in self.windows if w.end_s is None]
+            for w in open_windows:
+                w.end_s = self.history.now()
+        for w in open_windows:
+            self.history.add(NEMESIS, "info", "stop", {"fault": w.kind, "detail": w.detail})
+            logger.info("nemesis heal %s", w.kind)
+
+
+def parse_nemeses(text: str) -> list[str]:
+    """``partition,kill`` or ``all`` or ``none``; raises ValueError naming a bad one."""
+    if text.strip() in ("", "none"):
+        return []
+    if text.strip() == "all":
+        return list(NEMESES)
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in NEMESES]
+    if bad:
+        raise ValueError(f"unknown nemesis {bad[0]!r}; choose from {', '.join(NEMESES)}, all")
+    return kinds
+
+
+def parse_shapes(text: str) -> list[str]:
+    if text.strip() == "all":
+        return list(PARTITION_SHAPES)
+    shapes = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in shapes if k not in PARTITION_SHAPES]
+    if bad or not shapes:
+        raise ValueError(
+            f"unknown partition shape {bad[0] if bad else text!r}; "
+            f"choose from {', '.join(PARTITION_SHAPES)}, all"
+        )
+    return shapes
