@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-c", "--config", required=True, help="broker.conf (properties format)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        default="",
+        help="sample the node with pyinstrument (a test extra) and write the profile, as text, "
+        "to FILE when it stops (docs/PERFORMANCE.md)",
+    )
     ns = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(ns.log_level).upper(), logging.INFO),
@@ -119,11 +126,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     node, sm = build(cfg)
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
+    profiler = None
+    if ns.profile:
+        try:
+            from pyinstrument import Profiler
+        except ImportError:
+            print(
+                "mqbroker: --profile needs pyinstrument (pip install pyinstrument)", file=sys.stderr
+            )
+            return 2
+        profiler = Profiler(interval=0.001, async_mode="disabled")
+        profiler.start()
     try:
         asyncio.run(_serve(node, sm, registrar))
     except StartError as exc:
         print(f"mqbroker: cannot start: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if profiler is not None:
+            profiler.stop()
+            with open(ns.profile, "w") as f:
+                f.write(profiler.output_text(unicode=False, color=False, show_all=False))
     return 0
 
 

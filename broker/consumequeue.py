@@ -67,6 +67,8 @@ _I64_MAX = (1 << 63) - 1
 _I64_MIN = -(1 << 63)
 # Java int: RocketMQ's ConsumeQueue size field is an int; a message is far smaller anyway.
 _MAX_SIZE_BYTES = (1 << 31) - 1
+# Bound on find()'s cache of absent queues (a client probing random topics cannot grow it).
+MAX_ABSENT_CACHED = 10_000
 _EMPTY_RECORD = bytes(CQ_RECORD_SIZE)
 
 
@@ -524,6 +526,9 @@ class ConsumeQueueStore:
         self.directory = Path(root) / "consumequeue"
         self.records_per_file = records_per_file
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        # Queues find() saw absent on disk: asked again and again (the scheduler polls every
+        # delay level), answered without a stat. Only queue() creates queues, and clears it.
+        self._absent: set[tuple[str, int]] = set()
         self._lock = threading.RLock()
         self._closed = False
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -539,6 +544,7 @@ class ConsumeQueueStore:
             name=f"{topic}/{queue_id}",
         )
         self._queues[(topic, queue_id)] = cq
+        self._absent.discard((topic, queue_id))
         return cq
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -560,8 +566,12 @@ class ConsumeQueueStore:
             cq = self._queues.get((topic, queue_id))
             if cq is not None:
                 return cq
+            if (topic, queue_id) in self._absent:
+                return None
             if (self.directory / topic / str(queue_id)).is_dir():
                 return self.queue(topic, queue_id)
+            if len(self._absent) < MAX_ABSENT_CACHED:
+                self._absent.add((topic, queue_id))
             return None
 
     def queue_ids(self) -> list[tuple[str, int]]:

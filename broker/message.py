@@ -615,6 +615,7 @@ def _next_month_start_ms(month_start_ms: int) -> int:
     return calendar.timegm((year, month, 1, 0, 0, 0)) * 1000
 
 
+@functools.lru_cache(maxsize=256)  # one store host per node: parsed once, not per message
 def _ipv4_bytes(ip: str) -> bytes:
     try:
         return ipaddress.IPv4Address(ip).packed
