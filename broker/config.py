@@ -183,6 +183,9 @@ KEYS: Mapping[str, _Key] = {
     "preferredLeaderId": _Key(_parse_optional_str, "", "node id that should lead when healthy"),
     "fileReservedTime": _Key(_parse_int(1, 24 * 365 * 10), "72", "hours a segment is kept"),
     "deleteWhen": _Key(_parse_delete_when, "04", "hours of day when old segments are deleted"),
+    "retentionCheckIntervalMs": _Key(
+        _parse_int(100, 3_600_000), "60000", "how often retention looks for segments to delete, ms"
+    ),
     "maxMessageSize": _Key(_parse_int(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
@@ -242,6 +245,7 @@ class BrokerConfig:
     preferredLeaderId: str
     fileReservedTime: int
     deleteWhen: str
+    retentionCheckIntervalMs: int
     maxMessageSize: int
     autoCreateTopicEnable: bool
     slaveReadEnable: bool
@@ -376,4 +380,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         preferred_leader_id=cfg.preferredLeaderId or None,
         advertised_client_addr=cfg.advertisedClientAddr,
         unsafe_ack_before_replication=cfg.unsafeAckBeforeReplication,
+        file_reserved_time_hours=cfg.fileReservedTime,
+        delete_when=cfg.deleteWhen,
+        retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
     )

@@ -278,6 +278,7 @@ class BrokerStateMachine:
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
+        self._trimmed_first = 1  # the commitlog's first index when derived files were trimmed
         self._results: OrderedDict[int, list[SendResult]] = OrderedDict()
         self._listeners: list[DispatchListener] = []
         self._last_snapshot_s = 0.0
@@ -360,6 +361,7 @@ class BrokerStateMachine:
         if touched:
             for listener in self._listeners:
                 listener(touched)
+        self._trim_derived()
         self._maybe_snapshot()
 
     # ------------------------------------------------------------------ apply
@@ -440,6 +442,33 @@ class BrokerStateMachine:
             self._results[entry.index] = results
             while len(self._results) > RESULTS_KEPT:
                 self._results.popitem(last=False)
+
+    def on_prefix_deleted(self, first_index: int) -> None:
+        """dledger's retention deleted the log below ``first_index``."""
+        if self._opened:
+            self._trim_derived()
+
+    def _trim_derived(self) -> None:
+        """After the commitlog's retention deleted a prefix, delete the ConsumeQueue and key
+        index files that only point into it and move every queue's min offset past it
+        (RocketMQ's CleanConsumeQueueService). Also run after every apply (cheap: one compare)
+        so that a restart with a deleted prefix trims at the first apply."""
+        log = self.log
+        first = log.first_index()
+        if first <= self._trimmed_first or first > log.last_index():
+            return
+        self._trimmed_first = first
+        position = log.body_position(first)
+        cq_files = self.cqs.delete_files_before(position)
+        index_files = self.index.delete_files_before(position)
+        if cq_files or index_files:
+            logger.info(
+                "retention: consumequeue files=%d index files=%d below position=%d index=%d",
+                cq_files,
+                index_files,
+                position,
+                first,
+            )
 
     def _evict_dedup(self) -> None:
         dedup = self.dedup

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -20,6 +21,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 import grpc
@@ -48,6 +50,7 @@ from dledger.log import (
 from dledger.server.convert import entry_to_pb, from_pb, validate
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import FlushDiskType, SegmentedLogStore, StoreConfig
+from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +60,18 @@ GET_MAX_BYTES = 4 << 20
 GET_MAX_COUNT = 10_000
 # How often the applied/commit checkpoint is written while entries are being applied.
 CHECKPOINT_INTERVAL_MS = 1000
+# How often a node checks whether retention may delete old segments (deletion itself happens
+# only at the deleteWhen hours), and how long it waits for the leader's view of the members.
+RETENTION_CHECK_INTERVAL_S = 60.0
+RETENTION_RPC_TIMEOUT_S = 3.0
 
 
 class StateMachine(Protocol):
-    """What the application (the broker) plugs into a node."""
+    """What the application (the broker) plugs into a node.
+
+    Optionally it also has ``on_prefix_deleted(first_index: int) -> None``: called (in the
+    event loop, between applies) after retention deleted the log's entries below
+    ``first_index``, so the application can drop what it derived from them."""
 
     def applied_index(self) -> int:
         """Index up to which the application's own durable state already includes entries."""
@@ -113,6 +124,11 @@ class NodeConfig:
     # TEST ONLY (jepsen_like's "checker has teeth" run): acknowledge an Append as soon as the
     # leader appended it locally, before a majority holds it. Breaks promise 1; never in prod.
     unsafe_ack_before_replication: bool = False
+    # Retention (RocketMQ's fileReservedTime / deleteWhen, dledger.storage.retention): old
+    # segments are deleted at these hours once this old, never while a member still needs them.
+    file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS
+    delete_when: str = DEFAULT_DELETE_WHEN
+    retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
 
     def __post_init__(self) -> None:
         assert self.self_id in self.peers, "self_id must be one of the peers"
@@ -246,6 +262,7 @@ class DLedgerNode:
         self._tasks = [
             loop.create_task(self._tick_loop(), name="tick"),
             loop.create_task(self._ready_loop(), name="ready"),
+            loop.create_task(self._retention_loop(), name="retention"),
         ]
         logger.info(
             "node=%s group=%s started peer=%s client=%s last_index=%d term=%d",
@@ -327,6 +344,61 @@ class DLedgerNode:
     def note_client_addr(self, node_id: str, addr: str) -> None:
         if node_id in self.cfg.peers and addr:
             self._client_addrs[node_id] = addr
+
+    # ------------------------------------------------------------------ retention
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.retention_check_interval_s)
+            try:
+                floor = await self.retention_floor()
+            except (TimeoutError, grpc.RpcError, OSError) as exc:
+                logger.info("node=%s retention skipped: %s", self.cfg.self_id, exc)
+                continue
+            if floor is None:
+                continue
+            # In a thread: deleting flushes and fsyncs (the store is thread safe).
+            deleted = await asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(
+                    self.store.apply_retention,
+                    now=datetime.now(),
+                    applied_index=floor,
+                    file_reserved_time_hours=self.cfg.file_reserved_time_hours,
+                    delete_when=self.cfg.delete_when,
+                ),
+            )
+            if deleted:
+                hook = getattr(self.sm, "on_prefix_deleted", None)
+                if callable(hook):
+                    hook(self.store.first_index())
+                logger.info(
+                    "node=%s retention deleted=%d segments first_index=%d floor=%d",
+                    self.cfg.self_id,
+                    deleted,
+                    self.store.first_index(),
+                    floor,
+                )
+
+    async def retention_floor(self) -> int | None:
+        """The highest index retention may delete up to on this node: applied here, and held
+        by every member of the group as the leader knows it (there is no InstallSnapshot, so a
+        member must never need an entry that a future leader deleted). None: not known now
+        (no leader, or it did not answer); retention waits for the next check."""
+        if self.core.role is Role.LEADER:
+            matches = [p.match_index for p in self.core.status().peers]
+        else:
+            _, addr = self.leader_client_addr()
+            if not addr:
+                return None
+            async with grpc.aio.insecure_channel(addr) as channel:
+                resp = await pb_grpc.DLedgerClientStub(channel).Metadata(
+                    pb.MetadataRequest(group=self.cfg.group), timeout=RETENTION_RPC_TIMEOUT_S
+                )
+            if resp.role != Role.LEADER.name:
+                return None
+            matches = [p.match_index for p in resp.peers] + [resp.commit_index]
+        return min([self._applied, *matches])
 
     def leader_client_addr(self) -> tuple[str | None, str]:
         leader = self.core.leader_id
