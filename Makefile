@@ -4,9 +4,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PACKAGES := dledger broker nameserver client jepsen_like
+PACKAGES := dledger broker nameserver client jepsen_like spark_audit
 
-.PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker clean
+.PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
 venv: $(STAMP)
 
@@ -41,16 +41,25 @@ test-fast: venv
 	$(PY) -m pytest tests/unit tests/sim -q
 
 # The main job: the log store on its own, then a local 3-node group over gRPC with a leader
-# failover, checked replica by replica; everything is torn down at the end.
+# failover, checked replica by replica, then a Spark audit of the replicas' files; everything
+# is torn down at the end.
 demo: venv
 	$(PY) -m dledger.storage.demo
-	$(PY) -m broker.demo
+	@dir=$$(mktemp -d /tmp/raftmq-demo-XXXXXX); \
+	$(PY) -m broker.demo --base-dir $$dir && \
+	echo "== auditing the 3 replicas' log stores with Spark (mqaudit, docs/AUDIT.md)" && \
+	$(PY) -m spark_audit $$dir/group; \
+	rc=$$?; rm -rf $$dir; exit $$rc
 
 bench-store: venv
 	$(PY) -m bench.store
 
 bench-broker: venv
 	$(PY) -m bench.broker
+
+# Spark audit throughput over 3 replicas x 1 GiB (needs about 6.5 GB free in /tmp).
+bench-audit: venv
+	$(PY) -m bench.audit
 
 # The benchmark of issue #10 (mqbench): a 3-node group under both flush modes, side by side with
 # etcd and NATS JetStream when installed (make bench-peers); results in bench/results/.

@@ -1,0 +1,281 @@
+"""``mqaudit`` / ``python -m spark_audit``: audit the replicas of one or more groups.
+
+    mqaudit STORE [STORE ...]                  one group: store dirs (dledger-*), broker
+                                               storePathRootDirs or an mqcluster base dir
+    mqaudit --group a=DIR,DIR,DIR --group b=...  several groups
+    mqaudit --connect 127.0.0.1:10911,127.0.0.1:10921,127.0.0.1:10931
+                                               a running group: each node tells its store
+                                               path and commit index
+
+Exit codes: 0 clean, 1 divergence or corruption found, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from spark_audit.job import (
+    DEFAULT_MASTER,
+    LOOPBACK,
+    AuditJobError,
+    SessionOptions,
+    resolved_master,
+    run_job,
+    start_session,
+)
+from spark_audit.model import GroupPlan
+from spark_audit.plan import (
+    DEFAULT_GROUP,
+    TASK_TARGET_BYTES,
+    InputError,
+    ReplicaSource,
+    group_name_of,
+    plan_group,
+    plan_tasks,
+    sources_from_paths,
+    sources_from_running,
+)
+from spark_audit.report import EXIT_USAGE, AuditReport, build_report, write_json, write_summary
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("spark_audit")
+
+PROG = "mqaudit"
+MIB = 1 << 20
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """Bad usage: one line on stderr, exit code 2."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description=(
+            "Audit the Raft log stores of raftmq replicas with Spark: check every entry's\n"
+            "header, CRC32C and index record, checksum every segment, and compare the\n"
+            "replicas index by index up to the audited commit index (the lowest commit index\n"
+            "in their checkpoints, or --upto). Exit codes: 0 clean, 1 divergence or\n"
+            "corruption found, 2 usage or input error. See docs/AUDIT.md."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  mqaudit /tmp/raftmq-cluster                 every replica of a local group\n"
+            "  mqaudit run/n0/dledger-n0 run/n1/dledger-n1 run/n2/dledger-n2 --json r.json\n"
+            "  mqaudit --connect 127.0.0.1:10911,127.0.0.1:10921,127.0.0.1:10931\n"
+            "  mqaudit --master spark://127.0.0.1:7077 /data/broker-a --parquet /data/mismatch\n"
+        ),
+    )
+    p.add_argument(
+        "stores",
+        nargs="*",
+        metavar="STORE",
+        help="replica store directories of one group (or a directory holding dledger-* stores)",
+    )
+    p.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=STORE[,STORE...]",
+        help="a named group and its replicas' stores (repeat for several groups)",
+    )
+    p.add_argument(
+        "--connect",
+        action="append",
+        default=[],
+        metavar="ADDR[,ADDR...]",
+        help="client addresses of a running group's nodes (repeat for several groups)",
+    )
+    p.add_argument(
+        "--upto",
+        type=int,
+        metavar="INDEX",
+        help="audited commit index (default: the lowest commit index the replicas report)",
+    )
+    p.add_argument(
+        "--master",
+        metavar="URL",
+        help=f"Spark master (default: $MASTER as spark-submit sets it, else {DEFAULT_MASTER})",
+    )
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument(
+        "--parquet",
+        metavar="PATH",
+        help="write one row per divergent committed entry as Parquet (any path Spark writes)",
+    )
+    p.add_argument(
+        "--segment-bytes",
+        type=int,
+        metavar="N",
+        help="data segment size (default: inferred from the files)",
+    )
+    p.add_argument(
+        "--task-mb",
+        type=int,
+        default=TASK_TARGET_BYTES // MIB,
+        metavar="MB",
+        help=f"MB of each replica's log per Spark task (default {TASK_TARGET_BYTES // MIB})",
+    )
+    p.add_argument(
+        "--bind-address",
+        default=LOOPBACK,
+        metavar="IP",
+        help=f"address the driver binds (default {LOOPBACK})",
+    )
+    p.add_argument(
+        "--driver-host",
+        default=LOOPBACK,
+        metavar="HOST",
+        help=f"address executors reach the driver at (default {LOOPBACK}; set it on a real "
+        "cluster)",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration (repeatable)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    return p
+
+
+def _split_named(value: str, option: str) -> tuple[str | None, list[str]]:
+    name: str | None = None
+    rest = value
+    head, sep, tail = value.partition("=")
+    if sep and "/" not in head and ":" not in head:
+        name, rest = head, tail
+    items = [v for v in rest.split(",") if v]
+    if not items or (name is not None and not name):
+        raise InputError(f"{option} {value!r}: expected [NAME=]ITEM[,ITEM...]")
+    return name, items
+
+
+def _sources(args: argparse.Namespace) -> list[tuple[str, list[ReplicaSource]]]:
+    groups: list[tuple[str, list[ReplicaSource]]] = []
+    if args.stores:
+        name = (group_name_of(args.stores[0]) if len(args.stores) == 1 else None) or DEFAULT_GROUP
+        groups.append((name, sources_from_paths(name, args.stores)))
+    for value in args.group:
+        gname, items = _split_named(value, "--group")
+        if gname is None:
+            raise InputError(f"--group {value!r}: expected NAME=STORE[,STORE...]")
+        groups.append((gname, sources_from_paths(gname, items)))
+    for value in args.connect:
+        cname, items = _split_named(value, "--connect")
+        srcs = sources_from_running(items, cname or "")
+        groups.append((srcs[0].group, srcs))
+    if not groups:
+        raise InputError("nothing to audit: give store directories, --group or --connect")
+    names = [g for g, _ in groups]
+    if len(set(names)) != len(names):
+        raise InputError(f"group names must differ, got {names}")
+    return groups
+
+
+def _conf(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for v in values:
+        key, sep, value = v.partition("=")
+        if not sep or not key:
+            raise InputError(f"--conf {v!r}: expected KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
+
+
+def plan(args: argparse.Namespace) -> list[GroupPlan]:
+    if args.upto is not None and args.upto < 0:
+        raise InputError(f"--upto must be >= 0, got {args.upto}")
+    if args.segment_bytes is not None and args.segment_bytes <= 0:
+        raise InputError(f"--segment-bytes must be > 0, got {args.segment_bytes}")
+    if args.task_mb <= 0:
+        raise InputError(f"--task-mb must be > 0, got {args.task_mb}")
+    return [
+        plan_group(name, srcs, upto=args.upto, segment_size_bytes=args.segment_bytes)
+        for name, srcs in _sources(args)
+    ]
+
+
+def audit(
+    spark: SparkSession,
+    plans: Sequence[GroupPlan],
+    *,
+    task_bytes: int = TASK_TARGET_BYTES,
+    parquet_path: str | None = None,
+    session_start_s: float = 0.0,
+) -> AuditReport:
+    """Run the audit of ``plans`` on ``spark`` and build its report."""
+    tasks = plan_tasks(plans, task_bytes=task_bytes)
+    log.info("auditing groups=%d replicas=%d tasks=%d", len(plans),
+             sum(len(p.replicas) for p in plans), len(tasks))  # fmt: skip
+    out = run_job(spark, plans, tasks, parquet_path=parquet_path)
+    return build_report(
+        plans,
+        out.rows,
+        mismatch_counts=out.mismatch_counts,
+        mismatch_sample=out.mismatch_sample,
+        master=str(spark.sparkContext.master),
+        session_start_s=session_start_s,
+        job_s=out.elapsed_s,
+        tasks=out.tasks,
+        parquet_path=parquet_path,
+    )
+
+
+def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
+    """Run the CLI; with ``spark`` given, use that session (and leave it running)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format=f"{PROG}: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    own_session = spark is None
+    try:
+        plans = plan(args)
+        conf = _conf(args.conf)
+        session_start_s = 0.0
+        if spark is None:
+            opts = SessionOptions(args.master, args.bind_address, args.driver_host, conf)
+            log.info("starting Spark master=%s", resolved_master(opts) or "(from spark-submit)")
+            t0 = time.monotonic()
+            spark = start_session(opts)
+            session_start_s = time.monotonic() - t0
+            log.info("Spark session ready in %.1f s", session_start_s)
+        report = audit(
+            spark,
+            plans,
+            task_bytes=args.task_mb * MIB,
+            parquet_path=args.parquet,
+            session_start_s=session_start_s,
+        )
+    except (InputError, AuditJobError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if own_session and spark is not None:
+            spark.stop()
+    write_summary(report, sys.stdout)
+    if args.json:
+        try:
+            write_json(report, args.json)
+        except OSError as exc:
+            print(f"{PROG}: error: cannot write {args.json}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

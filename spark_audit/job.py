@@ -1,0 +1,340 @@
+"""The Spark side: a session on 127.0.0.1 (or any master), one Spark task per index range,
+each task a ``mapInArrow`` call that scans its range on every replica and yields a few rows.
+
+Nothing but aggregates, findings and divergent-entry rows leaves the tasks: no step
+collects entries to the driver, and there is no shuffle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_audit.model import GroupPlan, TaskSpec, to_i64
+from spark_audit.scan import iter_rows, run_task
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MASTER = "local[*]"
+LOOPBACK = "127.0.0.1"
+APP_NAME = "mqaudit"
+# How often the driver logs the job's progress.
+PROGRESS_INTERVAL_S = 2.0
+# Divergent-entry rows kept in the JSON report (all of them go to Parquet).
+MISMATCH_SAMPLE_ROWS = 100
+# Rows per Arrow batch a task yields (bounds a task's memory for large outputs).
+ROWS_PER_BATCH = 10_000
+# Packages shipped to the executors (the job's code and the codec it parses with).
+SHIPPED_PACKAGES = ("spark_audit", "dledger")
+
+OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("kind", "string"),  # finding, mismatch, pair, part, end, task (count = CPU microseconds)
+    ("what", "string"),  # the finding's kind (model.What) or the part's committed/tail
+    ("group", "string"),
+    ("task", "long"),
+    ("replica", "string"),
+    ("peer", "string"),
+    ("file", "string"),
+    ("path", "string"),
+    ("index", "long"),
+    ("index_end", "long"),
+    ("offset", "long"),
+    ("count", "long"),
+    ("detail", "string"),
+    ("term", "long"),
+    ("digest", "long"),  # u64 stored as signed 64-bit
+    ("peer_term", "long"),
+    ("peer_digest", "long"),
+    ("bytes", "long"),
+    ("min_term", "long"),
+    ("max_term", "long"),
+    ("unordered", "long"),  # u64 stored as signed 64-bit
+    ("ordered", "long"),
+    ("mismatches", "long"),  # task rows: divergent-entry rows the task wrote
+)
+OUTPUT_DDL = ", ".join(f"`{name}` {typ}" for name, typ in OUTPUT_COLUMNS)
+U64_COLUMNS = ("digest", "peer_digest", "unordered")
+MISMATCH_COLUMNS = (
+    "group",
+    "index",
+    "replica",
+    "term",
+    "digest",
+    "peer",
+    "peer_term",
+    "peer_digest",
+    "file",
+    "offset",
+)
+
+
+class AuditJobError(Exception):
+    """Spark could not start or run the job."""
+
+
+def _pyarrow() -> Any:
+    """``pyarrow`` (it ships no type information)."""
+    return importlib.import_module("pyarrow")
+
+
+def _arrow_schema() -> Any:
+    pa = _pyarrow()
+
+    types = {"string": pa.string(), "long": pa.int64()}
+    return pa.schema([(name, types[typ]) for name, typ in OUTPUT_COLUMNS])
+
+
+class TaskRunner:
+    """The function ``mapInArrow`` runs on the executors (pickled with the plans)."""
+
+    def __init__(self, plans: Sequence[GroupPlan]) -> None:
+        self.plans = {p.group: p for p in plans}
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Arrow record batches of task specs in, record batches of OUTPUT_COLUMNS out."""
+        pa = _pyarrow()
+
+        schema = _arrow_schema()
+        names = [name for name, _ in OUTPUT_COLUMNS]
+        for batch in batches:
+            for spec in batch.to_pylist():
+                task = TaskSpec(
+                    int(spec["task_id"]),
+                    str(spec["group"]),
+                    int(spec["lo"]),
+                    int(spec["hi"]),
+                    int(spec["est_bytes"]),
+                )
+                plan = self.plans[task.group]
+                t0 = time.monotonic()
+                cpu0 = time.process_time()
+                result = run_task(plan, task)
+                cpu_us = int((time.process_time() - cpu0) * 1e6)
+                log.info(
+                    "task=%d group=%s range=[%d,%s) bytes=%d elapsed_s=%.2f",
+                    task.task_id,
+                    task.group,
+                    task.lo,
+                    task.hi or "end",
+                    result.scanned_bytes,
+                    time.monotonic() - t0,
+                )
+                rows: list[dict[str, Any]] = []
+                for row in iter_rows(plan, task, result):
+                    for col in U64_COLUMNS:
+                        if col in row:
+                            row[col] = to_i64(int(row[col]))  # type: ignore[call-overload]
+                    rows.append({n: row.get(n) for n in names})
+                    if len(rows) >= ROWS_PER_BATCH:
+                        yield pa.RecordBatch.from_pylist(rows, schema=schema)
+                        rows = []
+                # The task's own cost: bytes scanned and CPU time (load-independent rate).
+                rows.append(
+                    {
+                        n: v
+                        for n, v in (
+                            ("kind", "task"),
+                            ("group", task.group),
+                            ("task", task.task_id),
+                            ("bytes", result.scanned_bytes),
+                            ("count", cpu_us),
+                            ("mismatches", len(result.mismatches)),
+                        )
+                    }
+                )
+                yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def _ship_code(directory: Path) -> Path:
+    """A zip of the packages the executors import, for ``SparkContext.addPyFile``."""
+    root = Path(__file__).resolve().parent.parent
+    out = directory / "raftmq_audit_code.zip"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for pkg in SHIPPED_PACKAGES:
+            for path in sorted((root / pkg).rglob("*.py")):
+                z.write(path, path.relative_to(root).as_posix())
+    return out
+
+
+# Applications whose executors already have the code (Spark refuses a second file of the
+# same name), and the directory holding the zip (Spark reads it when executors ask).
+_SHIPPED: set[str] = set()
+_SHIP_DIR: list[Path] = []
+
+
+def _ship_once(spark: SparkSession) -> None:
+    sc = spark.sparkContext
+    app = str(sc.applicationId)
+    if app in _SHIPPED:
+        return
+    if not _SHIP_DIR:
+        directory = Path(tempfile.mkdtemp(prefix="mqaudit-code-"))
+        atexit.register(shutil.rmtree, directory, True)
+        _SHIP_DIR.append(directory)
+    zip_path = _SHIP_DIR[0] / "raftmq_audit_code.zip"
+    if not zip_path.exists():
+        _ship_code(_SHIP_DIR[0])
+    sc.addPyFile(str(zip_path))
+    _SHIPPED.add(app)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    master: str | None = None  # None: $MASTER (spark-submit exports it), else local[*]
+    bind_address: str = LOOPBACK
+    driver_host: str = LOOPBACK
+    conf: tuple[tuple[str, str], ...] = ()
+
+
+def resolved_master(opts: SessionOptions) -> str | None:
+    """The master to set on the builder; None when spark-submit already chose one."""
+    if opts.master:
+        return opts.master
+    if os.environ.get("MASTER"):
+        return None
+    return DEFAULT_MASTER
+
+
+def start_session(opts: SessionOptions) -> SparkSession:
+    """A SparkSession bound to ``opts.bind_address`` with the UI off. The Python the
+    workers run is this one (PYSPARK_PYTHON must be set before the session starts)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", opts.bind_address)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(APP_NAME)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", opts.driver_host)
+        .config("spark.driver.bindAddress", opts.bind_address)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    master = resolved_master(opts)
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in opts.conf:
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:
+        raise AuditJobError(f"cannot start Spark: {str(exc).splitlines()[0]}") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutput:
+    rows: list[dict[str, Any]]  # every row except divergent-entry rows
+    mismatch_counts: dict[str, int]  # divergent-entry rows per group
+    mismatch_sample: list[dict[str, Any]]
+    tasks: int
+    elapsed_s: float
+
+
+class _Progress(threading.Thread):
+    def __init__(self, spark: SparkSession, total_tasks: int, est_bytes: int) -> None:
+        super().__init__(name="audit-progress", daemon=True)
+        self._tracker = spark.sparkContext.statusTracker()
+        self._total = total_tasks
+        self._est_bytes = est_bytes
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+
+    def run(self) -> None:
+        done = 0
+        while not self._stop.wait(PROGRESS_INTERVAL_S):
+            running = 0
+            active = False
+            for sid in self._tracker.getActiveStageIds():
+                info = self._tracker.getStageInfo(sid)
+                if info is not None and info.numTasks == self._total:
+                    active = True
+                    done, running = info.numCompletedTasks, info.numActiveTasks
+            if not active and done:
+                done = self._total  # the scan stage is over; what remains is bookkeeping
+            elapsed = time.monotonic() - self._t0
+            log.info(
+                "progress: %d/%d ranges done, %d running, about %.0f MB of %.0f MB, %.1f s",
+                done,
+                self._total,
+                running,
+                self._est_bytes * done / max(self._total, 1) / 1e6,
+                self._est_bytes / 1e6,
+                elapsed,
+            )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_job(
+    spark: SparkSession,
+    plans: Sequence[GroupPlan],
+    tasks: Sequence[TaskSpec],
+    *,
+    parquet_path: str | None = None,
+) -> JobOutput:
+    """Run ``tasks`` (one Spark task each) and return the rows the driver needs."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    t0 = time.monotonic()
+    sc = spark.sparkContext
+    if not tasks:
+        return JobOutput([], {}, [], 0, 0.0)
+    _ship_once(spark)
+    replicas = {p.group: len(p.replicas) for p in plans}
+    est_bytes = sum(t.est_bytes * replicas[t.group] for t in tasks)
+    specs = [(t.task_id, t.group, t.lo, t.hi, t.est_bytes) for t in tasks]
+    rdd = sc.parallelize(specs, len(specs))
+    task_df = spark.createDataFrame(
+        rdd, "task_id long, `group` string, lo long, hi long, est_bytes long"
+    )
+    out = task_df.mapInArrow(TaskRunner(plans), OUTPUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    progress = _Progress(spark, len(tasks), est_bytes)
+    progress.start()
+    try:
+        rows = [r.asDict() for r in out.filter(F.col("kind") != "mismatch").collect()]
+        mismatches = out.filter(F.col("kind") == "mismatch")
+        counts: dict[str, int] = {}
+        for r in rows:
+            if r["kind"] == "task" and r["mismatches"]:
+                counts[r["group"]] = counts.get(r["group"], 0) + int(r["mismatches"])
+        count = sum(counts.values())
+        sample: list[dict[str, Any]] = []
+        if count:
+            ordered = mismatches.select(*MISMATCH_COLUMNS).orderBy("group", "index", "replica")
+            sample = [r.asDict() for r in ordered.limit(MISMATCH_SAMPLE_ROWS).collect()]
+            if parquet_path:
+                ordered.write.mode("overwrite").parquet(parquet_path)
+        elif parquet_path:
+            mismatches.select(*MISMATCH_COLUMNS).write.mode("overwrite").parquet(parquet_path)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AuditJobError(f"the Spark job failed: {first}") from exc
+    finally:
+        progress.stop()
+        with contextlib.suppress(Exception):
+            out.unpersist()
+    elapsed = time.monotonic() - t0
+    log.info("job done tasks=%d rows=%d mismatches=%d elapsed_s=%.2f", len(tasks), len(rows),
+             count, elapsed)  # fmt: skip
+    return JobOutput(rows, counts, sample, len(tasks), elapsed)

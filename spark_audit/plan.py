@@ -1,0 +1,376 @@
+"""Driver side: find the replicas' stores, read their checkpoints and file lists, choose the
+audited commit index and split the work into index ranges.
+
+Only file names, sizes, checkpoints, the first header of each data segment and a handful of
+index records are read here; entries are read by the tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dledger.storage import codec
+from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE, RecordError
+from dledger.storage.files import SEGMENT_NAME_DIGITS
+from dledger.storage.store import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR
+from spark_audit import fs
+from spark_audit.model import (
+    Finding,
+    GroupPlan,
+    IndexFile,
+    ReplicaPlan,
+    SegmentFile,
+    TaskSpec,
+    What,
+)
+
+log = logging.getLogger(__name__)
+
+# Bytes of one replica's log that one task scans: big enough that Spark's per-task cost
+# (tens of ms) is noise, small enough that 2 cores get a dozen tasks per GiB to balance.
+TASK_TARGET_BYTES = 64 << 20
+# The directory name of a member's log store inside a broker's storePathRootDir.
+STORE_DIR_PREFIX = "dledger-"
+# mqcluster's state file: names the group of a local cluster's base directory.
+CLUSTER_STATE_FILE = "cluster.json"
+DEFAULT_GROUP = "default"
+# Files the store leaves behind on purpose or deletes on open.
+STORE_FILES = frozenset({"commitlog", "index", "checkpoint", "meta", "abort", "lock"})
+TRANSIENT_SUFFIXES = (".tmp", ".alloc")
+
+
+class InputError(Exception):
+    """Bad usage or unreadable input (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSource:
+    group: str
+    replica: str
+    root: str  # the store directory (``dledger-{id}``), a path or a URI
+    commit_index: int | None = None  # from a running node; None: read the checkpoint
+
+
+def _is_store(uri: str) -> bool:
+    return fs.is_dir(fs.join(uri, DATA_DIR))
+
+
+def discover(uri: str) -> list[str]:
+    """Store directories at ``uri``: the store itself, a broker's storePathRootDir holding
+    ``dledger-*``, or a directory of those (an ``mqcluster`` base directory)."""
+    if not fs.exists(uri):
+        raise InputError(f"{uri}: no such file or directory")
+    if _is_store(uri):
+        return [uri]
+    try:
+        entries = fs.list_dir(uri)
+    except fs.FsError as exc:
+        raise InputError(str(exc)) from None
+    found: list[str] = []
+    for e in sorted(entries, key=lambda e: e.name):
+        if not e.is_dir:
+            continue
+        child = fs.join(uri, e.name)
+        if e.name.startswith(STORE_DIR_PREFIX) and _is_store(child):
+            found.append(child)
+            continue
+        try:
+            grand = fs.list_dir(child)
+        except fs.FsError:
+            continue
+        for g in sorted(grand, key=lambda g: g.name):
+            path = fs.join(child, g.name)
+            if g.is_dir and g.name.startswith(STORE_DIR_PREFIX) and _is_store(path):
+                found.append(path)
+    if not found:
+        raise InputError(
+            f"{uri}: not a log store (no {DATA_DIR}/) and no {STORE_DIR_PREFIX}* store under it"
+        )
+    return found
+
+
+def group_name_of(uri: str) -> str | None:
+    """The group an ``mqcluster`` base directory was set up with, if ``uri`` is one."""
+    state = fs.join(uri, CLUSTER_STATE_FILE)
+    if not fs.exists(state):
+        return None
+    try:
+        group = json.loads(fs.read_all(state)).get("group")
+    except (fs.FsError, ValueError, AttributeError):
+        return None
+    return str(group) if group else None
+
+
+def replica_name(root: str) -> str:
+    name = fs.basename(root)
+    return name[len(STORE_DIR_PREFIX) :] if name.startswith(STORE_DIR_PREFIX) else name
+
+
+def sources_from_paths(group: str, uris: Sequence[str]) -> list[ReplicaSource]:
+    roots: list[str] = []
+    for uri in uris:
+        roots.extend(discover(uri))
+    names = [replica_name(r) for r in roots]
+    if len(set(names)) != len(names):  # same member id in two places: name them by path
+        names = list(roots)
+    if len(set(roots)) != len(roots):
+        raise InputError(f"group {group}: the same store is given twice")
+    return [ReplicaSource(group, n, r) for n, r in zip(names, roots, strict=True)]
+
+
+def sources_from_running(addrs: Sequence[str], group: str = "") -> list[ReplicaSource]:
+    """Ask each node of a running group (client addresses) for its store and commit index."""
+    from dledger.server.client import ClientError, LogClient
+
+    out: list[ReplicaSource] = []
+    with LogClient(list(addrs), group=group) as client:
+        for addr in addrs:
+            try:
+                md = client.metadata(addr, timeout_s=5.0)
+            except ClientError as exc:
+                raise InputError(f"cannot ask node {addr} for its metadata: {exc}") from None
+            if not md.store_path:
+                raise InputError(f"node {addr} did not report its store path")
+            out.append(
+                ReplicaSource(
+                    md.group or group or DEFAULT_GROUP,
+                    md.self_id or addr,
+                    md.store_path,
+                    int(md.commit_index),
+                )
+            )
+    groups = {s.group for s in out}
+    if len(groups) != 1:
+        raise InputError(f"the nodes {list(addrs)} belong to different groups: {sorted(groups)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# One replica
+# ---------------------------------------------------------------------------------------
+
+
+def _numbered_files(
+    src: ReplicaSource, directory: str, findings: list[Finding]
+) -> list[tuple[int, str, int]]:
+    """(start, name, size) of the segment-named files of ``directory``."""
+    try:
+        entries = fs.list_dir(directory)
+    except fs.FsError as exc:
+        raise InputError(str(exc)) from None
+    out = []
+    for e in entries:
+        if e.is_dir or e.name.endswith(TRANSIENT_SUFFIXES):
+            continue
+        if len(e.name) != SEGMENT_NAME_DIGITS or not e.name.isdigit():
+            findings.append(
+                Finding(What.UNEXPECTED_FILE, src.group, src.replica, e.name,
+                        fs.join(directory, e.name), detail="not a segment file name")
+            )  # fmt: skip
+            continue
+        out.append((int(e.name), e.name, e.size_bytes))
+    return sorted(out)
+
+
+def _unit(files: list[tuple[int, str, int]], override: int | None) -> int:
+    """The segment size: every file is that long except a damaged one, so the largest."""
+    if override:
+        return override
+    return max((size for _, _, size in files), default=0)
+
+
+def plan_replica(
+    src: ReplicaSource, *, segment_size_bytes: int | None = None
+) -> tuple[ReplicaPlan, list[Finding]]:
+    findings: list[Finding] = []
+    g, r = src.group, src.replica
+    # Checkpoint: commit index and the first index retention kept.
+    ckpt_uri = fs.join(src.root, CHECKPOINT_FILE)
+    ckpt = codec.Checkpoint()
+    commit_known = src.commit_index is not None
+    if fs.exists(ckpt_uri):
+        try:
+            ckpt = codec.decode_checkpoint(fs.read_all(ckpt_uri))
+            commit_known = True
+        except RecordError as exc:
+            findings.append(
+                Finding(What.BAD_CHECKPOINT, g, r, CHECKPOINT_FILE, ckpt_uri, offset=exc.offset,
+                        detail=exc.reason)
+            )  # fmt: skip
+        except fs.FsError as exc:
+            raise InputError(str(exc)) from None
+    commit_index = src.commit_index if src.commit_index is not None else ckpt.commit_index
+
+    data_dir = fs.join(src.root, DATA_DIR)
+    data = _numbered_files(src, data_dir, findings)
+    seg_size = _unit(data, segment_size_bytes)
+    segments: list[SegmentFile] = []
+    for start, name, size in data:
+        uri = fs.join(data_dir, name)
+        if seg_size and start % seg_size:
+            raise InputError(
+                f"{uri}: does not start at a multiple of the segment size {seg_size}; "
+                "pass --segment-bytes"
+            )
+        if size < seg_size:
+            findings.append(
+                Finding(What.SHORT_SEGMENT, g, r, name, uri, offset=size,
+                        detail=f"the file is {size} bytes, the segment size is {seg_size}")
+            )  # fmt: skip
+        first = 0
+        try:
+            h = codec.decode_header(fs.read_range(uri, 0, ENTRY_HEADER_SIZE))
+            if h.position == start:
+                first = h.index
+        except RecordError:
+            pass
+        except fs.FsError as exc:
+            raise InputError(str(exc)) from None
+        segments.append(SegmentFile(name, uri, start, size, first))
+    for a, b in itertools.pairwise(segments):
+        if b.start != a.start + seg_size:
+            missing = a.start + seg_size
+            findings.append(
+                Finding(What.MISSING_SEGMENT, g, r, f"{missing:0{SEGMENT_NAME_DIGITS}d}",
+                        fs.join(data_dir, f"{missing:0{SEGMENT_NAME_DIGITS}d}"), offset=0,
+                        detail=f"data segments {a.name} and {b.name} are not adjacent")
+            )  # fmt: skip
+
+    index_dir = fs.join(src.root, INDEX_DIR)
+    index_files_raw = _numbered_files(src, index_dir, findings) if fs.exists(index_dir) else []
+    idx_size = _unit(index_files_raw, None) or INDEX_RECORD_SIZE
+    index_files = tuple(
+        IndexFile(name, fs.join(index_dir, name), start, size)
+        for start, name, size in index_files_raw
+    )
+    rp = ReplicaPlan(
+        group=g,
+        replica=r,
+        root=src.root,
+        segment_size_bytes=seg_size or 1,
+        index_segment_size_bytes=idx_size,
+        segments=tuple(segments),
+        index_files=index_files,
+        first_index=ckpt.base_index + 1,
+        commit_index=commit_index,
+        commit_known=commit_known,
+        est_last_index=0,
+        est_end_position=segments[0].start if segments else 0,
+    )
+    last, end = _estimate_last(rp)
+    return dataclasses.replace(rp, est_last_index=last, est_end_position=end), findings
+
+
+def _index_record(rp: ReplicaPlan, index: int) -> codec.IndexRecord | None:
+    f = rp.index_file_for(index)
+    if f is None:
+        return None
+    off = index * INDEX_RECORD_SIZE - f.start
+    raw = fs.read_range(f.uri, off, INDEX_RECORD_SIZE)
+    if len(raw) < INDEX_RECORD_SIZE:
+        return None
+    try:
+        return codec.decode_index_record(raw, 0)
+    except RecordError:
+        return None
+
+
+def _estimate_last(rp: ReplicaPlan) -> tuple[int, int]:
+    """Last index and end position per the index files (binary search over the dense
+    records): an estimate used to size the tasks, never trusted for the audit itself."""
+    if not rp.index_files:
+        return rp.first_index - 1, rp.est_end_position
+    top = (rp.index_files[-1].start + rp.index_files[-1].size_bytes) // INDEX_RECORD_SIZE - 1
+    lo, hi = rp.first_index - 1, top  # invariant: record lo present (or lo = first - 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _index_record(rp, mid) is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    rec = _index_record(rp, lo) if lo >= rp.first_index else None
+    end = rec.position + rec.size if rec is not None else rp.est_end_position
+    return lo, end
+
+
+# ---------------------------------------------------------------------------------------
+# A group and its tasks
+# ---------------------------------------------------------------------------------------
+
+
+def plan_group(
+    group: str,
+    sources: Sequence[ReplicaSource],
+    *,
+    upto: int | None = None,
+    segment_size_bytes: int | None = None,
+) -> GroupPlan:
+    if not sources:
+        raise InputError(f"group {group}: no replicas")
+    replicas: list[ReplicaPlan] = []
+    findings: list[Finding] = []
+    for src in sources:
+        rp, found = plan_replica(src, segment_size_bytes=segment_size_bytes)
+        replicas.append(rp)
+        findings.extend(found)
+    if upto is not None:
+        audited, origin = upto, "--upto"
+    else:
+        known = [rp.commit_index for rp in replicas if rp.commit_known]
+        from_rpc = all(s.commit_index is not None for s in sources)
+        audited = min(known) if known else 0
+        origin = "metadata" if from_rpc else "checkpoints"
+    first = min(rp.first_index for rp in replicas)
+    log.info(
+        "planned group=%s replicas=%d audited_index=%d from=%s first_index=%d",
+        group,
+        len(replicas),
+        audited,
+        origin,
+        first,
+    )
+    return GroupPlan(group, tuple(replicas), audited, origin, first, tuple(findings))
+
+
+def plan_tasks(
+    plans: Sequence[GroupPlan], *, task_bytes: int = TASK_TARGET_BYTES, first_id: int = 0
+) -> list[TaskSpec]:
+    """Index ranges of about ``task_bytes`` of each replica's log, cut along the segments of
+    the replica that holds the most; every replica's first index and the audited index + 1
+    are cut points too, so that no range mixes committed entries with the uncommitted tail."""
+    tasks: list[TaskSpec] = []
+    next_id = first_id
+    for plan in plans:
+        ref = max(plan.replicas, key=lambda rp: rp.est_end_position - _data_start(rp))
+        points = {plan.first_index, plan.audited_index + 1}
+        points.update(rp.first_index for rp in plan.replicas)
+        sizes: dict[int, int] = {}
+        segs = [s for s in ref.segments if s.first_index]
+        for k, s in enumerate(segs):
+            if k + 1 < len(segs):
+                nxt, nbytes = segs[k + 1].first_index, ref.segment_size_bytes
+            else:
+                nxt = ref.est_last_index + 1
+                nbytes = max(ref.est_end_position - s.start, 0)
+            n = max(1, math.ceil(nbytes / task_bytes))
+            span = max(nxt - s.first_index, 0)
+            for j in range(n):
+                p = s.first_index + (span * j) // n
+                points.add(p)
+                sizes[p] = nbytes // n
+        cuts = sorted(p for p in points if p >= max(plan.first_index, 1))
+        for i, lo in enumerate(cuts):
+            hi = cuts[i + 1] if i + 1 < len(cuts) else 0
+            tasks.append(TaskSpec(next_id, plan.group, lo, hi, sizes.get(lo, 0)))
+            next_id += 1
+    return tasks
+
+
+def _data_start(rp: ReplicaPlan) -> int:
+    return rp.segments[0].start if rp.segments else 0
