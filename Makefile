@@ -66,6 +66,10 @@ bench-audit: venv
 bench: venv
 	$(PY) -m bench
 
+# etcd-server and nats-server from Debian: the peers mqbench compares with (root, or sudo).
+bench-peers: venv
+	$(PY) -m bench.peers install
+
 # Every part of mqbench once, small: checks the harness end to end (also run by make test).
 bench-smoke: venv
 	$(PY) -m bench --smoke
