@@ -335,6 +335,45 @@ class IndexFile:
         self.end_position = position
         self.count = number + 1
 
+    def put_many(self, items: Sequence[tuple[int, int, int]]) -> None:
+        """:meth:`put` for ``(hash, position, timestamp_ms)`` items in position order, all of
+        which fit (the dispatcher's batch path: one header update, locals in the loop)."""
+        if not items:
+            return
+        assert self.count + len(items) <= self.max_records + 1
+        assert items[0][1] >= self.end_position
+        self._mark_unclean()
+        mm, base_ts, slots = self.mm, self.base_ts, self.hash_slots
+        records_at = self._records_at
+        slot_unpack, slot_pack, record_pack = (
+            SLOT.unpack_from,
+            SLOT.pack_into,
+            INDEX_RECORD.pack_into,
+        )
+        number = self.count
+        begin_ts, end_ts = self.begin_ts, self.end_ts
+        for hash_value, position, timestamp_ms in items:
+            diff_s = (timestamp_ms - base_ts) // 1000
+            slot_at = INDEX_HEADER_SIZE + (hash_value % slots) * SLOT_SIZE
+            (previous,) = slot_unpack(mm, slot_at)
+            record_pack(
+                mm, records_at + number * INDEX_RECORD_SIZE, hash_value, position, diff_s, previous
+            )
+            slot_pack(mm, slot_at, number)
+            second_ms = base_ts + diff_s * 1000
+            if number == 1:
+                begin_ts, end_ts = second_ms, second_ms + 999
+                self.begin_position = position
+            else:
+                if second_ms < begin_ts:
+                    begin_ts = second_ms
+                if second_ms + 999 > end_ts:
+                    end_ts = second_ms + 999
+            number += 1
+        self.begin_ts, self.end_ts = begin_ts, end_ts
+        self.end_position = items[-1][1]
+        self.count = number
+
     def query(
         self, hash_value: int, begin_ms: int, end_ms: int, max_results: int, out: list[int]
     ) -> None:
@@ -589,6 +628,8 @@ class IndexStore:
         many messages in position order, under one lock (the dispatcher's batch path)."""
         with self._lock:
             self._check_open()
+            if self._put_batch_fast(messages):
+                return
             last = self._max_position()
             for topic, keys, uniq_id, position, timestamp_ms in messages:
                 if not 0 <= position <= _I64_MAX or not 0 <= timestamp_ms <= _I64_MAX:
@@ -612,6 +653,42 @@ class IndexStore:
                 for key in unique:
                     f.put(key_hash(key), position, timestamp_ms)
                 last = position
+
+    def _put_batch_fast(self, messages: Sequence[tuple[str, Sequence[str], str, int, int]]) -> bool:
+        """The common case of :meth:`put_messages` in one pass: every key of the batch fits in
+        the current file. False (nothing written) when it does not, or an item is unusual."""
+        if not self._files or not messages:
+            return False
+        f = self._files[-1]
+        last = f.end_position
+        items: list[tuple[int, int, int]] = []
+        crc = _crc32c.crc32c
+        for topic, keys, uniq_id, position, timestamp_ms in messages:
+            if position < last or not 0 <= position <= _I64_MAX or timestamp_ms < 0:
+                return False  # the slow path raises the precise error
+            prefix = topic + KEY_SEPARATOR
+            unique: tuple[str, ...]
+            if len(keys) == 1 and keys[0] and keys[0] != uniq_id and uniq_id:
+                unique = (prefix + uniq_id, prefix + keys[0])
+            else:
+                full = [prefix + uniq_id] if uniq_id else []
+                full.extend(prefix + k for k in keys if k)
+                unique = tuple(dict.fromkeys(full))
+            for key in unique:
+                h = int(crc(key.encode("utf-8", "surrogatepass"))) & 0x7FFFFFFF
+                items.append((h, position, timestamp_ms))
+            last = position
+        if not items:
+            return True
+        stamps = [m[4] for m in messages]
+        if not (
+            f.has_room(len(items))
+            and f.time_diff_fits(min(stamps))
+            and f.time_diff_fits(max(stamps))
+        ):
+            return False
+        f.put_many(items)
+        return True
 
     def query(
         self, key: str, max_results: int, begin_ms: int = 0, end_ms: int = _I64_MAX

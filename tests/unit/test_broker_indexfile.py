@@ -375,3 +375,31 @@ def test_put_messages_equals_put_message_one_by_one(tmp_path: Path) -> None:
     assert [f.read_bytes() for f in files_one] == [f.read_bytes() for f in files_many]
     with pytest.raises(PositionOrderError):
         IndexStore(tmp_path / "many", hash_slots=7, max_records=25).put_messages([items[0]])
+
+
+@pytest.mark.parametrize("keys_per_msg", [0, 1, 2])
+def test_batch_fast_path_writes_the_same_bytes(tmp_path: Path, keys_per_msg: int) -> None:
+    """put_messages' one-pass path (a batch that fits the current file) against one message at
+    a time, with batches that fit, batches that roll over, and a key equal to the uniq id."""
+    items = [
+        (
+            "T",
+            tuple(f"{i:032X}" if i % 9 == 0 else f"k{i}-{j}" for j in range(keys_per_msg)),
+            f"{i:032X}",
+            100 * i,
+            1_000_000 + 300 * i,
+        )
+        for i in range(120)
+    ]
+    one = IndexStore(tmp_path / "one", hash_slots=11, max_records=100)
+    for topic, keys, uniq, position, ts in items:
+        one.put_message(topic, keys, uniq, position, ts)
+    many = IndexStore(tmp_path / "many", hash_slots=11, max_records=100)
+    for at in range(0, len(items), 7):
+        many.put_messages(items[at : at + 7])
+    one.close()
+    many.close()
+    files_one = sorted((tmp_path / "one" / "index").iterdir())
+    files_many = sorted((tmp_path / "many" / "index").iterdir())
+    assert [f.name for f in files_one] == [f.name for f in files_many] and len(files_one) > 1
+    assert [f.read_bytes() for f in files_one] == [f.read_bytes() for f in files_many]
