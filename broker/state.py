@@ -18,9 +18,10 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
-about every second and on close, after the ConsumeQueues and the index are flushed. On open the
-ConsumeQueues and the index are truncated back to the snapshot's dispatch position and
-:meth:`applied_index` returns its applied index, so only later entries are applied again. When
+about every second (less often when writing it takes long) and on close, after the
+ConsumeQueues and the index are flushed. On open the ConsumeQueues and the index are truncated
+back to the snapshot's dispatch position and :meth:`applied_index` returns its applied index,
+so only later entries are applied again. When
 the stores do not match the snapshot (``consumequeue/`` or ``index/`` deleted, a torn delete,
 no snapshot) they are wiped and rebuilt from the whole log (:meth:`applied_index` returns 0).
 """
@@ -83,6 +84,12 @@ DEFAULT_DEDUP_MAX_IDS = 100_000
 RESULTS_KEPT = 1024
 # How often the snapshot is rewritten while entries are applied (it is a few ms to write).
 SNAPSHOT_INTERVAL_MS = 1000
+# A snapshot holds the dedup window (up to 100,000 ids): writing it costs up to a few hundred
+# ms of CPU. The interval stretches to this many times the last write's duration, so that
+# snapshots take at most ~5% of a core, and to at most MAX_SNAPSHOT_INTERVAL_S (what a restart
+# replays is bounded by it).
+SNAPSHOT_COST_FACTOR = 20
+MAX_SNAPSHOT_INTERVAL_S = 30.0
 SNAPSHOT_FILE = "snapshot.json"
 SNAPSHOT_VERSION = 1
 
@@ -282,6 +289,7 @@ class BrokerStateMachine:
         self._results: OrderedDict[int, list[SendResult]] = OrderedDict()
         self._listeners: list[DispatchListener] = []
         self._last_snapshot_s = 0.0
+        self._last_persist_s = 0.0  # how long the last snapshot write took (its thread sets it)
         self._snapshot_applied = -1
         self._snapshot_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-snapshot")
         self._snapshot_future: concurrent.futures.Future[None] | None = None
@@ -515,8 +523,12 @@ class BrokerStateMachine:
 
     def _maybe_snapshot(self) -> None:
         now = time.monotonic()
+        interval_s = min(
+            max(self._snapshot_interval_s, SNAPSHOT_COST_FACTOR * self._last_persist_s),
+            MAX_SNAPSHOT_INTERVAL_S,
+        )
         if (
-            now - self._last_snapshot_s >= self._snapshot_interval_s
+            now - self._last_snapshot_s >= interval_s
             and self._applied != self._snapshot_applied
             and (self._snapshot_future is None or self._snapshot_future.done())
         ):
@@ -595,11 +607,12 @@ class BrokerStateMachine:
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.config_dir / SNAPSHOT_FILE, raw)
+        self._last_persist_s = time.monotonic() - started
         logger.debug(
             "snapshot applied=%d bytes=%d ms=%.1f",
             c.applied,
             len(raw),
-            (time.monotonic() - started) * 1000,
+            self._last_persist_s * 1000,
         )
 
     def _write_snapshot(self) -> None:
