@@ -122,7 +122,12 @@ def _pid_alive(pid: int, conf: str) -> bool:
     except OSError:
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
-    return state != "Z" and conf.encode() in cmdline
+    if state == "Z":
+        return False
+    # A child between execve's point of no return (Popen has returned) and the kernel setting
+    # up its argument pages shows an empty cmdline for a moment: under load, long enough to be
+    # mistaken for "exited at start". It is ours (the pid file says so) and alive.
+    return cmdline == [b""] or conf.encode() in cmdline
 
 
 class LocalCluster:
