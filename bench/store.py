@@ -2,9 +2,9 @@
 
 Measures, in one run on the same disk: the raw fsync rate (4 KiB write + fsync), the
 sequential write bandwidth (256 MiB written then one fsync), SYNC_FLUSH group commit with
-64 appenders (128 B, 1 KiB, 16 KiB entries) both as OS threads doing ``append_durable`` and as
-coroutines on one event loop with one flush thread (how the server drives it), and ASYNC_FLUSH
-from one thread appending batches. Prints a table and writes
+64 appenders (128 B, 1 KiB, 16 KiB entries) both as OS threads doing ``append`` + ``flush``
+and as coroutines on one event loop with one flush thread (how the server drives it), and
+ASYNC_FLUSH from one thread appending batches. Prints a table and writes
 ``bench/results/store-<UTC timestamp>.json``. Bounded in time; removes its temp dir.
 """
 
@@ -146,6 +146,7 @@ def bench_sync_event_loop(
     body = os.urandom(size)
     latencies: list[float] = []
     appended = [0]
+    sync_busy = [0.0]  # fraction of the time an fdatasync was running
 
     async def run() -> tuple[float, int]:
         loop = asyncio.get_running_loop()
@@ -182,12 +183,14 @@ def bench_sync_event_loop(
 
         flush_task = asyncio.create_task(committer())
         flushes_before = store.flush_count
+        sync_s_before = store.sync_seconds
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(appender()) for _ in range(appenders)]
         await asyncio.sleep(seconds)
         stop.set()
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
+        sync_busy[0] = (store.sync_seconds - sync_s_before) / elapsed
         flush_task.cancel()
         pool.shutdown(wait=True)
         return elapsed, store.flush_count - flushes_before
@@ -208,6 +211,7 @@ def bench_sync_event_loop(
         "entries_per_sync": n / flushes if flushes else 0.0,
         "p50_ms": lat[len(lat) // 2] * 1000 if lat else 0.0,
         "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else 0.0,
+        "sync_busy_fraction": sync_busy[0],
     }
 
 
@@ -253,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         sync = [bench_sync(tmp, size, args.seconds, args.threads) for size in SIZES]
         sync_loop = [bench_sync_event_loop(tmp, size, args.seconds, args.threads) for size in SIZES]
         asyn = [bench_async(tmp, size, args.seconds) for size in SIZES]
+        # Measured again at the end: how much the disk's speed moved during the run.
+        seq_end = seq_bandwidth(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     by_size = {r["entry_bytes"]: r for r in sync}
@@ -279,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_utc": started.isoformat(),
         "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "seconds_per_case": args.seconds,
-        "disk": {"fsync_4k": fsync, "sequential_write": seq},
+        "disk": {"fsync_4k": fsync, "sequential_write": seq, "sequential_write_at_end": seq_end},
         "sync_flush_group_commit_threads": sync,
         "sync_flush_group_commit_event_loop": sync_loop,
         "async_flush_one_thread": asyn,
@@ -293,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"disk: fsync 4 KiB {fsync['fsyncs_per_s']:,.0f}/s (p50 {fsync['p50_ms']:.2f} ms); "
-        f"sequential write {seq['mb_per_s']:,.0f} MB/s"
+        f"sequential write {seq['mb_per_s']:,.0f} MB/s ({seq_end['mb_per_s']:,.0f} MB/s at the "
+        "end of the run)"
     )
     print(f"SYNC_FLUSH, {args.threads} threads, append_durable (group commit):")
     for r in sync:
@@ -310,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {r['entry_bytes']:>6} B: {r['appends_per_s']:>9,.0f} appends/s "
             f"{r['mb_per_s']:>7,.1f} MB/s  {r['entries_per_sync']:6.1f} entries/sync "
-            f"({r['syncs_per_append']:.3f} syncs/append)  p50 {r['p50_ms']:.2f} ms"
+            f"({r['syncs_per_append']:.3f} syncs/append)  p50 {r['p50_ms']:.2f} ms  "
+            f"syncing {r['sync_busy_fraction']:.0%} of the time"
         )
     print(f"ASYNC_FLUSH, one thread, batches of {ASYNC_BATCH}:")
     for r in asyn:

@@ -39,6 +39,7 @@ from dledger.storage.codec import (
     BLANK_SIZE,
     ENTRY_HEADER_SIZE,
     ENTRY_MAGIC,
+    ENTRY_MAGIC_BYTES,
     FORMAT_VERSION,
     HEADER,
     HEADER_CRC_OFFSET,
@@ -102,6 +103,13 @@ SCAN_CHUNK_BYTES = 1 << 20
 # late enough that a short-lived or idle store does not pay for a segment it never uses.
 PREALLOCATE_AT_FILL = 0.5
 
+# crc32c of the entry magic: the start value for the CRC of a header packed with a zero magic.
+ENTRY_MAGIC_CRC = crc32c(ENTRY_MAGIC_BYTES)
+
+# The appender reserves (keeps the warmer out of) this much beyond what it writes, so that it
+# takes the warmer's lock about once per this many bytes, not once per entry.
+RESERVE_AHEAD_BYTES = 1 << 20
+
 DATA_DIR = "commitlog"
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
@@ -135,7 +143,8 @@ class StoreConfig:
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS
     preallocate: bool = True  # create the next data segment in a background thread
-    warm_segments: bool = False  # write zeros into new data segments (see files._create_file)
+    # write zeros into data segments ahead of the appender in the background (files.MappedFile)
+    warm_segments: bool = True
     full_verify_on_open: bool = False  # check every entry's CRCs on open, not just the tail
 
     def __post_init__(self) -> None:
@@ -196,6 +205,7 @@ class SegmentedLogStore:
         self._applied_index = 0
         self._last_checkpoint_s = 0.0
         self.flush_count = 0  # number of data syncs done (group-commit metric)
+        self.sync_seconds = 0.0  # time spent in those syncs (how busy the disk path is)
         self.recovered_from_crash = False
         self._created_first_segment = False
         self._stop_flusher = threading.Event()
@@ -254,6 +264,8 @@ class SegmentedLogStore:
             enabled=self.config.preallocate,
             warm=self.config.warm_segments,
         )
+        active = self._segments[-1]
+        self._allocator.warm(active, self._write_pos - active.start)
         self._maybe_preallocate()
         log.info(
             "store opened root=%s crashed=%s first_index=%d last_index=%d write_pos=%d "
@@ -330,9 +342,7 @@ class SegmentedLogStore:
         if not self._segments:
             start = ckpt.flushed_position - ckpt.flushed_position % self._seg_size
             path = self._data_dir / segment_name(start)
-            self._segments.append(
-                MappedFile(path, start, self._seg_size, create=True, warm=self.config.warm_segments)
-            )
+            self._segments.append(MappedFile(path, start, self._seg_size, create=True))
             self._created_first_segment = True
 
     def _peek_first_index(self, seg: MappedFile) -> int:
@@ -794,9 +804,17 @@ class SegmentedLogStore:
             return self._last_index
 
     def _append_locked(self, items: list[tuple[int, int, bytes]]) -> None:
+        """Encode and write ``items`` (term, type, body), validated by the caller.
+
+        The entries that fit in the current data segment and index file are encoded into
+        one buffer and copied into the mapping with one assignment, their index records with
+        another (per-entry slice assignments cost more than the copy). The headers are copied
+        with a zero magic (their CRC covers the real one) and the magics are then set one by
+        one in log order, so valid entries only ever appear as a prefix of the batch whatever
+        order memcpy stores bytes in: a process crash at any point leaves whole entries, then
+        zero magic, which recovery treats as the end of the log (a torn tail)."""
         seg = self._segments[-1]
         seg_size = self._seg_size
-        mm = seg.mm
         off = self._write_pos - seg.start
         idx = self._last_index
         term = self._last_term
@@ -804,40 +822,58 @@ class SegmentedLogStore:
         if ifile is None or not ifile.start <= (idx + 1) * INDEX_RECORD_SIZE < ifile.end:
             ifile = self._index_file(((idx + 1) * INDEX_RECORD_SIZE) // self._idx_size, create=True)
             assert ifile is not None
-        imm = ifile.mm
         ioff = (idx + 1) * INDEX_RECORD_SIZE - ifile.start
         isize = ifile.size_bytes
         head_pack = HEADER_NO_CRC.pack
         idx_pack = INDEX_NO_CRC.pack
-        u32_pack_into = U32.pack_into
-        for term, typ, body in items:
-            n = len(body)
-            total = ENTRY_HEADER_SIZE + n
-            if off + total > seg_size:
+        u32_pack = U32.pack
+        header_size = ENTRY_HEADER_SIZE
+        magic_crc = ENTRY_MAGIC_CRC
+        magic = ENTRY_MAGIC_BYTES
+        i = 0
+        n_items = len(items)
+        while i < n_items:
+            if off + header_size + len(items[i][2]) > seg_size:
                 seg = self._roll(seg, off)
-                mm = seg.mm
                 off = 0
             if ioff >= isize:
                 ifile = self._index_file((ifile.start + isize) // isize, create=True)
                 assert ifile is not None
-                imm = ifile.mm
                 ioff = 0
-            idx += 1
-            pos = seg.start + off
+            seg_start = seg.start
             if off == 0:
-                self._seg_first[-1] = idx
-            # Body first, header last: a crash mid-write leaves a header that fails its CRC.
-            mm[off + ENTRY_HEADER_SIZE : off + total] = body
-            head = head_pack(
-                ENTRY_MAGIC, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, crc32c(body)
-            )
-            mm[off : off + HEADER_CRC_OFFSET] = head
-            u32_pack_into(mm, off + HEADER_CRC_OFFSET, crc32c(head))
-            ihead = idx_pack(INDEX_MAGIC, total, pos, term, typ)
-            imm[ioff : ioff + INDEX_CRC_OFFSET] = ihead
-            u32_pack_into(imm, ioff + INDEX_CRC_OFFSET, crc32c(ihead))
-            off += total
-            ioff += INDEX_RECORD_SIZE
+                self._seg_first[-1] = idx + 1
+            off0, ioff0 = off, ioff
+            parts: list[bytes] = []
+            iparts: list[bytes] = []
+            offsets: list[int] = []
+            add = parts.extend
+            iadd = iparts.extend
+            add_off = offsets.append
+            while i < n_items:
+                term, typ, body = items[i]
+                n = len(body)
+                total = header_size + n
+                if off + total > seg_size or ioff >= isize:
+                    break
+                idx += 1
+                pos = seg_start + off
+                head = head_pack(0, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, crc32c(body))
+                # = crc32c of the header with its real magic
+                add((head, u32_pack(crc32c(head[4:], magic_crc)), body))
+                add_off(off)
+                ihead = idx_pack(INDEX_MAGIC, total, pos, term, typ)
+                iadd((ihead, u32_pack(crc32c(ihead))))
+                off += total
+                ioff += INDEX_RECORD_SIZE
+                i += 1
+            if off > seg.reserved:  # keep the warmer out (about once per MiB)
+                seg.reserve(off, RESERVE_AHEAD_BYTES)
+            mm = seg.mm
+            mm[off0:off] = b"".join(parts)
+            for o in offsets:  # in order: each entry becomes valid after those before it
+                mm[o : o + 4] = magic
+            ifile.mm[ioff0:ioff] = b"".join(iparts)
         assert off <= seg_size and seg is self._segments[-1]
         assert idx == self._last_index + len(items) and term >= self._last_term
         self._cur_index = ifile
@@ -858,6 +894,7 @@ class SegmentedLogStore:
     def _roll(self, seg: MappedFile, off: int) -> MappedFile:
         """Close ``seg`` with a blank record (if one fits) and start the next segment."""
         remaining = self._seg_size - off
+        seg.reserve(self._seg_size)
         if remaining >= BLANK_SIZE:
             seg.mm[off : off + BLANK_SIZE] = codec.encode_blank(
                 position=seg.start + off, length=remaining
@@ -912,12 +949,15 @@ class SegmentedLogStore:
             self._sync_started_index = end_index
             segments = [s for s in self._segments if s.end > start and s.start < end]
         ok = False
+        t0 = time.perf_counter()
         try:
             for seg in segments:
                 os.fdatasync(seg.fd)
             ok = True
         finally:
+            elapsed = time.perf_counter() - t0
             with self._lock:
+                self.sync_seconds += elapsed
                 self._syncs_in_flight -= 1
                 if not ok:
                     self._sync_started_index = self._flushed_index  # let a waiter retry
