@@ -1,8 +1,9 @@
 """``mqjepsen`` / ``python -m jepsen_like``: a Jepsen-style test of a local raftmq group.
 
     mqjepsen run [--nodes 3] [--time-limit 60] [--nemesis partition,kill,pause] [--seed S]
-                 [--workload queue|log] [--dir RUN_DIR] ...
+                 [--workload queue|log] [--net proxy|netns] [--dir RUN_DIR] ...
     mqjepsen check RUN_DIR        re-run the checkers on a run's history and final state
+    mqjepsen netns-clean [--force] remove namespaces/veths/bridges left by dead netns runs
 
 Exit codes: 0 every checker passed, 1 a checker failed (or the run could not be done),
 2 bad usage. See docs/JEPSEN.md for how to read the report.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -23,7 +25,8 @@ from types import FrameType
 
 from jepsen_like.checker import NodeState, check_all
 from jepsen_like.history import load_history
-from jepsen_like.nemesis import parse_nemeses, parse_shapes
+from jepsen_like.nemesis import SHAPING_NEMESES, parse_nemeses, parse_shapes
+from jepsen_like.netns import NetnsError, check_netns, clean_leftovers
 from jepsen_like.report import verdict_table
 from jepsen_like.run import RunConfig, run
 
@@ -72,11 +75,23 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="TEST ONLY: nodes acknowledge before majority replication (the checker must fail)",
     )
+    r.add_argument(
+        "--net",
+        choices=["proxy", "netns"],
+        default="proxy",
+        help="network faults: TCP proxies (default) or namespaces + iptables (root)",
+    )
     r.add_argument("--dir", default=None, help=f"run directory (default {DEFAULT_RUNS_DIR}/...)")
     r.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     c = sub.add_parser("check", help="re-check a run directory")
     c.add_argument("run_dir")
     c.add_argument("--max-duplicates", type=int, default=0)
+    k = sub.add_parser(
+        "netns-clean", help="remove what crashed `--net netns` runs left (namespaces, links)"
+    )
+    k.add_argument(
+        "--force", action="store_true", help="also the runs whose recorded pid is still alive"
+    )
     return p
 
 
@@ -134,6 +149,11 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     quiet = ns.quiet if ns.quiet is not None else min(QUIET_MAX_S, ns.time_limit * QUIET_SHARE)
     if not 0 <= quiet < ns.time_limit:
         parser.error("--quiet must be in [0, --time-limit)")
+    if ns.net == "netns":
+        reason = check_netns()
+        if reason:
+            print(f"mqjepsen: --net netns: {reason}", file=sys.stderr)
+            return 2
     seed = ns.seed if ns.seed is not None else random.randrange(1 << 31)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_dir = Path(ns.dir) if ns.dir else Path(DEFAULT_RUNS_DIR) / f"{stamp}-seed{seed}"
@@ -157,12 +177,17 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         unsafe_ack=ns.unsafe_ack,
         max_duplicates=ns.max_duplicates,
         broker_conf=conf,
+        net=ns.net,
     )
     print(
         f"mqjepsen: seed {seed}, {ns.nodes} nodes, {ns.workload} workload, "
-        f"nemesis {','.join(nemeses) or 'none'}, {ns.time_limit:.0f} s; run dir {out_dir}",
+        f"nemesis {','.join(nemeses) or 'none'}, {ns.time_limit:.0f} s, {ns.net} network; "
+        f"run dir {out_dir}",
         flush=True,
     )
+    skipped = [k for k in nemeses if k in SHAPING_NEMESES]
+    if ns.net == "netns" and skipped:
+        print(f"mqjepsen: note: --net netns skips {','.join(skipped)} (proxy only)", flush=True)
     old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         outcome = run(cfg, out_dir)
@@ -206,6 +231,25 @@ def _cmd_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0 if all(r.valid for r in results) else 1
 
 
+def _cmd_netns_clean(ns: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        print("mqjepsen: netns-clean needs root", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="mqjepsen: %(message)s")
+    try:
+        removed, errors = clean_leftovers(force=ns.force)
+    except NetnsError as exc:
+        print(f"mqjepsen: {exc}", file=sys.stderr)
+        return 1
+    for name in removed:
+        print(f"removed {name}")
+    for err in errors:
+        print(f"mqjepsen: {err}", file=sys.stderr)
+    if not removed and not errors:
+        print("nothing to clean")
+    return 1 if errors else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -215,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.cmd == "run":
             return _cmd_run(ns, parser)
+        if ns.cmd == "netns-clean":
+            return _cmd_netns_clean(ns)
         return _cmd_check(ns, parser)
     except SystemExit as exc:  # parser.error: bad usage
         return int(exc.code or 0)

@@ -5,6 +5,10 @@ Node ``a`` is told that peer ``b`` lives at the port of link ``a->b`` (so each n
 ``dLegerPeers`` differs only in the other nodes' ports), and every node advertises the port of
 link ``client->a`` as its client address, so NameServer routes and ``NOT_LEADER`` redirects
 send clients through the proxy too. The harness itself talks to the nodes directly.
+
+With the network-namespace backend (:class:`NetnsNet`) each node instead binds to its own
+namespace's address, peers and clients use those addresses directly, and links are cut with
+iptables inside the namespaces (see :mod:`jepsen_like.netns`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from broker.cluster import ClusterError, LocalCluster, NodeInfo
 from dledger.server.client import ClientError, LogClient
+from jepsen_like.netns import NetnsLocalCluster, NetnsNet
 from jepsen_like.proxy import ProxyNet
 
 logger = logging.getLogger(__name__)
@@ -51,12 +56,16 @@ def link_name(src: str, dst: str) -> str:
 class JepsenCluster:
     """Set up with :meth:`setup`, always finish with :meth:`teardown`."""
 
-    def __init__(self, base: Path, nodes: int, net: ProxyNet, extra: dict[str, str]) -> None:
+    def __init__(
+        self, base: Path, nodes: int, net: ProxyNet | NetnsNet, extra: dict[str, str]
+    ) -> None:
         self.base = base
         self.n_nodes = nodes
         self.net = net
         self.extra = {"mappedFileSizeCommitLog": str(SEGMENT_BYTES), **extra}
-        self.local = LocalCluster(base)
+        self.local = (
+            NetnsLocalCluster(base, net) if isinstance(net, NetnsNet) else LocalCluster(base)
+        )
         self.paused: set[str] = set()
         self.started_pids: list[int] = []
         self.proxy_client_addrs: dict[str, str] = {}
@@ -73,12 +82,16 @@ class JepsenCluster:
 
     def setup(self) -> None:
         self.local.configure(self.n_nodes, auto_ports=True, extra=self.extra, namesrv=True)
+        if isinstance(self.net, NetnsNet):
+            self._setup_netns(self.net)
+            return
+        net = self.net
         nodes = self.local.nodes
         for a in nodes:
             for b in nodes:
                 if a is not b:
-                    self.net.add_link(link_name(a.node_id, b.node_id), b.peer_port)
-            port = self.net.add_link(link_name(CLIENT, a.node_id), a.client_port)
+                    net.add_link(link_name(a.node_id, b.node_id), b.peer_port)
+            port = net.add_link(link_name(CLIENT, a.node_id), a.client_port)
             self.proxy_client_addrs[a.node_id] = f"127.0.0.1:{port}"
         for a in nodes:
             peers = ";".join(
@@ -86,7 +99,7 @@ class JepsenCluster:
                 + str(
                     b.peer_port
                     if b is a
-                    else self.net.links[link_name(a.node_id, b.node_id)].listen_port
+                    else net.links[link_name(a.node_id, b.node_id)].listen_port
                 )
                 for b in nodes
             )
@@ -96,6 +109,35 @@ class JepsenCluster:
                 for line in conf.read_text().splitlines()
             ]
             lines.append(f"advertisedClientAddr={self.proxy_client_addrs[a.node_id]}")
+            conf.write_text("\n".join(lines) + "\n")
+
+    def _setup_netns(self, net: NetnsNet) -> None:
+        """Each node in its namespace, bound to its address there; peers and clients use
+        those addresses; the NameServer (root namespace, every address) at the bridge's."""
+        assert isinstance(self.local, NetnsLocalCluster) and self.local.namesrv is not None
+        hosts = {n.node_id: net.add_node(n.node_id) for n in self.local.nodes}
+        nodes = self.local.nodes
+        for a in nodes:
+            self.local.place(a.node_id, hosts[a.node_id])
+            for b in nodes:
+                if a is not b:
+                    net.add_link(link_name(a.node_id, b.node_id), a.node_id, b.node_id)
+            net.add_link(link_name(CLIENT, a.node_id), CLIENT, a.node_id, a.client_port)
+            self.proxy_client_addrs[a.node_id] = f"{hosts[a.node_id]}:{a.client_port}"
+        peers = ";".join(f"{b.node_id}-{hosts[b.node_id]}:{b.peer_port}" for b in nodes)
+        replaced = {
+            "dLegerPeers": peers,
+            "namesrvAddr": f"{net.host_ip}:{self.local.namesrv.port}",
+        }
+        for a in nodes:
+            conf = Path(a.conf)
+            lines = [
+                line
+                for line in conf.read_text().splitlines()
+                if line.split("=", 1)[0] not in (*replaced, "brokerIP1")
+            ]
+            lines += [f"{k}={v}" for k, v in replaced.items()]
+            lines.append(f"brokerIP1={hosts[a.node_id]}")
             conf.write_text("\n".join(lines) + "\n")
 
     def up(self) -> str:

@@ -24,6 +24,8 @@ from jepsen_like.proxy import LinkFaults
 logger = logging.getLogger(__name__)
 
 NEMESES = ("partition", "kill", "pause", "disk", "latency", "bandwidth", "rolling")
+# Nemeses that shape traffic rather than cut it: only the proxy backend has them.
+SHAPING_NEMESES = ("latency", "bandwidth")
 PARTITION_SHAPES = (
     "random-halves",
     "isolate-leader",

@@ -14,7 +14,8 @@ from typing import Any
 from jepsen_like.checker import CheckResult, NodeState, check_all
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import History
-from jepsen_like.nemesis import PARTITION_SHAPES, Nemesis
+from jepsen_like.nemesis import PARTITION_SHAPES, SHAPING_NEMESES, Nemesis
+from jepsen_like.netns import NetnsNet
 from jepsen_like.proxy import ProxyNet
 from jepsen_like.report import fault_windows, op_counts, plot, verdict_table, write_html
 from jepsen_like.workloads import (
@@ -54,6 +55,7 @@ class RunConfig:
     unsafe_ack: bool = False
     max_duplicates: int = 0
     broker_conf: dict[str, str] = field(default_factory=dict)
+    net: str = "proxy"  # "proxy" (TCP proxies) or "netns" (namespaces + iptables, root)
 
 
 @dataclass(slots=True)
@@ -67,7 +69,18 @@ class RunOutcome:
 def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     out_dir.mkdir(parents=True, exist_ok=True)
     history = History(out_dir / "history.jsonl")
-    net = ProxyNet(cfg.seed)
+    net: ProxyNet | NetnsNet = (
+        NetnsNet((out_dir / "cluster").resolve()) if cfg.net == "netns" else ProxyNet(cfg.seed)
+    )
+    events: list[str] = []
+    kinds = cfg.nemeses
+    if isinstance(net, NetnsNet):
+        skipped = [k for k in kinds if k in SHAPING_NEMESES]
+        kinds = tuple(k for k in kinds if k not in SHAPING_NEMESES)
+        if skipped:
+            note = f"nemeses {','.join(skipped)} skipped: the netns backend only cuts links"
+            logger.warning(note)
+            events.append(note)
     extra = dict(cfg.broker_conf)
     if cfg.unsafe_ack:
         extra["unsafeAckBeforeReplication"] = "true"
@@ -80,14 +93,15 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     else:
         workload = LogWorkload(cluster, history, cfg.writers, cfg.rate_hz)
     monitor = Monitor(cluster, history)
-    nemesis = Nemesis(cluster, history, cfg.nemeses, cfg.seed, cfg.interval_s, cfg.partition_shapes)
-    events: list[str] = []
+    nemesis = Nemesis(cluster, history, kinds, cfg.seed, cfg.interval_s, cfg.partition_shapes)
     nodes: list[NodeState] | None = None
     convergence = "the run stopped before the nodes were read"
     timing: dict[str, float] = {}
     started = time.monotonic()
-    net.start()
     try:
+        net.start()  # inside the try: a netns run removes what it created on any failure
+        if isinstance(net, NetnsNet):
+            events.append(f"netns backend: run id {net.run_id}, bridge {net.bridge} {net.subnet}")
         cluster.setup()
         leader = cluster.up()
         events.append(f"group up, first leader {leader}")
@@ -159,7 +173,8 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
         ],
         "events": events + cluster.events + [f"nemesis error: {x}" for x in nemesis.errors],
         "refused_starts": nemesis.refusals,
-        "proxy_links": net.stats(),
+        "network": net.describe() if isinstance(net, NetnsNet) else {"backend": "proxy"},
+        ("netns_links" if isinstance(net, NetnsNet) else "proxy_links"): net.stats(),
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
     }
     t4 = time.monotonic()
