@@ -65,6 +65,8 @@ BACKLOG_THREADS = 4
 CONSUME_THREADS = QUEUES
 # A failover trial gives up after this long without an acknowledged send.
 FAILOVER_TIMEOUT_S = 30.0
+# After a trial, how long the restarted node may take to catch up before the next one.
+CATCH_UP_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -286,6 +288,30 @@ def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
     }
 
 
+def _wait_caught_up(cluster: LocalCluster, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
+    """Until every node applied what the leader committed: the next trial then measures a
+    failover, not a group whose restarted member is still replaying."""
+    import grpc
+    from raftmq.dledger.v1 import dledger_pb2 as dpb
+    from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            metas = []
+            for n in cluster.nodes:
+                with grpc.insecure_channel(n.client_addr) as ch:
+                    stub = dpb_grpc.DLedgerClientStub(ch)
+                    metas.append(stub.Metadata(dpb.MetadataRequest(), timeout=2))
+        except grpc.RpcError:
+            time.sleep(0.2)
+            continue
+        leaders = [m for m in metas if m.role == "LEADER"]
+        if leaders and all(m.applied_index >= leaders[0].commit_index for m in metas):
+            return
+        time.sleep(0.2)
+
+
 def failover_trials(cluster: LocalCluster, trials: int) -> dict[str, Any]:
     """SIGKILL the leader with a producer sending; time to its next acknowledged send."""
     assert cluster.namesrv is not None
@@ -304,7 +330,7 @@ def failover_trials(cluster: LocalCluster, trials: int) -> dict[str, Any]:
                 times.append(time.monotonic() - killed_at)
                 break
             cluster.start(leader)
-            cluster.wait_leader()
+            _wait_caught_up(cluster)
     return {
         "trials": trials,
         "seconds": times,

@@ -49,6 +49,15 @@ RETRYABLE_STATUSES = frozenset(
     }
 )
 T = TypeVar("T")
+# gRPC's default reconnect backoff grows 1 s, 1.6 s, 2.56 s, ... to 120 s: a channel to a node
+# that was down stays unusable for seconds after the node is back, and when that node is the
+# new leader every send waits for it (measured: failovers of 2.5 s instead of 0.9 s). Broker
+# nodes are few and on a LAN: retry connecting quickly.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
@@ -123,7 +132,7 @@ class ChannelPool:
         with self._lock:
             ch = self._channels.get(addr)
             if ch is None:
-                ch = self._channels[addr] = grpc.insecure_channel(addr)
+                ch = self._channels[addr] = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
             return ch
 
     def broker(self, addr: str) -> bpb_grpc.BrokerStub:
