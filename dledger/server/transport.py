@@ -117,7 +117,13 @@ class PeerLink:
                 if self._channel is None:
                     self._channel = grpc.aio.insecure_channel(self.addr, options=CHANNEL_OPTIONS)
                 stub = pb_grpc.DLedgerPeerStub(self._channel)
-                call = stub.Stream(self._messages(), metadata=self._metadata)
+                # wait_for_ready: while the peer is unreachable the call waits for the channel
+                # instead of failing fast. Failing fast consumed (and lost) a queued message
+                # per attempt while gRPC's reconnect backoff ran, which kept the link to a
+                # restarted peer mute for seconds: a follower's vote replies never reached a
+                # restarted candidate, and failovers after a restart took 3 s instead of 0.7 s.
+                # What queues meanwhile is bounded by PEER_QUEUE_MAX_MESSAGES.
+                call = stub.Stream(self._messages(), metadata=self._metadata, wait_for_ready=True)
                 await call
                 backoff_ms = RECONNECT_MIN_MS
             except asyncio.CancelledError:
