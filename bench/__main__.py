@@ -39,6 +39,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+
+from bench import broker as bb
 from broker.cluster import LocalCluster
 from client import (
     ConsumeStatus,
@@ -63,6 +70,8 @@ E2E_RATE_PER_S = 500
 BACKLOG_BATCH = 256
 BACKLOG_THREADS = 4
 CONSUME_THREADS = QUEUES
+# How long the e2e consumer may take to own every queue before sends start.
+CONSUMER_READY_TIMEOUT_S = 15.0
 # A failover trial gives up after this long without an acknowledged send.
 FAILOVER_TIMEOUT_S = 30.0
 # After a trial, how long the restarted node may take to catch up before the next one.
@@ -194,7 +203,9 @@ def e2e_latency(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
     consumer.start()
     sent = 0
     try:
-        time.sleep(3.0)  # the consumer takes its queues (rebalance, locks)
+        deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
+        while len(consumer.assigned_queues()) < QUEUES and time.monotonic() < deadline:
+            time.sleep(0.05)  # the consumer takes its queues (rebalance, locks)
         with Producer("bench-e2e-pg", addr) as producer:
             period_s = 1.0 / E2E_RATE_PER_S
             next_at = time.monotonic()
@@ -291,10 +302,6 @@ def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
 def _wait_caught_up(cluster: LocalCluster, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
     """Until every node applied what the leader committed: the next trial then measures a
     failover, not a group whose restarted member is still replaying."""
-    import grpc
-    from raftmq.dledger.v1 import dledger_pb2 as dpb
-    from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -341,13 +348,7 @@ def failover_trials(cluster: LocalCluster, trials: int) -> dict[str, Any]:
 
 def delay_and_retry(cluster: LocalCluster, messages: int, send_rate: float) -> dict[str, Any]:
     """bench.broker's delayed-message and retry throughput cases on this group."""
-    from bench import broker as bb
-
     addr = cluster.node(cluster.wait_leader()).client_addr
-    import grpc
-    from raftmq.broker.v1 import broker_pb2 as pb
-    from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
-
     stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
     for name in (bb.DELAY_TOPIC, bb.RETRY_SOURCE_TOPIC):
         stub.CreateTopic(

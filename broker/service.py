@@ -317,16 +317,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.Message:
         """The stored message at ``position`` (CRC checked), only if its entry was applied,
         with its queue offset (looked up by a binary search of its ConsumeQueue unless given)."""
-        if not 0 <= position < self.sm.dispatch_end:
-            raise MessageNotFoundError(f"no applied message at position {position}")
-        store = self.node.store
-        try:
-            if size is None:
-                size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
-            raw = store.read_at(position, size)
-        except IndexOutOfRangeError as exc:
-            raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
-        msg = decode_message(raw)
+        msg = self._stored(position, size)
         if queue_offset is None:
             queue_offset = self._queue_offset(msg.topic, msg.queue_id, position)
         return self._to_pb(msg, position, queue_offset)
@@ -903,13 +894,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             await self.node.propose([record], ENTRY_TOPIC)
             logger.info("system topic created topic=%s queues=%d", name, queues)
 
-    def _stored(self, position: int) -> Message:
-        """The applied message at ``position``, decoded (CRC checked)."""
+    def _stored(self, position: int, size: int | None = None) -> Message:
+        """The applied message at ``position`` (``size`` bytes, read from its head when not
+        given), decoded with its CRC checked."""
         if not 0 <= position < self.sm.dispatch_end:
             raise MessageNotFoundError(f"no applied message at position {position}")
         store = self.node.store
         try:
-            size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
+            if size is None:
+                size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
             return decode_message(store.read_at(position, size))
         except IndexOutOfRangeError as exc:
             raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
