@@ -63,7 +63,7 @@ QUEUES = 8
 SEGMENT_BYTES = 256 << 20
 # Processes generating load (each runs in_flight / LOADGEN_PROCESSES sender threads); two
 # keep one process's GIL from capping the load on this 2-core machine.
-LOADGEN_PROCESSES = 2
+LOADGEN_PROCESSES = int(os.environ.get("MQBENCH_LOADGEN_PROCESSES", "2"))
 # A load-generator process must report within its duration plus this.
 LOADGEN_GRACE_S = 60.0
 E2E_RATE_PER_S = 500
@@ -145,7 +145,7 @@ def produce_case(
     pids = {n.node_id: cluster.pid(n) for n in cluster.nodes}
     cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
     cmd = [sys.executable, "-m", "bench.loadgen", "--namesrv", cluster.namesrv.addr]
-    cmd += ["--topic", TOPIC, "--size", str(size), "--threads", str(threads)]
+    cmd += ["--topic", TOPIC, "--size", str(size), "--in-flight", str(threads)]
     cmd += ["--seconds", str(seconds)]
     running = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

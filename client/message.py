@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -20,10 +21,30 @@ RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 
 
+class _MsgIds:
+    """Uniq ids: 8 random bytes per process, then a 64-bit counter that starts at a random
+    value (uuid4 per message cost a getrandom() system call and ~8 us: a fifth of the
+    client's CPU per message at 256 in flight). A forked child draws its own prefix."""
+
+    def __init__(self) -> None:
+        self.reseed()
+
+    def reseed(self) -> None:
+        self.prefix = os.urandom(8).hex().upper()
+        self.counter = itertools.count(int.from_bytes(os.urandom(8), "big") >> 1)
+
+    def next(self) -> str:
+        return f"{self.prefix}{next(self.counter) & 0xFFFF_FFFF_FFFF_FFFF:016X}"
+
+
+_ids = _MsgIds()
+os.register_at_fork(after_in_child=_ids.reseed)
+
+
 def new_msg_id() -> str:
     """A fresh uniq message id (32 uppercase hex), made once per message so that retries of
     the same message carry the same id and the broker deduplicates them."""
-    return uuid.uuid4().hex.upper()
+    return _ids.next()
 
 
 @dataclass(slots=True)

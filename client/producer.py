@@ -17,6 +17,11 @@ sends cost a few RPCs and a few log entries rather than one each. Each caller's 
 their own queue; each caller gets its own results. A coalesced call that fails with a
 non-retryable error is split and every caller's messages are sent alone, so one bad message
 fails only its own send.
+
+Threads: a call to a known leader is a gRPC future; its answer completes the call's sends and
+starts the next call on the gRPC thread that received it. ``send_async`` therefore holds no
+thread while it waits (its callbacks run on one callback thread), and ``send`` holds only its
+caller's. Redirects, leader searches, retries and splits run on a small executor.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import queue
 import socket
 import threading
 import time
@@ -49,8 +55,11 @@ SEND_MSG_TIMEOUT_S = 3.0
 RETRY_TIMES_WHEN_SEND_FAILED = 2
 # Between retries (a new leader is usually elected within a second or two).
 RETRY_WAIT_S = 0.2
-# Threads for async and one-way sends (each waits on its send; coalescing batches them).
+# Threads for the rare, blocking paths of a send: no leader known, redirects, retries of
+# async sends (each sleeps RETRY_WAIT_S), splitting a call. Made only when needed.
 ASYNC_SEND_THREADS = 64
+# What shutdown waits beyond the sends' own timeouts.
+SHUTDOWN_SLACK_S = 5.0
 # At most this many async/one-way sends in flight; send_async blocks beyond (back pressure).
 ASYNC_MAX_PENDING = 1024
 # RocketMQ's maxMessageSize default (4 MiB); checked again by the broker.
@@ -99,27 +108,44 @@ def _local_host() -> str:
 
 
 class _PendingSend:
-    """One caller's messages waiting in a group's coalescing queue."""
+    """One caller's messages waiting in a group's coalescing queue. ``on_done(results, error)``
+    runs once, on the thread that got the broker's answer: it must not block."""
 
-    __slots__ = ("error", "event", "lead", "mq", "pbs", "results", "size")
+    __slots__ = ("mq", "on_done", "pbs", "size")
 
-    def __init__(self, mq: MessageQueue, pbs: list[pb.Message]) -> None:
+    def __init__(
+        self,
+        mq: MessageQueue,
+        pbs: list[pb.Message],
+        on_done: Callable[[list[SendResult] | None, BaseException | None], None],
+    ) -> None:
         self.mq = mq
         self.pbs = pbs
         self.size = sum(len(m.body) for m in pbs)
+        self.on_done = on_done
+
+
+class _Outcome:
+    """What a synchronous caller waits for."""
+
+    __slots__ = ("error", "event", "results")
+
+    def __init__(self) -> None:
         self.event = threading.Event()
-        self.lead = False  # handed the group's in-flight slot: this caller sends the next call
         self.results: list[SendResult] | None = None
         self.error: BaseException | None = None
 
-    def done(self) -> bool:
-        return self.results is not None or self.error is not None
+    def __call__(self, results: list[SendResult] | None, error: BaseException | None) -> None:
+        self.results, self.error = results, error
+        self.event.set()
 
 
 class _GroupQueue:
-    __slots__ = ("inflight", "waiting")
+    __slots__ = ("broker_name", "inflight", "topic", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, topic: str, broker_name: str) -> None:
+        self.topic = topic
+        self.broker_name = broker_name
         self.inflight = 0
         self.waiting: deque[_PendingSend] = deque()
 
@@ -147,21 +173,46 @@ class Producer:
         self._rr = itertools.count()
         self._born_host = _local_host()
         self._coalesce_lock = threading.Lock()
+        self._idle = threading.Condition(self._coalesce_lock)
+        self._outstanding = 0  # sends submitted and not yet completed
         self._groups: dict[tuple[str, str], _GroupQueue] = {}
+        self._callbacks: queue.SimpleQueue[
+            tuple[Callable[[SendResult | None, BaseException | None], None], Any, Any] | None
+        ] = queue.SimpleQueue()
+        self._callback_thread: threading.Thread | None = None
 
     def start(self) -> None:
         if self._routes is not None:
             return
         self._routes = RouteClient(self.namesrv_addr, self._channels)
         self._executor = ThreadPoolExecutor(ASYNC_SEND_THREADS, thread_name_prefix="producer")
+        self._callback_thread = threading.Thread(
+            target=self._run_callbacks, name="producer-callbacks", daemon=True
+        )
+        self._callback_thread.start()
 
     def shutdown(self) -> None:
-        """Waits for async sends in flight, then closes every channel."""
+        """Waits for the sends in flight (their callbacks included), then closes every
+        channel. Bounded: a send gives up after its attempts' timeouts."""
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            bound_s = (self.send_msg_timeout_s + RETRY_WAIT_S) * (
+                self.retry_times_when_send_failed + 1
+            ) + SHUTDOWN_SLACK_S
+            self._wait_idle(bound_s)
+            self._executor.shutdown(wait=True)  # retries in progress
             self._executor = None
+            self._wait_idle(bound_s)
+        if self._callback_thread is not None:
+            self._callbacks.put(None)
+            self._callback_thread.join(SHUTDOWN_SLACK_S)
+            self._callback_thread = None
         self._channels.close()
         self._routes = None
+
+    def _wait_idle(self, timeout_s: float) -> None:
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._outstanding == 0, timeout_s):
+                log.warning("shutdown: %d sends still unanswered", self._outstanding)
 
     def __enter__(self) -> Producer:
         self.start()
@@ -190,89 +241,228 @@ class Producer:
 
     def _send_once(self, mq: MessageQueue, msgs: Sequence[Message]) -> list[SendResult]:
         """One attempt, coalesced with other callers' sends to the same group."""
-        me = _PendingSend(mq, [m.to_pb(mq.queue_id, self.group, self._born_host) for m in msgs])
-        key = (mq.topic, mq.broker_name)
-        with self._coalesce_lock:
-            gq = self._groups.setdefault(key, _GroupQueue())
-            if gq.inflight < MAX_INFLIGHT_PER_GROUP:
-                gq.inflight += 1
-                me.lead = True
-            else:
-                gq.waiting.append(me)
-        while not me.lead:
-            me.event.wait()
-            if me.done():
-                break
-        if me.lead:
-            batch = [me]
-            with self._coalesce_lock:
-                count, size = len(me.pbs), me.size
-                while gq.waiting:
-                    nxt = gq.waiting[0]
-                    count, size = count + len(nxt.pbs), size + nxt.size
-                    if count > MAX_COALESCE_MESSAGES or size > MAX_COALESCE_BYTES:
-                        break
-                    batch.append(gq.waiting.popleft())
-            try:
-                self._send_coalesced(mq, batch)
-            finally:
-                with self._coalesce_lock:  # hand the slot to the next waiting caller
-                    if gq.waiting:
-                        heir = gq.waiting.popleft()
-                        heir.lead = True
-                        heir.event.set()
-                    else:
-                        gq.inflight -= 1
-                for p in batch[1:]:
-                    p.event.set()
-        if me.error is not None:
-            raise me.error
-        assert me.results is not None
-        return me.results
+        outcome = _Outcome()
+        self._submit(
+            _PendingSend(
+                mq, [m.to_pb(mq.queue_id, self.group, self._born_host) for m in msgs], outcome
+            )
+        )
+        outcome.event.wait()
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.results is not None
+        return outcome.results
 
-    def _send_coalesced(self, mq: MessageQueue, batch: list[_PendingSend]) -> None:
-        """Sends every pending send of ``batch`` in one call; fills each one's outcome."""
-        try:
-            results = self._call_send(mq, [m for p in batch for m in p.pbs])
-        except BaseException as exc:
-            if len(batch) > 1 and isinstance(exc, MQClientError) and not _retryable(exc):
-                for p in batch:  # isolate the culprit: each caller's messages alone
-                    self._send_coalesced(mq, [p])
+    # -- coalescing -----------------------------------------------------------------------------
+    #
+    # A send joins its group's queue. When the group has no call in flight, the caller's thread
+    # starts one (non-blocking: a gRPC future to the known leader); when that call answers, the
+    # gRPC thread that got the answer completes every send of the call and starts the next call
+    # from whatever queued meanwhile. No thread waits per call, so a thousand async sends cost
+    # no threads at all. Only the rare paths (no leader known, redirects, failures, splitting a
+    # call a bad message failed) run blocking code, on the producer's executor.
+
+    def _submit(self, pending: _PendingSend) -> None:
+        key = (pending.mq.topic, pending.mq.broker_name)
+        with self._coalesce_lock:
+            gq = self._groups.get(key)
+            if gq is None:
+                gq = self._groups[key] = _GroupQueue(*key)
+            gq.waiting.append(pending)
+            self._outstanding += 1
+            if gq.inflight >= MAX_INFLIGHT_PER_GROUP:
                 return
-            for p in batch:
-                p.error = exc
+            gq.inflight += 1
+            batch = self._take(gq)
+        self._dispatch(gq, batch)
+
+    @staticmethod
+    def _take(gq: _GroupQueue) -> list[_PendingSend]:
+        """The next call's sends (the coalescing lock is held)."""
+        first = gq.waiting.popleft()
+        batch = [first]
+        count, size = len(first.pbs), first.size
+        while gq.waiting:
+            nxt = gq.waiting[0]
+            count, size = count + len(nxt.pbs), size + nxt.size
+            if count > MAX_COALESCE_MESSAGES or size > MAX_COALESCE_BYTES:
+                break
+            batch.append(gq.waiting.popleft())
+        return batch
+
+    def _next_call(self, gq: _GroupQueue) -> None:
+        """The call of ``gq`` in flight is over: start the next one, or free the slot."""
+        with self._coalesce_lock:
+            if not gq.waiting:
+                gq.inflight -= 1
+                return
+            batch = self._take(gq)
+        self._dispatch(gq, batch)
+
+    def _dispatch(self, gq: _GroupQueue, batch: list[_PendingSend]) -> None:
+        pbs = [m for p in batch for m in p.pbs]
+        deadline = time.monotonic() + self.send_msg_timeout_s
+        routes = self._routes
+        addr = routes.known_leader(gq.broker_name) if routes is not None else ""
+        if not addr:
+            self._in_background(self._call_blocking, gq, batch, pbs, deadline)
             return
+        request = pb.SendMessageRequest(topic=gq.topic, messages=pbs)
+        try:
+            call = self._channels.broker(addr).SendMessage.future(
+                request, timeout=self.send_msg_timeout_s
+            )
+        except Exception:  # the channel pool was closed under us: the blocking path reports it
+            self._in_background(self._call_blocking, gq, batch, pbs, deadline)
+            return
+        call.add_done_callback(lambda f: self._on_answer(gq, batch, pbs, addr, deadline, f))
+
+    def _on_answer(
+        self,
+        gq: _GroupQueue,
+        batch: list[_PendingSend],
+        pbs: list[pb.Message],
+        addr: str,
+        deadline: float,
+        call: grpc.Future,
+    ) -> None:
+        """On a gRPC thread: the fast path's answer."""
+        try:
+            resp = call.result()
+        except grpc.RpcError as exc:
+            err = MQClientError.from_rpc(exc)
+            if not _retryable(err):
+                self._fail_or_split(gq, batch, err)
+                return
+            # Redirects, elections and dead nodes: the blocking path follows them.
+            if self._routes is not None:
+                self._routes.learn_from_error(gq.broker_name, err, addr)
+            self._in_background(self._call_blocking, gq, batch, pbs, deadline)
+            return
+        except Exception as exc:  # cancelled (the producer is shutting down)
+            self._finish(gq, batch, None, exc)
+            return
+        try:
+            results = self._results(gq.topic, gq.broker_name, resp, len(pbs))
+        except MQClientError as exc:
+            self._finish(gq, batch, None, exc)
+            return
+        self._finish(gq, batch, results, None)
+
+    def _call_blocking(
+        self,
+        gq: _GroupQueue,
+        batch: list[_PendingSend],
+        pbs: list[pb.Message],
+        deadline: float,
+    ) -> None:
+        """On the executor: the call with redirects and leader search, then the next call."""
+        try:
+            results = self._call_send(
+                gq.topic, gq.broker_name, pbs, max(deadline - time.monotonic(), 0.05)
+            )
+        except MQClientError as exc:
+            self._fail_or_split(gq, batch, exc)
+            return
+        except BaseException as exc:
+            self._finish(gq, batch, None, exc)
+            return
+        self._finish(gq, batch, results, None)
+
+    def _fail_or_split(
+        self, gq: _GroupQueue, batch: list[_PendingSend], exc: MQClientError
+    ) -> None:
+        if len(batch) > 1 and not _retryable(exc):
+            # One bad message must fail only its own send: each caller's messages alone.
+            self._in_background(self._split, gq, batch)
+            return
+        self._finish(gq, batch, None, exc)
+
+    def _split(self, gq: _GroupQueue, batch: list[_PendingSend]) -> None:
+        outcomes: list[tuple[_PendingSend, list[SendResult] | None, BaseException | None]] = []
+        for p in batch:
+            try:
+                mine = self._call_send(gq.topic, gq.broker_name, p.pbs, self.send_msg_timeout_s)
+            except BaseException as exc:
+                outcomes.append((p, None, exc))
+            else:
+                outcomes.append((p, mine, None))
+        self._next_call(gq)
+        for p, results, error in outcomes:
+            self._complete(p, results, error)
+
+    def _finish(
+        self,
+        gq: _GroupQueue,
+        batch: list[_PendingSend],
+        results: list[SendResult] | None,
+        error: BaseException | None,
+    ) -> None:
+        self._next_call(gq)  # first: the next call is on the wire while we hand out answers
         at = 0
         for p in batch:
-            p.results = results[at : at + len(p.pbs)]
-            at += len(p.pbs)
+            n = len(p.pbs)
+            self._complete(p, None if results is None else results[at : at + n], error)
+            at += n
 
-    def _call_send(self, mq: MessageQueue, pbs: list[pb.Message]) -> list[SendResult]:
-        routes = self._route_client()
-        request = pb.SendMessageRequest(topic=mq.topic, messages=pbs)
+    def _complete(
+        self,
+        p: _PendingSend,
+        results: list[SendResult] | None,
+        error: BaseException | None,
+    ) -> None:
+        try:
+            p.on_done(results, error)
+        except Exception:
+            log.exception("send completion failed")
+        with self._coalesce_lock:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._idle.notify_all()
 
-        def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> pb.SendMessageResponse:
-            resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=timeout_s)
-            return resp
+    def _in_background(self, fn: Callable[..., None], *args: Any) -> None:
+        """Runs a rare, blocking path on the executor (a thread of its own once it is shut
+        down, so that no send is ever left without an answer)."""
+        executor = self._executor
+        if executor is not None:
+            try:
+                executor.submit(fn, *args)
+                return
+            except RuntimeError:  # shut down meanwhile
+                pass
+        threading.Thread(target=fn, args=args, daemon=True).start()
 
-        resp = routes.call_leader(mq.topic, mq.broker_name, call, self.send_msg_timeout_s)
-        if len(resp.results) != len(pbs):
+    def _results(
+        self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
+    ) -> list[SendResult]:
+        if len(resp.results) != n:
             raise MQClientError(
-                "BAD_RESPONSE",
-                "INTERNAL",
-                f"{len(resp.results)} results for {len(pbs)} messages",
+                "BAD_RESPONSE", "INTERNAL", f"{len(resp.results)} results for {n} messages"
             )
         return [
             SendResult(
                 r.msg_id,
                 r.offset_msg_id,
-                MessageQueue(mq.topic, mq.broker_name, r.queue_id),
+                MessageQueue(topic, broker_name, r.queue_id),
                 r.queue_offset,
                 r.commitlog_position,
                 r.duplicate,
             )
             for r in resp.results
         ]
+
+    def _call_send(
+        self, topic: str, broker_name: str, pbs: list[pb.Message], timeout_s: float
+    ) -> list[SendResult]:
+        routes = self._route_client()
+        request = pb.SendMessageRequest(topic=topic, messages=pbs)
+
+        def call(stub: bpb_grpc.BrokerStub, rpc_timeout_s: float) -> pb.SendMessageResponse:
+            resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=rpc_timeout_s)
+            return resp
+
+        resp = routes.call_leader(topic, broker_name, call, timeout_s)
+        return self._results(topic, broker_name, resp, len(pbs))
 
     def _send(
         self,
@@ -370,51 +560,128 @@ class Producer:
         selector: MessageQueueSelector | None = None,
         arg: Any = None,
     ) -> Future[SendResult]:
-        """Send in the background: a ``Future`` of the ``SendResult``; the callbacks, when
-        given, run on a producer thread. Blocks while ``ASYNC_MAX_PENDING`` sends are pending."""
-        executor = self._executor
-        if executor is None:
+        """Send without waiting: a ``Future`` of the ``SendResult``. The callbacks, when given,
+        run on the producer's callback thread, one at a time and in the order the answers
+        came (keep them short: they delay the callbacks behind them; they may send again).
+        Failed attempts are retried like ``send``'s. Blocks while ``ASYNC_MAX_PENDING`` sends
+        are pending (back pressure)."""
+        if self._executor is None:
             raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
         if not msg.msg_id:
             msg.msg_id = new_msg_id()
+        future: Future[SendResult] = Future()
+        future.set_running_or_notify_cancel()
         self._pending.acquire()
-        try:
-            future = executor.submit(self.send, msg, selector, arg)
-        except BaseException:
-            self._pending.release()
-            raise
 
-        def done(f: Future[SendResult]) -> None:
+        def settle(result: SendResult | None, exc: BaseException | None) -> None:
             self._pending.release()
-            exc = f.exception()
-            try:
-                if exc is None and on_success is not None:
-                    on_success(f.result())
-                elif exc is not None and on_exception is not None:
+            if exc is None:
+                assert result is not None
+                future.set_result(result)
+                if on_success is not None:
+                    on_success(result)
+            else:
+                future.set_exception(exc)
+                if on_exception is not None:
                     on_exception(exc)
-            except Exception:
-                log.exception("send callback failed")
 
-        future.add_done_callback(done)
+        try:
+            self._send_nowait(msg, selector, arg, settle)
+        except BaseException as exc:  # no route, bad message: the caller hears it at once
+            self._pending.release()
+            raise exc from None
         return future
 
     def send_oneway(self, msg: Message) -> None:
         """Fire and forget: one attempt, no result, failures only logged."""
-        executor = self._executor
-        if executor is None:
+        if self._executor is None:
             raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
         self._pending.acquire()
 
-        def run() -> None:
-            try:
-                self._send([msg], lambda avoid: self._pick_queue(msg.topic, avoid), 0)
-            except MQClientError as exc:
+        def settle(result: SendResult | None, exc: BaseException | None) -> None:
+            self._pending.release()
+            if exc is not None:
                 log.debug("one-way send failed: %s", exc)
-            finally:
-                self._pending.release()
 
         try:
-            executor.submit(run)
+            self._send_nowait(msg, None, None, settle, retries=0)
         except BaseException:
             self._pending.release()
             raise
+
+    def _send_nowait(
+        self,
+        msg: Message,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        settle: Callable[[SendResult | None, BaseException | None], None],
+        retries: int | None = None,
+    ) -> None:
+        """The first attempt of an async send, coalesced; a failed one is retried (blocking,
+        as ``send`` does) on the executor. ``settle`` runs on the callback thread."""
+        if selector is None:
+            mq = self._pick_queue(msg.topic, "")
+        else:
+            queues = self._route_client().get_route(msg.topic).write_queues()
+            if not queues:
+                raise MQClientError("NO_ROUTE", "NOT_FOUND", f"no queue for {msg.topic}")
+            mq = selector.select(queues, msg, arg)
+        retries = self.retry_times_when_send_failed if retries is None else retries
+
+        def on_done(results: list[SendResult] | None, error: BaseException | None) -> None:
+            if error is None:
+                assert results is not None
+                self._callbacks.put((settle, results[0], None))
+                return
+            if isinstance(error, MQClientError):
+                log.warning(
+                    "send topic=%s group=%s queue=%d failed: %s",
+                    mq.topic,
+                    mq.broker_name,
+                    mq.queue_id,
+                    error,
+                )
+                if error.status == "NOT_FOUND":
+                    self._route_client().invalidate(mq.topic)
+            if retries > 0 and _retryable(error):
+                self._in_background(self._retry_async, msg, selector, arg, mq, retries, settle)
+            else:
+                self._callbacks.put((settle, None, error))
+
+        self._submit(
+            _PendingSend(mq, [msg.to_pb(mq.queue_id, self.group, self._born_host)], on_done)
+        )
+
+    def _retry_async(
+        self,
+        msg: Message,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        failed: MessageQueue,
+        retries: int,
+        settle: Callable[[SendResult | None, BaseException | None], None],
+    ) -> None:
+        time.sleep(RETRY_WAIT_S)
+
+        def pick(avoid: str) -> MessageQueue:
+            if selector is not None:
+                return failed  # ordered: the same queue on every attempt
+            return self._pick_queue(msg.topic, avoid or failed.broker_name)
+
+        try:
+            result = self._send([msg], pick, retries - 1)[0]
+        except BaseException as exc:
+            self._callbacks.put((settle, None, exc))
+        else:
+            self._callbacks.put((settle, result, None))
+
+    def _run_callbacks(self) -> None:
+        while True:
+            item = self._callbacks.get()
+            if item is None:
+                return
+            settle, result, error = item
+            try:
+                settle(result, error)
+            except Exception:
+                log.exception("send callback failed")

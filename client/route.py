@@ -236,6 +236,22 @@ class RouteClient:
         first = [known] if known else []
         return first + [a for a in group.addrs if a not in first]
 
+    def known_leader(self, broker_name: str) -> str:
+        """The address of ``broker_name``'s leader as last learnt (a route, a redirect or an
+        answer), or "" when none is known. Never blocks."""
+        with self._lock:
+            return self._leaders.get(broker_name, "")
+
+    def learn_from_error(self, broker_name: str, err: MQClientError, addr: str) -> None:
+        """After a call to ``addr`` failed with ``err``: follow a NOT_LEADER redirect's leader,
+        or forget ``addr`` as the leader (the next call looks for one)."""
+        match = _NOT_LEADER.match(err.message)
+        with self._lock:
+            if match and match.group(2):
+                self._leaders[broker_name] = match.group(2)
+            elif self._leaders.get(broker_name) == addr:
+                del self._leaders[broker_name]
+
     def call_leader(
         self,
         topic: str,

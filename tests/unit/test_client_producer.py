@@ -235,3 +235,71 @@ def test_a_bad_message_fails_only_its_own_coalesced_send(world: World) -> None:
             assert isinstance(r, MQClientError) and r.code == "MESSAGE_TOO_LARGE"
         else:
             assert not isinstance(r, BaseException), (body, r)
+
+
+def test_async_sends_share_calls_and_hold_no_thread_each(world: World) -> None:
+    gate = threading.Event()
+    node(world, "a0").behaviour = lambda: (gate.wait(0.2), None)[1]  # type: ignore[assignment]
+    world.namesrv.groups = world.namesrv.groups[:1]
+    n = 300
+    threads_seen: set[str] = set()
+    ok: list[str] = []
+    with Producer("pg", world.namesrv_addr) as producer:
+        before = threading.active_count()
+        msgs = [Message("T", f"m{i}".encode()) for i in range(n)]
+
+        def on_success(r: object) -> None:
+            threads_seen.add(threading.current_thread().name)
+            ok.append(r.msg_id)  # type: ignore[attr-defined]
+
+        futures_ = [producer.send_async(m, on_success=on_success) for m in msgs]
+        during = threading.active_count()
+        results = [f.result(timeout=30) for f in futures_]
+    assert during - before < 8, f"{during - before} threads for {n} async sends"
+    calls = node(world, "a0").seen
+    assert sum(len(c) for c in calls) == n and len(calls) <= n // 50, [len(c) for c in calls]
+    assert [r.msg_id for r in results] == [m.msg_id for m in msgs]
+    assert sorted(ok) == sorted(m.msg_id for m in msgs)
+    assert threads_seen == {"producer-callbacks"}
+
+
+def test_async_send_follows_redirects_and_retries_on_another_group(world: World) -> None:
+    node(world, "a0").behaviour = lambda: (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"NOT_LEADER leader=a1 addr={world.addrs['a1']}",
+    )
+    with Producer("pg", world.namesrv_addr, send_msg_timeout_s=0.5) as producer:
+        first = producer.send_async(Message("T", b"x"))
+        redirected = first.result(timeout=10)
+        assert redirected.message_queue.broker_name in {"broker-a", "broker-b"}
+        # broker-a now fails as a whole: the send goes to broker-b with the same msg id.
+        for name in ("a0", "a1"):
+            node(world, name).behaviour = lambda: (grpc.StatusCode.UNAVAILABLE, "NO_QUORUM")
+        for b in world.brokers.values():
+            b.seen.clear()
+        msgs = [Message("T", f"r{i}".encode()) for i in range(4)]
+        results = [f.result(timeout=20) for f in [producer.send_async(m) for m in msgs]]
+    assert {r.message_queue.broker_name for r in results} == {"broker-b"}
+    assert {r.msg_id for r in results} == {m.msg_id for m in msgs}
+    tried_a = {i for c in node(world, "a0").seen + node(world, "a1").seen for i in c}
+    assert tried_a and tried_a <= {m.msg_id for m in msgs}
+
+
+def test_shutdown_waits_for_async_sends_and_a_callback_may_send(world: World) -> None:
+    node(world, "a0").behaviour = lambda: (threading.Event().wait(0.05), None)[1]  # type: ignore[assignment]
+    world.namesrv.groups = world.namesrv.groups[:1]
+    nested: list[object] = []
+    producer = Producer("pg", world.namesrv_addr)
+    producer.start()
+    futures_ = [producer.send_async(Message("T", f"s{i}".encode())) for i in range(40)]
+    # A callback that sends synchronously must not deadlock the producer.
+    producer.send_async(
+        Message("T", b"outer"),
+        on_success=lambda r: nested.append(producer.send(Message("T", b"in"))),
+    )
+    producer.shutdown()
+    assert all(f.done() and f.exception() is None for f in futures_)
+    assert len(nested) == 1 and nested[0].msg_id  # type: ignore[attr-defined]
+    with pytest.raises(MQClientError) as info:
+        producer.send_async(Message("T", b"late"))
+    assert info.value.code == "NOT_STARTED"
