@@ -346,9 +346,42 @@ class ConsumeQueue:
         with self._lock:
             self._check_open()
             first = self._max_offset
+            if isinstance(records, list) and self._append_fast(records):
+                return first
             for position, size, tag_hash in records:
                 self._append_locked(position, size, tag_hash)
             return first
+
+    def _append_fast(self, records: list[tuple[int, int, int]]) -> bool:
+        """The dispatcher's common case in one write: records in order, in range, all in the
+        current file. False (nothing written) otherwise; the per-record path then checks
+        each one and raises the precise error."""
+        if not records:
+            return True
+        offset = self._max_offset
+        file_no, slot = divmod(offset, self.records_per_file)
+        if slot + len(records) > self.records_per_file or file_no not in self._maps:
+            return False
+        end = self._last_end
+        pack = CQ_RECORD.pack
+        parts = []
+        for position, size, tag_hash in records:
+            if (
+                position < end
+                or not 0 < size <= _MAX_SIZE_BYTES
+                or position > _I64_MAX
+                or not _I64_MIN <= tag_hash <= _I64_MAX
+            ):
+                return False
+            parts.append(pack(position, size, tag_hash))
+            end = position + size
+        at = slot * CQ_RECORD_SIZE
+        data = b"".join(parts)
+        self._maps[file_no][at : at + len(data)] = data
+        self._dirty.add(file_no)
+        self._max_offset = offset + len(records)
+        self._last_end = end
+        return True
 
     def _check_offset(self, queue_offset: int, allow_end: bool) -> None:
         high = self._max_offset if allow_end else self._max_offset - 1

@@ -44,6 +44,7 @@ from broker.message import (
     decode_message,
     decode_offset_msg_id,
     encode_batch,
+    encode_batch_fields,
     encode_offset_msg_id,
     tags_hash,
     validate_topic,
@@ -417,21 +418,42 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             topic = await self._auto_create(request.topic)
         if not topic.perm & PERM_WRITE:
             raise NoPermissionError(f"topic {topic.name!r} is not writable (perm={topic.perm})")
+        delayed = False
+        queues = topic.write_queue_nums
         for m in request.messages:
-            if not 0 <= m.queue_id < topic.write_queue_nums:
+            if not 0 <= m.queue_id < queues:
                 raise QueueIdOutOfRangeError(
-                    f"queue id {m.queue_id} is outside [0, {topic.write_queue_nums})"
-                    f" of {topic.name!r}"
+                    f"queue id {m.queue_id} is outside [0, {queues}) of {topic.name!r}"
                 )
+            if PROPERTY_DELAY in m.properties:
+                delayed = True
         # A retry of a send still in flight here waits for the original instead of proposing
         # again (the dedup window inside apply covers every other case).
         ids = [m.msg_id for m in request.messages]
         if all(ids) and all(i in self._inflight for i in ids):
             with contextlib.suppress(Exception):
                 originals = await asyncio.gather(*(asyncio.shield(self._inflight[i]) for i in ids))
-                return pb.SendMessageResponse(results=[self._result_pb(_dup(r)) for r in originals])
-        messages = self._build(request, int(time.time() * 1000))
-        results = await self._store(messages)
+                return pb.SendMessageResponse(
+                    results=[self._result_pb(r._replace(duplicate=True)) for r in originals]
+                )
+        now_ms = int(time.time() * 1000)
+        if delayed and not is_system_topic(request.topic):
+            results = await self._store(self._build(request, now_ms))
+        else:
+            # The common case: encoded straight from the request, no Message per message.
+            for m in request.messages:
+                if m.topic and m.topic != request.topic:
+                    raise InvalidRequestError(
+                        f"message topic {m.topic!r} differs from the request's {request.topic!r}"
+                    )
+            body, uniq_ids = encode_batch_fields(
+                request.topic,
+                request.messages,
+                now_ms,
+                self._ids.next_id,
+                self.cfg.max_message_size_bytes,
+            )
+            results = await self._store_body(body, uniq_ids)
         return pb.SendMessageResponse(
             results=[
                 # A delayed message is stored in the schedule topic until due: answer with the
@@ -444,6 +466,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def _store(self, messages: list[Message]) -> list[SendResult]:
         """Propose ``messages`` as one entry; their results once it is applied."""
         body, _ = encode_batch(messages, self.cfg.max_message_size_bytes)
+        return await self._store_body(body, [m.uniq_id for m in messages])
+
+    async def _store_body(self, body: bytes, uniq_ids: list[str]) -> list[SendResult]:
+        """Propose an encoded batch as one entry; its results once it is applied."""
         max_body = self.node.cfg.store.max_body_bytes
         if len(body) > max_body:
             raise InvalidRequestError(
@@ -451,13 +477,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             )
         loop = asyncio.get_running_loop()
         mine: dict[str, asyncio.Future[SendResult]] = {}
-        for msg in messages:
-            if msg.uniq_id not in self._inflight:
-                mine[msg.uniq_id] = self._inflight[msg.uniq_id] = loop.create_future()
+        for uid in uniq_ids:
+            if uid not in self._inflight:
+                mine[uid] = self._inflight[uid] = loop.create_future()
         try:
             first, _last, _term = await self.node.propose([body], ENTRY_MESSAGES)
             results = self.sm.take_results(first)
-            assert results is not None and len(results) == len(messages), (
+            assert results is not None and len(results) == len(uniq_ids), (
                 f"no results for entry {first}"
             )
             for r in results:
@@ -1065,12 +1091,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
 def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
-
-
-def _dup(r: SendResult) -> SendResult:
-    return SendResult(
-        r.uniq_id, r.topic, r.queue_id, r.queue_offset, r.position, r.store_timestamp_ms, True
-    )
 
 
 def _is_ipv4(host: str) -> bool:

@@ -40,12 +40,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
 from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
-from broker.message import iter_dispatch, validate_topic
+from broker.message import scan_dispatch, validate_topic
 from broker.schedule import SCHEDULE_HEADER, SCHEDULE_TOPIC, decode_schedule_header
 from dledger.core import Role
 from dledger.log import Entry
@@ -117,9 +117,9 @@ class TopicConfig:
             raise InvalidRequestError(f"perm {self.perm} is outside [0, 7]")
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """Where one message of a send is stored; ``duplicate``: an earlier send stored it."""
+class SendResult(NamedTuple):
+    """Where one message of a send is stored; ``duplicate``: an earlier send stored it.
+    (A tuple: every member makes one per message it applies.)"""
 
     uniq_id: str
     topic: str
@@ -404,45 +404,40 @@ class BrokerStateMachine:
         results: list[SendResult] = []
         per_queue: dict[QueueKey, list[tuple[int, int, int]]] = {}
         next_offset: dict[QueueKey, int] = {}
-        dedup = self.dedup
+        dedup = self.dedup if check_dedup else None
         to_index: list[tuple[str, Sequence[str], str, int, int]] = []
+        latest = self._latest_store_ts
         # The whole batch is checked (entry CRC covered it already; each message's CRC is
         # checked again when it is read): a corrupt batch is skipped as a whole.
-        infos = list(iter_dispatch(body, verify_crc=False))
-        for info in infos:
-            original = dedup.get(info.uniq_id) if check_dedup else None
-            if original is not None:
-                results.append(_as_duplicate(original))
-                continue
-            key = (info.topic, info.queue_id)
+        rows = scan_dispatch(body)
+        for offset_in, size, topic, queue_id, t_hash, keys, uniq_id, store_ts in rows:
+            if dedup is not None:
+                original = dedup.get(uniq_id)
+                if original is not None:
+                    results.append(original._replace(duplicate=True))
+                    continue
+            key = (topic, queue_id)
             offset = next_offset.get(key)
             if offset is None:
-                offset = self.cqs.queue(info.topic, info.queue_id).max_offset
+                offset = self.cqs.queue(topic, queue_id).max_offset
+                per_queue[key] = []
             next_offset[key] = offset + 1
-            position = base + info.offset
+            position = base + offset_in
             # The schedule topic's records carry the store time where others carry the tag
             # hash (RocketMQ does the same): the scheduler finds due heads without reading.
-            tag = info.store_timestamp_ms if info.topic == SCHEDULE_TOPIC else info.tags_hash
-            per_queue.setdefault(key, []).append((position, info.size, tag))
-            touched.setdefault(key, set()).add(tag)
-            to_index.append(
-                (info.topic, info.keys, info.uniq_id, position, info.store_timestamp_ms)
-            )
-            result = SendResult(
-                info.uniq_id,
-                info.topic,
-                info.queue_id,
-                offset,
-                position,
-                info.store_timestamp_ms,
-            )
-            if check_dedup:
-                dedup[info.uniq_id] = result
+            tag = store_ts if topic == SCHEDULE_TOPIC else t_hash
+            per_queue[key].append((position, size, tag))
+            to_index.append((topic, keys, uniq_id, position, store_ts))
+            result = SendResult(uniq_id, topic, queue_id, offset, position, store_ts)
+            if dedup is not None:
+                dedup[uniq_id] = result
             results.append(result)
-            if info.store_timestamp_ms > self._latest_store_ts:
-                self._latest_store_ts = info.store_timestamp_ms
-        for (topic, queue_id), records in per_queue.items():
-            self.cqs.queue(topic, queue_id).append_many(records)
+            if store_ts > latest:
+                latest = store_ts
+        self._latest_store_ts = latest
+        for key, records in per_queue.items():
+            self.cqs.queue(*key).append_many(records)
+            touched.setdefault(key, set()).update(r[2] for r in records)
         self.index.put_messages(to_index)
         self._dispatch_end = base + len(body)
         self._evict_dedup()
@@ -748,15 +743,3 @@ class BrokerStateMachine:
         self.cqs.close()
         self.index.close()
         self._opened = False
-
-
-def _as_duplicate(original: SendResult) -> SendResult:
-    return SendResult(
-        original.uniq_id,
-        original.topic,
-        original.queue_id,
-        original.queue_offset,
-        original.position,
-        original.store_timestamp_ms,
-        duplicate=True,
-    )

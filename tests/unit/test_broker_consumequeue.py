@@ -339,3 +339,32 @@ def test_offset_of_finds_a_position_by_binary_search(tmp_path: Path) -> None:
     assert [cq.offset_of(p) for p in positions] == list(range(11))
     assert cq.offset_of(101) is None and cq.offset_of(0) is None and cq.offset_of(10_000) is None
     cq.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=12))
+def test_append_many_in_chunks_equals_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, chunks: list[int]
+) -> None:
+    """The batch path (one write per file) leaves the same bytes, offsets and errors as
+    appending record by record, across file boundaries and after a bad record."""
+    base = tmp_path_factory.mktemp("cq")
+    one, many = open_cq(base / "one"), open_cq(base / "many")
+    recs = records(sum(chunks), start=40)
+    at = 0
+    for n in chunks:
+        for r in recs[at : at + n]:
+            one.append(*r)
+        assert many.append_many(recs[at : at + n]) == at
+        at += n
+    assert (one.max_offset, one.last_position()) == (many.max_offset, many.last_position())
+    bad = [(recs[-1][0] + 100, 10, 0), (0, 10, 0)]  # the second goes backwards
+    for cq in (one, many):
+        with pytest.raises(PositionOrderError):
+            cq.append_many(list(bad))
+    assert one.max_offset == many.max_offset == len(recs) + 1
+    one.close()
+    many.close()
+    assert files_of(base / "one") == files_of(base / "many")
+    for name in files_of(base / "one"):
+        assert (base / "one" / name).read_bytes() == (base / "many" / name).read_bytes()

@@ -189,6 +189,39 @@ def test_flipped_bit_is_detected(msg: Message, data: st.DataObject) -> None:
         m.read_dispatch(bytes(raw))
 
 
+def _dispatch_or_error(body: bytes) -> list[tuple[object, ...]] | str:
+    try:
+        return [tuple(d) for d in m.iter_dispatch(body, verify_crc=False)]
+    except CorruptMessageError as exc:
+        return f"corrupt: {exc}"
+
+
+def _scan_or_error(body: bytes) -> list[tuple[object, ...]] | str:
+    try:
+        return [tuple(r) for r in m.scan_dispatch(body)]
+    except CorruptMessageError as exc:
+        return f"corrupt: {exc}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6), st.data())
+def test_fast_dispatch_scan_agrees_with_the_careful_reader(
+    batch: list[Message], data: st.DataObject
+) -> None:
+    """The apply path's scan reads exactly what iter_dispatch reads, and fails exactly where
+    it fails (same error), on whole batches, flipped bytes and truncations."""
+    body, _ = m.encode_batch(batch)
+    assert _scan_or_error(body) == _dispatch_or_error(body)
+    assert isinstance(_scan_or_error(body), list)
+    damaged = bytearray(body)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        at = data.draw(st.integers(min_value=0, max_value=len(body) - 1))
+        damaged[at] = data.draw(st.integers(min_value=0, max_value=255))
+    cut = data.draw(st.integers(min_value=0, max_value=len(body)))
+    for variant in (bytes(damaged), body[:cut], bytes(damaged[:cut])):
+        assert _scan_or_error(variant) == _dispatch_or_error(variant)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=3), st.data())
 def test_truncated_buffers_raise_clear_errors(batch: list[Message], data: st.DataObject) -> None:
@@ -254,35 +287,35 @@ def test_corrupt_error_reports_offset_in_batch() -> None:
 # -- validation -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("changes", "error", "code"),
-    [
-        ({"topic": ""}, InvalidTopicError, "INVALID_TOPIC"),
-        ({"topic": "a" * 128}, InvalidTopicError, "INVALID_TOPIC"),
-        ({"topic": "has space"}, InvalidTopicError, "INVALID_TOPIC"),
-        ({"topic": "tópico"}, InvalidTopicError, "INVALID_TOPIC"),
-        ({"topic": "a/b"}, InvalidTopicError, "INVALID_TOPIC"),
-        ({"body": b""}, MessageBodyEmptyError, "MESSAGE_BODY_EMPTY"),
-        ({"keys": ("a b",)}, InvalidMessageError, "INVALID_MESSAGE"),
-        ({"keys": ("",)}, InvalidMessageError, "INVALID_MESSAGE"),
-        ({"keys": ["k"]}, InvalidMessageError, "INVALID_MESSAGE"),
-        ({"properties": {"a\x01": "x"}}, InvalidMessageError, "INVALID_MESSAGE"),
-        ({"properties": {"a": "x\x02"}}, InvalidMessageError, "INVALID_MESSAGE"),
-        ({"properties": {"": "x"}}, InvalidMessageError, "INVALID_MESSAGE"),
-        ({"properties": {"p": "x" * 32768}}, PropertiesTooLargeError, "PROPERTIES_TOO_LARGE"),
-        ({"tags": "t" * 20000, "keys": ("k" * 13000,)}, PropertiesTooLargeError, None),
-        ({"queue_id": -1}, InvalidMessageError, None),
-        ({"queue_id": 1 << 31}, InvalidMessageError, None),
-        ({"flag": 1 << 31}, InvalidMessageError, None),
-        ({"reconsume_times": -1}, InvalidMessageError, None),
-        ({"store_timestamp_ms": -1}, InvalidMessageError, None),
-        ({"producer_group": "g" * 256}, InvalidMessageError, None),
-        ({"born_host": "h" * 256}, InvalidMessageError, None),
-        ({"tags": "\ud800"}, InvalidMessageError, None),
-        ({"uniq_id": ""}, InvalidMessageIdError, "INVALID_MESSAGE_ID"),
-        ({"uniq_id": UNIQ.lower()}, InvalidMessageIdError, "INVALID_MESSAGE_ID"),
-    ],
-)
+INVALID_CASES: list[tuple[dict[str, object], type[BrokerError], str | None]] = [
+    ({"topic": ""}, InvalidTopicError, "INVALID_TOPIC"),
+    ({"topic": "a" * 128}, InvalidTopicError, "INVALID_TOPIC"),
+    ({"topic": "has space"}, InvalidTopicError, "INVALID_TOPIC"),
+    ({"topic": "tópico"}, InvalidTopicError, "INVALID_TOPIC"),
+    ({"topic": "a/b"}, InvalidTopicError, "INVALID_TOPIC"),
+    ({"body": b""}, MessageBodyEmptyError, "MESSAGE_BODY_EMPTY"),
+    ({"keys": ("a b",)}, InvalidMessageError, "INVALID_MESSAGE"),
+    ({"keys": ("",)}, InvalidMessageError, "INVALID_MESSAGE"),
+    ({"keys": ["k"]}, InvalidMessageError, "INVALID_MESSAGE"),
+    ({"properties": {"a\x01": "x"}}, InvalidMessageError, "INVALID_MESSAGE"),
+    ({"properties": {"a": "x\x02"}}, InvalidMessageError, "INVALID_MESSAGE"),
+    ({"properties": {"": "x"}}, InvalidMessageError, "INVALID_MESSAGE"),
+    ({"properties": {"p": "x" * 32768}}, PropertiesTooLargeError, "PROPERTIES_TOO_LARGE"),
+    ({"tags": "t" * 20000, "keys": ("k" * 13000,)}, PropertiesTooLargeError, None),
+    ({"queue_id": -1}, InvalidMessageError, None),
+    ({"queue_id": 1 << 31}, InvalidMessageError, None),
+    ({"flag": 1 << 31}, InvalidMessageError, None),
+    ({"reconsume_times": -1}, InvalidMessageError, None),
+    ({"store_timestamp_ms": -1}, InvalidMessageError, None),
+    ({"producer_group": "g" * 256}, InvalidMessageError, None),
+    ({"born_host": "h" * 256}, InvalidMessageError, None),
+    ({"tags": "\ud800"}, InvalidMessageError, None),
+    ({"uniq_id": ""}, InvalidMessageIdError, "INVALID_MESSAGE_ID"),
+    ({"uniq_id": UNIQ.lower()}, InvalidMessageIdError, "INVALID_MESSAGE_ID"),
+]
+
+
+@pytest.mark.parametrize(("changes", "error", "code"), INVALID_CASES)
 def test_invalid_messages_are_rejected(
     changes: dict[str, object], error: type[BrokerError], code: str | None
 ) -> None:
@@ -418,3 +451,89 @@ def test_uniq_id_generator_defaults() -> None:
     a, b = gen.next_id(), gen.next_id()
     assert a != b and a[:20] == b[:20]
     assert abs(m.parse_uniq_id(a).timestamp_ms - m.parse_uniq_id(b).timestamp_ms) < 60_000
+
+
+# -- the send path's encoder -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Fields:
+    """A request message as ``encode_batch_fields`` reads it (the broker API's field names)."""
+
+    queue_id: int
+    body: bytes
+    tags: str
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    born_host: str
+    born_timestamp_ms: int
+    producer_group: str
+    msg_id: str
+    reconsume_times: int
+    flag: int
+    sys_flag: int
+
+    @classmethod
+    def of(cls, msg: Message) -> Fields:
+        return cls(
+            msg.queue_id,
+            msg.body,
+            msg.tags,
+            msg.keys,
+            msg.properties,
+            msg.born_host,
+            msg.born_timestamp_ms,
+            msg.producer_group,
+            msg.uniq_id,
+            msg.reconsume_times,
+            msg.flag,
+            msg.sys_flag,
+        )
+
+
+def _fresh_ids() -> str:
+    return "F" * 32
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6), ts, topics, st.data())
+def test_fields_encoder_is_byte_identical_to_encode_batch(
+    batch: list[Message], store_ts: int, topic: str, data: st.DataObject
+) -> None:
+    missing_born = data.draw(st.lists(st.booleans(), min_size=len(batch), max_size=len(batch)))
+    fields = [Fields.of(msg) for msg in batch]
+    for f, no_born in zip(fields, missing_born, strict=True):
+        if no_born:
+            f.born_timestamp_ms = 0  # the store time stands in, as the careful path does
+    fields[0].msg_id = ""  # a fresh id is drawn
+    expected = [
+        dataclasses.replace(
+            msg,
+            topic=topic,
+            store_timestamp_ms=store_ts,
+            born_timestamp_ms=f.born_timestamp_ms or store_ts,
+            uniq_id=f.msg_id or _fresh_ids(),
+        )
+        for msg, f in zip(batch, fields, strict=True)
+    ]
+    body, ids = m.encode_batch_fields(topic, fields, store_ts, _fresh_ids)
+    assert body == m.encode_batch(expected)[0]
+    assert ids == [x.uniq_id for x in expected]
+
+
+@pytest.mark.parametrize(("changes", "error", "code"), INVALID_CASES)
+def test_fields_encoder_rejects_what_encode_message_rejects(
+    changes: dict[str, object], error: type[BrokerError], code: str | None
+) -> None:
+    msg = make(**{k: v for k, v in changes.items() if k not in {"topic", "store_timestamp_ms"}})
+    topic = str(changes.get("topic", msg.topic))
+    store_ts = int(changes.get("store_timestamp_ms", msg.store_timestamp_ms))  # type: ignore[call-overload]
+    if changes.get("uniq_id") == "":
+        pytest.skip("an empty msg_id is drawn fresh on the send path")
+    if isinstance(changes.get("keys"), list):
+        pytest.skip("request keys are any sequence (a protobuf repeated field)")
+    with pytest.raises(error) as careful:
+        m.encode_message(dataclasses.replace(msg, topic=topic, store_timestamp_ms=store_ts))
+    with pytest.raises(error) as fast:
+        m.encode_batch_fields(topic, [Fields.of(make()), Fields.of(msg)], store_ts, _fresh_ids)
+    assert str(fast.value) == str(careful.value)
