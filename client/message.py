@@ -64,21 +64,24 @@ class Message:
     def to_pb(self, queue_id: int, producer_group: str, born_host: str) -> pb.Message:
         if not self.msg_id:
             self.msg_id = new_msg_id()
-        properties = dict(self.properties)
-        if self.delay_time_level > 0:
-            properties[PROPERTY_DELAY] = str(self.delay_time_level)
-        return pb.Message(
+        m = pb.Message(
             topic=self.topic,
             queue_id=queue_id,
             tags=self.tags,
-            keys=list(self.keys),
-            properties=properties,
             body=self.body,
             born_host=born_host,
             born_timestamp_ms=int(time.time() * 1000),
             producer_group=producer_group,
             msg_id=self.msg_id,
         )
+        # Only what is there: an empty map or list still costs a copy per message.
+        if self.keys:
+            m.keys.extend(self.keys)
+        if self.properties:
+            m.properties.update(self.properties)
+        if self.delay_time_level > 0:
+            m.properties[PROPERTY_DELAY] = str(self.delay_time_level)
+        return m
 
 
 @dataclass(frozen=True, slots=True, order=True)

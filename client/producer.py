@@ -71,6 +71,8 @@ MAX_BATCH_MESSAGES = 1024
 # flight, carrying everything that queued meanwhile, beat four: mqbench, 1 KiB, 16 / 256 in
 # flight, ASYNC_FLUSH 538 -> 1,033 / 2,895 -> 4,006 msg/s, SYNC_FLUSH 2,243 -> 2,506 at 256.
 MAX_INFLIGHT_PER_GROUP = 1
+# MessageQueue objects kept for send results (one per topic, group and queue id in use).
+MAX_CACHED_QUEUES = 4096
 MAX_COALESCE_MESSAGES = 512
 MAX_COALESCE_BYTES = 1 << 20
 
@@ -176,6 +178,7 @@ class Producer:
         self._idle = threading.Condition(self._coalesce_lock)
         self._outstanding = 0  # sends submitted and not yet completed
         self._groups: dict[tuple[str, str], _GroupQueue] = {}
+        self._queues: dict[tuple[str, str, int], MessageQueue] = {}  # results share them
         self._callbacks: queue.SimpleQueue[
             tuple[Callable[[SendResult | None, BaseException | None], None], Any, Any] | None
         ] = queue.SimpleQueue()
@@ -439,17 +442,21 @@ class Producer:
             raise MQClientError(
                 "BAD_RESPONSE", "INTERNAL", f"{len(resp.results)} results for {n} messages"
             )
-        return [
-            SendResult(
-                r.msg_id,
-                r.offset_msg_id,
-                MessageQueue(topic, broker_name, r.queue_id),
-                r.queue_offset,
-                r.commitlog_position,
-                r.duplicate,
+        queues = self._queues
+        out = []
+        for r in resp.results:
+            key = (topic, broker_name, r.queue_id)
+            mq = queues.get(key)
+            if mq is None:
+                if len(queues) >= MAX_CACHED_QUEUES:
+                    queues.clear()
+                mq = queues[key] = MessageQueue(*key)
+            out.append(
+                SendResult(
+                    r.msg_id, r.offset_msg_id, mq, r.queue_offset, r.commitlog_position, r.duplicate
+                )
             )
-            for r in resp.results
-        ]
+        return out
 
     def _call_send(
         self, topic: str, broker_name: str, pbs: list[pb.Message], timeout_s: float

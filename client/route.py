@@ -127,6 +127,7 @@ class ChannelPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, bpb_grpc.BrokerStub] = {}  # made once per address
 
     def get(self, addr: str) -> grpc.Channel:
         with self._lock:
@@ -136,11 +137,15 @@ class ChannelPool:
             return ch
 
     def broker(self, addr: str) -> bpb_grpc.BrokerStub:
-        return bpb_grpc.BrokerStub(self.get(addr))
+        stub = self._stubs.get(addr)
+        if stub is None:
+            stub = self._stubs[addr] = bpb_grpc.BrokerStub(self.get(addr))
+        return stub
 
     def close(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
+            self._stubs = {}
         for ch in channels:
             ch.close()
 
