@@ -61,9 +61,9 @@ from client import (
 TOPIC = "BenchT"
 QUEUES = 8
 SEGMENT_BYTES = 256 << 20
-# Processes generating load (each runs in_flight / LOADGEN_PROCESSES sender threads); two
-# keep one process's GIL from capping the load on this 2-core machine.
-LOADGEN_PROCESSES = int(os.environ.get("MQBENCH_LOADGEN_PROCESSES", "2"))
+# Processes generating load (each keeps in_flight / processes sends in flight), as the peers'
+# load uses two: one process's GIL must not cap the load (--loadgen-processes).
+LOADGEN_PROCESSES = 2
 # A load-generator process must report within its duration plus this.
 LOADGEN_GRACE_S = 60.0
 E2E_RATE_PER_S = 500
@@ -136,17 +136,23 @@ def local_group(base: Path, flush: str) -> Iterator[LocalCluster]:
 
 
 def produce_case(
-    cluster: LocalCluster, size: int, in_flight: int, seconds: float
+    cluster: LocalCluster,
+    size: int,
+    in_flight: int,
+    seconds: float,
+    processes: int = LOADGEN_PROCESSES,
+    mode: str = "async",
 ) -> dict[str, Any]:
-    """``in_flight`` closed-loop senders of ``size``-byte messages for ``seconds``."""
+    """``in_flight`` closed-loop senders of ``size``-byte messages for ``seconds``, from
+    ``processes`` load generators (``mode``: see ``bench.loadgen``)."""
     assert cluster.namesrv is not None
-    procs = 1 if in_flight < LOADGEN_PROCESSES else LOADGEN_PROCESSES
+    procs = max(1, min(processes, in_flight))
     threads = max(1, in_flight // procs)
     pids = {n.node_id: cluster.pid(n) for n in cluster.nodes}
     cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
     cmd = [sys.executable, "-m", "bench.loadgen", "--namesrv", cluster.namesrv.addr]
     cmd += ["--topic", TOPIC, "--size", str(size), "--in-flight", str(threads)]
-    cmd += ["--seconds", str(seconds)]
+    cmd += ["--seconds", str(seconds), "--mode", mode]
     running = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(procs)
@@ -169,6 +175,7 @@ def produce_case(
         "message_bytes": size,
         "in_flight": procs * threads,
         "loadgen_processes": procs,
+        "loadgen_mode": mode,
         "seconds": seconds,
         "messages": sent,
         "failed": sum(int(o["failed"]) for o in outs),
@@ -400,6 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failovers", type=int, default=10)
     p.add_argument("--delayed", type=int, default=20_000)
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument(
+        "--loadgen-processes",
+        type=int,
+        default=LOADGEN_PROCESSES,
+        help="load-generator processes per produce case",
+    )
+    p.add_argument(
+        "--loadgen-mode",
+        choices=("async", "threads"),
+        default="async",
+        help="async: send_async chains (default); threads: a blocking send per thread",
+    )
     p.add_argument("--out", default=str(RESULTS_DIR))
     a = p.parse_args(argv)
     try:
@@ -411,8 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.seconds, sizes, in_flight = 1.0, [1024], [16]
         a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
-    if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0:
-        print("mqbench: sizes, in-flight, seconds and backlog must be > 0", file=sys.stderr)
+    if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
+        print(
+            "mqbench: sizes, in-flight, seconds, backlog and processes must be > 0",
+            file=sys.stderr,
+        )
         return 2
     started = datetime.now(UTC)
     result: dict[str, Any] = {
@@ -435,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
             with local_group(tmp, flush) as cluster:
                 for size in sizes:
                     for n in in_flight:
-                        case = produce_case(cluster, size, n, a.seconds)
+                        case = produce_case(
+                            cluster, size, n, a.seconds, a.loadgen_processes, a.loadgen_mode
+                        )
                         case["flush"] = flush
                         result["produce"].append(case)
                         print(

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from bench import tune_gc
 from client import Message, MQClientError, Producer
 
 # Sends before the measured window starts (routes fetched, channels and threads warm).
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.size <= 0 or a.in_flight <= 0 or a.seconds <= 0:
         print("loadgen: --size, --in-flight and --seconds must be > 0", file=sys.stderr)
         return 2
+    tune_gc()  # as the broker and the peers' load generators do
     fn = run_async if a.mode == "async" else run
     json.dump(fn(a.namesrv, a.topic, a.size, a.in_flight, a.seconds), sys.stdout)
     return 0

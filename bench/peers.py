@@ -60,6 +60,8 @@ from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 from typing import Any
 
+from bench import tune_gc
+
 log = logging.getLogger("bench.peers")
 
 HOST = "127.0.0.1"
@@ -877,6 +879,7 @@ def _worker_entry(
 ) -> None:
     """A load process: connect, report ready, wait for ``go``, drive, report the tally."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    tune_gc()
 
     async def ready() -> tuple[float, float]:
         results.put(("ready", spec.index, None))
