@@ -268,7 +268,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self._waiters: dict[QueueKey, list[_PullWaiter]] = {}
         self._pending_offsets: dict[OffsetKey, int] = {}
         self._offset_flush: asyncio.Task[None] | None = None
-        self._inflight: dict[str, asyncio.Future[SendResult]] = {}
+        self._inflight: dict[str, tuple[asyncio.Future[list[SendResult]], int]] = {}
         self._consumers: dict[str, dict[str, _Consumer]] = {}
         self._locks = QueueLockTable()
         self._scheduler: asyncio.Task[None] | None = None
@@ -429,12 +429,17 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 delayed = True
         # A retry of a send still in flight here waits for the original instead of proposing
         # again (the dedup window inside apply covers every other case).
-        ids = [m.msg_id for m in request.messages]
-        if all(ids) and all(i in self._inflight for i in ids):
+        inflight = self._inflight
+        waits = [inflight.get(m.msg_id) for m in request.messages]
+        if all(waits):
+            calls = {id(w[0]): w[0] for w in waits if w is not None}
             with contextlib.suppress(Exception):
-                originals = await asyncio.gather(*(asyncio.shield(self._inflight[i]) for i in ids))
+                await asyncio.gather(*(asyncio.shield(c) for c in calls.values()))
                 return pb.SendMessageResponse(
-                    results=[self._result_pb(r._replace(duplicate=True)) for r in originals]
+                    results=[
+                        self._result_pb(c.result()[at]._replace(duplicate=True))
+                        for c, at in (w for w in waits if w is not None)
+                    ]
                 )
         now_ms = int(time.time() * 1000)
         if delayed and not is_system_topic(request.topic):
@@ -475,30 +480,29 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             raise InvalidRequestError(
                 f"batch of {len(body)} bytes is larger than one log entry ({max_body} bytes)"
             )
-        loop = asyncio.get_running_loop()
-        mine: dict[str, asyncio.Future[SendResult]] = {}
-        for uid in uniq_ids:
-            if uid not in self._inflight:
-                mine[uid] = self._inflight[uid] = loop.create_future()
+        # One future per proposal; each uniq id not already in flight points at it and at
+        # its place in the batch (a retry that arrives meanwhile waits for it).
+        call: asyncio.Future[list[SendResult]] = asyncio.get_running_loop().create_future()
+        inflight = self._inflight
+        mine = []
+        for at, uid in enumerate(uniq_ids):
+            if uid not in inflight:
+                inflight[uid] = (call, at)
+                mine.append(uid)
         try:
             first, _last, _term = await self.node.propose([body], ENTRY_MESSAGES)
             results = self.sm.take_results(first)
             assert results is not None and len(results) == len(uniq_ids), (
                 f"no results for entry {first}"
             )
-            for r in results:
-                fut = mine.get(r.uniq_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(r)
+            call.set_result(results)
         except BaseException as exc:
-            for fut in mine.values():
-                if not fut.done():
-                    fut.set_exception(exc if isinstance(exc, Exception) else ProposalLostError())
-                    fut.exception()  # retrieved: nobody else may be waiting
+            call.set_exception(exc if isinstance(exc, Exception) else ProposalLostError())
+            call.exception()  # retrieved: nobody else may be waiting
             raise
         finally:
             for uid in mine:
-                del self._inflight[uid]
+                del inflight[uid]
         return results
 
     # ------------------------------------------------------------------ pull

@@ -171,7 +171,10 @@ class Producer:
         self._channels = ChannelPool()
         self._routes: RouteClient | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._pending = threading.BoundedSemaphore(ASYNC_MAX_PENDING)
+        # Async and one-way sends not yet answered, at most ASYNC_MAX_PENDING (back pressure).
+        self._slots = threading.Condition(threading.Lock())
+        self._async_pending = 0
+        self._slot_waiters = 0
         self._rr = itertools.count()
         self._born_host = _local_host()
         self._coalesce_lock = threading.Lock()
@@ -578,10 +581,10 @@ class Producer:
             msg.msg_id = new_msg_id()
         future: Future[SendResult] = Future()
         future.set_running_or_notify_cancel()
-        self._pending.acquire()
+        self._take_slot()
 
         def settle(result: SendResult | None, exc: BaseException | None) -> None:
-            self._pending.release()
+            self._free_slot()
             if exc is None:
                 assert result is not None
                 future.set_result(result)
@@ -595,7 +598,7 @@ class Producer:
         try:
             self._send_nowait(msg, selector, arg, settle)
         except BaseException as exc:  # no route, bad message: the caller hears it at once
-            self._pending.release()
+            self._free_slot()
             raise exc from None
         return future
 
@@ -603,18 +606,34 @@ class Producer:
         """Fire and forget: one attempt, no result, failures only logged."""
         if self._executor is None:
             raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
-        self._pending.acquire()
+        self._take_slot()
 
         def settle(result: SendResult | None, exc: BaseException | None) -> None:
-            self._pending.release()
+            self._free_slot()
             if exc is not None:
                 log.debug("one-way send failed: %s", exc)
 
         try:
             self._send_nowait(msg, None, None, settle, retries=0)
         except BaseException:
-            self._pending.release()
+            self._free_slot()
             raise
+
+    def _take_slot(self) -> None:
+        with self._slots:
+            while self._async_pending >= ASYNC_MAX_PENDING:
+                self._slot_waiters += 1
+                try:
+                    self._slots.wait()
+                finally:
+                    self._slot_waiters -= 1
+            self._async_pending += 1
+
+    def _free_slot(self) -> None:
+        with self._slots:
+            self._async_pending -= 1
+            if self._slot_waiters:
+                self._slots.notify()
 
     def _send_nowait(
         self,

@@ -549,3 +549,45 @@ def test_errors_and_topic_admin(local_group: Callable[..., LocalCluster]) -> Non
         == client.max_offsets(leader)[0]
     )
     client.close()
+
+
+def test_a_resend_while_the_original_is_in_flight_waits_for_it(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """A send retried before the original was answered (the client's deadline passed, say)
+    is answered from the original's proposal: the same positions, flagged duplicate, and no
+    second entry in the log."""
+    # A leader that hears from no follower steps down after an election timeout (check
+    # quorum): give the test's pause of the followers room.
+    cluster, client = setup_group(local_group, raftElectionTimeoutMs=3000)
+    ids = UniqIdGenerator(ip="127.0.0.1")
+    client.send(make_messages(ids, 0, 4))
+    leader_addr = client.leader
+    followers = [n.node_id for n in cluster.nodes if n.client_addr != leader_addr]
+    request = pb.SendMessageRequest(topic=TOPIC, messages=make_messages(ids, 4, 16))
+    stub = client.stub(leader_addr)
+    with cluster.client() as log_client:
+        before = log_client.metadata(leader_addr).last_index
+        for f in followers:  # no quorum: the original stays in flight
+            cluster.signal(f, signal.SIGSTOP)
+        try:
+            original = stub.SendMessage.future(request, timeout=20)
+            wait_for(
+                lambda: log_client.metadata(leader_addr).last_index > before,
+                5,
+                "the original to reach the leader's log",
+            )
+            resend = stub.SendMessage.future(request, timeout=20)
+            time.sleep(0.2)
+            assert not original.done() and not resend.done()
+        finally:
+            for f in followers:
+                cluster.signal(f, signal.SIGCONT)
+        first, second = original.result(), resend.result()
+        assert not any(r.duplicate for r in first.results)
+        assert all(r.duplicate for r in second.results)
+        assert [
+            (r.msg_id, r.queue_id, r.queue_offset, r.commitlog_position) for r in first.results
+        ] == [(r.msg_id, r.queue_id, r.queue_offset, r.commitlog_position) for r in second.results]
+        assert log_client.metadata(leader_addr).last_index == before + 1
+    client.close()

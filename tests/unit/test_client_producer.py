@@ -303,3 +303,27 @@ def test_shutdown_waits_for_async_sends_and_a_callback_may_send(world: World) ->
     with pytest.raises(MQClientError) as info:
         producer.send_async(Message("T", b"late"))
     assert info.value.code == "NOT_STARTED"
+
+
+def test_async_sends_block_beyond_the_pending_limit(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("client.producer.ASYNC_MAX_PENDING", 3)
+    gate = threading.Event()
+    node(world, "a0").behaviour = lambda: (gate.wait(10), None)[1]  # type: ignore[assignment]
+    world.namesrv.groups = world.namesrv.groups[:1]
+    issued: list[object] = []
+    with Producer("pg", world.namesrv_addr) as producer:
+
+        def issue() -> None:
+            for i in range(6):
+                issued.append(producer.send_async(Message("T", f"p{i}".encode())))
+
+        sender = threading.Thread(target=issue)
+        sender.start()
+        sender.join(0.5)
+        assert sender.is_alive() and len(issued) == 3  # the fourth waits for a free slot
+        gate.set()
+        sender.join(10)
+        assert len(issued) == 6
+        assert all(f.result(timeout=10).msg_id for f in issued)  # type: ignore[attr-defined]
