@@ -28,13 +28,17 @@ no snapshot) they are wiped and rebuilt from the whole log (:meth:`applied_index
 
 from __future__ import annotations
 
+import array
 import base64
 import concurrent.futures
+import itertools
 import json
 import logging
+import operator
 import os
 import shutil
 import struct
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -91,7 +95,8 @@ SNAPSHOT_INTERVAL_MS = 1000
 SNAPSHOT_COST_FACTOR = 20
 MAX_SNAPSHOT_INTERVAL_S = 30.0
 SNAPSHOT_FILE = "snapshot.json"
-SNAPSHOT_VERSION = 1
+# 2: the dedup window in columns (1: a record per id; still read).
+SNAPSHOT_VERSION = 2
 
 _TOPIC_RECORD = struct.Struct(">BBiii")  # version, op, read, write, perm (then u8 len + name)
 _OFFSETS_HEAD = struct.Struct(">BI")  # version, number of (group, topic) runs
@@ -290,6 +295,7 @@ class BrokerStateMachine:
         self._listeners: list[DispatchListener] = []
         self._last_snapshot_s = 0.0
         self._last_persist_s = 0.0  # how long the last snapshot write took (its thread sets it)
+        self._last_capture_s = 0.0  # how long the last capture held the event loop
         self._snapshot_applied = -1
         self._snapshot_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-snapshot")
         self._snapshot_future: concurrent.futures.Future[None] | None = None
@@ -519,7 +525,10 @@ class BrokerStateMachine:
     def _maybe_snapshot(self) -> None:
         now = time.monotonic()
         interval_s = min(
-            max(self._snapshot_interval_s, SNAPSHOT_COST_FACTOR * self._last_persist_s),
+            max(
+                self._snapshot_interval_s,
+                SNAPSHOT_COST_FACTOR * (self._last_persist_s + self._last_capture_s),
+            ),
             MAX_SNAPSHOT_INTERVAL_S,
         )
         if (
@@ -531,6 +540,7 @@ class BrokerStateMachine:
             # Captured here, between two applies (consistent); flushed and written in a
             # thread so that msync and fsync never stall the event loop.
             captured = self._capture()
+            self._last_capture_s = time.monotonic() - now
             self._last_snapshot_s = now
             self._snapshot_applied = self._applied
             self._snapshot_future = self._snapshot_pool.submit(self._persist, captured)
@@ -572,18 +582,6 @@ class BrokerStateMachine:
         offsets: dict[str, dict[str, dict[str, int]]] = {}
         for (group, topic, queue_id), offset in sorted(c.offsets.items()):
             offsets.setdefault(group, {}).setdefault(topic, {})[str(queue_id)] = offset
-        packed = bytearray()
-        for r in c.dedup:
-            t = r.topic.encode("ascii")
-            packed += _DEDUP_ITEM.pack(
-                bytes.fromhex(r.uniq_id),
-                r.store_timestamp_ms,
-                r.queue_id,
-                r.queue_offset,
-                r.position,
-                len(t),
-            )
-            packed += t
         data = {
             "version": SNAPSHOT_VERSION,
             "applied_index": c.applied,
@@ -596,7 +594,7 @@ class BrokerStateMachine:
                 for name, t in sorted(c.topics.items())
             },
             "offsets": offsets,
-            "dedup": base64.b64encode(bytes(packed)).decode("ascii"),
+            "dedup": encode_dedup(c.dedup),
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
@@ -618,7 +616,7 @@ class BrokerStateMachine:
         self._snapshot_applied = self._applied
 
     def _load_snapshot(self, data: Mapping[str, Any]) -> None:
-        if data.get("version") != SNAPSHOT_VERSION:
+        if data.get("version") not in (1, SNAPSHOT_VERSION):
             raise ValueError(f"snapshot version {data.get('version')}")
         self._applied = int(data["applied_index"])
         self._dispatch_end = int(data["dispatch_position"])
@@ -636,16 +634,10 @@ class BrokerStateMachine:
         self.schedule_offsets = {
             int(level): int(offset) for level, offset in data.get("schedule", {}).items()
         }
-        raw = base64.b64decode(data["dedup"])
-        at = 0
-        self.dedup = OrderedDict()
-        while at < len(raw):
-            uniq, ts, queue_id, offset, position, tlen = _DEDUP_ITEM.unpack_from(raw, at)
-            at += _DEDUP_ITEM.size
-            topic = raw[at : at + tlen].decode("ascii")
-            at += tlen
-            uid = uniq.hex().upper()
-            self.dedup[uid] = SendResult(uid, topic, queue_id, offset, position, ts)
+        if data.get("version") == 1:
+            self.dedup = _decode_dedup_v1(data["dedup"])
+        else:
+            self.dedup = decode_dedup(data["dedup"])
 
     def _open_stores(self) -> None:
         self.cqs = ConsumeQueueStore(self.root, records_per_file=self._cq_records_per_file)
@@ -743,3 +735,93 @@ class BrokerStateMachine:
         self.cqs.close()
         self.index.close()
         self._opened = False
+
+
+# ---------------------------------------------------------------------------------------
+# The dedup window in a snapshot (docs/FORMAT.md, "Broker: state snapshot")
+# ---------------------------------------------------------------------------------------
+
+
+def _column(values: Sequence[int]) -> str:
+    """Little-endian i64s, base64."""
+    col = array.array("q", values)
+    if sys.byteorder != "little":
+        col.byteswap()
+    return base64.b64encode(col.tobytes()).decode("ascii")
+
+
+def _uncolumn(text: str, count: int, name: str) -> array.array[int]:
+    col = array.array("q")
+    col.frombytes(base64.b64decode(text, validate=True))
+    if sys.byteorder != "little":
+        col.byteswap()
+    if len(col) != count:
+        raise ValueError(f"dedup column {name} holds {len(col)} values, not {count}")
+    return col
+
+
+def encode_dedup(window: Sequence[SendResult]) -> dict[str, Any]:
+    """The window, oldest first, as columns: a transposition and a few C-level conversions
+    instead of a struct per id (100,000 ids: ~20 ms instead of ~160 ms of GIL)."""
+    if not window:
+        return {
+            "count": 0,
+            "ids": "",
+            "topics": "",
+            "store_timestamps_ms": "",
+            "queue_ids": "",
+            "queue_offsets": "",
+            "positions": "",
+        }
+    uids, topics, queue_ids, queue_offsets, positions, stamps = (
+        list(map(operator.itemgetter(i), window)) for i in range(6)
+    )
+    return {
+        "count": len(window),
+        "ids": base64.b64encode(bytes.fromhex("".join(uids))).decode("ascii"),
+        "topics": "\n".join(topics),
+        "store_timestamps_ms": _column(stamps),
+        "queue_ids": _column(queue_ids),
+        "queue_offsets": _column(queue_offsets),
+        "positions": _column(positions),
+    }
+
+
+def decode_dedup(data: Mapping[str, Any]) -> OrderedDict[str, SendResult]:
+    count = int(data["count"])
+    if count == 0:
+        return OrderedDict()
+    raw = base64.b64decode(data["ids"], validate=True)
+    if len(raw) != 16 * count:
+        raise ValueError(f"dedup ids hold {len(raw)} bytes, not {16 * count}")
+    text = raw.hex().upper()
+    uids = [text[i : i + 32] for i in range(0, len(text), 32)]
+    topics = str(data["topics"]).split("\n")
+    if len(topics) != count:
+        raise ValueError(f"dedup topics hold {len(topics)} names, not {count}")
+    columns = [
+        _uncolumn(data[name], count, name)
+        for name in ("queue_ids", "queue_offsets", "positions", "store_timestamps_ms")
+    ]
+    return OrderedDict(
+        zip(
+            uids,
+            itertools.starmap(SendResult, zip(uids, topics, *columns, strict=True)),
+            strict=True,
+        )
+    )
+
+
+def _decode_dedup_v1(text: str) -> OrderedDict[str, SendResult]:
+    """A version-1 snapshot's window: one packed record per id."""
+    raw = base64.b64decode(text)
+    at = 0
+    out: OrderedDict[str, SendResult] = OrderedDict()
+    while at < len(raw):
+        uniq, ts, queue_id, offset, position, tlen = _DEDUP_ITEM.unpack_from(raw, at)
+        at += _DEDUP_ITEM.size
+        topic = raw[at : at + tlen].decode("ascii")
+        at += tlen
+        uid = uniq.hex().upper()
+        out[uid] = SendResult(uid, topic, queue_id, offset, position, ts)
+    return out
