@@ -593,6 +593,77 @@ def decode_message(buf: _Buffer, offset: int = 0, *, verify_crc: bool = True) ->
     Raises :class:`CorruptMessageError` (never ``IndexError``) on any bad or missing byte.
     """
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    try:
+        return _decode_fast(mv, offset, verify_crc)
+    except (ValueError, IndexError, struct.error, CorruptMessageError):
+        # The careful reader decides, and names the bad field.
+        return _decode_careful(mv, offset, verify_crc)
+
+
+def _decode_fast(mv: memoryview, offset: int, verify_crc: bool) -> Message:
+    """The read path's decoder (pulls, lookups): the fixed part in one unpack, then the
+    variable part from one copy. Raises anything on a bad byte; the caller falls back."""
+    (
+        total,
+        magic,
+        crc,
+        version,
+        reserved,
+        queue_id,
+        flag,
+        sys_flag,
+        reconsume_times,
+        born_ts,
+        store_ts,
+        _tags_hash,
+        uniq_b,
+    ) = MESSAGE_FIXED.unpack_from(mv, offset)
+    end = offset + total
+    if (
+        magic != MESSAGE_MAGIC
+        or version != MESSAGE_VERSION
+        or reserved
+        or total < MIN_MESSAGE_SIZE
+        or end > len(mv)
+    ):
+        raise ValueError
+    if verify_crc and crc32c(mv[offset + MESSAGE_CRC_END : end]) != crc:
+        raise ValueError
+    raw = bytes(mv[offset + MESSAGE_FIXED_SIZE : end])
+    p = raw[0] + 1
+    topic = raw[1:p].decode()
+    n = int.from_bytes(raw[p : p + 2], "big") + p + 2
+    tags = raw[p + 2 : n].decode()
+    p = int.from_bytes(raw[n : n + 2], "big") + n + 2
+    keys = raw[n + 2 : p].decode()
+    n = raw[p] + p + 1
+    group = raw[p + 1 : n].decode()
+    p = raw[n] + n + 1
+    host = raw[n + 1 : p].decode()
+    n = int.from_bytes(raw[p : p + 2], "big") + p + 2
+    props = raw[p + 2 : n].decode()
+    p = int.from_bytes(raw[n : n + 4], "big") + n + 4
+    if p != len(raw) or n + 4 > p:
+        raise ValueError
+    return Message(
+        topic=topic,
+        queue_id=queue_id,
+        body=raw[n + 4 :],
+        tags=tags,
+        keys=_split_keys(keys),
+        properties=_decode_properties(props, offset) if props else {},
+        born_host=host,
+        born_timestamp_ms=born_ts,
+        store_timestamp_ms=store_ts,
+        producer_group=group,
+        uniq_id=uniq_b.hex().upper(),
+        reconsume_times=reconsume_times,
+        flag=flag,
+        sys_flag=sys_flag,
+    )
+
+
+def _decode_careful(mv: memoryview, offset: int, verify_crc: bool) -> Message:
     total = _check_head(mv, offset, verify_crc)
     end = offset + total
     (

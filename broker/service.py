@@ -324,12 +324,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return self._to_pb(msg, position, queue_offset)
 
     def _to_pb(self, msg: Message, position: int, queue_offset: int = -1) -> pb.Message:
-        return pb.Message(
+        out = pb.Message(
             topic=msg.topic,
             queue_id=msg.queue_id,
             tags=msg.tags,
-            keys=list(msg.keys),
-            properties=dict(msg.properties),
             body=msg.body,
             born_host=msg.born_host,
             born_timestamp_ms=msg.born_timestamp_ms,
@@ -343,6 +341,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             flag=msg.flag,
             sys_flag=msg.sys_flag,
         )
+        # Only what is there: an empty list or map still costs a copy per message.
+        if msg.keys:
+            out.keys.extend(msg.keys)
+        if msg.properties:
+            out.properties.update(msg.properties)
+        return out
 
     def _result_pb(self, r: SendResult, queue_id: int | None = None) -> pb.SendResult:
         return pb.SendResult(

@@ -125,7 +125,7 @@ class MessageExt:
 
     @classmethod
     def from_pb(cls, m: pb.Message, broker_name: str) -> MessageExt:
-        properties = dict(m.properties)
+        properties = dict(m.properties) if m.properties else {}
         topic, msg_id = m.topic, m.msg_id
         if topic.startswith(RETRY_PREFIX):
             topic = properties.get(PROPERTY_RETRY_TOPIC, topic)
@@ -136,7 +136,7 @@ class MessageExt:
             topic=topic,
             body=m.body,
             tags=m.tags,
-            keys=tuple(m.keys),
+            keys=tuple(m.keys) if m.keys else (),
             properties=properties,
             msg_id=msg_id,
             offset_msg_id=m.offset_msg_id,

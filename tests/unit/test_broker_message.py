@@ -537,3 +537,36 @@ def test_fields_encoder_rejects_what_encode_message_rejects(
     with pytest.raises(error) as fast:
         m.encode_batch_fields(topic, [Fields.of(make()), Fields.of(msg)], store_ts, _fresh_ids)
     assert str(fast.value) == str(careful.value)
+
+
+def _decoded(fn: object, raw: bytes, verify_crc: bool) -> object:
+    try:
+        return fn(memoryview(raw), 0, verify_crc)  # type: ignore[operator]
+    except CorruptMessageError as exc:
+        return f"corrupt: {exc}"
+    except Exception as exc:  # the fast path may raise anything: its caller falls back
+        return f"fast-only: {type(exc).__name__}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.data(), st.booleans())
+def test_fast_decode_agrees_with_the_careful_decoder(
+    msg: Message, data: st.DataObject, verify_crc: bool
+) -> None:
+    raw = m.encode_message(msg)
+    assert m.decode_message(raw, verify_crc=verify_crc) == msg
+    assert m._decode_fast(memoryview(raw), 0, verify_crc) == msg
+    damaged = bytearray(raw)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        at = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
+        damaged[at] = data.draw(st.integers(min_value=0, max_value=255))
+    cut = data.draw(st.integers(min_value=0, max_value=len(raw)))
+    for variant in (bytes(damaged), raw[:cut], bytes(damaged[:cut])):
+        careful = _decoded(m._decode_careful, variant, verify_crc)
+        fast = _decoded(m._decode_fast, variant, verify_crc)
+        # Where the fast path decodes, it reads exactly what the careful one reads.
+        assert isinstance(fast, str) or fast == careful, (fast, careful)
+        assert (
+            _decoded(lambda mv, o, v: m.decode_message(mv, o, verify_crc=v), variant, verify_crc)
+            == careful
+        )
