@@ -600,6 +600,22 @@ def decode_message(buf: _Buffer, offset: int = 0, *, verify_crc: bool = True) ->
         return _decode_careful(mv, offset, verify_crc)
 
 
+def check_message(raw: _Buffer, position: int = 0) -> None:
+    """Raise :class:`CorruptMessageError` unless ``raw`` is exactly one message whose head
+    and CRC check out (``position``: where it was read, for the error)."""
+    mv = raw if isinstance(raw, memoryview) else memoryview(raw)
+    try:
+        total = _check_head(mv, 0, True)
+    except CorruptMessageError as exc:
+        raise CorruptMessageError(
+            f"{exc.reason} (message at commitlog position {position})", 0
+        ) from None
+    if total != len(mv):
+        raise CorruptMessageError(
+            f"message at position {position} is {total} bytes, its record says {len(mv)}", 0
+        )
+
+
 def _decode_fast(mv: memoryview, offset: int, verify_crc: bool) -> Message:
     """The read path's decoder (pulls, lookups): the fixed part in one unpack, then the
     variable part from one copy. Raises anything on a bad byte; the caller falls back."""

@@ -56,6 +56,7 @@ from client.allocate import AllocateMessageQueueAveragely, AllocateStrategy
 from client.errors import MQClientError
 from client.message import RETRY_PREFIX, MessageExt, MessageQueue, new_client_id
 from client.route import RETRYABLE_STATUSES, ChannelPool, RouteClient
+from client.wire import decode_messages
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +189,34 @@ class _ClientBase:
             subscription=expression,
             suspend_timeout_ms=suspend_ms,
             no_suspend=suspend_ms <= 0,
+            raw=True,
         )
 
     @staticmethod
     def _to_result(
         mq: MessageQueue, resp: pb.PullMessageResponse, tags: frozenset[str] | None
     ) -> PullResult:
-        messages = [
-            MessageExt.from_pb(m, mq.broker_name)
-            for m in resp.messages
-            if tags is None or m.tags in tags  # exact tag check on the client too
-        ]
+        if resp.raw_positions:
+            messages = decode_messages(
+                resp.raw_messages,
+                resp.raw_queue_offsets,
+                resp.raw_positions,
+                resp.offset_msg_id_prefix,
+                mq.broker_name,
+            )
+            if tags is not None:  # the broker filtered by tag hash only
+                messages = [m for m in messages if m.tags in tags]
+        else:  # a broker that does not answer raw
+            messages = [
+                MessageExt.from_pb(m, mq.broker_name)
+                for m in resp.messages
+                if tags is None or m.tags in tags  # exact tag check on the client too
+            ]
+        status = pb.PullStatus.Name(resp.status)
+        if status == "FOUND" and not messages:  # every one a tag hash collision
+            status = "NO_MATCHED_MSG"
         return PullResult(
-            pb.PullStatus.Name(resp.status),
+            status,
             messages,
             resp.next_begin_offset,
             resp.min_offset,

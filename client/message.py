@@ -125,20 +125,13 @@ class MessageExt:
 
     @classmethod
     def from_pb(cls, m: pb.Message, broker_name: str) -> MessageExt:
-        properties = dict(m.properties) if m.properties else {}
-        topic, msg_id = m.topic, m.msg_id
-        if topic.startswith(RETRY_PREFIX):
-            topic = properties.get(PROPERTY_RETRY_TOPIC, topic)
-            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
-        elif topic.startswith(DLQ_PREFIX):  # a dead letter keeps its topic, shows its origin id
-            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
-        return cls(
-            topic=topic,
+        return cls.shown(
+            store_topic=m.topic,
+            store_msg_id=m.msg_id,
+            properties=dict(m.properties) if m.properties else {},
             body=m.body,
             tags=m.tags,
             keys=tuple(m.keys) if m.keys else (),
-            properties=properties,
-            msg_id=msg_id,
             offset_msg_id=m.offset_msg_id,
             broker_name=broker_name,
             queue_id=m.queue_id,
@@ -147,8 +140,52 @@ class MessageExt:
             born_timestamp_ms=m.born_timestamp_ms,
             store_timestamp_ms=m.store_timestamp_ms,
             reconsume_times=m.reconsume_times,
-            store_topic=m.topic,
-            store_msg_id=m.msg_id,
+        )
+
+    @classmethod
+    def shown(
+        cls,
+        *,
+        store_topic: str,
+        store_msg_id: str,
+        properties: dict[str, str],
+        body: bytes,
+        tags: str,
+        keys: tuple[str, ...],
+        offset_msg_id: str,
+        broker_name: str,
+        queue_id: int,
+        queue_offset: int,
+        commitlog_position: int,
+        born_timestamp_ms: int,
+        store_timestamp_ms: int,
+        reconsume_times: int,
+    ) -> MessageExt:
+        """The message as a consumer sees it: a retry shows its original topic and id, a
+        dead letter its original id."""
+        topic, msg_id = store_topic, store_msg_id
+        if topic.startswith(RETRY_PREFIX):
+            topic = properties.get(PROPERTY_RETRY_TOPIC, topic)
+            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
+        elif topic.startswith(DLQ_PREFIX):  # a dead letter keeps its topic, shows its origin id
+            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
+        return cls(
+            topic,
+            body,
+            tags,
+            keys,
+            properties,
+            msg_id,
+            offset_msg_id,
+            broker_name,
+            queue_id,
+            queue_offset,
+            commitlog_position,
+            born_timestamp_ms,
+            store_timestamp_ms,
+            reconsume_times,
+            store_topic,
+            store_msg_id,
         )
 
 

@@ -570,3 +570,16 @@ def test_fast_decode_agrees_with_the_careful_decoder(
             _decoded(lambda mv, o, v: m.decode_message(mv, o, verify_crc=v), variant, verify_crc)
             == careful
         )
+
+
+def test_check_message_guards_what_a_raw_pull_sends() -> None:
+    raw = m.encode_message(make())
+    m.check_message(raw, 4096)
+    flipped = bytearray(raw)
+    flipped[-1] ^= 1
+    with pytest.raises(CorruptMessageError, match="CRC mismatch.*position 4096"):
+        m.check_message(bytes(flipped), 4096)
+    with pytest.raises(CorruptMessageError, match="record says"):
+        m.check_message(raw + b"\0", 4096)  # the ConsumeQueue record's size disagrees
+    with pytest.raises(CorruptMessageError):
+        m.check_message(raw[:50], 4096)

@@ -96,7 +96,7 @@ class SendMessageResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msgs", "subscription", "suspend_timeout_ms", "no_suspend")
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msgs", "subscription", "suspend_timeout_ms", "no_suspend", "raw")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class PullMessageRequest(_message.Message):
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     NO_SUSPEND_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -113,10 +114,11 @@ class PullMessageRequest(_message.Message):
     subscription: str
     suspend_timeout_ms: int
     no_suspend: bool
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msgs: _Optional[int] = ..., subscription: _Optional[str] = ..., suspend_timeout_ms: _Optional[int] = ..., no_suspend: _Optional[bool] = ...) -> None: ...
+    raw: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msgs: _Optional[int] = ..., subscription: _Optional[str] = ..., suspend_timeout_ms: _Optional[int] = ..., no_suspend: _Optional[bool] = ..., raw: _Optional[bool] = ...) -> None: ...
 
 class PullMessageResponse(_message.Message):
-    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset", "suggest_pull_from_follower", "node_id")
+    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset", "suggest_pull_from_follower", "node_id", "raw_messages", "raw_queue_offsets", "raw_positions", "offset_msg_id_prefix")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +126,10 @@ class PullMessageResponse(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SUGGEST_PULL_FROM_FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RAW_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RAW_QUEUE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    RAW_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MSG_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     status: PullStatus
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     next_begin_offset: int
@@ -131,7 +137,11 @@ class PullMessageResponse(_message.Message):
     max_offset: int
     suggest_pull_from_follower: bool
     node_id: str
-    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., suggest_pull_from_follower: _Optional[bool] = ..., node_id: _Optional[str] = ...) -> None: ...
+    raw_messages: bytes
+    raw_queue_offsets: _containers.RepeatedScalarFieldContainer[int]
+    raw_positions: _containers.RepeatedScalarFieldContainer[int]
+    offset_msg_id_prefix: str
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., suggest_pull_from_follower: _Optional[bool] = ..., node_id: _Optional[str] = ..., raw_messages: _Optional[bytes] = ..., raw_queue_offsets: _Optional[_Iterable[int]] = ..., raw_positions: _Optional[_Iterable[int]] = ..., offset_msg_id_prefix: _Optional[str] = ...) -> None: ...
 
 class UpdateConsumerOffsetRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "sync")
