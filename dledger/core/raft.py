@@ -216,6 +216,11 @@ class RaftNode:
         self._flushed = min(log.flushed_index(), log.last_index())
         self._log_dirty = False
         self._msgs: list[Message] = []
+        # Leader: appends and commit notices owed to followers, sent at the next ready(), so
+        # that every proposal and commit between two ready() calls shares one message per
+        # follower (each peer message costs ~0.1-0.3 ms of CPU on both sides).
+        self._bcast_owed = False
+        self._commit_notice_owed = False
         self._outstanding: Ready | None = None
         self._last_soft = SoftState(Role.FOLLOWER, self._term, None)
         self._soft_reported: SoftState | None = None
@@ -340,7 +345,7 @@ class RaftNode:
         last = entries[-1].index
         self._pending.append((last, size))
         self._pending_bytes += size
-        self._broadcast_append()
+        self._bcast_owed = True
         return Proposal(term=self._term, first_index=first, last_index=last)
 
     def transfer_leadership(self, target_id: str) -> None:
@@ -440,6 +445,8 @@ class RaftNode:
         """True when ready() would return a non-empty Ready."""
         return (
             bool(self._msgs)
+            or self._bcast_owed
+            or self._commit_notice_owed
             or self._log_dirty
             or self._hard_state_to_save() != self._persisted_hs
             or self._handed < min(self._commit, self._log.last_index())
@@ -449,6 +456,7 @@ class RaftNode:
     def ready(self) -> Ready:
         """Collect what the driver must do now. Call advance() before the next ready()."""
         assert self._outstanding is None, "ready() called twice without advance()"
+        self._pay_owed_messages()
         hs = self._hard_state_to_save()
         committed: list[Entry] = []
         upto = min(self._commit, self._log.last_index())
@@ -806,11 +814,23 @@ class RaftNode:
         self._commit = qi
         while self._pending and self._pending[0][0] <= qi:
             self._pending_bytes -= self._pending.popleft()[1]
-        # Tell idle followers the new commit index now rather than at the next heartbeat;
-        # a follower with appends in flight learns it from the next append.
-        for p, pr in self._progress.items():
-            if not pr.inflight and min(qi, pr.match) > pr.commit_sent:
-                self._send_heartbeat(p)
+        # Tell idle followers the new commit index at the next ready() rather than at the
+        # next heartbeat; one that gets an append by then learns it from the append.
+        self._commit_notice_owed = True
+
+    def _pay_owed_messages(self) -> None:
+        """Appends of proposals since the last ready(), then commit notices to followers that
+        no append told."""
+        bcast, notice = self._bcast_owed, self._commit_notice_owed
+        self._bcast_owed = self._commit_notice_owed = False
+        if self._role is not Role.LEADER:
+            return
+        if bcast:
+            self._broadcast_append()
+        if notice:
+            for p, pr in self._progress.items():
+                if not pr.inflight and min(self._commit, pr.match) > pr.commit_sent:
+                    self._send_heartbeat(p)
 
     # ------------------------------------------------------------------ follower side
 

@@ -262,3 +262,46 @@ def test_status_reports_peer_lag() -> None:
     lag = {p.peer_id: p.lag_entries for p in st.peers}
     assert lag[lagging] >= 3
     assert min(lag.values()) == 0
+
+
+def test_proposals_and_commits_between_two_readies_share_one_message_per_follower() -> None:
+    """Appends and commit notices are owed until ready(): two proposals in a row go out as
+    one append per follower, and a commit learnt meanwhile rides on it (no extra notice)."""
+    node, log = _standalone_leader([1], RaftConfig(pre_vote=False))
+    (probe,) = _appends_to(_drain(node, log), "n1")
+    for peer in ("n1", "n2"):
+        node.step(
+            AppendResponse(
+                peer, "n0", node.term, success=True, match_index=probe.prev_log_index + 1
+            )
+        )
+    _drain(node, log)
+    first = node.propose([b"a"])
+    second = node.propose([b"b"])
+    assert node.has_ready()
+    msgs = _drain(node, log)
+    for peer in ("n1", "n2"):
+        (append,) = _appends_to(msgs, peer)
+        assert [e.index for e in append.entries] == [first.first_index, second.first_index]
+    # Both followers answer: the commit advances; nobody has appends in flight any more, so
+    # each gets exactly one commit notice at the next ready().
+    for peer in ("n1", "n2"):
+        node.step(
+            AppendResponse(peer, "n0", node.term, success=True, match_index=second.last_index)
+        )
+    assert node.commit_index == second.last_index
+    notices = _drain(node, log)
+    for peer in ("n1", "n2"):
+        (notice,) = _appends_to(notices, peer)
+        assert notice.entries == () and notice.leader_commit == second.last_index
+    # A commit and a new proposal before the same ready(): the append carries the commit.
+    third = node.propose([b"c"])
+    _drain(node, log)
+    for peer in ("n1", "n2"):
+        node.step(AppendResponse(peer, "n0", node.term, success=True, match_index=third.last_index))
+    fourth = node.propose([b"d"])
+    msgs = _drain(node, log)
+    for peer in ("n1", "n2"):
+        (append,) = _appends_to(msgs, peer)
+        assert [e.index for e in append.entries] == [fourth.first_index]
+        assert append.leader_commit == third.last_index
