@@ -43,7 +43,11 @@ class VoteResponse:
 
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
-    """Entries ``prev_log_index+1 ...`` from the leader; no entries makes a heartbeat."""
+    """Entries ``prev_log_index+1 ...`` from the leader; no entries makes a heartbeat.
+
+    ``no_reply``: a commit notice (no entries, ``prev`` already known to match): the follower
+    answers only if it rejects it; tick heartbeats always get an answer (the leader's quorum
+    check counts them)."""
 
     from_id: str
     to_id: str
@@ -52,6 +56,7 @@ class AppendRequest:
     prev_log_term: int
     entries: tuple[Entry, ...]
     leader_commit: int
+    no_reply: bool = False
 
 
 @dataclass(frozen=True, slots=True)

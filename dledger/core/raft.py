@@ -686,7 +686,7 @@ class RaftNode:
         if self._recently_heard(pr) and pr.match == self._log.last_index():
             self.transfer_leadership(pref)
 
-    def _send_heartbeat(self, peer: str) -> None:
+    def _send_heartbeat(self, peer: str, *, no_reply: bool = False) -> None:
         pr = self._progress[peer]
         # prev = match: known to match, so a heartbeat never triggers a rejection.
         self._send(
@@ -698,6 +698,7 @@ class RaftNode:
                 prev_log_term=self._log.term_at(pr.match),
                 entries=(),
                 leader_commit=self._commit,
+                no_reply=no_reply,
             )
         )
         pr.commit_sent = max(pr.commit_sent, min(self._commit, pr.match))
@@ -830,7 +831,8 @@ class RaftNode:
         if notice:
             for p, pr in self._progress.items():
                 if not pr.inflight and min(self._commit, pr.match) > pr.commit_sent:
-                    self._send_heartbeat(p)
+                    # Its answer would tell nothing new: match is what prev says already.
+                    self._send_heartbeat(p, no_reply=True)
 
     # ------------------------------------------------------------------ follower side
 
@@ -910,7 +912,8 @@ class RaftNode:
         last_new = prev + len(entries)
         if m.leader_commit > self._commit:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
-        self._reply_append_ok(m.from_id, last_new)
+        if not (m.no_reply and not entries):
+            self._reply_append_ok(m.from_id, last_new)
 
     def _reply_append_ok(self, to: str, match: int) -> None:
         self._send(

@@ -36,6 +36,7 @@ def to_pb(m: Message, group: str) -> pb.PeerMessage:
                 prev_log_term=m.prev_log_term,
                 entries=[entry_to_pb(e) for e in m.entries],
                 leader_commit=m.leader_commit,
+                no_reply=m.no_reply,
             )
         )
     if isinstance(m, AppendResponse):
@@ -95,6 +96,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             prev_log_term=a.prev_log_term,
             entries=tuple(entry_from_pb(e) for e in a.entries),
             leader_commit=a.leader_commit,
+            no_reply=a.no_reply,
         )
     if kind == "append_response":
         r = pm.append_response

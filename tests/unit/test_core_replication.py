@@ -294,6 +294,7 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
     for peer in ("n1", "n2"):
         (notice,) = _appends_to(notices, peer)
         assert notice.entries == () and notice.leader_commit == second.last_index
+        assert notice.no_reply
     # A commit and a new proposal before the same ready(): the append carries the commit.
     third = node.propose([b"c"])
     _drain(node, log)
@@ -305,3 +306,23 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
         (append,) = _appends_to(msgs, peer)
         assert [e.index for e in append.entries] == [fourth.first_index]
         assert append.leader_commit == third.last_index
+
+
+def test_commit_notices_need_no_answer_unless_rejected() -> None:
+    log = MemLog()
+    _preset(log, [1, 1])
+    node = RaftNode("n1", ["n0", "n2"], log, RaftConfig(), random.Random(0))
+    _drain(node, log)
+
+    def notice(prev: int, prev_term: int, commit: int) -> list[Message]:
+        node.step(AppendRequest("n0", "n1", 1, prev, prev_term, (), commit, no_reply=True))
+        return _drain(node, log)
+
+    assert notice(2, 1, 2) == []  # matches: the commit moves, no answer
+    assert node.commit_index == 2
+    (reject,) = notice(5, 1, 2)  # the leader thinks n1 has more than it does: it must say so
+    assert isinstance(reject, AppendResponse) and not reject.success
+    # A tick heartbeat (no_reply unset) is always answered.
+    node.step(AppendRequest("n0", "n1", 1, 2, 1, (), 2))
+    (answer,) = _drain(node, log)
+    assert isinstance(answer, AppendResponse) and answer.success and answer.match_index == 2

@@ -55,7 +55,7 @@ class VoteResponse(_message.Message):
     def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., granted: _Optional[bool] = ..., pre_vote: _Optional[bool] = ..., reject_reason: _Optional[str] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("group", "from_id", "to_id", "term", "prev_log_index", "prev_log_term", "entries", "leader_commit")
+    __slots__ = ("group", "from_id", "to_id", "term", "prev_log_index", "prev_log_term", "entries", "leader_commit", "no_reply")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class AppendRequest(_message.Message):
     PREV_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEADER_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    NO_REPLY_FIELD_NUMBER: _ClassVar[int]
     group: str
     from_id: str
     to_id: str
@@ -72,7 +73,8 @@ class AppendRequest(_message.Message):
     prev_log_term: int
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     leader_commit: int
-    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ...) -> None: ...
+    no_reply: bool
+    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ..., no_reply: _Optional[bool] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index")
