@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import tune_gc
 from dledger.storage.store import FlushDiskType, SegmentedLogStore, StoreConfig
 
 SIZES = [128, 1024, 16 * 1024]
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0 or args.threads <= 0:
         print("error: --seconds and --threads must be > 0", file=sys.stderr)
         return 2
+    tune_gc()  # the collector settings the broker runs with
     tmp = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
     started = datetime.now(UTC)
     try:

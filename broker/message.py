@@ -420,7 +420,9 @@ def encode_batch_fields(
         body_size = len(body)
         if not 0 < body_size <= max_message_size_bytes or not isinstance(body, _Buffer):
             # The careful encoder names the problem.
-            encode_message(_as_message(topic, m, store_timestamp_ms), max_message_size_bytes)
+            encode_message(
+                message_from_fields(topic, m, store_timestamp_ms), max_message_size_bytes
+            )
             raise AssertionError("encode_message accepted what the fast path refused")
         queue_id, reconsume, flag, sys_flag = m.queue_id, m.reconsume_times, m.flag, m.sys_flag
         born = m.born_timestamp_ms or store_timestamp_ms
@@ -431,7 +433,9 @@ def encode_batch_fields(
             and _I32_MIN <= sys_flag <= _I32_MAX
             and 0 <= born <= _I64_MAX
         ):
-            encode_message(_as_message(topic, m, store_timestamp_ms), max_message_size_bytes)
+            encode_message(
+                message_from_fields(topic, m, store_timestamp_ms), max_message_size_bytes
+            )
             raise AssertionError("encode_message accepted what the fast path refused")
         tags = m.tags
         tags_part = tags_parts.get(tags)
@@ -498,8 +502,12 @@ def _one_byte_field(value: str, name: str, limit: int) -> bytes:
     return _U8.pack(len(raw)) + raw
 
 
-def _as_message(topic: str, m: MessageFields, store_timestamp_ms: int) -> Message:
-    """``m`` as a :class:`Message` (the careful encoder's input, for its precise errors)."""
+def message_from_fields(
+    topic: str, m: MessageFields, store_timestamp_ms: int, uniq_id: str = ""
+) -> Message:
+    """``m`` as a :class:`Message` stored now: a missing born time is the store time, a
+    missing ``msg_id`` is ``uniq_id`` (the careful encoder's input, and the send path's when
+    a message needs more than encoding, e.g. a delay)."""
     return Message(
         topic=topic,
         queue_id=m.queue_id,
@@ -511,7 +519,7 @@ def _as_message(topic: str, m: MessageFields, store_timestamp_ms: int) -> Messag
         born_timestamp_ms=m.born_timestamp_ms or store_timestamp_ms,
         store_timestamp_ms=store_timestamp_ms,
         producer_group=m.producer_group,
-        uniq_id=m.msg_id or "0" * 32,
+        uniq_id=m.msg_id or uniq_id or "0" * 32,
         reconsume_times=m.reconsume_times,
         flag=m.flag,
         sys_flag=m.sys_flag,

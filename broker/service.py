@@ -47,6 +47,7 @@ from broker.message import (
     encode_batch,
     encode_batch_fields,
     encode_offset_msg_id,
+    message_from_fields,
     tags_hash,
     validate_topic,
 )
@@ -377,22 +378,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     f"message topic {m.topic!r} differs from the request's {request.topic!r}"
                 )
             out.append(
-                Message(
-                    topic=request.topic,
-                    queue_id=m.queue_id,
-                    body=m.body,
-                    tags=m.tags,
-                    keys=tuple(m.keys),
-                    properties=dict(m.properties),
-                    born_host=m.born_host,
-                    born_timestamp_ms=m.born_timestamp_ms or now_ms,
-                    store_timestamp_ms=now_ms,
-                    producer_group=m.producer_group,
-                    uniq_id=m.msg_id or self._ids.next_id(),
-                    reconsume_times=m.reconsume_times,
-                    flag=m.flag,
-                    sys_flag=m.sys_flag,
-                )
+                message_from_fields(request.topic, m, now_ms, m.msg_id or self._ids.next_id())
             )
         if not is_system_topic(request.topic):
             levels = len(self.cfg.delay_levels_ms)

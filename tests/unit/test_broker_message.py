@@ -577,7 +577,7 @@ def test_check_message_guards_what_a_raw_pull_sends() -> None:
     m.check_message(raw, 4096)
     flipped = bytearray(raw)
     flipped[-1] ^= 1
-    with pytest.raises(CorruptMessageError, match="CRC mismatch.*position 4096"):
+    with pytest.raises(CorruptMessageError, match=r"CRC mismatch.*position 4096"):
         m.check_message(bytes(flipped), 4096)
     with pytest.raises(CorruptMessageError, match="record says"):
         m.check_message(raw + b"\0", 4096)  # the ConsumeQueue record's size disagrees
