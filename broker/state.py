@@ -88,11 +88,13 @@ DEFAULT_DEDUP_MAX_IDS = 100_000
 RESULTS_KEPT = 1024
 # How often the snapshot is rewritten while entries are applied (it is a few ms to write).
 SNAPSHOT_INTERVAL_MS = 1000
-# A snapshot holds the dedup window (up to 100,000 ids): writing it costs up to a few hundred
-# ms of CPU. The interval stretches to this many times the last write's duration, so that
-# snapshots take at most ~5% of a core, and to at most MAX_SNAPSHOT_INTERVAL_S (what a restart
-# replays is bounded by it).
-SNAPSHOT_COST_FACTOR = 20
+# A snapshot holds the dedup window (up to 100,000 ids): capturing and writing it costs up to
+# ~90 ms of CPU, most of it holding the GIL, so sends slow down while it runs (with a full
+# window and snapshots every second, a send's p99 at 256 in flight doubled: 20-40 -> 60-100 ms
+# in the 200 ms windows after each snapshot). The interval stretches to this many times the
+# last capture and write (at most ~1% of a core), and to at most MAX_SNAPSHOT_INTERVAL_S (what
+# a restart replays is bounded by it).
+SNAPSHOT_COST_FACTOR = 100
 MAX_SNAPSHOT_INTERVAL_S = 30.0
 SNAPSHOT_FILE = "snapshot.json"
 # 2: the dedup window in columns (1: a record per id; still read).
