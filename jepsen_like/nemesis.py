@@ -48,6 +48,10 @@ ROLL_LEADER_WAIT_S = 10.0
 TORN_TAIL_LOG_MARK = "torn tail"
 # Seconds between checks of the stop flag while waiting inside a window.
 POLL_S = 0.1
+# Asking every node for the leader can miss it (a metadata call timing out under load, an
+# election in progress); a fault aimed at the leader asks again this many times, POLL_S
+# apart, before it picks a node at random.
+LEADER_LOOKUP_ATTEMPTS = 10
 
 
 @dataclass(slots=True)
@@ -183,7 +187,14 @@ class Nemesis:
 
     def _leader(self) -> str | None:
         with self.cluster.direct_client() as c:
-            return self.cluster.leader(c)
+            for attempt in range(LEADER_LOOKUP_ATTEMPTS):
+                leader = self.cluster.leader(c)
+                if leader is not None:
+                    return leader
+                if attempt + 1 < LEADER_LOOKUP_ATTEMPTS:
+                    time.sleep(POLL_S)
+        logger.warning("nemesis: no leader found in %d attempts", LEADER_LOOKUP_ATTEMPTS)
+        return None
 
     def _pick(self, k: int = 1) -> list[str]:
         ids = self.cluster.ids

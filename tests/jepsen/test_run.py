@@ -99,7 +99,8 @@ def test_unsafe_ack_is_caught_as_lost_writes(tmp_path: Path) -> None:
     )
     assert code == 1
     lost = _checks(run_dir)["lost"]
-    assert not lost["valid"] and isinstance(lost["count"], int) and lost["count"] > 0
+    faults = json.loads((run_dir / "results.json").read_text())["faults"]
+    assert not lost["valid"] and isinstance(lost["count"], int) and lost["count"] > 0, faults
     _assert_no_node_left(run_dir)
     assert main(["check", str(run_dir)]) == 1
     # every node said loudly that it was unsafe
