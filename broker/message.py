@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import crc32c as _crc32c
 
@@ -624,15 +624,23 @@ def check_message(raw: _Buffer, position: int = 0) -> None:
         )
 
 
-def _decode_fast(mv: memoryview, offset: int, verify_crc: bool) -> Message:
-    """The read path's decoder (pulls, lookups): the fixed part in one unpack, then the
-    variable part from one copy. Raises anything on a bad byte; the caller falls back."""
+def _assemble(
+    fixed: tuple[Any, ...],
+    topic: str,
+    body: bytes,
+    tags: str,
+    keys: str,
+    properties: dict[str, str],
+    born_host: str,
+    producer_group: str,
+) -> Message:
+    """A :class:`Message` from its unpacked fixed part and its decoded variable fields."""
     (
-        total,
-        magic,
-        crc,
-        version,
-        reserved,
+        _total,
+        _magic,
+        _crc,
+        _version,
+        _reserved,
         queue_id,
         flag,
         sys_flag,
@@ -641,7 +649,30 @@ def _decode_fast(mv: memoryview, offset: int, verify_crc: bool) -> Message:
         store_ts,
         _tags_hash,
         uniq_b,
-    ) = MESSAGE_FIXED.unpack_from(mv, offset)
+    ) = fixed
+    return Message(
+        topic=topic,
+        queue_id=queue_id,
+        body=body,
+        tags=tags,
+        keys=_split_keys(keys),
+        properties=properties,
+        born_host=born_host,
+        born_timestamp_ms=born_ts,
+        store_timestamp_ms=store_ts,
+        producer_group=producer_group,
+        uniq_id=bytes(uniq_b).hex().upper(),
+        reconsume_times=reconsume_times,
+        flag=flag,
+        sys_flag=sys_flag,
+    )
+
+
+def _decode_fast(mv: memoryview, offset: int, verify_crc: bool) -> Message:
+    """The read path's decoder (pulls, lookups): the fixed part in one unpack, then the
+    variable part from one copy. Raises anything on a bad byte; the caller falls back."""
+    fixed = MESSAGE_FIXED.unpack_from(mv, offset)
+    total, magic, crc, version, reserved = fixed[:5]
     end = offset + total
     if (
         magic != MESSAGE_MAGIC
@@ -669,42 +700,15 @@ def _decode_fast(mv: memoryview, offset: int, verify_crc: bool) -> Message:
     p = int.from_bytes(raw[n : n + 4], "big") + n + 4
     if p != len(raw) or n + 4 > p:
         raise ValueError
-    return Message(
-        topic=topic,
-        queue_id=queue_id,
-        body=raw[n + 4 :],
-        tags=tags,
-        keys=_split_keys(keys),
-        properties=_decode_properties(props, offset) if props else {},
-        born_host=host,
-        born_timestamp_ms=born_ts,
-        store_timestamp_ms=store_ts,
-        producer_group=group,
-        uniq_id=uniq_b.hex().upper(),
-        reconsume_times=reconsume_times,
-        flag=flag,
-        sys_flag=sys_flag,
-    )
+    properties = _decode_properties(props, offset) if props else {}
+    return _assemble(fixed, topic, raw[n + 4 :], tags, keys, properties, host, group)
 
 
 def _decode_careful(mv: memoryview, offset: int, verify_crc: bool) -> Message:
     total = _check_head(mv, offset, verify_crc)
     end = offset + total
-    (
-        _total,
-        _magic,
-        _crc,
-        version,
-        reserved,
-        queue_id,
-        flag,
-        sys_flag,
-        reconsume_times,
-        born_ts,
-        store_ts,
-        _tags_hash,
-        uniq_b,
-    ) = MESSAGE_FIXED.unpack_from(mv, offset)
+    fixed = MESSAGE_FIXED.unpack_from(mv, offset)
+    version, reserved = fixed[3], fixed[4]
     if version != MESSAGE_VERSION:
         raise CorruptMessageError(f"unknown message version {version}", offset)
     if reserved != 0:
@@ -719,21 +723,15 @@ def _decode_careful(mv: memoryview, offset: int, verify_crc: bool) -> Message:
     body_raw, at = _field(mv, at, end, 4, "body", offset)
     if at != end:
         raise CorruptMessageError(f"{end - at} unexplained bytes at the end of message", offset)
-    return Message(
+    return _assemble(
+        fixed,
         topic=_text(topic_raw, "topic", offset),
-        queue_id=queue_id,
         body=bytes(body_raw),
         tags=_text(tags_raw, "tags", offset),
-        keys=_split_keys(_text(keys_raw, "keys", offset)),
+        keys=_text(keys_raw, "keys", offset),
         properties=_decode_properties(_text(props_raw, "properties", offset), offset),
         born_host=_text(host_raw, "born_host", offset),
-        born_timestamp_ms=born_ts,
-        store_timestamp_ms=store_ts,
         producer_group=_text(group_raw, "producer_group", offset),
-        uniq_id=bytes(uniq_b).hex().upper(),
-        reconsume_times=reconsume_times,
-        flag=flag,
-        sys_flag=sys_flag,
     )
 
 

@@ -371,15 +371,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return self.sm.topics[name]
 
     def _build(self, request: pb.SendMessageRequest, now_ms: int) -> list[Message]:
-        out = []
-        for m in request.messages:
-            if m.topic and m.topic != request.topic:
-                raise InvalidRequestError(
-                    f"message topic {m.topic!r} differs from the request's {request.topic!r}"
-                )
-            out.append(
-                message_from_fields(request.topic, m, now_ms, m.msg_id or self._ids.next_id())
-            )
+        """The request's messages (checked by SendMessage), delayed ones as schedule copies."""
+        out = [
+            message_from_fields(request.topic, m, now_ms, m.msg_id or self._ids.next_id())
+            for m in request.messages
+        ]
         if not is_system_topic(request.topic):
             levels = len(self.cfg.delay_levels_ms)
             for i, msg in enumerate(out):
@@ -416,12 +412,20 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 raise QueueIdOutOfRangeError(
                     f"queue id {m.queue_id} is outside [0, {queues}) of {topic.name!r}"
                 )
+            if m.topic and m.topic != request.topic:
+                raise InvalidRequestError(
+                    f"message topic {m.topic!r} differs from the request's {request.topic!r}"
+                )
             if PROPERTY_DELAY in m.properties:
                 delayed = True
         # A retry of a send still in flight here waits for the original instead of proposing
         # again (the dedup window inside apply covers every other case).
         inflight = self._inflight
-        waits = [inflight.get(m.msg_id) for m in request.messages]
+        waits = (
+            [inflight.get(m.msg_id) for m in request.messages]
+            if request.messages[0].msg_id in inflight  # nearly always not: one lookup
+            else [None]
+        )
         if all(waits):
             calls = {id(w[0]): w[0] for w in waits if w is not None}
             with contextlib.suppress(Exception):
@@ -437,11 +441,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             results = await self._store(self._build(request, now_ms))
         else:
             # The common case: encoded straight from the request, no Message per message.
-            for m in request.messages:
-                if m.topic and m.topic != request.topic:
-                    raise InvalidRequestError(
-                        f"message topic {m.topic!r} differs from the request's {request.topic!r}"
-                    )
             body, uniq_ids = encode_batch_fields(
                 request.topic,
                 request.messages,
@@ -609,12 +608,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def _stored_raw(self, position: int, size: int) -> bytes:
         """The applied message at ``position`` as stored, its head and CRC checked."""
-        if not 0 <= position < self.sm.dispatch_end:
-            raise MessageNotFoundError(f"no applied message at position {position}")
-        try:
-            raw = self.node.store.read_at(position, size)
-        except IndexOutOfRangeError as exc:
-            raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
+        raw = self._read_applied(position, size)
         check_message(raw, position)
         return raw
 
@@ -968,13 +962,18 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def _stored(self, position: int, size: int | None = None) -> Message:
         """The applied message at ``position`` (``size`` bytes, read from its head when not
         given), decoded with its CRC checked."""
+        return decode_message(self._read_applied(position, size))
+
+    def _read_applied(self, position: int, size: int | None) -> bytes:
+        """The bytes of the applied message at ``position`` (``size`` bytes, read from its
+        head when not given), unchecked: the one place that reads stored messages."""
         if not 0 <= position < self.sm.dispatch_end:
             raise MessageNotFoundError(f"no applied message at position {position}")
         store = self.node.store
         try:
             if size is None:
                 size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
-            return decode_message(store.read_at(position, size))
+            return store.read_at(position, size)
         except IndexOutOfRangeError as exc:
             raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
 

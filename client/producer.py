@@ -474,6 +474,18 @@ class Producer:
         resp = routes.call_leader(topic, broker_name, call, timeout_s)
         return self._results(topic, broker_name, resp, len(pbs))
 
+    def _note_failure(self, mq: MessageQueue, exc: MQClientError) -> None:
+        """Log a failed attempt; a route that named a missing topic is fetched afresh."""
+        log.warning(
+            "send topic=%s group=%s queue=%d failed: %s",
+            mq.topic,
+            mq.broker_name,
+            mq.queue_id,
+            exc,
+        )
+        if exc.status == "NOT_FOUND":
+            self._route_client().invalidate(mq.topic)
+
     def _send(
         self,
         msgs: Sequence[Message],
@@ -496,15 +508,7 @@ class Producer:
                 return self._send_once(mq, msgs)
             except MQClientError as exc:
                 failed_group[0] = mq.broker_name
-                log.warning(
-                    "send topic=%s group=%s queue=%d failed: %s",
-                    topic,
-                    mq.broker_name,
-                    mq.queue_id,
-                    exc,
-                )
-                if exc.status == "NOT_FOUND":
-                    self._route_client().invalidate(topic)
+                self._note_failure(mq, exc)
                 raise
 
         try:
@@ -660,15 +664,7 @@ class Producer:
                 self._callbacks.put((settle, results[0], None))
                 return
             if isinstance(error, MQClientError):
-                log.warning(
-                    "send topic=%s group=%s queue=%d failed: %s",
-                    mq.topic,
-                    mq.broker_name,
-                    mq.queue_id,
-                    error,
-                )
-                if error.status == "NOT_FOUND":
-                    self._route_client().invalidate(mq.topic)
+                self._note_failure(mq, error)
             if retries > 0 and _retryable(error):
                 self._in_background(self._retry_async, msg, selector, arg, mq, retries, settle)
             else:

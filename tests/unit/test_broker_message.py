@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Callable
 
 import crc32c
 import pytest
@@ -189,18 +190,23 @@ def test_flipped_bit_is_detected(msg: Message, data: st.DataObject) -> None:
         m.read_dispatch(bytes(raw))
 
 
-def _dispatch_or_error(body: bytes) -> list[tuple[object, ...]] | str:
+def _outcome(read: Callable[[], object]) -> object:
+    """What ``read()`` returns, or the corruption it reports (as text, to compare); any other
+    error is named too (a fast path may raise anything: its caller falls back)."""
     try:
-        return [tuple(d) for d in m.iter_dispatch(body, verify_crc=False)]
+        return read()
     except CorruptMessageError as exc:
         return f"corrupt: {exc}"
+    except Exception as exc:
+        return f"fast-only: {type(exc).__name__}"
 
 
-def _scan_or_error(body: bytes) -> list[tuple[object, ...]] | str:
-    try:
-        return [tuple(r) for r in m.scan_dispatch(body)]
-    except CorruptMessageError as exc:
-        return f"corrupt: {exc}"
+def _dispatch_or_error(body: bytes) -> object:
+    return _outcome(lambda: [tuple(d) for d in m.iter_dispatch(body, verify_crc=False)])
+
+
+def _scan_or_error(body: bytes) -> object:
+    return _outcome(lambda: [tuple(r) for r in m.scan_dispatch(body)])
 
 
 @settings(max_examples=300, deadline=None)
@@ -539,13 +545,8 @@ def test_fields_encoder_rejects_what_encode_message_rejects(
     assert str(fast.value) == str(careful.value)
 
 
-def _decoded(fn: object, raw: bytes, verify_crc: bool) -> object:
-    try:
-        return fn(memoryview(raw), 0, verify_crc)  # type: ignore[operator]
-    except CorruptMessageError as exc:
-        return f"corrupt: {exc}"
-    except Exception as exc:  # the fast path may raise anything: its caller falls back
-        return f"fast-only: {type(exc).__name__}"
+def _decoded(fn: Callable[[memoryview, int, bool], object], raw: bytes, verify_crc: bool) -> object:
+    return _outcome(lambda: fn(memoryview(raw), 0, verify_crc))
 
 
 @settings(max_examples=300, deadline=None)
