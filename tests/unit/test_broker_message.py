@@ -201,6 +201,16 @@ def _outcome(read: Callable[[], object]) -> object:
         return f"fast-only: {type(exc).__name__}"
 
 
+def _damaged(data: st.DataObject, good: bytes) -> tuple[bytes, bytes, bytes]:
+    """``good`` with 1-3 bytes overwritten, cut short, and both."""
+    damaged = bytearray(good)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        at = data.draw(st.integers(min_value=0, max_value=len(good) - 1))
+        damaged[at] = data.draw(st.integers(min_value=0, max_value=255))
+    cut = data.draw(st.integers(min_value=0, max_value=len(good)))
+    return bytes(damaged), good[:cut], bytes(damaged[:cut])
+
+
 def _dispatch_or_error(body: bytes) -> object:
     return _outcome(lambda: [tuple(d) for d in m.iter_dispatch(body, verify_crc=False)])
 
@@ -219,12 +229,7 @@ def test_fast_dispatch_scan_agrees_with_the_careful_reader(
     body, _ = m.encode_batch(batch)
     assert _scan_or_error(body) == _dispatch_or_error(body)
     assert isinstance(_scan_or_error(body), list)
-    damaged = bytearray(body)
-    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
-        at = data.draw(st.integers(min_value=0, max_value=len(body) - 1))
-        damaged[at] = data.draw(st.integers(min_value=0, max_value=255))
-    cut = data.draw(st.integers(min_value=0, max_value=len(body)))
-    for variant in (bytes(damaged), body[:cut], bytes(damaged[:cut])):
+    for variant in _damaged(data, body):
         assert _scan_or_error(variant) == _dispatch_or_error(variant)
 
 
@@ -557,12 +562,7 @@ def test_fast_decode_agrees_with_the_careful_decoder(
     raw = m.encode_message(msg)
     assert m.decode_message(raw, verify_crc=verify_crc) == msg
     assert m._decode_fast(memoryview(raw), 0, verify_crc) == msg
-    damaged = bytearray(raw)
-    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
-        at = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
-        damaged[at] = data.draw(st.integers(min_value=0, max_value=255))
-    cut = data.draw(st.integers(min_value=0, max_value=len(raw)))
-    for variant in (bytes(damaged), raw[:cut], bytes(damaged[:cut])):
+    for variant in _damaged(data, raw):
         careful = _decoded(m._decode_careful, variant, verify_crc)
         fast = _decoded(m._decode_fast, variant, verify_crc)
         # Where the fast path decodes, it reads exactly what the careful one reads.
