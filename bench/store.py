@@ -257,7 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         fsync = fsync_rate(tmp, min(args.seconds, 3.0))
         seq = seq_bandwidth(tmp)
         sync = [bench_sync(tmp, size, args.seconds, args.threads) for size in SIZES]
-        sync_loop = [bench_sync_event_loop(tmp, size, args.seconds, args.threads) for size in SIZES]
+        sync_loop = []
+        around_16k: list[dict[str, float]] = []
+        for size in SIZES:
+            if size == 16384:
+                # The disk's speed depends on which blocks a new file gets (on this VM, blocks
+                # freed a moment ago write ~5x faster than never-written ones), so the
+                # bandwidth that the target is judged against is measured right before and
+                # right after the case, in the same directory, and the larger one is used.
+                around_16k.append(seq_bandwidth(tmp))
+            sync_loop.append(bench_sync_event_loop(tmp, size, args.seconds, args.threads))
+            if size == 16384:
+                around_16k.append(seq_bandwidth(tmp))
         asyn = [bench_async(tmp, size, args.seconds) for size in SIZES]
         # Measured again at the end: how much the disk's speed moved during the run.
         seq_end = seq_bandwidth(tmp)
@@ -266,12 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     by_size = {r["entry_bytes"]: r for r in sync}
     threads_over_seq = by_size[16384]["mb_per_s"] / seq["mb_per_s"]
     loop_by_size = {r["entry_bytes"]: r for r in sync_loop}
-    sync_over_seq = loop_by_size[16384]["mb_per_s"] / seq["mb_per_s"]
+    seq_16k = max(r["mb_per_s"] for r in around_16k)
+    sync_over_seq = loop_by_size[16384]["mb_per_s"] / seq_16k
     ratios: dict[str, Any] = {
         # The target is judged on the server's path (coroutines + one flush thread); the
         # 64-OS-thread figure is kept beside it: there Python's GIL hand-offs, not the disk,
         # limit how many appenders join each sync.
         "sync_16k_mb_per_s_over_seq_bandwidth": sync_over_seq,
+        "seq_bandwidth_judged_against_mb_per_s": seq_16k,
         "sync_16k_threads_mb_per_s_over_seq_bandwidth": threads_over_seq,
         "sync_syncs_per_append": {str(r["entry_bytes"]): r["syncs_per_append"] for r in sync},
         "sync_appends_per_s_over_raw_fsync_rate": {
@@ -287,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         "started_utc": started.isoformat(),
         "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "seconds_per_case": args.seconds,
-        "disk": {"fsync_4k": fsync, "sequential_write": seq, "sequential_write_at_end": seq_end},
+        "disk": {
+            "fsync_4k": fsync,
+            "sequential_write": seq,
+            "sequential_write_around_sync_16k": around_16k,
+            "sequential_write_at_end": seq_end,
+        },
         "sync_flush_group_commit_threads": sync,
         "sync_flush_group_commit_event_loop": sync_loop,
         "async_flush_one_thread": asyn,
@@ -330,8 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "ratios: SYNC 16 KiB / sequential bandwidth = "
-        f"{ratios['sync_16k_mb_per_s_over_seq_bandwidth']:.2f} (event loop), "
-        f"{threads_over_seq:.2f} (OS threads); targets met: {targets}"
+        f"{ratios['sync_16k_mb_per_s_over_seq_bandwidth']:.2f} (event loop, against "
+        f"{seq_16k:,.0f} MB/s: the larger of "
+        + " and ".join(f"{r['mb_per_s']:,.0f}" for r in around_16k)
+        + f" MB/s measured just before and after), {threads_over_seq:.2f} (OS threads, "
+        f"against the first figure); targets met: {targets}"
     )
     print(f"wrote {out}")
     return 0

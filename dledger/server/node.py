@@ -317,6 +317,18 @@ class DLedgerNode:
             self._wake()
 
     def on_peer_message(self, sender: str, pm: pb.PeerMessage) -> None:
+        if pm.WhichOneof("kind") == "batch":
+            for inner in pm.batch.messages:
+                if inner.WhichOneof("kind") == "batch":
+                    logger.warning(
+                        "node=%s drop nested peer batch from=%s", self.cfg.self_id, sender
+                    )
+                    continue
+                self._on_one_peer_message(sender, inner)
+            return
+        self._on_one_peer_message(sender, pm)
+
+    def _on_one_peer_message(self, sender: str, pm: pb.PeerMessage) -> None:
         m = from_pb(pm)
         if m is None:
             return

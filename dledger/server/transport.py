@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 # Messages queued per peer before new ones are dropped. Each is at most one append batch
 # (max_append_batch_bytes), so this bounds the memory a dead peer can pin.
 PEER_QUEUE_MAX_MESSAGES = 256
+# At most this many queued messages share one stream write (PeerBatch). Their total size is
+# bounded by the queue's: each is at most one append batch.
+PEER_BATCH_MAX_MESSAGES = 64
 # Reconnect back-off bounds after a failed stream.
 RECONNECT_MIN_MS = 20
 RECONNECT_MAX_MS = 1000
@@ -61,6 +64,7 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 @dataclass(slots=True)
 class LinkStats:
     sent: int = 0
+    batches: int = 0  # writes that carried more than one message
     dropped: int = 0
     reconnects: int = 0
 
@@ -105,10 +109,20 @@ class PeerLink:
             self.stats.dropped += 1
 
     async def _messages(self) -> AsyncIterator[pb.PeerMessage]:
+        queue = self._queue
         while True:
-            msg = await self._queue.get()
-            self.stats.sent += 1
-            yield msg
+            msg = await queue.get()
+            if queue.empty():
+                self.stats.sent += 1
+                yield msg
+                continue
+            # What queued while the previous write was in flight goes out in one write.
+            batch = [msg]
+            while not queue.empty() and len(batch) < PEER_BATCH_MAX_MESSAGES:
+                batch.append(queue.get_nowait())
+            self.stats.sent += len(batch)
+            self.stats.batches += 1
+            yield pb.PeerMessage(batch=pb.PeerBatch(messages=batch))
 
     async def _run(self) -> None:
         backoff_ms = RECONNECT_MIN_MS

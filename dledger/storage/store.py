@@ -39,7 +39,6 @@ from dledger.storage.codec import (
     BLANK_SIZE,
     ENTRY_HEADER_SIZE,
     ENTRY_MAGIC,
-    ENTRY_MAGIC_BYTES,
     FORMAT_VERSION,
     HEADER,
     HEADER_CRC_OFFSET,
@@ -103,9 +102,6 @@ SCAN_CHUNK_BYTES = 1 << 20
 # late enough that a short-lived or idle store does not pay for a segment it never uses.
 PREALLOCATE_AT_FILL = 0.5
 
-# crc32c of the entry magic: the start value for the CRC of a header packed with a zero magic.
-ENTRY_MAGIC_CRC = crc32c(ENTRY_MAGIC_BYTES)
-
 # The appender reserves (keeps the warmer out of) this much beyond what it writes, so that it
 # takes the warmer's lock about once per this many bytes, not once per entry.
 RESERVE_AHEAD_BYTES = 1 << 20
@@ -167,6 +163,18 @@ class StoreConfig:
     def max_body_bytes(self) -> int:
         """Largest body that fits: an entry never straddles two segment files."""
         return min(MAX_ENTRY_BODY_BYTES, self.segment_size_bytes - ENTRY_HEADER_SIZE)
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset`` (a regular file takes it in one call unless
+    interrupted)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(f"pwrite wrote {written} bytes")
+        view = view[written:]
+        offset += written
 
 
 class SegmentedLogStore:
@@ -807,12 +815,16 @@ class SegmentedLogStore:
         """Encode and write ``items`` (term, type, body), validated by the caller.
 
         The entries that fit in the current data segment and index file are encoded into
-        one buffer and copied into the mapping with one assignment, their index records with
-        another (per-entry slice assignments cost more than the copy). The headers are copied
-        with a zero magic (their CRC covers the real one) and the magics are then set one by
-        one in log order, so valid entries only ever appear as a prefix of the batch whatever
-        order memcpy stores bytes in: a process crash at any point leaves whole entries, then
-        zero magic, which recovery treats as the end of the log (a torn tail)."""
+        one buffer and written with one ``pwrite``, their index records with another. Writes
+        go through the file descriptor, not the mapping (readers still use the mapping: both
+        are the same page cache): a store through the mapping takes a page fault per page,
+        and one on a page that a sync has cleaned, or on a fallocated block not yet written,
+        costs several microseconds (measured: 16 KiB entries appended at ~0.4-0.9 GB/s
+        through the mapping, ~10 GB/s with pwrite). The kernel copies a write into the page
+        cache in ascending order and a kill stops it only between pages, so a process crash
+        leaves a byte prefix of the batch: whole entries, then at most one torn entry before
+        zeros, which recovery treats as the end of the log (a torn tail). ``_last_index``
+        moves only after the write, so no reader is handed a half-written entry."""
         seg = self._segments[-1]
         seg_size = self._seg_size
         off = self._write_pos - seg.start
@@ -828,8 +840,6 @@ class SegmentedLogStore:
         idx_pack = INDEX_NO_CRC.pack
         u32_pack = U32.pack
         header_size = ENTRY_HEADER_SIZE
-        magic_crc = ENTRY_MAGIC_CRC
-        magic = ENTRY_MAGIC_BYTES
         i = 0
         n_items = len(items)
         while i < n_items:
@@ -846,10 +856,8 @@ class SegmentedLogStore:
             off0, ioff0 = off, ioff
             parts: list[bytes] = []
             iparts: list[bytes] = []
-            offsets: list[int] = []
             add = parts.extend
             iadd = iparts.extend
-            add_off = offsets.append
             while i < n_items:
                 term, typ, body = items[i]
                 n = len(body)
@@ -858,10 +866,10 @@ class SegmentedLogStore:
                     break
                 idx += 1
                 pos = seg_start + off
-                head = head_pack(0, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, crc32c(body))
-                # = crc32c of the header with its real magic
-                add((head, u32_pack(crc32c(head[4:], magic_crc)), body))
-                add_off(off)
+                head = head_pack(
+                    ENTRY_MAGIC, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, crc32c(body)
+                )
+                add((head, u32_pack(crc32c(head)), body))
                 ihead = idx_pack(INDEX_MAGIC, total, pos, term, typ)
                 iadd((ihead, u32_pack(crc32c(ihead))))
                 off += total
@@ -869,11 +877,8 @@ class SegmentedLogStore:
                 i += 1
             if off > seg.reserved:  # keep the warmer out (about once per MiB)
                 seg.reserve(off, RESERVE_AHEAD_BYTES)
-            mm = seg.mm
-            mm[off0:off] = b"".join(parts)
-            for o in offsets:  # in order: each entry becomes valid after those before it
-                mm[o : o + 4] = magic
-            ifile.mm[ioff0:ioff] = b"".join(iparts)
+            _write_all(seg.fd, b"".join(parts), off0)
+            _write_all(ifile.fd, b"".join(iparts), ioff0)
         assert off <= seg_size and seg is self._segments[-1]
         assert idx == self._last_index + len(items) and term >= self._last_term
         self._cur_index = ifile

@@ -326,16 +326,36 @@ def test_lying_peers_are_refused_and_the_node_stays_up(
             ),
             pb.PeerMessage(timeout_now=pb.TimeoutNowRequest(from_id="n-fake", to_id="x", term=9)),
         ]
+        # The same lies again inside a batch, with a batch nested in it (never sent by a
+        # real peer): every one is dropped just the same.
+        nested = pb.PeerMessage(batch=pb.PeerBatch(messages=lies))
+        batch = pb.PeerMessage(batch=pb.PeerBatch(messages=[*lies, nested]))
         ack = stub.Stream(
-            iter(lies),
+            iter([*lies, batch]),
             metadata=(("x-raftmq-group", cluster.group), ("x-raftmq-from", leader)),
             timeout=5,
         )
-        assert ack.received == 2
-        channel.close()
+        assert ack.received == 3
         md = client.metadata(victim.client_addr)
         assert md.term == term_before
         assert client.append([b"still-working"]).last_index > 0
+        # A true message inside a batch is acted on: the leader's TimeoutNow makes the
+        # victim campaign at once, in a new term.
+        hand_over = pb.PeerMessage(
+            timeout_now=pb.TimeoutNowRequest(
+                group=cluster.group, from_id=leader, to_id=victim.node_id, term=term_before
+            )
+        )
+        stub.Stream(
+            iter([pb.PeerMessage(batch=pb.PeerBatch(messages=[hand_over]))]),
+            metadata=(("x-raftmq-group", cluster.group), ("x-raftmq-from", leader)),
+            timeout=5,
+        )
+        channel.close()
+        deadline = time.monotonic() + 10
+        while client.metadata(victim.client_addr).term == term_before:
+            assert time.monotonic() < deadline, "the batched TimeoutNow was not acted on"
+            time.sleep(0.05)
 
 
 def test_health_and_reflection_on_both_ports(local_group: Callable[..., LocalCluster]) -> None:

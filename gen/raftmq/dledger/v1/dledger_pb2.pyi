@@ -111,18 +111,26 @@ class TimeoutNowRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class PeerMessage(_message.Message):
-    __slots__ = ("vote_request", "vote_response", "append_request", "append_response", "timeout_now")
+    __slots__ = ("vote_request", "vote_response", "append_request", "append_response", "timeout_now", "batch")
     VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     VOTE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     APPEND_REQUEST_FIELD_NUMBER: _ClassVar[int]
     APPEND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_NOW_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     vote_request: VoteRequest
     vote_response: VoteResponse
     append_request: AppendRequest
     append_response: AppendResponse
     timeout_now: TimeoutNowRequest
-    def __init__(self, vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., timeout_now: _Optional[_Union[TimeoutNowRequest, _Mapping]] = ...) -> None: ...
+    batch: PeerBatch
+    def __init__(self, vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., timeout_now: _Optional[_Union[TimeoutNowRequest, _Mapping]] = ..., batch: _Optional[_Union[PeerBatch, _Mapping]] = ...) -> None: ...
+
+class PeerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[PeerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[PeerMessage, _Mapping]]] = ...) -> None: ...
 
 class PeerAck(_message.Message):
     __slots__ = ("received",)
