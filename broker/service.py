@@ -267,6 +267,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.sm = sm
         self.cfg = cfg
         self._ids = UniqIdGenerator(ip=cfg.store_host if _is_ipv4(cfg.store_host) else None)
+        # offsetMsgId = this prefix (store IPv4 and port) + the position as 16 hex characters.
+        self._offset_msg_id_prefix = self._offset_msg_id(0)[:16]
         self._waiters: dict[QueueKey, list[_PullWaiter]] = {}
         self._pending_offsets: dict[OffsetKey, int] = {}
         self._offset_flush: asyncio.Task[None] | None = None
@@ -430,11 +432,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             calls = {id(w[0]): w[0] for w in waits if w is not None}
             with contextlib.suppress(Exception):
                 await asyncio.gather(*(asyncio.shield(c) for c in calls.values()))
-                return pb.SendMessageResponse(
-                    results=[
-                        self._result_pb(c.result()[at]._replace(duplicate=True))
+                return self._send_answer(
+                    request,
+                    [
+                        c.result()[at]._replace(duplicate=True)
                         for c, at in (w for w in waits if w is not None)
-                    ]
+                    ],
+                    schedule_queue_ids=False,
                 )
         now_ms = int(time.time() * 1000)
         if delayed and not is_system_topic(request.topic):
@@ -449,13 +453,36 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 self.cfg.max_message_size_bytes,
             )
             results = await self._store_body(body, uniq_ids)
+        return self._send_answer(request, results, schedule_queue_ids=True)
+
+    def _send_answer(
+        self,
+        request: pb.SendMessageRequest,
+        results: list[SendResult],
+        *,
+        schedule_queue_ids: bool,
+    ) -> pb.SendMessageResponse:
+        """The answer to ``request``: one SendResult per message, or packed columns when the
+        request asks for them. With ``schedule_queue_ids``, a delayed message (stored in the
+        schedule topic until due) is answered with the queue the producer chose, as RocketMQ
+        does."""
+        assert len(results) == len(request.messages)
+        queue_ids = [r.queue_id for r in results]
+        if schedule_queue_ids:
+            for i, r in enumerate(results):
+                if r.topic == SCHEDULE_TOPIC:
+                    queue_ids[i] = request.messages[i].queue_id
+        if not request.packed_results:
+            return pb.SendMessageResponse(
+                results=[self._result_pb(r, q) for r, q in zip(results, queue_ids, strict=True)]
+            )
         return pb.SendMessageResponse(
-            results=[
-                # A delayed message is stored in the schedule topic until due: answer with the
-                # queue the producer chose (RocketMQ does the same).
-                self._result_pb(r, m.queue_id if r.topic == SCHEDULE_TOPIC else None)
-                for r, m in zip(results, request.messages, strict=True)
-            ]
+            packed_msg_ids=[r.uniq_id for r in results],
+            packed_queue_ids=queue_ids,
+            packed_queue_offsets=[r.queue_offset for r in results],
+            packed_positions=[r.position for r in results],
+            packed_duplicates=[r.duplicate for r in results],
+            offset_msg_id_prefix=self._offset_msg_id_prefix,
         )
 
     async def _store(self, messages: list[Message]) -> list[SendResult]:
@@ -602,7 +629,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         resp.raw_messages = b"".join(parts)
         resp.raw_queue_offsets.extend(offsets)
         resp.raw_positions.extend(positions)
-        resp.offset_msg_id_prefix = self._offset_msg_id(0)[:16]
+        resp.offset_msg_id_prefix = self._offset_msg_id_prefix
         resp.suggest_pull_from_follower = self._suggest_follower(positions[-1])
         return resp
 

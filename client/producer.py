@@ -313,7 +313,7 @@ class Producer:
         if not addr:
             self._in_background(self._call_blocking, gq, batch, pbs, deadline)
             return
-        request = pb.SendMessageRequest(topic=gq.topic, messages=pbs)
+        request = pb.SendMessageRequest(topic=gq.topic, messages=pbs, packed_results=True)
         try:
             call = self._channels.broker(addr).SendMessage.future(
                 request, timeout=self.send_msg_timeout_s
@@ -441,11 +441,13 @@ class Producer:
     def _results(
         self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
     ) -> list[SendResult]:
+        queues = self._queues
+        if not resp.results and n:
+            return self._packed_results(topic, broker_name, resp, n)
         if len(resp.results) != n:
             raise MQClientError(
                 "BAD_RESPONSE", "INTERNAL", f"{len(resp.results)} results for {n} messages"
             )
-        queues = self._queues
         out = []
         for r in resp.results:
             key = (topic, broker_name, r.queue_id)
@@ -461,11 +463,49 @@ class Producer:
             )
         return out
 
+    def _packed_results(
+        self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
+    ) -> list[SendResult]:
+        """The results of an answer in packed columns (``packed_results``), checked whole."""
+        msg_ids = resp.packed_msg_ids
+        queue_ids = resp.packed_queue_ids
+        offsets = resp.packed_queue_offsets
+        positions = resp.packed_positions
+        duplicates = resp.packed_duplicates
+        prefix = resp.offset_msg_id_prefix
+        lengths = {len(msg_ids), len(queue_ids), len(offsets), len(positions), len(duplicates)}
+        if lengths != {n} or len(prefix) != 16:
+            raise MQClientError(
+                "BAD_RESPONSE",
+                "INTERNAL",
+                f"packed answer for {n} messages has columns of {sorted(lengths)} and an "
+                f"offset msg id prefix of {len(prefix)} characters",
+            )
+        queues = self._queues
+        out = []
+        for msg_id, queue_id, offset, position, duplicate in zip(
+            msg_ids, queue_ids, offsets, positions, duplicates, strict=True
+        ):
+            key = (topic, broker_name, queue_id)
+            mq = queues.get(key)
+            if mq is None:
+                if len(queues) >= MAX_CACHED_QUEUES:
+                    queues.clear()
+                mq = queues[key] = MessageQueue(*key)
+            if position < 0:
+                raise MQClientError(
+                    "BAD_RESPONSE", "INTERNAL", f"negative commitlog position {position}"
+                )
+            out.append(
+                SendResult(msg_id, f"{prefix}{position:016X}", mq, offset, position, duplicate)
+            )
+        return out
+
     def _call_send(
         self, topic: str, broker_name: str, pbs: list[pb.Message], timeout_s: float
     ) -> list[SendResult]:
         routes = self._route_client()
-        request = pb.SendMessageRequest(topic=topic, messages=pbs)
+        request = pb.SendMessageRequest(topic=topic, messages=pbs, packed_results=True)
 
         def call(stub: bpb_grpc.BrokerStub, rpc_timeout_s: float) -> pb.SendMessageResponse:
             resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=rpc_timeout_s)

@@ -577,7 +577,11 @@ def test_a_resend_while_the_original_is_in_flight_waits_for_it(
                 5,
                 "the original to reach the leader's log",
             )
-            resend = stub.SendMessage.future(request, timeout=20)
+            # The resend asks for a packed answer: the same facts in columns.
+            packed = pb.SendMessageRequest()
+            packed.CopyFrom(request)
+            packed.packed_results = True
+            resend = stub.SendMessage.future(packed, timeout=20)
             time.sleep(0.2)
             assert not original.done() and not resend.done()
         finally:
@@ -585,9 +589,41 @@ def test_a_resend_while_the_original_is_in_flight_waits_for_it(
                 cluster.signal(f, signal.SIGCONT)
         first, second = original.result(), resend.result()
         assert not any(r.duplicate for r in first.results)
-        assert all(r.duplicate for r in second.results)
+        assert not second.results and all(second.packed_duplicates)
+        assert len(second.packed_positions) == len(request.messages)
         assert [
-            (r.msg_id, r.queue_id, r.queue_offset, r.commitlog_position) for r in first.results
-        ] == [(r.msg_id, r.queue_id, r.queue_offset, r.commitlog_position) for r in second.results]
+            (r.msg_id, r.offset_msg_id, r.queue_id, r.queue_offset, r.commitlog_position)
+            for r in first.results
+        ] == list(
+            zip(
+                second.packed_msg_ids,
+                [f"{second.offset_msg_id_prefix}{p:016X}" for p in second.packed_positions],
+                second.packed_queue_ids,
+                second.packed_queue_offsets,
+                second.packed_positions,
+                strict=True,
+            )
+        )
         assert log_client.metadata(leader_addr).last_index == before + 1
+        # A new send answered packed, then resent plainly (a duplicate from the dedup window).
+        fresh = pb.SendMessageRequest(
+            topic=TOPIC, messages=make_messages(ids, 20, 8), packed_results=True
+        )
+        new = stub.SendMessage(fresh, timeout=20)
+        fresh.packed_results = False
+        again = stub.SendMessage(fresh, timeout=20)
+        assert not any(new.packed_duplicates) and all(r.duplicate for r in again.results)
+        assert [
+            (r.msg_id, r.offset_msg_id, r.queue_id, r.queue_offset, r.commitlog_position)
+            for r in again.results
+        ] == list(
+            zip(
+                new.packed_msg_ids,
+                [f"{new.offset_msg_id_prefix}{p:016X}" for p in new.packed_positions],
+                new.packed_queue_ids,
+                new.packed_queue_offsets,
+                new.packed_positions,
+                strict=True,
+            )
+        )
     client.close()

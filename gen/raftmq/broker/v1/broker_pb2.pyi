@@ -66,12 +66,14 @@ class Message(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., tags: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., body: _Optional[bytes] = ..., born_host: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., producer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., offset_msg_id: _Optional[str] = ..., queue_offset: _Optional[int] = ..., commitlog_position: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ...) -> None: ...
 
 class SendMessageRequest(_message.Message):
-    __slots__ = ("topic", "messages")
+    __slots__ = ("topic", "messages", "packed_results")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_RESULTS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    packed_results: bool
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., packed_results: _Optional[bool] = ...) -> None: ...
 
 class SendResult(_message.Message):
     __slots__ = ("msg_id", "offset_msg_id", "queue_id", "queue_offset", "commitlog_position", "duplicate")
@@ -90,10 +92,22 @@ class SendResult(_message.Message):
     def __init__(self, msg_id: _Optional[str] = ..., offset_msg_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_position: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendMessageResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "packed_msg_ids", "packed_queue_ids", "packed_queue_offsets", "packed_positions", "packed_duplicates", "offset_msg_id_prefix")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_MSG_IDS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_QUEUE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MSG_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SendResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
+    packed_msg_ids: _containers.RepeatedScalarFieldContainer[str]
+    packed_queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    packed_queue_offsets: _containers.RepeatedScalarFieldContainer[int]
+    packed_positions: _containers.RepeatedScalarFieldContainer[int]
+    packed_duplicates: _containers.RepeatedScalarFieldContainer[bool]
+    offset_msg_id_prefix: str
+    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., packed_msg_ids: _Optional[_Iterable[str]] = ..., packed_queue_ids: _Optional[_Iterable[int]] = ..., packed_queue_offsets: _Optional[_Iterable[int]] = ..., packed_positions: _Optional[_Iterable[int]] = ..., packed_duplicates: _Optional[_Iterable[bool]] = ..., offset_msg_id_prefix: _Optional[str] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msgs", "subscription", "suspend_timeout_ms", "no_suspend", "raw")
