@@ -25,62 +25,69 @@ def entry_from_pb(e: pb.Entry) -> Entry:
 
 def to_pb(m: Message, group: str) -> pb.PeerMessage:
     """Wrap a core message for the peer stream."""
+    pm = pb.PeerMessage()
+    fill_pb(pm, m, group)
+    return pm
+
+
+def fill_pb(pm: pb.PeerMessage, m: Message, group: str) -> None:
+    """Write ``m`` into the empty ``pm`` in place. Submessages are never passed to a
+    constructor: that merges them, which upb does by serializing and parsing them again (two
+    more copies of every entry body; measured 687 vs 319 us for 256 KiB of entries)."""
     if isinstance(m, AppendRequest):
-        return pb.PeerMessage(
-            append_request=pb.AppendRequest(
-                group=group,
-                from_id=m.from_id,
-                to_id=m.to_id,
-                term=m.term,
-                prev_log_index=m.prev_log_index,
-                prev_log_term=m.prev_log_term,
-                entries=[entry_to_pb(e) for e in m.entries],
-                leader_commit=m.leader_commit,
-                no_reply=m.no_reply,
-            )
-        )
-    if isinstance(m, AppendResponse):
-        return pb.PeerMessage(
-            append_response=pb.AppendResponse(
-                from_id=m.from_id,
-                to_id=m.to_id,
-                term=m.term,
-                success=m.success,
-                match_index=m.match_index,
-                conflict_index=m.conflict_index,
-                conflict_term=m.conflict_term,
-                last_log_index=m.last_log_index,
-                rejected_index=m.rejected_index,
-            )
-        )
-    if isinstance(m, VoteRequest):
-        return pb.PeerMessage(
-            vote_request=pb.VoteRequest(
-                group=group,
-                from_id=m.from_id,
-                to_id=m.to_id,
-                term=m.term,
-                last_log_index=m.last_log_index,
-                last_log_term=m.last_log_term,
-                pre_vote=m.pre_vote,
-                leadership_transfer=m.leadership_transfer,
-            )
-        )
-    if isinstance(m, VoteResponse):
-        return pb.PeerMessage(
-            vote_response=pb.VoteResponse(
-                from_id=m.from_id,
-                to_id=m.to_id,
-                term=m.term,
-                granted=m.granted,
-                pre_vote=m.pre_vote,
-                reject_reason=m.reject_reason,
-            )
-        )
-    assert isinstance(m, TimeoutNow)
-    return pb.PeerMessage(
-        timeout_now=pb.TimeoutNowRequest(group=group, from_id=m.from_id, to_id=m.to_id, term=m.term)
-    )
+        a = pm.append_request
+        a.SetInParent()  # present even when every field has its default value
+        a.group = group
+        a.from_id = m.from_id
+        a.to_id = m.to_id
+        a.term = m.term
+        a.prev_log_index = m.prev_log_index
+        a.prev_log_term = m.prev_log_term
+        a.leader_commit = m.leader_commit
+        a.no_reply = m.no_reply
+        add = a.entries.add
+        for e in m.entries:
+            add(term=e.term, index=e.index, type=e.type, body=e.body)
+    elif isinstance(m, AppendResponse):
+        r = pm.append_response
+        r.SetInParent()
+        r.from_id = m.from_id
+        r.to_id = m.to_id
+        r.term = m.term
+        r.success = m.success
+        r.match_index = m.match_index
+        r.conflict_index = m.conflict_index
+        r.conflict_term = m.conflict_term
+        r.last_log_index = m.last_log_index
+        r.rejected_index = m.rejected_index
+    elif isinstance(m, VoteRequest):
+        v = pm.vote_request
+        v.SetInParent()
+        v.group = group
+        v.from_id = m.from_id
+        v.to_id = m.to_id
+        v.term = m.term
+        v.last_log_index = m.last_log_index
+        v.last_log_term = m.last_log_term
+        v.pre_vote = m.pre_vote
+        v.leadership_transfer = m.leadership_transfer
+    elif isinstance(m, VoteResponse):
+        g = pm.vote_response
+        g.SetInParent()
+        g.from_id = m.from_id
+        g.to_id = m.to_id
+        g.term = m.term
+        g.granted = m.granted
+        g.pre_vote = m.pre_vote
+        g.reject_reason = m.reject_reason
+    else:
+        assert isinstance(m, TimeoutNow)
+        t = pm.timeout_now
+        t.SetInParent()
+        t.group = group
+        t.from_id = m.from_id
+        t.to_id = m.to_id
+        t.term = m.term
 
 
 def from_pb(pm: pb.PeerMessage) -> Message | None:

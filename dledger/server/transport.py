@@ -19,7 +19,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.core import Message
-from dledger.server.convert import to_pb
+from dledger.server.convert import fill_pb, to_pb
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class PeerLink:
             ("x-raftmq-from", self_id),
             ("x-raftmq-client-addr", self_client_addr),
         )
-        self._queue: asyncio.Queue[pb.PeerMessage] = asyncio.Queue(PEER_QUEUE_MAX_MESSAGES)
+        self._queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_MAX_MESSAGES)
         self._task: asyncio.Task[None] | None = None
         self._channel: grpc.aio.Channel | None = None
 
@@ -104,25 +104,31 @@ class PeerLink:
 
     def send(self, m: Message) -> None:
         try:
-            self._queue.put_nowait(to_pb(m, self._group))
+            self._queue.put_nowait(m)
         except asyncio.QueueFull:
             self.stats.dropped += 1
 
     async def _messages(self) -> AsyncIterator[pb.PeerMessage]:
+        """Core messages become protobuf here, as they are written (each exactly once)."""
         queue = self._queue
+        group = self._group
         while True:
-            msg = await queue.get()
+            m = await queue.get()
             if queue.empty():
                 self.stats.sent += 1
-                yield msg
+                yield to_pb(m, group)
                 continue
             # What queued while the previous write was in flight goes out in one write.
-            batch = [msg]
-            while not queue.empty() and len(batch) < PEER_BATCH_MAX_MESSAGES:
-                batch.append(queue.get_nowait())
-            self.stats.sent += len(batch)
+            out = pb.PeerMessage()
+            add = out.batch.messages.add
+            fill_pb(add(), m, group)
+            n = 1
+            while not queue.empty() and n < PEER_BATCH_MAX_MESSAGES:
+                fill_pb(add(), queue.get_nowait(), group)
+                n += 1
+            self.stats.sent += n
             self.stats.batches += 1
-            yield pb.PeerMessage(batch=pb.PeerBatch(messages=batch))
+            yield out
 
     async def _run(self) -> None:
         backoff_ms = RECONNECT_MIN_MS

@@ -54,3 +54,20 @@ def test_empty_peer_message_is_ignored() -> None:
 def test_validate_rejects_what_an_honest_peer_never_sends(message: Message, needle: str) -> None:
     problem = validate(message)
     assert problem is not None and needle in problem
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        AppendRequest("", "", 0, 0, 0, (), 0),
+        AppendResponse("", "", 0, False, 0, 0, 0, 0, 0),
+        VoteRequest("", "", 0, 0, 0),
+        VoteResponse("", "", 0, False),
+        TimeoutNow("", "", 0),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_a_message_of_default_values_keeps_its_kind(message: Message) -> None:
+    """Filled in place, a submessage whose every field has its default must still be set."""
+    wire = to_pb(message, "").SerializeToString()
+    assert from_pb(pb.PeerMessage.FromString(wire)) == message
