@@ -48,46 +48,24 @@ def fill_pb(pm: pb.PeerMessage, m: Message, group: str) -> None:
         add = a.entries.add
         for e in m.entries:
             add(term=e.term, index=e.index, type=e.type, body=e.body)
-    elif isinstance(m, AppendResponse):
-        r = pm.append_response
-        r.SetInParent()
-        r.from_id = m.from_id
-        r.to_id = m.to_id
-        r.term = m.term
-        r.success = m.success
-        r.match_index = m.match_index
-        r.conflict_index = m.conflict_index
-        r.conflict_term = m.conflict_term
-        r.last_log_index = m.last_log_index
-        r.rejected_index = m.rejected_index
-    elif isinstance(m, VoteRequest):
-        v = pm.vote_request
-        v.SetInParent()
-        v.group = group
-        v.from_id = m.from_id
-        v.to_id = m.to_id
-        v.term = m.term
-        v.last_log_index = m.last_log_index
-        v.last_log_term = m.last_log_term
-        v.pre_vote = m.pre_vote
-        v.leadership_transfer = m.leadership_transfer
-    elif isinstance(m, VoteResponse):
-        g = pm.vote_response
-        g.SetInParent()
-        g.from_id = m.from_id
-        g.to_id = m.to_id
-        g.term = m.term
-        g.granted = m.granted
-        g.pre_vote = m.pre_vote
-        g.reject_reason = m.reject_reason
     else:
-        assert isinstance(m, TimeoutNow)
-        t = pm.timeout_now
-        t.SetInParent()
-        t.group = group
-        t.from_id = m.from_id
-        t.to_id = m.to_id
-        t.term = m.term
+        kind, with_group = _KINDS[type(m)]
+        sub = getattr(pm, kind)
+        sub.SetInParent()
+        if with_group:
+            sub.group = group
+        for name in m.__slots__:  # the core's fields are the protobuf's, name for name
+            setattr(sub, name, getattr(m, name))
+
+
+# The oneof field of every kind but AppendRequest (filled by hand: it is the hot one), and
+# whether its protobuf carries the group.
+_KINDS: dict[type, tuple[str, bool]] = {
+    AppendResponse: ("append_response", False),
+    VoteRequest: ("vote_request", True),
+    VoteResponse: ("vote_response", False),
+    TimeoutNow: ("timeout_now", True),
+}
 
 
 def from_pb(pm: pb.PeerMessage) -> Message | None:

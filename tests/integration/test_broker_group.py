@@ -591,19 +591,7 @@ def test_a_resend_while_the_original_is_in_flight_waits_for_it(
         assert not any(r.duplicate for r in first.results)
         assert not second.results and all(second.packed_duplicates)
         assert len(second.packed_positions) == len(request.messages)
-        assert [
-            (r.msg_id, r.offset_msg_id, r.queue_id, r.queue_offset, r.commitlog_position)
-            for r in first.results
-        ] == list(
-            zip(
-                second.packed_msg_ids,
-                [f"{second.offset_msg_id_prefix}{p:016X}" for p in second.packed_positions],
-                second.packed_queue_ids,
-                second.packed_queue_offsets,
-                second.packed_positions,
-                strict=True,
-            )
-        )
+        assert _rows(first) == _packed_rows(second)
         assert log_client.metadata(leader_addr).last_index == before + 1
         # A new send answered packed, then resent plainly (a duplicate from the dedup window).
         fresh = pb.SendMessageRequest(
@@ -613,17 +601,26 @@ def test_a_resend_while_the_original_is_in_flight_waits_for_it(
         fresh.packed_results = False
         again = stub.SendMessage(fresh, timeout=20)
         assert not any(new.packed_duplicates) and all(r.duplicate for r in again.results)
-        assert [
-            (r.msg_id, r.offset_msg_id, r.queue_id, r.queue_offset, r.commitlog_position)
-            for r in again.results
-        ] == list(
-            zip(
-                new.packed_msg_ids,
-                [f"{new.offset_msg_id_prefix}{p:016X}" for p in new.packed_positions],
-                new.packed_queue_ids,
-                new.packed_queue_offsets,
-                new.packed_positions,
-                strict=True,
-            )
-        )
+        assert _rows(again) == _packed_rows(new)
     client.close()
+
+
+def _rows(resp: pb.SendMessageResponse) -> list[tuple[str, str, int, int, int]]:
+    return [
+        (r.msg_id, r.offset_msg_id, r.queue_id, r.queue_offset, r.commitlog_position)
+        for r in resp.results
+    ]
+
+
+def _packed_rows(resp: pb.SendMessageResponse) -> list[tuple[str, str, int, int, int]]:
+    """The same facts as :func:`_rows`, read from a packed answer."""
+    return list(
+        zip(
+            resp.packed_msg_ids,
+            [f"{resp.offset_msg_id_prefix}{p:016X}" for p in resp.packed_positions],
+            resp.packed_queue_ids,
+            resp.packed_queue_offsets,
+            resp.packed_positions,
+            strict=True,
+        )
+    )
