@@ -782,6 +782,10 @@ class RaftNode:
                 pr.inflight.popleft()  # a heartbeat answer: maybe an append was lost
         if advanced:
             self._maybe_commit()
+            if min(self._commit, pr.match) > pr.commit_sent:
+                # A follower whose answer came after the commit (the slower of a majority)
+                # learns it now too, not at the next heartbeat.
+                self._commit_notice_owed = True
             if self._transferee == m.from_id and pr.match == self._log.last_index():
                 logger.info(
                     "node=%s term=%d send_timeout_now to=%s", self.id, self._term, m.from_id

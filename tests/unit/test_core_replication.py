@@ -308,6 +308,33 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
         assert append.leader_commit == third.last_index
 
 
+def test_a_follower_that_answers_after_the_commit_is_told_at_once() -> None:
+    """n1's answer makes the majority; n2's, later, finds the entry committed already: n2 gets
+    a commit notice at the next ready(), not at the next heartbeat."""
+    node, log = _standalone_leader([1], RaftConfig(pre_vote=False))
+    (probe,) = _appends_to(_drain(node, log), "n1")
+    for peer in ("n1", "n2"):
+        node.step(
+            AppendResponse(
+                peer, "n0", node.term, success=True, match_index=probe.prev_log_index + 1
+            )
+        )
+    _drain(node, log)
+    p = node.propose([b"a"])
+    _drain(node, log)
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=p.last_index))
+    assert node.commit_index == p.last_index
+    (notice,) = _drain(node, log)
+    assert notice.to_id == "n1"
+    node.step(AppendResponse("n2", "n0", node.term, success=True, match_index=p.last_index))
+    (late,) = _drain(node, log)
+    assert isinstance(late, AppendRequest) and late.to_id == "n2" and late.no_reply
+    assert late.entries == () and late.leader_commit == p.last_index
+    # Told once: a repeated answer owes nothing more.
+    node.step(AppendResponse("n2", "n0", node.term, success=True, match_index=p.last_index))
+    assert _drain(node, log) == []
+
+
 def test_commit_notices_need_no_answer_unless_rejected() -> None:
     log = MemLog()
     _preset(log, [1, 1])
