@@ -15,10 +15,6 @@ from dledger.core import (
 from dledger.log import Entry
 
 
-def entry_to_pb(e: Entry) -> pb.Entry:
-    return pb.Entry(term=e.term, index=e.index, type=e.type, body=e.body)
-
-
 def entry_from_pb(e: pb.Entry) -> Entry:
     return Entry(term=e.term, index=e.index, body=e.body, type=e.type)
 

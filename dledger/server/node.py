@@ -47,7 +47,7 @@ from dledger.log import (
     IndexOutOfRangeError,
     LogCompactedError,
 )
-from dledger.server.convert import entry_to_pb, from_pb, validate
+from dledger.server.convert import from_pb, validate
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import FlushDiskType, SegmentedLogStore, StoreConfig
 from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
@@ -615,7 +615,11 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             raise AssertionError("unreachable") from None
         except IndexOutOfRangeError:
             entries = []
-        return pb.GetResponse(entries=[entry_to_pb(e) for e in entries], commit_index=commit)
+        resp = pb.GetResponse(commit_index=commit)
+        add = resp.entries.add  # in place: a list of Entry messages would be merged (copied)
+        for e in entries:
+            add(term=e.term, index=e.index, type=e.type, body=e.body)
+        return resp
 
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
