@@ -119,11 +119,14 @@ class _PendingSend:
         self,
         mq: MessageQueue,
         pbs: list[pb.Message],
+        size: int,
         on_done: Callable[[list[SendResult] | None, BaseException | None], None],
     ) -> None:
         self.mq = mq
         self.pbs = pbs
-        self.size = sum(len(m.body) for m in pbs)
+        # The bodies' bytes, from the caller's messages: reading ``body`` of a protobuf
+        # message copies it.
+        self.size = size
         self.on_done = on_done
 
 
@@ -250,7 +253,10 @@ class Producer:
         outcome = _Outcome()
         self._submit(
             _PendingSend(
-                mq, [m.to_pb(mq.queue_id, self.group, self._born_host) for m in msgs], outcome
+                mq,
+                [m.to_pb(mq.queue_id, self.group, self._born_host) for m in msgs],
+                sum(len(m.body) for m in msgs),
+                outcome,
             )
         )
         outcome.event.wait()
@@ -711,7 +717,9 @@ class Producer:
                 self._callbacks.put((settle, None, error))
 
         self._submit(
-            _PendingSend(mq, [msg.to_pb(mq.queue_id, self.group, self._born_host)], on_done)
+            _PendingSend(
+                mq, [msg.to_pb(mq.queue_id, self.group, self._born_host)], len(msg.body), on_done
+            )
         )
 
     def _retry_async(
