@@ -175,7 +175,9 @@ class Producer:
         self._routes: RouteClient | None = None
         self._executor: ThreadPoolExecutor | None = None
         # Async and one-way sends not yet answered, at most ASYNC_MAX_PENDING (back pressure).
-        self._slots = threading.Condition(threading.Lock())
+        # Entered through the bare lock (a C call) on every send; the Condition only to wait.
+        self._slot_lock = threading.Lock()
+        self._slots = threading.Condition(self._slot_lock)
         self._async_pending = 0
         self._slot_waiters = 0
         self._rr = itertools.count()
@@ -670,7 +672,7 @@ class Producer:
             raise
 
     def _take_slot(self) -> None:
-        with self._slots:
+        with self._slot_lock:
             while self._async_pending >= ASYNC_MAX_PENDING:
                 self._slot_waiters += 1
                 try:
@@ -680,7 +682,7 @@ class Producer:
             self._async_pending += 1
 
     def _free_slot(self) -> None:
-        with self._slots:
+        with self._slot_lock:
             self._async_pending -= 1
             if self._slot_waiters:
                 self._slots.notify()
