@@ -264,9 +264,8 @@ def test_status_reports_peer_lag() -> None:
     assert min(lag.values()) == 0
 
 
-def test_proposals_and_commits_between_two_readies_share_one_message_per_follower() -> None:
-    """Appends and commit notices are owed until ready(): two proposals in a row go out as
-    one append per follower, and a commit learnt meanwhile rides on it (no extra notice)."""
+def _replicating_leader() -> tuple[RaftNode, MemLog]:
+    """A leader whose followers both answered its first probe: appends are pipelined."""
     node, log = _standalone_leader([1], RaftConfig(pre_vote=False))
     (probe,) = _appends_to(_drain(node, log), "n1")
     for peer in ("n1", "n2"):
@@ -276,6 +275,13 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
             )
         )
     _drain(node, log)
+    return node, log
+
+
+def test_proposals_and_commits_between_two_readies_share_one_message_per_follower() -> None:
+    """Appends and commit notices are owed until ready(): two proposals in a row go out as
+    one append per follower, and a commit learnt meanwhile rides on it (no extra notice)."""
+    node, log = _replicating_leader()
     first = node.propose([b"a"])
     second = node.propose([b"b"])
     assert node.has_ready()
@@ -311,15 +317,7 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
 def test_a_follower_that_answers_after_the_commit_is_told_at_once() -> None:
     """n1's answer makes the majority; n2's, later, finds the entry committed already: n2 gets
     a commit notice at the next ready(), not at the next heartbeat."""
-    node, log = _standalone_leader([1], RaftConfig(pre_vote=False))
-    (probe,) = _appends_to(_drain(node, log), "n1")
-    for peer in ("n1", "n2"):
-        node.step(
-            AppendResponse(
-                peer, "n0", node.term, success=True, match_index=probe.prev_log_index + 1
-            )
-        )
-    _drain(node, log)
+    node, log = _replicating_leader()
     p = node.propose([b"a"])
     _drain(node, log)
     node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=p.last_index))
