@@ -94,6 +94,18 @@ def _create_file(path: Path, size_bytes: int) -> None:
     fsync_dir(path.parent)
 
 
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset`` (a regular file takes it in one call unless
+    interrupted)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(f"pwrite wrote {written} bytes")
+        view = view[written:]
+        offset += written
+
+
 def _round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
@@ -218,9 +230,7 @@ class MappedFile:
         written = 0
         try:
             try:
-                off = a
-                while off < b:
-                    off += os.pwrite(self.fd, _ZEROS[: b - off], off)
+                _pwrite_all(self.fd, _ZEROS[: b - a], a)
                 written = b - a
             finally:
                 with self._cond:
@@ -235,6 +245,12 @@ class MappedFile:
                 self._warmer_busy = False
                 self._cond.notify_all()
         return written
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset`` through the file descriptor (readers see it through
+        the mapping: the same page cache). The caller has reserved the range."""
+        assert 0 <= offset <= offset + len(data) <= self.reserved
+        _pwrite_all(self.fd, data, offset)
 
     def sync(self, start_offset: int, end_offset: int) -> None:
         """msync(MS_SYNC) the pages covering ``[start_offset, end_offset)``."""

@@ -165,18 +165,6 @@ class StoreConfig:
         return min(MAX_ENTRY_BODY_BYTES, self.segment_size_bytes - ENTRY_HEADER_SIZE)
 
 
-def _write_all(fd: int, data: bytes, offset: int) -> None:
-    """``pwrite`` all of ``data`` at ``offset`` (a regular file takes it in one call unless
-    interrupted)."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError(f"pwrite wrote {written} bytes")
-        view = view[written:]
-        offset += written
-
-
 class SegmentedLogStore:
     """A :class:`dledger.log.LogStore` on disk under ``root_dir`` (see docs/STORAGE.md)."""
 
@@ -877,8 +865,8 @@ class SegmentedLogStore:
                 i += 1
             if off > seg.reserved:  # keep the warmer out (about once per MiB)
                 seg.reserve(off, RESERVE_AHEAD_BYTES)
-            _write_all(seg.fd, b"".join(parts), off0)
-            _write_all(ifile.fd, b"".join(iparts), ioff0)
+            seg.write(off0, b"".join(parts))
+            ifile.write(ioff0, b"".join(iparts))
         assert off <= seg_size and seg is self._segments[-1]
         assert idx == self._last_index + len(items) and term >= self._last_term
         self._cur_index = ifile
