@@ -449,27 +449,34 @@ class Producer:
     def _results(
         self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
     ) -> list[SendResult]:
-        queues = self._queues
         if not resp.results and n:
             return self._packed_results(topic, broker_name, resp, n)
         if len(resp.results) != n:
             raise MQClientError(
                 "BAD_RESPONSE", "INTERNAL", f"{len(resp.results)} results for {n} messages"
             )
-        out = []
-        for r in resp.results:
-            key = (topic, broker_name, r.queue_id)
-            mq = queues.get(key)
-            if mq is None:
-                if len(queues) >= MAX_CACHED_QUEUES:
-                    queues.clear()
-                mq = queues[key] = MessageQueue(*key)
-            out.append(
-                SendResult(
-                    r.msg_id, r.offset_msg_id, mq, r.queue_offset, r.commitlog_position, r.duplicate
-                )
+        mq_of = self._message_queue
+        return [
+            SendResult(
+                r.msg_id,
+                r.offset_msg_id,
+                mq_of(topic, broker_name, r.queue_id),
+                r.queue_offset,
+                r.commitlog_position,
+                r.duplicate,
             )
-        return out
+            for r in resp.results
+        ]
+
+    def _message_queue(self, topic: str, broker_name: str, queue_id: int) -> MessageQueue:
+        """One shared ``MessageQueue`` per queue for the results (a bounded cache)."""
+        key = (topic, broker_name, queue_id)
+        mq = self._queues.get(key)
+        if mq is None:
+            if len(self._queues) >= MAX_CACHED_QUEUES:
+                self._queues.clear()
+            mq = self._queues[key] = MessageQueue(*key)
+        return mq
 
     def _packed_results(
         self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
@@ -489,25 +496,24 @@ class Producer:
                 f"packed answer for {n} messages has columns of {sorted(lengths)} and an "
                 f"offset msg id prefix of {len(prefix)} characters",
             )
-        queues = self._queues
-        out = []
-        for msg_id, queue_id, offset, position, duplicate in zip(
-            msg_ids, queue_ids, offsets, positions, duplicates, strict=True
-        ):
-            key = (topic, broker_name, queue_id)
-            mq = queues.get(key)
-            if mq is None:
-                if len(queues) >= MAX_CACHED_QUEUES:
-                    queues.clear()
-                mq = queues[key] = MessageQueue(*key)
-            if position < 0:
-                raise MQClientError(
-                    "BAD_RESPONSE", "INTERNAL", f"negative commitlog position {position}"
-                )
-            out.append(
-                SendResult(msg_id, f"{prefix}{position:016X}", mq, offset, position, duplicate)
+        if min(positions) < 0:
+            raise MQClientError(
+                "BAD_RESPONSE", "INTERNAL", f"negative commitlog position {min(positions)}"
             )
-        return out
+        mq_of = self._message_queue
+        return [
+            SendResult(
+                msg_id,
+                f"{prefix}{position:016X}",
+                mq_of(topic, broker_name, queue_id),
+                offset,
+                position,
+                duplicate,
+            )
+            for msg_id, queue_id, offset, position, duplicate in zip(
+                msg_ids, queue_ids, offsets, positions, duplicates, strict=True
+            )
+        ]
 
     def _call_send(
         self, topic: str, broker_name: str, pbs: list[pb.Message], timeout_s: float

@@ -103,10 +103,7 @@ class PeerLink:
         )
 
     async def stop(self) -> None:
-        if self._notice_timer is not None:
-            self._notice_timer.cancel()
-            self._notice_timer = None
-        self._held_notice = None
+        self._take_held_notice()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -117,24 +114,20 @@ class PeerLink:
             self._channel = None
 
     def send(self, m: Message) -> None:
-        held = self._held_notice
         if isinstance(m, AppendRequest) and m.no_reply and not m.entries:
             # A commit notice waits up to NOTICE_LINGER_MS for a message that carries its
             # news (the next append, usually a moment away under load); a newer notice
             # replaces it. Commit indices only grow, so nothing is lost but a stream write.
-            self._held_notice = m
-            if held is None:
+            if self._held_notice is None:
                 self._notice_timer = asyncio.get_running_loop().call_later(
                     NOTICE_LINGER_MS / 1000, self._release_notice
                 )
             else:
                 self.stats.superseded += 1
+            self._held_notice = m
             return
+        held = self._take_held_notice()
         if held is not None:
-            self._held_notice = None
-            if self._notice_timer is not None:
-                self._notice_timer.cancel()
-                self._notice_timer = None
             if (
                 isinstance(m, AppendRequest)
                 and m.term == held.term
@@ -146,10 +139,18 @@ class PeerLink:
         self._put(m)
 
     def _release_notice(self) -> None:
-        self._notice_timer = None
-        held, self._held_notice = self._held_notice, None
+        """The linger is over: the held notice goes out."""
+        held = self._take_held_notice()
         if held is not None:
             self._put(held)
+
+    def _take_held_notice(self) -> AppendRequest | None:
+        """The held commit notice, if any, no longer held (its timer cancelled)."""
+        if self._notice_timer is not None:
+            self._notice_timer.cancel()
+            self._notice_timer = None
+        held, self._held_notice = self._held_notice, None
+        return held
 
     def _put(self, m: Message) -> None:
         try:
