@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -24,9 +23,9 @@ from spark_audit.job import (
     LOOPBACK,
     AuditJobError,
     SessionOptions,
+    SessionStarter,
     resolved_master,
     run_job,
-    start_session,
 )
 from spark_audit.model import GroupPlan
 from spark_audit.plan import (
@@ -194,17 +193,27 @@ def _conf(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def plan(args: argparse.Namespace) -> list[GroupPlan]:
+def _check_options(args: argparse.Namespace) -> None:
     if args.upto is not None and args.upto < 0:
         raise InputError(f"--upto must be >= 0, got {args.upto}")
     if args.segment_bytes is not None and args.segment_bytes <= 0:
         raise InputError(f"--segment-bytes must be > 0, got {args.segment_bytes}")
     if args.task_mb <= 0:
         raise InputError(f"--task-mb must be > 0, got {args.task_mb}")
+
+
+def _plan_groups(
+    args: argparse.Namespace, groups: Sequence[tuple[str, list[ReplicaSource]]]
+) -> list[GroupPlan]:
     return [
         plan_group(name, srcs, upto=args.upto, segment_size_bytes=args.segment_bytes)
-        for name, srcs in _sources(args)
+        for name, srcs in groups
     ]
+
+
+def plan(args: argparse.Namespace) -> list[GroupPlan]:
+    _check_options(args)
+    return _plan_groups(args, _sources(args))
 
 
 def audit(
@@ -214,6 +223,7 @@ def audit(
     task_bytes: int = TASK_TARGET_BYTES,
     parquet_path: str | None = None,
     session_start_s: float = 0.0,
+    workers_start_s: float = 0.0,
 ) -> AuditReport:
     """Run the audit of ``plans`` on ``spark`` and build its report."""
     tasks = plan_tasks(plans, task_bytes=task_bytes)
@@ -230,6 +240,7 @@ def audit(
         job_s=out.elapsed_s,
         tasks=out.tasks,
         parquet_path=parquet_path,
+        workers_start_s=workers_start_s,
     )
 
 
@@ -242,31 +253,41 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    own_session = spark is None
+    starter: SessionStarter | None = None
     try:
-        plans = plan(args)
+        # Usage errors and stores that are not there fail before Spark starts.
+        _check_options(args)
         conf = _conf(args.conf)
-        session_start_s = 0.0
+        groups = _sources(args)
+        session_start_s = workers_start_s = 0.0
         if spark is None:
+            # Spark and its Python workers start while the driver plans (checkpoints, file
+            # lists, index records of every replica).
             opts = SessionOptions(args.master, args.bind_address, args.driver_host, conf)
             log.info("starting Spark master=%s", resolved_master(opts) or "(from spark-submit)")
-            t0 = time.monotonic()
-            spark = start_session(opts)
-            session_start_s = time.monotonic() - t0
-            log.info("Spark session ready in %.1f s", session_start_s)
+            starter = SessionStarter(opts)
+            starter.start()
+        plans = _plan_groups(args, groups)
+        if starter is not None:
+            spark = starter.result()
+            session_start_s, workers_start_s = starter.session_s, starter.workers_s
+            log.info("Spark session ready in %.1f s, Python workers in %.1f s more",
+                     session_start_s, workers_start_s)  # fmt: skip
+        assert spark is not None
         report = audit(
             spark,
             plans,
             task_bytes=args.task_mb * MIB,
             parquet_path=args.parquet,
             session_start_s=session_start_s,
+            workers_start_s=workers_start_s,
         )
     except (InputError, AuditJobError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        if own_session and spark is not None:
-            spark.stop()
+        if starter is not None:
+            starter.stop()
     write_summary(report, sys.stdout)
     if args.json:
         try:

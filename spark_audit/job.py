@@ -101,26 +101,24 @@ def _arrow_schema() -> Any:
 
 
 class TaskRunner:
-    """The function ``mapInArrow`` runs on the executors (pickled with the plans)."""
+    """The function ``mapInArrow`` runs on the executors (pickled with the plans and the
+    tasks): its input is ``spark.range`` over the positions in ``tasks``, so the JVM makes
+    the input rows and no Python stage runs before the scan."""
 
-    def __init__(self, plans: Sequence[GroupPlan]) -> None:
+    def __init__(self, plans: Sequence[GroupPlan], tasks: Sequence[TaskSpec] = ()) -> None:
         self.plans = {p.group: p for p in plans}
+        self.tasks = tuple(tasks)
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """Arrow record batches of task specs in, record batches of OUTPUT_COLUMNS out."""
+        """Arrow record batches of positions in ``tasks`` (column ``id``) in, record batches
+        of OUTPUT_COLUMNS out."""
         pa = _pyarrow()
 
         schema = _arrow_schema()
         names = [name for name, _ in OUTPUT_COLUMNS]
         for batch in batches:
-            for spec in batch.to_pylist():
-                task = TaskSpec(
-                    int(spec["task_id"]),
-                    str(spec["group"]),
-                    int(spec["lo"]),
-                    int(spec["hi"]),
-                    int(spec["est_bytes"]),
-                )
+            for at in batch.column("id").to_pylist():
+                task = self.tasks[int(at)]
                 plan = self.plans[task.group]
                 t0 = time.monotonic()
                 cpu0 = time.process_time()
@@ -226,6 +224,9 @@ def start_session(opts: SessionOptions) -> SparkSession:
         .config("spark.driver.host", opts.driver_host)
         .config("spark.driver.bindAddress", opts.bind_address)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Python workers outlive a task: a worker's start-up (interpreter, pyarrow, numpy,
+        # the CRC tables) is paid once per executor core, not once per task.
+        .config("spark.python.worker.reuse", "true")
     )
     master = resolved_master(opts)
     if master is not None:
@@ -238,6 +239,83 @@ def start_session(opts: SessionOptions) -> SparkSession:
         raise AuditJobError(f"cannot start Spark: {str(exc).splitlines()[0]}") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _warm_task(batches: Iterator[Any]) -> Iterator[Any]:
+    """What a warm-up task runs in a Python worker: the imports and tables a scan needs;
+    it yields no rows."""
+    from spark_audit import batch
+    from spark_audit.scan import run_task  # what the audit's tasks run, imported now
+
+    batch.warm()
+    log.debug("Python worker ready for %s", run_task.__qualname__)
+    for _ in batches:
+        pass
+    yield from ()
+
+
+def warm_workers(spark: SparkSession) -> float:
+    """Start the Python workers (one per core Spark has) with a job of empty tasks of the
+    same shape as the audit's (``mapInArrow`` to the output schema, persisted, filtered,
+    collected), so that the audit's first tasks find the workers running with the job's
+    code loaded and the JVM's code for the plan already compiled. Returns the seconds."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    t0 = time.monotonic()
+    _ship_once(spark)
+    n = max(int(spark.sparkContext.defaultParallelism), 1)
+    try:
+        out = spark.range(0, n, 1, n).mapInArrow(_warm_task, OUTPUT_DDL)
+        out = out.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            out.filter(F.col("kind") != "mismatch").collect()
+        finally:
+            out.unpersist()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AuditJobError(f"the Python workers did not start: {first}") from exc
+    elapsed = time.monotonic() - t0
+    log.info("Python workers ready in %.1f s (%d cores)", elapsed, n)
+    return elapsed
+
+
+class SessionStarter(threading.Thread):
+    """Starts the session and its Python workers in the background (while the driver
+    plans the audit); ``result`` waits for them."""
+
+    def __init__(self, opts: SessionOptions) -> None:
+        super().__init__(name="audit-session", daemon=True)
+        self._opts = opts
+        self.spark: SparkSession | None = None
+        self.session_s = 0.0
+        self.workers_s = 0.0
+        self._error: AuditJobError | None = None
+
+    def run(self) -> None:
+        try:
+            t0 = time.monotonic()
+            self.spark = start_session(self._opts)
+            self.session_s = time.monotonic() - t0
+            self.workers_s = warm_workers(self.spark)
+        except AuditJobError as exc:
+            self._error = exc
+        except Exception as exc:  # anything else Spark or py4j raises
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._error = AuditJobError(f"cannot start Spark: {first}")
+
+    def result(self) -> SparkSession:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self.spark is not None
+        return self.spark
+
+    def stop(self) -> None:
+        """Stop the session once it is up (the caller gave up on it)."""
+        self.join()
+        if self.spark is not None:
+            self.spark.stop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,18 +375,15 @@ def run_job(
     from pyspark.sql import functions as F
 
     t0 = time.monotonic()
-    sc = spark.sparkContext
     if not tasks:
         return JobOutput([], {}, [], 0, 0.0)
     _ship_once(spark)
     replicas = {p.group: len(p.replicas) for p in plans}
     est_bytes = sum(t.est_bytes * replicas[t.group] for t in tasks)
-    specs = [(t.task_id, t.group, t.lo, t.hi, t.est_bytes) for t in tasks]
-    rdd = sc.parallelize(specs, len(specs))
-    task_df = spark.createDataFrame(
-        rdd, "task_id long, `group` string, lo long, hi long, est_bytes long"
-    )
-    out = task_df.mapInArrow(TaskRunner(plans), OUTPUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    # One partition per task, holding the task's position in ``tasks``.
+    task_df = spark.range(0, len(tasks), 1, len(tasks))
+    runner = TaskRunner(plans, tasks)
+    out = task_df.mapInArrow(runner, OUTPUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
     progress = _Progress(spark, len(tasks), est_bytes)
     progress.start()
     try:

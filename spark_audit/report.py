@@ -99,6 +99,11 @@ class ReplicaSummary:
     segments: dict[str, SegmentSummary] = field(default_factory=dict)
     status: str = "ok"
 
+    @property
+    def scanned_bytes(self) -> int:
+        """Bytes of entries read on this replica (committed and tail)."""
+        return sum(s.committed.bytes + s.tail_bytes for s in self.segments.values())
+
 
 @dataclass(slots=True)
 class PairSummary:
@@ -135,6 +140,11 @@ class AuditReport:
     tasks: int
     parquet_path: str | None = None
     task_cpu_s: float = 0.0  # CPU time the tasks spent scanning and comparing
+    workers_start_s: float = 0.0  # starting the Python workers before the job (0: not done)
+
+    def mb_per_s(self, nbytes: int) -> float:
+        """``nbytes`` over the job's wall time, in MB/s (every replica is read during it)."""
+        return nbytes / 1e6 / self.job_s if self.job_s > 0 else 0.0
 
     @property
     def clean(self) -> bool:
@@ -219,6 +229,7 @@ def build_report(
     job_s: float,
     tasks: int,
     parquet_path: str | None,
+    workers_start_s: float = 0.0,
 ) -> AuditReport:
     by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -294,7 +305,9 @@ def build_report(
             )
         )
     cpu_s = sum(int(r["count"] or 0) for r in rows if r["kind"] == "task") / 1e6
-    return AuditReport(groups, master, session_start_s, job_s, tasks, parquet_path, cpu_s)
+    return AuditReport(
+        groups, master, session_start_s, job_s, tasks, parquet_path, cpu_s, workers_start_s
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,6 +339,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
         "exit_code": report.exit_code,
         "master": report.master,
         "session_start_s": round(report.session_start_s, 3),
+        "workers_start_s": round(report.workers_start_s, 3),
         "job_s": round(report.job_s, 3),
         "tasks": report.tasks,
         "task_cpu_s": round(report.task_cpu_s, 3),
@@ -348,6 +362,8 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                         "end": {"file": r.end_file, "offset": r.end_offset},
                         "committed": r.committed.as_json(),
                         "tail_count": r.tail_count,
+                        "scanned_bytes": r.scanned_bytes,
+                        "mb_per_s": round(report.mb_per_s(r.scanned_bytes), 1),
                         "segments": [
                             {
                                 "file": s.file,
@@ -412,6 +428,7 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
                 "unordered",
                 "ordered",
                 "tail",
+                "MB/s",
                 "status",
             ]
         ]
@@ -429,6 +446,7 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
                     f"{c.unordered:016x}",
                     f"{c.ordered:08x}",
                     str(r.tail_count),
+                    f"{report.mb_per_s(r.scanned_bytes):.0f}",
                     r.status,
                 ]
             )
@@ -450,12 +468,15 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
         if g.mismatch_count:
             out.write(f"  {g.mismatch_count} divergent entry rows\n")
     mb = report.scanned_bytes / 1e6
-    rate = mb / report.job_s if report.job_s > 0 else 0.0
+    rate = report.mb_per_s(report.scanned_bytes)
+    workers = (
+        f", Python workers start {report.workers_start_s:.1f} s" if report.workers_start_s else ""
+    )
     out.write(
         f"{'CLEAN' if report.clean else 'FAILED'}: {sum(len(g.errors) for g in report.groups)} "
         f"error(s); scanned {mb:.1f} MB in {report.tasks} tasks, job {report.job_s:.1f} s "
         f"({rate:.0f} MB/s; tasks used {report.task_cpu_s:.1f} CPU s), session start "
-        f"{report.session_start_s:.1f} s, master {report.master}\n"
+        f"{report.session_start_s:.1f} s{workers}, master {report.master}\n"
     )
     if report.parquet_path:
         out.write(f"divergent entry rows: {report.parquet_path}\n")

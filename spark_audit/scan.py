@@ -13,15 +13,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import combinations
 
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
 from dledger.storage import codec
 from dledger.storage.codec import (
+    ENTRY_HEADER_SIZE,
+    ENTRY_MAGIC,
+    FORMAT_VERSION,
+    HEADER_CRC_OFFSET,
+    INDEX_CRC_OFFSET,
+    INDEX_MAGIC,
     INDEX_RECORD_SIZE,
+    MAX_ENTRY_BODY_BYTES,
     EntryHeader,
     ItemKind,
     RecordError,
     crc32c,
 )
 from dledger.storage.files import segment_name
+from spark_audit import batch
+from spark_audit.batch import HEADER_DTYPE, INDEX_DTYPE, U64
 from spark_audit.fs import MappedView
 from spark_audit.model import (
     ORDERED_KEY,
@@ -47,10 +60,15 @@ MAX_DANGLING_INDEX_RECORDS = 1 << 20
 MAX_GAP_FILL_ENTRIES = 1 << 22
 # Divergent entries written as rows by one task; the findings still count all of them.
 MAX_MISMATCH_ROWS_PER_TASK = 1_000_000
-# Entries compared as one slice across replicas before looking at them one by one.
-COMPARE_CHUNK_ENTRIES = 4096
 # Findings of one kind per replica and task; beyond it they are merged into the last one.
 MAX_FINDINGS_PER_KIND = 1000
+# Entries the fast path checks per batch: enough that numpy's per-call cost is spread thin
+# (a few hundred calls per batch), small enough that a batch's arrays stay a few MB.
+FAST_BATCH_ENTRIES = 16384
+# After the fast path flags an entry, the careful reader walks on for a while before the
+# fast path is tried again: 1 entry after a batch that went well, doubling (up to this) while
+# the fast path keeps taking nothing, so a store whose index is useless costs little extra.
+MAX_CAREFUL_RUN_ENTRIES = 4096
 
 _ZERO_RECORD = bytes(INDEX_RECORD_SIZE)
 
@@ -91,12 +109,75 @@ class Span:
     reason: str
 
 
+class Columns:
+    """What a replica holds at consecutive indexes, as numpy columns: term, entry digest,
+    held (False: not readable) and absolute data position (-1: none). The careful path adds
+    one entry at a time (kept in lists until the next batch), the fast path whole arrays."""
+
+    def __init__(self) -> None:
+        self._chunks: list[tuple[U64, U64, npt.NDArray[np.bool_], npt.NDArray[np.int64]]] = []
+        self._terms: list[int] = []
+        self._digests: list[int] = []
+        self._held: list[bool] = []
+        self._positions: list[int] = []
+        self.length = 0
+
+    def add(self, term: int, digest: int, position: int) -> None:
+        self._terms.append(term)
+        self._digests.append(digest)
+        self._held.append(True)
+        self._positions.append(position)
+        self.length += 1
+
+    def _flush(self) -> None:
+        if self._terms:
+            self._chunks.append(
+                (
+                    np.array(self._terms, dtype=np.uint64),
+                    np.array(self._digests, dtype=np.uint64),
+                    np.array(self._held, dtype=np.bool_),
+                    np.array(self._positions, dtype=np.int64),
+                )
+            )
+            self._terms, self._digests, self._held, self._positions = [], [], [], []
+
+    def extend(self, terms: U64, digests: U64, positions: npt.NDArray[np.int64]) -> None:
+        self._flush()
+        self._chunks.append((terms, digests, np.ones(len(terms), dtype=np.bool_), positions))
+        self.length += len(terms)
+
+    def fill(self, n: int) -> None:
+        """``n`` indexes this replica does not hold (readably)."""
+        self._flush()
+        self._chunks.append(
+            (
+                np.zeros(n, dtype=np.uint64),
+                np.zeros(n, dtype=np.uint64),
+                np.zeros(n, dtype=np.bool_),
+                np.full(n, -1, dtype=np.int64),
+            )
+        )
+        self.length += n
+
+    def arrays(self) -> tuple[U64, U64, npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        """(terms, digests, held, positions), joined."""
+        self._flush()
+        if len(self._chunks) != 1:
+            joined = tuple(np.concatenate(c) for c in zip(*self._chunks, strict=True))
+            self._chunks = [joined] if self._chunks else []  # type: ignore[list-item]
+        if not self._chunks:
+            return _EMPTY_U64, _EMPTY_U64, np.zeros(0, dtype=np.bool_), np.zeros(0, np.int64)
+        return self._chunks[0]
+
+
+_EMPTY_U64: U64 = np.zeros(0, dtype=np.uint64)
+
+
 @dataclass(slots=True)
 class ReplicaScan:
     replica: str
-    start: int  # index of vals[0]
-    vals: list[int | None] = field(default_factory=list)  # (term << 64) | digest, None: unreadable
-    positions: list[int] = field(default_factory=list)  # absolute data position, -1: none
+    start: int  # index of the first column value
+    cols: Columns = field(default_factory=Columns)
     gaps: list[Span] = field(default_factory=list)  # indexes this replica does not hold
     corrupt: list[Span] = field(default_factory=list)  # records that fail a check
     index_bad: list[Span] = field(default_factory=list)  # runs of index records that disagree
@@ -104,15 +185,28 @@ class ReplicaScan:
     end: tuple[int, str, str, int] | None = None  # (last index, file, path, offset)
 
     def get(self, index: int) -> int | None:
+        """``(term << 64) | digest`` of the entry at ``index``; None: not held."""
+        terms, digests, held, _ = self.cols.arrays()
         i = index - self.start
-        if 0 <= i < len(self.vals):
-            return self.vals[i]
+        if 0 <= i < len(held) and held[i]:
+            return (int(terms[i]) << 64) | int(digests[i])
         return None
+
+    def position(self, index: int) -> int:
+        _, _, _, positions = self.cols.arrays()
+        return int(positions[index - self.start])
 
     @property
     def stop(self) -> int:
-        """One past the last index covered by ``vals``."""
-        return self.start + len(self.vals)
+        """One past the last index covered by the columns."""
+        return self.start + self.cols.length
+
+
+def _prefix(ok: npt.NDArray[np.bool_]) -> int:
+    """Length of the leading run of True."""
+    if ok.all():
+        return len(ok)
+    return int(np.argmin(ok))
 
 
 class _Stop(Exception):
@@ -123,9 +217,17 @@ class ReplicaScanner:
     """Scans entries ``[lo, hi)`` (``hi == 0``: to the end) of one replica."""
 
     def __init__(
-        self, rp: ReplicaPlan, lo: int, hi: int, committed: bool, cache: FileCache
+        self,
+        rp: ReplicaPlan,
+        lo: int,
+        hi: int,
+        committed: bool,
+        cache: FileCache,
+        *,
+        fast: bool = True,
     ) -> None:
         self.rp = rp
+        self.fast = fast  # False: the careful reader alone (what the fast path is tested against)
         self.hi = hi
         self.committed = committed
         self.cache = cache
@@ -231,8 +333,7 @@ class ReplicaScanner:
         n = last - first + 1
         if n > MAX_GAP_FILL_ENTRIES:
             raise _Stop
-        self.out.vals.extend([None] * n)
-        self.out.positions.extend([-1] * n)
+        self.out.cols.fill(n)
 
     def _gap(self, first: int, last: int, file: str, path: str, offset: int, reason: str) -> None:
         if self.hi and last >= self.hi:
@@ -246,8 +347,7 @@ class ReplicaScanner:
         term = h.term
         self._check_index(index, h.total_size, position, term, h.type)
         digest = entry_digest(term, h.type, h.body_size, h.body_crc)
-        self.out.vals.append((term << 64) | digest)
-        self.out.positions.append(position)
+        self.out.cols.add(term, digest, position)
         part = self._part
         if part is None or part.file != seg_name:
             part = self.out.parts.get(seg_name)
@@ -430,6 +530,108 @@ class ReplicaScanner:
             return None
         return k2, off2
 
+    # ------------------------------------------------------------------ the fast path
+
+    def _fast(self, k: int, off: int) -> int:
+        """Take, a batch at a time, the entries from (k, off) on that pass every check the
+        careful reader makes (the index record of each entry tells where it is; the chain
+        of positions, the header, the index record and both CRCs are then checked as
+        arrays). Stops before the first entry any check flags, at the end of the segment or
+        of the range. Returns the offset after the last entry taken (``off``: none)."""
+        seg = self.rp.segments[k]
+        buf = self.cache.buf(seg.uri)
+        while not (self.hi and self.e >= self.hi):
+            want = FAST_BATCH_ENTRIES if not self.hi else min(FAST_BATCH_ENTRIES, self.hi - self.e)
+            taken, nxt = self._fast_batch(seg.name, seg.start, buf, off, want)
+            off = nxt
+            if taken < want:
+                break
+        return off
+
+    def _fast_batch(
+        self, seg_name: str, seg_start: int, buf: bytes | memoryview, off: int, want: int
+    ) -> tuple[int, int]:
+        """One batch of at most ``want`` entries from ``off``; returns (entries, offset)."""
+        e = self.e
+        f = self.rp.index_file_for(e)
+        if f is None or len(buf) < ENTRY_HEADER_SIZE:
+            return 0, off
+        ibuf = self.cache.buf(f.uri)
+        byte = e * INDEX_RECORD_SIZE - f.start
+        room = min(len(ibuf), self.rp.index_segment_size_bytes) - byte
+        n = min(want, room // INDEX_RECORD_SIZE)
+        if n <= 0:
+            return 0, off
+        recs = np.frombuffer(ibuf, dtype=INDEX_DTYPE, count=n, offset=byte)
+        # Where the index says each entry is; the entries must follow one another from off.
+        size = recs["size"].astype(np.uint64)
+        rel = recs["position"].astype(np.uint64) - np.uint64(seg_start)  # wraps if below
+        limit = np.uint64(len(buf))
+        ok = (rel + size <= limit) & (size >= ENTRY_HEADER_SIZE) & (rel < limit)
+        ok[0] &= bool(rel[0] == off)
+        ok[1:] &= rel[1:] == rel[:-1] + size[:-1]
+        ok &= (recs["magic"] == INDEX_MAGIC) & (recs["pad0"] == 0) & (recs["pad1"] == 0)
+        ok &= recs["pad2"] == 0
+        n = _prefix(ok)
+        if n == 0:
+            return 0, off
+        offs = rel[:n].astype(np.intp)
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        heads = sliding_window_view(raw, ENTRY_HEADER_SIZE)[offs]  # (n, 48), a copy
+        h = heads.view(HEADER_DTYPE).reshape(n)
+        recs = recs[:n]
+        body_size = h["body_size"].astype(np.uint64)
+        ok = (h["magic"] == ENTRY_MAGIC) & (h["version"] == FORMAT_VERSION)
+        ok &= h["index"] == np.arange(e, e + n, dtype=np.uint64)
+        ok &= h["position"] == recs["position"]
+        ok &= (h["total"] == recs["size"]) & (h["total"] == body_size + ENTRY_HEADER_SIZE)
+        ok &= body_size <= MAX_ENTRY_BODY_BYTES
+        ok &= (h["term"] == recs["term"]) & (h["type"] == recs["type"])
+        ok &= h["header_crc"] == batch.crc32c_rows(heads[:, :HEADER_CRC_OFFSET])
+        rec_raw = np.frombuffer(ibuf, dtype=np.uint8, count=n * INDEX_RECORD_SIZE, offset=byte)
+        rec_raw = rec_raw.reshape(n, INDEX_RECORD_SIZE)
+        ok &= recs["crc"] == batch.crc32c_rows(rec_raw[:, :INDEX_CRC_OFFSET])
+        n = _prefix(ok)
+        if n == 0:
+            return 0, off
+        body_crc = h["body_crc"][:n].astype(np.uint64)
+        hcrc = h["header_crc"][:n].astype(np.uint64)
+        n = _prefix(batch.bodies_ok(buf, offs[:n], size[:n], hcrc, body_crc))
+        if n == 0:
+            return 0, off
+        terms = h["term"][:n].astype(np.uint64)
+        types = h["type"][:n]
+        body_size, body_crc, size = body_size[:n], body_crc[:n], size[:n]
+        digests = batch.content_digests(terms, types, body_size, body_crc)
+        positions = recs["position"][:n].astype(np.int64)
+        self.out.cols.extend(terms, digests, positions)
+        part = self._part
+        first_term, last_term = int(terms[0]), int(terms[-1])
+        if part is None or part.file != seg_name:
+            part = self.out.parts.get(seg_name)
+            if part is None:
+                part = PartStats(
+                    self.rp.replica,
+                    seg_name,
+                    first_index=e,
+                    min_term=first_term,
+                    max_term=first_term,
+                    committed=self.committed,
+                )
+                self.out.parts[seg_name] = part
+            self._part = part
+        part.last_index = e + n - 1
+        part.count += n
+        part.bytes += int(size.sum())
+        part.min_term = min(part.min_term, int(terms.min()))
+        part.max_term = max(part.max_term, int(terms.max()))
+        part.unordered = (part.unordered + int(digests.sum(dtype=np.uint64))) & U64_MASK
+        part.ordered = batch.ordered_crc(e, terms, types, body_size, body_crc, part.ordered)
+        self.e = e + n
+        self.last_term = last_term
+        self.end_is_ours = True
+        return n, int(offs[n - 1]) + int(size[n - 1])
+
     # ------------------------------------------------------------------ the scan
 
     def run(self) -> ReplicaScan:
@@ -451,10 +653,22 @@ class ReplicaScanner:
     def _scan(self, k: int, off: int) -> None:
         segs = self.rp.segments
         hole: tuple[str, str, int] | None = None  # where a run of zeros the log skips began
+        careful_run = 1  # entries the careful reader takes before the fast path is tried again
         while k < len(segs):
             seg = segs[k]
             buf = self.cache.buf(seg.uri)
             nxt: tuple[int, int] | None = None
+            if self.fast:
+                taken_to = self._fast(k, off)
+                if taken_to != off:
+                    hole = None
+                    off = taken_to
+                    careful_run = 1
+                else:
+                    careful_run = min(careful_run * 2, MAX_CAREFUL_RUN_ENTRIES)
+                if self.hi and self.e >= self.hi:
+                    return
+            careful_left = careful_run
             for item in codec.iter_segment(buf, seg.start, start_offset=off):
                 if item.kind is ItemKind.ENTRY:
                     h = item.header
@@ -487,6 +701,10 @@ class ReplicaScanner:
                     self._entry(h, seg.name, item.position)
                     if self.hi and self.e >= self.hi:
                         return
+                    careful_left -= 1
+                    if self.fast and careful_left <= 0:
+                        nxt = (k, item.offset + item.size)  # the fast path takes over again
+                        break
                     continue
                 if item.kind in (ItemKind.BLANK, ItemKind.PADDING):
                     short = len(buf) < self.rp.segment_size_bytes
@@ -537,13 +755,14 @@ def _locate(rp: ReplicaPlan, position: int) -> tuple[str, int]:
     return seg.name, position - seg.start
 
 
-def run_task(plan: GroupPlan, task: TaskSpec) -> TaskResult:
-    """Scan ``task``'s range on every replica of ``plan`` and compare them."""
+def run_task(plan: GroupPlan, task: TaskSpec, *, fast: bool = True) -> TaskResult:
+    """Scan ``task``'s range on every replica of ``plan`` and compare them. ``fast=False``:
+    the careful per-entry reader alone (the reference the fast path is tested against)."""
     committed = bool(task.hi) and task.hi - 1 <= plan.audited_index
     cache = FileCache()
     try:
         scans = {
-            rp.replica: ReplicaScanner(rp, task.lo, task.hi, committed, cache).run()
+            rp.replica: ReplicaScanner(rp, task.lo, task.hi, committed, cache, fast=fast).run()
             for rp in plan.replicas
         }
     finally:
@@ -602,28 +821,40 @@ def _replica_findings(
             )  # fmt: skip
 
 
-def _slice(scan: ReplicaScan, a: int, b: int) -> list[int | None]:
-    """``vals`` for indexes ``[a, b)``, None where the scan has nothing."""
-    i, j = a - scan.start, b - scan.start
-    body = scan.vals[max(i, 0) : max(j, 0)]
-    head: list[int | None] = [None] * min(max(-i, 0), b - a)
-    tail: list[int | None] = [None] * (b - a - len(head) - len(body))
-    return head + body + tail
+def _aligned(scan: ReplicaScan, lo: int, hi: int) -> tuple[U64, U64, npt.NDArray[np.bool_]]:
+    """(terms, digests, held) of ``scan`` over indexes ``[lo, hi)`` (not held outside it)."""
+    terms, digests, held, _ = scan.cols.arrays()
+    n = hi - lo
+    t = np.zeros(n, dtype=np.uint64)
+    d = np.zeros(n, dtype=np.uint64)
+    h = np.zeros(n, dtype=np.bool_)
+    at = scan.start - lo
+    t[at : at + len(terms)] = terms
+    d[at : at + len(digests)] = digests
+    h[at : at + len(held)] = held
+    return t, d, h
 
 
-def _chunk_agrees(scans: dict[str, ReplicaScan], a: int, b: int) -> bool:
-    """True when no two replicas hold different values anywhere in ``[a, b)`` (a replica
-    that holds nothing at an index agrees with everyone there)."""
-    slices = [_slice(s, a, b) for s in scans.values()]
-    if all(sl == slices[0] for sl in slices):
-        return True
-    if all(None not in sl for sl in slices):
-        return False
-    for column in zip(*slices, strict=True):
-        held = {v for v in column if v is not None}
-        if len(held) > 1:
-            return False
-    return True
+def _differing(scans: dict[str, ReplicaScan]) -> list[int]:
+    """Indexes where two replicas hold different entries (a replica that holds nothing at
+    an index agrees with everyone there), compared as arrays."""
+    first = scans[next(iter(scans))]
+    t0, d0, h0, _ = first.cols.arrays()
+    if all(
+        s.start == first.start
+        and np.array_equal(s.cols.arrays()[2], h0)
+        and np.array_equal(s.cols.arrays()[0], t0)
+        and np.array_equal(s.cols.arrays()[1], d0)
+        for s in scans.values()
+    ):
+        return []  # the common case: every replica holds the same entries
+    lo = min(s.start for s in scans.values())
+    hi = max(s.stop for s in scans.values())
+    cols = [_aligned(s, lo, hi) for s in scans.values()]
+    differ = np.zeros(hi - lo, dtype=np.bool_)
+    for (ta, da, ha), (tb, db, hb) in combinations(cols, 2):
+        differ |= ha & hb & ((ta != tb) | (da != db))
+    return (np.flatnonzero(differ) + lo).tolist()
 
 
 def _compare(
@@ -636,17 +867,9 @@ def _compare(
     names = list(scans)
     if len(names) < 2:
         return
-    first = scans[names[0]]
-    if all(s.start == first.start and s.vals == first.vals for s in scans.values()):
-        return  # the common case: every replica holds the same entries
-    lo = min(s.start for s in scans.values())
-    hi = max(s.stop for s in scans.values())
-    differing = [
-        index
-        for a in range(lo, hi, COMPARE_CHUNK_ENTRIES)
-        if not _chunk_agrees(scans, a, min(a + COMPARE_CHUNK_ENTRIES, hi))
-        for index in range(a, min(a + COMPARE_CHUNK_ENTRIES, hi))
-    ]
+    differing = _differing(scans)
+    if not differing:
+        return
     by_name = {rp.replica: rp for rp in plan.replicas}
     pair_first: dict[tuple[str, str], int] = {}
     pair_count: Counter[tuple[str, str]] = Counter()
@@ -671,7 +894,7 @@ def _compare(
             if majority is not None and v == majority:
                 continue
             scan = scans[n]
-            file, off = _locate(by_name[n], scan.positions[index - scan.start])
+            file, off = _locate(by_name[n], scan.position(index))
             rep_count[n] += 1
             if n not in rep_first:
                 rep_first[n] = (index, file, off, peer, majority if majority is not None else -1)

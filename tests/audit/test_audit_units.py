@@ -1,17 +1,33 @@
-"""Pieces of the audit that need no Spark: the CRC combine and the merging of findings."""
+"""Pieces of the audit that need no Spark: the CRC combine, the merging of findings and the
+fast path's batch checks."""
 
 from __future__ import annotations
 
+import io
 import os
+import random
 
 import crc32c
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dledger.storage import codec
+from dledger.storage.codec import ENTRY_HEADER_SIZE
+from spark_audit import batch
 from spark_audit.crc import crc32c_combine
-from spark_audit.model import Finding, What, to_i64, to_u64
-from spark_audit.report import merge_findings
+from spark_audit.model import ORDERED_KEY, Finding, What, entry_digest, to_i64, to_u64
+from spark_audit.report import (
+    AuditReport,
+    Checksums,
+    GroupReport,
+    ReplicaSummary,
+    SegmentSummary,
+    merge_findings,
+    report_json,
+    write_summary,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -47,3 +63,115 @@ def test_pieces_of_one_problem_from_several_tasks_are_merged() -> None:
     assert [(f.index, f.index_end, f.count, f.offset) for f in missing] == [(100, 250, 151, 4096)]
     (div,) = [f for f in merged if f.what is What.DIVERGENT_ENTRY]
     assert (div.index, div.offset, div.count) == (120, 5, 5)
+
+
+# ---------------------------------------------------------------------------------------
+# The fast path's batch checks against the codec's one-at-a-time ones
+# ---------------------------------------------------------------------------------------
+
+
+def _entries(sizes: list[int], seed: int) -> tuple[bytes, list[int]]:
+    """Valid entries end to end (bodies of ``sizes``); returns the bytes and the offsets."""
+    rng = random.Random(seed)
+    out = bytearray()
+    offs = []
+    for i, n in enumerate(sizes):
+        offs.append(len(out))
+        body = rng.randbytes(n)
+        out += codec.encode_entry(index=i + 1, term=1 + i // 7, position=len(out), body=body)
+    return bytes(out), offs
+
+
+def _bodies_ok(data: bytes, offs: list[int]) -> list[bool]:
+    arr = np.frombuffer(data, dtype=np.uint8)
+    heads = np.stack([arr[o : o + ENTRY_HEADER_SIZE] for o in offs])
+    h = heads.view(batch.HEADER_DTYPE).reshape(len(offs))
+    return batch.bodies_ok(
+        data,
+        np.array(offs, dtype=np.intp),
+        h["total"].astype(np.uint64),
+        h["header_crc"].astype(np.uint64),
+        h["body_crc"].astype(np.uint64),
+    ).tolist()
+
+
+def _reference(data: bytes, offs: list[int]) -> list[bool]:
+    out = []
+    for o in offs:
+        try:
+            codec.verify_entry(data, o)
+            out.append(True)
+        except codec.RecordError:
+            out.append(False)
+    return out
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [100] * 700,  # one run: one CRC call for all
+        [0] * 300 + [1] * 300,  # empty bodies, then a 1-byte run
+        [37] * 10 + [4000] * 300 + [5] * 3 + [128] * 257,  # short and long runs
+        list(range(1, 400)),  # every size once: one call per entry
+    ],
+)
+def test_body_crcs_of_runs_match_the_codec(sizes: list[int]) -> None:
+    data, offs = _entries(sizes, seed=len(sizes))
+    assert _bodies_ok(data, offs) == [True] * len(sizes)
+    rng = random.Random(7)
+    for _ in range(25):
+        bad = bytearray(data)
+        picks = rng.sample(range(len(offs)), rng.choice((1, 1, 2, 3)))
+        for i in picks:
+            body = sizes[i]
+            if body == 0:
+                continue
+            at = offs[i] + ENTRY_HEADER_SIZE + rng.randrange(body)
+            bad[at] ^= 1 << rng.randrange(8)
+        assert _bodies_ok(bytes(bad), offs) == _reference(bytes(bad), offs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=20))
+def test_crc_of_rows_equals_crc32c(rows: list[bytes]) -> None:
+    width = max(len(r) for r in rows)
+    padded = [r.ljust(width, b"\x5a") for r in rows]
+    arr = np.frombuffer(b"".join(padded), dtype=np.uint8).reshape(len(rows), width)
+    assert batch.crc32c_rows(arr).tolist() == [crc32c.crc32c(r) for r in padded]
+
+
+def test_digests_and_ordered_checksum_match_the_model() -> None:
+    rng = random.Random(3)
+    n = 300
+    terms = [rng.randrange(1 << 64) for _ in range(n)]
+    types = [rng.randrange(256) for _ in range(n)]
+    sizes = [rng.randrange(1 << 32) for _ in range(n)]
+    crcs = [rng.randrange(1 << 32) for _ in range(n)]
+    t64 = np.array(terms, dtype=np.uint64)
+    ty8 = np.array(types, dtype=np.uint8)
+    s64 = np.array(sizes, dtype=np.uint64)
+    c64 = np.array(crcs, dtype=np.uint64)
+    digests = batch.content_digests(t64, ty8, s64, c64).tolist()
+    assert digests == [entry_digest(*v) for v in zip(terms, types, sizes, crcs, strict=True)]
+    first, seed = 1 << 40, 0x1234
+    expected = seed
+    for i, v in enumerate(zip(terms, types, sizes, crcs, strict=True)):
+        expected = crc32c.crc32c(ORDERED_KEY.pack(first + i, *v), expected)
+    assert batch.ordered_crc(first, t64, ty8, s64, c64, seed) == expected
+
+
+def test_summary_and_json_give_each_replicas_throughput() -> None:
+    seg = SegmentSummary("00000000000000000000", Checksums(count=10, bytes=30_000_000))
+    seg.tail_bytes = 10_000_000
+    replica = ReplicaSummary("n0", "/s/n0", 1, 10, segments={seg.file: seg})
+    group = GroupReport("g", 10, "checkpoints", 1, [replica], [], [])
+    report = AuditReport([group], "local[2]", 5.0, 2.0, 3, workers_start_s=1.5)
+    (r,) = report_json(report)["groups"][0]["replicas"]
+    assert (r["scanned_bytes"], r["mb_per_s"]) == (40_000_000, 20.0)
+    assert report_json(report)["workers_start_s"] == 1.5
+    out = io.StringIO()
+    write_summary(report, out)
+    header, _, row = out.getvalue().splitlines()[1:4]
+    assert header.split()[-2:] == ["MB/s", "status"]
+    assert row.split()[-2:] == ["20", "ok"]
+    assert "Python workers start 1.5 s" in out.getvalue()
