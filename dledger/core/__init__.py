@@ -18,7 +18,10 @@ Inputs (call from one thread or task; each returns quickly and never blocks):
 
 * ``tick()`` every tick (the server: every ``tick_ms``; timeouts are counted in ticks).
 * ``step(message)`` for every message received from a peer (any order, duplicates and stale
-  messages are fine; unknown senders are dropped).
+  messages are fine). It never raises: a message no honest member could have sent (unknown
+  sender, term above ``MAX_TERM`` or jumping by more than ``MAX_TERM_JUMP``, a second leader
+  in a term, an unrequested TimeoutNow, an ack beyond the leader's last index, ...) is
+  dropped and counted in ``dropped`` / ``status().dropped`` by reason (``DROP_*``).
 * ``propose(bodies, entry_type=NORMAL) -> Proposal`` on the leader; raises
   ``NotLeaderError(leader_id=hint)``, ``TransferInProgressError``, ``BackPressureError`` or
   ``ProposalDroppedError`` and then changes nothing.
@@ -54,8 +57,11 @@ Read-only state: ``role``, ``term``, ``leader_id``, ``commit_index``, ``last_ind
 from dledger.core.config import (
     MAX_ENTRIES_PER_PROPOSAL,
     MAX_GROUP_SIZE,
+    MAX_INDEX,
     MAX_INFLIGHT_APPENDS_LIMIT,
     MAX_READY_COMMITTED_BYTES,
+    MAX_TERM,
+    MAX_TERM_JUMP,
     MUTATIONS,
     RaftConfig,
 )
@@ -64,10 +70,20 @@ from dledger.core.errors import (
     ConfigError,
     NotLeaderError,
     ProposalDroppedError,
+    ProposalTooLargeError,
     TransferInProgressError,
     UnknownPeerError,
 )
 from dledger.core.messages import (
+    CAMPAIGN_REFUSED_MAX_TERM,
+    DROP_ACK_BEYOND_LAST,
+    DROP_COMMITTED_CONFLICT,
+    DROP_MALFORMED,
+    DROP_NOT_MEMBER,
+    DROP_REASONS,
+    DROP_SECOND_LEADER,
+    DROP_TERM_OUT_OF_RANGE,
+    DROP_UNEXPECTED_TIMEOUT_NOW,
     REJECT_ALREADY_VOTED,
     REJECT_LEADER_LEASE,
     REJECT_STALE_LOG,
@@ -91,10 +107,22 @@ from dledger.core.raft import (
 )
 
 __all__ = [
+    "CAMPAIGN_REFUSED_MAX_TERM",
+    "DROP_ACK_BEYOND_LAST",
+    "DROP_COMMITTED_CONFLICT",
+    "DROP_MALFORMED",
+    "DROP_NOT_MEMBER",
+    "DROP_REASONS",
+    "DROP_SECOND_LEADER",
+    "DROP_TERM_OUT_OF_RANGE",
+    "DROP_UNEXPECTED_TIMEOUT_NOW",
     "MAX_ENTRIES_PER_PROPOSAL",
     "MAX_GROUP_SIZE",
+    "MAX_INDEX",
     "MAX_INFLIGHT_APPENDS_LIMIT",
     "MAX_READY_COMMITTED_BYTES",
+    "MAX_TERM",
+    "MAX_TERM_JUMP",
     "MUTATIONS",
     "REJECT_ALREADY_VOTED",
     "REJECT_LEADER_LEASE",
@@ -110,6 +138,7 @@ __all__ = [
     "ProgressState",
     "Proposal",
     "ProposalDroppedError",
+    "ProposalTooLargeError",
     "RaftConfig",
     "RaftNode",
     "Ready",

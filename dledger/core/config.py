@@ -21,6 +21,18 @@ MAX_READY_COMMITTED_BYTES = 16 << 20
 # leader keeps one int per in-flight append.
 MAX_INFLIGHT_APPENDS_LIMIT = 4096
 
+# Terms and indexes travel as uint64 but are Python ints in the core and i64 in some stores and
+# tools: every term and index a peer sends must be <= MAX_TERM / MAX_INDEX (2^63 - 1), and this
+# node never produces a term above MAX_TERM (it refuses to campaign at the bound instead).
+MAX_TERM = (1 << 63) - 1
+MAX_INDEX = (1 << 63) - 1
+
+# Largest step by which a peer's message may raise this node's term. An honest group raises
+# its term by one per election round (a few per second at worst, even without pre-vote), so
+# 2^32 rounds is more than a century of non-stop failed elections; a forged message with a
+# term near MAX_TERM would otherwise be adopted and leave the group unable to ever campaign.
+MAX_TERM_JUMP = 1 << 32
+
 # Test-only fault injections. Each one deliberately breaks one Raft rule so that the tests and
 # the simulator can prove they notice. Never set them outside tests.
 MUTATIONS = frozenset(
@@ -30,6 +42,7 @@ MUTATIONS = frozenset(
         "reply_before_persisting_vote",  # a vote for another node is never made durable
         "no_truncate_conflict",  # a follower keeps a conflicting suffix instead of truncating
         "leader_never_steps_down",  # check-quorum never deposes the leader
+        "accept_ack_beyond_last",  # the leader counts an ack of an index it does not hold
     }
 )
 

@@ -39,6 +39,13 @@ class BackPressureError(ProposalDroppedError):
     code = "BACK_PRESSURE"
 
 
+class ProposalTooLargeError(ProposalDroppedError):
+    """The proposal can never be accepted, whatever the load: its bytes alone exceed the
+    leader's back-pressure limit. Not retryable (unlike :class:`BackPressureError`)."""
+
+    code = "ENTRY_TOO_LARGE"
+
+
 class TransferInProgressError(DLedgerError):
     """A leadership transfer is under way: the leader takes no proposals until it ends."""
 

@@ -17,6 +17,29 @@ REJECT_ALREADY_VOTED = "already_voted"  # voted for someone else this term, or f
 REJECT_LEADER_LEASE = "leader_lease"  # check-quorum: the voter heard from a leader recently
 REJECT_STALE_TERM = "stale_term"  # the request's term is below the voter's
 
+# Why a received message was dropped without effect (keys of ``RaftNode.dropped``; stable
+# strings). A peer is an adversary until proven otherwise: what an honest member could not
+# have sent is counted here, never raised and never acted upon.
+DROP_NOT_MEMBER = "not_member"  # the sender is not a member, or it is addressed to another node
+DROP_MALFORMED = "malformed"  # negative index, or entries not starting at prev_log_index + 1
+DROP_TERM_OUT_OF_RANGE = "term_out_of_range"  # above MAX_TERM, or a jump beyond MAX_TERM_JUMP
+DROP_SECOND_LEADER = "second_leader"  # an append from another "leader" of a term that has one
+DROP_UNEXPECTED_TIMEOUT_NOW = "unexpected_timeout_now"  # not from this term's leader
+DROP_ACK_BEYOND_LAST = "ack_beyond_last"  # an ack or reject of an index the leader never had
+DROP_COMMITTED_CONFLICT = "committed_conflict"  # an append that would replace committed entries
+# Not a drop but counted with them: this node's term is MAX_TERM, it cannot campaign.
+CAMPAIGN_REFUSED_MAX_TERM = "campaign_refused_max_term"
+DROP_REASONS = (
+    DROP_NOT_MEMBER,
+    DROP_MALFORMED,
+    DROP_TERM_OUT_OF_RANGE,
+    DROP_SECOND_LEADER,
+    DROP_UNEXPECTED_TIMEOUT_NOW,
+    DROP_ACK_BEYOND_LAST,
+    DROP_COMMITTED_CONFLICT,
+    CAMPAIGN_REFUSED_MAX_TERM,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class VoteRequest:

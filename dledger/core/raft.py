@@ -6,13 +6,16 @@ import enum
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dledger.core.config import (
     MAX_ENTRIES_PER_PROPOSAL,
     MAX_GROUP_SIZE,
+    MAX_INDEX,
     MAX_READY_COMMITTED_BYTES,
+    MAX_TERM,
+    MAX_TERM_JUMP,
     RaftConfig,
 )
 from dledger.core.errors import (
@@ -20,10 +23,19 @@ from dledger.core.errors import (
     ConfigError,
     NotLeaderError,
     ProposalDroppedError,
+    ProposalTooLargeError,
     TransferInProgressError,
     UnknownPeerError,
 )
 from dledger.core.messages import (
+    CAMPAIGN_REFUSED_MAX_TERM,
+    DROP_ACK_BEYOND_LAST,
+    DROP_COMMITTED_CONFLICT,
+    DROP_MALFORMED,
+    DROP_NOT_MEMBER,
+    DROP_SECOND_LEADER,
+    DROP_TERM_OUT_OF_RANGE,
+    DROP_UNEXPECTED_TIMEOUT_NOW,
     REJECT_ALREADY_VOTED,
     REJECT_LEADER_LEASE,
     REJECT_STALE_LOG,
@@ -124,6 +136,8 @@ class Status:
     flushed_index: int
     transfer_target: str | None
     peers: tuple[PeerStatus, ...]
+    # Messages dropped (and events refused) since start, by reason (messages.DROP_*).
+    dropped: Mapping[str, int]
 
 
 class _Progress:
@@ -210,6 +224,11 @@ class RaftNode:
         self._persisted_hs = hs
         self._role = Role.FOLLOWER
         self._leader_id: str | None = None
+        # The leader of the current term once known (this node, or the one it followed). Unlike
+        # _leader_id it is never cleared within a term, so that an append from any other
+        # "leader" of the same term is recognised as impossible however this node's role changed.
+        self._term_leader: str | None = None
+        self._dropped: dict[str, int] = {}
         self._commit = applied_index
         self._handed = applied_index  # last committed index handed out in a Ready
         self._applied = applied_index  # last index the driver confirmed applied (advance)
@@ -274,6 +293,11 @@ class RaftNode:
     def transfer_target(self) -> str | None:
         return self._transferee
 
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Messages dropped since start, by reason (``messages.DROP_*``); a copy."""
+        return dict(self._dropped)
+
     def status(self) -> Status:
         last = self._log.last_index()
         peers = tuple(
@@ -300,6 +324,7 @@ class RaftNode:
             flushed_index=self._flushed,
             transfer_target=self._transferee,
             peers=peers,
+            dropped=dict(self._dropped),
         )
 
     # ------------------------------------------------------------------ driver interface
@@ -331,6 +356,10 @@ class RaftNode:
             raise ProposalDroppedError(f"entry type {entry_type} cannot be proposed")
         size = sum(len(b) for b in bodies)
         limit = self.cfg.max_pending_proposal_bytes
+        if size > limit:
+            raise ProposalTooLargeError(
+                f"{size} bytes exceed max_pending_proposal_bytes={limit}: can never be accepted"
+            )
         if self._pending_bytes + size > limit:
             raise BackPressureError(
                 f"{self._pending_bytes} uncommitted bytes pending, +{size} exceeds "
@@ -374,9 +403,42 @@ class RaftNode:
         self._send_append(target_id)
 
     def step(self, m: Message) -> None:
-        """Feed one message received from a peer."""
+        """Feed one message received from a peer. Never raises for a message a hostile peer
+        could build: what an honest member could not have sent is dropped and counted
+        (:attr:`dropped`), before it changes anything."""
         if m.to_id != self.id or m.from_id not in self._peer_set():
-            logger.warning("node=%s drop misaddressed message %s", self.id, type(m).__name__)
+            self._drop(DROP_NOT_MEMBER, m)
+            return
+        term = m.term
+        if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
+            self._drop(DROP_TERM_OUT_OF_RANGE, m)
+            return
+        if isinstance(m, AppendRequest):
+            prev = m.prev_log_index
+            if (
+                not 0 <= prev <= MAX_INDEX
+                or m.leader_commit < 0
+                or (m.entries and m.entries[0].index != prev + 1)
+            ):
+                self._drop(DROP_MALFORMED, m)
+                return
+            if term == self._term and self._term_leader not in (None, m.from_id):
+                # Election safety: one leader per term. This node already knows who leads
+                # this term (perhaps itself), so this sender is lying or broken.
+                self._drop(DROP_SECOND_LEADER, m)
+                return
+        elif (
+            isinstance(m, TimeoutNow)
+            and term >= self._term
+            and (
+                term != self._term
+                or self._role is not Role.FOLLOWER
+                or self._leader_id != m.from_id
+            )
+        ):
+            # Only this term's leader sends TimeoutNow, and only to a follower that acked its
+            # whole log in this term (so the follower's term is already the leader's).
+            self._drop(DROP_UNEXPECTED_TIMEOUT_NOW, m)
             return
         if m.term > self._term:
             if isinstance(m, VoteRequest):
@@ -500,6 +562,16 @@ class RaftNode:
     def _peer_set(self) -> tuple[str, ...]:
         return self.peers
 
+    def _drop(self, reason: str, m: Message | None) -> None:
+        """Count a dropped message; log the 1st, 2nd, 4th, 8th ... of each reason, so that a
+        flood of hostile messages costs a logarithmic number of log lines."""
+        n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        if n & (n - 1) == 0:
+            what = "" if m is None else f" {type(m).__name__} from={m.from_id} term={m.term}"
+            logger.warning(
+                "node=%s term=%d drop reason=%s count=%d%s", self.id, self._term, reason, n, what
+            )
+
     def _send(self, m: Message) -> None:
         self._msgs.append(m)
 
@@ -554,6 +626,9 @@ class RaftNode:
         if term > self._term:
             self._term = term
             self._voted_for = None
+            self._term_leader = None
+        if leader_id is not None:
+            self._term_leader = leader_id
         if self._role is not Role.FOLLOWER or leader_id != self._leader_id:
             logger.info("node=%s term=%d become_follower leader=%s", self.id, self._term, leader_id)
         self._role = Role.FOLLOWER
@@ -567,6 +642,12 @@ class RaftNode:
         self._pending_bytes = 0
 
     def _campaign(self, *, pre_vote: bool, transfer: bool) -> None:
+        if self._term >= MAX_TERM:
+            # Never produce a term above MAX_TERM (peers would drop it, or worse, overflow).
+            # Unreachable by honest elections (MAX_TERM_JUMP bounds what a peer can push).
+            self._election_elapsed = 0
+            self._drop(CAMPAIGN_REFUSED_MAX_TERM, None)
+            return
         self._election_elapsed = 0
         self._reset_randomized_timeout()
         self._votes = {self.id: True}
@@ -580,6 +661,7 @@ class RaftNode:
             self._role = Role.CANDIDATE
             self._term += 1
             self._voted_for = self.id
+            self._term_leader = None
             req_term = self._term
         logger.info(
             "node=%s term=%d campaign pre_vote=%s transfer=%s",
@@ -616,6 +698,7 @@ class RaftNode:
         assert self._role is Role.CANDIDATE
         self._role = Role.LEADER
         self._leader_id = self.id
+        self._term_leader = self.id
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._leader_ticks = 0
@@ -748,6 +831,15 @@ class RaftNode:
     def _handle_append_response(self, m: AppendResponse) -> None:
         if self._role is not Role.LEADER:
             return
+        last = self._log.last_index()
+        if (m.rejected_index > last and not m.success) or (
+            m.match_index > last and m.success and "accept_ack_beyond_last" not in self._mut
+        ):
+            # This leader never sent anything beyond its last index in this term (its log only
+            # grows while it leads): no honest follower acks or rejects such an index. Counting
+            # the ack would commit without a real majority; it does not even prove liveness.
+            self._drop(DROP_ACK_BEYOND_LAST, m)
+            return
         pr = self._progress[m.from_id]
         pr.last_heard_tick = self._leader_ticks
         if not m.success:
@@ -762,7 +854,9 @@ class RaftNode:
                 )
                 if idx > 0:
                     nxt = idx + 1
-            nxt = max(pr.match + 1, min(nxt, m.rejected_index))
+            # Never below what the log still holds (a forged conflict_index of 1 after
+            # retention would make the probe read a deleted entry).
+            nxt = max(pr.match + 1, self._log.first_index(), min(nxt, m.rejected_index))
             pr.become_probe(nxt)
             self._send_append(m.from_id)
             return
@@ -841,8 +935,8 @@ class RaftNode:
     # ------------------------------------------------------------------ follower side
 
     def _handle_append(self, m: AppendRequest) -> None:
-        if self._role is Role.LEADER:
-            raise AssertionError(f"two leaders in term {self._term}: {self.id} and {m.from_id}")
+        # step() dropped appends from a second leader of this term (this one included).
+        assert self._role is not Role.LEADER, f"two leaders in term {self._term}"
         if self._role is not Role.FOLLOWER or self._leader_id != m.from_id:
             self._become_follower(m.term, m.from_id)
         self._election_elapsed = 0
@@ -850,8 +944,6 @@ class RaftNode:
         last = log.last_index()
         prev = m.prev_log_index
         entries = m.entries
-        if entries:
-            assert entries[0].index == prev + 1, "append entries not contiguous with prev"
         if prev < self._commit:
             # The committed prefix matches the leader's; skip what it already covers.
             skip = min(len(entries), self._commit - prev)
@@ -905,7 +997,18 @@ class RaftNode:
                     # MUTATION: keep the conflicting suffix, append only past it.
                     to_append = [x for x in entries[i:] if x.index > last]
                     break
-                assert e.index > self._commit, f"truncating committed index {e.index}"
+                if e.index <= self._commit:
+                    # Only a forged or corrupt append conflicts with a committed entry
+                    # (log matching): keep what is committed, answer nothing.
+                    logger.error(
+                        "node=%s term=%d append from=%s conflicts with committed index %d",
+                        self.id,
+                        self._term,
+                        m.from_id,
+                        e.index,
+                    )
+                    self._drop(DROP_COMMITTED_CONFLICT, m)
+                    return
                 logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
                 log.truncate_suffix(e.index)
                 self._flushed = min(self._flushed, e.index - 1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.core import (
+    MAX_INDEX,
+    MAX_TERM,
     AppendRequest,
     AppendResponse,
     Message,
@@ -117,30 +119,64 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
     return None
 
 
+# Longest node id a peer message may carry (ids are short names like n0; a longer one cannot
+# be a member and is not worth comparing or logging).
+MAX_NODE_ID_CHARS = 64
+# Longest VoteResponse.reject_reason (the reasons are short stable names, messages.REJECT_*).
+MAX_REJECT_REASON_CHARS = 32
+
+
 def validate(m: Message) -> str | None:
     """Why ``m`` cannot have come from an honest peer, or None.
 
-    The core asserts its invariants; a malformed message must be dropped here, before it can
-    trip one of those assertions and take the node down.
+    O(1) per field plus one pass over the entries (contiguity). The core asserts its
+    invariants and drops what depends on its state (second leader, ack beyond its last index,
+    term jumps); what is wrong in the message alone is dropped here, before it reaches it.
+    Reasons are short and never echo the message's bytes.
     """
-    if m.term < 0 or not m.from_id or not m.to_id:
-        return "missing term or ids"
+    term = m.term
+    if not 0 <= term <= MAX_TERM:
+        return "term out of range"
+    if not 0 < len(m.from_id) <= MAX_NODE_ID_CHARS or not 0 < len(m.to_id) <= MAX_NODE_ID_CHARS:
+        return "missing or oversized ids"
     if isinstance(m, AppendRequest):
-        if m.prev_log_term > m.term or m.prev_log_index < 0 or m.leader_commit < 0:
+        if not 0 <= m.prev_log_term <= term:
             return "prev_log_term above the request term"
+        if not 0 <= m.prev_log_index <= MAX_INDEX or not 0 <= m.leader_commit <= MAX_INDEX:
+            return "index out of range"
         if m.prev_log_index == 0 and m.prev_log_term != 0:
             return "index 0 has term 0"
+        if m.prev_log_index + len(m.entries) > MAX_INDEX:
+            return "entries beyond the largest index"
         expected = m.prev_log_index + 1
         last_term = m.prev_log_term
         for e in m.entries:
             if e.index != expected:
                 return f"entries not contiguous at {e.index} (expected {expected})"
-            if not last_term <= e.term <= m.term:
-                return f"entry {e.index} has term {e.term} outside [{last_term}, {m.term}]"
+            if not last_term <= e.term <= term:
+                return f"entry {e.index} has term {e.term} outside [{last_term}, {term}]"
             if not 0 <= e.type <= 255:
                 return f"entry {e.index} has type {e.type}"
             expected += 1
             last_term = e.term
-    elif isinstance(m, VoteRequest) and m.last_log_term > m.term:
-        return "last_log_term above the request term"
+    elif isinstance(m, AppendResponse):
+        if not (
+            0 <= m.match_index <= MAX_INDEX
+            and 0 <= m.conflict_index <= MAX_INDEX
+            and 0 <= m.last_log_index <= MAX_INDEX
+            and 0 <= m.rejected_index <= MAX_INDEX
+        ):
+            return "index out of range"
+        if not 0 <= m.conflict_term <= term:
+            return "conflict_term above the response term"
+        if m.success and m.match_index > m.last_log_index:
+            return "match_index above the sender's last index"
+    elif isinstance(m, VoteResponse):
+        if len(m.reject_reason) > MAX_REJECT_REASON_CHARS:
+            return "oversized reject_reason"
+    elif isinstance(m, VoteRequest):
+        if not 0 <= m.last_log_term <= term:
+            return "last_log_term above the request term"
+        if not 0 <= m.last_log_index <= MAX_INDEX:
+            return "index out of range"
     return None

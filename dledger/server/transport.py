@@ -19,6 +19,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.core import AppendRequest, Message
+from dledger.fatal import spawn
 from dledger.server.convert import fill_pb, to_pb
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class PeerLink:
         self._metadata = (
             ("x-raftmq-group", group),
             ("x-raftmq-from", self_id),
+            # Informational only: receivers use their configured addresses for redirects.
             ("x-raftmq-client-addr", self_client_addr),
         )
         self._queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_MAX_MESSAGES)
@@ -98,9 +100,9 @@ class PeerLink:
 
     def start(self) -> None:
         assert self._task is None
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"peer-{self.peer_id}"
-        )
+        # Fail fast: _run handles every failure of a stream itself; anything else that escapes
+        # it (a bug) ends the process rather than leaving this peer silently unserved.
+        self._task = spawn(self._run(), f"peer-{self.peer_id}")
 
     async def stop(self) -> None:
         self._take_held_notice()

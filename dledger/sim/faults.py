@@ -14,6 +14,20 @@ LEADER = "leader"
 
 PARTITION_SHAPES = ("halves", "isolate", "isolate_leader", "bridge", "ring", "deaf", "mute")
 
+# Messages a hostile peer forges (``forge`` events; see FaultEvent). Each is one that an honest
+# member could never send, so a correct core drops it; none is one that no Raft could survive
+# (a forged append from the leader of a term that has none yet, say).
+FORGERIES = (
+    "ack_beyond_last",  # an ack, claiming a follower, of an index beyond the leader's last
+    "max_term",  # a heartbeat claiming a member, with term MAX_TERM
+    "non_member",  # an append from an id that is not a member
+    "timeout_now",  # a TimeoutNow claiming a member that is not the target's leader
+    "second_leader",  # an append with entries, claiming another member leads a led term
+)
+# Chance that a seed has forged messages at all, and how many at most.
+FORGE_SEED_PCT = 50
+FORGE_MAX_EVENTS = 4
+
 
 def node_ids(n: int) -> tuple[str, ...]:
     return tuple(f"{NODE_PREFIX}{i}" for i in range(n))
@@ -33,7 +47,9 @@ class FaultEvent:
       ``isolate_next_leader``: the next member to win an election is isolated at once
         (before its first append leaves), which strands entries of several terms;
       ``crash_next_voter``: the next member to send a granted vote crashes right after
-        sending it and restarts a few ms later (does it remember its vote?).
+        sending it and restarts a few ms later (does it remember its vote?);
+      ``forge``: a hostile peer's message of kind ``shape`` (one of FORGERIES) is delivered
+        to ``target`` (a node id or ``leader``) at once, whatever the partitions.
     """
 
     at_ms: int
@@ -51,6 +67,8 @@ class FaultEvent:
             return f"t={self.at_ms}ms {self.kind} {self.target}"
         if self.kind == "loss":
             return f"t={self.at_ms}ms loss {self.loss_pct}%"
+        if self.kind == "forge":
+            return f"t={self.at_ms}ms forge {self.shape} to {self.target}"
         return f"t={self.at_ms}ms {self.kind}"
 
 
@@ -90,6 +108,22 @@ def generate_schedule(
             events.append(FaultEvent(heal_at, "heal"))
         else:
             events.append(FaultEvent(at, "crash_next_voter"))
+    events.sort(key=lambda e: e.at_ms)
+    return events
+
+
+def generate_forgeries(
+    rng: random.Random, nodes: Sequence[str], fault_phase_ms: int
+) -> list[FaultEvent]:
+    """Forged messages over ``[0, fault_phase_ms)``, from their own PRNG so that adding them
+    left every seed's other faults as they were."""
+    if rng.randrange(100) >= FORGE_SEED_PCT:
+        return []
+    events = []
+    for _ in range(rng.randint(1, FORGE_MAX_EVENTS)):
+        kind = rng.choice(FORGERIES)
+        target = LEADER if kind == "ack_beyond_last" else rng.choice(nodes)
+        events.append(FaultEvent(rng.randrange(50, fault_phase_ms), "forge", kind, target=target))
     events.sort(key=lambda e: e.at_ms)
     return events
 

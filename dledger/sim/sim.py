@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dledger.core import (
+    MAX_TERM,
     AppendRequest,
     AppendResponse,
     BackPressureError,
@@ -32,11 +33,12 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
-from dledger.log import Entry
+from dledger.log import DLedgerError, Entry
 from dledger.sim.faults import (
     LEADER,
     FaultEvent,
     blocked_links,
+    generate_forgeries,
     generate_schedule,
     node_ids,
 )
@@ -185,8 +187,12 @@ class Simulation:
         if faults is None:
             faults = generate_schedule(
                 random.Random(f"faults-{seed}"), self.ids, self.params.fault_phase_ms
+            ) + generate_forgeries(
+                random.Random(f"forge-{seed}"), self.ids, self.params.fault_phase_ms
             )
+            faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
         self.faults = list(faults)
+        self._forge_rng = random.Random(f"forge-run-{seed}")
         self._net_rng = random.Random(f"net-{seed}")
         self._client_rng = random.Random(f"client-{seed}")
         self._trace_on = trace
@@ -250,6 +256,9 @@ class Simulation:
             violation = v
         except AssertionError as e:
             violation = Violation("core_assertion", str(e) or repr(e))
+        except DLedgerError as e:
+            # A core must never raise out of step/tick (e.g. an index it does not hold).
+            violation = Violation("core_exception", f"{type(e).__name__}: {e}")
         if violation is not None:
             self._note(f"VIOLATION {violation}")
         return SimResult(
@@ -578,6 +587,48 @@ class Simulation:
             for nid in self.ids if f.target == "all" else (f.target,):
                 if not self.nodes[nid].up:
                     self._start(self.nodes[nid])
+        elif f.kind == "forge":
+            self._forge(f.shape, self._resolve(f.target))
+
+    def _forge(self, kind: str, target: str | None) -> None:
+        """Deliver one message a hostile peer built to ``target`` (see faults.FORGERIES)."""
+        if target is None or not self.nodes[target].up:
+            return
+        node = self.nodes[target]
+        core = node.core
+        assert core is not None
+        rng = self._forge_rng
+        others = [x for x in self.ids if x != target]
+        last = node.log.last_index()
+        m: Message
+        if kind == "ack_beyond_last":
+            if core.role is not Role.LEADER:
+                return
+            match = last + 1 + rng.randrange(4)
+            m = AppendResponse(
+                rng.choice(others), target, core.term, True, match_index=match, last_log_index=match
+            )
+        elif kind == "max_term":
+            m = AppendRequest(rng.choice(others), target, MAX_TERM, 0, 0, (), 0)
+        elif kind == "non_member":
+            m = AppendRequest("intruder", target, core.term + 1, 0, 0, (), 0)
+        elif kind == "timeout_now":
+            liars = [x for x in others if x != core.leader_id]
+            m = TimeoutNow(rng.choice(liars), target, core.term)
+        else:
+            # Only against a follower that knows this term's leader: adopting a forged leader
+            # of a term without one is something no unauthenticated Raft can refuse.
+            liars = [x for x in others if x != core.leader_id]
+            if core.role is not Role.FOLLOWER or core.leader_id is None or not liars:
+                return
+            forged = Entry(core.term, last + 1, b"forged-%d" % self.now)
+            prev_term = node.log.last_term()
+            m = AppendRequest(
+                rng.choice(liars), target, core.term, last, prev_term, (forged,), last + 1
+            )
+        self._note(f"forge {kind} {_describe(m)}")
+        core.step(m)
+        self._after(node)
 
     def _on_heal(self) -> None:
         self._healed_at = self.now

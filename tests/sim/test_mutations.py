@@ -19,6 +19,7 @@ NODES = {
     "reply_before_persisting_vote": 5,
     "no_truncate_conflict": 3,
     "leader_never_steps_down": 3,
+    "accept_ack_beyond_last": 3,
 }
 
 
