@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
 import threading
+import time
 from pathlib import Path
 
+from dledger.fatal import fatal, guard_thread
+
 log = logging.getLogger(__name__)
+
+# errno values that mean "no space left for this write": the disk (or the quota) is full. Such
+# a write failed cleanly (nothing of it is on disk) and may succeed later, once space returns.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# errno values of posix_fallocate that mean "this file system cannot pre-allocate" (not "no
+# space"): blocks are then allocated by writing zeros instead, which is slower but as safe.
+FALLOCATE_UNSUPPORTED_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
+# A repeated warning (pre-allocation failing on a full disk) is logged at most this often.
+WARN_INTERVAL_S = 10.0
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` is an OSError saying that the file system (or a quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
 
 # Segment files are named by their first byte position, zero-padded to 20 digits (the width
 # of the largest u64), so that a lexical sort is a numeric sort (RocketMQ's naming).
@@ -71,25 +90,56 @@ WARM_POLL_MAX_S = 0.05
 _ZEROS = memoryview(bytes(WARM_CHUNK_BYTES))  # sliced without copying
 
 
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Give bytes ``[offset, offset + length)`` of ``fd`` real disk blocks (reading as zeros
+    where nothing was written), growing the file if needed.
+
+    A page of a shared mapping whose blocks are not allocated is filled on first write, and
+    on a full disk that fault is a SIGBUS that kills the process with no log line. Every file
+    this package maps is therefore allocated in full before it is mapped: ``posix_fallocate``,
+    or, where the file system cannot do that, zeros written with ``pwrite``. Never ``ftruncate``
+    alone (a sparse file). Raises OSError (``ENOSPC``: see :func:`is_disk_full`) when the
+    space is not there; the bytes already allocated stay allocated.
+    """
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+        return
+    except OSError as e:
+        if e.errno not in FALLOCATE_UNSUPPORTED_ERRNOS:
+            raise
+    end = offset + length
+    pos = offset
+    while pos < end:
+        n = min(WARM_CHUNK_BYTES, end - pos)
+        _pwrite_all(fd, _ZEROS[:n], pos)
+        pos += n
+
+
 def _create_file(path: Path, size_bytes: int) -> None:
     """Create ``path`` with ``size_bytes`` of allocated zeroed blocks, atomically by name.
 
-    Blocks are reserved up front (``fallocate``) so that appends never hit ENOSPC inside the
-    mapping (which would be a SIGBUS). fallocate leaves "unwritten" extents: the first write
-    to each page then costs a slow page fault and every fdatasync of freshly written data a
-    journal commit to convert the extents. :meth:`MappedFile.warm_step` removes both costs by
-    writing real zeros ahead of the appender in a background thread.
+    Blocks are reserved up front (:func:`allocate`) so that appends never hit ENOSPC inside
+    the mapping (which would be a SIGBUS). fallocate leaves "unwritten" extents: the first
+    write to each page then costs a slow page fault and every fdatasync of freshly written
+    data a journal commit to convert the extents. :meth:`MappedFile.warm_step` removes both
+    costs by writing real zeros ahead of the appender in a background thread.
+
+    On a full disk the half-allocated temporary file is removed (its blocks are freed at once)
+    and the OSError is raised: the caller reports ``DISK_FULL`` and tries again later.
     """
     tmp = path.with_name(path.name + ALLOC_SUFFIX)
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        try:
-            os.posix_fallocate(fd, 0, size_bytes)
-        except OSError:
-            os.ftruncate(fd, size_bytes)
+        allocate(fd, 0, size_bytes)
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -156,9 +206,10 @@ class MappedFile:
         try:
             actual = os.fstat(self.fd).st_size
             if actual < size_bytes:
-                # A file cut short (by a crash during allocation or by hand): grow it back;
-                # the missing bytes read as zeros, which recovery treats as "no data".
-                os.ftruncate(self.fd, size_bytes)
+                # A file cut short (by a crash during allocation or by hand): grow it back,
+                # allocated (never sparse: see allocate); the missing bytes read as zeros,
+                # which recovery treats as "no data".
+                allocate(self.fd, actual, size_bytes - actual)
             elif actual > size_bytes:
                 raise ValueError(
                     f"{path} is {actual} bytes, larger than the configured segment size "
@@ -239,7 +290,14 @@ class MappedFile:
                         self.warmed = b
                     self._cond.notify_all()
             if burst_end or b == self.size_bytes or b // WARM_SYNC_BYTES != a // WARM_SYNC_BYTES:
-                os.fdatasync(self.fd)  # write the zeros now, not inside a group commit
+                # Write the zeros now, not inside a group commit. This fdatasync also writes
+                # back the appender's dirty pages of the file: a failure may have dropped them
+                # while marking them clean, so a later sync would succeed over lost data
+                # ("fsyncgate"). Never retried: the process ends.
+                try:
+                    os.fdatasync(self.fd)
+                except OSError as e:
+                    fatal("store-warmer", f"FSYNC_FAILED path={self.path} error={e}")
         finally:
             with self._cond:
                 self._warmer_busy = False
@@ -313,9 +371,13 @@ class SegmentAllocator:
         self.preallocated_count = 0  # files created ahead of need (for tests and metrics)
         self.warmed_bytes = 0  # zeros written ahead of the appender (for tests and metrics)
         self._poll_s = WARM_POLL_S
+        self._warned_s = -WARN_INTERVAL_S  # monotonic time of the last rate-limited warning
+        self.allocation_failures = 0  # pre-allocations refused for lack of space (metrics)
         if enabled:
             self._thread = threading.Thread(
-                target=self._run, name=f"segment-allocator-{directory.name}", daemon=True
+                target=guard_thread("segment-allocator", self._run),
+                name=f"segment-allocator-{directory.name}",
+                daemon=True,
             )
             self._thread.start()
 
@@ -390,8 +452,13 @@ class SegmentAllocator:
                         self.preallocated_count += 1
                         log.debug("preallocated segment path=%s size_bytes=%d", path, self._size)
                     made = MappedFile(path, start, self._size, create=False)
-            except OSError as e:  # the appender creates the file itself when it needs it
-                log.warning("segment preallocation failed path=%s error=%s", path, e)
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise  # an I/O error, not a full disk: fatal (guard_thread)
+                # The appender creates the file itself when it needs it, and reports DISK_FULL
+                # to its caller if the space is still missing then.
+                self.allocation_failures += 1
+                self._warn("segment preallocation failed path=%s error=%s", path, e)
             if made is not None and self._warm:
                 made.allow_warming(0)  # before anyone can take it
             with self._cond:
@@ -407,8 +474,12 @@ class SegmentAllocator:
         for f in files:
             try:
                 n = f.warm_step()
-            except OSError as e:  # only slower appends follow: warming is an optimisation
-                log.warning("segment warming failed path=%s error=%s", f.path, e)
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise  # an I/O error: fatal (guard_thread)
+                # Only slower appends follow: warming is an optimisation (and the file's blocks
+                # are allocated, so a full disk here means a file system without fallocate).
+                self._warn("segment warming failed path=%s error=%s", f.path, e)
                 n = -1
             with self._cond:
                 if n > 0:
@@ -422,6 +493,12 @@ class SegmentAllocator:
             if self._requested is None and not self._stopping:
                 self._cond.wait(self._poll_s)
         self._poll_s = min(self._poll_s * 2, WARM_POLL_MAX_S)
+
+    def _warn(self, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._warned_s >= WARN_INTERVAL_S:
+            self._warned_s = now
+            log.warning(fmt, *args)
 
     def discard_from(self, start: int) -> None:
         """Forget (and delete) a pre-allocated file at or beyond ``start`` (after truncation)."""

@@ -23,6 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
+from dledger import failpoints
+from dledger.fatal import fatal, guard_thread
 from dledger.log import (
     ENTRY_TYPE_MAX,
     CorruptLogError,
@@ -61,8 +63,10 @@ from dledger.storage.files import (
     SEGMENT_NAME_DIGITS,
     MappedFile,
     SegmentAllocator,
+    allocate,
     atomic_write,
     fsync_dir,
+    is_disk_full,
     segment_name,
 )
 from dledger.storage.retention import (
@@ -106,12 +110,28 @@ PREALLOCATE_AT_FILL = 0.5
 # takes the warmer's lock about once per this many bytes, not once per entry.
 RESERVE_AHEAD_BYTES = 1 << 20
 
+# Space set aside in the store's root (the file RESERVE_FILE, allocated at open) so that the
+# hard state and the checkpoint can always be written: on ENOSPC the file is deleted and the
+# write retried. Each such write needs one block for a few seconds (temp file, then rename);
+# 4 MiB is a thousand of them, and small next to any segment.
+DEFAULT_RESERVE_BYTES = 4 << 20
+# After the reserve was used, it is allocated again at most this often, and only once the file
+# system has at least RESERVE_REARM_FACTOR times its size free (so that re-arming it does not
+# itself fill the disk again).
+RESERVE_RETRY_S = 1.0
+RESERVE_REARM_FACTOR = 4
+# Repeated disk-full warnings (periodic checkpoints refused) are logged at most this often.
+DISK_FULL_WARN_INTERVAL_S = 10.0
+# Characters of a path kept in an error message (messages become RPC details: bounded).
+PATH_MAX_CHARS = 200
+
 DATA_DIR = "commitlog"
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
 META_FILE = "meta"
+RESERVE_FILE = "reserve"
 
 
 class FlushDiskType(enum.Enum):
@@ -131,6 +151,19 @@ class StoreClosedError(DLedgerError):
     code = "STORE_CLOSED"
 
 
+class DiskFullError(DLedgerError):
+    """The file system holding the store has no space for a write. Nothing of the refused
+    write is in the log (an append is all or nothing); retry once space returns."""
+
+    code = "DISK_FULL"
+
+
+def short_path(path: object) -> str:
+    """``path`` as text of at most PATH_MAX_CHARS characters (the tail, which names it)."""
+    text = str(path)
+    return text if len(text) <= PATH_MAX_CHARS else "..." + text[-(PATH_MAX_CHARS - 3) :]
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_BYTES
@@ -142,6 +175,8 @@ class StoreConfig:
     # write zeros into data segments ahead of the appender in the background (files.MappedFile)
     warm_segments: bool = True
     full_verify_on_open: bool = False  # check every entry's CRCs on open, not just the tail
+    # bytes set aside for the hard state and checkpoint on a full disk (0: none)
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
 
     def __post_init__(self) -> None:
         for name in ("segment_size_bytes", "index_segment_size_bytes"):
@@ -158,6 +193,8 @@ class StoreConfig:
             raise ValueError("index_segment_size_bytes must be a multiple of 32")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
             raise ValueError("flush_interval_ms and checkpoint_interval_ms must be > 0")
+        if not 0 <= self.reserve_bytes <= 1 << 30:
+            raise ValueError(f"reserve_bytes={self.reserve_bytes} must be in [0, 1 GiB]")
 
     @property
     def max_body_bytes(self) -> int:
@@ -207,6 +244,10 @@ class SegmentedLogStore:
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         self._allocator: SegmentAllocator | None = None
+        self._reserve_held = False  # RESERVE_FILE exists, allocated in full
+        self._reserve_tried_s = -RESERVE_RETRY_S  # monotonic time of the last re-arm attempt
+        self._disk_full_warned_s = -DISK_FULL_WARN_INTERVAL_S
+        self.disk_full_count = 0  # writes refused (or checkpoints skipped) for lack of space
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._data_dir = self.root / DATA_DIR
@@ -223,7 +264,9 @@ class SegmentedLogStore:
         self._closed = False
         if self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
             self._flusher = threading.Thread(
-                target=self._flush_loop, name=f"flusher-{self.root.name}", daemon=True
+                target=guard_thread("store-flusher", self._flush_loop),
+                name=f"flusher-{self.root.name}",
+                daemon=True,
             )
             self._flusher.start()
 
@@ -251,6 +294,7 @@ class SegmentedLogStore:
         self._base_term = ckpt.base_term
         self._commit_index = ckpt.commit_index
         self._applied_index = ckpt.applied_index
+        self._arm_reserve()
         self._open_index_files()
         self._open_data_segments(ckpt)
         self._recover(ckpt)
@@ -830,15 +874,25 @@ class SegmentedLogStore:
         header_size = ENTRY_HEADER_SIZE
         i = 0
         n_items = len(items)
+        # Every file the batch needs is allocated before any byte of it is written, so that
+        # a full disk refuses the whole batch (DiskFullError) and leaves the log as it was.
+        spare: list[MappedFile] = []
+        if off + n_items * header_size + sum(len(it[2]) for it in items) > seg_size:
+            spare = self._take_segments(items, off, seg)
+        if ioff + n_items * INDEX_RECORD_SIZE > isize:
+            self._prepare_index_files(idx + 1, idx + n_items)
+        rolled = False
         while i < n_items:
             if off + header_size + len(items[i][2]) > seg_size:
-                seg = self._roll(seg, off)
+                seg = self._roll(seg, off, spare.pop(0))
+                rolled = True
                 off = 0
             if ioff >= isize:
-                ifile = self._index_file((ifile.start + isize) // isize, create=True)
+                ifile = self._index_file((ifile.start + isize) // isize, create=False)
                 assert ifile is not None
                 ioff = 0
             seg_start = seg.start
+            first_before = self._seg_first[-1]
             if off == 0:
                 self._seg_first[-1] = idx + 1
             off0, ioff0 = off, ioff
@@ -865,8 +919,20 @@ class SegmentedLogStore:
                 i += 1
             if off > seg.reserved:  # keep the warmer out (about once per MiB)
                 seg.reserve(off, RESERVE_AHEAD_BYTES)
-            seg.write(off0, b"".join(parts))
-            ifile.write(ioff0, b"".join(iparts))
+            try:
+                seg.write(off0, b"".join(parts))
+                ifile.write(ioff0, b"".join(iparts))
+            except OSError as e:
+                # Into allocated blocks this fails only on a file system that allocates on
+                # write anyway (copy-on-write) or on a failing disk. Before a roll nothing
+                # of the batch counts yet: refuse it. After one, the in-memory state no
+                # longer matches a prefix of the batch: end the process (recovery cuts the
+                # torn tail on restart).
+                self._seg_first[-1] = first_before
+                if is_disk_full(e) and not rolled:
+                    raise self._disk_full("append", e) from None
+                fatal("store-append", f"WRITE_FAILED root={short_path(self.root)} error={e}")
+        assert not spare
         assert off <= seg_size and seg is self._segments[-1]
         assert idx == self._last_index + len(items) and term >= self._last_term
         self._cur_index = ifile
@@ -884,16 +950,59 @@ class SegmentedLogStore:
             self._allocator.request(seg.end)
             self._next_requested = seg.end
 
-    def _roll(self, seg: MappedFile, off: int) -> MappedFile:
-        """Close ``seg`` with a blank record (if one fits) and start the next segment."""
+    def _take_segments(
+        self, items: list[tuple[int, int, bytes]], off: int, seg: MappedFile
+    ) -> list[MappedFile]:
+        """The segments after ``seg`` that appending ``items`` at offset ``off`` fills, created
+        (allocated) now. On a full disk, those made are deleted and DiskFullError raised."""
+        seg_size = self._seg_size
+        count = 0
+        for _term, _typ, body in items:
+            total = ENTRY_HEADER_SIZE + len(body)
+            if off + total > seg_size:
+                count += 1
+                off = 0
+            off += total
+        assert self._allocator is not None
+        taken: list[MappedFile] = []
+        try:
+            for k in range(count):
+                taken.append(self._allocator.take(seg.end + k * seg_size))
+        except OSError as e:
+            for f in taken:
+                f.delete()
+            if is_disk_full(e):
+                raise self._disk_full("new data segment", e) from None
+            raise
+        return taken
+
+    def _prepare_index_files(self, first: int, last: int) -> None:
+        """Create (allocated) the index files that records ``first..last`` fall into."""
+        lo = first * INDEX_RECORD_SIZE // self._idx_size
+        hi = last * INDEX_RECORD_SIZE // self._idx_size
+        for number in range(lo, hi + 1):
+            try:
+                self._index_file(number, create=True)
+            except OSError as e:
+                if is_disk_full(e):
+                    raise self._disk_full("new index file", e) from None
+                raise
+
+    def _disk_full(self, what: str, e: OSError) -> DiskFullError:
+        self.disk_full_count += 1
+        return DiskFullError(
+            f"no space for {what} in store {short_path(self.root)}: {e.strerror or e}"
+        )
+
+    def _roll(self, seg: MappedFile, off: int, nxt: MappedFile) -> MappedFile:
+        """Close ``seg`` with a blank record (if one fits) and start ``nxt``, the next segment
+        (allocated by :meth:`_take_segments`)."""
         remaining = self._seg_size - off
         seg.reserve(self._seg_size)
         if remaining >= BLANK_SIZE:
             seg.mm[off : off + BLANK_SIZE] = codec.encode_blank(
                 position=seg.start + off, length=remaining
             )
-        assert self._allocator is not None
-        nxt = self._allocator.take(seg.end)
         assert nxt.start == seg.end
         self._segments.append(nxt)
         self._seg_first.append(0)
@@ -944,8 +1053,15 @@ class SegmentedLogStore:
         ok = False
         t0 = time.perf_counter()
         try:
+            failpoints.hit("flush")
             for seg in segments:
-                os.fdatasync(seg.fd)
+                try:
+                    os.fdatasync(seg.fd)
+                except OSError as e:
+                    # Never retried ("fsyncgate"): after a failed fdatasync the kernel may
+                    # have dropped the dirty pages and marked them clean, so a second call
+                    # would succeed over lost data. Restart and recover from what is on disk.
+                    fatal("store-flush", f"FSYNC_FAILED path={short_path(seg.path)} error={e}")
             ok = True
         finally:
             elapsed = time.perf_counter() - t0
@@ -964,7 +1080,7 @@ class SegmentedLogStore:
         if due >= self.config.checkpoint_interval_ms and self._flush_lock.acquire(blocking=False):
             try:
                 if not self._closed:
-                    self._persist_checkpoint()
+                    self._persist_checkpoint_or_warn()
             finally:
                 self._flush_lock.release()
         return end_index
@@ -1003,14 +1119,14 @@ class SegmentedLogStore:
         return self._flushed_index
 
     def _flush_loop(self) -> None:
+        """ASYNC_FLUSH's flusher thread (run under guard_thread: any error but a close is
+        fatal; a failed fdatasync already is, see _flush_to)."""
         interval_s = self.config.flush_interval_ms / 1000
         while not self._stop_flusher.wait(interval_s):
             try:
                 self.flush()
             except StoreClosedError:
                 return
-            except Exception:
-                log.exception("background flush failed root=%s", self.root)
 
     # ------------------------------------------------------------------ checkpoint / meta
 
@@ -1045,21 +1161,36 @@ class SegmentedLogStore:
                 b = min((hi + 1) * INDEX_RECORD_SIZE, f.end)
                 if a < b:
                     f.sync(a - f.start, b - f.start)
-            atomic_write(self.root / CHECKPOINT_FILE, codec.encode_checkpoint(ckpt))
+            self._write_meta(CHECKPOINT_FILE, codec.encode_checkpoint(ckpt))
         finally:
             if not io_under_lock:
                 self._lock.acquire()
         self._index_synced = max(self._index_synced, hi)
         self._last_checkpoint_s = time.monotonic()
 
+    def _persist_checkpoint_or_warn(self) -> None:
+        """A periodic checkpoint: on a full disk (reserve used up too) skip it with a
+        rate-limited warning. It only bounds how much recovery re-reads; the next one, once
+        space returns, catches up."""
+        try:
+            self._persist_checkpoint()
+        except DiskFullError as e:
+            now = time.monotonic()
+            if now - self._disk_full_warned_s >= DISK_FULL_WARN_INTERVAL_S:
+                self._disk_full_warned_s = now
+                log.warning("checkpoint skipped root=%s: DISK_FULL %s", self.root, e)
+
     def write_checkpoint(self, commit_index: int, applied_index: int) -> None:
-        """Record the server's commit and applied indices (durably, with the flushed ones)."""
+        """Record the server's commit and applied indices (durably, with the flushed ones).
+        On a full disk the write is skipped (see _persist_checkpoint_or_warn), never raised:
+        the caller's loop must go on."""
         with self._flush_lock:
             with self._lock:
                 self._check_open()
                 self._commit_index = commit_index
                 self._applied_index = applied_index
-            self._persist_checkpoint()
+            self._persist_checkpoint_or_warn()
+            self._maybe_rearm_reserve()
 
     def read_checkpoint(self) -> Checkpoint:
         """The checkpoint as stored on disk."""
@@ -1083,7 +1214,101 @@ class SegmentedLogStore:
         data = codec.encode_hard_state(state)
         with self._meta_lock:
             self._check_open()
-            atomic_write(self.root / META_FILE, data)
+            self._write_meta(META_FILE, data)
+
+    # ------------------------------------------------------------------ the space reserve
+
+    def _write_meta(self, name: str, data: bytes) -> None:
+        """``atomic_write`` a small metadata file. On a full disk the reserve is released and
+        the write tried once more; DiskFullError if there is still no space. Any other error
+        is fatal: it is an fsync or I/O failure of the store's own metadata (never retried)."""
+        path = self.root / name
+        try:
+            try:
+                atomic_write(path, data)
+                return
+            except OSError as e:
+                if not is_disk_full(e) or not self._release_reserve(name):
+                    raise
+            atomic_write(path, data)
+        except OSError as e:
+            if is_disk_full(e):
+                raise self._disk_full(name, e) from None
+            fatal("store-meta", f"WRITE_FAILED path={short_path(path)} error={e}")
+
+    def _arm_reserve(self) -> None:
+        """Allocate RESERVE_FILE (``reserve_bytes``) if it is not there; on a full disk, go
+        without it for now (:meth:`_maybe_rearm_reserve` tries again)."""
+        size = self.config.reserve_bytes
+        self._reserve_tried_s = time.monotonic()
+        if size == 0:
+            return
+        path = self.root / RESERVE_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            have = os.fstat(fd).st_size
+            allocate(fd, 0, size)
+            if have > size:
+                os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            os.close(fd)
+            fd = -1
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            log.warning(
+                "space reserve not allocated root=%s bytes=%d: %s", self.root, size, e.strerror
+            )
+            return
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if not self._reserve_held:
+            fsync_dir(self.root)
+        self._reserve_held = True
+
+    def _release_reserve(self, why: str) -> bool:
+        """Delete RESERVE_FILE (its blocks are free at once); False if there was none."""
+        if not self._reserve_held:
+            return False
+        self._reserve_held = False
+        self._reserve_tried_s = time.monotonic()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.root / RESERVE_FILE)
+        log.warning(
+            "disk full: released the space reserve root=%s bytes=%d to write %s",
+            self.root,
+            self.config.reserve_bytes,
+            why,
+        )
+        return True
+
+    def _maybe_rearm_reserve(self) -> None:
+        """Re-allocate the reserve after it was used, once the disk has room again."""
+        if self._reserve_held or self.config.reserve_bytes == 0:
+            return
+        now = time.monotonic()
+        if now - self._reserve_tried_s < RESERVE_RETRY_S:
+            return
+        self._reserve_tried_s = now
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return
+        if st.f_bavail * st.f_frsize < RESERVE_REARM_FACTOR * self.config.reserve_bytes:
+            return
+        self._arm_reserve()
+        if self._reserve_held:
+            log.info(
+                "space reserve restored root=%s bytes=%d", self.root, self.config.reserve_bytes
+            )
+
+    @property
+    def reserve_held(self) -> bool:
+        """Whether the space reserve is allocated now (for tests and metrics)."""
+        return self._reserve_held
 
     # ------------------------------------------------------------------ truncation / deletion
 
@@ -1185,11 +1410,16 @@ class SegmentedLogStore:
             new_base_term = self._last_term if new_base == self._last_index else 0
             if new_base != self._last_index:
                 new_base_term = self._record(new_base).term
-            old_base = self._base_index
+            old_base, old_base_term = self._base_index, self._base_term
             self._base_index = new_base
             self._base_term = new_base_term
             # Durable first: a crash after this point finishes the deletion on open.
-            self._persist_checkpoint_locked()
+            try:
+                self._persist_checkpoint_locked()
+            except DiskFullError:
+                # Nothing deleted: the store stays as it was (retention tries again later).
+                self._base_index, self._base_term = old_base, old_base_term
+                raise
             for seg in self._segments[:n]:
                 seg.delete()
             del self._segments[:n]
@@ -1261,7 +1491,7 @@ class SegmentedLogStore:
             self._flusher = None
         self.flush()
         with self._exclusive():
-            self._persist_checkpoint()
+            self._persist_checkpoint_or_warn()
             with self._lock:
                 self._closed = True
         self._release_files()
