@@ -45,12 +45,11 @@ from pathlib import Path
 
 from broker.errors import (
     CorruptStoreError,
-    InvalidTopicError,
     OffsetOutOfRangeError,
     PositionOrderError,
     StoreClosedError,
 )
-from broker.message import validate_topic
+from broker.names import is_valid_topic_name, validate_topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +68,11 @@ _I64_MIN = -(1 << 63)
 _MAX_SIZE_BYTES = (1 << 31) - 1
 # Bound on find()'s cache of absent queues (a client probing random topics cannot grow it).
 MAX_ABSENT_CACHED = 10_000
+# Queue ids are Java ints (RocketMQ's queueId); a queue's directory is named by its id.
+MAX_QUEUE_ID = (1 << 31) - 1
+# Stray directories under consumequeue/ are reported once each, up to this many names (a
+# snapshot lists the queues every second: one warning per stray per second would flood).
+MAX_STRAYS_REPORTED = 100
 _EMPTY_RECORD = bytes(CQ_RECORD_SIZE)
 
 
@@ -541,15 +545,6 @@ class ConsumeQueue:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _valid_topic(name: str) -> bool:
-    try:
-        validate_topic(name)
-    except InvalidTopicError:
-        logger.warning("consumequeue ignoring directory with an invalid topic name dir=%s", name)
-        return False
-    return True
-
-
 class ConsumeQueueStore:
     """Every ConsumeQueue under ``{root}/consumequeue/``; queues are opened lazily."""
 
@@ -558,6 +553,7 @@ class ConsumeQueueStore:
     ) -> None:
         self.directory = Path(root) / "consumequeue"
         self.records_per_file = records_per_file
+        self._strays_reported: set[str] = set()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         # Queues find() saw absent on disk: asked again and again (the scheduler polls every
         # delay level), answered without a stat. Only queue() creates queues, and clears it.
@@ -565,14 +561,47 @@ class ConsumeQueueStore:
         self._lock = threading.RLock()
         self._closed = False
         self.directory.mkdir(parents=True, exist_ok=True)
+        # Where every queue must stay: the store's own directory, symlinks resolved once (the
+        # data directory itself may be a symlink to the real disk).
+        self._resolved = self.directory.resolve(strict=True)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("consumequeue store is closed")
 
+    def _topic_dir(self, topic: str, queue_id: int | None = None) -> Path:
+        """``consumequeue/{topic}`` (or its queue's directory), for a name that passed
+        :func:`validate_topic_name` (InvalidTopicError otherwise) and a queue id in range
+        (ValueError), and only when the path stays inside the store. A valid name is one plain
+        path component, so only a symlink planted on the disk can lead outside: then
+        :class:`CorruptStoreError` (code ``PATH_OUTSIDE_STORE``) refuses to create or delete
+        anything there. Called when a queue is opened or a topic dropped, not per record."""
+        validate_topic_name(topic)
+        path = self.directory / topic
+        parts = 1
+        if queue_id is not None:
+            if not 0 <= queue_id <= MAX_QUEUE_ID:
+                raise ValueError(f"queue_id {queue_id} is outside [0, 2^31)")
+            path = path / str(queue_id)
+            parts = 2
+        resolved = path.resolve()
+        if resolved.parents[parts - 1] != self._resolved:
+            raise CorruptStoreError(
+                f"PATH_OUTSIDE_STORE {path.relative_to(self.directory)} resolves outside the"
+                f" store {self._resolved}"
+            )
+        assert resolved.is_relative_to(self._resolved), resolved
+        return path
+
+    def _report_stray(self, name: str, why: str) -> None:
+        if name in self._strays_reported or len(self._strays_reported) >= MAX_STRAYS_REPORTED:
+            return
+        self._strays_reported.add(name)
+        logger.warning("consumequeue ignoring directory dir=%r reason=%s", name[:200], why)
+
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
-            self.directory / topic / str(queue_id),
+            self._topic_dir(topic, queue_id),
             records_per_file=self.records_per_file,
             name=f"{topic}/{queue_id}",
         )
@@ -587,8 +616,8 @@ class ConsumeQueueStore:
             cq = self._queues.get((topic, queue_id))
             if cq is not None:
                 return cq
-            validate_topic(topic)
-            if not 0 <= queue_id <= (1 << 31) - 1:
+            validate_topic_name(topic)
+            if not 0 <= queue_id <= MAX_QUEUE_ID:
                 raise ValueError(f"queue_id {queue_id} is outside [0, 2^31)")
             return self._open(topic, queue_id)
 
@@ -601,6 +630,8 @@ class ConsumeQueueStore:
                 return cq
             if (topic, queue_id) in self._absent:
                 return None
+            if not is_valid_topic_name(topic) or not 0 <= queue_id <= MAX_QUEUE_ID:
+                return None  # no such queue can exist; never a path from an unchecked name
             if (self.directory / topic / str(queue_id)).is_dir():
                 return self.queue(topic, queue_id)
             if len(self._absent) < MAX_ABSENT_CACHED:
@@ -613,11 +644,25 @@ class ConsumeQueueStore:
             self._check_open()
             found = set(self._queues)
             for topic_dir in self.directory.iterdir():
-                if not topic_dir.is_dir() or not _valid_topic(topic_dir.name):
+                if not is_valid_topic_name(topic_dir.name):
+                    self._report_stray(topic_dir.name, "invalid topic name")
+                    continue
+                if topic_dir.is_symlink() or not topic_dir.is_dir():
+                    self._report_stray(topic_dir.name, "not a directory")
                     continue
                 for queue_dir in topic_dir.iterdir():
-                    if queue_dir.is_dir() and queue_dir.name.isdigit():
-                        found.add((topic_dir.name, int(queue_dir.name)))
+                    name = queue_dir.name
+                    if (
+                        name.isascii()
+                        and name.isdigit()
+                        and int(name) <= MAX_QUEUE_ID
+                        and str(int(name)) == name
+                        and queue_dir.is_dir()
+                        and not queue_dir.is_symlink()
+                    ):
+                        found.add((topic_dir.name, int(name)))
+                    else:
+                        self._report_stray(f"{topic_dir.name}/{name}", "not a queue directory")
             return sorted(found)
 
     def _all(self) -> list[ConsumeQueue]:
@@ -655,6 +700,7 @@ class ConsumeQueueStore:
         """Close and delete every queue of ``topic`` (topic deletion). Returns how many."""
         with self._lock:
             self._check_open()
+            topic_dir = self._topic_dir(topic)  # validated and inside the store, or raises
             dropped = 0
             for name, queue_id in self.queue_ids():
                 if name != topic:
@@ -664,7 +710,7 @@ class ConsumeQueueStore:
                     cq.destroy()
                 self._queues.pop((name, queue_id), None)
                 dropped += 1
-            shutil.rmtree(self.directory / topic, ignore_errors=True)
+            shutil.rmtree(topic_dir, ignore_errors=True)
             return dropped
 
     def delete_files_before(self, commitlog_min_position: int) -> int:

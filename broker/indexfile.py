@@ -445,7 +445,16 @@ class IndexFile:
             slot_at = self._slot_at(self.record(number)[0])
             (head,) = SLOT.unpack_from(self.mm, slot_at)
             while head >= cut:
-                head = self.record(head)[3]
+                previous = self.record(head)[3] if head < self.count else head
+                if previous >= head:
+                    # A chain that does not go back (a damaged or planted file) would loop
+                    # here forever: stop with the place named instead.
+                    raise CorruptStoreError(
+                        f"index chain does not go back ({head} -> {previous})",
+                        path=str(self.path),
+                        offset=self._record_at(head),
+                    )
+                head = previous
             SLOT.pack_into(self.mm, slot_at, head)
         start = self._record_at(cut)
         self.mm[start : self._record_at(self.count)] = bytes(self._record_at(self.count) - start)
@@ -525,6 +534,13 @@ class IndexStore:
         names = sorted(p.name for p in self.directory.iterdir() if _FILE_NAME.fullmatch(p.name))
         for name in names:
             path = self.directory / name
+            try:
+                timestamp_of_name(name)  # the next file's name is made from the last one's
+            except ValueError:
+                # Not a file this store made (17 digits but no date): left alone, and its
+                # name never reaches the apply path, where a ValueError means a bad record.
+                logger.warning("index ignoring a file whose name is not a time file=%s", name)
+                continue
             f = IndexFile.open(path)
             if f is None:
                 logger.warning("index deleting a file whose header was never written file=%s", name)

@@ -32,9 +32,12 @@ from dataclasses import replace
 from broker.errors import InvalidRequestError
 from broker.message import Message
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
+# Re-exported (the names used to live here): broker.names is where they are defined.
+from broker.names import DLQ_PREFIX as DLQ_PREFIX
+from broker.names import RETRY_PREFIX as RETRY_PREFIX
+from broker.names import SCHEDULE_TOPIC as SCHEDULE_TOPIC
+from broker.names import is_system_topic as is_system_topic
+
 # RocketMQ's property names.
 PROPERTY_DELAY = "DELAY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
@@ -83,10 +86,6 @@ def retry_topic(group: str) -> str:
 
 def dlq_topic(group: str) -> str:
     return DLQ_PREFIX + group
-
-
-def is_system_topic(topic: str) -> bool:
-    return topic == SCHEDULE_TOPIC or topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
 
 
 def delay_level_of(msg: Message, levels: int) -> int:

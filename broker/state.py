@@ -47,10 +47,23 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
-from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
+from broker.errors import (
+    BrokerError,
+    CorruptMessageError,
+    CorruptStoreError,
+    InvalidRequestError,
+    PositionOrderError,
+    StoreClosedError,
+)
 from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
-from broker.message import scan_dispatch, validate_topic
-from broker.schedule import SCHEDULE_HEADER, SCHEDULE_TOPIC, decode_schedule_header
+from broker.message import batch_count, scan_dispatch
+from broker.names import (
+    SCHEDULE_TOPIC,
+    is_valid_group_name,
+    is_valid_topic_name,
+    validate_topic_name,
+)
+from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
 from dledger.core import Role
 from dledger.log import Entry
 
@@ -75,6 +88,19 @@ PERM_RW = PERM_READ | PERM_WRITE
 # A topic has at most this many queues: each one is a directory of 6 MB files on every member;
 # RocketMQ has no hard limit, but thousands of queues per topic are a configuration mistake.
 MAX_QUEUE_NUMS = 1024
+# A broker group holds at most this many topics: the NameServer refuses a registration listing
+# more (nameserver.routes.MAX_TOPICS_PER_NODE), so one topic more would cut the group off from
+# every client. A topic record that would add one is skipped on apply.
+MAX_TOPICS = 100_000
+# Store timestamps are the leader's clock in ms. The key index names its files by the store
+# time as yyyyMMddHHmmssSSS (4-digit years), so a message stamped past the year 9000 (or before
+# 1970) is a forged or corrupt record, skipped on apply; 9000 leaves the index ~1000 years of
+# file names to count up through.
+MAX_STORE_TIMESTAMP_MS = 221_845_392_000_000  # 9000-01-01T00:00:00Z
+# A rejected record costs one log line; a flood of them (anyone who can append) at most this
+# many lines per SKIP_LOG_WINDOW_S, then one line saying how many were not logged.
+SKIP_LOG_LINES_PER_WINDOW = 20
+SKIP_LOG_WINDOW_S = 10.0
 # RocketMQ's defaultTopicQueueNums (broker side) for auto-created topics and CreateTopic
 # requests that leave the counts at 0.
 DEFAULT_TOPIC_QUEUE_NUMS = 8
@@ -105,6 +131,16 @@ _OFFSETS_HEAD = struct.Struct(">BI")  # version, number of (group, topic) runs
 _OFFSET_ITEM = struct.Struct(">iq")  # queue id, offset
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
+_I64_MAX = (1 << 63) - 1
+
+
+class InvalidRecordError(BrokerError):
+    """A committed control record breaks a rule the API enforces (a name, a range, a
+    schedule header beyond its queue). Raised on apply only: every member skips the record."""
+
+    code = "INVALID_RECORD"
+
+
 _DEDUP_ITEM = struct.Struct(">16sqiqqB")  # uniq id, store ts, queue id, offset, position, tlen
 
 
@@ -116,12 +152,31 @@ class TopicConfig:
     perm: int = PERM_RW
 
     def validate(self) -> None:
-        validate_topic(self.name)
+        """The API's rules, also applied to every topic record on apply and to every topic
+        of a snapshot on load: a valid name, 1 to :data:`MAX_QUEUE_NUMS` read and write
+        queues, a perm of RocketMQ's three bits."""
+        validate_topic_name(self.name)
         for what, n in (("read", self.read_queue_nums), ("write", self.write_queue_nums)):
-            if not 1 <= n <= MAX_QUEUE_NUMS:
-                raise InvalidRequestError(f"{what} queue nums {n} is outside [1, {MAX_QUEUE_NUMS}]")
-        if not 0 <= self.perm <= PERM_READ | PERM_WRITE | PERM_INHERIT:
-            raise InvalidRequestError(f"perm {self.perm} is outside [0, 7]")
+            if not _is_int(n) or not 1 <= n <= MAX_QUEUE_NUMS:
+                raise InvalidRequestError(
+                    f"{what} queue nums {n!r:.24} is outside [1, {MAX_QUEUE_NUMS}]"
+                )
+        if not _is_int(self.perm) or not 0 <= self.perm <= PERM_READ | PERM_WRITE | PERM_INHERIT:
+            raise InvalidRequestError(f"perm {self.perm!r:.24} is outside [0, 7]")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_queue(topic: str, queue_id: int) -> None:
+    """A message's queue as a send checks it: a valid topic name, a queue id below
+    :data:`MAX_QUEUE_NUMS` (every topic has at most that many; the schedule topic's queue is
+    its level - 1, below 255)."""
+    if not is_valid_topic_name(topic):
+        raise InvalidRecordError(f"message for invalid topic {_shown(topic)}")
+    if not 0 <= queue_id < MAX_QUEUE_NUMS:
+        raise InvalidRecordError(f"message queue id {queue_id} is outside [0, {MAX_QUEUE_NUMS})")
 
 
 class SendResult(NamedTuple):
@@ -192,7 +247,28 @@ def decode_topic_record(body: bytes) -> tuple[int, TopicConfig]:
         raise CorruptMessageError(f"topic record version {version} op {op}", 0)
     if len(body) != start + n:
         raise CorruptMessageError("topic record size mismatch", 0)
-    return op, TopicConfig(body[start:].decode("ascii"), read, write, perm)
+    try:
+        name = body[start:].decode("ascii")
+    except UnicodeDecodeError:
+        raise CorruptMessageError("topic record name is not ASCII", start) from None
+    return op, TopicConfig(name, read, write, perm)
+
+
+def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicConfig]) -> None:
+    """Raise unless a topic record passes the API's rules given the current ``topics``: a
+    valid name (InvalidTopicError) for every op, and for a create or update a valid config
+    (:meth:`TopicConfig.validate`) and room in the table (:data:`MAX_TOPICS`). A delete's
+    queue counts and perm are not used, so not checked. ``SCHEDULE_TOPIC_XXXX`` is never in a
+    record: its queues are the delay levels, owned by the scheduler, and a delete would drop
+    every pending delayed message."""
+    if op == TOPIC_DELETE:
+        validate_topic_name(topic.name)
+    else:
+        topic.validate()
+    if topic.name == SCHEDULE_TOPIC:
+        raise InvalidRecordError(f"topic record op={op} for {SCHEDULE_TOPIC}, which is internal")
+    if op != TOPIC_DELETE and topic.name not in topics and len(topics) >= MAX_TOPICS:
+        raise InvalidRecordError(f"topic {topic.name}: the broker holds {MAX_TOPICS} topics")
 
 
 def encode_offsets_record(offsets: Mapping[OffsetKey, int]) -> bytes:
@@ -236,6 +312,66 @@ def decode_offsets_record(body: bytes) -> dict[OffsetKey, int]:
     if at != len(body):
         raise CorruptMessageError("offsets record size mismatch", at)
     return out
+
+
+def _shown(name: str) -> str:
+    """A name for a log line or error detail, cut short (it may be a hostile one)."""
+    return repr(name) if len(name) <= 80 else f"{name[:80]!r}... ({len(name)} chars)"
+
+
+def check_offsets(offsets: Mapping[OffsetKey, int]) -> None:
+    """Raise :class:`InvalidRecordError` unless every offset passes the API's rules: a valid
+    group and topic name, a queue id in ``[0, MAX_QUEUE_NUMS)`` and an offset ``>= 0``. Not
+    checked: that the topic exists with that many queues (a commit may race a topic's delete
+    or shrink; members applied such records before, and still do). Names are checked once per
+    (group, topic)."""
+    seen: set[tuple[str, str]] = set()
+    for (group, topic, queue_id), offset in offsets.items():
+        if (group, topic) not in seen:
+            if not is_valid_group_name(group):
+                raise InvalidRecordError(f"offsets record: invalid consumer group {_shown(group)}")
+            if not is_valid_topic_name(topic):
+                raise InvalidRecordError(f"offsets record: invalid topic {_shown(topic)}")
+            seen.add((group, topic))
+        if not 0 <= queue_id < MAX_QUEUE_NUMS:
+            raise InvalidRecordError(
+                f"offsets record: queue id {queue_id} of {topic} is outside [0, {MAX_QUEUE_NUMS})"
+            )
+        if not 0 <= offset <= _I64_MAX:
+            raise InvalidRecordError(f"offsets record: offset {offset} of {topic} is negative")
+
+
+class _SkipLog:
+    """One ERROR line per skipped record, at most :data:`SKIP_LOG_LINES_PER_WINDOW` per
+    :data:`SKIP_LOG_WINDOW_S` (then one line with the number left out). Logging only: what is
+    skipped never depends on it."""
+
+    def __init__(self) -> None:
+        self._window_start_s = -SKIP_LOG_WINDOW_S
+        self._lines = 0
+        self._suppressed = 0
+        self.skipped = 0  # records skipped since start (for tests and status)
+
+    def skip(self, index: int, entry_type: int, exc: BaseException) -> None:
+        self.skipped += 1
+        now = time.monotonic()
+        if now - self._window_start_s >= SKIP_LOG_WINDOW_S:
+            if self._suppressed:
+                logger.error(
+                    "skipped %d more invalid records in the last %.0f s (not logged one by one)",
+                    self._suppressed,
+                    SKIP_LOG_WINDOW_S,
+                )
+            self._window_start_s, self._lines, self._suppressed = now, 0, 0
+        if self._lines >= SKIP_LOG_LINES_PER_WINDOW:
+            self._suppressed += 1
+            return
+        self._lines += 1
+        code = getattr(exc, "code", type(exc).__name__)
+        # Details are bounded where they are made; cut again, never a whole record.
+        logger.error(
+            "skip invalid record index=%d type=%d code=%s: %.300s", index, entry_type, code, exc
+        )
 
 
 # ------------------------------------------------------------------------- state machine
@@ -306,6 +442,7 @@ class BrokerStateMachine:
         self.term = 0
         self.leader_id: str | None = None
         self._change_listeners: list[Callable[[], None]] = []
+        self.skip_log = _SkipLog()
 
     # ------------------------------------------------------------------ wiring
 
@@ -365,14 +502,21 @@ class BrokerStateMachine:
                 if entry.type == ENTRY_MESSAGES:
                     self._apply_messages(entry, touched)
                 elif entry.type == ENTRY_OFFSETS:
-                    self.offsets.update(decode_offsets_record(entry.body))
+                    offsets = decode_offsets_record(entry.body)
+                    check_offsets(offsets)
+                    self.offsets.update(offsets)
                 elif entry.type == ENTRY_TOPIC:
                     self._apply_topic(entry)
                 elif entry.type == ENTRY_SCHEDULE:
                     self._apply_schedule(entry, touched)
-            except (BrokerError, ValueError) as exc:
-                # Same bytes on every member, so every member skips the same entry.
-                logger.error("skip bad entry index=%d type=%d: %s", entry.index, entry.type, exc)
+            except (CorruptStoreError, StoreClosedError, PositionOrderError):
+                # This member's disk, not the record: skipping here alone would make the
+                # members differ. The node's apply task fails, and with it the process.
+                raise
+            except (BrokerError, ValueError, OverflowError) as exc:
+                # The record breaks a rule (checked before anything changed): the same bytes
+                # and the same replicated state on every member, so every member skips it.
+                self.skip_log.skip(entry.index, entry.type, exc)
             self._applied = entry.index
         if touched:
             for listener in self._listeners:
@@ -385,6 +529,25 @@ class BrokerStateMachine:
     def _apply_schedule(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
         level, from_offset, to_offset = decode_schedule_header(entry.body)
         current = self.schedule_offsets.get(level, 0)
+        # The leader proposes an entry for offsets it read from this level's queue, after
+        # applying the messages there: every member holds them when it applies the entry. An
+        # entry reaching further (a forged header) would move the level past messages not yet
+        # stored, and the level would deliver nothing until its queue caught up.
+        cq = self.cqs.find(SCHEDULE_TOPIC, level - 1)
+        held = 0 if cq is None else cq.max_offset
+        if to_offset > held:
+            raise InvalidRecordError(
+                f"schedule record level={level} [{from_offset}, {to_offset}) reaches past the"
+                f" {held} messages of its queue"
+            )
+        copies = 0
+        if len(entry.body) > SCHEDULE_HEADER.size:  # else only skipped messages: no copies
+            copies = batch_count(memoryview(entry.body)[SCHEDULE_HEADER.size :])
+        if copies > to_offset - from_offset:
+            raise InvalidRecordError(
+                f"schedule record level={level} [{from_offset}, {to_offset}) carries {copies}"
+                " copies, more than it delivers"
+            )
         if current != from_offset:
             # Proposed twice (a leader re-scanned before its first proposal applied, or a
             # deposed leader's entry): the first one delivered these; skip the copy whole.
@@ -418,30 +581,49 @@ class BrokerStateMachine:
         # The whole batch is checked (entry CRC covered it already; each message's CRC is
         # checked again when it is read): a corrupt batch is skipped as a whole.
         rows = scan_dispatch(body)
-        for offset_in, size, topic, queue_id, t_hash, keys, uniq_id, store_ts in rows:
+        try:
+            for offset_in, size, topic, queue_id, t_hash, keys, uniq_id, store_ts in rows:
+                if not 0 <= store_ts <= MAX_STORE_TIMESTAMP_MS:
+                    raise InvalidRecordError(
+                        f"message {uniq_id} store timestamp {store_ts} is outside"
+                        f" [0, {MAX_STORE_TIMESTAMP_MS}]"
+                    )
+                if dedup is not None:
+                    original = dedup.get(uniq_id)
+                    if original is not None:
+                        results.append(original._replace(duplicate=True))
+                        continue
+                key = (topic, queue_id)
+                offset = next_offset.get(key)
+                if offset is None:
+                    # First message of the batch for this queue: the name and the queue id
+                    # are checked (as a send is) before any path is built from them, and
+                    # nothing is created until the whole batch passed.
+                    _check_queue(topic, queue_id)
+                    cq = self.cqs.find(topic, queue_id)
+                    offset = 0 if cq is None else cq.max_offset
+                    per_queue[key] = []
+                next_offset[key] = offset + 1
+                position = base + offset_in
+                # The schedule topic's records carry the store time where others carry the
+                # tag hash (RocketMQ does the same): the scheduler finds due heads unread.
+                tag = store_ts if topic == SCHEDULE_TOPIC else t_hash
+                per_queue[key].append((position, size, tag))
+                to_index.append((topic, keys, uniq_id, position, store_ts))
+                result = SendResult(uniq_id, topic, queue_id, offset, position, store_ts)
+                if dedup is not None:
+                    dedup[uniq_id] = result
+                results.append(result)
+                if store_ts > latest:
+                    latest = store_ts
+        except BaseException:
+            # Skipped whole: the ids this batch put in the window come out again (they were
+            # added last, so the window is as it was).
             if dedup is not None:
-                original = dedup.get(uniq_id)
-                if original is not None:
-                    results.append(original._replace(duplicate=True))
-                    continue
-            key = (topic, queue_id)
-            offset = next_offset.get(key)
-            if offset is None:
-                offset = self.cqs.queue(topic, queue_id).max_offset
-                per_queue[key] = []
-            next_offset[key] = offset + 1
-            position = base + offset_in
-            # The schedule topic's records carry the store time where others carry the tag
-            # hash (RocketMQ does the same): the scheduler finds due heads without reading.
-            tag = store_ts if topic == SCHEDULE_TOPIC else t_hash
-            per_queue[key].append((position, size, tag))
-            to_index.append((topic, keys, uniq_id, position, store_ts))
-            result = SendResult(uniq_id, topic, queue_id, offset, position, store_ts)
-            if dedup is not None:
-                dedup[uniq_id] = result
-            results.append(result)
-            if store_ts > latest:
-                latest = store_ts
+                for r in results:
+                    if not r.duplicate:
+                        dedup.pop(r.uniq_id, None)
+            raise
         self._latest_store_ts = latest
         for key, records in per_queue.items():
             self.cqs.queue(*key).append_many(records)
@@ -492,6 +674,7 @@ class BrokerStateMachine:
 
     def _apply_topic(self, entry: Entry) -> None:
         op, topic = decode_topic_record(entry.body)
+        check_topic_record(op, topic, self.topics)
         if op == TOPIC_UPSERT or (op == TOPIC_CREATE_IF_ABSENT and topic.name not in self.topics):
             changed = self.topics.get(topic.name) != topic
             self.topics[topic.name] = topic
@@ -499,10 +682,11 @@ class BrokerStateMachine:
             if changed:
                 self._changed()
         elif op == TOPIC_DELETE and topic.name in self.topics:
+            # The queues first: a store that refuses (PATH_OUTSIDE_STORE) changes nothing.
+            self.cqs.drop_topic(topic.name)
             del self.topics[topic.name]
             for key in [k for k in self.offsets if k[1] == topic.name]:
                 del self.offsets[key]
-            self.cqs.drop_topic(topic.name)
             logger.info("topic deleted topic=%s index=%d", topic.name, entry.index)
             # The queues' files are gone: a snapshot from before the delete no longer matches
             # the disk, so write one now (a crash in between is caught by the queue check).
@@ -623,23 +807,59 @@ class BrokerStateMachine:
         self._applied = int(data["applied_index"])
         self._dispatch_end = int(data["dispatch_position"])
         self._latest_store_ts = int(data["latest_store_timestamp_ms"])
-        self.topics = {
-            name: TopicConfig(name, int(r), int(w), int(p))
-            for name, (r, w, p) in data["topics"].items()
-        }
-        self.offsets = {
-            (group, topic, int(q)): int(o)
+        # The file is as hostile as a record: what the API would refuse is left out, with one
+        # line per kind (a table that lists a bad name must not cut the broker off from the
+        # NameServer, nor stop it from starting).
+        self.topics = {}
+        bad_topics: list[str] = []
+        for name, (r, w, p) in data["topics"].items():
+            topic = TopicConfig(str(name), int(r), int(w), int(p))
+            try:
+                check_topic_record(TOPIC_UPSERT, topic, self.topics)
+            except BrokerError:
+                bad_topics.append(str(name))
+                continue
+            self.topics[topic.name] = topic
+        _report_dropped("topics", bad_topics)
+        offsets = {
+            (str(group), str(topic), int(q)): int(o)
             for group, topics in data["offsets"].items()
             for topic, queues in topics.items()
             for q, o in queues.items()
         }
-        self.schedule_offsets = {
-            int(level): int(offset) for level, offset in data.get("schedule", {}).items()
-        }
+        self.offsets = {}
+        bad_offsets: list[str] = []
+        for key, offset in offsets.items():
+            try:
+                check_offsets({key: offset})
+            except InvalidRecordError:
+                bad_offsets.append("/".join(map(str, key)))
+                continue
+            self.offsets[key] = offset
+        _report_dropped("consumer offsets", bad_offsets)
+        self.schedule_offsets = {}
+        bad_levels: list[str] = []
+        for level, offset in data.get("schedule", {}).items():
+            lv, off = int(level), int(offset)
+            if 1 <= lv <= 255 and 0 <= off <= _I64_MAX:
+                self.schedule_offsets[lv] = off
+            else:
+                bad_levels.append(f"{lv}={off}")
+        _report_dropped("schedule levels", bad_levels)
         if data.get("version") == 1:
-            self.dedup = _decode_dedup_v1(data["dedup"])
+            dedup = _decode_dedup_v1(data["dedup"])
         else:
-            self.dedup = decode_dedup(data["dedup"])
+            dedup = decode_dedup(data["dedup"])
+        valid: dict[str, bool] = {}  # a window of 100,000 ids names a few topics
+        bad_ids = [
+            uid
+            for uid, r in dedup.items()
+            if not valid.setdefault(r.topic, is_valid_topic_name(r.topic))
+        ]
+        for uid in bad_ids:
+            del dedup[uid]
+        _report_dropped("deduplication ids", bad_ids)
+        self.dedup = dedup
 
     def _open_stores(self) -> None:
         self.cqs = ConsumeQueueStore(self.root, records_per_file=self._cq_records_per_file)
@@ -737,6 +957,17 @@ class BrokerStateMachine:
         self.cqs.close()
         self.index.close()
         self._opened = False
+
+
+def _report_dropped(what: str, names: Sequence[str]) -> None:
+    """One line for the invalid items a snapshot held (the first few named, cut short)."""
+    if names:
+        logger.error(
+            "snapshot: left out %d invalid %s: %s",
+            len(names),
+            what,
+            ", ".join(_shown(n) for n in names[:5]),
+        )
 
 
 # ---------------------------------------------------------------------------------------

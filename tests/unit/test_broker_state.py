@@ -289,7 +289,8 @@ def test_lost_stores_are_rebuilt_from_the_log(tmp_path: Path, lost: str) -> None
 def test_schedule_entries_deliver_once_and_stale_ones_are_skipped(tmp_path: Path) -> None:
     log = FakeLog()
     originals = [msg(0, n, ts=1000 + n) for n in range(4)]
-    batch(log, [to_schedule(m, 2) for m in originals])
+    # Level 5 holds one message whose topic is gone: its entry delivers no copy.
+    batch(log, [to_schedule(m, 2) for m in originals] + [to_schedule(msg(0, 9), 5)])
     copies = [delivered_copy(to_schedule(m, 2), now_ms=9000) for m in originals]
     first, _ = encode_batch(copies[:3])
     log.add(encode_schedule_header(2, 0, 3) + first, ENTRY_SCHEDULE)
