@@ -16,9 +16,11 @@ from typing import Any
 
 import javaproperties
 
+from broker import disk
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
+from dledger.storage.store import DEFAULT_RESERVE_BYTES
 
 
 class ConfigError(Exception):
@@ -151,6 +153,11 @@ def parse_peers(text: str) -> tuple[Peer, ...]:
     return tuple(peers)
 
 
+def _parse_peer_client_addrs(text: str) -> tuple[Peer, ...]:
+    """``dLegerPeers``' format, or empty."""
+    return parse_peers(text) if text.strip() else ()
+
+
 @dataclass(frozen=True, slots=True)
 class _Key:
     parse: Callable[[str], Any]
@@ -166,6 +173,12 @@ KEYS: Mapping[str, _Key] = {
     "dLegerGroup": _Key(_parse_optional_str, "", "Raft group name (default: brokerName)"),
     "dLegerPeers": _Key(parse_peers, None, "id-host:port;... peer (Raft) addresses"),
     "dLegerSelfId": _Key(_parse_str, None, "this node's id, one of dLegerPeers"),
+    "dLegerPeerClientAddrs": _Key(
+        _parse_peer_client_addrs,
+        "",
+        "id-host:port;... client addresses of the members, named in NOT_LEADER redirects "
+        "(default: none, redirects name the leader's id only)",
+    ),
     "listenPort": _Key(_parse_port, "10911", "client gRPC port"),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
@@ -196,6 +209,28 @@ KEYS: Mapping[str, _Key] = {
     "maxIndexNum": _Key(_parse_int(1, 200_000_000), "20000000", "key index records per file"),
     "accessMessageInMemoryMaxRatio": _Key(
         _parse_int(1, 100), "40", "% of RAM a pull may lag the write position before a follower"
+    ),
+    # Disk full (docs/STORAGE.md "Disk full"). RocketMQ's name, but here the mark at which the
+    # leader refuses sends (RocketMQ's diskSpaceWarningLevelRatio, 90); in percent.
+    "diskMaxUsedSpaceRatio": _Key(
+        _parse_int(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
+        str(disk.DEFAULT_MAX_USED_PERCENT),
+        "% of the store's file system used above which the leader refuses sends (DISK_FULL)",
+    ),
+    "diskSpaceResumeRatio": _Key(
+        _parse_int(1, disk.MAX_USED_PERCENT - 1),
+        str(disk.DEFAULT_RESUME_PERCENT),
+        "% used below which sends are accepted again (< diskMaxUsedSpaceRatio)",
+    ),
+    "diskCheckIntervalMs": _Key(
+        _parse_int(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
+        str(disk.DEFAULT_CHECK_INTERVAL_MS),
+        "how stale the disk usage seen by the send path may be, ms",
+    ),
+    "diskSpaceReserveBytes": _Key(
+        _parse_int(0, 1 << 30),
+        str(DEFAULT_RESERVE_BYTES),
+        "space set aside at start so hard state and checkpoints can be written on a full disk",
     ),
     # Our own broker keys.
     "dedupWindowSeconds": _Key(_parse_int(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
@@ -234,6 +269,7 @@ class BrokerConfig:
     dLegerGroup: str
     dLegerPeers: tuple[Peer, ...]
     dLegerSelfId: str
+    dLegerPeerClientAddrs: tuple[Peer, ...]
     listenPort: int
     brokerIP1: str
     storePathRootDir: str
@@ -253,6 +289,10 @@ class BrokerConfig:
     maxHashSlotNum: int
     maxIndexNum: int
     accessMessageInMemoryMaxRatio: int
+    diskMaxUsedSpaceRatio: int
+    diskSpaceResumeRatio: int
+    diskCheckIntervalMs: int
+    diskSpaceReserveBytes: int
     dedupWindowSeconds: int
     dedupWindowMaxIds: int
     consumerOffsetCommitIntervalMs: int
@@ -281,6 +321,14 @@ class BrokerConfig:
     @property
     def namesrv_addrs(self) -> list[str]:
         return [a for a in self.namesrvAddr.split(";") if a]
+
+    @property
+    def disk_watermarks(self) -> disk.Watermarks:
+        return disk.Watermarks(
+            max_used_percent=self.diskMaxUsedSpaceRatio,
+            resume_percent=self.diskSpaceResumeRatio,
+            check_interval_ms=self.diskCheckIntervalMs,
+        )
 
     @property
     def dledger_dir(self) -> Path:
@@ -321,6 +369,11 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         raise ConfigError(
             f"{path}: key 'dLegerSelfId': {values['dLegerSelfId']!r} is not in dLegerPeers {ids}"
         )
+    unknown_ids = [p.node_id for p in values["dLegerPeerClientAddrs"] if p.node_id not in ids]
+    if unknown_ids:
+        raise ConfigError(
+            f"{path}: key 'dLegerPeerClientAddrs': {unknown_ids[0]!r} is not in dLegerPeers {ids}"
+        )
     if values["preferredLeaderId"] and values["preferredLeaderId"] not in ids:
         raise ConfigError(
             f"{path}: key 'preferredLeaderId': {values['preferredLeaderId']!r} "
@@ -334,6 +387,11 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     if values["raftElectionTimeoutMs"] < 2 * values["raftHeartbeatIntervalMs"]:
         raise ConfigError(
             f"{path}: key 'raftElectionTimeoutMs' must be >= 2 x raftHeartbeatIntervalMs"
+        )
+    if values["diskSpaceResumeRatio"] >= values["diskMaxUsedSpaceRatio"]:
+        raise ConfigError(
+            f"{path}: key 'diskSpaceResumeRatio' ({values['diskSpaceResumeRatio']}) must be "
+            f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values.pop("enableDLegerCommitLog")
@@ -372,6 +430,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
             segment_size_bytes=cfg.mappedFileSizeCommitLog,
             flush_disk_type=cfg.flushDiskType,
             flush_interval_ms=cfg.flushIntervalCommitLog,
+            reserve_bytes=cfg.diskSpaceReserveBytes,
         ),
         tick_ms=cfg.raftTickMs,
         heartbeat_interval_ms=cfg.raftHeartbeatIntervalMs,
@@ -379,6 +438,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         append_timeout_ms=cfg.rpcTimeoutMs,
         preferred_leader_id=cfg.preferredLeaderId or None,
         advertised_client_addr=cfg.advertisedClientAddr,
+        peer_client_addrs={p.node_id: p.addr for p in cfg.dLegerPeerClientAddrs},
         unsafe_ack_before_replication=cfg.unsafeAckBeforeReplication,
         file_reserved_time_hours=cfg.fileReservedTime,
         delete_when=cfg.deleteWhen,

@@ -1,0 +1,228 @@
+"""broker.disk: the send path's watermark check (fake statvfs and clock) and its config keys."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import pytest
+from raftmq.broker.v1 import broker_pb2 as pb
+
+from broker.config import ConfigError, node_config, parse_config
+from broker.disk import DiskGuard, Watermarks, used_percent
+from broker.service import BrokerServicer
+from dledger.core import Role
+from dledger.storage import DiskFullError
+
+BLOCKS = 1000
+
+
+def _st(used_blocks: int) -> os.statvfs_result:
+    # (bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flag, namemax)
+    free = BLOCKS - used_blocks
+    return os.statvfs_result((4096, 4096, BLOCKS, free, free, 100, 50, 50, 0, 255))
+
+
+class FakeDisk:
+    def __init__(self) -> None:
+        self.used_blocks = 0
+        self.calls = 0
+        self.error: OSError | None = None
+        self.now = 100.0
+
+    def statvfs(self, path: str) -> os.statvfs_result:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return _st(self.used_blocks)
+
+    def clock(self) -> float:
+        return self.now
+
+
+def _guard(disk: FakeDisk, path: str = "/store/n0", interval_ms: int = 100) -> DiskGuard:
+    return DiskGuard(
+        "n0",
+        path,
+        Watermarks(max_used_percent=90, resume_percent=80, check_interval_ms=interval_ms),
+        statvfs=disk.statvfs,
+        clock=disk.clock,
+    )
+
+
+def test_refuses_above_the_high_mark_and_resumes_below_the_low_mark() -> None:
+    disk = FakeDisk()
+    guard = _guard(disk)
+    disk.used_blocks = 899
+    guard.check()  # 89.9 %: writable
+    disk.used_blocks, disk.now = 900, disk.now + 0.1
+    with pytest.raises(DiskFullError) as info:
+        guard.check()
+    text = f"{info.value.code} {info.value}"
+    assert text.startswith("DISK_FULL node=n0 path=/store/n0 used=90.0% max=90% ")
+    # In the hysteresis band: still refused.
+    disk.used_blocks, disk.now = 850, disk.now + 0.1
+    with pytest.raises(DiskFullError):
+        guard.check()
+    disk.used_blocks, disk.now = 799, disk.now + 0.1
+    guard.check()  # below the low mark: writable again, by itself
+    assert not guard.full and guard.refused_count == 2
+
+
+def test_statvfs_at_most_once_per_interval() -> None:
+    disk = FakeDisk()
+    guard = _guard(disk, interval_ms=100)
+    for _ in range(1000):
+        guard.check()
+    assert disk.calls == 1
+    disk.used_blocks = 950  # not seen until the interval has passed
+    guard.check()
+    disk.now += 0.099
+    guard.check()
+    assert disk.calls == 1
+    disk.now += 0.002
+    with pytest.raises(DiskFullError):
+        guard.check()
+    assert disk.calls == 2
+
+
+def test_a_failing_statvfs_keeps_the_last_state() -> None:
+    disk = FakeDisk()
+    guard = _guard(disk)
+    disk.used_blocks = 990
+    with pytest.raises(DiskFullError):
+        guard.check()
+    disk.error = OSError(errno.ENOENT, "gone")
+    disk.now += 1
+    with pytest.raises(DiskFullError):
+        guard.check()
+    disk.error, disk.used_blocks, disk.now = None, 0, disk.now + 1
+    guard.check()
+
+
+def test_detail_is_bounded_for_a_huge_path() -> None:
+    disk = FakeDisk()
+    disk.used_blocks = BLOCKS
+    guard = _guard(disk, path="/" + "x" * 5000)
+    with pytest.raises(DiskFullError) as info:
+        guard.check()
+    assert len(str(info.value)) < 512
+
+
+def test_used_percent_counts_root_reserved_blocks_as_used() -> None:
+    st = os.statvfs_result((4096, 4096, 1000, 100, 50, 0, 0, 0, 0, 255))
+    assert used_percent(st) == 95.0
+    assert used_percent(os.statvfs_result((0,) * 10)) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"max_used_percent": 100}, "max_used_percent"),
+        ({"max_used_percent": 5}, "max_used_percent"),
+        ({"max_used_percent": 80, "resume_percent": 80}, "resume_percent"),
+        ({"resume_percent": 0}, "resume_percent"),
+        ({"check_interval_ms": 0}, "check_interval_ms"),
+        ({"check_interval_ms": 3_600_000}, "check_interval_ms"),
+    ],
+)
+def test_watermarks_are_validated(kwargs: dict[str, int], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        Watermarks(**kwargs)
+
+
+CONF = """\
+dLegerPeers=n0-127.0.0.1:40911;n1-127.0.0.1:40912;n2-127.0.0.1:40913
+dLegerSelfId=n1
+storePathRootDir=/tmp/rmqstore/node01
+"""
+
+
+def test_disk_keys_defaults_and_values() -> None:
+    cfg = parse_config(CONF)
+    assert cfg.disk_watermarks == Watermarks()
+    assert (cfg.diskMaxUsedSpaceRatio, cfg.diskSpaceResumeRatio) == (90, 85)
+    assert node_config(cfg).store.reserve_bytes == cfg.diskSpaceReserveBytes == 4 << 20
+    cfg = parse_config(
+        CONF + "diskMaxUsedSpaceRatio=75\ndiskSpaceResumeRatio=60\ndiskCheckIntervalMs=20\n"
+        "diskSpaceReserveBytes=0\n"
+    )
+    assert cfg.disk_watermarks == Watermarks(75, 60, 20)
+    assert node_config(cfg).store.reserve_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("diskMaxUsedSpaceRatio=100", "'diskMaxUsedSpaceRatio'"),
+        ("diskMaxUsedSpaceRatio=abc", "'diskMaxUsedSpaceRatio'"),
+        ("diskMaxUsedSpaceRatio=80\ndiskSpaceResumeRatio=80", "'diskSpaceResumeRatio'"),
+        ("diskCheckIntervalMs=1", "'diskCheckIntervalMs'"),
+        ("diskSpaceReserveBytes=-1", "'diskSpaceReserveBytes'"),
+        ("diskSpaceReserveBytes=2147483648", "'diskSpaceReserveBytes'"),
+    ],
+)
+def test_bad_disk_keys_name_the_key(extra: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(CONF + extra + "\n")
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5555"
+
+    async def abort(self, code: grpc.StatusCode, detail: str) -> None:
+        raise _Aborted(code, detail)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s, ctx: s.SendMessage(
+            pb.SendMessageRequest(topic="T", messages=[pb.Message(body=b"x")]), ctx
+        ),
+        lambda s, ctx: s.ConsumerSendMsgBack(
+            pb.ConsumerSendMsgBackRequest(consumer_group="g"), ctx
+        ),
+    ],
+    ids=["SendMessage", "ConsumerSendMsgBack"],
+)
+def test_the_send_paths_answer_resource_exhausted_disk_full(call: Any) -> None:
+    disk = FakeDisk()
+    disk.used_blocks = 950
+    servicer = object.__new__(BrokerServicer)
+    servicer.node = SimpleNamespace(  # type: ignore[assignment]
+        core=SimpleNamespace(role=Role.LEADER, leader_id="n0")
+    )
+    servicer.disk_guard = _guard(disk)
+    with pytest.raises(_Aborted) as info:
+        asyncio.run(call(servicer, _Context()))
+    code, detail = info.value.args
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert detail.startswith("DISK_FULL node=n0 path=/store/n0 used=95.0% ")
+
+
+def test_a_crash_by_signal_leaves_a_line_in_the_log() -> None:
+    """The issue's leader "exited with no log line at all" (a SIGBUS in a mapped file)."""
+    code = (
+        "import os, signal\n"
+        "from broker.__main__ import enable_crash_traces\n"
+        "enable_crash_traces()\n"
+        "os.kill(os.getpid(), signal.SIGBUS)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert p.returncode == -signal.SIGBUS
+    assert "Fatal Python error: Bus error" in p.stderr
