@@ -131,3 +131,42 @@ class MessageNotFoundError(BrokerError):
     """No stored message has the id or position asked for."""
 
     code = "MESSAGE_NOT_FOUND"
+
+
+class SystemTopicError(NoPermissionError):
+    """A public RPC tried to create, delete or write a system topic (``SCHEDULE_TOPIC_XXXX``,
+    ``%RETRY%*``, ``%DLQ%*``): only the broker itself writes those (retries through
+    ``ConsumerSendMsgBack``)."""
+
+    code = "SYSTEM_TOPIC"
+
+
+class ResourceExhaustedError(BrokerError):
+    """A bounded table of the broker is full (gRPC ``RESOURCE_EXHAUSTED``); the subclass's code
+    names the table. Retry later, or use fewer of the resource."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class TooManyConsumersError(ResourceExhaustedError):
+    """The node tracks as many consumers (per group or in total) as it may."""
+
+    code = "TOO_MANY_CONSUMERS"
+
+
+class TooManyLocksError(ResourceExhaustedError):
+    """The queue lock table (per client or in total) is full."""
+
+    code = "TOO_MANY_LOCKS"
+
+
+class TooManyLongPollsError(ResourceExhaustedError):
+    """As many pulls wait for messages (per connection or in total) as the node holds."""
+
+    code = "TOO_MANY_LONG_POLLS"
+
+
+class TooManyPendingOffsetsError(ResourceExhaustedError):
+    """The leader's buffer of not yet committed consumer offsets is full."""
+
+    code = "TOO_MANY_PENDING_OFFSETS"

@@ -1,28 +1,54 @@
-"""Queue locks for orderly consumption: at most one live consumer of a group holds a queue.
+"""The broker's in-memory tables of consumer state: queue locks and live consumers.
 
-RocketMQ's RebalanceLockManager, in memory on every node: an orderly consumer locks its queues
-on the group's leader before consuming them (``LockBatchMQ``) and renews the locks every
-``LOCK_RENEW_INTERVAL_S``; a lock not renewed for ``LOCK_MAX_LIVE_MS`` expires, so a consumer
-that vanished without unlocking frees its queues after at most that long. Consumers also report
-the queues they hold in every heartbeat, which goes to every node, so a node that becomes
-leader already knows who holds what and does not hand a held queue to a second consumer.
+Queue locks (:class:`QueueLockTable`) are RocketMQ's RebalanceLockManager, in memory on every
+node: an orderly consumer locks its queues on the group's leader before consuming them
+(``LockBatchMQ``) and renews the locks every ``LOCK_RENEW_INTERVAL_S``; a lock not renewed for
+``LOCK_MAX_LIVE_MS`` expires, so a consumer that vanished without unlocking frees its queues
+after at most that long. Consumers also report the queues they hold in every heartbeat, which
+goes to every node, so a node that becomes leader already knows who holds what and does not
+hand a held queue to a second consumer.
 
-The table is pure (the caller passes the time), so the rules are unit-tested without a clock.
+Live consumers (:class:`ConsumerTable`) are the clients that sent a heartbeat recently.
+
+Both tables are keyed by what clients send, so both are bounded (in total and per client or
+group: one client cannot fill a table and starve the others), and both keep their entries in
+order of last renewal, so expired entries are found at the front: each operation first drops
+the expired ones there, which costs amortized O(1) per entry ever added (never a scan of the
+whole table). A full table refuses new entries with a :class:`ResourceExhaustedError`.
+
+The tables are pure (the caller passes a monotonic time in ms), so the rules are unit-tested
+without a clock.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from broker.errors import TooManyConsumersError, TooManyLocksError
+
 # RocketMQ's rocketmq.broker.rebalance.lockMaxLiveTime: a lock not renewed for this long is free.
 LOCK_MAX_LIVE_MS = 60_000
-# Bound on the table: consumer groups x queues one node tracks (a lying client cannot grow it
-# without limit); beyond it, new locks are refused until expired ones are swept.
+# Bound on the lock table: consumer groups x queues one node tracks (a lying client cannot grow
+# it without limit; about 200 bytes per lock, so at most about 20 MB).
 MAX_LOCKS = 100_000
+# Locks one consumer client may hold in one group: an orderly consumer holds at most the queues
+# it was allocated, a few hundred per broker group in practice (and one LockBatchMQ carries at
+# most 4,096); this keeps one client from filling the table.
+MAX_LOCKS_PER_CLIENT = 4096
+# RocketMQ's channelExpiredTimeout: a consumer without a heartbeat for this long is dropped.
+CONSUMER_EXPIRE_MS = 120_000
+# Consumers one node tracks in total and per group (about 300 bytes each). RocketMQ sets no
+# limit; a group with more consumers than queues leaves the extra ones idle, and the largest
+# topics have a few thousand queues.
+MAX_CONSUMERS = 10_000
+MAX_CONSUMERS_PER_GROUP = 1024
 
 # (consumer group, topic, queue id)
 LockKey = tuple[str, str, int]
+# (consumer group, client id)
+ClientKey = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -32,16 +58,29 @@ class _Holder:
 
 
 class QueueLockTable:
-    """``lock``/``unlock``/``claim`` over ``(group, topic, queue)``; ``now_ms`` is passed in."""
+    """``lock``/``unlock``/``claim`` over ``(group, topic, queue)``; ``now_ms`` is passed in and
+    never goes backwards (a monotonic clock)."""
 
-    def __init__(self, max_live_ms: int = LOCK_MAX_LIVE_MS, max_locks: int = MAX_LOCKS) -> None:
-        assert max_live_ms > 0 and max_locks > 0
+    def __init__(
+        self,
+        max_live_ms: int = LOCK_MAX_LIVE_MS,
+        max_locks: int = MAX_LOCKS,
+        max_locks_per_client: int = MAX_LOCKS_PER_CLIENT,
+    ) -> None:
+        assert max_live_ms > 0 and max_locks > 0 and max_locks_per_client > 0
         self.max_live_ms = max_live_ms
         self.max_locks = max_locks
-        self._locks: dict[LockKey, _Holder] = {}
+        self.max_locks_per_client = max_locks_per_client
+        # Oldest renewal first: expired locks are always at the front.
+        self._locks: OrderedDict[LockKey, _Holder] = OrderedDict()
+        self._by_client: dict[ClientKey, set[LockKey]] = {}
 
     def __len__(self) -> int:
         return len(self._locks)
+
+    def held_by(self, group: str, client_id: str) -> int:
+        """How many locks ``client_id`` of ``group`` holds (expired ones not yet dropped count)."""
+        return len(self._by_client.get((group, client_id), ()))
 
     def holder(self, key: LockKey, now_ms: int) -> str | None:
         h = self._locks.get(key)
@@ -49,35 +88,85 @@ class QueueLockTable:
             return None
         return h.client_id
 
-    def _sweep(self, now_ms: int) -> None:
-        expired = [k for k, h in self._locks.items() if now_ms - h.renewed_ms >= self.max_live_ms]
-        for k in expired:
-            del self._locks[k]
+    def expire(self, now_ms: int) -> int:
+        """Drop the locks not renewed for ``max_live_ms``; how many. Amortized O(1)."""
+        dropped = 0
+        locks = self._locks
+        while locks:
+            key, h = next(iter(locks.items()))
+            if now_ms - h.renewed_ms < self.max_live_ms:
+                break
+            del locks[key]
+            self._forget(key, h.client_id)
+            dropped += 1
+        return dropped
+
+    def _forget(self, key: LockKey, client_id: str) -> None:
+        ck = (key[0], client_id)
+        mine = self._by_client.get(ck)
+        if mine is not None:
+            mine.discard(key)
+            if not mine:
+                del self._by_client[ck]
+
+    def _room(self, group: str, client_id: str, keys: Iterable[LockKey]) -> tuple[int, int]:
+        """(new locks ``keys`` would add, room left for ``client_id``: per client and in total)."""
+        new = sum(1 for k in set(keys) if k not in self._locks)
+        room = min(
+            self.max_locks_per_client - self.held_by(group, client_id),
+            self.max_locks - len(self._locks),
+        )
+        return new, room
 
     def _take(self, key: LockKey, client_id: str, now_ms: int) -> bool:
-        current = self.holder(key, now_ms)
-        if current is not None and current != client_id:
-            return False
-        if key not in self._locks and len(self._locks) >= self.max_locks:
-            self._sweep(now_ms)
-            if len(self._locks) >= self.max_locks:
+        """Lock or renew ``key`` for ``client_id`` unless another live client holds it (the
+        caller checked that there is room)."""
+        h = self._locks.get(key)
+        if h is not None:
+            if h.client_id != client_id and now_ms - h.renewed_ms < self.max_live_ms:
                 return False
-        self._locks[key] = _Holder(client_id, now_ms)
+            if h.client_id != client_id:
+                self._forget(key, h.client_id)
+            h.client_id = client_id
+            h.renewed_ms = now_ms
+            self._locks.move_to_end(key)
+        else:
+            self._locks[key] = _Holder(client_id, now_ms)
+        self._by_client.setdefault((key[0], client_id), set()).add(key)
         return True
 
     def lock(
         self, group: str, client_id: str, queues: Iterable[tuple[str, int]], now_ms: int
     ) -> list[tuple[str, int]]:
         """Locks (or renews) every queue not held by another live consumer; returns those now
-        held by ``client_id``."""
-        return [q for q in queues if self._take((group, q[0], q[1]), client_id, now_ms)]
+        held by ``client_id``. Raises :class:`TooManyLocksError` (and changes nothing) when the
+        new locks do not fit the client's share or the table."""
+        self.expire(now_ms)
+        wanted = list(queues)
+        keys = [(group, t, q) for t, q in wanted]
+        new, room = self._room(group, client_id, keys)
+        if new > room:
+            raise TooManyLocksError(
+                f"{new} new locks do not fit: a client holds at most {self.max_locks_per_client}"
+                f" locks per group and the node {self.max_locks}"
+                f" (this client holds {self.held_by(group, client_id)}, the node {len(self)})"
+            )
+        return [q for q, k in zip(wanted, keys, strict=True) if self._take(k, client_id, now_ms)]
 
     def claim(
         self, group: str, client_id: str, queues: Iterable[tuple[str, int]], now_ms: int
-    ) -> None:
-        """A heartbeat's report of held queues: recorded unless another consumer holds one."""
-        for q in queues:
-            self._take((group, q[0], q[1]), client_id, now_ms)
+    ) -> int:
+        """A heartbeat's report of held queues: recorded unless another consumer holds one;
+        queues beyond the client's share or the table are not recorded (a report is advice,
+        the leader's ``lock`` decides). Returns how many were recorded."""
+        self.expire(now_ms)
+        recorded = 0
+        for t, q in queues:
+            key = (group, t, q)
+            if key not in self._locks and self._room(group, client_id, ())[1] <= 0:
+                continue
+            recorded += self._take(key, client_id, now_ms)
+        return recorded
 
     def unlock(
         self, group: str, client_id: str, queues: Iterable[tuple[str, int]]
@@ -89,12 +178,89 @@ class QueueLockTable:
             h = self._locks.get(key)
             if h is not None and h.client_id == client_id:
                 del self._locks[key]
+                self._forget(key, client_id)
                 released.append(q)
         return released
 
     def release_client(self, group: str, client_id: str) -> int:
-        """A consumer that unregistered or expired: every lock it held is free. Returns how many."""
-        keys = [k for k, h in self._locks.items() if k[0] == group and h.client_id == client_id]
+        """A consumer that unregistered or expired: every lock it held is free. Returns how many.
+        O(locks it held)."""
+        keys = self._by_client.pop((group, client_id), set())
         for k in keys:
             del self._locks[k]
         return len(keys)
+
+
+class ConsumerTable:
+    """Consumers that sent a heartbeat within ``expire_ms``, per group; ``now_ms`` is passed in
+    and never goes backwards (a monotonic clock)."""
+
+    def __init__(
+        self,
+        expire_ms: int = CONSUMER_EXPIRE_MS,
+        max_consumers: int = MAX_CONSUMERS,
+        max_per_group: int = MAX_CONSUMERS_PER_GROUP,
+    ) -> None:
+        assert expire_ms > 0 and max_consumers > 0 and max_per_group > 0
+        self.expire_ms = expire_ms
+        self.max_consumers = max_consumers
+        self.max_per_group = max_per_group
+        # Last heartbeat (ms) per consumer, oldest first: expired ones are at the front.
+        self._seen: OrderedDict[ClientKey, int] = OrderedDict()
+        self._groups: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def expire(self, now_ms: int) -> list[ClientKey]:
+        """Drop the consumers silent for ``expire_ms``; returns them. Amortized O(1)."""
+        gone: list[ClientKey] = []
+        seen = self._seen
+        while seen:
+            key, last_ms = next(iter(seen.items()))
+            if now_ms - last_ms < self.expire_ms:
+                break
+            del seen[key]
+            self._drop_from_group(key)
+            gone.append(key)
+        return gone
+
+    def _drop_from_group(self, key: ClientKey) -> None:
+        members = self._groups.get(key[0])
+        if members is not None:
+            members.discard(key[1])
+            if not members:
+                del self._groups[key[0]]
+
+    def heartbeat(self, group: str, client_id: str, now_ms: int) -> None:
+        """Record a heartbeat (call :meth:`expire` first). Raises
+        :class:`TooManyConsumersError` for a new consumer that does not fit."""
+        key = (group, client_id)
+        if key in self._seen:
+            self._seen[key] = now_ms
+            self._seen.move_to_end(key)
+            return
+        members = self._groups.get(group)
+        if members is not None and len(members) >= self.max_per_group:
+            raise TooManyConsumersError(
+                f"the group has {len(members)} live consumers, the most one node tracks"
+                f" (maxConsumersPerGroup={self.max_per_group})"
+            )
+        if len(self._seen) >= self.max_consumers:
+            raise TooManyConsumersError(
+                f"the node tracks {len(self._seen)} live consumers, the most it may"
+                f" (maxConsumers={self.max_consumers})"
+            )
+        self._seen[key] = now_ms
+        self._groups.setdefault(group, set()).add(client_id)
+
+    def remove(self, group: str, client_id: str) -> bool:
+        """Forget a consumer (it unregistered); whether it was known."""
+        if self._seen.pop((group, client_id), None) is None:
+            return False
+        self._drop_from_group((group, client_id))
+        return True
+
+    def clients(self, group: str) -> list[str]:
+        """The group's live consumers, sorted (call :meth:`expire` first)."""
+        return sorted(self._groups.get(group, ()))

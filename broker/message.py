@@ -233,7 +233,7 @@ def _encode_properties(properties: Mapping[str, str]) -> bytes:
         for text in (name, value):
             if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
                 raise InvalidMessageError(
-                    f"property {name!r} contains a reserved separator (\\x01 or \\x02)"
+                    "a property name or value contains a reserved separator (\\x01 or \\x02)"
                 )
         parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
     return _utf8("".join(parts), "properties")
@@ -246,14 +246,19 @@ def _encode_keys(keys: tuple[str, ...]) -> bytes:
         if not isinstance(key, str) or not key:
             raise InvalidMessageError("a key is empty or not a str")
         if KEY_SEPARATOR in key:
-            raise InvalidMessageError(f"key {key!r} contains the key separator (a space)")
+            raise InvalidMessageError("a key contains the key separator (a space)")
     return _utf8(KEY_SEPARATOR.join(keys), "keys")
 
 
 def uniq_id_to_bytes(uniq_id: str) -> bytes:
     """The 16 bytes of a uniq id given as 32 uppercase hex characters."""
-    if not isinstance(uniq_id, str) or _HEX32.fullmatch(uniq_id) is None:
-        raise InvalidMessageIdError(f"uniq id {uniq_id!r} is not 32 uppercase hex characters")
+    if not isinstance(uniq_id, str):
+        raise InvalidMessageIdError(f"a message id must be a str, not {type(uniq_id).__name__}")
+    if _HEX32.fullmatch(uniq_id) is None:
+        # Never echoed: an id can be megabytes long, and a detail is sent as a gRPC header.
+        raise InvalidMessageIdError(
+            f"a message id of {len(uniq_id)} characters is not 32 uppercase hex characters"
+        )
     return bytes.fromhex(uniq_id)
 
 
@@ -441,6 +446,10 @@ def encode_batch_fields(
         tags_part = tags_parts.get(tags)
         if tags_part is None:
             tags_b = _utf8(tags, "tags")
+            if len(tags_b) > MAX_PROPERTIES_BYTES:  # before its u16 length is packed
+                raise PropertiesTooLargeError(
+                    f"tags take {len(tags_b)} bytes, more than {MAX_PROPERTIES_BYTES}"
+                )
             tags_part = tags_parts[tags] = (u16(len(tags_b)) + tags_b, len(tags_b), tags_hash(tags))
         keys = m.keys
         keys_b = _encode_keys(tuple(keys)) if keys else b""

@@ -24,6 +24,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from broker.config import BrokerConfig
 from broker.state import BrokerStateMachine
+from dledger.fatal import supervise
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,11 @@ class BrokerRegistrar:
             target = _Target(addr, channel, pb_grpc.NameServerStub(channel))
             target.wake.set()  # register at once
             self._targets.append(target)
-            self._tasks.append(loop.create_task(self._loop(target), name=f"register-{addr}"))
+            # Supervised: a NameServer that is down or slow is handled in _register; anything
+            # else escaping the loop is a bug and ends the process (dledger.fatal) instead of
+            # leaving a node that silently stopped registering.
+            name = f"register-{addr}"
+            self._tasks.append(supervise(loop.create_task(self._loop(target), name=name), name))
         if self._addrs:
             logger.info(
                 "node=%s registering with namesrv=%s period_ms=%d",
@@ -167,9 +172,8 @@ class BrokerRegistrar:
         self._stopped = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A task that failed was already reported (and made fatal) by its supervisor.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         request = pb.UnregisterBrokerRequest(
             cluster=self.cfg.brokerClusterName,

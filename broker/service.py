@@ -16,13 +16,14 @@ import os
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
+from broker.disk import DiskGuard
 from broker.errors import (
     BrokerError,
     CorruptMessageError,
@@ -34,9 +35,13 @@ from broker.errors import (
     NoPermissionError,
     OffsetOutOfRangeError,
     QueueIdOutOfRangeError,
+    ResourceExhaustedError,
+    SystemTopicError,
+    TooManyLongPollsError,
+    TooManyPendingOffsetsError,
     TopicNotFoundError,
 )
-from broker.locks import QueueLockTable
+from broker.locks import ConsumerTable, QueueLockTable
 from broker.message import (
     MESSAGE_HEAD,
     Message,
@@ -49,7 +54,14 @@ from broker.message import (
     encode_offset_msg_id,
     message_from_fields,
     tags_hash,
+    uniq_id_to_bytes,
     validate_topic,
+)
+from broker.names import (
+    SCHEDULE_TOPIC,
+    is_system_topic,
+    is_valid_topic_name,
+    validate_group_name,
 )
 from broker.schedule import (
     DEFAULT_DELAY_LEVELS,
@@ -57,13 +69,11 @@ from broker.schedule import (
     DLQ_QUEUE_NUMS,
     PROPERTY_DELAY,
     RETRY_QUEUE_NUMS,
-    SCHEDULE_TOPIC,
     delay_level_of,
     delivered_copy,
     dlq_topic,
     due_ms,
     encode_schedule_header,
-    is_system_topic,
     parse_delay_levels,
     retry_topic,
     send_back_copy,
@@ -95,8 +105,11 @@ from dledger.core import (
     Role,
     TransferInProgressError,
 )
+from dledger.fatal import supervise
 from dledger.log import DLedgerError, IndexOutOfRangeError, LogCompactedError
+from dledger.server import rpcguard
 from dledger.server.node import DLedgerNode, ProposalLostError
+from dledger.storage import DiskFullError
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +122,27 @@ MAX_SUSPEND_TIMEOUT_MS = 60_000
 # Pull sizes: RocketMQ's default pull batch is 32; 1024 bounds one response (and its memory).
 DEFAULT_PULL_MAX_MSGS = 32
 MAX_PULL_MSGS = 1024
-# Bytes of message bodies one pull or key query returns at most (at least one message): keeps
-# a response far below the 80 MiB gRPC message limit even with 4 MiB messages.
-MAX_RESPONSE_BODY_BYTES = 16 << 20
+# Serialized bytes of one pull, key query or other growing answer at most (it always holds at
+# least one message): gRPC's default receive limit (4 MiB), so a stock client with default
+# channel options can read every answer. A single message bigger than this (maxMessageSize
+# allows up to 64 MiB; its default, 4 MiB of body, plus a few hundred bytes of fields) is
+# still answered alone: reading it needs a client whose receive limit is raised.
+MAX_RESPONSE_BYTES = 4 << 20
+# Room kept in MAX_RESPONSE_BYTES for an answer's own fields (status, offsets, node id,
+# offset_msg_id prefix): well above what they take.
+RESPONSE_HEAD_BYTES = 1024
+# Upper bound of the serialized size of a Message in an answer beyond its stored size (which
+# already holds every byte of its topic, tags, keys, group, host, properties and body): the two
+# ids (34 bytes each), the other scalar fields (at most 11 bytes each with their tags), a tag
+# and length prefix for each string field and for the message itself in the answer.
+MESSAGE_PB_OVERHEAD_BYTES = 384
+# ... plus per key (tag and length prefix) and per property (a map entry: three tags and three
+# length prefixes), on top of the separators the stored form has.
+KEY_PB_OVERHEAD_BYTES = 4
+PROPERTY_PB_OVERHEAD_BYTES = 16
+# Per message of a raw answer beyond its stored bytes: its queue offset and position, packed
+# varints of at most 10 bytes each.
+RAW_PB_OVERHEAD_BYTES = 20
 # ConsumeQueue records one pull scans for tag matches (RocketMQ scans 16,000 bytes = 800).
 PULL_MAX_SCAN_RECORDS = 800
 # Messages per SendMessage: one entry per request; bounded like dledger's Append.
@@ -119,8 +150,30 @@ MAX_SEND_BATCH = 10_000
 # QueryMessageByKey results (RocketMQ's defaultQueryMaxNum is 32).
 DEFAULT_QUERY_MAX_NUM = 32
 MAX_QUERY_MAX_NUM = 1024
-# Consumer heartbeats older than this are dropped (RocketMQ's channelExpiredTimeout).
-CONSUMER_EXPIRE_MS = 120_000
+# A client id (RocketMQ's "ip@instance[@unit]", well below this) is kept per consumer and lock.
+MAX_CLIENT_ID_CHARS = 255
+# Subscriptions in one heartbeat: one per topic the consumer reads (plus its retry topic);
+# checked, not kept.
+MAX_SUBSCRIPTIONS = 1024
+# A subscription expression ("TagA || TagB || ..."): RocketMQ's are short tag lists.
+MAX_SUBSCRIPTION_CHARS = 4096
+# A key asked for by QueryMessageByKey: a stored message's keys take at most the properties
+# budget (32,767 bytes), so no longer key can match.
+MAX_QUERY_KEY_CHARS = 32_767
+# Long polls held at once by a node, and per connection (gRPC peer): a consumer holds at most
+# one per queue it was allocated; each costs a handler and a future until it is answered.
+MAX_LONG_POLLS = 10_000
+MAX_LONG_POLLS_PER_PEER = 1024
+# Consumer offsets the leader buffers between flushes (group x topic x queue): far above what
+# consumers commit in one offsetCommitInterval; beyond it new keys are refused until the flush.
+MAX_PENDING_OFFSETS = 100_000
+# Message ids of sends in flight, for the dedup of a retry that arrives while the original is
+# still being proposed: beyond this, new ids are not tracked (the dedup window applied with
+# the entry still catches the duplicate; the retry just proposes once more).
+MAX_INFLIGHT_IDS = 200_000
+# An error detail sent to a client: at most this many UTF-8 bytes (gRPC sends it as a header;
+# its metadata limit is 8 KiB, and no detail needs more than a line).
+MAX_DETAIL_BYTES = 1000
 # The scheduler sleeps until the next due message, at most this long (a new delayed message
 # is due one delay after it is stored, so this only bounds lateness for the shortest levels)
 # and at least this long between passes.
@@ -155,6 +208,8 @@ _STATUS_BY_CODE: Mapping[type[BaseException], grpc.StatusCode] = {
     CorruptMessageError: grpc.StatusCode.DATA_LOSS,
     CorruptStoreError: grpc.StatusCode.DATA_LOSS,
     BackPressureError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
     LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
 }
@@ -162,7 +217,23 @@ _STATUS_BY_CODE: Mapping[type[BaseException], grpc.StatusCode] = {
 
 def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
     """The one place where exceptions become a gRPC status and a detail starting with a
-    stable code (the same codes and texts as dledger's client service)."""
+    stable code (the same codes and texts as dledger's client service), at most
+    :data:`MAX_DETAIL_BYTES` of UTF-8."""
+    status, detail = _error_status(exc, node)
+    return status, bound_detail(detail)
+
+
+def bound_detail(detail: str) -> str:
+    """``detail`` cut to :data:`MAX_DETAIL_BYTES` bytes of UTF-8 (the code at its start stays)."""
+    if len(detail) * 4 <= MAX_DETAIL_BYTES:  # nearly always: no encoding needed
+        return detail
+    raw = detail.encode("utf-8", "replace")
+    if len(raw) <= MAX_DETAIL_BYTES:
+        return raw.decode("utf-8")
+    return raw[: MAX_DETAIL_BYTES - 3].decode("utf-8", "ignore") + "..."
+
+
+def _error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, NotLeaderError):
         _, addr = node.leader_client_addr()
         return (
@@ -218,25 +289,33 @@ def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
 
 def parse_subscription(expression: str) -> frozenset[str] | None:
     """``"*"`` or empty: every message (None); ``"TagA || TagB"``: those tags."""
+    if len(expression) > MAX_SUBSCRIPTION_CHARS:
+        raise InvalidRequestError(
+            f"subscription is {len(expression)} characters, more than {MAX_SUBSCRIPTION_CHARS}"
+        )
     text = expression.strip()
     if not text or text == "*":
         return None
     tags = frozenset(t.strip() for t in text.split("||") if t.strip())
     if not tags:
-        raise InvalidRequestError(f"subscription {expression!r} names no tag")
+        raise InvalidRequestError("the subscription names no tag")
     return tags
 
 
-@dataclass(slots=True)
+def validate_client_id(client_id: str) -> None:
+    if not client_id:
+        raise InvalidRequestError("client_id is empty")
+    if len(client_id) > MAX_CLIENT_ID_CHARS:
+        raise InvalidRequestError(
+            f"client_id is {len(client_id)} characters, more than {MAX_CLIENT_ID_CHARS}"
+        )
+
+
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: a key of its queue's dict
 class _PullWaiter:
     hashes: frozenset[int] | None
     future: asyncio.Future[None]
-
-
-@dataclass(slots=True)
-class _Consumer:
-    last_seen_ms: int
-    subscriptions: dict[str, str] = field(default_factory=dict)
+    peer: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,18 +341,27 @@ def _total_memory_bytes() -> int:
 class BrokerServicer(pb_grpc.BrokerServicer):
     """Serves one node. :meth:`register` adds it to the node's client port."""
 
-    def __init__(self, node: DLedgerNode, sm: BrokerStateMachine, cfg: ServiceConfig) -> None:
+    def __init__(
+        self,
+        node: DLedgerNode,
+        sm: BrokerStateMachine,
+        cfg: ServiceConfig,
+        disk_guard: DiskGuard | None = None,
+    ) -> None:
         self.node = node
         self.sm = sm
         self.cfg = cfg
+        self.disk_guard = disk_guard  # refuses sends above the disk watermark (broker.disk)
         self._ids = UniqIdGenerator(ip=cfg.store_host if _is_ipv4(cfg.store_host) else None)
         # offsetMsgId = this prefix (store IPv4 and port) + the position as 16 hex characters.
         self._offset_msg_id_prefix = self._offset_msg_id(0)[:16]
-        self._waiters: dict[QueueKey, list[_PullWaiter]] = {}
+        self._waiters: dict[QueueKey, dict[_PullWaiter, None]] = {}
+        self._long_polls = 0
+        self._long_polls_by_peer: dict[str, int] = {}
         self._pending_offsets: dict[OffsetKey, int] = {}
         self._offset_flush: asyncio.Task[None] | None = None
         self._inflight: dict[str, tuple[asyncio.Future[list[SendResult]], int]] = {}
-        self._consumers: dict[str, dict[str, _Consumer]] = {}
+        self._consumers = ConsumerTable()
         self._locks = QueueLockTable()
         self._scheduler: asyncio.Task[None] | None = None
         sm.add_change_listener(self._maybe_start_scheduler)
@@ -281,8 +369,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         sm.add_listener(self._on_dispatch)
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        pb_grpc.add_BrokerServicer_to_server(self, server)
-        return [SERVICE_NAME]
+        """Add the service to ``server``: undecodable requests are refused with
+        ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`dledger.server.rpcguard`)."""
+        return rpcguard.add_servicer(server, pb_grpc.add_BrokerServicer_to_server, self)
 
     # ------------------------------------------------------------------ helpers
 
@@ -378,12 +467,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             message_from_fields(request.topic, m, now_ms, m.msg_id or self._ids.next_id())
             for m in request.messages
         ]
-        if not is_system_topic(request.topic):
-            levels = len(self.cfg.delay_levels_ms)
-            for i, msg in enumerate(out):
-                level = delay_level_of(msg, levels)
-                if level:
-                    out[i] = to_schedule(msg, level)
+        levels = len(self.cfg.delay_levels_ms)
+        for i, msg in enumerate(out):
+            level = delay_level_of(msg, levels)
+            if level:
+                out[i] = to_schedule(msg, level)
         return out
 
     @_rpc
@@ -391,6 +479,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendMessageResponse:
         self._require_leader()
+        if self.disk_guard is not None:
+            self.disk_guard.check()
         if not request.messages:
             raise InvalidRequestError("a send needs at least one message")
         if len(request.messages) > MAX_SEND_BATCH:
@@ -398,6 +488,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 f"{len(request.messages)} messages in one send, more than {MAX_SEND_BATCH}"
             )
         validate_topic(request.topic)
+        if is_system_topic(request.topic):
+            raise SystemTopicError(
+                f"topic {request.topic!r} is a system topic: only the broker writes it"
+                " (failed messages go back with ConsumerSendMsgBack)"
+            )
         topic = self.sm.topics.get(request.topic)
         if topic is None:
             if not self.cfg.auto_create_topic:
@@ -415,9 +510,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     f"queue id {m.queue_id} is outside [0, {queues}) of {topic.name!r}"
                 )
             if m.topic and m.topic != request.topic:
-                raise InvalidRequestError(
-                    f"message topic {m.topic!r} differs from the request's {request.topic!r}"
-                )
+                raise InvalidRequestError("a message's topic differs from the request's topic")
             if PROPERTY_DELAY in m.properties:
                 delayed = True
         # A retry of a send still in flight here waits for the original instead of proposing
@@ -441,7 +534,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     schedule_queue_ids=False,
                 )
         now_ms = int(time.time() * 1000)
-        if delayed and not is_system_topic(request.topic):
+        if delayed:
             results = await self._store(self._build(request, now_ms))
         else:
             # The common case: encoded straight from the request, no Message per message.
@@ -502,10 +595,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         call: asyncio.Future[list[SendResult]] = asyncio.get_running_loop().create_future()
         inflight = self._inflight
         mine = []
-        for at, uid in enumerate(uniq_ids):
-            if uid not in inflight:
-                inflight[uid] = (call, at)
-                mine.append(uid)
+        if len(inflight) + len(uniq_ids) <= MAX_INFLIGHT_IDS:
+            for at, uid in enumerate(uniq_ids):
+                if uid not in inflight:
+                    inflight[uid] = (call, at)
+                    mine.append(uid)
         try:
             first, _last, _term = await self.node.propose([body], ENTRY_MESSAGES)
             results = self.sm.take_results(first)
@@ -530,18 +624,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             waiters = self._waiters.get(key)
             if not waiters:
                 continue
-            keep = []
+            # Woken waiters leave the dict themselves (PullMessage's finally), so a waiter
+            # whose pull timed out never lingers here.
             for w in waiters:
-                if w.future.done():
-                    continue
-                if w.hashes is None or not w.hashes.isdisjoint(hashes):
+                if not w.future.done() and (w.hashes is None or not w.hashes.isdisjoint(hashes)):
                     w.future.set_result(None)
-                else:
-                    keep.append(w)
-            if keep:
-                self._waiters[key] = keep
-            else:
-                del self._waiters[key]
 
     def _suggest_follower(self, position: int) -> bool:
         if not self.cfg.slave_read_enable or self.node.core.role is not Role.LEADER:
@@ -577,18 +664,25 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             return self._pull_raw(resp, records, offset, max_msgs, hashes)
         next_offset = offset
         last_position = -1
-        body_bytes = 0
+        budget = MAX_RESPONSE_BYTES - RESPONSE_HEAD_BYTES
         for i, (position, size, tag_hash) in enumerate(records):
-            next_offset = offset + i + 1
             if hashes is not None and tag_hash not in hashes:
+                next_offset = offset + i + 1
                 continue
+            if resp.messages and size + MESSAGE_PB_OVERHEAD_BYTES > budget:
+                break  # would not fit: the next pull starts with it
+            next_offset = offset + i + 1
             m = self._read_message(position, size, offset + i)
             last_position = position
             if tags is not None and m.tags not in tags:
                 continue  # a hash collision: the exact check (RocketMQ does it client side)
+            cost = message_pb_bytes(size, m)
+            if resp.messages and cost > budget:
+                next_offset -= 1  # keys or properties made it larger than estimated
+                break
             resp.messages.append(m)
-            body_bytes += len(m.body)
-            if len(resp.messages) >= max_msgs or body_bytes >= MAX_RESPONSE_BODY_BYTES:
+            budget -= cost
+            if len(resp.messages) >= max_msgs:
                 break
         resp.next_begin_offset = next_offset
         resp.status = pb.FOUND if resp.messages else pb.NO_MATCHED_MSG
@@ -610,16 +704,20 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         offsets: list[int] = []
         positions: list[int] = []
         next_offset = offset
-        total = 0
+        budget = MAX_RESPONSE_BYTES - RESPONSE_HEAD_BYTES
         for i, (position, size, tag_hash) in enumerate(records):
-            next_offset = offset + i + 1
             if hashes is not None and tag_hash not in hashes:
+                next_offset = offset + i + 1
                 continue
+            cost = size + RAW_PB_OVERHEAD_BYTES
+            if parts and cost > budget:
+                break  # would not fit: the next pull starts with it
+            next_offset = offset + i + 1
             parts.append(self._stored_raw(position, size))
             offsets.append(offset + i)
             positions.append(position)
-            total += size
-            if len(parts) >= max_msgs or total >= MAX_RESPONSE_BODY_BYTES:
+            budget -= cost
+            if len(parts) >= max_msgs:
                 break
         resp.next_begin_offset = next_offset
         if not parts:
@@ -661,27 +759,66 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return resp
-            waiter = _PullWaiter(hashes, loop.create_future())
-            self._waiters.setdefault(key, []).append(waiter)
+            waiter = self._add_waiter(key, hashes, context.peer())
             try:
                 await asyncio.wait_for(waiter.future, remaining)
             except TimeoutError:
                 return self._pull_once(request, hashes, tags)
             finally:
-                if not waiter.future.done():
-                    waiter.future.cancel()
+                self._remove_waiter(key, waiter)
+
+    def _add_waiter(self, key: QueueKey, hashes: frozenset[int] | None, peer: str) -> _PullWaiter:
+        """A long poll of ``key`` waits; refused when the node or the connection holds the
+        most it may (:data:`MAX_LONG_POLLS`, :data:`MAX_LONG_POLLS_PER_PEER`)."""
+        held = self._long_polls_by_peer.get(peer, 0)
+        if held >= MAX_LONG_POLLS_PER_PEER:
+            raise TooManyLongPollsError(
+                f"this connection holds {held} long polls, the most it may"
+                f" ({MAX_LONG_POLLS_PER_PEER}); pull again later"
+            )
+        if self._long_polls >= MAX_LONG_POLLS:
+            raise TooManyLongPollsError(
+                f"the node holds {self._long_polls} long polls, the most it may"
+                f" ({MAX_LONG_POLLS}); pull again later"
+            )
+        waiter = _PullWaiter(hashes, asyncio.get_running_loop().create_future(), peer)
+        self._waiters.setdefault(key, {})[waiter] = None
+        self._long_polls += 1
+        self._long_polls_by_peer[peer] = held + 1
+        return waiter
+
+    def _remove_waiter(self, key: QueueKey, waiter: _PullWaiter) -> None:
+        if not waiter.future.done():
+            waiter.future.cancel()
+        waiters = self._waiters.get(key)
+        if waiters is None or waiters.pop(waiter, False) is False:
+            return
+        if not waiters:
+            del self._waiters[key]
+        self._long_polls -= 1
+        left = self._long_polls_by_peer[waiter.peer] - 1
+        if left:
+            self._long_polls_by_peer[waiter.peer] = left
+        else:
+            del self._long_polls_by_peer[waiter.peer]
 
     # ------------------------------------------------------------------ offsets
 
     def _schedule_offset_flush(self) -> None:
         if self._offset_flush is None or self._offset_flush.done():
-            self._offset_flush = asyncio.get_running_loop().create_task(self._delayed_flush())
+            # Supervised: an unexpected exception ends the process (dledger.fatal).
+            self._offset_flush = supervise(
+                asyncio.get_running_loop().create_task(self._delayed_flush(), name="offset-flush"),
+                "offset-flush",
+            )
 
     async def _delayed_flush(self) -> None:
         await asyncio.sleep(self.cfg.offset_commit_interval_ms / 1000)
         try:
             await self._flush_offsets()
-        except Exception as exc:  # committed by the next flush or lost with leadership
+        except (DLedgerError, BrokerError, TimeoutError) as exc:
+            # Not the leader, no quorum, back pressure, refused: committed by the next flush or lost
+            # with leadership (consumers commit again).
             logger.warning("offset commit failed pending=%d: %s", len(self._pending_offsets), exc)
 
     async def _flush_offsets(self) -> None:
@@ -689,13 +826,20 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if not self._pending_offsets:
             return
         pending, self._pending_offsets = self._pending_offsets, {}
+        record = offsets_record(pending)
+        if record is None:
+            return
         try:
-            await self.node.propose([encode_offsets_record(pending)], ENTRY_OFFSETS)
+            await self.node.propose([record], ENTRY_OFFSETS)
         except NotLeaderError:
             raise  # a follower's buffer is meaningless: drop it
         except Exception:
-            for k, v in pending.items():  # keep them for the next flush unless superseded
-                self._pending_offsets.setdefault(k, v)
+            # Keep them for the next flush unless superseded (and while there is room).
+            buffer = self._pending_offsets
+            for k, v in pending.items():
+                if len(buffer) >= MAX_PENDING_OFFSETS:
+                    break
+                buffer.setdefault(k, v)
             raise
 
     @_rpc
@@ -703,13 +847,19 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateConsumerOffsetResponse:
         self._require_leader()
-        if not request.consumer_group:
-            raise InvalidRequestError("consumer_group is empty")
+        validate_group_name(request.consumer_group)
         self._readable_queue(request.topic, request.queue_id)
         if request.queue_offset < 0:
             raise InvalidRequestError(f"offset {request.queue_offset} is negative")
         key = (request.consumer_group, request.topic, request.queue_id)
-        self._pending_offsets[key] = request.queue_offset
+        pending = self._pending_offsets
+        if len(pending) >= MAX_PENDING_OFFSETS and key not in pending:
+            self._schedule_offset_flush()
+            raise TooManyPendingOffsetsError(
+                f"{len(pending)} consumer offsets wait for the next flush, the most the leader"
+                f" buffers ({MAX_PENDING_OFFSETS}); commit again after it"
+            )
+        pending[key] = request.queue_offset
         if request.sync:
             await self._flush_offsets()
         else:
@@ -746,8 +896,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.ResetConsumerOffsetRequest, context: grpc.aio.ServicerContext
     ) -> pb.ResetConsumerOffsetResponse:
         self._require_leader()
-        if not request.consumer_group:
-            raise InvalidRequestError("consumer_group is empty")
+        validate_group_name(request.consumer_group)
         topic = self._topic(request.topic)
         if request.queue_id == -1:
             queue_ids = list(range(topic.read_queue_nums))
@@ -799,6 +948,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             perm=t.perm,
         )
 
+    @staticmethod
+    def _refuse_system_topic(name: str, what: str) -> None:
+        if is_system_topic(name):
+            raise SystemTopicError(
+                f"topic {name!r} is a system topic: the broker creates it, it cannot be {what}"
+                " through the API"
+            )
+
     @_rpc
     async def CreateTopic(
         self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext
@@ -810,6 +967,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             t.topic_name, t.read_queue_nums or n, t.write_queue_nums or n, t.perm or PERM_RW
         )
         topic.validate()
+        self._refuse_system_topic(topic.name, "created or updated")
         await self.node.propose([encode_topic_record(TOPIC_UPSERT, topic)], ENTRY_TOPIC)
         return pb.CreateTopicResponse(topic=self._topic_pb(self.sm.topics[topic.name]))
 
@@ -818,6 +976,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteTopicResponse:
         self._require_leader()
+        validate_topic(request.topic)
+        self._refuse_system_topic(request.topic, "deleted")
         topic = self._topic(request.topic)
         await self.node.propose([encode_topic_record(TOPIC_DELETE, topic)], ENTRY_TOPIC)
         return pb.DeleteTopicResponse()
@@ -845,6 +1005,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         validate_topic(request.topic)
         if not request.key:
             raise InvalidRequestError("key is empty")
+        if len(request.key) > MAX_QUERY_KEY_CHARS:
+            raise InvalidRequestError(
+                f"key is {len(request.key)} characters, more than {MAX_QUERY_KEY_CHARS}"
+            )
         max_num = min(request.max_num or DEFAULT_QUERY_MAX_NUM, MAX_QUERY_MAX_NUM)
         end = request.end_timestamp_ms or _I64_MAX
         # Candidates: different keys may share a hash; check the messages' keys.
@@ -852,15 +1016,21 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.topic, request.key, max_num * 2, request.begin_timestamp_ms, end
         )
         resp = pb.QueryMessageByKeyResponse()
-        body_bytes = 0
+        budget = MAX_RESPONSE_BYTES - RESPONSE_HEAD_BYTES
         for position in positions:
             if position >= self.sm.dispatch_end:
                 continue
-            m = self._read_message(position)
+            size = MESSAGE_HEAD.unpack(self._read_applied(position, MESSAGE_HEAD.size))[0]
+            if resp.messages and size + MESSAGE_PB_OVERHEAD_BYTES > budget:
+                break
+            m = self._read_message(position, size)
             if m.topic == request.topic and request.key in m.keys:
+                cost = message_pb_bytes(size, m)
+                if resp.messages and cost > budget:
+                    break
                 resp.messages.append(m)
-                body_bytes += len(m.body)
-                if len(resp.messages) >= max_num or body_bytes >= MAX_RESPONSE_BODY_BYTES:
+                budget -= cost
+                if len(resp.messages) >= max_num:
                     break
         return resp
 
@@ -878,6 +1048,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if which != "msg_id":
             raise InvalidRequestError("give offset_msg_id or msg_id")
         uniq = request.msg_id.upper()
+        uniq_id_to_bytes(uniq)  # 32 hex characters, or INVALID_MESSAGE_ID (never echoed)
         recent = self.sm.find_uniq(uniq)
         if recent is not None and (not request.topic or recent.topic == request.topic):
             return pb.ViewMessageResponse(message=self._read_message(recent.position))
@@ -900,33 +1071,51 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
-        if not request.client_id or not request.consumer_group:
-            raise InvalidRequestError("client_id and consumer_group are required")
-        now = int(time.time() * 1000)
-        group = self._consumers.setdefault(request.consumer_group, {})
-        group[request.client_id] = _Consumer(
-            now, {s.topic: s.expression for s in request.subscriptions}
-        )
+        group, client_id = request.consumer_group, request.client_id
+        validate_group_name(group)
+        validate_client_id(client_id)
+        if len(request.subscriptions) > MAX_SUBSCRIPTIONS:
+            raise InvalidRequestError(
+                f"{len(request.subscriptions)} subscriptions in a heartbeat,"
+                f" more than {MAX_SUBSCRIPTIONS}"
+            )
+        for sub in request.subscriptions:
+            validate_topic(sub.topic)
+            parse_subscription(sub.expression)
         if len(request.locked_queues) > MAX_LOCK_BATCH:
             raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} locked queues in a heartbeat")
+        now_ms = _monotonic_ms()
+        self._expire_consumers(now_ms)
+        self._consumers.heartbeat(group, client_id, now_ms)
         self._locks.claim(
-            request.consumer_group,
-            request.client_id,
-            [(q.topic, q.queue_id) for q in request.locked_queues],
-            _monotonic_ms(),
+            group,
+            client_id,
+            [
+                (q.topic, q.queue_id)
+                for q in request.locked_queues
+                if self._lockable(q.topic, q.queue_id)
+            ],
+            now_ms,
         )
         return pb.HeartbeatResponse()
+
+    def _expire_consumers(self, now_ms: int) -> None:
+        """Drop consumers silent for CONSUMER_EXPIRE_MS and free their locks (amortized O(1))."""
+        for group, client_id in self._consumers.expire(now_ms):
+            self._locks.release_client(group, client_id)
+
+    def _lockable(self, topic: str, queue_id: int) -> bool:
+        """Only a queue that exists can be locked: junk queues never take room in the table."""
+        t = self.sm.topics.get(topic) if is_valid_topic_name(topic) else None
+        return t is not None and 0 <= queue_id < t.read_queue_nums
 
     @_rpc
     async def UnregisterConsumer(
         self, request: pb.UnregisterConsumerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterConsumerResponse:
-        if not request.client_id or not request.consumer_group:
-            raise InvalidRequestError("client_id and consumer_group are required")
-        group = self._consumers.get(request.consumer_group, {})
-        removed = group.pop(request.client_id, None) is not None
-        if not group:
-            self._consumers.pop(request.consumer_group, None)
+        validate_group_name(request.consumer_group)
+        validate_client_id(request.client_id)
+        removed = self._consumers.remove(request.consumer_group, request.client_id)
         self._locks.release_client(request.consumer_group, request.client_id)
         return pb.UnregisterConsumerResponse(removed=removed)
 
@@ -934,8 +1123,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def _lock_request(
         request: pb.LockBatchRequest | pb.UnlockBatchRequest,
     ) -> list[tuple[str, int]]:
-        if not request.client_id or not request.consumer_group:
-            raise InvalidRequestError("client_id and consumer_group are required")
+        validate_group_name(request.consumer_group)
+        validate_client_id(request.client_id)
         if len(request.queues) > MAX_LOCK_BATCH:
             raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} queues in one lock request")
         for q in request.queues:
@@ -948,10 +1137,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.LockBatchResponse:
         # Only the leader grants locks, so two consumers never each get one from another node.
         self._require_leader()
-        queues = self._lock_request(request)
-        locked = self._locks.lock(
-            request.consumer_group, request.client_id, queues, _monotonic_ms()
-        )
+        queues = [q for q in self._lock_request(request) if self._lockable(*q)]
+        now_ms = _monotonic_ms()
+        self._expire_consumers(now_ms)
+        locked = self._locks.lock(request.consumer_group, request.client_id, queues, now_ms)
         return pb.LockBatchResponse(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in locked])
 
     @_rpc
@@ -969,12 +1158,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def GetConsumerList(
         self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetConsumerListResponse:
-        now = int(time.time() * 1000)
-        group = self._consumers.get(request.consumer_group, {})
-        for client_id in [c for c, v in group.items() if now - v.last_seen_ms > CONSUMER_EXPIRE_MS]:
-            del group[client_id]
-            self._locks.release_client(request.consumer_group, client_id)
-        return pb.GetConsumerListResponse(client_ids=sorted(group))
+        validate_group_name(request.consumer_group)
+        self._expire_consumers(_monotonic_ms())
+        return pb.GetConsumerListResponse(
+            client_ids=self._consumers.clients(request.consumer_group)
+        )
 
     # ------------------------------------------------------------------ retries and DLQ
 
@@ -1009,9 +1197,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.ConsumerSendMsgBackRequest, context: grpc.aio.ServicerContext
     ) -> pb.ConsumerSendMsgBackResponse:
         self._require_leader()
+        if self.disk_guard is not None:
+            self.disk_guard.check()
         group = request.consumer_group
-        if not group:
-            raise InvalidRequestError("consumer_group is required")
+        validate_group_name(group)
         if not 1 <= len(request.messages) <= MAX_SEND_BACK_BATCH:
             raise InvalidRequestError(f"send back 1 to {MAX_SEND_BACK_BATCH} messages")
         validate_topic(retry_topic(group))
@@ -1024,6 +1213,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         levels = self.cfg.delay_levels_ms
         copies: list[Message] = []
         for item in request.messages:
+            if item.msg_id:
+                uniq_id_to_bytes(item.msg_id.upper())  # or INVALID_MESSAGE_ID, never echoed
             stored = self._stored(item.commitlog_position)
             if item.msg_id and stored.uniq_id != item.msg_id.upper():
                 raise MessageNotFoundError(
@@ -1071,7 +1262,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             loop = asyncio.get_running_loop()
         except RuntimeError:  # applied outside the event loop (tests): nothing to schedule
             return
-        self._scheduler = loop.create_task(self._schedule_loop(), name="scheduler")
+        # Supervised: an unexpected exception ends the process (dledger.fatal), rather than
+        # leaving a leader whose delayed messages are never delivered.
+        self._scheduler = supervise(
+            loop.create_task(self._schedule_loop(), name="scheduler"), "scheduler"
+        )
 
     async def _schedule_loop(self) -> None:
         """While this node leads: deliver every due scheduled message, level by level."""
@@ -1084,9 +1279,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                     due = await self._deliver_level(level)
                     if due is not None and (next_due is None or due < next_due):
                         next_due = due
-            except (DLedgerError, ProposalLostError, BrokerError) as exc:
-                # Lost leadership or quorum mid-proposal: nothing was half done (one entry
-                # holds the copies and the offset); the next leader resumes from the log.
+            except (DLedgerError, BrokerError, TimeoutError) as exc:
+                # Lost leadership or quorum mid-proposal (NOT_LEADER, LEADERSHIP_LOST,
+                # NO_QUORUM, BACK_PRESSURE): nothing was half done (one entry holds the copies
+                # and the offset); the next leader resumes from the log.
                 logger.info("scheduler pass failed: %s", exc)
                 next_due = None
             now_ms = time.time() * 1000
@@ -1158,6 +1354,44 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         if copy.queue_id >= topic.write_queue_nums:
             copy = replace(copy, queue_id=copy.queue_id % topic.write_queue_nums)
         return copy
+
+
+def offsets_record(pending: Mapping[OffsetKey, int]) -> bytes | None:
+    """The offsets record of ``pending``; an entry that cannot be encoded (the API checks
+    every group and topic first, so none should be) is dropped with one log line rather than
+    blocking every other group's offsets. None when nothing is left."""
+    try:
+        return encode_offsets_record(pending)
+    except BrokerError:
+        pass
+    good: dict[OffsetKey, int] = {}
+    bad = 0
+    for (group, topic, queue_id), offset in pending.items():
+        try:
+            validate_group_name(group)
+            validate_topic(topic)
+            encode_offsets_record({(group, topic, queue_id): offset})
+        except BrokerError:
+            bad += 1
+            continue
+        good[(group, topic, queue_id)] = offset
+    logger.error("offset commit dropped %d offsets that cannot be encoded", bad)
+    try:
+        return encode_offsets_record(good) if good else None
+    except BrokerError as exc:  # e.g. more queues of one group and topic than a record holds
+        logger.error("offset commit dropped %d offsets: %s", len(good), exc)
+        return None
+
+
+def message_pb_bytes(stored_size: int, m: pb.Message) -> int:
+    """An upper bound of the bytes ``m`` (stored in ``stored_size`` bytes) adds to an answer,
+    in O(1): no serialization, no copy of the body."""
+    return (
+        stored_size
+        + MESSAGE_PB_OVERHEAD_BYTES
+        + KEY_PB_OVERHEAD_BYTES * len(m.keys)
+        + PROPERTY_PB_OVERHEAD_BYTES * len(m.properties)
+    )
 
 
 def _monotonic_ms() -> int:

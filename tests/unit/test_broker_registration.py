@@ -8,9 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from broker.config import parse_config
 from broker.registration import BrokerRegistrar
 from broker.state import BrokerStateMachine, TopicConfig
+from dledger import fatal
 from dledger.core import Role
 from nameserver.config import NameServerConfig
 from nameserver.server import NameServer
@@ -93,5 +96,33 @@ def test_a_dead_namesrv_never_blocks(tmp_path: Path) -> None:
         assert len(ns.table) == 0
         await ns.stop()
         sm.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unexpected_error_in_a_registration_loop_is_fatal_a_down_namesrv_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail fast: a registration loop that died on a bug used to leave a node that silently
+    stopped registering; a NameServer that is down stays an expected, logged failure."""
+    exits: list[int] = []
+    monkeypatch.setattr(fatal, "_exit", exits.append)
+
+    async def scenario() -> None:
+        cfg = parse_config(conf(f"127.0.0.1:{free_port()}"))  # nothing listens there
+        registrar = BrokerRegistrar(cfg, BrokerStateMachine(tmp_path), register_deadline_ms=200)
+        registrar.start()
+        try:
+            await until(lambda: registrar._targets[0].failing)
+            assert exits == []
+
+            async def broken(t: object) -> None:
+                raise RuntimeError("registration bug")
+
+            monkeypatch.setattr(registrar, "_register", broken)
+            registrar.notify()
+            await until(lambda: exits == [fatal.EXIT_FATAL])
+        finally:
+            await registrar.stop()
 
     asyncio.run(scenario())

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import tracemalloc
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
+from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import (
     CorruptMessageError,
@@ -17,8 +22,20 @@ from broker.errors import (
     QueueIdOutOfRangeError,
     TopicNotFoundError,
 )
-from broker.service import error_status, parse_subscription
-from dledger.core import BackPressureError, NotLeaderError
+from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
+from broker.service import (
+    MAX_LOCK_BATCH,
+    MAX_SUBSCRIPTIONS,
+    BrokerServicer,
+    ServiceConfig,
+    error_status,
+    message_pb_bytes,
+    offsets_record,
+    parse_subscription,
+)
+from broker.state import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
+from dledger import fatal
+from dledger.core import BackPressureError, NotLeaderError, Role
 from dledger.server.node import ProposalLostError
 
 
@@ -89,3 +106,397 @@ def test_pull_from_follower_hint(
     )
     servicer._memory_limit_bytes = 1_000
     assert servicer._suggest_follower(10_000 - behind_bytes) is expected
+
+
+# ---------------------------------------------------------------------- a servicer on fakes
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(code, detail)
+        self.code = code
+        self.detail = detail
+
+
+class FakeContext:
+    def __init__(self, peer: str = "ipv4:127.0.0.1:5555") -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def abort(self, code: grpc.StatusCode, detail: str) -> None:
+        raise Aborted(code, detail)
+
+
+class FakeNode:
+    """What BrokerServicer uses of a DLedgerNode: a leader that commits every proposal."""
+
+    def __init__(self) -> None:
+        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n1", term=1)
+        self.cfg = SimpleNamespace(
+            append_timeout_ms=3000, self_id="n1", store=SimpleNamespace(max_body_bytes=64 << 20)
+        )
+        self.proposals: list[tuple[int, list[bytes]]] = []
+        self.propose_error: BaseException | None = None
+
+    def leader_client_addr(self) -> tuple[str, str]:
+        return ("n1", "127.0.0.1:10911")
+
+    async def propose(self, bodies: list[bytes], entry_type: int) -> tuple[int, int, int]:
+        if self.propose_error is not None:
+            raise self.propose_error
+        self.proposals.append((entry_type, bodies))
+        return (len(self.proposals), len(self.proposals), 1)
+
+
+class FakeState:
+    def __init__(self) -> None:
+        self.topics = {"T": TopicConfig("T", 8, 8, PERM_RW)}
+        self.offsets: dict[Any, int] = {}
+        self.role = Role.FOLLOWER
+        self.dispatch_end = 0
+        self.cqs = SimpleNamespace(find=lambda topic, queue_id: None)
+
+    def add_change_listener(self, fn: Any) -> None:
+        pass
+
+    def add_listener(self, fn: Any) -> None:
+        pass
+
+
+def _servicer() -> tuple[BrokerServicer, FakeNode]:
+    node = FakeNode()
+    s = BrokerServicer(node, FakeState(), ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    return s, node
+
+
+async def _refused(call: Any) -> Aborted:
+    with pytest.raises(Aborted) as err:
+        await call
+    assert len(err.value.detail.encode()) < 1024
+    return err.value
+
+
+def test_a_bad_group_cannot_poison_the_offset_buffer() -> None:
+    """Finding: one async UpdateConsumerOffset with a 300-character group was accepted, then
+    every flush failed to encode it, so no group's offsets committed any more."""
+
+    async def body() -> None:
+        s, node = _servicer()
+        bad = pb.UpdateConsumerOffsetRequest(
+            consumer_group="g" * 300, topic="T", queue_id=0, queue_offset=5
+        )
+        err = await _refused(s.UpdateConsumerOffset(bad, FakeContext()))
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.detail.startswith("INVALID_GROUP ")
+        good = pb.UpdateConsumerOffsetRequest(
+            consumer_group="good", topic="T", queue_id=1, queue_offset=7, sync=True
+        )
+        await s.UpdateConsumerOffset(good, FakeContext())
+        [(entry_type, [record])] = node.proposals
+        assert entry_type == ENTRY_OFFSETS
+        assert decode_offsets_record(record) == {("good", "T", 1): 7}
+
+    asyncio.run(body())
+
+
+def test_the_offset_record_drops_an_entry_it_cannot_encode_and_keeps_the_rest() -> None:
+    record = offsets_record({("g" * 300, "T", 0): 1, ("ok", "T", 0): 5, ("ok", "bad/t", 1): 2})
+    assert record is not None
+    assert decode_offsets_record(record) == {("ok", "T", 0): 5}
+    assert offsets_record({("g" * 300, "T", 0): 1}) is None
+
+
+def test_heartbeats_are_bounded_per_group_in_total_and_per_field() -> None:
+    """Finding: 5,000 heartbeats with distinct ids grew a node by 57 MiB (no caps)."""
+
+    async def body() -> None:
+        s, _ = _servicer()
+        ctx = FakeContext()
+        subs = [pb.Subscription(topic=f"T{i}", expression="A || B" * 60) for i in range(20)]
+        for i in range(MAX_CONSUMERS_PER_GROUP):
+            await s.Heartbeat(
+                pb.HeartbeatRequest(client_id=f"c{i}", consumer_group="g", subscriptions=subs),
+                ctx,
+            )
+        err = await _refused(
+            s.Heartbeat(pb.HeartbeatRequest(client_id="one-more", consumer_group="g"), ctx)
+        )
+        assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.detail.startswith("TOO_MANY_CONSUMERS ")
+        for request in (
+            pb.HeartbeatRequest(client_id="x" * 1_000_000, consumer_group="g"),
+            pb.HeartbeatRequest(client_id="c", consumer_group="g" * 1000),
+            pb.HeartbeatRequest(
+                client_id="c",
+                consumer_group="g2",
+                subscriptions=[pb.Subscription(topic="T")] * (MAX_SUBSCRIPTIONS + 1),
+            ),
+            pb.HeartbeatRequest(
+                client_id="c",
+                consumer_group="g2",
+                subscriptions=[pb.Subscription(topic="T", expression="A" * 100_000)],
+            ),
+        ):
+            err = await _refused(s.Heartbeat(request, ctx))
+            assert err.code == grpc.StatusCode.INVALID_ARGUMENT, err.detail
+
+    asyncio.run(body())
+
+
+def test_heartbeat_memory_stays_bounded_under_a_flood_of_distinct_ids() -> None:
+    limit = 2000
+
+    async def body() -> int:
+        s, _ = _servicer()
+        if hasattr(s._consumers, "max_consumers"):
+            s._consumers = ConsumerTable(max_consumers=limit)
+        ctx = FakeContext()
+        subs = [
+            pb.Subscription(topic=f"Topic{i}", expression="TagA || TagB" * 40) for i in range(8)
+        ]
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2 * limit):
+            with contextlib.suppress(Aborted):
+                await s.Heartbeat(
+                    pb.HeartbeatRequest(
+                        client_id=f"client-{i}", consumer_group=f"g{i % 30}", subscriptions=subs
+                    ),
+                    ctx,
+                )
+        grown = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        assert len(s._consumers) == limit
+        return grown
+
+    grown = asyncio.run(body())
+    # A few hundred bytes per tracked consumer; the old table kept every subscription of
+    # every id it ever saw (about 5 KB each here).
+    assert grown < 4 << 20, grown
+
+
+def test_consumers_expire_eagerly_and_free_their_locks(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1_000_000]
+    monkeypatch.setattr("broker.service._monotonic_ms", lambda: clock[0])
+
+    async def body() -> None:
+        s, _ = _servicer()
+        ctx = FakeContext()
+        q = [pb.QueueRef(topic="T", queue_id=0)]
+        await s.Heartbeat(pb.HeartbeatRequest(client_id="a", consumer_group="g"), ctx)
+        resp = await s.LockBatchMQ(
+            pb.LockBatchRequest(consumer_group="g", client_id="a", queues=q), ctx
+        )
+        assert list(resp.locked) == q
+        clock[0] += CONSUMER_EXPIRE_MS
+        # Any heartbeat (not only GetConsumerList) drops the silent ones, and their locks.
+        await s.Heartbeat(pb.HeartbeatRequest(client_id="b", consumer_group="other"), ctx)
+        assert len(s._consumers) == 1 and len(s._locks) == 0
+
+    asyncio.run(body())
+
+
+def test_locks_on_queues_that_do_not_exist_take_no_room() -> None:
+    async def body() -> None:
+        s, _ = _servicer()
+        junk = [pb.QueueRef(topic=f"J{i}", queue_id=i) for i in range(MAX_LOCK_BATCH)]
+        resp = await s.LockBatchMQ(
+            pb.LockBatchRequest(consumer_group="g", client_id="junk", queues=junk), FakeContext()
+        )
+        assert not resp.locked and len(s._locks) == 0
+        beyond = [pb.QueueRef(topic="T", queue_id=8)]  # T has 8 queues
+        resp = await s.LockBatchMQ(
+            pb.LockBatchRequest(consumer_group="g", client_id="junk", queues=beyond),
+            FakeContext(),
+        )
+        assert not resp.locked
+
+    asyncio.run(body())
+
+
+def test_system_topics_cannot_be_created_deleted_or_written() -> None:
+    async def body() -> None:
+        s, node = _servicer()
+        ctx = FakeContext()
+        for name in ("SCHEDULE_TOPIC_XXXX", "%RETRY%g", "%DLQ%g"):
+            s.sm.topics[name] = TopicConfig(name, 1, 1, PERM_RW)
+            for call in (
+                s.CreateTopic(pb.CreateTopicRequest(topic=pb.TopicConfig(topic_name=name)), ctx),
+                s.DeleteTopic(pb.DeleteTopicRequest(topic=name), ctx),
+                s.SendMessage(
+                    pb.SendMessageRequest(topic=name, messages=[pb.Message(body=b"x")]), ctx
+                ),
+            ):
+                err = await _refused(call)
+                assert err.code == grpc.StatusCode.PERMISSION_DENIED
+                assert err.detail.startswith("SYSTEM_TOPIC "), err.detail
+        assert node.proposals == []
+
+    asyncio.run(body())
+
+
+def test_a_long_poll_that_times_out_leaves_no_waiter_and_polls_are_capped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def body() -> None:
+        s, _ = _servicer()
+        request = pb.PullMessageRequest(
+            consumer_group="g", topic="T", queue_id=0, suspend_timeout_ms=20
+        )
+        resp = await s.PullMessage(request, FakeContext())
+        assert resp.status == pb.NO_NEW_MSG
+        assert s._waiters == {} and s._long_polls == 0 and s._long_polls_by_peer == {}
+        monkeypatch.setattr("broker.service.MAX_LONG_POLLS_PER_PEER", 3)
+        request.suspend_timeout_ms = 5000
+        held: list[asyncio.Task[Any]] = [
+            asyncio.ensure_future(s.PullMessage(request, FakeContext())) for _ in range(3)
+        ]
+        for _ in range(100):
+            if s._long_polls == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert s._long_polls == 3
+        err = await _refused(s.PullMessage(request, FakeContext()))
+        assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.detail.startswith("TOO_MANY_LONG_POLLS ")
+        # Another connection is not refused for this one's polls.
+        other: asyncio.Future[Any] = asyncio.ensure_future(
+            s.PullMessage(request, FakeContext("ipv4:10.0.0.2:1"))
+        )
+        for _ in range(100):
+            if s._long_polls == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert s._long_polls == 4
+        for task in [*held, other]:  # clients that went away: their waiters leave too
+            task.cancel()
+        await asyncio.gather(*held, other, return_exceptions=True)
+        assert s._waiters == {} and s._long_polls == 0 and s._long_polls_by_peer == {}
+
+    asyncio.run(body())
+
+
+def test_error_details_are_bounded_and_never_echo_a_huge_input() -> None:
+    """Finding: an error echoing a 1 MB message id exceeded gRPC's metadata limit."""
+
+    async def body() -> None:
+        s, _ = _servicer()
+        ctx = FakeContext()
+        huge = "Z" * 1_000_000
+        for call in (
+            s.SendMessage(
+                pb.SendMessageRequest(topic="T", messages=[pb.Message(body=b"x", msg_id=huge)]),
+                ctx,
+            ),
+            s.ViewMessage(pb.ViewMessageRequest(msg_id=huge), ctx),
+            s.PullMessage(pb.PullMessageRequest(topic="T", queue_id=0, subscription=huge), ctx),
+            s.QueryMessageByKey(pb.QueryMessageByKeyRequest(topic="T", key=huge), ctx),
+            s.SendMessage(
+                pb.SendMessageRequest(
+                    topic="T", messages=[pb.Message(body=b"x", keys=[huge[:30_000] + " x"])]
+                ),
+                ctx,
+            ),
+        ):
+            err = await _refused(call)
+            assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert "ZZZZ" not in err.detail, err.detail[:100]
+
+    asyncio.run(body())
+    _, detail = error_status(RuntimeError("y" * 1_000_000), _node())
+    assert detail.startswith("INTERNAL RuntimeError") and len(detail.encode()) <= 1000
+    _, detail = error_status(RuntimeError("\u00e9" * 600), _node())
+    assert len(detail.encode()) <= 1000
+
+
+def test_a_megabyte_of_tags_is_invalid_argument_not_internal() -> None:
+    """Finding: 1 MB of tags gave INTERNAL with a struct.error."""
+
+    async def body() -> None:
+        s, _ = _servicer()
+        err = await _refused(
+            s.SendMessage(
+                pb.SendMessageRequest(
+                    topic="T", messages=[pb.Message(body=b"x", tags="t" * (1 << 20))]
+                ),
+                FakeContext(),
+            )
+        )
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.detail.startswith("PROPERTIES_TOO_LARGE "), err.detail[:200]
+
+    asyncio.run(body())
+
+
+def test_the_pb_size_estimate_bounds_the_serialized_size() -> None:
+    """Pull answers are bounded with an O(1) estimate per message: it must never be below the
+    real serialized size, whatever the message's shape."""
+    from broker.message import Message, encode_message
+
+    shapes = [
+        Message("T", 0, b"x"),
+        Message("T" * 127, (1 << 31) - 1, b"b" * 70_000, tags="t" * 300),
+        Message("T", 1, b"y", keys=tuple("k" for _ in range(5000))),
+        Message("T", 2, b"z", properties={f"p{i}": "" for i in range(2000)}),
+        Message(
+            "T",
+            3,
+            b"w" * 10,
+            born_host="h" * 255,
+            producer_group="g" * 255,
+            born_timestamp_ms=(1 << 63) - 1,
+            store_timestamp_ms=(1 << 63) - 1,
+            reconsume_times=(1 << 31) - 1,
+            flag=-(1 << 31),
+            sys_flag=-1,
+        ),
+    ]
+    s, _ = _servicer()
+    for msg in shapes:
+        msg = replace(msg, uniq_id="A" * 32)
+        stored = len(encode_message(msg))
+        m = s._to_pb(msg, position=(1 << 63) - 1, queue_offset=(1 << 63) - 1)
+        answer = pb.PullMessageResponse(messages=[m])
+        assert answer.ByteSize() <= message_pb_bytes(stored, m), msg.topic[:5]
+
+
+def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (fail fast): an unexpected exception in the scheduler or the offset flush
+    ended that task silently; now it ends the process with a FATAL line."""
+    exits: list[int] = []
+    monkeypatch.setattr(fatal, "_exit", exits.append)
+
+    async def body() -> None:
+        s, node = _servicer()
+        s.sm.role = Role.LEADER
+
+        async def broken(level: int) -> int | None:
+            raise ValueError("scheduler bug")
+
+        monkeypatch.setattr(s, "_deliver_level", broken)
+        s._maybe_start_scheduler()
+        assert s._scheduler is not None
+        with contextlib.suppress(ValueError):
+            await s._scheduler
+        await asyncio.sleep(0)
+        assert exits == [fatal.EXIT_FATAL]
+        # The offset flush: transient errors are logged, anything else is fatal.
+        s.cfg = replace(s.cfg, offset_commit_interval_ms=1)
+        node.propose_error = TimeoutError()
+        await s.UpdateConsumerOffset(
+            pb.UpdateConsumerOffsetRequest(consumer_group="g", topic="T", queue_offset=1),
+            FakeContext(),
+        )
+        assert s._offset_flush is not None
+        await s._offset_flush
+        assert exits == [fatal.EXIT_FATAL]
+        node.propose_error = TypeError("flush bug")
+        s._schedule_offset_flush()
+        with contextlib.suppress(TypeError):
+            await s._offset_flush
+        await asyncio.sleep(0)
+        assert exits == [fatal.EXIT_FATAL, fatal.EXIT_FATAL]
+
+    asyncio.run(body())
