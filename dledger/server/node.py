@@ -30,7 +30,9 @@ from grpc_reflection.v1alpha import reflection
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
+from dledger import failpoints
 from dledger.core import (
+    MAX_ENTRIES_PER_PROPOSAL,
     BackPressureError,
     NotLeaderError,
     ProposalDroppedError,
@@ -40,6 +42,8 @@ from dledger.core import (
     TransferInProgressError,
     UnknownPeerError,
 )
+from dledger.core.messages import AppendRequest
+from dledger.fatal import fatal, spawn
 from dledger.log import (
     DLedgerError,
     Entry,
@@ -47,9 +51,10 @@ from dledger.log import (
     IndexOutOfRangeError,
     LogCompactedError,
 )
-from dledger.server.convert import from_pb, validate
+from dledger.server import rpcguard
+from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
-from dledger.storage import FlushDiskType, SegmentedLogStore, StoreConfig
+from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
 from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
 
 logger = logging.getLogger(__name__)
@@ -64,6 +69,28 @@ CHECKPOINT_INTERVAL_MS = 1000
 # only at the deleteWhen hours), and how long it waits for the leader's view of the members.
 RETENTION_CHECK_INTERVAL_S = 60.0
 RETENTION_RPC_TIMEOUT_S = 3.0
+# Characters of a client-supplied name (group) or peer metadata echoed in an error detail:
+# details stay far below gRPC's metadata limit whatever the request carried.
+ECHO_MAX_CHARS = 64
+# Entry types the log client service (DLedgerClient.Append) accepts by default: only plain
+# entries. Types 0..15 are dledger's own and 16..255 the application's internal records, which
+# the application proposes itself (DLedgerNode.propose) and must never take from outside.
+DEFAULT_CLIENT_ENTRY_TYPES = frozenset({int(EntryType.NORMAL)})
+# Peer messages dropped by the node before the core (keys of DLedgerNode.dropped(), with the
+# core's DROP_* reasons): a stream refused at its start, a message claiming another sender than
+# its stream, a message malformed in itself, a batch nested in a batch.
+DROP_STREAM_REFUSED = "stream_refused"
+DROP_SENDER_MISMATCH = "sender_mismatch"
+DROP_INVALID = "invalid"
+DROP_NESTED_BATCH = "nested_batch"
+# An append a follower refused because its disk is full (the store writes nothing of it and
+# no ack is sent; the leader's retries succeed once space returns: docs/STORAGE.md).
+DROP_DISK_FULL = "disk_full"
+
+
+def _echo(text: str) -> str:
+    """``text`` as it may appear in an error detail or a log line: bounded, repr-quoted."""
+    return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
 
 
 class StateMachine(Protocol):
@@ -121,6 +148,13 @@ class NodeConfig:
     # Client address peers and clients are told to use ("" = client_addr, the bound one); a
     # test harness sets it to a proxy in front of the client port.
     advertised_client_addr: str = ""
+    # Client addresses of the other members (node id -> host:port), from configuration: what
+    # NOT_LEADER redirects and Metadata name as the leader's address. Never learnt from peers
+    # (a peer stream's metadata is not authenticated). A member missing here is named by id
+    # only (addr= empty) and clients find it through the other nodes.
+    peer_client_addrs: Mapping[str, str] = field(default_factory=dict)
+    # Entry types DLedgerClient.Append accepts (see DEFAULT_CLIENT_ENTRY_TYPES).
+    client_entry_types: frozenset[int] = DEFAULT_CLIENT_ENTRY_TYPES
     # TEST ONLY (jepsen_like's "checker has teeth" run): acknowledge an Append as soon as the
     # leader appended it locally, before a majority holds it. Breaks promise 1; never in prod.
     unsafe_ack_before_replication: bool = False
@@ -134,6 +168,11 @@ class NodeConfig:
         assert self.self_id in self.peers, "self_id must be one of the peers"
         assert self.tick_ms > 0 and self.heartbeat_interval_ms >= self.tick_ms
         assert self.election_timeout_ms >= 2 * self.heartbeat_interval_ms
+        assert set(self.peer_client_addrs) <= set(self.peers), "peer_client_addrs: unknown id"
+        assert all(
+            0 <= t <= 255 and t not in (EntryType.NOOP, EntryType.CONFIG)
+            for t in self.client_entry_types
+        ), "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
 
     @property
     def client_addr(self) -> str:
@@ -198,7 +237,11 @@ class DLedgerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: list[_Waiter] = []
         self._waiter_seq = itertools.count()
-        self._client_addrs: dict[str, str] = {cfg.self_id: cfg.public_client_addr}
+        self._client_addrs: dict[str, str] = {
+            **{p: a for p, a in cfg.peer_client_addrs.items() if a},
+            cfg.self_id: cfg.public_client_addr,
+        }
+        self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
@@ -215,9 +258,13 @@ class DLedgerNode:
         cfg = self.cfg
         # Ports first: a busy port must stop the node before it touches its store.
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_DLedgerPeerServicer_to_server(_PeerServicer(self), self._peer_server)
+        rpcguard.add_servicer(
+            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
+        )
         self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_DLedgerClientServicer_to_server(_ClientServicer(self), self._client_server)
+        rpcguard.add_servicer(
+            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
+        )
         client_names = ["raftmq.dledger.v1.DLedgerClient"]
         for register in self._client_services:
             client_names.extend(register(self._client_server))
@@ -258,11 +305,12 @@ class DLedgerNode:
         await self._peer_server.start()
         await self._client_server.start()
         self._transport.start()
-        loop = asyncio.get_running_loop()
+        # Fail fast: an exception escaping any of these ends the process (dledger.fatal);
+        # their cancellation by stop() does not.
         self._tasks = [
-            loop.create_task(self._tick_loop(), name="tick"),
-            loop.create_task(self._ready_loop(), name="ready"),
-            loop.create_task(self._retention_loop(), name="retention"),
+            spawn(self._tick_loop(), "tick"),
+            spawn(self._ready_loop(), "ready"),
+            spawn(self._retention_loop(), "retention"),
         ]
         logger.info(
             "node=%s group=%s started peer=%s client=%s last_index=%d term=%d",
@@ -320,9 +368,7 @@ class DLedgerNode:
         if pm.WhichOneof("kind") == "batch":
             for inner in pm.batch.messages:
                 if inner.WhichOneof("kind") == "batch":
-                    logger.warning(
-                        "node=%s drop nested peer batch from=%s", self.cfg.self_id, sender
-                    )
+                    self.note_drop(DROP_NESTED_BATCH, f"from={sender}")
                     continue
                 self._on_one_peer_message(sender, inner)
             return
@@ -333,29 +379,43 @@ class DLedgerNode:
         if m is None:
             return
         if m.from_id != sender:
-            logger.warning(
-                "node=%s drop message claiming from=%s on stream of %s",
-                self.cfg.self_id,
-                m.from_id,
-                sender,
+            self.note_drop(
+                DROP_SENDER_MISMATCH, f"claiming from={_echo(m.from_id)} on stream of {sender}"
             )
             return
         problem = validate(m)
         if problem is not None:
-            logger.warning(
-                "node=%s drop malformed %s from=%s: %s",
-                self.cfg.self_id,
-                type(m).__name__,
-                sender,
-                problem,
-            )
+            self.note_drop(DROP_INVALID, f"{type(m).__name__} from={sender}: {problem}")
             return
-        self.core.step(m)
+        try:
+            self.core.step(m)
+        except DiskFullError as exc:
+            if not isinstance(m, AppendRequest):
+                fatal("raft-step", exc)
+            self.note_drop(DROP_DISK_FULL, f"append from={sender}: {exc}")
+            return
+        except Exception as exc:
+            # The core drops every message it can tell is hostile; an exception is a broken
+            # invariant, after which its state cannot be trusted: never half alive.
+            fatal("raft-step", exc)
         self._wake()
 
-    def note_client_addr(self, node_id: str, addr: str) -> None:
-        if node_id in self.cfg.peers and addr:
-            self._client_addrs[node_id] = addr
+    def note_drop(self, reason: str, detail: str) -> None:
+        """Count a peer message dropped before the core; log the 1st, 2nd, 4th ... of each
+        reason (a flood costs a logarithmic number of lines)."""
+        n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        if n & (n - 1) == 0:
+            logger.warning(
+                "node=%s drop reason=%s count=%d %s", self.cfg.self_id, reason, n, detail
+            )
+
+    def dropped(self) -> dict[str, int]:
+        """Peer messages dropped since start, by reason: the node's (DROP_* of this module)
+        and the core's (dledger.core DROP_*)."""
+        out = dict(self._dropped)
+        if hasattr(self, "core"):
+            out.update(self.core.dropped)
+        return out
 
     # ------------------------------------------------------------------ retention
 
@@ -447,6 +507,7 @@ class DLedgerNode:
         while True:
             await self._wake_event.wait()
             self._wake_event.clear()
+            failpoints.hit("ready")
             while self.core.has_ready():
                 rd = self.core.ready()
                 if rd.hard_state is not None:
@@ -462,7 +523,13 @@ class DLedgerNode:
                 for m in rd.messages:
                     self._transport.send(m)
                 if rd.committed:
-                    self.sm.apply(rd.committed)
+                    try:
+                        failpoints.hit("apply")
+                        self.sm.apply(rd.committed)
+                    except Exception as exc:
+                        # The application's state is unknown after a failed apply: end the
+                        # process now (recovery replays from its checkpoint).
+                        fatal("apply", exc)
                     self._applied = rd.committed[-1].index
                     self._resolve_waiters(self._applied)
                 if rd.soft_state is not None:
@@ -539,14 +606,22 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
     ) -> pb.PeerAck:
+        node = self.node
         md = dict(context.invocation_metadata() or ())
         group, sender = md.get("x-raftmq-group", ""), md.get("x-raftmq-from", "")
-        if group != self.node.cfg.group or sender not in self.node.cfg.peers:
+        # x-raftmq-client-addr is ignored: redirects use configured addresses only.
+        if (
+            group != node.cfg.group
+            or sender == node.cfg.self_id
+            or len(sender) > MAX_NODE_ID_CHARS
+            or sender not in node.cfg.peers
+        ):
+            node.note_drop(DROP_STREAM_REFUSED, f"group={_echo(group)} from={_echo(sender)}")
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"not a member of group {self.node.cfg.group}: group={group} from={sender}",
+                f"NOT_A_MEMBER of group {_echo(node.cfg.group)}: "
+                f"group={_echo(group)} from={_echo(sender)}",
             )
-        self.node.note_client_addr(sender, md.get("x-raftmq-client-addr", ""))
         received = 0
         async for pm in request_iterator:
             received += 1
@@ -564,7 +639,8 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         if group and group != self.node.cfg.group:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"UNKNOWN_GROUP this node serves group {self.node.cfg.group!r}, not {group!r}",
+                f"UNKNOWN_GROUP this node serves group {_echo(self.node.cfg.group)}, "
+                f"not {_echo(group)}",
             )
 
     async def Append(
@@ -572,9 +648,29 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
     ) -> pb.AppendEntriesResponse:
         node = self.node
         await self._check_group(request.group, context)
-        entry_type = request.type or EntryType.NORMAL
+        entry_type = request.type
+        if entry_type not in node.cfg.client_entry_types:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"ENTRY_TYPE_NOT_ALLOWED type {entry_type} cannot be appended by clients "
+                f"(allowed: {sorted(node.cfg.client_entry_types)})",
+            )
+        bodies = request.bodies
+        if len(bodies) > MAX_ENTRIES_PER_PROPOSAL:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"TOO_MANY_ENTRIES {len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}",
+            )
+        max_body = node.store.config.max_body_bytes
+        for i, b in enumerate(bodies):
+            if len(b) > max_body:
+                # No retry can ever store it: distinct from the retryable BACK_PRESSURE.
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"ENTRY_TOO_LARGE body {i} has {len(b)} bytes, the limit is {max_body}",
+                )
         try:
-            first, last, term = await node.propose(list(request.bodies), entry_type)
+            first, last, term = await node.propose(list(bodies), entry_type)
         except NotLeaderError as exc:
             _, addr = node.leader_client_addr()
             await context.abort(
@@ -603,7 +699,9 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         commit = node.core.commit_index
         if request.index < 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "index must be >= 1")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "INVALID_INDEX index must be >= 1"
+            )
         if request.index > commit:
             return pb.GetResponse(commit_index=commit)
         count = min(max(1, request.max_count), GET_MAX_COUNT, commit - request.index + 1)
