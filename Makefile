@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := dledger broker nameserver client jepsen_like spark_audit
 
-.PHONY: venv gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
+.PHONY: venv system-deps gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
 venv: $(STAMP)
 
@@ -17,6 +17,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# System tools some tests need beyond Python: `iptables` for mqjepsen's network-namespace
+# backend (tests/jepsen/test_netns.py). Installed with apt-get when missing and running as root
+# (CI: a fresh Debian machine); a no-op costing one `command -v` when present. Not root, or no
+# apt-get: one note, no failure, and that test is skipped with the reason.
+SYSTEM_TOOLS := iptables
+system-deps:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do \
+	  PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "note: missing$$missing and not root: the tests that need it are skipped (as root: apt-get install -y$$missing)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "note: missing$$missing and no apt-get: the tests that need it are skipped"; \
+	else \
+	  echo "installing$$missing (apt-get)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
+	fi
 
 # Regenerate the committed gRPC stubs in gen/ from protos/.
 gen: venv
@@ -33,7 +53,7 @@ lint: venv
 typecheck: venv
 	$(PY) -m mypy $(PACKAGES) protos/generate.py
 
-test: venv gen-check lint typecheck
+test: venv system-deps gen-check lint typecheck
 	$(PY) -m pytest
 
 # The edit loop: unit tests and the simulator only.

@@ -2,7 +2,9 @@
 
     mqcluster up [--nodes 3] [--base-dir DIR]   write configs, start a NameServer and the nodes,
                                                 wait for a leader (--no-namesrv: nodes only)
-    mqcluster status                            one row per node: role, term, commit index, ports
+    mqcluster status                            one row per node: role, term, commit index, ports;
+                                                a node that exited on its own: EXITED and the
+                                                FATAL line (else the last line) of its log
     mqcluster kill nX [--signal KILL]           SIGKILL (or STOP/CONT/TERM) one node (or namesrv)
     mqcluster start nX                          start a node (or namesrv) again
     mqcluster down [--purge]                    stop every node and the NameServer (TERM, then
@@ -46,6 +48,13 @@ LEADER_WAIT_S = 30.0
 NAMESRV_WAIT_S = 10.0
 STOP_GRACE_S = 10.0
 MAX_NODES = 7
+# What dledger/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
+FATAL_MARK = "FATAL component="
+# Bytes read from the end of an exited node's log to find its last FATAL (or last) line: logs
+# grow without bound, status must not read them whole.
+LOG_TAIL_BYTES = 64 << 10
+# Characters of that line shown by `status` (the cause on a FATAL line is at most 500).
+EXIT_LINE_MAX_CHARS = 600
 
 
 class ClusterError(Exception):
@@ -94,6 +103,26 @@ def _free_ports(n: int) -> list[int]:
         return ports
 
 
+def last_exit_line(log_path: str | os.PathLike[str]) -> str:
+    """The last ``FATAL component=...`` line in the tail of a node's log, else its last
+    non-empty line, else ""; cut to :data:`EXIT_LINE_MAX_CHARS`."""
+    try:
+        with open(log_path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            tail = f.read(LOG_TAIL_BYTES)
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if size > LOG_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line of the tail may be cut
+    fatal = [ln for ln in lines if FATAL_MARK in ln]
+    line = fatal[-1] if fatal else (lines[-1] if lines else "")
+    if FATAL_MARK in line:
+        line = line[line.index("FATAL") :]  # drop the logger's timestamp and name
+    return line if len(line) <= EXIT_LINE_MAX_CHARS else line[: EXIT_LINE_MAX_CHARS - 3] + "..."
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -138,6 +167,9 @@ class LocalCluster:
         self.group = ""
         self.nodes: list[NodeInfo] = []
         self.namesrv: NameSrvInfo | None = None
+        # Extra environment for one node's next starts, by node id (e.g. a test arming a
+        # failpoint with RAFTMQ_FAILPOINTS in one node only). Not saved in cluster.json.
+        self.node_env: dict[str, dict[str, str]] = {}
         state = self.base / STATE_FILE
         if state.exists():
             data = json.loads(state.read_text())
@@ -189,6 +221,9 @@ class LocalCluster:
                 str(self.base / f"{NAMESRV_ID}.pid"),
             )
         peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, peer_ports, strict=True))
+        client_addrs = ";".join(
+            f"{i}-127.0.0.1:{p}" for i, p in zip(ids, client_ports, strict=True)
+        )
         self.group = group
         self.nodes = []
         for node_id, cport, pport in zip(ids, client_ports, peer_ports, strict=True):
@@ -199,6 +234,7 @@ class LocalCluster:
                 "enableDLegerCommitLog": "true",
                 "dLegerGroup": group,
                 "dLegerPeers": peers,
+                "dLegerPeerClientAddrs": client_addrs,
                 "dLegerSelfId": node_id,
                 "listenPort": cport,
                 "storePathRootDir": str(self.base / node_id),
@@ -297,6 +333,7 @@ class LocalCluster:
         n = self.node(node_id)
         if self.pid(n) is not None:
             raise ClusterError(f"{node_id} is already running")
+        env = {**os.environ, **self.node_env[node_id]} if self.node_env.get(node_id) else None
         with open(n.log, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "broker", "-c", n.conf],
@@ -304,6 +341,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=env,
             )
         Path(n.pid_file).write_text(f"{proc.pid}\n")
         return proc.pid
@@ -314,8 +352,10 @@ class LocalCluster:
         if pid is None:
             raise ClusterError(f"{node_id} is not running")
         os.kill(pid, sig)
-        if sig is signal.SIGKILL:
-            self._wait_gone(n, pid, 5.0)
+        # A node this tool killed is DOWN, not EXITED: forget its pid once it is gone.
+        if sig is signal.SIGKILL and self._wait_gone(n, pid, 5.0):
+            with contextlib.suppress(FileNotFoundError):
+                Path(n.pid_file).unlink()
         return pid
 
     def _wait_gone(self, n: NodeInfo, pid: int, timeout_s: float) -> bool:
@@ -386,15 +426,26 @@ class LocalCluster:
                 time.sleep(0.05)
         raise ClusterError(f"no leader elected within {timeout_s:.0f} s; logs in {self.base}")
 
+    def exited(self, n: NodeInfo) -> str | None:
+        """For a node that ended without `mqcluster down` (its pid file is still there, its
+        process is gone): the FATAL line of its log, else its last line. None otherwise."""
+        pid = _read_pid(Path(n.pid_file))
+        if pid is None or _pid_alive(pid, n.conf):
+            return None
+        return last_exit_line(n.log) or "(empty log)"
+
     def status_rows(self) -> list[dict[str, object]]:
+        """One row per node; a node that exited on its own has role ``EXITED`` and its FATAL
+        (or last) log line under ``exit``."""
         rows: list[dict[str, object]] = []
         with self.client() as client:
             for n in self.nodes:
                 pid = self.pid(n)
+                exit_line = self.exited(n) if pid is None else None
                 row: dict[str, object] = {
                     "node": n.node_id,
                     "pid": pid or "-",
-                    "role": "DOWN" if pid is None else "?",
+                    "role": "?" if pid is not None else "DOWN" if exit_line is None else "EXITED",
                     "term": "-",
                     "leader": "-",
                     "commit": "-",
@@ -414,6 +465,8 @@ class LocalCluster:
                         )
                     except ClientError:
                         row["role"] = "UNREACHABLE"
+                if exit_line is not None:
+                    row["exit"] = exit_line
                 rows.append(row)
         return rows
 
@@ -427,12 +480,15 @@ def namesrv_line(cluster: LocalCluster) -> str:
 
 
 def format_table(rows: list[dict[str, object]]) -> str:
+    """The rows as columns; each ``exit`` entry (a node that exited) as a line of its own
+    below the table: ``nX exited: FATAL component=... cause=...``."""
     if not rows:
         return "(no nodes)"
-    cols = list(rows[0])
+    cols = [c for c in rows[0] if c != "exit"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    lines = ["  ".join(c.upper().ljust(widths[c]) for c in cols)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    lines = ["  ".join(c.upper().ljust(widths[c]).rstrip() for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols).rstrip() for r in rows]
+    lines += [f"{r['node']} exited: {r['exit']}" for r in rows if "exit" in r]
     return "\n".join(lines)
 
 

@@ -93,6 +93,8 @@ class JepsenCluster:
                     net.add_link(link_name(a.node_id, b.node_id), b.peer_port)
             port = net.add_link(link_name(CLIENT, a.node_id), a.client_port)
             self.proxy_client_addrs[a.node_id] = f"127.0.0.1:{port}"
+        # Redirects name each member by the address its clients use: its proxy.
+        client_addrs = ";".join(f"{b.node_id}-{self.proxy_client_addrs[b.node_id]}" for b in nodes)
         for a in nodes:
             peers = ";".join(
                 f"{b.node_id}-127.0.0.1:"
@@ -107,8 +109,10 @@ class JepsenCluster:
             lines = [
                 f"dLegerPeers={peers}" if line.startswith("dLegerPeers=") else line
                 for line in conf.read_text().splitlines()
+                if not line.startswith("dLegerPeerClientAddrs=")
             ]
             lines.append(f"advertisedClientAddr={self.proxy_client_addrs[a.node_id]}")
+            lines.append(f"dLegerPeerClientAddrs={client_addrs}")
             conf.write_text("\n".join(lines) + "\n")
 
     def _setup_netns(self, net: NetnsNet) -> None:
@@ -127,6 +131,9 @@ class JepsenCluster:
         peers = ";".join(f"{b.node_id}-{hosts[b.node_id]}:{b.peer_port}" for b in nodes)
         replaced = {
             "dLegerPeers": peers,
+            "dLegerPeerClientAddrs": ";".join(
+                f"{b.node_id}-{self.proxy_client_addrs[b.node_id]}" for b in nodes
+            ),
             "namesrvAddr": f"{net.host_ip}:{self.local.namesrv.port}",
         }
         for a in nodes:

@@ -28,10 +28,24 @@ MAX_NODES = 10_000
 # A topic table bigger than this in one registration is refused (RocketMQ brokers with
 # hundreds of thousands of topics exist but need a different design than one message).
 MAX_TOPICS_PER_NODE = 100_000
+# Topic entries over all registrations together: each costs about 250 bytes of memory at the
+# longest name, so this caps the table near 250 MB whatever registrants send (10 groups of 3
+# nodes at 30,000 topics each fit).
+MAX_TOPIC_ENTRIES = 1_000_000
 # Names: RocketMQ's topic rule (letters, digits, %, -, _, |) and length limit, also used for
 # cluster, group and node names, which RocketMQ does not restrict but we do.
 MAX_NAME_LEN = 127
 _NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+# A client address is host:port; a host is at most a DNS name's 253 characters (an IPv6
+# literal in brackets, with a zone, is shorter), of the characters hosts are written with.
+MAX_HOST_LEN = 253
+_HOST_RE = re.compile(r"^[A-Za-z0-9._%:\[\]-]+$")
+# A heartbeat period above a day means the node never expects to be heard from (the broker's
+# own registerBrokerPeriod is at most 10 minutes).
+MAX_HEARTBEAT_PERIOD_MS = 24 * 3600 * 1000
+# Characters of a refused value quoted in an error detail: enough to recognise it, never the
+# input itself (details must stay far below gRPC's metadata limit).
+ECHO_MAX_CHARS = 64
 ROLE_LEADER = "LEADER"
 ROLES = frozenset({"LEADER", "FOLLOWER", "CANDIDATE", "PRE_CANDIDATE"})
 MAX_PERM = 7
@@ -54,6 +68,10 @@ class TopicNotExistError(NameServerError):
 
 class TooManyBrokersError(NameServerError):
     code = "TOO_MANY_BROKERS"
+
+
+class TooManyTopicsError(NameServerError):
+    code = "TOO_MANY_TOPICS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +105,8 @@ class Registration:
 class Member:
     reg: Registration
     last_heartbeat_ms: int
+    # reg.topics by name: a route lookup is one dict probe per group, not a scan of the table.
+    topics_by_name: dict[str, TopicRoute]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,35 +126,65 @@ class GroupInfo:
     members: tuple[tuple[Registration, int], ...]  # (registration, heartbeat age ms)
 
 
-def _check_name(what: str, value: str) -> None:
+def show(value: str) -> str:
+    """``value`` quoted for an error detail, cut to :data:`ECHO_MAX_CHARS` characters."""
+    if len(value) <= ECHO_MAX_CHARS:
+        return repr(value)
+    return f"{value[:ECHO_MAX_CHARS]!r}... ({len(value)} chars)"
+
+
+def check_name(what: str, value: str) -> None:
+    """Raise :class:`InvalidRequestError` unless ``value`` is a valid name."""
     if not value or len(value) > MAX_NAME_LEN or not _NAME_RE.match(value):
         raise InvalidRequestError(
-            f"{what} {value!r} must be 1-{MAX_NAME_LEN} of letters, digits, %, -, _, |"
+            f"{what} {show(value)} must be 1-{MAX_NAME_LEN} of letters, digits, %, -, _, |"
         )
 
 
-def validate(reg: Registration) -> None:
-    """Raise :class:`InvalidRequestError` naming the first bad field."""
-    _check_name("cluster", reg.cluster)
-    _check_name("broker_name", reg.broker_name)
-    _check_name("node_id", reg.node_id)
+def _check_addr(addr: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if (
+        not sep
+        or not host
+        or len(host) > MAX_HOST_LEN
+        or not _HOST_RE.match(host)
+        or not (port.isascii() and port.isdigit() and len(port) <= 5)
+        or not 1 <= int(port) <= 65535
+    ):
+        raise InvalidRequestError(
+            f"client_addr {show(addr)} is not host:port (host 1-{MAX_HOST_LEN} characters)"
+        )
+
+
+def validate(reg: Registration) -> dict[str, TopicRoute]:
+    """Raise :class:`InvalidRequestError` naming the first bad field; return the topics by
+    name (a topic listed twice is refused)."""
+    check_name("cluster", reg.cluster)
+    check_name("broker_name", reg.broker_name)
+    check_name("node_id", reg.node_id)
     if reg.role not in ROLES:
-        raise InvalidRequestError(f"role {reg.role!r} is not one of {sorted(ROLES)}")
-    host, sep, port = reg.client_addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise InvalidRequestError(f"client_addr {reg.client_addr!r} is not host:port")
-    if reg.term < 0 or reg.heartbeat_period_ms < 0:
-        raise InvalidRequestError("term and heartbeat_period_ms must be >= 0")
+        raise InvalidRequestError(f"role {show(reg.role)} is not one of {sorted(ROLES)}")
+    _check_addr(reg.client_addr)
+    if reg.term < 0:
+        raise InvalidRequestError(f"term {reg.term} must be >= 0")
+    if not 0 <= reg.heartbeat_period_ms <= MAX_HEARTBEAT_PERIOD_MS:
+        raise InvalidRequestError(
+            f"heartbeat_period_ms {reg.heartbeat_period_ms} outside [0, {MAX_HEARTBEAT_PERIOD_MS}]"
+        )
     if len(reg.topics) > MAX_TOPICS_PER_NODE:
         raise InvalidRequestError(f"{len(reg.topics)} topics exceed {MAX_TOPICS_PER_NODE}")
+    by_name: dict[str, TopicRoute] = {}
     for t in reg.topics:
-        _check_name("topic", t.name)
+        check_name("topic", t.name)
         if not (
             0 <= t.read_queue_nums <= MAX_QUEUE_NUMS and 0 <= t.write_queue_nums <= MAX_QUEUE_NUMS
         ):
             raise InvalidRequestError(f"topic {t.name}: queue nums outside [0, {MAX_QUEUE_NUMS}]")
         if not 0 <= t.perm <= MAX_PERM:
             raise InvalidRequestError(f"topic {t.name}: perm {t.perm} outside [0, {MAX_PERM}]")
+        if by_name.setdefault(t.name, t) is not t:
+            raise InvalidRequestError(f"topic {t.name} is listed twice")
+    return by_name
 
 
 def _monotonic_ms() -> int:
@@ -149,23 +199,41 @@ class RouteTable:
         broker_expired_time_ms: int = DEFAULT_BROKER_EXPIRED_TIME_MS,
         clock_ms: Callable[[], int] = _monotonic_ms,
         max_nodes: int = MAX_NODES,
+        max_topic_entries: int = MAX_TOPIC_ENTRIES,
     ) -> None:
         self.broker_expired_time_ms = broker_expired_time_ms
         self._clock_ms = clock_ms
         self._max_nodes = max_nodes
+        self._max_topic_entries = max_topic_entries
         self._members: dict[NodeKey, Member] = {}
+        # Sum of len(reg.topics) over every member, kept up to date by every write.
+        self._topic_entries = 0
 
     def __len__(self) -> int:
         return len(self._members)
 
     # ------------------------------------------------------------------ writes
 
+    @property
+    def topic_entries(self) -> int:
+        """Topic entries held over every registration (bounded by ``max_topic_entries``)."""
+        return self._topic_entries
+
     def register(self, reg: Registration) -> None:
-        validate(reg)
+        by_name = validate(reg)
         old = self._members.get(reg.key)
         if old is None and len(self._members) >= self._max_nodes:
             raise TooManyBrokersError(f"{self._max_nodes} nodes are registered already")
-        self._members[reg.key] = Member(reg, self._clock_ms())
+        entries = self._topic_entries + len(reg.topics) - (len(old.reg.topics) if old else 0)
+        if entries > self._max_topic_entries and len(reg.topics) > (
+            len(old.reg.topics) if old else 0
+        ):
+            raise TooManyTopicsError(
+                f"{len(reg.topics)} topics would exceed the table's "
+                f"{self._max_topic_entries} topic entries"
+            )
+        self._members[reg.key] = Member(reg, self._clock_ms(), by_name)
+        self._topic_entries = entries
         if old is None or (old.reg.role, old.reg.term, old.reg.client_addr) != (
             reg.role,
             reg.term,
@@ -183,8 +251,13 @@ class RouteTable:
             )
 
     def unregister(self, cluster: str, broker_name: str, node_id: str) -> bool:
-        removed = self._members.pop((cluster, broker_name, node_id), None) is not None
-        if removed:
+        check_name("cluster", cluster)
+        check_name("broker_name", broker_name)
+        check_name("node_id", node_id)
+        old = self._members.pop((cluster, broker_name, node_id), None)
+        removed = old is not None
+        if old is not None:
+            self._topic_entries -= len(old.reg.topics)
             logger.info("unregister cluster=%s group=%s node=%s", cluster, broker_name, node_id)
         return removed
 
@@ -198,6 +271,7 @@ class RouteTable:
         ]
         for key in gone:
             m = self._members.pop(key)
+            self._topic_entries -= len(m.reg.topics)
             logger.warning(
                 "expire cluster=%s group=%s node=%s addr=%s silent_ms=%d",
                 *key,
@@ -219,29 +293,31 @@ class RouteTable:
         leaders = [m.reg for m in members if m.reg.role == ROLE_LEADER]
         return max(leaders, key=lambda r: r.term) if leaders else None
 
-    def _authority(self, members: list[Member]) -> Registration:
-        """Whose topic table speaks for the group: the leader, else the freshest member."""
-        leader = self._leader(members)
-        if leader is not None:
-            return leader
-        return max(members, key=lambda m: (m.reg.term, m.last_heartbeat_ms)).reg
+    @staticmethod
+    def _authority(members: list[Member]) -> Member:
+        """Whose topic table speaks for the group: the leader (the one with the highest
+        term), else the freshest member."""
+        leaders = [m for m in members if m.reg.role == ROLE_LEADER]
+        if leaders:
+            return max(leaders, key=lambda m: m.reg.term)
+        return max(members, key=lambda m: (m.reg.term, m.last_heartbeat_ms))
 
     def leader(self, cluster: str, broker_name: str) -> Registration | None:
         return self._leader(self._groups().get((cluster, broker_name), []))
 
     def route(self, topic: str) -> list[GroupRoute]:
         """The groups serving ``topic``, sorted by (cluster, group); raises TopicNotExistError."""
+        check_name("topic", topic)
         out: list[GroupRoute] = []
         for (cluster, name), members in self._groups().items():
-            authority = self._authority(members)
-            config = next((t for t in authority.topics if t.name == topic), None)
+            config = self._authority(members).topics_by_name.get(topic)
             if config is None:
                 continue
             leader = self._leader(members)
             followers = tuple(m.reg for m in members if leader is None or m.reg is not leader)
             out.append(GroupRoute(cluster, name, config, leader, followers))
         if not out:
-            raise TopicNotExistError(f"no broker group serves topic {topic!r}")
+            raise TopicNotExistError(f"no broker group serves topic {show(topic)}")
         return out
 
     def cluster_info(self) -> list[GroupInfo]:
@@ -262,5 +338,5 @@ class RouteTable:
     def all_topics(self) -> list[str]:
         topics: set[str] = set()
         for members in self._groups().values():
-            topics.update(t.name for t in self._authority(members).topics)
+            topics.update(self._authority(members).topics_by_name)
         return sorted(topics)

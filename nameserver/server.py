@@ -20,15 +20,21 @@ from grpc_reflection.v1alpha import reflection
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
+from dledger.server import rpcguard
 from nameserver.config import NameServerConfig
 from nameserver.routes import (
+    MAX_HOST_LEN,
+    MAX_NAME_LEN,
+    MAX_TOPICS_PER_NODE,
     InvalidRequestError,
     NameServerError,
     Registration,
     RouteTable,
     TooManyBrokersError,
+    TooManyTopicsError,
     TopicNotExistError,
     TopicRoute,
+    check_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -36,10 +42,26 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = "raftmq.nameserver.v1.NameServer"
 # RocketMQ binds the NameServer on every interface.
 BIND_HOST = "0.0.0.0"
+# The largest valid RegisterBroker request on the wire: every topic of the maximum table at
+# the longest name and largest counts (tag + length + name, three int32 fields, the repeated
+# field's own tag and length), plus the other fields at their longest.
+_MAX_TOPIC_WIRE_BYTES = 1 + 1 + MAX_NAME_LEN + 3 * (1 + 5) + 1 + 2
+MAX_REGISTRATION_BYTES = MAX_TOPICS_PER_NODE * _MAX_TOPIC_WIRE_BYTES + 4 * (
+    1 + 2 + MAX_NAME_LEN + MAX_HOST_LEN + 6
+)
+# gRPC's default 4 MiB would refuse registrations of tables the limits allow (100,000 topics of
+# 127 characters are about 15 MB); 16 MiB holds the largest valid one with room to spare. The
+# answer of a larger request is RESOURCE_EXHAUSTED from gRPC itself, before any parsing.
+MAX_RECEIVE_MESSAGE_BYTES = 16 << 20
+assert MAX_REGISTRATION_BYTES < MAX_RECEIVE_MESSAGE_BYTES
 SERVER_OPTIONS: list[tuple[str, int]] = [
     # Without this a second process on the same port "succeeds" and steals connections.
     ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
 ]
+# Bytes of an error detail at most: gRPC carries it in a header, and clients choke on large
+# ones. Every detail is built far below this; the cut is the last line of defence.
+MAX_DETAIL_BYTES = 1000
 # In-flight RPCs get this long to finish when the server stops.
 STOP_GRACE_S = 0.5
 
@@ -47,7 +69,11 @@ _STATUS: dict[type[NameServerError], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     TopicNotExistError: grpc.StatusCode.NOT_FOUND,
     TooManyBrokersError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyTopicsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+# BrokerRole numbers to names; a number outside the enum (proto3 keeps unknown enum values)
+# is refused as INVALID_REQUEST instead of raising in the enum lookup.
+_ROLE_NAMES: dict[int, str] = {number: name for name, number in pb.BrokerRole.items()}
 
 
 class StartError(Exception):
@@ -66,18 +92,24 @@ def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
             return await fn(self, request, context)
         except NameServerError as exc:
             status = _STATUS.get(type(exc), grpc.StatusCode.INTERNAL)
-            await context.abort(status, f"{exc.code} {exc}")
+            detail = f"{exc.code} {exc}".encode()[:MAX_DETAIL_BYTES].decode(errors="ignore")
+            await context.abort(status, detail)
             raise AssertionError("unreachable") from None  # abort raises
 
     return wrapper
 
 
 def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:
+    role = _ROLE_NAMES.get(req.role)
+    if role is None:
+        raise InvalidRequestError(f"role {req.role} is not a BrokerRole")
+    if len(req.topics) > MAX_TOPICS_PER_NODE:  # before building a tuple of them
+        raise InvalidRequestError(f"{len(req.topics)} topics exceed {MAX_TOPICS_PER_NODE}")
     return Registration(
         cluster=req.cluster,
         broker_name=req.broker_name,
         node_id=req.node_id,
-        role=pb.BrokerRole.Name(req.role),
+        role=role,
         client_addr=req.client_addr,
         term=req.term,
         topics=tuple(
@@ -110,8 +142,7 @@ class NameServerServicer(pb_grpc.NameServerServicer):
     async def GetRouteInfoByTopic(
         self, request: pb.GetRouteInfoByTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetRouteInfoByTopicResponse:
-        if not request.topic:
-            raise InvalidRequestError("topic is empty")
+        check_name("topic", request.topic)
         groups = []
         for g in self.table.route(request.topic):
             groups.append(
@@ -189,7 +220,9 @@ class NameServer:
 
     async def start(self) -> None:
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_NameServerServicer_to_server(NameServerServicer(self.table), server)
+        rpcguard.add_servicer(
+            server, pb_grpc.add_NameServerServicer_to_server, NameServerServicer(self.table)
+        )
         health_servicer = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         for name in ("", SERVICE_NAME):

@@ -1,0 +1,83 @@
+"""The fuzz suite's own parts (tests/fuzz_support.py): it covers every RPC, its generated
+requests serialize and stay bounded, and its answer check flags what it must."""
+
+from __future__ import annotations
+
+from fuzz_support import (
+    BROKER_RPCS,
+    DLEDGER_RPCS,
+    HUGE_BYTES,
+    MANY,
+    MAX_REQUEST_BYTES,
+    NAMESERVER_RPCS,
+    SC,
+    Findings,
+    messages,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from raftmq.broker.v1 import broker_pb2
+from raftmq.dledger.v1 import dledger_pb2
+from raftmq.nameserver.v1 import nameserver_pb2
+
+ALL = [*BROKER_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS]
+
+
+def test_every_unary_rpc_of_the_three_services_is_fuzzed() -> None:
+    expected = {
+        f"{svc.full_name}/{m.name}"
+        for fd, name in (
+            (broker_pb2.DESCRIPTOR, "Broker"),
+            (dledger_pb2.DESCRIPTOR, "DLedgerClient"),
+            (nameserver_pb2.DESCRIPTOR, "NameServer"),
+        )
+        for svc in [fd.services_by_name[name]]
+        for m in svc.methods
+    }
+    assert {r.path.lstrip("/") for r in ALL} == expected
+    assert all(SC.UNKNOWN not in r.allowed and SC.INTERNAL not in r.allowed for r in ALL)
+
+
+@settings(max_examples=400, derandomize=True, database=None, deadline=None,
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(st.sampled_from(ALL).flatmap(lambda r: messages(r.request)))
+def test_generated_requests_serialize_and_are_bounded(msg: object) -> None:
+    data = msg.SerializeToString()  # type: ignore[attr-defined]
+    assert len(data) < MAX_REQUEST_BYTES
+    assert type(msg).FromString(data) == msg  # type: ignore[attr-defined]
+    assert HUGE_BYTES * 8 < MAX_REQUEST_BYTES and MANY > 1000
+
+
+def test_findings_flag_undocumented_statuses_and_bad_details() -> None:
+    f = Findings()
+    allowed = frozenset({SC.OK, SC.INVALID_ARGUMENT, SC.RESOURCE_EXHAUSTED})
+    f.check("X.Ok", allowed, "req", SC.OK, "")
+    f.check("X.Coded", allowed, "req", SC.INVALID_ARGUMENT, "INVALID_TOPIC bad name")
+    f.check(
+        "X.TooLarge",
+        allowed,
+        "req",
+        SC.RESOURCE_EXHAUSTED,
+        "SERVER: Received message larger than max (5 vs. 4)",
+    )
+    assert not f.seen
+    f.check("X.Unknown", allowed, "req", SC.UNKNOWN, "Unexpected <class 'ValueError'>")
+    f.check("X.Internal", allowed, "req", SC.INTERNAL, "INTERNAL error")
+    f.check("X.Long", allowed, "req", SC.INVALID_ARGUMENT, "INVALID_REQUEST " + "y" * 1100)
+    f.check("X.NoCode", allowed, "req", SC.INVALID_ARGUMENT, "topic is empty")
+    f.check(  # an answer too large for a stock client
+        "X.Answer",
+        allowed,
+        "req",
+        SC.RESOURCE_EXHAUSTED,
+        "Stream removed (CLIENT: Received message larger than max (5160022 vs. 4194304))",
+    )
+    kinds = {(rpc, code) for rpc, code, _ in f.seen}
+    assert kinds == {
+        ("X.Unknown", "UNKNOWN"),
+        ("X.Internal", "INTERNAL"),
+        ("X.Long", "INVALID_ARGUMENT"),
+        ("X.NoCode", "INVALID_ARGUMENT"),
+        ("X.Answer", "RESOURCE_EXHAUSTED"),
+    }
+    assert "X.Long" in f.report() and f.calls == 8
