@@ -385,7 +385,7 @@ class RaftNode:
         if target_id == self.id:
             return
         if target_id not in self._progress:
-            raise UnknownPeerError(f"{target_id!r} is not a member")
+            raise UnknownPeerError(f"{target_id[:64]!r} (length {len(target_id)}) is not a member")
         if self._transferee is not None:
             if self._transferee == target_id:
                 return
