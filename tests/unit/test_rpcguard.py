@@ -117,9 +117,7 @@ async def _collect(stream: Any) -> list[Any]:
     return [r async for r in stream]
 
 
-def test_the_broker_service_refuses_undecodable_requests_with_one_log_line(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_the_broker_service_refuses_undecodable_requests_with_one_log_line() -> None:
     """Finding: undecodable bytes gave UNKNOWN and an ERROR traceback per request."""
     servicer = object.__new__(BrokerServicer)  # register() needs nothing else
 
@@ -138,10 +136,22 @@ def test_the_broker_service_refuses_undecodable_requests_with_one_log_line(
         finally:
             await server.stop(None)
 
-    caplog.set_level(logging.INFO)
+    # A handler of its own on the module's logger: what earlier tests in the same process did
+    # to the root logger's handlers or levels (pyspark, for one) cannot hide the line.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    rpcguard.logger.addHandler(handler)
+    rpcguard.logger.disabled = False
+    old_level = rpcguard.logger.level
+    rpcguard.logger.setLevel(logging.INFO)
     rpcguard.REFUSALS._last_s = float("-inf")
-    _run(body)
-    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    try:
+        _run(body)
+    finally:
+        rpcguard.logger.removeHandler(handler)
+        rpcguard.logger.setLevel(old_level)
+    lines = [r for r in records if r.levelno >= logging.WARNING]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].getMessage().startswith("BAD_REQUEST undecodable request")
 
