@@ -2,10 +2,13 @@
 
 Every error the broker raises on purpose is a :class:`BrokerError`. ``code`` is a stable,
 machine-readable string (the gRPC layer maps codes to status codes in one place); the
-message is for humans and may change.
+message is for humans and may change. The message codec's errors (``msgcodec.errors``) have
+broker subclasses here of the same code, which ``broker.message`` raises in their place.
 """
 
 from __future__ import annotations
+
+from msgcodec import errors as codec
 
 
 class BrokerError(Exception):
@@ -14,55 +17,47 @@ class BrokerError(Exception):
     code = "BROKER_ERROR"
 
 
-class InvalidMessageError(BrokerError):
+class InvalidMessageError(codec.InvalidMessageError, BrokerError):
     """A message field is out of its allowed range or has a forbidden character."""
 
-    code = "INVALID_MESSAGE"
 
-
-class InvalidTopicError(InvalidMessageError):
+class InvalidTopicError(codec.InvalidTopicError, InvalidMessageError):
     """A topic name is empty, too long, or uses a character outside ``[%|a-zA-Z0-9_-]``."""
 
-    code = "INVALID_TOPIC"
 
-
-class MessageBodyEmptyError(InvalidMessageError):
+class MessageBodyEmptyError(codec.MessageBodyEmptyError, InvalidMessageError):
     """A message has an empty body (RocketMQ rejects those too)."""
 
-    code = "MESSAGE_BODY_EMPTY"
 
-
-class MessageTooLargeError(InvalidMessageError):
+class MessageTooLargeError(codec.MessageTooLargeError, InvalidMessageError):
     """A message body is larger than ``maxMessageSize``."""
 
-    code = "MESSAGE_TOO_LARGE"
 
-
-class PropertiesTooLargeError(InvalidMessageError):
+class PropertiesTooLargeError(codec.PropertiesTooLargeError, InvalidMessageError):
     """A message's properties (user and system: tags, keys, group) are too large."""
 
-    code = "PROPERTIES_TOO_LARGE"
 
-
-class InvalidMessageIdError(BrokerError):
+class InvalidMessageIdError(codec.InvalidMessageIdError, BrokerError):
     """A message id (uniq id or offsetMsgId) is not 32 hex characters or is malformed."""
 
-    code = "INVALID_MESSAGE_ID"
+
+class CorruptMessageError(codec.CorruptMessageError, BrokerError):
+    """Encoded message bytes fail a check (magic, size, CRC, field bounds); ``offset`` and
+    ``reason`` as in :class:`msgcodec.errors.CorruptMessageError`."""
 
 
-class CorruptMessageError(BrokerError):
-    """Encoded message bytes fail a check (magic, size, CRC, field bounds).
-
-    ``offset`` is the byte offset of the bad message (or batch header) relative to the buffer
-    handed to the decoder; the caller adds its file/position context.
-    """
-
-    code = "CORRUPT_MESSAGE"
-
-    def __init__(self, reason: str, offset: int) -> None:
-        super().__init__(f"{reason} at offset {offset}")
-        self.reason = reason
-        self.offset = offset
+# The broker's class for each error of the message codec: ``broker.message`` raises these in
+# place of the codec's, so that every error the broker raises is a BrokerError. Each is a
+# subclass of the codec's class (first, so that it has its code) and of the broker's.
+CODEC_ERRORS: dict[type[codec.CodecError], type[BrokerError]] = {
+    codec.InvalidMessageError: InvalidMessageError,
+    codec.InvalidTopicError: InvalidTopicError,
+    codec.MessageBodyEmptyError: MessageBodyEmptyError,
+    codec.MessageTooLargeError: MessageTooLargeError,
+    codec.PropertiesTooLargeError: PropertiesTooLargeError,
+    codec.InvalidMessageIdError: InvalidMessageIdError,
+    codec.CorruptMessageError: CorruptMessageError,
+}
 
 
 class CorruptStoreError(BrokerError):
