@@ -37,14 +37,12 @@ from broker.names import DLQ_PREFIX as DLQ_PREFIX
 from broker.names import RETRY_PREFIX as RETRY_PREFIX
 from broker.names import SCHEDULE_TOPIC as SCHEDULE_TOPIC
 from broker.names import is_system_topic as is_system_topic
-
-# RocketMQ's property names.
-PROPERTY_DELAY = "DELAY"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QID = "REAL_QID"
-PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
-PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
-PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+from msgcodec import PROPERTY_DELAY as PROPERTY_DELAY
+from msgcodec import PROPERTY_DLQ_ORIGIN_TOPIC as PROPERTY_DLQ_ORIGIN_TOPIC
+from msgcodec import PROPERTY_ORIGIN_MESSAGE_ID as PROPERTY_ORIGIN_MESSAGE_ID
+from msgcodec import PROPERTY_REAL_QID as PROPERTY_REAL_QID
+from msgcodec import PROPERTY_REAL_TOPIC as PROPERTY_REAL_TOPIC
+from msgcodec import PROPERTY_RETRY_TOPIC as PROPERTY_RETRY_TOPIC
 
 # RocketMQ's messageDelayLevel default.
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

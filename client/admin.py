@@ -39,6 +39,13 @@ from client.route import (
     TopicRoute,
     parse_namesrv_addr,
 )
+from msgcodec import (
+    PROPERTY_DELAY,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+)
 
 log = logging.getLogger(__name__)
 T_ = TypeVar("T_")
@@ -55,9 +62,14 @@ _HEX32 = re.compile(r"^[0-9A-Fa-f]{32}$")
 MAX_DLQ_MESSAGES = 10_000
 DLQ_PULL_BATCH = 256
 # Properties the broker adds on the way to the DLQ; a resend leaves them out.
-PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 _SYSTEM_PROPERTIES = frozenset(
-    {PROPERTY_DLQ_ORIGIN_TOPIC, "RETRY_TOPIC", "DELAY", "REAL_TOPIC", "REAL_QID"}
+    {
+        PROPERTY_DLQ_ORIGIN_TOPIC,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_DELAY,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QID,
+    }
 )
 
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 from raftmq.broker.v1 import broker_pb2 as pb
 
-# RocketMQ's uniq key: 32 uppercase hex characters.
-MSG_ID_HEX_CHARS = 32
-# RocketMQ's property names and system topic prefixes (see docs/BROKER.md, "Retries").
-PROPERTY_DELAY = "DELAY"
-PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
-PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+from msgcodec import MSG_ID_HEX_CHARS as MSG_ID_HEX_CHARS
+from msgcodec import PROPERTY_DELAY as PROPERTY_DELAY
+from msgcodec import PROPERTY_ORIGIN_MESSAGE_ID as PROPERTY_ORIGIN_MESSAGE_ID
+from msgcodec import PROPERTY_RETRY_TOPIC as PROPERTY_RETRY_TOPIC
+
+# RocketMQ's system topic prefixes (see docs/BROKER.md, "Retries").
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 

@@ -48,6 +48,16 @@ KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
+# RocketMQ's system property names (MessageConst) that the broker stores in a message's
+# properties and the client reads back: the delay level asked for, where a delayed message
+# really goes, and where a retry or dead-letter copy came from.
+PROPERTY_DELAY = "DELAY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QID = "REAL_QID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+
 I32_MIN = -(1 << 31)
 I32_MAX = (1 << 31) - 1
 I64_MAX = (1 << 63) - 1
