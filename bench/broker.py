@@ -39,7 +39,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.cluster import LocalCluster
-from broker.message import UniqIdGenerator
+from msgcodec import UniqIdGenerator
 
 TOPIC = "BenchTopic"
 DELAY_TOPIC = "BenchDelay"

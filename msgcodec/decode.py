@@ -157,6 +157,7 @@ def _decode_fast(buf: Buffer, offset: int, count: int, verify_crc: bool) -> list
     append = rows.append
     unpack = MESSAGE_FIXED.unpack_from
     size = len(buf)
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)  # CRCs without a copy
     for _ in range(count):
         (total, magic, crc, version, reserved, queue_id, flag, sys_flag, reconsume, born,
          store, _, uniq_b) = unpack(buf, offset)  # fmt: skip
@@ -169,14 +170,10 @@ def _decode_fast(buf: Buffer, offset: int, count: int, verify_crc: bool) -> list
             or end > size
         ):
             raise ValueError
-        if verify_crc:
-            mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-            if crc32c(mv[offset + MESSAGE_CRC_END : end]) != crc:
-                raise ValueError
-        # One copy of the variable part (a slice of bytes is one already).
-        raw = buf[offset + MESSAGE_FIXED_SIZE : end]
-        if not isinstance(raw, bytes):
-            raw = bytes(raw)
+        if verify_crc and crc32c(mv[offset + MESSAGE_CRC_END : end]) != crc:
+            raise ValueError
+        # One copy of the variable part (bytes() of a bytes slice is that slice).
+        raw = bytes(buf[offset + MESSAGE_FIXED_SIZE : end])
         p = raw[0] + 1
         topic = raw[1:p].decode()
         n = int.from_bytes(raw[p : p + 2], "big") + p + 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from msgcodec.errors import (
     InvalidMessageError,
@@ -69,6 +69,15 @@ def validate_topic(topic: str) -> None:
 def _check_int(value: int, low: int, high: int, name: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise InvalidMessageError(f"{name}={value!r} is outside [{low}, {high}]")
+
+
+def _check_ints(msg: Message) -> None:
+    _check_int(msg.queue_id, 0, I32_MAX, "queue_id")
+    _check_int(msg.reconsume_times, 0, I32_MAX, "reconsume_times")
+    _check_int(msg.flag, I32_MIN, I32_MAX, "flag")
+    _check_int(msg.sys_flag, I32_MIN, I32_MAX, "sys_flag")
+    _check_int(msg.born_timestamp_ms, 0, I64_MAX, "born_timestamp_ms")
+    _check_int(msg.store_timestamp_ms, 0, I64_MAX, "store_timestamp_ms")
 
 
 def _utf8(value: str, name: str) -> bytes:
@@ -135,12 +144,7 @@ def encode_message(
         raise MessageTooLargeError(
             f"message body is {body_size} bytes, more than maxMessageSize={max_message_size_bytes}"
         )
-    _check_int(msg.queue_id, 0, I32_MAX, "queue_id")
-    _check_int(msg.reconsume_times, 0, I32_MAX, "reconsume_times")
-    _check_int(msg.flag, I32_MIN, I32_MAX, "flag")
-    _check_int(msg.sys_flag, I32_MIN, I32_MAX, "sys_flag")
-    _check_int(msg.born_timestamp_ms, 0, I64_MAX, "born_timestamp_ms")
-    _check_int(msg.store_timestamp_ms, 0, I64_MAX, "store_timestamp_ms")
+    _check_ints(msg)
     topic_b = msg.topic.encode("ascii")
     tags_b = _utf8(msg.tags, "tags")
     keys_b = _encode_keys(msg.keys)
@@ -278,48 +282,32 @@ def encode_batch_fields(
     for m in items:
         body = m.body
         body_size = len(body)
-        if not 0 < body_size <= max_message_size_bytes or not isinstance(body, Buffer):
-            # The careful encoder names the problem.
-            encode_message(
-                message_from_fields(topic, m, store_timestamp_ms), max_message_size_bytes
-            )
-            raise AssertionError("encode_message accepted what the fast path refused")
         queue_id, reconsume, flag, sys_flag = m.queue_id, m.reconsume_times, m.flag, m.sys_flag
         born = m.born_timestamp_ms or store_timestamp_ms
         if not (
-            0 <= queue_id <= I32_MAX
+            0 < body_size <= max_message_size_bytes
+            and isinstance(body, Buffer)
+            and 0 <= queue_id <= I32_MAX
             and 0 <= reconsume <= I32_MAX
             and I32_MIN <= flag <= I32_MAX
             and I32_MIN <= sys_flag <= I32_MAX
             and 0 <= born <= I64_MAX
         ):
-            encode_message(
-                message_from_fields(topic, m, store_timestamp_ms), max_message_size_bytes
-            )
-            raise AssertionError("encode_message accepted what the fast path refused")
-        tags = m.tags
-        tags_part = tags_parts.get(tags)
-        if tags_part is None:
-            tags_b = _utf8(tags, "tags")
-            if len(tags_b) > MAX_PROPERTIES_BYTES:  # before its u16 length is packed
-                raise PropertiesTooLargeError(
-                    f"tags take {len(tags_b)} bytes, more than {MAX_PROPERTIES_BYTES}"
-                )
-            tags_part = tags_parts[tags] = (u16(len(tags_b)) + tags_b, len(tags_b), tags_hash(tags))
+            _refuse(topic, m, store_timestamp_ms, max_message_size_bytes)
+        # Parts that repeat across a batch (tags, group, host) are encoded once: `or` falls
+        # through only on a miss (a cached part is never empty).
+        tags_part = tags_parts.get(m.tags) or tags_parts.setdefault(m.tags, _tags_part(m.tags))
         keys = m.keys
         keys_b = _encode_keys(tuple(keys)) if keys else b""
         props = m.properties
         props_b = _encode_properties(props) if props else b""
-        group_part = one_byte.get(m.producer_group)
-        if group_part is None:
-            group_part = one_byte[m.producer_group] = _one_byte_field(
-                m.producer_group, "producer_group", MAX_PRODUCER_GROUP_BYTES
-            )
-        host_part = one_byte.get(m.born_host)
-        if host_part is None:
-            host_part = one_byte[m.born_host] = _one_byte_field(
-                m.born_host, "born_host", MAX_BORN_HOST_BYTES
-            )
+        group, host = m.producer_group, m.born_host
+        group_part = one_byte.get(group) or one_byte.setdefault(
+            group, _one_byte_field(group, "producer_group", MAX_PRODUCER_GROUP_BYTES)
+        )
+        host_part = one_byte.get(host) or one_byte.setdefault(
+            host, _one_byte_field(host, "born_host", MAX_BORN_HOST_BYTES)
+        )
         props_total = tags_part[1] + len(keys_b) + len(props_b) + len(group_part) - 1
         if props_total > MAX_PROPERTIES_BYTES:
             raise PropertiesTooLargeError(
@@ -357,6 +345,23 @@ def encode_batch_fields(
         parts.append(head_pack(MESSAGE_HEAD.size + len(payload), MESSAGE_MAGIC, crc32c(payload)))
         parts.append(payload)
     return b"".join(parts), uniq_ids
+
+
+def _refuse(topic: str, m: MessageFields, store_timestamp_ms: int, max_size_bytes: int) -> NoReturn:
+    """Raise the careful encoder's error for a message the fast path refused (it names the
+    field)."""
+    encode_message(message_from_fields(topic, m, store_timestamp_ms), max_size_bytes)
+    raise AssertionError("encode_message accepted what the fast path refused")
+
+
+def _tags_part(tags: str) -> tuple[bytes, int, int]:
+    """Tags as the fast encoder caches them: (length-prefixed bytes, length, hash)."""
+    tags_b = _utf8(tags, "tags")
+    if len(tags_b) > MAX_PROPERTIES_BYTES:  # before its u16 length is packed
+        raise PropertiesTooLargeError(
+            f"tags take {len(tags_b)} bytes, more than {MAX_PROPERTIES_BYTES}"
+        )
+    return U16.pack(len(tags_b)) + tags_b, len(tags_b), tags_hash(tags)
 
 
 def _one_byte_field(value: str, name: str, limit: int) -> bytes:
