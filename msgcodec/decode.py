@@ -86,10 +86,13 @@ class DispatchInfo(NamedTuple):
 
 def _check_head(mv: memoryview, offset: int, verify_crc: bool) -> int:
     """Check the message starting at ``offset``; return its total size."""
+    if offset < 0:
+        raise CorruptMessageError("a message cannot start at a negative offset", offset)
     available = len(mv) - offset
-    if offset < 0 or available < MESSAGE_HEAD.size:
+    if available < MESSAGE_HEAD.size:
         raise CorruptMessageError(
-            f"truncated message header ({max(available, 0)} of {MESSAGE_HEAD.size} bytes)", offset
+            f"truncated message header ({max(available, 0)} of {MESSAGE_HEAD.size} bytes)",
+            offset,
         )
     total, magic, crc = MESSAGE_HEAD.unpack_from(mv, offset)
     if magic != MESSAGE_MAGIC:
@@ -153,6 +156,8 @@ def _decode_fast(buf: Buffer, offset: int, count: int, verify_crc: bool) -> list
     ``buf[offset]``, each with its fixed part in one unpack and its variable part from one
     copy, in one loop (no call per message). Raises anything on a bad byte; the caller falls
     back to the careful reader."""
+    if offset < 0:  # unpack_from and slices would count from the end
+        raise ValueError
     rows: list[MessageRow] = []
     append = rows.append
     unpack = MESSAGE_FIXED.unpack_from

@@ -260,7 +260,19 @@ def test_garbage_never_escapes_as_other_errors(garbage: bytes, offset: int) -> N
     with pytest.raises(CorruptMessageError):
         m.decode_message(garbage, offset, verify_crc=False)
     with pytest.raises(CorruptMessageError):
+        m.decode_rows(garbage, offset, 2, verify_crc=False)
+    with pytest.raises(CorruptMessageError):
         list(m.iter_batch(garbage))
+
+
+def test_negative_offsets_are_refused_not_read_from_the_end() -> None:
+    two = m.encode_message(make()) * 2
+    for offset in (-len(two) // 2, -1):
+        with pytest.raises(CorruptMessageError, match="negative offset"):
+            m.decode_row(two, offset)
+        # The fast reader refuses too (struct and slices would count from the end).
+        with pytest.raises(ValueError):
+            _decode_fast(two, offset, 1, True)
 
 
 def test_field_overrun_without_crc_names_the_field() -> None:
