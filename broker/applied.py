@@ -7,6 +7,7 @@ the position against the state machine's dispatch end first. Nothing here knows 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from broker.errors import MessageNotFoundError
 from broker.message import (
@@ -32,25 +33,33 @@ def require_leader(node: DLedgerNode) -> None:
         raise NotLeaderError("not the leader", leader_id=node.core.leader_id)
 
 
+@dataclass(slots=True)
+class NodeContext:
+    """What every component of a node's broker reads: the Raft node (proposals, role,
+    store), the state machine it applies to, and the service settings."""
+
+    node: DLedgerNode
+    sm: BrokerStateMachine
+    cfg: ServiceConfig
+
+
 class AppliedMessages:
     """The applied messages of one node's store, by commitlog position."""
 
-    def __init__(self, node: DLedgerNode, sm: BrokerStateMachine, cfg: ServiceConfig) -> None:
-        self.node = node
-        self.sm = sm
-        self.cfg = cfg
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         # offsetMsgId = this prefix (store IPv4 and port) + the position as 16 hex characters.
         self.offset_msg_id_prefix = self.offset_msg_id(0)[:16]
 
     def offset_msg_id(self, position: int) -> str:
-        return encode_offset_msg_id(self.cfg.store_host, self.cfg.store_port, position)
+        return encode_offset_msg_id(self.ctx.cfg.store_host, self.ctx.cfg.store_port, position)
 
     def read(self, position: int, size: int | None = None) -> bytes:
         """The bytes of the applied message at ``position`` (``size`` bytes, read from its
         head when not given), unchecked: the one place that reads stored messages."""
-        if not 0 <= position < self.sm.dispatch_end:
+        if not 0 <= position < self.ctx.sm.dispatch_end:
             raise MessageNotFoundError(f"no applied message at position {position}")
-        store = self.node.store
+        store = self.ctx.node.store
         try:
             if size is None:
                 size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
@@ -75,18 +84,18 @@ class AppliedMessages:
     def queue_offset(self, topic: str, queue_id: int, position: int) -> int:
         """The queue offset of the message at ``position`` (-1 when its queue no longer has
         it, e.g. its topic was deleted and created again)."""
-        cq = self.sm.cqs.find(topic, queue_id)
+        cq = self.ctx.sm.cqs.find(topic, queue_id)
         offset = None if cq is None else cq.offset_of(position)
         return -1 if offset is None else offset
 
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose message was stored at or after ``timestamp_ms`` (the
         queue's max offset when none was)."""
-        cq = self.sm.cqs.find(topic, queue_id)
+        cq = self.ctx.sm.cqs.find(topic, queue_id)
         if cq is None:
             return 0
         low, high = cq.min_offset, cq.max_offset
-        store = self.node.store
+        store = self.ctx.node.store
         while low < high:
             mid = (low + high) // 2
             position = cq.get(mid)[0]

@@ -18,7 +18,6 @@ from broker.names import validate_group_name
 from broker.pulling import parse_subscription
 from broker.state import QueueKey
 from broker.topics import Topics
-from dledger.server.node import DLedgerNode
 
 # A client id (RocketMQ's "ip@instance[@unit]", well below this) is kept per consumer and lock.
 MAX_CLIENT_ID_CHARS = 255
@@ -46,8 +45,8 @@ def monotonic_ms() -> int:
 class ConsumerGroups:
     """Which consumers of each group are alive, and which queues they hold locked."""
 
-    def __init__(self, node: DLedgerNode, topics: Topics) -> None:
-        self.node = node
+    def __init__(self, topics: Topics) -> None:
+        self.ctx = topics.ctx
         self.topics = topics
         self.consumers = ConsumerTable()
         self.locks = QueueLockTable()
@@ -98,7 +97,7 @@ class ConsumerGroups:
     def lock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
         """Lock (or renew) ``queues`` for ``client_id``; the subset it now holds. Only the
         leader grants locks, so two consumers never each get one from another node."""
-        require_leader(self.node)
+        require_leader(self.ctx.node)
         _check_lock_request(group, client_id, queues)
         now_ms = self.clock_ms()
         self.expire(now_ms)

@@ -15,7 +15,6 @@ from broker.errors import (
     MessageNotFoundError,
 )
 from broker.message import Message, decode_offset_msg_id, uniq_id_to_bytes, validate_topic
-from broker.state import BrokerStateMachine
 
 # QueryMessageByKey results (RocketMQ's defaultQueryMaxNum is 32).
 DEFAULT_QUERY_MAX_NUM = 32
@@ -62,8 +61,8 @@ def answer_bytes(stored_size: int, msg: Message) -> int:
 class Lookups:
     """Finds applied messages by key or id."""
 
-    def __init__(self, sm: BrokerStateMachine, applied: AppliedMessages) -> None:
-        self.sm = sm
+    def __init__(self, applied: AppliedMessages) -> None:
+        self.sm = applied.ctx.sm
         self.applied = applied
 
     def _found(self, position: int, size: int | None = None) -> Found:

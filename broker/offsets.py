@@ -16,13 +16,11 @@ from broker.applied import AppliedMessages, require_leader
 from broker.errors import BrokerError, InvalidRequestError, TooManyPendingOffsetsError
 from broker.message import validate_topic
 from broker.names import validate_group_name
-from broker.settings import ServiceConfig
-from broker.state import ENTRY_OFFSETS, BrokerStateMachine, OffsetKey, encode_offsets_record
+from broker.state import ENTRY_OFFSETS, OffsetKey, encode_offsets_record
 from broker.topics import Topics
 from dledger.core import NotLeaderError
 from dledger.fatal import supervise
 from dledger.log import DLedgerError
-from dledger.server.node import DLedgerNode
 
 logger = logging.getLogger(__name__)
 
@@ -72,17 +70,8 @@ def offsets_record(pending: Mapping[OffsetKey, int]) -> bytes | None:
 class ConsumerOffsets:
     """The consumer offsets of one node: the leader's buffer and the applied table."""
 
-    def __init__(
-        self,
-        node: DLedgerNode,
-        sm: BrokerStateMachine,
-        cfg: ServiceConfig,
-        topics: Topics,
-        applied: AppliedMessages,
-    ) -> None:
-        self.node = node
-        self.sm = sm
-        self.cfg = cfg
+    def __init__(self, topics: Topics, applied: AppliedMessages) -> None:
+        self.ctx = applied.ctx
         self.topics = topics
         self.applied = applied
         self.pending: dict[OffsetKey, int] = {}
@@ -93,7 +82,7 @@ class ConsumerOffsets:
     ) -> None:
         """Commit ``group``'s offset of a queue: buffered, or with ``sync`` proposed now
         (with everything else pending) and returned once applied."""
-        require_leader(self.node)
+        require_leader(self.ctx.node)
         validate_group_name(group)
         self.topics.readable_queue(topic, queue_id)
         if queue_offset < 0:
@@ -115,7 +104,7 @@ class ConsumerOffsets:
     def committed(self, group: str, topic: str, queue_id: int) -> int:
         """``group``'s offset of a queue, -1 when it has none."""
         key = (group, topic, queue_id)
-        return self.pending.get(key, self.sm.offsets.get(key, -1))
+        return self.pending.get(key, self.ctx.sm.offsets.get(key, -1))
 
     def schedule_flush(self) -> None:
         if self.flush_task is None or self.flush_task.done():
@@ -126,7 +115,7 @@ class ConsumerOffsets:
             )
 
     async def _delayed_flush(self) -> None:
-        await asyncio.sleep(self.cfg.offset_commit_interval_ms / 1000)
+        await asyncio.sleep(self.ctx.cfg.offset_commit_interval_ms / 1000)
         try:
             await self.flush()
         except (DLedgerError, BrokerError, TimeoutError) as exc:
@@ -143,7 +132,7 @@ class ConsumerOffsets:
         if record is None:
             return
         try:
-            await self.node.propose([record], ENTRY_OFFSETS)
+            await self.ctx.node.propose([record], ENTRY_OFFSETS)
         except NotLeaderError:
             raise  # a follower's buffer is meaningless: drop it
         except Exception:
@@ -167,7 +156,7 @@ class ConsumerOffsets:
         """Set ``group``'s offsets of a queue (``queue_id`` -1: every readable queue) to
         ``queue_offset`` (clamped to the queue) or to the first message stored at or after
         ``timestamp_ms``; the offsets set, by queue id, once applied."""
-        require_leader(self.node)
+        require_leader(self.ctx.node)
         validate_group_name(group)
         config = self.topics.get(topic)
         if queue_id == -1:
@@ -180,14 +169,14 @@ class ConsumerOffsets:
         offsets: dict[OffsetKey, int] = {}
         for q in queue_ids:
             if queue_offset is not None:
-                low, high = self.sm.queue_offsets(topic, q)
+                low, high = self.ctx.sm.queue_offsets(topic, q)
                 value = min(max(queue_offset, low), high)
             else:
                 value = self.applied.search_offset(topic, q, timestamp_ms or 0)
             offsets[(group, topic, q)] = value
         for k in offsets:
             self.pending.pop(k, None)
-        await self.node.propose([encode_offsets_record(offsets)], ENTRY_OFFSETS)
+        await self.ctx.node.propose([encode_offsets_record(offsets)], ENTRY_OFFSETS)
         return {k[2]: v for k, v in offsets.items()}
 
     def search(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -198,7 +187,7 @@ class ConsumerOffsets:
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
         """The min and max offsets of a readable queue."""
         self.topics.readable_queue(topic, queue_id)
-        return self.sm.queue_offsets(topic, queue_id)
+        return self.ctx.sm.queue_offsets(topic, queue_id)
 
     def lag(self, group: str, topic: str) -> list[QueueLag]:
         """``group``'s progress on every readable queue of ``topic``, by queue id."""
@@ -206,7 +195,7 @@ class ConsumerOffsets:
         config = self.topics.get(topic)
         out = []
         for q in range(config.read_queue_nums):
-            low, high = self.sm.queue_offsets(topic, q)
+            low, high = self.ctx.sm.queue_offsets(topic, q)
             committed = self.committed(group, topic, q)
             start = low if committed < 0 else min(max(committed, low), high)
             out.append(QueueLag(q, low, high, committed, high - start))

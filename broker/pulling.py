@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from broker.applied import AppliedMessages
 from broker.errors import InvalidRequestError, TooManyLongPollsError
 from broker.message import tags_hash
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine, QueueKey
+from broker.state import QueueKey
 from broker.topics import Topics
 from dledger.core import Role
-from dledger.server.node import DLedgerNode
 
 # Long polling: RocketMQ's default hold (brokerSuspendMaxTimeMillis is 15 s on the client
 # side); a request may ask for more, up to 60 s, so a hung consumer never pins a handler longer.
@@ -196,23 +194,15 @@ class PullPath:
     """Answers pulls from this node's applied state, holding them while nothing is new."""
 
     def __init__(
-        self,
-        node: DLedgerNode,
-        sm: BrokerStateMachine,
-        cfg: ServiceConfig,
-        topics: Topics,
-        applied: AppliedMessages,
-        memory_bytes: int | None = None,
+        self, topics: Topics, applied: AppliedMessages, memory_bytes: int | None = None
     ) -> None:
-        self.node = node
-        self.sm = sm
-        self.cfg = cfg
+        self.ctx = applied.ctx
         self.topics = topics
         self.applied = applied
         self.polls = LongPolls()
         total = total_memory_bytes() if memory_bytes is None else memory_bytes
-        self._memory_limit_bytes = total * cfg.memory_ratio_percent // 100
-        sm.add_listener(self.polls.wake)
+        self._memory_limit_bytes = total * self.ctx.cfg.memory_ratio_percent // 100
+        self.ctx.sm.add_listener(self.polls.wake)
 
     async def pull(self, query: PullQuery, peer: str) -> PullResult:
         """Answer ``query`` (from the connection ``peer``): at once when there is something
@@ -240,7 +230,7 @@ class PullPath:
 
     def pull_once(self, query: PullQuery, hashes: frozenset[int] | None) -> PullResult:
         """What the queue holds for ``query`` now (the tag filter by hash only)."""
-        cq = self.sm.cqs.find(query.topic, query.queue_id)
+        cq = self.ctx.sm.cqs.find(query.topic, query.queue_id)
         low, high = (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
         offset = query.queue_offset
         if offset < low or offset > high:
@@ -276,7 +266,7 @@ class PullPath:
     def suggest_follower(self, position: int) -> bool:
         """Whether a reader of ``position`` should go to a follower: the leader is far
         behind in page cache and ``slaveReadEnable`` is on."""
-        if not self.cfg.slave_read_enable or self.node.core.role is not Role.LEADER:
+        if not self.ctx.cfg.slave_read_enable or self.ctx.node.core.role is not Role.LEADER:
             return False
-        behind = self.node.store.write_position - position
+        behind = self.ctx.node.store.write_position - position
         return behind > self._memory_limit_bytes

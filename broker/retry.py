@@ -28,7 +28,6 @@ from broker.schedule import (
     send_back_copy,
 )
 from broker.sending import SendPath
-from broker.settings import ServiceConfig
 from broker.state import SendResult
 from broker.topics import Topics
 
@@ -59,10 +58,8 @@ class SendBackResult(NamedTuple):
 class Retries:
     """Stores the retry or dead-letter copies of failed messages."""
 
-    def __init__(
-        self, cfg: ServiceConfig, topics: Topics, applied: AppliedMessages, sender: SendPath
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, topics: Topics, applied: AppliedMessages, sender: SendPath) -> None:
+        self.ctx = applied.ctx
         self.topics = topics
         self.applied = applied
         self.sender = sender
@@ -86,7 +83,7 @@ class Retries:
             DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times is None else max_reconsume_times
         )
         now_ms = int(time.time() * 1000)
-        levels = self.cfg.delay_levels_ms
+        levels = self.ctx.cfg.delay_levels_ms
         copies = [
             send_back_copy(self._failed(item), group, delay_level, max_times, now_ms, len(levels))
             for item in items

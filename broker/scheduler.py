@@ -18,12 +18,10 @@ from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import SCHEDULE_TOPIC
 from broker.schedule import delivered_copy, due_ms, encode_schedule_header
-from broker.settings import ServiceConfig
-from broker.state import ENTRY_SCHEDULE, BrokerStateMachine
+from broker.state import ENTRY_SCHEDULE
 from dledger.core import Role
 from dledger.fatal import supervise
 from dledger.log import DLedgerError
-from dledger.server.node import DLedgerNode
 
 logger = logging.getLogger(__name__)
 
@@ -51,23 +49,15 @@ class _Batch:
 class Scheduler:
     """Delivers due scheduled messages on the leader, in a supervised task per term."""
 
-    def __init__(
-        self,
-        node: DLedgerNode,
-        sm: BrokerStateMachine,
-        cfg: ServiceConfig,
-        applied: AppliedMessages,
-    ) -> None:
-        self.node = node
-        self.sm = sm
-        self.cfg = cfg
+    def __init__(self, applied: AppliedMessages) -> None:
+        self.ctx = applied.ctx
         self.applied = applied
         self.task: asyncio.Task[None] | None = None
-        sm.add_change_listener(self.maybe_start)
+        self.ctx.sm.add_change_listener(self.maybe_start)
 
     def maybe_start(self) -> None:
         """A change listener: a node that became leader starts delivering due messages."""
-        if self.sm.role is not Role.LEADER:
+        if self.ctx.sm.role is not Role.LEADER:
             return
         if self.task is not None and not self.task.done():
             return
@@ -81,12 +71,12 @@ class Scheduler:
 
     async def _loop(self) -> None:
         """While this node leads: deliver every due scheduled message, level by level."""
-        term = self.node.core.term
-        logger.info("scheduler started node=%s term=%d", self.node.cfg.self_id, term)
-        while self.node.core.role is Role.LEADER and self.node.core.term == term:
+        term = self.ctx.node.core.term
+        logger.info("scheduler started node=%s term=%d", self.ctx.node.cfg.self_id, term)
+        while self.ctx.node.core.role is Role.LEADER and self.ctx.node.core.term == term:
             next_due: int | None = None
             try:
-                for level in range(1, len(self.cfg.delay_levels_ms) + 1):
+                for level in range(1, len(self.ctx.cfg.delay_levels_ms) + 1):
                     due = await self.deliver_level(level)
                     if due is not None and (next_due is None or due < next_due):
                         next_due = due
@@ -99,7 +89,7 @@ class Scheduler:
             now_ms = time.time() * 1000
             wait_ms = SCHEDULE_IDLE_MS if next_due is None else next_due - now_ms
             await asyncio.sleep(min(max(wait_ms, SCHEDULE_MIN_WAIT_MS), SCHEDULE_IDLE_MS) / 1000)
-        logger.info("scheduler stopped node=%s term=%d", self.node.cfg.self_id, term)
+        logger.info("scheduler stopped node=%s term=%d", self.ctx.node.cfg.self_id, term)
 
     async def deliver_level(self, level: int) -> int | None:
         """Deliver the due head of ``level``'s queue; the next due time (ms), or None."""
@@ -109,12 +99,12 @@ class Scheduler:
                 return None
             if batch.end == batch.start:
                 return batch.next_due
-            current = self.sm.schedule_offsets.get(level, 0)
+            current = self.ctx.sm.schedule_offsets.get(level, 0)
             body = encode_schedule_header(level, current, batch.end)
             if batch.copies:
-                body += encode_batch(batch.copies, self.cfg.max_message_size_bytes)[0]
-            await self.node.propose([body], ENTRY_SCHEDULE)
-            if self.sm.schedule_offsets.get(level, 0) != batch.end:
+                body += encode_batch(batch.copies, self.ctx.cfg.max_message_size_bytes)[0]
+            await self.ctx.node.propose([body], ENTRY_SCHEDULE)
+            if self.ctx.sm.schedule_offsets.get(level, 0) != batch.end:
                 # Skipped when applied (another pass delivered them first, or the entry was
                 # bad): look again at the next pass rather than spin here.
                 logger.warning(
@@ -134,16 +124,16 @@ class Scheduler:
     def _gather(self, level: int) -> _Batch | None:
         """The due head of ``level``'s queue as one delivery; None when the queue is empty
         or fully delivered."""
-        cq = self.sm.cqs.find(SCHEDULE_TOPIC, level - 1)
+        cq = self.ctx.sm.cqs.find(SCHEDULE_TOPIC, level - 1)
         if cq is None:
             return None
-        start = self.sm.schedule_offsets.get(level, 0)
+        start = self.ctx.sm.schedule_offsets.get(level, 0)
         if start >= cq.max_offset:
             return None
         batch = _Batch(max(start, cq.min_offset))
         now_ms = int(time.time() * 1000)
         for position, msg_size, store_ts in cq.read(batch.start, SCHEDULE_BATCH_MESSAGES):
-            due = due_ms(store_ts, level, self.cfg.delay_levels_ms)
+            due = due_ms(store_ts, level, self.ctx.cfg.delay_levels_ms)
             if due > now_ms:
                 batch.next_due = due
                 break
@@ -164,7 +154,7 @@ class Scheduler:
         except BrokerError as exc:
             logger.error("scheduled message at %d skipped: %s", position, exc)
             return None
-        topic = self.sm.topics.get(copy.topic)
+        topic = self.ctx.sm.topics.get(copy.topic)
         if topic is None:
             logger.warning(
                 "scheduled message %s dropped: topic %s is gone", copy.uniq_id, copy.topic

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from broker.applied import require_leader
+from broker.applied import NodeContext, require_leader
 from broker.disk import DiskGuard
 from broker.errors import InvalidRequestError, QueueIdOutOfRangeError
 from broker.message import (
@@ -27,10 +27,9 @@ from broker.message import (
 )
 from broker.names import SCHEDULE_TOPIC
 from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
-from broker.settings import ServiceConfig
-from broker.state import ENTRY_MESSAGES, BrokerStateMachine, SendResult, TopicConfig
+from broker.state import ENTRY_MESSAGES, SendResult, TopicConfig
 from broker.topics import Topics
-from dledger.server.node import DLedgerNode, ProposalLostError
+from dledger.server.node import ProposalLostError
 
 # Messages per send: one entry per send; bounded like dledger's Append.
 MAX_SEND_BATCH = 10_000
@@ -55,24 +54,18 @@ class SendPath:
     """Stores messages: a client's sends, and the broker's own copies (retries)."""
 
     def __init__(
-        self,
-        node: DLedgerNode,
-        sm: BrokerStateMachine,
-        cfg: ServiceConfig,
-        topics: Topics,
-        disk_guard: DiskGuard | None = None,
+        self, ctx: NodeContext, topics: Topics, disk_guard: DiskGuard | None = None
     ) -> None:
-        self.node = node
-        self.sm = sm
-        self.cfg = cfg
+        self.ctx = ctx
         self.topics = topics
         self.disk_guard = disk_guard  # refuses sends above the disk watermark (broker.disk)
-        self._ids = UniqIdGenerator(ip=cfg.store_host if _is_ipv4(cfg.store_host) else None)
+        host = ctx.cfg.store_host
+        self._ids = UniqIdGenerator(ip=host if _is_ipv4(host) else None)
         self._inflight: dict[str, tuple[_Call, int]] = {}
 
     def check_writable(self) -> None:
         """Raise unless this node may store messages now (leader, disk below its mark)."""
-        require_leader(self.node)
+        require_leader(self.ctx.node)
         if self.disk_guard is not None:
             self.disk_guard.check()
 
@@ -101,7 +94,7 @@ class SendPath:
         now_ms = int(time.time() * 1000)
         # The common case: encoded straight from the request, no Message per message.
         body, uniq_ids = encode_batch_fields(
-            topic.name, messages, now_ms, self._ids.next_id, self.cfg.max_message_size_bytes
+            topic.name, messages, now_ms, self._ids.next_id, self.ctx.cfg.max_message_size_bytes
         )
         return await self._store_body(body, uniq_ids)
 
@@ -128,7 +121,7 @@ class SendPath:
         out = [
             message_from_fields(topic, m, now_ms, m.msg_id or self._ids.next_id()) for m in messages
         ]
-        levels = len(self.cfg.delay_levels_ms)
+        levels = len(self.ctx.cfg.delay_levels_ms)
         for i, msg in enumerate(out):
             level = delay_level_of(msg, levels)
             if level:
@@ -137,12 +130,12 @@ class SendPath:
 
     async def store(self, messages: list[Message]) -> list[SendResult]:
         """Propose ``messages`` as one entry; their results once it is applied."""
-        body, _ = encode_batch(messages, self.cfg.max_message_size_bytes)
+        body, _ = encode_batch(messages, self.ctx.cfg.max_message_size_bytes)
         return await self._store_body(body, [m.uniq_id for m in messages])
 
     async def _store_body(self, body: bytes, uniq_ids: list[str]) -> list[SendResult]:
         """Propose an encoded batch as one entry; its results once it is applied."""
-        max_body = self.node.cfg.store.max_body_bytes
+        max_body = self.ctx.node.cfg.store.max_body_bytes
         if len(body) > max_body:
             raise InvalidRequestError(
                 f"batch of {len(body)} bytes is larger than one log entry ({max_body} bytes)"
@@ -158,8 +151,8 @@ class SendPath:
                     inflight[uid] = (call, at)
                     mine.append(uid)
         try:
-            first, _last, _term = await self.node.propose([body], ENTRY_MESSAGES)
-            results = self.sm.take_results(first)
+            first, _last, _term = await self.ctx.node.propose([body], ENTRY_MESSAGES)
+            results = self.ctx.sm.take_results(first)
             assert results is not None and len(results) == len(uniq_ids), (
                 f"no results for entry {first}"
             )

@@ -23,7 +23,7 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker.applied import AppliedMessages
+from broker.applied import AppliedMessages, NodeContext
 from broker.consumers import ConsumerGroups
 from broker.disk import DiskGuard
 from broker.errors import (
@@ -178,15 +178,16 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         disk_guard: DiskGuard | None = None,
     ) -> None:
         self.node = node
-        self.applied = AppliedMessages(node, sm, cfg)
-        self.topics = Topics(node, sm, cfg)
-        self.sender = SendPath(node, sm, cfg, self.topics, disk_guard)
-        self.puller = PullPath(node, sm, cfg, self.topics, self.applied)
-        self.offsets = ConsumerOffsets(node, sm, cfg, self.topics, self.applied)
-        self.lookups = Lookups(sm, self.applied)
-        self.consumers = ConsumerGroups(node, self.topics)
-        self.retries = Retries(cfg, self.topics, self.applied, self.sender)
-        self.scheduler = Scheduler(node, sm, cfg, self.applied)
+        ctx = NodeContext(node, sm, cfg)
+        self.applied = AppliedMessages(ctx)
+        self.topics = Topics(ctx)
+        self.sender = SendPath(ctx, self.topics, disk_guard)
+        self.puller = PullPath(self.topics, self.applied)
+        self.offsets = ConsumerOffsets(self.topics, self.applied)
+        self.lookups = Lookups(self.applied)
+        self.consumers = ConsumerGroups(self.topics)
+        self.retries = Retries(self.topics, self.applied, self.sender)
+        self.scheduler = Scheduler(self.applied)
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.applied import require_leader
+from broker.applied import NodeContext, require_leader
 from broker.errors import (
     NoPermissionError,
     QueueIdOutOfRangeError,
@@ -17,7 +17,6 @@ from broker.errors import (
 )
 from broker.message import validate_topic
 from broker.names import is_system_topic, is_valid_topic_name
-from broker.settings import ServiceConfig
 from broker.state import (
     ENTRY_TOPIC,
     PERM_READ,
@@ -26,11 +25,9 @@ from broker.state import (
     TOPIC_CREATE_IF_ABSENT,
     TOPIC_DELETE,
     TOPIC_UPSERT,
-    BrokerStateMachine,
     TopicConfig,
     encode_topic_record,
 )
-from dledger.server.node import DLedgerNode
 
 logger = logging.getLogger(__name__)
 
@@ -38,22 +35,20 @@ logger = logging.getLogger(__name__)
 class Topics:
     """The topic table of one node, read and changed."""
 
-    def __init__(self, node: DLedgerNode, sm: BrokerStateMachine, cfg: ServiceConfig) -> None:
-        self.node = node
-        self.sm = sm
-        self.cfg = cfg
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     def get(self, name: str) -> TopicConfig:
         """The topic ``name``; ``TopicNotFoundError`` when it does not exist."""
         validate_topic(name)
-        topic = self.sm.topics.get(name)
+        topic = self.ctx.sm.topics.get(name)
         if topic is None:
             raise TopicNotFoundError(f"topic {name!r} does not exist")
         return topic
 
     def listed(self) -> list[TopicConfig]:
         """Every topic, by name."""
-        return [t for _, t in sorted(self.sm.topics.items())]
+        return [t for _, t in sorted(self.ctx.sm.topics.items())]
 
     def readable_queue(self, name: str, queue_id: int) -> TopicConfig:
         """The topic ``name`` when it is readable and has queue ``queue_id``."""
@@ -68,7 +63,7 @@ class Topics:
 
     def has_queue(self, name: str, queue_id: int) -> bool:
         """Whether queue ``queue_id`` of ``name`` exists (any name: never raises)."""
-        t = self.sm.topics.get(name) if is_valid_topic_name(name) else None
+        t = self.ctx.sm.topics.get(name) if is_valid_topic_name(name) else None
         return t is not None and 0 <= queue_id < t.read_queue_nums
 
     async def writable(self, name: str) -> TopicConfig:
@@ -80,13 +75,13 @@ class Topics:
                 f"topic {name!r} is a system topic: only the broker writes it"
                 " (failed messages go back with ConsumerSendMsgBack)"
             )
-        topic = self.sm.topics.get(name)
+        topic = self.ctx.sm.topics.get(name)
         if topic is None:
-            if not self.cfg.auto_create_topic:
+            if not self.ctx.cfg.auto_create_topic:
                 raise TopicNotFoundError(
                     f"topic {name!r} does not exist (autoCreateTopicEnable=false)"
                 )
-            n = self.cfg.default_topic_queue_nums
+            n = self.ctx.cfg.default_topic_queue_nums
             topic = await self._create_if_absent(name, n)
             logger.info("topic auto-created topic=%s queues=%d", name, n)
         if not topic.perm & PERM_WRITE:
@@ -95,36 +90,38 @@ class Topics:
 
     async def ensure_system(self, name: str, queues: int) -> None:
         """Create the system topic ``name`` (a retry or dead-letter topic) unless it exists."""
-        if name not in self.sm.topics:
+        if name not in self.ctx.sm.topics:
             await self._create_if_absent(name, queues)
             logger.info("system topic created topic=%s queues=%d", name, queues)
 
     async def _create_if_absent(self, name: str, queues: int) -> TopicConfig:
         topic = TopicConfig(name, queues, queues, PERM_RW)
         topic.validate()
-        await self.node.propose([encode_topic_record(TOPIC_CREATE_IF_ABSENT, topic)], ENTRY_TOPIC)
-        return self.sm.topics[name]
+        await self.ctx.node.propose(
+            [encode_topic_record(TOPIC_CREATE_IF_ABSENT, topic)], ENTRY_TOPIC
+        )
+        return self.ctx.sm.topics[name]
 
     async def upsert(
         self, name: str, read_queue_nums: int, write_queue_nums: int, perm: int
     ) -> TopicConfig:
         """Create or update a topic (zero queue counts and perm: the defaults); the leader
         only, never a system topic. The topic as applied."""
-        require_leader(self.node)
-        n = self.cfg.default_topic_queue_nums
+        require_leader(self.ctx.node)
+        n = self.ctx.cfg.default_topic_queue_nums
         topic = TopicConfig(name, read_queue_nums or n, write_queue_nums or n, perm or PERM_RW)
         topic.validate()
         _refuse_system_topic(topic.name, "created or updated")
-        await self.node.propose([encode_topic_record(TOPIC_UPSERT, topic)], ENTRY_TOPIC)
-        return self.sm.topics[topic.name]
+        await self.ctx.node.propose([encode_topic_record(TOPIC_UPSERT, topic)], ENTRY_TOPIC)
+        return self.ctx.sm.topics[topic.name]
 
     async def delete(self, name: str) -> None:
         """Delete a topic (the leader only, never a system topic)."""
-        require_leader(self.node)
+        require_leader(self.ctx.node)
         validate_topic(name)
         _refuse_system_topic(name, "deleted")
         topic = self.get(name)
-        await self.node.propose([encode_topic_record(TOPIC_DELETE, topic)], ENTRY_TOPIC)
+        await self.ctx.node.propose([encode_topic_record(TOPIC_DELETE, topic)], ENTRY_TOPIC)
 
 
 def _refuse_system_topic(name: str, what: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from broker.applied import AppliedMessages
+from broker.applied import AppliedMessages, NodeContext
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
 from broker.topics import Topics
@@ -71,7 +71,9 @@ class LeaderNode:
         return entries[0].index, entries[-1].index, 1
 
 
-def world(root: Path, cfg: ServiceConfig | None = None) -> tuple[LeaderNode, Any, Topics, Any]:
+def world(
+    root: Path, cfg: ServiceConfig | None = None
+) -> tuple[LeaderNode, BrokerStateMachine, Topics, AppliedMessages]:
     """(node, state machine, topics, applied messages) of a fresh one-node leader."""
     log = MemoryLog()
     sm = BrokerStateMachine(root, hash_slots=1000, max_index_records=5000)
@@ -79,5 +81,5 @@ def world(root: Path, cfg: ServiceConfig | None = None) -> tuple[LeaderNode, Any
     sm.applied_index()
     sm.on_role_change(Role.LEADER, 1, "n0")  # results are kept for a leader's send handlers
     node = LeaderNode(sm, log)
-    cfg = cfg or ServiceConfig("127.0.0.1", 10911)
-    return node, sm, Topics(node, sm, cfg), AppliedMessages(node, sm, cfg)  # type: ignore[arg-type]
+    ctx = NodeContext(node, sm, cfg or ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    return node, sm, Topics(ctx), AppliedMessages(ctx)

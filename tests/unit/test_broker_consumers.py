@@ -18,7 +18,7 @@ def test_locks_go_to_one_live_consumer_and_expire_with_it(tmp_path: Path) -> Non
     async def body() -> None:
         node, _, topics, _ = world(tmp_path)
         await topics.upsert("T", 2, 2, 6)
-        groups = ConsumerGroups(node, topics)  # type: ignore[arg-type]
+        groups = ConsumerGroups(topics)
         clock = [1_000_000]
         groups.clock_ms = lambda: clock[0]
         groups.heartbeat("g", "a", [("T", "*")], [])

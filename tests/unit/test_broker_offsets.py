@@ -20,7 +20,7 @@ def test_async_commits_coalesce_into_one_entry_and_lag_follows_them(tmp_path: Pa
         await topics.upsert("T", 3, 3, 6)
         msgs = [Message("T", i % 2, b"x", uniq_id=IDS.next_id()) for i in range(5)]
         await node.propose([encode_batch(msgs)[0]], ENTRY_MESSAGES)
-        offsets = ConsumerOffsets(node, sm, topics.cfg, topics, applied)  # type: ignore[arg-type]
+        offsets = ConsumerOffsets(topics, applied)
         assert offsets.lag("g", "T") == [
             QueueLag(0, 0, 3, -1, 3),
             QueueLag(1, 0, 2, -1, 2),

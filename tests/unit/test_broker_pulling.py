@@ -37,9 +37,9 @@ def decoded(raw: bytes, positions: list[int]) -> list[Message]:
 
 def test_a_pull_answers_stored_bytes_filtered_by_tag(tmp_path: Path) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
+        node, _sm, topics, applied = world(tmp_path)
         await topics.upsert("T", 2, 2, 6)
-        puller = PullPath(node, sm, topics.cfg, topics, applied)  # type: ignore[arg-type]
+        puller = PullPath(topics, applied)
         await store(node, ["A", "B", "A", "C"])
         got = await puller.pull(PullQuery("T", 0, 0, subscription="A || C"), "peer")
         assert got.status is PullStatus.FOUND
@@ -64,9 +64,9 @@ def test_a_long_poll_wakes_for_its_tag_only_and_leaves_no_waiter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
+        node, _sm, topics, applied = world(tmp_path)
         await topics.upsert("T", 2, 2, 6)
-        puller = PullPath(node, sm, topics.cfg, topics, applied)  # type: ignore[arg-type]
+        puller = PullPath(topics, applied)
         query = PullQuery("T", 0, 0, subscription="B", suspend_timeout_ms=5000)
         held = asyncio.ensure_future(puller.pull(query, "p1"))
         await asyncio.sleep(0.01)

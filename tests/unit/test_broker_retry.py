@@ -26,13 +26,13 @@ def test_a_failed_message_is_retried_after_its_delay_then_dead_lettered(tmp_path
         original = Message("T", 0, b"payload", uniq_id=IDS.next_id())
         await node.propose([encode_batch([original])[0]], ENTRY_MESSAGES)
         position = sm.cqs.find("T", 0).get(0)[0]
-        sender = SendPath(node, sm, cfg, topics)  # type: ignore[arg-type]
-        retries = Retries(cfg, topics, applied, sender)
+        sender = SendPath(topics.ctx, topics)
+        retries = Retries(topics, applied, sender)
         [back] = await retries.send_back("g", [SendBackItem(position, original.uniq_id)])
         assert back.topic == "%RETRY%g" and not back.dead_lettered
         assert back.stored.topic == SCHEDULE_TOPIC  # waiting for its delay
         assert "%RETRY%g" in sm.topics and "%DLQ%g" not in sm.topics
-        scheduler = Scheduler(node, sm, cfg, applied)  # type: ignore[arg-type]
+        scheduler = Scheduler(applied)
         level = 3  # the first retry's level
         assert await scheduler.deliver_level(level) is None
         cq = sm.cqs.find("%RETRY%g", 0)

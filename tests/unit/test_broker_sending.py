@@ -44,9 +44,9 @@ def outgoing(queue_id: int, n: int, **properties: str) -> Outgoing:
 
 def test_a_send_is_stored_in_its_queues_and_answered_in_order(tmp_path: Path) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
+        _node, _sm, topics, applied = world(tmp_path)
         await topics.upsert("T", 4, 4, 6)
-        sender = SendPath(node, sm, topics.cfg, topics)  # type: ignore[arg-type]
+        sender = SendPath(topics.ctx, topics)
         msgs = [outgoing(i % 2, i) for i in range(5)]
         results = await sender.send("T", msgs)
         assert [r.uniq_id for r in results] == [m.msg_id for m in msgs]
@@ -68,9 +68,9 @@ def test_a_send_is_stored_in_its_queues_and_answered_in_order(tmp_path: Path) ->
 
 def test_a_retry_in_flight_waits_for_the_original_and_proposes_nothing(tmp_path: Path) -> None:
     async def body() -> None:
-        node, sm, topics, _ = world(tmp_path)
+        node, _sm, topics, _ = world(tmp_path)
         await topics.upsert("T", 4, 4, 6)
-        sender = SendPath(node, sm, topics.cfg, topics)  # type: ignore[arg-type]
+        sender = SendPath(topics.ctx, topics)
         msgs = [outgoing(0, i) for i in range(3)]
         node.gate = asyncio.Event()
         before = node.proposals
@@ -91,9 +91,9 @@ def test_a_delayed_message_waits_in_the_schedule_topic_but_answers_its_queue(
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
+        _node, sm, topics, applied = world(tmp_path)
         await topics.upsert("T", 4, 4, 6)
-        sender = SendPath(node, sm, topics.cfg, topics)  # type: ignore[arg-type]
+        sender = SendPath(topics.ctx, topics)
         [result] = await sender.send("T", [outgoing(3, 1, **{PROPERTY_DELAY: "2"})])
         assert result.topic == SCHEDULE_TOPIC and result.queue_id == 3
         assert applied.message(result.position).topic == SCHEDULE_TOPIC
@@ -106,7 +106,7 @@ def test_refused_sends_propose_nothing(tmp_path: Path) -> None:
     async def body() -> None:
         node, sm, topics, _ = world(tmp_path)
         await topics.upsert("T", 4, 4, 6)
-        sender = SendPath(node, sm, topics.cfg, topics)  # type: ignore[arg-type]
+        sender = SendPath(topics.ctx, topics)
         before = node.proposals
         with pytest.raises(QueueIdOutOfRangeError):
             await sender.send("T", [outgoing(4, 1)])
@@ -115,10 +115,8 @@ def test_refused_sends_propose_nothing(tmp_path: Path) -> None:
         with pytest.raises(TopicNotFoundError):
             await sender.send("Absent", [outgoing(0, 1)])
         assert node.proposals == before
-        auto = ServiceConfig("127.0.0.1", 10911, auto_create_topic=True)
-        creating = SendPath(node, sm, auto, topics)  # type: ignore[arg-type]
-        topics.cfg = auto
-        await creating.send("Absent", [outgoing(0, 1)])
-        assert sm.topics["Absent"].write_queue_nums == auto.default_topic_queue_nums
+        topics.ctx.cfg = ServiceConfig("127.0.0.1", 10911, auto_create_topic=True)
+        await sender.send("Absent", [outgoing(0, 1)])
+        assert sm.topics["Absent"].write_queue_nums == topics.ctx.cfg.default_topic_queue_nums
 
     asyncio.run(body())

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.applied import AppliedMessages, NodeContext
 from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 from broker.errors import (
     CorruptMessageError,
@@ -95,7 +96,8 @@ def test_pull_from_follower_hint(
         core=SimpleNamespace(role=Role[role]), store=SimpleNamespace(write_position=10_000)
     )
     cfg = ServiceConfig("127.0.0.1", 1, slave_read_enable=slave_read, memory_ratio_percent=50)
-    puller = PullPath(node, FakeState(), cfg, None, None, memory_bytes=2_000)  # type: ignore[arg-type]
+    applied = AppliedMessages(NodeContext(node, FakeState(), cfg))  # type: ignore[arg-type]
+    puller = PullPath(None, applied, memory_bytes=2_000)  # type: ignore[arg-type]
     assert puller.suggest_follower(10_000 - behind_bytes) is expected
 
 
@@ -312,7 +314,7 @@ def test_system_topics_cannot_be_created_deleted_or_written() -> None:
         s, node = _servicer()
         ctx = FakeContext()
         for name in ("SCHEDULE_TOPIC_XXXX", "%RETRY%g", "%DLQ%g"):
-            s.topics.sm.topics[name] = TopicConfig(name, 1, 1, PERM_RW)
+            s.topics.ctx.sm.topics[name] = TopicConfig(name, 1, 1, PERM_RW)
             for call in (
                 s.CreateTopic(pb.CreateTopicRequest(topic=pb.TopicConfig(topic_name=name)), ctx),
                 s.DeleteTopic(pb.DeleteTopicRequest(topic=name), ctx),
@@ -461,7 +463,7 @@ def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> Non
 
     async def body() -> None:
         s, node = _servicer()
-        s.scheduler.sm.role = Role.LEADER
+        s.scheduler.ctx.sm.role = Role.LEADER
 
         async def broken(level: int) -> int | None:
             raise ValueError("scheduler bug")
@@ -474,7 +476,7 @@ def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> Non
         await asyncio.sleep(0)
         assert exits == [fatal.EXIT_FATAL]
         # The offset flush: transient errors are logged, anything else is fatal.
-        s.offsets.cfg = replace(s.offsets.cfg, offset_commit_interval_ms=1)
+        s.offsets.ctx.cfg = replace(s.offsets.ctx.cfg, offset_commit_interval_ms=1)
         node.propose_error = TimeoutError()
         await s.UpdateConsumerOffset(
             pb.UpdateConsumerOffsetRequest(consumer_group="g", topic="T", queue_offset=1),
