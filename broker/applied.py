@@ -23,6 +23,13 @@ from dledger.core import NotLeaderError, Role
 from dledger.log import IndexOutOfRangeError
 from dledger.server.node import DLedgerNode
 
+# Bytes of messages in one answer (a pull, a key query) at most, though it always holds at
+# least one: gRPC's default receive limit (4 MiB) less room for the answer's own fields, so a
+# stock client with default channel options can read every answer. A single message bigger
+# than this (maxMessageSize allows up to 64 MiB) is still answered alone: reading it needs a
+# client whose receive limit is raised.
+MAX_ANSWER_BYTES = (4 << 20) - 1024
+
 _STORE_TS = struct.Struct(">q")
 _STORE_TS_AT = 40  # docs/FORMAT.md "Broker: Message": store_timestamp_ms
 

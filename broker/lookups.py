@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from broker.applied import AppliedMessages
+from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
 from broker.errors import (
     CorruptMessageError,
     InvalidRequestError,
@@ -22,9 +22,6 @@ MAX_QUERY_MAX_NUM = 1024
 # A key asked for: a stored message's keys take at most the properties budget (32,767
 # bytes), so no longer key can match.
 MAX_QUERY_KEY_CHARS = 32_767
-# Bytes of messages in one answer at most (it always holds at least one): gRPC's default
-# receive limit (4 MiB) less room for the answer's own fields.
-MAX_ANSWER_BYTES = (4 << 20) - 1024
 # Upper bound of the serialized size of a message in an answer beyond its stored size (which
 # already holds every byte of its topic, tags, keys, group, host, properties and body): the two
 # ids (34 bytes each), the other scalar fields (at most 11 bytes each with their tags), a tag

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.applied import AppliedMessages
+from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
 from broker.errors import InvalidRequestError, TooManyLongPollsError
 from broker.message import tags_hash
 from broker.state import QueueKey
@@ -28,11 +28,6 @@ MAX_SUSPEND_TIMEOUT_MS = 60_000
 # Pull sizes: RocketMQ's default pull batch is 32; 1024 bounds one response (and its memory).
 DEFAULT_PULL_MAX_MSGS = 32
 MAX_PULL_MSGS = 1024
-# Stored bytes of one pull at most (it always holds at least one message), less room for the
-# answer's own fields: gRPC's default receive limit (4 MiB), so a stock client with default
-# channel options can read every answer. A single message bigger than this (maxMessageSize
-# allows up to 64 MiB) is still answered alone: reading it needs a raised receive limit.
-MAX_PULL_BYTES = (4 << 20) - 1024
 # Per message beyond its stored bytes: its queue offset and position in the answer, packed
 # varints of at most 10 bytes each.
 PULL_PER_MESSAGE_BYTES = 20
@@ -242,7 +237,7 @@ class PullPath:
         scan = max(max_msgs, PULL_MAX_SCAN_RECORDS) if hashes is not None else max_msgs
         result = PullResult(PullStatus.NO_MATCHED_MSG, offset, low, high)
         parts: list[bytes] = []
-        budget = MAX_PULL_BYTES
+        budget = MAX_ANSWER_BYTES
         for i, (position, size, tag_hash) in enumerate(cq.read(offset, scan)):
             if hashes is not None and tag_hash not in hashes:
                 result.next_begin_offset = offset + i + 1
