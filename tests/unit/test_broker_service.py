@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import tracemalloc
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
+from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.applied import AppliedMessages, NodeContext
@@ -30,6 +32,7 @@ from broker.offsets import offsets_record
 from broker.pulling import PullPath, parse_subscription
 from broker.service import BrokerServicer, ServiceConfig, error_status
 from broker.state import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
+from client.consumer import pulled_messages
 from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role
 from dledger.server.node import ProposalLostError
@@ -491,5 +494,47 @@ def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> Non
             await s.offsets.flush_task
         await asyncio.sleep(0)
         assert exits == [fatal.EXIT_FATAL, fatal.EXIT_FATAL]
+
+    asyncio.run(body())
+
+
+def test_the_adapter_answers_in_the_one_shape_over_real_components(tmp_path: Path) -> None:
+    """Requests in, components on a real state machine, responses out: the packed send
+    answer, the raw pull answer (decoded as the client does) and GetConsumerLag."""
+
+    async def body() -> None:
+        node, sm, _, _ = world(tmp_path)
+        s = BrokerServicer(node, sm, ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+        ctx = FakeContext()
+        topic = pb.TopicConfig(topic_name="T", read_queue_nums=2, write_queue_nums=2)
+        await s.CreateTopic(pb.CreateTopicRequest(topic=topic), ctx)
+        msgs = [pb.Message(queue_id=i % 2, body=f"m{i}".encode(), tags="A") for i in range(5)]
+        sent = await s.SendMessage(pb.SendMessageRequest(topic="T", messages=msgs), ctx)
+        assert list(sent.packed_queue_ids) == [0, 1, 0, 1, 0]
+        assert list(sent.packed_queue_offsets) == [0, 0, 1, 1, 2]
+        assert not any(sent.packed_duplicates) and len(sent.packed_msg_ids) == 5
+        pull = pb.PullMessageRequest(consumer_group="g", topic="T", queue_id=0, no_suspend=True)
+        got = await s.PullMessage(pull, ctx)
+        assert got.status == pb.FOUND and got.node_id == "n0"
+        pulled = pulled_messages(got, "b")
+        assert [m.body for m in pulled] == [b"m0", b"m2", b"m4"]
+        assert [m.msg_id for m in pulled] == list(sent.packed_msg_ids)[::2]
+        assert (
+            pulled[2].offset_msg_id
+            == sent.offset_msg_id_prefix + f"{sent.packed_positions[4]:016X}"
+        )
+        commit = pb.UpdateConsumerOffsetRequest(
+            consumer_group="g", topic="T", queue_id=0, queue_offset=2, sync=True
+        )
+        await s.UpdateConsumerOffset(commit, ctx)
+        lag = await s.GetConsumerLag(pb.GetConsumerLagRequest(consumer_group="g", topic="T"), ctx)
+        assert [(q.queue_id, q.max_offset, q.committed_offset, q.lag) for q in lag.queues] == [
+            (0, 3, 2, 1),
+            (1, 2, -1, 2),
+        ]
+        err = await _refused(
+            s.GetConsumerLag(pb.GetConsumerLagRequest(consumer_group="g", topic="Nope"), ctx)
+        )
+        assert err.code == grpc.StatusCode.NOT_FOUND and err.detail.startswith("TOPIC_NOT_FOUND ")
 
     asyncio.run(body())
