@@ -39,6 +39,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.cluster import LocalCluster
+from client.consumer import pulled_messages
 from msgcodec import UniqIdGenerator
 
 TOPIC = "BenchTopic"
@@ -209,8 +210,9 @@ def bench_send_back(
                 ),
                 timeout=30,
             )
-            positions += [(m.commitlog_position, m.msg_id) for m in resp.messages]
-            if not resp.messages:
+            pulled = pulled_messages(resp, "bench")
+            positions += [(m.commitlog_position, m.msg_id) for m in pulled]
+            if not pulled:
                 break
             offset = resp.next_begin_offset
     chunks = [positions[i::threads] for i in range(threads)]

@@ -215,7 +215,7 @@ def run(base_dir: Path) -> int:
 
                 resp = client.write(send, timeout_s=30)
                 retried[0] += attempts[0] > 1
-                duplicates[0] += sum(r.duplicate for r in resp.results)
+                duplicates[0] += sum(resp.packed_duplicates)
                 sent[queue_id].extend(m.msg_id for m in messages)
                 ack_times.append(time.monotonic())
 

@@ -41,7 +41,7 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -617,12 +617,8 @@ class BrokerStateMachine:
                 if store_ts > latest:
                     latest = store_ts
         except BaseException:
-            # Skipped whole: the ids this batch put in the window come out again (they were
-            # added last, so the window is as it was).
             if dedup is not None:
-                for r in results:
-                    if not r.duplicate:
-                        dedup.pop(r.uniq_id, None)
+                _forget_new_ids(dedup, results)
             raise
         self._latest_store_ts = latest
         for key, records in per_queue.items():
@@ -1058,3 +1054,11 @@ def _decode_dedup_v1(text: str) -> OrderedDict[str, SendResult]:
         uid = uniq.hex().upper()
         out[uid] = SendResult(uid, topic, queue_id, offset, position, ts)
     return out
+
+
+def _forget_new_ids(dedup: MutableMapping[str, SendResult], results: list[SendResult]) -> None:
+    """A batch skipped whole: the ids it put in the dedup window come out again (they were
+    added last, so the window is as it was)."""
+    for r in results:
+        if not r.duplicate:
+            dedup.pop(r.uniq_id, None)

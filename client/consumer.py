@@ -129,6 +129,20 @@ class PullResult:
     max_offset: int
 
 
+def pulled_messages(resp: pb.PullMessageResponse, broker_name: str) -> list[MessageExt]:
+    """The messages of a pull answer (stored bytes back to back, docs/BROKER.md), in queue
+    order; ``MQClientError("BAD_RESPONSE")`` when they do not decode."""
+    if not resp.raw_positions and not resp.raw_messages:
+        return []
+    return decode_messages(
+        resp.raw_messages,
+        resp.raw_queue_offsets,
+        resp.raw_positions,
+        resp.offset_msg_id_prefix,
+        broker_name,
+    )
+
+
 MessageListener = Callable[[list[MessageExt]], ConsumeStatus]
 
 
@@ -189,29 +203,15 @@ class _ClientBase:
             subscription=expression,
             suspend_timeout_ms=suspend_ms,
             no_suspend=suspend_ms <= 0,
-            raw=True,
         )
 
     @staticmethod
     def _to_result(
         mq: MessageQueue, resp: pb.PullMessageResponse, tags: frozenset[str] | None
     ) -> PullResult:
-        if resp.raw_positions:
-            messages = decode_messages(
-                resp.raw_messages,
-                resp.raw_queue_offsets,
-                resp.raw_positions,
-                resp.offset_msg_id_prefix,
-                mq.broker_name,
-            )
-            if tags is not None:  # the broker filtered by tag hash only
-                messages = [m for m in messages if m.tags in tags]
-        else:  # a broker that does not answer raw
-            messages = [
-                MessageExt.from_pb(m, mq.broker_name)
-                for m in resp.messages
-                if tags is None or m.tags in tags  # exact tag check on the client too
-            ]
+        messages = pulled_messages(resp, mq.broker_name)
+        if tags is not None:  # the broker filtered by tag hash only
+            messages = [m for m in messages if m.tags in tags]
         status = pb.PullStatus.Name(resp.status)
         if status == "FOUND" and not messages:  # every one a tag hash collision
             status = "NO_MATCHED_MSG"

@@ -321,7 +321,7 @@ class Producer:
         if not addr:
             self._in_background(self._call_blocking, gq, batch, pbs, deadline)
             return
-        request = pb.SendMessageRequest(topic=gq.topic, messages=pbs, packed_results=True)
+        request = pb.SendMessageRequest(topic=gq.topic, messages=pbs)
         try:
             call = self._channels.broker(addr).SendMessage.future(
                 request, timeout=self.send_msg_timeout_s
@@ -446,28 +446,6 @@ class Producer:
                 pass
         threading.Thread(target=fn, args=args, daemon=True).start()
 
-    def _results(
-        self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
-    ) -> list[SendResult]:
-        if not resp.results and n:
-            return self._packed_results(topic, broker_name, resp, n)
-        if len(resp.results) != n:
-            raise MQClientError(
-                "BAD_RESPONSE", "INTERNAL", f"{len(resp.results)} results for {n} messages"
-            )
-        mq_of = self._message_queue
-        return [
-            SendResult(
-                r.msg_id,
-                r.offset_msg_id,
-                mq_of(topic, broker_name, r.queue_id),
-                r.queue_offset,
-                r.commitlog_position,
-                r.duplicate,
-            )
-            for r in resp.results
-        ]
-
     def _message_queue(self, topic: str, broker_name: str, queue_id: int) -> MessageQueue:
         """One shared ``MessageQueue`` per queue for the results (a bounded cache)."""
         key = (topic, broker_name, queue_id)
@@ -478,10 +456,11 @@ class Producer:
             mq = self._queues[key] = MessageQueue(*key)
         return mq
 
-    def _packed_results(
+    def _results(
         self, topic: str, broker_name: str, resp: pb.SendMessageResponse, n: int
     ) -> list[SendResult]:
-        """The results of an answer in packed columns (``packed_results``), checked whole."""
+        """The results of a send answer (packed columns, one element per message), checked
+        whole."""
         msg_ids = resp.packed_msg_ids
         queue_ids = resp.packed_queue_ids
         offsets = resp.packed_queue_offsets
@@ -519,7 +498,7 @@ class Producer:
         self, topic: str, broker_name: str, pbs: list[pb.Message], timeout_s: float
     ) -> list[SendResult]:
         routes = self._route_client()
-        request = pb.SendMessageRequest(topic=topic, messages=pbs, packed_results=True)
+        request = pb.SendMessageRequest(topic=topic, messages=pbs)
 
         def call(stub: bpb_grpc.BrokerStub, rpc_timeout_s: float) -> pb.SendMessageResponse:
             resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=rpc_timeout_s)

@@ -26,6 +26,7 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client import Message, MQAdmin, Producer, PullConsumer
+from client.consumer import pulled_messages
 from client.errors import MQClientError
 from client.message import MessageQueue
 from dledger.log import EntryType
@@ -296,9 +297,10 @@ class QueueWorkload(_Base):
                         ),
                         timeout=AUDIT_RPC_TIMEOUT_S,
                     )
-                    if not resp.messages:
+                    pulled = pulled_messages(resp, node_id)
+                    if not pulled:
                         break
-                    rows += [(m.queue_offset, m.msg_id) for m in resp.messages]
+                    rows += [(m.queue_offset, m.msg_id) for m in pulled]
                     offset = resp.next_begin_offset
                 out[f"{TOPIC}/{q}"] = rows
         return out

@@ -13,11 +13,41 @@ from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
 from broker.cluster import LocalCluster
+from client.consumer import pulled_messages
+from client.message import MessageExt
 
 # How long a topic may take to appear in the NameServer's routes (registration on change).
 ROUTE_DEADLINE_S = 10.0
 # Names of the threads the client library starts; none may outlive its client.
 CLIENT_THREAD_PREFIXES = ("producer", "consume", "rebalance")
+
+
+def pulled(resp: bpb.PullMessageResponse) -> list[MessageExt]:
+    """The messages of a pull answer (stored bytes, decoded as the client does)."""
+    return pulled_messages(resp, "test")
+
+
+def send_results(resp: bpb.SendMessageResponse) -> list[bpb.SendResult]:
+    """A send answer's packed columns as one SendResult per message."""
+    prefix = resp.offset_msg_id_prefix
+    return [
+        bpb.SendResult(
+            msg_id=msg_id,
+            offset_msg_id=f"{prefix}{position:016X}",
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            commitlog_position=position,
+            duplicate=duplicate,
+        )
+        for msg_id, queue_id, queue_offset, position, duplicate in zip(
+            resp.packed_msg_ids,
+            resp.packed_queue_ids,
+            resp.packed_queue_offsets,
+            resp.packed_positions,
+            resp.packed_duplicates,
+            strict=True,
+        )
+    ]
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -89,7 +119,8 @@ def pull_ids(addr: str, topic: str, queue_id: int) -> list[str]:
                 ),
                 timeout=10,
             )
-            ids += [m.msg_id for m in resp.messages]
-            if not resp.messages:
+            messages = pulled(resp)
+            ids += [m.msg_id for m in messages]
+            if not messages:
                 return ids
             offset = resp.next_begin_offset

@@ -16,10 +16,11 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
-from support import wait_for
+from support import pulled, send_results, wait_for
 
 from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
+from client.message import MessageExt
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,8 @@ class Broker:
 
     def pull_all(
         self, addr: str, queue_id: int, start: int = 0, sub: str = "*"
-    ) -> list[pb.Message]:
-        out: list[pb.Message] = []
+    ) -> list[MessageExt]:
+        out: list[MessageExt] = []
         offset = start
         while True:
             resp = self.stub(addr).PullMessage(
@@ -108,7 +109,7 @@ class Broker:
             if resp.status == pb.NO_NEW_MSG:
                 return out
             assert resp.status in (pb.FOUND, pb.NO_MATCHED_MSG), resp.status
-            out.extend(resp.messages)
+            out.extend(pulled(resp))
             offset = resp.next_begin_offset
 
     def max_offsets(self, addr: str) -> list[int]:
@@ -214,7 +215,7 @@ def test_10k_messages_pulled_in_order_filtered_and_found_on_every_node(
     started = time.monotonic()
     results: list[pb.SendResult] = []
     for i in range(0, len(sent), 200):
-        results.extend(client.send(sent[i : i + 200]).results)
+        results.extend(send_results(client.send(sent[i : i + 200])))
     elapsed = time.monotonic() - started
     print(f"\nsend: 10,000 messages in batches of 200: {len(sent) / elapsed:,.0f} msg/s")
     assert [r.msg_id for r in results] == [m.msg_id for m in sent]
@@ -288,7 +289,7 @@ def test_10k_messages_pulled_in_order_filtered_and_found_on_every_node(
             f"long poll on {role}: send acked {acked * 1000:.1f} ms,"
             f" pull returned {woke * 1000:.1f} ms after the send began"
         )
-        assert resp.status == pb.FOUND and [m.msg_id for m in resp.messages] == [one[0].msg_id]
+        assert resp.status == pb.FOUND and [m.msg_id for m in pulled(resp)] == [one[0].msg_id]
         consumer.close()
         assert woke < 5.0
     # A held pull is woken only by a message its subscription matches.
@@ -317,7 +318,7 @@ def test_10k_messages_pulled_in_order_filtered_and_found_on_every_node(
         held.result(timeout=0.5)  # TagA does not wake a TagB subscriber
     client.send(tag_b)
     resp = held.result(timeout=10)
-    assert resp.status == pb.FOUND and [m.msg_id for m in resp.messages] == [tag_b[0].msg_id]
+    assert resp.status == pb.FOUND and [m.msg_id for m in pulled(resp)] == [tag_b[0].msg_id]
     assert resp.next_begin_offset == end + 2
     consumer.close()
     client.close()
@@ -363,7 +364,7 @@ def test_leader_kill_keeps_offsets_and_a_retried_send_is_stored_once(
     )
     # A send in flight when the leader dies, retried with the same uniq ids until it succeeds.
     acked_before = make_messages(ids, 1990, 10)
-    acked_results = client.send(acked_before).results
+    acked_results = send_results(client.send(acked_before))
     retried = make_messages(ids, 2000, 50)
     leader = next(n.node_id for n in cluster.nodes if n.client_addr == leader_addr)
     with cluster.client() as log_client:
@@ -387,10 +388,10 @@ def test_leader_kill_keeps_offsets_and_a_retried_send_is_stored_once(
     client.leader = ""
     resp = client.send(retried)
     retry_s = time.monotonic() - killed_at
-    dups = sum(r.duplicate for r in resp.results)
+    dups = sum(resp.packed_duplicates)
     print(f"\nin-flight send: {first_outcome}; retry answered {retry_s:.2f} s after the kill")
     print(f"retried batch: {dups} of {len(retried)} answered as duplicates of the original")
-    again = client.send(acked_before).results
+    again = send_results(client.send(acked_before))
     assert all(r.duplicate for r in again)
     assert [(r.queue_id, r.queue_offset, r.commitlog_position) for r in again] == [
         (r.queue_id, r.queue_offset, r.commitlog_position) for r in acked_results
@@ -577,43 +578,28 @@ def test_a_resend_while_the_original_is_in_flight_waits_for_it(
                 5,
                 "the original to reach the leader's log",
             )
-            # The resend asks for a packed answer: the same facts in columns.
-            packed = pb.SendMessageRequest()
-            packed.CopyFrom(request)
-            packed.packed_results = True
-            resend = stub.SendMessage.future(packed, timeout=20)
+            resend = stub.SendMessage.future(request, timeout=20)
             time.sleep(0.2)
             assert not original.done() and not resend.done()
         finally:
             for f in followers:
                 cluster.signal(f, signal.SIGCONT)
         first, second = original.result(), resend.result()
-        assert not any(r.duplicate for r in first.results)
-        assert not second.results and all(second.packed_duplicates)
+        assert not any(first.packed_duplicates) and all(second.packed_duplicates)
         assert len(second.packed_positions) == len(request.messages)
-        assert _rows(first) == _packed_rows(second)
+        assert _rows(first) == _rows(second)
         assert log_client.metadata(leader_addr).last_index == before + 1
-        # A new send answered packed, then resent plainly (a duplicate from the dedup window).
-        fresh = pb.SendMessageRequest(
-            topic=TOPIC, messages=make_messages(ids, 20, 8), packed_results=True
-        )
+        # A new send, then resent (a duplicate from the dedup window).
+        fresh = pb.SendMessageRequest(topic=TOPIC, messages=make_messages(ids, 20, 8))
         new = stub.SendMessage(fresh, timeout=20)
-        fresh.packed_results = False
         again = stub.SendMessage(fresh, timeout=20)
-        assert not any(new.packed_duplicates) and all(r.duplicate for r in again.results)
-        assert _rows(again) == _packed_rows(new)
+        assert not any(new.packed_duplicates) and all(again.packed_duplicates)
+        assert _rows(again) == _rows(new)
     client.close()
 
 
 def _rows(resp: pb.SendMessageResponse) -> list[tuple[str, str, int, int, int]]:
-    return [
-        (r.msg_id, r.offset_msg_id, r.queue_id, r.queue_offset, r.commitlog_position)
-        for r in resp.results
-    ]
-
-
-def _packed_rows(resp: pb.SendMessageResponse) -> list[tuple[str, str, int, int, int]]:
-    """The same facts as :func:`_rows`, read from a packed answer."""
+    """Every message's ids, queue, queue offset and position, read from a send answer."""
     return list(
         zip(
             resp.packed_msg_ids,

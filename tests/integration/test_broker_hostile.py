@@ -14,7 +14,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
-from support import wait_for
+from support import pulled, wait_for
 
 from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
@@ -85,30 +85,28 @@ def test_pull_and_key_query_answers_fit_a_stock_grpc_client(
     addr = cluster.node(cluster.wait_leader()).client_addr
     with grpc.insecure_channel(addr) as channel:  # default options: 4 MiB receive limit
         stub = pb_grpc.BrokerStub(channel)
-        for raw in (False, True):
-            offset, got, answers = 0, 0, 0
-            while got < 256:
-                resp = stub.PullMessage(
-                    pb.PullMessageRequest(
-                        consumer_group="g",
-                        topic="Big",
-                        queue_id=0,
-                        queue_offset=offset,
-                        max_msgs=256,
-                        no_suspend=True,
-                        raw=raw,
-                    ),
-                    timeout=10,
-                )
-                assert resp.status == pb.FOUND, resp.status
-                assert resp.ByteSize() <= GRPC_DEFAULT_MAX_RECEIVE_BYTES
-                n = len(resp.raw_positions) if raw else len(resp.messages)
-                assert n >= 1
-                got += n
-                offset = resp.next_begin_offset
-                answers += 1
-            assert got == 256 and offset == 256
-            assert answers >= 2  # it did not fit one answer
+        offset, got, answers = 0, 0, 0
+        while got < 256:
+            resp = stub.PullMessage(
+                pb.PullMessageRequest(
+                    consumer_group="g",
+                    topic="Big",
+                    queue_id=0,
+                    queue_offset=offset,
+                    max_msgs=256,
+                    no_suspend=True,
+                ),
+                timeout=10,
+            )
+            assert resp.status == pb.FOUND, resp.status
+            assert resp.ByteSize() <= GRPC_DEFAULT_MAX_RECEIVE_BYTES
+            n = len(pulled(resp))
+            assert n >= 1
+            got += n
+            offset = resp.next_begin_offset
+            answers += 1
+        assert got == 256 and offset == 256
+        assert answers >= 2  # it did not fit one answer
         found = stub.QueryMessageByKey(
             pb.QueryMessageByKeyRequest(topic="Big", key="same-key", max_num=1024), timeout=10
         )
@@ -124,7 +122,7 @@ def _pull_bodies(addr: str, topic: str) -> list[bytes]:
             ),
             timeout=5,
         )
-    return [m.body for m in resp.messages]
+    return [m.body for m in pulled(resp)]
 
 
 def test_the_schedule_topic_cannot_be_recreated_or_deleted_and_delays_survive(

@@ -21,10 +21,11 @@ import pytest
 from loopfs import fill, loop_unavailable, mount_loop_fs, unmount, used_percent
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
-from support import wait_for
+from support import pulled, wait_for
 
 from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
+from client.message import MessageExt
 
 pytestmark = pytest.mark.integration
 
@@ -83,8 +84,8 @@ def _messages(ids: UniqIdGenerator, n: int, seq: int) -> list[pb.Message]:
     ]
 
 
-def _pull_all(stub: pb_grpc.BrokerStub, queue_id: int) -> list[pb.Message]:
-    out: list[pb.Message] = []
+def _pull_all(stub: pb_grpc.BrokerStub, queue_id: int) -> list[MessageExt]:
+    out: list[MessageExt] = []
     offset = 0
     for _ in range(10_000):
         resp = stub.PullMessage(
@@ -101,7 +102,7 @@ def _pull_all(stub: pb_grpc.BrokerStub, queue_id: int) -> list[pb.Message]:
         if resp.status == pb.NO_NEW_MSG:
             return out
         assert resp.status == pb.FOUND, resp.status
-        out.extend(resp.messages)
+        out.extend(pulled(resp))
         offset = resp.next_begin_offset
     raise AssertionError("pull loop bound reached")
 
@@ -152,7 +153,7 @@ def test_full_disk_refuses_sends_keeps_reads_and_recovers_by_itself(
             assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, (exc.code(), exc.details())
             refusal = exc.details() or ""
             break
-        acked.update(r.msg_id for r in resp.results)
+        acked.update(resp.packed_msg_ids)
         seq += BATCH
     assert refusal, (
         f"no DISK_FULL after {MAX_SENDS} sends (leader used {used_percent(mounts[leader_id]):.1f}%)"
@@ -209,11 +210,11 @@ def test_full_disk_refuses_sends_keeps_reads_and_recovers_by_itself(
 
     wait_for(send_ok, RESUME_DEADLINE_S, "sends to resume after space was freed")
     resume_s = time.monotonic() - t0
-    acked.update(r.msg_id for r in resumed[0].results)
+    acked.update(resumed[0].packed_msg_ids)
     for k in range(4):  # a few more, crossing segments on the follower that was full
         batch = _messages(ids, BATCH, seq + (k + 1) * BATCH)
         resp = stub.SendMessage(pb.SendMessageRequest(topic=TOPIC, messages=batch), timeout=10)
-        acked.update(r.msg_id for r in resp.results)
+        acked.update(resp.packed_msg_ids)
 
     # Nothing acknowledged lost, on any node: the full follower caught up without a restart.
     for n in cluster.nodes:

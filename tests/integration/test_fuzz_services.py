@@ -60,7 +60,7 @@ from hypothesis import strategies as st
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.nameserver.v1 import nameserver_pb2 as npb
-from support import wait_for
+from support import pulled, wait_for
 
 from broker.cluster import ClusterError, LocalCluster
 from broker.state import ENTRY_TOPIC, TOPIC_DELETE, TOPIC_UPSERT, TopicConfig, encode_topic_record
@@ -195,8 +195,14 @@ class Target:
                 ),
                 timeout=10,
             )
-            r = resp.results[0]
-            self.seed_msgs.append((r.queue_id, r.queue_offset, r.msg_id, body))
+            self.seed_msgs.append(
+                (
+                    resp.packed_queue_ids[0],
+                    resp.packed_queue_offsets[0],
+                    resp.packed_msg_ids[0],
+                    body,
+                )
+            )
         with self.cluster.client() as client:
             bodies = [f"seed entry {i}".encode() for i in range(SEED_ENTRIES)]
             result = client.append(bodies)
@@ -223,7 +229,7 @@ class Target:
                 timeout=10,
             )
             assert resp.status == bpb.FOUND, (queue, offset, resp.status)
-            m = resp.messages[0]
+            m = pulled(resp)[0]
             assert (m.queue_offset, m.msg_id, m.body) == (offset, msg_id, body), (queue, offset)
         for n in self.cluster.nodes:
             get = self.channels[n.node_id].unary_unary(

@@ -144,7 +144,7 @@ def test_routes_follow_topics_and_leaders_and_survive_a_namesrv_loss(
         bpb.SendMessageRequest(topic="Orders", messages=[bpb.Message(body=b"after ns1 died")]),
         timeout=10,
     )
-    assert len(sent.results) == 1
+    assert len(sent.packed_msg_ids) == 1
     channels.broker(new_addr).CreateTopic(
         bpb.CreateTopicRequest(topic=bpb.TopicConfig(topic_name="Payments")), timeout=10
     )

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from broker_world import MemoryLog
 
 import broker.state as state_mod
 from broker.__main__ import _LazyLog
@@ -55,35 +56,9 @@ from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
 from nameserver.routes import check_name
 
-HEADER = 48  # per-entry overhead of the fake log: positions only need to be a function of it
 IDS = UniqIdGenerator(ip="10.0.0.2", pid=7, instance_hash=2)
 SKIP_LINE = "skip invalid record"
 VICTIM = "../../../victim"
-
-
-class FakeLog:
-    """Entries laid out back to back like the real store: body position is a prefix sum."""
-
-    def __init__(self) -> None:
-        self.entries: list[Entry] = []
-        self.positions: list[int] = []
-        self.end = 0
-
-    def add(self, body: bytes, entry_type: int) -> Entry:
-        e = Entry(term=1, index=len(self.entries) + 1, body=body, type=entry_type)
-        self.positions.append(self.end + HEADER)
-        self.end += HEADER + len(body)
-        self.entries.append(e)
-        return e
-
-    def body_position(self, index: int) -> int:
-        return self.positions[index - 1]
-
-    def first_index(self) -> int:
-        return 1
-
-    def last_index(self) -> int:
-        return len(self.entries)
 
 
 def msg(queue_id: int, n: int, *, ts: int = 1_000_000, topic: str = "T") -> Message:
@@ -98,12 +73,12 @@ def msg(queue_id: int, n: int, *, ts: int = 1_000_000, topic: str = "T") -> Mess
     )
 
 
-def batch(log: FakeLog, messages: list[Message]) -> Entry:
+def batch(log: MemoryLog, messages: list[Message]) -> Entry:
     body, _ = encode_batch(messages)
     return log.add(body, ENTRY_MESSAGES)
 
 
-def new_sm(root: Path, log: FakeLog) -> BrokerStateMachine:
+def new_sm(root: Path, log: MemoryLog) -> BrokerStateMachine:
     sm = BrokerStateMachine(root, hash_slots=1000, max_index_records=5000, cq_records_per_file=50)
     sm.attach(log)
     sm.on_role_change(Role.LEADER, 1, "n0")  # results are kept for a leader's send handlers
@@ -126,7 +101,7 @@ def offsets_record(items: list[tuple[str, str, int, int]]) -> bytes:
     return out
 
 
-def opened(root: Path, log: FakeLog) -> BrokerStateMachine:
+def opened(root: Path, log: MemoryLog) -> BrokerStateMachine:
     sm = new_sm(root, log)
     sm.applied_index()
     return sm
@@ -170,7 +145,7 @@ def test_a_path_like_topic_record_never_touches_outside_the_store(
     victim = tmp_path / "a" / "victim"
     (victim / "0").mkdir(parents=True)
     (victim / "0" / "keep").write_bytes(b"precious")
-    log = FakeLog()
+    log = MemoryLog()
     log.add(topic_record(TOPIC_UPSERT, VICTIM), ENTRY_TOPIC)
     log.add(topic_record(TOPIC_DELETE, VICTIM), ENTRY_TOPIC)
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("T")), ENTRY_TOPIC)
@@ -249,7 +224,7 @@ BAD_TOPIC_RECORDS = {
 def test_topic_records_the_api_would_refuse_are_skipped(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     log.add(BAD_TOPIC_RECORDS[case], ENTRY_TOPIC)
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("Good")), ENTRY_TOPIC)
     sm = opened(tmp_path, log)
@@ -263,7 +238,7 @@ def test_topic_records_the_api_would_refuse_are_skipped(
 
 def test_the_schedule_topic_cannot_be_created_or_deleted_by_record(tmp_path: Path) -> None:
     """A delete of SCHEDULE_TOPIC_XXXX dropped every pending delayed message."""
-    log = FakeLog()
+    log = MemoryLog()
     batch(log, [to_schedule(msg(0, n), 2) for n in range(3)])
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig(SCHEDULE_TOPIC, 18, 18)), ENTRY_TOPIC)
     log.add(encode_topic_record(TOPIC_DELETE, TopicConfig(SCHEDULE_TOPIC, 18, 18)), ENTRY_TOPIC)
@@ -278,7 +253,7 @@ def test_the_schedule_topic_cannot_be_created_or_deleted_by_record(tmp_path: Pat
 def test_the_topic_table_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """More topics than the NameServer takes in one registration would cut the group off."""
     monkeypatch.setattr(state_mod, "MAX_TOPICS", 3)
-    log = FakeLog()
+    log = MemoryLog()
     for name in ("A", "B", "C", "D"):
         log.add(encode_topic_record(TOPIC_CREATE_IF_ABSENT, TopicConfig(name)), ENTRY_TOPIC)
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("A", 2, 2)), ENTRY_TOPIC)  # update
@@ -309,7 +284,7 @@ BAD_OFFSETS = {
 def test_offsets_records_the_api_would_refuse_are_skipped_whole(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     log.add(encode_offsets_record({("g", "T", 1): 7}), ENTRY_OFFSETS)
     # One bad item among good ones: nothing of the record is applied.
     log.add(offsets_record([("g", "T", 1, 9), ("h", "T", 2, 9), BAD_OFFSETS[case]]), ENTRY_OFFSETS)
@@ -331,7 +306,7 @@ def test_a_message_batch_with_one_bad_message_changes_nothing(tmp_path: Path) ->
     good = msg(0, 1)
     hostile = msg(0, 2, topic="Q" * len(VICTIM))
     body, _ = encode_batch([good, hostile])
-    log = FakeLog()
+    log = MemoryLog()
     log.add(body.replace(b"Q" * len(VICTIM), VICTIM.encode()), ENTRY_MESSAGES)
     batch(log, [msg(5000, 3)])  # a queue id no topic can have
     batch(log, [msg(1, 4, ts=1 << 62)])  # a store time the index cannot name a file for
@@ -354,7 +329,7 @@ def test_a_store_failure_is_not_mistaken_for_a_bad_record(
 ) -> None:
     """Skipping on one member because of its own disk would make the members differ: the
     error leaves apply (and the node's apply task ends the process)."""
-    log = FakeLog()
+    log = MemoryLog()
     batch(log, [msg(0, 1)])
     sm = opened(tmp_path, log)
 
@@ -372,7 +347,7 @@ def test_a_store_failure_is_not_mistaken_for_a_bad_record(
 def test_a_flood_of_bad_records_is_logged_in_bounded_lines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     for _ in range(3 * state_mod.SKIP_LOG_LINES_PER_WINDOW):
         log.add(topic_record(TOPIC_UPSERT, VICTIM), ENTRY_TOPIC)
     sm = opened(tmp_path, log)
@@ -390,7 +365,7 @@ def test_a_forged_schedule_header_cannot_stop_a_delay_level(tmp_path: Path) -> N
     """A header reaching past the level's queue moved the level's offset there: the level
     delivered nothing (the real entry for the same messages was then 'stale')."""
     originals = [msg(0, n, ts=1000 + n) for n in range(4)]
-    log = FakeLog()
+    log = MemoryLog()
     batch(log, [to_schedule(m, 2) for m in originals])
     log.add(encode_schedule_header(2, 0, 1 << 40), ENTRY_SCHEDULE)  # forged: far past
     copies = [delivered_copy(to_schedule(m, 2), now_ms=9000) for m in originals]
@@ -416,7 +391,7 @@ def test_a_snapshot_with_invalid_names_loads_without_them(
 ) -> None:
     """An invalid topic in the table made every registration fail (the NameServer refuses the
     whole list); a hostile snapshot must neither bring one back nor stop the broker."""
-    log = FakeLog()
+    log = MemoryLog()
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("T")), ENTRY_TOPIC)
     batch(log, [msg(0, 1)])
     log.add(encode_offsets_record({("g", "T", 0): 1}), ENTRY_OFFSETS)
@@ -446,7 +421,7 @@ def test_a_snapshot_with_invalid_names_loads_without_them(
 
 def test_every_record_the_broker_writes_passes(tmp_path: Path) -> None:
     """The checks refuse nothing the broker itself proposes (system topics included)."""
-    log = FakeLog()
+    log = MemoryLog()
     for name in ("T", "%RETRY%cg", "%DLQ%cg", "x" * MAX_TOPIC_LENGTH):
         log.add(
             encode_topic_record(TOPIC_CREATE_IF_ABSENT, TopicConfig(name, 1024, 1, 7)), ENTRY_TOPIC
@@ -464,7 +439,7 @@ def test_every_record_the_broker_writes_passes(tmp_path: Path) -> None:
 
 
 def test_a_duplicate_in_a_skipped_batch_keeps_the_window(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     first = msg(0, 1)
     batch(log, [first])
     again = dataclasses.replace(first, queue_id=1)

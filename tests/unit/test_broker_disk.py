@@ -17,7 +17,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.config import ConfigError, node_config, parse_config
 from broker.disk import DiskGuard, Watermarks, used_percent
-from broker.service import BrokerServicer
+from broker.service import BrokerServicer, ServiceConfig
 from dledger.core import Role
 from dledger.storage import DiskFullError
 
@@ -201,11 +201,12 @@ class _Context:
 def test_the_send_paths_answer_resource_exhausted_disk_full(call: Any) -> None:
     disk = FakeDisk()
     disk.used_blocks = 950
-    servicer = object.__new__(BrokerServicer)
-    servicer.node = SimpleNamespace(  # type: ignore[assignment]
-        core=SimpleNamespace(role=Role.LEADER, leader_id="n0")
+    node = SimpleNamespace(
+        core=SimpleNamespace(role=Role.LEADER, leader_id="n0"), cfg=SimpleNamespace(self_id="n0")
     )
-    servicer.disk_guard = _guard(disk)
+    sm = SimpleNamespace(add_listener=lambda fn: None, add_change_listener=lambda fn: None)
+    cfg = ServiceConfig("127.0.0.1", 10911)
+    servicer = BrokerServicer(node, sm, cfg, _guard(disk))  # type: ignore[arg-type]
     with pytest.raises(_Aborted) as info:
         asyncio.run(call(servicer, _Context()))
     code, detail = info.value.args

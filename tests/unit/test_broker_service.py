@@ -1,4 +1,4 @@
-"""The broker service's pure parts: subscriptions and the one error-to-status mapping."""
+"""The broker's gRPC adapter (error mapping, requests to components and back) over fakes."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ import asyncio
 import contextlib
 import tracemalloc
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
+from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.applied import AppliedMessages, NodeContext
+from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 from broker.errors import (
     CorruptMessageError,
     InvalidTopicError,
@@ -23,17 +27,12 @@ from broker.errors import (
     TopicNotFoundError,
 )
 from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
-from broker.service import (
-    MAX_LOCK_BATCH,
-    MAX_SUBSCRIPTIONS,
-    BrokerServicer,
-    ServiceConfig,
-    error_status,
-    message_pb_bytes,
-    offsets_record,
-    parse_subscription,
-)
+from broker.lookups import Found, answer_bytes
+from broker.offsets import offsets_record
+from broker.pulling import PullPath, parse_subscription
+from broker.service import BrokerServicer, ServiceConfig, error_status
 from broker.state import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
+from client.consumer import pulled_messages
 from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role
 from dledger.server.node import ProposalLostError
@@ -96,16 +95,13 @@ def test_every_error_maps_to_a_status_and_a_stable_code(
 def test_pull_from_follower_hint(
     slave_read: bool, role: str, behind_bytes: int, expected: bool
 ) -> None:
-    from broker.service import BrokerServicer
-    from dledger.core import Role
-
-    servicer = object.__new__(BrokerServicer)
-    servicer.cfg = SimpleNamespace(slave_read_enable=slave_read)  # type: ignore[assignment]
-    servicer.node = SimpleNamespace(  # type: ignore[assignment]
+    node = SimpleNamespace(
         core=SimpleNamespace(role=Role[role]), store=SimpleNamespace(write_position=10_000)
     )
-    servicer._memory_limit_bytes = 1_000
-    assert servicer._suggest_follower(10_000 - behind_bytes) is expected
+    cfg = ServiceConfig("127.0.0.1", 1, slave_read_enable=slave_read, memory_ratio_percent=50)
+    applied = AppliedMessages(NodeContext(node, FakeState(), cfg))  # type: ignore[arg-type]
+    puller = PullPath(None, applied, memory_bytes=2_000)  # type: ignore[arg-type]
+    assert puller.suggest_follower(10_000 - behind_bytes) is expected
 
 
 # ---------------------------------------------------------------------- a servicer on fakes
@@ -250,8 +246,8 @@ def test_heartbeat_memory_stays_bounded_under_a_flood_of_distinct_ids() -> None:
 
     async def body() -> int:
         s, _ = _servicer()
-        if hasattr(s._consumers, "max_consumers"):
-            s._consumers = ConsumerTable(max_consumers=limit)
+        if hasattr(s.consumers.consumers, "max_consumers"):
+            s.consumers.consumers = ConsumerTable(max_consumers=limit)
         ctx = FakeContext()
         subs = [
             pb.Subscription(topic=f"Topic{i}", expression="TagA || TagB" * 40) for i in range(8)
@@ -268,7 +264,7 @@ def test_heartbeat_memory_stays_bounded_under_a_flood_of_distinct_ids() -> None:
                 )
         grown = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
-        assert len(s._consumers) == limit
+        assert len(s.consumers.consumers) == limit
         return grown
 
     grown = asyncio.run(body())
@@ -279,10 +275,10 @@ def test_heartbeat_memory_stays_bounded_under_a_flood_of_distinct_ids() -> None:
 
 def test_consumers_expire_eagerly_and_free_their_locks(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1_000_000]
-    monkeypatch.setattr("broker.service._monotonic_ms", lambda: clock[0])
 
     async def body() -> None:
         s, _ = _servicer()
+        s.consumers.clock_ms = lambda: clock[0]
         ctx = FakeContext()
         q = [pb.QueueRef(topic="T", queue_id=0)]
         await s.Heartbeat(pb.HeartbeatRequest(client_id="a", consumer_group="g"), ctx)
@@ -293,7 +289,7 @@ def test_consumers_expire_eagerly_and_free_their_locks(monkeypatch: pytest.Monke
         clock[0] += CONSUMER_EXPIRE_MS
         # Any heartbeat (not only GetConsumerList) drops the silent ones, and their locks.
         await s.Heartbeat(pb.HeartbeatRequest(client_id="b", consumer_group="other"), ctx)
-        assert len(s._consumers) == 1 and len(s._locks) == 0
+        assert len(s.consumers.consumers) == 1 and len(s.consumers.locks) == 0
 
     asyncio.run(body())
 
@@ -305,7 +301,7 @@ def test_locks_on_queues_that_do_not_exist_take_no_room() -> None:
         resp = await s.LockBatchMQ(
             pb.LockBatchRequest(consumer_group="g", client_id="junk", queues=junk), FakeContext()
         )
-        assert not resp.locked and len(s._locks) == 0
+        assert not resp.locked and len(s.consumers.locks) == 0
         beyond = [pb.QueueRef(topic="T", queue_id=8)]  # T has 8 queues
         resp = await s.LockBatchMQ(
             pb.LockBatchRequest(consumer_group="g", client_id="junk", queues=beyond),
@@ -321,7 +317,7 @@ def test_system_topics_cannot_be_created_deleted_or_written() -> None:
         s, node = _servicer()
         ctx = FakeContext()
         for name in ("SCHEDULE_TOPIC_XXXX", "%RETRY%g", "%DLQ%g"):
-            s.sm.topics[name] = TopicConfig(name, 1, 1, PERM_RW)
+            s.topics.ctx.sm.topics[name] = TopicConfig(name, 1, 1, PERM_RW)
             for call in (
                 s.CreateTopic(pb.CreateTopicRequest(topic=pb.TopicConfig(topic_name=name)), ctx),
                 s.DeleteTopic(pb.DeleteTopicRequest(topic=name), ctx),
@@ -347,17 +343,17 @@ def test_a_long_poll_that_times_out_leaves_no_waiter_and_polls_are_capped(
         )
         resp = await s.PullMessage(request, FakeContext())
         assert resp.status == pb.NO_NEW_MSG
-        assert s._waiters == {} and s._long_polls == 0 and s._long_polls_by_peer == {}
-        monkeypatch.setattr("broker.service.MAX_LONG_POLLS_PER_PEER", 3)
+        assert len(s.puller.polls) == 0 and s.puller.polls.queues() == 0
+        monkeypatch.setattr("broker.pulling.MAX_LONG_POLLS_PER_PEER", 3)
         request.suspend_timeout_ms = 5000
         held: list[asyncio.Task[Any]] = [
             asyncio.ensure_future(s.PullMessage(request, FakeContext())) for _ in range(3)
         ]
         for _ in range(100):
-            if s._long_polls == 3:
+            if len(s.puller.polls) == 3:
                 break
             await asyncio.sleep(0.01)
-        assert s._long_polls == 3
+        assert len(s.puller.polls) == 3
         err = await _refused(s.PullMessage(request, FakeContext()))
         assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert err.detail.startswith("TOO_MANY_LONG_POLLS ")
@@ -366,14 +362,14 @@ def test_a_long_poll_that_times_out_leaves_no_waiter_and_polls_are_capped(
             s.PullMessage(request, FakeContext("ipv4:10.0.0.2:1"))
         )
         for _ in range(100):
-            if s._long_polls == 4:
+            if len(s.puller.polls) == 4:
                 break
             await asyncio.sleep(0.01)
-        assert s._long_polls == 4
+        assert len(s.puller.polls) == 4
         for task in [*held, other]:  # clients that went away: their waiters leave too
             task.cancel()
         await asyncio.gather(*held, other, return_exceptions=True)
-        assert s._waiters == {} and s._long_polls == 0 and s._long_polls_by_peer == {}
+        assert len(s.puller.polls) == 0 and s.puller.polls.queues() == 0
 
     asyncio.run(body())
 
@@ -457,9 +453,9 @@ def test_the_pb_size_estimate_bounds_the_serialized_size() -> None:
     for msg in shapes:
         msg = replace(msg, uniq_id="A" * 32)
         stored = len(encode_message(msg))
-        m = s._to_pb(msg, position=(1 << 63) - 1, queue_offset=(1 << 63) - 1)
-        answer = pb.PullMessageResponse(messages=[m])
-        assert answer.ByteSize() <= message_pb_bytes(stored, m), msg.topic[:5]
+        m = s._message_pb(Found(msg, (1 << 63) - 1, (1 << 63) - 1))
+        answer = pb.QueryMessageByKeyResponse(messages=[m])
+        assert answer.ByteSize() <= answer_bytes(stored, msg), msg.topic[:5]
 
 
 def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -470,33 +466,75 @@ def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> Non
 
     async def body() -> None:
         s, node = _servicer()
-        s.sm.role = Role.LEADER
+        s.scheduler.ctx.sm.role = Role.LEADER
 
         async def broken(level: int) -> int | None:
             raise ValueError("scheduler bug")
 
-        monkeypatch.setattr(s, "_deliver_level", broken)
-        s._maybe_start_scheduler()
-        assert s._scheduler is not None
+        monkeypatch.setattr(s.scheduler, "deliver_level", broken)
+        s.scheduler.maybe_start()
+        assert s.scheduler.task is not None
         with contextlib.suppress(ValueError):
-            await s._scheduler
+            await s.scheduler.task
         await asyncio.sleep(0)
         assert exits == [fatal.EXIT_FATAL]
         # The offset flush: transient errors are logged, anything else is fatal.
-        s.cfg = replace(s.cfg, offset_commit_interval_ms=1)
+        s.offsets.ctx.cfg = replace(s.offsets.ctx.cfg, offset_commit_interval_ms=1)
         node.propose_error = TimeoutError()
         await s.UpdateConsumerOffset(
             pb.UpdateConsumerOffsetRequest(consumer_group="g", topic="T", queue_offset=1),
             FakeContext(),
         )
-        assert s._offset_flush is not None
-        await s._offset_flush
+        assert s.offsets.flush_task is not None
+        await s.offsets.flush_task
         assert exits == [fatal.EXIT_FATAL]
         node.propose_error = TypeError("flush bug")
-        s._schedule_offset_flush()
+        s.offsets.schedule_flush()
         with contextlib.suppress(TypeError):
-            await s._offset_flush
+            await s.offsets.flush_task
         await asyncio.sleep(0)
         assert exits == [fatal.EXIT_FATAL, fatal.EXIT_FATAL]
+
+    asyncio.run(body())
+
+
+def test_the_adapter_answers_in_the_one_shape_over_real_components(tmp_path: Path) -> None:
+    """Requests in, components on a real state machine, responses out: the packed send
+    answer, the raw pull answer (decoded as the client does) and GetConsumerLag."""
+
+    async def body() -> None:
+        node, sm, _, _ = world(tmp_path)
+        s = BrokerServicer(node, sm, ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+        ctx = FakeContext()
+        topic = pb.TopicConfig(topic_name="T", read_queue_nums=2, write_queue_nums=2)
+        await s.CreateTopic(pb.CreateTopicRequest(topic=topic), ctx)
+        msgs = [pb.Message(queue_id=i % 2, body=f"m{i}".encode(), tags="A") for i in range(5)]
+        sent = await s.SendMessage(pb.SendMessageRequest(topic="T", messages=msgs), ctx)
+        assert list(sent.packed_queue_ids) == [0, 1, 0, 1, 0]
+        assert list(sent.packed_queue_offsets) == [0, 0, 1, 1, 2]
+        assert not any(sent.packed_duplicates) and len(sent.packed_msg_ids) == 5
+        pull = pb.PullMessageRequest(consumer_group="g", topic="T", queue_id=0, no_suspend=True)
+        got = await s.PullMessage(pull, ctx)
+        assert got.status == pb.FOUND and got.node_id == "n0"
+        pulled = pulled_messages(got, "b")
+        assert [m.body for m in pulled] == [b"m0", b"m2", b"m4"]
+        assert [m.msg_id for m in pulled] == list(sent.packed_msg_ids)[::2]
+        assert (
+            pulled[2].offset_msg_id
+            == sent.offset_msg_id_prefix + f"{sent.packed_positions[4]:016X}"
+        )
+        commit = pb.UpdateConsumerOffsetRequest(
+            consumer_group="g", topic="T", queue_id=0, queue_offset=2, sync=True
+        )
+        await s.UpdateConsumerOffset(commit, ctx)
+        lag = await s.GetConsumerLag(pb.GetConsumerLagRequest(consumer_group="g", topic="T"), ctx)
+        assert [(q.queue_id, q.max_offset, q.committed_offset, q.lag) for q in lag.queues] == [
+            (0, 3, 2, 1),
+            (1, 2, -1, 2),
+        ]
+        err = await _refused(
+            s.GetConsumerLag(pb.GetConsumerLagRequest(consumer_group="g", topic="Nope"), ctx)
+        )
+        assert err.code == grpc.StatusCode.NOT_FOUND and err.detail.startswith("TOPIC_NOT_FOUND ")
 
     asyncio.run(body())

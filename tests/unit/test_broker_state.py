@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from broker_world import MemoryLog
 
 from broker.errors import CorruptMessageError
 from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
@@ -34,33 +35,7 @@ from broker.state import (
 from dledger.core import Role
 from dledger.log import Entry
 
-HEADER = 48  # any fixed per-entry overhead: positions only need to be a function of the log
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
-
-
-class FakeLog:
-    """Entries laid out back to back like the real store: body position is a prefix sum."""
-
-    def __init__(self) -> None:
-        self.entries: list[Entry] = []
-        self.positions: list[int] = []
-        self.end = 0
-
-    def add(self, body: bytes, entry_type: int) -> Entry:
-        e = Entry(term=1, index=len(self.entries) + 1, body=body, type=entry_type)
-        self.positions.append(self.end + HEADER)
-        self.end += HEADER + len(body)
-        self.entries.append(e)
-        return e
-
-    def body_position(self, index: int) -> int:
-        return self.positions[index - 1]
-
-    def first_index(self) -> int:
-        return 1
-
-    def last_index(self) -> int:
-        return len(self.entries)
 
 
 def msg(queue_id: int, n: int, *, ts: int = 1_000_000, uniq: str = "", **kw: object) -> Message:
@@ -75,12 +50,12 @@ def msg(queue_id: int, n: int, *, ts: int = 1_000_000, uniq: str = "", **kw: obj
     )
 
 
-def batch(log: FakeLog, messages: Sequence[Message]) -> Entry:
+def batch(log: MemoryLog, messages: Sequence[Message]) -> Entry:
     body, _ = encode_batch(messages)
     return log.add(body, ENTRY_MESSAGES)
 
 
-def new_sm(root: Path, log: FakeLog, **kw: int) -> BrokerStateMachine:
+def new_sm(root: Path, log: MemoryLog, **kw: int) -> BrokerStateMachine:
     sm = BrokerStateMachine(
         root, hash_slots=1000, max_index_records=5000, cq_records_per_file=50, **kw
     )
@@ -96,7 +71,7 @@ def cq_bytes(root: Path) -> dict[str, bytes]:
     }
 
 
-def fill(log: FakeLog, entries: int = 12, per_entry: int = 10, queues: int = 4) -> list[Message]:
+def fill(log: MemoryLog, entries: int = 12, per_entry: int = 10, queues: int = 4) -> list[Message]:
     sent: list[Message] = []
     n = 0
     for e in range(entries):
@@ -119,7 +94,7 @@ def test_control_records_round_trip() -> None:
 
 
 def test_messages_are_dispatched_in_log_order(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     sm = new_sm(tmp_path, log)
     assert sm.applied_index() == 0
     woken: list[Mapping[QueueKey, set[int]]] = []
@@ -150,7 +125,7 @@ def test_messages_are_dispatched_in_log_order(tmp_path: Path) -> None:
 
 
 def test_duplicate_uniq_ids_are_answered_with_the_original(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     sm = new_sm(tmp_path, log)
     sm.applied_index()
     first = msg(1, 1)
@@ -174,7 +149,7 @@ def test_duplicate_uniq_ids_are_answered_with_the_original(tmp_path: Path) -> No
 
 
 def test_dedup_window_evicts_by_store_time_and_count(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     sm = new_sm(tmp_path, log, dedup_window_ms=1000, dedup_max_ids=5)
     sm.applied_index()
     old = msg(0, 0, ts=10_000)
@@ -192,7 +167,7 @@ def test_dedup_window_evicts_by_store_time_and_count(tmp_path: Path) -> None:
 
 
 def test_offsets_and_topics(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     sm = new_sm(tmp_path, log)
     sm.applied_index()
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("T", 4, 4, 6)), ENTRY_TOPIC)
@@ -211,7 +186,7 @@ def test_offsets_and_topics(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_entry_is_skipped_whole(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     sm = new_sm(tmp_path, log)
     sm.applied_index()
     body, _ = encode_batch([msg(0, 1), msg(0, 2)])
@@ -225,7 +200,7 @@ def test_a_corrupt_entry_is_skipped_whole(tmp_path: Path) -> None:
 
 
 def test_restart_resumes_from_the_snapshot(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     fill(log)
     ref = new_sm(tmp_path / "ref", log)
     ref.applied_index()
@@ -245,7 +220,7 @@ def test_restart_resumes_from_the_snapshot(tmp_path: Path) -> None:
 
 
 def test_crash_after_snapshot_truncates_and_replays(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     fill(log)
     ref = new_sm(tmp_path / "ref", log)
     ref.applied_index()
@@ -270,7 +245,7 @@ def test_crash_after_snapshot_truncates_and_replays(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("lost", ["consumequeue", "index", "config"])
 def test_lost_stores_are_rebuilt_from_the_log(tmp_path: Path, lost: str) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     sent = fill(log)
     sm = new_sm(tmp_path, log)
     sm.applied_index()
@@ -287,7 +262,7 @@ def test_lost_stores_are_rebuilt_from_the_log(tmp_path: Path, lost: str) -> None
 
 
 def test_schedule_entries_deliver_once_and_stale_ones_are_skipped(tmp_path: Path) -> None:
-    log = FakeLog()
+    log = MemoryLog()
     originals = [msg(0, n, ts=1000 + n) for n in range(4)]
     # Level 5 holds one message whose topic is gone: its entry delivers no copy.
     batch(log, [to_schedule(m, 2) for m in originals] + [to_schedule(msg(0, 9), 5)])
@@ -318,7 +293,7 @@ def test_schedule_entries_deliver_once_and_stale_ones_are_skipped(tmp_path: Path
 def test_dedup_window_survives_a_restart_in_both_snapshot_versions(tmp_path: Path) -> None:
     """Version 2 keeps the window in columns; a version-1 snapshot (a record per id) is still
     read; a damaged column makes the broker rebuild from the log, never load a wrong window."""
-    log = FakeLog()
+    log = MemoryLog()
     fill(log, entries=6)
     sm = new_sm(tmp_path / "a", log)
     sm.applied_index()

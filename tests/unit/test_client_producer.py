@@ -30,10 +30,8 @@ class FakeBroker(bpb_grpc.BrokerServicer):
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Looks at the request; (status, detail) to abort with.
     inspect: Callable[[bpb.SendMessageRequest], tuple[grpc.StatusCode, str] | None] = lambda r: None
-    # Answer packed columns when asked (a current broker); False: one SendResult per message
-    # whatever the request says (a broker that predates packed answers). "short": a packed
-    # answer with one queue offset missing (a broken or lying broker).
-    packed: bool | str = False
+    # Answer with one queue offset missing (a broken or lying broker).
+    short: bool = False
 
     def SendMessage(
         self, request: bpb.SendMessageRequest, context: grpc.ServicerContext
@@ -43,21 +41,14 @@ class FakeBroker(bpb_grpc.BrokerServicer):
         failure = self.behaviour() or self.inspect(request)
         if failure is not None:
             context.abort(*failure)
-        if self.packed and request.packed_results:
-            n = len(request.messages)
-            return bpb.SendMessageResponse(
-                packed_msg_ids=[m.msg_id for m in request.messages],
-                packed_queue_ids=[m.queue_id for m in request.messages],
-                packed_queue_offsets=list(range(n - (self.packed == "short"))),
-                packed_positions=[1000 * i for i in range(n)],
-                packed_duplicates=[i % 2 == 1 for i in range(n)],
-                offset_msg_id_prefix="7F00000100002A9F",
-            )
+        n = len(request.messages)
         return bpb.SendMessageResponse(
-            results=[
-                bpb.SendResult(msg_id=m.msg_id, queue_id=m.queue_id, queue_offset=i)
-                for i, m in enumerate(request.messages)
-            ]
+            packed_msg_ids=[m.msg_id for m in request.messages],
+            packed_queue_ids=[m.queue_id for m in request.messages],
+            packed_queue_offsets=list(range(n - self.short)),
+            packed_positions=[1000 * i for i in range(n)],
+            packed_duplicates=[i % 2 == 1 for i in range(n)],
+            offset_msg_id_prefix="7F00000100002A9F",
         )
 
 
@@ -343,14 +334,13 @@ def test_async_sends_block_beyond_the_pending_limit(
         assert all(f.result(timeout=10).msg_id for f in issued)  # type: ignore[attr-defined]
 
 
-def test_packed_answers_read_like_results_and_a_short_column_is_refused(world: World) -> None:
-    node(world, "a0").packed = True
+def test_packed_answers_are_read_and_a_short_column_is_refused(world: World) -> None:
     world.namesrv.groups = world.namesrv.groups[:1]
     with Producer("pg", world.namesrv_addr) as producer:
         msgs = [Message("T", f"m{i}".encode()) for i in range(3)]
         batch = producer.send_batch(msgs)
         one = producer.send(Message("T", b"alone"))
-        node(world, "a0").packed = "short"
+        node(world, "a0").short = True
         with pytest.raises(MQClientError) as bad:
             producer.send_batch([Message("T", b"x"), Message("T", b"y")])
     assert [r.msg_id for r in batch] == [m.msg_id for m in msgs]

@@ -66,14 +66,12 @@ class Message(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., tags: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., body: _Optional[bytes] = ..., born_host: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., producer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., offset_msg_id: _Optional[str] = ..., queue_offset: _Optional[int] = ..., commitlog_position: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ...) -> None: ...
 
 class SendMessageRequest(_message.Message):
-    __slots__ = ("topic", "messages", "packed_results")
+    __slots__ = ("topic", "messages")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    PACKED_RESULTS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    packed_results: bool
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., packed_results: _Optional[bool] = ...) -> None: ...
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SendResult(_message.Message):
     __slots__ = ("msg_id", "offset_msg_id", "queue_id", "queue_offset", "commitlog_position", "duplicate")
@@ -92,25 +90,23 @@ class SendResult(_message.Message):
     def __init__(self, msg_id: _Optional[str] = ..., offset_msg_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_position: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendMessageResponse(_message.Message):
-    __slots__ = ("results", "packed_msg_ids", "packed_queue_ids", "packed_queue_offsets", "packed_positions", "packed_duplicates", "offset_msg_id_prefix")
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("packed_msg_ids", "packed_queue_ids", "packed_queue_offsets", "packed_positions", "packed_duplicates", "offset_msg_id_prefix")
     PACKED_MSG_IDS_FIELD_NUMBER: _ClassVar[int]
     PACKED_QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     PACKED_QUEUE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     PACKED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     PACKED_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     OFFSET_MSG_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[SendResult]
     packed_msg_ids: _containers.RepeatedScalarFieldContainer[str]
     packed_queue_ids: _containers.RepeatedScalarFieldContainer[int]
     packed_queue_offsets: _containers.RepeatedScalarFieldContainer[int]
     packed_positions: _containers.RepeatedScalarFieldContainer[int]
     packed_duplicates: _containers.RepeatedScalarFieldContainer[bool]
     offset_msg_id_prefix: str
-    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., packed_msg_ids: _Optional[_Iterable[str]] = ..., packed_queue_ids: _Optional[_Iterable[int]] = ..., packed_queue_offsets: _Optional[_Iterable[int]] = ..., packed_positions: _Optional[_Iterable[int]] = ..., packed_duplicates: _Optional[_Iterable[bool]] = ..., offset_msg_id_prefix: _Optional[str] = ...) -> None: ...
+    def __init__(self, packed_msg_ids: _Optional[_Iterable[str]] = ..., packed_queue_ids: _Optional[_Iterable[int]] = ..., packed_queue_offsets: _Optional[_Iterable[int]] = ..., packed_positions: _Optional[_Iterable[int]] = ..., packed_duplicates: _Optional[_Iterable[bool]] = ..., offset_msg_id_prefix: _Optional[str] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msgs", "subscription", "suspend_timeout_ms", "no_suspend", "raw")
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msgs", "subscription", "suspend_timeout_ms", "no_suspend")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -119,7 +115,6 @@ class PullMessageRequest(_message.Message):
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     NO_SUSPEND_FIELD_NUMBER: _ClassVar[int]
-    RAW_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -128,13 +123,11 @@ class PullMessageRequest(_message.Message):
     subscription: str
     suspend_timeout_ms: int
     no_suspend: bool
-    raw: bool
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msgs: _Optional[int] = ..., subscription: _Optional[str] = ..., suspend_timeout_ms: _Optional[int] = ..., no_suspend: _Optional[bool] = ..., raw: _Optional[bool] = ...) -> None: ...
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msgs: _Optional[int] = ..., subscription: _Optional[str] = ..., suspend_timeout_ms: _Optional[int] = ..., no_suspend: _Optional[bool] = ...) -> None: ...
 
 class PullMessageResponse(_message.Message):
-    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset", "suggest_pull_from_follower", "node_id", "raw_messages", "raw_queue_offsets", "raw_positions", "offset_msg_id_prefix")
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "suggest_pull_from_follower", "node_id", "raw_messages", "raw_queue_offsets", "raw_positions", "offset_msg_id_prefix")
     STATUS_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -145,7 +138,6 @@ class PullMessageResponse(_message.Message):
     RAW_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     OFFSET_MSG_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     status: PullStatus
-    messages: _containers.RepeatedCompositeFieldContainer[Message]
     next_begin_offset: int
     min_offset: int
     max_offset: int
@@ -155,7 +147,7 @@ class PullMessageResponse(_message.Message):
     raw_queue_offsets: _containers.RepeatedScalarFieldContainer[int]
     raw_positions: _containers.RepeatedScalarFieldContainer[int]
     offset_msg_id_prefix: str
-    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., suggest_pull_from_follower: _Optional[bool] = ..., node_id: _Optional[str] = ..., raw_messages: _Optional[bytes] = ..., raw_queue_offsets: _Optional[_Iterable[int]] = ..., raw_positions: _Optional[_Iterable[int]] = ..., offset_msg_id_prefix: _Optional[str] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., suggest_pull_from_follower: _Optional[bool] = ..., node_id: _Optional[str] = ..., raw_messages: _Optional[bytes] = ..., raw_queue_offsets: _Optional[_Iterable[int]] = ..., raw_positions: _Optional[_Iterable[int]] = ..., offset_msg_id_prefix: _Optional[str] = ...) -> None: ...
 
 class UpdateConsumerOffsetRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "sync")
@@ -458,6 +450,34 @@ class ConsumerSendMsgBackResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SendBackResult]
     def __init__(self, results: _Optional[_Iterable[_Union[SendBackResult, _Mapping]]] = ...) -> None: ...
+
+class GetConsumerLagRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class QueueLag(_message.Message):
+    __slots__ = ("queue_id", "min_offset", "max_offset", "committed_offset", "lag")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    committed_offset: int
+    lag: int
+    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., committed_offset: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class GetConsumerLagResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueLag]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueLag, _Mapping]]] = ...) -> None: ...
 
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)

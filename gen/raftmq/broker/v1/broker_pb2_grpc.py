@@ -129,6 +129,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ConsumerSendMsgBackRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ConsumerSendMsgBackResponse.FromString,
                 _registered_method=True)
+        self.GetConsumerLag = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetConsumerLag',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -248,6 +253,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetConsumerLag(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -345,6 +356,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ConsumerSendMsgBack,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ConsumerSendMsgBackRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ConsumerSendMsgBackResponse.SerializeToString,
+            ),
+            'GetConsumerLag': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConsumerLag,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +876,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/ConsumerSendMsgBack',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ConsumerSendMsgBackRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ConsumerSendMsgBackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConsumerLag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetConsumerLag',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.FromString,
             options,
             channel_credentials,
             insecure,

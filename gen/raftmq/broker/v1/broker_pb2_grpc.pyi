@@ -57,6 +57,7 @@ class BrokerStub:
     LockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
     ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]
+    GetConsumerLag: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -80,6 +81,7 @@ class BrokerAsyncStub(BrokerStub):
     LockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]  # type: ignore[assignment]
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
+    GetConsumerLag: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -214,5 +216,12 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ConsumerSendMsgBackRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ConsumerSendMsgBackResponse, _abc.Awaitable[_broker_pb2.ConsumerSendMsgBackResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetConsumerLag(
+        self,
+        request: _broker_pb2.GetConsumerLagRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.GetConsumerLagResponse, _abc.Awaitable[_broker_pb2.GetConsumerLagResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

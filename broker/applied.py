@@ -1,0 +1,115 @@
+"""Reads of applied messages, shared by every component that answers with stored messages.
+
+A node serves only what it has applied (only committed entries ever are): every read checks
+the position against the state machine's dispatch end first. Nothing here knows a protocol.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from broker.errors import MessageNotFoundError
+from broker.message import (
+    MESSAGE_HEAD,
+    Message,
+    check_message,
+    decode_message,
+    encode_offset_msg_id,
+)
+from broker.settings import ServiceConfig
+from broker.state import BrokerStateMachine
+from dledger.core import NotLeaderError, Role
+from dledger.log import IndexOutOfRangeError
+from dledger.server.node import DLedgerNode
+from msgcodec import STORE_TIMESTAMP_AT
+
+# Bytes of messages in one answer (a pull, a key query) at most, though it always holds at
+# least one: gRPC's default receive limit (4 MiB) less room for the answer's own fields, so a
+# stock client with default channel options can read every answer. A single message bigger
+# than this (maxMessageSize allows up to 64 MiB) is still answered alone: reading it needs a
+# client whose receive limit is raised.
+MAX_ANSWER_BYTES = (4 << 20) - 1024
+
+_STORE_TS = struct.Struct(">q")
+_STORE_TS_AT = STORE_TIMESTAMP_AT
+
+
+def require_leader(node: DLedgerNode) -> None:
+    """Raise ``NotLeaderError`` (naming the leader this node knows) unless it leads."""
+    if node.core.role is not Role.LEADER:
+        raise NotLeaderError("not the leader", leader_id=node.core.leader_id)
+
+
+@dataclass(slots=True)
+class NodeContext:
+    """What every component of a node's broker reads: the Raft node (proposals, role,
+    store), the state machine it applies to, and the service settings."""
+
+    node: DLedgerNode
+    sm: BrokerStateMachine
+    cfg: ServiceConfig
+
+
+class AppliedMessages:
+    """The applied messages of one node's store, by commitlog position."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        # offsetMsgId = this prefix (store IPv4 and port) + the position as 16 hex characters.
+        self.offset_msg_id_prefix = self.offset_msg_id(0)[:16]
+
+    def offset_msg_id(self, position: int) -> str:
+        return encode_offset_msg_id(self.ctx.cfg.store_host, self.ctx.cfg.store_port, position)
+
+    def read(self, position: int, size: int | None = None) -> bytes:
+        """The bytes of the applied message at ``position`` (``size`` bytes, read from its
+        head when not given), unchecked: the one place that reads stored messages."""
+        if not 0 <= position < self.ctx.sm.dispatch_end:
+            raise MessageNotFoundError(f"no applied message at position {position}")
+        store = self.ctx.node.store
+        try:
+            if size is None:
+                size = MESSAGE_HEAD.unpack(store.read_at(position, MESSAGE_HEAD.size))[0]
+            return store.read_at(position, size)
+        except IndexOutOfRangeError as exc:
+            raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
+
+    def size_at(self, position: int) -> int:
+        """The stored size of the applied message at ``position``, from its head."""
+        return int(MESSAGE_HEAD.unpack(self.read(position, MESSAGE_HEAD.size))[0])
+
+    def message(self, position: int, size: int | None = None) -> Message:
+        """The applied message at ``position``, decoded with its CRC checked."""
+        return decode_message(self.read(position, size))
+
+    def raw(self, position: int, size: int) -> bytes:
+        """The applied message at ``position`` as stored, its head and CRC checked."""
+        raw = self.read(position, size)
+        check_message(raw, position)
+        return raw
+
+    def queue_offset(self, topic: str, queue_id: int, position: int) -> int:
+        """The queue offset of the message at ``position`` (-1 when its queue no longer has
+        it, e.g. its topic was deleted and created again)."""
+        cq = self.ctx.sm.cqs.find(topic, queue_id)
+        offset = None if cq is None else cq.offset_of(position)
+        return -1 if offset is None else offset
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms`` (the
+        queue's max offset when none was)."""
+        cq = self.ctx.sm.cqs.find(topic, queue_id)
+        if cq is None:
+            return 0
+        low, high = cq.min_offset, cq.max_offset
+        store = self.ctx.node.store
+        while low < high:
+            mid = (low + high) // 2
+            position = cq.get(mid)[0]
+            ts = _STORE_TS.unpack(store.read_at(position + _STORE_TS_AT, 8))[0]
+            if ts < timestamp_ms:
+                low = mid + 1
+            else:
+                high = mid
+        return low

@@ -1,0 +1,124 @@
+"""The consumer registry and queue locks of one node (memory only, as RocketMQ's).
+
+Consumers announce themselves by heartbeat and are forgotten after CONSUMER_EXPIRE_MS of
+silence (or when they unregister), which frees their queue locks. Only the leader grants
+locks; every node records the locks a heartbeat reports, so a new leader honours them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from broker.applied import require_leader
+from broker.errors import InvalidRequestError
+from broker.locks import ConsumerTable, QueueLockTable
+from broker.message import validate_topic
+from broker.names import validate_group_name
+from broker.pulling import parse_subscription
+from broker.state import QueueKey
+from broker.topics import Topics
+
+# A client id (RocketMQ's "ip@instance[@unit]", well below this) is kept per consumer and lock.
+MAX_CLIENT_ID_CHARS = 255
+# Subscriptions in one heartbeat: one per topic the consumer reads (plus its retry topic);
+# checked, not kept.
+MAX_SUBSCRIPTIONS = 1024
+# Queues in one lock or unlock request or one heartbeat's locked list (RocketMQ locks per
+# broker group, at most a few hundred queues per consumer).
+MAX_LOCK_BATCH = 4096
+
+
+def validate_client_id(client_id: str) -> None:
+    if not client_id:
+        raise InvalidRequestError("client_id is empty")
+    if len(client_id) > MAX_CLIENT_ID_CHARS:
+        raise InvalidRequestError(
+            f"client_id is {len(client_id)} characters, more than {MAX_CLIENT_ID_CHARS}"
+        )
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class ConsumerGroups:
+    """Which consumers of each group are alive, and which queues they hold locked."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.ctx = topics.ctx
+        self.topics = topics
+        self.consumers = ConsumerTable()
+        self.locks = QueueLockTable()
+        self.clock_ms = monotonic_ms
+
+    def heartbeat(
+        self,
+        group: str,
+        client_id: str,
+        subscriptions: Sequence[tuple[str, str]],
+        locked: Sequence[QueueKey],
+    ) -> None:
+        """``client_id`` of ``group`` is alive, subscribed to (topic, expression) pairs
+        (checked, not kept), holding ``locked``."""
+        _check_client(group, client_id)
+        if len(subscriptions) > MAX_SUBSCRIPTIONS:
+            raise InvalidRequestError(
+                f"{len(subscriptions)} subscriptions in a heartbeat, more than {MAX_SUBSCRIPTIONS}"
+            )
+        for topic, expression in subscriptions:
+            validate_topic(topic)
+            parse_subscription(expression)
+        if len(locked) > MAX_LOCK_BATCH:
+            raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} locked queues in a heartbeat")
+        now_ms = self.clock_ms()
+        self.expire(now_ms)
+        self.consumers.heartbeat(group, client_id, now_ms)
+        self.locks.claim(group, client_id, [q for q in locked if self.topics.has_queue(*q)], now_ms)
+
+    def expire(self, now_ms: int) -> None:
+        """Drop consumers silent for CONSUMER_EXPIRE_MS and free their locks (amortized O(1))."""
+        for group, client_id in self.consumers.expire(now_ms):
+            self.locks.release_client(group, client_id)
+
+    def unregister(self, group: str, client_id: str) -> bool:
+        """Forget a consumer that shuts down and free its locks; whether it was known."""
+        _check_client(group, client_id)
+        removed = self.consumers.remove(group, client_id)
+        self.locks.release_client(group, client_id)
+        return removed
+
+    def clients(self, group: str) -> list[str]:
+        """The live consumers of ``group``, sorted."""
+        validate_group_name(group)
+        self.expire(self.clock_ms())
+        return self.consumers.clients(group)
+
+    def lock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
+        """Lock (or renew) ``queues`` for ``client_id``; the subset it now holds. Only the
+        leader grants locks, so two consumers never each get one from another node."""
+        require_leader(self.ctx.node)
+        _check_lock_request(group, client_id, queues)
+        now_ms = self.clock_ms()
+        self.expire(now_ms)
+        existing = [q for q in queues if self.topics.has_queue(*q)]
+        return self.locks.lock(group, client_id, existing, now_ms)
+
+    def unlock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
+        """Release ``queues`` (any node: a release must reach the next leader too); those
+        that were held by ``client_id``."""
+        _check_lock_request(group, client_id, queues)
+        return self.locks.unlock(group, client_id, queues)
+
+
+def _check_client(group: str, client_id: str) -> None:
+    validate_group_name(group)
+    validate_client_id(client_id)
+
+
+def _check_lock_request(group: str, client_id: str, queues: Sequence[QueueKey]) -> None:
+    _check_client(group, client_id)
+    if len(queues) > MAX_LOCK_BATCH:
+        raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} queues in one lock request")
+    for topic, _ in queues:
+        validate_topic(topic)

@@ -1,0 +1,202 @@
+"""Consumer offsets: commits coalesced on the leader, queries, resets, searches and lag.
+
+Asynchronous commits are buffered on the leader and proposed together, one entry for every
+offset pending, at most ``offset_commit_interval_ms`` after the first; a synchronous commit
+proposes at once. Reads see the leader's buffer first, then the applied offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from broker.applied import AppliedMessages, require_leader
+from broker.errors import BrokerError, InvalidRequestError, TooManyPendingOffsetsError
+from broker.message import validate_topic
+from broker.names import validate_group_name
+from broker.state import ENTRY_OFFSETS, OffsetKey, encode_offsets_record
+from broker.topics import Topics
+from dledger.core import NotLeaderError
+from dledger.fatal import supervise
+from dledger.log import DLedgerError
+
+logger = logging.getLogger(__name__)
+
+# Consumer offsets the leader buffers between flushes (group x topic x queue): far above what
+# consumers commit in one offsetCommitInterval; beyond it new keys are refused until the flush.
+MAX_PENDING_OFFSETS = 100_000
+
+
+class QueueLag(NamedTuple):
+    """How far a consumer group is behind on one queue: ``committed`` is -1 when it has no
+    offset there; ``lag`` counts the messages still in the queue at or after its offset."""
+
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    committed: int
+    lag: int
+
+
+def offsets_record(pending: Mapping[OffsetKey, int]) -> bytes | None:
+    """The offsets record of ``pending``; an entry that cannot be encoded (the API checks
+    every group and topic first, so none should be) is dropped with one log line rather than
+    blocking every other group's offsets. None when nothing is left."""
+    try:
+        return encode_offsets_record(pending)
+    except BrokerError:
+        pass
+    good: dict[OffsetKey, int] = {}
+    bad = 0
+    for (group, topic, queue_id), offset in pending.items():
+        try:
+            validate_group_name(group)
+            validate_topic(topic)
+            encode_offsets_record({(group, topic, queue_id): offset})
+        except BrokerError:
+            bad += 1
+            continue
+        good[(group, topic, queue_id)] = offset
+    logger.error("offset commit dropped %d offsets that cannot be encoded", bad)
+    try:
+        return encode_offsets_record(good) if good else None
+    except BrokerError as exc:  # e.g. more queues of one group and topic than a record holds
+        logger.error("offset commit dropped %d offsets: %s", len(good), exc)
+        return None
+
+
+class ConsumerOffsets:
+    """The consumer offsets of one node: the leader's buffer and the applied table."""
+
+    def __init__(self, topics: Topics, applied: AppliedMessages) -> None:
+        self.ctx = applied.ctx
+        self.topics = topics
+        self.applied = applied
+        self.pending: dict[OffsetKey, int] = {}
+        self.flush_task: asyncio.Task[None] | None = None
+
+    async def commit(
+        self, group: str, topic: str, queue_id: int, queue_offset: int, *, sync: bool
+    ) -> None:
+        """Commit ``group``'s offset of a queue: buffered, or with ``sync`` proposed now
+        (with everything else pending) and returned once applied."""
+        require_leader(self.ctx.node)
+        validate_group_name(group)
+        self.topics.readable_queue(topic, queue_id)
+        if queue_offset < 0:
+            raise InvalidRequestError(f"offset {queue_offset} is negative")
+        key = (group, topic, queue_id)
+        pending = self.pending
+        if len(pending) >= MAX_PENDING_OFFSETS and key not in pending:
+            self.schedule_flush()
+            raise TooManyPendingOffsetsError(
+                f"{len(pending)} consumer offsets wait for the next flush, the most the leader"
+                f" buffers ({MAX_PENDING_OFFSETS}); commit again after it"
+            )
+        pending[key] = queue_offset
+        if sync:
+            await self.flush()
+        else:
+            self.schedule_flush()
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int:
+        """``group``'s offset of a queue, -1 when it has none."""
+        key = (group, topic, queue_id)
+        return self.pending.get(key, self.ctx.sm.offsets.get(key, -1))
+
+    def schedule_flush(self) -> None:
+        if self.flush_task is None or self.flush_task.done():
+            # Supervised: an unexpected exception ends the process (dledger.fatal).
+            self.flush_task = supervise(
+                asyncio.get_running_loop().create_task(self._delayed_flush(), name="offset-flush"),
+                "offset-flush",
+            )
+
+    async def _delayed_flush(self) -> None:
+        await asyncio.sleep(self.ctx.cfg.offset_commit_interval_ms / 1000)
+        try:
+            await self.flush()
+        except (DLedgerError, BrokerError, TimeoutError) as exc:
+            # Not the leader, no quorum, back pressure, refused: committed by the next flush or
+            # lost with leadership (consumers commit again).
+            logger.warning("offset commit failed pending=%d: %s", len(self.pending), exc)
+
+    async def flush(self) -> None:
+        """Propose every pending offset in one entry and wait until it is applied."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, {}
+        record = offsets_record(pending)
+        if record is None:
+            return
+        try:
+            await self.ctx.node.propose([record], ENTRY_OFFSETS)
+        except NotLeaderError:
+            raise  # a follower's buffer is meaningless: drop it
+        except Exception:
+            # Keep them for the next flush unless superseded (and while there is room).
+            buffer = self.pending
+            for k, v in pending.items():
+                if len(buffer) >= MAX_PENDING_OFFSETS:
+                    break
+                buffer.setdefault(k, v)
+            raise
+
+    async def reset(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        *,
+        queue_offset: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> dict[int, int]:
+        """Set ``group``'s offsets of a queue (``queue_id`` -1: every readable queue) to
+        ``queue_offset`` (clamped to the queue) or to the first message stored at or after
+        ``timestamp_ms``; the offsets set, by queue id, once applied."""
+        require_leader(self.ctx.node)
+        validate_group_name(group)
+        config = self.topics.get(topic)
+        if queue_id == -1:
+            queue_ids = list(range(config.read_queue_nums))
+        else:
+            self.topics.readable_queue(topic, queue_id)
+            queue_ids = [queue_id]
+        if (queue_offset is None) == (timestamp_ms is None):
+            raise InvalidRequestError("give queue_offset or timestamp_ms")
+        offsets: dict[OffsetKey, int] = {}
+        for q in queue_ids:
+            if queue_offset is not None:
+                low, high = self.ctx.sm.queue_offsets(topic, q)
+                value = min(max(queue_offset, low), high)
+            else:
+                value = self.applied.search_offset(topic, q, timestamp_ms or 0)
+            offsets[(group, topic, q)] = value
+        for k in offsets:
+            self.pending.pop(k, None)
+        await self.ctx.node.propose([encode_offsets_record(offsets)], ENTRY_OFFSETS)
+        return {k[2]: v for k, v in offsets.items()}
+
+    def search(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
+        self.topics.readable_queue(topic, queue_id)
+        return self.applied.search_offset(topic, queue_id, timestamp_ms)
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """The min and max offsets of a readable queue."""
+        self.topics.readable_queue(topic, queue_id)
+        return self.ctx.sm.queue_offsets(topic, queue_id)
+
+    def lag(self, group: str, topic: str) -> list[QueueLag]:
+        """``group``'s progress on every readable queue of ``topic``, by queue id."""
+        validate_group_name(group)
+        config = self.topics.get(topic)
+        out = []
+        for q in range(config.read_queue_nums):
+            low, high = self.ctx.sm.queue_offsets(topic, q)
+            committed = self.committed(group, topic, q)
+            start = low if committed < 0 else min(max(committed, low), high)
+            out.append(QueueLag(q, low, high, committed, high - start))
+        return out

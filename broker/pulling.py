@@ -1,0 +1,267 @@
+"""Pulls: one pull path (stored bytes, tag filter by hash) and the long-poll registry.
+
+A pull reads this node's applied ConsumeQueue and answers with the matching messages exactly
+as stored (each CRC checked), their queue offsets and positions; the consumer decodes them
+and checks tags exactly (as RocketMQ's does). A pull that finds nothing new waits, up to its
+suspend timeout, until apply dispatches a matching message to its queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
+from broker.errors import InvalidRequestError, TooManyLongPollsError
+from broker.message import tags_hash
+from broker.state import QueueKey
+from broker.topics import Topics
+from dledger.core import Role
+
+# Long polling: RocketMQ's default hold (brokerSuspendMaxTimeMillis is 15 s on the client
+# side); a request may ask for more, up to 60 s, so a hung consumer never pins a handler longer.
+DEFAULT_SUSPEND_TIMEOUT_MS = 15_000
+MAX_SUSPEND_TIMEOUT_MS = 60_000
+# Pull sizes: RocketMQ's default pull batch is 32; 1024 bounds one response (and its memory).
+DEFAULT_PULL_MAX_MSGS = 32
+MAX_PULL_MSGS = 1024
+# Per message beyond its stored bytes: its queue offset and position in the answer, packed
+# varints of at most 10 bytes each.
+PULL_PER_MESSAGE_BYTES = 20
+# ConsumeQueue records one pull scans for tag matches (RocketMQ scans 16,000 bytes = 800).
+PULL_MAX_SCAN_RECORDS = 800
+# A subscription expression ("TagA || TagB || ..."): RocketMQ's are short tag lists.
+MAX_SUBSCRIPTION_CHARS = 4096
+# Long polls held at once by a node, and per connection (a front end's peer): a consumer
+# holds at most one per queue it was allocated; each costs a handler and a future until it
+# is answered.
+MAX_LONG_POLLS = 10_000
+MAX_LONG_POLLS_PER_PEER = 1024
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(frozen=True, slots=True)
+class PullQuery:
+    """One pull: ``max_msgs`` and ``suspend_timeout_ms`` 0 for the defaults."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msgs: int = 0
+    subscription: str = ""
+    suspend_timeout_ms: int = 0
+    no_suspend: bool = False
+
+
+@dataclass(slots=True)
+class PullResult:
+    """A pull's answer: the messages back to back as stored, and per message its queue
+    offset and commitlog position."""
+
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    raw: bytes = b""
+    queue_offsets: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    suggest_pull_from_follower: bool = False
+
+
+def total_memory_bytes() -> int:
+    """This machine's RAM (8 GiB when it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+def parse_subscription(expression: str) -> frozenset[str] | None:
+    """``"*"`` or empty: every message (None); ``"TagA || TagB"``: those tags."""
+    if len(expression) > MAX_SUBSCRIPTION_CHARS:
+        raise InvalidRequestError(
+            f"subscription is {len(expression)} characters, more than {MAX_SUBSCRIPTION_CHARS}"
+        )
+    text = expression.strip()
+    if not text or text == "*":
+        return None
+    tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+    if not tags:
+        raise InvalidRequestError("the subscription names no tag")
+    return tags
+
+
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: a key of its queue's dict
+class _Waiter:
+    hashes: frozenset[int] | None
+    future: asyncio.Future[None]
+    peer: str
+
+
+class LongPolls:
+    """The pulls waiting for messages, per queue, bounded per node and per peer."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[QueueKey, dict[_Waiter, None]] = {}
+        self._by_peer: dict[str, int] = {}
+        self.held = 0
+
+    def __len__(self) -> int:
+        return self.held
+
+    def held_by(self, peer: str) -> int:
+        return self._by_peer.get(peer, 0)
+
+    def wake(self, touched: Mapping[QueueKey, set[int]]) -> None:
+        """A dispatch listener: wake the polls of the queues that just got messages with a
+        tag hash they wait for."""
+        for key, hashes in touched.items():
+            waiters = self._waiters.get(key)
+            if not waiters:
+                continue
+            # Woken waiters leave the dict themselves (wait's finally), so a waiter whose
+            # pull timed out never lingers here.
+            for w in waiters:
+                if not w.future.done() and (w.hashes is None or not w.hashes.isdisjoint(hashes)):
+                    w.future.set_result(None)
+
+    async def wait(
+        self, key: QueueKey, hashes: frozenset[int] | None, peer: str, timeout_s: float
+    ) -> bool:
+        """Wait until ``key`` gets a matching message (True) or ``timeout_s`` passes."""
+        waiter = self._add(key, hashes, peer)
+        try:
+            await asyncio.wait_for(waiter.future, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._remove(key, waiter)
+
+    def _add(self, key: QueueKey, hashes: frozenset[int] | None, peer: str) -> _Waiter:
+        held = self._by_peer.get(peer, 0)
+        if held >= MAX_LONG_POLLS_PER_PEER:
+            raise TooManyLongPollsError(
+                f"this connection holds {held} long polls, the most it may"
+                f" ({MAX_LONG_POLLS_PER_PEER}); pull again later"
+            )
+        if self.held >= MAX_LONG_POLLS:
+            raise TooManyLongPollsError(
+                f"the node holds {self.held} long polls, the most it may"
+                f" ({MAX_LONG_POLLS}); pull again later"
+            )
+        waiter = _Waiter(hashes, asyncio.get_running_loop().create_future(), peer)
+        self._waiters.setdefault(key, {})[waiter] = None
+        self.held += 1
+        self._by_peer[peer] = held + 1
+        return waiter
+
+    def _remove(self, key: QueueKey, waiter: _Waiter) -> None:
+        if not waiter.future.done():
+            waiter.future.cancel()
+        waiters = self._waiters.get(key)
+        if waiters is None or waiters.pop(waiter, False) is False:
+            return
+        if not waiters:
+            del self._waiters[key]
+        self.held -= 1
+        left = self._by_peer[waiter.peer] - 1
+        if left:
+            self._by_peer[waiter.peer] = left
+        else:
+            del self._by_peer[waiter.peer]
+
+    def queues(self) -> int:
+        """Queues with a waiting poll."""
+        return len(self._waiters)
+
+
+class PullPath:
+    """Answers pulls from this node's applied state, holding them while nothing is new."""
+
+    def __init__(
+        self, topics: Topics, applied: AppliedMessages, memory_bytes: int | None = None
+    ) -> None:
+        self.ctx = applied.ctx
+        self.topics = topics
+        self.applied = applied
+        self.polls = LongPolls()
+        total = total_memory_bytes() if memory_bytes is None else memory_bytes
+        self._memory_limit_bytes = total * self.ctx.cfg.memory_ratio_percent // 100
+        self.ctx.sm.add_listener(self.polls.wake)
+
+    async def pull(self, query: PullQuery, peer: str) -> PullResult:
+        """Answer ``query`` (from the connection ``peer``): at once when there is something
+        or ``no_suspend``, else once a matching message arrives or the timeout passes."""
+        self.topics.readable_queue(query.topic, query.queue_id)
+        if query.max_msgs < 0 or query.suspend_timeout_ms < 0:
+            raise InvalidRequestError("max_msgs and suspend_timeout_ms must not be negative")
+        tags = parse_subscription(query.subscription)
+        hashes = None if tags is None else frozenset(tags_hash(t) for t in tags)
+        timeout_ms = min(
+            query.suspend_timeout_ms or DEFAULT_SUSPEND_TIMEOUT_MS, MAX_SUSPEND_TIMEOUT_MS
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        key = (query.topic, query.queue_id)
+        while True:
+            result = self.pull_once(query, hashes)
+            if result.status is not PullStatus.NO_NEW_MSG or query.no_suspend:
+                return result
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return result
+            if not await self.polls.wait(key, hashes, peer, remaining):
+                return self.pull_once(query, hashes)
+
+    def pull_once(self, query: PullQuery, hashes: frozenset[int] | None) -> PullResult:
+        """What the queue holds for ``query`` now (the tag filter by hash only)."""
+        cq = self.ctx.sm.cqs.find(query.topic, query.queue_id)
+        low, high = (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
+        offset = query.queue_offset
+        if offset < low or offset > high:
+            status = PullStatus.OFFSET_ILLEGAL
+            return PullResult(status, low if offset < low else high, low, high)
+        if offset == high or cq is None:
+            return PullResult(PullStatus.NO_NEW_MSG, offset, low, high)
+        max_msgs = min(query.max_msgs or DEFAULT_PULL_MAX_MSGS, MAX_PULL_MSGS)
+        scan = max(max_msgs, PULL_MAX_SCAN_RECORDS) if hashes is not None else max_msgs
+        result = PullResult(PullStatus.NO_MATCHED_MSG, offset, low, high)
+        parts: list[bytes] = []
+        budget = MAX_ANSWER_BYTES
+        for i, (position, size, tag_hash) in enumerate(cq.read(offset, scan)):
+            if hashes is not None and tag_hash not in hashes:
+                result.next_begin_offset = offset + i + 1
+                continue
+            cost = size + PULL_PER_MESSAGE_BYTES
+            if parts and cost > budget:
+                break  # would not fit: the next pull starts with it
+            result.next_begin_offset = offset + i + 1
+            parts.append(self.applied.raw(position, size))
+            result.queue_offsets.append(offset + i)
+            result.positions.append(position)
+            budget -= cost
+            if len(parts) >= max_msgs:
+                break
+        if parts:
+            result.status = PullStatus.FOUND
+            result.raw = b"".join(parts)
+            result.suggest_pull_from_follower = self.suggest_follower(result.positions[-1])
+        return result
+
+    def suggest_follower(self, position: int) -> bool:
+        """Whether a reader of ``position`` should go to a follower: the leader is far
+        behind in page cache and ``slaveReadEnable`` is on."""
+        if not self.ctx.cfg.slave_read_enable or self.ctx.node.core.role is not Role.LEADER:
+            return False
+        behind = self.ctx.node.store.write_position - position
+        return behind > self._memory_limit_bytes

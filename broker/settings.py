@@ -1,0 +1,26 @@
+"""The broker service's settings, shared by its components and its protocol front ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+
+# RocketMQ's accessMessageInMemoryMaxRatio default: a pull reading further behind the write
+# position than this share of RAM is probably not in page cache: suggest a follower.
+DEFAULT_MEMORY_RATIO_PERCENT = 40
+# Leader: coalesced consumer offsets are proposed this often (one entry for all of them).
+DEFAULT_OFFSET_COMMIT_INTERVAL_MS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    store_host: str
+    store_port: int
+    auto_create_topic: bool = False
+    default_topic_queue_nums: int = 8
+    max_message_size_bytes: int = 4 << 20
+    slave_read_enable: bool = False
+    memory_ratio_percent: int = DEFAULT_MEMORY_RATIO_PERCENT
+    offset_commit_interval_ms: int = DEFAULT_OFFSET_COMMIT_INTERVAL_MS
+    delay_levels_ms: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)

@@ -1,0 +1,85 @@
+"""A broker node without Raft or gRPC for component tests: a real BrokerStateMachine over an
+in-memory log that applies every proposal at once (a one-node group that always commits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from broker.applied import AppliedMessages, NodeContext
+from broker.settings import ServiceConfig
+from broker.state import BrokerStateMachine
+from broker.topics import Topics
+from dledger.core import Role
+from dledger.log import Entry
+
+ENTRY_HEADER_BYTES = 48  # any per-entry overhead: positions only depend on the log
+
+
+class MemoryLog:
+    """Committed entries laid out back to back, readable by position like the real store."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.positions: list[int] = []
+        self.data = bytearray()
+
+    def add(self, body: bytes, entry_type: int) -> Entry:
+        e = Entry(term=1, index=len(self.entries) + 1, body=body, type=entry_type)
+        self.data += bytes(ENTRY_HEADER_BYTES)
+        self.positions.append(len(self.data))
+        self.data += body
+        self.entries.append(e)
+        return e
+
+    def body_position(self, index: int) -> int:
+        return self.positions[index - 1]
+
+    def first_index(self) -> int:
+        return 1
+
+    def last_index(self) -> int:
+        return len(self.entries)
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return bytes(self.data[position : position + size])
+
+    @property
+    def write_position(self) -> int:
+        return len(self.data)
+
+
+class LeaderNode:
+    """What the components use of a DLedgerNode: a leader whose proposals commit and apply
+    at once; ``proposals`` counts them."""
+
+    def __init__(self, sm: BrokerStateMachine, log: MemoryLog) -> None:
+        self.sm = sm
+        self.store = log
+        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n0", term=1)
+        self.cfg = SimpleNamespace(self_id="n0", store=SimpleNamespace(max_body_bytes=8 << 20))
+        self.proposals = 0
+        self.gate: Any = None  # an asyncio.Event a proposal waits for, when set
+
+    async def propose(self, bodies: list[bytes], entry_type: int) -> tuple[int, int, int]:
+        self.proposals += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        entries = [self.store.add(b, entry_type) for b in bodies]
+        self.sm.apply(entries)
+        return entries[0].index, entries[-1].index, 1
+
+
+def world(
+    root: Path, cfg: ServiceConfig | None = None
+) -> tuple[LeaderNode, BrokerStateMachine, Topics, AppliedMessages]:
+    """(node, state machine, topics, applied messages) of a fresh one-node leader."""
+    log = MemoryLog()
+    sm = BrokerStateMachine(root, hash_slots=1000, max_index_records=5000)
+    sm.attach(log)
+    sm.applied_index()
+    sm.on_role_change(Role.LEADER, 1, "n0")  # results are kept for a leader's send handlers
+    node = LeaderNode(sm, log)
+    ctx = NodeContext(node, sm, cfg or ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    return node, sm, Topics(ctx), AppliedMessages(ctx)

@@ -1,0 +1,48 @@
+"""Retries, dead letters and the scheduler's delivery on a real state machine, without gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from broker_world import world
+
+from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.names import SCHEDULE_TOPIC
+from broker.retry import Retries, SendBackItem
+from broker.scheduler import Scheduler
+from broker.sending import SendPath
+from broker.settings import ServiceConfig
+from broker.state import ENTRY_MESSAGES
+
+IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
+
+
+def test_a_failed_message_is_retried_after_its_delay_then_dead_lettered(tmp_path: Path) -> None:
+    async def body() -> None:
+        cfg = ServiceConfig("127.0.0.1", 10911, delay_levels_ms=(0,) * 18)  # due at once
+        node, sm, topics, applied = world(tmp_path, cfg)
+        await topics.upsert("T", 1, 1, 6)
+        original = Message("T", 0, b"payload", uniq_id=IDS.next_id())
+        await node.propose([encode_batch([original])[0]], ENTRY_MESSAGES)
+        position = sm.cqs.find("T", 0).get(0)[0]
+        sender = SendPath(topics.ctx, topics)
+        retries = Retries(topics, applied, sender)
+        [back] = await retries.send_back("g", [SendBackItem(position, original.uniq_id)])
+        assert back.topic == "%RETRY%g" and not back.dead_lettered
+        assert back.stored.topic == SCHEDULE_TOPIC  # waiting for its delay
+        assert "%RETRY%g" in sm.topics and "%DLQ%g" not in sm.topics
+        scheduler = Scheduler(applied)
+        level = 3  # the first retry's level
+        assert await scheduler.deliver_level(level) is None
+        cq = sm.cqs.find("%RETRY%g", 0)
+        assert cq is not None and cq.max_offset == 1
+        delivered = applied.message(cq.get(0)[0])
+        assert delivered.body == b"payload" and delivered.reconsume_times == 1
+        assert await scheduler.deliver_level(level) is None  # nothing delivered twice
+        assert sm.cqs.find("%RETRY%g", 0).max_offset == 1
+        [dead] = await retries.send_back("g", [SendBackItem(position)], max_reconsume_times=0)
+        assert dead.dead_lettered and dead.topic == "%DLQ%g" and dead.deliver_at_ms == 0
+        assert applied.message(dead.stored.position).topic == "%DLQ%g"
+
+    asyncio.run(body())
