@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -27,15 +25,10 @@ from broker.disk import DiskGuard
 from broker.errors import (
     BrokerError,
     CorruptMessageError,
-    CorruptStoreError,
-    InvalidMessageError,
-    InvalidMessageIdError,
     InvalidRequestError,
     MessageNotFoundError,
     NoPermissionError,
-    OffsetOutOfRangeError,
     QueueIdOutOfRangeError,
-    ResourceExhaustedError,
     SystemTopicError,
     TooManyLongPollsError,
     TooManyPendingOffsetsError,
@@ -63,6 +56,8 @@ from broker.names import (
     is_valid_topic_name,
     validate_group_name,
 )
+from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
+from broker.rpcerrors import rpc as _rpc
 from broker.schedule import (
     DEFAULT_DELAY_LEVELS,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -99,17 +94,13 @@ from broker.state import (
     encode_topic_record,
 )
 from dledger.core import (
-    BackPressureError,
     NotLeaderError,
-    ProposalDroppedError,
     Role,
-    TransferInProgressError,
 )
 from dledger.fatal import supervise
-from dledger.log import DLedgerError, IndexOutOfRangeError, LogCompactedError
+from dledger.log import DLedgerError, IndexOutOfRangeError
 from dledger.server import rpcguard
 from dledger.server.node import DLedgerNode, ProposalLostError
-from dledger.storage import DiskFullError
 
 logger = logging.getLogger(__name__)
 
@@ -196,95 +187,6 @@ DEFAULT_OFFSET_COMMIT_INTERVAL_MS = 100
 _STORE_TS = struct.Struct(">q")
 _STORE_TS_AT = 40  # docs/FORMAT.md "Broker: Message": store_timestamp_ms
 _I64_MAX = (1 << 63) - 1
-
-_STATUS_BY_CODE: Mapping[type[BaseException], grpc.StatusCode] = {
-    TopicNotFoundError: grpc.StatusCode.NOT_FOUND,
-    MessageNotFoundError: grpc.StatusCode.NOT_FOUND,
-    NoPermissionError: grpc.StatusCode.PERMISSION_DENIED,
-    InvalidMessageError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidMessageIdError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
-    OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
-    CorruptMessageError: grpc.StatusCode.DATA_LOSS,
-    CorruptStoreError: grpc.StatusCode.DATA_LOSS,
-    BackPressureError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
-    LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
-}
-
-
-def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
-    """The one place where exceptions become a gRPC status and a detail starting with a
-    stable code (the same codes and texts as dledger's client service), at most
-    :data:`MAX_DETAIL_BYTES` of UTF-8."""
-    status, detail = _error_status(exc, node)
-    return status, bound_detail(detail)
-
-
-def bound_detail(detail: str) -> str:
-    """``detail`` cut to :data:`MAX_DETAIL_BYTES` bytes of UTF-8 (the code at its start stays)."""
-    if len(detail) * 4 <= MAX_DETAIL_BYTES:  # nearly always: no encoding needed
-        return detail
-    raw = detail.encode("utf-8", "replace")
-    if len(raw) <= MAX_DETAIL_BYTES:
-        return raw.decode("utf-8")
-    return raw[: MAX_DETAIL_BYTES - 3].decode("utf-8", "ignore") + "..."
-
-
-def _error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, NotLeaderError):
-        _, addr = node.leader_client_addr()
-        return (
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"NOT_LEADER leader={exc.leader_id or ''} addr={addr}",
-        )
-    if isinstance(exc, TransferInProgressError):
-        return grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}"
-    if isinstance(exc, ProposalLostError):
-        return grpc.StatusCode.UNAVAILABLE, f"LEADERSHIP_LOST {exc}"
-    if isinstance(exc, TimeoutError):
-        return (
-            grpc.StatusCode.UNAVAILABLE,
-            f"NO_QUORUM not committed within {node.cfg.append_timeout_ms} ms; outcome unknown",
-        )
-    if isinstance(exc, BackPressureError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"BACK_PRESSURE {exc}"
-    for cls in type(exc).__mro__:
-        status = _STATUS_BY_CODE.get(cls)
-        if status is not None:
-            code = getattr(exc, "code", "ERROR")
-            return status, f"{code} {exc}"
-    if isinstance(exc, BrokerError | DLedgerError):
-        return grpc.StatusCode.INTERNAL, f"{exc.code} {exc}"
-    return grpc.StatusCode.INTERNAL, f"INTERNAL {type(exc).__name__}: {exc}"
-
-
-_Req = TypeVar("_Req")
-_Resp = TypeVar("_Resp")
-_Handler = Callable[[Any, _Req, grpc.aio.ServicerContext], Awaitable[_Resp]]
-
-
-def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
-    """Map every exception a handler raises through :func:`error_status`."""
-
-    @functools.wraps(fn)
-    async def wrapper(
-        self: BrokerServicer, request: _Req, context: grpc.aio.ServicerContext
-    ) -> _Resp:
-        try:
-            return await fn(self, request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as exc:
-            status, detail = error_status(exc, self.node)
-            if status is grpc.StatusCode.INTERNAL:
-                logger.exception("rpc=%s failed", fn.__name__)
-            await context.abort(status, detail)
-            raise AssertionError("unreachable") from None  # abort raises
-
-    return wrapper
 
 
 def parse_subscription(expression: str) -> frozenset[str] | None:
