@@ -100,7 +100,8 @@ from dledger.core import (
 from dledger.fatal import supervise
 from dledger.log import DLedgerError, IndexOutOfRangeError
 from dledger.server import rpcguard
-from dledger.server.node import DLedgerNode, ProposalLostError
+from dledger.server.errors import ProposalLostError
+from dledger.server.node import DLedgerNode
 
 logger = logging.getLogger(__name__)
 

@@ -180,6 +180,14 @@ def dledger_failure(
     return RpcFailure(grpc.StatusCode.INTERNAL, exc.code, str(exc))
 
 
+def code_of_text(detail: str) -> str:
+    """The code at the start of a text detail (``NOT_LEADER leader=...`` -> ``NOT_LEADER``), or
+    "" when it starts with none: only for servers that send no structured details."""
+    head = detail.split(" ", 1)[0]
+    plain = head.replace("_", "")
+    return head if len(head) >= 3 and plain.isalnum() and plain.isascii() and head.isupper() else ""
+
+
 def read_error(exc: grpc.RpcError) -> error_pb2.ErrorInfo | None:
     """The ErrorInfo a raftmq server attached to a failed call, or None (a server without the
     contract, a failure gRPC itself made such as a deadline or an unreachable node)."""
