@@ -57,7 +57,7 @@ __all__ = ["bound_detail", "error_failure", "error_status", "rpc"]
 
 def error_failure(exc: BaseException, node: DLedgerNode) -> RpcFailure:
     """The one place where an exception of a broker call becomes its failure."""
-    failure = status.dledger_failure(exc, node.leader_client_addr()[1], node.cfg.append_timeout_ms)
+    failure = status.dledger_failure(exc, node)
     if failure is not None:
         return failure
     if isinstance(exc, ResourceExhaustedError):

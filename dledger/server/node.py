@@ -643,10 +643,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
         """End the call with the status of ``exc``, one of dledger's errors or a quorum
         timeout (anything else is raised again: gRPC answers UNKNOWN and logs it)."""
-        node = self.node
-        failure = status.dledger_failure(
-            exc, node.leader_client_addr()[1], node.cfg.append_timeout_ms
-        )
+        failure = status.dledger_failure(exc, self.node)
         if failure is None:
             raise exc
         await status.abort(context, failure)

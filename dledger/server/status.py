@@ -17,7 +17,7 @@ the broker demo, tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from google.rpc import status_pb2
@@ -140,17 +140,28 @@ def no_quorum(append_timeout_ms: int) -> RpcFailure:
     )
 
 
-def dledger_failure(
-    exc: BaseException, leader_addr: str, append_timeout_ms: int
-) -> RpcFailure | None:
+class _AppendTimeout(Protocol):
+    @property
+    def append_timeout_ms(self) -> int: ...
+
+
+class NodeView(Protocol):
+    """What the mapping reads of a node (``DLedgerNode``), only for the errors that need it."""
+
+    @property
+    def cfg(self) -> _AppendTimeout: ...
+
+    def leader_client_addr(self) -> tuple[str | None, str]: ...
+
+
+def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
     """The failure for dledger's own errors (None for any other exception): the one table
-    both the node's client service and the broker use. ``leader_addr`` is the client address
-    of the leader the node knows (``leader_client_addr()``); a TimeoutError is an append that
-    missed its quorum."""
+    both the node's client service and the broker use. A NOT_LEADER names the client address
+    of the leader ``node`` knows; a TimeoutError is an append that missed its quorum."""
     if isinstance(exc, NotLeaderError):
-        return not_leader(exc.leader_id, leader_addr)
+        return not_leader(exc.leader_id, node.leader_client_addr()[1])
     if isinstance(exc, TimeoutError):
-        return no_quorum(append_timeout_ms)
+        return no_quorum(node.cfg.append_timeout_ms)
     if not isinstance(exc, DLedgerError):
         return None
     retry = {

@@ -19,6 +19,7 @@ from broker.config import ConfigError, node_config, parse_config
 from broker.disk import DiskGuard, Watermarks, used_percent
 from broker.service import BrokerServicer
 from dledger.core import Role
+from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, read_error
 from dledger.storage import DiskFullError
 
 BLOCKS = 1000
@@ -182,8 +183,18 @@ class _Context:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:5555"
 
-    async def abort(self, code: grpc.StatusCode, detail: str) -> None:
-        raise _Aborted(code, detail)
+    async def abort(self, code: grpc.StatusCode, detail: str, trailing_metadata: Any) -> None:
+        raise _Aborted(code, detail, read_error(_Trailers(trailing_metadata)))
+
+
+class _Trailers(grpc.RpcError):
+    """A failed call's trailers, as a client reads them."""
+
+    def __init__(self, trailers: Any) -> None:
+        self.trailers = trailers
+
+    def trailing_metadata(self) -> Any:
+        return self.trailers
 
 
 @pytest.mark.parametrize(
@@ -208,9 +219,12 @@ def test_the_send_paths_answer_resource_exhausted_disk_full(call: Any) -> None:
     servicer.disk_guard = _guard(disk)
     with pytest.raises(_Aborted) as info:
         asyncio.run(call(servicer, _Context()))
-    code, detail = info.value.args
+    code, detail, fields = info.value.args
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert detail.startswith("DISK_FULL node=n0 path=/store/n0 used=95.0% ")
+    # The structured error tells a client to come back later, not at once.
+    assert (fields.code, fields.retryable) == ("DISK_FULL", True)
+    assert fields.retry_after_ms == DISK_FULL_RETRY_AFTER_MS
 
 
 def test_a_crash_by_signal_leaves_a_line_in_the_log() -> None:

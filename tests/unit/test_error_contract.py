@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import builtins
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -35,6 +36,12 @@ PACKAGE_ROOTS = {
     "spark_audit": "AuditError",
     "bench": "BenchError",
 }
+
+
+# What the mapping reads of a node: the leader it knows and the append timeout.
+NODE: Any = SimpleNamespace(
+    leader_client_addr=lambda: ("n2", "127.0.0.1:7"), cfg=SimpleNamespace(append_timeout_ms=3000)
+)
 
 
 class FakeRpcError(grpc.RpcError):
@@ -108,7 +115,7 @@ def test_dledger_errors_map_to_fields(
     hint_ms: int,
     unknown: bool,
 ) -> None:
-    failure = status.dledger_failure(exc, "127.0.0.1:7", 3000)
+    failure = status.dledger_failure(exc, NODE)
     assert failure is not None
     err = MQClientError.from_rpc(_answered(failure))
     assert (err.code, err.status, err.structured) == (code, grpc_status, True)
@@ -116,7 +123,7 @@ def test_dledger_errors_map_to_fields(
     assert err.message.startswith(code)  # the text keeps its prefix for grpcurl users
     if code == "NOT_LEADER":
         assert (err.leader_id, err.leader_addr) == ("n2", "127.0.0.1:7")
-    assert status.dledger_failure(ValueError("not ours"), "", 3000) is None
+    assert status.dledger_failure(ValueError("not ours"), NODE) is None
 
 
 def test_a_not_leader_without_a_known_leader_asks_for_a_short_wait() -> None:
