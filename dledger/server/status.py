@@ -17,9 +17,10 @@ the broker demo, tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 from raftmq.common.v1 import error_pb2
@@ -200,21 +201,15 @@ def code_of_text(detail: str) -> str:
 
 
 def read_error(exc: grpc.RpcError) -> error_pb2.ErrorInfo | None:
-    """The ErrorInfo a raftmq server attached to a failed call, or None (a server without the
-    contract, a failure gRPC itself made such as a deadline or an unreachable node)."""
-    # A sync call's error is a grpc.Call, an aio call's an AioRpcError: both have the method.
-    trailing = getattr(exc, "trailing_metadata", None)
-    trailers: Any = trailing() if callable(trailing) else None
-    for key, value in trailers or ():
-        if key != DETAILS_KEY or not isinstance(value, bytes):
-            continue
-        status = status_pb2.Status()
-        try:
-            status.ParseFromString(value)
-        except Exception:  # a damaged trailer is no details, not a crash
-            return None
-        for any_detail in status.details:
-            info = error_pb2.ErrorInfo()
-            if any_detail.Unpack(info):
-                return info
-    return None
+    """The ErrorInfo a raftmq server attached to a failed call, or None: a server without the
+    contract, a failure gRPC itself made (deadline, unreachable node), or a status trailer that
+    does not match the call's status and text (damaged on the way). For the tools inside this
+    repository; applications read it with ``client.errors.MQClientError.from_rpc``."""
+    try:
+        rich = rpc_status.from_call(exc)  # aio errors have the same three methods as a Call
+    except (ValueError, DecodeError):
+        return None
+    info = error_pb2.ErrorInfo()
+    if rich is None or not any(d.Unpack(info) for d in rich.details):
+        return None
+    return info

@@ -184,17 +184,23 @@ class _Context:
         return "ipv4:127.0.0.1:5555"
 
     async def abort(self, code: grpc.StatusCode, detail: str, trailing_metadata: Any) -> None:
-        raise _Aborted(code, detail, read_error(_Trailers(trailing_metadata)))
+        raise _Aborted(code, detail, read_error(_Answer(code, detail, trailing_metadata)))
 
 
-class _Trailers(grpc.RpcError):
-    """A failed call's trailers, as a client reads them."""
+class _Answer(grpc.RpcError):
+    """The failed call as a client sees it: status, text detail, trailers."""
 
-    def __init__(self, trailers: Any) -> None:
-        self.trailers = trailers
+    def __init__(self, code: grpc.StatusCode, detail: str, trailers: Any) -> None:
+        self.answer = (code, detail, trailers)
+
+    def code(self) -> grpc.StatusCode:
+        return self.answer[0]
+
+    def details(self) -> str:
+        return str(self.answer[1])
 
     def trailing_metadata(self) -> Any:
-        return self.trailers
+        return self.answer[2]
 
 
 @pytest.mark.parametrize(
