@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import tune_gc
+from bench.errors import BenchError
 
 log = logging.getLogger("bench.peers")
 
@@ -140,7 +141,7 @@ service KV {
 RESULT_KEYS = ("ops_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "ops", "errors")
 
 
-class PeerError(RuntimeError):
+class PeerError(BenchError, RuntimeError):
     """A peer could not be installed, started or driven."""
 
 

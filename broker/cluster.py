@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from broker.config import render_config
+from broker.errors import BrokerError
 from dledger.server.client import ClientError, LogClient
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
@@ -57,8 +58,10 @@ LOG_TAIL_BYTES = 64 << 10
 EXIT_LINE_MAX_CHARS = 600
 
 
-class ClusterError(Exception):
+class ClusterError(BrokerError):
     """A cluster operation that cannot be done; one line for the CLI."""
+
+    code = "CLUSTER_ERROR"
 
 
 @dataclass(frozen=True, slots=True)

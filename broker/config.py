@@ -17,16 +17,11 @@ from typing import Any
 import javaproperties
 
 from broker import disk
+from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
-
-
-class ConfigError(Exception):
-    """A configuration the broker refuses to start with."""
-
-    code = "CONFIG_ERROR"
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,10 +44,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from broker.errors import (
+    ConfigError,
     CorruptStoreError,
     OffsetOutOfRangeError,
     PositionOrderError,
-    StoreClosedError,
+    QueueStoreClosedError,
 )
 from broker.names import is_valid_topic_name, validate_topic_name
 
@@ -132,7 +133,7 @@ class ConsumeQueue:
         name: str = "",
     ) -> None:
         if records_per_file < 1:
-            raise ValueError(f"records_per_file={records_per_file} must be >= 1")
+            raise ConfigError(f"records_per_file={records_per_file} must be >= 1")
         self.directory = Path(directory)
         self.name = name or str(self.directory)
         self.records_per_file = records_per_file
@@ -294,7 +295,7 @@ class ConsumeQueue:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError(f"consumequeue {self.name} is closed")
+            raise QueueStoreClosedError(f"consumequeue {self.name} is closed")
 
     # -- API --------------------------------------------------------------------------------
 
@@ -567,7 +568,7 @@ class ConsumeQueueStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError("consumequeue store is closed")
+            raise QueueStoreClosedError("consumequeue store is closed")
 
     def _topic_dir(self, topic: str, queue_id: int | None = None) -> Path:
         """``consumequeue/{topic}`` (or its queue's directory), for a name that passed

@@ -11,7 +11,6 @@ tear everything down. It talks to the generated stubs only, as any client could.
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from broker.cluster import ClusterError, LocalCluster, format_table
+from broker.leader_client import LeaderClient
 
 # Bounds of the demo's load (it must stop by itself).
 DEMO_BATCHES = 150
@@ -36,7 +36,6 @@ DEMO_BATCH_SIZE = 20
 DEMO_QUEUES = 4
 DEMO_MAX_SECONDS = 120
 TOPIC = "DemoTopic"
-_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
 T = TypeVar("T")
 
 
@@ -44,48 +43,15 @@ def _say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-class _Client:
-    """Stubs per node; leader-only calls follow NOT_LEADER and retry while unavailable."""
+class _Client(LeaderClient):
+    """Leader-only calls (``write``) that follow redirects by the structured error
+    (:mod:`broker.leader_client`), plus reading a queue from one node."""
 
     def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(lambda: cluster.client_addrs)
         self.cluster = cluster
-        self.channels: dict[str, grpc.Channel] = {}
-        self.leader = ""
 
-    def stub(self, addr: str) -> pb_grpc.BrokerStub:
-        if addr not in self.channels:
-            self.channels[addr] = grpc.insecure_channel(addr)
-        return pb_grpc.BrokerStub(self.channels[addr])
-
-    def close(self) -> None:
-        for ch in self.channels.values():
-            ch.close()
-
-    def write(self, call: Callable[[pb_grpc.BrokerStub], T], timeout_s: float = 15.0) -> T:
-        deadline = time.monotonic() + timeout_s
-        addrs = self.cluster.client_addrs
-        addr = self.leader or addrs[0]
-        while True:
-            try:
-                result = call(self.stub(addr))
-                self.leader = addr
-                return result
-            except grpc.RpcError as exc:
-                if time.monotonic() > deadline:
-                    raise
-                match = _NOT_LEADER.match(exc.details() or "")
-                if match and match.group(2):
-                    addr = match.group(2)
-                    continue
-                # No leader known yet (an election is running), or the node is unreachable:
-                # try the next node shortly. Anything else is a real error.
-                if not match and exc.code() not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                ):
-                    raise
-                addr = addrs[(addrs.index(addr) + 1) % len(addrs)] if addr in addrs else addrs[0]
-                time.sleep(0.05)
+    write = LeaderClient.call
 
     def pull_queue(self, addr: str, queue_id: int) -> list[pb.Message]:
         out: list[pb.Message] = []

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.errors import ConfigError
 from dledger.storage import DiskFullError
 
 logger = logging.getLogger(__name__)
@@ -53,17 +54,17 @@ class Watermarks:
 
     def __post_init__(self) -> None:
         if not MIN_USED_PERCENT <= self.max_used_percent <= MAX_USED_PERCENT:
-            raise ValueError(
+            raise ConfigError(
                 f"max_used_percent={self.max_used_percent} is outside "
                 f"[{MIN_USED_PERCENT}, {MAX_USED_PERCENT}]"
             )
         if not 1 <= self.resume_percent < self.max_used_percent:
-            raise ValueError(
+            raise ConfigError(
                 f"resume_percent={self.resume_percent} must be in [1, max_used_percent="
                 f"{self.max_used_percent})"
             )
         if not MIN_CHECK_INTERVAL_MS <= self.check_interval_ms <= MAX_CHECK_INTERVAL_MS:
-            raise ValueError(
+            raise ConfigError(
                 f"check_interval_ms={self.check_interval_ms} is outside "
                 f"[{MIN_CHECK_INTERVAL_MS}, {MAX_CHECK_INTERVAL_MS}]"
             )

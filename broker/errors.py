@@ -17,6 +17,13 @@ class BrokerError(Exception):
     code = "BROKER_ERROR"
 
 
+class ConfigError(BrokerError, ValueError):
+    """A configuration the broker refuses to start with. Also a ValueError: value parsers'
+    callers catch that."""
+
+    code = "CONFIG_ERROR"
+
+
 class InvalidMessageError(codec.InvalidMessageError, BrokerError):
     """A message field is out of its allowed range or has a forbidden character."""
 
@@ -92,8 +99,9 @@ class PositionOrderError(BrokerError):
     code = "POSITION_ORDER"
 
 
-class StoreClosedError(BrokerError):
-    """An operation on a store that was closed."""
+class QueueStoreClosedError(BrokerError):
+    """An operation on a consume queue or index store that was closed (named apart from
+    dledger's ``StoreClosedError`` of the log store)."""
 
     code = "STORE_CLOSED"
 

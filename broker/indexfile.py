@@ -59,7 +59,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
-from broker.errors import CorruptStoreError, PositionOrderError, StoreClosedError
+from broker.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
 
 logger = logging.getLogger(__name__)
 
@@ -561,7 +561,7 @@ class IndexStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError("index store is closed")
+            raise QueueStoreClosedError("index store is closed")
 
     def _max_position(self) -> int:
         return self._files[-1].end_position if self._files else -1

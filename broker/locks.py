@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.errors import TooManyConsumersError, TooManyLocksError
+from broker.errors import ConfigError, TooManyConsumersError, TooManyLocksError
 
 # RocketMQ's rocketmq.broker.rebalance.lockMaxLiveTime: a lock not renewed for this long is free.
 LOCK_MAX_LIVE_MS = 60_000
@@ -67,7 +67,8 @@ class QueueLockTable:
         max_locks: int = MAX_LOCKS,
         max_locks_per_client: int = MAX_LOCKS_PER_CLIENT,
     ) -> None:
-        assert max_live_ms > 0 and max_locks > 0 and max_locks_per_client > 0
+        if not (max_live_ms > 0 and max_locks > 0 and max_locks_per_client > 0):
+            raise ConfigError("lock table limits must be > 0")
         self.max_live_ms = max_live_ms
         self.max_locks = max_locks
         self.max_locks_per_client = max_locks_per_client
@@ -201,7 +202,8 @@ class ConsumerTable:
         max_consumers: int = MAX_CONSUMERS,
         max_per_group: int = MAX_CONSUMERS_PER_GROUP,
     ) -> None:
-        assert expire_ms > 0 and max_consumers > 0 and max_per_group > 0
+        if not (expire_ms > 0 and max_consumers > 0 and max_per_group > 0):
+            raise ConfigError("consumer table limits must be > 0")
         self.expire_ms = expire_ms
         self.max_consumers = max_consumers
         self.max_per_group = max_per_group

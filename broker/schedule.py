@@ -29,7 +29,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 
-from broker.errors import InvalidRequestError
+from broker.errors import ConfigError, InvalidRequestError
 from broker.message import Message
 
 # Re-exported (the names used to live here): broker.names is where they are defined.
@@ -65,16 +65,16 @@ SCHEDULE_HEADER = struct.Struct(">BBqq")
 def parse_delay_levels(spec: str, scale: float = 1.0) -> tuple[int, ...]:
     """``"1s 5s 10s 30s 1m ..."`` -> delays in ms (each times ``scale``, at least 1 ms)."""
     if not scale > 0:
-        raise ValueError(f"delay level scale {scale} must be > 0")
+        raise ConfigError(f"delay level scale {scale} must be > 0")
     levels = []
     for part in spec.split():
         unit = part[-1:]
         number = part[:-1]
         if unit not in _UNIT_MS or not number.isdigit() or int(number) <= 0:
-            raise ValueError(f"delay level {part!r}: want a positive number then s, m, h or d")
+            raise ConfigError(f"delay level {part!r}: want a positive number then s, m, h or d")
         levels.append(max(1, round(int(number) * _UNIT_MS[unit] * scale)))
     if not 1 <= len(levels) <= 255:
-        raise ValueError(f"{len(levels)} delay levels; want 1 to 255")
+        raise ConfigError(f"{len(levels)} delay levels; want 1 to 255")
     return tuple(levels)
 
 

@@ -13,11 +13,8 @@ reads are answered from this node's applied state. Errors map to gRPC status cod
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -27,137 +24,27 @@ from broker.applied import AppliedMessages, NodeContext
 from broker.consumers import ConsumerGroups
 from broker.disk import DiskGuard
 from broker.errors import (
-    BrokerError,
-    CorruptMessageError,
-    CorruptStoreError,
-    InvalidMessageError,
-    InvalidMessageIdError,
     InvalidRequestError,
-    MessageNotFoundError,
-    NoPermissionError,
-    OffsetOutOfRangeError,
-    ResourceExhaustedError,
-    TopicNotFoundError,
 )
 from broker.lookups import Found, Lookups
 from broker.offsets import ConsumerOffsets
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.retry import Retries, SendBackItem
+from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
+from broker.rpcerrors import rpc as _rpc
 from broker.scheduler import Scheduler
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine, SendResult, TopicConfig
 from broker.topics import Topics
-from dledger.core import (
-    BackPressureError,
-    NotLeaderError,
-    ProposalDroppedError,
-    TransferInProgressError,
-)
-from dledger.log import DLedgerError, LogCompactedError
 from dledger.server import rpcguard
-from dledger.server.node import DLedgerNode, ProposalLostError
-from dledger.storage import DiskFullError
+from dledger.server.node import DLedgerNode
 
 __all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "raftmq.broker.v1.Broker"
-
-# An error detail sent to a client: at most this many UTF-8 bytes (gRPC sends it as a header;
-# its metadata limit is 8 KiB, and no detail needs more than a line).
-MAX_DETAIL_BYTES = 1000
-
-_STATUS_BY_CODE: Mapping[type[BaseException], grpc.StatusCode] = {
-    TopicNotFoundError: grpc.StatusCode.NOT_FOUND,
-    MessageNotFoundError: grpc.StatusCode.NOT_FOUND,
-    NoPermissionError: grpc.StatusCode.PERMISSION_DENIED,
-    InvalidMessageError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidMessageIdError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
-    OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
-    CorruptMessageError: grpc.StatusCode.DATA_LOSS,
-    CorruptStoreError: grpc.StatusCode.DATA_LOSS,
-    BackPressureError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
-    LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
-}
-
-
-def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
-    """The one place where exceptions become a gRPC status and a detail starting with a
-    stable code (the same codes and texts as dledger's client service), at most
-    :data:`MAX_DETAIL_BYTES` of UTF-8."""
-    status, detail = _error_status(exc, node)
-    return status, bound_detail(detail)
-
-
-def bound_detail(detail: str) -> str:
-    """``detail`` cut to :data:`MAX_DETAIL_BYTES` bytes of UTF-8 (the code at its start stays)."""
-    if len(detail) * 4 <= MAX_DETAIL_BYTES:  # nearly always: no encoding needed
-        return detail
-    raw = detail.encode("utf-8", "replace")
-    if len(raw) <= MAX_DETAIL_BYTES:
-        return raw.decode("utf-8")
-    return raw[: MAX_DETAIL_BYTES - 3].decode("utf-8", "ignore") + "..."
-
-
-def _error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, NotLeaderError):
-        _, addr = node.leader_client_addr()
-        return (
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"NOT_LEADER leader={exc.leader_id or ''} addr={addr}",
-        )
-    if isinstance(exc, TransferInProgressError):
-        return grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}"
-    if isinstance(exc, ProposalLostError):
-        return grpc.StatusCode.UNAVAILABLE, f"LEADERSHIP_LOST {exc}"
-    if isinstance(exc, TimeoutError):
-        return (
-            grpc.StatusCode.UNAVAILABLE,
-            f"NO_QUORUM not committed within {node.cfg.append_timeout_ms} ms; outcome unknown",
-        )
-    if isinstance(exc, BackPressureError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"BACK_PRESSURE {exc}"
-    for cls in type(exc).__mro__:
-        status = _STATUS_BY_CODE.get(cls)
-        if status is not None:
-            code = getattr(exc, "code", "ERROR")
-            return status, f"{code} {exc}"
-    if isinstance(exc, BrokerError | DLedgerError):
-        return grpc.StatusCode.INTERNAL, f"{exc.code} {exc}"
-    return grpc.StatusCode.INTERNAL, f"INTERNAL {type(exc).__name__}: {exc}"
-
-
-_Req = TypeVar("_Req")
-_Resp = TypeVar("_Resp")
-_Handler = Callable[[Any, _Req, grpc.aio.ServicerContext], Awaitable[_Resp]]
-
-
-def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
-    """Map every exception a handler raises through :func:`error_status`."""
-
-    @functools.wraps(fn)
-    async def wrapper(
-        self: BrokerServicer, request: _Req, context: grpc.aio.ServicerContext
-    ) -> _Resp:
-        try:
-            return await fn(self, request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as exc:
-            status, detail = error_status(exc, self.node)
-            if status is grpc.StatusCode.INTERNAL:
-                logger.exception("rpc=%s failed", fn.__name__)
-            await context.abort(status, detail)
-            raise AssertionError("unreachable") from None  # abort raises
-
-    return wrapper
-
 
 _PULL_STATUS = {
     PullStatus.FOUND: pb.FOUND,

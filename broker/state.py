@@ -49,11 +49,12 @@ from typing import Any, NamedTuple, Protocol
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import (
     BrokerError,
+    ConfigError,
     CorruptMessageError,
     CorruptStoreError,
     InvalidRequestError,
     PositionOrderError,
-    StoreClosedError,
+    QueueStoreClosedError,
 )
 from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
 from broker.message import batch_count, scan_dispatch
@@ -408,7 +409,8 @@ class BrokerStateMachine:
         cq_records_per_file: int = DEFAULT_RECORDS_PER_FILE,
         snapshot_interval_ms: int = SNAPSHOT_INTERVAL_MS,
     ) -> None:
-        assert dedup_window_ms >= 0 and dedup_max_ids >= 1
+        if dedup_window_ms < 0 or dedup_max_ids < 1:
+            raise ConfigError("dedup_window_ms must be >= 0 and dedup_max_ids >= 1")
         self.root = Path(root)
         self.config_dir = self.root / "config"
         self.dedup_window_ms = dedup_window_ms
@@ -509,7 +511,7 @@ class BrokerStateMachine:
                     self._apply_topic(entry)
                 elif entry.type == ENTRY_SCHEDULE:
                     self._apply_schedule(entry, touched)
-            except (CorruptStoreError, StoreClosedError, PositionOrderError):
+            except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
                 raise

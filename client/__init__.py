@@ -1,6 +1,7 @@
 """raftmq client: NameServer routing, producer, pull and push consumers (docs/CLIENT.md).
 
-Depends only on the generated protos (``raftmq.*.v1``), grpc, tenacity and the stdlib.
+Depends only on the generated protos (``raftmq.*.v1``), grpc, ``google.rpc.Status``
+(googleapis-common-protos, to read the structured error) and the stdlib.
 """
 
 from client.admin import MQAdmin

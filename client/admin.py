@@ -150,7 +150,7 @@ class MQAdmin:
                         done.add(name)
                     except grpc.RpcError as exc:
                         err = MQClientError.from_rpc(exc)
-                        if err.status not in ("UNAVAILABLE", "FAILED_PRECONDITION"):
+                        if not err.retryable:  # NOT_LEADER, an election, a dead node
                             raise err from exc
                         log.info("create %s on %s: %s; retrying", topic, name, err)
                 if wanted and done >= wanted and self._routed(channels, topic, wanted):

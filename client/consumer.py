@@ -55,7 +55,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from client.allocate import AllocateMessageQueueAveragely, AllocateStrategy
 from client.errors import MQClientError
 from client.message import RETRY_PREFIX, MessageExt, MessageQueue, new_client_id
-from client.route import RETRYABLE_STATUSES, ChannelPool, RouteClient
+from client.route import ChannelPool, RouteClient
 from client.wire import decode_messages
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ class PullConsumer(_ClientBase):
                 resp = self._channels.broker(addr).PullMessage(request, timeout=timeout_s)
             except grpc.RpcError as exc:
                 last = MQClientError.from_rpc(exc)
-                if exc.code() not in RETRYABLE_STATUSES:
+                if not last.retryable:
                     raise last from exc
                 continue
             return self._to_result(mq, resp, tags)

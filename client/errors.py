@@ -1,24 +1,119 @@
-"""The client's one exception type, carrying the broker's or NameServer's stable code."""
+"""The client's one exception type, carrying the broker's or NameServer's structured error.
+
+A raftmq server attaches a ``raftmq.common.v1.ErrorInfo`` to every failure it answers (in the
+``grpc-status-details-bin`` trailer, inside a ``google.rpc.Status``): the stable code, the
+leader's id and address on ``NOT_LEADER``, whether a retry may succeed and after how long, and
+whether a failed write's outcome is unknown. :meth:`MQClientError.from_rpc` reads those fields;
+only for a server that sends none does it take the code from the start of the text detail.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
+from google.rpc import status_pb2
+from raftmq.common.v1 import error_pb2
+
+# gRPC's standard trailer for a google.rpc.Status.
+DETAILS_KEY = "grpc-status-details-bin"
+# gRPC statuses a call can end with before any server answered (deadline, unreachable node,
+# server overloaded): another attempt may succeed, with no hint from a server.
+TRANSPORT_RETRYABLE_STATUSES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE.name,
+        grpc.StatusCode.DEADLINE_EXCEEDED.name,
+        grpc.StatusCode.RESOURCE_EXHAUSTED.name,
+    }
+)
 
 
 class MQClientError(Exception):
     """A failed client call: ``code`` is the stable code (``NOT_LEADER``, ``TOPIC_NOT_FOUND``,
-    ``NO_ROUTE``, ...), ``status`` the gRPC status name, ``message`` the full detail."""
+    ``NO_ROUTE``, ...), ``status`` the gRPC status name, ``message`` the full text detail.
 
-    def __init__(self, code: str, status: str, message: str) -> None:
+    ``leader_id`` / ``leader_addr``: the leader a ``NOT_LEADER`` answer named ("" when none);
+    ``retryable``: another attempt (same message ids) may succeed; ``retry_after_ms``: wait at
+    least this long first (0: no hint); ``outcome_unknown``: a write that may have happened.
+    ``structured`` tells whether the fields came from the server's ErrorInfo."""
+
+    def __init__(
+        self,
+        code: str,
+        status: str,
+        message: str,
+        *,
+        leader_id: str = "",
+        leader_addr: str = "",
+        retryable: bool = False,
+        retry_after_ms: int = 0,
+        outcome_unknown: bool = False,
+        structured: bool = False,
+    ) -> None:
         super().__init__(f"{code} ({status}): {message}")
         self.code = code
         self.status = status
         self.message = message
+        self.leader_id = leader_id
+        self.leader_addr = leader_addr
+        self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+        self.outcome_unknown = outcome_unknown
+        self.structured = structured
 
     @classmethod
     def from_rpc(cls, exc: grpc.RpcError) -> MQClientError:
-        status = exc.code() if isinstance(exc, grpc.Call) else None
-        details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
-        code = details.split(" ", 1)[0] if details and details.split(" ", 1)[0].isupper() else ""
-        status_name = status.name if status is not None else "UNKNOWN"
-        return cls(code or status_name, status_name, details)
+        code_fn = getattr(exc, "code", None)
+        status = code_fn() if callable(code_fn) else None
+        status_name = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+        details_fn = getattr(exc, "details", None)
+        details = (details_fn() if callable(details_fn) else str(exc)) or ""
+        info = error_info(exc)
+        if info is None:
+            # A server without the structured error, or gRPC's own failure (deadline,
+            # unreachable): the code from the text, retryable by the transport status.
+            return cls(
+                _code_of_text(details) or status_name,
+                status_name,
+                details,
+                retryable=status_name in TRANSPORT_RETRYABLE_STATUSES,
+            )
+        return cls(
+            info.code or status_name,
+            status_name,
+            details,
+            leader_id=info.leader_id,
+            leader_addr=info.leader_addr,
+            retryable=info.retryable,
+            retry_after_ms=info.retry_after_ms,
+            outcome_unknown=info.outcome_unknown,
+            structured=True,
+        )
+
+
+def error_info(exc: grpc.RpcError) -> error_pb2.ErrorInfo | None:
+    """The ErrorInfo in a failed call's trailers, or None when it carries none (or a damaged
+    one). Works for sync calls (``grpc.Call``) and aio calls (``AioRpcError``) alike."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    trailers: Any = trailing() if callable(trailing) else None
+    for key, value in trailers or ():
+        if key != DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except Exception:  # a damaged trailer is no details, not a crash
+            return None
+        for detail in status.details:
+            info = error_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                return info
+    return None
+
+
+def _code_of_text(detail: str) -> str:
+    """``NOT_LEADER leader=...`` -> ``NOT_LEADER``; "" when the text starts with no code."""
+    head = detail.split(" ", 1)[0]
+    letters = head.replace("_", "")
+    if len(head) < 3 or not letters.isascii() or not letters.isalnum():
+        return ""
+    return head if head.isupper() else ""

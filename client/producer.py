@@ -5,10 +5,14 @@ every retry, so a resend of a message whose first outcome is unknown is deduplic
 broker group that stored it. A send is reported successful only from the broker's OK answer,
 which the leader gives after the entry is on a majority of the group.
 
-Retries: a failed attempt is retried ``retry_times_when_send_failed`` times (tenacity), each on
-another broker group when the topic has one (RocketMQ's behaviour; a message whose first
-outcome was unknown may then be stored by two groups). Sends through a
-``MessageQueueSelector`` (ordered messages) are retried on the same queue only.
+Retries: one mechanism, driven by the broker's structured error (``MQClientError`` fields).
+Within an attempt, ``RouteClient.call_leader`` follows NOT_LEADER redirects to the leader the
+error names and waits out elections. A failed attempt whose error is ``retryable`` is retried
+``retry_times_when_send_failed`` times (:meth:`Producer._send`, sync and async sends alike),
+after the error's ``retry_after_ms`` (at least ``RETRY_WAIT_S``), each on another broker group
+when the topic has one (RocketMQ's behaviour; a message whose first outcome was unknown may
+then be stored by two groups). Sends through a ``MessageQueueSelector`` (ordered messages) are
+retried on the same queue only.
 
 Coalescing: sends to one broker group share RPCs. At most ``MAX_INFLIGHT_PER_GROUP`` (1) SendMessage
 calls per group are in flight; sends that arrive meanwhile wait and leave together in the next
@@ -41,11 +45,10 @@ from typing import Any, Protocol
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from client.errors import MQClientError
 from client.message import Message, MessageQueue, SendResult, new_msg_id
-from client.route import RETRYABLE_STATUSES, ChannelPool, RouteClient
+from client.route import ChannelPool, RouteClient, retry_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +78,6 @@ MAX_INFLIGHT_PER_GROUP = 1
 MAX_CACHED_QUEUES = 4096
 MAX_COALESCE_MESSAGES = 512
 MAX_COALESCE_BYTES = 1 << 20
-
-# Codes for which another attempt may succeed; everything else is the caller's to fix.
-_RETRYABLE_CODES = frozenset(
-    {"NO_LEADER", "NOT_LEADER", "NO_QUORUM", "LEADERSHIP_LOST", "TRANSFER_IN_PROGRESS"}
-)
-
-
-def _retryable(exc: BaseException) -> bool:
-    if not isinstance(exc, MQClientError):
-        return False
-    return exc.code in _RETRYABLE_CODES or exc.status in {s.name for s in RETRYABLE_STATUSES}
 
 
 class MessageQueueSelector(Protocol):
@@ -345,13 +337,13 @@ class Producer:
             resp = call.result()
         except grpc.RpcError as exc:
             err = MQClientError.from_rpc(exc)
-            if not _retryable(err):
+            if not err.retryable:
                 self._fail_or_split(gq, batch, err)
                 return
             # Redirects, elections and dead nodes: the blocking path follows them.
             if self._routes is not None:
                 self._routes.learn_from_error(gq.broker_name, err, addr)
-            self._in_background(self._call_blocking, gq, batch, pbs, deadline)
+            self._in_background(self._call_blocking, gq, batch, pbs, deadline, err)
             return
         except Exception as exc:  # cancelled (the producer is shutting down)
             self._finish(gq, batch, None, exc)
@@ -369,8 +361,12 @@ class Producer:
         batch: list[_PendingSend],
         pbs: list[pb.Message],
         deadline: float,
+        after: MQClientError | None = None,
     ) -> None:
-        """On the executor: the call with redirects and leader search, then the next call."""
+        """On the executor: the call with redirects and leader search, then the next call.
+        ``after``: the fast path's retryable failure, whose retry hint is waited out first."""
+        if after is not None and after.retry_after_ms:
+            time.sleep(min(retry_wait_s(after, 0.0), max(deadline - time.monotonic(), 0.0)))
         try:
             results = self._call_send(
                 gq.topic, gq.broker_name, pbs, max(deadline - time.monotonic(), 0.05)
@@ -386,7 +382,7 @@ class Producer:
     def _fail_or_split(
         self, gq: _GroupQueue, batch: list[_PendingSend], exc: MQClientError
     ) -> None:
-        if len(batch) > 1 and not _retryable(exc):
+        if len(batch) > 1 and not exc.retryable:
             # One bad message must fail only its own send: each caller's messages alone.
             self._in_background(self._split, gq, batch)
             return
@@ -524,7 +520,11 @@ class Producer:
         msgs: Sequence[Message],
         pick: Callable[[str], MessageQueue],
         retries: int,
+        after: MQClientError | None = None,
     ) -> list[SendResult]:
+        """One attempt and up to ``retries`` more while the error is retryable, each after the
+        error's retry hint (at least ``RETRY_WAIT_S``); ``after``: the failure of an attempt
+        made elsewhere (the async path's first), waited out before the first attempt here."""
         if not msgs:
             raise MQClientError("INVALID_MESSAGE", "INVALID_ARGUMENT", "no message to send")
         topic = msgs[0].topic
@@ -533,33 +533,23 @@ class Producer:
         for m in msgs:
             if not m.msg_id:  # fixed before attempt one, kept by every retry
                 m.msg_id = new_msg_id()
-        failed_group = [""]
-
-        def attempt() -> list[SendResult]:
-            mq = pick(failed_group[0])
+        failed_group = ""
+        error = after
+        for left in range(retries, -1, -1):
+            if error is not None:
+                time.sleep(retry_wait_s(error, RETRY_WAIT_S))
+            mq = pick(failed_group)
             try:
                 return self._send_once(mq, msgs)
+            except grpc.RpcError as exc:  # not expected: call_leader converts
+                error = MQClientError.from_rpc(exc)
             except MQClientError as exc:
-                failed_group[0] = mq.broker_name
-                self._note_failure(mq, exc)
-                raise
-
-        try:
-            try:
-                return attempt()  # the common case, without building a retry policy
-            except MQClientError as exc:
-                if retries <= 0 or not _retryable(exc):
-                    raise
-            time.sleep(RETRY_WAIT_S)
-            retrying = Retrying(
-                stop=stop_after_attempt(retries),
-                wait=wait_fixed(RETRY_WAIT_S),
-                retry=retry_if_exception(_retryable),
-                reraise=True,
-            )
-            return retrying(attempt)
-        except grpc.RpcError as exc:  # not expected: call_leader converts
-            raise MQClientError.from_rpc(exc) from exc
+                error = exc
+            failed_group = mq.broker_name
+            self._note_failure(mq, error)
+            if left == 0 or not error.retryable:
+                raise error
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -698,10 +688,12 @@ class Producer:
                 return
             if isinstance(error, MQClientError):
                 self._note_failure(mq, error)
-            if retries > 0 and _retryable(error):
-                self._in_background(self._retry_async, msg, selector, arg, mq, retries, settle)
-            else:
-                self._callbacks.put((settle, None, error))
+                if retries > 0 and error.retryable:
+                    self._in_background(
+                        self._retry_async, msg, selector, arg, mq, retries, error, settle
+                    )
+                    return
+            self._callbacks.put((settle, None, error))
 
         self._submit(
             _PendingSend(
@@ -716,9 +708,11 @@ class Producer:
         arg: Any,
         failed: MessageQueue,
         retries: int,
+        error: MQClientError,
         settle: Callable[[SendResult | None, BaseException | None], None],
     ) -> None:
-        time.sleep(RETRY_WAIT_S)
+        """On the executor: the retries of an async send whose first attempt failed with
+        ``error`` (retryable), through :meth:`_send` like a sync send's."""
 
         def pick(avoid: str) -> MessageQueue:
             if selector is not None:
@@ -726,7 +720,7 @@ class Producer:
             return self._pick_queue(msg.topic, avoid or failed.broker_name)
 
         try:
-            result = self._send([msg], pick, retries - 1)[0]
+            result = self._send([msg], pick, retries - 1, after=error)[0]
         except BaseException as exc:
             self._callbacks.put((settle, None, exc))
         else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,15 +38,6 @@ MAX_REDIRECTS = 8
 PERM_READ = 4
 PERM_WRITE = 2
 
-_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
-# Outcome unknown or no leader right now: another attempt (same msg ids) may succeed.
-RETRYABLE_STATUSES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
 T = TypeVar("T")
 # gRPC's default reconnect backoff grows 1 s, 1.6 s, 2.56 s, ... to 120 s: a channel to a node
 # that was down stays unusable for seconds after the node is back, and when that node is the
@@ -58,6 +48,12 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+
+
+def retry_wait_s(err: MQClientError, floor_s: float = NO_LEADER_BACKOFF_S) -> float:
+    """How long to wait before retrying after ``err``: the server's hint, at least ``floor_s``
+    (no hint: an election or a dead node, which :data:`NO_LEADER_BACKOFF_S` covers)."""
+    return max(err.retry_after_ms / 1000, floor_s)
 
 
 def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
@@ -250,10 +246,9 @@ class RouteClient:
     def learn_from_error(self, broker_name: str, err: MQClientError, addr: str) -> None:
         """After a call to ``addr`` failed with ``err``: follow a NOT_LEADER redirect's leader,
         or forget ``addr`` as the leader (the next call looks for one)."""
-        match = _NOT_LEADER.match(err.message)
         with self._lock:
-            if match and match.group(2):
-                self._leaders[broker_name] = match.group(2)
+            if err.code == "NOT_LEADER" and err.leader_addr:
+                self._leaders[broker_name] = err.leader_addr
             elif self._leaders.get(broker_name) == addr:
                 del self._leaders[broker_name]
 
@@ -264,9 +259,11 @@ class RouteClient:
         call: Callable[[bpb_grpc.BrokerStub, float], T],
         timeout_s: float,
     ) -> T:
-        """``call(stub, rpc_timeout_s)`` on the group's leader: follows ``NOT_LEADER`` redirects,
-        and while no leader is known or reachable tries the group's other nodes until
-        ``timeout_s`` passes. Errors other than "no leader here" are raised at once."""
+        """``call(stub, rpc_timeout_s)`` on the group's leader: follows ``NOT_LEADER`` redirects
+        (the error's ``leader_addr``), and while no leader is known or reachable tries the
+        group's other nodes until ``timeout_s`` passes, waiting what the error's retry hint
+        asks (at least :data:`NO_LEADER_BACKOFF_S`). Errors that are not retryable are raised
+        at once."""
         deadline = time.monotonic() + timeout_s
         candidates = self._candidates(topic, broker_name, refresh=False)
         addr = candidates[0] if candidates else ""
@@ -275,7 +272,9 @@ class RouteClient:
             remaining = deadline - time.monotonic()
             if not addr:
                 if remaining <= 0:
-                    raise MQClientError("NO_LEADER", "UNAVAILABLE", f"{broker_name}: no leader")
+                    raise MQClientError(
+                        "NO_LEADER", "UNAVAILABLE", f"{broker_name}: no leader", retryable=True
+                    )
                 time.sleep(min(NO_LEADER_BACKOFF_S, remaining))
                 candidates = self._candidates(topic, broker_name, refresh=True)
                 addr = candidates[0] if candidates else ""
@@ -284,14 +283,11 @@ class RouteClient:
                 result = call(self._channels.broker(addr), max(remaining, 0.05))
             except grpc.RpcError as exc:
                 err = MQClientError.from_rpc(exc)
-                match = _NOT_LEADER.match(err.message)
-                if not match and exc.code() not in RETRYABLE_STATUSES:
+                if not err.retryable or time.monotonic() >= deadline:
                     raise err from exc
-                if time.monotonic() >= deadline:
-                    raise err from exc
-                if match and match.group(2) and hops < MAX_REDIRECTS:
+                if err.code == "NOT_LEADER" and err.leader_addr and hops < MAX_REDIRECTS:
                     hops += 1
-                    addr = match.group(2)
+                    addr = err.leader_addr
                     continue
                 # No leader known (an election), the node is down, or a retryable error:
                 # forget the leader, back off a little and try the next node.
@@ -301,7 +297,7 @@ class RouteClient:
                         del self._leaders[broker_name]
                 candidates = self._candidates(topic, broker_name, refresh=True)
                 rest = [a for a in candidates if a != addr] or candidates
-                time.sleep(min(NO_LEADER_BACKOFF_S, max(deadline - time.monotonic(), 0)))
+                time.sleep(min(retry_wait_s(err), max(deadline - time.monotonic(), 0)))
                 addr = random.choice(rest) if rest else ""
                 continue
             with self._lock:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from dledger.log import ConfigError, DLedgerError
+
 ENV = "RAFTMQ_FAILPOINTS"
 # Every failpoint the code hits, with where it is.
 KNOWN: dict[str, str] = {
@@ -25,8 +27,10 @@ KNOWN: dict[str, str] = {
 }
 
 
-class FailpointError(RuntimeError):
+class FailpointError(DLedgerError, RuntimeError):
     """Raised at an armed failpoint."""
+
+    code = "FAILPOINT"
 
 
 def _parse(spec: str) -> dict[str, int]:
@@ -35,7 +39,7 @@ def _parse(spec: str) -> dict[str, int]:
         name, _, action = part.partition("=")
         kind, _, after = action.partition("@")
         if name not in KNOWN or kind != "raise":
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV}: unknown failpoint or action {part!r} (known: {sorted(KNOWN)})"
             )
         armed[name] = int(after) if after else 1

@@ -63,6 +63,14 @@ class DLedgerError(Exception):
     code = "DLEDGER_ERROR"
 
 
+class ConfigError(DLedgerError, ValueError):
+    """A configuration value dledger refuses (Raft timing, peers, store or retention settings,
+    a node's configuration). Also a ValueError: callers that parse a value and catch
+    ValueError keep working."""
+
+    code = "INVALID_CONFIG"
+
+
 class LogCompactedError(DLedgerError):
     """The requested index is below the first index still held (deleted by retention)."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dledger.storage import codec
 from dledger.storage.codec import ItemKind
+from jepsen_like.errors import JepsenError
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 TORN_RECORD_BYTES = codec.ENTRY_HEADER_SIZE + 40
 
 
-class DiskFaultError(Exception):
+class DiskFaultError(JepsenError):
     """The store has nothing the fault could be applied to."""
 
 

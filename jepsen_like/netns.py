@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.cluster import ClusterError, LocalCluster, NodeInfo
+from jepsen_like.errors import JepsenError
 from jepsen_like.proxy import LinkFaults
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ _NAME_RE = re.compile(
 )
 
 
-class NetnsError(Exception):
+class NetnsError(JepsenError):
     """A namespace or rule operation failed; one line."""
 
 

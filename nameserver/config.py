@@ -10,7 +10,11 @@ from pathlib import Path
 
 import javaproperties
 
-from nameserver.routes import DEFAULT_BROKER_EXPIRED_TIME_MS, DEFAULT_SCAN_INTERVAL_MS
+from nameserver.routes import (
+    DEFAULT_BROKER_EXPIRED_TIME_MS,
+    DEFAULT_SCAN_INTERVAL_MS,
+    NameServerError,
+)
 
 # RocketMQ's NameServer port.
 DEFAULT_PORT = 9876
@@ -23,7 +27,7 @@ MIN_SCAN_INTERVAL_MS = 100
 MAX_SCAN_INTERVAL_MS = 3600 * 1000
 
 
-class ConfigError(Exception):
+class ConfigError(NameServerError):
     """A configuration the NameServer refuses to start with."""
 
     code = "CONFIG_ERROR"

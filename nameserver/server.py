@@ -1,7 +1,8 @@
 """``raftmq.nameserver.v1.NameServer`` over grpc.aio: the route table plus its expiry scan.
 
 Errors map to gRPC status codes in :data:`_STATUS` and only there; the detail starts with the
-error's stable code.
+error's stable code, and the status details carry it as a ``raftmq.common.v1.ErrorInfo``
+(:mod:`dledger.server.status`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
-from dledger.server import rpcguard
+from dledger.server import rpcguard, status
 from nameserver.config import NameServerConfig
 from nameserver.routes import (
     MAX_HOST_LEN,
@@ -59,9 +60,6 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
 ]
-# Bytes of an error detail at most: gRPC carries it in a header, and clients choke on large
-# ones. Every detail is built far below this; the cut is the last line of defence.
-MAX_DETAIL_BYTES = 1000
 # In-flight RPCs get this long to finish when the server stops.
 STOP_GRACE_S = 0.5
 
@@ -71,13 +69,17 @@ _STATUS: dict[type[NameServerError], grpc.StatusCode] = {
     TooManyBrokersError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TooManyTopicsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+# A full route table frees when brokers expire (a scan interval or so): retry after that long.
+TABLE_FULL_RETRY_AFTER_MS = 10_000
 # BrokerRole numbers to names; a number outside the enum (proto3 keeps unknown enum values)
 # is refused as INVALID_REQUEST instead of raising in the enum lookup.
 _ROLE_NAMES: dict[int, str] = {number: name for name, number in pb.BrokerRole.items()}
 
 
-class StartError(Exception):
+class StartError(NameServerError):
     """The NameServer cannot start (port busy). One line, for the CLI."""
+
+    code = "START_FAILED"
 
 
 _Req = TypeVar("_Req")
@@ -91,12 +93,23 @@ def _rpc(fn: _Handler[_Req, _Resp]) -> _Handler[_Req, _Resp]:
         try:
             return await fn(self, request, context)
         except NameServerError as exc:
-            status = _STATUS.get(type(exc), grpc.StatusCode.INTERNAL)
-            detail = f"{exc.code} {exc}".encode()[:MAX_DETAIL_BYTES].decode(errors="ignore")
-            await context.abort(status, detail)
-            raise AssertionError("unreachable") from None  # abort raises
+            await status.abort(context, failure_of(exc))
 
     return wrapper
+
+
+def failure_of(exc: NameServerError) -> status.RpcFailure:
+    """The failed call ``exc`` becomes: its status, its code, and a retry hint when a full
+    table may free up."""
+    code = _STATUS.get(type(exc), grpc.StatusCode.INTERNAL)
+    full = code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    return status.RpcFailure(
+        code,
+        exc.code,
+        str(exc),
+        retryable=full,
+        retry_after_ms=TABLE_FULL_RETRY_AFTER_MS if full else 0,
+    )
 
 
 def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:

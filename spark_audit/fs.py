@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from spark_audit.errors import AuditError
+
 LOCAL_SCHEMES = ("", "file")
 
 
-class FsError(OSError):
+class FsError(AuditError, OSError):
     """A file or directory of a store cannot be listed or read."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_audit.errors import AuditError
 from spark_audit.model import GroupPlan, TaskSpec, to_i64
 from spark_audit.scan import iter_rows, run_task
 
@@ -84,7 +85,7 @@ MISMATCH_COLUMNS = (
 )
 
 
-class AuditJobError(Exception):
+class AuditJobError(AuditError):
     """Spark could not start or run the job."""
 
 

@@ -20,6 +20,7 @@ from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE, RecordEr
 from dledger.storage.files import SEGMENT_NAME_DIGITS
 from dledger.storage.store import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR
 from spark_audit import fs
+from spark_audit.errors import AuditError
 from spark_audit.model import (
     Finding,
     GroupPlan,
@@ -45,7 +46,7 @@ STORE_FILES = frozenset({"commitlog", "index", "checkpoint", "meta", "abort", "l
 TRANSIENT_SUFFIXES = (".tmp", ".alloc")
 
 
-class InputError(Exception):
+class InputError(AuditError):
     """Bad usage or unreadable input (exit code 2)."""
 
 

@@ -35,6 +35,7 @@ from dledger.storage.codec import (
 from dledger.storage.files import segment_name
 from spark_audit import batch
 from spark_audit.batch import HEADER_DTYPE, INDEX_DTYPE, U64
+from spark_audit.errors import AuditError
 from spark_audit.fs import MappedView
 from spark_audit.model import (
     ORDERED_KEY,
@@ -209,7 +210,7 @@ def _prefix(ok: npt.NDArray[np.bool_]) -> int:
     return int(np.argmin(ok))
 
 
-class _Stop(Exception):
+class _Stop(AuditError):
     """The scan of a replica reached the end of its range."""
 
 

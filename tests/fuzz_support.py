@@ -26,6 +26,8 @@ from raftmq.broker.v1 import broker_pb2
 from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
 
+from dledger.server.status import read_error
+
 # Names the fuzzed group serves, so that some requests reach past name validation.
 FUZZ_TOPIC = "FuzzTarget"
 FUZZ_GROUP = "fuzz-cg"
@@ -387,6 +389,24 @@ def _serialize(m: Message | bytes) -> bytes:
     return m if isinstance(m, bytes) else m.SerializeToString()
 
 
+# Prefix of a detail whose status details are missing or disagree with it: it fails CODE_RE,
+# so Findings reports it like any detail without a code.
+NO_ERROR_INFO = "(no matching ErrorInfo) "
+
+
+def answered_detail(exc: grpc.RpcError) -> str:
+    """The text detail of a failed call, checked against its structured error: a server's
+    answer (the text starts with a code) must carry an ErrorInfo of that code in its status
+    details; gRPC's own failures (deadline, message too large) carry none."""
+    detail = exc.details() or ""
+    if not CODE_RE.match(detail):
+        return detail
+    info = read_error(exc)
+    if info is None or info.code != detail.split(" ", 1)[0]:
+        return NO_ERROR_INFO + detail
+    return detail
+
+
 def call_unary(
     channel: grpc.Channel, rpc: Rpc, request: Message | bytes, timeout_s: float
 ) -> tuple[SC, str]:
@@ -400,7 +420,7 @@ def call_unary(
     try:
         stub(request, timeout=timeout_s)
     except grpc.RpcError as exc:
-        return exc.code(), exc.details() or ""
+        return exc.code(), answered_detail(exc)
     return SC.OK, ""
 
 
@@ -419,5 +439,5 @@ def call_peer_stream(
     try:
         stub(iter(requests), timeout=timeout_s, metadata=tuple(metadata))
     except grpc.RpcError as exc:
-        return exc.code(), exc.details() or ""
+        return exc.code(), answered_detail(exc)
     return SC.OK, ""

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
+from dledger.log import ConfigError as ConfigError  # the package's one ConfigError
 from dledger.log import DLedgerError
-
-
-class ConfigError(DLedgerError):
-    """A :class:`~dledger.core.config.RaftConfig` value or the peer list is invalid."""
-
-    code = "INVALID_CONFIG"
 
 
 class UnknownPeerError(DLedgerError):

@@ -1,10 +1,11 @@
 """The asyncio + grpc.aio runtime of one DLedger member (see ``dledger.server.node``)."""
 
+from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.node import (
     DLedgerNode,
     LogOnlyStateMachine,
     NodeConfig,
-    StartError,
+    ServiceRegistrar,
     StateMachine,
 )
 

@@ -1,13 +1,13 @@
 """A small synchronous client of the DLedger log service (what tests, mqcluster and tools use).
 
-It finds the leader by asking any node, follows ``NOT_LEADER`` redirects, and reports
-failures with the node's machine-readable code. Users can equally call the generated stubs
-in ``raftmq.dledger.v1`` directly.
+It finds the leader by asking any node, follows ``NOT_LEADER`` redirects (the leader address
+in the structured error, ``raftmq.common.v1.ErrorInfo``), and reports failures with the node's
+machine-readable code. Users can equally call the generated stubs in ``raftmq.dledger.v1``
+directly.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,22 +17,22 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.log import DLedgerError, Entry
 from dledger.server.convert import entry_from_pb
+from dledger.server.status import code_of_text, read_error
 from dledger.server.transport import CHANNEL_OPTIONS
 
-# Nodes start every error detail with a machine-readable code such as NOT_LEADER or NO_QUORUM.
-_CODE = re.compile(r"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{3,})\b")
-_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
 # Redirects followed by one call before it gives up (a group elects within a few hops).
 MAX_REDIRECTS = 5
 
 
 class ClientError(DLedgerError):
-    """A call failed; ``status`` is the gRPC status code name, ``code`` the node's code."""
+    """A call failed; ``status`` is the gRPC status code name, ``code`` the node's code,
+    ``leader_addr`` the leader's client address a NOT_LEADER answer named ("" otherwise)."""
 
-    def __init__(self, message: str, *, status: str, code: str) -> None:
+    def __init__(self, message: str, *, status: str, code: str, leader_addr: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.leader_addr = leader_addr
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +45,25 @@ class AppendResult:
 
 def _error(exc: grpc.RpcError, addr: str) -> ClientError:
     status = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
-    detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-    match = _CODE.match(detail or "")
-    code = match.group(1) if match else status
-    return ClientError(f"{addr}: {status} {detail}", status=status, code=code)
+    detail = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
+    info = read_error(exc)
+    if info is None:  # a node older than the structured error, or gRPC's own failure
+        return ClientError(
+            f"{addr}: {status} {detail}", status=status, code=code_of_text(detail) or status
+        )
+    return ClientError(
+        f"{addr}: {status} {detail}", status=status, code=info.code, leader_addr=info.leader_addr
+    )
 
 
 class LogClient:
     """Talks to the client ports of one group's nodes."""
 
     def __init__(self, addrs: Sequence[str], group: str = "", timeout_s: float = 5.0) -> None:
-        assert addrs, "at least one node address"
+        if not addrs:
+            raise ClientError(
+                "at least one node address", status="INVALID_ARGUMENT", code="NO_ADDR"
+            )
         self.addrs = list(addrs)
         self.group = group
         self.timeout_s = timeout_s
@@ -115,9 +123,8 @@ class LogClient:
                 resp = self._stub(addr).Append(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
                 err = _error(exc, addr)
-                match = _NOT_LEADER.search(err.args[0])
-                if err.code == "NOT_LEADER" and match and match.group(2):
-                    addr = match.group(2)
+                if err.code == "NOT_LEADER" and err.leader_addr:
+                    addr = err.leader_addr
                     self._leader = addr
                     continue
                 self._leader = None

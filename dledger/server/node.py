@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -33,14 +33,10 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from dledger import failpoints
 from dledger.core import (
     MAX_ENTRIES_PER_PROPOSAL,
-    BackPressureError,
-    NotLeaderError,
-    ProposalDroppedError,
+    ConfigError,
     RaftConfig,
     RaftNode,
     Role,
-    TransferInProgressError,
-    UnknownPeerError,
 )
 from dledger.core.messages import AppendRequest
 from dledger.fatal import fatal, spawn
@@ -51,8 +47,9 @@ from dledger.log import (
     IndexOutOfRangeError,
     LogCompactedError,
 )
-from dledger.server import rpcguard
+from dledger.server import rpcguard, status
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
+from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
 from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
@@ -165,14 +162,22 @@ class NodeConfig:
     retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
 
     def __post_init__(self) -> None:
-        assert self.self_id in self.peers, "self_id must be one of the peers"
-        assert self.tick_ms > 0 and self.heartbeat_interval_ms >= self.tick_ms
-        assert self.election_timeout_ms >= 2 * self.heartbeat_interval_ms
-        assert set(self.peer_client_addrs) <= set(self.peers), "peer_client_addrs: unknown id"
-        assert all(
+        if self.self_id not in self.peers:
+            raise ConfigError(f"self_id {self.self_id!r} must be one of the peers")
+        if not 0 < self.tick_ms <= self.heartbeat_interval_ms:
+            raise ConfigError("tick_ms must be > 0 and <= heartbeat_interval_ms")
+        if self.election_timeout_ms < 2 * self.heartbeat_interval_ms:
+            raise ConfigError("election_timeout_ms must be >= 2 * heartbeat_interval_ms")
+        unknown = set(self.peer_client_addrs) - set(self.peers)
+        if unknown:
+            raise ConfigError(f"peer_client_addrs names ids that are not peers: {sorted(unknown)}")
+        if not all(
             0 <= t <= 255 and t not in (EntryType.NOOP, EntryType.CONFIG)
             for t in self.client_entry_types
-        ), "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
+        ):
+            raise ConfigError(
+                "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
+            )
 
     @property
     def client_addr(self) -> str:
@@ -190,10 +195,6 @@ class NodeConfig:
         )
 
 
-class StartError(Exception):
-    """The node cannot start (port in use, store locked or corrupt). One line, for the CLI."""
-
-
 @dataclass(order=True, slots=True)
 class _Waiter:
     last_index: int
@@ -201,17 +202,6 @@ class _Waiter:
     term: int = field(compare=False)
     first_index: int = field(compare=False)
     future: asyncio.Future[None] = field(compare=False)
-
-
-class ProposalLostError(DLedgerError):
-    """A proposal's entries were replaced by a newer leader's, or leadership was lost before
-    they committed: the outcome is unknown to this node (they may still commit elsewhere)."""
-
-    code = "PROPOSAL_LOST"
-
-
-def _not_leader_detail(leader_id: str | None, leader_addr: str) -> str:
-    return f"NOT_LEADER leader={leader_id or ''} addr={leader_addr}"
 
 
 class DLedgerNode:
@@ -617,10 +607,13 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
             or sender not in node.cfg.peers
         ):
             node.note_drop(DROP_STREAM_REFUSED, f"group={_echo(group)} from={_echo(sender)}")
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"NOT_A_MEMBER of group {_echo(node.cfg.group)}: "
-                f"group={_echo(group)} from={_echo(sender)}",
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "NOT_A_MEMBER",
+                    f"of group {_echo(node.cfg.group)}: group={_echo(group)} from={_echo(sender)}",
+                ),
             )
         received = 0
         async for pm in request_iterator:
@@ -630,18 +623,30 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
 
 
 class _ClientServicer(pb_grpc.DLedgerClientServicer):
-    """The log client service. Errors map to status codes here and only here."""
+    """The log client service. Errors become statuses through :mod:`dledger.server.status`
+    (:meth:`_fail` for dledger's errors, :func:`_invalid` for refused requests)."""
 
     def __init__(self, node: DLedgerNode) -> None:
         self.node = node
 
     async def _check_group(self, group: str, context: grpc.aio.ServicerContext) -> None:
         if group and group != self.node.cfg.group:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"UNKNOWN_GROUP this node serves group {_echo(self.node.cfg.group)}, "
-                f"not {_echo(group)}",
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.NOT_FOUND,
+                    "UNKNOWN_GROUP",
+                    f"this node serves group {_echo(self.node.cfg.group)}, not {_echo(group)}",
+                ),
             )
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+        """End the call with the status of ``exc``, one of dledger's errors or a quorum
+        timeout (anything else is raised again: gRPC answers UNKNOWN and logs it)."""
+        failure = status.dledger_failure(exc, self.node)
+        if failure is None:
+            raise exc
+        await status.abort(context, failure)
 
     async def Append(
         self, request: pb.AppendEntriesRequest, context: grpc.aio.ServicerContext
@@ -650,46 +655,36 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         entry_type = request.type
         if entry_type not in node.cfg.client_entry_types:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"ENTRY_TYPE_NOT_ALLOWED type {entry_type} cannot be appended by clients "
-                f"(allowed: {sorted(node.cfg.client_entry_types)})",
+            await status.abort(
+                context,
+                _invalid(
+                    "ENTRY_TYPE_NOT_ALLOWED",
+                    f"type {entry_type} cannot be appended by clients "
+                    f"(allowed: {sorted(node.cfg.client_entry_types)})",
+                ),
             )
         bodies = request.bodies
         if len(bodies) > MAX_ENTRIES_PER_PROPOSAL:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"TOO_MANY_ENTRIES {len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}",
+            await status.abort(
+                context,
+                _invalid(
+                    "TOO_MANY_ENTRIES", f"{len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}"
+                ),
             )
         max_body = node.store.config.max_body_bytes
         for i, b in enumerate(bodies):
             if len(b) > max_body:
                 # No retry can ever store it: distinct from the retryable BACK_PRESSURE.
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"ENTRY_TOO_LARGE body {i} has {len(b)} bytes, the limit is {max_body}",
+                await status.abort(
+                    context,
+                    _invalid(
+                        "ENTRY_TOO_LARGE", f"body {i} has {len(b)} bytes, the limit is {max_body}"
+                    ),
                 )
         try:
             first, last, term = await node.propose(list(bodies), entry_type)
-        except NotLeaderError as exc:
-            _, addr = node.leader_client_addr()
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, _not_leader_detail(exc.leader_id, addr)
-            )
-            raise AssertionError("unreachable") from None  # abort raises; for the type checker
-        except BackPressureError as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"BACK_PRESSURE {exc}")
-        except TransferInProgressError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}")
-        except ProposalDroppedError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code} {exc}")
-        except ProposalLostError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"LEADERSHIP_LOST {exc}")
-        except TimeoutError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"NO_QUORUM not committed within {node.cfg.append_timeout_ms} ms; outcome unknown",
-            )
+        except (DLedgerError, TimeoutError) as exc:
+            await self._fail(context, exc)
         return pb.AppendEntriesResponse(first_index=first, last_index=last, term=term)
 
     async def Get(
@@ -699,9 +694,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         commit = node.core.commit_index
         if request.index < 1:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "INVALID_INDEX index must be >= 1"
-            )
+            await status.abort(context, _invalid("INVALID_INDEX", "index must be >= 1"))
         if request.index > commit:
             return pb.GetResponse(commit_index=commit)
         count = min(max(1, request.max_count), GET_MAX_COUNT, commit - request.index + 1)
@@ -709,8 +702,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         try:
             entries = node.store.read_range(request.index, max_bytes, max_count=count)
         except LogCompactedError as exc:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{exc.code} {exc}")
-            raise AssertionError("unreachable") from None
+            await self._fail(context, exc)
         except IndexOutOfRangeError:
             entries = []
         resp = pb.GetResponse(commit_index=commit)
@@ -752,24 +744,29 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         try:
             node.core.transfer_leadership(request.target_id)
-        except NotLeaderError as exc:
-            _, addr = node.leader_client_addr()
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, _not_leader_detail(exc.leader_id, addr)
-            )
-        except UnknownPeerError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code} {exc}")
-        except TransferInProgressError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"TRANSFER_IN_PROGRESS {exc}")
+        except DLedgerError as exc:
+            await self._fail(context, exc)
         node._wake()
         deadline = time.monotonic() + node.cfg.election_timeout_ms * 4 / 1000
         while node.core.leader_id != request.target_id and time.monotonic() < deadline:
             await node.wait_leader_change(deadline - time.monotonic())
         if node.core.leader_id != request.target_id:
-            await context.abort(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"TRANSFER_TIMEOUT leader is still {node.core.leader_id}",
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "TRANSFER_TIMEOUT",
+                    f"leader is still {node.core.leader_id}",
+                    leader_id=node.core.leader_id or "",
+                    leader_addr=node.leader_client_addr()[1],
+                    retryable=True,
+                ),
             )
         return pb.TransferLeadershipResponse(
             leader_id=node.core.leader_id or "", term=node.core.term
         )
+
+
+def _invalid(code: str, text: str) -> status.RpcFailure:
+    """A request this node refuses whatever its state: not retryable."""
+    return status.RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, code, text)

@@ -32,6 +32,8 @@ from typing import Any
 
 import grpc
 
+from dledger.server import status
+
 logger = logging.getLogger(__name__)
 
 # The stable code at the start of the detail of every refusal.
@@ -111,8 +113,11 @@ def guard_deserializer(
     return decode
 
 
-def _detail(bad: Undecodable) -> str:
-    return f"{BAD_REQUEST_CODE} undecodable {bad.message_type}"
+def _failure(bad: Undecodable) -> status.RpcFailure:
+    """``BAD_REQUEST undecodable <type>``: the type is the server's own, never the bytes."""
+    return status.RpcFailure(
+        grpc.StatusCode.INVALID_ARGUMENT, BAD_REQUEST_CODE, f"undecodable {bad.message_type}"
+    )
 
 
 def _peer(context: Any) -> str:
@@ -124,14 +129,12 @@ def _peer(context: Any) -> str:
 
 async def _refuse_async(context: Any, bad: Undecodable, method: str) -> None:
     REFUSALS.refused(bad, method, _peer(context))
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(bad))
-    raise AssertionError("context.abort returned")  # pragma: no cover - abort raises
+    await status.abort(context, _failure(bad))
 
 
 def _refuse_sync(context: Any, bad: Undecodable, method: str) -> None:
     REFUSALS.refused(bad, method, _peer(context))
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(bad))
-    raise AssertionError("context.abort returned")  # pragma: no cover - abort raises
+    status.abort_sync(context, _failure(bad))
 
 
 def _unary_request(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:

@@ -61,8 +61,10 @@ MIN_ENTRIES_PER_RTT = 4
 _TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL = range(6)
 
 
-class Violation(Exception):
+class Violation(DLedgerError):
     """A Raft invariant failed. ``kind`` is a short stable name."""
+
+    code = "RAFT_VIOLATION"
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
-from dledger.log import ENTRY_TYPE_MAX, Entry, HardState
+from dledger.log import ENTRY_TYPE_MAX, DLedgerError, Entry, HardState
 
 crc32c = _crc32c.crc32c
 
@@ -89,8 +89,11 @@ NO_VOTE = 0xFFFF
 MAX_VOTED_FOR_BYTES = 1024
 
 
-class RecordError(ValueError):
-    """A record fails a check. ``offset`` is relative to the buffer given to the decoder."""
+class RecordError(DLedgerError, ValueError):
+    """A record fails a check. ``offset`` is relative to the buffer given to the decoder.
+    (Also a ValueError, as it was before the hierarchy: decoders' callers catch that.)"""
+
+    code = "BAD_RECORD"
 
     def __init__(self, reason: str, offset: int) -> None:
         super().__init__(f"{reason} at offset {offset}")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from dledger.log import ConfigError
+
 # RocketMQ's defaults: keep files 72 hours, delete at 4 in the morning (local time).
 DEFAULT_FILE_RESERVED_TIME_HOURS = 72
 DEFAULT_DELETE_WHEN = "04"
@@ -33,7 +35,7 @@ def parse_delete_when(delete_when: str) -> frozenset[int]:
     for part in delete_when.split(";"):
         text = part.strip()
         if not text.isdigit() or not 0 <= int(text) <= 23:
-            raise ValueError(f"deleteWhen={delete_when!r}: {part!r} is not an hour 00..23")
+            raise ConfigError(f"deleteWhen={delete_when!r}: {part!r} is not an hour 00..23")
         hours.add(int(text))
     return frozenset(hours)
 
@@ -55,7 +57,7 @@ def segments_to_delete(
     every segment before it is deleted too (the log stays a contiguous suffix).
     """
     if file_reserved_time_hours < 0:
-        raise ValueError(f"fileReservedTime={file_reserved_time_hours} must be >= 0")
+        raise ConfigError(f"fileReservedTime={file_reserved_time_hours} must be >= 0")
     hours = parse_delete_when(delete_when)
     if now.hour not in hours:
         return []

@@ -27,6 +27,7 @@ from dledger import failpoints
 from dledger.fatal import fatal, guard_thread
 from dledger.log import (
     ENTRY_TYPE_MAX,
+    ConfigError,
     CorruptLogError,
     DLedgerError,
     Entry,
@@ -182,19 +183,19 @@ class StoreConfig:
         for name in ("segment_size_bytes", "index_segment_size_bytes"):
             value = getattr(self, name)
             if value < MIN_SEGMENT_SIZE_BYTES or value % PAGE_SIZE:
-                raise ValueError(
+                raise ConfigError(
                     f"{name}={value} must be >= {MIN_SEGMENT_SIZE_BYTES} and a multiple of "
                     f"the page size {PAGE_SIZE}"
                 )
         if self.segment_size_bytes >= 1 << 32:
             # Blank records store the remaining length of a segment in a u32.
-            raise ValueError(f"segment_size_bytes={self.segment_size_bytes} must be < 4 GiB")
+            raise ConfigError(f"segment_size_bytes={self.segment_size_bytes} must be < 4 GiB")
         if self.index_segment_size_bytes % INDEX_RECORD_SIZE:
-            raise ValueError("index_segment_size_bytes must be a multiple of 32")
+            raise ConfigError("index_segment_size_bytes must be a multiple of 32")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
-            raise ValueError("flush_interval_ms and checkpoint_interval_ms must be > 0")
+            raise ConfigError("flush_interval_ms and checkpoint_interval_ms must be > 0")
         if not 0 <= self.reserve_bytes <= 1 << 30:
-            raise ValueError(f"reserve_bytes={self.reserve_bytes} must be in [0, 1 GiB]")
+            raise ConfigError(f"reserve_bytes={self.reserve_bytes} must be in [0, 1 GiB]")
 
     @property
     def max_body_bytes(self) -> int:

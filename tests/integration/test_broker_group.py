@@ -16,11 +16,14 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.common.v1 import error_pb2
 from support import pulled, send_results, wait_for
 
 from broker.cluster import LocalCluster
+from broker.leader_client import LeaderClient
 from broker.message import UniqIdGenerator
 from client.message import MessageExt
+from dledger.server.status import read_error
 
 pytestmark = pytest.mark.integration
 
@@ -29,59 +32,23 @@ QUEUES = 8
 TAGS = ("TagA", "TagB", "TagC")
 # Small key index files: the defaults (about 420 MB sparse per file) are for production.
 INDEX_CONF = {"maxHashSlotNum": 100_000, "maxIndexNum": 400_000}
-_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
 
 
-class Broker:
-    """A minimal client over the generated stubs: follows NOT_LEADER for writes."""
+class Broker(LeaderClient):
+    """A minimal client over the generated stubs: leader-only calls follow the structured
+    NOT_LEADER redirect (broker.leader_client, shared with the demo)."""
 
     def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(self.live_addrs)
         self.cluster = cluster
-        self.channels: dict[str, grpc.Channel] = {}
-        self.leader = ""
-        self.retries: Counter[str] = Counter()
-
-    def stub(self, addr: str) -> pb_grpc.BrokerStub:
-        if addr not in self.channels:
-            self.channels[addr] = grpc.insecure_channel(addr)
-        return pb_grpc.BrokerStub(self.channels[addr])
-
-    def close(self) -> None:
-        for ch in self.channels.values():
-            ch.close()
 
     def live_addrs(self) -> list[str]:
         return [n.client_addr for n in self.cluster.nodes if self.cluster.pid(n) is not None]
 
     def write(self, method: str, request: object, timeout_s: float = 10.0) -> object:
-        """Call a leader-only RPC, following redirects and retrying UNAVAILABLE until the
-        deadline (a retried send must carry the same uniq ids: the broker deduplicates)."""
-        deadline = time.monotonic() + timeout_s
-        addr = self.leader or self.live_addrs()[0]
-        last: grpc.RpcError | None = None
-        while time.monotonic() < deadline:
-            try:
-                resp = getattr(self.stub(addr), method)(request, timeout=5.0)
-                self.leader = addr
-                return resp
-            except grpc.RpcError as exc:
-                last = exc
-                detail = exc.details() or ""
-                self.retries[detail.split(" ")[0]] += 1
-                match = _NOT_LEADER.match(detail)
-                if match and match.group(2):
-                    addr = match.group(2)
-                    continue
-                if exc.code() not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                ):
-                    raise
-                live = self.live_addrs()
-                addr = live[(live.index(addr) + 1) % len(live)] if addr in live else live[0]
-                time.sleep(0.05)
-        assert last is not None
-        raise last
+        """Call a leader-only RPC, following redirects and retrying until the deadline (a
+        retried send must carry the same uniq ids: the broker deduplicates)."""
+        return self.call(lambda stub: getattr(stub, method)(request, timeout=5.0), timeout_s)
 
     def send(self, messages: Sequence[pb.Message], topic: str = TOPIC) -> pb.SendMessageResponse:
         resp = self.write("SendMessage", pb.SendMessageRequest(topic=topic, messages=messages))
@@ -461,10 +428,19 @@ def test_deleted_consumequeue_and_index_are_rebuilt_equal(
 def test_errors_and_topic_admin(local_group: Callable[..., LocalCluster]) -> None:
     cluster, client = setup_group(local_group, maxMessageSize=1024)
 
+    raised: list[grpc.RpcError] = []
+
     def error(addr: str, method: str, request: object) -> tuple[grpc.StatusCode, str]:
         with pytest.raises(grpc.RpcError) as info:
             getattr(client.stub(addr), method)(request, timeout=5)
+        raised.append(info.value)
         return info.value.code(), info.value.details() or ""
+
+    def fields() -> error_pb2.ErrorInfo:
+        """The structured error of the last failed call (every broker failure has one)."""
+        info = read_error(raised[-1])
+        assert info is not None, raised[-1]
+        return info
 
     one = [pb.Message(queue_id=0, body=b"x")]
     answers: list[tuple[grpc.StatusCode, str]] = []
@@ -485,8 +461,13 @@ def test_errors_and_topic_admin(local_group: Callable[..., LocalCluster]) -> Non
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert re.fullmatch(r"NOT_LEADER leader=n\d addr=127\.0\.0\.1:\d+", detail), detail
     assert detail.endswith(leader)
+    info = fields()  # the same redirect as fields: what clients act on
+    assert (info.code, info.leader_addr, info.retryable) == ("NOT_LEADER", leader, True)
+    assert cluster.node(info.leader_id).client_addr == leader
     code, detail = error(leader, "SendMessage", pb.SendMessageRequest(topic="Nope", messages=one))
     assert code == grpc.StatusCode.NOT_FOUND and detail.startswith("TOPIC_NOT_FOUND")
+    info = fields()
+    assert (info.code, info.retryable, info.leader_addr) == ("TOPIC_NOT_FOUND", False, "")
     big = [pb.Message(queue_id=0, body=b"x" * 1025)]
     code, detail = error(leader, "SendMessage", pb.SendMessageRequest(topic=TOPIC, messages=big))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and detail.startswith("MESSAGE_TOO_LARGE")
@@ -495,6 +476,7 @@ def test_errors_and_topic_admin(local_group: Callable[..., LocalCluster]) -> Non
     assert code == grpc.StatusCode.INVALID_ARGUMENT and detail.startswith("QUEUE_ID_OUT_OF_RANGE")
     code, detail = error(leader, "SendMessage", pb.SendMessageRequest(topic="a b", messages=one))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and detail.startswith("INVALID_TOPIC")
+    assert (fields().code, fields().retryable) == ("INVALID_TOPIC", False)
     code, detail = error(
         leader,
         "ViewMessage",

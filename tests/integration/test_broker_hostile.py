@@ -4,8 +4,6 @@ hostile fields answered with bounded, documented errors."""
 
 from __future__ import annotations
 
-import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,13 +15,13 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from support import pulled, wait_for
 
 from broker.cluster import LocalCluster
+from broker.leader_client import LeaderClient
 from broker.message import UniqIdGenerator
 
 pytestmark = pytest.mark.integration
 
 # Small key index files: the defaults (about 420 MB sparse per file) are for production.
 INDEX_CONF = {"maxHashSlotNum": 100_000, "maxIndexNum": 400_000}
-_NOT_LEADER = re.compile(r"NOT_LEADER leader=(\S*) addr=(\S*)")
 GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 << 20
 JUNK = b"\xff\xff\xff\xff"  # not protobuf
 
@@ -34,19 +32,12 @@ def _leader_stub(cluster: LocalCluster) -> pb_grpc.BrokerStub:
 
 
 def _write(cluster: LocalCluster, method: str, request: Any, timeout_s: float = 20.0) -> Any:
-    """A leader-only call, retried on a leader change until the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stub = _leader_stub(cluster)
-        try:
-            return getattr(stub, method)(request, timeout=10)
-        except grpc.RpcError as exc:
-            retry = exc.code() in (grpc.StatusCode.UNAVAILABLE,) or _NOT_LEADER.match(
-                exc.details() or ""
-            )
-            if not retry or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    """A leader-only call, following redirects until the deadline (broker.leader_client)."""
+    client = LeaderClient(lambda: cluster.client_addrs)
+    try:
+        return client.call(lambda stub: getattr(stub, method)(request, timeout=10), timeout_s)
+    finally:
+        client.close()
 
 
 def _create_topic(cluster: LocalCluster, name: str, queues: int) -> None:

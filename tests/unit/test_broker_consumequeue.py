@@ -22,7 +22,7 @@ from broker.errors import (
     InvalidTopicError,
     OffsetOutOfRangeError,
     PositionOrderError,
-    StoreClosedError,
+    QueueStoreClosedError,
 )
 
 PER_FILE = 4
@@ -103,7 +103,7 @@ def test_order_and_range_checks(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         cq.read(0, -1)
     cq.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(QueueStoreClosedError):
         cq.append(5000, 1, 0)
     cq.close()  # idempotent
 
@@ -304,7 +304,7 @@ def test_store_layout_and_operations(tmp_path: Path) -> None:
         store.queue("TopicA", -1)
     store.close()
     store.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(QueueStoreClosedError):
         store.queue("TopicA", 0)
 
     (tmp_path / "consumequeue" / "not a topic").mkdir()

@@ -19,6 +19,7 @@ from broker.config import ConfigError, node_config, parse_config
 from broker.disk import DiskGuard, Watermarks, used_percent
 from broker.service import BrokerServicer, ServiceConfig
 from dledger.core import Role
+from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, read_error
 from dledger.storage import DiskFullError
 
 BLOCKS = 1000
@@ -182,8 +183,24 @@ class _Context:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:5555"
 
-    async def abort(self, code: grpc.StatusCode, detail: str) -> None:
-        raise _Aborted(code, detail)
+    async def abort(self, code: grpc.StatusCode, detail: str, trailing_metadata: Any) -> None:
+        raise _Aborted(code, detail, read_error(_Answer(code, detail, trailing_metadata)))
+
+
+class _Answer(grpc.RpcError):
+    """The failed call as a client sees it: status, text detail, trailers."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str, trailers: Any) -> None:
+        self.answer = (code, detail, trailers)
+
+    def code(self) -> grpc.StatusCode:
+        return self.answer[0]
+
+    def details(self) -> str:
+        return str(self.answer[1])
+
+    def trailing_metadata(self) -> Any:
+        return self.answer[2]
 
 
 @pytest.mark.parametrize(
@@ -209,9 +226,12 @@ def test_the_send_paths_answer_resource_exhausted_disk_full(call: Any) -> None:
     servicer = BrokerServicer(node, sm, cfg, _guard(disk))  # type: ignore[arg-type]
     with pytest.raises(_Aborted) as info:
         asyncio.run(call(servicer, _Context()))
-    code, detail = info.value.args
+    code, detail, fields = info.value.args
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert detail.startswith("DISK_FULL node=n0 path=/store/n0 used=95.0% ")
+    # The structured error tells a client to come back later, not at once.
+    assert (fields.code, fields.retryable) == ("DISK_FULL", True)
+    assert fields.retry_after_ms == DISK_FULL_RETRY_AFTER_MS
 
 
 def test_a_crash_by_signal_leaves_a_line_in_the_log() -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import indexfile as ix
-from broker.errors import CorruptStoreError, PositionOrderError, StoreClosedError
+from broker.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
 from broker.indexfile import IndexStore
 
 T0 = 1_763_700_000_000  # 2025-11-21 04:40:00 UTC
@@ -146,7 +146,7 @@ def test_order_errors_and_closed(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         store.put_keys([f"T#{i}" for i in range(9)], 200, T0)  # more than a file holds
     store.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(QueueStoreClosedError):
         store.put("T#k", 200, T0)
 
 

@@ -13,7 +13,9 @@ from typing import Any
 import grpc
 import pytest
 from broker_world import world
+from google.rpc import status_pb2
 from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.common.v1 import error_pb2
 
 from broker.applied import AppliedMessages, NodeContext
 from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
@@ -24,18 +26,27 @@ from broker.errors import (
     MessageTooLargeError,
     NoPermissionError,
     QueueIdOutOfRangeError,
+    TooManyLocksError,
     TopicNotFoundError,
 )
 from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
 from broker.lookups import Found, answer_bytes
 from broker.offsets import offsets_record
 from broker.pulling import PullPath, parse_subscription
-from broker.service import BrokerServicer, ServiceConfig, error_status
+from broker.rpcerrors import RESOURCE_EXHAUSTED_RETRY_AFTER_MS, error_failure, error_status
+from broker.service import BrokerServicer, ServiceConfig
 from broker.state import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
 from client.consumer import pulled_messages
 from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role
-from dledger.server.node import ProposalLostError
+from dledger.server.errors import ProposalLostError
+from dledger.server.status import (
+    BACK_PRESSURE_RETRY_AFTER_MS,
+    DETAILS_KEY,
+    DISK_FULL_RETRY_AFTER_MS,
+    UNAVAILABLE_RETRY_AFTER_MS,
+)
+from dledger.storage import DiskFullError
 
 
 def test_subscriptions() -> None:
@@ -81,6 +92,29 @@ def test_every_error_maps_to_a_status_and_a_stable_code(
     got_status, detail = error_status(exc, _node())
     assert got_status == status
     assert detail.startswith(prefix), detail
+    info = error_failure(exc, _node()).info()
+    assert info.code == prefix.split(" ")[0]
+    if isinstance(exc, NotLeaderError):
+        assert (info.leader_id, info.leader_addr, info.retryable) == ("n2", "127.0.0.1:10931", True)
+
+
+@pytest.mark.parametrize(
+    ("exc", "retry_after_ms", "outcome_unknown"),
+    [
+        (BackPressureError("b"), BACK_PRESSURE_RETRY_AFTER_MS, False),
+        (DiskFullError("disk"), DISK_FULL_RETRY_AFTER_MS, False),
+        (TooManyLocksError("l"), RESOURCE_EXHAUSTED_RETRY_AFTER_MS, False),
+        (TimeoutError(), UNAVAILABLE_RETRY_AFTER_MS, True),
+        (ProposalLostError("l"), UNAVAILABLE_RETRY_AFTER_MS, True),
+    ],
+)
+def test_retryable_errors_carry_a_retry_hint(
+    exc: BaseException, retry_after_ms: int, outcome_unknown: bool
+) -> None:
+    info = error_failure(exc, _node()).info()
+    assert info.retryable and info.retry_after_ms == retry_after_ms > 0
+    assert info.outcome_unknown is outcome_unknown
+    assert not error_failure(TopicNotFoundError("t"), _node()).info().retryable
 
 
 @pytest.mark.parametrize(
@@ -108,10 +142,13 @@ def test_pull_from_follower_hint(
 
 
 class Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, detail: str, info: error_pb2.ErrorInfo | None = None
+    ) -> None:
         super().__init__(code, detail)
         self.code = code
         self.detail = detail
+        self.info = info
 
 
 class FakeContext:
@@ -121,8 +158,14 @@ class FakeContext:
     def peer(self) -> str:
         return self._peer
 
-    async def abort(self, code: grpc.StatusCode, detail: str) -> None:
-        raise Aborted(code, detail)
+    async def abort(self, code: grpc.StatusCode, detail: str, trailing_metadata: Any = ()) -> None:
+        trailers = dict(trailing_metadata)
+        status = status_pb2.Status.FromString(trailers[DETAILS_KEY])
+        info = error_pb2.ErrorInfo()
+        assert status.details[0].Unpack(info), status
+        # The trailer repeats the status and the detail: any client reads the same thing.
+        assert (status.code, status.message) == (code.value[0], detail)
+        raise Aborted(code, detail, info)
 
 
 class FakeNode:
@@ -171,6 +214,8 @@ async def _refused(call: Any) -> Aborted:
     with pytest.raises(Aborted) as err:
         await call
     assert len(err.value.detail.encode()) < 1024
+    info = err.value.info
+    assert info is not None and err.value.detail.split(" ", 1)[0] == info.code, info
     return err.value
 
 

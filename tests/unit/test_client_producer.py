@@ -5,6 +5,7 @@ and no success without the broker's OK."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -17,9 +18,15 @@ from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from client import Message, MQClientError, Producer
+from dledger.server import status
+from dledger.server.status import RpcFailure
 
-# (status, detail) to abort with, or None to answer OK.
-Behaviour = Callable[[], tuple[grpc.StatusCode, str] | None]
+# A structured failure (as raftmq servers answer), a text-only (status, detail) as a server
+# that predates the structured error answers, or None to answer OK.
+Failure = RpcFailure | tuple[grpc.StatusCode, str]
+Behaviour = Callable[[], Failure | None]
+# The text detail of a failure sent with FakeBroker.garble: no code, no address to parse.
+GARBLED = "?? l3ad3r is el5ewhere ??"
 
 
 @dataclass
@@ -29,7 +36,10 @@ class FakeBroker(bpb_grpc.BrokerServicer):
     seen: list[list[str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Looks at the request; (status, detail) to abort with.
-    inspect: Callable[[bpb.SendMessageRequest], tuple[grpc.StatusCode, str] | None] = lambda r: None
+    inspect: Callable[[bpb.SendMessageRequest], Failure | None] = lambda r: None
+    # Send a structured failure with its text detail replaced by GARBLED (the details intact).
+    garble: bool = False
+    times: list[float] = field(default_factory=list)
     # Answer with one queue offset missing (a broken or lying broker).
     short: bool = False
 
@@ -38,9 +48,15 @@ class FakeBroker(bpb_grpc.BrokerServicer):
     ) -> bpb.SendMessageResponse:
         with self.lock:
             self.seen.append([m.msg_id for m in request.messages])
+            self.times.append(time.monotonic())
         failure = self.behaviour() or self.inspect(request)
-        if failure is not None:
+        if isinstance(failure, tuple):
             context.abort(*failure)
+        if failure is not None and self.garble:
+            context.set_trailing_metadata(failure.grpc_status().trailing_metadata)
+            context.abort(failure.status, GARBLED)
+        if failure is not None:
+            status.abort_sync(context, failure)
         n = len(request.messages)
         return bpb.SendMessageResponse(
             packed_msg_ids=[m.msg_id for m in request.messages],
@@ -118,10 +134,7 @@ def node(w: World, name: str) -> FakeBroker:
 
 
 def test_follows_not_leader_with_the_same_msg_id(world: World) -> None:
-    node(world, "a0").behaviour = lambda: (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"NOT_LEADER leader=a1 addr={world.addrs['a1']}",
-    )
+    node(world, "a0").behaviour = lambda: status.not_leader("a1", world.addrs["a1"])
     with Producer("pg", world.namesrv_addr) as producer:
         msg = Message("T", b"x")
         result = producer.send(msg)
@@ -269,17 +282,14 @@ def test_async_sends_share_calls_and_hold_no_thread_each(world: World) -> None:
 
 
 def test_async_send_follows_redirects_and_retries_on_another_group(world: World) -> None:
-    node(world, "a0").behaviour = lambda: (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"NOT_LEADER leader=a1 addr={world.addrs['a1']}",
-    )
+    node(world, "a0").behaviour = lambda: status.not_leader("a1", world.addrs["a1"])
     with Producer("pg", world.namesrv_addr, send_msg_timeout_s=0.5) as producer:
         first = producer.send_async(Message("T", b"x"))
         redirected = first.result(timeout=10)
         assert redirected.message_queue.broker_name in {"broker-a", "broker-b"}
         # broker-a now fails as a whole: the send goes to broker-b with the same msg id.
         for name in ("a0", "a1"):
-            node(world, name).behaviour = lambda: (grpc.StatusCode.UNAVAILABLE, "NO_QUORUM")
+            node(world, name).behaviour = lambda: status.no_quorum(3000)
         for b in world.brokers.values():
             b.seen.clear()
         msgs = [Message("T", f"r{i}".encode()) for i in range(4)]
@@ -351,3 +361,69 @@ def test_packed_answers_are_read_and_a_short_column_is_refused(world: World) -> 
     assert all(r.message_queue.broker_name == "broker-a" for r in batch)
     assert one.queue_offset == 0 and one.offset_msg_id == "7F00000100002A9F" + "0" * 16
     assert bad.value.code == "BAD_RESPONSE"
+
+
+def test_follows_the_structured_redirect_when_the_text_is_garbled(world: World) -> None:
+    """The client acts on the ErrorInfo fields, not on the text: with a detail that names
+    neither a code nor an address, the redirect to a1 is still followed."""
+    a0 = node(world, "a0")
+    a0.garble = True
+    a0.behaviour = lambda: status.not_leader("a1", world.addrs["a1"])
+    with Producer("pg", world.namesrv_addr) as producer:
+        msg = Message("T", b"x")
+        result = producer.send(msg)
+    assert result.message_queue.broker_name == "broker-a"
+    assert a0.seen == [[msg.msg_id]] and node(world, "a1").seen == [[msg.msg_id]]
+    assert not node(world, "b0").seen  # redirected within the group, not retried elsewhere
+
+
+def test_the_error_fields_reach_the_caller(world: World) -> None:
+    a0 = node(world, "a0")
+    a0.garble = True
+    a0.behaviour = lambda: RpcFailure(grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_FOUND", "T")
+    with Producer("pg", world.namesrv_addr) as producer, pytest.raises(MQClientError) as info:
+        producer.send(Message("T", b"x"))
+    err = info.value
+    assert (err.code, err.status, err.structured) == ("TOPIC_NOT_FOUND", "NOT_FOUND", True)
+    assert err.message == GARBLED and not err.retryable
+    assert len(a0.seen) == 1  # not retryable: one attempt
+
+
+def test_a_retry_waits_for_the_servers_hint(world: World) -> None:
+    """BACK_PRESSURE with a 400 ms hint: the next attempt (another node or group) comes no
+    sooner than that, although the client's own wait is 100-200 ms."""
+    hint_ms = 400
+    refused = [False]
+
+    def once() -> Failure | None:
+        if refused[0]:
+            return None
+        refused[0] = True
+        return RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "BACK_PRESSURE",
+            "busy",
+            retryable=True,
+            retry_after_ms=hint_ms,
+        )
+
+    for b in world.brokers.values():
+        b.behaviour = once
+    with Producer("pg", world.namesrv_addr) as producer:
+        producer.send(Message("T", b"x"))
+    times = sorted(t for b in world.brokers.values() for t in b.times)
+    assert len(times) == 2, times
+    assert times[1] - times[0] >= hint_ms / 1000 * 0.95, times
+
+
+def test_a_server_without_structured_errors_still_gets_retries(world: World) -> None:
+    """Text-only answers (a server that predates ErrorInfo): the code is read from the text
+    and a transport status such as UNAVAILABLE is retried (on broker-b here)."""
+    for name in ("a0", "a1"):
+        node(world, name).behaviour = lambda: (grpc.StatusCode.UNAVAILABLE, "NO_QUORUM x")
+    with Producer("pg", world.namesrv_addr, send_msg_timeout_s=0.3) as producer:
+        msgs = [Message("T", f"m{i}".encode()) for i in range(3)]
+        results = [producer.send(m) for m in msgs]
+    assert {r.message_queue.broker_name for r in results} == {"broker-b"}
+    err = MQClientError("NO_QUORUM", "UNAVAILABLE", "x", retryable=True)
+    assert err.retryable and not err.structured

@@ -3,6 +3,9 @@ requests serialize and stay bounded, and its answer check flags what it must."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import grpc
 from fuzz_support import (
     BROKER_RPCS,
     DLEDGER_RPCS,
@@ -10,8 +13,10 @@ from fuzz_support import (
     MANY,
     MAX_REQUEST_BYTES,
     NAMESERVER_RPCS,
+    NO_ERROR_INFO,
     SC,
     Findings,
+    answered_detail,
     messages,
 )
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +24,8 @@ from hypothesis import strategies as st
 from raftmq.broker.v1 import broker_pb2
 from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
+
+from dledger.server.status import RpcFailure
 
 ALL = [*BROKER_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS]
 
@@ -81,3 +88,32 @@ def test_findings_flag_undocumented_statuses_and_bad_details() -> None:
         ("X.Answer", "RESOURCE_EXHAUSTED"),
     }
     assert "X.Long" in f.report() and f.calls == 8
+
+
+class _Answer(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, detail: str, trailers: tuple[Any, ...]) -> None:
+        self.answer = (code, detail, trailers)
+
+    def code(self) -> grpc.StatusCode:
+        return self.answer[0]
+
+    def details(self) -> str:
+        return self.answer[1]
+
+    def trailing_metadata(self) -> tuple[Any, ...]:
+        return self.answer[2]
+
+
+def test_a_server_answer_without_its_error_info_is_flagged() -> None:
+    st = RpcFailure(grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_FOUND", "T").grpc_status()
+    good = _Answer(st.code, st.details, st.trailing_metadata)
+    assert answered_detail(good) == "TOPIC_NOT_FOUND T"
+    bare = _Answer(grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_FOUND T", ())
+    assert answered_detail(bare).startswith(NO_ERROR_INFO)
+    wrong = _Answer(grpc.StatusCode.NOT_FOUND, "NO_PERMISSION T", st.trailing_metadata)
+    assert answered_detail(wrong).startswith(NO_ERROR_INFO)
+    findings = Findings()
+    findings.check("R", frozenset({grpc.StatusCode.NOT_FOUND}), "r", st.code, answered_detail(bare))
+    assert findings.seen  # reported like a detail without a code
+    grpc_own = _Answer(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+    assert answered_detail(grpc_own) == "Deadline Exceeded"

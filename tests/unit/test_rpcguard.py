@@ -10,10 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
+from google.rpc import status_pb2
 from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.common.v1 import error_pb2
 
 from broker.service import BrokerServicer
-from dledger.server import rpcguard
+from dledger.server import rpcguard, status
 
 JUNK = b"\xff\xff\xff\xff"  # field 31, wire type 7: not protobuf
 GOOD = pb.GetTopicRequest(topic="T").SerializeToString()
@@ -105,6 +107,8 @@ def test_every_kind_of_method_refuses_junk_and_serves_good_requests(
                         await call()
                     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                     assert err.value.details() == f"BAD_REQUEST undecodable {TYPE}"
+                    info = status.read_error(err.value)
+                    assert info is not None and info.code == "BAD_REQUEST", info
         finally:
             await server.stop(None)
 
@@ -170,6 +174,9 @@ def test_sync_behaviors_are_guarded_too() -> None:
         def peer(self) -> str:
             return "ipv4:127.0.0.1:1"
 
+        def set_trailing_metadata(self, metadata: Any) -> None:
+            calls.append(dict(metadata))
+
         def abort(self, code: grpc.StatusCode, detail: str) -> None:
             calls.append((code, detail))
             raise Aborted
@@ -181,6 +188,10 @@ def test_sync_behaviors_are_guarded_too() -> None:
     with pytest.raises(Aborted):
         h.unary_unary(h.request_deserializer(JUNK), Context())
     assert calls[-1] == (grpc.StatusCode.INVALID_ARGUMENT, f"BAD_REQUEST undecodable {TYPE}")
+    trailer = status_pb2.Status.FromString(calls[-2][status.DETAILS_KEY])
+    info = error_pb2.ErrorInfo()
+    assert trailer.details[0].Unpack(info) and info.code == "BAD_REQUEST"
+    assert not info.retryable and trailer.message == calls[-1][1]
 
 
 def test_add_servicer_needs_registered_handlers() -> None:

@@ -17,6 +17,7 @@ from broker.cluster import _free_ports
 from dledger.core import MAX_ENTRIES_PER_PROPOSAL, AppendRequest, Role
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
+from dledger.server.status import DETAILS_KEY, read_error
 from dledger.storage import StoreConfig
 
 SEGMENT_BYTES = 1 << 20  # so that the largest body is just under 1 MiB
@@ -75,6 +76,8 @@ def test_client_append_refuses_internal_types_and_impossible_sizes(tmp_path: Pat
         err = await _append_error(node, pb.AppendEntriesRequest(group="g", bodies=[b"x"], type=16))
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.details().startswith("ENTRY_TYPE_NOT_ALLOWED"), err.details()
+        info = read_error(err)
+        assert info is not None and (info.code, info.retryable) == ("ENTRY_TYPE_NOT_ALLOWED", False)
         # Old code: the store's ValueError escaped as UNKNOWN.
         big = b"x" * (SEGMENT_BYTES + 1)
         err = await _append_error(node, pb.AppendEntriesRequest(group="g", bodies=[big]))
@@ -87,6 +90,11 @@ def test_client_append_refuses_internal_types_and_impossible_sizes(tmp_path: Pat
         err = await _append_error(node, pb.AppendEntriesRequest(group="y" * 100_000, bodies=[b""]))
         assert err.code() == grpc.StatusCode.NOT_FOUND
         assert err.details().startswith("UNKNOWN_GROUP") and len(err.details()) < 1024
+        # The structured copy in the trailer is bounded too: the 100 KB name is not in it.
+        trailer = dict(err.trailing_metadata() or ())[DETAILS_KEY]
+        assert len(trailer) < 1200 and b"y" * 100 not in trailer
+        info = read_error(err)
+        assert info is not None and info.code == "UNKNOWN_GROUP"
         assert node.core.last_index == 1  # only the leader's NOOP: nothing was appended
 
     _run(tmp_path, 1, body)
@@ -110,6 +118,10 @@ def test_redirect_address_is_configured_not_taken_from_peer_metadata(tmp_path: P
         await _until(lambda: node.core.leader_id == "n1", "n0 to follow n1")
         err = await _append_error(node, pb.AppendEntriesRequest(group="g", bodies=[b"x"]))
         assert err.details() == f"NOT_LEADER leader=n1 addr={N1_CLIENT_ADDR}", err.details()
+        # The same redirect as fields of the structured error: what clients act on.
+        info = read_error(err)
+        assert info is not None and info.code == "NOT_LEADER"
+        assert (info.leader_id, info.leader_addr, info.retryable) == ("n1", N1_CLIENT_ADDR, True)
         assert node.leader_client_addr() == ("n1", N1_CLIENT_ADDR)
 
     _run(tmp_path, 3, body)
