@@ -47,6 +47,7 @@ from dledger.core.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.raftlog import RaftLog
 from dledger.log import Entry, EntryType, HardState, LogStore
 
 logger = logging.getLogger(__name__)
@@ -75,25 +76,46 @@ class SoftState:
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """Everything the driver must do, in this order (see the package docstring).
+    """Everything the driver must do, in this order (the package docstring has the whole
+    procedure). Fields that are None or empty ask for nothing.
 
-    1. ``hard_state`` is not None: save it durably (``LogStore.save_hard_state``).
-    2. ``must_flush_log``: ``LogStore.flush()`` (entries were appended since the last Ready).
-    3. send ``messages`` (only now: they may promise the durability of 1 and 2).
+    1. send ``early_messages`` (optional: they may also go with ``messages``).
+    2. persist in ONE job, in this order: ``hard_state`` (term and vote), then cut the stored
+       log from ``truncate_from`` on, then append ``entries`` (``persist_ready`` does it).
+    3. send ``messages`` (only now: they promise what 2 made durable).
     4. apply ``committed`` in order.
-    5. call ``advance(ready, log.flushed_index())``.
+    5. ``advance(ready)``: what 2 wrote is stable.
     """
 
+    # Term and vote to save durably; None when unchanged since the last Ready.
     hard_state: HardState | None
-    must_flush_log: bool
+    # Cut the stored log from this index on (every entry >= it goes) before appending
+    # ``entries``: a follower's log conflicted with its leader's. None: no cut.
+    truncate_from: int | None
+    # Entries to append to the stored log, consecutive, the first at its last index + 1 (after
+    # the cut). Not counted by this node (as a vote or an ack) before advance().
+    entries: tuple[Entry, ...]
+    # Messages that promise nothing about this node's disk: a leader's appends and heartbeats
+    # (its term was made durable before its vote requests went out; it counts its own entries
+    # only once stable) and TimeoutNow. Sending them before the persist overlaps the leader's
+    # disk write with the followers' (Raft thesis 10.2.1).
+    early_messages: tuple[Message, ...]
+    # Messages to send only after the persist: votes, vote requests, append answers.
     messages: tuple[Message, ...]
+    # Committed entries to apply, consecutive, continuing the previous Ready. All are stable
+    # or in ``entries`` (so they are applied only after the persist).
     committed: tuple[Entry, ...]
+    # Role, term and leader when they changed since the last Ready, else None.
     soft_state: SoftState | None
+
+    def must_persist(self) -> bool:
+        """Whether step 2 has anything to write."""
+        return self.hard_state is not None or self.truncate_from is not None or bool(self.entries)
 
     def is_empty(self) -> bool:
         return (
-            self.hard_state is None
-            and not self.must_flush_log
+            not self.must_persist()
+            and not self.early_messages
             and not self.messages
             and not self.committed
             and self.soft_state is None
@@ -213,7 +235,7 @@ class RaftNode:
         self.id = node_id
         self.peers = others
         self.cfg = config
-        self._log = log
+        self._log = RaftLog(log)
         self._rng = rng
         self._quorum = (len(others) + 1) // 2 + 1
         self._mut = config.mutations
@@ -232,8 +254,6 @@ class RaftNode:
         self._commit = applied_index
         self._handed = applied_index  # last committed index handed out in a Ready
         self._applied = applied_index  # last index the driver confirmed applied (advance)
-        self._flushed = min(log.flushed_index(), log.last_index())
-        self._log_dirty = False
         self._msgs: list[Message] = []
         # Leader: appends and commit notices owed to followers, sent at the next ready(), so
         # that every proposal and commit between two ready() calls shares one message per
@@ -286,6 +306,16 @@ class RaftNode:
         return self._log.last_index()
 
     @property
+    def last_term(self) -> int:
+        return self._log.last_term()
+
+    @property
+    def stable_index(self) -> int:
+        """Last index the driver confirmed persisted (``advance``); the stored log agrees with
+        this node's log up to it."""
+        return self._log.stable_last()
+
+    @property
     def voted_for(self) -> str | None:
         return self._voted_for
 
@@ -321,7 +351,7 @@ class RaftNode:
             commit_index=self._commit,
             applied_index=self._applied,
             last_index=last,
-            flushed_index=self._flushed,
+            flushed_index=self._log.stable_last(),
             transfer_target=self._transferee,
             peers=peers,
             dropped=dict(self._dropped),
@@ -509,7 +539,7 @@ class RaftNode:
             bool(self._msgs)
             or self._bcast_owed
             or self._commit_notice_owed
-            or self._log_dirty
+            or self._log.has_work()
             or self._hard_state_to_save() != self._persisted_hs
             or self._handed < min(self._commit, self._log.last_index())
             or self._soft_state() != self._soft_reported
@@ -519,6 +549,7 @@ class RaftNode:
         """Collect what the driver must do now. Call advance() before the next ready()."""
         assert self._outstanding is None, "ready() called twice without advance()"
         self._pay_owed_messages()
+        truncate_from, entries = self._log.take()
         hs = self._hard_state_to_save()
         committed: list[Entry] = []
         upto = min(self._commit, self._log.last_index())
@@ -530,29 +561,36 @@ class RaftNode:
             assert committed and committed[0].index == start and committed[-1].index <= upto
             self._handed = committed[-1].index
         soft = self._soft_state()
+        early = tuple(m for m in self._msgs if isinstance(m, (AppendRequest, TimeoutNow)))
         rd = Ready(
             hard_state=hs if hs != self._persisted_hs else None,
-            must_flush_log=self._log_dirty,
-            messages=tuple(self._msgs),
+            truncate_from=truncate_from,
+            entries=entries,
+            early_messages=early,
+            messages=tuple(self._msgs) if not early else self._late_messages(),
             committed=tuple(committed),
             soft_state=soft if soft != self._soft_reported else None,
         )
         self._msgs = []
-        self._log_dirty = False
         self._soft_reported = soft
         self._outstanding = rd
         return rd
 
-    def advance(self, rd: Ready, flushed_index: int) -> None:
-        """The driver did everything ``rd`` asked; ``flushed_index`` is now durable."""
+    def _late_messages(self) -> tuple[Message, ...]:
+        return tuple(m for m in self._msgs if not isinstance(m, (AppendRequest, TimeoutNow)))
+
+    def advance(self, rd: Ready) -> None:
+        """The driver did everything ``rd`` asked: its hard state, truncation and entries are
+        stable (durable as the deployment defines it)."""
         assert rd is self._outstanding, "advance() with a Ready that is not outstanding"
         self._outstanding = None
         if rd.hard_state is not None:
             self._persisted_hs = rd.hard_state
+        if rd.truncate_from is not None or rd.entries:
+            self._log.stable()
         if rd.committed:
             assert rd.committed[0].index == self._applied + 1, "committed entries skipped"
             self._applied = rd.committed[-1].index
-        self._flushed = min(flushed_index, self._log.last_index())
         if self._role is Role.LEADER:
             self._maybe_commit()
         self._check_invariants()
@@ -605,9 +643,7 @@ class RaftNode:
         self._randomized_timeout = self._rng.randrange(t, 2 * t)
 
     def _append_local(self, entries: Sequence[Entry]) -> None:
-        assert entries[0].index == self._log.last_index() + 1, "append not contiguous"
         self._log.append(entries)
-        self._log_dirty = True
 
     def _check_invariants(self) -> None:
         last = self._log.last_index()
@@ -901,8 +937,7 @@ class RaftNode:
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER
         matches = sorted(
-            [min(self._flushed, self._log.last_index())]
-            + [pr.match for pr in self._progress.values()],
+            [self._log.stable_last()] + [pr.match for pr in self._progress.values()],
             reverse=True,
         )
         qi = matches[self._quorum - 1]
@@ -1010,9 +1045,7 @@ class RaftNode:
                     self._drop(DROP_COMMITTED_CONFLICT, m)
                     return
                 logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
-                log.truncate_suffix(e.index)
-                self._flushed = min(self._flushed, e.index - 1)
-                to_append = entries[i:]
+                to_append = entries[i:]  # the append cuts the log at its first index
                 break
         if to_append:
             self._append_local(to_append)
