@@ -299,7 +299,11 @@ class RaftNode:
 
     @property
     def commit_index(self) -> int:
-        return self._commit
+        """The highest committed index this node's stored log holds: what a reader may read
+        from the store as committed. (A node may know a higher commit index for entries still
+        in its unstable tail, or, on a follower, still stale in its store; those are not
+        readable yet.)"""
+        return min(self._commit, self._log.stable_last())
 
     @property
     def last_index(self) -> int:
@@ -348,7 +352,7 @@ class RaftNode:
             term=self._term,
             leader_id=self._leader_id,
             voted_for=self._voted_for,
-            commit_index=self._commit,
+            commit_index=self.commit_index,
             applied_index=self._applied,
             last_index=last,
             flushed_index=self._log.stable_last(),

@@ -450,9 +450,9 @@ class Simulation:
             if node.seen_leader_term != term:
                 node.seen_leader_term = term
                 self._on_new_leader(node, term)
-            # The leader's commit index may run ahead of its own disk (a majority of followers
-            # persisted it first): the mark is taken once its stored log holds the index.
-            commit = min(core.commit_index, core.stable_index)
+            # The leader's commit may run ahead of its own disk (a majority of followers
+            # persisted it first): commit_index counts only what its stored log holds.
+            commit = core.commit_index
             mark = self._commit_marks.get(term)
             if commit > 0 and (mark is None or mark[0] < commit):
                 h = log.prefix_hash(commit)
