@@ -204,6 +204,19 @@ class _Progress:
             self.inflight.popleft()
 
 
+def _check_members(node_id: str, peer_ids: Sequence[str], config: RaftConfig) -> tuple[str, ...]:
+    """The other members; ConfigError for duplicates, too many, or an unknown preferred."""
+    others = tuple(p for p in peer_ids if p != node_id)
+    if len(set(others)) != len(others):
+        raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
+    if len(others) + 1 > MAX_GROUP_SIZE:
+        raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
+    pref = config.preferred_leader_id
+    if pref is not None and pref != node_id and pref not in others:
+        raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
+    return others
+
+
 class RaftNode:
     """One member's Raft state machine. Not thread-safe; drive it from one thread/task."""
 
@@ -222,14 +235,7 @@ class RaftNode:
         ``applied_index`` is how far the application already applied (from its checkpoint);
         those entries are known committed and are not handed out again.
         """
-        others = tuple(p for p in peer_ids if p != node_id)
-        if len(set(others)) != len(others):
-            raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
-        if len(others) + 1 > MAX_GROUP_SIZE:
-            raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
-        pref = config.preferred_leader_id
-        if pref is not None and pref != node_id and pref not in others:
-            raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
+        others = _check_members(node_id, peer_ids, config)
         if not 0 <= applied_index <= log.last_index():
             raise ConfigError(f"applied_index {applied_index} beyond the log's last index")
         self.id = node_id
@@ -440,91 +446,16 @@ class RaftNode:
         """Feed one message received from a peer. Never raises for a message a hostile peer
         could build: what an honest member could not have sent is dropped and counted
         (:attr:`dropped`), before it changes anything."""
-        if m.to_id != self.id or m.from_id not in self._peer_set():
-            self._drop(DROP_NOT_MEMBER, m)
-            return
-        term = m.term
-        if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
-            self._drop(DROP_TERM_OUT_OF_RANGE, m)
-            return
-        if isinstance(m, AppendRequest):
-            prev = m.prev_log_index
-            if (
-                not 0 <= prev <= MAX_INDEX
-                or m.leader_commit < 0
-                or (m.entries and m.entries[0].index != prev + 1)
-            ):
-                self._drop(DROP_MALFORMED, m)
-                return
-            if term == self._term and self._term_leader not in (None, m.from_id):
-                # Election safety: one leader per term. This node already knows who leads
-                # this term (perhaps itself), so this sender is lying or broken.
-                self._drop(DROP_SECOND_LEADER, m)
-                return
-        elif (
-            isinstance(m, TimeoutNow)
-            and term >= self._term
-            and (
-                term != self._term
-                or self._role is not Role.FOLLOWER
-                or self._leader_id != m.from_id
-            )
-        ):
-            # Only this term's leader sends TimeoutNow, and only to a follower that acked its
-            # whole log in this term (so the follower's term is already the leader's).
-            self._drop(DROP_UNEXPECTED_TIMEOUT_NOW, m)
+        reason = self._hostile_reason(m)
+        if reason is not None:
+            self._drop(reason, m)
             return
         if m.term > self._term:
-            if isinstance(m, VoteRequest):
-                if not m.leadership_transfer and (
-                    self._in_lease() or (m.pre_vote and self._heard_leader_recently())
-                ):
-                    # A member that heard from a live leader ignores disruptions: always for
-                    # pre-votes (Raft thesis 9.6), for votes too with check-quorum (etcd).
-                    self._send(
-                        VoteResponse(
-                            self.id,
-                            m.from_id,
-                            self._term,
-                            granted=False,
-                            pre_vote=m.pre_vote,
-                            reject_reason=REJECT_LEADER_LEASE,
-                        )
-                    )
-                    return
-                if not m.pre_vote:
-                    self._become_follower(m.term, None)
-            elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
-                pass  # a granted pre-vote carries the future term; no term change
-            else:
-                leader = m.from_id if isinstance(m, (AppendRequest, TimeoutNow)) else None
-                self._become_follower(m.term, leader)
+            if not self._step_higher_term(m):
+                return
         elif m.term < self._term:
-            if isinstance(m, AppendRequest):
-                # Tell a stale leader about the newer term so that it steps down.
-                self._send(
-                    AppendResponse(
-                        self.id,
-                        m.from_id,
-                        self._term,
-                        success=False,
-                        last_log_index=self._log.last_index(),
-                        rejected_index=m.prev_log_index,
-                    )
-                )
-            elif isinstance(m, VoteRequest):
-                self._send(
-                    VoteResponse(
-                        self.id,
-                        m.from_id,
-                        self._term,
-                        granted=False,
-                        pre_vote=m.pre_vote,
-                        reject_reason=REJECT_STALE_TERM,
-                    )
-                )
+            self._answer_stale(m)
             return
-
         if isinstance(m, AppendRequest):
             self._handle_append(m)
         elif isinstance(m, AppendResponse):
@@ -536,6 +467,93 @@ class RaftNode:
         else:
             self._handle_timeout_now(m)
         self._check_invariants()
+
+    def _hostile_reason(self, m: Message) -> str | None:
+        """The DROP_* reason when no honest member could have sent ``m``, else None."""
+        if m.to_id != self.id or m.from_id not in self._peer_set():
+            return DROP_NOT_MEMBER
+        term = m.term
+        if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
+            return DROP_TERM_OUT_OF_RANGE
+        if isinstance(m, AppendRequest):
+            prev = m.prev_log_index
+            if (
+                not 0 <= prev <= MAX_INDEX
+                or m.leader_commit < 0
+                or (m.entries and m.entries[0].index != prev + 1)
+            ):
+                return DROP_MALFORMED
+            if term == self._term and self._term_leader not in (None, m.from_id):
+                # Election safety: one leader per term. This node already knows who leads
+                # this term (perhaps itself), so this sender is lying or broken.
+                return DROP_SECOND_LEADER
+        elif (
+            isinstance(m, TimeoutNow)
+            and term >= self._term
+            and (
+                term != self._term
+                or self._role is not Role.FOLLOWER
+                or self._leader_id != m.from_id
+            )
+        ):
+            # Only this term's leader sends TimeoutNow, and only to a follower that acked its
+            # whole log in this term (so the follower's term is already the leader's).
+            return DROP_UNEXPECTED_TIMEOUT_NOW
+        return None
+
+    def _step_higher_term(self, m: Message) -> bool:
+        """A message of a later term: adopt it (or refuse a disruptive vote request). False
+        when the message is fully handled."""
+        if isinstance(m, VoteRequest):
+            if not m.leadership_transfer and (
+                self._in_lease() or (m.pre_vote and self._heard_leader_recently())
+            ):
+                # A member that heard from a live leader ignores disruptions: always for
+                # pre-votes (Raft thesis 9.6), for votes too with check-quorum (etcd).
+                self._send(
+                    VoteResponse(
+                        self.id,
+                        m.from_id,
+                        self._term,
+                        granted=False,
+                        pre_vote=m.pre_vote,
+                        reject_reason=REJECT_LEADER_LEASE,
+                    )
+                )
+                return False
+            if not m.pre_vote:
+                self._become_follower(m.term, None)
+        elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
+            pass  # a granted pre-vote carries the future term; no term change
+        else:
+            leader = m.from_id if isinstance(m, (AppendRequest, TimeoutNow)) else None
+            self._become_follower(m.term, leader)
+        return True
+
+    def _answer_stale(self, m: Message) -> None:
+        """A message of an earlier term: tell a stale leader or candidate the newer term."""
+        if isinstance(m, AppendRequest):
+            self._send(
+                AppendResponse(
+                    self.id,
+                    m.from_id,
+                    self._term,
+                    success=False,
+                    last_log_index=self._log.last_index(),
+                    rejected_index=m.prev_log_index,
+                )
+            )
+        elif isinstance(m, VoteRequest):
+            self._send(
+                VoteResponse(
+                    self.id,
+                    m.from_id,
+                    self._term,
+                    granted=False,
+                    pre_vote=m.pre_vote,
+                    reject_reason=REJECT_STALE_TERM,
+                )
+            )
 
     def has_ready(self) -> bool:
         """True when ready() would return a non-empty Ready."""
@@ -992,18 +1010,7 @@ class RaftNode:
                 self._reply_append_ok(m.from_id, self._commit)
                 return
         if prev > last:
-            self._send(
-                AppendResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    success=False,
-                    conflict_index=last + 1,
-                    conflict_term=0,
-                    last_log_index=last,
-                    rejected_index=m.prev_log_index,
-                )
-            )
+            self._reject_append(m, last + 1, 0)
             return
         # After skipping the committed prefix, prev is committed here: it matches the leader.
         prev_term = log.term_at(prev) if prev != m.prev_log_index else m.prev_log_term
@@ -1013,44 +1020,11 @@ class RaftNode:
             floor = max(self._commit + 1, log.first_index())
             while first - 1 >= floor and log.term_at(first - 1) == local_term:
                 first -= 1
-            self._send(
-                AppendResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    success=False,
-                    conflict_index=first,
-                    conflict_term=local_term,
-                    last_log_index=last,
-                    rejected_index=m.prev_log_index,
-                )
-            )
+            self._reject_append(m, first, local_term)
             return
-        to_append: Sequence[Entry] = ()
-        for i, e in enumerate(entries):
-            if e.index > last:
-                to_append = entries[i:]
-                break
-            if log.term_at(e.index) != e.term:
-                if "no_truncate_conflict" in self._mut:
-                    # MUTATION: keep the conflicting suffix, append only past it.
-                    to_append = [x for x in entries[i:] if x.index > last]
-                    break
-                if e.index <= self._commit:
-                    # Only a forged or corrupt append conflicts with a committed entry
-                    # (log matching): keep what is committed, answer nothing.
-                    logger.error(
-                        "node=%s term=%d append from=%s conflicts with committed index %d",
-                        self.id,
-                        self._term,
-                        m.from_id,
-                        e.index,
-                    )
-                    self._drop(DROP_COMMITTED_CONFLICT, m)
-                    return
-                logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
-                to_append = entries[i:]  # the append cuts the log at its first index
-                break
+        to_append = self._new_entries(m, entries, last)
+        if to_append is None:
+            return
         if to_append:
             self._append_local(to_append)
         last_new = prev + len(entries)
@@ -1058,6 +1032,51 @@ class RaftNode:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):
             self._reply_append_ok(m.from_id, last_new)
+
+    def _reject_append(self, m: AppendRequest, conflict_index: int, conflict_term: int) -> None:
+        self._send(
+            AppendResponse(
+                self.id,
+                m.from_id,
+                self._term,
+                success=False,
+                conflict_index=conflict_index,
+                conflict_term=conflict_term,
+                last_log_index=self._log.last_index(),
+                rejected_index=m.prev_log_index,
+            )
+        )
+
+    def _new_entries(
+        self, m: AppendRequest, entries: Sequence[Entry], last: int
+    ) -> Sequence[Entry] | None:
+        """The suffix of ``entries`` (which follow a matching prev) this log lacks, from the
+        first conflict or past its end; appending it cuts the log there. None: the append
+        conflicts with a committed entry and is dropped."""
+        log = self._log
+        for i, e in enumerate(entries):
+            if e.index > last:
+                return entries[i:]
+            if log.term_at(e.index) == e.term:
+                continue
+            if "no_truncate_conflict" in self._mut:
+                # MUTATION: keep the conflicting suffix, append only past it.
+                return [x for x in entries[i:] if x.index > last]
+            if e.index <= self._commit:
+                # Only a forged or corrupt append conflicts with a committed entry
+                # (log matching): keep what is committed, answer nothing.
+                logger.error(
+                    "node=%s term=%d append from=%s conflicts with committed index %d",
+                    self.id,
+                    self._term,
+                    m.from_id,
+                    e.index,
+                )
+                self._drop(DROP_COMMITTED_CONFLICT, m)
+                return None
+            logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
+            return entries[i:]  # the append cuts the log at its first index
+        return ()
 
     def _reply_append_ok(self, to: str, match: int) -> None:
         self._send(
