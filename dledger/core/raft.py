@@ -510,16 +510,7 @@ class RaftNode:
             ):
                 # A member that heard from a live leader ignores disruptions: always for
                 # pre-votes (Raft thesis 9.6), for votes too with check-quorum (etcd).
-                self._send(
-                    VoteResponse(
-                        self.id,
-                        m.from_id,
-                        self._term,
-                        granted=False,
-                        pre_vote=m.pre_vote,
-                        reject_reason=REJECT_LEADER_LEASE,
-                    )
-                )
+                self._reject_vote(m, REJECT_LEADER_LEASE)
                 return False
             if not m.pre_vote:
                 self._become_follower(m.term, None)
@@ -533,27 +524,21 @@ class RaftNode:
     def _answer_stale(self, m: Message) -> None:
         """A message of an earlier term: tell a stale leader or candidate the newer term."""
         if isinstance(m, AppendRequest):
-            self._send(
-                AppendResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    success=False,
-                    last_log_index=self._log.last_index(),
-                    rejected_index=m.prev_log_index,
-                )
-            )
+            self._reject_append(m, 0, 0)  # the term is the news; no back-off hint
         elif isinstance(m, VoteRequest):
-            self._send(
-                VoteResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    granted=False,
-                    pre_vote=m.pre_vote,
-                    reject_reason=REJECT_STALE_TERM,
-                )
+            self._reject_vote(m, REJECT_STALE_TERM)
+
+    def _reject_vote(self, m: VoteRequest, reason: str) -> None:
+        self._send(
+            VoteResponse(
+                self.id,
+                m.from_id,
+                self._term,
+                granted=False,
+                pre_vote=m.pre_vote,
+                reject_reason=reason,
             )
+        )
 
     def has_ready(self) -> bool:
         """True when ready() would return a non-empty Ready."""
@@ -1115,17 +1100,7 @@ class RaftNode:
             )
             self._send(VoteResponse(self.id, m.from_id, m.term, granted=True, pre_vote=m.pre_vote))
         else:
-            reason = REJECT_ALREADY_VOTED if not can_vote else REJECT_STALE_LOG
-            self._send(
-                VoteResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    granted=False,
-                    pre_vote=m.pre_vote,
-                    reject_reason=reason,
-                )
-            )
+            self._reject_vote(m, REJECT_ALREADY_VOTED if not can_vote else REJECT_STALE_LOG)
 
     def _handle_vote_response(self, m: VoteResponse) -> None:
         if self._role is Role.PRE_CANDIDATE:

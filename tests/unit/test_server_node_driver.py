@@ -5,6 +5,7 @@ and an acknowledgement leaves only once what it acknowledges is in the store."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -29,28 +30,22 @@ async def _until(cond: Callable[[], bool], what: str) -> None:
 
 def _run_follower(tmp_path: Path, body: Callable[[DLedgerNode], Awaitable[None]]) -> None:
     """n0 of {n0, n1}; n1 never runs, so n0 stays a follower of whatever n1 the test plays."""
-    ports = _free_ports(3)
-    cfg = NodeConfig(
-        group="g",
-        self_id="n0",
-        peers={"n0": f"127.0.0.1:{ports[0]}", "n1": f"127.0.0.1:{ports[1]}"},
-        client_host="127.0.0.1",
-        client_port=ports[2],
-        store_dir=str(tmp_path / "store"),
-        store=StoreConfig(segment_size_bytes=1 << 20, preallocate=False),
-        election_timeout_ms=60_000,  # n0 never campaigns during the test
-        heartbeat_interval_ms=100,
-    )
+    n0_port, n1_port, client_port = _free_ports(3)
+    peers = {"n0": f"127.0.0.1:{n0_port}", "n1": f"127.0.0.1:{n1_port}"}
+    store = StoreConfig(segment_size_bytes=1 << 20, preallocate=False)
+    # A long election timeout: n0 never campaigns during the test.
+    cfg = NodeConfig("g", "n0", peers, "127.0.0.1", client_port, str(tmp_path / "s"), store)
+    cfg = dataclasses.replace(cfg, election_timeout_ms=60_000)
 
-    async def go() -> None:
-        node = DLedgerNode(cfg, seed=1)
-        await node.start()
-        try:
-            await body(node)
-        finally:
-            await node.stop()
+    asyncio.run(_with_node(DLedgerNode(cfg, seed=1), body))
 
-    asyncio.run(go())
+
+async def _with_node(node: DLedgerNode, body: Callable[[DLedgerNode], Awaitable[None]]) -> None:
+    await node.start()
+    try:
+        await body(node)
+    finally:
+        await node.stop()
 
 
 def _append(prev: int, n: int) -> AppendRequest:
