@@ -539,18 +539,21 @@ class DLedgerNode:
         SYNC_FLUSH) flush; under ASYNC_FLUSH an entry in the page cache counts as stable
         (docs/STORAGE.md). A full disk refuses the job without writing the append: it is
         retried until space returns, and nothing that depends on it is sent meanwhile."""
+        sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
         job = functools.partial(
-            persist,
-            self.store,
-            rd.hard_state,
-            rd.truncate_from,
-            rd.entries,
-            flush=self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH,
+            persist, self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync
         )
+        # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
+        # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
+        # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
+        inline = not sync and rd.hard_state is None and rd.truncate_from is None
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await loop.run_in_executor(self._flush_pool, job)
+                if inline:
+                    job()
+                else:
+                    await loop.run_in_executor(self._flush_pool, job)
                 return
             except DiskFullError as exc:
                 self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
