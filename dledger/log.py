@@ -6,11 +6,12 @@ talks to its log through this interface.
 
 Durability model
 ----------------
-``append`` and ``truncate_suffix`` change what the store *holds* but promise nothing about
-what survives a crash. ``flush`` makes everything appended so far durable and returns the
-highest durable index. ``save_hard_state`` is durable when it returns. The driver of the
-core (the server, or the simulator) decides when to flush: under SYNC_FLUSH it flushes the
-log and the hard state before it sends any message that depends on them.
+The core only reads a store; its driver writes it, one job per Ready (:func:`persist`):
+hard state, then the cut, then the append, then (under SYNC_FLUSH) the flush, all before it
+sends the messages that depend on them. ``append`` changes what the store *holds* but promises
+nothing about what survives a crash until ``flush``, which makes everything appended so far
+durable and returns the highest durable index. ``truncate_suffix`` and ``save_hard_state`` are
+durable when they return.
 
 Indices start at 1. Index 0 is the empty prefix, whose term is 0.
 """
@@ -158,3 +159,27 @@ class LogStore(Protocol):
     def save_hard_state(self, state: HardState) -> None:
         """Save atomically and durably (temp file, fsync, rename, fsync dir)."""
         ...
+
+
+def persist(
+    store: LogStore,
+    hard_state: HardState | None,
+    truncate_from: int | None,
+    entries: Sequence[Entry],
+    *,
+    flush: bool,
+) -> None:
+    """The persist job of one Ready, in its order: save ``hard_state``, cut the log from
+    ``truncate_from`` on, append ``entries``, then flush them when ``flush``.
+
+    Safe to run again after it failed part way (the disk was full): a saved hard state is
+    saved again, a cut already made is a no-op (the log ends just below it) and a refused
+    append wrote nothing of its batch."""
+    if hard_state is not None:
+        store.save_hard_state(hard_state)
+    if truncate_from is not None and truncate_from <= store.last_index():
+        store.truncate_suffix(truncate_from)
+    if entries:
+        store.append(entries)
+        if flush:
+            store.flush()

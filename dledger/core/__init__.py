@@ -10,9 +10,11 @@ Build one :class:`RaftNode` per member::
 
     node = RaftNode("n0", ["n1", "n2"], log_store, RaftConfig(...), random.Random(seed))
 
-It loads its term and vote from ``log_store.load_hard_state()`` and reads/appends its log
-through the :class:`~dledger.log.LogStore` protocol. Its commit index starts at
-``applied_index`` (default 0) and is relearned from the leader.
+It loads its term and vote from ``log_store.load_hard_state()`` and only *reads* the
+:class:`~dledger.log.LogStore`: ``step``/``tick``/``propose`` never write. What they add to
+the log waits in an in-memory unstable tail (``dledger.core.raftlog``) until the driver has
+persisted it; a follower's conflict cuts that tail (or marks the stored log to be cut) in
+memory. Its commit index starts at ``applied_index`` (default 0) and is relearned.
 
 Inputs (call from one thread or task; each returns quickly and never blocks):
 
@@ -27,31 +29,44 @@ Inputs (call from one thread or task; each returns quickly and never blocks):
   ``ProposalDroppedError`` and then changes nothing.
 * ``transfer_leadership(target_id)`` on the leader.
 
-Outputs: after any input, ``if node.has_ready(): rd = node.ready()`` then, in this order:
+Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in this order:
 
-1. ``rd.hard_state`` is not None -> ``log_store.save_hard_state(rd.hard_state)`` (durable).
-2. ``rd.must_flush_log`` -> ``log_store.flush()`` (the core already appended or truncated
-   the log through the LogStore; appends are not durable until this flush).
-3. send every message of ``rd.messages`` (only after 1 and 2: a vote or an append
-   acknowledgement promises that what it depends on is durable).
-4. apply ``rd.committed`` in order (consecutive indices, continuing the previous Ready).
-   ``Entry.type`` NOOP entries carry no data; skip them in the application.
-5. ``node.advance(rd, log_store.flushed_index())``.
+1. send ``rd.early_messages`` (optional; they may also wait for 3). They promise nothing about
+   this node's disk: a leader's appends and heartbeats (its term was durable before its vote
+   requests left; it counts its own entries only once stable) and TimeoutNow.
+2. persist, in ONE job (off the event loop; ``dledger.log.persist`` does it): save
+   ``rd.hard_state`` (term and vote; None: unchanged), cut the stored log from
+   ``rd.truncate_from`` on (None: no cut), append ``rd.entries`` (consecutive, the first at
+   the stored last index + 1 after the cut), flush. A job refused by a full disk may be run
+   again as it is; nothing of 3-5 happens until it succeeds.
+3. send ``rd.messages`` (only now: votes, vote requests and append answers promise what 2
+   made durable).
+4. apply ``rd.committed`` in order (consecutive indices, continuing the previous Ready; each
+   is stable or in ``rd.entries``). ``Entry.type`` NOOP entries carry no data; skip them.
+5. ``node.advance(rd)``: what 2 wrote is stable.
 
-``step``/``tick``/``propose`` may be called between ``ready()`` and ``advance()`` (for example
-while a flush is in progress); ``ready()`` may not be called again before ``advance()``
-(``has_ready()`` may say True meanwhile: it reports work for the next Ready). A
-crash at any point is fine: rebuild the node from the store, which holds what was saved.
-``rd.soft_state`` (role, term, leader_id) is not None when it changed: use it for routing,
-logging and metrics. The leader counts itself towards a commit majority only for entries at
-or below the ``flushed_index`` given to ``advance``.
+``step``/``tick``/``propose`` may be called between ``ready()`` and ``advance()`` (while the
+job runs in a thread: the next Ready then writes all they added, a group commit); ``ready()``
+may not be called again before ``advance()`` (``has_ready()`` may say True meanwhile: it
+reports work for the next Ready). A crash at any point is fine: rebuild the node from the
+store; the unstable tail and an unfinished job are lost, and nothing that depended on them was
+sent. ``rd.soft_state`` (role, term, leader_id) is not None when it changed: use it for
+routing, logging and metrics. The leader counts itself towards a commit majority only for
+stable entries; ``commit_index`` counts only what the stored log holds.
+
+Commit notices (an empty no-reply append telling a follower the commit index) are decided at
+``ready()``: none to a follower that this Ready sends an append (it carries the commit) or
+that has appends in flight, else at most one per follower per Ready with the latest commit.
+Everything during one persist thus shares a message per follower, and a notice leaves in the
+first Ready after the commit (docs/RAFT.md section 4).
 
 A proposal's bodies are committed iff the committed entries at
 ``Proposal.first_index..last_index`` have ``Proposal.term``; a committed entry with another
 term at one of those indices means the proposal was lost (the client may retry).
 
 Read-only state: ``role``, ``term``, ``leader_id``, ``commit_index``, ``last_index``,
-``voted_for``, ``transfer_target`` and ``status()`` (per-peer match, next, lag, in-flight).
+``last_term``, ``stable_index``, ``voted_for``, ``transfer_target`` and ``status()``
+(per-peer match, next, lag, in-flight).
 """
 
 from dledger.core.config import (

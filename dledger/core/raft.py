@@ -47,6 +47,7 @@ from dledger.core.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.raftlog import RaftLog
 from dledger.log import Entry, EntryType, HardState, LogStore
 
 logger = logging.getLogger(__name__)
@@ -75,25 +76,46 @@ class SoftState:
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """Everything the driver must do, in this order (see the package docstring).
+    """Everything the driver must do, in this order (the package docstring has the whole
+    procedure). Fields that are None or empty ask for nothing.
 
-    1. ``hard_state`` is not None: save it durably (``LogStore.save_hard_state``).
-    2. ``must_flush_log``: ``LogStore.flush()`` (entries were appended since the last Ready).
-    3. send ``messages`` (only now: they may promise the durability of 1 and 2).
+    1. send ``early_messages`` (optional: they may also go with ``messages``).
+    2. persist in ONE job, in this order: ``hard_state`` (term and vote), then cut the stored
+       log from ``truncate_from`` on, then append ``entries`` (``persist_ready`` does it).
+    3. send ``messages`` (only now: they promise what 2 made durable).
     4. apply ``committed`` in order.
-    5. call ``advance(ready, log.flushed_index())``.
+    5. ``advance(ready)``: what 2 wrote is stable.
     """
 
+    # Term and vote to save durably; None when unchanged since the last Ready.
     hard_state: HardState | None
-    must_flush_log: bool
+    # Cut the stored log from this index on (every entry >= it goes) before appending
+    # ``entries``: a follower's log conflicted with its leader's. None: no cut.
+    truncate_from: int | None
+    # Entries to append to the stored log, consecutive, the first at its last index + 1 (after
+    # the cut). Not counted by this node (as a vote or an ack) before advance().
+    entries: tuple[Entry, ...]
+    # Messages that promise nothing about this node's disk: a leader's appends and heartbeats
+    # (its term was made durable before its vote requests went out; it counts its own entries
+    # only once stable) and TimeoutNow. Sending them before the persist overlaps the leader's
+    # disk write with the followers' (Raft thesis 10.2.1).
+    early_messages: tuple[Message, ...]
+    # Messages to send only after the persist: votes, vote requests, append answers.
     messages: tuple[Message, ...]
+    # Committed entries to apply, consecutive, continuing the previous Ready. All are stable
+    # or in ``entries`` (so they are applied only after the persist).
     committed: tuple[Entry, ...]
+    # Role, term and leader when they changed since the last Ready, else None.
     soft_state: SoftState | None
+
+    def must_persist(self) -> bool:
+        """Whether step 2 has anything to write."""
+        return self.hard_state is not None or self.truncate_from is not None or bool(self.entries)
 
     def is_empty(self) -> bool:
         return (
-            self.hard_state is None
-            and not self.must_flush_log
+            not self.must_persist()
+            and not self.early_messages
             and not self.messages
             and not self.committed
             and self.soft_state is None
@@ -182,6 +204,19 @@ class _Progress:
             self.inflight.popleft()
 
 
+def _check_members(node_id: str, peer_ids: Sequence[str], config: RaftConfig) -> tuple[str, ...]:
+    """The other members; ConfigError for duplicates, too many, or an unknown preferred."""
+    others = tuple(p for p in peer_ids if p != node_id)
+    if len(set(others)) != len(others):
+        raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
+    if len(others) + 1 > MAX_GROUP_SIZE:
+        raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
+    pref = config.preferred_leader_id
+    if pref is not None and pref != node_id and pref not in others:
+        raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
+    return others
+
+
 class RaftNode:
     """One member's Raft state machine. Not thread-safe; drive it from one thread/task."""
 
@@ -200,20 +235,13 @@ class RaftNode:
         ``applied_index`` is how far the application already applied (from its checkpoint);
         those entries are known committed and are not handed out again.
         """
-        others = tuple(p for p in peer_ids if p != node_id)
-        if len(set(others)) != len(others):
-            raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
-        if len(others) + 1 > MAX_GROUP_SIZE:
-            raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
-        pref = config.preferred_leader_id
-        if pref is not None and pref != node_id and pref not in others:
-            raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
+        others = _check_members(node_id, peer_ids, config)
         if not 0 <= applied_index <= log.last_index():
             raise ConfigError(f"applied_index {applied_index} beyond the log's last index")
         self.id = node_id
         self.peers = others
         self.cfg = config
-        self._log = log
+        self._log = RaftLog(log)
         self._rng = rng
         self._quorum = (len(others) + 1) // 2 + 1
         self._mut = config.mutations
@@ -232,8 +260,6 @@ class RaftNode:
         self._commit = applied_index
         self._handed = applied_index  # last committed index handed out in a Ready
         self._applied = applied_index  # last index the driver confirmed applied (advance)
-        self._flushed = min(log.flushed_index(), log.last_index())
-        self._log_dirty = False
         self._msgs: list[Message] = []
         # Leader: appends and commit notices owed to followers, sent at the next ready(), so
         # that every proposal and commit between two ready() calls shares one message per
@@ -279,11 +305,25 @@ class RaftNode:
 
     @property
     def commit_index(self) -> int:
-        return self._commit
+        """The highest committed index this node's stored log holds: what a reader may read
+        from the store as committed. (A node may know a higher commit index for entries still
+        in its unstable tail, or, on a follower, still stale in its store; those are not
+        readable yet.)"""
+        return min(self._commit, self._log.stable_last())
 
     @property
     def last_index(self) -> int:
         return self._log.last_index()
+
+    @property
+    def last_term(self) -> int:
+        return self._log.last_term()
+
+    @property
+    def stable_index(self) -> int:
+        """Last index the driver confirmed persisted (``advance``); the stored log agrees with
+        this node's log up to it."""
+        return self._log.stable_last()
 
     @property
     def voted_for(self) -> str | None:
@@ -318,10 +358,10 @@ class RaftNode:
             term=self._term,
             leader_id=self._leader_id,
             voted_for=self._voted_for,
-            commit_index=self._commit,
+            commit_index=self.commit_index,
             applied_index=self._applied,
             last_index=last,
-            flushed_index=self._flushed,
+            flushed_index=self._log.stable_last(),
             transfer_target=self._transferee,
             peers=peers,
             dropped=dict(self._dropped),
@@ -406,91 +446,16 @@ class RaftNode:
         """Feed one message received from a peer. Never raises for a message a hostile peer
         could build: what an honest member could not have sent is dropped and counted
         (:attr:`dropped`), before it changes anything."""
-        if m.to_id != self.id or m.from_id not in self._peer_set():
-            self._drop(DROP_NOT_MEMBER, m)
-            return
-        term = m.term
-        if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
-            self._drop(DROP_TERM_OUT_OF_RANGE, m)
-            return
-        if isinstance(m, AppendRequest):
-            prev = m.prev_log_index
-            if (
-                not 0 <= prev <= MAX_INDEX
-                or m.leader_commit < 0
-                or (m.entries and m.entries[0].index != prev + 1)
-            ):
-                self._drop(DROP_MALFORMED, m)
-                return
-            if term == self._term and self._term_leader not in (None, m.from_id):
-                # Election safety: one leader per term. This node already knows who leads
-                # this term (perhaps itself), so this sender is lying or broken.
-                self._drop(DROP_SECOND_LEADER, m)
-                return
-        elif (
-            isinstance(m, TimeoutNow)
-            and term >= self._term
-            and (
-                term != self._term
-                or self._role is not Role.FOLLOWER
-                or self._leader_id != m.from_id
-            )
-        ):
-            # Only this term's leader sends TimeoutNow, and only to a follower that acked its
-            # whole log in this term (so the follower's term is already the leader's).
-            self._drop(DROP_UNEXPECTED_TIMEOUT_NOW, m)
+        reason = self._hostile_reason(m)
+        if reason is not None:
+            self._drop(reason, m)
             return
         if m.term > self._term:
-            if isinstance(m, VoteRequest):
-                if not m.leadership_transfer and (
-                    self._in_lease() or (m.pre_vote and self._heard_leader_recently())
-                ):
-                    # A member that heard from a live leader ignores disruptions: always for
-                    # pre-votes (Raft thesis 9.6), for votes too with check-quorum (etcd).
-                    self._send(
-                        VoteResponse(
-                            self.id,
-                            m.from_id,
-                            self._term,
-                            granted=False,
-                            pre_vote=m.pre_vote,
-                            reject_reason=REJECT_LEADER_LEASE,
-                        )
-                    )
-                    return
-                if not m.pre_vote:
-                    self._become_follower(m.term, None)
-            elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
-                pass  # a granted pre-vote carries the future term; no term change
-            else:
-                leader = m.from_id if isinstance(m, (AppendRequest, TimeoutNow)) else None
-                self._become_follower(m.term, leader)
+            if not self._step_higher_term(m):
+                return
         elif m.term < self._term:
-            if isinstance(m, AppendRequest):
-                # Tell a stale leader about the newer term so that it steps down.
-                self._send(
-                    AppendResponse(
-                        self.id,
-                        m.from_id,
-                        self._term,
-                        success=False,
-                        last_log_index=self._log.last_index(),
-                        rejected_index=m.prev_log_index,
-                    )
-                )
-            elif isinstance(m, VoteRequest):
-                self._send(
-                    VoteResponse(
-                        self.id,
-                        m.from_id,
-                        self._term,
-                        granted=False,
-                        pre_vote=m.pre_vote,
-                        reject_reason=REJECT_STALE_TERM,
-                    )
-                )
+            self._answer_stale(m)
             return
-
         if isinstance(m, AppendRequest):
             self._handle_append(m)
         elif isinstance(m, AppendResponse):
@@ -503,13 +468,85 @@ class RaftNode:
             self._handle_timeout_now(m)
         self._check_invariants()
 
+    def _hostile_reason(self, m: Message) -> str | None:
+        """The DROP_* reason when no honest member could have sent ``m``, else None."""
+        if m.to_id != self.id or m.from_id not in self._peer_set():
+            return DROP_NOT_MEMBER
+        term = m.term
+        if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
+            return DROP_TERM_OUT_OF_RANGE
+        if isinstance(m, AppendRequest):
+            prev = m.prev_log_index
+            if (
+                not 0 <= prev <= MAX_INDEX
+                or m.leader_commit < 0
+                or (m.entries and m.entries[0].index != prev + 1)
+            ):
+                return DROP_MALFORMED
+            if term == self._term and self._term_leader not in (None, m.from_id):
+                # Election safety: one leader per term. This node already knows who leads
+                # this term (perhaps itself), so this sender is lying or broken.
+                return DROP_SECOND_LEADER
+        elif (
+            isinstance(m, TimeoutNow)
+            and term >= self._term
+            and (
+                term != self._term
+                or self._role is not Role.FOLLOWER
+                or self._leader_id != m.from_id
+            )
+        ):
+            # Only this term's leader sends TimeoutNow, and only to a follower that acked its
+            # whole log in this term (so the follower's term is already the leader's).
+            return DROP_UNEXPECTED_TIMEOUT_NOW
+        return None
+
+    def _step_higher_term(self, m: Message) -> bool:
+        """A message of a later term: adopt it (or refuse a disruptive vote request). False
+        when the message is fully handled."""
+        if isinstance(m, VoteRequest):
+            if not m.leadership_transfer and (
+                self._in_lease() or (m.pre_vote and self._heard_leader_recently())
+            ):
+                # A member that heard from a live leader ignores disruptions: always for
+                # pre-votes (Raft thesis 9.6), for votes too with check-quorum (etcd).
+                self._reject_vote(m, REJECT_LEADER_LEASE)
+                return False
+            if not m.pre_vote:
+                self._become_follower(m.term, None)
+        elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
+            pass  # a granted pre-vote carries the future term; no term change
+        else:
+            leader = m.from_id if isinstance(m, (AppendRequest, TimeoutNow)) else None
+            self._become_follower(m.term, leader)
+        return True
+
+    def _answer_stale(self, m: Message) -> None:
+        """A message of an earlier term: tell a stale leader or candidate the newer term."""
+        if isinstance(m, AppendRequest):
+            self._reject_append(m, 0, 0)  # the term is the news; no back-off hint
+        elif isinstance(m, VoteRequest):
+            self._reject_vote(m, REJECT_STALE_TERM)
+
+    def _reject_vote(self, m: VoteRequest, reason: str) -> None:
+        self._send(
+            VoteResponse(
+                self.id,
+                m.from_id,
+                self._term,
+                granted=False,
+                pre_vote=m.pre_vote,
+                reject_reason=reason,
+            )
+        )
+
     def has_ready(self) -> bool:
         """True when ready() would return a non-empty Ready."""
         return (
             bool(self._msgs)
             or self._bcast_owed
             or self._commit_notice_owed
-            or self._log_dirty
+            or self._log.has_work()
             or self._hard_state_to_save() != self._persisted_hs
             or self._handed < min(self._commit, self._log.last_index())
             or self._soft_state() != self._soft_reported
@@ -519,6 +556,7 @@ class RaftNode:
         """Collect what the driver must do now. Call advance() before the next ready()."""
         assert self._outstanding is None, "ready() called twice without advance()"
         self._pay_owed_messages()
+        truncate_from, entries = self._log.take()
         hs = self._hard_state_to_save()
         committed: list[Entry] = []
         upto = min(self._commit, self._log.last_index())
@@ -530,29 +568,36 @@ class RaftNode:
             assert committed and committed[0].index == start and committed[-1].index <= upto
             self._handed = committed[-1].index
         soft = self._soft_state()
+        early = tuple(m for m in self._msgs if isinstance(m, (AppendRequest, TimeoutNow)))
         rd = Ready(
             hard_state=hs if hs != self._persisted_hs else None,
-            must_flush_log=self._log_dirty,
-            messages=tuple(self._msgs),
+            truncate_from=truncate_from,
+            entries=entries,
+            early_messages=early,
+            messages=tuple(self._msgs) if not early else self._late_messages(),
             committed=tuple(committed),
             soft_state=soft if soft != self._soft_reported else None,
         )
         self._msgs = []
-        self._log_dirty = False
         self._soft_reported = soft
         self._outstanding = rd
         return rd
 
-    def advance(self, rd: Ready, flushed_index: int) -> None:
-        """The driver did everything ``rd`` asked; ``flushed_index`` is now durable."""
+    def _late_messages(self) -> tuple[Message, ...]:
+        return tuple(m for m in self._msgs if not isinstance(m, (AppendRequest, TimeoutNow)))
+
+    def advance(self, rd: Ready) -> None:
+        """The driver did everything ``rd`` asked: its hard state, truncation and entries are
+        stable (durable as the deployment defines it)."""
         assert rd is self._outstanding, "advance() with a Ready that is not outstanding"
         self._outstanding = None
         if rd.hard_state is not None:
             self._persisted_hs = rd.hard_state
+        if rd.truncate_from is not None or rd.entries:
+            self._log.stable()
         if rd.committed:
             assert rd.committed[0].index == self._applied + 1, "committed entries skipped"
             self._applied = rd.committed[-1].index
-        self._flushed = min(flushed_index, self._log.last_index())
         if self._role is Role.LEADER:
             self._maybe_commit()
         self._check_invariants()
@@ -605,9 +650,7 @@ class RaftNode:
         self._randomized_timeout = self._rng.randrange(t, 2 * t)
 
     def _append_local(self, entries: Sequence[Entry]) -> None:
-        assert entries[0].index == self._log.last_index() + 1, "append not contiguous"
         self._log.append(entries)
-        self._log_dirty = True
 
     def _check_invariants(self) -> None:
         last = self._log.last_index()
@@ -901,8 +944,7 @@ class RaftNode:
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER
         matches = sorted(
-            [min(self._flushed, self._log.last_index())]
-            + [pr.match for pr in self._progress.values()],
+            [self._log.stable_last()] + [pr.match for pr in self._progress.values()],
             reverse=True,
         )
         qi = matches[self._quorum - 1]
@@ -953,18 +995,7 @@ class RaftNode:
                 self._reply_append_ok(m.from_id, self._commit)
                 return
         if prev > last:
-            self._send(
-                AppendResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    success=False,
-                    conflict_index=last + 1,
-                    conflict_term=0,
-                    last_log_index=last,
-                    rejected_index=m.prev_log_index,
-                )
-            )
+            self._reject_append(m, last + 1, 0)
             return
         # After skipping the committed prefix, prev is committed here: it matches the leader.
         prev_term = log.term_at(prev) if prev != m.prev_log_index else m.prev_log_term
@@ -974,46 +1005,11 @@ class RaftNode:
             floor = max(self._commit + 1, log.first_index())
             while first - 1 >= floor and log.term_at(first - 1) == local_term:
                 first -= 1
-            self._send(
-                AppendResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    success=False,
-                    conflict_index=first,
-                    conflict_term=local_term,
-                    last_log_index=last,
-                    rejected_index=m.prev_log_index,
-                )
-            )
+            self._reject_append(m, first, local_term)
             return
-        to_append: Sequence[Entry] = ()
-        for i, e in enumerate(entries):
-            if e.index > last:
-                to_append = entries[i:]
-                break
-            if log.term_at(e.index) != e.term:
-                if "no_truncate_conflict" in self._mut:
-                    # MUTATION: keep the conflicting suffix, append only past it.
-                    to_append = [x for x in entries[i:] if x.index > last]
-                    break
-                if e.index <= self._commit:
-                    # Only a forged or corrupt append conflicts with a committed entry
-                    # (log matching): keep what is committed, answer nothing.
-                    logger.error(
-                        "node=%s term=%d append from=%s conflicts with committed index %d",
-                        self.id,
-                        self._term,
-                        m.from_id,
-                        e.index,
-                    )
-                    self._drop(DROP_COMMITTED_CONFLICT, m)
-                    return
-                logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
-                log.truncate_suffix(e.index)
-                self._flushed = min(self._flushed, e.index - 1)
-                to_append = entries[i:]
-                break
+        to_append = self._new_entries(m, entries, last)
+        if to_append is None:
+            return
         if to_append:
             self._append_local(to_append)
         last_new = prev + len(entries)
@@ -1021,6 +1017,51 @@ class RaftNode:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):
             self._reply_append_ok(m.from_id, last_new)
+
+    def _reject_append(self, m: AppendRequest, conflict_index: int, conflict_term: int) -> None:
+        self._send(
+            AppendResponse(
+                self.id,
+                m.from_id,
+                self._term,
+                success=False,
+                conflict_index=conflict_index,
+                conflict_term=conflict_term,
+                last_log_index=self._log.last_index(),
+                rejected_index=m.prev_log_index,
+            )
+        )
+
+    def _new_entries(
+        self, m: AppendRequest, entries: Sequence[Entry], last: int
+    ) -> Sequence[Entry] | None:
+        """The suffix of ``entries`` (which follow a matching prev) this log lacks, from the
+        first conflict or past its end; appending it cuts the log there. None: the append
+        conflicts with a committed entry and is dropped."""
+        log = self._log
+        for i, e in enumerate(entries):
+            if e.index > last:
+                return entries[i:]
+            if log.term_at(e.index) == e.term:
+                continue
+            if "no_truncate_conflict" in self._mut:
+                # MUTATION: keep the conflicting suffix, append only past it.
+                return [x for x in entries[i:] if x.index > last]
+            if e.index <= self._commit:
+                # Only a forged or corrupt append conflicts with a committed entry
+                # (log matching): keep what is committed, answer nothing.
+                logger.error(
+                    "node=%s term=%d append from=%s conflicts with committed index %d",
+                    self.id,
+                    self._term,
+                    m.from_id,
+                    e.index,
+                )
+                self._drop(DROP_COMMITTED_CONFLICT, m)
+                return None
+            logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
+            return entries[i:]  # the append cuts the log at its first index
+        return ()
 
     def _reply_append_ok(self, to: str, match: int) -> None:
         self._send(
@@ -1059,17 +1100,7 @@ class RaftNode:
             )
             self._send(VoteResponse(self.id, m.from_id, m.term, granted=True, pre_vote=m.pre_vote))
         else:
-            reason = REJECT_ALREADY_VOTED if not can_vote else REJECT_STALE_LOG
-            self._send(
-                VoteResponse(
-                    self.id,
-                    m.from_id,
-                    self._term,
-                    granted=False,
-                    pre_vote=m.pre_vote,
-                    reject_reason=reason,
-                )
-            )
+            self._reject_vote(m, REJECT_ALREADY_VOTED if not can_vote else REJECT_STALE_LOG)
 
     def _handle_vote_response(self, m: VoteResponse) -> None:
         if self._role is Role.PRE_CANDIDATE:

@@ -18,7 +18,7 @@ import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
-from dledger.core import AppendRequest, Message
+from dledger.core import Message
 from dledger.fatal import spawn
 from dledger.server.convert import fill_pb, to_pb
 
@@ -30,13 +30,6 @@ PEER_QUEUE_MAX_MESSAGES = 256
 # At most this many queued messages share one stream write (PeerBatch). Their total size is
 # bounded by the queue's: each is at most one append batch.
 PEER_BATCH_MAX_MESSAGES = 64
-# A commit notice (an empty no-reply append: "the commit index is now N") waits this long
-# for the next message to the peer, which carries the commit index too and makes it
-# redundant. Under load the next append is ~2 ms away, and at one send in flight the next
-# proposal follows the answer within a round trip: most notices are never written (a
-# stream write costs the leader ~30-70 us of CPU). A follower learns a commit at most this
-# much later when no append follows (the end of a burst); 5 ms saved no more CPU than 2.
-NOTICE_LINGER_MS = 2
 # Reconnect back-off bounds after a failed stream.
 RECONNECT_MIN_MS = 20
 RECONNECT_MAX_MS = 1000
@@ -73,7 +66,6 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 class LinkStats:
     sent: int = 0
     batches: int = 0  # writes that carried more than one message
-    superseded: int = 0  # commit notices not sent: a later message carried their news
     dropped: int = 0
     reconnects: int = 0
 
@@ -93,8 +85,6 @@ class PeerLink:
             ("x-raftmq-client-addr", self_client_addr),
         )
         self._queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_MAX_MESSAGES)
-        self._held_notice: AppendRequest | None = None
-        self._notice_timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._channel: grpc.aio.Channel | None = None
 
@@ -105,7 +95,6 @@ class PeerLink:
         self._task = spawn(self._run(), f"peer-{self.peer_id}")
 
     async def stop(self) -> None:
-        self._take_held_notice()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -116,45 +105,9 @@ class PeerLink:
             self._channel = None
 
     def send(self, m: Message) -> None:
-        if isinstance(m, AppendRequest) and m.no_reply and not m.entries:
-            # A commit notice waits up to NOTICE_LINGER_MS for a message that carries its
-            # news (the next append, usually a moment away under load); a newer notice
-            # replaces it. Commit indices only grow, so nothing is lost but a stream write.
-            if self._held_notice is None:
-                self._notice_timer = asyncio.get_running_loop().call_later(
-                    NOTICE_LINGER_MS / 1000, self._release_notice
-                )
-            else:
-                self.stats.superseded += 1
-            self._held_notice = m
-            return
-        held = self._take_held_notice()
-        if held is not None:
-            if (
-                isinstance(m, AppendRequest)
-                and m.term == held.term
-                and m.leader_commit >= held.leader_commit
-            ):
-                self.stats.superseded += 1
-            else:
-                self._put(held)  # its news is not in m: it goes first, in order
-        self._put(m)
-
-    def _release_notice(self) -> None:
-        """The linger is over: the held notice goes out."""
-        held = self._take_held_notice()
-        if held is not None:
-            self._put(held)
-
-    def _take_held_notice(self) -> AppendRequest | None:
-        """The held commit notice, if any, no longer held (its timer cancelled)."""
-        if self._notice_timer is not None:
-            self._notice_timer.cancel()
-            self._notice_timer = None
-        held, self._held_notice = self._held_notice, None
-        return held
-
-    def _put(self, m: Message) -> None:
+        """Queue ``m`` for the stream, in order; dropped (and counted) when the queue is full.
+        Which messages to send, and when, is the Raft core's business (commit notices are
+        coalesced there, dledger.core)."""
         try:
             self._queue.put_nowait(m)
         except asyncio.QueueFull:

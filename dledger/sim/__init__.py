@@ -9,9 +9,10 @@ it checks liveness. The same seed replays the same run bit for bit.
 from dledger.sim.faults import FaultEvent, generate_schedule, minimize
 from dledger.sim.memlog import MemLog
 from dledger.sim.runner import Summary, run_seeds
-from dledger.sim.sim import SimParams, SimResult, Simulation, Violation, run_seed
+from dledger.sim.sim import DRIVER_MUTATIONS, SimParams, SimResult, Simulation, Violation, run_seed
 
 __all__ = [
+    "DRIVER_MUTATIONS",
     "FaultEvent",
     "MemLog",
     "SimParams",

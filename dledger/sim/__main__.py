@@ -17,7 +17,7 @@ from dataclasses import asdict
 from dledger.core.config import MAX_GROUP_SIZE, MUTATIONS
 from dledger.sim.faults import FaultEvent, minimize
 from dledger.sim.runner import run_seeds
-from dledger.sim.sim import SimResult, run_seed
+from dledger.sim.sim import DRIVER_MUTATIONS, SimResult, run_seed
 
 PROGRESS_WIDTH = 40
 
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         "--mutation",
         action="append",
         default=[],
-        choices=sorted(MUTATIONS),
+        choices=sorted(MUTATIONS | DRIVER_MUTATIONS),
         help="TEST ONLY: break one Raft rule (repeatable) to see the checker catch it",
     )
     p.add_argument("--trace", action="store_true", help="print the event trace (--seed)")

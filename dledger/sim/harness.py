@@ -2,7 +2,8 @@
 
 Messages go into one FIFO; :meth:`Cluster.deliver` hands them over (optionally through a
 filter that drops some), and every node's Ready is processed right away, following the
-driver contract (save hard state, flush, send, apply, advance).
+driver contract (early messages, persist, messages, apply, advance), unless the node's
+persists are held (:attr:`Cluster.hold_persist`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,32 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from dledger.core import Message, RaftConfig, RaftNode, Role
-from dledger.log import Entry
+from dledger.core import Message, RaftConfig, RaftNode, Ready, Role
+from dledger.log import Entry, persist
 from dledger.sim.memlog import MemLog
 
 MAX_DELIVERIES = 100_000  # a unit-test cluster that delivers more than this is livelocked
 
 DropFilter = Callable[[Message], bool]
+
+
+def finish_ready(node: RaftNode, log: MemLog, rd: Ready) -> list[Message]:
+    """Steps 2-5 of the driver contract for ``rd`` (whose early messages the caller sent):
+    persist, then return the messages to send now; ``rd.committed`` is the caller's to apply.
+    """
+    persist(log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
+    node.advance(rd)
+    return list(rd.messages)
+
+
+def drain(node: RaftNode, log: MemLog) -> list[Message]:
+    """Every Ready of ``node`` carried out; the messages it sent, early ones first per Ready."""
+    out: list[Message] = []
+    while node.has_ready():
+        rd = node.ready()
+        out.extend(rd.early_messages)
+        out.extend(finish_ready(node, log, rd))
+    return out
 
 
 class Cluster:
@@ -39,7 +59,9 @@ class Cluster:
         self.sent: list[Message] = []  # every message ever sent, for assertions
         self.isolated: set[str] = set()
         self.drop: DropFilter | None = None
-        self.hold_flush: set[str] = set()  # these nodes never report their flushes
+        # These nodes' persist jobs wait (their Ready stays outstanding) until release().
+        self.hold_persist: set[str] = set()
+        self.held: dict[str, Ready] = {}
         for nid in self.ids:
             self.start(nid)
 
@@ -52,6 +74,7 @@ class Cluster:
 
     def crash_and_restart(self, nid: str) -> RaftNode:
         self.logs[nid].crash()
+        self.held.pop(nid, None)  # its persist never happened
         self.queue = [m for m in self.queue if m.to_id != nid and m.from_id != nid]
         return self.start(nid)
 
@@ -59,18 +82,29 @@ class Cluster:
 
     def process(self, nid: str) -> None:
         node = self.nodes[nid]
-        log = self.logs[nid]
-        while node.has_ready():
+        while nid not in self.held and node.has_ready():
             rd = node.ready()
-            if rd.hard_state is not None:
-                log.save_hard_state(rd.hard_state)
-            if rd.must_flush_log and nid not in self.hold_flush:
-                log.flush()
-            for m in rd.messages:
-                self.sent.append(m)
-                self.queue.append(m)
-            self.applied[nid].extend(rd.committed)
-            node.advance(rd, log.flushed_index())
+            self._send(rd.early_messages)
+            if nid in self.hold_persist:
+                self.held[nid] = rd
+                return
+            self._finish(nid, rd)
+
+    def release(self, nid: str) -> None:
+        """Stop holding ``nid``'s persists; the held one completes now."""
+        self.hold_persist.discard(nid)
+        rd = self.held.pop(nid, None)
+        if rd is not None:
+            self._finish(nid, rd)
+        self.process(nid)
+
+    def _finish(self, nid: str, rd: Ready) -> None:
+        self._send(finish_ready(self.nodes[nid], self.logs[nid], rd))
+        self.applied[nid].extend(rd.committed)
+
+    def _send(self, messages: Sequence[Message]) -> None:
+        self.sent.extend(messages)
+        self.queue.extend(messages)
 
     def process_all(self) -> None:
         for nid in self.ids:

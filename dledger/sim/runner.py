@@ -97,7 +97,10 @@ def run_seeds(
             if absorb(_run_chunk(t)):
                 break
     else:
-        ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+        # Not "fork": a parent that has run gRPC (a test session, say) has its threads, and a
+        # child forked while one of them holds a lock can hang forever (gRPC skips its fork
+        # handlers then). Workers fork from a clean server process instead.
+        ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
         with ctx.Pool(jobs, initializer=_quiet) as pool:
             for outcomes in pool.imap(_run_chunk, tasks):
                 if absorb(outcomes):

@@ -2,9 +2,11 @@
 
 Everything random comes from PRNGs seeded by the run's seed, and time is simulated, so a seed
 replays bit for bit. The driver of each simulated member follows the core's Ready/advance
-contract exactly (see ``dledger.core``), with a simulated disk that takes time to persist:
-a crash before the persist completes loses the Ready (its unsaved hard state, its unflushed
-entries and its unsent messages).
+contract exactly (see ``dledger.core``): it sends a Ready's early messages at once, persists
+its hard state, truncation and entries in one job that takes simulated time, and only then
+sends its other messages, applies and advances. A crash before the job completes loses the
+Ready (its unsaved hard state and entries, with the core's unstable tail, and its unsent
+messages).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from dledger.core import (
     MAX_TERM,
+    MUTATIONS,
     AppendRequest,
     AppendResponse,
     BackPressureError,
@@ -33,7 +36,7 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
-from dledger.log import DLedgerError, Entry
+from dledger.log import DLedgerError, Entry, persist
 from dledger.sim.faults import (
     LEADER,
     FaultEvent,
@@ -59,6 +62,16 @@ SIM_PENDING_PROPOSAL_BYTES = 512
 MIN_ENTRIES_PER_RTT = 4
 
 _TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL = range(6)
+
+# Test-only faults of the simulated driver (the core's own are dledger.core.MUTATIONS); each
+# breaks the Ready contract on purpose so that the tests prove the checks notice.
+DRIVER_MUTATIONS = frozenset(
+    {
+        # Send every message of a Ready before its persist job ran: an ack or a vote promises
+        # entries or a vote that a crash in between loses.
+        "send_before_persist",
+    }
+)
 
 
 class Violation(DLedgerError):
@@ -184,7 +197,11 @@ class Simulation:
     ) -> None:
         self.seed = seed
         self.params = SimParams.from_seed(seed, nodes)
-        self.config = self.params.raft_config(mutations)
+        unknown = mutations - MUTATIONS - DRIVER_MUTATIONS
+        if unknown:
+            raise ValueError(f"unknown mutations {sorted(unknown)}")
+        self.config = self.params.raft_config(mutations & MUTATIONS)
+        self._send_before_persist = "send_before_persist" in mutations
         self.ids = node_ids(nodes)
         if faults is None:
             faults = generate_schedule(
@@ -376,13 +393,20 @@ class Simulation:
         assert core is not None
         rd = node.pending
         node.pending = None
-        log = node.log
-        if rd.hard_state is not None:
-            log.save_hard_state(rd.hard_state)
-        if rd.must_flush_log:
-            log.flush()
+        persist(node.log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
+        if node.log.truncated:
+            self._check_truncations(node)  # before this Ready's committed entries apply
+        if not self._send_before_persist and self._send_all(node, rd.messages):
+            return  # crashed right after its vote went out
+        for e in rd.committed:
+            self._apply(node, e)
+        core.advance(rd)
+        self._after(node)
+
+    def _send_all(self, node: _Node, messages: Sequence[Message]) -> bool:
+        """Send ``messages``; True when the node then crashed (crash_next_voter armed)."""
         voted = False
-        for m in rd.messages:
+        for m in messages:
             if isinstance(m, VoteResponse) and m.granted and not m.pre_vote:
                 voted = True
                 key = (m.from_id, m.term)
@@ -392,15 +416,15 @@ class Simulation:
                         "vote_once", f"{m.from_id} voted for {other} and {m.to_id} in term {m.term}"
                     )
             self._send(m)
-        for e in rd.committed:
-            self._apply(node, e)
-        core.advance(rd, log.flushed_index())
-        self._after(node)
         if voted and self._armed_crash_voter:
+            # The voter dies the moment its vote is out: whatever it had not persisted by
+            # then is gone.
             self._armed_crash_voter = False
             self._crash(node)
             restart_at = self.now + 1 + int(self._net_rng.random() * 5)
             self._push(restart_at, _FAULT, FaultEvent(restart_at, "restart", target=node.id))
+            return True
+        return False
 
     def _send(self, m: Message) -> None:
         rand = self._net_rng.random
@@ -428,6 +452,8 @@ class Simulation:
             if node.seen_leader_term != term:
                 node.seen_leader_term = term
                 self._on_new_leader(node, term)
+            # The leader's commit may run ahead of its own disk (a majority of followers
+            # persisted it first): commit_index counts only what its stored log holds.
             commit = core.commit_index
             mark = self._commit_marks.get(term)
             if commit > 0 and (mark is None or mark[0] < commit):
@@ -437,7 +463,11 @@ class Simulation:
                     commit, h, f"{node.id} committed {commit} in term {term}"
                 )
         if node.pending is None and core.has_ready():
-            node.pending = core.ready()
+            rd = node.pending = core.ready()
+            for m in rd.early_messages:
+                self._send(m)
+            if self._send_before_persist and self._send_all(node, rd.messages):
+                return  # MUTATION: the acks and votes went out before the persist
             self._push(
                 self.now + int(self._net_rng.random() * 4), _PERSIST, (node.id, node.incarnation)
             )
@@ -601,7 +631,7 @@ class Simulation:
         assert core is not None
         rng = self._forge_rng
         others = [x for x in self.ids if x != target]
-        last = node.log.last_index()
+        last = core.last_index  # the core's log: its unstable tail included
         m: Message
         if kind == "ack_beyond_last":
             if core.role is not Role.LEADER:
@@ -624,7 +654,7 @@ class Simulation:
             if core.role is not Role.FOLLOWER or core.leader_id is None or not liars:
                 return
             forged = Entry(core.term, last + 1, b"forged-%d" % self.now)
-            prev_term = node.log.last_term()
+            prev_term = core.last_term
             m = AppendRequest(
                 rng.choice(liars), target, core.term, last, prev_term, (forged,), last + 1
             )

@@ -134,6 +134,14 @@ def test_forged_peer_stream_costs_no_acked_send(local_group: Callable[..., Local
             pb_grpc.DLedgerPeerStub(ch).Stream(
                 iter([to_pb(forged, cluster.group)]), metadata=metadata, timeout=5
             )
+        # The fooled follower acks index last + 2 to the real leader. Wait for the leader to
+        # drop it before the next send: a send that raised the leader's last index first would
+        # make the ack no longer "beyond the last index" (and the run a race).
+        wait_for(
+            lambda: "drop reason=ack_beyond_last" in Path(leader.log).read_text(errors="replace"),
+            15,
+            "the leader to drop the forged follower's ack",
+        )
         # The leader keeps leading (its tick task lives: heartbeats go on) and acks sends.
         acked = []
         for i in range(30):

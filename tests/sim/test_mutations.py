@@ -1,4 +1,5 @@
-"""Each test-only mutation of the core must be caught by the simulator within 2,000 seeds.
+"""Each test-only mutation (of the core, or of the simulated driver) must be caught by the
+simulator within 2,000 seeds.
 
 The seeds searched are the ones the unmutated sweep (test_sim.py) runs without a violation,
 so a catch is the mutation's doing; the failing seed is also re-run without the mutation.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dledger.core import MUTATIONS
-from dledger.sim import run_seed, run_seeds
+from dledger.sim import DRIVER_MUTATIONS, run_seed, run_seeds
 
 MAX_SEEDS = 2_000
 # Group size searched per mutation (the one that catches it fastest).
@@ -20,14 +21,16 @@ NODES = {
     "no_truncate_conflict": 3,
     "leader_never_steps_down": 3,
     "accept_ack_beyond_last": 3,
+    "send_before_persist": 3,
 }
+ALL_MUTATIONS = MUTATIONS | DRIVER_MUTATIONS
 
 
 def test_every_mutation_has_a_case() -> None:
-    assert set(NODES) == MUTATIONS
+    assert set(NODES) == ALL_MUTATIONS
 
 
-@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+@pytest.mark.parametrize("mutation", sorted(ALL_MUTATIONS))
 def test_mutation_is_caught(mutation: str) -> None:
     nodes = NODES[mutation]
     summary = run_seeds(range(MAX_SEEDS), nodes, mutations=frozenset({mutation}))

@@ -14,6 +14,7 @@ from dledger.core import (
     Role,
 )
 from dledger.log import DLedgerError, EntryType
+from dledger.sim.harness import finish_ready
 from dledger.sim.memlog import MemLog
 
 
@@ -64,13 +65,9 @@ def test_single_member_group_commits_alone() -> None:
         node.tick()
         while node.has_ready():
             rd = node.ready()
-            if rd.hard_state is not None:
-                log.save_hard_state(rd.hard_state)
-            if rd.must_flush_log:
-                log.flush()
-            assert rd.messages == ()
+            assert rd.early_messages == ()
+            assert finish_ready(node, log, rd) == []
             applied.extend(rd.committed)
-            node.advance(rd, log.flushed_index())
         if node.role is Role.LEADER and not proposed:
             node.propose([b"solo"])
             proposed = True
@@ -83,5 +80,5 @@ def test_ready_must_be_advanced_before_the_next() -> None:
     rd = node.ready()
     with pytest.raises(AssertionError):
         node.ready()
-    node.advance(rd, 0)
+    node.advance(rd)
     assert not node.has_ready()

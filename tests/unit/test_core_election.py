@@ -91,7 +91,7 @@ def test_vote_is_persisted_in_the_same_ready_as_the_reply() -> None:
     rd = node.ready()
     assert rd.hard_state == HardState(term=4, voted_for="n1")
     assert any(isinstance(m, VoteResponse) and m.granted for m in rd.messages)
-    node.advance(rd, 1)
+    node.advance(rd)
     # a second candidate of the same term is refused, also after a restart from the store
     node.step(VoteRequest("n2", "n0", 4, 1, 1))
     (resp,) = node.ready().messages

@@ -31,22 +31,14 @@ from dledger.core import (
 )
 from dledger.log import Entry, HardState
 from dledger.server.convert import from_pb, to_pb, validate
+from dledger.sim.harness import drain
 from dledger.sim.memlog import MemLog
 
 CFG = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1, pre_vote=False)
 
 
 def _drain(node: RaftNode, log: MemLog) -> list[Message]:
-    out: list[Message] = []
-    while node.has_ready():
-        rd = node.ready()
-        if rd.hard_state is not None:
-            log.save_hard_state(rd.hard_state)
-        if rd.must_flush_log:
-            log.flush()
-        out.extend(rd.messages)
-        node.advance(rd, log.flushed_index())
-    return out
+    return drain(node, log)
 
 
 def _leader(config: RaftConfig = CFG) -> tuple[RaftNode, MemLog]:

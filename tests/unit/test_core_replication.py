@@ -20,21 +20,12 @@ from dledger.core import (
     VoteResponse,
 )
 from dledger.log import Entry, EntryType, HardState
-from dledger.sim.harness import Cluster
+from dledger.sim.harness import Cluster, drain
 from dledger.sim.memlog import MemLog
 
 
 def _drain(node: RaftNode, log: MemLog) -> list[Message]:
-    out: list[Message] = []
-    while node.has_ready():
-        rd = node.ready()
-        if rd.hard_state is not None:
-            log.save_hard_state(rd.hard_state)
-        if rd.must_flush_log:
-            log.flush()
-        out.extend(rd.messages)
-        node.advance(rd, log.flushed_index())
-    return out
+    return drain(node, log)
 
 
 def _preset(log: MemLog, terms: list[int]) -> None:
@@ -103,21 +94,20 @@ def test_mutation_commit_old_term_by_count() -> None:
     assert node.commit_index == 2
 
 
-def test_leader_counts_itself_only_when_flushed() -> None:
+def test_leader_counts_itself_only_when_persisted() -> None:
     c = Cluster(3)
     leader = c.elect()
     a, b = (x for x in c.ids if x != leader)
     c.isolated.add(b)
-    c.hold_flush.add(leader)
+    c.hold_persist.add(leader)
     node = c.nodes[leader]
     before = node.commit_index
     node.propose([b"x"])
     c.deliver()
-    assert c.nodes[a].last_index == node.last_index  # a acknowledged it
-    assert node.commit_index == before  # but the leader's own copy is not durable
-    c.hold_flush.clear()
-    c.logs[leader].flush()
-    c.tick([leader])
+    assert c.nodes[a].last_index == node.last_index  # a acknowledged it (sent before persist)
+    assert c.logs[leader].last_index() < node.last_index  # the leader's copy is not written
+    assert node.commit_index == before  # and the leader does not count it
+    c.release(leader)
     assert node.commit_index == node.last_index
 
 

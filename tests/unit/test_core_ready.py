@@ -1,0 +1,239 @@
+"""The Ready contract: the core never writes; Ready carries the entries, the truncation point
+and the hard state; which messages may go before the persist; commit notices coalesced."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dledger.core import (
+    AppendRequest,
+    AppendResponse,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+    VoteRequest,
+    VoteResponse,
+)
+from dledger.core.raftlog import RaftLog
+from dledger.log import DLedgerError, Entry, HardState, persist
+from dledger.sim.harness import Cluster, drain, finish_ready
+from dledger.sim.memlog import MemLog
+
+CFG = RaftConfig(pre_vote=False, check_quorum=False)
+
+
+def _follower(terms: list[int]) -> tuple[RaftNode, MemLog]:
+    """n0 of {n0, n1, n2} holding ``terms`` (stored, durable), following n1 in term 5."""
+    log = MemLog()
+    log.append([Entry(t, i + 1, b"e%d" % (i + 1)) for i, t in enumerate(terms)])
+    log.flush()
+    log.save_hard_state(HardState(term=5))
+    node = RaftNode("n0", ["n1", "n2"], log, CFG, random.Random(0))
+    return node, log
+
+
+def _append(prev: int, prev_term: int, terms: list[int], commit: int = 0) -> AppendRequest:
+    entries = tuple(Entry(t, prev + 1 + i, b"x%d" % (prev + 1 + i)) for i, t in enumerate(terms))
+    return AppendRequest("n1", "n0", 5, prev, prev_term, entries, commit)
+
+
+def test_step_never_writes_the_store() -> None:
+    node, log = _follower([1, 1, 2, 2])
+    before = log.entries()
+    node.step(_append(2, 1, [5, 5, 5]))  # conflicts at index 3: the log is cut there
+    assert log.entries() == before  # nothing written, nothing cut
+    assert node.last_index == 5 and node.last_term == 5
+    rd = node.ready()
+    assert rd.truncate_from == 3
+    assert [e.index for e in rd.entries] == [3, 4, 5]
+    assert rd.early_messages == ()  # a follower's answer waits for the persist
+    (ack,) = rd.messages
+    assert isinstance(ack, AppendResponse) and ack.success and ack.match_index == 5
+    assert log.entries() == before  # ready() writes nothing either
+    finish_ready(node, log, rd)
+    assert [e.term for e in log.entries()] == [1, 1, 5, 5, 5]
+    assert node.stable_index == 5
+
+
+def test_a_crash_before_the_persist_loses_the_unstable_tail() -> None:
+    node, log = _follower([1, 1])
+    node.step(_append(2, 1, [5, 5]))
+    node.ready()  # handed to a driver that dies before persisting
+    log.crash()
+    node = RaftNode("n0", ["n1", "n2"], log, CFG, random.Random(0))
+    assert node.last_index == 2  # the acknowledgement was never sent, so nothing is lost
+
+
+def test_a_cut_during_a_persist_is_carried_by_the_next_ready() -> None:
+    node, log = _follower([1])
+    node.step(_append(1, 1, [5, 5, 5]))
+    rd = node.ready()  # the job writing 2..4 is in flight
+    node.step(AppendRequest("n1", "n0", 6, 2, 5, (Entry(6, 3, b"y"),), 0))  # term 6 cuts at 3
+    persist(log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
+    node.advance(rd)
+    assert node.stable_index == 2  # 3 and 4 were written but are no longer this log's
+    assert log.last_index() == 4
+    rd = node.ready()
+    assert rd.truncate_from == 3 and [(e.index, e.term) for e in rd.entries] == [(3, 6)]
+    finish_ready(node, log, rd)
+    assert [e.term for e in log.entries()] == [1, 5, 6]
+
+
+def test_a_cut_into_the_stored_log_while_a_persist_runs() -> None:
+    node, log = _follower([1, 1, 1])
+    node.step(_append(3, 1, [5]))
+    rd = node.ready()  # writes 4
+    node.step(_append(1, 1, [5, 5]))  # conflicts at stored index 2
+    persist(log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
+    node.advance(rd)
+    assert node.stable_index == 1
+    rd = node.ready()
+    assert rd.truncate_from == 2 and [e.index for e in rd.entries] == [2, 3]
+    finish_ready(node, log, rd)
+    assert [e.term for e in log.entries()] == [1, 5, 5]
+
+
+def test_vote_request_and_vote_wait_for_the_hard_state() -> None:
+    node, _ = _follower([])
+    while node.role is not Role.CANDIDATE:
+        node.tick()
+    rd = node.ready()
+    assert rd.hard_state == HardState(term=6, voted_for="n0")
+    assert rd.early_messages == ()
+    assert {type(m) for m in rd.messages} == {VoteRequest}
+    node.advance(rd)
+    voter, _ = _follower([])
+    voter.step(VoteRequest("n2", "n0", 6, 0, 0))
+    rd = voter.ready()
+    assert rd.hard_state == HardState(term=6, voted_for="n2")
+    assert rd.early_messages == () and isinstance(rd.messages[0], VoteResponse)
+
+
+def test_leader_appends_go_before_its_persist_and_count_it_only_after() -> None:
+    c = Cluster(3, CFG)
+    leader = c.elect()
+    node = c.nodes[leader]
+    node.propose([b"a"])
+    rd = node.ready()
+    assert rd.entries and {type(m) for m in rd.early_messages} == {AppendRequest}
+    assert rd.messages == ()
+    for f in (x for x in c.ids if x != leader):
+        node.step(AppendResponse(f, leader, node.term, True, match_index=node.last_index))
+    # Both followers persisted it: committed by a majority without the leader's own copy,
+    # but commit_index counts only what the leader's stored log holds.
+    assert node.commit_index < node.last_index
+    finish_ready(node, c.logs[leader], rd)
+    assert node.commit_index == node.last_index
+    rd = node.ready()
+    assert [e.body for e in rd.committed] == [b"a"]
+
+
+def _leader_with_idle_followers() -> tuple[Cluster, str, RaftNode]:
+    c = Cluster(3, CFG)
+    leader = c.elect()
+    c.tick(times=2)
+    return c, leader, c.nodes[leader]
+
+
+def _ack_all(c: Cluster, leader: str, rd: Ready) -> None:
+    node = c.nodes[leader]
+    finish_ready(node, c.logs[leader], rd)
+    for f in (x for x in c.ids if x != leader):
+        node.step(AppendResponse(f, leader, node.term, True, match_index=node.last_index))
+
+
+def _notices(rd: Ready) -> list[AppendRequest]:
+    return [
+        m
+        for m in rd.early_messages
+        if isinstance(m, AppendRequest) and m.no_reply and not m.entries
+    ]
+
+
+def test_commit_notice_goes_in_the_next_ready_without_a_tick() -> None:
+    c, leader, node = _leader_with_idle_followers()
+    node.propose([b"a"])
+    _ack_all(c, leader, node.ready())
+    rd = node.ready()  # no tick in between: followers learn the commit now
+    assert sorted(m.to_id for m in _notices(rd)) == [x for x in c.ids if x != leader]
+    assert all(m.leader_commit == node.last_index for m in _notices(rd))
+
+
+def test_commit_notice_is_dropped_when_an_append_in_the_same_ready_carries_it() -> None:
+    c, leader, node = _leader_with_idle_followers()
+    node.propose([b"a"])
+    _ack_all(c, leader, node.ready())
+    committed = node.commit_index
+    node.propose([b"b"])  # before the next ready(): its appends carry the commit index
+    rd = node.ready()
+    assert _notices(rd) == []
+    appends = [m for m in rd.early_messages if isinstance(m, AppendRequest)]
+    assert len(appends) == 2 and all(m.leader_commit == committed for m in appends)
+
+
+def test_one_notice_per_follower_for_several_commits() -> None:
+    c, leader, node = _leader_with_idle_followers()
+    node.propose([b"a"])
+    node.propose([b"b"])
+    rd = node.ready()
+    finish_ready(node, c.logs[leader], rd)
+    follower = next(x for x in c.ids if x != leader)
+    for i in (node.last_index - 1, node.last_index):  # two acks, two commit advances
+        node.step(AppendResponse(follower, leader, node.term, True, match_index=i))
+    rd = node.ready()
+    assert [(m.to_id, m.leader_commit) for m in _notices(rd)] == [(follower, node.last_index)]
+
+
+def test_drain_sends_early_messages_first() -> None:
+    c = Cluster(3, CFG)
+    leader = c.elect()
+    node = c.nodes[leader]
+    node.propose([b"a"])
+    msgs = drain(node, c.logs[leader])
+    assert msgs and all(isinstance(m, AppendRequest) for m in msgs)
+
+
+def test_raftlog_reads_across_the_stored_prefix_and_the_tail() -> None:
+    store = MemLog()
+    store.append([Entry(1, 1, b"a"), Entry(1, 2, b"b")])
+    rl = RaftLog(store)
+    rl.append([Entry(2, 3, b"c"), Entry(2, 4, b"d")])
+    assert (rl.last_index(), rl.last_term(), rl.stable_last()) == (4, 2, 2)
+    assert [e.index for e in rl.read_range(1, 1 << 20, 10)] == [1, 2]  # stops at the store
+    assert [e.index for e in rl.read_range(3, 1 << 20, 10)] == [3, 4]
+    assert rl.read_range(5, 1 << 20, 10) == []
+    assert [e.index for e in rl.read_range(3, 1, 10)] == [3]  # at least one entry
+    with pytest.raises(DLedgerError):
+        rl.term_at(5)
+
+
+class _FullOnce(MemLog):
+    """A store whose first append is refused as on a full disk (nothing of it written)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = False
+
+    def append(self, entries: list[Entry]) -> int:  # type: ignore[override]
+        if not self.refused:
+            self.refused = True
+            raise DLedgerError("disk full")
+        return super().append(entries)
+
+
+def test_persist_job_can_run_again_after_a_refused_append() -> None:
+    store = _FullOnce()
+    store.refused = True  # the preset entries go in
+    store.append([Entry(1, i, b"e") for i in (1, 2, 3)])
+    store.flush()
+    store.refused = False  # the next append is refused
+    job = (HardState(term=2, voted_for="n1"), 2, [Entry(2, 2, b"n")])
+    with pytest.raises(DLedgerError):
+        persist(store, *job, flush=True)
+    assert store.last_index() == 1  # the cut was made, the append was not
+    persist(store, *job, flush=True)  # the retry: the cut is a no-op now
+    assert [(e.index, e.term) for e in store.entries()] == [(1, 1), (2, 2)]
+    assert store.load_hard_state() == HardState(term=2, voted_for="n1")

@@ -1,0 +1,122 @@
+"""The node's ready loop follows the Ready contract: the persist job runs in the flush thread
+(the event loop keeps stepping meanwhile, and the next job writes what arrived: group commit),
+and an acknowledgement leaves only once what it acknowledges is in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from broker.cluster import _free_ports
+from dledger.core import AppendRequest, AppendResponse, Message
+from dledger.log import Entry
+from dledger.server.convert import to_pb
+from dledger.server.node import DLedgerNode, NodeConfig
+from dledger.storage import StoreConfig
+
+DEADLINE_S = 10.0
+
+
+async def _until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def _run_follower(tmp_path: Path, body: Callable[[DLedgerNode], Awaitable[None]]) -> None:
+    """n0 of {n0, n1}; n1 never runs, so n0 stays a follower of whatever n1 the test plays."""
+    n0_port, n1_port, client_port = _free_ports(3)
+    peers = {"n0": f"127.0.0.1:{n0_port}", "n1": f"127.0.0.1:{n1_port}"}
+    store = StoreConfig(segment_size_bytes=1 << 20, preallocate=False)
+    # A long election timeout: n0 never campaigns during the test.
+    cfg = NodeConfig("g", "n0", peers, "127.0.0.1", client_port, str(tmp_path / "s"), store)
+    cfg = dataclasses.replace(cfg, election_timeout_ms=60_000)
+
+    asyncio.run(_with_node(DLedgerNode(cfg, seed=1), body))
+
+
+async def _with_node(node: DLedgerNode, body: Callable[[DLedgerNode], Awaitable[None]]) -> None:
+    await node.start()
+    try:
+        await body(node)
+    finally:
+        await node.stop()
+
+
+def _append(prev: int, n: int) -> AppendRequest:
+    entries = tuple(Entry(1, prev + 1 + i, b"e%d" % (prev + 1 + i)) for i in range(n))
+    return AppendRequest("n1", "n0", 1, prev, 1 if prev else 0, entries, 0)
+
+
+def test_persist_runs_off_the_loop_and_acks_follow_it(tmp_path: Path) -> None:
+    async def body(node: DLedgerNode) -> None:
+        store = node.store
+        sent: list[tuple[Message, int]] = []  # each message with the store's last index then
+        assert node._transport is not None
+        node._transport.send = lambda m: sent.append((m, store.last_index()))  # type: ignore[method-assign]
+        gate = threading.Event()
+        flush_threads: list[str] = []
+        real_flush = store.flush
+
+        def slow_flush() -> int:
+            flush_threads.append(threading.current_thread().name)
+            assert gate.wait(DEADLINE_S)
+            return real_flush()
+
+        store.flush = slow_flush  # type: ignore[method-assign]
+        node.on_peer_message("n1", to_pb(_append(0, 1), "g"))
+        await _until(lambda: flush_threads, "the first persist job to flush")
+        # The job is blocked in the flush thread; the loop still steps new appends.
+        node.on_peer_message("n1", to_pb(_append(1, 2), "g"))
+        await asyncio.sleep(0.05)
+        assert node.core.last_index == 3  # in the core's unstable tail
+        assert not [m for m, _ in sent if isinstance(m, AppendResponse)]  # nothing acked yet
+        gate.set()
+        await _until(
+            lambda: any(isinstance(m, AppendResponse) and m.match_index == 3 for m, _ in sent),
+            "the ack of index 3",
+        )
+        assert len(flush_threads) == 2  # 1, then 2..3 in one job: group commit
+        assert all(name.startswith("flush-n0") for name in flush_threads)
+        for m, stored_last in sent:
+            if isinstance(m, AppendResponse) and m.success:
+                assert stored_last >= m.match_index, "acked before the entries were stored"
+        assert store.flushed_index() == 3
+
+    _run_follower(tmp_path, body)
+
+
+def test_a_full_disk_holds_the_ack_and_the_job_is_retried(tmp_path: Path) -> None:
+    from dledger.storage import DiskFullError
+
+    async def body(node: DLedgerNode) -> None:
+        store = node.store
+        sent: list[Message] = []
+        assert node._transport is not None
+        node._transport.send = sent.append  # type: ignore[method-assign]
+        refusals = [2]
+        real_append = store.append
+
+        def full_append(entries: list[Entry]) -> int:
+            if refusals[0]:
+                refusals[0] -= 1
+                raise DiskFullError("no space (test)")
+            return real_append(entries)
+
+        store.append = full_append  # type: ignore[method-assign]
+        node.on_peer_message("n1", to_pb(_append(0, 2), "g"))
+        await _until(lambda: node.dropped().get("disk_full", 0) >= 1, "a refused persist")
+        assert not [m for m in sent if isinstance(m, AppendResponse)]
+        await _until(lambda: store.last_index() == 2, "the retried job")
+        await _until(
+            lambda: any(isinstance(m, AppendResponse) and m.match_index == 2 for m in sent),
+            "the ack after the retry",
+        )
+        assert node.dropped()["disk_full"] == 2
+
+    _run_follower(tmp_path, body)
