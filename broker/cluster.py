@@ -32,6 +32,7 @@ from pathlib import Path
 
 from broker.config import render_config
 from dledger.server.client import ClientError, LogClient
+from mqcli import CommandLine, GlobalOption
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
@@ -492,13 +493,23 @@ def format_table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mqcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def build_parser() -> CommandLine:
+    """mqcluster's command line; ``--base-dir`` before or after the subcommand."""
+    cli = CommandLine(
+        argparse.ArgumentParser(
+            prog="mqcluster",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        [
+            GlobalOption.of(
+                "--base-dir", default=DEFAULT_BASE_DIR, help="where configs, data, logs go"
+            )
+        ],
+        dest="cmd",
+        required=True,
     )
-    parser.add_argument("--base-dir", default=DEFAULT_BASE_DIR, help="where configs, data, logs go")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="write configs, start the nodes, wait for a leader")
+    up = cli.add("up", help="write configs, start the nodes, wait for a leader")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--group", default="broker-a")
     up.add_argument("--auto-ports", action="store_true", help="pick free ports")
@@ -508,14 +519,20 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="extra broker.conf key"
     )
-    sub.add_parser("status", help="show every node")
-    kill = sub.add_parser("kill", help="signal one node (default SIGKILL)")
+    cli.add("status", help="show every node")
+    kill = cli.add("kill", help="signal one node (default SIGKILL)")
     kill.add_argument("node")
     kill.add_argument("--signal", default="KILL", choices=["KILL", "TERM", "STOP", "CONT"])
-    start = sub.add_parser("start", help="start one node again")
+    start = cli.add("start", help="start one node again")
     start.add_argument("node")
-    down = sub.add_parser("down", help="stop every node")
+    down = cli.add("down", help="stop every node")
     down.add_argument("--purge", action="store_true", help="also delete the base dir")
+    return cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = build_parser()
+    parser = cli.parser
     ns = parser.parse_args(argv)
     cluster = LocalCluster(ns.base_dir)
     try:
