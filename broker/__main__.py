@@ -6,8 +6,6 @@ import argparse
 import asyncio
 import faulthandler
 import gc
-import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -18,6 +16,7 @@ from broker.disk import DiskGuard
 from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
+from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
 
 
@@ -87,19 +86,14 @@ async def _serve(
     await node.start()
     if registrar is not None:
         registrar.start()
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
 
     async def stop() -> None:
         if registrar is not None:
             await registrar.stop()  # unregister first: routes drop this node at once
         await node.stop()
         sm.close()  # the node applies nothing after stop(): final snapshot
-        stopped.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
-    await stopped.wait()
+    await serve_until_signalled(stop)
 
 
 # The send path allocates short-lived tuples, protobuf objects and futures by the hundred per
@@ -141,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = parser.parse_args(argv)
     enable_crash_traces()
-    logging.basicConfig(
-        level=getattr(logging, str(ns.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
     except ConfigError as exc:

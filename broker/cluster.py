@@ -24,13 +24,13 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from broker.config import render_config
+from dledger.procs import exited, free_ports, spawn_logged
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption
 
@@ -89,19 +89,10 @@ class NameSrvInfo:
 
 
 def _free_port() -> int:
-    return _free_ports(1)[0]
+    return free_ports(1)[0]
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: every probe socket stays bound until all are picked (one at
-    a time, the kernel may hand out the same port twice)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+_free_ports = free_ports  # the name tests and tools import from here
 
 
 def last_exit_line(log_path: str | os.PathLike[str]) -> str:
@@ -124,6 +115,14 @@ def last_exit_line(log_path: str | os.PathLike[str]) -> str:
     return line if len(line) <= EXIT_LINE_MAX_CHARS else line[: EXIT_LINE_MAX_CHARS - 3] + "..."
 
 
+def _spawn(argv: list[str], log: str, pid_file: str, env: dict[str, str] | None = None) -> int:
+    """Start a node or the NameServer in a session of its own, its output appended to
+    ``log``; its pid goes to ``pid_file`` (what `status`, `kill` and `down` act on)."""
+    pid = spawn_logged(argv, log, env=env).pid
+    Path(pid_file).write_text(f"{pid}\n")
+    return pid
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -142,17 +141,11 @@ def _wait_pid_gone(pid: int, conf: str, timeout_s: float) -> bool:
 
 def _pid_alive(pid: int, conf: str) -> bool:
     """True if ``pid`` is a live (not zombie) process running the node with ``conf``."""
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child and exited
-        if done == pid:
-            return False
+    if exited(pid):  # reaps it if it is our child and exited
+        return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    if state == "Z":
         return False
     # A child between execve's point of no return (Popen has returned) and the kernel setting
     # up its argument pages shows an empty cmdline for a moment: under load, long enough to be
@@ -295,16 +288,7 @@ class LocalCluster:
             raise ClusterError("this cluster has no NameServer (it was set up with --no-namesrv)")
         if self.namesrv_pid() is not None:
             raise ClusterError(f"{NAMESRV_ID} is already running")
-        with open(ns.log, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "nameserver", "-c", ns.conf],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        Path(ns.pid_file).write_text(f"{proc.pid}\n")
-        return proc.pid
+        return _spawn([sys.executable, "-m", "nameserver", "-c", ns.conf], ns.log, ns.pid_file)
 
     def wait_namesrv(self, timeout_s: float = NAMESRV_WAIT_S) -> None:
         """Wait until the NameServer accepts connections; fail if it exited (busy port...)."""
@@ -335,17 +319,11 @@ class LocalCluster:
         if self.pid(n) is not None:
             raise ClusterError(f"{node_id} is already running")
         env = {**os.environ, **self.node_env[node_id]} if self.node_env.get(node_id) else None
-        with open(n.log, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "broker", "-c", n.conf],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-            )
-        Path(n.pid_file).write_text(f"{proc.pid}\n")
-        return proc.pid
+        return _spawn(self.node_argv(n), n.log, n.pid_file, env)
+
+    def node_argv(self, n: NodeInfo) -> list[str]:
+        """The command that runs node ``n`` (a subclass may wrap it, e.g. in a namespace)."""
+        return [sys.executable, "-m", "broker", "-c", n.conf]
 
     def signal(self, node_id: str, sig: signal.Signals = signal.SIGKILL) -> int:
         n = self.node(node_id)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
-import signal
 import sys
 
+from dledger.procs import serve_until_signalled, setup_logging
 from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
 from nameserver.server import NameServer, StartError
 
@@ -21,12 +20,7 @@ def _keys_help() -> str:
 async def _serve(cfg: NameServerConfig) -> None:
     server = NameServer(cfg)
     await server.start()
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-    await server.stop()
+    await serve_until_signalled(server.stop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,10 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--config", help="properties file")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     ns = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(ns.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config) if ns.config else NameServerConfig()
     except ConfigError as exc:
