@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import faulthandler
 import gc
@@ -18,15 +17,7 @@ from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
-
-
-def _keys_help() -> str:
-    width = max(len(k) for k in KEYS)
-    lines = []
-    for name, key in KEYS.items():
-        default = key.default if key.default is not None else "required"
-        lines.append(f"  {name:<{width}}  {key.doc} (default: {default})")
-    return "\n".join(lines)
+from mqcli import server_parser
 
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
@@ -118,14 +109,16 @@ def enable_crash_traces() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mqbroker",
-        description="Run one member of a raftmq broker group (a DLedger/Raft node).",
-        epilog="broker.conf keys:\n" + _keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = server_parser(
+        "mqbroker",
+        "Run one member of a raftmq broker group (a DLedger/Raft node).",
+        "broker.conf keys",
+        {
+            name: f"{key.doc} (default: {'required' if key.default is None else key.default})"
+            for name, key in KEYS.items()
+        },
     )
     parser.add_argument("-c", "--config", required=True, help="broker.conf (properties format)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     parser.add_argument(
         "--profile",
         metavar="FILE",

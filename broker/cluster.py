@@ -32,7 +32,7 @@ from pathlib import Path
 from broker.config import render_config
 from dledger.procs import exited, free_ports, spawn_logged
 from dledger.server.client import ClientError, LogClient
-from mqcli import CommandLine, GlobalOption
+from mqcli import CommandLine, GlobalOption, parse_assignments
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
@@ -515,12 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(ns.base_dir)
     try:
         if ns.cmd == "up":
-            extra: dict[str, str] = {}
-            for item in ns.set:
-                key, sep, value = item.partition("=")
-                if not sep:
-                    parser.error(f"--set {item!r}: expected KEY=VALUE")
-                extra[key] = value
+            try:
+                extra = parse_assignments(ns.set)
+            except ValueError as exc:
+                parser.error(str(exc))
             cluster.configure(
                 ns.nodes,
                 group=ns.group,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CommandLine", "GlobalOption"]
+__all__ = ["CommandLine", "GlobalOption", "parse_assignments", "server_parser"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +62,31 @@ class CommandLine:
 
     def parse_args(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
         return self.parser.parse_args(argv)
+
+
+def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, str]:
+    """``KEY=VALUE`` items (a repeated ``--set``) as a dict, later ones winning; an item
+    without ``=``: ``ValueError`` naming it (the caller's ``parser.error``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def server_parser(
+    prog: str, description: str, keys_title: str, keys: dict[str, str]
+) -> argparse.ArgumentParser:
+    """The parser of a foreground server (mqbroker, mqnamesrv): its config file keys listed
+    under ``--help`` (``keys``: name -> description) and ``--log-level``."""
+    width = max(len(k) for k in keys)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=f"{keys_title}:\n" + "\n".join(f"  {k:<{width}}  {d}" for k, d in keys.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    return parser
