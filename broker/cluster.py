@@ -36,7 +36,8 @@ from mqcli import CommandLine, GlobalOption, parse_assignments
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
-# Ports of the local group, as in DESIGN.md: client 10911, 10921, ...; peers 40911, 40912, ...
+# Ports of the local group (docs/CLUSTER.md): node i listens for clients on 10911 + 10 i
+# (10911 is RocketMQ's broker port) and for its peers on 40911 + i.
 CLIENT_PORT_BASE = 10911
 CLIENT_PORT_STEP = 10
 PEER_PORT_BASE = 40911
