@@ -202,24 +202,34 @@ class LocalCluster:
             peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
             namesrv_port = NAMESRV_PORT
         if namesrv:
-            port = namesrv_port
-            conf_path = self.base / f"{NAMESRV_ID}.conf"
-            conf_path.write_text(
-                "".join(
-                    f"{k}={v}\n" for k, v in {"listenPort": port, **(namesrv_conf or {})}.items()
-                )
-            )
-            self.namesrv = NameSrvInfo(
-                port,
-                str(conf_path),
-                str(self.base / f"{NAMESRV_ID}.log"),
-                str(self.base / f"{NAMESRV_ID}.pid"),
-            )
+            self.namesrv = self._write_namesrv_conf(namesrv_port, namesrv_conf or {})
+        self.group = group
+        self._write_node_confs(ids, client_ports, peer_ports, extra or {})
+        self._save_state()
+
+    def _write_namesrv_conf(self, port: int, conf: dict[str, str]) -> NameSrvInfo:
+        conf_path = self.base / f"{NAMESRV_ID}.conf"
+        conf_path.write_text("".join(f"{k}={v}\n" for k, v in {"listenPort": port, **conf}.items()))
+        return NameSrvInfo(
+            port,
+            str(conf_path),
+            str(self.base / f"{NAMESRV_ID}.log"),
+            str(self.base / f"{NAMESRV_ID}.pid"),
+        )
+
+    def _write_node_confs(
+        self,
+        ids: list[str],
+        client_ports: list[int],
+        peer_ports: list[int],
+        extra: dict[str, str],
+    ) -> None:
+        """One broker.conf per node of ``self.group``, pointing at the NameServer if any."""
+        group = self.group
         peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, peer_ports, strict=True))
         client_addrs = ";".join(
             f"{i}-127.0.0.1:{p}" for i, p in zip(ids, client_ports, strict=True)
         )
-        self.group = group
         self.nodes = []
         for node_id, cport, pport in zip(ids, client_ports, peer_ports, strict=True):
             conf = self.base / f"{node_id}.conf"
@@ -236,7 +246,7 @@ class LocalCluster:
             }
             if self.namesrv is not None:
                 values["namesrvAddr"] = self.namesrv.addr
-            values.update(extra or {})
+            values.update(extra)
             conf.write_text(render_config(values))
             self.nodes.append(
                 NodeInfo(
@@ -248,10 +258,12 @@ class LocalCluster:
                     str(self.base / f"{node_id}.pid"),
                 )
             )
+
+    def _save_state(self) -> None:
         (self.base / STATE_FILE).write_text(
             json.dumps(
                 {
-                    "group": group,
+                    "group": self.group,
                     "nodes": [asdict(n) for n in self.nodes],
                     "namesrv": asdict(self.namesrv) if self.namesrv else None,
                 },

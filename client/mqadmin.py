@@ -9,6 +9,7 @@ stable code); 2 bad usage (unknown command, missing or malformed flag: argparse'
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -403,16 +404,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COMMAND",
         required=True,
     )
-    parser = cli.parser
+    _topic_commands(cli)
+    _query_commands(cli)
+    _message_commands(cli)
+    return cli.parser
 
-    def add(name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
-        p = cli.add(name, help=help_, description=help_)
-        p.set_defaults(handler=handler)
-        return p
 
-    def topic(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-t", "--topic", required=True, help="topic name")
+def _command(cli: CommandLine, name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+    p = cli.add(name, help=help_, description=help_)
+    p.set_defaults(handler=handler)
+    return p
 
+
+def _topic_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-t", "--topic", required=True, help="topic name")
+
+
+def _topic_commands(cli: CommandLine) -> None:
+    """Topics and the cluster: RocketMQ's -t, -c, -r, -w, -p, -b (a node's address)."""
+
+    add = functools.partial(_command, cli)
+    topic = _topic_flag
     p = add("updateTopic", cmd_update_topic, "create or update a topic on every broker group")
     topic(p)
     p.add_argument(
@@ -442,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-b", "--broker-addr", "--brokerAddr", default="", help="only the node at host:port"
     )
 
+
+def _query_commands(cli: CommandLine) -> None:
+    """Offsets and lookups: RocketMQ's -g, -t, -k, -i, -s."""
+
+    add = functools.partial(_command, cli)
+    topic = _topic_flag
     p = add("consumerProgress", cmd_consumer_progress, "a consumer group's offsets and lag")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     topic(p)
@@ -464,6 +482,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-s", "--timestamp", required=True, type=parse_timestamp, help="ms since epoch, or now"
     )
 
+
+def _message_commands(cli: CommandLine) -> None:
+    """Sending, consuming, dead letters: RocketMQ's -t, -p, -k, -c, -b, -i, -o, -g."""
+
+    add = functools.partial(_command, cli)
+    topic = _topic_flag
     p = add("sendMessage", cmd_send_message, "send one message")
     topic(p)
     p.add_argument("-p", "--body", required=True, help="message body (UTF-8)")
@@ -524,7 +548,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
