@@ -46,7 +46,6 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ from typing import Any
 
 from bench import tune_gc
 from bench.errors import BenchError
+from dledger.procs import free_ports as free_ports_on
+from dledger.procs import spawn_logged
 
 log = logging.getLogger("bench.peers")
 
@@ -259,14 +260,8 @@ def parse_version(text: str) -> str:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (all probes held until all are picked)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind((HOST, 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+    """``n`` distinct free TCP ports on 127.0.0.1."""
+    return free_ports_on(n, HOST)
 
 
 def _http_get(url: str, data: bytes | None = None) -> tuple[int, str]:
@@ -334,14 +329,10 @@ class _Cluster:
             self._prepare()
             for i, m in enumerate(self.members):
                 m.data_dir.mkdir(parents=True, exist_ok=True)
-                with open(m.log_path, "ab") as out:
-                    m.proc = subprocess.Popen(
-                        self._command(i),
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        cwd=self.root,
-                    )
+                # Same session as mqbench: a Ctrl-C stops the peers too.
+                m.proc = spawn_logged(
+                    self._command(i), m.log_path, cwd=self.root, new_session=False
+                )
                 log.info("%s member %s started, pid %d", self.kind, m.name, m.proc.pid)
             self._wait_ready(time.monotonic() + START_TIMEOUT_S)
         except BaseException:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import faulthandler
 import gc
-import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -18,16 +15,9 @@ from broker.disk import DiskGuard
 from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
+from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
-
-
-def _keys_help() -> str:
-    width = max(len(k) for k in KEYS)
-    lines = []
-    for name, key in KEYS.items():
-        default = key.default if key.default is not None else "required"
-        lines.append(f"  {name:<{width}}  {key.doc} (default: {default})")
-    return "\n".join(lines)
+from mqcli import server_parser
 
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
@@ -87,19 +77,14 @@ async def _serve(
     await node.start()
     if registrar is not None:
         registrar.start()
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
 
     async def stop() -> None:
         if registrar is not None:
             await registrar.stop()  # unregister first: routes drop this node at once
         await node.stop()
         sm.close()  # the node applies nothing after stop(): final snapshot
-        stopped.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
-    await stopped.wait()
+    await serve_until_signalled(stop)
 
 
 # The send path allocates short-lived tuples, protobuf objects and futures by the hundred per
@@ -124,14 +109,16 @@ def enable_crash_traces() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mqbroker",
-        description="Run one member of a raftmq broker group (a DLedger/Raft node).",
-        epilog="broker.conf keys:\n" + _keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = server_parser(
+        "mqbroker",
+        "Run one member of a raftmq broker group (a DLedger/Raft node).",
+        "broker.conf keys",
+        {
+            name: f"{key.doc} (default: {'required' if key.default is None else key.default})"
+            for name, key in KEYS.items()
+        },
     )
     parser.add_argument("-c", "--config", required=True, help="broker.conf (properties format)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     parser.add_argument(
         "--profile",
         metavar="FILE",
@@ -141,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = parser.parse_args(argv)
     enable_crash_traces()
-    logging.basicConfig(
-        level=getattr(logging, str(ns.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
     except ConfigError as exc:

@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -32,11 +31,14 @@ from pathlib import Path
 
 from broker.config import render_config
 from broker.errors import BrokerError
+from dledger.procs import exited, free_ports, spawn_logged
 from dledger.server.client import ClientError, LogClient
+from mqcli import CommandLine, GlobalOption, parse_assignments
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
-# Ports of the local group, as in DESIGN.md: client 10911, 10921, ...; peers 40911, 40912, ...
+# Ports of the local group (docs/CLUSTER.md): node i listens for clients on 10911 + 10 i
+# (10911 is RocketMQ's broker port) and for its peers on 40911 + i.
 CLIENT_PORT_BASE = 10911
 CLIENT_PORT_STEP = 10
 PEER_PORT_BASE = 40911
@@ -91,19 +93,10 @@ class NameSrvInfo:
 
 
 def _free_port() -> int:
-    return _free_ports(1)[0]
+    return free_ports(1)[0]
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: every probe socket stays bound until all are picked (one at
-    a time, the kernel may hand out the same port twice)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+_free_ports = free_ports  # the name tests and tools import from here
 
 
 def last_exit_line(log_path: str | os.PathLike[str]) -> str:
@@ -126,6 +119,14 @@ def last_exit_line(log_path: str | os.PathLike[str]) -> str:
     return line if len(line) <= EXIT_LINE_MAX_CHARS else line[: EXIT_LINE_MAX_CHARS - 3] + "..."
 
 
+def _spawn(argv: list[str], log: str, pid_file: str, env: dict[str, str] | None = None) -> int:
+    """Start a node or the NameServer in a session of its own, its output appended to
+    ``log``; its pid goes to ``pid_file`` (what `status`, `kill` and `down` act on)."""
+    pid = spawn_logged(argv, log, env=env).pid
+    Path(pid_file).write_text(f"{pid}\n")
+    return pid
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -144,17 +145,11 @@ def _wait_pid_gone(pid: int, conf: str, timeout_s: float) -> bool:
 
 def _pid_alive(pid: int, conf: str) -> bool:
     """True if ``pid`` is a live (not zombie) process running the node with ``conf``."""
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child and exited
-        if done == pid:
-            return False
+    if exited(pid):  # reaps it if it is our child and exited
+        return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    if state == "Z":
         return False
     # A child between execve's point of no return (Popen has returned) and the kernel setting
     # up its argument pages shows an empty cmdline for a moment: under load, long enough to be
@@ -210,24 +205,34 @@ class LocalCluster:
             peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
             namesrv_port = NAMESRV_PORT
         if namesrv:
-            port = namesrv_port
-            conf_path = self.base / f"{NAMESRV_ID}.conf"
-            conf_path.write_text(
-                "".join(
-                    f"{k}={v}\n" for k, v in {"listenPort": port, **(namesrv_conf or {})}.items()
-                )
-            )
-            self.namesrv = NameSrvInfo(
-                port,
-                str(conf_path),
-                str(self.base / f"{NAMESRV_ID}.log"),
-                str(self.base / f"{NAMESRV_ID}.pid"),
-            )
+            self.namesrv = self._write_namesrv_conf(namesrv_port, namesrv_conf or {})
+        self.group = group
+        self._write_node_confs(ids, client_ports, peer_ports, extra or {})
+        self._save_state()
+
+    def _write_namesrv_conf(self, port: int, conf: dict[str, str]) -> NameSrvInfo:
+        conf_path = self.base / f"{NAMESRV_ID}.conf"
+        conf_path.write_text("".join(f"{k}={v}\n" for k, v in {"listenPort": port, **conf}.items()))
+        return NameSrvInfo(
+            port,
+            str(conf_path),
+            str(self.base / f"{NAMESRV_ID}.log"),
+            str(self.base / f"{NAMESRV_ID}.pid"),
+        )
+
+    def _write_node_confs(
+        self,
+        ids: list[str],
+        client_ports: list[int],
+        peer_ports: list[int],
+        extra: dict[str, str],
+    ) -> None:
+        """One broker.conf per node of ``self.group``, pointing at the NameServer if any."""
+        group = self.group
         peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, peer_ports, strict=True))
         client_addrs = ";".join(
             f"{i}-127.0.0.1:{p}" for i, p in zip(ids, client_ports, strict=True)
         )
-        self.group = group
         self.nodes = []
         for node_id, cport, pport in zip(ids, client_ports, peer_ports, strict=True):
             conf = self.base / f"{node_id}.conf"
@@ -244,7 +249,7 @@ class LocalCluster:
             }
             if self.namesrv is not None:
                 values["namesrvAddr"] = self.namesrv.addr
-            values.update(extra or {})
+            values.update(extra)
             conf.write_text(render_config(values))
             self.nodes.append(
                 NodeInfo(
@@ -256,10 +261,12 @@ class LocalCluster:
                     str(self.base / f"{node_id}.pid"),
                 )
             )
+
+    def _save_state(self) -> None:
         (self.base / STATE_FILE).write_text(
             json.dumps(
                 {
-                    "group": group,
+                    "group": self.group,
                     "nodes": [asdict(n) for n in self.nodes],
                     "namesrv": asdict(self.namesrv) if self.namesrv else None,
                 },
@@ -297,16 +304,7 @@ class LocalCluster:
             raise ClusterError("this cluster has no NameServer (it was set up with --no-namesrv)")
         if self.namesrv_pid() is not None:
             raise ClusterError(f"{NAMESRV_ID} is already running")
-        with open(ns.log, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "nameserver", "-c", ns.conf],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        Path(ns.pid_file).write_text(f"{proc.pid}\n")
-        return proc.pid
+        return _spawn([sys.executable, "-m", "nameserver", "-c", ns.conf], ns.log, ns.pid_file)
 
     def wait_namesrv(self, timeout_s: float = NAMESRV_WAIT_S) -> None:
         """Wait until the NameServer accepts connections; fail if it exited (busy port...)."""
@@ -337,17 +335,11 @@ class LocalCluster:
         if self.pid(n) is not None:
             raise ClusterError(f"{node_id} is already running")
         env = {**os.environ, **self.node_env[node_id]} if self.node_env.get(node_id) else None
-        with open(n.log, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "broker", "-c", n.conf],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-            )
-        Path(n.pid_file).write_text(f"{proc.pid}\n")
-        return proc.pid
+        return _spawn(self.node_argv(n), n.log, n.pid_file, env)
+
+    def node_argv(self, n: NodeInfo) -> list[str]:
+        """The command that runs node ``n`` (a subclass may wrap it, e.g. in a namespace)."""
+        return [sys.executable, "-m", "broker", "-c", n.conf]
 
     def signal(self, node_id: str, sig: signal.Signals = signal.SIGKILL) -> int:
         n = self.node(node_id)
@@ -495,13 +487,23 @@ def format_table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mqcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def build_parser() -> CommandLine:
+    """mqcluster's command line; ``--base-dir`` before or after the subcommand."""
+    cli = CommandLine(
+        argparse.ArgumentParser(
+            prog="mqcluster",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        [
+            GlobalOption.of(
+                "--base-dir", default=DEFAULT_BASE_DIR, help="where configs, data, logs go"
+            )
+        ],
+        dest="cmd",
+        required=True,
     )
-    parser.add_argument("--base-dir", default=DEFAULT_BASE_DIR, help="where configs, data, logs go")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="write configs, start the nodes, wait for a leader")
+    up = cli.add("up", help="write configs, start the nodes, wait for a leader")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--group", default="broker-a")
     up.add_argument("--auto-ports", action="store_true", help="pick free ports")
@@ -511,24 +513,28 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="extra broker.conf key"
     )
-    sub.add_parser("status", help="show every node")
-    kill = sub.add_parser("kill", help="signal one node (default SIGKILL)")
+    cli.add("status", help="show every node")
+    kill = cli.add("kill", help="signal one node (default SIGKILL)")
     kill.add_argument("node")
     kill.add_argument("--signal", default="KILL", choices=["KILL", "TERM", "STOP", "CONT"])
-    start = sub.add_parser("start", help="start one node again")
+    start = cli.add("start", help="start one node again")
     start.add_argument("node")
-    down = sub.add_parser("down", help="stop every node")
+    down = cli.add("down", help="stop every node")
     down.add_argument("--purge", action="store_true", help="also delete the base dir")
+    return cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = build_parser()
+    parser = cli.parser
     ns = parser.parse_args(argv)
     cluster = LocalCluster(ns.base_dir)
     try:
         if ns.cmd == "up":
-            extra: dict[str, str] = {}
-            for item in ns.set:
-                key, sep, value = item.partition("=")
-                if not sep:
-                    parser.error(f"--set {item!r}: expected KEY=VALUE")
-                extra[key] = value
+            try:
+                extra = parse_assignments(ns.set)
+            except ValueError as exc:
+                parser.error(str(exc))
             cluster.configure(
                 ns.nodes,
                 group=ns.group,

@@ -7,18 +7,16 @@ whose message names the file and the key, so the process can stop at start with 
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import javaproperties
-
 from broker import disk
 from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from dledger.properties import int_in, parse_port, parse_properties, parse_values, read_text
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
@@ -44,23 +42,6 @@ def _parse_bool(text: str) -> bool:
     raise ValueError("is not a boolean (true/false)")
 
 
-def _parse_int(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise ValueError("is not an integer") from None
-        if not low <= value <= high:
-            raise ValueError(f"is out of range [{low}, {high}]")
-        return value
-
-    return parse
-
-
-def _parse_port(text: str) -> int:
-    return _parse_int(1, 65535)(text)
-
-
 def _parse_str(text: str) -> str:
     value = text.strip()
     if not value:
@@ -79,7 +60,7 @@ def _parse_namesrv_addr(text: str) -> str:
         host, colon, port_text = addr.rpartition(":")
         if not colon or not host:
             raise ValueError(f"entry {addr!r} is not host:port")
-        _parse_port(port_text)
+        parse_port(port_text)
     if len(set(addrs)) != len(addrs):
         raise ValueError(f"repeats an address: {addrs}")
     return ";".join(addrs)
@@ -108,7 +89,7 @@ def _parse_advertised_addr(text: str) -> str:
         host, colon, port_text = addr.rpartition(":")
         if not colon or not host:
             raise ValueError("is not host:port")
-        _parse_port(port_text)
+        parse_port(port_text)
     return addr
 
 
@@ -136,7 +117,7 @@ def parse_peers(text: str) -> tuple[Peer, ...]:
         host, colon, port_text = addr.rpartition(":")
         if not sep or not colon or not node_id or not host:
             raise ValueError(f"entry {item!r} is not id-host:port")
-        peers.append(Peer(node_id.strip(), host.strip(), _parse_port(port_text)))
+        peers.append(Peer(node_id.strip(), host.strip(), parse_port(port_text)))
     if not peers:
         raise ValueError("lists no peers")
     ids = [p.node_id for p in peers]
@@ -174,64 +155,64 @@ KEYS: Mapping[str, _Key] = {
         "id-host:port;... client addresses of the members, named in NOT_LEADER redirects "
         "(default: none, redirects name the leader's id only)",
     ),
-    "listenPort": _Key(_parse_port, "10911", "client gRPC port"),
+    "listenPort": _Key(parse_port, "10911", "client gRPC port"),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
     "flushDiskType": _Key(_parse_flush, "SYNC_FLUSH", "SYNC_FLUSH or ASYNC_FLUSH"),
-    "flushIntervalCommitLog": _Key(_parse_int(1, 60_000), "500", "ASYNC_FLUSH period, ms"),
+    "flushIntervalCommitLog": _Key(int_in(1, 60_000), "500", "ASYNC_FLUSH period, ms"),
     "mappedFileSizeCommitLog": _Key(
-        _parse_int(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
+        int_in(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
     ),
     "namesrvAddr": _Key(_parse_namesrv_addr, "", "host:port;... of the NameServers"),
     # RocketMQ's registerNameServerPeriod default (30 s); at least 100 ms (a NameServer call
     # per node per period), at most 10 minutes (NameServers drop nodes silent for 2 minutes).
     "registerBrokerPeriod": _Key(
-        _parse_int(100, 600_000), "30000", "ms between registrations with each NameServer"
+        int_in(100, 600_000), "30000", "ms between registrations with each NameServer"
     ),
     "preferredLeaderId": _Key(_parse_optional_str, "", "node id that should lead when healthy"),
-    "fileReservedTime": _Key(_parse_int(1, 24 * 365 * 10), "72", "hours a segment is kept"),
+    "fileReservedTime": _Key(int_in(1, 24 * 365 * 10), "72", "hours a segment is kept"),
     "deleteWhen": _Key(_parse_delete_when, "04", "hours of day when old segments are deleted"),
     "retentionCheckIntervalMs": _Key(
-        _parse_int(100, 3_600_000), "60000", "how often retention looks for segments to delete, ms"
+        int_in(100, 3_600_000), "60000", "how often retention looks for segments to delete, ms"
     ),
-    "maxMessageSize": _Key(_parse_int(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
+    "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
     "defaultTopicQueueNums": _Key(
-        _parse_int(1, 1024), "8", "queues of an auto-created topic (and CreateTopic default)"
+        int_in(1, 1024), "8", "queues of an auto-created topic (and CreateTopic default)"
     ),
-    "maxHashSlotNum": _Key(_parse_int(1, 50_000_000), "5000000", "key index hash slots per file"),
-    "maxIndexNum": _Key(_parse_int(1, 200_000_000), "20000000", "key index records per file"),
+    "maxHashSlotNum": _Key(int_in(1, 50_000_000), "5000000", "key index hash slots per file"),
+    "maxIndexNum": _Key(int_in(1, 200_000_000), "20000000", "key index records per file"),
     "accessMessageInMemoryMaxRatio": _Key(
-        _parse_int(1, 100), "40", "% of RAM a pull may lag the write position before a follower"
+        int_in(1, 100), "40", "% of RAM a pull may lag the write position before a follower"
     ),
     # Disk full (docs/STORAGE.md "Disk full"). RocketMQ's name, but here the mark at which the
     # leader refuses sends (RocketMQ's diskSpaceWarningLevelRatio, 90); in percent.
     "diskMaxUsedSpaceRatio": _Key(
-        _parse_int(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
+        int_in(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
         str(disk.DEFAULT_MAX_USED_PERCENT),
         "% of the store's file system used above which the leader refuses sends (DISK_FULL)",
     ),
     "diskSpaceResumeRatio": _Key(
-        _parse_int(1, disk.MAX_USED_PERCENT - 1),
+        int_in(1, disk.MAX_USED_PERCENT - 1),
         str(disk.DEFAULT_RESUME_PERCENT),
         "% used below which sends are accepted again (< diskMaxUsedSpaceRatio)",
     ),
     "diskCheckIntervalMs": _Key(
-        _parse_int(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
+        int_in(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
         str(disk.DEFAULT_CHECK_INTERVAL_MS),
         "how stale the disk usage seen by the send path may be, ms",
     ),
     "diskSpaceReserveBytes": _Key(
-        _parse_int(0, 1 << 30),
+        int_in(0, 1 << 30),
         str(DEFAULT_RESERVE_BYTES),
         "space set aside at start so hard state and checkpoints can be written on a full disk",
     ),
     # Our own broker keys.
-    "dedupWindowSeconds": _Key(_parse_int(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
-    "dedupWindowMaxIds": _Key(_parse_int(1, 10_000_000), "100000", "uniq ids kept for dedup"),
+    "dedupWindowSeconds": _Key(int_in(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
+    "dedupWindowMaxIds": _Key(int_in(1, 10_000_000), "100000", "uniq ids kept for dedup"),
     "consumerOffsetCommitIntervalMs": _Key(
-        _parse_int(1, 60_000), "100", "leader proposes coalesced consumer offsets this often, ms"
+        int_in(1, 60_000), "100", "leader proposes coalesced consumer offsets this often, ms"
     ),
     "messageDelayLevel": _Key(
         _parse_delay_levels, DEFAULT_DELAY_LEVELS, "delay of each level (DELAY property), 1-based"
@@ -240,12 +221,12 @@ KEYS: Mapping[str, _Key] = {
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
-    "raftTickMs": _Key(_parse_int(5, 1000), "50", "Raft logical clock period, ms"),
-    "raftHeartbeatIntervalMs": _Key(_parse_int(5, 10_000), "100", "leader heartbeat period, ms"),
+    "raftTickMs": _Key(int_in(5, 1000), "50", "Raft logical clock period, ms"),
+    "raftHeartbeatIntervalMs": _Key(int_in(5, 10_000), "100", "leader heartbeat period, ms"),
     "raftElectionTimeoutMs": _Key(
-        _parse_int(20, 60_000), "500", "base election timeout (randomized to [T, 2T)), ms"
+        int_in(20, 60_000), "500", "base election timeout (randomized to [T, 2T)), ms"
     ),
-    "rpcTimeoutMs": _Key(_parse_int(10, 600_000), "3000", "deadline of a client append, ms"),
+    "rpcTimeoutMs": _Key(int_in(10, 600_000), "3000", "deadline of a client append, ms"),
     # Test harness keys (jepsen_like): a proxy in front of the client port, and an unsafe ack.
     "advertisedClientAddr": _Key(
         _parse_advertised_addr, "", "host:port clients and peers are told (default: bound one)"
@@ -332,29 +313,14 @@ class BrokerConfig:
 
 def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     """Parse and validate the text of a broker.conf."""
-    raw: dict[str, str] = {}
-    try:
-        for item in javaproperties.parse(io.StringIO(text)):
-            if not isinstance(item, javaproperties.KeyValue):
-                continue  # comments and blank lines
-            name, value = item.key, item.value
-            if name in raw:
-                raise ConfigError(f"{path}: key '{name}' is set twice")
-            raw[name] = value
-    except (ValueError, javaproperties.InvalidUEscapeError) as exc:
-        raise ConfigError(f"{path}: not a properties file: {exc}") from None
-    unknown = sorted(set(raw) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown key '{unknown[0]}' (mqbroker --help lists the keys)")
-    values: dict[str, Any] = {}
+    raw = parse_properties(text, path, KEYS, "mqbroker", ConfigError)
+    given: dict[str, str] = {}
     for name, key in KEYS.items():
         text_value = raw.get(name, key.default)
         if text_value is None:
             raise ConfigError(f"{path}: key '{name}' is required ({key.doc})")
-        try:
-            values[name] = key.parse(text_value)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: key '{name}': {text_value!r} {exc}") from None
+        given[name] = text_value
+    values = parse_values(given, {name: key.parse for name, key in KEYS.items()}, path, ConfigError)
     if not values["enableDLegerCommitLog"]:
         raise ConfigError(f"{path}: key 'enableDLegerCommitLog' must be true (DLedger-only)")
     if not values["dLegerGroup"]:
@@ -395,13 +361,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
 
 def load_config(path: str | os.PathLike[str]) -> BrokerConfig:
     """Read and validate a broker.conf file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    return parse_config(text, str(path))
+    return parse_config(read_text(path, ConfigError), str(path))
 
 
 def render_config(values: Mapping[str, object]) -> str:

@@ -29,7 +29,7 @@ from broker.names import SCHEDULE_TOPIC
 from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
 from broker.state import ENTRY_MESSAGES, SendResult, TopicConfig
 from broker.topics import Topics
-from dledger.server.node import ProposalLostError
+from dledger.server.errors import ProposalLostError
 
 # Messages per send: one entry per send; bounded like dledger's Append.
 MAX_SEND_BATCH = 10_000

@@ -67,6 +67,7 @@ from broker.names import (
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
 from dledger.core import Role
 from dledger.log import Entry
+from dledger.storage.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -376,22 +377,6 @@ class _SkipLog:
 
 
 # ------------------------------------------------------------------------- state machine
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class BrokerStateMachine:
@@ -783,7 +768,7 @@ class BrokerStateMachine:
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.config_dir / SNAPSHOT_FILE, raw)
+        atomic_write(self.config_dir / SNAPSHOT_FILE, raw)
         self._last_persist_s = time.monotonic() - started
         logger.debug(
             "snapshot applied=%d bytes=%d ms=%.1f",

@@ -39,7 +39,6 @@ import enum
 import json
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -54,7 +53,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client.allocate import AllocateMessageQueueAveragely, AllocateStrategy
 from client.errors import MQClientError
-from client.message import RETRY_PREFIX, MessageExt, MessageQueue, new_client_id
+from client.message import RETRY_PREFIX, MessageExt, MessageQueue, local_host, new_client_id
 from client.route import ChannelPool, RouteClient
 from client.wire import decode_messages
 
@@ -155,13 +154,6 @@ def parse_tags(expression: str) -> frozenset[str] | None:
     if not tags:
         raise MQClientError("INVALID_SUBSCRIPTION", "INVALID_ARGUMENT", repr(expression))
     return tags
-
-
-def _local_host() -> str:
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 class _ClientBase:
@@ -365,7 +357,7 @@ class PushConsumer(_ClientBase):
         self.consume_from_where = consume_from_where
         self.consume_batch_size = max(1, consume_batch_size)
         self.pull_batch_size = max(1, pull_batch_size)
-        self.client_id = client_id or new_client_id(_local_host())
+        self.client_id = client_id or new_client_id(local_host())
         self._subscriptions: dict[str, str] = {}
         self._listener: MessageListener | None = None
         self._queues: dict[MessageQueue, _ProcessQueue] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 import uuid
@@ -203,6 +204,15 @@ class SendResult:
 
 _counter_lock = threading.Lock()
 _counter = [0]
+
+
+def local_host() -> str:
+    """This machine's address as its host name resolves ("127.0.0.1" when it does not): the
+    born host of a message and the host part of a client id."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def new_client_id(host: str) -> str:

@@ -9,6 +9,7 @@ stable code); 2 bad usage (unknown command, missing or malformed flag: argparse'
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from client.consumer import PullConsumer
 from client.errors import MQClientError
 from client.message import Message, MessageExt, MessageQueue
 from client.producer import Producer
+from mqcli import CommandLine, GlobalOption
 
 DEFAULT_PRODUCER_GROUP = "mqadmin_producer"
 DEFAULT_CONSUMER_GROUP = "mqadmin_consumer"
@@ -109,6 +111,30 @@ def parse_timestamp(value: str) -> int:
     if ts < 0:
         raise argparse.ArgumentTypeError(f"negative timestamp: {value}")
     return ts
+
+
+class QueueFilter:
+    """A ``MessageQueueSelector`` for ``sendMessage -b BROKER -i QUEUE``: the first writable
+    queue of that broker group and/or with that id (RocketMQ's tool sends to exactly that
+    queue); none: ``QUEUE_NOT_FOUND``, nothing is sent."""
+
+    def __init__(self, broker: str, queue_id: int | None) -> None:
+        self.broker = broker
+        self.queue_id = queue_id
+
+    def select(self, queues: Sequence[MessageQueue], msg: Message, arg: Any) -> MessageQueue:
+        for q in queues:
+            if self.broker and q.broker_name != self.broker:
+                continue
+            if self.queue_id is not None and q.queue_id != self.queue_id:
+                continue
+            return q
+        wanted = (
+            f"broker {self.broker or '*'} queue {'*' if self.queue_id is None else self.queue_id}"
+        )
+        raise MQClientError(
+            "QUEUE_NOT_FOUND", "NOT_FOUND", f"{msg.topic} has no writable queue on {wanted}"
+        )
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -214,6 +240,8 @@ def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> 
             continue
         for g in c.groups:
             for m in g.members:
+                if args.broker_addr and m.client_addr != args.broker_addr:
+                    continue
                 rows.append(
                     {
                         "cluster": c.name,
@@ -272,8 +300,13 @@ def cmd_reset_offset_by_time(admin: MQAdmin, args: argparse.Namespace, out: Outp
 
 def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     keys = tuple(k for k in (args.keys or "").split(",") if k) if args.keys else ()
+    msg = Message(args.topic, args.body.encode(), tags=args.tags, keys=keys)
     with Producer(args.producer_group, admin.namesrv_addr) as producer:
-        r = producer.send(Message(args.topic, args.body.encode(), tags=args.tags, keys=keys))
+        if args.broker or args.queue is not None:
+            target = QueueFilter(args.broker, args.queue)
+            r = producer.send(msg, target)
+        else:
+            r = producer.send(msg)
     out.obj(
         {
             "msg_id": r.msg_id,
@@ -349,39 +382,64 @@ Handler = Callable[[MQAdmin, argparse.Namespace, Output], None]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mqadmin",
-        description="raftmq admin tool (RocketMQ's mqadmin vocabulary).",
-        epilog="Exit codes: 0 ok, 1 failed operation, 2 bad usage.",
+    cli = CommandLine(
+        argparse.ArgumentParser(
+            prog="mqadmin",
+            description="raftmq admin tool (RocketMQ's mqadmin vocabulary).",
+            epilog="Exit codes: 0 ok, 1 failed operation, 2 bad usage.",
+        ),
+        [
+            GlobalOption.of(
+                "-n",
+                "--namesrv",
+                default=os.environ.get("NAMESRV_ADDR", ""),
+                help="NameServer addresses host:port;host:port (default: $NAMESRV_ADDR)",
+            ),
+            GlobalOption.of("--json", action="store_true", help="machine-readable JSON output"),
+            GlobalOption.of(
+                "-v", "--verbose", action="store_true", help="log the client's retries to stderr"
+            ),
+        ],
+        dest="command",
+        metavar="COMMAND",
+        required=True,
     )
-    parser.add_argument(
-        "-n",
-        "--namesrv",
-        default=os.environ.get("NAMESRV_ADDR", ""),
-        help="NameServer addresses host:port;host:port (default: $NAMESRV_ADDR)",
-    )
-    parser.add_argument("--json", action="store_true", help="machine-readable JSON output")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log the client's retries to stderr"
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _topic_commands(cli)
+    _query_commands(cli)
+    _message_commands(cli)
+    return cli.parser
 
-    def add(name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(handler=handler)
-        # Global flags are also accepted after the command name.
-        p.add_argument("-n", "--namesrv", default=argparse.SUPPRESS, help="NameServer addresses")
-        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON")
-        return p
 
-    def topic(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-t", "--topic", required=True, help="topic name")
+def _command(cli: CommandLine, name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+    p = cli.add(name, help=help_, description=help_)
+    p.set_defaults(handler=handler)
+    return p
 
+
+def _topic_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-t", "--topic", required=True, help="topic name")
+
+
+def _topic_commands(cli: CommandLine) -> None:
+    """Topics and the cluster: RocketMQ's -t, -c, -r, -w, -p, -b (a node's address)."""
+
+    add = functools.partial(_command, cli)
+    topic = _topic_flag
     p = add("updateTopic", cmd_update_topic, "create or update a topic on every broker group")
     topic(p)
-    p.add_argument("-c", "--cluster", default="", help="cluster name (default: every cluster)")
-    p.add_argument("-r", "--read-queues", dest="read_queues", type=int, default=8)
-    p.add_argument("-w", "--write-queues", dest="write_queues", type=int, default=8)
+    p.add_argument(
+        "-c",
+        "--cluster",
+        "--clusterName",
+        default="",
+        help="cluster name (default: every cluster)",
+    )
+    p.add_argument(
+        "-r", "--read-queues", "--readQueueNums", dest="read_queues", type=int, default=8
+    )
+    p.add_argument(
+        "-w", "--write-queues", "--writeQueueNums", dest="write_queues", type=int, default=8
+    )
     p.add_argument("-p", "--perm", type=int, default=6, choices=(2, 4, 6), help="2 W, 4 R, 6 RW")
 
     p = add("deleteTopic", cmd_delete_topic, "delete a topic on every broker group serving it")
@@ -391,20 +449,31 @@ def build_parser() -> argparse.ArgumentParser:
     topic(add("topicStatus", cmd_topic_status, "min and max offset of every queue of a topic"))
     add("clusterList", cmd_cluster_list, "clusters and their broker groups")
     p = add("brokerStatus", cmd_broker_status, "every node: role, term, address, heartbeat age")
-    p.add_argument("-c", "--cluster", default="", help="only this cluster")
+    p.add_argument("-c", "--cluster", "--clusterName", default="", help="only this cluster")
+    p.add_argument(
+        "-b", "--broker-addr", "--brokerAddr", default="", help="only the node at host:port"
+    )
 
+
+def _query_commands(cli: CommandLine) -> None:
+    """Offsets and lookups: RocketMQ's -g, -t, -k, -i, -s."""
+
+    add = functools.partial(_command, cli)
+    topic = _topic_flag
     p = add("consumerProgress", cmd_consumer_progress, "a consumer group's offsets and lag")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     topic(p)
 
     p = add("queryMsgByKey", cmd_query_msg_by_key, "messages of a topic with a key")
     topic(p)
-    p.add_argument("-k", "--key", required=True)
+    p.add_argument("-k", "--key", "--msgKey", dest="key", required=True)
     p.add_argument("-m", "--max", type=int, default=32, help="at most this many (default 32)")
 
     p = add("queryMsgById", cmd_query_msg_by_id, "a message by uniq id or offsetMsgId")
     topic(p)
-    p.add_argument("-i", "--id", required=True, help="msg id (uniq) or offset msg id")
+    p.add_argument(
+        "-i", "--id", "--msgId", dest="id", required=True, help="msg id (uniq) or offset msg id"
+    )
 
     p = add("resetOffsetByTime", cmd_reset_offset_by_time, "reset a group's offsets to a time")
     p.add_argument("-g", "--group", required=True, help="consumer group")
@@ -413,20 +482,64 @@ def build_parser() -> argparse.ArgumentParser:
         "-s", "--timestamp", required=True, type=parse_timestamp, help="ms since epoch, or now"
     )
 
+
+def _message_commands(cli: CommandLine) -> None:
+    """Sending, consuming, dead letters: RocketMQ's -t, -p, -k, -c, -b, -i, -o, -g."""
+
+    add = functools.partial(_command, cli)
+    topic = _topic_flag
     p = add("sendMessage", cmd_send_message, "send one message")
     topic(p)
     p.add_argument("-p", "--body", required=True, help="message body (UTF-8)")
-    p.add_argument("--tags", default="", help="tag")
-    p.add_argument("--keys", default="", help="keys, comma-separated")
+    p.add_argument("-c", "--tags", default="", help="tag")
+    p.add_argument("-k", "--keys", "--key", dest="keys", default="", help="keys, comma-separated")
+    p.add_argument(
+        "-b", "--broker", "--brokerName", dest="broker", default="", help="only this broker group"
+    )
+    p.add_argument(
+        "-i",
+        "--queue",
+        "--qid",
+        dest="queue",
+        type=int,
+        default=None,
+        help="only this queue id (with -b: that group's queue)",
+    )
     p.add_argument("--producer-group", default=DEFAULT_PRODUCER_GROUP)
 
     p = add("consumeMessage", cmd_consume_message, "pull messages and print them (no commit)")
     topic(p)
-    p.add_argument("-g", "--group", default=DEFAULT_CONSUMER_GROUP, help="consumer group")
-    p.add_argument("-b", "--broker", default="", help="only this broker group")
-    p.add_argument("-q", "--queue", type=int, default=None, help="only this queue id")
+    p.add_argument(
+        "-g",
+        "--group",
+        "--consumerGroup",
+        dest="group",
+        default=DEFAULT_CONSUMER_GROUP,
+        help="consumer group",
+    )
+    p.add_argument(
+        "-b", "--broker", "--brokerName", dest="broker", default="", help="only this broker group"
+    )
+    p.add_argument(
+        "-i",
+        "-q",
+        "--queue",
+        "--queueId",
+        dest="queue",
+        type=int,
+        default=None,
+        help="only this queue id",
+    )
     p.add_argument("-o", "--offset", type=int, default=None, help="start offset (default: min)")
-    p.add_argument("-c", "--count", type=int, default=32, help="at most this many (default 32)")
+    p.add_argument(
+        "-c",
+        "--count",
+        "--MessageNumber",
+        dest="count",
+        type=int,
+        default=32,
+        help="at most this many (default 32)",
+    )
     p.add_argument("-s", "--subexpr", default="*", help="tag expression (default *)")
 
     p = add("dlqList", cmd_dlq_list, "a consumer group's dead letters (%%DLQ%%{group})")
@@ -435,7 +548,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,7 +34,6 @@ import hashlib
 import itertools
 import logging
 import queue
-import socket
 import threading
 import time
 from collections import deque
@@ -47,7 +46,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client.errors import MQClientError
-from client.message import Message, MessageQueue, SendResult, new_msg_id
+from client.message import Message, MessageQueue, SendResult, local_host, new_msg_id
 from client.route import ChannelPool, RouteClient, retry_wait_s
 
 log = logging.getLogger(__name__)
@@ -92,13 +91,6 @@ class SelectMessageQueueByHash:
     def select(self, queues: Sequence[MessageQueue], msg: Message, arg: Any) -> MessageQueue:
         digest = hashlib.md5(str(arg).encode(), usedforsecurity=False).digest()
         return queues[int.from_bytes(digest[:8], "big") % len(queues)]
-
-
-def _local_host() -> str:
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 class _PendingSend:
@@ -173,7 +165,7 @@ class Producer:
         self._async_pending = 0
         self._slot_waiters = 0
         self._rr = itertools.count()
-        self._born_host = _local_host()
+        self._born_host = local_host()
         self._coalesce_lock = threading.Lock()
         self._idle = threading.Condition(self._coalesce_lock)
         self._outstanding = 0  # sends submitted and not yet completed

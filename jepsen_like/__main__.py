@@ -29,6 +29,7 @@ from jepsen_like.nemesis import SHAPING_NEMESES, parse_nemeses, parse_shapes
 from jepsen_like.netns import NetnsError, check_netns, clean_leftovers
 from jepsen_like.report import verdict_table
 from jepsen_like.run import RunConfig, run
+from mqcli import parse_assignments
 
 logger = logging.getLogger("jepsen_like")
 # Records for jepsen.log only (not under "jepsen_like", whose records also go to stderr).
@@ -138,14 +139,9 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         nemeses = parse_nemeses(ns.nemesis)
         shapes = parse_shapes(ns.partitions)
+        conf = parse_assignments(ns.set)
     except ValueError as exc:
         parser.error(str(exc))
-    conf: dict[str, str] = {}
-    for item in ns.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        conf[key] = value
     quiet = ns.quiet if ns.quiet is not None else min(QUIET_MAX_S, ns.time_limit * QUIET_SHARE)
     if not 0 <= quiet < ns.time_limit:
         parser.error("--quiet must be in [0, --time-limit)")

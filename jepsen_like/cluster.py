@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from broker.cluster import ClusterError, LocalCluster, NodeInfo
+from dledger.procs import exited
 from dledger.server.client import ClientError, LogClient
 from jepsen_like.netns import NetnsLocalCluster, NetnsNet
 from jepsen_like.proxy import ProxyNet
@@ -222,7 +223,7 @@ class JepsenCluster:
         with self.direct_client() as client:
             while pending and time.monotonic() < deadline:
                 for nid in list(pending):
-                    if _exited(launched[nid][0]) or self._serving(client, nid):
+                    if exited(launched[nid][0]) or self._serving(client, nid):
                         pending.discard(nid)
                 time.sleep(POLL_S)
         if pending:
@@ -231,7 +232,7 @@ class JepsenCluster:
             )
         reasons: dict[str, str] = {}
         for nid, (pid, log_start) in launched.items():
-            if not _exited(pid):
+            if not exited(pid):
                 continue
             reason = _last_error_line(Path(self.node(nid).log), log_start) or "exited at start"
             reasons[nid] = reason
@@ -309,19 +310,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _exited(pid: int) -> bool:
-    """True once our child ``pid`` has exited (reaped here) or is a zombie."""
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _last_error_line(log: Path, offset: int) -> str:

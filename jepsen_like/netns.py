@@ -34,11 +34,10 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.cluster import ClusterError, LocalCluster, NodeInfo
+from broker.cluster import LocalCluster, NodeInfo
 from jepsen_like.errors import JepsenError
 from jepsen_like.proxy import LinkFaults
 
@@ -332,21 +331,8 @@ class NetnsLocalCluster(LocalCluster):
             for n in self.nodes
         ]
 
-    def start(self, node_id: str) -> int:
-        n = self.node(node_id)
-        if self.pid(n) is not None:
-            raise ClusterError(f"{node_id} is already running")
-        ns = self.net.nodes[node_id].ns
-        with open(n.log, "ab") as log:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "broker", "-c", n.conf],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        Path(n.pid_file).write_text(f"{proc.pid}\n")
-        return proc.pid
+    def node_argv(self, n: NodeInfo) -> list[str]:
+        return ["ip", "netns", "exec", self.net.nodes[n.node_id].ns, *super().node_argv(n)]
 
 
 # ---------------------------------------------------------------------- leftovers

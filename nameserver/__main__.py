@@ -2,48 +2,33 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
-import logging
-import signal
 import sys
 
+from dledger.procs import serve_until_signalled, setup_logging
+from mqcli import server_parser
 from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
 from nameserver.server import NameServer, StartError
-
-
-def _keys_help() -> str:
-    width = max(len(k) for k in KEYS)
-    return "\n".join(f"  {name:<{width}}  {doc}" for name, (_, doc) in KEYS.items())
 
 
 async def _serve(cfg: NameServerConfig) -> None:
     server = NameServer(cfg)
     await server.start()
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-    await server.stop()
+    await serve_until_signalled(server.stop)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mqnamesrv",
-        description="Run one raftmq NameServer (broker registration and topic routes).",
-        epilog="config file keys (properties format):\n" + _keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = server_parser(
+        "mqnamesrv",
+        "Run one raftmq NameServer (broker registration and topic routes).",
+        "config file keys (properties format)",
+        {name: doc for name, (_, doc) in KEYS.items()},
     )
     parser.add_argument("-p", "--port", type=int, help="gRPC port (overrides listenPort)")
     parser.add_argument("-c", "--config", help="properties file")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     ns = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(ns.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config) if ns.config else NameServerConfig()
     except ConfigError as exc:

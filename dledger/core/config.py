@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from dledger.core.errors import ConfigError
 
-# Largest group the core accepts: Raft groups beyond 7 voters only add commit latency, and the
-# deployment story (DESIGN.md section 1) is groups of 3, 5 or 7.
+# Largest group the core accepts: Raft groups beyond 7 voters only add commit latency, and we
+# deploy groups of 3, 5 or 7 (tolerating 1, 2 or 3 failed nodes).
 MAX_GROUP_SIZE = 7
 
 # Upper bound on entries in one propose() call, so one call cannot build an unbounded batch.

@@ -157,3 +157,49 @@ def test_mqadmin_against_a_group(local_group: Callable[..., LocalCluster]) -> No
     assert gone.returncode == 1 and gone.stderr.count("\n") == 1, gone.stderr
 
     assert time.monotonic() - started < 45.0
+
+
+def test_rocketmq_flag_letters_against_a_group(local_group: Callable[..., LocalCluster]) -> None:
+    """The command lines a RocketMQ user types: ``sendMessage -k -c -b -i`` lands in exactly
+    that queue with those keys and tags; consumeMessage and brokerStatus take RocketMQ's
+    letters; ``-n`` after the command."""
+    cluster = local_group(1, namesrv=True)
+    assert cluster.namesrv is not None
+    addr = cluster.namesrv.addr
+    topic = "LetterTopic"
+    name = ok_json(addr, "clusterList")[0]["cluster"]
+    rows = ok_json(addr, "updateTopic", "-t", topic, "-c", name, "-r", "4", "-w", "4", "-p", "6")
+    broker = rows[0]["broker"]
+
+    sent = ok_json(
+        addr, "sendMessage", "-t", topic, "-p", "hello", "-k", "k1", "-c", "TagL", "-b", broker,
+        "-i", "2",
+    )  # fmt: skip
+    assert (sent["broker"], sent["queue"]) == (broker, 2)
+    found = ok_json(addr, "queryMsgByKey", "-t", topic, "-k", "k1")
+    assert [(m["tags"], m["keys"], m["queue"]) for m in found] == [("TagL", ["k1"], 2)]
+    consumed = ok_json(
+        addr, "consumeMessage", "-t", topic, "-b", broker, "-i", "2", "-o", "0", "-c", "5",
+        "-g", "letters-cg",
+    )  # fmt: skip
+    assert [(m["body"], m["queue"]) for m in consumed] == [("hello", 2)]
+    assert ok_json(addr, "consumeMessage", "-t", topic, "-b", broker, "-i", "1") == []
+
+    missing = mqadmin(addr, "sendMessage", "-t", topic, "-p", "x", "-b", broker, "-i", "9")
+    assert missing.returncode == 1 and "QUEUE_NOT_FOUND" in missing.stderr
+
+    node_addr = cluster.nodes[0].client_addr
+    nodes = ok_json(addr, "brokerStatus", "-c", name, "-b", node_addr)
+    assert [n["addr"] for n in nodes] == [node_addr]
+    assert ok_json(addr, "brokerStatus", "-b", "127.0.0.1:1") == []
+
+    after = subprocess.run(
+        [sys.executable, "-m", "client.mqadmin", "topicList", "-n", addr, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=CMD_TIMEOUT_S,
+        check=False,
+    )
+    assert after.returncode == 0, after.stderr
+    assert topic in json.loads(after.stdout)

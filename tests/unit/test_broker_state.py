@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import shutil
 import struct
 from collections.abc import Mapping, Sequence
@@ -338,3 +339,29 @@ def test_dedup_window_survives_a_restart_in_both_snapshot_versions(tmp_path: Pat
     ).decode("ascii")
     path.write_text(json.dumps(data))
     reopened(0).close()
+
+
+def test_snapshot_survives_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk can make ``write(2)`` take fewer bytes than asked: the snapshot writer must
+    write the rest, never rename a truncated snapshot into place."""
+    log = MemoryLog()
+    fill(log)
+    sm = new_sm(tmp_path, log)
+    sm.applied_index()
+    sm.apply(log.entries)
+    real_write = os.write
+    calls: list[int] = []
+
+    def short_write(fd: int, data: bytes | memoryview) -> int:  # at most 100 bytes a call
+        calls.append(len(data))
+        return real_write(fd, bytes(data[:100]))
+
+    monkeypatch.setattr(os, "write", short_write)
+    sm.close()
+    monkeypatch.setattr(os, "write", real_write)
+    assert len(calls) > 1  # the snapshot is larger than one short write
+    snapshot = json.loads((tmp_path / "config" / "snapshot.json").read_bytes())
+    assert snapshot["applied_index"] == len(log.entries)
+    again = new_sm(tmp_path, log)
+    assert again.applied_index() == len(log.entries)
+    again.close()

@@ -1,0 +1,107 @@
+"""The helpers the tools and servers share: strict properties files (dledger/properties.py),
+processes (dledger/procs.py) and ``--set KEY=VALUE`` lists (mqcli)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dledger import procs
+from dledger.properties import int_in, parse_properties, parse_values, read_text
+from mqcli import parse_assignments
+
+
+class MyConfigError(Exception):
+    pass
+
+
+def test_properties_refusals_name_the_file_and_key_in_the_callers_error() -> None:
+    keys = {"a": int_in(1, 9), "b": str}
+    assert parse_properties("# c\n\na=1\nb = x y\n", "f.conf", keys, "tool", MyConfigError) == {
+        "a": "1",
+        "b": "x y",
+    }
+    cases = {
+        "a=1\na=2\n": "f.conf: key 'a' is set twice",
+        "zz=1\n": "f.conf: unknown key 'zz' (tool --help lists the keys)",
+        "a=\\u12\n": "f.conf: not a properties file",
+    }
+    for text, message in cases.items():
+        with pytest.raises(MyConfigError, match="^" + re.escape(message)):
+            parse_properties(text, "f.conf", keys, "tool", MyConfigError)
+    assert parse_values({"a": " 7 "}, keys, "f.conf", MyConfigError) == {"a": 7}
+    with pytest.raises(
+        MyConfigError, match=re.escape("f.conf: key 'a': '10' is out of range [1, 9]")
+    ):
+        parse_values({"a": "10"}, keys, "f.conf", MyConfigError)
+    with pytest.raises(MyConfigError, match=re.escape("f.conf: key 'a': 'x' is not an integer")):
+        parse_values({"a": "x"}, keys, "f.conf", MyConfigError)
+
+
+def test_read_text_refuses_missing_and_non_utf8(tmp_path: Path) -> None:
+    with pytest.raises(MyConfigError, match="cannot read"):
+        read_text(tmp_path / "none.conf", MyConfigError)
+    bad = tmp_path / "bad.conf"
+    bad.write_bytes(b"a=\xff\n")
+    with pytest.raises(MyConfigError, match="not UTF-8 text"):
+        read_text(bad, MyConfigError)
+
+
+def test_parse_assignments() -> None:
+    assert parse_assignments(["a=1", "b=x=y", "a=2", "c="]) == {"a": "2", "b": "x=y", "c": ""}
+    for bad in (["novalue"], ["=1"]):
+        with pytest.raises(ValueError, match="expected KEY=VALUE"):
+            parse_assignments(bad)
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = procs.free_ports(8)
+    assert len(set(ports)) == 8 and all(0 < p < 65536 for p in ports)
+
+
+def test_spawned_child_logs_and_its_exit_is_seen(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    log.write_text("earlier\n")
+    proc = procs.spawn_logged(
+        [sys.executable, "-c", "print('hello'); import sys; sys.exit(3)"], log
+    )
+    deadline = time.monotonic() + 10
+    while not procs.exited(proc.pid):  # reaps it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert log.read_text() == "earlier\nhello\n"  # appended, stderr and stdout together
+    assert procs.exited(proc.pid)
+
+
+def test_a_spawned_child_has_a_session_of_its_own(tmp_path: Path) -> None:
+    proc = procs.spawn_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l")
+    try:
+        assert not procs.exited(proc.pid)
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_until_signalled_stops_once() -> None:
+    stops: list[int] = []
+
+    async def stop() -> None:
+        stops.append(1)
+        await asyncio.sleep(0.2)  # the second signal arrives while stopping
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
+        loop.call_later(0.06, os.kill, os.getpid(), signal.SIGINT)
+        await asyncio.wait_for(procs.serve_until_signalled(stop), timeout=10)
+
+    asyncio.run(main())
+    assert stops == [1]
