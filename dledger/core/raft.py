@@ -81,7 +81,7 @@ class Ready:
 
     1. send ``early_messages`` (optional: they may also go with ``messages``).
     2. persist in ONE job, in this order: ``hard_state`` (term and vote), then cut the stored
-       log from ``truncate_from`` on, then append ``entries`` (``persist_ready`` does it).
+       log from ``truncate_from`` on, then append ``entries`` (:func:`dledger.log.persist` does it).
     3. send ``messages`` (only now: they promise what 2 made durable).
     4. apply ``committed`` in order.
     5. ``advance(ready)``: what 2 wrote is stable.
