@@ -148,6 +148,131 @@ def _wait_route(cluster: LocalCluster, ok: Callable[[str], bool], timeout_s: flo
     return text
 
 
+class _Producer:
+    """Sends DEMO_BATCHES batches in a thread of its own, one at a time through the leader;
+    records every acknowledged id per queue and which node acknowledged each batch."""
+
+    def __init__(self, client: _Client, cluster: LocalCluster) -> None:
+        self.client = client
+        self.node_by_port = {n.client_port: n.node_id for n in cluster.nodes}
+        self.sent: dict[int, list[str]] = {q: [] for q in range(DEMO_QUEUES)}
+        self.acks: list[Ack] = []
+        self.retried = 0
+        self.duplicates = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + DEMO_MAX_SECONDS
+        for b in range(DEMO_BATCHES):
+            if time.monotonic() > deadline:
+                return
+            self._send_batch(b)
+
+    def _send_batch(self, b: int) -> None:
+        queue_id = b % DEMO_QUEUES
+        messages = [
+            pb.Message(
+                topic=TOPIC,
+                queue_id=queue_id,
+                tags="TagA" if i % 2 == 0 else "TagB",
+                keys=[f"order-{b}-{i}"],
+                body=f"demo message {b}-{i}".encode(),
+                msg_id=uuid.uuid4().hex.upper(),
+                producer_group="demo-producers",
+            )
+            for i in range(DEMO_BATCH_SIZE)
+        ]
+        request = pb.SendMessageRequest(topic=TOPIC, messages=messages)
+        attempts = 0
+
+        def send(stub: pb_grpc.BrokerStub) -> pb.SendMessageResponse:
+            nonlocal attempts
+            attempts += 1
+            resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=5)
+            return resp
+
+        # The same request (same message ids) on every attempt: the broker deduplicates.
+        resp = self.client.write(send, timeout_s=30)
+        self.retried += attempts > 1
+        self.duplicates += sum(resp.packed_duplicates)
+        self.sent[queue_id].extend(m.msg_id for m in messages)
+        self.acks.append(Ack(time.monotonic(), answering_node(resp, self.node_by_port)))
+
+
+def _create_topic(client: _Client, cluster: LocalCluster) -> None:
+    _say(f"creating topic {TOPIC} with {DEMO_QUEUES} queues (replicated through Raft)")
+    config = pb.TopicConfig(
+        topic_name=TOPIC, read_queue_nums=DEMO_QUEUES, write_queue_nums=DEMO_QUEUES
+    )
+    topic = client.write(lambda s: s.CreateTopic(pb.CreateTopicRequest(topic=config), timeout=5))
+    print(f"created: {topic.topic.topic_name} queues={topic.topic.write_queue_nums}")
+    route = _wait_route(cluster, lambda leader_id: bool(leader_id))
+    print(f"NameServer route for {TOPIC}: {route}")
+
+
+def _produce_through_failover(cluster: LocalCluster, producer: _Producer, leader: str) -> None:
+    """Start the producer, SIGKILL the leader a third of the way in, report the failover: from
+    the kill to the first send acknowledged by another node."""
+    _say(f"producing {DEMO_BATCHES} batches of {DEMO_BATCH_SIZE} messages over gRPC")
+    started = time.monotonic()
+    producer.thread.start()
+    while len(producer.acks) < DEMO_BATCHES // 3 and producer.thread.is_alive():
+        time.sleep(0.01)
+    _say(f"SIGKILL the leader {leader} while the producer keeps sending")
+    cluster.signal(leader, signal.SIGKILL)
+    killed_at = time.monotonic()
+    new_leader = cluster.wait_leader(exclude=leader)
+    producer.thread.join(DEMO_MAX_SECONDS)
+    first = first_new_leader_ack(producer.acks, killed_at, leader)
+    failover_ms = (first.at_s - killed_at) * 1000 if first else float("nan")
+    route = _wait_route(cluster, lambda leader_id: leader_id == new_leader)
+    print(f"NameServer route for {TOPIC} now: {route}")
+    print(
+        f"new leader: {new_leader}; failover (kill -> first send acknowledged by "
+        f"{first.node_id if first else 'a new leader'}): {failover_ms:.0f} ms"
+    )
+    total = sum(len(v) for v in producer.sent.values())
+    print(
+        f"acknowledged {total} messages in {time.monotonic() - started:.2f} s; "
+        f"batches retried with the same ids: {producer.retried}; "
+        f"answered as duplicates: {producer.duplicates}"
+    )
+
+
+def _restart(cluster: LocalCluster, node_id: str) -> None:
+    _say(f"restarting {node_id}; it catches up from the new leader")
+    cluster.start(node_id)
+    cluster.wait_leader()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = cluster.status_rows()
+        if len({r["commit"] for r in rows}) == 1 and all(r["pid"] != "-" for r in rows):
+            break
+        time.sleep(0.1)
+    print(format_table(cluster.status_rows()))
+
+
+def _consume_everywhere(cluster: LocalCluster, client: _Client, sent: dict[int, list[str]]) -> bool:
+    """Every queue from every node: each acknowledged id exactly once, in send order."""
+    _say("consuming every queue from every node")
+    ok = True
+    for n in cluster.nodes:
+        counts = []
+        for q in range(DEMO_QUEUES):
+            got = client.pull_queue(n.client_addr, q)
+            counts.append(len(got))
+            problem = _check_queue(sent[q], got)
+            if problem:
+                ok = False
+                print(f"  {n.node_id} queue {q}: {problem}")
+        print(f"  {n.node_id}: messages per queue {counts}")
+    sample = client.stub(cluster.client_addrs[0]).QueryMessageByKey(
+        pb.QueryMessageByKeyRequest(topic=TOPIC, key="order-7-3"), timeout=5
+    )
+    print(f"  lookup by key order-7-3: {[m.body.decode() for m in sample.messages]}")
+    return ok
+
+
 def run(base_dir: Path) -> int:
     cluster = LocalCluster(base_dir / "group")
     # Small segments: the demo writes a few MB; default 1 GiB segments are for production.
@@ -159,118 +284,11 @@ def run(base_dir: Path) -> int:
         _say("starting a NameServer and a 3-node broker group (one Raft group) on 127.0.0.1")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
-
-        _say(f"creating topic {TOPIC} with {DEMO_QUEUES} queues (replicated through Raft)")
-        topic = client.write(
-            lambda s: s.CreateTopic(
-                pb.CreateTopicRequest(
-                    topic=pb.TopicConfig(
-                        topic_name=TOPIC, read_queue_nums=DEMO_QUEUES, write_queue_nums=DEMO_QUEUES
-                    )
-                ),
-                timeout=5,
-            )
-        )
-        print(f"created: {topic.topic.topic_name} queues={topic.topic.write_queue_nums}")
-        route = _wait_route(cluster, lambda leader_id: bool(leader_id))
-        print(f"NameServer route for {TOPIC}: {route}")
-
-        _say(f"producing {DEMO_BATCHES} batches of {DEMO_BATCH_SIZE} messages over gRPC")
-        sent: dict[int, list[str]] = {q: [] for q in range(DEMO_QUEUES)}
-        acks: list[Ack] = []
-        node_by_port = {n.client_port: n.node_id for n in cluster.nodes}
-        retried = [0]
-        duplicates = [0]
-
-        def producer() -> None:
-            deadline = time.monotonic() + DEMO_MAX_SECONDS
-            for b in range(DEMO_BATCHES):
-                if time.monotonic() > deadline:
-                    return
-                queue_id = b % DEMO_QUEUES
-                messages = [
-                    pb.Message(
-                        topic=TOPIC,
-                        queue_id=queue_id,
-                        tags="TagA" if i % 2 == 0 else "TagB",
-                        keys=[f"order-{b}-{i}"],
-                        body=f"demo message {b}-{i}".encode(),
-                        msg_id=uuid.uuid4().hex.upper(),
-                        producer_group="demo-producers",
-                    )
-                    for i in range(DEMO_BATCH_SIZE)
-                ]
-                request = pb.SendMessageRequest(topic=TOPIC, messages=messages)
-                attempts = [0]
-
-                def send(
-                    stub: pb_grpc.BrokerStub,
-                    request: pb.SendMessageRequest = request,
-                    attempts: list[int] = attempts,
-                ) -> pb.SendMessageResponse:
-                    attempts[0] += 1
-                    resp: pb.SendMessageResponse = stub.SendMessage(request, timeout=5)
-                    return resp
-
-                resp = client.write(send, timeout_s=30)
-                retried[0] += attempts[0] > 1
-                duplicates[0] += sum(resp.packed_duplicates)
-                sent[queue_id].extend(m.msg_id for m in messages)
-                acks.append(Ack(time.monotonic(), answering_node(resp, node_by_port)))
-
-        started = time.monotonic()
-        thread = threading.Thread(target=producer, daemon=True)
-        thread.start()
-        while len(acks) < DEMO_BATCHES // 3 and thread.is_alive():
-            time.sleep(0.01)
-
-        _say(f"SIGKILL the leader {leader} while the producer keeps sending")
-        cluster.signal(leader, signal.SIGKILL)
-        killed_at = time.monotonic()
-        new_leader = cluster.wait_leader(exclude=leader)
-        thread.join(DEMO_MAX_SECONDS)
-        first = first_new_leader_ack(acks, killed_at, leader)
-        failover_ms = (first.at_s - killed_at) * 1000 if first else float("nan")
-        total = sum(len(v) for v in sent.values())
-        route = _wait_route(cluster, lambda leader_id: leader_id == new_leader)
-        print(f"NameServer route for {TOPIC} now: {route}")
-        print(
-            f"new leader: {new_leader}; failover (kill -> first send acknowledged by "
-            f"{first.node_id if first else 'a new leader'}): {failover_ms:.0f} ms"
-        )
-        print(
-            f"acknowledged {total} messages in {time.monotonic() - started:.2f} s; "
-            f"batches retried with the same ids: {retried[0]}; "
-            f"answered as duplicates: {duplicates[0]}"
-        )
-
-        _say(f"restarting {leader}; it catches up from the new leader")
-        cluster.start(leader)
-        cluster.wait_leader()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            rows = cluster.status_rows()
-            if len({r["commit"] for r in rows}) == 1 and all(r["pid"] != "-" for r in rows):
-                break
-            time.sleep(0.1)
-        print(format_table(cluster.status_rows()))
-
-        _say("consuming every queue from every node")
-        ok = True
-        for n in cluster.nodes:
-            counts = []
-            for q in range(DEMO_QUEUES):
-                got = client.pull_queue(n.client_addr, q)
-                counts.append(len(got))
-                problem = _check_queue(sent[q], got)
-                if problem:
-                    ok = False
-                    print(f"  {n.node_id} queue {q}: {problem}")
-            print(f"  {n.node_id}: messages per queue {counts}")
-        sample = client.stub(cluster.client_addrs[0]).QueryMessageByKey(
-            pb.QueryMessageByKeyRequest(topic=TOPIC, key="order-7-3"), timeout=5
-        )
-        print(f"  lookup by key order-7-3: {[m.body.decode() for m in sample.messages]}")
+        _create_topic(client, cluster)
+        producer = _Producer(client, cluster)
+        _produce_through_failover(cluster, producer, leader)
+        _restart(cluster, leader)
+        ok = _consume_everywhere(cluster, client, producer.sent)
         _say("verdict")
         print(f"every acknowledged message exactly once, in order, on all 3 replicas: {ok}")
         print("DEMO OK" if ok else "DEMO FAILED")
