@@ -72,6 +72,9 @@ class _Client(LeaderClient):
                     no_suspend=True,
                 ),
                 timeout=10,
+                # The channel to a node killed and restarted earlier may still be in its
+                # reconnect backoff: wait for it instead of failing at once.
+                wait_for_ready=True,
             )
             if not resp.raw_positions:
                 return out
@@ -267,7 +270,7 @@ def _consume_everywhere(cluster: LocalCluster, client: _Client, sent: dict[int, 
                 print(f"  {n.node_id} queue {q}: {problem}")
         print(f"  {n.node_id}: messages per queue {counts}")
     sample = client.stub(cluster.client_addrs[0]).QueryMessageByKey(
-        pb.QueryMessageByKeyRequest(topic=TOPIC, key="order-7-3"), timeout=5
+        pb.QueryMessageByKeyRequest(topic=TOPIC, key="order-7-3"), timeout=5, wait_for_ready=True
     )
     print(f"  lookup by key order-7-3: {[m.body.decode() for m in sample.messages]}")
     return ok
