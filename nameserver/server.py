@@ -11,17 +11,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from dledger.server import rpcguard, status
+from dledger.server.serving import add_health_and_reflection, bind_insecure
 from nameserver.config import NameServerConfig
 from nameserver.routes import (
     MAX_HOST_LEN,
@@ -209,18 +207,6 @@ class NameServerServicer(pb_grpc.NameServerServicer):
         return pb.GetAllTopicListResponse(topics=self.table.all_topics())
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail with one clear line before gRPC core gets to log its own bind error."""
-    with socket.socket(socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise StartError(
-                f"port in use or not bindable: {host}:{port} ({exc.strerror})"
-            ) from None
-
-
 class NameServer:
     """One NameServer: call :meth:`start`, then :meth:`stop`."""
 
@@ -236,26 +222,9 @@ class NameServer:
         rpcguard.add_servicer(
             server, pb_grpc.add_NameServerServicer_to_server, NameServerServicer(self.table)
         )
-        health_servicer = health.HealthServicer(experimental_non_blocking=True)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        for name in ("", SERVICE_NAME):
-            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection(
-            [
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ],
-            server,
-        )
-        _check_port_free(self.host, self.cfg.listenPort)
+        add_health_and_reflection(server, [SERVICE_NAME])
         addr = f"{self.host}:{self.cfg.listenPort}"
-        try:
-            port = server.add_insecure_port(addr)
-        except RuntimeError:
-            port = 0
-        if port == 0:
-            raise StartError(f"port in use or not bindable: {addr}")
+        bind_insecure(server, addr, StartError)
         await server.start()
         self._server = server
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="scan")

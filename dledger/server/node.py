@@ -18,7 +18,6 @@ import heapq
 import itertools
 import logging
 import random
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +25,6 @@ from datetime import datetime
 from typing import NoReturn, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
@@ -52,6 +49,7 @@ from dledger.log import (
 from dledger.server import rpcguard, status
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.serving import add_health_and_reflection, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
 from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
@@ -268,14 +266,8 @@ class DLedgerNode:
             (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"]),
             (self._client_server, cfg.client_addr, client_names),
         ):
-            _add_health_and_reflection(server, names)
-            _check_port_free(addr)
-            try:
-                port = server.add_insecure_port(addr)
-            except RuntimeError:
-                port = 0
-            if port == 0:
-                raise StartError(f"port in use or not bindable: {addr}")
+            add_health_and_reflection(server, names)
+            bind_insecure(server, addr, StartError)
         try:
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
@@ -589,32 +581,6 @@ class DLedgerNode:
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
-
-
-def _check_port_free(addr: str) -> None:
-    """Fail with one clear line before gRPC core gets to log its own bind error."""
-    host, _, port_text = addr.rpartition(":")
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host.strip("[]"), int(port_text)))
-        except OSError as exc:
-            raise StartError(f"port in use or not bindable: {addr} ({exc.strerror})") from None
-
-
-def _add_health_and_reflection(server: grpc.aio.Server, names: list[str]) -> None:
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ["", *names]:
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        [
-            *names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
-    )
 
 
 class _PeerServicer(pb_grpc.DLedgerPeerServicer):
