@@ -273,8 +273,7 @@ class RaftNode:
         # follower (each peer message costs ~0.1-0.3 ms of CPU on both sides).
         self._bcast_owed = False
         self._commit_notice_owed = False
-        # Commit notices decided at a ready() but not sent: they wait for release_notices()
-        # (or tick()) so that an append sent meanwhile carries the commit instead.
+        # Notices held at a ready() until release_notices() or tick() (an append may carry them).
         self._notices_held = False
         self._outstanding: Ready | None = None
         self._last_soft = SoftState(Role.FOLLOWER, self._term, None)
