@@ -44,6 +44,8 @@ Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in
 4. apply ``rd.committed`` in order (consecutive indices, continuing the previous Ready; each
    is stable or in ``rd.entries``). ``Entry.type`` NOOP entries carry no data; skip them.
 5. ``node.advance(rd)``: what 2 wrote is stable.
+6. if ``rd.notices_held``: call ``node.release_notices()`` COMMIT_NOTICE_LINGER_MS later,
+   unless such a call is already pending.
 
 ``step``/``tick``/``propose`` may be called between ``ready()`` and ``advance()`` (while the
 job runs in a thread: the next Ready then writes all they added, a group commit); ``ready()``
@@ -56,9 +58,9 @@ stable entries; ``commit_index`` counts only what the stored log holds.
 
 Commit notices (an empty no-reply append telling a follower the commit index) are decided at
 ``ready()``: none to a follower that this Ready sends an append (it carries the commit) or
-that has appends in flight, else at most one per follower per Ready with the latest commit.
-Everything during one persist thus shares a message per follower, and a notice leaves in the
-first Ready after the commit (docs/RAFT.md section 4).
+that has appends in flight; the others' are held and the Ready says ``notices_held`` (step
+6). At the release only followers that no append told meanwhile get a notice, with the latest
+commit; ``tick()`` releases them too (docs/RAFT.md section 4).
 
 A proposal's bodies are committed iff the committed entries at
 ``Proposal.first_index..last_index`` have ``Proposal.term``; a committed entry with another
@@ -70,6 +72,7 @@ Read-only state: ``role``, ``term``, ``leader_id``, ``commit_index``, ``last_ind
 """
 
 from dledger.core.config import (
+    COMMIT_NOTICE_LINGER_MS,
     MAX_ENTRIES_PER_PROPOSAL,
     MAX_GROUP_SIZE,
     MAX_INDEX,
@@ -123,6 +126,7 @@ from dledger.core.raft import (
 
 __all__ = [
     "CAMPAIGN_REFUSED_MAX_TERM",
+    "COMMIT_NOTICE_LINGER_MS",
     "DROP_ACK_BEYOND_LAST",
     "DROP_COMMITTED_CONFLICT",
     "DROP_MALFORMED",

@@ -21,6 +21,13 @@ MAX_READY_COMMITTED_BYTES = 16 << 20
 # leader keeps one int per in-flight append.
 MAX_INFLIGHT_APPENDS_LIMIT = 4096
 
+# How long a held commit notice waits (in the driver's clock: the core has none) for the next
+# append to carry its commit index instead: under load the client's next proposal follows the
+# ack within a round trip, so most notices are never sent (each peer message costs ~0.1-0.3 ms
+# of CPU on both sides). A follower learns a commit at most this much later when no append
+# follows (the end of a burst); 5 ms saved no more CPU than 2 (docs/PERFORMANCE.md).
+COMMIT_NOTICE_LINGER_MS = 2
+
 # Terms and indexes travel as uint64 but are Python ints in the core and i64 in some stores and
 # tools: every term and index a peer sends must be <= MAX_TERM / MAX_INDEX (2^63 - 1), and this
 # node never produces a term above MAX_TERM (it refuses to campaign at the bound instead).

@@ -85,6 +85,8 @@ class Ready:
     3. send ``messages`` (only now: they promise what 2 made durable).
     4. apply ``committed`` in order.
     5. ``advance(ready)``: what 2 wrote is stable.
+    6. if ``notices_held``: call ``release_notices()`` COMMIT_NOTICE_LINGER_MS later, unless
+       such a call is already pending.
     """
 
     # Term and vote to save durably; None when unchanged since the last Ready.
@@ -107,6 +109,10 @@ class Ready:
     committed: tuple[Entry, ...]
     # Role, term and leader when they changed since the last Ready, else None.
     soft_state: SoftState | None
+    # True when the leader holds commit notices for followers that no append told the new
+    # commit index: the driver owes one release_notices() call COMMIT_NOTICE_LINGER_MS later
+    # (one pending call covers every notice held meanwhile). tick() releases them too.
+    notices_held: bool = False
 
     def must_persist(self) -> bool:
         """Whether step 2 has anything to write."""
@@ -119,6 +125,7 @@ class Ready:
             and not self.messages
             and not self.committed
             and self.soft_state is None
+            and not self.notices_held
         )
 
 
@@ -266,6 +273,8 @@ class RaftNode:
         # follower (each peer message costs ~0.1-0.3 ms of CPU on both sides).
         self._bcast_owed = False
         self._commit_notice_owed = False
+        # Notices held at a ready() until release_notices() or tick() (an append may carry them).
+        self._notices_held = False
         self._outstanding: Ready | None = None
         self._last_soft = SoftState(Role.FOLLOWER, self._term, None)
         self._soft_reported: SoftState | None = None
@@ -370,13 +379,16 @@ class RaftNode:
     # ------------------------------------------------------------------ driver interface
 
     def tick(self) -> None:
-        """Advance the logical clock by one tick."""
+        """Advance the logical clock by one tick. Held commit notices are released too (after
+        the tick's heartbeats, which may carry the commit instead), so a driver that never
+        calls release_notices() still converges within a tick."""
         if self._role is Role.LEADER:
             self._tick_leader()
         else:
             self._election_elapsed += 1
             if self._election_elapsed >= self._randomized_timeout:
                 self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
+        self.release_notices()
 
     def propose(self, bodies: Sequence[bytes], entry_type: int = EntryType.NORMAL) -> Proposal:
         """Append ``bodies`` as consecutive entries (leader only). Raises NotLeaderError,
@@ -577,6 +589,7 @@ class RaftNode:
             messages=tuple(self._msgs) if not early else self._late_messages(),
             committed=tuple(committed),
             soft_state=soft if soft != self._soft_reported else None,
+            notices_held=self._notices_held,
         )
         self._msgs = []
         self._soft_reported = soft
@@ -683,6 +696,7 @@ class RaftNode:
         self._transferee = None
         self._pending.clear()
         self._pending_bytes = 0
+        self._notices_held = False
 
     def _campaign(self, *, pre_vote: bool, transfer: bool) -> None:
         if self._term >= MAX_TERM:
@@ -968,11 +982,27 @@ class RaftNode:
             return
         if bcast:
             self._broadcast_append()
-        if notice:
-            for p, pr in self._progress.items():
-                if not pr.inflight and min(self._commit, pr.match) > pr.commit_sent:
-                    # Its answer would tell nothing new: match is what prev says already.
-                    self._send_heartbeat(p, no_reply=True)
+        if notice and any(self._notice_due(pr) for pr in self._progress.values()):
+            self._notices_held = True
+
+    def _notice_due(self, pr: _Progress) -> bool:
+        """Whether ``pr``'s follower needs a commit notice: no append in flight (its answer
+        would bring one) and no message sent to it yet carried what it can commit."""
+        return not pr.inflight and min(self._commit, pr.match) > pr.commit_sent
+
+    def release_notices(self) -> None:
+        """The linger of held commit notices is over (a Ready said ``notices_held``): a
+        notice goes to each follower that still needs one; those an append told meanwhile
+        are dropped. Idempotent: nothing happens when no notice is held."""
+        if not self._notices_held:
+            return
+        self._notices_held = False
+        if self._role is not Role.LEADER:
+            return
+        for p, pr in self._progress.items():
+            if self._notice_due(pr):
+                # Its answer would tell nothing new: match is what prev says already.
+                self._send_heartbeat(p, no_reply=True)
 
     # ------------------------------------------------------------------ follower side
 

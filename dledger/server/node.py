@@ -5,6 +5,8 @@ The node follows the core's driver contract (``dledger.core`` docstring) in a si
 in one job in a thread (the loop keeps taking messages and proposals meanwhile, into the core's
 unstable tail, and the next job writes all of them: group commit), then send the other
 messages, apply committed entries, ``advance``. Nothing on the event loop waits for the disk.
+Commit notices a Ready holds are released by one ``loop.call_later`` timer of
+COMMIT_NOTICE_LINGER_MS (at most one pending).
 Peer RPC and client RPC listen on separate ports so that either can be cut off on its own.
 """
 
@@ -30,6 +32,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger import failpoints
 from dledger.core import (
+    COMMIT_NOTICE_LINGER_MS,
     MAX_ENTRIES_PER_PROPOSAL,
     ConfigError,
     RaftConfig,
@@ -240,6 +243,8 @@ class DLedgerNode:
         self._last_checkpoint_s = 0.0
         self._applied = 0
         self._leader_changed = asyncio.Event()
+        # The one pending release_notices() call, while a Ready's commit notices are held.
+        self._notice_release: asyncio.TimerHandle | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
         self._peer_server: grpc.aio.Server | None = None
@@ -320,6 +325,9 @@ class DLedgerNode:
                 await server.stop(grace=0.2)
         for task in self._tasks:
             task.cancel()
+        if self._notice_release is not None:
+            self._notice_release.cancel()
+            self._notice_release = None
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -514,7 +522,19 @@ class DLedgerNode:
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
         self.core.advance(rd)
+        if rd.notices_held and self._notice_release is None:
+            self._notice_release = asyncio.get_running_loop().call_later(
+                COMMIT_NOTICE_LINGER_MS / 1000, self._release_notices
+            )
         await self._maybe_checkpoint()
+
+    def _release_notices(self) -> None:
+        """The linger of the held commit notices is over: the core sends those still due."""
+        self._notice_release = None
+        if self._stopped.is_set():
+            return
+        self.core.release_notices()
+        self._wake()
 
     async def _persist(self, rd: Ready) -> None:
         """The Ready's persist job in the flush thread: hard state, cut, append and (under

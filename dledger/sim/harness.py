@@ -3,7 +3,8 @@
 Messages go into one FIFO; :meth:`Cluster.deliver` hands them over (optionally through a
 filter that drops some), and every node's Ready is processed right away, following the
 driver contract (early messages, persist, messages, apply, advance), unless the node's
-persists are held (:attr:`Cluster.hold_persist`).
+persists are held (:attr:`Cluster.hold_persist`). Commit notices a Ready says are held are
+released once the queue is empty (the linger ends when the burst it waited on is over).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Cluster:
         # These nodes' persist jobs wait (their Ready stays outstanding) until release().
         self.hold_persist: set[str] = set()
         self.held: dict[str, Ready] = {}
+        # Nodes whose last Ready held commit notices: released when the queue runs dry.
+        self.lingering: set[str] = set()
         for nid in self.ids:
             self.start(nid)
 
@@ -75,6 +78,7 @@ class Cluster:
     def crash_and_restart(self, nid: str) -> RaftNode:
         self.logs[nid].crash()
         self.held.pop(nid, None)  # its persist never happened
+        self.lingering.discard(nid)  # a new incarnation holds no notice
         self.queue = [m for m in self.queue if m.to_id != nid and m.from_id != nid]
         return self.start(nid)
 
@@ -84,6 +88,8 @@ class Cluster:
         node = self.nodes[nid]
         while nid not in self.held and node.has_ready():
             rd = node.ready()
+            if rd.notices_held:
+                self.lingering.add(nid)
             self._send(rd.early_messages)
             if nid in self.hold_persist:
                 self.held[nid] = rd
@@ -116,10 +122,14 @@ class Cluster:
         return self.drop is not None and self.drop(m)
 
     def deliver(self, max_messages: int = MAX_DELIVERIES) -> int:
-        """Deliver queued messages (and the ones they cause) until the queue is empty."""
+        """Deliver queued messages (and the ones they cause) until the queue is empty and
+        no commit notice is held."""
         self.process_all()
         count = 0
-        while self.queue:
+        while self.queue or self.lingering:
+            if not self.queue:
+                self._release_notices()
+                continue
             m = self.queue.pop(0)
             count += 1
             assert count <= max_messages, "cluster did not quiesce"
@@ -128,6 +138,13 @@ class Cluster:
             self.nodes[m.to_id].step(m)
             self.process(m.to_id)
         return count
+
+    def _release_notices(self) -> None:
+        """The linger is over for every node that holds commit notices."""
+        lingering, self.lingering = self.lingering, set()
+        for nid in sorted(lingering):
+            self.nodes[nid].release_notices()
+            self.process(nid)
 
     def tick(self, nids: Sequence[str] | None = None, times: int = 1) -> None:
         for _ in range(times):

@@ -4,9 +4,10 @@ Everything random comes from PRNGs seeded by the run's seed, and time is simulat
 replays bit for bit. The driver of each simulated member follows the core's Ready/advance
 contract exactly (see ``dledger.core``): it sends a Ready's early messages at once, persists
 its hard state, truncation and entries in one job that takes simulated time, and only then
-sends its other messages, applies and advances. A crash before the job completes loses the
-Ready (its unsaved hard state and entries, with the core's unstable tail, and its unsent
-messages).
+sends its other messages, applies and advances; when a Ready holds commit notices it calls
+``release_notices()`` COMMIT_NOTICE_LINGER_MS of simulated time later. A crash before the job
+completes loses the Ready (its unsaved hard state and entries, with the core's unstable tail,
+and its unsent messages).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dledger.core import (
+    COMMIT_NOTICE_LINGER_MS,
     MAX_TERM,
     MUTATIONS,
     AppendRequest,
@@ -61,7 +63,7 @@ MAX_SIM_TIME_MS = 20_000
 SIM_PENDING_PROPOSAL_BYTES = 512
 MIN_ENTRIES_PER_RTT = 4
 
-_TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL = range(6)
+_TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL, _RELEASE = range(7)
 
 # Test-only faults of the simulated driver (the core's own are dledger.core.MUTATIONS); each
 # breaks the Ready contract on purpose so that the tests prove the checks notice.
@@ -166,6 +168,7 @@ class _Node:
         "log",
         "max_applied",
         "pending",
+        "release_pending",
         "seen_leader_term",
         "up",
     )
@@ -177,6 +180,7 @@ class _Node:
         self.up = False
         self.incarnation = 0
         self.pending: Ready | None = None  # Ready being persisted
+        self.release_pending = False  # a release_notices() call is scheduled
         self.applied = 0  # applied index of this incarnation
         self.max_applied = 0  # highest index ever applied (durable by contract)
         self.accepted: dict[int, tuple[int, bytes, int]] = {}  # index -> (term, body, at_ms)
@@ -317,6 +321,8 @@ class Simulation:
                 self._on_fault(payload)  # type: ignore[arg-type]
             elif kind == _CLIENT:
                 self._on_client()
+            elif kind == _RELEASE:
+                self._on_release(payload)  # type: ignore[arg-type]
             else:
                 self._on_heal()
             if self._live:
@@ -334,6 +340,7 @@ class Simulation:
         node.incarnation += 1
         node.up = True
         node.pending = None
+        node.release_pending = False
         node.applied = 0
         node.accepted = {}
         node.seen_leader_term = -1
@@ -403,6 +410,18 @@ class Simulation:
         core.advance(rd)
         self._after(node)
 
+    def _on_release(self, payload: tuple[str, int]) -> None:
+        """The linger of a node's held commit notices is over."""
+        nid, incarnation = payload
+        node = self.nodes[nid]
+        if not node.up or node.incarnation != incarnation:
+            return
+        assert node.core is not None
+        node.release_pending = False
+        self._note(f"release {nid}")
+        node.core.release_notices()
+        self._after(node)
+
     def _send_all(self, node: _Node, messages: Sequence[Message]) -> bool:
         """Send ``messages``; True when the node then crashed (crash_next_voter armed)."""
         voted = False
@@ -464,6 +483,10 @@ class Simulation:
                 )
         if node.pending is None and core.has_ready():
             rd = node.pending = core.ready()
+            if rd.notices_held and not node.release_pending:
+                node.release_pending = True
+                at = self.now + COMMIT_NOTICE_LINGER_MS
+                self._push(at, _RELEASE, (node.id, node.incarnation))
             for m in rd.early_messages:
                 self._send(m)
             if self._send_before_persist and self._send_all(node, rd.messages):

@@ -153,23 +153,51 @@ def _notices(rd: Ready) -> list[AppendRequest]:
     ]
 
 
-def test_commit_notice_goes_in_the_next_ready_without_a_tick() -> None:
-    c, leader, node = _leader_with_idle_followers()
+def _held_after_commit(c: Cluster, leader: str, node: RaftNode) -> Ready:
+    """Propose, every follower acks: the commit advances and the next Ready holds notices."""
     node.propose([b"a"])
     _ack_all(c, leader, node.ready())
-    rd = node.ready()  # no tick in between: followers learn the commit now
+    rd = node.ready()
+    assert rd.notices_held and _notices(rd) == [] and not rd.is_empty()
+    return rd
+
+
+def test_commit_notice_is_held_then_sent_at_release() -> None:
+    c, leader, node = _leader_with_idle_followers()
+    rd = _held_after_commit(c, leader, node)
+    finish_ready(node, c.logs[leader], rd)
+    assert not node.has_ready()  # held: nothing to do before the driver's linger ends
+    node.release_notices()
+    rd = node.ready()
     assert sorted(m.to_id for m in _notices(rd)) == [x for x in c.ids if x != leader]
     assert all(m.leader_commit == node.last_index for m in _notices(rd))
+    assert not rd.notices_held
+    finish_ready(node, c.logs[leader], rd)
+    node.release_notices()  # a second call (a late timer) sends nothing more
+    assert not node.has_ready()
 
 
-def test_commit_notice_is_dropped_when_an_append_in_the_same_ready_carries_it() -> None:
+def test_held_notice_is_dropped_when_a_later_append_carries_the_commit() -> None:
+    c, leader, node = _leader_with_idle_followers()
+    finish_ready(node, c.logs[leader], _held_after_commit(c, leader, node))
+    committed = node.commit_index
+    node.propose([b"b"])  # within the linger: its appends carry the commit index
+    rd = node.ready()
+    appends = [m for m in rd.early_messages if isinstance(m, AppendRequest)]
+    assert len(appends) == 2 and all(m.leader_commit == committed for m in appends)
+    finish_ready(node, c.logs[leader], rd)
+    node.release_notices()
+    assert not node.has_ready()  # both notices superseded: nothing goes out
+
+
+def test_commit_notice_is_not_held_when_an_append_in_the_same_ready_carries_it() -> None:
     c, leader, node = _leader_with_idle_followers()
     node.propose([b"a"])
     _ack_all(c, leader, node.ready())
     committed = node.commit_index
     node.propose([b"b"])  # before the next ready(): its appends carry the commit index
     rd = node.ready()
-    assert _notices(rd) == []
+    assert _notices(rd) == [] and not rd.notices_held
     appends = [m for m in rd.early_messages if isinstance(m, AppendRequest)]
     assert len(appends) == 2 and all(m.leader_commit == committed for m in appends)
 
@@ -184,7 +212,44 @@ def test_one_notice_per_follower_for_several_commits() -> None:
     for i in (node.last_index - 1, node.last_index):  # two acks, two commit advances
         node.step(AppendResponse(follower, leader, node.term, True, match_index=i))
     rd = node.ready()
+    assert rd.notices_held
+    finish_ready(node, c.logs[leader], rd)
+    node.release_notices()
+    rd = node.ready()
     assert [(m.to_id, m.leader_commit) for m in _notices(rd)] == [(follower, node.last_index)]
+
+
+def test_tick_releases_held_notices_after_its_heartbeats() -> None:
+    # Heartbeats every 5 ticks: the next tick sends none, so the released notices go out.
+    c = Cluster(3, RaftConfig(pre_vote=False, check_quorum=False, heartbeat_interval_ticks=5))
+    leader = c.elect()
+    c.tick(times=5)
+    node = c.nodes[leader]
+    finish_ready(node, c.logs[leader], _held_after_commit(c, leader, node))
+    node.tick()
+    rd = node.ready()
+    assert sorted(m.to_id for m in _notices(rd)) == [x for x in c.ids if x != leader]
+
+
+def test_a_heartbeat_in_the_releasing_tick_supersedes_the_held_notices() -> None:
+    c, leader, node = _leader_with_idle_followers()  # a heartbeat every tick
+    finish_ready(node, c.logs[leader], _held_after_commit(c, leader, node))
+    node.tick()
+    sent = drain(node, c.logs[leader])
+    assert all(isinstance(m, AppendRequest) and not m.no_reply for m in sent)
+    assert sorted(m.to_id for m in sent) == [x for x in c.ids if x != leader]
+    assert all(m.leader_commit == node.last_index for m in sent if isinstance(m, AppendRequest))
+
+
+def test_held_notices_are_dropped_when_the_leader_steps_down() -> None:
+    c, leader, node = _leader_with_idle_followers()
+    finish_ready(node, c.logs[leader], _held_after_commit(c, leader, node))
+    other = next(x for x in c.ids if x != leader)
+    node.step(VoteRequest(other, leader, node.term + 1, node.last_index, node.last_term))
+    assert node.role is Role.FOLLOWER
+    node.release_notices()
+    sent = drain(node, c.logs[leader])
+    assert not any(isinstance(m, AppendRequest) for m in sent)
 
 
 def test_drain_sends_early_messages_first() -> None:

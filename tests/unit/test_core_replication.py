@@ -20,7 +20,7 @@ from dledger.core import (
     VoteResponse,
 )
 from dledger.log import Entry, EntryType, HardState
-from dledger.sim.harness import Cluster, drain
+from dledger.sim.harness import Cluster, drain, finish_ready
 from dledger.sim.memlog import MemLog
 
 
@@ -280,12 +280,14 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
         (append,) = _appends_to(msgs, peer)
         assert [e.index for e in append.entries] == [first.first_index, second.first_index]
     # Both followers answer: the commit advances; nobody has appends in flight any more, so
-    # each gets exactly one commit notice at the next ready().
+    # each gets exactly one commit notice, held by the next ready() until the release.
     for peer in ("n1", "n2"):
         node.step(
             AppendResponse(peer, "n0", node.term, success=True, match_index=second.last_index)
         )
     assert node.commit_index == second.last_index
+    assert _drain(node, log) == []
+    node.release_notices()
     notices = _drain(node, log)
     for peer in ("n1", "n2"):
         (notice,) = _appends_to(notices, peer)
@@ -306,15 +308,23 @@ def test_proposals_and_commits_between_two_readies_share_one_message_per_followe
 
 def test_a_follower_that_answers_after_the_commit_is_told_at_once() -> None:
     """n1's answer makes the majority; n2's, later, finds the entry committed already: n2 gets
-    a commit notice at the next ready(), not at the next heartbeat."""
+    a commit notice at the release of the held notices (the driver's linger), not at the next
+    heartbeat."""
     node, log = _replicating_leader()
     p = node.propose([b"a"])
     _drain(node, log)
     node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=p.last_index))
     assert node.commit_index == p.last_index
+    assert _drain(node, log) == []
+    node.release_notices()
     (notice,) = _drain(node, log)
     assert notice.to_id == "n1"
     node.step(AppendResponse("n2", "n0", node.term, success=True, match_index=p.last_index))
+    assert node.has_ready()
+    rd = node.ready()
+    assert rd.notices_held and not rd.early_messages and not rd.messages
+    finish_ready(node, log, rd)
+    node.release_notices()
     (late,) = _drain(node, log)
     assert isinstance(late, AppendRequest) and late.to_id == "n2" and late.no_reply
     assert late.entries == () and late.leader_commit == p.last_index

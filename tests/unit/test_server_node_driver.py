@@ -12,7 +12,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from broker.cluster import _free_ports
-from dledger.core import AppendRequest, AppendResponse, Message
+from dledger.core import (
+    AppendRequest,
+    AppendResponse,
+    Message,
+    Role,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
 from dledger.log import Entry
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
@@ -28,14 +36,18 @@ async def _until(cond: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.005)
 
 
-def _run_follower(tmp_path: Path, body: Callable[[DLedgerNode], Awaitable[None]]) -> None:
+def _run_follower(
+    tmp_path: Path, body: Callable[[DLedgerNode], Awaitable[None]], tick_ms: int = 50
+) -> None:
     """n0 of {n0, n1}; n1 never runs, so n0 stays a follower of whatever n1 the test plays."""
     n0_port, n1_port, client_port = _free_ports(3)
     peers = {"n0": f"127.0.0.1:{n0_port}", "n1": f"127.0.0.1:{n1_port}"}
     store = StoreConfig(segment_size_bytes=1 << 20, preallocate=False)
     # A long election timeout: n0 never campaigns during the test.
     cfg = NodeConfig("g", "n0", peers, "127.0.0.1", client_port, str(tmp_path / "s"), store)
-    cfg = dataclasses.replace(cfg, election_timeout_ms=60_000)
+    cfg = dataclasses.replace(
+        cfg, election_timeout_ms=60_000, heartbeat_interval_ms=max(100, tick_ms), tick_ms=tick_ms
+    )
 
     asyncio.run(_with_node(DLedgerNode(cfg, seed=1), body))
 
@@ -120,3 +132,32 @@ def test_a_full_disk_holds_the_ack_and_the_job_is_retried(tmp_path: Path) -> Non
         assert node.dropped()["disk_full"] == 2
 
     _run_follower(tmp_path, body)
+
+
+def test_the_leader_releases_held_commit_notices_after_the_linger(tmp_path: Path) -> None:
+    """n0 leads (n1, played by the test, hands it leadership and acks its first entry): the
+    commit notice the Ready held goes out from the driver's one timer: ticks (which release
+    held notices too) and heartbeats come every 20 s here, after the test's deadline."""
+
+    async def body(node: DLedgerNode) -> None:
+        sent: list[Message] = []
+        assert node._transport is not None
+        node._transport.send = sent.append  # type: ignore[method-assign]
+        node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 0, 0, (), 0), "g"))
+        node.on_peer_message("n1", to_pb(TimeoutNow("n1", "n0", 1), "g"))
+        await _until(lambda: any(isinstance(m, VoteRequest) for m in sent), "a vote request")
+        node.on_peer_message("n1", to_pb(VoteResponse("n1", "n0", 2, granted=True), "g"))
+        await _until(lambda: node.core.role is Role.LEADER, "leadership")
+        await _until(lambda: node.core.stable_index == 1, "the leader's entry on disk")
+        ack = AppendResponse("n1", "n0", 2, True, match_index=1, last_log_index=1)
+        node.on_peer_message("n1", to_pb(ack, "g"))
+        await _until(lambda: node.core.commit_index == 1, "the commit")
+        await _until(
+            lambda: any(isinstance(m, AppendRequest) and m.no_reply for m in sent),
+            "the released commit notice",
+        )
+        (notice,) = [m for m in sent if isinstance(m, AppendRequest) and m.no_reply]
+        assert notice.to_id == "n1" and notice.entries == () and notice.leader_commit == 1
+        assert node._notice_release is None  # the one timer ran and nothing else is held
+
+    _run_follower(tmp_path, body, tick_ms=20_000)
