@@ -88,11 +88,15 @@ class JepsenCluster:
             return
         net = self.net
         nodes = self.local.nodes
+        # The group's own ports are picked but not bound yet: no proxy listener may take one.
+        taken = {p for n in nodes for p in (n.peer_port, n.client_port)}
+        if self.local.namesrv is not None:
+            taken.add(self.local.namesrv.port)
         for a in nodes:
             for b in nodes:
                 if a is not b:
-                    net.add_link(link_name(a.node_id, b.node_id), b.peer_port)
-            port = net.add_link(link_name(CLIENT, a.node_id), a.client_port)
+                    net.add_link(link_name(a.node_id, b.node_id), b.peer_port, avoid=taken)
+            port = net.add_link(link_name(CLIENT, a.node_id), a.client_port, avoid=taken)
             self.proxy_client_addrs[a.node_id] = f"127.0.0.1:{port}"
         # Redirects name each member by the address its clients use: its proxy.
         client_addrs = ";".join(f"{b.node_id}-{self.proxy_client_addrs[b.node_id]}" for b in nodes)

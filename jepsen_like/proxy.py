@@ -18,7 +18,7 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Collection, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -33,6 +33,9 @@ MAX_QUEUED_CHUNKS = 256
 CONTROL_TIMEOUT_S = 10.0
 # Seconds to connect to a link's target before the client connection is closed.
 CONNECT_TIMEOUT_S = 2.0
+# Listening ports drawn to find one outside the ports already promised to the group (each
+# draw is a fresh kernel-chosen port; a few collisions in a row are already unlikely).
+MAX_LISTEN_TRIES = 16
 
 
 @dataclass(slots=True)
@@ -108,20 +111,32 @@ class ProxyNet:
 
     # ------------------------------------------------------------------ links
 
-    def add_link(self, name: str, target_port: int) -> int:
-        """Listen on a free port that forwards to ``target_port``; returns the port."""
+    def add_link(self, name: str, target_port: int, avoid: Collection[int] = ()) -> int:
+        """Listen on a free port that forwards to ``target_port``; returns the port. The port is
+        never one of ``avoid``: ports picked for processes that have not bound them yet (the
+        kernel may hand such a port to this listener, and the process then cannot start)."""
         assert name not in self.links, name
         link = Link(name, target_port)
         self.links[name] = link
-        return self._call(self._listen(link))
+        return self._call(self._listen(link, frozenset(avoid)))
 
-    async def _listen(self, link: Link) -> int:
+    async def _listen(self, link: Link, avoid: frozenset[int]) -> int:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._handle(link, reader, writer)
 
-        link.server = await asyncio.start_server(handle, self.host, 0)
-        link.listen_port = int(link.server.sockets[0].getsockname()[1])
-        return link.listen_port
+        refused: list[asyncio.Server] = []  # held open until a good port is found
+        try:
+            for _ in range(MAX_LISTEN_TRIES):
+                server = await asyncio.start_server(handle, self.host, 0)
+                port = int(server.sockets[0].getsockname()[1])
+                if port not in avoid:
+                    link.server, link.listen_port = server, port
+                    return port
+                refused.append(server)
+            raise RuntimeError(f"link {link.name}: no free port outside {sorted(avoid)}")
+        finally:
+            for server in refused:
+                server.close()
 
     async def _handle(
         self, link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
