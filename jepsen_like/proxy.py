@@ -133,7 +133,10 @@ class ProxyNet:
                     link.server, link.listen_port = server, port
                     return port
                 refused.append(server)
-            raise RuntimeError(f"link {link.name}: no free port outside {sorted(avoid)}")
+            raise RuntimeError(
+                f"link {link.name}: no free port outside the {len(avoid)} promised ones"
+                f" in {MAX_LISTEN_TRIES} draws"
+            )
         finally:
             for server in refused:
                 server.close()
