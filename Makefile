@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PACKAGES := mqcli dledger msgcodec broker nameserver client jepsen_like spark_audit
+PACKAGES := mqcli mqsecurity dledger msgcodec broker nameserver client jepsen_like spark_audit
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
