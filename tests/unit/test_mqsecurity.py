@@ -195,3 +195,17 @@ def test_tls_files_are_checked(tmp_path) -> None:
         TlsFiles(str(tmp_path / "x.crt"), str(loose)).check_private_key()
     with pytest.raises(CertificateError, match=r"cannot (read|stat)"):
         server_credentials(TlsFiles(str(tmp_path / "none.crt"), str(tmp_path / "none.key")), False)
+
+
+def test_refusals_are_counted_by_a_fixed_vocabulary_and_logging_is_bounded(caplog) -> None:
+    from mqsecurity.refusals import LOG_PER_REASON_PER_S, Refusals
+
+    table = Refusals()
+    with caplog.at_level("WARNING", logger="raftmq.security"):
+        for _ in range(100):
+            table.count("authentication", "bad signature for alice")
+    assert table.snapshot()["authentication"] == 100
+    assert table.snapshot()["authorization"] == 0
+    assert 1 <= len(caplog.records) <= 2 * LOG_PER_REASON_PER_S  # a second boundary may split
+    with pytest.raises(ValueError):
+        table.count("anything the caller says", "x")

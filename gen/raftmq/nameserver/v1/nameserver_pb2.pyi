@@ -159,10 +159,19 @@ class ClusterInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ...) -> None: ...
 
 class GetClusterInfoResponse(_message.Message):
-    __slots__ = ("clusters",)
+    __slots__ = ("clusters", "refusals")
+    class RefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
     clusters: _containers.RepeatedCompositeFieldContainer[ClusterInfo]
-    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterInfo, _Mapping]]] = ...) -> None: ...
+    refusals: _containers.ScalarMap[str, int]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterInfo, _Mapping]]] = ..., refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GetAllTopicListRequest(_message.Message):
     __slots__ = ()
