@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,10 +53,16 @@ class SetupError(Exception):
     """One step failed; the message says which and why."""
 
 
-def _run(argv: list[str], cwd: Path | None = None) -> None:
+def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
     try:
         done = subprocess.run(
-            argv, cwd=cwd, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
+            argv,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SetupError(f"{' '.join(argv)}: {exc}") from None
@@ -111,7 +119,10 @@ def install_python_client(out: Path) -> None:
     _run([*pip, "install", "--no-deps", "--require-hashes", "-r", client])
     _run([*pip, "install", "-r", str(PINS_DIR / "python-client-deps.txt")])
     _run([*pip, "check"])
-    _run([str(venv / "bin" / "python"), "-c", "import rocketmq.v5.producer"])
+    # The client makes ~/logs/rocketmq_python on import: a HOME of its own for the check.
+    with tempfile.TemporaryDirectory() as home:
+        check_env = {"PATH": os.environ.get("PATH", ""), "HOME": home}
+        _run([str(venv / "bin" / "python"), "-c", "import rocketmq.v5.producer"], env=check_env)
 
 
 def main(argv: list[str] | None = None) -> int:
