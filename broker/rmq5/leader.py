@@ -21,6 +21,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import require_leader
+from broker.errors import BrokerError
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
 from dledger.core import Role
@@ -41,7 +42,7 @@ RETRY_CODES = frozenset(
 )
 
 
-class Failure(Exception):
+class Failure(BrokerError):
     """A leader-only call that failed: ``code`` is the error contract's stable code."""
 
     def __init__(self, code: str, text: str, retryable: bool = False) -> None:

@@ -28,7 +28,7 @@ from broker.rmq5.clients import ClientTable
 from broker.rmq5.codes import v2_code_name
 from broker.rmq5.leader import Failure, LeaderCalls
 from broker.rpcerrors import error_failure
-from broker.state import PERM_READ, PERM_WRITE
+from broker.state import DEFAULT_TOPIC_MESSAGE_TYPE, PERM_READ, PERM_WRITE
 from broker.topics import Topics
 from dledger.server import rpcguard
 from msgcodec import (
@@ -86,7 +86,7 @@ RESERVED_PROPERTIES = frozenset(
 CLIENT_ID_HEADER = "x-mq-client-id"
 
 
-class V2Error(Exception):
+class V2Error(BrokerError):
     """A request the front end refuses itself: ``code`` is an ``apache.rocketmq.v2.Code`` name."""
 
     def __init__(self, code: str, text: str) -> None:
@@ -161,6 +161,7 @@ class MessagingServicer:
             name = _topic_name(request.topic)
             topic = self.topics.get(name)
             broker = v2.Broker(name=self.cfg.group, id=0, endpoints=self._endpoints(request))
+            accepted = _accepted_types(topic.message_type)
             queues = [
                 v2.MessageQueue(
                     topic=v2.Resource(
@@ -171,7 +172,7 @@ class MessagingServicer:
                         topic.perm, q < topic.read_queue_nums, q < topic.write_queue_nums
                     ),
                     broker=broker,
-                    accept_message_types=[v2.NORMAL],
+                    accept_message_types=accepted,
                 )
                 for q in range(max(topic.read_queue_nums, topic.write_queue_nums))
             ]
@@ -297,7 +298,8 @@ class MessagingServicer:
             name = _topic_name(request.messages[0].topic)
             topic = self.topics.get(name)
             queue_id = next(self._next_queue) % max(1, topic.write_queue_nums)
-            messages = [_stored_message(m, name, queue_id) for m in request.messages]
+            kind = topic.message_type
+            messages = [_stored_message(m, name, kind, queue_id) for m in request.messages]
             stored = await self.leader.send(name, messages)
         except Exception as exc:
             st = _status_of(exc, self.node)
@@ -410,7 +412,22 @@ def _consumer_backoff(language: int) -> Any:
     return _exponential(CONSUMER_MAX_ATTEMPTS)
 
 
-def _stored_message(m: Any, topic: str, queue_id: int) -> pb.Message:
+def _accepted_types(topic_type: str) -> list[int]:
+    """The v2 message types a topic of ``topic_type`` (its ``message.type``) takes."""
+    if topic_type == DEFAULT_TOPIC_MESSAGE_TYPE:
+        return [v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION]
+    return [int(v2.MessageType.Value(topic_type))]
+
+
+def _type_name(kind: int) -> str:
+    """The name of a v2 message type; a number the protocol does not define, as a number."""
+    try:
+        return str(v2.MessageType.Name(kind))
+    except ValueError:
+        return str(kind)
+
+
+def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Message:
     """A v2 message as the broker stores it (a ``raftmq.broker.v1.Message``): its id's 16
     bytes as the uniq id, tag, keys, user properties, born host and time. The codec checks
     the sizes (body, properties, host) when it encodes."""
@@ -423,7 +440,13 @@ def _stored_message(m: Any, topic: str, queue_id: int) -> pb.Message:
             "ILLEGAL_MESSAGE_ID",
             f"message id {sp.message_id[:40]!r} is not '01' and 32 upper-case hex characters",
         )
-    if sp.message_type not in (v2.NORMAL, v2.MESSAGE_TYPE_UNSPECIFIED):
+    kind = sp.message_type or v2.NORMAL
+    if kind not in _accepted_types(topic_type):
+        raise V2Error(
+            "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
+            f"a {_type_name(kind)} message for topic {topic!r} of type {topic_type}",
+        )
+    if kind != v2.NORMAL:
         raise V2Error("UNSUPPORTED", "only NORMAL messages are served so far (docs/RMQ5.md)")
     if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
         raise V2Error(

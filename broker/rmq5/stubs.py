@@ -14,12 +14,16 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from broker.errors import BrokerError
+
 STUBS_ENV = "RAFTMQ_RMQ5_STUBS"
 DEFAULT_STUBS_DIR = Path(__file__).resolve().parents[2] / "build" / "rmq5" / "python"
 
 
-class StubsMissingError(ImportError):
+class StubsMissingError(BrokerError, ImportError):
     """The v2 stubs were not generated."""
+
+    code = "RMQ5_STUBS_MISSING"
 
 
 def stubs_dir() -> Path:

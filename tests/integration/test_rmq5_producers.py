@@ -18,7 +18,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from support import create_topic_on, pulled
+from support import create_topic_on, pulled, wait_for
 
 from broker.cluster import LocalCluster
 from broker.rmq5 import stubs
@@ -52,6 +52,15 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         cluster.up()
         create_topic_on([cluster], [], TOPIC, QUEUES)
+        for n in cluster.nodes:  # every member applied the topic: any node may be asked
+            with grpc.insecure_channel(n.grpc_addr) as ch:
+                stub = v2_grpc.MessagingServiceStub(ch)
+                ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=TOPIC))
+                wait_for(
+                    lambda s=stub, a=ask: _code(s.QueryRoute(a, timeout=5).status) == "OK",
+                    10,
+                    f"{TOPIC} on {n.node_id}",
+                )
         yield cluster
     finally:
         cluster.down(grace_s=5.0)
@@ -179,13 +188,38 @@ def test_query_route_names_queue_zero_and_the_asked_endpoints(v2_stub: Any) -> N
     assert [q.id for q in resp.message_queues] == list(range(QUEUES))
     for q in resp.message_queues:
         assert q.permission == v2.READ_WRITE
-        assert list(q.accept_message_types) == [v2.NORMAL]
+        # MIXED, the default message.type, takes every type.
+        assert list(q.accept_message_types) == [v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION]
         assert q.broker.name == "broker-a" and q.broker.id == 0
         assert q.broker.endpoints == asked
     missing = v2_stub.QueryRoute(
         v2_service.QueryRouteRequest(topic=v2.Resource(name="NoSuchTopic")), timeout=5
     )
     assert _code(missing.status) == "TOPIC_NOT_FOUND" and not missing.message_queues
+
+
+def test_the_topic_message_type_attribute_reaches_routes_and_sends(
+    group: LocalCluster, v2_stub: Any
+) -> None:
+    with grpc.insecure_channel(group.node(group.wait_leader()).client_addr) as ch:
+        bpb_grpc.BrokerStub(ch).CreateTopic(
+            bpb.CreateTopicRequest(
+                topic=bpb.TopicConfig(
+                    topic_name="RMQ5Fifo",
+                    read_queue_nums=2,
+                    write_queue_nums=2,
+                    message_type="FIFO",
+                )
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+    ask = v2_service.QueryRouteRequest(topic=v2.Resource(name="RMQ5Fifo"))
+    # A follower answers from its replicated topic table, once it applied the topic.
+    wait_for(lambda: _code(v2_stub.QueryRoute(ask, timeout=5).status) == "OK", 10, "the topic")
+    route = v2_stub.QueryRoute(ask, timeout=5)
+    assert {tuple(q.accept_message_types) for q in route.message_queues} == {(v2.FIFO,)}
+    normal = _send(v2_stub, _v2_message("01" + "D1" * 16, topic="RMQ5Fifo"))
+    assert _code(normal.status) == "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
 
 
 def test_a_retried_message_id_is_stored_once(group: LocalCluster, v2_stub: Any) -> None:
