@@ -65,7 +65,7 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
     from broker.rmq5.service import V2Config
 
     v2cfg = V2Config(cfg.brokerName, cfg.brokerIP1, cfg.grpcServerPort, cfg.maxMessageSize)
-    return V2Port(node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1)
+    return V2Port(node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs)
 
 
 class _Port(Protocol):

@@ -304,6 +304,11 @@ class BrokerConfig:
         return self.advertisedClientAddr or f"{self.brokerIP1}:{self.listenPort}"
 
     @property
+    def rmq5_addr(self) -> str:
+        """The RocketMQ 5 port's address (registered with NameServers); "" when not served."""
+        return f"{self.brokerIP1}:{self.grpcServerPort}" if self.grpcServerPort else ""
+
+    @property
     def delay_levels_ms(self) -> tuple[int, ...]:
         return parse_delay_levels(self.messageDelayLevel, self.delayLevelScale)
 

@@ -13,6 +13,7 @@ import logging
 import grpc
 
 from broker.rmq5.leader import LeaderCalls
+from broker.rmq5.routes import NameServerRoutes
 from broker.rmq5.service import SERVICE_NAME, MessagingServicer, V2Config
 from broker.sending import SendPath
 from broker.topics import Topics
@@ -31,10 +32,17 @@ class V2Port:
     """The RocketMQ 5 front end of one node, on ``bind_host:cfg.port``."""
 
     def __init__(
-        self, node: DLedgerNode, topics: Topics, sender: SendPath, cfg: V2Config, bind_host: str
+        self,
+        node: DLedgerNode,
+        topics: Topics,
+        sender: SendPath,
+        cfg: V2Config,
+        bind_host: str,
+        namesrv_addrs: list[str],
     ) -> None:
         self.leader = LeaderCalls(node, sender)
-        self.servicer = MessagingServicer(node, topics, self.leader, cfg)
+        self.routes = NameServerRoutes(namesrv_addrs) if namesrv_addrs else None
+        self.servicer = MessagingServicer(node, topics, self.leader, cfg, self.routes)
         self.addr = f"{bind_host}:{cfg.port}"
         self._server: grpc.aio.Server | None = None
 
@@ -52,3 +60,5 @@ class V2Port:
             await self._server.stop(grace=STOP_GRACE_S)
             self._server = None
         await self.leader.close()
+        if self.routes is not None:
+            await self.routes.close()

@@ -21,14 +21,21 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.errors import BrokerError
+from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_topic_name
 from broker.rmq5 import stubs
 from broker.rmq5.clients import ClientTable
 from broker.rmq5.codes import v2_code_name
 from broker.rmq5.leader import Failure, LeaderCalls
+from broker.rmq5.routes import GroupTopic, NameServerRoutes
 from broker.rpcerrors import error_failure
-from broker.state import DEFAULT_TOPIC_MESSAGE_TYPE, PERM_READ, PERM_WRITE
+from broker.state import (
+    DEFAULT_TOPIC_MESSAGE_TYPE,
+    MAX_QUEUE_NUMS,
+    PERM_READ,
+    PERM_WRITE,
+    TopicConfig,
+)
 from broker.topics import Topics
 from dledger.server import rpcguard
 from msgcodec import (
@@ -54,6 +61,9 @@ MAX_SEND_MESSAGES = 1024
 # Addresses in a client's Endpoints, and the characters of a host in one.
 MAX_ENDPOINT_ADDRESSES = 16
 MAX_HOST_CHARS = 255
+# Queues in one route answer: far above a real topic's (groups x queues), small enough for any
+# client's default receive limit.
+MAX_ROUTE_QUEUES = 8192
 # Open Telemetry streams per node: one per client and node, far above a real deployment's.
 MAX_TELEMETRY_STREAMS = 10_000
 # Telemetry commands one stream may send: a client sends Settings once and again only after
@@ -142,11 +152,19 @@ class MessagingServicer:
     the service has a method (the generated registrar reads each); those not served yet answer
     NOT_IMPLEMENTED in their body."""
 
-    def __init__(self, node: Any, topics: Topics, leader: LeaderCalls, cfg: V2Config) -> None:
+    def __init__(
+        self,
+        node: Any,
+        topics: Topics,
+        leader: LeaderCalls,
+        cfg: V2Config,
+        routes: NameServerRoutes | None = None,
+    ) -> None:
         self.node = node
         self.topics = topics
         self.leader = leader
         self.cfg = cfg
+        self.routes = routes
         self.clients = ClientTable()
         self._next_queue = itertools.count()
         self._streams = 0
@@ -159,26 +177,44 @@ class MessagingServicer:
     async def QueryRoute(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             name = _topic_name(request.topic)
-            topic = self.topics.get(name)
-            broker = v2.Broker(name=self.cfg.group, id=0, endpoints=self._endpoints(request))
-            accepted = _accepted_types(topic.message_type)
-            queues = [
-                v2.MessageQueue(
-                    topic=v2.Resource(
-                        resource_namespace=request.topic.resource_namespace, name=topic.name
-                    ),
-                    id=q,
-                    permission=_permission(
-                        topic.perm, q < topic.read_queue_nums, q < topic.write_queue_nums
-                    ),
-                    broker=broker,
-                    accept_message_types=accepted,
-                )
-                for q in range(max(topic.read_queue_nums, topic.write_queue_nums))
-            ]
+            queues: list[Any] = []
+            for group, endpoints in await self._route_groups(name, request):
+                queues += _queues(request.topic.resource_namespace, name, group, endpoints)
+                if len(queues) >= MAX_ROUTE_QUEUES:
+                    break
+            if not queues:
+                raise TopicNotFoundError(f"topic {name!r} does not exist")
         except Exception as exc:
             return v2_service.QueryRouteResponse(status=_status_of(exc, self.node))
         return v2_service.QueryRouteResponse(status=status(), message_queues=queues)
+
+    async def _route_groups(self, name: str, request: Any) -> list[tuple[GroupTopic, Any]]:
+        """The groups serving topic ``name`` with their endpoints: this node's group first
+        (from its applied topic table), then the others the NameServers route it to."""
+        remote = await self.routes.groups(name) if self.routes is not None else None
+        out: list[tuple[GroupTopic, Any]] = []
+        own_addrs: tuple[str, ...] = ()
+        for g in remote or ():
+            if g.name == self.cfg.group:
+                own_addrs = g.addrs
+            elif g.addrs:
+                out.append((g, _endpoints_of(g.addrs)))
+        try:
+            local: TopicConfig | None = self.topics.get(name)
+        except TopicNotFoundError:
+            local = None
+        if local is not None:
+            own = GroupTopic(
+                self.cfg.group,
+                local.read_queue_nums,
+                local.write_queue_nums,
+                local.perm,
+                local.message_type,
+                own_addrs,
+            )
+            endpoints = _endpoints_of(own_addrs) if own_addrs else self._endpoints(request)
+            out.insert(0, (own, endpoints))
+        return out
 
     def _endpoints(self, request: Any) -> Any:
         """The endpoints the client reached us by (any node answers every call), or this
@@ -373,6 +409,36 @@ def _topic_name(resource: Any) -> str:
     if not is_valid_topic_name(name):
         raise V2Error("ILLEGAL_TOPIC", f"topic name {name[:130]!r} is not valid")
     return str(name)
+
+
+def _queues(namespace: str, topic: str, group: GroupTopic, endpoints: Any) -> list[Any]:
+    """The route's queues of one group: ids 0 to max(read, write) - 1 (so queue 0 always
+    exists), each with its permission and the topic's accepted message types."""
+    broker = v2.Broker(name=group.name, id=0, endpoints=endpoints)
+    accepted = _accepted_types(group.message_type)
+    read, write = group.read_queue_nums, group.write_queue_nums
+    return [
+        v2.MessageQueue(
+            topic=v2.Resource(resource_namespace=namespace, name=topic),
+            id=q,
+            permission=_permission(group.perm, q < read, q < write),
+            broker=broker,
+            accept_message_types=accepted,
+        )
+        for q in range(min(max(read, write), MAX_QUEUE_NUMS))
+    ]
+
+
+def _endpoints_of(addrs: Sequence[str]) -> Any:
+    """``host:port`` addresses (from a NameServer) as v2 Endpoints; malformed ones left out."""
+    out = []
+    for addr in addrs:
+        host, _, port = addr.rpartition(":")
+        host = host.strip("[]")
+        if 0 < len(host) <= MAX_HOST_CHARS and port.isdigit() and 0 < int(port) < 65536:
+            out.append(v2.Address(host=host, port=int(port)))
+    scheme = _scheme(out[0].host) if out else v2.IPv4
+    return v2.Endpoints(scheme=scheme, addresses=out)
 
 
 def _permission(perm: int, readable: bool, writable: bool) -> int:

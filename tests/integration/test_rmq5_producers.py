@@ -325,3 +325,57 @@ def test_the_stubs_are_generated_not_committed() -> None:
     assert tracked.returncode == 0 and tracked.stdout == ""
     assert sys.modules[v2.__name__].__file__ is not None
     assert Path(str(sys.modules[v2.__name__].__file__)).is_relative_to(stubs.stubs_dir())
+
+
+def _route(addr: str, topic: str) -> Any:
+    with grpc.insecure_channel(addr) as ch:
+        return v2_grpc.MessagingServiceStub(ch).QueryRoute(
+            v2_service.QueryRouteRequest(topic=v2.Resource(name=topic)), timeout=CALL_TIMEOUT_S
+        )
+
+
+def _brokers(route: Any) -> dict[str, set[str]]:
+    """Broker name -> the endpoints of its queues in a route answer."""
+    out: dict[str, set[str]] = {}
+    for q in route.message_queues:
+        addrs = {f"{a.host}:{a.port}" for a in q.broker.endpoints.addresses}
+        out.setdefault(q.broker.name, set()).update(addrs)
+    return out
+
+
+def test_routes_span_every_group_the_nameserver_knows(
+    name_servers: Any, local_group: Any, tmp_path: Path
+) -> None:
+    """Two groups registered with one NameServer: a node of broker-a routes a topic of both
+    groups to both, each with its own members' v2 endpoints, and a topic only broker-b holds to
+    broker-b; the official Python client, given broker-a's node only, sends to broker-b."""
+    ns = name_servers()
+    group_a = local_group(1, namesrvAddr=ns.addr)
+    group_b = local_group(1, namesrvAddr=ns.addr, brokerName="broker-b")
+    create_topic_on([group_a, group_b], [ns.addr], "Both5", 2)
+    create_topic_on([group_b], [ns.addr], "OnlyB5", 2)
+    a_addr, b_addr = group_a.nodes[0].grpc_addr, group_b.nodes[0].grpc_addr
+
+    def routed(topic: str, want: dict[str, set[str]]) -> bool:
+        return _brokers(_route(a_addr, topic)) == want
+
+    both = {"broker-a": {a_addr}, "broker-b": {b_addr}}
+    wait_for(lambda: routed("Both5", both), 10, "Both5 routed to both groups")
+    wait_for(lambda: routed("OnlyB5", {"broker-b": {b_addr}}), 10, "OnlyB5 routed to broker-b")
+    assert _code(_route(a_addr, "NoWhere5").status) == "TOPIC_NOT_FOUND"
+
+    python = RMQ5 / "pyclient" / "bin" / "python"
+    argv = [str(python), str(SCRIPTS / "py_producer.py"), a_addr, "OnlyB5", "5", "mg"]
+    receipts = _run_client(argv, tmp_path)
+    assert len(receipts) == 5
+    stored = []
+    with grpc.insecure_channel(group_b.nodes[0].client_addr) as ch:
+        for q in range(2):
+            resp = bpb_grpc.BrokerStub(ch).PullMessage(
+                bpb.PullMessageRequest(
+                    consumer_group="rmq5-check", topic="OnlyB5", queue_id=q, no_suspend=True
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            stored += ["01" + m.msg_id for m in pulled(resp)]
+    assert sorted(stored) == sorted(r["message_id"] for r in receipts)

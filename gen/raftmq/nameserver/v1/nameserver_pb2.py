@@ -24,47 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%raftmq/nameserver/v1/nameserver.proto\x12\x14raftmq.nameserver.v1\"b\n\x0bTopicConfig\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"\xf1\x01\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12.\n\x04role\x18\x04 \x01(\x0e\x32 .raftmq.nameserver.v1.BrokerRole\x12\x13\n\x0b\x63lient_addr\x18\x05 \x01(\t\x12\x0c\n\x04term\x18\x06 \x01(\x03\x12\x31\n\x06topics\x18\x07 \x03(\x0b\x32!.raftmq.nameserver.v1.TopicConfig\x12\x1b\n\x13heartbeat_period_ms\x18\x08 \x01(\x03\"8\n\x16RegisterBrokerResponse\x12\x1e\n\x16\x62roker_expired_time_ms\x18\x01 \x01(\x03\"P\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"+\n\x18UnregisterBrokerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"+\n\x1aGetRouteInfoByTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\")\n\x08NodeAddr\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\t\"\xe3\x01\n\nGroupRoute\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x03 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x04 \x01(\x05\x12\x0c\n\x04perm\x18\x05 \x01(\x05\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x13\n\x0bleader_addr\x18\x07 \x01(\t\x12\x13\n\x0bleader_term\x18\x08 \x01(\x03\x12\x31\n\tfollowers\x18\t \x03(\x0b\x32\x1e.raftmq.nameserver.v1.NodeAddr\"^\n\x1bGetRouteInfoByTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x30\n\x06groups\x18\x02 \x03(\x0b\x32 .raftmq.nameserver.v1.GroupRoute\"\x17\n\x15GetClusterInfoRequest\"\xc1\x01\n\nMemberInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12.\n\x04role\x18\x02 \x01(\x0e\x32 .raftmq.nameserver.v1.BrokerRole\x12\x13\n\x0b\x63lient_addr\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x1d\n\x15last_heartbeat_age_ms\x18\x05 \x01(\x03\x12\x1b\n\x13heartbeat_period_ms\x18\x06 \x01(\x03\x12\x13\n\x0btopic_count\x18\x07 \x01(\x05\"f\n\tGroupInfo\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x31\n\x07members\x18\x03 \x03(\x0b\x32 .raftmq.nameserver.v1.MemberInfo\"L\n\x0b\x43lusterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12/\n\x06groups\x18\x02 \x03(\x0b\x32\x1f.raftmq.nameserver.v1.GroupInfo\"M\n\x16GetClusterInfoResponse\x12\x33\n\x08\x63lusters\x18\x01 \x03(\x0b\x32!.raftmq.nameserver.v1.ClusterInfo\"\x18\n\x16GetAllTopicListRequest\")\n\x17GetAllTopicListResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t*e\n\nBrokerRole\x12\x1b\n\x17\x42ROKER_ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06LEADER\x10\x01\x12\x0c\n\x08\x46OLLOWER\x10\x02\x12\r\n\tCANDIDATE\x10\x03\x12\x11\n\rPRE_CANDIDATE\x10\x04\x32\xc5\x04\n\nNameServer\x12k\n\x0eRegisterBroker\x12+.raftmq.nameserver.v1.RegisterBrokerRequest\x1a,.raftmq.nameserver.v1.RegisterBrokerResponse\x12q\n\x10UnregisterBroker\x12-.raftmq.nameserver.v1.UnregisterBrokerRequest\x1a..raftmq.nameserver.v1.UnregisterBrokerResponse\x12z\n\x13GetRouteInfoByTopic\x12\x30.raftmq.nameserver.v1.GetRouteInfoByTopicRequest\x1a\x31.raftmq.nameserver.v1.GetRouteInfoByTopicResponse\x12k\n\x0eGetClusterInfo\x12+.raftmq.nameserver.v1.GetClusterInfoRequest\x1a,.raftmq.nameserver.v1.GetClusterInfoResponse\x12n\n\x0fGetAllTopicList\x12,.raftmq.nameserver.v1.GetAllTopicListRequest\x1a-.raftmq.nameserver.v1.GetAllTopicListResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%raftmq/nameserver/v1/nameserver.proto\x12\x14raftmq.nameserver.v1\"x\n\x0bTopicConfig\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x14\n\x0cmessage_type\x18\x05 \x01(\t\"\x84\x02\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12.\n\x04role\x18\x04 \x01(\x0e\x32 .raftmq.nameserver.v1.BrokerRole\x12\x13\n\x0b\x63lient_addr\x18\x05 \x01(\t\x12\x0c\n\x04term\x18\x06 \x01(\x03\x12\x31\n\x06topics\x18\x07 \x03(\x0b\x32!.raftmq.nameserver.v1.TopicConfig\x12\x1b\n\x13heartbeat_period_ms\x18\x08 \x01(\x03\x12\x11\n\trmq5_addr\x18\t \x01(\t\"8\n\x16RegisterBrokerResponse\x12\x1e\n\x16\x62roker_expired_time_ms\x18\x01 \x01(\x03\"P\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"+\n\x18UnregisterBrokerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"+\n\x1aGetRouteInfoByTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\")\n\x08NodeAddr\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\t\"\x8d\x02\n\nGroupRoute\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x03 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x04 \x01(\x05\x12\x0c\n\x04perm\x18\x05 \x01(\x05\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x13\n\x0bleader_addr\x18\x07 \x01(\t\x12\x13\n\x0bleader_term\x18\x08 \x01(\x03\x12\x31\n\tfollowers\x18\t \x03(\x0b\x32\x1e.raftmq.nameserver.v1.NodeAddr\x12\x14\n\x0cmessage_type\x18\n \x01(\t\x12\x12\n\nrmq5_addrs\x18\x0b \x03(\t\"^\n\x1bGetRouteInfoByTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x30\n\x06groups\x18\x02 \x03(\x0b\x32 .raftmq.nameserver.v1.GroupRoute\"\x17\n\x15GetClusterInfoRequest\"\xc1\x01\n\nMemberInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12.\n\x04role\x18\x02 \x01(\x0e\x32 .raftmq.nameserver.v1.BrokerRole\x12\x13\n\x0b\x63lient_addr\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x1d\n\x15last_heartbeat_age_ms\x18\x05 \x01(\x03\x12\x1b\n\x13heartbeat_period_ms\x18\x06 \x01(\x03\x12\x13\n\x0btopic_count\x18\x07 \x01(\x05\"f\n\tGroupInfo\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x31\n\x07members\x18\x03 \x03(\x0b\x32 .raftmq.nameserver.v1.MemberInfo\"L\n\x0b\x43lusterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12/\n\x06groups\x18\x02 \x03(\x0b\x32\x1f.raftmq.nameserver.v1.GroupInfo\"M\n\x16GetClusterInfoResponse\x12\x33\n\x08\x63lusters\x18\x01 \x03(\x0b\x32!.raftmq.nameserver.v1.ClusterInfo\"\x18\n\x16GetAllTopicListRequest\")\n\x17GetAllTopicListResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t*e\n\nBrokerRole\x12\x1b\n\x17\x42ROKER_ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06LEADER\x10\x01\x12\x0c\n\x08\x46OLLOWER\x10\x02\x12\r\n\tCANDIDATE\x10\x03\x12\x11\n\rPRE_CANDIDATE\x10\x04\x32\xc5\x04\n\nNameServer\x12k\n\x0eRegisterBroker\x12+.raftmq.nameserver.v1.RegisterBrokerRequest\x1a,.raftmq.nameserver.v1.RegisterBrokerResponse\x12q\n\x10UnregisterBroker\x12-.raftmq.nameserver.v1.UnregisterBrokerRequest\x1a..raftmq.nameserver.v1.UnregisterBrokerResponse\x12z\n\x13GetRouteInfoByTopic\x12\x30.raftmq.nameserver.v1.GetRouteInfoByTopicRequest\x1a\x31.raftmq.nameserver.v1.GetRouteInfoByTopicResponse\x12k\n\x0eGetClusterInfo\x12+.raftmq.nameserver.v1.GetClusterInfoRequest\x1a,.raftmq.nameserver.v1.GetClusterInfoResponse\x12n\n\x0fGetAllTopicList\x12,.raftmq.nameserver.v1.GetAllTopicListRequest\x1a-.raftmq.nameserver.v1.GetAllTopicListResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.nameserver.v1.nameserver_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BROKERROLE']._serialized_start=1557
-  _globals['_BROKERROLE']._serialized_end=1658
+  _globals['_BROKERROLE']._serialized_start=1640
+  _globals['_BROKERROLE']._serialized_end=1741
   _globals['_TOPICCONFIG']._serialized_start=63
-  _globals['_TOPICCONFIG']._serialized_end=161
-  _globals['_REGISTERBROKERREQUEST']._serialized_start=164
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=405
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=407
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=463
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=465
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=545
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=547
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=590
-  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_start=592
-  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_end=635
-  _globals['_NODEADDR']._serialized_start=637
-  _globals['_NODEADDR']._serialized_end=678
-  _globals['_GROUPROUTE']._serialized_start=681
-  _globals['_GROUPROUTE']._serialized_end=908
-  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_start=910
-  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_end=1004
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1006
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1029
-  _globals['_MEMBERINFO']._serialized_start=1032
-  _globals['_MEMBERINFO']._serialized_end=1225
-  _globals['_GROUPINFO']._serialized_start=1227
-  _globals['_GROUPINFO']._serialized_end=1329
-  _globals['_CLUSTERINFO']._serialized_start=1331
-  _globals['_CLUSTERINFO']._serialized_end=1407
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1409
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1486
-  _globals['_GETALLTOPICLISTREQUEST']._serialized_start=1488
-  _globals['_GETALLTOPICLISTREQUEST']._serialized_end=1512
-  _globals['_GETALLTOPICLISTRESPONSE']._serialized_start=1514
-  _globals['_GETALLTOPICLISTRESPONSE']._serialized_end=1555
-  _globals['_NAMESERVER']._serialized_start=1661
-  _globals['_NAMESERVER']._serialized_end=2242
+  _globals['_TOPICCONFIG']._serialized_end=183
+  _globals['_REGISTERBROKERREQUEST']._serialized_start=186
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=446
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=448
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=504
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=506
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=586
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=588
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=631
+  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_start=633
+  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_end=676
+  _globals['_NODEADDR']._serialized_start=678
+  _globals['_NODEADDR']._serialized_end=719
+  _globals['_GROUPROUTE']._serialized_start=722
+  _globals['_GROUPROUTE']._serialized_end=991
+  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_start=993
+  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_end=1087
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1089
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1112
+  _globals['_MEMBERINFO']._serialized_start=1115
+  _globals['_MEMBERINFO']._serialized_end=1308
+  _globals['_GROUPINFO']._serialized_start=1310
+  _globals['_GROUPINFO']._serialized_end=1412
+  _globals['_CLUSTERINFO']._serialized_start=1414
+  _globals['_CLUSTERINFO']._serialized_end=1490
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1492
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1569
+  _globals['_GETALLTOPICLISTREQUEST']._serialized_start=1571
+  _globals['_GETALLTOPICLISTREQUEST']._serialized_end=1595
+  _globals['_GETALLTOPICLISTRESPONSE']._serialized_start=1597
+  _globals['_GETALLTOPICLISTRESPONSE']._serialized_end=1638
+  _globals['_NAMESERVER']._serialized_start=1744
+  _globals['_NAMESERVER']._serialized_end=2325
 # @@protoc_insertion_point(module_scope)
