@@ -69,6 +69,7 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
 
 
 class _Port(Protocol):
+    def bind(self) -> None: ...
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
 
@@ -95,6 +96,8 @@ async def _serve(
     registrar: BrokerRegistrar | None = None,
     v2_port: _Port | None = None,
 ) -> None:
+    if v2_port is not None:
+        v2_port.bind()
     await node.start()
     if v2_port is not None:
         await v2_port.start()

@@ -46,13 +46,21 @@ class V2Port:
         self.addr = f"{bind_host}:{cfg.port}"
         self._server: grpc.aio.Server | None = None
 
-    async def start(self) -> None:
+    def bind(self) -> None:
+        """Take the port (``StartError`` when it is in use): before the node starts, so a
+        busy port stops the process before it touches its store, as the node's own ports do."""
         server = grpc.aio.server(options=SERVER_OPTIONS)
         names = list(self.servicer.register(server))
         add_health_and_reflection(server, names or [SERVICE_NAME])
         bind_insecure(server, self.addr, StartError)
-        await server.start()
         self._server = server
+
+    async def start(self) -> None:
+        """Serve, once the node runs (calls read its role and state)."""
+        if self._server is None:
+            self.bind()
+        assert self._server is not None
+        await self._server.start()
         logger.info("rmq5 serving %s on %s", SERVICE_NAME, self.addr)
 
     async def stop(self) -> None:

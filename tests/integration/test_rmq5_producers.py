@@ -57,13 +57,21 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                 stub = v2_grpc.MessagingServiceStub(ch)
                 ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=TOPIC))
                 wait_for(
-                    lambda s=stub, a=ask: _code(s.QueryRoute(a, timeout=5).status) == "OK",
+                    lambda s=stub, a=ask: _answers_ok(s, a),
                     10,
                     f"{TOPIC} on {n.node_id}",
                 )
         yield cluster
     finally:
         cluster.down(grace_s=5.0)
+
+
+def _answers_ok(stub: Any, ask: Any) -> bool:
+    """The node's v2 port is up and routes the topic (it starts just after the node)."""
+    try:
+        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
+    except grpc.RpcError:
+        return False
 
 
 def _follower_v2_addr(cluster: LocalCluster) -> str:
@@ -357,7 +365,10 @@ def test_routes_span_every_group_the_nameserver_knows(
     a_addr, b_addr = group_a.nodes[0].grpc_addr, group_b.nodes[0].grpc_addr
 
     def routed(topic: str, want: dict[str, set[str]]) -> bool:
-        return _brokers(_route(a_addr, topic)) == want
+        try:
+            return _brokers(_route(a_addr, topic)) == want
+        except grpc.RpcError:  # the v2 port starts just after the node
+            return False
 
     both = {"broker-a": {a_addr}, "broker-b": {b_addr}}
     wait_for(lambda: routed("Both5", both), 10, "Both5 routed to both groups")
@@ -379,3 +390,60 @@ def test_routes_span_every_group_the_nameserver_knows(
             )
             stored += ["01" + m.msg_id for m in pulled(resp)]
     assert sorted(stored) == sorted(r["message_id"] for r in receipts)
+
+
+def test_a_telemetry_stream_of_junk_is_refused_and_the_node_serves_on(
+    group: LocalCluster, v2_stub: Any
+) -> None:
+    addr = _follower_v2_addr(group)
+    with grpc.insecure_channel(addr) as ch:
+        raw = ch.stream_stream(
+            "/apache.rocketmq.v2.MessagingService/Telemetry",
+            request_serializer=None,
+            response_deserializer=v2_service.TelemetryCommand.FromString,
+        )
+        try:
+            answers = list(raw(iter([b"\xff\xff\xff"]), timeout=5))
+        except grpc.RpcError as exc:
+            assert exc.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert (exc.details() or "").startswith("BAD_REQUEST")
+        else:
+            assert [_code(a.status) for a in answers] == ["BAD_REQUEST"]
+    # Commands that are not Settings are read and ignored; Settings is still answered.
+    settings = v2.Settings(client_type=v2.PRODUCER, user_agent=v2.UA(language=v2.JAVA))
+    commands = [
+        v2_service.TelemetryCommand(thread_stack_trace=v2_service.ThreadStackTrace(nonce="x")),
+        v2_service.TelemetryCommand(settings=settings),
+    ]
+    replies = v2_stub.Telemetry(iter(commands), metadata=[("x-mq-client-id", "j")], timeout=5)
+    assert [_code(r.status) for r in replies] == ["OK"]
+
+
+def test_a_busy_grpc_server_port_stops_the_broker_before_its_store(tmp_path: Path) -> None:
+    import socket
+
+    from dledger.procs import free_ports
+
+    peer, client = free_ports(2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        conf = tmp_path / "broker.conf"
+        conf.write_text(
+            f"dLegerPeers=n0-127.0.0.1:{peer}\ndLegerSelfId=n0\nlistenPort={client}\n"
+            f"grpcServerPort={port}\nstorePathRootDir={tmp_path / 'store'}\n"
+        )
+        run = subprocess.run(
+            [sys.executable, "-m", "broker", "-c", str(conf)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        f"mqbroker: cannot start: port in use or not bindable: 127.0.0.1:{port} "
+        "(Address already in use)"
+    ]
+    assert not (tmp_path / "store").exists()
