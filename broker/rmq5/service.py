@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,8 +149,9 @@ def _duration(ms: int) -> Duration:
 
 class MessagingServicer:
     """Serves one node's RocketMQ 5 clients over the node's broker components. Every RPC of
-    the service has a method (the generated registrar reads each); those not served yet answer
-    NOT_IMPLEMENTED in their body."""
+    the service has a method (the generated registrar reads each); those not served yet
+    (:data:`NOT_SERVED_UNARY`, :data:`NOT_SERVED_STREAMING`) answer NOT_IMPLEMENTED in their
+    body."""
 
     def __init__(
         self,
@@ -351,53 +352,42 @@ class MessagingServicer:
             ],
         )
 
-    # ------------------------------------------------------------------ not served yet
 
-    async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.QueryAssignmentResponse(status=_not_served("QueryAssignment"))
+# RPCs not served yet (docs/RMQ5.md): each answers NOT_IMPLEMENTED in its body's status (the
+# server-streaming ones in one message). Their handlers are made below from these names.
+NOT_SERVED_UNARY = (
+    "QueryAssignment",
+    "AckMessage",
+    "ForwardMessageToDeadLetterQueue",
+    "UpdateOffset",
+    "GetOffset",
+    "QueryOffset",
+    "EndTransaction",
+    "ChangeInvisibleDuration",
+    "RecallMessage",
+    "SyncLiteSubscription",
+)
+NOT_SERVED_STREAMING = ("ReceiveMessage", "PullMessage")
 
-    async def ReceiveMessage(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        yield v2_service.ReceiveMessageResponse(status=_not_served("ReceiveMessage"))
 
-    async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.AckMessageResponse(status=_not_served("AckMessage"))
+def _unary_not_served(rpc: str) -> Callable[..., Awaitable[Any]]:
+    async def handler(self: MessagingServicer, request: Any, context: Any) -> Any:
+        return getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
 
-    async def ForwardMessageToDeadLetterQueue(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
-        return v2_service.ForwardMessageToDeadLetterQueueResponse(
-            status=_not_served("ForwardMessageToDeadLetterQueue")
-        )
+    return handler
 
-    async def PullMessage(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        yield v2_service.PullMessageResponse(status=_not_served("PullMessage"))
 
-    async def UpdateOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.UpdateOffsetResponse(status=_not_served("UpdateOffset"))
+def _streaming_not_served(rpc: str) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(self: MessagingServicer, request: Any, context: Any) -> AsyncIterator[Any]:
+        yield getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
 
-    async def GetOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.GetOffsetResponse(status=_not_served("GetOffset"))
+    return handler
 
-    async def QueryOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.QueryOffsetResponse(status=_not_served("QueryOffset"))
 
-    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.EndTransactionResponse(status=_not_served("EndTransaction"))
-
-    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.ChangeInvisibleDurationResponse(
-            status=_not_served("ChangeInvisibleDuration")
-        )
-
-    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.RecallMessageResponse(status=_not_served("RecallMessage"))
-
-    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return v2_service.SyncLiteSubscriptionResponse(status=_not_served("SyncLiteSubscription"))
+for _rpc in NOT_SERVED_UNARY:
+    setattr(MessagingServicer, _rpc, _unary_not_served(_rpc))
+for _rpc in NOT_SERVED_STREAMING:
+    setattr(MessagingServicer, _rpc, _streaming_not_served(_rpc))
 
 
 def _not_served(rpc: str) -> Any:

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from support import create_topic_on, pulled, wait_for
+from support import create_topic_on, pull_all, wait_for
 
 from broker.cluster import LocalCluster
 from broker.rmq5 import stubs
@@ -79,31 +79,10 @@ def _follower_v2_addr(cluster: LocalCluster) -> str:
     return next(n.grpc_addr for n in cluster.nodes if n.node_id != leader)
 
 
-def _stored(cluster: LocalCluster) -> list[MessageExt]:
-    """Every message of TOPIC, read from the leader through raftmq's own pull."""
-    out: list[MessageExt] = []
-    with grpc.insecure_channel(cluster.node(cluster.wait_leader()).client_addr) as ch:
-        stub = bpb_grpc.BrokerStub(ch)
-        for q in range(QUEUES):
-            offset = 0
-            while True:
-                resp = stub.PullMessage(
-                    bpb.PullMessageRequest(
-                        consumer_group="rmq5-check",
-                        topic=TOPIC,
-                        queue_id=q,
-                        queue_offset=offset,
-                        max_msgs=1024,
-                        no_suspend=True,
-                    ),
-                    timeout=CALL_TIMEOUT_S,
-                )
-                got = pulled(resp)
-                if not got:
-                    break
-                out += got
-                offset = resp.next_begin_offset
-    return out
+def _stored(cluster: LocalCluster, topic: str = TOPIC, queues: int = QUEUES) -> list[MessageExt]:
+    """Every message of ``topic``, read from the leader through raftmq's own pull."""
+    addr = cluster.node(cluster.wait_leader()).client_addr
+    return [m for q in range(queues) for m in pull_all(addr, topic, q)]
 
 
 def _run_client(argv: list[str], home: Path, env: dict[str, str] | None = None) -> list[Any]:
@@ -379,16 +358,7 @@ def test_routes_span_every_group_the_nameserver_knows(
     argv = [str(python), str(SCRIPTS / "py_producer.py"), a_addr, "OnlyB5", "5", "mg"]
     receipts = _run_client(argv, tmp_path)
     assert len(receipts) == 5
-    stored = []
-    with grpc.insecure_channel(group_b.nodes[0].client_addr) as ch:
-        for q in range(2):
-            resp = bpb_grpc.BrokerStub(ch).PullMessage(
-                bpb.PullMessageRequest(
-                    consumer_group="rmq5-check", topic="OnlyB5", queue_id=q, no_suspend=True
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-            stored += ["01" + m.msg_id for m in pulled(resp)]
+    stored = ["01" + m.msg_id for m in _stored(group_b, "OnlyB5", 2)]
     assert sorted(stored) == sorted(r["message_id"] for r in receipts)
 
 

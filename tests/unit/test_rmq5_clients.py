@@ -57,3 +57,11 @@ def test_every_mapped_code_exists_in_the_protocol() -> None:
     v2 = load()[0]
     for name in [*V2_CODE_BY_ERROR.values(), v2_code_name("SOMETHING_NEW")]:
         assert v2.Code.Value(name) > 0
+
+
+def test_every_rpc_of_the_service_has_a_handler() -> None:
+    from broker.rmq5.service import MessagingServicer
+
+    service = load()[1].DESCRIPTOR.services_by_name["MessagingService"]
+    missing = [m.name for m in service.methods if not callable(getattr(MessagingServicer, m.name))]
+    assert missing == []
