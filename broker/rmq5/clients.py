@@ -16,14 +16,13 @@ from dataclasses import dataclass
 
 from broker.consumers import MAX_CLIENT_ID_CHARS
 from broker.errors import InvalidRequestError, ResourceExhaustedError
+from broker.names import MAX_GROUP_LENGTH
 
 # RocketMQ's proxy forgets a client silent for 120 s (clients heartbeat every 10 s).
 CLIENT_EXPIRY_MS = 120_000
 # Clients one node keeps: far above a real deployment's (one per application process), small
 # enough that a flood of made-up client ids costs a few MB at most.
 MAX_CLIENTS = 10_000
-# Characters of a consumer group name (RocketMQ: 255) or a language's version string kept.
-MAX_GROUP_CHARS = 255
 
 
 class UnknownClientError(InvalidRequestError):
@@ -65,8 +64,8 @@ class ClientTable:
     def settings(self, client_id: str, client_type: int, language: int, group: str) -> None:
         """Record (or refresh) a client from its Settings."""
         check_client_id(client_id)
-        if len(group) > MAX_GROUP_CHARS:
-            raise InvalidRequestError(f"group of {len(group)} characters (max {MAX_GROUP_CHARS})")
+        if len(group) > MAX_GROUP_LENGTH:
+            raise InvalidRequestError(f"group of {len(group)} characters (max {MAX_GROUP_LENGTH})")
         now = self._now()
         self._expire(now)
         if client_id not in self._clients and len(self._clients) >= self.max_clients:
