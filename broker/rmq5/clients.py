@@ -2,7 +2,7 @@
 
 In memory on each node (a client opens a Telemetry stream to every node it talks to, and
 repeats Settings there after a reconnect): nothing here is replicated. Bounded in count; an
-entry not refreshed by a Settings, a Heartbeat or a send for :data:`CLIENT_EXPIRY_MS` is dropped.
+entry not refreshed by a Settings or a Heartbeat for :data:`CLIENT_EXPIRY_MS` is dropped.
 Protocol-neutral: client types and languages are the protocol's enum numbers, checked by the
 adapter.
 """

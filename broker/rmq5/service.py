@@ -22,7 +22,8 @@ from google.protobuf.duration_pb2 import Duration
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import BrokerError, TopicNotFoundError
-from broker.names import is_valid_topic_name
+from broker.names import is_valid_group_name, is_valid_topic_name
+from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.rmq5 import stubs
 from broker.rmq5.clients import ClientTable
 from broker.rmq5.codes import v2_code_name
@@ -64,6 +65,10 @@ MAX_HOST_CHARS = 255
 # Queues in one route answer: far above a real topic's (groups x queues), small enough for any
 # client's default receive limit.
 MAX_ROUTE_QUEUES = 8192
+# Topics of a producer's Settings, subscriptions of a consumer's: far above an application's.
+MAX_SETTINGS_TOPICS = 1024
+# Characters of each user-agent field (version, platform, hostname) a Settings may carry.
+MAX_UA_FIELD_CHARS = 255
 # Open Telemetry streams per node: one per client and node, far above a real deployment's.
 MAX_TELEMETRY_STREAMS = 10_000
 # Telemetry commands one stream may send: a client sends Settings once and again only after
@@ -221,11 +226,8 @@ class MessagingServicer:
         """The endpoints the client reached us by (any node answers every call), or this
         node's own v2 address when they are missing or not usable."""
         asked = request.endpoints
-        addrs = list(asked.addresses) if asked.addresses else []
-        if 0 < len(addrs) <= MAX_ENDPOINT_ADDRESSES and all(
-            0 < len(a.host) <= MAX_HOST_CHARS and 0 < a.port < 65536 for a in addrs
-        ):
-            return v2.Endpoints(scheme=asked.scheme or v2.IPv4, addresses=addrs)
+        if _usable_endpoints(asked):
+            return v2.Endpoints(scheme=asked.scheme or v2.IPv4, addresses=asked.addresses)
         return v2.Endpoints(
             scheme=_scheme(self.cfg.host),
             addresses=[v2.Address(host=self.cfg.host, port=self.cfg.port)],
@@ -265,6 +267,7 @@ class MessagingServicer:
             kind = settings.client_type if settings.HasField("client_type") else 0
             if kind not in (v2.PRODUCER, v2.SIMPLE_CONSUMER, v2.PUSH_CONSUMER):
                 raise V2Error("UNRECOGNIZED_CLIENT_TYPE", f"client type {kind} is not served")
+            _check_settings(kind, settings)
             group = settings.subscription.group.name if kind != v2.PRODUCER else ""
             self.clients.settings(client_id, kind, settings.user_agent.language, group)
             reply = self._settings_for(kind, settings)
@@ -281,14 +284,14 @@ class MessagingServicer:
             request_timeout=_duration(timeout_ms),
             user_agent=asked.user_agent,
         )
-        if asked.HasField("access_point"):
+        if asked.HasField("access_point"):  # checked by _check_settings
             out.access_point.CopyFrom(asked.access_point)
         if kind == v2.PRODUCER:
             attempts = asked.backoff_policy.max_attempts
             if not 0 < attempts <= MAX_CLIENT_ATTEMPTS:
                 attempts = PRODUCER_MAX_ATTEMPTS
             out.backoff_policy.CopyFrom(_exponential(attempts))
-            topics = list(asked.publishing.topics)[:MAX_SEND_MESSAGES]
+            topics = list(asked.publishing.topics)
             out.publishing.CopyFrom(
                 v2.Publishing(
                     topics=topics,
@@ -301,7 +304,7 @@ class MessagingServicer:
         sub = out.subscription
         if asked.subscription.HasField("group"):
             sub.group.CopyFrom(asked.subscription.group)
-        sub.subscriptions.extend(list(asked.subscription.subscriptions)[:MAX_SEND_MESSAGES])
+        sub.subscriptions.extend(asked.subscription.subscriptions)
         sub.fifo = asked.subscription.fifo
         sub.receive_batch_size = RECEIVE_BATCH_SIZE
         sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_TIMEOUT_MS))
@@ -388,6 +391,38 @@ for _rpc in NOT_SERVED_UNARY:
     setattr(MessagingServicer, _rpc, _unary_not_served(_rpc))
 for _rpc in NOT_SERVED_STREAMING:
     setattr(MessagingServicer, _rpc, _streaming_not_served(_rpc))
+
+
+def _check_settings(kind: int, s: Any) -> None:
+    """Every field of a client's Settings that is kept or echoed, bounded (V2Error naming it)."""
+    ua = s.user_agent
+    for what, value in (
+        ("version", ua.version),
+        ("platform", ua.platform),
+        ("hostname", ua.hostname),
+    ):
+        if len(value) > MAX_UA_FIELD_CHARS:
+            raise V2Error("BAD_REQUEST", f"user_agent.{what} of {len(value)} characters")
+    if s.HasField("access_point") and not _usable_endpoints(s.access_point):
+        raise V2Error("BAD_REQUEST", "access_point: 1 to 16 addresses of host:port")
+    topics, entries = s.publishing.topics, s.subscription.subscriptions
+    if len(topics) > MAX_SETTINGS_TOPICS or len(entries) > MAX_SETTINGS_TOPICS:
+        raise V2Error("BAD_REQUEST", f"more than {MAX_SETTINGS_TOPICS} topics or subscriptions")
+    for resource in topics:
+        _topic_name(resource)
+    for entry in entries:
+        _topic_name(entry.topic)
+        if len(entry.expression.expression) > MAX_SUBSCRIPTION_CHARS:
+            raise V2Error("ILLEGAL_FILTER_EXPRESSION", f"over {MAX_SUBSCRIPTION_CHARS} characters")
+    if kind != v2.PRODUCER and not is_valid_group_name(s.subscription.group.name):
+        raise V2Error("ILLEGAL_CONSUMER_GROUP", "a consumer's Settings names no valid group")
+
+
+def _usable_endpoints(endpoints: Any) -> bool:
+    addrs = endpoints.addresses
+    return 0 < len(addrs) <= MAX_ENDPOINT_ADDRESSES and all(
+        0 < len(a.host) <= MAX_HOST_CHARS and 0 < a.port < 65536 for a in addrs
+    )
 
 
 def _not_served(rpc: str) -> Any:

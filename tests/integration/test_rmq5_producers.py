@@ -282,6 +282,23 @@ def test_settings_then_heartbeat_and_unknown_client_types(v2_stub: Any) -> None:
     assert _code(unknown.status) == "UNRECOGNIZED_CLIENT_TYPE"
     no_id = _telemetry(v2_stub, "", asked)
     assert _code(no_id.status) == "BAD_REQUEST"
+    hostile = {
+        "BAD_REQUEST": v2.Settings(
+            client_type=v2.PRODUCER, user_agent=v2.UA(language=v2.PYTHON, hostname="h" * 256)
+        ),
+        "ILLEGAL_TOPIC": v2.Settings(
+            client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[v2.Resource(name="a b")])
+        ),
+        "ILLEGAL_CONSUMER_GROUP": v2.Settings(client_type=v2.SIMPLE_CONSUMER),
+    }
+    for want, settings in hostile.items():
+        assert _code(_telemetry(v2_stub, "rmq5-hostile", settings).status) == want
+    still_unknown = v2_stub.Heartbeat(
+        v2_service.HeartbeatRequest(client_type=v2.PRODUCER),
+        metadata=[("x-mq-client-id", "rmq5-hostile")],
+        timeout=5,
+    )
+    assert _code(still_unknown.status) == "UNRECOGNIZED_CLIENT_TYPE"  # nothing was recorded
     bye = v2_stub.NotifyClientTermination(
         v2_service.NotifyClientTerminationRequest(), metadata=meta, timeout=5
     )
