@@ -583,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = cluster.status_rows()
             print(format_table(rows))
             print(namesrv_line(cluster))
+            print(rmq5_line(cluster))
             return 0 if any(r["role"] == "LEADER" for r in rows) else 1
         elif ns.cmd == "kill":
             sig = signal.Signals[f"SIG{ns.signal}"]
