@@ -99,6 +99,9 @@ RESERVED_PROPERTIES = frozenset(
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
+# Characters of a status message: for people reading a client's log, like the error contract's
+# details (dledger.server.status.MAX_DETAIL_BYTES) short whatever a request held.
+MAX_STATUS_TEXT_CHARS = 1024
 
 
 class V2Error(BrokerError):
@@ -122,7 +125,8 @@ class V2Config:
 
 
 def status(code: str = "OK", text: str = "OK") -> Any:
-    return v2.Status(code=v2.Code.Value(code), message=text[:1024])
+    """A body status: ``code`` an ``apache.rocketmq.v2.Code`` name, ``text`` cut short."""
+    return v2.Status(code=v2.Code.Value(code), message=text[:MAX_STATUS_TEXT_CHARS])
 
 
 def _status_of(exc: Exception, node: Any) -> Any:
