@@ -38,6 +38,9 @@ MAX_MESSAGE_BYTES = 4096
 # Messages each official client sends: every queue several times, well under a few seconds.
 SENDS = 40
 CLIENT_TIMEOUT_S = 60
+# These groups store a few KB: the disk watermark at its top, so that a machine whose shared
+# /tmp is nearly full (other test runs) does not turn protocol checks into DISK_FULL answers.
+DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
 CALL_TIMEOUT_S = 10
 
 
@@ -47,7 +50,11 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster.configure(
         3,
         auto_ports=True,
-        extra={"mappedFileSizeCommitLog": str(4 << 20), "maxMessageSize": str(MAX_MESSAGE_BYTES)},
+        extra={
+            "mappedFileSizeCommitLog": str(4 << 20),
+            "maxMessageSize": str(MAX_MESSAGE_BYTES),
+            **DISK_CONF,
+        },
     )
     try:
         cluster.up()
@@ -354,8 +361,8 @@ def test_routes_span_every_group_the_nameserver_knows(
     groups to both, each with its own members' v2 endpoints, and a topic only broker-b holds to
     broker-b; the official Python client, given broker-a's node only, sends to broker-b."""
     ns = name_servers()
-    group_a = local_group(1, namesrvAddr=ns.addr)
-    group_b = local_group(1, namesrvAddr=ns.addr, brokerName="broker-b")
+    group_a = local_group(1, namesrvAddr=ns.addr, **DISK_CONF)
+    group_b = local_group(1, namesrvAddr=ns.addr, brokerName="broker-b", **DISK_CONF)
     create_topic_on([group_a, group_b], [ns.addr], "Both5", 2)
     create_topic_on([group_b], [ns.addr], "OnlyB5", 2)
     a_addr, b_addr = group_a.nodes[0].grpc_addr, group_b.nodes[0].grpc_addr
