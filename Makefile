@@ -4,11 +4,14 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RMQ5_DIR := build/rmq5
+RMQ5_STAMP := $(RMQ5_DIR)/.installed
+RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
 PACKAGES := mqcli mqsecurity dledger msgcodec broker nameserver client jepsen_like spark_audit
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(RMQ5_STAMP)
 
 # Reinstalled whenever pyproject.toml changes. Needs only Python 3.11 and the package index.
 $(STAMP): pyproject.toml
@@ -17,6 +20,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# RocketMQ 5 (docs/RMQ5.md): the pinned npm package rocketmq-client-nodejs (its apache.rocketmq.v2
+# protos and the Node.js client, integrity-checked by npm ci), the server stubs generated from
+# those protos, and the official Python client in a venv of its own, all in build/rmq5 (ignored).
+# Needs node 20/npm and the registries; fails loudly when a download or a hash check fails.
+$(RMQ5_STAMP): $(STAMP) $(RMQ5_PINS)
+	$(PY) protos/rmq5_deps.py --out $(RMQ5_DIR)
+	touch $(RMQ5_STAMP)
 
 # System tools some tests need beyond Python: `iptables` for mqjepsen's network-namespace
 # backend (tests/jepsen/test_netns.py). Installed with apt-get when missing and running as root
@@ -51,7 +62,7 @@ lint: venv
 	$(PY) -m ruff format --check .
 
 typecheck: venv
-	$(PY) -m mypy $(PACKAGES) protos/generate.py
+	$(PY) -m mypy $(PACKAGES) protos/generate.py protos/rmq5_deps.py
 
 test: venv system-deps gen-check lint typecheck
 	$(PY) -m pytest

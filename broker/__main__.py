@@ -7,6 +7,7 @@ import faulthandler
 import gc
 import sys
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import grpc
 
@@ -20,7 +21,7 @@ from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
 
 
-def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
+def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
     """The full broker: a DLedger node applying into the broker state machine, with the
     Broker service on its client port."""
     sm = BrokerStateMachine(
@@ -52,7 +53,25 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
     )
     registrars.append(servicer.register)
-    return node, sm
+    return node, sm, servicer
+
+
+def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) -> _Port | None:
+    """The RocketMQ 5 front end over the same components (docs/RMQ5.md), when
+    ``grpcServerPort`` is set; its stubs are loaded only then."""
+    if not cfg.grpcServerPort:
+        return None
+    from broker.rmq5.server import V2Port
+    from broker.rmq5.service import V2Config
+
+    v2cfg = V2Config(cfg.brokerName, cfg.brokerIP1, cfg.grpcServerPort, cfg.maxMessageSize)
+    return V2Port(node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs)
+
+
+class _Port(Protocol):
+    def bind(self) -> None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
 
 
 class _LazyLog:
@@ -72,15 +91,24 @@ class _LazyLog:
 
 
 async def _serve(
-    node: DLedgerNode, sm: BrokerStateMachine, registrar: BrokerRegistrar | None = None
+    node: DLedgerNode,
+    sm: BrokerStateMachine,
+    registrar: BrokerRegistrar | None = None,
+    v2_port: _Port | None = None,
 ) -> None:
+    if v2_port is not None:
+        v2_port.bind()
     await node.start()
+    if v2_port is not None:
+        await v2_port.start()
     if registrar is not None:
         registrar.start()
 
     async def stop() -> None:
         if registrar is not None:
             await registrar.stop()  # unregister first: routes drop this node at once
+        if v2_port is not None:
+            await v2_port.stop()
         await node.stop()
         sm.close()  # the node applies nothing after stop(): final snapshot
 
@@ -134,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"mqbroker: {exc}", file=sys.stderr)
         return 2
-    node, sm = build(cfg)
+    node, sm, servicer = build(cfg)
+    try:
+        v2_port = rmq5_port(cfg, node, servicer)
+    except ImportError as exc:
+        print(f"mqbroker: cannot serve grpcServerPort: {exc}", file=sys.stderr)
+        return 2
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
     tune_gc()
     profiler = None
@@ -149,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = Profiler(interval=0.001, async_mode="disabled")
         profiler.start()
     try:
-        asyncio.run(_serve(node, sm, registrar))
+        asyncio.run(_serve(node, sm, registrar, v2_port))
     except StartError as exc:
         print(f"mqbroker: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -42,6 +42,9 @@ STATE_FILE = "cluster.json"
 CLIENT_PORT_BASE = 10911
 CLIENT_PORT_STEP = 10
 PEER_PORT_BASE = 40911
+# RocketMQ 5 clients (grpcServerPort, docs/RMQ5.md): node i on 8081 + i (8081 is the RocketMQ 5
+# proxy's default port).
+GRPC_PORT_BASE = 8081
 # The NameServer's port (RocketMQ's 9876) unless --auto-ports.
 NAMESRV_PORT = 9876
 NAMESRV_ID = "namesrv"
@@ -74,10 +77,16 @@ class NodeInfo:
     conf: str
     log: str
     pid_file: str
+    # The RocketMQ 5 port (grpcServerPort, docs/RMQ5.md); 0 in a cluster.json written before it.
+    grpc_port: int = 0
 
     @property
     def client_addr(self) -> str:
         return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def grpc_addr(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,16 +207,18 @@ class LocalCluster:
         self.namesrv = None
         ids = [f"n{i}" for i in range(nodes)]
         if auto_ports:
-            free = _free_ports(2 * nodes + 1)
-            client_ports, peer_ports, namesrv_port = free[:nodes], free[nodes:-1], free[-1]
+            free = _free_ports(3 * nodes + 1)
+            client_ports, peer_ports = free[:nodes], free[nodes : 2 * nodes]
+            grpc_ports, namesrv_port = free[2 * nodes : 3 * nodes], free[-1]
         else:
             client_ports = [CLIENT_PORT_BASE + CLIENT_PORT_STEP * i for i in range(nodes)]
             peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
+            grpc_ports = [GRPC_PORT_BASE + i for i in range(nodes)]
             namesrv_port = NAMESRV_PORT
         if namesrv:
             self.namesrv = self._write_namesrv_conf(namesrv_port, namesrv_conf or {})
         self.group = group
-        self._write_node_confs(ids, client_ports, peer_ports, extra or {})
+        self._write_node_confs(ids, client_ports, peer_ports, grpc_ports, extra or {})
         self._save_state()
 
     def _write_namesrv_conf(self, port: int, conf: dict[str, str]) -> NameSrvInfo:
@@ -225,6 +236,7 @@ class LocalCluster:
         ids: list[str],
         client_ports: list[int],
         peer_ports: list[int],
+        grpc_ports: list[int],
         extra: dict[str, str],
     ) -> None:
         """One broker.conf per node of ``self.group``, pointing at the NameServer if any."""
@@ -234,7 +246,9 @@ class LocalCluster:
             f"{i}-127.0.0.1:{p}" for i, p in zip(ids, client_ports, strict=True)
         )
         self.nodes = []
-        for node_id, cport, pport in zip(ids, client_ports, peer_ports, strict=True):
+        for node_id, cport, pport, gport in zip(
+            ids, client_ports, peer_ports, grpc_ports, strict=True
+        ):
             conf = self.base / f"{node_id}.conf"
             values: dict[str, object] = {
                 "brokerClusterName": "DefaultCluster",
@@ -245,11 +259,13 @@ class LocalCluster:
                 "dLegerPeerClientAddrs": client_addrs,
                 "dLegerSelfId": node_id,
                 "listenPort": cport,
+                "grpcServerPort": gport,
                 "storePathRootDir": str(self.base / node_id),
             }
             if self.namesrv is not None:
                 values["namesrvAddr"] = self.namesrv.addr
             values.update(extra)
+            gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
             conf.write_text(render_config(values))
             self.nodes.append(
                 NodeInfo(
@@ -259,6 +275,7 @@ class LocalCluster:
                     str(conf),
                     str(self.base / f"{node_id}.log"),
                     str(self.base / f"{node_id}.pid"),
+                    gport,
                 )
             )
 
@@ -447,6 +464,7 @@ class LocalCluster:
                     "last": "-",
                     "client": n.client_port,
                     "peer": n.peer_port,
+                    "rmq5": n.grpc_port or "-",
                 }
                 if pid is not None:
                     try:
@@ -472,6 +490,14 @@ def namesrv_line(cluster: LocalCluster) -> str:
     pid = cluster.namesrv_pid()
     state = f"pid {pid}" if pid is not None else "DOWN"
     return f"namesrv: {cluster.namesrv.addr} {state}; log {cluster.namesrv.log}"
+
+
+def rmq5_line(cluster: LocalCluster) -> str:
+    """The endpoints a RocketMQ 5 client is given (docs/RMQ5.md)."""
+    ports = [n.grpc_addr for n in cluster.nodes if n.grpc_port]
+    if not ports:
+        return "rmq5: not served (grpcServerPort=0)"
+    return f"rmq5 (RocketMQ 5 clients, grpcServerPort): endpoints {';'.join(ports)}"
 
 
 def format_table(rows: list[dict[str, object]]) -> str:
@@ -550,12 +576,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"group {cluster.group}: leader {leader}; logs and data in {cluster.base}")
             print(format_table(cluster.status_rows()))
             print(namesrv_line(cluster))
+            print(rmq5_line(cluster))
         elif ns.cmd == "status":
             if not cluster.nodes:
                 raise ClusterError(f"no cluster in {cluster.base}; run 'mqcluster up'")
             rows = cluster.status_rows()
             print(format_table(rows))
             print(namesrv_line(cluster))
+            print(rmq5_line(cluster))
             return 0 if any(r["role"] == "LEADER" for r in rows) else 1
         elif ns.cmd == "kill":
             sig = signal.Signals[f"SIG{ns.signal}"]

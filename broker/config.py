@@ -129,6 +129,11 @@ def parse_peers(text: str) -> tuple[Peer, ...]:
     return tuple(peers)
 
 
+def _parse_optional_port(text: str) -> int:
+    """A port, or 0 (off)."""
+    return 0 if text.strip() == "0" else parse_port(text)
+
+
 def _parse_peer_client_addrs(text: str) -> tuple[Peer, ...]:
     """``dLegerPeers``' format, or empty."""
     return parse_peers(text) if text.strip() else ()
@@ -156,6 +161,13 @@ KEYS: Mapping[str, _Key] = {
         "(default: none, redirects name the leader's id only)",
     ),
     "listenPort": _Key(parse_port, "10911", "client gRPC port"),
+    # RocketMQ's proxy key: the port of the RocketMQ 5 protocol (docs/RMQ5.md); mqcluster gives
+    # the first node 8081 (the proxy's default), the next ones the following ports.
+    "grpcServerPort": _Key(
+        _parse_optional_port,
+        "0",
+        "apache.rocketmq.v2 (RocketMQ 5 clients) gRPC port; 0: not served",
+    ),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
     "flushDiskType": _Key(_parse_flush, "SYNC_FLUSH", "SYNC_FLUSH or ASYNC_FLUSH"),
@@ -247,6 +259,7 @@ class BrokerConfig:
     dLegerSelfId: str
     dLegerPeerClientAddrs: tuple[Peer, ...]
     listenPort: int
+    grpcServerPort: int
     brokerIP1: str
     storePathRootDir: str
     flushDiskType: FlushDiskType
@@ -289,6 +302,11 @@ class BrokerConfig:
     def client_addr(self) -> str:
         """The address clients are told to use (a proxy's, when advertisedClientAddr is set)."""
         return self.advertisedClientAddr or f"{self.brokerIP1}:{self.listenPort}"
+
+    @property
+    def rmq5_addr(self) -> str:
+        """The RocketMQ 5 port's address (registered with NameServers); "" when not served."""
+        return f"{self.brokerIP1}:{self.grpcServerPort}" if self.grpcServerPort else ""
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:
@@ -342,6 +360,10 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         )
     if values["listenPort"] in {p.port for p in values["dLegerPeers"]}:
         raise ConfigError(f"{path}: key 'listenPort': {values['listenPort']} is a peer port")
+    if values["grpcServerPort"] in {values["listenPort"], *(p.port for p in values["dLegerPeers"])}:
+        raise ConfigError(
+            f"{path}: key 'grpcServerPort': {values['grpcServerPort']} is the client or a peer port"
+        )
     tick = values["raftTickMs"]
     if values["raftHeartbeatIntervalMs"] < tick:
         raise ConfigError(f"{path}: key 'raftHeartbeatIntervalMs' must be >= raftTickMs ({tick})")

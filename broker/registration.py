@@ -100,10 +100,12 @@ class BrokerRegistrar:
                     read_queue_nums=t.read_queue_nums,
                     write_queue_nums=t.write_queue_nums,
                     perm=t.perm,
+                    message_type=t.message_type,
                 )
                 for _, t in sorted(sm.topics.items())
             ],
             heartbeat_period_ms=self.cfg.registerBrokerPeriod,
+            rmq5_addr=self.cfg.rmq5_addr,
         )
 
     def start(self) -> None:

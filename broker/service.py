@@ -290,7 +290,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.CreateTopicResponse:
         t = request.topic
         topic = await self.topics.upsert(
-            t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm
+            t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm, t.message_type
         )
         return pb.CreateTopicResponse(topic=_topic_pb(topic))
 
@@ -366,4 +366,5 @@ def _topic_pb(t: TopicConfig) -> pb.TopicConfig:
         read_queue_nums=t.read_queue_nums,
         write_queue_nums=t.write_queue_nums,
         perm=t.perm,
+        message_type=t.message_type,
     )

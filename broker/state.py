@@ -129,6 +129,11 @@ SNAPSHOT_FILE = "snapshot.json"
 SNAPSHOT_VERSION = 2
 
 _TOPIC_RECORD = struct.Struct(">BBiii")  # version, op, read, write, perm (then u8 len + name)
+# RocketMQ 5's topic attribute ``message.type``: the message types a topic takes, which RocketMQ
+# 5 clients read from its route (docs/RMQ5.md). MIXED (RocketMQ's default) takes every type.
+# The index is the byte a topic record carries after its name (no byte: MIXED).
+TOPIC_MESSAGE_TYPES = ("MIXED", "NORMAL", "FIFO", "DELAY", "TRANSACTION")
+DEFAULT_TOPIC_MESSAGE_TYPE = "MIXED"
 _OFFSETS_HEAD = struct.Struct(">BI")  # version, number of (group, topic) runs
 _OFFSET_ITEM = struct.Struct(">iq")  # queue id, offset
 _U8 = struct.Struct(">B")
@@ -152,11 +157,13 @@ class TopicConfig:
     read_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
     write_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
     perm: int = PERM_RW
+    message_type: str = DEFAULT_TOPIC_MESSAGE_TYPE
 
     def validate(self) -> None:
         """The API's rules, also applied to every topic record on apply and to every topic
         of a snapshot on load: a valid name, 1 to :data:`MAX_QUEUE_NUMS` read and write
-        queues, a perm of RocketMQ's three bits."""
+        queues, a perm of RocketMQ's three bits, a message type of
+        :data:`TOPIC_MESSAGE_TYPES`."""
         validate_topic_name(self.name)
         for what, n in (("read", self.read_queue_nums), ("write", self.write_queue_nums)):
             if not _is_int(n) or not 1 <= n <= MAX_QUEUE_NUMS:
@@ -165,6 +172,10 @@ class TopicConfig:
                 )
         if not _is_int(self.perm) or not 0 <= self.perm <= PERM_READ | PERM_WRITE | PERM_INHERIT:
             raise InvalidRequestError(f"perm {self.perm!r:.24} is outside [0, 7]")
+        if self.message_type not in TOPIC_MESSAGE_TYPES:
+            raise InvalidRequestError(
+                f"message type {self.message_type!r:.24} is not one of {TOPIC_MESSAGE_TYPES}"
+            )
 
 
 def _is_int(value: object) -> bool:
@@ -229,13 +240,17 @@ class CommitLog(Protocol):
 
 
 def encode_topic_record(op: int, topic: TopicConfig) -> bytes:
+    """The record; a message type other than MIXED as one byte after the name (a MIXED
+    topic's record is the same bytes as before the attribute existed)."""
     name = topic.name.encode("ascii")
+    kind = topic.message_type
     return (
         _TOPIC_RECORD.pack(
             CONTROL_VERSION, op, topic.read_queue_nums, topic.write_queue_nums, topic.perm
         )
         + _U8.pack(len(name))
         + name
+        + (b"" if kind == DEFAULT_TOPIC_MESSAGE_TYPE else _U8.pack(TOPIC_MESSAGE_TYPES.index(kind)))
     )
 
 
@@ -247,13 +262,31 @@ def decode_topic_record(body: bytes) -> tuple[int, TopicConfig]:
     start = _TOPIC_RECORD.size + 1
     if version != CONTROL_VERSION or op not in (TOPIC_UPSERT, TOPIC_CREATE_IF_ABSENT, TOPIC_DELETE):
         raise CorruptMessageError(f"topic record version {version} op {op}", 0)
-    if len(body) != start + n:
+    if len(body) not in (start + n, start + n + 1):
         raise CorruptMessageError("topic record size mismatch", 0)
+    kind = DEFAULT_TOPIC_MESSAGE_TYPE
+    if len(body) == start + n + 1:
+        if body[-1] >= len(TOPIC_MESSAGE_TYPES):
+            raise CorruptMessageError(f"topic record message type {body[-1]}", start + n)
+        kind = TOPIC_MESSAGE_TYPES[body[-1]]
     try:
-        name = body[start:].decode("ascii")
+        name = body[start : start + n].decode("ascii")
     except UnicodeDecodeError:
         raise CorruptMessageError("topic record name is not ASCII", start) from None
-    return op, TopicConfig(name, read, write, perm)
+    return op, TopicConfig(name, read, write, perm, kind)
+
+
+def _topic_row(t: TopicConfig) -> list[int | str]:
+    """A topic in the snapshot: ``[read, write, perm]``, then the message type unless MIXED."""
+    row: list[int | str] = [t.read_queue_nums, t.write_queue_nums, t.perm]
+    return row if t.message_type == DEFAULT_TOPIC_MESSAGE_TYPE else [*row, t.message_type]
+
+
+def _topic_of_row(name: str, row: Sequence[Any]) -> TopicConfig:
+    if not 3 <= len(row) <= 4:
+        raise ValueError(f"topic row of {len(row)} items")
+    kind = str(row[3]) if len(row) == 4 else DEFAULT_TOPIC_MESSAGE_TYPE
+    return TopicConfig(name, int(row[0]), int(row[1]), int(row[2]), kind)
 
 
 def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicConfig]) -> None:
@@ -758,10 +791,7 @@ class BrokerStateMachine:
             "index_max_position": c.index_max_position,
             "latest_store_timestamp_ms": c.latest_store_ts,
             "queues": c.queues,
-            "topics": {
-                name: [t.read_queue_nums, t.write_queue_nums, t.perm]
-                for name, t in sorted(c.topics.items())
-            },
+            "topics": {name: _topic_row(t) for name, t in sorted(c.topics.items())},
             "offsets": offsets,
             "dedup": encode_dedup(c.dedup),
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
@@ -795,11 +825,11 @@ class BrokerStateMachine:
         # NameServer, nor stop it from starting).
         self.topics = {}
         bad_topics: list[str] = []
-        for name, (r, w, p) in data["topics"].items():
-            topic = TopicConfig(str(name), int(r), int(w), int(p))
+        for name, row in data["topics"].items():
             try:
+                topic = _topic_of_row(str(name), row)
                 check_topic_record(TOPIC_UPSERT, topic, self.topics)
-            except BrokerError:
+            except (BrokerError, TypeError, ValueError):
                 bad_topics.append(str(name))
                 continue
             self.topics[topic.name] = topic

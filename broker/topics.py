@@ -18,6 +18,7 @@ from broker.errors import (
 from broker.message import validate_topic
 from broker.names import is_system_topic, is_valid_topic_name
 from broker.state import (
+    DEFAULT_TOPIC_MESSAGE_TYPE,
     ENTRY_TOPIC,
     PERM_READ,
     PERM_RW,
@@ -103,13 +104,24 @@ class Topics:
         return self.ctx.sm.topics[name]
 
     async def upsert(
-        self, name: str, read_queue_nums: int, write_queue_nums: int, perm: int
+        self,
+        name: str,
+        read_queue_nums: int,
+        write_queue_nums: int,
+        perm: int,
+        message_type: str = "",
     ) -> TopicConfig:
-        """Create or update a topic (zero queue counts and perm: the defaults); the leader
-        only, never a system topic. The topic as applied."""
+        """Create or update a topic (zero queue counts and perm, empty message type: the
+        defaults); the leader only, never a system topic. The topic as applied."""
         require_leader(self.ctx.node)
         n = self.ctx.cfg.default_topic_queue_nums
-        topic = TopicConfig(name, read_queue_nums or n, write_queue_nums or n, perm or PERM_RW)
+        topic = TopicConfig(
+            name,
+            read_queue_nums or n,
+            write_queue_nums or n,
+            perm or PERM_RW,
+            message_type or DEFAULT_TOPIC_MESSAGE_TYPE,
+        )
         topic.validate()
         _refuse_system_topic(topic.name, "created or updated")
         await self.ctx.node.propose([encode_topic_record(TOPIC_UPSERT, topic)], ENTRY_TOPIC)

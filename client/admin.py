@@ -117,9 +117,11 @@ class MQAdmin:
         read_queues: int | None = None,
         write_queues: int | None = None,
         perm: int = PERM_READ_WRITE,
+        message_type: str = "",
     ) -> list[str]:
         """Create (or update) ``topic`` with ``queues`` read and write queues (or
-        ``read_queues`` / ``write_queues``) and ``perm`` on every group of ``cluster`` (every
+        ``read_queues`` / ``write_queues``), ``perm`` and ``message_type`` (RocketMQ 5's
+        ``message.type`` attribute; "": MIXED) on every group of ``cluster`` (every
         cluster when empty); returns the broker group names once every group routes it.
         Raises ``MQClientError`` on a broker's refusal or at the timeout."""
         deadline = time.monotonic() + timeout_s
@@ -143,6 +145,7 @@ class MQAdmin:
                                         queues if write_queues is None else write_queues
                                     ),
                                     perm=perm,
+                                    message_type=message_type,
                                 )
                             ),
                             timeout=max(deadline - time.monotonic(), POLL_S),

@@ -140,6 +140,20 @@ class QueueFilter:
 # -- commands ------------------------------------------------------------------------------
 
 
+# RocketMQ 5's values of the topic attribute message.type (the broker checks them too).
+MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+
+
+def _message_type_attribute(text: str) -> str:
+    """``+message.type=FIFO`` (RocketMQ 5's updateTopic -a syntax) -> ``FIFO``."""
+    key, sep, value = text.strip().partition("=")
+    if key != "+message.type" or not sep or value not in MESSAGE_TYPES:
+        raise argparse.ArgumentTypeError(
+            f"expected +message.type=<{'|'.join(MESSAGE_TYPES)}>, got {text[:80]!r}"
+        )
+    return value
+
+
 def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     if args.cluster:
         names = [c.name for c in admin.cluster_info().clusters]
@@ -153,6 +167,7 @@ def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
         read_queues=args.read_queues,
         write_queues=args.write_queues,
         perm=args.perm,
+        message_type=args.message_type or "",
     )
     out.table(
         [
@@ -162,6 +177,7 @@ def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
                 "read_queues": args.read_queues,
                 "write_queues": args.write_queues,
                 "perm": args.perm,
+                "message_type": args.message_type or "MIXED",
             }
             for g in groups
         ]
@@ -441,6 +457,15 @@ def _topic_commands(cli: CommandLine) -> None:
         "-w", "--write-queues", "--writeQueueNums", dest="write_queues", type=int, default=8
     )
     p.add_argument("-p", "--perm", type=int, default=6, choices=(2, 4, 6), help="2 W, 4 R, 6 RW")
+    p.add_argument(
+        "-a",
+        "--attributes",
+        dest="message_type",
+        type=_message_type_attribute,
+        default=None,
+        help="RocketMQ 5's attribute +message.type=NORMAL|FIFO|DELAY|TRANSACTION|MIXED "
+        "(default MIXED: every type; docs/RMQ5.md)",
+    )
 
     p = add("deleteTopic", cmd_delete_topic, "delete a topic on every broker group serving it")
     topic(p)

@@ -74,12 +74,17 @@ class TooManyTopicsError(NameServerError):
     code = "TOO_MANY_TOPICS"
 
 
+# RocketMQ 5's topic attribute message.type ("" = MIXED, as from a broker predating it).
+MESSAGE_TYPES = frozenset({"", "MIXED", "NORMAL", "FIFO", "DELAY", "TRANSACTION"})
+
+
 @dataclass(frozen=True, slots=True)
 class TopicRoute:
     name: str
     read_queue_nums: int
     write_queue_nums: int
     perm: int
+    message_type: str = ""
 
 
 NodeKey = tuple[str, str, str]  # cluster, broker group name, node id
@@ -95,6 +100,7 @@ class Registration:
     term: int
     topics: tuple[TopicRoute, ...]
     heartbeat_period_ms: int = 0
+    rmq5_addr: str = ""  # the RocketMQ 5 port, "" when not served
 
     @property
     def key(self) -> NodeKey:
@@ -141,7 +147,7 @@ def check_name(what: str, value: str) -> None:
         )
 
 
-def _check_addr(addr: str) -> None:
+def _check_addr(addr: str, what: str = "client_addr") -> None:
     host, sep, port = addr.rpartition(":")
     if (
         not sep
@@ -152,7 +158,7 @@ def _check_addr(addr: str) -> None:
         or not 1 <= int(port) <= 65535
     ):
         raise InvalidRequestError(
-            f"client_addr {show(addr)} is not host:port (host 1-{MAX_HOST_LEN} characters)"
+            f"{what} {show(addr)} is not host:port (host 1-{MAX_HOST_LEN} characters)"
         )
 
 
@@ -165,6 +171,8 @@ def validate(reg: Registration) -> dict[str, TopicRoute]:
     if reg.role not in ROLES:
         raise InvalidRequestError(f"role {show(reg.role)} is not one of {sorted(ROLES)}")
     _check_addr(reg.client_addr)
+    if reg.rmq5_addr:
+        _check_addr(reg.rmq5_addr, "rmq5_addr")
     if reg.term < 0:
         raise InvalidRequestError(f"term {reg.term} must be >= 0")
     if not 0 <= reg.heartbeat_period_ms <= MAX_HEARTBEAT_PERIOD_MS:
@@ -182,6 +190,11 @@ def validate(reg: Registration) -> dict[str, TopicRoute]:
             raise InvalidRequestError(f"topic {t.name}: queue nums outside [0, {MAX_QUEUE_NUMS}]")
         if not 0 <= t.perm <= MAX_PERM:
             raise InvalidRequestError(f"topic {t.name}: perm {t.perm} outside [0, {MAX_PERM}]")
+        if t.message_type not in MESSAGE_TYPES:
+            raise InvalidRequestError(
+                f"topic {t.name}: message type {show(t.message_type)} is not one of "
+                f"{sorted(MESSAGE_TYPES)}"
+            )
         if by_name.setdefault(t.name, t) is not t:
             raise InvalidRequestError(f"topic {t.name} is listed twice")
     return by_name

@@ -124,10 +124,11 @@ def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:
         client_addr=req.client_addr,
         term=req.term,
         topics=tuple(
-            TopicRoute(t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm)
+            TopicRoute(t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm, t.message_type)
             for t in req.topics
         ),
         heartbeat_period_ms=req.heartbeat_period_ms,
+        rmq5_addr=req.rmq5_addr,
     )
 
 
@@ -168,6 +169,12 @@ class NameServerServicer(pb_grpc.NameServerServicer):
                     leader_term=g.leader.term if g.leader else 0,
                     followers=[
                         pb.NodeAddr(node_id=f.node_id, addr=f.client_addr) for f in g.followers
+                    ],
+                    message_type=g.topic.message_type,
+                    rmq5_addrs=[
+                        r.rmq5_addr
+                        for r in (g.leader, *g.followers)
+                        if r is not None and r.rmq5_addr
                     ],
                 )
             )

@@ -25,14 +25,17 @@ def proto_files() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Write stubs for every proto into ``out_dir``; return the files written (relative)."""
+def generate(
+    out_dir: Path, proto_dir: Path = PROTO_DIR, protos: list[Path] | None = None
+) -> list[Path]:
+    """Write stubs for ``protos`` (default: every proto under ``protos/``), found under
+    ``proto_dir``, into ``out_dir``; return the files written (relative)."""
     from grpc_tools import protoc  # imported here: only the generator needs grpcio-tools
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    protos = proto_files()
+    protos = proto_files() if protos is None else protos
     if not protos:
-        raise SystemExit("generate: no .proto files under protos/")
+        raise SystemExit(f"generate: no .proto files under {proto_dir}")
     include = Path(protoc.__file__).parent / "_proto"
     # mypy-protobuf's plugin types the gRPC stubs (protoc's own --pyi_out covers only messages).
     plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
@@ -40,7 +43,7 @@ def generate(out_dir: Path) -> list[Path]:
         raise SystemExit(f"generate: {plugin} missing: install the test extras (mypy-protobuf)")
     args = [
         "protoc",
-        f"-I{PROTO_DIR}",
+        f"-I{proto_dir}",
         f"-I{include}",
         f"--plugin=protoc-gen-mypy_grpc={plugin}",
         f"--python_out={out_dir}",

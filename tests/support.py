@@ -103,7 +103,12 @@ def create_topic_on(
 
 def pull_ids(addr: str, topic: str, queue_id: int) -> list[str]:
     """The msg ids of every message in one queue, as the node at ``addr`` serves them."""
-    ids: list[str] = []
+    return [m.msg_id for m in pull_all(addr, topic, queue_id)]
+
+
+def pull_all(addr: str, topic: str, queue_id: int) -> list[MessageExt]:
+    """Every message in one queue, as the node at ``addr`` serves them."""
+    out: list[MessageExt] = []
     with grpc.insecure_channel(addr) as ch:
         stub = bpb_grpc.BrokerStub(ch)
         offset = 0
@@ -120,7 +125,7 @@ def pull_ids(addr: str, topic: str, queue_id: int) -> list[str]:
                 timeout=10,
             )
             messages = pulled(resp)
-            ids += [m.msg_id for m in messages]
+            out += messages
             if not messages:
-                return ids
+                return out
             offset = resp.next_begin_offset

@@ -2,7 +2,8 @@
 NameServer, then checks that nothing gave way.
 
 - ``test_fuzz_client_and_nameserver_rpcs``: every unary RPC of ``raftmq.broker.v1.Broker``,
-  ``raftmq.dledger.v1.DLedgerClient`` and ``raftmq.nameserver.v1.NameServer`` with messages
+  ``raftmq.dledger.v1.DLedgerClient``, ``raftmq.nameserver.v1.NameServer`` and RocketMQ 5's
+  ``apache.rocketmq.v2.MessagingService`` (on every node's ``grpcServerPort``) with messages
   built by hypothesis from the descriptors (tests/fuzz_support.py: boundary integers, path-like
   and system names, unicode, 1 MiB strings, thousands of repeated elements), the known hostile
   requests of issue 16, and raw bytes that do not decode;
@@ -48,6 +49,7 @@ from fuzz_support import (
     PEER_ALLOWED,
     RAW_BYTES,
     SC,
+    V2_RPCS,
     Findings,
     Rpc,
     call_peer_stream,
@@ -118,6 +120,8 @@ class Target:
             n.node_id: grpc.insecure_channel(f"127.0.0.1:{n.peer_port}") for n in cluster.nodes
         }
         self.ns_channel = grpc.insecure_channel(cluster.namesrv.addr)
+        # RocketMQ 5's port of every node (apache.rocketmq.v2, docs/RMQ5.md).
+        self.v2_channels = {n.node_id: grpc.insecure_channel(n.grpc_addr) for n in cluster.nodes}
         self.pids = self._pids()
         assert len(self.pids) == len(cluster.nodes) + 1, self.pids
         self.recent: list[str] = []  # the last requests, named when a process is found dead
@@ -131,7 +135,8 @@ class Target:
         return {k: v for k, v in pids.items() if v is not None}
 
     def close(self) -> None:
-        for ch in [*self.channels.values(), *self.peer_channels.values(), self.ns_channel]:
+        channels = [*self.channels.values(), *self.peer_channels.values(), self.ns_channel]
+        for ch in [*channels, *self.v2_channels.values()]:
             ch.close()
 
     def rss_mib(self) -> dict[str, float]:
@@ -440,6 +445,8 @@ def _known_hostile(victim: Path) -> list[tuple[Rpc, Any]]:
 
 
 def _channel_for(t: Target, rpc: Rpc, node: str) -> grpc.Channel:
+    if rpc.service.startswith("apache.rocketmq.v2."):
+        return t.v2_channels[node]
     return t.ns_channel if rpc.service.endswith("NameServer") else t.channels[node]
 
 
@@ -470,7 +477,7 @@ def test_fuzz_client_and_nameserver_rpcs(target: Target, tmp_path: Path) -> None
         one(rpc, request, t.cluster.wait_leader(LEADER_WAIT_S), follow_leader=True)
     t.check_alive()
 
-    all_rpcs = [*BROKER_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS]
+    all_rpcs = [*BROKER_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS, *V2_RPCS]
 
     @st.composite
     def cases(draw: st.DrawFn) -> tuple[Rpc, Any, str]:

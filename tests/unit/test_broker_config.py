@@ -113,3 +113,11 @@ def test_render_round_trips(tmp_path: Path) -> None:
     assert load_config(path).listenPort == 3
     with pytest.raises(ConfigError):
         render_config({"nope": 1})
+
+
+def test_grpc_server_port_is_off_by_default_and_must_not_reuse_a_port() -> None:
+    assert parse_config(GOOD).grpcServerPort == 0
+    assert parse_config(GOOD + "grpcServerPort=8081\n").grpcServerPort == 8081
+    for clash in ("10921", "40913", "70000", "-1"):
+        with pytest.raises(ConfigError, match="grpcServerPort"):
+            parse_config(GOOD + f"grpcServerPort={clash}\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-from broker.errors import CorruptMessageError
+from broker.errors import CorruptMessageError, InvalidRequestError
 from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
 from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
 from broker.state import (
@@ -364,4 +364,29 @@ def test_snapshot_survives_short_writes(tmp_path: Path, monkeypatch: pytest.Monk
     assert snapshot["applied_index"] == len(log.entries)
     again = new_sm(tmp_path, log)
     assert again.applied_index() == len(log.entries)
+    again.close()
+
+
+def test_topic_message_type_is_replicated_and_survives_a_snapshot(tmp_path: Path) -> None:
+    """RocketMQ 5's message.type attribute: one byte after the name unless MIXED (whose record
+    is byte for byte the one from before the attribute), kept in the snapshot."""
+    mixed = encode_topic_record(TOPIC_UPSERT, TopicConfig("T", 4, 4, 6))
+    assert mixed.endswith(b"\x01T")
+    fifo = TopicConfig("F", 2, 2, 6, "FIFO")
+    assert decode_topic_record(encode_topic_record(TOPIC_UPSERT, fifo)) == (TOPIC_UPSERT, fifo)
+    with pytest.raises(CorruptMessageError):
+        decode_topic_record(mixed + b"\x05")  # no such type
+    with pytest.raises(InvalidRequestError):
+        TopicConfig("X", 1, 1, 6, "ORDERED").validate()
+    log = MemoryLog()
+    sm = new_sm(tmp_path, log)
+    sm.applied_index()
+    log.add(encode_topic_record(TOPIC_UPSERT, fifo), ENTRY_TOPIC)
+    log.add(mixed, ENTRY_TOPIC)
+    sm.apply(log.entries)
+    assert sm.topics["F"].message_type == "FIFO" and sm.topics["T"].message_type == "MIXED"
+    sm.close()
+    again = new_sm(tmp_path, log)
+    assert again.applied_index() == 2
+    assert again.topics == {"F": fifo, "T": TopicConfig("T", 4, 4, 6)}
     again.close()

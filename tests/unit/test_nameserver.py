@@ -152,6 +152,9 @@ def test_unregister(table: RouteTable) -> None:
         ({"topics": (TopicRoute("bad topic", 1, 1, 6),)}, "topic"),
         ({"topics": (TopicRoute("t", 2000, 1, 6),)}, "queue nums"),
         ({"topics": (TopicRoute("t", 1, 1, 9),)}, "perm"),
+        ({"topics": (TopicRoute("t", 1, 1, 6, "ORDERED"),)}, "message type"),
+        ({"rmq5_addr": "no-port"}, "rmq5_addr"),
+        ({"rmq5_addr": "h o st:8081"}, "rmq5_addr"),
     ],
 )
 def test_bad_registration_names_the_field(
@@ -163,6 +166,18 @@ def test_bad_registration_names_the_field(
     with pytest.raises(InvalidRequestError, match=field):
         table.register(bad)
     assert len(table) == 0
+
+
+def test_routes_carry_the_rmq5_addresses_and_message_type(table: RouteTable) -> None:
+    import dataclasses
+
+    fifo = (TopicRoute("orders", 4, 4, 6, "FIFO"),)
+    table.register(dataclasses.replace(reg("n0", "LEADER", 2, fifo), rmq5_addr="127.0.0.1:8081"))
+    table.register(dataclasses.replace(reg("n1", "FOLLOWER", 2, fifo), rmq5_addr="127.0.0.1:8082"))
+    [route] = table.route("orders")
+    assert route.topic.message_type == "FIFO"
+    assert route.leader is not None and route.leader.rmq5_addr == "127.0.0.1:8081"
+    assert [f.rmq5_addr for f in route.followers] == ["127.0.0.1:8082"]
 
 
 def test_node_limit(clock: Clock) -> None:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,3 +49,26 @@ def test_stubs_import_and_round_trip() -> None:
     )
     back = dledger_pb2.AppendRequest.FromString(req.SerializeToString())
     assert back.entries[0].body == b"x" and back.prev_log_index == 7
+
+
+def _rmq5_deps() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "raftmq_rmq5_deps", ROOT / "protos" / "rmq5_deps.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_rmq5_lockfile_pins_the_client_and_a_swapped_one_is_refused(tmp_path: Path) -> None:
+    """protos/rmq5_deps.py checks the lockfile's rocketmq-client-nodejs against the version
+    and registry integrity it records before npm ci runs."""
+    deps = _rmq5_deps()
+    lock = ROOT / "protos" / "rmq5" / "package-lock.json"
+    deps.check_lockfile(lock)  # the committed one passes
+    swapped = tmp_path / "package-lock.json"
+    swapped.write_text(lock.read_text().replace(deps.NODE_INTEGRITY, "sha512-AAAA"))
+    with pytest.raises(deps.SetupError, match="integrity"):
+        deps.check_lockfile(swapped)

@@ -21,19 +21,21 @@ CANDIDATE: BrokerRole
 PRE_CANDIDATE: BrokerRole
 
 class TopicConfig(_message.Message):
-    __slots__ = ("topic_name", "read_queue_nums", "write_queue_nums", "perm")
+    __slots__ = ("topic_name", "read_queue_nums", "write_queue_nums", "perm", "message_type")
     TOPIC_NAME_FIELD_NUMBER: _ClassVar[int]
     READ_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
     WRITE_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
     PERM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic_name: str
     read_queue_nums: int
     write_queue_nums: int
     perm: int
-    def __init__(self, topic_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ...) -> None: ...
+    message_type: str
+    def __init__(self, topic_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "node_id", "role", "client_addr", "term", "topics", "heartbeat_period_ms")
+    __slots__ = ("cluster", "broker_name", "node_id", "role", "client_addr", "term", "topics", "heartbeat_period_ms", "rmq5_addr")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +44,7 @@ class RegisterBrokerRequest(_message.Message):
     TERM_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    RMQ5_ADDR_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     node_id: str
@@ -50,7 +53,8 @@ class RegisterBrokerRequest(_message.Message):
     term: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicConfig]
     heartbeat_period_ms: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ..., heartbeat_period_ms: _Optional[int] = ...) -> None: ...
+    rmq5_addr: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ..., heartbeat_period_ms: _Optional[int] = ..., rmq5_addr: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("broker_expired_time_ms",)
@@ -89,7 +93,7 @@ class NodeAddr(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ...) -> None: ...
 
 class GroupRoute(_message.Message):
-    __slots__ = ("cluster", "broker_name", "read_queue_nums", "write_queue_nums", "perm", "leader_id", "leader_addr", "leader_term", "followers")
+    __slots__ = ("cluster", "broker_name", "read_queue_nums", "write_queue_nums", "perm", "leader_id", "leader_addr", "leader_term", "followers", "message_type", "rmq5_addrs")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     READ_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +103,8 @@ class GroupRoute(_message.Message):
     LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RMQ5_ADDRS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     read_queue_nums: int
@@ -108,7 +114,9 @@ class GroupRoute(_message.Message):
     leader_addr: str
     leader_term: int
     followers: _containers.RepeatedCompositeFieldContainer[NodeAddr]
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_addr: _Optional[str] = ..., leader_term: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[NodeAddr, _Mapping]]] = ...) -> None: ...
+    message_type: str
+    rmq5_addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_addr: _Optional[str] = ..., leader_term: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[NodeAddr, _Mapping]]] = ..., message_type: _Optional[str] = ..., rmq5_addrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetRouteInfoByTopicResponse(_message.Message):
     __slots__ = ("topic", "groups")

@@ -1,0 +1,44 @@
+"""The one mapping from the error contract's stable codes (``broker.errors``, dledger's, and the
+front end's own) to ``apache.rocketmq.v2.Code`` names. RocketMQ 5 clients read errors from the
+body's ``Status``, never from the gRPC status, so every failure of the v2 front end passes here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+V2_CODE_BY_ERROR: Mapping[str, str] = {
+    "TOPIC_NOT_FOUND": "TOPIC_NOT_FOUND",
+    "INVALID_TOPIC": "ILLEGAL_TOPIC",
+    "MESSAGE_BODY_EMPTY": "MESSAGE_BODY_EMPTY",
+    "MESSAGE_TOO_LARGE": "MESSAGE_BODY_TOO_LARGE",
+    "PROPERTIES_TOO_LARGE": "MESSAGE_PROPERTIES_TOO_LARGE",
+    "INVALID_MESSAGE_ID": "ILLEGAL_MESSAGE_ID",
+    "INVALID_MESSAGE": "BAD_REQUEST",
+    "INVALID_REQUEST": "BAD_REQUEST",
+    "BAD_REQUEST": "BAD_REQUEST",
+    "QUEUE_ID_OUT_OF_RANGE": "BAD_REQUEST",
+    "NO_PERMISSION": "FORBIDDEN",
+    "SYSTEM_TOPIC": "FORBIDDEN",
+    "UNRECOGNIZED_CLIENT": "UNRECOGNIZED_CLIENT_TYPE",
+    # Full tables, a busy or full leader: the client backs off and retries.
+    "RESOURCE_EXHAUSTED": "TOO_MANY_REQUESTS",
+    "TOO_MANY_CLIENTS": "TOO_MANY_REQUESTS",
+    "BACK_PRESSURE": "TOO_MANY_REQUESTS",
+    "DISK_FULL": "TOO_MANY_REQUESTS",
+    # No leader within the forward budget, or the outcome of a proposal unknown.
+    "NOT_LEADER": "HA_NOT_AVAILABLE",
+    "NO_LEADER": "HA_NOT_AVAILABLE",
+    "TRANSFER_IN_PROGRESS": "HA_NOT_AVAILABLE",
+    "UNAVAILABLE": "HA_NOT_AVAILABLE",
+    "NO_QUORUM": "MASTER_PERSISTENCE_TIMEOUT",
+    "LEADERSHIP_LOST": "MASTER_PERSISTENCE_TIMEOUT",
+    "PROPOSAL_LOST": "MASTER_PERSISTENCE_TIMEOUT",
+    "ENTRY_TOO_LARGE": "PAYLOAD_TOO_LARGE",
+}
+
+
+def v2_code_name(error_code: str) -> str:
+    """The ``apache.rocketmq.v2.Code`` name of a stable error code (anything unknown is an
+    internal error)."""
+    return V2_CODE_BY_ERROR.get(error_code, "INTERNAL_ERROR")

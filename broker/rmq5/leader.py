@@ -1,0 +1,147 @@
+"""Leader-only work of the RocketMQ 5 front end, run here when this node leads and forwarded to
+the leader's ``raftmq.broker.v1`` port otherwise, so that a RocketMQ 5 client may talk to any
+node and never sees NOT_LEADER.
+
+The leader runs the one send path (:class:`broker.sending.SendPath`) either way: a forwarded
+send is a ``raftmq.broker.v1.SendMessage`` carrying the same messages with the same ids, so a
+forward retried after a lost answer is stored once (the send path's dedup). A failure comes
+back as a :class:`Failure`: the stable code of the one error contract (``broker.rpcerrors``
+for one raised here, the ``ErrorInfo`` of the leader's answer for a forwarded one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+
+from broker.applied import require_leader
+from broker.errors import BrokerError
+from broker.rpcerrors import error_failure
+from broker.sending import SendPath
+from dledger.core import Role
+from dledger.server.node import DLedgerNode
+from dledger.server.status import read_error
+
+# How long a send may look for a leader (an election, a forward to a leader that just lost its
+# role) before it is answered as failed: below the clients' default request timeout (3 s), so
+# the client gets a status, not a deadline.
+FORWARD_BUDGET_MS = 2500
+# Deadline of one forwarded call to the leader.
+FORWARD_CALL_TIMEOUT_S = 2.0
+# Pause before looking again for a leader (none known, or the one asked is no longer it).
+LEADER_RETRY_WAIT_S = 0.05
+# Codes worth another try within the budget: leadership moving, the leader busy or unreachable.
+RETRY_CODES = frozenset(
+    {"NOT_LEADER", "NO_LEADER", "TRANSFER_IN_PROGRESS", "BACK_PRESSURE", "UNAVAILABLE"}
+)
+
+
+class Failure(BrokerError):
+    """A leader-only call that failed: ``code`` is the error contract's stable code."""
+
+    def __init__(self, code: str, text: str, retryable: bool = False) -> None:
+        super().__init__(f"{code} {text}")
+        self.code = code
+        self.text = text
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One stored message of a send."""
+
+    uniq_id: str
+    queue_id: int
+    queue_offset: int
+    duplicate: bool
+
+
+class LeaderCalls:
+    """Sends on the leader of this node's group, wherever it is."""
+
+    def __init__(self, node: DLedgerNode, sender: SendPath) -> None:
+        self.node = node
+        self.sender = sender
+        # One channel per leader address; the addresses come from configuration (the group's
+        # members), never from clients, so this holds at most the group's size.
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+    async def send(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+        """Store ``messages`` in ``topic`` on the leader; one :class:`Stored` per message."""
+        deadline = time.monotonic() + FORWARD_BUDGET_MS / 1000
+        while True:
+            try:
+                if self.node.core.role is Role.LEADER:
+                    return await self._send_here(topic, messages)
+                return await self._forward(topic, messages)
+            except Failure as failure:
+                if failure.code not in RETRY_CODES or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(LEADER_RETRY_WAIT_S)
+
+    async def _send_here(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+        try:
+            require_leader(self.node)
+            results = await self.sender.send(topic, messages)
+        except Exception as exc:
+            f = error_failure(exc, self.node)
+            raise Failure(f.code, f.text, f.retryable) from exc
+        return [Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate) for r in results]
+
+    async def _forward(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+        leader_id, addr = self.node.leader_client_addr()
+        if not addr:
+            what = f"leader {leader_id} has no client address" if leader_id else "no leader yet"
+            raise Failure("NO_LEADER", what, retryable=True)
+        stub = pb_grpc.BrokerStub(self._channel(addr))
+        try:
+            resp = await stub.SendMessage(
+                pb.SendMessageRequest(topic=topic, messages=messages),
+                timeout=FORWARD_CALL_TIMEOUT_S,
+            )
+        except grpc.RpcError as exc:
+            raise _forward_failure(exc) from None
+        return [
+            Stored(uid, q, off, dup)
+            for uid, q, off, dup in zip(
+                resp.packed_msg_ids,
+                resp.packed_queue_ids,
+                resp.packed_queue_offsets,
+                resp.packed_duplicates,
+                strict=True,
+            )
+        ]
+
+    def _channel(self, addr: str) -> grpc.aio.Channel:
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = self._channels[addr] = grpc.aio.insecure_channel(addr)
+        return ch
+
+
+def _forward_failure(exc: grpc.RpcError) -> Failure:
+    info = read_error(exc)
+    if info is not None:
+        return Failure(info.code, _details(exc), info.retryable)
+    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Failure("UNAVAILABLE", f"leader unreachable: {_details(exc)}", retryable=True)
+    return Failure("INTERNAL", _details(exc))
+
+
+def _details(exc: grpc.RpcError) -> str:
+    return (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+
+
+__all__ = ["Failure", "LeaderCalls", "Stored"]

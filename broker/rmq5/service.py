@@ -1,0 +1,579 @@
+"""``apache.rocketmq.v2.MessagingService``: the RocketMQ 5 front end of one node.
+
+A thin adapter like :mod:`broker.service`: each RPC checks and converts the protocol's fields
+and calls the broker's components (topics from :class:`broker.topics.Topics`, sends through
+:class:`broker.rmq5.leader.LeaderCalls` onto :class:`broker.sending.SendPath`); the clients'
+Settings live in :class:`broker.rmq5.clients.ClientTable`. Every answer carries its outcome in
+the body's ``Status`` (OK = 20000), as RocketMQ 5 clients expect: a failure is never a bare gRPC
+error. What is served and what is not yet: docs/RMQ5.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from raftmq.broker.v1 import broker_pb2 as pb
+
+from broker.errors import BrokerError, TopicNotFoundError
+from broker.names import is_valid_group_name, is_valid_topic_name
+from broker.pulling import MAX_SUBSCRIPTION_CHARS
+from broker.rmq5 import stubs
+from broker.rmq5.clients import ClientTable
+from broker.rmq5.codes import v2_code_name
+from broker.rmq5.leader import Failure, LeaderCalls
+from broker.rmq5.routes import GroupTopic, NameServerRoutes
+from broker.rpcerrors import error_failure
+from broker.state import (
+    DEFAULT_TOPIC_MESSAGE_TYPE,
+    MAX_QUEUE_NUMS,
+    PERM_READ,
+    PERM_WRITE,
+    TopicConfig,
+)
+from broker.topics import Topics
+from dledger.server import rpcguard
+from msgcodec import (
+    PROPERTY_DELAY,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+)
+
+v2, v2_service, v2_grpc = stubs.load()
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
+# The v2 message id: version "01" and the 16 bytes of RocketMQ 5's id as 32 upper-case hex
+# characters. The 16 bytes are stored as the message's uniq id (docs/RMQ5.md, "Message ids").
+V2_ID = re.compile(r"01([0-9A-F]{32})")
+V2_ID_VERSION = "01"
+# Messages in one SendMessage: the clients send one (or a small batch); a batch is one entry.
+MAX_SEND_MESSAGES = 1024
+# Addresses in a client's Endpoints, and the characters of a host in one.
+MAX_ENDPOINT_ADDRESSES = 16
+MAX_HOST_CHARS = 255
+# Queues in one route answer: far above a real topic's (groups x queues), small enough for any
+# client's default receive limit.
+MAX_ROUTE_QUEUES = 8192
+# Topics of a producer's Settings, subscriptions of a consumer's: far above an application's.
+MAX_SETTINGS_TOPICS = 1024
+# Characters of each user-agent field (version, platform, hostname) a Settings may carry.
+MAX_UA_FIELD_CHARS = 255
+# Open Telemetry streams per node: one per client and node, far above a real deployment's.
+MAX_TELEMETRY_STREAMS = 10_000
+# Telemetry commands one stream may send: a client sends Settings once and again only after
+# a reconnect; the rest are answers to the server's commands (none are sent so far).
+MAX_COMMANDS_PER_STREAM = 10_000
+# Producers' retry policy: RocketMQ 5's defaults (3 attempts, backoff 10 ms doubling to 1 s).
+PRODUCER_MAX_ATTEMPTS = 3
+MAX_CLIENT_ATTEMPTS = 16
+BACKOFF_INITIAL_MS = 10
+BACKOFF_MAX_MS = 1000
+BACKOFF_MULTIPLIER = 2.0
+# The request timeout a client is told when it asks for none or a silly one (RocketMQ's 3 s).
+REQUEST_TIMEOUT_MS = 3000
+MAX_REQUEST_TIMEOUT_MS = 60_000
+# Consumers' receive settings (answered in Settings; receiving is not served yet).
+RECEIVE_BATCH_SIZE = 32
+LONG_POLLING_TIMEOUT_MS = 20_000
+CONSUMER_MAX_ATTEMPTS = 16
+# Properties raftmq itself reads or writes in a stored message: a client may not set them.
+RESERVED_PROPERTIES = frozenset(
+    {
+        PROPERTY_DELAY,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QID,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_DLQ_ORIGIN_TOPIC,
+    }
+)
+CLIENT_ID_HEADER = "x-mq-client-id"
+# Characters of a status message: for people reading a client's log, like the error contract's
+# details (dledger.server.status.MAX_DETAIL_BYTES) short whatever a request held.
+MAX_STATUS_TEXT_CHARS = 1024
+
+
+class V2Error(BrokerError):
+    """A request the front end refuses itself: ``code`` is an ``apache.rocketmq.v2.Code`` name."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(f"{code} {text}")
+        self.code = code
+        self.text = text
+
+
+@dataclass(frozen=True, slots=True)
+class V2Config:
+    """What the front end tells clients: its group (the route's broker name), its own v2
+    address, and the largest body the broker stores (``maxMessageSize``)."""
+
+    group: str
+    host: str
+    port: int
+    max_message_size_bytes: int
+
+
+def status(code: str = "OK", text: str = "OK") -> Any:
+    """A body status: ``code`` an ``apache.rocketmq.v2.Code`` name, ``text`` cut short."""
+    return v2.Status(code=v2.Code.Value(code), message=text[:MAX_STATUS_TEXT_CHARS])
+
+
+def _status_of(exc: Exception, node: Any) -> Any:
+    """The body status of a failure raised by a component, the forwarder or the adapter."""
+    if isinstance(exc, V2Error):
+        return status(exc.code, exc.text)
+    if isinstance(exc, Failure):
+        return status(v2_code_name(exc.code), f"{exc.code} {exc.text}")
+    failure = error_failure(exc, node)
+    if not isinstance(exc, BrokerError):
+        logger.exception("v2 call failed")
+    return status(v2_code_name(failure.code), failure.detail)
+
+
+def _client_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_HEADER:
+            return value if isinstance(value, str) else ""
+    return ""
+
+
+def _ms(d: Any) -> int:
+    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
+
+
+def _duration(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+class MessagingServicer:
+    """Serves one node's RocketMQ 5 clients over the node's broker components. Every RPC of
+    the service has a method (the generated registrar reads each); those not served yet
+    (:data:`NOT_SERVED_UNARY`, :data:`NOT_SERVED_STREAMING`) answer NOT_IMPLEMENTED in their
+    body."""
+
+    def __init__(
+        self,
+        node: Any,
+        topics: Topics,
+        leader: LeaderCalls,
+        cfg: V2Config,
+        routes: NameServerRoutes | None = None,
+    ) -> None:
+        self.node = node
+        self.topics = topics
+        self.leader = leader
+        self.cfg = cfg
+        self.routes = routes
+        self.clients = ClientTable()
+        self._next_queue = itertools.count()
+        self._streams = 0
+
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        return rpcguard.add_servicer(server, v2_grpc.add_MessagingServiceServicer_to_server, self)
+
+    # ------------------------------------------------------------------ routes
+
+    async def QueryRoute(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            name = _topic_name(request.topic)
+            queues: list[Any] = []
+            for group, endpoints in await self._route_groups(name, request):
+                queues += _queues(request.topic.resource_namespace, name, group, endpoints)
+                if len(queues) >= MAX_ROUTE_QUEUES:
+                    break
+            if not queues:
+                raise TopicNotFoundError(f"topic {name!r} does not exist")
+        except Exception as exc:
+            return v2_service.QueryRouteResponse(status=_status_of(exc, self.node))
+        return v2_service.QueryRouteResponse(status=status(), message_queues=queues)
+
+    async def _route_groups(self, name: str, request: Any) -> list[tuple[GroupTopic, Any]]:
+        """The groups serving topic ``name`` with their endpoints: this node's group first
+        (from its applied topic table), then the others the NameServers route it to."""
+        remote = await self.routes.groups(name) if self.routes is not None else None
+        out: list[tuple[GroupTopic, Any]] = []
+        own_addrs: tuple[str, ...] = ()
+        for g in remote or ():
+            if g.name == self.cfg.group:
+                own_addrs = g.addrs
+            elif g.addrs:
+                out.append((g, _endpoints_of(g.addrs)))
+        try:
+            local: TopicConfig | None = self.topics.get(name)
+        except TopicNotFoundError:
+            local = None
+        if local is not None:
+            own = GroupTopic(
+                self.cfg.group,
+                local.read_queue_nums,
+                local.write_queue_nums,
+                local.perm,
+                local.message_type,
+                own_addrs,
+            )
+            endpoints = _endpoints_of(own_addrs) if own_addrs else self._endpoints(request)
+            out.insert(0, (own, endpoints))
+        return out
+
+    def _endpoints(self, request: Any) -> Any:
+        """The endpoints the client reached us by (any node answers every call), or this
+        node's own v2 address when they are missing or not usable."""
+        asked = request.endpoints
+        if _usable_endpoints(asked):
+            return v2.Endpoints(scheme=asked.scheme or v2.IPv4, addresses=asked.addresses)
+        return v2.Endpoints(
+            scheme=_scheme(self.cfg.host),
+            addresses=[v2.Address(host=self.cfg.host, port=self.cfg.port)],
+        )
+
+    # ------------------------------------------------------------------ client lifecycle
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        if self._streams >= MAX_TELEMETRY_STREAMS:
+            yield v2_service.TelemetryCommand(
+                status=status("TOO_MANY_REQUESTS", "too many telemetry streams on this node")
+            )
+            return
+        self._streams += 1
+        try:
+            client_id = _client_id(context)
+            count = 0
+            async for command in request_iterator:
+                count += 1
+                if count > MAX_COMMANDS_PER_STREAM:
+                    yield v2_service.TelemetryCommand(
+                        status=status("TOO_MANY_REQUESTS", "too many commands on one stream")
+                    )
+                    return
+                if isinstance(command, rpcguard.Undecodable):
+                    yield v2_service.TelemetryCommand(status=status("BAD_REQUEST", "undecodable"))
+                    return
+                if command.WhichOneof("command") == "settings":
+                    yield self._settings_reply(client_id, command.settings)
+        finally:
+            self._streams -= 1
+
+    def _settings_reply(self, client_id: str, settings: Any) -> Any:
+        try:
+            kind = settings.client_type if settings.HasField("client_type") else 0
+            if kind not in (v2.PRODUCER, v2.SIMPLE_CONSUMER, v2.PUSH_CONSUMER):
+                raise V2Error("UNRECOGNIZED_CLIENT_TYPE", f"client type {kind} is not served")
+            _check_settings(kind, settings)
+            group = settings.subscription.group.name if kind != v2.PRODUCER else ""
+            self.clients.settings(client_id, kind, settings.user_agent.language, group)
+            reply = self._settings_for(kind, settings)
+        except Exception as exc:
+            return v2_service.TelemetryCommand(status=_status_of(exc, self.node))
+        return v2_service.TelemetryCommand(status=status(), settings=reply)
+
+    def _settings_for(self, kind: int, asked: Any) -> Any:
+        timeout_ms = _ms(asked.request_timeout) if asked.HasField("request_timeout") else 0
+        if not 0 < timeout_ms <= MAX_REQUEST_TIMEOUT_MS:
+            timeout_ms = REQUEST_TIMEOUT_MS
+        out = v2.Settings(
+            client_type=kind,
+            request_timeout=_duration(timeout_ms),
+            user_agent=asked.user_agent,
+        )
+        if asked.HasField("access_point"):  # checked by _check_settings
+            out.access_point.CopyFrom(asked.access_point)
+        if kind == v2.PRODUCER:
+            attempts = asked.backoff_policy.max_attempts
+            if not 0 < attempts <= MAX_CLIENT_ATTEMPTS:
+                attempts = PRODUCER_MAX_ATTEMPTS
+            out.backoff_policy.CopyFrom(_exponential(attempts))
+            topics = list(asked.publishing.topics)
+            out.publishing.CopyFrom(
+                v2.Publishing(
+                    topics=topics,
+                    max_body_size=self.cfg.max_message_size_bytes,
+                    validate_message_type=asked.publishing.validate_message_type,
+                )
+            )
+            return out
+        out.backoff_policy.CopyFrom(_consumer_backoff(asked.user_agent.language))
+        sub = out.subscription
+        if asked.subscription.HasField("group"):
+            sub.group.CopyFrom(asked.subscription.group)
+        sub.subscriptions.extend(asked.subscription.subscriptions)
+        sub.fifo = asked.subscription.fifo
+        sub.receive_batch_size = RECEIVE_BATCH_SIZE
+        sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_TIMEOUT_MS))
+        return out
+
+    async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            record = self.clients.seen(_client_id(context))
+            if request.client_type not in (0, record.client_type):
+                raise V2Error(
+                    "UNRECOGNIZED_CLIENT_TYPE",
+                    f"client type {request.client_type} differs from the Settings' "
+                    f"{record.client_type}",
+                )
+        except Exception as exc:
+            return v2_service.HeartbeatResponse(status=_status_of(exc, self.node))
+        return v2_service.HeartbeatResponse(status=status())
+
+    async def NotifyClientTermination(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.clients.terminated(_client_id(context))
+        return v2_service.NotifyClientTerminationResponse(status=status())
+
+    # ------------------------------------------------------------------ sends
+
+    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        n = len(request.messages)
+        if not 0 < n <= MAX_SEND_MESSAGES:
+            st = status("BAD_REQUEST", f"{n} messages; a send holds 1 to {MAX_SEND_MESSAGES}")
+            return v2_service.SendMessageResponse(status=st)
+        try:
+            name = _topic_name(request.messages[0].topic)
+            topic = self.topics.get(name)
+            queue_id = next(self._next_queue) % max(1, topic.write_queue_nums)
+            kind = topic.message_type
+            messages = [_stored_message(m, name, kind, queue_id) for m in request.messages]
+            stored = await self.leader.send(name, messages)
+        except Exception as exc:
+            st = _status_of(exc, self.node)
+            entries = [v2_service.SendResultEntry(status=st) for _ in range(n)]
+            return v2_service.SendMessageResponse(status=st, entries=entries)
+        return v2_service.SendMessageResponse(
+            status=status(),
+            entries=[
+                v2_service.SendResultEntry(
+                    status=status(), message_id=V2_ID_VERSION + s.uniq_id, offset=s.queue_offset
+                )
+                for s in stored
+            ],
+        )
+
+
+# RPCs not served yet (docs/RMQ5.md): each answers NOT_IMPLEMENTED in its body's status (the
+# server-streaming ones in one message). Their handlers are made below from these names.
+NOT_SERVED_UNARY = (
+    "QueryAssignment",
+    "AckMessage",
+    "ForwardMessageToDeadLetterQueue",
+    "UpdateOffset",
+    "GetOffset",
+    "QueryOffset",
+    "EndTransaction",
+    "ChangeInvisibleDuration",
+    "RecallMessage",
+    "SyncLiteSubscription",
+)
+NOT_SERVED_STREAMING = ("ReceiveMessage", "PullMessage")
+
+
+def _unary_not_served(rpc: str) -> Callable[..., Awaitable[Any]]:
+    async def handler(self: MessagingServicer, request: Any, context: Any) -> Any:
+        return getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
+
+    return handler
+
+
+def _streaming_not_served(rpc: str) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(self: MessagingServicer, request: Any, context: Any) -> AsyncIterator[Any]:
+        yield getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
+
+    return handler
+
+
+for _rpc in NOT_SERVED_UNARY:
+    setattr(MessagingServicer, _rpc, _unary_not_served(_rpc))
+for _rpc in NOT_SERVED_STREAMING:
+    setattr(MessagingServicer, _rpc, _streaming_not_served(_rpc))
+
+
+def _check_settings(kind: int, s: Any) -> None:
+    """Every field of a client's Settings that is kept or echoed, bounded (V2Error naming it)."""
+    ua = s.user_agent
+    for what, value in (
+        ("version", ua.version),
+        ("platform", ua.platform),
+        ("hostname", ua.hostname),
+    ):
+        if len(value) > MAX_UA_FIELD_CHARS:
+            raise V2Error("BAD_REQUEST", f"user_agent.{what} of {len(value)} characters")
+    if s.HasField("access_point") and not _usable_endpoints(s.access_point):
+        raise V2Error("BAD_REQUEST", "access_point: 1 to 16 addresses of host:port")
+    topics, entries = s.publishing.topics, s.subscription.subscriptions
+    if len(topics) > MAX_SETTINGS_TOPICS or len(entries) > MAX_SETTINGS_TOPICS:
+        raise V2Error("BAD_REQUEST", f"more than {MAX_SETTINGS_TOPICS} topics or subscriptions")
+    for resource in topics:
+        _topic_name(resource)
+    for entry in entries:
+        _topic_name(entry.topic)
+        if len(entry.expression.expression) > MAX_SUBSCRIPTION_CHARS:
+            raise V2Error("ILLEGAL_FILTER_EXPRESSION", f"over {MAX_SUBSCRIPTION_CHARS} characters")
+    if kind != v2.PRODUCER and not is_valid_group_name(s.subscription.group.name):
+        raise V2Error("ILLEGAL_CONSUMER_GROUP", "a consumer's Settings names no valid group")
+
+
+def _usable_endpoints(endpoints: Any) -> bool:
+    addrs = endpoints.addresses
+    return 0 < len(addrs) <= MAX_ENDPOINT_ADDRESSES and all(
+        0 < len(a.host) <= MAX_HOST_CHARS and 0 < a.port < 65536 for a in addrs
+    )
+
+
+def _not_served(rpc: str) -> Any:
+    return status("NOT_IMPLEMENTED", f"{rpc} is not served by raftmq yet (docs/RMQ5.md)")
+
+
+def _topic_name(resource: Any) -> str:
+    name = resource.name
+    if not is_valid_topic_name(name):
+        raise V2Error("ILLEGAL_TOPIC", f"topic name {name[:130]!r} is not valid")
+    return str(name)
+
+
+def _queues(namespace: str, topic: str, group: GroupTopic, endpoints: Any) -> list[Any]:
+    """The route's queues of one group: ids 0 to max(read, write) - 1 (so queue 0 always
+    exists), each with its permission and the topic's accepted message types."""
+    broker = v2.Broker(name=group.name, id=0, endpoints=endpoints)
+    accepted = _accepted_types(group.message_type)
+    read, write = group.read_queue_nums, group.write_queue_nums
+    return [
+        v2.MessageQueue(
+            topic=v2.Resource(resource_namespace=namespace, name=topic),
+            id=q,
+            permission=_permission(group.perm, q < read, q < write),
+            broker=broker,
+            accept_message_types=accepted,
+        )
+        for q in range(min(max(read, write), MAX_QUEUE_NUMS))
+    ]
+
+
+def _endpoints_of(addrs: Sequence[str]) -> Any:
+    """``host:port`` addresses (from a NameServer) as v2 Endpoints; malformed ones left out."""
+    out = []
+    for addr in addrs:
+        host, _, port = addr.rpartition(":")
+        host = host.strip("[]")
+        if 0 < len(host) <= MAX_HOST_CHARS and port.isdigit() and 0 < int(port) < 65536:
+            out.append(v2.Address(host=host, port=int(port)))
+    scheme = _scheme(out[0].host) if out else v2.IPv4
+    return v2.Endpoints(scheme=scheme, addresses=out)
+
+
+def _permission(perm: int, readable: bool, writable: bool) -> int:
+    r = readable and bool(perm & PERM_READ)
+    w = writable and bool(perm & PERM_WRITE)
+    return int(v2.READ_WRITE if r and w else v2.READ if r else v2.WRITE if w else v2.NONE)
+
+
+def _scheme(host: str) -> int:
+    if ":" in host:
+        return int(v2.IPv6)
+    parts = host.split(".")
+    ipv4 = len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+    return int(v2.IPv4 if ipv4 else v2.DOMAIN_NAME)
+
+
+def _exponential(attempts: int) -> Any:
+    return v2.RetryPolicy(
+        max_attempts=attempts,
+        exponential_backoff=v2.ExponentialBackoff(
+            initial=_duration(BACKOFF_INITIAL_MS),
+            max=_duration(BACKOFF_MAX_MS),
+            multiplier=BACKOFF_MULTIPLIER,
+        ),
+    )
+
+
+def _consumer_backoff(language: int) -> Any:
+    """The Python client's push consumer reads only a customized backoff; the others an
+    exponential one."""
+    if language == v2.PYTHON:
+        steps_ms = [1000, 5000, 10_000, 30_000, 60_000]
+        return v2.RetryPolicy(
+            max_attempts=CONSUMER_MAX_ATTEMPTS,
+            customized_backoff=v2.CustomizedBackoff(next=[_duration(ms) for ms in steps_ms]),
+        )
+    return _exponential(CONSUMER_MAX_ATTEMPTS)
+
+
+def _accepted_types(topic_type: str) -> list[int]:
+    """The v2 message types a topic of ``topic_type`` (its ``message.type``) takes."""
+    if topic_type == DEFAULT_TOPIC_MESSAGE_TYPE:
+        return [v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION]
+    return [int(v2.MessageType.Value(topic_type))]
+
+
+def _type_name(kind: int) -> str:
+    """The name of a v2 message type; a number the protocol does not define, as a number."""
+    try:
+        return str(v2.MessageType.Name(kind))
+    except ValueError:
+        return str(kind)
+
+
+def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Message:
+    """A v2 message as the broker stores it (a ``raftmq.broker.v1.Message``): its id's 16
+    bytes as the uniq id, tag, keys, user properties, born host and time. The codec checks
+    the sizes (body, properties, host) when it encodes."""
+    if m.topic.name != topic:
+        raise V2Error("BAD_REQUEST", "the messages of one send must share their topic")
+    sp = m.system_properties
+    found = V2_ID.fullmatch(sp.message_id)
+    if found is None:
+        raise V2Error(
+            "ILLEGAL_MESSAGE_ID",
+            f"message id {sp.message_id[:40]!r} is not '01' and 32 upper-case hex characters",
+        )
+    kind = sp.message_type or v2.NORMAL
+    if kind not in _accepted_types(topic_type):
+        raise V2Error(
+            "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
+            f"a {_type_name(kind)} message for topic {topic!r} of type {topic_type}",
+        )
+    if kind != v2.NORMAL:
+        raise V2Error("UNSUPPORTED", "only NORMAL messages are served so far (docs/RMQ5.md)")
+    if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
+        raise V2Error(
+            "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
+            "message_group and delivery_timestamp belong to FIFO and DELAY messages",
+        )
+    if sp.body_encoding not in (v2.IDENTITY, v2.ENCODING_UNSPECIFIED):
+        raise V2Error("UNSUPPORTED", "only IDENTITY bodies are accepted on send")
+    _check_properties(m.user_properties)
+    born_ms = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
+    if born_ms < 0:
+        raise V2Error("BAD_REQUEST", "born_timestamp is before 1970")
+    return pb.Message(
+        topic=topic,
+        queue_id=queue_id,
+        tags=sp.tag,
+        keys=list(sp.keys),
+        properties=dict(m.user_properties),
+        body=m.body,
+        born_host=sp.born_host,
+        born_timestamp_ms=born_ms,
+        msg_id=found.group(1),
+    )
+
+
+def _check_properties(props: Iterable[str]) -> None:
+    for key in props:
+        if not key or key in RESERVED_PROPERTIES:
+            raise V2Error(
+                "ILLEGAL_MESSAGE_PROPERTY_KEY",
+                f"user property {key[:64]!r} is empty or reserved by the broker",
+            )
+
+
+__all__ = ["MessagingServicer", "V2Config", "V2Error"]
