@@ -139,6 +139,7 @@ def create_authority(directory: str, name: str = "raftmq local CA") -> Authority
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + dt.timedelta(days=CA_VALIDITY_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.KeyUsage(False, False, False, False, False, True, True, False, False),
             critical=True,
@@ -186,6 +187,11 @@ def _issue(
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + dt.timedelta(days=LEAF_VALIDITY_DAYS))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
