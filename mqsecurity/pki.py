@@ -226,3 +226,13 @@ def issue_client(ca: Authority, directory: str, name: str) -> TlsFiles:
     cert, key = _issue(ca, name, [x509.UniformResourceIdentifier(uri)])
     files = _write_pair(directory, f"client-{name}", cert, key)
     return TlsFiles(files.cert_path, files.key_path, ca.cert_path)
+
+
+def issue_server(ca: Authority, directory: str, name: str, hosts: Sequence[str]) -> TlsFiles:
+    """A server certificate naming only ``hosts`` (a NameServer's: no member identity, so its
+    key can never pass for a group member), written to ``directory/<name>.crt/.key``."""
+    if not hosts:
+        raise CertificateError("a server certificate names at least one host")
+    cert, key = _issue(ca, _check_name(name, "server name"), _host_names(hosts))
+    files = _write_pair(directory, name, cert, key)
+    return TlsFiles(files.cert_path, files.key_path, ca.cert_path)
