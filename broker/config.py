@@ -30,7 +30,7 @@ from dledger.storage.store import DEFAULT_RESERVE_BYTES
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.errors import CertificateError
 from mqsecurity.pki import MemberIdentity, member_identity
-from mqsecurity.tls import TlsFiles, check_server_files, read_pem
+from mqsecurity.tls import TlsFiles, check_server_files, read_pem, tls_files_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,10 +315,8 @@ class BrokerConfig:
     @property
     def tls_files(self) -> TlsFiles | None:
         """This node's certificate, key and CA (None: no certificate configured)."""
-        if not self.tlsServerCertPath:
-            return None
-        return TlsFiles(
-            self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath or None
+        return tls_files_of(
+            self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath
         )
 
     @property

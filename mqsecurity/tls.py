@@ -98,6 +98,13 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     )
 
 
+def tls_files_of(cert_path: str, key_path: str, ca_path: str) -> TlsFiles | None:
+    """The files configuration keys name ("" for unset): None without a certificate."""
+    if not cert_path:
+        return None
+    return TlsFiles(cert_path, key_path or None, ca_path or None)
+
+
 @dataclass(frozen=True)
 class TlsKeyNames:
     """The configuration keys the three files came from, for error messages."""

@@ -18,7 +18,7 @@ from dledger.properties import (
     read_text,
 )
 from mqsecurity.errors import CertificateError
-from mqsecurity.tls import TlsFiles, check_server_files
+from mqsecurity.tls import TlsFiles, check_server_files, tls_files_of
 from nameserver.routes import (
     DEFAULT_BROKER_EXPIRED_TIME_MS,
     DEFAULT_SCAN_INTERVAL_MS,
@@ -60,11 +60,10 @@ class NameServerConfig:
     @property
     def tls_files(self) -> TlsFiles | None:
         """The port's certificate, key and CA when tlsEnable, else None (plaintext)."""
-        if not self.tlsEnable:
-            return None
-        return TlsFiles(
-            self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath or None
+        files = tls_files_of(
+            self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath
         )
+        return files if self.tlsEnable else None
 
 
 def _parse_host(text: str) -> str:

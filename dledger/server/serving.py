@@ -50,9 +50,13 @@ def bind_insecure(
 ) -> int:
     """Add a plaintext port ``host:port`` to ``server``; the bound port. A port in use or not
     bindable raises ``start_error(one line)``."""
+    return _add_port(lambda: server.add_insecure_port(addr), addr, start_error)
+
+
+def _add_port(add: Callable[[], int], addr: str, start_error: Callable[[str], Exception]) -> int:
     _probe(addr, start_error)
     try:
-        port = server.add_insecure_port(addr)
+        port = add()
     except RuntimeError:
         port = 0
     if port == 0:
@@ -77,14 +81,7 @@ def bind_secure(
         credentials = server_credentials(files, require_client_cert)
     except CertificateError as exc:
         raise start_error(str(exc)) from None
-    _probe(addr, start_error)
-    try:
-        port = server.add_secure_port(addr, credentials)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        raise start_error(f"port in use or not bindable: {addr}")
-    return int(port)
+    return _add_port(lambda: server.add_secure_port(addr, credentials), addr, start_error)
 
 
 def bind(
