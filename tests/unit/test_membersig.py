@@ -27,8 +27,6 @@ from mqsecurity.tls import TlsFiles
 
 METHOD = "/raftmq.nameserver.v1.NameServer/RegisterBroker"
 BODY = b"\x0a\x0eDefaultCluster\x12\x08broker-a"
-# The certificates are made now: the verifier checks their dates at this time.
-NOW_MS = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
 NONCE = "0123456789abcdef0123456789abcdef"
 
 
@@ -44,6 +42,9 @@ class Pki:
         self.rogue = pki.issue_member(rogue, str(root / "rogue"), "broker-a", "n0", ["127.0.0.1"])
         with open(self.ca.cert_path, "rb") as f:
             self.ca_pem = f.read()
+        # The verifier checks the certificates' dates at this time: just after they were made
+        # (not at import: a long test session would start before the certificates are valid).
+        self.now_ms = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
 
     def signer(self, files: TlsFiles) -> MemberSigner:
         assert files.cert_path is not None and files.key_path is not None
@@ -59,7 +60,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def _signed(keys: Pki, **changes: object) -> list[tuple[str, str | bytes]]:
-    headers = dict(keys.signer(keys.member).metadata(METHOD, BODY, now_ms=NOW_MS, nonce=NONCE))
+    headers = dict(keys.signer(keys.member).metadata(METHOD, BODY, now_ms=keys.now_ms, nonce=NONCE))
     for key, value in changes.items():
         name = {
             "cert": HEADER_CERT,
@@ -67,6 +68,8 @@ def _signed(keys: Pki, **changes: object) -> list[tuple[str, str | bytes]]:
             "nonce": HEADER_NONCE,
             "signature": HEADER_SIGNATURE,
         }[key]
+        if callable(value):
+            value = value(keys)
         if value is None:
             del headers[name]
         else:
@@ -77,9 +80,10 @@ def _signed(keys: Pki, **changes: object) -> list[tuple[str, str | bytes]]:
 def _refused(keys: Pki, metadata: list[tuple[str, str | bytes]], match: str, **kw: object) -> None:
     verifier = keys.verifier()
     with pytest.raises(SignatureError, match=match):
-        verifier.verify(kw.get("method", METHOD), kw.get("body", BODY), metadata, now_ms=NOW_MS)  # type: ignore[arg-type]
+        method, body = kw.get("method", METHOD), kw.get("body", BODY)
+        verifier.verify(method, body, metadata, now_ms=keys.now_ms)  # type: ignore[arg-type]
     # A refused call is not remembered: the genuine one still passes afterwards.
-    verifier.verify(METHOD, BODY, _signed(keys), now_ms=NOW_MS)
+    verifier.verify(METHOD, BODY, _signed(keys), now_ms=keys.now_ms)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +103,7 @@ def _refused(keys: Pki, metadata: list[tuple[str, str | bytes]], match: str, **k
         ({"time": "9" * 21}, "over"),
         ({"time": "-5"}, "not a number"),
         ({"time": "١٢٣"}, "not a number"),  # non-ASCII digits
-        ({"time": str(NOW_MS + 1)}, "does not match"),  # the time is signed
+        ({"time": lambda k: str(k.now_ms + 1)}, "does not match"),  # the time is signed
         ({"nonce": "0123456789ABCDEF0123456789ABCDEF"}, "lowercase hex"),
         ({"nonce": "f" * 33}, "over"),
         ({"nonce": "f" * 32}, "does not match"),  # the nonce is signed
@@ -130,10 +134,11 @@ def test_the_signature_binds_method_and_body(keys: Pki) -> None:
 
 def test_certificates_of_another_ca_or_copied_from_a_member_are_refused(keys: Pki) -> None:
     # Signed by a member key of a CA the verifier does not trust.
-    rogue = keys.signer(keys.rogue).metadata(METHOD, BODY, now_ms=NOW_MS, nonce=NONCE)
+    rogue = keys.signer(keys.rogue).metadata(METHOD, BODY, now_ms=keys.now_ms, nonce=NONCE)
     _refused(keys, list(rogue), "not trusted")
     # The genuine member certificate, but the signature made with another (trusted) key.
-    stolen = dict(keys.signer(keys.other_group).metadata(METHOD, BODY, now_ms=NOW_MS, nonce=NONCE))
+    other = keys.signer(keys.other_group)
+    stolen = dict(other.metadata(METHOD, BODY, now_ms=keys.now_ms, nonce=NONCE))
     with open(keys.member.cert_path or "", "rb") as f:
         stolen[HEADER_CERT] = f.read()
     _refused(keys, list(stolen.items()), "does not match")
@@ -144,30 +149,31 @@ def test_old_future_and_replayed_calls_are_refused(keys: Pki) -> None:
     skew = membersig.MAX_CLOCK_SKEW_MS
     for offset in (-skew - 1, skew + 1):
         headers = keys.signer(keys.member).metadata(
-            METHOD, BODY, now_ms=NOW_MS + offset, nonce=NONCE
+            METHOD, BODY, now_ms=keys.now_ms + offset, nonce=NONCE
         )
         with pytest.raises(SignatureError, match="away from this server's clock"):
-            verifier.verify(METHOD, BODY, headers, now_ms=NOW_MS)
+            verifier.verify(METHOD, BODY, headers, now_ms=keys.now_ms)
     signer = keys.signer(keys.member)
-    headers = signer.metadata(METHOD, BODY, now_ms=NOW_MS - skew + 10, nonce=NONCE)
-    assert verifier.verify(METHOD, BODY, headers, now_ms=NOW_MS).node_id == "n0"
+    headers = signer.metadata(METHOD, BODY, now_ms=keys.now_ms - skew + 10, nonce=NONCE)
+    assert verifier.verify(METHOD, BODY, headers, now_ms=keys.now_ms).node_id == "n0"
     with pytest.raises(SignatureError, match="replayed"):
-        verifier.verify(METHOD, BODY, headers, now_ms=NOW_MS + 1)
+        verifier.verify(METHOD, BODY, headers, now_ms=keys.now_ms + 1)
     # Past the window the nonce is forgotten, and the time check refuses the call instead.
     with pytest.raises(SignatureError, match="away from"):
-        verifier.verify(METHOD, BODY, headers, now_ms=NOW_MS + 2 * skew)
+        verifier.verify(METHOD, BODY, headers, now_ms=keys.now_ms + 2 * skew)
 
 
 def test_the_replay_window_is_bounded(keys: Pki) -> None:
     verifier = MemberVerifier(keys.ca_pem, max_nonces=3)
     signer = keys.signer(keys.member)
-    first = signer.metadata(METHOD, BODY, now_ms=NOW_MS)
-    verifier.verify(METHOD, BODY, first, now_ms=NOW_MS)
+    first = signer.metadata(METHOD, BODY, now_ms=keys.now_ms)
+    verifier.verify(METHOD, BODY, first, now_ms=keys.now_ms)
     for _ in range(3):
-        verifier.verify(METHOD, BODY, signer.metadata(METHOD, BODY, now_ms=NOW_MS), now_ms=NOW_MS)
+        headers = signer.metadata(METHOD, BODY, now_ms=keys.now_ms)
+        verifier.verify(METHOD, BODY, headers, now_ms=keys.now_ms)
     assert len(verifier._nonces) == 3
     # The oldest was forgotten at the cap (documented: replays then need old TLS bytes).
-    verifier.verify(METHOD, BODY, first, now_ms=NOW_MS)
+    verifier.verify(METHOD, BODY, first, now_ms=keys.now_ms)
 
 
 def test_expired_member_certificate_is_refused(keys: Pki, tmp_path: Path) -> None:
@@ -223,7 +229,7 @@ def test_a_signer_needs_a_member_certificate_and_its_own_key(keys: Pki) -> None:
 
 def test_a_member_signature_verifies_and_names_the_member(keys: Pki) -> None:
     verifier = keys.verifier()
-    identity = verifier.verify(METHOD, BODY, _signed(keys), now_ms=NOW_MS)
+    identity = verifier.verify(METHOD, BODY, _signed(keys), now_ms=keys.now_ms)
     assert identity == pki.MemberIdentity("broker-a", "n0")
-    other = keys.signer(keys.other_group).metadata(METHOD, BODY, now_ms=NOW_MS)
-    assert verifier.verify(METHOD, BODY, other, now_ms=NOW_MS).group == "broker-b"
+    other = keys.signer(keys.other_group).metadata(METHOD, BODY, now_ms=keys.now_ms)
+    assert verifier.verify(METHOD, BODY, other, now_ms=keys.now_ms).group == "broker-b"
