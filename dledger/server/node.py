@@ -287,27 +287,9 @@ class DLedgerNode:
 
     async def start(self) -> None:
         cfg = self.cfg
-        # Ports first: a busy port must stop the node before it touches its store.
-        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
-            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
-        )
-        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
-            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
-        )
-        client_names = ["raftmq.dledger.v1.DLedgerClient"]
-        for register in self._client_services:
-            client_names.extend(register(self._client_server))
-        for server, addr, names, mutual in (
-            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"], True),
-            (self._client_server, cfg.client_addr, client_names, False),
-        ):
-            add_health_and_reflection(server, names)
-            bind(server, addr, cfg.tls, StartError, require_client_cert=mutual)
-        if cfg.plaintext_client_port:
-            plain = f"{PLAINTEXT_CLIENT_HOST}:{cfg.plaintext_client_port}"
-            bind_insecure(self._client_server, plain, StartError)
+        # Ports first: a busy port or a bad certificate must stop the node before it touches
+        # its store.
+        self._bind_ports()
         try:
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
@@ -334,6 +316,7 @@ class DLedgerNode:
                 "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
                 cfg.self_id,
             )
+        assert self._peer_server is not None and self._client_server is not None
         await self._peer_server.start()
         await self._client_server.start()
         self._transport.start()
@@ -354,6 +337,31 @@ class DLedgerNode:
             self.store.last_index(),
             self.core.term,
         )
+
+    def _bind_ports(self) -> None:
+        """Both servers with their services, bound: plaintext, or TLS (client port) and
+        mutual TLS (peer port) with ``cfg.tls``, plus the optional plaintext client port."""
+        cfg = self.cfg
+        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
+        rpcguard.add_servicer(
+            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
+        )
+        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
+        rpcguard.add_servicer(
+            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
+        )
+        client_names = ["raftmq.dledger.v1.DLedgerClient"]
+        for register in self._client_services:
+            client_names.extend(register(self._client_server))
+        for server, addr, names, mutual in (
+            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"], True),
+            (self._client_server, cfg.client_addr, client_names, False),
+        ):
+            add_health_and_reflection(server, names)
+            bind(server, addr, cfg.tls, StartError, require_client_cert=mutual)
+        if cfg.plaintext_client_port:
+            plain = f"{PLAINTEXT_CLIENT_HOST}:{cfg.plaintext_client_port}"
+            bind_insecure(self._client_server, plain, StartError)
 
     async def stop(self) -> None:
         """Stop serving, then close the store cleanly (removes the abort marker)."""
