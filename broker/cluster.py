@@ -223,7 +223,9 @@ class LocalCluster:
 
     def _write_namesrv_conf(self, port: int, conf: dict[str, str]) -> NameSrvInfo:
         conf_path = self.base / f"{NAMESRV_ID}.conf"
-        conf_path.write_text("".join(f"{k}={v}\n" for k, v in {"listenPort": port, **conf}.items()))
+        # The local group's NameServer serves this machine only (issue #18).
+        values = {"listenPort": port, "listenHost": "127.0.0.1", **conf}
+        conf_path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
         return NameSrvInfo(
             port,
             str(conf_path),

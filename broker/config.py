@@ -16,10 +16,21 @@ from typing import Any
 from broker import disk
 from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
-from dledger.properties import int_in, parse_port, parse_properties, parse_values, read_text
+from dledger.properties import (
+    int_in,
+    parse_bool,
+    parse_port,
+    parse_properties,
+    parse_values,
+    read_text,
+)
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
+from mqsecurity.errors import CertificateError
+from mqsecurity.pki import MemberIdentity, member_identity
+from mqsecurity.tls import TlsFiles, check_server_files, read_pem, tls_files_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +44,7 @@ class Peer:
         return f"{self.host}:{self.port}"
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("true", "1", "yes"):
-        return True
-    if low in ("false", "0", "no"):
-        return False
-    raise ValueError("is not a boolean (true/false)")
+_parse_bool = parse_bool  # shared with the NameServer's config
 
 
 def _parse_str(text: str) -> str:
@@ -246,6 +251,27 @@ KEYS: Mapping[str, _Key] = {
     "unsafeAckBeforeReplication": _Key(
         _parse_bool, "false", "TEST ONLY: ack appends before a majority holds them (loses data)"
     ),
+    # TLS (RocketMQ's names; docs/SECURITY.md "TLS" and "Members").
+    "tlsEnable": _Key(
+        _parse_bool,
+        "false",
+        "client port TLS, peer port mutual TLS (member certificates only), TLS to NameServers",
+    ),
+    "tlsServerCertPath": _Key(
+        _parse_optional_str,
+        "",
+        "this node's member certificate (PEM): serves its ports, identifies it to peers, signs "
+        "its NameServer registrations",
+    ),
+    "tlsServerKeyPath": _Key(_parse_optional_str, "", "the certificate's private key (0600)"),
+    "tlsServerTrustCertPath": _Key(
+        _parse_optional_str, "", "CA (PEM) that signs the members' and NameServers' certificates"
+    ),
+    "tlsPlaintextListenPort": _Key(
+        int_in(0, 65535),
+        "0",
+        "with tlsEnable: an extra plaintext client port on 127.0.0.1 for local tools (0: none)",
+    ),
 }
 
 
@@ -293,6 +319,23 @@ class BrokerConfig:
     rpcTimeoutMs: int
     advertisedClientAddr: str
     unsafeAckBeforeReplication: bool
+    tlsEnable: bool
+    tlsServerCertPath: str
+    tlsServerKeyPath: str
+    tlsServerTrustCertPath: str
+    tlsPlaintextListenPort: int
+
+    @property
+    def tls_files(self) -> TlsFiles | None:
+        """This node's certificate, key and CA (None: no certificate configured)."""
+        return tls_files_of(
+            self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath
+        )
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        """How this node calls the group's ports and the NameServers."""
+        return ClientSecurity(tls=self.tls_files) if self.tlsEnable else PLAINTEXT
 
     @property
     def self_peer(self) -> Peer:
@@ -376,9 +419,43 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"{path}: key 'diskSpaceResumeRatio' ({values['diskSpaceResumeRatio']}) must be "
             f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
+    _check_tls(values, path)
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, **values)
+
+
+def _check_tls(values: dict[str, Any], path: str) -> None:
+    """The TLS keys agree, and their files are readable, parse, and the key is the
+    certificate's (checked now: a wrong file stops the start with one line naming its key)."""
+    cert, key, ca = (
+        values["tlsServerCertPath"],
+        values["tlsServerKeyPath"],
+        values["tlsServerTrustCertPath"],
+    )
+    if values["tlsEnable"]:
+        for name in ("tlsServerCertPath", "tlsServerKeyPath", "tlsServerTrustCertPath"):
+            if not values[name]:
+                raise ConfigError(f"{path}: key '{name}' is required with tlsEnable=true")
+    if bool(cert) != bool(key):
+        raise ConfigError(f"{path}: keys 'tlsServerCertPath' and 'tlsServerKeyPath' go together")
+    if cert:
+        try:
+            check_server_files(TlsFiles(cert, key, ca or None))
+        except CertificateError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        expected = MemberIdentity(values["dLegerGroup"], values["dLegerSelfId"])
+        named = member_identity(read_pem(cert, "tlsServerCertPath"))
+        if named != expected:
+            raise ConfigError(
+                f"{path}: key 'tlsServerCertPath': {cert} names "
+                f"{named.uri if named else 'no raftmq member'}, not this node ({expected.uri})"
+            )
+    plain = values["tlsPlaintextListenPort"]
+    if plain and not values["tlsEnable"]:
+        raise ConfigError(f"{path}: key 'tlsPlaintextListenPort' needs tlsEnable=true")
+    if plain and plain in {values["listenPort"], *(p.port for p in values["dLegerPeers"])}:
+        raise ConfigError(f"{path}: key 'tlsPlaintextListenPort': {plain} is already used")
 
 
 def load_config(path: str | os.PathLike[str]) -> BrokerConfig:
@@ -420,4 +497,6 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         file_reserved_time_hours=cfg.fileReservedTime,
         delete_when=cfg.deleteWhen,
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
+        tls=cfg.tls_files if cfg.tlsEnable else None,
+        plaintext_client_port=cfg.tlsPlaintextListenPort,
     )

@@ -20,6 +20,7 @@ import grpc
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from dledger.server.status import read_error
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # Wait before trying the next node when the error gave no longer hint (an election, a node
 # down): short, the group elects within a second.
@@ -32,17 +33,21 @@ T = TypeVar("T")
 
 class LeaderClient:
     """Broker stubs per node; ``addrs()`` lists the client addresses to try (e.g. the live
-    nodes). ``retries`` counts the failures retried, by code."""
+    nodes). ``retries`` counts the failures retried, by code. ``security``: how to reach the
+    nodes (TLS, certificate, credentials; plaintext by default)."""
 
-    def __init__(self, addrs: Callable[[], Sequence[str]]) -> None:
+    def __init__(
+        self, addrs: Callable[[], Sequence[str]], security: ClientSecurity = PLAINTEXT
+    ) -> None:
         self.addrs = addrs
+        self.security = security
         self.channels: dict[str, grpc.Channel] = {}
         self.leader = ""
         self.retries: Counter[str] = Counter()
 
     def stub(self, addr: str) -> pb_grpc.BrokerStub:
         if addr not in self.channels:
-            self.channels[addr] = grpc.insecure_channel(addr)
+            self.channels[addr] = open_channel(addr, self.security)
         return pb_grpc.BrokerStub(self.channels[addr])
 
     def close(self) -> None:

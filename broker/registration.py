@@ -8,6 +8,11 @@ itself: each call has a short deadline, a failed one is retried after at most
 :data:`RETRY_AFTER_FAILURE_MS`, and failures are logged at most once per period per NameServer.
 On a clean stop the node unregisters, so routes drop it at once instead of after
 ``brokerExpiredTime``.
+
+With ``tlsEnable`` the NameServers are reached over TLS (their certificates checked against
+``tlsServerTrustCertPath``). With a member certificate (``tlsServerCertPath``) every
+registration and unregistration is signed with its key (`mqsecurity.membersig`), so a
+NameServer with ``brokerAuthenticationEnabled`` knows it comes from a member of the group.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf.message import Message
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from broker.config import BrokerConfig
 from broker.state import BrokerStateMachine
 from dledger.fatal import supervise
+from mqsecurity.channels import open_aio_channel
+from mqsecurity.membersig import MemberSigner
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +50,10 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+_SERVICE = pb.DESCRIPTOR.services_by_name["NameServer"].full_name
+# The gRPC method paths a member signature covers (mqsecurity.membersig).
+REGISTER_METHOD = f"/{_SERVICE}/RegisterBroker"
+UNREGISTER_METHOD = f"/{_SERVICE}/UnregisterBroker"
 
 
 @dataclass(slots=True)
@@ -74,6 +86,12 @@ class BrokerRegistrar:
         self._targets: list[_Target] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        files = cfg.tls_files
+        self._signer = (
+            MemberSigner(files.cert_path, files.key_path)
+            if files is not None and files.cert_path and files.key_path
+            else None
+        )
         sm.add_change_listener(self.notify)
 
     @property
@@ -84,6 +102,12 @@ class BrokerRegistrar:
         """Something NameServers must know changed: register with all of them now."""
         for t in self._targets:
             t.wake.set()
+
+    def signature(self, method: str, request: Message) -> tuple[tuple[str, str | bytes], ...]:
+        """The member signature headers of one call (none without a member certificate)."""
+        if self._signer is None:
+            return ()
+        return self._signer.metadata(method, request.SerializeToString(deterministic=True))
 
     def request(self) -> pb.RegisterBrokerRequest:
         sm = self.sm
@@ -111,7 +135,7 @@ class BrokerRegistrar:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         for addr in self._addrs:
-            channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            channel = open_aio_channel(addr, self.cfg.client_security, CHANNEL_OPTIONS)
             target = _Target(addr, channel, pb_grpc.NameServerStub(channel))
             target.wake.set()  # register at once
             self._targets.append(target)
@@ -141,7 +165,11 @@ class BrokerRegistrar:
     async def _register(self, t: _Target) -> None:
         request = self.request()
         try:
-            await t.stub.RegisterBroker(request, timeout=self.deadline_s)
+            await t.stub.RegisterBroker(
+                request,
+                timeout=self.deadline_s,
+                metadata=self.signature(REGISTER_METHOD, request),
+            )
         except grpc.aio.AioRpcError as exc:
             now = time.monotonic()
             if now - t.last_error_log_s >= self.period_s:
@@ -185,7 +213,11 @@ class BrokerRegistrar:
 
         async def unregister(t: _Target) -> None:
             try:
-                await t.stub.UnregisterBroker(request, timeout=UNREGISTER_DEADLINE_MS / 1000)
+                await t.stub.UnregisterBroker(
+                    request,
+                    timeout=UNREGISTER_DEADLINE_MS / 1000,
+                    metadata=self.signature(UNREGISTER_METHOD, request),
+                )
             except grpc.aio.AioRpcError as exc:
                 logger.info(
                     "node=%s namesrv=%s unregister failed status=%s",

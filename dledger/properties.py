@@ -87,3 +87,13 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
 
 # A TCP port as a config value.
 parse_port = int_in(1, 65535)
+
+
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``), any case."""
+    low = text.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise ValueError("is not a boolean (true/false)")

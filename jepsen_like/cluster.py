@@ -82,7 +82,12 @@ class JepsenCluster:
         return self.local.node(node_id)
 
     def setup(self) -> None:
-        self.local.configure(self.n_nodes, auto_ports=True, extra=self.extra, namesrv=True)
+        # Nodes in network namespaces reach the NameServer at the bridge's address: it binds
+        # every address then (a local group's NameServer binds 127.0.0.1 by default).
+        namesrv_conf = {"listenHost": "0.0.0.0"} if isinstance(self.net, NetnsNet) else None
+        self.local.configure(
+            self.n_nodes, auto_ports=True, extra=self.extra, namesrv=True, namesrv_conf=namesrv_conf
+        )
         if isinstance(self.net, NetnsNet):
             self._setup_netns(self.net)
             return

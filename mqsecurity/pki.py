@@ -139,6 +139,7 @@ def create_authority(directory: str, name: str = "raftmq local CA") -> Authority
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + dt.timedelta(days=CA_VALIDITY_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.KeyUsage(False, False, False, False, False, True, True, False, False),
             critical=True,
@@ -186,6 +187,11 @@ def _issue(
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + dt.timedelta(days=LEAF_VALIDITY_DAYS))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
@@ -219,4 +225,14 @@ def issue_client(ca: Authority, directory: str, name: str) -> TlsFiles:
     uri = f"{CLIENT_URI_PREFIX}{_check_name(name, 'client name')}"
     cert, key = _issue(ca, name, [x509.UniformResourceIdentifier(uri)])
     files = _write_pair(directory, f"client-{name}", cert, key)
+    return TlsFiles(files.cert_path, files.key_path, ca.cert_path)
+
+
+def issue_server(ca: Authority, directory: str, name: str, hosts: Sequence[str]) -> TlsFiles:
+    """A server certificate naming only ``hosts`` (a NameServer's: no member identity, so its
+    key can never pass for a group member), written to ``directory/<name>.crt/.key``."""
+    if not hosts:
+        raise CertificateError("a server certificate names at least one host")
+    cert, key = _issue(ca, _check_name(name, "server name"), _host_names(hosts))
+    files = _write_pair(directory, name, cert, key)
     return TlsFiles(files.cert_path, files.key_path, ca.cert_path)

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from mqsecurity.errors import CertificateError
 
@@ -94,3 +96,56 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
         private_key=read_pem(files.key_path, "private key"),
         certificate_chain=read_pem(files.cert_path, "certificate"),
     )
+
+
+def tls_files_of(cert_path: str, key_path: str, ca_path: str) -> TlsFiles | None:
+    """The files configuration keys name ("" for unset): None without a certificate."""
+    if not cert_path:
+        return None
+    return TlsFiles(cert_path, key_path or None, ca_path or None)
+
+
+@dataclass(frozen=True)
+class TlsKeyNames:
+    """The configuration keys the three files came from, for error messages."""
+
+    cert: str = "tlsServerCertPath"
+    key: str = "tlsServerKeyPath"
+    ca: str = "tlsServerTrustCertPath"
+
+
+SERVER_KEY_NAMES = TlsKeyNames()
+
+
+def check_server_files(files: TlsFiles, names: TlsKeyNames = SERVER_KEY_NAMES) -> None:
+    """Read and parse a server's certificate chain, key and CA now, so a wrong file is one
+    `CertificateError` line naming its key at start, not a handshake failure later: each file
+    readable PEM, the key private (0600), the key the certificate's, the CA a certificate."""
+    if files.cert_path is None or files.key_path is None:
+        raise CertificateError(f"{names.cert} and {names.key} are both required")
+    try:
+        files.check_private_key()
+    except CertificateError as exc:
+        raise CertificateError(f"{names.key}: {exc}") from None
+    chain = _certificates(read_pem(files.cert_path, names.cert), names.cert, files.cert_path)
+    key_pem = read_pem(files.key_path, names.key)
+    try:
+        key = serialization.load_pem_private_key(key_pem, None)
+    except (ValueError, TypeError) as exc:
+        raise CertificateError(f"{names.key}: {files.key_path}: not a private key: {exc}") from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    if key.public_key().public_bytes(der, spki) != chain[0].public_key().public_bytes(der, spki):
+        raise CertificateError(
+            f"{names.key}: {files.key_path} is not the key of {names.cert} {files.cert_path}"
+        )
+    if files.ca_path is not None:
+        _certificates(read_pem(files.ca_path, names.ca), names.ca, files.ca_path)
+
+
+def _certificates(pem: bytes, what: str, path: str) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise CertificateError(f"{what}: {path} holds no valid certificate: {exc}") from None
+    return certs

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from dledger.properties import int_in, parse_port, parse_properties, parse_values, read_text
+from dledger.properties import (
+    int_in,
+    parse_bool,
+    parse_port,
+    parse_properties,
+    parse_values,
+    read_text,
+)
+from mqsecurity.errors import CertificateError
+from mqsecurity.tls import TlsFiles, check_server_files, tls_files_of
 from nameserver.routes import (
     DEFAULT_BROKER_EXPIRED_TIME_MS,
     DEFAULT_SCAN_INTERVAL_MS,
@@ -15,6 +27,9 @@ from nameserver.routes import (
 
 # RocketMQ's NameServer port.
 DEFAULT_PORT = 9876
+# RocketMQ binds the NameServer on every interface; a local group sets listenHost=127.0.0.1.
+DEFAULT_LISTEN_HOST = "0.0.0.0"
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 # A day of silence is the most we let a node keep its routes; 1 s the least (the scan period
 # is the real resolution of expiry).
 MAX_EXPIRED_TIME_MS = 24 * 3600 * 1000
@@ -35,11 +50,46 @@ class NameServerConfig:
     listenPort: int = DEFAULT_PORT
     brokerExpiredTime: int = DEFAULT_BROKER_EXPIRED_TIME_MS
     scanNotActiveBrokerInterval: int = DEFAULT_SCAN_INTERVAL_MS
+    listenHost: str = DEFAULT_LISTEN_HOST
+    tlsEnable: bool = False
+    tlsServerCertPath: str = ""
+    tlsServerKeyPath: str = ""
+    tlsServerTrustCertPath: str = ""
+    brokerAuthenticationEnabled: bool = False
+
+    @property
+    def tls_files(self) -> TlsFiles | None:
+        """The port's certificate, key and CA when tlsEnable, else None (plaintext)."""
+        files = tls_files_of(
+            self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath
+        )
+        return files if self.tlsEnable else None
+
+
+def _parse_host(text: str) -> str:
+    """An IP address or a host name to bind."""
+    host = text.strip()
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(host):
+        raise ValueError("is not an IP address or a host name")
+    return host
+
+
+def _parse_path(text: str) -> str:
+    return os.path.expanduser(text.strip())
 
 
 # key -> (parser, description)
-KEYS: Mapping[str, tuple[Callable[[str], int], str]] = {
+KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
     "listenPort": (parse_port, f"gRPC port (default {DEFAULT_PORT})"),
+    "listenHost": (
+        _parse_host,
+        f"address to bind (default {DEFAULT_LISTEN_HOST}, every interface; 127.0.0.1: this "
+        "machine only)",
+    ),
     "brokerExpiredTime": (
         int_in(MIN_EXPIRED_TIME_MS, MAX_EXPIRED_TIME_MS),
         f"ms of silence after which a broker node is dropped (default "
@@ -49,6 +99,18 @@ KEYS: Mapping[str, tuple[Callable[[str], int], str]] = {
         int_in(MIN_SCAN_INTERVAL_MS, MAX_SCAN_INTERVAL_MS),
         f"ms between scans for silent nodes (default {DEFAULT_SCAN_INTERVAL_MS})",
     ),
+    "tlsEnable": (parse_bool, "serve TLS only (default false)"),
+    "tlsServerCertPath": (_parse_path, "the NameServer's certificate (PEM), with tlsEnable"),
+    "tlsServerKeyPath": (_parse_path, "its private key (PEM, 0600)"),
+    "tlsServerTrustCertPath": (
+        _parse_path,
+        "CA (PEM) that issues the brokers' member certificates (brokerAuthenticationEnabled)",
+    ),
+    "brokerAuthenticationEnabled": (
+        parse_bool,
+        "only a group's members may RegisterBroker/UnregisterBroker it: calls signed with a "
+        "member certificate of tlsServerTrustCertPath's CA (default false)",
+    ),
 }
 
 
@@ -57,7 +119,28 @@ def parse_config(text: str, path: str = "namesrv.conf") -> NameServerConfig:
     values = parse_values(
         raw, {name: parse for name, (parse, _) in KEYS.items()}, path, ConfigError
     )
-    return NameServerConfig(**values)
+    cfg = NameServerConfig(**values)
+    _check_security(cfg, path)
+    return cfg
+
+
+def _check_security(cfg: NameServerConfig, path: str) -> None:
+    """The TLS and authentication keys agree and their files are sound (one line naming the
+    key otherwise, before the NameServer starts)."""
+    if cfg.tlsEnable:
+        for name in ("tlsServerCertPath", "tlsServerKeyPath"):
+            if not getattr(cfg, name):
+                raise ConfigError(f"{path}: key '{name}' is required with tlsEnable=true")
+        try:
+            check_server_files(
+                TlsFiles(cfg.tlsServerCertPath, cfg.tlsServerKeyPath, None),
+            )
+        except CertificateError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    if cfg.brokerAuthenticationEnabled and not cfg.tlsServerTrustCertPath:
+        raise ConfigError(
+            f"{path}: key 'tlsServerTrustCertPath' is required with brokerAuthenticationEnabled"
+        )
 
 
 def load_config(path: str | os.PathLike[str]) -> NameServerConfig:

@@ -3,6 +3,12 @@
 Errors map to gRPC status codes in :data:`_STATUS` and only there; the detail starts with the
 error's stable code, and the status details carry it as a ``raftmq.common.v1.ErrorInfo``
 (:mod:`dledger.server.status`).
+
+With ``brokerAuthenticationEnabled`` a RegisterBroker or UnregisterBroker must be signed by a
+member certificate of the very group and node it is about (`mqsecurity.membersig`); anything
+else is refused (``UNAUTHENTICATED`` unsigned or badly signed, ``PERMISSION_DENIED`` signed by
+another member) before the table is touched, and counted (`mqsecurity.refusals`, shown by
+GetClusterInfo).
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from dledger.server import rpcguard, status
-from dledger.server.serving import add_health_and_reflection, bind_insecure
+from dledger.server.serving import add_health_and_reflection, bind
+from mqsecurity import refusals
+from mqsecurity.errors import CertificateError, SignatureError
+from mqsecurity.membersig import MemberVerifier
+from mqsecurity.refusals import REFUSALS
+from mqsecurity.tls import read_pem
 from nameserver.config import NameServerConfig
 from nameserver.routes import (
     MAX_HOST_LEN,
@@ -39,8 +50,9 @@ from nameserver.routes import (
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "raftmq.nameserver.v1.NameServer"
-# RocketMQ binds the NameServer on every interface.
-BIND_HOST = "0.0.0.0"
+# The gRPC method paths a member signature covers (the broker signs the same: mqsecurity).
+REGISTER_METHOD = f"/{SERVICE_NAME}/RegisterBroker"
+UNREGISTER_METHOD = f"/{SERVICE_NAME}/UnregisterBroker"
 # The largest valid RegisterBroker request on the wire: every topic of the maximum table at
 # the longest name and largest counts (tag + length + name, three int32 fields, the repeated
 # field's own tag and length), plus the other fields at their longest.
@@ -58,6 +70,8 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
 ]
+# Characters of a caller-supplied name quoted in a refusal.
+QUOTE_MAX_CHARS = 64
 # In-flight RPCs get this long to finish when the server stops.
 STOP_GRACE_S = 0.5
 
@@ -132,14 +146,54 @@ def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:
     )
 
 
+def _quote(name: str) -> str:
+    """A caller's name as a refusal quotes it: bounded, repr-quoted."""
+    return repr(name[:QUOTE_MAX_CHARS])
+
+
 class NameServerServicer(pb_grpc.NameServerServicer):
-    def __init__(self, table: RouteTable) -> None:
+    """``verifier`` None: anyone may (un)register any group (brokerAuthenticationEnabled off)."""
+
+    def __init__(self, table: RouteTable, verifier: MemberVerifier | None = None) -> None:
         self.table = table
+        self.verifier = verifier
+
+    async def _authenticate(
+        self,
+        method: str,
+        request: pb.RegisterBrokerRequest | pb.UnregisterBrokerRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Refuse the call unless a member of ``request``'s group and node signed it."""
+        if self.verifier is None:
+            return
+        try:
+            who = self.verifier.verify(
+                method,
+                request.SerializeToString(deterministic=True),
+                context.invocation_metadata() or (),
+            )
+        except SignatureError as exc:
+            failure = status.RpcFailure(
+                grpc.StatusCode.UNAUTHENTICATED, "REGISTRATION_UNAUTHENTICATED", str(exc)
+            )
+        else:
+            if (who.group, who.node_id) == (request.broker_name, request.node_id):
+                return
+            failure = status.RpcFailure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "NOT_A_MEMBER",
+                f"signed by {who.uri}, not by member {_quote(request.node_id)} of group "
+                f"{_quote(request.broker_name)}",
+            )
+        REFUSALS.count(refusals.REGISTRATION, f"{method} from {context.peer()}: {failure.detail}")
+        await status.abort(context, failure)
 
     @_rpc
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterBrokerResponse:
+        await self._authenticate(REGISTER_METHOD, request, context)
         self.table.register(registration_from_pb(request))
         return pb.RegisterBrokerResponse(broker_expired_time_ms=self.table.broker_expired_time_ms)
 
@@ -147,6 +201,7 @@ class NameServerServicer(pb_grpc.NameServerServicer):
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterBrokerResponse:
+        await self._authenticate(UNREGISTER_METHOD, request, context)
         removed = self.table.unregister(request.cluster, request.broker_name, request.node_id)
         return pb.UnregisterBrokerResponse(removed=removed)
 
@@ -205,7 +260,9 @@ class NameServerServicer(pb_grpc.NameServerServicer):
                     ],
                 )
             )
-        return pb.GetClusterInfoResponse(clusters=[clusters[k] for k in sorted(clusters)])
+        return pb.GetClusterInfoResponse(
+            clusters=[clusters[k] for k in sorted(clusters)], refusals=REFUSALS.snapshot()
+        )
 
     @_rpc
     async def GetAllTopicList(
@@ -217,9 +274,10 @@ class NameServerServicer(pb_grpc.NameServerServicer):
 class NameServer:
     """One NameServer: call :meth:`start`, then :meth:`stop`."""
 
-    def __init__(self, cfg: NameServerConfig, host: str = BIND_HOST) -> None:
+    def __init__(self, cfg: NameServerConfig, host: str | None = None) -> None:
+        """``host`` overrides ``cfg.listenHost``."""
         self.cfg = cfg
-        self.host = host
+        self.host = host if host is not None else cfg.listenHost
         self.table = RouteTable(cfg.brokerExpiredTime)
         self._server: grpc.aio.Server | None = None
         self._scan_task: asyncio.Task[None] | None = None
@@ -227,20 +285,38 @@ class NameServer:
     async def start(self) -> None:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         rpcguard.add_servicer(
-            server, pb_grpc.add_NameServerServicer_to_server, NameServerServicer(self.table)
+            server,
+            pb_grpc.add_NameServerServicer_to_server,
+            NameServerServicer(self.table, self._verifier()),
         )
         add_health_and_reflection(server, [SERVICE_NAME])
         addr = f"{self.host}:{self.cfg.listenPort}"
-        bind_insecure(server, addr, StartError)
+        bind(server, addr, self.cfg.tls_files, StartError)
         await server.start()
         self._server = server
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="scan")
         logger.info(
-            "nameserver started addr=%s broker_expired_time_ms=%d scan_interval_ms=%d",
+            "nameserver started addr=%s %s broker_authentication=%s broker_expired_time_ms=%d "
+            "scan_interval_ms=%d",
             addr,
+            "tls" if self.cfg.tlsEnable else "plaintext",
+            self.cfg.brokerAuthenticationEnabled,
             self.cfg.brokerExpiredTime,
             self.cfg.scanNotActiveBrokerInterval,
         )
+
+    def _verifier(self) -> MemberVerifier | None:
+        if not self.cfg.brokerAuthenticationEnabled:
+            return None
+        path = self.cfg.tlsServerTrustCertPath
+        try:
+            pem = read_pem(path, "tlsServerTrustCertPath")  # its errors name the key
+        except CertificateError as exc:
+            raise StartError(str(exc)) from None
+        try:
+            return MemberVerifier(pem)
+        except CertificateError as exc:
+            raise StartError(f"tlsServerTrustCertPath: {path}: {exc}") from None
 
     async def _scan_loop(self) -> None:
         period_s = self.cfg.scanNotActiveBrokerInterval / 1000

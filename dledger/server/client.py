@@ -19,6 +19,7 @@ from dledger.log import DLedgerError, Entry
 from dledger.server.convert import entry_from_pb
 from dledger.server.status import code_of_text, read_error
 from dledger.server.transport import CHANNEL_OPTIONS
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # Redirects followed by one call before it gives up (a group elects within a few hops).
 MAX_REDIRECTS = 5
@@ -57,9 +58,16 @@ def _error(exc: grpc.RpcError, addr: str) -> ClientError:
 
 
 class LogClient:
-    """Talks to the client ports of one group's nodes."""
+    """Talks to the client ports of one group's nodes, as ``security`` says (plaintext by
+    default; TLS, a client certificate and signed calls when it carries them)."""
 
-    def __init__(self, addrs: Sequence[str], group: str = "", timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        addrs: Sequence[str],
+        group: str = "",
+        timeout_s: float = 5.0,
+        security: ClientSecurity = PLAINTEXT,
+    ) -> None:
         if not addrs:
             raise ClientError(
                 "at least one node address", status="INVALID_ARGUMENT", code="NO_ADDR"
@@ -67,6 +75,7 @@ class LogClient:
         self.addrs = list(addrs)
         self.group = group
         self.timeout_s = timeout_s
+        self.security = security
         self._channels: dict[str, grpc.Channel] = {}
         self._leader: str | None = None
 
@@ -84,7 +93,7 @@ class LogClient:
     def _stub(self, addr: str) -> pb_grpc.DLedgerClientStub:
         ch = self._channels.get(addr)
         if ch is None:
-            ch = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            ch = open_channel(addr, self.security, CHANNEL_OPTIONS)
             self._channels[addr] = ch
         return pb_grpc.DLedgerClientStub(ch)
 

@@ -52,10 +52,14 @@ from dledger.log import (
 from dledger.server import rpcguard, status
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
-from dledger.server.serving import add_health_and_reflection, bind_insecure
+from dledger.server.members import Refused, stream_sender
+from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
 from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
+from mqsecurity.refusals import REFUSALS
+from mqsecurity.tls import TlsFiles
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +94,9 @@ DROP_DISK_FULL = "disk_full"
 # How long the ready loop waits before it retries a persist job the full disk refused: short
 # enough that writes resume quickly once space is freed, long enough not to spin.
 PERSIST_RETRY_MS = 100
+# Where the extra plaintext client port (NodeConfig.plaintext_client_port) listens: local
+# tools only, never the network.
+PLAINTEXT_CLIENT_HOST = "127.0.0.1"
 
 
 def _echo(text: str) -> str:
@@ -167,6 +174,14 @@ class NodeConfig:
     file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS
     delete_when: str = DEFAULT_DELETE_WHEN
     retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
+    # TLS (broker.conf tlsEnable and tlsServer*Path). None: every port plaintext. Otherwise the
+    # client port speaks TLS (no client certificate asked), the peer port mutual TLS (only a
+    # certificate signed by tls.ca_path naming a member of this group is served, and the
+    # sender's id is the certificate's), and this node's outgoing peer streams present
+    # tls.cert_path, its member certificate.
+    tls: TlsFiles | None = None
+    # With tls: an extra plaintext client port bound to 127.0.0.1 (0: none), for local tools.
+    plaintext_client_port: int = 0
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -185,6 +200,23 @@ class NodeConfig:
             raise ConfigError(
                 "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
             )
+        self._check_tls()
+
+    def _check_tls(self) -> None:
+        tls = self.tls
+        if tls is not None and (tls.cert_path is None or tls.ca_path is None):
+            raise ConfigError("tls needs a certificate, its key and the CA of the members")
+        if not 0 <= self.plaintext_client_port <= 65535:
+            raise ConfigError(f"plaintext_client_port {self.plaintext_client_port} is not a port")
+        if self.plaintext_client_port and tls is None:
+            raise ConfigError("plaintext_client_port needs tls (the client port is plaintext)")
+        if self.plaintext_client_port == self.client_port:
+            raise ConfigError("plaintext_client_port must differ from client_port")
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        """How this node reaches the group's ports: with its member certificate under TLS."""
+        return PLAINTEXT if self.tls is None else ClientSecurity(tls=self.tls)
 
     @property
     def client_addr(self) -> str:
@@ -255,24 +287,9 @@ class DLedgerNode:
 
     async def start(self) -> None:
         cfg = self.cfg
-        # Ports first: a busy port must stop the node before it touches its store.
-        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
-            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
-        )
-        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
-            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
-        )
-        client_names = ["raftmq.dledger.v1.DLedgerClient"]
-        for register in self._client_services:
-            client_names.extend(register(self._client_server))
-        for server, addr, names in (
-            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"]),
-            (self._client_server, cfg.client_addr, client_names),
-        ):
-            add_health_and_reflection(server, names)
-            bind_insecure(server, addr, StartError)
+        # Ports first: a busy port or a bad certificate must stop the node before it touches
+        # its store.
+        self._bind_ports()
         try:
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
@@ -287,7 +304,11 @@ class DLedgerNode:
             applied_index=self._applied,
         )
         self._transport = PeerTransport(
-            cfg.group, cfg.self_id, cfg.public_client_addr, dict(cfg.peers.items())
+            cfg.group,
+            cfg.self_id,
+            cfg.public_client_addr,
+            dict(cfg.peers.items()),
+            cfg.client_security,
         )
         if cfg.unsafe_ack_before_replication:
             logger.warning(
@@ -295,6 +316,7 @@ class DLedgerNode:
                 "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
                 cfg.self_id,
             )
+        assert self._peer_server is not None and self._client_server is not None
         await self._peer_server.start()
         await self._client_server.start()
         self._transport.start()
@@ -306,14 +328,40 @@ class DLedgerNode:
             spawn(self._retention_loop(), "retention"),
         ]
         logger.info(
-            "node=%s group=%s started peer=%s client=%s last_index=%d term=%d",
+            "node=%s group=%s started peer=%s client=%s %s last_index=%d term=%d",
             cfg.self_id,
             cfg.group,
             cfg.peers[cfg.self_id],
             cfg.client_addr,
+            f"tls plaintext_client_port={cfg.plaintext_client_port}" if cfg.tls else "plaintext",
             self.store.last_index(),
             self.core.term,
         )
+
+    def _bind_ports(self) -> None:
+        """Both servers with their services, bound: plaintext, or TLS (client port) and
+        mutual TLS (peer port) with ``cfg.tls``, plus the optional plaintext client port."""
+        cfg = self.cfg
+        self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
+        rpcguard.add_servicer(
+            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
+        )
+        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
+        rpcguard.add_servicer(
+            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
+        )
+        client_names = ["raftmq.dledger.v1.DLedgerClient"]
+        for register in self._client_services:
+            client_names.extend(register(self._client_server))
+        for server, addr, names, mutual in (
+            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"], True),
+            (self._client_server, cfg.client_addr, client_names, False),
+        ):
+            add_health_and_reflection(server, names)
+            bind(server, addr, cfg.tls, StartError, require_client_cert=mutual)
+        if cfg.plaintext_client_port:
+            plain = f"{PLAINTEXT_CLIENT_HOST}:{cfg.plaintext_client_port}"
+            bind_insecure(self._client_server, plain, StartError)
 
     async def stop(self) -> None:
         """Stop serving, then close the store cleanly (removes the abort marker)."""
@@ -454,7 +502,7 @@ class DLedgerNode:
             _, addr = self.leader_client_addr()
             if not addr:
                 return None
-            async with grpc.aio.insecure_channel(addr) as channel:
+            async with open_aio_channel(addr, self.cfg.client_security) as channel:
                 resp = await pb_grpc.DLedgerClientStub(channel).Metadata(
                     pb.MetadataRequest(group=self.cfg.group), timeout=RETENTION_RPC_TIMEOUT_S
                 )
@@ -610,6 +658,36 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
     ) -> pb.PeerAck:
+        if self.node.cfg.tls is None:
+            sender = await self._claimed_sender(context)
+        else:
+            sender = await self._certified_sender(context)
+        received = 0
+        async for pm in request_iterator:
+            received += 1
+            self.node.on_peer_message(sender, pm)
+        return pb.PeerAck(received=received)
+
+    async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
+        """Mutual TLS: the member its certificate names (dledger.server.members)."""
+        cfg = self.node.cfg
+        sender = stream_sender(
+            context.auth_context(),
+            context.invocation_metadata() or (),
+            cfg.group,
+            cfg.self_id,
+            cfg.peers,
+        )
+        if isinstance(sender, Refused):
+            REFUSALS.count(
+                sender.reason, f"node={cfg.self_id} peer={context.peer()} {sender.failure.detail}"
+            )
+            await status.abort(context, sender.failure)
+        return sender
+
+    async def _claimed_sender(self, context: grpc.aio.ServicerContext) -> str:
+        """Plaintext: the member the stream's headers name (anyone who can reach the peer port
+        can claim to be a member; tlsEnable closes that)."""
         node = self.node
         md = dict(context.invocation_metadata() or ())
         group, sender = md.get("x-raftmq-group", ""), md.get("x-raftmq-from", "")
@@ -629,11 +707,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
                     f"of group {_echo(node.cfg.group)}: group={_echo(group)} from={_echo(sender)}",
                 ),
             )
-        received = 0
-        async for pm in request_iterator:
-            received += 1
-            self.node.on_peer_message(sender, pm)
-        return pb.PeerAck(received=received)
+        return str(sender)
 
 
 class _ClientServicer(pb_grpc.DLedgerClientServicer):
@@ -749,6 +823,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
                 for p in st.peers
             ],
             store_path=str(node.store.root),
+            refusals=REFUSALS.snapshot(),
         )
 
     async def TransferLeadership(

@@ -21,6 +21,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from dledger.core import Message
 from dledger.fatal import spawn
 from dledger.server.convert import fill_pb, to_pb
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +72,21 @@ class LinkStats:
 
 
 class PeerLink:
-    """The outbound half of the conversation with one peer."""
+    """The outbound half of the conversation with one peer. With ``security.tls`` the stream
+    speaks mutual TLS and this node's member certificate is what identifies it to the peer."""
 
-    def __init__(self, group: str, self_id: str, self_client_addr: str, peer_id: str, addr: str):
+    def __init__(
+        self,
+        group: str,
+        self_id: str,
+        self_client_addr: str,
+        peer_id: str,
+        addr: str,
+        security: ClientSecurity = PLAINTEXT,
+    ):
         self.peer_id = peer_id
         self.addr = addr
+        self._security = security
         self.stats = LinkStats()
         self._group = group
         self._metadata = (
@@ -140,7 +151,7 @@ class PeerLink:
         while True:
             try:
                 if self._channel is None:
-                    self._channel = grpc.aio.insecure_channel(self.addr, options=CHANNEL_OPTIONS)
+                    self._channel = open_aio_channel(self.addr, self._security, CHANNEL_OPTIONS)
                 stub = pb_grpc.DLedgerPeerStub(self._channel)
                 # wait_for_ready: while the peer is unreachable the call waits for the channel
                 # instead of failing fast. Failing fast consumed (and lost) a queued message
@@ -178,10 +189,15 @@ class PeerTransport:
     """All outbound links of one node."""
 
     def __init__(
-        self, group: str, self_id: str, self_client_addr: str, peers: dict[str, str]
+        self,
+        group: str,
+        self_id: str,
+        self_client_addr: str,
+        peers: dict[str, str],
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.links = {
-            pid: PeerLink(group, self_id, self_client_addr, pid, addr)
+            pid: PeerLink(group, self_id, self_client_addr, pid, addr, security)
             for pid, addr in peers.items()
             if pid != self_id
         }

@@ -1,0 +1,90 @@
+"""Who is on the other end of a peer stream, when the peer port speaks mutual TLS.
+
+The TLS handshake already refused every client without a certificate signed by the group's CA.
+What is left to decide here: does the certificate name a member of *this* group, one of its
+peers other than this node (``raftmq://member/<group>/<node-id>``, `mqsecurity.pki`)? The
+sender's id is the certificate's, never the stream's metadata: a stream whose metadata names
+another group or another id than its certificate is refused as a lie (``PEER_IDENTITY``), not
+corrected. Every refusal is a `Refused` carrying the reason counted in
+`mqsecurity.refusals` and the failure the call ends with (`dledger.server.status`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from dledger.server import status
+from mqsecurity import refusals
+from mqsecurity.pki import member_identity
+
+# The headers a peer stream carries (PeerLink sets them; with TLS they only have to agree with
+# the certificate).
+GROUP_HEADER = "x-raftmq-group"
+FROM_HEADER = "x-raftmq-from"
+# Characters of a claimed name quoted in a refusal (details and log lines stay short).
+QUOTE_MAX_CHARS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A peer stream refused: ``reason`` for `mqsecurity.refusals`, ``failure`` for the caller."""
+
+    reason: str
+    failure: status.RpcFailure
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= QUOTE_MAX_CHARS else text[:QUOTE_MAX_CHARS] + "...")
+
+
+def _not_member(group: str, why: str) -> Refused:
+    return Refused(
+        refusals.PEER_CERTIFICATE,
+        status.RpcFailure(
+            grpc.StatusCode.PERMISSION_DENIED, "NOT_A_MEMBER", f"of group {_quote(group)}: {why}"
+        ),
+    )
+
+
+def stream_sender(
+    auth_context: Mapping[str, Sequence[bytes]],
+    metadata: Iterable[tuple[str, str | bytes]],
+    group: str,
+    self_id: str,
+    peers: Collection[str],
+) -> str | Refused:
+    """The member id of the certificate a peer stream came with, or why it is refused."""
+    pems = auth_context.get("x509_pem_cert") or []
+    if len(pems) != 1:
+        return Refused(
+            refusals.PEER_CERTIFICATE,
+            status.RpcFailure(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "NO_CERTIFICATE",
+                "a peer stream needs a member certificate (mutual TLS)",
+            ),
+        )
+    who = member_identity(pems[0])
+    if who is None:
+        return _not_member(group, "the certificate names no member")
+    if who.group != group:
+        return _not_member(group, f"the certificate names group {_quote(who.group)}")
+    if who.node_id == self_id or who.node_id not in peers:
+        return _not_member(group, f"the certificate names {_quote(who.node_id)}, not a peer")
+    claims = {k: v for k, v in metadata if k in (GROUP_HEADER, FROM_HEADER)}
+    claimed_group = claims.get(GROUP_HEADER, group)
+    claimed_id = claims.get(FROM_HEADER, who.node_id)
+    if claimed_group != group or claimed_id != who.node_id:
+        return Refused(
+            refusals.PEER_IDENTITY,
+            status.RpcFailure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "PEER_IDENTITY",
+                f"certificate of {_quote(who.node_id)} claims group={_quote(str(claimed_group))} "
+                f"from={_quote(str(claimed_id))}",
+            ),
+        )
+    return who.node_id
