@@ -160,7 +160,7 @@ def _decode_fast(buf: Buffer, offset: int, count: int, verify_crc: bool) -> list
         raise ValueError
     # Slices of bytes are bytes: fields are cut from ``buf`` itself. Another buffer (a view
     # of a batch, whose slices would be views) gives one copy of each message to cut from.
-    whole = type(buf) is bytes
+    whole: bytes | None = buf if isinstance(buf, bytes) else None
     rows: list[MessageRow] = []
     append = rows.append
     unpack = MESSAGE_FIXED.unpack_from
@@ -180,7 +180,7 @@ def _decode_fast(buf: Buffer, offset: int, count: int, verify_crc: bool) -> list
             raise ValueError
         if verify_crc and crc32c(mv[offset + MESSAGE_CRC_END : end]) != crc:
             raise ValueError
-        data, at = (buf, offset) if whole else (bytes(mv[offset:end]), 0)
+        data, at = (whole, offset) if whole is not None else (bytes(mv[offset:end]), 0)
         stop = at + total
         # Lengths only add up: a field that overruns the message leaves the sum beyond its
         # end (or reads past the buffer and raises), never at it.
