@@ -127,26 +127,25 @@ class MessageExt:
     @classmethod
     def from_pb(cls, m: pb.Message, broker_name: str) -> MessageExt:
         return cls.shown(
-            store_topic=m.topic,
-            store_msg_id=m.msg_id,
-            properties=dict(m.properties) if m.properties else {},
-            body=m.body,
-            tags=m.tags,
-            keys=tuple(m.keys) if m.keys else (),
-            offset_msg_id=m.offset_msg_id,
-            broker_name=broker_name,
-            queue_id=m.queue_id,
-            queue_offset=m.queue_offset,
-            commitlog_position=m.commitlog_position,
-            born_timestamp_ms=m.born_timestamp_ms,
-            store_timestamp_ms=m.store_timestamp_ms,
-            reconsume_times=m.reconsume_times,
+            m.topic,
+            m.msg_id,
+            dict(m.properties) if m.properties else {},
+            m.body,
+            m.tags,
+            tuple(m.keys) if m.keys else (),
+            m.offset_msg_id,
+            broker_name,
+            m.queue_id,
+            m.queue_offset,
+            m.commitlog_position,
+            m.born_timestamp_ms,
+            m.store_timestamp_ms,
+            m.reconsume_times,
         )
 
     @classmethod
     def shown(
         cls,
-        *,
         store_topic: str,
         store_msg_id: str,
         properties: dict[str, str],
@@ -163,13 +162,14 @@ class MessageExt:
         reconsume_times: int,
     ) -> MessageExt:
         """The message as a consumer sees it: a retry shows its original topic and id, a
-        dead letter its original id."""
+        dead letter its original id. Positional: called once per message pulled."""
         topic, msg_id = store_topic, store_msg_id
-        if topic.startswith(RETRY_PREFIX):
-            topic = properties.get(PROPERTY_RETRY_TOPIC, topic)
-            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
-        elif topic.startswith(DLQ_PREFIX):  # a dead letter keeps its topic, shows its origin id
-            msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
+        if topic[:1] == "%":  # both prefixes start so: one test for an ordinary topic
+            if topic.startswith(RETRY_PREFIX):
+                topic = properties.get(PROPERTY_RETRY_TOPIC, topic)
+                msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
+            elif topic.startswith(DLQ_PREFIX):  # a dead letter keeps its topic, shows its id
+                msg_id = properties.get(PROPERTY_ORIGIN_MESSAGE_ID, msg_id)
         return cls(
             topic,
             body,

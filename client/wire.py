@@ -41,26 +41,27 @@ def decode_messages(
     except CorruptMessageError as exc:
         raise _bad(str(exc)) from None
     out: list[MessageExt] = []
+    append, shown = out.append, MessageExt.shown
     at = 0
     for row, queue_offset, position in zip(rows, queue_offsets, positions, strict=True):
         (size, topic, queue_id, body, tags, keys, properties, _host, born_ts, store_ts, _group,
          uniq_id, reconsume_times, _flag, _sys_flag) = row  # fmt: skip
-        out.append(
-            MessageExt.shown(
-                store_topic=topic,
-                store_msg_id=uniq_id,
-                properties=properties,
-                body=body,
-                tags=tags,
-                keys=keys,
-                offset_msg_id=f"{offset_msg_id_prefix}{position:016X}",
-                broker_name=broker_name,
-                queue_id=queue_id,
-                queue_offset=queue_offset,
-                commitlog_position=position,
-                born_timestamp_ms=born_ts,
-                store_timestamp_ms=store_ts,
-                reconsume_times=reconsume_times,
+        append(
+            shown(
+                topic,
+                uniq_id,
+                properties,
+                body,
+                tags,
+                keys,
+                f"{offset_msg_id_prefix}{position:016X}",
+                broker_name,
+                queue_id,
+                queue_offset,
+                position,
+                born_ts,
+                store_ts,
+                reconsume_times,
             )
         )
         at += size

@@ -45,7 +45,8 @@ Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in
    is stable or in ``rd.entries``). ``Entry.type`` NOOP entries carry no data; skip them.
 5. ``node.advance(rd)``: what 2 wrote is stable.
 6. if ``rd.notices_held``: call ``node.release_notices()`` COMMIT_NOTICE_LINGER_MS later,
-   unless such a call is already pending.
+   unless such a call is already pending; if not, cancel a pending call (optional: it would
+   find nothing held, or release a later hold early, which costs messages, not safety).
 
 ``step``/``tick``/``propose`` may be called between ``ready()`` and ``advance()`` (while the
 job runs in a thread: the next Ready then writes all they added, a group commit); ``ready()``
@@ -59,8 +60,9 @@ stable entries; ``commit_index`` counts only what the stored log holds.
 Commit notices (an empty no-reply append telling a follower the commit index) are decided at
 ``ready()``: none to a follower that this Ready sends an append (it carries the commit) or
 that has appends in flight; the others' are held and the Ready says ``notices_held`` (step
-6). At the release only followers that no append told meanwhile get a notice, with the latest
-commit; ``tick()`` releases them too (docs/RAFT.md section 4).
+6) until an append told them (a later Ready says False). At the release only followers that no
+append told meanwhile get a notice, with the latest commit; ``tick()`` releases them too
+(docs/RAFT.md section 4).
 
 A proposal's bodies are committed iff the committed entries at
 ``Proposal.first_index..last_index`` have ``Proposal.term``; a committed entry with another

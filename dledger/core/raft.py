@@ -86,7 +86,7 @@ class Ready:
     4. apply ``committed`` in order.
     5. ``advance(ready)``: what 2 wrote is stable.
     6. if ``notices_held``: call ``release_notices()`` COMMIT_NOTICE_LINGER_MS later, unless
-       such a call is already pending.
+       such a call is already pending; if not, cancel a pending call (optional).
     """
 
     # Term and vote to save durably; None when unchanged since the last Ready.
@@ -109,9 +109,11 @@ class Ready:
     committed: tuple[Entry, ...]
     # Role, term and leader when they changed since the last Ready, else None.
     soft_state: SoftState | None
-    # True when the leader holds commit notices for followers that no append told the new
+    # True while the leader holds commit notices for followers that no append told the new
     # commit index: the driver owes one release_notices() call COMMIT_NOTICE_LINGER_MS later
-    # (one pending call covers every notice held meanwhile). tick() releases them too.
+    # (one pending call covers every notice held meanwhile). False once no notice is held
+    # (an append carried the commit): a pending call may then be cancelled, so that the
+    # next hold lingers in full. tick() releases them too.
     notices_held: bool = False
 
     def must_persist(self) -> bool:
@@ -982,8 +984,10 @@ class RaftNode:
             return
         if bcast:
             self._broadcast_append()
-        if notice and any(self._notice_due(pr) for pr in self._progress.values()):
-            self._notices_held = True
+        if notice or self._notices_held:
+            # Held while some follower still needs one; an append sent since (in flight, or
+            # carrying the commit) ends the hold, and the next one lingers in full.
+            self._notices_held = any(self._notice_due(pr) for pr in self._progress.values())
 
     def _notice_due(self, pr: _Progress) -> bool:
         """Whether ``pr``'s follower needs a commit notice: no append in flight (its answer

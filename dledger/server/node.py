@@ -6,7 +6,7 @@ in one job in a thread (the loop keeps taking messages and proposals meanwhile, 
 unstable tail, and the next job writes all of them: group commit), then send the other
 messages, apply committed entries, ``advance``. Nothing on the event loop waits for the disk.
 Commit notices a Ready holds are released by one ``loop.call_later`` timer of
-COMMIT_NOTICE_LINGER_MS (at most one pending).
+COMMIT_NOTICE_LINGER_MS (at most one pending, cancelled when a Ready says none is held).
 Peer RPC and client RPC listen on separate ports so that either can be cut off on its own.
 """
 
@@ -570,11 +570,21 @@ class DLedgerNode:
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
         self.core.advance(rd)
-        if rd.notices_held and self._notice_release is None:
-            self._notice_release = asyncio.get_running_loop().call_later(
-                COMMIT_NOTICE_LINGER_MS / 1000, self._release_notices
-            )
+        self._arm_notice_release(rd.notices_held)
         await self._maybe_checkpoint()
+
+    def _arm_notice_release(self, held: bool) -> None:
+        """One pending release while notices are held; cancelled once none is (an append
+        carried the commit), so that the next hold lingers in full: a stale timer released
+        it early, a notice per send at 1 in flight (docs/PERFORMANCE.md)."""
+        if held:
+            if self._notice_release is None:
+                self._notice_release = asyncio.get_running_loop().call_later(
+                    COMMIT_NOTICE_LINGER_MS / 1000, self._release_notices
+                )
+        elif self._notice_release is not None:
+            self._notice_release.cancel()
+            self._notice_release = None
 
     def _release_notices(self) -> None:
         """The linger of the held commit notices is over: the core sends those still due."""

@@ -90,6 +90,8 @@ class Cluster:
             rd = node.ready()
             if rd.notices_held:
                 self.lingering.add(nid)
+            else:
+                self.lingering.discard(nid)  # an append carried the commit: nothing held
             self._send(rd.early_messages)
             if nid in self.hold_persist:
                 self.held[nid] = rd

@@ -5,7 +5,8 @@ replays bit for bit. The driver of each simulated member follows the core's Read
 contract exactly (see ``dledger.core``): it sends a Ready's early messages at once, persists
 its hard state, truncation and entries in one job that takes simulated time, and only then
 sends its other messages, applies and advances; when a Ready holds commit notices it calls
-``release_notices()`` COMMIT_NOTICE_LINGER_MS of simulated time later. A crash before the job
+``release_notices()`` COMMIT_NOTICE_LINGER_MS of simulated time later (the call is cancelled
+when a later Ready holds none). A crash before the job
 completes loses the Ready (its unsaved hard state and entries, with the core's unstable tail,
 and its unsent messages).
 """
@@ -169,6 +170,7 @@ class _Node:
         "max_applied",
         "pending",
         "release_pending",
+        "release_seq",
         "seen_leader_term",
         "up",
     )
@@ -181,6 +183,7 @@ class _Node:
         self.incarnation = 0
         self.pending: Ready | None = None  # Ready being persisted
         self.release_pending = False  # a release_notices() call is scheduled
+        self.release_seq = 0  # which scheduled call is the pending one (the others: cancelled)
         self.applied = 0  # applied index of this incarnation
         self.max_applied = 0  # highest index ever applied (durable by contract)
         self.accepted: dict[int, tuple[int, bytes, int]] = {}  # index -> (term, body, at_ms)
@@ -410,12 +413,14 @@ class Simulation:
         core.advance(rd)
         self._after(node)
 
-    def _on_release(self, payload: tuple[str, int]) -> None:
+    def _on_release(self, payload: tuple[str, int, int]) -> None:
         """The linger of a node's held commit notices is over."""
-        nid, incarnation = payload
+        nid, incarnation, seq = payload
         node = self.nodes[nid]
         if not node.up or node.incarnation != incarnation:
             return
+        if not node.release_pending or seq != node.release_seq:
+            return  # cancelled: a Ready said no notice is held any more
         assert node.core is not None
         node.release_pending = False
         self._note(f"release {nid}")
@@ -485,8 +490,11 @@ class Simulation:
             rd = node.pending = core.ready()
             if rd.notices_held and not node.release_pending:
                 node.release_pending = True
+                node.release_seq += 1
                 at = self.now + COMMIT_NOTICE_LINGER_MS
-                self._push(at, _RELEASE, (node.id, node.incarnation))
+                self._push(at, _RELEASE, (node.id, node.incarnation, node.release_seq))
+            elif not rd.notices_held:
+                node.release_pending = False  # cancels the scheduled call
             for m in rd.early_messages:
                 self._send(m)
             if self._send_before_persist and self._send_all(node, rd.messages):

@@ -185,9 +185,29 @@ def test_held_notice_is_dropped_when_a_later_append_carries_the_commit() -> None
     rd = node.ready()
     appends = [m for m in rd.early_messages if isinstance(m, AppendRequest)]
     assert len(appends) == 2 and all(m.leader_commit == committed for m in appends)
+    assert not rd.notices_held  # nothing held any more: the driver may cancel its timer
     finish_ready(node, c.logs[leader], rd)
     node.release_notices()
     assert not node.has_ready()  # both notices superseded: nothing goes out
+
+
+def test_a_hold_after_a_superseded_one_is_reported_anew() -> None:
+    """A driver that cancelled its timer when the hold ended arms a new one for the next hold:
+    the Ready of the next commit says notices_held again, and the notices go out only at the
+    release (not with the acks that committed)."""
+    c, leader, node = _leader_with_idle_followers()
+    finish_ready(node, c.logs[leader], _held_after_commit(c, leader, node))
+    node.propose([b"b"])
+    rd = node.ready()
+    assert not rd.notices_held
+    _ack_all(c, leader, rd)
+    rd = node.ready()
+    assert rd.notices_held and _notices(rd) == []
+    finish_ready(node, c.logs[leader], rd)
+    node.release_notices()
+    rd = node.ready()
+    assert sorted(m.to_id for m in _notices(rd)) == [x for x in c.ids if x != leader]
+    assert all(m.leader_commit == node.last_index for m in _notices(rd))
 
 
 def test_commit_notice_is_not_held_when_an_append_in_the_same_ready_carries_it() -> None:

@@ -21,7 +21,7 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
-from dledger.log import Entry
+from dledger.log import Entry, EntryType
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
@@ -143,15 +143,7 @@ def test_the_leader_releases_held_commit_notices_after_the_linger(tmp_path: Path
         sent: list[Message] = []
         assert node._transport is not None
         node._transport.send = sent.append  # type: ignore[method-assign]
-        node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 0, 0, (), 0), "g"))
-        node.on_peer_message("n1", to_pb(TimeoutNow("n1", "n0", 1), "g"))
-        await _until(lambda: any(isinstance(m, VoteRequest) for m in sent), "a vote request")
-        node.on_peer_message("n1", to_pb(VoteResponse("n1", "n0", 2, granted=True), "g"))
-        await _until(lambda: node.core.role is Role.LEADER, "leadership")
-        await _until(lambda: node.core.stable_index == 1, "the leader's entry on disk")
-        ack = AppendResponse("n1", "n0", 2, True, match_index=1, last_log_index=1)
-        node.on_peer_message("n1", to_pb(ack, "g"))
-        await _until(lambda: node.core.commit_index == 1, "the commit")
+        await _lead_with_first_entry_acked(node, sent)
         await _until(
             lambda: any(isinstance(m, AppendRequest) and m.no_reply for m in sent),
             "the released commit notice",
@@ -161,3 +153,70 @@ def test_the_leader_releases_held_commit_notices_after_the_linger(tmp_path: Path
         assert node._notice_release is None  # the one timer ran and nothing else is held
 
     _run_follower(tmp_path, body, tick_ms=20_000)
+
+
+def test_a_hold_that_an_append_ended_cancels_the_release_timer(tmp_path: Path) -> None:
+    """The leader holds a notice (its timer armed), then a proposal's append carries the
+    commit: the timer is cancelled, and the next commit's notice lingers its whole time
+    instead of leaving with the first timer (one notice per send at 1 in flight before)."""
+    import pytest
+
+    import dledger.server.node as node_module
+
+    # Long enough that every step below happens well inside one linger, even on a busy host.
+    linger_ms = 1000
+
+    async def body(node: DLedgerNode) -> None:
+        sent: list[Message] = []
+        assert node._transport is not None
+        node._transport.send = sent.append  # type: ignore[method-assign]
+        fired: list[float] = []  # when a release timer ran
+        release = node._release_notices
+
+        def timed_release() -> None:
+            fired.append(time.monotonic())
+            release()
+
+        node._release_notices = timed_release  # type: ignore[method-assign]
+        await _lead_with_first_entry_acked(node, sent)
+        await _until(lambda: node._notice_release is not None, "the armed release timer")
+        task = asyncio.create_task(node.propose([b"x"], int(EntryType.NORMAL)))
+
+        def appends_of_2() -> list[AppendRequest]:
+            return [m for m in sent if isinstance(m, AppendRequest) and m.prev_log_index == 1]
+
+        await _until(appends_of_2, "the append of entry 2")
+        (append,) = appends_of_2()
+        assert append.leader_commit == 1
+        # The append carried the commit: the timer is cancelled (once the Ready is carried
+        # out), not left to run.
+        await _until(lambda: node._notice_release is None, "the timer gone")
+        assert fired == []
+        held_at = time.monotonic()
+        ack = AppendResponse("n1", "n0", 2, True, match_index=2, last_log_index=2)
+        node.on_peer_message("n1", to_pb(ack, "g"))
+        await task
+        await _until(lambda: _notices(sent), "the notice of commit 2")
+        assert len(fired) == 1 and fired[0] - held_at >= linger_ms / 1000 * 0.9  # a whole linger
+        assert [m.leader_commit for m in _notices(sent)] == [2]  # the first hold sent none
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(node_module, "COMMIT_NOTICE_LINGER_MS", linger_ms)
+        _run_follower(tmp_path, body, tick_ms=20_000)
+
+
+def _notices(sent: list[Message]) -> list[AppendRequest]:
+    return [m for m in sent if isinstance(m, AppendRequest) and m.no_reply]
+
+
+async def _lead_with_first_entry_acked(node: DLedgerNode, sent: list[Message]) -> None:
+    """n1 hands n0 leadership in term 2 and acks its first entry: commit 1."""
+    node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 0, 0, (), 0), "g"))
+    node.on_peer_message("n1", to_pb(TimeoutNow("n1", "n0", 1), "g"))
+    await _until(lambda: any(isinstance(m, VoteRequest) for m in sent), "a vote request")
+    node.on_peer_message("n1", to_pb(VoteResponse("n1", "n0", 2, granted=True), "g"))
+    await _until(lambda: node.core.role is Role.LEADER, "leadership")
+    await _until(lambda: node.core.stable_index == 1, "the leader's entry on disk")
+    ack = AppendResponse("n1", "n0", 2, True, match_index=1, last_log_index=1)
+    node.on_peer_message("n1", to_pb(ack, "g"))
+    await _until(lambda: node.core.commit_index == 1, "the commit")
