@@ -220,3 +220,14 @@ def issue_client(ca: Authority, directory: str, name: str) -> TlsFiles:
     cert, key = _issue(ca, name, [x509.UniformResourceIdentifier(uri)])
     files = _write_pair(directory, f"client-{name}", cert, key)
     return TlsFiles(files.cert_path, files.key_path, ca.cert_path)
+
+
+def issue_server(ca: Authority, directory: str, name: str, hosts: Sequence[str]) -> TlsFiles:
+    """A server certificate for ``hosts`` with no member identity (a NameServer: it serves,
+    it never joins a group), written to ``directory/<name>.crt/.key``; the returned files
+    trust ``ca``."""
+    if not hosts:
+        raise CertificateError("a server certificate must name at least one host")
+    cert, key = _issue(ca, _check_name(name, "server name"), _host_names(hosts))
+    files = _write_pair(directory, name, cert, key)
+    return TlsFiles(files.cert_path, files.key_path, ca.cert_path)
