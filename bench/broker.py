@@ -40,6 +40,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 from msgcodec import UniqIdGenerator
 
 TOPIC = "BenchTopic"
@@ -129,7 +130,14 @@ def _queue_total(stub: pb_grpc.BrokerStub, topic: str, queues: int) -> int:
 
 
 def _send_all(
-    addr: str, topic: str, threads: int, batch: int, size: int, total: int, delay_level: int
+    addr: str,
+    topic: str,
+    threads: int,
+    batch: int,
+    size: int,
+    total: int,
+    delay_level: int,
+    security: ClientSecurity = PLAINTEXT,
 ) -> int:
     """Send ``total`` messages (``delay_level`` > 0: delayed) with ``threads`` producers."""
     body = os.urandom(size)
@@ -139,7 +147,7 @@ def _send_all(
 
     def run(i: int) -> None:
         ids = UniqIdGenerator(ip="127.0.0.1", instance_hash=1000 + i)
-        stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        stub = pb_grpc.BrokerStub(open_channel(addr, security))
         while sent[i] < per_thread:
             n = min(batch, per_thread - sent[i])
             msgs = [
@@ -175,10 +183,16 @@ def _wait_total(stub: pb_grpc.BrokerStub, topic: str, queues: int, want: int) ->
 
 
 def bench_delay(
-    addr: str, stub: pb_grpc.BrokerStub, threads: int, batch: int, size: int, total: int
+    addr: str,
+    stub: pb_grpc.BrokerStub,
+    threads: int,
+    batch: int,
+    size: int,
+    total: int,
+    security: ClientSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
     started = time.monotonic()
-    sent = _send_all(addr, DELAY_TOPIC, threads, batch, size, total, delay_level=1)
+    sent = _send_all(addr, DELAY_TOPIC, threads, batch, size, total, 1, security)
     sent_s = time.monotonic() - started
     delivered = _wait_total(stub, DELAY_TOPIC, QUEUES, sent)
     elapsed = time.monotonic() - started
@@ -192,9 +206,15 @@ def bench_delay(
 
 
 def bench_send_back(
-    addr: str, stub: pb_grpc.BrokerStub, threads: int, batch: int, size: int, total: int
+    addr: str,
+    stub: pb_grpc.BrokerStub,
+    threads: int,
+    batch: int,
+    size: int,
+    total: int,
+    security: ClientSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
-    sent = _send_all(addr, RETRY_SOURCE_TOPIC, threads, batch, size, total, delay_level=0)
+    sent = _send_all(addr, RETRY_SOURCE_TOPIC, threads, batch, size, total, 0, security)
     positions: list[tuple[int, str]] = []
     for q in range(QUEUES):
         offset = 0
@@ -219,7 +239,7 @@ def bench_send_back(
     failed = [0] * threads
 
     def run(i: int) -> None:
-        s = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        s = pb_grpc.BrokerStub(open_channel(addr, security))
         mine = chunks[i]
         for at in range(0, len(mine), batch):
             part = mine[at : at + batch]

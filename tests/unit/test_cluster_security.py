@@ -40,9 +40,7 @@ def contract_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in CONTRACT_KEYS:
         if name not in broker_config.KEYS:
             monkeypatch.setitem(
-                broker_config.KEYS,  # type: ignore[arg-type]
-                name,
-                broker_config._Key(str, "", "security contract key"),
+                broker_config.KEYS, name, broker_config._Key(str, "", "security contract key")
             )
 
 
