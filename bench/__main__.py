@@ -86,7 +86,7 @@ CATCH_UP_TIMEOUT_S = 120.0
 # drift of the machine's load falls on both sides.
 SECURITY_FLUSH = "ASYNC_FLUSH"
 SECURITY_SIZE = 1024
-SECURITY_ROUNDS = 2
+SECURITY_ROUNDS = 3
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -420,20 +420,23 @@ def security_compare(
                     )
     summary = []
     for n in in_flight:
-        rate = {
-            side: statistics.median(
+        rates = {
+            side: sorted(
                 c["messages_per_s"]
                 for c in cases
                 if c["security"] == side and c["asked_in_flight"] == n
             )
             for side in ("on", "off")
         }
+        on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
         summary.append(
             {
                 "in_flight": n,
-                "on_messages_per_s": rate["on"],
-                "off_messages_per_s": rate["off"],
-                "on_over_off": rate["on"] / rate["off"] if rate["off"] else None,
+                "on_messages_per_s": on,
+                "off_messages_per_s": off,
+                "on_over_off": on / off if off else None,
+                "on_each_round": rates["on"],  # the spread: how much to trust the ratio
+                "off_each_round": rates["off"],
             }
         )
     return {

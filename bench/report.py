@@ -86,7 +86,9 @@ def _security_lines(sec: dict[str, Any] | None) -> list[str]:
         f"- security on / off ({sec['flush']}, {sec['message_bytes']} B, median of "
         f"{sec['rounds']} rounds, same run), {s['in_flight']} in flight: "
         f"{_fmt(s['on_messages_per_s'])} / {_fmt(s['off_messages_per_s'])} msg/s = "
-        f"{_fmt(s['on_over_off'])}"
+        f"{_fmt(s['on_over_off'])} (each round: on "
+        f"{', '.join(_fmt(v) for v in s['on_each_round'])}; off "
+        f"{', '.join(_fmt(v) for v in s['off_each_round'])})"
         for s in sec["summary"]
     ]
 
