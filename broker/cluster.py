@@ -666,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
             if ns.purge:
                 cluster.purge()
             print("stopped")
-    except ClusterError as exc:
+    except BrokerError as exc:  # ClusterError, or a ConfigError of a --set value
         print(f"mqcluster: {exc}", file=sys.stderr)
         return 1
     return 0
