@@ -385,8 +385,9 @@ def delay_and_retry(cluster: LocalCluster, messages: int, send_rate: float) -> d
             ),
             timeout=10,
         )
-    delay = bb.bench_delay(addr, stub, 16, 64, 1024, messages, security)
-    retry = bb.bench_send_back(addr, stub, 16, 64, 1024, messages, security)
+    target = bb.Target(addr, stub, security)
+    delay = bb.bench_delay(target, 16, 64, 1024, messages)
+    retry = bb.bench_send_back(target, 16, 64, 1024, messages)
     return {
         "delayed": delay,
         "retries": retry,

@@ -28,7 +28,6 @@ import time
 
 from bench import tune_gc
 from client import Message, MQClientError, Producer
-from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import add_security_arguments, security_from_args
 
@@ -41,12 +40,7 @@ RETRY_PAUSE_S = 0.05
 
 
 def run(
-    namesrv: str,
-    topic: str,
-    size: int,
-    threads: int,
-    seconds: float,
-    security: ClientSecurity = PLAINTEXT,
+    producer: Producer, topic: str, size: int, threads: int, seconds: float
 ) -> dict[str, object]:
     body = os.urandom(size)
     start_at = time.monotonic() + WARMUP_S
@@ -54,30 +48,29 @@ def run(
     sent = [0] * threads
     failed = [0] * threads
     lat_us: list[list[int]] = [[] for _ in range(threads)]
-    with Producer(f"bench-{os.getpid()}", namesrv, security=security) as producer:
 
-        def sender(i: int) -> None:
-            mine = lat_us[i]
-            while True:
-                t0 = time.monotonic()
-                if t0 >= stop_at:
-                    return
-                try:
-                    producer.send(Message(topic, body))
-                except MQClientError:
-                    if t0 >= start_at:
-                        failed[i] += 1
-                    continue
+    def sender(i: int) -> None:
+        mine = lat_us[i]
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop_at:
+                return
+            try:
+                producer.send(Message(topic, body))
+            except MQClientError:
                 if t0 >= start_at:
-                    sent[i] += 1
-                    if len(mine) < MAX_SAMPLES_PER_THREAD:
-                        mine.append(int((time.monotonic() - t0) * 1e6))
+                    failed[i] += 1
+                continue
+            if t0 >= start_at:
+                sent[i] += 1
+                if len(mine) < MAX_SAMPLES_PER_THREAD:
+                    mine.append(int((time.monotonic() - t0) * 1e6))
 
-        workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(seconds + WARMUP_S + 30)
+    workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(seconds + WARMUP_S + 30)
     return {
         "sent": sum(sent),
         "failed": sum(failed),
@@ -87,12 +80,7 @@ def run(
 
 
 def run_async(
-    namesrv: str,
-    topic: str,
-    size: int,
-    in_flight: int,
-    seconds: float,
-    security: ClientSecurity = PLAINTEXT,
+    producer: Producer, topic: str, size: int, in_flight: int, seconds: float
 ) -> dict[str, object]:
     """``in_flight`` chains of ``send_async``, the next send of a chain issued from the
     previous one's callback."""
@@ -104,45 +92,44 @@ def run_async(
     max_samples = MAX_SAMPLES_PER_THREAD * 4
     finished = threading.Event()
     lock = threading.Lock()  # callbacks run on one thread; the retry timers on others
-    with Producer(f"bench-{os.getpid()}", namesrv, security=security) as producer:
 
-        def count(what: str, n: int = 1) -> None:
-            with lock:
-                counts[what] += n
-                if counts["active"] == 0:
-                    finished.set()
+    def count(what: str, n: int = 1) -> None:
+        with lock:
+            counts[what] += n
+            if counts["active"] == 0:
+                finished.set()
 
-        def chain_over() -> None:
-            count("active", -1)
+    def chain_over() -> None:
+        count("active", -1)
 
-        def issue() -> None:
-            t0 = time.monotonic()
-            if t0 >= stop_at:
-                chain_over()
-                return
+    def issue() -> None:
+        t0 = time.monotonic()
+        if t0 >= stop_at:
+            chain_over()
+            return
 
-            def ok(_: object) -> None:
-                if t0 >= start_at:
-                    count("sent")
-                    if len(lat_us) < max_samples:
-                        lat_us.append(int((time.monotonic() - t0) * 1e6))
-                issue()
-
-            def failed(_: BaseException) -> None:
-                if t0 >= start_at:
-                    count("failed")
-                issue()
-
-            try:
-                producer.send_async(Message(topic, body), on_success=ok, on_exception=failed)
-            except MQClientError:  # no route yet: try again shortly, off the callback thread
-                if t0 >= start_at:
-                    count("failed")
-                threading.Timer(RETRY_PAUSE_S, issue).start()
-
-        for _ in range(in_flight):
+        def ok(_: object) -> None:
+            if t0 >= start_at:
+                count("sent")
+                if len(lat_us) < max_samples:
+                    lat_us.append(int((time.monotonic() - t0) * 1e6))
             issue()
-        finished.wait(seconds + WARMUP_S + 30)
+
+        def failed(_: BaseException) -> None:
+            if t0 >= start_at:
+                count("failed")
+            issue()
+
+        try:
+            producer.send_async(Message(topic, body), on_success=ok, on_exception=failed)
+        except MQClientError:  # no route yet: try again shortly, off the callback thread
+            if t0 >= start_at:
+                count("failed")
+            threading.Timer(RETRY_PAUSE_S, issue).start()
+
+    for _ in range(in_flight):
+        issue()
+    finished.wait(seconds + WARMUP_S + 30)
     return {
         "sent": counts["sent"],
         "failed": counts["failed"],
@@ -171,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tune_gc()  # as the broker and the peers' load generators do
     fn = run_async if a.mode == "async" else run
-    json.dump(fn(a.namesrv, a.topic, a.size, a.in_flight, a.seconds, security), sys.stdout)
+    with Producer(f"bench-{os.getpid()}", a.namesrv, security=security) as producer:
+        result = fn(producer, a.topic, a.size, a.in_flight, a.seconds)
+    json.dump(result, sys.stdout)
     return 0
 
 
