@@ -473,7 +473,7 @@ def peers(seconds: float) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mqbench", description=__doc__)
     p.add_argument("--smoke", action="store_true", help="every part once, small (< 1 minute)")
     p.add_argument("--seconds", type=float, default=3.0, help="each produce case")
@@ -498,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--insecure",
         action="store_true",
-        help="plaintext groups without ACLs (default: secure, as mqcluster up makes them)",
+        help="plaintext groups without ACLs for every part but the security comparison "
+        "(default: secure, as mqcluster up makes them)",
     )
     p.add_argument(
         "--security-rounds",
@@ -507,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds of the security on/off comparison (0: skip it)",
     )
     p.add_argument("--out", default=str(RESULTS_DIR))
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     try:
         sizes = [int(x) for x in a.sizes.split(",")]
         in_flight = [int(x) for x in a.in_flight.split(",")]
