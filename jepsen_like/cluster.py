@@ -178,7 +178,7 @@ class JepsenCluster:
         ns = self.local.namesrv
         assert ns is not None
         localsecurity.create_secure_files(
-            self.base,
+            self.local.base,
             self.local.group,
             {nid: (host, *localsecurity.LOCAL_HOSTS) for nid, host in hosts.items()},
             (net.host_ip, *localsecurity.LOCAL_HOSTS),
