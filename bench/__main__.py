@@ -11,11 +11,15 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - failover: SIGKILL of the leader to the next acknowledged send (``--failovers`` trials);
 - delayed-message and consumer-retry throughput as ratios to the plain send rate (issue #7);
 - peak RSS of every node;
+- the cost of security (issue #18): the send rate of a group with TLS, member certificates and
+  ACLs and of one without, same flush mode and load, alternating between them in one run;
 - when installed (``make bench-peers``), a 3-node etcd and a 3-node NATS JetStream R3 on
   127.0.0.1 under the same load shape, and our figures as ratios to theirs.
 
-Writes ``bench/results/<UTC timestamp>.json``, ``.md`` (tables) and ``.png`` (chart).
-``--smoke`` runs every part once, small (under a minute): what CI checks.
+Every group is secure, as ``mqcluster up`` makes it (every call over TLS, signed by the admin
+user); ``--insecure`` runs them all plaintext. Writes ``bench/results/<UTC timestamp>.json``,
+``.md`` (tables) and ``.png`` (chart). ``--smoke`` runs every part once, small (under a
+minute): what CI checks.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from client import (
     PullConsumer,
     PushConsumer,
 )
+from mqsecurity.channels import open_channel
 
 TOPIC = "BenchT"
 QUEUES = 8
@@ -76,6 +81,12 @@ CONSUMER_READY_TIMEOUT_S = 15.0
 FAILOVER_TIMEOUT_S = 30.0
 # After a trial, how long the restarted node may take to catch up before the next one.
 CATCH_UP_TIMEOUT_S = 120.0
+# The security comparison: 1 KiB sends under ASYNC_FLUSH, where the disk does not set the pace
+# and the CPU cost of TLS and signatures shows; rounds alternate which group goes first, so a
+# drift of the machine's load falls on both sides.
+SECURITY_FLUSH = "ASYNC_FLUSH"
+SECURITY_SIZE = 1024
+SECURITY_ROUNDS = 3
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -111,12 +122,13 @@ def _peak_rss_mb(pid: int | None) -> float:
 
 
 @contextlib.contextmanager
-def local_group(base: Path, flush: str) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(base / flush.lower())
+def local_group(base: Path, flush: str, secure: bool, name: str = "") -> Iterator[LocalCluster]:
+    cluster = LocalCluster(base / (name or flush.lower()))
     cluster.configure(
         3,
         auto_ports=True,
         namesrv=True,
+        secure=secure,
         extra={
             "flushDiskType": flush,
             "mappedFileSizeCommitLog": str(SEGMENT_BYTES),
@@ -128,7 +140,7 @@ def local_group(base: Path, flush: str) -> Iterator[LocalCluster]:
     try:
         cluster.up()
         assert cluster.namesrv is not None
-        MQAdmin(cluster.namesrv.addr).create_topic(TOPIC, queues=QUEUES)
+        MQAdmin(cluster.namesrv.addr, cluster.client_security()).create_topic(TOPIC, queues=QUEUES)
         yield cluster
     finally:
         cluster.down(grace_s=5.0)
@@ -152,7 +164,7 @@ def produce_case(
     cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
     cmd = [sys.executable, "-m", "bench.loadgen", "--namesrv", cluster.namesrv.addr]
     cmd += ["--topic", TOPIC, "--size", str(size), "--in-flight", str(threads)]
-    cmd += ["--seconds", str(seconds), "--mode", mode]
+    cmd += ["--seconds", str(seconds), "--mode", mode, *cluster.tool_argv()]
     running = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(procs)
@@ -204,7 +216,8 @@ def e2e_latency(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
                     lat_ms.append((now_ns - int(t0)) / 1e6)
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer("bench-e2e", addr, consume_batch_size=32)
+    security = cluster.client_security()
+    consumer = PushConsumer("bench-e2e", addr, consume_batch_size=32, security=security)
     consumer.subscribe(TOPIC, "e2e")
     consumer.register_listener(listener)
     consumer.start()
@@ -213,7 +226,7 @@ def e2e_latency(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
         deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
         while len(consumer.assigned_queues()) < QUEUES and time.monotonic() < deadline:
             time.sleep(0.05)  # the consumer takes its queues (rebalance, locks)
-        with Producer("bench-e2e-pg", addr) as producer:
+        with Producer("bench-e2e-pg", addr, security=security) as producer:
             period_s = 1.0 / E2E_RATE_PER_S
             next_at = time.monotonic()
             stop_at = next_at + seconds
@@ -251,11 +264,12 @@ def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
     assert cluster.namesrv is not None
     addr = cluster.namesrv.addr
     topic = "BenchBacklog"
-    MQAdmin(addr).create_topic(topic, queues=QUEUES)
+    security = cluster.client_security()
+    MQAdmin(addr, security).create_topic(topic, queues=QUEUES)
     body = os.urandom(1024)
     per_thread = messages // BACKLOG_THREADS
     t0 = time.monotonic()
-    with Producer("bench-backlog", addr) as producer:
+    with Producer("bench-backlog", addr, security=security) as producer:
 
         def fill(i: int) -> None:
             done = 0
@@ -273,7 +287,7 @@ def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
     fill_s = time.monotonic() - t0
     total = per_thread * BACKLOG_THREADS
     counts = [0] * CONSUME_THREADS
-    with PullConsumer("bench-backlog-cg", addr) as consumer:
+    with PullConsumer("bench-backlog-cg", addr, security) as consumer:
         queues = consumer.fetch_queues(topic)
         t1 = time.monotonic()
 
@@ -310,11 +324,12 @@ def _wait_caught_up(cluster: LocalCluster, timeout_s: float = CATCH_UP_TIMEOUT_S
     """Until every node applied what the leader committed: the next trial then measures a
     failover, not a group whose restarted member is still replaying."""
     deadline = time.monotonic() + timeout_s
+    security = cluster.client_security()
     while time.monotonic() < deadline:
         try:
             metas = []
             for n in cluster.nodes:
-                with grpc.insecure_channel(n.client_addr) as ch:
+                with open_channel(n.client_addr, security) as ch:
                     stub = dpb_grpc.DLedgerClientStub(ch)
                     metas.append(stub.Metadata(dpb.MetadataRequest(), timeout=2))
         except grpc.RpcError:
@@ -330,7 +345,12 @@ def failover_trials(cluster: LocalCluster, trials: int) -> dict[str, Any]:
     """SIGKILL the leader with a producer sending; time to its next acknowledged send."""
     assert cluster.namesrv is not None
     times: list[float] = []
-    with Producer("bench-failover", cluster.namesrv.addr, send_msg_timeout_s=1.0) as producer:
+    with Producer(
+        "bench-failover",
+        cluster.namesrv.addr,
+        send_msg_timeout_s=1.0,
+        security=cluster.client_security(),
+    ) as producer:
         producer.send(Message(TOPIC, b"warm"))
         for _ in range(trials):
             leader = cluster.wait_leader()
@@ -356,7 +376,8 @@ def failover_trials(cluster: LocalCluster, trials: int) -> dict[str, Any]:
 def delay_and_retry(cluster: LocalCluster, messages: int, send_rate: float) -> dict[str, Any]:
     """bench.broker's delayed-message and retry throughput cases on this group."""
     addr = cluster.node(cluster.wait_leader()).client_addr
-    stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+    security = cluster.client_security()
+    stub = pb_grpc.BrokerStub(open_channel(addr, security))
     for name in (bb.DELAY_TOPIC, bb.RETRY_SOURCE_TOPIC):
         stub.CreateTopic(
             pb.CreateTopicRequest(
@@ -364,14 +385,69 @@ def delay_and_retry(cluster: LocalCluster, messages: int, send_rate: float) -> d
             ),
             timeout=10,
         )
-    delay = bb.bench_delay(addr, stub, 16, 64, 1024, messages)
-    retry = bb.bench_send_back(addr, stub, 16, 64, 1024, messages)
+    target = bb.Target(addr, stub, security)
+    delay = bb.bench_delay(target, 16, 64, 1024, messages)
+    retry = bb.bench_send_back(target, 16, 64, 1024, messages)
     return {
         "delayed": delay,
         "retries": retry,
         "send_rate_for_ratio": send_rate,
         "delay_ratio": delay["messages_per_s"] / send_rate if send_rate else None,
         "retry_ratio": retry["messages_per_s"] / send_rate if send_rate else None,
+    }
+
+
+def security_compare(
+    base: Path, in_flight: Sequence[int], seconds: float, processes: int, mode: str, rounds: int
+) -> dict[str, Any]:
+    """The send rate with TLS, member certificates and ACLs on and off: two groups up side by
+    side, the same load on each in turn (the order alternating by round); per in-flight
+    count the median of each side and on/off."""
+    cases: list[dict[str, Any]] = []
+    with (
+        local_group(base, SECURITY_FLUSH, secure=False, name="security-off") as off,
+        local_group(base, SECURITY_FLUSH, secure=True, name="security-on") as on,
+    ):
+        for r in range(rounds):
+            for n in in_flight:
+                sides = [("off", off), ("on", on)]
+                for label, cluster in sides if r % 2 == 0 else sides[::-1]:
+                    case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
+                    cases.append({"security": label, "round": r, "asked_in_flight": n, **case})
+                    print(
+                        f"security {label}, {n} in flight: {case['messages_per_s']:,.0f} msg/s "
+                        f"p99 {case['p99_ms']:.1f} ms",
+                        flush=True,
+                    )
+    summary = []
+    for n in in_flight:
+        rates = {
+            side: sorted(
+                c["messages_per_s"]
+                for c in cases
+                if c["security"] == side and c["asked_in_flight"] == n
+            )
+            for side in ("on", "off")
+        }
+        on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+        summary.append(
+            {
+                "in_flight": n,
+                "on_messages_per_s": on,
+                "off_messages_per_s": off,
+                "on_over_off": on / off if off else None,
+                "on_each_round": rates["on"],  # the spread: how much to trust the ratio
+                "off_each_round": rates["off"],
+            }
+        )
+    return {
+        "flush": SECURITY_FLUSH,
+        "message_bytes": SECURITY_SIZE,
+        "rounds": rounds,
+        "conditions": "on: TLS on every port, member certificates, authentication and "
+        "authorization, every call signed by the admin user; off: plaintext, no ACLs",
+        "cases": cases,
+        "summary": summary,
     }
 
 
@@ -397,7 +473,7 @@ def peers(seconds: float) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mqbench", description=__doc__)
     p.add_argument("--smoke", action="store_true", help="every part once, small (< 1 minute)")
     p.add_argument("--seconds", type=float, default=3.0, help="each produce case")
@@ -419,8 +495,24 @@ def main(argv: list[str] | None = None) -> int:
         default="async",
         help="async: send_async chains (default); threads: a blocking send per thread",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext groups without ACLs for every part but the security comparison "
+        "(default: secure, as mqcluster up makes them)",
+    )
+    p.add_argument(
+        "--security-rounds",
+        type=int,
+        default=SECURITY_ROUNDS,
+        help="rounds of the security on/off comparison (0: skip it)",
+    )
     p.add_argument("--out", default=str(RESULTS_DIR))
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     try:
         sizes = [int(x) for x in a.sizes.split(",")]
         in_flight = [int(x) for x in a.in_flight.split(",")]
@@ -430,11 +522,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.seconds, sizes, in_flight = 1.0, [1024], [16]
         a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
+        a.security_rounds = min(a.security_rounds, 1)
     if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
         print(
             "mqbench: sizes, in-flight, seconds, backlog and processes must be > 0",
             file=sys.stderr,
         )
+        return 2
+    if not 0 <= a.security_rounds <= 10:
+        print("mqbench: --security-rounds must be in [0, 10]", file=sys.stderr)
         return 2
     started = datetime.now(UTC)
     result: dict[str, Any] = {
@@ -448,13 +544,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         "conditions": "3 nodes on 127.0.0.1, majority-acknowledged sends through client.Producer "
         f"(coalescing), topic of {QUEUES} queues; SYNC_FLUSH = fdatasync before every ack "
-        "(leader and followers), ASYNC_FLUSH = page cache, flushed every 500 ms",
+        "(leader and followers), ASYNC_FLUSH = page cache, flushed every 500 ms; "
+        + (
+            "plaintext, no ACLs (--insecure)"
+            if a.insecure
+            else "TLS on every port, member certificates, ACLs, every call signed"
+        ),
+        "secure": not a.insecure,
         "produce": [],
     }
     tmp = Path(tempfile.mkdtemp(prefix="mqbench-"))
     try:
         for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
-            with local_group(tmp, flush) as cluster:
+            with local_group(tmp, flush, secure=not a.insecure) as cluster:
                 for size in sizes:
                     for n in in_flight:
                         case = produce_case(
@@ -487,6 +589,10 @@ def main(argv: list[str] | None = None) -> int:
                 if flush == "SYNC_FLUSH":
                     result["failover"] = failover_trials(cluster, a.failovers)
                     print(f"failover: {result['failover']}", flush=True)
+        if a.security_rounds:
+            result["security"] = security_compare(
+                tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.security_rounds
+            )
         result["peers"] = {"skipped": "--no-peers"} if a.no_peers else peers(a.seconds + 2)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 from msgcodec import UniqIdGenerator
 
 TOPIC = "BenchTopic"
@@ -128,8 +130,18 @@ def _queue_total(stub: pb_grpc.BrokerStub, topic: str, queues: int) -> int:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The leader a case loads: its address, a stub on it, and how the case's own producer
+    and consumer channels reach it (TLS, signed calls; plaintext by default)."""
+
+    addr: str
+    stub: pb_grpc.BrokerStub
+    security: ClientSecurity = PLAINTEXT
+
+
 def _send_all(
-    addr: str, topic: str, threads: int, batch: int, size: int, total: int, delay_level: int
+    target: Target, topic: str, threads: int, batch: int, size: int, total: int, delay_level: int
 ) -> int:
     """Send ``total`` messages (``delay_level`` > 0: delayed) with ``threads`` producers."""
     body = os.urandom(size)
@@ -139,7 +151,7 @@ def _send_all(
 
     def run(i: int) -> None:
         ids = UniqIdGenerator(ip="127.0.0.1", instance_hash=1000 + i)
-        stub = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        stub = pb_grpc.BrokerStub(open_channel(target.addr, target.security))
         while sent[i] < per_thread:
             n = min(batch, per_thread - sent[i])
             msgs = [
@@ -174,13 +186,11 @@ def _wait_total(stub: pb_grpc.BrokerStub, topic: str, queues: int, want: int) ->
     return False
 
 
-def bench_delay(
-    addr: str, stub: pb_grpc.BrokerStub, threads: int, batch: int, size: int, total: int
-) -> dict[str, Any]:
+def bench_delay(target: Target, threads: int, batch: int, size: int, total: int) -> dict[str, Any]:
     started = time.monotonic()
-    sent = _send_all(addr, DELAY_TOPIC, threads, batch, size, total, delay_level=1)
+    sent = _send_all(target, DELAY_TOPIC, threads, batch, size, total, delay_level=1)
     sent_s = time.monotonic() - started
-    delivered = _wait_total(stub, DELAY_TOPIC, QUEUES, sent)
+    delivered = _wait_total(target.stub, DELAY_TOPIC, QUEUES, sent)
     elapsed = time.monotonic() - started
     return {
         "messages": sent,
@@ -192,9 +202,10 @@ def bench_delay(
 
 
 def bench_send_back(
-    addr: str, stub: pb_grpc.BrokerStub, threads: int, batch: int, size: int, total: int
+    target: Target, threads: int, batch: int, size: int, total: int
 ) -> dict[str, Any]:
-    sent = _send_all(addr, RETRY_SOURCE_TOPIC, threads, batch, size, total, delay_level=0)
+    stub = target.stub
+    sent = _send_all(target, RETRY_SOURCE_TOPIC, threads, batch, size, total, delay_level=0)
     positions: list[tuple[int, str]] = []
     for q in range(QUEUES):
         offset = 0
@@ -219,7 +230,7 @@ def bench_send_back(
     failed = [0] * threads
 
     def run(i: int) -> None:
-        s = pb_grpc.BrokerStub(grpc.insecure_channel(addr))
+        s = pb_grpc.BrokerStub(open_channel(target.addr, target.security))
         mine = chunks[i]
         for at in range(0, len(mine), batch):
             part = mine[at : at + batch]
@@ -369,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         wake = bench_wake(cluster, addr, stub)
         single = bench_single(stub, min(args.seconds, 3.0))
         throughput = bench_throughput(addr, args.threads, args.batch, args.size, args.seconds)
-        delay = bench_delay(addr, stub, args.threads, args.batch, args.size, args.delayed)
-        retry = bench_send_back(addr, stub, args.threads, args.batch, args.size, args.delayed)
+        target = Target(addr, stub)  # this tool's group is plaintext
+        delay = bench_delay(target, args.threads, args.batch, args.size, args.delayed)
+        retry = bench_send_back(target, args.threads, args.batch, args.size, args.delayed)
     finally:
         cluster.down(grace_s=5.0)
         cluster.purge()

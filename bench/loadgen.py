@@ -14,6 +14,7 @@ Two ways to keep sends in flight:
   more CPU per message (thread wake-ups), which shares the 2 cores with the brokers.
 
     python -m bench.loadgen --namesrv 127.0.0.1:9876 --topic T --size 1024 --in-flight 128
+        [--tls-ca CA --credentials FILE ...]    (a secure group: mqsecurity.options)
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 
 from bench import tune_gc
 from client import Message, MQClientError, Producer
+from mqsecurity.errors import SecurityError
+from mqsecurity.options import add_security_arguments, security_from_args
 
 # Sends before the measured window starts (routes fetched, channels and threads warm).
 WARMUP_S = 0.5
@@ -36,37 +39,38 @@ MAX_SAMPLES_PER_THREAD = 200_000
 RETRY_PAUSE_S = 0.05
 
 
-def run(namesrv: str, topic: str, size: int, threads: int, seconds: float) -> dict[str, object]:
+def run(
+    producer: Producer, topic: str, size: int, threads: int, seconds: float
+) -> dict[str, object]:
     body = os.urandom(size)
     start_at = time.monotonic() + WARMUP_S
     stop_at = start_at + seconds
     sent = [0] * threads
     failed = [0] * threads
     lat_us: list[list[int]] = [[] for _ in range(threads)]
-    with Producer(f"bench-{os.getpid()}", namesrv) as producer:
 
-        def sender(i: int) -> None:
-            mine = lat_us[i]
-            while True:
-                t0 = time.monotonic()
-                if t0 >= stop_at:
-                    return
-                try:
-                    producer.send(Message(topic, body))
-                except MQClientError:
-                    if t0 >= start_at:
-                        failed[i] += 1
-                    continue
+    def sender(i: int) -> None:
+        mine = lat_us[i]
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop_at:
+                return
+            try:
+                producer.send(Message(topic, body))
+            except MQClientError:
                 if t0 >= start_at:
-                    sent[i] += 1
-                    if len(mine) < MAX_SAMPLES_PER_THREAD:
-                        mine.append(int((time.monotonic() - t0) * 1e6))
+                    failed[i] += 1
+                continue
+            if t0 >= start_at:
+                sent[i] += 1
+                if len(mine) < MAX_SAMPLES_PER_THREAD:
+                    mine.append(int((time.monotonic() - t0) * 1e6))
 
-        workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(seconds + WARMUP_S + 30)
+    workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(seconds + WARMUP_S + 30)
     return {
         "sent": sum(sent),
         "failed": sum(failed),
@@ -76,7 +80,7 @@ def run(namesrv: str, topic: str, size: int, threads: int, seconds: float) -> di
 
 
 def run_async(
-    namesrv: str, topic: str, size: int, in_flight: int, seconds: float
+    producer: Producer, topic: str, size: int, in_flight: int, seconds: float
 ) -> dict[str, object]:
     """``in_flight`` chains of ``send_async``, the next send of a chain issued from the
     previous one's callback."""
@@ -88,45 +92,44 @@ def run_async(
     max_samples = MAX_SAMPLES_PER_THREAD * 4
     finished = threading.Event()
     lock = threading.Lock()  # callbacks run on one thread; the retry timers on others
-    with Producer(f"bench-{os.getpid()}", namesrv) as producer:
 
-        def count(what: str, n: int = 1) -> None:
-            with lock:
-                counts[what] += n
-                if counts["active"] == 0:
-                    finished.set()
+    def count(what: str, n: int = 1) -> None:
+        with lock:
+            counts[what] += n
+            if counts["active"] == 0:
+                finished.set()
 
-        def chain_over() -> None:
-            count("active", -1)
+    def chain_over() -> None:
+        count("active", -1)
 
-        def issue() -> None:
-            t0 = time.monotonic()
-            if t0 >= stop_at:
-                chain_over()
-                return
+    def issue() -> None:
+        t0 = time.monotonic()
+        if t0 >= stop_at:
+            chain_over()
+            return
 
-            def ok(_: object) -> None:
-                if t0 >= start_at:
-                    count("sent")
-                    if len(lat_us) < max_samples:
-                        lat_us.append(int((time.monotonic() - t0) * 1e6))
-                issue()
-
-            def failed(_: BaseException) -> None:
-                if t0 >= start_at:
-                    count("failed")
-                issue()
-
-            try:
-                producer.send_async(Message(topic, body), on_success=ok, on_exception=failed)
-            except MQClientError:  # no route yet: try again shortly, off the callback thread
-                if t0 >= start_at:
-                    count("failed")
-                threading.Timer(RETRY_PAUSE_S, issue).start()
-
-        for _ in range(in_flight):
+        def ok(_: object) -> None:
+            if t0 >= start_at:
+                count("sent")
+                if len(lat_us) < max_samples:
+                    lat_us.append(int((time.monotonic() - t0) * 1e6))
             issue()
-        finished.wait(seconds + WARMUP_S + 30)
+
+        def failed(_: BaseException) -> None:
+            if t0 >= start_at:
+                count("failed")
+            issue()
+
+        try:
+            producer.send_async(Message(topic, body), on_success=ok, on_exception=failed)
+        except MQClientError:  # no route yet: try again shortly, off the callback thread
+            if t0 >= start_at:
+                count("failed")
+            threading.Timer(RETRY_PAUSE_S, issue).start()
+
+    for _ in range(in_flight):
+        issue()
+    finished.wait(seconds + WARMUP_S + 30)
     return {
         "sent": counts["sent"],
         "failed": counts["failed"],
@@ -143,13 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", type=int, default=16, help="sends kept in flight")
     p.add_argument("--mode", choices=("async", "threads"), default="async")
     p.add_argument("--seconds", type=float, default=3.0)
+    add_security_arguments(p)
     a = p.parse_args(argv)
     if a.size <= 0 or a.in_flight <= 0 or a.seconds <= 0:
         print("loadgen: --size, --in-flight and --seconds must be > 0", file=sys.stderr)
         return 2
+    try:
+        security = security_from_args(a)
+    except SecurityError as exc:
+        print(f"loadgen: {exc}", file=sys.stderr)
+        return 2
     tune_gc()  # as the broker and the peers' load generators do
     fn = run_async if a.mode == "async" else run
-    json.dump(fn(a.namesrv, a.topic, a.size, a.in_flight, a.seconds), sys.stdout)
+    with Producer(f"bench-{os.getpid()}", a.namesrv, security=security) as producer:
+        result = fn(producer, a.topic, a.size, a.in_flight, a.seconds)
+    json.dump(result, sys.stdout)
     return 0
 
 

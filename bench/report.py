@@ -78,6 +78,21 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _security_lines(sec: dict[str, Any] | None) -> list[str]:
+    """The security on/off comparison (issue #18), one line per in-flight count."""
+    if not sec:
+        return []
+    return [
+        f"- security on / off ({sec['flush']}, {sec['message_bytes']} B, median of "
+        f"{sec['rounds']} rounds, same run), {s['in_flight']} in flight: "
+        f"{_fmt(s['on_messages_per_s'])} / {_fmt(s['off_messages_per_s'])} msg/s = "
+        f"{_fmt(s['on_over_off'])} (each round: on "
+        f"{', '.join(_fmt(v) for v in s['on_each_round'])}; off "
+        f"{', '.join(_fmt(v) for v in s['off_each_round'])})"
+        for s in sec["summary"]
+    ]
+
+
 def write_markdown(result: dict[str, Any], path: Path) -> str:
     lines = [
         f"# mqbench {result['started_utc']}{' (smoke)' if result.get('smoke') else ''}",
@@ -147,6 +162,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
             f"{_fmt(dr['send_rate_for_ratio'])}: {_fmt(dr['delay_ratio'])}, "
             f"{_fmt(dr['retry_ratio'])})"
         )
+    lines += _security_lines(result.get("security"))
     for flush, rss in result.get("peak_rss_mb", {}).items():
         lines.append(
             f"- peak RSS per node, {flush}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in rss.items())

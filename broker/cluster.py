@@ -1,7 +1,10 @@
 """``mqcluster``: a local broker group on 127.0.0.1 (our answer to RocketMQ's dledger/fast-try.sh).
 
     mqcluster up [--nodes 3] [--base-dir DIR]   write configs, start a NameServer and the nodes,
-                                                wait for a leader (--no-namesrv: nodes only)
+                                                wait for a leader (--no-namesrv: nodes only);
+                                                secure by default: a local CA, TLS on every
+                                                port, member certificates, ACLs, an admin
+                                                user (--insecure: plaintext, no ACLs)
     mqcluster status                            one row per node: role, term, commit index, ports;
                                                 a node that exited on its own: EXITED and the
                                                 FATAL line (else the last line) of its log
@@ -9,6 +12,9 @@
     mqcluster start nX                          start a node (or namesrv) again
     mqcluster down [--purge]                    stop every node and the NameServer (TERM, then
                                                 KILL after a grace)
+
+The files of a secure group (certificates, keys, the admin credentials) are in the base dir,
+laid out as :mod:`broker.localsecurity` says; docs/SECURITY.md "Secure by default".
 
 Nodes and the NameServer run as background processes with their logs in the base dir. Only
 processes this tool started (their PIDs are in ``nX.pid`` and ``namesrv.pid``, checked against
@@ -29,11 +35,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from broker import localsecurity
 from broker.config import render_config
 from broker.errors import BrokerError
 from dledger.procs import exited, free_ports, spawn_logged
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
+from mqsecurity.credentials import Credentials, write_private_file
+from mqsecurity.errors import SecurityError
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
@@ -99,6 +109,14 @@ class NameSrvInfo:
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+def log_client(
+    addrs: list[str], group: str, security: ClientSecurity = PLAINTEXT, timeout_s: float = 5.0
+) -> LogClient:
+    """A client of the nodes' log service reaching them as ``security`` says: the one place
+    the tools (mqcluster, mqjepsen, mqaudit --connect) make one."""
+    return LogClient(addrs, group=group, timeout_s=timeout_s, security=security)
 
 
 def _free_port() -> int:
@@ -174,6 +192,9 @@ class LocalCluster:
         self.group = ""
         self.nodes: list[NodeInfo] = []
         self.namesrv: NameSrvInfo | None = None
+        # TLS, member certificates and ACLs (files in `localsecurity.SecureLayout(base)`).
+        self.secure = False
+        self.layout = localsecurity.SecureLayout(self.base)
         # Extra environment for one node's next starts, by node id (e.g. a test arming a
         # failpoint with RAFTMQ_FAILPOINTS in one node only). Not saved in cluster.json.
         self.node_env: dict[str, dict[str, str]] = {}
@@ -184,6 +205,7 @@ class LocalCluster:
             self.nodes = [NodeInfo(**n) for n in data["nodes"]]
             if data.get("namesrv"):
                 self.namesrv = NameSrvInfo(**data["namesrv"])
+            self.secure = bool(data.get("secure", False))
 
     # ------------------------------------------------------------------ setup
 
@@ -196,15 +218,20 @@ class LocalCluster:
         extra: dict[str, str] | None = None,
         namesrv: bool = False,
         namesrv_conf: dict[str, str] | None = None,
+        secure: bool = False,
     ) -> None:
         """Write one broker.conf per node and the state file; with ``namesrv`` also a
-        NameServer config (``namesrv_conf``: extra keys), and point every node at it."""
+        NameServer config (``namesrv_conf``: extra keys), and point every node at it. With
+        ``secure`` (what `mqcluster up` does unless --insecure) also a local CA, certificates
+        and the admin user's credentials (:mod:`broker.localsecurity`), and the keys that turn
+        TLS, member certificates and ACLs on in every config."""
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterError(f"--nodes must be in [1, {MAX_NODES}], got {nodes}")
         if (self.nodes and any(self.pid(n) for n in self.nodes)) or self.namesrv_pid() is not None:
             raise ClusterError(f"a cluster is running in {self.base}; run 'mqcluster down' first")
         self.base.mkdir(parents=True, exist_ok=True)
         self.namesrv = None
+        self.secure = secure
         ids = [f"n{i}" for i in range(nodes)]
         if auto_ports:
             free = _free_ports(3 * nodes + 1)
@@ -215,11 +242,25 @@ class LocalCluster:
             peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
             grpc_ports = [GRPC_PORT_BASE + i for i in range(nodes)]
             namesrv_port = NAMESRV_PORT
+        admin = self._secure_files(group, ids) if secure else None
         if namesrv:
-            self.namesrv = self._write_namesrv_conf(namesrv_port, namesrv_conf or {})
+            ns_conf = localsecurity.namesrv_keys(self.layout) if secure else {}
+            self.namesrv = self._write_namesrv_conf(
+                namesrv_port, {**ns_conf, **(namesrv_conf or {})}
+            )
         self.group = group
-        self._write_node_confs(ids, client_ports, peer_ports, grpc_ports, extra or {})
+        self._write_node_confs(ids, client_ports, peer_ports, grpc_ports, extra or {}, admin)
         self._save_state()
+
+    def _secure_files(self, group: str, ids: list[str]) -> Credentials:
+        """The CA, certificates and admin credentials of a secure group; the credentials."""
+        try:
+            _, admin = localsecurity.create_secure_files(
+                self.base, group, {i: localsecurity.LOCAL_HOSTS for i in ids}
+            )
+        except (SecurityError, OSError) as exc:
+            raise ClusterError(f"cannot create the security files in {self.base}: {exc}") from None
+        return admin
 
     def _write_namesrv_conf(self, port: int, conf: dict[str, str]) -> NameSrvInfo:
         conf_path = self.base / f"{NAMESRV_ID}.conf"
@@ -240,8 +281,11 @@ class LocalCluster:
         peer_ports: list[int],
         grpc_ports: list[int],
         extra: dict[str, str],
+        admin: Credentials | None = None,
     ) -> None:
-        """One broker.conf per node of ``self.group``, pointing at the NameServer if any."""
+        """One broker.conf per node of ``self.group``, pointing at the NameServer if any; with
+        ``admin`` (a secure group) the security keys too, and the file is 0600 (it holds the
+        admin user's initial secret)."""
         group = self.group
         peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, peer_ports, strict=True))
         client_addrs = ";".join(
@@ -266,9 +310,15 @@ class LocalCluster:
             }
             if self.namesrv is not None:
                 values["namesrvAddr"] = self.namesrv.addr
+            if admin is not None:
+                values.update(localsecurity.broker_keys(self.layout, group, node_id, admin))
             values.update(extra)
             gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
-            conf.write_text(render_config(values))
+            text = render_config(values)
+            if admin is not None:
+                write_private_file(str(conf), text.encode())
+            else:
+                conf.write_text(text)
             self.nodes.append(
                 NodeInfo(
                     node_id,
@@ -288,6 +338,7 @@ class LocalCluster:
                     "group": self.group,
                     "nodes": [asdict(n) for n in self.nodes],
                     "namesrv": asdict(self.namesrv) if self.namesrv else None,
+                    "secure": self.secure,
                 },
                 indent=2,
             )
@@ -420,8 +471,22 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ state
 
+    def client_security(self) -> ClientSecurity:
+        """How tools reach this group: plaintext, or (secure) TLS trusting the group's CA with
+        the admin client certificate, every call signed with the admin credentials."""
+        if not self.secure:
+            return PLAINTEXT
+        try:
+            return self.layout.client_security()
+        except SecurityError as exc:
+            raise ClusterError(f"cannot read this group's admin credentials: {exc}") from None
+
+    def tool_argv(self) -> list[str]:
+        """The security options (mqsecurity.options) a tool process needs for this group."""
+        return self.layout.tool_argv() if self.secure else []
+
     def client(self) -> LogClient:
-        return LogClient(self.client_addrs, group=self.group)
+        return log_client(self.client_addrs, self.group, self.client_security())
 
     def wait_leader(self, timeout_s: float = LEADER_WAIT_S, exclude: str = "") -> str:
         """Wait until a node (other than ``exclude``) is leader; return its node id."""
@@ -541,6 +606,12 @@ def build_parser() -> CommandLine:
     up.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="extra broker.conf key"
     )
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext ports, no certificates, no ACLs: anyone who reaches a port may do "
+        "anything (the default is TLS, member certificates and ACLs with an admin user)",
+    )
     cli.add("status", help="show every node")
     kill = cli.add("kill", help="signal one node (default SIGKILL)")
     kill.add_argument("node")
@@ -550,6 +621,30 @@ def build_parser() -> CommandLine:
     down = cli.add("down", help="stop every node")
     down.add_argument("--purge", action="store_true", help="also delete the base dir")
     return cli
+
+
+def _cmd_up(cluster: LocalCluster, ns: argparse.Namespace, extra: dict[str, str]) -> None:
+    cluster.configure(
+        ns.nodes,
+        group=ns.group,
+        auto_ports=ns.auto_ports,
+        extra=extra,
+        namesrv=not ns.no_namesrv,
+        secure=not ns.insecure,
+    )
+    try:
+        leader = cluster.up()
+    except ClusterError:
+        cluster.down()
+        raise
+    print(f"group {cluster.group}: leader {leader}; logs and data in {cluster.base}")
+    print(format_table(cluster.status_rows()))
+    print(namesrv_line(cluster))
+    print(rmq5_line(cluster))
+    if cluster.secure:
+        print(localsecurity.credentials_notice(cluster.layout))
+    else:
+        print("security: none (--insecure): plaintext ports, no ACLs; keep it on this machine")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -563,22 +658,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra = parse_assignments(ns.set)
             except ValueError as exc:
                 parser.error(str(exc))
-            cluster.configure(
-                ns.nodes,
-                group=ns.group,
-                auto_ports=ns.auto_ports,
-                extra=extra,
-                namesrv=not ns.no_namesrv,
-            )
-            try:
-                leader = cluster.up()
-            except ClusterError:
-                cluster.down()
-                raise
-            print(f"group {cluster.group}: leader {leader}; logs and data in {cluster.base}")
-            print(format_table(cluster.status_rows()))
-            print(namesrv_line(cluster))
-            print(rmq5_line(cluster))
+            _cmd_up(cluster, ns, extra)
         elif ns.cmd == "status":
             if not cluster.nodes:
                 raise ClusterError(f"no cluster in {cluster.base}; run 'mqcluster up'")
@@ -604,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             if ns.purge:
                 cluster.purge()
             print("stopped")
-    except ClusterError as exc:
+    except BrokerError as exc:  # ClusterError, or a ConfigError of a --set value
         print(f"mqcluster: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -6,6 +6,10 @@ sends (a batch whose outcome is unknown is retried with the same message ids, wh
 deduplicates); restart the old leader; consume every queue from every node and check that each
 acknowledged message is there exactly once, in send order per queue, on all three replicas;
 tear everything down. It talks to the generated stubs only, as any client could.
+
+The group is secure, as ``mqcluster up`` makes it (TLS on every port, member certificates,
+ACLs): every call goes over TLS, signed with the admin user's credentials. ``--insecure`` runs
+it plaintext.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 from broker.cluster import ClusterError, LocalCluster, format_table
 from broker.leader_client import LeaderClient
 from broker.message import decode_offset_msg_id
+from mqsecurity.channels import open_channel
+from mqsecurity.errors import SecurityError
 from msgcodec import OFFSET_MSG_ID_PREFIX_CHARS, decode_rows
 
 # Bounds of the demo's load (it must stop by itself).
@@ -53,8 +59,15 @@ class _Client(LeaderClient):
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(lambda: cluster.client_addrs)
         self.cluster = cluster
+        self.security = cluster.client_security()
 
     write = LeaderClient.call
+
+    def stub(self, addr: str) -> pb_grpc.BrokerStub:
+        """The node's stub over a channel opened as the group's security says."""
+        if addr not in self.channels:
+            self.channels[addr] = open_channel(addr, self.security)
+        return pb_grpc.BrokerStub(self.channels[addr])
 
     def pull_queue(self, addr: str, queue_id: int) -> list[str]:
         """The message ids of one queue as ``addr`` stores it, in queue order (a pull answer
@@ -129,7 +142,7 @@ def _wait_route(cluster: LocalCluster, ok: Callable[[str], bool], timeout_s: flo
     assert cluster.namesrv is not None
     deadline = time.monotonic() + timeout_s
     text = "(no route)"
-    with grpc.insecure_channel(cluster.namesrv.addr) as channel:
+    with open_channel(cluster.namesrv.addr, cluster.client_security()) as channel:
         stub = ns_grpc.NameServerStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -276,15 +289,20 @@ def _consume_everywhere(cluster: LocalCluster, client: _Client, sent: dict[int, 
     return ok
 
 
-def run(base_dir: Path) -> int:
+def run(base_dir: Path, secure: bool = True) -> int:
     cluster = LocalCluster(base_dir / "group")
     # Small segments: the demo writes a few MB; default 1 GiB segments are for production.
     cluster.configure(
-        3, auto_ports=True, namesrv=True, extra={"mappedFileSizeCommitLog": str(16 << 20)}
+        3,
+        auto_ports=True,
+        namesrv=True,
+        extra={"mappedFileSizeCommitLog": str(16 << 20)},
+        secure=secure,
     )
     client = _Client(cluster)
     try:
         _say("starting a NameServer and a 3-node broker group (one Raft group) on 127.0.0.1")
+        print(f"security: {client.security.describe()}")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
         _create_topic(client, cluster)
@@ -296,7 +314,7 @@ def run(base_dir: Path) -> int:
         print(f"every acknowledged message exactly once, in order, on all 3 replicas: {ok}")
         print("DEMO OK" if ok else "DEMO FAILED")
         return 0 if ok else 1
-    except (ClusterError, grpc.RpcError) as exc:
+    except (ClusterError, SecurityError, grpc.RpcError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -309,11 +327,14 @@ def run(base_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raftmq-demo", description=__doc__)
     parser.add_argument("--base-dir", help="keep data and logs here (default: a temp dir)")
+    parser.add_argument(
+        "--insecure", action="store_true", help="plaintext, no ACLs (as mqcluster up --insecure)"
+    )
     ns = parser.parse_args(argv)
     if ns.base_dir:
-        return run(Path(ns.base_dir))
+        return run(Path(ns.base_dir), secure=not ns.insecure)
     with tempfile.TemporaryDirectory(prefix="raftmq-demo-") as tmp:
-        return run(Path(tmp))
+        return run(Path(tmp), secure=not ns.insecure)
 
 
 if __name__ == "__main__":

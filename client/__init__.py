@@ -1,7 +1,9 @@
 """raftmq client: NameServer routing, producer, pull and push consumers (docs/CLIENT.md).
 
 Depends only on the generated protos (``raftmq.*.v1``), grpc, ``google.rpc.Status``
-(googleapis-common-protos, to read the structured error) and the stdlib.
+(googleapis-common-protos, to read the structured error), the neutral packages ``msgcodec``,
+``mqcli`` and ``mqsecurity`` (TLS channels and request signatures: every client takes a
+``security=mqsecurity.channels.ClientSecurity``) and the stdlib.
 """
 
 from client.admin import MQAdmin

@@ -39,6 +39,7 @@ from client.route import (
     TopicRoute,
     parse_namesrv_addr,
 )
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from msgcodec import (
     PROPERTY_DELAY,
     PROPERTY_DLQ_ORIGIN_TOPIC,
@@ -103,9 +104,19 @@ class ResetOffset:
 
 
 class MQAdmin:
-    def __init__(self, namesrv_addr: str) -> None:
+    """Admin operations over the NameServers and the broker groups' leaders. ``security``:
+    TLS and the credentials that sign every call (default: plaintext, anonymous); the
+    producers and consumers some commands use get the same."""
+
+    def __init__(self, namesrv_addr: str, security: ClientSecurity = PLAINTEXT) -> None:
         self.namesrv_addr = namesrv_addr
+        self.security = security
         self._namesrvs = parse_namesrv_addr(namesrv_addr)
+
+    def _pool(self) -> ChannelPool:
+        """Channels for one operation, opened as ``self.security`` says (every admin method
+        takes its channels here)."""
+        return ChannelPool(self.security)
 
     def create_topic(
         self,
@@ -125,7 +136,7 @@ class MQAdmin:
         cluster when empty); returns the broker group names once every group routes it.
         Raises ``MQClientError`` on a broker's refusal or at the timeout."""
         deadline = time.monotonic() + timeout_s
-        channels = ChannelPool()
+        channels = self._pool()
         try:
             done: set[str] = set()
             wanted: set[str] = set()
@@ -199,7 +210,7 @@ class MQAdmin:
     def _namesrv_call(self, call: Callable[[ns_grpc.NameServerStub], T_]) -> T_:
         """``call`` on the first NameServer that answers; a NameServer's error answer (not
         ``UNAVAILABLE``) is raised at once."""
-        channels = ChannelPool()
+        channels = self._pool()
         last: MQClientError | None = None
         try:
             for addr in self._namesrvs:
@@ -248,7 +259,7 @@ class MQAdmin:
         topic: str,
         call: Callable[[RouteClient, TopicRoute, str], T_],
     ) -> list[T_]:
-        channels = ChannelPool()
+        channels = self._pool()
         try:
             routes = RouteClient(self.namesrv_addr, channels)
             route = routes.get_route(topic, force=True)
@@ -411,7 +422,7 @@ class MQAdmin:
         """Every message in ``%DLQ%{group}`` (every broker group), oldest first per queue."""
         topic = DLQ_PREFIX + group
         out: list[MessageExt] = []
-        with PullConsumer(group, self.namesrv_addr) as consumer:
+        with PullConsumer(group, self.namesrv_addr, self.security) as consumer:
             for mq in consumer.fetch_queues(topic):
                 offset = 0
                 while len(out) < max_num:
@@ -442,7 +453,7 @@ class MQAdmin:
                 "MESSAGE_NOT_FOUND", "NOT_FOUND", f"no dead letter {msg_id} for group {group}"
             )
         out = []
-        with Producer(producer_group, self.namesrv_addr) as producer:
+        with Producer(producer_group, self.namesrv_addr, security=self.security) as producer:
             for m in letters:
                 origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, "")
                 if not origin:
@@ -460,7 +471,7 @@ class MQAdmin:
 
     def queues(self, topic: str) -> list[MessageQueue]:
         """The readable queues of ``topic`` over every group, sorted."""
-        channels = ChannelPool()
+        channels = self._pool()
         try:
             return sorted(RouteClient(self.namesrv_addr, channels).get_route(topic).read_queues())
         finally:

@@ -56,6 +56,7 @@ from client.errors import MQClientError
 from client.message import RETRY_PREFIX, MessageExt, MessageQueue, local_host, new_client_id
 from client.route import ChannelPool, RouteClient
 from client.wire import decode_messages
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +158,12 @@ def parse_tags(expression: str) -> frozenset[str] | None:
 
 
 class _ClientBase:
-    def __init__(self, group: str, namesrv_addr: str) -> None:
+    def __init__(self, group: str, namesrv_addr: str, security: ClientSecurity = PLAINTEXT) -> None:
         if not group:
             raise MQClientError("INVALID_GROUP", "INVALID_ARGUMENT", "a consumer group is required")
         self.group = group
         self.namesrv_addr = namesrv_addr
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(security)
         self._routes_client: RouteClient | None = None
 
     @property
@@ -259,7 +260,7 @@ class _ClientBase:
 
 class PullConsumer(_ClientBase):
     """The caller picks queues and offsets: ``fetch_queues``, ``pull``, ``update_offset``,
-    ``fetch_offset``."""
+    ``fetch_offset``. ``PullConsumer(group, namesrv_addr, security)``: see ``Producer``."""
 
     def start(self) -> None:
         self._start_routes()
@@ -329,7 +330,8 @@ class _ProcessQueue:
 
 class PushConsumer(_ClientBase):
     """``PushConsumer(group, namesrv_addr)``; ``subscribe(topic, "TagA || TagB")``,
-    ``register_listener(fn)``, ``start()``, ``shutdown()``. See the module docstring."""
+    ``register_listener(fn)``, ``start()``, ``shutdown()``. See the module docstring.
+    ``security``: TLS and the credentials that sign every call, as for ``Producer``."""
 
     def __init__(
         self,
@@ -344,8 +346,9 @@ class PushConsumer(_ClientBase):
         offset_store_dir: str | os.PathLike[str] | None = None,
         client_id: str | None = None,
         max_reconsume_times: int = MAX_RECONSUME_TIMES,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
-        super().__init__(group, namesrv_addr)
+        super().__init__(group, namesrv_addr, security)
         if not 0 <= max_reconsume_times <= 64:
             raise MQClientError(
                 "INVALID_ARGUMENT", "INVALID_ARGUMENT", "max_reconsume_times must be in [0, 64]"

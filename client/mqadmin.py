@@ -1,6 +1,11 @@
 """``mqadmin``: raftmq's admin command line, in RocketMQ's vocabulary (docs/CLIENT.md#mqadmin).
 
-    mqadmin [-n host:port;host:port] [--json] COMMAND [flags]
+    mqadmin [-n host:port;host:port] [--json] [security options] COMMAND [flags]
+
+Security options (docs/SECURITY.md): ``--tls-ca FILE`` (env ``RAFTMQ_TLS_CA``) speaks TLS,
+``--credentials FILE`` (env ``RAFTMQ_CREDENTIALS``; JSON, mode 0600) or ``--access-key`` /
+``--secret-key`` sign every call; ``--tls-cert`` / ``--tls-key`` present a client
+certificate. A local secure group (``mqcluster up``) prints the two exports to use.
 
 Exit codes: 0 ok; 1 a failed operation (one line on stderr with the broker's or NameServer's
 stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage).
@@ -26,6 +31,8 @@ from client.errors import MQClientError
 from client.message import Message, MessageExt, MessageQueue
 from client.producer import Producer
 from mqcli import CommandLine, GlobalOption
+from mqsecurity.errors import SecurityError
+from mqsecurity.options import OPTION_SPECS, security_from_args
 
 DEFAULT_PRODUCER_GROUP = "mqadmin_producer"
 DEFAULT_CONSUMER_GROUP = "mqadmin_consumer"
@@ -317,7 +324,7 @@ def cmd_reset_offset_by_time(admin: MQAdmin, args: argparse.Namespace, out: Outp
 def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     keys = tuple(k for k in (args.keys or "").split(",") if k) if args.keys else ()
     msg = Message(args.topic, args.body.encode(), tags=args.tags, keys=keys)
-    with Producer(args.producer_group, admin.namesrv_addr) as producer:
+    with Producer(args.producer_group, admin.namesrv_addr, security=admin.security) as producer:
         if args.broker or args.queue is not None:
             target = QueueFilter(args.broker, args.queue)
             r = producer.send(msg, target)
@@ -337,7 +344,7 @@ def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
 
 def cmd_consume_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     rows: list[Row] = []
-    with PullConsumer(args.group, admin.namesrv_addr) as consumer:
+    with PullConsumer(args.group, admin.namesrv_addr, admin.security) as consumer:
         queues: list[MessageQueue] = consumer.fetch_queues(args.topic)
         if args.broker:
             queues = [q for q in queues if q.broker_name == args.broker]
@@ -415,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
             GlobalOption.of(
                 "-v", "--verbose", action="store_true", help="log the client's retries to stderr"
             ),
+            *(GlobalOption.of(*flags, **kwargs) for flags, kwargs in OPTION_SPECS),
         ],
         dest="command",
         metavar="COMMAND",
@@ -580,6 +588,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits 2 with usage on a bad command line
     if not args.namesrv:
         parser.error("no NameServer: pass -n host:port or set NAMESRV_ADDR")
+    try:
+        security = security_from_args(args)
+    except SecurityError as exc:
+        parser.error(str(exc))
     # The client logs retries and failovers; only the one error line goes to stderr by default.
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.CRITICAL + 1,
@@ -587,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out = Output(args.json)
     try:
-        admin = MQAdmin(args.namesrv)
+        admin = MQAdmin(args.namesrv, security)
         args.handler(admin, args, out)
     except MQClientError as exc:
         detail = " ".join(exc.message.split())

@@ -48,6 +48,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from client.errors import MQClientError
 from client.message import Message, MessageQueue, SendResult, local_host, new_msg_id
 from client.route import ChannelPool, RouteClient, retry_wait_s
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,9 @@ class _GroupQueue:
 
 class Producer:
     """``Producer(group, namesrv_addr)``; ``start()``, then ``send``/``send_async``/
-    ``send_oneway``/``send_batch``; ``shutdown()`` (or use it as a context manager)."""
+    ``send_oneway``/``send_batch``; ``shutdown()`` (or use it as a context manager).
+    ``security``: TLS and the credentials that sign every call (default: plaintext,
+    anonymous), for the NameServers and the broker nodes alike."""
 
     def __init__(
         self,
@@ -150,12 +153,13 @@ class Producer:
         *,
         send_msg_timeout_s: float = SEND_MSG_TIMEOUT_S,
         retry_times_when_send_failed: int = RETRY_TIMES_WHEN_SEND_FAILED,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.send_msg_timeout_s = send_msg_timeout_s
         self.retry_times_when_send_failed = retry_times_when_send_failed
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(security)
         self._routes: RouteClient | None = None
         self._executor: ThreadPoolExecutor | None = None
         # Async and one-way sends not yet answered, at most ASYNC_MAX_PENDING (back pressure).

@@ -23,6 +23,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from client.errors import MQClientError
 from client.message import MessageQueue
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,12 @@ class TopicRoute:
 
 
 class ChannelPool:
-    """One gRPC channel per address, shared by every stub of a client."""
+    """One gRPC channel per address, shared by every stub of a client. Every channel is
+    opened as ``security`` says (TLS, a signature on every call, or plaintext by default):
+    NameServers and broker nodes alike."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: ClientSecurity = PLAINTEXT) -> None:
+        self.security = security
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, bpb_grpc.BrokerStub] = {}  # made once per address
@@ -129,7 +133,8 @@ class ChannelPool:
         with self._lock:
             ch = self._channels.get(addr)
             if ch is None:
-                ch = self._channels[addr] = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+                ch = open_channel(addr, self.security, CHANNEL_OPTIONS)
+                self._channels[addr] = ch
             return ch
 
     def broker(self, addr: str) -> bpb_grpc.BrokerStub:

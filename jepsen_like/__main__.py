@@ -1,7 +1,7 @@
 """``mqjepsen`` / ``python -m jepsen_like``: a Jepsen-style test of a local raftmq group.
 
     mqjepsen run [--nodes 3] [--time-limit 60] [--nemesis partition,kill,pause] [--seed S]
-                 [--workload queue|log] [--net proxy|netns] [--dir RUN_DIR] ...
+                 [--workload queue|log] [--net proxy|netns] [--insecure] [--dir RUN_DIR] ...
     mqjepsen check RUN_DIR        re-run the checkers on a run's history and final state
     mqjepsen netns-clean [--force] remove namespaces/veths/bridges left by dead netns runs
 
@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
         choices=["proxy", "netns"],
         default="proxy",
         help="network faults: TCP proxies (default) or namespaces + iptables (root)",
+    )
+    r.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext group, no certificates, no ACLs (default: secure, as mqcluster up)",
     )
     r.add_argument("--dir", default=None, help=f"run directory (default {DEFAULT_RUNS_DIR}/...)")
     r.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -174,10 +179,12 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         max_duplicates=ns.max_duplicates,
         broker_conf=conf,
         net=ns.net,
+        secure=not ns.insecure,
     )
     print(
         f"mqjepsen: seed {seed}, {ns.nodes} nodes, {ns.workload} workload, "
-        f"nemesis {','.join(nemeses) or 'none'}, {ns.time_limit:.0f} s, {ns.net} network; "
+        f"nemesis {','.join(nemeses) or 'none'}, {ns.time_limit:.0f} s, {ns.net} network, "
+        f"{'insecure' if ns.insecure else 'secure (TLS, ACLs)'}; "
         f"run dir {out_dir}",
         flush=True,
     )

@@ -9,6 +9,10 @@ send clients through the proxy too. The harness itself talks to the nodes direct
 With the network-namespace backend (:class:`NetnsNet`) each node instead binds to its own
 namespace's address, peers and clients use those addresses directly, and links are cut with
 iptables inside the namespaces (see :mod:`jepsen_like.netns`).
+
+The group is secure unless the run is ``--insecure``: TLS on every port (the TCP proxies pass
+it through untouched), member certificates, ACLs; every client of the harness and the
+workloads connects with the group's admin credentials (``security``).
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import signal
 import time
 from pathlib import Path
 
-from broker.cluster import ClusterError, LocalCluster, NodeInfo
+from broker import localsecurity
+from broker.cluster import ClusterError, LocalCluster, NodeInfo, log_client
 from dledger.procs import exited
 from dledger.server.client import ClientError, LogClient
 from jepsen_like.netns import NetnsLocalCluster, NetnsNet
 from jepsen_like.proxy import ProxyNet
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +64,19 @@ class JepsenCluster:
     """Set up with :meth:`setup`, always finish with :meth:`teardown`."""
 
     def __init__(
-        self, base: Path, nodes: int, net: ProxyNet | NetnsNet, extra: dict[str, str]
+        self,
+        base: Path,
+        nodes: int,
+        net: ProxyNet | NetnsNet,
+        extra: dict[str, str],
+        secure: bool = True,
     ) -> None:
         self.base = base
         self.n_nodes = nodes
         self.net = net
+        self.secure = secure
+        # How every client reaches the group; set by setup() (the files exist from then on).
+        self.security: ClientSecurity = PLAINTEXT
         self.extra = {"mappedFileSizeCommitLog": str(SEGMENT_BYTES), **extra}
         self.local = (
             NetnsLocalCluster(base, net) if isinstance(net, NetnsNet) else LocalCluster(base)
@@ -86,8 +100,14 @@ class JepsenCluster:
         # every address then (a local group's NameServer binds 127.0.0.1 by default).
         namesrv_conf = {"listenHost": "0.0.0.0"} if isinstance(self.net, NetnsNet) else None
         self.local.configure(
-            self.n_nodes, auto_ports=True, extra=self.extra, namesrv=True, namesrv_conf=namesrv_conf
+            self.n_nodes,
+            auto_ports=True,
+            extra=self.extra,
+            namesrv=True,
+            namesrv_conf=namesrv_conf,
+            secure=self.secure,
         )
+        self.security = self.local.client_security()
         if isinstance(self.net, NetnsNet):
             self._setup_netns(self.net)
             return
@@ -156,6 +176,25 @@ class JepsenCluster:
             lines += [f"{k}={v}" for k, v in replaced.items()]
             lines.append(f"brokerIP1={hosts[a.node_id]}")
             conf.write_text("\n".join(lines) + "\n")
+        if self.secure:
+            self._secure_netns(net, hosts)
+
+    def _secure_netns(self, net: NetnsNet, hosts: dict[str, str]) -> None:
+        """Certificates naming the namespaces' addresses (each node's, the NameServer's at
+        the bridge), and the NameServer on every address of the root namespace, where the
+        nodes reach it, as in a plaintext netns run."""
+        ns = self.local.namesrv
+        assert ns is not None
+        localsecurity.create_secure_files(
+            self.local.base,
+            self.local.group,
+            {nid: (host, *localsecurity.LOCAL_HOSTS) for nid, host in hosts.items()},
+            (net.host_ip, *localsecurity.LOCAL_HOSTS),
+        )
+        key = localsecurity.NAMESRV_BIND_HOST_KEY
+        conf = Path(ns.conf)
+        lines = [ln for ln in conf.read_text().splitlines() if not ln.startswith(f"{key}=")]
+        conf.write_text("\n".join([*lines, f"{key}=0.0.0.0"]) + "\n")
 
     def up(self) -> str:
         self._track(self.local.start_namesrv())
@@ -293,13 +332,13 @@ class JepsenCluster:
     # ------------------------------------------------------------------ state
 
     def direct_client(self) -> LogClient:
-        return LogClient(
-            self.local.client_addrs, group=self.local.group, timeout_s=DIRECT_RPC_TIMEOUT_S
+        return log_client(
+            self.local.client_addrs, self.local.group, self.security, DIRECT_RPC_TIMEOUT_S
         )
 
     def proxied_client(self, timeout_s: float) -> LogClient:
         addrs = [self.proxy_client_addrs[i] for i in self.ids]
-        return LogClient(addrs, group=self.local.group, timeout_s=timeout_s)
+        return log_client(addrs, self.local.group, self.security, timeout_s)
 
     def leader(self, client: LogClient) -> str | None:
         for n in self.local.nodes:

@@ -56,6 +56,7 @@ class RunConfig:
     max_duplicates: int = 0
     broker_conf: dict[str, str] = field(default_factory=dict)
     net: str = "proxy"  # "proxy" (TCP proxies) or "netns" (namespaces + iptables, root)
+    secure: bool = True  # TLS, member certificates, ACLs (as `mqcluster up`); False: plaintext
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     extra = dict(cfg.broker_conf)
     if cfg.unsafe_ack:
         extra["unsafeAckBeforeReplication"] = "true"
-    cluster = JepsenCluster(out_dir / "cluster", cfg.nodes, net, extra)
+    cluster = JepsenCluster(out_dir / "cluster", cfg.nodes, net, extra, cfg.secure)
     workload: Workload
     if cfg.workload == "queue":
         workload = QueueWorkload(

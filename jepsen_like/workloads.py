@@ -34,6 +34,7 @@ from dledger.server.client import ClientError
 from jepsen_like.checker import NodeState
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import MONITOR, History, OpType
+from mqsecurity.channels import open_channel
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,9 @@ class QueueWorkload(_Base):
         self.queues = queues
 
     def setup(self) -> None:
-        MQAdmin(self.cluster.namesrv_addr).create_topic(TOPIC, queues=self.queues)
+        MQAdmin(self.cluster.namesrv_addr, self.cluster.security).create_topic(
+            TOPIC, queues=self.queues
+        )
 
     def start(self) -> None:
         for i in range(self.n_writers):
@@ -176,7 +179,10 @@ class QueueWorkload(_Base):
     def _produce(self, process: str) -> None:
         selector = _QueueSelector()
         with Producer(
-            f"jepsen-{process}", self.cluster.namesrv_addr, send_msg_timeout_s=WRITE_TIMEOUT_S
+            f"jepsen-{process}",
+            self.cluster.namesrv_addr,
+            send_msg_timeout_s=WRITE_TIMEOUT_S,
+            security=self.cluster.security,
         ) as producer:
             while not self._stop.is_set():
                 started = time.monotonic()
@@ -197,7 +203,9 @@ class QueueWorkload(_Base):
                 self._pace(started)
 
     def _consume(self, process: str, mine: list[int]) -> None:
-        consumer = PullConsumer(f"jepsen-{process}", self.cluster.namesrv_addr)
+        consumer = PullConsumer(
+            f"jepsen-{process}", self.cluster.namesrv_addr, self.cluster.security
+        )
         consumer.start()
         try:
             mqs: list[MessageQueue] = []
@@ -228,7 +236,7 @@ class QueueWorkload(_Base):
             consumer.shutdown()
 
     def drain(self, deadline_mono: float) -> None:
-        consumer = PullConsumer("jepsen-drain", self.cluster.namesrv_addr)
+        consumer = PullConsumer("jepsen-drain", self.cluster.namesrv_addr, self.cluster.security)
         consumer.start()
         try:
             mqs: list[MessageQueue] = []
@@ -280,7 +288,7 @@ class QueueWorkload(_Base):
         """Every message of every queue as this node's ConsumeQueue has it (read directly)."""
         addr = self.cluster.node(node_id).client_addr
         out: dict[str, list[tuple[int, str]]] = {}
-        with grpc.insecure_channel(addr) as ch:
+        with open_channel(addr, self.cluster.security) as ch:
             stub = bpb_grpc.BrokerStub(ch)
             for q in range(self.queues):
                 rows: list[tuple[int, str]] = []

@@ -5,7 +5,9 @@
     mqaudit --group a=DIR,DIR,DIR --group b=...  several groups
     mqaudit --connect 127.0.0.1:10911,127.0.0.1:10921,127.0.0.1:10931
                                                a running group: each node tells its store
-                                               path and commit index
+                                               path and commit index (a secure group: with
+                                               --tls-ca and --credentials, or
+                                               RAFTMQ_TLS_CA and RAFTMQ_CREDENTIALS)
 
 Exit codes: 0 clean, 1 divergence or corruption found, 2 usage or input error.
 """
@@ -18,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from mqsecurity.errors import SecurityError
+from mqsecurity.options import add_security_arguments, security_from_args
 from spark_audit.job import (
     DEFAULT_MASTER,
     LOOPBACK,
@@ -146,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
         help="extra Spark configuration (repeatable)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    add_security_arguments(p)  # how --connect reaches a secure group
     return p
 
 
@@ -173,7 +178,11 @@ def _sources(args: argparse.Namespace) -> list[tuple[str, list[ReplicaSource]]]:
         groups.append((gname, sources_from_paths(gname, items)))
     for value in args.connect:
         cname, items = _split_named(value, "--connect")
-        srcs = sources_from_running(items, cname or "")
+        try:
+            security = security_from_args(args)
+        except SecurityError as exc:
+            raise InputError(str(exc)) from None
+        srcs = sources_from_running(items, cname or "", security)
         groups.append((srcs[0].group, srcs))
     if not groups:
         raise InputError("nothing to audit: give store directories, --group or --connect")

@@ -14,6 +14,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE, RecordError
@@ -30,6 +31,9 @@ from spark_audit.model import (
     TaskSpec,
     What,
 )
+
+if TYPE_CHECKING:
+    from mqsecurity.channels import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +129,22 @@ def sources_from_paths(group: str, uris: Sequence[str]) -> list[ReplicaSource]:
     return [ReplicaSource(group, n, r) for n, r in zip(names, roots, strict=True)]
 
 
-def sources_from_running(addrs: Sequence[str], group: str = "") -> list[ReplicaSource]:
-    """Ask each node of a running group (client addresses) for its store and commit index."""
-    from dledger.server.client import ClientError, LogClient
+def sources_from_running(
+    addrs: Sequence[str], group: str = "", security: ClientSecurity | None = None
+) -> list[ReplicaSource]:
+    """Ask each node of a running group (client addresses) for its store and commit index,
+    reaching them as ``security`` says (TLS, signed calls; None: plaintext). The imports are
+    local: Spark's executors load this module and need no gRPC."""
+    from broker.cluster import ClusterError, log_client
+    from dledger.server.client import ClientError
+    from mqsecurity.channels import PLAINTEXT
 
     out: list[ReplicaSource] = []
-    with LogClient(list(addrs), group=group) as client:
+    try:
+        client = log_client(list(addrs), group, security or PLAINTEXT)
+    except ClusterError as exc:
+        raise InputError(str(exc)) from None
+    with client:
         for addr in addrs:
             try:
                 md = client.metadata(addr, timeout_s=5.0)

@@ -15,6 +15,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
 from client.message import MessageExt
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # How long a topic may take to appear in the NameServer's routes (registration on change).
 ROUTE_DEADLINE_S = 10.0
@@ -74,9 +75,10 @@ def create_topic_on(
     groups: list[LocalCluster], namesrv_addrs: list[str], topic: str, queues: int
 ) -> None:
     """Create ``topic`` on every group's leader; wait until every NameServer routes it to every
-    group with a leader address."""
+    group with a leader address. Each group is reached as its ``client_security()`` says (the
+    NameServers as the first group's)."""
     for g in groups:
-        with grpc.insecure_channel(g.node(g.wait_leader()).client_addr) as ch:
+        with open_channel(g.node(g.wait_leader()).client_addr, g.client_security()) as ch:
             bpb_grpc.BrokerStub(ch).CreateTopic(
                 bpb.CreateTopicRequest(
                     topic=bpb.TopicConfig(
@@ -86,7 +88,7 @@ def create_topic_on(
                 timeout=10,
             )
     for addr in namesrv_addrs:
-        with grpc.insecure_channel(addr) as ch:
+        with open_channel(addr, groups[0].client_security()) as ch:
             stub = nspb_grpc.NameServerStub(ch)
 
             def routed(stub: nspb_grpc.NameServerStub = stub) -> bool:
@@ -101,15 +103,19 @@ def create_topic_on(
             wait_for(routed, ROUTE_DEADLINE_S, f"route of {topic} on {addr}")
 
 
-def pull_ids(addr: str, topic: str, queue_id: int) -> list[str]:
+def pull_ids(
+    addr: str, topic: str, queue_id: int, security: ClientSecurity = PLAINTEXT
+) -> list[str]:
     """The msg ids of every message in one queue, as the node at ``addr`` serves them."""
-    return [m.msg_id for m in pull_all(addr, topic, queue_id)]
+    return [m.msg_id for m in pull_all(addr, topic, queue_id, security)]
 
 
-def pull_all(addr: str, topic: str, queue_id: int) -> list[MessageExt]:
+def pull_all(
+    addr: str, topic: str, queue_id: int, security: ClientSecurity = PLAINTEXT
+) -> list[MessageExt]:
     """Every message in one queue, as the node at ``addr`` serves them."""
     out: list[MessageExt] = []
-    with grpc.insecure_channel(addr) as ch:
+    with open_channel(addr, security) as ch:
         stub = bpb_grpc.BrokerStub(ch)
         offset = 0
         while True:

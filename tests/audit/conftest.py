@@ -111,7 +111,14 @@ def group_stores(
             last = next(iter(state.values()))[0]
         live_json = base / "live-audit.json"
         live_code = audit_main(
-            ["--connect", ",".join(cluster.client_addrs), "--json", str(live_json), "-q"],
+            [
+                "--connect",
+                ",".join(cluster.client_addrs),
+                "--json",
+                str(live_json),
+                "-q",
+                *cluster.tool_argv(),
+            ],
             spark=spark,
         )
         live_report = json.loads(live_json.read_text())

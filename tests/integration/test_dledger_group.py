@@ -238,9 +238,11 @@ def test_mqcluster_cli_up_status_kill_start_down(tmp_path: Path) -> None:
             timeout=90,
         )
 
-    up = cli("up", "--auto-ports", "--set", "mappedFileSizeCommitLog=4194304")
+    # --insecure: the plaintext path end to end (test_nameserver.py starts the secure default).
+    up = cli("up", "--auto-ports", "--insecure", "--set", "mappedFileSizeCommitLog=4194304")
     try:
         assert up.returncode == 0, up.stderr
+        assert "security: none (--insecure)" in up.stdout
         assert "LEADER" in up.stdout and "n0" in up.stdout
         cluster = LocalCluster(base)
         pids = [cluster.pid(n) for n in cluster.nodes]

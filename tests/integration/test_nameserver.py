@@ -20,6 +20,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 from support import wait_for
 
 from broker.cluster import LocalCluster
+from mqsecurity.channels import open_channel
 
 pytestmark = pytest.mark.integration
 
@@ -258,6 +259,8 @@ def test_mqnamesrv_cli(name_servers: NameServerFactory, tmp_path: Path) -> None:
 
 
 def test_mqcluster_up_starts_and_stops_a_namesrv(tmp_path: Path) -> None:
+    """The default `mqcluster up`: secure (TLS, member certificates, ACLs), the NameServer on
+    127.0.0.1; the node registers over TLS and `status` reaches it with the admin's files."""
     base = tmp_path / "cluster"
     cmd = [sys.executable, "-m", "broker.cluster", "--base-dir", str(base)]
     try:
@@ -271,7 +274,8 @@ def test_mqcluster_up_starts_and_stops_a_namesrv(tmp_path: Path) -> None:
         assert ns_pid is not None
         assert f"namesrv: {cluster.namesrv.addr} pid {ns_pid}" in out.stdout
         assert f"namesrvAddr={cluster.namesrv.addr}" in Path(cluster.nodes[0].conf).read_text()
-        with grpc.insecure_channel(cluster.namesrv.addr) as ch:
+        assert cluster.secure and f"RAFTMQ_CREDENTIALS={base / 'admin.json'}" in out.stdout
+        with open_channel(cluster.namesrv.addr, cluster.client_security()) as ch:
             stub = pb_grpc.NameServerStub(ch)
 
             def registered() -> bool:

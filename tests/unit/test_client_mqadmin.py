@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 
 from client import mqadmin
 from client.admin import MQAdmin, QueueProgress
 from client.errors import MQClientError
+from mqsecurity import pki
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
+from mqsecurity.credentials import Credentials, save_credentials
+from mqsecurity.options import (
+    ENV_CREDENTIALS,
+    ENV_TLS_CA,
+    add_security_arguments,
+    security_argv,
+    security_from_args,
+)
+from mqsecurity.tls import TlsFiles
 
 COMMANDS = {
     "updateTopic": ["-t", "T"],
@@ -144,3 +156,119 @@ def test_json_output(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     text = capsys.readouterr().out.splitlines()
     assert text[0].split() == ["broker", "queue", "broker_offset", "consumer_offset", "lag"]
     assert text[-1] == "total_lag: 6"
+
+
+# -- security options ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def secure_files(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A CA, a client certificate and a 0600 credentials file; no security env set."""
+    monkeypatch.delenv(ENV_CREDENTIALS, raising=False)
+    monkeypatch.delenv(ENV_TLS_CA, raising=False)
+    ca = pki.create_authority(str(tmp_path / "tls"))
+    client_files = pki.issue_client(ca, str(tmp_path / "tls"), "admin")
+    creds = tmp_path / "admin.json"
+    save_credentials(str(creds), Credentials("admin", "a-long-secret"))
+    return ca.cert_path, client_files, str(creds)
+
+
+def _security_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> ClientSecurity:
+    """The security mqadmin's main hands to MQAdmin for ``argv``."""
+    seen: list[ClientSecurity] = []
+
+    def topic_list(self: MQAdmin) -> list[str]:
+        seen.append(self.security)
+        return []
+
+    monkeypatch.setattr(MQAdmin, "topic_list", topic_list)
+    assert mqadmin.main(["-n", "127.0.0.1:1", *argv]) == 0
+    return seen[0]
+
+
+def test_security_flags_before_or_after_the_command(
+    secure_files, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca, client_files, creds = secure_files
+    flags = ["--tls-ca", ca, "--tls-cert", client_files.cert_path]
+    flags += ["--tls-key", client_files.key_path, "--credentials", creds]
+    for argv in ([*flags, "topicList"], ["topicList", *flags]):
+        security = _security_of(argv, monkeypatch)
+        assert security.tls == TlsFiles(client_files.cert_path, client_files.key_path, ca)
+        assert security.credentials == Credentials("admin", "a-long-secret")
+    security = _security_of(
+        ["topicList", "--access-key", "bob", "--secret-key", "bobs-key1"], monkeypatch
+    )
+    assert security.tls is None and security.credentials == Credentials("bob", "bobs-key1")
+    assert _security_of(["topicList"], monkeypatch) == PLAINTEXT
+
+
+def test_security_from_the_environment(secure_files, monkeypatch: pytest.MonkeyPatch) -> None:
+    ca, _, creds = secure_files
+    monkeypatch.setenv(ENV_TLS_CA, ca)
+    monkeypatch.setenv(ENV_CREDENTIALS, creds)
+    security = _security_of(["topicList"], monkeypatch)
+    assert security.tls == TlsFiles(ca_path=ca)
+    assert security.credentials is not None and security.credentials.access_key == "admin"
+    # A flag wins over the environment.
+    security = _security_of(
+        ["topicList", "--access-key", "bob", "--secret-key", "bobs-key1"], monkeypatch
+    )
+    assert security.credentials is not None and security.credentials.access_key == "bob"
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--access-key", "bob"], "go together"),
+        (["--secret-key", "bobs-key1"], "go together"),
+        (["--tls-cert", "{cert}"], "go together"),
+        (
+            ["--credentials", "{creds}", "--access-key", "a", "--secret-key", "bobs-key1"],
+            "not both",
+        ),
+        (["--credentials", "{loose}"], "chmod 600"),
+        (["--credentials", "{missing}"], "cannot open"),
+        (["--tls-ca", "{missing}"], "cannot read"),
+        (["--tls-server-name", "x"], "needs TLS"),
+        (["--access-key", "bad key!", "--secret-key", "bobs-key1"], "access key may hold"),
+    ],
+)
+def test_bad_security_options_exit_2_saying_why(
+    argv: list[str],
+    reason: str,
+    secure_files,
+    tmp_path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, client_files, creds = secure_files
+    loose = tmp_path / "loose.json"
+    loose.write_text('{"accessKey": "admin", "secretKey": "a-long-secret"}')
+    os.chmod(loose, 0o644)
+    names = {
+        "cert": client_files.cert_path,
+        "creds": creds,
+        "loose": str(loose),
+        "missing": str(tmp_path / "nope"),
+    }
+    argv = [a.format(**names) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        mqadmin.main(["-n", "127.0.0.1:1", "topicList", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert reason in err
+    assert "a-long-secret" not in err and "bobs-key1" not in err
+
+
+def test_security_argv_reaches_the_same_group(secure_files) -> None:
+    """What a tool passes to its load-generator processes parses back to the same security."""
+    ca, client_files, creds = secure_files
+    files = TlsFiles(client_files.cert_path, client_files.key_path, ca)
+    parser = argparse.ArgumentParser()
+    add_security_arguments(parser)
+    argv = security_argv(files, creds, "localhost")
+    assert "a-long-secret" not in " ".join(argv)
+    security = security_from_args(parser.parse_args(argv), environ={})
+    assert security == ClientSecurity(files, Credentials("admin", "a-long-secret"), "localhost")
+    fallback = ClientSecurity(tls=TlsFiles(ca_path=ca))
+    assert security_from_args(parser.parse_args([]), environ={}, fallback=fallback) is fallback
