@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from broker.auth.guard import AuthGuard, AuthSettings
+from broker.auth.secrets import load_key_file
 from broker.config import KEYS, BrokerConfig, ConfigError, load_config, node_config
 from broker.disk import DiskGuard
 from broker.registration import BrokerRegistrar
@@ -22,7 +24,9 @@ from mqcli import server_parser
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
     """The full broker: a DLedger node applying into the broker state machine, with the
-    Broker service on its client port."""
+    Broker service on its client port, every call of which passes the ACL guard.
+    `ConfigError` when the ACL key file cannot be used."""
+    box = load_key_file(cfg.aclEncryptionKeyPath) if cfg.aclEncryptionKeyPath else None
     sm = BrokerStateMachine(
         cfg.storePathRootDir,
         dedup_window_ms=cfg.dedupWindowSeconds * 1000,
@@ -33,7 +37,18 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
     # The servicer needs the node and the node takes the servicer's registrar: the registrar
     # is looked up when the node starts (after both exist).
     registrars: list[Callable[[grpc.aio.Server], Sequence[str]]] = []
-    node = DLedgerNode(node_config(cfg), sm, client_services=[lambda s: registrars[0](s)])
+    settings = AuthSettings(
+        authentication_enabled=cfg.authenticationEnabled,
+        authorization_enabled=cfg.authorizationEnabled,
+        max_skew_ms=cfg.authenticationMaxClockSkewMs,
+        cluster_name=cfg.brokerClusterName,
+    )
+    node = DLedgerNode(
+        node_config(cfg),
+        sm,
+        client_services=[lambda s: registrars[0](s)],
+        call_guard=AuthGuard(sm, settings, box) if settings.active else None,
+    )
     sm.attach(_LazyLog(node))
     servicer = BrokerServicer(
         node,
@@ -50,6 +65,8 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
             delay_levels_ms=cfg.delay_levels_ms,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
+        secret_box=box,
+        init_user=cfg.initAuthenticationUser,
     )
     registrars.append(servicer.register)
     return node, sm
@@ -131,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
+        node, sm = build(cfg)
     except ConfigError as exc:
         print(f"mqbroker: {exc}", file=sys.stderr)
         return 2
-    node, sm = build(cfg)
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
     tune_gc()
     profiler = None

@@ -7,6 +7,7 @@ whose message names the file and the key, so the process can stop at start with 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from dledger.properties import int_in, parse_port, parse_properties, parse_value
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
+from mqsecurity import SecurityError
+from mqsecurity.credentials import Credentials
+from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,23 @@ def _parse_advertised_addr(text: str) -> str:
             raise ValueError("is not host:port")
         parse_port(port_text)
     return addr
+
+
+def _parse_init_user(text: str) -> Credentials | None:
+    """``{"username": "...", "password": "..."}`` (RocketMQ's initAuthenticationUser) or empty.
+    A ValueError's message never holds the password."""
+    if not text.strip():
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError('is not JSON {"username": .., "password": ..}') from None
+    if not isinstance(doc, dict) or set(doc) != {"username", "password"}:
+        raise ValueError('must be JSON {"username": .., "password": ..}')
+    try:
+        return Credentials(str(doc["username"]), str(doc["password"]))
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _parse_flush(text: str) -> FlushDiskType:
@@ -234,6 +255,27 @@ KEYS: Mapping[str, _Key] = {
     "unsafeAckBeforeReplication": _Key(
         _parse_bool, "false", "TEST ONLY: ack appends before a majority holds them (loses data)"
     ),
+    # Users and permissions (RocketMQ 5.3's names; docs/SECURITY.md "Users and permissions").
+    "authenticationEnabled": _Key(
+        _parse_bool, "false", "every client-port call must be signed by a known, enabled user"
+    ),
+    "authorizationEnabled": _Key(
+        _parse_bool, "false", "every client-port call must be allowed by the caller's ACL rules"
+    ),
+    "initAuthenticationUser": _Key(
+        _parse_init_user,
+        "",
+        'JSON {"username": .., "password": ..}: the first Super user, created by the first '
+        "leader that finds no users",
+    ),
+    "aclEncryptionKeyPath": _Key(
+        _parse_optional_str, "", "file (0600, same on every member) of the key sealing secrets"
+    ),
+    "authenticationMaxClockSkewMs": _Key(
+        int_in(1000, 24 * 3600 * 1000),
+        str(DEFAULT_MAX_SKEW_MS),
+        "how far a signed request's time may be from this node's clock, ms",
+    ),
 }
 
 
@@ -280,6 +322,11 @@ class BrokerConfig:
     rpcTimeoutMs: int
     advertisedClientAddr: str
     unsafeAckBeforeReplication: bool
+    authenticationEnabled: bool
+    authorizationEnabled: bool
+    initAuthenticationUser: Credentials | None
+    aclEncryptionKeyPath: str
+    authenticationMaxClockSkewMs: int
 
     @property
     def self_peer(self) -> Peer:
@@ -320,7 +367,13 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         if text_value is None:
             raise ConfigError(f"{path}: key '{name}' is required ({key.doc})")
         given[name] = text_value
+    # Parsed apart: parse_values quotes a bad value in its error, and this one holds a password.
+    init_user_text = given.pop("initAuthenticationUser")
     values = parse_values(given, {name: key.parse for name, key in KEYS.items()}, path, ConfigError)
+    try:
+        values["initAuthenticationUser"] = _parse_init_user(init_user_text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: key 'initAuthenticationUser' {exc}") from None
     if not values["enableDLegerCommitLog"]:
         raise ConfigError(f"{path}: key 'enableDLegerCommitLog' must be true (DLedger-only)")
     if not values["dLegerGroup"]:
@@ -354,9 +407,24 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"{path}: key 'diskSpaceResumeRatio' ({values['diskSpaceResumeRatio']}) must be "
             f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
+    _check_auth_keys(values, path)
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, **values)
+
+
+def _check_auth_keys(values: Mapping[str, Any], path: str) -> None:
+    needs_key = (
+        values["authenticationEnabled"]
+        or values["authorizationEnabled"]
+        or values["initAuthenticationUser"] is not None
+    )
+    if needs_key and not values["aclEncryptionKeyPath"]:
+        raise ConfigError(
+            f"{path}: key 'aclEncryptionKeyPath' is required when authenticationEnabled, "
+            "authorizationEnabled or initAuthenticationUser is set (user secrets are kept "
+            "encrypted under it)"
+        )
 
 
 def load_config(path: str | os.PathLike[str]) -> BrokerConfig:
