@@ -481,6 +481,11 @@ class MQAdmin:
             )
             if not targets:
                 raise MQClientError("NO_BROKER", "UNAVAILABLE", "no broker group is registered")
+            leaderless = sorted(name for name, addr in targets.items() if not addr)
+            if leaderless:
+                raise MQClientError(
+                    "NO_LEADER", "UNAVAILABLE", f"no leader in {leaderless}", retryable=True
+                )
             return {
                 name: _follow_leader(channels, addr, name, call)
                 for name, addr in sorted(targets.items())
