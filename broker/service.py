@@ -407,25 +407,23 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             users=[_user_pb(u) for u in self.auth.list_users(request.filter)]
         )
 
+    async def _put_acl(self, r: pb.CreateAclRequest | pb.UpdateAclRequest, update: bool) -> pb.Acl:
+        rules = await self.auth.put_acl(
+            r.subject, r.resources, r.actions, r.decision, r.source_ips, update=update
+        )
+        return _acl_pb(r.subject, rules)
+
     @_rpc
     async def CreateAcl(
         self, request: pb.CreateAclRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateAclResponse:
-        r = request
-        rules = await self.auth.put_acl(
-            r.subject, r.resources, r.actions, r.decision, r.source_ips, update=False
-        )
-        return pb.CreateAclResponse(acl=_acl_pb(r.subject, rules))
+        return pb.CreateAclResponse(acl=await self._put_acl(request, update=False))
 
     @_rpc
     async def UpdateAcl(
         self, request: pb.UpdateAclRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateAclResponse:
-        r = request
-        rules = await self.auth.put_acl(
-            r.subject, r.resources, r.actions, r.decision, r.source_ips, update=True
-        )
-        return pb.UpdateAclResponse(acl=_acl_pb(r.subject, rules))
+        return pb.UpdateAclResponse(acl=await self._put_acl(request, update=True))
 
     @_rpc
     async def DeleteAcl(

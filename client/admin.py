@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -554,28 +554,19 @@ class MQAdmin:
     ) -> dict[str, pb.Acl]:
         """``createAcl`` (``update`` False) or ``updateAcl``: one rule per resource; the
         subject's rules afterwards, per group."""
-        ips = source_ips or []
+        fields: dict[str, Any] = {
+            "subject": subject,
+            "resources": resources,
+            "actions": actions,
+            "decision": decision,
+            "source_ips": source_ips or [],
+        }
 
         def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.Acl:
-            acl: pb.Acl
             if update:
-                req_u = pb.UpdateAclRequest(
-                    subject=subject,
-                    resources=resources,
-                    actions=actions,
-                    decision=decision,
-                    source_ips=ips,
-                )
-                acl = stub.UpdateAcl(req_u, timeout=t).acl
+                acl: pb.Acl = stub.UpdateAcl(pb.UpdateAclRequest(**fields), timeout=t).acl
             else:
-                req_c = pb.CreateAclRequest(
-                    subject=subject,
-                    resources=resources,
-                    actions=actions,
-                    decision=decision,
-                    source_ips=ips,
-                )
-                acl = stub.CreateAcl(req_c, timeout=t).acl
+                acl = stub.CreateAcl(pb.CreateAclRequest(**fields), timeout=t).acl
             return acl
 
         return self._on_groups(call, cluster, broker_addr)

@@ -18,13 +18,13 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import stat
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from broker.errors import ConfigError, InvalidRequestError
-from mqsecurity.credentials import write_private_file
+from mqsecurity import SecurityError
+from mqsecurity.credentials import read_private_file, write_private_file
 
 KEY_BYTES = 32  # AES-256
 NONCE_BYTES = 12  # GCM's standard nonce
@@ -82,24 +82,14 @@ def load_key_file(path: str) -> SecretBox:
     """The key of ``path``; `ConfigError` with one clear line when it is missing, readable by
     group or others, or not 64 hex digits."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise ConfigError(f"aclEncryptionKeyPath {path}: cannot open: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"aclEncryptionKeyPath {path} is accessible by group or others "
-                f"(mode {stat.S_IMODE(mode):o}); chmod 600 it"
-            )
-        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
+        data = read_private_file(path, MAX_KEY_FILE_BYTES, "aclEncryptionKeyPath")
+    except SecurityError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         key = bytes.fromhex(data.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         key = b""
-    if len(data) > MAX_KEY_FILE_BYTES or len(key) != KEY_BYTES:
+    if len(key) != KEY_BYTES:
         raise ConfigError(
             f"aclEncryptionKeyPath {path} must hold {KEY_BYTES} bytes as {2 * KEY_BYTES} hex digits"
         )
