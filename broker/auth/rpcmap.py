@@ -28,6 +28,7 @@ from broker.auth.model import (
     UPDATE,
     Resource,
 )
+from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 from broker.names import DLQ_PREFIX, RETRY_PREFIX
 
 Want = tuple[Resource, str]
@@ -63,10 +64,15 @@ def _consumer(r: Any, c: str) -> list[Want]:
 
 
 def _locks(r: Any, c: str) -> list[Want]:
+    if len(r.queues) > MAX_LOCK_BATCH:
+        # Refused by the servicer before anything changes: no need to match thousands.
+        return [group(r.consumer_group, SUB)]
     return [group(r.consumer_group, SUB), *_topics_sub([q.topic for q in r.queues])]
 
 
 def _heartbeat(r: Any, c: str) -> list[Want]:
+    if len(r.subscriptions) > MAX_SUBSCRIPTIONS or len(r.locked_queues) > MAX_LOCK_BATCH:
+        return [group(r.consumer_group, SUB)]  # refused by the servicer, as above
     topics = [s.topic for s in r.subscriptions] + [q.topic for q in r.locked_queues]
     return [group(r.consumer_group, SUB), *_topics_sub(topics)]
 

@@ -51,6 +51,8 @@ class AuthTable:
         self.users: dict[str, User] = {}
         self.acls: dict[str, list[Rule]] = {}
         self._outcomes: OrderedDict[int, str] = OrderedDict()
+        # The snapshot form, kept until the next change (snapshots are taken every second).
+        self._doc: dict[str, Any] | None = None
 
     @property
     def rule_count(self) -> int:
@@ -78,6 +80,7 @@ class AuthTable:
             self._note(index, str(exc) or "invalid record")
             raise
         self._note(index, "")
+        self._doc = None
 
     # ------------------------------------------------------------------ users
 
@@ -149,6 +152,12 @@ class AuthTable:
     # ------------------------------------------------------------------ snapshot
 
     def to_snapshot(self) -> dict[str, Any]:
+        """The snapshot form (shared until the next change: do not modify it)."""
+        if self._doc is None:
+            self._doc = self._snapshot_doc()
+        return self._doc
+
+    def _snapshot_doc(self) -> dict[str, Any]:
         return {
             "users": {
                 u.username: [u.sealed_secret, u.user_type, u.status]
@@ -160,7 +169,7 @@ class AuthTable:
     def load_snapshot(self, data: Mapping[str, Any]) -> list[str]:
         """Replace the table with a snapshot's; the names of the entries left out as invalid
         (a snapshot file is as hostile as a record)."""
-        self.users, self.acls, bad = {}, {}, []
+        self.users, self.acls, self._doc, bad = {}, {}, None, []
         for name, fields in dict(data.get("users", {})).items():
             try:
                 sealed, user_type, status = fields

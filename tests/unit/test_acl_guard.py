@@ -180,3 +180,22 @@ def test_no_key_no_users(tmp_path: Path) -> None:
         asyncio.run(AuthAdmin(ctx, None).create_user("bob", "long-enough-1", "", ""))
     guard = AuthGuard(sm, AuthSettings(False, False), None)
     assert guard.check(SEND, {}, PEER, bpb.SendMessageRequest()) is None  # both off: open
+
+
+def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
+    """Beyond the servicer's limits (which refuse the request before anything changes) the
+    guard does not match thousands of topics against the rules."""
+    from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+
+    subs = [bpb.Subscription(topic=f"t{i}", expression="*") for i in range(MAX_SUBSCRIPTIONS + 1)]
+    heartbeat = rpcmap.RPC_NEEDS[rpcmap.BROKER + "Heartbeat"]
+    assert not isinstance(heartbeat, str)
+    assert len(heartbeat(bpb.HeartbeatRequest(consumer_group="g", subscriptions=subs), "c")) == 1
+    assert (
+        len(heartbeat(bpb.HeartbeatRequest(consumer_group="g", subscriptions=subs[:3]), "c")) == 4
+    )
+    queues = [bpb.QueueRef(topic="t", queue_id=i) for i in range(MAX_LOCK_BATCH + 1)]
+    lock = rpcmap.RPC_NEEDS[rpcmap.BROKER + "LockBatchMQ"]
+    assert not isinstance(lock, str)
+    assert len(lock(bpb.LockBatchRequest(consumer_group="g", queues=queues), "c")) == 1
+    assert len(lock(bpb.LockBatchRequest(consumer_group="g", queues=queues[:5]), "c")) == 2
