@@ -10,6 +10,7 @@ can say whether its own record took effect. The table is part of the broker's sn
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -39,6 +40,9 @@ from broker.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
+# Every change of any table in the process gets a new number: caches of decisions made from a
+# table (broker.auth.guard) know they are stale, even across a rebuilt table.
+_VERSIONS = itertools.count(1)
 # The leader's admin handler reads its record's outcome right after apply; a few hundred
 # records back is far more than a handler ever needs.
 OUTCOMES_KEPT = 256
@@ -53,6 +57,7 @@ class AuthTable:
         self._outcomes: OrderedDict[int, str] = OrderedDict()
         # The snapshot form, kept until the next change (snapshots are taken every second).
         self._doc: dict[str, Any] | None = None
+        self.version = next(_VERSIONS)
 
     @property
     def rule_count(self) -> int:
@@ -81,6 +86,7 @@ class AuthTable:
             raise
         self._note(index, "")
         self._doc = None
+        self.version = next(_VERSIONS)
 
     # ------------------------------------------------------------------ users
 
@@ -170,6 +176,7 @@ class AuthTable:
         """Replace the table with a snapshot's; the names of the entries left out as invalid
         (a snapshot file is as hostile as a record)."""
         self.users, self.acls, self._doc, bad = {}, {}, None, []
+        self.version = next(_VERSIONS)
         for name, fields in dict(data.get("users", {})).items():
             try:
                 sealed, user_type, status = fields

@@ -104,9 +104,14 @@ def test_authentication(tmp_path: Path) -> None:
     assert old is not None and "away from the server's clock" in old.reason
     bad = guard.check(SEND, {"authorization": "Basic abc"}, PEER, req)
     assert bad is not None and bad.code == "UNAUTHENTICATED"
+    signed = md(ALICE)  # checked once, then remembered: a new password must still end it
+    assert guard.check(SEND, signed, PEER, req) is None
+    asyncio.run(admin.update_user("alice", "alice-secret-2", "", ""))
+    assert guard.check(SEND, signed, PEER, req) is not None
+    assert check(guard, SEND, Credentials("alice", "alice-secret-2"), req) is None
     asyncio.run(admin.update_user("alice", "", "", "disable"))
-    assert check(guard, SEND, ALICE, req) is not None
-    assert REFUSALS.snapshot()[AUTHENTICATION] - before == 6
+    assert check(guard, SEND, Credentials("alice", "alice-secret-2"), req) is not None
+    assert REFUSALS.snapshot()[AUTHENTICATION] - before == 7
 
 
 def test_authorization(tmp_path: Path) -> None:
