@@ -43,11 +43,12 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
         max_skew_ms=cfg.authenticationMaxClockSkewMs,
         cluster_name=cfg.brokerClusterName,
     )
+    guard = AuthGuard(sm, settings, box) if settings.active else None
     node = DLedgerNode(
         node_config(cfg),
         sm,
         client_services=[lambda s: registrars[0](s)],
-        call_guard=AuthGuard(sm, settings, box) if settings.active else None,
+        call_guard=guard,
     )
     sm.attach(_LazyLog(node))
     servicer = BrokerServicer(
@@ -69,6 +70,9 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine]:
         init_user=cfg.initAuthenticationUser,
     )
     registrars.append(servicer.register)
+    if guard is not None:
+        applied = servicer.applied
+        guard.topic_at = lambda position: applied.message(position).topic
     return node, sm
 
 

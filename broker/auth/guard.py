@@ -13,12 +13,12 @@ on every call must be signed even when authentication is off. Every refusal is c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from broker.auth import rpcmap
-from broker.auth.model import Resource, User, decide, peer_ip, subject_of
+from broker.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
 from broker.auth.secrets import SecretBox
 from broker.errors import BrokerError
 from broker.state import BrokerStateMachine
@@ -68,6 +68,9 @@ class AuthGuard:
         self._verified: dict[tuple[str, str, str, str], datetime] = {}
         self._decisions: dict[tuple[str, tuple[tuple[Resource, str], ...], str], bool] = {}
         self._decided_version = 0
+        # The topic of the applied message at a commitlog position (set by the broker once
+        # its components exist); None: calls on stored messages are for Super users only.
+        self.topic_at: Callable[[int], str] | None = None
 
     def check(
         self, method: str, metadata: Mapping[str, str], peer: str, request: object
@@ -140,6 +143,12 @@ class AuthGuard:
             text = f"user {user.username!r} is not a Super user: {method} is for admins only"
             return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
         wants = needs(request, self.settings.cluster_name)
+        stored = rpcmap.STORED_MESSAGES.get(method)
+        if stored is not None and not user.is_super:
+            if self.topic_at is None:
+                text = f"{method} needs the stored messages' topics: for admins only here"
+                return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+            wants = wants + self._stored_topics(stored(request))
         refused = self._decide(user, wants, peer_ip(peer))
         if refused is None:
             return None
@@ -164,3 +173,15 @@ class AuthGuard:
         if refused is None:
             self._decisions[key] = True
         return refused
+
+    def _stored_topics(self, positions: Sequence[int]) -> list[tuple[Resource, str]]:
+        """``Sub`` on the topic of each stored message (an unreadable one is left out: the
+        servicer refuses the whole call for it before anything changes)."""
+        assert self.topic_at is not None
+        wants = []
+        for position in positions:
+            try:
+                wants.append(rpcmap.topic(self.topic_at(position), SUB))
+            except BrokerError:
+                continue
+        return list(dict.fromkeys(wants))

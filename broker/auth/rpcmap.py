@@ -8,6 +8,10 @@ user and ACL admin calls (a Normal user with ``Cluster:* All`` must not make its
 
 A retry or dead-letter topic (``%RETRY%g``, ``%DLQ%g``) stands for its consumer group: reading
 it needs ``Group:g Sub``, as in RocketMQ.
+
+:data:`STORED_MESSAGES` names the calls that act on stored messages by commitlog position: the
+caller also needs ``Sub`` on each message's topic (otherwise a group's consumer could copy any
+topic's message into its retry topic and read it there). The guard reads those topics.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from broker.auth.model import (
 )
 from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 from broker.names import DLQ_PREFIX, RETRY_PREFIX
+from broker.retry import MAX_SEND_BACK_BATCH
 
 Want = tuple[Resource, str]
 # request, cluster name -> the pairs the call needs
@@ -120,4 +125,16 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     DLEDGER + "Get": SUPER_ONLY,  # raw entries: every topic's messages
     DLEDGER + "TransferLeadership": SUPER_ONLY,
     DLEDGER + "Metadata": lambda r, c: [cluster(c, GET)],
+}
+
+
+def _send_back_positions(r: Any) -> list[int]:
+    if len(r.messages) > MAX_SEND_BACK_BATCH:
+        return []  # refused by the servicer before anything changes
+    return list(dict.fromkeys(m.commitlog_position for m in r.messages))
+
+
+# method path -> request -> the commitlog positions of the stored messages it acts on
+STORED_MESSAGES: Mapping[str, Callable[[Any], list[int]]] = {
+    BROKER + "ConsumerSendMsgBack": _send_back_positions,
 }

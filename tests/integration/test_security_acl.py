@@ -189,6 +189,7 @@ def test_attacks_refused_users_limited_changes_everywhere_and_after_failover(
     assert (md.role, md.term, md.last_index) == ("LEADER", before_md.term, before_md.last_index)
 
     check_pub_and_sub(clients, leader)
+    check_send_back(clients, leader)
 
     # An ACL change is enforced by every node within a second.
     for n in cluster.nodes:
@@ -337,3 +338,25 @@ def test_mqadmin_user_and_acl_commands(
     assert bad.returncode == 1 and "INVALID_REQUEST" in bad.stderr
     ok("deleteUser", "-u", "dave")
     assert ok("listUser") == [] and ok("listAcl") == []
+
+
+def check_send_back(clients: Clients, addr: str) -> None:
+    """Bob (Sub on t-pub and g-bob) may send back a t-pub message to his retry topic, not a
+    t-other one (he could then read it there)."""
+    admin = clients(addr, ADMIN)[0]
+    positions = {}
+    for topic in ("t-pub", "t-other"):
+        sent = admin.SendMessage(
+            pb.SendMessageRequest(topic=topic, messages=[pb.Message(topic=topic, body=b"m")]),
+            timeout=RPC_S,
+        )
+        positions[topic] = sent.packed_positions[0]
+    bob = clients(addr, BOB)[0]
+
+    def back(topic: str) -> pb.ConsumerSendMsgBackRequest:
+        item = pb.SendBackItem(commitlog_position=positions[topic])
+        return pb.ConsumerSendMsgBackRequest(consumer_group="g-bob", messages=[item], delay_level=1)
+
+    assert refused(bob.ConsumerSendMsgBack, back("t-other"))[1] == "PERMISSION_DENIED"
+    done = bob.ConsumerSendMsgBack(back("t-pub"), timeout=RPC_S)
+    assert done.results[0].topic == "%RETRY%g-bob"

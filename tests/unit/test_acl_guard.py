@@ -204,3 +204,38 @@ def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
     assert not isinstance(lock, str)
     assert len(lock(bpb.LockBatchRequest(consumer_group="g", queues=queues), "c")) == 1
     assert len(lock(bpb.LockBatchRequest(consumer_group="g", queues=queues[:5]), "c")) == 2
+
+
+def test_send_back_needs_sub_on_the_stored_messages_topics(tmp_path: Path) -> None:
+    """A group's consumer may not copy another topic's message into its retry topic."""
+    from broker.errors import MessageNotFoundError
+
+    admin, guard = setup(tmp_path)
+    asyncio.run(
+        admin.put_acl("User:alice", ["Group:g", "Topic:subbed"], ["Sub"], "", [], update=False)
+    )
+    topics = {100: "secret", 200: "subbed", 300: "%RETRY%g"}
+
+    def topic_at(position: int) -> str:
+        if position not in topics:
+            raise MessageNotFoundError(f"no applied message at position {position}")
+        return topics[position]
+
+    method = rpcmap.BROKER + "ConsumerSendMsgBack"
+
+    def send_back(*positions: int) -> Refusal | None:
+        items = [bpb.SendBackItem(commitlog_position=p) for p in positions]
+        return check(
+            guard, method, ALICE, bpb.ConsumerSendMsgBackRequest(consumer_group="g", messages=items)
+        )
+
+    assert (
+        send_back(200) is not None
+        and "admins only" in (send_back(200) or Refusal(True, "", "")).reason
+    )
+    guard.topic_at = topic_at
+    assert send_back(200, 300) is None
+    refusal = send_back(200, 100)
+    assert refusal is not None and "may not Sub on Topic:secret" in refusal.reason
+    assert send_back(999) is None  # unreadable: the servicer refuses it (MESSAGE_NOT_FOUND)
+    assert check(guard, method, ADMIN, bpb.ConsumerSendMsgBackRequest(consumer_group="g")) is None
