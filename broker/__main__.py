@@ -11,6 +11,8 @@ from typing import Protocol
 
 import grpc
 
+from broker.auth.guard import AuthGuard, AuthSettings
+from broker.auth.secrets import load_key_file
 from broker.config import KEYS, BrokerConfig, ConfigError, load_config, node_config
 from broker.disk import DiskGuard
 from broker.registration import BrokerRegistrar
@@ -23,7 +25,9 @@ from mqcli import server_parser
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
     """The full broker: a DLedger node applying into the broker state machine, with the
-    Broker service on its client port."""
+    Broker service on its client port, every call of which passes the ACL guard.
+    `ConfigError` when the ACL key file cannot be used."""
+    box = load_key_file(cfg.aclEncryptionKeyPath) if cfg.aclEncryptionKeyPath else None
     sm = BrokerStateMachine(
         cfg.storePathRootDir,
         dedup_window_ms=cfg.dedupWindowSeconds * 1000,
@@ -34,7 +38,19 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
     # The servicer needs the node and the node takes the servicer's registrar: the registrar
     # is looked up when the node starts (after both exist).
     registrars: list[Callable[[grpc.aio.Server], Sequence[str]]] = []
-    node = DLedgerNode(node_config(cfg), sm, client_services=[lambda s: registrars[0](s)])
+    settings = AuthSettings(
+        authentication_enabled=cfg.authenticationEnabled,
+        authorization_enabled=cfg.authorizationEnabled,
+        max_skew_ms=cfg.authenticationMaxClockSkewMs,
+        cluster_name=cfg.brokerClusterName,
+    )
+    guard = AuthGuard(sm, settings, box) if settings.active else None
+    node = DLedgerNode(
+        node_config(cfg),
+        sm,
+        client_services=[lambda s: registrars[0](s)],
+        call_guard=guard,
+    )
     sm.attach(_LazyLog(node))
     servicer = BrokerServicer(
         node,
@@ -51,8 +67,13 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             delay_levels_ms=cfg.delay_levels_ms,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
+        secret_box=box,
+        init_user=cfg.initAuthenticationUser,
     )
     registrars.append(servicer.register)
+    if guard is not None:
+        applied = servicer.applied
+        guard.topic_at = lambda position: applied.message(position).topic
     return node, sm, servicer
 
 
@@ -159,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
+        node, sm, servicer = build(cfg)
     except ConfigError as exc:
         print(f"mqbroker: {exc}", file=sys.stderr)
         return 2
-    node, sm, servicer = build(cfg)
     try:
         v2_port = rmq5_port(cfg, node, servicer)
     except ImportError as exc:

@@ -7,6 +7,7 @@ whose message names the file and the key, so the process can stop at start with 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,9 +28,12 @@ from dledger.properties import (
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
+from mqsecurity import SecurityError
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
+from mqsecurity.credentials import Credentials
 from mqsecurity.errors import CertificateError
 from mqsecurity.pki import MemberIdentity, member_identity
+from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
 from mqsecurity.tls import TlsFiles, check_server_files, read_pem, tls_files_of
 
 
@@ -96,6 +100,23 @@ def _parse_advertised_addr(text: str) -> str:
             raise ValueError("is not host:port")
         parse_port(port_text)
     return addr
+
+
+def _parse_init_user(text: str) -> Credentials | None:
+    """``{"username": "...", "password": "..."}`` (RocketMQ's initAuthenticationUser) or empty.
+    A ValueError's message never holds the password."""
+    if not text.strip():
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError('is not JSON {"username": .., "password": ..}') from None
+    if not isinstance(doc, dict) or set(doc) != {"username", "password"}:
+        raise ValueError('must be JSON {"username": .., "password": ..}')
+    try:
+        return Credentials(str(doc["username"]), str(doc["password"]))
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _parse_flush(text: str) -> FlushDiskType:
@@ -272,6 +293,27 @@ KEYS: Mapping[str, _Key] = {
         "0",
         "with tlsEnable: an extra plaintext client port on 127.0.0.1 for local tools (0: none)",
     ),
+    # Users and permissions (RocketMQ 5.3's names; docs/SECURITY.md "Users and permissions").
+    "authenticationEnabled": _Key(
+        _parse_bool, "false", "every client-port call must be signed by a known, enabled user"
+    ),
+    "authorizationEnabled": _Key(
+        _parse_bool, "false", "every client-port call must be allowed by the caller's ACL rules"
+    ),
+    "initAuthenticationUser": _Key(
+        _parse_init_user,
+        "",
+        'JSON {"username": .., "password": ..}: the first Super user, created by the first '
+        "leader that finds no users",
+    ),
+    "aclEncryptionKeyPath": _Key(
+        _parse_optional_str, "", "file (0600, same on every member) of the key sealing secrets"
+    ),
+    "authenticationMaxClockSkewMs": _Key(
+        int_in(1000, 24 * 3600 * 1000),
+        str(DEFAULT_MAX_SKEW_MS),
+        "how far a signed request's time may be from this node's clock, ms",
+    ),
 }
 
 
@@ -324,6 +366,11 @@ class BrokerConfig:
     tlsServerKeyPath: str
     tlsServerTrustCertPath: str
     tlsPlaintextListenPort: int
+    authenticationEnabled: bool
+    authorizationEnabled: bool
+    initAuthenticationUser: Credentials | None
+    aclEncryptionKeyPath: str
+    authenticationMaxClockSkewMs: int
 
     @property
     def tls_files(self) -> TlsFiles | None:
@@ -381,7 +428,13 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         if text_value is None:
             raise ConfigError(f"{path}: key '{name}' is required ({key.doc})")
         given[name] = text_value
+    # Parsed apart: parse_values quotes a bad value in its error, and this one holds a password.
+    init_user_text = given.pop("initAuthenticationUser")
     values = parse_values(given, {name: key.parse for name, key in KEYS.items()}, path, ConfigError)
+    try:
+        values["initAuthenticationUser"] = _parse_init_user(init_user_text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: key 'initAuthenticationUser' {exc}") from None
     if not values["enableDLegerCommitLog"]:
         raise ConfigError(f"{path}: key 'enableDLegerCommitLog' must be true (DLedger-only)")
     if not values["dLegerGroup"]:
@@ -420,6 +473,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
     _check_tls(values, path)
+    _check_auth_keys(values, path)
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, **values)
@@ -456,6 +510,20 @@ def _check_tls(values: dict[str, Any], path: str) -> None:
         raise ConfigError(f"{path}: key 'tlsPlaintextListenPort' needs tlsEnable=true")
     if plain and plain in {values["listenPort"], *(p.port for p in values["dLegerPeers"])}:
         raise ConfigError(f"{path}: key 'tlsPlaintextListenPort': {plain} is already used")
+
+
+def _check_auth_keys(values: Mapping[str, Any], path: str) -> None:
+    needs_key = (
+        values["authenticationEnabled"]
+        or values["authorizationEnabled"]
+        or values["initAuthenticationUser"] is not None
+    )
+    if needs_key and not values["aclEncryptionKeyPath"]:
+        raise ConfigError(
+            f"{path}: key 'aclEncryptionKeyPath' is required when authenticationEnabled, "
+            "authorizationEnabled or initAuthenticationUser is set (user secrets are kept "
+            "encrypted under it)"
+        )
 
 
 def load_config(path: str | os.PathLike[str]) -> BrokerConfig:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from broker.auth.admin import AclNotFoundError, AlreadyExistsError, UserNotFoundError
 from broker.errors import (
     BrokerError,
     CorruptMessageError,
@@ -42,6 +43,9 @@ RESOURCE_EXHAUSTED_RETRY_AFTER_MS = 1000
 
 _STATUS_BY_CLASS: Mapping[type[BrokerError], grpc.StatusCode] = {
     TopicNotFoundError: grpc.StatusCode.NOT_FOUND,
+    UserNotFoundError: grpc.StatusCode.NOT_FOUND,
+    AclNotFoundError: grpc.StatusCode.NOT_FOUND,
+    AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     MessageNotFoundError: grpc.StatusCode.NOT_FOUND,
     NoPermissionError: grpc.StatusCode.PERMISSION_DENIED,
     InvalidMessageError: grpc.StatusCode.INVALID_ARGUMENT,

@@ -21,6 +21,9 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import AppliedMessages, NodeContext
+from broker.auth.admin import AuthAdmin, UserView
+from broker.auth.model import Rule
+from broker.auth.secrets import SecretBox
 from broker.consumers import ConsumerGroups
 from broker.disk import DiskGuard
 from broker.errors import (
@@ -39,6 +42,7 @@ from broker.state import BrokerStateMachine, SendResult, TopicConfig
 from broker.topics import Topics
 from dledger.server import rpcguard
 from dledger.server.node import DLedgerNode
+from mqsecurity.credentials import Credentials
 
 __all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
 
@@ -63,7 +67,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         sm: BrokerStateMachine,
         cfg: ServiceConfig,
         disk_guard: DiskGuard | None = None,
+        secret_box: SecretBox | None = None,
+        init_user: Credentials | None = None,
     ) -> None:
+        """``secret_box`` seals user secrets (None: users cannot be created here);
+        ``init_user`` is the Super user a leader creates when the group has none."""
         self.node = node
         ctx = NodeContext(node, sm, cfg)
         self.applied = AppliedMessages(ctx)
@@ -75,6 +83,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.consumers = ConsumerGroups(self.topics)
         self.retries = Retries(self.topics, self.applied, self.sender)
         self.scheduler = Scheduler(self.applied)
+        self.auth = AuthAdmin(ctx, secret_box, init_user)
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
@@ -358,6 +367,102 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.UnlockBatchResponse(
             unlocked=[pb.QueueRef(topic=t, queue_id=q) for t, q in released]
         )
+
+    # ------------------------------------------------------------------ users and ACLs
+
+    @_rpc
+    async def CreateUser(
+        self, request: pb.CreateUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateUserResponse:
+        r = request
+        user = await self.auth.create_user(r.username, r.password, r.user_type, r.user_status)
+        return pb.CreateUserResponse(user=_user_pb(user))
+
+    @_rpc
+    async def UpdateUser(
+        self, request: pb.UpdateUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateUserResponse:
+        r = request
+        user = await self.auth.update_user(r.username, r.password, r.user_type, r.user_status)
+        return pb.UpdateUserResponse(user=_user_pb(user))
+
+    @_rpc
+    async def DeleteUser(
+        self, request: pb.DeleteUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteUserResponse:
+        await self.auth.delete_user(request.username)
+        return pb.DeleteUserResponse()
+
+    @_rpc
+    async def GetUser(
+        self, request: pb.GetUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetUserResponse:
+        return pb.GetUserResponse(user=_user_pb(self.auth.get_user(request.username)))
+
+    @_rpc
+    async def ListUser(
+        self, request: pb.ListUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListUserResponse:
+        return pb.ListUserResponse(
+            users=[_user_pb(u) for u in self.auth.list_users(request.filter)]
+        )
+
+    async def _put_acl(self, r: pb.CreateAclRequest | pb.UpdateAclRequest, update: bool) -> pb.Acl:
+        rules = await self.auth.put_acl(
+            r.subject, r.resources, r.actions, r.decision, r.source_ips, update=update
+        )
+        return _acl_pb(r.subject, rules)
+
+    @_rpc
+    async def CreateAcl(
+        self, request: pb.CreateAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateAclResponse:
+        return pb.CreateAclResponse(acl=await self._put_acl(request, update=False))
+
+    @_rpc
+    async def UpdateAcl(
+        self, request: pb.UpdateAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateAclResponse:
+        return pb.UpdateAclResponse(acl=await self._put_acl(request, update=True))
+
+    @_rpc
+    async def DeleteAcl(
+        self, request: pb.DeleteAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAclResponse:
+        await self.auth.delete_acl(request.subject, request.resources)
+        return pb.DeleteAclResponse()
+
+    @_rpc
+    async def GetAcl(
+        self, request: pb.GetAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetAclResponse:
+        return pb.GetAclResponse(acl=_acl_pb(request.subject, self.auth.get_acl(request.subject)))
+
+    @_rpc
+    async def ListAcl(
+        self, request: pb.ListAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListAclResponse:
+        found = self.auth.list_acls(request.subject_filter, request.resource_filter)
+        return pb.ListAclResponse(acls=[_acl_pb(s, rules) for s, rules in found])
+
+
+def _user_pb(u: UserView) -> pb.User:
+    return pb.User(username=u.username, user_type=u.user_type, user_status=u.status)
+
+
+def _acl_pb(subject: str, rules: Sequence[Rule]) -> pb.Acl:
+    return pb.Acl(
+        subject=subject,
+        rules=[
+            pb.AclRule(
+                resource=str(r.resource),
+                actions=r.actions,
+                decision=r.decision,
+                source_ips=r.source_ips,
+            )
+            for r in rules
+        ],
+    )
 
 
 def _topic_pb(t: TopicConfig) -> pb.TopicConfig:

@@ -14,7 +14,9 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
 - :data:`ENTRY_OFFSETS` (17): consumer offset updates, many per entry;
 - :data:`ENTRY_TOPIC` (18): one topic admin operation;
 - :data:`ENTRY_SCHEDULE` (19): due delayed messages delivered to their real queues, with the
-  schedule level's new delivered offset (``broker.schedule``).
+  schedule level's new delivered offset (``broker.schedule``);
+- :data:`ENTRY_AUTH` (20): one user or ACL admin operation (``broker.auth.records``), applied
+  to :attr:`BrokerStateMachine.auth`.
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from broker.auth.table import AuthTable
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import (
     BrokerError,
@@ -75,6 +78,7 @@ ENTRY_MESSAGES = 16
 ENTRY_OFFSETS = 17
 ENTRY_TOPIC = 18
 ENTRY_SCHEDULE = 19
+ENTRY_AUTH = 20
 
 CONTROL_VERSION = 1
 TOPIC_UPSERT = 1
@@ -221,6 +225,7 @@ class _Captured:
     offsets: dict[OffsetKey, int]
     dedup: list[SendResult]
     schedule: dict[int, int]
+    auth: dict[str, Any]
 
 
 QueueKey = tuple[str, int]
@@ -445,6 +450,8 @@ class BrokerStateMachine:
         self.dedup: OrderedDict[str, SendResult] = OrderedDict()
         # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
         self.schedule_offsets: dict[int, int] = {}
+        # Users and ACL rules (ENTRY_AUTH records): what every node's call guard checks.
+        self.auth = AuthTable()
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -529,6 +536,8 @@ class BrokerStateMachine:
                     self._apply_topic(entry)
                 elif entry.type == ENTRY_SCHEDULE:
                     self._apply_schedule(entry, touched)
+                elif entry.type == ENTRY_AUTH:
+                    self.auth.apply(entry.index, entry.body)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -773,6 +782,7 @@ class BrokerStateMachine:
             offsets=dict(self.offsets),
             dedup=list(self.dedup.values()),
             schedule=dict(self.schedule_offsets),
+            auth=self.auth.to_snapshot(),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -795,6 +805,7 @@ class BrokerStateMachine:
             "offsets": offsets,
             "dedup": encode_dedup(c.dedup),
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
+            "auth": c.auth,
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -859,6 +870,7 @@ class BrokerStateMachine:
             else:
                 bad_levels.append(f"{lv}={off}")
         _report_dropped("schedule levels", bad_levels)
+        _report_dropped("users and acls", self.auth.load_snapshot(data.get("auth", {})))
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -957,6 +969,7 @@ class BrokerStateMachine:
         self._open_stores()
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
         self.schedule_offsets = {}
+        self.auth = AuthTable()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -476,3 +476,161 @@ class MQAdmin:
             return sorted(RouteClient(self.namesrv_addr, channels).get_route(topic).read_queues())
         finally:
             channels.close()
+
+    # -- users and ACL rules (RocketMQ 5.3's ACL 2.0; every broker group keeps its own) ----
+
+    def _on_groups(
+        self,
+        call: Callable[[bpb_grpc.BrokerStub, float], T_],
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, T_]:
+        """``call`` on the leader of every broker group of ``cluster`` (every cluster when
+        empty) as the NameServer lists them, or only on the group of the node
+        ``broker_addr``; the answers by group name (the address for ``broker_addr``)."""
+        channels = ChannelPool()
+        try:
+            targets = (
+                {broker_addr: broker_addr} if broker_addr else self._leaders(channels, cluster)
+            )
+            if not targets:
+                raise MQClientError("NO_BROKER", "UNAVAILABLE", "no broker group is registered")
+            leaderless = sorted(name for name, addr in targets.items() if not addr)
+            if leaderless:
+                raise MQClientError(
+                    "NO_LEADER", "UNAVAILABLE", f"no leader in {leaderless}", retryable=True
+                )
+            return {
+                name: _follow_leader(channels, addr, name, call)
+                for name, addr in sorted(targets.items())
+            }
+        finally:
+            channels.close()
+
+    def create_user(
+        self,
+        username: str,
+        password: str,
+        user_type: str = "",
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, pb.User]:
+        """``createUser``: the user as every group stored it."""
+        req = pb.CreateUserRequest(username=username, password=password, user_type=user_type)
+        return self._on_groups(
+            lambda stub, t: stub.CreateUser(req, timeout=t).user, cluster, broker_addr
+        )
+
+    def update_user(
+        self,
+        username: str,
+        password: str = "",
+        user_type: str = "",
+        user_status: str = "",
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, pb.User]:
+        """``updateUser``: change the fields given (empty: keep)."""
+        req = pb.UpdateUserRequest(
+            username=username, password=password, user_type=user_type, user_status=user_status
+        )
+        return self._on_groups(
+            lambda stub, t: stub.UpdateUser(req, timeout=t).user, cluster, broker_addr
+        )
+
+    def delete_user(self, username: str, cluster: str = "", broker_addr: str = "") -> list[str]:
+        """``deleteUser`` (and its ACL rules); the groups it was deleted from."""
+        req = pb.DeleteUserRequest(username=username)
+        return list(
+            self._on_groups(lambda stub, t: stub.DeleteUser(req, timeout=t), cluster, broker_addr)
+        )
+
+    def list_users(
+        self, name_filter: str = "", cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, list[pb.User]]:
+        """``listUser``: each group's users whose name contains ``name_filter``."""
+        req = pb.ListUserRequest(filter=name_filter)
+        return self._on_groups(
+            lambda stub, t: list(stub.ListUser(req, timeout=t).users), cluster, broker_addr
+        )
+
+    def put_acl(
+        self,
+        subject: str,
+        resources: list[str],
+        actions: list[str],
+        decision: str = "Allow",
+        source_ips: list[str] | None = None,
+        *,
+        update: bool = False,
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, pb.Acl]:
+        """``createAcl`` (``update`` False) or ``updateAcl``: one rule per resource; the
+        subject's rules afterwards, per group."""
+        fields: dict[str, Any] = {
+            "subject": subject,
+            "resources": resources,
+            "actions": actions,
+            "decision": decision,
+            "source_ips": source_ips or [],
+        }
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.Acl:
+            if update:
+                acl: pb.Acl = stub.UpdateAcl(pb.UpdateAclRequest(**fields), timeout=t).acl
+            else:
+                acl = stub.CreateAcl(pb.CreateAclRequest(**fields), timeout=t).acl
+            return acl
+
+        return self._on_groups(call, cluster, broker_addr)
+
+    def delete_acl(
+        self,
+        subject: str,
+        resources: list[str] | None = None,
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> list[str]:
+        """``deleteAcl``: the subject's rules for ``resources`` (all when none given)."""
+        req = pb.DeleteAclRequest(subject=subject, resources=resources or [])
+        return list(
+            self._on_groups(lambda stub, t: stub.DeleteAcl(req, timeout=t), cluster, broker_addr)
+        )
+
+    def list_acls(
+        self,
+        subject_filter: str = "",
+        resource_filter: str = "",
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, list[pb.Acl]]:
+        """``listAcl``: each group's rules, by subject."""
+        req = pb.ListAclRequest(subject_filter=subject_filter, resource_filter=resource_filter)
+        return self._on_groups(
+            lambda stub, t: list(stub.ListAcl(req, timeout=t).acls), cluster, broker_addr
+        )
+
+
+def _follow_leader(
+    channels: ChannelPool,
+    addr: str,
+    name: str,
+    call: Callable[[bpb_grpc.BrokerStub, float], T_],
+    timeout_s: float = ADMIN_CALL_TIMEOUT_S,
+) -> T_:
+    """``call`` on ``addr``, following ``NOT_LEADER`` redirects and waiting out retryable
+    errors (an election) until ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return call(channels.broker(addr), max(remaining, 0.05))
+        except grpc.RpcError as exc:
+            err = MQClientError.from_rpc(exc)
+            if not err.retryable or time.monotonic() >= deadline:
+                raise MQClientError(err.code, err.status, f"{name}: {err.message}") from exc
+            if err.code == "NOT_LEADER" and err.leader_addr:
+                addr = err.leader_addr
+            else:
+                time.sleep(min(max(err.retry_after_ms / 1000, POLL_S), max(remaining, 0)))

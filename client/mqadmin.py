@@ -404,6 +404,105 @@ def cmd_dlq_resend(admin: MQAdmin, args: argparse.Namespace, out: Output) -> Non
 Handler = Callable[[MQAdmin, argparse.Namespace, Output], None]
 
 
+def _user_rows(by_group: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for group, users in by_group.items():
+        for u in users if isinstance(users, list) else [users]:
+            rows.append(
+                {
+                    "broker": group,
+                    "username": u.username,
+                    "type": u.user_type,
+                    "status": u.user_status,
+                }
+            )
+    return rows
+
+
+def _acl_rows(by_group: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for group, acls in by_group.items():
+        for acl in acls if isinstance(acls, list) else [acls]:
+            for r in acl.rules:
+                rows.append(
+                    {
+                        "broker": group,
+                        "subject": acl.subject,
+                        "resource": r.resource,
+                        "actions": list(r.actions),
+                        "decision": r.decision,
+                        "sourceIps": list(r.source_ips),
+                    }
+                )
+    return rows
+
+
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def cmd_create_user(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    users = admin.create_user(
+        args.username, args.password, args.user_type, args.cluster, args.broker_addr
+    )
+    out.table(_user_rows(users))
+
+
+def cmd_update_user(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    users = admin.update_user(
+        args.username,
+        args.password,
+        args.user_type,
+        args.user_status,
+        args.cluster,
+        args.broker_addr,
+    )
+    out.table(_user_rows(users))
+
+
+def cmd_delete_user(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    groups = admin.delete_user(args.username, args.cluster, args.broker_addr)
+    out.table([{"broker": g, "username": args.username, "deleted": True} for g in groups])
+
+
+def cmd_list_user(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    out.table(_user_rows(admin.list_users(args.filter, args.cluster, args.broker_addr)))
+
+
+def _put_acl(admin: MQAdmin, args: argparse.Namespace, out: Output, update: bool) -> None:
+    acls = admin.put_acl(
+        args.subject,
+        _split(args.resources),
+        _split(args.actions),
+        args.decision,
+        _split(args.source_ip),
+        update=update,
+        cluster=args.cluster,
+        broker_addr=args.broker_addr,
+    )
+    out.table(_acl_rows(acls))
+
+
+def cmd_create_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _put_acl(admin, args, out, update=False)
+
+
+def cmd_update_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _put_acl(admin, args, out, update=True)
+
+
+def cmd_delete_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    resources = _split(args.resources)
+    groups = admin.delete_acl(args.subject, resources, args.cluster, args.broker_addr)
+    shown = ",".join(resources) or "*"
+    out.table([{"broker": g, "subject": args.subject, "resources": shown} for g in groups])
+
+
+def cmd_list_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    acls = admin.list_acls(args.subject, args.resources, args.cluster, args.broker_addr)
+    out.table(_acl_rows(acls))
+
+
 def build_parser() -> argparse.ArgumentParser:
     cli = CommandLine(
         argparse.ArgumentParser(
@@ -431,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     _topic_commands(cli)
     _query_commands(cli)
     _message_commands(cli)
+    _acl_commands(cli)
     return cli.parser
 
 
@@ -581,6 +681,75 @@ def _message_commands(cli: CommandLine) -> None:
     p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
+
+
+def _where(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-c", "--cluster", "--clusterName", default="", help="every group of this cluster"
+    )
+    p.add_argument(
+        "-b",
+        "--broker-addr",
+        "--brokerAddr",
+        default="",
+        help="only the group of the node at host:port (default: every group)",
+    )
+
+
+def _acl_flags(p: argparse.ArgumentParser, rule: bool) -> None:
+    p.add_argument("-s", "--subject", required=True, help="User:<username>")
+    p.add_argument(
+        "-r",
+        "--resources",
+        required=rule,
+        default="",
+        help="Cluster:c, Topic:t, Group:g (name * or prefix*), comma separated",
+    )
+    if rule:
+        p.add_argument(
+            "-a",
+            "--actions",
+            required=True,
+            help="Pub,Sub,Create,Update,Delete,Get,List,All (comma separated)",
+        )
+        p.add_argument("-d", "--decision", default="Allow", help="Allow (default) or Deny")
+        p.add_argument(
+            "-i", "--source-ip", "--sourceIp", default="", help="addresses or CIDR blocks"
+        )
+    _where(p)
+
+
+def _acl_commands(cli: CommandLine) -> None:
+    """Users and ACL rules (RocketMQ 5.3): -u, -p, -t, -s (status / subject), -r, -a, -d, -i,
+    -f, with -c / -b choosing the broker groups."""
+    add = functools.partial(_command, cli)
+    types = ("Super", "Normal")
+    p = add("createUser", cmd_create_user, "create a user (AccessKey -u, SecretKey -p)")
+    p.add_argument("-u", "--username", required=True, help="username (the AccessKey)")
+    p.add_argument("-p", "--password", required=True, help="password (the SecretKey)")
+    p.add_argument("-t", "--user-type", "--userType", default="Normal", choices=types)
+    _where(p)
+    p = add("updateUser", cmd_update_user, "change a user's password, type or status")
+    p.add_argument("-u", "--username", required=True, help="username")
+    p.add_argument("-p", "--password", default="", help="new password (default: keep)")
+    p.add_argument("-t", "--user-type", "--userType", default="", choices=("", *types))
+    p.add_argument(
+        "-s", "--user-status", "--userStatus", default="", choices=("", "enable", "disable")
+    )
+    _where(p)
+    p = add("deleteUser", cmd_delete_user, "delete a user and its ACL rules")
+    p.add_argument("-u", "--username", required=True, help="username")
+    _where(p)
+    p = add("listUser", cmd_list_user, "list users (never their passwords)")
+    p.add_argument("-f", "--filter", default="", help="usernames containing this")
+    _where(p)
+    _acl_flags(add("createAcl", cmd_create_acl, "add rules: one per resource"), rule=True)
+    _acl_flags(add("updateAcl", cmd_update_acl, "replace the rules of resources"), rule=True)
+    _acl_flags(add("deleteAcl", cmd_delete_acl, "delete rules (all the subject's: no -r)"), False)
+    p = add("listAcl", cmd_list_acl, "list rules")
+    p.add_argument("-s", "--subject", default="", help="subjects containing this")
+    p.add_argument("-r", "--resources", default="", help="resources containing this")
+    _where(p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

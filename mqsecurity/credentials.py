@@ -73,24 +73,31 @@ def parse_credentials(text: str) -> Credentials:
     return Credentials(access_key, secret_key)
 
 
-def load_credentials(path: str) -> Credentials:
-    """Read a credentials file, refusing one that group or others may read."""
+def read_private_file(path: str, max_bytes: int, what: str) -> bytes:
+    """The bytes of a small secret file (``what`` names it in errors), refusing one that group
+    or others may access, one that is a symlink, and one over ``max_bytes``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise SecurityError(f"cannot open credentials file {path}: {exc.strerror}") from None
+        raise SecurityError(f"cannot open {what} {path}: {exc.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise SecurityError(
-                f"credentials file {path} is accessible by group or others "
+                f"{what} {path} is accessible by group or others "
                 f"(mode {stat.S_IMODE(mode):o}); chmod 600 it"
             )
-        data = os.read(fd, MAX_CREDENTIALS_FILE_BYTES + 1)
+        data = os.read(fd, max_bytes + 1)
     finally:
         os.close(fd)
-    if len(data) > MAX_CREDENTIALS_FILE_BYTES:
-        raise SecurityError(f"credentials file {path} is over {MAX_CREDENTIALS_FILE_BYTES} bytes")
+    if len(data) > max_bytes:
+        raise SecurityError(f"{what} {path} is over {max_bytes} bytes")
+    return data
+
+
+def load_credentials(path: str) -> Credentials:
+    """Read a credentials file, refusing one that group or others may read."""
+    data = read_private_file(path, MAX_CREDENTIALS_FILE_BYTES, "credentials file")
     return parse_credentials(data.decode("utf-8", "replace"))
 
 

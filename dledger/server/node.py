@@ -52,6 +52,7 @@ from dledger.log import (
 from dledger.server import rpcguard, status
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.guard import CallGuard, GuardInterceptor
 from dledger.server.members import Refused, stream_sender
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
@@ -252,10 +253,13 @@ class DLedgerNode:
         state_machine: StateMachine | None = None,
         seed: int | None = None,
         client_services: Sequence[ServiceRegistrar] = (),
+        call_guard: CallGuard | None = None,
     ) -> None:
         """``client_services`` add the application's gRPC services to the client port (each
-        registrar adds its servicers and returns their full names for health/reflection)."""
+        registrar adds its servicers and returns their full names for health/reflection);
+        ``call_guard`` admits or refuses every client-port call (:mod:`dledger.server.guard`)."""
         self.cfg = cfg
+        self._call_guard = call_guard
         self._client_services = tuple(client_services)
         self.sm: StateMachine = (
             state_machine if state_machine is not None else LogOnlyStateMachine()
@@ -346,7 +350,10 @@ class DLedgerNode:
         rpcguard.add_servicer(
             self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
         )
-        self._client_server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._client_server = grpc.aio.server(
+            options=SERVER_OPTIONS,
+            interceptors=[GuardInterceptor(self._call_guard)] if self._call_guard else None,
+        )
         rpcguard.add_servicer(
             self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
         )

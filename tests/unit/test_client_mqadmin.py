@@ -38,6 +38,14 @@ COMMANDS = {
     "resetOffsetByTime": ["-g", "G", "-t", "T", "-s", "now"],
     "sendMessage": ["-t", "T", "-p", "body"],
     "consumeMessage": ["-t", "T"],
+    "createUser": ["-u", "alice", "-p", "secret-1234"],
+    "updateUser": ["-u", "alice"],
+    "deleteUser": ["-u", "alice"],
+    "listUser": [],
+    "createAcl": ["-s", "User:alice", "-r", "Topic:t", "-a", "Pub"],
+    "updateAcl": ["-s", "User:alice", "-r", "Topic:t", "-a", "Pub"],
+    "deleteAcl": ["-s", "User:alice"],
+    "listAcl": [],
 }
 
 

@@ -492,3 +492,181 @@ class GetConsumerListResponse(_message.Message):
     CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
     client_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class User(_message.Message):
+    __slots__ = ("username", "user_type", "user_status")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    USER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    USER_STATUS_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    user_type: str
+    user_status: str
+    def __init__(self, username: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ...) -> None: ...
+
+class CreateUserRequest(_message.Message):
+    __slots__ = ("username", "password", "user_type", "user_status")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    USER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    USER_STATUS_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    password: str
+    user_type: str
+    user_status: str
+    def __init__(self, username: _Optional[str] = ..., password: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ...) -> None: ...
+
+class CreateUserResponse(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ...) -> None: ...
+
+class UpdateUserRequest(_message.Message):
+    __slots__ = ("username", "password", "user_type", "user_status")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    USER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    USER_STATUS_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    password: str
+    user_type: str
+    user_status: str
+    def __init__(self, username: _Optional[str] = ..., password: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ...) -> None: ...
+
+class UpdateUserResponse(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ...) -> None: ...
+
+class DeleteUserRequest(_message.Message):
+    __slots__ = ("username",)
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    def __init__(self, username: _Optional[str] = ...) -> None: ...
+
+class DeleteUserResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetUserRequest(_message.Message):
+    __slots__ = ("username",)
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    def __init__(self, username: _Optional[str] = ...) -> None: ...
+
+class GetUserResponse(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ...) -> None: ...
+
+class ListUserRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: str
+    def __init__(self, filter: _Optional[str] = ...) -> None: ...
+
+class ListUserResponse(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[User]
+    def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...
+
+class AclRule(_message.Message):
+    __slots__ = ("resource", "actions", "decision", "source_ips")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_IPS_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    decision: str
+    source_ips: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, resource: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ..., source_ips: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Acl(_message.Message):
+    __slots__ = ("subject", "rules")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    rules: _containers.RepeatedCompositeFieldContainer[AclRule]
+    def __init__(self, subject: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[AclRule, _Mapping]]] = ...) -> None: ...
+
+class CreateAclRequest(_message.Message):
+    __slots__ = ("subject", "resources", "actions", "decision", "source_ips")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_IPS_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    decision: str
+    source_ips: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, subject: _Optional[str] = ..., resources: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ..., source_ips: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateAclResponse(_message.Message):
+    __slots__ = ("acl",)
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    acl: Acl
+    def __init__(self, acl: _Optional[_Union[Acl, _Mapping]] = ...) -> None: ...
+
+class UpdateAclRequest(_message.Message):
+    __slots__ = ("subject", "resources", "actions", "decision", "source_ips")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_IPS_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    decision: str
+    source_ips: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, subject: _Optional[str] = ..., resources: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ..., source_ips: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateAclResponse(_message.Message):
+    __slots__ = ("acl",)
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    acl: Acl
+    def __init__(self, acl: _Optional[_Union[Acl, _Mapping]] = ...) -> None: ...
+
+class DeleteAclRequest(_message.Message):
+    __slots__ = ("subject", "resources")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, subject: _Optional[str] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteAclResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetAclRequest(_message.Message):
+    __slots__ = ("subject",)
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    def __init__(self, subject: _Optional[str] = ...) -> None: ...
+
+class GetAclResponse(_message.Message):
+    __slots__ = ("acl",)
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    acl: Acl
+    def __init__(self, acl: _Optional[_Union[Acl, _Mapping]] = ...) -> None: ...
+
+class ListAclRequest(_message.Message):
+    __slots__ = ("subject_filter", "resource_filter")
+    SUBJECT_FILTER_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FILTER_FIELD_NUMBER: _ClassVar[int]
+    subject_filter: str
+    resource_filter: str
+    def __init__(self, subject_filter: _Optional[str] = ..., resource_filter: _Optional[str] = ...) -> None: ...
+
+class ListAclResponse(_message.Message):
+    __slots__ = ("acls",)
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[Acl]
+    def __init__(self, acls: _Optional[_Iterable[_Union[Acl, _Mapping]]] = ...) -> None: ...

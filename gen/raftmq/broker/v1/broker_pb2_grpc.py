@@ -134,6 +134,56 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.FromString,
                 _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/CreateUser',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserResponse.FromString,
+                _registered_method=True)
+        self.UpdateUser = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UpdateUser',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateUserResponse.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/DeleteUser',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteUserResponse.FromString,
+                _registered_method=True)
+        self.GetUser = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetUser',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetUserResponse.FromString,
+                _registered_method=True)
+        self.ListUser = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ListUser',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListUserResponse.FromString,
+                _registered_method=True)
+        self.CreateAcl = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/CreateAcl',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateAclRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateAclResponse.FromString,
+                _registered_method=True)
+        self.UpdateAcl = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UpdateAcl',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateAclRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateAclResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcl = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/DeleteAcl',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteAclRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteAclResponse.FromString,
+                _registered_method=True)
+        self.GetAcl = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetAcl',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetAclRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetAclResponse.FromString,
+                _registered_method=True)
+        self.ListAcl = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ListAcl',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -259,6 +309,66 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -361,6 +471,56 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetConsumerLag,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserResponse.SerializeToString,
+            ),
+            'UpdateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateUser,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateUserRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateUserResponse.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteUserRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteUserResponse.SerializeToString,
+            ),
+            'GetUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUser,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetUserRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetUserResponse.SerializeToString,
+            ),
+            'ListUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUser,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListUserRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListUserResponse.SerializeToString,
+            ),
+            'CreateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcl,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateAclRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateAclResponse.SerializeToString,
+            ),
+            'UpdateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateAcl,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateAclRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateAclResponse.SerializeToString,
+            ),
+            'DeleteAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcl,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteAclRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteAclResponse.SerializeToString,
+            ),
+            'GetAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAcl,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetAclRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetAclResponse.SerializeToString,
+            ),
+            'ListAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcl,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -903,6 +1063,276 @@ class Broker:
             '/raftmq.broker.v1.Broker/GetConsumerLag',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/CreateUser',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UpdateUser',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateUserRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/DeleteUser',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteUserRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetUser',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetUserRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ListUser',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListUserRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/CreateAcl',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateAclRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UpdateAcl',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateAclRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/DeleteAcl',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteAclRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetAcl',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetAclRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ListAcl',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.FromString,
             options,
             channel_credentials,
             insecure,

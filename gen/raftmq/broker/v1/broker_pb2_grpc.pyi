@@ -58,6 +58,16 @@ class BrokerStub:
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
     ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]
     GetConsumerLag: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]
+    CreateUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateUserRequest, _broker_pb2.CreateUserResponse]
+    UpdateUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateUserRequest, _broker_pb2.UpdateUserResponse]
+    DeleteUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]
+    GetUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetUserRequest, _broker_pb2.GetUserResponse]
+    ListUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListUserRequest, _broker_pb2.ListUserResponse]
+    CreateAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclRequest, _broker_pb2.CreateAclResponse]
+    UpdateAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateAclRequest, _broker_pb2.UpdateAclResponse]
+    DeleteAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteAclRequest, _broker_pb2.DeleteAclResponse]
+    GetAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetAclRequest, _broker_pb2.GetAclResponse]
+    ListAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListAclRequest, _broker_pb2.ListAclResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -82,6 +92,16 @@ class BrokerAsyncStub(BrokerStub):
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
     GetConsumerLag: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]  # type: ignore[assignment]
+    CreateUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateUserRequest, _broker_pb2.CreateUserResponse]  # type: ignore[assignment]
+    UpdateUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateUserRequest, _broker_pb2.UpdateUserResponse]  # type: ignore[assignment]
+    DeleteUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]  # type: ignore[assignment]
+    GetUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetUserRequest, _broker_pb2.GetUserResponse]  # type: ignore[assignment]
+    ListUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListUserRequest, _broker_pb2.ListUserResponse]  # type: ignore[assignment]
+    CreateAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclRequest, _broker_pb2.CreateAclResponse]  # type: ignore[assignment]
+    UpdateAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateAclRequest, _broker_pb2.UpdateAclResponse]  # type: ignore[assignment]
+    DeleteAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteAclRequest, _broker_pb2.DeleteAclResponse]  # type: ignore[assignment]
+    GetAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetAclRequest, _broker_pb2.GetAclResponse]  # type: ignore[assignment]
+    ListAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListAclRequest, _broker_pb2.ListAclResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -223,5 +243,75 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.GetConsumerLagRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.GetConsumerLagResponse, _abc.Awaitable[_broker_pb2.GetConsumerLagResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateUser(
+        self,
+        request: _broker_pb2.CreateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CreateUserResponse, _abc.Awaitable[_broker_pb2.CreateUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateUser(
+        self,
+        request: _broker_pb2.UpdateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UpdateUserResponse, _abc.Awaitable[_broker_pb2.UpdateUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteUser(
+        self,
+        request: _broker_pb2.DeleteUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteUserResponse, _abc.Awaitable[_broker_pb2.DeleteUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetUser(
+        self,
+        request: _broker_pb2.GetUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.GetUserResponse, _abc.Awaitable[_broker_pb2.GetUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListUser(
+        self,
+        request: _broker_pb2.ListUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListUserResponse, _abc.Awaitable[_broker_pb2.ListUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateAcl(
+        self,
+        request: _broker_pb2.CreateAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CreateAclResponse, _abc.Awaitable[_broker_pb2.CreateAclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateAcl(
+        self,
+        request: _broker_pb2.UpdateAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UpdateAclResponse, _abc.Awaitable[_broker_pb2.UpdateAclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcl(
+        self,
+        request: _broker_pb2.DeleteAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteAclResponse, _abc.Awaitable[_broker_pb2.DeleteAclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetAcl(
+        self,
+        request: _broker_pb2.GetAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.GetAclResponse, _abc.Awaitable[_broker_pb2.GetAclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListAcl(
+        self,
+        request: _broker_pb2.ListAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListAclResponse, _abc.Awaitable[_broker_pb2.ListAclResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,187 @@
+"""The broker's call guard: who is calling, and may they (``authenticationEnabled``,
+``authorizationEnabled``).
+
+``DLedgerNode`` asks :meth:`AuthGuard.check` about every call on its client port
+(:mod:`dledger.server.guard`). Authentication reads the RocketMQ 5 signature
+(:mod:`mqsecurity.signing`), finds the AccessKey in the replicated user table of this node's
+state machine, unseals its secret and checks the HMAC and the clock skew. Authorization maps the
+method and request to (resource, action) pairs (:mod:`broker.auth.rpcmap`) and asks the rule
+matcher (:func:`broker.auth.model.decide`). Authorization needs to know the caller, so with it
+on every call must be signed even when authentication is off. Every refusal is counted in
+``mqsecurity.refusals.REFUSALS``; no reason names a secret or the expected signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from broker.auth import rpcmap
+from broker.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
+from broker.auth.secrets import SecretBox
+from broker.errors import BrokerError
+from broker.state import BrokerStateMachine
+from dledger.server.guard import Refusal
+from dledger.server.rpcguard import Undecodable
+from mqsecurity import SignatureError
+from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
+from mqsecurity.signing import (
+    DATE_TIME_FORMAT,
+    DEFAULT_MAX_SKEW_MS,
+    SignedRequest,
+    check_signature,
+    read_signed_request,
+)
+
+# A client signs each call with its clock in seconds, so the calls of one second share one
+# signature: a checked one is remembered (with its time, the skew is checked on every call),
+# which saves parsing the time and the HMAC on most calls. Decisions are remembered per
+# (user, pairs, address) until the table changes. Both bounded: cleared when full.
+VERIFIED_CACHE_ENTRIES = 4096
+DECISION_CACHE_ENTRIES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    authentication_enabled: bool = False
+    authorization_enabled: bool = False
+    max_skew_ms: int = DEFAULT_MAX_SKEW_MS
+    cluster_name: str = "DefaultCluster"
+
+    @property
+    def active(self) -> bool:
+        return self.authentication_enabled or self.authorization_enabled
+
+
+class AuthGuard:
+    """A ``dledger.server.guard.CallGuard`` over a broker state machine's user table."""
+
+    def __init__(
+        self, sm: BrokerStateMachine, settings: AuthSettings, box: SecretBox | None
+    ) -> None:
+        self.sm = sm
+        self.settings = settings
+        self.box = box
+        # (username, sealed secret) -> secret: unsealed once per secret, not once per call.
+        self._secrets: dict[tuple[str, str], str] = {}
+        self._verified: dict[tuple[str, str, str, str], datetime] = {}
+        self._decisions: dict[tuple[str, tuple[tuple[Resource, str], ...], str], bool] = {}
+        self._decided_version = 0
+        # The topic of the applied message at a commitlog position (set by the broker once
+        # its components exist); None: calls on stored messages are for Super users only.
+        self.topic_at: Callable[[int], str] | None = None
+
+    def check(
+        self, method: str, metadata: Mapping[str, str], peer: str, request: object
+    ) -> Refusal | None:
+        if not self.settings.active:
+            return None
+        user_or_refusal = self._authenticate(method, metadata, peer)
+        if isinstance(user_or_refusal, Refusal):
+            return user_or_refusal
+        if not self.settings.authorization_enabled or isinstance(request, Undecodable):
+            # An undecodable request is refused by rpcguard next, before anything runs.
+            return None
+        return self._authorize(user_or_refusal, method, peer, request)
+
+    def _refuse(self, reason: str, code: str, text: str, method: str, peer: str) -> Refusal:
+        REFUSALS.count(reason, f"{code} {text} method={method} peer={peer}")
+        return Refusal(reason == AUTHORIZATION, code, text)
+
+    def _authenticate(self, method: str, metadata: Mapping[str, str], peer: str) -> User | Refusal:
+        try:
+            signed = read_signed_request(dict(metadata))
+        except SignatureError as exc:
+            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", str(exc), method, peer)
+        if signed is None:
+            text = "this broker requires signed requests (AccessKey/SecretKey credentials)"
+            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+        user = self.sm.auth.users.get(signed.access_key)
+        if user is None or not user.enabled:
+            # The same answer for both: a caller cannot probe which users exist.
+            text = f"unknown or disabled user {signed.access_key!r}"
+            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+        try:
+            self._check(user, signed)
+        except (SignatureError, BrokerError) as exc:
+            text = f"user {user.username!r}: {exc}"
+            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+        return user
+
+    def _check(self, user: User, signed: SignedRequest) -> None:
+        """`check_signature`, through the cache of signatures already checked."""
+        key = (user.username, user.sealed_secret, signed.date_time, signed.signature)
+        now = datetime.now(UTC)
+        signed_at = self._verified.get(key)
+        max_skew_s = self.settings.max_skew_ms / 1000
+        if signed_at is not None and abs((now - signed_at).total_seconds()) <= max_skew_s:
+            return
+        check_signature(signed, self._secret(user), now, self.settings.max_skew_ms)
+        if len(self._verified) >= VERIFIED_CACHE_ENTRIES:
+            self._verified.clear()
+        parsed = datetime.strptime(signed.date_time, DATE_TIME_FORMAT).replace(tzinfo=UTC)
+        self._verified[key] = parsed
+
+    def _secret(self, user: User) -> str:
+        key = (user.username, user.sealed_secret)
+        secret = self._secrets.get(key)
+        if secret is None:
+            if self.box is None:
+                raise BrokerError("this node has no aclEncryptionKeyPath key to check signatures")
+            secret = self.box.unseal(user.username, user.sealed_secret)
+            if len(self._secrets) >= 2 * len(self.sm.auth.users) + 16:
+                self._secrets.clear()  # bounded: old secrets of updated or deleted users
+            self._secrets[key] = secret
+        return secret
+
+    def _authorize(self, user: User, method: str, peer: str, request: object) -> Refusal | None:
+        needs = rpcmap.RPC_NEEDS.get(method, rpcmap.SUPER_ONLY)
+        if isinstance(needs, str):  # SUPER_ONLY
+            if user.is_super:
+                return None
+            text = f"user {user.username!r} is not a Super user: {method} is for admins only"
+            return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+        wants = needs(request, self.settings.cluster_name)
+        stored = rpcmap.STORED_MESSAGES.get(method)
+        if stored is not None and not user.is_super:
+            if self.topic_at is None:
+                text = f"{method} needs the stored messages' topics: for admins only here"
+                return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+            wants = wants + self._stored_topics(stored(request))
+        refused = self._decide(user, wants, peer_ip(peer))
+        if refused is None:
+            return None
+        resource, action = refused
+        text = f"user {user.username!r} may not {action} on {resource}"
+        return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+
+    def _decide(
+        self, user: User, wants: Sequence[tuple[Resource, str]], ip: str
+    ) -> tuple[Resource, str] | None:
+        """`decide`, through the cache of decisions made from this version of the table."""
+        table = self.sm.auth
+        if table.version != self._decided_version or len(self._decisions) >= (
+            DECISION_CACHE_ENTRIES
+        ):
+            self._decisions.clear()
+            self._decided_version = table.version
+        key = (user.username, tuple(wants), ip)
+        if self._decisions.get(key):
+            return None
+        refused = decide(user, table.acls.get(subject_of(user.username), []), wants, ip)
+        if refused is None:
+            self._decisions[key] = True
+        return refused
+
+    def _stored_topics(self, positions: Sequence[int]) -> list[tuple[Resource, str]]:
+        """``Sub`` on the topic of each stored message (an unreadable one is left out: the
+        servicer refuses the whole call for it before anything changes)."""
+        assert self.topic_at is not None
+        wants = []
+        for position in positions:
+            try:
+                wants.append(rpcmap.topic(self.topic_at(position), SUB))
+            except BrokerError:
+                continue
+        return list(dict.fromkeys(wants))

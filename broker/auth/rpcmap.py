@@ -1,0 +1,140 @@
+"""What each client-port RPC touches: the (resource, action) pairs a caller needs.
+
+One table for every method of ``raftmq.broker.v1.Broker`` and ``raftmq.dledger.v1.DLedgerClient``
+(docs/SECURITY.md, "Users and permissions", shows it to users). A method missing here is refused
+to everyone but Super users, and ``tests/unit/test_acl_guard.py`` fails when one is missing.
+:data:`SUPER_ONLY` marks what only Super users may call: raw log access, leadership, and the
+user and ACL admin calls (a Normal user with ``Cluster:* All`` must not make itself Super).
+
+A retry or dead-letter topic (``%RETRY%g``, ``%DLQ%g``) stands for its consumer group: reading
+it needs ``Group:g Sub``, as in RocketMQ.
+
+:data:`STORED_MESSAGES` names the calls that act on stored messages by commitlog position: the
+caller also needs ``Sub`` on each message's topic (otherwise a group's consumer could copy any
+topic's message into its retry topic and read it there). The guard reads those topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from broker.auth.model import (
+    CLUSTER,
+    CREATE,
+    DELETE,
+    GET,
+    GROUP,
+    LIST,
+    PUB,
+    SUB,
+    TOPIC,
+    UPDATE,
+    Resource,
+)
+from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.names import DLQ_PREFIX, RETRY_PREFIX
+from broker.retry import MAX_SEND_BACK_BATCH
+
+Want = tuple[Resource, str]
+# request, cluster name -> the pairs the call needs
+Needs = Callable[[Any, str], list[Want]]
+SUPER_ONLY = "super-only"
+
+BROKER = "/raftmq.broker.v1.Broker/"
+DLEDGER = "/raftmq.dledger.v1.DLedgerClient/"
+
+
+def topic(name: str, action: str) -> Want:
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+        if name.startswith(prefix):
+            return Resource(GROUP, name[len(prefix) :]), action
+    return Resource(TOPIC, name), action
+
+
+def group(name: str, action: str) -> Want:
+    return Resource(GROUP, name), action
+
+
+def cluster(name: str, action: str) -> Want:
+    return Resource(CLUSTER, name), action
+
+
+def _topics_sub(topics: list[str]) -> list[Want]:
+    return [topic(t, SUB) for t in dict.fromkeys(topics)]
+
+
+def _consumer(r: Any, c: str) -> list[Want]:
+    return [group(r.consumer_group, SUB), topic(r.topic, SUB)]
+
+
+def _locks(r: Any, c: str) -> list[Want]:
+    if len(r.queues) > MAX_LOCK_BATCH:
+        # Refused by the servicer before anything changes: no need to match thousands.
+        return [group(r.consumer_group, SUB)]
+    return [group(r.consumer_group, SUB), *_topics_sub([q.topic for q in r.queues])]
+
+
+def _heartbeat(r: Any, c: str) -> list[Want]:
+    if len(r.subscriptions) > MAX_SUBSCRIPTIONS or len(r.locked_queues) > MAX_LOCK_BATCH:
+        return [group(r.consumer_group, SUB)]  # refused by the servicer, as above
+    topics = [s.topic for s in r.subscriptions] + [q.topic for q in r.locked_queues]
+    return [group(r.consumer_group, SUB), *_topics_sub(topics)]
+
+
+def _view(r: Any, c: str) -> list[Want]:
+    # By offset id the message may be of any topic: a cluster-wide read.
+    if r.WhichOneof("id") == "msg_id" and r.topic:
+        return [topic(r.topic, GET)]
+    return [cluster(c, GET)]
+
+
+# method path -> the pairs it needs, or SUPER_ONLY
+RPC_NEEDS: Mapping[str, Needs | str] = {
+    BROKER + "SendMessage": lambda r, c: [topic(r.topic, PUB)],
+    BROKER + "PullMessage": _consumer,
+    BROKER + "UpdateConsumerOffset": _consumer,
+    BROKER + "QueryConsumerOffset": _consumer,
+    BROKER + "ResetConsumerOffset": lambda r, c: [group(r.consumer_group, UPDATE)],
+    BROKER + "SearchOffset": lambda r, c: [topic(r.topic, SUB)],
+    BROKER + "GetQueueOffsets": lambda r, c: [topic(r.topic, SUB)],
+    BROKER + "CreateTopic": lambda r, c: [topic(r.topic.topic_name, CREATE)],
+    BROKER + "DeleteTopic": lambda r, c: [topic(r.topic, DELETE)],
+    BROKER + "GetTopic": lambda r, c: [topic(r.topic, GET)],
+    BROKER + "ListTopics": lambda r, c: [cluster(c, LIST)],
+    BROKER + "QueryMessageByKey": lambda r, c: [topic(r.topic, GET)],
+    BROKER + "ViewMessage": _view,
+    BROKER + "Heartbeat": _heartbeat,
+    BROKER + "GetConsumerList": lambda r, c: [group(r.consumer_group, SUB)],
+    BROKER + "UnregisterConsumer": lambda r, c: [group(r.consumer_group, SUB)],
+    BROKER + "LockBatchMQ": _locks,
+    BROKER + "UnlockBatchMQ": _locks,
+    BROKER + "ConsumerSendMsgBack": lambda r, c: [group(r.consumer_group, SUB)],
+    BROKER + "GetConsumerLag": lambda r, c: [group(r.consumer_group, GET), topic(r.topic, GET)],
+    BROKER + "CreateUser": SUPER_ONLY,
+    BROKER + "UpdateUser": SUPER_ONLY,
+    BROKER + "DeleteUser": SUPER_ONLY,
+    BROKER + "GetUser": SUPER_ONLY,
+    BROKER + "ListUser": SUPER_ONLY,
+    BROKER + "CreateAcl": SUPER_ONLY,
+    BROKER + "UpdateAcl": SUPER_ONLY,
+    BROKER + "DeleteAcl": SUPER_ONLY,
+    BROKER + "GetAcl": SUPER_ONLY,
+    BROKER + "ListAcl": SUPER_ONLY,
+    DLEDGER + "Append": SUPER_ONLY,
+    DLEDGER + "Get": SUPER_ONLY,  # raw entries: every topic's messages
+    DLEDGER + "TransferLeadership": SUPER_ONLY,
+    DLEDGER + "Metadata": lambda r, c: [cluster(c, GET)],
+}
+
+
+def _send_back_positions(r: Any) -> list[int]:
+    if len(r.messages) > MAX_SEND_BACK_BATCH:
+        return []  # refused by the servicer before anything changes
+    return list(dict.fromkeys(m.commitlog_position for m in r.messages))
+
+
+# method path -> request -> the commitlog positions of the stored messages it acts on
+STORED_MESSAGES: Mapping[str, Callable[[Any], list[int]]] = {
+    BROKER + "ConsumerSendMsgBack": _send_back_positions,
+}

@@ -1,0 +1,241 @@
+"""The call guard (authentication, authorization, the per-RPC table) and the admin component,
+on a real state machine and an in-memory log (tests/broker_world.py), no gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from broker_world import world
+from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+
+from broker.applied import NodeContext
+from broker.auth import rpcmap
+from broker.auth.admin import AclNotFoundError, AlreadyExistsError, AuthAdmin, UserNotFoundError
+from broker.auth.guard import AuthGuard, AuthSettings
+from broker.auth.secrets import SecretBox
+from broker.errors import InvalidRequestError
+from broker.settings import ServiceConfig
+from dledger.server.guard import OPEN_SERVICES, Refusal
+from dledger.server.rpcguard import Undecodable
+from mqsecurity.credentials import Credentials
+from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
+from mqsecurity.signing import signed_metadata
+
+BOX = SecretBox(bytes(range(32)))
+PEER = "ipv4:127.0.0.1:40000"
+ADMIN = Credentials("admin", "admin-secret-1")
+ALICE = Credentials("alice", "alice-secret-1")
+SEND = rpcmap.BROKER + "SendMessage"
+PULL = rpcmap.BROKER + "PullMessage"
+
+
+def setup(tmp_path: Path, authz: bool = True) -> tuple[AuthAdmin, AuthGuard]:
+    node, sm, _, _ = world(tmp_path)
+    ctx = NodeContext(node, sm, ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    admin = AuthAdmin(ctx, BOX)
+    guard = AuthGuard(sm, AuthSettings(True, authz, cluster_name="c1"), BOX)
+
+    async def users() -> None:
+        await admin.create_user("admin", ADMIN.secret_key, "Super", "")
+        await admin.create_user("alice", ALICE.secret_key, "", "")
+        await admin.put_acl("User:alice", ["Topic:orders"], ["Pub"], "Allow", [], update=False)
+
+    asyncio.run(users())
+    return admin, guard
+
+
+def md(creds: Credentials, now: datetime | None = None) -> dict[str, str]:
+    return dict(signed_metadata(creds, now))
+
+
+def check(
+    guard: AuthGuard, method: str, creds: Credentials | None, request: object
+) -> Refusal | None:
+    return guard.check(method, md(creds) if creds else {}, PEER, request)
+
+
+def test_every_client_port_rpc_is_in_the_table() -> None:
+    methods = {
+        f"/{svc.full_name}/{m.name}"
+        for svc in (
+            bpb.DESCRIPTOR.services_by_name["Broker"],
+            dpb.DESCRIPTOR.services_by_name["DLedgerClient"],
+        )
+        for m in svc.methods
+    }
+    assert methods - set(rpcmap.RPC_NEEDS) == set()
+    assert set(rpcmap.RPC_NEEDS) - methods == set()  # no stale rows
+    for svc in OPEN_SERVICES:
+        assert not any(m.startswith(f"/{svc}/") for m in rpcmap.RPC_NEEDS)
+
+
+def test_every_table_row_reads_an_empty_request() -> None:
+    """A row must never raise on a valid request (the guard runs before the servicer)."""
+    pools = {rpcmap.BROKER: bpb, rpcmap.DLEDGER: dpb}
+    for method, needs in rpcmap.RPC_NEEDS.items():
+        if isinstance(needs, str):
+            continue
+        prefix = rpcmap.BROKER if method.startswith(rpcmap.BROKER) else rpcmap.DLEDGER
+        svc = pools[prefix].DESCRIPTOR.services_by_name[prefix.strip("/").rsplit(".", 1)[-1]]
+        rpc = svc.methods_by_name[method.rsplit("/", 1)[1]]
+        module = pools[prefix]
+        request = getattr(module, rpc.input_type.name)()
+        assert needs(request, "c1"), method
+
+
+def test_authentication(tmp_path: Path) -> None:
+    admin, guard = setup(tmp_path, authz=False)
+    before = REFUSALS.snapshot()[AUTHENTICATION]
+    req = bpb.SendMessageRequest(topic="anything")
+    assert check(guard, SEND, ALICE, req) is None  # authorization off: any known user
+    for creds, why in [
+        (None, "requires signed requests"),
+        (Credentials("alice", "wrong-secret-1"), "does not match"),
+        (Credentials("mallory", "mallory-secret"), "unknown or disabled"),
+    ]:
+        refusal = check(guard, SEND, creds, req)
+        assert refusal is not None and not refusal.authenticated, creds
+        assert why in refusal.reason and "secret-1" not in refusal.reason
+    old = guard.check(SEND, md(ALICE, datetime.now(UTC) - timedelta(hours=1)), PEER, req)
+    assert old is not None and "away from the server's clock" in old.reason
+    bad = guard.check(SEND, {"authorization": "Basic abc"}, PEER, req)
+    assert bad is not None and bad.code == "UNAUTHENTICATED"
+    signed = md(ALICE)  # checked once, then remembered: a new password must still end it
+    assert guard.check(SEND, signed, PEER, req) is None
+    asyncio.run(admin.update_user("alice", "alice-secret-2", "", ""))
+    assert guard.check(SEND, signed, PEER, req) is not None
+    assert check(guard, SEND, Credentials("alice", "alice-secret-2"), req) is None
+    asyncio.run(admin.update_user("alice", "", "", "disable"))
+    assert check(guard, SEND, Credentials("alice", "alice-secret-2"), req) is not None
+    assert REFUSALS.snapshot()[AUTHENTICATION] - before == 7
+
+
+def test_authorization(tmp_path: Path) -> None:
+    admin, guard = setup(tmp_path)
+    before = REFUSALS.snapshot()[AUTHORIZATION]
+    assert check(guard, SEND, ALICE, bpb.SendMessageRequest(topic="orders")) is None
+    refusal = check(guard, SEND, ALICE, bpb.SendMessageRequest(topic="other"))
+    assert refusal is not None and refusal.authenticated and refusal.code == "PERMISSION_DENIED"
+    assert "may not Pub on Topic:other" in refusal.reason
+    pull = bpb.PullMessageRequest(topic="orders", consumer_group="g")
+    assert check(guard, PULL, ALICE, pull) is not None
+    for method in ("DeleteTopic", "CreateUser"):
+        assert check(guard, rpcmap.BROKER + method, ALICE, bpb.DeleteTopicRequest()) is not None
+    for method in ("Append", "TransferLeadership", "Get"):
+        refused = check(guard, rpcmap.DLEDGER + method, ALICE, dpb.AppendEntriesRequest())
+        assert refused is not None and "Super" in refused.reason
+        assert check(guard, rpcmap.DLEDGER + method, ADMIN, dpb.AppendEntriesRequest()) is None
+    # An unknown method is for Super users only.
+    assert check(guard, "/x.Y/Z", ALICE, None) is not None
+    assert check(guard, "/x.Y/Z", ADMIN, None) is None
+    # Undecodable requests pass to rpcguard (which refuses them) once authenticated.
+    junk = Undecodable("SendMessageRequest", 3, "bad")
+    assert check(guard, SEND, ALICE, junk) is None
+    assert check(guard, SEND, None, junk) is not None
+    assert REFUSALS.snapshot()[AUTHORIZATION] - before == 8
+    # A rule change takes effect on the next call; a retry topic is its group.
+    asyncio.run(admin.put_acl("User:alice", ["Group:g"], ["Sub"], "", [], update=False))
+    asyncio.run(admin.put_acl("User:alice", ["Topic:orders"], ["Pub", "Sub"], "", [], update=True))
+    assert check(guard, PULL, ALICE, pull) is None
+    retry = bpb.PullMessageRequest(topic="%RETRY%g", consumer_group="g")
+    assert check(guard, PULL, ALICE, retry) is None
+    asyncio.run(admin.put_acl("User:alice", ["Topic:ord*"], ["Sub"], "Deny", [], update=False))
+    assert check(guard, PULL, ALICE, pull) is not None
+    assert check(guard, SEND, ALICE, bpb.SendMessageRequest(topic="orders")) is None
+
+
+def test_admin_component(tmp_path: Path) -> None:
+    admin, _ = setup(tmp_path)
+
+    async def body() -> None:
+        with pytest.raises(AlreadyExistsError):
+            await admin.create_user("alice", "another-pw-1", "", "")
+        with pytest.raises(UserNotFoundError):
+            await admin.delete_user("ghost")
+        with pytest.raises(InvalidRequestError, match="password"):
+            await admin.create_user("bob", "short", "", "")
+        with pytest.raises(InvalidRequestError, match="user type"):
+            await admin.create_user("bob", "long-enough-1", "Root", "")
+        with pytest.raises(AlreadyExistsError):
+            await admin.put_acl("User:alice", ["Topic:orders"], ["Sub"], "", [], update=False)
+        with pytest.raises(AclNotFoundError):
+            await admin.put_acl("User:alice", ["Topic:new"], ["Sub"], "", [], update=True)
+        with pytest.raises(UserNotFoundError):
+            await admin.put_acl("User:ghost", ["Topic:t"], ["Sub"], "", [], update=False)
+        await admin.delete_acl("User:alice", [])
+        with pytest.raises(AclNotFoundError):
+            admin.get_acl("User:alice")
+        await admin.delete_user("alice")
+
+    proposals = admin.ctx.node.proposals  # type: ignore[attr-defined]
+    asyncio.run(body())
+    assert admin.ctx.node.proposals == proposals + 2  # type: ignore[attr-defined]
+    assert [u.username for u in admin.list_users()] == ["admin"]
+    assert "secret" not in repr(admin.list_users())
+
+
+def test_no_key_no_users(tmp_path: Path) -> None:
+    node, sm, _, _ = world(tmp_path)
+    ctx = NodeContext(node, sm, ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="aclEncryptionKeyPath"):
+        asyncio.run(AuthAdmin(ctx, None).create_user("bob", "long-enough-1", "", ""))
+    guard = AuthGuard(sm, AuthSettings(False, False), None)
+    assert guard.check(SEND, {}, PEER, bpb.SendMessageRequest()) is None  # both off: open
+
+
+def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
+    """Beyond the servicer's limits (which refuse the request before anything changes) the
+    guard does not match thousands of topics against the rules."""
+    from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+
+    subs = [bpb.Subscription(topic=f"t{i}", expression="*") for i in range(MAX_SUBSCRIPTIONS + 1)]
+    heartbeat = rpcmap.RPC_NEEDS[rpcmap.BROKER + "Heartbeat"]
+    assert not isinstance(heartbeat, str)
+    assert len(heartbeat(bpb.HeartbeatRequest(consumer_group="g", subscriptions=subs), "c")) == 1
+    assert (
+        len(heartbeat(bpb.HeartbeatRequest(consumer_group="g", subscriptions=subs[:3]), "c")) == 4
+    )
+    queues = [bpb.QueueRef(topic="t", queue_id=i) for i in range(MAX_LOCK_BATCH + 1)]
+    lock = rpcmap.RPC_NEEDS[rpcmap.BROKER + "LockBatchMQ"]
+    assert not isinstance(lock, str)
+    assert len(lock(bpb.LockBatchRequest(consumer_group="g", queues=queues), "c")) == 1
+    assert len(lock(bpb.LockBatchRequest(consumer_group="g", queues=queues[:5]), "c")) == 2
+
+
+def test_send_back_needs_sub_on_the_stored_messages_topics(tmp_path: Path) -> None:
+    """A group's consumer may not copy another topic's message into its retry topic."""
+    from broker.errors import MessageNotFoundError
+
+    admin, guard = setup(tmp_path)
+    asyncio.run(
+        admin.put_acl("User:alice", ["Group:g", "Topic:subbed"], ["Sub"], "", [], update=False)
+    )
+    topics = {100: "secret", 200: "subbed", 300: "%RETRY%g"}
+
+    def topic_at(position: int) -> str:
+        if position not in topics:
+            raise MessageNotFoundError(f"no applied message at position {position}")
+        return topics[position]
+
+    method = rpcmap.BROKER + "ConsumerSendMsgBack"
+
+    def send_back(*positions: int) -> Refusal | None:
+        items = [bpb.SendBackItem(commitlog_position=p) for p in positions]
+        return check(
+            guard, method, ALICE, bpb.ConsumerSendMsgBackRequest(consumer_group="g", messages=items)
+        )
+
+    assert (
+        send_back(200) is not None
+        and "admins only" in (send_back(200) or Refusal(True, "", "")).reason
+    )
+    guard.topic_at = topic_at
+    assert send_back(200, 300) is None
+    refusal = send_back(200, 100)
+    assert refusal is not None and "may not Sub on Topic:secret" in refusal.reason
+    assert send_back(999) is None  # unreadable: the servicer refuses it (MESSAGE_NOT_FOUND)
+    assert check(guard, method, ADMIN, bpb.ConsumerSendMsgBackRequest(consumer_group="g")) is None
