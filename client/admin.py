@@ -488,7 +488,7 @@ class MQAdmin:
         """``call`` on the leader of every broker group of ``cluster`` (every cluster when
         empty) as the NameServer lists them, or only on the group of the node
         ``broker_addr``; the answers by group name (the address for ``broker_addr``)."""
-        channels = ChannelPool()
+        channels = self._pool()
         try:
             targets = (
                 {broker_addr: broker_addr} if broker_addr else self._leaders(channels, cluster)
