@@ -268,3 +268,9 @@ class AuthAdmin:
                 await asyncio.sleep(INIT_RETRY_S)
                 continue
             logger.info("initial Super user created username=%s", name)
+            # Proposed once per term: an accepted proposal is applied (or, only under the
+            # test-only unsafeAckBeforeReplication, possibly lost: the next leader's
+            # maybe_init proposes again). Looping on `self.table.users` instead spun the
+            # event loop re-proposing while the entry was acknowledged but not yet applied,
+            # and starved the leader's heartbeats (mqjepsen --unsafe-ack: no leader).
+            return

@@ -239,3 +239,21 @@ def test_send_back_needs_sub_on_the_stored_messages_topics(tmp_path: Path) -> No
     assert refusal is not None and "may not Sub on Topic:secret" in refusal.reason
     assert send_back(999) is None  # unreadable: the servicer refuses it (MESSAGE_NOT_FOUND)
     assert check(guard, method, ADMIN, bpb.ConsumerSendMsgBackRequest(consumer_group="g")) is None
+
+
+def test_initial_user_is_proposed_once_per_term_even_when_not_yet_applied(tmp_path: Path) -> None:
+    """An accepted proposal that is not applied at once (the test-only unsafe ack acknowledges
+    on the local append) must not make the leader propose again and again: that spun the event
+    loop and starved the heartbeats (mqjepsen --unsafe-ack found no leader)."""
+    node, sm, _, _ = world(tmp_path)
+    ctx = NodeContext(node, sm, ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    admin = AuthAdmin(ctx, BOX, init_user=ADMIN)
+    proposed: list[int] = []
+
+    async def acked_not_applied(op: int, doc: object) -> None:
+        proposed.append(op)
+        await asyncio.sleep(0)  # a real proposal yields to the loop
+
+    admin._propose = acked_not_applied  # type: ignore[method-assign]
+    asyncio.run(asyncio.wait_for(admin._init_loop(), timeout=5))
+    assert len(proposed) == 1 and not admin.table.users
