@@ -4,7 +4,8 @@ The node's own group comes from its applied topic table. Other groups come from 
 NameServers (``namesrvAddr``): every node registers its RocketMQ 5 address there (``rmq5_addr``,
 :mod:`broker.registration`), and a topic's route lists each group's topic config and the
 RocketMQ 5 addresses of its members. A NameServer that is not configured, down or slow leaves
-the route to the own group only: a client still reaches the group it asked.
+the route to the own group only: a client still reaches the group it asked. The lookups
+travel as the node's own security says (TLS with its member certificate on a secure group).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
 from broker.state import TOPIC_MESSAGE_TYPES
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +47,9 @@ class GroupTopic:
 class NameServerRoutes:
     """Route lookups at the NameServers of ``namesrv_addrs``, tried in order."""
 
-    def __init__(self, namesrv_addrs: list[str]) -> None:
+    def __init__(self, namesrv_addrs: list[str], security: ClientSecurity = PLAINTEXT) -> None:
         self.addrs = list(namesrv_addrs)
+        self.security = security
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def close(self) -> None:
@@ -60,7 +63,7 @@ class NameServerRoutes:
         for addr in self.addrs:
             ch = self._channels.get(addr)
             if ch is None:
-                ch = self._channels[addr] = grpc.aio.insecure_channel(addr)
+                ch = self._channels[addr] = open_aio_channel(addr, self.security)
             try:
                 resp = await nspb_grpc.NameServerStub(ch).GetRouteInfoByTopic(
                     nspb.GetRouteInfoByTopicRequest(topic=topic), timeout=NAMESRV_TIMEOUT_S
