@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,9 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         secure=True,
         extra={"mappedFileSizeCommitLog": str(4 << 20), **DISK_CONF},
     )
+    # One node also serves a plaintext v2 port (127.0.0.1 only; a per-node key).
+    with open(cluster.nodes[0].conf, "a") as f:
+        f.write(f"grpcServerPlaintextPort={_free_port()}\n")
     try:
         cluster.up()
         assert cluster.namesrv is not None
@@ -74,6 +78,17 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.down(grace_s=5.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _plaintext_addr(cluster: LocalCluster) -> str:
+    text = Path(cluster.nodes[0].conf).read_text()
+    return "127.0.0.1:" + text.rsplit("grpcServerPlaintextPort=", 1)[1].split()[0]
 
 
 _channels: dict[tuple[str, str], grpc.Channel] = {}
@@ -124,7 +139,9 @@ def _home(cluster: LocalCluster, prefix: str) -> Path:
     return home
 
 
-def _run(cluster: LocalCluster, lang: str, addr: str, creds: Credentials, prefix: str) -> Any:
+def _run(
+    cluster: LocalCluster, lang: str, addr: str, creds: Credentials, prefix: str, tls: bool = True
+) -> Any:
     """One official client's secure producer; its JSON lines (or its one error line)."""
     env = {
         "PATH": os.environ.get("PATH", ""),
@@ -132,6 +149,7 @@ def _run(cluster: LocalCluster, lang: str, addr: str, creds: Credentials, prefix
         "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(Layout(cluster.base).ca_cert),
         "RMQ5_ACCESS_KEY": creds.access_key,
         "RMQ5_SECRET_KEY": creds.secret_key,
+        "RMQ5_TLS": "1" if tls else "0",
     }
     if lang == "py":
         python = RMQ5 / "pyclient" / "bin" / "python"
@@ -219,3 +237,17 @@ def test_raw_refusals_are_in_the_body_status(group: LocalCluster) -> None:
     with grpc.insecure_channel(addr) as plain, pytest.raises(grpc.RpcError) as info:
         v2_grpc.MessagingServiceStub(plain).QueryRoute(route, timeout=CALL_TIMEOUT_S)
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_plaintext_port_is_local_and_guarded(group: LocalCluster) -> None:
+    addr = _plaintext_addr(group)
+    lines = _run(group, "py", addr, PUBLISHER, "py-plain", tls=False)
+    assert lines[-1] == {"done": SENDS}, lines
+    assert sorted(_stored(group, "py-plain")) == sorted(r["message_id"][2:] for r in lines[:-1])
+    lines = _run(group, "py", addr, READER, "py-plain-reader", tls=False)
+    assert len(lines) == 1 and "error" in lines[0], lines
+    assert _stored(group, "py-plain-reader") == []
+    route = v2_service.QueryRouteRequest(topic=v2.Resource(name=TOPIC))
+    with grpc.insecure_channel(addr) as plain:
+        answer = v2_grpc.MessagingServiceStub(plain).QueryRoute(route, timeout=CALL_TIMEOUT_S)
+    assert answer.status.code == v2.UNAUTHORIZED
