@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from broker.rmq5 import stubs
-from dledger.server.guard import OPEN_SERVICES, CallGuard, Refusal, service_of, text_metadata
+from dledger.server.guard import CallGuard, GuardInterceptor, Refusal, text_metadata
 from mqsecurity.signing import AUTHORIZATION_HEADER, DATE_TIME_HEADER
 
 _, v2_service, _ = stubs.load()
@@ -61,24 +61,14 @@ def refusal_response(method: str, refusal: Refusal) -> Any:
     )
 
 
-class V2GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Asks ``guard`` about every v2 call before the servicer runs (health and reflection are
-    open, as on the node's client port)."""
+class V2GuardInterceptor(GuardInterceptor):
+    """Asks ``guard`` about every v2 call before the servicer runs, answering a refusal in the
+    method's own response (health and reflection are open, as on the node's client port)."""
 
-    def __init__(self, guard: CallGuard) -> None:
-        self.guard = guard
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or service_of(details.method) in OPEN_SERVICES:
-            return handler
-        if details.method not in RESPONSES:
-            return handler
-        return _guarded(handler, details.method, self.guard)
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if method not in RESPONSES:  # no v2 method: the error contract's refusal
+            return super().wrap(handler, method)
+        return _guarded(handler, method, self.guard)
 
 
 def _admit(
@@ -94,54 +84,45 @@ def _admit(
     return None
 
 
+async def _streamed(refused: Any | None, items: Callable[[], AsyncIterator[Any]]) -> Any:
+    """The refusal alone, or the servicer's messages."""
+    if refused is not None:
+        yield refused
+        return
+    async for item in items():
+        yield item
+
+
 def _guarded(handler: grpc.RpcMethodHandler, method: str, guard: CallGuard) -> Any:
     """The same handler with ``guard`` asked first (unary requests: with the request)."""
     serdes = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
-    if not handler.request_streaming and not handler.response_streaming:
-        inner_uu = handler.unary_unary
+    streamed_in = bool(handler.request_streaming)
+    if handler.response_streaming:
+        inner_s = handler.stream_stream if streamed_in else handler.unary_stream
 
-        async def unary_unary(request: object, context: grpc.aio.ServicerContext) -> Any:
-            refused = _admit(guard, method, context, request)
-            if refused is not None:
-                return refused
-            result = inner_uu(request, context)
-            return await result if inspect.isawaitable(result) else result
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **serdes)
-    if not handler.request_streaming:
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request: object, context: grpc.aio.ServicerContext) -> Any:
-            refused = _admit(guard, method, context, request)
-            if refused is not None:
-                yield refused
-                return
-            async for item in inner_us(request, context):
+        async def streaming(arg: Any, context: grpc.aio.ServicerContext) -> Any:
+            refused = _admit(guard, method, context, None if streamed_in else arg)
+            async for item in _streamed(refused, lambda: inner_s(arg, context)):
                 yield item
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **serdes)
-    if not handler.response_streaming:
-        inner_su = handler.stream_unary
+        if streamed_in:
+            return grpc.stream_stream_rpc_method_handler(streaming, **serdes)
+        return grpc.unary_stream_rpc_method_handler(streaming, **serdes)
+    inner_u = handler.stream_unary if streamed_in else handler.unary_unary
 
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            refused = _admit(guard, method, context, None)
-            return refused if refused is not None else await inner_su(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **serdes)
-    inner_ss = handler.stream_stream
-
-    async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        refused = _admit(guard, method, context, None)
+    async def unary(arg: Any, context: grpc.aio.ServicerContext) -> Any:
+        refused = _admit(guard, method, context, None if streamed_in else arg)
         if refused is not None:
-            yield refused
-            return
-        async for item in inner_ss(requests, context):
-            yield item
+            return refused
+        result = inner_u(arg, context)
+        return await result if inspect.isawaitable(result) else result
 
-    return grpc.stream_stream_rpc_method_handler(stream_stream, **serdes)
+    if streamed_in:
+        return grpc.stream_unary_rpc_method_handler(unary, **serdes)
+    return grpc.unary_unary_rpc_method_handler(unary, **serdes)
 
 
 __all__ = ["V2GuardInterceptor", "caller_signature", "refusal_response"]

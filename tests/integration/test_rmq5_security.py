@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from integration.test_rmq5_producers import DISK_CONF, RMQ5, SCRIPTS
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from support import create_topic_on, pull_all, wait_for
@@ -35,9 +36,6 @@ pytestmark = [pytest.mark.integration]
 
 v2, v2_service, v2_grpc = stubs.load()
 
-ROOT = Path(__file__).resolve().parents[2]
-RMQ5 = ROOT / "build" / "rmq5"
-SCRIPTS = ROOT / "tests" / "rmq5"
 TOPIC = "RMQ5SEC"
 QUEUES = 2
 SENDS = 8
@@ -46,7 +44,6 @@ CALL_TIMEOUT_S = 5
 PUBLISHER = Credentials("rmq5-pub", "rmq5-pub-secret-1")  # Pub on TOPIC
 READER = Credentials("rmq5-sub", "rmq5-sub-secret-1")  # Sub on TOPIC only
 STRANGER = Credentials("rmq5-none", "rmq5-none-secret")  # no rules
-DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
 
 
 @pytest.fixture(scope="module")
