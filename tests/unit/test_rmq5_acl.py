@@ -13,6 +13,7 @@ from broker.auth import rpcmap
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard
 from broker.rmq5 import stubs
+from broker.rmq5.codes import v2_code_name
 from broker.rmq5.guard import RESPONSES, refusal_response
 from dledger.server.guard import Refusal
 from mqsecurity.credentials import Credentials
@@ -97,3 +98,10 @@ def test_refusals_are_answered_in_the_body_status() -> None:
         unknown = refusal_response(method, Refusal(False, "UNAUTHENTICATED", "x" * 5000))
         assert unknown.status.code == v2.Code.Value("UNAUTHORIZED")
         assert len(unknown.status.message) <= 512
+
+
+def test_a_refusal_of_a_forwarded_call_keeps_its_meaning() -> None:
+    """The leader's guard refuses with the error contract's codes: the v2 answer says the same
+    as the v2 port's own guard would."""
+    assert v2_code_name("UNAUTHENTICATED") == "UNAUTHORIZED"
+    assert v2_code_name("PERMISSION_DENIED") == "FORBIDDEN"
