@@ -82,11 +82,19 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
     ``grpcServerPort`` is set; its stubs are loaded only then."""
     if not cfg.grpcServerPort:
         return None
-    from broker.rmq5.server import V2Port
+    from broker.rmq5.server import V2Port, V2Security
     from broker.rmq5.service import V2Config
 
     v2cfg = V2Config(cfg.brokerName, cfg.brokerIP1, cfg.grpcServerPort, cfg.maxMessageSize)
-    return V2Port(node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs)
+    security = V2Security(
+        tls=cfg.tls_files if cfg.tlsEnable else None,
+        guard=node.call_guard,
+        client=cfg.client_security,
+        plaintext_port=cfg.grpcServerPlaintextPort,
+    )
+    return V2Port(
+        node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs, security
+    )
 
 
 class _Port(Protocol):

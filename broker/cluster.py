@@ -564,6 +564,13 @@ def rmq5_line(cluster: LocalCluster) -> str:
     ports = [n.grpc_addr for n in cluster.nodes if n.grpc_port]
     if not ports:
         return "rmq5: not served (grpcServerPort=0)"
+    if cluster.secure:
+        # One endpoint per client over TLS: the clients check the certificate against the
+        # channel's authority, which for a list is the joined list (docs/RMQ5.md).
+        return (
+            "rmq5 (RocketMQ 5 clients, grpcServerPort; TLS and credentials, docs/RMQ5.md): "
+            f"endpoints, one per client: {' or '.join(ports)}"
+        )
     return f"rmq5 (RocketMQ 5 clients, grpcServerPort): endpoints {';'.join(ports)}"
 
 

@@ -194,6 +194,14 @@ KEYS: Mapping[str, _Key] = {
         "0",
         "apache.rocketmq.v2 (RocketMQ 5 clients) gRPC port; 0: not served",
     ),
+    # With tlsEnable the port above speaks TLS; RocketMQ's proxy keeps a plaintext port beside
+    # its TLS one for old clients: this is that port, on 127.0.0.1 only (docs/RMQ5.md).
+    "grpcServerPlaintextPort": _Key(
+        int_in(0, 65535),
+        "0",
+        "with tlsEnable and grpcServerPort: an extra plaintext RocketMQ 5 port on 127.0.0.1 "
+        "(0: none; users and permissions apply on it too)",
+    ),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
     "flushDiskType": _Key(_parse_flush, "SYNC_FLUSH", "SYNC_FLUSH or ASYNC_FLUSH"),
@@ -328,6 +336,7 @@ class BrokerConfig:
     dLegerPeerClientAddrs: tuple[Peer, ...]
     listenPort: int
     grpcServerPort: int
+    grpcServerPlaintextPort: int
     brokerIP1: str
     storePathRootDir: str
     flushDiskType: FlushDiskType
@@ -510,6 +519,14 @@ def _check_tls(values: dict[str, Any], path: str) -> None:
         raise ConfigError(f"{path}: key 'tlsPlaintextListenPort' needs tlsEnable=true")
     if plain and plain in {values["listenPort"], *(p.port for p in values["dLegerPeers"])}:
         raise ConfigError(f"{path}: key 'tlsPlaintextListenPort': {plain} is already used")
+    v2_plain = values["grpcServerPlaintextPort"]
+    if v2_plain and not (values["tlsEnable"] and values["grpcServerPort"]):
+        raise ConfigError(
+            f"{path}: key 'grpcServerPlaintextPort' needs tlsEnable=true and grpcServerPort"
+        )
+    used = {values["listenPort"], values["grpcServerPort"], plain}
+    if v2_plain and v2_plain in used | {p.port for p in values["dLegerPeers"]}:
+        raise ConfigError(f"{path}: key 'grpcServerPlaintextPort': {v2_plain} is already used")
 
 
 def _check_auth_keys(values: Mapping[str, Any], path: str) -> None:

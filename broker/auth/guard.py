@@ -142,6 +142,11 @@ class AuthGuard:
                 return None
             text = f"user {user.username!r} is not a Super user: {method} is for admins only"
             return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+        alternatives = rpcmap.ANY_OF.get(method)
+        if alternatives is not None and not user.is_super:
+            options = alternatives(request, self.settings.cluster_name)
+            if any(self._decide(user, wants, peer_ip(peer)) is None for wants in options):
+                return None
         wants = needs(request, self.settings.cluster_name)
         stored = rpcmap.STORED_MESSAGES.get(method)
         if stored is not None and not user.is_super:

@@ -43,6 +43,11 @@ SUPER_ONLY = "super-only"
 
 BROKER = "/raftmq.broker.v1.Broker/"
 DLEDGER = "/raftmq.dledger.v1.DLedgerClient/"
+# RocketMQ 5's protocol (broker/rmq5/): its requests name topics as ``Resource{name}``.
+V2 = "/apache.rocketmq.v2.MessagingService/"
+# Distinct topics of one v2 SendMessage matched one by one; a request over the front end's own
+# message limit (broker.rmq5.service.MAX_SEND_MESSAGES) is refused there before anything runs.
+MAX_V2_SEND_TOPICS = 1024
 
 
 def topic(name: str, action: str) -> Want:
@@ -89,6 +94,23 @@ def _view(r: Any, c: str) -> list[Want]:
     return [cluster(c, GET)]
 
 
+def _v2_send(r: Any, c: str) -> list[Want]:
+    names = dict.fromkeys(m.topic.name for m in r.messages[:MAX_V2_SEND_TOPICS])
+    return [topic(name, PUB) for name in names]
+
+
+def _v2_queue_consumer(r: Any, c: str) -> list[Want]:
+    return [group(r.group.name, SUB), topic(r.message_queue.topic.name, SUB)]
+
+
+def _v2_consumer(r: Any, c: str) -> list[Want]:
+    return [group(r.group.name, SUB), topic(r.topic.name, SUB)]
+
+
+def _authenticated_only(r: Any, c: str) -> list[Want]:
+    return []
+
+
 # method path -> the pairs it needs, or SUPER_ONLY
 RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "SendMessage": lambda r, c: [topic(r.topic, PUB)],
@@ -125,6 +147,30 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     DLEDGER + "Get": SUPER_ONLY,  # raw entries: every topic's messages
     DLEDGER + "TransferLeadership": SUPER_ONLY,
     DLEDGER + "Metadata": lambda r, c: [cluster(c, GET)],
+    # RocketMQ 5.3's mapping of its gRPC protocol (QueryRoute: see ANY_OF).
+    V2 + "QueryRoute": lambda r, c: [topic(r.topic.name, PUB)],
+    V2 + "SendMessage": _v2_send,
+    V2 + "EndTransaction": lambda r, c: [topic(r.topic.name, PUB)],
+    V2 + "RecallMessage": lambda r, c: [topic(r.topic.name, PUB)],
+    V2 + "QueryAssignment": _v2_consumer,
+    V2 + "ReceiveMessage": _v2_queue_consumer,
+    V2 + "AckMessage": _v2_consumer,
+    V2 + "ChangeInvisibleDuration": _v2_consumer,
+    V2 + "ForwardMessageToDeadLetterQueue": _v2_consumer,
+    V2 + "PullMessage": _v2_queue_consumer,
+    V2 + "UpdateOffset": _v2_queue_consumer,
+    V2 + "GetOffset": _v2_queue_consumer,
+    V2 + "QueryOffset": lambda r, c: [topic(r.message_queue.topic.name, SUB)],
+    V2 + "SyncLiteSubscription": _v2_consumer,
+    V2 + "Heartbeat": _authenticated_only,
+    V2 + "Telemetry": _authenticated_only,  # a stream: no request to read before it runs
+    V2 + "NotifyClientTermination": _authenticated_only,
+}
+
+# method path -> alternative lists of pairs: the call is allowed when one list is. A v2 route
+# lookup is for a producer (Pub) or a consumer (Sub) of the topic, as in RocketMQ 5.3.
+ANY_OF: Mapping[str, Callable[[Any, str], list[list[Want]]]] = {
+    V2 + "QueryRoute": lambda r, c: [[topic(r.topic.name, PUB)], [topic(r.topic.name, SUB)]],
 }
 
 

@@ -21,6 +21,10 @@ V2_CODE_BY_ERROR: Mapping[str, str] = {
     "NO_PERMISSION": "FORBIDDEN",
     "SYSTEM_TOPIC": "FORBIDDEN",
     "UNRECOGNIZED_CLIENT": "UNRECOGNIZED_CLIENT_TYPE",
+    # The leader's guard refusing a forwarded call (broker.auth.guard; the v2 port's own guard
+    # answers the same codes, broker.rmq5.guard).
+    "UNAUTHENTICATED": "UNAUTHORIZED",
+    "PERMISSION_DENIED": "FORBIDDEN",
     # Full tables, a busy or full leader: the client backs off and retries.
     "RESOURCE_EXHAUSTED": "TOO_MANY_REQUESTS",
     "TOO_MANY_CLIENTS": "TOO_MANY_REQUESTS",

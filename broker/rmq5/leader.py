@@ -7,6 +7,12 @@ send is a ``raftmq.broker.v1.SendMessage`` carrying the same messages with the s
 forward retried after a lost answer is stored once (the send path's dedup). A failure comes
 back as a :class:`Failure`: the stable code of the one error contract (``broker.rpcerrors``
 for one raised here, the ``ErrorInfo`` of the leader's answer for a forwarded one).
+
+A forward travels as the node's own security says (``ClientSecurity``: TLS with the node's
+member certificate on a secure group) and carries the v2 caller's signature entries
+(:func:`broker.rmq5.guard.caller_signature`), never credentials of the node's own: the leader's
+guard checks the original user for the v1 call as the v2 port did for the v2 call, so a forward
+can do nothing its caller may not (docs/SECURITY.md, "RocketMQ 5 clients").
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import require_leader
 from broker.errors import BrokerError
+from broker.rmq5.guard import caller_signature
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
 from dledger.core import Role
 from dledger.server.node import DLedgerNode
 from dledger.server.status import read_error
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
 # How long a send may look for a leader (an election, a forward to a leader that just lost its
 # role) before it is answered as failed: below the clients' default request timeout (3 s), so
@@ -65,9 +73,15 @@ class Stored:
 class LeaderCalls:
     """Sends on the leader of this node's group, wherever it is."""
 
-    def __init__(self, node: DLedgerNode, sender: SendPath) -> None:
+    def __init__(
+        self, node: DLedgerNode, sender: SendPath, security: ClientSecurity = PLAINTEXT
+    ) -> None:
         self.node = node
         self.sender = sender
+        if security.credentials is not None:
+            # A forward must act as its caller, never as a configured identity.
+            raise ValueError("forwards carry the caller's signature, not credentials of their own")
+        self.security = security
         # One channel per leader address; the addresses come from configuration (the group's
         # members), never from clients, so this holds at most the group's size.
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -109,6 +123,7 @@ class LeaderCalls:
             resp = await stub.SendMessage(
                 pb.SendMessageRequest(topic=topic, messages=messages),
                 timeout=FORWARD_CALL_TIMEOUT_S,
+                metadata=caller_signature(),
             )
         except grpc.RpcError as exc:
             raise _forward_failure(exc) from None
@@ -126,7 +141,7 @@ class LeaderCalls:
     def _channel(self, addr: str) -> grpc.aio.Channel:
         ch = self._channels.get(addr)
         if ch is None:
-            ch = self._channels[addr] = grpc.aio.insecure_channel(addr)
+            ch = self._channels[addr] = open_aio_channel(addr, self.security)
         return ch
 
 

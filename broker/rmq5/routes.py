@@ -4,7 +4,16 @@ The node's own group comes from its applied topic table. Other groups come from 
 NameServers (``namesrvAddr``): every node registers its RocketMQ 5 address there (``rmq5_addr``,
 :mod:`broker.registration`), and a topic's route lists each group's topic config and the
 RocketMQ 5 addresses of its members. A NameServer that is not configured, down or slow leaves
-the route to the own group only: a client still reaches the group it asked.
+the route to the own group only: a client still reaches the group it asked. The lookups
+travel as the node's own security says (TLS with its member certificate on a secure group).
+
+Behind a TLS port each group is answered with ONE address: the official clients open one
+channel per route ``Endpoints`` and check the server's certificate against that channel's
+authority, which for several addresses is their comma-joined list, a name no certificate
+holds. The node's own group is then left without addresses here, so the front end answers the
+endpoint the client came by (any node serves every call); another group gets its leader's (the
+NameServer lists it first). A client whose node fails finds the others at its next route
+refresh (docs/RMQ5.md, "TLS").
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
 from broker.state import TOPIC_MESSAGE_TYPES
+from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +55,19 @@ class GroupTopic:
 class NameServerRoutes:
     """Route lookups at the NameServers of ``namesrv_addrs``, tried in order."""
 
-    def __init__(self, namesrv_addrs: list[str]) -> None:
+    def __init__(
+        self,
+        namesrv_addrs: list[str],
+        security: ClientSecurity = PLAINTEXT,
+        *,
+        one_address: bool = False,
+        own_group: str = "",
+    ) -> None:
         self.addrs = list(namesrv_addrs)
+        self.security = security
+        # One address per group (none for ``own_group``): the v2 port speaks TLS (see above).
+        self.one_address = one_address
+        self.own_group = own_group
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def close(self) -> None:
@@ -60,7 +81,7 @@ class NameServerRoutes:
         for addr in self.addrs:
             ch = self._channels.get(addr)
             if ch is None:
-                ch = self._channels[addr] = grpc.aio.insecure_channel(addr)
+                ch = self._channels[addr] = open_aio_channel(addr, self.security)
             try:
                 resp = await nspb_grpc.NameServerStub(ch).GetRouteInfoByTopic(
                     nspb.GetRouteInfoByTopicRequest(topic=topic), timeout=NAMESRV_TIMEOUT_S
@@ -70,11 +91,18 @@ class NameServerRoutes:
                     return []
                 logger.debug("route of %s at namesrv=%s: %s", topic, addr, exc.code())
                 continue
-            return [_group(g) for g in resp.groups[:MAX_ROUTE_GROUPS]]
+            return [
+                _group(g, self._addrs_kept(g.broker_name)) for g in resp.groups[:MAX_ROUTE_GROUPS]
+            ]
         return None
 
+    def _addrs_kept(self, group: str) -> int:
+        if not self.one_address:
+            return MAX_GROUP_ADDRS
+        return 0 if group == self.own_group else 1
 
-def _group(g: nspb.GroupRoute) -> GroupTopic:
+
+def _group(g: nspb.GroupRoute, max_addrs: int) -> GroupTopic:
     kind = g.message_type if g.message_type in TOPIC_MESSAGE_TYPES else TOPIC_MESSAGE_TYPES[0]
     return GroupTopic(
         g.broker_name,
@@ -82,5 +110,5 @@ def _group(g: nspb.GroupRoute) -> GroupTopic:
         g.write_queue_nums,
         g.perm,
         kind,
-        tuple(g.rmq5_addrs[:MAX_GROUP_ADDRS]),
+        tuple(g.rmq5_addrs[:max_addrs]),
     )

@@ -90,7 +90,13 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None or service_of(details.method) in OPEN_SERVICES:
             return handler
-        return _guarded(handler, details.method, self.guard)
+        return self.wrap(handler, details.method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """``handler`` with the guard asked first; a refusal ends the call with the error
+        contract's status. A front end whose protocol answers refusals otherwise overrides
+        this."""
+        return _guarded(handler, method, self.guard)
 
 
 async def _admit(

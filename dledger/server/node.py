@@ -370,6 +370,11 @@ class DLedgerNode:
             plain = f"{PLAINTEXT_CLIENT_HOST}:{cfg.plaintext_client_port}"
             bind_insecure(self._client_server, plain, StartError)
 
+    @property
+    def call_guard(self) -> CallGuard | None:
+        """The guard of the client port (other front ends of the process ask it too)."""
+        return self._call_guard
+
     async def stop(self) -> None:
         """Stop serving, then close the store cleanly (removes the abort marker)."""
         if self._stopped.is_set():

@@ -155,3 +155,16 @@ def test_mqcluster_up_is_secure_unless_insecure(
         assert f"RAFTMQ_CREDENTIALS={tmp_path / 'admin.json'}" in out
         assert f"RAFTMQ_TLS_CA={tmp_path / 'tls' / 'ca.crt'}" in out
         assert load_credentials(str(tmp_path / "admin.json")).secret_key not in out
+
+
+def test_the_rmq5_line_offers_one_endpoint_per_client_over_tls(tmp_path: Path) -> None:
+    from broker.cluster import rmq5_line
+
+    secure = LocalCluster(tmp_path / "s")
+    secure.configure(2, auto_ports=True, secure=True)
+    line = rmq5_line(secure)
+    assert "TLS" in line and ";" not in line.split("one per client:")[1]
+    assert all(n.grpc_addr in line for n in secure.nodes)
+    plain = LocalCluster(tmp_path / "p")
+    plain.configure(2, auto_ports=True)
+    assert rmq5_line(plain).endswith(";".join(n.grpc_addr for n in plain.nodes))

@@ -193,3 +193,16 @@ def test_a_certificate_not_for_a_peer_id_is_refused(certs: dict[str, TlsFiles]) 
         {"x509_pem_cert": [_pem(certs["n0"]), _pem(certs["n0"])]}, (), "broker-a", "n1", PEERS
     )
     assert isinstance(two, Refused)
+
+
+def test_the_plaintext_rmq5_port_needs_tls_and_its_own_port(certs: dict[str, TlsFiles]) -> None:
+    v2 = "grpcServerPort=8081\n"
+    cfg = parse_config(BASE + v2 + _tls(certs["n1"]) + "grpcServerPlaintextPort=18081\n")
+    assert cfg.grpcServerPlaintextPort == 18081
+    with pytest.raises(ConfigError, match="grpcServerPlaintextPort' needs tlsEnable"):
+        parse_config(BASE + v2 + "grpcServerPlaintextPort=18081\n")
+    with pytest.raises(ConfigError, match="grpcServerPlaintextPort' needs tlsEnable"):
+        parse_config(BASE + _tls(certs["n1"]) + "grpcServerPlaintextPort=18081\n")
+    for used in ("8081", "10911", "40912"):
+        with pytest.raises(ConfigError, match=f"{used} is already used"):
+            parse_config(BASE + v2 + _tls(certs["n1"]) + f"grpcServerPlaintextPort={used}\n")

@@ -1,0 +1,128 @@
+"""Users and permissions on the RocketMQ 5 port: the node's call guard, answered the v2 way.
+
+The v2 port asks the same :class:`dledger.server.guard.CallGuard` as the node's client port
+(:class:`broker.auth.guard.AuthGuard`: the RocketMQ 5 signature the official clients send, the
+replicated user table, the rows of :mod:`broker.auth.rpcmap` for
+``apache.rocketmq.v2.MessagingService``). What differs is the refusal: RocketMQ 5 clients read
+the outcome from the body's ``Status``, so a refused call is answered with the method's own
+response type carrying ``UNAUTHORIZED`` (unknown caller, bad or missing signature) or
+``FORBIDDEN`` (a known user without the permission) and the guard's reason; a streaming call
+gets one such message and ends. Every response of the service has a ``Status``, so no refusal
+needs a bare gRPC status. The guard counts each refusal in ``REFUSALS``.
+
+An admitted call's signature entries are kept for the call (:func:`caller_signature`): the
+front end forwards leader-only work with them (:mod:`broker.rmq5.leader`), so the leader checks
+the original user again (docs/SECURITY.md, "RocketMQ 5 clients").
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from broker.rmq5 import stubs
+from dledger.server.guard import CallGuard, GuardInterceptor, Refusal, text_metadata
+from mqsecurity.signing import AUTHORIZATION_HEADER, DATE_TIME_HEADER
+
+_, v2_service, _ = stubs.load()
+
+SERVICE = v2_service.DESCRIPTOR.services_by_name["MessagingService"]
+# method path -> the response type whose ``status`` carries a refusal.
+RESPONSES: dict[str, Any] = {
+    f"/{SERVICE.full_name}/{m.name}": getattr(v2_service, m.output_type.name)
+    for m in SERVICE.methods
+}
+# The metadata entries that make up a caller's signature (mqsecurity.signing).
+SIGNATURE_HEADERS = (DATE_TIME_HEADER, AUTHORIZATION_HEADER)
+# Characters of the reason a refusal's Status carries (the guard's reasons are one line).
+MAX_REASON_CHARS = 512
+
+_caller: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "rmq5_caller_signature", default=()
+)
+
+
+def caller_signature() -> tuple[tuple[str, str], ...]:
+    """The signature entries of the v2 call being served (empty: an unsigned call, or none)."""
+    return _caller.get()
+
+
+def refusal_response(method: str, refusal: Refusal) -> Any:
+    """The method's response with the refusal in its Status."""
+    code = "FORBIDDEN" if refusal.authenticated else "UNAUTHORIZED"
+    definition, _, _ = stubs.load()
+    text = f"{refusal.code} {refusal.reason}"[:MAX_REASON_CHARS]
+    return RESPONSES[method](
+        status=definition.Status(code=definition.Code.Value(code), message=text)
+    )
+
+
+class V2GuardInterceptor(GuardInterceptor):
+    """Asks ``guard`` about every v2 call before the servicer runs, answering a refusal in the
+    method's own response (health and reflection are open, as on the node's client port)."""
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if method not in RESPONSES:  # no v2 method: the error contract's refusal
+            return super().wrap(handler, method)
+        return _guarded(handler, method, self.guard)
+
+
+def _admit(
+    guard: CallGuard, method: str, context: grpc.aio.ServicerContext, request: object
+) -> Any | None:
+    """None when the call may run (its signature then kept for it), else the refusal's
+    response."""
+    metadata = text_metadata(context.invocation_metadata())
+    refusal = guard.check(method, metadata, context.peer(), request)
+    if refusal is not None:
+        return refusal_response(method, refusal)
+    _caller.set(tuple((k, metadata[k]) for k in SIGNATURE_HEADERS if k in metadata))
+    return None
+
+
+async def _streamed(refused: Any | None, items: Callable[[], AsyncIterator[Any]]) -> Any:
+    """The refusal alone, or the servicer's messages."""
+    if refused is not None:
+        yield refused
+        return
+    async for item in items():
+        yield item
+
+
+def _guarded(handler: grpc.RpcMethodHandler, method: str, guard: CallGuard) -> Any:
+    """The same handler with ``guard`` asked first (unary requests: with the request)."""
+    serdes = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    streamed_in = bool(handler.request_streaming)
+    if handler.response_streaming:
+        inner_s = handler.stream_stream if streamed_in else handler.unary_stream
+
+        async def streaming(arg: Any, context: grpc.aio.ServicerContext) -> Any:
+            refused = _admit(guard, method, context, None if streamed_in else arg)
+            async for item in _streamed(refused, lambda: inner_s(arg, context)):
+                yield item
+
+        if streamed_in:
+            return grpc.stream_stream_rpc_method_handler(streaming, **serdes)
+        return grpc.unary_stream_rpc_method_handler(streaming, **serdes)
+    inner_u = handler.stream_unary if streamed_in else handler.unary_unary
+
+    async def unary(arg: Any, context: grpc.aio.ServicerContext) -> Any:
+        refused = _admit(guard, method, context, None if streamed_in else arg)
+        if refused is not None:
+            return refused
+        result = inner_u(arg, context)
+        return await result if inspect.isawaitable(result) else result
+
+    if streamed_in:
+        return grpc.stream_unary_rpc_method_handler(unary, **serdes)
+    return grpc.unary_unary_rpc_method_handler(unary, **serdes)
+
+
+__all__ = ["V2GuardInterceptor", "caller_signature", "refusal_response"]

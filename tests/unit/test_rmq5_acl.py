@@ -1,0 +1,107 @@
+"""Users and permissions on the RocketMQ 5 port: every apache.rocketmq.v2 RPC has its row in
+the table (RocketMQ 5.3's mapping), the guard decides on v2 requests, and a refusal is the
+method's own response with UNAUTHORIZED or FORBIDDEN in its Status."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from unit.test_acl_guard import ADMIN, ALICE, check, setup
+
+from broker.auth import rpcmap
+from broker.auth.admin import AuthAdmin
+from broker.auth.guard import AuthGuard
+from broker.rmq5 import stubs
+from broker.rmq5.codes import v2_code_name
+from broker.rmq5.guard import RESPONSES, refusal_response
+from dledger.server.guard import Refusal
+from mqsecurity.credentials import Credentials
+
+v2, v2_service, _ = stubs.load()
+SERVICE = v2_service.DESCRIPTOR.services_by_name["MessagingService"]
+BOB = Credentials("bob", "bob-secret-1")
+# RPCs any authenticated caller may make (RocketMQ 5.3: no resource to check).
+AUTHENTICATED_ONLY = {"Heartbeat", "Telemetry", "NotifyClientTermination"}
+
+
+def test_every_v2_rpc_is_in_the_table() -> None:
+    methods = {f"/{SERVICE.full_name}/{m.name}" for m in SERVICE.methods}
+    v2_rows = {m for m in rpcmap.RPC_NEEDS if m.startswith(rpcmap.V2)}
+    assert methods - v2_rows == set()
+    assert v2_rows - methods == set()  # no stale rows
+    assert set(RESPONSES) == methods
+    for method, needs in rpcmap.RPC_NEEDS.items():
+        if not method.startswith(rpcmap.V2):
+            continue
+        assert not isinstance(needs, str), method  # no v2 call is for admins only
+        rpc = SERVICE.methods_by_name[method.rsplit("/", 1)[1]]
+        request = getattr(v2_service, rpc.input_type.name)()
+        if rpc.name == "SendMessage":  # an empty batch touches no topic (and is refused later)
+            request.messages.add()
+        wants = needs(None if rpc.client_streaming else request, "c1")
+        assert bool(wants) == (rpc.name not in AUTHENTICATED_ONLY), method
+        assert "status" in RESPONSES[method].DESCRIPTOR.fields_by_name, method
+
+
+def _users(admin: AuthAdmin) -> None:
+    async def run() -> None:
+        await admin.create_user("bob", BOB.secret_key, "", "")
+        await admin.put_acl(
+            "User:bob", ["Topic:orders", "Group:g1"], ["Sub"], "Allow", [], update=False
+        )
+
+    asyncio.run(run())
+
+
+def _v2(guard: AuthGuard, rpc: str, creds: Credentials | None, request: object) -> Refusal | None:
+    return check(guard, rpcmap.V2 + rpc, creds, request)
+
+
+def test_v2_decisions(tmp_path: Path) -> None:
+    admin, guard = setup(tmp_path)  # alice: Pub on Topic:orders
+    _users(admin)
+    orders, other = v2.Resource(name="orders"), v2.Resource(name="other")
+    route = v2_service.QueryRouteRequest
+    for who in (ALICE, BOB, ADMIN):  # a producer (Pub) or a consumer (Sub) may look it up
+        assert _v2(guard, "QueryRoute", who, route(topic=orders)) is None
+    refused = _v2(guard, "QueryRoute", ALICE, route(topic=other))
+    assert refused is not None and refused.authenticated
+    send = v2_service.SendMessageRequest(messages=[v2.Message(topic=orders)])
+    assert _v2(guard, "SendMessage", ALICE, send) is None
+    assert _v2(guard, "SendMessage", BOB, send) is not None
+    send.messages.add(topic=other)  # one topic of the batch not allowed: the whole call refused
+    assert _v2(guard, "SendMessage", ALICE, send) is not None
+    queue = v2.MessageQueue(topic=orders)
+    receive = v2_service.ReceiveMessageRequest(group=v2.Resource(name="g1"), message_queue=queue)
+    assert _v2(guard, "ReceiveMessage", BOB, receive) is None
+    assert _v2(guard, "ReceiveMessage", ALICE, receive) is not None
+    for rpc, req in (
+        ("AckMessage", v2_service.AckMessageRequest),
+        ("ChangeInvisibleDuration", v2_service.ChangeInvisibleDurationRequest),
+    ):
+        assert _v2(guard, rpc, BOB, req(group=v2.Resource(name="g1"), topic=orders)) is None
+        assert _v2(guard, rpc, BOB, req(group=v2.Resource(name="g2"), topic=orders)) is not None
+    heartbeat = v2_service.HeartbeatRequest()
+    assert _v2(guard, "Heartbeat", ALICE, heartbeat) is None
+    unknown = _v2(guard, "Heartbeat", Credentials("mallory", "mallory-secret"), heartbeat)
+    assert unknown is not None and not unknown.authenticated
+    assert _v2(guard, "Telemetry", None, None) is not None
+
+
+def test_refusals_are_answered_in_the_body_status() -> None:
+    for method, response in RESPONSES.items():
+        denied = refusal_response(method, Refusal(True, "PERMISSION_DENIED", "no Pub"))
+        assert isinstance(denied, response)
+        assert denied.status.code == v2.Code.Value("FORBIDDEN")
+        assert denied.status.message == "PERMISSION_DENIED no Pub"
+        unknown = refusal_response(method, Refusal(False, "UNAUTHENTICATED", "x" * 5000))
+        assert unknown.status.code == v2.Code.Value("UNAUTHORIZED")
+        assert len(unknown.status.message) <= 512
+
+
+def test_a_refusal_of_a_forwarded_call_keeps_its_meaning() -> None:
+    """The leader's guard refuses with the error contract's codes: the v2 answer says the same
+    as the v2 port's own guard would."""
+    assert v2_code_name("UNAUTHENTICATED") == "UNAUTHORIZED"
+    assert v2_code_name("PERMISSION_DENIED") == "FORBIDDEN"
