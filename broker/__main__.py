@@ -49,6 +49,8 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
             offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
             delay_levels_ms=cfg.delay_levels_ms,
+            pop_max_attempts=cfg.popMaxDeliveryAttempts,
+            pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
     )
@@ -64,8 +66,22 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
     from broker.rmq5.server import V2Port
     from broker.rmq5.service import V2Config
 
-    v2cfg = V2Config(cfg.brokerName, cfg.brokerIP1, cfg.grpcServerPort, cfg.maxMessageSize)
-    return V2Port(node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs)
+    v2cfg = V2Config(
+        cfg.brokerName,
+        cfg.brokerIP1,
+        cfg.grpcServerPort,
+        cfg.maxMessageSize,
+        cfg.popMaxDeliveryAttempts,
+    )
+    return V2Port(
+        node,
+        servicer.topics,
+        servicer.sender,
+        servicer.pops,
+        v2cfg,
+        cfg.brokerIP1,
+        cfg.namesrv_addrs,
+    )
 
 
 class _Port(Protocol):

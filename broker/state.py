@@ -14,7 +14,9 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
 - :data:`ENTRY_OFFSETS` (17): consumer offset updates, many per entry;
 - :data:`ENTRY_TOPIC` (18): one topic admin operation;
 - :data:`ENTRY_SCHEDULE` (19): due delayed messages delivered to their real queues, with the
-  schedule level's new delivered offset (``broker.schedule``).
+  schedule level's new delivered offset (``broker.schedule``);
+- :data:`broker.popstate.ENTRY_POP` (21): one change of POP consumption's state (a receive, an
+  ack, a new invisible time, a redelivery; :mod:`broker.popstate`).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -64,6 +66,7 @@ from broker.names import (
     is_valid_topic_name,
     validate_topic_name,
 )
+from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
 from dledger.core import Role
 from dledger.log import Entry
@@ -221,6 +224,7 @@ class _Captured:
     offsets: dict[OffsetKey, int]
     dedup: list[SendResult]
     schedule: dict[int, int]
+    pop: list[list[Any]]
 
 
 QueueKey = tuple[str, int]
@@ -445,6 +449,7 @@ class BrokerStateMachine:
         self.dedup: OrderedDict[str, SendResult] = OrderedDict()
         # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
         self.schedule_offsets: dict[int, int] = {}
+        self.pop = PopState()
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -529,6 +534,8 @@ class BrokerStateMachine:
                     self._apply_topic(entry)
                 elif entry.type == ENTRY_SCHEDULE:
                     self._apply_schedule(entry, touched)
+                elif entry.type == ENTRY_POP:
+                    self.pop.apply(entry.index, entry.body)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -703,6 +710,7 @@ class BrokerStateMachine:
             del self.topics[topic.name]
             for key in [k for k in self.offsets if k[1] == topic.name]:
                 del self.offsets[key]
+            self.pop.drop_topic(topic.name)
             logger.info("topic deleted topic=%s index=%d", topic.name, entry.index)
             # The queues' files are gone: a snapshot from before the delete no longer matches
             # the disk, so write one now (a crash in between is caught by the queue check).
@@ -773,6 +781,7 @@ class BrokerStateMachine:
             offsets=dict(self.offsets),
             dedup=list(self.dedup.values()),
             schedule=dict(self.schedule_offsets),
+            pop=self.pop.capture(),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -795,6 +804,7 @@ class BrokerStateMachine:
             "offsets": offsets,
             "dedup": encode_dedup(c.dedup),
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
+            "pop": c.pop,
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -859,6 +869,7 @@ class BrokerStateMachine:
             else:
                 bad_levels.append(f"{lv}={off}")
         _report_dropped("schedule levels", bad_levels)
+        _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -957,6 +968,7 @@ class BrokerStateMachine:
         self._open_stores()
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
         self.schedule_offsets = {}
+        self.pop.reset()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

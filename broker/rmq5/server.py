@@ -12,6 +12,7 @@ import logging
 
 import grpc
 
+from broker.pop import Pops
 from broker.rmq5.leader import LeaderCalls
 from broker.rmq5.routes import NameServerRoutes
 from broker.rmq5.service import SERVICE_NAME, MessagingServicer, V2Config
@@ -36,11 +37,12 @@ class V2Port:
         node: DLedgerNode,
         topics: Topics,
         sender: SendPath,
+        pops: Pops,
         cfg: V2Config,
         bind_host: str,
         namesrv_addrs: list[str],
     ) -> None:
-        self.leader = LeaderCalls(node, sender)
+        self.leader = LeaderCalls(node, sender, pops)
         self.routes = NameServerRoutes(namesrv_addrs) if namesrv_addrs else None
         self.servicer = MessagingServicer(node, topics, self.leader, cfg, self.routes)
         self.addr = f"{bind_host}:{cfg.port}"

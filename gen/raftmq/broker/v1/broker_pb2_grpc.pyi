@@ -58,6 +58,9 @@ class BrokerStub:
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
     ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]
     GetConsumerLag: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]
+    PopMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]
+    AckPop: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]
+    ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -82,6 +85,9 @@ class BrokerAsyncStub(BrokerStub):
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
     GetConsumerLag: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]  # type: ignore[assignment]
+    PopMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]  # type: ignore[assignment]
+    AckPop: _aio.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]  # type: ignore[assignment]
+    ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -223,5 +229,26 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.GetConsumerLagRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.GetConsumerLagResponse, _abc.Awaitable[_broker_pb2.GetConsumerLagResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PopMessage(
+        self,
+        request: _broker_pb2.PopMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.PopMessageResponse, _abc.Awaitable[_broker_pb2.PopMessageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AckPop(
+        self,
+        request: _broker_pb2.AckPopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AckPopResponse, _abc.Awaitable[_broker_pb2.AckPopResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ChangeInvisibleTime(
+        self,
+        request: _broker_pb2.ChangeInvisibleTimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_broker_pb2.ChangeInvisibleTimeResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
