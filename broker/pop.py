@@ -186,7 +186,9 @@ class Pops:
             require_leader(self.ctx.node)
             state = self.ctx.sm.pop.get(key)
             start = 0 if state is None else state.offset
-            retakes, retaken = self._retakes(key, state.inflight if state else {}, want)
+            retakes, retaken, gone = self._retakes(key, state.inflight if state else {}, want)
+            if gone:
+                await self._propose(PopRecord(OP_DROP, *key, items=tuple(gone)))
             room = self._room(state.inflight if state else None) if len(retakes) < want else 0
             scan = self._scan(key, start, tags, min(want - len(retakes), room))
             if not retakes and scan.to_offset == start:
@@ -208,23 +210,25 @@ class Pops:
 
     def _retakes(
         self, key: PopKey, inflight: Mapping[int, InFlight], want: int
-    ) -> tuple[list[tuple[int, int]], dict[int, Message]]:
-        """Visible-again messages to hand out first, and their messages (unreadable ones,
-        e.g. deleted by retention, are left for the redelivery loop to drop)."""
+    ) -> tuple[list[tuple[int, int]], dict[int, Message], list[tuple[int, int]]]:
+        """Visible-again messages to hand out first with their messages, and those that can
+        no longer be read (deleted by retention): they are taken out of flight."""
         out: list[tuple[int, int]] = []
+        gone: list[tuple[int, int]] = []
         messages: dict[int, Message] = {}
         for offset, rec in inflight.items():
-            if len(out) >= want:
+            if len(out) >= want or len(gone) >= MAX_RECORD_ITEMS:
                 break
             if rec.deadline_ms:
                 continue
             try:
                 messages[offset] = self.applied.message(rec.position)
-            except BrokerError as exc:
-                logger.warning("pop %s offset %d unreadable: %s", key, offset, exc)
+            except MessageNotFoundError as exc:
+                logger.warning("pop %s offset %d dropped, unreadable: %s", key, offset, exc)
+                gone.append((offset, rec.seq))
                 continue
             out.append((offset, rec.seq))
-        return out, messages
+        return out, messages, gone
 
     def _scan(self, key: PopKey, start: int, tags: frozenset[str] | None, want: int) -> _Scan:
         """New messages from ``start`` matching ``tags`` (at most ``want``, within one answer's
