@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from broker.applied import MAX_ANSWER_BYTES, AppliedMessages, require_leader
+from broker.applied import MAX_ANSWER_BYTES, AppliedMessages, require_leader, start_leader_task
 from broker.errors import (
     BrokerError,
     InvalidRequestError,
@@ -53,7 +53,6 @@ from broker.retry import Retries, SendBackItem
 from broker.state import QueueKey
 from broker.topics import Topics
 from dledger.core import Role
-from dledger.fatal import supervise
 from dledger.log import DLedgerError
 
 logger = logging.getLogger(__name__)
@@ -334,17 +333,7 @@ class Pops:
 
     def maybe_start(self) -> None:
         """A change listener: a node that became leader starts the redelivery loop."""
-        if self.ctx.sm.role is not Role.LEADER:
-            return
-        if self.task is not None and not self.task.done():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # applied outside the event loop (tests)
-            return
-        self.task = supervise(
-            loop.create_task(self._revive_loop(), name="pop-revive"), "pop-revive"
-        )
+        self.task = start_leader_task(self.ctx, self.task, self._revive_loop, "pop-revive")
 
     async def _revive_loop(self) -> None:
         term = self.ctx.node.core.term
