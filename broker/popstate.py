@@ -168,6 +168,8 @@ def _check_record(r: PopRecord) -> None:
         raise InvalidPopRecordError("POP record times or offsets out of range")
     if any(a < 0 or b < 0 for a, b in (*r.items, *r.retakes)):
         raise InvalidPopRecordError("POP record item with a negative offset or position")
+    if r.op in (OP_POP, OP_CHANGE) and r.deadline_ms <= r.now_ms:
+        raise InvalidPopRecordError("POP record with a deadline not after its time")
 
 
 class PopState:
@@ -225,8 +227,6 @@ class PopState:
             rec = None if q is None else q.inflight.get(offset)
             if rec is None or rec.seq != seq or rec.deadline_ms:
                 return  # stale: taken, acknowledged or dropped since
-        if r.deadline_ms <= r.now_ms:
-            raise InvalidPopRecordError("POP record with a deadline not after its time")
         if q is None:
             q = self.queues[key] = QueuePop()
         q.offset = r.to_offset

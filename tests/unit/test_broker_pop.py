@@ -17,6 +17,7 @@ from broker.pop import InvalidInvisibleTimeError, Pops, ReceiveQuery
 from broker.popstate import (
     ENTRY_POP,
     OP_ACK,
+    OP_CHANGE,
     OP_POP,
     Handle,
     InvalidPopRecordError,
@@ -153,10 +154,11 @@ def test_stale_and_forged_records_change_nothing(tmp_path: Path) -> None:
             b"\x01",
             encode_pop_record(PopRecord(OP_POP, "bad group!", "T", 0, 1, 10, 0, 1)),
             encode_pop_record(PopRecord(OP_POP, *key, 10, 5, 1, 2)),  # deadline before now
+            encode_pop_record(PopRecord(OP_CHANGE, *key, 10, 0, items=((0, 2),))),  # ditto
             encode_pop_record(PopRecord(OP_POP, *key, 1, 10, 1, 2, ((5, 0),))),  # out of range
         ):
             await node.propose([forged], ENTRY_POP)
-        assert sm.skip_log.skipped == skipped + 4
+        assert sm.skip_log.skipped == skipped + 5
         assert sm.pop.capture() == before
         with pytest.raises(InvalidPopRecordError):
             decode_pop_record(b"\x01\x01")
