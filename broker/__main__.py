@@ -65,6 +65,8 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
             offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
             delay_levels_ms=cfg.delay_levels_ms,
+            pop_max_attempts=cfg.popMaxDeliveryAttempts,
+            pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
         secret_box=box,
@@ -85,7 +87,13 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
     from broker.rmq5.server import V2Port, V2Security
     from broker.rmq5.service import V2Config
 
-    v2cfg = V2Config(cfg.brokerName, cfg.brokerIP1, cfg.grpcServerPort, cfg.maxMessageSize)
+    v2cfg = V2Config(
+        cfg.brokerName,
+        cfg.brokerIP1,
+        cfg.grpcServerPort,
+        cfg.maxMessageSize,
+        cfg.popMaxDeliveryAttempts,
+    )
     security = V2Security(
         tls=cfg.tls_files if cfg.tlsEnable else None,
         guard=node.call_guard,
@@ -93,7 +101,14 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
         plaintext_port=cfg.grpcServerPlaintextPort,
     )
     return V2Port(
-        node, servicer.topics, servicer.sender, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs, security
+        node,
+        servicer.topics,
+        servicer.sender,
+        servicer.pops,
+        v2cfg,
+        cfg.brokerIP1,
+        cfg.namesrv_addrs,
+        security,
     )
 
 

@@ -6,8 +6,11 @@ the position against the state machine's dispatch end first. Nothing here knows 
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from broker.errors import MessageNotFoundError
 from broker.message import (
@@ -20,6 +23,7 @@ from broker.message import (
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.core import NotLeaderError, Role
+from dledger.fatal import supervise
 from dledger.log import IndexOutOfRangeError
 from dledger.server.node import DLedgerNode
 from msgcodec import STORE_TIMESTAMP_AT
@@ -39,6 +43,25 @@ def require_leader(node: DLedgerNode) -> None:
     """Raise ``NotLeaderError`` (naming the leader this node knows) unless it leads."""
     if node.core.role is not Role.LEADER:
         raise NotLeaderError("not the leader", leader_id=node.core.leader_id)
+
+
+def start_leader_task(
+    ctx: NodeContext,
+    task: asyncio.Task[None] | None,
+    make: Callable[[], Coroutine[Any, Any, None]],
+    name: str,
+) -> asyncio.Task[None] | None:
+    """The body of a change listener whose loop runs while the node leads: the running task,
+    or a new one from ``make`` when this node leads and none runs. Supervised: an unexpected
+    exception ends the process (dledger.fatal), rather than leaving a leader whose loop is
+    gone. Outside an event loop (state applied in tests) nothing starts."""
+    if ctx.sm.role is not Role.LEADER or (task is not None and not task.done()):
+        return task
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return task
+    return supervise(loop.create_task(make(), name=name), name)
 
 
 @dataclass(slots=True)

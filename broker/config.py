@@ -263,6 +263,15 @@ KEYS: Mapping[str, _Key] = {
     "messageDelayLevel": _Key(
         _parse_delay_levels, DEFAULT_DELAY_LEVELS, "delay of each level (DELAY property), 1-based"
     ),
+    # POP consumption (RocketMQ 5 SimpleConsumer, docs/RMQ5.md): RocketMQ's maxReconsumeTimes
+    # default (16 deliveries, then %DLQ%{group}), and the proxy's shortest invisible time (10 s;
+    # tests lower it so that a redelivery does not take 10 s).
+    "popMaxDeliveryAttempts": _Key(
+        int_in(1, 1000), "16", "deliveries of a received message before %DLQ%{group}"
+    ),
+    "popMinInvisibleTimeMs": _Key(
+        int_in(100, 12 * 3600 * 1000), "10000", "shortest invisible time a receive may ask, ms"
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -364,6 +373,8 @@ class BrokerConfig:
     consumerOffsetCommitIntervalMs: int
     messageDelayLevel: str
     delayLevelScale: float
+    popMaxDeliveryAttempts: int
+    popMinInvisibleTimeMs: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int

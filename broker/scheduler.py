@@ -13,14 +13,13 @@ import logging
 import time
 from dataclasses import replace
 
-from broker.applied import AppliedMessages
+from broker.applied import AppliedMessages, start_leader_task
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import SCHEDULE_TOPIC
 from broker.schedule import delivered_copy, due_ms, encode_schedule_header
 from broker.state import ENTRY_SCHEDULE
 from dledger.core import Role
-from dledger.fatal import supervise
 from dledger.log import DLedgerError
 
 logger = logging.getLogger(__name__)
@@ -57,17 +56,7 @@ class Scheduler:
 
     def maybe_start(self) -> None:
         """A change listener: a node that became leader starts delivering due messages."""
-        if self.ctx.sm.role is not Role.LEADER:
-            return
-        if self.task is not None and not self.task.done():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # applied outside the event loop (tests): nothing to schedule
-            return
-        # Supervised: an unexpected exception ends the process (dledger.fatal), rather than
-        # leaving a leader whose delayed messages are never delivered.
-        self.task = supervise(loop.create_task(self._loop(), name="scheduler"), "scheduler")
+        self.task = start_leader_task(self.ctx, self.task, self._loop, "scheduler")
 
     async def _loop(self) -> None:
         """While this node leads: deliver every due scheduled message, level by level."""

@@ -31,6 +31,7 @@ from broker.errors import (
 )
 from broker.lookups import Found, Lookups
 from broker.offsets import ConsumerOffsets
+from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.retry import Retries, SendBackItem
 from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
@@ -84,6 +85,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.retries = Retries(self.topics, self.applied, self.sender)
         self.scheduler = Scheduler(self.applied)
         self.auth = AuthAdmin(ctx, secret_box, init_user)
+        self.pops = Pops(
+            self.topics, self.applied, self.retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms
+        )
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
@@ -220,6 +224,47 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 for r in results
             ]
         )
+
+    # ------------------------------------------------------------------ POP consumption
+
+    def _popped_pb(self, r: Received) -> pb.PoppedMessage:
+        return pb.PoppedMessage(
+            message=self._message_pb(Found(r.message, r.position, r.queue_offset)),
+            receipt_handle=r.receipt_handle,
+            delivery_attempt=r.attempt,
+        )
+
+    @_rpc
+    async def PopMessage(
+        self, request: pb.PopMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PopMessageResponse:
+        query = ReceiveQuery(
+            request.group,
+            request.topic,
+            request.queue_id,
+            request.max_msgs,
+            request.invisible_ms,
+            request.subscription,
+            request.poll_timeout_ms,
+        )
+        received = await self.pops.receive(query)
+        return pb.PopMessageResponse(messages=[self._popped_pb(r) for r in received])
+
+    @_rpc
+    async def AckPop(
+        self, request: pb.AckPopRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AckPopResponse:
+        errors = await self.pops.ack(request.group, request.topic, request.receipt_handles)
+        return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
+
+    @_rpc
+    async def ChangeInvisibleTime(
+        self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeInvisibleTimeResponse:
+        changed = await self.pops.change_invisible(
+            request.group, request.topic, request.receipt_handle, request.invisible_ms
+        )
+        return pb.ChangeInvisibleTimeResponse(message=self._popped_pb(changed))
 
     # ------------------------------------------------------------------ offsets
 

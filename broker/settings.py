@@ -24,3 +24,7 @@ class ServiceConfig:
     memory_ratio_percent: int = DEFAULT_MEMORY_RATIO_PERCENT
     offset_commit_interval_ms: int = DEFAULT_OFFSET_COMMIT_INTERVAL_MS
     delay_levels_ms: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)
+    # POP consumption (broker.pop): deliveries of a message before it is dead-lettered, and
+    # the shortest invisible time a receive may ask for.
+    pop_max_attempts: int = 16
+    pop_min_invisible_ms: int = 10_000

@@ -17,6 +17,8 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
   schedule level's new delivered offset (``broker.schedule``);
 - :data:`ENTRY_AUTH` (20): one user or ACL admin operation (``broker.auth.records``), applied
   to :attr:`BrokerStateMachine.auth`.
+- :data:`broker.popstate.ENTRY_POP` (21): one change of POP consumption's state (a receive, an
+  ack, a new invisible time, a redelivery; :mod:`broker.popstate`).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -67,6 +69,7 @@ from broker.names import (
     is_valid_topic_name,
     validate_topic_name,
 )
+from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
 from dledger.core import Role
 from dledger.log import Entry
@@ -226,6 +229,7 @@ class _Captured:
     dedup: list[SendResult]
     schedule: dict[int, int]
     auth: dict[str, Any]
+    pop: list[list[Any]]
 
 
 QueueKey = tuple[str, int]
@@ -452,6 +456,7 @@ class BrokerStateMachine:
         self.schedule_offsets: dict[int, int] = {}
         # Users and ACL rules (ENTRY_AUTH records): what every node's call guard checks.
         self.auth = AuthTable()
+        self.pop = PopState()
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -538,6 +543,8 @@ class BrokerStateMachine:
                     self._apply_schedule(entry, touched)
                 elif entry.type == ENTRY_AUTH:
                     self.auth.apply(entry.index, entry.body)
+                elif entry.type == ENTRY_POP:
+                    self.pop.apply(entry.index, entry.body)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -712,6 +719,7 @@ class BrokerStateMachine:
             del self.topics[topic.name]
             for key in [k for k in self.offsets if k[1] == topic.name]:
                 del self.offsets[key]
+            self.pop.drop_topic(topic.name)
             logger.info("topic deleted topic=%s index=%d", topic.name, entry.index)
             # The queues' files are gone: a snapshot from before the delete no longer matches
             # the disk, so write one now (a crash in between is caught by the queue check).
@@ -783,6 +791,7 @@ class BrokerStateMachine:
             dedup=list(self.dedup.values()),
             schedule=dict(self.schedule_offsets),
             auth=self.auth.to_snapshot(),
+            pop=self.pop.capture(),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -806,6 +815,7 @@ class BrokerStateMachine:
             "dedup": encode_dedup(c.dedup),
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
             "auth": c.auth,
+            "pop": c.pop,
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -871,6 +881,7 @@ class BrokerStateMachine:
                 bad_levels.append(f"{lv}={off}")
         _report_dropped("schedule levels", bad_levels)
         _report_dropped("users and acls", self.auth.load_snapshot(data.get("auth", {})))
+        _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -970,6 +981,7 @@ class BrokerStateMachine:
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
         self.schedule_offsets = {}
         self.auth = AuthTable()
+        self.pop.reset()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

@@ -107,6 +107,12 @@ def _v2_consumer(r: Any, c: str) -> list[Want]:
     return [group(r.group.name, SUB), topic(r.topic.name, SUB)]
 
 
+def _pop_consumer(r: Any, c: str) -> list[Want]:
+    # A receipt handle names its group and topic; the POP state refuses one that is not the
+    # request's (INVALID_RECEIPT_HANDLE), so checking the request's pair covers the handle.
+    return [group(r.group, SUB), topic(r.topic, SUB)]
+
+
 def _authenticated_only(r: Any, c: str) -> list[Want]:
     return []
 
@@ -133,6 +139,9 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "UnlockBatchMQ": _locks,
     BROKER + "ConsumerSendMsgBack": lambda r, c: [group(r.consumer_group, SUB)],
     BROKER + "GetConsumerLag": lambda r, c: [group(r.consumer_group, GET), topic(r.topic, GET)],
+    BROKER + "PopMessage": _pop_consumer,
+    BROKER + "AckPop": _pop_consumer,
+    BROKER + "ChangeInvisibleTime": _pop_consumer,
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,
     BROKER + "DeleteUser": SUPER_ONLY,

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -28,6 +29,8 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import require_leader
 from broker.errors import BrokerError
+from broker.message import Message
+from broker.pop import Pops, Received, ReceiveQuery
 from broker.rmq5.guard import caller_signature
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
@@ -48,6 +51,11 @@ LEADER_RETRY_WAIT_S = 0.05
 RETRY_CODES = frozenset(
     {"NOT_LEADER", "NO_LEADER", "TRANSFER_IN_PROGRESS", "BACK_PRESSURE", "UNAVAILABLE"}
 )
+# A forwarded receive waits up to its long-polling time on the leader: its call deadline is that
+# plus this much.
+RECEIVE_CALL_MARGIN_S = 2.0
+
+_T = TypeVar("_T")
 
 
 class Failure(BrokerError):
@@ -71,13 +79,18 @@ class Stored:
 
 
 class LeaderCalls:
-    """Sends on the leader of this node's group, wherever it is."""
+    """Sends and POP consumption on the leader of this node's group, wherever it is."""
 
     def __init__(
-        self, node: DLedgerNode, sender: SendPath, security: ClientSecurity = PLAINTEXT
+        self,
+        node: DLedgerNode,
+        sender: SendPath,
+        pops: Pops,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.node = node
         self.sender = sender
+        self.pops = pops
         if security.credentials is not None:
             # A forward must act as its caller, never as a configured identity.
             raise ValueError("forwards carry the caller's signature, not credentials of their own")
@@ -91,42 +104,117 @@ class LeaderCalls:
             await ch.close()
         self._channels.clear()
 
-    async def send(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
-        """Store ``messages`` in ``topic`` on the leader; one :class:`Stored` per message."""
+    async def _on_leader(
+        self,
+        here: Callable[[], Awaitable[_T]],
+        forward: Callable[[pb_grpc.BrokerStub], Awaitable[_T]],
+    ) -> _T:
+        """``here()`` when this node leads, else ``forward`` to the leader's client port;
+        tried again within the budget while leadership moves."""
         deadline = time.monotonic() + FORWARD_BUDGET_MS / 1000
         while True:
             try:
                 if self.node.core.role is Role.LEADER:
-                    return await self._send_here(topic, messages)
-                return await self._forward(topic, messages)
+                    return await self._here(here)
+                return await forward(self._leader_stub())
+            except grpc.RpcError as exc:
+                failure = _forward_failure(exc)
+                if failure.code not in RETRY_CODES or time.monotonic() >= deadline:
+                    raise failure from None
             except Failure as failure:
                 if failure.code not in RETRY_CODES or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(LEADER_RETRY_WAIT_S)
 
-    async def _send_here(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+    async def _here(self, here: Callable[[], Awaitable[_T]]) -> _T:
         try:
             require_leader(self.node)
-            results = await self.sender.send(topic, messages)
+            return await here()
         except Exception as exc:
             f = error_failure(exc, self.node)
             raise Failure(f.code, f.text, f.retryable) from exc
-        return [Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate) for r in results]
 
-    async def _forward(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+    def _leader_stub(self) -> pb_grpc.BrokerStub:
         leader_id, addr = self.node.leader_client_addr()
         if not addr:
             what = f"leader {leader_id} has no client address" if leader_id else "no leader yet"
             raise Failure("NO_LEADER", what, retryable=True)
-        stub = pb_grpc.BrokerStub(self._channel(addr))
-        try:
-            resp = await stub.SendMessage(
-                pb.SendMessageRequest(topic=topic, messages=messages),
-                timeout=FORWARD_CALL_TIMEOUT_S,
+        return pb_grpc.BrokerStub(self._channel(addr))
+
+    async def send(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+        """Store ``messages`` in ``topic`` on the leader; one :class:`Stored` per message."""
+        return await self._on_leader(
+            lambda: self._send_here(topic, messages),
+            lambda stub: self._forward(stub, topic, messages),
+        )
+
+    async def _send_here(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
+        results = await self.sender.send(topic, messages)
+        return [Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate) for r in results]
+
+    async def receive(self, q: ReceiveQuery) -> list[Received]:
+        """POP receive on the leader (long polling there)."""
+
+        async def forward(stub: pb_grpc.BrokerStub) -> list[Received]:
+            resp = await stub.PopMessage(
+                pb.PopMessageRequest(
+                    group=q.group,
+                    topic=q.topic,
+                    queue_id=q.queue_id,
+                    max_msgs=q.batch_size,
+                    invisible_ms=q.invisible_ms,
+                    subscription=q.subscription,
+                    poll_timeout_ms=q.poll_timeout_ms,
+                ),
+                timeout=q.poll_timeout_ms / 1000 + RECEIVE_CALL_MARGIN_S,
                 metadata=caller_signature(),
             )
-        except grpc.RpcError as exc:
-            raise _forward_failure(exc) from None
+            return [_received(p) for p in resp.messages]
+
+        return await self._on_leader(lambda: self.pops.receive(q), forward)
+
+    async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[str]:
+        """Acknowledge on the leader: per handle "" (done) or the error's stable code."""
+
+        async def here() -> list[str]:
+            errors = await self.pops.ack(group, topic, handles)
+            return ["" if e is None else e.code for e in errors]
+
+        async def forward(stub: pb_grpc.BrokerStub) -> list[str]:
+            request = pb.AckPopRequest(group=group, topic=topic, receipt_handles=handles)
+            resp = await stub.AckPop(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+            return list(resp.codes)
+
+        return await self._on_leader(here, forward)
+
+    async def change_invisible(
+        self, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> Received:
+        """A new invisible time on the leader; the message with its new handle."""
+
+        async def forward(stub: pb_grpc.BrokerStub) -> Received:
+            request = pb.ChangeInvisibleTimeRequest(
+                group=group, topic=topic, receipt_handle=handle, invisible_ms=invisible_ms
+            )
+            resp = await stub.ChangeInvisibleTime(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+            return _received(resp.message)
+
+        return await self._on_leader(
+            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms), forward
+        )
+
+    async def _forward(
+        self, stub: pb_grpc.BrokerStub, topic: str, messages: Sequence[pb.Message]
+    ) -> list[Stored]:
+        resp = await stub.SendMessage(
+            pb.SendMessageRequest(topic=topic, messages=messages),
+            timeout=FORWARD_CALL_TIMEOUT_S,
+            metadata=caller_signature(),
+        )
         return [
             Stored(uid, q, off, dup)
             for uid, q, off, dup in zip(
@@ -143,6 +231,28 @@ class LeaderCalls:
         if ch is None:
             ch = self._channels[addr] = open_aio_channel(addr, self.security)
         return ch
+
+
+def _received(p: pb.PoppedMessage) -> Received:
+    """A message a forwarded receive got, as the leader's own receive answers it."""
+    m = p.message
+    msg = Message(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        body=m.body,
+        tags=m.tags,
+        keys=tuple(m.keys),
+        properties=dict(m.properties),
+        born_host=m.born_host,
+        born_timestamp_ms=m.born_timestamp_ms,
+        store_timestamp_ms=m.store_timestamp_ms,
+        producer_group=m.producer_group,
+        uniq_id=m.msg_id,
+        reconsume_times=m.reconsume_times,
+    )
+    return Received(
+        msg, m.queue_id, m.queue_offset, m.commitlog_position, p.delivery_attempt, p.receipt_handle
+    )
 
 
 def _forward_failure(exc: grpc.RpcError) -> Failure:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from broker.pop import Pops
 from broker.rmq5.guard import V2GuardInterceptor
 from broker.rmq5.leader import LeaderCalls
 from broker.rmq5.routes import NameServerRoutes
@@ -62,6 +63,7 @@ class V2Port:
         node: DLedgerNode,
         topics: Topics,
         sender: SendPath,
+        pops: Pops,
         cfg: V2Config,
         bind_host: str,
         namesrv_addrs: list[str],
@@ -70,7 +72,7 @@ class V2Port:
         self.security = security or V2Security()
         if self.security.plaintext_port and self.security.tls is None:
             raise ValueError("a plaintext v2 port beside a plaintext one: set tls")
-        self.leader = LeaderCalls(node, sender, self.security.client)
+        self.leader = LeaderCalls(node, sender, pops, self.security.client)
         self.routes = (
             NameServerRoutes(
                 namesrv_addrs,

@@ -10,6 +10,7 @@ error. What is served and what is not yet: docs/RMQ5.md.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import re
@@ -19,10 +20,12 @@ from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_group_name, is_valid_topic_name
+from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.rmq5 import stubs
 from broker.rmq5.clients import ClientTable
@@ -83,10 +86,15 @@ BACKOFF_MULTIPLIER = 2.0
 # The request timeout a client is told when it asks for none or a silly one (RocketMQ's 3 s).
 REQUEST_TIMEOUT_MS = 3000
 MAX_REQUEST_TIMEOUT_MS = 60_000
-# Consumers' receive settings (answered in Settings; receiving is not served yet).
+# Consumers' receive settings (answered in Settings, and used when a receive names none).
 RECEIVE_BATCH_SIZE = 32
 LONG_POLLING_TIMEOUT_MS = 20_000
-CONSUMER_MAX_ATTEMPTS = 16
+# A receive with auto_renew and no invisible time (a push consumer): the proxy's 60 s.
+DEFAULT_INVISIBLE_MS = 60_000
+# A receive answers this long before its call's deadline, so the answer arrives in time.
+RECEIVE_DEADLINE_MARGIN_MS = 500
+# Entries of one AckMessage: the clients ack one message (or a received batch) at a time.
+MAX_ACK_ENTRIES = 1024
 # Properties raftmq itself reads or writes in a stored message: a client may not set them.
 RESERVED_PROPERTIES = frozenset(
     {
@@ -122,6 +130,7 @@ class V2Config:
     host: str
     port: int
     max_message_size_bytes: int
+    max_delivery_attempts: int = 16  # popMaxDeliveryAttempts
 
 
 def status(code: str = "OK", text: str = "OK") -> Any:
@@ -304,7 +313,8 @@ class MessagingServicer:
                 )
             )
             return out
-        out.backoff_policy.CopyFrom(_consumer_backoff(asked.user_agent.language))
+        attempts = self.cfg.max_delivery_attempts
+        out.backoff_policy.CopyFrom(_consumer_backoff(asked.user_agent.language, attempts))
         sub = out.subscription
         if asked.subscription.HasField("group"):
             sub.group.CopyFrom(asked.subscription.group)
@@ -359,22 +369,132 @@ class MessagingServicer:
             ],
         )
 
+    # ------------------------------------------------------------------ POP consumption
+
+    async def ReceiveMessage(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            received = await self.leader.receive(self._receive_query(request, context))
+        except Exception as exc:
+            yield v2_service.ReceiveMessageResponse(status=_status_of(exc, self.node))
+            return
+        if not received:
+            st = status("MESSAGE_NOT_FOUND", "no new message")
+            yield v2_service.ReceiveMessageResponse(status=st)
+            return
+        namespace = request.message_queue.topic.resource_namespace
+        for r in received:
+            yield v2_service.ReceiveMessageResponse(message=self._v2_message(r, namespace))
+        yield v2_service.ReceiveMessageResponse(status=status())
+
+    def _receive_query(self, request: Any, context: grpc.aio.ServicerContext) -> ReceiveQuery:
+        group = _group_name(request.group)
+        topic = _topic_name(request.message_queue.topic)
+        expression = request.filter_expression
+        if expression.type not in (v2.FILTER_TYPE_UNSPECIFIED, v2.TAG):
+            raise V2Error("UNSUPPORTED", "only TAG filter expressions are served")
+        if len(expression.expression) > MAX_SUBSCRIPTION_CHARS:
+            raise V2Error("ILLEGAL_FILTER_EXPRESSION", f"over {MAX_SUBSCRIPTION_CHARS} characters")
+        if request.HasField("invisible_duration"):
+            invisible_ms = _ms(request.invisible_duration)
+        elif request.auto_renew:
+            invisible_ms = DEFAULT_INVISIBLE_MS
+        else:
+            raise V2Error("ILLEGAL_INVISIBLE_TIME", "a receive names no invisible duration")
+        poll_ms = LONG_POLLING_TIMEOUT_MS
+        if request.HasField("long_polling_timeout"):
+            poll_ms = _ms(request.long_polling_timeout)
+        if poll_ms < 0:
+            raise V2Error("ILLEGAL_POLLING_TIME", "negative long polling timeout")
+        left_s = context.time_remaining()
+        if left_s is not None:
+            poll_ms = max(0, min(poll_ms, int(left_s * 1000) - RECEIVE_DEADLINE_MARGIN_MS))
+        queue_id = request.message_queue.id
+        if not -1 <= queue_id < MAX_QUEUE_NUMS:
+            raise V2Error("BAD_REQUEST", f"queue id {queue_id} is outside [-1, {MAX_QUEUE_NUMS})")
+        batch = request.batch_size or RECEIVE_BATCH_SIZE
+        # As the proxy does, the queue only names the broker: a receive pops from every
+        # readable queue of this group (-1), so a client never long-polls an empty queue
+        # while another holds messages.
+        return ReceiveQuery(group, topic, -1, batch, invisible_ms, expression.expression, poll_ms)
+
+    def _v2_message(self, r: Received, namespace: str) -> Any:
+        m = r.message
+        sp = v2.SystemProperties(
+            keys=list(m.keys),
+            message_id=V2_ID_VERSION + m.uniq_id,
+            body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(m.body).hexdigest().upper()),
+            body_encoding=v2.IDENTITY,
+            message_type=v2.NORMAL,
+            born_timestamp=_timestamp(m.born_timestamp_ms),
+            born_host=m.born_host,
+            store_timestamp=_timestamp(m.store_timestamp_ms),
+            store_host=f"{self.cfg.host}:{self.cfg.port}",
+            receipt_handle=r.receipt_handle,
+            queue_id=r.queue_id,
+            queue_offset=r.queue_offset,
+            delivery_attempt=r.attempt,
+        )
+        if m.tags:
+            sp.tag = m.tags
+        return v2.Message(
+            topic=v2.Resource(resource_namespace=namespace, name=m.topic),
+            user_properties=dict(m.properties),
+            system_properties=sp,
+            body=m.body,
+        )
+
+    async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        entries = request.entries
+        try:
+            if not 0 < len(entries) <= MAX_ACK_ENTRIES:
+                raise V2Error("BAD_REQUEST", f"{len(entries)} entries; 1 to {MAX_ACK_ENTRIES}")
+            group = _group_name(request.group)
+            topic = _topic_name(request.topic)
+            codes = await self.leader.ack(group, topic, [e.receipt_handle for e in entries])
+        except Exception as exc:
+            st = _status_of(exc, self.node)
+            return v2_service.AckMessageResponse(status=st, entries=_ack_entries(entries, st))
+        results = [status() if not c else status(v2_code_name(c), c) for c in codes]
+        failed = next((st for st in results if st.code != v2.OK), None)
+        return v2_service.AckMessageResponse(
+            status=failed or status(),
+            entries=[
+                v2_service.AckMessageResultEntry(
+                    message_id=e.message_id, receipt_handle=e.receipt_handle, status=st
+                )
+                for e, st in zip(entries, results, strict=True)
+            ],
+        )
+
+    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            group = _group_name(request.group)
+            topic = _topic_name(request.topic)
+            changed = await self.leader.change_invisible(
+                group, topic, request.receipt_handle, _ms(request.invisible_duration)
+            )
+        except Exception as exc:
+            return v2_service.ChangeInvisibleDurationResponse(status=_status_of(exc, self.node))
+        return v2_service.ChangeInvisibleDurationResponse(
+            status=status(), receipt_handle=changed.receipt_handle
+        )
+
 
 # RPCs not served yet (docs/RMQ5.md): each answers NOT_IMPLEMENTED in its body's status (the
 # server-streaming ones in one message). Their handlers are made below from these names.
 NOT_SERVED_UNARY = (
     "QueryAssignment",
-    "AckMessage",
     "ForwardMessageToDeadLetterQueue",
     "UpdateOffset",
     "GetOffset",
     "QueryOffset",
     "EndTransaction",
-    "ChangeInvisibleDuration",
     "RecallMessage",
     "SyncLiteSubscription",
 )
-NOT_SERVED_STREAMING = ("ReceiveMessage", "PullMessage")
+NOT_SERVED_STREAMING = ("PullMessage",)
 
 
 def _unary_not_served(rpc: str) -> Callable[..., Awaitable[Any]]:
@@ -431,6 +551,26 @@ def _usable_endpoints(endpoints: Any) -> bool:
 
 def _not_served(rpc: str) -> Any:
     return status("NOT_IMPLEMENTED", f"{rpc} is not served by raftmq yet (docs/RMQ5.md)")
+
+
+def _group_name(resource: Any) -> str:
+    name = resource.name
+    if not is_valid_group_name(name):
+        raise V2Error("ILLEGAL_CONSUMER_GROUP", f"group name {name[:130]!r} is not valid")
+    return str(name)
+
+
+def _timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _ack_entries(entries: Any, st: Any) -> list[Any]:
+    return [
+        v2_service.AckMessageResultEntry(
+            message_id=e.message_id, receipt_handle=e.receipt_handle, status=st
+        )
+        for e in entries
+    ]
 
 
 def _topic_name(resource: Any) -> str:
@@ -495,16 +635,16 @@ def _exponential(attempts: int) -> Any:
     )
 
 
-def _consumer_backoff(language: int) -> Any:
+def _consumer_backoff(language: int, attempts: int) -> Any:
     """The Python client's push consumer reads only a customized backoff; the others an
     exponential one."""
     if language == v2.PYTHON:
         steps_ms = [1000, 5000, 10_000, 30_000, 60_000]
         return v2.RetryPolicy(
-            max_attempts=CONSUMER_MAX_ATTEMPTS,
+            max_attempts=attempts,
             customized_backoff=v2.CustomizedBackoff(next=[_duration(ms) for ms in steps_ms]),
         )
-    return _exponential(CONSUMER_MAX_ATTEMPTS)
+    return _exponential(attempts)
 
 
 def _accepted_types(topic_type: str) -> list[int]:

@@ -317,12 +317,12 @@ def test_settings_then_heartbeat_and_unknown_client_types(v2_stub: Any) -> None:
 
 
 def test_rpcs_not_served_yet_say_so_in_the_body(v2_stub: Any) -> None:
-    receive = v2_stub.ReceiveMessage(
-        v2_service.ReceiveMessageRequest(group=v2.Resource(name="g")), timeout=5
+    pull = v2_stub.PullMessage(
+        v2_service.PullMessageRequest(group=v2.Resource(name="g")), timeout=5
     )
-    assert [_code(r.status) for r in receive] == ["NOT_IMPLEMENTED"]
-    ack = v2_stub.AckMessage(v2_service.AckMessageRequest(), timeout=5)
-    assert _code(ack.status) == "NOT_IMPLEMENTED"
+    assert [_code(r.status) for r in pull] == ["NOT_IMPLEMENTED"]
+    end = v2_stub.EndTransaction(v2_service.EndTransactionRequest(), timeout=5)
+    assert _code(end.status) == "NOT_IMPLEMENTED"
 
 
 def test_the_stubs_are_generated_not_committed() -> None:

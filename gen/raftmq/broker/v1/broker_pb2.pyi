@@ -670,3 +670,71 @@ class ListAclResponse(_message.Message):
     ACLS_FIELD_NUMBER: _ClassVar[int]
     acls: _containers.RepeatedCompositeFieldContainer[Acl]
     def __init__(self, acls: _Optional[_Iterable[_Union[Acl, _Mapping]]] = ...) -> None: ...
+
+class PopMessageRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "max_msgs", "invisible_ms", "subscription", "poll_timeout_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MSGS_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    POLL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    max_msgs: int
+    invisible_ms: int
+    subscription: str
+    poll_timeout_ms: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msgs: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., subscription: _Optional[str] = ..., poll_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class PoppedMessage(_message.Message):
+    __slots__ = ("message", "receipt_handle", "delivery_attempt")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    message: Message
+    receipt_handle: str
+    delivery_attempt: int
+    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., receipt_handle: _Optional[str] = ..., delivery_attempt: _Optional[int] = ...) -> None: ...
+
+class PopMessageResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[PoppedMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ...) -> None: ...
+
+class AckPopRequest(_message.Message):
+    __slots__ = ("group", "topic", "receipt_handles")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckPopResponse(_message.Message):
+    __slots__ = ("codes",)
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    codes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, codes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ChangeInvisibleTimeRequest(_message.Message):
+    __slots__ = ("group", "topic", "receipt_handle", "invisible_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    receipt_handle: str
+    invisible_ms: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+
+class ChangeInvisibleTimeResponse(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: PoppedMessage
+    def __init__(self, message: _Optional[_Union[PoppedMessage, _Mapping]] = ...) -> None: ...

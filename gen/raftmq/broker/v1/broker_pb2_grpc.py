@@ -184,6 +184,21 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.FromString,
                 _registered_method=True)
+        self.PopMessage = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/PopMessage',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageResponse.FromString,
+                _registered_method=True)
+        self.AckPop = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/AckPop',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.AckPopRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.AckPopResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisibleTime = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ChangeInvisibleTime',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -369,6 +384,24 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PopMessage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckPop(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleTime(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -521,6 +554,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListAcl,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.SerializeToString,
+            ),
+            'PopMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.PopMessage,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageResponse.SerializeToString,
+            ),
+            'AckPop': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckPop,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.AckPopRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.AckPopResponse.SerializeToString,
+            ),
+            'ChangeInvisibleTime': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleTime,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1333,6 +1381,87 @@ class Broker:
             '/raftmq.broker.v1.Broker/ListAcl',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PopMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/PopMessage',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckPop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/AckPop',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.AckPopRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.AckPopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleTime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ChangeInvisibleTime',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
             options,
             channel_credentials,
             insecure,

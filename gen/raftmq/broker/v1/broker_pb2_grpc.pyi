@@ -68,6 +68,9 @@ class BrokerStub:
     DeleteAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteAclRequest, _broker_pb2.DeleteAclResponse]
     GetAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetAclRequest, _broker_pb2.GetAclResponse]
     ListAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListAclRequest, _broker_pb2.ListAclResponse]
+    PopMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]
+    AckPop: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]
+    ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -102,6 +105,9 @@ class BrokerAsyncStub(BrokerStub):
     DeleteAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteAclRequest, _broker_pb2.DeleteAclResponse]  # type: ignore[assignment]
     GetAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetAclRequest, _broker_pb2.GetAclResponse]  # type: ignore[assignment]
     ListAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListAclRequest, _broker_pb2.ListAclResponse]  # type: ignore[assignment]
+    PopMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]  # type: ignore[assignment]
+    AckPop: _aio.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]  # type: ignore[assignment]
+    ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -313,5 +319,26 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListAclRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListAclResponse, _abc.Awaitable[_broker_pb2.ListAclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PopMessage(
+        self,
+        request: _broker_pb2.PopMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.PopMessageResponse, _abc.Awaitable[_broker_pb2.PopMessageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AckPop(
+        self,
+        request: _broker_pb2.AckPopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AckPopResponse, _abc.Awaitable[_broker_pb2.AckPopResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ChangeInvisibleTime(
+        self,
+        request: _broker_pb2.ChangeInvisibleTimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_broker_pb2.ChangeInvisibleTimeResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

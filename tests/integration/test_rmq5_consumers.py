@@ -1,0 +1,346 @@
+"""RocketMQ 5's SimpleConsumer (POP semantics) on a real 3-node group: the official Python and
+Node.js clients receive and ack what their producers sent, exactly once and intact; a second
+group gets everything again; a leader SIGKILLed while messages are in flight loses no ack and
+no un-acked message; un-acked messages reach %DLQ%{group} after the max attempts; hostile
+receipt handles and invisible times get the protocol's status and change nothing
+(docs/RMQ5.md, "Consumers")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from support import create_topic_on, pull_all, wait_for
+
+from broker.cluster import LocalCluster
+from broker.rmq5 import stubs
+
+pytestmark = [pytest.mark.integration]
+
+v2, v2_service, v2_grpc = stubs.load()
+
+ROOT = Path(__file__).resolve().parents[2]
+RMQ5 = ROOT / "build" / "rmq5"
+SCRIPTS = ROOT / "tests" / "rmq5"
+PYTHON = RMQ5 / "pyclient" / "bin" / "python"
+NODE_MODULES = RMQ5 / "node" / "node_modules"
+QUEUES = 4
+# Each official client's producer sends this many; its consumer must ack each exactly once.
+MESSAGES = 1000
+# Held across the leader's SIGKILL.
+HELD = 200
+# Deliveries before %DLQ%{group} (popMaxDeliveryAttempts) and the shortest invisible time the
+# group accepts (popMinInvisibleTimeMs): small, so that redeliveries take a second, not 10 s.
+MAX_ATTEMPTS = 2
+MIN_INVISIBLE_MS = 1000
+CLIENT_TIMEOUT_S = 90
+DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
+CALL_TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("rmq5c"))
+    cluster.configure(
+        3,
+        auto_ports=True,
+        extra={
+            "mappedFileSizeCommitLog": str(8 << 20),
+            "popMaxDeliveryAttempts": str(MAX_ATTEMPTS),
+            "popMinInvisibleTimeMs": str(MIN_INVISIBLE_MS),
+            **DISK_CONF,
+        },
+    )
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down(grace_s=5.0)
+
+
+def _topic(cluster: LocalCluster, name: str) -> str:
+    create_topic_on([cluster], [], name, QUEUES)
+    for n in cluster.nodes:  # every member applied it: any node may be asked
+        with grpc.insecure_channel(n.grpc_addr) as ch:
+            stub = v2_grpc.MessagingServiceStub(ch)
+            ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=name))
+            wait_for(lambda s=stub, a=ask: _route_ok(s, a), 10, f"{name} on {n.node_id}")
+    return name
+
+
+def _route_ok(stub: Any, ask: Any) -> bool:
+    try:
+        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
+    except grpc.RpcError:
+        return False
+
+
+def _code(status: Any) -> str:
+    return str(v2.Code.Name(status.code))
+
+
+def _follower_v2_addr(cluster: LocalCluster) -> str:
+    leader = cluster.wait_leader()
+    return next(n.grpc_addr for n in cluster.nodes if n.node_id != leader)
+
+
+def _lines(text: str) -> list[Any]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _env(home: Path, lang: str) -> dict[str, str]:
+    """HOME points at the test's directory: both clients write their logs under it."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
+    return {**env, "NODE_PATH": str(NODE_MODULES)} if lang == "nd" else env
+
+
+def _finish(proc: subprocess.Popen[str], argv: list[str]) -> list[Any]:
+    out, err = proc.communicate(timeout=CLIENT_TIMEOUT_S)
+    assert proc.returncode == 0, f"{argv[:2]} failed:\n{out[-2000:]}\n{err[-3000:]}"
+    lines = _lines(out)
+    assert lines and "done" in lines[-1], out[-2000:]
+    return lines[:-1]
+
+
+def _run_all(runs: list[list[str]], home: Path, lang: str) -> list[list[Any]]:
+    """Run official clients' scripts side by side; each one's JSON lines."""
+    procs = [
+        subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home, lang)
+        )
+        for argv in runs
+    ]
+    try:
+        return [_finish(p, argv) for p, argv in zip(procs, runs, strict=True)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _python(script: str, *args: str) -> list[str]:
+    assert PYTHON.exists(), "build/rmq5/pyclient missing: run 'make venv'"
+    return [str(PYTHON), str(SCRIPTS / script), *args]
+
+
+def _node(script: str, *args: str) -> list[str]:
+    assert (NODE_MODULES / "rocketmq-client-nodejs").exists(), "build/rmq5/node: run 'make venv'"
+    return ["node", str(SCRIPTS / script), *args]
+
+
+def _script(lang: str, name: str, *args: str) -> list[str]:
+    if lang == "py":
+        return _python(f"py_{name}.py", *args)
+    return _node(f"node_{name}.js", *args)
+
+
+def _produce(cluster: LocalCluster, home: Path, lang: str, topic: str, n: int) -> list[Any]:
+    argv = _script(lang, "producer", _follower_v2_addr(cluster), topic, str(n), lang)
+    return _run_all([argv], home, lang)[0]
+
+
+def _consumers(
+    cluster: LocalCluster, home: Path, lang: str, topic: str, groups: list[str]
+) -> list[list[Any]]:
+    """A SimpleConsumer per group, side by side, each acking MESSAGES messages."""
+    addr = _follower_v2_addr(cluster)
+    runs = [_script(lang, "consumer", addr, topic, g, "all", "30", str(MESSAGES)) for g in groups]
+    return _run_all(runs, home, lang)
+
+
+def _check_exactly_once(sent: list[Any], events: list[Any], prefix: str) -> None:
+    """Every sent message received and acked once, intact, and nothing received twice."""
+    received = [e for e in events if e["event"] == "received"]
+    acked = [e for e in events if e["event"] == "acked"]
+    assert not [e for e in events if e["event"] == "ack_failed"], [
+        e.get("error") for e in events if e["event"] == "ack_failed"
+    ]
+    ids = [e["message_id"] for e in received]
+    assert len(ids) == len(set(ids)) == len(sent), "a message was received twice or not at all"
+    assert sorted(e["message_id"] for e in acked) == sorted(ids)
+    by_id = {e["message_id"]: e for e in received}
+    for r in sent:
+        i = r["i"]
+        got = by_id[r["message_id"]]
+        assert got["body"] == f"{prefix}-body-{i}"
+        assert got["tag"] == f"tag{i % 3}"
+        assert got["keys"] == sorted([f"{prefix}-key-{i}", f"{prefix}-k2-{i}"])
+        assert got["properties"] == {"seq": str(i), "origin": prefix}
+        assert got["attempt"] == 1
+
+
+@pytest.mark.parametrize("lang", ["py", "nd"])
+def test_simple_consumer_acks_every_message_once_and_a_second_group_gets_all(
+    group: LocalCluster, tmp_path: Path, lang: str
+) -> None:
+    topic = _topic(group, f"PopAll{lang}")
+    sent = _produce(group, tmp_path, lang, topic, MESSAGES)
+    assert len(sent) == MESSAGES
+    for events in _consumers(group, tmp_path, lang, topic, [f"G1{lang}", f"G2{lang}"]):
+        _check_exactly_once(sent, events, lang)
+
+
+def test_unacked_messages_reach_the_dead_letter_queue(group: LocalCluster, tmp_path: Path) -> None:
+    topic = _topic(group, "PopDlq")
+    sent = _produce(group, tmp_path, "py", topic, 5)
+    argv = _python("py_consumer.py", _follower_v2_addr(group), topic, "GDead", "never", "1", "0")
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(tmp_path, "py")
+    ) as proc:
+        dlq: list[Any] = []
+
+        def dead_lettered() -> bool:
+            try:
+                dlq[:] = pull_all(group.node(group.wait_leader()).client_addr, "%DLQ%GDead", 0)
+            except grpc.RpcError:  # the dead-letter topic is created with its first copy
+                return False
+            return len(dlq) == len(sent)
+
+        try:
+            wait_for(dead_lettered, 30, "every message in %DLQ%GDead")
+            time.sleep(MIN_INVISIBLE_MS / 1000 * 2)  # nothing is delivered after the DLQ
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            out = proc.stdout.read() if proc.stdout else ""
+        assert proc.wait(timeout=30) == 0
+    deliveries = [e for e in _lines(out) if e.get("event") == "received"]
+    by_id: dict[str, list[int]] = {}
+    for e in deliveries:
+        by_id.setdefault(e["message_id"], []).append(e["attempt"])
+    assert by_id == {r["message_id"]: [1, 2] for r in sent}
+    assert sorted(m.properties["ORIGIN_MESSAGE_ID"] for m in dlq) == sorted(
+        r["message_id"][2:] for r in sent
+    )
+
+
+# ---------------------------------------------------------------------- the raw protocol
+
+
+@pytest.fixture
+def v2_stub(group: LocalCluster) -> Iterator[Any]:
+    with grpc.insecure_channel(_follower_v2_addr(group)) as ch:
+        yield v2_grpc.MessagingServiceStub(ch)
+
+
+def _receive(stub: Any, topic: str, grp: str, invisible_ms: int, batch: int = 32) -> list[Any]:
+    request = v2_service.ReceiveMessageRequest(
+        group=v2.Resource(name=grp),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=-1),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=batch,
+        invisible_duration=Duration(
+            seconds=invisible_ms // 1000, nanos=invisible_ms % 1000 * 10**6
+        ),
+        long_polling_timeout=Duration(seconds=1),
+    )
+    return list(stub.ReceiveMessage(request, timeout=CALL_TIMEOUT_S))
+
+
+def _ack(stub: Any, topic: str, grp: str, handle: str) -> Any:
+    entry = v2_service.AckMessageEntry(message_id="x", receipt_handle=handle)
+    return stub.AckMessage(
+        v2_service.AckMessageRequest(
+            group=v2.Resource(name=grp), topic=v2.Resource(name=topic), entries=[entry]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
+
+
+def _change(stub: Any, topic: str, grp: str, handle: str, invisible_ms: int) -> Any:
+    return stub.ChangeInvisibleDuration(
+        v2_service.ChangeInvisibleDurationRequest(
+            group=v2.Resource(name=grp),
+            topic=v2.Resource(name=topic),
+            receipt_handle=handle,
+            invisible_duration=Duration(seconds=invisible_ms // 1000),
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
+
+
+def test_hostile_handles_and_invisible_times_change_nothing(
+    group: LocalCluster, tmp_path: Path, v2_stub: Any
+) -> None:
+    topic = _topic(group, "PopBad")
+    _produce(group, tmp_path, "py", topic, 1)
+    for invisible_ms in (MIN_INVISIBLE_MS - 1, 12 * 3600 * 1000 + 1000):
+        (answer,) = _receive(v2_stub, topic, "GBad", invisible_ms)
+        assert _code(answer.status) == "ILLEGAL_INVISIBLE_TIME"
+    first = _receive(v2_stub, topic, "GBad", 60_000)
+    assert _code(first[-1].status) == "OK" and len(first) == 2
+    handle = first[0].message.system_properties.receipt_handle
+    for bad in ("", "not a handle!", "A" * 2000, handle[:-4]):
+        assert _code(_ack(v2_stub, topic, "GBad", bad).status) == "INVALID_RECEIPT_HANDLE"
+    # Another group's handle, a change to a range it refuses: still in flight with its handle.
+    assert _code(_ack(v2_stub, topic, "GOther", handle).status) == "INVALID_RECEIPT_HANDLE"
+    assert _code(_change(v2_stub, topic, "GBad", handle, 0).status) == "ILLEGAL_INVISIBLE_TIME"
+    assert _code(_receive(v2_stub, topic, "GBad", 60_000)[0].status) == "MESSAGE_NOT_FOUND"
+    changed = _change(v2_stub, topic, "GBad", handle, 30_000)
+    assert _code(changed.status) == "OK" and changed.receipt_handle != handle
+    assert _code(_ack(v2_stub, topic, "GBad", handle).status) == "INVALID_RECEIPT_HANDLE"
+    assert _code(_change(v2_stub, topic, "GBad", handle, 30_000).status) == (
+        "INVALID_RECEIPT_HANDLE"
+    )
+    assert _code(_ack(v2_stub, topic, "GBad", changed.receipt_handle).status) == "OK"
+    # A repeated ack of a done message is answered OK and changes nothing.
+    assert _code(_ack(v2_stub, topic, "GBad", changed.receipt_handle).status) == "OK"
+    # The other group never received it: it gets it now, with attempt 1.
+    other = _receive(v2_stub, topic, "GOther", 60_000)
+    assert other[0].message.system_properties.delivery_attempt == 1
+
+
+def test_leader_sigkill_between_receive_and_ack(group: LocalCluster, tmp_path: Path) -> None:
+    topic = _topic(group, "PopFail")
+    sent = _produce(group, tmp_path, "py", topic, HELD)
+    invisible_s = 6
+    argv = _python(
+        "py_consumer.py",
+        _follower_v2_addr(group),
+        topic,
+        "GFail",
+        "hold",
+        str(invisible_s),
+        str(HELD),
+    )
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(tmp_path, "py")
+    ) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        head: list[Any] = []
+        for line in proc.stdout:
+            if line.startswith("{"):
+                head.append(json.loads(line))
+                if head[-1].get("event") == "held":
+                    break
+        assert head[-1] == {"event": "held", "count": HELD}, head[-3:]
+        leader = group.wait_leader()
+        group.signal(leader, signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=CLIENT_TIMEOUT_S) == 0
+    events = head[:-1] + [e for e in _lines(out) if "event" in e]
+    held = [e["message_id"] for e in head[:-1]]
+    assert sorted(held) == sorted(r["message_id"] for r in sent)
+    acked_early = set(held[0::2])
+    assert not [e for e in events if e["event"] == "ack_failed"], [
+        e["error"] for e in events if e["event"] == "ack_failed"
+    ]
+    later = [e for e in _lines(out) if e.get("event") == "received"]
+    assert sorted(e["message_id"] for e in later) == sorted(held[1::2]), "redelivered set"
+    assert all(e["attempt"] == 2 for e in later)
+    assert not acked_early & {e["message_id"] for e in later}, "an acked message came again"
+    assert time.monotonic() - killed_at < CLIENT_TIMEOUT_S
+    group.start(leader)
