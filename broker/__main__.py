@@ -21,6 +21,8 @@ from broker.state import BrokerStateMachine
 from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
+from mqsecurity import handshakes
+from mqsecurity.refusals import REFUSALS, TLS_HANDSHAKE
 
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
@@ -180,6 +182,11 @@ def enable_crash_traces() -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
+def count_handshake_refusal(tls_error: str) -> None:
+    """One failed TLS handshake in this node (:mod:`mqsecurity.handshakes`)."""
+    REFUSALS.count(TLS_HANDSHAKE, f"TLS handshake failed: {tls_error}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = server_parser(
         "mqbroker",
@@ -203,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
+        if cfg.tlsEnable:  # before gRPC starts: it reads its log verbosity once
+            handshakes.install(count_handshake_refusal)
         node, sm, servicer = build(cfg)
     except ConfigError as exc:
         print(f"mqbroker: {exc}", file=sys.stderr)
