@@ -22,7 +22,6 @@ from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
 from mqsecurity import handshakes
-from mqsecurity.refusals import REFUSALS, TLS_HANDSHAKE
 
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
@@ -182,11 +181,6 @@ def enable_crash_traces() -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
-def count_handshake_refusal(tls_error: str) -> None:
-    """One failed TLS handshake in this node (:mod:`mqsecurity.handshakes`)."""
-    REFUSALS.count(TLS_HANDSHAKE, f"TLS handshake failed: {tls_error}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = server_parser(
         "mqbroker",
@@ -211,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(ns.config)
         if cfg.tlsEnable:  # before gRPC starts: it reads its log verbosity once
-            handshakes.install(count_handshake_refusal)
+            handshakes.count_refused_handshakes()
         node, sm, servicer = build(cfg)
     except ConfigError as exc:
         print(f"mqbroker: {exc}", file=sys.stderr)

@@ -42,6 +42,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+from mqsecurity.refusals import REFUSALS, TLS_HANDSHAKE
+
 log = logging.getLogger("raftmq.security")
 
 # gRPC core's line for a failed TLS handshake (either side of a connection), and the OpenSSL
@@ -205,6 +207,16 @@ def install(on_refused: Callable[[str], None]) -> HandshakeTap:
     handshakes = HandshakeTap(child, count_r, real_stderr, on_refused)
     handshakes.thread.start()
     return handshakes
+
+
+def _count(tls_error: str) -> None:
+    REFUSALS.count(TLS_HANDSHAKE, f"TLS handshake failed: {tls_error}")
+
+
+def count_refused_handshakes() -> HandshakeTap:
+    """:func:`install`, counting each failed handshake in the process's `REFUSALS` as
+    ``tls_handshake`` (what ``Metadata`` and ``GetClusterInfo`` report)."""
+    return install(_count)
 
 
 def main(argv: list[str] | None = None) -> int:

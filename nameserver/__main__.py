@@ -8,6 +8,7 @@ import sys
 
 from dledger.procs import serve_until_signalled, setup_logging
 from mqcli import server_parser
+from mqsecurity import handshakes
 from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
 from nameserver.server import NameServer, StartError
 
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mqnamesrv: -p {ns.port}: not a port (1-65535)", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, listenPort=ns.port)
+    if cfg.tlsEnable:  # before gRPC starts: it reads its log verbosity once
+        handshakes.count_refused_handshakes()
     try:
         asyncio.run(_serve(cfg))
     except StartError as exc:
