@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
-        if cfg.tlsEnable:  # before gRPC starts: it reads its log verbosity once
+        if cfg.tlsEnable and argv is None:  # a process of its own: it may re-execute
             handshakes.count_refused_handshakes()
         node, sm, servicer = build(cfg)
     except ConfigError as exc:

@@ -317,6 +317,7 @@ def _official_client(cluster: LocalCluster, client: _Client) -> bool:
     home = cluster.base / "official-client-home"  # the client logs under ~/logs
     home.mkdir(exist_ok=True)
     argv = [str(OFFICIAL_PYTHON), str(V2_SCRIPT), endpoint, V2_TOPIC, V2_GROUP]
+    started = time.monotonic()
     try:
         done = subprocess.run(
             [*argv, str(V2_MESSAGES)],
@@ -330,6 +331,7 @@ def _official_client(cluster: LocalCluster, client: _Client) -> bool:
         print(f"  the official client did not finish within {V2_TIMEOUT_S} s")
         return False
     print(done.stdout.rstrip())
+    print(f"  (the client's two start-ups included: {time.monotonic() - started:.1f} s)")
     if done.returncode != 0:
         print(f"  the official client failed (exit {done.returncode}): {done.stderr[-1000:]}")
     return done.returncode == 0

@@ -65,6 +65,8 @@ READ_BYTES = 64 << 10
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
 UNKNOWN_REASON = "UNKNOWN"
+# How a server re-executed by `count_refused_handshakes` finds its tap: "<count fd>,<stderr fd>".
+TAP_ENV = "RAFTMQ_HANDSHAKE_TAP"
 
 
 def handshake_reason(line: bytes) -> str | None:
@@ -154,19 +156,19 @@ class HandshakeTap:
 
     def __init__(
         self,
-        child: subprocess.Popen[bytes],
+        child: subprocess.Popen[bytes] | None,
         count_fd: int,
         real_stderr: int,
         on_refused: Callable[[str], None],
     ) -> None:
-        self.child = child
-        self._count_fd = count_fd
-        self._real_stderr = real_stderr
+        self.child = child  # None in a re-executed server (its former image started it)
+        self.count_fd = count_fd
+        self.real_stderr = real_stderr
         self._on_refused = on_refused
         self.thread = threading.Thread(target=self._run, name="handshake-tap", daemon=True)
 
     def _reasons(self) -> Iterator[str]:
-        with os.fdopen(self._count_fd, "rb") as reports:
+        with os.fdopen(self.count_fd, "rb") as reports:
             for line in reports:
                 yield line[:64].strip().decode("ascii", "replace") or UNKNOWN_REASON
 
@@ -175,7 +177,7 @@ class HandshakeTap:
             for reason in self._reasons():
                 self._on_refused(reason)
         finally:  # the child is gone: stderr straight to where it went before
-            os.dup2(self._real_stderr, 2)
+            os.dup2(self.real_stderr, 2)
             log.warning("the stderr tap ended; TLS handshake refusals are no longer counted")
 
 
@@ -184,10 +186,10 @@ def _set_pipe_size(fd: int) -> None:
         fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
 
 
-def install(on_refused: Callable[[str], None]) -> HandshakeTap:
+def install(on_refused: Callable[[str], None], start: bool = True) -> HandshakeTap:
     """Route file descriptor 2 through the tap and count every failed TLS handshake with
-    ``on_refused(<TLS error>)``. Call it before gRPC starts (it reads its verbosity once), in
-    a process that owns its stderr (a server's ``main``)."""
+    ``on_refused(<TLS error>)`` (from a thread, once ``start``ed). Call it before ``grpc`` is
+    imported (gRPC reads its verbosity then), in a process that owns its stderr."""
     wanted = os.environ.get("GRPC_VERBOSITY", DEFAULT_VERBOSITY).upper()
     threshold = _THRESHOLD.get(wanted, _THRESHOLD[DEFAULT_VERBOSITY])
     data_r, data_w = os.pipe()
@@ -205,7 +207,8 @@ def install(on_refused: Callable[[str], None]) -> HandshakeTap:
     os.close(data_w)
     os.environ["GRPC_VERBOSITY"] = "INFO"  # the handshake line is an INFO line
     handshakes = HandshakeTap(child, count_r, real_stderr, on_refused)
-    handshakes.thread.start()
+    if start:
+        handshakes.thread.start()
     return handshakes
 
 
@@ -213,10 +216,39 @@ def _count(tls_error: str) -> None:
     REFUSALS.count(TLS_HANDSHAKE, f"TLS handshake failed: {tls_error}")
 
 
+def _inherited() -> tuple[int, int] | None:
+    """The counting pipe and the real stderr a re-executed server was handed (`TAP_ENV`)."""
+    value = os.environ.pop(TAP_ENV, "")
+    fds = value.split(",")
+    if len(fds) != 2 or not all(f.isdigit() for f in fds):
+        return None
+    return int(fds[0]), int(fds[1])
+
+
 def count_refused_handshakes() -> HandshakeTap:
-    """:func:`install`, counting each failed handshake in the process's `REFUSALS` as
-    ``tls_handshake`` (what ``Metadata`` and ``GetClusterInfo`` report)."""
-    return install(_count)
+    """Count each failed TLS handshake of this server process in `REFUSALS` as
+    ``tls_handshake`` (what ``Metadata`` and ``GetClusterInfo`` report).
+
+    gRPC reads its verbosity once, when ``grpc`` is imported, and a server imports it before
+    it has read its configuration (which says whether it speaks TLS). So the first call
+    installs the tap and re-executes the process's own command line (same pid, same
+    arguments) with gRPC at INFO and the pipes handed over in `TAP_ENV`; the call in the new
+    image finds them and starts counting. Only for a process started from its command line
+    (``python -m broker``, ``mqbroker``): a server's ``main`` called in-process with an
+    ``argv`` must not call this."""
+    handed = _inherited()
+    if handed is not None:
+        count_fd, real_stderr = handed
+        tap_ = HandshakeTap(None, count_fd, real_stderr, _count)
+        tap_.thread.start()
+        return tap_
+    tap_ = install(_count, start=False)
+    for fd in (tap_.count_fd, tap_.real_stderr):
+        os.set_inheritable(fd, True)
+    os.environ[TAP_ENV] = f"{tap_.count_fd},{tap_.real_stderr}"
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 def main(argv: list[str] | None = None) -> int:

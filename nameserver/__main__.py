@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mqnamesrv: -p {ns.port}: not a port (1-65535)", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, listenPort=ns.port)
-    if cfg.tlsEnable:  # before gRPC starts: it reads its log verbosity once
+    if cfg.tlsEnable and argv is None:  # a process of its own: it may re-execute
         handshakes.count_refused_handshakes()
     try:
         asyncio.run(_serve(cfg))

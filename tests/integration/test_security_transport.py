@@ -9,6 +9,7 @@ signed registration reaches the NameServer.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import ssl
@@ -400,6 +401,18 @@ def test_only_a_groups_members_register_or_unregister_it(group: Group) -> None:
     # The members' own signed registrations keep going through.
     wait_for(lambda: all(age < 1500 for age in _ages(g)), 10, "fresh signed registrations")
     assert g.routes() == routes
+
+
+def test_a_client_not_speaking_tls_to_the_nameserver_is_counted(group: Group) -> None:
+    tls = refusals.TLS_HANDSHAKE
+    before = group.cluster_info().refusals[tls]
+    host, port = group.namesrv_addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(OSError):
+            raw.recv(100)  # the server answers with an alert, or closes
+    wait_for(lambda: group.cluster_info().refusals[tls] >= before + 1, 10, "the handshake counted")
+    assert group.cluster_info().refusals[tls] == before + 1
 
 
 def _ages(g: Group) -> list[int]:
