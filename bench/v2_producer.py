@@ -6,8 +6,10 @@ server's, so this file imports nothing of raftmq and is not imported by the benc
 
 Keeps ``IN_FLIGHT`` threads each calling the blocking ``Producer.send`` (one shared producer,
 as an application would) for ``SECONDS`` after a warm-up, and prints one JSON object: messages
-sent, failures and every measured send's latency in microseconds, the shape ``bench.loadgen``
-prints, so the bench computes msg/s and percentiles the same way for both clients.
+sent, failures and every measured send's latency in microseconds. The loop is
+``bench/closedloop.py``'s, the one ``bench.loadgen`` runs for the raftmq client (standard
+library only; this file's directory is first on ``sys.path``), so both clients are measured
+alike.
 
 Security from the environment, as the rmq5 tests give it: ``RMQ5_TLS`` (``1``: TLS, verifying
 the server against ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``; ``0``: plaintext) and
@@ -19,22 +21,14 @@ Usage: python v2_producer.py ENDPOINTS TOPIC SIZE_BYTES IN_FLIGHT SECONDS
 import json
 import os
 import sys
-import threading
-import time
 
+from closedloop import closed_loop  # bench/ is this script's directory, first on sys.path
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
-# Sends before the measured window starts (route fetched, channel and threads warm), as
-# bench.loadgen does.
-WARMUP_S = 0.5
-# At most this many latency samples per thread (bounds memory and the JSON output).
-MAX_SAMPLES_PER_THREAD = 200_000
 # Bounds of the arguments: a typo must not start a thousand threads or an hour-long case.
 MAX_IN_FLIGHT = 256
 MAX_SECONDS = 600.0
 MAX_SIZE_BYTES = 4 << 20  # the client's own body limit
-# The joins wait the case plus this (a send's own timeout and retries are shorter).
-JOIN_GRACE_S = 30.0
 
 
 def _producer(endpoints: str, topic: str) -> Producer:
@@ -47,42 +41,14 @@ def _producer(endpoints: str, topic: str) -> Producer:
 
 def run(producer: Producer, topic: str, size: int, threads: int, seconds: float) -> dict:
     body = os.urandom(size)
-    start_at = time.monotonic() + WARMUP_S
-    stop_at = start_at + seconds
-    sent = [0] * threads
-    failed = [0] * threads
-    lat_us: list[list[int]] = [[] for _ in range(threads)]
 
-    def sender(i: int) -> None:
-        mine = lat_us[i]
-        while True:
-            t0 = time.monotonic()
-            if t0 >= stop_at:
-                return
-            msg = Message()
-            msg.topic, msg.body = topic, body
-            try:
-                producer.send(msg)
-            except Exception:  # the client raises its own classes and grpc's; all count
-                if t0 >= start_at:
-                    failed[i] += 1
-                continue
-            if t0 >= start_at:
-                sent[i] += 1
-                if len(mine) < MAX_SAMPLES_PER_THREAD:
-                    mine.append(int((time.monotonic() - t0) * 1e6))
+    def send() -> None:
+        msg = Message()  # the client fills in the id: one message object per send
+        msg.topic, msg.body = topic, body
+        producer.send(msg)
 
-    workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(seconds + WARMUP_S + JOIN_GRACE_S)
-    return {
-        "sent": sum(sent),
-        "failed": sum(failed),
-        "seconds": seconds,
-        "latencies_us": [x for xs in lat_us for x in xs],
-    }
+    # The client raises its own classes and grpc's: every exception counts as a failure.
+    return closed_loop(send, Exception, threads, seconds)
 
 
 def main() -> int:
