@@ -67,6 +67,9 @@ _F_SETPIPE_SZ = 1031
 UNKNOWN_REASON = "UNKNOWN"
 # How a server re-executed by `count_refused_handshakes` finds its tap: "<count fd>,<stderr fd>".
 TAP_ENV = "RAFTMQ_HANDSHAKE_TAP"
+# A config file line turning TLS on, and how much of the file that quick look reads.
+_TLS_LINE = re.compile(r"\s*tlsEnable\s*[=:]\s*true\s*$", re.IGNORECASE)
+MAX_CONFIG_PEEK_BYTES = 1 << 20
 
 
 def handshake_reason(line: bytes) -> str | None:
@@ -225,27 +228,55 @@ def _inherited() -> tuple[int, int] | None:
     return int(fds[0]), int(fds[1])
 
 
-def count_refused_handshakes() -> HandshakeTap:
-    """Count each failed TLS handshake of this server process in `REFUSALS` as
-    ``tls_handshake`` (what ``Metadata`` and ``GetClusterInfo`` report).
+def _config_says_tls(argv: list[str]) -> bool:
+    """Whether the file of ``-c``/``--config`` in ``argv`` holds a ``tlsEnable=true`` line (a
+    quick look before ``grpc`` is imported; the server's own configuration decides later)."""
+    path = ""
+    for i, arg in enumerate(argv):
+        if arg in ("-c", "--config") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return any(_TLS_LINE.match(line) for line in f.read(MAX_CONFIG_PEEK_BYTES).splitlines())
+    except OSError:
+        return False
 
-    gRPC reads its verbosity once, when ``grpc`` is imported, and a server imports it before
-    it has read its configuration (which says whether it speaks TLS). So the first call
+
+def tap_before_grpc(argv: list[str]) -> None:
+    """In a server started as ``python -m broker`` / ``python -m nameserver``, before
+    ``grpc`` is imported: when its config file turns TLS on, install the tap now and hand it
+    to :func:`count_refused_handshakes` (through `TAP_ENV`), which then needs no re-execution."""
+    if _config_says_tls(argv) and TAP_ENV not in os.environ:
+        _hand_over(install(_count, start=False))
+
+
+def _hand_over(tap_: HandshakeTap) -> None:
+    for fd in (tap_.count_fd, tap_.real_stderr):
+        os.set_inheritable(fd, True)
+    os.environ[TAP_ENV] = f"{tap_.count_fd},{tap_.real_stderr}"
+
+
+def count_refused_handshakes(tls: bool) -> HandshakeTap | None:
+    """Count each failed TLS handshake of this server process in `REFUSALS` as
+    ``tls_handshake`` (what ``Metadata`` and ``GetClusterInfo`` report). Only for a process
+    started from its command line: a server's ``main`` called in-process must not call this.
+
+    gRPC reads its verbosity once, when ``grpc`` is imported. A tap installed before that
+    (:func:`tap_before_grpc`, or this process's former image) is found in `TAP_ENV` and
+    counted from, TLS or not (its reports must be read). Otherwise, with ``tls``, this call
     installs the tap and re-executes the process's own command line (same pid, same
-    arguments) with gRPC at INFO and the pipes handed over in `TAP_ENV`; the call in the new
-    image finds them and starts counting. Only for a process started from its command line
-    (``python -m broker``, ``mqbroker``): a server's ``main`` called in-process with an
-    ``argv`` must not call this."""
+    arguments: ``mqbroker`` started by its console script) with gRPC at INFO."""
     handed = _inherited()
     if handed is not None:
         count_fd, real_stderr = handed
         tap_ = HandshakeTap(None, count_fd, real_stderr, _count)
         tap_.thread.start()
         return tap_
-    tap_ = install(_count, start=False)
-    for fd in (tap_.count_fd, tap_.real_stderr):
-        os.set_inheritable(fd, True)
-    os.environ[TAP_ENV] = f"{tap_.count_fd},{tap_.real_stderr}"
+    if not tls:
+        return None
+    _hand_over(install(_count, start=False))
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.execv(sys.executable, sys.orig_argv)

@@ -7,9 +7,16 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from mqsecurity import handshakes
-from mqsecurity.handshakes import MAX_LINE_BYTES, LineFilter, handshake_reason, shown
+from mqsecurity.handshakes import (
+    MAX_LINE_BYTES,
+    LineFilter,
+    _config_says_tls,
+    handshake_reason,
+    shown,
+)
 
 # As grpcio 1.85.1 writes them (checked against a real refused handshake by
 # tests/integration/test_security_transport.py).
@@ -119,3 +126,12 @@ def test_install_counts_and_loses_nothing_a_dying_process_wrote() -> None:
         "FATAL last words",
     ]
     assert handshakes.DEFAULT_VERBOSITY == "ERROR"
+
+
+def test_the_quick_look_at_the_config_file_finds_tls(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("brokerName=a\n  tlsEnable = TRUE \n")
+    assert _config_says_tls(["-c", str(conf)]) and _config_says_tls([f"--config={conf}"])
+    conf.write_text("tlsEnable=false\n# tlsEnable=true\n")
+    assert not _config_says_tls(["-c", str(conf)])
+    assert not _config_says_tls(["-c", str(tmp_path / "missing.conf")]) and not _config_says_tls([])
