@@ -14,7 +14,11 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - the cost of security (issue #18): the send rate of a group with TLS, member certificates and
   ACLs and of one without, same flush mode and load, alternating between them in one run;
 - when installed (``make bench-peers``), a 3-node etcd and a 3-node NATS JetStream R3 on
-  127.0.0.1 under the same load shape, and our figures as ratios to theirs.
+  127.0.0.1 under the same load shape, and our figures as ratios to theirs;
+- the v2 producer (issue #19): the official RocketMQ 5 Python client's ``Producer.send`` over
+  the v2 port (``grpcServerPort``) of the SYNC_FLUSH group, 1 KiB, 1 and 16 sends in flight,
+  beside the raftmq client's cases of that group (``bench/v2_producer.py``, run in the
+  client's own venv ``build/rmq5/pyclient``, made by ``make venv``).
 
 Every group is secure, as ``mqcluster up`` makes it (every call over TLS, signed by the admin
 user); ``--insecure`` runs them all plaintext. Writes ``bench/results/<UTC timestamp>.json``,
@@ -50,7 +54,7 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
 from bench import broker as bb
-from broker.cluster import LocalCluster
+from broker.cluster import OFFICIAL_PYTHON, LocalCluster
 from client import (
     ConsumeStatus,
     Message,
@@ -89,6 +93,16 @@ SECURITY_SIZE = 1024
 SECURITY_ROUNDS = 3
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
+# The v2 producer case (issue #19): the official Python client in its own venv (its bundled
+# apache.rocketmq.v2 stubs cannot share a process with the server's), at 1 KiB and these
+# numbers of sends in flight, on the SYNC_FLUSH group.
+V2_CLIENT = "rocketmq-python-client 5.1.2"
+V2_SCRIPT = Path(__file__).resolve().parent / "v2_producer.py"
+V2_SIZE = 1024
+V2_IN_FLIGHT = (1, 16)
+V2_FLUSH = "SYNC_FLUSH"
+# The client's start-up (route, settings handshake) before its warm-up; part of the timeout.
+V2_STARTUP_S = 20.0
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -197,6 +211,46 @@ def produce_case(
         "p99_ms": pct(lat_ms, 0.99),
         "p999_ms": pct(lat_ms, 0.999),
         "cpu_s_per_million_msgs": cpu_per_m,
+    }
+
+
+def v2_producer_case(cluster: LocalCluster, in_flight: int, seconds: float) -> dict[str, Any]:
+    """The official Python client's ``Producer.send``, ``in_flight`` threads of one process,
+    ``V2_SIZE``-byte messages to the leader's v2 port for ``seconds``; the figures computed as
+    :func:`produce_case` computes them. Skipped (with the reason) when the client's venv is
+    missing."""
+    if not OFFICIAL_PYTHON.exists():
+        return {"skipped": f"{OFFICIAL_PYTHON} missing: run make venv (protos/rmq5_deps.py)"}
+    home = cluster.base / "v2-home"
+    home.mkdir(exist_ok=True)
+    addr = cluster.node(cluster.wait_leader()).grpc_addr
+    argv = [str(OFFICIAL_PYTHON), str(V2_SCRIPT), addr, TOPIC, str(V2_SIZE), str(in_flight)]
+    proc = subprocess.run(
+        [*argv, str(seconds)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + V2_STARTUP_S + LOADGEN_GRACE_S,
+        env=cluster.official_client_env(home),
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"v2 producer failed ({proc.returncode}): {proc.stderr[-500:]}")
+    out = json.loads(proc.stdout)
+    sent = int(out["sent"])
+    lat_ms = [us / 1000 for us in out["latencies_us"]]
+    return {
+        "client": V2_CLIENT,
+        "flush": V2_FLUSH,
+        "message_bytes": V2_SIZE,
+        "in_flight": in_flight,
+        "seconds": seconds,
+        "messages": sent,
+        "failed": int(out["failed"]),
+        "messages_per_s": sent / seconds,
+        "mb_per_s": sent * V2_SIZE / seconds / 1e6,
+        "p50_ms": pct(lat_ms, 0.50),
+        "p99_ms": pct(lat_ms, 0.99),
+        "p999_ms": pct(lat_ms, 0.999),
     }
 
 
@@ -473,6 +527,24 @@ def peers(seconds: float) -> dict[str, Any]:
     return out
 
 
+def _v2_cases(cluster: LocalCluster, seconds: float) -> list[dict[str, Any]]:
+    """Every v2 producer case on ``cluster``, each printed as it ends."""
+    cases = []
+    for n in V2_IN_FLIGHT:
+        case = v2_producer_case(cluster, n, seconds)
+        cases.append(case)
+        if "skipped" in case:
+            print(f"v2 producer: skipped ({case['skipped']})", flush=True)
+            break
+        print(
+            f"v2 producer ({V2_CLIENT}) {V2_SIZE} B x {n} in flight: "
+            f"{case['messages_per_s']:,.0f} msg/s p50 {case['p50_ms']:.1f} "
+            f"p99 {case['p99_ms']:.1f} ms, failed {case['failed']}",
+            flush=True,
+        )
+    return cases
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mqbench", description=__doc__)
     p.add_argument("--smoke", action="store_true", help="every part once, small (< 1 minute)")
@@ -570,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"p50 {case['p50_ms']:.1f} p99 {case['p99_ms']:.1f} ms",
                             flush=True,
                         )
+                if flush == V2_FLUSH:
+                    result["produce_v2"] = _v2_cases(cluster, a.seconds)
                 if flush == "SYNC_FLUSH":
                     result["e2e"] = e2e_latency(cluster, 2.0 if a.smoke else 5.0)
                     print(f"e2e: {result['e2e']}", flush=True)

@@ -27,14 +27,11 @@ import threading
 import time
 
 from bench import tune_gc
+from bench.closedloop import MAX_SAMPLES_PER_THREAD, WARMUP_S, closed_loop
 from client import Message, MQClientError, Producer
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import add_security_arguments, security_from_args
 
-# Sends before the measured window starts (routes fetched, channels and threads warm).
-WARMUP_S = 0.5
-# At most this many latency samples per thread are kept (bounds memory and the JSON output).
-MAX_SAMPLES_PER_THREAD = 200_000
 # An async sender whose send could not even be submitted (no route yet) tries again after this.
 RETRY_PAUSE_S = 0.05
 
@@ -42,41 +39,9 @@ RETRY_PAUSE_S = 0.05
 def run(
     producer: Producer, topic: str, size: int, threads: int, seconds: float
 ) -> dict[str, object]:
+    """``threads`` threads each calling the blocking ``send``."""
     body = os.urandom(size)
-    start_at = time.monotonic() + WARMUP_S
-    stop_at = start_at + seconds
-    sent = [0] * threads
-    failed = [0] * threads
-    lat_us: list[list[int]] = [[] for _ in range(threads)]
-
-    def sender(i: int) -> None:
-        mine = lat_us[i]
-        while True:
-            t0 = time.monotonic()
-            if t0 >= stop_at:
-                return
-            try:
-                producer.send(Message(topic, body))
-            except MQClientError:
-                if t0 >= start_at:
-                    failed[i] += 1
-                continue
-            if t0 >= start_at:
-                sent[i] += 1
-                if len(mine) < MAX_SAMPLES_PER_THREAD:
-                    mine.append(int((time.monotonic() - t0) * 1e6))
-
-    workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(seconds + WARMUP_S + 30)
-    return {
-        "sent": sum(sent),
-        "failed": sum(failed),
-        "seconds": seconds,
-        "latencies_us": [x for xs in lat_us for x in xs],
-    }
+    return closed_loop(lambda: producer.send(Message(topic, body)), MQClientError, threads, seconds)
 
 
 def run_async(

@@ -93,6 +93,46 @@ def _security_lines(sec: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _v2_lines(result: dict[str, Any]) -> list[str]:
+    """The v2 producer cases (issue #19) beside the raftmq client's case of the same group,
+    size and in-flight count (``-`` when the run had no such case)."""
+    v2 = result.get("produce_v2")
+    if not v2:
+        return []
+    lines = ["", "## v2 producer (official RocketMQ 5 Python client, same group, same run)", ""]
+    skipped = [c["skipped"] for c in v2 if "skipped" in c]
+    if skipped:
+        return [*lines, f"- skipped: {skipped[0]}"]
+    lines += [
+        "| client | flush | size B | in flight | msg/s | p50 ms | p99 ms | failed "
+        "| raftmq client msg/s | p50 ms | p99 ms | v2 / raftmq |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in v2:
+        ours = next(
+            (
+                o
+                for o in result.get("produce", [])
+                if (o["flush"], o["message_bytes"], o["in_flight"])
+                == (c["flush"], c["message_bytes"], c["in_flight"])
+            ),
+            None,
+        )
+        ratio = (
+            c["messages_per_s"] / ours["messages_per_s"]
+            if ours and ours["messages_per_s"]
+            else None
+        )
+        lines.append(
+            f"| {c['client']} | {c['flush']} | {c['message_bytes']} | {c['in_flight']} | "
+            f"{_fmt(c['messages_per_s'])} | {_fmt(c['p50_ms'])} | {_fmt(c['p99_ms'])} | "
+            f"{c['failed']} | {_fmt(ours['messages_per_s'] if ours else None)} | "
+            f"{_fmt(ours['p50_ms'] if ours else None)} | {_fmt(ours['p99_ms'] if ours else None)} "
+            f"| {_fmt(ratio)} |"
+        )
+    return lines
+
+
 def write_markdown(result: dict[str, Any], path: Path) -> str:
     lines = [
         f"# mqbench {result['started_utc']}{' (smoke)' if result.get('smoke') else ''}",
@@ -124,6 +164,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
             f"{_fmt(c['messages_per_s'])} | {_fmt(c['mb_per_s'])} | {_fmt(c['p50_ms'])} | "
             f"{_fmt(c['p99_ms'])} | {_fmt(c['p999_ms'])} | {c['failed']} | {cpu} |"
         )
+    lines += _v2_lines(result)
     peers = result.get("peers", {})
     lines += ["", "## Peers (1 KiB, 256 in flight, same run)", ""]
     for name, p in peers.items() if isinstance(peers, dict) else []:
@@ -172,23 +213,41 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
     return text
 
 
+def _chart_series(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Bar series for the chart: name -> {case label -> msg/s}; the raftmq client under each
+    flush mode, and the v2 producer's cases (their flush mode named) when measured."""
+    series: dict[str, dict[str, float]] = {}
+    for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
+        series[flush] = {
+            f"{c['message_bytes']}B x{c['in_flight']}": c["messages_per_s"]
+            for c in result.get("produce", [])
+            if c["flush"] == flush
+        }
+    v2 = [c for c in result.get("produce_v2", []) if "messages_per_s" in c]
+    if v2:
+        series[f"v2 Python client ({v2[0]['flush']})"] = {
+            f"{c['message_bytes']}B x{c['in_flight']}": c["messages_per_s"] for c in v2
+        }
+    return series
+
+
 def write_chart(result: dict[str, Any], path: Path) -> None:
-    """Messages/s per produce case (both flush modes), with the peers as reference lines."""
+    """Messages/s per produce case (both flush modes, and the v2 producer's cases), with the
+    peers as reference lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = result.get("produce", [])
+    series = _chart_series(result)
+    labels: list[str] = []
+    for values in series.values():
+        labels += [label for label in values if label not in labels]
     fig, ax = plt.subplots(figsize=(10, 5))
-    labels = [
-        f"{c['message_bytes']}B x{c['in_flight']}" for c in cases if c["flush"] == "SYNC_FLUSH"
-    ]
-    width = 0.4
-    for k, flush in enumerate(("SYNC_FLUSH", "ASYNC_FLUSH")):
-        values = [c["messages_per_s"] for c in cases if c["flush"] == flush]
-        xs = [i + (k - 0.5) * width for i in range(len(values))]
-        ax.bar(xs, values, width, label=flush)
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series.items()):
+        xs = [labels.index(label) + (k - (len(series) - 1) / 2) * width for label in values]
+        ax.bar(xs, list(values.values()), width, label=name)
     colors = {"etcd": "tab:red", "nats_jetstream_r3": "tab:green"}
     for name, p in (result.get("peers") or {}).items():
         if isinstance(p, dict) and "ops_per_s" in p:

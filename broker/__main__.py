@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
+from mqsecurity import handshakes
+
+if __name__ == "__main__":  # `python -m broker`: before grpc is imported (docs/SECURITY.md)
+    handshakes.tap_before_grpc(sys.argv[1:])
+
 import asyncio
 import faulthandler
 import gc
-import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -203,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level)
     try:
         cfg = load_config(ns.config)
+        if argv is None:  # a process of its own (it may re-execute itself)
+            handshakes.count_refused_handshakes(cfg.tlsEnable)
         node, sm, servicer = build(cfg)
     except ConfigError as exc:
         print(f"mqbroker: {exc}", file=sys.stderr)

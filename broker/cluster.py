@@ -71,6 +71,9 @@ FATAL_MARK = "FATAL component="
 LOG_TAIL_BYTES = 64 << 10
 # Characters of that line shown by `status` (the cause on a FATAL line is at most 500).
 EXIT_LINE_MAX_CHARS = 600
+# The official RocketMQ 5 Python client's own venv (``make venv``: protos/rmq5_deps.py); its
+# bundled apache.rocketmq.v2 stubs cannot share a process with the server's.
+OFFICIAL_PYTHON = Path(__file__).resolve().parents[1] / "build/rmq5/pyclient/bin/python"
 
 
 class ClusterError(BrokerError):
@@ -484,6 +487,21 @@ class LocalCluster:
     def tool_argv(self) -> list[str]:
         """The security options (mqsecurity.options) a tool process needs for this group."""
         return self.layout.tool_argv() if self.secure else []
+
+    def official_client_env(self, home: Path) -> dict[str, str]:
+        """The environment of an official RocketMQ 5 client process (``examples/rmq5``, the
+        bench's v2 case): a HOME of its own (the clients log under ~/logs) and, for a secure
+        group, TLS trusting the group's CA and the admin user's AccessKey/SecretKey."""
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "RMQ5_TLS": "0"}
+        credentials = self.client_security().credentials
+        if self.secure and credentials is not None:
+            env |= {
+                "RMQ5_TLS": "1",
+                "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(self.layout.ca_cert),
+                "RMQ5_ACCESS_KEY": credentials.access_key,
+                "RMQ5_SECRET_KEY": credentials.secret_key,
+            }
+        return env
 
     def client(self) -> LogClient:
         return log_client(self.client_addrs, self.group, self.client_security())

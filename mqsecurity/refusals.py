@@ -22,7 +22,13 @@ PEER_IDENTITY = "peer_identity"  # peer claims an id its certificate does not na
 AUTHENTICATION = "authentication"  # missing, malformed or wrong signature, unknown user
 AUTHORIZATION = "authorization"  # a known user without the permission
 REGISTRATION = "registration"  # NameServer: (un)registration not signed by a group member
-REASONS = frozenset({PEER_CERTIFICATE, PEER_IDENTITY, AUTHENTICATION, AUTHORIZATION, REGISTRATION})
+# A TLS handshake of this process failed: a caller on a TLS port without the certificate the
+# port requires, with one from another CA, or not speaking TLS (counted from gRPC core's log
+# line by mqsecurity.handshakes; also a server this process dialled whose certificate failed).
+TLS_HANDSHAKE = "tls_handshake"
+REASONS = frozenset(
+    {PEER_CERTIFICATE, PEER_IDENTITY, AUTHENTICATION, AUTHORIZATION, REGISTRATION, TLS_HANDSHAKE}
+)
 LOG_PER_REASON_PER_S = 5
 # What a log line quotes of the refusal's detail; the detail never holds a secret.
 MAX_DETAIL_CHARS = 200

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
+from mqsecurity import handshakes
+
+if __name__ == "__main__":  # `python -m nameserver`: before grpc is imported (docs/SECURITY.md)
+    handshakes.tap_before_grpc(sys.argv[1:])
+
 import asyncio
 import dataclasses
-import sys
 
 from dledger.procs import serve_until_signalled, setup_logging
 from mqcli import server_parser
@@ -39,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mqnamesrv: -p {ns.port}: not a port (1-65535)", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, listenPort=ns.port)
+    if argv is None:  # a process of its own (it may re-execute itself)
+        handshakes.count_refused_handshakes(cfg.tlsEnable)
     try:
         asyncio.run(_serve(cfg))
     except StartError as exc:

@@ -33,5 +33,10 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert result["delay_retry"]["delayed"]["all_delivered"]
     assert result["delay_retry"]["retries"]["all_delivered"]
     assert {r["figure"] for r in result["ratios"]} >= {"failover median (s)"}
-    assert result_json.with_suffix(".md").read_text().startswith("# mqbench")
+    # The official RocketMQ 5 Python client's v2 producer, on the same group (issue #19).
+    v2 = result["produce_v2"]
+    assert [(c["in_flight"], c["flush"]) for c in v2] == [(1, "SYNC_FLUSH"), (16, "SYNC_FLUSH")]
+    assert all(c["messages"] > 0 and c["failed"] == 0 and c["p99_ms"] > 0 for c in v2), v2
+    md = result_json.with_suffix(".md").read_text()
+    assert md.startswith("# mqbench") and "## v2 producer" in md
     assert result_json.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

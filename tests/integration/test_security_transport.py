@@ -9,7 +9,10 @@ signed registration reaches the NameServer.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -40,6 +43,8 @@ from mqsecurity.tls import TlsFiles
 pytestmark = pytest.mark.integration
 
 GROUP = "broker-a"
+# Raw TLS connections without a certificate, each one refused handshake the node must count.
+RAW_ATTEMPTS = 3
 HOSTS = ["127.0.0.1", "localhost"]
 REGISTER = "/raftmq.nameserver.v1.NameServer/RegisterBroker"
 UNREGISTER = "/raftmq.nameserver.v1.NameServer/UnregisterBroker"
@@ -68,6 +73,7 @@ class Group:
     ca: pki.Authority
     members: dict[str, TlsFiles]
     stranger: TlsFiles  # a member certificate of broker-b, same CA
+    foreign: TlsFiles  # a member certificate of broker-a issued by another CA
     plain_ports: dict[str, int]
 
     @property
@@ -110,6 +116,8 @@ def _configure(base: Path) -> Group:
     ca = pki.create_authority(tls_dir)
     members = {n: pki.issue_member(ca, tls_dir, GROUP, n, HOSTS) for n in ("n0", "n1", "n2")}
     stranger = pki.issue_member(ca, tls_dir, "broker-b", "n0", HOSTS)
+    other_ca = pki.create_authority(str(base / "other-ca"))
+    foreign = pki.issue_member(other_ca, str(base / "other-ca"), GROUP, "n1", HOSTS)
     ns = pki.issue_server(ca, tls_dir, "nameserver", HOSTS)
     cluster = TlsCluster(base / "group")
     cluster.configure(
@@ -138,7 +146,7 @@ def _configure(base: Path) -> Group:
                 f"tlsPlaintextListenPort={plain_ports[n.node_id]}\n"
             )
     TlsCluster.security = ClientSecurity(tls=TlsFiles(ca_path=ca.cert_path))
-    return Group(cluster, ca, members, stranger, plain_ports)
+    return Group(cluster, ca, members, stranger, foreign, plain_ports)
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +256,21 @@ def _nothing_changed(g: Group, before: tuple[str, int], what: str) -> None:
             assert b"forged" not in bodies, (n.node_id, what)
 
 
+def _raw_tls(addr: tuple[str, int], ca_path: str, cert: TlsFiles | None) -> None:
+    """One TLS connection to ``addr`` (trusting ``ca_path``, showing ``cert`` if any); the
+    server's refusal arrives as an alert or a close once the handshake is over."""
+    context = ssl.create_default_context(cafile=ca_path)
+    if cert is not None:
+        assert cert.cert_path is not None and cert.key_path is not None
+        context.load_cert_chain(cert.cert_path, cert.key_path)
+    with socket.create_connection(addr, timeout=5) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname=addr[0]) as tls:
+                assert tls.recv(1) == b""  # TLS 1.3: the refusal follows the handshake
+        except (ssl.SSLError, ConnectionError):
+            pass
+
+
 def test_peer_streams_without_a_member_certificate_of_this_group_are_refused(
     group: Group,
 ) -> None:
@@ -258,13 +281,24 @@ def test_peer_streams_without_a_member_certificate_of_this_group_are_refused(
     other = next(n.node_id for n in g.cluster.nodes if n.node_id not in (leader_id, target))
     counted = g.refused(target)
 
-    # No certificate at all, or plaintext: the TLS handshake itself refuses (the node never
-    # sees the stream, so there is nothing it could count).
+    # No certificate at all, or plaintext: the TLS handshake itself refuses, the caller sees
+    # UNAVAILABLE, and the node counts the failed handshake (mqsecurity.handshakes).
     err = _forged_stream(g, target, g.tls, leader_id)
     assert err.code() is grpc.StatusCode.UNAVAILABLE
     err = _forged_stream(g, target, ClientSecurity(), leader_id)
     assert err.code() is grpc.StatusCode.UNAVAILABLE
-    assert g.refused(target) == counted
+    tls = refusals.TLS_HANDSHAKE
+    wait_for(lambda: g.refused(target)[tls] >= counted[tls] + 2, 10, "both handshakes counted")
+    # Exactly one count per refused connection: raw TLS connections (one handshake each, no
+    # reconnects), without a certificate and with one from another CA.
+    start = g.refused(target)
+    addr = ("127.0.0.1", g.cluster.node(target).peer_port)
+    for cert in [None] * RAW_ATTEMPTS + [g.foreign]:
+        _raw_tls(addr, g.ca.cert_path, cert)
+    want = start[tls] + RAW_ATTEMPTS + 1
+    wait_for(lambda: g.refused(target)[tls] >= want, 10, "every raw handshake counted")
+    assert g.refused(target) == {**start, tls: want}
+    counted = g.refused(target)
     _nothing_changed(g, before, "streams without a certificate")
 
     # Another group's member certificate, same CA: handshake passes, the node refuses.
@@ -367,6 +401,18 @@ def test_only_a_groups_members_register_or_unregister_it(group: Group) -> None:
     # The members' own signed registrations keep going through.
     wait_for(lambda: all(age < 1500 for age in _ages(g)), 10, "fresh signed registrations")
     assert g.routes() == routes
+
+
+def test_a_client_not_speaking_tls_to_the_nameserver_is_counted(group: Group) -> None:
+    tls = refusals.TLS_HANDSHAKE
+    before = group.cluster_info().refusals[tls]
+    host, port = group.namesrv_addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(OSError):
+            raw.recv(100)  # the server answers with an alert, or closes
+    wait_for(lambda: group.cluster_info().refusals[tls] >= before + 1, 10, "the handshake counted")
+    assert group.cluster_info().refusals[tls] == before + 1
 
 
 def _ages(g: Group) -> list[int]:
