@@ -71,6 +71,20 @@ class LeaderNode:
         return entries[0].index, entries[-1].index, 1
 
 
+class LogAgain:
+    """For a restart test: a log that holds every index the first run wrote (the snapshot's
+    applied index must be inside the log; its entries are not read again)."""
+
+    def body_position(self, index: int) -> int:
+        return 0
+
+    def first_index(self) -> int:
+        return 1
+
+    def last_index(self) -> int:
+        return 1 << 40
+
+
 def world(
     root: Path, cfg: ServiceConfig | None = None
 ) -> tuple[LeaderNode, BrokerStateMachine, Topics, AppliedMessages]:

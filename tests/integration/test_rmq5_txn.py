@@ -17,7 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
-from support import create_topic_on, pull_all, wait_for
+from rmq5_support import NODE_MODULES, PYTHON, SCRIPTS, running_group, topic_on_every_node
+from rmq5_support import code as _code
+from rmq5_support import follower_v2_addr as _follower_v2_addr
+from support import pull_all, wait_for
 
 from broker.cluster import LocalCluster
 from broker.rmq5 import stubs
@@ -26,11 +29,6 @@ pytestmark = [pytest.mark.integration]
 
 v2, v2_service, v2_grpc = stubs.load()
 
-ROOT = Path(__file__).resolve().parents[2]
-RMQ5 = ROOT / "build" / "rmq5"
-SCRIPTS = ROOT / "tests" / "rmq5"
-PYTHON = RMQ5 / "pyclient" / "bin" / "python"
-NODE_MODULES = RMQ5 / "node" / "node_modules"
 QUEUES = 2
 # transactionTimeOut / transactionCheckInterval / transactionCheckMax: short, so that the
 # check-back comes within seconds (RocketMQ's 6 s / 30 s / 15 in production).
@@ -39,54 +37,21 @@ CHECK_INTERVAL_MS = 2000
 CHECK_MAX = 3
 CLIENT_TIMEOUT_S = 60
 CALL_TIMEOUT_S = 10
-DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
 
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("rmq5t"))
-    cluster.configure(
-        3,
-        auto_ports=True,
-        extra={
-            "mappedFileSizeCommitLog": str(8 << 20),
-            "transactionTimeOut": str(IMMUNITY_MS),
-            "transactionCheckInterval": str(CHECK_INTERVAL_MS),
-            "transactionCheckMax": str(CHECK_MAX),
-            **DISK_CONF,
-        },
-    )
-    try:
-        cluster.up()
+    extra = {
+        "transactionTimeOut": str(IMMUNITY_MS),
+        "transactionCheckInterval": str(CHECK_INTERVAL_MS),
+        "transactionCheckMax": str(CHECK_MAX),
+    }
+    with running_group(tmp_path_factory.mktemp("rmq5t"), extra) as cluster:
         yield cluster
-    finally:
-        cluster.down(grace_s=5.0)
 
 
 def _topic(cluster: LocalCluster, name: str) -> str:
-    create_topic_on([cluster], [], name, QUEUES)
-    for n in cluster.nodes:  # every member applied it: any node may be asked
-        with grpc.insecure_channel(n.grpc_addr) as ch:
-            stub = v2_grpc.MessagingServiceStub(ch)
-            ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=name))
-            wait_for(lambda s=stub, a=ask: _route_ok(s, a), 10, f"{name} on {n.node_id}")
-    return name
-
-
-def _route_ok(stub: Any, ask: Any) -> bool:
-    try:
-        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
-    except grpc.RpcError:
-        return False
-
-
-def _code(status: Any) -> str:
-    return str(v2.Code.Name(status.code))
-
-
-def _follower_v2_addr(cluster: LocalCluster) -> str:
-    leader = cluster.wait_leader()
-    return next(n.grpc_addr for n in cluster.nodes if n.node_id != leader)
+    return topic_on_every_node(cluster, name, QUEUES)
 
 
 def _visible(addr: str, topic: str) -> list[Any]:

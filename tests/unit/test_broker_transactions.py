@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from broker_world import world
+from broker_world import LogAgain, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import SystemTopicError
@@ -259,7 +259,7 @@ def test_transactions_survive_a_restart(tmp_path: Path) -> None:
 
     captured = asyncio.run(body())
     sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
-    sm.attach(_LogAgain())
+    sm.attach(LogAgain())
     sm.applied_index()
     assert sm.txn.capture() == captured
     # A hostile snapshot: bad rows are left out, the good ones kept.
@@ -268,16 +268,3 @@ def test_transactions_survive_a_restart(tmp_path: Path) -> None:
     bad["resolved"] = [*captured["resolved"], [5, "A" * 32, "T", "MAYBE"]]  # type: ignore[list-item]
     assert len(sm.txn.load(bad)) == 2 and sm.txn.capture() == captured
     sm.close()
-
-
-class _LogAgain:
-    """A log holding every index the first run wrote (its entries are not read again)."""
-
-    def body_position(self, index: int) -> int:
-        return 0
-
-    def first_index(self) -> int:
-        return 1
-
-    def last_index(self) -> int:
-        return 1 << 40
