@@ -57,7 +57,7 @@ class LeaderNode:
     def __init__(self, sm: BrokerStateMachine, log: MemoryLog) -> None:
         self.sm = sm
         self.store = log
-        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n0", term=1)
+        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n0", term=1, last_index=0)
         self.cfg = SimpleNamespace(self_id="n0", store=SimpleNamespace(max_body_bytes=8 << 20))
         self.proposals = 0
         self.gate: Any = None  # an asyncio.Event a proposal waits for, when set

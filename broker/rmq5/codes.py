@@ -48,6 +48,7 @@ V2_CODE_BY_ERROR: Mapping[str, str] = {
     # Transactions (broker.transactions).
     "INVALID_TRANSACTION_ID": "INVALID_TRANSACTION_ID",
     "TOO_MANY_HALF_MESSAGES": "TOO_MANY_REQUESTS",
+    "LEADER_CATCHING_UP": "TOO_MANY_REQUESTS",
 }
 
 

@@ -64,6 +64,10 @@ DEFAULT_CHECK_MAX = 15
 # immunity time after it was stored, so this bounds how late a check can be).
 CHECK_IDLE_MS = 1000
 CHECK_MIN_WAIT_MS = 20
+# A new leader answers an EndTransaction only after it applied its own first entry (until then
+# it may not have applied a half an older leader stored): it waits this long at most, polling.
+CATCH_UP_WAIT_MS = 2000
+CATCH_UP_POLL_MS = 10
 # Records one pass proposes at most (each of up to MAX_RECORD_ITEMS halves): the next pass
 # goes on, so a backlog of 100,000 due halves never makes one burst of proposals.
 CHECK_RECORDS_PER_PASS = 8
@@ -81,6 +85,12 @@ class TxnSettings:
 
 class TooManyHalvesError(ResourceExhaustedError):
     code = "TOO_MANY_HALF_MESSAGES"
+
+
+class CatchingUpError(ResourceExhaustedError):
+    """A new leader has not applied the entries of earlier terms yet (the client retries)."""
+
+    code = "LEADER_CATCHING_UP"
 
 
 def due_halves(
@@ -140,6 +150,10 @@ class Transactions:
         self.cfg = TxnSettings(c.txn_timeout_ms, c.txn_check_interval_ms, c.txn_check_max)
         self.task: asyncio.Task[None] | None = None
         self._ids = UniqIdGenerator()
+        # The term this node last led and the log index it had then: its own first entry of
+        # that term (the no-op every new leader appends) is at or before it.
+        self._term = -1
+        self._term_first = 0
         sender.halves = self.prepare
         self.ctx.sm.add_change_listener(self.maybe_start)
 
@@ -178,6 +192,7 @@ class Transactions:
         transaction, another message's or topic's, or a contrary verdict."""
         require_leader(self.ctx.node)
         position = parse_transaction_id(txn_id)
+        await self._caught_up()
         half = self.ctx.sm.txn.pending.get(position)
         if half is not None:
             if half.uniq_id != uniq_id or half.topic != topic:
@@ -187,6 +202,21 @@ class Transactions:
             body = self._commit_body(half) if commit else encode_rollback(position)
             await self.ctx.node.propose([body], ENTRY_TXN)
         return self._verdict(position, topic, uniq_id, txn_id, commit)
+
+    async def _caught_up(self) -> None:
+        """Wait until this leader applied its own first entry of the term: every half stored
+        by an earlier leader is then in the table."""
+        self._note_term()
+        deadline = time.monotonic() + CATCH_UP_WAIT_MS / 1000
+        while self.ctx.sm.last_applied < self._term_first:
+            if time.monotonic() >= deadline:
+                raise CatchingUpError("the new leader is still applying earlier entries")
+            await asyncio.sleep(CATCH_UP_POLL_MS / 1000)
+
+    def _note_term(self) -> None:
+        core = self.ctx.node.core
+        if core.role is Role.LEADER and core.term != self._term:
+            self._term, self._term_first = core.term, core.last_index
 
     def _verdict(self, position: int, topic: str, uniq_id: str, txn_id: str, commit: bool) -> str:
         v = self.ctx.sm.txn.verdict(position)
@@ -216,7 +246,9 @@ class Transactions:
     # ------------------------------------------------------------------ check-back
 
     def maybe_start(self) -> None:
-        """A change listener: a node that became leader starts checking halves back."""
+        """A change listener: a node that became leader notes where its term starts and starts
+        checking halves back."""
+        self._note_term()
         self.task = start_leader_task(self.ctx, self.task, self._loop, "transaction-checker")
 
     async def _loop(self) -> None:

@@ -16,6 +16,7 @@ from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
+from broker.transactions import manager
 from broker.transactions.manager import Transactions, TxnSettings, due_halves
 from broker.transactions.state import (
     COMMITTED,
@@ -268,3 +269,35 @@ def test_transactions_survive_a_restart(tmp_path: Path) -> None:
     bad["resolved"] = [*captured["resolved"], [5, "A" * 32, "T", "MAYBE"]]  # type: ignore[list-item]
     assert len(sm.txn.load(bad)) == 2 and sm.txn.capture() == captured
     sm.close()
+
+
+def test_a_new_leader_answers_after_it_applied_its_first_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A half stored under an older leader may not be applied yet on a new one: an
+    EndTransaction waits for the new leader's own first entry instead of answering "unknown"."""
+    monkeypatch.setattr(manager, "CATCH_UP_WAIT_MS", 200)
+
+    async def body() -> None:
+        txns, sender, node = await _setup(tmp_path)
+        [r] = await sender.send("T", [half(14)])
+        tid = transaction_id(r.position)
+        core = node.core  # type: ignore[attr-defined]
+        core.term, core.last_index = 2, txns.ctx.sm.last_applied + 1  # elected, no-op unapplied
+        with pytest.raises(manager.CatchingUpError):
+            await txns.end("T", r.uniq_id, tid, commit=True)
+        assert r.position in txns.ctx.sm.txn.pending
+
+        async def first_entry_later() -> None:  # any entry: the new leader's no-op
+            await asyncio.sleep(0.05)
+            await sender.send("U", [pb.Message(queue_id=0, body=b"x", msg_id=IDS.next_id())])
+
+        waited = asyncio.get_running_loop().time()
+        _, verdict = await asyncio.gather(
+            first_entry_later(), txns.end("T", r.uniq_id, tid, commit=True)
+        )
+        assert verdict == COMMITTED
+        assert asyncio.get_running_loop().time() - waited >= 0.04
+        assert [b for _, b, _ in _visible(txns)] == [b"body-14"]
+
+    asyncio.run(body())
