@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from broker_world import LogAgain, world
@@ -247,7 +248,7 @@ def test_stale_and_forged_records_change_nothing(tmp_path: Path) -> None:
 
 
 def test_transactions_survive_a_restart(tmp_path: Path) -> None:
-    async def body() -> dict[str, object]:
+    async def body() -> dict[str, Any]:
         txns, sender, _node = await _setup(tmp_path)
         [a] = await sender.send("T", [half(12)])
         [b] = await sender.send("T", [half(13)])
@@ -265,8 +266,8 @@ def test_transactions_survive_a_restart(tmp_path: Path) -> None:
     assert sm.txn.capture() == captured
     # A hostile snapshot: bad rows are left out, the good ones kept.
     bad = dict(captured)
-    bad["pending"] = [*captured["pending"], [1, 2, "x", "T", 0, 0, 0, 0]]  # type: ignore[list-item]
-    bad["resolved"] = [*captured["resolved"], [5, "A" * 32, "T", "MAYBE"]]  # type: ignore[list-item]
+    bad["pending"] = [*captured["pending"], [1, 2, "x", "T", 0, 0, 0, 0]]
+    bad["resolved"] = [*captured["resolved"], [5, "A" * 32, "T", "MAYBE"]]
     assert len(sm.txn.load(bad)) == 2 and sm.txn.capture() == captured
     sm.close()
 
