@@ -58,23 +58,32 @@ class ProducerStreams:
     def __init__(self, applied: AppliedMessages, store_host: str) -> None:
         self.applied = applied
         self.store_host = store_host
-        self._streams: set[Stream] = set()
+        # Producers' streams by the topics they publish (a check looks up its topic only).
+        self._by_topic: dict[str, set[Stream]] = {}
         self._turn = itertools.count()
         self.checks_sent = 0  # check-backs queued on a producer's stream, since start
         self.checks_unsent = 0  # check-backs no producer here could take
         applied.ctx.sm.txn.add_check_listener(self.on_checked)
 
     def open(self, client_id: str) -> Stream:
-        stream = Stream(client_id)
-        self._streams.add(stream)
-        return stream
+        return Stream(client_id)
 
     def close(self, stream: Stream) -> None:
-        self._streams.discard(stream)
+        for topic in stream.topics:
+            streams = self._by_topic.get(topic)
+            if streams is not None:
+                streams.discard(stream)
+                if not streams:
+                    del self._by_topic[topic]
+        stream.topics = {}
 
     def publishing(self, stream: Stream, topics: Sequence[Any]) -> None:
-        """A producer's accepted Settings: the topics (v2 Resources) it publishes."""
+        """A producer's accepted Settings: the topics (v2 Resources) it publishes (a repeated
+        Settings replaces them)."""
+        self.close(stream)
         stream.topics = {t.name: t.resource_namespace for t in topics}
+        for topic in stream.topics:
+            self._by_topic.setdefault(topic, set()).add(stream)
 
     def on_checked(self, halves: Sequence[Half]) -> None:
         """A check record applied here: ask one live producer of each half's topic."""
@@ -86,7 +95,7 @@ class ProducerStreams:
                 self.checks_unsent += 1
 
     def _ask(self, half: Half) -> bool:
-        candidates = [s for s in self._streams if half.topic in s.topics]
+        candidates = list(self._by_topic.get(half.topic, ()))
         if not candidates:
             return False
         try:

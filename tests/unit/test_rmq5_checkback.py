@@ -73,6 +73,10 @@ def test_a_check_reaches_one_live_producer_of_the_topic(tmp_path: Path) -> None:
         streams.close(of_t)
         await txns.check_pass(now + 100_000)
         assert streams.checks_sent == 1 and streams.checks_unsent == 1
+        # A repeated Settings replaces the topics a stream publishes.
+        streams.publishing(of_u, [v2.Resource(name="T")])
+        await txns.check_pass(now + 200_000)
+        assert streams.checks_sent == 2 and of_u.outbox.qsize() == 1
 
     asyncio.run(body())
 
