@@ -302,3 +302,17 @@ def test_a_new_leader_answers_after_it_applied_its_first_entry(
         assert [b for _, b, _ in _visible(txns)] == [b"body-14"]
 
     asyncio.run(body())
+
+
+def test_deleting_a_topic_rolls_back_its_halves(tmp_path: Path) -> None:
+    async def body() -> None:
+        txns, sender, _node = await _setup(tmp_path)
+        [t] = await sender.send("T", [half(15)])
+        [u] = await sender.send("U", [half(16)])
+        await sender.topics.delete("U")
+        assert list(txns.ctx.sm.txn.pending) == [t.position]
+        assert txns.ctx.sm.txn.verdict(u.position).outcome == ROLLED_BACK  # type: ignore[union-attr]
+        with pytest.raises(InvalidTransactionIdError, match="already ROLLED_BACK"):
+            await txns.end("U", u.uniq_id, transaction_id(u.position), commit=True)
+
+    asyncio.run(body())
