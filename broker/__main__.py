@@ -73,6 +73,9 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             delay_levels_ms=cfg.delay_levels_ms,
             pop_max_attempts=cfg.popMaxDeliveryAttempts,
             pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
+            txn_timeout_ms=cfg.transactionTimeOut,
+            txn_check_interval_ms=cfg.transactionCheckInterval,
+            txn_check_max=cfg.transactionCheckMax,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
         secret_box=box,
@@ -115,6 +118,7 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
         cfg.brokerIP1,
         cfg.namesrv_addrs,
         security,
+        servicer.txns,
     )
 
 

@@ -272,6 +272,20 @@ KEYS: Mapping[str, _Key] = {
     "popMinInvisibleTimeMs": _Key(
         int_in(100, 12 * 3600 * 1000), "10000", "shortest invisible time a receive may ask, ms"
     ),
+    # Transactions (RocketMQ 5 clients, docs/RMQ5.md): RocketMQ's keys and defaults. A half
+    # message is checked back transactionTimeOut after it was stored, then every
+    # transactionCheckInterval, at most transactionCheckMax times, then discarded.
+    "transactionTimeOut": _Key(
+        int_in(100, 24 * 3600 * 1000),
+        "6000",
+        "immunity of a half before its first check, ms",
+    ),
+    "transactionCheckInterval": _Key(
+        int_in(100, 24 * 3600 * 1000), "30000", "time between check-backs of a half message, ms"
+    ),
+    "transactionCheckMax": _Key(
+        int_in(1, 1000), "15", "check-backs of a half message before it is discarded"
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -375,6 +389,9 @@ class BrokerConfig:
     delayLevelScale: float
     popMaxDeliveryAttempts: int
     popMinInvisibleTimeMs: int
+    transactionTimeOut: int
+    transactionCheckInterval: int
+    transactionCheckMax: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int

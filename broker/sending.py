@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from broker.applied import NodeContext, require_leader
@@ -29,6 +29,7 @@ from broker.names import SCHEDULE_TOPIC
 from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
 from broker.state import ENTRY_MESSAGES, SendResult, TopicConfig
 from broker.topics import Topics
+from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED
 from dledger.server.errors import ProposalLostError
 
 # Messages per send: one entry per send; bounded like dledger's Append.
@@ -48,6 +49,8 @@ class OutgoingMessage(MessageFields, Protocol):
 
 
 _Call = asyncio.Future[list[SendResult]]
+# Stores a send of half messages (``TRAN_MSG=true``): broker.transactions.manager.
+HalfSink = Callable[[TopicConfig, Sequence[OutgoingMessage]], Awaitable[list[SendResult]]]
 
 
 class SendPath:
@@ -62,6 +65,7 @@ class SendPath:
         host = ctx.cfg.store_host
         self._ids = UniqIdGenerator(ip=host if _is_ipv4(host) else None)
         self._inflight: dict[str, tuple[_Call, int]] = {}
+        self.halves: HalfSink | None = None  # set by broker.transactions.manager.Transactions
 
     def check_writable(self) -> None:
         """Raise unless this node may store messages now (leader, disk below its mark)."""
@@ -82,6 +86,8 @@ class SendPath:
             )
         topic = await self.topics.writable(topic_name)
         delayed = _check_queues(topic, messages)
+        if self.halves is not None and _is_half(messages[0]):
+            return await self.halves(topic, messages)
         results = await self._wait_inflight(messages)
         if results is None and delayed:
             now_ms = int(time.time() * 1000)
@@ -181,6 +187,11 @@ def _check_queues(topic: TopicConfig, messages: Sequence[OutgoingMessage]) -> bo
         if PROPERTY_DELAY in m.properties:
             delayed = True
     return delayed
+
+
+def _is_half(m: OutgoingMessage) -> bool:
+    """A half message of a transaction: RocketMQ's ``TRAN_MSG=true``."""
+    return m.properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
 
 
 def _is_ipv4(host: str) -> bool:

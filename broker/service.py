@@ -41,6 +41,7 @@ from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine, SendResult, TopicConfig
 from broker.topics import Topics
+from broker.transactions.manager import Transactions
 from dledger.server import rpcguard
 from dledger.server.node import DLedgerNode
 from mqsecurity.credentials import Credentials
@@ -88,6 +89,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.pops = Pops(
             self.topics, self.applied, self.retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms
         )
+        self.txns = Transactions(self.applied, self.sender)
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
@@ -265,6 +267,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.group, request.topic, request.receipt_handle, request.invisible_ms
         )
         return pb.ChangeInvisibleTimeResponse(message=self._popped_pb(changed))
+
+    @_rpc
+    async def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndTransactionResponse:
+        outcome = await self.txns.end(
+            request.topic, request.msg_id, request.transaction_id, request.commit
+        )
+        return pb.EndTransactionResponse(outcome=outcome)
 
     # ------------------------------------------------------------------ offsets
 

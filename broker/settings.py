@@ -28,3 +28,8 @@ class ServiceConfig:
     # the shortest invisible time a receive may ask for.
     pop_max_attempts: int = 16
     pop_min_invisible_ms: int = 10_000
+    # Transactions (broker.transactions): RocketMQ's transactionTimeOut (immunity before the
+    # first check-back), transactionCheckInterval and transactionCheckMax.
+    txn_timeout_ms: int = 6000
+    txn_check_interval_ms: int = 30_000
+    txn_check_max: int = 15

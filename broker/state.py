@@ -19,6 +19,9 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
   to :attr:`BrokerStateMachine.auth`.
 - :data:`broker.popstate.ENTRY_POP` (21): one change of POP consumption's state (a receive, an
   ack, a new invisible time, a redelivery; :mod:`broker.popstate`).
+- :data:`broker.transactions.state.ENTRY_TXN` (24): one change of a transaction (a half message
+  stored, committed with its visible copy, rolled back, checked back, discarded;
+  :mod:`broker.transactions.state`).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -65,12 +68,14 @@ from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
 from broker.message import batch_count, scan_dispatch
 from broker.names import (
     SCHEDULE_TOPIC,
+    TRANS_HALF_TOPIC,
     is_valid_group_name,
     is_valid_topic_name,
     validate_topic_name,
 )
 from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
+from broker.transactions.state import ENTRY_TXN, TxnState
 from dledger.core import Role
 from dledger.log import Entry
 from dledger.storage.files import atomic_write
@@ -230,6 +235,7 @@ class _Captured:
     schedule: dict[int, int]
     auth: dict[str, Any]
     pop: list[list[Any]]
+    txn: dict[str, Any]
 
 
 QueueKey = tuple[str, int]
@@ -304,13 +310,14 @@ def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicCo
     (:meth:`TopicConfig.validate`) and room in the table (:data:`MAX_TOPICS`). A delete's
     queue counts and perm are not used, so not checked. ``SCHEDULE_TOPIC_XXXX`` is never in a
     record: its queues are the delay levels, owned by the scheduler, and a delete would drop
-    every pending delayed message."""
+    every pending delayed message; nor is ``RMQ_SYS_TRANS_HALF_TOPIC``, whose messages are the
+    half messages of transactions (a topic config would let consumers read them)."""
     if op == TOPIC_DELETE:
         validate_topic_name(topic.name)
     else:
         topic.validate()
-    if topic.name == SCHEDULE_TOPIC:
-        raise InvalidRecordError(f"topic record op={op} for {SCHEDULE_TOPIC}, which is internal")
+    if topic.name in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC):
+        raise InvalidRecordError(f"topic record op={op} for {topic.name}, which is internal")
     if op != TOPIC_DELETE and topic.name not in topics and len(topics) >= MAX_TOPICS:
         raise InvalidRecordError(f"topic {topic.name}: the broker holds {MAX_TOPICS} topics")
 
@@ -457,6 +464,7 @@ class BrokerStateMachine:
         # Users and ACL rules (ENTRY_AUTH records): what every node's call guard checks.
         self.auth = AuthTable()
         self.pop = PopState()
+        self.txn = TxnState()
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -545,6 +553,8 @@ class BrokerStateMachine:
                     self.auth.apply(entry.index, entry.body)
                 elif entry.type == ENTRY_POP:
                     self.pop.apply(entry.index, entry.body)
+                elif entry.type == ENTRY_TXN:
+                    self._apply_txn(entry, touched)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -605,7 +615,7 @@ class BrokerStateMachine:
         touched: dict[QueueKey, set[int]],
         body_offset: int = 0,
         check_dedup: bool = True,
-    ) -> None:
+    ) -> list[SendResult]:
         base = self.log.body_position(entry.index) + body_offset
         body = memoryview(entry.body)[body_offset:] if body_offset else entry.body
         results: list[SendResult] = []
@@ -667,6 +677,17 @@ class BrokerStateMachine:
             self._results[entry.index] = results
             while len(self._results) > RESULTS_KEPT:
                 self._results.popitem(last=False)
+        return results
+
+    def _apply_txn(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+        """A transaction record; its message batch (a half, or a commit's visible copy) is
+        applied as a message entry's (the half deduplicated by its id, the copy not: the
+        transaction's state lets it through once)."""
+
+        def store(at: int, dedup: bool) -> list[SendResult]:
+            return self._apply_messages(entry, touched, at, check_dedup=dedup)
+
+        self.txn.apply(entry.index, entry.body, store)
 
     def on_prefix_deleted(self, first_index: int) -> None:
         """dledger's retention deleted the log below ``first_index``."""
@@ -720,6 +741,7 @@ class BrokerStateMachine:
             for key in [k for k in self.offsets if k[1] == topic.name]:
                 del self.offsets[key]
             self.pop.drop_topic(topic.name)
+            self.txn.drop_topic(topic.name)
             logger.info("topic deleted topic=%s index=%d", topic.name, entry.index)
             # The queues' files are gone: a snapshot from before the delete no longer matches
             # the disk, so write one now (a crash in between is caught by the queue check).
@@ -792,6 +814,7 @@ class BrokerStateMachine:
             schedule=dict(self.schedule_offsets),
             auth=self.auth.to_snapshot(),
             pop=self.pop.capture(),
+            txn=self.txn.capture(),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -816,6 +839,7 @@ class BrokerStateMachine:
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
             "auth": c.auth,
             "pop": c.pop,
+            "txn": c.txn,
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -882,6 +906,7 @@ class BrokerStateMachine:
         _report_dropped("schedule levels", bad_levels)
         _report_dropped("users and acls", self.auth.load_snapshot(data.get("auth", {})))
         _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
+        _report_dropped("transactions", self.txn.load(data.get("txn", {})))
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -982,6 +1007,7 @@ class BrokerStateMachine:
         self.schedule_offsets = {}
         self.auth = AuthTable()
         self.pop.reset()
+        self.txn.reset()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

@@ -57,7 +57,7 @@ class LeaderNode:
     def __init__(self, sm: BrokerStateMachine, log: MemoryLog) -> None:
         self.sm = sm
         self.store = log
-        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n0", term=1)
+        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n0", term=1, last_index=0)
         self.cfg = SimpleNamespace(self_id="n0", store=SimpleNamespace(max_body_bytes=8 << 20))
         self.proposals = 0
         self.gate: Any = None  # an asyncio.Event a proposal waits for, when set
@@ -69,6 +69,20 @@ class LeaderNode:
         entries = [self.store.add(b, entry_type) for b in bodies]
         self.sm.apply(entries)
         return entries[0].index, entries[-1].index, 1
+
+
+class LogAgain:
+    """For a restart test: a log that holds every index the first run wrote (the snapshot's
+    applied index must be inside the log; its entries are not read again)."""
+
+    def body_position(self, index: int) -> int:
+        return 0
+
+    def first_index(self) -> int:
+        return 1
+
+    def last_index(self) -> int:
+        return 1 << 40
 
 
 def world(

@@ -142,6 +142,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "PopMessage": _pop_consumer,
     BROKER + "AckPop": _pop_consumer,
     BROKER + "ChangeInvisibleTime": _pop_consumer,
+    BROKER + "EndTransaction": lambda r, c: [topic(r.topic, PUB)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,
     BROKER + "DeleteUser": SUPER_ONLY,

@@ -34,6 +34,7 @@ from broker.pop import Pops, Received, ReceiveQuery
 from broker.rmq5.guard import caller_signature
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
+from broker.transactions.manager import Transactions
 from dledger.core import Role
 from dledger.server.node import DLedgerNode
 from dledger.server.status import read_error
@@ -76,6 +77,7 @@ class Stored:
     queue_id: int
     queue_offset: int
     duplicate: bool
+    position: int = -1  # commitlog position (a half message's is its transaction id)
 
 
 class LeaderCalls:
@@ -87,10 +89,12 @@ class LeaderCalls:
         sender: SendPath,
         pops: Pops,
         security: ClientSecurity = PLAINTEXT,
+        txns: Transactions | None = None,
     ) -> None:
         self.node = node
         self.sender = sender
         self.pops = pops
+        self.txns = txns
         if security.credentials is not None:
             # A forward must act as its caller, never as a configured identity.
             raise ValueError("forwards carry the caller's signature, not credentials of their own")
@@ -150,7 +154,9 @@ class LeaderCalls:
 
     async def _send_here(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
         results = await self.sender.send(topic, messages)
-        return [Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate) for r in results]
+        return [
+            Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate, r.position) for r in results
+        ]
 
     async def receive(self, q: ReceiveQuery) -> list[Received]:
         """POP receive on the leader (long polling there)."""
@@ -207,6 +213,25 @@ class LeaderCalls:
             lambda: self.pops.change_invisible(group, topic, handle, invisible_ms), forward
         )
 
+    async def end_transaction(self, topic: str, uniq_id: str, txn_id: str, commit: bool) -> str:
+        """Commit or roll back a transaction on the leader; the verdict applied."""
+
+        async def here() -> str:
+            if self.txns is None:
+                raise Failure("NOT_SERVED", "transactions are not wired on this node")
+            return await self.txns.end(topic, uniq_id, txn_id, commit)
+
+        async def forward(stub: pb_grpc.BrokerStub) -> str:
+            request = pb.EndTransactionRequest(
+                topic=topic, msg_id=uniq_id, transaction_id=txn_id, commit=commit
+            )
+            resp = await stub.EndTransaction(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+            return str(resp.outcome)
+
+        return await self._on_leader(here, forward)
+
     async def _forward(
         self, stub: pb_grpc.BrokerStub, topic: str, messages: Sequence[pb.Message]
     ) -> list[Stored]:
@@ -216,12 +241,13 @@ class LeaderCalls:
             metadata=caller_signature(),
         )
         return [
-            Stored(uid, q, off, dup)
-            for uid, q, off, dup in zip(
+            Stored(uid, q, off, dup, pos)
+            for uid, q, off, dup, pos in zip(
                 resp.packed_msg_ids,
                 resp.packed_queue_ids,
                 resp.packed_queue_offsets,
                 resp.packed_duplicates,
+                resp.packed_positions,
                 strict=True,
             )
         ]

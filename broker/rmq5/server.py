@@ -27,6 +27,7 @@ from broker.rmq5.routes import NameServerRoutes
 from broker.rmq5.service import SERVICE_NAME, MessagingServicer, V2Config
 from broker.sending import SendPath
 from broker.topics import Topics
+from broker.transactions.manager import Transactions
 from dledger.server import StartError
 from dledger.server.guard import CallGuard
 from dledger.server.node import DLedgerNode
@@ -68,11 +69,12 @@ class V2Port:
         bind_host: str,
         namesrv_addrs: list[str],
         security: V2Security | None = None,
+        txns: Transactions | None = None,
     ) -> None:
         self.security = security or V2Security()
         if self.security.plaintext_port and self.security.tls is None:
             raise ValueError("a plaintext v2 port beside a plaintext one: set tls")
-        self.leader = LeaderCalls(node, sender, pops, self.security.client)
+        self.leader = LeaderCalls(node, sender, pops, self.security.client, txns)
         self.routes = (
             NameServerRoutes(
                 namesrv_addrs,

@@ -23,6 +23,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.applied import AppliedMessages
 from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
@@ -32,6 +33,7 @@ from broker.rmq5.clients import ClientTable
 from broker.rmq5.codes import v2_code_name
 from broker.rmq5.leader import Failure, LeaderCalls
 from broker.rmq5.routes import GroupTopic, NameServerRoutes
+from broker.rmq5.txn import ProducerStreams, merged
 from broker.rpcerrors import error_failure
 from broker.state import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
@@ -41,6 +43,7 @@ from broker.state import (
     TopicConfig,
 )
 from broker.topics import Topics
+from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, transaction_id
 from dledger.server import rpcguard
 from msgcodec import (
     PROPERTY_DELAY,
@@ -104,6 +107,7 @@ RESERVED_PROPERTIES = frozenset(
         PROPERTY_RETRY_TOPIC,
         PROPERTY_ORIGIN_MESSAGE_ID,
         PROPERTY_DLQ_ORIGIN_TOPIC,
+        PROPERTY_TRANSACTION_PREPARED,
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
@@ -185,6 +189,7 @@ class MessagingServicer:
         self.cfg = cfg
         self.routes = routes
         self.clients = ClientTable()
+        self.producers = ProducerStreams(AppliedMessages(topics.ctx), f"{cfg.host}:{cfg.port}")
         self._next_queue = itertools.count()
         self._streams = 0
 
@@ -257,10 +262,14 @@ class MessagingServicer:
             )
             return
         self._streams += 1
+        client_id = _client_id(context)
+        stream = self.producers.open(client_id)
         try:
-            client_id = _client_id(context)
             count = 0
-            async for command in request_iterator:
+            async for command, pushed in merged(request_iterator, stream):
+                if pushed is not None:  # a check-back for a producer (broker.rmq5.txn)
+                    yield pushed
+                    continue
                 count += 1
                 if count > MAX_COMMANDS_PER_STREAM:
                     yield v2_service.TelemetryCommand(
@@ -271,8 +280,12 @@ class MessagingServicer:
                     yield v2_service.TelemetryCommand(status=status("BAD_REQUEST", "undecodable"))
                     return
                 if command.WhichOneof("command") == "settings":
-                    yield self._settings_reply(client_id, command.settings)
+                    reply = self._settings_reply(client_id, command.settings)
+                    if reply.status.code == v2.OK and command.settings.client_type == v2.PRODUCER:
+                        self.producers.publishing(stream, command.settings.publishing.topics)
+                    yield reply
         finally:
+            self.producers.close(stream)
             self._streams -= 1
 
     def _settings_reply(self, client_id: str, settings: Any) -> Any:
@@ -359,15 +372,33 @@ class MessagingServicer:
             st = _status_of(exc, self.node)
             entries = [v2_service.SendResultEntry(status=st) for _ in range(n)]
             return v2_service.SendMessageResponse(status=st, entries=entries)
+        half = PROPERTY_TRANSACTION_PREPARED in messages[0].properties
         return v2_service.SendMessageResponse(
             status=status(),
             entries=[
                 v2_service.SendResultEntry(
-                    status=status(), message_id=V2_ID_VERSION + s.uniq_id, offset=s.queue_offset
+                    status=status(),
+                    message_id=V2_ID_VERSION + s.uniq_id,
+                    offset=s.queue_offset,
+                    transaction_id=transaction_id(s.position) if half else "",
                 )
                 for s in stored
             ],
         )
+
+    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            topic = _topic_name(request.topic)
+            found = V2_ID.fullmatch(request.message_id)
+            if found is None:
+                raise V2Error("ILLEGAL_MESSAGE_ID", f"message id {request.message_id[:40]!r}")
+            if request.resolution not in (v2.COMMIT, v2.ROLLBACK):
+                raise V2Error("BAD_REQUEST", "resolution must be COMMIT or ROLLBACK")
+            commit = request.resolution == v2.COMMIT
+            await self.leader.end_transaction(topic, found.group(1), request.transaction_id, commit)
+        except Exception as exc:
+            return v2_service.EndTransactionResponse(status=_status_of(exc, self.node))
+        return v2_service.EndTransactionResponse(status=status())
 
     # ------------------------------------------------------------------ POP consumption
 
@@ -490,7 +521,6 @@ NOT_SERVED_UNARY = (
     "UpdateOffset",
     "GetOffset",
     "QueryOffset",
-    "EndTransaction",
     "RecallMessage",
     "SyncLiteSubscription",
 )
@@ -681,8 +711,8 @@ def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Me
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
             f"a {_type_name(kind)} message for topic {topic!r} of type {topic_type}",
         )
-    if kind != v2.NORMAL:
-        raise V2Error("UNSUPPORTED", "only NORMAL messages are served so far (docs/RMQ5.md)")
+    if kind not in (v2.NORMAL, v2.TRANSACTION):
+        raise V2Error("UNSUPPORTED", "FIFO and DELAY messages are not served yet (docs/RMQ5.md)")
     if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
         raise V2Error(
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
@@ -694,12 +724,15 @@ def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Me
     born_ms = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
     if born_ms < 0:
         raise V2Error("BAD_REQUEST", "born_timestamp is before 1970")
+    properties = dict(m.user_properties)
+    if kind == v2.TRANSACTION:  # a half message (broker.transactions)
+        properties[PROPERTY_TRANSACTION_PREPARED] = "true"
     return pb.Message(
         topic=topic,
         queue_id=queue_id,
         tags=sp.tag,
         keys=list(sp.keys),
-        properties=dict(m.user_properties),
+        properties=properties,
         body=m.body,
         born_host=sp.born_host,
         born_timestamp_ms=born_ms,

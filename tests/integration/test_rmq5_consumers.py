@@ -19,7 +19,10 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from support import create_topic_on, pull_all, wait_for
+from rmq5_support import NODE_MODULES, PYTHON, SCRIPTS, running_group, topic_on_every_node
+from rmq5_support import code as _code
+from rmq5_support import follower_v2_addr as _follower_v2_addr
+from support import pull_all, wait_for
 
 from broker.cluster import LocalCluster
 from broker.rmq5 import stubs
@@ -28,11 +31,6 @@ pytestmark = [pytest.mark.integration]
 
 v2, v2_service, v2_grpc = stubs.load()
 
-ROOT = Path(__file__).resolve().parents[2]
-RMQ5 = ROOT / "build" / "rmq5"
-SCRIPTS = ROOT / "tests" / "rmq5"
-PYTHON = RMQ5 / "pyclient" / "bin" / "python"
-NODE_MODULES = RMQ5 / "node" / "node_modules"
 QUEUES = 4
 # Each official client's producer sends this many; its consumer must ack each exactly once.
 MESSAGES = 1000
@@ -43,54 +41,21 @@ HELD = 200
 MAX_ATTEMPTS = 2
 MIN_INVISIBLE_MS = 1000
 CLIENT_TIMEOUT_S = 90
-DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
 CALL_TIMEOUT_S = 10
 
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("rmq5c"))
-    cluster.configure(
-        3,
-        auto_ports=True,
-        extra={
-            "mappedFileSizeCommitLog": str(8 << 20),
-            "popMaxDeliveryAttempts": str(MAX_ATTEMPTS),
-            "popMinInvisibleTimeMs": str(MIN_INVISIBLE_MS),
-            **DISK_CONF,
-        },
-    )
-    try:
-        cluster.up()
+    extra = {
+        "popMaxDeliveryAttempts": str(MAX_ATTEMPTS),
+        "popMinInvisibleTimeMs": str(MIN_INVISIBLE_MS),
+    }
+    with running_group(tmp_path_factory.mktemp("rmq5c"), extra) as cluster:
         yield cluster
-    finally:
-        cluster.down(grace_s=5.0)
 
 
 def _topic(cluster: LocalCluster, name: str) -> str:
-    create_topic_on([cluster], [], name, QUEUES)
-    for n in cluster.nodes:  # every member applied it: any node may be asked
-        with grpc.insecure_channel(n.grpc_addr) as ch:
-            stub = v2_grpc.MessagingServiceStub(ch)
-            ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=name))
-            wait_for(lambda s=stub, a=ask: _route_ok(s, a), 10, f"{name} on {n.node_id}")
-    return name
-
-
-def _route_ok(stub: Any, ask: Any) -> bool:
-    try:
-        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
-    except grpc.RpcError:
-        return False
-
-
-def _code(status: Any) -> str:
-    return str(v2.Code.Name(status.code))
-
-
-def _follower_v2_addr(cluster: LocalCluster) -> str:
-    leader = cluster.wait_leader()
-    return next(n.grpc_addr for n in cluster.nodes if n.node_id != leader)
+    return topic_on_every_node(cluster, name, QUEUES)
 
 
 def _lines(text: str) -> list[Any]:

@@ -321,8 +321,8 @@ def test_rpcs_not_served_yet_say_so_in_the_body(v2_stub: Any) -> None:
         v2_service.PullMessageRequest(group=v2.Resource(name="g")), timeout=5
     )
     assert [_code(r.status) for r in pull] == ["NOT_IMPLEMENTED"]
-    end = v2_stub.EndTransaction(v2_service.EndTransactionRequest(), timeout=5)
-    assert _code(end.status) == "NOT_IMPLEMENTED"
+    offset = v2_stub.GetOffset(v2_service.GetOffsetRequest(), timeout=5)
+    assert _code(offset.status) == "NOT_IMPLEMENTED"
 
 
 def test_the_stubs_are_generated_not_committed() -> None:

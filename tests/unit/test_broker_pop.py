@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from broker_world import world
+from broker_world import LogAgain, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import InvalidRequestError
@@ -176,24 +176,7 @@ def test_pop_state_survives_a_restart(tmp_path: Path) -> None:
 
     captured = asyncio.run(body())
     sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
-    sm.attach(_LogAgain(tmp_path))
+    sm.attach(LogAgain())
     sm.applied_index()
     assert sm.pop.capture() == captured and sm.pop.inflight_total == 2
     sm.close()
-
-
-class _LogAgain:
-    """The snapshot's applied index must be inside the log: a log that holds every index the
-    first run wrote (its entries are not read again)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def body_position(self, index: int) -> int:
-        return 0
-
-    def first_index(self) -> int:
-        return 1
-
-    def last_index(self) -> int:
-        return 1 << 40

@@ -738,3 +738,21 @@ class ChangeInvisibleTimeResponse(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     message: PoppedMessage
     def __init__(self, message: _Optional[_Union[PoppedMessage, _Mapping]] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("topic", "msg_id", "transaction_id", "commit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    msg_id: str
+    transaction_id: str
+    commit: bool
+    def __init__(self, topic: _Optional[str] = ..., msg_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class EndTransactionResponse(_message.Message):
+    __slots__ = ("outcome",)
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    outcome: str
+    def __init__(self, outcome: _Optional[str] = ...) -> None: ...

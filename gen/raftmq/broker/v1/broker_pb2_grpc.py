@@ -199,6 +199,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
                 _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/EndTransaction',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -402,6 +407,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -569,6 +580,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleTime,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1462,6 +1478,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/ChangeInvisibleTime',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/EndTransaction',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,7 @@ class BrokerStub:
     PopMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]
     AckPop: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]
     ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]
+    EndTransaction: _grpc.UnaryUnaryMultiCallable[_broker_pb2.EndTransactionRequest, _broker_pb2.EndTransactionResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -108,6 +109,7 @@ class BrokerAsyncStub(BrokerStub):
     PopMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]  # type: ignore[assignment]
     AckPop: _aio.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]  # type: ignore[assignment]
     ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
+    EndTransaction: _aio.UnaryUnaryMultiCallable[_broker_pb2.EndTransactionRequest, _broker_pb2.EndTransactionResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -340,5 +342,12 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ChangeInvisibleTimeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_broker_pb2.ChangeInvisibleTimeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTransaction(
+        self,
+        request: _broker_pb2.EndTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.EndTransactionResponse, _abc.Awaitable[_broker_pb2.EndTransactionResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
