@@ -20,6 +20,7 @@ import sys
 
 import uvicorn
 
+from client.errors import MQClientError
 from mqdashboard.reader import GroupReader
 from mqdashboard.sampler import DEFAULT_INTERVAL_MS, MAX_INTERVAL_MS, MIN_INTERVAL_MS, Sampler
 from mqdashboard.web import Settings, create_app
@@ -92,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         security = security_from_args(args)
     except SecurityError as exc:
         parser.error(str(exc))
-    reader = GroupReader(args.namesrv, security)
+    try:
+        reader = GroupReader(args.namesrv, security)
+    except MQClientError as exc:
+        parser.error(f"-n {args.namesrv!r}: {exc.message}")
     sampler = Sampler(reader, args.sample_interval_ms)
     settings = Settings(args.namesrv, actions_need_credentials=security.credentials is not None)
     app = create_app(reader, sampler, settings, allowed_hosts(args.host))

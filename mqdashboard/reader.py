@@ -22,12 +22,13 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from client.admin import MQAdmin
 from client.consumer import PullConsumer
 from client.errors import MQClientError
 from client.message import DLQ_PREFIX, MessageExt, MessageQueue
-from client.route import ChannelPool, RouteClient
+from client.route import NAMESRV_RPC_TIMEOUT_S, ChannelPool, RouteClient, parse_namesrv_addr
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 # One node's Metadata: a dead node must not hold a page up for long.
@@ -210,6 +211,7 @@ class GroupReader:
         self.admin = MQAdmin(namesrv_addr, security)
         self.channels = ChannelPool(security)
         self.routes = RouteClient(namesrv_addr, self.channels)
+        self._namesrvs = parse_namesrv_addr(namesrv_addr)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             MAX_PARALLEL_CALLS, thread_name_prefix="mqdashboard-read"
         )
@@ -218,11 +220,36 @@ class GroupReader:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.channels.close()
 
+    # -- the NameServer --------------------------------------------------------------------
+
+    def _namesrv(self, call: Callable[[ns_grpc.NameServerStub], object]) -> object:
+        """``call`` on the first NameServer that answers, over the reader's own channels (the
+        sampler asks every interval: no new TLS session each time)."""
+        last: MQClientError | None = None
+        for addr in self._namesrvs:
+            try:
+                return call(ns_grpc.NameServerStub(self.channels.get(addr)))
+            except grpc.RpcError as exc:
+                last = MQClientError.from_rpc(exc)
+                if last.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    raise last from exc
+        assert last is not None
+        raise last
+
+    def cluster_info(self) -> ns_pb.GetClusterInfoResponse:
+        resp = self._namesrv(
+            lambda stub: stub.GetClusterInfo(
+                ns_pb.GetClusterInfoRequest(), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        assert isinstance(resp, ns_pb.GetClusterInfoResponse)
+        return resp
+
     # -- clusters, groups and nodes -------------------------------------------------------
 
     def clusters(self) -> list[GroupView]:
         """Every broker group the NameServer knows, each member as its Metadata says."""
-        info = self.admin.cluster_info()
+        info = self.cluster_info()
         groups = [(c.name, g) for c in info.clusters for g in c.groups]
         futures = [[self._pool.submit(self._metadata, m) for m in g.members] for _, g in groups]
         views = []
@@ -258,7 +285,13 @@ class GroupReader:
     # -- topics -----------------------------------------------------------------------------
 
     def topic_names(self) -> list[str]:
-        return self.admin.topic_list()
+        resp = self._namesrv(
+            lambda stub: stub.GetAllTopicList(
+                ns_pb.GetAllTopicListRequest(), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        assert isinstance(resp, ns_pb.GetAllTopicListResponse)
+        return list(resp.topics)
 
     def topics(self, names: list[str] | None = None) -> list[TopicView]:
         """Each topic's queues and offsets (the first MAX_TOPICS names: ordinary topics
@@ -287,7 +320,7 @@ class GroupReader:
     def _leaders(self) -> dict[str, list[str]]:
         """Each broker group's member addresses, the registered leader first."""
         out: dict[str, list[str]] = {}
-        for c in self.admin.cluster_info().clusters:
+        for c in self.cluster_info().clusters:
             for g in c.groups:
                 members = sorted(g.members, key=lambda m: m.node_id != g.leader_id)
                 out[g.broker_name] = [m.client_addr for m in members]

@@ -236,7 +236,7 @@ def _leader_row(driver: Any) -> tuple[str, int]:
     )
 
 
-def test_dashboard_in_a_browser(group: LocalCluster, dashboard: str, browser: Any) -> None:
+def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser

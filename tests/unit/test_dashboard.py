@@ -290,7 +290,7 @@ def test_plaintext_group_actions_need_only_the_confirmation() -> None:
 
 
 def test_command_line_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--port", "0"], ["--sample-interval-ms", "5"], ["--tls-cert", "x"]):
+    for argv in (["--port", "0"], ["--sample-interval-ms", "5"], ["--tls-cert", "x"], ["-n", ";"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
