@@ -356,7 +356,8 @@ class Actions:
             form, problem = {}, str(exc)
         else:
             problem = self._refusal(request, form)
-        base = {"action": action, "params": form}
+        # What the result page may show: never the typed secret.
+        base = {"action": action, "params": {"group": form.get("group", "")}}
 
         def build() -> dict[str, Any]:
             if problem:

@@ -253,6 +253,7 @@ def test_actions_need_a_confirmed_form_and_credentials_on_a_secure_group() -> No
             "/actions/resend", data={**form, "access_key": "ops", "secret_key": "ops-secret-1"}
         )
         assert resp.status_code == 200 and "Resent 1 message: NEWID" in resp.text
+        assert "ops-secret-1" not in resp.text
         ((name, group, msg_id, security),) = reader.calls
         assert (name, group, msg_id) == ("resend", "g1", "ABC")
         assert security.credentials == Credentials("ops", "ops-secret-1")
