@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from support import create_topic, wait_for
 
 from broker.cluster import LocalCluster, _free_port
-from client import Producer, PullConsumer
+from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
 from client.message import Message
 from client.route import ChannelPool
 
@@ -39,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 OUTPUT = Path(os.environ.get("RAFTMQ_TEST_OUTPUT", REPO / "build" / "test-output")) / "dashboard"
 TOPIC = "DashOrders"
 GROUP = "dash-group"
+LIVE_GROUP = "dash-live"
 HOSTILE = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2"> & <b>bold</b>'
 # A page load, a leader change seen by the dashboard: deadlines on a loaded 2-core machine.
 PAGE_DEADLINE_S = 20.0
@@ -149,27 +151,32 @@ def _fill(group: LocalCluster) -> None:
         first = consumer.pull(queues[0], 0, 1).messages[0]
         consumer.update_offset(queues[0], 3)
         consumer.update_offset(queues[1], 1)
+    request = bpb.ConsumerSendMsgBackRequest(
+        consumer_group=GROUP,
+        messages=[
+            bpb.SendBackItem(commitlog_position=first.commitlog_position, msg_id=first.msg_id)
+        ],
+        delay_level=-1,
+    )
     channels = ChannelPool(security)
-    try:
+
+    def dead_lettered() -> bool:
         leader = group.node(group.wait_leader()).client_addr
-        channels.broker(leader).ConsumerSendMsgBack(
-            bpb.ConsumerSendMsgBackRequest(
-                consumer_group=GROUP,
-                messages=[
-                    bpb.SendBackItem(
-                        commitlog_position=first.commitlog_position, msg_id=first.msg_id
-                    )
-                ],
-                delay_level=-1,
-            ),
-            timeout=10,
-        )
+        try:
+            channels.broker(leader).ConsumerSendMsgBack(request, timeout=5)
+        except grpc.RpcError:  # a loaded machine: a slow connect, an election
+            return False
+        return True
+
+    try:
+        wait_for(dead_lettered, PAGE_DEADLINE_S, "a dead letter")
     finally:
         channels.close()
 
 
 class Traffic:
-    """Sends for the live charts, bounded in count and time, until stopped."""
+    """Sends for the live charts, bounded in count and time, until stopped, and a push
+    consumer of another group reading them (the consume-rate chart)."""
 
     MAX_MESSAGES = 2_000
     MAX_SECONDS = 20.0
@@ -179,6 +186,11 @@ class Traffic:
         self.producer = Producer(
             "dash-traffic", group.namesrv.addr, security=group.client_security()
         )
+        self.consumer = PushConsumer(
+            LIVE_GROUP, group.namesrv.addr, security=group.client_security()
+        )
+        self.consumer.subscribe(TOPIC, "*")
+        self.consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -195,6 +207,7 @@ class Traffic:
 
     def __enter__(self) -> Traffic:
         self.producer.start()
+        self.consumer.start()
         self.thread.start()
         return self
 
@@ -202,6 +215,7 @@ class Traffic:
         self.stop.set()
         self.thread.join(10)
         self.producer.shutdown()
+        self.consumer.shutdown()
 
 
 def _shot(driver: Any, name: str) -> None:
@@ -258,10 +272,16 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
 
         def drawn() -> bool:
             samples = driver.find_element(By.ID, "charts").get_attribute("data-samples")
-            lines = driver.find_elements(By.CSS_SELECTOR, '[data-series="send_rate"] polyline')
-            return int(samples or 0) >= 6 and bool(lines)
+            charts = driver.find_elements(By.CSS_SELECTOR, "figure[data-series]")
+            return int(samples or 0) >= 6 and all(
+                c.find_elements(By.TAG_NAME, "polyline") for c in charts
+            )
 
-        wait_for(drawn, PAGE_DEADLINE_S, "the send-rate chart to draw six samples")
+        try:
+            wait_for(drawn, PAGE_DEADLINE_S, "every chart to draw six samples")
+        except AssertionError:
+            with urllib.request.urlopen(dashboard + "/api/series", timeout=5) as resp:
+                raise AssertionError(resp.read()[:2000]) from None
         _shot(driver, "charts")
     # Find a message by key: its body and properties.
     text = _open(driver, dashboard + f"/messages?mode=key&topic={TOPIC}&key=order-7", "1 message")
@@ -286,7 +306,14 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
     driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
     _shot(driver, "confirm")
     driver.find_element(By.ID, "do").click()
-    assert "Resent 1 message" in driver.find_element(By.ID, "done").text
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#done, #error")),
+        PAGE_DEADLINE_S,
+        "the resend's answer",
+    )
+    answer = driver.find_element(By.CSS_SELECTOR, "#done, #error").text
+    assert "Resent 1 message" in answer, answer
+    _shot(driver, "resent")
     # A SIGKILLed leader: the page shows another leader in a higher term.
     _open(driver, dashboard + "/", "LEADER")
     old_leader, old_term = _leader_row(driver)
