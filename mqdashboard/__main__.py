@@ -109,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     )
-    server.run()
-    # uvicorn reports a failed start (a busy port) on stderr and returns without serving.
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's answer to a failed start (a busy port), said on stderr
+        return 1
     return 0 if server.started else 1
 
 
