@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RMQ5_DIR := build/rmq5
 RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
-PACKAGES := mqcli mqsecurity dledger msgcodec broker nameserver client jepsen_like spark_audit
+PACKAGES := mqcli mqsecurity dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
@@ -29,14 +29,18 @@ $(RMQ5_STAMP): $(STAMP) $(RMQ5_PINS)
 	$(PY) protos/rmq5_deps.py --out $(RMQ5_DIR)
 	touch $(RMQ5_STAMP)
 
-# System tools some tests need beyond Python: `iptables` for mqjepsen's network-namespace
-# backend (tests/jepsen/test_netns.py). Installed with apt-get when missing and running as root
-# (CI: a fresh Debian machine); a no-op costing one `command -v` when present. Not root, or no
-# apt-get: one note, no failure, and that test is skipped with the reason.
-SYSTEM_TOOLS := iptables
+# System tools some tests need beyond Python, as command:Debian-package pairs: `iptables` for
+# mqjepsen's network-namespace backend (tests/jepsen/test_netns.py); `chromium` and
+# `chromedriver` (package chromium-driver) for the dashboard's browser test
+# (tests/integration/test_dashboard_browser.py). Installed with apt-get (after apt-get update)
+# when missing and running as root (CI: a fresh Debian machine); a no-op costing one
+# `command -v` per tool when present. Not root, or no apt-get: one note, no failure, and the
+# tests that need them are skipped with the reason.
+SYSTEM_TOOLS := iptables:iptables chromium:chromium chromedriver:chromium-driver
 system-deps:
-	@missing=""; for tool in $(SYSTEM_TOOLS); do \
-	  PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	@missing=""; for pair in $(SYSTEM_TOOLS); do \
+	  tool=$${pair%%:*}; package=$${pair#*:}; \
+	  PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$package"; \
 	done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then \

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -592,6 +593,18 @@ def rmq5_line(cluster: LocalCluster) -> str:
     return f"rmq5 (RocketMQ 5 clients, grpcServerPort): endpoints {';'.join(ports)}"
 
 
+def dashboard_line(cluster: LocalCluster) -> str:
+    """How to watch this group in a browser: ``mqcluster`` starts no dashboard (it would
+    outlive ``up``, holding a port), it says how to start one (docs/DASHBOARD.md)."""
+    if cluster.namesrv is None:
+        return "dashboard: needs a NameServer (started without --no-namesrv)"
+    argv = " ".join(shlex.quote(a) for a in ["-n", cluster.namesrv.addr, *cluster.tool_argv()])
+    return (
+        f"dashboard: mqdashboard {argv}\n"
+        "  then open http://127.0.0.1:8080/ (--port to change it; docs/DASHBOARD.md)"
+    )
+
+
 def format_table(rows: list[dict[str, object]]) -> str:
     """The rows as columns; each ``exit`` entry (a node that exited) as a line of its own
     below the table: ``nX exited: FATAL component=... cause=...``."""
@@ -666,6 +679,7 @@ def _cmd_up(cluster: LocalCluster, ns: argparse.Namespace, extra: dict[str, str]
     print(format_table(cluster.status_rows()))
     print(namesrv_line(cluster))
     print(rmq5_line(cluster))
+    print(dashboard_line(cluster))
     if cluster.secure:
         print(localsecurity.credentials_notice(cluster.layout))
     else:

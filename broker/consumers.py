@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from broker.applied import require_leader
 from broker.errors import InvalidRequestError
@@ -27,6 +28,17 @@ MAX_SUBSCRIPTIONS = 1024
 # Queues in one lock or unlock request or one heartbeat's locked list (RocketMQ locks per
 # broker group, at most a few hundred queues per consumer).
 MAX_LOCK_BATCH = 4096
+# Groups in one ListConsumerGroups answer: a dashboard's page, not an export (a cluster with
+# more groups than this is listed by name order up to it, with `truncated` set).
+MAX_LISTED_GROUPS = 10_000
+
+
+class GroupListing(NamedTuple):
+    """One consumer group as ``ListConsumerGroups`` shows it."""
+
+    group: str
+    topics: list[str]  # topics with a committed offset, sorted
+    online_clients: int
 
 
 def validate_client_id(client_id: str) -> None:
@@ -93,6 +105,20 @@ class ConsumerGroups:
         validate_group_name(group)
         self.expire(self.clock_ms())
         return self.consumers.clients(group)
+
+    def listed(self, limit: int = MAX_LISTED_GROUPS) -> tuple[list[GroupListing], bool]:
+        """Every group with a committed offset (replicated state) or a live consumer on this
+        node, by name, at most ``limit``; and whether more exist."""
+        self.expire(self.clock_ms())
+        topics: dict[str, set[str]] = {}
+        for group, topic, _ in self.ctx.sm.offsets:
+            topics.setdefault(group, set()).add(topic)
+        names = sorted(topics.keys() | self.consumers.groups())
+        out = [
+            GroupListing(g, sorted(topics.get(g, ())), len(self.consumers.clients(g)))
+            for g in names[:limit]
+        ]
+        return out, len(names) > limit
 
     def lock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
         """Lock (or renew) ``queues`` for ``client_id``; the subset it now holds. Only the

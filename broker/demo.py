@@ -337,6 +337,14 @@ def _official_client(cluster: LocalCluster, client: _Client) -> bool:
     return done.returncode == 0
 
 
+# The demo opens no browser and starts no dashboard (it tears its group down within a
+# minute); it says where to look (issue #22).
+WATCH_NOTE = (
+    "to watch a group in a browser: `mqcluster up` starts one and prints the mqdashboard\n"
+    "command for it; the dashboard serves http://127.0.0.1:8080/ (docs/DASHBOARD.md)"
+)
+
+
 def run(base_dir: Path, secure: bool = True) -> int:
     cluster = LocalCluster(base_dir / "group")
     # Small segments: the demo writes a few MB; default 1 GiB segments are for production.
@@ -353,6 +361,7 @@ def run(base_dir: Path, secure: bool = True) -> int:
         print(f"security: {client.security.describe()}")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
+        print(WATCH_NOTE)
         _create_topic(client, cluster)
         producer = _Producer(client, cluster)
         _produce_through_failover(cluster, producer, leader)

@@ -263,6 +263,10 @@ class ConsumerTable:
         self._drop_from_group((group, client_id))
         return True
 
+    def groups(self) -> set[str]:
+        """The groups with a live consumer (call :meth:`expire` first)."""
+        return set(self._groups)
+
     def clients(self, group: str) -> list[str]:
         """The group's live consumers, sorted (call :meth:`expire` first)."""
         return sorted(self._groups.get(group, ()))

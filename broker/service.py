@@ -407,6 +407,21 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.GetConsumerListResponse(client_ids=clients)
 
     @_rpc
+    async def ListConsumerGroups(
+        self, request: pb.ListConsumerGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListConsumerGroupsResponse:
+        groups, truncated = self.consumers.listed()
+        return pb.ListConsumerGroupsResponse(
+            groups=[
+                pb.ConsumerGroupInfo(
+                    consumer_group=g.group, topics=g.topics, online_clients=g.online_clients
+                )
+                for g in groups
+            ],
+            truncated=truncated,
+        )
+
+    @_rpc
     async def LockBatchMQ(
         self, request: pb.LockBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.LockBatchResponse:

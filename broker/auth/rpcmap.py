@@ -134,6 +134,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "ViewMessage": _view,
     BROKER + "Heartbeat": _heartbeat,
     BROKER + "GetConsumerList": lambda r, c: [group(r.consumer_group, SUB)],
+    BROKER + "ListConsumerGroups": lambda r, c: [cluster(c, LIST)],
     BROKER + "UnregisterConsumer": lambda r, c: [group(r.consumer_group, SUB)],
     BROKER + "LockBatchMQ": _locks,
     BROKER + "UnlockBatchMQ": _locks,

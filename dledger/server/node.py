@@ -19,6 +19,7 @@ import functools
 import heapq
 import itertools
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -103,6 +104,19 @@ PLAINTEXT_CLIENT_HOST = "127.0.0.1"
 def _echo(text: str) -> str:
     """``text`` as it may appear in an error detail or a log line: bounded, repr-quoted."""
     return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
+
+
+def _disk_space(path: os.PathLike[str] | str) -> dict[str, int]:
+    """``Metadata``'s disk fields: the store's file system, total and free bytes (one
+    ``statvfs``, about a microsecond); zeros when it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return {"disk_total_bytes": 0, "disk_free_bytes": 0}
+    return {
+        "disk_total_bytes": st.f_blocks * st.f_frsize,
+        "disk_free_bytes": st.f_bavail * st.f_frsize,
+    }
 
 
 class StateMachine(Protocol):
@@ -846,6 +860,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             ],
             store_path=str(node.store.root),
             refusals=REFUSALS.snapshot(),
+            **_disk_space(node.store.root),
         )
 
     async def TransferLeadership(

@@ -583,3 +583,20 @@ def test_the_adapter_answers_in_the_one_shape_over_real_components(tmp_path: Pat
         assert err.code == grpc.StatusCode.NOT_FOUND and err.detail.startswith("TOPIC_NOT_FOUND ")
 
     asyncio.run(body())
+
+
+def test_list_consumer_groups_merges_offsets_and_live_consumers_within_a_limit() -> None:
+    async def body() -> None:
+        s, _ = _servicer()
+        ctx = FakeContext()
+        s.consumers.ctx.sm.offsets.update({("g-offsets", "T2", 0): 5, ("g-offsets", "T1", 3): 1})
+        await s.Heartbeat(pb.HeartbeatRequest(client_id="c1", consumer_group="g-live"), ctx)
+        await s.Heartbeat(pb.HeartbeatRequest(client_id="c2", consumer_group="g-live"), ctx)
+        resp = await s.ListConsumerGroups(pb.ListConsumerGroupsRequest(), ctx)
+        got = [(g.consumer_group, list(g.topics), g.online_clients) for g in resp.groups]
+        assert got == [("g-live", [], 2), ("g-offsets", ["T1", "T2"], 0)]
+        assert not resp.truncated
+        listed, truncated = s.consumers.listed(limit=1)
+        assert [g.group for g in listed] == ["g-live"] and truncated
+
+    asyncio.run(body())

@@ -155,6 +155,11 @@ def test_mqcluster_up_is_secure_unless_insecure(
         assert f"RAFTMQ_CREDENTIALS={tmp_path / 'admin.json'}" in out
         assert f"RAFTMQ_TLS_CA={tmp_path / 'tls' / 'ca.crt'}" in out
         assert load_credentials(str(tmp_path / "admin.json")).secret_key not in out
+    # How to watch it in a browser, with the options that reach it (the secret stays a file).
+    dashboard = next(line for line in out.splitlines() if line.startswith("dashboard: "))
+    assert dashboard.startswith("dashboard: mqdashboard -n 127.0.0.1:")
+    assert ("--credentials" in dashboard) is not insecure
+    assert "open http://127.0.0.1:8080/" in out
 
 
 def test_the_rmq5_line_offers_one_endpoint_per_client_over_tls(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -220,3 +221,13 @@ async def _lead_with_first_entry_acked(node: DLedgerNode, sent: list[Message]) -
     ack = AppendResponse("n1", "n0", 2, True, match_index=1, last_log_index=1)
     node.on_peer_message("n1", to_pb(ack, "g"))
     await _until(lambda: node.core.commit_index == 1, "the commit")
+
+
+def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
+    from dledger.server.node import _disk_space
+
+    st = os.statvfs(tmp_path)
+    space = _disk_space(tmp_path)
+    assert space["disk_total_bytes"] == st.f_blocks * st.f_frsize > 0
+    assert 0 < space["disk_free_bytes"] <= space["disk_total_bytes"]
+    assert _disk_space(tmp_path / "gone") == {"disk_total_bytes": 0, "disk_free_bytes": 0}

@@ -481,6 +481,28 @@ class GetConsumerLagResponse(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[QueueLag]
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueLag, _Mapping]]] = ...) -> None: ...
 
+class ListConsumerGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConsumerGroupInfo(_message.Message):
+    __slots__ = ("consumer_group", "topics", "online_clients")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    online_clients: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., online_clients: _Optional[int] = ...) -> None: ...
+
+class ListConsumerGroupsResponse(_message.Message):
+    __slots__ = ("groups", "truncated")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[ConsumerGroupInfo]
+    truncated: bool
+    def __init__(self, groups: _Optional[_Iterable[_Union[ConsumerGroupInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -134,6 +134,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.FromString,
                 _registered_method=True)
+        self.ListConsumerGroups = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ListConsumerGroups',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
+                _registered_method=True)
         self.CreateUser = channel.unary_unary(
                 '/raftmq.broker.v1.Broker/CreateUser',
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.CreateUserRequest.SerializeToString,
@@ -329,6 +334,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListConsumerGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateUser(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -515,6 +526,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetConsumerLag,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.SerializeToString,
+            ),
+            'ListConsumerGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumerGroups,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListConsumerGroupsRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListConsumerGroupsResponse.SerializeToString,
             ),
             'CreateUser': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateUser,
@@ -1127,6 +1143,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/GetConsumerLag',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetConsumerLagResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumerGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ListConsumerGroups',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

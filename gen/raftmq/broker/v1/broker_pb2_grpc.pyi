@@ -58,6 +58,7 @@ class BrokerStub:
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
     ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]
     GetConsumerLag: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]
+    ListConsumerGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListConsumerGroupsRequest, _broker_pb2.ListConsumerGroupsResponse]
     CreateUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateUserRequest, _broker_pb2.CreateUserResponse]
     UpdateUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateUserRequest, _broker_pb2.UpdateUserResponse]
     DeleteUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]
@@ -96,6 +97,7 @@ class BrokerAsyncStub(BrokerStub):
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
     GetConsumerLag: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerLagRequest, _broker_pb2.GetConsumerLagResponse]  # type: ignore[assignment]
+    ListConsumerGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListConsumerGroupsRequest, _broker_pb2.ListConsumerGroupsResponse]  # type: ignore[assignment]
     CreateUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateUserRequest, _broker_pb2.CreateUserResponse]  # type: ignore[assignment]
     UpdateUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateUserRequest, _broker_pb2.UpdateUserResponse]  # type: ignore[assignment]
     DeleteUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]  # type: ignore[assignment]
@@ -251,6 +253,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.GetConsumerLagRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.GetConsumerLagResponse, _abc.Awaitable[_broker_pb2.GetConsumerLagResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListConsumerGroups(
+        self,
+        request: _broker_pb2.ListConsumerGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListConsumerGroupsResponse, _abc.Awaitable[_broker_pb2.ListConsumerGroupsResponse]]: ...
 
     @_abc_1.abstractmethod
     def CreateUser(

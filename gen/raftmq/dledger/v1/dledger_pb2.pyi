@@ -195,7 +195,7 @@ class PeerProgress(_message.Message):
     def __init__(self, id: _Optional[str] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals")
+    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,8 @@ class MetadataResponse(_message.Message):
     PEERS_FIELD_NUMBER: _ClassVar[int]
     STORE_PATH_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     group: str
     self_id: str
     role: str
@@ -231,7 +233,9 @@ class MetadataResponse(_message.Message):
     peers: _containers.RepeatedCompositeFieldContainer[PeerProgress]
     store_path: str
     refusals: _containers.ScalarMap[str, int]
-    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    disk_total_bytes: int
+    disk_free_bytes: int
+    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("group", "target_id")

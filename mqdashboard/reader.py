@@ -1,0 +1,522 @@
+"""What the dashboard shows, read from a cluster through its NameServers: the NameServer's
+cluster info and routes, each node's ``raftmq.dledger.v1.DLedgerClient/Metadata``, and the
+broker's offsets, consumer lag, consumer lists and lookups (``raftmq.broker.v1.Broker``).
+
+Every call has a deadline; a node that does not answer is shown with its error instead of
+holding up the page. Nothing here writes to the cluster except :meth:`GroupReader.resend_dlq`
+and :meth:`GroupReader.reset_offset`, which the web layer calls only after the user confirmed
+(and, on a secure group, with the credentials the user typed)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
+
+from client.admin import MQAdmin
+from client.consumer import PullConsumer
+from client.errors import MQClientError
+from client.message import DLQ_PREFIX, MessageExt, MessageQueue
+from client.route import NAMESRV_RPC_TIMEOUT_S, ChannelPool, RouteClient, parse_namesrv_addr
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
+
+# One node's Metadata: a dead node must not hold a page up for long.
+METADATA_TIMEOUT_S = 1.5
+# One broker read (offsets, lag, lists), following the leader through an election.
+READ_TIMEOUT_S = 4.0
+# Topics whose offsets one page or sample reads (each costs one call per queue).
+MAX_TOPICS = 200
+# Messages one search or DLQ page shows.
+MAX_MESSAGES = 200
+# Messages a time-range search reads per queue before it stops (it says so).
+MAX_SCAN_PER_QUEUE = 2_000
+# Body bytes shown per message; the rest is cut (the page says how many bytes there are).
+MAX_BODY_SHOWN_BYTES = 16 << 10
+# The consumer group the dashboard's time-range reads pull as (pulls name a group; nothing
+# is committed for it).
+DASHBOARD_GROUP = "mqdashboard"
+# Calls in flight at once (Metadata of every node, offsets of every group).
+MAX_PARALLEL_CALLS = 8
+
+ROLE_NAMES = {v: k for k, v in ns_pb.BrokerRole.items()}
+Call = Callable[[bpb_grpc.BrokerStub, float], object]
+# A member's view and, for a leader, each follower's lag in entries.
+Sampled = tuple["NodeView", dict[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One member: as the NameServer registered it and as its own Metadata says."""
+
+    node_id: str
+    client_addr: str
+    registered_role: str
+    heartbeat_age_ms: int
+    role: str = "UNREACHABLE"
+    term: int = 0
+    leader_id: str = ""
+    commit_index: int = 0
+    applied_index: int = 0
+    last_index: int = 0
+    lag: int | None = None  # entries behind the leader's last index (leader's view)
+    disk_total_bytes: int = 0
+    disk_free_bytes: int = 0
+    error: str = ""
+
+    @property
+    def disk_used_percent(self) -> float | None:
+        if self.disk_total_bytes <= 0:
+            return None
+        return 100.0 * (self.disk_total_bytes - self.disk_free_bytes) / self.disk_total_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    cluster: str
+    name: str
+    leader_id: str  # as the NameServer has it registered
+    nodes: list[NodeView]
+
+    @property
+    def term(self) -> int:
+        return max((n.term for n in self.nodes), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    name: str
+    queues: list[QueueRow] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def system(self) -> bool:
+        return self.name.startswith(("%", "SCHEDULE_TOPIC", "RMQ_SYS_"))
+
+    @property
+    def messages(self) -> int:
+        """Messages ever written (the sum of the queues' max offsets)."""
+        return sum(q.max_offset for q in self.queues)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupView:
+    name: str
+    topics: list[str]
+    online_clients: int
+
+
+@dataclass(frozen=True, slots=True)
+class LagRow:
+    topic: str
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    committed_offset: int  # -1: none
+    lag: int
+
+    @property
+    def consumed(self) -> int:
+        """Messages of the queue the group is past (its committed offset, or the queue's
+        start when it has none)."""
+        return self.committed_offset if self.committed_offset >= 0 else self.min_offset
+
+
+@dataclass(frozen=True, slots=True)
+class ShownMessage:
+    """A message as a page shows it: the body as text (cut to MAX_BODY_SHOWN_BYTES)."""
+
+    topic: str
+    msg_id: str
+    offset_msg_id: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    tags: str
+    keys: tuple[str, ...]
+    properties: list[tuple[str, str]]
+    body: str
+    body_bytes: int
+    body_cut: bool
+    store_time: str
+    born_time: str
+    reconsume_times: int
+    store_topic: str
+
+    @classmethod
+    def of(cls, m: MessageExt) -> ShownMessage:
+        return cls(
+            topic=m.topic,
+            msg_id=m.msg_id,
+            offset_msg_id=m.offset_msg_id,
+            broker_name=m.broker_name,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            tags=m.tags,
+            keys=m.keys,
+            properties=sorted(m.properties.items()),
+            body=m.body[:MAX_BODY_SHOWN_BYTES].decode("utf-8", errors="replace"),
+            body_bytes=len(m.body),
+            body_cut=len(m.body) > MAX_BODY_SHOWN_BYTES,
+            store_time=format_ms(m.store_timestamp_ms),
+            born_time=format_ms(m.born_timestamp_ms),
+            reconsume_times=m.reconsume_times,
+            store_topic=m.store_topic or m.topic,
+        )
+
+
+def format_ms(ms: int) -> str:
+    """A timestamp in ms as UTC text, millisecond precision ("-" for 0)."""
+    if ms <= 0:
+        return "-"
+    stamp = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d} UTC"
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a page: the stable code and the server's message."""
+    if isinstance(exc, MQClientError):
+        return f"{exc.code} ({exc.status}): {exc.message}"
+    if isinstance(exc, grpc.RpcError):
+        return error_text(MQClientError.from_rpc(exc))
+    return f"{type(exc).__name__}: {exc}"
+
+
+class GroupReader:
+    """Reads a cluster through ``namesrv_addr`` with ``security`` (the dashboard's own
+    credentials: any user allowed to read). Thread-safe; :meth:`close` when done."""
+
+    def __init__(self, namesrv_addr: str, security: ClientSecurity = PLAINTEXT) -> None:
+        self.namesrv_addr = namesrv_addr
+        self.security = security
+        self.admin = MQAdmin(namesrv_addr, security)
+        self.channels = ChannelPool(security)
+        self.routes = RouteClient(namesrv_addr, self.channels)
+        self._namesrvs = parse_namesrv_addr(namesrv_addr)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            MAX_PARALLEL_CALLS, thread_name_prefix="mqdashboard-read"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.channels.close()
+
+    # -- the NameServer --------------------------------------------------------------------
+
+    def _namesrv(self, call: Callable[[ns_grpc.NameServerStub], object]) -> object:
+        """``call`` on the first NameServer that answers, over the reader's own channels (the
+        sampler asks every interval: no new TLS session each time)."""
+        last: MQClientError | None = None
+        for addr in self._namesrvs:
+            try:
+                return call(ns_grpc.NameServerStub(self.channels.get(addr)))
+            except grpc.RpcError as exc:
+                last = MQClientError.from_rpc(exc)
+                if last.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    raise last from exc
+        assert last is not None
+        raise last
+
+    def cluster_info(self) -> ns_pb.GetClusterInfoResponse:
+        resp = self._namesrv(
+            lambda stub: stub.GetClusterInfo(
+                ns_pb.GetClusterInfoRequest(), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        assert isinstance(resp, ns_pb.GetClusterInfoResponse)
+        return resp
+
+    # -- clusters, groups and nodes -------------------------------------------------------
+
+    def clusters(self) -> list[GroupView]:
+        """Every broker group the NameServer knows, each member as its Metadata says."""
+        info = self.cluster_info()
+        groups = [(c.name, g) for c in info.clusters for g in c.groups]
+        futures = [[self._pool.submit(self._metadata, m) for m in g.members] for _, g in groups]
+        views = []
+        for (cluster, g), node_futures in zip(groups, futures, strict=True):
+            nodes = _with_lag([f.result() for f in node_futures])
+            views.append(GroupView(cluster, g.broker_name, g.leader_id, nodes))
+        return views
+
+    def _metadata(self, m: ns_pb.MemberInfo) -> Sampled:
+        base = NodeView(
+            m.node_id, m.client_addr, ROLE_NAMES.get(m.role, "?"), m.last_heartbeat_age_ms
+        )
+        try:
+            md = dpb_grpc.DLedgerClientStub(self.channels.get(m.client_addr)).Metadata(
+                dpb.MetadataRequest(), timeout=METADATA_TIMEOUT_S
+            )
+        except grpc.RpcError as exc:
+            return dataclasses.replace(base, error=error_text(exc)), {}
+        view = dataclasses.replace(
+            base,
+            role=md.role,
+            term=md.term,
+            leader_id=md.leader_id,
+            commit_index=md.commit_index,
+            applied_index=md.applied_index,
+            last_index=md.last_index,
+            disk_total_bytes=md.disk_total_bytes,
+            disk_free_bytes=md.disk_free_bytes,
+        )
+        lags = {p.id: max(md.last_index - p.match_index, 0) for p in md.peers}
+        return view, lags if md.role == "LEADER" else {}
+
+    # -- topics -----------------------------------------------------------------------------
+
+    def topic_names(self) -> list[str]:
+        resp = self._namesrv(
+            lambda stub: stub.GetAllTopicList(
+                ns_pb.GetAllTopicListRequest(), timeout=NAMESRV_RPC_TIMEOUT_S
+            )
+        )
+        assert isinstance(resp, ns_pb.GetAllTopicListResponse)
+        return list(resp.topics)
+
+    def topics(self, names: list[str] | None = None) -> list[TopicView]:
+        """Each topic's queues and offsets (the first MAX_TOPICS names: ordinary topics
+        before system ones)."""
+        names = self.topic_names() if names is None else names
+        ordered = sorted(names, key=lambda n: (TopicView(n).system, n))[:MAX_TOPICS]
+        return list(self._pool.map(self.topic, ordered))
+
+    def topic(self, name: str) -> TopicView:
+        try:
+            route = self.routes.get_route(name)
+            rows: list[QueueRow] = []
+            for g in route.groups:
+                rows += self.routes.call_leader(
+                    name,
+                    g.broker_name,
+                    _offsets_call(name, g.broker_name, g.read_queue_nums),
+                    READ_TIMEOUT_S,
+                )
+            return TopicView(name, rows)
+        except (MQClientError, grpc.RpcError) as exc:
+            return TopicView(name, [], error_text(exc))
+
+    # -- consumer groups --------------------------------------------------------------------
+
+    def _leaders(self) -> dict[str, list[str]]:
+        """Each broker group's member addresses, the registered leader first."""
+        out: dict[str, list[str]] = {}
+        for c in self.cluster_info().clusters:
+            for g in c.groups:
+                members = sorted(g.members, key=lambda m: m.node_id != g.leader_id)
+                out[g.broker_name] = [m.client_addr for m in members]
+        return out
+
+    def _first_answer(self, addrs: list[str], call: Call) -> object:
+        last: BaseException | None = None
+        for addr in addrs:
+            try:
+                return call(self.channels.broker(addr), READ_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                last = exc
+        raise (
+            MQClientError.from_rpc(last)
+            if isinstance(last, grpc.RpcError)
+            else MQClientError("NO_BROKER", "UNAVAILABLE", "no broker group is registered")
+        )
+
+    def consumer_groups(self) -> list[ConsumerGroupView]:
+        """Every consumer group some broker group knows (offsets or live consumers)."""
+        merged: dict[str, tuple[set[str], int]] = {}
+        for addrs in self._leaders().values():
+            resp = self._first_answer(
+                addrs,
+                lambda stub, t: stub.ListConsumerGroups(pb.ListConsumerGroupsRequest(), timeout=t),
+            )
+            assert isinstance(resp, pb.ListConsumerGroupsResponse)
+            for g in resp.groups:
+                topics, online = merged.get(g.consumer_group, (set(), 0))
+                merged[g.consumer_group] = (topics | set(g.topics), online + g.online_clients)
+        return [
+            ConsumerGroupView(name, sorted(t for t in topics if not t.startswith("%")), online)
+            for name, (topics, online) in sorted(merged.items())
+        ]
+
+    def consumer_lag(self, group: str, topics: list[str]) -> list[LagRow]:
+        """Per queue of each topic: the group's committed offset and lag."""
+        rows: list[LagRow] = []
+        for topic in topics[:MAX_TOPICS]:
+            route = self.routes.get_route(topic)
+            req = pb.GetConsumerLagRequest(consumer_group=group, topic=topic)
+
+            def call(
+                stub: bpb_grpc.BrokerStub, t: float, req: pb.GetConsumerLagRequest = req
+            ) -> pb.GetConsumerLagResponse:
+                resp: pb.GetConsumerLagResponse = stub.GetConsumerLag(req, timeout=t)
+                return resp
+
+            for g in route.groups:
+                resp = self.routes.call_leader(topic, g.broker_name, call, READ_TIMEOUT_S)
+                rows += [
+                    LagRow(
+                        topic,
+                        g.broker_name,
+                        q.queue_id,
+                        q.min_offset,
+                        q.max_offset,
+                        q.committed_offset,
+                        q.lag,
+                    )
+                    for q in resp.queues
+                ]
+        return rows
+
+    def consumer_clients(self, group: str) -> list[tuple[str, str]]:
+        """(broker group, client id) of every live consumer of ``group``."""
+        out: list[tuple[str, str]] = []
+        for name, addrs in sorted(self._leaders().items()):
+            resp = self._first_answer(
+                addrs,
+                lambda stub, t: stub.GetConsumerList(
+                    pb.GetConsumerListRequest(consumer_group=group), timeout=t
+                ),
+            )
+            assert isinstance(resp, pb.GetConsumerListResponse)
+            out += [(name, c) for c in resp.client_ids]
+        return out
+
+    def dead_letters(self, group: str) -> list[ShownMessage]:
+        """The first MAX_MESSAGES messages of ``%DLQ%{group}`` (none when it does not exist)."""
+        if DLQ_PREFIX + group not in self.topic_names():
+            return []
+        return [ShownMessage.of(m) for m in self.admin.dlq_messages(group, MAX_MESSAGES)]
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def by_key(self, topic: str, key: str) -> list[ShownMessage]:
+        return [ShownMessage.of(m) for m in self.admin.query_msg_by_key(topic, key, 32)]
+
+    def by_id(self, topic: str, msg_id: str) -> list[ShownMessage]:
+        return [ShownMessage.of(self.admin.query_msg_by_id(topic, msg_id))]
+
+    def by_time(self, topic: str, begin_ms: int, end_ms: int) -> tuple[list[ShownMessage], bool]:
+        """Messages of ``topic`` stored in [begin_ms, end_ms), oldest first per queue, at most
+        MAX_MESSAGES; and whether the search stopped at a limit before the end."""
+        found: list[MessageExt] = []
+        cut = False
+        with PullConsumer(DASHBOARD_GROUP, self.namesrv_addr, self.security) as consumer:
+            for mq in consumer.fetch_queues(topic):
+                start = self._search(mq, begin_ms)
+                stop = self._search(mq, end_ms)
+                got, more = _pull_range(consumer, mq, start, stop, MAX_MESSAGES - len(found))
+                found += [m for m in got if begin_ms <= m.store_timestamp_ms < end_ms]
+                cut = cut or more
+                if len(found) >= MAX_MESSAGES:
+                    cut = True
+                    break
+        found.sort(key=lambda m: m.store_timestamp_ms)
+        return [ShownMessage.of(m) for m in found[:MAX_MESSAGES]], cut
+
+    def _search(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        resp = self.routes.call_leader(
+            mq.topic,
+            mq.broker_name,
+            lambda stub, t: stub.SearchOffset(
+                pb.SearchOffsetRequest(
+                    topic=mq.topic, queue_id=mq.queue_id, timestamp_ms=timestamp_ms
+                ),
+                timeout=t,
+            ),
+            READ_TIMEOUT_S,
+        )
+        return int(resp.queue_offset)
+
+    # -- the two confirmed actions -----------------------------------------------------------
+
+    def resend_dlq(self, group: str, msg_id: str, security: ClientSecurity) -> list[str]:
+        """Send dead letters of ``group`` (one, or all when ``msg_id`` is empty) back to their
+        topics as ``security``; the new messages' ids."""
+        admin = MQAdmin(self.namesrv_addr, security)
+        return [r.msg_id for _, r in admin.resend_dlq(group, msg_id, "mqdashboard-dlq")]
+
+    def reset_offset(
+        self, group: str, topic: str, timestamp_ms: int, security: ClientSecurity
+    ) -> list[tuple[str, int, int]]:
+        """Move ``group``'s offsets of ``topic`` to the first message stored at or after
+        ``timestamp_ms``, as ``security``; (broker group, queue, offset) set."""
+        admin = MQAdmin(self.namesrv_addr, security)
+        done = admin.reset_offset_by_time(group, topic, timestamp_ms)
+        return [(r.broker_name, r.queue_id, r.offset) for r in done]
+
+
+def _with_lag(sampled: list[Sampled]) -> list[NodeView]:
+    """Each node's lag as the leader that answered sees it (its own: 0); None without one."""
+    leader = next(((n, lags) for n, lags in sampled if n.role == "LEADER"), None)
+    out = []
+    for n, _ in sampled:
+        lag: int | None = None
+        if leader is not None:
+            lag = 0 if n is leader[0] else leader[1].get(n.node_id)
+        out.append(dataclasses.replace(n, lag=lag))
+    return out
+
+
+def _offsets_call(
+    topic: str, broker_name: str, queues: int
+) -> Callable[[bpb_grpc.BrokerStub, float], list[QueueRow]]:
+    def call(stub: bpb_grpc.BrokerStub, t: float) -> list[QueueRow]:
+        rows = []
+        for q in range(queues):
+            r = stub.GetQueueOffsets(pb.GetQueueOffsetsRequest(topic=topic, queue_id=q), timeout=t)
+            rows.append(QueueRow(broker_name, q, r.min_offset, r.max_offset))
+        return rows
+
+    return call
+
+
+def _pull_range(
+    consumer: PullConsumer, mq: MessageQueue, start: int, stop: int, room: int
+) -> tuple[list[MessageExt], bool]:
+    """Messages of ``mq`` from offset ``start`` up to ``stop``, at most ``room`` and at most
+    MAX_SCAN_PER_QUEUE read; and whether a limit stopped it first."""
+    out: list[MessageExt] = []
+    offset, read = start, 0
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while offset < stop and len(out) < room:
+        if read >= MAX_SCAN_PER_QUEUE or time.monotonic() > deadline:
+            return out, True
+        res = consumer.pull(mq, offset, min(32, stop - offset))
+        if res.status != "FOUND" or res.next_begin_offset <= offset:
+            break
+        read += res.next_begin_offset - offset
+        out += [m for m in res.messages if m.queue_offset < stop]
+        offset = res.next_begin_offset
+    return out[:room], len(out) > room
+
+
+__all__ = [
+    "ConsumerGroupView",
+    "GroupReader",
+    "GroupView",
+    "LagRow",
+    "NodeView",
+    "QueueRow",
+    "ShownMessage",
+    "TopicView",
+    "error_text",
+    "format_ms",
+]

@@ -1,0 +1,331 @@
+"""mqdashboard in a real browser (issue #22): Debian's headless Chromium, driven by selenium,
+against a live secure 3-node group and its NameServer. It loads every page, finds a sent
+message by key, shows a hostile body as text, resends a dead letter after confirming with the
+admin's credentials, sees the leader change after a SIGKILL, and writes a screenshot of each
+page to build/test-output/dashboard/ (RAFTMQ_TEST_OUTPUT overrides build/test-output).
+
+Without chromium and chromedriver (``make system-deps`` installs them as root) the test is
+skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from raftmq.broker.v1 import broker_pb2 as bpb
+from support import create_topic, wait_for
+
+from broker.cluster import LocalCluster, _free_port
+from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
+from client.message import Message
+from client.route import ChannelPool
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+OUTPUT = Path(os.environ.get("RAFTMQ_TEST_OUTPUT", REPO / "build" / "test-output")) / "dashboard"
+TOPIC = "DashOrders"
+GROUP = "dash-group"
+LIVE_GROUP = "dash-live"
+HOSTILE = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2"> & <b>bold</b>'
+# A page load, a leader change seen by the dashboard: deadlines on a loaded 2-core machine.
+PAGE_DEADLINE_S = 20.0
+FAILOVER_DEADLINE_S = 30.0
+
+
+def _browser_binaries() -> tuple[str, str]:
+    chromium = shutil.which("chromium")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip(
+            "needs Debian's chromium and chromium-driver (make system-deps installs them as root)"
+        )
+    return chromium, driver
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    chromium, driver_path = _browser_binaries()
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1360,900",
+    ):
+        options.add_argument(arg)
+    try:
+        driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    except WebDriverException as exc:
+        pytest.skip(f"headless Chromium did not start: {exc.msg}")
+    driver.set_page_load_timeout(PAGE_DEADLINE_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path / "group")
+    cluster.configure(
+        3,
+        auto_ports=True,
+        namesrv=True,
+        secure=True,
+        extra={"mappedFileSizeCommitLog": str(4 << 20), "registerBrokerPeriod": "1000"},
+    )
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down(grace_s=5.0)
+
+
+@pytest.fixture
+def dashboard(group: LocalCluster, tmp_path: Path) -> Iterator[str]:
+    assert group.namesrv is not None
+    port = _free_port()
+    argv = [sys.executable, "-m", "mqdashboard", "-n", group.namesrv.addr, "--port", str(port)]
+    argv += ["--sample-interval-ms", "500", *group.tool_argv()]
+    log = (tmp_path / "dashboard.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(url, proc), PAGE_DEADLINE_S, "the dashboard to listen")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def _answers(url: str, proc: subprocess.Popen[bytes]) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"mqdashboard exited with {proc.returncode}")
+    try:
+        with urllib.request.urlopen(url + "/api/series", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _fill(group: LocalCluster) -> None:
+    """A topic with keyed messages (one hostile), a consumer group with lag on some queues,
+    and one dead letter."""
+    assert group.namesrv is not None
+    create_topic(group, TOPIC, 4)
+    security = group.client_security()
+    with Producer("dash-producer", group.namesrv.addr, security=security) as producer:
+        for i in range(40):
+            producer.send(Message(TOPIC, f"order body {i}".encode(), "tagA", (f"order-{i}",)))
+        producer.send(
+            Message(TOPIC, HOSTILE.encode(), "<i>t</i>", ("xss-1",), {"note": '"><svg onload=1>'})
+        )
+    with PullConsumer(GROUP, group.namesrv.addr, security) as consumer:
+        queues = consumer.fetch_queues(TOPIC)
+        first = consumer.pull(queues[0], 0, 1).messages[0]
+        consumer.update_offset(queues[0], 3)
+        consumer.update_offset(queues[1], 1)
+    request = bpb.ConsumerSendMsgBackRequest(
+        consumer_group=GROUP,
+        messages=[
+            bpb.SendBackItem(commitlog_position=first.commitlog_position, msg_id=first.msg_id)
+        ],
+        delay_level=-1,
+    )
+    channels = ChannelPool(security)
+
+    def dead_lettered() -> bool:
+        leader = group.node(group.wait_leader()).client_addr
+        try:
+            channels.broker(leader).ConsumerSendMsgBack(request, timeout=5)
+        except grpc.RpcError:  # a loaded machine: a slow connect, an election
+            return False
+        return True
+
+    try:
+        wait_for(dead_lettered, PAGE_DEADLINE_S, "a dead letter")
+    finally:
+        channels.close()
+
+
+class Traffic:
+    """Sends for the live charts, bounded in count and time, until stopped, and a push
+    consumer of another group reading them (the consume-rate chart)."""
+
+    MAX_MESSAGES = 2_000
+    MAX_SECONDS = 20.0
+
+    def __init__(self, group: LocalCluster) -> None:
+        assert group.namesrv is not None
+        self.producer = Producer(
+            "dash-traffic", group.namesrv.addr, security=group.client_security()
+        )
+        self.consumer = PushConsumer(
+            LIVE_GROUP, group.namesrv.addr, security=group.client_security()
+        )
+        self.consumer.subscribe(TOPIC, "*")
+        self.consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.MAX_SECONDS
+        for i in range(self.MAX_MESSAGES):
+            if self.stop.is_set() or time.monotonic() > deadline:
+                return
+            try:
+                self.producer.send(Message(TOPIC, f"live {i}".encode()))
+            except Exception:  # a failover in the middle: the chart shows the dip
+                time.sleep(0.05)
+            self.stop.wait(0.01)
+
+    def __enter__(self) -> Traffic:
+        self.producer.start()
+        self.consumer.start()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.producer.shutdown()
+        self.consumer.shutdown()
+
+
+def _shot(driver: Any, name: str) -> None:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(OUTPUT / f"{name}.png"))
+
+
+def _open(driver: Any, url: str, expect: str) -> str:
+    """Load ``url`` (again until ``expect`` shows, within the deadline); the page's text."""
+    from selenium.webdriver.common.by import By
+
+    text = ""
+
+    def shows() -> bool:
+        nonlocal text
+        driver.get(url)
+        text = driver.find_element(By.TAG_NAME, "body").text
+        return expect in text
+
+    wait_for(shows, PAGE_DEADLINE_S, f"{expect!r} on {url}")
+    return text
+
+
+def _leader_row(driver: Any) -> tuple[str, int]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, "tr.role-leader")
+    if len(rows) != 1:
+        return "", 0
+    return rows[0].get_attribute("data-node"), int(
+        rows[0].find_element(By.CSS_SELECTOR, ".term").text
+    )
+
+
+def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    _fill(group)
+    with Traffic(group):
+        # Cluster: every node with its role, term, lag and disk.
+        text = _open(driver, dashboard + "/", "LEADER")
+        assert text.count("FOLLOWER") >= 2 and "n0" in text and "n2" in text
+        assert " %" in text  # disk used
+        _shot(driver, "clusters")
+        _open(driver, dashboard + "/topics", TOPIC)
+        _shot(driver, "topics")
+        _open(driver, dashboard + f"/topic?name={TOPIC}", "max offset")
+        _shot(driver, "topic")
+        _open(driver, dashboard + "/consumers", GROUP)
+        _shot(driver, "consumers")
+        # Live charts: drawn from successive samples, updated without a reload.
+        driver.get(dashboard + "/charts")
+
+        def drawn() -> bool:
+            samples = driver.find_element(By.ID, "charts").get_attribute("data-samples")
+            charts = driver.find_elements(By.CSS_SELECTOR, "figure[data-series]")
+            return int(samples or 0) >= 6 and all(
+                c.find_elements(By.TAG_NAME, "polyline") for c in charts
+            )
+
+        try:
+            wait_for(drawn, PAGE_DEADLINE_S, "every chart to draw six samples")
+        except AssertionError:
+            with urllib.request.urlopen(dashboard + "/api/series", timeout=5) as resp:
+                raise AssertionError(resp.read()[:2000]) from None
+        _shot(driver, "charts")
+    # Find a message by key: its body and properties.
+    text = _open(driver, dashboard + f"/messages?mode=key&topic={TOPIC}&key=order-7", "1 message")
+    assert "order body 7" in text and "order-7" in text
+    _shot(driver, "messages")
+    # Hostile values are shown as text: nothing of them runs or becomes markup.
+    _open(driver, dashboard + f"/messages?mode=key&topic={TOPIC}&key=xss-1", "1 message")
+    body = driver.find_element(By.CSS_SELECTOR, "pre.body").text
+    assert body == HOSTILE
+    assert driver.execute_script("return window.__xss === undefined")
+    assert not driver.find_elements(By.CSS_SELECTOR, "main img, main svg, main b")
+    assert '"><svg onload=1>' in driver.find_element(By.CSS_SELECTOR, "table.props").text
+    _shot(driver, "messages_hostile")
+    # The consumer group: lag per queue, and its dead letter, resent after confirming with the
+    # admin's credentials (a secure group: the dashboard's own credentials only read).
+    text = _open(driver, dashboard + f"/consumer?group={GROUP}", "Resend all")
+    assert TOPIC in text
+    _shot(driver, "consumer")
+    driver.find_element(By.LINK_TEXT, "Resend all…").click()
+    credentials = json.loads(Path(group.layout.admin_credentials).read_text())
+    driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+    driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
+    _shot(driver, "confirm")
+    driver.find_element(By.ID, "do").click()
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#done, #error")),
+        PAGE_DEADLINE_S,
+        "the resend's answer",
+    )
+    answer = driver.find_element(By.CSS_SELECTOR, "#done, #error").text
+    assert "Resent 1 message" in answer, answer
+    _shot(driver, "resent")
+    # A SIGKILLed leader: the page shows another leader in a higher term.
+    _open(driver, dashboard + "/", "LEADER")
+    old_leader, old_term = _leader_row(driver)
+    assert old_leader
+    group.signal(old_leader, signal.SIGKILL)
+
+    def new_leader() -> bool:
+        driver.get(dashboard + "/")
+        leader, term = _leader_row(driver)
+        return bool(leader) and leader != old_leader and term > old_term
+
+    wait_for(new_leader, FAILOVER_DEADLINE_S, f"a leader other than {old_leader}")
+    killed = driver.find_element(By.CSS_SELECTOR, f'tr[data-node="{old_leader}"]').text
+    assert "UNREACHABLE" in killed
+    _shot(driver, "clusters_after_kill")

@@ -1,0 +1,318 @@
+"""mqdashboard without a cluster: the rates, the pages over a fake reader (escaping, errors,
+bounds), and the confirmed actions (token, origin, credentials)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from client.errors import MQClientError
+from client.message import MessageExt
+from mqdashboard.__main__ import allowed_hosts, main
+from mqdashboard.rates import History, rate_per_s
+from mqdashboard.reader import (
+    ConsumerGroupView,
+    GroupView,
+    LagRow,
+    NodeView,
+    QueueRow,
+    ShownMessage,
+    TopicView,
+)
+from mqdashboard.sampler import Sampler
+from mqdashboard.web import MAX_FORM_BYTES, Settings, create_app, parse_time_ms
+from mqsecurity.channels import PLAINTEXT, ClientSecurity
+from mqsecurity.credentials import Credentials
+
+HOSTILE = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">&amp;'
+
+
+def hostile_message(topic: str = "T") -> ShownMessage:
+    return ShownMessage.of(
+        MessageExt(
+            topic=topic,
+            body=HOSTILE.encode(),
+            tags="<b>tag</b>",
+            keys=("k<i>1</i>",),
+            properties={"p<u>": '"><svg onload=alert(1)>'},
+            msg_id="AB" * 16,
+            offset_msg_id="CD" * 16,
+            broker_name="broker-a",
+            queue_id=1,
+            queue_offset=7,
+            commitlog_position=99,
+            born_timestamp_ms=1_700_000_000_000,
+            store_timestamp_ms=1_700_000_000_123,
+            reconsume_times=0,
+        )
+    )
+
+
+class FakeReader:
+    """What the pages call, answering canned data or raising ``fail``."""
+
+    def __init__(self, secure: bool = False) -> None:
+        self.security = (
+            ClientSecurity(credentials=Credentials("reader", "reader-secret"))
+            if secure
+            else PLAINTEXT
+        )
+        self.fail: Exception | None = None
+        self.calls: list[tuple[Any, ...]] = []
+
+    def _maybe_fail(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    def clusters(self) -> list[GroupView]:
+        self._maybe_fail()
+        nodes = [
+            NodeView(
+                "n0",
+                "127.0.0.1:1",
+                "LEADER",
+                10,
+                role="LEADER",
+                term=3,
+                lag=0,
+                disk_total_bytes=100 << 30,
+                disk_free_bytes=40 << 30,
+            ),
+            NodeView("n1", "127.0.0.1:2", "FOLLOWER", 10, error="UNAVAILABLE: <down>"),
+        ]
+        return [GroupView("DefaultCluster", "broker-a", "n0", nodes)]
+
+    def topics(self) -> list[TopicView]:
+        self._maybe_fail()
+        return [TopicView("Orders", [QueueRow("broker-a", 0, 0, 5)])]
+
+    def topic(self, name: str) -> TopicView:
+        self._maybe_fail()
+        return TopicView(name, [QueueRow("broker-a", 0, 0, 5)])
+
+    def consumer_groups(self) -> list[ConsumerGroupView]:
+        self._maybe_fail()
+        return [ConsumerGroupView("g1", ["Orders"], 2)]
+
+    def consumer_lag(self, group: str, topics: list[str]) -> list[LagRow]:
+        return [LagRow(t, "broker-a", 0, 0, 5, 3, 2) for t in topics]
+
+    def consumer_clients(self, group: str) -> list[tuple[str, str]]:
+        return [("broker-a", "10.0.0.1@1<x>")]
+
+    def dead_letters(self, group: str) -> list[ShownMessage]:
+        return [hostile_message("%DLQ%" + group)]
+
+    def by_key(self, topic: str, key: str) -> list[ShownMessage]:
+        self._maybe_fail()
+        self.calls.append(("by_key", topic, key))
+        return [hostile_message(topic)]
+
+    def by_id(self, topic: str, msg_id: str) -> list[ShownMessage]:
+        return [hostile_message(topic)]
+
+    def by_time(self, topic: str, begin: int, end: int) -> tuple[list[ShownMessage], bool]:
+        self.calls.append(("by_time", topic, begin, end))
+        return [hostile_message(topic)], True
+
+    def resend_dlq(self, group: str, msg_id: str, security: ClientSecurity) -> list[str]:
+        self.calls.append(("resend", group, msg_id, security))
+        return ["NEWID"]
+
+    def reset_offset(
+        self, group: str, topic: str, ts: int, security: ClientSecurity
+    ) -> list[tuple[str, int, int]]:
+        self.calls.append(("reset", group, topic, ts, security))
+        return [("broker-a", 0, 4)]
+
+    def close(self) -> None:
+        pass
+
+
+def client_for(reader: FakeReader) -> tuple[TestClient, Settings]:
+    sampler = Sampler(reader, 1000)  # type: ignore[arg-type]
+    settings = Settings(
+        "127.0.0.1:9876", actions_need_credentials=reader.security.credentials is not None
+    )
+    app = create_app(reader, sampler, settings, allowed_hosts("127.0.0.1"), start_sampler=False)  # type: ignore[arg-type]
+    return TestClient(app, base_url="http://127.0.0.1:8080"), settings
+
+
+def test_rates_come_from_successive_samples_and_skip_a_counter_that_went_down() -> None:
+    assert rate_per_s((0.0, 10.0), (2.0, 30.0)) == 10.0
+    assert rate_per_s((0.0, 10.0), (0.0, 30.0)) is None
+    assert rate_per_s((0.0, 10.0), (1.0, 3.0)) is None
+    h = History(max_points=3, max_series=2)
+    for t, v in [(0, 0), (1, 5), (2, 1), (3, 4), (4, 10)]:
+        h.add(float(t), {"a": v, "b": v, "c": v})
+    assert h.names() == ["a", "b"]  # the third series does not fit
+    assert h.points("a") == [(2.0, 1.0), (3.0, 4.0), (4.0, 10.0)]  # bounded
+    assert h.rates("a") == [(3.0, 3.0), (4.0, 6.0)]
+    assert h.latest_rate("a") == 6.0
+    h.add(5.0, {"a": 11})
+    assert h.names() == ["a"]  # a series missing from a sample is dropped
+
+
+def test_every_page_renders_and_escapes_hostile_values() -> None:
+    reader = FakeReader()
+    client, _ = client_for(reader)
+    with client:
+        for path in [
+            "/",
+            "/topics",
+            "/topic?name=Orders",
+            "/consumers",
+            "/consumer?group=g1",
+            "/charts",
+            "/messages",
+            "/messages?mode=key&topic=T&key=k",
+        ]:
+            resp = client.get(path)
+            assert resp.status_code == 200, (path, resp.text)
+            assert "content-security-policy" in resp.headers
+            assert "<script>window" not in resp.text and "<img src=x" not in resp.text
+            assert "<svg onload" not in resp.text and "<b>tag" not in resp.text
+        page = client.get("/messages?mode=key&topic=T&key=k").text
+        assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page
+        assert "&amp;amp;" in page  # escaped once, shown as typed
+        assert "UNAVAILABLE: &lt;down&gt;" in client.get("/").text
+        assert "10.0.0.1@1&lt;x&gt;" in client.get("/consumer?group=g1").text
+        assert client.get("/api/series").json()["interval_ms"] == 1000
+        assert client.get("/static/charts.js").status_code == 200
+
+
+def test_errors_from_the_group_are_shown_never_a_blank_page() -> None:
+    reader = FakeReader()
+    reader.fail = MQClientError("NO_LEADER", "UNAVAILABLE", "broker-a: no <leader>")
+    client, _ = client_for(reader)
+    with client:
+        for path in ["/", "/topics", "/consumers", "/messages?mode=key&topic=T&key=k"]:
+            resp = client.get(path)
+            assert resp.status_code == 502
+            assert "NO_LEADER (UNAVAILABLE): broker-a: no &lt;leader&gt;" in resp.text
+            assert 'id="nav-charts"' in resp.text  # the whole page, with its navigation
+        reader.fail = RuntimeError("bug")
+        assert client.get("/").status_code == 500
+
+
+def test_inputs_are_bounded_before_the_cluster_is_called() -> None:
+    reader = FakeReader()
+    client, _ = client_for(reader)
+    with client:
+        for query in [
+            "mode=key&topic=&key=k",
+            "mode=key&topic=T&key=" + "k" * 1025,
+            "mode=key&topic=" + "t" * 256 + "&key=k",
+            "mode=key&topic=T%01&key=k",
+            "mode=time&topic=T&begin=yesterday&end=1",
+            "mode=time&topic=T&begin=2000&end=1000",
+            "mode=nope&topic=T",
+        ]:
+            resp = client.get("/messages?" + query)
+            assert resp.status_code == 400, query
+            assert 'class="error"' in resp.text
+        assert reader.calls == []
+        resp = client.get(
+            "/messages?mode=time&topic=T&begin=2026-11-24T21:00&end=2026-11-24T21:00:30"
+        )
+        assert resp.status_code == 200 and "stopped at a limit" in resp.text
+        assert reader.calls == [("by_time", "T", 1795554000000, 1795554030000)]
+        assert client.get("/", headers={"host": "evil.example"}).status_code == 400
+    assert parse_time_ms("1700000000000", "t") == 1_700_000_000_000
+
+
+def _token(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match is not None
+    return match.group(1)
+
+
+def test_actions_need_a_confirmed_form_and_credentials_on_a_secure_group() -> None:
+    reader = FakeReader(secure=True)
+    client, settings = client_for(reader)
+    with client:
+        page = client.get("/actions/resend?group=g1&msg_id=ABC").text
+        assert 'name="secret_key"' in page and "ABC" in page
+        token = _token(page)
+        form = {"group": "g1", "msg_id": "ABC", "csrf": token}
+        # No token, a wrong one, another site's page: refused, nothing called.
+        for bad, headers in [
+            ({**form, "csrf": ""}, {}),
+            ({**form, "csrf": "x" * 43}, {}),
+            (form, {"origin": "http://evil.example"}),
+        ]:
+            resp = client.post("/actions/resend", data=bad, headers=headers)
+            assert resp.status_code == 400 and reader.calls == []
+        # A secure group: the user's credentials, never the dashboard's own.
+        resp = client.post("/actions/resend", data=form)
+        assert resp.status_code == 400 and "AccessKey" in resp.text and reader.calls == []
+        resp = client.post(
+            "/actions/resend", data={**form, "access_key": "ops", "secret_key": "ops-secret-1"}
+        )
+        assert resp.status_code == 200 and "Resent 1 message: NEWID" in resp.text
+        assert "ops-secret-1" not in resp.text
+        ((name, group, msg_id, security),) = reader.calls
+        assert (name, group, msg_id) == ("resend", "g1", "ABC")
+        assert security.credentials == Credentials("ops", "ops-secret-1")
+        reader.calls.clear()
+        resp = client.post(
+            "/actions/reset",
+            data={
+                "group": "g1",
+                "topic": "Orders",
+                "time": "1000",
+                "csrf": settings.csrf_token,
+                "access_key": "ops",
+                "secret_key": "ops-secret-1",
+            },
+        )
+        assert resp.status_code == 200 and reader.calls[0][:4] == ("reset", "g1", "Orders", 1000)
+        resp = client.post("/actions/drop", data={"csrf": settings.csrf_token})
+        assert resp.status_code == 400
+        resp = client.post(
+            "/actions/reset",
+            content=b"a=" + b"x" * MAX_FORM_BYTES,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert resp.status_code == 400 and "form larger" in resp.text
+
+
+def test_plaintext_group_actions_need_only_the_confirmation() -> None:
+    reader = FakeReader(secure=False)
+    client, _ = client_for(reader)
+    with client:
+        page = client.get("/actions/resend?group=g1").text
+        assert 'name="secret_key"' not in page
+        resp = client.post("/actions/resend", data={"group": "g1", "csrf": _token(page)})
+        assert resp.status_code == 200 and reader.calls[0][:3] == ("resend", "g1", "")
+
+
+def test_command_line_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--port", "0"], ["--sample-interval-ms", "5"], ["--tls-cert", "x"], ["-n", ";"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+    assert allowed_hosts("127.0.0.1") == ["127.0.0.1", "[::1]", "localhost"]
+    assert allowed_hosts("0.0.0.0") == ["*"]
+
+
+def test_the_dashboard_imports_no_server_package() -> None:
+    """A tool over the client library: it reads the cluster as any remote user would."""
+    import ast
+    from pathlib import Path
+
+    import mqdashboard
+
+    seen = set()
+    for path in Path(mqdashboard.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                seen.add((path.name, node.module.split(".")[0]))
+            elif isinstance(node, ast.Import):
+                seen |= {(path.name, a.name.split(".")[0]) for a in node.names}
+    assert ("reader.py", "client") in seen  # the check sees the imports it must allow
+    for file, top in seen:
+        assert top not in ("broker", "dledger", "nameserver"), f"{file}: {top}"
