@@ -32,7 +32,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from broker.cluster import ClusterError, LocalCluster, format_table
+from broker.cluster import ClusterError, LocalCluster, format_table, metrics_line
 from broker.leader_client import LeaderClient
 from broker.message import decode_offset_msg_id
 from mqsecurity.channels import open_channel
@@ -44,6 +44,12 @@ DEMO_BATCHES = 150
 DEMO_BATCH_SIZE = 20
 DEMO_QUEUES = 4
 DEMO_MAX_SECONDS = 120
+# The demo's group is gone when it ends; this says where to watch one that stays up.
+WHERE_TO_LOOK = (
+    "to watch a group: `mqcluster up` starts one that stays up and prints each process's "
+    "/metrics address (node i: http://127.0.0.1:5557+i/metrics, the NameServer: "
+    "http://127.0.0.1:5556/metrics); docs/METRICS.md lists every metric"
+)
 TOPIC = "DemoTopic"
 T = TypeVar("T")
 
@@ -305,6 +311,7 @@ def run(base_dir: Path, secure: bool = True) -> int:
         print(f"security: {client.security.describe()}")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
+        print(metrics_line(cluster))
         _create_topic(client, cluster)
         producer = _Producer(client, cluster)
         _produce_through_failover(cluster, producer, leader)
@@ -313,6 +320,7 @@ def run(base_dir: Path, secure: bool = True) -> int:
         _say("verdict")
         print(f"every acknowledged message exactly once, in order, on all 3 replicas: {ok}")
         print("DEMO OK" if ok else "DEMO FAILED")
+        print(WHERE_TO_LOOK)
         return 0 if ok else 1
     except (ClusterError, SecurityError, grpc.RpcError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
