@@ -5,7 +5,9 @@
                                                 secure by default: a local CA, TLS on every
                                                 port, member certificates, ACLs, an admin
                                                 user (--insecure: plaintext, no ACLs)
-    mqcluster status                            one row per node: role, term, commit index, ports;
+    mqcluster status                            one row per node: role, term, commit index, ports
+                                                (client, peer, RocketMQ 5, metrics) and the
+                                                /metrics addresses (docs/METRICS.md);
                                                 a node that exited on its own: EXITED and the
                                                 FATAL line (else the last line) of its log
     mqcluster kill nX [--signal KILL]           SIGKILL (or STOP/CONT/TERM) one node (or namesrv)

@@ -11,7 +11,8 @@ from broker_world import outgoing, world
 from prometheus_client.core import Metric
 
 from broker import metrics as broker_metrics
-from broker.config import ConfigError, parse_config
+from broker.cluster import LocalCluster, metrics_line
+from broker.config import ConfigError, load_config, parse_config
 from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.metrics import BrokerMetrics
 from broker.names import SCHEDULE_TOPIC
@@ -122,9 +123,7 @@ def test_retries_and_dead_letters_are_counted_per_group_and_caps_are_reported(
     assert len([k for k in got if k[0] == "raftmq_broker_consumer_lag_messages"]) == 1
 
 
-def test_topics_beyond_the_traffic_table_count_as_other(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_topics_beyond_the_traffic_table_count_as_other() -> None:
     stats = BrokerStats()
     for i in range(stats.sent.max_labels + 3):
         stats.sent.add(f"T{i}", 1, 10)
@@ -145,3 +144,21 @@ def test_metrics_port_keys_are_checked() -> None:
     assert parse_namesrv_config("metricsPort=5556\n").metricsPort == 5556
     with pytest.raises(NameServerConfigError, match="metricsPort"):
         parse_namesrv_config("listenPort=9876\nmetricsPort=9876\n")
+
+
+def test_a_local_group_gives_every_process_a_metrics_port_and_prints_them(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "on")
+    cluster.configure(3, auto_ports=True, namesrv=True)
+    assert cluster.namesrv is not None
+    ports = [n.metrics_port for n in cluster.nodes] + [cluster.namesrv.metrics_port]
+    used = {p for n in cluster.nodes for p in (n.client_port, n.peer_port, n.grpc_port)}
+    assert all(ports) and len(set(ports)) == 4 and not used & set(ports)
+    for n in cluster.nodes:
+        assert load_config(n.conf).metricsPort == n.metrics_port
+    line = metrics_line(cluster)
+    assert all(f"http://127.0.0.1:{p}/metrics" in line for p in ports)
+    assert LocalCluster(tmp_path / "on").nodes == cluster.nodes  # kept in cluster.json
+    off = LocalCluster(tmp_path / "off")
+    off.configure(1, auto_ports=True, extra={"metricsPort": "0"})
+    assert off.nodes[0].metrics_port == 0
+    assert metrics_line(off) == "metrics: not served (metricsPort=0)"
