@@ -52,16 +52,23 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
+def found(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sample, or None while the series is not there yet (a condition waits for it)."""
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
 class Load:
     """A producer sending to TOPIC from a thread until stopped (bounded in count)."""
 
     def __init__(self, namesrv: str) -> None:
         self.acked = 0
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._producer = Producer("metrics-pg", namesrv, send_msg_timeout_s=3.0)
         self._thread = threading.Thread(target=self._run, name="metrics-load", daemon=True)
 
     def __enter__(self) -> Load:
+        self._producer.start()
         self._thread.start()
         return self
 
@@ -72,12 +79,22 @@ class Load:
         assert not self._thread.is_alive()
 
     def _run(self) -> None:
-        while not self._stop.is_set() and self.acked < LOAD_MAX_MESSAGES:
-            try:
-                self._producer.send(Message(TOPIC, b"m" * 100))
-            except MQClientError:
-                continue  # a re-election under load: the producer's retries ran out
-            self.acked += 1
+        try:
+            while not self._stop.is_set() and self.acked < LOAD_MAX_MESSAGES:
+                try:
+                    self._producer.send(Message(TOPIC, b"m" * 100))
+                except MQClientError:
+                    continue  # a re-election under load: the producer's retries ran out
+                self.acked += 1
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def running(self, at_least: int) -> bool:
+        """Whether ``at_least`` sends were acknowledged (raises what stopped the load)."""
+        if self.error is not None:
+            raise AssertionError(f"the load stopped: {self.error!r}")
+        return self.acked >= at_least
 
 
 def _leader_sandwich(cluster: LocalCluster) -> Callable[[], bool]:
@@ -97,7 +114,7 @@ def _leader_sandwich(cluster: LocalCluster) -> Callable[[], bool]:
             and value(got, "raftmq_raft_term") == after.term
             and value(got, "raftmq_raft_role", role="leader") == 1
             and all(
-                value(got, "raftmq_raft_follower_match_index", peer=p.id) <= after.last_index
+                (found(got, "raftmq_raft_follower_match_index", peer=p.id) or 0) <= after.last_index
                 for p in after.peers
             )
         )
@@ -122,7 +139,7 @@ def _queues_agree(cluster: LocalCluster, broker: LeaderClient, acked: int) -> Ca
         for n in cluster.nodes:
             got = scrape(n.metrics_url)
             offsets = [
-                value(got, "raftmq_broker_queue_max_offset", topic=TOPIC, queue=str(q))
+                found(got, "raftmq_broker_queue_max_offset", topic=TOPIC, queue=str(q))
                 for q in range(QUEUES)
             ]
             if offsets != expected:
@@ -152,7 +169,7 @@ def test_metrics_of_a_live_group_match_its_own_state(
     broker = LeaderClient(lambda: [n.client_addr for n in cluster.nodes])
     try:
         with Load(cluster.namesrv.addr) as load:
-            wait_for(lambda: load.acked >= 200, DEADLINE_S, "200 sends acknowledged")
+            wait_for(lambda: load.running(200), DEADLINE_S, "200 sends acknowledged")
             for _ in range(3):  # under load: each scrape between two Metadata answers
                 wait_for(_leader_sandwich(cluster), DEADLINE_S, "a scrape in between")
         acked = load.acked
@@ -210,11 +227,11 @@ def _check_consumer_lag(cluster: LocalCluster, broker: LeaderClient) -> None:
             pb.GetConsumerLagRequest(consumer_group=GROUP, topic=TOPIC), timeout=5
         )
     )
-    assert [q.lag for q in lag.lags if q.queue_id == 0] == [UNCONSUMED]
+    assert [q.lag for q in lag.queues if q.queue_id == 0] == [UNCONSUMED]
 
     def every_node_says_so() -> bool:
         return all(
-            value(
+            found(
                 scrape(n.metrics_url),
                 "raftmq_broker_consumer_lag_messages",
                 group=GROUP,
@@ -244,11 +261,12 @@ def _check_paused_follower(cluster: LocalCluster, broker: LeaderClient) -> None:
                 md = client.metadata(leader.client_addr)
             peer = next(p for p in md.peers if p.id == follower.node_id)
             got = scrape(leader.metrics_url)
-            lag = value(got, "raftmq_raft_follower_lag_entries", peer=follower.node_id)
-            match = value(got, "raftmq_raft_follower_match_index", peer=follower.node_id)
+            lag = found(got, "raftmq_raft_follower_lag_entries", peer=follower.node_id)
+            match = found(got, "raftmq_raft_follower_match_index", peer=follower.node_id)
             return (
                 match == peer.match_index
                 and lag == md.last_index - peer.match_index
+                and lag is not None
                 and lag >= WHILE_PAUSED
             )
 
@@ -258,6 +276,6 @@ def _check_paused_follower(cluster: LocalCluster, broker: LeaderClient) -> None:
 
     def caught_up() -> bool:
         got = scrape(cluster.node(cluster.wait_leader()).metrics_url)
-        return value(got, "raftmq_raft_follower_lag_entries", peer=follower.node_id) == 0
+        return found(got, "raftmq_raft_follower_lag_entries", peer=follower.node_id) == 0
 
     wait_for(caught_up, DEADLINE_S, f"{follower.node_id} caught up after SIGCONT")
