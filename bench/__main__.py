@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -417,22 +417,18 @@ def security_compare(
     """The send rate with TLS, member certificates and ACLs on and off: two groups up side by
     side, the same load on each in turn (the order alternating by round); per in-flight
     count the median of each side and on/off."""
-    cases: list[dict[str, Any]] = []
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="security-off") as off,
         local_group(base, SECURITY_FLUSH, secure=True, name="security-on") as on,
     ):
-        for r in range(rounds):
-            for n in in_flight:
-                sides = [("off", off), ("on", on)]
-                for label, cluster in sides if r % 2 == 0 else sides[::-1]:
-                    case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
-                    cases.append({"security": label, "round": r, "asked_in_flight": n, **case})
-                    print(
-                        f"security {label}, {n} in flight: {case['messages_per_s']:,.0f} msg/s "
-                        f"p99 {case['p99_ms']:.1f} ms",
-                        flush=True,
-                    )
+        cases = _alternating(
+            "security",
+            off,
+            on,
+            in_flight,
+            rounds,
+            lambda cluster, n: produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode),
+        )
     return {
         "flush": SECURITY_FLUSH,
         "message_bytes": SECURITY_SIZE,
@@ -485,26 +481,19 @@ def metrics_compare(
     """The send rate with /metrics served and scraped, and not served: two plaintext groups
     up side by side, the same load on each in turn (the order alternating by round); per
     in-flight count the median of each side and on/off."""
-    cases: list[dict[str, Any]] = []
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on") as on,
     ):
-        for r in range(rounds):
-            for n in in_flight:
-                sides = [("off", off), ("on", on)]
-                for label, cluster in sides if r % 2 == 0 else sides[::-1]:
-                    scraper = Scraper(cluster)
-                    with scraper:
-                        case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
-                    case.update(scrapes=scraper.scrapes, scrape_failures=scraper.failures)
-                    case["scraped_bytes"] = scraper.bytes
-                    cases.append({"metrics": label, "round": r, "asked_in_flight": n, **case})
-                    print(
-                        f"metrics {label}, {n} in flight: {case['messages_per_s']:,.0f} msg/s "
-                        f"p99 {case['p99_ms']:.1f} ms, {scraper.scrapes} scrapes",
-                        flush=True,
-                    )
+
+        def scraped_case(cluster: LocalCluster, n: int) -> dict[str, Any]:
+            with Scraper(cluster) as scraper:
+                case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
+            case.update(scrapes=scraper.scrapes, scrape_failures=scraper.failures)
+            case["scraped_bytes"] = scraper.bytes
+            return case
+
+        cases = _alternating("metrics", off, on, in_flight, rounds, scraped_case)
     return {
         "flush": SECURITY_FLUSH,
         "message_bytes": SECURITY_SIZE,
@@ -515,6 +504,31 @@ def metrics_compare(
         "cases": cases,
         "summary": _on_off_summary(cases, "metrics", in_flight),
     }
+
+
+def _alternating(
+    key: str,
+    off: LocalCluster,
+    on: LocalCluster,
+    in_flight: Sequence[int],
+    rounds: int,
+    run: Callable[[LocalCluster, int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``run(group, in_flight)`` on each side in turn, the order alternating by round, so a
+    drift of the machine's load falls on both sides; every case labelled ``key: on|off``."""
+    cases: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for n in in_flight:
+            sides = [("off", off), ("on", on)]
+            for label, cluster in sides if r % 2 == 0 else sides[::-1]:
+                case = run(cluster, n)
+                cases.append({key: label, "round": r, "asked_in_flight": n, **case})
+                print(
+                    f"{key} {label}, {n} in flight: {case['messages_per_s']:,.0f} msg/s "
+                    f"p99 {case['p99_ms']:.1f} ms",
+                    flush=True,
+                )
+    return cases
 
 
 def _on_off_summary(
@@ -593,18 +607,13 @@ def _parser() -> argparse.ArgumentParser:
         help="plaintext groups without ACLs for every part but the security comparison "
         "(default: secure, as mqcluster up makes them)",
     )
-    p.add_argument(
-        "--security-rounds",
-        type=int,
-        default=SECURITY_ROUNDS,
-        help="rounds of the security on/off comparison (0: skip it)",
-    )
-    p.add_argument(
-        "--metrics-rounds",
-        type=int,
-        default=METRICS_ROUNDS,
-        help="rounds of the metrics on/off comparison (0: skip it)",
-    )
+    for what, rounds in (("security", SECURITY_ROUNDS), ("metrics", METRICS_ROUNDS)):
+        p.add_argument(
+            f"--{what}-rounds",
+            type=int,
+            default=rounds,
+            help=f"rounds of the {what} on/off comparison (0: skip it)",
+        )
     p.add_argument(
         "--only",
         choices=("security", "metrics"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -67,27 +68,17 @@ CAPPED_FAMILIES = (
 )
 
 
+@dataclass
 class BrokerMetrics:
     """The families of one broker node, built at scrape time on its event loop."""
 
-    def __init__(
-        self,
-        node: DLedgerNode,
-        sm: BrokerStateMachine,
-        offsets: ConsumerOffsets,
-        stats: BrokerStats,
-        *,
-        polls: LongPolls,
-        store_path: str,
-        disk_guard: DiskGuard | None = None,
-    ) -> None:
-        self.node = node
-        self.sm = sm
-        self.offsets = offsets
-        self.stats = stats
-        self.polls = polls
-        self.store_path = store_path
-        self.disk_guard = disk_guard
+    node: DLedgerNode
+    sm: BrokerStateMachine
+    offsets: ConsumerOffsets
+    stats: BrokerStats
+    polls: LongPolls
+    store_path: str
+    disk_guard: DiskGuard | None = None
 
     def families(self) -> list[Metric]:
         """Every family of the node: its Raft member's, the security refusals, the broker's."""

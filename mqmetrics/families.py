@@ -33,16 +33,19 @@ def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 def labelled_gauge(
     name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
-    for values, value in rows:
-        family.add_metric(values, value)
-    return family
+    return _filled(GaugeMetricFamily(PREFIX + name, doc, labels=labels), rows)
 
 
 def labelled_counter(
     name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]
 ) -> CounterMetricFamily:
-    family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+    return _filled(CounterMetricFamily(PREFIX + name, doc, labels=labels), rows)
+
+
+F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily)
+
+
+def _filled(family: F, rows: Iterable[tuple[Sequence[str], float]]) -> F:
     for values, value in rows:
         family.add_metric(values, value)
     return family

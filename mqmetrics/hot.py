@@ -35,21 +35,7 @@ LATENCY_BUCKETS_S = (
     5.0,
 )
 # For fdatasync: 50 us (a write cache) up to 1 s (a saturated disk).
-FSYNC_BUCKETS_S = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    1.0,
-)
+FSYNC_BUCKETS_S = (0.00005, *(b for b in LATENCY_BUCKETS_S if b <= 1.0))
 # Entries per append (one persist job of the Raft log: group commit gathers many).
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 # Bytes per append: 100 B up to the 64 MiB largest entry.
