@@ -104,25 +104,7 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
             (([reason], n) for reason, n in sorted(node.dropped().items())),
         ),
     ]
-    out += _link_families(node)
-    stats = node.raft_stats
-    if stats is not None:
-        out += [
-            histogram(
-                "raft_fsync_duration_seconds", "Seconds per data sync of the log", stats.fsync_s
-            ),
-            histogram(
-                "raft_append_entries",
-                "Entries per append to the local log (one persist job)",
-                stats.append_entries,
-            ),
-            histogram(
-                "raft_append_bytes",
-                "Entry body bytes per append to the local log",
-                stats.append_bytes,
-            ),
-        ]
-    return out
+    return [*out, *_link_families(node), *_stat_families(node.raft_stats)]
 
 
 def _link_families(node: DLedgerNode) -> list[Metric]:
@@ -145,5 +127,24 @@ def _link_families(node: DLedgerNode) -> list[Metric]:
             "Messages to each peer dropped: its queue was full or its stream broke",
             ["peer"],
             (([p], link.dropped) for p, link in links),
+        ),
+    ]
+
+
+def _stat_families(stats: RaftStats | None) -> list[Metric]:
+    """The histograms a node feeds when its process serves metrics."""
+    if stats is None:
+        return []
+    return [
+        histogram("raft_fsync_duration_seconds", "Seconds per data sync of the log", stats.fsync_s),
+        histogram(
+            "raft_append_entries",
+            "Entries per append to the local log (one persist job)",
+            stats.append_entries,
+        ),
+        histogram(
+            "raft_append_bytes",
+            "Entry body bytes per append to the local log",
+            stats.append_bytes,
         ),
     ]
