@@ -13,6 +13,8 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - peak RSS of every node;
 - the cost of security (issue #18): the send rate of a group with TLS, member certificates and
   ACLs and of one without, same flush mode and load, alternating between them in one run;
+- the cost of metrics (issue #22): the same with /metrics served (and scraped every second) and
+  not served (``--metrics-rounds``; ``--only metrics`` runs nothing else);
 - when installed (``make bench-peers``), a 3-node etcd and a 3-node NATS JetStream R3 on
   127.0.0.1 under the same load shape, and our figures as ratios to theirs;
 - the v2 producer (issue #19): the official RocketMQ 5 Python client's ``Producer.send`` over
@@ -42,7 +44,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,11 @@ CATCH_UP_TIMEOUT_S = 120.0
 SECURITY_FLUSH = "ASYNC_FLUSH"
 SECURITY_SIZE = 1024
 SECURITY_ROUNDS = 3
+# The metrics comparison: the same load shape, plaintext groups (TLS would dilute the cost),
+# the "on" group's every process scraped each METRICS_SCRAPE_INTERVAL_S (Prometheus' default
+# is 15 s: a second is the harsher case).
+METRICS_ROUNDS = 3
+METRICS_SCRAPE_INTERVAL_S = 1.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
 # The v2 producer case (issue #19): the official Python client in its own venv (its bundled
@@ -136,8 +144,12 @@ def _peak_rss_mb(pid: int | None) -> float:
 
 
 @contextlib.contextmanager
-def local_group(base: Path, flush: str, secure: bool, name: str = "") -> Iterator[LocalCluster]:
+def local_group(
+    base: Path, flush: str, secure: bool, name: str = "", metrics: bool = True
+) -> Iterator[LocalCluster]:
+    """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics."""
     cluster = LocalCluster(base / (name or flush.lower()))
+    off = {} if metrics else {"metricsPort": "0"}
     cluster.configure(
         3,
         auto_ports=True,
@@ -149,7 +161,9 @@ def local_group(base: Path, flush: str, secure: bool, name: str = "") -> Iterato
             "maxHashSlotNum": "500000",
             "maxIndexNum": "4000000",
             "delayLevelScale": "0.001",
+            **off,
         },
+        namesrv_conf=off,
     )
     try:
         cluster.up()
@@ -457,29 +471,129 @@ def security_compare(
     """The send rate with TLS, member certificates and ACLs on and off: two groups up side by
     side, the same load on each in turn (the order alternating by round); per in-flight
     count the median of each side and on/off."""
-    cases: list[dict[str, Any]] = []
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="security-off") as off,
         local_group(base, SECURITY_FLUSH, secure=True, name="security-on") as on,
     ):
-        for r in range(rounds):
-            for n in in_flight:
-                sides = [("off", off), ("on", on)]
-                for label, cluster in sides if r % 2 == 0 else sides[::-1]:
-                    case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
-                    cases.append({"security": label, "round": r, "asked_in_flight": n, **case})
-                    print(
-                        f"security {label}, {n} in flight: {case['messages_per_s']:,.0f} msg/s "
-                        f"p99 {case['p99_ms']:.1f} ms",
-                        flush=True,
-                    )
+        cases = _alternating(
+            "security",
+            off,
+            on,
+            in_flight,
+            rounds,
+            lambda cluster, n: produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode),
+        )
+    return {
+        "flush": SECURITY_FLUSH,
+        "message_bytes": SECURITY_SIZE,
+        "rounds": rounds,
+        "conditions": "on: TLS on every port, member certificates, authentication and "
+        "authorization, every call signed by the admin user; off: plaintext, no ACLs",
+        "cases": cases,
+        "summary": _on_off_summary(cases, "security", in_flight),
+    }
+
+
+class Scraper:
+    """Scrapes every /metrics of a group each METRICS_SCRAPE_INTERVAL_S from a thread, as
+    Prometheus would, while a case runs; counts the scrapes and the bytes."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.urls = [n.metrics_url for n in cluster.nodes if n.metrics_port]
+        if cluster.namesrv is not None and cluster.namesrv.metrics_port:
+            self.urls.append(cluster.namesrv.metrics_url)
+        self.scrapes = 0
+        self.bytes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:  # at once, then every interval
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as resp:
+                        self.bytes += len(resp.read())
+                    self.scrapes += 1
+                except OSError:
+                    self.failures += 1
+            if self._stop.wait(METRICS_SCRAPE_INTERVAL_S):
+                return
+
+
+def metrics_compare(
+    base: Path, in_flight: Sequence[int], seconds: float, processes: int, mode: str, rounds: int
+) -> dict[str, Any]:
+    """The send rate with /metrics served and scraped, and not served: two plaintext groups
+    up side by side, the same load on each in turn (the order alternating by round); per
+    in-flight count the median of each side and on/off."""
+    with (
+        local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
+        local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on") as on,
+    ):
+
+        def scraped_case(cluster: LocalCluster, n: int) -> dict[str, Any]:
+            with Scraper(cluster) as scraper:
+                case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
+            case.update(scrapes=scraper.scrapes, scrape_failures=scraper.failures)
+            case["scraped_bytes"] = scraper.bytes
+            return case
+
+        cases = _alternating("metrics", off, on, in_flight, rounds, scraped_case)
+    return {
+        "flush": SECURITY_FLUSH,
+        "message_bytes": SECURITY_SIZE,
+        "rounds": rounds,
+        "scrape_interval_s": METRICS_SCRAPE_INTERVAL_S,
+        "conditions": "on: every node and the NameServer serve /metrics, each scraped every "
+        f"{METRICS_SCRAPE_INTERVAL_S:g} s; off: metricsPort=0 (nothing counted); both plaintext",
+        "cases": cases,
+        "summary": _on_off_summary(cases, "metrics", in_flight),
+    }
+
+
+def _alternating(
+    key: str,
+    off: LocalCluster,
+    on: LocalCluster,
+    in_flight: Sequence[int],
+    rounds: int,
+    run: Callable[[LocalCluster, int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``run(group, in_flight)`` on each side in turn, the order alternating by round, so a
+    drift of the machine's load falls on both sides; every case labelled ``key: on|off``."""
+    cases: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for n in in_flight:
+            sides = [("off", off), ("on", on)]
+            for label, cluster in sides if r % 2 == 0 else sides[::-1]:
+                case = run(cluster, n)
+                cases.append({key: label, "round": r, "asked_in_flight": n, **case})
+                print(
+                    f"{key} {label}, {n} in flight: {case['messages_per_s']:,.0f} msg/s "
+                    f"p99 {case['p99_ms']:.1f} ms",
+                    flush=True,
+                )
+    return cases
+
+
+def _on_off_summary(
+    cases: Sequence[dict[str, Any]], key: str, in_flight: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Per in-flight count: the median send rate of each side, on/off, and every round's."""
     summary = []
     for n in in_flight:
         rates = {
             side: sorted(
-                c["messages_per_s"]
-                for c in cases
-                if c["security"] == side and c["asked_in_flight"] == n
+                c["messages_per_s"] for c in cases if c[key] == side and c["asked_in_flight"] == n
             )
             for side in ("on", "off")
         }
@@ -494,15 +608,7 @@ def security_compare(
                 "off_each_round": rates["off"],
             }
         )
-    return {
-        "flush": SECURITY_FLUSH,
-        "message_bytes": SECURITY_SIZE,
-        "rounds": rounds,
-        "conditions": "on: TLS on every port, member certificates, authentication and "
-        "authorization, every call signed by the admin user; off: plaintext, no ACLs",
-        "cases": cases,
-        "summary": summary,
-    }
+    return summary
 
 
 def peers(seconds: float) -> dict[str, Any]:
@@ -573,11 +679,17 @@ def _parser() -> argparse.ArgumentParser:
         help="plaintext groups without ACLs for every part but the security comparison "
         "(default: secure, as mqcluster up makes them)",
     )
+    for what, rounds in (("security", SECURITY_ROUNDS), ("metrics", METRICS_ROUNDS)):
+        p.add_argument(
+            f"--{what}-rounds",
+            type=int,
+            default=rounds,
+            help=f"rounds of the {what} on/off comparison (0: skip it)",
+        )
     p.add_argument(
-        "--security-rounds",
-        type=int,
-        default=SECURITY_ROUNDS,
-        help="rounds of the security on/off comparison (0: skip it)",
+        "--only",
+        choices=("security", "metrics"),
+        help="run only that on/off comparison (with --seconds and --in-flight)",
     )
     p.add_argument("--out", default=str(RESULTS_DIR))
     return p
@@ -595,15 +707,20 @@ def main(argv: list[str] | None = None) -> int:
         a.seconds, sizes, in_flight = 1.0, [1024], [16]
         a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
         a.security_rounds = min(a.security_rounds, 1)
+        a.metrics_rounds = min(a.metrics_rounds, 1)
     if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
         print(
             "mqbench: sizes, in-flight, seconds, backlog and processes must be > 0",
             file=sys.stderr,
         )
         return 2
-    if not 0 <= a.security_rounds <= 10:
-        print("mqbench: --security-rounds must be in [0, 10]", file=sys.stderr)
+    if not (0 <= a.security_rounds <= 10 and 0 <= a.metrics_rounds <= 10):
+        print("mqbench: --security-rounds and --metrics-rounds must be in [0, 10]", file=sys.stderr)
         return 2
+    if a.only == "security":
+        a.metrics_rounds = 0
+    elif a.only == "metrics":
+        a.security_rounds = 0
     started = datetime.now(UTC)
     result: dict[str, Any] = {
         "bench": "mqbench",
@@ -627,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     tmp = Path(tempfile.mkdtemp(prefix="mqbench-"))
     try:
-        for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
+        for flush in () if a.only else ("SYNC_FLUSH", "ASYNC_FLUSH"):
             with local_group(tmp, flush, secure=not a.insecure) as cluster:
                 for size in sizes:
                     for n in in_flight:
@@ -667,7 +784,12 @@ def main(argv: list[str] | None = None) -> int:
             result["security"] = security_compare(
                 tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.security_rounds
             )
-        result["peers"] = {"skipped": "--no-peers"} if a.no_peers else peers(a.seconds + 2)
+        if a.metrics_rounds:
+            result["metrics"] = metrics_compare(
+                tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.metrics_rounds
+            )
+        skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
+        result["peers"] = {"skipped": skip} if skip else peers(a.seconds + 2)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["finished_utc"] = datetime.now(UTC).isoformat()

@@ -11,6 +11,8 @@ ASYNC_VS_NATS_TARGET = 2.0
 FAILOVER_MEDIAN_TARGET_S = 2.0
 CATCH_UP_TARGET_MB_S = 100.0
 DELAY_RETRY_TARGET_RATIO = 0.25
+# Issue #22: serving (and being scraped for) metrics costs at most 2% of the send rate.
+METRICS_COST_TARGET_RATIO = 0.98
 REFERENCE_SIZE = 1024
 REFERENCE_IN_FLIGHT = 256
 
@@ -67,6 +69,18 @@ def ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
     for key, name in (("delay_ratio", "delayed msg/s / send msg/s"), ("retry_ratio", "retries")):
         v = dr.get(key)
         row(name, v, ">= 0.25", None if v is None else v >= DELAY_RETRY_TARGET_RATIO)
+    ratios_on_off = [
+        x["on_over_off"]
+        for x in (result.get("metrics") or {}).get("summary", [])
+        if x["on_over_off"] is not None
+    ]
+    worst = min(ratios_on_off) if ratios_on_off else None
+    row(
+        "metrics on / off msg/s (worst in-flight count)",
+        worst,
+        ">= 0.98",
+        None if worst is None else worst >= METRICS_COST_TARGET_RATIO,
+    )
     return rows
 
 
@@ -78,12 +92,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _security_lines(sec: dict[str, Any] | None) -> list[str]:
-    """The security on/off comparison (issue #18), one line per in-flight count."""
+def _on_off_lines(what: str, sec: dict[str, Any] | None) -> list[str]:
+    """An on/off comparison (security: issue #18, metrics: #22), one line per in-flight count."""
     if not sec:
         return []
     return [
-        f"- security on / off ({sec['flush']}, {sec['message_bytes']} B, median of "
+        f"- {what} on / off ({sec['flush']}, {sec['message_bytes']} B, median of "
         f"{sec['rounds']} rounds, same run), {s['in_flight']} in flight: "
         f"{_fmt(s['on_messages_per_s'])} / {_fmt(s['off_messages_per_s'])} msg/s = "
         f"{_fmt(s['on_over_off'])} (each round: on "
@@ -203,7 +217,8 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
             f"{_fmt(dr['send_rate_for_ratio'])}: {_fmt(dr['delay_ratio'])}, "
             f"{_fmt(dr['retry_ratio'])})"
         )
-    lines += _security_lines(result.get("security"))
+    lines += _on_off_lines("security", result.get("security"))
+    lines += _on_off_lines("metrics", result.get("metrics"))
     for flush, rss in result.get("peak_rss_mb", {}).items():
         lines.append(
             f"- peak RSS per node, {flush}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in rss.items())

@@ -21,6 +21,7 @@ from broker.auth.guard import AuthGuard, AuthSettings
 from broker.auth.secrets import load_key_file
 from broker.config import KEYS, BrokerConfig, ConfigError, load_config, node_config
 from broker.disk import DiskGuard
+from broker.metrics import BrokerExporter
 from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
@@ -149,18 +150,25 @@ async def _serve(
     sm: BrokerStateMachine,
     registrar: BrokerRegistrar | None = None,
     v2_port: _Port | None = None,
+    exporter: BrokerExporter | None = None,
 ) -> None:
     if v2_port is not None:
         v2_port.bind()
+    if exporter is not None:
+        exporter.bind(asyncio.get_running_loop())
     await node.start()
     if v2_port is not None:
         await v2_port.start()
+    if exporter is not None:
+        exporter.start()
     if registrar is not None:
         registrar.start()
 
     async def stop() -> None:
         if registrar is not None:
             await registrar.stop()  # unregister first: routes drop this node at once
+        if exporter is not None:
+            await exporter.stop()
         if v2_port is not None:
             await v2_port.stop()
         await node.stop()
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqbroker: cannot serve grpcServerPort: {exc}", file=sys.stderr)
         return 2
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
+    exporter = BrokerExporter(cfg.brokerIP1, cfg.metricsPort, servicer) if cfg.metricsPort else None
     tune_gc()
     profiler = None
     if ns.profile:
@@ -238,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = Profiler(interval=0.001, async_mode="disabled")
         profiler.start()
     try:
-        asyncio.run(_serve(node, sm, registrar, v2_port))
+        asyncio.run(_serve(node, sm, registrar, v2_port, exporter))
     except StartError as exc:
         print(f"mqbroker: cannot start: {exc}", file=sys.stderr)
         return 1

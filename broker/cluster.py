@@ -5,7 +5,9 @@
                                                 secure by default: a local CA, TLS on every
                                                 port, member certificates, ACLs, an admin
                                                 user (--insecure: plaintext, no ACLs)
-    mqcluster status                            one row per node: role, term, commit index, ports;
+    mqcluster status                            one row per node: role, term, commit index, ports
+                                                (client, peer, RocketMQ 5, metrics) and the
+                                                /metrics addresses (docs/METRICS.md);
                                                 a node that exited on its own: EXITED and the
                                                 FATAL line (else the last line) of its log
     mqcluster kill nX [--signal KILL]           SIGKILL (or STOP/CONT/TERM) one node (or namesrv)
@@ -58,6 +60,10 @@ PEER_PORT_BASE = 40911
 GRPC_PORT_BASE = 8081
 # The NameServer's port (RocketMQ's 9876) unless --auto-ports.
 NAMESRV_PORT = 9876
+# Prometheus /metrics (metricsPort, docs/METRICS.md): node i on 5557 + i (rocketmq-exporter's
+# port), the NameServer on 5556.
+METRICS_PORT_BASE = 5557
+NAMESRV_METRICS_PORT = 5556
 NAMESRV_ID = "namesrv"
 # Seconds `up` and `start` wait for a leader; `down` waits after SIGTERM before SIGKILL.
 LEADER_WAIT_S = 30.0
@@ -93,10 +99,16 @@ class NodeInfo:
     pid_file: str
     # The RocketMQ 5 port (grpcServerPort, docs/RMQ5.md); 0 in a cluster.json written before it.
     grpc_port: int = 0
+    # The /metrics port (metricsPort, docs/METRICS.md); 0: not served.
+    metrics_port: int = 0
 
     @property
     def client_addr(self) -> str:
         return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
 
     @property
     def grpc_addr(self) -> str:
@@ -109,10 +121,15 @@ class NameSrvInfo:
     conf: str
     log: str
     pid_file: str
+    metrics_port: int = 0
 
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
 
 
 def log_client(
@@ -238,22 +255,27 @@ class LocalCluster:
         self.secure = secure
         ids = [f"n{i}" for i in range(nodes)]
         if auto_ports:
-            free = _free_ports(3 * nodes + 1)
+            free = _free_ports(4 * nodes + 2)
             client_ports, peer_ports = free[:nodes], free[nodes : 2 * nodes]
-            grpc_ports, namesrv_port = free[2 * nodes : 3 * nodes], free[-1]
+            grpc_ports, metrics_ports = free[2 * nodes : 3 * nodes], free[3 * nodes : 4 * nodes]
+            namesrv_port, namesrv_metrics_port = free[-2], free[-1]
         else:
             client_ports = [CLIENT_PORT_BASE + CLIENT_PORT_STEP * i for i in range(nodes)]
             peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
             grpc_ports = [GRPC_PORT_BASE + i for i in range(nodes)]
-            namesrv_port = NAMESRV_PORT
+            metrics_ports = [METRICS_PORT_BASE + i for i in range(nodes)]
+            namesrv_port, namesrv_metrics_port = NAMESRV_PORT, NAMESRV_METRICS_PORT
         admin = self._secure_files(group, ids) if secure else None
         if namesrv:
             ns_conf = localsecurity.namesrv_keys(self.layout) if secure else {}
             self.namesrv = self._write_namesrv_conf(
-                namesrv_port, {**ns_conf, **(namesrv_conf or {})}
+                namesrv_port,
+                {"metricsPort": str(namesrv_metrics_port), **ns_conf, **(namesrv_conf or {})},
             )
         self.group = group
-        self._write_node_confs(ids, client_ports, peer_ports, grpc_ports, extra or {}, admin)
+        ports = {"client": client_ports, "peer": peer_ports, "grpc": grpc_ports}
+        ports["metrics"] = metrics_ports
+        self._write_node_confs(ids, ports, extra or {}, admin)
         self._save_state()
 
     def _secure_files(self, group: str, ids: list[str]) -> Credentials:
@@ -276,28 +298,28 @@ class LocalCluster:
             str(conf_path),
             str(self.base / f"{NAMESRV_ID}.log"),
             str(self.base / f"{NAMESRV_ID}.pid"),
+            int(str(values.get("metricsPort", 0))),
         )
 
     def _write_node_confs(
         self,
         ids: list[str],
-        client_ports: list[int],
-        peer_ports: list[int],
-        grpc_ports: list[int],
+        ports: dict[str, list[int]],
         extra: dict[str, str],
         admin: Credentials | None = None,
     ) -> None:
-        """One broker.conf per node of ``self.group``, pointing at the NameServer if any; with
-        ``admin`` (a secure group) the security keys too, and the file is 0600 (it holds the
-        admin user's initial secret)."""
+        """One broker.conf per node of ``self.group`` (``ports``: its client, peer, grpc and
+        metrics ports, by node), pointing at the NameServer if any; with ``admin`` (a secure
+        group) the security keys too, and the file is 0600 (it holds the admin user's initial
+        secret)."""
         group = self.group
-        peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, peer_ports, strict=True))
+        peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, ports["peer"], strict=True))
         client_addrs = ";".join(
-            f"{i}-127.0.0.1:{p}" for i, p in zip(ids, client_ports, strict=True)
+            f"{i}-127.0.0.1:{p}" for i, p in zip(ids, ports["client"], strict=True)
         )
         self.nodes = []
-        for node_id, cport, pport, gport in zip(
-            ids, client_ports, peer_ports, grpc_ports, strict=True
+        for node_id, cport, pport, gport, mport in zip(
+            ids, ports["client"], ports["peer"], ports["grpc"], ports["metrics"], strict=True
         ):
             conf = self.base / f"{node_id}.conf"
             values: dict[str, object] = {
@@ -310,6 +332,7 @@ class LocalCluster:
                 "dLegerSelfId": node_id,
                 "listenPort": cport,
                 "grpcServerPort": gport,
+                "metricsPort": mport,
                 "storePathRootDir": str(self.base / node_id),
             }
             if self.namesrv is not None:
@@ -318,6 +341,7 @@ class LocalCluster:
                 values.update(localsecurity.broker_keys(self.layout, group, node_id, admin))
             values.update(extra)
             gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
+            mport = int(str(values["metricsPort"]))
             text = render_config(values)
             if admin is not None:
                 write_private_file(str(conf), text.encode())
@@ -332,6 +356,7 @@ class LocalCluster:
                     str(self.base / f"{node_id}.log"),
                     str(self.base / f"{node_id}.pid"),
                     gport,
+                    mport,
                 )
             )
 
@@ -551,6 +576,7 @@ class LocalCluster:
                     "client": n.client_port,
                     "peer": n.peer_port,
                     "rmq5": n.grpc_port or "-",
+                    "metrics": n.metrics_port or "-",
                 }
                 if pid is not None:
                     try:
@@ -602,6 +628,19 @@ def dashboard_line(cluster: LocalCluster) -> str:
     return (
         f"dashboard: mqdashboard {argv}\n"
         "  then open http://127.0.0.1:8080/ (--port to change it; docs/DASHBOARD.md)"
+    )
+
+
+def metrics_line(cluster: LocalCluster) -> str:
+    """Where Prometheus (or curl) finds each process's /metrics (docs/METRICS.md)."""
+    urls = [n.metrics_url for n in cluster.nodes if n.metrics_port]
+    if cluster.namesrv is not None and cluster.namesrv.metrics_port:
+        urls.append(cluster.namesrv.metrics_url)
+    if not urls:
+        return "metrics: not served (metricsPort=0)"
+    return (
+        "metrics (Prometheus text format, read-only, unauthenticated, docs/METRICS.md): "
+        + " ".join(urls)
     )
 
 
@@ -679,6 +718,7 @@ def _cmd_up(cluster: LocalCluster, ns: argparse.Namespace, extra: dict[str, str]
     print(format_table(cluster.status_rows()))
     print(namesrv_line(cluster))
     print(rmq5_line(cluster))
+    print(metrics_line(cluster))
     print(dashboard_line(cluster))
     if cluster.secure:
         print(localsecurity.credentials_notice(cluster.layout))
@@ -705,6 +745,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(rows))
             print(namesrv_line(cluster))
             print(rmq5_line(cluster))
+            print(metrics_line(cluster))
             return 0 if any(r["role"] == "LEADER" for r in rows) else 1
         elif ns.cmd == "kill":
             sig = signal.Signals[f"SIG{ns.signal}"]

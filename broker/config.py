@@ -20,6 +20,7 @@ from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from dledger.properties import (
     int_in,
     parse_bool,
+    parse_optional_port,
     parse_port,
     parse_properties,
     parse_values,
@@ -155,11 +156,6 @@ def parse_peers(text: str) -> tuple[Peer, ...]:
     return tuple(peers)
 
 
-def _parse_optional_port(text: str) -> int:
-    """A port, or 0 (off)."""
-    return 0 if text.strip() == "0" else parse_port(text)
-
-
 def _parse_peer_client_addrs(text: str) -> tuple[Peer, ...]:
     """``dLegerPeers``' format, or empty."""
     return parse_peers(text) if text.strip() else ()
@@ -190,7 +186,7 @@ KEYS: Mapping[str, _Key] = {
     # RocketMQ's proxy key: the port of the RocketMQ 5 protocol (docs/RMQ5.md); mqcluster gives
     # the first node 8081 (the proxy's default), the next ones the following ports.
     "grpcServerPort": _Key(
-        _parse_optional_port,
+        parse_optional_port,
         "0",
         "apache.rocketmq.v2 (RocketMQ 5 clients) gRPC port; 0: not served",
     ),
@@ -201,6 +197,11 @@ KEYS: Mapping[str, _Key] = {
         "0",
         "with tlsEnable and grpcServerPort: an extra plaintext RocketMQ 5 port on 127.0.0.1 "
         "(0: none; users and permissions apply on it too)",
+    ),
+    # Prometheus metrics over HTTP (docs/METRICS.md): read-only, unauthenticated, bound to
+    # brokerIP1 like the client port; mqcluster gives node i 5557 + i (rocketmq-exporter's port).
+    "metricsPort": _Key(
+        parse_optional_port, "0", "HTTP port of /metrics (Prometheus text format); 0: not served"
     ),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
@@ -360,6 +361,7 @@ class BrokerConfig:
     listenPort: int
     grpcServerPort: int
     grpcServerPlaintextPort: int
+    metricsPort: int
     brokerIP1: str
     storePathRootDir: str
     flushDiskType: FlushDiskType
@@ -510,6 +512,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
     _check_tls(values, path)
+    _check_metrics_port(values, path)
     _check_auth_keys(values, path)
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values.pop("enableDLegerCommitLog")
@@ -555,6 +558,19 @@ def _check_tls(values: dict[str, Any], path: str) -> None:
     used = {values["listenPort"], values["grpcServerPort"], plain}
     if v2_plain and v2_plain in used | {p.port for p in values["dLegerPeers"]}:
         raise ConfigError(f"{path}: key 'grpcServerPlaintextPort': {v2_plain} is already used")
+
+
+def _check_metrics_port(values: Mapping[str, Any], path: str) -> None:
+    port = values["metricsPort"]
+    used = {
+        values["listenPort"],
+        values["grpcServerPort"],
+        values["grpcServerPlaintextPort"],
+        values["tlsPlaintextListenPort"],
+        *(p.port for p in values["dLegerPeers"]),
+    }
+    if port and port in used:
+        raise ConfigError(f"{path}: key 'metricsPort': {port} is already used by another port")
 
 
 def _check_auth_keys(values: Mapping[str, Any], path: str) -> None:

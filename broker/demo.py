@@ -36,7 +36,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from broker.cluster import OFFICIAL_PYTHON, ClusterError, LocalCluster, format_table
+from broker.cluster import OFFICIAL_PYTHON, ClusterError, LocalCluster, format_table, metrics_line
 from broker.leader_client import LeaderClient
 from broker.message import decode_offset_msg_id
 from mqsecurity.channels import open_channel
@@ -48,6 +48,12 @@ DEMO_BATCHES = 150
 DEMO_BATCH_SIZE = 20
 DEMO_QUEUES = 4
 DEMO_MAX_SECONDS = 120
+# The demo's group is gone when it ends; this says where to watch one that stays up.
+WHERE_TO_LOOK = (
+    "to watch a group: `mqcluster up` starts one that stays up and prints each process's "
+    "/metrics address (node i: http://127.0.0.1:5557+i/metrics, the NameServer: "
+    "http://127.0.0.1:5556/metrics); docs/METRICS.md lists every metric"
+)
 TOPIC = "DemoTopic"
 # The official client's step: its own topic and group (a new group starts at the oldest
 # message), this many messages, and a bound on the whole step (client start-ups included).
@@ -361,7 +367,7 @@ def run(base_dir: Path, secure: bool = True) -> int:
         print(f"security: {client.security.describe()}")
         leader = cluster.up()
         print(format_table(cluster.status_rows()))
-        print(WATCH_NOTE)
+        print(metrics_line(cluster))
         _create_topic(client, cluster)
         producer = _Producer(client, cluster)
         _produce_through_failover(cluster, producer, leader)
@@ -372,6 +378,8 @@ def run(base_dir: Path, secure: bool = True) -> int:
         print(f"every acknowledged message exactly once, in order, on all 3 replicas: {ok}")
         print(f"the official Python client's messages received and acked, each once: {official}")
         print("DEMO OK" if ok and official else "DEMO FAILED")
+        print(WHERE_TO_LOOK)
+        print(WATCH_NOTE)
         return 0 if ok and official else 1
     except (ClusterError, SecurityError, grpc.RpcError) as exc:
         print(f"demo: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
 from broker.errors import InvalidRequestError, TooManyLongPollsError
 from broker.message import tags_hash
 from broker.state import QueueKey
+from broker.stats import BrokerStats
 from broker.topics import Topics
 from dledger.core import Role
 
@@ -198,10 +200,24 @@ class PullPath:
         total = total_memory_bytes() if memory_bytes is None else memory_bytes
         self._memory_limit_bytes = total * self.ctx.cfg.memory_ratio_percent // 100
         self.ctx.sm.add_listener(self.polls.wake)
+        # Set when the process serves metrics (broker.metrics); None: nothing is counted.
+        self.stats: BrokerStats | None = None
 
     async def pull(self, query: PullQuery, peer: str) -> PullResult:
         """Answer ``query`` (from the connection ``peer``): at once when there is something
         or ``no_suspend``, else once a matching message arrives or the timeout passes."""
+        stats = self.stats
+        if stats is None:
+            return (await self._pull(query, peer))[0]
+        started = time.perf_counter()
+        result, held_s = await self._pull(query, peer)
+        stats.pull_s.observe(time.perf_counter() - started - held_s)
+        if result.queue_offsets:
+            stats.pulled.add(query.topic, len(result.queue_offsets), len(result.raw))
+        return result
+
+    async def _pull(self, query: PullQuery, peer: str) -> tuple[PullResult, float]:
+        """The answer, and the seconds it was held as a long poll."""
         self.topics.readable_queue(query.topic, query.queue_id)
         if query.max_msgs < 0 or query.suspend_timeout_ms < 0:
             raise InvalidRequestError("max_msgs and suspend_timeout_ms must not be negative")
@@ -213,15 +229,19 @@ class PullPath:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         key = (query.topic, query.queue_id)
+        held_s = 0.0
         while True:
             result = self.pull_once(query, hashes)
             if result.status is not PullStatus.NO_NEW_MSG or query.no_suspend:
-                return result
+                return result, held_s
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return result
-            if not await self.polls.wait(key, hashes, peer, remaining):
-                return self.pull_once(query, hashes)
+                return result, held_s
+            held_from = loop.time()
+            woken = await self.polls.wait(key, hashes, peer, remaining)
+            held_s += loop.time() - held_from
+            if not woken:
+                return self.pull_once(query, hashes), held_s
 
     def pull_once(self, query: PullQuery, hashes: frozenset[int] | None) -> PullResult:
         """What the queue holds for ``query`` now (the tag filter by hash only)."""

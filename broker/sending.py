@@ -28,6 +28,7 @@ from broker.message import (
 from broker.names import SCHEDULE_TOPIC
 from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
 from broker.state import ENTRY_MESSAGES, SendResult, TopicConfig
+from broker.stats import BrokerStats
 from broker.topics import Topics
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED
 from dledger.server.errors import ProposalLostError
@@ -66,6 +67,8 @@ class SendPath:
         self._ids = UniqIdGenerator(ip=host if _is_ipv4(host) else None)
         self._inflight: dict[str, tuple[_Call, int]] = {}
         self.halves: HalfSink | None = None  # set by broker.transactions.manager.Transactions
+        # Set when the process serves metrics (broker.metrics); None: nothing is counted.
+        self.stats: BrokerStats | None = None
 
     def check_writable(self) -> None:
         """Raise unless this node may store messages now (leader, disk below its mark)."""
@@ -77,6 +80,15 @@ class SendPath:
         """Store ``messages`` in ``topic_name`` as one entry: one result per message, in
         order. A delayed message (stored in the schedule topic until due) is answered with
         the queue the producer chose, as RocketMQ does."""
+        stats = self.stats
+        if stats is None:
+            return await self._send(topic_name, messages)
+        started = time.perf_counter()
+        results = await self._send(topic_name, messages)
+        stats.send_s.observe(time.perf_counter() - started)
+        return results
+
+    async def _send(self, topic_name: str, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         self.check_writable()
         if not messages:
             raise InvalidRequestError("a send needs at least one message")
@@ -91,7 +103,7 @@ class SendPath:
         results = await self._wait_inflight(messages)
         if results is None and delayed:
             now_ms = int(time.time() * 1000)
-            results = await self.store(self._build(topic.name, messages, now_ms))
+            results = await self.store(self._build(topic.name, messages, now_ms), topic.name)
         if results is not None:
             return [
                 r._replace(queue_id=m.queue_id) if r.topic == SCHEDULE_TOPIC else r
@@ -102,7 +114,7 @@ class SendPath:
         body, uniq_ids = encode_batch_fields(
             topic.name, messages, now_ms, self._ids.next_id, self.ctx.cfg.max_message_size_bytes
         )
-        return await self._store_body(body, uniq_ids)
+        return await self._store_body(body, uniq_ids, topic.name)
 
     async def _wait_inflight(self, messages: Sequence[OutgoingMessage]) -> list[SendResult] | None:
         """A retry of a send still in flight here: the original's results (marked
@@ -116,6 +128,8 @@ class SendPath:
         calls = {id(w[0]): w[0] for w in waits if w is not None}
         with contextlib.suppress(Exception):
             await asyncio.gather(*(asyncio.shield(c) for c in calls.values()))
+            if self.stats is not None:
+                self.stats.inflight_dedup_hits += len(waits)
             return [
                 c.result()[at]._replace(duplicate=True)
                 for c, at in (w for w in waits if w is not None)
@@ -134,12 +148,16 @@ class SendPath:
                 out[i] = to_schedule(msg, level)
         return out
 
-    async def store(self, messages: list[Message]) -> list[SendResult]:
-        """Propose ``messages`` as one entry; their results once it is applied."""
+    async def store(self, messages: list[Message], sent_to: str = "") -> list[SendResult]:
+        """Propose ``messages`` as one entry; their results once it is applied. ``sent_to``:
+        the topic a client's send named, counted as sent there (the broker's own copies,
+        retries, are not)."""
         body, _ = encode_batch(messages, self.ctx.cfg.max_message_size_bytes)
-        return await self._store_body(body, [m.uniq_id for m in messages])
+        return await self._store_body(body, [m.uniq_id for m in messages], sent_to)
 
-    async def _store_body(self, body: bytes, uniq_ids: list[str]) -> list[SendResult]:
+    async def _store_body(
+        self, body: bytes, uniq_ids: list[str], sent_to: str = ""
+    ) -> list[SendResult]:
         """Propose an encoded batch as one entry; its results once it is applied."""
         max_body = self.ctx.node.cfg.store.max_body_bytes
         if len(body) > max_body:
@@ -163,6 +181,8 @@ class SendPath:
                 f"no results for entry {first}"
             )
             call.set_result(results)
+            if sent_to and self.stats is not None:
+                self.stats.sent.add(sent_to, len(uniq_ids), len(body))
         except BaseException as exc:
             call.set_exception(exc if isinstance(exc, Exception) else ProposalLostError())
             call.exception()  # retrieved: nobody else may be waiting

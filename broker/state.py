@@ -483,6 +483,8 @@ class BrokerStateMachine:
         self.leader_id: str | None = None
         self._change_listeners: list[Callable[[], None]] = []
         self.skip_log = _SkipLog()
+        # Messages the dedup window answered as duplicates (metrics), on every member alike.
+        self.dedup_hits = 0
 
     # ------------------------------------------------------------------ wiring
 
@@ -638,6 +640,7 @@ class BrokerStateMachine:
                     original = dedup.get(uniq_id)
                     if original is not None:
                         results.append(original._replace(duplicate=True))
+                        self.dedup_hits += 1
                         continue
                 key = (topic, queue_id)
                 offset = next_offset.get(key)

@@ -87,6 +87,8 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
 
 # A TCP port as a config value.
 parse_port = int_in(1, 65535)
+# A port, or 0: the service it names is off (grpcServerPort, metricsPort, ...).
+parse_optional_port = int_in(0, 65535)
 
 
 def parse_bool(text: str) -> bool:

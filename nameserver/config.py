@@ -12,6 +12,7 @@ from typing import Any
 from dledger.properties import (
     int_in,
     parse_bool,
+    parse_optional_port,
     parse_port,
     parse_properties,
     parse_values,
@@ -56,6 +57,7 @@ class NameServerConfig:
     tlsServerKeyPath: str = ""
     tlsServerTrustCertPath: str = ""
     brokerAuthenticationEnabled: bool = False
+    metricsPort: int = 0
 
     @property
     def tls_files(self) -> TlsFiles | None:
@@ -99,6 +101,11 @@ KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
         int_in(MIN_SCAN_INTERVAL_MS, MAX_SCAN_INTERVAL_MS),
         f"ms between scans for silent nodes (default {DEFAULT_SCAN_INTERVAL_MS})",
     ),
+    "metricsPort": (
+        parse_optional_port,
+        "HTTP port of /metrics (Prometheus text format) on listenHost, read-only and "
+        "unauthenticated (default 0: not served)",
+    ),
     "tlsEnable": (parse_bool, "serve TLS only (default false)"),
     "tlsServerCertPath": (_parse_path, "the NameServer's certificate (PEM), with tlsEnable"),
     "tlsServerKeyPath": (_parse_path, "its private key (PEM, 0600)"),
@@ -120,6 +127,8 @@ def parse_config(text: str, path: str = "namesrv.conf") -> NameServerConfig:
         raw, {name: parse for name, (parse, _) in KEYS.items()}, path, ConfigError
     )
     cfg = NameServerConfig(**values)
+    if cfg.metricsPort and cfg.metricsPort == cfg.listenPort:
+        raise ConfigError(f"{path}: key 'metricsPort': {cfg.metricsPort} is the listenPort")
     _check_security(cfg, path)
     return cfg
 

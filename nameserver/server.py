@@ -21,17 +21,26 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from prometheus_client import ProcessCollector
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from dledger.server import rpcguard, status
 from dledger.server.serving import add_health_and_reflection, bind
+from mqmetrics.server import LoopCollector, MetricsServer
 from mqsecurity import refusals
 from mqsecurity.errors import CertificateError, SignatureError
 from mqsecurity.membersig import MemberVerifier
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import read_pem
 from nameserver.config import NameServerConfig
+from nameserver.metrics import (
+    ROUTE_FOUND,
+    ROUTE_INVALID,
+    ROUTE_NOT_FOUND,
+    NameServerStats,
+    nameserver_families,
+)
 from nameserver.routes import (
     MAX_HOST_LEN,
     MAX_NAME_LEN,
@@ -154,9 +163,15 @@ def _quote(name: str) -> str:
 class NameServerServicer(pb_grpc.NameServerServicer):
     """``verifier`` None: anyone may (un)register any group (brokerAuthenticationEnabled off)."""
 
-    def __init__(self, table: RouteTable, verifier: MemberVerifier | None = None) -> None:
+    def __init__(
+        self,
+        table: RouteTable,
+        verifier: MemberVerifier | None = None,
+        stats: NameServerStats | None = None,
+    ) -> None:
         self.table = table
         self.verifier = verifier
+        self.stats = stats if stats is not None else NameServerStats()
 
     async def _authenticate(
         self,
@@ -193,8 +208,14 @@ class NameServerServicer(pb_grpc.NameServerServicer):
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterBrokerResponse:
-        await self._authenticate(REGISTER_METHOD, request, context)
-        self.table.register(registration_from_pb(request))
+        registrations = self.stats.registrations
+        try:
+            await self._authenticate(REGISTER_METHOD, request, context)
+            self.table.register(registration_from_pb(request))
+        except Exception:
+            registrations["refused"] += 1
+            raise
+        registrations["ok"] += 1
         return pb.RegisterBrokerResponse(broker_expired_time_ms=self.table.broker_expired_time_ms)
 
     @_rpc
@@ -209,9 +230,19 @@ class NameServerServicer(pb_grpc.NameServerServicer):
     async def GetRouteInfoByTopic(
         self, request: pb.GetRouteInfoByTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetRouteInfoByTopicResponse:
-        check_name("topic", request.topic)
+        queries = self.stats.route_queries
+        try:
+            check_name("topic", request.topic)
+            routes = self.table.route(request.topic)
+        except TopicNotExistError:
+            queries[ROUTE_NOT_FOUND] += 1
+            raise
+        except InvalidRequestError:
+            queries[ROUTE_INVALID] += 1
+            raise
+        queries[ROUTE_FOUND] += 1
         groups = []
-        for g in self.table.route(request.topic):
+        for g in routes:
             groups.append(
                 pb.GroupRoute(
                     cluster=g.cluster,
@@ -279,6 +310,8 @@ class NameServer:
         self.cfg = cfg
         self.host = host if host is not None else cfg.listenHost
         self.table = RouteTable(cfg.brokerExpiredTime)
+        self.stats = NameServerStats()
+        self._metrics: MetricsServer | None = None
         self._server: grpc.aio.Server | None = None
         self._scan_task: asyncio.Task[None] | None = None
 
@@ -287,12 +320,15 @@ class NameServer:
         rpcguard.add_servicer(
             server,
             pb_grpc.add_NameServerServicer_to_server,
-            NameServerServicer(self.table, self._verifier()),
+            NameServerServicer(self.table, self._verifier(), self.stats),
         )
         add_health_and_reflection(server, [SERVICE_NAME])
         addr = f"{self.host}:{self.cfg.listenPort}"
         bind(server, addr, self.cfg.tls_files, StartError)
+        self._bind_metrics()
         await server.start()
+        if self._metrics is not None:
+            self._metrics.start()
         self._server = server
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="scan")
         logger.info(
@@ -304,6 +340,21 @@ class NameServer:
             self.cfg.brokerExpiredTime,
             self.cfg.scanNotActiveBrokerInterval,
         )
+
+    def _bind_metrics(self) -> None:
+        """``/metrics`` on the listen host (metricsPort; 0: not served), bound now."""
+        port = self.cfg.metricsPort
+        if not port:
+            return
+        loop = asyncio.get_running_loop()
+        collectors = [
+            LoopCollector(lambda: nameserver_families(self.table, self.stats), loop),
+            ProcessCollector(registry=None),
+        ]
+        try:
+            self._metrics = MetricsServer(self.host, port, collectors)
+        except OSError as exc:
+            raise StartError(f"metricsPort {self.host}:{port}: {exc}") from None
 
     def _verifier(self) -> MemberVerifier | None:
         if not self.cfg.brokerAuthenticationEnabled:
@@ -333,4 +384,7 @@ class NameServer:
         if self._server is not None:
             await self._server.stop(grace=STOP_GRACE_S)
             self._server = None
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.stop)
+            self._metrics = None
         logger.info("nameserver stopped port=%d", self.cfg.listenPort)

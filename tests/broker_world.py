@@ -3,11 +3,13 @@ in-memory log that applies every proposal at once (a one-node group that always 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from broker.applied import AppliedMessages, NodeContext
+from broker.message import UniqIdGenerator
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
 from broker.topics import Topics
@@ -97,3 +99,29 @@ def world(
     node = LeaderNode(sm, log)
     ctx = NodeContext(node, sm, cfg or ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
     return node, sm, Topics(ctx), AppliedMessages(ctx)
+
+
+IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
+
+
+@dataclass
+class Outgoing:
+    """A message as a front end hands it over (the fields a producer fills)."""
+
+    queue_id: int
+    body: bytes
+    msg_id: str
+    properties: dict[str, str] = field(default_factory=dict)
+    topic: str = ""
+    tags: str = "A"
+    keys: tuple[str, ...] = ()
+    born_host: str = ""
+    born_timestamp_ms: int = 0
+    producer_group: str = ""
+    reconsume_times: int = 0
+    flag: int = 0
+    sys_flag: int = 0
+
+
+def outgoing(queue_id: int, n: int, **properties: str) -> Outgoing:
+    return Outgoing(queue_id, f"body-{n}".encode(), IDS.next_id(), properties)

@@ -291,6 +291,11 @@ class RaftNode:
         self._transfer_elapsed = 0
         self._pending: deque[tuple[int, int]] = deque()  # (last index, bytes) per proposal
         self._pending_bytes = 0
+        # Campaigns since start (metrics): pre-votes, real elections (a term of its own), and
+        # elections this node won.
+        self.pre_votes_started = 0
+        self.elections_started = 0
+        self.elections_won = 0
         self._reset_randomized_timeout()
         logger.info(
             "node=%s term=%d start last_index=%d commit=%d",
@@ -716,7 +721,9 @@ class RaftNode:
         if pre_vote:
             self._role = Role.PRE_CANDIDATE
             req_term = self._term + 1
+            self.pre_votes_started += 1
         else:
+            self.elections_started += 1
             self._role = Role.CANDIDATE
             self._term += 1
             self._voted_for = self.id
@@ -755,6 +762,7 @@ class RaftNode:
 
     def _become_leader(self) -> None:
         assert self._role is Role.CANDIDATE
+        self.elections_won += 1
         self._role = Role.LEADER
         self._leader_id = self.id
         self._term_leader = self.id

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -240,6 +240,9 @@ class SegmentedLogStore:
         self._last_checkpoint_s = 0.0
         self.flush_count = 0  # number of data syncs done (group-commit metric)
         self.sync_seconds = 0.0  # time spent in those syncs (how busy the disk path is)
+        # Called with each data sync's seconds, under the store's lock (metrics: the node's
+        # fsync histogram); must not block.
+        self.on_sync: Callable[[float], None] | None = None
         self.recovered_from_crash = False
         self._created_first_segment = False
         self._stop_flusher = threading.Event()
@@ -1068,6 +1071,8 @@ class SegmentedLogStore:
             elapsed = time.perf_counter() - t0
             with self._lock:
                 self.sync_seconds += elapsed
+                if self.on_sync is not None:
+                    self.on_sync(elapsed)
                 self._syncs_in_flight -= 1
                 if not ok:
                     self._sync_started_index = self._flushed_index  # let a waiter retry

@@ -32,6 +32,9 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert len(result["failover"]["seconds"]) == 1
     assert result["delay_retry"]["delayed"]["all_delivered"]
     assert result["delay_retry"]["retries"]["all_delivered"]
+    on_cases = [c for c in result["metrics"]["cases"] if c["metrics"] == "on"]
+    assert on_cases and all(c["scrapes"] > 0 and c["scrape_failures"] == 0 for c in on_cases)
+    assert all(c["scrapes"] == 0 for c in result["metrics"]["cases"] if c["metrics"] == "off")
     assert {r["figure"] for r in result["ratios"]} >= {"failover median (s)"}
     # The official RocketMQ 5 Python client's v2 producer, on the same group (issue #19).
     v2 = result["produce_v2"]

@@ -3,43 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from broker_world import world
+from broker_world import outgoing, world
 
 from broker.errors import QueueIdOutOfRangeError, SystemTopicError, TopicNotFoundError
-from broker.message import UniqIdGenerator
 from broker.names import SCHEDULE_TOPIC
 from broker.schedule import PROPERTY_DELAY
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-
-IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
-
-
-@dataclass
-class Outgoing:
-    """A message as a front end hands it over (the fields a producer fills)."""
-
-    queue_id: int
-    body: bytes
-    msg_id: str
-    properties: dict[str, str] = field(default_factory=dict)
-    topic: str = ""
-    tags: str = "A"
-    keys: tuple[str, ...] = ()
-    born_host: str = ""
-    born_timestamp_ms: int = 0
-    producer_group: str = ""
-    reconsume_times: int = 0
-    flag: int = 0
-    sys_flag: int = 0
-
-
-def outgoing(queue_id: int, n: int, **properties: str) -> Outgoing:
-    return Outgoing(queue_id, f"body-{n}".encode(), IDS.next_id(), properties)
 
 
 def test_a_send_is_stored_in_its_queues_and_answered_in_order(tmp_path: Path) -> None:

@@ -128,7 +128,11 @@ def test_insecure_layout_is_unchanged(tmp_path: Path) -> None:
     for i in range(3):
         assert not set(CONTRACT_KEYS) & set(_properties(tmp_path / f"n{i}.conf"))
     # Plaintext, but still this machine only (issue #18: the local NameServer binds 127.0.0.1).
-    assert _properties(tmp_path / "namesrv.conf").keys() == {"listenPort", "listenHost"}
+    assert _properties(tmp_path / "namesrv.conf").keys() == {
+        "listenPort",
+        "listenHost",
+        "metricsPort",  # /metrics, on listenHost too (docs/METRICS.md)
+    }
     assert _properties(tmp_path / "namesrv.conf")["listenHost"] == "127.0.0.1"
     assert not LocalCluster(tmp_path).secure
     assert c.client_security() is PLAINTEXT and c.tool_argv() == []

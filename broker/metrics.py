@@ -1,0 +1,297 @@
+"""A broker node's metrics (docs/METRICS.md "Broker"): its Raft member's, its traffic, its
+queues, its consumer groups' lag and its store's disk.
+
+`BrokerStats` is what the send and pull paths feed (per-topic counts in a `LabelCounters` of
+`MAX_TOPIC_SERIES` topics, two latency histograms, in-flight dedup hits); a node has one only
+when its process serves metrics. Everything else is read from the replicated state when
+scraped, on the event loop (`mqmetrics.server.LoopCollector`), by `BrokerMetrics.families`.
+
+Label sets and what bounds them (each family is also capped here, and what a cap leaves out is
+counted in ``raftmq_metrics_series_omitted{family}``):
+
+- ``topic``: the group's topic table (`broker.state.MAX_TOPICS`); traffic counters keep at most
+  `MAX_TOPIC_SERIES` topics per process (later ones count under ``(other)``).
+- ``topic`` x ``queue``: the topic table times `broker.state.MAX_QUEUE_NUMS`; at most
+  `MAX_QUEUE_SERIES` queues exported.
+- ``group`` x ``topic`` x ``queue``: the applied consumer offsets (every commit adds a key;
+  the broker has no limit of its own), so at most `MAX_LAG_SERIES` exported.
+- ``group`` of retried and dead-lettered counts: the %RETRY% and %DLQ% topics of the table; at
+  most `MAX_TOPIC_SERIES` groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import TYPE_CHECKING
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import Metric
+
+from broker.disk import DiskGuard
+from broker.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
+from broker.offsets import ConsumerOffsets
+from broker.pulling import LongPolls
+from broker.state import BrokerStateMachine
+from broker.stats import MAX_TOPIC_SERIES, BrokerStats
+from dledger.server import StartError
+from dledger.server.metrics import RaftStats, raft_families
+from dledger.server.node import DLedgerNode
+from mqmetrics.families import (
+    Omitted,
+    counter,
+    gauge,
+    histogram,
+    label_counter_pair,
+    labelled_counter,
+    labelled_gauge,
+    refusal_family,
+)
+from mqmetrics.server import LoopCollector, MetricsServer
+from mqsecurity.refusals import REFUSALS
+
+if TYPE_CHECKING:
+    from broker.service import BrokerServicer
+
+# Queues whose max offset is exported, and consumer lag series (group x topic x queue): ten
+# thousand each keeps a scrape's collection to a few tens of ms of the event loop.
+MAX_QUEUE_SERIES = 10_000
+MAX_LAG_SERIES = 10_000
+CAPPED_FAMILIES = (
+    "broker_queue_max_offset",
+    "broker_consumer_lag_messages",
+    "broker_retried_messages_total",
+    "broker_dead_lettered_messages_total",
+)
+
+
+@dataclass
+class BrokerMetrics:
+    """The families of one broker node, built at scrape time on its event loop."""
+
+    node: DLedgerNode
+    sm: BrokerStateMachine
+    offsets: ConsumerOffsets
+    stats: BrokerStats
+    polls: LongPolls
+    store_path: str
+    disk_guard: DiskGuard | None = None
+
+    def families(self) -> list[Metric]:
+        """Every family of the node: its Raft member's, the security refusals, the broker's."""
+        return [
+            *raft_families(self.node),
+            refusal_family(REFUSALS.snapshot()),
+            *self.broker_families(),
+        ]
+
+    def broker_families(self) -> list[Metric]:
+        omitted = Omitted()
+        out = self._traffic()
+        out += self._queues(omitted)
+        out.append(self._lags(omitted))
+        out += self._system_topics(omitted)
+        out += self._disk()
+        out.append(omitted.family(CAPPED_FAMILIES))
+        return out
+
+    def _traffic(self) -> list[Metric]:
+        stats = self.stats
+        sm = self.sm
+        return [
+            *label_counter_pair(
+                "broker_sent_messages",
+                "broker_sent_bytes",
+                "topic",
+                (
+                    "Messages of sends this node stored (leader), duplicates included",
+                    "Encoded bytes of those sends",
+                ),
+                stats.sent,
+            ),
+            *label_counter_pair(
+                "broker_pulled_messages",
+                "broker_pulled_bytes",
+                "topic",
+                ("Messages this node answered pulls with", "Stored bytes of those messages"),
+                stats.pulled,
+            ),
+            histogram(
+                "broker_send_duration_seconds",
+                "Seconds from a send's arrival to its answer, successful sends",
+                stats.send_s,
+            ),
+            histogram(
+                "broker_pull_duration_seconds",
+                "Seconds to answer a pull, not counting the time it was held as a long poll",
+                stats.pull_s,
+            ),
+            gauge("broker_long_polls_held", "Pulls held waiting for messages", self.polls.held),
+            labelled_counter(
+                "broker_dedup_hits",
+                "Messages answered as duplicates: 'applied' by the dedup window (every member), "
+                "'in_flight' a retry of a send still being stored (leader)",
+                ["stage"],
+                [(["applied"], sm.dedup_hits), (["in_flight"], stats.inflight_dedup_hits)],
+            ),
+            gauge("broker_topics", "Topics in the group's topic table", len(sm.topics)),
+        ]
+
+    def _queues(self, omitted: Omitted) -> list[Metric]:
+        sm = self.sm
+        topics = list(sm.topics.values())
+        total = sum(max(t.read_queue_nums, t.write_queue_nums) for t in topics)
+        keys = (
+            (t.name, q) for t in topics for q in range(max(t.read_queue_nums, t.write_queue_nums))
+        )
+        rows = (
+            ([name, str(q)], sm.queue_offsets(name, q)[1])
+            for name, q in omitted.capped("broker_queue_max_offset", keys, total, MAX_QUEUE_SERIES)
+        )
+        return [
+            labelled_gauge(
+                "broker_queue_max_offset",
+                "Messages ever stored in each queue (its next offset), as this node applied them",
+                ["topic", "queue"],
+                rows,
+            ),
+            *self._delayed(),
+        ]
+
+    def _delayed(self) -> list[Metric]:
+        sm = self.sm
+        stored = pending = 0
+        for level in range(1, len(self.offsets.ctx.cfg.delay_levels_ms) + 1):
+            high = sm.queue_offsets(SCHEDULE_TOPIC, level - 1)[1]
+            stored += high
+            pending += max(0, high - sm.schedule_offsets.get(level, 0))
+        return [
+            counter(
+                "broker_delayed_messages",
+                "Messages stored for later delivery (delay levels, retries with a delay)",
+                stored,
+            ),
+            gauge("broker_delayed_messages_pending", "Delayed messages not delivered yet", pending),
+        ]
+
+    def _lags(self, omitted: Omitted) -> Metric:
+        sm = self.sm
+        pending = self.offsets.pending
+        keys: Iterator[tuple[str, str, int]] = chain(
+            sm.offsets, (k for k in list(pending) if k not in sm.offsets)
+        )
+        total = len(sm.offsets) + sum(1 for k in pending if k not in sm.offsets)
+        rows = []
+        for group, topic, q in omitted.capped(
+            "broker_consumer_lag_messages", keys, total, MAX_LAG_SERIES
+        ):
+            config = sm.topics.get(topic)
+            if config is None or q >= config.read_queue_nums:
+                continue  # a commit of a deleted topic or queue
+            low, high = sm.queue_offsets(topic, q)
+            committed = self.offsets.committed(group, topic, q)
+            rows.append(([group, topic, str(q)], high - min(max(committed, low), high)))
+        return labelled_gauge(
+            "broker_consumer_lag_messages",
+            "Messages in each queue at or after the consumer group's committed offset",
+            ["group", "topic", "queue"],
+            rows,
+        )
+
+    def _system_topics(self, omitted: Omitted) -> list[Metric]:
+        """Retried and dead-lettered messages per consumer group: what its %RETRY% and %DLQ%
+        topics ever stored (replicated state: every member says the same)."""
+        out: list[Metric] = []
+        for prefix, name, doc in (
+            (RETRY_PREFIX, "broker_retried_messages", "Messages sent back for a retry"),
+            (DLQ_PREFIX, "broker_dead_lettered_messages", "Messages moved to the %DLQ% topic"),
+        ):
+            topics = [t for t in self.sm.topics.values() if t.name.startswith(prefix)]
+            rows = (
+                (
+                    [t.name[len(prefix) :]],
+                    sum(
+                        self.sm.queue_offsets(t.name, q)[1]
+                        for q in range(max(t.read_queue_nums, t.write_queue_nums))
+                    ),
+                )
+                for t in omitted.capped(name + "_total", topics, len(topics), MAX_TOPIC_SERIES)
+            )
+            out.append(labelled_counter(name, doc + ", per consumer group", ["group"], rows))
+        return out
+
+    def _disk(self) -> list[Metric]:
+        out: list[Metric] = []
+        try:
+            st = os.statvfs(self.store_path)
+        except OSError:
+            pass  # the directory is gone: the store reports it; no disk figures this scrape
+        else:
+            size = st.f_blocks * st.f_frsize
+            out += [
+                gauge("store_disk_size_bytes", "Size of the store's file system", size),
+                gauge(
+                    "store_disk_free_bytes",
+                    "Bytes of the store's file system this process may still write",
+                    st.f_bavail * st.f_frsize,
+                ),
+                gauge(
+                    "store_disk_used_bytes",
+                    "Bytes of the store's file system in use",
+                    (st.f_blocks - st.f_bfree) * st.f_frsize,
+                ),
+            ]
+        if self.disk_guard is not None:
+            out.append(
+                counter(
+                    "store_disk_refused_sends",
+                    "Sends refused because the disk was above diskMaxUsedSpaceRatio",
+                    self.disk_guard.refused_count,
+                )
+            )
+        return out
+
+
+class BrokerExporter:
+    """``/metrics`` of one broker process: wires `BrokerStats` into the node's send and pull
+    paths and a `RaftStats` into its Raft member (both before the node starts), binds the
+    port in :meth:`bind` (inside the event loop, before the node touches its store) and serves
+    from :meth:`start`."""
+
+    def __init__(self, host: str, port: int, servicer: BrokerServicer) -> None:
+        self.host = host
+        self.port = port
+        self.stats = BrokerStats()
+        servicer.sender.stats = self.stats
+        servicer.puller.stats = self.stats
+        servicer.node.raft_stats = RaftStats()
+        self.metrics = BrokerMetrics(
+            servicer.node,
+            servicer.offsets.ctx.sm,
+            servicer.offsets,
+            self.stats,
+            polls=servicer.puller.polls,
+            store_path=str(servicer.offsets.ctx.sm.root),
+            disk_guard=servicer.sender.disk_guard,
+        )
+        self.server: MetricsServer | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind the port; `StartError` when it cannot be."""
+        collectors = [LoopCollector(self.metrics.families, loop), ProcessCollector(registry=None)]
+        try:
+            self.server = MetricsServer(self.host, self.port, collectors)
+        except OSError as exc:
+            raise StartError(f"metricsPort {self.host}:{self.port}: {exc}") from None
+
+    def start(self) -> None:
+        assert self.server is not None, "bind() first"
+        self.server.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+            self.server = None

@@ -1,0 +1,150 @@
+"""A DLedger member's Raft metrics (docs/METRICS.md "Raft").
+
+Gauges are read at scrape time from the node's state (on its event loop: `mqmetrics.server`);
+only the append and fsync histograms are fed on the way, by `RaftStats`, which a node has when
+its process serves metrics (``DLedgerNode.raft_stats``; None: nothing is measured). Every label
+set is bounded: ``peer`` by the group's members (`dledger.core.config.MAX_GROUP_SIZE`),
+``role`` and ``reason`` by fixed vocabularies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import Metric
+
+from dledger.core import Role
+from dledger.log import Entry
+from mqmetrics.families import (
+    counter,
+    gauge,
+    histogram,
+    labelled_counter,
+    labelled_gauge,
+    state_set,
+)
+from mqmetrics.hot import BYTES_BUCKETS, COUNT_BUCKETS, FSYNC_BUCKETS_S, Histogram
+
+if TYPE_CHECKING:
+    from dledger.server.node import DLedgerNode
+
+ROLES = tuple(r.value for r in Role)
+
+
+class RaftStats:
+    """What the node measures on the way: each persist job's entries and bytes (on the event
+    loop) and each data sync's seconds (in the store's flush threads, under its lock)."""
+
+    __slots__ = ("append_bytes", "append_entries", "fsync_s")
+
+    def __init__(self) -> None:
+        self.append_entries = Histogram(COUNT_BUCKETS)
+        self.append_bytes = Histogram(BYTES_BUCKETS)
+        self.fsync_s = Histogram(FSYNC_BUCKETS_S)
+
+    def appended(self, entries: Sequence[Entry]) -> None:
+        self.append_entries.observe(len(entries))
+        self.append_bytes.observe(sum(len(e.body) for e in entries))
+
+
+def raft_families(node: DLedgerNode) -> list[Metric]:
+    """The Raft families of a started node."""
+    core = node.core
+    st = core.status()
+    out: list[Metric] = [
+        labelled_gauge(
+            "node_info",
+            "This member: its Raft group and node id (always 1)",
+            ["group", "node"],
+            [([node.cfg.group, node.cfg.self_id], 1)],
+        ),
+        state_set("raft_role", "1 for this member's Raft role", "role", ROLES, st.role.value),
+        gauge("raft_term", "Current Raft term", st.term),
+        gauge(
+            "raft_commit_index",
+            "Highest committed index in this member's stored log",
+            st.commit_index,
+        ),
+        gauge("raft_applied_index", "Highest index applied to the state machine", st.applied_index),
+        gauge("raft_last_index", "Last index of this member's log (stored or not)", st.last_index),
+        gauge(
+            "raft_first_index", "First index still in the log (retention)", node.store.first_index()
+        ),
+        gauge("raft_flushed_index", "Highest index durable on disk", node.store.flushed_index()),
+        labelled_gauge(
+            "raft_follower_match_index",
+            "Leader only: highest index known replicated on each follower",
+            ["peer"],
+            (([p.peer_id], p.match_index) for p in st.peers),
+        ),
+        labelled_gauge(
+            "raft_follower_lag_entries",
+            "Leader only: entries of the leader's log each follower does not hold yet",
+            ["peer"],
+            (([p.peer_id], p.lag_entries) for p in st.peers),
+        ),
+        counter(
+            "raft_pre_votes_started",
+            "Pre-vote campaigns this member started",
+            core.pre_votes_started,
+        ),
+        counter(
+            "raft_elections_started",
+            "Elections (new terms) this member started",
+            core.elections_started,
+        ),
+        counter(
+            "raft_elections_won", "Elections this member won (became leader)", core.elections_won
+        ),
+        labelled_counter(
+            "raft_dropped_messages",
+            "Peer messages dropped or refused, by reason (dledger.core and node DROP_*)",
+            ["reason"],
+            (([reason], n) for reason, n in sorted(node.dropped().items())),
+        ),
+    ]
+    return [*out, *_link_families(node), *_stat_families(node.raft_stats)]
+
+
+def _link_families(node: DLedgerNode) -> list[Metric]:
+    links = sorted(node.peer_links().items())
+    return [
+        labelled_counter(
+            "raft_peer_reconnects",
+            "Times the outbound stream to each peer broke and was reopened",
+            ["peer"],
+            (([p], link.reconnects) for p, link in links),
+        ),
+        labelled_counter(
+            "raft_peer_messages_sent",
+            "Messages written to each peer's stream",
+            ["peer"],
+            (([p], link.sent) for p, link in links),
+        ),
+        labelled_counter(
+            "raft_peer_messages_dropped",
+            "Messages to each peer dropped: its queue was full or its stream broke",
+            ["peer"],
+            (([p], link.dropped) for p, link in links),
+        ),
+    ]
+
+
+def _stat_families(stats: RaftStats | None) -> list[Metric]:
+    """The histograms a node feeds when its process serves metrics."""
+    if stats is None:
+        return []
+    return [
+        histogram("raft_fsync_duration_seconds", "Seconds per data sync of the log", stats.fsync_s),
+        histogram(
+            "raft_append_entries",
+            "Entries per append to the local log (one persist job)",
+            stats.append_entries,
+        ),
+        histogram(
+            "raft_append_bytes",
+            "Entry body bytes per append to the local log",
+            stats.append_bytes,
+        ),
+    ]

@@ -1,0 +1,214 @@
+"""The read-only ``/metrics`` endpoint of a process, and the collector that reads its state.
+
+The endpoint is `prometheus_client`'s WSGI app behind a small server of our own bounds: only
+``GET /metrics`` (anything else: 404 or 405), at most `MAX_CONNECTIONS` connections served at
+once (more are closed at once, counted), each with `READ_TIMEOUT_S` to send its request. It is
+unauthenticated and plaintext, like etcd's and NATS' monitoring ports: bind it where only the
+scrapers reach (docs/METRICS.md "Security").
+
+`LoopCollector` builds the families on the process's asyncio loop (the one thread that
+changes the state it reads), at most once per `MIN_COLLECT_INTERVAL_S` whoever scrapes: a
+scraper in a tight loop costs the process one bounded collection per interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+# The one path served (Prometheus' default metrics_path).
+METRICS_PATH = "/metrics"
+# Connections served at once (Prometheus, a dashboard, an operator's curl: a handful); more
+# are closed at once so that a flood of connections costs a thread each for at most this many.
+MAX_CONNECTIONS = 8
+# Seconds a connection has to send its request line and headers (a slow sender would hold a
+# connection slot otherwise).
+READ_TIMEOUT_S = 5.0
+# A scrape reuses the families built less than this long ago: the state is read at most this
+# often whoever scrapes (a collection is bounded by the families' caps, docs/METRICS.md).
+MIN_COLLECT_INTERVAL_S = 0.5
+# How long a scrape waits for the event loop to build the families; a busy or stopping loop
+# answers the scrape without them (counted in raftmq_metrics_collect_timeouts_total).
+COLLECT_TIMEOUT_S = 5.0
+
+Build = Callable[[], list[Metric]]
+
+
+class LoopCollector(Collector):
+    """Runs ``build`` on ``loop`` and hands its families to the scrape's thread."""
+
+    def __init__(
+        self,
+        build: Build,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        min_interval_s: float = MIN_COLLECT_INTERVAL_S,
+        timeout_s: float = COLLECT_TIMEOUT_S,
+    ) -> None:
+        self._build = build
+        self._loop = loop
+        self._min_interval_s = min_interval_s
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._families: list[Metric] = []
+        self._built_at = float("-inf")
+        self.timeouts = 0
+        self.collections = 0
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed names: nothing for the registry to check at register time
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:  # one scrape builds, concurrent ones wait and reuse its result
+            now = time.monotonic()
+            if now - self._built_at >= self._min_interval_s:
+                self._families = self._build_on_loop()
+                self._built_at = time.monotonic()
+            families = self._families
+        return [*families, self._own_family()]
+
+    def _build_on_loop(self) -> list[Metric]:
+        done: concurrent.futures.Future[list[Metric]] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(self._build())
+            except BaseException as exc:  # handed to the scrape, which logs it
+                done.set_exception(exc)
+
+        try:
+            self._loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop is closed: the process is stopping
+            return []
+        try:
+            families = done.result(self._timeout_s)
+        except concurrent.futures.TimeoutError:
+            done.cancel()
+            self.timeouts += 1
+            return []
+        except Exception:
+            logger.exception("metrics collection failed")
+            return []
+        self.collections += 1
+        return families
+
+    def _own_family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "raftmq_metrics_collect_timeouts",
+            "Scrapes answered without the state's families: the event loop did not build them "
+            f"within {COLLECT_TIMEOUT_S:g} s",
+            value=self.timeouts,
+        )
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape every few seconds would flood the process log
+
+
+class _BoundedServer(WSGIServer):
+    """One thread per connection, at most MAX_CONNECTIONS at once (others closed at once)."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused_connections = 0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused_connections += 1
+            self.shutdown_request(request)
+            return
+        thread = threading.Thread(
+            target=self._serve_one, args=(request, client_address), daemon=True
+        )
+        thread.start()
+
+    def _serve_one(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        logger.debug("metrics request from %s failed", client_address, exc_info=True)
+
+
+def _server_class(host: str, port: int) -> type[_BoundedServer]:
+    """A server class of the address family ``host`` resolves to (IPv4 or IPv6)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family = infos[0][0]
+
+    class Server(_BoundedServer):
+        address_family = family
+
+    return Server
+
+
+def _only_metrics(app: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [f"only {METRICS_PATH} is served\n".encode()]
+        return app(environ, start_response)
+
+    return guarded
+
+
+class MetricsServer:
+    """``/metrics`` on ``host:port``: bound by the constructor (a busy port fails there, before
+    the process touches anything else), served from :meth:`start` in a daemon thread."""
+
+    def __init__(self, host: str, port: int, collectors: Sequence[Collector]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        for c in collectors:
+            self.registry.register(c)
+        app = _only_metrics(make_wsgi_app(self.registry))
+        self._httpd = make_server(host, port, app, _server_class(host, port), _Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def refused_connections(self) -> int:
+        server = self._httpd
+        assert isinstance(server, _BoundedServer)
+        return server.refused_connections
+
+    def start(self) -> None:
+        assert self._thread is None
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="metrics-http", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()

@@ -1,0 +1,164 @@
+"""A broker node's metric families on a real state machine, without Raft, gRPC or HTTP: the
+send and pull counters, queue offsets, consumer lag, retries and dead letters, the caps."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from broker_world import outgoing, world
+from prometheus_client.core import Metric
+
+from broker import metrics as broker_metrics
+from broker.cluster import LocalCluster, metrics_line
+from broker.config import ConfigError, load_config, parse_config
+from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.metrics import BrokerMetrics
+from broker.names import SCHEDULE_TOPIC
+from broker.offsets import ConsumerOffsets
+from broker.pulling import PullPath, PullQuery
+from broker.schedule import PROPERTY_DELAY
+from broker.sending import SendPath
+from broker.state import ENTRY_MESSAGES
+from broker.stats import BrokerStats
+from mqmetrics.hot import OTHER
+from nameserver.config import ConfigError as NameServerConfigError
+from nameserver.config import parse_config as parse_namesrv_config
+
+IDS = UniqIdGenerator(ip="10.0.0.1", pid=9, instance_hash=2)
+
+
+def samples(families: list[Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample by (name, sorted labels)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def test_families_follow_sends_pulls_commits_and_the_dedup_window(tmp_path: Path) -> None:
+    async def body() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        node, sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        stats = BrokerStats()
+        sender = SendPath(topics.ctx, topics)
+        puller = PullPath(topics, applied)
+        sender.stats = puller.stats = stats
+        offsets = ConsumerOffsets(topics, applied)
+        msgs = [outgoing(i % 2, i) for i in range(5)]  # queue 0: 3, queue 1: 2
+        await sender.send("T", msgs)
+        await sender.send("T", msgs)  # every one a duplicate (the dedup window)
+        await sender.send("T", [outgoing(0, 9, **{PROPERTY_DELAY: "1"})])
+        got = await puller.pull(PullQuery("T", 0, 0), "peer")
+        assert len(got.queue_offsets) == 3
+        await offsets.commit("g", "T", 0, 1, sync=True)
+        await offsets.commit("g", "T", 1, 0, sync=False)  # pending on the leader only
+        metrics = BrokerMetrics(
+            node,  # type: ignore[arg-type]
+            sm,
+            offsets,
+            stats,
+            polls=puller.polls,
+            store_path=str(tmp_path),
+        )
+        return samples(metrics.broker_families())
+
+    got = asyncio.run(body())
+    t = (("topic", "T"),)
+    assert got[("raftmq_broker_sent_messages_total", t)] == 11  # duplicates included
+    assert got[("raftmq_broker_sent_bytes_total", t)] > 0
+    assert got[("raftmq_broker_send_duration_seconds_count", ())] == 3
+    assert got[("raftmq_broker_pulled_messages_total", t)] == 3
+    assert got[("raftmq_broker_pull_duration_seconds_count", ())] == 1
+    assert got[("raftmq_broker_dedup_hits_total", (("stage", "applied"),))] == 5
+    assert got[("raftmq_broker_queue_max_offset", (("queue", "0"), ("topic", "T")))] == 3
+    assert got[("raftmq_broker_queue_max_offset", (("queue", "1"), ("topic", "T")))] == 2
+    lag = "raftmq_broker_consumer_lag_messages"
+    assert got[(lag, (("group", "g"), ("queue", "0"), ("topic", "T")))] == 2
+    assert got[(lag, (("group", "g"), ("queue", "1"), ("topic", "T")))] == 2
+    assert got[("raftmq_broker_delayed_messages_total", ())] == 1
+    assert got[("raftmq_broker_delayed_messages_pending", ())] == 1
+    assert got[("raftmq_broker_topics", ())] == 1  # the schedule topic is not in the table
+    assert got[("raftmq_store_disk_size_bytes", ())] > got[("raftmq_store_disk_free_bytes", ())]
+    omitted = "raftmq_metrics_series_omitted"
+    assert got[(omitted, (("family", "raftmq_broker_queue_max_offset"),))] == 0
+    assert not [k for k in got if ("topic", SCHEDULE_TOPIC) in k[1]]
+
+
+def test_retries_and_dead_letters_are_counted_per_group_and_caps_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(broker_metrics, "MAX_QUEUE_SERIES", 2)
+    monkeypatch.setattr(broker_metrics, "MAX_LAG_SERIES", 1)
+
+    async def body() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        node, sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        for name, n in (("%RETRY%g", 3), ("%DLQ%g", 2), ("%RETRY%h", 1)):
+            await topics.ensure_system(name, 1)
+            msgs = [Message(name, 0, b"x", uniq_id=IDS.next_id()) for _ in range(n)]
+            await node.propose([encode_batch(msgs)[0]], ENTRY_MESSAGES)
+        offsets = ConsumerOffsets(topics, applied)
+        await offsets.commit("g", "T", 0, 0, sync=True)
+        await offsets.commit("h", "T", 0, 0, sync=True)
+        stats = BrokerStats()
+        polls = PullPath(topics, applied).polls
+        metrics = BrokerMetrics(
+            node,  # type: ignore[arg-type]
+            sm,
+            offsets,
+            stats,
+            polls=polls,
+            store_path=str(tmp_path),
+        )
+        return samples(metrics.broker_families())
+
+    got = asyncio.run(body())
+    assert got[("raftmq_broker_retried_messages_total", (("group", "g"),))] == 3
+    assert got[("raftmq_broker_retried_messages_total", (("group", "h"),))] == 1
+    assert got[("raftmq_broker_dead_lettered_messages_total", (("group", "g"),))] == 2
+    queues = [k for k in got if k[0] == "raftmq_broker_queue_max_offset"]
+    assert len(queues) == 2  # capped: T has 2 queues, the three system topics 1 each
+    omitted = "raftmq_metrics_series_omitted"
+    assert got[(omitted, (("family", "raftmq_broker_queue_max_offset"),))] == 3
+    assert got[(omitted, (("family", "raftmq_broker_consumer_lag_messages"),))] == 1
+    assert len([k for k in got if k[0] == "raftmq_broker_consumer_lag_messages"]) == 1
+
+
+def test_topics_beyond_the_traffic_table_count_as_other() -> None:
+    stats = BrokerStats()
+    for i in range(stats.sent.max_labels + 3):
+        stats.sent.add(f"T{i}", 1, 10)
+    rows = stats.sent.snapshot()
+    assert len(rows) == stats.sent.max_labels + 1
+    assert rows[-1] == (OTHER, 3, 30)
+
+
+BASE_CONF = "dLegerPeers=n0-127.0.0.1:40911\ndLegerSelfId=n0\nlistenPort=10911\n"
+
+
+def test_metrics_port_keys_are_checked() -> None:
+    assert parse_config(BASE_CONF).metricsPort == 0
+    assert parse_config(BASE_CONF + "metricsPort=5557\n").metricsPort == 5557
+    for bad in ("10911", "40911", "70000", "-1", "x"):
+        with pytest.raises(ConfigError, match="metricsPort"):
+            parse_config(BASE_CONF + f"metricsPort={bad}\n")
+    assert parse_namesrv_config("metricsPort=5556\n").metricsPort == 5556
+    with pytest.raises(NameServerConfigError, match="metricsPort"):
+        parse_namesrv_config("listenPort=9876\nmetricsPort=9876\n")
+
+
+def test_a_local_group_gives_every_process_a_metrics_port_and_prints_them(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "on")
+    cluster.configure(3, auto_ports=True, namesrv=True)
+    assert cluster.namesrv is not None
+    ports = [n.metrics_port for n in cluster.nodes] + [cluster.namesrv.metrics_port]
+    used = {p for n in cluster.nodes for p in (n.client_port, n.peer_port, n.grpc_port)}
+    assert all(ports) and len(set(ports)) == 4 and not used & set(ports)
+    for n in cluster.nodes:
+        assert load_config(n.conf).metricsPort == n.metrics_port
+    line = metrics_line(cluster)
+    assert all(f"http://127.0.0.1:{p}/metrics" in line for p in ports)
+    assert LocalCluster(tmp_path / "on").nodes == cluster.nodes  # kept in cluster.json
+    off = LocalCluster(tmp_path / "off")
+    off.configure(1, auto_ports=True, extra={"metricsPort": "0"})
+    assert off.nodes[0].metrics_port == 0
+    assert metrics_line(off) == "metrics: not served (metricsPort=0)"
