@@ -272,6 +272,14 @@ KEYS: Mapping[str, _Key] = {
     "popMinInvisibleTimeMs": _Key(
         int_in(100, 12 * 3600 * 1000), "10000", "shortest invisible time a receive may ask, ms"
     ),
+    # Push consumers' auto_renew (broker/rmq5/renewals.py): the invisible time the server picks
+    # and renews while the consumer is alive (the proxy's 60 s), and how long it renews at most.
+    "popAutoRenewInvisibleMs": _Key(
+        int_in(100, 12 * 3600 * 1000), "60000", "auto_renew receives' invisible time, ms"
+    ),
+    "popAutoRenewMaxMs": _Key(
+        int_in(1000, 24 * 3600 * 1000), "10800000", "auto_renew renews a message this long, ms"
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -375,6 +383,8 @@ class BrokerConfig:
     delayLevelScale: float
     popMaxDeliveryAttempts: int
     popMinInvisibleTimeMs: int
+    popAutoRenewInvisibleMs: int
+    popAutoRenewMaxMs: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int

@@ -19,6 +19,8 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
   to :attr:`BrokerStateMachine.auth`.
 - :data:`broker.popstate.ENTRY_POP` (21): one change of POP consumption's state (a receive, an
   ack, a new invisible time, a redelivery; :mod:`broker.popstate`).
+- :data:`broker.subgroups.ENTRY_SUBGROUP` (22): one subscription group's config
+  (:mod:`broker.subgroups`), applied to :attr:`BrokerStateMachine.subgroups`.
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -71,6 +73,7 @@ from broker.names import (
 )
 from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
+from broker.subgroups import ENTRY_SUBGROUP, SubGroupTable
 from dledger.core import Role
 from dledger.log import Entry
 from dledger.storage.files import atomic_write
@@ -230,6 +233,7 @@ class _Captured:
     schedule: dict[int, int]
     auth: dict[str, Any]
     pop: list[list[Any]]
+    subgroups: list[list[Any]]
 
 
 QueueKey = tuple[str, int]
@@ -457,6 +461,7 @@ class BrokerStateMachine:
         # Users and ACL rules (ENTRY_AUTH records): what every node's call guard checks.
         self.auth = AuthTable()
         self.pop = PopState()
+        self.subgroups = SubGroupTable()
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -545,6 +550,8 @@ class BrokerStateMachine:
                     self.auth.apply(entry.index, entry.body)
                 elif entry.type == ENTRY_POP:
                     self.pop.apply(entry.index, entry.body)
+                elif entry.type == ENTRY_SUBGROUP:
+                    self.subgroups.apply(entry.body)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -792,6 +799,7 @@ class BrokerStateMachine:
             schedule=dict(self.schedule_offsets),
             auth=self.auth.to_snapshot(),
             pop=self.pop.capture(),
+            subgroups=self.subgroups.capture(),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -816,6 +824,7 @@ class BrokerStateMachine:
             "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
             "auth": c.auth,
             "pop": c.pop,
+            "subgroups": c.subgroups,
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -882,6 +891,7 @@ class BrokerStateMachine:
         _report_dropped("schedule levels", bad_levels)
         _report_dropped("users and acls", self.auth.load_snapshot(data.get("auth", {})))
         _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
+        _report_dropped("subscription groups", self.subgroups.load(data.get("subgroups", ())))
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -982,6 +992,7 @@ class BrokerStateMachine:
         self.schedule_offsets = {}
         self.auth = AuthTable()
         self.pop.reset()
+        self.subgroups.reset()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

@@ -34,6 +34,8 @@ from broker.pop import Pops, Received, ReceiveQuery
 from broker.rmq5.guard import caller_signature
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
+from broker.subgroups import SubGroup
+from broker.subscriptions import SubscriptionGroups
 from dledger.core import Role
 from dledger.server.node import DLedgerNode
 from dledger.server.status import read_error
@@ -91,6 +93,7 @@ class LeaderCalls:
         self.node = node
         self.sender = sender
         self.pops = pops
+        self.subgroups = SubscriptionGroups(pops.ctx, pops.max_attempts)
         if security.credentials is not None:
             # A forward must act as its caller, never as a configured identity.
             raise ValueError("forwards carry the caller's signature, not credentials of their own")
@@ -190,13 +193,18 @@ class LeaderCalls:
         return await self._on_leader(here, forward)
 
     async def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_ms: int
+        self, group: str, topic: str, handle: str, invisible_ms: int, renew: bool = False
     ) -> Received:
-        """A new invisible time on the leader; the message with its new handle."""
+        """A new invisible time on the leader; the message with its new handle (``renew``:
+        the same handle, the delivery goes on)."""
 
         async def forward(stub: pb_grpc.BrokerStub) -> Received:
             request = pb.ChangeInvisibleTimeRequest(
-                group=group, topic=topic, receipt_handle=handle, invisible_ms=invisible_ms
+                group=group,
+                topic=topic,
+                receipt_handle=handle,
+                invisible_ms=invisible_ms,
+                renew=renew,
             )
             resp = await stub.ChangeInvisibleTime(
                 request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
@@ -204,8 +212,36 @@ class LeaderCalls:
             return _received(resp.message)
 
         return await self._on_leader(
-            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms), forward
+            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms, renew), forward
         )
+
+    async def dead_letter(self, group: str, topic: str, handle: str) -> None:
+        """A received message to ``%DLQ%{group}`` and out of flight, on the leader."""
+
+        async def forward(stub: pb_grpc.BrokerStub) -> None:
+            request = pb.AckPopRequest(
+                group=group, topic=topic, receipt_handles=[handle], dead_letter=True
+            )
+            await stub.AckPop(request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature())
+
+        await self._on_leader(lambda: self.pops.dead_letter(group, topic, handle), forward)
+
+    async def create_group(self, name: str) -> None:
+        """The subscription group ``name`` with the defaults, unless it exists (a consumer's
+        Settings naming a new group), on the leader."""
+
+        async def here() -> None:
+            await self.subgroups.update(SubGroup(name), create_only=True)
+
+        async def forward(stub: pb_grpc.BrokerStub) -> None:
+            request = pb.UpdateSubscriptionGroupRequest(
+                config=pb.SubscriptionGroup(group=name), create_only=True
+            )
+            await stub.UpdateSubscriptionGroup(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+
+        await self._on_leader(here, forward)
 
     async def _forward(
         self, stub: pb_grpc.BrokerStub, topic: str, messages: Sequence[pb.Message]

@@ -71,6 +71,8 @@ class BrokerStub:
     PopMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]
     AckPop: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]
     ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]
+    UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]
+    ListSubscriptionGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -108,6 +110,8 @@ class BrokerAsyncStub(BrokerStub):
     PopMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]  # type: ignore[assignment]
     AckPop: _aio.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]  # type: ignore[assignment]
     ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
+    UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]  # type: ignore[assignment]
+    ListSubscriptionGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -340,5 +344,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ChangeInvisibleTimeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_broker_pb2.ChangeInvisibleTimeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSubscriptionGroup(
+        self,
+        request: _broker_pb2.UpdateSubscriptionGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UpdateSubscriptionGroupResponse, _abc.Awaitable[_broker_pb2.UpdateSubscriptionGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSubscriptionGroups(
+        self,
+        request: _broker_pb2.ListSubscriptionGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListSubscriptionGroupsResponse, _abc.Awaitable[_broker_pb2.ListSubscriptionGroupsResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
