@@ -43,7 +43,6 @@ from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine, SendResult, TopicConfig
 from broker.subgroups import (
     BACKOFF_CUSTOMIZED,
-    DEFAULT_BACKOFF_MS,
     MAX_MULTIPLIER_MILLI,
     Backoff,
     SubGroup,
@@ -573,10 +572,11 @@ def subgroup_pb(g: SubGroup) -> pb.SubscriptionGroup:
 
 def subgroup_of_pb(c: pb.SubscriptionGroup, default_attempts: int) -> SubGroup:
     """A request's config; fields left out take the defaults (checked by the admin)."""
-    kind = c.backoff_type or BACKOFF_CUSTOMIZED
-    if kind == BACKOFF_CUSTOMIZED:
-        steps = tuple(c.customized_backoff_ms) or DEFAULT_BACKOFF_MS
-        backoff = Backoff(kind, steps)
+    kind = c.backoff_type
+    if not kind:
+        backoff = Backoff()  # RocketMQ's default retry policy
+    elif kind == BACKOFF_CUSTOMIZED:
+        backoff = Backoff(kind, tuple(c.customized_backoff_ms))  # checked: 1 to 32 steps
     else:
         multiplier = c.exponential_multiplier or 1.0
         if not math.isfinite(multiplier) or not 0 < multiplier <= MAX_MULTIPLIER_MILLI / 1000:

@@ -83,3 +83,27 @@ def world(
     node = LeaderNode(sm, log)
     ctx = NodeContext(node, sm, cfg or ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
     return node, sm, Topics(ctx), AppliedMessages(ctx)
+
+
+class LogAgain:
+    """A restarted node's log for a snapshot test: the snapshot's applied index must be inside
+    the log, so this one holds every index the first run wrote (its entries are not read
+    again)."""
+
+    def body_position(self, index: int) -> int:
+        return 0
+
+    def first_index(self) -> int:
+        return 1
+
+    def last_index(self) -> int:
+        return 1 << 40
+
+
+def reopen(root: Path) -> BrokerStateMachine:
+    """The state machine of a node restarted on ``root``, from its snapshot (closed by the
+    caller)."""
+    sm = BrokerStateMachine(root, hash_slots=1000, max_index_records=5000)
+    sm.attach(LogAgain())
+    sm.applied_index()
+    return sm

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from rmq5_support import v2_code, wait_v2_routes
 from support import create_topic_on, pull_all, wait_for
 
 from broker.cluster import LocalCluster
@@ -69,23 +70,11 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def _topic(cluster: LocalCluster, name: str) -> str:
     create_topic_on([cluster], [], name, QUEUES)
-    for n in cluster.nodes:  # every member applied it: any node may be asked
-        with grpc.insecure_channel(n.grpc_addr) as ch:
-            stub = v2_grpc.MessagingServiceStub(ch)
-            ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=name))
-            wait_for(lambda s=stub, a=ask: _route_ok(s, a), 10, f"{name} on {n.node_id}")
+    wait_v2_routes(cluster, name)  # every member applied it: any node may be asked
     return name
 
 
-def _route_ok(stub: Any, ask: Any) -> bool:
-    try:
-        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
-    except grpc.RpcError:
-        return False
-
-
-def _code(status: Any) -> str:
-    return str(v2.Code.Name(status.code))
+_code = v2_code
 
 
 def _follower_v2_addr(cluster: LocalCluster) -> str:
@@ -284,7 +273,10 @@ def test_hostile_handles_and_invisible_times_change_nothing(
         assert _code(_ack(v2_stub, topic, "GBad", bad).status) == "INVALID_RECEIPT_HANDLE"
     # Another group's handle, a change to a range it refuses: still in flight with its handle.
     assert _code(_ack(v2_stub, topic, "GOther", handle).status) == "INVALID_RECEIPT_HANDLE"
-    assert _code(_change(v2_stub, topic, "GBad", handle, 0).status) == "ILLEGAL_INVISIBLE_TIME"
+    over_ms = 12 * 3600 * 1000 + 1000
+    assert (
+        _code(_change(v2_stub, topic, "GBad", handle, over_ms).status) == "ILLEGAL_INVISIBLE_TIME"
+    )
     assert _code(_receive(v2_stub, topic, "GBad", 60_000)[0].status) == "MESSAGE_NOT_FOUND"
     changed = _change(v2_stub, topic, "GBad", handle, 30_000)
     assert _code(changed.status) == "OK" and changed.receipt_handle != handle

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from broker_world import world
+from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import InvalidRequestError
@@ -27,7 +27,6 @@ from broker.retry import Retries
 from broker.rmq5.clients import ClientTable
 from broker.rmq5.renewals import Renewals, RenewPolicy
 from broker.sending import SendPath
-from broker.state import BrokerStateMachine
 from broker.subgroups import (
     BACKOFF_EXPONENTIAL,
     MAX_SUBGROUPS,
@@ -134,9 +133,7 @@ def test_group_config_is_replicated_and_survives_a_restart(tmp_path: Path) -> No
         return captured
 
     captured = asyncio.run(body())
-    sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
-    sm.attach(_LogAgain())
-    sm.applied_index()
+    sm = reopen(tmp_path)
     assert sm.subgroups.capture() == captured
     sm.close()
 
@@ -241,14 +238,3 @@ def test_renewals_renew_live_clients_only_and_forget_stale_handles() -> None:
         assert await r.pass_once() == 0 and not r.table
 
     asyncio.run(body())
-
-
-class _LogAgain:
-    def body_position(self, index: int) -> int:
-        return 0
-
-    def first_index(self) -> int:
-        return 1
-
-    def last_index(self) -> int:
-        return 1 << 40
