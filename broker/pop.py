@@ -323,11 +323,10 @@ class Pops:
         return q is not None and h.offset < q.offset and h.offset not in q.inflight
 
     async def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_ms: int, renew: bool = False
+        self, group: str, topic: str, handle: str, invisible_ms: int
     ) -> Received:
         """A new invisible time for a received message, from now; its new handle (the old one
-        is no longer valid). ``renew`` (auto_renew): the same delivery goes on, its handle
-        stays valid."""
+        is no longer valid)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
         self.check_invisible(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
@@ -337,18 +336,42 @@ class Pops:
             check_handle(self.ctx.sm.pop, h, group, topic)
             now_ms = int(time.time() * 1000)
             record = PopRecord(
-                OP_RENEW if renew else OP_CHANGE, *key, now_ms,
-                now_ms + max(1, invisible_ms), items=((h.offset, h.seq),),
-            )  # fmt: skip
+                OP_CHANGE, *key, now_ms, now_ms + max(1, invisible_ms), items=((h.offset, h.seq),)
+            )
             index = await self._propose(record)
-            seq = h.seq if renew else index
             state = self.ctx.sm.pop.get(key)
             rec = None if state is None else state.inflight.get(h.offset)
-            if rec is None or rec.seq != seq:
+            if rec is None or rec.seq != index:
                 raise InvalidReceiptHandleError("the receipt handle is stale: acknowledged since")
             msg = self.applied.message(rec.position)
-            new = encode_handle(Handle(*key, h.offset, seq))
+            new = encode_handle(Handle(*key, h.offset, index))
             return Received(msg, h.queue_id, h.offset, rec.position, rec.attempt, new)
+
+    async def renew(
+        self, group: str, topic: str, handles: Sequence[str], invisible_ms: int
+    ) -> list[BrokerError | None]:
+        """auto_renew: each handle's delivery goes on for ``invisible_ms`` more, its handle
+        still valid; per handle None or the error (as :meth:`ack`). One record per queue."""
+        require_leader(self.ctx.node)
+        validate_group_name(group)
+        self.check_invisible(invisible_ms, 1)
+        if not 1 <= len(handles) <= MAX_RECORD_ITEMS:
+            raise InvalidRequestError(f"renew 1 to {MAX_RECORD_ITEMS} handles")
+        out: list[BrokerError | None] = []
+        by_key: dict[PopKey, list[tuple[int, int]]] = {}
+        for text in handles:
+            try:
+                h = decode_handle(text)
+                check_handle(self.ctx.sm.pop, h, group, topic)
+                by_key.setdefault((h.group, h.topic, h.queue_id), []).append((h.offset, h.seq))
+                out.append(None)
+            except BrokerError as exc:
+                out.append(exc)
+        now_ms = int(time.time() * 1000)
+        for key, items in by_key.items():
+            record = PopRecord(OP_RENEW, *key, now_ms, now_ms + invisible_ms, items=tuple(items))
+            await self._propose(record)
+        return out
 
     async def dead_letter(self, group: str, topic: str, handle: str) -> None:
         """The consumer gives up on a received message (``ForwardMessageToDeadLetterQueue``):

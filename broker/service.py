@@ -263,6 +263,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def AckPop(
         self, request: pb.AckPopRequest, context: grpc.aio.ServicerContext
     ) -> pb.AckPopResponse:
+        if request.renew_ms:
+            errors = await self.pops.renew(
+                request.group, request.topic, request.receipt_handles, request.renew_ms
+            )
+            return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
         if request.dead_letter:
             if len(request.receipt_handles) != 1:
                 raise InvalidRequestError("a dead-letter forward names one receipt handle")
@@ -276,11 +281,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ChangeInvisibleTimeResponse:
         changed = await self.pops.change_invisible(
-            request.group,
-            request.topic,
-            request.receipt_handle,
-            request.invisible_ms,
-            request.renew,
+            request.group, request.topic, request.receipt_handle, request.invisible_ms
         )
         return pb.ChangeInvisibleTimeResponse(message=self._popped_pb(changed))
 

@@ -193,18 +193,13 @@ class LeaderCalls:
         return await self._on_leader(here, forward)
 
     async def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_ms: int, renew: bool = False
+        self, group: str, topic: str, handle: str, invisible_ms: int
     ) -> Received:
-        """A new invisible time on the leader; the message with its new handle (``renew``:
-        the same handle, the delivery goes on)."""
+        """A new invisible time on the leader; the message with its new handle."""
 
         async def forward(stub: pb_grpc.BrokerStub) -> Received:
             request = pb.ChangeInvisibleTimeRequest(
-                group=group,
-                topic=topic,
-                receipt_handle=handle,
-                invisible_ms=invisible_ms,
-                renew=renew,
+                group=group, topic=topic, receipt_handle=handle, invisible_ms=invisible_ms
             )
             resp = await stub.ChangeInvisibleTime(
                 request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
@@ -212,8 +207,28 @@ class LeaderCalls:
             return _received(resp.message)
 
         return await self._on_leader(
-            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms, renew), forward
+            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms), forward
         )
+
+    async def renew(
+        self, group: str, topic: str, handles: Sequence[str], invisible_ms: int
+    ) -> list[str]:
+        """auto_renew on the leader: per handle "" (renewed) or the error's stable code."""
+
+        async def here() -> list[str]:
+            errors = await self.pops.renew(group, topic, handles, invisible_ms)
+            return ["" if e is None else e.code for e in errors]
+
+        async def forward(stub: pb_grpc.BrokerStub) -> list[str]:
+            request = pb.AckPopRequest(
+                group=group, topic=topic, receipt_handles=handles, renew_ms=invisible_ms
+            )
+            resp = await stub.AckPop(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+            return list(resp.codes)
+
+        return await self._on_leader(here, forward)
 
     async def dead_letter(self, group: str, topic: str, handle: str) -> None:
         """A received message to ``%DLQ%{group}`` and out of flight, on the leader."""

@@ -35,9 +35,12 @@ CLIENT_ALIVE_MS = 30_000
 # A renewal is due when less than this part of the slice is left (a third: two chances to
 # renew before the message expires).
 RENEW_AHEAD_PART = 3
-# Renewals in flight at once, so that a node with many cached messages does not flood its
-# leader with proposals at one instant.
-MAX_CONCURRENT_RENEWALS = 64
+# Handles renewed by one call (one record per queue on the leader): broker.popstate's
+# MAX_RECORD_ITEMS. A push consumer caches up to ~1,000 messages: one pass renews them in a few
+# records, not one proposal per message (which on a loaded leader took longer than the margin).
+MAX_RENEW_BATCH = 1024
+# Renewal calls in flight at once, so that a node with many consumers does not flood its leader.
+MAX_CONCURRENT_RENEWALS = 8
 # The renewal pass runs this often at most (and at least every slice / RENEW_AHEAD_PART / 2).
 MAX_PASS_INTERVAL_MS = 1000
 
@@ -47,7 +50,8 @@ DEFAULT_SLICE_MS = 60_000
 # to another consumer (the proxy's bound is of the same order).
 DEFAULT_MAX_MS = 3 * 3600 * 1000
 
-Renew = Callable[[str, str, str, int], Awaitable[None]]  # group, topic, handle, ms
+# group, topic, handles, ms -> per handle "" (renewed) or the error's stable code
+Renew = Callable[[str, str, list[str], int], Awaitable[list[str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,34 +121,48 @@ class Renewals:
         bound. How many were renewed."""
         now = self._clock_ms()
         ahead = self.policy.slice_ms // RENEW_AHEAD_PART
-        due: list[tuple[str, _Tracked]] = []
+        due: dict[tuple[str, str], list[str]] = {}
         for handle, t in list(self.table.items()):
             if t.deadline_ms - now > ahead:
                 continue
             if not self._alive(t.client_id) or now - t.received_ms >= self.policy.max_ms:
                 del self.table[handle]
                 continue
-            due.append((handle, t))
+            due.setdefault((t.group, t.topic), []).append(handle)
+        batches = [
+            (group, topic, handles[i : i + MAX_RENEW_BATCH])
+            for (group, topic), handles in due.items()
+            for i in range(0, len(handles), MAX_RENEW_BATCH)
+        ]
         done = 0
-        for start in range(0, len(due), MAX_CONCURRENT_RENEWALS):
-            chunk = due[start : start + MAX_CONCURRENT_RENEWALS]
-            results = await asyncio.gather(*(self._renew_one(h, t) for h, t in chunk))
-            done += sum(results)
+        for start in range(0, len(batches), MAX_CONCURRENT_RENEWALS):
+            chunk = batches[start : start + MAX_CONCURRENT_RENEWALS]
+            done += sum(await asyncio.gather(*(self._renew_batch(*b) for b in chunk)))
         return done
 
-    async def _renew_one(self, handle: str, t: _Tracked) -> bool:
+    async def _renew_batch(self, group: str, topic: str, handles: list[str]) -> int:
+        """Renew ``handles``; how many were renewed (the others are forgotten when the leader
+        says they are no longer in flight, or kept for the next pass on a failure)."""
         try:
-            await self.renew(t.group, t.topic, handle, self.policy.slice_ms)
+            codes = await self.renew(group, topic, handles, self.policy.slice_ms)
         except (BrokerError, DLedgerError) as exc:
-            if getattr(exc, "code", "") == "INVALID_RECEIPT_HANDLE":
-                self.table.pop(handle, None)  # acked, nacked or redelivered since
-            else:
-                logger.info("auto_renew of a %s message failed, next pass: %s", t.group, exc)
-            return False
-        if handle in self.table:
-            t.deadline_ms = self._clock_ms() + self.policy.slice_ms
-        self.renewed += 1
-        return True
+            logger.info(
+                "auto_renew of %d %s messages failed, next pass: %s", len(handles), group, exc
+            )
+            return 0
+        deadline = self._clock_ms() + self.policy.slice_ms
+        renewed = 0
+        for handle, code in zip(handles, codes, strict=False):
+            t = self.table.get(handle)
+            if t is None:
+                continue  # acked meanwhile
+            if not code:
+                t.deadline_ms = deadline
+                renewed += 1
+            elif code == "INVALID_RECEIPT_HANDLE":
+                del self.table[handle]  # acked, nacked or redelivered since
+        self.renewed += renewed
+        return renewed
 
     def _alive(self, client_id: str) -> bool:
         return self.clients.heard_within(client_id, CLIENT_ALIVE_MS)

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -420,6 +421,9 @@ class MessagingServicer:
             yield v2_service.ReceiveMessageResponse(status=st)
             return
         namespace = request.message_queue.topic.resource_namespace
+        # When the server handed them out (the Python push consumer measures its latency from it).
+        now = _timestamp(time.time_ns() // 1_000_000)
+        yield v2_service.ReceiveMessageResponse(delivery_timestamp=now)
         for r in received:
             yield v2_service.ReceiveMessageResponse(message=self._v2_message(r, namespace))
         yield v2_service.ReceiveMessageResponse(status=status())
@@ -570,8 +574,10 @@ class MessagingServicer:
             return v2_service.QueryAssignmentResponse(status=_status_of(exc, self.node))
         return v2_service.QueryAssignmentResponse(status=status(), assignments=found)
 
-    async def _renew(self, group: str, topic: str, handle: str, invisible_ms: int) -> None:
-        await self.leader.change_invisible(group, topic, handle, invisible_ms, renew=True)
+    async def _renew(
+        self, group: str, topic: str, handles: list[str], invisible_ms: int
+    ) -> list[str]:
+        return await self.leader.renew(group, topic, handles, invisible_ms)
 
 
 # RPCs not served yet (docs/RMQ5.md): each answers NOT_IMPLEMENTED in its body's status (the

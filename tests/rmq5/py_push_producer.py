@@ -1,12 +1,10 @@
 """Run by the tests with the official RocketMQ 5 Python client's venv (build/rmq5/pyclient):
-the producers of the push-consumer tests. Prints one JSON line per send receipt ({"body",
+the FIFO producer of the push-consumer tests. Prints one JSON line per send receipt ({"body",
 "message_id"}), then {"done": N}.
 
 Usage: python py_push_producer.py ENDPOINTS TOPIC fifo FIRST GROUPS PER_GROUP
          FIFO messages "g{j}-{i}" of message group "g{j}" (j from FIRST, GROUPS of them), i in
          0 .. PER_GROUP - 1, the groups interleaved
-       python py_push_producer.py ENDPOINTS TOPIC fails F1,F2,...
-         one message per F with the user property "fails" = F (body "fails-{index}-{F}")
 (this file runs in another venv: it imports nothing of raftmq.)
 """
 
@@ -24,14 +22,8 @@ def messages(topic, mode, args):
                 msg = Message()
                 msg.topic, msg.body, msg.message_group = topic, f"g{j}-{i}".encode(), f"g{j}"
                 yield msg
-    elif mode == "fails":
-        for index, fails in enumerate(args[0].split(",")):
-            msg = Message()
-            msg.topic, msg.body = topic, f"fails-{index}-{fails}".encode()
-            msg.add_property("fails", fails)
-            yield msg
     else:
-        raise SystemExit(f"mode {mode!r}: fifo or fails")
+        raise SystemExit(f"mode {mode!r}: only fifo")
 
 
 def main() -> int:

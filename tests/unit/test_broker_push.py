@@ -186,8 +186,13 @@ def test_renew_keeps_the_handle_and_dead_letter_forward(tmp_path: Path) -> None:
         pops, groups = await _setup(tmp_path, messages=2)
         await groups.update(SubGroup("G", max_attempts=1))
         a, b = await pops.receive(_query())
-        renewed = await pops.change_invisible("G", "T", a.receipt_handle, 30_000, renew=True)
-        assert renewed.receipt_handle == a.receipt_handle
+        q = pops.ctx.sm.pop.get(("G", "T", 0))
+        assert q is not None
+        before = q.inflight[0].deadline_ms
+        errors = await pops.renew("G", "T", [a.receipt_handle, "bad", b.receipt_handle], 30_000)
+        assert errors[0] is None and errors[2] is None
+        assert isinstance(errors[1], InvalidReceiptHandleError)
+        assert q.inflight[0].deadline_ms > before  # renewed, same sequence: the handle works
         assert await pops.ack("G", "T", [a.receipt_handle]) == [None]
         await pops.dead_letter("G", "T", b.receipt_handle)
         await pops.dead_letter("G", "T", b.receipt_handle)  # again: nothing changes
@@ -221,10 +226,9 @@ def test_renewals_renew_live_clients_only_and_forget_stale_handles() -> None:
         clients.settings("live", 3, 0, "G")
         renewed: list[str] = []
 
-        async def renew(group: str, topic: str, handle: str, ms: int) -> None:
-            if handle == "stale":
-                raise InvalidReceiptHandleError("gone")
-            renewed.append(handle)
+        async def renew(group: str, topic: str, handles: list[str], ms: int) -> list[str]:
+            renewed.extend(h for h in handles if h != "stale")
+            return ["INVALID_RECEIPT_HANDLE" if h == "stale" else "" for h in handles]
 
         r = Renewals(clients, renew, RenewPolicy(3000, 10_000), clock_ms=lambda: now[0])
         r.track("live", "G", "T", ["h1", "stale"])

@@ -706,16 +706,18 @@ class PopMessageResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ...) -> None: ...
 
 class AckPopRequest(_message.Message):
-    __slots__ = ("group", "topic", "receipt_handles", "dead_letter")
+    __slots__ = ("group", "topic", "receipt_handles", "dead_letter", "renew_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    RENEW_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     receipt_handles: _containers.RepeatedScalarFieldContainer[str]
     dead_letter: bool
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., dead_letter: _Optional[bool] = ...) -> None: ...
+    renew_ms: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., dead_letter: _Optional[bool] = ..., renew_ms: _Optional[int] = ...) -> None: ...
 
 class AckPopResponse(_message.Message):
     __slots__ = ("codes",)
@@ -724,18 +726,16 @@ class AckPopResponse(_message.Message):
     def __init__(self, codes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChangeInvisibleTimeRequest(_message.Message):
-    __slots__ = ("group", "topic", "receipt_handle", "invisible_ms", "renew")
+    __slots__ = ("group", "topic", "receipt_handle", "invisible_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
-    RENEW_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     receipt_handle: str
     invisible_ms: int
-    renew: bool
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ..., renew: _Optional[bool] = ...) -> None: ...
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
 
 class ChangeInvisibleTimeResponse(_message.Message):
     __slots__ = ("message",)
