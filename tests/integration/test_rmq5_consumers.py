@@ -233,7 +233,9 @@ def _receive(stub: Any, topic: str, grp: str, invisible_ms: int, batch: int = 32
         ),
         long_polling_timeout=Duration(seconds=1),
     )
-    return list(stub.ReceiveMessage(request, timeout=CALL_TIMEOUT_S))
+    # The answers but the delivery timestamp (sent before the messages, as the proxy does).
+    answers = stub.ReceiveMessage(request, timeout=CALL_TIMEOUT_S)
+    return [r for r in answers if not r.HasField("delivery_timestamp")]
 
 
 def _ack(stub: Any, topic: str, grp: str, handle: str) -> Any:
