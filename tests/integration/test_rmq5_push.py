@@ -351,9 +351,8 @@ def test_fifo_groups_in_order_across_a_leader_sigkill(group: LocalCluster, tmp_p
     leader = group.wait_leader()
     addr = _followers(group)[0]
     last = FIFO_GROUPS - 1  # the official producer's group
-    official = _start(
-        "py", "push_producer", tmp_path, addr, topic, "fifo", str(last), "1", str(FIFO_PER_GROUP)
-    )
+    name = f"g{last}"
+    official = _start("py", "producer", tmp_path, addr, topic, str(FIFO_PER_GROUP), name, name)
     threads = [
         threading.Thread(target=_send_fifo_group, args=(addr, topic, f"g{j}"), daemon=True)
         for j in range(last)
