@@ -103,6 +103,8 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
         cfg.grpcServerPort,
         cfg.maxMessageSize,
         cfg.popMaxDeliveryAttempts,
+        renew_slice_ms=cfg.popAutoRenewInvisibleMs,
+        renew_max_ms=cfg.popAutoRenewMaxMs,
     )
     security = V2Security(
         tls=cfg.tls_files if cfg.tlsEnable else None,

@@ -287,6 +287,14 @@ KEYS: Mapping[str, _Key] = {
     "transactionCheckMax": _Key(
         int_in(1, 1000), "15", "check-backs of a half message before it is discarded"
     ),
+    # Push consumers' auto_renew (broker/rmq5/renewals.py): the invisible time the server picks
+    # and renews while the consumer is alive (the proxy's 60 s), and how long it renews at most.
+    "popAutoRenewInvisibleMs": _Key(
+        int_in(100, 12 * 3600 * 1000), "60000", "auto_renew receives' invisible time, ms"
+    ),
+    "popAutoRenewMaxMs": _Key(
+        int_in(1000, 24 * 3600 * 1000), "10800000", "auto_renew renews a message this long, ms"
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -394,6 +402,8 @@ class BrokerConfig:
     transactionTimeOut: int
     transactionCheckInterval: int
     transactionCheckMax: int
+    popAutoRenewInvisibleMs: int
+    popAutoRenewMaxMs: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int

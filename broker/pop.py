@@ -37,6 +37,8 @@ from broker.popstate import (
     OP_CHANGE,
     OP_DROP,
     OP_POP,
+    OP_POP_FIFO,
+    OP_RENEW,
     OP_REVIVE,
     Handle,
     InFlight,
@@ -47,10 +49,12 @@ from broker.popstate import (
     decode_handle,
     encode_handle,
     encode_pop_record,
+    fifo_blocked,
 )
 from broker.pulling import MAX_SUSPEND_TIMEOUT_MS, PULL_MAX_SCAN_RECORDS, parse_subscription
 from broker.retry import Retries, SendBackItem
 from broker.state import QueueKey
+from broker.subgroups import SubGroup, default_group
 from broker.topics import Topics
 from dledger.core import Role
 from dledger.log import DLedgerError
@@ -64,6 +68,10 @@ MAX_ATTEMPTS_LIMIT = 1000
 # config key (popMinInvisibleTimeMs) so tests need not wait 10 s per redelivery.
 DEFAULT_MIN_INVISIBLE_MS = 10_000
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
+# A new invisible time (a nack with the group's backoff, a renewal) may be short: the proxy
+# takes any from 0 (its ChangeInvisibleDuration checks no minimum). 0 makes the message visible
+# again at the next redelivery pass.
+MIN_CHANGE_INVISIBLE_MS = 0
 # Messages one receive answers at most (the proxy's limit).
 MAX_RECEIVE_BATCH = 32
 # How often the leader looks for expired in-flight messages: a redelivery is at most this late.
@@ -171,12 +179,16 @@ class Pops:
         shift = time.monotonic_ns() // 1000 % max(1, len(queues))
         return queues[shift:] + queues[:shift]
 
-    def check_invisible(self, invisible_ms: int) -> None:
-        if not self.min_invisible_ms <= invisible_ms <= MAX_INVISIBLE_MS:
+    def check_invisible(self, invisible_ms: int, least_ms: int | None = None) -> None:
+        least = self.min_invisible_ms if least_ms is None else least_ms
+        if not least <= invisible_ms <= MAX_INVISIBLE_MS:
             raise InvalidInvisibleTimeError(
-                f"invisible duration {invisible_ms} ms outside"
-                f" [{self.min_invisible_ms}, {MAX_INVISIBLE_MS}]"
+                f"invisible duration {invisible_ms} ms outside [{least}, {MAX_INVISIBLE_MS}]"
             )
+
+    def group(self, name: str) -> SubGroup:
+        """The group's replicated config (``broker.subgroups``), or the broker's defaults."""
+        return self.ctx.sm.subgroups.get(name) or default_group(name, self.max_attempts)
 
     async def _pop_queue(
         self, key: PopKey, tags: frozenset[str] | None, want: int, invisible_ms: int
@@ -184,18 +196,23 @@ class Pops:
         async with self._lock(key):
             require_leader(self.ctx.node)
             state = self.ctx.sm.pop.get(key)
+            fifo = self.group(key[0]).fifo
+            if fifo and state is not None and fifo_blocked(state, False):
+                return []  # the previous batch is still being processed
             start = 0 if state is None else state.offset
             retakes, retaken, gone = self._retakes(key, state.inflight if state else {}, want)
             if gone:
                 await self._propose(PopRecord(OP_DROP, *key, items=tuple(gone)))
             room = self._room(state.inflight if state else None) if len(retakes) < want else 0
+            if fifo and (retakes or (state is not None and state.inflight)):
+                room = 0  # a FIFO queue's next messages wait until its batch is done
             scan = self._scan(key, start, tags, min(want - len(retakes), room))
             if not retakes and scan.to_offset == start:
                 return []
             now_ms = int(time.time() * 1000)
             record = PopRecord(
-                OP_POP, *key, now_ms, now_ms + invisible_ms, start, scan.to_offset,
-                tuple(scan.items), tuple(retakes),
+                OP_POP_FIFO if fifo else OP_POP, *key, now_ms, now_ms + invisible_ms, start,
+                scan.to_offset, tuple(scan.items), tuple(retakes),
             )  # fmt: skip
             index = await self._propose(record)
             return self._handed_out(key, index, {**scan.messages, **retaken})
@@ -294,6 +311,7 @@ class Pops:
                 out.append(exc)
         for key, items in by_key.items():
             await self._propose(PopRecord(OP_ACK, *key, items=tuple(items)))
+            self._wake_topic(key[1])  # a FIFO queue may be free for its next batch
         return out
 
     def _acked_before(self, h: Handle, group: str, topic: str) -> bool:
@@ -311,14 +329,14 @@ class Pops:
         is no longer valid)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
-        self.check_invisible(invisible_ms)
+        self.check_invisible(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         h = decode_handle(handle)
         key = (h.group, h.topic, h.queue_id)
         async with self._lock(key):
             check_handle(self.ctx.sm.pop, h, group, topic)
             now_ms = int(time.time() * 1000)
             record = PopRecord(
-                OP_CHANGE, *key, now_ms, now_ms + invisible_ms, items=((h.offset, h.seq),)
+                OP_CHANGE, *key, now_ms, now_ms + max(1, invisible_ms), items=((h.offset, h.seq),)
             )
             index = await self._propose(record)
             state = self.ctx.sm.pop.get(key)
@@ -328,6 +346,46 @@ class Pops:
             msg = self.applied.message(rec.position)
             new = encode_handle(Handle(*key, h.offset, index))
             return Received(msg, h.queue_id, h.offset, rec.position, rec.attempt, new)
+
+    async def renew(
+        self, group: str, topic: str, handles: Sequence[str], invisible_ms: int
+    ) -> list[BrokerError | None]:
+        """auto_renew: each handle's delivery goes on for ``invisible_ms`` more, its handle
+        still valid; per handle None or the error (as :meth:`ack`). One record per queue."""
+        require_leader(self.ctx.node)
+        validate_group_name(group)
+        self.check_invisible(invisible_ms, 1)
+        if not 1 <= len(handles) <= MAX_RECORD_ITEMS:
+            raise InvalidRequestError(f"renew 1 to {MAX_RECORD_ITEMS} handles")
+        out: list[BrokerError | None] = []
+        by_key: dict[PopKey, list[tuple[int, int]]] = {}
+        for text in handles:
+            try:
+                h = decode_handle(text)
+                check_handle(self.ctx.sm.pop, h, group, topic)
+                by_key.setdefault((h.group, h.topic, h.queue_id), []).append((h.offset, h.seq))
+                out.append(None)
+            except BrokerError as exc:
+                out.append(exc)
+        now_ms = int(time.time() * 1000)
+        for key, items in by_key.items():
+            record = PopRecord(OP_RENEW, *key, now_ms, now_ms + invisible_ms, items=tuple(items))
+            await self._propose(record)
+        return out
+
+    async def dead_letter(self, group: str, topic: str, handle: str) -> None:
+        """The consumer gives up on a received message (``ForwardMessageToDeadLetterQueue``):
+        its copy goes to ``%DLQ%{group}`` and it leaves flight. Done before: nothing changes."""
+        require_leader(self.ctx.node)
+        validate_group_name(group)
+        h = decode_handle(handle)
+        key = (h.group, h.topic, h.queue_id)
+        async with self._lock(key):
+            if self._acked_before(h, group, topic):
+                return
+            rec = check_handle(self.ctx.sm.pop, h, group, topic)
+            await self._dead_letter(key, [(h.offset, rec)])
+        self._wake_topic(h.topic)
 
     # ------------------------------------------------------------------ redelivery
 
@@ -365,13 +423,16 @@ class Pops:
     def _expired(
         self, now_ms: int
     ) -> Iterator[tuple[PopKey, list[tuple[int, int]], list[tuple[int, InFlight]]]]:
+        attempts: dict[str, int] = {}
         for key, q in list(self.ctx.sm.pop.queues.items()):
             revive: list[tuple[int, int]] = []
             dead: list[tuple[int, InFlight]] = []
             for offset, rec in q.inflight.items():
                 if not 0 < rec.deadline_ms <= now_ms:
                     continue
-                if rec.attempt >= self.max_attempts:
+                if key[0] not in attempts:
+                    attempts[key[0]] = self.group(key[0]).max_attempts
+                if rec.attempt >= attempts[key[0]]:
                     dead.append((offset, rec))
                 else:
                     revive.append((offset, rec.seq))

@@ -31,7 +31,13 @@ OP_ACK = 2  # acknowledged: out of flight
 OP_CHANGE = 3  # a new deadline (and sequence: the old handle is dead)
 OP_REVIVE = 4  # deadline passed: visible again, attempt + 1
 OP_DROP = 5  # out of flight after its dead-letter copy was stored
-_OPS = frozenset({OP_POP, OP_ACK, OP_CHANGE, OP_REVIVE, OP_DROP})
+# A FIFO group's pop: as OP_POP, but stale while any message of the queue is still invisible,
+# and new messages only when none is in flight (the queue's previous batch is done), so the
+# blocking needs no state of its own and a deposed leader's pop cannot break the order.
+OP_POP_FIFO = 6
+OP_RENEW = 7  # auto_renew: a new deadline for the same delivery (the handle stays valid)
+_POPS = frozenset({OP_POP, OP_POP_FIFO})
+_OPS = frozenset({OP_POP, OP_ACK, OP_CHANGE, OP_REVIVE, OP_DROP, OP_POP_FIFO, OP_RENEW})
 POP_RECORD_VERSION = 1
 
 # In-flight messages of one (group, topic, queue): RocketMQ's popInflightMessageThreshold; a
@@ -168,7 +174,7 @@ def _check_record(r: PopRecord) -> None:
         raise InvalidPopRecordError("POP record times or offsets out of range")
     if any(a < 0 or b < 0 for a, b in (*r.items, *r.retakes)):
         raise InvalidPopRecordError("POP record item with a negative offset or position")
-    if r.op in (OP_POP, OP_CHANGE) and r.deadline_ms <= r.now_ms:
+    if r.op in (OP_POP, OP_POP_FIFO, OP_CHANGE, OP_RENEW) and r.deadline_ms <= r.now_ms:
         raise InvalidPopRecordError("POP record with a deadline not after its time")
 
 
@@ -187,7 +193,7 @@ class PopState:
         r = decode_pop_record(body)
         _check_record(r)
         key = (r.group, r.topic, r.queue_id)
-        if r.op == OP_POP:
+        if r.op in _POPS:
             self._apply_pop(index, key, r)
             return r
         q = self.queues.get(key)
@@ -202,6 +208,8 @@ class PopState:
                 self.inflight_total -= 1
             elif r.op == OP_CHANGE and rec.deadline_ms:
                 rec.deadline_ms, rec.seq = r.deadline_ms, index
+            elif r.op == OP_RENEW and rec.deadline_ms:
+                rec.deadline_ms = r.deadline_ms
             elif r.op == OP_REVIVE and 0 < rec.deadline_ms <= r.now_ms:
                 rec.deadline_ms, rec.attempt, rec.seq = 0, rec.attempt + 1, index
         return r
@@ -227,6 +235,8 @@ class PopState:
             rec = None if q is None else q.inflight.get(offset)
             if rec is None or rec.seq != seq or rec.deadline_ms:
                 return  # stale: taken, acknowledged or dropped since
+        if r.op == OP_POP_FIFO and q is not None and fifo_blocked(q, bool(r.items)):
+            return  # stale: the queue's previous batch is not done
         if q is None:
             q = self.queues[key] = QueuePop()
         q.offset = r.to_offset
@@ -297,6 +307,14 @@ def _row_queue(row: Sequence[Any]) -> tuple[PopKey, QueuePop]:
             raise ValueError("in-flight values out of range")
         q.inflight[values[0]] = InFlight(*values[1:])
     return (r.group, r.topic, r.queue_id), q
+
+
+def fifo_blocked(q: QueuePop, new_messages: bool) -> bool:
+    """Whether a FIFO group may not pop from ``q``: a message of its last batch is still
+    invisible (being processed), or new messages are asked while any message is in flight."""
+    if new_messages and q.inflight:
+        return True
+    return any(rec.deadline_ms for rec in q.inflight.values())
 
 
 # ---------------------------------------------------------------------- receipt handles

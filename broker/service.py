@@ -14,6 +14,7 @@ reads are answered from this node's applied state. Errors map to gRPC status cod
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import grpc
@@ -40,6 +41,13 @@ from broker.scheduler import Scheduler
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine, SendResult, TopicConfig
+from broker.subgroups import (
+    BACKOFF_CUSTOMIZED,
+    MAX_MULTIPLIER_MILLI,
+    Backoff,
+    SubGroup,
+)
+from broker.subscriptions import SubscriptionGroups
 from broker.topics import Topics
 from broker.transactions.manager import Transactions
 from dledger.server import rpcguard
@@ -90,6 +98,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             self.topics, self.applied, self.retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms
         )
         self.txns = Transactions(self.applied, self.sender)
+        self.subgroups = SubscriptionGroups(ctx, cfg.pop_max_attempts)
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
@@ -256,6 +265,16 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def AckPop(
         self, request: pb.AckPopRequest, context: grpc.aio.ServicerContext
     ) -> pb.AckPopResponse:
+        if request.renew_ms:
+            errors = await self.pops.renew(
+                request.group, request.topic, request.receipt_handles, request.renew_ms
+            )
+            return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
+        if request.dead_letter:
+            if len(request.receipt_handles) != 1:
+                raise InvalidRequestError("a dead-letter forward names one receipt handle")
+            await self.pops.dead_letter(request.group, request.topic, request.receipt_handles[0])
+            return pb.AckPopResponse(codes=[""])
         errors = await self.pops.ack(request.group, request.topic, request.receipt_handles)
         return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
 
@@ -276,6 +295,24 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.topic, request.msg_id, request.transaction_id, request.commit
         )
         return pb.EndTransactionResponse(outcome=outcome)
+
+    # ------------------------------------------------------------------ subscription groups
+
+    @_rpc
+    async def UpdateSubscriptionGroup(
+        self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateSubscriptionGroupResponse:
+        group = subgroup_of_pb(request.config, self.subgroups.default_attempts)
+        applied = await self.subgroups.update(group, request.create_only)
+        return pb.UpdateSubscriptionGroupResponse(config=subgroup_pb(applied))
+
+    @_rpc
+    async def ListSubscriptionGroups(
+        self, request: pb.ListSubscriptionGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSubscriptionGroupsResponse:
+        return pb.ListSubscriptionGroupsResponse(
+            groups=[subgroup_pb(g) for g in self.subgroups.list()]
+        )
 
     # ------------------------------------------------------------------ offsets
 
@@ -544,3 +581,35 @@ def _topic_pb(t: TopicConfig) -> pb.TopicConfig:
         perm=t.perm,
         message_type=t.message_type,
     )
+
+
+def subgroup_pb(g: SubGroup) -> pb.SubscriptionGroup:
+    b = g.backoff
+    return pb.SubscriptionGroup(
+        group=g.name,
+        consume_message_orderly=g.fifo,
+        max_delivery_attempts=g.max_attempts,
+        backoff_type=b.kind,
+        customized_backoff_ms=b.steps_ms,
+        exponential_initial_ms=b.initial_ms,
+        exponential_max_ms=b.max_ms,
+        exponential_multiplier=b.multiplier_milli / 1000,
+    )
+
+
+def subgroup_of_pb(c: pb.SubscriptionGroup, default_attempts: int) -> SubGroup:
+    """A request's config; fields left out take the defaults (checked by the admin)."""
+    kind = c.backoff_type
+    if not kind:
+        backoff = Backoff()  # RocketMQ's default retry policy
+    elif kind == BACKOFF_CUSTOMIZED:
+        backoff = Backoff(kind, tuple(c.customized_backoff_ms))  # checked: 1 to 32 steps
+    else:
+        multiplier = c.exponential_multiplier or 1.0
+        if not math.isfinite(multiplier) or not 0 < multiplier <= MAX_MULTIPLIER_MILLI / 1000:
+            raise InvalidRequestError(f"exponential multiplier {multiplier} outside (0, 10]")
+        backoff = Backoff(
+            kind, (), c.exponential_initial_ms, c.exponential_max_ms, round(multiplier * 1000)
+        )
+    attempts = c.max_delivery_attempts or default_attempts
+    return SubGroup(c.group, c.consume_message_orderly, attempts, backoff)

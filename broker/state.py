@@ -22,6 +22,8 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
 - :data:`broker.transactions.state.ENTRY_TXN` (24): one change of a transaction (a half message
   stored, committed with its visible copy, rolled back, checked back, discarded;
   :mod:`broker.transactions.state`).
+- :data:`broker.subgroups.ENTRY_SUBGROUP` (22): one subscription group's config
+  (:mod:`broker.subgroups`), applied to :attr:`BrokerStateMachine.subgroups`.
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -75,6 +77,7 @@ from broker.names import (
 )
 from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
+from broker.subgroups import ENTRY_SUBGROUP, SubGroupTable
 from broker.transactions.state import ENTRY_TXN, TxnState
 from dledger.core import Role
 from dledger.log import Entry
@@ -236,6 +239,7 @@ class _Captured:
     auth: dict[str, Any]
     pop: list[list[Any]]
     txn: dict[str, Any]
+    subgroups: list[list[Any]]
 
 
 QueueKey = tuple[str, int]
@@ -465,6 +469,7 @@ class BrokerStateMachine:
         self.auth = AuthTable()
         self.pop = PopState()
         self.txn = TxnState()
+        self.subgroups = SubGroupTable()
         self._latest_store_ts = 0
         self._applied = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
@@ -557,6 +562,8 @@ class BrokerStateMachine:
                     self.pop.apply(entry.index, entry.body)
                 elif entry.type == ENTRY_TXN:
                     self._apply_txn(entry, touched)
+                elif entry.type == ENTRY_SUBGROUP:
+                    self.subgroups.apply(entry.body)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -818,6 +825,7 @@ class BrokerStateMachine:
             auth=self.auth.to_snapshot(),
             pop=self.pop.capture(),
             txn=self.txn.capture(),
+            subgroups=self.subgroups.capture(),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -843,6 +851,7 @@ class BrokerStateMachine:
             "auth": c.auth,
             "pop": c.pop,
             "txn": c.txn,
+            "subgroups": c.subgroups,
         }
         raw = json.dumps(data, separators=(",", ":")).encode()
         self.config_dir.mkdir(parents=True, exist_ok=True)
@@ -910,6 +919,7 @@ class BrokerStateMachine:
         _report_dropped("users and acls", self.auth.load_snapshot(data.get("auth", {})))
         _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
         _report_dropped("transactions", self.txn.load(data.get("txn", {})))
+        _report_dropped("subscription groups", self.subgroups.load(data.get("subgroups", ())))
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -1011,6 +1021,7 @@ class BrokerStateMachine:
         self.auth = AuthTable()
         self.pop.reset()
         self.txn.reset()
+        self.subgroups.reset()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._dispatch_end = 0

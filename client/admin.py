@@ -611,6 +611,29 @@ class MQAdmin:
             lambda stub, t: list(stub.ListAcl(req, timeout=t).acls), cluster, broker_addr
         )
 
+    def update_sub_group(
+        self, config: pb.SubscriptionGroup, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.SubscriptionGroup]:
+        """``updateSubGroup``: create or replace a consumer group's config (consume type,
+        max delivery attempts, retry backoff); the config as every group applied it."""
+        req = pb.UpdateSubscriptionGroupRequest(config=config)
+        return self._on_groups(
+            lambda stub, t: stub.UpdateSubscriptionGroup(req, timeout=t).config,
+            cluster,
+            broker_addr,
+        )
+
+    def sub_groups(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, list[pb.SubscriptionGroup]]:
+        """Every consumer group's config, by broker group."""
+        req = pb.ListSubscriptionGroupsRequest()
+        return self._on_groups(
+            lambda stub, t: list(stub.ListSubscriptionGroups(req, timeout=t).groups),
+            cluster,
+            broker_addr,
+        )
+
 
 def _follow_leader(
     channels: ChannelPool,

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 
 from client.admin import MQAdmin
@@ -503,6 +504,83 @@ def cmd_list_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     out.table(_acl_rows(acls))
 
 
+def _retry_policy(text: str) -> dict[str, Any]:
+    """RocketMQ's groupRetryPolicy JSON: {"type": "CUSTOMIZED", "customizedRetryPolicy":
+    {"next": [ms, ...]}} or {"type": "EXPONENTIAL", "exponentialRetryPolicy": {"initial": ms,
+    "max": ms, "multiplier": x}} (the broker checks the ranges)."""
+    try:
+        policy = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"retry policy is not JSON: {exc}") from None
+    if not isinstance(policy, dict) or policy.get("type") not in ("CUSTOMIZED", "EXPONENTIAL"):
+        raise argparse.ArgumentTypeError('retry policy: {"type": "CUSTOMIZED" | "EXPONENTIAL"}')
+    return policy
+
+
+def _orderly(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text[:20]!r}")
+    return text.lower() == "true"
+
+
+def _sub_group_config(args: argparse.Namespace) -> pb.SubscriptionGroup:
+    config = pb.SubscriptionGroup(group=args.group, consume_message_orderly=args.orderly)
+    if args.retry_max_times is not None:
+        config.max_delivery_attempts = args.retry_max_times + 1  # the first delivery + retries
+    policy = args.retry_policy
+    try:
+        if policy is not None and policy["type"] == "CUSTOMIZED":
+            config.backoff_type = "CUSTOMIZED"
+            config.customized_backoff_ms.extend(policy["customizedRetryPolicy"]["next"])
+        elif policy is not None:
+            exp = policy["exponentialRetryPolicy"]
+            config.backoff_type = "EXPONENTIAL"
+            config.exponential_initial_ms = exp["initial"]
+            config.exponential_max_ms = exp["max"]
+            config.exponential_multiplier = exp["multiplier"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MQClientError(
+            "BAD_USAGE", "INVALID_ARGUMENT", f"retry policy field missing or wrong: {exc}"
+        ) from None
+    return config
+
+
+def _sub_group_rows(by_group: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for broker, configs in by_group.items():
+        for c in configs if isinstance(configs, list) else [configs]:
+            if c.backoff_type == "EXPONENTIAL":
+                backoff = (
+                    f"EXPONENTIAL {c.exponential_initial_ms}ms*{c.exponential_multiplier:g}"
+                    f"^n <= {c.exponential_max_ms}ms"
+                )
+            else:
+                backoff = "CUSTOMIZED " + ",".join(f"{ms}ms" for ms in c.customized_backoff_ms)
+            rows.append(
+                {
+                    "broker": broker,
+                    "group": c.group,
+                    "consumeMessageOrderly": c.consume_message_orderly,
+                    "retryMaxTimes": c.max_delivery_attempts - 1,
+                    "maxDeliveryAttempts": c.max_delivery_attempts,
+                    "retryPolicy": backoff,
+                }
+            )
+    return rows
+
+
+def cmd_update_sub_group(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    config = _sub_group_config(args)
+    out.table(_sub_group_rows(admin.update_sub_group(config, args.cluster, args.broker_addr)))
+
+
+def cmd_get_consumer_config(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    by_group = admin.sub_groups(args.cluster, args.broker_addr)
+    if args.group:
+        by_group = {b: [c for c in cs if c.group == args.group] for b, cs in by_group.items()}
+    out.table(_sub_group_rows(by_group))
+
+
 def build_parser() -> argparse.ArgumentParser:
     cli = CommandLine(
         argparse.ArgumentParser(
@@ -531,6 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     _query_commands(cli)
     _message_commands(cli)
     _acl_commands(cli)
+    _sub_group_commands(cli)
     return cli.parser
 
 
@@ -716,6 +795,48 @@ def _acl_flags(p: argparse.ArgumentParser, rule: bool) -> None:
         p.add_argument(
             "-i", "--source-ip", "--sourceIp", default="", help="addresses or CIDR blocks"
         )
+    _where(p)
+
+
+def _sub_group_commands(cli: CommandLine) -> None:
+    """Consumer groups' config (RocketMQ's updateSubGroup -g, -o, -r; its groupRetryPolicy as
+    --retryPolicy JSON), with -c / -b choosing the broker groups."""
+    add = functools.partial(_command, cli)
+    p = add(
+        "updateSubGroup",
+        cmd_update_sub_group,
+        "create or update a consumer group: FIFO (-o), retries (-r), backoff (--retryPolicy)",
+    )
+    p.add_argument("-g", "--group", "--groupName", required=True, help="consumer group")
+    p.add_argument(
+        "-o",
+        "--orderly",
+        "--consumeMessageOrderly",
+        type=_orderly,
+        default=False,
+        help="true: FIFO, a queue's messages one batch at a time in order (default false)",
+    )
+    p.add_argument(
+        "-r",
+        "--retry-max-times",
+        "--retryMaxTimes",
+        dest="retry_max_times",
+        type=int,
+        default=None,
+        help="redeliveries before %%DLQ%%{group} (default: popMaxDeliveryAttempts - 1)",
+    )
+    p.add_argument(
+        "--retry-policy",
+        "--retryPolicy",
+        dest="retry_policy",
+        type=_retry_policy,
+        default=None,
+        help='RocketMQ\'s groupRetryPolicy JSON, e.g. {"type":"CUSTOMIZED",'
+        '"customizedRetryPolicy":{"next":[1000,5000]}} (default: 1s 5s 10s 30s 1m .. 2h)',
+    )
+    _where(p)
+    p = add("getConsumerConfig", cmd_get_consumer_config, "consumer groups' config")
+    p.add_argument("-g", "--group", "--groupName", default="", help="only this group")
     _where(p)
 
 

@@ -125,3 +125,12 @@ class Outgoing:
 
 def outgoing(queue_id: int, n: int, **properties: str) -> Outgoing:
     return Outgoing(queue_id, f"body-{n}".encode(), IDS.next_id(), properties)
+
+
+def reopen(root: Path) -> BrokerStateMachine:
+    """The state machine of a node restarted on ``root``, from its snapshot (closed by the
+    caller)."""
+    sm = BrokerStateMachine(root, hash_slots=1000, max_index_records=5000)
+    sm.attach(LogAgain())
+    sm.applied_index()
+    return sm

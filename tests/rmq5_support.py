@@ -67,3 +67,22 @@ def code(status: Any) -> str:
 def follower_v2_addr(cluster: LocalCluster) -> str:
     leader = cluster.wait_leader()
     return next(n.grpc_addr for n in cluster.nodes if n.node_id != leader)
+
+
+ROUTE_WAIT_S = 10
+
+
+def v2_code(status: Any) -> str:
+    """The name of a body status's ``apache.rocketmq.v2.Code``."""
+    return code(status)
+
+
+def wait_v2_routes(cluster: LocalCluster, topic: str) -> None:
+    """Wait until every member's v2 port routes ``topic`` (each applied its creation)."""
+    ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=topic))
+    for n in cluster.nodes:
+        with grpc.insecure_channel(n.grpc_addr) as ch:
+            stub = v2_grpc.MessagingServiceStub(ch)
+            wait_for(
+                lambda s=stub: _route_ok(s, ask), ROUTE_WAIT_S, f"{topic} routed by {n.node_id}"
+            )

@@ -113,6 +113,12 @@ def _pop_consumer(r: Any, c: str) -> list[Want]:
     return [group(r.group, SUB), topic(r.topic, SUB)]
 
 
+def _update_subgroup(r: Any, c: str) -> list[Want]:
+    # Creating a group with the defaults is what a consumer's Settings does (RocketMQ creates
+    # subscription groups for their consumers): Sub on the group. Any config: Update.
+    return [group(r.config.group, SUB if r.create_only else UPDATE)]
+
+
 def _authenticated_only(r: Any, c: str) -> list[Want]:
     return []
 
@@ -144,6 +150,8 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "AckPop": _pop_consumer,
     BROKER + "ChangeInvisibleTime": _pop_consumer,
     BROKER + "EndTransaction": lambda r, c: [topic(r.topic, PUB)],
+    BROKER + "UpdateSubscriptionGroup": _update_subgroup,
+    BROKER + "ListSubscriptionGroups": lambda r, c: [cluster(c, LIST)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,
     BROKER + "DeleteUser": SUPER_ONLY,

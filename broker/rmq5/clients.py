@@ -92,6 +92,11 @@ class ClientTable:
         """Forget a client that said goodbye; whether it was known."""
         return self._clients.pop(client_id, None) is not None
 
+    def heard_within(self, client_id: str, within_ms: int) -> bool:
+        """Whether the client sent a Settings or Heartbeat in the last ``within_ms``."""
+        record = self._clients.get(client_id)
+        return record is not None and self._now() - record.last_seen_ms <= within_ms
+
     def _now(self) -> int:
         return self._clock()
 

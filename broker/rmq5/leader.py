@@ -34,6 +34,8 @@ from broker.pop import Pops, Received, ReceiveQuery
 from broker.rmq5.guard import caller_signature
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
+from broker.subgroups import SubGroup
+from broker.subscriptions import SubscriptionGroups
 from broker.transactions.manager import Transactions
 from dledger.core import Role
 from dledger.server.node import DLedgerNode
@@ -95,6 +97,7 @@ class LeaderCalls:
         self.sender = sender
         self.pops = pops
         self.txns = txns
+        self.subgroups = SubscriptionGroups(pops.ctx, pops.max_attempts)
         if security.credentials is not None:
             # A forward must act as its caller, never as a configured identity.
             raise ValueError("forwards carry the caller's signature, not credentials of their own")
@@ -231,6 +234,54 @@ class LeaderCalls:
             return str(resp.outcome)
 
         return await self._on_leader(here, forward)
+
+    async def renew(
+        self, group: str, topic: str, handles: Sequence[str], invisible_ms: int
+    ) -> list[str]:
+        """auto_renew on the leader: per handle "" (renewed) or the error's stable code."""
+
+        async def here() -> list[str]:
+            errors = await self.pops.renew(group, topic, handles, invisible_ms)
+            return ["" if e is None else e.code for e in errors]
+
+        async def forward(stub: pb_grpc.BrokerStub) -> list[str]:
+            request = pb.AckPopRequest(
+                group=group, topic=topic, receipt_handles=handles, renew_ms=invisible_ms
+            )
+            resp = await stub.AckPop(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+            return list(resp.codes)
+
+        return await self._on_leader(here, forward)
+
+    async def dead_letter(self, group: str, topic: str, handle: str) -> None:
+        """A received message to ``%DLQ%{group}`` and out of flight, on the leader."""
+
+        async def forward(stub: pb_grpc.BrokerStub) -> None:
+            request = pb.AckPopRequest(
+                group=group, topic=topic, receipt_handles=[handle], dead_letter=True
+            )
+            await stub.AckPop(request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature())
+
+        await self._on_leader(lambda: self.pops.dead_letter(group, topic, handle), forward)
+
+    async def create_group(self, name: str) -> None:
+        """The subscription group ``name`` with the defaults, unless it exists (a consumer's
+        Settings naming a new group), on the leader."""
+
+        async def here() -> None:
+            await self.subgroups.update(SubGroup(name), create_only=True)
+
+        async def forward(stub: pb_grpc.BrokerStub) -> None:
+            request = pb.UpdateSubscriptionGroupRequest(
+                config=pb.SubscriptionGroup(group=name), create_only=True
+            )
+            await stub.UpdateSubscriptionGroup(
+                request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
+            )
+
+        await self._on_leader(here, forward)
 
     async def _forward(
         self, stub: pb_grpc.BrokerStub, topic: str, messages: Sequence[pb.Message]

@@ -131,6 +131,9 @@ class V2Port:
         for server in self._servers:
             await server.stop(grace=STOP_GRACE_S)
         self._servers = []
+        for servicer in (self.servicer, self._plain):
+            if servicer is not None:
+                await servicer.renewals.close()
         await self.leader.close()
         if self.routes is not None:
             await self.routes.close()

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,11 +28,20 @@ from broker.applied import AppliedMessages
 from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
+from broker.popstate import check_handle, decode_handle
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.rmq5 import stubs
 from broker.rmq5.clients import ClientTable
 from broker.rmq5.codes import v2_code_name
+from broker.rmq5.consuming import (
+    PROPERTY_MESSAGE_GROUP,
+    assignments,
+    consumer_backoff,
+    fifo_queue,
+    message_group_problem,
+)
 from broker.rmq5.leader import Failure, LeaderCalls
+from broker.rmq5.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.rmq5.routes import GroupTopic, NameServerRoutes
 from broker.rmq5.txn import ProducerStreams, merged
 from broker.rpcerrors import error_failure
@@ -92,8 +102,6 @@ MAX_REQUEST_TIMEOUT_MS = 60_000
 # Consumers' receive settings (answered in Settings, and used when a receive names none).
 RECEIVE_BATCH_SIZE = 32
 LONG_POLLING_TIMEOUT_MS = 20_000
-# A receive with auto_renew and no invisible time (a push consumer): the proxy's 60 s.
-DEFAULT_INVISIBLE_MS = 60_000
 # A receive answers this long before its call's deadline, so the answer arrives in time.
 RECEIVE_DEADLINE_MARGIN_MS = 500
 # Entries of one AckMessage: the clients ack one message (or a received batch) at a time.
@@ -108,6 +116,7 @@ RESERVED_PROPERTIES = frozenset(
         PROPERTY_ORIGIN_MESSAGE_ID,
         PROPERTY_DLQ_ORIGIN_TOPIC,
         PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_MESSAGE_GROUP,
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
@@ -135,6 +144,9 @@ class V2Config:
     port: int
     max_message_size_bytes: int
     max_delivery_attempts: int = 16  # popMaxDeliveryAttempts
+    # auto_renew (broker.rmq5.renewals): popAutoRenewInvisibleMs, popAutoRenewMaxMs
+    renew_slice_ms: int = DEFAULT_SLICE_MS
+    renew_max_ms: int = DEFAULT_MAX_MS
 
 
 def status(code: str = "OK", text: str = "OK") -> Any:
@@ -190,6 +202,8 @@ class MessagingServicer:
         self.routes = routes
         self.clients = ClientTable()
         self.producers = ProducerStreams(AppliedMessages(topics.ctx), f"{cfg.host}:{cfg.port}")
+        policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
+        self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()
         self._streams = 0
 
@@ -280,7 +294,7 @@ class MessagingServicer:
                     yield v2_service.TelemetryCommand(status=status("BAD_REQUEST", "undecodable"))
                     return
                 if command.WhichOneof("command") == "settings":
-                    reply = self._settings_reply(client_id, command.settings)
+                    reply = await self._settings_reply(client_id, command.settings)
                     if reply.status.code == v2.OK and command.settings.client_type == v2.PRODUCER:
                         self.producers.publishing(stream, command.settings.publishing.topics)
                     yield reply
@@ -288,7 +302,7 @@ class MessagingServicer:
             self.producers.close(stream)
             self._streams -= 1
 
-    def _settings_reply(self, client_id: str, settings: Any) -> Any:
+    async def _settings_reply(self, client_id: str, settings: Any) -> Any:
         try:
             kind = settings.client_type if settings.HasField("client_type") else 0
             if kind not in (v2.PRODUCER, v2.SIMPLE_CONSUMER, v2.PUSH_CONSUMER):
@@ -296,6 +310,8 @@ class MessagingServicer:
             _check_settings(kind, settings)
             group = settings.subscription.group.name if kind != v2.PRODUCER else ""
             self.clients.settings(client_id, kind, settings.user_agent.language, group)
+            if group:
+                await self._ensure_group(group)
             reply = self._settings_for(kind, settings)
         except Exception as exc:
             return v2_service.TelemetryCommand(status=_status_of(exc, self.node))
@@ -326,16 +342,30 @@ class MessagingServicer:
                 )
             )
             return out
-        attempts = self.cfg.max_delivery_attempts
-        out.backoff_policy.CopyFrom(_consumer_backoff(asked.user_agent.language, attempts))
+        group = self.leader.subgroups.get(asked.subscription.group.name)
+        out.backoff_policy.CopyFrom(consumer_backoff(asked.user_agent.language, group))
         sub = out.subscription
         if asked.subscription.HasField("group"):
             sub.group.CopyFrom(asked.subscription.group)
         sub.subscriptions.extend(asked.subscription.subscriptions)
-        sub.fifo = asked.subscription.fifo
+        sub.fifo = group.fifo
         sub.receive_batch_size = RECEIVE_BATCH_SIZE
         sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_TIMEOUT_MS))
         return out
+
+    async def _ensure_group(self, name: str) -> None:
+        """A consumer naming a group without a config creates it with the defaults (as
+        RocketMQ creates its consumers' subscription groups), so that ``mqadmin`` lists it. A
+        failure (no leader, no permission) leaves the defaults in force; the next Settings
+        tries again."""
+        if self.leader.subgroups.known(name):
+            return
+        try:
+            await self.leader.create_group(name)
+        except BrokerError as exc:
+            logger.info(
+                "subscription group %r not created from a consumer's Settings: %s", name, exc
+            )
 
     async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -365,8 +395,11 @@ class MessagingServicer:
             name = _topic_name(request.messages[0].topic)
             topic = self.topics.get(name)
             queue_id = next(self._next_queue) % max(1, topic.write_queue_nums)
+            group = request.messages[0].system_properties.message_group
+            if group:  # FIFO: every message of the group in one queue, in send order
+                queue_id = fifo_queue(group, topic.write_queue_nums)
             kind = topic.message_type
-            messages = [_stored_message(m, name, kind, queue_id) for m in request.messages]
+            messages = [_stored_message(m, name, kind, queue_id, group) for m in request.messages]
             stored = await self.leader.send(name, messages)
         except Exception as exc:
             st = _status_of(exc, self.node)
@@ -406,15 +439,22 @@ class MessagingServicer:
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         try:
-            received = await self.leader.receive(self._receive_query(request, context))
+            query = self._receive_query(request, context)
+            received = await self.leader.receive(query)
         except Exception as exc:
             yield v2_service.ReceiveMessageResponse(status=_status_of(exc, self.node))
             return
+        if received and request.auto_renew:
+            handles = [r.receipt_handle for r in received]
+            self.renewals.track(_client_id(context), query.group, query.topic, handles)
         if not received:
             st = status("MESSAGE_NOT_FOUND", "no new message")
             yield v2_service.ReceiveMessageResponse(status=st)
             return
         namespace = request.message_queue.topic.resource_namespace
+        # When the server handed them out (the Python push consumer measures its latency from it).
+        now = _timestamp(time.time_ns() // 1_000_000)
+        yield v2_service.ReceiveMessageResponse(delivery_timestamp=now)
         for r in received:
             yield v2_service.ReceiveMessageResponse(message=self._v2_message(r, namespace))
         yield v2_service.ReceiveMessageResponse(status=status())
@@ -427,10 +467,10 @@ class MessagingServicer:
             raise V2Error("UNSUPPORTED", "only TAG filter expressions are served")
         if len(expression.expression) > MAX_SUBSCRIPTION_CHARS:
             raise V2Error("ILLEGAL_FILTER_EXPRESSION", f"over {MAX_SUBSCRIPTION_CHARS} characters")
-        if request.HasField("invisible_duration"):
+        if request.auto_renew:
+            invisible_ms = self.cfg.renew_slice_ms  # the server's pick, renewed (renewals.py)
+        elif request.HasField("invisible_duration"):
             invisible_ms = _ms(request.invisible_duration)
-        elif request.auto_renew:
-            invisible_ms = DEFAULT_INVISIBLE_MS
         else:
             raise V2Error("ILLEGAL_INVISIBLE_TIME", "a receive names no invisible duration")
         poll_ms = LONG_POLLING_TIMEOUT_MS
@@ -469,9 +509,13 @@ class MessagingServicer:
         )
         if m.tags:
             sp.tag = m.tags
+        properties = dict(m.properties)
+        message_group = properties.pop(PROPERTY_MESSAGE_GROUP, "")
+        if message_group:
+            sp.message_type, sp.message_group = v2.FIFO, message_group
         return v2.Message(
             topic=v2.Resource(resource_namespace=namespace, name=m.topic),
-            user_properties=dict(m.properties),
+            user_properties=properties,
             system_properties=sp,
             body=m.body,
         )
@@ -487,6 +531,7 @@ class MessagingServicer:
         except Exception as exc:
             st = _status_of(exc, self.node)
             return v2_service.AckMessageResponse(status=st, entries=_ack_entries(entries, st))
+        self.renewals.forget(e.receipt_handle for e in entries)
         results = [status() if not c else status(v2_code_name(c), c) for c in codes]
         failed = next((st for st in results if st.code != v2.OK), None)
         return v2_service.AckMessageResponse(
@@ -503,8 +548,12 @@ class MessagingServicer:
         try:
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
+            invisible_ms = _ms(request.invisible_duration)
+            if self._is_push_consumer(context):
+                invisible_ms = max(invisible_ms, self._backoff_ms(group, request.receipt_handle))
+            self.renewals.forget((request.receipt_handle,))
             changed = await self.leader.change_invisible(
-                group, topic, request.receipt_handle, _ms(request.invisible_duration)
+                group, topic, request.receipt_handle, invisible_ms
             )
         except Exception as exc:
             return v2_service.ChangeInvisibleDurationResponse(status=_status_of(exc, self.node))
@@ -512,12 +561,59 @@ class MessagingServicer:
             status=status(), receipt_handle=changed.receipt_handle
         )
 
+    def _is_push_consumer(self, context: grpc.aio.ServicerContext) -> bool:
+        record = self.clients.get(_client_id(context))
+        return record is not None and record.client_type == v2.PUSH_CONSUMER
+
+    def _backoff_ms(self, group: str, handle: str) -> int:
+        """The group's backoff after the handle's delivery attempt (0 when this node does not
+        hold the handle in flight: the leader answers for it). A push consumer's nack waits at
+        least this long, whatever delay the client computed (the Node.js client 1.0.8 sends
+        its backoff's seconds as milliseconds)."""
+        try:
+            h = decode_handle(handle)
+            rec = check_handle(self.leader.pops.ctx.sm.pop, h, group)
+        except BrokerError:
+            return 0
+        return self.leader.subgroups.get(group).backoff.delay_ms(rec.attempt)
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        try:
+            group = _group_name(request.group)
+            topic = _topic_name(request.topic)
+            self.renewals.forget((request.receipt_handle,))
+            await self.leader.dead_letter(group, topic, request.receipt_handle)
+        except Exception as exc:
+            st = _status_of(exc, self.node)
+            return v2_service.ForwardMessageToDeadLetterQueueResponse(status=st)
+        return v2_service.ForwardMessageToDeadLetterQueueResponse(status=status())
+
+    async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            group = self.leader.subgroups.get(_group_name(request.group))
+            name = _topic_name(request.topic)
+            topic = self.topics.get(name)
+            own = await self._route_groups(name, request)
+            if not own or own[0][0].name != self.cfg.group:
+                raise TopicNotFoundError(f"topic {name!r} is not served by this group")
+            broker = v2.Broker(name=self.cfg.group, id=0, endpoints=own[0][1])
+            readable = [q for q in range(topic.read_queue_nums) if self.topics.has_queue(name, q)]
+            found = assignments(request.topic, group, broker, readable)
+        except Exception as exc:
+            return v2_service.QueryAssignmentResponse(status=_status_of(exc, self.node))
+        return v2_service.QueryAssignmentResponse(status=status(), assignments=found)
+
+    async def _renew(
+        self, group: str, topic: str, handles: list[str], invisible_ms: int
+    ) -> list[str]:
+        return await self.leader.renew(group, topic, handles, invisible_ms)
+
 
 # RPCs not served yet (docs/RMQ5.md): each answers NOT_IMPLEMENTED in its body's status (the
 # server-streaming ones in one message). Their handlers are made below from these names.
 NOT_SERVED_UNARY = (
-    "QueryAssignment",
-    "ForwardMessageToDeadLetterQueue",
     "UpdateOffset",
     "GetOffset",
     "QueryOffset",
@@ -665,18 +761,6 @@ def _exponential(attempts: int) -> Any:
     )
 
 
-def _consumer_backoff(language: int, attempts: int) -> Any:
-    """The Python client's push consumer reads only a customized backoff; the others an
-    exponential one."""
-    if language == v2.PYTHON:
-        steps_ms = [1000, 5000, 10_000, 30_000, 60_000]
-        return v2.RetryPolicy(
-            max_attempts=attempts,
-            customized_backoff=v2.CustomizedBackoff(next=[_duration(ms) for ms in steps_ms]),
-        )
-    return _exponential(attempts)
-
-
 def _accepted_types(topic_type: str) -> list[int]:
     """The v2 message types a topic of ``topic_type`` (its ``message.type``) takes."""
     if topic_type == DEFAULT_TOPIC_MESSAGE_TYPE:
@@ -692,7 +776,9 @@ def _type_name(kind: int) -> str:
         return str(kind)
 
 
-def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Message:
+def _stored_message(
+    m: Any, topic: str, topic_type: str, queue_id: int, group: str = ""
+) -> pb.Message:
     """A v2 message as the broker stores it (a ``raftmq.broker.v1.Message``): its id's 16
     bytes as the uniq id, tag, keys, user properties, born host and time. The codec checks
     the sizes (body, properties, host) when it encodes."""
@@ -711,20 +797,29 @@ def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Me
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
             f"a {_type_name(kind)} message for topic {topic!r} of type {topic_type}",
         )
-    if kind not in (v2.NORMAL, v2.TRANSACTION):
-        raise V2Error("UNSUPPORTED", "FIFO and DELAY messages are not served yet (docs/RMQ5.md)")
-    if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
+    properties = dict(m.user_properties)
+    _check_properties(properties)
+    if kind == v2.FIFO:
+        problem = message_group_problem(sp.message_group)
+        if problem:
+            raise V2Error("ILLEGAL_MESSAGE_GROUP", problem)
+        if sp.message_group != group:
+            raise V2Error("BAD_REQUEST", "the FIFO messages of one send must share their group")
+        if sp.HasField("delivery_timestamp"):
+            raise V2Error("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a FIFO message is not timed")
+        properties[PROPERTY_MESSAGE_GROUP] = sp.message_group
+    elif kind not in (v2.NORMAL, v2.TRANSACTION):
+        raise V2Error("UNSUPPORTED", "DELAY messages are not served yet (docs/RMQ5.md)")
+    elif sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
         raise V2Error(
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
             "message_group and delivery_timestamp belong to FIFO and DELAY messages",
         )
     if sp.body_encoding not in (v2.IDENTITY, v2.ENCODING_UNSPECIFIED):
         raise V2Error("UNSUPPORTED", "only IDENTITY bodies are accepted on send")
-    _check_properties(m.user_properties)
     born_ms = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
     if born_ms < 0:
         raise V2Error("BAD_REQUEST", "born_timestamp is before 1970")
-    properties = dict(m.user_properties)
     if kind == v2.TRANSACTION:  # a half message (broker.transactions)
         properties[PROPERTY_TRANSACTION_PREPARED] = "true"
     return pb.Message(

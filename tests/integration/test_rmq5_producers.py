@@ -245,9 +245,8 @@ def test_bad_sends_get_their_status_and_store_nothing(group: LocalCluster, v2_st
     lower = _send(v2_stub, _v2_message("01" + "c6" * 16))
     assert _code(lower.status) == "ILLEGAL_MESSAGE_ID"
     fifo = _v2_message("01" + "C7" * 16)
-    fifo.system_properties.message_type = v2.FIFO
-    fifo.system_properties.message_group = "g"
-    assert _code(_send(v2_stub, fifo).status) == "UNSUPPORTED"
+    fifo.system_properties.message_type = v2.FIFO  # without its message group
+    assert _code(_send(v2_stub, fifo).status) == "ILLEGAL_MESSAGE_GROUP"
     # One bad message fails the whole send (one entry per message), nothing stored.
     mixed = _send(v2_stub, _v2_message("01" + "C8" * 16), _v2_message("nope"))
     assert _code(mixed.status) == "ILLEGAL_MESSAGE_ID" and len(mixed.entries) == 2

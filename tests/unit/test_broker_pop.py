@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from broker_world import LogAgain, world
+from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import InvalidRequestError
@@ -30,7 +30,6 @@ from broker.popstate import (
 )
 from broker.retry import Retries
 from broker.sending import SendPath
-from broker.state import BrokerStateMachine
 
 MIN_INVISIBLE_MS = 1000
 IDS = UniqIdGenerator(ip="10.0.0.2", pid=8, instance_hash=2)
@@ -98,8 +97,9 @@ def test_change_invisible_gives_a_new_handle_and_kills_the_old(tmp_path: Path) -
     async def body() -> None:
         pops, _node = await _setup(tmp_path, messages=1)
         (got,) = await pops.receive(_query())
-        with pytest.raises(InvalidInvisibleTimeError):
-            await pops.change_invisible("G", "T", got.receipt_handle, MIN_INVISIBLE_MS - 1)
+        for invisible_ms in (-1, 12 * 3600 * 1000 + 1):  # a nack may be shorter than a receive
+            with pytest.raises(InvalidInvisibleTimeError):
+                await pops.change_invisible("G", "T", got.receipt_handle, invisible_ms)
         with pytest.raises(InvalidReceiptHandleError):
             await pops.change_invisible("G2", "T", got.receipt_handle, 5000)
         changed = await pops.change_invisible("G", "T", got.receipt_handle, 60_000)
@@ -175,8 +175,6 @@ def test_pop_state_survives_a_restart(tmp_path: Path) -> None:
         return captured
 
     captured = asyncio.run(body())
-    sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
-    sm.attach(LogAgain())
-    sm.applied_index()
+    sm = reopen(tmp_path)
     assert sm.pop.capture() == captured and sm.pop.inflight_total == 2
     sm.close()

@@ -728,14 +728,18 @@ class PopMessageResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ...) -> None: ...
 
 class AckPopRequest(_message.Message):
-    __slots__ = ("group", "topic", "receipt_handles")
+    __slots__ = ("group", "topic", "receipt_handles", "dead_letter", "renew_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    RENEW_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     receipt_handles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+    dead_letter: bool
+    renew_ms: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., dead_letter: _Optional[bool] = ..., renew_ms: _Optional[int] = ...) -> None: ...
 
 class AckPopResponse(_message.Message):
     __slots__ = ("codes",)
@@ -778,3 +782,47 @@ class EndTransactionResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     outcome: str
     def __init__(self, outcome: _Optional[str] = ...) -> None: ...
+
+class SubscriptionGroup(_message.Message):
+    __slots__ = ("group", "consume_message_orderly", "max_delivery_attempts", "backoff_type", "customized_backoff_ms", "exponential_initial_ms", "exponential_max_ms", "exponential_multiplier")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_MESSAGE_ORDERLY_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CUSTOMIZED_BACKOFF_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPONENTIAL_INITIAL_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPONENTIAL_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPONENTIAL_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    consume_message_orderly: bool
+    max_delivery_attempts: int
+    backoff_type: str
+    customized_backoff_ms: _containers.RepeatedScalarFieldContainer[int]
+    exponential_initial_ms: int
+    exponential_max_ms: int
+    exponential_multiplier: float
+    def __init__(self, group: _Optional[str] = ..., consume_message_orderly: _Optional[bool] = ..., max_delivery_attempts: _Optional[int] = ..., backoff_type: _Optional[str] = ..., customized_backoff_ms: _Optional[_Iterable[int]] = ..., exponential_initial_ms: _Optional[int] = ..., exponential_max_ms: _Optional[int] = ..., exponential_multiplier: _Optional[float] = ...) -> None: ...
+
+class UpdateSubscriptionGroupRequest(_message.Message):
+    __slots__ = ("config", "create_only")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CREATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    config: SubscriptionGroup
+    create_only: bool
+    def __init__(self, config: _Optional[_Union[SubscriptionGroup, _Mapping]] = ..., create_only: _Optional[bool] = ...) -> None: ...
+
+class UpdateSubscriptionGroupResponse(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: SubscriptionGroup
+    def __init__(self, config: _Optional[_Union[SubscriptionGroup, _Mapping]] = ...) -> None: ...
+
+class ListSubscriptionGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSubscriptionGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[SubscriptionGroup]
+    def __init__(self, groups: _Optional[_Iterable[_Union[SubscriptionGroup, _Mapping]]] = ...) -> None: ...

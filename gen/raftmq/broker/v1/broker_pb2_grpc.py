@@ -209,6 +209,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.FromString,
                 _registered_method=True)
+        self.UpdateSubscriptionGroup = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UpdateSubscriptionGroup',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateSubscriptionGroupResponse.FromString,
+                _registered_method=True)
+        self.ListSubscriptionGroups = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ListSubscriptionGroups',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -424,6 +434,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSubscriptionGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSubscriptionGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -601,6 +623,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.EndTransaction,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'UpdateSubscriptionGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSubscriptionGroup,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateSubscriptionGroupRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateSubscriptionGroupResponse.SerializeToString,
+            ),
+            'ListSubscriptionGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSubscriptionGroups,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1548,6 +1580,60 @@ class Broker:
             '/raftmq.broker.v1.Broker/EndTransaction',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSubscriptionGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UpdateSubscriptionGroup',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateSubscriptionGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSubscriptionGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ListSubscriptionGroups',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,8 @@ class BrokerStub:
     AckPop: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]
     ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]
     EndTransaction: _grpc.UnaryUnaryMultiCallable[_broker_pb2.EndTransactionRequest, _broker_pb2.EndTransactionResponse]
+    UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]
+    ListSubscriptionGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -112,6 +114,8 @@ class BrokerAsyncStub(BrokerStub):
     AckPop: _aio.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]  # type: ignore[assignment]
     ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
     EndTransaction: _aio.UnaryUnaryMultiCallable[_broker_pb2.EndTransactionRequest, _broker_pb2.EndTransactionResponse]  # type: ignore[assignment]
+    UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]  # type: ignore[assignment]
+    ListSubscriptionGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -358,5 +362,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.EndTransactionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.EndTransactionResponse, _abc.Awaitable[_broker_pb2.EndTransactionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSubscriptionGroup(
+        self,
+        request: _broker_pb2.UpdateSubscriptionGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UpdateSubscriptionGroupResponse, _abc.Awaitable[_broker_pb2.UpdateSubscriptionGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSubscriptionGroups(
+        self,
+        request: _broker_pb2.ListSubscriptionGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListSubscriptionGroupsResponse, _abc.Awaitable[_broker_pb2.ListSubscriptionGroupsResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
