@@ -1,0 +1,254 @@
+"""Group membership: the configuration, quorums over it, and the rules of a change.
+
+raftmq changes membership one server at a time (Raft thesis 4.1): every change adds, promotes
+or removes exactly one member, so any majority of the old voters and any majority of the new
+ones share a member, and no joint configuration is needed. A configuration takes effect on a
+member as soon as its ``CONFIG`` entry is in that member's log (committed or not), and a
+member whose log loses the entry (a follower's conflict cut) returns to the one before it.
+Each ``CONFIG`` entry carries the whole resulting configuration, not a delta, so a member can
+adopt it without knowing the one before (a new member replaying the log, a snapshot).
+
+Pure: no I/O. :class:`Membership` is the history a :class:`~dledger.core.raft.RaftNode` keeps
+(the configuration at a base index plus the ``CONFIG`` entries above it); :func:`check_change`
+says whether a change may be proposed on top of a configuration.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from dledger.core.config import MAX_GROUP_SIZE
+from dledger.log import DLedgerError
+
+# Non-voting members at once: each costs the leader a replication stream, and a learner is only
+# a waiting room before its promotion (one at a time is the usual operation, two allow a
+# replacement to be prepared while another catches up).
+MAX_LEARNERS = 2
+# Removed ids remembered (oldest forgotten first). A removed id is never added again while it
+# is remembered (a node still holding the old configuration would not know it came back), and
+# messages from it are dropped. 32 removals of 64 characters keep a CONFIG entry near 2 KiB.
+MAX_REMOVED_IDS = 32
+# A member id: what ``dLegerPeers`` and certificates use, bounded like every id on the wire.
+MEMBER_ID_MAX_CHARS = 64
+MEMBER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A learner within this many entries of the leader's last index counts as caught up and may be
+# promoted: promoting one far behind would make every commit of the new majority wait for it
+# (a second of sends at the broker's usual batch rate, so the wait it adds is short).
+PROMOTE_MAX_LAG_ENTRIES = 1000
+# Largest CONFIG entry body accepted: the encoding of MAX_GROUP_SIZE voters, MAX_LEARNERS
+# learners and MAX_REMOVED_IDS removed ids of MEMBER_ID_MAX_CHARS each fits well below it.
+CONF_BODY_MAX_BYTES = 8192
+_CONF_FORMAT_VERSION = 1
+
+
+class ConfChangeError(DLedgerError):
+    """A membership change that can never be accepted as asked (a member added twice, a
+    non-member removed, too few voters left, a reused id ...). Nothing was changed."""
+
+    code = "INVALID_MEMBERSHIP_CHANGE"
+
+
+class ConfChangePendingError(DLedgerError):
+    """A membership change cannot be accepted *now*: another one is not committed yet, this
+    leader has not committed an entry of its term yet, or a learner is still catching up.
+    Retry later. Nothing was changed."""
+
+    code = "MEMBERSHIP_CHANGE_PENDING"
+
+
+class ChangeKind(enum.Enum):
+    ADD_LEARNER = "add_learner"  # a non-voting member that receives the log
+    ADD_VOTER = "add_voter"  # a voting member straight away
+    PROMOTE = "promote"  # a learner becomes a voter
+    REMOVE = "remove"  # a voter or a learner leaves
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChange:
+    kind: ChangeKind
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfState:
+    """One configuration of the group: a frozen value a snapshot can carry.
+
+    ``index`` is the log index of the CONFIG entry that set it (0: the bootstrap
+    configuration from the node's settings). ``removed`` lists removed ids, oldest first.
+    """
+
+    voters: frozenset[str]
+    learners: frozenset[str] = frozenset()
+    removed: tuple[str, ...] = ()
+    index: int = 0
+
+    @property
+    def members(self) -> frozenset[str]:
+        return self.voters | self.learners
+
+    def quorum(self) -> int:
+        """Votes (or stable copies) that make a majority of the voters."""
+        return len(self.voters) // 2 + 1
+
+    def apply(self, change: ConfChange, index: int) -> ConfState:
+        """The configuration after ``change`` (already checked), set by the entry at ``index``."""
+        voters, learners, removed = set(self.voters), set(self.learners), list(self.removed)
+        nid = change.node_id
+        if change.kind is ChangeKind.ADD_LEARNER:
+            learners.add(nid)
+        elif change.kind is ChangeKind.ADD_VOTER:
+            voters.add(nid)
+        elif change.kind is ChangeKind.PROMOTE:
+            learners.discard(nid)
+            voters.add(nid)
+        else:
+            voters.discard(nid)
+            learners.discard(nid)
+            removed = [*removed, nid][-MAX_REMOVED_IDS:]
+        return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index)
+
+    def encode(self) -> bytes:
+        """The body of a CONFIG entry (``index`` is the entry's, so it is not encoded)."""
+        doc = {
+            "v": _CONF_FORMAT_VERSION,
+            "voters": sorted(self.voters),
+            "learners": sorted(self.learners),
+            "removed": list(self.removed),
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    def describe(self) -> str:
+        learners = f" learners={','.join(sorted(self.learners))}" if self.learners else ""
+        return f"voters={','.join(sorted(self.voters))}{learners}"
+
+
+def bootstrap(node_id: str, peer_ids: Iterable[str]) -> ConfState:
+    """The configuration from a node's settings: every listed id (and itself) a voter."""
+    return ConfState(voters=frozenset([node_id, *peer_ids]))
+
+
+def joining(node_id: str) -> ConfState:
+    """The configuration of a node started empty to join an existing group: it only knows
+    itself, as a learner (it never campaigns), until the log brings the group's."""
+    return ConfState(voters=frozenset(), learners=frozenset([node_id]))
+
+
+def _ids(doc: Mapping[str, object], key: str, limit: int) -> list[str]:
+    raw = doc.get(key)
+    if not isinstance(raw, list) or len(raw) > limit:
+        raise ValueError(f"{key}: a list of at most {limit} ids")
+    for x in raw:
+        if not isinstance(x, str) or not MEMBER_ID_RE.fullmatch(x):
+            raise ValueError(f"{key}: bad member id")
+    if len(set(raw)) != len(raw):
+        raise ValueError(f"{key}: duplicate ids")
+    return raw
+
+
+def decode(body: bytes, index: int) -> ConfState:
+    """The configuration a CONFIG entry at ``index`` sets; ValueError for a malformed body."""
+    if len(body) > CONF_BODY_MAX_BYTES:
+        raise ValueError(f"configuration body of {len(body)} bytes > {CONF_BODY_MAX_BYTES}")
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"configuration body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("v") != _CONF_FORMAT_VERSION:
+        raise ValueError("configuration body: unknown format")
+    voters = _ids(doc, "voters", MAX_GROUP_SIZE)
+    learners = _ids(doc, "learners", MAX_LEARNERS)
+    removed = _ids(doc, "removed", MAX_REMOVED_IDS)
+    if not voters:
+        raise ValueError("configuration body: no voter")
+    if set(voters) & set(learners) or set(removed) & (set(voters) | set(learners)):
+        raise ValueError("configuration body: an id in two roles")
+    return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index)
+
+
+def check_change(conf: ConfState, change: ConfChange, active: frozenset[str]) -> None:
+    """Raise ConfChangeError unless ``change`` may follow ``conf``. ``active`` holds the
+    members that answered the leader recently (the leader included): the new configuration's
+    majority must be among them, or the change would leave the group unable to commit."""
+    nid, kind = change.node_id, change.kind
+    if not isinstance(nid, str) or not MEMBER_ID_RE.fullmatch(nid):
+        raise ConfChangeError(
+            f"member id {nid!r:.80} must be 1-{MEMBER_ID_MAX_CHARS} characters of "
+            "letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
+    if kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER):
+        if nid in conf.members:
+            role = "voter" if nid in conf.voters else "learner"
+            raise ConfChangeError(f"{nid} is already a {role} of the group")
+        if nid in conf.removed:
+            raise ConfChangeError(f"{nid} was removed from the group; a new member needs a new id")
+    elif kind is ChangeKind.PROMOTE and nid not in conf.learners:
+        what = "already a voter" if nid in conf.voters else "not a learner of the group"
+        raise ConfChangeError(f"{nid} is {what}")
+    elif kind is ChangeKind.REMOVE and nid not in conf.members:
+        raise ConfChangeError(f"{nid} is not a member of the group")
+    new = conf.apply(change, conf.index)
+    if len(new.voters) > MAX_GROUP_SIZE:
+        raise ConfChangeError(f"a group has at most {MAX_GROUP_SIZE} voters")
+    if len(new.learners) > MAX_LEARNERS:
+        raise ConfChangeError(f"a group has at most {MAX_LEARNERS} learners at once")
+    if not new.voters:
+        raise ConfChangeError(f"removing {nid} would leave the group without a voter")
+    alive = len(new.voters & active)
+    if alive < new.quorum():
+        raise ConfChangeError(
+            f"after this change {new.quorum()} of {len(new.voters)} voters must be up to "
+            f"commit, but only {alive} answered recently ({','.join(sorted(new.voters & active))}):"
+            " the group would stop; bring members back first"
+        )
+
+
+class Membership:
+    """A member's configurations: the one at a base index (committed and applied, or from a
+    snapshot) and those of the CONFIG entries above it in its log, in index order."""
+
+    __slots__ = ("_base", "_history")
+
+    def __init__(self, base: ConfState) -> None:
+        self._base = base
+        self._history: list[ConfState] = []
+
+    def latest(self) -> ConfState:
+        """The configuration in force: the last one in the log."""
+        return self._history[-1] if self._history else self._base
+
+    def at(self, index: int) -> ConfState:
+        """The configuration in force at ``index`` (at or above the base)."""
+        for conf in reversed(self._history):
+            if conf.index <= index:
+                return conf
+        return self._base
+
+    def pending_index(self, commit_index: int) -> int:
+        """Index of the last CONFIG entry above ``commit_index``; 0 when none is pending."""
+        last = self._history[-1].index if self._history else 0
+        return last if last > commit_index else 0
+
+    def append(self, conf: ConfState) -> None:
+        assert conf.index > self.latest().index, "configurations out of order"
+        self._history.append(conf)
+
+    def truncate(self, from_index: int) -> bool:
+        """The log lost every entry from ``from_index`` on; True when the latest changed."""
+        before = self.latest()
+        while self._history and self._history[-1].index >= from_index:
+            self._history.pop()
+        return self.latest() is not before
+
+    def compact(self, upto: int) -> None:
+        """Entries up to ``upto`` are applied: fold their configurations into the base."""
+        while self._history and self._history[0].index <= upto:
+            self._base = self._history.pop(0)
+
+    def restore(self, conf: ConfState) -> None:
+        """Replace everything with ``conf`` (a snapshot installed at ``conf``'s index or above)."""
+        self._base = conf
+        self._history = []
