@@ -238,14 +238,16 @@ def _check_members(
         raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
     if len(others) + 1 > MAX_GROUP_SIZE:
         raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
-    if conf is None:
-        conf = bootstrap(node_id, others)
-    elif node_id in conf.removed:
-        raise ConfigError(f"{node_id} was removed from the group ({conf.describe()})")
+    if conf is not None:
+        # The group's configuration may have dropped the preferred leader since: it is then
+        # ignored (only a voter is handed leadership).
+        if node_id in conf.removed:
+            raise ConfigError(f"{node_id} was removed from the group ({conf.describe()})")
+        return conf
     pref = config.preferred_leader_id
-    if pref is not None and pref != node_id and pref not in conf.members:
+    if pref is not None and pref != node_id and pref not in others:
         raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
-    return conf
+    return bootstrap(node_id, others)
 
 
 class RaftNode:
@@ -830,19 +832,23 @@ class RaftNode:
     # ------------------------------------------------------------------ internals: misc
 
     def _not_member(self, m: Message) -> bool:
-        """Addressed to another node or from this one; a vote request from a non-voter (a
-        removed node cannot disrupt the group); an append or TimeoutNow from a removed node;
-        an answer from a non-member the leader does not replicate to. An append from an id
-        this node does not know yet is taken: a follower whose log lags behind the
-        configuration that added its new leader must still hear that leader."""
+        """Addressed to another node or from this one; anything from a removed node (a
+        removed node cannot disrupt the group: not with vote requests, nor with the higher
+        term of an answer to the appends that tell it it was removed); an answer from a
+        non-member the leader does not replicate to. A request from an id this node does not
+        know yet is taken: a member whose log lags behind the configuration that added a
+        voter must still hear that voter as a leader and may vote for it (a new node, which
+        knows no configuration yet, votes too: a group that added a voter needs its vote)."""
         conf = self._members.latest()
         if m.to_id != self.id or m.from_id == self.id:
             return True
-        if isinstance(m, VoteRequest):
-            return m.from_id not in conf.voters and "removed_member_votes" not in self._mut
+        if isinstance(m, VoteRequest) and "removed_member_votes" in self._mut:
+            return False
+        if m.from_id in conf.removed:
+            return True
         if isinstance(m, (AppendResponse, VoteResponse)):
             return m.from_id not in conf.members and m.from_id not in self._progress
-        return m.from_id in conf.removed
+        return False
 
     def _drop(self, reason: str, m: Message | None) -> None:
         """Count a dropped message; log the 1st, 2nd, 4th, 8th ... of each reason, so that a

@@ -6,6 +6,7 @@ import pytest
 
 from dledger.core import (
     DROP_NOT_MEMBER,
+    AppendRequest,
     AppendResponse,
     ChangeKind,
     ConfChange,
@@ -196,9 +197,11 @@ def test_removed_id_cannot_come_back_and_its_votes_are_dropped() -> None:
         c.nodes[leader].propose_conf_change(ConfChange(ChangeKind.ADD_LEARNER, gone))
     node = c.nodes[leader]
     term = node.term
+    before = node.dropped.get(DROP_NOT_MEMBER, 0)
     node.step(VoteRequest(gone, leader, term + 5, 10**6, term + 4))
+    node.step(AppendResponse(gone, leader, term + 5, False))
     assert node.term == term and node.role is Role.LEADER
-    assert node.dropped[DROP_NOT_MEMBER] == 1
+    assert node.dropped[DROP_NOT_MEMBER] == before + 2
 
 
 def test_a_lagging_follower_hears_a_leader_it_does_not_know_yet() -> None:
@@ -294,3 +297,70 @@ def test_config_entries_are_handed_to_the_driver_as_committed_config_entries() -
     _change(c, ChangeKind.ADD_LEARNER, "n3")
     types = [e.type for e in c.applied[leader]]
     assert EntryType.CONFIG in types
+
+
+def _change_before_term_commit(mutations: frozenset[str]) -> tuple[Cluster, str, str, int]:
+    """The single-server change bug of the Raft thesis (raft-dev, 2015): a change left
+    uncommitted by a crashed leader, a second one by the next leader before it committed in
+    its own term, and the old leader then elected by a majority of its configuration. Returns
+    the cluster, the old and the new leader, and the index the new leader committed."""
+    cfg = RaftConfig(pre_vote=False, check_quorum=False, mutations=mutations)
+    c = Cluster(4, cfg)
+    old = "n0"
+    _tick_until_leader(c, old)
+    c.join("n4")
+    # C1 = C0 + n4 reaches n4 only: not committed.
+    c.drop = lambda m: m.from_id == old and m.to_id != "n4"
+    c.nodes[old].propose_conf_change(ConfChange(ChangeKind.ADD_VOTER, "n4"))
+    c.deliver()
+    assert c.nodes["n4"].conf_state.voters == {"n0", "n1", "n2", "n3", "n4"}
+    # The old leader crashes (C1 is on its disk). n1 is elected by n1, n2, n3 (3 of C0's
+    # 4) and its NOOP is not acknowledged yet.
+    c.crash_and_restart(old)
+    c.isolated.update({old, "n4"})
+    c.drop = lambda m: (
+        isinstance(m, AppendResponse) or (isinstance(m, AppendRequest) and m.to_id == "n3")
+    )
+    new = "n1"
+    _tick_until_leader(c, new)
+    assert c.nodes[new].commit_index < c.nodes[new].last_index
+    # C2 = C0 - n3, committed by n1 and n2 (2 of 3); n3 never hears of term 2's entries.
+    c.nodes[new].propose_conf_change(ConfChange(ChangeKind.REMOVE, "n3"))
+    c.drop = lambda m: m.to_id == "n3" or m.from_id == "n3"
+    c.deliver()
+    c.tick([new])
+    committed = c.nodes[new].commit_index
+    return c, old, new, committed
+
+
+def test_change_before_term_commit_is_refused() -> None:
+    with pytest.raises(ConfChangePendingError, match="has not committed an entry of term"):
+        _change_before_term_commit(frozenset())
+
+
+def test_mutation_change_before_term_commit_loses_a_committed_entry() -> None:
+    c, old, new, committed = _change_before_term_commit(
+        frozenset({"conf_change_before_term_commit"})
+    )
+    assert c.nodes[new].conf_state.voters == {"n0", "n1", "n2"}
+    assert committed == c.nodes[new].last_index  # C2 is committed
+    # The old leader comes back with C1 (5 voters) and wins with n0, n3, n4: 3 of 5.
+    c.isolated.clear()
+    c.isolated.update({new, "n2"})
+    c.drop = None
+    _tick_until_leader(c, old)
+    # Two configurations whose majorities do not overlap: a leader of a later term that
+    # lacks an entry committed in an earlier one (leader completeness is broken).
+    assert c.nodes[old].term > c.nodes[new].term
+    assert c.logs[old].last_index() < committed or c.logs[old].term_at(committed) != (
+        c.logs[new].term_at(committed)
+    )
+
+
+def _tick_until_leader(c: Cluster, nid: str, max_ticks: int = 200) -> None:
+    for _ in range(max_ticks):
+        if c.nodes[nid].role is Role.LEADER:
+            return
+        c.nodes[nid].tick()
+        c.deliver()
+    raise AssertionError(f"{nid} did not become leader")
