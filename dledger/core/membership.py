@@ -39,9 +39,12 @@ MEMBER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # promoted: promoting one far behind would make every commit of the new majority wait for it
 # (a second of sends at the broker's usual batch rate, so the wait it adds is short).
 PROMOTE_MAX_LAG_ENTRIES = 1000
+# A member's addresses as the configuration carries them (opaque to the core, "host:port" to
+# the server): bounded like any field a peer sends.
+MEMBER_ADDR_MAX_CHARS = 255
 # Largest CONFIG entry body accepted: the encoding of MAX_GROUP_SIZE voters, MAX_LEARNERS
 # learners and MAX_REMOVED_IDS removed ids of MEMBER_ID_MAX_CHARS each fits well below it.
-CONF_BODY_MAX_BYTES = 8192
+CONF_BODY_MAX_BYTES = 16384
 _CONF_FORMAT_VERSION = 1
 
 
@@ -68,9 +71,23 @@ class ChangeKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class MemberAddr:
+    """Where a member is reached: its peer (Raft) and client addresses. The core only stores
+    them (and refuses a second member at the same peer address); the server dials them."""
+
+    node_id: str
+    peer_addr: str
+    client_addr: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ConfChange:
     kind: ChangeKind
     node_id: str
+    # For an addition: where the new member is reached ("" for the peer address: the driver
+    # knows it otherwise, e.g. from its settings).
+    peer_addr: str = ""
+    client_addr: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +96,18 @@ class ConfState:
 
     ``index`` is the log index of the CONFIG entry that set it (0: the bootstrap
     configuration from the node's settings). ``removed`` lists removed ids, oldest first.
+    ``addrs`` holds the addresses of members added at run time (sorted by id); the bootstrap
+    members' come from the settings.
     """
 
     voters: frozenset[str]
     learners: frozenset[str] = frozenset()
     removed: tuple[str, ...] = ()
     index: int = 0
+    addrs: tuple[MemberAddr, ...] = ()
+
+    def addr_of(self, node_id: str) -> MemberAddr | None:
+        return next((a for a in self.addrs if a.node_id == node_id), None)
 
     @property
     def members(self) -> frozenset[str]:
@@ -97,19 +120,27 @@ class ConfState:
     def apply(self, change: ConfChange, index: int) -> ConfState:
         """The configuration after ``change`` (already checked), set by the entry at ``index``."""
         voters, learners, removed = set(self.voters), set(self.learners), list(self.removed)
+        addrs = {a.node_id: a for a in self.addrs}
         nid = change.node_id
-        if change.kind is ChangeKind.ADD_LEARNER:
-            learners.add(nid)
-        elif change.kind is ChangeKind.ADD_VOTER:
-            voters.add(nid)
+        if change.kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER):
+            (learners if change.kind is ChangeKind.ADD_LEARNER else voters).add(nid)
+            if change.peer_addr:
+                addrs[nid] = MemberAddr(nid, change.peer_addr, change.client_addr)
         elif change.kind is ChangeKind.PROMOTE:
             learners.discard(nid)
             voters.add(nid)
         else:
             voters.discard(nid)
             learners.discard(nid)
+            addrs.pop(nid, None)
             removed = [*removed, nid][-MAX_REMOVED_IDS:]
-        return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index)
+        return ConfState(
+            frozenset(voters),
+            frozenset(learners),
+            tuple(removed),
+            index,
+            tuple(addrs[k] for k in sorted(addrs)),
+        )
 
     def encode(self) -> bytes:
         """The body of a CONFIG entry (``index`` is the entry's, so it is not encoded)."""
@@ -118,6 +149,7 @@ class ConfState:
             "voters": sorted(self.voters),
             "learners": sorted(self.learners),
             "removed": list(self.removed),
+            "addrs": [[a.node_id, a.peer_addr, a.client_addr] for a in self.addrs],
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -166,13 +198,66 @@ def decode(body: bytes, index: int) -> ConfState:
         raise ValueError("configuration body: no voter")
     if set(voters) & set(learners) or set(removed) & (set(voters) | set(learners)):
         raise ValueError("configuration body: an id in two roles")
-    return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index)
+    addrs = _addrs(doc, set(voters) | set(learners))
+    return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index, addrs)
 
 
-def check_change(conf: ConfState, change: ConfChange, active: frozenset[str]) -> None:
+def _addrs(doc: Mapping[str, object], members: set[str]) -> tuple[MemberAddr, ...]:
+    raw = doc.get("addrs", [])
+    if not isinstance(raw, list) or len(raw) > len(members):
+        raise ValueError("addrs: a list of at most one address per member")
+    out: dict[str, MemberAddr] = {}
+    for item in raw:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not all(isinstance(x, str) and len(x) <= MEMBER_ADDR_MAX_CHARS for x in item)
+            or item[0] not in members
+            or not item[1]
+            or item[0] in out
+        ):
+            raise ValueError("addrs: [member id, peer address, client address] per member")
+        out[item[0]] = MemberAddr(item[0], item[1], item[2])
+    return tuple(out[k] for k in sorted(out))
+
+
+def _check_addrs(change: ConfChange, in_use: Mapping[str, str]) -> None:
+    for what, addr in (("peer", change.peer_addr), ("client", change.client_addr)):
+        if len(addr) > MEMBER_ADDR_MAX_CHARS or any(c.isspace() for c in addr):
+            raise ConfChangeError(
+                f"{what} address {addr!r:.80} must be at most {MEMBER_ADDR_MAX_CHARS} "
+                "characters without spaces"
+            )
+    for addr in (change.peer_addr, change.client_addr):
+        owner = in_use.get(addr) if addr else None
+        if owner is not None and owner != change.node_id:
+            raise ConfChangeError(f"address {addr} is already in use by member {owner}")
+
+
+def addresses_in_use(conf: ConfState, known: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """Every address a member of ``conf`` uses -> its id: ``known`` (id -> (peer, client),
+    the driver's view of the bootstrap members) completed by ``conf.addrs``."""
+    out: dict[str, str] = {}
+    for nid in sorted(conf.members):
+        a = conf.addr_of(nid)
+        peer, client = (a.peer_addr, a.client_addr) if a is not None else known.get(nid, ("", ""))
+        for addr in (peer, client):
+            if addr:
+                out[addr] = nid
+    return out
+
+
+def check_change(
+    conf: ConfState,
+    change: ConfChange,
+    active: frozenset[str],
+    in_use: Mapping[str, str] | None = None,
+) -> None:
     """Raise ConfChangeError unless ``change`` may follow ``conf``. ``active`` holds the
     members that answered the leader recently (the leader included): the new configuration's
-    majority must be among them, or the change would leave the group unable to commit."""
+    majority must be among them, or the change would leave the group unable to commit.
+    ``in_use`` maps the addresses members use to their ids (a new member may not take one)."""
+    in_use = in_use if in_use is not None else addresses_in_use(conf, {})
     nid, kind = change.node_id, change.kind
     if not isinstance(nid, str) or not MEMBER_ID_RE.fullmatch(nid):
         raise ConfChangeError(
@@ -185,6 +270,7 @@ def check_change(conf: ConfState, change: ConfChange, active: frozenset[str]) ->
             raise ConfChangeError(f"{nid} is already a {role} of the group")
         if nid in conf.removed:
             raise ConfChangeError(f"{nid} was removed from the group; a new member needs a new id")
+        _check_addrs(change, in_use)
     elif kind is ChangeKind.PROMOTE and nid not in conf.learners:
         what = "already a voter" if nid in conf.voters else "not a learner of the group"
         raise ConfChangeError(f"{nid} is {what}")

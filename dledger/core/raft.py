@@ -677,11 +677,15 @@ class RaftNode:
         self._members.restore(conf)
         self._on_conf_change()
 
-    def propose_conf_change(self, change: ConfChange) -> Proposal:
+    def propose_conf_change(
+        self, change: ConfChange, addrs_in_use: Mapping[str, str] | None = None
+    ) -> Proposal:
         """Append a CONFIG entry making one change (leader only). Raises NotLeaderError,
         TransferInProgressError (also when removing this leader: it hands leadership to the
         most caught-up voter first; retry there), ConfChangePendingError (retry later) or
-        ConfChangeError (never valid as asked); nothing is appended when it raises."""
+        ConfChangeError (never valid as asked); nothing is appended when it raises.
+        ``addrs_in_use`` maps the members' addresses to their ids (the driver knows the
+        bootstrap members'; ``membership.addresses_in_use``): a new member may not take one."""
         self._check_can_propose()
         conf = self._members.latest()
         pending = self._members.pending_index(self._commit)
@@ -693,7 +697,7 @@ class RaftNode:
             raise ConfChangePendingError(
                 f"leader {self.id} has not committed an entry of term {self._term} yet"
             )
-        check_change(conf, change, self._active_members())
+        check_change(conf, change, self._active_members(), addrs_in_use)
         if change.kind is ChangeKind.PROMOTE:
             self._check_caught_up(change.node_id)
         if change.kind is ChangeKind.REMOVE and change.node_id == self.id:

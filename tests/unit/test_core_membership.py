@@ -20,7 +20,9 @@ from dledger.core import (
 )
 from dledger.core.membership import (
     MAX_REMOVED_IDS,
+    MemberAddr,
     Membership,
+    addresses_in_use,
     decode,
     joining,
 )
@@ -364,3 +366,25 @@ def _tick_until_leader(c: Cluster, nid: str, max_ticks: int = 200) -> None:
         c.nodes[nid].tick()
         c.deliver()
     raise AssertionError(f"{nid} did not become leader")
+
+
+def test_addresses_travel_with_the_configuration_and_may_not_be_reused() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    node = c.nodes[leader]
+    in_use = addresses_in_use(
+        node.conf_state, {"n0": ("h:1", "h:11"), "n1": ("h:2", ""), "n2": ("h:3", "")}
+    )
+    with pytest.raises(ConfChangeError, match="already in use by member n1"):
+        node.propose_conf_change(ConfChange(ChangeKind.ADD_LEARNER, "n3", "h:2"), in_use)
+    with pytest.raises(ConfChangeError, match="already in use by member n0"):
+        node.propose_conf_change(ConfChange(ChangeKind.ADD_LEARNER, "n3", "h:9", "h:11"), in_use)
+    with pytest.raises(ConfChangeError, match="without spaces"):
+        node.propose_conf_change(ConfChange(ChangeKind.ADD_LEARNER, "n3", "h :9"), in_use)
+    node.propose_conf_change(ConfChange(ChangeKind.ADD_LEARNER, "n3", "h:4", "h:14"), in_use)
+    c.deliver()
+    for nid in c.ids:
+        assert c.nodes[nid].conf_state.addr_of("n3") == MemberAddr("n3", "h:4", "h:14")
+    c.tick(times=3)
+    _change(c, ChangeKind.REMOVE, "n3")
+    assert c.nodes[leader].conf_state.addr_of("n3") is None
