@@ -46,6 +46,9 @@ MEMBER_ADDR_MAX_CHARS = 255
 # learners and MAX_REMOVED_IDS removed ids of MEMBER_ID_MAX_CHARS each fits well below it.
 CONF_BODY_MAX_BYTES = 16384
 _CONF_FORMAT_VERSION = 1
+# Part of the text of the ConfChangeError for an addition of a member the group has: a node
+# whose join request is answered this way was added by an earlier try.
+ALREADY_MEMBER = "is already a"
 
 
 class ConfChangeError(DLedgerError):
@@ -267,7 +270,7 @@ def check_change(
     if kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER):
         if nid in conf.members:
             role = "voter" if nid in conf.voters else "learner"
-            raise ConfChangeError(f"{nid} is already a {role} of the group")
+            raise ConfChangeError(f"{nid} {ALREADY_MEMBER} {role} of the group")
         if nid in conf.removed:
             raise ConfChangeError(f"{nid} was removed from the group; a new member needs a new id")
         _check_addrs(change, in_use)

@@ -196,15 +196,40 @@ class PeerTransport:
         peers: dict[str, str],
         security: ClientSecurity = PLAINTEXT,
     ) -> None:
-        self.links = {
-            pid: PeerLink(group, self_id, self_client_addr, pid, addr, security)
-            for pid, addr in peers.items()
-            if pid != self_id
-        }
+        self._link_args = (group, self_id, self_client_addr)
+        self._security = security
+        self._started = False
+        self.links: dict[str, PeerLink] = {}
+        for pid, addr in peers.items():
+            if pid != self_id:
+                self.ensure(pid, addr)
 
     def start(self) -> None:
+        self._started = True
         for link in self.links.values():
             link.start()
+
+    def ensure(self, peer_id: str, addr: str) -> None:
+        """A link to ``peer_id`` at ``addr`` (a new member; a member whose address changed
+        gets a new link)."""
+        link = self.links.get(peer_id)
+        if link is not None and link.addr == addr:
+            return
+        if link is not None:
+            spawn(link.stop(), f"peer-stop-{peer_id}")
+        group, self_id, client_addr = self._link_args
+        link = PeerLink(group, self_id, client_addr, peer_id, addr, self._security)
+        self.links[peer_id] = link
+        if self._started:
+            link.start()
+        logger.info("peer=%s addr=%s link_opened", peer_id, addr)
+
+    def drop(self, peer_id: str) -> None:
+        """Close the link to a member that left the group."""
+        link = self.links.pop(peer_id, None)
+        if link is not None:
+            spawn(link.stop(), f"peer-stop-{peer_id}")
+            logger.info("peer=%s addr=%s link_closed", peer_id, link.addr)
 
     async def stop(self) -> None:
         await asyncio.gather(*(link.stop() for link in self.links.values()))

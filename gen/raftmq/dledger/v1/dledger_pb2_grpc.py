@@ -142,6 +142,16 @@ class DLedgerClientStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipResponse.FromString,
                 _registered_method=True)
+        self.ListMembers = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerClient/ListMembers',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersResponse.FromString,
+                _registered_method=True)
+        self.ChangeMember = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerClient/ChangeMember',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -174,6 +184,20 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMembers(self, request, context):
+        """The group's configuration as this node knows it (any member answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeMember(self, request, context):
+        """One membership change, on the leader; answers once it is committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +220,16 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.TransferLeadership,
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipRequest.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipResponse.SerializeToString,
+            ),
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersResponse.SerializeToString,
+            ),
+            'ChangeMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMember,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +343,60 @@ class DLedgerClient:
             '/raftmq.dledger.v1.DLedgerClient/TransferLeadership',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerClient/ListMembers',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerClient/ChangeMember',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.FromString,
             options,
             channel_credentials,
             insecure,

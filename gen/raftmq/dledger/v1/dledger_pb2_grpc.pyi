@@ -84,6 +84,10 @@ class DLedgerClientStub:
     Get: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.GetRequest, _dledger_pb2.GetResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.MetadataRequest, _dledger_pb2.MetadataResponse]
     TransferLeadership: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.TransferLeadershipRequest, _dledger_pb2.TransferLeadershipResponse]
+    ListMembers: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.ListMembersRequest, _dledger_pb2.ListMembersResponse]
+    """The group's configuration as this node knows it (any member answers)."""
+    ChangeMember: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.ChangeMemberRequest, _dledger_pb2.ChangeMemberResponse]
+    """One membership change, on the leader; answers once it is committed."""
 
 @_typing.type_check_only
 class DLedgerClientAsyncStub(DLedgerClientStub):
@@ -97,6 +101,10 @@ class DLedgerClientAsyncStub(DLedgerClientStub):
     Get: _aio.UnaryUnaryMultiCallable[_dledger_pb2.GetRequest, _dledger_pb2.GetResponse]  # type: ignore[assignment]
     Metadata: _aio.UnaryUnaryMultiCallable[_dledger_pb2.MetadataRequest, _dledger_pb2.MetadataResponse]  # type: ignore[assignment]
     TransferLeadership: _aio.UnaryUnaryMultiCallable[_dledger_pb2.TransferLeadershipRequest, _dledger_pb2.TransferLeadershipResponse]  # type: ignore[assignment]
+    ListMembers: _aio.UnaryUnaryMultiCallable[_dledger_pb2.ListMembersRequest, _dledger_pb2.ListMembersResponse]  # type: ignore[assignment]
+    """The group's configuration as this node knows it (any member answers)."""
+    ChangeMember: _aio.UnaryUnaryMultiCallable[_dledger_pb2.ChangeMemberRequest, _dledger_pb2.ChangeMemberResponse]  # type: ignore[assignment]
+    """One membership change, on the leader; answers once it is committed."""
 
 class DLedgerClientServicer(metaclass=_abc_1.ABCMeta):
     """Errors travel as gRPC status codes with a machine-readable code in the details string:
@@ -131,5 +139,21 @@ class DLedgerClientServicer(metaclass=_abc_1.ABCMeta):
         request: _dledger_pb2.TransferLeadershipRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.TransferLeadershipResponse, _abc.Awaitable[_dledger_pb2.TransferLeadershipResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListMembers(
+        self,
+        request: _dledger_pb2.ListMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.ListMembersResponse, _abc.Awaitable[_dledger_pb2.ListMembersResponse]]:
+        """The group's configuration as this node knows it (any member answers)."""
+
+    @_abc_1.abstractmethod
+    def ChangeMember(
+        self,
+        request: _dledger_pb2.ChangeMemberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.ChangeMemberResponse, _abc.Awaitable[_dledger_pb2.ChangeMemberResponse]]:
+        """One membership change, on the leader; answers once it is committed."""
 
 def add_DLedgerClientServicer_to_server(servicer: DLedgerClientServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
