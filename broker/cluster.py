@@ -374,7 +374,7 @@ class LocalCluster:
                 raise ClusterError(f"cannot issue {node_id}'s certificate: {exc}") from None
         keys = {
             "dLegerPeers": f"{node_id}-127.0.0.1:{pport}",
-            "dLegerJoinAddr": leader.client_addr,
+            "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
         }
         info = self._write_node_conf(node_id, (cport, pport, gport), keys, admin)
         self.nodes.append(info)

@@ -189,7 +189,7 @@ KEYS: Mapping[str, _Key] = {
     "dLegerJoinAddr": _Key(
         _parse_advertised_addr,
         "",
-        "host:port (client address) of a member of an existing group: a node started with "
+        "host:port (peer address) of a member of an existing group: a node started with "
         "an empty store asks it to be added as a learner (docs/CLUSTER.md); default: none",
     ),
     "listenPort": _Key(parse_port, "10911", "client gRPC port"),

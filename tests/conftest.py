@@ -36,14 +36,19 @@ def local_group(tmp_path: Path) -> Iterator[ClusterFactory]:
     clusters: list[LocalCluster] = []
 
     def make(
-        nodes: int = 3, wait: bool = True, namesrv: bool = False, **conf: object
+        nodes: int = 3,
+        wait: bool = True,
+        namesrv: bool = False,
+        secure: bool = False,
+        **conf: object,
     ) -> LocalCluster:
-        """``namesrv=True``: the group also gets its own NameServer (``cluster.namesrv``)."""
+        """``namesrv=True``: the group also gets its own NameServer (``cluster.namesrv``);
+        ``secure=True``: TLS, member certificates and ACLs, as `mqcluster up` by default."""
         extra = {"mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES)}
         extra.update({k: str(v) for k, v in conf.items()})
         cluster = LocalCluster(tmp_path / f"group{len(clusters)}")
         clusters.append(cluster)
-        cluster.configure(nodes, auto_ports=True, extra=extra, namesrv=namesrv)
+        cluster.configure(nodes, auto_ports=True, extra=extra, namesrv=namesrv, secure=secure)
         original_start = cluster.start
         original_start_namesrv = cluster.start_namesrv
 

@@ -46,9 +46,6 @@ MEMBER_ADDR_MAX_CHARS = 255
 # learners and MAX_REMOVED_IDS removed ids of MEMBER_ID_MAX_CHARS each fits well below it.
 CONF_BODY_MAX_BYTES = 16384
 _CONF_FORMAT_VERSION = 1
-# Part of the text of the ConfChangeError for an addition of a member the group has: a node
-# whose join request is answered this way was added by an earlier try.
-ALREADY_MEMBER = "is already a"
 
 
 class ConfChangeError(DLedgerError):
@@ -120,10 +117,21 @@ class ConfState:
         """Votes (or stable copies) that make a majority of the voters."""
         return len(self.voters) // 2 + 1
 
-    def apply(self, change: ConfChange, index: int) -> ConfState:
-        """The configuration after ``change`` (already checked), set by the entry at ``index``."""
+    def apply(
+        self,
+        change: ConfChange,
+        index: int,
+        member_addrs: Mapping[str, tuple[str, str]] | None = None,
+    ) -> ConfState:
+        """The configuration after ``change`` (already checked), set by the entry at ``index``.
+        ``member_addrs`` (id -> (peer, client), the driver's address book) completes the
+        addresses of members the configuration has none for, so that every node that learns
+        it can reach every member (a node that joined knows only its own settings)."""
         voters, learners, removed = set(self.voters), set(self.learners), list(self.removed)
         addrs = {a.node_id: a for a in self.addrs}
+        for nid, (peer, client) in (member_addrs or {}).items():
+            if nid in self.members and nid not in addrs and peer:
+                addrs[nid] = MemberAddr(nid, peer, client)
         nid = change.node_id
         if change.kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER):
             (learners if change.kind is ChangeKind.ADD_LEARNER else voters).add(nid)
@@ -270,7 +278,7 @@ def check_change(
     if kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER):
         if nid in conf.members:
             role = "voter" if nid in conf.voters else "learner"
-            raise ConfChangeError(f"{nid} {ALREADY_MEMBER} {role} of the group")
+            raise ConfChangeError(f"{nid} is already a {role} of the group")
         if nid in conf.removed:
             raise ConfChangeError(f"{nid} was removed from the group; a new member needs a new id")
         _check_addrs(change, in_use)

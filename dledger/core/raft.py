@@ -678,14 +678,19 @@ class RaftNode:
         self._on_conf_change()
 
     def propose_conf_change(
-        self, change: ConfChange, addrs_in_use: Mapping[str, str] | None = None
+        self,
+        change: ConfChange,
+        addrs_in_use: Mapping[str, str] | None = None,
+        member_addrs: Mapping[str, tuple[str, str]] | None = None,
     ) -> Proposal:
         """Append a CONFIG entry making one change (leader only). Raises NotLeaderError,
         TransferInProgressError (also when removing this leader: it hands leadership to the
         most caught-up voter first; retry there), ConfChangePendingError (retry later) or
         ConfChangeError (never valid as asked); nothing is appended when it raises.
         ``addrs_in_use`` maps the members' addresses to their ids (the driver knows the
-        bootstrap members'; ``membership.addresses_in_use``): a new member may not take one."""
+        bootstrap members'; ``membership.addresses_in_use``): a new member may not take one;
+        ``member_addrs`` (id -> (peer, client)) fills in the members' addresses the
+        configuration does not carry yet (``ConfState.apply``)."""
         self._check_can_propose()
         conf = self._members.latest()
         pending = self._members.pending_index(self._commit)
@@ -702,7 +707,7 @@ class RaftNode:
             self._check_caught_up(change.node_id)
         if change.kind is ChangeKind.REMOVE and change.node_id == self.id:
             self._hand_over_before_removal(conf)
-        new = conf.apply(change, self._log.last_index() + 1)
+        new = conf.apply(change, self._log.last_index() + 1, member_addrs)
         body = new.encode()
         entry = Entry(self._term, new.index, body, EntryType.CONFIG)
         logger.info(

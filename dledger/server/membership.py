@@ -79,12 +79,25 @@ class AddressBook:
     def __init__(self, peers: Mapping[str, str], client_addrs: Mapping[str, str]) -> None:
         self._settings = {p: (a, client_addrs.get(p, "")) for p, a in peers.items()}
         self._conf: dict[str, tuple[str, str]] = {}
+        # What a node joining a group was told by it (ListMembers) before its log has any.
+        self._learned: dict[str, tuple[str, str]] = {}
 
     def update(self, conf: ConfState) -> None:
         self._conf = {a.node_id: (a.peer_addr, a.client_addr) for a in conf.addrs}
 
+    def learn(self, node_id: str, peer_addr: str, client_addr: str) -> None:
+        self._learned[node_id] = (peer_addr, client_addr)
+
     def _get(self, node_id: str) -> tuple[str, str]:
-        return self._conf.get(node_id) or self._settings.get(node_id, ("", ""))
+        return (
+            self._conf.get(node_id)
+            or self._settings.get(node_id)
+            or self._learned.get(node_id, ("", ""))
+        )
+
+    def known(self, members: frozenset[str]) -> dict[str, tuple[str, str]]:
+        """The addresses of ``members`` this book knows (id -> (peer, client))."""
+        return {m: self._get(m) for m in sorted(members) if self._get(m)[0]}
 
     def peer_addr(self, node_id: str) -> str:
         return self._get(node_id)[0]

@@ -44,7 +44,7 @@ from dledger.core import (
     Ready,
     Role,
 )
-from dledger.core.membership import ALREADY_MEMBER, MEMBER_ID_RE, joining
+from dledger.core.membership import MEMBER_ID_RE, joining
 from dledger.fatal import fatal, spawn
 from dledger.log import (
     DLedgerError,
@@ -189,7 +189,7 @@ class NodeConfig:
     tls: TlsFiles | None = None
     # With tls: an extra plaintext client port bound to 127.0.0.1 (0: none), for local tools.
     plaintext_client_port: int = 0
-    # Join an existing group through this member's client address (broker key
+    # Join an existing group through this member's peer address (broker key
     # dLegerJoinAddr): a node started with an empty store asks the group to add it as a
     # learner, and takes its configuration from the log (docs/CLUSTER.md). "": no joining.
     join_addr: str = ""
@@ -332,6 +332,7 @@ class DLedgerNode:
             cfg.public_client_addr,
             {},
             cfg.client_security,
+            resolve=self._book.peer_addr,
         )
         self._sync_members()
         if cfg.unsafe_ack_before_replication:
@@ -565,7 +566,9 @@ class DLedgerNode:
         the core's errors (``ConfChangeError``, ``ConfChangePendingError``, ...),
         :class:`ProposalLostError` or asyncio.TimeoutError."""
         conf = self.core.conf_state
-        proposal = self.core.propose_conf_change(change, self._book.in_use(conf))
+        proposal = self.core.propose_conf_change(
+            change, self._book.in_use(conf), self._book.known(conf.members)
+        )
         self._wake()
         await self._wait_applied(proposal)
         return proposal
@@ -623,8 +626,8 @@ class DLedgerNode:
                 transport.ensure(pid, addr)
             else:
                 logger.warning("node=%s member=%s has no known address", self.cfg.self_id, pid)
-        for pid in [p for p in transport.links if p not in wanted]:
-            transport.drop(pid)
+        for pid in [p for p in transport.links if p not in wanted and conf.voters]:
+            transport.drop(pid)  # (a node still joining keeps the links it was told of)
         if self.cfg.self_id in conf.removed and not self._removed_told:
             self._removed_told = True
             logger.warning("node=%s removed from group %s", self.cfg.self_id, self.cfg.group)
@@ -662,34 +665,55 @@ class DLedgerNode:
             )
         return out
 
+    async def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        """A node asks to join (its identity already checked): on the leader, add it as a
+        learner; elsewhere, tell it where the members and the leader are."""
+        leader = self.core.leader_id or ""
+        if self.core.role is not Role.LEADER:
+            return pb.JoinResponse(members=self.members(), leader_id=leader, added=False)
+        change = ConfChange(
+            ChangeKind.ADD_LEARNER, request.node_id, request.peer_addr, request.client_addr
+        )
+        conf = self.core.conf_state
+        if request.node_id not in conf.members:
+            await self.change_member(change)  # the caller maps the core's refusals
+        return pb.JoinResponse(members=self.members(), leader_id=self.cfg.self_id, added=True)
+
     async def _join_loop(self) -> None:
-        """Ask the group (through ``join_addr``, following redirects to its leader) to add
-        this node as a learner, until it answers; then the log brings the configuration."""
-        req = pb.ChangeMemberRequest(
+        """Ask the group (through the peer port ``join_addr``, then its leader's) to add this
+        node as a learner, until it is added; the log then brings the configuration. Under
+        TLS this node's member certificate is what authorizes it (the operator issued it)."""
+        req = pb.JoinRequest(
             group=self.cfg.group,
-            kind="ADD_LEARNER",
             node_id=self.cfg.self_id,
             peer_addr=self.cfg.peers[self.cfg.self_id],
             client_addr=self.cfg.public_client_addr,
         )
+        metadata = (("x-raftmq-group", self.cfg.group), ("x-raftmq-from", self.cfg.self_id))
         addr = self.cfg.join_addr
         while self.core.conf_state.voters == frozenset():
             try:
                 async with open_aio_channel(addr, self.cfg.client_security) as channel:
-                    await pb_grpc.DLedgerClientStub(channel).ChangeMember(
-                        req, timeout=self.cfg.append_timeout_ms / 1000 + 1
+                    resp = await pb_grpc.DLedgerPeerStub(channel).Join(
+                        req, metadata=metadata, timeout=self.cfg.append_timeout_ms / 1000 + 1
                     )
-                logger.info("node=%s joined group %s as a learner", self.cfg.self_id, req.group)
-                return
             except grpc.aio.AioRpcError as exc:
                 info = status.read_error(exc)
                 if info is not None and not info.retryable:
-                    if ALREADY_MEMBER in (exc.details() or ""):
-                        return  # added before (a retry whose answer was lost)
                     logger.error("node=%s join refused: %s", self.cfg.self_id, exc.details())
                     return
-                if info is not None and info.code == "NOT_LEADER" and info.leader_addr:
-                    addr = info.leader_addr
+                resp = None
+            if resp is not None:
+                # Where the members are: this node's settings list only itself, and the log
+                # tells only once it reached a CONFIG entry.
+                for m in resp.members:
+                    if m.id != self.cfg.self_id and m.peer_addr:
+                        self._book.learn(m.id, m.peer_addr, m.client_addr)
+                if resp.added:
+                    logger.info("node=%s joined group %s as a learner", self.cfg.self_id, req.group)
+                    return
+                addr = self._book.peer_addr(resp.leader_id) or addr
+                if resp.leader_id:
                     continue
             await asyncio.sleep(JOIN_RETRY_MS / 1000)
 
@@ -838,6 +862,32 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
             received += 1
             self.node.on_peer_message(sender, pm)
         return pb.PeerAck(received=received)
+
+    async def Join(
+        self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JoinResponse:
+        node = self.node
+        if node.cfg.tls is None:
+            sender = await self._claimed_sender(context)
+        else:
+            sender = await self._certified_sender(context)
+        if request.group != node.cfg.group or request.node_id != sender:
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "PEER_IDENTITY",
+                    f"{_echo(sender)} cannot join as {_echo(request.node_id)} of group "
+                    f"{_echo(request.group)}",
+                ),
+            )
+        try:
+            return await node.join(request)
+        except (DLedgerError, TimeoutError) as exc:
+            failure = status.dledger_failure(exc, node)
+            if failure is None:
+                raise
+            await status.abort(context, failure)
 
     async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
         """Mutual TLS: the member its certificate names (dledger.server.members)."""

@@ -195,8 +195,12 @@ class PeerTransport:
         self_client_addr: str,
         peers: dict[str, str],
         security: ClientSecurity = PLAINTEXT,
+        resolve: Callable[[str], str] | None = None,
     ) -> None:
+        """``resolve`` (peer id -> address, "" when unknown) opens a link on the first message
+        to a peer without one (a member this node learnt of after start)."""
         self._link_args = (group, self_id, self_client_addr)
+        self._resolve = resolve
         self._security = security
         self._started = False
         self.links: dict[str, PeerLink] = {}
@@ -236,6 +240,11 @@ class PeerTransport:
 
     def send(self, m: Message) -> None:
         link = self.links.get(m.to_id)
+        if link is None and self._resolve is not None:
+            addr = self._resolve(m.to_id)
+            if addr:
+                self.ensure(m.to_id, addr)
+                link = self.links[m.to_id]
         if link is None:
             logger.warning("drop message to unknown peer=%s", m.to_id)
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 from support import create_topic, pull_ids, wait_for
 
-from broker.cluster import LocalCluster, _free_port
+from broker.cluster import LocalCluster
 from client import Message, MQClientError, Producer, PullConsumer
 from client.mqadmin import main as mqadmin
 from dledger.server.client import ClientError, LogClient
@@ -28,6 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_thread
 TOPIC = "MemberT"
 QUEUES = 4
 AUDIT_TIMEOUT_S = 240.0
+# The Spark audit of the replicas takes minutes on the shared 2-core machine: the long form
+# (RAFTMQ_SOAK=1) runs it; the default compares every queue across the members instead.
+SOAK = os.environ.get("RAFTMQ_SOAK") == "1"
 SETTLE_S = 30.0
 
 
@@ -93,7 +97,7 @@ def test_grow_to_five_and_back_removing_the_leader_under_load(
     try:
         wait_for(lambda: len(load.acked) > 20, SETTLE_S, "the first sends")
         originals = [n.node_id for n in cluster.nodes]
-        added = [cluster.add_node().node_id, cluster.add_node().node_id]
+        added = [cluster.add_node(timeout_s=60).node_id, cluster.add_node(timeout_s=60).node_id]
         with cluster.client() as client:
             assert _voters(client) == set(originals + added)
         leader = cluster.wait_leader()
@@ -123,19 +127,24 @@ def test_grow_to_five_and_back_removing_the_leader_under_load(
         f"outside it {Counter(c for at, c in load.errors if not start <= at <= handover_end)}; "
         f"acked {len(load.acked)}, consumed {len(load.consumed)}"
     )
-    # Every acknowledged message is stored exactly once, on every remaining member.
+    # Every acknowledged message is stored exactly once, and every remaining member serves
+    # the same queues (once each has applied what the leader has).
     acked = {mid for _, mid in load.acked}
-    new_leader = cluster.node(cluster.wait_leader())
+    leader_addr = cluster.node(cluster.wait_leader()).client_addr
+    queues = [pull_ids(leader_addr, TOPIC, q) for q in range(QUEUES)]
+    counts = Counter(mid for q in queues for mid in q)
+    assert acked <= set(counts), f"{len(acked - set(counts))} acked messages lost"
+    assert all(c == 1 for c in counts.values()), "duplicates stored"
+    assert set(load.consumed) <= set(counts)
     for nid in sorted(final):
-        node = cluster.node(nid)
-        stored = [mid for q in range(QUEUES) for mid in pull_ids(node.client_addr, TOPIC, q)]
-        counts = Counter(stored)
-        assert acked <= set(counts), f"{nid} lacks {len(acked - set(counts))} acked messages"
-        assert all(c == 1 for c in counts.values()), f"{nid} holds duplicates"
-    assert set(load.consumed) <= set(
-        mid for q in range(QUEUES) for mid in pull_ids(new_leader.client_addr, TOPIC, q)
-    )
-    _audit_clean(cluster)
+        addr = cluster.node(nid).client_addr
+        wait_for(
+            lambda addr=addr: [pull_ids(addr, TOPIC, q) for q in range(QUEUES)] == queues,
+            SETTLE_S,
+            f"{nid} to serve the leader's queues",
+        )
+    if SOAK:
+        _audit_clean(cluster)
 
 
 def _audit_clean(cluster: LocalCluster) -> None:
@@ -158,15 +167,25 @@ def _audit_clean(cluster: LocalCluster) -> None:
 def test_bad_changes_are_refused_and_change_nothing(
     local_group: Callable[..., LocalCluster],
 ) -> None:
-    cluster = local_group(3)
+    # A secure group: the new node gets a member certificate naming its id, and the peer
+    # ports' member check follows the configuration.
+    cluster = local_group(3, secure=True)
+    learner = cluster.add_node(promote=False, timeout_s=60)
     with cluster.client() as client:
-        spare = f"127.0.0.1:{_free_port()}"
-        client.change_member("ADD_LEARNER", "n5", spare, timeout_s=SETTLE_S)
+        wait_for(
+            lambda: any(
+                m.id == learner.node_id and m.match_index > 0 and m.recent_active
+                for m in client.list_members().members
+            ),
+            SETTLE_S,
+            f"{learner.node_id} replicating",
+        )
         before = client.list_members()
+        spare = f"127.0.0.1:{learner.peer_port}"
         peer = cluster.nodes[1]
         cases = [
-            ("ADD_LEARNER", "n5", spare, "already a learner"),  # added twice
-            ("ADD_VOTER", "n6", spare, "already in use by member n5"),
+            ("ADD_LEARNER", learner.node_id, "127.0.0.1:3", "already a learner"),  # twice
+            ("ADD_VOTER", "n6", spare, f"already in use by member {learner.node_id}"),
             ("ADD_LEARNER", "n1", "127.0.0.1:1", "already a voter"),
             ("ADD_VOTER", "n9", f"127.0.0.1:{peer.peer_port}", "already in use by member n1"),
             ("ADD_LEARNER", "n9", "", "PEER_ADDR_REQUIRED"),
@@ -183,7 +202,7 @@ def test_bad_changes_are_refused_and_change_nothing(
         # Below a majority: with two nodes down, removing the third voter would leave a
         # group of two of which one is up.
         leader = cluster.wait_leader()
-        down = [n.node_id for n in cluster.nodes if n.node_id != leader]
+        down = [n.node_id for n in cluster.nodes[:3] if n.node_id != leader]
         cluster.signal(down[0])
         wait_for(
             lambda: (

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fraftmq/dledger/v1/dledger.proto\x12\x11raftmq.dledger.v1\"@\n\x05\x45ntry\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04type\x18\x03 \x01(\r\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\"\xa8\x01\n\x0bVoteRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\t\x12\r\n\x05to_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x05 \x01(\x04\x12\x15\n\rlast_log_term\x18\x06 \x01(\x04\x12\x10\n\x08pre_vote\x18\x07 \x01(\x08\x12\x1b\n\x13leadership_transfer\x18\x08 \x01(\x08\"v\n\x0cVoteResponse\x12\x0f\n\x07\x66rom_id\x18\x01 \x01(\t\x12\r\n\x05to_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0f\n\x07granted\x18\x04 \x01(\x08\x12\x10\n\x08pre_vote\x18\x05 \x01(\x08\x12\x15\n\rreject_reason\x18\x06 \x01(\t\"\xcf\x01\n\rAppendRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\t\x12\r\n\x05to_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x16\n\x0eprev_log_index\x18\x05 \x01(\x04\x12\x15\n\rprev_log_term\x18\x06 \x01(\x04\x12)\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x18.raftmq.dledger.v1.Entry\x12\x15\n\rleader_commit\x18\x08 \x01(\x04\x12\x10\n\x08no_reply\x18\t \x01(\x08\"\xc3\x01\n\x0e\x41ppendResponse\x12\x0f\n\x07\x66rom_id\x18\x01 \x01(\t\x12\r\n\x05to_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0f\n\x07success\x18\x04 \x01(\x08\x12\x13\n\x0bmatch_index\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onflict_index\x18\x06 \x01(\x04\x12\x15\n\rconflict_term\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12\x16\n\x0erejected_index\x18\t \x01(\x04\"P\n\x11TimeoutNowRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\t\x12\r\n\x05to_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\xed\x02\n\x0bPeerMessage\x12\x36\n\x0cvote_request\x18\x01 \x01(\x0b\x32\x1e.raftmq.dledger.v1.VoteRequestH\x00\x12\x38\n\rvote_response\x18\x02 \x01(\x0b\x32\x1f.raftmq.dledger.v1.VoteResponseH\x00\x12:\n\x0e\x61ppend_request\x18\x03 \x01(\x0b\x32 .raftmq.dledger.v1.AppendRequestH\x00\x12<\n\x0f\x61ppend_response\x18\x04 \x01(\x0b\x32!.raftmq.dledger.v1.AppendResponseH\x00\x12;\n\x0btimeout_now\x18\x05 \x01(\x0b\x32$.raftmq.dledger.v1.TimeoutNowRequestH\x00\x12-\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x1c.raftmq.dledger.v1.PeerBatchH\x00\x42\x06\n\x04kind\"=\n\tPeerBatch\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.raftmq.dledger.v1.PeerMessage\"\x1b\n\x07PeerAck\x12\x10\n\x08received\x18\x01 \x01(\x04\"C\n\x14\x41ppendEntriesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x0c\n\x04type\x18\x03 \x01(\r\"N\n\x15\x41ppendEntriesResponse\x12\x13\n\x0b\x66irst_index\x18\x01 \x01(\x04\x12\x12\n\nlast_index\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\"P\n\nGetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x11\n\tmax_count\x18\x03 \x01(\r\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"N\n\x0bGetResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.raftmq.dledger.v1.Entry\x12\x14\n\x0c\x63ommit_index\x18\x02 \x01(\x04\" \n\x0fMetadataRequest\x12\r\n\x05group\x18\x01 \x01(\t\"C\n\x0cPeerProgress\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bmatch_index\x18\x02 \x01(\x04\x12\x12\n\nnext_index\x18\x03 \x01(\x04\"\xa4\x03\n\x10MetadataResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07self_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x1a\n\x12leader_client_addr\x18\x06 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x07 \x01(\x04\x12\x15\n\rapplied_index\x18\x08 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\t \x01(\x04\x12\x12\n\nlast_index\x18\n \x01(\x04\x12\x15\n\rflushed_index\x18\x0b \x01(\x04\x12.\n\x05peers\x18\x0c \x03(\x0b\x32\x1f.raftmq.dledger.v1.PeerProgress\x12\x12\n\nstore_path\x18\r \x01(\t\x12\x43\n\x08refusals\x18\x0e \x03(\x0b\x32\x31.raftmq.dledger.v1.MetadataResponse.RefusalsEntry\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"=\n\x19TransferLeadershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\ttarget_id\x18\x02 \x01(\t\"=\n\x1aTransferLeadershipResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\"v\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\x13\n\x0b\x63lient_addr\x18\x04 \x01(\t\x12\x13\n\x0bmatch_index\x18\x05 \x01(\x04\x12\x15\n\rrecent_active\x18\x06 \x01(\x08\"#\n\x12ListMembersRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x92\x01\n\x13ListMembersResponse\x12*\n\x07members\x18\x01 \x03(\x0b\x32\x19.raftmq.dledger.v1.Member\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63onfig_index\x18\x03 \x01(\x04\x12\x18\n\x10\x63onfig_committed\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\"k\n\x13\x43hangeMemberRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x11\n\tpeer_addr\x18\x04 \x01(\t\x12\x13\n\x0b\x63lient_addr\x18\x05 \x01(\t\"_\n\x14\x43hangeMemberResponse\x12*\n\x07members\x18\x01 \x03(\x0b\x32\x19.raftmq.dledger.v1.Member\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\x32U\n\x0b\x44LedgerPeer\x12\x46\n\x06Stream\x12\x1e.raftmq.dledger.v1.PeerMessage\x1a\x1a.raftmq.dledger.v1.PeerAck(\x01\x32\xb9\x04\n\rDLedgerClient\x12[\n\x06\x41ppend\x12\'.raftmq.dledger.v1.AppendEntriesRequest\x1a(.raftmq.dledger.v1.AppendEntriesResponse\x12\x44\n\x03Get\x12\x1d.raftmq.dledger.v1.GetRequest\x1a\x1e.raftmq.dledger.v1.GetResponse\x12S\n\x08Metadata\x12\".raftmq.dledger.v1.MetadataRequest\x1a#.raftmq.dledger.v1.MetadataResponse\x12q\n\x12TransferLeadership\x12,.raftmq.dledger.v1.TransferLeadershipRequest\x1a-.raftmq.dledger.v1.TransferLeadershipResponse\x12\\\n\x0bListMembers\x12%.raftmq.dledger.v1.ListMembersRequest\x1a&.raftmq.dledger.v1.ListMembersResponse\x12_\n\x0c\x43hangeMember\x12&.raftmq.dledger.v1.ChangeMemberRequest\x1a\'.raftmq.dledger.v1.ChangeMemberResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fraftmq/dledger/v1/dledger.proto\x12\x11raftmq.dledger.v1\"@\n\x05\x45ntry\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04type\x18\x03 \x01(\r\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\"\xa8\x01\n\x0bVoteRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\t\x12\r\n\x05to_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x05 \x01(\x04\x12\x15\n\rlast_log_term\x18\x06 \x01(\x04\x12\x10\n\x08pre_vote\x18\x07 \x01(\x08\x12\x1b\n\x13leadership_transfer\x18\x08 \x01(\x08\"v\n\x0cVoteResponse\x12\x0f\n\x07\x66rom_id\x18\x01 \x01(\t\x12\r\n\x05to_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0f\n\x07granted\x18\x04 \x01(\x08\x12\x10\n\x08pre_vote\x18\x05 \x01(\x08\x12\x15\n\rreject_reason\x18\x06 \x01(\t\"\xcf\x01\n\rAppendRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\t\x12\r\n\x05to_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x16\n\x0eprev_log_index\x18\x05 \x01(\x04\x12\x15\n\rprev_log_term\x18\x06 \x01(\x04\x12)\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x18.raftmq.dledger.v1.Entry\x12\x15\n\rleader_commit\x18\x08 \x01(\x04\x12\x10\n\x08no_reply\x18\t \x01(\x08\"\xc3\x01\n\x0e\x41ppendResponse\x12\x0f\n\x07\x66rom_id\x18\x01 \x01(\t\x12\r\n\x05to_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0f\n\x07success\x18\x04 \x01(\x08\x12\x13\n\x0bmatch_index\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onflict_index\x18\x06 \x01(\x04\x12\x15\n\rconflict_term\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12\x16\n\x0erejected_index\x18\t \x01(\x04\"P\n\x11TimeoutNowRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\t\x12\r\n\x05to_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\xed\x02\n\x0bPeerMessage\x12\x36\n\x0cvote_request\x18\x01 \x01(\x0b\x32\x1e.raftmq.dledger.v1.VoteRequestH\x00\x12\x38\n\rvote_response\x18\x02 \x01(\x0b\x32\x1f.raftmq.dledger.v1.VoteResponseH\x00\x12:\n\x0e\x61ppend_request\x18\x03 \x01(\x0b\x32 .raftmq.dledger.v1.AppendRequestH\x00\x12<\n\x0f\x61ppend_response\x18\x04 \x01(\x0b\x32!.raftmq.dledger.v1.AppendResponseH\x00\x12;\n\x0btimeout_now\x18\x05 \x01(\x0b\x32$.raftmq.dledger.v1.TimeoutNowRequestH\x00\x12-\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x1c.raftmq.dledger.v1.PeerBatchH\x00\x42\x06\n\x04kind\"=\n\tPeerBatch\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.raftmq.dledger.v1.PeerMessage\"\x1b\n\x07PeerAck\x12\x10\n\x08received\x18\x01 \x01(\x04\"U\n\x0bJoinRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\x13\n\x0b\x63lient_addr\x18\x04 \x01(\t\"\\\n\x0cJoinResponse\x12*\n\x07members\x18\x01 \x03(\x0b\x32\x19.raftmq.dledger.v1.Member\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x03 \x01(\x08\"C\n\x14\x41ppendEntriesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x0c\n\x04type\x18\x03 \x01(\r\"N\n\x15\x41ppendEntriesResponse\x12\x13\n\x0b\x66irst_index\x18\x01 \x01(\x04\x12\x12\n\nlast_index\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\"P\n\nGetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x11\n\tmax_count\x18\x03 \x01(\r\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"N\n\x0bGetResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.raftmq.dledger.v1.Entry\x12\x14\n\x0c\x63ommit_index\x18\x02 \x01(\x04\" \n\x0fMetadataRequest\x12\r\n\x05group\x18\x01 \x01(\t\"C\n\x0cPeerProgress\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bmatch_index\x18\x02 \x01(\x04\x12\x12\n\nnext_index\x18\x03 \x01(\x04\"\xa4\x03\n\x10MetadataResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07self_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x1a\n\x12leader_client_addr\x18\x06 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x07 \x01(\x04\x12\x15\n\rapplied_index\x18\x08 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\t \x01(\x04\x12\x12\n\nlast_index\x18\n \x01(\x04\x12\x15\n\rflushed_index\x18\x0b \x01(\x04\x12.\n\x05peers\x18\x0c \x03(\x0b\x32\x1f.raftmq.dledger.v1.PeerProgress\x12\x12\n\nstore_path\x18\r \x01(\t\x12\x43\n\x08refusals\x18\x0e \x03(\x0b\x32\x31.raftmq.dledger.v1.MetadataResponse.RefusalsEntry\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"=\n\x19TransferLeadershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\ttarget_id\x18\x02 \x01(\t\"=\n\x1aTransferLeadershipResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\"v\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\x13\n\x0b\x63lient_addr\x18\x04 \x01(\t\x12\x13\n\x0bmatch_index\x18\x05 \x01(\x04\x12\x15\n\rrecent_active\x18\x06 \x01(\x08\"#\n\x12ListMembersRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x92\x01\n\x13ListMembersResponse\x12*\n\x07members\x18\x01 \x03(\x0b\x32\x19.raftmq.dledger.v1.Member\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63onfig_index\x18\x03 \x01(\x04\x12\x18\n\x10\x63onfig_committed\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\"k\n\x13\x43hangeMemberRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x11\n\tpeer_addr\x18\x04 \x01(\t\x12\x13\n\x0b\x63lient_addr\x18\x05 \x01(\t\"_\n\x14\x43hangeMemberResponse\x12*\n\x07members\x18\x01 \x03(\x0b\x32\x19.raftmq.dledger.v1.Member\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\x32\x9e\x01\n\x0b\x44LedgerPeer\x12\x46\n\x06Stream\x12\x1e.raftmq.dledger.v1.PeerMessage\x1a\x1a.raftmq.dledger.v1.PeerAck(\x01\x12G\n\x04Join\x12\x1e.raftmq.dledger.v1.JoinRequest\x1a\x1f.raftmq.dledger.v1.JoinResponse2\xb9\x04\n\rDLedgerClient\x12[\n\x06\x41ppend\x12\'.raftmq.dledger.v1.AppendEntriesRequest\x1a(.raftmq.dledger.v1.AppendEntriesResponse\x12\x44\n\x03Get\x12\x1d.raftmq.dledger.v1.GetRequest\x1a\x1e.raftmq.dledger.v1.GetResponse\x12S\n\x08Metadata\x12\".raftmq.dledger.v1.MetadataRequest\x1a#.raftmq.dledger.v1.MetadataResponse\x12q\n\x12TransferLeadership\x12,.raftmq.dledger.v1.TransferLeadershipRequest\x1a-.raftmq.dledger.v1.TransferLeadershipResponse\x12\\\n\x0bListMembers\x12%.raftmq.dledger.v1.ListMembersRequest\x1a&.raftmq.dledger.v1.ListMembersResponse\x12_\n\x0c\x43hangeMember\x12&.raftmq.dledger.v1.ChangeMemberRequest\x1a\'.raftmq.dledger.v1.ChangeMemberResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,38 +51,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEERBATCH']._serialized_end=1330
   _globals['_PEERACK']._serialized_start=1332
   _globals['_PEERACK']._serialized_end=1359
-  _globals['_APPENDENTRIESREQUEST']._serialized_start=1361
-  _globals['_APPENDENTRIESREQUEST']._serialized_end=1428
-  _globals['_APPENDENTRIESRESPONSE']._serialized_start=1430
-  _globals['_APPENDENTRIESRESPONSE']._serialized_end=1508
-  _globals['_GETREQUEST']._serialized_start=1510
-  _globals['_GETREQUEST']._serialized_end=1590
-  _globals['_GETRESPONSE']._serialized_start=1592
-  _globals['_GETRESPONSE']._serialized_end=1670
-  _globals['_METADATAREQUEST']._serialized_start=1672
-  _globals['_METADATAREQUEST']._serialized_end=1704
-  _globals['_PEERPROGRESS']._serialized_start=1706
-  _globals['_PEERPROGRESS']._serialized_end=1773
-  _globals['_METADATARESPONSE']._serialized_start=1776
-  _globals['_METADATARESPONSE']._serialized_end=2196
-  _globals['_METADATARESPONSE_REFUSALSENTRY']._serialized_start=2149
-  _globals['_METADATARESPONSE_REFUSALSENTRY']._serialized_end=2196
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=2198
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=2259
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=2261
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=2322
-  _globals['_MEMBER']._serialized_start=2324
-  _globals['_MEMBER']._serialized_end=2442
-  _globals['_LISTMEMBERSREQUEST']._serialized_start=2444
-  _globals['_LISTMEMBERSREQUEST']._serialized_end=2479
-  _globals['_LISTMEMBERSRESPONSE']._serialized_start=2482
-  _globals['_LISTMEMBERSRESPONSE']._serialized_end=2628
-  _globals['_CHANGEMEMBERREQUEST']._serialized_start=2630
-  _globals['_CHANGEMEMBERREQUEST']._serialized_end=2737
-  _globals['_CHANGEMEMBERRESPONSE']._serialized_start=2739
-  _globals['_CHANGEMEMBERRESPONSE']._serialized_end=2834
-  _globals['_DLEDGERPEER']._serialized_start=2836
-  _globals['_DLEDGERPEER']._serialized_end=2921
-  _globals['_DLEDGERCLIENT']._serialized_start=2924
-  _globals['_DLEDGERCLIENT']._serialized_end=3493
+  _globals['_JOINREQUEST']._serialized_start=1361
+  _globals['_JOINREQUEST']._serialized_end=1446
+  _globals['_JOINRESPONSE']._serialized_start=1448
+  _globals['_JOINRESPONSE']._serialized_end=1540
+  _globals['_APPENDENTRIESREQUEST']._serialized_start=1542
+  _globals['_APPENDENTRIESREQUEST']._serialized_end=1609
+  _globals['_APPENDENTRIESRESPONSE']._serialized_start=1611
+  _globals['_APPENDENTRIESRESPONSE']._serialized_end=1689
+  _globals['_GETREQUEST']._serialized_start=1691
+  _globals['_GETREQUEST']._serialized_end=1771
+  _globals['_GETRESPONSE']._serialized_start=1773
+  _globals['_GETRESPONSE']._serialized_end=1851
+  _globals['_METADATAREQUEST']._serialized_start=1853
+  _globals['_METADATAREQUEST']._serialized_end=1885
+  _globals['_PEERPROGRESS']._serialized_start=1887
+  _globals['_PEERPROGRESS']._serialized_end=1954
+  _globals['_METADATARESPONSE']._serialized_start=1957
+  _globals['_METADATARESPONSE']._serialized_end=2377
+  _globals['_METADATARESPONSE_REFUSALSENTRY']._serialized_start=2330
+  _globals['_METADATARESPONSE_REFUSALSENTRY']._serialized_end=2377
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=2379
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=2440
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=2442
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=2503
+  _globals['_MEMBER']._serialized_start=2505
+  _globals['_MEMBER']._serialized_end=2623
+  _globals['_LISTMEMBERSREQUEST']._serialized_start=2625
+  _globals['_LISTMEMBERSREQUEST']._serialized_end=2660
+  _globals['_LISTMEMBERSRESPONSE']._serialized_start=2663
+  _globals['_LISTMEMBERSRESPONSE']._serialized_end=2809
+  _globals['_CHANGEMEMBERREQUEST']._serialized_start=2811
+  _globals['_CHANGEMEMBERREQUEST']._serialized_end=2918
+  _globals['_CHANGEMEMBERRESPONSE']._serialized_start=2920
+  _globals['_CHANGEMEMBERRESPONSE']._serialized_end=3015
+  _globals['_DLEDGERPEER']._serialized_start=3018
+  _globals['_DLEDGERPEER']._serialized_end=3176
+  _globals['_DLEDGERCLIENT']._serialized_start=3179
+  _globals['_DLEDGERCLIENT']._serialized_end=3748
 # @@protoc_insertion_point(module_scope)

@@ -138,6 +138,28 @@ class PeerAck(_message.Message):
     received: int
     def __init__(self, received: _Optional[int] = ...) -> None: ...
 
+class JoinRequest(_message.Message):
+    __slots__ = ("group", "node_id", "peer_addr", "client_addr")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    node_id: str
+    peer_addr: str
+    client_addr: str
+    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("members", "leader_id", "added")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leader_id: str
+    added: bool
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., added: _Optional[bool] = ...) -> None: ...
+
 class AppendEntriesRequest(_message.Message):
     __slots__ = ("group", "bodies", "type")
     GROUP_FIELD_NUMBER: _ClassVar[int]
