@@ -233,17 +233,17 @@ def _check_members(
 ) -> ConfState:
     """The configuration to start from; ConfigError for duplicates, too many, an unknown
     preferred leader, or a given configuration that does not know this node."""
-    others = tuple(p for p in peer_ids if p != node_id)
-    if len(set(others)) != len(others):
-        raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
-    if len(others) + 1 > MAX_GROUP_SIZE:
-        raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
     if conf is not None:
         # The group's configuration may have dropped the preferred leader since: it is then
         # ignored (only a voter is handed leadership).
         if node_id in conf.removed:
             raise ConfigError(f"{node_id} was removed from the group ({conf.describe()})")
         return conf
+    others = tuple(p for p in peer_ids if p != node_id)
+    if len(set(others)) != len(others):
+        raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
+    if len(others) + 1 > MAX_GROUP_SIZE:
+        raise ConfigError(f"group of {len(others) + 1} exceeds {MAX_GROUP_SIZE} members")
     pref = config.preferred_leader_id
     if pref is not None and pref != node_id and pref not in others:
         raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
@@ -426,11 +426,10 @@ class RaftNode:
             self._tick_leader()
         else:
             self._election_elapsed += 1
-            if self._election_elapsed >= self._randomized_timeout:
-                if self.id in self._voters:
-                    self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
-                else:  # a learner, a joining or a removed node never campaigns
-                    self._election_elapsed = 0
+            # A learner, a joining or a removed node never campaigns; its clock keeps running
+            # so that its leader lease lapses (a voter it does not know it is must vote).
+            if self._election_elapsed >= self._randomized_timeout and self.id in self._voters:
+                self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
         self.release_notices()
 
     def propose(self, bodies: Sequence[bytes], entry_type: int = EntryType.NORMAL) -> Proposal:
