@@ -358,9 +358,16 @@ class LocalCluster:
         used = {n.node_id for n in self.nodes} | set(self.removed)
         return next(f"n{i}" for i in range(len(used) + 1) if f"n{i}" not in used)
 
-    def add_node(self, *, promote: bool = True, timeout_s: float = MEMBER_WAIT_S) -> NodeInfo:
+    def add_node(
+        self,
+        *,
+        promote: bool = True,
+        timeout_s: float = MEMBER_WAIT_S,
+        extra: dict[str, str] | None = None,
+    ) -> NodeInfo:
         """A new node started empty with the leader's address: it joins as a learner; with
-        ``promote`` it is made a voter once caught up. The group must have a leader."""
+        ``promote`` it is made a voter once caught up. The group must have a leader.
+        ``extra``: more broker.conf keys for it."""
         if len(self.nodes) >= MAX_NODES:
             raise ClusterError(f"the group has {len(self.nodes)} nodes, the most is {MAX_NODES}")
         leader = self.node(self.wait_leader())
@@ -373,6 +380,7 @@ class LocalCluster:
             except (SecurityError, OSError) as exc:
                 raise ClusterError(f"cannot issue {node_id}'s certificate: {exc}") from None
         keys = {
+            **(extra or {}),
             "dLegerPeers": f"{node_id}-127.0.0.1:{pport}",
             "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
         }
