@@ -79,6 +79,9 @@ class MemberAddr:
     peer_addr: str
     client_addr: str = ""
 
+    def pair(self) -> tuple[str, str]:
+        return self.peer_addr, self.client_addr
+
 
 @dataclass(frozen=True, slots=True)
 class ConfChange:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dledger.core import ConfState
-from dledger.core.membership import addresses_in_use, decode, joining
+from dledger.core.membership import decode, joining
 from dledger.log import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,8 @@ def save_conf(store_dir: str, conf: ConfState, *, is_joining: bool = False) -> N
 
 class AddressBook:
     """Peer and client addresses of the members: the settings' (``dLegerPeers``,
-    ``dLegerPeerClientAddrs``) completed, and overridden, by those the configuration carries."""
+    ``dLegerPeerClientAddrs``: this node's own view, which may go through a proxy or a NAT)
+    completed by those the configuration carries, then by what a joining node was told."""
 
     def __init__(self, peers: Mapping[str, str], client_addrs: Mapping[str, str]) -> None:
         self._settings = {p: (a, client_addrs.get(p, "")) for p, a in peers.items()}
@@ -90,8 +91,8 @@ class AddressBook:
 
     def _get(self, node_id: str) -> tuple[str, str]:
         return (
-            self._conf.get(node_id)
-            or self._settings.get(node_id)
+            self._settings.get(node_id)
+            or self._conf.get(node_id)
             or self._learned.get(node_id, ("", ""))
         )
 
@@ -107,5 +108,11 @@ class AddressBook:
 
     def in_use(self, conf: ConfState) -> dict[str, str]:
         """Addresses the members of ``conf`` use -> their ids (a new member may take none)."""
-        known = {**self._settings, **self._conf}
-        return addresses_in_use(conf, known)
+        out: dict[str, str] = {}
+        for nid in sorted(conf.members):
+            a = conf.addr_of(nid)
+            views = [self._settings.get(nid, ("", "")), ("", "") if a is None else a.pair()]
+            for addr in (x for view in views for x in view):
+                if addr:
+                    out.setdefault(addr, nid)
+        return out
