@@ -282,12 +282,7 @@ class RaftNode:
         self._log = RaftLog(log)
         self._rng = rng
         self._mut = config.mutations
-        self._members = Membership(base)
-        self.peers: tuple[str, ...] = ()
-        self._voters: frozenset[str] = frozenset()
-        self._term_start = 0  # index of this leader's NOOP: a change waits for its commit
-        scan_from = max(applied_index, base.index) + 1 if conf_state is not None else 1
-        self._replay_config_entries(max(scan_from, log.first_index()), log.last_index())
+        self._init_membership(base, applied_index, conf_state is not None)
 
         hs = log.load_hard_state()
         self._term = hs.term
@@ -759,6 +754,17 @@ class RaftNode:
             f"removing the leader {self.id}: leadership is being handed to {target} first; "
             "retry the removal on the new leader"
         )
+
+    def _init_membership(self, base: ConfState, applied_index: int, given: bool) -> None:
+        """Start from ``base`` (given by the driver: in force at ``applied_index``; else the
+        bootstrap one) and replay the CONFIG entries of the log above it."""
+        self._members = Membership(base)
+        self.peers: tuple[str, ...] = ()
+        self._voters: frozenset[str] = frozenset()
+        self._term_start = 0  # index of this leader's NOOP: a change waits for its commit
+        log = self._log
+        scan_from = max(applied_index, base.index) + 1 if given else 1
+        self._replay_config_entries(max(scan_from, log.first_index()), log.last_index())
 
     def _replay_config_entries(self, start: int, last: int) -> None:
         """At start: adopt the configurations of the CONFIG entries in [start, last]."""

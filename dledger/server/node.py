@@ -1064,7 +1064,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListMembersResponse:
         await self._check_group(request.group, context)
-        return await _list_members(self.node, request)
+        return _list_members(self.node)
 
     async def ChangeMember(
         self, request: pb.ChangeMemberRequest, context: grpc.aio.ServicerContext
@@ -1124,9 +1124,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         )
 
 
-async def _list_members(
-    node: DLedgerNode, request: pb.ListMembersRequest
-) -> pb.ListMembersResponse:
+def _list_members(node: DLedgerNode) -> pb.ListMembersResponse:
     conf = node.core.conf_state
     return pb.ListMembersResponse(
         members=node.members(),
