@@ -264,16 +264,10 @@ class RaftNode:
         applied_index: int = 0,
         conf_state: ConfState | None = None,
     ) -> None:
-        """``peer_ids`` are the other members (``node_id`` itself may be listed; it is skipped).
-
-        ``applied_index`` is how far the application already applied (from its checkpoint);
-        those entries are known committed and are not handed out again.
-
-        ``conf_state`` is the configuration in force at ``applied_index`` (the driver keeps
-        it with its checkpoint; a snapshot carries it); CONFIG entries of the log above it
-        are replayed. None: the bootstrap configuration (``node_id`` and ``peer_ids``, all
-        voters), and every CONFIG entry the log holds is replayed over it.
-        """
+        """``peer_ids``: the other members (``node_id`` may be listed). ``applied_index``: how
+        far the application already applied (not handed out again). ``conf_state``: the
+        configuration in force at ``applied_index`` (None: ``peer_ids``, all voters); the log's
+        CONFIG entries above it are replayed (docs/RAFT.md section 9)."""
         base = _check_members(node_id, peer_ids, config, conf_state)
         if not 0 <= applied_index <= log.last_index():
             raise ConfigError(f"applied_index {applied_index} beyond the log's last index")
@@ -321,7 +315,6 @@ class RaftNode:
         self._pending: deque[tuple[int, int]] = deque()  # (last index, bytes) per proposal
         self._pending_bytes = 0
         self._reset_randomized_timeout()
-        self._on_conf_change()
         logger.info(
             "node=%s term=%d start last_index=%d commit=%d %s",
             node_id,
@@ -759,12 +752,13 @@ class RaftNode:
         """Start from ``base`` (given by the driver: in force at ``applied_index``; else the
         bootstrap one) and replay the CONFIG entries of the log above it."""
         self._members = Membership(base)
-        self.peers: tuple[str, ...] = ()
-        self._voters: frozenset[str] = frozenset()
         self._term_start = 0  # index of this leader's NOOP: a change waits for its commit
         log = self._log
         scan_from = max(applied_index, base.index) + 1 if given else 1
         self._replay_config_entries(max(scan_from, log.first_index()), log.last_index())
+        conf = self._members.latest()
+        self.peers: tuple[str, ...] = tuple(sorted(conf.members - {self.id}))
+        self._voters: frozenset[str] = conf.voters
 
     def _replay_config_entries(self, start: int, last: int) -> None:
         """At start: adopt the configurations of the CONFIG entries in [start, last]."""
