@@ -25,6 +25,7 @@ from broker.metrics import BrokerExporter
 from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
+from dledger.fatal import spawn
 from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
@@ -165,6 +166,12 @@ async def _serve(
         exporter.start()
     if registrar is not None:
         registrar.start()
+
+        # Removed from the group: routes must stop naming this node (it serves nothing new).
+        def unregister() -> None:
+            spawn(registrar.stop(), "unregister-removed")
+
+        node.removed_listeners.append(unregister)
 
     async def stop() -> None:
         if registrar is not None:

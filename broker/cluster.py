@@ -14,6 +14,12 @@
     mqcluster start nX                          start a node (or namesrv) again
     mqcluster down [--purge]                    stop every node and the NameServer (TERM, then
                                                 KILL after a grace)
+    mqcluster add [--learner]                   a new node (new id, free ports, its member
+                                                certificate when secure), started empty: it
+                                                joins as a learner, catches up and is promoted
+                                                (--learner: stays a learner)
+    mqcluster remove nX                         remove nX from the group (the leader hands
+                                                over first when it is nX), then stop it
 
 The files of a secure group (certificates, keys, the admin credentials) are in the base dir,
 laid out as :mod:`broker.localsecurity` says; docs/SECURITY.md "Secure by default".
@@ -37,6 +43,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from broker import localsecurity
 from broker.config import render_config
@@ -70,6 +78,8 @@ LEADER_WAIT_S = 30.0
 # Seconds `up` waits for the NameServer to listen (it starts in well under a second).
 NAMESRV_WAIT_S = 10.0
 STOP_GRACE_S = 10.0
+# Seconds `add` waits for the new node to join and catch up, `remove` for the change.
+MEMBER_WAIT_S = 120.0
 MAX_NODES = 7
 # What dledger/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
 FATAL_MARK = "FATAL component="
@@ -212,6 +222,8 @@ class LocalCluster:
         self.base = Path(base_dir).resolve()
         self.group = ""
         self.nodes: list[NodeInfo] = []
+        # Ids removed from the group: never given to a new node (a removed id stays refused).
+        self.removed: list[str] = []
         self.namesrv: NameSrvInfo | None = None
         # TLS, member certificates and ACLs (files in `localsecurity.SecureLayout(base)`).
         self.secure = False
@@ -224,6 +236,7 @@ class LocalCluster:
             data = json.loads(state.read_text())
             self.group = data["group"]
             self.nodes = [NodeInfo(**n) for n in data["nodes"]]
+            self.removed = list(data.get("removed", []))
             if data.get("namesrv"):
                 self.namesrv = NameSrvInfo(**data["namesrv"])
             self.secure = bool(data.get("secure", False))
@@ -312,7 +325,6 @@ class LocalCluster:
         metrics ports, by node), pointing at the NameServer if any; with ``admin`` (a secure
         group) the security keys too, and the file is 0600 (it holds the admin user's initial
         secret)."""
-        group = self.group
         peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(ids, ports["peer"], strict=True))
         client_addrs = ";".join(
             f"{i}-127.0.0.1:{p}" for i, p in zip(ids, ports["client"], strict=True)
@@ -321,44 +333,127 @@ class LocalCluster:
         for node_id, cport, pport, gport, mport in zip(
             ids, ports["client"], ports["peer"], ports["grpc"], ports["metrics"], strict=True
         ):
-            conf = self.base / f"{node_id}.conf"
-            values: dict[str, object] = {
-                "brokerClusterName": "DefaultCluster",
-                "brokerName": group,
-                "enableDLegerCommitLog": "true",
-                "dLegerGroup": group,
-                "dLegerPeers": peers,
-                "dLegerPeerClientAddrs": client_addrs,
-                "dLegerSelfId": node_id,
-                "listenPort": cport,
-                "grpcServerPort": gport,
-                "metricsPort": mport,
-                "storePathRootDir": str(self.base / node_id),
-            }
-            if self.namesrv is not None:
-                values["namesrvAddr"] = self.namesrv.addr
-            if admin is not None:
-                values.update(localsecurity.broker_keys(self.layout, group, node_id, admin))
-            values.update(extra)
-            gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
-            mport = int(str(values["metricsPort"]))
-            text = render_config(values)
-            if admin is not None:
-                write_private_file(str(conf), text.encode())
-            else:
-                conf.write_text(text)
-            self.nodes.append(
-                NodeInfo(
-                    node_id,
-                    cport,
-                    pport,
-                    str(conf),
-                    str(self.base / f"{node_id}.log"),
-                    str(self.base / f"{node_id}.pid"),
-                    gport,
-                    mport,
-                )
-            )
+            keys = {"dLegerPeers": peers, "dLegerPeerClientAddrs": client_addrs, **extra}
+            node = self._write_node_conf(node_id, (cport, pport, gport, mport), keys, admin)
+            self.nodes.append(node)
+
+    def _write_node_conf(
+        self,
+        node_id: str,
+        ports: tuple[int, int, int, int],
+        keys: dict[str, str],
+        admin: Credentials | None,
+    ) -> NodeInfo:
+        """One node's broker.conf (``ports``: client, peer, RocketMQ 5, metrics); ``keys`` has
+        its dLegerPeers and any extra key."""
+        cport, pport, gport, mport = ports
+        conf = self.base / f"{node_id}.conf"
+        values: dict[str, object] = {
+            "brokerClusterName": "DefaultCluster",
+            "brokerName": self.group,
+            "enableDLegerCommitLog": "true",
+            "dLegerGroup": self.group,
+            "dLegerSelfId": node_id,
+            "listenPort": cport,
+            "grpcServerPort": gport,
+            "metricsPort": mport,
+            "storePathRootDir": str(self.base / node_id),
+        }
+        if self.namesrv is not None:
+            values["namesrvAddr"] = self.namesrv.addr
+        if admin is not None:
+            values.update(localsecurity.broker_keys(self.layout, self.group, node_id, admin))
+        values.update(keys)
+        gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
+        mport = int(str(values["metricsPort"]))
+        text = render_config(values)
+        if admin is not None:
+            write_private_file(str(conf), text.encode())
+        else:
+            conf.write_text(text)
+        return NodeInfo(
+            node_id,
+            cport,
+            pport,
+            str(conf),
+            str(self.base / f"{node_id}.log"),
+            str(self.base / f"{node_id}.pid"),
+            gport,
+            mport,
+        )
+
+    # ------------------------------------------------------------------ membership
+
+    def _next_id(self) -> str:
+        used = {n.node_id for n in self.nodes} | set(self.removed)
+        return next(f"n{i}" for i in range(len(used) + 1) if f"n{i}" not in used)
+
+    def add_node(
+        self,
+        *,
+        promote: bool = True,
+        timeout_s: float = MEMBER_WAIT_S,
+        extra: dict[str, str] | None = None,
+    ) -> NodeInfo:
+        """A new node started empty with the leader's address: it joins as a learner; with
+        ``promote`` it is made a voter once caught up. The group must have a leader.
+        ``extra``: more broker.conf keys for it."""
+        if len(self.nodes) >= MAX_NODES:
+            raise ClusterError(f"the group has {len(self.nodes)} nodes, the most is {MAX_NODES}")
+        leader = self.node(self.wait_leader())
+        node_id = self._next_id()
+        cport, pport, gport, mport = _free_ports(4)
+        admin = None
+        if self.secure:
+            try:
+                admin = localsecurity.add_member_files(self.layout, self.group, node_id)
+            except (SecurityError, OSError) as exc:
+                raise ClusterError(f"cannot issue {node_id}'s certificate: {exc}") from None
+        keys = {
+            **(extra or {}),
+            "dLegerPeers": f"{node_id}-127.0.0.1:{pport}",
+            "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
+        }
+        info = self._write_node_conf(node_id, (cport, pport, gport, mport), keys, admin)
+        self.nodes.append(info)
+        self._save_state()
+        self.start(node_id)
+        deadline = time.monotonic() + timeout_s
+        with self.client() as client:
+            while not any(m.id == node_id for m in self._members(client)):
+                if time.monotonic() > deadline or self.pid(info) is None:
+                    raise ClusterError(
+                        f"{node_id} did not join within {timeout_s:.0f} s: {info.log}"
+                    )
+                time.sleep(0.1)
+            if promote:
+                self._change(client, "PROMOTE", node_id, deadline)
+        return info
+
+    def remove_node(self, node_id: str, *, timeout_s: float = MEMBER_WAIT_S) -> None:
+        """Remove ``node_id`` from the group (a leader hands over first), then stop it."""
+        n = self.node(node_id)
+        with self.client() as client:
+            self._change(client, "REMOVE", node_id, time.monotonic() + timeout_s)
+        pid = self.pid(n)
+        if pid is not None:
+            self._stop_all([(node_id, pid, n.conf)], STOP_GRACE_S)
+        self.nodes = [x for x in self.nodes if x.node_id != node_id]
+        self.removed.append(node_id)
+        self._save_state()
+
+    def _members(self, client: LogClient) -> list[pb.Member]:
+        try:
+            return list(client.list_members().members)
+        except ClientError:
+            return []
+
+    @staticmethod
+    def _change(client: LogClient, kind: str, node_id: str, deadline: float) -> None:
+        try:
+            client.change_member(kind, node_id, timeout_s=max(1.0, deadline - time.monotonic()))
+        except ClientError as exc:
+            raise ClusterError(f"{kind} {node_id}: {exc}") from None
 
     def _save_state(self) -> None:
         (self.base / STATE_FILE).write_text(
@@ -368,6 +463,7 @@ class LocalCluster:
                     "nodes": [asdict(n) for n in self.nodes],
                     "namesrv": asdict(self.namesrv) if self.namesrv else None,
                     "secure": self.secure,
+                    "removed": self.removed,
                 },
                 indent=2,
             )
@@ -697,6 +793,10 @@ def build_parser() -> CommandLine:
     start.add_argument("node")
     down = cli.add("down", help="stop every node")
     down.add_argument("--purge", action="store_true", help="also delete the base dir")
+    add = cli.add("add", help="add a new node: it joins as a learner, then is promoted")
+    add.add_argument("--learner", action="store_true", help="leave it a learner")
+    remove = cli.add("remove", help="remove a node from the group, then stop it")
+    remove.add_argument("node")
     return cli
 
 
@@ -757,6 +857,15 @@ def main(argv: list[str] | None = None) -> int:
         elif ns.cmd == "start":
             pid = cluster.start_namesrv() if ns.node == NAMESRV_ID else cluster.start(ns.node)
             print(f"started {ns.node} (pid {pid})")
+        elif ns.cmd == "add":
+            info = cluster.add_node(promote=not ns.learner)
+            role = "learner" if ns.learner else "voter"
+            print(f"added {info.node_id} as a {role}: client {info.client_addr}")
+            print(format_table(cluster.status_rows()))
+        elif ns.cmd == "remove":
+            cluster.remove_node(ns.node)
+            print(f"removed {ns.node} from group {cluster.group} and stopped it")
+            print(format_table(cluster.status_rows()))
         elif ns.cmd == "down":
             killed = cluster.down()
             if killed:

@@ -182,6 +182,12 @@ KEYS: Mapping[str, _Key] = {
         "id-host:port;... client addresses of the members, named in NOT_LEADER redirects "
         "(default: none, redirects name the leader's id only)",
     ),
+    "dLegerJoinAddr": _Key(
+        _parse_advertised_addr,
+        "",
+        "host:port (peer address) of a member of an existing group: a node started with "
+        "an empty store asks it to be added as a learner (docs/CLUSTER.md); default: none",
+    ),
     "listenPort": _Key(parse_port, "10911", "client gRPC port"),
     # RocketMQ's proxy key: the port of the RocketMQ 5 protocol (docs/RMQ5.md); mqcluster gives
     # the first node 8081 (the proxy's default), the next ones the following ports.
@@ -366,6 +372,7 @@ class BrokerConfig:
     dLegerPeers: tuple[Peer, ...]
     dLegerSelfId: str
     dLegerPeerClientAddrs: tuple[Peer, ...]
+    dLegerJoinAddr: str
     listenPort: int
     grpcServerPort: int
     grpcServerPlaintextPort: int
@@ -638,4 +645,5 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
+        join_addr=cfg.dLegerJoinAddr,
     )

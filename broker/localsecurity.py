@@ -136,6 +136,15 @@ def create_secure_files(
     return layout, credentials
 
 
+def add_member_files(layout: SecureLayout, group: str, node_id: str) -> Credentials:
+    """A member certificate for a node added to a running secure group (its id in the
+    certificate, as the peer port's member check wants), by the group's own CA; returns the
+    admin credentials its broker.conf names."""
+    ca = pki.load_authority(str(layout.tls_dir))
+    pki.issue_member(ca, str(layout.tls_dir), group, node_id, LOCAL_HOSTS)
+    return load_credentials(str(layout.admin_credentials))
+
+
 def _tls_keys(files: TlsFiles) -> dict[str, str]:
     assert files.cert_path is not None and files.key_path is not None
     assert files.ca_path is not None

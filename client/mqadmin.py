@@ -29,8 +29,10 @@ from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from client.admin import MQAdmin
 from client.consumer import PullConsumer
 from client.errors import MQClientError
+from client.members import MEMBER_CHANGE_TIMEOUT_S, MemberRow, change_member, list_members
 from client.message import Message, MessageExt, MessageQueue
 from client.producer import Producer
+from client.route import ChannelPool
 from mqcli import CommandLine, GlobalOption
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import OPTION_SPECS, security_from_args
@@ -405,6 +407,90 @@ def cmd_dlq_resend(admin: MQAdmin, args: argparse.Namespace, out: Output) -> Non
 Handler = Callable[[MQAdmin, argparse.Namespace, Output], None]
 
 
+def _group_addr(admin: MQAdmin, args: argparse.Namespace) -> str:
+    """The node to ask about a group: ``-a`` itself, or (``-b``) the leader of that broker
+    group as the NameServer lists it (any registered member while there is none)."""
+    if args.broker_addr:
+        return str(args.broker_addr)
+    for c in admin.cluster_info().clusters:
+        for g in c.groups:
+            if g.broker_name != args.broker:
+                continue
+            leader = next((m for m in g.members if m.node_id == g.leader_id), None)
+            if leader is not None:
+                return str(leader.client_addr)
+            if g.members:
+                return str(g.members[0].client_addr)
+    raise MQClientError(
+        "NO_BROKER", "NOT_FOUND", f"no broker group {args.broker!r:.80} is registered"
+    )
+
+
+def _member_rows(rows: Sequence[MemberRow], leader_id: str = "") -> list[Row]:
+    return [
+        {
+            "node": m.node_id,
+            "role": m.role + ("*" if m.node_id == leader_id else ""),
+            "peer_addr": m.peer_addr,
+            "client_addr": m.client_addr or "-",
+            "match_index": m.match_index,
+            "active": "yes" if m.recent_active else "no",
+        }
+        for m in rows
+    ]
+
+
+def cmd_list_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    with _MemberChannels(admin) as channels:
+        m = list_members(channels, _group_addr(admin, args))
+    extra = {
+        "leader": m.leader_id or "-",
+        "term": m.term,
+        "config_index": m.config_index,
+        "committed": m.config_committed,
+    }
+    out.table(_member_rows(m.members, m.leader_id), extra)
+
+
+def _change(admin: MQAdmin, args: argparse.Namespace, out: Output, kind: str) -> None:
+    with _MemberChannels(admin) as channels:
+        index, rows = change_member(
+            channels,
+            _group_addr(admin, args),
+            kind,
+            args.node_id,
+            getattr(args, "peer_addr", ""),
+            getattr(args, "client_addr", ""),
+            timeout_s=args.timeout,
+        )
+    out.table(_member_rows(rows), {"change": kind, "node": args.node_id, "index": index})
+
+
+def cmd_add_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _change(admin, args, out, "ADD_VOTER" if args.voter else "ADD_LEARNER")
+
+
+def cmd_promote_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _change(admin, args, out, "PROMOTE")
+
+
+def cmd_remove_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _change(admin, args, out, "REMOVE")
+
+
+class _MemberChannels:
+    """Channels for one member command, closed at the end (as the admin's own are)."""
+
+    def __init__(self, admin: MQAdmin) -> None:
+        self.channels = ChannelPool(admin.security)
+
+    def __enter__(self) -> ChannelPool:
+        return self.channels
+
+    def __exit__(self, *exc: object) -> None:
+        self.channels.close()
+
+
 def _user_rows(by_group: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for group, users in by_group.items():
@@ -610,6 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
     _message_commands(cli)
     _acl_commands(cli)
     _sub_group_commands(cli)
+    _member_commands(cli)
     return cli.parser
 
 
@@ -760,6 +847,60 @@ def _message_commands(cli: CommandLine) -> None:
     p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
+
+
+def _member_target(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "-b", "--broker", "--brokerName", dest="broker", default="", help="broker group name"
+    )
+    where.add_argument(
+        "-a",
+        "--broker-addr",
+        "--brokerAddr",
+        dest="broker_addr",
+        default="",
+        help="client host:port of any node of the group",
+    )
+
+
+def _member_commands(cli: CommandLine) -> None:
+    """A group's members (docs/CLUSTER.md): -b or -a picks the group, -i the member."""
+    add = functools.partial(_command, cli)
+    _member_target(add("listMember", cmd_list_member, "a broker group's voters and learners"))
+
+    def change(name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+        p = add(name, handler, help_)
+        _member_target(p)
+        p.add_argument("-i", "--node-id", "--nodeId", dest="node_id", required=True)
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=MEMBER_CHANGE_TIMEOUT_S,
+            help=f"seconds to wait for the change (default {MEMBER_CHANGE_TIMEOUT_S:.0f})",
+        )
+        return p
+
+    p = change("addMember", cmd_add_member, "add a member (a learner unless --voter)")
+    p.add_argument(
+        "-p",
+        "--peer-addr",
+        "--peerAddr",
+        dest="peer_addr",
+        required=True,
+        help="its Raft host:port",
+    )
+    p.add_argument(
+        "-c",
+        "--client-addr",
+        "--clientAddr",
+        dest="client_addr",
+        default="",
+        help="its client host:port (named in redirects)",
+    )
+    p.add_argument("--voter", action="store_true", help="a voter straight away (no catching up)")
+    change("promoteMember", cmd_promote_member, "make a caught-up learner a voter")
+    change("removeMember", cmd_remove_member, "remove a member (the leader hands over first)")
 
 
 def _where(p: argparse.ArgumentParser) -> None:

@@ -54,6 +54,9 @@ METADATA_TIMEOUT_S = 0.5
 LEADER_WAIT_S = 30.0
 # Seconds a node gets to stop on SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
+# A membership change waits for a new node to start, join and catch up, or for a removal (with
+# a hand-over) to commit; a nemesis fault window is a few seconds, this bounds the rare slow one.
+MEMBER_WAIT_S = 30.0
 
 
 def link_name(src: str, dst: str) -> str:
@@ -302,6 +305,24 @@ class JepsenCluster:
             return False
         return True
 
+    def add_member(self) -> str:
+        """A new node (new id, its own certificate when secure) started empty: it joins as a
+        learner through the leader's peer port, catches up and is promoted. It has no proxy
+        links: the partitions of the run cut it only where it sends through a link of the
+        leader whose address it was told (docs/JEPSEN.md)."""
+        info = self.local.add_node(timeout_s=MEMBER_WAIT_S, extra=self.extra)
+        pid = self.local.pid(info)
+        if pid is not None:
+            self._track(pid)
+        return info.node_id
+
+    def remove_member(self, node_id: str) -> None:
+        """Remove ``node_id`` from the group (the leader hands over first), then stop it."""
+        self.paused.discard(node_id)
+        with contextlib.suppress(ClusterError):
+            self.local.signal(node_id, signal.SIGCONT)
+        self.local.remove_node(node_id, timeout_s=MEMBER_WAIT_S)
+
     def log_size(self, node_id: str) -> int:
         return _size(Path(self.node(node_id).log))
 
@@ -337,7 +358,8 @@ class JepsenCluster:
         )
 
     def proxied_client(self, timeout_s: float) -> LogClient:
-        addrs = [self.proxy_client_addrs[i] for i in self.ids]
+        # A member added during the run has no proxy: it is reached directly.
+        addrs = [self.proxy_client_addrs.get(i, self.node(i).client_addr) for i in self.ids]
         return log_client(addrs, self.local.group, self.security, timeout_s)
 
     def leader(self, client: LogClient) -> str | None:

@@ -23,7 +23,21 @@ from jepsen_like.proxy import LinkFaults
 
 logger = logging.getLogger(__name__)
 
-NEMESES = ("partition", "kill", "pause", "disk", "latency", "bandwidth", "rolling")
+NEMESES = (
+    "partition",
+    "kill",
+    "pause",
+    "disk",
+    "latency",
+    "bandwidth",
+    "rolling",
+    "membership",
+)
+# The membership nemesis keeps the group between these sizes (voters): it adds a new node,
+# removes one (the leader half the time: it hands over first) or replaces one (add, then
+# remove), under the workload's load.
+MEMBERSHIP_MIN_NODES = 3
+MEMBERSHIP_MAX_NODES = 5
 # Nemeses that shape traffic rather than cut it: only the proxy backend has them.
 SHAPING_NEMESES = ("latency", "bandwidth")
 PARTITION_SHAPES = (
@@ -246,6 +260,8 @@ class Nemesis:
             links = [name for name in c.net.links if not name.startswith("client")]
             self._begin(kind, f"{BANDWIDTH_BYTES_PER_S} bytes/s on every peer link")
             c.net.set_faults(links, LinkFaults(bandwidth_bytes_per_s=BANDWIDTH_BYTES_PER_S))
+        elif kind == "membership":
+            self._membership()
         elif kind == "rolling":
             order = list(c.ids)
             self.rng.shuffle(order)
@@ -264,6 +280,29 @@ class Nemesis:
         else:
             raise ValueError(f"unknown nemesis {kind!r}")
         self._sleep_until(until)
+
+    def _membership(self) -> None:
+        """One change of the group's members; it is not undone at the heal (the next
+        membership fault may change it again). A change the group refuses is reported."""
+        c = self.cluster
+        n = len(c.ids)
+        actions = ["add"] if n < MEMBERSHIP_MIN_NODES else ["replace"]
+        if n < MEMBERSHIP_MAX_NODES:
+            actions.append("add")
+        if n > MEMBERSHIP_MIN_NODES:
+            actions.append("remove")
+        action = self.rng.choice(actions)
+        leader = self._leader()
+        victim = leader if leader and self.rng.random() < LEADER_TARGET_PROBABILITY else None
+        victim = victim or self.rng.choice(c.ids)
+        self._begin("membership", f"{action} (group {sorted(c.ids)}, leader {leader})")
+        if action in ("add", "replace"):
+            added = c.add_member()
+            c.events.append(f"membership: added {added}")
+        if action in ("remove", "replace"):
+            c.remove_member(victim)
+            self._down.discard(victim)
+            c.events.append(f"membership: removed {victim} (leader was {leader})")
 
     def heal_all(self) -> None:
         """Heal every link and process fault, end the open window (idempotent)."""

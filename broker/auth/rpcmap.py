@@ -166,6 +166,8 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     DLEDGER + "Get": SUPER_ONLY,  # raw entries: every topic's messages
     DLEDGER + "TransferLeadership": SUPER_ONLY,
     DLEDGER + "Metadata": lambda r, c: [cluster(c, GET)],
+    DLEDGER + "ListMembers": lambda r, c: [cluster(c, GET)],
+    DLEDGER + "ChangeMember": SUPER_ONLY,
     # RocketMQ 5.3's mapping of its gRPC protocol (QueryRoute: see ANY_OF).
     V2 + "QueryRoute": lambda r, c: [topic(r.topic.name, PUB)],
     V2 + "SendMessage": _v2_send,

@@ -28,6 +28,14 @@ Inputs (call from one thread or task; each returns quickly and never blocks):
   ``NotLeaderError(leader_id=hint)``, ``TransferInProgressError``, ``BackPressureError`` or
   ``ProposalDroppedError`` and then changes nothing.
 * ``transfer_leadership(target_id)`` on the leader.
+* ``propose_conf_change(ConfChange(kind, node_id)) -> Proposal`` on the leader: one
+  membership change (``dledger.core.membership``; docs/RAFT.md section 9). Raises
+  ``ConfChangeError`` (never valid as asked), ``ConfChangePendingError`` (retry later),
+  ``TransferInProgressError`` (removing the leader: it hands over first) or
+  ``NotLeaderError``. A committed ``EntryType.CONFIG`` entry carries no application data.
+  ``conf_state`` / ``conf_state_at(index)`` give the configuration (a frozen ``ConfState``
+  a snapshot can carry); ``restore_conf_state`` adopts one from a snapshot; the constructor
+  takes the one in force at ``applied_index`` as ``conf_state=``.
 
 Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in this order:
 
@@ -94,6 +102,13 @@ from dledger.core.errors import (
     TransferInProgressError,
     UnknownPeerError,
 )
+from dledger.core.membership import (
+    ChangeKind,
+    ConfChange,
+    ConfChangeError,
+    ConfChangePendingError,
+    ConfState,
+)
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
@@ -152,6 +167,11 @@ __all__ = [
     "AppendRequest",
     "AppendResponse",
     "BackPressureError",
+    "ChangeKind",
+    "ConfChange",
+    "ConfChangeError",
+    "ConfChangePendingError",
+    "ConfState",
     "ConfigError",
     "Message",
     "NotLeaderError",

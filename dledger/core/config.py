@@ -50,6 +50,9 @@ MUTATIONS = frozenset(
         "no_truncate_conflict",  # a follower keeps a conflicting suffix instead of truncating
         "leader_never_steps_down",  # check-quorum never deposes the leader
         "accept_ack_beyond_last",  # the leader counts an ack of an index it does not hold
+        "conf_change_while_pending",  # a second membership change before the first commits
+        "conf_change_before_term_commit",  # a change before the leader committed in its term
+        "removed_member_votes",  # vote requests from non-voters (removed nodes) are answered
     }
 )
 

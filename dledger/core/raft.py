@@ -27,6 +27,18 @@ from dledger.core.errors import (
     TransferInProgressError,
     UnknownPeerError,
 )
+from dledger.core.membership import (
+    PROMOTE_MAX_LAG_ENTRIES,
+    ChangeKind,
+    ConfChange,
+    ConfChangeError,
+    ConfChangePendingError,
+    ConfState,
+    Membership,
+    bootstrap,
+    check_change,
+    decode,
+)
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
@@ -169,6 +181,9 @@ class Status:
     peers: tuple[PeerStatus, ...]
     # Messages dropped (and events refused) since start, by reason (messages.DROP_*).
     dropped: Mapping[str, int]
+    # The configuration in force (the last one in this member's log), sorted ids.
+    voters: tuple[str, ...] = ()
+    learners: tuple[str, ...] = ()
 
 
 class _Progress:
@@ -213,8 +228,17 @@ class _Progress:
             self.inflight.popleft()
 
 
-def _check_members(node_id: str, peer_ids: Sequence[str], config: RaftConfig) -> tuple[str, ...]:
-    """The other members; ConfigError for duplicates, too many, or an unknown preferred."""
+def _check_members(
+    node_id: str, peer_ids: Sequence[str], config: RaftConfig, conf: ConfState | None
+) -> ConfState:
+    """The configuration to start from; ConfigError for duplicates, too many, an unknown
+    preferred leader, or a given configuration that does not know this node."""
+    if conf is not None:
+        # The group's configuration may have dropped the preferred leader since: it is then
+        # ignored (only a voter is handed leadership).
+        if node_id in conf.removed:
+            raise ConfigError(f"{node_id} was removed from the group ({conf.describe()})")
+        return conf
     others = tuple(p for p in peer_ids if p != node_id)
     if len(set(others)) != len(others):
         raise ConfigError(f"duplicate peer ids in {list(peer_ids)}")
@@ -223,7 +247,7 @@ def _check_members(node_id: str, peer_ids: Sequence[str], config: RaftConfig) ->
     pref = config.preferred_leader_id
     if pref is not None and pref != node_id and pref not in others:
         raise ConfigError(f"preferred_leader_id {pref!r} is not a member")
-    return others
+    return bootstrap(node_id, others)
 
 
 class RaftNode:
@@ -238,22 +262,21 @@ class RaftNode:
         rng: random.Random,
         *,
         applied_index: int = 0,
+        conf_state: ConfState | None = None,
     ) -> None:
-        """``peer_ids`` are the other members (``node_id`` itself may be listed; it is skipped).
-
-        ``applied_index`` is how far the application already applied (from its checkpoint);
-        those entries are known committed and are not handed out again.
-        """
-        others = _check_members(node_id, peer_ids, config)
+        """``peer_ids``: the other members (``node_id`` may be listed). ``applied_index``: how
+        far the application already applied (not handed out again). ``conf_state``: the
+        configuration in force at ``applied_index`` (None: ``peer_ids``, all voters); the log's
+        CONFIG entries above it are replayed (docs/RAFT.md section 9)."""
+        base = _check_members(node_id, peer_ids, config, conf_state)
         if not 0 <= applied_index <= log.last_index():
             raise ConfigError(f"applied_index {applied_index} beyond the log's last index")
         self.id = node_id
-        self.peers = others
         self.cfg = config
         self._log = RaftLog(log)
         self._rng = rng
-        self._quorum = (len(others) + 1) // 2 + 1
         self._mut = config.mutations
+        self._init_membership(base, applied_index, conf_state is not None)
 
         hs = log.load_hard_state()
         self._term = hs.term
@@ -298,11 +321,12 @@ class RaftNode:
         self.elections_won = 0
         self._reset_randomized_timeout()
         logger.info(
-            "node=%s term=%d start last_index=%d commit=%d",
+            "node=%s term=%d start last_index=%d commit=%d %s",
             node_id,
             self._term,
             log.last_index(),
             self._commit,
+            self._members.latest().describe(),
         )
 
     # ------------------------------------------------------------------ read-only state
@@ -381,6 +405,8 @@ class RaftNode:
             transfer_target=self._transferee,
             peers=peers,
             dropped=dict(self._dropped),
+            voters=tuple(sorted(self._voters)),
+            learners=tuple(sorted(self._members.latest().learners)),
         )
 
     # ------------------------------------------------------------------ driver interface
@@ -393,7 +419,9 @@ class RaftNode:
             self._tick_leader()
         else:
             self._election_elapsed += 1
-            if self._election_elapsed >= self._randomized_timeout:
+            # A learner, a joining or a removed node never campaigns; its clock keeps running
+            # so that its leader lease lapses (a voter it does not know it is must vote).
+            if self._election_elapsed >= self._randomized_timeout and self.id in self._voters:
                 self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
         self.release_notices()
 
@@ -401,10 +429,7 @@ class RaftNode:
         """Append ``bodies`` as consecutive entries (leader only). Raises NotLeaderError,
         TransferInProgressError, BackPressureError or ProposalDroppedError; nothing is
         appended when it raises."""
-        if self._role is not Role.LEADER:
-            raise NotLeaderError(f"node {self.id} is not the leader", leader_id=self._leader_id)
-        if self._transferee is not None:
-            raise TransferInProgressError(f"leadership is being transferred to {self._transferee}")
+        self._check_can_propose()
         if not bodies:
             raise ProposalDroppedError("empty proposal")
         if len(bodies) > MAX_ENTRIES_PER_PROPOSAL:
@@ -443,7 +468,7 @@ class RaftNode:
             raise NotLeaderError(f"node {self.id} is not the leader", leader_id=self._leader_id)
         if target_id == self.id:
             return
-        if target_id not in self._progress:
+        if target_id not in self._progress or target_id not in self._voters:
             raise UnknownPeerError(f"{target_id[:64]!r} (length {len(target_id)}) is not a member")
         if self._transferee is not None:
             if self._transferee == target_id:
@@ -489,7 +514,7 @@ class RaftNode:
 
     def _hostile_reason(self, m: Message) -> str | None:
         """The DROP_* reason when no honest member could have sent ``m``, else None."""
-        if m.to_id != self.id or m.from_id not in self._peer_set():
+        if self._not_member(m):
             return DROP_NOT_MEMBER
         term = m.term
         if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
@@ -500,6 +525,7 @@ class RaftNode:
                 not 0 <= prev <= MAX_INDEX
                 or m.leader_commit < 0
                 or (m.entries and m.entries[0].index != prev + 1)
+                or self._bad_config_entry(m)
             ):
                 return DROP_MALFORMED
             if term == self._term and self._term_leader not in (None, m.from_id):
@@ -618,14 +644,224 @@ class RaftNode:
         if rd.committed:
             assert rd.committed[0].index == self._applied + 1, "committed entries skipped"
             self._applied = rd.committed[-1].index
+            self._members.compact(self._applied)
         if self._role is Role.LEADER:
             self._maybe_commit()
+            self._step_down_if_removed()
         self._check_invariants()
+
+    # ------------------------------------------------------------------ membership (issue 21)
+    # The rules live in dledger.core.membership; these hooks keep the node's view of the
+    # group (peers, voters, progress) in step with the last CONFIG entry of its log.
+
+    @property
+    def conf_state(self) -> ConfState:
+        """The configuration in force: the last one in this member's log (maybe uncommitted)."""
+        return self._members.latest()
+
+    def conf_state_at(self, index: int) -> ConfState:
+        """The configuration in force at ``index`` (at or above the applied index): what a
+        snapshot taken at ``index`` carries."""
+        return self._members.at(index)
+
+    def restore_conf_state(self, conf: ConfState) -> None:
+        """A snapshot at ``conf.index`` or above replaced the log: adopt its configuration."""
+        self._members.restore(conf)
+        self._on_conf_change()
+
+    def propose_conf_change(
+        self,
+        change: ConfChange,
+        addrs_in_use: Mapping[str, str] | None = None,
+        member_addrs: Mapping[str, tuple[str, str]] | None = None,
+    ) -> Proposal:
+        """Append a CONFIG entry making one change (leader only). Raises NotLeaderError,
+        TransferInProgressError (also when removing this leader: it hands leadership to the
+        most caught-up voter first; retry there), ConfChangePendingError (retry later) or
+        ConfChangeError (never valid as asked); nothing is appended when it raises.
+        ``addrs_in_use`` maps the members' addresses to their ids (the driver knows the
+        bootstrap members'; ``membership.addresses_in_use``): a new member may not take one;
+        ``member_addrs`` (id -> (peer, client)) fills in the members' addresses the
+        configuration does not carry yet (``ConfState.apply``)."""
+        self._check_can_propose()
+        conf = self._members.latest()
+        pending = self._members.pending_index(self._commit)
+        if pending and "conf_change_while_pending" not in self._mut:
+            raise ConfChangePendingError(
+                f"the membership change at index {pending} is not committed yet"
+            )
+        if self._commit < self._term_start and "conf_change_before_term_commit" not in self._mut:
+            raise ConfChangePendingError(
+                f"leader {self.id} has not committed an entry of term {self._term} yet"
+            )
+        check_change(conf, change, self._active_members(), addrs_in_use)
+        if change.kind is ChangeKind.PROMOTE:
+            self._check_caught_up(change.node_id)
+        if change.kind is ChangeKind.REMOVE and change.node_id == self.id:
+            self._hand_over_before_removal(conf)
+        new = conf.apply(change, self._log.last_index() + 1, member_addrs)
+        body = new.encode()
+        entry = Entry(self._term, new.index, body, EntryType.CONFIG)
+        logger.info(
+            "node=%s term=%d propose_conf_change %s %s index=%d -> %s",
+            self.id,
+            self._term,
+            change.kind.value,
+            change.node_id,
+            new.index,
+            new.describe(),
+        )
+        self._append_local([entry])
+        self._pending.append((new.index, len(body)))
+        self._pending_bytes += len(body)
+        self._bcast_owed = True
+        return Proposal(term=self._term, first_index=new.index, last_index=new.index)
+
+    def _check_can_propose(self) -> None:
+        if self._role is not Role.LEADER:
+            raise NotLeaderError(f"node {self.id} is not the leader", leader_id=self._leader_id)
+        if self._transferee is not None:
+            raise TransferInProgressError(f"leadership is being transferred to {self._transferee}")
+
+    def _active_members(self) -> frozenset[str]:
+        heard = (p for p, pr in self._progress.items() if self._recently_heard(pr))
+        return frozenset([self.id, *heard])
+
+    def _check_caught_up(self, learner: str) -> None:
+        pr = self._progress.get(learner)
+        lag = self._log.last_index() - (pr.match if pr is not None else 0)
+        if pr is None or not self._recently_heard(pr) or lag > PROMOTE_MAX_LAG_ENTRIES:
+            raise ConfChangePendingError(
+                f"learner {learner} is {lag} entries behind (at most {PROMOTE_MAX_LAG_ENTRIES}"
+                " to be promoted) or not answering; retry once it caught up"
+            )
+
+    def _hand_over_before_removal(self, conf: ConfState) -> None:
+        """This leader is asked to remove itself: start a transfer to the most caught-up
+        active voter and refuse the change (the new leader takes it)."""
+        candidates = [
+            (pr.match, p)
+            for p, pr in self._progress.items()
+            if p in conf.voters and self._recently_heard(pr)
+        ]
+        if not candidates:
+            raise ConfChangeError(f"no other voter is up to take over from leader {self.id}")
+        target = max(candidates)[1]
+        self.transfer_leadership(target)
+        raise TransferInProgressError(
+            f"removing the leader {self.id}: leadership is being handed to {target} first; "
+            "retry the removal on the new leader"
+        )
+
+    def _init_membership(self, base: ConfState, applied_index: int, given: bool) -> None:
+        """Start from ``base`` (given by the driver: in force at ``applied_index``; else the
+        bootstrap one) and replay the CONFIG entries of the log above it."""
+        self._members = Membership(base)
+        self._term_start = 0  # index of this leader's NOOP: a change waits for its commit
+        log = self._log
+        scan_from = max(applied_index, base.index) + 1 if given else 1
+        self._replay_config_entries(max(scan_from, log.first_index()), log.last_index())
+        conf = self._members.latest()
+        self.peers: tuple[str, ...] = tuple(sorted(conf.members - {self.id}))
+        self._voters: frozenset[str] = conf.voters
+
+    def _replay_config_entries(self, start: int, last: int) -> None:
+        """At start: adopt the configurations of the CONFIG entries in [start, last]."""
+        while start <= last:
+            batch = self._log.read_range(start, MAX_READY_COMMITTED_BYTES, last - start + 1)
+            for e in batch:
+                if e.type == EntryType.CONFIG:
+                    try:
+                        self._members.append(decode(e.body, e.index))
+                    except ValueError as exc:
+                        raise ConfigError(f"CONFIG entry {e.index} of the log: {exc}") from exc
+            start = batch[-1].index + 1
+
+    def _log_appended(self, entries: Sequence[Entry], cut: bool) -> None:
+        """Entries went into the log (after a cut at their first index when ``cut``): the
+        configuration follows the last CONFIG entry the log holds."""
+        changed = cut and self._members.truncate(entries[0].index)
+        for e in entries:
+            if e.type == EntryType.CONFIG:
+                # Bodies from peers were checked in _hostile_reason; a leader encodes its own.
+                self._members.append(decode(e.body, e.index))
+                changed = True
+        if changed:
+            self._on_conf_change()
+
+    def _on_conf_change(self) -> None:
+        conf = self._members.latest()
+        self.peers = tuple(sorted(conf.members - {self.id}))
+        self._voters = conf.voters
+        if self._role is not Role.LEADER:
+            return
+        nxt = self._log.last_index() + 1
+        for p in self.peers:
+            if p not in self._progress:
+                self._progress[p] = _Progress(nxt)
+        self._prune_progress()
+        if self._transferee is not None and self._transferee not in conf.voters:
+            self._transferee = None
+
+    def _prune_progress(self) -> None:
+        """Stop replicating to removed members once their removal is committed: until then
+        they get the entry that removes them, so that they know and stay quiet."""
+        keep = self._members.latest().members | self._members.at(self._commit).members
+        for p in [p for p in self._progress if p not in keep]:
+            del self._progress[p]
+
+    def _step_down_if_removed(self) -> None:
+        """A leader whose committed configuration no longer has it as a voter steps down (the
+        hand-over normally comes first; this covers a change it could not hand over for)."""
+        conf = self._members.latest()
+        if self.id not in conf.voters and conf.index <= self._commit:
+            logger.warning(
+                "node=%s term=%d not a voter of the committed %s: stepping down",
+                self.id,
+                self._term,
+                conf.describe(),
+            )
+            self._become_follower(self._term, None)
+
+    def _vote_count(self) -> tuple[int, int]:
+        """(granted, rejected) among the voters of the configuration."""
+        granted = sum(1 for p, v in self._votes.items() if v and p in self._voters)
+        rejected = sum(1 for p, v in self._votes.items() if not v and p in self._voters)
+        return granted, rejected
+
+    def _quorum(self) -> int:
+        return len(self._voters) // 2 + 1
+
+    @staticmethod
+    def _bad_config_entry(m: AppendRequest) -> bool:
+        for e in m.entries:
+            if e.type == EntryType.CONFIG:
+                try:
+                    decode(e.body, e.index)
+                except ValueError:
+                    return True
+        return False
 
     # ------------------------------------------------------------------ internals: misc
 
-    def _peer_set(self) -> tuple[str, ...]:
-        return self.peers
+    def _not_member(self, m: Message) -> bool:
+        """Addressed to another node or from this one; anything from a removed node (a
+        removed node cannot disrupt the group: not with vote requests, nor with the higher
+        term of an answer to the appends that tell it it was removed); an answer from a
+        non-member the leader does not replicate to. A request from an id this node does not
+        know yet is taken: a member whose log lags behind the configuration that added a
+        voter must still hear that voter as a leader and may vote for it (a new node, which
+        knows no configuration yet, votes too: a group that added a voter needs its vote)."""
+        conf = self._members.latest()
+        if m.to_id != self.id or m.from_id == self.id:
+            return True
+        if isinstance(m, VoteRequest) and "removed_member_votes" in self._mut:
+            return False
+        if m.from_id in conf.removed:
+            return True
+        if isinstance(m, (AppendResponse, VoteResponse)):
+            return m.from_id not in conf.members and m.from_id not in self._progress
+        return False
 
     def _drop(self, reason: str, m: Message | None) -> None:
         """Count a dropped message; log the 1st, 2nd, 4th, 8th ... of each reason, so that a
@@ -670,7 +906,9 @@ class RaftNode:
         self._randomized_timeout = self._rng.randrange(t, 2 * t)
 
     def _append_local(self, entries: Sequence[Entry]) -> None:
+        cut = entries[0].index <= self._log.last_index()
         self._log.append(entries)
+        self._log_appended(entries, cut)
 
     def _check_invariants(self) -> None:
         last = self._log.last_index()
@@ -736,12 +974,12 @@ class RaftNode:
             pre_vote,
             transfer,
         )
-        if self._quorum == 1:
+        if self._vote_count()[0] >= self._quorum():
             self._win_vote()
             return
         last_index = self._log.last_index()
         last_term = self._log.last_term()
-        for p in self.peers:
+        for p in sorted(self._voters - {self.id}):
             self._send(
                 VoteRequest(
                     self.id,
@@ -775,11 +1013,12 @@ class RaftNode:
         self._transferee = None
         self._pending.clear()
         self._pending_bytes = 0
+        self._term_start = nxt
         logger.info("node=%s term=%d become_leader last_index=%d", self.id, self._term, nxt - 1)
         # Raft figure 8: entries of earlier terms commit only under one of the current term.
         self._append_local([Entry(self._term, nxt, b"", EntryType.NOOP)])
         self._broadcast_append()
-        if not self.peers:
+        if len(self._voters) == 1:
             self._maybe_commit()
 
     # ------------------------------------------------------------------ leader side
@@ -793,8 +1032,8 @@ class RaftNode:
             self._election_elapsed = 0  # the leader's own lease never lapses while it leads
         if self.cfg.check_quorum:
             # Step down once no majority has answered within the last election timeout.
-            active = 1 + sum(1 for pr in self._progress.values() if self._recently_heard(pr))
-            if active < self._quorum and "leader_never_steps_down" not in self._mut:
+            active = len(self._active_members() & self._voters)
+            if active < self._quorum() and "leader_never_steps_down" not in self._mut:
                 logger.warning(
                     "node=%s term=%d check_quorum_failed active=%d", self.id, self._term, active
                 )
@@ -821,7 +1060,7 @@ class RaftNode:
                     self._send_append(p)
         if self._heartbeat_elapsed >= self.cfg.heartbeat_interval_ticks:
             self._heartbeat_elapsed = 0
-            for p in self.peers:
+            for p in self._progress:
                 self._send_heartbeat(p)
             self._maybe_transfer_to_preferred()
 
@@ -832,8 +1071,13 @@ class RaftNode:
         pref = self.cfg.preferred_leader_id
         if pref is None or pref == self.id or self._transferee is not None:
             return
-        pr = self._progress[pref]
-        if self._recently_heard(pr) and pr.match == self._log.last_index():
+        pr = self._progress.get(pref)
+        if (
+            pr is not None
+            and pref in self._voters
+            and self._recently_heard(pr)
+            and pr.match == self._log.last_index()
+        ):
             self.transfer_leadership(pref)
 
     def _send_heartbeat(self, peer: str, *, no_reply: bool = False) -> None:
@@ -855,7 +1099,9 @@ class RaftNode:
 
     def _send_append(self, peer: str) -> bool:
         """Send the next batch to ``peer`` if its state allows; True when something was sent."""
-        pr = self._progress[peer]
+        pr = self._progress.get(peer)
+        if pr is None:
+            return False  # removed meanwhile (its removal committed)
         last = self._log.last_index()
         if pr.state is ProgressState.PROBE:
             if pr.probe_sent:
@@ -891,7 +1137,7 @@ class RaftNode:
         return True
 
     def _broadcast_append(self) -> None:
-        for p in self.peers:
+        for p in list(self._progress):
             while self._send_append(p) and self._progress[p].state is ProgressState.REPLICATE:
                 pass
 
@@ -968,10 +1214,13 @@ class RaftNode:
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER
         matches = sorted(
-            [self._log.stable_last()] + [pr.match for pr in self._progress.values()],
+            (
+                self._log.stable_last() if v == self.id else self._progress[v].match
+                for v in self._voters
+            ),
             reverse=True,
         )
-        qi = matches[self._quorum - 1]
+        qi = matches[self._quorum() - 1]
         if qi <= self._commit:
             return
         if self._log.term_at(qi) != self._term and "commit_old_term_by_count" not in self._mut:
@@ -982,6 +1231,8 @@ class RaftNode:
         # Tell idle followers the new commit index at the next ready() rather than at the
         # next heartbeat; one that gets an append by then learns it from the append.
         self._commit_notice_owed = True
+        if len(self._progress) > len(self.peers):
+            self._prune_progress()
 
     def _pay_owed_messages(self) -> None:
         """Appends of proposals since the last ready(), then commit notices to followers that
@@ -1154,15 +1405,14 @@ class RaftNode:
         else:
             return
         self._votes.setdefault(m.from_id, m.granted)
-        granted = sum(1 for v in self._votes.values() if v)
-        rejected = len(self._votes) - granted
-        if granted >= self._quorum:
+        granted, rejected = self._vote_count()
+        if granted >= self._quorum():
             self._win_vote()
-        elif rejected >= self._quorum:
+        elif rejected >= self._quorum():
             self._become_follower(self._term, None)
 
     def _handle_timeout_now(self, m: TimeoutNow) -> None:
-        if self._role is Role.LEADER:
+        if self._role is Role.LEADER or self.id not in self._voters:
             return
         logger.info("node=%s term=%d timeout_now from=%s", self.id, self._term, m.from_id)
         self._campaign(pre_vote=False, transfer=True)

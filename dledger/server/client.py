@@ -8,6 +8,7 @@ directly.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,11 @@ from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # Redirects followed by one call before it gives up (a group elects within a few hops).
 MAX_REDIRECTS = 5
+# A membership change waits for the one in flight, a learner's catching up (a promotion) and
+# a leader's hand-over (its own removal): seconds on a healthy group.
+MEMBER_CHANGE_TIMEOUT_S = 60.0
+# Shortest wait between two tries of a refused change (the server's hint when longer).
+RETRY_MIN_MS = 50
 
 
 class ClientError(DLedgerError):
@@ -168,6 +174,54 @@ class LogClient:
             index = entries[-1].index + 1
             if index > commit:
                 return out
+
+    def list_members(self, addr: str | None = None) -> pb.ListMembersResponse:
+        """The configuration as ``addr`` (default: the leader, else the first node) knows it."""
+        addr = addr or self.find_leader() or self.addrs[0]
+        try:
+            resp: pb.ListMembersResponse = self._stub(addr).ListMembers(
+                pb.ListMembersRequest(group=self.group), timeout=self.timeout_s
+            )
+            return resp
+        except grpc.RpcError as exc:
+            raise _error(exc, addr) from None
+
+    def change_member(
+        self,
+        kind: str,
+        node_id: str,
+        peer_addr: str = "",
+        client_addr: str = "",
+        timeout_s: float = MEMBER_CHANGE_TIMEOUT_S,
+    ) -> pb.ChangeMemberResponse:
+        """One membership change (``ChangeMemberRequest.kind``) on the leader, following
+        redirects and waiting out retryable refusals (a change in flight, a learner catching
+        up, a leader handing over before its own removal) for up to ``timeout_s``."""
+        request = pb.ChangeMemberRequest(
+            group=self.group,
+            kind=kind,
+            node_id=node_id,
+            peer_addr=peer_addr,
+            client_addr=client_addr,
+        )
+        deadline = time.monotonic() + timeout_s
+        addr = self._leader or self.find_leader() or self.addrs[0]
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                resp: pb.ChangeMemberResponse = self._stub(addr).ChangeMember(
+                    request, timeout=max(0.1, min(self.timeout_s, left))
+                )
+                return resp
+            except grpc.RpcError as exc:
+                err, info = _error(exc, addr), read_error(exc)
+                retryable = info.retryable if info is not None else err.status == "UNAVAILABLE"
+                if not retryable or time.monotonic() >= deadline:
+                    raise err from None
+                if err.code == "NOT_LEADER":
+                    addr = err.leader_addr or self.find_leader() or addr
+                wait_ms = max(info.retry_after_ms if info is not None else 0, RETRY_MIN_MS)
+                time.sleep(min(wait_ms / 1000, max(left, 0)))
 
     def transfer_leadership(self, target_id: str) -> pb.TransferLeadershipResponse:
         addr = self.find_leader() or self.addrs[0]

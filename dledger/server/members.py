@@ -11,7 +11,7 @@ corrected. Every refusal is a `Refused` carrying the reason counted in
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -54,7 +54,7 @@ def stream_sender(
     metadata: Iterable[tuple[str, str | bytes]],
     group: str,
     self_id: str,
-    peers: Collection[str],
+    peers: Container[str],
 ) -> str | Refused:
     """The member id of the certificate a peer stream came with, or why it is refused."""
     pems = auth_context.get("x509_pem_cert") or []

@@ -35,12 +35,17 @@ from dledger import failpoints
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
     MAX_ENTRIES_PER_PROPOSAL,
+    ChangeKind,
+    ConfChange,
     ConfigError,
+    ConfState,
+    Proposal,
     RaftConfig,
     RaftNode,
     Ready,
     Role,
 )
+from dledger.core.membership import MEMBER_ID_RE, joining
 from dledger.fatal import fatal, spawn
 from dledger.log import (
     DLedgerError,
@@ -55,6 +60,7 @@ from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.guard import CallGuard, GuardInterceptor
 from dledger.server.members import Refused, stream_sender
+from dledger.server.membership import JOIN_RETRY_MS, AddressBook, load_conf, save_conf
 from dledger.server.metrics import RaftStats
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
@@ -198,6 +204,10 @@ class NodeConfig:
     tls: TlsFiles | None = None
     # With tls: an extra plaintext client port bound to 127.0.0.1 (0: none), for local tools.
     plaintext_client_port: int = 0
+    # Join an existing group through this member's peer address (broker key
+    # dLegerJoinAddr): a node started with an empty store asks the group to add it as a
+    # learner, and takes its configuration from the log (docs/CLUSTER.md). "": no joining.
+    join_addr: str = ""
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -285,10 +295,14 @@ class DLedgerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: list[_Waiter] = []
         self._waiter_seq = itertools.count()
-        self._client_addrs: dict[str, str] = {
-            **{p: a for p, a in cfg.peer_client_addrs.items() if a},
-            cfg.self_id: cfg.public_client_addr,
-        }
+        self._book = AddressBook(
+            cfg.peers, {**cfg.peer_client_addrs, cfg.self_id: cfg.public_client_addr}
+        )
+        self._conf_seen: ConfState | None = None
+        # Called once when this node learns that the group removed it (the broker stops
+        # registering with the NameServers).
+        self.removed_listeners: list[Callable[[], None]] = []
+        self._removed_told = False
         self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
@@ -319,21 +333,28 @@ class DLedgerNode:
         if self.raft_stats is not None:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         self._applied = self.sm.applied_index()
-        self.core = RaftNode(
-            cfg.self_id,
-            list(cfg.peers),
-            self.store,
-            cfg.raft_config(),
-            random.Random(self._seed),
-            applied_index=self._applied,
-        )
+        conf = self._start_conf()
+        try:
+            self.core = RaftNode(
+                cfg.self_id,
+                list(cfg.peers),
+                self.store,
+                cfg.raft_config(),
+                random.Random(self._seed),
+                applied_index=self._applied,
+                conf_state=conf,
+            )
+        except ConfigError as exc:
+            raise StartError(f"node {cfg.self_id}: {exc}") from exc
         self._transport = PeerTransport(
             cfg.group,
             cfg.self_id,
             cfg.public_client_addr,
-            dict(cfg.peers.items()),
+            {},
             cfg.client_security,
+            resolve=self._book.peer_addr,
         )
+        self._sync_members()
         if cfg.unsafe_ack_before_replication:
             logger.warning(
                 "node=%s UNSAFE unsafeAckBeforeReplication=true: appends are acknowledged "
@@ -351,6 +372,8 @@ class DLedgerNode:
             spawn(self._ready_loop(), "ready"),
             spawn(self._retention_loop(), "retention"),
         ]
+        if conf is not None and not conf.voters and cfg.join_addr:
+            self._tasks.append(spawn(self._join_loop(), "join"))
         logger.info(
             "node=%s group=%s started peer=%s client=%s %s last_index=%d term=%d",
             cfg.self_id,
@@ -550,7 +573,7 @@ class DLedgerNode:
 
     def leader_client_addr(self) -> tuple[str | None, str]:
         leader = self.core.leader_id
-        return leader, self._client_addrs.get(leader, "") if leader else ""
+        return leader, self._book.client_addr(leader) if leader else ""
 
     async def propose(self, bodies: Sequence[bytes], entry_type: int) -> tuple[int, int, int]:
         """Append on the leader and wait until committed and applied. Returns (first, last,
@@ -560,6 +583,22 @@ class DLedgerNode:
         if self.cfg.unsafe_ack_before_replication:
             # TEST ONLY (see NodeConfig): answer before any replication or commit.
             return proposal.first_index, proposal.last_index, proposal.term
+        await self._wait_applied(proposal)
+        return proposal.first_index, proposal.last_index, proposal.term
+
+    async def change_member(self, change: ConfChange) -> Proposal:
+        """One membership change on the leader, answered once committed and applied. Raises
+        the core's errors (``ConfChangeError``, ``ConfChangePendingError``, ...),
+        :class:`ProposalLostError` or asyncio.TimeoutError."""
+        conf = self.core.conf_state
+        proposal = self.core.propose_conf_change(
+            change, self._book.in_use(conf), self._book.known(conf.members)
+        )
+        self._wake()
+        await self._wait_applied(proposal)
+        return proposal
+
+    async def _wait_applied(self, proposal: Proposal) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(
             self._waiters,
@@ -572,7 +611,136 @@ class DLedgerNode:
             ),
         )
         await asyncio.wait_for(future, self.cfg.append_timeout_ms / 1000)
-        return proposal.first_index, proposal.last_index, proposal.term
+
+    # ------------------------------------------------------------------ membership
+
+    def _start_conf(self) -> ConfState | None:
+        """The configuration saved with the store; a node started empty to join a group
+        starts as a learner knowing only itself (and saves that, so a restart before it was
+        added does not turn it into a voter of the ``dLegerPeers`` group)."""
+        conf = load_conf(self.cfg.store_dir, self.cfg.self_id)
+        if conf is None and self.cfg.join_addr and self.store.last_index() == 0:
+            conf = joining(self.cfg.self_id)
+            save_conf(self.cfg.store_dir, conf, is_joining=True)
+        return conf
+
+    async def _save_committed_conf(self, committed: Sequence[Entry]) -> None:
+        """Before the application applies past a CONFIG entry, save the configuration it
+        set: a restart then replays only the CONFIG entries above the applied index."""
+        last = max(e.index for e in committed if e.type == EntryType.CONFIG)
+        conf = self.core.conf_state_at(last)
+        await asyncio.get_running_loop().run_in_executor(
+            self._flush_pool, save_conf, self.cfg.store_dir, conf
+        )
+        logger.info(
+            "node=%s membership committed index=%d %s", self.cfg.self_id, last, conf.describe()
+        )
+
+    def _sync_members(self) -> None:
+        """Peer links follow the configuration: one to every member and to every member the
+        leader still replicates to (a removed one, until its removal commits); none else."""
+        conf = self.core.conf_state
+        self._conf_seen = conf
+        self._book.update(conf)
+        transport = self._transport
+        assert transport is not None
+        wanted = set(self.core.peers) | {p.peer_id for p in self.core.status().peers}
+        for pid in sorted(wanted):
+            addr = self._book.peer_addr(pid)
+            if addr:
+                transport.ensure(pid, addr)
+            else:
+                logger.warning("node=%s member=%s has no known address", self.cfg.self_id, pid)
+        for pid in [p for p in transport.links if p not in wanted and conf.voters]:
+            transport.drop(pid)  # (a node still joining keeps the links it was told of)
+        if self.cfg.self_id in conf.removed and not self._removed_told:
+            self._removed_told = True
+            logger.warning("node=%s removed from group %s", self.cfg.self_id, self.cfg.group)
+            for listener in self.removed_listeners:
+                listener()
+
+    def accepts_peer(self, node_id: str) -> bool:
+        """Whether a peer stream from ``node_id`` is served: not this node, not a removed
+        member. A member this node does not know yet is served: a node whose log lags behind
+        the configuration that added a voter must still hear it (the core only takes its
+        appends and votes; with TLS its certificate proves it is one of the group's)."""
+        return (
+            node_id != self.cfg.self_id
+            and MEMBER_ID_RE.fullmatch(node_id) is not None
+            and node_id not in self.core.conf_state.removed
+        )
+
+    def members(self) -> list[pb.Member]:
+        """The configuration in force, with the leader's view of each member's progress."""
+        conf = self.core.conf_state
+        progress = {p.peer_id: p for p in self.core.status().peers}
+        out = []
+        for nid in sorted(conf.members):
+            p = progress.get(nid)
+            me = nid == self.cfg.self_id
+            out.append(
+                pb.Member(
+                    id=nid,
+                    role="VOTER" if nid in conf.voters else "LEARNER",
+                    peer_addr=self.cfg.peers[nid] if me else self._book.peer_addr(nid),
+                    client_addr=self._book.client_addr(nid),
+                    match_index=p.match_index if p is not None else 0,
+                    recent_active=p.recent_active if p is not None else me,
+                )
+            )
+        return out
+
+    async def join(self, request: pb.JoinRequest) -> pb.JoinResponse:
+        """A node asks to join (its identity already checked): on the leader, add it as a
+        learner; elsewhere, tell it where the members and the leader are."""
+        leader = self.core.leader_id or ""
+        if self.core.role is not Role.LEADER:
+            return pb.JoinResponse(members=self.members(), leader_id=leader, added=False)
+        change = ConfChange(
+            ChangeKind.ADD_LEARNER, request.node_id, request.peer_addr, request.client_addr
+        )
+        conf = self.core.conf_state
+        if request.node_id not in conf.members:
+            await self.change_member(change)  # the caller maps the core's refusals
+        return pb.JoinResponse(members=self.members(), leader_id=self.cfg.self_id, added=True)
+
+    async def _join_loop(self) -> None:
+        """Ask the group (through the peer port ``join_addr``, then its leader's) to add this
+        node as a learner, until it is added; the log then brings the configuration. Under
+        TLS this node's member certificate is what authorizes it (the operator issued it)."""
+        req = pb.JoinRequest(
+            group=self.cfg.group,
+            node_id=self.cfg.self_id,
+            peer_addr=self.cfg.peers[self.cfg.self_id],
+            client_addr=self.cfg.public_client_addr,
+        )
+        metadata = (("x-raftmq-group", self.cfg.group), ("x-raftmq-from", self.cfg.self_id))
+        addr = self.cfg.join_addr
+        while self.core.conf_state.voters == frozenset():
+            try:
+                async with open_aio_channel(addr, self.cfg.client_security) as channel:
+                    resp = await pb_grpc.DLedgerPeerStub(channel).Join(
+                        req, metadata=metadata, timeout=self.cfg.append_timeout_ms / 1000 + 1
+                    )
+            except grpc.aio.AioRpcError as exc:
+                info = status.read_error(exc)
+                if info is not None and not info.retryable:
+                    logger.error("node=%s join refused: %s", self.cfg.self_id, exc.details())
+                    return
+                resp = None
+            if resp is not None:
+                # Where the members are: this node's settings list only itself, and the log
+                # tells only once it reached a CONFIG entry.
+                for m in resp.members:
+                    if m.id != self.cfg.self_id and m.peer_addr:
+                        self._book.learn(m.id, m.peer_addr, m.client_addr)
+                if resp.added:
+                    logger.info("node=%s joined group %s as a learner", self.cfg.self_id, req.group)
+                    return
+                addr = self._book.peer_addr(resp.leader_id) or addr
+                if resp.leader_id:
+                    continue
+            await asyncio.sleep(JOIN_RETRY_MS / 1000)
 
     # ------------------------------------------------------------------ the ready loop
 
@@ -594,6 +762,9 @@ class DLedgerNode:
             await self._persist(rd)
         for m in rd.messages:
             transport.send(m)
+        conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
+        if conf_committed:
+            await self._save_committed_conf(rd.committed)
         if rd.committed:
             try:
                 failpoints.hit("apply")
@@ -607,6 +778,8 @@ class DLedgerNode:
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
         self.core.advance(rd)
+        if conf_committed or self.core.conf_state is not self._conf_seen:
+            self._sync_members()
         self._arm_notice_release(rd.notices_held)
         await self._maybe_checkpoint()
 
@@ -717,6 +890,32 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
             self.node.on_peer_message(sender, pm)
         return pb.PeerAck(received=received)
 
+    async def Join(
+        self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JoinResponse:
+        node = self.node
+        if node.cfg.tls is None:
+            sender = await self._claimed_sender(context)
+        else:
+            sender = await self._certified_sender(context)
+        if request.group != node.cfg.group or request.node_id != sender:
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "PEER_IDENTITY",
+                    f"{_echo(sender)} cannot join as {_echo(request.node_id)} of group "
+                    f"{_echo(request.group)}",
+                ),
+            )
+        try:
+            return await node.join(request)
+        except (DLedgerError, TimeoutError) as exc:
+            failure = status.dledger_failure(exc, node)
+            if failure is None:
+                raise
+            await status.abort(context, failure)
+
     async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
         """Mutual TLS: the member its certificate names (dledger.server.members)."""
         cfg = self.node.cfg
@@ -725,7 +924,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
             context.invocation_metadata() or (),
             cfg.group,
             cfg.self_id,
-            cfg.peers,
+            _AcceptedPeers(self.node),
         )
         if isinstance(sender, Refused):
             REFUSALS.count(
@@ -743,9 +942,8 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
         # x-raftmq-client-addr is ignored: redirects use configured addresses only.
         if (
             group != node.cfg.group
-            or sender == node.cfg.self_id
             or len(sender) > MAX_NODE_ID_CHARS
-            or sender not in node.cfg.peers
+            or not node.accepts_peer(sender)
         ):
             node.note_drop(DROP_STREAM_REFUSED, f"group={_echo(group)} from={_echo(sender)}")
             await status.abort(
@@ -757,6 +955,20 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
                 ),
             )
         return str(sender)
+
+
+class _AcceptedPeers:
+    """The members a peer stream may come from, as the configuration says (a container)."""
+
+    def __init__(self, node: DLedgerNode) -> None:
+        self.node = node
+
+    def __contains__(self, node_id: object) -> bool:
+        return isinstance(node_id, str) and self.node.accepts_peer(node_id)
+
+
+# ChangeMemberRequest.kind -> the core's change.
+_CHANGE_KINDS = {k.name: k for k in ChangeKind}
 
 
 class _ClientServicer(pb_grpc.DLedgerClientServicer):
@@ -876,6 +1088,40 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             **_disk_space(node.store.root),
         )
 
+    async def ListMembers(
+        self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListMembersResponse:
+        await self._check_group(request.group, context)
+        return _list_members(self.node)
+
+    async def ChangeMember(
+        self, request: pb.ChangeMemberRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeMemberResponse:
+        node = self.node
+        await self._check_group(request.group, context)
+        kind = _CHANGE_KINDS.get(request.kind)
+        if kind is None:
+            await status.abort(
+                context,
+                _invalid(
+                    "UNKNOWN_CHANGE",
+                    f"kind {_echo(request.kind)} is not one of {sorted(_CHANGE_KINDS)}",
+                ),
+            )
+        adding = kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER)
+        if adding and not request.peer_addr:
+            await status.abort(
+                context, _invalid("PEER_ADDR_REQUIRED", "a new member needs its peer_addr")
+            )
+        change = ConfChange(kind, request.node_id, request.peer_addr, request.client_addr)
+        try:
+            proposal = await node.change_member(change)
+        except (DLedgerError, TimeoutError) as exc:
+            await self._fail(context, exc)
+        return pb.ChangeMemberResponse(
+            members=node.members(), index=proposal.last_index, term=proposal.term
+        )
+
     async def TransferLeadership(
         self, request: pb.TransferLeadershipRequest, context: grpc.aio.ServicerContext
     ) -> pb.TransferLeadershipResponse:
@@ -904,6 +1150,17 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         return pb.TransferLeadershipResponse(
             leader_id=node.core.leader_id or "", term=node.core.term
         )
+
+
+def _list_members(node: DLedgerNode) -> pb.ListMembersResponse:
+    conf = node.core.conf_state
+    return pb.ListMembersResponse(
+        members=node.members(),
+        leader_id=node.core.leader_id or "",
+        config_index=conf.index,
+        config_committed=conf.index <= node.core.commit_index,
+        term=node.core.term,
+    )
 
 
 def _invalid(code: str, text: str) -> status.RpcFailure:

@@ -27,6 +27,8 @@ from raftmq.common.v1 import error_pb2
 
 from dledger.core import (
     BackPressureError,
+    ConfChangeError,
+    ConfChangePendingError,
     NotLeaderError,
     ProposalDroppedError,
     TransferInProgressError,
@@ -47,6 +49,9 @@ NO_LEADER_RETRY_AFTER_MS = 100
 # missed its quorum waits for the next leader or the partition to heal.
 TRANSFER_RETRY_AFTER_MS = 100
 UNAVAILABLE_RETRY_AFTER_MS = 100
+# A membership change waits for the one in flight to commit (a round trip), for a new
+# leader's first commit, or for a learner to catch up: a few heartbeats.
+MEMBERSHIP_RETRY_AFTER_MS = 200
 # Uncommitted bytes drain as soon as a majority's fsync returns: a few group commits.
 BACK_PRESSURE_RETRY_AFTER_MS = 50
 # A full disk frees only when retention deletes segments or an operator acts: do not hammer.
@@ -167,6 +172,7 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
         return None
     retry = {
         TransferInProgressError: (grpc.StatusCode.UNAVAILABLE, TRANSFER_RETRY_AFTER_MS),
+        ConfChangePendingError: (grpc.StatusCode.UNAVAILABLE, MEMBERSHIP_RETRY_AFTER_MS),
         BackPressureError: (grpc.StatusCode.RESOURCE_EXHAUSTED, BACK_PRESSURE_RETRY_AFTER_MS),
         DiskFullError: (grpc.StatusCode.RESOURCE_EXHAUSTED, DISK_FULL_RETRY_AFTER_MS),
     }.get(type(exc))
@@ -184,6 +190,7 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
     status = {
         ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
         UnknownPeerError: grpc.StatusCode.INVALID_ARGUMENT,
+        ConfChangeError: grpc.StatusCode.FAILED_PRECONDITION,
         LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
     }
     for cls, code in status.items():

@@ -195,22 +195,56 @@ class PeerTransport:
         self_client_addr: str,
         peers: dict[str, str],
         security: ClientSecurity = PLAINTEXT,
+        resolve: Callable[[str], str] | None = None,
     ) -> None:
-        self.links = {
-            pid: PeerLink(group, self_id, self_client_addr, pid, addr, security)
-            for pid, addr in peers.items()
-            if pid != self_id
-        }
+        """``resolve`` (peer id -> address, "" when unknown) opens a link on the first message
+        to a peer without one (a member this node learnt of after start)."""
+        self._link_args = (group, self_id, self_client_addr)
+        self._resolve = resolve
+        self._security = security
+        self._started = False
+        self.links: dict[str, PeerLink] = {}
+        for pid, addr in peers.items():
+            if pid != self_id:
+                self.ensure(pid, addr)
 
     def start(self) -> None:
+        self._started = True
         for link in self.links.values():
             link.start()
+
+    def ensure(self, peer_id: str, addr: str) -> None:
+        """A link to ``peer_id`` at ``addr`` (a new member; a member whose address changed
+        gets a new link)."""
+        link = self.links.get(peer_id)
+        if link is not None and link.addr == addr:
+            return
+        if link is not None:
+            spawn(link.stop(), f"peer-stop-{peer_id}")
+        group, self_id, client_addr = self._link_args
+        link = PeerLink(group, self_id, client_addr, peer_id, addr, self._security)
+        self.links[peer_id] = link
+        if self._started:
+            link.start()
+        logger.info("peer=%s addr=%s link_opened", peer_id, addr)
+
+    def drop(self, peer_id: str) -> None:
+        """Close the link to a member that left the group."""
+        link = self.links.pop(peer_id, None)
+        if link is not None:
+            spawn(link.stop(), f"peer-stop-{peer_id}")
+            logger.info("peer=%s addr=%s link_closed", peer_id, link.addr)
 
     async def stop(self) -> None:
         await asyncio.gather(*(link.stop() for link in self.links.values()))
 
     def send(self, m: Message) -> None:
         link = self.links.get(m.to_id)
+        if link is None and self._resolve is not None:
+            addr = self._resolve(m.to_id)
+            if addr:
+                self.ensure(m.to_id, addr)
+                link = self.links[m.to_id]
         if link is None:
             logger.warning("drop message to unknown peer=%s", m.to_id)
             return

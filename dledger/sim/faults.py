@@ -20,13 +20,32 @@ PARTITION_SHAPES = ("halves", "isolate", "isolate_leader", "bridge", "ring", "de
 FORGERIES = (
     "ack_beyond_last",  # an ack, claiming a follower, of an index beyond the leader's last
     "max_term",  # a heartbeat claiming a member, with term MAX_TERM
-    "non_member",  # an append from an id that is not a member
+    "non_member",  # an ack to the leader from an id that is not a member
     "timeout_now",  # a TimeoutNow claiming a member that is not the target's leader
     "second_leader",  # an append with entries, claiming another member leads a led term
 )
 # Chance that a seed has forged messages at all, and how many at most.
 FORGE_SEED_PCT = 50
 FORGE_MAX_EVENTS = 4
+
+# Membership changes (``member`` events): what the operator asks the leader of the moment.
+# ``add_learner`` is followed by a ``promote``, ``replace`` is an ``add_voter`` followed by a
+# ``remove`` (of the leader, half the time), ``burst`` is two ``add_voter`` at the same
+# instant (the second must be refused while the first is uncommitted), ``handover`` crashes
+# the leader right after an ``add_voter`` (the change may reach a few members only) and asks
+# the next leader for a removal the moment it wins (before it committed in its term).
+MEMBER_ACTIONS = (
+    "add_learner",
+    "add_voter",
+    "remove",
+    "remove_leader",
+    "replace",
+    "burst",
+    "handover",
+)
+# Chance that a seed changes its membership at all, and how many actions at most.
+MEMBER_SEED_PCT = 50
+MEMBER_MAX_ACTIONS = 4
 
 
 def node_ids(n: int) -> tuple[str, ...]:
@@ -49,7 +68,12 @@ class FaultEvent:
       ``crash_next_voter``: the next member to send a granted vote crashes right after
         sending it and restarts a few ms later (does it remember its vote?);
       ``forge``: a hostile peer's message of kind ``shape`` (one of FORGERIES) is delivered
-        to ``target`` (a node id or ``leader``) at once, whatever the partitions.
+        to ``target`` (a node id or ``leader``) at once, whatever the partitions;
+      ``member``: the leader of the moment is asked for the membership change ``shape``
+        (``add_learner``, ``add_voter``: a new node with an empty log; ``promote``: a
+        learner; ``remove``: ``target``, a node id, ``leader``, or any voter when empty);
+      ``member_next_leader``: the next member to win an election is asked for that change
+        the moment it wins.
     """
 
     at_ms: int
@@ -69,6 +93,8 @@ class FaultEvent:
             return f"t={self.at_ms}ms loss {self.loss_pct}%"
         if self.kind == "forge":
             return f"t={self.at_ms}ms forge {self.shape} to {self.target}"
+        if self.kind == "member":
+            return f"t={self.at_ms}ms member {self.shape} {self.target}".rstrip()
         return f"t={self.at_ms}ms {self.kind}"
 
 
@@ -124,6 +150,46 @@ def generate_forgeries(
         kind = rng.choice(FORGERIES)
         target = LEADER if kind == "ack_beyond_last" else rng.choice(nodes)
         events.append(FaultEvent(rng.randrange(50, fault_phase_ms), "forge", kind, target=target))
+    events.sort(key=lambda e: e.at_ms)
+    return events
+
+
+def generate_membership(
+    rng: random.Random, nodes: Sequence[str], fault_phase_ms: int
+) -> list[FaultEvent]:
+    """Membership changes over ``[0, fault_phase_ms)``, from their own PRNG (as forgeries)."""
+    if rng.randrange(100) >= MEMBER_SEED_PCT:
+        return []
+    events = []
+    last = fault_phase_ms - 1
+    for _ in range(rng.randint(1, MEMBER_MAX_ACTIONS)):
+        action = rng.choice(MEMBER_ACTIONS)
+        at = rng.randrange(50, fault_phase_ms)
+        if action == "add_learner":
+            events.append(FaultEvent(at, "member", "add_learner"))
+            events.append(FaultEvent(min(last, at + rng.randint(30, 400)), "member", "promote"))
+        elif action == "add_voter":
+            events.append(FaultEvent(at, "member", "add_voter"))
+        elif action == "remove":
+            events.append(FaultEvent(at, "member", "remove", target=rng.choice(("", *nodes))))
+        elif action == "remove_leader":
+            events.append(FaultEvent(at, "member", "remove", target=LEADER))
+        elif action == "replace":
+            events.append(FaultEvent(at, "member", "add_voter"))
+            target = LEADER if rng.random() < 0.5 else rng.choice(nodes)
+            later = min(last, at + rng.randint(10, 300))
+            events.append(FaultEvent(later, "member", "remove", target=target))
+        elif action == "burst":
+            events.append(FaultEvent(at, "member", "add_voter"))
+            events.append(FaultEvent(at, "member", "add_voter"))
+        else:
+            events.append(FaultEvent(at, "member", "add_voter"))
+            crash_at = min(last, at + rng.randint(1, 4))
+            events.append(FaultEvent(crash_at, "crash", target=LEADER))
+            events.append(FaultEvent(crash_at, "member_next_leader", "remove"))
+            events.append(
+                FaultEvent(min(last, crash_at + rng.randint(20, 400)), "restart", target="all")
+            )
     events.sort(key=lambda e: e.at_ms)
     return events
 

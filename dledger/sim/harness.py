@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from dledger.core import Message, RaftConfig, RaftNode, Ready, Role
+from dledger.core import ConfState, Message, RaftConfig, RaftNode, Ready, Role
+from dledger.core.membership import joining
 from dledger.log import Entry, persist
 from dledger.sim.memlog import MemLog
 
@@ -65,15 +66,32 @@ class Cluster:
         self.held: dict[str, Ready] = {}
         # Nodes whose last Ready held commit notices: released when the queue runs dry.
         self.lingering: set[str] = set()
+        # Nodes that joined an existing group start (and restart) from this configuration.
+        self.boot_conf: dict[str, ConfState] = {}
+        self.boot_peers = self.ids
         for nid in self.ids:
             self.start(nid)
 
     def start(self, nid: str) -> RaftNode:
         cfg = self.configs.get(nid, self.config)
-        node = RaftNode(nid, self.ids, self.logs[nid], cfg, random.Random(f"{self.seed}-{nid}"))
+        node = RaftNode(
+            nid,
+            self.boot_peers,
+            self.logs[nid],
+            cfg,
+            random.Random(f"{self.seed}-{nid}"),
+            conf_state=self.boot_conf.get(nid),
+        )
         self.nodes[nid] = node
         self.applied[nid] = []
         return node
+
+    def join(self, nid: str) -> RaftNode:
+        """A new node with an empty log, waiting to be added (it knows only itself)."""
+        self.ids = (*self.ids, nid)
+        self.logs[nid] = MemLog()
+        self.boot_conf[nid] = joining(nid)
+        return self.start(nid)
 
     def crash_and_restart(self, nid: str) -> RaftNode:
         self.logs[nid].crash()
@@ -135,7 +153,7 @@ class Cluster:
             m = self.queue.pop(0)
             count += 1
             assert count <= max_messages, "cluster did not quiesce"
-            if self._blocked(m):
+            if self._blocked(m) or m.to_id not in self.nodes:  # no such node: lost
                 continue
             self.nodes[m.to_id].step(m)
             self.process(m.to_id)

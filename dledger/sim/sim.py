@@ -27,6 +27,11 @@ from dledger.core import (
     AppendRequest,
     AppendResponse,
     BackPressureError,
+    ChangeKind,
+    ConfChange,
+    ConfChangeError,
+    ConfChangePendingError,
+    ConfState,
     Message,
     NotLeaderError,
     ProposalDroppedError,
@@ -39,12 +44,14 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.membership import joining
 from dledger.log import DLedgerError, Entry, persist
 from dledger.sim.faults import (
     LEADER,
     FaultEvent,
     blocked_links,
     generate_forgeries,
+    generate_membership,
     generate_schedule,
     node_ids,
 )
@@ -63,6 +70,14 @@ MAX_SIM_TIME_MS = 20_000
 # after the heal the backlog commits well within LIVENESS_BOUND_MS.
 SIM_PENDING_PROPOSAL_BYTES = 512
 MIN_ENTRIES_PER_RTT = 4
+
+# Nodes a run may add (each new member gets a new id: ids are never reused), and the fewest
+# voters a removal may leave: the schedules (a deaf leader at the heal, say) assume a group
+# that survives one lost voter.
+MAX_NEW_NODES = 3
+MIN_VOTERS_AFTER_REMOVAL = 3
+# A removal of the leader is refused while it hands over; the operator retries this much later.
+REMOVE_RETRY_MS = 50
 
 _TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL, _RELEASE = range(7)
 
@@ -163,6 +178,7 @@ class _Node:
     __slots__ = (
         "accepted",
         "applied",
+        "boot_conf",
         "core",
         "id",
         "incarnation",
@@ -188,6 +204,8 @@ class _Node:
         self.max_applied = 0  # highest index ever applied (durable by contract)
         self.accepted: dict[int, tuple[int, bytes, int]] = {}  # index -> (term, body, at_ms)
         self.seen_leader_term = -1
+        # None: an original member (bootstrap configuration); a joined node's own.
+        self.boot_conf: ConfState | None = None
 
 
 class Simulation:
@@ -210,15 +228,19 @@ class Simulation:
         self.config = self.params.raft_config(mutations & MUTATIONS)
         self._send_before_persist = "send_before_persist" in mutations
         self.ids = node_ids(nodes)
+        self.boot_ids = self.ids  # the bootstrap configuration; self.ids grows with joins
         if faults is None:
-            faults = generate_schedule(
-                random.Random(f"faults-{seed}"), self.ids, self.params.fault_phase_ms
-            ) + generate_forgeries(
-                random.Random(f"forge-{seed}"), self.ids, self.params.fault_phase_ms
+            phase = self.params.fault_phase_ms
+            faults = (
+                generate_schedule(random.Random(f"faults-{seed}"), self.ids, phase)
+                + generate_forgeries(random.Random(f"forge-{seed}"), self.ids, phase)
+                + generate_membership(random.Random(f"member-{seed}"), self.ids, phase)
             )
             faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
         self.faults = list(faults)
         self._forge_rng = random.Random(f"forge-run-{seed}")
+        self._member_rng = random.Random(f"member-run-{seed}")
+        self._final_voters: frozenset[str] = frozenset(self.ids)
         self._net_rng = random.Random(f"net-{seed}")
         self._client_rng = random.Random(f"client-{seed}")
         self._trace_on = trace
@@ -233,6 +255,7 @@ class Simulation:
         self._healed_at: int | None = None
         self._armed_isolate_leader = False
         self._armed_crash_voter = False
+        self._armed_member: FaultEvent | None = None  # asked of the next leader
         self._live = False
         # Checker state.
         self._history: list[tuple[int, int, bytes]] = [(0, 0, b"")]  # committed, index 0 dummy
@@ -349,10 +372,11 @@ class Simulation:
         node.seen_leader_term = -1
         node.core = RaftNode(
             node.id,
-            self.ids,
+            self.boot_ids,
             node.log,
             self.config,
             random.Random(f"core-{self.seed}-{node.id}-{node.incarnation}"),
+            conf_state=node.boot_conf,
         )
         self._note(f"start {node.id} inc={node.incarnation} last={node.log.last_index()}")
 
@@ -391,7 +415,15 @@ class Simulation:
             self._note(f"recv {_describe(m)}")
         else:
             self._note(f"r{m.from_id}{m.to_id}{type(m).__name__[0]}{m.term}")
+        removed = m.from_id in node.core.conf_state.removed
+        term = node.core.term
         node.core.step(m)
+        if removed and node.core.term != term:
+            raise Violation(
+                "removed_disrupts",
+                f"{m.to_id} knows {m.from_id} was removed, yet its {type(m).__name__} moved "
+                f"{m.to_id}'s term from {term} to {node.core.term}",
+            )
         self._after(node)
 
     def _on_persist(self, payload: tuple[str, int]) -> None:
@@ -484,7 +516,10 @@ class Simulation:
                 h = log.prefix_hash(commit)
                 self._commit_marks[term] = (commit, h)
                 self._check_electable_hold(
-                    commit, h, f"{node.id} committed {commit} in term {term}"
+                    commit,
+                    h,
+                    core.conf_state.voters,
+                    f"{node.id} committed {commit} in term {term}",
                 )
         if node.pending is None and core.has_ready():
             rd = node.pending = core.ready()
@@ -524,14 +559,20 @@ class Simulation:
                     )
         node.log.truncated.clear()
 
-    def _check_electable_hold(self, index: int, h: int, why: str) -> None:
-        """Any member whose log is at least as up to date as a majority's could win an
-        election right now, so it must already hold every committed entry (leader
-        completeness for every reachable leader, not only the ones that happen)."""
-        quorum = len(self.ids) // 2 + 1
-        keys = {nid: (n.log.last_term(), n.log.last_index()) for nid, n in self.nodes.items()}
+    def _check_electable_hold(self, index: int, h: int, voters: frozenset[str], why: str) -> None:
+        """Any voter (of the committing leader's configuration) whose log is at least as up
+        to date as a majority of the voters' could win an election right now, so it must
+        already hold every committed entry (leader completeness for every reachable leader,
+        not only the ones that happen). One change at a time: every majority of the next
+        configuration overlaps one of this."""
+        quorum = len(voters) // 2 + 1
+        keys = {
+            nid: (n.log.last_term(), n.log.last_index())
+            for nid, n in self.nodes.items()
+            if nid in voters
+        }
         for nid, node in self.nodes.items():
-            if not node.up:
+            if not node.up or nid not in voters:
                 continue
             log = node.log
             if index <= log.last_index() and log.prefix_hash(index) == h:
@@ -554,6 +595,9 @@ class Simulation:
             self._armed_isolate_leader = False
             self._blocked = blocked_links("isolate", ((node.id,),), self.ids)
             self._note(f"isolate new leader {node.id}")
+        if self._armed_member is not None:
+            f, self._armed_member = self._armed_member, None
+            self._on_member(f)
         log = node.log
         for t, (index, h) in self._commit_marks.items():
             if t < term and (index > log.last_index() or log.prefix_hash(index) != h):
@@ -585,6 +629,10 @@ class Simulation:
             self._acked[e.index] = (e.term, acc[1])
             if self._healed_at is not None and acc[2] >= self._healed_at:
                 self._live = True
+                assert node.core is not None
+                # The configuration that committed it: every acknowledged entry below it is
+                # durable on a majority of its voters (log matching).
+                self._final_voters = node.core.conf_state.voters
                 self._note(f"live index={e.index}")
 
     def _leader(self) -> _Node | None:
@@ -652,6 +700,65 @@ class Simulation:
                     self._start(self.nodes[nid])
         elif f.kind == "forge":
             self._forge(f.shape, self._resolve(f.target))
+        elif f.kind == "member":
+            self._on_member(f)
+        elif f.kind == "member_next_leader":
+            self._armed_member = FaultEvent(f.at_ms, "member", f.shape, target=f.target)
+
+    # ------------------------------------------------------------------ membership
+
+    def _on_member(self, f: FaultEvent) -> None:
+        """The operator asks the leader of the moment for one change (faults.MEMBER_ACTIONS);
+        a refusal is what the core must say when the change is invalid or premature."""
+        leader = self._leader()
+        if leader is None or not leader.up:
+            return
+        core = leader.core
+        assert core is not None
+        change = self._member_change(f, core.conf_state, leader.id)
+        if change is None:
+            return
+        try:
+            core.propose_conf_change(change)
+        except TransferInProgressError:
+            if f.target == LEADER:  # the leader hands over first: retry on the next one
+                at = self.now + REMOVE_RETRY_MS
+                self._push(at, _FAULT, FaultEvent(at, "member", "remove", target=leader.id))
+            self._note(f"member {change.kind.value} {change.node_id}: hand-over first")
+            return
+        except (ConfChangeError, ConfChangePendingError, NotLeaderError) as exc:
+            self._note(f"member {change.kind.value} {change.node_id} refused: {exc.code}")
+            return
+        if change.node_id not in self.nodes:
+            self._join(change.node_id)
+        self._note(f"member {change.kind.value} {change.node_id} by {leader.id}")
+        self._after(leader)
+
+    def _member_change(self, f: FaultEvent, conf: ConfState, leader: str) -> ConfChange | None:
+        rng = self._member_rng
+        if f.shape in ("add_learner", "add_voter"):
+            if len(self.ids) - len(self.boot_ids) >= MAX_NEW_NODES:
+                return None
+            kind = ChangeKind.ADD_LEARNER if f.shape == "add_learner" else ChangeKind.ADD_VOTER
+            return ConfChange(kind, f"n{len(self.ids)}")
+        if f.shape == "promote":
+            learners = sorted(conf.learners)
+            return ConfChange(ChangeKind.PROMOTE, learners[0]) if learners else None
+        target = leader if f.target == LEADER else f.target
+        if not target:
+            others = sorted(conf.voters - {leader})
+            target = rng.choice(others) if others else ""
+        if target in conf.voters and len(conf.voters) <= MIN_VOTERS_AFTER_REMOVAL:
+            return None
+        return ConfChange(ChangeKind.REMOVE, target) if target in conf.members else None
+
+    def _join(self, nid: str) -> None:
+        """A new node with an empty log, started to be added (it knows only itself)."""
+        node = _Node(nid, MemLog(self._make_hook(nid)))
+        node.boot_conf = joining(nid)
+        self.nodes[nid] = node
+        self.ids = (*self.ids, nid)
+        self._start(node)
 
     def _forge(self, kind: str, target: str | None) -> None:
         """Deliver one message a hostile peer built to ``target`` (see faults.FORGERIES)."""
@@ -674,7 +781,9 @@ class Simulation:
         elif kind == "max_term":
             m = AppendRequest(rng.choice(others), target, MAX_TERM, 0, 0, (), 0)
         elif kind == "non_member":
-            m = AppendRequest("intruder", target, core.term + 1, 0, 0, (), 0)
+            if core.role is not Role.LEADER:
+                return
+            m = AppendResponse("intruder", target, core.term, True, match_index=last)
         elif kind == "timeout_now":
             liars = [x for x in others if x != core.leader_id]
             m = TimeoutNow(rng.choice(liars), target, core.term)
@@ -699,6 +808,7 @@ class Simulation:
         self._loss_pct = 0
         self._armed_isolate_leader = False  # triggered faults end with the fault phase too
         self._armed_crash_voter = False
+        self._armed_member = None
         for nid in self.ids:
             if not self.nodes[nid].up:
                 self._start(self.nodes[nid])
@@ -713,11 +823,12 @@ class Simulation:
     def _final_checks(self) -> None:
         if not self._live:
             raise Violation("liveness", "run ended before a proposal committed after healing")
-        quorum = len(self.ids) // 2 + 1
+        voters = self._final_voters
+        quorum = len(voters) // 2 + 1
         for index, (term, body) in self._acked.items():
             holders = 0
             for n in self.nodes.values():
-                if n.log.flushed_index() >= index:
+                if n.id in voters and n.log.flushed_index() >= index:
                     e = n.log.read(index)
                     holders += e.term == term and e.body == body
             if holders < quorum:

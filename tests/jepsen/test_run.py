@@ -42,7 +42,9 @@ def _assert_no_node_left(run_dir: Path) -> None:
 
 
 def test_short_run_passes(tmp_path: Path) -> None:
-    """`mqjepsen run --nodes 3 --time-limit 60 --nemesis partition,kill,pause --seed S`."""
+    """`mqjepsen run --nodes 3 --time-limit 60 --nemesis membership,partition,kill,pause
+    --seed S`: the membership nemesis adds, removes (the leader too) and replaces nodes under
+    the workload's load."""
     run_dir = tmp_path / "run"
     code = main(
         [
@@ -52,7 +54,7 @@ def test_short_run_passes(tmp_path: Path) -> None:
             "--time-limit",
             "60",
             "--nemesis",
-            "partition,kill,pause",
+            "membership,partition,kill,pause",
             "--seed",
             str(CI_SEED),
             "--dir",
@@ -67,6 +69,7 @@ def test_short_run_passes(tmp_path: Path) -> None:
     assert isinstance(counts, dict)
     assert counts["send"]["ok"] > 100  # the workload really ran
     assert results["faults"], "the nemesis injected no fault"
+    assert any(f["kind"] == "membership" for f in results["faults"]), results["faults"]
     for name in ("history.jsonl", "index.html", "latency.png", "throughput.png", "verdict.txt"):
         assert (run_dir / name).exists(), name
     _assert_no_node_left(run_dir)

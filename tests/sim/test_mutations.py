@@ -22,15 +22,27 @@ NODES = {
     "leader_never_steps_down": 3,
     "accept_ack_beyond_last": 3,
     "send_before_persist": 3,
+    "conf_change_while_pending": 3,
+    "removed_member_votes": 3,
+}
+# Mutations whose harm needs a chain of events the random schedules do not reach within
+# MAX_SEEDS (five steps, each with its own timing): a deterministic unit scenario plays the
+# chain and shows the harm instead (a leader elected without a committed entry).
+UNIT_SCENARIOS = {
+    "conf_change_before_term_commit": (
+        "tests/unit/test_core_membership.py::"
+        "test_mutation_change_before_term_commit_loses_a_committed_entry"
+    ),
 }
 ALL_MUTATIONS = MUTATIONS | DRIVER_MUTATIONS
 
 
 def test_every_mutation_has_a_case() -> None:
-    assert set(NODES) == ALL_MUTATIONS
+    assert set(NODES) | set(UNIT_SCENARIOS) == ALL_MUTATIONS
+    assert not set(NODES) & set(UNIT_SCENARIOS)
 
 
-@pytest.mark.parametrize("mutation", sorted(ALL_MUTATIONS))
+@pytest.mark.parametrize("mutation", sorted(NODES))
 def test_mutation_is_caught(mutation: str) -> None:
     nodes = NODES[mutation]
     summary = run_seeds(range(MAX_SEEDS), nodes, mutations=frozenset({mutation}))

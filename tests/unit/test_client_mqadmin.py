@@ -46,6 +46,10 @@ COMMANDS = {
     "updateAcl": ["-s", "User:alice", "-r", "Topic:t", "-a", "Pub"],
     "deleteAcl": ["-s", "User:alice"],
     "listAcl": [],
+    "listMember": ["-b", "broker-a"],
+    "addMember": ["-b", "broker-a", "-i", "n3", "-p", "127.0.0.1:40914"],
+    "promoteMember": ["-a", "127.0.0.1:10911", "-i", "n3"],
+    "removeMember": ["-b", "broker-a", "-i", "n3"],
 }
 
 

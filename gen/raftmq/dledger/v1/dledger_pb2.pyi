@@ -138,6 +138,28 @@ class PeerAck(_message.Message):
     received: int
     def __init__(self, received: _Optional[int] = ...) -> None: ...
 
+class JoinRequest(_message.Message):
+    __slots__ = ("group", "node_id", "peer_addr", "client_addr")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    node_id: str
+    peer_addr: str
+    client_addr: str
+    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("members", "leader_id", "added")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leader_id: str
+    added: bool
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., added: _Optional[bool] = ...) -> None: ...
+
 class AppendEntriesRequest(_message.Message):
     __slots__ = ("group", "bodies", "type")
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -252,3 +274,63 @@ class TransferLeadershipResponse(_message.Message):
     leader_id: str
     term: int
     def __init__(self, leader_id: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("id", "role", "peer_addr", "client_addr", "match_index", "recent_active")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RECENT_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    role: str
+    peer_addr: str
+    client_addr: str
+    match_index: int
+    recent_active: bool
+    def __init__(self, id: _Optional[str] = ..., role: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ..., match_index: _Optional[int] = ..., recent_active: _Optional[bool] = ...) -> None: ...
+
+class ListMembersRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class ListMembersResponse(_message.Message):
+    __slots__ = ("members", "leader_id", "config_index", "config_committed", "term")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leader_id: str
+    config_index: int
+    config_committed: bool
+    term: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., config_index: _Optional[int] = ..., config_committed: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
+
+class ChangeMemberRequest(_message.Message):
+    __slots__ = ("group", "kind", "node_id", "peer_addr", "client_addr")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    kind: str
+    node_id: str
+    peer_addr: str
+    client_addr: str
+    def __init__(self, group: _Optional[str] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ...) -> None: ...
+
+class ChangeMemberResponse(_message.Message):
+    __slots__ = ("members", "index", "term")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    index: int
+    term: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...

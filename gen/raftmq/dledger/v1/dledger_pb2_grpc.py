@@ -26,11 +26,7 @@ if _version_not_supported:
 
 
 class DLedgerPeerStub:
-    """The sender's identity travels once per stream as gRPC metadata:
-    x-raftmq-group, x-raftmq-from (node id), x-raftmq-client-addr (its client RPC address,
-    which followers hand to clients in NOT_LEADER redirects).
-
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -43,17 +39,25 @@ class DLedgerPeerStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerMessage.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerAck.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerPeer/Join',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerPeerServicer:
-    """The sender's identity travels once per stream as gRPC metadata:
-    x-raftmq-group, x-raftmq-from (node id), x-raftmq-client-addr (its client RPC address,
-    which followers hand to clients in NOT_LEADER redirects).
-
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def Stream(self, request_iterator, context):
         """A long-lived stream of messages from one peer to another.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Join(self, request, context):
+        """Add the calling node as a learner (on the leader), answered once committed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -67,6 +71,11 @@ def add_DLedgerPeerServicer_to_server(servicer, server):
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerMessage.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerAck.SerializeToString,
             ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'raftmq.dledger.v1.DLedgerPeer', rpc_method_handlers)
@@ -76,11 +85,7 @@ def add_DLedgerPeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DLedgerPeer:
-    """The sender's identity travels once per stream as gRPC metadata:
-    x-raftmq-group, x-raftmq-from (node id), x-raftmq-client-addr (its client RPC address,
-    which followers hand to clients in NOT_LEADER redirects).
-
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def Stream(request_iterator,
@@ -99,6 +104,33 @@ class DLedgerPeer:
             '/raftmq.dledger.v1.DLedgerPeer/Stream',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerMessage.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerPeer/Join',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -142,6 +174,16 @@ class DLedgerClientStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipResponse.FromString,
                 _registered_method=True)
+        self.ListMembers = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerClient/ListMembers',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersResponse.FromString,
+                _registered_method=True)
+        self.ChangeMember = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerClient/ChangeMember',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -174,6 +216,20 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMembers(self, request, context):
+        """The group's configuration as this node knows it (any member answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeMember(self, request, context):
+        """One membership change, on the leader; answers once it is committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +252,16 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.TransferLeadership,
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipRequest.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipResponse.SerializeToString,
+            ),
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersResponse.SerializeToString,
+            ),
+            'ChangeMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMember,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +375,60 @@ class DLedgerClient:
             '/raftmq.dledger.v1.DLedgerClient/TransferLeadership',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.TransferLeadershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerClient/ListMembers',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ListMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerClient/ChangeMember',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,35 +31,24 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class DLedgerPeerStub:
-    """The sender's identity travels once per stream as gRPC metadata:
-      x-raftmq-group, x-raftmq-from (node id), x-raftmq-client-addr (its client RPC address,
-      which followers hand to clients in NOT_LEADER redirects).
-    """
-
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> DLedgerPeerAsyncStub: ...
     Stream: _grpc.StreamUnaryMultiCallable[_dledger_pb2.PeerMessage, _dledger_pb2.PeerAck]
     """A long-lived stream of messages from one peer to another."""
+    Join: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.JoinRequest, _dledger_pb2.JoinResponse]
+    """Add the calling node as a learner (on the leader), answered once committed."""
 
 @_typing.type_check_only
 class DLedgerPeerAsyncStub(DLedgerPeerStub):
-    """The sender's identity travels once per stream as gRPC metadata:
-      x-raftmq-group, x-raftmq-from (node id), x-raftmq-client-addr (its client RPC address,
-      which followers hand to clients in NOT_LEADER redirects).
-    """
-
     def __init__(self, channel: _aio.Channel) -> None: ...
     Stream: _aio.StreamUnaryMultiCallable[_dledger_pb2.PeerMessage, _dledger_pb2.PeerAck]  # type: ignore[assignment]
     """A long-lived stream of messages from one peer to another."""
+    Join: _aio.UnaryUnaryMultiCallable[_dledger_pb2.JoinRequest, _dledger_pb2.JoinResponse]  # type: ignore[assignment]
+    """Add the calling node as a learner (on the leader), answered once committed."""
 
 class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
-    """The sender's identity travels once per stream as gRPC metadata:
-      x-raftmq-group, x-raftmq-from (node id), x-raftmq-client-addr (its client RPC address,
-      which followers hand to clients in NOT_LEADER redirects).
-    """
-
     @_abc_1.abstractmethod
     def Stream(
         self,
@@ -67,6 +56,14 @@ class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.PeerAck, _abc.Awaitable[_dledger_pb2.PeerAck]]:
         """A long-lived stream of messages from one peer to another."""
+
+    @_abc_1.abstractmethod
+    def Join(
+        self,
+        request: _dledger_pb2.JoinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.JoinResponse, _abc.Awaitable[_dledger_pb2.JoinResponse]]:
+        """Add the calling node as a learner (on the leader), answered once committed."""
 
 def add_DLedgerPeerServicer_to_server(servicer: DLedgerPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -84,6 +81,10 @@ class DLedgerClientStub:
     Get: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.GetRequest, _dledger_pb2.GetResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.MetadataRequest, _dledger_pb2.MetadataResponse]
     TransferLeadership: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.TransferLeadershipRequest, _dledger_pb2.TransferLeadershipResponse]
+    ListMembers: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.ListMembersRequest, _dledger_pb2.ListMembersResponse]
+    """The group's configuration as this node knows it (any member answers)."""
+    ChangeMember: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.ChangeMemberRequest, _dledger_pb2.ChangeMemberResponse]
+    """One membership change, on the leader; answers once it is committed."""
 
 @_typing.type_check_only
 class DLedgerClientAsyncStub(DLedgerClientStub):
@@ -97,6 +98,10 @@ class DLedgerClientAsyncStub(DLedgerClientStub):
     Get: _aio.UnaryUnaryMultiCallable[_dledger_pb2.GetRequest, _dledger_pb2.GetResponse]  # type: ignore[assignment]
     Metadata: _aio.UnaryUnaryMultiCallable[_dledger_pb2.MetadataRequest, _dledger_pb2.MetadataResponse]  # type: ignore[assignment]
     TransferLeadership: _aio.UnaryUnaryMultiCallable[_dledger_pb2.TransferLeadershipRequest, _dledger_pb2.TransferLeadershipResponse]  # type: ignore[assignment]
+    ListMembers: _aio.UnaryUnaryMultiCallable[_dledger_pb2.ListMembersRequest, _dledger_pb2.ListMembersResponse]  # type: ignore[assignment]
+    """The group's configuration as this node knows it (any member answers)."""
+    ChangeMember: _aio.UnaryUnaryMultiCallable[_dledger_pb2.ChangeMemberRequest, _dledger_pb2.ChangeMemberResponse]  # type: ignore[assignment]
+    """One membership change, on the leader; answers once it is committed."""
 
 class DLedgerClientServicer(metaclass=_abc_1.ABCMeta):
     """Errors travel as gRPC status codes with a machine-readable code in the details string:
@@ -131,5 +136,21 @@ class DLedgerClientServicer(metaclass=_abc_1.ABCMeta):
         request: _dledger_pb2.TransferLeadershipRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.TransferLeadershipResponse, _abc.Awaitable[_dledger_pb2.TransferLeadershipResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListMembers(
+        self,
+        request: _dledger_pb2.ListMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.ListMembersResponse, _abc.Awaitable[_dledger_pb2.ListMembersResponse]]:
+        """The group's configuration as this node knows it (any member answers)."""
+
+    @_abc_1.abstractmethod
+    def ChangeMember(
+        self,
+        request: _dledger_pb2.ChangeMemberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.ChangeMemberResponse, _abc.Awaitable[_dledger_pb2.ChangeMemberResponse]]:
+        """One membership change, on the leader; answers once it is committed."""
 
 def add_DLedgerClientServicer_to_server(servicer: DLedgerClientServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,130 @@
+"""A broker group's members, from the admin side: ``mqadmin listMember``, ``addMember``,
+``promoteMember``, ``removeMember`` (docs/CLUSTER.md "Changing a group's members").
+
+The calls go to the group's ``raftmq.dledger.v1.DLedgerClient`` service on any node's client
+port; a change is made by the leader, so this follows ``NOT_LEADER`` redirects and waits out
+what the group says is worth retrying (a change in flight, a learner catching up, a leader
+handing over before its own removal) until the deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+
+from client.errors import MQClientError
+from client.route import ChannelPool
+
+T_ = TypeVar("T_")
+
+# A change waits for the one in flight, for a learner to catch up (a promotion) and for a
+# leader to hand over (its own removal): seconds on a healthy group, more for a big log.
+MEMBER_CHANGE_TIMEOUT_S = 60.0
+LIST_TIMEOUT_S = 5.0
+# Shortest wait between two tries (the server's retry hint is used when longer).
+RETRY_MIN_S = 0.1
+CHANGE_KINDS = ("ADD_LEARNER", "ADD_VOTER", "PROMOTE", "REMOVE")
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRow:
+    node_id: str
+    role: str  # VOTER or LEARNER
+    peer_addr: str
+    client_addr: str
+    match_index: int  # on the leader's view; 0 from a follower
+    recent_active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    members: tuple[MemberRow, ...]
+    leader_id: str
+    config_index: int
+    config_committed: bool
+    term: int
+
+
+def _rows(members: object) -> tuple[MemberRow, ...]:
+    return tuple(
+        MemberRow(m.id, m.role, m.peer_addr, m.client_addr, m.match_index, m.recent_active)
+        for m in members  # type: ignore[attr-defined]
+    )
+
+
+def follow_leader(
+    channels: ChannelPool,
+    addr: str,
+    call: Callable[[dpb_grpc.DLedgerClientStub, float], T_],
+    timeout_s: float,
+) -> T_:
+    """``call`` on ``addr``'s group, following redirects to its leader and retrying what the
+    group says is retryable until ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return call(dpb_grpc.DLedgerClientStub(channels.get(addr)), max(remaining, 0.05))
+        except grpc.RpcError as exc:
+            err = MQClientError.from_rpc(exc)
+            if not err.retryable or time.monotonic() >= deadline:
+                raise err from exc
+            if err.code == "NOT_LEADER" and err.leader_addr and err.leader_addr != addr:
+                addr = err.leader_addr
+                continue
+            time.sleep(min(max(err.retry_after_ms / 1000, RETRY_MIN_S), max(remaining, 0)))
+
+
+def list_members(channels: ChannelPool, addr: str) -> Members:
+    """The configuration as the leader knows it (as ``addr`` knows it when no leader)."""
+
+    def call(at: str) -> dpb.ListMembersResponse:
+        stub = dpb_grpc.DLedgerClientStub(channels.get(at))
+        resp: dpb.ListMembersResponse = stub.ListMembers(
+            dpb.ListMembersRequest(), timeout=LIST_TIMEOUT_S
+        )
+        return resp
+
+    try:
+        resp = call(addr)
+        leader_addr = next((m.client_addr for m in resp.members if m.id == resp.leader_id), "")
+        if leader_addr and leader_addr != addr:
+            # The leader's answer has every member's progress.
+            with contextlib.suppress(grpc.RpcError):  # unreachable from here: keep the first
+                resp = call(leader_addr)
+    except grpc.RpcError as exc:
+        raise MQClientError.from_rpc(exc) from exc
+    return Members(
+        _rows(resp.members), resp.leader_id, resp.config_index, resp.config_committed, resp.term
+    )
+
+
+def change_member(
+    channels: ChannelPool,
+    addr: str,
+    kind: str,
+    node_id: str,
+    peer_addr: str = "",
+    client_addr: str = "",
+    timeout_s: float = MEMBER_CHANGE_TIMEOUT_S,
+) -> tuple[int, tuple[MemberRow, ...]]:
+    """One change (``CHANGE_KINDS``), answered once committed: (its index, the members)."""
+    if kind not in CHANGE_KINDS:
+        raise MQClientError("UNKNOWN_CHANGE", "INVALID_ARGUMENT", f"kind {kind!r:.40}")
+    req = dpb.ChangeMemberRequest(
+        kind=kind, node_id=node_id, peer_addr=peer_addr, client_addr=client_addr
+    )
+
+    def call(stub: dpb_grpc.DLedgerClientStub, t: float) -> dpb.ChangeMemberResponse:
+        resp: dpb.ChangeMemberResponse = stub.ChangeMember(req, timeout=t)
+        return resp
+
+    resp = follow_leader(channels, addr, call, timeout_s)
+    return resp.index, _rows(resp.members)
