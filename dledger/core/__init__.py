@@ -125,6 +125,7 @@ from dledger.core.raft import (
     SoftState,
     Status,
 )
+from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 
 __all__ = [
     "CAMPAIGN_REFUSED_MAX_TERM",
@@ -153,6 +154,7 @@ __all__ = [
     "AppendResponse",
     "BackPressureError",
     "ConfigError",
+    "InstallSnapshot",
     "Message",
     "NotLeaderError",
     "PeerStatus",
@@ -164,6 +166,8 @@ __all__ = [
     "RaftNode",
     "Ready",
     "Role",
+    "SnapshotMeta",
+    "SnapshotRequest",
     "SoftState",
     "Status",
     "TimeoutNow",

@@ -50,6 +50,7 @@ MUTATIONS = frozenset(
         "no_truncate_conflict",  # a follower keeps a conflicting suffix instead of truncating
         "leader_never_steps_down",  # check-quorum never deposes the leader
         "accept_ack_beyond_last",  # the leader counts an ack of an index it does not hold
+        "snapshot_out_of_order",  # a follower installs a snapshot not beyond its commit index
     }
 )
 
