@@ -157,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"seeds run: {summary.seeds_run}  nodes: {args.nodes}  violations: {summary.violations}  "
         f"steps: {summary.steps}  snapshot installs: {summary.snapshot_installs}  "
-        f"simulated time: {summary.sim_time_ms / 1000:.1f}s  wall time: {summary.wall_s:.1f}s  ({rate:.0f} seeds/s, {args.jobs} jobs)"
+        f"simulated time: {summary.sim_time_ms / 1000:.1f}s  "
+        f"wall time: {summary.wall_s:.1f}s  ({rate:.0f} seeds/s, {args.jobs} jobs)"
     )
     if summary.first_failure is not None:
         _report_failure(summary.first_failure.seed, args.nodes, mutations, not args.no_minimize)
