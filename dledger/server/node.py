@@ -57,7 +57,11 @@ from dledger.server.members import Refused, stream_sender
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
-from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
+from dledger.storage.retention import (
+    DEFAULT_DELETE_WHEN,
+    DEFAULT_FILE_RESERVED_TIME_HOURS,
+    DEFAULT_MAX_LAG_RETENTION_HOURS,
+)
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
@@ -171,9 +175,12 @@ class NodeConfig:
     # leader appended it locally, before a majority holds it. Breaks promise 1; never in prod.
     unsafe_ack_before_replication: bool = False
     # Retention (RocketMQ's fileReservedTime / deleteWhen, dledger.storage.retention): old
-    # segments are deleted at these hours once this old, never while a member still needs them.
+    # segments are deleted at these hours once this old, and not while a member still needs
+    # them unless they are older than max_lag_retention_hours (maxLagRetentionHours): that
+    # member is then caught up by a snapshot.
     file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS
     delete_when: str = DEFAULT_DELETE_WHEN
+    max_lag_retention_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS
     retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
     # TLS (broker.conf tlsEnable and tlsServer*Path). None: every port plaintext. Otherwise the
     # client port speaks TLS (no client certificate asked), the peer port mutual TLS (only a
@@ -474,12 +481,17 @@ class DLedgerNode:
         while True:
             await asyncio.sleep(self.cfg.retention_check_interval_s)
             try:
-                floor = await self.retention_floor()
+                held = await self.retention_floor()
             except (TimeoutError, grpc.RpcError, OSError) as exc:
-                logger.info("node=%s retention skipped: %s", self.cfg.self_id, exc)
-                continue
-            if floor is None:
-                continue
+                # The members' progress is unknown: only segments beyond the lag bound may go.
+                logger.info(
+                    "node=%s retention without the members' view: %s", self.cfg.self_id, exc
+                )
+                held = None
+            # Segments every member holds go at fileReservedTime; those a member lacks only
+            # after maxLagRetentionHours (it is caught up by a snapshot). Unknown: lag bound.
+            held_index = -1 if held is None else held
+            floor = self._applied
             # In a thread: deleting flushes and fsyncs (the store is thread safe).
             deleted = await asyncio.get_running_loop().run_in_executor(
                 None,
@@ -489,6 +501,8 @@ class DLedgerNode:
                     applied_index=floor,
                     file_reserved_time_hours=self.cfg.file_reserved_time_hours,
                     delete_when=self.cfg.delete_when,
+                    held_index=held_index,
+                    max_lag_hours=self.cfg.max_lag_retention_hours,
                 ),
             )
             if deleted:
@@ -504,10 +518,10 @@ class DLedgerNode:
                 )
 
     async def retention_floor(self) -> int | None:
-        """The highest index retention may delete up to on this node: applied here, and held
-        by every member of the group as the leader knows it (there is no InstallSnapshot, so a
-        member must never need an entry that a future leader deleted). None: not known now
-        (no leader, or it did not answer); retention waits for the next check."""
+        """The highest index held here (applied) and by every member of the group as the
+        leader knows it: retention deletes beyond it only segments older than
+        maxLagRetentionHours (a member lacking them is caught up by a snapshot). None: not
+        known now (no leader, or it did not answer)."""
         if self.core.role is Role.LEADER:
             matches = [p.match_index for p in self.core.status().peers]
         else:

@@ -73,6 +73,7 @@ from dledger.storage.files import (
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
+    DEFAULT_MAX_LAG_RETENTION_HOURS,
     SegmentInfo,
     segments_to_delete,
 )
@@ -1445,6 +1446,8 @@ class SegmentedLogStore:
         applied_index: int,
         file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS,
         delete_when: str = DEFAULT_DELETE_WHEN,
+        held_index: int | None = None,
+        max_lag_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS,
     ) -> int:
         """Apply :func:`segments_to_delete`; return how many segments were deleted."""
         doomed = segments_to_delete(
@@ -1453,6 +1456,8 @@ class SegmentedLogStore:
             applied_index=applied_index,
             file_reserved_time_hours=file_reserved_time_hours,
             delete_when=delete_when,
+            held_index=held_index,
+            max_lag_hours=max_lag_hours,
         )
         if not doomed:
             return 0
