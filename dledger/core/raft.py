@@ -485,6 +485,19 @@ class RaftNode:
         snap.report_snapshot(self, peer_id, ok)
 
     @property
+    def pending_snapshot(self) -> SnapshotMeta | None:
+        """A snapshot this follower accepted and its driver has not installed yet."""
+        return self._log.pending_snapshot()
+
+    def replace_store(self, store: LogStore) -> None:
+        """The driver installed a Ready's snapshot by opening a new store (it holds the
+        snapshot's log): read that one from now on. Only between that Ready and its
+        advance()."""
+        assert self._outstanding is not None and self._outstanding.snapshot is not None
+        assert store.last_index() == self._outstanding.snapshot.index
+        self._log.store = store
+
+    @property
     def snapshots_sent(self) -> int:
         """Snapshot transfers the driver reported done since this node started."""
         return self._snapshots_sent

@@ -103,6 +103,10 @@ class RaftLog:
             size += len(e.body)
         return out
 
+    def pending_snapshot(self) -> SnapshotMeta | None:
+        """The snapshot accepted and not yet confirmed installed (None: none)."""
+        return self._snap
+
     def unstable_count(self) -> int:
         return len(self._unstable)
 

@@ -31,14 +31,17 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger import failpoints
+from dledger.appsnapshot import AppSnapshot
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
     MAX_ENTRIES_PER_PROPOSAL,
     ConfigError,
+    InstallSnapshot,
     RaftConfig,
     RaftNode,
     Ready,
     Role,
+    SnapshotMeta,
 )
 from dledger.fatal import fatal, spawn
 from dledger.log import (
@@ -55,6 +58,15 @@ from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.guard import CallGuard, GuardInterceptor
 from dledger.server.members import Refused, stream_sender
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
+from dledger.server.snapshots import (
+    SnapshotReceiver,
+    SnapshotRefused,
+    SnapshotSender,
+    finish_install,
+    install_app,
+    pending_install,
+    refused_status,
+)
 from dledger.server.transport import SERVER_OPTIONS, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
 from dledger.storage.retention import (
@@ -293,6 +305,11 @@ class DLedgerNode:
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
+        # Snapshots (dledger.server.snapshots): transfers out (leader) and in (follower);
+        # the store lock keeps retention off a store an install is replacing.
+        self.snapshots_out = SnapshotSender(self)
+        self.snapshots_in = SnapshotReceiver(self)
+        self._store_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -301,11 +318,26 @@ class DLedgerNode:
         # Ports first: a busy port or a bad certificate must stop the node before it touches
         # its store.
         self._bind_ports()
+        interrupted = pending_install(cfg.store_dir)
         try:
+            if interrupted is not None:
+                finish_install(cfg.store_dir)  # a crash stopped a snapshot install: finish it
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc
+        if interrupted is not None:
+            install_app(cfg.store_dir, self.sm, interrupted)
         self._applied = self.sm.applied_index()
+        if self._applied < self.store.first_index() - 1:
+            # Entries below the log's first index cannot be applied again (retention or a
+            # snapshot took them): what they made is the state machine's to have kept.
+            logger.warning(
+                "node=%s applied index %d is below the log's first index %d",
+                cfg.self_id,
+                self._applied,
+                self.store.first_index(),
+            )
+            self._applied = self.store.first_index() - 1
         self.core = RaftNode(
             cfg.self_id,
             list(cfg.peers),
@@ -400,6 +432,7 @@ class DLedgerNode:
                 await task
         if self._transport is not None:
             await self._transport.stop()
+        await self.snapshots_out.stop()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
@@ -414,6 +447,40 @@ class DLedgerNode:
 
     def _wake(self) -> None:
         self._wake_event.set()
+
+    def wake(self) -> None:
+        """Run the ready loop (after an input to the core from outside it)."""
+        self._wake_event.set()
+
+    @property
+    def applied(self) -> int:
+        """The last index applied by the state machine."""
+        return self._applied
+
+    def peer_metadata(self) -> tuple[tuple[str, str], ...]:
+        """What identifies this node on a peer call (as the transport's streams send it)."""
+        cfg = self.cfg
+        return (
+            ("x-raftmq-group", cfg.group),
+            ("x-raftmq-from", cfg.self_id),
+            ("x-raftmq-client-addr", cfg.public_client_addr),
+        )
+
+    def capture_app_snapshot(self) -> AppSnapshot:
+        """The state machine's snapshot at the applied index (none of its own: no files)."""
+        hook = getattr(self.sm, "capture_snapshot", None)
+        app = hook() if callable(hook) else AppSnapshot(self._applied, ())
+        if not isinstance(app, AppSnapshot) or app.index != self._applied:
+            raise DLedgerError(f"state machine snapshot is not at the applied {self._applied}")
+        return app
+
+    def step_local(self, m: InstallSnapshot) -> None:
+        """A snapshot received whole: into the core like a peer's message."""
+        try:
+            self.core.step(m)
+        except Exception as exc:
+            fatal("raft-step", exc)
+        self._wake()
 
     async def _tick_loop(self) -> None:
         period_s = self.cfg.tick_ms / 1000
@@ -493,18 +560,19 @@ class DLedgerNode:
             held_index = -1 if held is None else held
             floor = self._applied
             # In a thread: deleting flushes and fsyncs (the store is thread safe).
-            deleted = await asyncio.get_running_loop().run_in_executor(
-                None,
-                functools.partial(
-                    self.store.apply_retention,
-                    now=datetime.now(),
-                    applied_index=floor,
-                    file_reserved_time_hours=self.cfg.file_reserved_time_hours,
-                    delete_when=self.cfg.delete_when,
-                    held_index=held_index,
-                    max_lag_hours=self.cfg.max_lag_retention_hours,
-                ),
-            )
+            async with self._store_lock:
+                deleted = await asyncio.get_running_loop().run_in_executor(
+                    None,
+                    functools.partial(
+                        self.store.apply_retention,
+                        now=datetime.now(),
+                        applied_index=floor,
+                        file_reserved_time_hours=self.cfg.file_reserved_time_hours,
+                        delete_when=self.cfg.delete_when,
+                        held_index=held_index,
+                        max_lag_hours=self.cfg.max_lag_retention_hours,
+                    ),
+                )
             if deleted:
                 hook = getattr(self.sm, "on_prefix_deleted", None)
                 if callable(hook):
@@ -579,6 +647,10 @@ class DLedgerNode:
         assert transport is not None
         for m in rd.early_messages:
             transport.send(m)
+        for req in rd.snapshot_requests:
+            self.snapshots_out.start(req)
+        if rd.snapshot is not None:
+            await self._install_snapshot(rd.snapshot)
         if rd.must_persist():
             await self._persist(rd)
         for m in rd.messages:
@@ -598,6 +670,32 @@ class DLedgerNode:
         self.core.advance(rd)
         self._arm_notice_release(rd.notices_held)
         await self._maybe_checkpoint()
+
+    async def _install_snapshot(self, meta: SnapshotMeta) -> None:
+        """A Ready's snapshot: the staged log and files replace this node's; the core reads
+        the new store from now on. Any failure ends the process (a restart finishes it)."""
+        try:
+            async with self._store_lock:
+                store = await self.snapshots_in.install(meta)
+                self.store = store
+                self.core.replace_store(store)
+                install_app(self.cfg.store_dir, self.sm, meta.index)
+                applied = self.sm.applied_index()
+            if applied != meta.index or store.term_at(meta.index) != meta.term:
+                raise DLedgerError(
+                    f"installed snapshot {meta.index}/{meta.term}: applied {applied}, term "
+                    f"{store.term_at(meta.index)}"
+                )
+        except Exception as exc:
+            fatal("snapshot-install", exc)
+        self._applied = meta.index
+        logger.info(
+            "node=%s snapshot installed index=%d term=%d first_index=%d",
+            self.cfg.self_id,
+            meta.index,
+            meta.term,
+            store.first_index(),
+        )
 
     def _arm_notice_release(self, held: bool) -> None:
         """One pending release while notices are held; cancelled once none is (an append
@@ -703,6 +801,19 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
             received += 1
             self.node.on_peer_message(sender, pm)
         return pb.PeerAck(received=received)
+
+    async def InstallSnapshot(
+        self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
+    ) -> pb.SnapshotReply:
+        if self.node.cfg.tls is None:
+            sender = await self._claimed_sender(context)
+        else:
+            sender = await self._certified_sender(context)
+        try:
+            return await self.node.snapshots_in.receive(sender, request_iterator)
+        except SnapshotRefused as exc:
+            await status.abort(context, refused_status(exc))
+            raise  # unreachable: abort raises
 
     async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
         """Mutual TLS: the member its certificate names (dledger.server.members)."""

@@ -204,6 +204,19 @@ class StoreConfig:
         return min(MAX_ENTRY_BODY_BYTES, self.segment_size_bytes - ENTRY_HEADER_SIZE)
 
 
+@dataclass(frozen=True, slots=True)
+class LogExtent:
+    """The stored log up to one index, as :meth:`SegmentedLogStore.snapshot_extent` gives it:
+    entries ``base_index + 1`` onwards, data bytes ``[start_position, end_position)`` (whole
+    segments of ``segment_size_bytes``, the first starting at ``start_position``)."""
+
+    base_index: int
+    base_term: int
+    start_position: int
+    end_position: int
+    segment_size_bytes: int
+
+
 class SegmentedLogStore:
     """A :class:`dledger.log.LogStore` on disk under ``root_dir`` (see docs/STORAGE.md)."""
 
@@ -729,6 +742,29 @@ class SegmentedLogStore:
             self._check_open()
             self._check_range(index)
             return self._record(index).position + ENTRY_HEADER_SIZE
+
+    def snapshot_extent(self, index: int) -> LogExtent:
+        """Where the log up to ``index`` lies: what a snapshot at ``index`` ships of the log
+        (the data segments from the first one up to the end of entry ``index``), so that the
+        receiver's log holds the same entries at the same positions."""
+        with self._lock:
+            self._check_open()
+            if not self._base_index <= index <= self._last_index:
+                raise IndexOutOfRangeError(
+                    f"index {index} outside [{self._base_index}, {self._last_index}]"
+                )
+            start = self._segments[0].start
+            end = start
+            if index > self._base_index:
+                rec = self._record(index)
+                end = rec.position + rec.size
+            return LogExtent(
+                base_index=self._base_index,
+                base_term=self._base_term,
+                start_position=start,
+                end_position=end,
+                segment_size_bytes=self._seg_size,
+            )
 
     def read_at(self, position: int, size: int) -> bytes:
         """``size`` bytes at absolute data ``position``, which must lie within one segment and

@@ -42,6 +42,8 @@ class DLedgerPeerStub:
     def __new__(cls, channel: _aio.Channel) -> DLedgerPeerAsyncStub: ...
     Stream: _grpc.StreamUnaryMultiCallable[_dledger_pb2.PeerMessage, _dledger_pb2.PeerAck]
     """A long-lived stream of messages from one peer to another."""
+    InstallSnapshot: _grpc.StreamUnaryMultiCallable[_dledger_pb2.SnapshotChunk, _dledger_pb2.SnapshotReply]
+    """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
 
 @_typing.type_check_only
 class DLedgerPeerAsyncStub(DLedgerPeerStub):
@@ -53,6 +55,8 @@ class DLedgerPeerAsyncStub(DLedgerPeerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Stream: _aio.StreamUnaryMultiCallable[_dledger_pb2.PeerMessage, _dledger_pb2.PeerAck]  # type: ignore[assignment]
     """A long-lived stream of messages from one peer to another."""
+    InstallSnapshot: _aio.StreamUnaryMultiCallable[_dledger_pb2.SnapshotChunk, _dledger_pb2.SnapshotReply]  # type: ignore[assignment]
+    """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
 
 class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
     """The sender's identity travels once per stream as gRPC metadata:
@@ -67,6 +71,14 @@ class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.PeerAck, _abc.Awaitable[_dledger_pb2.PeerAck]]:
         """A long-lived stream of messages from one peer to another."""
+
+    @_abc_1.abstractmethod
+    def InstallSnapshot(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dledger_pb2.SnapshotChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.SnapshotReply, _abc.Awaitable[_dledger_pb2.SnapshotReply]]:
+        """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
 
 def add_DLedgerPeerServicer_to_server(servicer: DLedgerPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
