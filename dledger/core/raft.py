@@ -478,11 +478,12 @@ class RaftNode:
             pr.become_probe(pr.match + 1)  # everything was sent; resend what is unacknowledged
         self._send_append(target_id)
 
-    def report_snapshot(self, peer_id: str, ok: bool) -> None:
-        """The driver's snapshot transfer to ``peer_id`` (a Ready's ``snapshot_requests``)
-        ended: ``ok`` when the follower received it whole and was handed its
-        InstallSnapshot. Ignored when this node no longer leads or the follower moved on."""
-        snap.report_snapshot(self, peer_id, ok)
+    def report_snapshot(self, peer_id: str, ok: bool, index: int = 0) -> None:
+        """The driver's transfer to ``peer_id`` (a Ready's ``snapshot_requests``) of a
+        snapshot at ``index`` ended: ``ok`` when the follower received it whole and was handed
+        its InstallSnapshot. Ignored when this node no longer leads or the follower moved
+        on."""
+        snap.report_snapshot(self, peer_id, ok, index)
 
     @property
     def pending_snapshot(self) -> SnapshotMeta | None:

@@ -130,9 +130,11 @@ def on_ack_in_snapshot(node: RaftNode, peer: str, pr: _Progress) -> None:
         request_snapshot(node, peer, pr)
 
 
-def report_snapshot(node: RaftNode, peer: str, ok: bool) -> None:
-    """The driver's transfer to ``peer`` ended: ``ok`` when the follower got the data and its
-    InstallSnapshot. A failure lets the next answer or tick ask again."""
+def report_snapshot(node: RaftNode, peer: str, ok: bool, index: int) -> None:
+    """The driver's transfer to ``peer`` of a snapshot at ``index`` ended: ``ok`` when the
+    follower got the data and its InstallSnapshot. Then probe from the snapshot on (as etcd
+    does): the follower's answer says where it really is. A failure lets its next answer ask
+    for a snapshot again."""
     from dledger.core.raft import ProgressState, Role
 
     if node._role is not Role.LEADER:
@@ -140,11 +142,11 @@ def report_snapshot(node: RaftNode, peer: str, ok: bool) -> None:
     pr = node._progress.get(peer)
     if pr is None or pr.state is not ProgressState.SNAPSHOT:
         return
-    # Either way the follower's next answer (an ack of the snapshot, or its old match when
-    # the transfer failed) says what comes next (on_ack_in_snapshot); it answers heartbeats.
     pr.snapshot_inflight = False
-    if ok:
+    if ok and 0 < index <= node._log.last_index():
         node._snapshots_sent += 1
+        pr.become_probe(max(pr.match, index) + 1)
+        node._send_append(peer)
 
 
 def heartbeat_prev(node: RaftNode, pr: _Progress) -> int:

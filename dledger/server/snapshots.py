@@ -117,6 +117,7 @@ class SnapshotSender:
     def __init__(self, node: DLedgerNode) -> None:
         self._node = node
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
         self.sent = 0
         self.failed = 0
 
@@ -127,6 +128,7 @@ class SnapshotSender:
         self._tasks[req.to_id] = asyncio.get_running_loop().create_task(self._run(req))
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks.values():
             task.cancel()
         for task in self._tasks.values():
@@ -135,23 +137,29 @@ class SnapshotSender:
 
     async def _run(self, req: SnapshotRequest) -> None:
         node = self._node
-        ok = False
+        index = 0
         try:
-            ok = await self._transfer(req)
+            index = await self._transfer(req)
         except asyncio.CancelledError:
-            raise
-        except (grpc.RpcError, OSError, DLedgerError) as exc:
+            if self._stopping:
+                raise
+            logger.warning("node=%s snapshot to=%s cancelled", node.cfg.self_id, req.to_id)
+        except Exception as exc:
+            # Whatever failed (the peer, a segment retention deleted meanwhile, the disk),
+            # the core must hear of it, or the follower would wait for ever.
             logger.warning("node=%s snapshot to=%s failed: %s", node.cfg.self_id, req.to_id, exc)
+        ok = index > 0
         if ok:
             self.sent += 1
         else:
             self.failed += 1
             await asyncio.sleep(SNAPSHOT_RETRY_MS / 1000)
         if node.core.role is Role.LEADER and node.core.term == req.term:
-            node.core.report_snapshot(req.to_id, ok)
+            node.core.report_snapshot(req.to_id, ok, index)
             node.wake()
 
-    async def _transfer(self, req: SnapshotRequest) -> bool:
+    async def _transfer(self, req: SnapshotRequest) -> int:
+        """Stream one snapshot; its index once the follower has it."""
         node = self._node
         index = node.applied
         store = node.store
@@ -194,7 +202,7 @@ class SnapshotSender:
             reply.accepted,
             reply.received_bytes,
         )
-        return True
+        return index
 
 
 async def _chunks(

@@ -513,7 +513,7 @@ class Simulation:
             self._after(follower)
         if report and leader.up and leader.incarnation == incarnation:
             assert leader.core is not None
-            leader.core.report_snapshot(m.to_id, ok)
+            leader.core.report_snapshot(m.to_id, ok, m.snapshot_index)
             self._after(leader)
 
     def _on_release(self, payload: tuple[str, int, int]) -> None:
