@@ -99,7 +99,8 @@ def test_a_member_lacking_segments_holds_them_only_up_to_the_lag_bound() -> None
 
     assert paths(max_lag_hours=100) == ["/s/0"]
     assert paths(max_lag_hours=60) == ["/s/0", "/s/1"]
-    assert paths(max_lag_hours=0) == ["/s/0", "/s/1", "/s/2"]
+    assert paths(max_lag_hours=0) == ["/s/0", "/s/1"]  # /s/2 is younger than 72 h
+    assert paths(max_lag_hours=0, file_reserved_time_hours=40) == ["/s/0", "/s/1", "/s/2"]
     # Unknown members (held_index=-1): only what is older than the bound.
     got = segments_to_delete(SEGS, now=NOW, applied_index=35, held_index=-1, max_lag_hours=90)
     assert [s.path for s in got] == ["/s/0"]
