@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dledger.core.config import MAX_INDEX
-from dledger.core.messages import AppendRequest, AppendResponse
+from dledger.core.messages import AppendRequest
 
 if TYPE_CHECKING:
     from dledger.core.raft import RaftNode, _Progress
@@ -165,12 +165,12 @@ def handle_install(node: RaftNode, m: InstallSnapshot) -> None:
     stale = meta.index <= node._commit
     if stale and "snapshot_out_of_order" not in node._mut:
         # Applied state already covers it (or more): installing it would roll back.
-        node._send(_ack(node, m.from_id, node._commit))
+        node._reply_append_ok(m.from_id, node._commit)
         return
     if not stale and _log_holds(node, meta):
         # The entries are here: commit up to them, apply them as usual.
         node._commit = meta.index
-        node._send(_ack(node, m.from_id, meta.index))
+        node._reply_append_ok(m.from_id, meta.index)
         return
     logger.info(
         "node=%s term=%d accept_snapshot from=%s index=%d snapshot_term=%d",
@@ -186,7 +186,7 @@ def handle_install(node: RaftNode, m: InstallSnapshot) -> None:
         node._applied = min(node._applied, meta.index)
     node._commit = meta.index
     node._handed = meta.index
-    node._send(_ack(node, m.from_id, meta.index))
+    node._reply_append_ok(m.from_id, meta.index)
 
 
 def _log_holds(node: RaftNode, meta: SnapshotMeta) -> bool:
@@ -194,17 +194,6 @@ def _log_holds(node: RaftNode, meta: SnapshotMeta) -> bool:
     if not log.first_index() - 1 <= meta.index <= log.last_index():
         return False
     return log.term_at(meta.index) == meta.term
-
-
-def _ack(node: RaftNode, to: str, match: int) -> AppendResponse:
-    return AppendResponse(
-        node.id,
-        to,
-        node._term,
-        success=True,
-        match_index=match,
-        last_log_index=node._log.last_index(),
-    )
 
 
 def heartbeat(node: RaftNode, peer: str, pr: _Progress, *, no_reply: bool) -> AppendRequest:

@@ -794,10 +794,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
     ) -> pb.PeerAck:
-        if self.node.cfg.tls is None:
-            sender = await self._claimed_sender(context)
-        else:
-            sender = await self._certified_sender(context)
+        sender = await self._sender(context)
         received = 0
         async for pm in request_iterator:
             received += 1
@@ -807,15 +804,18 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
     async def InstallSnapshot(
         self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
     ) -> pb.SnapshotReply:
-        if self.node.cfg.tls is None:
-            sender = await self._claimed_sender(context)
-        else:
-            sender = await self._certified_sender(context)
+        sender = await self._sender(context)
         try:
             return await self.node.snapshots_in.receive(sender, request_iterator)
         except SnapshotRefused as exc:
             await status.abort(context, refused_status(exc))
             raise  # unreachable: abort raises
+
+    async def _sender(self, context: grpc.aio.ServicerContext) -> str:
+        """The member calling (the call is refused when it is none)."""
+        if self.node.cfg.tls is None:
+            return await self._claimed_sender(context)
+        return await self._certified_sender(context)
 
     async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
         """Mutual TLS: the member its certificate names (dledger.server.members)."""

@@ -26,11 +26,10 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
-from support import create_topic, wait_for
+from support import create_topic, pull_all, wait_for
 
 from broker.cluster import LocalCluster
 from client import Message, Producer
-from client.consumer import pulled_messages
 from spark_audit.__main__ import main as audit_main
 
 if TYPE_CHECKING:
@@ -102,31 +101,18 @@ def converged(cluster: LocalCluster) -> Callable[[], bool]:
 
 
 def bodies_from(addr: str) -> list[bytes]:
-    """Every message of the topic as this node serves it (it must hold the same ones)."""
+    """Every message of the topic as this node serves it, from each queue's min offset."""
     out: list[bytes] = []
     with grpc.insecure_channel(addr) as ch:
         stub = bpb_grpc.BrokerStub(ch)
-        for q in range(QUEUES):
-            offset = stub.GetQueueOffsets(
+        mins = [
+            stub.GetQueueOffsets(
                 bpb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=q), timeout=5
             ).min_offset
-            while True:
-                resp = stub.PullMessage(
-                    bpb.PullMessageRequest(
-                        consumer_group="snap-cg",
-                        topic=TOPIC,
-                        queue_id=q,
-                        queue_offset=offset,
-                        max_msgs=256,
-                        no_suspend=True,
-                    ),
-                    timeout=10,
-                )
-                msgs = pulled_messages(resp, "b")
-                if not msgs:
-                    break
-                out.extend(m.body for m in msgs)
-                offset = resp.next_begin_offset
+            for q in range(QUEUES)
+        ]
+    for q, start in enumerate(mins):
+        out.extend(m.body for m in pull_all(addr, TOPIC, q, start_offset=start))
     return out
 
 
