@@ -101,11 +101,17 @@ class SnapshotRefused(DLedgerError):
     code = "SNAPSHOT_REFUSED"
 
 
-def _digest_update(h: hashlib._Hash, name: str, offset: int, data: bytes) -> None:
+_ZEROS = bytes(SNAPSHOT_CHUNK_BYTES)
+
+
+def _digest_update(h: hashlib._Hash, name: str, offset: int, data: bytes, zeros: int) -> None:
     h.update(name.encode())
     h.update(b"\0")
     h.update(offset.to_bytes(8, "big"))
-    h.update(data)
+    if zeros:
+        h.update(b"Z" + zeros.to_bytes(8, "big"))
+    else:
+        h.update(data)
 
 
 # ---------------------------------------------------------------------- the leader's side
@@ -225,8 +231,12 @@ async def _chunks(
         if callable(data):
             data = await loop.run_in_executor(None, data)
         assert isinstance(data, bytes)
-        _digest_update(digest, name, offset, data)
         total += len(data)
+        if data and data == _ZEROS[: len(data)]:
+            _digest_update(digest, name, offset, b"", len(data))
+            yield pb.SnapshotChunk(data=pb.SnapshotData(name=name, offset=offset, zeros=len(data)))
+            continue
+        _digest_update(digest, name, offset, data, 0)
         yield pb.SnapshotChunk(data=pb.SnapshotData(name=name, offset=offset, data=data))
     yield pb.SnapshotChunk(trailer=pb.SnapshotTrailer(total_bytes=total, sha256=digest.digest()))
 
@@ -324,17 +334,23 @@ class _Staging:
                 raise SnapshotRefused(f"file {d.name[:64]!r} out of order or too many files")
             self.names.add(d.name)
             self.name, self.size = d.name, 0
-        if d.offset != self.size or len(d.data) > SNAPSHOT_CHUNK_BYTES:
+        n = d.zeros or len(d.data)
+        if d.offset != self.size or n > SNAPSHOT_CHUNK_BYTES or (d.zeros and d.data):
             raise SnapshotRefused(f"chunk of {d.name[:64]!r} at {d.offset}, expected {self.size}")
-        self.total += len(d.data)
+        self.total += n
         if self.total > MAX_SNAPSHOT_BYTES:
             raise SnapshotRefused(f"snapshot larger than {MAX_SNAPSHOT_BYTES} bytes")
-        _digest_update(self.digest, d.name, d.offset, d.data)
+        _digest_update(self.digest, d.name, d.offset, d.data, d.zeros)
         path = self.root / d.name
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("ab") as f:
-            f.write(d.data)
-        self.size += len(d.data)
+            if not d.zeros:
+                f.write(d.data)
+            elif d.name.startswith("log/"):
+                f.write(_ZEROS[:n])  # a data segment is never sparse (docs/STORAGE.md)
+            else:
+                f.truncate(self.size + n)  # the application's files are made sparse too
+        self.size += n
 
     def sync(self) -> None:
         for p in sorted(self.root.rglob("*"), reverse=True):

@@ -159,14 +159,16 @@ class SnapshotHeader(_message.Message):
     def __init__(self, term: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., config: _Optional[bytes] = ..., base_index: _Optional[int] = ..., base_term: _Optional[int] = ..., start_position: _Optional[int] = ..., segment_size_bytes: _Optional[int] = ...) -> None: ...
 
 class SnapshotData(_message.Message):
-    __slots__ = ("name", "offset", "data")
+    __slots__ = ("name", "offset", "data", "zeros")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    ZEROS_FIELD_NUMBER: _ClassVar[int]
     name: str
     offset: int
     data: bytes
-    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    zeros: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., zeros: _Optional[int] = ...) -> None: ...
 
 class SnapshotTrailer(_message.Message):
     __slots__ = ("total_bytes", "sha256")
