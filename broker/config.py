@@ -228,6 +228,13 @@ KEYS: Mapping[str, _Key] = {
     "retentionCheckIntervalMs": _Key(
         int_in(100, 3_600_000), "60000", "how often retention looks for segments to delete, ms"
     ),
+    # 0..10 years: after this long a member that lacks a segment (behind, or down) no longer
+    # keeps it on the others' disks; it is caught up by a snapshot when it returns.
+    "maxLagRetentionHours": _Key(
+        int_in(0, 24 * 365 * 10),
+        "48",
+        "hours old segments are kept for a member that lacks them (then: snapshot)",
+    ),
     "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
@@ -388,6 +395,7 @@ class BrokerConfig:
     fileReservedTime: int
     deleteWhen: str
     retentionCheckIntervalMs: int
+    maxLagRetentionHours: int
     maxMessageSize: int
     autoCreateTopicEnable: bool
     slaveReadEnable: bool
@@ -643,6 +651,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         file_reserved_time_hours=cfg.fileReservedTime,
         delete_when=cfg.deleteWhen,
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
+        max_lag_retention_hours=cfg.maxLagRetentionHours,
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,

@@ -117,6 +117,21 @@ def timestamp_of_name(name: str) -> int:
     return int(t.timestamp()) * 1000 + int(name[14:17])
 
 
+def mark_file_unclean(path: Path) -> None:
+    """Clear a closed file's clean flag, so that opening it repairs slots and records against
+    its header: a copy made while the file was being written (a snapshot transfer) may hold
+    slots and records newer than its header."""
+    with path.open("r+b") as f:
+        head = f.read(INDEX_HEADER_SIZE)
+        if len(head) < INDEX_HEADER_SIZE or head.count(0) == len(head):
+            return  # never written: opening deletes it
+        fields = list(INDEX_HEADER_NO_CRC.unpack_from(head, 0))
+        fields[2] &= ~FLAG_CLEAN
+        new = INDEX_HEADER_NO_CRC.pack(*fields)
+        f.seek(0)
+        f.write(new + struct.pack(">I", _crc32c.crc32c(new)))
+
+
 def file_size_bytes(hash_slots: int, max_records: int) -> int:
     return INDEX_HEADER_SIZE + hash_slots * SLOT_SIZE + (max_records + 1) * INDEX_RECORD_SIZE
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from broker import snapshotting
 from broker.auth.table import AuthTable
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import (
@@ -79,6 +80,7 @@ from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
 from broker.subgroups import ENTRY_SUBGROUP, SubGroupTable
 from broker.transactions.state import ENTRY_TXN, TxnState
+from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import Entry
 from dledger.storage.files import atomic_write
@@ -834,26 +836,7 @@ class BrokerStateMachine:
         started = time.monotonic()
         self.cqs.flush()
         self.index.flush()
-        offsets: dict[str, dict[str, dict[str, int]]] = {}
-        for (group, topic, queue_id), offset in sorted(c.offsets.items()):
-            offsets.setdefault(group, {}).setdefault(topic, {})[str(queue_id)] = offset
-        data = {
-            "version": SNAPSHOT_VERSION,
-            "applied_index": c.applied,
-            "dispatch_position": c.dispatch_end,
-            "index_max_position": c.index_max_position,
-            "latest_store_timestamp_ms": c.latest_store_ts,
-            "queues": c.queues,
-            "topics": {name: _topic_row(t) for name, t in sorted(c.topics.items())},
-            "offsets": offsets,
-            "dedup": encode_dedup(c.dedup),
-            "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
-            "auth": c.auth,
-            "pop": c.pop,
-            "txn": c.txn,
-            "subgroups": c.subgroups,
-        }
-        raw = json.dumps(data, separators=(",", ":")).encode()
+        raw = _snapshot_document(c)
         self.config_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_dir / SNAPSHOT_FILE, raw)
         self._last_persist_s = time.monotonic() - started
@@ -863,6 +846,24 @@ class BrokerStateMachine:
             len(raw),
             self._last_persist_s * 1000,
         )
+
+    def capture_snapshot(self) -> AppSnapshot:
+        """A Raft snapshot of the state at the applied index, for a follower that needs one
+        (broker.snapshotting): called by the node between two applies."""
+        return snapshotting.capture(self, _snapshot_document(self._capture()))
+
+    def install_snapshot(self, app_dir: Path, index: int) -> None:
+        """dledger installed a snapshot's log; take its files. The next applied_index()
+        opens the state at ``index`` (the node checks it)."""
+        if self._opened:
+            self.wait_snapshot()
+            self.cqs.close()
+            self.index.close()
+            self._opened = False
+        snapshotting.install(self, app_dir)
+        self._results.clear()
+        self._trimmed_first = 1
+        logger.info("snapshot install index=%d root=%s", index, self.root)
 
     def _write_snapshot(self) -> None:
         """Write a snapshot now, in this thread (after any one in flight)."""
@@ -1035,6 +1036,30 @@ class BrokerStateMachine:
         self.cqs.close()
         self.index.close()
         self._opened = False
+
+
+def _snapshot_document(c: _Captured) -> bytes:
+    """``config/snapshot.json`` for the state ``c`` captured."""
+    offsets: dict[str, dict[str, dict[str, int]]] = {}
+    for (group, topic, queue_id), offset in sorted(c.offsets.items()):
+        offsets.setdefault(group, {}).setdefault(topic, {})[str(queue_id)] = offset
+    data = {
+        "version": SNAPSHOT_VERSION,
+        "applied_index": c.applied,
+        "dispatch_position": c.dispatch_end,
+        "index_max_position": c.index_max_position,
+        "latest_store_timestamp_ms": c.latest_store_ts,
+        "queues": c.queues,
+        "topics": {name: _topic_row(t) for name, t in sorted(c.topics.items())},
+        "offsets": offsets,
+        "dedup": encode_dedup(c.dedup),
+        "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
+        "auth": c.auth,
+        "pop": c.pop,
+        "txn": c.txn,
+        "subgroups": c.subgroups,
+    }
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 def _report_dropped(what: str, names: Sequence[str]) -> None:

@@ -111,13 +111,18 @@ def pull_ids(
 
 
 def pull_all(
-    addr: str, topic: str, queue_id: int, security: ClientSecurity = PLAINTEXT
+    addr: str,
+    topic: str,
+    queue_id: int,
+    security: ClientSecurity = PLAINTEXT,
+    start_offset: int = 0,
 ) -> list[MessageExt]:
-    """Every message in one queue, as the node at ``addr`` serves them."""
+    """Every message in one queue from ``start_offset`` on, as the node at ``addr`` serves
+    them."""
     out: list[MessageExt] = []
     with open_channel(addr, security) as ch:
         stub = bpb_grpc.BrokerStub(ch)
-        offset = 0
+        offset = start_offset
         while True:
             resp = stub.PullMessage(
                 bpb.PullMessageRequest(

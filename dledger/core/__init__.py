@@ -140,6 +140,7 @@ from dledger.core.raft import (
     SoftState,
     Status,
 )
+from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 
 __all__ = [
     "CAMPAIGN_REFUSED_MAX_TERM",
@@ -173,6 +174,7 @@ __all__ = [
     "ConfChangePendingError",
     "ConfState",
     "ConfigError",
+    "InstallSnapshot",
     "Message",
     "NotLeaderError",
     "PeerStatus",
@@ -184,6 +186,8 @@ __all__ = [
     "RaftNode",
     "Ready",
     "Role",
+    "SnapshotMeta",
+    "SnapshotRequest",
     "SoftState",
     "Status",
     "TimeoutNow",

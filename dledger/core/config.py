@@ -53,6 +53,7 @@ MUTATIONS = frozenset(
         "conf_change_while_pending",  # a second membership change before the first commits
         "conf_change_before_term_commit",  # a change before the leader committed in its term
         "removed_member_votes",  # vote requests from non-voters (removed nodes) are answered
+        "snapshot_out_of_order",  # a follower installs a snapshot not beyond its commit index
     }
 )
 

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dledger.core import snapshot as snap
 from dledger.core.config import (
     MAX_ENTRIES_PER_PROPOSAL,
     MAX_GROUP_SIZE,
@@ -60,6 +61,7 @@ from dledger.core.messages import (
     VoteResponse,
 )
 from dledger.core.raftlog import RaftLog
+from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 from dledger.log import Entry, EntryType, HardState, LogStore
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ class Role(enum.Enum):
 class ProgressState(enum.Enum):
     PROBE = "probe"  # one append at a time until the follower's match point is found
     REPLICATE = "replicate"  # pipelined appends, at most max_inflight_appends in flight
+    SNAPSHOT = "snapshot"  # behind the log's first index: caught up by a snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +130,21 @@ class Ready:
     # (an append carried the commit): a pending call may then be cancelled, so that the
     # next hold lingers in full. tick() releases them too.
     notices_held: bool = False
+    # --- snapshots (dledger.core.snapshot) ---
+    # Follower: install this snapshot in step 2, after the hard state and before the entries
+    # (the log is replaced: it ends at the snapshot's index; so does the applied state).
+    snapshot: SnapshotMeta | None = None
+    # Leader: send these followers a snapshot (any time), then report_snapshot(peer, ok).
+    snapshot_requests: tuple[SnapshotRequest, ...] = ()
 
     def must_persist(self) -> bool:
         """Whether step 2 has anything to write."""
-        return self.hard_state is not None or self.truncate_from is not None or bool(self.entries)
+        return (
+            self.hard_state is not None
+            or self.truncate_from is not None
+            or bool(self.entries)
+            or self.snapshot is not None
+        )
 
     def is_empty(self) -> bool:
         return (
@@ -140,6 +154,7 @@ class Ready:
             and not self.committed
             and self.soft_state is None
             and not self.notices_held
+            and not self.snapshot_requests
         )
 
 
@@ -196,6 +211,7 @@ class _Progress:
         "match",
         "next",
         "probe_sent",
+        "snapshot_inflight",
         "stalled_ticks",
         "state",
     )
@@ -209,6 +225,7 @@ class _Progress:
         self.last_heard_tick = 0  # leader tick count when this follower last answered
         self.commit_sent = 0
         self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
+        self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
 
     def become_probe(self, next_index: int) -> None:
         self.state = ProgressState.PROBE
@@ -269,8 +286,11 @@ class RaftNode:
         configuration in force at ``applied_index`` (None: ``peer_ids``, all voters); the log's
         CONFIG entries above it are replayed (docs/RAFT.md section 9)."""
         base = _check_members(node_id, peer_ids, config, conf_state)
-        if not 0 <= applied_index <= log.last_index():
-            raise ConfigError(f"applied_index {applied_index} beyond the log's last index")
+        if not log.first_index() - 1 <= applied_index <= log.last_index():
+            raise ConfigError(
+                f"applied_index {applied_index} outside the log's [first - 1, last] = "
+                f"[{log.first_index() - 1}, {log.last_index()}]"
+            )
         self.id = node_id
         self.cfg = config
         self._log = RaftLog(log)
@@ -319,6 +339,8 @@ class RaftNode:
         self.pre_votes_started = 0
         self.elections_started = 0
         self.elections_won = 0
+        self._snapshot_requests: list[SnapshotRequest] = []  # for the next Ready
+        self._snapshots_sent = 0  # transfers the driver reported done (status)
         self._reset_randomized_timeout()
         logger.info(
             "node=%s term=%d start last_index=%d commit=%d %s",
@@ -486,7 +508,32 @@ class RaftNode:
             pr.become_probe(pr.match + 1)  # everything was sent; resend what is unacknowledged
         self._send_append(target_id)
 
-    def step(self, m: Message) -> None:
+    def report_snapshot(self, peer_id: str, ok: bool, index: int = 0) -> None:
+        """The driver's transfer to ``peer_id`` (a Ready's ``snapshot_requests``) of a
+        snapshot at ``index`` ended: ``ok`` when the follower received it whole and was handed
+        its InstallSnapshot. Ignored when this node no longer leads or the follower moved
+        on."""
+        snap.report_snapshot(self, peer_id, ok, index)
+
+    @property
+    def pending_snapshot(self) -> SnapshotMeta | None:
+        """A snapshot this follower accepted and its driver has not installed yet."""
+        return self._log.pending_snapshot()
+
+    def replace_store(self, store: LogStore) -> None:
+        """The driver installed a Ready's snapshot by opening a new store (it holds the
+        snapshot's log): read that one from now on. Only between that Ready and its
+        advance()."""
+        assert self._outstanding is not None and self._outstanding.snapshot is not None
+        assert store.last_index() == self._outstanding.snapshot.index
+        self._log.store = store
+
+    @property
+    def snapshots_sent(self) -> int:
+        """Snapshot transfers the driver reported done since this node started."""
+        return self._snapshots_sent
+
+    def step(self, m: Message | InstallSnapshot) -> None:
         """Feed one message received from a peer. Never raises for a message a hostile peer
         could build: what an honest member could not have sent is dropped and counted
         (:attr:`dropped`), before it changes anything."""
@@ -508,23 +555,27 @@ class RaftNode:
             self._handle_vote_request(m)
         elif isinstance(m, VoteResponse):
             self._handle_vote_response(m)
+        elif isinstance(m, InstallSnapshot):
+            snap.handle_install(self, m)
         else:
             self._handle_timeout_now(m)
         self._check_invariants()
 
-    def _hostile_reason(self, m: Message) -> str | None:
+    def _hostile_reason(self, m: Message | InstallSnapshot) -> str | None:
         """The DROP_* reason when no honest member could have sent ``m``, else None."""
         if self._not_member(m):
             return DROP_NOT_MEMBER
         term = m.term
         if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
             return DROP_TERM_OUT_OF_RANGE
-        if isinstance(m, AppendRequest):
-            prev = m.prev_log_index
-            if (
-                not 0 <= prev <= MAX_INDEX
+        if isinstance(m, (AppendRequest, InstallSnapshot)):
+            if isinstance(m, InstallSnapshot):
+                if snap.malformed(m):
+                    return DROP_MALFORMED
+            elif (
+                not 0 <= m.prev_log_index <= MAX_INDEX
                 or m.leader_commit < 0
-                or (m.entries and m.entries[0].index != prev + 1)
+                or (m.entries and m.entries[0].index != m.prev_log_index + 1)
                 or self._bad_config_entry(m)
             ):
                 return DROP_MALFORMED
@@ -546,7 +597,7 @@ class RaftNode:
             return DROP_UNEXPECTED_TIMEOUT_NOW
         return None
 
-    def _step_higher_term(self, m: Message) -> bool:
+    def _step_higher_term(self, m: Message | InstallSnapshot) -> bool:
         """A message of a later term: adopt it (or refuse a disruptive vote request). False
         when the message is fully handled."""
         if isinstance(m, VoteRequest):
@@ -562,11 +613,13 @@ class RaftNode:
         elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
             pass  # a granted pre-vote carries the future term; no term change
         else:
-            leader = m.from_id if isinstance(m, (AppendRequest, TimeoutNow)) else None
+            leader = (
+                m.from_id if isinstance(m, (AppendRequest, TimeoutNow, InstallSnapshot)) else None
+            )
             self._become_follower(m.term, leader)
         return True
 
-    def _answer_stale(self, m: Message) -> None:
+    def _answer_stale(self, m: Message | InstallSnapshot) -> None:
         """A message of an earlier term: tell a stale leader or candidate the newer term."""
         if isinstance(m, AppendRequest):
             self._reject_append(m, 0, 0)  # the term is the news; no back-off hint
@@ -595,13 +648,14 @@ class RaftNode:
             or self._hard_state_to_save() != self._persisted_hs
             or self._handed < min(self._commit, self._log.last_index())
             or self._soft_state() != self._soft_reported
+            or bool(self._snapshot_requests)
         )
 
     def ready(self) -> Ready:
         """Collect what the driver must do now. Call advance() before the next ready()."""
         assert self._outstanding is None, "ready() called twice without advance()"
         self._pay_owed_messages()
-        truncate_from, entries = self._log.take()
+        snapshot, truncate_from, entries = self._log.take()
         hs = self._hard_state_to_save()
         committed: list[Entry] = []
         upto = min(self._commit, self._log.last_index())
@@ -623,7 +677,10 @@ class RaftNode:
             committed=tuple(committed),
             soft_state=soft if soft != self._soft_reported else None,
             notices_held=self._notices_held,
+            snapshot=snapshot,
+            snapshot_requests=tuple(self._snapshot_requests),
         )
+        self._snapshot_requests = []
         self._msgs = []
         self._soft_reported = soft
         self._outstanding = rd
@@ -639,8 +696,10 @@ class RaftNode:
         self._outstanding = None
         if rd.hard_state is not None:
             self._persisted_hs = rd.hard_state
-        if rd.truncate_from is not None or rd.entries:
+        if rd.truncate_from is not None or rd.entries or rd.snapshot is not None:
             self._log.stable()
+        if rd.snapshot is not None:
+            self._applied = rd.snapshot.index  # the install replaced the applied state
         if rd.committed:
             assert rd.committed[0].index == self._applied + 1, "committed entries skipped"
             self._applied = rd.committed[-1].index
@@ -844,7 +903,7 @@ class RaftNode:
 
     # ------------------------------------------------------------------ internals: misc
 
-    def _not_member(self, m: Message) -> bool:
+    def _not_member(self, m: Message | InstallSnapshot) -> bool:
         """Addressed to another node or from this one; anything from a removed node (a
         removed node cannot disrupt the group: not with vote requests, nor with the higher
         term of an answer to the appends that tell it it was removed); an answer from a
@@ -863,7 +922,7 @@ class RaftNode:
             return m.from_id not in conf.members and m.from_id not in self._progress
         return False
 
-    def _drop(self, reason: str, m: Message | None) -> None:
+    def _drop(self, reason: str, m: Message | InstallSnapshot | None) -> None:
         """Count a dropped message; log the 1st, 2nd, 4th, 8th ... of each reason, so that a
         flood of hostile messages costs a logarithmic number of log lines."""
         n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
@@ -942,6 +1001,7 @@ class RaftNode:
         self._pending.clear()
         self._pending_bytes = 0
         self._notices_held = False
+        self._snapshot_requests = []  # a follower sends no snapshot
 
     def _campaign(self, *, pre_vote: bool, transfer: bool) -> None:
         if self._term >= MAX_TERM:
@@ -1082,19 +1142,8 @@ class RaftNode:
 
     def _send_heartbeat(self, peer: str, *, no_reply: bool = False) -> None:
         pr = self._progress[peer]
-        # prev = match: known to match, so a heartbeat never triggers a rejection.
-        self._send(
-            AppendRequest(
-                self.id,
-                peer,
-                self._term,
-                prev_log_index=pr.match,
-                prev_log_term=self._log.term_at(pr.match),
-                entries=(),
-                leader_commit=self._commit,
-                no_reply=no_reply,
-            )
-        )
+        # prev = match (or 0): known to match, so a heartbeat never triggers a rejection.
+        self._send(snap.heartbeat(self, peer, pr, no_reply=no_reply))
         pr.commit_sent = max(pr.commit_sent, min(self._commit, pr.match))
 
     def _send_append(self, peer: str) -> bool:
@@ -1103,6 +1152,11 @@ class RaftNode:
         if pr is None:
             return False  # removed meanwhile (its removal committed)
         last = self._log.last_index()
+        if pr.state is ProgressState.SNAPSHOT:
+            return False
+        if snap.needs_snapshot(self, pr.next):
+            snap.request_snapshot(self, peer, pr)
+            return False
         if pr.state is ProgressState.PROBE:
             if pr.probe_sent:
                 return False
@@ -1155,6 +1209,12 @@ class RaftNode:
             return
         pr = self._progress[m.from_id]
         pr.last_heard_tick = self._leader_ticks
+        if pr.state is ProgressState.SNAPSHOT:
+            if m.success and m.match_index > pr.match:
+                pr.match = m.match_index
+                self._maybe_commit()
+            snap.on_ack_in_snapshot(self, m.from_id, pr)
+            return
         if not m.success:
             if m.rejected_index <= pr.match:
                 return  # stale: that prefix is already known to match
@@ -1167,9 +1227,9 @@ class RaftNode:
                 )
                 if idx > 0:
                     nxt = idx + 1
-            # Never below what the log still holds (a forged conflict_index of 1 after
-            # retention would make the probe read a deleted entry).
-            nxt = max(pr.match + 1, self._log.first_index(), min(nxt, m.rejected_index))
+            nxt = max(pr.match + 1, min(nxt, m.rejected_index))
+            # Below what the log still holds (retention deleted it, or a forged hint): only
+            # a snapshot catches this follower up; the probe never reads a deleted entry.
             pr.become_probe(nxt)
             self._send_append(m.from_id)
             return
@@ -1272,9 +1332,7 @@ class RaftNode:
     def _handle_append(self, m: AppendRequest) -> None:
         # step() dropped appends from a second leader of this term (this one included).
         assert self._role is not Role.LEADER, f"two leaders in term {self._term}"
-        if self._role is not Role.FOLLOWER or self._leader_id != m.from_id:
-            self._become_follower(m.term, m.from_id)
-        self._election_elapsed = 0
+        self._become_follower_of(m.from_id)
         log = self._log
         last = log.last_index()
         prev = m.prev_log_index
@@ -1310,6 +1368,12 @@ class RaftNode:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):
             self._reply_append_ok(m.from_id, last_new)
+
+    def _become_follower_of(self, leader: str) -> None:
+        """A message from this term's leader (an append or a snapshot): follow it."""
+        if self._role is not Role.FOLLOWER or self._leader_id != leader:
+            self._become_follower(self._term, leader)
+        self._election_elapsed = 0
 
     def _reject_append(self, m: AppendRequest, conflict_index: int, conflict_term: int) -> None:
         self._send(

@@ -32,6 +32,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger import failpoints
+from dledger.appsnapshot import AppSnapshot
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
     MAX_ENTRIES_PER_PROPOSAL,
@@ -39,11 +40,13 @@ from dledger.core import (
     ConfChange,
     ConfigError,
     ConfState,
+    InstallSnapshot,
     Proposal,
     RaftConfig,
     RaftNode,
     Ready,
     Role,
+    SnapshotMeta,
 )
 from dledger.core.membership import MEMBER_ID_RE, joining
 from dledger.fatal import fatal, spawn
@@ -63,9 +66,22 @@ from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import JOIN_RETRY_MS, AddressBook, load_conf, save_conf
 from dledger.server.metrics import RaftStats
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
+from dledger.server.snapshots import (
+    SnapshotReceiver,
+    SnapshotRefused,
+    SnapshotSender,
+    finish_install,
+    install_app,
+    pending_install,
+    refused_status,
+)
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
-from dledger.storage.retention import DEFAULT_DELETE_WHEN, DEFAULT_FILE_RESERVED_TIME_HOURS
+from dledger.storage.retention import (
+    DEFAULT_DELETE_WHEN,
+    DEFAULT_FILE_RESERVED_TIME_HOURS,
+    DEFAULT_MAX_LAG_RETENTION_HOURS,
+)
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
@@ -192,9 +208,12 @@ class NodeConfig:
     # leader appended it locally, before a majority holds it. Breaks promise 1; never in prod.
     unsafe_ack_before_replication: bool = False
     # Retention (RocketMQ's fileReservedTime / deleteWhen, dledger.storage.retention): old
-    # segments are deleted at these hours once this old, never while a member still needs them.
+    # segments are deleted at these hours once this old, and not while a member still needs
+    # them unless they are older than max_lag_retention_hours (maxLagRetentionHours): that
+    # member is then caught up by a snapshot.
     file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS
     delete_when: str = DEFAULT_DELETE_WHEN
+    max_lag_retention_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS
     retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
     # TLS (broker.conf tlsEnable and tlsServer*Path). None: every port plaintext. Otherwise the
     # client port speaks TLS (no client certificate asked), the peer port mutual TLS (only a
@@ -318,6 +337,11 @@ class DLedgerNode:
         # Set before start() when the process serves metrics (dledger.server.metrics): the
         # append and fsync histograms are fed only then.
         self.raft_stats: RaftStats | None = None
+        # Snapshots (dledger.server.snapshots): transfers out (leader) and in (follower);
+        # the store lock keeps retention off a store an install is replacing.
+        self.snapshots_out = SnapshotSender(self)
+        self.snapshots_in = SnapshotReceiver(self)
+        self._store_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -326,13 +350,28 @@ class DLedgerNode:
         # Ports first: a busy port or a bad certificate must stop the node before it touches
         # its store.
         self._bind_ports()
+        interrupted = pending_install(cfg.store_dir)
         try:
+            if interrupted is not None:
+                finish_install(cfg.store_dir)  # a crash stopped a snapshot install: finish it
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc
+        if interrupted is not None:
+            install_app(cfg.store_dir, self.sm, interrupted)
+        self._applied = self.sm.applied_index()
+        if self._applied < self.store.first_index() - 1:
+            # Entries below the log's first index cannot be applied again (retention or a
+            # snapshot took them): what they made is the state machine's to have kept.
+            logger.warning(
+                "node=%s applied index %d is below the log's first index %d",
+                cfg.self_id,
+                self._applied,
+                self.store.first_index(),
+            )
+            self._applied = self.store.first_index() - 1
         if self.raft_stats is not None:
             self.store.on_sync = self.raft_stats.fsync_s.observe
-        self._applied = self.sm.applied_index()
         conf = self._start_conf()
         try:
             self.core = RaftNode(
@@ -436,6 +475,7 @@ class DLedgerNode:
                 await task
         if self._transport is not None:
             await self._transport.stop()
+        await self.snapshots_out.stop()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
@@ -450,6 +490,40 @@ class DLedgerNode:
 
     def _wake(self) -> None:
         self._wake_event.set()
+
+    def wake(self) -> None:
+        """Run the ready loop (after an input to the core from outside it)."""
+        self._wake_event.set()
+
+    @property
+    def applied(self) -> int:
+        """The last index applied by the state machine."""
+        return self._applied
+
+    def peer_metadata(self) -> tuple[tuple[str, str], ...]:
+        """What identifies this node on a peer call (as the transport's streams send it)."""
+        cfg = self.cfg
+        return (
+            ("x-raftmq-group", cfg.group),
+            ("x-raftmq-from", cfg.self_id),
+            ("x-raftmq-client-addr", cfg.public_client_addr),
+        )
+
+    def capture_app_snapshot(self) -> AppSnapshot:
+        """The state machine's snapshot at the applied index (none of its own: no files)."""
+        hook = getattr(self.sm, "capture_snapshot", None)
+        app = hook() if callable(hook) else AppSnapshot(self._applied, ())
+        if not isinstance(app, AppSnapshot) or app.index != self._applied:
+            raise DLedgerError(f"state machine snapshot is not at the applied {self._applied}")
+        return app
+
+    def step_local(self, m: InstallSnapshot) -> None:
+        """A snapshot received whole: into the core like a peer's message."""
+        try:
+            self.core.step(m)
+        except Exception as exc:
+            fatal("raft-step", exc)
+        self._wake()
 
     async def _tick_loop(self) -> None:
         period_s = self.cfg.tick_ms / 1000
@@ -522,23 +596,31 @@ class DLedgerNode:
         while True:
             await asyncio.sleep(self.cfg.retention_check_interval_s)
             try:
-                floor = await self.retention_floor()
+                held = await self.retention_floor()
             except (TimeoutError, grpc.RpcError, OSError) as exc:
-                logger.info("node=%s retention skipped: %s", self.cfg.self_id, exc)
-                continue
-            if floor is None:
-                continue
+                # The members' progress is unknown: only segments beyond the lag bound may go.
+                logger.info(
+                    "node=%s retention without the members' view: %s", self.cfg.self_id, exc
+                )
+                held = None
+            # Segments every member holds go at fileReservedTime; those a member lacks only
+            # after maxLagRetentionHours (it is caught up by a snapshot). Unknown: lag bound.
+            held_index = -1 if held is None else held
+            floor = self._applied
             # In a thread: deleting flushes and fsyncs (the store is thread safe).
-            deleted = await asyncio.get_running_loop().run_in_executor(
-                None,
-                functools.partial(
-                    self.store.apply_retention,
-                    now=datetime.now(),
-                    applied_index=floor,
-                    file_reserved_time_hours=self.cfg.file_reserved_time_hours,
-                    delete_when=self.cfg.delete_when,
-                ),
-            )
+            async with self._store_lock:
+                deleted = await asyncio.get_running_loop().run_in_executor(
+                    None,
+                    functools.partial(
+                        self.store.apply_retention,
+                        now=datetime.now(),
+                        applied_index=floor,
+                        file_reserved_time_hours=self.cfg.file_reserved_time_hours,
+                        delete_when=self.cfg.delete_when,
+                        held_index=held_index,
+                        max_lag_hours=self.cfg.max_lag_retention_hours,
+                    ),
+                )
             if deleted:
                 hook = getattr(self.sm, "on_prefix_deleted", None)
                 if callable(hook):
@@ -552,10 +634,10 @@ class DLedgerNode:
                 )
 
     async def retention_floor(self) -> int | None:
-        """The highest index retention may delete up to on this node: applied here, and held
-        by every member of the group as the leader knows it (there is no InstallSnapshot, so a
-        member must never need an entry that a future leader deleted). None: not known now
-        (no leader, or it did not answer); retention waits for the next check."""
+        """The highest index held here (applied) and by every member of the group as the
+        leader knows it: retention deletes beyond it only segments older than
+        maxLagRetentionHours (a member lacking them is caught up by a snapshot). None: not
+        known now (no leader, or it did not answer)."""
         if self.core.role is Role.LEADER:
             matches = [p.match_index for p in self.core.status().peers]
         else:
@@ -758,6 +840,10 @@ class DLedgerNode:
         assert transport is not None
         for m in rd.early_messages:
             transport.send(m)
+        for req in rd.snapshot_requests:
+            self.snapshots_out.start(req)
+        if rd.snapshot is not None:
+            await self._install_snapshot(rd.snapshot)
         if rd.must_persist():
             await self._persist(rd)
         for m in rd.messages:
@@ -782,6 +868,39 @@ class DLedgerNode:
             self._sync_members()
         self._arm_notice_release(rd.notices_held)
         await self._maybe_checkpoint()
+
+    async def _install_snapshot(self, meta: SnapshotMeta) -> None:
+        """A Ready's snapshot: the staged log and files replace this node's; the core reads
+        the new store from now on. Any failure ends the process (a restart finishes it)."""
+        try:
+            async with self._store_lock:
+                store = await self.snapshots_in.install(meta)
+                self.store = store
+                self.core.replace_store(store)
+                install_app(self.cfg.store_dir, self.sm, meta.index)
+                if isinstance(meta.config, ConfState):
+                    # The log that held the CONFIG entries is gone: adopt the configuration
+                    # in force at the snapshot's index, and keep it for a restart.
+                    self.core.restore_conf_state(meta.config)
+                    save_conf(self.cfg.store_dir, meta.config)
+                # A state machine without snapshot files of its own is the log itself.
+                takes_files = callable(getattr(self.sm, "install_snapshot", None))
+                applied = self.sm.applied_index() if takes_files else meta.index
+            if applied != meta.index or store.term_at(meta.index) != meta.term:
+                raise DLedgerError(
+                    f"installed snapshot {meta.index}/{meta.term}: applied {applied}, term "
+                    f"{store.term_at(meta.index)}"
+                )
+        except Exception as exc:
+            fatal("snapshot-install", exc)
+        self._applied = meta.index
+        logger.info(
+            "node=%s snapshot installed index=%d term=%d first_index=%d",
+            self.cfg.self_id,
+            meta.index,
+            meta.term,
+            store.first_index(),
+        )
 
     def _arm_notice_release(self, held: bool) -> None:
         """One pending release while notices are held; cancelled once none is (an append
@@ -880,10 +999,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
     ) -> pb.PeerAck:
-        if self.node.cfg.tls is None:
-            sender = await self._claimed_sender(context)
-        else:
-            sender = await self._certified_sender(context)
+        sender = await self._sender(context)
         received = 0
         async for pm in request_iterator:
             received += 1
@@ -915,6 +1031,22 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
             if failure is None:
                 raise
             await status.abort(context, failure)
+
+    async def InstallSnapshot(
+        self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
+    ) -> pb.SnapshotReply:
+        sender = await self._sender(context)
+        try:
+            return await self.node.snapshots_in.receive(sender, request_iterator)
+        except SnapshotRefused as exc:
+            await status.abort(context, refused_status(exc))
+            raise  # unreachable: abort raises
+
+    async def _sender(self, context: grpc.aio.ServicerContext) -> str:
+        """The member calling (the call is refused when it is none)."""
+        if self.node.cfg.tls is None:
+            return await self._claimed_sender(context)
+        return await self._certified_sender(context)
 
     async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
         """Mutual TLS: the member its certificate names (dledger.server.members)."""

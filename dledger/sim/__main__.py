@@ -113,7 +113,7 @@ def _print_single(r: SimResult, trace: bool) -> None:
     status = "ok" if r.violation is None else f"VIOLATION {r.violation}"
     print(
         f"seed={r.seed} nodes={r.nodes} {status} steps={r.steps} sim_time_ms={r.sim_time_ms} "
-        f"acked={r.acked} trace_hash={r.trace_hash}"
+        f"acked={r.acked} snapshot_installs={r.snapshot_installs} trace_hash={r.trace_hash}"
     )
 
 
@@ -156,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rate = summary.seeds_run / summary.wall_s if summary.wall_s > 0 else 0.0
     print(
         f"seeds run: {summary.seeds_run}  nodes: {args.nodes}  violations: {summary.violations}  "
-        f"steps: {summary.steps}  simulated time: {summary.sim_time_ms / 1000:.1f}s  "
+        f"steps: {summary.steps}  snapshot installs: {summary.snapshot_installs}  "
+        f"simulated time: {summary.sim_time_ms / 1000:.1f}s  "
         f"wall time: {summary.wall_s:.1f}s  ({rate:.0f} seeds/s, {args.jobs} jobs)"
     )
     if summary.first_failure is not None:

@@ -5,6 +5,10 @@ filter that drops some), and every node's Ready is processed right away, followi
 driver contract (early messages, persist, messages, apply, advance), unless the node's
 persists are held (:attr:`Cluster.hold_persist`). Commit notices a Ready says are held are
 released once the queue is empty (the linger ends when the burst it waited on is over).
+Snapshots: a Ready's ``snapshot_requests`` are answered at once with an InstallSnapshot of
+the leader's applied prefix (delivered through the queue like a message; the leader hears
+``report_snapshot`` when it is delivered), and a Ready's ``snapshot`` is installed into the
+follower's MemLog before the rest of its job. :meth:`Cluster.compact` deletes a log prefix.
 """
 
 from __future__ import annotations
@@ -12,14 +16,24 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from dledger.core import ConfState, Message, RaftConfig, RaftNode, Ready, Role
+from dledger.core import (
+    ConfState,
+    InstallSnapshot,
+    Message,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+    SnapshotMeta,
+)
 from dledger.core.membership import joining
 from dledger.log import Entry, persist
 from dledger.sim.memlog import MemLog
 
 MAX_DELIVERIES = 100_000  # a unit-test cluster that delivers more than this is livelocked
 
-DropFilter = Callable[[Message], bool]
+Item = Message | InstallSnapshot
+DropFilter = Callable[[Item], bool]
 
 
 def finish_ready(node: RaftNode, log: MemLog, rd: Ready) -> list[Message]:
@@ -57,8 +71,10 @@ class Cluster:
         self.logs = {nid: MemLog() for nid in self.ids}
         self.nodes: dict[str, RaftNode] = {}
         self.applied: dict[str, list[Entry]] = {nid: [] for nid in self.ids}
-        self.queue: list[Message] = []
-        self.sent: list[Message] = []  # every message ever sent, for assertions
+        self.queue: list[Item] = []
+        self.sent: list[Item] = []  # every message ever sent, for assertions
+        # Snapshots in transit or accepted, per receiver: (meta, prefix hashes, entries).
+        self.staged: dict[str, tuple[SnapshotMeta, list[int], list[Entry]]] = {}
         self.isolated: set[str] = set()
         self.drop: DropFilter | None = None
         # These nodes' persist jobs wait (their Ready stays outstanding) until release().
@@ -74,12 +90,14 @@ class Cluster:
 
     def start(self, nid: str) -> RaftNode:
         cfg = self.configs.get(nid, self.config)
+        log = self.logs[nid]
         node = RaftNode(
             nid,
             self.boot_peers,
-            self.logs[nid],
+            log,
             cfg,
             random.Random(f"{self.seed}-{nid}"),
+            applied_index=log.first_index() - 1,
             conf_state=self.boot_conf.get(nid),
         )
         self.nodes[nid] = node
@@ -111,6 +129,8 @@ class Cluster:
             else:
                 self.lingering.discard(nid)  # an append carried the commit: nothing held
             self._send(rd.early_messages)
+            for req in rd.snapshot_requests:
+                self._send_snapshot(nid, req.to_id, req.term)
             if nid in self.hold_persist:
                 self.held[nid] = rd
                 return
@@ -125,10 +145,28 @@ class Cluster:
         self.process(nid)
 
     def _finish(self, nid: str, rd: Ready) -> None:
+        if rd.snapshot is not None:
+            meta, hashes, entries = self.staged.pop(nid)
+            assert meta == rd.snapshot, "installed a snapshot that was not transferred"
+            self.logs[nid].install(meta, hashes)
+            self.applied[nid] = list(entries)
         self._send(finish_ready(self.nodes[nid], self.logs[nid], rd))
         self.applied[nid].extend(rd.committed)
 
-    def _send(self, messages: Sequence[Message]) -> None:
+    def _send_snapshot(self, nid: str, to: str, term: int) -> None:
+        """The leader's applied prefix, as a snapshot for ``to``."""
+        log = self.logs[nid]
+        entries = self.applied[nid]
+        index = entries[-1].index if entries else log.first_index() - 1
+        meta = SnapshotMeta(index, log.term_at(index))
+        self.staged[to] = (meta, log.prefix_hashes(index), list(entries))
+        self._send([InstallSnapshot(nid, to, term, meta.index, meta.term)])
+
+    def compact(self, nid: str, upto: int) -> None:
+        """Retention on ``nid``: delete its log up to ``upto`` (applied there)."""
+        self.logs[nid].compact(upto)
+
+    def _send(self, messages: Sequence[Item]) -> None:
         self.sent.extend(messages)
         self.queue.extend(messages)
 
@@ -136,7 +174,7 @@ class Cluster:
         for nid in self.ids:
             self.process(nid)
 
-    def _blocked(self, m: Message) -> bool:
+    def _blocked(self, m: Item) -> bool:
         if m.from_id in self.isolated or m.to_id in self.isolated:
             return True
         return self.drop is not None and self.drop(m)
@@ -157,6 +195,9 @@ class Cluster:
                 continue
             self.nodes[m.to_id].step(m)
             self.process(m.to_id)
+            if isinstance(m, InstallSnapshot):
+                self.nodes[m.from_id].report_snapshot(m.to_id, True, m.snapshot_index)
+                self.process(m.from_id)
         return count
 
     def _release_notices(self) -> None:

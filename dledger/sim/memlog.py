@@ -4,12 +4,18 @@
 durable at once. :meth:`MemLog.crash` drops every unflushed entry, like a power loss.
 It also keeps a running prefix hash per index so that the simulator can check Raft's log
 matching property in O(1) per entry.
+
+Snapshots: :meth:`MemLog.compact` deletes a prefix (retention after the state machine saved
+a snapshot there) and :meth:`MemLog.install` replaces the whole log by a snapshot; both are
+durable at once. The prefix hashes of compacted or installed indexes are kept (an installed
+snapshot brings its source's), so the checks still see every index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dledger.core.snapshot import SnapshotMeta
 from dledger.log import Entry, HardState, IndexOutOfRangeError, LogCompactedError
 
 AppendHook = Callable[[Entry, int], None]
@@ -19,7 +25,9 @@ class MemLog:
     """Entries live in a list; ``_durable`` entries of it would survive a crash."""
 
     def __init__(self, on_append: AppendHook | None = None) -> None:
-        self._entries: list[Entry] = []
+        self._entries: list[Entry] = []  # entries _base + 1 ... last
+        self._base = 0  # last compacted (or snapshot) index; its term:
+        self._base_term = 0
         self._hashes: list[int] = [0]  # _hashes[i] = hash of the prefix 1..i
         self._durable = 0
         self._hard_state = HardState()
@@ -31,41 +39,38 @@ class MemLog:
     # LogStore protocol -------------------------------------------------------------------
 
     def first_index(self) -> int:
-        return 1
+        return self._base + 1
 
     def last_index(self) -> int:
-        return len(self._entries)
+        return self._base + len(self._entries)
 
     def last_term(self) -> int:
-        return self._entries[-1].term if self._entries else 0
+        return self._entries[-1].term if self._entries else self._base_term
 
     def term_at(self, index: int) -> int:
-        if index == 0:
-            return 0
-        if index < 0:
-            raise LogCompactedError(f"index {index} below first index 1")
-        if index > len(self._entries):
-            raise IndexOutOfRangeError(f"index {index} above last index {len(self._entries)}")
-        return self._entries[index - 1].term
+        if index == self._base:
+            return self._base_term
+        return self.read(index).term
 
     def read(self, index: int) -> Entry:
-        if index < 1:
-            raise LogCompactedError(f"index {index} below first index 1")
-        if index > len(self._entries):
-            raise IndexOutOfRangeError(f"index {index} above last index {len(self._entries)}")
-        return self._entries[index - 1]
+        if index <= self._base:
+            raise LogCompactedError(f"index {index} below first index {self._base + 1}")
+        if index > self.last_index():
+            raise IndexOutOfRangeError(f"index {index} above last index {self.last_index()}")
+        return self._entries[index - self._base - 1]
 
     def read_range(self, start: int, max_bytes: int, max_count: int = 1 << 30) -> list[Entry]:
-        last = len(self._entries)
+        last = self.last_index()
         if start == last + 1:
             return []
-        if start < 1:
-            raise LogCompactedError(f"index {start} below first index 1")
+        if start <= self._base:
+            raise LogCompactedError(f"index {start} below first index {self._base + 1}")
         if start > last:
             raise IndexOutOfRangeError(f"index {start} above last index {last}")
         out: list[Entry] = []
         size = 0
-        for e in self._entries[start - 1 : min(last, start - 1 + max_count)]:
+        k = start - self._base - 1
+        for e in self._entries[k : k + min(last - start + 1, max_count)]:
             if out and size + len(e.body) > max_bytes:
                 break
             out.append(e)
@@ -75,25 +80,25 @@ class MemLog:
     def append(self, entries: Sequence[Entry]) -> int:
         hashes = self._hashes
         for e in entries:
-            assert e.index == len(self._entries) + 1, "MemLog.append: index not contiguous"
+            assert e.index == self.last_index() + 1, "MemLog.append: index not contiguous"
             self._entries.append(e)
             h = hash((hashes[-1], e.term, e.type, e.body))
             hashes.append(h)
             if self._on_append is not None:
                 self._on_append(e, h)
-        return len(self._entries)
+        return self.last_index()
 
     def truncate_suffix(self, index: int) -> None:
-        assert index >= 1
-        if index > len(self._entries):
+        assert index > self._base, "MemLog.truncate_suffix: below the first index"
+        if index > self.last_index():
             return
         self.truncated.append((index, self._hashes[index:]))
-        del self._entries[index - 1 :]
+        del self._entries[index - self._base - 1 :]
         del self._hashes[index:]
         self._durable = min(self._durable, index - 1)
 
     def flush(self) -> int:
-        self._durable = len(self._entries)
+        self._durable = self.last_index()
         return self._durable
 
     def flushed_index(self) -> int:
@@ -109,10 +114,34 @@ class MemLog:
 
     def crash(self) -> int:
         """Power loss: drop unflushed entries. Returns how many were lost."""
-        lost = len(self._entries) - self._durable
-        del self._entries[self._durable :]
+        lost = self.last_index() - self._durable
+        del self._entries[self._durable - self._base :]
         del self._hashes[self._durable + 1 :]
         return lost
+
+    def compact(self, index: int) -> None:
+        """Delete the entries up to ``index`` (durable, applied: the caller's state machine
+        saved a snapshot there)."""
+        assert self._base <= index <= self._durable, "MemLog.compact: not durable"
+        self._base_term = self.term_at(index)
+        del self._entries[: index - self._base]
+        self._base = index
+
+    def install(self, meta: SnapshotMeta, hashes: Sequence[int]) -> None:
+        """Replace the whole log by the snapshot ``meta`` (durable at once); ``hashes`` are
+        the source's prefix hashes up to its index. Entries removed beyond the snapshot's
+        index are recorded in ``truncated`` like a cut."""
+        assert len(hashes) > meta.index
+        if self.last_index() > meta.index:
+            self.truncated.append((meta.index + 1, self._hashes[meta.index + 1 :]))
+        self._entries = []
+        self._base, self._base_term = meta.index, meta.term
+        self._hashes = list(hashes[: meta.index + 1])
+        self._durable = meta.index
+
+    def prefix_hashes(self, index: int) -> list[int]:
+        """The prefix hashes of indexes 0..index (what a snapshot at ``index`` carries)."""
+        return self._hashes[: index + 1]
 
     def prefix_hash(self, index: int) -> int:
         """Hash of entries 1..index (0 for index 0)."""

@@ -22,6 +22,7 @@ class SeedOutcome:
     violation: str | None
     steps: int
     sim_time_ms: int
+    snapshot_installs: int = 0
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Summary:
     seeds_run: int = 0
     violations: int = 0
     steps: int = 0
+    snapshot_installs: int = 0
     sim_time_ms: int = 0
     wall_s: float = 0.0
     first_failure: SeedOutcome | None = None
@@ -51,6 +53,7 @@ def _run_chunk(args: tuple[Sequence[int], int, frozenset[str]]) -> list[SeedOutc
                 violation=None if r.violation is None else str(r.violation),
                 steps=r.steps,
                 sim_time_ms=r.sim_time_ms,
+                snapshot_installs=r.snapshot_installs,
             )
         )
     return out
@@ -82,6 +85,7 @@ def run_seeds(
         for o in outcomes:
             summary.seeds_run += 1
             summary.steps += o.steps
+            summary.snapshot_installs += o.snapshot_installs
             summary.sim_time_ms += o.sim_time_ms
             if o.violation is not None:
                 summary.violations += 1

@@ -9,6 +9,13 @@ sends its other messages, applies and advances; when a Ready holds commit notice
 when a later Ready holds none). A crash before the job
 completes loses the Ready (its unsaved hard state and entries, with the core's unstable tail,
 and its unsent messages).
+
+Snapshots (in the seeds with ``compaction``): every member now and then deletes a prefix of
+its log up to what it applied (the state machine's snapshot), so a member that was down or
+cut off finds its leader's log starting past its own. The leader's driver answers a Ready's
+``snapshot_requests`` with a simulated transfer of its applied state (which takes 5-35 ms,
+fails when the link is cut or the message lost, and is sometimes delivered twice, late), and
+the follower's driver installs a Ready's ``snapshot`` in its persist job, before the entries.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from dledger.core import (
     VoteResponse,
 )
 from dledger.core.membership import joining
+from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 from dledger.log import DLedgerError, Entry, persist
 from dledger.sim.faults import (
     LEADER,
@@ -79,7 +87,13 @@ MIN_VOTERS_AFTER_REMOVAL = 3
 # A removal of the leader is refused while it hands over; the operator retries this much later.
 REMOVE_RETRY_MS = 50
 
-_TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL, _RELEASE = range(7)
+_TICK, _DELIVER, _PERSIST, _FAULT, _CLIENT, _HEAL, _RELEASE, _SNAPSHOT = range(8)
+# With compaction, each member compacts its log with this chance per tick (about every
+# 300 ms), keeping up to COMPACT_KEEP_MAX applied entries.
+COMPACT_CHANCE_PER_TICK = 0.03
+COMPACT_KEEP_MAX = 16
+# A simulated snapshot transfer takes this long (ms) before the follower has it whole.
+SNAPSHOT_TRANSFER_MS = (5, 35)
 
 # Test-only faults of the simulated driver (the core's own are dledger.core.MUTATIONS); each
 # breaks the Ready contract on purpose so that the tests prove the checks notice.
@@ -119,6 +133,7 @@ class SimParams:
     fault_phase_ms: int
     deaf_leader_at_heal: bool
     client_interval_max_ms: int
+    compaction: bool
 
     @staticmethod
     def from_seed(seed: int, nodes: int) -> SimParams:
@@ -144,6 +159,7 @@ class SimParams:
             # deposes it as leader, pre-vote keeps it from raising everyone's term forever.
             deaf_leader_at_heal=check_quorum and pre_vote and rng.random() < 0.4,
             client_interval_max_ms=rng.choice((20, 50)),
+            compaction=rng.random() < 0.6,
         )
 
     def raft_config(self, mutations: frozenset[str]) -> RaftConfig:
@@ -172,6 +188,7 @@ class SimResult:
     faults: list[FaultEvent]
     trace: list[str] = field(default_factory=list)
     acked: int = 0
+    snapshot_installs: int = 0  # snapshots a follower's driver installed
 
 
 class _Node:
@@ -188,6 +205,7 @@ class _Node:
         "release_pending",
         "release_seq",
         "seen_leader_term",
+        "staged",
         "up",
     )
 
@@ -206,6 +224,8 @@ class _Node:
         self.seen_leader_term = -1
         # None: an original member (bootstrap configuration); a joined node's own.
         self.boot_conf: ConfState | None = None
+        # Snapshots received whole and not installed yet: (index, term) -> prefix hashes.
+        self.staged: dict[tuple[int, int], list[int]] = {}
 
 
 class Simulation:
@@ -243,6 +263,8 @@ class Simulation:
         self._final_voters: frozenset[str] = frozenset(self.ids)
         self._net_rng = random.Random(f"net-{seed}")
         self._client_rng = random.Random(f"client-{seed}")
+        self._compact_rng = random.Random(f"compact-{seed}")
+        self.snapshot_installs = 0
         self._trace_on = trace
         self.trace: list[str] = []
         self._hash = hashlib.blake2b(digest_size=16)
@@ -320,6 +342,7 @@ class Simulation:
             faults=self.faults,
             trace=self.trace,
             acked=len(self._acked),
+            snapshot_installs=self.snapshot_installs,
         )
 
     def _run(self) -> None:
@@ -349,6 +372,8 @@ class Simulation:
                 self._on_client()
             elif kind == _RELEASE:
                 self._on_release(payload)  # type: ignore[arg-type]
+            elif kind == _SNAPSHOT:
+                self._on_snapshot(payload)  # type: ignore[arg-type]
             else:
                 self._on_heal()
             if self._live:
@@ -367,8 +392,10 @@ class Simulation:
         node.up = True
         node.pending = None
         node.release_pending = False
-        node.applied = 0
+        # The state machine restarts from its snapshot, where the log was compacted.
+        node.applied = node.log.first_index() - 1
         node.accepted = {}
+        node.staged = {}
         node.seen_leader_term = -1
         node.core = RaftNode(
             node.id,
@@ -377,6 +404,7 @@ class Simulation:
             self.config,
             random.Random(f"core-{self.seed}-{node.id}-{node.incarnation}"),
             conf_state=node.boot_conf,
+            applied_index=node.applied,
         )
         self._note(f"start {node.id} inc={node.incarnation} last={node.log.last_index()}")
 
@@ -402,9 +430,21 @@ class Simulation:
             node = self.nodes[nid]
             if node.up:
                 assert node.core is not None
+                if self.params.compaction:
+                    self._maybe_compact(node)
                 node.core.tick()
                 self._after(node)
         self._push(self.now + TICK_MS, _TICK, None)
+
+    def _maybe_compact(self, node: _Node) -> None:
+        """Retention: delete the log up to some applied index (the state machine's snapshot)."""
+        rng = self._compact_rng
+        if rng.random() >= COMPACT_CHANCE_PER_TICK:
+            return
+        upto = min(node.applied, node.log.flushed_index()) - rng.randint(0, COMPACT_KEEP_MAX)
+        if upto >= node.log.first_index():
+            node.log.compact(upto)
+            self._note(f"compact {node.id} upto={upto}")
 
     def _on_deliver(self, m: Message) -> None:
         node = self.nodes[m.to_id]
@@ -435,6 +475,8 @@ class Simulation:
         assert core is not None
         rd = node.pending
         node.pending = None
+        if rd.snapshot is not None:
+            self._install(node, rd.snapshot)
         persist(node.log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
         if node.log.truncated:
             self._check_truncations(node)  # before this Ready's committed entries apply
@@ -444,6 +486,67 @@ class Simulation:
             self._apply(node, e)
         core.advance(rd)
         self._after(node)
+
+    def _install(self, node: _Node, meta: SnapshotMeta) -> None:
+        """The driver installs a snapshot its core accepted: log and applied state replaced."""
+        hashes = node.staged.pop((meta.index, meta.term))
+        self._note(f"install {node.id} index={meta.index} term={meta.term}")
+        if meta.index <= node.applied:
+            raise Violation(
+                "apply_order",
+                f"{node.id} installed a snapshot of index {meta.index} after applying "
+                f"{node.applied}",
+            )
+        if hashes[meta.index] != self._history_hash[meta.index]:
+            raise Violation(
+                "state_machine_safety",
+                f"{node.id} installed a snapshot of index {meta.index} that differs from "
+                "the committed prefix",
+            )
+        node.log.install(meta, hashes)
+        self.snapshot_installs += 1
+        if node.log.truncated:
+            self._check_truncations(node)
+        node.applied = meta.index
+        node.max_applied = max(node.max_applied, meta.index)
+
+    def _send_snapshots(self, node: _Node, requests: Sequence[SnapshotRequest]) -> None:
+        """The leader's driver starts a transfer of its applied state per request."""
+        rand = self._net_rng.random
+        lo, hi = SNAPSHOT_TRANSFER_MS
+        index = node.applied
+        meta = SnapshotMeta(index, node.log.term_at(index))
+        hashes = node.log.prefix_hashes(index)
+        for req in requests:
+            m = InstallSnapshot(node.id, req.to_id, req.term, meta.index, meta.term)
+            self._note(f"snapshot {node.id}->{req.to_id} index={index}")
+            at = self.now + lo + int(rand() * (hi - lo))
+            self._push(at, _SNAPSHOT, (m, hashes, node.incarnation, True))
+            if self.params.dup_pct and rand() * 100 < self.params.dup_pct:
+                # A late copy (a transfer retried by a slow stream): it must be ignored.
+                late = at + 20 + int(rand() * 200)
+                self._push(late, _SNAPSHOT, (m, hashes, node.incarnation, False))
+
+    def _on_snapshot(self, payload: tuple[InstallSnapshot, list[int], int, bool]) -> None:
+        """A transfer ends: the follower gets the InstallSnapshot if the data went through;
+        the leader (the same incarnation) hears how it went."""
+        m, hashes, incarnation, report = payload
+        follower, leader = self.nodes[m.to_id], self.nodes[m.from_id]
+        ok = (
+            follower.up
+            and (m.from_id, m.to_id) not in self._blocked
+            and not (self._loss_pct and self._net_rng.random() * 100 < self._loss_pct)
+        )
+        self._note(f"snapshot_done {m.from_id}->{m.to_id} index={m.snapshot_index} ok={ok}")
+        if ok:
+            assert follower.core is not None
+            follower.staged[(m.snapshot_index, m.snapshot_term)] = hashes
+            follower.core.step(m)
+            self._after(follower)
+        if report and leader.up and leader.incarnation == incarnation:
+            assert leader.core is not None
+            leader.core.report_snapshot(m.to_id, ok, m.snapshot_index)
+            self._after(leader)
 
     def _on_release(self, payload: tuple[str, int, int]) -> None:
         """The linger of a node's held commit notices is over."""
@@ -530,6 +633,8 @@ class Simulation:
                 self._push(at, _RELEASE, (node.id, node.incarnation, node.release_seq))
             elif not rd.notices_held:
                 node.release_pending = False  # cancels the scheduled call
+            if rd.snapshot_requests:
+                self._send_snapshots(node, rd.snapshot_requests)
             for m in rd.early_messages:
                 self._send(m)
             if self._send_before_persist and self._send_all(node, rd.messages):
@@ -828,7 +933,12 @@ class Simulation:
         for index, (term, body) in self._acked.items():
             holders = 0
             for n in self.nodes.values():
-                if n.id in voters and n.log.flushed_index() >= index:
+                if n.id not in voters:
+                    continue
+                if index < n.log.first_index():
+                    # In the member's snapshot (compacted or installed): durable.
+                    holders += n.log.prefix_hash(index) == self._history_hash[index]
+                elif n.log.flushed_index() >= index:
                     e = n.log.read(index)
                     holders += e.term == term and e.body == body
             if holders < quorum:
@@ -838,8 +948,10 @@ class Simulation:
                 )
 
 
-def _describe(m: Message) -> str:
+def _describe(m: Message | InstallSnapshot) -> str:
     head = f"{type(m).__name__} {m.from_id}->{m.to_id} term={m.term}"
+    if isinstance(m, InstallSnapshot):
+        return f"{head} index={m.snapshot_index}/{m.snapshot_term}"
     if isinstance(m, AppendRequest):
         return (
             f"{head} prev={m.prev_log_index}/{m.prev_log_term} n={len(m.entries)} "

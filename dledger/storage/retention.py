@@ -16,6 +16,13 @@ from dledger.log import ConfigError
 DEFAULT_FILE_RESERVED_TIME_HOURS = 72
 DEFAULT_DELETE_WHEN = "04"
 SECONDS_PER_HOUR = 3600
+# How long segments are kept for a member that lacks them (behind, or down) before retention
+# deletes them anyway and the member is caught up by a snapshot when it returns
+# (maxLagRetentionHours). Two days: a machine that is down over a weekend night still
+# catches up from the log, one that is gone does not fill its group's disks for ever.
+DEFAULT_MAX_LAG_RETENTION_HOURS = 48
+# The largest value accepted: ten years, "never" in practice.
+MAX_LAG_RETENTION_HOURS_LIMIT = 24 * 365 * 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +54,36 @@ def segments_to_delete(
     applied_index: int,
     file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS,
     delete_when: str = DEFAULT_DELETE_WHEN,
+    held_index: int | None = None,
+    max_lag_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS,
 ) -> list[SegmentInfo]:
     """The leading segments (oldest first) that retention deletes now.
 
     A segment is deleted when all of these hold: the hour of ``now`` is one of
     ``delete_when``; the segment was last modified at least ``file_reserved_time_hours``
     before ``now``; every entry in it is at or below ``applied_index`` (committed and applied
-    by the state machine, so nothing still needs it); it is not the last (active) segment; and
-    every segment before it is deleted too (the log stays a contiguous suffix).
+    by the state machine here); every entry in it is at or below ``held_index`` (held by every
+    member of the group; None: not asked), or it was last modified at least ``max_lag_hours``
+    before ``now`` (a member that still lacks it is caught up by a snapshot); it is not the
+    last (active) segment; and every segment before it is deleted too (the log stays a
+    contiguous suffix).
     """
     if file_reserved_time_hours < 0:
         raise ConfigError(f"fileReservedTime={file_reserved_time_hours} must be >= 0")
+    if not 0 <= max_lag_hours <= MAX_LAG_RETENTION_HOURS_LIMIT:
+        raise ConfigError(
+            f"maxLagRetentionHours={max_lag_hours} is outside [0, {MAX_LAG_RETENTION_HOURS_LIMIT}]"
+        )
     hours = parse_delete_when(delete_when)
     if now.hour not in hours:
         return []
     cutoff_s = now.timestamp() - file_reserved_time_hours * SECONDS_PER_HOUR
+    lag_cutoff_s = now.timestamp() - max_lag_hours * SECONDS_PER_HOUR
     out: list[SegmentInfo] = []
     for seg in segments[:-1]:
         if seg.last_index == 0 or seg.last_index > applied_index or seg.mtime_s > cutoff_s:
             break
+        if held_index is not None and seg.last_index > held_index and seg.mtime_s > lag_cutoff_s:
+            break  # a member still needs it, and it is younger than the lag bound
         out.append(seg)
     return out

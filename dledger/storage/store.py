@@ -73,6 +73,7 @@ from dledger.storage.files import (
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
+    DEFAULT_MAX_LAG_RETENTION_HOURS,
     SegmentInfo,
     segments_to_delete,
 )
@@ -201,6 +202,19 @@ class StoreConfig:
     def max_body_bytes(self) -> int:
         """Largest body that fits: an entry never straddles two segment files."""
         return min(MAX_ENTRY_BODY_BYTES, self.segment_size_bytes - ENTRY_HEADER_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class LogExtent:
+    """The stored log up to one index, as :meth:`SegmentedLogStore.snapshot_extent` gives it:
+    entries ``base_index + 1`` onwards, data bytes ``[start_position, end_position)`` (whole
+    segments of ``segment_size_bytes``, the first starting at ``start_position``)."""
+
+    base_index: int
+    base_term: int
+    start_position: int
+    end_position: int
+    segment_size_bytes: int
 
 
 class SegmentedLogStore:
@@ -731,6 +745,29 @@ class SegmentedLogStore:
             self._check_open()
             self._check_range(index)
             return self._record(index).position + ENTRY_HEADER_SIZE
+
+    def snapshot_extent(self, index: int) -> LogExtent:
+        """Where the log up to ``index`` lies: what a snapshot at ``index`` ships of the log
+        (the data segments from the first one up to the end of entry ``index``), so that the
+        receiver's log holds the same entries at the same positions."""
+        with self._lock:
+            self._check_open()
+            if not self._base_index <= index <= self._last_index:
+                raise IndexOutOfRangeError(
+                    f"index {index} outside [{self._base_index}, {self._last_index}]"
+                )
+            start = self._segments[0].start
+            end = start
+            if index > self._base_index:
+                rec = self._record(index)
+                end = rec.position + rec.size
+            return LogExtent(
+                base_index=self._base_index,
+                base_term=self._base_term,
+                start_position=start,
+                end_position=end,
+                segment_size_bytes=self._seg_size,
+            )
 
     def read_at(self, position: int, size: int) -> bytes:
         """``size`` bytes at absolute data ``position``, which must lie within one segment and
@@ -1450,6 +1487,8 @@ class SegmentedLogStore:
         applied_index: int,
         file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS,
         delete_when: str = DEFAULT_DELETE_WHEN,
+        held_index: int | None = None,
+        max_lag_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS,
     ) -> int:
         """Apply :func:`segments_to_delete`; return how many segments were deleted."""
         doomed = segments_to_delete(
@@ -1458,6 +1497,8 @@ class SegmentedLogStore:
             applied_index=applied_index,
             file_reserved_time_hours=file_reserved_time_hours,
             delete_when=delete_when,
+            held_index=held_index,
+            max_lag_hours=max_lag_hours,
         )
         if not doomed:
             return 0

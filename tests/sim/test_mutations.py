@@ -21,6 +21,7 @@ NODES = {
     "no_truncate_conflict": 3,
     "leader_never_steps_down": 3,
     "accept_ack_beyond_last": 3,
+    "snapshot_out_of_order": 3,
     "send_before_persist": 3,
     "conf_change_while_pending": 3,
     "removed_member_votes": 3,

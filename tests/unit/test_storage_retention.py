@@ -88,3 +88,21 @@ def test_store_applies_retention(tmp_path: Path) -> None:
     assert s.first_index() == infos[2].first_index
     assert s.read(1000).body == b"r" * 500
     s.close()
+
+
+def test_a_member_lacking_segments_holds_them_only_up_to_the_lag_bound() -> None:
+    # Every member holds up to index 15: segment 0 (1..10) goes at fileReservedTime;
+    # segments 1 and 2 wait for the member unless older than maxLagRetentionHours.
+    def paths(**kw: int) -> list[str]:
+        got = segments_to_delete(SEGS, now=NOW, applied_index=35, held_index=15, **kw)
+        return [s.path for s in got]
+
+    assert paths(max_lag_hours=100) == ["/s/0"]
+    assert paths(max_lag_hours=60) == ["/s/0", "/s/1"]
+    assert paths(max_lag_hours=0) == ["/s/0", "/s/1"]  # /s/2 is younger than 72 h
+    assert paths(max_lag_hours=0, file_reserved_time_hours=40) == ["/s/0", "/s/1", "/s/2"]
+    # Unknown members (held_index=-1): only what is older than the bound.
+    got = segments_to_delete(SEGS, now=NOW, applied_index=35, held_index=-1, max_lag_hours=90)
+    assert [s.path for s in got] == ["/s/0"]
+    with pytest.raises(ValueError):
+        segments_to_delete(SEGS, now=NOW, applied_index=35, held_index=1, max_lag_hours=-1)

@@ -138,6 +138,64 @@ class PeerAck(_message.Message):
     received: int
     def __init__(self, received: _Optional[int] = ...) -> None: ...
 
+class SnapshotHeader(_message.Message):
+    __slots__ = ("term", "snapshot_index", "snapshot_term", "config", "base_index", "base_term", "start_position", "segment_size_bytes")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    BASE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BASE_TERM_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    snapshot_index: int
+    snapshot_term: int
+    config: bytes
+    base_index: int
+    base_term: int
+    start_position: int
+    segment_size_bytes: int
+    def __init__(self, term: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., config: _Optional[bytes] = ..., base_index: _Optional[int] = ..., base_term: _Optional[int] = ..., start_position: _Optional[int] = ..., segment_size_bytes: _Optional[int] = ...) -> None: ...
+
+class SnapshotData(_message.Message):
+    __slots__ = ("name", "offset", "data", "zeros")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ZEROS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    offset: int
+    data: bytes
+    zeros: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., zeros: _Optional[int] = ...) -> None: ...
+
+class SnapshotTrailer(_message.Message):
+    __slots__ = ("total_bytes", "sha256")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    sha256: bytes
+    def __init__(self, total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("header", "data", "trailer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
+    header: SnapshotHeader
+    data: SnapshotData
+    trailer: SnapshotTrailer
+    def __init__(self, header: _Optional[_Union[SnapshotHeader, _Mapping]] = ..., data: _Optional[_Union[SnapshotData, _Mapping]] = ..., trailer: _Optional[_Union[SnapshotTrailer, _Mapping]] = ...) -> None: ...
+
+class SnapshotReply(_message.Message):
+    __slots__ = ("accepted", "received_bytes")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    received_bytes: int
+    def __init__(self, accepted: _Optional[bool] = ..., received_bytes: _Optional[int] = ...) -> None: ...
+
 class JoinRequest(_message.Message):
     __slots__ = ("group", "node_id", "peer_addr", "client_addr")
     GROUP_FIELD_NUMBER: _ClassVar[int]

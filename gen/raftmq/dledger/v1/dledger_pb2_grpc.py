@@ -44,6 +44,11 @@ class DLedgerPeerStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinRequest.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinResponse.FromString,
                 _registered_method=True)
+        self.InstallSnapshot = channel.stream_unary(
+                '/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotReply.FromString,
+                _registered_method=True)
 
 
 class DLedgerPeerServicer:
@@ -63,6 +68,13 @@ class DLedgerPeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InstallSnapshot(self, request_iterator, context):
+        """A snapshot for a follower behind the leader's first index (authenticated like Stream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +87,11 @@ def add_DLedgerPeerServicer_to_server(servicer, server):
                     servicer.Join,
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinRequest.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinResponse.SerializeToString,
+            ),
+            'InstallSnapshot': grpc.stream_unary_rpc_method_handler(
+                    servicer.InstallSnapshot,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotChunk.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +148,33 @@ class DLedgerPeer:
             '/raftmq.dledger.v1.DLedgerPeer/Join',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinRequest.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstallSnapshot(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotChunk.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotReply.FromString,
             options,
             channel_credentials,
             insecure,

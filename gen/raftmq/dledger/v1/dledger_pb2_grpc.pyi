@@ -39,6 +39,8 @@ class DLedgerPeerStub:
     """A long-lived stream of messages from one peer to another."""
     Join: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.JoinRequest, _dledger_pb2.JoinResponse]
     """Add the calling node as a learner (on the leader), answered once committed."""
+    InstallSnapshot: _grpc.StreamUnaryMultiCallable[_dledger_pb2.SnapshotChunk, _dledger_pb2.SnapshotReply]
+    """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
 
 @_typing.type_check_only
 class DLedgerPeerAsyncStub(DLedgerPeerStub):
@@ -47,6 +49,8 @@ class DLedgerPeerAsyncStub(DLedgerPeerStub):
     """A long-lived stream of messages from one peer to another."""
     Join: _aio.UnaryUnaryMultiCallable[_dledger_pb2.JoinRequest, _dledger_pb2.JoinResponse]  # type: ignore[assignment]
     """Add the calling node as a learner (on the leader), answered once committed."""
+    InstallSnapshot: _aio.StreamUnaryMultiCallable[_dledger_pb2.SnapshotChunk, _dledger_pb2.SnapshotReply]  # type: ignore[assignment]
+    """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
 
 class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -64,6 +68,14 @@ class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.JoinResponse, _abc.Awaitable[_dledger_pb2.JoinResponse]]:
         """Add the calling node as a learner (on the leader), answered once committed."""
+
+    @_abc_1.abstractmethod
+    def InstallSnapshot(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dledger_pb2.SnapshotChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.SnapshotReply, _abc.Awaitable[_dledger_pb2.SnapshotReply]]:
+        """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
 
 def add_DLedgerPeerServicer_to_server(servicer: DLedgerPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -1,0 +1,89 @@
+"""The broker's part of a Raft snapshot (docs/BROKER.md, "Catching up a new node").
+
+dledger ships the leader's log from its first data segment up to the snapshot's last entry
+byte for byte, so a follower that installs a snapshot holds the same entries at the same
+commitlog positions as every replica. What the broker adds (:func:`capture`, on the leader,
+between two applies):
+
+* ``config/snapshot.json``: the state snapshot at the applied index, the same document a
+  restart loads (topics, consumer offsets, dedup window, schedule and POP state, users and
+  ACLs, each queue's max offset, the dispatch position and the key index's position);
+* every ConsumeQueue file and key index file, read while the transfer runs. Their records
+  point at commitlog positions the follower now holds; records written after the snapshot
+  index are cut on open, exactly as a restart cuts them back to ``snapshot.json``
+  (``BrokerStateMachine._recover_to_snapshot``). Key index files copied while being written
+  are marked unclean first, so opening them repairs slots against their header.
+
+:func:`install` (on the follower, after dledger installed the log) swaps the staged files in
+for the broker's own, idempotently (a crash part way is finished by the next start), and
+leaves the state machine closed: its next ``applied_index()`` opens it at the snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from broker.indexfile import mark_file_unclean
+from dledger.appsnapshot import AppSnapshot
+from dledger.storage.files import fsync_dir
+
+if TYPE_CHECKING:
+    from broker.state import BrokerStateMachine
+
+logger = logging.getLogger(__name__)
+
+CQ_DIR = "consumequeue"
+INDEX_DIR = "index"
+CONFIG_DIR = "config"
+# Written in the staged directory once it is prepared (empty directories made, key index
+# files marked unclean): a second run must not prepare again after some moved away.
+PREPARED_MARKER = ".prepared"
+
+
+def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
+    """The files of a snapshot at ``sm``'s applied index (``snapshot_bytes`` is its state
+    document, captured now)."""
+    files: list[tuple[str, bytes | Path]] = [(f"{CONFIG_DIR}/snapshot.json", snapshot_bytes)]
+    root = sm.root
+    for base in (CQ_DIR, INDEX_DIR):
+        top = root / base
+        if top.is_dir():
+            files.extend(
+                (p.relative_to(root).as_posix(), p) for p in sorted(top.rglob("*")) if p.is_file()
+            )
+
+    def flush() -> None:
+        # What the document describes is in the files (and the index header counts it).
+        sm.cqs.flush()
+        sm.index.flush()
+
+    return AppSnapshot(sm.last_applied, files, flush)
+
+
+def install(sm: BrokerStateMachine, app_dir: Path) -> None:
+    """Replace ``sm``'s files by the staged ones; ``sm`` must be closed for applies."""
+    staged_doc = app_dir / CONFIG_DIR / "snapshot.json"
+    if not staged_doc.exists():
+        logger.info("snapshot files already installed root=%s", sm.root)
+        return
+    if not (app_dir / PREPARED_MARKER).exists():
+        for name in (CQ_DIR, INDEX_DIR):
+            (app_dir / name).mkdir(exist_ok=True)
+        for p in (app_dir / INDEX_DIR).iterdir():
+            mark_file_unclean(p)
+        (app_dir / PREPARED_MARKER).touch()
+        fsync_dir(app_dir)
+    for name in (CQ_DIR, INDEX_DIR):
+        staged = app_dir / name
+        if staged.is_dir():
+            shutil.rmtree(sm.root / name, ignore_errors=True)
+            os.rename(staged, sm.root / name)
+    (sm.root / CONFIG_DIR).mkdir(exist_ok=True)
+    os.replace(staged_doc, sm.root / CONFIG_DIR / "snapshot.json")
+    fsync_dir(sm.root / CONFIG_DIR)
+    fsync_dir(sm.root)
+    logger.info("snapshot files installed root=%s", sm.root)

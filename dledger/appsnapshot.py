@@ -1,0 +1,21 @@
+"""What an application hands dledger for a Raft snapshot (dledger.server.snapshots).
+
+Kept apart from the server (no gRPC here): the broker's state machine builds one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class AppSnapshot:
+    """The application's state at ``index``: files as (relative path, content, or a file read
+    while the transfer streams). ``prepare`` (if any) runs in a thread before any file is
+    read (the broker flushes its stores there)."""
+
+    index: int
+    files: Sequence[tuple[str, bytes | Path]]
+    prepare: Callable[[], None] | None = None

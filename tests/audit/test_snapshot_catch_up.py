@@ -1,0 +1,204 @@
+"""Issue 21, "Must show" for snapshots, on a real 3-node group:
+
+1. a member down longer than maxLagRetentionHours no longer stops the others from deleting
+   old segments; when it returns it is caught up by a snapshot;
+2. a member whose disk is lost after retention deleted the first segments comes back empty
+   and is caught up by a snapshot;
+
+then every member holds the same ConsumeQueue and key index files, the same consumer offsets
+and topics, serves the same messages, and the Spark audit of the three stores is CLEAN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+from support import create_topic, pull_all, wait_for
+
+from broker.cluster import LocalCluster
+from client import Message, Producer
+from spark_audit.__main__ import main as audit_main
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
+SEGMENT_BYTES = 64 * 1024  # 1 KiB messages fill one in ~60 sends
+TWO_HOURS_S = 2 * 3600
+TOPIC = "SnapT"
+QUEUES = 2
+CATCH_UP_S = 60.0
+
+
+def metadata(addr: str) -> dpb.MetadataResponse | None:
+    try:
+        with grpc.insecure_channel(addr) as ch:
+            resp: dpb.MetadataResponse = dpb_grpc.DLedgerClientStub(ch).Metadata(
+                dpb.MetadataRequest(), timeout=5
+            )
+            return resp
+    except grpc.RpcError:
+        return None
+
+
+def store_path(cluster: LocalCluster, node_id: str) -> Path:
+    md = metadata(cluster.node(node_id).client_addr)
+    assert md is not None
+    return Path(md.store_path)
+
+
+def age_segments(root: Path) -> None:
+    """Pretend every data segment of a store was last written two hours ago."""
+    old = time.time() - TWO_HOURS_S
+    for p in (root / "commitlog").iterdir():
+        os.utime(p, (old, old))
+
+
+def send(producer: Producer, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        producer.send(Message(TOPIC, b"s%05d" % i + b"x" * 1000, keys=(f"k{i}",)))
+
+
+def commit_offsets(cluster: LocalCluster, offset: int) -> None:
+    with grpc.insecure_channel(cluster.node(cluster.wait_leader()).client_addr) as ch:
+        stub = bpb_grpc.BrokerStub(ch)
+        for q in range(QUEUES):
+            stub.UpdateConsumerOffset(
+                bpb.UpdateConsumerOffsetRequest(
+                    consumer_group="snap-cg",
+                    topic=TOPIC,
+                    queue_id=q,
+                    queue_offset=offset,
+                    sync=True,
+                ),
+                timeout=5,
+            )
+
+
+def converged(cluster: LocalCluster) -> Callable[[], bool]:
+    def check() -> bool:
+        metas = [metadata(n.client_addr) for n in cluster.nodes]
+        return all(m is not None for m in metas) and (
+            len({(m.last_index, m.applied_index) for m in metas if m is not None}) == 1
+        )
+
+    return check
+
+
+def bodies_from(addr: str) -> list[bytes]:
+    """Every message of the topic as this node serves it, from each queue's min offset."""
+    out: list[bytes] = []
+    with grpc.insecure_channel(addr) as ch:
+        stub = bpb_grpc.BrokerStub(ch)
+        mins = [
+            stub.GetQueueOffsets(
+                bpb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=q), timeout=5
+            ).min_offset
+            for q in range(QUEUES)
+        ]
+    for q, start in enumerate(mins):
+        out.extend(m.body for m in pull_all(addr, TOPIC, q, start_offset=start))
+    return out
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def wait_trimmed(cluster: LocalCluster, node_ids: list[str], beyond: int) -> None:
+    def trimmed() -> bool:
+        metas = [metadata(cluster.node(n).client_addr) for n in node_ids]
+        return all(m is not None and m.first_index > beyond for m in metas)
+
+    wait_for(trimmed, 30, f"retention beyond index {beyond} on {node_ids}")
+
+
+def test_members_catch_up_by_snapshot_and_replicas_agree(
+    local_group: Callable[..., LocalCluster], spark: SparkSession, tmp_path: Path
+) -> None:
+    cluster = local_group(
+        3,
+        namesrv=True,
+        mappedFileSizeCommitLog=SEGMENT_BYTES,
+        fileReservedTime=1,
+        deleteWhen=ALL_HOURS,
+        retentionCheckIntervalMs=300,
+        maxLagRetentionHours=1,
+        slaveReadEnable="true",
+    )
+    assert cluster.namesrv is not None
+    create_topic(cluster, TOPIC, QUEUES)
+    leader = cluster.wait_leader()
+    a, b = (n.node_id for n in cluster.nodes if n.node_id != leader)
+    stores = {n.node_id: store_path(cluster, n.node_id) for n in cluster.nodes}
+    with Producer("snap-pg", cluster.namesrv.addr) as producer:
+        send(producer, 0, 150)
+        commit_offsets(cluster, 20)
+        # 1. Member a goes down; the others' segments are older than the lag bound, so they
+        # delete them although a lacks them.
+        cluster.signal(a, signal.SIGKILL)
+        send(producer, 150, 150)
+        up = [leader, b]
+        for n in up:
+            age_segments(stores[n])
+        a_last = 150  # a held at most the entries of the first 150 sends and the topic
+        wait_trimmed(cluster, up, a_last)
+        started = time.monotonic()
+        cluster.start(a)
+        wait_for(converged(cluster), CATCH_UP_S, f"{a} caught up by a snapshot")
+        took = {a: time.monotonic() - started}
+        # 2. Member b loses its disk; retention moves on; b comes back empty.
+        cluster.signal(b, signal.SIGKILL)
+        shutil.rmtree(stores[b].parent)
+        send(producer, 300, 150)
+        commit_offsets(cluster, 40)
+        md = metadata(cluster.node(leader).client_addr)
+        assert md is not None
+        first_before = md.first_index
+        for n in (leader, a):
+            age_segments(stores[n])
+        wait_trimmed(cluster, [leader, a], first_before)
+        started = time.monotonic()
+        cluster.start(b)
+        wait_for(converged(cluster), CATCH_UP_S, f"{b} caught up by a snapshot")
+        took[b] = time.monotonic() - started
+        send(producer, 450, 50)  # entries appended after the installs
+        wait_for(converged(cluster), CATCH_UP_S, "every member applied the last sends")
+    served = {n.node_id: bodies_from(n.client_addr) for n in cluster.nodes}
+    assert served[a] == served[leader] == served[b]
+    # Retention left the last segments: the newest sends are served by every member.
+    assert served[leader] and served[leader][-1].startswith(b"s00499")
+    logs = {n.node_id: Path(n.log).read_text() for n in cluster.nodes}
+    assert "snapshot installed" in logs[a] and "snapshot installed" in logs[b]
+    cluster.down(grace_s=10.0)
+    roots = {n: stores[n].parent for n in stores}
+    for sub in ("consumequeue", "index"):
+        trees = {n: tree(roots[n] / sub) for n in roots}
+        assert trees[leader], sub
+        assert trees[a] == trees[leader] == trees[b], sub
+    docs = {n: json.loads((roots[n] / "config" / "snapshot.json").read_bytes()) for n in roots}
+    for key in ("applied_index", "dispatch_position", "queues", "topics", "offsets", "dedup"):
+        assert docs[a][key] == docs[leader][key] == docs[b][key], key
+    assert docs[leader]["offsets"]["snap-cg"][TOPIC] == {"0": 40, "1": 40}
+    report = tmp_path / "audit.json"
+    code = audit_main(
+        [*(str(p) for p in stores.values()), "--json", str(report), "-q", *cluster.tool_argv()],
+        spark=spark,
+    )
+    assert code == 0, report.read_text()
+    print(f"\ncaught up by snapshot (restart to converged): {took}")
