@@ -67,6 +67,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             delay_levels_ms=cfg.delay_levels_ms,
             pop_max_attempts=cfg.popMaxDeliveryAttempts,
             pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
+            timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
         secret_box=box,

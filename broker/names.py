@@ -33,6 +33,9 @@ NAME_PATTERN = re.compile(f"[{NAME_CHARACTERS}]+")
 # messages wait in SCHEDULE_TOPIC (one queue per delay level), a consumer group's failed messages
 # go to RETRY_PREFIX + group, and those that failed too often to DLQ_PREFIX + group.
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# Timed messages (RocketMQ 5's timer messages, broker.timer) wait in TIMER_TOPIC, one queue per
+# timer level (RocketMQ 5's name for its timer topic).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 # The longest group whose retry and dead-letter topics are valid topic names.
@@ -90,6 +93,6 @@ def is_valid_group_name(name: object) -> bool:
 
 
 def is_system_topic(name: str) -> bool:
-    """True for the topics the broker owns: the schedule topic and every retry and dead-letter
-    topic. The public API neither creates, deletes nor sends to them directly."""
-    return name == SCHEDULE_TOPIC or name.startswith((RETRY_PREFIX, DLQ_PREFIX))
+    """True for the topics the broker owns: the schedule and timer topics and every retry and
+    dead-letter topic. The public API neither creates, deletes nor sends to them directly."""
+    return name in (SCHEDULE_TOPIC, TIMER_TOPIC) or name.startswith((RETRY_PREFIX, DLQ_PREFIX))

@@ -40,6 +40,7 @@ from broker.scheduler import Scheduler
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine, SendResult, TopicConfig
+from broker.timers import Timers
 from broker.topics import Topics
 from dledger.server import rpcguard
 from dledger.server.node import DLedgerNode
@@ -84,6 +85,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.consumers = ConsumerGroups(self.topics)
         self.retries = Retries(self.topics, self.applied, self.sender)
         self.scheduler = Scheduler(self.applied)
+        self.timers = Timers(self.applied)
         self.auth = AuthAdmin(ctx, secret_box, init_user)
         self.pops = Pops(
             self.topics, self.applied, self.retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.timer import DEFAULT_TIMER_MAX_DELAY_S
 
 # RocketMQ's accessMessageInMemoryMaxRatio default: a pull reading further behind the write
 # position than this share of RAM is probably not in page cache: suggest a follower.
@@ -28,3 +29,5 @@ class ServiceConfig:
     # the shortest invisible time a receive may ask for.
     pop_max_attempts: int = 16
     pop_min_invisible_ms: int = 10_000
+    # Timed messages (broker.timer): the furthest delivery time a send may ask, ms ahead.
+    timer_max_delay_ms: int = DEFAULT_TIMER_MAX_DELAY_S * 1000

@@ -45,6 +45,8 @@ V2_CODE_BY_ERROR: Mapping[str, str] = {
     "INVALID_GROUP": "ILLEGAL_CONSUMER_GROUP",
     "TOO_MANY_LONG_POLLS": "TOO_MANY_REQUESTS",
     "MESSAGE_NOT_FOUND": "MESSAGE_NOT_FOUND",
+    # Timed messages (broker.timer): a delivery time beyond timerMaxDelaySec.
+    "INVALID_DELIVERY_TIME": "ILLEGAL_DELIVERY_TIME",
 }
 
 

@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from msgcodec import (
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
 )
 
 v2, v2_service, v2_grpc = stubs.load()
@@ -104,6 +105,7 @@ RESERVED_PROPERTIES = frozenset(
         PROPERTY_RETRY_TOPIC,
         PROPERTY_ORIGIN_MESSAGE_ID,
         PROPERTY_DLQ_ORIGIN_TOPIC,
+        PROPERTY_TIMER_DELIVER_MS,
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
@@ -440,7 +442,7 @@ class MessagingServicer:
             sp.tag = m.tags
         return v2.Message(
             topic=v2.Resource(resource_namespace=namespace, name=m.topic),
-            user_properties=dict(m.properties),
+            user_properties=_timed_fields(m.properties, sp),
             system_properties=sp,
             body=m.body,
         )
@@ -681,9 +683,9 @@ def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Me
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
             f"a {_type_name(kind)} message for topic {topic!r} of type {topic_type}",
         )
-    if kind != v2.NORMAL:
-        raise V2Error("UNSUPPORTED", "only NORMAL messages are served so far (docs/RMQ5.md)")
-    if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
+    if kind not in (v2.NORMAL, v2.DELAY):
+        raise V2Error("UNSUPPORTED", "only NORMAL and DELAY messages are served so far")
+    if sp.HasField("message_group") or (kind != v2.DELAY and sp.HasField("delivery_timestamp")):
         raise V2Error(
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
             "message_group and delivery_timestamp belong to FIFO and DELAY messages",
@@ -694,17 +696,42 @@ def _stored_message(m: Any, topic: str, topic_type: str, queue_id: int) -> pb.Me
     born_ms = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
     if born_ms < 0:
         raise V2Error("BAD_REQUEST", "born_timestamp is before 1970")
+    properties = dict(m.user_properties)
+    if kind == v2.DELAY:
+        properties[PROPERTY_TIMER_DELIVER_MS] = str(_delivery_ms(sp))
     return pb.Message(
         topic=topic,
         queue_id=queue_id,
         tags=sp.tag,
         keys=list(sp.keys),
-        properties=dict(m.user_properties),
+        properties=properties,
         body=m.body,
         born_host=sp.born_host,
         born_timestamp_ms=born_ms,
         msg_id=found.group(1),
     )
+
+
+def _delivery_ms(sp: Any) -> int:
+    """A DELAY message's delivery time in ms (the leader refuses one beyond
+    ``timerMaxDelaySec``, broker.timer); a time in the past is delivered at once."""
+    if not sp.HasField("delivery_timestamp"):
+        raise V2Error("ILLEGAL_DELIVERY_TIME", "a DELAY message needs a delivery_timestamp")
+    ts = sp.delivery_timestamp
+    if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:
+        raise V2Error("ILLEGAL_DELIVERY_TIME", "delivery_timestamp is not a time after 1970")
+    return int(ts.seconds * 1000 + ts.nanos // 1_000_000)
+
+
+def _timed_fields(props: Mapping[str, str], sp: Any) -> dict[str, str]:
+    """A timed message is received as RocketMQ 5 shows it: type DELAY with its
+    ``delivery_timestamp``, the broker's property left out of the user properties."""
+    out = dict(props)
+    deliver = out.pop(PROPERTY_TIMER_DELIVER_MS, "")
+    if deliver.isascii() and deliver.isdigit() and len(deliver) <= 18:
+        sp.message_type = v2.DELAY
+        sp.delivery_timestamp.CopyFrom(_timestamp(int(deliver)))
+    return out
 
 
 def _check_properties(props: Iterable[str]) -> None:

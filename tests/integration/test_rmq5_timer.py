@@ -1,0 +1,307 @@
+"""Timed delivery (RocketMQ 5's DELAY messages with ``delivery_timestamp``) on a real 3-node
+group, with the official clients (docs/RMQ5.md, "Timed delivery"):
+
+- the Python and Node.js producers send 1,000 DELAY messages with delivery times spread over
+  1-10 s after their send (1-30 s with ``RAFTMQ_SOAK=1``); the leader is SIGKILLed in the middle
+  of the spread; the official Python SimpleConsumer receives every message exactly once, none
+  before its time, each within 1 s of it (those due while the group had no leader: within the
+  election's length + 1 s); every replica holds each delivered message once;
+- pending timed messages survive a SIGKILL of every node at once;
+- a delivery time beyond ``timerMaxDelaySec`` (and a DELAY message without one) gets a clear
+  status, and nothing is stored.
+
+The lateness figures are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from support import create_topic_on, pull_all, wait_for
+
+from broker.cluster import LocalCluster
+from broker.rmq5 import stubs
+from broker.timer import PROPERTY_TIMER_DELIVER_MS
+
+pytestmark = [pytest.mark.integration]
+
+v2, v2_service, v2_grpc = stubs.load()
+
+ROOT = Path(__file__).resolve().parents[2]
+RMQ5 = ROOT / "build" / "rmq5"
+SCRIPTS = ROOT / "tests" / "rmq5"
+PYTHON = RMQ5 / "pyclient" / "bin" / "python"
+NODE_MODULES = RMQ5 / "node" / "node_modules"
+QUEUES = 4
+SOAK = os.environ.get("RAFTMQ_SOAK") == "1"
+# Each official producer sends this many; delivery times spread over this many s after a send.
+PER_CLIENT = 500
+SPREAD_S = (1, 30) if SOAK else (1, 10)
+# A timed message is delivered at most this late (ms), unless due while the group had no leader.
+MAX_LATE_MS = 1000
+MAX_DELAY_S = 3600  # timerMaxDelaySec of the group
+CLIENT_TIMEOUT_S = 120
+CALL_TIMEOUT_S = 10
+DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("rmq5t"))
+    cluster.configure(
+        3,
+        auto_ports=True,
+        extra={
+            "mappedFileSizeCommitLog": str(8 << 20),
+            "timerMaxDelaySec": str(MAX_DELAY_S),
+            **DISK_CONF,
+        },
+    )
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down(grace_s=5.0)
+
+
+def _topic(cluster: LocalCluster, name: str) -> str:
+    create_topic_on([cluster], [], name, QUEUES)
+    for n in cluster.nodes:  # every member applied it: any node may be asked
+        with grpc.insecure_channel(n.grpc_addr) as ch:
+            stub = v2_grpc.MessagingServiceStub(ch)
+            ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=name))
+            wait_for(lambda s=stub, a=ask: _route_ok(s, a), 10, f"{name} on {n.node_id}")
+    return name
+
+
+def _route_ok(stub: Any, ask: Any) -> bool:
+    try:
+        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
+    except grpc.RpcError:
+        return False
+
+
+def _code(status: Any) -> str:
+    return str(v2.Code.Name(status.code))
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "NODE_PATH": str(NODE_MODULES)}
+
+
+def _spawn(argv: list[str], home: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home)
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> list[Any]:
+    try:
+        out, err = proc.communicate(timeout=CLIENT_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"{proc.args!r} failed:\n{out[-2000:]}\n{err[-3000:]}"
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines and "done" in lines[-1], out[-2000:]
+    return lines[:-1]
+
+
+def _producers(addr: str, topic: str, home: Path) -> list[subprocess.Popen[str]]:
+    assert PYTHON.exists(), "build/rmq5/pyclient missing: run 'make venv'"
+    assert (NODE_MODULES / "rocketmq-client-nodejs").exists(), "build/rmq5/node: run 'make venv'"
+    low, high = SPREAD_S
+    n = str(PER_CLIENT)
+    py = [str(PYTHON), str(SCRIPTS / "py_timed_producer.py"), addr, topic, n, "py"]
+    nd = ["node", str(SCRIPTS / "node_timed_producer.js"), addr, topic, n, "nd"]
+    return [
+        _spawn([*py, str(low), str(high - 1)], home),  # whole seconds, rounded up
+        _spawn([*nd, str(low * 1000), str(high * 1000)], home),
+    ]
+
+
+def _stored(cluster: LocalCluster, addr: str, topic: str) -> list[Any]:
+    return [m for q in range(QUEUES) for m in pull_all(addr, topic, q)]
+
+
+def _percentile(values: list[int], p: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+def _check_replicas(cluster: LocalCluster, topic: str, due: dict[str, int]) -> None:
+    """Every member holds each delivered message exactly once, stored no earlier than due."""
+    for n in cluster.nodes:
+
+        def complete(addr: str = n.client_addr) -> bool:
+            try:
+                return len(_stored(cluster, addr, topic)) >= len(due)
+            except grpc.RpcError:
+                return False
+
+        wait_for(complete, 30, f"every timed message on {n.node_id}")
+        stored = _stored(cluster, n.client_addr, topic)
+        ids = sorted("01" + m.msg_id for m in stored)
+        assert ids == sorted(due), f"{n.node_id}: a timed message is missing or twice"
+        early = [m for m in stored if m.store_timestamp_ms < due["01" + m.msg_id]]
+        assert not early, f"{n.node_id}: {len(early)} stored before their time"
+
+
+def test_timed_messages_arrive_on_time_across_a_leader_failover(
+    group: LocalCluster, tmp_path: Path
+) -> None:
+    topic = _topic(group, "Timed")
+    leader = group.wait_leader()
+    addr = next(n.grpc_addr for n in group.nodes if n.node_id != leader)
+    total = 2 * PER_CLIENT
+    budget_s = SPREAD_S[1] + 40
+    script = str(SCRIPTS / "py_timed_consumer.py")
+    consumer = _spawn(
+        [str(PYTHON), script, addr, topic, "GTimed", str(total), str(budget_s)], tmp_path
+    )
+    try:
+        started = time.time()
+        sent = [line for p in _producers(addr, topic, tmp_path) for line in _finish(p)]
+        assert len(sent) == total
+        # The leader dies in the middle of the spread, with about half the messages pending.
+        time.sleep(max(0.0, started + sum(SPREAD_S) / 2 - time.time()))
+        group.signal(leader, signal.SIGKILL)
+        killed_ms = int(time.time() * 1000)
+        group.wait_leader(exclude=leader)
+        elected_ms = int(time.time() * 1000)
+        group.start(leader)
+        events = _finish(consumer)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+    due = {r["message_id"]: r["deliver_ms"] for r in sent}
+    received = [e for e in events if e["event"] == "received"]
+    assert not [e for e in events if e["event"] == "ack_failed"]
+    ids = [e["message_id"] for e in received]
+    assert len(ids) == len(set(ids)), "a timed message was received twice"
+    assert sorted(ids) == sorted(due), "a timed message was not received"
+    late = {e["message_id"]: e["received_ms"] - due[e["message_id"]] for e in received}
+    for e in received:
+        assert e["deliver_ms"] == due[e["message_id"]]  # shown as the DELAY message's time
+        assert PROPERTY_TIMER_DELIVER_MS not in e["properties"]
+    assert min(late.values()) >= 0, "a timed message was received before its time"
+    outage = range(killed_ms - MAX_LATE_MS, elected_ms + MAX_LATE_MS)
+    normal = [ms for mid, ms in late.items() if due[mid] not in outage]
+    during = [ms for mid, ms in late.items() if due[mid] in outage]
+    print(
+        f"\ntimed delivery, {total} messages over {SPREAD_S[0]}-{SPREAD_S[1]} s,"
+        f" leader killed; no leader for {elected_ms - killed_ms} ms:"
+        f" lateness p50 {_percentile(list(late.values()), 0.5)} ms,"
+        f" p99 {_percentile(list(late.values()), 0.99)} ms, max {max(late.values())} ms;"
+        f" {len(normal)} due outside the outage: p99 {_percentile(normal, 0.99)} ms,"
+        f" max {max(normal)} ms; {len(during)} due around it: max {max(during, default=0)} ms"
+    )
+    assert max(normal) <= MAX_LATE_MS, "a timed message came more than 1 s late"
+    assert max(during, default=0) <= elected_ms - killed_ms + 2 * MAX_LATE_MS
+    _check_replicas(group, topic, due)
+
+
+def _v2_delay(msg_id: str, topic: str, deliver_ms: int | None) -> Any:
+    m = v2.Message(topic=v2.Resource(name=topic), body=b"timed")
+    sp = m.system_properties
+    sp.message_id, sp.message_type, sp.body_encoding = msg_id, v2.DELAY, v2.IDENTITY
+    sp.born_host = "127.0.0.1"
+    if deliver_ms is not None:
+        sp.delivery_timestamp.CopyFrom(
+            Timestamp(seconds=deliver_ms // 1000, nanos=deliver_ms % 1000 * 1_000_000)
+        )
+    return m
+
+
+def _send(stub: Any, *messages: Any) -> Any:
+    return stub.SendMessage(
+        v2_service.SendMessageRequest(messages=list(messages)), timeout=CALL_TIMEOUT_S
+    )
+
+
+def test_pending_timers_survive_a_kill_of_every_node(group: LocalCluster) -> None:
+    topic = _topic(group, "TimedRestart")
+    leader = group.node(group.wait_leader())
+    now_ms = int(time.time() * 1000)
+    due = {f"01{i:032X}": now_ms + 4000 + 10 * i for i in range(200)}
+    with grpc.insecure_channel(leader.grpc_addr) as ch:
+        resp = _send(
+            v2_grpc.MessagingServiceStub(ch), *(_v2_delay(i, topic, d) for i, d in due.items())
+        )
+    assert _code(resp.status) == "OK", resp.status
+    assert _stored(group, leader.client_addr, topic) == []  # pending
+    for n in group.nodes:
+        group.signal(n.node_id, signal.SIGKILL)
+    for n in group.nodes:
+        group.start(n.node_id)
+    group.wait_leader()
+    _check_replicas(group, topic, due)
+
+
+def _log_end(cluster: LocalCluster, addr: str) -> int:
+    """The leader's last log index once it has held still for a moment (no proposal runs)."""
+    with cluster.client() as client:
+        last = -1
+        for _ in range(50):  # at most 15 s
+            now = client.metadata(addr, timeout_s=5).last_index
+            if now == last:
+                return now
+            last = now
+            time.sleep(0.3)
+    raise AssertionError(f"the log on {addr} never held still")
+
+
+def test_a_delivery_time_beyond_the_maximum_is_refused_and_nothing_stored(
+    group: LocalCluster,
+) -> None:
+    topic = _topic(group, "TimedBad")
+    leader = group.node(group.wait_leader())
+    follower = next(n for n in group.nodes if n.node_id != leader.node_id)
+    log_end = _log_end(group, leader.client_addr)
+    too_far = int(time.time() * 1000) + (MAX_DELAY_S + 60) * 1000
+    with grpc.insecure_channel(follower.grpc_addr) as ch:
+        stub = v2_grpc.MessagingServiceStub(ch)
+        normal_with_time = _v2_delay("01" + "D2" * 16, topic, too_far)
+        normal_with_time.system_properties.message_type = v2.NORMAL
+        ok_then_bad = [
+            _v2_delay("01" + "D4" * 16, topic, too_far - 120_000),  # within the maximum
+            _v2_delay("01" + "D5" * 16, topic, too_far),
+        ]
+        cases = [
+            ("ILLEGAL_DELIVERY_TIME", _v2_delay("01" + "D1" * 16, topic, too_far)),
+            ("ILLEGAL_DELIVERY_TIME", _v2_delay("01" + "D3" * 16, topic, None)),
+            ("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", normal_with_time),
+        ]
+        for want, message in cases:
+            resp = _send(stub, message)
+            assert _code(resp.status) == want, (want, resp.status)
+            assert [_code(e.status) for e in resp.entries] == [want]
+        resp = _send(stub, *ok_then_bad)
+        assert _code(resp.status) == "ILLEGAL_DELIVERY_TIME" and len(resp.entries) == 2
+        assert "timerMaxDelaySec" in resp.status.message
+    with grpc.insecure_channel(leader.client_addr) as ch:  # raftmq's own protocol
+        message = bpb.Message(
+            topic=topic, body=b"x", properties={PROPERTY_TIMER_DELIVER_MS: str(too_far)}
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            bpb_grpc.BrokerStub(ch).SendMessage(
+                bpb.SendMessageRequest(topic=topic, messages=[message]), timeout=CALL_TIMEOUT_S
+            )
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert (err.value.details() or "").startswith("INVALID_DELIVERY_TIME")
+    assert _log_end(group, leader.client_addr) == log_end  # nothing was proposed
+    assert _stored(group, leader.client_addr, topic) == []
