@@ -38,9 +38,9 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from bench.broker import Target
+from bench.__main__ import _cpu_s
+from bench.broker import Target, pull_queue
 from broker.cluster import LocalCluster
-from client.consumer import pulled_messages
 from mqsecurity.channels import open_channel
 from msgcodec import PROPERTY_TIMER_DELIVER_MS, UniqIdGenerator
 
@@ -52,7 +52,6 @@ BATCH = 128
 BODY_BYTES = 128
 IDLE_WINDOW_S = 5.0
 SEND_TIMEOUT_S = 300.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -67,16 +66,6 @@ def _proc_field(pid: int | None, name: str) -> int:
     except OSError:
         pass
     return 0
-
-
-def _cpu_s(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def _send(target: Target, topic: str, deliver_ms: list[int | None]) -> float:
@@ -121,31 +110,11 @@ def _send(target: Target, topic: str, deliver_ms: list[int | None]) -> float:
 
 def _read_all(target: Target, topic: str) -> list[tuple[int, int]]:
     """(store time, asked delivery time) of every message in ``topic``."""
-    stub = pb_grpc.BrokerStub(open_channel(target.addr, target.security))
-    out: list[tuple[int, int]] = []
-    for queue_id in range(QUEUES):
-        offset = 0
-        while True:
-            resp = stub.PullMessage(
-                pb.PullMessageRequest(
-                    consumer_group="bench-timer",
-                    topic=topic,
-                    queue_id=queue_id,
-                    queue_offset=offset,
-                    max_msgs=1024,
-                    no_suspend=True,
-                ),
-                timeout=30,
-            )
-            messages = pulled_messages(resp, "bench")
-            if not messages:
-                break
-            out += [
-                (m.store_timestamp_ms, int(m.properties[PROPERTY_TIMER_DELIVER_MS]))
-                for m in messages
-            ]
-            offset = resp.next_begin_offset
-    return out
+    return [
+        (m.store_timestamp_ms, int(m.properties[PROPERTY_TIMER_DELIVER_MS]))
+        for q in range(QUEUES)
+        for m in pull_queue(target.stub, topic, q, "bench-timer")
+    ]
 
 
 def _count(target: Target, topic: str) -> int:

@@ -29,7 +29,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from support import create_topic_on, pull_all, wait_for
+from support import create_v2_topic, pull_all, wait_for
 
 from broker.cluster import LocalCluster
 from broker.rmq5 import stubs
@@ -74,23 +74,6 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.down(grace_s=5.0)
-
-
-def _topic(cluster: LocalCluster, name: str) -> str:
-    create_topic_on([cluster], [], name, QUEUES)
-    for n in cluster.nodes:  # every member applied it: any node may be asked
-        with grpc.insecure_channel(n.grpc_addr) as ch:
-            stub = v2_grpc.MessagingServiceStub(ch)
-            ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=name))
-            wait_for(lambda s=stub, a=ask: _route_ok(s, a), 10, f"{name} on {n.node_id}")
-    return name
-
-
-def _route_ok(stub: Any, ask: Any) -> bool:
-    try:
-        return _code(stub.QueryRoute(ask, timeout=5).status) == "OK"
-    except grpc.RpcError:
-        return False
 
 
 def _code(status: Any) -> str:
@@ -163,7 +146,7 @@ def _check_replicas(cluster: LocalCluster, topic: str, due: dict[str, int]) -> N
 def test_timed_messages_arrive_on_time_across_a_leader_failover(
     group: LocalCluster, tmp_path: Path
 ) -> None:
-    topic = _topic(group, "Timed")
+    topic = create_v2_topic(group, "Timed", QUEUES)
     leader = group.wait_leader()
     addr = next(n.grpc_addr for n in group.nodes if n.node_id != leader)
     total = 2 * PER_CLIENT
@@ -234,7 +217,7 @@ def _send(stub: Any, *messages: Any) -> Any:
 
 
 def test_pending_timers_survive_a_kill_of_every_node(group: LocalCluster) -> None:
-    topic = _topic(group, "TimedRestart")
+    topic = create_v2_topic(group, "TimedRestart", QUEUES)
     leader = group.node(group.wait_leader())
     now_ms = int(time.time() * 1000)
     due = {f"01{i:032X}": now_ms + 4000 + 10 * i for i in range(200)}
@@ -268,7 +251,7 @@ def _log_end(cluster: LocalCluster, addr: str) -> int:
 def test_a_delivery_time_beyond_the_maximum_is_refused_and_nothing_stored(
     group: LocalCluster,
 ) -> None:
-    topic = _topic(group, "TimedBad")
+    topic = create_v2_topic(group, "TimedBad", QUEUES)
     leader = group.node(group.wait_leader())
     follower = next(n for n in group.nodes if n.node_id != leader.node_id)
     log_end = _log_end(group, leader.client_addr)

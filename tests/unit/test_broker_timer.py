@@ -8,11 +8,13 @@ import asyncio
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from broker_world import world
+from broker_world import LeaderNode, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.applied import AppliedMessages, NodeContext
 from broker.message import Message, encode_batch
 from broker.names import TIMER_TOPIC, is_system_topic
 from broker.sending import SendPath
@@ -30,6 +32,7 @@ from broker.timer import (
     level_wait_ms,
 )
 from broker.timers import Timers
+from dledger.core import Role
 
 T0_MS = 1_800_000_000_000
 
@@ -61,12 +64,21 @@ def timed(n: int, deliver_ms: int, queue_id: int = 0) -> pb.Message:
     )
 
 
-def delivered(sm: BrokerStateMachine, applied: object) -> list[Message]:
+async def _timed_world(
+    tmp_path: Path, queues: int, cfg: ServiceConfig | None = None
+) -> tuple[Any, BrokerStateMachine, AppliedMessages, SendPath]:
+    """A one-node leader with topic T of ``queues`` queues, and its send path."""
+    node, sm, topics, applied = world(tmp_path, cfg)
+    await topics.upsert("T", queues, queues, 6)
+    return node, sm, applied, SendPath(topics.ctx, topics)
+
+
+def delivered(sm: BrokerStateMachine, applied: AppliedMessages) -> list[Message]:
     out = []
     for queue_id in range(2):
         cq = sm.cqs.find("T", queue_id)
         if cq is not None:
-            out += [applied.message(r[0]) for r in cq.read(0, 10_000)]  # type: ignore[attr-defined]
+            out += [applied.message(r[0]) for r in cq.read(0, 10_000)]
     return out
 
 
@@ -98,9 +110,7 @@ async def _run_until(timers: Timers, clock: Clock, end_ms: int, step_ms: int) ->
 
 def test_timed_messages_arrive_at_their_time_never_before(tmp_path: Path, clock: Clock) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
-        await topics.upsert("T", 2, 2, 6)
-        sender = SendPath(topics.ctx, topics)
+        node, sm, applied, sender = await _timed_world(tmp_path, 2)
         rng = random.Random(3)
         due = {n: T0_MS + rng.randrange(1, 40_000) for n in range(300)}
         results = await sender.send("T", [timed(n, d, n % 2) for n, d in due.items()])
@@ -136,9 +146,7 @@ def test_a_time_in_the_past_is_stored_at_once_and_beyond_the_maximum_refused(
 ) -> None:
     async def body() -> None:
         cfg = ServiceConfig("127.0.0.1", 10911, timer_max_delay_ms=60_000)
-        node, sm, topics, _applied = world(tmp_path, cfg)
-        await topics.upsert("T", 2, 2, 6)
-        sender = SendPath(topics.ctx, topics)
+        node, sm, _applied, sender = await _timed_world(tmp_path, 2, cfg)
         [now] = await sender.send("T", [timed(1, T0_MS - 5)])
         assert now.topic == "T"
         entries = len(node.store.entries)
@@ -167,9 +175,7 @@ def test_a_time_in_the_past_is_stored_at_once_and_beyond_the_maximum_refused(
 
 def test_a_repeated_or_stale_move_is_skipped_whole(tmp_path: Path, clock: Clock) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
-        await topics.upsert("T", 1, 1, 6)
-        sender = SendPath(topics.ctx, topics)
+        node, sm, applied, sender = await _timed_world(tmp_path, 1)
         await sender.send("T", [timed(n, T0_MS + 100) for n in range(3)])
         timers = Timers(applied)
         clock.now_ms += 100
@@ -186,9 +192,7 @@ def test_a_repeated_or_stale_move_is_skipped_whole(tmp_path: Path, clock: Clock)
 
 def test_forged_move_entries_change_nothing(tmp_path: Path, clock: Clock) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
-        await topics.upsert("T", 1, 1, 6)
-        sender = SendPath(topics.ctx, topics)
+        node, sm, applied, sender = await _timed_world(tmp_path, 1)
         [r] = await sender.send("T", [timed(1, T0_MS + 10_000)])
         level = level_of(10_000)
         copy = Message("T", 0, b"x", uniq_id="AB" * 16, store_timestamp_ms=T0_MS)
@@ -215,19 +219,34 @@ def test_forged_move_entries_change_nothing(tmp_path: Path, clock: Clock) -> Non
 
 def test_pending_timers_survive_a_restart(tmp_path: Path, clock: Clock) -> None:
     async def body() -> None:
-        node, sm, topics, applied = world(tmp_path)
-        await topics.upsert("T", 1, 1, 6)
-        sender = SendPath(topics.ctx, topics)
+        node, sm, applied, sender = await _timed_world(tmp_path, 1)
         await sender.send("T", [timed(n, T0_MS + 1000 * (n + 1)) for n in range(20)])
         timers = Timers(applied)
         await _run_until(timers, clock, T0_MS + 10_500, 100)
         assert len(delivered(sm, applied)) == 10
         offsets = dict(sm.timer_offsets)
         sm.close()
+        # Restarted from the snapshot, and rebuilt from the whole log: the same levels, and
+        # a new leader delivers exactly the other ten, on time.
+        for rebuild in (False, True):
+            if rebuild:
+                (tmp_path / "config" / "snapshot.json").unlink()
+            again = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
+            again.attach(node.store)
+            assert again.applied_index() == (0 if rebuild else len(node.store.entries))
+            again.apply(node.store.entries[again.last_applied :])
+            assert again.timer_offsets == offsets
+            again.close()
         again = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
         again.attach(node.store)
-        assert again.applied_index() == len(node.store.entries)  # from the snapshot
-        assert again.timer_offsets == offsets
+        again.applied_index()
+        again.on_role_change(Role.LEADER, 2, "n0")
+        leader = LeaderNode(again, node.store)
+        new = AppliedMessages(NodeContext(leader, again, ServiceConfig("127.0.0.1", 10911)))  # type: ignore[arg-type]
+        await _run_until(Timers(new), clock, T0_MS + 21_000, 100)
+        got = {int(m.uniq_id, 16): m.store_timestamp_ms for m in delivered(again, new)}
+        assert sorted(got) == list(range(20))
+        assert all(T0_MS + 1000 * (n + 1) <= ts for n, ts in got.items())
         again.close()
 
     asyncio.run(body())
