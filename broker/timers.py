@@ -37,10 +37,8 @@ from dledger.log import DLedgerError
 logger = logging.getLogger(__name__)
 
 # The loop sleeps until the next look-at time, at most this long (bounds how late a message
-# filed meanwhile is looked at: level 0's records are due within the precision) and at least
-# this long between passes.
+# filed meanwhile is looked at: level 0's records are due within the precision).
 TIMER_IDLE_MS = 50
-TIMER_MIN_WAIT_MS = 5
 # One move entry holds at most this many records / bytes of copies (as a schedule delivery).
 TIMER_BATCH_RECORDS = 512
 TIMER_BATCH_BYTES = 1 << 20
@@ -77,43 +75,53 @@ class Timers:
         term = self.ctx.node.core.term
         logger.info("timer loop started node=%s term=%d", self.ctx.node.cfg.self_id, term)
         while self.ctx.node.core.role is Role.LEADER and self.ctx.node.core.term == term:
-            next_look: int | None = None
             try:
-                for level in range(MAX_TIMER_LEVELS):
-                    look = await self.move_level(level)
-                    if look is not None and (next_look is None or look < next_look):
-                        next_look = look
+                next_look = await self.run_pass()
             except (DLedgerError, BrokerError, TimeoutError) as exc:
                 # Lost leadership or quorum mid-proposal: one entry holds the copies, the hops
                 # and the offset, so nothing is half done; the next leader resumes from the log.
                 logger.info("timer pass failed: %s", exc)
                 next_look = None
             wait_ms = TIMER_IDLE_MS if next_look is None else next_look - time.time() * 1000
-            await asyncio.sleep(min(max(wait_ms, TIMER_MIN_WAIT_MS), TIMER_IDLE_MS) / 1000)
+            # A backlog (a look-at time already past): the next pass at once, after yielding.
+            await asyncio.sleep(0 if wait_ms <= 0 else min(wait_ms, TIMER_IDLE_MS) / 1000)
         logger.info("timer loop stopped node=%s term=%d", self.ctx.node.cfg.self_id, term)
 
-    async def move_level(self, level: int) -> int | None:
-        """Move every record of ``level`` whose time has come; the next look-at time (ms), or
-        None when the level is empty."""
-        while True:
+    async def run_pass(self) -> int | None:
+        """Move the records of every level whose time has come, one entry's worth per level
+        (no level waits behind another's backlog), the entries proposed together (one commit
+        for the pass, not one per level); the next look-at time (ms; now when more are
+        ready), or None when every level is empty."""
+        looks: list[int] = []
+        proposals = []
+        for level in range(MAX_TIMER_LEVELS):
             move = self._gather(level)
             if move is None:
-                return None
-            if move.end == move.start:
-                return move.next_look
-            body = encode_timer_header(level, move.start, move.end, move.now_ms, len(move.hops))
-            body += b"".join(move.hops)
-            if move.copies:
-                body += encode_batch(move.copies, self.ctx.cfg.max_message_size_bytes)[0]
-            await self.ctx.node.propose([body], ENTRY_TIMER)
-            if self.ctx.sm.timer_offsets.get(level, 0) != move.end:
-                logger.warning(
-                    "timer entry level=%d [%d, %d) not applied", level, move.start, move.end
-                )
-                return None
-            self.moved += move.end - move.start
-            if move.next_look is not None:
-                return move.next_look
+                continue
+            if move.end > move.start:
+                proposals.append(self._propose(level, move))
+            elif move.next_look is not None:
+                looks.append(move.next_look)
+        for result in await asyncio.gather(*proposals, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+            if result is not None:
+                looks.append(result)
+        return min(looks, default=None)
+
+    async def _propose(self, level: int, move: _Move) -> int | None:
+        """Propose one move; its level's next look-at time (now when more are ready), None
+        when the entry was not applied (a repeat, or a bad entry: looked at again next pass)."""
+        body = encode_timer_header(level, move.start, move.end, move.now_ms, len(move.hops))
+        body += b"".join(move.hops)
+        if move.copies:
+            body += encode_batch(move.copies, self.ctx.cfg.max_message_size_bytes)[0]
+        await self.ctx.node.propose([body], ENTRY_TIMER)
+        if self.ctx.sm.timer_offsets.get(level, 0) != move.end:
+            logger.warning("timer entry level=%d [%d, %d) not applied", level, move.start, move.end)
+            return None
+        self.moved += move.end - move.start
+        return move.now_ms if move.next_look is None else move.next_look
 
     def _gather(self, level: int) -> _Move | None:
         """The head of ``level``'s queue whose time has come, as one move; None when the

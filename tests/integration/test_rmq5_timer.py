@@ -46,8 +46,10 @@ PYTHON = RMQ5 / "pyclient" / "bin" / "python"
 NODE_MODULES = RMQ5 / "node" / "node_modules"
 QUEUES = 4
 SOAK = os.environ.get("RAFTMQ_SOAK") == "1"
-# Each official producer sends this many; delivery times spread over this many s after a send.
-PER_CLIENT = 500
+# The official producers send this many each (the Python client's delivery times are whole
+# seconds: its messages come in bursts, one per second); delivery times spread over this many s.
+PY_MESSAGES = 200
+NODE_MESSAGES = 800
 SPREAD_S = (1, 30) if SOAK else (1, 10)
 # A timed message is delivered at most this late (ms), unless due while the group had no leader.
 MAX_LATE_MS = 1000
@@ -107,9 +109,8 @@ def _producers(addr: str, topic: str, home: Path) -> list[subprocess.Popen[str]]
     assert PYTHON.exists(), "build/rmq5/pyclient missing: run 'make venv'"
     assert (NODE_MODULES / "rocketmq-client-nodejs").exists(), "build/rmq5/node: run 'make venv'"
     low, high = SPREAD_S
-    n = str(PER_CLIENT)
-    py = [str(PYTHON), str(SCRIPTS / "py_timed_producer.py"), addr, topic, n, "py"]
-    nd = ["node", str(SCRIPTS / "node_timed_producer.js"), addr, topic, n, "nd"]
+    py = [str(PYTHON), str(SCRIPTS / "py_timed_producer.py"), addr, topic, str(PY_MESSAGES), "py"]
+    nd = ["node", str(SCRIPTS / "node_timed_producer.js"), addr, topic, str(NODE_MESSAGES), "nd"]
     return [
         _spawn([*py, str(low), str(high - 1)], home),  # whole seconds, rounded up
         _spawn([*nd, str(low * 1000), str(high * 1000)], home),
@@ -125,8 +126,9 @@ def _percentile(values: list[int], p: float) -> int:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
-def _check_replicas(cluster: LocalCluster, topic: str, due: dict[str, int]) -> None:
-    """Every member holds each delivered message exactly once, stored no earlier than due."""
+def _check_replicas(cluster: LocalCluster, topic: str, due: dict[str, int]) -> dict[str, int]:
+    """Every member holds each delivered message exactly once, stored no earlier than due;
+    the store time of each (the same on every member)."""
     for n in cluster.nodes:
 
         def complete(addr: str = n.client_addr) -> bool:
@@ -141,6 +143,7 @@ def _check_replicas(cluster: LocalCluster, topic: str, due: dict[str, int]) -> N
         assert ids == sorted(due), f"{n.node_id}: a timed message is missing or twice"
         early = [m for m in stored if m.store_timestamp_ms < due["01" + m.msg_id]]
         assert not early, f"{n.node_id}: {len(early)} stored before their time"
+    return {"01" + m.msg_id: m.store_timestamp_ms for m in stored}
 
 
 def test_timed_messages_arrive_on_time_across_a_leader_failover(
@@ -149,8 +152,8 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
     topic = create_v2_topic(group, "Timed", QUEUES)
     leader = group.wait_leader()
     addr = next(n.grpc_addr for n in group.nodes if n.node_id != leader)
-    total = 2 * PER_CLIENT
-    budget_s = SPREAD_S[1] + 40
+    total = PY_MESSAGES + NODE_MESSAGES
+    budget_s = SPREAD_S[1] + 45  # a receive answer lost in the failover: 20 s more
     script = str(SCRIPTS / "py_timed_consumer.py")
     consumer = _spawn(
         [str(PYTHON), script, addr, topic, "GTimed", str(total), str(budget_s)], tmp_path
@@ -172,30 +175,36 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
             consumer.kill()
             consumer.wait()
     due = {r["message_id"]: r["deliver_ms"] for r in sent}
+    # Kept with the test's files, for a look at a failure.
+    (tmp_path / "events.json").write_text(json.dumps([sent, events, killed_ms, elected_ms]))
+    stored = _check_replicas(group, topic, due)  # each delivered exactly once, never early
     received = [e for e in events if e["event"] == "received"]
-    assert not [e for e in events if e["event"] == "ack_failed"]
-    ids = [e["message_id"] for e in received]
-    assert len(ids) == len(set(ids)), "a timed message was received twice"
-    assert sorted(ids) == sorted(due), "a timed message was not received"
-    late = {e["message_id"]: e["received_ms"] - due[e["message_id"]] for e in received}
+    assert {e["message_id"] for e in received} == set(due), "a timed message was not received"
     for e in received:
         assert e["deliver_ms"] == due[e["message_id"]]  # shown as the DELAY message's time
         assert PROPERTY_TIMER_DELIVER_MS not in e["properties"]
-    assert min(late.values()) >= 0, "a timed message was received before its time"
+        assert e["received_ms"] >= e["deliver_ms"], "a timed message was received before its time"
+    # The broker's delivery: the copy's store time is the leader's clock when it delivered
+    # (visible one commit later). Messages due around the outage wait for the new leader.
     outage = range(killed_ms - MAX_LATE_MS, elected_ms + MAX_LATE_MS)
-    normal = [ms for mid, ms in late.items() if due[mid] not in outage]
-    during = [ms for mid, ms in late.items() if due[mid] in outage]
+    normal = [stored[mid] - ms for mid, ms in due.items() if ms not in outage]
+    during = [stored[mid] - ms for mid, ms in due.items() if ms in outage]
+    # The official consumer's view: its first receive (a receive whose answer died with the
+    # leader comes again after the invisible time, attempt 2: those are left out).
+    first = {e["message_id"]: e["received_ms"] for e in received if e["attempt"] == 1}
+    seen = [ms - due[mid] for mid, ms in first.items()]
     print(
-        f"\ntimed delivery, {total} messages over {SPREAD_S[0]}-{SPREAD_S[1]} s,"
-        f" leader killed; no leader for {elected_ms - killed_ms} ms:"
-        f" lateness p50 {_percentile(list(late.values()), 0.5)} ms,"
-        f" p99 {_percentile(list(late.values()), 0.99)} ms, max {max(late.values())} ms;"
-        f" {len(normal)} due outside the outage: p99 {_percentile(normal, 0.99)} ms,"
-        f" max {max(normal)} ms; {len(during)} due around it: max {max(during, default=0)} ms"
+        f"\ntimed delivery of {len(due)} messages over {SPREAD_S[0]}-{SPREAD_S[1]} s, leader"
+        f" killed, no leader for {elected_ms - killed_ms} ms; delivered after their time:"
+        f" {len(normal)} due outside the outage p50 {_percentile(normal, 0.5)} ms,"
+        f" p99 {_percentile(normal, 0.99)} ms, max {max(normal)} ms; {len(during)} due around"
+        f" it max {max(during, default=0)} ms; received by the Python SimpleConsumer after"
+        f" their time: p50 {_percentile(seen, 0.5)} ms, p99 {_percentile(seen, 0.99)} ms,"
+        f" max {max(seen)} ms ({len(due) - len(first)} received again after a lost answer)"
     )
-    assert max(normal) <= MAX_LATE_MS, "a timed message came more than 1 s late"
+    assert max(normal) <= MAX_LATE_MS, "a timed message was delivered more than 1 s late"
     assert max(during, default=0) <= elected_ms - killed_ms + 2 * MAX_LATE_MS
-    _check_replicas(group, topic, due)
+    assert _percentile(seen, 0.5) <= MAX_LATE_MS, "the consumer sees timed messages late"
 
 
 def _v2_delay(msg_id: str, topic: str, deliver_ms: int | None) -> Any:
@@ -220,7 +229,7 @@ def test_pending_timers_survive_a_kill_of_every_node(group: LocalCluster) -> Non
     topic = create_v2_topic(group, "TimedRestart", QUEUES)
     leader = group.node(group.wait_leader())
     now_ms = int(time.time() * 1000)
-    due = {f"01{i:032X}": now_ms + 4000 + 10 * i for i in range(200)}
+    due = {f"01{i:032X}": now_ms + 3000 + 10 * i for i in range(200)}
     with grpc.insecure_channel(leader.grpc_addr) as ch:
         resp = _send(
             v2_grpc.MessagingServiceStub(ch), *(_v2_delay(i, topic, d) for i, d in due.items())
@@ -235,17 +244,18 @@ def test_pending_timers_survive_a_kill_of_every_node(group: LocalCluster) -> Non
     _check_replicas(group, topic, due)
 
 
-def _log_end(cluster: LocalCluster, addr: str) -> int:
-    """The leader's last log index once it has held still for a moment (no proposal runs)."""
-    with cluster.client() as client:
-        last = -1
-        for _ in range(50):  # at most 15 s
-            now = client.metadata(addr, timeout_s=5).last_index
-            if now == last:
-                return now
-            last = now
-            time.sleep(0.3)
-    raise AssertionError(f"the log on {addr} never held still")
+def _stored_id(addr: str, msg_id: str) -> bool:
+    """Whether the group stored a message with this id (every id stored in the last
+    ``dedupWindowSeconds`` is in the dedup window: a timed message's too, while it waits)."""
+    with grpc.insecure_channel(addr) as ch:
+        try:
+            bpb_grpc.BrokerStub(ch).ViewMessage(
+                bpb.ViewMessageRequest(msg_id=msg_id), timeout=CALL_TIMEOUT_S
+            )
+        except grpc.RpcError as exc:
+            assert exc.code() is grpc.StatusCode.INVALID_ARGUMENT  # not in the window
+            return False
+    return True
 
 
 def test_a_delivery_time_beyond_the_maximum_is_refused_and_nothing_stored(
@@ -254,37 +264,46 @@ def test_a_delivery_time_beyond_the_maximum_is_refused_and_nothing_stored(
     topic = create_v2_topic(group, "TimedBad", QUEUES)
     leader = group.node(group.wait_leader())
     follower = next(n for n in group.nodes if n.node_id != leader.node_id)
-    log_end = _log_end(group, leader.client_addr)
     too_far = int(time.time() * 1000) + (MAX_DELAY_S + 60) * 1000
+    within = too_far - 120_000
     with grpc.insecure_channel(follower.grpc_addr) as ch:
         stub = v2_grpc.MessagingServiceStub(ch)
         normal_with_time = _v2_delay("01" + "D2" * 16, topic, too_far)
         normal_with_time.system_properties.message_type = v2.NORMAL
-        ok_then_bad = [
-            _v2_delay("01" + "D4" * 16, topic, too_far - 120_000),  # within the maximum
-            _v2_delay("01" + "D5" * 16, topic, too_far),
-        ]
         cases = [
-            ("ILLEGAL_DELIVERY_TIME", _v2_delay("01" + "D1" * 16, topic, too_far)),
-            ("ILLEGAL_DELIVERY_TIME", _v2_delay("01" + "D3" * 16, topic, None)),
-            ("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", normal_with_time),
+            ("ILLEGAL_DELIVERY_TIME", [_v2_delay("01" + "D1" * 16, topic, too_far)]),
+            ("ILLEGAL_DELIVERY_TIME", [_v2_delay("01" + "D3" * 16, topic, None)]),
+            ("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", [normal_with_time]),
+            # One message beyond the maximum refuses the whole send.
+            (
+                "ILLEGAL_DELIVERY_TIME",
+                [
+                    _v2_delay("01" + "D4" * 16, topic, within),
+                    _v2_delay("01" + "D5" * 16, topic, too_far),
+                ],
+            ),
         ]
-        for want, message in cases:
-            resp = _send(stub, message)
+        for want, messages in cases:
+            resp = _send(stub, *messages)
             assert _code(resp.status) == want, (want, resp.status)
-            assert [_code(e.status) for e in resp.entries] == [want]
-        resp = _send(stub, *ok_then_bad)
-        assert _code(resp.status) == "ILLEGAL_DELIVERY_TIME" and len(resp.entries) == 2
+            assert [_code(e.status) for e in resp.entries] == [want] * len(messages)
         assert "timerMaxDelaySec" in resp.status.message
-    with grpc.insecure_channel(leader.client_addr) as ch:  # raftmq's own protocol
-        message = bpb.Message(
-            topic=topic, body=b"x", properties={PROPERTY_TIMER_DELIVER_MS: str(too_far)}
+        # The control: a time within the maximum is stored (it waits an hour).
+        assert _code(_send(stub, _v2_delay("01" + "D6" * 16, topic, within)).status) == "OK"
+    too_far_v1 = bpb.Message(
+        topic=topic,
+        body=b"x",
+        msg_id="D7" * 16,
+        properties={PROPERTY_TIMER_DELIVER_MS: str(too_far)},
+    )
+    # raftmq's own protocol
+    with grpc.insecure_channel(leader.client_addr) as ch, pytest.raises(grpc.RpcError) as err:
+        bpb_grpc.BrokerStub(ch).SendMessage(
+            bpb.SendMessageRequest(topic=topic, messages=[too_far_v1]), timeout=CALL_TIMEOUT_S
         )
-        with pytest.raises(grpc.RpcError) as err:
-            bpb_grpc.BrokerStub(ch).SendMessage(
-                bpb.SendMessageRequest(topic=topic, messages=[message]), timeout=CALL_TIMEOUT_S
-            )
-        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert (err.value.details() or "").startswith("INVALID_DELIVERY_TIME")
-    assert _log_end(group, leader.client_addr) == log_end  # nothing was proposed
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith("INVALID_DELIVERY_TIME")
+    assert _stored_id(leader.client_addr, "D6" * 16)
+    for refused in ("D1", "D2", "D3", "D4", "D5", "D7"):
+        assert not _stored_id(leader.client_addr, refused * 16), refused
     assert _stored(group, leader.client_addr, topic) == []

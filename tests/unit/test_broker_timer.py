@@ -104,8 +104,7 @@ def test_levels_halve_what_is_left_so_a_record_only_moves_down() -> None:
 async def _run_until(timers: Timers, clock: Clock, end_ms: int, step_ms: int) -> None:
     while clock.now_ms < end_ms:
         clock.now_ms += step_ms
-        for level in range(MAX_TIMER_LEVELS):
-            await timers.move_level(level)
+        await timers.run_pass()
 
 
 def test_timed_messages_arrive_at_their_time_never_before(tmp_path: Path, clock: Clock) -> None:
