@@ -135,6 +135,10 @@ class Timers:
         start = max(start, cq.min_offset)
         now_ms = int(time.time() * 1000)
         move = _Move(start, start, now_ms)
+        look = look_ms(level, cq.get(start)[2])
+        if look > now_ms:  # the head's time has not come: one row read, nothing more
+            move.next_look = look
+            return move
         for position, size, filed_ms in cq.read(start, TIMER_BATCH_RECORDS):
             look = look_ms(level, filed_ms)
             if look > now_ms:
