@@ -64,7 +64,6 @@ class Timers:
         self.ctx = applied.ctx
         self.applied = applied
         self.task: asyncio.Task[None] | None = None
-        self.moved = 0  # records moved by this node (hops and deliveries), for tests and bench
         self.ctx.sm.add_change_listener(self.maybe_start)
 
     def maybe_start(self) -> None:
@@ -120,7 +119,6 @@ class Timers:
         if self.ctx.sm.timer_offsets.get(level, 0) != move.end:
             logger.warning("timer entry level=%d [%d, %d) not applied", level, move.start, move.end)
             return None
-        self.moved += move.end - move.start
         return move.now_ms if move.next_look is None else move.next_look
 
     def _gather(self, level: int) -> _Move | None:

@@ -111,22 +111,22 @@ def test_timed_messages_arrive_at_their_time_never_before(tmp_path: Path, clock:
     async def body() -> None:
         node, sm, applied, sender = await _timed_world(tmp_path, 2)
         rng = random.Random(3)
-        due = {n: T0_MS + rng.randrange(1, 40_000) for n in range(300)}
+        due = {n: T0_MS + rng.randrange(1, 20_000) for n in range(300)}
         results = await sender.send("T", [timed(n, d, n % 2) for n, d in due.items()])
         assert {r.topic for r in results} == {TIMER_TOPIC}
         assert [r.queue_id for r in results] == [n % 2 for n in due]  # the producer's queue
         assert delivered(sm, applied) == []
         timers = Timers(applied)
         seen: dict[int, int] = {}
-        while clock.now_ms < T0_MS + 41_000:
-            await _run_until(timers, clock, clock.now_ms + 50, 50)
+        while clock.now_ms < T0_MS + 21_000:
+            await _run_until(timers, clock, clock.now_ms + 100, 100)
             for m in delivered(sm, applied):
                 n = int(m.uniq_id, 16)
                 seen.setdefault(n, clock.now_ms)
         assert sorted(seen) == sorted(due)
         lateness = [seen[n] - due[n] for n in due]
         assert min(lateness) >= 0, "delivered before its time"
-        assert max(lateness) <= TIMER_PRECISION_MS + 50
+        assert max(lateness) <= TIMER_PRECISION_MS + 100
         for m in delivered(sm, applied):
             n = int(m.uniq_id, 16)
             assert m.body == f"body-{n}".encode() and m.queue_id == n % 2
