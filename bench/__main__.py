@@ -406,8 +406,9 @@ def timed_messages(cluster: LocalCluster, pending: int, smoke: bool) -> dict[str
     addr = cluster.node(cluster.wait_leader()).client_addr
     security = cluster.client_security()
     target = bb.Target(addr, pb_grpc.BrokerStub(open_channel(addr, security)), security)
-    lead_s, spread_s = (5.0, 5.0) if smoke else (30.0, 30.0)
-    return bench_timer(cluster, target, pending, spread_s, lead_s)
+    if smoke:  # every phase once, small: a few seconds
+        return bench_timer(cluster, target, pending, spread_s=2.0, lead_s=3.0, idle_s=1.0)
+    return bench_timer(cluster, target, pending, spread_s=30.0, lead_s=30.0)
 
 
 def security_compare(
@@ -536,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.seconds, sizes, in_flight = 1.0, [1024], [16]
         a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
-        a.timers = 2000
+        a.timers = 500
         a.security_rounds = min(a.security_rounds, 1)
     if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
         print(
