@@ -10,6 +10,8 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - catch-up consumption of a backlog (``--backlog`` messages of 1 KiB) with a pull consumer;
 - failover: SIGKILL of the leader to the next acknowledged send (``--failovers`` trials);
 - delayed-message and consumer-retry throughput as ratios to the plain send rate (issue #7);
+- timed messages (issue #20, ``bench/timer.py``): pending timed messages held per MiB of the
+  leader's memory and their delivery lag with ``--timers`` (100,000) pending;
 - peak RSS of every node;
 - the cost of security (issue #18): the send rate of a group with TLS, member certificates and
   ACLs and of one without, same flush mode and load, alternating between them in one run;
@@ -465,6 +467,18 @@ def delay_and_retry(cluster: LocalCluster, messages: int, send_rate: float) -> d
     }
 
 
+def timed_messages(cluster: LocalCluster, pending: int, smoke: bool) -> dict[str, Any]:
+    """bench.timer's figures on this group: memory per pending timed message, delivery lag."""
+    from bench.timer import bench_timer
+
+    addr = cluster.node(cluster.wait_leader()).client_addr
+    security = cluster.client_security()
+    target = bb.Target(addr, pb_grpc.BrokerStub(open_channel(addr, security)), security)
+    if smoke:  # every phase once, small: a few seconds
+        return bench_timer(cluster, target, pending, spread_s=2.0, lead_s=3.0, idle_s=1.0)
+    return bench_timer(cluster, target, pending, spread_s=30.0, lead_s=30.0)
+
+
 def security_compare(
     base: Path, in_flight: Sequence[int], seconds: float, processes: int, mode: str, rounds: int
 ) -> dict[str, Any]:
@@ -660,6 +674,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backlog", type=int, default=1_000_000)
     p.add_argument("--failovers", type=int, default=10)
     p.add_argument("--delayed", type=int, default=20_000)
+    p.add_argument("--timers", type=int, default=100_000, help="pending timed messages")
     p.add_argument("--no-peers", action="store_true")
     p.add_argument(
         "--loadgen-processes",
@@ -706,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.seconds, sizes, in_flight = 1.0, [1024], [16]
         a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
+        a.timers = 500
         a.security_rounds = min(a.security_rounds, 1)
         a.metrics_rounds = min(a.metrics_rounds, 1)
     if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
@@ -773,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     result["backlog"] = backlog_consume(cluster, a.backlog)
                     print(f"backlog: {result['backlog']}", flush=True)
+                    result["timer"] = timed_messages(cluster, a.timers, a.smoke)
+                    print(f"timer: {result['timer']}", flush=True)
                 # Before the failover trials, which restart nodes.
                 result.setdefault("peak_rss_mb", {})[flush] = {
                     n.node_id: _peak_rss_mb(cluster.pid(n)) for n in cluster.nodes

@@ -41,6 +41,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
+from client.message import MessageExt
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 from msgcodec import UniqIdGenerator
 
@@ -186,6 +187,29 @@ def _wait_total(stub: pb_grpc.BrokerStub, topic: str, queues: int, want: int) ->
     return False
 
 
+def pull_queue(stub: pb_grpc.BrokerStub, topic: str, queue_id: int, group: str) -> list[MessageExt]:
+    """Every message of one queue, pulled from its start without waiting."""
+    out: list[MessageExt] = []
+    offset = 0
+    while True:
+        resp = stub.PullMessage(
+            pb.PullMessageRequest(
+                consumer_group=group,
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=offset,
+                max_msgs=1024,
+                no_suspend=True,
+            ),
+            timeout=30,
+        )
+        pulled = pulled_messages(resp, "bench")
+        if not pulled:
+            return out
+        out += pulled
+        offset = resp.next_begin_offset
+
+
 def bench_delay(target: Target, threads: int, batch: int, size: int, total: int) -> dict[str, Any]:
     started = time.monotonic()
     sent = _send_all(target, DELAY_TOPIC, threads, batch, size, total, delay_level=1)
@@ -206,26 +230,11 @@ def bench_send_back(
 ) -> dict[str, Any]:
     stub = target.stub
     sent = _send_all(target, RETRY_SOURCE_TOPIC, threads, batch, size, total, delay_level=0)
-    positions: list[tuple[int, str]] = []
-    for q in range(QUEUES):
-        offset = 0
-        while True:
-            resp = stub.PullMessage(
-                pb.PullMessageRequest(
-                    consumer_group=RETRY_GROUP,
-                    topic=RETRY_SOURCE_TOPIC,
-                    queue_id=q,
-                    queue_offset=offset,
-                    max_msgs=1024,
-                    no_suspend=True,
-                ),
-                timeout=30,
-            )
-            pulled = pulled_messages(resp, "bench")
-            positions += [(m.commitlog_position, m.msg_id) for m in pulled]
-            if not pulled:
-                break
-            offset = resp.next_begin_offset
+    positions = [
+        (m.commitlog_position, m.msg_id)
+        for q in range(QUEUES)
+        for m in pull_queue(stub, RETRY_SOURCE_TOPIC, q, RETRY_GROUP)
+    ]
     chunks = [positions[i::threads] for i in range(threads)]
     failed = [0] * threads
 

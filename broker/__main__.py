@@ -78,6 +78,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             txn_timeout_ms=cfg.transactionTimeOut,
             txn_check_interval_ms=cfg.transactionCheckInterval,
             txn_check_max=cfg.transactionCheckMax,
+            timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
         ),
         disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
         secret_box=box,

@@ -17,6 +17,7 @@ from typing import Any
 from broker import disk
 from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.timer import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
 from dledger.properties import (
     int_in,
     parse_bool,
@@ -311,6 +312,13 @@ KEYS: Mapping[str, _Key] = {
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
+    # RocketMQ 5's timer messages (docs/RMQ5.md, "Timed delivery"): the furthest delivery time a
+    # send may ask for. At most a year: the commitlog must keep a message until it is delivered.
+    "timerMaxDelaySec": _Key(
+        int_in(1, MAX_TIMER_MAX_DELAY_S),
+        str(DEFAULT_TIMER_MAX_DELAY_S),
+        "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead",
+    ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
     "raftTickMs": _Key(int_in(5, 1000), "50", "Raft logical clock period, ms"),
     "raftHeartbeatIntervalMs": _Key(int_in(5, 10_000), "100", "leader heartbeat period, ms"),
@@ -419,6 +427,7 @@ class BrokerConfig:
     transactionCheckMax: int
     popAutoRenewInvisibleMs: int
     popAutoRenewMaxMs: int
+    timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int
     raftElectionTimeoutMs: int

@@ -35,6 +35,9 @@ NAME_PATTERN = re.compile(f"[{NAME_CHARACTERS}]+")
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 # Half messages of transactions wait here until their verdict (broker.transactions).
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+# Timed messages (RocketMQ 5's timer messages, broker.timer) wait in TIMER_TOPIC, one queue per
+# timer level (RocketMQ 5's name for its timer topic).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 # The longest group whose retry and dead-letter topics are valid topic names.
@@ -92,7 +95,9 @@ def is_valid_group_name(name: object) -> bool:
 
 
 def is_system_topic(name: str) -> bool:
-    """True for the topics the broker owns: the schedule topic and every retry and dead-letter
-    topic, and the transactions' half topic. The public API neither creates, deletes nor sends
-    to them directly."""
-    return name in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC) or name.startswith((RETRY_PREFIX, DLQ_PREFIX))
+    """True for the topics the broker owns: the schedule and timer topics, every retry and
+    dead-letter topic, and the transactions' half topic. The public API neither creates,
+    deletes nor sends to them directly."""
+    return name in (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC) or name.startswith(
+        (RETRY_PREFIX, DLQ_PREFIX)
+    )

@@ -25,10 +25,11 @@ from broker.message import (
     encode_batch_fields,
     message_from_fields,
 )
-from broker.names import SCHEDULE_TOPIC
+from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
 from broker.state import ENTRY_MESSAGES, SendResult, TopicConfig
 from broker.stats import BrokerStats
+from broker.timer import PROPERTY_TIMER_DELIVER_MS, check_deliver_ms, deliver_ms_of, to_timer
 from broker.topics import Topics
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED
 from dledger.server.errors import ProposalLostError
@@ -106,7 +107,7 @@ class SendPath:
             results = await self.store(self._build(topic.name, messages, now_ms), topic.name)
         if results is not None:
             return [
-                r._replace(queue_id=m.queue_id) if r.topic == SCHEDULE_TOPIC else r
+                r._replace(queue_id=m.queue_id) if r.topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else r
                 for r, m in zip(results, messages, strict=True)
             ]
         now_ms = int(time.time() * 1000)
@@ -137,12 +138,19 @@ class SendPath:
         return None
 
     def _build(self, topic: str, messages: Sequence[OutgoingMessage], now_ms: int) -> list[Message]:
-        """The messages of a send, delayed ones as schedule copies."""
+        """The messages of a send, delayed ones as schedule copies, timed ones (a delivery time
+        still ahead) as timer copies; a delivery time beyond the maximum refuses the send."""
         out = [
             message_from_fields(topic, m, now_ms, m.msg_id or self._ids.next_id()) for m in messages
         ]
         levels = len(self.ctx.cfg.delay_levels_ms)
         for i, msg in enumerate(out):
+            deliver_ms = deliver_ms_of(msg)
+            if deliver_ms is not None:
+                check_deliver_ms(deliver_ms, now_ms, self.ctx.cfg.timer_max_delay_ms)
+                if deliver_ms > now_ms:
+                    out[i] = to_timer(msg, deliver_ms)
+                continue
             level = delay_level_of(msg, levels)
             if level:
                 out[i] = to_schedule(msg, level)
@@ -204,7 +212,7 @@ def _check_queues(topic: TopicConfig, messages: Sequence[OutgoingMessage]) -> bo
             )
         if m.topic and m.topic != topic.name:
             raise InvalidRequestError("a message's topic differs from the request's topic")
-        if PROPERTY_DELAY in m.properties:
+        if PROPERTY_DELAY in m.properties or PROPERTY_TIMER_DELIVER_MS in m.properties:
             delayed = True
     return delayed
 

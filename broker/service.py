@@ -48,6 +48,7 @@ from broker.subgroups import (
     SubGroup,
 )
 from broker.subscriptions import SubscriptionGroups
+from broker.timers import Timers
 from broker.topics import Topics
 from broker.transactions.manager import Transactions
 from dledger.server import rpcguard
@@ -93,6 +94,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.consumers = ConsumerGroups(self.topics)
         self.retries = Retries(self.topics, self.applied, self.sender)
         self.scheduler = Scheduler(self.applied)
+        self.timers = Timers(self.applied)
         self.auth = AuthAdmin(ctx, secret_box, init_user)
         self.pops = Pops(
             self.topics, self.applied, self.retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.timer import DEFAULT_TIMER_MAX_DELAY_S
 
 # RocketMQ's accessMessageInMemoryMaxRatio default: a pull reading further behind the write
 # position than this share of RAM is probably not in page cache: suggest a follower.
@@ -33,3 +34,5 @@ class ServiceConfig:
     txn_timeout_ms: int = 6000
     txn_check_interval_ms: int = 30_000
     txn_check_max: int = 15
+    # Timed messages (broker.timer): the furthest delivery time a send may ask, ms ahead.
+    timer_max_delay_ms: int = DEFAULT_TIMER_MAX_DELAY_S * 1000

@@ -24,6 +24,8 @@ Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMA
   :mod:`broker.transactions.state`).
 - :data:`broker.subgroups.ENTRY_SUBGROUP` (22): one subscription group's config
   (:mod:`broker.subgroups`), applied to :attr:`BrokerStateMachine.subgroups`.
+- :data:`broker.timer.ENTRY_TIMER` (23): one move of a timer level's head: its new offset, the
+  hop records it files in lower levels and the due copies it delivers (:mod:`broker.timer`).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -71,6 +73,7 @@ from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
 from broker.message import batch_count, scan_dispatch
 from broker.names import (
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     TRANS_HALF_TOPIC,
     is_valid_group_name,
     is_valid_topic_name,
@@ -79,6 +82,14 @@ from broker.names import (
 from broker.popstate import ENTRY_POP, PopState
 from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
 from broker.subgroups import ENTRY_SUBGROUP, SubGroupTable
+from broker.timer import (
+    ENTRY_TIMER,
+    HOP_RECORD_SIZE,
+    MAX_TIMER_LEVELS,
+    TIMER_HEADER,
+    decode_hop,
+    decode_timer_header,
+)
 from broker.transactions.state import ENTRY_TXN, TxnState
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
@@ -238,6 +249,7 @@ class _Captured:
     offsets: dict[OffsetKey, int]
     dedup: list[SendResult]
     schedule: dict[int, int]
+    timer: dict[int, int]
     auth: dict[str, Any]
     pop: list[list[Any]]
     txn: dict[str, Any]
@@ -322,7 +334,7 @@ def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicCo
         validate_topic_name(topic.name)
     else:
         topic.validate()
-    if topic.name in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC):
+    if topic.name in (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC):
         raise InvalidRecordError(f"topic record op={op} for {topic.name}, which is internal")
     if op != TOPIC_DELETE and topic.name not in topics and len(topics) >= MAX_TOPICS:
         raise InvalidRecordError(f"topic {topic.name}: the broker holds {MAX_TOPICS} topics")
@@ -467,6 +479,8 @@ class BrokerStateMachine:
         self.dedup: OrderedDict[str, SendResult] = OrderedDict()
         # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
         self.schedule_offsets: dict[int, int] = {}
+        # Timer level -> offset in TIMER_TOPIC's queue (level) moved on so far (broker.timer).
+        self.timer_offsets: dict[int, int] = {}
         # Users and ACL rules (ENTRY_AUTH records): what every node's call guard checks.
         self.auth = AuthTable()
         self.pop = PopState()
@@ -566,6 +580,8 @@ class BrokerStateMachine:
                     self._apply_txn(entry, touched)
                 elif entry.type == ENTRY_SUBGROUP:
                     self.subgroups.apply(entry.body)
+                elif entry.type == ENTRY_TIMER:
+                    self._apply_timer(entry, touched)
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -620,6 +636,51 @@ class BrokerStateMachine:
             self._apply_messages(entry, touched, SCHEDULE_HEADER.size, check_dedup=False)
         self.schedule_offsets[level] = to_offset
 
+    def _apply_timer(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+        """A move of a timer level's head (:mod:`broker.timer`): every check first, then the
+        copies, the hop records for lower levels and the level's new offset, all or none."""
+        body = entry.body
+        level, from_offset, to_offset, now_ms, hops = decode_timer_header(body)
+        cq = self.cqs.find(TIMER_TOPIC, level)
+        held = 0 if cq is None else cq.max_offset
+        if to_offset > held:
+            raise InvalidRecordError(
+                f"timer record level={level} [{from_offset}, {to_offset}) reaches past the"
+                f" {held} records of its queue"
+            )
+        copies_at = TIMER_HEADER.size + hops * HOP_RECORD_SIZE
+        copies = memoryview(body)[copies_at:]
+        if copies and any(row[2] == TIMER_TOPIC for row in scan_dispatch(copies)):
+            raise InvalidRecordError("timer record delivers a copy into the timer topic")
+        if hops + (batch_count(copies) if copies else 0) > to_offset - from_offset:
+            raise InvalidRecordError(
+                f"timer record level={level} [{from_offset}, {to_offset}) files {hops} hops"
+                " and copies, more than it moves"
+            )
+        base = self.log.body_position(entry.index)
+        rows: dict[int, list[tuple[int, int, int]]] = {}
+        for at in range(TIMER_HEADER.size, copies_at, HOP_RECORD_SIZE):
+            target, position, _size, _deliver_ms = decode_hop(body, at)
+            if position >= base:
+                raise InvalidRecordError(f"timer hop points at {position}, not before its entry")
+            # The CQ row of a hop: its own position and size, and when it was filed.
+            rows.setdefault(target, []).append((base + at, HOP_RECORD_SIZE, now_ms))
+        if self.timer_offsets.get(level, 0) != from_offset:
+            logger.info(
+                "skip stale timer entry index=%d level=%d from=%d current=%d",
+                entry.index,
+                level,
+                from_offset,
+                self.timer_offsets.get(level, 0),
+            )
+            return
+        if copies:
+            self._apply_messages(entry, touched, copies_at, check_dedup=False)
+        for target, records in rows.items():
+            self.cqs.queue(TIMER_TOPIC, target).append_many(records)
+        self._dispatch_end = base + len(body)
+        self.timer_offsets[level] = to_offset
+
     def _apply_messages(
         self,
         entry: Entry,
@@ -665,7 +726,8 @@ class BrokerStateMachine:
                 position = base + offset_in
                 # The schedule topic's records carry the store time where others carry the
                 # tag hash (RocketMQ does the same): the scheduler finds due heads unread.
-                tag = store_ts if topic == SCHEDULE_TOPIC else t_hash
+                # So do the timer topic's: a record's filing time (broker.timer).
+                tag = store_ts if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else t_hash
                 per_queue[key].append((position, size, tag))
                 to_index.append((topic, keys, uniq_id, position, store_ts))
                 result = SendResult(uniq_id, topic, queue_id, offset, position, store_ts)
@@ -824,6 +886,7 @@ class BrokerStateMachine:
             offsets=dict(self.offsets),
             dedup=list(self.dedup.values()),
             schedule=dict(self.schedule_offsets),
+            timer=dict(self.timer_offsets),
             auth=self.auth.to_snapshot(),
             pop=self.pop.capture(),
             txn=self.txn.capture(),
@@ -917,6 +980,8 @@ class BrokerStateMachine:
             else:
                 bad_levels.append(f"{lv}={off}")
         _report_dropped("schedule levels", bad_levels)
+        self.timer_offsets, bad_timer = _load_levels(data.get("timer", {}), 0, MAX_TIMER_LEVELS - 1)
+        _report_dropped("timer levels", bad_timer)
         _report_dropped("users and acls", self.auth.load_snapshot(data.get("auth", {})))
         _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
         _report_dropped("transactions", self.txn.load(data.get("txn", {})))
@@ -1019,6 +1084,7 @@ class BrokerStateMachine:
         self._open_stores()
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
         self.schedule_offsets = {}
+        self.timer_offsets = {}
         self.auth = AuthTable()
         self.pop.reset()
         self.txn.reset()
@@ -1054,12 +1120,26 @@ def _snapshot_document(c: _Captured) -> bytes:
         "offsets": offsets,
         "dedup": encode_dedup(c.dedup),
         "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
+        "timer": {str(level): offset for level, offset in sorted(c.timer.items())},
         "auth": c.auth,
         "pop": c.pop,
         "txn": c.txn,
         "subgroups": c.subgroups,
     }
     return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _load_levels(rows: Mapping[str, Any], low: int, high: int) -> tuple[dict[int, int], list[str]]:
+    """A snapshot's ``{level: offset}`` table: the valid rows, and the invalid ones shown."""
+    out: dict[int, int] = {}
+    bad: list[str] = []
+    for level, offset in rows.items():
+        lv, off = int(level), int(offset)
+        if low <= lv <= high and 0 <= off <= _I64_MAX:
+            out[lv] = off
+        else:
+            bad.append(f"{lv}={off}")
+    return out, bad
 
 
 def _report_dropped(what: str, names: Sequence[str]) -> None:

@@ -16,6 +16,7 @@ from msgcodec import MSG_ID_HEX_CHARS as MSG_ID_HEX_CHARS
 from msgcodec import PROPERTY_DELAY as PROPERTY_DELAY
 from msgcodec import PROPERTY_ORIGIN_MESSAGE_ID as PROPERTY_ORIGIN_MESSAGE_ID
 from msgcodec import PROPERTY_RETRY_TOPIC as PROPERTY_RETRY_TOPIC
+from msgcodec import PROPERTY_TIMER_DELIVER_MS as PROPERTY_TIMER_DELIVER_MS
 
 # RocketMQ's system topic prefixes (see docs/BROKER.md, "Retries").
 RETRY_PREFIX = "%RETRY%"
@@ -52,7 +53,9 @@ def new_msg_id() -> str:
 class Message:
     """A message to send. ``msg_id`` is filled by the producer on first send and kept across
     retries. ``delay_time_level`` (1..18 with the default levels: 1s 5s 10s 30s 1m 2m ... 2h)
-    delivers it to consumers only that long after it was stored."""
+    delivers it to consumers only that long after it was stored; ``deliver_time_ms`` (ms since
+    the epoch, at most the broker's ``timerMaxDelaySec`` ahead; one of the two) delivers it at
+    that time (RocketMQ 5's timer messages, property ``TIMER_DELIVER_MS``)."""
 
     topic: str
     body: bytes
@@ -61,6 +64,7 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     msg_id: str = ""
     delay_time_level: int = 0
+    deliver_time_ms: int = 0
 
     def to_pb(self, queue_id: int, producer_group: str, born_host: str) -> pb.Message:
         if not self.msg_id:
@@ -82,6 +86,8 @@ class Message:
             m.properties.update(self.properties)
         if self.delay_time_level > 0:
             m.properties[PROPERTY_DELAY] = str(self.delay_time_level)
+        if self.deliver_time_ms > 0:
+            m.properties[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_time_ms)
         return m
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as bpb
@@ -140,3 +141,25 @@ def pull_all(
             if not messages:
                 return out
             offset = resp.next_begin_offset
+
+
+def create_v2_topic(cluster: LocalCluster, topic: str, queues: int) -> str:
+    """Create ``topic`` on the group's leader and wait until every node's RocketMQ 5 port
+    (plaintext) routes it: any node may then be asked. The v2 stubs are loaded only here."""
+    from broker.rmq5 import stubs
+
+    v2, v2_service, v2_grpc = stubs.load()
+    create_topic_on([cluster], [], topic, queues)
+    ask = v2_service.QueryRouteRequest(topic=v2.Resource(name=topic))
+    for n in cluster.nodes:
+        with grpc.insecure_channel(n.grpc_addr) as ch:
+            stub = v2_grpc.MessagingServiceStub(ch)
+
+            def routed(stub: Any = stub) -> bool:
+                try:
+                    return bool(stub.QueryRoute(ask, timeout=5).status.code == v2.OK)
+                except grpc.RpcError:
+                    return False
+
+            wait_for(routed, 10, f"{topic} routed on {n.node_id}")
+    return topic

@@ -50,6 +50,8 @@ V2_CODE_BY_ERROR: Mapping[str, str] = {
     "INVALID_TRANSACTION_ID": "INVALID_TRANSACTION_ID",
     "TOO_MANY_HALF_MESSAGES": "TOO_MANY_REQUESTS",
     "LEADER_CATCHING_UP": "TOO_MANY_REQUESTS",
+    # Timed messages (broker.timer): a delivery time beyond timerMaxDelaySec.
+    "INVALID_DELIVERY_TIME": "ILLEGAL_DELIVERY_TIME",
 }
 
 

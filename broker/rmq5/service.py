@@ -15,7 +15,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,7 @@ from msgcodec import (
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
 )
 
 v2, v2_service, v2_grpc = stubs.load()
@@ -117,6 +118,7 @@ RESERVED_PROPERTIES = frozenset(
         PROPERTY_DLQ_ORIGIN_TOPIC,
         PROPERTY_TRANSACTION_PREPARED,
         PROPERTY_MESSAGE_GROUP,
+        PROPERTY_TIMER_DELIVER_MS,
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
@@ -515,7 +517,7 @@ class MessagingServicer:
             sp.message_type, sp.message_group = v2.FIFO, message_group
         return v2.Message(
             topic=v2.Resource(resource_namespace=namespace, name=m.topic),
-            user_properties=properties,
+            user_properties=_timed_fields(properties, sp),
             system_properties=sp,
             body=m.body,
         )
@@ -808,9 +810,9 @@ def _stored_message(
         if sp.HasField("delivery_timestamp"):
             raise V2Error("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a FIFO message is not timed")
         properties[PROPERTY_MESSAGE_GROUP] = sp.message_group
-    elif kind not in (v2.NORMAL, v2.TRANSACTION):
-        raise V2Error("UNSUPPORTED", "DELAY messages are not served yet (docs/RMQ5.md)")
-    elif sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
+    elif kind not in (v2.NORMAL, v2.TRANSACTION, v2.DELAY):
+        raise V2Error("UNSUPPORTED", f"message type {_type_name(kind)} is not served")
+    elif sp.HasField("message_group") or (kind != v2.DELAY and sp.HasField("delivery_timestamp")):
         raise V2Error(
             "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
             "message_group and delivery_timestamp belong to FIFO and DELAY messages",
@@ -822,6 +824,8 @@ def _stored_message(
         raise V2Error("BAD_REQUEST", "born_timestamp is before 1970")
     if kind == v2.TRANSACTION:  # a half message (broker.transactions)
         properties[PROPERTY_TRANSACTION_PREPARED] = "true"
+    if kind == v2.DELAY:
+        properties[PROPERTY_TIMER_DELIVER_MS] = str(_delivery_ms(sp))
     return pb.Message(
         topic=topic,
         queue_id=queue_id,
@@ -833,6 +837,28 @@ def _stored_message(
         born_timestamp_ms=born_ms,
         msg_id=found.group(1),
     )
+
+
+def _delivery_ms(sp: Any) -> int:
+    """A DELAY message's delivery time in ms (the leader refuses one beyond
+    ``timerMaxDelaySec``, broker.timer); a time in the past is delivered at once."""
+    if not sp.HasField("delivery_timestamp"):
+        raise V2Error("ILLEGAL_DELIVERY_TIME", "a DELAY message needs a delivery_timestamp")
+    ts = sp.delivery_timestamp
+    if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:
+        raise V2Error("ILLEGAL_DELIVERY_TIME", "delivery_timestamp is not a time after 1970")
+    return int(ts.seconds * 1000 + ts.nanos // 1_000_000)
+
+
+def _timed_fields(props: Mapping[str, str], sp: Any) -> dict[str, str]:
+    """A timed message is received as RocketMQ 5 shows it: type DELAY with its
+    ``delivery_timestamp``, the broker's property left out of the user properties."""
+    out = dict(props)
+    deliver = out.pop(PROPERTY_TIMER_DELIVER_MS, "")
+    if deliver.isascii() and deliver.isdigit() and len(deliver) <= 18:
+        sp.message_type = v2.DELAY
+        sp.delivery_timestamp.CopyFrom(_timestamp(int(deliver)))
+    return out
 
 
 def _check_properties(props: Iterable[str]) -> None:
