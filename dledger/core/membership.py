@@ -333,6 +333,11 @@ class Membership:
         return last if last > commit_index else 0
 
     def append(self, conf: ConfState) -> None:
+        if conf.index <= self._base.index:
+            # Already in the base: a snapshot's or a restart's configuration was taken from
+            # a later committed CONFIG entry (the leader's applied index may lag behind the
+            # configuration it saved), so the log still brings the entries it folded in.
+            return
         assert conf.index > self.latest().index, "configurations out of order"
         self._history.append(conf)
 

@@ -6,7 +6,7 @@ import enum
 import logging
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dledger.core import snapshot as snap
@@ -722,6 +722,12 @@ class RaftNode:
         """The configuration in force at ``index`` (at or above the applied index): what a
         snapshot taken at ``index`` carries."""
         return self._members.at(index)
+
+    def _adopt_snapshot_conf(self, config: Hashable | None) -> None:
+        """An accepted snapshot replaced the log and the CONFIG entries in it: its
+        configuration (when it carries one) is the group's from here on."""
+        if isinstance(config, ConfState):
+            self.restore_conf_state(config)
 
     def restore_conf_state(self, conf: ConfState) -> None:
         """A snapshot at ``conf.index`` or above replaced the log: adopt its configuration."""

@@ -181,6 +181,7 @@ def handle_install(node: RaftNode, m: InstallSnapshot) -> None:
         meta.term,
     )
     node._log.restore(meta)
+    node._adopt_snapshot_conf(meta.config)
     if stale:
         # MUTATION snapshot_out_of_order: an older snapshot replaces newer applied state.
         node._applied = min(node._applied, meta.index)

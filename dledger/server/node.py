@@ -879,9 +879,8 @@ class DLedgerNode:
                 self.core.replace_store(store)
                 install_app(self.cfg.store_dir, self.sm, meta.index)
                 if isinstance(meta.config, ConfState):
-                    # The log that held the CONFIG entries is gone: adopt the configuration
-                    # in force at the snapshot's index, and keep it for a restart.
-                    self.core.restore_conf_state(meta.config)
+                    # The core adopted the snapshot's configuration when it accepted it (the
+                    # log that held the CONFIG entries is gone): keep it for a restart.
                     save_conf(self.cfg.store_dir, meta.config)
                 # A state machine without snapshot files of its own is the log itself.
                 takes_files = callable(getattr(self.sm, "install_snapshot", None))

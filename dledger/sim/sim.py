@@ -53,7 +53,7 @@ from dledger.core import (
 )
 from dledger.core.membership import joining
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
-from dledger.log import DLedgerError, Entry, persist
+from dledger.log import DLedgerError, Entry, EntryType, persist
 from dledger.sim.faults import (
     LEADER,
     FaultEvent,
@@ -482,6 +482,12 @@ class Simulation:
             self._check_truncations(node)  # before this Ready's committed entries apply
         if not self._send_before_persist and self._send_all(node, rd.messages):
             return  # crashed right after its vote went out
+        configs = [e.index for e in rd.committed if e.type == EntryType.CONFIG]
+        if configs:
+            # As the server saves membership.json before applying past a CONFIG entry: a
+            # restart must not rebuild the group from a log whose CONFIG entries a
+            # compaction may have taken.
+            node.boot_conf = core.conf_state_at(configs[-1])
         for e in rd.committed:
             self._apply(node, e)
         core.advance(rd)
@@ -504,6 +510,10 @@ class Simulation:
                 "the committed prefix",
             )
         node.log.install(meta, hashes)
+        if isinstance(meta.config, ConfState):
+            # The core adopted the snapshot's configuration (its CONFIG entries are gone):
+            # kept for a restart, as the server's driver saves membership.json.
+            node.boot_conf = meta.config
         self.snapshot_installs += 1
         if node.log.truncated:
             self._check_truncations(node)
@@ -515,10 +525,12 @@ class Simulation:
         rand = self._net_rng.random
         lo, hi = SNAPSHOT_TRANSFER_MS
         index = node.applied
-        meta = SnapshotMeta(index, node.log.term_at(index))
+        assert node.core is not None
+        conf = node.core.conf_state_at(index)
+        meta = SnapshotMeta(index, node.log.term_at(index), conf)
         hashes = node.log.prefix_hashes(index)
         for req in requests:
-            m = InstallSnapshot(node.id, req.to_id, req.term, meta.index, meta.term)
+            m = InstallSnapshot(node.id, req.to_id, req.term, meta.index, meta.term, conf)
             self._note(f"snapshot {node.id}->{req.to_id} index={index}")
             at = self.now + lo + int(rand() * (hi - lo))
             self._push(at, _SNAPSHOT, (m, hashes, node.incarnation, True))
