@@ -25,6 +25,7 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
+from broker.cluster import ClusterError
 from client import Message, MQAdmin, Producer, PullConsumer
 from client.consumer import pulled_messages
 from client.errors import MQClientError
@@ -452,9 +453,11 @@ class Monitor:
                     if nid in self.cluster.paused:
                         continue
                     try:
-                        md = client.metadata(
-                            self.cluster.node(nid).client_addr, timeout_s=MONITOR_RPC_TIMEOUT_S
-                        )
+                        addr = self.cluster.node(nid).client_addr
+                    except ClusterError:
+                        continue  # the membership nemesis removed it meanwhile
+                    try:
+                        md = client.metadata(addr, timeout_s=MONITOR_RPC_TIMEOUT_S)
                     except ClientError:
                         continue
                     self.history.add(
