@@ -323,17 +323,21 @@ class Pops:
         return q is not None and h.offset < q.offset and h.offset not in q.inflight
 
     async def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_ms: int
+        self, group: str, topic: str, handle: str, invisible_ms: int, backoff_floor: bool = False
     ) -> Received:
         """A new invisible time for a received message, from now; its new handle (the old one
-        is no longer valid)."""
+        is no longer valid). ``backoff_floor`` (a push consumer's nack): at least the group's
+        backoff after the delivery's attempt, read here on the leader, not by the member that
+        took the request (it may not have applied the delivery yet)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
         self.check_invisible(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         h = decode_handle(handle)
         key = (h.group, h.topic, h.queue_id)
         async with self._lock(key):
-            check_handle(self.ctx.sm.pop, h, group, topic)
+            held = check_handle(self.ctx.sm.pop, h, group, topic)
+            if backoff_floor:
+                invisible_ms = max(invisible_ms, self.group(group).backoff.delay_ms(held.attempt))
             now_ms = int(time.time() * 1000)
             record = PopRecord(
                 OP_CHANGE, *key, now_ms, now_ms + max(1, invisible_ms), items=((h.offset, h.seq),)

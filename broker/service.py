@@ -285,7 +285,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ChangeInvisibleTimeResponse:
         changed = await self.pops.change_invisible(
-            request.group, request.topic, request.receipt_handle, request.invisible_ms
+            request.group,
+            request.topic,
+            request.receipt_handle,
+            request.invisible_ms,
+            backoff_floor=request.backoff_floor,
         )
         return pb.ChangeInvisibleTimeResponse(message=self._popped_pb(changed))
 

@@ -199,13 +199,18 @@ class LeaderCalls:
         return await self._on_leader(here, forward)
 
     async def change_invisible(
-        self, group: str, topic: str, handle: str, invisible_ms: int
+        self, group: str, topic: str, handle: str, invisible_ms: int, backoff_floor: bool = False
     ) -> Received:
-        """A new invisible time on the leader; the message with its new handle."""
+        """A new invisible time on the leader; the message with its new handle.
+        ``backoff_floor``: at least the group's backoff (see :meth:`Pops.change_invisible`)."""
 
         async def forward(stub: pb_grpc.BrokerStub) -> Received:
             request = pb.ChangeInvisibleTimeRequest(
-                group=group, topic=topic, receipt_handle=handle, invisible_ms=invisible_ms
+                group=group,
+                topic=topic,
+                receipt_handle=handle,
+                invisible_ms=invisible_ms,
+                backoff_floor=backoff_floor,
             )
             resp = await stub.ChangeInvisibleTime(
                 request, timeout=FORWARD_CALL_TIMEOUT_S, metadata=caller_signature()
@@ -213,7 +218,8 @@ class LeaderCalls:
             return _received(resp.message)
 
         return await self._on_leader(
-            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms), forward
+            lambda: self.pops.change_invisible(group, topic, handle, invisible_ms, backoff_floor),
+            forward,
         )
 
     async def end_transaction(self, topic: str, uniq_id: str, txn_id: str, commit: bool) -> str:

@@ -28,7 +28,6 @@ from broker.applied import AppliedMessages
 from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
-from broker.popstate import check_handle, decode_handle
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.rmq5 import stubs
 from broker.rmq5.clients import ClientTable
@@ -551,11 +550,15 @@ class MessagingServicer:
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
             invisible_ms = _ms(request.invisible_duration)
-            if self._is_push_consumer(context):
-                invisible_ms = max(invisible_ms, self._backoff_ms(group, request.receipt_handle))
             self.renewals.forget((request.receipt_handle,))
+            # A push consumer's nack waits at least the group's backoff, whatever delay the
+            # client computed (the Node.js client 1.0.8 sends its backoff's seconds as ms).
             changed = await self.leader.change_invisible(
-                group, topic, request.receipt_handle, invisible_ms
+                group,
+                topic,
+                request.receipt_handle,
+                invisible_ms,
+                backoff_floor=self._is_push_consumer(context),
             )
         except Exception as exc:
             return v2_service.ChangeInvisibleDurationResponse(status=_status_of(exc, self.node))
@@ -566,18 +569,6 @@ class MessagingServicer:
     def _is_push_consumer(self, context: grpc.aio.ServicerContext) -> bool:
         record = self.clients.get(_client_id(context))
         return record is not None and record.client_type == v2.PUSH_CONSUMER
-
-    def _backoff_ms(self, group: str, handle: str) -> int:
-        """The group's backoff after the handle's delivery attempt (0 when this node does not
-        hold the handle in flight: the leader answers for it). A push consumer's nack waits at
-        least this long, whatever delay the client computed (the Node.js client 1.0.8 sends
-        its backoff's seconds as milliseconds)."""
-        try:
-            h = decode_handle(handle)
-            rec = check_handle(self.leader.pops.ctx.sm.pop, h, group)
-        except BrokerError:
-            return 0
-        return self.leader.subgroups.get(group).backoff.delay_ms(rec.attempt)
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: Any, context: grpc.aio.ServicerContext

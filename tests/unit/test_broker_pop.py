@@ -5,6 +5,7 @@ and forged records, limits and the snapshot."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import InvalidRequestError
 from broker.message import UniqIdGenerator
-from broker.pop import InvalidInvisibleTimeError, Pops, ReceiveQuery
+from broker.pop import InvalidInvisibleTimeError, Pops, Received, ReceiveQuery
 from broker.popstate import (
     ENTRY_POP,
     OP_ACK,
@@ -110,6 +111,32 @@ def test_change_invisible_gives_a_new_handle_and_kills_the_old(tmp_path: Path) -
         (old,) = await pops.ack("G", "T", [got.receipt_handle])
         assert isinstance(old, InvalidReceiptHandleError)
         assert await pops.ack("G", "T", [changed.receipt_handle]) == [None]
+
+    asyncio.run(body())
+
+
+def test_a_push_nack_waits_the_group_backoff_read_on_the_leader(tmp_path: Path) -> None:
+    """A push consumer's nack (``backoff_floor``) stays invisible at least for the group's
+    backoff after the delivery's attempt, whatever short time it asks for; a plain change keeps
+    its own time. The CI race this pins: the member taking the nack had not applied the
+    delivery yet and asked the leader for the client's 2 ms."""
+
+    async def body() -> None:
+        pops, _node = await _setup(tmp_path, messages=2)
+        first, second = await pops.receive(_query())
+        backoff_ms = pops.group("G").backoff.delay_ms(first.attempt)
+        assert backoff_ms >= 1000
+        before_ms = int(time.time() * 1000)
+        floored = await pops.change_invisible("G", "T", first.receipt_handle, 2, backoff_floor=True)
+        plain = await pops.change_invisible("G", "T", second.receipt_handle, 2)
+
+        def deadline_ms(r: Received) -> int:
+            state = pops.ctx.sm.pop.get(("G", "T", r.queue_id))
+            assert state is not None
+            return state.inflight[r.queue_offset].deadline_ms
+
+        assert deadline_ms(floored) >= before_ms + backoff_ms
+        assert deadline_ms(plain) <= int(time.time() * 1000) + 2
 
     asyncio.run(body())
 

@@ -748,16 +748,18 @@ class AckPopResponse(_message.Message):
     def __init__(self, codes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChangeInvisibleTimeRequest(_message.Message):
-    __slots__ = ("group", "topic", "receipt_handle", "invisible_ms")
+    __slots__ = ("group", "topic", "receipt_handle", "invisible_ms", "backoff_floor")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_FLOOR_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     receipt_handle: str
     invisible_ms: int
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+    backoff_floor: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ..., backoff_floor: _Optional[bool] = ...) -> None: ...
 
 class ChangeInvisibleTimeResponse(_message.Message):
     __slots__ = ("message",)
