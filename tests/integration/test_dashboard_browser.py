@@ -4,6 +4,10 @@ message by key, shows a hostile body as text, resends a dead letter after confir
 admin's credentials, sees the leader change after a SIGKILL, and writes a screenshot of each
 page to build/test-output/dashboard/ (RAFTMQ_TEST_OUTPUT overrides build/test-output).
 
+The dashboard runs as the read-only user docs/DASHBOARD.md recommends (``Cluster:c Get, List``,
+``Topic:* Get, Sub``, ``Group:* Get, Sub``): every page must work with it, and an action
+confirmed with that user's own keys is refused and changes nothing.
+
 Without chromium and chromedriver (``make system-deps`` installs them as root) the test is
 skipped, saying so.
 """
@@ -31,6 +35,7 @@ from support import create_topic, wait_for
 
 from broker.cluster import LocalCluster, _free_port
 from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
+from client.admin import MQAdmin
 from client.message import Message
 from client.route import ChannelPool
 
@@ -41,6 +46,12 @@ OUTPUT = Path(os.environ.get("RAFTMQ_TEST_OUTPUT", REPO / "build" / "test-output
 TOPIC = "DashOrders"
 GROUP = "dash-group"
 LIVE_GROUP = "dash-live"
+# The read-only user of docs/DASHBOARD.md "Actions".
+VIEWER = {"accessKey": "dash-viewer", "secretKey": "viewer-secret-0001"}
+VIEWER_RULES = (
+    (["Cluster:DefaultCluster"], ["Get", "List"]),
+    (["Topic:*", "Group:*"], ["Get", "Sub"]),
+)
 HOSTILE = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2"> & <b>bold</b>'
 # A page load, a leader change seen by the dashboard: deadlines on a loaded 2-core machine.
 PAGE_DEADLINE_S = 20.0
@@ -102,12 +113,28 @@ def group(tmp_path: Path) -> Iterator[LocalCluster]:
         cluster.down(grace_s=5.0)
 
 
+def _viewer(group: LocalCluster, tmp_path: Path) -> Path:
+    """The read-only user, created by the admin on every group; its credentials file."""
+    assert group.namesrv is not None
+    admin = MQAdmin(group.namesrv.addr, group.client_security())
+    admin.create_user(VIEWER["accessKey"], VIEWER["secretKey"], "Normal")
+    for resources, actions in VIEWER_RULES:
+        admin.put_acl(f"User:{VIEWER['accessKey']}", resources, actions)
+    path = tmp_path / "viewer.json"
+    path.write_text(json.dumps(VIEWER))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
 def dashboard(group: LocalCluster, tmp_path: Path) -> Iterator[str]:
     assert group.namesrv is not None
     port = _free_port()
     argv = [sys.executable, "-m", "mqdashboard", "-n", group.namesrv.addr, "--port", str(port)]
-    argv += ["--sample-interval-ms", "500", *group.tool_argv()]
+    security = group.tool_argv()
+    at = security.index("--credentials")
+    security[at + 1] = str(_viewer(group, tmp_path))
+    argv += ["--sample-interval-ms", "500", *security]
     log = (tmp_path / "dashboard.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -250,6 +277,24 @@ def _leader_row(driver: Any) -> tuple[str, int]:
     )
 
 
+def _resend_all(driver: Any, credentials: dict[str, str], shot: str = "") -> str:
+    """From a consumer page: "Resend all", confirmed with ``credentials``; the answer shown."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.LINK_TEXT, "Resend all…").click()
+    driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+    driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
+    if shot:
+        _shot(driver, shot)
+    driver.find_element(By.ID, "do").click()
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#done, #error")),
+        PAGE_DEADLINE_S,
+        "the resend's answer",
+    )
+    return str(driver.find_element(By.CSS_SELECTOR, "#done, #error").text)
+
+
 def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -300,18 +345,16 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
     text = _open(driver, dashboard + f"/consumer?group={GROUP}", "Resend all")
     assert TOPIC in text
     _shot(driver, "consumer")
-    driver.find_element(By.LINK_TEXT, "Resend all…").click()
+    # The dashboard's own read-only user may not act: refused, nothing resent.
+    assert group.namesrv is not None
+    admin = MQAdmin(group.namesrv.addr, group.client_security())
+    written = sum(q.max_offset for q in admin.topic_status(TOPIC))
+    answer = _resend_all(driver, VIEWER)
+    assert "PERMISSION_DENIED" in answer, answer
+    assert sum(q.max_offset for q in admin.topic_status(TOPIC)) == written
+    _open(driver, dashboard + f"/consumer?group={GROUP}", "Resend all")
     credentials = json.loads(Path(group.layout.admin_credentials).read_text())
-    driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
-    driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
-    _shot(driver, "confirm")
-    driver.find_element(By.ID, "do").click()
-    wait_for(
-        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#done, #error")),
-        PAGE_DEADLINE_S,
-        "the resend's answer",
-    )
-    answer = driver.find_element(By.CSS_SELECTOR, "#done, #error").text
+    answer = _resend_all(driver, credentials, shot="confirm")
     assert "Resent 1 message" in answer, answer
     _shot(driver, "resent")
     # A SIGKILLed leader: the page shows another leader in a higher term.
