@@ -114,10 +114,10 @@ REST_SAMPLE_INTERVAL_S = 0.25
 # does not depend on the flush mode; the fill is faster).
 REST_FLUSH = "ASYNC_FLUSH"
 REST_TOPIC = "BenchRest"
-SMOKE_REST_MESSAGES = 2000
+SMOKE_REST_MESSAGES = 1024
 # Bounds --rest-messages: 10 M x 1 KiB is 10 GiB per node.
 MAX_REST_MESSAGES = 10_000_000
-SMOKE_FLOOR_SECONDS = 0.5
+SMOKE_FLOOR_SECONDS = 0.3
 SMOKE_FLOOR_WARMUP_S = 0.2
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -731,9 +731,9 @@ def _node_pids(cluster: LocalCluster) -> dict[str, int | None]:
 
 def memory_at_rest(cluster: LocalCluster, smoke: bool) -> dict[str, Any]:
     """Each node's RssAnon and RssFile with nothing running: after REST_SETTLE_S, the median
-    of REST_SAMPLES samples (smoke: at once, two samples)."""
+    of REST_SAMPLES samples (smoke: one sample, at once)."""
     time.sleep(0.0 if smoke else REST_SETTLE_S)
-    count = 2 if smoke else REST_SAMPLES
+    count = 1 if smoke else REST_SAMPLES
     return at_rest(rest_samples(_node_pids(cluster), count, REST_SAMPLE_INTERVAL_S))
 
 

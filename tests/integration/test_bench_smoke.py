@@ -48,7 +48,7 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
             assert 0 < rest["rss_anon_mb"] <= mem["peak"][node]["rss_anon_mb"]
             assert rest["rss_file_mb"] > 0
     assert all(set(c["peak_memory_mb"]) == {"n0", "n1", "n2"} for c in result["produce"])
-    assert result["rest_memory"]["stored_messages"] == 2000
+    assert result["rest_memory"]["stored_messages"] == 1024
     assert set(result["rest_memory"]["per_node"]) == {"n0", "n1", "n2"}
     (floor,) = result["floor"]["cases"]
     assert floor["in_flight"] == 16 and floor["ops"] > 0 and floor["errors"] == 0, floor
