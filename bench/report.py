@@ -507,10 +507,16 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
     for k, (name, values) in enumerate(series.items()):
         xs = [labels.index(label) + (k - (len(series) - 1) / 2) * width for label in values]
         ax.bar(xs, list(values.values()), width, label=name)
+    # A peer's marker sits over the bar of the flush mode it is compared with.
+    offsets = {
+        peer: (list(series).index(flush) - (len(series) - 1) / 2) * width
+        for flush, peer in PEER_OF_FLUSH.items()
+        if flush in series
+    }
     for name, pts in points.items():
         color, marker = POINT_STYLES.get(name, ("gray", "o"))
         ax.plot(
-            [x for x, _ in pts],
+            [x + offsets.get(name, 0.0) for x, _ in pts],
             [y for _, y in pts],
             linestyle="none",
             marker=marker,
