@@ -222,19 +222,25 @@ def _skipped(section: Any) -> str:
     return "" if isinstance(section, dict) else "not run"
 
 
+def _table_head(title: str, section: Any, header: str, align: str) -> list[str]:
+    """A section's title and table head, or its title and why it was skipped."""
+    lines = ["", f"## {title}", ""]
+    why = _skipped(section)
+    return [*lines, f"- skipped: {why}"] if why else [*lines, f"| {header} |", f"| {align} |"]
+
+
 def _peer_lines(result: dict[str, Any]) -> list[str]:
     """The peers at every in-flight count (issue #23): raftmq / peer per flush mode."""
     peers = result.get("peers") or {}
-    lines = ["", "## Peers, same run (1 KiB; SYNC_FLUSH vs etcd, ASYNC_FLUSH vs NATS JetStream R3)"]
-    lines += [""]
-    why = _skipped(peers)
-    if why:
-        return [*lines, f"- skipped: {why}"]
-    lines += [
-        "| flush | in flight | raftmq msg/s | p50 ms | p99 ms | peer | peer ops/s | p50 ms "
-        "| p99 ms | raftmq / peer | target |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    lines = _table_head(
+        "Peers, same run (1 KiB; SYNC_FLUSH vs etcd, ASYNC_FLUSH vs NATS JetStream R3)",
+        peers,
+        "flush | in flight | raftmq msg/s | p50 ms | p99 ms | peer | peer ops/s | p50 ms "
+        "| p99 ms | raftmq / peer | target",
+        "--- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---:",
+    )
+    if _skipped(peers):
+        return lines
     for r in peer_table(result):
         target = "-" if r["target"] is None else f">= {r['target']:g}"
         lines.append(
@@ -264,15 +270,15 @@ def _floor_lines(result: dict[str, Any]) -> list[str]:
     floor = result.get("floor")
     if floor is None:
         return []
-    lines = ["", "## The floor: a bare gRPC round trip (leader + 2 acking followers, same run)", ""]
-    why = _skipped(floor)
-    if why:
-        return [*lines, f"- skipped: {why}"]
-    lines += [
-        "| flush | in flight | raftmq msg/s | floor calls/s | raftmq / floor | raftmq p50 ms "
-        "| floor p50 ms | raftmq p50 / floor p50 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    lines = _table_head(
+        "The floor: a bare gRPC round trip (leader + 2 acking followers, same run)",
+        floor,
+        "flush | in flight | raftmq msg/s | floor calls/s | raftmq / floor | raftmq p50 ms "
+        "| floor p50 ms | raftmq p50 / floor p50",
+        "--- | ---: | ---: | ---: | ---: | ---: | ---: | ---:",
+    )
+    if _skipped(floor):
+        return lines
     for r in floor_table(result):
         lines.append(
             f"| {r['flush']} | {r['in_flight']} | {_fmt(r['raftmq_msg_s'])} | "
