@@ -702,6 +702,7 @@ def floor_cases(
     from bench.peers import PeerError
 
     cases: list[dict[str, Any]] = []
+    t0 = time.monotonic()
     try:
         with FloorGroup() as group, MemorySampler(_member_pids(group)) as sampler:
             for n in levels:
@@ -722,7 +723,8 @@ def floor_cases(
                 )
     except (PeerError, OSError) as exc:
         return {"skipped": f"failed: {exc}"[:500], "cases": cases}
-    return {"cases": cases, "peak_memory_mb": sampler.peaks()}
+    # seconds: the whole part, the three servers' start and stop included
+    return {"cases": cases, "peak_memory_mb": sampler.peaks(), "seconds": time.monotonic() - t0}
 
 
 def _node_pids(cluster: LocalCluster) -> dict[str, int | None]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import report
 
 
@@ -203,3 +205,13 @@ def test_markdown_has_the_peer_floor_and_memory_tables(tmp_path: Path) -> None:
     assert "at rest with 1,000,000 x 1 KiB stored" in md
     report.write_chart(result, tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mqbench_refuses_a_rest_message_count_out_of_bounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.__main__ import MAX_REST_MESSAGES, main
+
+    for bad in ("-1", str(MAX_REST_MESSAGES + 1)):
+        assert main(["--rest-messages", bad]) == 2
+        assert "--rest-messages must be in" in capsys.readouterr().err
