@@ -115,6 +115,8 @@ REST_SAMPLE_INTERVAL_S = 0.25
 REST_FLUSH = "ASYNC_FLUSH"
 REST_TOPIC = "BenchRest"
 SMOKE_REST_MESSAGES = 1024
+# The restart of the at-rest case: SIGTERM, then SIGKILL after this long.
+REST_STOP_GRACE_S = 10.0
 # Bounds --rest-messages: 10 M x 1 KiB is 10 GiB per node.
 MAX_REST_MESSAGES = 10_000_000
 SMOKE_FLOOR_SECONDS = 0.3
@@ -740,15 +742,26 @@ def memory_at_rest(cluster: LocalCluster, smoke: bool) -> dict[str, Any]:
 
 
 def rest_memory_case(
-    cluster: LocalCluster, messages: int, smoke: bool, group: str
+    cluster: LocalCluster, messages: int, smoke: bool, group: str, restart: bool = False
 ) -> dict[str, Any]:
     """Store ``messages`` x 1 KiB, wait until every node applied them, let the group settle,
-    then each node's memory at rest (issue #23: RssAnon per node with 1,000,000 stored)."""
+    then each node's memory at rest (issue #23: RssAnon per node with 1,000,000 stored).
+    ``restart``: then also after stopping and starting every node (what holding the messages
+    costs, without the heap the fill left behind), with the restart's seconds."""
     t0 = time.monotonic()
     stored, fill_s = fill_topic(cluster, REST_TOPIC, messages)
     _wait_caught_up(cluster)
     per_node = memory_at_rest(cluster, smoke)
+    extra: dict[str, Any] = {}
+    if restart:
+        t1 = time.monotonic()
+        cluster.down(grace_s=REST_STOP_GRACE_S)
+        cluster.up()
+        _wait_caught_up(cluster)
+        extra["restart_seconds"] = time.monotonic() - t1
+        extra["per_node_after_restart"] = memory_at_rest(cluster, smoke)
     return {
+        **extra,
         "stored_messages": stored,
         "message_bytes": 1024,
         "flush": REST_FLUSH,
@@ -929,7 +942,7 @@ def _run_all(
     if a.rest_messages and not a.only and not a.smoke:
         with local_group(tmp, REST_FLUSH, secure=not a.insecure, name="rest") as cluster:
             result["rest_memory"] = rest_memory_case(
-                cluster, a.rest_messages, False, "a fresh group"
+                cluster, a.rest_messages, False, "a fresh group", restart=True
             )
         print(f"memory at rest: {result['rest_memory']}", flush=True)
     if a.security_rounds and a.only in (None, "security"):
