@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -157,3 +158,16 @@ def test_fanout_fails_pending_calls_when_a_follower_stream_ends() -> None:
             await fan.call(b"y", later)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
+
+
+def test_floor_group_commands_name_the_followers_and_find_the_package(tmp_path: Path) -> None:
+    group = floor.FloorGroup(tmp_path)
+    group.root = tmp_path
+    group._prepare()
+    leader, f0, f1 = (group._command(i) for i in range(3))
+    ports = [str(p) for p in group.ports]
+    assert leader[1:4] == ["-m", "bench.floor", "serve"] and leader[5] == ports[0]
+    assert leader[-2:] == ["--followers", f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}"]
+    assert f0[-2:] == ["--port", ports[1]] and "--followers" not in f0 + f1
+    assert group._env()["PYTHONPATH"].split(os.pathsep)[0] == str(floor.REPO_ROOT)
+    assert group.target == f"127.0.0.1:{ports[0]}"
