@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import platform
@@ -59,6 +58,7 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
 from bench import broker as bb
+from bench.memory import SAMPLE_INTERVAL_S, MemorySampler, at_rest, rest_samples
 from broker.cluster import OFFICIAL_PYTHON, LocalCluster
 from client import (
     ConsumeStatus,
@@ -101,6 +101,26 @@ SECURITY_ROUNDS = 3
 # is 15 s: a second is the harsher case).
 METRICS_ROUNDS = 3
 METRICS_SCRAPE_INTERVAL_S = 1.0
+# The peers and the floor run at this message size, at every in-flight count of the run.
+PEER_SIZE = 1024
+# The floor's in-flight counts (issue #23: 1 and 16), those of the run's counts it keeps.
+FLOOR_IN_FLIGHT = (1, 16)
+# Memory at rest: after a group is up (or filled), this long for start-up work, flushes and
+# the first checkpoint to end, then the median of REST_SAMPLES samples.
+REST_SETTLE_S = 3.0
+REST_SAMPLES = 8
+REST_SAMPLE_INTERVAL_S = 0.25
+# The at-rest case with stored messages (--rest-messages): a fresh group, ASYNC_FLUSH (memory
+# does not depend on the flush mode; the fill is faster).
+REST_FLUSH = "ASYNC_FLUSH"
+REST_TOPIC = "BenchRest"
+SMOKE_REST_MESSAGES = 1024
+# The restart of the at-rest case: SIGTERM, then SIGKILL after this long.
+REST_STOP_GRACE_S = 10.0
+# Bounds --rest-messages: 10 M x 1 KiB is 10 GiB per node.
+MAX_REST_MESSAGES = 10_000_000
+SMOKE_FLOOR_SECONDS = 0.3
+SMOKE_FLOOR_WARMUP_S = 0.2
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
 # The v2 producer case (issue #19): the official Python client in its own venv (its bundled
@@ -328,18 +348,17 @@ def e2e_latency(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
     }
 
 
-def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
-    """Fill a fresh topic with ``messages`` x 1 KiB, then read it all back, every queue in
-    parallel, with a pull consumer (the catch-up read of a consumer that was down)."""
+def fill_topic(cluster: LocalCluster, topic: str, messages: int) -> tuple[int, float]:
+    """Create ``topic`` and store about ``messages`` x 1 KiB in it with ``BACKLOG_THREADS``
+    threads sending batches; (messages stored, seconds taken)."""
     assert cluster.namesrv is not None
     addr = cluster.namesrv.addr
-    topic = "BenchBacklog"
     security = cluster.client_security()
     MQAdmin(addr, security).create_topic(topic, queues=QUEUES)
     body = os.urandom(1024)
     per_thread = messages // BACKLOG_THREADS
     t0 = time.monotonic()
-    with Producer("bench-backlog", addr, security=security) as producer:
+    with Producer(f"bench-fill-{topic}", addr, security=security) as producer:
 
         def fill(i: int) -> None:
             done = 0
@@ -354,8 +373,17 @@ def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
             t.start()
         for t in fillers:
             t.join()
-    fill_s = time.monotonic() - t0
-    total = per_thread * BACKLOG_THREADS
+    return per_thread * BACKLOG_THREADS, time.monotonic() - t0
+
+
+def backlog_consume(cluster: LocalCluster, messages: int) -> dict[str, Any]:
+    """Fill a fresh topic with ``messages`` x 1 KiB, then read it all back, every queue in
+    parallel, with a pull consumer (the catch-up read of a consumer that was down)."""
+    assert cluster.namesrv is not None
+    addr = cluster.namesrv.addr
+    topic = "BenchBacklog"
+    security = cluster.client_security()
+    total, fill_s = fill_topic(cluster, topic, messages)
     counts = [0] * CONSUME_THREADS
     with PullConsumer("bench-backlog-cg", addr, security) as consumer:
         queues = consumer.fetch_queues(topic)
@@ -625,26 +653,125 @@ def _on_off_summary(
     return summary
 
 
-def peers(seconds: float) -> dict[str, Any]:
-    """etcd and NATS JetStream at 1 KiB, 256 in flight, when bench.peers and the servers exist."""
-    try:
-        mod = importlib.import_module("bench.peers")
-    except ImportError:
-        return {"skipped": "bench.peers is not available"}
+def peers(levels: Sequence[int], seconds: float, processes: int) -> dict[str, Any]:
+    """etcd and NATS JetStream R3 at 1 KiB and each of ``levels`` in flight, one cluster per
+    peer for all levels, memory sampled throughout; a peer not installed is skipped with the
+    reason, one that fails keeps the cases measured before."""
+    from bench import peers as bp
+
     out: dict[str, Any] = {}
-    for name, cluster_cls, run in (
-        ("etcd", "EtcdCluster", "run_etcd"),
-        ("nats_jetstream_r3", "NatsCluster", "run_nats"),
-    ):
-        cls = getattr(mod, cluster_cls)
-        if not cls.available():
-            out[name] = {"skipped": "not installed (make bench-peers)"}
+    kinds: list[tuple[str, Any, Callable[..., dict[str, Any]]]] = [
+        ("etcd", bp.EtcdCluster, bp.run_etcd),
+        ("nats_jetstream_r3", bp.NatsCluster, bp.run_nats),
+    ]
+    for name, cls, run in kinds:
+        reason = cls.unavailable_reason()
+        if reason:
+            out[name] = {"skipped": reason}
+            print(f"{name}: skipped ({reason})", flush=True)
             continue
+        section: dict[str, Any] = {"version": bp.binary_version(cls.binary), "cases": []}
+        out[name] = section
         try:
-            out[name] = getattr(mod, run)(1024, 256, seconds)
+            with cls() as cluster, MemorySampler(_member_pids(cluster)) as sampler:
+                for n in levels:
+                    case = run(PEER_SIZE, n, seconds, processes=processes, cluster=cluster)
+                    case.update(in_flight=n, message_bytes=PEER_SIZE)
+                    section["cases"].append(case)
+                    print(
+                        f"{name} {PEER_SIZE} B x {n} in flight: {case['ops_per_s']:,.0f} ops/s "
+                        f"p50 {case['p50_ms']:.2f} p99 {case['p99_ms']:.2f} ms",
+                        flush=True,
+                    )
+            section["peak_memory_mb"] = sampler.peaks()
         except Exception as exc:  # a peer failing must not lose our own figures
-            out[name] = {"skipped": f"failed: {exc}"}
+            section["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            if not section["cases"]:
+                out[name] = {"skipped": f"failed: {section['error']}"}
     return out
+
+
+def _member_pids(cluster: Any) -> dict[str, int | None]:
+    """A peer cluster's (or the floor's) processes by member name."""
+    return {m.name: m.proc.pid if m.proc else None for m in cluster.members}
+
+
+def floor_cases(
+    levels: Sequence[int], seconds: float, processes: int, warmup_s: float | None = None
+) -> dict[str, Any]:
+    """bench.floor at 1 KiB and each of ``levels`` in flight on one floor group."""
+    from bench.floor import DEFAULT_WARMUP_S, FloorGroup, run_floor
+    from bench.peers import PeerError
+
+    cases: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    try:
+        with FloorGroup() as group, MemorySampler(_member_pids(group)) as sampler:
+            for n in levels:
+                case = run_floor(
+                    PEER_SIZE,
+                    n,
+                    seconds,
+                    processes=processes,
+                    warmup_s=DEFAULT_WARMUP_S if warmup_s is None else warmup_s,
+                    group=group,
+                )
+                case["message_bytes"] = PEER_SIZE
+                cases.append(case)
+                print(
+                    f"floor {PEER_SIZE} B x {n} in flight: {case['ops_per_s']:,.0f} calls/s "
+                    f"p50 {case['p50_ms']:.2f} p99 {case['p99_ms']:.2f} ms",
+                    flush=True,
+                )
+    except (PeerError, OSError) as exc:
+        return {"skipped": f"failed: {exc}"[:500], "cases": cases}
+    # seconds: the whole part, the three servers' start and stop included
+    return {"cases": cases, "peak_memory_mb": sampler.peaks(), "seconds": time.monotonic() - t0}
+
+
+def _node_pids(cluster: LocalCluster) -> dict[str, int | None]:
+    return {n.node_id: cluster.pid(n) for n in cluster.nodes}
+
+
+def memory_at_rest(cluster: LocalCluster, smoke: bool) -> dict[str, Any]:
+    """Each node's RssAnon and RssFile with nothing running: after REST_SETTLE_S, the median
+    of REST_SAMPLES samples (smoke: one sample, at once)."""
+    time.sleep(0.0 if smoke else REST_SETTLE_S)
+    count = 1 if smoke else REST_SAMPLES
+    return at_rest(rest_samples(_node_pids(cluster), count, REST_SAMPLE_INTERVAL_S))
+
+
+def rest_memory_case(
+    cluster: LocalCluster, messages: int, smoke: bool, group: str, restart: bool = False
+) -> dict[str, Any]:
+    """Store ``messages`` x 1 KiB, wait until every node applied them, let the group settle,
+    then each node's memory at rest (issue #23: RssAnon per node with 1,000,000 stored).
+    ``restart``: then also after stopping and starting every node (what holding the messages
+    costs, without the heap the fill left behind), with the restart's seconds."""
+    t0 = time.monotonic()
+    stored, fill_s = fill_topic(cluster, REST_TOPIC, messages)
+    _wait_caught_up(cluster)
+    per_node = memory_at_rest(cluster, smoke)
+    extra: dict[str, Any] = {}
+    if restart:
+        t1 = time.monotonic()
+        cluster.down(grace_s=REST_STOP_GRACE_S)
+        cluster.up()
+        _wait_caught_up(cluster)
+        extra["restart_seconds"] = time.monotonic() - t1
+        extra["per_node_after_restart"] = memory_at_rest(cluster, smoke)
+    return {
+        **extra,
+        "stored_messages": stored,
+        "message_bytes": 1024,
+        "flush": REST_FLUSH,
+        "group": group,
+        "fill_seconds": fill_s,
+        "fill_messages_per_s": stored / fill_s if fill_s else 0.0,
+        "settle_s": 0.0 if smoke else REST_SETTLE_S,
+        "per_node": per_node,
+        "seconds": time.monotonic() - t0,
+    }
 
 
 def _v2_cases(cluster: LocalCluster, seconds: float) -> list[dict[str, Any]]:
@@ -703,11 +830,141 @@ def _parser() -> argparse.ArgumentParser:
         )
     p.add_argument(
         "--only",
-        choices=("security", "metrics"),
-        help="run only that on/off comparison (with --seconds and --in-flight)",
+        choices=("security", "metrics", "floor"),
+        help="run only that on/off comparison, or only the floor (bench.floor), with "
+        "--seconds and --in-flight",
+    )
+    p.add_argument(
+        "--no-floor", action="store_true", help="skip the floor (a bare gRPC round trip)"
+    )
+    p.add_argument(
+        "--rest-messages",
+        type=int,
+        default=0,
+        help="also measure each node's memory at rest with this many 1 KiB messages stored, "
+        "in a fresh group (issue #23 asks 1000000: about 2 minutes here); 0: skip",
     )
     p.add_argument("--out", default=str(RESULTS_DIR))
     return p
+
+
+def _smoke(a: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """--smoke: every part once, small."""
+    a.seconds = 1.0
+    a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
+    a.timers = 500
+    a.security_rounds = min(a.security_rounds, 1)
+    a.metrics_rounds = min(a.metrics_rounds, 1)
+    return [1024], [16]
+
+
+def _check_args(a: argparse.Namespace, sizes: list[int], in_flight: list[int]) -> str:
+    """What is wrong with the arguments ("" when nothing)."""
+    if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
+        return "sizes, in-flight, seconds, backlog and processes must be > 0"
+    if not (0 <= a.security_rounds <= 10 and 0 <= a.metrics_rounds <= 10):
+        return "--security-rounds and --metrics-rounds must be in [0, 10]"
+    if not 0 <= a.rest_messages <= MAX_REST_MESSAGES:
+        return f"--rest-messages must be in [0, {MAX_REST_MESSAGES}]"
+    return ""
+
+
+def _run_group(
+    a: argparse.Namespace,
+    tmp: Path,
+    flush: str,
+    sizes: Sequence[int],
+    in_flight: Sequence[int],
+    result: dict[str, Any],
+) -> None:
+    """One flush mode's group: memory at rest, then every case with memory sampled."""
+    with local_group(tmp, flush, secure=not a.insecure) as cluster:
+        pids = _node_pids(cluster)
+        mem: dict[str, Any] = {"interval_s": SAMPLE_INTERVAL_S}
+        mem["at_rest"] = memory_at_rest(cluster, a.smoke)
+        with MemorySampler(pids) as sampler:
+            for size in sizes:
+                for n in in_flight:
+                    t0 = time.monotonic()
+                    case = produce_case(
+                        cluster, size, n, a.seconds, a.loadgen_processes, a.loadgen_mode
+                    )
+                    case["peak_memory_mb"] = sampler.peaks(t0, time.monotonic())
+                    case["flush"] = flush
+                    result["produce"].append(case)
+                    print(
+                        f"{flush} {size} B x {n} in flight: "
+                        f"{case['messages_per_s']:,.0f} msg/s {case['mb_per_s']:.1f} MB/s "
+                        f"p50 {case['p50_ms']:.1f} p99 {case['p99_ms']:.1f} ms",
+                        flush=True,
+                    )
+            if flush == V2_FLUSH:
+                result["produce_v2"] = _v2_cases(cluster, a.seconds)
+            if flush == "SYNC_FLUSH":
+                _sync_extras(a, cluster, result)
+            if a.smoke and flush == REST_FLUSH:  # the at-rest case's code path, small
+                result["rest_memory"] = rest_memory_case(
+                    cluster, SMOKE_REST_MESSAGES, True, f"smoke: the {flush} group after its cases"
+                )
+        mem["peak"] = sampler.peaks()
+        result.setdefault("memory", {})[flush] = mem
+        # Before the failover trials, which restart nodes.
+        result.setdefault("peak_rss_mb", {})[flush] = {
+            n.node_id: _peak_rss_mb(cluster.pid(n)) for n in cluster.nodes
+        }
+        if flush == "SYNC_FLUSH":
+            result["failover"] = failover_trials(cluster, a.failovers)
+            print(f"failover: {result['failover']}", flush=True)
+
+
+def _sync_extras(a: argparse.Namespace, cluster: LocalCluster, result: dict[str, Any]) -> None:
+    """The cases run on the SYNC_FLUSH group only."""
+    result["e2e"] = e2e_latency(cluster, 2.0 if a.smoke else 5.0)
+    print(f"e2e: {result['e2e']}", flush=True)
+    ref = max((c["messages_per_s"] for c in result["produce"]), default=0.0)
+    result["delay_retry"] = delay_and_retry(cluster, a.delayed, ref)
+    print(
+        f"delay ratio {result['delay_retry']['delay_ratio']:.2f}, "
+        f"retry ratio {result['delay_retry']['retry_ratio']:.2f}",
+        flush=True,
+    )
+    result["backlog"] = backlog_consume(cluster, a.backlog)
+    print(f"backlog: {result['backlog']}", flush=True)
+    result["timer"] = timed_messages(cluster, a.timers, a.smoke)
+    print(f"timer: {result['timer']}", flush=True)
+
+
+def _run_all(
+    a: argparse.Namespace, tmp: Path, sizes: list[int], in_flight: list[int], result: dict[str, Any]
+) -> None:
+    for flush in () if a.only else ("SYNC_FLUSH", "ASYNC_FLUSH"):
+        _run_group(a, tmp, flush, sizes, in_flight, result)
+    if a.rest_messages and not a.only and not a.smoke:
+        with local_group(tmp, REST_FLUSH, secure=not a.insecure, name="rest") as cluster:
+            result["rest_memory"] = rest_memory_case(
+                cluster, a.rest_messages, False, "a fresh group", restart=True
+            )
+        print(f"memory at rest: {result['rest_memory']}", flush=True)
+    if a.security_rounds and a.only in (None, "security"):
+        result["security"] = security_compare(
+            tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.security_rounds
+        )
+    if a.metrics_rounds and a.only in (None, "metrics"):
+        result["metrics"] = metrics_compare(
+            tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.metrics_rounds
+        )
+    skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
+    if skip:
+        result["peers"] = {"skipped": skip}
+    else:
+        result["peers"] = peers(in_flight, a.seconds, a.loadgen_processes)
+    if a.no_floor or a.only not in (None, "floor"):
+        return
+    levels = [n for n in in_flight if n in FLOOR_IN_FLIGHT] or list(FLOOR_IN_FLIGHT)
+    if a.smoke:  # one load process, a short warm-up: the code path, in ~3 s
+        result["floor"] = floor_cases(levels, SMOKE_FLOOR_SECONDS, 1, SMOKE_FLOOR_WARMUP_S)
+    else:
+        result["floor"] = floor_cases(levels, a.seconds, a.loadgen_processes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -719,24 +976,11 @@ def main(argv: list[str] | None = None) -> int:
         print("mqbench: --sizes and --in-flight are comma-separated integers", file=sys.stderr)
         return 2
     if a.smoke:
-        a.seconds, sizes, in_flight = 1.0, [1024], [16]
-        a.backlog, a.failovers, a.delayed, a.no_peers = 4000, 1, 2000, True
-        a.timers = 500
-        a.security_rounds = min(a.security_rounds, 1)
-        a.metrics_rounds = min(a.metrics_rounds, 1)
-    if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
-        print(
-            "mqbench: sizes, in-flight, seconds, backlog and processes must be > 0",
-            file=sys.stderr,
-        )
+        sizes, in_flight = _smoke(a)
+    problem = _check_args(a, sizes, in_flight)
+    if problem:
+        print(f"mqbench: {problem}", file=sys.stderr)
         return 2
-    if not (0 <= a.security_rounds <= 10 and 0 <= a.metrics_rounds <= 10):
-        print("mqbench: --security-rounds and --metrics-rounds must be in [0, 10]", file=sys.stderr)
-        return 2
-    if a.only == "security":
-        a.metrics_rounds = 0
-    elif a.only == "metrics":
-        a.security_rounds = 0
     started = datetime.now(UTC)
     result: dict[str, Any] = {
         "bench": "mqbench",
@@ -760,59 +1004,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     tmp = Path(tempfile.mkdtemp(prefix="mqbench-"))
     try:
-        for flush in () if a.only else ("SYNC_FLUSH", "ASYNC_FLUSH"):
-            with local_group(tmp, flush, secure=not a.insecure) as cluster:
-                for size in sizes:
-                    for n in in_flight:
-                        case = produce_case(
-                            cluster, size, n, a.seconds, a.loadgen_processes, a.loadgen_mode
-                        )
-                        case["flush"] = flush
-                        result["produce"].append(case)
-                        print(
-                            f"{flush} {size} B x {n} in flight: "
-                            f"{case['messages_per_s']:,.0f} msg/s {case['mb_per_s']:.1f} MB/s "
-                            f"p50 {case['p50_ms']:.1f} p99 {case['p99_ms']:.1f} ms",
-                            flush=True,
-                        )
-                if flush == V2_FLUSH:
-                    result["produce_v2"] = _v2_cases(cluster, a.seconds)
-                if flush == "SYNC_FLUSH":
-                    result["e2e"] = e2e_latency(cluster, 2.0 if a.smoke else 5.0)
-                    print(f"e2e: {result['e2e']}", flush=True)
-                    ref = max((c["messages_per_s"] for c in result["produce"]), default=0.0)
-                    result["delay_retry"] = delay_and_retry(cluster, a.delayed, ref)
-                    print(
-                        f"delay ratio {result['delay_retry']['delay_ratio']:.2f}, "
-                        f"retry ratio {result['delay_retry']['retry_ratio']:.2f}",
-                        flush=True,
-                    )
-                    result["backlog"] = backlog_consume(cluster, a.backlog)
-                    print(f"backlog: {result['backlog']}", flush=True)
-                    result["timer"] = timed_messages(cluster, a.timers, a.smoke)
-                    print(f"timer: {result['timer']}", flush=True)
-                # Before the failover trials, which restart nodes.
-                result.setdefault("peak_rss_mb", {})[flush] = {
-                    n.node_id: _peak_rss_mb(cluster.pid(n)) for n in cluster.nodes
-                }
-                if flush == "SYNC_FLUSH":
-                    result["failover"] = failover_trials(cluster, a.failovers)
-                    print(f"failover: {result['failover']}", flush=True)
-        if a.security_rounds:
-            result["security"] = security_compare(
-                tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.security_rounds
-            )
-        if a.metrics_rounds:
-            result["metrics"] = metrics_compare(
-                tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.metrics_rounds
-            )
-        skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
-        result["peers"] = {"skipped": skip} if skip else peers(a.seconds + 2)
+        _run_all(a, tmp, sizes, in_flight, result)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["finished_utc"] = datetime.now(UTC).isoformat()
-    from bench.report import ratios, write_chart, write_markdown
+    result["host"]["load_avg_at_end"] = os.getloadavg()
+    from bench.report import floor_table, peer_table, ratios, write_chart, write_markdown
 
+    result["peer_table"] = peer_table(result)
+    result["floor_table"] = floor_table(result)
     result["ratios"] = ratios(result)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)

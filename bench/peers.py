@@ -2,7 +2,8 @@
 JetStream (stream with 3 replicas, file storage), both on 127.0.0.1.
 
 - ``install_commands()`` / ``python -m bench.peers install``: Debian's ``etcd-server`` and
-  ``nats-server`` packages (what ``make bench-peers`` runs).
+  ``nats-server`` packages, and the ``nats-py`` client from PyPI when it is missing (what
+  ``make bench-peers`` runs).
 - ``EtcdCluster`` / ``NatsCluster``: context managers that start a fresh 3-member cluster on free
   ports in a temp dir (one data dir per member), wait until it serves, and always stop it
   (SIGTERM, then SIGKILL, each member by PID) and remove the temp dir.
@@ -53,7 +54,7 @@ import time
 import types
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
@@ -76,6 +77,8 @@ APT_PACKAGES = {ETCD_BINARY: "etcd-server", NATS_BINARY: "nats-server"}
 # systemd units the packages enable (and start, where services may start) on install.
 APT_UNITS = {ETCD_BINARY: "etcd.service", NATS_BINARY: "nats-server.service"}
 INSTALL_TIMEOUT_S = 900.0
+# The NATS client the load uses, from PyPI when missing: the same pin as pyproject.toml's.
+NATS_PY_REQUIREMENT = "nats-py==2.16.0"
 
 # Cluster life cycle.
 START_TIMEOUT_S = 60.0  # from spawning the members to a cluster that serves writes
@@ -208,11 +211,23 @@ def install_commands(
     return cmds
 
 
+def client_install_commands(*, installed: bool | None = None) -> list[list[str]]:
+    """The command that installs the NATS client (``NATS_PY_REQUIREMENT``, the pin of
+    pyproject.toml's test extras) into this interpreter's environment when it is missing
+    (``installed``: default, whether ``nats`` imports here). A plain install, never editable."""
+    if installed is None:
+        installed = _nats_client_installed()
+    if installed:
+        return []
+    return [[sys.executable, "-m", "pip", "install", "--quiet", NATS_PY_REQUIREMENT]]
+
+
 def install() -> None:
-    """Runs ``install_commands()``; raises PeerError with a one-line reason on failure."""
-    cmds = install_commands()
+    """Runs ``install_commands()`` and ``client_install_commands()``; raises PeerError with a
+    one-line reason on failure."""
+    cmds = install_commands() + client_install_commands()
     if not cmds:
-        log.info("etcd and nats-server are already installed")
+        log.info("etcd, nats-server and the nats-py client are already installed")
     deadline = time.monotonic() + INSTALL_TIMEOUT_S
     for cmd in cmds:
         left = deadline - time.monotonic()
@@ -233,6 +248,9 @@ def install() -> None:
     for binary in APT_PACKAGES:
         if find_binary(binary) is None:
             raise PeerError(f"{binary} still not found after installing")
+    importlib.invalidate_caches()
+    if not _nats_client_installed():
+        raise PeerError("the nats-py client still does not import after installing")
 
 
 def binary_version(binary: str) -> str:
@@ -331,7 +349,7 @@ class _Cluster:
                 m.data_dir.mkdir(parents=True, exist_ok=True)
                 # Same session as mqbench: a Ctrl-C stops the peers too.
                 m.proc = spawn_logged(
-                    self._command(i), m.log_path, cwd=self.root, new_session=False
+                    self._command(i), m.log_path, env=self._env(), cwd=self.root, new_session=False
                 )
                 log.info("%s member %s started, pid %d", self.kind, m.name, m.proc.pid)
             self._wait_ready(time.monotonic() + START_TIMEOUT_S)
@@ -382,6 +400,10 @@ class _Cluster:
 
     def _prepare(self) -> None:
         raise NotImplementedError
+
+    def _env(self) -> dict[str, str] | None:
+        """The members' environment (None: this process's)."""
+        return None
 
     def _command(self, index: int) -> list[str]:
         raise NotImplementedError
@@ -863,6 +885,15 @@ async def _nats_session(
                 await nc.close()
 
 
+def _session_of(peer: str) -> Callable[..., Coroutine[Any, Any, _Tally]]:
+    """The load session of ``peer``: etcd, nats, or the floor (``bench.floor``)."""
+    if peer == "floor":
+        from bench.floor import floor_session  # bench.floor imports this module
+
+        return floor_session
+    return _etcd_session if peer == "etcd" else _nats_session
+
+
 def _worker_entry(
     spec: _WorkerSpec,
     results: multiprocessing.queues.Queue[tuple[str, int, Any]],
@@ -880,7 +911,7 @@ def _worker_entry(
             raise PeerError("no go signal from the harness")
         return float(window[0]), float(window[1])
 
-    session = _etcd_session if spec.peer == "etcd" else _nats_session
+    session = _session_of(spec.peer)
     try:
         tally = asyncio.run(session(spec, ready))
     except BaseException as exc:
@@ -1163,7 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if a.cmd == "commands":
-        for cmd in install_commands():
+        for cmd in install_commands() + client_install_commands():
             print(" ".join(cmd))
         return 0
     if a.cmd == "install":

@@ -6,61 +6,174 @@ from pathlib import Path
 from typing import Any
 
 # Issue #10's targets (same-run ratios; the absolute figures drift between runs).
-SYNC_VS_ETCD_TARGET = 3.0
-ASYNC_VS_NATS_TARGET = 2.0
 FAILOVER_MEDIAN_TARGET_S = 2.0
 CATCH_UP_TARGET_MB_S = 100.0
 DELAY_RETRY_TARGET_RATIO = 0.25
 # Issue #22: serving (and being scraped for) metrics costs at most 2% of the send rate.
 METRICS_COST_TARGET_RATIO = 0.98
+# The peers are measured at this message size, at each in-flight count raftmq is.
 REFERENCE_SIZE = 1024
-REFERENCE_IN_FLIGHT = 256
+# Each flush mode's peer: etcd fsyncs every commit as SYNC_FLUSH does, NATS JetStream R3 acks
+# from its file store's page cache as ASYNC_FLUSH does.
+PEER_OF_FLUSH = {"SYNC_FLUSH": "etcd", "ASYNC_FLUSH": "nats_jetstream_r3"}
+FLUSHES = tuple(PEER_OF_FLUSH)
+# raftmq msg/s over the peer's ops/s, per (flush, in flight): issue #23's targets (256 in flight
+# is issue #10's, unchanged).
+PEER_RATIO_TARGETS = {
+    ("SYNC_FLUSH", 1): 1.0,
+    ("SYNC_FLUSH", 16): 1.5,
+    ("SYNC_FLUSH", 256): 3.0,
+    ("ASYNC_FLUSH", 1): 1.0,
+    ("ASYNC_FLUSH", 16): 1.0,
+    ("ASYNC_FLUSH", 256): 2.0,
+}
+# Issue #23: at 1 in flight SYNC_FLUSH's p50 no worse than etcd's; at 256 its p99 lower.
+SYNC_P50_IN_FLIGHT = 1
+SYNC_P99_IN_FLIGHT = 256
+# Issue #23: anonymous memory per node at rest with 1,000,000 stored messages, and at peak
+# under the 256-in-flight case.
+REST_ANON_TARGET_MB = 256.0
+REST_TARGET_MESSAGES = 1_000_000
+PEAK_ANON_TARGET_MB = 512.0
+PEAK_ANON_IN_FLIGHT = 256
 
 
-def _case(result: dict[str, Any], flush: str) -> dict[str, Any] | None:
-    for c in result.get("produce", []):
-        if (
-            c["flush"] == flush
-            and c["message_bytes"] == REFERENCE_SIZE
-            and c["in_flight"] == REFERENCE_IN_FLIGHT
-        ):
-            return dict(c)
-    return None
+def _produce(result: dict[str, Any], flush: str) -> dict[int, dict[str, Any]]:
+    """raftmq's cases of ``flush`` at REFERENCE_SIZE by in-flight count."""
+    return {
+        c["in_flight"]: c
+        for c in result.get("produce", [])
+        if c["flush"] == flush and c["message_bytes"] == REFERENCE_SIZE
+    }
 
 
-def _peer(result: dict[str, Any], name: str) -> dict[str, Any] | None:
-    p = result.get("peers", {}).get(name)
-    if isinstance(p, dict) and "ops_per_s" in p:
-        return dict(p)
-    return None
+def measured_cases(section: Any) -> dict[int, dict[str, Any]]:
+    """A peer's (or the floor's) measured cases by in-flight count; {} when skipped."""
+    if not isinstance(section, dict):
+        return {}
+    return {c["in_flight"]: c for c in section.get("cases", []) if "ops_per_s" in c}
+
+
+def _div(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def peer_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per flush mode and in-flight count raftmq was measured at (1 KiB): raftmq's rate and
+    latencies, its peer's, the ratio and its target; peer figures None where not measured."""
+    rows = []
+    peers = result.get("peers") or {}
+    for flush in FLUSHES:
+        name = PEER_OF_FLUSH[flush]
+        theirs = measured_cases(peers.get(name))
+        for n, ours in sorted(_produce(result, flush).items()):
+            peer = theirs.get(n)
+            rows.append(
+                {
+                    "flush": flush,
+                    "in_flight": n,
+                    "peer": name,
+                    "raftmq_msg_s": ours["messages_per_s"],
+                    "raftmq_p50_ms": ours["p50_ms"],
+                    "raftmq_p99_ms": ours["p99_ms"],
+                    "peer_ops_s": peer["ops_per_s"] if peer else None,
+                    "peer_p50_ms": peer["p50_ms"] if peer else None,
+                    "peer_p99_ms": peer["p99_ms"] if peer else None,
+                    "ratio": _div(ours["messages_per_s"], peer["ops_per_s"]) if peer else None,
+                    "target": PEER_RATIO_TARGETS.get((flush, n)),
+                }
+            )
+    return rows
+
+
+def floor_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per flush mode and in-flight count the floor was measured at: raftmq's rate and p50 as
+    ratios to the floor's (raftmq figures None where raftmq had no such case)."""
+    rows = []
+    floor = measured_cases(result.get("floor"))
+    for flush in FLUSHES:
+        ours_by_n = _produce(result, flush)
+        for n, f in sorted(floor.items()):
+            ours = ours_by_n.get(n)
+            rows.append(
+                {
+                    "flush": flush,
+                    "in_flight": n,
+                    "raftmq_msg_s": ours["messages_per_s"] if ours else None,
+                    "raftmq_p50_ms": ours["p50_ms"] if ours else None,
+                    "floor_calls_s": f["ops_per_s"],
+                    "floor_p50_ms": f["p50_ms"],
+                    "rate_ratio": _div(ours["messages_per_s"], f["ops_per_s"]) if ours else None,
+                    "p50_ratio": _div(ours["p50_ms"], f["p50_ms"]) if ours else None,
+                }
+            )
+    return rows
+
+
+def _memory_rows(result: dict[str, Any]) -> list[tuple[str, float | None, str, bool | None]]:
+    rest = result.get("rest_memory") or {}
+    anon = [
+        m["rss_anon_mb"]
+        for key in ("per_node", "per_node_after_restart")  # the worse of the two
+        for m in rest.get(key, {}).values()
+    ]
+    full = rest.get("stored_messages", 0) >= REST_TARGET_MESSAGES
+    worst_rest = max(anon) if anon and full else None
+    peaks = [
+        m["rss_anon_mb"]
+        for c in result.get("produce", [])
+        if c["message_bytes"] == REFERENCE_SIZE and c["in_flight"] == PEAK_ANON_IN_FLIGHT
+        for m in c.get("peak_memory_mb", {}).values()
+    ]
+    worst_peak = max(peaks) if peaks else None
+    return [
+        (
+            "RssAnon per node at rest, 1,000,000 stored (MB, worst node, after the fill or "
+            "a restart)",
+            worst_rest,
+            f"<= {REST_ANON_TARGET_MB:g}",
+            None if worst_rest is None else worst_rest <= REST_ANON_TARGET_MB,
+        ),
+        (
+            "RssAnon per node at peak, 1 KiB x 256 (MB, worst node and flush)",
+            worst_peak,
+            f"<= {PEAK_ANON_TARGET_MB:g}",
+            None if worst_peak is None else worst_peak <= PEAK_ANON_TARGET_MB,
+        ),
+    ]
 
 
 def ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target: what was measured, the target, and whether it was met (None when a
     side of the comparison was not measured in this run)."""
     rows: list[dict[str, Any]] = []
-    sync, asyn = _case(result, "SYNC_FLUSH"), _case(result, "ASYNC_FLUSH")
-    etcd, nats = _peer(result, "etcd"), _peer(result, "nats_jetstream_r3")
 
     def row(name: str, value: float | None, target: str, met: bool | None) -> None:
         rows.append({"figure": name, "value": value, "target": target, "met": met})
 
-    if sync and etcd:
-        r = sync["messages_per_s"] / etcd["ops_per_s"]
-        row("SYNC_FLUSH msg/s / etcd puts/s (1 KiB, 256)", r, ">= 3", r >= SYNC_VS_ETCD_TARGET)
+    for r in peer_table(result):
+        if r["target"] is None:
+            continue
+        v = r["ratio"]
         row(
-            "SYNC_FLUSH p99 / etcd p99 (ms)",
-            sync["p99_ms"] / etcd["p99_ms"] if etcd["p99_ms"] else None,
-            "<= 1",
-            sync["p99_ms"] <= etcd["p99_ms"],
+            f"{r['flush']} msg/s / {r['peer']} (1 KiB, {r['in_flight']} in flight)",
+            v,
+            f">= {r['target']:g}",
+            None if v is None else v >= r["target"],
         )
-    else:
-        row("SYNC_FLUSH msg/s / etcd puts/s (1 KiB, 256)", None, ">= 3", None)
-    if asyn and nats:
-        r = asyn["messages_per_s"] / nats["ops_per_s"]
-        row("ASYNC_FLUSH msg/s / NATS JetStream R3 (1 KiB, 256)", r, ">= 2", r >= 2.0)
-    else:
-        row("ASYNC_FLUSH msg/s / NATS JetStream R3 (1 KiB, 256)", None, ">= 2", None)
+        if r["flush"] != "SYNC_FLUSH" or r["peer_ops_s"] is None:
+            continue
+        for n, key in ((SYNC_P50_IN_FLIGHT, "p50"), (SYNC_P99_IN_FLIGHT, "p99")):
+            if r["in_flight"] == n:
+                ours, theirs = r[f"raftmq_{key}_ms"], r[f"peer_{key}_ms"]
+                row(
+                    f"SYNC_FLUSH {key} / etcd {key} (1 KiB, {n} in flight)",
+                    _div(ours, theirs),
+                    "<= 1",
+                    ours <= theirs,
+                )
+    for name, value, target, met in _memory_rows(result):
+        row(name, value, target, met)
     fo = result.get("failover", {}).get("median_s")
     row("failover median (s)", fo, "< 2", None if fo is None else fo < FAILOVER_MEDIAN_TARGET_S)
     bl = result.get("backlog", {}).get("read_mb_per_s")
@@ -105,6 +218,138 @@ def _on_off_lines(what: str, sec: dict[str, Any] | None) -> list[str]:
         f"{', '.join(_fmt(v) for v in s['off_each_round'])})"
         for s in sec["summary"]
     ]
+
+
+def _skipped(section: Any) -> str:
+    """Why a section was not measured ("" when it was)."""
+    if isinstance(section, dict) and "skipped" in section:
+        return str(section["skipped"])
+    return "" if isinstance(section, dict) else "not run"
+
+
+def _table_head(title: str, section: Any, header: str, align: str) -> list[str]:
+    """A section's title and table head, or its title and why it was skipped."""
+    lines = ["", f"## {title}", ""]
+    why = _skipped(section)
+    return [*lines, f"- skipped: {why}"] if why else [*lines, f"| {header} |", f"| {align} |"]
+
+
+def _peer_lines(result: dict[str, Any]) -> list[str]:
+    """The peers at every in-flight count (issue #23): raftmq / peer per flush mode."""
+    peers = result.get("peers") or {}
+    lines = _table_head(
+        "Peers, same run (1 KiB; SYNC_FLUSH vs etcd, ASYNC_FLUSH vs NATS JetStream R3)",
+        peers,
+        "flush | in flight | raftmq msg/s | p50 ms | p99 ms | peer | peer ops/s | p50 ms "
+        "| p99 ms | raftmq / peer | target",
+        "--- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---:",
+    )
+    if _skipped(peers):
+        return lines
+    for r in peer_table(result):
+        target = "-" if r["target"] is None else f">= {r['target']:g}"
+        lines.append(
+            f"| {r['flush']} | {r['in_flight']} | {_fmt(r['raftmq_msg_s'])} | "
+            f"{_fmt(r['raftmq_p50_ms'])} | {_fmt(r['raftmq_p99_ms'])} | {r['peer']} | "
+            f"{_fmt(r['peer_ops_s'])} | {_fmt(r['peer_p50_ms'])} | {_fmt(r['peer_p99_ms'])} | "
+            f"{_fmt(r['ratio'])} | {target} |"
+        )
+    lines.append("")
+    for name, p in peers.items():
+        why = _skipped(p)
+        if why:
+            lines.append(f"- {name}: skipped ({why})")
+            continue
+        mem = _mem_text(p.get("peak_memory_mb", {}))
+        lines.append(f"- {name} ({p.get('version', '?')}), peak memory per member: {mem}")
+        if p.get("error"):
+            lines.append(f"  - stopped early: {p['error']}")
+        lines += [
+            f"  - {c['in_flight']} in flight: {c.get('conditions', '')}" for c in p.get("cases", [])
+        ]
+    return lines
+
+
+def _floor_lines(result: dict[str, Any]) -> list[str]:
+    """The floor (bench.floor) and raftmq as ratios to it."""
+    floor = result.get("floor")
+    if floor is None:
+        return []
+    lines = _table_head(
+        "The floor: a bare gRPC round trip (leader + 2 acking followers, same run)",
+        floor,
+        "flush | in flight | raftmq msg/s | floor calls/s | raftmq / floor | raftmq p50 ms "
+        "| floor p50 ms | raftmq p50 / floor p50",
+        "--- | ---: | ---: | ---: | ---: | ---: | ---: | ---:",
+    )
+    if _skipped(floor):
+        return lines
+    for r in floor_table(result):
+        lines.append(
+            f"| {r['flush']} | {r['in_flight']} | {_fmt(r['raftmq_msg_s'])} | "
+            f"{_fmt(r['floor_calls_s'])} | {_fmt(r['rate_ratio'])} | {_fmt(r['raftmq_p50_ms'])} "
+            f"| {_fmt(r['floor_p50_ms'])} | {_fmt(r['p50_ratio'])} |"
+        )
+    lines.append("")
+    for c in floor.get("cases", []):
+        lines.append(
+            f"- {c['in_flight']} in flight: p99 {_fmt(c['p99_ms'])} ms, servers "
+            f"{_fmt(c['server_cpu_us_per_call'])} us CPU per call; {c['conditions']}"
+        )
+    if floor.get("peak_memory_mb"):
+        lines.append(f"- peak memory per process: {_mem_text(floor['peak_memory_mb'])}")
+    return lines
+
+
+def _mem_text(per_process: dict[str, dict[str, float]]) -> str:
+    return ", ".join(
+        f"{k} {m['rss_anon_mb']:.0f} anon + {m['rss_file_mb']:.0f} file MB"
+        for k, m in per_process.items()
+    )
+
+
+def _memory_lines(result: dict[str, Any]) -> list[str]:
+    """Each node's RssAnon and RssFile at rest and at peak, per flush mode (issue #23)."""
+    memory = result.get("memory") or {}
+    rest = result.get("rest_memory")
+    if not memory and not rest:
+        return []
+    lines = ["", "## Memory per node (MB, from /proc/PID/status)", ""]
+    if memory:
+        lines += [
+            "| flush | node | RssAnon at rest | RssFile at rest | RssAnon peak | RssFile peak "
+            "| VmHWM (peak RSS) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+    for flush, m in memory.items():
+        for node, r in m["at_rest"].items():
+            p = m["peak"].get(node, {})
+            hwm = result.get("peak_rss_mb", {}).get(flush, {}).get(node)
+            lines.append(
+                f"| {flush} | {node} | {r['rss_anon_mb']:.0f} | {r['rss_file_mb']:.0f} | "
+                f"{_fmt(p.get('rss_anon_mb'))} | {_fmt(p.get('rss_file_mb'))} | {_fmt(hwm)} |"
+            )
+    if memory:
+        lines += [
+            "",
+            "At rest: the median of samples taken after the group came up, before any load; "
+            f"peak: the maximum of samples every {next(iter(memory.values()))['interval_s']:g} s "
+            "over the group's cases (failover trials excluded), RssAnon and RssFile each their "
+            "own maximum.",
+        ]
+    if rest:
+        lines += [
+            "",
+            f"- at rest with {rest['stored_messages']:,} x 1 KiB stored ({rest['flush']}, "
+            f"{rest['group']}; filled at {_fmt(rest['fill_messages_per_s'])} msg/s, case took "
+            f"{rest['seconds']:.0f} s): {_mem_text(rest['per_node'])}",
+        ]
+    if rest and "per_node_after_restart" in rest:
+        lines.append(
+            f"- the same after stopping and starting every node (back in "
+            f"{rest['restart_seconds']:.0f} s): {_mem_text(rest['per_node_after_restart'])}"
+        )
+    return lines
 
 
 def _v2_lines(result: dict[str, Any]) -> list[str]:
@@ -168,27 +413,21 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
         "## Produce",
         "",
         "| flush | size B | in flight | msg/s | MB/s | p50 ms | p99 ms | p99.9 ms | failed "
-        "| CPU s per 1M msgs (n0/n1/n2) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| CPU s per 1M msgs (n0/n1/n2) | peak RssAnon MB (n0/n1/n2) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for c in result.get("produce", []):
         cpu = "/".join(f"{v:.0f}" for v in c["cpu_s_per_million_msgs"].values())
+        anon = "/".join(f"{m['rss_anon_mb']:.0f}" for m in c.get("peak_memory_mb", {}).values())
         lines.append(
             f"| {c['flush']} | {c['message_bytes']} | {c['in_flight']} | "
             f"{_fmt(c['messages_per_s'])} | {_fmt(c['mb_per_s'])} | {_fmt(c['p50_ms'])} | "
-            f"{_fmt(c['p99_ms'])} | {_fmt(c['p999_ms'])} | {c['failed']} | {cpu} |"
+            f"{_fmt(c['p99_ms'])} | {_fmt(c['p999_ms'])} | {c['failed']} | {cpu} | {anon or '-'} |"
         )
     lines += _v2_lines(result)
-    peers = result.get("peers", {})
-    lines += ["", "## Peers (1 KiB, 256 in flight, same run)", ""]
-    for name, p in peers.items() if isinstance(peers, dict) else []:
-        if isinstance(p, dict) and "ops_per_s" in p:
-            lines.append(
-                f"- {name}: {_fmt(p['ops_per_s'])} ops/s, p50 {_fmt(p['p50_ms'])} ms, p99 "
-                f"{_fmt(p['p99_ms'])} ms ({p.get('conditions', '')})"
-            )
-        else:
-            lines.append(f"- {name}: {p.get('skipped', p) if isinstance(p, dict) else p}")
+    lines += _peer_lines(result)
+    lines += _floor_lines(result)
+    lines += _memory_lines(result)
     e2e, bl, fo = result.get("e2e"), result.get("backlog"), result.get("failover")
     lines += ["", "## Other figures", ""]
     if e2e:
@@ -219,10 +458,6 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
         )
     lines += _on_off_lines("security", result.get("security"))
     lines += _on_off_lines("metrics", result.get("metrics"))
-    for flush, rss in result.get("peak_rss_mb", {}).items():
-        lines.append(
-            f"- peak RSS per node, {flush}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in rss.items())
-        )
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -246,9 +481,33 @@ def _chart_series(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     return series
 
 
+def chart_points(result: dict[str, Any], labels: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """Markers for the chart: each peer and the floor, one point (x index, ops/s) per in-flight
+    count where it was measured, at the x of raftmq's 1 KiB case of that count. Nothing is
+    drawn where it was not measured; a count raftmq lacks gets its own x (appended to
+    ``labels``)."""
+    sections = dict((result.get("peers") or {}).items())
+    sections["floor (bare gRPC)"] = result.get("floor")
+    points: dict[str, list[tuple[int, float]]] = {}
+    for name, section in sections.items():
+        for n, case in sorted(measured_cases(section).items()):
+            label = f"{REFERENCE_SIZE}B x{n}"
+            if label not in labels:
+                labels.append(label)
+            points.setdefault(name, []).append((labels.index(label), case["ops_per_s"]))
+    return points
+
+
+POINT_STYLES = {
+    "etcd": ("tab:red", "v"),
+    "nats_jetstream_r3": ("tab:green", "^"),
+    "floor (bare gRPC)": ("black", "D"),
+}
+
+
 def write_chart(result: dict[str, Any], path: Path) -> None:
-    """Messages/s per produce case (both flush modes, and the v2 producer's cases), with the
-    peers as reference lines."""
+    """Messages/s per produce case (both flush modes, and the v2 producer's cases), log scale,
+    with the peers and the floor as markers where they were measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,19 +517,34 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
     labels: list[str] = []
     for values in series.values():
         labels += [label for label in values if label not in labels]
+    points = chart_points(result, labels)
     fig, ax = plt.subplots(figsize=(10, 5))
     width = 0.8 / len(series)
     for k, (name, values) in enumerate(series.items()):
         xs = [labels.index(label) + (k - (len(series) - 1) / 2) * width for label in values]
         ax.bar(xs, list(values.values()), width, label=name)
-    colors = {"etcd": "tab:red", "nats_jetstream_r3": "tab:green"}
-    for name, p in (result.get("peers") or {}).items():
-        if isinstance(p, dict) and "ops_per_s" in p:
-            ax.axhline(p["ops_per_s"], linestyle="--", color=colors.get(name, "gray"), label=name)
+    # A peer's marker sits over the bar of the flush mode it is compared with.
+    offsets = {
+        peer: (list(series).index(flush) - (len(series) - 1) / 2) * width
+        for flush, peer in PEER_OF_FLUSH.items()
+        if flush in series
+    }
+    for name, pts in points.items():
+        color, marker = POINT_STYLES.get(name, ("gray", "o"))
+        ax.plot(
+            [x + offsets.get(name, 0.0) for x, _ in pts],
+            [y for _, y in pts],
+            linestyle="none",
+            marker=marker,
+            markersize=9,
+            color=color,
+            label=f"{name} (measured)",
+        )
     ax.set_xticks(range(len(labels)), labels, rotation=30)
-    ax.set_ylabel("messages / s")
-    ax.set_title("raftmq produce throughput, 3 nodes on 127.0.0.1 (peers: 1 KiB, 256 in flight)")
-    ax.legend()
+    ax.set_yscale("log")
+    ax.set_ylabel("messages / s (log)")
+    ax.set_title("raftmq produce throughput, 3 nodes on 127.0.0.1; markers: peers and the floor")
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

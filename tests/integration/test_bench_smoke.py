@@ -40,6 +40,25 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     v2 = result["produce_v2"]
     assert [(c["in_flight"], c["flush"]) for c in v2] == [(1, "SYNC_FLUSH"), (16, "SYNC_FLUSH")]
     assert all(c["messages"] > 0 and c["failed"] == 0 and c["p99_ms"] > 0 for c in v2), v2
+    # Issue #23: memory per node at rest and at peak, the floor, the peer table without peers.
+    for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
+        mem = result["memory"][flush]
+        assert set(mem["at_rest"]) == set(mem["peak"]) == {"n0", "n1", "n2"}
+        for node, rest in mem["at_rest"].items():
+            assert 0 < rest["rss_anon_mb"] <= mem["peak"][node]["rss_anon_mb"]
+            assert rest["rss_file_mb"] > 0
+    assert all(set(c["peak_memory_mb"]) == {"n0", "n1", "n2"} for c in result["produce"])
+    assert result["rest_memory"]["stored_messages"] == 1024
+    assert set(result["rest_memory"]["per_node"]) == {"n0", "n1", "n2"}
+    (floor,) = result["floor"]["cases"]
+    assert floor["in_flight"] == 16 and floor["ops"] > 0 and floor["errors"] == 0, floor
+    assert [(r["flush"], r["in_flight"]) for r in result["floor_table"]] == [
+        ("SYNC_FLUSH", 16),
+        ("ASYNC_FLUSH", 16),
+    ]
+    assert all(r["rate_ratio"] > 0 for r in result["floor_table"])
+    assert [r["peer_ops_s"] for r in result["peer_table"]] == [None, None]  # --no-peers
     md = result_json.with_suffix(".md").read_text()
     assert md.startswith("# mqbench") and "## v2 producer" in md
+    assert "## The floor" in md and "## Memory per node" in md
     assert result_json.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

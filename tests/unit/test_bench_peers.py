@@ -87,6 +87,32 @@ def test_main_install_reports_one_line_and_exit_1(
     assert err.strip().count("\n") == 0 and "Unable to locate" in err
 
 
+def test_client_install_command_is_a_plain_pinned_pip_install() -> None:
+    assert peers.client_install_commands(installed=True) == []
+    (cmd,) = peers.client_install_commands(installed=False)
+    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and "-e" not in cmd
+    assert cmd[-1] == peers.NATS_PY_REQUIREMENT
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"{peers.NATS_PY_REQUIREMENT}"' in pyproject  # the same pin as the test extras
+
+
+def test_install_runs_the_client_install_when_nats_py_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: no network\n")
+
+    monkeypatch.setattr(peers, "install_commands", lambda: [])
+    monkeypatch.setattr(peers, "_nats_client_installed", lambda: False)
+    monkeypatch.setattr(peers.subprocess, "run", run)
+    with pytest.raises(peers.PeerError, match="no network"):
+        peers.install()
+    assert ran == peers.client_install_commands(installed=False)
+
+
 def test_parse_version() -> None:
     assert peers.parse_version("etcd Version: 3.4.23\nGit SHA: x\nGo Version: go1.19.8") == (
         "3.4.23"
