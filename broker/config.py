@@ -29,6 +29,7 @@ from dledger.properties import (
 )
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
+from dledger.storage.retention import SECONDS_PER_HOUR
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
 from mqsecurity import SecurityError
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
@@ -545,12 +546,26 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"{path}: key 'diskSpaceResumeRatio' ({values['diskSpaceResumeRatio']}) must be "
             f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
+    _check_timer_retention(values, path)
     _check_tls(values, path)
     _check_metrics_port(values, path)
     _check_auth_keys(values, path)
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, **values)
+
+
+def _check_timer_retention(values: dict[str, Any], path: str) -> None:
+    """A timed message waits in the commitlog until its delivery time, at most
+    ``timerMaxDelaySec`` after its send: retention (``fileReservedTime``) must not be allowed to
+    delete its segment before then, or the broker would lose a message it accepted."""
+    delay_s, hours = values["timerMaxDelaySec"], values["fileReservedTime"]
+    if delay_s > hours * SECONDS_PER_HOUR:
+        raise ConfigError(
+            f"{path}: key 'timerMaxDelaySec' ({delay_s} s) exceeds fileReservedTime ({hours} h"
+            f" = {hours * SECONDS_PER_HOUR} s): retention would delete timed messages before"
+            f" their delivery time; raise fileReservedTime or lower timerMaxDelaySec"
+        )
 
 
 def _check_tls(values: dict[str, Any], path: str) -> None:

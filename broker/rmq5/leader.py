@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import grpc
@@ -55,8 +55,13 @@ RETRY_CODES = frozenset(
     {"NOT_LEADER", "NO_LEADER", "TRANSFER_IN_PROGRESS", "BACK_PRESSURE", "UNAVAILABLE"}
 )
 # A forwarded receive waits up to its long-polling time on the leader: its call deadline is that
-# plus this much.
+# plus this much, when its caller named no deadline.
 RECEIVE_CALL_MARGIN_S = 2.0
+# A forwarded long poll ends this long before the forward's deadline, so that the leader's answer
+# (messages it marked in flight) is back in time, not lost to the deadline.
+FORWARD_ANSWER_MARGIN_S = 0.5
+# The shortest deadline of a forwarded receive (a caller whose own deadline is nearly gone).
+MIN_FORWARD_TIMEOUT_S = 0.05
 
 _T = TypeVar("_T")
 
@@ -161,26 +166,63 @@ class LeaderCalls:
             Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate, r.position) for r in results
         ]
 
-    async def receive(self, q: ReceiveQuery) -> list[Received]:
-        """POP receive on the leader (long polling there)."""
+    async def receive(self, q: ReceiveQuery, answer_within_ms: int | None = None) -> list[Received]:
+        """POP receive on the leader (long polling there), answered within
+        ``answer_within_ms`` (the caller's deadline less a margin; None: the long poll and
+        :data:`RECEIVE_CALL_MARGIN_S`).
 
-        async def forward(stub: pb_grpc.BrokerStub) -> list[Received]:
-            resp = await stub.PopMessage(
-                pb.PopMessageRequest(
-                    group=q.group,
-                    topic=q.topic,
-                    queue_id=q.queue_id,
-                    max_msgs=q.batch_size,
-                    invisible_ms=q.invisible_ms,
-                    subscription=q.subscription,
-                    poll_timeout_ms=q.poll_timeout_ms,
-                ),
-                timeout=q.poll_timeout_ms / 1000 + RECEIVE_CALL_MARGIN_S,
-                metadata=caller_signature(),
-            )
-            return [_received(p) for p in resp.messages]
+        A leader that dies or steps down while the receive waits costs the client the election,
+        not its next receive: the receive goes to the new leader with what is left of its long
+        poll, and a long poll whose window closes before a leader answers gets no message (as
+        any long poll that found none: an error status would make a push consumer wait 1 s
+        before it receives again). A receive without long polling has the forward budget and
+        its error, as every other leader call."""
+        now = time.monotonic()
+        poll_end = now + q.poll_timeout_ms / 1000
+        if answer_within_ms is None:
+            answer_by = poll_end + RECEIVE_CALL_MARGIN_S
+        else:
+            answer_by = now + max(answer_within_ms, q.poll_timeout_ms) / 1000
+        retry_until = min(max(poll_end, now + FORWARD_BUDGET_MS / 1000), answer_by)
+        while True:
+            try:
+                return await self._receive_once(q, poll_end, answer_by)
+            except grpc.RpcError as exc:
+                failure = _forward_failure(exc)
+            except Failure as exc:
+                failure = exc
+            if failure.code not in RETRY_CODES:
+                raise failure
+            if time.monotonic() >= retry_until:
+                if q.poll_timeout_ms > 0:
+                    return []  # the long poll's window closed while leadership moved
+                raise failure
+            await asyncio.sleep(LEADER_RETRY_WAIT_S)
 
-        return await self._on_leader(lambda: self.pops.receive(q), forward)
+    async def _receive_once(
+        self, q: ReceiveQuery, poll_end: float, answer_by: float
+    ) -> list[Received]:
+        """One try of :meth:`receive`: here when this node leads, else forwarded, long polling
+        what is left of the window, its answer back by ``answer_by`` (monotonic s)."""
+        now = time.monotonic()
+        if self.node.core.role is Role.LEADER:
+            here = replace(q, poll_timeout_ms=int(max(0.0, poll_end - now) * 1000))
+            return await self._here(lambda: self.pops.receive(here))
+        poll_s = max(0.0, min(poll_end, answer_by - FORWARD_ANSWER_MARGIN_S) - now)
+        resp = await self._leader_stub().PopMessage(
+            pb.PopMessageRequest(
+                group=q.group,
+                topic=q.topic,
+                queue_id=q.queue_id,
+                max_msgs=q.batch_size,
+                invisible_ms=q.invisible_ms,
+                subscription=q.subscription,
+                poll_timeout_ms=int(poll_s * 1000),
+            ),
+            timeout=max(MIN_FORWARD_TIMEOUT_S, answer_by - now),
+            metadata=caller_signature(),
+        )
+        return [_received(p) for p in resp.messages]
 
     async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[str]:
         """Acknowledge on the leader: per handle "" (done) or the error's stable code."""

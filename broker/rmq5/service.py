@@ -441,7 +441,9 @@ class MessagingServicer:
     ) -> AsyncIterator[Any]:
         try:
             query = self._receive_query(request, context)
-            received = await self.leader.receive(query)
+            left_s = context.time_remaining()
+            answer_ms = None if left_s is None else int(left_s * 1000) - RECEIVE_DEADLINE_MARGIN_MS
+            received = await self.leader.receive(query, answer_ms)
         except Exception as exc:
             yield v2_service.ReceiveMessageResponse(status=_status_of(exc, self.node))
             return

@@ -136,6 +136,7 @@ def test_members_catch_up_by_snapshot_and_replicas_agree(
         namesrv=True,
         mappedFileSizeCommitLog=SEGMENT_BYTES,
         fileReservedTime=1,
+        timerMaxDelaySec=3600,  # at most fileReservedTime (broker.config)
         deleteWhen=ALL_HOURS,
         retentionCheckIntervalMs=300,
         maxLagRetentionHours=1,

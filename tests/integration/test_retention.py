@@ -68,6 +68,7 @@ def test_retention_deletes_old_segments_everywhere_but_waits_for_a_lagging_membe
         namesrv=True,
         mappedFileSizeCommitLog=SEGMENT_BYTES,
         fileReservedTime=1,
+        timerMaxDelaySec=3600,  # at most fileReservedTime (broker.config)
         deleteWhen=ALL_HOURS,
         retentionCheckIntervalMs=300,
     )

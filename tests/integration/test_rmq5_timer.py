@@ -4,8 +4,10 @@ group, with the official clients (docs/RMQ5.md, "Timed delivery"):
 - the Python and Node.js producers send 1,000 DELAY messages with delivery times spread over
   1-10 s after their send (1-30 s with ``RAFTMQ_SOAK=1``); the leader is SIGKILLed in the middle
   of the spread; the official Python SimpleConsumer receives every message exactly once, none
-  before its time, each within 1 s of it (those due while the group had no leader: within the
-  election's length + 1 s); every replica holds each delivered message once;
+  before its time; the broker delivers each within 1 s of it (those due around a leader
+  change: within the election's length + 2 s), and the consumer has 99% of them within 1 s of
+  their time, not counting the time the group had no leader (a message due while it had
+  none: within the election's length + 1 s); every replica holds each delivered message once;
 - pending timed messages survive a SIGKILL of every node at once;
 - a delivery time beyond ``timerMaxDelaySec`` (and a DELAY message without one) gets a clear
   status, and nothing is stored.
@@ -90,19 +92,23 @@ def _env(home: Path) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "NODE_PATH": str(NODE_MODULES)}
 
 
-def _spawn(argv: list[str], home: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home)
-    )
+def _spawn(argv: list[str], home: Path, name: str) -> subprocess.Popen[str]:
+    """A client script whose stdout and stderr go to files in ``home`` (``name``.out, .err),
+    never to pipes: a pipe the test does not read while it kills and restarts a node fills up,
+    and the client then stalls on its next print (measured as seconds of lateness once)."""
+    with (home / f"{name}.out").open("w") as out, (home / f"{name}.err").open("w") as err:
+        return subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=_env(home))
 
 
-def _finish(proc: subprocess.Popen[str]) -> list[Any]:
+def _finish(proc: subprocess.Popen[str], home: Path, name: str) -> list[Any]:
     try:
-        out, err = proc.communicate(timeout=CLIENT_TIMEOUT_S)
+        proc.wait(timeout=CLIENT_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    out = (home / f"{name}.out").read_text()
+    err = (home / f"{name}.err").read_text()
     assert proc.returncode == 0, f"{proc.args!r} failed:\n{out[-2000:]}\n{err[-3000:]}"
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert lines and "done" in lines[-1], out[-2000:]
@@ -110,14 +116,15 @@ def _finish(proc: subprocess.Popen[str]) -> list[Any]:
 
 
 def _producers(addr: str, topic: str, home: Path) -> list[subprocess.Popen[str]]:
+    """The Python producer ("py") and the Node.js one ("nd"), running."""
     assert PYTHON.exists(), "build/rmq5/pyclient missing: run 'make venv'"
     assert (NODE_MODULES / "rocketmq-client-nodejs").exists(), "build/rmq5/node: run 'make venv'"
     low, high = SPREAD_S
     py = [str(PYTHON), str(SCRIPTS / "py_timed_producer.py"), addr, topic, str(PY_MESSAGES), "py"]
     nd = ["node", str(SCRIPTS / "node_timed_producer.js"), addr, topic, str(NODE_MESSAGES), "nd"]
     return [
-        _spawn([*py, str(low), str(high - 1)], home),  # whole seconds, rounded up
-        _spawn([*nd, str(low * 1000), str(high * 1000)], home),
+        _spawn([*py, str(low), str(high - 1)], home, "py"),  # whole seconds, rounded up
+        _spawn([*nd, str(low * 1000), str(high * 1000)], home, "nd"),
     ]
 
 
@@ -185,13 +192,14 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
     budget_s = SPREAD_S[1] + 45  # a receive answer lost in the failover: 20 s more
     script = str(SCRIPTS / "py_timed_consumer.py")
     consumer = _spawn(
-        [str(PYTHON), script, every, topic, "GTimed", str(total), str(budget_s)], tmp_path
+        [str(PYTHON), script, every, topic, "GTimed", str(total), str(budget_s)], tmp_path, "c"
     )
     terms = _Terms(group)
     terms.start()
     try:
         started = time.time()
-        sent = [line for p in _producers(addr, topic, tmp_path) for line in _finish(p)]
+        producers = zip(_producers(addr, topic, tmp_path), ("py", "nd"), strict=True)
+        sent = [line for p, name in producers for line in _finish(p, tmp_path, name)]
         assert len(sent) == total
         # The leader dies in the middle of the spread, with about half the messages pending.
         time.sleep(max(0.0, started + sum(SPREAD_S) / 2 - time.time()))
@@ -201,7 +209,7 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
         group.wait_leader(exclude=leader)
         elected_ms = int(time.time() * 1000)
         group.start(leader)
-        events = _finish(consumer)
+        events = _finish(consumer, tmp_path, "c")
     finally:
         terms.stopping.set()
         terms.join(5)
@@ -229,7 +237,9 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
     # The official consumer's view: its first receive (a receive whose answer died with the
     # leader comes again after the invisible time, attempt 2: those are left out).
     first = {e["message_id"]: e["received_ms"] for e in received if e["attempt"] == 1}
+    leaderless = _leaderless(killed_ms, elected_ms, terms.changes)
     seen = [ms - due[mid] for mid, ms in first.items()]
+    counted = [ms - due[mid] - _overlap(due[mid], ms, leaderless) for mid, ms in first.items()]
     print(
         f"\ntimed delivery of {len(due)} messages over {SPREAD_S[0]}-{SPREAD_S[1]} s, leader"
         f" killed, no leader for {elected_ms - killed_ms} ms, {len(terms.changes)} leader changes"
@@ -238,11 +248,34 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
         f" p99 {_percentile(normal, 0.99)} ms, max {max(normal)} ms; {len(during)} due around"
         f" it max {max(during, default=0)} ms; received by the Python SimpleConsumer after"
         f" their time: p50 {_percentile(seen, 0.5)} ms, p99 {_percentile(seen, 0.99)} ms,"
-        f" max {max(seen)} ms ({len(due) - len(first)} received again after a lost answer)"
+        f" max {max(seen)} ms; less the time without a leader: p99"
+        f" {_percentile(counted, 0.99)} ms, max {max(counted)} ms"
+        f" ({len(due) - len(first)} received again after a lost answer)"
     )
     assert max(normal) <= MAX_LATE_MS, "a timed message was delivered more than 1 s late"
     assert max(during, default=0) <= ELECTION_MAX_MS + 2 * MAX_LATE_MS
-    assert _percentile(seen, 0.5) <= MAX_LATE_MS, "the consumer sees timed messages late"
+    assert _percentile(counted, 0.99) <= MAX_LATE_MS, "the consumer sees timed messages late"
+
+
+def _leaderless(killed_ms: int, elected_ms: int, changes: list[int]) -> list[tuple[int, int]]:
+    """When the group had no leader: from the kill to the new leader, and before any other
+    leader change the watcher saw (the loaded machine's), the longest an election takes."""
+    windows = [(killed_ms, elected_ms)]
+    for t in changes:
+        if not killed_ms <= t <= elected_ms + MAX_LATE_MS:  # not the kill's own election
+            windows.append((t - ELECTION_MAX_MS, t))
+    return windows
+
+
+def _overlap(start_ms: int, end_ms: int, windows: list[tuple[int, int]]) -> int:
+    """How much of [start_ms, end_ms] falls in the union of ``windows`` (ms)."""
+    covered, cursor = 0, start_ms
+    for low, high in sorted(windows):
+        low, high = max(low, cursor), min(high, end_ms)
+        if high > low:
+            covered += high - low
+            cursor = high
+    return covered
 
 
 def _within(ms: int, windows: list[range]) -> bool:

@@ -121,3 +121,17 @@ def test_grpc_server_port_is_off_by_default_and_must_not_reuse_a_port() -> None:
     for clash in ("10921", "40913", "70000", "-1"):
         with pytest.raises(ConfigError, match="grpcServerPort"):
             parse_config(GOOD + f"grpcServerPort={clash}\n")
+
+
+def test_timed_messages_may_not_outlive_retention() -> None:
+    # A timed message waits in the commitlog until its time: retention must keep it that long.
+    # RocketMQ's defaults (72 h and 3 days) are equal: allowed.
+    cfg = parse_config(GOOD)
+    assert cfg.timerMaxDelaySec == cfg.fileReservedTime * 3600 == 259_200
+    assert parse_config(GOOD + "fileReservedTime=1\ntimerMaxDelaySec=3600\n").timerMaxDelaySec
+    for extra in ("fileReservedTime=24\n", "timerMaxDelaySec=259201\n"):
+        with pytest.raises(ConfigError) as err:
+            parse_config(GOOD + extra, "node.conf")
+        message = str(err.value)
+        assert message.startswith("node.conf: key 'timerMaxDelaySec'")
+        assert "fileReservedTime" in message and "\n" not in message

@@ -1,0 +1,129 @@
+"""The v2 front end's forwarded receives across a leader change, without gRPC servers
+(broker/rmq5/leader.py): a long poll whose leader dies goes to the new leader with what is left
+of its window, one that finds no leader in its window answers no message, and a hung leader
+costs the caller no deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import pytest
+from raftmq.broker.v1 import broker_pb2 as pb
+
+from broker.pop import ReceiveQuery
+from broker.rmq5 import leader as leader_mod
+from broker.rmq5.leader import Failure, LeaderCalls
+from dledger.core import Role
+
+POLL_MS = 2000
+
+
+def _error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone")
+
+
+class _Leader:
+    """A leader's PopMessage as a forward sees it: ``dies_after_s`` into the call it fails as a
+    killed process does (UNAVAILABLE); ``hangs``: never answers before the call's deadline;
+    else one message at once. Records each request with its deadline."""
+
+    def __init__(self, dies_after_s: float | None = None, hangs: bool = False) -> None:
+        self.dies_after_s = dies_after_s
+        self.hangs = hangs
+        self.calls: list[tuple[pb.PopMessageRequest, float]] = []
+
+    async def PopMessage(
+        self, request: pb.PopMessageRequest, timeout: float, metadata: Any
+    ) -> pb.PopMessageResponse:
+        self.calls.append((request, timeout))
+        if self.hangs:
+            await asyncio.sleep(timeout)
+            raise _error(grpc.StatusCode.DEADLINE_EXCEEDED)
+        if self.dies_after_s is not None:
+            await asyncio.sleep(self.dies_after_s)
+            raise _error(grpc.StatusCode.UNAVAILABLE)
+        msg = pb.Message(topic="T", queue_id=1, queue_offset=7, body=b"x", msg_id="A" * 32)
+        return pb.PopMessageResponse(
+            messages=[pb.PoppedMessage(message=msg, receipt_handle="h", delivery_attempt=1)]
+        )
+
+
+def _calls(leaders: list[_Leader | None]) -> LeaderCalls:
+    """A follower's LeaderCalls whose leader is ``leaders[0]`` until a forward to it fails,
+    then the next (None: no leader known)."""
+    node = SimpleNamespace(core=SimpleNamespace(role=Role.FOLLOWER))
+    pops = SimpleNamespace(ctx=None, max_attempts=16)
+    calls = LeaderCalls(node, sender=None, pops=pops)  # type: ignore[arg-type]
+    current = list(leaders)
+
+    def stub() -> _Leader:
+        if current[0] is None:
+            raise Failure("NO_LEADER", "no leader yet", retryable=True)
+        if current[0].calls and len(current) > 1:  # the previous forward failed: re-elected
+            current.pop(0)
+            return stub()
+        return current[0]
+
+    calls._leader_stub = stub  # type: ignore[method-assign]
+    return calls
+
+
+def _query(poll_ms: int = POLL_MS) -> ReceiveQuery:
+    return ReceiveQuery("G", "T", -1, 32, 20_000, "", poll_ms)
+
+
+def test_a_long_poll_whose_leader_dies_goes_on_at_the_new_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The leader dies after the forward budget: the receive must not fail for it.
+    monkeypatch.setattr(leader_mod, "FORWARD_BUDGET_MS", 100)
+    dying, new = _Leader(dies_after_s=0.3), _Leader()
+    calls = _calls([dying, new])
+    started = time.monotonic()
+    received = asyncio.run(calls.receive(_query(), answer_within_ms=4500))
+    assert [r.message.uniq_id for r in received] == ["A" * 32]
+    request, timeout_s = new.calls[0]
+    # What is left of the window, not the whole poll again; the answer back in time.
+    assert 1000 < request.poll_timeout_ms < POLL_MS - 250
+    assert timeout_s <= 4.5 - (time.monotonic() - started) + 0.05
+    assert timeout_s - request.poll_timeout_ms / 1000 >= leader_mod.FORWARD_ANSWER_MARGIN_S - 0.01
+
+
+def test_a_long_poll_without_a_leader_answers_no_message_at_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(leader_mod, "FORWARD_BUDGET_MS", 100)
+    calls = _calls([None])
+    started = time.monotonic()
+    assert asyncio.run(calls.receive(_query(400), answer_within_ms=900)) == []
+    assert 0.35 < time.monotonic() - started < 0.9
+    # Without long polling, the missing leader is the answer (after the forward budget).
+    with pytest.raises(Failure) as failure:
+        asyncio.run(calls.receive(_query(0), answer_within_ms=900))
+    assert failure.value.code == "NO_LEADER"
+
+
+def test_a_hung_leader_costs_the_caller_no_deadline() -> None:
+    hung = _Leader(hangs=True)
+    calls = _calls([hung])
+    started = time.monotonic()
+    assert asyncio.run(calls.receive(_query(1000), answer_within_ms=1200)) == []
+    assert time.monotonic() - started < 1.2 + 0.15
+    request, timeout_s = hung.calls[0]
+    assert request.poll_timeout_ms <= 1200 - 500 and timeout_s <= 1.2
+
+
+def test_a_refusal_that_no_new_leader_changes_is_the_answer() -> None:
+    refusing = _Leader()
+
+    async def refuse(request: pb.PopMessageRequest, timeout: float, metadata: Any) -> Any:
+        raise Failure("TOPIC_NOT_FOUND", "no topic T")
+
+    refusing.PopMessage = refuse  # type: ignore[method-assign]
+    with pytest.raises(Failure) as failure:
+        asyncio.run(_calls([refusing]).receive(_query(), answer_within_ms=4500))
+    assert failure.value.code == "TOPIC_NOT_FOUND"
