@@ -500,6 +500,11 @@ class DLedgerNode:
         """The last index applied by the state machine."""
         return self._applied
 
+    def peer_addr(self, node_id: str) -> str:
+        """A member's peer address: from the settings, else from the configuration (a
+        member added at run time); "" when unknown."""
+        return self._book.peer_addr(node_id)
+
     def peer_metadata(self) -> tuple[tuple[str, str], ...]:
         """What identifies this node on a peer call (as the transport's streams send it)."""
         cfg = self.cfg

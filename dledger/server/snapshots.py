@@ -127,6 +127,7 @@ class SnapshotSender:
         self._stopping = False
         self.sent = 0
         self.failed = 0
+        self.bytes_sent = 0
 
     def start(self, req: SnapshotRequest) -> None:
         task = self._tasks.get(req.to_id)
@@ -196,7 +197,10 @@ class SnapshotSender:
             len(app.files),
         )
         chunks = _chunks(node, req, header, extent.end_position, app)
-        addr = node.cfg.peers[req.to_id]
+        # A member added at run time is in no settings: its address is the configuration's.
+        addr = node.peer_addr(req.to_id)
+        if not addr:
+            raise DLedgerError(f"no peer address known for {req.to_id}")
         async with open_aio_channel(addr, node.cfg.client_security, CHANNEL_OPTIONS) as ch:
             reply = await pb_grpc.DLedgerPeerStub(ch).InstallSnapshot(
                 chunks, metadata=node.peer_metadata()
@@ -233,6 +237,7 @@ async def _chunks(
             data = await loop.run_in_executor(None, data)
         assert isinstance(data, bytes)
         total += len(data)
+        node.snapshots_out.bytes_sent += len(data)
         if data and data == _ZEROS[: len(data)]:
             _digest_update(digest, name, offset, b"", len(data))
             yield pb.SnapshotChunk(data=pb.SnapshotData(name=name, offset=offset, zeros=len(data)))

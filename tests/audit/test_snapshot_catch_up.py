@@ -12,7 +12,6 @@ and topics, serves the same messages, and the Spark audit of the three stores is
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import time
@@ -24,9 +23,15 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from raftmq.dledger.v1 import dledger_pb2 as dpb
-from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
-from support import create_topic, pull_all, wait_for
+from support import (
+    ALL_HOURS,
+    age_segments,
+    create_topic,
+    metadata,
+    pull_all,
+    wait_for,
+    wait_trimmed,
+)
 
 from broker.cluster import LocalCluster
 from client import Message, Producer
@@ -37,36 +42,16 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
 SEGMENT_BYTES = 64 * 1024  # 1 KiB messages fill one in ~60 sends
-TWO_HOURS_S = 2 * 3600
 TOPIC = "SnapT"
 QUEUES = 2
 CATCH_UP_S = 60.0
-
-
-def metadata(addr: str) -> dpb.MetadataResponse | None:
-    try:
-        with grpc.insecure_channel(addr) as ch:
-            resp: dpb.MetadataResponse = dpb_grpc.DLedgerClientStub(ch).Metadata(
-                dpb.MetadataRequest(), timeout=5
-            )
-            return resp
-    except grpc.RpcError:
-        return None
 
 
 def store_path(cluster: LocalCluster, node_id: str) -> Path:
     md = metadata(cluster.node(node_id).client_addr)
     assert md is not None
     return Path(md.store_path)
-
-
-def age_segments(root: Path) -> None:
-    """Pretend every data segment of a store was last written two hours ago."""
-    old = time.time() - TWO_HOURS_S
-    for p in (root / "commitlog").iterdir():
-        os.utime(p, (old, old))
 
 
 def send(producer: Producer, first: int, count: int) -> None:
@@ -118,14 +103,6 @@ def bodies_from(addr: str) -> list[bytes]:
 
 def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def wait_trimmed(cluster: LocalCluster, node_ids: list[str], beyond: int) -> None:
-    def trimmed() -> bool:
-        metas = [metadata(cluster.node(n).client_addr) for n in node_ids]
-        return all(m is not None and m.first_index > beyond for m in metas)
-
-    wait_for(trimmed, 30, f"retention beyond index {beyond} on {node_ids}")
 
 
 def test_members_catch_up_by_snapshot_and_replicas_agree(
