@@ -882,11 +882,9 @@ class DLedgerNode:
                 store = await self.snapshots_in.install(meta)
                 self.store = store
                 self.core.replace_store(store)
+                # The core adopted the snapshot's configuration when it accepted it; the
+                # install saved it (membership.json) before the marker goes.
                 install_app(self.cfg.store_dir, self.sm, meta.index)
-                if isinstance(meta.config, ConfState):
-                    # The core adopted the snapshot's configuration when it accepted it (the
-                    # log that held the CONFIG entries is gone): keep it for a restart.
-                    save_conf(self.cfg.store_dir, meta.config)
                 # A state machine without snapshot files of its own is the log itself.
                 takes_files = callable(getattr(self.sm, "install_snapshot", None))
                 applied = self.sm.applied_index() if takes_files else meta.index

@@ -26,6 +26,7 @@ file makes an install that a crash interrupted finish at the next start).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -46,6 +47,7 @@ from dledger.core import ConfState, InstallSnapshot, Role, SnapshotMeta, Snapsho
 from dledger.core.membership import decode as decode_conf
 from dledger.log import DLedgerError
 from dledger.server import status
+from dledger.server.membership import save_conf
 from dledger.server.transport import CHANNEL_OPTIONS
 from dledger.storage import SegmentedLogStore
 from dledger.storage.files import atomic_write, fsync_dir, segment_name
@@ -406,6 +408,7 @@ class SnapshotReceiver:
         _check_header(h, node.store.config.segment_size_bytes)
         if h.term < node.core.term or h.snapshot_index <= node.core.commit_index:
             return pb.SnapshotReply(accepted=False)  # stale: nothing to send
+        conf = _snapshot_conf(h)  # a malformed configuration refuses before anything is staged
         incoming = self.dir / "incoming"
         await loop.run_in_executor(None, _fresh_dir, incoming)
         staging = _Staging(incoming)
@@ -424,7 +427,7 @@ class SnapshotReceiver:
                 f"checksum or size does not match ({staging.total} bytes received, "
                 f"{t.total_bytes} sent)"
             )
-        await loop.run_in_executor(None, self._make_ready, staging, h)
+        await loop.run_in_executor(None, make_ready, self.dir, staging, h)
         self._staged = {(h.snapshot_index, h.snapshot_term): h}
         m = InstallSnapshot(
             sender,
@@ -432,22 +435,12 @@ class SnapshotReceiver:
             h.term,
             h.snapshot_index,
             h.snapshot_term,
-            _snapshot_conf(h),
+            conf,
         )
         node.step_local(m)
         pending = node.core.pending_snapshot
         accepted = pending is not None and pending.index == h.snapshot_index
         return pb.SnapshotReply(accepted=accepted, received_bytes=staging.total)
-
-    def _make_ready(self, staging: _Staging, h: pb.SnapshotHeader) -> None:
-        staging.sync()
-        ready = self.dir / "ready"
-        shutil.rmtree(ready, ignore_errors=True)
-        os.rename(staging.root, ready)
-        (ready / "log").mkdir(exist_ok=True)
-        (ready / "app").mkdir(exist_ok=True)
-        atomic_write(ready / "header.json", json.dumps(_header_dict(h)).encode())
-        fsync_dir(self.dir)
 
     async def install(self, meta: SnapshotMeta) -> SegmentedLogStore:
         """Install the staged snapshot ``meta`` (the core accepted it): returns the new store
@@ -488,8 +481,11 @@ def _snapshot_conf(h: pb.SnapshotHeader) -> ConfState | None:
         raise SnapshotRefused(f"membership configuration: {exc}") from None
 
 
-def _header_dict(h: pb.SnapshotHeader) -> dict[str, int]:
+def _header_dict(h: pb.SnapshotHeader) -> dict[str, int | str]:
+    """What an install (and a restart finishing one) needs of the header, the membership
+    configuration included: the log that held its CONFIG entries is replaced."""
     return {
+        "config": base64.b64encode(h.config).decode(),
         "snapshot_index": h.snapshot_index,
         "snapshot_term": h.snapshot_term,
         "base_index": h.base_index,
@@ -499,17 +495,36 @@ def _header_dict(h: pb.SnapshotHeader) -> dict[str, int]:
     }
 
 
+def make_ready(staging_dir: Path, staging: _Staging, h: pb.SnapshotHeader) -> None:
+    """A complete, verified transfer becomes ``staging_dir/ready``: data synced first, then
+    moved, then its header (the last file written: no header, no snapshot to install)."""
+    staging.sync()
+    ready = staging_dir / "ready"
+    shutil.rmtree(ready, ignore_errors=True)
+    os.rename(staging.root, ready)
+    (ready / "log").mkdir(exist_ok=True)
+    (ready / "app").mkdir(exist_ok=True)
+    atomic_write(ready / "header.json", json.dumps(_header_dict(h)).encode())
+    fsync_dir(staging_dir)
+
+
 def _fresh_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
 
 
 def finish_install(store_dir: str) -> None:
-    """Swap the staged log in (idempotent: also what a restart runs when the marker is
-    there). The application's files are swapped by :func:`install_app` on the event loop."""
+    """Swap the staged log in and save the snapshot's membership configuration (idempotent:
+    also what a restart runs when the marker is there). The application's files are swapped
+    by :func:`install_app`, which removes the marker last: a crash anywhere before leaves
+    the marker, and the next start runs this again, so the node never starts with the new
+    log and the configuration of the old one (whose CONFIG entries the install dropped)."""
     staging = Path(store_dir) / STAGING_DIR
     ready = staging / "ready"
     h = json.loads((ready / "header.json").read_bytes())
+    raw_conf = base64.b64decode(h.get("config", ""))
+    if raw_conf:
+        save_conf(store_dir, decode_conf(raw_conf, int(h["snapshot_index"])))
     install_log(
         Path(store_dir),
         ready / "log",

@@ -10,14 +10,28 @@ from pathlib import Path
 import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
+from dledger.core import ConfState
+from dledger.core.membership import MemberAddr, joining
+from dledger.log import Entry
+from dledger.server.membership import load_conf, save_conf
+from dledger.server.node import LogOnlyStateMachine
 from dledger.server.snapshots import (
+    INSTALL_MARKER,
     SNAPSHOT_CHUNK_BYTES,
+    STAGING_DIR,
     SnapshotRefused,
     _check_header,
     _check_name,
     _digest_update,
+    _log_pieces,
     _Staging,
+    finish_install,
+    install_app,
+    make_ready,
+    pending_install,
 )
+from dledger.storage.files import atomic_write
+from dledger.storage.store import SegmentedLogStore, StoreConfig
 
 SEG = 64 * 1024
 
@@ -106,3 +120,108 @@ def test_staging_checks_order_size_and_digest(tmp_path: Path) -> None:
         with pytest.raises(SnapshotRefused):
             st.write(bad)
     assert not (tmp_path / "app" / "b").exists()
+
+
+# ---------------------------------------------------------------- an install a crash stopped
+
+CFG = StoreConfig(segment_size_bytes=SEG, index_segment_size_bytes=SEG)
+SNAP_INDEX = 250
+FIRST_INDEX = 102  # the first entry of the leader's second segment (600-byte bodies)
+# The configuration at the snapshot's index: the node (n3) was added, promoted, n1 removed.
+CONF = ConfState(
+    voters=frozenset({"n0", "n2", "n3"}),
+    removed=("n1",),
+    addrs=(MemberAddr("n3", "127.0.0.1:40914", "127.0.0.1:10914"),),
+)
+
+
+class _Sender:
+    def __init__(self, store: SegmentedLogStore) -> None:
+        self.store = store
+
+
+def _stage_transfer(tmp_path: Path) -> Path:
+    """A joining node's store (its own log of 10 entries, membership.json "joining") with a
+    verified transfer of a leader's snapshot staged in ``snapshot/ready`` (as the receiver
+    leaves it before the core accepts it); the store directory."""
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1 + i // 100, i, b"e%05d" % i * 100) for i in range(1, 301)])
+    src.flush()
+    src.delete_prefix(src.segment_infos()[0].last_index)
+    assert src.first_index() == FIRST_INDEX  # the leader's retention ran
+    ext = src.snapshot_extent(SNAP_INDEX)
+    h = pb.SnapshotHeader(
+        term=3,
+        snapshot_index=SNAP_INDEX,
+        snapshot_term=src.term_at(SNAP_INDEX),
+        config=CONF.encode(),
+        base_index=ext.base_index,
+        base_term=ext.base_term,
+        start_position=ext.start_position,
+        segment_size_bytes=SEG,
+    )
+    root = tmp_path / "n3"
+    own = SegmentedLogStore(root, CFG)
+    own.append([Entry(1, i, b"own") for i in range(1, 11)])
+    own.close()
+    save_conf(str(root), joining("n3"), is_joining=True)
+    staging = _Staging(root / STAGING_DIR / "incoming")
+    staging.root.mkdir(parents=True)
+    pieces = _log_pieces(_Sender(src), ext.start_position, ext.end_position, SEG)  # type: ignore[arg-type]
+    for name, offset, read in pieces:
+        staging.write(pb.SnapshotData(name=name, offset=offset, data=read()))  # type: ignore[operator]
+    make_ready(root / STAGING_DIR, staging, h)
+    src.close()
+    return root
+
+
+def _restart(root: Path) -> tuple[SegmentedLogStore, ConfState | None]:
+    """What DLedgerNode.start does with a store: finish an interrupted install, open."""
+    index = pending_install(str(root))
+    if index is not None:
+        finish_install(str(root))
+    store = SegmentedLogStore(root, CFG)
+    if index is not None:
+        install_app(str(root), LogOnlyStateMachine(), index)
+    return store, load_conf(str(root), "n3")
+
+
+@pytest.mark.parametrize("crash_at", ["after_marker", "old_log_removed", "before_checkpoint"])
+def test_an_interrupted_install_restarts_with_the_new_log_and_its_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_at: str
+) -> None:
+    root = _stage_transfer(tmp_path)
+    atomic_write(root / STAGING_DIR / INSTALL_MARKER, b"install\n")  # the install begins
+    if crash_at != "after_marker":
+        target = "os.rename" if crash_at == "old_log_removed" else "atomic_write"
+        with monkeypatch.context() as m:
+            m.setattr(f"dledger.storage.install.{target}", _crash)
+            with pytest.raises(_Crash):
+                finish_install(str(root))
+    store, conf = _restart(root)
+    # The complete new state: the snapshot's log, and the configuration it carried (the
+    # old log's CONFIG entries are gone; "joining" would keep n3 from ever campaigning).
+    assert (store.first_index(), store.last_index()) == (FIRST_INDEX, SNAP_INDEX)
+    assert conf is not None and (conf.voters, conf.removed) == (CONF.voters, CONF.removed)
+    assert conf.addr_of("n3") == CONF.addr_of("n3")
+    assert pending_install(str(root)) is None
+    store.close()
+    store, _ = _restart(root)  # and again: nothing left to finish
+    assert store.last_index() == SNAP_INDEX
+    store.close()
+
+
+def test_a_crash_before_the_install_began_keeps_the_old_state(tmp_path: Path) -> None:
+    root = _stage_transfer(tmp_path)  # staged and verified, but no install marker yet
+    store, conf = _restart(root)
+    assert (store.first_index(), store.last_index()) == (1, 10)
+    assert conf == joining("n3")
+    store.close()
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash(*_: object) -> None:
+    raise _Crash("simulated crash")
