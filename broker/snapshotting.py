@@ -14,6 +14,12 @@ between two applies):
   (``BrokerStateMachine._recover_to_snapshot``). Key index files copied while being written
   are marked unclean first, so opening them repairs slots against their header.
 
+  The files are **pinned** when captured: hard links under ``snapshot-out/<n>/``, made
+  between two applies, so the transfer reads exactly the files the state document counts
+  even when a later entry deletes their topic or retention deletes old ones while it runs
+  (a missing ConsumeQueue would make the follower's state disagree with the document and
+  throw the install away). The links go when the transfer ends, and at the next start.
+
 :func:`install` (on the follower, after dledger installed the log) swaps the staged files in
 for the broker's own, idempotently (a crash part way is finished by the next start), and
 leaves the state machine closed: its next ``applied_index()`` opens it at the snapshot.
@@ -21,6 +27,7 @@ leaves the state machine closed: its next ``applied_index()`` opens it at the sn
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -42,6 +49,9 @@ CONFIG_DIR = "config"
 # Written in the staged directory once it is prepared (empty directories made, key index
 # files marked unclean): a second run must not prepare again after some moved away.
 PREPARED_MARKER = ".prepared"
+# Hard links of the files a snapshot being sent reads (one directory per capture).
+PIN_DIR = "snapshot-out"
+_pins = itertools.count(1)
 
 
 def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
@@ -49,19 +59,41 @@ def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
     document, captured now)."""
     files: list[tuple[str, bytes | Path]] = [(f"{CONFIG_DIR}/snapshot.json", snapshot_bytes)]
     root = sm.root
+    pin = root / PIN_DIR / str(next(_pins))
     for base in (CQ_DIR, INDEX_DIR):
         top = root / base
         if top.is_dir():
-            files.extend(
-                (p.relative_to(root).as_posix(), p) for p in sorted(top.rglob("*")) if p.is_file()
-            )
+            for p in sorted(top.rglob("*")):
+                if p.is_file():
+                    rel = p.relative_to(root).as_posix()
+                    files.append((rel, _pinned(p, pin / rel)))
 
     def flush() -> None:
         # What the document describes is in the files (and the index header counts it).
         sm.cqs.flush()
         sm.index.flush()
 
-    return AppSnapshot(sm.last_applied, files, flush)
+    def release() -> None:
+        shutil.rmtree(pin, ignore_errors=True)
+
+    return AppSnapshot(sm.last_applied, files, flush, release)
+
+
+def _pinned(path: Path, link: Path) -> Path:
+    """A hard link to ``path`` (the file the transfer reads); ``path`` itself where the file
+    system refuses links (the transfer then fails if the file goes, and is restarted)."""
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.link(path, link)
+    except OSError as exc:
+        logger.warning("snapshot: cannot pin %s (%s): read in place", path, exc)
+        return path
+    return link
+
+
+def clear_pins(root: Path) -> None:
+    """Drop the links of transfers a previous process did not finish."""
+    shutil.rmtree(root / PIN_DIR, ignore_errors=True)
 
 
 def install(sm: BrokerStateMachine, app_dir: Path) -> None:

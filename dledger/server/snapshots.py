@@ -52,6 +52,7 @@ from dledger.server.transport import CHANNEL_OPTIONS
 from dledger.storage import SegmentedLogStore
 from dledger.storage.files import atomic_write, fsync_dir, segment_name
 from dledger.storage.install import install_log
+from dledger.storage.store import LogExtent
 from mqsecurity.channels import open_aio_channel
 
 if TYPE_CHECKING:
@@ -177,8 +178,19 @@ class SnapshotSender:
         extent = store.snapshot_extent(index)
         app = node.capture_app_snapshot()
         loop = asyncio.get_running_loop()
+        try:
+            return await self._stream(req, meta, extent, app)
+        finally:
+            if app.release is not None:
+                loop.run_in_executor(None, app.release)  # however the transfer ended
+
+    async def _stream(
+        self, req: SnapshotRequest, meta: SnapshotMeta, extent: LogExtent, app: AppSnapshot
+    ) -> int:
+        node = self._node
+        index = meta.index
         if app.prepare is not None:
-            await loop.run_in_executor(None, app.prepare)
+            await asyncio.get_running_loop().run_in_executor(None, app.prepare)
         header = pb.SnapshotHeader(
             term=req.term,
             snapshot_index=meta.index,
