@@ -28,6 +28,11 @@ from dledger.properties import (
     read_text,
 )
 from dledger.server.node import NodeConfig
+from dledger.server.snapshots import (
+    DEFAULT_SNAPSHOT_BYTES_PER_S,
+    MAX_SNAPSHOT_BYTES_PER_S,
+    MIN_SNAPSHOT_BYTES_PER_S,
+)
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
 from mqsecurity import SecurityError
@@ -236,6 +241,14 @@ KEYS: Mapping[str, _Key] = {
         "48",
         "hours old segments are kept for a member that lacks them (then: snapshot)",
     ),
+    # The pace of a leader's snapshot transfers (dledger.server.snapshots: 1 MiB/s to
+    # 16 GiB/s; the default is reasoned there), so catching a member up leaves the leader's
+    # event loop and link to its clients.
+    "snapshotTransferBytesPerSec": _Key(
+        int_in(MIN_SNAPSHOT_BYTES_PER_S, MAX_SNAPSHOT_BYTES_PER_S),
+        str(DEFAULT_SNAPSHOT_BYTES_PER_S),
+        "bytes per second of all snapshot transfers a leader sends",
+    ),
     "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
@@ -404,6 +417,7 @@ class BrokerConfig:
     deleteWhen: str
     retentionCheckIntervalMs: int
     maxLagRetentionHours: int
+    snapshotTransferBytesPerSec: int
     maxMessageSize: int
     autoCreateTopicEnable: bool
     slaveReadEnable: bool
@@ -661,6 +675,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         delete_when=cfg.deleteWhen,
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
         max_lag_retention_hours=cfg.maxLagRetentionHours,
+        snapshot_bytes_per_s=cfg.snapshotTransferBytesPerSec,
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,

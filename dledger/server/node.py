@@ -67,6 +67,9 @@ from dledger.server.membership import JOIN_RETRY_MS, AddressBook, load_conf, sav
 from dledger.server.metrics import RaftStats
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
+    DEFAULT_SNAPSHOT_BYTES_PER_S,
+    MAX_SNAPSHOT_BYTES_PER_S,
+    MIN_SNAPSHOT_BYTES_PER_S,
     SnapshotReceiver,
     SnapshotRefused,
     SnapshotSender,
@@ -227,6 +230,10 @@ class NodeConfig:
     # dLegerJoinAddr): a node started with an empty store asks the group to add it as a
     # learner, and takes its configuration from the log (docs/CLUSTER.md). "": no joining.
     join_addr: str = ""
+    # snapshotTransferBytesPerSec: the pace of this node's snapshot transfers, all followers
+    # together (dledger.server.snapshots.Pacer), so that catching a member up does not
+    # starve the leader's clients.
+    snapshot_bytes_per_s: int = DEFAULT_SNAPSHOT_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -244,6 +251,11 @@ class NodeConfig:
         ):
             raise ConfigError(
                 "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
+            )
+        if not MIN_SNAPSHOT_BYTES_PER_S <= self.snapshot_bytes_per_s <= MAX_SNAPSHOT_BYTES_PER_S:
+            raise ConfigError(
+                f"snapshot_bytes_per_s {self.snapshot_bytes_per_s} is outside "
+                f"[{MIN_SNAPSHOT_BYTES_PER_S}, {MAX_SNAPSHOT_BYTES_PER_S}]"
             )
         self._check_tls()
 

@@ -1,27 +1,37 @@
-"""A snapshot transfer is as hostile as any peer input: the receiver's checks
-(dledger.server.snapshots) refuse bad headers, names, offsets, sizes and checksums before
-anything reaches the core."""
+"""Snapshots on the server (dledger.server.snapshots).
+
+A transfer is as hostile as any peer input: the receiver's checks refuse bad headers, names,
+offsets, sizes and checksums before anything reaches the core. An install a crash stopped is
+finished at the next start with the snapshot's log and membership configuration, never a mix.
+The sender paces its transfers and backs off a follower that keeps failing."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
-from dledger.core import ConfState
+from dledger.appsnapshot import AppSnapshot
+from dledger.core import ConfState, Role, SnapshotRequest
 from dledger.core.membership import MemberAddr, joining
 from dledger.log import Entry
 from dledger.server.membership import load_conf, save_conf
 from dledger.server.node import LogOnlyStateMachine
 from dledger.server.snapshots import (
     INSTALL_MARKER,
+    MIN_SNAPSHOT_BYTES_PER_S,
     SNAPSHOT_CHUNK_BYTES,
     STAGING_DIR,
+    Pacer,
     SnapshotRefused,
+    SnapshotSender,
     _check_header,
     _check_name,
+    _chunks,
     _digest_update,
     _log_pieces,
     _Staging,
@@ -225,3 +235,66 @@ class _Crash(Exception):
 
 def _crash(*_: object) -> None:
     raise _Crash("simulated crash")
+
+
+# ---------------------------------------------------------------- pace and restarts
+
+
+class _Clock:
+    """A monotonic clock that only the pacer's sleeps move."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_transfer_is_paced_at_the_configured_rate(tmp_path: Path) -> None:
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1, i, bytes([i % 251]) * 4000) for i in range(1, 501)])  # ~2 MiB
+    src.flush()
+    ext = src.snapshot_extent(500)
+    clock = _Clock()
+    rate = MIN_SNAPSHOT_BYTES_PER_S
+    out = SimpleNamespace(pacer=Pacer(rate, clock, clock.sleep), bytes_sent=0)
+    node = SimpleNamespace(core=SimpleNamespace(role=Role.LEADER, term=3), store=src)
+    node.snapshots_out = out
+    header = pb.SnapshotHeader(start_position=ext.start_position, segment_size_bytes=SEG)
+    req = SnapshotRequest("n3", 3)
+
+    async def stream() -> list[pb.SnapshotChunk]:
+        it = _chunks(node, req, header, ext.end_position, AppSnapshot(500, ()))  # type: ignore[arg-type]
+        return [c async for c in it]
+
+    chunks = asyncio.run(stream())
+    src.close()
+    largest = max(len(c.data.data) or c.data.zeros for c in chunks if c.HasField("data"))
+    assert out.bytes_sent == ext.end_position - ext.start_position > 2_000_000
+    # The first chunk leaves at once, the rest at the pace: no faster than the rate.
+    assert clock.now - 1000.0 >= (out.bytes_sent - largest) / rate
+
+
+def test_the_pace_is_shared_by_concurrent_transfers() -> None:
+    clock = _Clock()
+    pacer = Pacer(2 << 20, clock, clock.sleep)
+
+    async def two() -> None:
+        async def one() -> None:
+            for _ in range(4):
+                await pacer.take(1 << 20)
+
+        await asyncio.gather(one(), one())
+
+    asyncio.run(two())
+    assert clock.now - 1000.0 == pytest.approx(3.5)  # 8 MiB at 2 MiB/s, the first at once
+
+
+def test_restarts_back_off_per_follower() -> None:
+    sender = SnapshotSender(SimpleNamespace(cfg=SimpleNamespace(snapshot_bytes_per_s=1 << 20)))  # type: ignore[arg-type]
+    delays = [sender.retry_delay_ms("n3") for _ in range(8)]
+    assert delays == [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+    assert sender.retry_delay_ms("n4") == 1000  # another follower's count is its own
