@@ -119,7 +119,7 @@ def _snapshot_families(node: DLedgerNode) -> list[Metric]:
         ),
         counter(
             "raft_snapshot_bytes_sent",
-            "Bytes of log and application files this leader streamed in snapshots",
+            "Bytes of data this leader streamed in snapshots (runs of zeros not counted)",
             out.bytes_sent,
         ),
         counter(

@@ -299,13 +299,15 @@ async def _chunks(
         if callable(data):
             data = await loop.run_in_executor(None, data)
         assert isinstance(data, bytes)
-        await node.snapshots_out.pacer.take(len(data))
         total += len(data)
-        node.snapshots_out.bytes_sent += len(data)
         if data and data == _ZEROS[: len(data)]:
+            # A run of zeros (a sparse key index file, the rest of a segment) travels as its
+            # length: it costs neither the link nor the digest, so it is not paced.
             _digest_update(digest, name, offset, b"", len(data))
             yield pb.SnapshotChunk(data=pb.SnapshotData(name=name, offset=offset, zeros=len(data)))
             continue
+        await node.snapshots_out.pacer.take(len(data))
+        node.snapshots_out.bytes_sent += len(data)
         _digest_update(digest, name, offset, data, 0)
         yield pb.SnapshotChunk(data=pb.SnapshotData(name=name, offset=offset, data=data))
     yield pb.SnapshotChunk(trailer=pb.SnapshotTrailer(total_bytes=total, sha256=digest.digest()))
