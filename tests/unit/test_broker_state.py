@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-from broker.errors import CorruptMessageError, InvalidRequestError
+from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
 from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
 from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
 from broker.snapshotting import PIN_DIR
@@ -401,20 +401,11 @@ def test_a_topic_deleted_while_its_snapshot_streams_still_installs_consistently(
     topic deleted meanwhile (its ConsumeQueues removed) must not break the transfer, and the
     follower must open at the snapshot (not rebuild: its log starts past index 1), then
     apply the deletion and hold what the leader holds."""
-    log = MemoryLog()
-    for name in ("Gone", "Kept"):
-        log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig(name, 2, 2, 6)), ENTRY_TOPIC)
-    for n in range(30):
-        batch(log, [msg(n % 2, n, topic="Gone" if n % 3 else "Kept")])
-    leader = new_sm(tmp_path / "leader", log)
-    leader.applied_index()
-    leader.apply(log.entries)
+    log, leader = _two_topics(tmp_path)
     snap = leader.capture_snapshot()  # between two applies, as the node calls it
     assert snap.prepare is not None and snap.release is not None
-    snap.prepare()
-    log.add(encode_topic_record(TOPIC_DELETE, TopicConfig("Gone")), ENTRY_TOPIC)
-    leader.apply(log.entries[-1:])
-    assert not (tmp_path / "leader" / "consumequeue" / "Gone").exists()
+    snap.prepare()  # the sender's first step, in a thread
+    _delete_gone(log, leader)
     staged = tmp_path / "staged"
     for name, offset, data in _app_pieces(snap):  # what the sender reads, now
         content = data() if callable(data) else data
@@ -437,3 +428,36 @@ def test_a_topic_deleted_while_its_snapshot_streams_still_installs_consistently(
     leader.close()
     follower.close()
     assert cq_bytes(tmp_path / "follower") == cq_bytes(tmp_path / "leader")
+
+
+def test_a_file_deleted_before_it_was_pinned_fails_the_transfer(tmp_path: Path) -> None:
+    """The short window between the capture and the links: the transfer fails with a clear
+    error (the leader restarts it from a new capture), and leaves no links behind."""
+    log, leader = _two_topics(tmp_path)
+    snap = leader.capture_snapshot()
+    assert snap.prepare is not None and snap.release is not None
+    _delete_gone(log, leader)
+    with pytest.raises(BrokerError, match="deleted since the capture"):
+        snap.prepare()
+    snap.release()
+    assert not any((tmp_path / "leader" / PIN_DIR).rglob("*"))
+    leader.close()
+
+
+def _two_topics(tmp_path: Path) -> tuple[MemoryLog, BrokerStateMachine]:
+    """A leader's state machine with messages in topics Gone and Kept."""
+    log = MemoryLog()
+    for name in ("Gone", "Kept"):
+        log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig(name, 2, 2, 6)), ENTRY_TOPIC)
+    for n in range(30):
+        batch(log, [msg(n % 2, n, topic="Gone" if n % 3 else "Kept")])
+    leader = new_sm(tmp_path / "leader", log)
+    leader.applied_index()
+    leader.apply(log.entries)
+    return log, leader
+
+
+def _delete_gone(log: MemoryLog, sm: BrokerStateMachine) -> None:
+    log.add(encode_topic_record(TOPIC_DELETE, TopicConfig("Gone")), ENTRY_TOPIC)
+    sm.apply(log.entries[-1:])
+    assert not (sm.root / "consumequeue" / "Gone").exists()
