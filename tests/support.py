@@ -175,6 +175,18 @@ TWO_HOURS_S = 2 * 3600
 ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
 
 
+def retention_keys(segment_bytes: int) -> dict[str, object]:
+    """broker.conf keys of a group whose retention a test drives: small segments, expired
+    after an hour (the test ages them, :func:`age_segments`), deleted at any hour, looked
+    for every 300 ms."""
+    return {
+        "mappedFileSizeCommitLog": segment_bytes,
+        "fileReservedTime": 1,
+        "deleteWhen": ALL_HOURS,
+        "retentionCheckIntervalMs": 300,
+    }
+
+
 def metadata(addr: str) -> dpb.MetadataResponse | None:
     """A node's Raft metadata (indexes, role, store path); None while it does not answer."""
     try:
@@ -203,3 +215,27 @@ def wait_trimmed(cluster: LocalCluster, node_ids: list[str], beyond: int) -> Non
         return all(m is not None and m.first_index > beyond for m in metas)
 
     wait_for(trimmed, 30, f"retention beyond index {beyond} on {node_ids}")
+
+
+def converged(cluster: LocalCluster) -> Callable[[], bool]:
+    """A condition: every node of ``cluster`` answers, with the same last and applied index."""
+
+    def check() -> bool:
+        metas = [metadata(n.client_addr) for n in cluster.nodes]
+        return all(m is not None for m in metas) and (
+            len({(m.last_index, m.applied_index) for m in metas if m is not None}) == 1
+        )
+
+    return check
+
+
+def queue_min_offsets(addr: str, topic: str, queues: int) -> list[int]:
+    """Each queue's min offset as the node at ``addr`` serves it (retention moves it)."""
+    with grpc.insecure_channel(addr) as ch:
+        stub = bpb_grpc.BrokerStub(ch)
+        return [
+            stub.GetQueueOffsets(
+                bpb.GetQueueOffsetsRequest(topic=topic, queue_id=q), timeout=5
+            ).min_offset
+            for q in range(queues)
+        ]

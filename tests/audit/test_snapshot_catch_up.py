@@ -24,11 +24,13 @@ import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from support import (
-    ALL_HOURS,
     age_segments,
+    converged,
     create_topic,
     metadata,
     pull_all,
+    queue_min_offsets,
+    retention_keys,
     wait_for,
     wait_trimmed,
 )
@@ -75,28 +77,10 @@ def commit_offsets(cluster: LocalCluster, offset: int) -> None:
             )
 
 
-def converged(cluster: LocalCluster) -> Callable[[], bool]:
-    def check() -> bool:
-        metas = [metadata(n.client_addr) for n in cluster.nodes]
-        return all(m is not None for m in metas) and (
-            len({(m.last_index, m.applied_index) for m in metas if m is not None}) == 1
-        )
-
-    return check
-
-
 def bodies_from(addr: str) -> list[bytes]:
     """Every message of the topic as this node serves it, from each queue's min offset."""
     out: list[bytes] = []
-    with grpc.insecure_channel(addr) as ch:
-        stub = bpb_grpc.BrokerStub(ch)
-        mins = [
-            stub.GetQueueOffsets(
-                bpb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=q), timeout=5
-            ).min_offset
-            for q in range(QUEUES)
-        ]
-    for q, start in enumerate(mins):
+    for q, start in enumerate(queue_min_offsets(addr, TOPIC, QUEUES)):
         out.extend(m.body for m in pull_all(addr, TOPIC, q, start_offset=start))
     return out
 
@@ -111,10 +95,7 @@ def test_members_catch_up_by_snapshot_and_replicas_agree(
     cluster = local_group(
         3,
         namesrv=True,
-        mappedFileSizeCommitLog=SEGMENT_BYTES,
-        fileReservedTime=1,
-        deleteWhen=ALL_HOURS,
-        retentionCheckIntervalMs=300,
+        **retention_keys(SEGMENT_BYTES),
         maxLagRetentionHours=1,
         slaveReadEnable="true",
     )

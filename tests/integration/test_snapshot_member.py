@@ -15,17 +15,16 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from raftmq.broker.v1 import broker_pb2 as bpb
-from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from support import (
-    ALL_HOURS,
     age_segments,
+    converged,
     create_topic,
     metadata,
     pull_all,
+    queue_min_offsets,
+    retention_keys,
     wait_for,
     wait_trimmed,
 )
@@ -74,26 +73,12 @@ def send(producer: Producer, first: int, count: int, sent: Served) -> None:
 def served(addr: str) -> Served:
     """Every message of the topic the node at ``addr`` serves, from each queue's min offset
     (retention deleted the messages below it)."""
-    with grpc.insecure_channel(addr) as ch:
-        stub = bpb_grpc.BrokerStub(ch)
-        mins = [
-            stub.GetQueueOffsets(
-                bpb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=q), timeout=5
-            ).min_offset
-            for q in range(QUEUES)
-        ]
+    mins = queue_min_offsets(addr, TOPIC, QUEUES)
     return {
         (q, m.queue_offset): m.body
         for q in range(QUEUES)
         for m in pull_all(addr, TOPIC, q, start_offset=mins[q])
     }
-
-
-def converged(cluster: LocalCluster) -> bool:
-    metas = [metadata(n.client_addr) for n in cluster.nodes]
-    return all(m is not None for m in metas) and (
-        len({(m.last_index, m.applied_index) for m in metas if m is not None}) == 1
-    )
 
 
 def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
@@ -102,10 +87,7 @@ def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
     cluster = local_group(
         3,
         namesrv=True,
-        mappedFileSizeCommitLog=SEGMENT_BYTES,
-        fileReservedTime=1,
-        deleteWhen=ALL_HOURS,
-        retentionCheckIntervalMs=300,
+        **retention_keys(SEGMENT_BYTES),
         slaveReadEnable="true",
         maxHashSlotNum=4096,  # small key index files: a default one is ~400 MiB (sparse)
         maxIndexNum=16384,
@@ -130,7 +112,7 @@ def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
         wait_trimmed(cluster, originals, beyond)
         # mqcluster add: a node started empty joins as a learner, caught up by the leader.
         new = cluster.add_node(promote=False, timeout_s=CATCH_UP_S)
-        wait_for(lambda: converged(cluster), CATCH_UP_S, f"{new.node_id} caught up")
+        wait_for(converged(cluster), CATCH_UP_S, f"{new.node_id} caught up")
         nmd, lmd = metadata(new.client_addr), metadata(cluster.node(leader).client_addr)
         assert nmd is not None and lmd is not None
         # By an InstallSnapshot: the new member counts one, and its log starts where the
@@ -151,7 +133,7 @@ def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
         cluster.nodes = [n for n in cluster.nodes if n.node_id != dead]
         cluster.removed.append(dead)
         send(producer, BEFORE, AFTER, sent)
-    wait_for(lambda: converged(cluster), CATCH_UP_S, "every member applied the last sends")
+    wait_for(converged(cluster), CATCH_UP_S, "every member applied the last sends")
     held = served(cluster.node(cluster.wait_leader()).client_addr)
     first = {q: min(o for qq, o in held if qq == q) for q in range(QUEUES)}
     by_node = {n.node_id: served(n.client_addr) for n in cluster.nodes}
