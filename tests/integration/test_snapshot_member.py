@@ -124,12 +124,12 @@ def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
             for n in originals
         )
         assert sent_by >= 1
-        args = ["-n", ns, "-b", cluster.group, "-i", new.node_id]
-        assert mqadmin(["promoteMember", *args]) == 0
+        group = ["-n", ns, "-b", cluster.group]
+        assert mqadmin(["promoteMember", *group, "-i", new.node_id]) == 0
         # An original member dies and is removed; the new one takes its place.
         dead = next(n for n in originals if n != cluster.wait_leader())
         cluster.signal(dead, signal.SIGKILL)
-        assert mqadmin(["removeMember", "-n", ns, "-b", cluster.group, "-i", dead]) == 0
+        assert mqadmin(["removeMember", *group, "-i", dead]) == 0
         cluster.nodes = [n for n in cluster.nodes if n.node_id != dead]
         cluster.removed.append(dead)
         send(producer, BEFORE, AFTER, sent)
