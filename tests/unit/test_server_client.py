@@ -1,7 +1,8 @@
-"""dledger.server.client.LogClient against a scripted in-process server (no Raft): a
-membership change whose first answer was lost (outcome unknown) but which committed is
-refused when retried ("already a voter"); the client must report the change done, not fail
-(mqcluster add failed so under the jepsen membership nemesis)."""
+"""The membership change clients (dledger.server.client.LogClient for mqcluster, and
+client.members for mqadmin) against a scripted in-process server (no Raft): a change whose
+first answer was lost (outcome unknown) but which committed is refused when retried
+("already a voter"); the client must report the change done, not fail (mqcluster add failed
+so under the jepsen membership nemesis)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
+from client.errors import MQClientError
+from client.members import change_member
+from client.route import ChannelPool
 from dledger.server.client import ClientError, LogClient
 from dledger.server.status import RpcFailure, abort_sync
 
@@ -110,3 +114,28 @@ def test_a_lost_answer_for_a_change_not_in_effect_stays_an_error(serve: object) 
     addr = serve(group)  # type: ignore[operator]
     with LogClient([addr], timeout_s=2.0) as client, pytest.raises(ClientError):
         client.change_member("PROMOTE", "n3", timeout_s=10)
+
+
+@pytest.mark.parametrize(
+    ("kind", "members", "text"),
+    [
+        ("PROMOTE", VOTERS, "n3 is already a voter"),
+        ("REMOVE", {k: v for k, v in VOTERS.items() if k != "n3"}, "n3 is not a member"),
+    ],
+)
+def test_mqadmins_client_reports_a_change_whose_answer_was_lost_done(
+    serve: object, kind: str, members: dict[str, str], text: str
+) -> None:
+    """The same for mqadmin's member commands (client.members)."""
+    group = _Group([LOST, _refused(text)], members)
+    addr = serve(group)  # type: ignore[operator]
+    channels = ChannelPool()
+    try:
+        index, rows = change_member(channels, addr, kind, "n3", timeout_s=10)
+        assert group.changes == 2 and index == 9
+        assert {r.node_id for r in rows} == set(members)
+        group.failures = [_refused(text)]  # no lost answer before: the refusal stands
+        with pytest.raises(MQClientError):
+            change_member(channels, addr, kind, "n3", timeout_s=10)
+    finally:
+        channels.close()
