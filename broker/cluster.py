@@ -47,7 +47,7 @@ from pathlib import Path
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from broker import localsecurity
-from broker.config import render_config
+from broker.config import SECRET_KEYS, render_config
 from broker.errors import BrokerError
 from dledger.procs import exited, free_ports, spawn_logged
 from dledger.server.client import ClientError, LogClient
@@ -290,7 +290,9 @@ class LocalCluster:
                 {"metricsPort": str(namesrv_metrics_port), **ns_conf, **(namesrv_conf or {})},
             )
         self.group = group
-        self.settings = dict(extra or {})
+        # Saved in cluster.json: without secrets (they stay in the 0600 node configs; a node
+        # joining later takes the group's users from its log, not from initAuthenticationUser).
+        self.settings = {k: v for k, v in (extra or {}).items() if k not in SECRET_KEYS}
         ports = {"client": client_ports, "peer": peer_ports, "grpc": grpc_ports}
         ports["metrics"] = metrics_ports
         self._write_node_confs(ids, ports, extra or {}, admin)

@@ -390,6 +390,10 @@ KEYS: Mapping[str, _Key] = {
     ),
 }
 
+# Keys whose values are secrets (a user's password): kept in the node's own broker.conf only
+# (0600 on a secure group), never copied into another file (mqcluster's cluster.json).
+SECRET_KEYS = frozenset(k for k, key in KEYS.items() if key.parse is _parse_init_user)
+
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:

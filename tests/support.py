@@ -199,6 +199,20 @@ def metadata(addr: str) -> dpb.MetadataResponse | None:
         return None
 
 
+def metadata_now(addr: str, timeout_s: float = 15.0) -> dpb.MetadataResponse:
+    """A node's Raft metadata, asking again while it does not answer (a loaded machine)."""
+    got: list[dpb.MetadataResponse] = []
+
+    def answered() -> bool:
+        md = metadata(addr)
+        if md is not None:
+            got.append(md)
+        return md is not None
+
+    wait_for(answered, timeout_s, f"metadata of {addr}")
+    return got[-1]
+
+
 def age_segments(root: Path) -> None:
     """Pretend every data segment of a store (``Metadata.store_path``) was last written two
     hours ago, so that retention with fileReservedTime=1 finds them expired."""

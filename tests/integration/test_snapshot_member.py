@@ -21,7 +21,7 @@ from support import (
     age_segments,
     converged,
     create_topic,
-    metadata,
+    metadata_now,
     pull_all,
     queue_min_offsets,
     retention_keys,
@@ -50,9 +50,19 @@ Served = dict[tuple[int, int], bytes]
 
 
 def metric(url: str, name: str) -> float:
-    """One unlabelled sample of a node's /metrics."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
+    """One unlabelled sample of a node's /metrics (asking again while it does not answer)."""
+    pages: list[str] = []
+
+    def scraped() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                pages.append(resp.read().decode())
+        except OSError:
+            return False
+        return True
+
+    wait_for(scraped, CATCH_UP_S, f"{url}")
+    text = pages[-1]
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == name and not s.labels:
@@ -99,22 +109,18 @@ def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
     with Producer("join-snap-pg", ns) as producer:
         send(producer, 0, BEFORE, sent)
         leader = cluster.wait_leader()
-        lmd = metadata(cluster.node(leader).client_addr)
-        assert lmd is not None
+        lmd = metadata_now(cluster.node(leader).client_addr)
         # Retention (as the product runs it: expired segments at a deleteWhen hour, every
         # member holding them) moves every member's first index past most of the sends.
         originals = [n.node_id for n in cluster.nodes]
         for n in cluster.nodes:
-            md = metadata(n.client_addr)
-            assert md is not None
-            age_segments(Path(md.store_path))
+            age_segments(Path(metadata_now(n.client_addr).store_path))
         beyond = lmd.last_index // 2
         wait_trimmed(cluster, originals, beyond)
         # mqcluster add: a node started empty joins as a learner, caught up by the leader.
         new = cluster.add_node(promote=False, timeout_s=CATCH_UP_S)
         wait_for(converged(cluster), CATCH_UP_S, f"{new.node_id} caught up")
-        nmd, lmd = metadata(new.client_addr), metadata(cluster.node(leader).client_addr)
-        assert nmd is not None and lmd is not None
+        nmd, lmd = metadata_now(new.client_addr), metadata_now(cluster.node(leader).client_addr)
         # By an InstallSnapshot: the new member counts one, and its log starts where the
         # leader's does (a replay from index 1 would have found no entries to replay).
         assert metric(new.metrics_url, "raftmq_raft_snapshots_installed_total") == 1
