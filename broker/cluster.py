@@ -47,7 +47,7 @@ from pathlib import Path
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from broker import localsecurity
-from broker.config import render_config
+from broker.config import SECRET_KEYS, render_config
 from broker.errors import BrokerError
 from dledger.procs import exited, free_ports, spawn_logged
 from dledger.server.client import ClientError, LogClient
@@ -231,6 +231,9 @@ class LocalCluster:
         # Extra environment for one node's next starts, by node id (e.g. a test arming a
         # failpoint with RAFTMQ_FAILPOINTS in one node only). Not saved in cluster.json.
         self.node_env: dict[str, dict[str, str]] = {}
+        # The broker.conf keys given at `configure` (mqcluster up --set): a node added later
+        # gets them too (a segment size of its own would refuse every snapshot).
+        self.settings: dict[str, str] = {}
         state = self.base / STATE_FILE
         if state.exists():
             data = json.loads(state.read_text())
@@ -240,6 +243,7 @@ class LocalCluster:
             if data.get("namesrv"):
                 self.namesrv = NameSrvInfo(**data["namesrv"])
             self.secure = bool(data.get("secure", False))
+            self.settings = {str(k): str(v) for k, v in data.get("settings", {}).items()}
 
     # ------------------------------------------------------------------ setup
 
@@ -286,6 +290,9 @@ class LocalCluster:
                 {"metricsPort": str(namesrv_metrics_port), **ns_conf, **(namesrv_conf or {})},
             )
         self.group = group
+        # Saved in cluster.json: without secrets (they stay in the 0600 node configs; a node
+        # joining later takes the group's users from its log, not from initAuthenticationUser).
+        self.settings = {k: v for k, v in (extra or {}).items() if k not in SECRET_KEYS}
         ports = {"client": client_ports, "peer": peer_ports, "grpc": grpc_ports}
         ports["metrics"] = metrics_ports
         self._write_node_confs(ids, ports, extra or {}, admin)
@@ -401,22 +408,8 @@ class LocalCluster:
         if len(self.nodes) >= MAX_NODES:
             raise ClusterError(f"the group has {len(self.nodes)} nodes, the most is {MAX_NODES}")
         leader = self.node(self.wait_leader())
-        node_id = self._next_id()
-        cport, pport, gport, mport = _free_ports(4)
-        admin = None
-        if self.secure:
-            try:
-                admin = localsecurity.add_member_files(self.layout, self.group, node_id)
-            except (SecurityError, OSError) as exc:
-                raise ClusterError(f"cannot issue {node_id}'s certificate: {exc}") from None
-        keys = {
-            **(extra or {}),
-            "dLegerPeers": f"{node_id}-127.0.0.1:{pport}",
-            "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
-        }
-        info = self._write_node_conf(node_id, (cport, pport, gport, mport), keys, admin)
-        self.nodes.append(info)
-        self._save_state()
+        info = self._write_new_node(leader, extra or {})
+        node_id = info.node_id
         self.start(node_id)
         deadline = time.monotonic() + timeout_s
         with self.client() as client:
@@ -428,6 +421,29 @@ class LocalCluster:
                 time.sleep(0.1)
             if promote:
                 self._change(client, "PROMOTE", node_id, deadline)
+        return info
+
+    def _write_new_node(self, leader: NodeInfo, extra: dict[str, str]) -> NodeInfo:
+        """The broker.conf of a node joining through ``leader``: the group's settings, then
+        ``extra``, then its own ports and join address; it is added to the state file."""
+        node_id = self._next_id()
+        cport, pport, gport, mport = _free_ports(4)
+        admin = None
+        if self.secure:
+            try:
+                admin = localsecurity.add_member_files(self.layout, self.group, node_id)
+            except (SecurityError, OSError) as exc:
+                raise ClusterError(f"cannot issue {node_id}'s certificate: {exc}") from None
+        keys = {
+            **self.settings,
+            **extra,
+            "dLegerPeers": f"{node_id}-127.0.0.1:{pport}",
+            "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
+        }
+        keys.pop("dLegerPeerClientAddrs", None)  # the original members': not this node's
+        info = self._write_node_conf(node_id, (cport, pport, gport, mport), keys, admin)
+        self.nodes.append(info)
+        self._save_state()
         return info
 
     def remove_node(self, node_id: str, *, timeout_s: float = MEMBER_WAIT_S) -> None:
@@ -464,6 +480,7 @@ class LocalCluster:
                     "namesrv": asdict(self.namesrv) if self.namesrv else None,
                     "secure": self.secure,
                     "removed": self.removed,
+                    "settings": self.settings,
                 },
                 indent=2,
             )

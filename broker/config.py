@@ -28,6 +28,11 @@ from dledger.properties import (
     read_text,
 )
 from dledger.server.node import NodeConfig
+from dledger.server.snapshots import (
+    DEFAULT_SNAPSHOT_BYTES_PER_S,
+    MAX_SNAPSHOT_BYTES_PER_S,
+    MIN_SNAPSHOT_BYTES_PER_S,
+)
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.retention import SECONDS_PER_HOUR
 from dledger.storage.store import DEFAULT_RESERVE_BYTES
@@ -237,6 +242,14 @@ KEYS: Mapping[str, _Key] = {
         "48",
         "hours old segments are kept for a member that lacks them (then: snapshot)",
     ),
+    # The pace of a leader's snapshot transfers (dledger.server.snapshots: 1 MiB/s to
+    # 16 GiB/s; the default is reasoned there), so catching a member up leaves the leader's
+    # event loop and link to its clients.
+    "snapshotTransferBytesPerSec": _Key(
+        int_in(MIN_SNAPSHOT_BYTES_PER_S, MAX_SNAPSHOT_BYTES_PER_S),
+        str(DEFAULT_SNAPSHOT_BYTES_PER_S),
+        "bytes per second of all snapshot transfers a leader sends",
+    ),
     "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
@@ -378,6 +391,10 @@ KEYS: Mapping[str, _Key] = {
     ),
 }
 
+# Keys whose values are secrets (a user's password): kept in the node's own broker.conf only
+# (0600 on a secure group), never copied into another file (mqcluster's cluster.json).
+SECRET_KEYS = frozenset(k for k, key in KEYS.items() if key.parse is _parse_init_user)
+
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
@@ -405,6 +422,7 @@ class BrokerConfig:
     deleteWhen: str
     retentionCheckIntervalMs: int
     maxLagRetentionHours: int
+    snapshotTransferBytesPerSec: int
     maxMessageSize: int
     autoCreateTopicEnable: bool
     slaveReadEnable: bool
@@ -676,6 +694,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         delete_when=cfg.deleteWhen,
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
         max_lag_retention_hours=cfg.maxLagRetentionHours,
+        snapshot_bytes_per_s=cfg.snapshotTransferBytesPerSec,
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,

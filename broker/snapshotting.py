@@ -14,6 +14,15 @@ between two applies):
   (``BrokerStateMachine._recover_to_snapshot``). Key index files copied while being written
   are marked unclean first, so opening them repairs slots against their header.
 
+  The files are **pinned** before the transfer reads any: hard links under
+  ``snapshot-out/<n>/`` (made in a thread right after the capture, off the event loop), so
+  the transfer reads exactly the files the state document counts even when a later entry
+  deletes their topic or retention deletes old ones while it runs (a missing ConsumeQueue
+  would make the follower's state disagree with the document and throw the install away).
+  A file deleted in the short time between the capture and its link fails the transfer,
+  which the leader restarts from a new capture. The links go when the transfer ends, and at
+  the next start.
+
 :func:`install` (on the follower, after dledger installed the log) swaps the staged files in
 for the broker's own, idempotently (a crash part way is finished by the next start), and
 leaves the state machine closed: its next ``applied_index()`` opens it at the snapshot.
@@ -21,12 +30,14 @@ leaves the state machine closed: its next ``applied_index()`` opens it at the sn
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker.errors import BrokerError
 from broker.indexfile import mark_file_unclean
 from dledger.appsnapshot import AppSnapshot
 from dledger.storage.files import fsync_dir
@@ -42,26 +53,58 @@ CONFIG_DIR = "config"
 # Written in the staged directory once it is prepared (empty directories made, key index
 # files marked unclean): a second run must not prepare again after some moved away.
 PREPARED_MARKER = ".prepared"
+# Hard links of the files a snapshot being sent reads (one directory per capture).
+PIN_DIR = "snapshot-out"
+_pins = itertools.count(1)
 
 
 def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
     """The files of a snapshot at ``sm``'s applied index (``snapshot_bytes`` is its state
-    document, captured now)."""
+    document, captured now). The transfer reads them through links that ``prepare`` makes."""
     files: list[tuple[str, bytes | Path]] = [(f"{CONFIG_DIR}/snapshot.json", snapshot_bytes)]
     root = sm.root
+    pin = root / PIN_DIR / str(next(_pins))
     for base in (CQ_DIR, INDEX_DIR):
         top = root / base
         if top.is_dir():
             files.extend(
-                (p.relative_to(root).as_posix(), p) for p in sorted(top.rglob("*")) if p.is_file()
+                (p.relative_to(root).as_posix(), pin / p.relative_to(root))
+                for p in sorted(top.rglob("*"))
+                if p.is_file()
             )
 
-    def flush() -> None:
-        # What the document describes is in the files (and the index header counts it).
+    def prepare() -> None:
+        # In a thread, before any file is read: pin them, then make what the document
+        # describes reach them (and the index header count it).
+        for rel, link in files[1:]:
+            assert isinstance(link, Path)
+            _pin(root / rel, link)
         sm.cqs.flush()
         sm.index.flush()
 
-    return AppSnapshot(sm.last_applied, files, flush)
+    def release() -> None:
+        shutil.rmtree(pin, ignore_errors=True)
+
+    return AppSnapshot(sm.last_applied, files, prepare, release)
+
+
+def _pin(path: Path, link: Path) -> None:
+    """``link`` becomes a hard link to ``path`` (a copy where the file system refuses links).
+    A file deleted since the capture (its topic deleted, retention) fails the transfer: the
+    leader restarts it from a new capture."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(path, link)
+    except FileNotFoundError:
+        raise BrokerError(f"snapshot file {path} deleted since the capture") from None
+    except OSError as exc:
+        logger.warning("snapshot: cannot link %s (%s): copying it", path, exc)
+        shutil.copyfile(path, link)
+
+
+def clear_pins(root: Path) -> None:
+    """Drop the links of transfers a previous process did not finish."""
+    shutil.rmtree(root / PIN_DIR, ignore_errors=True)
 
 
 def install(sm: BrokerStateMachine, app_dir: Path) -> None:

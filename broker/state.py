@@ -465,6 +465,7 @@ class BrokerStateMachine:
             raise ConfigError("dedup_window_ms must be >= 0 and dedup_max_ids >= 1")
         self.root = Path(root)
         self.config_dir = self.root / "config"
+        snapshotting.clear_pins(self.root)  # of transfers a previous process did not finish
         self.dedup_window_ms = dedup_window_ms
         self.dedup_max_ids = dedup_max_ids
         self._hash_slots = hash_slots

@@ -31,6 +31,8 @@ LIST_TIMEOUT_S = 5.0
 # Shortest wait between two tries (the server's retry hint is used when longer).
 RETRY_MIN_S = 0.1
 CHANGE_KINDS = ("ADD_LEARNER", "ADD_VOTER", "PROMOTE", "REMOVE")
+# Outcome-unknown errors kept per call (the retry loop runs until its timeout: bounded).
+MAX_UNKNOWN_KEPT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +66,11 @@ def follow_leader(
     addr: str,
     call: Callable[[dpb_grpc.DLedgerClientStub, float], T_],
     timeout_s: float,
+    unknown: list[MQClientError] | None = None,
 ) -> T_:
     """``call`` on ``addr``'s group, following redirects to its leader and retrying what the
-    group says is retryable until ``timeout_s`` passes."""
+    group says is retryable until ``timeout_s`` passes (``unknown`` collects the retried
+    errors after which the call may have taken effect: ``outcome_unknown``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         remaining = deadline - time.monotonic()
@@ -76,6 +80,8 @@ def follow_leader(
             err = MQClientError.from_rpc(exc)
             if not err.retryable or time.monotonic() >= deadline:
                 raise err from exc
+            if unknown is not None and err.outcome_unknown and len(unknown) < MAX_UNKNOWN_KEPT:
+                unknown.append(err)
             if err.code == "NOT_LEADER" and err.leader_addr and err.leader_addr != addr:
                 addr = err.leader_addr
                 continue
@@ -126,5 +132,30 @@ def change_member(
         resp: dpb.ChangeMemberResponse = stub.ChangeMember(req, timeout=t)
         return resp
 
-    resp = follow_leader(channels, addr, call, timeout_s)
+    unknown: list[MQClientError] = []
+    try:
+        resp = follow_leader(channels, addr, call, timeout_s, unknown)
+    except MQClientError as exc:
+        # An attempt whose answer was lost may have committed: the retry is then refused
+        # ("already a voter", "not a member") although the change is done.
+        if exc.code == "INVALID_MEMBERSHIP_CHANGE" and unknown:
+            done = _in_effect(channels, addr, kind, node_id)
+            if done is not None:
+                return done
+        raise
     return resp.index, _rows(resp.members)
+
+
+def _in_effect(
+    channels: ChannelPool, addr: str, kind: str, node_id: str
+) -> tuple[int, tuple[MemberRow, ...]] | None:
+    """The committed configuration (index, members) if it already holds the change."""
+    wanted = {"ADD_VOTER": "VOTER", "PROMOTE": "VOTER", "ADD_LEARNER": "LEARNER", "REMOVE": ""}
+    try:
+        now = list_members(channels, addr)
+    except MQClientError:
+        return None
+    role = next((m.role for m in now.members if m.node_id == node_id), "")
+    if not now.config_committed or role != wanted.get(kind, "?"):
+        return None
+    return now.config_index, now.members

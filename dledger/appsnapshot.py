@@ -14,8 +14,11 @@ from pathlib import Path
 class AppSnapshot:
     """The application's state at ``index``: files as (relative path, content, or a file read
     while the transfer streams). ``prepare`` (if any) runs in a thread before any file is
-    read (the broker flushes its stores there)."""
+    read (the broker flushes its stores there); ``release`` (if any) runs in a thread once
+    the transfer ended, however it ended (the broker drops the links that pinned its
+    files)."""
 
     index: int
     files: Sequence[tuple[str, bytes | Path]]
     prepare: Callable[[], None] | None = None
+    release: Callable[[], None] | None = None

@@ -224,8 +224,13 @@ class Nemesis:
         if kind == "partition":
             shape = self.rng.choice(self.shapes)
             links, detail = partition_links(shape, c.ids, self._leader(), self.rng)
+            # A node the membership nemesis added has no links of its own (docs/JEPSEN.md):
+            # a partition cuts it only along the links that exist.
+            cut = [name for name in links if name in c.net.links]
+            if len(cut) < len(links):
+                detail += f" ({len(links) - len(cut)} links of added nodes do not exist)"
             self._begin(kind, f"{shape}: {detail}")
-            c.net.cut(links)
+            c.net.cut(cut)
         elif kind == "kill":
             targets = self._pick(self.rng.randint(1, max(1, (n - 1) // 2)))
             self._begin(kind, f"SIGKILL {targets}")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
@@ -163,3 +167,90 @@ def create_v2_topic(cluster: LocalCluster, topic: str, queues: int) -> str:
 
             wait_for(routed, 10, f"{topic} routed on {n.node_id}")
     return topic
+
+
+# Retention tests: segments older than this are expired with fileReservedTime=1 (hour).
+TWO_HOURS_S = 2 * 3600
+# deleteWhen for retention tests: deletion may run at any hour of the day.
+ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
+
+
+def retention_keys(segment_bytes: int) -> dict[str, object]:
+    """broker.conf keys of a group whose retention a test drives: small segments, expired
+    after an hour (the test ages them, :func:`age_segments`), deleted at any hour, looked
+    for every 300 ms."""
+    return {
+        "mappedFileSizeCommitLog": segment_bytes,
+        "fileReservedTime": 1,
+        "timerMaxDelaySec": 3600,  # at most fileReservedTime (broker.config)
+        "deleteWhen": ALL_HOURS,
+        "retentionCheckIntervalMs": 300,
+    }
+
+
+def metadata(addr: str) -> dpb.MetadataResponse | None:
+    """A node's Raft metadata (indexes, role, store path); None while it does not answer."""
+    try:
+        with grpc.insecure_channel(addr) as ch:
+            resp: dpb.MetadataResponse = dpb_grpc.DLedgerClientStub(ch).Metadata(
+                dpb.MetadataRequest(), timeout=5
+            )
+            return resp
+    except grpc.RpcError:
+        return None
+
+
+def metadata_now(addr: str, timeout_s: float = 15.0) -> dpb.MetadataResponse:
+    """A node's Raft metadata, asking again while it does not answer (a loaded machine)."""
+    got: list[dpb.MetadataResponse] = []
+
+    def answered() -> bool:
+        md = metadata(addr)
+        if md is not None:
+            got.append(md)
+        return md is not None
+
+    wait_for(answered, timeout_s, f"metadata of {addr}")
+    return got[-1]
+
+
+def age_segments(root: Path) -> None:
+    """Pretend every data segment of a store (``Metadata.store_path``) was last written two
+    hours ago, so that retention with fileReservedTime=1 finds them expired."""
+    old = time.time() - TWO_HOURS_S
+    for p in (root / "commitlog").iterdir():
+        os.utime(p, (old, old))
+
+
+def wait_trimmed(cluster: LocalCluster, node_ids: list[str], beyond: int) -> None:
+    """Wait until retention moved the first index of each of ``node_ids`` past ``beyond``."""
+
+    def trimmed() -> bool:
+        metas = [metadata(cluster.node(n).client_addr) for n in node_ids]
+        return all(m is not None and m.first_index > beyond for m in metas)
+
+    wait_for(trimmed, 30, f"retention beyond index {beyond} on {node_ids}")
+
+
+def converged(cluster: LocalCluster) -> Callable[[], bool]:
+    """A condition: every node of ``cluster`` answers, with the same last and applied index."""
+
+    def check() -> bool:
+        metas = [metadata(n.client_addr) for n in cluster.nodes]
+        return all(m is not None for m in metas) and (
+            len({(m.last_index, m.applied_index) for m in metas if m is not None}) == 1
+        )
+
+    return check
+
+
+def queue_min_offsets(addr: str, topic: str, queues: int) -> list[int]:
+    """Each queue's min offset as the node at ``addr`` serves it (retention moves it)."""
+    with grpc.insecure_channel(addr) as ch:
+        stub = bpb_grpc.BrokerStub(ch)
+        return [
+            stub.GetQueueOffsets(
+                bpb.GetQueueOffsetsRequest(topic=topic, queue_id=q), timeout=5
+            ).min_offset
+            for q in range(queues)
+        ]

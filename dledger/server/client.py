@@ -206,6 +206,7 @@ class LogClient:
         )
         deadline = time.monotonic() + timeout_s
         addr = self._leader or self.find_leader() or self.addrs[0]
+        maybe_applied = False  # an attempt whose outcome is unknown may have committed
         while True:
             left = deadline - time.monotonic()
             try:
@@ -217,11 +218,41 @@ class LogClient:
                 err, info = _error(exc, addr), read_error(exc)
                 retryable = info.retryable if info is not None else err.status == "UNAVAILABLE"
                 if not retryable or time.monotonic() >= deadline:
+                    done = self._in_effect(request, deadline) if maybe_applied else None
+                    if done is not None:
+                        return done  # the retry was refused because the first one committed
                     raise err from None
+                maybe_applied |= err.status == "UNAVAILABLE" and (
+                    info is None or info.outcome_unknown
+                )
                 if err.code == "NOT_LEADER":
                     addr = err.leader_addr or self.find_leader() or addr
                 wait_ms = max(info.retry_after_ms if info is not None else 0, RETRY_MIN_MS)
                 time.sleep(min(wait_ms / 1000, max(left, 0)))
+
+    def _in_effect(
+        self, request: pb.ChangeMemberRequest, deadline: float
+    ) -> pb.ChangeMemberResponse | None:
+        """The committed configuration if ``request`` is already in effect in it (an attempt
+        whose answer was lost committed it, so the retry was refused), else None."""
+        wanted = {"ADD_VOTER": "VOTER", "PROMOTE": "VOTER", "ADD_LEARNER": "LEARNER", "REMOVE": ""}
+        if request.kind not in wanted:
+            return None
+        while True:
+            try:
+                members = self.list_members()
+            except ClientError:
+                return None
+            role = next((m.role for m in members.members if m.id == request.node_id), "")
+            if role != wanted[request.kind]:  # a removed node has no role
+                return None
+            if members.config_committed:
+                return pb.ChangeMemberResponse(
+                    members=members.members, index=members.config_index, term=members.term
+                )
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(RETRY_MIN_MS / 1000)
 
     def transfer_leadership(self, target_id: str) -> pb.TransferLeadershipResponse:
         addr = self.find_leader() or self.addrs[0]

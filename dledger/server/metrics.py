@@ -97,6 +97,7 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
         counter(
             "raft_elections_won", "Elections this member won (became leader)", core.elections_won
         ),
+        *_snapshot_families(node),
         labelled_counter(
             "raft_dropped_messages",
             "Peer messages dropped or refused, by reason (dledger.core and node DROP_*)",
@@ -105,6 +106,28 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
         ),
     ]
     return [*out, *_link_families(node), *_stat_families(node.raft_stats)]
+
+
+def _snapshot_families(node: DLedgerNode) -> list[Metric]:
+    out, into = node.snapshots_out, node.snapshots_in
+    return [
+        counter("raft_snapshots_sent", "Snapshot transfers this leader completed", out.sent),
+        counter(
+            "raft_snapshots_failed",
+            "Snapshot transfers this leader started that failed (restarted whole)",
+            out.failed,
+        ),
+        counter(
+            "raft_snapshot_bytes_sent",
+            "Bytes of data this leader streamed in snapshots (runs of zeros not counted)",
+            out.bytes_sent,
+        ),
+        counter(
+            "raft_snapshots_installed",
+            "Snapshots this member installed (it was behind its leader's first index)",
+            into.installed,
+        ),
+    ]
 
 
 def _link_families(node: DLedgerNode) -> list[Metric]:

@@ -67,6 +67,9 @@ from dledger.server.membership import JOIN_RETRY_MS, AddressBook, load_conf, sav
 from dledger.server.metrics import RaftStats
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
+    DEFAULT_SNAPSHOT_BYTES_PER_S,
+    MAX_SNAPSHOT_BYTES_PER_S,
+    MIN_SNAPSHOT_BYTES_PER_S,
     SnapshotReceiver,
     SnapshotRefused,
     SnapshotSender,
@@ -227,6 +230,10 @@ class NodeConfig:
     # dLegerJoinAddr): a node started with an empty store asks the group to add it as a
     # learner, and takes its configuration from the log (docs/CLUSTER.md). "": no joining.
     join_addr: str = ""
+    # snapshotTransferBytesPerSec: the pace of this node's snapshot transfers, all followers
+    # together (dledger.server.snapshots.Pacer), so that catching a member up does not
+    # starve the leader's clients.
+    snapshot_bytes_per_s: int = DEFAULT_SNAPSHOT_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -244,6 +251,11 @@ class NodeConfig:
         ):
             raise ConfigError(
                 "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
+            )
+        if not MIN_SNAPSHOT_BYTES_PER_S <= self.snapshot_bytes_per_s <= MAX_SNAPSHOT_BYTES_PER_S:
+            raise ConfigError(
+                f"snapshot_bytes_per_s {self.snapshot_bytes_per_s} is outside "
+                f"[{MIN_SNAPSHOT_BYTES_PER_S}, {MAX_SNAPSHOT_BYTES_PER_S}]"
             )
         self._check_tls()
 
@@ -499,6 +511,11 @@ class DLedgerNode:
     def applied(self) -> int:
         """The last index applied by the state machine."""
         return self._applied
+
+    def peer_addr(self, node_id: str) -> str:
+        """A member's peer address: from the settings, else from the configuration (a
+        member added at run time); "" when unknown."""
+        return self._book.peer_addr(node_id)
 
     def peer_metadata(self) -> tuple[tuple[str, str], ...]:
         """What identifies this node on a peer call (as the transport's streams send it)."""
@@ -877,11 +894,9 @@ class DLedgerNode:
                 store = await self.snapshots_in.install(meta)
                 self.store = store
                 self.core.replace_store(store)
+                # The core adopted the snapshot's configuration when it accepted it; the
+                # install saved it (membership.json) before the marker goes.
                 install_app(self.cfg.store_dir, self.sm, meta.index)
-                if isinstance(meta.config, ConfState):
-                    # The core adopted the snapshot's configuration when it accepted it (the
-                    # log that held the CONFIG entries is gone): keep it for a restart.
-                    save_conf(self.cfg.store_dir, meta.config)
                 # A state machine without snapshot files of its own is the log itself.
                 takes_files = callable(getattr(self.sm, "install_snapshot", None))
                 applied = self.sm.applied_index() if takes_files else meta.index

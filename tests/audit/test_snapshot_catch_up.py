@@ -12,7 +12,6 @@ and topics, serves the same messages, and the Spark audit of the three stores is
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import time
@@ -24,9 +23,17 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
-from raftmq.dledger.v1 import dledger_pb2 as dpb
-from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
-from support import create_topic, pull_all, wait_for
+from support import (
+    age_segments,
+    converged,
+    create_topic,
+    metadata,
+    pull_all,
+    queue_min_offsets,
+    retention_keys,
+    wait_for,
+    wait_trimmed,
+)
 
 from broker.cluster import LocalCluster
 from client import Message, Producer
@@ -37,36 +44,16 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
 SEGMENT_BYTES = 64 * 1024  # 1 KiB messages fill one in ~60 sends
-TWO_HOURS_S = 2 * 3600
 TOPIC = "SnapT"
 QUEUES = 2
 CATCH_UP_S = 60.0
-
-
-def metadata(addr: str) -> dpb.MetadataResponse | None:
-    try:
-        with grpc.insecure_channel(addr) as ch:
-            resp: dpb.MetadataResponse = dpb_grpc.DLedgerClientStub(ch).Metadata(
-                dpb.MetadataRequest(), timeout=5
-            )
-            return resp
-    except grpc.RpcError:
-        return None
 
 
 def store_path(cluster: LocalCluster, node_id: str) -> Path:
     md = metadata(cluster.node(node_id).client_addr)
     assert md is not None
     return Path(md.store_path)
-
-
-def age_segments(root: Path) -> None:
-    """Pretend every data segment of a store was last written two hours ago."""
-    old = time.time() - TWO_HOURS_S
-    for p in (root / "commitlog").iterdir():
-        os.utime(p, (old, old))
 
 
 def send(producer: Producer, first: int, count: int) -> None:
@@ -90,28 +77,10 @@ def commit_offsets(cluster: LocalCluster, offset: int) -> None:
             )
 
 
-def converged(cluster: LocalCluster) -> Callable[[], bool]:
-    def check() -> bool:
-        metas = [metadata(n.client_addr) for n in cluster.nodes]
-        return all(m is not None for m in metas) and (
-            len({(m.last_index, m.applied_index) for m in metas if m is not None}) == 1
-        )
-
-    return check
-
-
 def bodies_from(addr: str) -> list[bytes]:
     """Every message of the topic as this node serves it, from each queue's min offset."""
     out: list[bytes] = []
-    with grpc.insecure_channel(addr) as ch:
-        stub = bpb_grpc.BrokerStub(ch)
-        mins = [
-            stub.GetQueueOffsets(
-                bpb.GetQueueOffsetsRequest(topic=TOPIC, queue_id=q), timeout=5
-            ).min_offset
-            for q in range(QUEUES)
-        ]
-    for q, start in enumerate(mins):
+    for q, start in enumerate(queue_min_offsets(addr, TOPIC, QUEUES)):
         out.extend(m.body for m in pull_all(addr, TOPIC, q, start_offset=start))
     return out
 
@@ -120,25 +89,13 @@ def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def wait_trimmed(cluster: LocalCluster, node_ids: list[str], beyond: int) -> None:
-    def trimmed() -> bool:
-        metas = [metadata(cluster.node(n).client_addr) for n in node_ids]
-        return all(m is not None and m.first_index > beyond for m in metas)
-
-    wait_for(trimmed, 30, f"retention beyond index {beyond} on {node_ids}")
-
-
 def test_members_catch_up_by_snapshot_and_replicas_agree(
     local_group: Callable[..., LocalCluster], spark: SparkSession, tmp_path: Path
 ) -> None:
     cluster = local_group(
         3,
         namesrv=True,
-        mappedFileSizeCommitLog=SEGMENT_BYTES,
-        fileReservedTime=1,
-        timerMaxDelaySec=3600,  # at most fileReservedTime (broker.config)
-        deleteWhen=ALL_HOURS,
-        retentionCheckIntervalMs=300,
+        **retention_keys(SEGMENT_BYTES),
         maxLagRetentionHours=1,
         slaveReadEnable="true",
     )

@@ -16,14 +16,13 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
-from support import create_topic, wait_for
+from support import create_topic, retention_keys, wait_for
 
 from broker.cluster import LocalCluster
 from client import Message, Producer, PullConsumer
 
 pytestmark = pytest.mark.integration
 
-ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
 SEGMENT_BYTES = 64 * 1024  # the smallest segment: 1 KiB messages fill one in ~60 sends
 TWO_HOURS_S = 2 * 3600
 
@@ -66,11 +65,7 @@ def test_retention_deletes_old_segments_everywhere_but_waits_for_a_lagging_membe
     cluster = local_group(
         3,
         namesrv=True,
-        mappedFileSizeCommitLog=SEGMENT_BYTES,
-        fileReservedTime=1,
-        timerMaxDelaySec=3600,  # at most fileReservedTime (broker.config)
-        deleteWhen=ALL_HOURS,
-        retentionCheckIntervalMs=300,
+        **retention_keys(SEGMENT_BYTES),
     )
     assert cluster.namesrv is not None
     addr = cluster.namesrv.addr

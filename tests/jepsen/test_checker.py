@@ -213,3 +213,28 @@ def test_node_that_never_caught_up_is_flagged() -> None:
     results = _by_name(check_all(make_ops(_clean()), nodes, convergence="n1 behind"))
     assert not results["replicas"].valid
     assert results["replicas"].examples[0] == {"kind": "not-converged", "why": "n1 behind"}
+
+
+def test_a_partition_cuts_only_the_links_that_exist() -> None:
+    """After the membership nemesis added n3 (which has no proxy links), a partition that
+    names n3 cuts the others' links and never asks the network for n3's (a KeyError there
+    cost the rest of a 300 s run its partitions)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from jepsen_like.nemesis import Nemesis
+
+    cut: list[list[str]] = []
+    links = {f"{a}->{b}": None for a in ("n0", "n1", "n2") for b in ("n0", "n1", "n2") if a != b}
+    net = SimpleNamespace(links=links, cut=cut.append)
+    cluster = SimpleNamespace(
+        ids=["n0", "n1", "n2", "n3"],
+        net=net,
+        direct_client=contextlib.nullcontext,
+        leader=lambda _c: "n0",
+    )
+    history = SimpleNamespace(now=lambda: 0.0, add=lambda *a: None)
+    nemesis = Nemesis(cluster, history, ["partition"], 7, 1.0, ["isolate-leader"])  # type: ignore[arg-type]
+    nemesis._fault("partition", 0.0)
+    assert sorted(cut[0]) == sorted(["n0->n1", "n0->n2", "n1->n0", "n2->n0"])
+    assert "2 links of added nodes do not exist" in nemesis.windows[0].detail

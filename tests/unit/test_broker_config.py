@@ -64,6 +64,7 @@ def test_defaults_group_to_broker_name_and_sync_flush() -> None:
         ("namesrvAddr=localhost\n", "key 'namesrvAddr'"),
         ("namesrvAddr=a:1;a:1\n", "repeats an address"),
         ("registerBrokerPeriod=10\n", "key 'registerBrokerPeriod': '10' is out of range"),
+        ("snapshotTransferBytesPerSec=1000\n", "key 'snapshotTransferBytesPerSec'"),
     ],
 )
 def test_each_mistake_names_its_key(extra: str, needle: str) -> None:

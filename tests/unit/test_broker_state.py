@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-from broker.errors import CorruptMessageError, InvalidRequestError
+from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
 from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
 from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
+from broker.snapshotting import PIN_DIR
 from broker.state import (
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
@@ -35,6 +36,7 @@ from broker.state import (
 )
 from dledger.core import Role
 from dledger.log import Entry
+from dledger.server.snapshots import _app_pieces
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
 
@@ -390,3 +392,72 @@ def test_topic_message_type_is_replicated_and_survives_a_snapshot(tmp_path: Path
     assert again.applied_index() == 2
     assert again.topics == {"F": fifo, "T": TopicConfig("T", 4, 4, 6)}
     again.close()
+
+
+def test_a_topic_deleted_while_its_snapshot_streams_still_installs_consistently(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's files are read while the transfer runs, after later entries applied: a
+    topic deleted meanwhile (its ConsumeQueues removed) must not break the transfer, and the
+    follower must open at the snapshot (not rebuild: its log starts past index 1), then
+    apply the deletion and hold what the leader holds."""
+    log, leader = _two_topics(tmp_path)
+    snap = leader.capture_snapshot()  # between two applies, as the node calls it
+    assert snap.prepare is not None and snap.release is not None
+    snap.prepare()  # the sender's first step, in a thread
+    _delete_gone(log, leader)
+    staged = tmp_path / "staged"
+    for name, offset, data in _app_pieces(snap):  # what the sender reads, now
+        content = data() if callable(data) else data
+        assert isinstance(content, bytes)
+        path = staged / name.removeprefix("app/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            assert f.tell() == offset
+            f.write(content)
+    snap.release()
+    assert not any((tmp_path / "leader" / PIN_DIR).rglob("*"))
+    follower = new_sm(tmp_path / "follower", log)
+    (tmp_path / "follower").mkdir()  # an empty node's broker directory
+    follower.install_snapshot(staged, snap.index)
+    assert follower.applied_index() == snap.index  # opened at the snapshot, not rebuilt
+    assert "Gone" in follower.topics
+    follower.apply(log.entries[snap.index :])
+    assert follower.topics == leader.topics and "Gone" not in follower.topics
+    assert follower.offsets == leader.offsets
+    leader.close()
+    follower.close()
+    assert cq_bytes(tmp_path / "follower") == cq_bytes(tmp_path / "leader")
+
+
+def test_a_file_deleted_before_it_was_pinned_fails_the_transfer(tmp_path: Path) -> None:
+    """The short window between the capture and the links: the transfer fails with a clear
+    error (the leader restarts it from a new capture), and leaves no links behind."""
+    log, leader = _two_topics(tmp_path)
+    snap = leader.capture_snapshot()
+    assert snap.prepare is not None and snap.release is not None
+    _delete_gone(log, leader)
+    with pytest.raises(BrokerError, match="deleted since the capture"):
+        snap.prepare()
+    snap.release()
+    assert not any((tmp_path / "leader" / PIN_DIR).rglob("*"))
+    leader.close()
+
+
+def _two_topics(tmp_path: Path) -> tuple[MemoryLog, BrokerStateMachine]:
+    """A leader's state machine with messages in topics Gone and Kept."""
+    log = MemoryLog()
+    for name in ("Gone", "Kept"):
+        log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig(name, 2, 2, 6)), ENTRY_TOPIC)
+    for n in range(30):
+        batch(log, [msg(n % 2, n, topic="Gone" if n % 3 else "Kept")])
+    leader = new_sm(tmp_path / "leader", log)
+    leader.applied_index()
+    leader.apply(log.entries)
+    return log, leader
+
+
+def _delete_gone(log: MemoryLog, sm: BrokerStateMachine) -> None:
+    log.add(encode_topic_record(TOPIC_DELETE, TopicConfig("Gone")), ENTRY_TOPIC)
+    sm.apply(log.entries[-1:])
+    assert not (sm.root / "consumequeue" / "Gone").exists()

@@ -1,23 +1,47 @@
-"""A snapshot transfer is as hostile as any peer input: the receiver's checks
-(dledger.server.snapshots) refuse bad headers, names, offsets, sizes and checksums before
-anything reaches the core."""
+"""Snapshots on the server (dledger.server.snapshots).
+
+A transfer is as hostile as any peer input: the receiver's checks refuse bad headers, names,
+offsets, sizes and checksums before anything reaches the core. An install a crash stopped is
+finished at the next start with the snapshot's log and membership configuration, never a mix.
+The sender paces its transfers and backs off a follower that keeps failing."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
+from dledger.appsnapshot import AppSnapshot
+from dledger.core import ConfState, Role, SnapshotRequest
+from dledger.core.membership import MemberAddr, joining
+from dledger.log import Entry
+from dledger.server.membership import load_conf, save_conf
+from dledger.server.node import LogOnlyStateMachine
 from dledger.server.snapshots import (
+    INSTALL_MARKER,
+    MIN_SNAPSHOT_BYTES_PER_S,
     SNAPSHOT_CHUNK_BYTES,
+    STAGING_DIR,
+    Pacer,
     SnapshotRefused,
+    SnapshotSender,
     _check_header,
     _check_name,
+    _chunks,
     _digest_update,
+    _log_pieces,
     _Staging,
+    finish_install,
+    install_app,
+    make_ready,
+    pending_install,
 )
+from dledger.storage.files import atomic_write
+from dledger.storage.store import SegmentedLogStore, StoreConfig
 
 SEG = 64 * 1024
 
@@ -106,3 +130,174 @@ def test_staging_checks_order_size_and_digest(tmp_path: Path) -> None:
         with pytest.raises(SnapshotRefused):
             st.write(bad)
     assert not (tmp_path / "app" / "b").exists()
+
+
+# ---------------------------------------------------------------- an install a crash stopped
+
+CFG = StoreConfig(segment_size_bytes=SEG, index_segment_size_bytes=SEG)
+SNAP_INDEX = 250
+FIRST_INDEX = 102  # the first entry of the leader's second segment (600-byte bodies)
+# The configuration at the snapshot's index: the node (n3) was added, promoted, n1 removed.
+CONF = ConfState(
+    voters=frozenset({"n0", "n2", "n3"}),
+    removed=("n1",),
+    addrs=(MemberAddr("n3", "127.0.0.1:40914", "127.0.0.1:10914"),),
+)
+
+
+class _Sender:
+    def __init__(self, store: SegmentedLogStore) -> None:
+        self.store = store
+
+
+def _stage_transfer(tmp_path: Path) -> Path:
+    """A joining node's store (its own log of 10 entries, membership.json "joining") with a
+    verified transfer of a leader's snapshot staged in ``snapshot/ready`` (as the receiver
+    leaves it before the core accepts it); the store directory."""
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1 + i // 100, i, b"e%05d" % i * 100) for i in range(1, 301)])
+    src.flush()
+    src.delete_prefix(src.segment_infos()[0].last_index)
+    assert src.first_index() == FIRST_INDEX  # the leader's retention ran
+    ext = src.snapshot_extent(SNAP_INDEX)
+    h = pb.SnapshotHeader(
+        term=3,
+        snapshot_index=SNAP_INDEX,
+        snapshot_term=src.term_at(SNAP_INDEX),
+        config=CONF.encode(),
+        base_index=ext.base_index,
+        base_term=ext.base_term,
+        start_position=ext.start_position,
+        segment_size_bytes=SEG,
+    )
+    root = tmp_path / "n3"
+    own = SegmentedLogStore(root, CFG)
+    own.append([Entry(1, i, b"own") for i in range(1, 11)])
+    own.close()
+    save_conf(str(root), joining("n3"), is_joining=True)
+    staging = _Staging(root / STAGING_DIR / "incoming")
+    staging.root.mkdir(parents=True)
+    pieces = _log_pieces(_Sender(src), ext.start_position, ext.end_position, SEG)  # type: ignore[arg-type]
+    for name, offset, read in pieces:
+        staging.write(pb.SnapshotData(name=name, offset=offset, data=read()))  # type: ignore[operator]
+    make_ready(root / STAGING_DIR, staging, h)
+    src.close()
+    return root
+
+
+def _restart(root: Path) -> tuple[SegmentedLogStore, ConfState | None]:
+    """What DLedgerNode.start does with a store: finish an interrupted install, open."""
+    index = pending_install(str(root))
+    if index is not None:
+        finish_install(str(root))
+    store = SegmentedLogStore(root, CFG)
+    if index is not None:
+        install_app(str(root), LogOnlyStateMachine(), index)
+    return store, load_conf(str(root), "n3")
+
+
+@pytest.mark.parametrize("crash_at", ["after_marker", "old_log_removed", "before_checkpoint"])
+def test_an_interrupted_install_restarts_with_the_new_log_and_its_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_at: str
+) -> None:
+    root = _stage_transfer(tmp_path)
+    atomic_write(root / STAGING_DIR / INSTALL_MARKER, b"install\n")  # the install begins
+    if crash_at != "after_marker":
+        target = "os.rename" if crash_at == "old_log_removed" else "atomic_write"
+        with monkeypatch.context() as m:
+            m.setattr(f"dledger.storage.install.{target}", _crash)
+            with pytest.raises(_Crash):
+                finish_install(str(root))
+    store, conf = _restart(root)
+    # The complete new state: the snapshot's log, and the configuration it carried (the
+    # old log's CONFIG entries are gone; "joining" would keep n3 from ever campaigning).
+    assert (store.first_index(), store.last_index()) == (FIRST_INDEX, SNAP_INDEX)
+    assert conf is not None and (conf.voters, conf.removed) == (CONF.voters, CONF.removed)
+    assert conf.addr_of("n3") == CONF.addr_of("n3")
+    assert pending_install(str(root)) is None
+    store.close()
+    store, _ = _restart(root)  # and again: nothing left to finish
+    assert store.last_index() == SNAP_INDEX
+    store.close()
+
+
+def test_a_crash_before_the_install_began_keeps_the_old_state(tmp_path: Path) -> None:
+    root = _stage_transfer(tmp_path)  # staged and verified, but no install marker yet
+    store, conf = _restart(root)
+    assert (store.first_index(), store.last_index()) == (1, 10)
+    assert conf == joining("n3")
+    store.close()
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash(*_: object) -> None:
+    raise _Crash("simulated crash")
+
+
+# ---------------------------------------------------------------- pace and restarts
+
+
+class _Clock:
+    """A monotonic clock that only the pacer's sleeps move."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_transfer_is_paced_at_the_configured_rate(tmp_path: Path) -> None:
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1, i, bytes([i % 251]) * 4000) for i in range(1, 501)])  # ~2 MiB
+    src.flush()
+    ext = src.snapshot_extent(500)
+    clock = _Clock()
+    rate = MIN_SNAPSHOT_BYTES_PER_S
+    out = SimpleNamespace(pacer=Pacer(rate, clock, clock.sleep), bytes_sent=0)
+    node = SimpleNamespace(core=SimpleNamespace(role=Role.LEADER, term=3), store=src)
+    node.snapshots_out = out
+    header = pb.SnapshotHeader(start_position=ext.start_position, segment_size_bytes=SEG)
+    req = SnapshotRequest("n3", 3)
+
+    async def stream() -> list[pb.SnapshotChunk]:
+        sparse = AppSnapshot(500, [("index/f", bytes(4 << 20))])  # a sparse key index file
+        it = _chunks(node, req, header, ext.end_position, sparse)  # type: ignore[arg-type]
+        return [c async for c in it]
+
+    chunks = asyncio.run(stream())
+    src.close()
+    largest = max(len(c.data.data) or c.data.zeros for c in chunks if c.HasField("data"))
+    assert out.bytes_sent == ext.end_position - ext.start_position > 2_000_000
+    # The first chunk leaves at once, the rest at the pace: no faster than the rate; the
+    # zeros travel as lengths and wait for nothing.
+    assert (out.bytes_sent - largest) / rate <= clock.now - 1000.0 <= out.bytes_sent / rate
+    assert sum(c.data.zeros for c in chunks if c.HasField("data")) == 4 << 20
+
+
+def test_the_pace_is_shared_by_concurrent_transfers() -> None:
+    clock = _Clock()
+    pacer = Pacer(2 << 20, clock, clock.sleep)
+
+    async def two() -> None:
+        async def one() -> None:
+            for _ in range(4):
+                await pacer.take(1 << 20)
+
+        await asyncio.gather(one(), one())
+
+    asyncio.run(two())
+    assert clock.now - 1000.0 == pytest.approx(3.5)  # 8 MiB at 2 MiB/s, the first at once
+
+
+def test_restarts_back_off_per_follower() -> None:
+    sender = SnapshotSender(SimpleNamespace(cfg=SimpleNamespace(snapshot_bytes_per_s=1 << 20)))  # type: ignore[arg-type]
+    delays = [sender.retry_delay_ms("n3") for _ in range(8)]
+    assert delays == [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+    assert sender.retry_delay_ms("n4") == 1000  # another follower's count is its own
