@@ -23,6 +23,9 @@ _STARTED: list[tuple[int, str]] = []
 
 # Small segments keep the tests' disk footprint and pre-allocation time small.
 TEST_SEGMENT_BYTES = 4 << 20
+# Small log index files too: each is allocated in full at start, and the default (32 MiB per
+# node) was three quarters of the disk a test group took. 1 MiB holds 32,768 entries.
+TEST_INDEX_FILE_BYTES = 1 << 20
 
 ClusterFactory = Callable[..., LocalCluster]
 
@@ -44,7 +47,10 @@ def local_group(tmp_path: Path) -> Iterator[ClusterFactory]:
     ) -> LocalCluster:
         """``namesrv=True``: the group also gets its own NameServer (``cluster.namesrv``);
         ``secure=True``: TLS, member certificates and ACLs, as ``mqcluster up`` makes it."""
-        extra = {"mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES)}
+        extra = {
+            "mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES),
+            "mappedFileSizeEntryIndex": str(TEST_INDEX_FILE_BYTES),
+        }
         extra.update({k: str(v) for k, v in conf.items()})
         cluster = LocalCluster(tmp_path / f"group{len(clusters)}")
         clusters.append(cluster)

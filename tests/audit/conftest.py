@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # Segments as small as the shared local_group fixture uses (tests/conftest.py), so that the
 # group's log spans several segment files.
 TEST_SEGMENT_BYTES = 4 << 20
+# Log index files of 1 MiB (32,768 entries), as local_group's: allocated in full at start.
+TEST_INDEX_FILE_BYTES = 1 << 20
 # What the group writes: about 10 MiB per replica, i.e. three 4 MiB segments.
 BODY_BYTES = 4000
 BATCHES = 25
@@ -86,7 +88,12 @@ def group_stores(
     base = tmp_path_factory.mktemp("audit-group")
     cluster = LocalCluster(base)
     cluster.configure(
-        3, auto_ports=True, extra={"mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES)}
+        3,
+        auto_ports=True,
+        extra={
+            "mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES),
+            "mappedFileSizeEntryIndex": str(TEST_INDEX_FILE_BYTES),
+        },
     )
     try:
         cluster.up()

@@ -32,8 +32,8 @@ from dledger.server.status import DISK_FULL_RETRY_AFTER_MS
 pytestmark = pytest.mark.integration
 
 NODES = 3
-# Each node's file system: the dledger index file (32 MiB), the 4 MiB reserve, ext4's own
-# metadata and a few 4 MiB segments.
+# Each node's file system: the dledger index file (1 MiB in tests/conftest.py's groups), the
+# 4 MiB reserve, ext4's own metadata and a few 4 MiB segments.
 FS_MIB = 128
 TOPIC = "DiskFull"
 QUEUES = 4
