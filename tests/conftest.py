@@ -1,4 +1,5 @@
-"""Shared fixtures: a local group that is always torn down, and a check for stray processes."""
+"""Shared fixtures: a local group that is always torn down, a check for stray processes, and
+the test run's one SparkSession (the audit tests and the fuzz suite's audits share it)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from broker.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
 from client import PushConsumer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # Every node PID a test started, to prove at the end that none outlived its test.
 _STARTED: list[tuple[int, str]] = []
@@ -186,3 +191,18 @@ def consumers() -> Iterator[list[PushConsumer]]:
     yield started
     for c in started:
         c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The one SparkSession of the test run: local[2] on 127.0.0.1, UI off. Started when a
+    test first asks for it; every audit after that skips the JVM's and the Python workers'
+    start (several seconds each)."""
+    from spark_audit.job import SessionOptions, start_session
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = start_session(
+        SessionOptions(master="local[2]", conf=(("spark.sql.shuffle.partitions", "2"),))
+    )
+    yield session
+    session.stop()

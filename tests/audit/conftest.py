@@ -1,12 +1,11 @@
-"""Fixtures of the audit tests: one SparkSession for the whole test session, and the stores
-of a real 3-node group written once per module (each test audits its own copy)."""
+"""Fixtures of the audit tests: the stores of a real 3-node group written once per module
+(each test audits its own copy), audited with the test run's one SparkSession
+(tests/conftest.py ``spark``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,19 +33,6 @@ BODIES_PER_BATCH = 100
 # Seconds to wait for every node to hold and apply the last entry.
 CONVERGE_S = 60.0
 STOP_GRACE_S = 10.0
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """The one SparkSession of the test run: local[2] on 127.0.0.1, UI off."""
-    from spark_audit.job import SessionOptions, start_session
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = start_session(
-        SessionOptions(master="local[2]", conf=(("spark.sql.shuffle.partitions", "2"),))
-    )
-    yield session
-    session.stop()
 
 
 @dataclass(frozen=True)

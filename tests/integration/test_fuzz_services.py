@@ -35,13 +35,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -78,7 +76,12 @@ from support import pulled, wait_for
 from broker.cluster import ClusterError, LocalCluster
 from broker.state import ENTRY_TOPIC, TOPIC_DELETE, TOPIC_UPSERT, TopicConfig, encode_topic_record
 from dledger.server.client import ClientError, LogClient
+from dledger.server.status import read_error
 from mqsecurity.channels import ClientSecurity, open_channel
+from spark_audit.__main__ import main as audit_main
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.fuzz]
 
@@ -103,10 +106,9 @@ SEED_TOPIC = "FuzzSeed"
 SEED_QUEUES = 4
 SEED_MESSAGES = 40
 SEED_ENTRIES = 20
-# Seconds to wait for a leader, for every node to converge, for the audit.
+# Seconds to wait for a leader, for every node to converge.
 LEADER_WAIT_S = 30.0
 CONVERGE_S = 60.0
-AUDIT_TIMEOUT_S = 600.0
 # Attempts of a known hostile request that meets a leader change (NOT_LEADER).
 NOT_LEADER_RETRIES = 3
 # Processes are checked for liveness every this many calls (so an exit is pinned to a window).
@@ -129,8 +131,9 @@ HYPOTHESIS = settings(
 class Target:
     """The group under test: its processes, channels (stock gRPC options) and seed data."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, spark: SparkSession) -> None:
         self.cluster = cluster
+        self.spark = spark
         assert cluster.namesrv is not None
         self.channels = {n.node_id: grpc.insecure_channel(n.client_addr) for n in cluster.nodes}
         self.peer_channels = {
@@ -183,39 +186,40 @@ class Target:
 
     # ---------------------------------------------------------------- seed
 
-    def write_seed(self) -> None:
-        ch = self.leader_channel()
-        create = ch.unary_unary(
-            "/raftmq.broker.v1.Broker/CreateTopic",
-            request_serializer=bpb.CreateTopicRequest.SerializeToString,
-            response_deserializer=bpb.CreateTopicResponse.FromString,
-        )
-        for topic, queues in ((SEED_TOPIC, SEED_QUEUES), (FUZZ_TOPIC, 8)):
-            create(
-                bpb.CreateTopicRequest(
-                    topic=bpb.TopicConfig(
-                        topic_name=topic, read_queue_nums=queues, write_queue_nums=queues
-                    )
-                ),
-                timeout=10,
+    def on_leader(self, method: str, request: Any, response_type: Any) -> Any:
+        """``Broker/<method>`` on the leader; again on the new one while the group re-elects
+        (a loaded box may make it: LEADERSHIP_LOST, NOT_LEADER, NO_QUORUM are retryable)."""
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while True:
+            call = self.leader_channel().unary_unary(
+                f"/raftmq.broker.v1.Broker/{method}",
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=response_type.FromString,
             )
-        send = ch.unary_unary(
-            "/raftmq.broker.v1.Broker/SendMessage",
-            request_serializer=bpb.SendMessageRequest.SerializeToString,
-            response_deserializer=bpb.SendMessageResponse.FromString,
-        )
+            try:
+                return call(request, timeout=10)
+            except grpc.RpcError as exc:
+                info = read_error(exc)
+                if info is None or not info.retryable or time.monotonic() > deadline:
+                    raise
+                time.sleep(max(info.retry_after_ms, 100) / 1000)
+
+    def write_seed(self) -> None:
+        for topic, queues in ((SEED_TOPIC, SEED_QUEUES), (FUZZ_TOPIC, 8)):
+            config = bpb.TopicConfig(
+                topic_name=topic, read_queue_nums=queues, write_queue_nums=queues
+            )
+            request = bpb.CreateTopicRequest(topic=config)
+            self.on_leader("CreateTopic", request, bpb.CreateTopicResponse)
         for i in range(SEED_MESSAGES):
             body = f"seed message {i} ".encode() * 8
-            resp = send(
-                bpb.SendMessageRequest(
-                    topic=SEED_TOPIC,
-                    messages=[
-                        bpb.Message(
-                            topic=SEED_TOPIC, queue_id=i % SEED_QUEUES, body=body, tags="seed"
-                        )
-                    ],
-                ),
-                timeout=10,
+            message = bpb.Message(
+                topic=SEED_TOPIC, queue_id=i % SEED_QUEUES, body=body, tags="seed"
+            )
+            resp = self.on_leader(
+                "SendMessage",
+                bpb.SendMessageRequest(topic=SEED_TOPIC, messages=[message]),
+                bpb.SendMessageResponse,
             )
             self.seed_msgs.append(
                 (
@@ -287,26 +291,21 @@ class Target:
             raise AssertionError(f"{exc}: {state}") from None
 
     def audit(self) -> None:
-        """Stop the group cleanly, then `python -m spark_audit` over its stores: CLEAN."""
+        """Stop the group cleanly, then audit its stores (mqaudit, in the test run's shared
+        SparkSession): exit code 0, CLEAN."""
         killed = self.cluster.down(grace_s=10.0)
         report = self.cluster.base / "audit.json"
-        run = subprocess.run(
-            [sys.executable, "-m", "spark_audit", str(self.cluster.base), "--json", str(report)],
-            capture_output=True,
-            text=True,
-            timeout=AUDIT_TIMEOUT_S,
-        )
-        assert run.returncode == 0 and "CLEAN" in run.stdout, (
-            run.stdout[-3000:] + run.stderr[-2000:]
-        )
-        assert len(json.loads(report.read_text())["groups"]) == 1
+        code = audit_main([str(self.cluster.base), "--json", str(report), "-q"], spark=self.spark)
+        groups = json.loads(report.read_text())["groups"]
+        assert code == 0, [g["findings"] for g in groups]
+        assert len(groups) == 1
         # after the audit, so that a group that will not stop is still audited
         assert not killed, f"needed SIGKILL to stop (SIGTERM did not end them): {killed}"
 
 
 @pytest.fixture
-def target(local_group: Callable[..., LocalCluster]) -> Any:
-    t = Target(local_group(3, namesrv=True))
+def target(local_group: Callable[..., LocalCluster], spark: SparkSession) -> Any:
+    t = Target(local_group(3, namesrv=True), spark)
     try:
         yield t
     finally:
