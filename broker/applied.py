@@ -7,12 +7,13 @@ the position against the state machine's dispatch end first. Nothing here knows 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import MessageNotFoundError
+from broker.errors import BrokerError, MessageNotFoundError
 from broker.message import (
     MESSAGE_HEAD,
     Message,
@@ -24,7 +25,7 @@ from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.core import NotLeaderError, Role
 from dledger.fatal import supervise
-from dledger.log import IndexOutOfRangeError
+from dledger.log import DLedgerError, IndexOutOfRangeError
 from dledger.server.node import DLedgerNode
 from msgcodec import STORE_TIMESTAMP_AT
 
@@ -34,6 +35,8 @@ from msgcodec import STORE_TIMESTAMP_AT
 # than this (maxMessageSize allows up to 64 MiB) is still answered alone: reading it needs a
 # client whose receive limit is raised.
 MAX_ANSWER_BYTES = (4 << 20) - 1024
+
+logger = logging.getLogger(__name__)
 
 _STORE_TS = struct.Struct(">q")
 _STORE_TS_AT = STORE_TIMESTAMP_AT
@@ -62,6 +65,31 @@ def start_leader_task(
     except RuntimeError:
         return task
     return supervise(loop.create_task(make(), name=name), name)
+
+
+async def run_while_leading(
+    ctx: NodeContext,
+    name: str,
+    one_pass: Callable[[], Awaitable[float]],
+    failed_wait_s: float,
+) -> None:
+    """The loop of a leader-only job (the loop ``start_leader_task`` starts): ``one_pass``
+    again and again while this node leads in the term the loop started in, sleeping the
+    seconds each pass returns. A pass that loses leadership or quorum mid-proposal
+    (NOT_LEADER, LEADERSHIP_LOST, NO_QUORUM, BACK_PRESSURE) is logged and followed by
+    ``failed_wait_s``: each job writes whole records, so nothing is half done, and the next
+    leader resumes from the log."""
+    node = ctx.node
+    term = node.core.term
+    logger.info("%s started node=%s term=%d", name, node.cfg.self_id, term)
+    while node.core.role is Role.LEADER and node.core.term == term:
+        try:
+            wait_s = await one_pass()
+        except (DLedgerError, BrokerError, TimeoutError) as exc:
+            logger.info("%s pass failed: %s", name, exc)
+            wait_s = failed_wait_s
+        await asyncio.sleep(wait_s)
+    logger.info("%s stopped node=%s term=%d", name, node.cfg.self_id, term)
 
 
 @dataclass(slots=True)

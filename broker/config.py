@@ -35,7 +35,7 @@ from dledger.server.snapshots import (
 )
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.retention import SECONDS_PER_HOUR
-from dledger.storage.store import DEFAULT_RESERVE_BYTES
+from dledger.storage.store import DEFAULT_INDEX_SEGMENT_SIZE_BYTES, DEFAULT_RESERVE_BYTES
 from mqsecurity import SecurityError
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials
@@ -68,6 +68,19 @@ def _parse_str(text: str) -> str:
 
 def _parse_optional_str(text: str) -> str:
     return text.strip()
+
+
+# Index file sizes: a multiple of this (every page size Linux uses divides it, and so does
+# the 32-byte index record), up to 1 GiB (32 Mi entries per file).
+INDEX_FILE_UNIT_BYTES = 64 * 1024
+MAX_INDEX_FILE_BYTES = 1 << 30
+
+
+def _parse_index_file_size(text: str) -> int:
+    value = int_in(INDEX_FILE_UNIT_BYTES, MAX_INDEX_FILE_BYTES)(text)
+    if value % INDEX_FILE_UNIT_BYTES:
+        raise ValueError(f"is not a multiple of {INDEX_FILE_UNIT_BYTES}")
+    return value
 
 
 def _parse_namesrv_addr(text: str) -> str:
@@ -222,6 +235,14 @@ KEYS: Mapping[str, _Key] = {
     "flushIntervalCommitLog": _Key(int_in(1, 60_000), "500", "ASYNC_FLUSH period, ms"),
     "mappedFileSizeCommitLog": _Key(
         int_in(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
+    ),
+    # DLedger's mappedFileSizeForEntryIndex: each index file (32 bytes per entry) is allocated
+    # in full when it is created (files.py: no SIGBUS on a full disk), so its size is disk
+    # taken at start; 32 MiB (1 Mi entries) by default, 64 KiB (2,048 entries) at least.
+    "mappedFileSizeEntryIndex": _Key(
+        _parse_index_file_size,
+        str(DEFAULT_INDEX_SEGMENT_SIZE_BYTES),
+        "log index file size, bytes (a multiple of 64 KiB)",
     ),
     "namesrvAddr": _Key(_parse_namesrv_addr, "", "host:port;... of the NameServers"),
     # RocketMQ's registerNameServerPeriod default (30 s); at least 100 ms (a NameServer call
@@ -415,6 +436,7 @@ class BrokerConfig:
     flushDiskType: FlushDiskType
     flushIntervalCommitLog: int
     mappedFileSizeCommitLog: int
+    mappedFileSizeEntryIndex: int
     namesrvAddr: str
     registerBrokerPeriod: int
     preferredLeaderId: str
@@ -678,6 +700,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         store_dir=str(cfg.dledger_dir),
         store=StoreConfig(
             segment_size_bytes=cfg.mappedFileSizeCommitLog,
+            index_segment_size_bytes=cfg.mappedFileSizeEntryIndex,
             flush_disk_type=cfg.flushDiskType,
             flush_interval_ms=cfg.flushIntervalCommitLog,
             reserve_bytes=cfg.diskSpaceReserveBytes,

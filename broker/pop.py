@@ -18,7 +18,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from broker.applied import MAX_ANSWER_BYTES, AppliedMessages, require_leader, start_leader_task
+from broker.applied import (
+    MAX_ANSWER_BYTES,
+    AppliedMessages,
+    require_leader,
+    run_while_leading,
+    start_leader_task,
+)
 from broker.errors import (
     BrokerError,
     InvalidRequestError,
@@ -56,8 +62,6 @@ from broker.retry import Retries, SendBackItem
 from broker.state import QueueKey
 from broker.subgroups import SubGroup, default_group
 from broker.topics import Topics
-from dledger.core import Role
-from dledger.log import DLedgerError
 
 logger = logging.getLogger(__name__)
 
@@ -398,17 +402,13 @@ class Pops:
         self.task = start_leader_task(self.ctx, self.task, self._revive_loop, "pop-revive")
 
     async def _revive_loop(self) -> None:
-        term = self.ctx.node.core.term
-        logger.info("pop redelivery started node=%s term=%d", self.ctx.node.cfg.self_id, term)
-        while self.ctx.node.core.role is Role.LEADER and self.ctx.node.core.term == term:
-            try:
-                await self.revive_once(int(time.time() * 1000))
-            except (DLedgerError, BrokerError, TimeoutError) as exc:
-                # Lost leadership or quorum: nothing half done (each record is whole); the
-                # next leader looks again.
-                logger.info("pop redelivery pass failed: %s", exc)
-            await asyncio.sleep(REVIVE_INTERVAL_MS / 1000)
-        logger.info("pop redelivery stopped node=%s term=%d", self.ctx.node.cfg.self_id, term)
+        # Each record is whole: a failed pass is not half done; the next leader looks again.
+        interval_s = REVIVE_INTERVAL_MS / 1000
+        await run_while_leading(self.ctx, "pop-revive", self._revive_pass, interval_s)
+
+    async def _revive_pass(self) -> float:
+        await self.revive_once(int(time.time() * 1000))
+        return REVIVE_INTERVAL_MS / 1000
 
     async def revive_once(self, now_ms: int) -> int:
         """Every in-flight message whose deadline passed by ``now_ms``: visible again with

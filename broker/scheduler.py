@@ -13,14 +13,12 @@ import logging
 import time
 from dataclasses import replace
 
-from broker.applied import AppliedMessages, start_leader_task
+from broker.applied import AppliedMessages, run_while_leading, start_leader_task
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import SCHEDULE_TOPIC
 from broker.schedule import delivered_copy, due_ms, encode_schedule_header
 from broker.state import ENTRY_SCHEDULE
-from dledger.core import Role
-from dledger.log import DLedgerError
 
 logger = logging.getLogger(__name__)
 
@@ -59,26 +57,19 @@ class Scheduler:
         self.task = start_leader_task(self.ctx, self.task, self._loop, "scheduler")
 
     async def _loop(self) -> None:
-        """While this node leads: deliver every due scheduled message, level by level."""
-        term = self.ctx.node.core.term
-        logger.info("scheduler started node=%s term=%d", self.ctx.node.cfg.self_id, term)
-        while self.ctx.node.core.role is Role.LEADER and self.ctx.node.core.term == term:
-            next_due: int | None = None
-            try:
-                for level in range(1, len(self.ctx.cfg.delay_levels_ms) + 1):
-                    due = await self.deliver_level(level)
-                    if due is not None and (next_due is None or due < next_due):
-                        next_due = due
-            except (DLedgerError, BrokerError, TimeoutError) as exc:
-                # Lost leadership or quorum mid-proposal (NOT_LEADER, LEADERSHIP_LOST,
-                # NO_QUORUM, BACK_PRESSURE): nothing was half done (one entry holds the copies
-                # and the offset); the next leader resumes from the log.
-                logger.info("scheduler pass failed: %s", exc)
-                next_due = None
-            now_ms = time.time() * 1000
-            wait_ms = SCHEDULE_IDLE_MS if next_due is None else next_due - now_ms
-            await asyncio.sleep(min(max(wait_ms, SCHEDULE_MIN_WAIT_MS), SCHEDULE_IDLE_MS) / 1000)
-        logger.info("scheduler stopped node=%s term=%d", self.ctx.node.cfg.self_id, term)
+        """While this node leads: deliver every due scheduled message, level by level (one
+        entry holds the copies and the offset, so a failed pass leaves nothing half done)."""
+        await run_while_leading(self.ctx, "scheduler", self._pass, SCHEDULE_IDLE_MS / 1000)
+
+    async def _pass(self) -> float:
+        """Every level's due head delivered; seconds until the next is due (bounded)."""
+        next_due: int | None = None
+        for level in range(1, len(self.ctx.cfg.delay_levels_ms) + 1):
+            due = await self.deliver_level(level)
+            if due is not None and (next_due is None or due < next_due):
+                next_due = due
+        wait_ms = SCHEDULE_IDLE_MS if next_due is None else next_due - time.time() * 1000
+        return min(max(wait_ms, SCHEDULE_MIN_WAIT_MS), SCHEDULE_IDLE_MS) / 1000
 
     async def deliver_level(self, level: int) -> int | None:
         """Deliver the due head of ``level``'s queue; the next due time (ms), or None."""

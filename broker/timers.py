@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from broker.applied import AppliedMessages, start_leader_task
+from broker.applied import AppliedMessages, run_while_leading, start_leader_task
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import TIMER_TOPIC
@@ -31,8 +31,6 @@ from broker.timer import (
     level_of,
     look_ms,
 )
-from dledger.core import Role
-from dledger.log import DLedgerError
 
 logger = logging.getLogger(__name__)
 
@@ -71,20 +69,15 @@ class Timers:
         self.task = start_leader_task(self.ctx, self.task, self._loop, "timers")
 
     async def _loop(self) -> None:
-        term = self.ctx.node.core.term
-        logger.info("timer loop started node=%s term=%d", self.ctx.node.cfg.self_id, term)
-        while self.ctx.node.core.role is Role.LEADER and self.ctx.node.core.term == term:
-            try:
-                next_look = await self.run_pass()
-            except (DLedgerError, BrokerError, TimeoutError) as exc:
-                # Lost leadership or quorum mid-proposal: one entry holds the copies, the hops
-                # and the offset, so nothing is half done; the next leader resumes from the log.
-                logger.info("timer pass failed: %s", exc)
-                next_look = None
-            wait_ms = TIMER_IDLE_MS if next_look is None else next_look - time.time() * 1000
-            # A backlog (a look-at time already past): the next pass at once, after yielding.
-            await asyncio.sleep(0 if wait_ms <= 0 else min(wait_ms, TIMER_IDLE_MS) / 1000)
-        logger.info("timer loop stopped node=%s term=%d", self.ctx.node.cfg.self_id, term)
+        # One entry holds the copies, the hops and the offset: a failed pass is not half done.
+        await run_while_leading(self.ctx, "timers", self._pass, TIMER_IDLE_MS / 1000)
+
+    async def _pass(self) -> float:
+        """One :meth:`run_pass`; seconds until the next look-at time (bounded)."""
+        next_look = await self.run_pass()
+        wait_ms = TIMER_IDLE_MS if next_look is None else next_look - time.time() * 1000
+        # A backlog (a look-at time already past): the next pass at once, after yielding.
+        return 0 if wait_ms <= 0 else min(wait_ms, TIMER_IDLE_MS) / 1000
 
     async def run_pass(self) -> int | None:
         """Move the records of every level whose time has come, one entry's worth per level

@@ -26,6 +26,24 @@ TRANSPORT_RETRYABLE_STATUSES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED.name,
     }
 )
+# gRPC statuses a call ends with when the node itself is gone or cut off (no ErrorInfo): the
+# group may have another leader by now.
+UNREACHABLE_STATUSES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE.name, grpc.StatusCode.DEADLINE_EXCEEDED.name}
+)
+# Codes saying that the node answered is not the group's leader, or may no longer be: a
+# redirect, no leader known, a transfer or an election under way, a leader cut off from its
+# majority. Another node of the group may do better. Every other retryable answer is a leader
+# speaking of itself (a full disk, back pressure, a full table): it is still the leader, and
+# its followers would only redirect back to it.
+LEADER_MOVED_CODES = frozenset(
+    {"NOT_LEADER", "NO_LEADER", "TRANSFER_IN_PROGRESS", "LEADERSHIP_LOST", "NO_QUORUM"}
+)
+# Codes no retry within the same broker group cures soon: the leader's disk stays above its
+# mark until retention deletes segments or an operator frees space (minutes, not the
+# milliseconds of a send timeout). A send so answered fails at once, or is retried only on
+# another broker group serving the topic (another disk).
+GROUP_REFUSES_WRITES_CODES = frozenset({"DISK_FULL"})
 
 
 class MQClientError(Exception):
@@ -60,6 +78,20 @@ class MQClientError(Exception):
         self.retry_after_ms = retry_after_ms
         self.outcome_unknown = outcome_unknown
         self.structured = structured
+
+    @property
+    def leader_moved(self) -> bool:
+        """The node answered is not (or may no longer be) its group's leader, or never
+        answered: another node of the group may take the call (:data:`LEADER_MOVED_CODES`)."""
+        if self.code in LEADER_MOVED_CODES:
+            return True
+        return not self.structured and self.status in UNREACHABLE_STATUSES
+
+    @property
+    def group_refuses_writes(self) -> bool:
+        """The group's leader refuses writes for longer than a send waits (a full disk): no
+        node of the group and no retry soon will take them (:data:`GROUP_REFUSES_WRITES_CODES`)."""
+        return self.code in GROUP_REFUSES_WRITES_CODES
 
     @classmethod
     def from_rpc(cls, exc: grpc.RpcError) -> MQClientError:

@@ -12,7 +12,9 @@ error names and waits out elections. A failed attempt whose error is ``retryable
 after the error's ``retry_after_ms`` (at least ``RETRY_WAIT_S``), each on another broker group
 when the topic has one (RocketMQ's behaviour; a message whose first outcome was unknown may
 then be stored by two groups). Sends through a ``MessageQueueSelector`` (ordered messages) are
-retried on the same queue only.
+retried on the same queue only. A leader refusing writes for a reason that outlasts a send
+(``DISK_FULL``: its disk is over the mark) is never retried in its group: the send moves to
+another group when the topic has one, or fails at once with ``DISK_FULL`` (docs/CLIENT.md).
 
 Coalescing: sends to one broker group share RPCs. At most ``MAX_INFLIGHT_PER_GROUP`` (1) SendMessage
 calls per group are in flight; sends that arrive meanwhile wait and leave together in the next
@@ -333,10 +335,11 @@ class Producer:
             resp = call.result()
         except grpc.RpcError as exc:
             err = MQClientError.from_rpc(exc)
-            if not err.retryable:
+            if not err.retryable or err.group_refuses_writes:
                 self._fail_or_split(gq, batch, err)
                 return
-            # Redirects, elections and dead nodes: the blocking path follows them.
+            # Redirects, elections, dead nodes and a busy leader: the blocking path follows
+            # them (and keeps a leader that answered about itself).
             if self._routes is not None:
                 self._routes.learn_from_error(gq.broker_name, err, addr)
             self._in_background(self._call_blocking, gq, batch, pbs, deadline, err)
@@ -517,10 +520,13 @@ class Producer:
         pick: Callable[[str], MessageQueue],
         retries: int,
         after: MQClientError | None = None,
+        failed_group: str = "",
     ) -> list[SendResult]:
         """One attempt and up to ``retries`` more while the error is retryable, each after the
         error's retry hint (at least ``RETRY_WAIT_S``); ``after``: the failure of an attempt
-        made elsewhere (the async path's first), waited out before the first attempt here."""
+        made elsewhere (the async path's first, on ``failed_group``), waited out before the
+        first attempt here. A group that refuses writes (``DISK_FULL``) is not asked again:
+        the send moves to another group, or fails at once when the topic has none."""
         if not msgs:
             raise MQClientError("INVALID_MESSAGE", "INVALID_ARGUMENT", "no message to send")
         topic = msgs[0].topic
@@ -529,12 +535,15 @@ class Producer:
         for m in msgs:
             if not m.msg_id:  # fixed before attempt one, kept by every retry
                 m.msg_id = new_msg_id()
-        failed_group = ""
         error = after
         for left in range(retries, -1, -1):
-            if error is not None:
-                time.sleep(retry_wait_s(error, RETRY_WAIT_S))
             mq = pick(failed_group)
+            if error is not None and error.group_refuses_writes:
+                if mq.broker_name == failed_group:
+                    raise error  # the only group it may go to has a full disk
+                # Another group, another disk: nothing to wait for.
+            elif error is not None:
+                time.sleep(retry_wait_s(error, RETRY_WAIT_S))
             try:
                 return self._send_once(mq, msgs)
             except grpc.RpcError as exc:  # not expected: call_leader converts
@@ -713,10 +722,12 @@ class Producer:
         def pick(avoid: str) -> MessageQueue:
             if selector is not None:
                 return failed  # ordered: the same queue on every attempt
-            return self._pick_queue(msg.topic, avoid or failed.broker_name)
+            return self._pick_queue(msg.topic, avoid)
 
         try:
-            result = self._send([msg], pick, retries - 1, after=error)[0]
+            result = self._send(
+                [msg], pick, retries - 1, after=error, failed_group=failed.broker_name
+            )[0]
         except BaseException as exc:
             self._callbacks.put((settle, None, exc))
         else:

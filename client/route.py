@@ -250,11 +250,13 @@ class RouteClient:
 
     def learn_from_error(self, broker_name: str, err: MQClientError, addr: str) -> None:
         """After a call to ``addr`` failed with ``err``: follow a NOT_LEADER redirect's leader,
-        or forget ``addr`` as the leader (the next call looks for one)."""
+        or forget ``addr`` as the leader when the error says leadership may have moved (the
+        next call looks for one). A leader that answered about itself (a full disk, back
+        pressure) stays the known leader."""
         with self._lock:
             if err.code == "NOT_LEADER" and err.leader_addr:
                 self._leaders[broker_name] = err.leader_addr
-            elif self._leaders.get(broker_name) == addr:
+            elif err.leader_moved and self._leaders.get(broker_name) == addr:
                 del self._leaders[broker_name]
 
     def call_leader(
@@ -267,8 +269,10 @@ class RouteClient:
         """``call(stub, rpc_timeout_s)`` on the group's leader: follows ``NOT_LEADER`` redirects
         (the error's ``leader_addr``), and while no leader is known or reachable tries the
         group's other nodes until ``timeout_s`` passes, waiting what the error's retry hint
-        asks (at least :data:`NO_LEADER_BACKOFF_S`). Errors that are not retryable are raised
-        at once."""
+        asks (at least :data:`NO_LEADER_BACKOFF_S`). A leader that refuses for a reason of
+        its own (back pressure, a full table) is asked again after its hint, never replaced by
+        another node. Errors that are not retryable, and a group refusing writes (a full disk),
+        are raised at once; at ``timeout_s`` the last answer is raised as it came."""
         deadline = time.monotonic() + timeout_s
         candidates = self._candidates(topic, broker_name, refresh=False)
         addr = candidates[0] if candidates else ""
@@ -288,14 +292,23 @@ class RouteClient:
                 result = call(self._channels.broker(addr), max(remaining, 0.05))
             except grpc.RpcError as exc:
                 err = MQClientError.from_rpc(exc)
-                if not err.retryable or time.monotonic() >= deadline:
+                stop = not err.retryable or err.group_refuses_writes
+                if stop or time.monotonic() >= deadline:
                     raise err from exc
                 if err.code == "NOT_LEADER" and err.leader_addr and hops < MAX_REDIRECTS:
                     hops += 1
                     addr = err.leader_addr
                     continue
-                # No leader known (an election), the node is down, or a retryable error:
-                # forget the leader, back off a little and try the next node.
+                if not err.leader_moved:
+                    # Still the leader (back pressure, a full table): the same node again after
+                    # its hint, or its answer now when the hint outlasts the timeout.
+                    wait_s = retry_wait_s(err)
+                    if wait_s >= deadline - time.monotonic():
+                        raise err from exc
+                    time.sleep(wait_s)
+                    continue
+                # No leader known (an election), the node is down or cut off: forget the
+                # leader, back off a little and try the next node.
                 hops = 0
                 with self._lock:
                     if self._leaders.get(broker_name) == addr:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a local group that is always torn down, and a check for stray processes."""
+"""Shared fixtures: a local group that is always torn down, a check for stray processes, and
+the test run's one SparkSession (the audit tests and the fuzz suite's audits share it)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,24 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from broker.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
 from client import PushConsumer
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 # Every node PID a test started, to prove at the end that none outlived its test.
 _STARTED: list[tuple[int, str]] = []
 
 # Small segments keep the tests' disk footprint and pre-allocation time small.
 TEST_SEGMENT_BYTES = 4 << 20
+# Small log index files too: each is allocated in full at start, and the default (32 MiB per
+# node) was three quarters of the disk a test group took. 1 MiB holds 32,768 entries.
+TEST_INDEX_FILE_BYTES = 1 << 20
 
 ClusterFactory = Callable[..., LocalCluster]
 
@@ -44,7 +52,10 @@ def local_group(tmp_path: Path) -> Iterator[ClusterFactory]:
     ) -> LocalCluster:
         """``namesrv=True``: the group also gets its own NameServer (``cluster.namesrv``);
         ``secure=True``: TLS, member certificates and ACLs, as ``mqcluster up`` makes it."""
-        extra = {"mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES)}
+        extra = {
+            "mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES),
+            "mappedFileSizeEntryIndex": str(TEST_INDEX_FILE_BYTES),
+        }
         extra.update({k: str(v) for k, v in conf.items()})
         cluster = LocalCluster(tmp_path / f"group{len(clusters)}")
         clusters.append(cluster)
@@ -180,3 +191,18 @@ def consumers() -> Iterator[list[PushConsumer]]:
     yield started
     for c in started:
         c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The one SparkSession of the test run: local[2] on 127.0.0.1, UI off. Started when a
+    test first asks for it; every audit after that skips the JVM's and the Python workers'
+    start (several seconds each)."""
+    from spark_audit.job import SessionOptions, start_session
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = start_session(
+        SessionOptions(master="local[2]", conf=(("spark.sql.shuffle.partitions", "2"),))
+    )
+    yield session
+    session.stop()

@@ -303,6 +303,12 @@ V2_ALLOWED = frozenset({SC.OK, SC.INVALID_ARGUMENT, SC.RESOURCE_EXHAUSTED})
 PEER_ALLOWED = frozenset(
     {SC.OK, SC.INVALID_ARGUMENT, SC.PERMISSION_DENIED, SC.RESOURCE_EXHAUSTED, SC.UNAVAILABLE}
 )
+# DLedgerPeer.Join and InstallSnapshot on a secure group (docs/CLUSTER.md "gRPC services",
+# docs/SECURITY.md): besides the stream's answers, a call without a member certificate is
+# UNAUTHENTICATED (NO_CERTIFICATE), a membership change the core refuses FAILED_PRECONDITION,
+# and a refused transfer FAILED_PRECONDITION (SNAPSHOT_REFUSED).
+JOIN_ALLOWED = PEER_ALLOWED | {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION}
+SNAPSHOT_ALLOWED = PEER_ALLOWED | {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION}
 # Statuses a particular RPC may also answer: a long poll may outlast the caller's deadline;
 # a leadership transfer that does not finish in time says TRANSFER_TIMEOUT.
 EXTRA_ALLOWED: dict[str, frozenset[grpc.StatusCode]] = {
@@ -328,6 +334,10 @@ DLEDGER_RPCS = _rpcs(dledger_pb2.DESCRIPTOR, "DLedgerClient", DLEDGER_ALLOWED)
 NAMESERVER_RPCS = _rpcs(nameserver_pb2.DESCRIPTOR, "NameServer", NAMESERVER_ALLOWED)
 V2_RPCS = _rpcs(rmq5_stubs.load()[1].DESCRIPTOR, "MessagingService", V2_ALLOWED)
 PEER_STREAM_PATH = "/raftmq.dledger.v1.DLedgerPeer/Stream"
+SNAPSHOT_PATH = "/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot"
+_PEER_SERVICE = dledger_pb2.DESCRIPTOR.services_by_name["DLedgerPeer"]
+_JOIN = _PEER_SERVICE.methods_by_name["Join"]
+JOIN_RPC = Rpc(_PEER_SERVICE.full_name, "Join", _JOIN.input_type, _JOIN.output_type, JOIN_ALLOWED)
 
 
 def summarize(msg: Message | bytes, limit: int = 240) -> str:
@@ -413,7 +423,11 @@ def answered_detail(exc: grpc.RpcError) -> str:
 
 
 def call_unary(
-    channel: grpc.Channel, rpc: Rpc, request: Message | bytes, timeout_s: float
+    channel: grpc.Channel,
+    rpc: Rpc,
+    request: Message | bytes,
+    timeout_s: float,
+    metadata: Sequence[tuple[str, str]] = (),
 ) -> tuple[SC, str]:
     """Call ``rpc`` with a message (or raw bytes, unserialized); the status and detail."""
     raw = isinstance(request, bytes)
@@ -423,7 +437,7 @@ def call_unary(
         response_deserializer=None,  # the raw answer: its decoding is not under test
     )
     try:
-        stub(request, timeout=timeout_s)
+        stub(request, timeout=timeout_s, metadata=tuple(metadata))
     except grpc.RpcError as exc:
         return exc.code(), answered_detail(exc)
     return SC.OK, ""
@@ -434,10 +448,12 @@ def call_peer_stream(
     requests: Sequence[Message | bytes],
     metadata: Sequence[tuple[str, str]],
     timeout_s: float,
+    path: str = PEER_STREAM_PATH,
 ) -> tuple[SC, str]:
-    """One DLedgerPeer.Stream carrying ``requests`` (messages or raw bytes)."""
+    """One client stream of DLedgerPeer (``Stream`` unless ``path`` says another) carrying
+    ``requests`` (messages or raw bytes)."""
     stub = channel.stream_unary(
-        PEER_STREAM_PATH,
+        path,
         request_serializer=_serialize,
         response_deserializer=None,
     )

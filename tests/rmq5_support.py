@@ -21,9 +21,11 @@ RMQ5 = ROOT / "build" / "rmq5"
 SCRIPTS = ROOT / "tests" / "rmq5"
 PYTHON = RMQ5 / "pyclient" / "bin" / "python"
 NODE_MODULES = RMQ5 / "node" / "node_modules"
-# Small commitlog files, and disk marks a shared test machine's disk never reaches.
+# Small commitlog and log index files (each allocated in full at start: 1 MiB, not 32, per
+# node), and disk marks a shared test machine's disk never reaches.
 GROUP_CONF = {
     "mappedFileSizeCommitLog": str(8 << 20),
+    "mappedFileSizeEntryIndex": str(1 << 20),
     "diskMaxUsedSpaceRatio": "99",
     "diskSpaceResumeRatio": "98",
 }

@@ -21,9 +21,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from broker.applied import AppliedMessages, require_leader, start_leader_task
+from broker.applied import (
+    AppliedMessages,
+    require_leader,
+    run_while_leading,
+    start_leader_task,
+)
 from broker.errors import (
-    BrokerError,
     InvalidRequestError,
     ResourceExhaustedError,
     TopicNotFoundError,
@@ -50,7 +54,6 @@ from broker.transactions.state import (
     parse_transaction_id,
 )
 from dledger.core import Role
-from dledger.log import DLedgerError
 from msgcodec import PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 
 logger = logging.getLogger(__name__)
@@ -255,19 +258,15 @@ class Transactions:
         self.task = start_leader_task(self.ctx, self.task, self._loop, "transaction-checker")
 
     async def _loop(self) -> None:
-        term = self.ctx.node.core.term
-        logger.info("transaction checker started node=%s term=%d", self.ctx.node.cfg.self_id, term)
-        while self.ctx.node.core.role is Role.LEADER and self.ctx.node.core.term == term:
-            try:
-                next_due = await self.check_pass(int(time.time() * 1000))
-            except (DLedgerError, BrokerError, TimeoutError) as exc:
-                # Lost leadership or quorum mid-proposal: each record stands alone, the next
-                # leader finds what was applied.
-                logger.info("transaction check pass failed: %s", exc)
-                next_due = None
-            wait_ms = CHECK_IDLE_MS if next_due is None else next_due - time.time() * 1000
-            await asyncio.sleep(min(max(wait_ms, CHECK_MIN_WAIT_MS), CHECK_IDLE_MS) / 1000)
-        logger.info("transaction checker stopped node=%s term=%d", self.ctx.node.cfg.self_id, term)
+        # Each record stands alone: after a failed pass the next leader finds what was applied.
+        idle_s = CHECK_IDLE_MS / 1000
+        await run_while_leading(self.ctx, "transaction-checker", self._pass, idle_s)
+
+    async def _pass(self) -> float:
+        """One :meth:`check_pass`; seconds until the next half is due (bounded)."""
+        next_due = await self.check_pass(int(time.time() * 1000))
+        wait_ms = CHECK_IDLE_MS if next_due is None else next_due - time.time() * 1000
+        return min(max(wait_ms, CHECK_MIN_WAIT_MS), CHECK_IDLE_MS) / 1000
 
     async def _scan(
         self, now_ms: int

@@ -1,12 +1,11 @@
-"""Fixtures of the audit tests: one SparkSession for the whole test session, and the stores
-of a real 3-node group written once per module (each test audits its own copy)."""
+"""Fixtures of the audit tests: the stores of a real 3-node group written once per module
+(each test audits its own copy), audited with the test run's one SparkSession
+(tests/conftest.py ``spark``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,8 @@ if TYPE_CHECKING:
 # Segments as small as the shared local_group fixture uses (tests/conftest.py), so that the
 # group's log spans several segment files.
 TEST_SEGMENT_BYTES = 4 << 20
+# Log index files of 1 MiB (32,768 entries), as local_group's: allocated in full at start.
+TEST_INDEX_FILE_BYTES = 1 << 20
 # What the group writes: about 10 MiB per replica, i.e. three 4 MiB segments.
 BODY_BYTES = 4000
 BATCHES = 25
@@ -32,19 +33,6 @@ BODIES_PER_BATCH = 100
 # Seconds to wait for every node to hold and apply the last entry.
 CONVERGE_S = 60.0
 STOP_GRACE_S = 10.0
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """The one SparkSession of the test run: local[2] on 127.0.0.1, UI off."""
-    from spark_audit.job import SessionOptions, start_session
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = start_session(
-        SessionOptions(master="local[2]", conf=(("spark.sql.shuffle.partitions", "2"),))
-    )
-    yield session
-    session.stop()
 
 
 @dataclass(frozen=True)
@@ -86,7 +74,12 @@ def group_stores(
     base = tmp_path_factory.mktemp("audit-group")
     cluster = LocalCluster(base)
     cluster.configure(
-        3, auto_ports=True, extra={"mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES)}
+        3,
+        auto_ports=True,
+        extra={
+            "mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES),
+            "mappedFileSizeEntryIndex": str(TEST_INDEX_FILE_BYTES),
+        },
     )
     try:
         cluster.up()

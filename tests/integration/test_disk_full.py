@@ -5,7 +5,7 @@ above ``diskMaxUsedSpaceRatio`` while pulls and offset commits go on; one follow
 filled to the last few MiB, so that it really hits ENOSPC on its next segment and must refuse
 appends without dying; once the space is freed (filler files deleted: nothing restarted, no
 mark changed) sends resume within seconds, the full follower catches up, and every
-acknowledged message is read back.
+acknowledged message is read back. The Python producer hears a full disk as ``DISK_FULL``.
 """
 
 from __future__ import annotations
@@ -21,17 +21,19 @@ import pytest
 from loopfs import fill, loop_unavailable, mount_loop_fs, unmount, used_percent
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
-from support import pulled, wait_for
+from support import create_topic, pulled, wait_for
 
 from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
+from client import Message, MQClientError, Producer
 from client.message import MessageExt
+from dledger.server.status import DISK_FULL_RETRY_AFTER_MS
 
 pytestmark = pytest.mark.integration
 
 NODES = 3
-# Each node's file system: the dledger index file (32 MiB), the 4 MiB reserve, ext4's own
-# metadata and a few 4 MiB segments.
+# Each node's file system: the dledger index file (1 MiB in tests/conftest.py's groups), the
+# 4 MiB reserve, ext4's own metadata and a few 4 MiB segments.
 FS_MIB = 128
 TOPIC = "DiskFull"
 QUEUES = 4
@@ -232,3 +234,30 @@ def test_full_disk_refuses_sends_keeps_reads_and_recovers_by_itself(
         text = Path(n.log).read_text(errors="replace")
         assert "FATAL" not in text and "Traceback" not in text, f"{n.node_id}: {text[-2000:]}"
     print(f"acked={len(acked)} resume_s={resume_s:.2f}")
+
+
+def test_the_producer_hears_a_full_disk_as_disk_full(
+    loop_stores: list[Path], local_group: Callable[..., LocalCluster]
+) -> None:
+    """Every node's disk above the mark (whichever node leads refuses): the producer's send
+    fails with DISK_FULL, the leader's own detail, and not as NOT_LEADER from a follower it
+    was sent to."""
+    cluster = local_group(
+        NODES,
+        namesrv=True,
+        diskMaxUsedSpaceRatio=MARK,
+        diskSpaceResumeRatio=RESUME,
+        diskCheckIntervalMs=50,
+    )
+    assert cluster.base == loop_stores[0].parent and cluster.namesrv is not None
+    create_topic(cluster, TOPIC, QUEUES)
+    for mount in loop_stores:
+        _fill_to(mount, MARK + 5)
+    with Producer("pg", cluster.namesrv.addr) as producer, pytest.raises(MQClientError) as info:
+        producer.send(Message(TOPIC, b"x" * BODY_BYTES))
+    err = info.value
+    assert (err.code, err.status, err.structured) == ("DISK_FULL", "RESOURCE_EXHAUSTED", True)
+    assert err.retryable and err.retry_after_ms == DISK_FULL_RETRY_AFTER_MS
+    m = _DETAIL.match(err.message)
+    assert m, err.message
+    assert m.group(2) == str(loop_stores[int(m.group(1)[1:])]) and float(m.group(3)) >= MARK

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigError, load_config, parse_config, parse_peers, render_config
+from broker.config import (
+    ConfigError,
+    load_config,
+    node_config,
+    parse_config,
+    parse_peers,
+    render_config,
+)
 
 GOOD = """\
 brokerClusterName = DefaultCluster
@@ -42,6 +49,14 @@ def test_namesrv_addr_and_register_period() -> None:
     assert cfg.registerBrokerPeriod == 1000
 
 
+def test_the_log_index_file_size_reaches_the_store() -> None:
+    """32 MiB by default (DLedger's 1 Mi entries); smaller files take less disk at start."""
+    assert node_config(parse_config(GOOD)).store.index_segment_size_bytes == 32 << 20
+    cfg = parse_config(GOOD + "mappedFileSizeEntryIndex=1048576\n")
+    assert node_config(cfg).store.index_segment_size_bytes == cfg.mappedFileSizeEntryIndex
+    assert cfg.mappedFileSizeEntryIndex == 1 << 20
+
+
 def test_defaults_group_to_broker_name_and_sync_flush() -> None:
     cfg = parse_config("dLegerPeers=n0-127.0.0.1:40911\ndLegerSelfId=n0\nbrokerName=b\n")
     assert cfg.dLegerGroup == "b"
@@ -65,6 +80,8 @@ def test_defaults_group_to_broker_name_and_sync_flush() -> None:
         ("namesrvAddr=a:1;a:1\n", "repeats an address"),
         ("registerBrokerPeriod=10\n", "key 'registerBrokerPeriod': '10' is out of range"),
         ("snapshotTransferBytesPerSec=1000\n", "key 'snapshotTransferBytesPerSec'"),
+        ("mappedFileSizeEntryIndex=32768\n", "key 'mappedFileSizeEntryIndex': '32768' is out"),
+        ("mappedFileSizeEntryIndex=100000\n", "is not a multiple of 65536"),
     ],
 )
 def test_each_mistake_names_its_key(extra: str, needle: str) -> None:

@@ -1,6 +1,7 @@
 """Producer send logic against in-process fake NameServer and broker nodes: NOT_LEADER
 redirects, retry on another broker group with the same msg ids, no retry of request errors,
-and no success without the broker's OK."""
+no success without the broker's OK, and a leader's own refusals (a full disk, back pressure)
+reported as what they are, with the leader kept."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -17,9 +19,11 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
-from client import Message, MQClientError, Producer
+from client import Message, MQClientError, Producer, mqadmin
+from client.producer import SelectMessageQueueByHash
 from dledger.server import status
-from dledger.server.status import RpcFailure
+from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, RpcFailure
+from dledger.storage import DiskFullError
 
 # A structured failure (as raftmq servers answer), a text-only (status, detail) as a server
 # that predates the structured error answers, or None to answer OK.
@@ -427,3 +431,95 @@ def test_a_server_without_structured_errors_still_gets_retries(world: World) -> 
     assert {r.message_queue.broker_name for r in results} == {"broker-b"}
     err = MQClientError("NO_QUORUM", "UNAVAILABLE", "x", retryable=True)
     assert err.retryable and not err.structured
+
+
+def _disk_full() -> RpcFailure:
+    """What a leader's DiskGuard answers, through the servers' own mapping."""
+    node = SimpleNamespace(
+        leader_client_addr=lambda: ("a0", ""), cfg=SimpleNamespace(append_timeout_ms=3000)
+    )
+    failure = status.dledger_failure(DiskFullError("node=a0 path=/s used=95.0% max=90%"), node)
+    assert failure is not None
+    return failure
+
+
+def test_a_full_disk_is_reported_as_disk_full_at_once(world: World) -> None:
+    """The leader's DISK_FULL reaches the caller as DISK_FULL, after one call: no follower is
+    asked (it would only redirect back, and the send used to end as NOT_LEADER after its
+    whole timeout), no retry in the only group, and the leader stays the known leader."""
+    world.namesrv.groups = world.namesrv.groups[:1]
+    a0, a1 = node(world, "a0"), node(world, "a1")
+    a0.behaviour = _disk_full
+    a1.behaviour = lambda: status.not_leader("a0", world.addrs["a0"])
+    with Producer("pg", world.namesrv_addr, send_msg_timeout_s=2.0) as producer:
+        with pytest.raises(MQClientError) as info:
+            producer.send(Message("T", b"x"))
+        future = producer.send_async(Message("T", b"y"))
+        with pytest.raises(MQClientError) as async_info:
+            future.result(timeout=10)
+        assert len(a0.seen) == 2 and not a1.seen
+        a0.behaviour = lambda: None  # space freed: the next send goes straight to a0
+        assert producer.send(Message("T", b"z")).message_queue.broker_name == "broker-a"
+    for err in (info.value, async_info.value):
+        assert (err.code, err.status, err.structured) == ("DISK_FULL", "RESOURCE_EXHAUSTED", True)
+        assert err.retryable and err.retry_after_ms == DISK_FULL_RETRY_AFTER_MS
+        assert err.message.startswith("DISK_FULL node=a0 ")
+    assert len(a0.seen) == 3 and not a1.seen
+
+
+def test_a_full_disk_moves_the_send_to_another_group(world: World) -> None:
+    a0, a1, b0 = node(world, "a0"), node(world, "a1"), node(world, "b0")
+    a0.behaviour = _disk_full
+    with Producer("pg", world.namesrv_addr) as producer:
+        msgs = [Message("T", f"m{i}".encode()) for i in range(4)]
+        results = [producer.send(m) for m in msgs]
+        async_results = [producer.send_async(m).result(timeout=10) for m in msgs[:2]]
+    assert {r.message_queue.broker_name for r in results + async_results} == {"broker-b"}
+    assert not a1.seen and len(a0.seen) >= 1
+    assert {i for c in b0.seen for i in c} == {m.msg_id for m in msgs}
+
+
+def test_an_ordered_send_to_a_full_group_fails_at_once(world: World) -> None:
+    for b in world.brokers.values():
+        b.behaviour = _disk_full
+    with Producer("pg", world.namesrv_addr) as producer, pytest.raises(MQClientError) as info:
+        producer.send(Message("T", b"x"), SelectMessageQueueByHash(), "order-1")
+    assert info.value.code == "DISK_FULL"
+    # One call in all: the queue the selector chose, on its group's leader.
+    assert sum(len(b.seen) for b in world.brokers.values()) == 1
+
+
+def test_a_busy_leader_is_asked_again_and_its_code_is_kept(world: World) -> None:
+    """BACK_PRESSURE is the leader speaking of itself: the same node again after the hint
+    (never a follower), and at the timeout the caller hears BACK_PRESSURE."""
+    world.namesrv.groups = world.namesrv.groups[:1]
+    a0, a1 = node(world, "a0"), node(world, "a1")
+    busy = RpcFailure(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "BACK_PRESSURE",
+        "busy",
+        retryable=True,
+        retry_after_ms=50,
+    )
+    a0.behaviour = lambda: busy
+    a1.behaviour = lambda: status.not_leader("a0", world.addrs["a0"])
+    with Producer(
+        "pg", world.namesrv_addr, send_msg_timeout_s=0.3, retry_times_when_send_failed=0
+    ) as producer:
+        with pytest.raises(MQClientError) as info:
+            producer.send(Message("T", b"x"))
+        assert info.value.code == "BACK_PRESSURE"
+        assert len(a0.seen) >= 2 and not a1.seen
+        a0.behaviour = lambda: None
+        producer.send(Message("T", b"y"))
+    assert not a1.seen
+
+
+def test_mqadmin_reports_a_full_disk(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    world.namesrv.groups = world.namesrv.groups[:1]
+    node(world, "a0").behaviour = _disk_full
+    code = mqadmin.main(["-n", world.namesrv_addr, "sendMessage", "-t", "T", "-p", "x"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith("mqadmin sendMessage: DISK_FULL (RESOURCE_EXHAUSTED): node=a0 "), err
+    assert "\n" not in err and not node(world, "a1").seen

@@ -15,6 +15,10 @@ import pytest
 from google.rpc import status_pb2
 from raftmq.common.v1 import error_pb2
 
+from broker.errors import TooManyConsumersError
+from broker.rmq5.codes import v2_code_name
+from broker.rmq5.leader import _forward_failure as forward_failure
+from broker.rpcerrors import error_failure
 from client.errors import MQClientError
 from dledger.core import BackPressureError, NotLeaderError, TransferInProgressError
 from dledger.log import ConfigError, LogCompactedError
@@ -124,6 +128,52 @@ def test_dledger_errors_map_to_fields(
     if code == "NOT_LEADER":
         assert (err.leader_id, err.leader_addr) == ("n2", "127.0.0.1:7")
     assert status.dledger_failure(ValueError("not ours"), NODE) is None
+
+
+@pytest.mark.parametrize(
+    ("exc", "moved", "refuses_writes"),
+    [
+        (NotLeaderError("x", leader_id="n2"), True, False),
+        (TransferInProgressError("t"), True, False),
+        (ProposalLostError("l"), True, False),
+        (TimeoutError(), True, False),
+        # The leader speaking of itself: it stays the leader.
+        (BackPressureError("b"), False, False),
+        (DiskFullError("d"), False, True),
+        (TooManyConsumersError("c"), False, False),
+    ],
+)
+def test_what_an_answer_tells_a_client_about_the_leader(
+    exc: BaseException, moved: bool, refuses_writes: bool
+) -> None:
+    """Only an answer saying leadership may have moved sends a client to another node of the
+    group; a full disk is not cured by any node of the group nor by a retry soon."""
+    err = MQClientError.from_rpc(_answered(error_failure(exc, NODE)))
+    assert err.retryable
+    assert (err.leader_moved, err.group_refuses_writes) == (moved, refuses_writes)
+
+
+def test_a_node_that_never_answered_may_have_lost_the_lead() -> None:
+    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        err = MQClientError.from_rpc(FakeRpcError(code, "failed to connect to all addresses"))
+        assert err.leader_moved and not err.group_refuses_writes
+    # A server without ErrorInfo: the code from its text decides.
+    text_only = FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "DISK_FULL node=n0 used=95%")
+    err = MQClientError.from_rpc(text_only)
+    assert (err.code, err.group_refuses_writes, err.leader_moved) == ("DISK_FULL", True, False)
+
+
+def test_the_v2_front_end_passes_a_full_disk_on_as_what_it_is() -> None:
+    """A v2 send forwarded to a leader whose disk is full: the forwarder keeps DISK_FULL, and
+    the v2 client reads TOO_MANY_REQUESTS (back off and retry) with the DISK_FULL text."""
+    st = error_failure(DiskFullError("node=n0 used=95.0%"), NODE).grpc_status()
+    exc = grpc.aio.AioRpcError(
+        st.code, grpc.aio.Metadata(), grpc.aio.Metadata(*st.trailing_metadata), st.details
+    )
+    failure = forward_failure(exc)
+    assert (failure.code, failure.retryable) == ("DISK_FULL", True)
+    assert failure.text.startswith("DISK_FULL node=n0 ")
+    assert v2_code_name(failure.code) == "TOO_MANY_REQUESTS"
 
 
 def test_a_not_leader_without_a_known_leader_asks_for_a_short_wait() -> None:
