@@ -1255,9 +1255,11 @@ class RaftNode:
                 pr.inflight.popleft()  # a heartbeat answer: maybe an append was lost
         if advanced:
             self._maybe_commit()
-            if min(self._commit, pr.match) > pr.commit_sent:
+            if min(self._commit, pr.match) > pr.commit_sent and not self._notices_held:
                 # A follower whose answer came after the commit (the slower of a majority)
-                # learns it now too, not at the next heartbeat.
+                # learns it now too, not at the next heartbeat. While a hold is pending its
+                # release covers this follower as well (release_notices asks every follower):
+                # no Ready for it (at one send in flight, one Ready per message less).
                 self._commit_notice_owed = True
             if self._transferee == m.from_id and pr.match == self._log.last_index():
                 logger.info(

@@ -333,6 +333,26 @@ def test_a_follower_that_answers_after_the_commit_is_told_at_once() -> None:
     assert _drain(node, log) == []
 
 
+def test_a_late_answer_while_notices_are_held_makes_no_ready() -> None:
+    """One send in flight: n1's answer commits and holds a notice for n1; n2's answer comes
+    while that hold is pending. It makes no Ready of its own (the pending release covers n2
+    too), and the release tells both."""
+    node, log = _replicating_leader()
+    p = node.propose([b"a"])
+    _drain(node, log)
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=p.last_index))
+    rd = node.ready()
+    assert rd.notices_held and [e.index for e in rd.committed] == [p.last_index]
+    finish_ready(node, log, rd)
+    node.step(AppendResponse("n2", "n0", node.term, success=True, match_index=p.last_index))
+    assert not node.has_ready()
+    node.release_notices()
+    notices = _drain(node, log)
+    assert sorted(m.to_id for m in notices) == ["n1", "n2"]
+    assert all(isinstance(m, AppendRequest) and m.no_reply for m in notices)
+    assert all(m.leader_commit == p.last_index for m in notices)
+
+
 def test_commit_notices_need_no_answer_unless_rejected() -> None:
     log = MemLog()
     _preset(log, [1, 1])
