@@ -23,11 +23,11 @@ pytestmark = pytest.mark.integration
 # Seed 2 draws the membership nemesis first: the membership fault the short run must have is
 # there whatever the timing does to the draws after it (seed 7's came by timing's luck).
 CI_SEED = int(os.environ.get("RAFTMQ_JEPSEN_SEED", "2"))
-# The short run: four faults of SHORT_RUN_INTERVAL_S each, with as long healthy in between,
-# and the quiet fifth at the end (40 s: 4 + 4 x 8 - 4 = 32 s of schedule, 8 s quiet). The
-# 60 s / 5 s form ran the same four faults in 20 s more.
-SHORT_RUN_TIME_LIMIT_S = 40
-SHORT_RUN_INTERVAL_S = 4
+# The short run issue #21 asks CI for: 60 s, four faults of SHORT_RUN_INTERVAL_S each with as
+# long healthy in between, and a quiet end (5 + 4 x 10 - 5 = 40 s of schedule, 12 s quiet).
+# (40 s with 4 s intervals schedules the same four faults 20 s sooner; the issue names 60 s.)
+SHORT_RUN_TIME_LIMIT_S = 60
+SHORT_RUN_INTERVAL_S = 5
 
 
 def _results(run_dir: Path) -> dict[str, object]:
@@ -49,7 +49,7 @@ def _assert_no_node_left(run_dir: Path) -> None:
 
 
 def test_short_run_passes(tmp_path: Path) -> None:
-    """`mqjepsen run --nodes 3 --time-limit 40 --interval 4 --nemesis
+    """`mqjepsen run --nodes 3 --time-limit 60 --interval 5 --nemesis
     membership,partition,kill,pause --seed S`: the membership nemesis adds, removes (the
     leader too) and replaces nodes under the workload's load."""
     run_dir = tmp_path / "run"
@@ -95,9 +95,9 @@ def test_unsafe_ack_is_caught_as_lost_writes(tmp_path: Path) -> None:
             "--workload",
             "log",
             "--time-limit",
-            "20",
+            "12",
             "--interval",
-            "4",
+            "3",
             "--nemesis",
             "partition",
             "--partitions",
