@@ -503,7 +503,7 @@ def timed_messages(cluster: LocalCluster, pending: int, smoke: bool) -> dict[str
     security = cluster.client_security()
     target = bb.Target(addr, pb_grpc.BrokerStub(open_channel(addr, security)), security)
     if smoke:  # every phase once, small: a few seconds
-        return bench_timer(cluster, target, pending, spread_s=2.0, lead_s=3.0, idle_s=1.0)
+        return bench_timer(cluster, target, pending, spread_s=1.0, lead_s=2.0, idle_s=0.5)
     return bench_timer(cluster, target, pending, spread_s=30.0, lead_s=30.0)
 
 
@@ -919,7 +919,7 @@ def _run_group(
 
 def _sync_extras(a: argparse.Namespace, cluster: LocalCluster, result: dict[str, Any]) -> None:
     """The cases run on the SYNC_FLUSH group only."""
-    result["e2e"] = e2e_latency(cluster, 2.0 if a.smoke else 5.0)
+    result["e2e"] = e2e_latency(cluster, 1.0 if a.smoke else 5.0)
     print(f"e2e: {result['e2e']}", flush=True)
     ref = max((c["messages_per_s"] for c in result["produce"]), default=0.0)
     result["delay_retry"] = delay_and_retry(cluster, a.delayed, ref)
