@@ -31,8 +31,13 @@ LIST_TIMEOUT_S = 5.0
 # Shortest wait between two tries (the server's retry hint is used when longer).
 RETRY_MIN_S = 0.1
 CHANGE_KINDS = ("ADD_LEARNER", "ADD_VOTER", "PROMOTE", "REMOVE")
-# Outcome-unknown errors kept per call (the retry loop runs until its timeout: bounded).
-MAX_UNKNOWN_KEPT = 8
+# The role a node has once each change kind is in effect ("": no longer a member).
+ROLE_AFTER_CHANGE = {
+    "ADD_VOTER": "VOTER",
+    "PROMOTE": "VOTER",
+    "ADD_LEARNER": "LEARNER",
+    "REMOVE": "",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +74,8 @@ def follow_leader(
     unknown: list[MQClientError] | None = None,
 ) -> T_:
     """``call`` on ``addr``'s group, following redirects to its leader and retrying what the
-    group says is retryable until ``timeout_s`` passes (``unknown`` collects the retried
-    errors after which the call may have taken effect: ``outcome_unknown``)."""
+    group says is retryable until ``timeout_s`` passes (``unknown`` gets the first retried
+    error after which the call may have taken effect: ``outcome_unknown``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         remaining = deadline - time.monotonic()
@@ -80,8 +85,8 @@ def follow_leader(
             err = MQClientError.from_rpc(exc)
             if not err.retryable or time.monotonic() >= deadline:
                 raise err from exc
-            if unknown is not None and err.outcome_unknown and len(unknown) < MAX_UNKNOWN_KEPT:
-                unknown.append(err)
+            if unknown is not None and err.outcome_unknown and not unknown:
+                unknown.append(err)  # the first is enough: the change may have committed
             if err.code == "NOT_LEADER" and err.leader_addr and err.leader_addr != addr:
                 addr = err.leader_addr
                 continue
@@ -150,12 +155,11 @@ def _in_effect(
     channels: ChannelPool, addr: str, kind: str, node_id: str
 ) -> tuple[int, tuple[MemberRow, ...]] | None:
     """The committed configuration (index, members) if it already holds the change."""
-    wanted = {"ADD_VOTER": "VOTER", "PROMOTE": "VOTER", "ADD_LEARNER": "LEARNER", "REMOVE": ""}
     try:
         now = list_members(channels, addr)
     except MQClientError:
         return None
     role = next((m.role for m in now.members if m.node_id == node_id), "")
-    if not now.config_committed or role != wanted.get(kind, "?"):
+    if not now.config_committed or role != ROLE_AFTER_CHANGE.get(kind, "?"):
         return None
     return now.config_index, now.members

@@ -29,6 +29,14 @@ MAX_REDIRECTS = 5
 MEMBER_CHANGE_TIMEOUT_S = 60.0
 # Shortest wait between two tries of a refused change (the server's hint when longer).
 RETRY_MIN_MS = 50
+# The role a node has once each change kind is in effect ("": no longer a member; the same
+# table as client.members', which may not import this package).
+ROLE_AFTER_CHANGE = {
+    "ADD_VOTER": "VOTER",
+    "PROMOTE": "VOTER",
+    "ADD_LEARNER": "LEARNER",
+    "REMOVE": "",
+}
 
 
 class ClientError(DLedgerError):
@@ -235,8 +243,7 @@ class LogClient:
     ) -> pb.ChangeMemberResponse | None:
         """The committed configuration if ``request`` is already in effect in it (an attempt
         whose answer was lost committed it, so the retry was refused), else None."""
-        wanted = {"ADD_VOTER": "VOTER", "PROMOTE": "VOTER", "ADD_LEARNER": "LEARNER", "REMOVE": ""}
-        if request.kind not in wanted:
+        if request.kind not in ROLE_AFTER_CHANGE:
             return None
         while True:
             try:
@@ -244,7 +251,7 @@ class LogClient:
             except ClientError:
                 return None
             role = next((m.role for m in members.members if m.id == request.node_id), "")
-            if role != wanted[request.kind]:  # a removed node has no role
+            if role != ROLE_AFTER_CHANGE[request.kind]:  # a removed node has no role
                 return None
             if members.config_committed:
                 return pb.ChangeMemberResponse(
