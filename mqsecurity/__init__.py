@@ -14,6 +14,11 @@ bundled clients and the tools all use the same copy:
   when credentials are given.
 """
 
-from mqsecurity.errors import CertificateError, SecurityError, SignatureError
+from mqsecurity.errors import (
+    CertificateError,
+    SecurityError,
+    SignatureError,
+    SignatureMismatchError,
+)
 
-__all__ = ["CertificateError", "SecurityError", "SignatureError"]
+__all__ = ["CertificateError", "SecurityError", "SignatureError", "SignatureMismatchError"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mqsecurity.credentials import MAX_ACCESS_KEY_CHARS, Credentials
-from mqsecurity.errors import SignatureError
+from mqsecurity.errors import SignatureError, SignatureMismatchError
 
 ALGORITHM = "MQv2-HMAC-SHA1"
 DATE_TIME_HEADER = "x-mq-date-time"
@@ -117,7 +117,7 @@ def check_signature(
     skew_ms = abs(((now or datetime.now(UTC)) - signed_at).total_seconds()) * 1000
     expected = signature(secret_key, request.date_time)
     if not hmac.compare_digest(expected, request.signature):
-        raise SignatureError("signature does not match the access key's secret")
+        raise SignatureMismatchError("signature does not match the access key's secret")
     if skew_ms > max_skew_ms:
         raise SignatureError(
             f"{DATE_TIME_HEADER} is {skew_ms / 1000:.0f} s away from the server's clock "

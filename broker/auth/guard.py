@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from secrets import token_hex
 
 from broker.auth import rpcmap
 from broker.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
@@ -24,7 +25,7 @@ from broker.errors import BrokerError
 from broker.state import BrokerStateMachine
 from dledger.server.guard import Refusal
 from dledger.server.rpcguard import Undecodable
-from mqsecurity import SignatureError
+from mqsecurity import SignatureError, SignatureMismatchError
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
 from mqsecurity.signing import (
     DATE_TIME_FORMAT,
@@ -33,6 +34,10 @@ from mqsecurity.signing import (
     check_signature,
     read_signed_request,
 )
+
+# The answer to a signature no known user's secret produced, whether the access key is
+# unknown, disabled, or known with another secret.
+NOT_SIGNED_BY = "the signature does not match its secret"
 
 # A client signs each call with its clock in seconds, so the calls of one second share one
 # signature: a checked one is remembered (with its time, the skew is checked on every call),
@@ -68,6 +73,8 @@ class AuthGuard:
         self._verified: dict[tuple[str, str, str, str], datetime] = {}
         self._decisions: dict[tuple[str, tuple[tuple[Resource, str], ...], str], bool] = {}
         self._decided_version = 0
+        # What an unknown access key's signature is checked against (never matches).
+        self._decoy_secret = token_hex(20)
         # The topic of the applied message at a commitlog position (set by the broker once
         # its components exist); None: calls on stored messages are for Super users only.
         self.topic_at: Callable[[int], str] | None = None
@@ -85,8 +92,13 @@ class AuthGuard:
             return None
         return self._authorize(user_or_refusal, method, peer, request)
 
-    def _refuse(self, reason: str, code: str, text: str, method: str, peer: str) -> Refusal:
-        REFUSALS.count(reason, f"{code} {text} method={method} peer={peer}")
+    def _refuse(
+        self, reason: str, code: str, text: str, method: str, peer: str, why: str = ""
+    ) -> Refusal:
+        """Count and log the refusal (with ``why``, the operator's detail the caller is not
+        told), and answer ``text``."""
+        detail = f" ({why})" if why else ""
+        REFUSALS.count(reason, f"{code} {text}{detail} method={method} peer={peer}")
         return Refusal(reason == AUTHORIZATION, code, text)
 
     def _authenticate(self, method: str, metadata: Mapping[str, str], peer: str) -> User | Refusal:
@@ -98,16 +110,20 @@ class AuthGuard:
             text = "this broker requires signed requests (AccessKey/SecretKey credentials)"
             return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
         user = self.sm.auth.users.get(signed.access_key)
-        if user is None or not user.enabled:
-            # The same answer for both: a caller cannot probe which users exist.
-            text = f"unknown or disabled user {signed.access_key!r}"
-            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
         try:
-            self._check(user, signed)
+            if user is not None and user.enabled:
+                self._check(user, signed)
+                return user
+            # The same work and the same answer as a known user's wrong signature: neither
+            # the reason nor the time taken tells a caller which users exist.
+            check_signature(signed, self._decoy_secret, None, self.settings.max_skew_ms)
+            raise SignatureMismatchError("unknown or disabled access key")  # 2**-160 odds
+        except SignatureMismatchError as exc:
+            text = f"access key {signed.access_key!r} is unknown or disabled, or {NOT_SIGNED_BY}"
+            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer, str(exc))
         except (SignatureError, BrokerError) as exc:
-            text = f"user {user.username!r}: {exc}"
+            text = f"access key {signed.access_key!r}: {exc}"
             return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
-        return user
 
     def _check(self, user: User, signed: SignedRequest) -> None:
         """`check_signature`, through the cache of signatures already checked."""

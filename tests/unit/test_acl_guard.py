@@ -13,6 +13,7 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 
 from broker.applied import NodeContext
+from broker.auth import guard as guard_module
 from broker.auth import rpcmap
 from broker.auth.admin import AclNotFoundError, AlreadyExistsError, AuthAdmin, UserNotFoundError
 from broker.auth.guard import AuthGuard, AuthSettings
@@ -23,7 +24,7 @@ from dledger.server.guard import OPEN_SERVICES, Refusal
 from dledger.server.rpcguard import Undecodable
 from mqsecurity.credentials import Credentials
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
-from mqsecurity.signing import signed_metadata
+from mqsecurity.signing import SignedRequest, check_signature, signed_metadata
 
 BOX = SecretBox(bytes(range(32)))
 PEER = "ipv4:127.0.0.1:40000"
@@ -93,14 +94,18 @@ def test_authentication(tmp_path: Path) -> None:
     before = REFUSALS.snapshot()[AUTHENTICATION]
     req = bpb.SendMessageRequest(topic="anything")
     assert check(guard, SEND, ALICE, req) is None  # authorization off: any known user
+    reasons = []
     for creds, why in [
         (None, "requires signed requests"),
         (Credentials("alice", "wrong-secret-1"), "does not match"),
-        (Credentials("mallory", "mallory-secret"), "unknown or disabled"),
+        (Credentials("mallory", "mallory-secret"), "does not match"),
     ]:
         refusal = check(guard, SEND, creds, req)
         assert refusal is not None and not refusal.authenticated, creds
         assert why in refusal.reason and "secret-1" not in refusal.reason
+        reasons.append(refusal.reason)
+    # A known user's wrong secret and an unknown user get the same answer: no probing.
+    assert reasons[1].replace("alice", "mallory") == reasons[2]
     old = guard.check(SEND, md(ALICE, datetime.now(UTC) - timedelta(hours=1)), PEER, req)
     assert old is not None and "away from the server's clock" in old.reason
     bad = guard.check(SEND, {"authorization": "Basic abc"}, PEER, req)
@@ -111,8 +116,28 @@ def test_authentication(tmp_path: Path) -> None:
     assert guard.check(SEND, signed, PEER, req) is not None
     assert check(guard, SEND, Credentials("alice", "alice-secret-2"), req) is None
     asyncio.run(admin.update_user("alice", "", "", "disable"))
-    assert check(guard, SEND, Credentials("alice", "alice-secret-2"), req) is not None
+    disabled = check(guard, SEND, Credentials("alice", "alice-secret-2"), req)
+    assert disabled is not None and disabled.reason == reasons[1]
     assert REFUSALS.snapshot()[AUTHENTICATION] - before == 7
+
+
+def test_an_unknown_access_key_costs_the_same_hmac_as_a_wrong_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timing must not tell which users exist either: an unknown access key's signature is
+    checked (against a secret nobody has) as a known user's is."""
+    _, guard = setup(tmp_path, authz=False)
+    checked: list[str] = []
+
+    def counting(request: SignedRequest, secret: str, *args: object) -> None:
+        checked.append(request.access_key)
+        check_signature(request, secret, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(guard_module, "check_signature", counting)
+    req = bpb.SendMessageRequest(topic="anything")
+    for creds in (Credentials("alice", "wrong-secret-1"), Credentials("mallory", "m-secret")):
+        assert check(guard, SEND, creds, req) is not None
+    assert checked == ["alice", "mallory"]
 
 
 def test_authorization(tmp_path: Path) -> None:
