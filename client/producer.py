@@ -80,6 +80,12 @@ MAX_INFLIGHT_PER_GROUP = 1
 MAX_CACHED_QUEUES = 4096
 MAX_COALESCE_MESSAGES = 512
 MAX_COALESCE_BYTES = 1 << 20
+# RocketMQ's producer keeps away from a broker that just failed (sendLatencyFaultEnable). Ours
+# keeps away from a group whose leader refused writes (DISK_FULL) for this long while the topic
+# has another writable group, so sends stop paying a refused call each; then the next send that
+# picks it probes it again (a refusal still only moves that send). A freed disk is written to
+# again within this bound. One entry per group at most.
+FULL_GROUP_AVOID_S = 10.0
 
 
 class MessageQueueSelector(Protocol):
@@ -171,6 +177,8 @@ class Producer:
         self._async_pending = 0
         self._slot_waiters = 0
         self._rr = itertools.count()
+        self._full_lock = threading.Lock()
+        self._full_until: dict[str, float] = {}  # group -> monotonic end of its avoidance
         self._born_host = local_host()
         self._coalesce_lock = threading.Lock()
         self._idle = threading.Condition(self._coalesce_lock)
@@ -230,15 +238,34 @@ class Producer:
     # -- queue choice ---------------------------------------------------------------------------
 
     def _pick_queue(self, topic: str, avoid: str) -> MessageQueue:
+        """Round robin over the topic's writable queues, past ``avoid`` (the group this send
+        just failed on) and past groups that refused writes lately, while another is left."""
         queues = self._route_client().get_route(topic).write_queue_tuple()
         if not queues:
             raise MQClientError("NO_ROUTE", "NOT_FOUND", f"no writable queue for {topic}")
         start = next(self._rr)
+        full = self._full_groups() if self._full_until else ()
+        second: MessageQueue | None = None
         for i in range(len(queues)):
             mq = queues[(start + i) % len(queues)]
-            if mq.broker_name != avoid:
+            if mq.broker_name == avoid:
+                continue
+            if mq.broker_name not in full:
                 return mq
-        return queues[start % len(queues)]
+            second = second or mq
+        return second or queues[start % len(queues)]
+
+    def _full_groups(self) -> frozenset[str]:
+        """The groups whose leader refused writes less than FULL_GROUP_AVOID_S ago."""
+        now = time.monotonic()
+        with self._full_lock:
+            for group in [g for g, until in self._full_until.items() if until <= now]:
+                del self._full_until[group]
+            return frozenset(self._full_until)
+
+    def _mark_full(self, group: str) -> None:
+        with self._full_lock:
+            self._full_until[group] = time.monotonic() + FULL_GROUP_AVOID_S
 
     def _send_once(self, mq: MessageQueue, msgs: Sequence[Message]) -> list[SendResult]:
         """One attempt, coalesced with other callers' sends to the same group."""
@@ -513,6 +540,8 @@ class Producer:
         )
         if exc.status == "NOT_FOUND":
             self._route_client().invalidate(mq.topic)
+        if exc.group_refuses_writes:
+            self._mark_full(mq.broker_name)
 
     def _send(
         self,
@@ -536,6 +565,8 @@ class Producer:
             if not m.msg_id:  # fixed before attempt one, kept by every retry
                 m.msg_id = new_msg_id()
         error = after
+        if after is not None and after.group_refuses_writes:
+            self._mark_full(failed_group)
         for left in range(retries, -1, -1):
             mq = pick(failed_group)
             if error is not None and error.group_refuses_writes:
