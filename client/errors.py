@@ -26,6 +26,18 @@ TRANSPORT_RETRYABLE_STATUSES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED.name,
     }
 )
+# gRPC's own failures (no ErrorInfo) after which the request may still have been carried out:
+# it may have reached the server before the deadline passed or the connection broke, and gRPC
+# cannot tell. A write so failed has an unknown outcome.
+UNKNOWN_OUTCOME_STATUSES = frozenset(
+    {
+        grpc.StatusCode.DEADLINE_EXCEEDED.name,
+        grpc.StatusCode.UNAVAILABLE.name,
+        grpc.StatusCode.CANCELLED.name,
+        grpc.StatusCode.UNKNOWN.name,
+        grpc.StatusCode.INTERNAL.name,
+    }
+)
 # gRPC statuses a call ends with when the node itself is gone or cut off (no ErrorInfo): the
 # group may have another leader by now.
 UNREACHABLE_STATUSES = frozenset(
@@ -52,7 +64,10 @@ class MQClientError(Exception):
 
     ``leader_id`` / ``leader_addr``: the leader a ``NOT_LEADER`` answer named ("" when none);
     ``retryable``: another attempt (same message ids) may succeed; ``retry_after_ms``: wait at
-    least this long first (0: no hint); ``outcome_unknown``: a write that may have happened.
+    least this long first (0: no hint); ``outcome_unknown``: a write that may have happened
+    (the server said so, gRPC failed on its own with a status in
+    :data:`UNKNOWN_OUTCOME_STATUSES`, or an earlier attempt of the same call did either: a
+    client that retried raises its last error with this set if any attempt's was).
     ``structured`` tells whether the fields came from the server's ErrorInfo."""
 
     def __init__(
@@ -78,6 +93,26 @@ class MQClientError(Exception):
         self.retry_after_ms = retry_after_ms
         self.outcome_unknown = outcome_unknown
         self.structured = structured
+
+    def marked_unknown(self, unknown: bool) -> MQClientError:
+        """This error, or, when ``unknown`` (an earlier attempt of the same write may have
+        been carried out) and it does not say so yet, a copy with ``outcome_unknown`` set. A
+        copy, because one error object may be handed to every send of a coalesced call."""
+        if not unknown or self.outcome_unknown:
+            return self
+        twin = MQClientError(
+            self.code,
+            self.status,
+            self.message,
+            leader_id=self.leader_id,
+            leader_addr=self.leader_addr,
+            retryable=self.retryable,
+            retry_after_ms=self.retry_after_ms,
+            outcome_unknown=True,
+            structured=self.structured,
+        )
+        twin.__cause__ = self
+        return twin
 
     @property
     def leader_moved(self) -> bool:
@@ -109,6 +144,7 @@ class MQClientError(Exception):
                 status_name,
                 details,
                 retryable=status_name in TRANSPORT_RETRYABLE_STATUSES,
+                outcome_unknown=status_name in UNKNOWN_OUTCOME_STATUSES,
             )
         return cls(
             info.code or status_name,

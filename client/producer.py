@@ -398,7 +398,8 @@ class Producer:
                 gq.topic, gq.broker_name, pbs, max(deadline - time.monotonic(), 0.05)
             )
         except MQClientError as exc:
-            self._fail_or_split(gq, batch, exc)
+            unknown = after is not None and after.outcome_unknown
+            self._fail_or_split(gq, batch, exc.marked_unknown(unknown))
             return
         except BaseException as exc:
             self._finish(gq, batch, None, exc)
@@ -565,6 +566,7 @@ class Producer:
             if not m.msg_id:  # fixed before attempt one, kept by every retry
                 m.msg_id = new_msg_id()
         error = after
+        unknown = after is not None and after.outcome_unknown  # raised with the last error
         if after is not None and after.group_refuses_writes:
             self._mark_full(failed_group)
         for left in range(retries, -1, -1):
@@ -581,6 +583,8 @@ class Producer:
                 error = MQClientError.from_rpc(exc)
             except MQClientError as exc:
                 error = exc
+            error = error.marked_unknown(unknown)
+            unknown = error.outcome_unknown
             failed_group = mq.broker_name
             self._note_failure(mq, error)
             if left == 0 or not error.retryable:

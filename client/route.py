@@ -277,12 +277,17 @@ class RouteClient:
         candidates = self._candidates(topic, broker_name, refresh=False)
         addr = candidates[0] if candidates else ""
         hops = 0
+        unknown = False  # an attempt may have been carried out: every later error says so
         while True:
             remaining = deadline - time.monotonic()
             if not addr:
                 if remaining <= 0:
                     raise MQClientError(
-                        "NO_LEADER", "UNAVAILABLE", f"{broker_name}: no leader", retryable=True
+                        "NO_LEADER",
+                        "UNAVAILABLE",
+                        f"{broker_name}: no leader",
+                        retryable=True,
+                        outcome_unknown=unknown,
                     )
                 time.sleep(min(NO_LEADER_BACKOFF_S, remaining))
                 candidates = self._candidates(topic, broker_name, refresh=True)
@@ -291,7 +296,8 @@ class RouteClient:
             try:
                 result = call(self._channels.broker(addr), max(remaining, 0.05))
             except grpc.RpcError as exc:
-                err = MQClientError.from_rpc(exc)
+                err = MQClientError.from_rpc(exc).marked_unknown(unknown)
+                unknown = err.outcome_unknown
                 stop = not err.retryable or err.group_refuses_writes
                 if stop or time.monotonic() >= deadline:
                     raise err from exc

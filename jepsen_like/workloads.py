@@ -41,7 +41,9 @@ logger = logging.getLogger(__name__)
 
 TOPIC = "jepsen"
 LOG_PREFIX = b"jepsen:"
-# Failure codes after which the write certainly did not happen (everything else: unknown).
+# Failure codes after which the write certainly did not happen (everything else: unknown),
+# unless the error says an attempt's outcome is unknown (the clients retry internally: a
+# NOT_LEADER after a timed-out attempt is no proof the write did not happen).
 DEFINITE_FAILURE_CODES = frozenset(
     {
         "NOT_LEADER",
@@ -137,7 +139,8 @@ class _Base:
 
     def _complete(self, process: str, f: str, value: dict[str, Any], exc: BaseException) -> None:
         code = getattr(exc, "code", "") or type(exc).__name__
-        kind: OpType = "fail" if code in DEFINITE_FAILURE_CODES else "info"
+        unknown = getattr(exc, "outcome_unknown", True)  # an error that cannot say: unknown
+        kind: OpType = "fail" if code in DEFINITE_FAILURE_CODES and not unknown else "info"
         self.history.add(process, kind, f, {**value, "error": str(code)})
 
 

@@ -39,15 +39,32 @@ ROLE_AFTER_CHANGE = {
 }
 
 
+# gRPC's own failures (no ErrorInfo) after which a write may still have been carried out.
+UNKNOWN_OUTCOME_STATUSES = frozenset(
+    {"DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "UNKNOWN", "INTERNAL"}
+)
+
+
 class ClientError(DLedgerError):
     """A call failed; ``status`` is the gRPC status code name, ``code`` the node's code,
-    ``leader_addr`` the leader's client address a NOT_LEADER answer named ("" otherwise)."""
+    ``leader_addr`` the leader's client address a NOT_LEADER answer named ("" otherwise),
+    ``outcome_unknown``: a write that may have happened (the node said so, or gRPC failed on
+    its own with a status in :data:`UNKNOWN_OUTCOME_STATUSES`)."""
 
-    def __init__(self, message: str, *, status: str, code: str, leader_addr: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: str,
+        code: str,
+        leader_addr: str = "",
+        outcome_unknown: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.leader_addr = leader_addr
+        self.outcome_unknown = outcome_unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +81,17 @@ def _error(exc: grpc.RpcError, addr: str) -> ClientError:
     info = read_error(exc)
     if info is None:  # a node older than the structured error, or gRPC's own failure
         return ClientError(
-            f"{addr}: {status} {detail}", status=status, code=code_of_text(detail) or status
+            f"{addr}: {status} {detail}",
+            status=status,
+            code=code_of_text(detail) or status,
+            outcome_unknown=status in UNKNOWN_OUTCOME_STATUSES,
         )
     return ClientError(
-        f"{addr}: {status} {detail}", status=status, code=info.code, leader_addr=info.leader_addr
+        f"{addr}: {status} {detail}",
+        status=status,
+        code=info.code,
+        leader_addr=info.leader_addr,
+        outcome_unknown=info.outcome_unknown,
     )
 
 
@@ -225,14 +249,12 @@ class LogClient:
             except grpc.RpcError as exc:
                 err, info = _error(exc, addr), read_error(exc)
                 retryable = info.retryable if info is not None else err.status == "UNAVAILABLE"
+                maybe_applied |= err.outcome_unknown
                 if not retryable or time.monotonic() >= deadline:
                     done = self._in_effect(request, deadline) if maybe_applied else None
                     if done is not None:
-                        return done  # the retry was refused because the first one committed
+                        return done  # an attempt whose answer was lost committed the change
                     raise err from None
-                maybe_applied |= err.status == "UNAVAILABLE" and (
-                    info is None or info.outcome_unknown
-                )
                 if err.code == "NOT_LEADER":
                     addr = err.leader_addr or self.find_leader() or addr
                 wait_ms = max(info.retry_after_ms if info is not None else 0, RETRY_MIN_MS)

@@ -4,10 +4,13 @@ history passes."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+from client.errors import MQClientError
 from jepsen_like.checker import CheckResult, NodeState, check_all
 from jepsen_like.history import MONITOR, NEMESIS, History, OpType, load_history, make_ops
+from jepsen_like.workloads import _Base
 
 Rec = tuple[str, OpType, str, Any, float]
 
@@ -238,3 +241,15 @@ def test_a_partition_cuts_only_the_links_that_exist() -> None:
     nemesis._fault("partition", 0.0)
     assert sorted(cut[0]) == sorted(["n0->n1", "n0->n2", "n1->n0", "n2->n0"])
     assert "2 links of added nodes do not exist" in nemesis.windows[0].detail
+
+
+def test_a_failure_is_definite_only_when_no_attempt_may_have_written() -> None:
+    """A NOT_LEADER is a definite failure, unless the client says an earlier attempt of the
+    same send had an unknown outcome; an error that cannot say is unknown."""
+    history = History()
+    owner = SimpleNamespace(history=history)
+    for unknown in (False, True):
+        err = MQClientError("NOT_LEADER", "FAILED_PRECONDITION", "x", outcome_unknown=unknown)
+        _Base._complete(owner, "p0", "send", {"v": 1}, err)  # type: ignore[arg-type]
+    _Base._complete(owner, "p0", "send", {"v": 2}, RuntimeError("NOT_LEADER"))  # type: ignore[arg-type]
+    assert [op.type for op in history.ops()] == ["fail", "info", "info"]

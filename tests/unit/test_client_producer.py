@@ -543,3 +543,21 @@ def test_mqadmin_reports_a_full_disk(world: World, capsys: pytest.CaptureFixture
     assert code == 1
     assert err.startswith("mqadmin sendMessage: DISK_FULL (RESOURCE_EXHAUSTED): node=a0 "), err
     assert "\n" not in err and not node(world, "a1").seen
+
+
+def test_an_attempt_with_an_unknown_outcome_marks_the_final_error(world: World) -> None:
+    """The first attempt dies with the connection (it may have been stored); the retries are
+    answered NOT_LEADER with no leader known. The caller must not read a definite failure."""
+    world.namesrv.groups = world.namesrv.groups[:1]
+    a0, a1 = node(world, "a0"), node(world, "a1")
+    answers = iter([(grpc.StatusCode.UNAVAILABLE, "connection reset")])
+    a0.behaviour = lambda: next(answers, status.not_leader(None, ""))
+    a1.behaviour = lambda: status.not_leader(None, "")
+    with (
+        Producer(
+            "pg", world.namesrv_addr, send_msg_timeout_s=0.5, retry_times_when_send_failed=1
+        ) as producer,
+        pytest.raises(MQClientError) as info,
+    ):
+        producer.send(Message("T", b"x"))
+    assert info.value.code in ("NOT_LEADER", "NO_LEADER") and info.value.outcome_unknown

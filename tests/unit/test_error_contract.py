@@ -306,3 +306,22 @@ def test_the_scan_finds_a_stray(tmp_path: Path) -> None:
         "class Stray(RuntimeError): ...\nclass Mixed(PkgError, ValueError): ...\n"
     )
     assert [s.split()[-1] for s in _strays("pkg", "PkgError", tmp_path)] == ["Stray"]
+
+
+def test_a_write_gRPC_failed_on_its_own_has_an_unknown_outcome() -> None:
+    """A deadline or a broken connection may come after the server carried the write out."""
+    for code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+        assert MQClientError.from_rpc(FakeRpcError(code, "deadline")).outcome_unknown
+    refused = FakeRpcError(grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_EXIST T")
+    assert not MQClientError.from_rpc(refused).outcome_unknown
+    # A server's answer says itself: a redirect is definite, a lost quorum is not.
+    assert not MQClientError.from_rpc(_answered(status.not_leader("n1", "a:1"))).outcome_unknown
+    assert MQClientError.from_rpc(_answered(status.no_quorum(3000))).outcome_unknown
+
+
+def test_a_retry_keeps_an_earlier_attempts_unknown_outcome_on_a_copy() -> None:
+    definite = MQClientError.from_rpc(_answered(status.not_leader("n1", "a:1")))
+    assert definite.marked_unknown(False) is definite
+    marked = definite.marked_unknown(True)
+    assert marked.outcome_unknown and not definite.outcome_unknown  # shared objects untouched
+    assert (marked.code, marked.leader_addr, marked.__cause__) == ("NOT_LEADER", "a:1", definite)
