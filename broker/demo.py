@@ -41,7 +41,7 @@ from broker.leader_client import LeaderClient
 from broker.message import decode_offset_msg_id
 from mqsecurity.channels import open_channel
 from mqsecurity.errors import SecurityError
-from msgcodec import OFFSET_MSG_ID_PREFIX_CHARS, decode_rows
+from msgcodec import OFFSET_MSG_ID_PREFIX_CHARS, ROW_UNIQ_ID, decode_rows
 
 # Bounds of the demo's load (it must stop by itself).
 DEMO_BATCHES = 150
@@ -109,7 +109,7 @@ class _Client(LeaderClient):
             if not resp.raw_positions:
                 return out
             rows = decode_rows(resp.raw_messages, 0, len(resp.raw_positions), verify_crc=True)
-            out.extend(row[11] for row in rows)  # a row's field 11 is the uniq id (msg_id)
+            out.extend(row[ROW_UNIQ_ID] for row in rows)
             offset = resp.next_begin_offset
 
 

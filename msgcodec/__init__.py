@@ -21,6 +21,8 @@ offsets).
 """
 
 from msgcodec.decode import (
+    MESSAGE_ROW_FIELDS,
+    ROW_UNIQ_ID,
     DispatchInfo,
     DispatchRow,
     MessageRow,
@@ -122,6 +124,7 @@ __all__ = [
     "MESSAGE_FIXED_SIZE",
     "MESSAGE_HEAD",
     "MESSAGE_MAGIC",
+    "MESSAGE_ROW_FIELDS",
     "MESSAGE_VERSION",
     "MIN_MESSAGE_SIZE",
     "MSG_ID_HEX_CHARS",
@@ -135,6 +138,7 @@ __all__ = [
     "PROPERTY_RETRY_TOPIC",
     "PROPERTY_SEPARATOR",
     "PROPERTY_TIMER_DELIVER_MS",
+    "ROW_UNIQ_ID",
     "STORE_TIMESTAMP_AT",
     "TOPIC_CHARACTERS",
     "TOPIC_PATTERN",

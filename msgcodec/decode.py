@@ -65,6 +65,25 @@ MessageRow = tuple[
     int,
     int,
 ]
+# The names of a MessageRow's fields, in order; ``row[ROW_UNIQ_ID]`` instead of a bare index.
+MESSAGE_ROW_FIELDS = (
+    "size",
+    "topic",
+    "queue_id",
+    "body",
+    "tags",
+    "keys",
+    "properties",
+    "born_host",
+    "born_timestamp_ms",
+    "store_timestamp_ms",
+    "producer_group",
+    "uniq_id",
+    "reconsume_times",
+    "flag",
+    "sys_flag",
+)
+ROW_UNIQ_ID = MESSAGE_ROW_FIELDS.index("uniq_id")
 
 
 class DispatchInfo(NamedTuple):

@@ -111,6 +111,11 @@ def test_message_round_trip(msg: Message) -> None:
     )
     # Canonical: the same message always encodes to the same bytes.
     assert m.encode_message(m.decode_message(raw)) == raw
+    # A row is the size, then the message's fields in MESSAGE_ROW_FIELDS' order.
+    row = m.decode_row(raw)
+    assert len(row) == len(m.MESSAGE_ROW_FIELDS) and row[0] == len(raw)
+    assert row[1:] == tuple(getattr(msg, f) for f in m.MESSAGE_ROW_FIELDS[1:])
+    assert row[m.ROW_UNIQ_ID] == msg.uniq_id
 
 
 @settings(max_examples=80, deadline=None)
