@@ -115,7 +115,7 @@ def test_message_round_trip(msg: Message) -> None:
     row = m.decode_row(raw)
     assert len(row) == len(m.MESSAGE_ROW_FIELDS) and row[0] == len(raw)
     assert row[1:] == tuple(getattr(msg, f) for f in m.MESSAGE_ROW_FIELDS[1:])
-    assert row[m.ROW_UNIQ_ID] == msg.uniq_id
+    assert m.MESSAGE_ROW_FIELDS[m.ROW_UNIQ_ID] == "uniq_id" and row[m.ROW_UNIQ_ID] == msg.uniq_id
 
 
 @settings(max_examples=80, deadline=None)
