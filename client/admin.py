@@ -287,17 +287,6 @@ class MQAdmin:
 
         return self._leader_call(routes, topic, name, call)
 
-    def _consumer_offset(
-        self, routes: RouteClient, group: str, topic: str, name: str, queue_id: int
-    ) -> int:
-        def call(stub: bpb_grpc.BrokerStub, t: float) -> int:
-            req = pb.QueryConsumerOffsetRequest(
-                consumer_group=group, topic=topic, queue_id=queue_id
-            )
-            return int(stub.QueryConsumerOffset(req, timeout=t).queue_offset)
-
-        return self._leader_call(routes, topic, name, call)
-
     def _view_message(
         self, routes: RouteClient, topic: str, name: str, req: pb.ViewMessageRequest
     ) -> pb.ViewMessageResponse:
@@ -339,16 +328,17 @@ class MQAdmin:
         """Per readable queue: the broker's max offset, ``group``'s committed offset, the lag."""
 
         def one(routes: RouteClient, route: TopicRoute, name: str) -> list[QueueProgress]:
-            g = route.group(name)
-            assert g is not None
-            out = []
-            for q in range(g.read_queue_nums):
-                offs = self._queue_offsets(routes, topic, name, q)
-                consumer = self._consumer_offset(routes, group, topic, name, q)
-                base = consumer if consumer >= 0 else offs.min_offset
-                lag = max(offs.max_offset - base, 0)
-                out.append(QueueProgress(name, q, offs.max_offset, consumer, lag))
-            return out
+            # One call per broker group (GetConsumerLag), not two per queue.
+            def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.GetConsumerLagResponse:
+                req = pb.GetConsumerLagRequest(consumer_group=group, topic=topic)
+                resp: pb.GetConsumerLagResponse = stub.GetConsumerLag(req, timeout=t)
+                return resp
+
+            resp = self._leader_call(routes, topic, name, call)
+            return [
+                QueueProgress(name, q.queue_id, q.max_offset, q.committed_offset, q.lag)
+                for q in resp.queues
+            ]
 
         return [p for rows in self._each_group(topic, one) for p in rows]
 
