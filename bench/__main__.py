@@ -103,11 +103,13 @@ SECURITY_ROUNDS = 3
 MAX_SECURITY_ROUNDS = 10
 # The metrics comparison (bench.metricscost): plaintext groups (TLS would dilute the cost),
 # METRICS_PAIRS pairs of METRICS_SECONDS rounds per in-flight count (at least 6 pairs give a
-# 95 % interval; 12 keep the default run's share of it near 3 minutes). At most MAX_PAIRS:
-# 60 pairs at 256 and 16 in flight, 2 s rounds, are about 10 minutes.
+# 95 % interval; 12 keep the default run's share of it near 2 minutes). At most
+# MAX_METRICS_PAIRS: on the shared 2-core machine at load 15-25 a pair's CPU-per-message ratio
+# spreads by about 10 %, and a 95 % interval 2 % wide on each side takes about 200 pairs
+# (concurrent pairs of 2 s rounds: about 9 minutes per in-flight count).
 METRICS_PAIRS = 12
 METRICS_SECONDS = 2.0
-MAX_METRICS_PAIRS = 60
+MAX_METRICS_PAIRS = 240
 MAX_METRICS_SECONDS = 60.0
 SMOKE_METRICS_SECONDS = 0.5
 # The peers and the floor run at this message size, at every in-flight count of the run.
@@ -535,11 +537,18 @@ def security_compare(
 
 
 def metrics_compare(
-    base: Path, in_flight: Sequence[int], seconds: float, processes: int, mode: str, pairs: int
+    base: Path,
+    in_flight: Sequence[int],
+    seconds: float,
+    load: tuple[int, str],
+    pairs: int,
+    design: str,
 ) -> dict[str, Any]:
     """The send rate and CPU per message with /metrics served and scraped, and not served: two
     plaintext groups side by side, ``pairs`` short paired rounds of ``seconds`` per in-flight
-    count (``bench.metricscost``)."""
+    count (``bench.metricscost``; ``design`` "concurrent" or "alternating"); ``load``: the
+    load generators' processes per group and mode."""
+    processes, mode = load
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on") as on,
@@ -548,23 +557,24 @@ def metrics_compare(
     ):
         load0 = os.getloadavg()
         groups = {"off": (off, off_pool), "on": (on, on_pool)}
-        cases = mc.run_pairs(groups, in_flight, pairs, seconds)
+        cases = mc.run_pairs(groups, in_flight, pairs, seconds, design == "concurrent")
         load1 = os.getloadavg()
     return {
         "flush": SECURITY_FLUSH,
         "message_bytes": SECURITY_SIZE,
         "pairs": pairs,
+        "design": design,
         "seconds_per_round": seconds,
         "scrape_interval_s": mc.SCRAPE_INTERVAL_S,
         "load_avg_at_start": load0,
         "load_avg_at_end": load1,
         "conditions": "on: every node and the NameServer serve /metrics, each scraped every "
         f"{mc.SCRAPE_INTERVAL_S:g} s; off: metricsPort=0 (nothing counted); both plaintext; "
-        "pairs of rounds back to back, the order alternating by pair (ABBA); each pair's "
-        "on/off ratio, their median and its 95 % sign-test interval; CPU = user + system of "
-        "the group's 3 nodes and NameServer over the measured window. At saturation (256 in "
-        "flight on 2 cores) the send rate is CPU-bound and moves with the machine's load; the "
-        "CPU per message is the load-robust measure of the cost",
+        f"{mc.DESIGNS[design]}; each pair's on/off ratio, their median and its 95 % sign-test "
+        "interval; CPU = user + system of the group's 3 nodes and NameServer over the "
+        "measured window. At saturation (256 in flight on 2 cores) the send rate is CPU-bound "
+        "and moves with the machine's load; the CPU per message is the load-robust measure "
+        "of the cost",
         "cases": cases,
         "summary": mc.summary(cases, in_flight),
     }
@@ -804,6 +814,14 @@ def _parser() -> argparse.ArgumentParser:
         f"(0: skip it; at least 6 for a 95 %% interval; at most {MAX_METRICS_PAIRS})",
     )
     p.add_argument(
+        "--metrics-design",
+        choices=tuple(mc.DESIGNS),
+        default="concurrent",
+        help="the metrics comparison's pairs: both groups loaded in the same window "
+        "(concurrent: a loaded machine's swings fall on both), or one after the other, the "
+        "order alternating (alternating: ABBA)",
+    )
+    p.add_argument(
         "--metrics-seconds",
         type=float,
         default=METRICS_SECONDS,
@@ -938,7 +956,12 @@ def _run_all(
         )
     if a.metrics_rounds and a.only in (None, "metrics"):
         result["metrics"] = metrics_compare(
-            tmp, in_flight, a.metrics_seconds, a.loadgen_processes, a.loadgen_mode, a.metrics_rounds
+            tmp,
+            in_flight,
+            a.metrics_seconds,
+            (a.loadgen_processes, a.loadgen_mode),
+            a.metrics_rounds,
+            a.metrics_design,
         )
     skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
     if skip:

@@ -39,6 +39,13 @@ from bench.closedloop import WARMUP_S
 from bench.pairstats import paired
 from broker.cluster import LocalCluster
 
+# How the two rounds of a pair are run, as the results' conditions say it.
+DESIGNS = {
+    "concurrent": "the two rounds of a pair run at once, in the same window, each group with "
+    "its own load generators (the machine's swings fall on both)",
+    "alternating": "the two rounds of a pair back to back, the order alternating by pair "
+    "(ABBA: a drift of the machine's load falls on both sides)",
+}
 # Prometheus scrapes every 15 s by default: a second is the harsher case.
 SCRAPE_INTERVAL_S = 1.0
 SCRAPE_TIMEOUT_S = 5.0
@@ -170,41 +177,61 @@ def _sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.monotonic()))
 
 
-def measured_round(
-    pool: LoadPool, pids: Sequence[int | None], in_flight: int, seconds: float
-) -> dict[str, Any]:
-    """One round: ``in_flight`` sends kept in flight, measured over ``seconds`` after a
-    ``WARMUP_S`` warm-up; the group's CPU read at the window's two ends (its rate over the
-    time between the reads, so a late wake-up of the harness does not bias it)."""
+Side = tuple[LoadPool, list[int | None]]
+
+
+def measured_rounds(sides: dict[str, Side], in_flight: int, seconds: float) -> dict[str, Any]:
+    """One round on each of ``sides`` at once (one side: alone): ``in_flight`` sends kept in
+    flight on each, measured over ``seconds`` after a ``WARMUP_S`` warm-up; each group's CPU
+    read at the window's two ends (as a rate over the time between the reads, so a late
+    wake-up of the harness does not bias it)."""
     start_at = time.monotonic() + WARMUP_S
-    pool.start(in_flight, seconds, start_at)
+    for pool, _ in sides.values():
+        pool.start(in_flight, seconds, start_at)
     _sleep_until(start_at)
-    t0, cpu0 = time.monotonic(), sum(cpu_s(p) for p in pids)
+    t0, cpu0 = time.monotonic(), {k: sum(map(cpu_s, pids)) for k, (_, pids) in sides.items()}
     _sleep_until(start_at + seconds)
-    t1, cpu1 = time.monotonic(), sum(cpu_s(p) for p in pids)
-    outs = pool.results(start_at + seconds + ROUND_GRACE_S)
-    sent = sum(int(o["sent"]) for o in outs)
-    group_cpu_s = (cpu1 - cpu0) * seconds / (t1 - t0) if t1 > t0 else 0.0
-    return {
-        "in_flight": pool.processes * max(1, in_flight // pool.processes),
-        "seconds": seconds,
-        "messages": sent,
-        "failed": sum(int(o["failed"]) for o in outs),
-        "messages_per_s": sent / seconds,
-        "group_cpu_s": group_cpu_s,
-        "cpu_us_per_message": group_cpu_s / sent * 1e6 if sent else 0.0,
-        "load_avg_1m": os.getloadavg()[0],
-    }
+    t1, cpu1 = time.monotonic(), {k: sum(map(cpu_s, pids)) for k, (_, pids) in sides.items()}
+    cases = {}
+    for k, (pool, _) in sides.items():
+        outs = pool.results(start_at + seconds + ROUND_GRACE_S)
+        sent = sum(int(o["sent"]) for o in outs)
+        group_cpu_s = (cpu1[k] - cpu0[k]) * seconds / (t1 - t0) if t1 > t0 else 0.0
+        cases[k] = {
+            "in_flight": pool.processes * max(1, in_flight // pool.processes),
+            "seconds": seconds,
+            "messages": sent,
+            "failed": sum(int(o["failed"]) for o in outs),
+            "messages_per_s": sent / seconds,
+            "group_cpu_s": group_cpu_s,
+            "cpu_us_per_message": group_cpu_s / sent * 1e6 if sent else 0.0,
+            "load_avg_1m": os.getloadavg()[0],
+        }
+    return cases
 
 
-def _round(side: str, pool: LoadPool, cluster: LocalCluster, n: int, s: float) -> dict[str, Any]:
-    """A round on one side; the "on" side scraped while it runs."""
-    pids = group_pids(cluster)
-    if side == "off":
-        return {**measured_round(pool, pids, n, s), "scrapes": 0, "scrape_failures": 0}
-    with Scraper(cluster) as scraper:
-        case = measured_round(pool, pids, n, s)
-    return {**case, "scrapes": scraper.scrapes, "scrape_failures": scraper.failures}
+def _rounds(
+    order: Sequence[str], groups: dict[str, tuple[LocalCluster, LoadPool]], n: int, s: float
+) -> dict[str, Any]:
+    """A round on each side of ``order`` at once, the "on" side scraped while it runs."""
+    sides = {k: (groups[k][1], group_pids(groups[k][0])) for k in order}
+    none = {"scrapes": 0, "scrape_failures": 0}
+    if "on" not in order:
+        return {k: {**c, **none} for k, c in measured_rounds(sides, n, s).items()}
+    with Scraper(groups["on"][0]) as scraper:
+        cases = measured_rounds(sides, n, s)
+    scraped = {"scrapes": scraper.scrapes, "scrape_failures": scraper.failures}
+    return {k: {**c, **(scraped if k == "on" else none)} for k, c in cases.items()}
+
+
+def _pair(
+    i: int, groups: dict[str, tuple[LocalCluster, LoadPool]], n: int, s: float, concurrent: bool
+) -> dict[str, Any]:
+    """Pair ``i``: both sides at once, or one after the other in ABBA order."""
+    order = ("off", "on") if i % 2 == 0 else ("on", "off")
+    if concurrent:
+        return _rounds(order, groups, n, s)
+    return {k: _rounds((k,), groups, n, s)[k] for k in order}
 
 
 def run_pairs(
@@ -212,20 +239,18 @@ def run_pairs(
     in_flight: Sequence[int],
     pairs: int,
     seconds: float,
+    concurrent: bool,
 ) -> list[dict[str, Any]]:
-    """``pairs`` pairs per in-flight count, the order of the two sides alternating by pair
-    (ABBA), after one unrecorded warm round per side and count."""
+    """``pairs`` pairs per in-flight count (``concurrent``: both sides loaded in the same
+    window; otherwise one after the other, the order alternating by pair: ABBA), after one
+    unrecorded warm round per side and count."""
     for n in in_flight:
-        for side, (cluster, pool) in groups.items():
-            _round(side, pool, cluster, n, min(WARM_ROUND_S, seconds))
+        _pair(0, groups, n, min(WARM_ROUND_S, seconds), concurrent)
     cases: list[dict[str, Any]] = []
     for i in range(pairs):
         for n in in_flight:
-            for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
-                cluster, pool = groups[side]
-                case = {"metrics": side, "pair": i, "asked_in_flight": n}
-                case.update(_round(side, pool, cluster, n, seconds))
-                cases.append(case)
+            for side, case in _pair(i, groups, n, seconds, concurrent).items():
+                cases.append({"metrics": side, "pair": i, "asked_in_flight": n, **case})
                 print(
                     f"metrics {side}, {n} in flight, pair {i}: "
                     f"{case['messages_per_s']:,.0f} msg/s, {case['cpu_us_per_message']:.0f} "

@@ -261,8 +261,8 @@ def _metrics_lines(sec: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["", "## Cost of metrics (issue #22)", "", f"- {sec['conditions']}", ""]
     lines.append(
-        f"- {sec['message_bytes']} B, {sec['flush']}, {sec['pairs']} pairs of "
-        f"{sec['seconds_per_round']:g} s rounds per in-flight count"
+        f"- {sec['message_bytes']} B, {sec['flush']}, {sec['pairs']} pairs "
+        f"({sec.get('design')}) of {sec['seconds_per_round']:g} s rounds per in-flight count"
     )
     head = "in flight | measure | pairs | on | off | on/off (median of pairs) | interval (cover)"
     lines += ["", f"| {head} | 2 % | load 1 min |", "|---:|---|---:|---:|---:|---:|---|---|---|"]
