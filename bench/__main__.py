@@ -15,8 +15,10 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - peak RSS of every node;
 - the cost of security (issue #18): the send rate of a group with TLS, member certificates and
   ACLs and of one without, same flush mode and load, alternating between them in one run;
-- the cost of metrics (issue #22): the same with /metrics served (and scraped every second) and
-  not served (``--metrics-rounds``; ``--only metrics`` runs nothing else);
+- the cost of metrics (issue #22): the send rate and the group's CPU per message with /metrics
+  served (and scraped every second) and not served, in many short paired rounds, each pair's
+  on/off ratio with a 95 % interval for their median (``bench.metricscost``;
+  ``--metrics-rounds`` pairs of ``--metrics-seconds``; ``--only metrics`` runs nothing else);
 - when installed (``make bench-peers``), a 3-node etcd and a 3-node NATS JetStream R3 on
   127.0.0.1 under the same load shape, and our figures as ratios to theirs;
 - the v2 producer (issue #19): the official RocketMQ 5 Python client's ``Producer.send`` over
@@ -45,7 +47,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +59,9 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
 from bench import broker as bb
+from bench import cpu_s
+from bench import metricscost as mc
+from bench.closedloop import WARMUP_S
 from bench.memory import SAMPLE_INTERVAL_S, MemorySampler, at_rest, rest_samples
 from broker.cluster import OFFICIAL_PYTHON, LocalCluster
 from client import (
@@ -96,11 +100,18 @@ CATCH_UP_TIMEOUT_S = 120.0
 SECURITY_FLUSH = "ASYNC_FLUSH"
 SECURITY_SIZE = 1024
 SECURITY_ROUNDS = 3
-# The metrics comparison: the same load shape, plaintext groups (TLS would dilute the cost),
-# the "on" group's every process scraped each METRICS_SCRAPE_INTERVAL_S (Prometheus' default
-# is 15 s: a second is the harsher case).
-METRICS_ROUNDS = 3
-METRICS_SCRAPE_INTERVAL_S = 1.0
+MAX_SECURITY_ROUNDS = 10
+# The metrics comparison (bench.metricscost): plaintext groups (TLS would dilute the cost),
+# METRICS_PAIRS pairs of METRICS_SECONDS rounds per in-flight count (at least 6 pairs give a
+# 95 % interval; 12 keep the default run's share of it near 2 minutes). At most
+# MAX_METRICS_PAIRS: on the shared 2-core machine at load 15-25 a pair's CPU-per-message ratio
+# spreads by about 10 %, and a 95 % interval 2 % wide on each side takes about 200 pairs
+# (concurrent pairs of 2 s rounds: about 9 minutes per in-flight count).
+METRICS_PAIRS = 12
+METRICS_SECONDS = 2.0
+MAX_METRICS_PAIRS = 240
+MAX_METRICS_SECONDS = 60.0
+SMOKE_METRICS_SECONDS = 0.5
 # The peers and the floor run at this message size, at every in-flight count of the run.
 PEER_SIZE = 1024
 # The floor's in-flight counts (issue #23: 1 and 16), those of the run's counts it keeps.
@@ -121,7 +132,6 @@ REST_STOP_GRACE_S = 10.0
 MAX_REST_MESSAGES = 10_000_000
 SMOKE_FLOOR_SECONDS = 0.3
 SMOKE_FLOOR_WARMUP_S = 0.2
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 RESULTS_DIR = Path(__file__).parent / "results"
 # The v2 producer case (issue #19): the official Python client in its own venv (its bundled
 # apache.rocketmq.v2 stubs cannot share a process with the server's), at 1 KiB and these
@@ -141,16 +151,6 @@ def pct(values: Sequence[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
-
-
-def _cpu_s(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
 def _peak_rss_mb(pid: int | None) -> float:
@@ -211,7 +211,7 @@ def produce_case(
     procs = max(1, min(processes, in_flight))
     threads = max(1, in_flight // procs)
     pids = {n.node_id: cluster.pid(n) for n in cluster.nodes}
-    cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
+    cpu0 = {k: cpu_s(p) for k, p in pids.items()}
     cmd = [sys.executable, "-m", "bench.loadgen", "--namesrv", cluster.namesrv.addr]
     cmd += ["--topic", TOPIC, "--size", str(size), "--in-flight", str(threads)]
     cmd += ["--seconds", str(seconds), "--mode", mode, *cluster.tool_argv()]
@@ -229,7 +229,7 @@ def produce_case(
         if p.returncode != 0:
             raise RuntimeError(f"loadgen failed ({p.returncode}): {err.strip()[-500:]}")
         outs.append(json.loads(out))
-    cpu1 = {k: _cpu_s(p) for k, p in pids.items()}
+    cpu1 = {k: cpu_s(p) for k, p in pids.items()}
     sent = sum(int(o["sent"]) for o in outs)
     lat_ms = [us / 1000 for o in outs for us in o["latencies_us"]]
     cpu_per_m = {k: (cpu1[k] - cpu0[k]) / sent * 1e6 if sent else 0.0 for k in sorted(pids)}
@@ -536,69 +536,47 @@ def security_compare(
     }
 
 
-class Scraper:
-    """Scrapes every /metrics of a group each METRICS_SCRAPE_INTERVAL_S from a thread, as
-    Prometheus would, while a case runs; counts the scrapes and the bytes."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.urls = [n.metrics_url for n in cluster.nodes if n.metrics_port]
-        if cluster.namesrv is not None and cluster.namesrv.metrics_port:
-            self.urls.append(cluster.namesrv.metrics_url)
-        self.scrapes = 0
-        self.bytes = 0
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
-
-    def __enter__(self) -> Scraper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:  # at once, then every interval
-            for url in self.urls:
-                try:
-                    with urllib.request.urlopen(url, timeout=5) as resp:
-                        self.bytes += len(resp.read())
-                    self.scrapes += 1
-                except OSError:
-                    self.failures += 1
-            if self._stop.wait(METRICS_SCRAPE_INTERVAL_S):
-                return
-
-
 def metrics_compare(
-    base: Path, in_flight: Sequence[int], seconds: float, processes: int, mode: str, rounds: int
+    base: Path,
+    in_flight: Sequence[int],
+    seconds: float,
+    load: tuple[int, str],
+    pairs: int,
+    design: str,
 ) -> dict[str, Any]:
-    """The send rate with /metrics served and scraped, and not served: two plaintext groups
-    up side by side, the same load on each in turn (the order alternating by round); per
-    in-flight count the median of each side and on/off."""
+    """The send rate and CPU per message with /metrics served and scraped, and not served: two
+    plaintext groups side by side, ``pairs`` short paired rounds of ``seconds`` per in-flight
+    count (``bench.metricscost``; ``design`` "concurrent" or "alternating"); ``load``: the
+    load generators' processes per group and mode."""
+    processes, mode = load
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on") as on,
+        mc.load_pool(off, TOPIC, SECURITY_SIZE, processes, mode) as off_pool,
+        mc.load_pool(on, TOPIC, SECURITY_SIZE, processes, mode) as on_pool,
     ):
-
-        def scraped_case(cluster: LocalCluster, n: int) -> dict[str, Any]:
-            with Scraper(cluster) as scraper:
-                case = produce_case(cluster, SECURITY_SIZE, n, seconds, processes, mode)
-            case.update(scrapes=scraper.scrapes, scrape_failures=scraper.failures)
-            case["scraped_bytes"] = scraper.bytes
-            return case
-
-        cases = _alternating("metrics", off, on, in_flight, rounds, scraped_case)
+        load0 = os.getloadavg()
+        groups = {"off": (off, off_pool), "on": (on, on_pool)}
+        cases = mc.run_pairs(groups, in_flight, pairs, seconds, design == "concurrent")
+        load1 = os.getloadavg()
     return {
         "flush": SECURITY_FLUSH,
         "message_bytes": SECURITY_SIZE,
-        "rounds": rounds,
-        "scrape_interval_s": METRICS_SCRAPE_INTERVAL_S,
+        "pairs": pairs,
+        "design": design,
+        "seconds_per_round": seconds,
+        "scrape_interval_s": mc.SCRAPE_INTERVAL_S,
+        "load_avg_at_start": load0,
+        "load_avg_at_end": load1,
         "conditions": "on: every node and the NameServer serve /metrics, each scraped every "
-        f"{METRICS_SCRAPE_INTERVAL_S:g} s; off: metricsPort=0 (nothing counted); both plaintext",
+        f"{mc.SCRAPE_INTERVAL_S:g} s; off: metricsPort=0 (nothing counted); both plaintext; "
+        f"{mc.DESIGNS[design]}; each pair's on/off ratio, their median and its 95 % sign-test "
+        "interval; CPU = user + system of the group's 3 nodes and NameServer over the "
+        "measured window. At saturation (256 in flight on 2 cores) the send rate is CPU-bound "
+        "and moves with the machine's load; the CPU per message is the load-robust measure "
+        "of the cost",
         "cases": cases,
-        "summary": _on_off_summary(cases, "metrics", in_flight),
+        "summary": mc.summary(cases, in_flight),
     }
 
 
@@ -821,13 +799,35 @@ def _parser() -> argparse.ArgumentParser:
         help="plaintext groups without ACLs for every part but the security comparison "
         "(default: secure, as mqcluster up makes them)",
     )
-    for what, rounds in (("security", SECURITY_ROUNDS), ("metrics", METRICS_ROUNDS)):
-        p.add_argument(
-            f"--{what}-rounds",
-            type=int,
-            default=rounds,
-            help=f"rounds of the {what} on/off comparison (0: skip it)",
-        )
+    p.add_argument(
+        "--security-rounds",
+        type=int,
+        default=SECURITY_ROUNDS,
+        help="rounds of the security on/off comparison "
+        f"(0: skip it; at most {MAX_SECURITY_ROUNDS})",
+    )
+    p.add_argument(
+        "--metrics-rounds",
+        type=int,
+        default=METRICS_PAIRS,
+        help="pairs of rounds (one on, one off) of the metrics comparison per in-flight count "
+        f"(0: skip it; at least 6 for a 95 %% interval; at most {MAX_METRICS_PAIRS})",
+    )
+    p.add_argument(
+        "--metrics-design",
+        choices=tuple(mc.DESIGNS),
+        default="concurrent",
+        help="the metrics comparison's pairs: both groups loaded in the same window "
+        "(concurrent: a loaded machine's swings fall on both), or one after the other, the "
+        "order alternating (alternating: ABBA)",
+    )
+    p.add_argument(
+        "--metrics-seconds",
+        type=float,
+        default=METRICS_SECONDS,
+        help="the measured window of each round of the metrics comparison "
+        f"(after a {WARMUP_S:g} s warm-up; at most {MAX_METRICS_SECONDS:g})",
+    )
     p.add_argument(
         "--only",
         choices=("security", "metrics", "floor"),
@@ -855,6 +855,7 @@ def _smoke(a: argparse.Namespace) -> tuple[list[int], list[int]]:
     a.timers = 500
     a.security_rounds = min(a.security_rounds, 1)
     a.metrics_rounds = min(a.metrics_rounds, 1)
+    a.metrics_seconds = min(a.metrics_seconds, SMOKE_METRICS_SECONDS)
     return [1024], [16]
 
 
@@ -862,8 +863,12 @@ def _check_args(a: argparse.Namespace, sizes: list[int], in_flight: list[int]) -
     """What is wrong with the arguments ("" when nothing)."""
     if min(sizes + in_flight) <= 0 or a.seconds <= 0 or a.backlog <= 0 or a.loadgen_processes <= 0:
         return "sizes, in-flight, seconds, backlog and processes must be > 0"
-    if not (0 <= a.security_rounds <= 10 and 0 <= a.metrics_rounds <= 10):
-        return "--security-rounds and --metrics-rounds must be in [0, 10]"
+    if not 0 <= a.security_rounds <= MAX_SECURITY_ROUNDS:
+        return f"--security-rounds must be in [0, {MAX_SECURITY_ROUNDS}]"
+    if not 0 <= a.metrics_rounds <= MAX_METRICS_PAIRS:
+        return f"--metrics-rounds must be in [0, {MAX_METRICS_PAIRS}]"
+    if not 0 < a.metrics_seconds <= MAX_METRICS_SECONDS:
+        return f"--metrics-seconds must be in (0, {MAX_METRICS_SECONDS:g}]"
     if not 0 <= a.rest_messages <= MAX_REST_MESSAGES:
         return f"--rest-messages must be in [0, {MAX_REST_MESSAGES}]"
     return ""
@@ -951,7 +956,12 @@ def _run_all(
         )
     if a.metrics_rounds and a.only in (None, "metrics"):
         result["metrics"] = metrics_compare(
-            tmp, in_flight, a.seconds, a.loadgen_processes, a.loadgen_mode, a.metrics_rounds
+            tmp,
+            in_flight,
+            a.metrics_seconds,
+            (a.loadgen_processes, a.loadgen_mode),
+            a.metrics_rounds,
+            a.metrics_design,
         )
     skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
     if skip:

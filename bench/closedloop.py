@@ -21,11 +21,13 @@ def closed_loop(
     failure: type[BaseException] | tuple[type[BaseException], ...],
     threads: int,
     seconds: float,
+    start_at: float | None = None,
 ) -> dict[str, object]:
     """``threads`` threads each calling ``send()`` back to back for ``seconds`` after
-    `WARMUP_S`; a send raising ``failure`` counts as failed. Messages sent, failures and every
+    `WARMUP_S` (or from ``start_at``, a ``time.monotonic()`` instant, the sends before it a
+    warm-up); a send raising ``failure`` counts as failed. Messages sent, failures and every
     measured send's latency in microseconds (the harness takes the percentiles)."""
-    start_at = time.monotonic() + WARMUP_S
+    start_at = time.monotonic() + WARMUP_S if start_at is None else start_at
     stop_at = start_at + seconds
     sent = [0] * threads
     failed = [0] * threads
@@ -52,7 +54,7 @@ def closed_loop(
     for w in workers:
         w.start()
     for w in workers:
-        w.join(seconds + WARMUP_S + JOIN_GRACE_S)
+        w.join(max(0.0, stop_at - time.monotonic()) + JOIN_GRACE_S)
     return {
         "sent": sum(sent),
         "failed": sum(failed),

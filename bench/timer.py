@@ -40,7 +40,7 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from bench.__main__ import _cpu_s
+from bench import cpu_s
 from bench.broker import Target, pull_queue
 from broker.cluster import LocalCluster
 from mqsecurity.channels import open_channel
@@ -163,9 +163,9 @@ def bench_timer(
         )
     result: dict[str, Any] = {"pending": pending, "spread_s": spread_s, "lead_s": lead_s}
     result.update(_memory(target, pid, pending))
-    cpu = _cpu_s(pid)
+    cpu = cpu_s(pid)
     time.sleep(idle_s)
-    result["idle_before_leader_cpu_percent"] = 100 * (_cpu_s(pid) - cpu) / idle_s
+    result["idle_before_leader_cpu_percent"] = 100 * (cpu_s(pid) - cpu) / idle_s
     rng = random.Random(1)
     first_ms = int(time.time() * 1000) + int(lead_s * 1000)
     due = [first_ms + rng.randrange(int(spread_s * 1000)) for _ in range(pending)]
@@ -175,16 +175,16 @@ def bench_timer(
     result["timer_rss_kb_before"] = rss_before
     result["timer_rss_kb_after"] = _proc_field(pid, "VmRSS")
     result["pending_when_sent"] = sum(1 for d in due if d > sent_ms)
-    cpu = _cpu_s(pid)
+    cpu = cpu_s(pid)
     window_s = min(idle_s, max(0.0, (first_ms - sent_ms) / 1000 - 0.5))
     time.sleep(window_s)
     result["idle_window_s"] = window_s
-    result["idle_leader_cpu_percent"] = 100 * (_cpu_s(pid) - cpu) / window_s if window_s else None
-    cpu = _cpu_s(pid)
+    result["idle_leader_cpu_percent"] = 100 * (cpu_s(pid) - cpu) / window_s if window_s else None
+    cpu = cpu_s(pid)
     deadline = time.monotonic() + lead_s + spread_s + 120
     while _count(target, TIMER_TOPIC_NAME) < pending and time.monotonic() < deadline:
         time.sleep(0.5)
-    result["delivery_leader_cpu_s"] = _cpu_s(pid) - cpu
+    result["delivery_leader_cpu_s"] = cpu_s(pid) - cpu
     lags = [store - asked for store, asked in _read_all(target, TIMER_TOPIC_NAME)]
     result.update(_figures(result, lags, pending))
     return result

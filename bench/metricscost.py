@@ -1,0 +1,285 @@
+"""The cost of metrics (issue #22: serving and being scraped for /metrics may not lower the send
+rate by more than 2 %), measured by many short paired rounds.
+
+Two plaintext 3-node groups are up side by side, one serving /metrics on every node and the
+NameServer (scraped each ``SCRAPE_INTERVAL_S`` while it is loaded), one with ``metricsPort=0``
+(nothing served, nothing counted). Each side has its own load-generator processes, started
+once (``bench.loadgen --serve``), so a round costs no process start-up. A pair is one round on
+each side back to back, the order alternating by pair (off on, on off, off on, ...: ABBA), so
+a drift of the machine's load falls on both sides. Every round is measured over the same
+window, ``[start_at, start_at + seconds)``: the load generators count the sends issued in it
+and the harness reads the CPU (user + system) of the group's processes, nodes and NameServer,
+at its two ends.
+
+The comparison rests on each pair's ratio, on over off, of the send rate and of the CPU per
+message (``bench.pairstats``): their medians with a 95 % sign-test interval. Rounds on a
+shared machine spread by tens of percent; the two rounds of a pair, seconds apart, share most
+of that, and the CPU per message is set by the work a message takes, not by how much of the
+CPU the group got. At saturation the send rate is CPU-bound, so the CPU per message is the
+load-robust measure of the cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from bench import cpu_s
+from bench.closedloop import WARMUP_S
+from bench.pairstats import paired
+from broker.cluster import LocalCluster
+
+# How the two rounds of a pair are run, as the results' conditions say it.
+DESIGNS = {
+    "concurrent": "the two rounds of a pair run at once, in the same window, each group with "
+    "its own load generators (the machine's swings fall on both)",
+    "alternating": "the two rounds of a pair back to back, the order alternating by pair "
+    "(ABBA: a drift of the machine's load falls on both sides)",
+}
+# Prometheus scrapes every 15 s by default: a second is the harsher case.
+SCRAPE_INTERVAL_S = 1.0
+SCRAPE_TIMEOUT_S = 5.0
+# A load generator must answer a round within its end plus this (a send's own timeout and
+# retries are shorter), and exit within LOADGEN_STOP_S of its stdin closing.
+ROUND_GRACE_S = 60.0
+LOADGEN_STOP_S = 10.0
+# Before the measured pairs, one unrecorded round per side and in-flight count of this long:
+# routes fetched, channels open, the groups' first segments written.
+WARM_ROUND_S = 1.0
+
+
+class Scraper:
+    """Scrapes every /metrics of a group each SCRAPE_INTERVAL_S from a thread, as Prometheus
+    would, while a round runs; counts the scrapes, the failures and the bytes."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.urls = [n.metrics_url for n in cluster.nodes if n.metrics_port]
+        if cluster.namesrv is not None and cluster.namesrv.metrics_port:
+            self.urls.append(cluster.namesrv.metrics_url)
+        self.scrapes = 0
+        self.bytes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:  # at once, then every interval
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
+                        self.bytes += len(resp.read())
+                    self.scrapes += 1
+                except OSError:
+                    self.failures += 1
+            if self._stop.wait(SCRAPE_INTERVAL_S):
+                return
+
+
+class LoadPool:
+    """``processes`` load generators (``bench.loadgen --serve``) on one group, each keeping
+    its share of a round's sends in flight; stderr goes to ``log_dir``."""
+
+    def __init__(
+        self, cluster: LocalCluster, topic: str, size: int, processes: int, mode: str
+    ) -> None:
+        assert cluster.namesrv is not None
+        cmd = [sys.executable, "-m", "bench.loadgen", "--serve", "--namesrv", cluster.namesrv.addr]
+        cmd += ["--topic", topic, "--size", str(size), "--mode", mode, *cluster.tool_argv()]
+        self.processes = processes
+        self._logs: list[IO[str]] = []
+        self._procs: list[subprocess.Popen[str]] = []
+        for i in range(processes):
+            log = (cluster.base / f"loadgen-{i}.log").open("w")
+            self._logs.append(log)
+            self._procs.append(
+                subprocess.Popen(
+                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+                )
+            )
+
+    def start(self, in_flight: int, seconds: float, start_at: float) -> None:
+        """Every process begins a round: ``in_flight`` sends in all, measured from
+        ``start_at`` for ``seconds``."""
+        each = max(1, in_flight // self.processes)
+        line = json.dumps({"in_flight": each, "seconds": seconds, "start_at": start_at})
+        for p in self._procs:
+            assert p.stdin is not None
+            p.stdin.write(line + "\n")
+            p.stdin.flush()
+
+    def results(self, deadline: float) -> list[dict[str, Any]]:
+        """Each process's result of the round begun, by ``deadline`` (monotonic)."""
+        out = []
+        for i, p in enumerate(self._procs):
+            assert p.stdout is not None
+            ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = p.stdout.readline() if ready else ""
+            if not line:
+                raise RuntimeError(f"load generator {i} gave no result: {self._log_tail(i)}")
+            out.append(json.loads(line))
+        return out
+
+    def _log_tail(self, i: int) -> str:
+        self._logs[i].flush()
+        return Path(self._logs[i].name).read_text()[-500:].strip() or "(no output)"
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.stdin is not None:
+                p.stdin.close()
+        for p in self._procs:
+            try:
+                p.wait(LOADGEN_STOP_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        for log in self._logs:
+            log.close()
+
+
+@contextlib.contextmanager
+def load_pool(
+    cluster: LocalCluster, topic: str, size: int, processes: int, mode: str
+) -> Iterator[LoadPool]:
+    pool = LoadPool(cluster, topic, size, processes, mode)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def group_pids(cluster: LocalCluster) -> list[int | None]:
+    """The group's processes: every node and the NameServer."""
+    return [cluster.pid(n) for n in cluster.nodes] + [cluster.namesrv_pid()]
+
+
+def _sleep_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.monotonic()))
+
+
+Side = tuple[LoadPool, list[int | None]]
+
+
+def measured_rounds(sides: dict[str, Side], in_flight: int, seconds: float) -> dict[str, Any]:
+    """One round on each of ``sides`` at once (one side: alone): ``in_flight`` sends kept in
+    flight on each, measured over ``seconds`` after a ``WARMUP_S`` warm-up; each group's CPU
+    read at the window's two ends (as a rate over the time between the reads, so a late
+    wake-up of the harness does not bias it)."""
+    start_at = time.monotonic() + WARMUP_S
+    for pool, _ in sides.values():
+        pool.start(in_flight, seconds, start_at)
+    _sleep_until(start_at)
+    t0, cpu0 = time.monotonic(), {k: sum(map(cpu_s, pids)) for k, (_, pids) in sides.items()}
+    _sleep_until(start_at + seconds)
+    t1, cpu1 = time.monotonic(), {k: sum(map(cpu_s, pids)) for k, (_, pids) in sides.items()}
+    cases = {}
+    for k, (pool, _) in sides.items():
+        outs = pool.results(start_at + seconds + ROUND_GRACE_S)
+        sent = sum(int(o["sent"]) for o in outs)
+        group_cpu_s = (cpu1[k] - cpu0[k]) * seconds / (t1 - t0) if t1 > t0 else 0.0
+        cases[k] = {
+            "in_flight": pool.processes * max(1, in_flight // pool.processes),
+            "seconds": seconds,
+            "messages": sent,
+            "failed": sum(int(o["failed"]) for o in outs),
+            "messages_per_s": sent / seconds,
+            "group_cpu_s": group_cpu_s,
+            "cpu_us_per_message": group_cpu_s / sent * 1e6 if sent else 0.0,
+            "load_avg_1m": os.getloadavg()[0],
+        }
+    return cases
+
+
+def _rounds(
+    order: Sequence[str], groups: dict[str, tuple[LocalCluster, LoadPool]], n: int, s: float
+) -> dict[str, Any]:
+    """A round on each side of ``order`` at once, the "on" side scraped while it runs."""
+    sides = {k: (groups[k][1], group_pids(groups[k][0])) for k in order}
+    none = {"scrapes": 0, "scrape_failures": 0}
+    if "on" not in order:
+        return {k: {**c, **none} for k, c in measured_rounds(sides, n, s).items()}
+    with Scraper(groups["on"][0]) as scraper:
+        cases = measured_rounds(sides, n, s)
+    scraped = {"scrapes": scraper.scrapes, "scrape_failures": scraper.failures}
+    return {k: {**c, **(scraped if k == "on" else none)} for k, c in cases.items()}
+
+
+def _pair(
+    i: int, groups: dict[str, tuple[LocalCluster, LoadPool]], n: int, s: float, concurrent: bool
+) -> dict[str, Any]:
+    """Pair ``i``: both sides at once, or one after the other in ABBA order."""
+    order = ("off", "on") if i % 2 == 0 else ("on", "off")
+    if concurrent:
+        return _rounds(order, groups, n, s)
+    return {k: _rounds((k,), groups, n, s)[k] for k in order}
+
+
+def run_pairs(
+    groups: dict[str, tuple[LocalCluster, LoadPool]],
+    in_flight: Sequence[int],
+    pairs: int,
+    seconds: float,
+    concurrent: bool,
+) -> list[dict[str, Any]]:
+    """``pairs`` pairs per in-flight count (``concurrent``: both sides loaded in the same
+    window; otherwise one after the other, the order alternating by pair: ABBA), after one
+    unrecorded warm round per side and count."""
+    for n in in_flight:
+        _pair(0, groups, n, min(WARM_ROUND_S, seconds), concurrent)
+    cases: list[dict[str, Any]] = []
+    for i in range(pairs):
+        for n in in_flight:
+            for side, case in _pair(i, groups, n, seconds, concurrent).items():
+                cases.append({"metrics": side, "pair": i, "asked_in_flight": n, **case})
+                print(
+                    f"metrics {side}, {n} in flight, pair {i}: "
+                    f"{case['messages_per_s']:,.0f} msg/s, {case['cpu_us_per_message']:.0f} "
+                    f"CPU us/msg, load {case['load_avg_1m']:.1f}",
+                    flush=True,
+                )
+    return cases
+
+
+def summary(cases: Sequence[dict[str, Any]], in_flight: Sequence[int]) -> list[dict[str, Any]]:
+    """Per in-flight count: the pair ratios on/off of the send rate and of the CPU per
+    message, each's median with its interval, and the load average over the rounds."""
+    out = []
+    for n in in_flight:
+        mine = sorted((c for c in cases if c["asked_in_flight"] == n), key=lambda c: c["pair"])
+
+        def each(side: str, key: str, mine: list[dict[str, Any]] = mine) -> list[float]:
+            return [float(c[key]) for c in mine if c["metrics"] == side]
+
+        loads = [c["load_avg_1m"] for c in mine]
+        out.append(
+            {
+                "in_flight": n,
+                "pairs": min(len(each("on", "pair")), len(each("off", "pair"))),
+                "rate": paired(each("on", "messages_per_s"), each("off", "messages_per_s")),
+                "cpu_per_message": paired(
+                    each("on", "cpu_us_per_message"), each("off", "cpu_us_per_message")
+                ),
+                "load_avg_1m": [min(loads), max(loads)] if loads else None,
+            }
+        )
+    return out
