@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import replace
 
-from broker.applied import AppliedMessages, run_while_leading, start_leader_task
+from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_leader_task
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import SCHEDULE_TOPIC
@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 # and at least this long between passes.
 SCHEDULE_IDLE_MS = 100
 SCHEDULE_MIN_WAIT_MS = 5
+# With every level empty it sleeps until a scheduled message is stored (a dispatch listener
+# wakes it), at most this long: an idle leader's scheduler turns once a second, not ten times.
+SCHEDULE_EMPTY_WAIT_MS = 1000
 # One delivery entry holds at most this many messages / bytes of copies.
 SCHEDULE_BATCH_MESSAGES = 512
 SCHEDULE_BATCH_BYTES = 1 << 20
@@ -50,6 +53,8 @@ class Scheduler:
         self.ctx = applied.ctx
         self.applied = applied
         self.task: asyncio.Task[None] | None = None
+        self.wakeup = Wakeup(SCHEDULE_IDLE_MS / 1000)
+        self.ctx.sm.add_listener(self.wakeup.wake_on_topic(SCHEDULE_TOPIC))
         self.ctx.sm.add_change_listener(self.maybe_start)
 
     def maybe_start(self) -> None:
@@ -59,20 +64,26 @@ class Scheduler:
     async def _loop(self) -> None:
         """While this node leads: deliver every due scheduled message, level by level (one
         entry holds the copies and the offset, so a failed pass leaves nothing half done)."""
-        await run_while_leading(self.ctx, "scheduler", self._pass, SCHEDULE_IDLE_MS / 1000)
+        await run_while_leading(
+            self.ctx, "scheduler", self._pass, SCHEDULE_IDLE_MS / 1000, self.wakeup
+        )
 
     async def _pass(self) -> float:
-        """Every level's due head delivered; seconds until the next is due (bounded)."""
+        """Every level's due head delivered; seconds until the next is due (bounded), or
+        until a scheduled message is stored when every level is empty."""
         next_due: int | None = None
         for level in range(1, len(self.ctx.cfg.delay_levels_ms) + 1):
             due = await self.deliver_level(level)
             if due is not None and (next_due is None or due < next_due):
                 next_due = due
-        wait_ms = SCHEDULE_IDLE_MS if next_due is None else next_due - time.time() * 1000
+        if next_due is None:
+            return SCHEDULE_EMPTY_WAIT_MS / 1000
+        wait_ms = next_due - time.time() * 1000
         return min(max(wait_ms, SCHEDULE_MIN_WAIT_MS), SCHEDULE_IDLE_MS) / 1000
 
     async def deliver_level(self, level: int) -> int | None:
-        """Deliver the due head of ``level``'s queue; the next due time (ms), or None."""
+        """Deliver the due head of ``level``'s queue; the next due time (ms; one idle period on
+        when a delivery was not applied), or None when the queue is empty or fully delivered."""
         while True:
             batch = self._gather(level)
             if batch is None:
@@ -86,11 +97,11 @@ class Scheduler:
             await self.ctx.node.propose([body], ENTRY_SCHEDULE)
             if self.ctx.sm.schedule_offsets.get(level, 0) != batch.end:
                 # Skipped when applied (another pass delivered them first, or the entry was
-                # bad): look again at the next pass rather than spin here.
+                # bad): look again one idle period on rather than spin here.
                 logger.warning(
                     "schedule entry level=%d [%d, %d) not applied", level, current, batch.end
                 )
-                return None
+                return int(time.time() * 1000) + SCHEDULE_IDLE_MS
             logger.debug(
                 "delivered level=%d offsets [%d, %d) copies=%d",
                 level,

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from broker.applied import AppliedMessages, run_while_leading, start_leader_task
+from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_leader_task
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import TIMER_TOPIC
@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 # The loop sleeps until the next look-at time, at most this long (bounds how late a message
 # filed meanwhile is looked at: level 0's records are due within the precision).
 TIMER_IDLE_MS = 50
+# With every level empty the loop sleeps until a timed message is stored (a dispatch listener
+# wakes it), at most this long: an idle leader's loop then turns once a second, not twenty
+# times (each pass looks at every level's queue; docs/PERFORMANCE.md).
+TIMER_EMPTY_WAIT_MS = 1000
 # One move entry holds at most this many records / bytes of copies (as a schedule delivery).
 TIMER_BATCH_RECORDS = 512
 TIMER_BATCH_BYTES = 1 << 20
@@ -62,6 +66,8 @@ class Timers:
         self.ctx = applied.ctx
         self.applied = applied
         self.task: asyncio.Task[None] | None = None
+        self.wakeup = Wakeup(TIMER_IDLE_MS / 1000)
+        self.ctx.sm.add_listener(self.wakeup.wake_on_topic(TIMER_TOPIC))
         self.ctx.sm.add_change_listener(self.maybe_start)
 
     def maybe_start(self) -> None:
@@ -70,12 +76,15 @@ class Timers:
 
     async def _loop(self) -> None:
         # One entry holds the copies, the hops and the offset: a failed pass is not half done.
-        await run_while_leading(self.ctx, "timers", self._pass, TIMER_IDLE_MS / 1000)
+        await run_while_leading(self.ctx, "timers", self._pass, TIMER_IDLE_MS / 1000, self.wakeup)
 
     async def _pass(self) -> float:
-        """One :meth:`run_pass`; seconds until the next look-at time (bounded)."""
+        """One :meth:`run_pass`; seconds until the next look-at time (bounded), or until a
+        timed message is stored when every level is empty."""
         next_look = await self.run_pass()
-        wait_ms = TIMER_IDLE_MS if next_look is None else next_look - time.time() * 1000
+        if next_look is None:
+            return TIMER_EMPTY_WAIT_MS / 1000
+        wait_ms = next_look - time.time() * 1000
         # A backlog (a look-at time already past): the next pass at once, after yielding.
         return 0 if wait_ms <= 0 else min(wait_ms, TIMER_IDLE_MS) / 1000
 
@@ -102,8 +111,9 @@ class Timers:
         return min(looks, default=None)
 
     async def _propose(self, level: int, move: _Move) -> int | None:
-        """Propose one move; its level's next look-at time (now when more are ready), None
-        when the entry was not applied (a repeat, or a bad entry: looked at again next pass)."""
+        """Propose one move; its level's next look-at time (now when more are ready; one idle
+        period on when the entry was not applied: a repeat, or a bad entry, looked at again
+        then)."""
         body = encode_timer_header(level, move.start, move.end, move.now_ms, len(move.hops))
         body += b"".join(move.hops)
         if move.copies:
@@ -111,7 +121,7 @@ class Timers:
         await self.ctx.node.propose([body], ENTRY_TIMER)
         if self.ctx.sm.timer_offsets.get(level, 0) != move.end:
             logger.warning("timer entry level=%d [%d, %d) not applied", level, move.start, move.end)
-            return None
+            return move.now_ms + TIMER_IDLE_MS
         return move.now_ms if move.next_look is None else move.next_look
 
     def _gather(self, level: int) -> _Move | None:

@@ -64,7 +64,8 @@ class RaftConfig:
 
     # A follower that hears nothing from a leader for a randomized [T, 2T) ticks campaigns.
     election_timeout_ticks: int = 10
-    # The leader sends a heartbeat (empty append) to each follower this often.
+    # The leader sends a heartbeat (empty append) to each follower that no append asking for
+    # an answer reached for this long (under load the appends are the heartbeats).
     heartbeat_interval_ticks: int = 1
     # Appends in flight per follower in the replicate state (pipelining window).
     max_inflight_appends: int = 64

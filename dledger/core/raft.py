@@ -208,6 +208,7 @@ class _Progress:
         "commit_sent",
         "inflight",
         "last_heard_tick",
+        "last_sent_tick",
         "match",
         "next",
         "probe_sent",
@@ -223,6 +224,9 @@ class _Progress:
         self.probe_sent = False
         self.inflight: deque[int] = deque()  # last index of each append in flight, ascending
         self.last_heard_tick = 0  # leader tick count when this follower last answered
+        # Leader tick count when an append that asks for an answer (a heartbeat, a probe, a
+        # batch) last went to this follower: its heartbeat is due heartbeat_interval_ticks on.
+        self.last_sent_tick = 0
         self.commit_sent = 0
         self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
         self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
@@ -1124,10 +1128,16 @@ class RaftNode:
                 if pr.stalled_ticks >= stall_limit:
                     pr.become_probe(pr.match + 1)
                     self._send_append(p)
-        if self._heartbeat_elapsed >= self.cfg.heartbeat_interval_ticks:
-            self._heartbeat_elapsed = 0
-            for p in self._progress:
+        # A heartbeat only to a follower that no answered append reached for a heartbeat
+        # interval: under load the appends are the heartbeats (each answer proves liveness for
+        # check-quorum; each append resets the follower's election timer and lease). A no-reply
+        # commit notice does not count: it brings no answer.
+        interval = self.cfg.heartbeat_interval_ticks
+        for p, pr in self._progress.items():
+            if self._leader_ticks - pr.last_sent_tick >= interval:
                 self._send_heartbeat(p)
+        if self._heartbeat_elapsed >= interval:
+            self._heartbeat_elapsed = 0
             self._maybe_transfer_to_preferred()
 
     def _recently_heard(self, pr: _Progress) -> bool:
@@ -1151,6 +1161,8 @@ class RaftNode:
         # prev = match (or 0): known to match, so a heartbeat never triggers a rejection.
         self._send(snap.heartbeat(self, peer, pr, no_reply=no_reply))
         pr.commit_sent = max(pr.commit_sent, min(self._commit, pr.match))
+        if not no_reply:
+            pr.last_sent_tick = self._leader_ticks
 
     def _send_append(self, peer: str) -> bool:
         """Send the next batch to ``peer`` if its state allows; True when something was sent."""
@@ -1189,6 +1201,7 @@ class RaftNode:
             )
         )
         pr.commit_sent = max(pr.commit_sent, min(self._commit, prev + len(entries)))
+        pr.last_sent_tick = self._leader_ticks
         if pr.state is ProgressState.PROBE:
             pr.probe_sent = True
         else:

@@ -10,7 +10,7 @@ from broker_world import world
 from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.names import SCHEDULE_TOPIC
 from broker.retry import Retries, SendBackItem
-from broker.scheduler import Scheduler
+from broker.scheduler import SCHEDULE_EMPTY_WAIT_MS, SCHEDULE_IDLE_MS, Scheduler
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import ENTRY_MESSAGES
@@ -44,5 +44,28 @@ def test_a_failed_message_is_retried_after_its_delay_then_dead_lettered(tmp_path
         [dead] = await retries.send_back("g", [SendBackItem(position)], max_reconsume_times=0)
         assert dead.dead_lettered and dead.topic == "%DLQ%g" and dead.deliver_at_ms == 0
         assert applied.message(dead.stored.position).topic == "%DLQ%g"
+
+    asyncio.run(body())
+
+
+def test_an_empty_scheduler_sleeps_until_a_scheduled_message_is_stored(tmp_path: Path) -> None:
+    async def body() -> None:
+        cfg = ServiceConfig("127.0.0.1", 10911)
+        node, sm, topics, applied = world(tmp_path, cfg)
+        await topics.upsert("T", 1, 1, 6)
+        original = Message("T", 0, b"payload", uniq_id=IDS.next_id())
+        await node.propose([encode_batch([original])[0]], ENTRY_MESSAGES)
+        scheduler = Scheduler(applied)
+        assert await scheduler._pass() == SCHEDULE_EMPTY_WAIT_MS / 1000
+        sleeping = asyncio.ensure_future(scheduler.wakeup.sleep(30))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not sleeping.done()
+        position = sm.cqs.find("T", 0).get(0)[0]
+        retries = Retries(topics, applied, SendPath(topics.ctx, topics))
+        [back] = await retries.send_back("g", [SendBackItem(position, original.uniq_id)])
+        assert back.stored.topic == SCHEDULE_TOPIC
+        await asyncio.wait_for(sleeping, 5)
+        assert await scheduler._pass() <= SCHEDULE_IDLE_MS / 1000  # due later: it polls
 
     asyncio.run(body())

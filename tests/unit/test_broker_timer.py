@@ -14,7 +14,7 @@ import pytest
 from broker_world import LeaderNode, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.applied import AppliedMessages, NodeContext
+from broker.applied import AppliedMessages, NodeContext, Wakeup
 from broker.message import Message, encode_batch
 from broker.names import TIMER_TOPIC, is_system_topic
 from broker.sending import SendPath
@@ -31,7 +31,7 @@ from broker.timer import (
     level_of,
     level_wait_ms,
 )
-from broker.timers import Timers
+from broker.timers import TIMER_EMPTY_WAIT_MS, TIMER_IDLE_MS, Timers
 from dledger.core import Role
 
 T0_MS = 1_800_000_000_000
@@ -257,3 +257,45 @@ def test_a_raftmq_message_carries_its_delivery_time() -> None:
     m = ClientMessage("T", b"x", deliver_time_ms=T0_MS).to_pb(0, "g", "h")
     assert m.properties[PROPERTY_TIMER_DELIVER_MS] == str(T0_MS)
     assert ENTRY_MESSAGES != ENTRY_TIMER
+
+
+def test_an_empty_timer_loop_sleeps_until_a_timed_message_is_stored(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Every level empty: the pass asks for the long wait, and storing a timed message ends
+    it (a dispatch listener); a message of another topic does not."""
+
+    async def body() -> None:
+        _node, _sm, _applied, sender = await _timed_world(tmp_path, 1)
+        timers = Timers(_applied)
+        assert await timers._pass() == TIMER_EMPTY_WAIT_MS / 1000
+        sleeping = asyncio.ensure_future(timers.wakeup.sleep(30))
+        await sender.send("T", [pb.Message(topic="T", queue_id=0, body=b"plain")])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not sleeping.done()
+        await sender.send("T", [timed(1, T0_MS + 5_000)])
+        await asyncio.wait_for(sleeping, 5)
+        # Records pending: the pass polls at its own pace again.
+        assert await timers._pass() <= TIMER_IDLE_MS / 1000
+
+    asyncio.run(body())
+
+
+def test_a_wakeup_cuts_only_long_sleeps_and_remembers_a_wake_during_the_pass() -> None:
+    async def body() -> None:
+        w = Wakeup(poll_s=0.05)
+        w.wake()  # during the pass: the next long sleep returns at once
+        await asyncio.wait_for(w.sleep(30), 5)
+        start = time.monotonic()
+        short = asyncio.ensure_future(w.sleep(0.05))
+        await asyncio.sleep(0)
+        w.wake()  # a job with work pending keeps its pace
+        await short
+        assert time.monotonic() - start >= 0.045
+        long = asyncio.ensure_future(w.sleep(30))
+        await asyncio.sleep(0)
+        w.wake()
+        await asyncio.wait_for(long, 5)
+
+    asyncio.run(body())

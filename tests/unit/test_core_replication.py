@@ -371,3 +371,104 @@ def test_commit_notices_need_no_answer_unless_rejected() -> None:
     node.step(AppendRequest("n0", "n1", 1, 2, 1, (), 2))
     (answer,) = _drain(node, log)
     assert isinstance(answer, AppendResponse) and answer.success and answer.match_index == 2
+
+
+def _answered_appends(msgs: list[Message]) -> dict[str, list[AppendRequest]]:
+    """The appends in ``msgs`` that ask for an answer (heartbeats and batches), per follower."""
+    out: dict[str, list[AppendRequest]] = {"n1": [], "n2": []}
+    for m in msgs:
+        if isinstance(m, AppendRequest) and not m.no_reply:
+            out[m.to_id].append(m)
+    return out
+
+
+def _answer(node: RaftNode, msgs: list[Message]) -> None:
+    for m in msgs:
+        if isinstance(m, AppendRequest) and not m.no_reply:
+            last = m.prev_log_index + len(m.entries)
+            node.step(AppendResponse(m.to_id, "n0", node.term, success=True, match_index=last))
+
+
+def test_a_follower_an_answered_append_reached_within_the_interval_gets_no_heartbeat() -> None:
+    """Heartbeats every 3 ticks: an append resets its follower's heartbeat clock, so under a
+    steady flow of proposals no heartbeat goes out, and the first one after the flow stops
+    follows the last append by exactly the interval."""
+    node, log = _standalone_leader([1], RaftConfig(pre_vote=False, heartbeat_interval_ticks=3))
+    _answer(node, _drain(node, log))
+    _answer(node, _drain(node, log))
+    for _ in range(12):  # a proposal every tick: appends only
+        node.tick()
+        node.propose([b"x"])
+        msgs = _drain(node, log)
+        _answer(node, msgs)
+        sent = _answered_appends(msgs)
+        assert all(len(a) == 1 and a[0].entries for a in sent.values()), sent
+        node.release_notices()
+        _drain(node, log)
+    for tick in (1, 2, 3):
+        node.tick()
+        sent = _answered_appends(_drain(node, log))
+        heartbeats = [m.to_id for a in sent.values() for m in a if not m.entries]
+        assert heartbeats == ([] if tick < 3 else ["n1", "n2"])
+    assert node.role is Role.LEADER
+
+
+def test_commit_notices_do_not_stand_in_for_heartbeats() -> None:
+    """A no-reply commit notice brings no answer, so it cannot prove the follower alive for
+    check-quorum: the heartbeat stays due one interval after the last answered append. And
+    a follower that got an append is still sent the heartbeat the other one is due."""
+    node, log = _standalone_leader([1], RaftConfig(pre_vote=False, heartbeat_interval_ticks=3))
+    _answer(node, _drain(node, log))
+    _answer(node, _drain(node, log))
+    for _ in range(3):
+        node.tick()
+        _answer(node, _drain(node, log))
+    node.tick()  # tick 1 of the interval: a proposal; n1 answers, n2 does not
+    p = node.propose([b"a"])
+    _drain(node, log)
+    node.step(AppendResponse("n1", "n0", node.term, success=True, match_index=p.last_index))
+    assert _drain(node, log) == []  # committed; n1's notice is held
+    node.tick()  # tick 2: the held notice for n1 goes out with the tick
+    notices = [m for m in _drain(node, log) if isinstance(m, AppendRequest) and m.no_reply]
+    assert [m.to_id for m in notices] == ["n1"]
+    node.step(AppendResponse("n2", "n0", node.term, success=True, match_index=p.last_index))
+    _drain(node, log)
+    node.release_notices()
+    assert [m.to_id for m in _drain(node, log) if isinstance(m, AppendRequest)] == ["n2"]
+    node.tick()  # tick 3: nothing due yet (the append went 2 ticks ago)
+    assert _answered_appends(_drain(node, log)) == {"n1": [], "n2": []}
+    node.tick()  # tick 4: both heartbeats due, whatever notices went since
+    sent = _answered_appends(_drain(node, log))
+    assert [len(sent["n1"]), len(sent["n2"])] == [1, 1]
+    assert not sent["n1"][0].entries and not sent["n2"][0].entries
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_follower_gets_an_answered_append_at_least_every_interval(seed: int) -> None:
+    """Proposals at random ticks, answers from one follower lost at random: each follower
+    still receives an append that asks for an answer at least every heartbeat interval (what
+    its election timer and the leader's check-quorum rely on), and a heartbeat only when
+    nothing else went to it for a whole interval."""
+    rng = random.Random(seed)
+    interval = 1 + seed % 3
+    cfg = RaftConfig(pre_vote=False, heartbeat_interval_ticks=interval)
+    node, log = _standalone_leader([1], cfg)
+    _answer(node, _drain(node, log))
+    _answer(node, _drain(node, log))
+    last_sent = {"n1": 0, "n2": 0}
+    for tick in range(1, 80):
+        node.tick()
+        if rng.random() < 0.4:
+            node.propose([b"x"])
+        msgs = _drain(node, log)
+        for peer, appends in _answered_appends(msgs).items():
+            for m in appends:
+                if not m.entries:
+                    assert tick - last_sent[peer] >= interval, (peer, tick, last_sent)
+                last_sent[peer] = tick
+            assert tick - last_sent[peer] < interval, (peer, tick, last_sent)
+        _answer(node, [m for m in msgs if rng.random() < 0.8 or m.to_id == "n1"])
+        if rng.random() < 0.5:
+            node.release_notices()
+            _drain(node, log)
+    assert node.role is Role.LEADER
