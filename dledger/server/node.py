@@ -83,6 +83,7 @@ from dledger.server.snapshots import (
     SnapshotReceiver,
     SnapshotRefused,
     SnapshotSender,
+    clear_staging,
     finish_install,
     install_app,
     pending_install,
@@ -406,6 +407,8 @@ class DLedgerNode:
         try:
             if interrupted is not None:
                 finish_install(cfg.store_dir)  # a crash stopped a snapshot install: finish it
+            else:
+                clear_staging(cfg.store_dir)  # a transfer a crash cut short
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc

@@ -476,6 +476,38 @@ class SnapshotReceiver:
         incoming = self.dir / "incoming"
         await loop.run_in_executor(None, _fresh_dir, incoming)
         staging = _Staging(incoming)
+        try:
+            await self._stage(it, staging, h)
+        except BaseException:
+            # Refused, failed or abandoned (the sender gone: the call is cancelled) part way:
+            # nothing of it stays. Shielded: a second cancel does not stop the removal.
+            await asyncio.shield(loop.run_in_executor(None, _remove_dir, incoming))
+            raise
+        self._staged = {(h.snapshot_index, h.snapshot_term): h}
+        m = InstallSnapshot(
+            sender,
+            node.cfg.self_id,
+            h.term,
+            h.snapshot_index,
+            h.snapshot_term,
+            conf,
+        )
+        node.step_local(m)
+        pending = node.core.pending_snapshot
+        accepted = pending is not None and pending.index == h.snapshot_index
+        if not accepted:
+            # The core had what it covers by now, or follows another leader: nothing will
+            # install these files (unless it still waits to install an earlier snapshot).
+            self._staged.clear()
+            if pending is None:
+                await loop.run_in_executor(None, _remove_dir, self.dir / "ready")
+        return pb.SnapshotReply(accepted=accepted, received_bytes=staging.total)
+
+    async def _stage(
+        self, it: AsyncIterator[pb.SnapshotChunk], staging: _Staging, h: pb.SnapshotHeader
+    ) -> None:
+        """Write the data chunks up to the trailer, check it, and make the files ``ready``."""
+        loop = asyncio.get_running_loop()
         while True:
             chunk = await _next_chunk(it)
             kind = chunk.WhichOneof("kind")
@@ -492,19 +524,6 @@ class SnapshotReceiver:
                 f"{t.total_bytes} sent)"
             )
         await loop.run_in_executor(None, make_ready, self.dir, staging, h)
-        self._staged = {(h.snapshot_index, h.snapshot_term): h}
-        m = InstallSnapshot(
-            sender,
-            node.cfg.self_id,
-            h.term,
-            h.snapshot_index,
-            h.snapshot_term,
-            conf,
-        )
-        node.step_local(m)
-        pending = node.core.pending_snapshot
-        accepted = pending is not None and pending.index == h.snapshot_index
-        return pb.SnapshotReply(accepted=accepted, received_bytes=staging.total)
 
     async def install(self, meta: SnapshotMeta) -> SegmentedLogStore:
         """Install the staged snapshot ``meta`` (the core accepted it): returns the new store
@@ -575,6 +594,22 @@ def make_ready(staging_dir: Path, staging: _Staging, h: pb.SnapshotHeader) -> No
 def _fresh_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
+
+
+def _remove_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def clear_staging(store_dir: str) -> None:
+    """At start, with no install to finish (:func:`pending_install` is None): drop whatever
+    a transfer a crash or a kill cut short left staged (``incoming``, or a ``ready`` the core
+    never installed). Nothing there is needed: the leader sends the snapshot again."""
+    staging = Path(store_dir) / STAGING_DIR
+    if (staging / INSTALL_MARKER).exists():
+        raise DLedgerError(f"{staging} holds an install to finish, not leftovers")
+    if staging.exists():
+        logger.info("snapshot staging left by an earlier run removed: %s", staging)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def finish_install(store_dir: str) -> None:
