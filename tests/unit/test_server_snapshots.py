@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,10 +23,12 @@ from dledger.appsnapshot import AppSnapshot
 from dledger.core import ConfState, Role, SnapshotRequest
 from dledger.core.membership import MemberAddr, joining
 from dledger.log import DLedgerError, Entry
+from dledger.server import snapshots
 from dledger.server.membership import load_conf, save_conf
 from dledger.server.node import DLedgerNode, LogOnlyStateMachine, NodeConfig
 from dledger.server.snapshots import (
     INSTALL_MARKER,
+    MAX_SNAPSHOT_BYTES_PER_S,
     MIN_SNAPSHOT_BYTES_PER_S,
     SNAPSHOT_CHUNK_BYTES,
     STAGING_DIR,
@@ -274,7 +277,7 @@ def test_a_transfer_is_paced_at_the_configured_rate(tmp_path: Path) -> None:
     async def stream() -> list[pb.SnapshotChunk]:
         sparse = AppSnapshot(500, [("index/f", bytes(4 << 20))])  # a sparse key index file
         it = _chunks(node, req, header, ext.end_position, sparse)  # type: ignore[arg-type]
-        return [c async for c in it]
+        return [pb.SnapshotChunk.FromString(c) async for c in it]
 
     chunks = asyncio.run(stream())
     src.close()
@@ -460,3 +463,38 @@ def test_a_node_starts_without_the_leftovers_of_a_transfer_a_crash_cut_short(
 
     asyncio.run(run())
     assert not (store_dir / STAGING_DIR).exists()
+
+
+def test_chunks_are_hashed_and_encoded_off_the_loop_and_verify_at_the_receiver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1, i, bytes([i % 251]) * 3000) for i in range(1, 60)])
+    src.flush()
+    ext = src.snapshot_extent(59)
+    out = SimpleNamespace(pacer=Pacer(MAX_SNAPSHOT_BYTES_PER_S), bytes_sent=0)
+    node = SimpleNamespace(core=SimpleNamespace(role=Role.LEADER, term=3), store=src)
+    node.snapshots_out = out
+    header = _header(snapshot_index=100, start_position=ext.start_position)
+    app = AppSnapshot(59, [("config/snapshot.json", b"{}"), ("index/f", bytes(70_000))])
+    hashed_in: list[threading.Thread] = []
+    real_update = snapshots._digest_update
+
+    def update(*args: Any) -> None:
+        hashed_in.append(threading.current_thread())
+        real_update(*args)
+
+    monkeypatch.setattr(snapshots, "_digest_update", update)
+
+    async def stream() -> list[pb.SnapshotChunk]:
+        it = _chunks(node, SnapshotRequest("n3", 3), header, ext.end_position, app)  # type: ignore[arg-type]
+        return [pb.SnapshotChunk.FromString(c) async for c in it]
+
+    chunks = asyncio.run(stream())
+    src.close()
+    assert hashed_in and all(t is not threading.main_thread() for t in hashed_in)
+    monkeypatch.undo()
+    rx = _receiver(tmp_path / "n3")
+    assert _receive(rx, chunks).accepted  # the receiver's digest agrees with the sender's
+    staged = _staged_files(tmp_path / "n3")
+    assert "ready/app/index/f" in staged and "ready/app/config/snapshot.json" in staged
