@@ -76,9 +76,10 @@ def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
         # In a thread, before any file is read: list and pin them, check that no apply
         # deleted a file since the capture point, then make what the document describes
         # reach them (and the index header count it).
+        made: set[str] = set()  # link directories made: one mkdir each, not one per file
         for rel in list_files(root):
             link = pin / rel
-            _pin(root / rel, link)
+            _pin(root / rel, link, made)
             files.append((rel, link))
         if sm.files_deleted != deleted_at_capture:
             raise BrokerError("store files deleted since the capture (a topic deletion, retention)")
@@ -103,11 +104,14 @@ def list_files(root: Path) -> list[str]:
     return out
 
 
-def _pin(path: Path, link: Path) -> None:
+def _pin(path: Path, link: Path, made: set[str]) -> None:
     """``link`` becomes a hard link to ``path`` (a copy where the file system refuses links).
     A file deleted since the capture (its topic deleted, retention) fails the transfer: the
-    leader restarts it from a new capture."""
-    link.parent.mkdir(parents=True, exist_ok=True)
+    leader restarts it from a new capture. ``made``: the link directories that exist."""
+    parent = os.path.dirname(link)
+    if parent not in made:
+        os.makedirs(parent, exist_ok=True)
+        made.add(parent)
     try:
         os.link(path, link)
     except FileNotFoundError:
