@@ -415,11 +415,11 @@ class LocalCluster:
         with self.client() as client:
             while not any(m.id == node_id for m in self._members(client)):
                 if self.pid(info) is None:
+                    why = f"{node_id} ended: {last_exit_line(info.log)} (log {info.log})"
+                    if any(m.id == node_id for m in self._members(client)):
+                        raise ClusterError(f"{why}; it is a member: start or remove it")
                     self._forget_new_node(info)
-                    raise ClusterError(
-                        f"{node_id} ended before it joined: {last_exit_line(info.log)} "
-                        f"(log {info.log}); the group is unchanged"
-                    )
+                    raise ClusterError(f"{why}; it did not join: the group is unchanged")
                 if time.monotonic() > deadline:
                     raise ClusterError(
                         f"{node_id} did not join within {timeout_s:.0f} s: {info.log}"

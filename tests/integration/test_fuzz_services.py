@@ -997,6 +997,19 @@ def test_fuzz_peer_join_and_snapshots(
             code, detail = call_unary(channels[self_pair], JOIN_RPC, request, CALL_TIMEOUT_S)
             check("DLedgerPeer.Join", JOIN_RPC.allowed, f"{self_pair} {request}", code, detail)
             one_transfer(self_pair, [dpb.SnapshotChunk(header=dpb.SnapshotHeader(term=md.term))])
+
+        # Known: a member asking the leader with another segment size (refused, nothing
+        # added; asked again should the leadership move meanwhile).
+        def odd_settings_refused() -> bool:
+            leader = cluster.wait_leader(LEADER_WAIT_S)
+            caller = next(n.node_id for n in cluster.nodes if n.node_id != leader)
+            odd = {**shared, "mappedFileSizeCommitLog": "65536"}
+            request = dpb.JoinRequest(group=group, node_id=caller, shared_settings=odd)
+            code, detail = call_unary(channels[(caller, leader)], JOIN_RPC, request, CALL_TIMEOUT_S)
+            check("DLedgerPeer.Join", JOIN_RPC.allowed, f"{caller} {request}", code, detail)
+            return code is SC.FAILED_PRECONDITION
+
+        wait_for(odd_settings_refused, LEADER_WAIT_S, "the leader refusing other settings")
         # Known: a member's transfer whose file walks out of staging onto the victim's file.
         walk_out = [
             dpb.SnapshotChunk(

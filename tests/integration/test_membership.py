@@ -235,7 +235,7 @@ def _incompatible_join_is_refused(
         cluster.add_node(promote=False, timeout_s=60, extra={"mappedFileSizeCommitLog": "131072"})
     text = str(info.value)
     refused = text.split()[0]
-    assert "INCOMPATIBLE_STORE" in text and "the group is unchanged" in text, text
+    assert "INCOMPATIBLE_STORE" in text and "did not join: the group is unchanged" in text, text
     assert f"'mappedFileSizeCommitLog' is '131072' on {refused}, '{seg}' in the group" in text
     assert refused not in {n.node_id for n in cluster.nodes}
     assert not (cluster.base / f"{refused}.conf").exists()
