@@ -178,7 +178,7 @@ class RefusedJoins:
     out; a node's accepted Join forgets it."""
 
     def __init__(self) -> None:
-        self._by_id: dict[str, IncompatibleStoreError] = {}
+        self._by_id: dict[str, str] = {}  # node id -> the refusal's text
 
     def check(
         self, group: str, mine: Mapping[str, str], theirs: Mapping[str, str], node_id: str
@@ -190,7 +190,7 @@ class RefusedJoins:
             self._by_id.pop(node_id, None)
             if len(self._by_id) >= MAX_REFUSED_JOINS:
                 del self._by_id[next(iter(self._by_id))]
-            self._by_id[node_id] = exc
+            self._by_id[node_id] = str(exc)
             raise
         self._by_id.pop(node_id, None)
 
@@ -198,4 +198,4 @@ class RefusedJoins:
         """Refuse adding or promoting a node whose Join was refused (removing it is fine)."""
         refused = self._by_id.get(node_id)
         if refused is not None and kind is not ChangeKind.REMOVE:
-            raise IncompatibleStoreError(str(refused))
+            raise IncompatibleStoreError(refused)
