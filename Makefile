@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RMQ5_DIR := build/rmq5
 RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
-PACKAGES := mqcli mqsecurity mqmetrics dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard
+PACKAGES := mqcli mqsecurity mqmetrics dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard bench
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 

@@ -21,9 +21,14 @@ Usage: python v2_producer.py ENDPOINTS TOPIC SIZE_BYTES IN_FLIGHT SECONDS
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from closedloop import closed_loop  # bench/ is this script's directory, first on sys.path
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+if TYPE_CHECKING:  # mypy sees the module in its package
+    from bench.closedloop import closed_loop
+else:  # run as a script: bench/ is this script's directory, first on sys.path
+    from closedloop import closed_loop
 
 # Bounds of the arguments: a typo must not start a thousand threads or an hour-long case.
 MAX_IN_FLIGHT = 256
@@ -39,7 +44,9 @@ def _producer(endpoints: str, topic: str) -> Producer:
     return Producer(ClientConfiguration(endpoints, creds), (topic,), tls_enable=tls)
 
 
-def run(producer: Producer, topic: str, size: int, threads: int, seconds: float) -> dict:
+def run(
+    producer: Producer, topic: str, size: int, threads: int, seconds: float
+) -> dict[str, object]:
     body = os.urandom(size)
 
     def send() -> None:

@@ -414,7 +414,13 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         with self.client() as client:
             while not any(m.id == node_id for m in self._members(client)):
-                if time.monotonic() > deadline or self.pid(info) is None:
+                if self.pid(info) is None:
+                    why = f"{node_id} ended: {last_exit_line(info.log)} (log {info.log})"
+                    if any(m.id == node_id for m in self._members(client)):
+                        raise ClusterError(f"{why}; it is a member: start or remove it")
+                    self._forget_new_node(info)
+                    raise ClusterError(f"{why}; it did not join: the group is unchanged")
+                if time.monotonic() > deadline:
                     raise ClusterError(
                         f"{node_id} did not join within {timeout_s:.0f} s: {info.log}"
                     )
@@ -422,6 +428,15 @@ class LocalCluster:
             if promote:
                 self._change(client, "PROMOTE", node_id, deadline)
         return info
+
+    def _forget_new_node(self, info: NodeInfo) -> None:
+        """A new node that ended before it joined (its Join refused): out of the state file,
+        its store and config deleted (its id was never a member); its log stays to read."""
+        self.nodes = [n for n in self.nodes if n.node_id != info.node_id]
+        self._save_state()
+        shutil.rmtree(self.base / info.node_id, ignore_errors=True)
+        Path(info.conf).unlink(missing_ok=True)
+        Path(info.pid_file).unlink(missing_ok=True)
 
     def _write_new_node(self, leader: NodeInfo, extra: dict[str, str]) -> NodeInfo:
         """The broker.conf of a node joining through ``leader``: the group's settings, then

@@ -689,6 +689,13 @@ def render_config(values: Mapping[str, object]) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
 
+# broker.conf keys besides mappedFileSizeCommitLog that every member must set alike: the
+# members' apply decides with them (a different window makes a member store a retried
+# message the others answered as a duplicate). See docs/CLUSTER.md, "Changing a group's
+# members".
+SHARED_KEYS = ("dedupWindowSeconds", "dedupWindowMaxIds")
+
+
 def node_config(cfg: BrokerConfig) -> NodeConfig:
     """The DLedger member this broker runs (dledger knows nothing of brokers)."""
     return NodeConfig(
@@ -718,6 +725,11 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
         max_lag_retention_hours=cfg.maxLagRetentionHours,
         snapshot_bytes_per_s=cfg.snapshotTransferBytesPerSec,
+        # What a joining node must share with the group (a Join with other values is refused):
+        # the segment size (replicas share data positions, a snapshot carries segments as they
+        # are) and the dedup window, which every member's apply uses.
+        segment_size_setting="mappedFileSizeCommitLog",
+        shared_settings={k: str(getattr(cfg, k)) for k in SHARED_KEYS},
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,

@@ -14,14 +14,19 @@ between two applies):
   (``BrokerStateMachine._recover_to_snapshot``). Key index files copied while being written
   are marked unclean first, so opening them repairs slots against their header.
 
-  The files are **pinned** before the transfer reads any: hard links under
-  ``snapshot-out/<n>/`` (made in a thread right after the capture, off the event loop), so
-  the transfer reads exactly the files the state document counts even when a later entry
-  deletes their topic or retention deletes old ones while it runs (a missing ConsumeQueue
-  would make the follower's state disagree with the document and throw the install away).
-  A file deleted in the short time between the capture and its link fails the transfer,
-  which the leader restarts from a new capture. The links go when the transfer ends, and at
-  the next start.
+  The files are listed and **pinned** before the transfer reads any: hard links under
+  ``snapshot-out/<n>/``, made in a thread right after the capture (listing a few thousand
+  files takes the better part of a second: never on the event loop), so the transfer reads
+  exactly the files the state document counts even when a later entry deletes their topic
+  or retention deletes old ones while it runs (a missing ConsumeQueue would make the
+  follower's state disagree with the document and throw the install away). What the thread
+  finds is at least what the capture point held, because applies only add files, except
+  the two that delete them (a topic's deletion, retention's trim), which count themselves
+  in ``BrokerStateMachine.files_deleted``: when that count moved between the capture
+  point and the last link, or a listed file is gone before its link, the transfer fails
+  and the leader restarts it from a new capture. Files added after the capture point are
+  harmless: the follower cuts what they hold past the document's position on open. The
+  links go when the transfer ends, and at the next start.
 
 :func:`install` (on the follower, after dledger installed the log) swaps the staged files in
 for the broker's own, idempotently (a crash part way is finished by the next start), and
@@ -60,25 +65,24 @@ _pins = itertools.count(1)
 
 def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
     """The files of a snapshot at ``sm``'s applied index (``snapshot_bytes`` is its state
-    document, captured now). The transfer reads them through links that ``prepare`` makes."""
+    document, captured now: between two applies, on the event loop). ``prepare`` lists and
+    pins the files in a thread; the transfer reads them through those links."""
     files: list[tuple[str, bytes | Path]] = [(f"{CONFIG_DIR}/snapshot.json", snapshot_bytes)]
     root = sm.root
     pin = root / PIN_DIR / str(next(_pins))
-    for base in (CQ_DIR, INDEX_DIR):
-        top = root / base
-        if top.is_dir():
-            files.extend(
-                (p.relative_to(root).as_posix(), pin / p.relative_to(root))
-                for p in sorted(top.rglob("*"))
-                if p.is_file()
-            )
+    deleted_at_capture = sm.files_deleted
 
     def prepare() -> None:
-        # In a thread, before any file is read: pin them, then make what the document
-        # describes reach them (and the index header count it).
-        for rel, link in files[1:]:
-            assert isinstance(link, Path)
-            _pin(root / rel, link)
+        # In a thread, before any file is read: list and pin them, check that no apply
+        # deleted a file since the capture point, then make what the document describes
+        # reach them (and the index header count it).
+        made: set[str] = set()  # link directories made: one mkdir each, not one per file
+        for rel in list_files(root):
+            link = pin / rel
+            _pin(root / rel, link, made)
+            files.append((rel, link))
+        if sm.files_deleted != deleted_at_capture:
+            raise BrokerError("store files deleted since the capture (a topic deletion, retention)")
         sm.cqs.flush()
         sm.index.flush()
 
@@ -88,11 +92,26 @@ def capture(sm: BrokerStateMachine, snapshot_bytes: bytes) -> AppSnapshot:
     return AppSnapshot(sm.last_applied, files, prepare, release)
 
 
-def _pin(path: Path, link: Path) -> None:
+def list_files(root: Path) -> list[str]:
+    """Every ConsumeQueue and key index file under ``root``, relative, sorted (in a thread:
+    a directory walk with no stat per file)."""
+    out: list[str] = []
+    for base in (CQ_DIR, INDEX_DIR):
+        for dirpath, _dirs, names in os.walk(root / base):
+            rel = Path(dirpath).relative_to(root).as_posix()
+            out.extend(f"{rel}/{name}" for name in names)
+    out.sort()
+    return out
+
+
+def _pin(path: Path, link: Path, made: set[str]) -> None:
     """``link`` becomes a hard link to ``path`` (a copy where the file system refuses links).
     A file deleted since the capture (its topic deleted, retention) fails the transfer: the
-    leader restarts it from a new capture."""
-    link.parent.mkdir(parents=True, exist_ok=True)
+    leader restarts it from a new capture. ``made``: the link directories that exist."""
+    parent = os.path.dirname(link)
+    if parent not in made:
+        os.makedirs(parent, exist_ok=True)
+        made.add(parent)
     try:
         os.link(path, link)
     except FileNotFoundError:

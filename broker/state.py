@@ -507,6 +507,10 @@ class BrokerStateMachine:
         self.skip_log = _SkipLog()
         # Messages the dedup window answered as duplicates (metrics), on every member alike.
         self.dedup_hits = 0
+        # Applies that deleted ConsumeQueue or key index files (a topic's deletion,
+        # retention's trim): a snapshot's capture lists its files in a thread after the
+        # capture point, and fails when this moved meanwhile (broker.snapshotting).
+        self.files_deleted = 0
 
     # ------------------------------------------------------------------ wiring
 
@@ -780,6 +784,7 @@ class BrokerStateMachine:
             return
         self._trimmed_first = first
         position = log.body_position(first)
+        self.files_deleted += 1  # before: a capture listing meanwhile must not miss it
         cq_files = self.cqs.delete_files_before(position)
         index_files = self.index.delete_files_before(position)
         if cq_files or index_files:
@@ -811,6 +816,7 @@ class BrokerStateMachine:
                 self._changed()
         elif op == TOPIC_DELETE and topic.name in self.topics:
             # The queues first: a store that refuses (PATH_OUTSIDE_STORE) changes nothing.
+            self.files_deleted += 1
             self.cqs.drop_topic(topic.name)
             del self.topics[topic.name]
             for key in [k for k in self.offsets if k[1] == topic.name]:

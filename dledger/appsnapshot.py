@@ -14,7 +14,8 @@ from pathlib import Path
 class AppSnapshot:
     """The application's state at ``index``: files as (relative path, content, or a file read
     while the transfer streams). ``prepare`` (if any) runs in a thread before any file is
-    read (the broker flushes its stores there); ``release`` (if any) runs in a thread once
+    read, and ``files`` is read only after it (the broker lists and pins its files there,
+    off the event loop, and flushes its stores); ``release`` (if any) runs in a thread once
     the transfer ended, however it ended (the broker drops the links that pinned its
     files)."""
 

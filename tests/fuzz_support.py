@@ -347,7 +347,10 @@ def summarize(msg: Message | bytes, limit: int = 240) -> str:
     else:
         parts = []
         for fd, value in msg.ListFields():
-            if fd.is_repeated:
+            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+                first = next(iter(value.items()), None)  # a map: no index 0
+                parts.append(f"{fd.name}={{{len(value)} x {str(first)[:40]!r}}}")
+            elif fd.is_repeated:
                 parts.append(f"{fd.name}=[{len(value)} x {str(value[0])[:40]!r}]")
             elif isinstance(value, str | bytes):
                 parts.append(f"{fd.name}=({len(value)}){value[:40]!r}")

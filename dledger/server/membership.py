@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dledger.core import ConfState
-from dledger.core.membership import decode, joining
-from dledger.log import ConfigError
+from dledger.core.membership import ChangeKind, decode, joining
+from dledger.log import ConfigError, DLedgerError
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,58 @@ CONF_FILE = "membership.json"
 JOIN_RETRY_MS = 1000
 # The largest membership.json read (a configuration is a few KiB at most).
 CONF_FILE_MAX_BYTES = 64 << 10
+# The shared settings a Join carries (JoinRequest.shared_settings): a handful of store and
+# apply settings today; the bounds only keep a hostile request's refusal short.
+MAX_SHARED_SETTINGS = 32
+MAX_SETTING_NAME_CHARS = 64
+MAX_SETTING_VALUE_CHARS = 64
+# Differences a refusal names at most (the detail stays one short line).
+MAX_MISMATCHES_NAMED = 4
+# Nodes whose refused Join the leader remembers (a few misconfigured nodes at a time).
+MAX_REFUSED_JOINS = 16
+
+
+class IncompatibleStoreError(DLedgerError):
+    """A node asked to join with settings that differ from the group's where every member
+    must agree (the log's segment size, what the application's apply assumes): it could never
+    catch up, so it is not added. Nothing was changed."""
+
+    code = "INCOMPATIBLE_STORE"
+
+
+def _shown(text: str, limit: int) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def check_shared_settings(
+    group: str, mine: Mapping[str, str], theirs: Mapping[str, str], node_id: str
+) -> None:
+    """Refuse (:class:`IncompatibleStoreError`) a joiner whose ``theirs`` differ from this
+    group's ``mine``: a setting missing on either side differs too (a node of another
+    version). The message names each differing setting with both values."""
+    if len(theirs) > MAX_SHARED_SETTINGS:
+        raise IncompatibleStoreError(
+            f"{node_id} sent {len(theirs)} shared settings, at most {MAX_SHARED_SETTINGS}"
+        )
+    diffs = []
+    for name in sorted(set(mine) | set(theirs)):
+        want, got = mine.get(name), theirs.get(name)
+        if want == got:
+            continue
+        diffs.append(
+            f"{_shown(name, MAX_SETTING_NAME_CHARS)} is "
+            f"{'unset' if got is None else _shown(got, MAX_SETTING_VALUE_CHARS)} on {node_id}, "
+            f"{'unset' if want is None else _shown(want, MAX_SETTING_VALUE_CHARS)} in the group"
+        )
+    if diffs:
+        more = len(diffs) - MAX_MISMATCHES_NAMED
+        raise IncompatibleStoreError(
+            f"{node_id} cannot join group {group}: "
+            + "; ".join(diffs[:MAX_MISMATCHES_NAMED])
+            + (f"; and {more} more" if more > 0 else "")
+            + " (every member needs the same value: set it and start the node with an"
+            " empty store)"
+        )
 
 
 def load_conf(store_dir: str, node_id: str) -> ConfState | None:
@@ -116,3 +168,34 @@ class AddressBook:
                 if addr:
                     out.setdefault(addr, nid)
         return out
+
+
+class RefusedJoins:
+    """The leader's memory of the nodes whose Join it refused for their settings: an
+    operator's ``mqadmin addMember`` or ``promoteMember`` of such a node gets the same
+    refusal instead of adding a member that never catches up. Kept in memory (a new leader
+    learns again at the node's next Join), at most :data:`MAX_REFUSED_JOINS`, oldest first
+    out; a node's accepted Join forgets it."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, str] = {}  # node id -> the refusal's text
+
+    def check(
+        self, group: str, mine: Mapping[str, str], theirs: Mapping[str, str], node_id: str
+    ) -> None:
+        """:func:`check_shared_settings`, remembering the outcome for ``node_id``."""
+        try:
+            check_shared_settings(group, mine, theirs, node_id)
+        except IncompatibleStoreError as exc:
+            self._by_id.pop(node_id, None)
+            if len(self._by_id) >= MAX_REFUSED_JOINS:
+                del self._by_id[next(iter(self._by_id))]
+            self._by_id[node_id] = str(exc)
+            raise
+        self._by_id.pop(node_id, None)
+
+    def check_change(self, kind: ChangeKind, node_id: str) -> None:
+        """Refuse adding or promoting a node whose Join was refused (removing it is fine)."""
+        refused = self._by_id.get(node_id)
+        if refused is not None and kind is not ChangeKind.REMOVE:
+            raise IncompatibleStoreError(refused)

@@ -63,7 +63,17 @@ from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.guard import CallGuard, GuardInterceptor
 from dledger.server.members import Refused, stream_sender
-from dledger.server.membership import JOIN_RETRY_MS, AddressBook, load_conf, save_conf
+from dledger.server.membership import (
+    JOIN_RETRY_MS,
+    MAX_SETTING_NAME_CHARS,
+    MAX_SETTING_VALUE_CHARS,
+    MAX_SHARED_SETTINGS,
+    AddressBook,
+    IncompatibleStoreError,
+    RefusedJoins,
+    load_conf,
+    save_conf,
+)
 from dledger.server.metrics import RaftStats
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
@@ -73,6 +83,7 @@ from dledger.server.snapshots import (
     SnapshotReceiver,
     SnapshotRefused,
     SnapshotSender,
+    clear_staging,
     finish_install,
     install_app,
     pending_install,
@@ -234,6 +245,13 @@ class NodeConfig:
     # together (dledger.server.snapshots.Pacer), so that catching a member up does not
     # starve the leader's clients.
     snapshot_bytes_per_s: int = DEFAULT_SNAPSHOT_BYTES_PER_S
+    # Settings every member must share, name -> value as the operator sets them (the broker:
+    # its dedup window, which every member's apply uses). A Join from a node whose settings
+    # differ is refused (INCOMPATIBLE_STORE): it could never catch up. The log's segment size
+    # is always one of them, named segment_size_setting (the broker: mappedFileSizeCommitLog):
+    # a snapshot carries the segments as they are and replicas share data positions.
+    shared_settings: Mapping[str, str] = field(default_factory=dict)
+    segment_size_setting: str = "segment_size_bytes"
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -258,6 +276,28 @@ class NodeConfig:
                 f"[{MIN_SNAPSHOT_BYTES_PER_S}, {MAX_SNAPSHOT_BYTES_PER_S}]"
             )
         self._check_tls()
+        self._check_shared_settings()
+
+    def _check_shared_settings(self) -> None:
+        named = self.all_shared_settings()
+        if len(named) != len(self.shared_settings) + 1 or len(named) > MAX_SHARED_SETTINGS:
+            raise ConfigError(
+                f"shared_settings: at most {MAX_SHARED_SETTINGS - 1}, and not "
+                f"{self.segment_size_setting!r} (the node adds it)"
+            )
+        if any(
+            not 0 < len(k) <= MAX_SETTING_NAME_CHARS or len(v) > MAX_SETTING_VALUE_CHARS
+            for k, v in named.items()
+        ):
+            raise ConfigError(
+                f"shared_settings: names of 1 to {MAX_SETTING_NAME_CHARS} characters, values "
+                f"of at most {MAX_SETTING_VALUE_CHARS}"
+            )
+
+    def all_shared_settings(self) -> dict[str, str]:
+        """What a Join sends and the member asked compares: the segment size and the rest."""
+        segment = {self.segment_size_setting: str(self.store.segment_size_bytes)}
+        return {**self.shared_settings, **segment}
 
     def _check_tls(self) -> None:
         tls = self.tls
@@ -334,6 +374,7 @@ class DLedgerNode:
         # registering with the NameServers).
         self.removed_listeners: list[Callable[[], None]] = []
         self._removed_told = False
+        self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
@@ -366,6 +407,8 @@ class DLedgerNode:
         try:
             if interrupted is not None:
                 finish_install(cfg.store_dir)  # a crash stopped a snapshot install: finish it
+            else:
+                clear_staging(cfg.store_dir)  # a transfer a crash cut short
             self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc
@@ -689,6 +732,7 @@ class DLedgerNode:
         """One membership change on the leader, answered once committed and applied. Raises
         the core's errors (``ConfChangeError``, ``ConfChangePendingError``, ...),
         :class:`ProposalLostError` or asyncio.TimeoutError."""
+        self._refused_joins.check_change(change.kind, change.node_id)
         conf = self.core.conf_state
         proposal = self.core.propose_conf_change(
             change, self._book.in_use(conf), self._book.known(conf.members)
@@ -795,6 +839,14 @@ class DLedgerNode:
         leader = self.core.leader_id or ""
         if self.core.role is not Role.LEADER:
             return pb.JoinResponse(members=self.members(), leader_id=leader, added=False)
+        # The leader decides, before anything changes (a member added by mqadmin too: its
+        # Join is where the node's settings are first seen).
+        self._refused_joins.check(
+            self.cfg.group,
+            self.cfg.all_shared_settings(),
+            request.shared_settings,
+            request.node_id,
+        )
         change = ConfChange(
             ChangeKind.ADD_LEARNER, request.node_id, request.peer_addr, request.client_addr
         )
@@ -812,6 +864,7 @@ class DLedgerNode:
             node_id=self.cfg.self_id,
             peer_addr=self.cfg.peers[self.cfg.self_id],
             client_addr=self.cfg.public_client_addr,
+            shared_settings=self.cfg.all_shared_settings(),
         )
         metadata = (("x-raftmq-group", self.cfg.group), ("x-raftmq-from", self.cfg.self_id))
         addr = self.cfg.join_addr
@@ -823,6 +876,10 @@ class DLedgerNode:
                     )
             except grpc.aio.AioRpcError as exc:
                 info = status.read_error(exc)
+                if info is not None and info.code == IncompatibleStoreError.code:
+                    # It can never catch up: end (mqcluster status and add show this line)
+                    # rather than wait for ever as a learner of nothing.
+                    fatal("join", f"join refused: {exc.details()}")
                 if info is not None and not info.retryable:
                     logger.error("node=%s join refused: %s", self.cfg.self_id, exc.details())
                     return

@@ -36,6 +36,7 @@ from dledger.core import (
 )
 from dledger.log import DLedgerError, LogCompactedError
 from dledger.server.errors import ProposalLostError
+from dledger.server.membership import IncompatibleStoreError
 from dledger.storage import DiskFullError
 
 # Bytes of a text detail at most: gRPC carries it in a header (twice: as grpc-message and in
@@ -191,6 +192,7 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
         ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
         UnknownPeerError: grpc.StatusCode.INVALID_ARGUMENT,
         ConfChangeError: grpc.StatusCode.FAILED_PRECONDITION,
+        IncompatibleStoreError: grpc.StatusCode.FAILED_PRECONDITION,
         LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
     }
     for cls, code in status.items():

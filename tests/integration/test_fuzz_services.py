@@ -74,6 +74,7 @@ from raftmq.nameserver.v1 import nameserver_pb2 as npb
 from support import pulled, wait_for
 
 from broker.cluster import ClusterError, LocalCluster
+from broker.config import load_config, node_config
 from broker.state import ENTRY_TOPIC, TOPIC_DELETE, TOPIC_UPSERT, TopicConfig, encode_topic_record
 from dledger.server.client import ClientError, LogClient
 from dledger.server.status import read_error
@@ -857,6 +858,7 @@ _JOIN_AND_SNAPSHOT_REACHED = (
     "DLedgerPeer.Join OK",
     "DLedgerPeer.Join PERMISSION_DENIED NOT_A_MEMBER",
     "DLedgerPeer.Join PERMISSION_DENIED PEER_IDENTITY",
+    "DLedgerPeer.Join FAILED_PRECONDITION INCOMPATIBLE_STORE",
     "DLedgerPeer.InstallSnapshot PERMISSION_DENIED NOT_A_MEMBER",
     "DLedgerPeer.InstallSnapshot FAILED_PRECONDITION SNAPSHOT_REFUSED header",
     "DLedgerPeer.InstallSnapshot FAILED_PRECONDITION SNAPSHOT_REFUSED file",
@@ -939,12 +941,24 @@ def test_fuzz_peer_join_and_snapshots(
             ),
         ]
     )
+    # The group's own shared settings (what gets past the settings check), one changed,
+    # none, or hostile maps.
+    shared = node_config(load_config(cluster.nodes[0].conf)).all_shared_settings()
+    settings_maps = _weighted(
+        [
+            (4, st.just(shared)),
+            (1, st.just({**shared, "mappedFileSizeCommitLog": "65536"})),
+            (1, st.just({})),
+            (1, st.dictionaries(SMALL_STRINGS, SMALL_STRINGS, max_size=40)),
+        ]
+    )
     plausible_join = st.builds(
         dpb.JoinRequest,
         group=st.sampled_from([group, group, group, "broker-b", ""]),
         node_id=st.sampled_from([_CALLER] * 6 + [*MEMBER_IDS, "n9", "", "bad id"]),
         peer_addr=SMALL_STRINGS,
         client_addr=SMALL_STRINGS,
+        shared_settings=settings_maps,
     )
     joins = _weighted(
         [(6, plausible_join), (1, messages(dpb.JoinRequest.DESCRIPTOR)), (1, RAW_BYTES)]
@@ -983,6 +997,19 @@ def test_fuzz_peer_join_and_snapshots(
             code, detail = call_unary(channels[self_pair], JOIN_RPC, request, CALL_TIMEOUT_S)
             check("DLedgerPeer.Join", JOIN_RPC.allowed, f"{self_pair} {request}", code, detail)
             one_transfer(self_pair, [dpb.SnapshotChunk(header=dpb.SnapshotHeader(term=md.term))])
+
+        # Known: a member asking the leader with another segment size (refused, nothing
+        # added; asked again should the leadership move meanwhile).
+        def odd_settings_refused() -> bool:
+            leader = cluster.wait_leader(LEADER_WAIT_S)
+            caller = next(n.node_id for n in cluster.nodes if n.node_id != leader)
+            odd = {**shared, "mappedFileSizeCommitLog": "65536"}
+            request = dpb.JoinRequest(group=group, node_id=caller, shared_settings=odd)
+            code, detail = call_unary(channels[(caller, leader)], JOIN_RPC, request, CALL_TIMEOUT_S)
+            check("DLedgerPeer.Join", JOIN_RPC.allowed, f"{caller} {request}", code, detail)
+            return code is SC.FAILED_PRECONDITION
+
+        wait_for(odd_settings_refused, LEADER_WAIT_S, "the leader refusing other settings")
         # Known: a member's transfer whose file walks out of staging onto the victim's file.
         walk_out = [
             dpb.SnapshotChunk(

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import pytest
 from support import create_topic, pull_ids, wait_for
 
-from broker.cluster import LocalCluster
+from broker.cluster import ClusterError, LocalCluster
+from broker.config import load_config
 from client import Message, MQClientError, Producer, PullConsumer
 from client.mqadmin import main as mqadmin
 from dledger.server.client import ClientError, LogClient
@@ -165,7 +166,7 @@ def _audit_clean(cluster: LocalCluster) -> None:
 
 
 def test_bad_changes_are_refused_and_change_nothing(
-    local_group: Callable[..., LocalCluster],
+    local_group: Callable[..., LocalCluster], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A secure group: the new node gets a member certificate naming its id, and the peer
     # ports' member check follows the configuration.
@@ -199,6 +200,7 @@ def test_bad_changes_are_refused_and_change_nothing(
                 client.change_member(kind, nid, addr, timeout_s=5)
             assert text in str(info.value), (kind, nid, str(info.value))
             assert info.value.status in ("FAILED_PRECONDITION", "INVALID_ARGUMENT")
+        _incompatible_join_is_refused(cluster, client, before, capsys)
         # Below a majority: with two nodes down, removing the third voter would leave a
         # group of two of which one is up.
         leader = cluster.wait_leader()
@@ -217,3 +219,37 @@ def test_bad_changes_are_refused_and_change_nothing(
         after = client.list_members()
         assert [(m.id, m.role) for m in after.members] == [(m.id, m.role) for m in before.members]
         assert after.config_index == before.config_index > 0
+
+
+def _incompatible_join_is_refused(
+    cluster: LocalCluster,
+    client: LogClient,
+    before: object,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A node with another segment size is refused at its Join with the key and both values,
+    `mqcluster add` says so and forgets it, and an operator's addMember of that node is
+    refused the same way (the leader remembers the refusal): the group is unchanged."""
+    seg = load_config(cluster.nodes[0].conf).mappedFileSizeCommitLog
+    with pytest.raises(ClusterError) as info:
+        cluster.add_node(promote=False, timeout_s=60, extra={"mappedFileSizeCommitLog": "131072"})
+    text = str(info.value)
+    refused = text.split()[0]
+    assert "INCOMPATIBLE_STORE" in text and "did not join: the group is unchanged" in text, text
+    assert f"'mappedFileSizeCommitLog' is '131072' on {refused}, '{seg}' in the group" in text
+    assert refused not in {n.node_id for n in cluster.nodes}
+    assert not (cluster.base / f"{refused}.conf").exists()
+    after = client.list_members()
+    assert [(m.id, m.role) for m in after.members] == [
+        (m.id, m.role)
+        for m in before.members  # type: ignore[attr-defined]
+    ]
+    addr = cluster.nodes[0].client_addr
+    # -a names the group by a node; mqadmin wants a NameServer address all the same.
+    argv = [*cluster.tool_argv(), "-n", "127.0.0.1:9", "addMember", "-a", addr, "-i", refused]
+    argv += ["-p", "127.0.0.1:9"]
+    capsys.readouterr()
+    code, err = mqadmin(argv), capsys.readouterr().err
+    assert code == 1 and "INCOMPATIBLE_STORE (FAILED_PRECONDITION)" in err, err
+    assert "mappedFileSizeCommitLog" in err and "131072" in err and str(seg) in err, err
+    assert [m.id for m in client.list_members().members] == [m.id for m in after.members]

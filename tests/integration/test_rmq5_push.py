@@ -94,22 +94,32 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         cluster.down(grace_s=5.0)
 
 
+# Numbers the clients' stderr files (several clients of one script share a HOME).
+_CLIENT_SEQ = itertools.count(1)
+
+
 class Client:
-    """An official client's script in its own process; its JSON lines gathered by a thread."""
+    """An official client's script in its own process; its JSON lines gathered by a thread.
+    Its stderr goes to a file in ``home`` (``<script>-<n>.err``), never to a pipe: a pipe
+    read only at the end fills up with the client's logging, and the client then stalls on
+    its next write (as test_rmq5_timer.py's clients learnt). Its stdin stays open: the
+    consumer scripts run until it closes (:meth:`kill` ends them sooner)."""
 
     def __init__(self, argv: list[str], home: Path, node: bool) -> None:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
         if node:
             env["NODE_PATH"] = str(NODE_MODULES)
         self.argv = argv
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        self.err_path = home / f"{Path(argv[1]).stem}-{next(_CLIENT_SEQ)}.err"
+        with self.err_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
         self.lines: list[dict[str, Any]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -130,15 +140,22 @@ class Client:
         finally:
             self.kill()
         self._reader.join(timeout=5)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        assert self.proc.returncode == 0, f"{self.argv[:3]} failed: {err[-3000:]}"
+        err = self.stderr_tail(3000)
+        assert self.proc.returncode == 0, f"{self.argv[:3]} failed: {err}"
         assert self.lines and "done" in self.lines[-1], (self.lines[-3:], err[-2000:])
         return self.lines[:-1]
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The end of what the client wrote to stderr (its file: readable at any time)."""
+        text = self.err_path.read_text(errors="replace")
+        return f"stderr ({self.err_path}): {text[-limit:]}" if text else "stderr: empty"
 
     def stop(self) -> list[dict[str, Any]]:
         """A consumer, once the test saw what it waits for: killed (a clean shutdown waits out
         its long-polling receives, 20 s); every line it printed."""
-        assert self.proc.poll() is None, f"{self.argv[:3]} ended early: {self.lines[-3:]}"
+        assert self.proc.poll() is None, (
+            f"{self.argv[:3]} ended early: {self.lines[-3:]} {self.stderr_tail()}"
+        )
         self.kill()
         self._reader.join(timeout=5)
         return list(self.lines)
@@ -169,6 +186,10 @@ def _started(consumer: Client) -> None:
         ),
         WAIT_S,
         f"{consumer.argv[1]} started",
+    )
+    assert consumer.proc.poll() is None, (
+        f"{consumer.argv[1]} ended before it started: {consumer.lines[-3:]} "
+        f"{consumer.stderr_tail()}"
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as npb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as npb_grpc
@@ -318,6 +319,37 @@ def test_peer_streams_without_a_member_certificate_of_this_group_are_refused(
     assert final[refusals.PEER_IDENTITY] == after[refusals.PEER_IDENTITY] + 1
     assert final[refusals.PEER_CERTIFICATE] == after[refusals.PEER_CERTIFICATE]
     _nothing_changed(g, before, "a member claiming the leader's id")
+
+
+def test_a_join_without_a_member_certificate_of_this_group_is_refused(group: Group) -> None:
+    """Secure by default, DLedgerPeer.Join needs a member certificate of this group naming
+    the joiner (docs/SECURITY.md, threat 2): without one, with another CA's, or with another
+    group's, nobody is added as a learner and the membership stays as it was."""
+    g = group
+    with g.log_client() as client:
+        before = client.list_members()
+    leader = _state(g)[0]
+    addr = f"127.0.0.1:{g.cluster.node(leader).peer_port}"
+    foreign = TlsFiles(g.foreign.cert_path, g.foreign.key_path, g.ca.cert_path)
+    cases = [
+        ("n9", g.tls, grpc.StatusCode.UNAVAILABLE, ""),  # no certificate: handshake refused
+        ("n1", foreign, grpc.StatusCode.UNAVAILABLE, ""),  # another CA: handshake refused
+        ("n0", g.stranger, grpc.StatusCode.PERMISSION_DENIED, "NOT_A_MEMBER"),  # broker-b's
+    ]
+    for node_id, files, status, code in cases:
+        request = dpb.JoinRequest(
+            group=GROUP, node_id=node_id, peer_addr="127.0.0.1:9", client_addr="127.0.0.1:9"
+        )
+        metadata = (("x-raftmq-group", GROUP), ("x-raftmq-from", node_id))
+        security = files if isinstance(files, ClientSecurity) else ClientSecurity(tls=files)
+        with open_channel(addr, security) as ch, pytest.raises(grpc.RpcError) as err:
+            dpb_grpc.DLedgerPeerStub(ch).Join(request, metadata=metadata, timeout=5)
+        assert err.value.code() is status, (node_id, err.value)
+        assert (err.value.details() or "").startswith(code), (node_id, err.value.details())
+    with g.log_client() as client:
+        after = client.list_members()
+    assert [(m.id, m.role) for m in after.members] == [(m.id, m.role) for m in before.members]
+    assert after.config_index == before.config_index
 
 
 def _call(g: Group, method: str, request: object, metadata: tuple = ()) -> grpc.RpcError:

@@ -8,7 +8,19 @@ import pytest
 
 from dledger.core import ChangeKind, ConfChange, ConfState
 from dledger.log import ConfigError
-from dledger.server.membership import CONF_FILE, AddressBook, load_conf, save_conf
+from dledger.server.membership import (
+    CONF_FILE,
+    MAX_REFUSED_JOINS,
+    MAX_SHARED_SETTINGS,
+    AddressBook,
+    IncompatibleStoreError,
+    RefusedJoins,
+    check_shared_settings,
+    load_conf,
+    save_conf,
+)
+from dledger.server.node import NodeConfig
+from dledger.storage import StoreConfig
 
 
 def test_saved_configuration_round_trips(tmp_path: Path) -> None:
@@ -60,3 +72,77 @@ def test_address_book_prefers_the_settings_then_the_configuration_then_what_it_l
         "n1": ("h:2", ""),
         "n2": ("h:3", "h:13"),
     }
+
+
+GROUP_SETTINGS = {"mappedFileSizeCommitLog": "1073741824", "dedupWindowSeconds": "600"}
+
+
+def test_a_join_with_other_shared_settings_is_refused_naming_each_and_both_values() -> None:
+    check_shared_settings("g", GROUP_SETTINGS, dict(GROUP_SETTINGS), "n3")  # the same: fine
+    theirs = {"mappedFileSizeCommitLog": "65536", "extra": "1"}
+    with pytest.raises(IncompatibleStoreError) as info:
+        check_shared_settings("g", GROUP_SETTINGS, theirs, "n3")
+    text = str(info.value)
+    assert info.value.code == "INCOMPATIBLE_STORE"
+    assert "'mappedFileSizeCommitLog' is '65536' on n3, '1073741824' in the group" in text
+    # Missing on either side differs too (a node of another version).
+    assert "'dedupWindowSeconds' is unset on n3, '600' in the group" in text
+    assert "'extra' is '1' on n3, unset in the group" in text
+    # A hostile request cannot make the refusal long.
+    many = {f"k{i}" * 40: "v" * 500 for i in range(MAX_SHARED_SETTINGS)}
+    with pytest.raises(IncompatibleStoreError) as info:
+        check_shared_settings("g", GROUP_SETTINGS, many, "n3")
+    assert len(str(info.value)) < 1000 and "more" in str(info.value)
+    with pytest.raises(IncompatibleStoreError, match="at most"):
+        check_shared_settings("g", GROUP_SETTINGS, {**many, "x": "y"}, "n3")
+
+
+def test_the_leader_refuses_adding_or_promoting_a_node_whose_join_it_refused() -> None:
+    refused = RefusedJoins()
+    with pytest.raises(IncompatibleStoreError):
+        refused.check("g", GROUP_SETTINGS, {}, "n3")
+    for kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER, ChangeKind.PROMOTE):
+        with pytest.raises(IncompatibleStoreError, match="n3 cannot join group g"):
+            refused.check_change(kind, "n3")
+    refused.check_change(ChangeKind.REMOVE, "n3")  # removing it is always possible
+    refused.check_change(ChangeKind.ADD_LEARNER, "n4")  # no Join seen: nothing known
+    refused.check("g", GROUP_SETTINGS, dict(GROUP_SETTINGS), "n3")  # fixed and restarted
+    refused.check_change(ChangeKind.PROMOTE, "n3")
+    for i in range(MAX_REFUSED_JOINS + 1):  # bounded: the oldest goes first
+        with pytest.raises(IncompatibleStoreError):
+            refused.check("g", GROUP_SETTINGS, {}, f"m{i}")
+    refused.check_change(ChangeKind.PROMOTE, "m0")
+    with pytest.raises(IncompatibleStoreError):
+        refused.check_change(ChangeKind.PROMOTE, f"m{MAX_REFUSED_JOINS}")
+
+
+def test_a_node_config_always_shares_its_segment_size(tmp_path: Path) -> None:
+    peers = {"n0": "127.0.0.1:1"}
+    store = StoreConfig(segment_size_bytes=1 << 20)
+    cfg = NodeConfig("g", "n0", peers, "127.0.0.1", 2, str(tmp_path), store)
+    assert cfg.all_shared_settings() == {"segment_size_bytes": str(1 << 20)}
+    cfg = NodeConfig(
+        "g",
+        "n0",
+        peers,
+        "127.0.0.1",
+        2,
+        str(tmp_path),
+        store,
+        segment_size_setting="mappedFileSizeCommitLog",
+        shared_settings={"dedupWindowSeconds": "600"},
+    )
+    assert cfg.all_shared_settings() == {
+        "dedupWindowSeconds": "600",
+        "mappedFileSizeCommitLog": str(1 << 20),
+    }
+    with pytest.raises(ConfigError, match="the node adds it"):
+        NodeConfig(
+            "g",
+            "n0",
+            peers,
+            "127.0.0.1",
+            2,
+            str(tmp_path),
+            shared_settings={"segment_size_bytes": "1"},
+        )

@@ -8,25 +8,32 @@ The sender paces its transfers and backs off a follower that keeps failing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
+from broker.cluster import _free_ports
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import ConfState, Role, SnapshotRequest
 from dledger.core.membership import MemberAddr, joining
-from dledger.log import Entry
+from dledger.log import DLedgerError, Entry
+from dledger.server import snapshots
 from dledger.server.membership import load_conf, save_conf
-from dledger.server.node import LogOnlyStateMachine
+from dledger.server.node import DLedgerNode, LogOnlyStateMachine, NodeConfig
 from dledger.server.snapshots import (
     INSTALL_MARKER,
+    MAX_SNAPSHOT_BYTES_PER_S,
     MIN_SNAPSHOT_BYTES_PER_S,
     SNAPSHOT_CHUNK_BYTES,
     STAGING_DIR,
     Pacer,
+    SnapshotReceiver,
     SnapshotRefused,
     SnapshotSender,
     _check_header,
@@ -35,6 +42,7 @@ from dledger.server.snapshots import (
     _digest_update,
     _log_pieces,
     _Staging,
+    clear_staging,
     finish_install,
     install_app,
     make_ready,
@@ -269,7 +277,7 @@ def test_a_transfer_is_paced_at_the_configured_rate(tmp_path: Path) -> None:
     async def stream() -> list[pb.SnapshotChunk]:
         sparse = AppSnapshot(500, [("index/f", bytes(4 << 20))])  # a sparse key index file
         it = _chunks(node, req, header, ext.end_position, sparse)  # type: ignore[arg-type]
-        return [c async for c in it]
+        return [pb.SnapshotChunk.FromString(c) async for c in it]
 
     chunks = asyncio.run(stream())
     src.close()
@@ -301,3 +309,192 @@ def test_restarts_back_off_per_follower() -> None:
     delays = [sender.retry_delay_ms("n3") for _ in range(8)]
     assert delays == [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
     assert sender.retry_delay_ms("n4") == 1000  # another follower's count is its own
+
+
+# ---------------------------------------------------------- nothing of a failed transfer stays
+
+
+class _Core:
+    """What the receiver reads of the core; ``accept``: whether a staged snapshot is taken."""
+
+    def __init__(self, accept: bool) -> None:
+        self.term = 3
+        self.commit_index = 10
+        self.pending_snapshot: SimpleNamespace | None = None
+        self.accept = accept
+
+    def step(self, m: object) -> None:
+        if self.accept:
+            self.pending_snapshot = SimpleNamespace(index=m.snapshot_index)  # type: ignore[attr-defined]
+
+
+def _receiver(root: Path, accept: bool = True) -> SnapshotReceiver:
+    core = _Core(accept)
+    node = SimpleNamespace(
+        cfg=SimpleNamespace(store_dir=str(root), self_id="n3"),
+        store=SimpleNamespace(config=CFG),
+        core=core,
+        drops=[],
+    )
+    node.note_drop = lambda reason, detail: node.drops.append(reason)
+    node.step_local = core.step
+    return SnapshotReceiver(node)  # type: ignore[arg-type]
+
+
+def _transfer(
+    files: list[tuple[str, bytes]], *, trailer: bool = True, digest: bytes | None = None
+) -> list[pb.SnapshotChunk]:
+    """A transfer of ``files`` (a correct trailer unless ``digest`` says another sum)."""
+    h = _header(snapshot_index=100, start_position=0)
+    chunks = [pb.SnapshotChunk(header=h)]
+    sha = hashlib.sha256()
+    for name, data in files:
+        _digest_update(sha, name, 0, data, 0)
+        chunks.append(pb.SnapshotChunk(data=pb.SnapshotData(name=name, offset=0, data=data)))
+    total = sum(len(d) for _, d in files)
+    if trailer:
+        end = pb.SnapshotTrailer(total_bytes=total, sha256=digest or sha.digest())
+        chunks.append(pb.SnapshotChunk(trailer=end))
+    return chunks
+
+
+async def _stream(chunks: list[pb.SnapshotChunk], then: BaseException | None = None) -> Any:
+    for c in chunks:
+        yield c
+    if then is not None:
+        raise then
+
+
+def _receive(rx: SnapshotReceiver, chunks: list[pb.SnapshotChunk], **kw: Any) -> pb.SnapshotReply:
+    return asyncio.run(rx.receive("n0", _stream(chunks, **kw)))
+
+
+def _staged_files(root: Path) -> list[str]:
+    staging = root / STAGING_DIR
+    return sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+
+
+SEGMENT = ("log/00000000000000000000", b"entries")
+APP = ("app/config/snapshot.json", b"{}")
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["checksum", "size", "bad_name", "out_of_order", "ended_early", "sender_gone", "second_header"],
+)
+def test_a_refused_or_broken_transfer_leaves_no_staging(tmp_path: Path, case: str) -> None:
+    rx = _receiver(tmp_path)
+    chunks = _transfer([SEGMENT, APP])
+    then: BaseException | None = None
+    if case == "checksum":
+        chunks = _transfer([SEGMENT, APP], digest=b"\0" * 32)
+    elif case == "size":
+        chunks[-1].trailer.total_bytes += 1
+    elif case == "bad_name":
+        chunks.insert(2, pb.SnapshotChunk(data=pb.SnapshotData(name="app/../x", data=b"x")))
+    elif case == "out_of_order":
+        chunks.insert(3, chunks[1])  # the segment again, after the next file began
+    elif case == "ended_early":
+        chunks = chunks[:-1]
+    elif case == "sender_gone":  # gRPC cancels the handler when the caller goes away
+        chunks, then = chunks[:-1], asyncio.CancelledError()
+    else:
+        chunks.insert(2, chunks[0])
+    with pytest.raises(asyncio.CancelledError if then else SnapshotRefused):
+        _receive(rx, chunks, then=then)
+    assert _staged_files(tmp_path) == []
+    assert not (tmp_path / STAGING_DIR / "incoming").exists()
+    # The next transfer starts clean and stages only its own files.
+    reply = _receive(rx, _transfer([SEGMENT, ("app/other", b"y")]))
+    assert reply.accepted
+    assert _staged_files(tmp_path) == [
+        "ready/app/other",
+        "ready/header.json",
+        "ready/log/00000000000000000000",
+    ]
+
+
+def test_a_stale_or_unaccepted_transfer_leaves_nothing_staged(tmp_path: Path) -> None:
+    rx = _receiver(tmp_path, accept=False)
+    old_term = _transfer([SEGMENT])
+    old_term[0].header.term = 2  # a leader of an earlier term
+    old_index = _transfer([SEGMENT])
+    old_index[0].header.base_index = 5
+    old_index[0].header.snapshot_index = 10  # not above the commit index: nothing to send
+    for stale in (old_term, old_index):
+        assert not _receive(rx, stale).accepted
+        assert _staged_files(tmp_path) == []
+    # Complete and verified, but the core did not take it (it follows another leader now).
+    assert not _receive(rx, _transfer([SEGMENT, APP])).accepted
+    assert _staged_files(tmp_path) == [] and not rx._staged
+
+
+def test_startup_removes_what_an_interrupted_transfer_left(tmp_path: Path) -> None:
+    staging = tmp_path / STAGING_DIR
+    for leftover in ("incoming/log/00000000000000000000", "ready/app/config/snapshot.json"):
+        (staging / leftover).parent.mkdir(parents=True, exist_ok=True)
+        (staging / leftover).write_bytes(b"half")
+    assert pending_install(str(tmp_path)) is None
+    clear_staging(str(tmp_path))
+    assert not staging.exists()
+    clear_staging(str(tmp_path))  # nothing there: fine
+    # An install to finish is never cleared as leftovers.
+    root = _stage_transfer(tmp_path / "x")
+    atomic_write(root / STAGING_DIR / INSTALL_MARKER, b"install\n")
+    with pytest.raises(DLedgerError, match="install to finish"):
+        clear_staging(str(root))
+
+
+def test_a_node_starts_without_the_leftovers_of_a_transfer_a_crash_cut_short(
+    tmp_path: Path,
+) -> None:
+    peer_port, other_port, client_port = _free_ports(3)
+    peers = {"n0": f"127.0.0.1:{peer_port}", "n1": f"127.0.0.1:{other_port}"}
+    store_dir = tmp_path / "s"
+    cfg = NodeConfig("g", "n0", peers, "127.0.0.1", client_port, str(store_dir), CFG)
+    leftover = store_dir / STAGING_DIR / "incoming" / "log" / "00000000000000000000"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a segment")
+
+    async def run() -> None:
+        node = DLedgerNode(dataclasses.replace(cfg, election_timeout_ms=60_000), seed=1)
+        await node.start()
+        await node.stop()
+
+    asyncio.run(run())
+    assert not (store_dir / STAGING_DIR).exists()
+
+
+def test_chunks_are_hashed_and_encoded_off_the_loop_and_verify_at_the_receiver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1, i, bytes([i % 251]) * 3000) for i in range(1, 60)])
+    src.flush()
+    ext = src.snapshot_extent(59)
+    out = SimpleNamespace(pacer=Pacer(MAX_SNAPSHOT_BYTES_PER_S), bytes_sent=0)
+    node = SimpleNamespace(core=SimpleNamespace(role=Role.LEADER, term=3), store=src)
+    node.snapshots_out = out
+    header = _header(snapshot_index=100, start_position=ext.start_position)
+    app = AppSnapshot(59, [("config/snapshot.json", b"{}"), ("index/f", bytes(70_000))])
+    hashed_in: list[threading.Thread] = []
+    real_update = snapshots._digest_update
+
+    def update(*args: Any) -> None:
+        hashed_in.append(threading.current_thread())
+        real_update(*args)
+
+    monkeypatch.setattr(snapshots, "_digest_update", update)
+
+    async def stream() -> list[pb.SnapshotChunk]:
+        it = _chunks(node, SnapshotRequest("n3", 3), header, ext.end_position, app)  # type: ignore[arg-type]
+        return [pb.SnapshotChunk.FromString(c) async for c in it]
+
+    chunks = asyncio.run(stream())
+    src.close()
+    assert hashed_in and all(t is not threading.main_thread() for t in hashed_in)
+    monkeypatch.undo()
+    rx = _receiver(tmp_path / "n3")
+    assert _receive(rx, chunks).accepted  # the receiver's digest agrees with the sender's
+    staged = _staged_files(tmp_path / "n3")
+    assert "ready/app/index/f" in staged and "ready/app/config/snapshot.json" in staged

@@ -197,16 +197,25 @@ class SnapshotReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., received_bytes: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group", "node_id", "peer_addr", "client_addr")
+    __slots__ = ("group", "node_id", "peer_addr", "client_addr", "shared_settings")
+    class SharedSettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     GROUP_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
+    SHARED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     group: str
     node_id: str
     peer_addr: str
     client_addr: str
-    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ...) -> None: ...
+    shared_settings: _containers.ScalarMap[str, str]
+    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ..., shared_settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("members", "leader_id", "added")
