@@ -51,6 +51,9 @@ Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in
    made durable).
 4. apply ``rd.committed`` in order (consecutive indices, continuing the previous Ready; each
    is stable or in ``rd.entries``). ``Entry.type`` NOOP entries carry no data; skip them.
+   Those below the first index the job of 2 writes are stable already and may be applied
+   while that job runs (the server does, so the apply overlaps the fsync); the others only
+   after it.
 5. ``node.advance(rd)``: what 2 wrote is stable.
 6. if ``rd.notices_held``: call ``node.release_notices()`` COMMIT_NOTICE_LINGER_MS later,
    unless such a call is already pending; if not, cancel a pending call (optional: it would

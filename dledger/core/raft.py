@@ -120,7 +120,8 @@ class Ready:
     # Messages to send only after the persist: votes, vote requests, append answers.
     messages: tuple[Message, ...]
     # Committed entries to apply, consecutive, continuing the previous Ready. All are stable
-    # or in ``entries`` (so they are applied only after the persist).
+    # or in ``entries``: those in ``entries`` are applied only after the persist, the stable
+    # ones may be applied while it runs.
     committed: tuple[Entry, ...]
     # Role, term and leader when they changed since the last Ready, else None.
     soft_state: SoftState | None

@@ -918,23 +918,20 @@ class DLedgerNode:
             self.snapshots_out.start(req)
         if rd.snapshot is not None:
             await self._install_snapshot(rd.snapshot)
+        conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
+        committed = rd.committed
         if rd.must_persist():
-            await self._persist(rd)
+            stable = () if conf_committed or rd.snapshot is not None else _stable_prefix(rd)
+            if stable:
+                await self._persist_applying(rd, stable)
+                committed = committed[len(stable) :]
+            else:
+                await self._persist(rd)
         for m in rd.messages:
             transport.send(m)
-        conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
         if conf_committed:
             await self._save_committed_conf(rd.committed)
-        if rd.committed:
-            try:
-                failpoints.hit("apply")
-                self.sm.apply(rd.committed)
-            except Exception as exc:
-                # The application's state is unknown after a failed apply: end the
-                # process now (recovery replays from its checkpoint).
-                fatal("apply", exc)
-            self._applied = rd.committed[-1].index
-            self._resolve_waiters(self._applied)
+        self._apply(committed)
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
         self.core.advance(rd)
@@ -942,6 +939,32 @@ class DLedgerNode:
             self._sync_members()
         self._arm_notice_release(rd.notices_held)
         await self._maybe_checkpoint()
+
+    async def _persist_applying(self, rd: Ready, stable: Sequence[Entry]) -> None:
+        """The Ready's persist job, and meanwhile the apply of ``stable``: committed entries
+        that earlier jobs already stored, so that what they answer does not wait for this
+        job's fsync (the disk and the apply overlap, as etcd's apply and WAL write do;
+        docs/PERFORMANCE.md "SYNC_FLUSH at 16 and 256 in flight")."""
+        job = asyncio.ensure_future(self._persist(rd))
+        try:
+            await asyncio.sleep(0)  # the job reaches the flush thread before the apply runs
+            self._apply(stable)
+        finally:
+            await job
+
+    def _apply(self, committed: Sequence[Entry]) -> None:
+        """Apply committed entries in order and answer the proposals they complete."""
+        if not committed:
+            return
+        try:
+            failpoints.hit("apply")
+            self.sm.apply(committed)
+        except Exception as exc:
+            # The application's state is unknown after a failed apply: end the
+            # process now (recovery replays from its checkpoint).
+            fatal("apply", exc)
+        self._applied = committed[-1].index
+        self._resolve_waiters(self._applied)
 
     async def _install_snapshot(self, meta: SnapshotMeta) -> None:
         """A Ready's snapshot: the staged log and files replace this node's; the core reads
@@ -1061,6 +1084,23 @@ class DLedgerNode:
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
+
+
+def _stable_prefix(rd: Ready) -> Sequence[Entry]:
+    """The committed entries of ``rd`` that earlier persist jobs stored: those below the first
+    index this Ready's job writes (a cut or its entries). A committed entry is never cut, so
+    only ``rd.entries`` can hold committed entries that are not stable yet."""
+    firsts = (rd.truncate_from, rd.entries[0].index if rd.entries else None)
+    writes = [i for i in firsts if i is not None]
+    if not writes:
+        return rd.committed
+    first = min(writes)
+    n = 0
+    for e in rd.committed:
+        if e.index >= first:
+            break
+        n += 1
+    return rd.committed[:n]
 
 
 class _PeerServicer(pb_grpc.DLedgerPeerServicer):

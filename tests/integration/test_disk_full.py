@@ -50,6 +50,8 @@ START_BELOW_MARK = 14
 FULL_FOLLOWER_FREE_BYTES = 2 << 20
 RESUME_DEADLINE_S = 10.0
 CATCH_UP_DEADLINE_S = 30.0
+# How long a started member may take to open its store and serve (a loaded 2-core host).
+MEMBER_UP_S = 30.0
 _DETAIL = re.compile(r"^DISK_FULL node=(n\d) path=(\S+) used=([\d.]+)% ")
 
 
@@ -109,6 +111,15 @@ def _pull_all(stub: pb_grpc.BrokerStub, queue_id: int) -> list[MessageExt]:
     raise AssertionError("pull loop bound reached")
 
 
+def _wait_every_member_serving(cluster: LocalCluster) -> None:
+    """Every member has opened its store and serves its client port. A member still starting
+    on a busy host (the leader needs only one vote) would otherwise find its disk filled by
+    the test and exit with ENOSPC before it opened its store ("a node exited")."""
+    for n in cluster.nodes:
+        with grpc.insecure_channel(n.client_addr) as channel:
+            grpc.channel_ready_future(channel).result(timeout=MEMBER_UP_S)
+
+
 def _fill_to(mount: Path, percent: float) -> None:
     st = os.statvfs(mount)
     total = st.f_blocks * st.f_frsize
@@ -136,6 +147,7 @@ def test_full_disk_refuses_sends_keeps_reads_and_recovers_by_itself(
         ),
         timeout=10,
     )
+    _wait_every_member_serving(cluster)
     mounts = {n.node_id: loop_stores[int(n.node_id[1:])] for n in cluster.nodes}
     followers = [n.node_id for n in cluster.nodes if n.node_id != leader_id]
     full_follower = followers[1]
@@ -251,6 +263,7 @@ def test_the_producer_hears_a_full_disk_as_disk_full(
     )
     assert cluster.base == loop_stores[0].parent and cluster.namesrv is not None
     create_topic(cluster, TOPIC, QUEUES)
+    _wait_every_member_serving(cluster)
     for mount in loop_stores:
         _fill_to(mount, MARK + 5)
     with Producer("pg", cluster.namesrv.addr) as producer, pytest.raises(MQClientError) as info:

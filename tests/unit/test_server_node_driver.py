@@ -104,6 +104,40 @@ def test_persist_runs_off_the_loop_and_acks_follow_it(tmp_path: Path) -> None:
     _run_follower(tmp_path, body)
 
 
+def test_stored_committed_entries_are_applied_while_the_next_job_flushes(tmp_path: Path) -> None:
+    """A Ready that commits stored entries and writes a new one: the stored ones are applied
+    while its job waits for the disk; the new one, committed in the same Ready, only after."""
+
+    async def body(node: DLedgerNode) -> None:
+        store = node.store
+        node.on_peer_message("n1", to_pb(_append(0, 2), "g"))
+        await _until(lambda: node.core.stable_index == 2, "entries 1..2 stored")
+        assert node._applied == 0
+        gate = threading.Event()
+        blocked: list[int] = []
+        real_flush = store.flush
+
+        def slow_flush() -> int:
+            blocked.append(store.last_index())
+            gate.wait(2 * DEADLINE_S)  # the test's finally opens it, whatever it found
+            return real_flush()
+
+        store.flush = slow_flush  # type: ignore[method-assign]
+        entry3 = (Entry(1, 3, b"e3"),)
+        node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 2, 1, entry3, 3), "g"))
+        try:
+            await _until(lambda: bool(blocked), "the job of entry 3 to flush")
+            await _until(lambda: node._applied == 2, "1..2 applied during the flush")
+            await asyncio.sleep(0.05)
+            assert node._applied == 2 and store.flushed_index() == 2  # 3 waits for its flush
+        finally:
+            gate.set()
+        await _until(lambda: node._applied == 3, "entry 3 applied after its flush")
+        assert store.flushed_index() == 3
+
+    _run_follower(tmp_path, body)
+
+
 def test_a_full_disk_holds_the_ack_and_the_job_is_retried(tmp_path: Path) -> None:
     from dledger.storage import DiskFullError
 
