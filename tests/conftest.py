@@ -166,10 +166,69 @@ def _wait_listening(ns: NameServerProc, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"NameServer not listening on {ns.addr} within {timeout_s} s")
 
 
+# `make test` runs pytest in two pytest-xdist workers (-n 2 --dist loadgroup). Every test that
+# starts processes (real groups, NameServers, the JVM) goes to this one xdist group, so such tests
+# run one at a time on one worker, in file order, as in a run without xdist: they are
+# timing-sensitive and share the 2 cores with the rest. The unit, simulator and checker tests run
+# beside them on the other worker.
+PROCESS_GROUP = "processes"
+# The markers and fixtures that say a test starts processes.
+PROCESS_MARKERS = ("integration", "spark")
+PROCESS_FIXTURES = frozenset({"local_group", "name_servers", "spark", "group_stores"})
+# Directories whose every test starts processes, marker or not.
+PROCESS_DIRS = ("integration", "audit")
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    """Whether ``item`` starts processes: a marker, a group fixture, or where it lives."""
+    if any(item.get_closest_marker(m) is not None for m in PROCESS_MARKERS):
+        return True
+    if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    return any(item.path.is_relative_to(TESTS_DIR / d) for d in PROCESS_DIRS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if starts_processes(item):
+            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))
+
+
+class _WorkerStrays:
+    """On the xdist controller: the stray PIDs each worker reported at its end (a worker's own
+    exit status and output do not reach the run's report)."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        output = getattr(node, "workeroutput", None) or {}
+        self.pids.extend(output.get(_STRAYS_KEY, ()))
+
+
+_STRAYS_KEY = "raftmq_stray_pids"
+_WORKER_STRAYS = _WorkerStrays()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    is_worker = hasattr(config, "workerinput")
+    if config.pluginmanager.hasplugin("xdist") and not is_worker:
+        config.pluginmanager.register(_WORKER_STRAYS, "raftmq-worker-strays")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stray = [pid for pid, conf in _STARTED if _pid_alive(pid, conf)]
     for pid in stray:
         os.kill(pid, 9)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports (pytest_testnodedown)
+        workeroutput[_STRAYS_KEY] = stray
+        return
+    stray += _WORKER_STRAYS.pids
     if stray:
         session.exitstatus = 1
         print(f"\nERROR: test processes outlived their tests: {stray}")
