@@ -166,12 +166,11 @@ def _wait_listening(ns: NameServerProc, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"NameServer not listening on {ns.addr} within {timeout_s} s")
 
 
-# `make test` runs pytest in two pytest-xdist workers (-n 2 --dist loadgroup). Every test that
-# starts processes (real groups, NameServers, the JVM) goes to this one xdist group, so such tests
-# run one at a time on one worker, in file order, as in a run without xdist: they are
-# timing-sensitive and share the 2 cores with the rest. The unit, simulator and checker tests run
-# beside them on the other worker.
-PROCESS_GROUP = "processes"
+# `make test` runs two pytest sessions side by side: `-m processes` (every test that starts
+# processes: real groups, NameServers, the JVM), whose tests run one at a time in file order as
+# before, since they are timing-sensitive; and `-m "not processes"` (unit, simulator, checker
+# tests), which keeps the second core busy meanwhile. The mark is given here, at collection.
+PROCESS_MARK = "processes"
 # The markers and fixtures that say a test starts processes.
 PROCESS_MARKERS = ("integration", "spark")
 PROCESS_FIXTURES = frozenset({"local_group", "name_servers", "spark", "group_stores"})
@@ -189,46 +188,16 @@ def starts_processes(item: pytest.Item) -> bool:
     return any(item.path.is_relative_to(TESTS_DIR / d) for d in PROCESS_DIRS)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if starts_processes(item):
-            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))
-
-
-class _WorkerStrays:
-    """On the xdist controller: the stray PIDs each worker reported at its end (a worker's own
-    exit status and output do not reach the run's report)."""
-
-    def __init__(self) -> None:
-        self.pids: list[int] = []
-
-    def pytest_testnodedown(self, node: object, error: object) -> None:
-        output = getattr(node, "workeroutput", None) or {}
-        self.pids.extend(output.get(_STRAYS_KEY, ()))
-
-
-_STRAYS_KEY = "raftmq_stray_pids"
-_WORKER_STRAYS = _WorkerStrays()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    is_worker = hasattr(config, "workerinput")
-    if config.pluginmanager.hasplugin("xdist") and not is_worker:
-        config.pluginmanager.register(_WORKER_STRAYS, "raftmq-worker-strays")
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # As each test is collected, before `-m` selects on the marks.
+    if starts_processes(item):
+        item.add_marker(PROCESS_MARK)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stray = [pid for pid, conf in _STARTED if _pid_alive(pid, conf)]
     for pid in stray:
         os.kill(pid, 9)
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: the controller reports (pytest_testnodedown)
-        workeroutput[_STRAYS_KEY] = stray
-        return
-    stray += _WORKER_STRAYS.pids
     if stray:
         session.exitstatus = 1
         print(f"\nERROR: test processes outlived their tests: {stray}")
