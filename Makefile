@@ -9,7 +9,7 @@ RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
 PACKAGES := mqcli mqsecurity mqmetrics dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard bench
 
-.PHONY: venv system-deps gen gen-check lint typecheck test test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
+.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
 venv: $(STAMP) $(RMQ5_STAMP)
 
@@ -58,18 +58,40 @@ gen: venv
 	$(PY) protos/generate.py
 
 # Generate the stubs into a temporary dir and fail if the committed ones differ.
-gen-check: venv
+# (gen-check, lint and typecheck need the project's venv, not build/rmq5: they depend on the
+# stamp only, so that `make test` runs them while the RocketMQ 5 packages download.)
+gen-check: $(STAMP)
 	$(PY) protos/generate.py --check
 
-lint: venv
+lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-typecheck: venv
+typecheck: $(STAMP)
 	$(PY) -m mypy $(PACKAGES) protos/generate.py protos/rmq5_deps.py
 
-test: venv system-deps gen-check lint typecheck
-	$(PY) -m pytest
+# make test's steps before pytest, run side by side (the sub-make's -j): apt-get (system-deps,
+# about 2 minutes on a fresh CI box) waits on the network and dpkg while pip, npm and the checks
+# run; each step's output is printed whole when it ends (-Otarget); any failure stops make test.
+TEST_SETUP_JOBS := 4
+test-setup: venv system-deps gen-check lint typecheck
+
+# pytest as two sessions side by side, on the 2 cores that one session leaves half idle (its
+# integration tests mostly wait on their groups): `-m processes` (every test that starts
+# processes, tests/conftest.py; still one at a time, in file order) reports live, `-m "not
+# processes"` (unit, simulator, checker tests) into a file printed after it. Either failing
+# fails make test; the last line before that second report gives both exit codes.
+test:
+	@$(MAKE) --no-print-directory -j$(TEST_SETUP_JOBS) -Otarget test-setup
+	@others=$$(mktemp /tmp/raftmq-test-others-XXXXXX); \
+	$(PY) -m pytest -m "not processes" >$$others 2>&1 & bg=$$!; \
+	trap 'kill $$bg 2>/dev/null' INT TERM; \
+	echo "pytest -m processes (pytest -m 'not processes' runs beside it; its report follows)"; \
+	$(PY) -m pytest -m processes; a=$$?; \
+	wait $$bg; b=$$?; \
+	echo "make test: pytest -m processes exited $$a, pytest -m 'not processes' exited $$b"; \
+	echo "== pytest -m 'not processes'"; cat $$others; rm -f $$others; \
+	[ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 # The edit loop: unit tests and the simulator only.
 test-fast: venv

@@ -166,6 +166,34 @@ def _wait_listening(ns: NameServerProc, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"NameServer not listening on {ns.addr} within {timeout_s} s")
 
 
+# `make test` runs two pytest sessions side by side: `-m processes` (every test that starts
+# processes: real groups, NameServers, the JVM), whose tests run one at a time in file order as
+# before, since they are timing-sensitive; and `-m "not processes"` (unit, simulator, checker
+# tests), which keeps the second core busy meanwhile. The mark is given here, at collection.
+PROCESS_MARK = "processes"
+# The markers and fixtures that say a test starts processes.
+PROCESS_MARKERS = ("integration", "spark")
+PROCESS_FIXTURES = frozenset({"local_group", "name_servers", "spark", "group_stores"})
+# Directories whose every test starts processes, marker or not.
+PROCESS_DIRS = ("integration", "audit")
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    """Whether ``item`` starts processes: a marker, a group fixture, or where it lives."""
+    if any(item.get_closest_marker(m) is not None for m in PROCESS_MARKERS):
+        return True
+    if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    return any(item.path.is_relative_to(TESTS_DIR / d) for d in PROCESS_DIRS)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # As each test is collected, before `-m` selects on the marks.
+    if starts_processes(item):
+        item.add_marker(PROCESS_MARK)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stray = [pid for pid, conf in _STARTED if _pid_alive(pid, conf)]
     for pid in stray:
