@@ -137,7 +137,10 @@ def _check_exactly_once(sent: list[Any], events: list[Any], prefix: str) -> None
         e.get("error") for e in events if e["event"] == "ack_failed"
     ]
     ids = [e["message_id"] for e in received]
-    assert len(ids) == len(set(ids)) == len(sent), "a message was received twice or not at all"
+    assert len(ids) == len(set(ids)) == len(sent), (
+        f"a message was received twice or not at all: {len(ids)} received, "
+        f"{len(set(ids))} distinct, {len(sent)} sent"
+    )
     assert sorted(e["message_id"] for e in acked) == sorted(ids)
     by_id = {e["message_id"]: e for e in received}
     for r in sent:
