@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,16 +19,38 @@ from pathlib import Path
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
+# Where free_ports looks first: below Linux's default ephemeral range (32768-60999), so that a
+# port picked here and bound a second later by a starting child is not taken meanwhile by an
+# outgoing connection's local port or another process's bind to port 0 (both drawn from the
+# ephemeral range). Ports here are taken only by processes that ask for them by number.
+PICK_PORT_LOW = 20000
+PICK_PORT_HIGH = 32768
+# Random draws in that range before falling back to the kernel's choice (port 0).
+PICK_PORT_ATTEMPTS = 64
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free TCP ports on ``host``: every probe socket stays bound until all are
-    picked (one at a time, the kernel may hand out the same port twice)."""
+    """``n`` distinct free TCP ports on ``host``, drawn at random from [PICK_PORT_LOW,
+    PICK_PORT_HIGH) (the kernel's choice when that range looks full): every probe socket stays
+    bound until all are picked, so no port is handed out twice."""
+    draw = random.SystemRandom()
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(n):
             s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind((host, 0))
-            ports.append(int(s.getsockname()[1]))
+            ports.append(_bind_free(s, host, draw))
         return ports
+
+
+def _bind_free(s: socket.socket, host: str, draw: random.Random) -> int:
+    for _ in range(PICK_PORT_ATTEMPTS):
+        try:
+            s.bind((host, draw.randrange(PICK_PORT_LOW, PICK_PORT_HIGH)))
+        except OSError:
+            continue  # in use (or bound by another probe of ours): draw again
+        return int(s.getsockname()[1])
+    s.bind((host, 0))
+    return int(s.getsockname()[1])
 
 
 def spawn_logged(

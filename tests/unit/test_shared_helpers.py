@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -105,3 +106,18 @@ def test_serve_until_signalled_stops_once() -> None:
 
     asyncio.run(main())
     assert stops == [1]
+
+
+def test_free_ports_come_from_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A picked port is bound by a child a second later: outgoing connections and binds to
+    port 0 (the ephemeral range) must not take it meanwhile."""
+    ports = procs.free_ports(12)
+    assert len(set(ports)) == 12
+    assert all(procs.PICK_PORT_LOW <= p < procs.PICK_PORT_HIGH for p in ports)
+    with socket.socket() as taken:  # the whole range in use: the kernel's choice instead
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(procs, "PICK_PORT_LOW", busy)
+        monkeypatch.setattr(procs, "PICK_PORT_HIGH", busy + 1)
+        (port,) = procs.free_ports(1)
+    assert port != busy
