@@ -484,7 +484,11 @@ def test_a_full_disk_moves_the_send_to_another_group(world: World) -> None:
 def test_a_full_group_is_probed_again_after_its_avoidance(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(producer_module, "FULL_GROUP_AVOID_S", 0.3)
+    # The producer's clock, moved past the avoidance instead of sleeping it out (no send is
+    # in flight when it moves, so no deadline is cut short).
+    skew_s = [0.0]
+    clock = SimpleNamespace(monotonic=lambda: time.monotonic() + skew_s[0], sleep=time.sleep)
+    monkeypatch.setattr(producer_module, "time", clock)
     a0, b0 = node(world, "a0"), node(world, "b0")
     a0.behaviour = _disk_full
     with Producer("pg", world.namesrv_addr) as producer:
@@ -492,7 +496,7 @@ def test_a_full_group_is_probed_again_after_its_avoidance(
             assert producer.send(Message("T", b"%d" % i)).message_queue.broker_name == "broker-b"
         assert len(a0.seen) == 1
         a0.behaviour = lambda: None  # space freed
-        time.sleep(0.35)  # the avoidance ends by the clock, not by any event to wait on
+        skew_s[0] = producer_module.FULL_GROUP_AVOID_S + 1
         groups = {
             producer.send(Message("T", b"%d" % i)).message_queue.broker_name for i in range(4)
         }
