@@ -543,11 +543,13 @@ def metrics_compare(
     load: tuple[int, str],
     pairs: int,
     design: str,
+    scrape_interval_s: float = mc.SCRAPE_INTERVAL_S,
 ) -> dict[str, Any]:
-    """The send rate and CPU per message with /metrics served and scraped, and not served: two
-    plaintext groups side by side, ``pairs`` short paired rounds of ``seconds`` per in-flight
-    count (``bench.metricscost``; ``design`` "concurrent" or "alternating"); ``load``: the
-    load generators' processes per group and mode."""
+    """The send rate and CPU per message with /metrics served and scraped (every
+    ``scrape_interval_s``), and not served: two plaintext groups side by side, ``pairs`` short
+    paired rounds of ``seconds`` per in-flight count (``bench.metricscost``; ``design``
+    "concurrent" or "alternating"); ``load``: the load generators' processes per group and
+    mode."""
     processes, mode = load
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
@@ -557,7 +559,9 @@ def metrics_compare(
     ):
         load0 = os.getloadavg()
         groups = {"off": (off, off_pool), "on": (on, on_pool)}
-        cases = mc.run_pairs(groups, in_flight, pairs, seconds, design == "concurrent")
+        cases = mc.run_pairs(
+            groups, in_flight, pairs, seconds, design == "concurrent", scrape_interval_s
+        )
         load1 = os.getloadavg()
     return {
         "flush": SECURITY_FLUSH,
@@ -565,11 +569,11 @@ def metrics_compare(
         "pairs": pairs,
         "design": design,
         "seconds_per_round": seconds,
-        "scrape_interval_s": mc.SCRAPE_INTERVAL_S,
+        "scrape_interval_s": scrape_interval_s,
         "load_avg_at_start": load0,
         "load_avg_at_end": load1,
         "conditions": "on: every node and the NameServer serve /metrics, each scraped every "
-        f"{mc.SCRAPE_INTERVAL_S:g} s; off: metricsPort=0 (nothing counted); both plaintext; "
+        f"{scrape_interval_s:g} s all along; off: metricsPort=0 (nothing counted); both plaintext; "
         f"{mc.DESIGNS[design]}; each pair's on/off ratio, their median and its 95 % sign-test "
         "interval; CPU = user + system of the group's 3 nodes and NameServer over the "
         "measured window. At saturation (256 in flight on 2 cores) the send rate is CPU-bound "
@@ -829,6 +833,14 @@ def _parser() -> argparse.ArgumentParser:
         f"(after a {WARMUP_S:g} s warm-up; at most {MAX_METRICS_SECONDS:g})",
     )
     p.add_argument(
+        "--metrics-scrape-interval",
+        type=float,
+        default=mc.SCRAPE_INTERVAL_S,
+        help="seconds between scrapes of the metrics comparison's 'on' group "
+        f"(default {mc.SCRAPE_INTERVAL_S:g}: the harsher case; Prometheus configurations "
+        f"mostly say 15; from {mc.MIN_SCRAPE_INTERVAL_S:g} to {mc.MAX_SCRAPE_INTERVAL_S:g})",
+    )
+    p.add_argument(
         "--only",
         choices=("security", "metrics", "floor"),
         help="run only that on/off comparison, or only the floor (bench.floor), with "
@@ -869,6 +881,11 @@ def _check_args(a: argparse.Namespace, sizes: list[int], in_flight: list[int]) -
         return f"--metrics-rounds must be in [0, {MAX_METRICS_PAIRS}]"
     if not 0 < a.metrics_seconds <= MAX_METRICS_SECONDS:
         return f"--metrics-seconds must be in (0, {MAX_METRICS_SECONDS:g}]"
+    if not mc.MIN_SCRAPE_INTERVAL_S <= a.metrics_scrape_interval <= mc.MAX_SCRAPE_INTERVAL_S:
+        return (
+            f"--metrics-scrape-interval must be in [{mc.MIN_SCRAPE_INTERVAL_S:g}, "
+            f"{mc.MAX_SCRAPE_INTERVAL_S:g}]"
+        )
     if not 0 <= a.rest_messages <= MAX_REST_MESSAGES:
         return f"--rest-messages must be in [0, {MAX_REST_MESSAGES}]"
     return ""
@@ -962,6 +979,7 @@ def _run_all(
             (a.loadgen_processes, a.loadgen_mode),
             a.metrics_rounds,
             a.metrics_design,
+            a.metrics_scrape_interval,
         )
     skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
     if skip:

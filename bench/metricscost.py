@@ -2,7 +2,7 @@
 rate by more than 2 %), measured by many short paired rounds.
 
 Two plaintext 3-node groups are up side by side, one serving /metrics on every node and the
-NameServer (scraped each ``SCRAPE_INTERVAL_S`` while it is loaded), one with ``metricsPort=0``
+NameServer (scraped every ``scrape_interval_s`` all along), one with ``metricsPort=0``
 (nothing served, nothing counted). Each side has its own load-generator processes, started
 once (``bench.loadgen --serve``), so a round costs no process start-up. A pair is one round on
 each side back to back, the order alternating by pair (off on, on off, off on, ...: ABBA), so
@@ -46,8 +46,13 @@ DESIGNS = {
     "alternating": "the two rounds of a pair back to back, the order alternating by pair "
     "(ABBA: a drift of the machine's load falls on both sides)",
 }
-# Prometheus scrapes every 15 s by default: a second is the harsher case.
+# Seconds between scrapes of the "on" group: a second is the harsher case; Prometheus' own
+# default is a minute and the interval most configurations set is 15 s (--metrics-scrape-interval).
 SCRAPE_INTERVAL_S = 1.0
+# What --metrics-scrape-interval accepts: down to twice a second (the endpoint answers from the
+# same collection within MIN_COLLECT_INTERVAL_S anyway), up to Prometheus' default minute.
+MIN_SCRAPE_INTERVAL_S = 0.5
+MAX_SCRAPE_INTERVAL_S = 60.0
 SCRAPE_TIMEOUT_S = 5.0
 # A load generator must answer a round within its end plus this (a send's own timeout and
 # retries are shorter), and exit within LOADGEN_STOP_S of its stdin closing.
@@ -59,10 +64,13 @@ WARM_ROUND_S = 1.0
 
 
 class Scraper:
-    """Scrapes every /metrics of a group each SCRAPE_INTERVAL_S from a thread, as Prometheus
-    would, while a round runs; counts the scrapes, the failures and the bytes."""
+    """Scrapes every /metrics of a group every ``interval_s`` from a thread, as Prometheus
+    would, from its start to its end whatever the rounds do (a round sees the scrapes that
+    fall in it: at 15 s, most rounds of 2 s none, some one); counts the scrapes, the failures
+    and the bytes."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, interval_s: float = SCRAPE_INTERVAL_S) -> None:
+        self.interval_s = interval_s
         self.urls = [n.metrics_url for n in cluster.nodes if n.metrics_port]
         if cluster.namesrv is not None and cluster.namesrv.metrics_port:
             self.urls.append(cluster.namesrv.metrics_url)
@@ -82,15 +90,22 @@ class Scraper:
 
     def _run(self) -> None:
         while True:  # at once, then every interval
-            for url in self.urls:
-                try:
-                    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
-                        self.bytes += len(resp.read())
-                    self.scrapes += 1
-                except OSError:
-                    self.failures += 1
-            if self._stop.wait(SCRAPE_INTERVAL_S):
+            self._scrape_all()
+            if self._stop.wait(self.interval_s):
                 return
+
+    def _scrape_all(self) -> None:
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
+                    self.bytes += len(resp.read())
+                self.scrapes += 1
+            except OSError:
+                self.failures += 1
+
+    def counts(self) -> tuple[int, int]:
+        """(scrapes, failures) so far."""
+        return self.scrapes, self.failures
 
 
 class LoadPool:
@@ -210,46 +225,63 @@ def measured_rounds(sides: dict[str, Side], in_flight: int, seconds: float) -> d
     return cases
 
 
+Groups = dict[str, tuple[LocalCluster, LoadPool]]
+
+
 def _rounds(
-    order: Sequence[str], groups: dict[str, tuple[LocalCluster, LoadPool]], n: int, s: float
+    order: Sequence[str], groups: Groups, n: int, s: float, scraper: Scraper
 ) -> dict[str, Any]:
-    """A round on each side of ``order`` at once, the "on" side scraped while it runs."""
+    """A round on each side of ``order`` at once; the "on" side's case counts the scrapes
+    that fell between its start and its results (the scraper runs all along)."""
     sides = {k: (groups[k][1], group_pids(groups[k][0])) for k in order}
+    before = scraper.counts()
+    cases = measured_rounds(sides, n, s)
+    after = scraper.counts()
+    scraped = {"scrapes": after[0] - before[0], "scrape_failures": after[1] - before[1]}
     none = {"scrapes": 0, "scrape_failures": 0}
-    if "on" not in order:
-        return {k: {**c, **none} for k, c in measured_rounds(sides, n, s).items()}
-    with Scraper(groups["on"][0]) as scraper:
-        cases = measured_rounds(sides, n, s)
-    scraped = {"scrapes": scraper.scrapes, "scrape_failures": scraper.failures}
     return {k: {**c, **(scraped if k == "on" else none)} for k, c in cases.items()}
 
 
 def _pair(
-    i: int, groups: dict[str, tuple[LocalCluster, LoadPool]], n: int, s: float, concurrent: bool
+    i: int, groups: Groups, n: int, s: float, concurrent: bool, scraper: Scraper
 ) -> dict[str, Any]:
     """Pair ``i``: both sides at once, or one after the other in ABBA order."""
     order = ("off", "on") if i % 2 == 0 else ("on", "off")
     if concurrent:
-        return _rounds(order, groups, n, s)
-    return {k: _rounds((k,), groups, n, s)[k] for k in order}
+        return _rounds(order, groups, n, s, scraper)
+    return {k: _rounds((k,), groups, n, s, scraper)[k] for k in order}
 
 
 def run_pairs(
-    groups: dict[str, tuple[LocalCluster, LoadPool]],
+    groups: Groups,
     in_flight: Sequence[int],
     pairs: int,
     seconds: float,
     concurrent: bool,
+    scrape_interval_s: float = SCRAPE_INTERVAL_S,
 ) -> list[dict[str, Any]]:
     """``pairs`` pairs per in-flight count (``concurrent``: both sides loaded in the same
     window; otherwise one after the other, the order alternating by pair: ABBA), after one
-    unrecorded warm round per side and count."""
+    unrecorded warm round per side and count; the "on" group is scraped every
+    ``scrape_interval_s`` from the first warm round to the last pair."""
+    with Scraper(groups["on"][0], scrape_interval_s) as scraper:
+        return _run_pairs(groups, in_flight, pairs, seconds, concurrent, scraper)
+
+
+def _run_pairs(
+    groups: Groups,
+    in_flight: Sequence[int],
+    pairs: int,
+    seconds: float,
+    concurrent: bool,
+    scraper: Scraper,
+) -> list[dict[str, Any]]:
     for n in in_flight:
-        _pair(0, groups, n, min(WARM_ROUND_S, seconds), concurrent)
+        _pair(0, groups, n, min(WARM_ROUND_S, seconds), concurrent, scraper)
     cases: list[dict[str, Any]] = []
     for i in range(pairs):
         for n in in_flight:
-            for side, case in _pair(i, groups, n, seconds, concurrent).items():
+            for side, case in _pair(i, groups, n, seconds, concurrent, scraper).items():
                 cases.append({"metrics": side, "pair": i, "asked_in_flight": n, **case})
                 print(
                     f"metrics {side}, {n} in flight, pair {i}: "

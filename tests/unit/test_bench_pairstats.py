@@ -5,10 +5,13 @@ load generator's checks of a --serve round."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import random
+import threading
 import time
+import types
 from typing import Any
 
 import pytest
@@ -169,3 +172,46 @@ def test_serve_round_accepts_a_round_and_refuses_every_bad_field() -> None:
     for line in bad:
         with pytest.raises(ValueError):
             loadgen.serve_round(line)
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"x 1\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_scraper_runs_across_rounds_and_each_on_round_counts_its_own_scrapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    node = types.SimpleNamespace(metrics_port=1, metrics_url=url)
+    cluster = types.SimpleNamespace(nodes=[node, node], namesrv=None)
+    groups: Any = {"on": (cluster, None), "off": (cluster, None)}
+    scraped_in_round = iter([0, 1, 0])  # scrapes the scraper makes while each round runs
+
+    def fake_rounds(sides: dict[str, Any], n: int, s: float) -> dict[str, Any]:
+        for _ in range(next(scraped_in_round)):
+            scraper._scrape_all()
+        return {k: {"messages_per_s": 1.0} for k in sides}
+
+    monkeypatch.setattr(metricscost, "measured_rounds", fake_rounds)
+    monkeypatch.setattr(metricscost, "group_pids", lambda cluster: [])
+    try:
+        # A minute apart: the one scrape at the start, then only the rounds' own.
+        with metricscost.Scraper(cluster, 60.0) as scraper:
+            while scraper.counts()[0] < 2:  # the first pass, one URL after the other
+                time.sleep(0.01)
+            cases = [metricscost._rounds(("off", "on"), groups, 16, 1.0, scraper) for _ in "abc"]
+    finally:
+        server.shutdown()
+    assert scraper.interval_s == 60.0 and scraper.counts() == (4, 0)
+    assert [c["on"]["scrapes"] for c in cases] == [0, 2, 0]
+    assert all(c["off"]["scrapes"] == 0 for c in cases)
