@@ -32,6 +32,12 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert len(result["failover"]["seconds"]) == 1
     assert result["delay_retry"]["delayed"]["all_delivered"]
     assert result["delay_retry"]["retries"]["all_delivered"]
+    # Issue #18: the main groups run secure (as mqcluster up makes them), and the send rate
+    # with TLS and ACLs on and off is measured in the same run.
+    assert result["secure"] is True
+    security = result["security"]["cases"]
+    assert sorted(c["security"] for c in security) == ["off", "on"], security
+    assert all(c["messages"] > 0 and c["failed"] == 0 for c in security), security
     on_cases = [c for c in result["metrics"]["cases"] if c["metrics"] == "on"]
     assert on_cases and all(c["scrapes"] > 0 and c["scrape_failures"] == 0 for c in on_cases)
     assert all(c["scrapes"] == 0 for c in result["metrics"]["cases"] if c["metrics"] == "off")
