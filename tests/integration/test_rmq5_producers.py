@@ -6,8 +6,6 @@ and change nothing (docs/RMQ5.md)."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from rmq5_support import ClientProcess, client_env
 from support import create_topic_on, pull_all, wait_for
 
 from broker.cluster import LocalCluster
@@ -93,16 +92,13 @@ def _stored(cluster: LocalCluster, topic: str = TOPIC, queues: int = QUEUES) -> 
 
 
 def _run_client(argv: list[str], home: Path, env: dict[str, str] | None = None) -> list[Any]:
-    """Run an official client's script; its JSON lines. HOME points at the test's directory:
+    """Run an official client's script (output in files under ``home``, as
+    rmq5_support.ClientProcess says why); its JSON lines. HOME points at the test's directory:
     both clients write their logs under ~/logs/rocketmq."""
-    full_env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), **(env or {})}
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S, env=full_env, check=False
-    )
-    assert done.returncode == 0, f"{argv[:2]} failed:\n{done.stdout}\n{done.stderr[-3000:]}"
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines and lines[-1] == {"done": int(argv[-2])}, done.stdout
-    return lines[:-1]
+    with ClientProcess(argv, home, client_env(home, **(env or {}))) as client:
+        lines = client.finish(CLIENT_TIMEOUT_S)
+        assert client.lines()[-1] == {"done": int(argv[-2])}, client.tail()
+    return lines
 
 
 def _check_intact(cluster: LocalCluster, receipts: list[Any], prefix: str) -> None:
