@@ -7,6 +7,7 @@ receipt handles and invisible times get the protocol's status and change nothing
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 from collections.abc import Iterator
@@ -130,6 +131,12 @@ def _check_exactly_once(sent: list[Any], events: list[Any], prefix: str) -> None
         assert got["keys"] == sorted([f"{prefix}-key-{i}", f"{prefix}-k2-{i}"])
         assert got["properties"] == {"seq": str(i), "origin": prefix}
         assert got["attempt"] == 1
+        # Each client checks the body against body_digest (an MD5 digest, upper-case hex,
+        # test_hostile_handles_... checks the fields themselves); the Node.js client also
+        # exposes the queue offset, which must be the one its send was answered.
+        assert got["corrupted"] is False, got
+        if prefix == "nd":
+            assert got["offset"] == r["offset"], (got, r)
 
 
 @pytest.mark.parametrize("lang", ["py", "nd"])
@@ -217,6 +224,22 @@ def _change(stub: Any, topic: str, grp: str, handle: str, invisible_ms: int) -> 
     )
 
 
+def _check_system_properties(cluster: LocalCluster, msg: Any) -> None:
+    """What the clients check and read of a received message (docs/RMQ5.md, "Consumers"):
+    the body's digest (MD5, upper-case hex: the clients compare it as a string) and encoding,
+    and the store timestamp, queue and offset of the message as the group stored it."""
+    sp = msg.system_properties
+    assert sp.body_digest.type == v2.MD5
+    assert sp.body_digest.checksum == hashlib.md5(msg.body).hexdigest().upper()
+    assert sp.body_encoding == v2.IDENTITY
+    leader = cluster.node(cluster.wait_leader()).client_addr
+    (stored,) = [m for m in pull_all(leader, msg.topic.name, sp.queue_id) if m.body == msg.body]
+    assert "01" + stored.msg_id == sp.message_id
+    assert sp.queue_offset == stored.queue_offset
+    assert sp.store_timestamp.ToMilliseconds() == stored.store_timestamp_ms > 0
+    assert sp.born_timestamp.ToMilliseconds() == stored.born_timestamp_ms > 0
+
+
 def test_hostile_handles_and_invisible_times_change_nothing(
     group: LocalCluster, tmp_path: Path, v2_stub: Any
 ) -> None:
@@ -227,6 +250,7 @@ def test_hostile_handles_and_invisible_times_change_nothing(
         assert _code(answer.status) == "ILLEGAL_INVISIBLE_TIME"
     first = _receive(v2_stub, topic, "GBad", 60_000)
     assert _code(first[-1].status) == "OK" and len(first) == 2
+    _check_system_properties(group, first[0].message)
     handle = first[0].message.system_properties.receipt_handle
     for bad in ("", "not a handle!", "A" * 2000, handle[:-4]):
         assert _code(_ack(v2_stub, topic, "GBad", bad).status) == "INVALID_RECEIPT_HANDLE"
@@ -284,6 +308,11 @@ def test_leader_sigkill_between_receive_and_ack(group: LocalCluster, tmp_path: P
     later = [e for e in out if e.get("event") == "received"]
     assert sorted(e["message_id"] for e in later) == sorted(held[1::2]), "redelivered set"
     assert all(e["attempt"] == 2 for e in later)
+    # Not before the invisible time: it runs from the first receive's answer, which came
+    # after the receive was asked ("asked"); the redelivery's line is printed after it ("t").
+    asked = {e["message_id"]: e["asked"] for e in head}
+    waits = [(e["t"] - asked[e["message_id"]], e) for e in later]
+    assert all(waited >= invisible_s for waited, _ in waits), min(waits, key=lambda w: w[0])
     assert not acked_early & {e["message_id"] for e in later}, "an acked message came again"
     assert time.monotonic() - killed_at < CLIENT_TIMEOUT_S
     group.start(leader)
