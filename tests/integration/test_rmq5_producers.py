@@ -280,6 +280,17 @@ def test_settings_then_heartbeat_and_unknown_client_types(v2_stub: Any) -> None:
         v2_service.HeartbeatRequest(client_type=v2.PRODUCER), metadata=meta, timeout=5
     )
     assert _code(ok.status) == "OK"
+    # A SimpleConsumer is told how long to long-poll and how many messages to ask for at most
+    # (what RocketMQ's proxy answers: 20 s, 32).
+    consumer = v2.Settings(
+        client_type=v2.SIMPLE_CONSUMER,
+        subscription=v2.Subscription(group=v2.Resource(name="GSettings")),
+        user_agent=v2.UA(language=v2.PYTHON, version="5.1.2"),
+    )
+    got = _telemetry(v2_stub, "rmq5-test-consumer", consumer)
+    assert _code(got.status) == "OK"
+    assert got.settings.subscription.long_polling_timeout.ToMilliseconds() == 20_000
+    assert got.settings.subscription.receive_batch_size == 32
     unknown = _telemetry(v2_stub, "rmq5-other", v2.Settings(user_agent=asked.user_agent))
     assert _code(unknown.status) == "UNRECOGNIZED_CLIENT_TYPE"
     no_id = _telemetry(v2_stub, "", asked)
