@@ -1,9 +1,15 @@
-"""What the RocketMQ 5 integration tests share: where the official clients are, and the
-generated stubs' helpers to make a topic every node routes, read a status, find a follower."""
+"""What the RocketMQ 5 integration tests share: where the official clients are, how to run one
+of their scripts (:class:`ClientProcess`), and the generated stubs' helpers to make a topic
+every node routes, read a status, find a follower."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import itertools
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,119 @@ GROUP_CONF = {
     "diskMaxUsedSpaceRatio": "99",
     "diskSpaceResumeRatio": "98",
 }
+
+
+# Numbers the clients' output files (several clients of one script share a HOME).
+_CLIENT_SEQ = itertools.count(1)
+# How often a test looks at a client's output file while it waits for a line.
+_POLL_S = 0.05
+
+
+def client_env(home: Path, node: bool = False, **extra: str) -> dict[str, str]:
+    """A client script's environment: HOME is the test's directory (both clients write their
+    logs under it), NODE_PATH the Node.js client's modules for ``node``."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), **extra}
+    return {**env, "NODE_PATH": str(NODE_MODULES)} if node else env
+
+
+class ClientProcess:
+    """An official client's script in its own process, whose stdout and stderr go to files in
+    ``home`` (``<name>.out``, ``<name>.err``), never to pipes. A pipe nobody reads fills up
+    (64 KiB: about 280 of the consumers' lines), and the client then blocks on its next print
+    while its budget and its messages' invisible times run on: two consumers whose pipes were
+    read one after the other once ended with 512 of 1,000 messages. A file never blocks, can
+    be read at any time (:meth:`lines`, :meth:`wait_lines`) and its end goes into every
+    failure message. Its stdin is a pipe with ``stdin=True`` (:meth:`say`, :meth:`close`),
+    else ``/dev/null``."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        home: Path,
+        env: Mapping[str, str],
+        name: str = "",
+        stdin: bool = False,
+    ) -> None:
+        self.argv = argv
+        stem = name or f"{Path(argv[1]).stem}-{next(_CLIENT_SEQ)}"
+        self.out_path, self.err_path = home / f"{stem}.out", home / f"{stem}.err"
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                text=True,
+                env=dict(env),
+            )
+
+    def __enter__(self) -> ClientProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def lines(self) -> list[Any]:
+        """The JSON lines the script printed so far (a line still being written excluded)."""
+        text = self.out_path.read_text(errors="replace")
+        complete = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
+
+    def tail(self, limit: int = 2000) -> str:
+        """The ends of its stdout and stderr files, for a failure message."""
+        out = self.out_path.read_text(errors="replace")[-limit:]
+        err = self.err_path.read_text(errors="replace")[-limit:]
+        return (
+            f"{self.argv[:3]}\nstdout ({self.out_path}):\n{out}\nstderr ({self.err_path}):\n{err}"
+        )
+
+    def wait_lines(self, until: Callable[[list[Any]], bool], timeout_s: float) -> list[Any]:
+        """Its lines, once ``until`` holds for them; fails if it ends or the time is up first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ended = self.proc.poll() is not None
+            lines = self.lines()  # read after the poll: an ended script's file is complete
+            if until(lines):
+                return lines
+            assert not ended, (
+                f"the script ended early (exit {self.proc.returncode}):\n{self.tail()}"
+            )
+            assert time.monotonic() < deadline, f"not within {timeout_s} s:\n{self.tail()}"
+            time.sleep(_POLL_S)
+
+    def say(self, text: str) -> None:
+        assert self.proc.stdin is not None, "started without stdin=True"
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        """Close its stdin (the scripts that wait for its end then finish)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
+    def wait(self, timeout_s: float) -> int:
+        """Its exit code; killed (and the test failed) if it runs longer than ``timeout_s``."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running after {timeout_s} s:\n{self.tail()}") from None
+
+    def finish(self, timeout_s: float) -> list[Any]:
+        """Wait for its end: it must exit 0 and print its ``{"done": ...}`` line last; every
+        line but that one."""
+        self.close()
+        code = self.wait(timeout_s)
+        assert code == 0, f"exit {code}:\n{self.tail()}"
+        lines = self.lines()
+        assert lines and "done" in lines[-1], self.tail()
+        return lines[:-1]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.close()
 
 
 @contextmanager

@@ -7,10 +7,8 @@ receipt handles and invisible times get the protocol's status and change nothing
 
 from __future__ import annotations
 
-import json
-import os
+import hashlib
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,8 @@ from rmq5_support import (
     NODE_MODULES,
     PYTHON,
     SCRIPTS,
+    ClientProcess,
+    client_env,
     running_group,
     topic_on_every_node,
 )
@@ -64,39 +64,19 @@ def _topic(cluster: LocalCluster, name: str) -> str:
     return topic_on_every_node(cluster, name, QUEUES)
 
 
-def _lines(text: str) -> list[Any]:
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
-def _env(home: Path, lang: str) -> dict[str, str]:
-    """HOME points at the test's directory: both clients write their logs under it."""
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
-    return {**env, "NODE_PATH": str(NODE_MODULES)} if lang == "nd" else env
-
-
-def _finish(proc: subprocess.Popen[str], argv: list[str]) -> list[Any]:
-    out, err = proc.communicate(timeout=CLIENT_TIMEOUT_S)
-    assert proc.returncode == 0, f"{argv[:2]} failed:\n{out[-2000:]}\n{err[-3000:]}"
-    lines = _lines(out)
-    assert lines and "done" in lines[-1], out[-2000:]
-    return lines[:-1]
+def _client(argv: list[str], home: Path, lang: str, stdin: bool = False) -> ClientProcess:
+    """An official client's script; its output in files under ``home``, never pipes."""
+    return ClientProcess(argv, home, client_env(home, node=lang == "nd"), stdin=stdin)
 
 
 def _run_all(runs: list[list[str]], home: Path, lang: str) -> list[list[Any]]:
-    """Run official clients' scripts side by side; each one's JSON lines."""
-    procs = [
-        subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home, lang)
-        )
-        for argv in runs
-    ]
+    """Run official clients' scripts side by side; each one's JSON lines (but its last)."""
+    clients = [_client(argv, home, lang) for argv in runs]
     try:
-        return [_finish(p, argv) for p, argv in zip(procs, runs, strict=True)]
+        return [c.finish(CLIENT_TIMEOUT_S) for c in clients]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for c in clients:
+            c.kill()
 
 
 def _python(script: str, *args: str) -> list[str]:
@@ -151,6 +131,12 @@ def _check_exactly_once(sent: list[Any], events: list[Any], prefix: str) -> None
         assert got["keys"] == sorted([f"{prefix}-key-{i}", f"{prefix}-k2-{i}"])
         assert got["properties"] == {"seq": str(i), "origin": prefix}
         assert got["attempt"] == 1
+        # Each client checks the body against body_digest (an MD5 digest, upper-case hex,
+        # test_hostile_handles_... checks the fields themselves); the Node.js client also
+        # exposes the queue offset, which must be the one its send was answered.
+        assert got["corrupted"] is False, got
+        if prefix == "nd":
+            assert got["offset"] == r["offset"], (got, r)
 
 
 @pytest.mark.parametrize("lang", ["py", "nd"])
@@ -168,9 +154,7 @@ def test_unacked_messages_reach_the_dead_letter_queue(group: LocalCluster, tmp_p
     topic = _topic(group, "PopDlq")
     sent = _produce(group, tmp_path, "py", topic, 5)
     argv = _python("py_consumer.py", _follower_v2_addr(group), topic, "GDead", "never", "1", "0")
-    with subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(tmp_path, "py")
-    ) as proc:
+    with _client(argv, tmp_path, "py", stdin=True) as consumer:
         dlq: list[Any] = []
 
         def dead_lettered() -> bool:
@@ -180,15 +164,10 @@ def test_unacked_messages_reach_the_dead_letter_queue(group: LocalCluster, tmp_p
                 return False
             return len(dlq) == len(sent)
 
-        try:
-            wait_for(dead_lettered, 30, "every message in %DLQ%GDead")
-            time.sleep(MIN_INVISIBLE_MS / 1000 * 2)  # nothing is delivered after the DLQ
-        finally:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            out = proc.stdout.read() if proc.stdout else ""
-        assert proc.wait(timeout=30) == 0
-    deliveries = [e for e in _lines(out) if e.get("event") == "received"]
+        wait_for(dead_lettered, 30, "every message in %DLQ%GDead")
+        time.sleep(MIN_INVISIBLE_MS / 1000 * 2)  # nothing is delivered after the DLQ
+        events = consumer.finish(30)  # it stops once its stdin is closed
+    deliveries = [e for e in events if e.get("event") == "received"]
     by_id: dict[str, list[int]] = {}
     for e in deliveries:
         by_id.setdefault(e["message_id"], []).append(e["attempt"])
@@ -245,6 +224,22 @@ def _change(stub: Any, topic: str, grp: str, handle: str, invisible_ms: int) -> 
     )
 
 
+def _check_system_properties(cluster: LocalCluster, msg: Any) -> None:
+    """What the clients check and read of a received message (docs/RMQ5.md, "Consumers"):
+    the body's digest (MD5, upper-case hex: the clients compare it as a string) and encoding,
+    and the store timestamp, queue and offset of the message as the group stored it."""
+    sp = msg.system_properties
+    assert sp.body_digest.type == v2.MD5
+    assert sp.body_digest.checksum == hashlib.md5(msg.body).hexdigest().upper()
+    assert sp.body_encoding == v2.IDENTITY
+    leader = cluster.node(cluster.wait_leader()).client_addr
+    (stored,) = [m for m in pull_all(leader, msg.topic.name, sp.queue_id) if m.body == msg.body]
+    assert "01" + stored.msg_id == sp.message_id
+    assert sp.queue_offset == stored.queue_offset
+    assert sp.store_timestamp.ToMilliseconds() == stored.store_timestamp_ms > 0
+    assert sp.born_timestamp.ToMilliseconds() == stored.born_timestamp_ms > 0
+
+
 def test_hostile_handles_and_invisible_times_change_nothing(
     group: LocalCluster, tmp_path: Path, v2_stub: Any
 ) -> None:
@@ -255,6 +250,7 @@ def test_hostile_handles_and_invisible_times_change_nothing(
         assert _code(answer.status) == "ILLEGAL_INVISIBLE_TIME"
     first = _receive(v2_stub, topic, "GBad", 60_000)
     assert _code(first[-1].status) == "OK" and len(first) == 2
+    _check_system_properties(group, first[0].message)
     handle = first[0].message.system_properties.receipt_handle
     for bad in ("", "not a handle!", "A" * 2000, handle[:-4]):
         assert _code(_ack(v2_stub, topic, "GBad", bad).status) == "INVALID_RECEIPT_HANDLE"
@@ -292,34 +288,31 @@ def test_leader_sigkill_between_receive_and_ack(group: LocalCluster, tmp_path: P
         str(invisible_s),
         str(HELD),
     )
-    with subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(tmp_path, "py")
-    ) as proc:
-        assert proc.stdout is not None and proc.stdin is not None
-        head: list[Any] = []
-        for line in proc.stdout:
-            if line.startswith("{"):
-                head.append(json.loads(line))
-                if head[-1].get("event") == "held":
-                    break
-        assert head[-1] == {"event": "held", "count": HELD}, head[-3:]
+    with _client(argv, tmp_path, "py", stdin=True) as consumer:
+        lines = consumer.wait_lines(
+            lambda got: any(e.get("event") == "held" for e in got), CLIENT_TIMEOUT_S
+        )
+        assert lines[-1] == {"event": "held", "count": HELD}, lines[-3:]
         leader = group.wait_leader()
         group.signal(leader, signal.SIGKILL)
         killed_at = time.monotonic()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        out = proc.stdout.read()
-        assert proc.wait(timeout=CLIENT_TIMEOUT_S) == 0
-    events = head[:-1] + [e for e in _lines(out) if "event" in e]
-    held = [e["message_id"] for e in head[:-1]]
+        consumer.say("go\n")
+        events = consumer.finish(CLIENT_TIMEOUT_S)
+    head, out = lines[:-1], events[len(lines) :]
+    held = [e["message_id"] for e in head]
     assert sorted(held) == sorted(r["message_id"] for r in sent)
     acked_early = set(held[0::2])
     assert not [e for e in events if e["event"] == "ack_failed"], [
         e["error"] for e in events if e["event"] == "ack_failed"
     ]
-    later = [e for e in _lines(out) if e.get("event") == "received"]
+    later = [e for e in out if e.get("event") == "received"]
     assert sorted(e["message_id"] for e in later) == sorted(held[1::2]), "redelivered set"
     assert all(e["attempt"] == 2 for e in later)
+    # Not before the invisible time: it runs from the first receive's answer, which came
+    # after the receive was asked ("asked"); the redelivery's line is printed after it ("t").
+    asked = {e["message_id"]: e["asked"] for e in head}
+    waits = [(e["t"] - asked[e["message_id"]], e) for e in later]
+    assert all(waited >= invisible_s for waited, _ in waits), min(waits, key=lambda w: w[0])
     assert not acked_early & {e["message_id"] for e in later}, "an acked message came again"
     assert time.monotonic() - killed_at < CLIENT_TIMEOUT_S
     group.start(leader)

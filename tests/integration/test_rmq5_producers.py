@@ -6,8 +6,6 @@ and change nothing (docs/RMQ5.md)."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from rmq5_support import ClientProcess, client_env
 from support import create_topic_on, pull_all, wait_for
 
 from broker.cluster import LocalCluster
@@ -93,16 +92,13 @@ def _stored(cluster: LocalCluster, topic: str = TOPIC, queues: int = QUEUES) -> 
 
 
 def _run_client(argv: list[str], home: Path, env: dict[str, str] | None = None) -> list[Any]:
-    """Run an official client's script; its JSON lines. HOME points at the test's directory:
+    """Run an official client's script (output in files under ``home``, as
+    rmq5_support.ClientProcess says why); its JSON lines. HOME points at the test's directory:
     both clients write their logs under ~/logs/rocketmq."""
-    full_env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), **(env or {})}
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S, env=full_env, check=False
-    )
-    assert done.returncode == 0, f"{argv[:2]} failed:\n{done.stdout}\n{done.stderr[-3000:]}"
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines and lines[-1] == {"done": int(argv[-2])}, done.stdout
-    return lines[:-1]
+    with ClientProcess(argv, home, client_env(home, **(env or {}))) as client:
+        lines = client.finish(CLIENT_TIMEOUT_S)
+        assert client.lines()[-1] == {"done": int(argv[-2])}, client.tail()
+    return lines
 
 
 def _check_intact(cluster: LocalCluster, receipts: list[Any], prefix: str) -> None:
@@ -284,6 +280,17 @@ def test_settings_then_heartbeat_and_unknown_client_types(v2_stub: Any) -> None:
         v2_service.HeartbeatRequest(client_type=v2.PRODUCER), metadata=meta, timeout=5
     )
     assert _code(ok.status) == "OK"
+    # A SimpleConsumer is told how long to long-poll and how many messages to ask for at most
+    # (what RocketMQ's proxy answers: 20 s, 32).
+    consumer = v2.Settings(
+        client_type=v2.SIMPLE_CONSUMER,
+        subscription=v2.Subscription(group=v2.Resource(name="GSettings")),
+        user_agent=v2.UA(language=v2.PYTHON, version="5.1.2"),
+    )
+    got = _telemetry(v2_stub, "rmq5-test-consumer", consumer)
+    assert _code(got.status) == "OK"
+    assert got.settings.subscription.long_polling_timeout.ToMilliseconds() == 20_000
+    assert got.settings.subscription.receive_batch_size == 32
     unknown = _telemetry(v2_stub, "rmq5-other", v2.Settings(user_agent=asked.user_agent))
     assert _code(unknown.status) == "UNRECOGNIZED_CLIENT_TYPE"
     no_id = _telemetry(v2_stub, "", asked)

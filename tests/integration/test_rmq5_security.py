@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from integration.test_rmq5_producers import DISK_CONF, RMQ5, SCRIPTS
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+from rmq5_support import ClientProcess
 from support import create_topic_on, pull_all, wait_for
 
 from broker.cluster import LocalCluster
@@ -142,7 +142,7 @@ def _run(
     """One official client's secure producer; its JSON lines (or its one error line)."""
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "HOME": str(_home(cluster, prefix)),  # both clients log under ~/logs
+        "HOME": str(_home(cluster, prefix)),  # both clients log under ~/logs (*.log)
         "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(Layout(cluster.base).ca_cert),
         "RMQ5_ACCESS_KEY": creds.access_key,
         "RMQ5_SECRET_KEY": creds.secret_key,
@@ -157,16 +157,11 @@ def _run(
         assert (modules / "rocketmq-client-nodejs").exists(), "build/rmq5/node: run 'make venv'"
         env["NODE_PATH"] = str(modules)
         argv = ["node", str(SCRIPTS / "node_secure_producer.js")]
-    done = subprocess.run(
-        [*argv, addr, TOPIC, str(SENDS), prefix],
-        capture_output=True,
-        text=True,
-        timeout=CLIENT_TIMEOUT_S,
-        env=env,
-        check=False,
-    )
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode in (0, 3) and lines, f"{lang}: {done.stdout}\n{done.stderr[-3000:]}"
+    home = _home(cluster, prefix)
+    with ClientProcess([*argv, addr, TOPIC, str(SENDS), prefix], home, env) as client:
+        code = client.wait(CLIENT_TIMEOUT_S)
+        lines = client.lines()
+        assert code in (0, 3) and lines, f"{lang}: exit {code}\n{client.tail(3000)}"
     return lines
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from rmq5_support import ClientProcess, client_env
 from support import create_v2_topic, pull_all, wait_for
 
 from broker.cluster import LocalCluster
@@ -88,34 +88,14 @@ def _code(status: Any) -> str:
     return str(v2.Code.Name(status.code))
 
 
-def _env(home: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "NODE_PATH": str(NODE_MODULES)}
-
-
-def _spawn(argv: list[str], home: Path, name: str) -> subprocess.Popen[str]:
+def _spawn(argv: list[str], home: Path, name: str) -> ClientProcess:
     """A client script whose stdout and stderr go to files in ``home`` (``name``.out, .err),
     never to pipes: a pipe the test does not read while it kills and restarts a node fills up,
     and the client then stalls on its next print (measured as seconds of lateness once)."""
-    with (home / f"{name}.out").open("w") as out, (home / f"{name}.err").open("w") as err:
-        return subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=_env(home))
+    return ClientProcess(argv, home, client_env(home, node=True), name=name)
 
 
-def _finish(proc: subprocess.Popen[str], home: Path, name: str) -> list[Any]:
-    try:
-        proc.wait(timeout=CLIENT_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = (home / f"{name}.out").read_text()
-    err = (home / f"{name}.err").read_text()
-    assert proc.returncode == 0, f"{proc.args!r} failed:\n{out[-2000:]}\n{err[-3000:]}"
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert lines and "done" in lines[-1], out[-2000:]
-    return lines[:-1]
-
-
-def _producers(addr: str, topic: str, home: Path) -> list[subprocess.Popen[str]]:
+def _producers(addr: str, topic: str, home: Path) -> list[ClientProcess]:
     """The Python producer ("py") and the Node.js one ("nd"), running."""
     assert PYTHON.exists(), "build/rmq5/pyclient missing: run 'make venv'"
     assert (NODE_MODULES / "rocketmq-client-nodejs").exists(), "build/rmq5/node: run 'make venv'"
@@ -199,7 +179,7 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
     try:
         started = time.time()
         producers = zip(_producers(addr, topic, tmp_path), ("py", "nd"), strict=True)
-        sent = [line for p, name in producers for line in _finish(p, tmp_path, name)]
+        sent = [line for p, _ in producers for line in p.finish(CLIENT_TIMEOUT_S)]
         assert len(sent) == total
         # The leader dies in the middle of the spread, with about half the messages pending.
         time.sleep(max(0.0, started + sum(SPREAD_S) / 2 - time.time()))
@@ -209,13 +189,11 @@ def test_timed_messages_arrive_on_time_across_a_leader_failover(
         group.wait_leader(exclude=leader)
         elected_ms = int(time.time() * 1000)
         group.start(leader)
-        events = _finish(consumer, tmp_path, "c")
+        events = consumer.finish(CLIENT_TIMEOUT_S)
     finally:
         terms.stopping.set()
         terms.join(5)
-        if consumer.poll() is None:
-            consumer.kill()
-            consumer.wait()
+        consumer.kill()
     due = {r["message_id"]: r["deliver_ms"] for r in sent}
     stored = _check_replicas(group, topic, due)  # each delivered exactly once, never early
     # Kept with the test's files, for a look at a failure.

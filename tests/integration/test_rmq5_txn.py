@@ -6,18 +6,23 @@ once on every member; hostile EndTransactions get their status and change nothin
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import pytest
-from rmq5_support import NODE_MODULES, PYTHON, SCRIPTS, running_group, topic_on_every_node
+from rmq5_support import (
+    NODE_MODULES,
+    PYTHON,
+    SCRIPTS,
+    ClientProcess,
+    client_env,
+    running_group,
+    topic_on_every_node,
+)
 from rmq5_support import code as _code
 from rmq5_support import follower_v2_addr as _follower_v2_addr
 from support import pull_all, wait_for
@@ -71,47 +76,24 @@ def _bodies(addr: str, topic: str) -> list[str]:
     return sorted(m.body.decode() for m in _visible(addr, topic))
 
 
-def _start(argv: list[str], home: Path, node: bool) -> subprocess.Popen[str]:
-    """A client script; HOME (where the clients write their logs) and its stderr (a file, so a
-    chatty client never blocks on a full pipe) in ``home``."""
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
-    if node:
-        env["NODE_PATH"] = str(NODE_MODULES)
-    with open(home / f"{Path(argv[1]).stem}.stderr", "a") as err:
-        return subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env
-        )
+def _start(argv: list[str], home: Path, node: bool) -> ClientProcess:
+    """A client script, its output in files in ``home`` (a chatty client never blocks on a full
+    pipe while the test waits for the check-back); its stdin a pipe."""
+    return ClientProcess(argv, home, client_env(home, node=node), stdin=True)
 
 
-def _stderr(proc: subprocess.Popen[str], home: Path) -> str:
-    name = Path(cast(list[str], proc.args)[1]).stem
-    return (home / f"{name}.stderr").read_text()[-3000:]
+def _read_until(client: ClientProcess, sent: int) -> None:
+    """Return once the script reported ``sent`` half messages."""
+    client.wait_lines(
+        lambda lines: sum(e.get("event") == "sent" for e in lines) >= sent, CLIENT_TIMEOUT_S
+    )
 
 
-def _read_until(proc: subprocess.Popen[str], sent: int, home: Path) -> list[Any]:
-    """The script's lines until it reported ``sent`` half messages."""
-    assert proc.stdout is not None
-    lines: list[Any] = []
-    for raw in proc.stdout:
-        if raw.startswith("{"):
-            lines.append(json.loads(raw))
-            if sum(e.get("event") == "sent" for e in lines) == sent:
-                return lines
-    raise AssertionError(f"script ended early: {lines[-3:]}\n{_stderr(proc, home)}")
-
-
-def _finish(proc: subprocess.Popen[str], head: list[Any], home: Path, say: str = "") -> list[Any]:
-    """Say ``say`` (or close stdin), wait for the script's end; all its lines."""
-    assert proc.stdin is not None and proc.stdout is not None
+def _finish(client: ClientProcess, say: str = "") -> list[Any]:
+    """Say ``say`` (then close stdin), wait for the script's end; all its lines but ``done``."""
     if say:
-        proc.stdin.write(say)
-        proc.stdin.flush()
-    proc.stdin.close()
-    out = proc.stdout.read()
-    assert proc.wait(timeout=CLIENT_TIMEOUT_S) == 0, f"{out[-2000:]}\n{_stderr(proc, home)}"
-    lines = head + [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert lines[-1].get("done"), lines[-3:]
-    return lines
+        client.say(say)
+    return client.finish(CLIENT_TIMEOUT_S)
 
 
 def _sent(lines: list[Any]) -> dict[str, Any]:
@@ -130,7 +112,8 @@ def test_commit_rollback_and_a_check_back_answered_with_commit(
     }
     procs = {lang: _start(argv, tmp_path, lang == "nd") for lang, argv in runs.items()}
     try:
-        heads = {lang: _read_until(p, 3, tmp_path) for lang, p in procs.items()}
+        for p in procs.values():
+            _read_until(p, 3)
         leader_addr = group.node(group.wait_leader()).client_addr
         want = {lang: sorted([f"{lang}-check-commit", f"{lang}-commit"]) for lang in procs}
         # The open half becomes visible only when the group asked the producer (after the
@@ -142,12 +125,10 @@ def test_commit_rollback_and_a_check_back_answered_with_commit(
             CLIENT_TIMEOUT_S,
             "the committed and the checked-back halves",
         )
-        lines = {lang: _finish(p, heads[lang], tmp_path) for lang, p in procs.items()}
+        lines = {lang: _finish(p) for lang, p in procs.items()}
     finally:
         for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            p.kill()
     for lang, events in lines.items():
         sent = _sent(events)
         checked = [e["body"] for e in events if e.get("event") == "checked"]
@@ -243,17 +224,12 @@ def test_commit_through_a_new_leader_after_a_sigkill_is_delivered_once(
         "fo",
         "failover",
     ]
-    proc = _start(argv, tmp_path, node=False)
-    try:
-        head = _read_until(proc, 1, tmp_path)
+    with _start(argv, tmp_path, node=False) as proc:
+        _read_until(proc, 1)
         old = group.wait_leader()
         group.signal(old, signal.SIGKILL)
         killed_at = time.monotonic()
-        lines = _finish(proc, head, tmp_path, "go\n")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        lines = _finish(proc, "go\n")
     new = group.wait_leader(exclude=old)
     sent = _sent(lines)["fo-failover"]
     ended = [e for e in lines if e.get("event") == "ended"]

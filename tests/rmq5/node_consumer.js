@@ -23,6 +23,9 @@ function line(event, msg, extra) {
     keys: [...msg.keys].sort(),
     properties: Object.fromEntries(msg.properties),
     attempt: msg.deliveryAttempt,
+    // The client's own body check (MD5 digest, upper-case hex): true if it failed.
+    corrupted: msg.corrupted === true,
+    offset: Number(msg.offset),
     ...extra,
   };
   process.stdout.write(`${JSON.stringify(record)}\n`);

@@ -38,6 +38,8 @@ def _line(event: str, msg, **extra) -> None:
         "keys": sorted(msg.keys),
         "properties": dict(msg.properties),
         "attempt": msg.delivery_attempt,
+        # The client's own body check (MD5 digest, upper-case hex): True if it failed.
+        "corrupted": msg.corrupted,
         "t": round(time.monotonic(), 3),
         **extra,
     }
@@ -45,7 +47,13 @@ def _line(event: str, msg, **extra) -> None:
 
 
 def _receive(consumer, invisible_s: int) -> list:
-    return consumer.receive(32, invisible_s) or []
+    """One receive; each message printed, with ``asked``: when the receive was made (the
+    message's invisible time runs from a moment after it)."""
+    asked = round(time.monotonic(), 3)
+    messages = consumer.receive(32, invisible_s) or []
+    for msg in messages:
+        _line("received", msg, asked=asked)
+    return messages
 
 
 def _ack(consumer, msg) -> None:
@@ -61,7 +69,6 @@ def consume_all(consumer, invisible_s: int, count: int) -> None:
     deadline = time.monotonic() + BUDGET_S
     while len(acked) < count and time.monotonic() < deadline:
         for msg in _receive(consumer, invisible_s):
-            _line("received", msg)
             _ack(consumer, msg)
             acked.add(msg.message_id)
     quiet(consumer, invisible_s, ack=True)
@@ -70,7 +77,6 @@ def consume_all(consumer, invisible_s: int, count: int) -> None:
 def quiet(consumer, invisible_s: int, ack: bool) -> None:
     for _ in range(QUIET_ROUNDS):
         for msg in _receive(consumer, invisible_s):
-            _line("received", msg)
             if ack:
                 _ack(consumer, msg)
 
@@ -79,9 +85,7 @@ def hold(consumer, invisible_s: int, count: int) -> None:
     held: list = []
     deadline = time.monotonic() + BUDGET_S
     while len(held) < count and time.monotonic() < deadline:
-        for msg in _receive(consumer, invisible_s):
-            _line("received", msg)
-            held.append(msg)
+        held.extend(_receive(consumer, invisible_s))
     print(json.dumps({"event": "held", "count": len(held)}), flush=True)
     sys.stdin.readline()
     for i, msg in enumerate(held):
@@ -90,7 +94,6 @@ def hold(consumer, invisible_s: int, count: int) -> None:
     waiting = {m.message_id for i, m in enumerate(held) if i % 2}
     while waiting and time.monotonic() < deadline:
         for msg in _receive(consumer, invisible_s):
-            _line("received", msg)
             _ack(consumer, msg)
             waiting.discard(msg.message_id)
     quiet(consumer, invisible_s, ack=True)
@@ -101,8 +104,7 @@ def never(consumer, invisible_s: int) -> None:
     threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
     deadline = time.monotonic() + BUDGET_S
     while not closed.is_set() and time.monotonic() < deadline:
-        for msg in _receive(consumer, invisible_s):
-            _line("received", msg)
+        _receive(consumer, invisible_s)  # every delivery printed, none acked
 
 
 def main() -> int:

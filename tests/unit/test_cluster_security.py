@@ -177,3 +177,13 @@ def test_the_rmq5_line_offers_one_endpoint_per_client_over_tls(tmp_path: Path) -
     plain = LocalCluster(tmp_path / "p")
     plain.configure(2, auto_ports=True)
     assert rmq5_line(plain).endswith(";".join(n.grpc_addr for n in plain.nodes))
+    # Without --auto-ports: RocketMQ 5's proxy port, 8081, for the first node, then the next.
+    default = LocalCluster(tmp_path / "d")
+    default.configure(3)
+    line = rmq5_line(default)
+    assert line.endswith("endpoints 127.0.0.1:8081;127.0.0.1:8082;127.0.0.1:8083"), line
+    assert [broker_config.load_config(n.conf).grpcServerPort for n in default.nodes] == [
+        8081,
+        8082,
+        8083,
+    ]
