@@ -27,25 +27,50 @@ PICK_PORT_LOW = 20000
 PICK_PORT_HIGH = 32768
 # Random draws in that range before falling back to the kernel's choice (port 0).
 PICK_PORT_ATTEMPTS = 64
+# "LOW-HIGH" (HIGH excluded) narrows that range for this process and its children: two runs
+# side by side on one machine, each in a range of its own, never pick the same port (make
+# test's two pytest sessions do this). Inside [PICK_PORT_LOW, PICK_PORT_HIGH), at least
+# MIN_PICK_PORTS wide (a group takes about 15).
+PICK_PORTS_ENV = "RAFTMQ_PICK_PORTS"
+MIN_PICK_PORTS = 256
+
+
+def pick_port_range() -> tuple[int, int]:
+    """[low, high) of the ports `free_ports` draws from: ``RAFTMQ_PICK_PORTS`` if set, else
+    [PICK_PORT_LOW, PICK_PORT_HIGH); a malformed setting raises ValueError saying why."""
+    spec = os.environ.get(PICK_PORTS_ENV, "").strip()
+    if not spec:
+        return PICK_PORT_LOW, PICK_PORT_HIGH
+    low_s, sep, high_s = spec.partition("-")
+    if not (sep and low_s.isdigit() and high_s.isdigit()):
+        raise ValueError(f"{PICK_PORTS_ENV}={spec!r}: expected LOW-HIGH, e.g. 20000-26000")
+    low, high = int(low_s), int(high_s)
+    if not (PICK_PORT_LOW <= low and low + MIN_PICK_PORTS <= high <= PICK_PORT_HIGH):
+        raise ValueError(
+            f"{PICK_PORTS_ENV}={spec!r}: must lie in {PICK_PORT_LOW}-{PICK_PORT_HIGH} "
+            f"and span at least {MIN_PICK_PORTS} ports"
+        )
+    return low, high
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free TCP ports on ``host``, drawn at random from [PICK_PORT_LOW,
-    PICK_PORT_HIGH) (the kernel's choice when that range looks full): every probe socket stays
-    bound until all are picked, so no port is handed out twice."""
+    """``n`` distinct free TCP ports on ``host``, drawn at random from `pick_port_range` (the
+    kernel's choice when that range looks full): every probe socket stays bound until all are
+    picked, so no port is handed out twice."""
     draw = random.SystemRandom()
+    low, high = pick_port_range()
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(n):
             s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            ports.append(_bind_free(s, host, draw))
+            ports.append(_bind_free(s, host, draw, low, high))
         return ports
 
 
-def _bind_free(s: socket.socket, host: str, draw: random.Random) -> int:
+def _bind_free(s: socket.socket, host: str, draw: random.Random, low: int, high: int) -> int:
     for _ in range(PICK_PORT_ATTEMPTS):
         try:
-            s.bind((host, draw.randrange(PICK_PORT_LOW, PICK_PORT_HIGH)))
+            s.bind((host, draw.randrange(low, high)))
         except OSError:
             continue  # in use (or bound by another probe of ours): draw again
         return int(s.getsockname()[1])

@@ -111,6 +111,7 @@ def test_serve_until_signalled_stops_once() -> None:
 def test_free_ports_come_from_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
     """A picked port is bound by a child a second later: outgoing connections and binds to
     port 0 (the ephemeral range) must not take it meanwhile."""
+    monkeypatch.delenv(procs.PICK_PORTS_ENV, raising=False)
     ports = procs.free_ports(12)
     assert len(set(ports)) == 12
     assert all(procs.PICK_PORT_LOW <= p < procs.PICK_PORT_HIGH for p in ports)
@@ -121,3 +122,24 @@ def test_free_ports_come_from_below_the_ephemeral_range(monkeypatch: pytest.Monk
         monkeypatch.setattr(procs, "PICK_PORT_HIGH", busy + 1)
         (port,) = procs.free_ports(1)
     assert port != busy
+
+
+def test_a_pick_range_of_its_own_keeps_side_by_side_runs_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(procs.PICK_PORTS_ENV, "26000-26256")
+    assert procs.pick_port_range() == (26000, 26256)
+    assert all(26000 <= p < 26256 for p in procs.free_ports(40))
+    monkeypatch.delenv(procs.PICK_PORTS_ENV)
+    assert procs.pick_port_range() == (procs.PICK_PORT_LOW, procs.PICK_PORT_HIGH)
+
+
+@pytest.mark.parametrize(
+    "spec", ["26000", "a-b", "26000-26100", "1000-30000", "30000-40000", "27000-26000", "-5-9"]
+)
+def test_a_malformed_pick_range_is_refused_saying_why(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    monkeypatch.setenv(procs.PICK_PORTS_ENV, spec)
+    with pytest.raises(ValueError, match=procs.PICK_PORTS_ENV):
+        procs.free_ports(1)
