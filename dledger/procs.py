@@ -45,7 +45,7 @@ def pick_port_range() -> tuple[int, int]:
     if not (sep and low_s.isdigit() and high_s.isdigit()):
         raise ValueError(f"{PICK_PORTS_ENV}={spec!r}: expected LOW-HIGH, e.g. 20000-26000")
     low, high = int(low_s), int(high_s)
-    if not (PICK_PORT_LOW <= low and low + MIN_PICK_PORTS <= high <= PICK_PORT_HIGH):
+    if not (low >= PICK_PORT_LOW and low + MIN_PICK_PORTS <= high <= PICK_PORT_HIGH):
         raise ValueError(
             f"{PICK_PORTS_ENV}={spec!r}: must lie in {PICK_PORT_LOW}-{PICK_PORT_HIGH} "
             f"and span at least {MIN_PICK_PORTS} ports"
