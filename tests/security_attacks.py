@@ -42,6 +42,9 @@ from mqsecurity.tls import TlsFiles
 RPC_S = 5.0
 # Raw TLS connections without a certificate, each one refused handshake the node must count.
 RAW_ATTEMPTS = 3
+# The node id the stranger's certificate (a member of broker-b) names. A node refuses its own
+# id on any certificate, so the attacks aim at other nodes, where only the group check stops it.
+STRANGER_ID = "n0"
 REGISTER = "/raftmq.nameserver.v1.NameServer/RegisterBroker"
 UNREGISTER = "/raftmq.nameserver.v1.NameServer/UnregisterBroker"
 
@@ -177,7 +180,7 @@ class Target:
     security: ClientSecurity
     ca_path: str
     members: dict[str, TlsFiles]  # this group's member certificates, by node id
-    stranger: TlsFiles  # a member certificate of broker-b, same CA
+    stranger: TlsFiles  # a member certificate of broker-b (node STRANGER_ID), same CA
     foreign: TlsFiles  # a member certificate of this group issued by another CA
 
     @property
@@ -297,7 +300,7 @@ def peer_stream_attacks(t: Target) -> None:
     (tls_handshake, peer_certificate, peer_identity), and nothing changed."""
     before = t.state()
     leader_id = before[0]
-    target = next(n.node_id for n in t.cluster.nodes if n.node_id != leader_id)
+    target = next(n.node_id for n in t.cluster.nodes if n.node_id not in (leader_id, STRANGER_ID))
     other = next(n.node_id for n in t.cluster.nodes if n.node_id not in (leader_id, target))
     counted = t.refused(target)
 
@@ -345,13 +348,19 @@ def join_attacks(t: Target) -> None:
     another CA's, another group's): refused, and nobody is added as a learner."""
     with t.log_client() as client:
         before = client.list_members()
+    # The leader, which adds learners; a follower when the leader has the stranger's id.
     leader = t.state()[0]
-    addr = f"127.0.0.1:{t.cluster.node(leader).peer_port}"
+    node = next(
+        n
+        for n in t.cluster.nodes
+        if n.node_id != STRANGER_ID and (n.node_id == leader or leader == STRANGER_ID)
+    )
+    addr = f"127.0.0.1:{node.peer_port}"
     foreign = TlsFiles(t.foreign.cert_path, t.foreign.key_path, t.ca_path)
     cases = [
         ("n9", t.tls, grpc.StatusCode.UNAVAILABLE, ""),  # no certificate: handshake refused
         ("n1", foreign, grpc.StatusCode.UNAVAILABLE, ""),  # another CA: handshake refused
-        ("n0", t.stranger, grpc.StatusCode.PERMISSION_DENIED, "NOT_A_MEMBER"),  # broker-b's
+        (STRANGER_ID, t.stranger, grpc.StatusCode.PERMISSION_DENIED, "NOT_A_MEMBER"),  # broker-b's
     ]
     for node_id, files, status, code in cases:
         request = dpb.JoinRequest(

@@ -34,6 +34,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from security_attacks import (
+    STRANGER_ID,
     Clients,
     Target,
     client_attacks_refused,
@@ -118,7 +119,11 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Default]:
         attacker = base.parent / "attacker"
         attacker.mkdir(mode=0o700)
         stranger = pki.issue_member(
-            pki.load_authority(str(layout.tls_dir)), str(attacker), "broker-b", "n0", LOCAL_HOSTS
+            pki.load_authority(str(layout.tls_dir)),
+            str(attacker),
+            "broker-b",
+            STRANGER_ID,
+            LOCAL_HOSTS,
         )
         other_ca = pki.create_authority(str(attacker / "other-ca"))
         foreign = pki.issue_member(

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from security_attacks import (
+    STRANGER_ID,
     Target,
     join_attacks,
     namesrv_plaintext_counted,
@@ -76,7 +77,7 @@ def _configure(base: Path) -> Group:
     tls_dir = str(base / "tls")
     ca = pki.create_authority(tls_dir)
     members = {n: pki.issue_member(ca, tls_dir, GROUP, n, HOSTS) for n in ("n0", "n1", "n2")}
-    stranger = pki.issue_member(ca, tls_dir, "broker-b", "n0", HOSTS)
+    stranger = pki.issue_member(ca, tls_dir, "broker-b", STRANGER_ID, HOSTS)
     other_ca = pki.create_authority(str(base / "other-ca"))
     foreign = pki.issue_member(other_ca, str(base / "other-ca"), GROUP, "n1", HOSTS)
     ns = pki.issue_server(ca, tls_dir, "nameserver", HOSTS)
