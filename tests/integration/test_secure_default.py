@@ -338,6 +338,15 @@ def test_mqadmin_users_and_acls_revoked_on_every_node_and_after_failover(default
     leader = g.leader()
     assert send_as(g, leader, ALICE_NEW, "t-pub") == "OK"
     assert send_as(g, leader, ALICE_NEW, "t-other") == "PERMISSION_DENIED"
+    # A Deny rule (-d reaches the broker); the answer lists all of alice's rules.
+    rows = ok(g, "createAcl", "-s", "User:alice", "-r", "Topic:t-other", "-a", "Pub", "-d", "Deny")
+    assert {(r["resource"], r["decision"]) for r in rows} == {
+        ("Topic:t-pub", "Allow"),
+        ("Topic:t-two", "Allow"),
+        ("Topic:t-other", "Deny"),
+    }
+    bad = mqadmin(g, "createAcl", "-s", "User:alice", "-r", "Queue:x", "-a", "Pub")
+    assert bad.returncode == 1 and "INVALID_REQUEST" in bad.stderr, bad.stderr
 
     # deleteAcl of one rule: every node refuses that topic within a second, not the other.
     ok(g, "deleteAcl", "-s", "User:alice", "-r", "Topic:t-pub")
