@@ -1,7 +1,7 @@
 """The attacks of issue #18 ("Must show"), shared by the tests that run them against a group:
-tests/integration/test_security_transport.py (TLS and member certificates, no users),
-tests/integration/test_security_acl.py (users and rules) and
-tests/integration/test_secure_default.py (all of it, as `mqcluster up` starts a group).
+tests/integration/test_security_transport.py (TLS and member certificates, no users) and
+tests/integration/test_secure_default.py (all of it, as `mqcluster up` starts a group); the
+signed-stub helpers serve tests/integration/test_security_acl.py too.
 
 Each attack function runs its attacks and asserts what the issue asks of every one: refused
 with a clear status (the structured error's code), nothing changed, and the refusal counted
