@@ -61,6 +61,15 @@ from spark_audit.plan import InputError
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent  # the venv's console scripts, as a user runs them
+
+
+def tool(name: str, module: str) -> list[str]:
+    """The console script ``name`` beside this Python (tests run from the venv), else its
+    module (both import the tree PYTHONPATH names first)."""
+    script = BIN / name
+    return [str(script)] if script.exists() else [sys.executable, "-m", module]
+
+
 RPC_S = 5.0
 # docs/SECURITY.md: deleting a user or a rule reaches every node within a second.
 ACL_PROPAGATION_S = 1.0
@@ -103,7 +112,14 @@ def _printed_exports(stdout: str) -> dict[str, str]:
 def default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Default]:
     base = tmp_path_factory.mktemp("secure-default") / "cluster"
     sets = [a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")]
-    up = [str(BIN / "mqcluster"), "--base-dir", str(base), "up", "--auto-ports", *sets]
+    up = [
+        *tool("mqcluster", "broker.cluster"),
+        "--base-dir",
+        str(base),
+        "up",
+        "--auto-ports",
+        *sets,
+    ]
     clients: Clients | None = None
     try:
         done = subprocess.run(up, capture_output=True, text=True, timeout=120)
@@ -240,7 +256,7 @@ def mqadmin(
     """``mqadmin -n <namesrv> --json ARGS`` as a user runs it, after the exports (default: the
     ones `mqcluster up` printed)."""
     assert g.cluster.namesrv is not None
-    argv = [str(BIN / "mqadmin"), "-n", g.cluster.namesrv.addr, "--json", *args]
+    argv = [*tool("mqadmin", "client.mqadmin"), "-n", g.cluster.namesrv.addr, "--json", *args]
     env = _tool_env(g.exports if exports is None else exports)
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
