@@ -63,13 +63,6 @@ pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent  # the venv's console scripts, as a user runs them
 
 
-def tool(name: str, module: str) -> list[str]:
-    """The console script ``name`` beside this Python (tests run from the venv), else its
-    module (both import the tree PYTHONPATH names first)."""
-    script = BIN / name
-    return [str(script)] if script.exists() else [sys.executable, "-m", module]
-
-
 RPC_S = 5.0
 # docs/SECURITY.md: deleting a user or a rule reaches every node within a second.
 ACL_PROPAGATION_S = 1.0
@@ -81,6 +74,13 @@ ALICE_NEW = Credentials("alice", "alice-secret-0002")  # after updateUser -p
 CAROL = Credentials("carol", "carol-secret-0001")  # no rules: lacks every permission
 # Past the guard: the leader serves, a follower redirects (the guard runs before either).
 PASSES = {"OK", "NOT_LEADER"}
+
+
+def tool(name: str, module: str) -> list[str]:
+    """The console script ``name`` beside this Python (tests run from the venv), else its
+    module (both import the tree PYTHONPATH names first)."""
+    script = BIN / name
+    return [str(script)] if script.exists() else [sys.executable, "-m", module]
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Default:
 
 def _printed_exports(stdout: str) -> dict[str, str]:
     """The ``export A=.. B=..`` line `mqcluster up` printed for the tools."""
-    line = next(ln for ln in stdout.splitlines() if ln.strip().startswith(("for mqadmin",)))
+    line = next(ln for ln in stdout.splitlines() if ln.strip().startswith("for mqadmin"))
     words = line.split("export ", 1)[1].split()
     return dict(w.split("=", 1) for w in words)
 
@@ -143,7 +143,7 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Default]:
         )
         other_ca = pki.create_authority(str(attacker / "other-ca"))
         foreign = pki.issue_member(
-            other_ca, str(attacker / "other-ca"), "broker-a", "n1", LOCAL_HOSTS
+            other_ca, str(attacker / "other-ca"), cluster.group, "n1", LOCAL_HOSTS
         )
         target = Target(
             cluster,
