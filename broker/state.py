@@ -70,7 +70,7 @@ from broker.errors import (
     QueueStoreClosedError,
 )
 from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
-from broker.message import batch_count, scan_dispatch
+from broker.message import DispatchRow, batch_count, scan_dispatch
 from broker.names import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
@@ -257,6 +257,8 @@ class _Captured:
 
 
 QueueKey = tuple[str, int]
+CqRow = tuple[int, int, int]  # a ConsumeQueue row: position, size, tag hash (or a time)
+KeyRow = tuple[str, Sequence[str], str, int, int]  # topic, keys, id, position, store time
 # Called at the end of each apply with the queues that got messages and their tag hashes.
 DispatchListener = Callable[[Mapping[QueueKey, set[int]]], None]
 
@@ -693,17 +695,45 @@ class BrokerStateMachine:
         body_offset: int = 0,
         check_dedup: bool = True,
     ) -> list[SendResult]:
+        """Apply the message batch at ``body_offset`` of ``entry``: place every message in
+        its queue (or answer a retried id from the dedup table), then store the ConsumeQueue
+        rows and the key index rows; all or nothing (an error stores nothing)."""
         base = self.log.body_position(entry.index) + body_offset
         body = memoryview(entry.body)[body_offset:] if body_offset else entry.body
-        results: list[SendResult] = []
-        per_queue: dict[QueueKey, list[tuple[int, int, int]]] = {}
-        next_offset: dict[QueueKey, int] = {}
-        dedup = self.dedup if check_dedup else None
-        to_index: list[tuple[str, Sequence[str], str, int, int]] = []
-        latest = self._latest_store_ts
         # The whole batch is checked (entry CRC covered it already; each message's CRC is
         # checked again when it is read): a corrupt batch is skipped as a whole.
         rows = scan_dispatch(body)
+        results, per_queue, to_index = self._place_batch(
+            rows, base, self.dedup if check_dedup else None
+        )
+        for key, records in per_queue.items():
+            self.cqs.queue(*key).append_many(records)
+            touched.setdefault(key, set()).update(r[2] for r in records)
+        self.index.put_messages(to_index)
+        self._dispatch_end = base + len(body)
+        self._evict_dedup()
+        if self.role is Role.LEADER:  # only a leader has send handlers waiting for them
+            self._results[entry.index] = results
+            while len(self._results) > RESULTS_KEPT:
+                self._results.popitem(last=False)
+        return results
+
+    def _place_batch(
+        self,
+        rows: Sequence[DispatchRow],
+        base: int,
+        dedup: MutableMapping[str, SendResult] | None,
+    ) -> tuple[list[SendResult], dict[QueueKey, list[CqRow]], list[KeyRow]]:
+        """Check every message of a batch and give it its queue offset; nothing is stored
+        yet. Returns the send results (duplicates answered from ``dedup``, new ids added to
+        it), the ConsumeQueue rows per queue and the key index rows. On any error the ids
+        this batch added to ``dedup`` are taken out again. One call per batch: the loop is
+        the apply path's per-message cost, so it stays in one frame."""
+        results: list[SendResult] = []
+        per_queue: dict[QueueKey, list[CqRow]] = {}
+        next_offset: dict[QueueKey, int] = {}
+        to_index: list[KeyRow] = []
+        latest = self._latest_store_ts
         try:
             for offset_in, size, topic, queue_id, t_hash, keys, uniq_id, store_ts in rows:
                 if not 0 <= store_ts <= MAX_STORE_TIMESTAMP_MS:
@@ -746,17 +776,7 @@ class BrokerStateMachine:
                 _forget_new_ids(dedup, results)
             raise
         self._latest_store_ts = latest
-        for key, records in per_queue.items():
-            self.cqs.queue(*key).append_many(records)
-            touched.setdefault(key, set()).update(r[2] for r in records)
-        self.index.put_messages(to_index)
-        self._dispatch_end = base + len(body)
-        self._evict_dedup()
-        if self.role is Role.LEADER:  # only a leader has send handlers waiting for them
-            self._results[entry.index] = results
-            while len(self._results) > RESULTS_KEPT:
-                self._results.popitem(last=False)
-        return results
+        return results, per_queue, to_index
 
     def _apply_txn(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
         """A transaction record; its message batch (a half, or a commit's visible copy) is

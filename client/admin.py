@@ -37,6 +37,7 @@ from client.route import (
     ChannelPool,
     RouteClient,
     TopicRoute,
+    first_namesrv_answer,
     parse_namesrv_addr,
 )
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
@@ -211,17 +212,8 @@ class MQAdmin:
         """``call`` on the first NameServer that answers; a NameServer's error answer (not
         ``UNAVAILABLE``) is raised at once."""
         channels = self._pool()
-        last: MQClientError | None = None
         try:
-            for addr in self._namesrvs:
-                try:
-                    return call(ns_grpc.NameServerStub(channels.get(addr)))
-                except grpc.RpcError as exc:
-                    last = MQClientError.from_rpc(exc)
-                    if last.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-                        raise last from exc
-            assert last is not None
-            raise last
+            return first_namesrv_answer(channels, self._namesrvs, call)
         finally:
             channels.close()
 

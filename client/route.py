@@ -64,6 +64,26 @@ def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
     return addrs
 
 
+def first_namesrv_answer(
+    channels: ChannelPool, namesrvs: list[str], call: Callable[[ns_grpc.NameServerStub], T]
+) -> T:
+    """``call`` on each NameServer of ``namesrvs`` (:func:`parse_namesrv_addr`: never empty)
+    in order until one answers: one that is down or slow (``UNAVAILABLE``,
+    ``DEADLINE_EXCEEDED``) passes the call on, any other error answer is raised at once. The
+    admin tool's and the dashboard's NameServer reads; :class:`RouteClient` keeps a sticky
+    NameServer for its lookups instead."""
+    last: MQClientError | None = None
+    for addr in namesrvs:
+        try:
+            return call(ns_grpc.NameServerStub(channels.get(addr)))
+        except grpc.RpcError as exc:
+            last = MQClientError.from_rpc(exc)
+            if last.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                raise last from exc
+    assert last is not None
+    raise last
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerGroupRoute:
     """One broker group serving a topic: its queues and where to send."""

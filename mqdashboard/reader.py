@@ -28,7 +28,13 @@ from client.admin import MQAdmin
 from client.consumer import PullConsumer
 from client.errors import MQClientError
 from client.message import DLQ_PREFIX, MessageExt, MessageQueue
-from client.route import NAMESRV_RPC_TIMEOUT_S, ChannelPool, RouteClient, parse_namesrv_addr
+from client.route import (
+    NAMESRV_RPC_TIMEOUT_S,
+    ChannelPool,
+    RouteClient,
+    first_namesrv_answer,
+    parse_namesrv_addr,
+)
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 # One node's Metadata: a dead node must not hold a page up for long.
@@ -225,16 +231,7 @@ class GroupReader:
     def _namesrv(self, call: Callable[[ns_grpc.NameServerStub], object]) -> object:
         """``call`` on the first NameServer that answers, over the reader's own channels (the
         sampler asks every interval: no new TLS session each time)."""
-        last: MQClientError | None = None
-        for addr in self._namesrvs:
-            try:
-                return call(ns_grpc.NameServerStub(self.channels.get(addr)))
-            except grpc.RpcError as exc:
-                last = MQClientError.from_rpc(exc)
-                if last.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-                    raise last from exc
-        assert last is not None
-        raise last
+        return first_namesrv_answer(self.channels, self._namesrvs, call)
 
     def cluster_info(self) -> ns_pb.GetClusterInfoResponse:
         resp = self._namesrv(

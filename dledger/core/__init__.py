@@ -42,7 +42,9 @@ Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in
 1. send ``rd.early_messages`` (optional; they may also wait for 3). They promise nothing about
    this node's disk: a leader's appends and heartbeats (its term was durable before its vote
    requests left; it counts its own entries only once stable) and TimeoutNow.
-2. persist, in ONE job (off the event loop; ``dledger.log.persist`` does it): save
+2. persist, in ONE job (``dledger.log.persist`` does it; the server runs it in its flush
+   thread whenever it waits for the disk, and a page-cache-only append under ASYNC_FLUSH
+   inline, docs/RAFT.md section 4): save
    ``rd.hard_state`` (term and vote; None: unchanged), cut the stored log from
    ``rd.truncate_from`` on (None: no cut), append ``rd.entries`` (consecutive, the first at
    the stored last index + 1 after the cut), flush. A job refused by a full disk may be run

@@ -272,6 +272,15 @@ def _check_members(
     return bootstrap(node_id, others)
 
 
+def _check_applied(log: LogStore, applied_index: int) -> None:
+    """ConfigError unless the stored log holds ``applied_index`` or starts right after it."""
+    if not log.first_index() - 1 <= applied_index <= log.last_index():
+        raise ConfigError(
+            f"applied_index {applied_index} outside the log's [first - 1, last] = "
+            f"[{log.first_index() - 1}, {log.last_index()}]"
+        )
+
+
 class RaftNode:
     """One member's Raft state machine. Not thread-safe; drive it from one thread/task."""
 
@@ -291,19 +300,29 @@ class RaftNode:
         configuration in force at ``applied_index`` (None: ``peer_ids``, all voters); the log's
         CONFIG entries above it are replayed (docs/RAFT.md section 9)."""
         base = _check_members(node_id, peer_ids, config, conf_state)
-        if not log.first_index() - 1 <= applied_index <= log.last_index():
-            raise ConfigError(
-                f"applied_index {applied_index} outside the log's [first - 1, last] = "
-                f"[{log.first_index() - 1}, {log.last_index()}]"
-            )
+        _check_applied(log, applied_index)
         self.id = node_id
         self.cfg = config
         self._log = RaftLog(log)
         self._rng = rng
         self._mut = config.mutations
         self._init_membership(base, applied_index, conf_state is not None)
+        self._init_term_and_commit(log.load_hard_state(), applied_index)
+        self._init_outbox()
+        self._init_clocks_and_leader_state()
+        self._reset_randomized_timeout()
+        logger.info(
+            "node=%s term=%d start last_index=%d commit=%d %s",
+            node_id,
+            self._term,
+            log.last_index(),
+            self._commit,
+            self._members.latest().describe(),
+        )
 
-        hs = log.load_hard_state()
+    def _init_term_and_commit(self, hs: HardState, applied_index: int) -> None:
+        """At start: a follower of no one in the stored term, committed and applied up to
+        ``applied_index``."""
         self._term = hs.term
         self._voted_for = hs.voted_for
         self._persisted_hs = hs
@@ -313,10 +332,12 @@ class RaftNode:
         # _leader_id it is never cleared within a term, so that an append from any other
         # "leader" of the same term is recognised as impossible however this node's role changed.
         self._term_leader: str | None = None
-        self._dropped: dict[str, int] = {}
         self._commit = applied_index
         self._handed = applied_index  # last committed index handed out in a Ready
         self._applied = applied_index  # last index the driver confirmed applied (advance)
+
+    def _init_outbox(self) -> None:
+        """At start: nothing owed to the driver or the peers yet (what the next Ready carries)."""
         self._msgs: list[Message] = []
         # Leader: appends and commit notices owed to followers, sent at the next ready(), so
         # that every proposal and commit between two ready() calls shares one message per
@@ -328,33 +349,28 @@ class RaftNode:
         self._outstanding: Ready | None = None
         self._last_soft = SoftState(Role.FOLLOWER, self._term, None)
         self._soft_reported: SoftState | None = None
+        self._snapshot_requests: list[SnapshotRequest] = []  # for the next Ready
 
+    def _init_clocks_and_leader_state(self) -> None:
+        """At start: tick clocks at zero, no campaign, no follower progress, no proposal in
+        flight, and the counters the driver reports (metrics, status) at zero."""
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._leader_ticks = 0  # ticks since this node became leader (check-quorum clock)
-        self._randomized_timeout = config.election_timeout_ticks
+        self._randomized_timeout = self.cfg.election_timeout_ticks
         self._votes: dict[str, bool] = {}
         self._progress: dict[str, _Progress] = {}
         self._transferee: str | None = None
         self._transfer_elapsed = 0
         self._pending: deque[tuple[int, int]] = deque()  # (last index, bytes) per proposal
         self._pending_bytes = 0
+        self._dropped: dict[str, int] = {}
         # Campaigns since start (metrics): pre-votes, real elections (a term of its own), and
         # elections this node won.
         self.pre_votes_started = 0
         self.elections_started = 0
         self.elections_won = 0
-        self._snapshot_requests: list[SnapshotRequest] = []  # for the next Ready
         self._snapshots_sent = 0  # transfers the driver reported done (status)
-        self._reset_randomized_timeout()
-        logger.info(
-            "node=%s term=%d start last_index=%d commit=%d %s",
-            node_id,
-            self._term,
-            log.last_index(),
-            self._commit,
-            self._members.latest().describe(),
-        )
 
     # ------------------------------------------------------------------ read-only state
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from dledger.core import ConfState
 from dledger.core.membership import ChangeKind, decode, joining
 from dledger.log import ConfigError, DLedgerError
+from dledger.storage.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -104,24 +104,14 @@ def load_conf(store_dir: str, node_id: str) -> ConfState | None:
 
 
 def save_conf(store_dir: str, conf: ConfState, *, is_joining: bool = False) -> None:
-    """Save atomically and durably (temp file, fsync, rename, fsync of the directory)."""
+    """Save atomically and durably (the storage package's ``atomic_write``: temp file written
+    whole, fsync, rename, fsync of the directory)."""
     doc: dict[str, object]
     if is_joining:
         doc = {"joining": True}
     else:
         doc = {"index": conf.index, "config": json.loads(conf.encode())}
-    root = Path(store_dir)
-    tmp = root / (CONF_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(doc, separators=(",", ":")).encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / CONF_FILE)
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(Path(store_dir) / CONF_FILE, json.dumps(doc, separators=(",", ":")).encode())
 
 
 class AddressBook:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 from broker.cluster import _free_port
 from client.errors import MQClientError
 from client.message import MessageQueue
-from client.route import ChannelPool, RouteClient, parse_namesrv_addr
+from client.route import ChannelPool, RouteClient, first_namesrv_answer, parse_namesrv_addr
 
 
 class FakeNameServer(pb_grpc.NameServerServicer):
@@ -104,6 +104,38 @@ def test_all_namesrvs_dead_and_bad_addr() -> None:
     assert parse_namesrv_addr(" a:1 ; b:2 ;") == ["a:1", "b:2"]
     with pytest.raises(MQClientError):
         parse_namesrv_addr(" ; ")
+
+
+def test_first_namesrv_answer_passes_over_a_dead_one_only(
+    fake: tuple[FakeNameServer, str],
+) -> None:
+    """The admin tool's and the dashboard's NameServer reads: a dead NameServer passes the
+    call on, an error answer is final (asking the next one would get the same)."""
+    servicer, addr = fake
+    dead = f"127.0.0.1:{_free_port()}"
+    channels = ChannelPool()
+
+    def route(topic: str) -> Callable[[pb_grpc.NameServerStub], pb.GetRouteInfoByTopicResponse]:
+        def call(stub: pb_grpc.NameServerStub) -> pb.GetRouteInfoByTopicResponse:
+            resp: pb.GetRouteInfoByTopicResponse = stub.GetRouteInfoByTopic(
+                pb.GetRouteInfoByTopicRequest(topic=topic), timeout=2
+            )
+            return resp
+
+        return call
+
+    try:
+        resp = first_namesrv_answer(channels, [dead, addr], route("T"))
+        assert resp.topic == "T"
+        calls = servicer.calls
+        with pytest.raises(MQClientError) as info:
+            first_namesrv_answer(channels, [addr, addr], route("Nope"))
+        assert info.value.code == "TOPIC_NOT_EXIST" and servicer.calls == calls + 1
+        with pytest.raises(MQClientError) as info:
+            first_namesrv_answer(channels, [dead], route("T"))
+        assert info.value.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+    finally:
+        channels.close()
 
 
 def _imported_tops(package: str) -> list[tuple[str, str]]:

@@ -30,7 +30,10 @@ from nameserver.routes import InvalidRequestError, TooManyBrokersError
 from nameserver.server import TABLE_FULL_RETRY_AFTER_MS, failure_of
 
 ROOT = Path(__file__).resolve().parents[2]
-# Each product package and the one class every exception it defines derives from.
+# Each product package and the one class every exception it defines derives from. Packages
+# that define no exception class have no root and are not listed: mqcli, mqmetrics (they raise
+# builtins only, ValueError for a caller's bad argument). mqdashboard's one class,
+# web.BadInput (a request refused with 400), is its root: a second class must derive from it.
 PACKAGE_ROOTS = {
     "dledger": "DLedgerError",
     "broker": "BrokerError",
@@ -39,6 +42,9 @@ PACKAGE_ROOTS = {
     "jepsen_like": "JepsenError",
     "spark_audit": "AuditError",
     "bench": "BenchError",
+    "msgcodec": "CodecError",
+    "mqsecurity": "SecurityError",
+    "mqdashboard": "BadInput",
 }
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +149,38 @@ def test_a_node_config_always_shares_its_segment_size(tmp_path: Path) -> None:
             str(tmp_path),
             shared_settings={"segment_size_bytes": "1"},
         )
+
+
+def test_the_configuration_is_written_whole_and_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk can make ``write(2)`` take fewer bytes than asked: the rest must follow,
+    never a truncated membership.json renamed into place. The file is fsynced before the
+    rename and the directory after it."""
+    conf = ConfState(frozenset({"n0", "n1", "n2"})).apply(
+        ConfChange(ChangeKind.ADD_LEARNER, "n3", "h:4", "h:14"), 42
+    )
+    real_write, real_fsync, real_replace = os.write, os.fsync, os.replace
+    events: list[str] = []
+
+    def short_write(fd: int, data: bytes | memoryview) -> int:  # at most 7 bytes a call
+        events.append("write")
+        return real_write(fd, bytes(data[:7]))
+
+    def fsync(fd: int) -> None:
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "write", short_write)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    save_conf(str(tmp_path), conf)
+    monkeypatch.undo()
+    assert events.count("write") > 1  # the file is longer than one short write
+    assert [e for e in events if e != "write"] == ["fsync file", "rename", "fsync dir"]
+    assert load_conf(str(tmp_path), "n0") == conf
+    assert not (tmp_path / (CONF_FILE + ".tmp")).exists()
