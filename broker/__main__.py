@@ -252,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqbroker: cannot serve grpcServerPort: {exc}", file=sys.stderr)
         return 2
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
-    exporter = BrokerExporter(cfg.brokerIP1, cfg.metricsPort, servicer) if cfg.metricsPort else None
+    exporter = (
+        BrokerExporter(cfg.brokerIP1, cfg.metricsPort, servicer, cfg.metrics_tls_files)
+        if cfg.metricsPort
+        else None
+    )
     tune_gc()
     profiler = None
     if ns.profile:

@@ -39,8 +39,10 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +52,7 @@ from broker import localsecurity
 from broker.config import SECRET_KEYS, render_config
 from broker.errors import BrokerError
 from dledger.procs import exited, free_ports, spawn_logged
+from dledger.properties import parse_bool
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
@@ -111,6 +114,8 @@ class NodeInfo:
     grpc_port: int = 0
     # The /metrics port (metricsPort, docs/METRICS.md); 0: not served.
     metrics_port: int = 0
+    # Whether it is served over HTTPS (tlsEnable, unless metricsTlsEnable=false).
+    metrics_tls: bool = False
 
     @property
     def client_addr(self) -> str:
@@ -118,7 +123,7 @@ class NodeInfo:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
+        return _metrics_url(self.metrics_port, self.metrics_tls)
 
     @property
     def grpc_addr(self) -> str:
@@ -132,6 +137,7 @@ class NameSrvInfo:
     log: str
     pid_file: str
     metrics_port: int = 0
+    metrics_tls: bool = False
 
     @property
     def addr(self) -> str:
@@ -139,7 +145,26 @@ class NameSrvInfo:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
+        return _metrics_url(self.metrics_port, self.metrics_tls)
+
+
+def _metrics_url(port: int, tls: bool) -> str:
+    """The /metrics address of a process of the local group ("" when it serves none)."""
+    if not port:
+        return ""
+    return f"{'https' if tls else 'http'}://127.0.0.1:{port}/metrics"
+
+
+def metrics_tls(values: Mapping[str, object]) -> bool:
+    """Whether a process with these broker.conf or NameServer keys serves /metrics over HTTPS:
+    with tlsEnable, unless metricsTlsEnable=false (docs/METRICS.md). A value that does not
+    parse stops the process at start: False then."""
+    try:
+        tls = parse_bool(str(values.get("tlsEnable", "false")))
+        own = str(values.get("metricsTlsEnable", "")).strip()
+        return tls and (parse_bool(own) if own else True)
+    except ValueError:
+        return False
 
 
 def log_client(
@@ -238,10 +263,12 @@ class LocalCluster:
         if state.exists():
             data = json.loads(state.read_text())
             self.group = data["group"]
-            self.nodes = [NodeInfo(**n) for n in data["nodes"]]
+            # A cluster.json from before metrics_tls: a secure group's processes serve HTTPS.
+            tls = {"metrics_tls": bool(data.get("secure", False))}
+            self.nodes = [NodeInfo(**{**tls, **n}) for n in data["nodes"]]
             self.removed = list(data.get("removed", []))
             if data.get("namesrv"):
-                self.namesrv = NameSrvInfo(**data["namesrv"])
+                self.namesrv = NameSrvInfo(**{**tls, **data["namesrv"]})
             self.secure = bool(data.get("secure", False))
             self.settings = {str(k): str(v) for k, v in data.get("settings", {}).items()}
 
@@ -319,6 +346,7 @@ class LocalCluster:
             str(self.base / f"{NAMESRV_ID}.log"),
             str(self.base / f"{NAMESRV_ID}.pid"),
             int(str(values.get("metricsPort", 0))),
+            metrics_tls(values),
         )
 
     def _write_node_confs(
@@ -387,6 +415,7 @@ class LocalCluster:
             str(self.base / f"{node_id}.pid"),
             gport,
             mport,
+            metrics_tls(values),
         )
 
     # ------------------------------------------------------------------ membership
@@ -642,6 +671,29 @@ class LocalCluster:
         """The security options (mqsecurity.options) a tool process needs for this group."""
         return self.layout.tool_argv() if self.secure else []
 
+    def _metrics_https(self) -> bool:
+        infos = [*self.nodes, *([self.namesrv] if self.namesrv is not None else [])]
+        return any(i.metrics_tls and i.metrics_port for i in infos)
+
+    @property
+    def metrics_ca(self) -> Path | None:
+        """The CA file a scraper checks this group's HTTPS /metrics with (the group's own CA,
+        or the nodes' tlsServerTrustCertPath); None when no process serves HTTPS."""
+        if not self._metrics_https():
+            return None
+        if self.secure:
+            return self.layout.ca_cert
+        trust = self.settings.get("tlsServerTrustCertPath")
+        return Path(trust) if trust else None
+
+    def metrics_ssl_context(self) -> ssl.SSLContext | None:
+        """What a scraper of this group's metrics_url passes to urlopen: an SSL context
+        trusting :attr:`metrics_ca` (the system's store without one), None for plain HTTP."""
+        if not self._metrics_https():
+            return None
+        ca = self.metrics_ca
+        return ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+
     def official_client_env(self, home: Path) -> dict[str, str]:
         """The environment of an official RocketMQ 5 client process (``examples/rmq5``, the
         bench's v2 case): a HOME of its own (the clients log under ~/logs) and, for a secure
@@ -766,10 +818,14 @@ def metrics_line(cluster: LocalCluster) -> str:
         urls.append(cluster.namesrv.metrics_url)
     if not urls:
         return "metrics: not served (metricsPort=0)"
-    return (
+    line = (
         "metrics (Prometheus text format, read-only, unauthenticated, docs/METRICS.md): "
         + " ".join(urls)
     )
+    ca = cluster.metrics_ca
+    if ca is not None:  # HTTPS with the group's certificates
+        line += f"\n  over TLS: curl --cacert {shlex.quote(str(ca))} {urls[0]}"
+    return line
 
 
 def format_table(rows: list[dict[str, object]]) -> str:

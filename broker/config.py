@@ -70,6 +70,11 @@ def _parse_optional_str(text: str) -> str:
     return text.strip()
 
 
+def parse_optional_bool(text: str) -> bool | None:
+    """A boolean, or None for an empty value (the key then follows another one)."""
+    return parse_bool(text) if text.strip() else None
+
+
 # Index file sizes: a multiple of this (every page size Linux uses divides it, and so does
 # the 32-byte index record), up to 1 GiB (32 Mi entries per file).
 INDEX_FILE_UNIT_BYTES = 64 * 1024
@@ -228,6 +233,14 @@ KEYS: Mapping[str, _Key] = {
     # brokerIP1 like the client port; mqcluster gives node i 5557 + i (rocketmq-exporter's port).
     "metricsPort": _Key(
         parse_optional_port, "0", "HTTP port of /metrics (Prometheus text format); 0: not served"
+    ),
+    # HTTPS on that port with tlsServerCertPath (no client certificate asked); false keeps it
+    # plain HTTP for a scraper that cannot do TLS (docs/METRICS.md).
+    "metricsTlsEnable": _Key(
+        parse_optional_bool,
+        "",
+        "serve /metrics over HTTPS with this node's certificate (default: as tlsEnable; true "
+        "needs tlsEnable)",
     ),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
@@ -431,6 +444,7 @@ class BrokerConfig:
     grpcServerPort: int
     grpcServerPlaintextPort: int
     metricsPort: int
+    metricsTlsEnable: bool | None
     brokerIP1: str
     storePathRootDir: str
     flushDiskType: FlushDiskType
@@ -492,6 +506,12 @@ class BrokerConfig:
         return tls_files_of(
             self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath
         )
+
+    @property
+    def metrics_tls_files(self) -> TlsFiles | None:
+        """The certificate and key /metrics is served with (HTTPS), None for plain HTTP."""
+        on = self.tlsEnable if self.metricsTlsEnable is None else self.metricsTlsEnable
+        return self.tls_files if on and self.tlsEnable else None
 
     @property
     def client_security(self) -> ClientSecurity:
@@ -634,6 +654,8 @@ def _check_tls(values: dict[str, Any], path: str) -> None:
                 f"{path}: key 'tlsServerCertPath': {cert} names "
                 f"{named.uri if named else 'no raftmq member'}, not this node ({expected.uri})"
             )
+    if values["metricsTlsEnable"] and not values["tlsEnable"]:
+        raise ConfigError(f"{path}: key 'metricsTlsEnable' needs tlsEnable=true")
     plain = values["tlsPlaintextListenPort"]
     if plain and not values["tlsEnable"]:
         raise ConfigError(f"{path}: key 'tlsPlaintextListenPort' needs tlsEnable=true")

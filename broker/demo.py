@@ -51,8 +51,10 @@ DEMO_MAX_SECONDS = 120
 # The demo's group is gone when it ends; this says where to watch one that stays up.
 WHERE_TO_LOOK = (
     "to watch a group: `mqcluster up` starts one that stays up and prints each process's "
-    "/metrics address (node i: http://127.0.0.1:5557+i/metrics, the NameServer: "
-    "http://127.0.0.1:5556/metrics); docs/METRICS.md lists every metric"
+    "/metrics address (node i: https://127.0.0.1:5557+i/metrics, the NameServer: "
+    "https://127.0.0.1:5556/metrics, checked with the group's CA: curl --cacert "
+    "/tmp/raftmq-cluster/tls/ca.crt; http:// with --insecure); docs/METRICS.md lists every "
+    "metric"
 )
 TOPIC = "DemoTopic"
 # The official client's step: its own topic and group (a new group starts at the oldest

@@ -52,6 +52,7 @@ from mqmetrics.families import (
 )
 from mqmetrics.server import LoopCollector, MetricsServer
 from mqsecurity.refusals import REFUSALS
+from mqsecurity.tls import TlsFiles
 
 if TYPE_CHECKING:
     from broker.service import BrokerServicer
@@ -261,9 +262,13 @@ class BrokerExporter:
     port in :meth:`bind` (inside the event loop, before the node touches its store) and serves
     from :meth:`start`."""
 
-    def __init__(self, host: str, port: int, servicer: BrokerServicer) -> None:
+    def __init__(
+        self, host: str, port: int, servicer: BrokerServicer, tls: TlsFiles | None = None
+    ) -> None:
+        """``tls``: the node's certificate and key, /metrics over HTTPS (None: plain HTTP)."""
         self.host = host
         self.port = port
+        self.tls = tls
         self.stats = BrokerStats()
         servicer.sender.stats = self.stats
         servicer.puller.stats = self.stats
@@ -283,8 +288,8 @@ class BrokerExporter:
         """Bind the port; `StartError` when it cannot be."""
         collectors = [LoopCollector(self.metrics.families, loop), ProcessCollector(registry=None)]
         try:
-            self.server = MetricsServer(self.host, self.port, collectors)
-        except OSError as exc:
+            self.server = MetricsServer(self.host, self.port, collectors, tls=self.tls)
+        except (OSError, ValueError) as exc:
             raise StartError(f"metricsPort {self.host}:{self.port}: {exc}") from None
 
     def start(self) -> None:

@@ -3,8 +3,11 @@
 The endpoint is `prometheus_client`'s WSGI app behind a small server of our own bounds: only
 ``GET /metrics`` (anything else: 404 or 405), at most `MAX_CONNECTIONS` connections served at
 once (more are closed at once, counted), each with `READ_TIMEOUT_S` to send its request. It is
-unauthenticated and plaintext, like etcd's and NATS' monitoring ports: bind it where only the
-scrapers reach (docs/METRICS.md "Security").
+unauthenticated, like etcd's and NATS' monitoring ports: bind it where only the scrapers reach
+(docs/METRICS.md "What the endpoint promises"). Given a certificate and key it speaks HTTPS
+(no client certificate asked): the TLS handshake runs in the connection's own thread, within
+`READ_TIMEOUT_S` in all, so a client that stays silent or does not speak TLS holds one slot for
+at most that long and never delays another scrape or the accepting thread.
 
 `LoopCollector` builds the families on the process's asyncio loop (the one thread that
 changes the state it reads), at most once per `MIN_COLLECT_INTERVAL_S` whoever scrapes: a
@@ -16,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +31,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from mqsecurity.tls import TlsFiles
 
 logger = logging.getLogger(__name__)
 
@@ -123,14 +130,59 @@ class _Handler(WSGIRequestHandler):
         pass  # a scrape every few seconds would flood the process log
 
 
+def server_context(files: TlsFiles) -> ssl.SSLContext:
+    """The TLS context of an HTTPS endpoint serving ``files``' certificate chain and key: TLS
+    1.2 or later, no client certificate asked (a scraper only checks ours against its CA)."""
+    if files.cert_path is None or files.key_path is None:
+        raise ValueError("an HTTPS endpoint needs a certificate and a key")
+    files.check_private_key()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(files.cert_path, files.key_path)
+    return context
+
+
+def _handshake(request: socket.socket, context: ssl.SSLContext, timeout_s: float) -> ssl.SSLSocket:
+    """The server side of a TLS handshake on ``request``, done within ``timeout_s`` in all
+    (a per-read timeout would let a client that sends a byte now and then hold the slot for
+    ever). The wrapped socket, blocking with ``timeout_s`` per read as a plaintext one; on any
+    failure it is closed and the error raised."""
+    tls = context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+    try:
+        tls.setblocking(False)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                wanted = select.POLLIN
+            except ssl.SSLWantWriteError:
+                wanted = select.POLLOUT
+            remaining = deadline - time.monotonic()
+            poller = select.poll()  # not select(): a busy process's descriptors pass 1024
+            poller.register(tls, wanted)
+            if remaining <= 0 or not poller.poll(remaining * 1000):
+                raise TimeoutError(f"no TLS handshake within {timeout_s:g} s")
+        tls.settimeout(timeout_s)
+    except BaseException:
+        tls.close()
+        raise
+    return tls
+
+
 class _BoundedServer(WSGIServer):
-    """One thread per connection, at most MAX_CONNECTIONS at once (others closed at once)."""
+    """One thread per connection, at most MAX_CONNECTIONS at once (others closed at once);
+    with an ``ssl_context``, each thread does its connection's TLS handshake first."""
 
     daemon_threads = True
+    ssl_context: ssl.SSLContext | None = None
+    read_timeout_s = READ_TIMEOUT_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused_connections = 0
+        self.failed_handshakes = 0
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -145,6 +197,13 @@ class _BoundedServer(WSGIServer):
 
     def _serve_one(self, request: Any, client_address: Any) -> None:
         try:
+            if self.ssl_context is not None:
+                try:
+                    request = _handshake(request, self.ssl_context, self.read_timeout_s)
+                except (OSError, ValueError):  # silent, not TLS, or a TLS error: closed
+                    self.failed_handshakes += 1
+                    logger.debug("metrics TLS handshake from %s failed", client_address)
+                    return
             self.finish_request(request, client_address)
         except Exception:
             self.handle_error(request, client_address)
@@ -179,15 +238,49 @@ def _only_metrics(app: Callable[..., Any]) -> Callable[..., Any]:
 
 class MetricsServer:
     """``/metrics`` on ``host:port``: bound by the constructor (a busy port fails there, before
-    the process touches anything else), served from :meth:`start` in a daemon thread."""
+    the process touches anything else), served from :meth:`start` in a daemon thread. With
+    ``tls`` (the process's certificate and key) over HTTPS, else plain HTTP; a certificate or
+    key that cannot be loaded fails in the constructor too (`OSError`, `ValueError`)."""
 
-    def __init__(self, host: str, port: int, collectors: Sequence[Collector]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        collectors: Sequence[Collector],
+        *,
+        tls: TlsFiles | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         for c in collectors:
             self.registry.register(c)
         app = _only_metrics(make_wsgi_app(self.registry))
-        self._httpd = make_server(host, port, app, _server_class(host, port), _Handler)
+        context = server_context(tls) if tls is not None else None
+        server_class = _server_class(host, port)
+
+        class Handler(_Handler):
+            timeout = read_timeout_s
+
+        self._httpd = make_server(host, port, app, server_class, Handler)
+        server = self._httpd
+        assert isinstance(server, _BoundedServer)
+        server.ssl_context = context
+        server.read_timeout_s = read_timeout_s
         self._thread: threading.Thread | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``https`` or ``http``."""
+        server = self._httpd
+        assert isinstance(server, _BoundedServer)
+        return "https" if server.ssl_context is not None else "http"
+
+    @property
+    def failed_handshakes(self) -> int:
+        """Connections closed because their TLS handshake failed or timed out."""
+        server = self._httpd
+        assert isinstance(server, _BoundedServer)
+        return server.failed_handshakes
 
     @property
     def port(self) -> int:

@@ -58,6 +58,8 @@ class NameServerConfig:
     tlsServerTrustCertPath: str = ""
     brokerAuthenticationEnabled: bool = False
     metricsPort: int = 0
+    # None: as tlsEnable (docs/METRICS.md).
+    metricsTlsEnable: bool | None = None
 
     @property
     def tls_files(self) -> TlsFiles | None:
@@ -66,6 +68,12 @@ class NameServerConfig:
             self.tlsServerCertPath, self.tlsServerKeyPath, self.tlsServerTrustCertPath
         )
         return files if self.tlsEnable else None
+
+    @property
+    def metrics_tls_files(self) -> TlsFiles | None:
+        """The certificate and key /metrics is served with (HTTPS), None for plain HTTP."""
+        on = self.tlsEnable if self.metricsTlsEnable is None else self.metricsTlsEnable
+        return self.tls_files if on else None
 
 
 def _parse_host(text: str) -> str:
@@ -105,6 +113,11 @@ KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
         parse_optional_port,
         "HTTP port of /metrics (Prometheus text format) on listenHost, read-only and "
         "unauthenticated (default 0: not served)",
+    ),
+    "metricsTlsEnable": (
+        parse_bool,
+        "serve /metrics over HTTPS with tlsServerCertPath, no client certificate asked "
+        "(default: as tlsEnable; true needs tlsEnable)",
     ),
     "tlsEnable": (parse_bool, "serve TLS only (default false)"),
     "tlsServerCertPath": (_parse_path, "the NameServer's certificate (PEM), with tlsEnable"),
@@ -146,6 +159,8 @@ def _check_security(cfg: NameServerConfig, path: str) -> None:
             )
         except CertificateError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    if cfg.metricsTlsEnable and not cfg.tlsEnable:
+        raise ConfigError(f"{path}: key 'metricsTlsEnable' needs tlsEnable=true")
     if cfg.brokerAuthenticationEnabled and not cfg.tlsServerTrustCertPath:
         raise ConfigError(
             f"{path}: key 'tlsServerTrustCertPath' is required with brokerAuthenticationEnabled"

@@ -352,8 +352,10 @@ class NameServer:
             ProcessCollector(registry=None),
         ]
         try:
-            self._metrics = MetricsServer(self.host, port, collectors)
-        except OSError as exc:
+            self._metrics = MetricsServer(
+                self.host, port, collectors, tls=self.cfg.metrics_tls_files
+            )
+        except (OSError, ValueError) as exc:
             raise StartError(f"metricsPort {self.host}:{port}: {exc}") from None
 
     def _verifier(self) -> MemberVerifier | None:
