@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import select
 import socket
 import ssl
 import threading
@@ -143,28 +142,14 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
 
 
 def _handshake(request: socket.socket, context: ssl.SSLContext, timeout_s: float) -> ssl.SSLSocket:
-    """The server side of a TLS handshake on ``request``, done within ``timeout_s`` in all
-    (a per-read timeout would let a client that sends a byte now and then hold the slot for
-    ever). The wrapped socket, blocking with ``timeout_s`` per read as a plaintext one; on any
-    failure it is closed and the error raised."""
+    """The server side of a TLS handshake on ``request``, done within ``timeout_s`` in all:
+    CPython's handshake keeps one deadline over all its reads (a client sending a byte now and
+    then does not extend it). The wrapped socket keeps ``timeout_s`` per read, as a plaintext
+    one; on any failure it is closed and the error raised."""
+    request.settimeout(timeout_s)
     tls = context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
     try:
-        tls.setblocking(False)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                wanted = select.POLLIN
-            except ssl.SSLWantWriteError:
-                wanted = select.POLLOUT
-            remaining = deadline - time.monotonic()
-            poller = select.poll()  # not select(): a busy process's descriptors pass 1024
-            poller.register(tls, wanted)
-            if remaining <= 0 or not poller.poll(remaining * 1000):
-                raise TimeoutError(f"no TLS handshake within {timeout_s:g} s")
-        tls.settimeout(timeout_s)
+        tls.do_handshake()
     except BaseException:
         tls.close()
         raise
