@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import socket
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from mqmetrics.families import Omitted, gauge, histogram
 from mqmetrics.hot import OTHER, Histogram, LabelCounters
 from mqmetrics.server import MAX_CONNECTIONS, LoopCollector, MetricsServer
+from mqsecurity import pki
+from mqsecurity.tls import TlsFiles
 
 
 def test_histogram_counts_each_value_in_its_le_bucket_and_snapshots_cumulatively() -> None:
@@ -68,10 +77,10 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     lp.close()
 
 
-def _get(url: str, method: str = "GET") -> tuple[int, str]:
+def _get(url: str, method: str = "GET", context: ssl.SSLContext | None = None) -> tuple[int, str]:
     req = urllib.request.Request(url, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=5, context=context) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -171,3 +180,199 @@ def test_a_busy_port_fails_at_construction() -> None:
         taken.listen()
         with pytest.raises(OSError):
             MetricsServer("127.0.0.1", taken.getsockname()[1], [])
+
+
+# --------------------------------------------------------------------------- HTTPS
+
+# The TLS server's read timeout in these tests (the product's is READ_TIMEOUT_S = 5 s): short,
+# so a silent client's slot comes back quickly, long enough for a handshake on a loaded machine.
+SHORT_TIMEOUT_S = 1.0
+# Slack for a loaded machine on top of that timeout.
+SLACK_S = 1.5
+
+
+@dataclass
+class Tls:
+    ca: pki.Authority
+    files: TlsFiles  # the process's certificate and key (a member certificate, as a broker's)
+
+    def context(self) -> ssl.SSLContext:
+        """What a scraper configured with ``tls_config.ca_file`` uses."""
+        return ssl.create_default_context(cafile=self.ca.cert_path)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    d = str(tmp_path_factory.mktemp("metrics-tls"))
+    ca = pki.create_authority(d)
+    return Tls(ca, pki.issue_member(ca, d, "broker-a", "n0", ["127.0.0.1", "localhost"]))
+
+
+@pytest.fixture
+def https(loop: asyncio.AbstractEventLoop, tls: Tls) -> Iterator[MetricsServer]:
+    """A TLS endpoint with SHORT_TIMEOUT_S, serving one gauge."""
+    collector = LoopCollector(lambda: [gauge("test_value", "x", 7)], loop, min_interval_s=0.0)
+    server = MetricsServer(
+        "127.0.0.1", 0, [collector], tls=tls.files, read_timeout_s=SHORT_TIMEOUT_S
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def _eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether ``condition`` holds within ``timeout_s`` (the server counts a failed handshake
+    in its own thread, a moment after the client saw it fail)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _scrape(server: MetricsServer, tls: Tls) -> float:
+    """One scrape over TLS checked against the CA: the gauge's value."""
+    status, text = _get(f"https://127.0.0.1:{server.port}/metrics", context=tls.context())
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return families["raftmq_test_value"].samples[0].value
+
+
+def _closed_after(
+    sock: socket.socket, limit_s: float, dribble: bytes = b"", since: float | None = None
+) -> float:
+    """Seconds from ``since`` (default: now) until the server closes ``sock`` (by ``limit_s``
+    after it, else an assertion), sending ``dribble`` one byte every 0.1 s meanwhile."""
+    start = time.monotonic() if since is None else since
+    sock.settimeout(0.1)
+    sent = 0
+    while time.monotonic() - start < limit_s:
+        try:
+            if not sock.recv(4096):  # a TLS alert may come first, then the end
+                return time.monotonic() - start
+        except TimeoutError:
+            if sent < len(dribble):
+                sock.sendall(dribble[sent : sent + 1])
+                sent += 1
+        except ConnectionError:
+            return time.monotonic() - start
+    raise AssertionError(f"the server kept the connection over {limit_s} s")
+
+
+def test_a_tls_endpoint_serves_the_process_certificate_to_a_scraper_trusting_the_ca(
+    https: MetricsServer, tls: Tls
+) -> None:
+    assert https.scheme == "https"
+    assert _scrape(https, tls) == 7
+    url = f"https://127.0.0.1:{https.port}"
+    assert _get(url + "/", context=tls.context())[0] == 404
+    assert _get(url + "/metrics", "POST", context=tls.context())[0] == 405
+    # The certificate it shows is the process's own (the one its gRPC ports serve).
+    with (
+        socket.create_connection(("127.0.0.1", https.port), timeout=5) as raw,
+        tls.context().wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+    ):
+        served = conn.getpeercert(binary_form=True)
+    assert tls.files.cert_path is not None
+    own = x509.load_pem_x509_certificate(Path(tls.files.cert_path).read_bytes())
+    assert served == own.public_bytes(serialization.Encoding.DER)
+    # A scraper that does not trust the group's CA refuses it (the system store is not enough).
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        _get(url + "/metrics", context=ssl.create_default_context())
+    assert _eventually(lambda: https.failed_handshakes >= 1)  # that client's
+
+
+def test_plaintext_http_to_the_tls_port_gets_no_metrics_and_does_not_stall_a_tls_scrape(
+    https: MetricsServer, tls: Tls
+) -> None:
+    url = f"http://127.0.0.1:{https.port}/metrics"
+    # A scraper left at scheme: http is refused at once (the server closes; no HTTP answer).
+    with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+        _get(url)
+    # On the wire: whatever comes back (a TLS alert at most) holds no metrics, and the
+    # connection is closed at once, not at the read timeout.
+    with socket.create_connection(("127.0.0.1", https.port), timeout=5) as plain:
+        plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        plain.settimeout(SHORT_TIMEOUT_S / 2)
+        with contextlib.suppress(ConnectionError):
+            while chunk := plain.recv(4096):
+                got += chunk
+    assert b"raftmq_" not in got and b"HTTP/" not in got
+    # Plaintext requests in a loop from another thread while TLS scrapes are answered.
+    stop = threading.Event()
+    refused = 0
+
+    def hammer() -> None:
+        nonlocal refused
+        while not stop.is_set():
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                _get(url)
+            refused += 1
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    thread.start()
+    try:
+        for _ in range(10):  # each within _get's 5 s
+            assert _scrape(https, tls) == 7
+    finally:
+        stop.set()
+        thread.join(5)
+    assert refused >= 1 and _eventually(lambda: https.failed_handshakes >= refused)
+
+
+def test_a_silent_client_holds_a_slot_for_at_most_the_read_timeout_and_delays_no_scrape(
+    https: MetricsServer, tls: Tls
+) -> None:
+    port = https.port
+    opened = time.monotonic()
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5)]
+    try:
+        time.sleep(0.1)  # accepted: its thread waits for a ClientHello
+        for _ in range(MAX_CONNECTIONS - 2):
+            silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        # Every slot but one taken by clients that send nothing: a scrape is still answered,
+        # long before their timeouts end (a handshake in the accepting thread would hold it
+        # for one timeout per silent client: 6 s here).
+        started = time.monotonic()
+        assert _scrape(https, tls) == 7
+        assert time.monotonic() - started < len(silent) * SHORT_TIMEOUT_S / 2
+        # Each silent client is closed at the read timeout: not before, not much after.
+        waited = _closed_after(silent[0], SHORT_TIMEOUT_S + SLACK_S, since=opened)
+        assert waited >= SHORT_TIMEOUT_S * 0.9
+        for s in silent[1:]:
+            _closed_after(s, SHORT_TIMEOUT_S + SLACK_S)
+    finally:
+        for s in silent:
+            s.close()
+    # Every slot taken again, then given back at the timeout: the next scrape is served.
+    silent = [
+        socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(MAX_CONNECTIONS)
+    ]
+    try:
+        for s in silent:
+            _closed_after(s, SHORT_TIMEOUT_S + SLACK_S)
+    finally:
+        for s in silent:
+            s.close()
+
+    def served() -> bool:  # the threads release their slots a moment after closing
+        try:
+            return _scrape(https, tls) == 7
+        except (OSError, http.client.HTTPException):
+            return False
+
+    assert _eventually(served)
+    assert _eventually(lambda: https.failed_handshakes >= 2 * MAX_CONNECTIONS - 1)
+
+
+def test_a_client_dribbling_its_handshake_is_closed_at_the_read_timeout_in_all(
+    https: MetricsServer,
+) -> None:
+    """The timeout bounds the whole handshake, not each read: a byte every 0.1 s (a TLS record
+    header announcing 512 bytes, then its body) does not keep the slot."""
+    dribble = b"\x16\x03\x01\x02\x00" + b"\x00" * 200
+    with socket.create_connection(("127.0.0.1", https.port), timeout=5) as slow:
+        waited = _closed_after(slow, SHORT_TIMEOUT_S + SLACK_S, dribble)
+    assert waited >= SHORT_TIMEOUT_S * 0.5
