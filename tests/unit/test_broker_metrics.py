@@ -4,6 +4,7 @@ send and pull counters, queue offsets, consumer lag, retries and dead letters, t
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from broker.state import ENTRY_MESSAGES
 from broker.stats import BrokerStats
 from mqmetrics.hot import OTHER
 from nameserver.config import ConfigError as NameServerConfigError
+from nameserver.config import load_config as load_namesrv_config
 from nameserver.config import parse_config as parse_namesrv_config
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=9, instance_hash=2)
@@ -162,3 +164,50 @@ def test_a_local_group_gives_every_process_a_metrics_port_and_prints_them(tmp_pa
     off.configure(1, auto_ports=True, extra={"metricsPort": "0"})
     assert off.nodes[0].metrics_port == 0
     assert metrics_line(off) == "metrics: not served (metricsPort=0)"
+
+
+def test_metrics_follow_tls_unless_metrics_tls_enable_says_otherwise(tmp_path: Path) -> None:
+    secure = LocalCluster(tmp_path / "secure")
+    secure.configure(2, auto_ports=True, namesrv=True, secure=True)
+    assert secure.namesrv is not None
+    for n in secure.nodes:  # HTTPS with the node's own member certificate
+        cfg = load_config(n.conf)
+        assert cfg.metricsTlsEnable is None and cfg.metrics_tls_files == cfg.tls_files
+        assert cfg.tls_files is not None and cfg.tls_files.cert_path is not None
+        assert cfg.tls_files.cert_path.endswith(f"-{n.node_id}.crt")
+        assert n.metrics_url == f"https://127.0.0.1:{n.metrics_port}/metrics"
+    ns_cfg = load_namesrv_config(secure.namesrv.conf)
+    assert ns_cfg.metrics_tls_files is not None
+    assert ns_cfg.metrics_tls_files.cert_path == ns_cfg.tlsServerCertPath
+    assert secure.namesrv.metrics_url.startswith("https://")
+    assert LocalCluster(tmp_path / "secure").nodes == secure.nodes  # kept in cluster.json
+    # What scrapers are given: the group's CA; what up and status print: how to curl with it.
+    assert secure.metrics_ca == secure.layout.ca_cert
+    assert secure.metrics_ssl_context() is not None
+    line = metrics_line(secure)
+    assert f"curl --cacert {secure.layout.ca_cert} https://127.0.0.1:" in line
+    assert "http://" not in line
+    # A cluster.json written before metrics_tls: a secure group's processes serve HTTPS.
+    state = tmp_path / "secure" / "cluster.json"
+    data = json.loads(state.read_text())
+    for n in [*data["nodes"], data["namesrv"]]:
+        del n["metrics_tls"]
+    state.write_text(json.dumps(data))
+    assert LocalCluster(tmp_path / "secure").nodes == secure.nodes
+    # metricsTlsEnable=false: plain HTTP for a scraper without TLS (the other ports keep TLS).
+    opted_out = LocalCluster(tmp_path / "out")
+    opted_out.configure(1, auto_ports=True, secure=True, extra={"metricsTlsEnable": "false"})
+    cfg = load_config(opted_out.nodes[0].conf)
+    assert cfg.tlsEnable and cfg.metrics_tls_files is None
+    assert opted_out.nodes[0].metrics_url.startswith("http://")
+    assert opted_out.metrics_ssl_context() is None and "curl" not in metrics_line(opted_out)
+    # A plaintext group stays plain HTTP; true without tlsEnable is refused.
+    plain = LocalCluster(tmp_path / "plain")
+    plain.configure(1, auto_ports=True, namesrv=True)
+    assert load_config(plain.nodes[0].conf).metrics_tls_files is None
+    assert plain.metrics_ssl_context() is None and plain.metrics_ca is None
+    with pytest.raises(ConfigError, match="metricsTlsEnable"):
+        parse_config(BASE_CONF + "metricsTlsEnable=true\n")
+    with pytest.raises(NameServerConfigError, match="metricsTlsEnable"):
+        parse_namesrv_config("metricsTlsEnable=true\n")
+    assert parse_namesrv_config("metricsTlsEnable=false\n").metrics_tls_files is None
