@@ -36,9 +36,10 @@ IDS = UniqIdGenerator(ip="10.0.0.2", pid=5, instance_hash=3)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(url: str) -> Samples:
-    """Every sample of one /metrics answer, by (name, sorted labels)."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
+def scrape(cluster: LocalCluster, url: str) -> Samples:
+    """Every sample of one /metrics answer of ``cluster``'s process at ``url``, by (name,
+    sorted labels); over HTTPS checked with the group's CA when the group has TLS."""
+    with urllib.request.urlopen(url, timeout=5, context=cluster.metrics_ssl_context()) as resp:
         assert resp.status == 200
         text = resp.read().decode()
     return {
@@ -105,7 +106,7 @@ def _leader_sandwich(cluster: LocalCluster) -> Callable[[], bool]:
         leader = cluster.node(cluster.wait_leader())
         with cluster.client() as client:
             before = client.metadata(leader.client_addr)
-            got = scrape(leader.metrics_url)
+            got = scrape(cluster, leader.metrics_url)
             after = client.metadata(leader.client_addr)
         commit = value(got, "raftmq_raft_commit_index")
         return (
@@ -137,7 +138,7 @@ def _queues_agree(cluster: LocalCluster, broker: LeaderClient, acked: int) -> Ca
         if sum(expected) != acked:
             return False
         for n in cluster.nodes:
-            got = scrape(n.metrics_url)
+            got = scrape(cluster, n.metrics_url)
             offsets = [
                 found(got, "raftmq_broker_queue_max_offset", topic=TOPIC, queue=str(q))
                 for q in range(QUEUES)
@@ -177,7 +178,7 @@ def test_metrics_of_a_live_group_match_its_own_state(
         _check_commit_index_and_counters(cluster, acked)
         _check_consumer_lag(cluster, broker)
         _check_paused_follower(cluster, broker)
-        ns = scrape(cluster.namesrv.metrics_url)
+        ns = scrape(cluster, cluster.namesrv.metrics_url)
         assert value(ns, "raftmq_nameserver_brokers_registered") == 3
         assert value(ns, "raftmq_nameserver_route_queries_total", result="found") >= 1
         assert value(ns, "raftmq_security_refusals_total", reason="registration") == 0
@@ -191,14 +192,14 @@ def _check_commit_index_and_counters(cluster: LocalCluster, acked: int) -> None:
     def commits_agree() -> bool:
         with cluster.client() as client:
             return all(
-                value(scrape(n.metrics_url), "raftmq_raft_commit_index")
+                value(scrape(cluster, n.metrics_url), "raftmq_raft_commit_index")
                 == client.metadata(n.client_addr).commit_index
                 for n in cluster.nodes
             )
 
     wait_for(commits_agree, DEADLINE_S, "scraped commit index == Metadata's on every node")
     leader = cluster.node(cluster.wait_leader())
-    got = scrape(leader.metrics_url)
+    got = scrape(cluster, leader.metrics_url)
     assert value(got, "raftmq_broker_sent_messages_total", topic=TOPIC) >= acked
     assert value(got, "raftmq_broker_send_duration_seconds_count") >= 1
     assert value(got, "raftmq_raft_fsync_duration_seconds_count") >= 1
@@ -232,7 +233,7 @@ def _check_consumer_lag(cluster: LocalCluster, broker: LeaderClient) -> None:
     def every_node_says_so() -> bool:
         return all(
             found(
-                scrape(n.metrics_url),
+                scrape(cluster, n.metrics_url),
                 "raftmq_broker_consumer_lag_messages",
                 group=GROUP,
                 topic=TOPIC,
@@ -260,7 +261,7 @@ def _check_paused_follower(cluster: LocalCluster, broker: LeaderClient) -> None:
             with cluster.client() as client:
                 md = client.metadata(leader.client_addr)
             peer = next(p for p in md.peers if p.id == follower.node_id)
-            got = scrape(leader.metrics_url)
+            got = scrape(cluster, leader.metrics_url)
             lag = found(got, "raftmq_raft_follower_lag_entries", peer=follower.node_id)
             match = found(got, "raftmq_raft_follower_match_index", peer=follower.node_id)
             return (
@@ -275,7 +276,7 @@ def _check_paused_follower(cluster: LocalCluster, broker: LeaderClient) -> None:
         cluster.signal(follower.node_id, signal.SIGCONT)
 
     def caught_up() -> bool:
-        got = scrape(cluster.node(cluster.wait_leader()).metrics_url)
+        got = scrape(cluster, cluster.node(cluster.wait_leader()).metrics_url)
         return found(got, "raftmq_raft_follower_lag_entries", peer=follower.node_id) == 0
 
     wait_for(caught_up, DEADLINE_S, f"{follower.node_id} caught up after SIGCONT")

@@ -49,13 +49,15 @@ BATCH = 4
 Served = dict[tuple[int, int], bytes]
 
 
-def metric(url: str, name: str) -> float:
-    """One unlabelled sample of a node's /metrics (asking again while it does not answer)."""
+def metric(cluster: LocalCluster, url: str, name: str) -> float:
+    """One unlabelled sample of a node's /metrics (asking again while it does not answer;
+    over HTTPS checked with the group's CA when the group has TLS)."""
     pages: list[str] = []
+    context = cluster.metrics_ssl_context()
 
     def scraped() -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(url, timeout=5, context=context) as resp:
                 pages.append(resp.read().decode())
         except OSError:
             return False
@@ -123,10 +125,10 @@ def test_added_member_is_caught_up_by_snapshot_and_replaces_an_original(
         nmd, lmd = metadata_now(new.client_addr), metadata_now(cluster.node(leader).client_addr)
         # By an InstallSnapshot: the new member counts one, and its log starts where the
         # leader's does (a replay from index 1 would have found no entries to replay).
-        assert metric(new.metrics_url, "raftmq_raft_snapshots_installed_total") == 1
+        assert metric(cluster, new.metrics_url, "raftmq_raft_snapshots_installed_total") == 1
         assert nmd.first_index == lmd.first_index > beyond
         sent_by = sum(
-            metric(cluster.node(n).metrics_url, "raftmq_raft_snapshots_sent_total")
+            metric(cluster, cluster.node(n).metrics_url, "raftmq_raft_snapshots_sent_total")
             for n in originals
         )
         assert sent_by >= 1
