@@ -8,12 +8,9 @@ plaintext client cannot talk to the TLS port."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,6 @@ from typing import Any
 import grpc
 import pytest
 from integration.test_rmq5_producers import DISK_CONF, RMQ5, SCRIPTS
-from prometheus_client.parser import text_string_to_metric_families
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from rmq5_support import ClientProcess
@@ -247,21 +243,3 @@ def test_the_plaintext_port_is_local_and_guarded(group: LocalCluster) -> None:
     with grpc.insecure_channel(addr) as plain:
         answer = v2_grpc.MessagingServiceStub(plain).QueryRoute(route, timeout=CALL_TIMEOUT_S)
     assert answer.status.code == v2.UNAUTHORIZED
-
-
-def test_metrics_are_served_over_tls_checked_with_the_groups_ca(group: LocalCluster) -> None:
-    """The group's /metrics follow its TLS (docs/METRICS.md): every node and the NameServer
-    answer over HTTPS with the certificates of the group's CA; plain HTTP gets no metrics."""
-    assert group.namesrv is not None
-    context = group.metrics_ssl_context()
-    assert context is not None
-    expected = {n.metrics_url: "raftmq_node_info" for n in group.nodes}
-    expected[group.namesrv.metrics_url] = "raftmq_nameserver_brokers_registered"
-    for url, family in expected.items():
-        assert url.startswith("https://127.0.0.1:"), url
-        with urllib.request.urlopen(url, timeout=CALL_TIMEOUT_S, context=context) as resp:
-            names = {f.name for f in text_string_to_metric_families(resp.read().decode())}
-        assert family in names, url
-    plain = group.nodes[0].metrics_url.replace("https://", "http://")
-    with pytest.raises((OSError, http.client.HTTPException)):  # closed at once, no HTTP answer
-        urllib.request.urlopen(plain, timeout=CALL_TIMEOUT_S)

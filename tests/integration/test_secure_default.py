@@ -14,22 +14,27 @@ users and ACLs with an admin user, a NameServer that takes registrations from me
   after a kill -9 of the leader, on the new leader and the remaining follower).
 - `mqaudit --connect` over TLS: its options and the fetch of every node's store and commit
   index (what precedes the Spark job; the audit itself is tests/audit's).
+- `/metrics` over HTTPS at the addresses `up` printed, checked with the CA it printed.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
@@ -89,6 +94,7 @@ class Default:
 
     target: Target
     exports: dict[str, str]  # RAFTMQ_CREDENTIALS, RAFTMQ_TLS_CA as printed
+    printed: str  # what `mqcluster up` printed
     admin: Credentials
     clients: Clients  # TLS trusting the printed CA
 
@@ -154,7 +160,8 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Default]:
             foreign,
         )
         clients = Clients(TlsFiles(ca_path=exports[ENV_TLS_CA]))
-        g = Default(target, exports, load_credentials(exports[ENV_CREDENTIALS]), clients)
+        admin = load_credentials(exports[ENV_CREDENTIALS])
+        g = Default(target, exports, done.stdout, admin, clients)
         # `up` returns once a leader is elected: wait until every node answers the admin and
         # every one registered (signed) with the NameServer.
         wait_for(lambda: len(target.routes()) == len(cluster.nodes), 20, "every node registered")
@@ -401,3 +408,35 @@ def test_mqadmin_users_and_acls_revoked_on_every_node_and_after_failover(default
 
 def _usernames(admin: pb_grpc.BrokerStub) -> set[str]:
     return {u.username for u in admin.ListUser(pb.ListUserRequest(), timeout=RPC_S).users}
+
+
+# ---------------------------------------------------------------------------------------
+# /metrics
+# ---------------------------------------------------------------------------------------
+
+
+def test_metrics_over_tls_at_the_printed_addresses_with_the_printed_ca(default: Default) -> None:
+    """`up` printed https addresses for every node and the NameServer and how to curl them;
+    each answers a scraper trusting the printed CA (Prometheus' `scheme: https` with
+    `tls_config.ca_file`); plain HTTP to the same port gets no metrics (docs/METRICS.md)."""
+    cluster = default.cluster
+    assert cluster.namesrv is not None
+    lines = default.printed.splitlines()
+    line = next(ln for ln in lines if ln.startswith("metrics ("))
+    urls = [w for w in line.split() if w.startswith(("http://", "https://"))]
+    assert urls == [n.metrics_url for n in cluster.nodes] + [cluster.namesrv.metrics_url]
+    assert all(u.startswith("https://127.0.0.1:") for u in urls), urls
+    ca = default.exports[ENV_TLS_CA]
+    assert any(f"curl --cacert {ca} {urls[0]}" in ln for ln in lines), line
+    context = ssl.create_default_context(cafile=ca)
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=RPC_S, context=context) as resp:
+            names = {f.name for f in text_string_to_metric_families(resp.read().decode())}
+        ns = url == cluster.namesrv.metrics_url
+        assert ("raftmq_nameserver_brokers_registered" if ns else "raftmq_node_info") in names
+    # What the harness's scrapers pass (tests/integration/test_metrics.py's scrape).
+    scraper = cluster.metrics_ssl_context()
+    assert scraper is not None
+    urllib.request.urlopen(urls[0], timeout=RPC_S, context=scraper).close()
+    with pytest.raises((OSError, http.client.HTTPException)):  # closed at once, no answer
+        urllib.request.urlopen(urls[0].replace("https://", "http://"), timeout=RPC_S)
