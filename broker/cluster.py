@@ -672,7 +672,9 @@ class LocalCluster:
         return self.layout.tool_argv() if self.secure else []
 
     def _metrics_https(self) -> bool:
-        infos = [*self.nodes, *([self.namesrv] if self.namesrv is not None else [])]
+        infos: list[NodeInfo | NameSrvInfo] = [*self.nodes]
+        if self.namesrv is not None:
+            infos.append(self.namesrv)
         return any(i.metrics_tls and i.metrics_port for i in infos)
 
     @property

@@ -51,8 +51,9 @@ from mqmetrics.families import (
     refusal_family,
 )
 from mqmetrics.server import LoopCollector, MetricsServer
+from mqsecurity.errors import CertificateError
 from mqsecurity.refusals import REFUSALS
-from mqsecurity.tls import TlsFiles
+from mqsecurity.tls import TlsFiles, https_server_context
 
 if TYPE_CHECKING:
     from broker.service import BrokerServicer
@@ -288,8 +289,9 @@ class BrokerExporter:
         """Bind the port; `StartError` when it cannot be."""
         collectors = [LoopCollector(self.metrics.families, loop), ProcessCollector(registry=None)]
         try:
-            self.server = MetricsServer(self.host, self.port, collectors, tls=self.tls)
-        except (OSError, ValueError) as exc:
+            context = https_server_context(self.tls) if self.tls is not None else None
+            self.server = MetricsServer(self.host, self.port, collectors, tls=context)
+        except (OSError, CertificateError) as exc:
             raise StartError(f"metricsPort {self.host}:{self.port}: {exc}") from None
 
     def start(self) -> None:

@@ -4,8 +4,9 @@ The endpoint is `prometheus_client`'s WSGI app behind a small server of our own 
 ``GET /metrics`` (anything else: 404 or 405), at most `MAX_CONNECTIONS` connections served at
 once (more are closed at once, counted), each with `READ_TIMEOUT_S` to send its request. It is
 unauthenticated, like etcd's and NATS' monitoring ports: bind it where only the scrapers reach
-(docs/METRICS.md "What the endpoint promises"). Given a certificate and key it speaks HTTPS
-(no client certificate asked): the TLS handshake runs in the connection's own thread, within
+(docs/METRICS.md "What the endpoint promises"). Given a server `ssl.SSLContext` it speaks HTTPS
+(`mqsecurity.tls.https_server_context`: the process's certificate, no client certificate
+asked): the TLS handshake runs in the connection's own thread, within
 `READ_TIMEOUT_S` in all, so a client that stays silent or does not speak TLS holds one slot for
 at most that long and never delays another scrape or the accepting thread.
 
@@ -30,8 +31,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from mqsecurity.tls import TlsFiles
 
 logger = logging.getLogger(__name__)
 
@@ -129,18 +128,6 @@ class _Handler(WSGIRequestHandler):
         pass  # a scrape every few seconds would flood the process log
 
 
-def server_context(files: TlsFiles) -> ssl.SSLContext:
-    """The TLS context of an HTTPS endpoint serving ``files``' certificate chain and key: TLS
-    1.2 or later, no client certificate asked (a scraper only checks ours against its CA)."""
-    if files.cert_path is None or files.key_path is None:
-        raise ValueError("an HTTPS endpoint needs a certificate and a key")
-    files.check_private_key()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(files.cert_path, files.key_path)
-    return context
-
-
 def _handshake(request: socket.socket, context: ssl.SSLContext, timeout_s: float) -> ssl.SSLSocket:
     """The server side of a TLS handshake on ``request``, done within ``timeout_s`` in all:
     CPython's handshake keeps one deadline over all its reads (a client sending a byte now and
@@ -224,8 +211,7 @@ def _only_metrics(app: Callable[..., Any]) -> Callable[..., Any]:
 class MetricsServer:
     """``/metrics`` on ``host:port``: bound by the constructor (a busy port fails there, before
     the process touches anything else), served from :meth:`start` in a daemon thread. With
-    ``tls`` (the process's certificate and key) over HTTPS, else plain HTTP; a certificate or
-    key that cannot be loaded fails in the constructor too (`OSError`, `ValueError`)."""
+    ``tls`` (a server context holding the process's certificate) over HTTPS, else plain HTTP."""
 
     def __init__(
         self,
@@ -233,14 +219,13 @@ class MetricsServer:
         port: int,
         collectors: Sequence[Collector],
         *,
-        tls: TlsFiles | None = None,
+        tls: ssl.SSLContext | None = None,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         for c in collectors:
             self.registry.register(c)
         app = _only_metrics(make_wsgi_app(self.registry))
-        context = server_context(tls) if tls is not None else None
         server_class = _server_class(host, port)
 
         class Handler(_Handler):
@@ -249,7 +234,7 @@ class MetricsServer:
         self._httpd = make_server(host, port, app, server_class, Handler)
         server = self._httpd
         assert isinstance(server, _BoundedServer)
-        server.ssl_context = context
+        server.ssl_context = tls
         server.read_timeout_s = read_timeout_s
         self._thread: threading.Thread | None = None
 

@@ -7,6 +7,7 @@ unreadable file is a `CertificateError` naming the file and the setting it came 
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 
 import grpc
@@ -96,6 +97,24 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
         private_key=read_pem(files.key_path, "private key"),
         certificate_chain=read_pem(files.cert_path, "certificate"),
     )
+
+
+def https_server_context(files: TlsFiles) -> ssl.SSLContext:
+    """The context of an HTTPS server port (the /metrics endpoint) serving ``files``'
+    certificate chain and key: TLS 1.2 or later, no client certificate asked (a scraper checks
+    ours against its CA). `CertificateError` for a missing or unusable certificate or key."""
+    if files.cert_path is None or files.key_path is None:
+        raise CertificateError("an HTTPS port needs a certificate and a key")
+    files.check_private_key()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert_path, files.key_path)
+    except (OSError, ValueError) as exc:
+        raise CertificateError(
+            f"cannot load certificate {files.cert_path} with key {files.key_path}: {exc}"
+        ) from None
+    return context
 
 
 def tls_files_of(cert_path: str, key_path: str, ca_path: str) -> TlsFiles | None:

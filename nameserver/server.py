@@ -32,7 +32,7 @@ from mqsecurity import refusals
 from mqsecurity.errors import CertificateError, SignatureError
 from mqsecurity.membersig import MemberVerifier
 from mqsecurity.refusals import REFUSALS
-from mqsecurity.tls import read_pem
+from mqsecurity.tls import https_server_context, read_pem
 from nameserver.config import NameServerConfig
 from nameserver.metrics import (
     ROUTE_FOUND,
@@ -352,10 +352,10 @@ class NameServer:
             ProcessCollector(registry=None),
         ]
         try:
-            self._metrics = MetricsServer(
-                self.host, port, collectors, tls=self.cfg.metrics_tls_files
-            )
-        except (OSError, ValueError) as exc:
+            files = self.cfg.metrics_tls_files
+            context = https_server_context(files) if files is not None else None
+            self._metrics = MetricsServer(self.host, port, collectors, tls=context)
+        except (OSError, CertificateError) as exc:
             raise StartError(f"metricsPort {self.host}:{port}: {exc}") from None
 
     def _verifier(self) -> MemberVerifier | None:

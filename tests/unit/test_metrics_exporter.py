@@ -25,7 +25,7 @@ from mqmetrics.families import Omitted, gauge, histogram
 from mqmetrics.hot import OTHER, Histogram, LabelCounters
 from mqmetrics.server import MAX_CONNECTIONS, LoopCollector, MetricsServer
 from mqsecurity import pki
-from mqsecurity.tls import TlsFiles
+from mqsecurity.tls import TlsFiles, https_server_context
 
 
 def test_histogram_counts_each_value_in_its_le_bucket_and_snapshots_cumulatively() -> None:
@@ -213,7 +213,11 @@ def https(loop: asyncio.AbstractEventLoop, tls: Tls) -> Iterator[MetricsServer]:
     """A TLS endpoint with SHORT_TIMEOUT_S, serving one gauge."""
     collector = LoopCollector(lambda: [gauge("test_value", "x", 7)], loop, min_interval_s=0.0)
     server = MetricsServer(
-        "127.0.0.1", 0, [collector], tls=tls.files, read_timeout_s=SHORT_TIMEOUT_S
+        "127.0.0.1",
+        0,
+        [collector],
+        tls=https_server_context(tls.files),
+        read_timeout_s=SHORT_TIMEOUT_S,
     )
     server.start()
     yield server
