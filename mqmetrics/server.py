@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import logging
 import socket
 import ssl
@@ -39,8 +40,8 @@ METRICS_PATH = "/metrics"
 # Connections served at once (Prometheus, a dashboard, an operator's curl: a handful); more
 # are closed at once so that a flood of connections costs a thread each for at most this many.
 MAX_CONNECTIONS = 8
-# Seconds a connection has to send its request line and headers (a slow sender would hold a
-# connection slot otherwise).
+# Seconds a connection has, in all, to send its request line and headers (and, over TLS, as
+# much again for its handshake): a slow or dribbling sender would hold a slot otherwise.
 READ_TIMEOUT_S = 5.0
 # A scrape reuses the families built less than this long ago: the state is read at most this
 # often whoever scrapes (a collection is bounded by the families' caps, docs/METRICS.md).
@@ -121,8 +122,41 @@ class LoopCollector(Collector):
         )
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes under one deadline for every read: each read may wait only for what is
+    left of it, so a client sending a byte now and then cannot stretch its request past it."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left_s = self._deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError("the request did not arrive within the read timeout")
+        self._sock.settimeout(left_s)
+        return self._sock.recv_into(buffer)
+
+
 class _Handler(WSGIRequestHandler):
     timeout = READ_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
+    def setup(self) -> None:
+        """The request line and headers are read under one deadline, ``timeout`` from now."""
+        super().setup()
+        self.rfile.close()  # the socket's own reader: replaced before anything was read
+        assert self.timeout is not None
+        deadline = time.monotonic() + self.timeout
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.connection.settimeout(self.timeout)  # the answer's writes: the timeout per write
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds would flood the process log

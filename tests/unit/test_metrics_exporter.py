@@ -380,3 +380,34 @@ def test_a_client_dribbling_its_handshake_is_closed_at_the_read_timeout_in_all(
     with socket.create_connection(("127.0.0.1", https.port), timeout=5) as slow:
         waited = _closed_after(slow, SHORT_TIMEOUT_S + SLACK_S, dribble)
     assert waited >= SHORT_TIMEOUT_S * 0.5
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_client_dribbling_its_request_is_closed_at_the_read_timeout_in_all(
+    loop: asyncio.AbstractEventLoop, tls: Tls, secure: bool
+) -> None:
+    """The request line and headers must arrive within the read timeout in all, however the
+    client paces them (plaintext, and after a TLS handshake): a byte every 0.1 s does not keep
+    the slot, and a scrape meanwhile is answered."""
+    server = MetricsServer(
+        "127.0.0.1",
+        0,
+        [LoopCollector(lambda: [gauge("test_value", "x", 7)], loop, min_interval_s=0.0)],
+        tls=https_server_context(tls.files) if secure else None,
+        read_timeout_s=SHORT_TIMEOUT_S,
+    )
+    server.start()
+    request = b"GET /metrics HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 200
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+            slow = tls.context().wrap_socket(raw, server_hostname="127.0.0.1") if secure else raw
+            start = time.monotonic()
+            slow.sendall(request[:1])
+            if secure:
+                assert _scrape(server, tls) == 7
+            else:
+                assert _get(f"http://127.0.0.1:{server.port}/metrics")[0] == 200
+            waited = _closed_after(slow, SHORT_TIMEOUT_S + SLACK_S, request[1:], since=start)
+    finally:
+        server.stop()
+    assert waited >= SHORT_TIMEOUT_S * 0.5
