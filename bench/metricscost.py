@@ -71,6 +71,10 @@ class Scraper:
 
     def __init__(self, cluster: LocalCluster, interval_s: float = SCRAPE_INTERVAL_S) -> None:
         self.interval_s = interval_s
+        # A secure group's endpoints speak HTTPS with its CA (the comparison's groups are
+        # plaintext: None).
+        context = getattr(cluster, "metrics_ssl_context", None)
+        self._context = context() if context is not None else None
         self.urls = [n.metrics_url for n in cluster.nodes if n.metrics_port]
         if cluster.namesrv is not None and cluster.namesrv.metrics_port:
             self.urls.append(cluster.namesrv.metrics_url)
@@ -97,7 +101,9 @@ class Scraper:
     def _scrape_all(self) -> None:
         for url in self.urls:
             try:
-                with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
+                with urllib.request.urlopen(
+                    url, timeout=SCRAPE_TIMEOUT_S, context=self._context
+                ) as resp:
                     self.bytes += len(resp.read())
                 self.scrapes += 1
             except OSError:
