@@ -544,16 +544,18 @@ def metrics_compare(
     pairs: int,
     design: str,
     scrape_interval_s: float = mc.SCRAPE_INTERVAL_S,
+    null: bool = False,
 ) -> dict[str, Any]:
     """The send rate and CPU per message with /metrics served and scraped (every
     ``scrape_interval_s``), and not served: two plaintext groups side by side, ``pairs`` short
     paired rounds of ``seconds`` per in-flight count (``bench.metricscost``; ``design``
     "concurrent" or "alternating"); ``load``: the load generators' processes per group and
-    mode."""
+    mode. ``null``: the "on" group serves no metrics either (an A/A comparison: what the design
+    reports when nothing differs, e.g. one group's placement favoured over the other's)."""
     processes, mode = load
     with (
         local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
-        local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on") as on,
+        local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on", metrics=not null) as on,
         mc.load_pool(off, TOPIC, SECURITY_SIZE, processes, mode) as off_pool,
         mc.load_pool(on, TOPIC, SECURITY_SIZE, processes, mode) as on_pool,
     ):
@@ -570,9 +572,16 @@ def metrics_compare(
         "design": design,
         "seconds_per_round": seconds,
         "scrape_interval_s": scrape_interval_s,
+        "null_comparison": null,
         "load_avg_at_start": load0,
         "load_avg_at_end": load1,
-        "conditions": "on: every node and the NameServer serve /metrics, each scraped every "
+        "conditions": (
+            "NULL COMPARISON (--metrics-null): 'on' serves no metrics either, so every "
+            "difference is the design's own; "
+            if null
+            else ""
+        )
+        + "on: every node and the NameServer serve /metrics, each scraped every "
         f"{scrape_interval_s:g} s all along; off: metricsPort=0 (nothing counted); both plaintext; "
         f"{mc.DESIGNS[design]}; each pair's on/off ratio, their median and its 95 % sign-test "
         "interval; CPU = user + system of the group's 3 nodes and NameServer over the "
@@ -841,6 +850,12 @@ def _parser() -> argparse.ArgumentParser:
         f"mostly say 15; from {mc.MIN_SCRAPE_INTERVAL_S:g} to {mc.MAX_SCRAPE_INTERVAL_S:g})",
     )
     p.add_argument(
+        "--metrics-null",
+        action="store_true",
+        help="the metrics comparison with metrics off on both groups (A/A): the bias and "
+        "spread of the design itself, to read beside an on/off run",
+    )
+    p.add_argument(
         "--only",
         choices=("security", "metrics", "floor"),
         help="run only that on/off comparison, or only the floor (bench.floor), with "
@@ -980,6 +995,7 @@ def _run_all(
             a.metrics_rounds,
             a.metrics_design,
             a.metrics_scrape_interval,
+            a.metrics_null,
         )
     skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
     if skip:
