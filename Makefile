@@ -78,28 +78,29 @@ test-setup: venv system-deps gen-check lint typecheck
 
 # pytest as two sessions side by side, on the 2 cores that one session leaves half idle (its
 # integration tests mostly wait on their groups): `-m processes` (every test that starts
-# processes, tests/conftest.py; one at a time, in file order) reports live, but for the Spark
-# audit tests (tests/audit), which run after `-m "not processes"` (unit, simulator, checker
-# tests) in the second session, so that both sessions take about as long; its report goes into
-# a file printed after the first's. The two draw the ports they give their groups from ranges
+# processes, tests/conftest.py; one at a time, in file order) reports live, but for the tests
+# that audit with Spark (tests/audit and the fuzz suite: they share one SparkSession), which run
+# after `-m "not processes"` (unit, simulator, checker tests) in the second session, so that
+# both sessions take about as long; its report goes into a file printed after the first's. The two draw the ports they give their groups from ranges
 # of their own (RAFTMQ_PICK_PORTS, dledger/procs.py), so they never pick the same one. Any of
 # the three failing fails make test; the last line before the second report gives the codes.
 PROCESS_PORTS := 20000-26384
 SECOND_PORTS := 26384-32768
+SPARK_TESTS := tests/audit tests/integration/test_fuzz_services.py
 test:
 	@$(MAKE) --no-print-directory -j$(TEST_SETUP_JOBS) -Otarget test-setup
 	@others=$$(mktemp /tmp/raftmq-test-others-XXXXXX); \
 	( export RAFTMQ_PICK_PORTS=$(SECOND_PORTS); \
 	  $(PY) -m pytest -m "not processes"; b=$$?; \
-	  $(PY) -m pytest -m processes tests/audit; c=$$?; \
-	  echo "pytest -m 'not processes' exited $$b, pytest -m processes tests/audit exited $$c"; \
+	  $(PY) -m pytest -m processes $(SPARK_TESTS); c=$$?; \
+	  echo "pytest -m 'not processes' exited $$b, pytest -m processes $(SPARK_TESTS) exited $$c"; \
 	  [ $$b -eq 0 ] && [ $$c -eq 0 ] ) >$$others 2>&1 & bg=$$!; \
 	trap 'kill $$bg 2>/dev/null' INT TERM; \
-	echo "pytest -m processes --ignore=tests/audit (pytest -m 'not processes', then the audit tests, run beside it; their report follows)"; \
-	RAFTMQ_PICK_PORTS=$(PROCESS_PORTS) $(PY) -m pytest -m processes --ignore=tests/audit; a=$$?; \
+	echo "pytest -m processes, but for $(SPARK_TESTS) (pytest -m 'not processes', then those, run beside it; their report follows)"; \
+	RAFTMQ_PICK_PORTS=$(PROCESS_PORTS) $(PY) -m pytest -m processes $(SPARK_TESTS:%=--ignore=%); a=$$?; \
 	wait $$bg; b=$$?; \
-	echo "make test: pytest -m processes exited $$a, the second session (not processes, then tests/audit) exited $$b"; \
-	echo "== pytest -m 'not processes', then pytest -m processes tests/audit"; cat $$others; rm -f $$others; \
+	echo "make test: pytest -m processes exited $$a, the second session (not processes, then the Spark tests) exited $$b"; \
+	echo "== pytest -m 'not processes', then pytest -m processes $(SPARK_TESTS)"; cat $$others; rm -f $$others; \
 	[ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 # The edit loop: unit tests and the simulator only.
