@@ -58,6 +58,7 @@ from mqcli import CommandLine, GlobalOption, parse_assignments
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
 from mqsecurity.errors import SecurityError
+from mqsecurity.tls import metrics_over_tls
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
@@ -160,9 +161,10 @@ def metrics_tls(values: Mapping[str, object]) -> bool:
     with tlsEnable, unless metricsTlsEnable=false (docs/METRICS.md). A value that does not
     parse stops the process at start: False then."""
     try:
-        tls = parse_bool(str(values.get("tlsEnable", "false")))
         own = str(values.get("metricsTlsEnable", "")).strip()
-        return tls and (parse_bool(own) if own else True)
+        return metrics_over_tls(
+            parse_bool(str(values.get("tlsEnable", "false"))), parse_bool(own) if own else None
+        )
     except ValueError:
         return False
 

@@ -42,7 +42,7 @@ from mqsecurity.credentials import Credentials
 from mqsecurity.errors import CertificateError
 from mqsecurity.pki import MemberIdentity, member_identity
 from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
-from mqsecurity.tls import TlsFiles, check_server_files, read_pem, tls_files_of
+from mqsecurity.tls import TlsFiles, check_server_files, metrics_over_tls, read_pem, tls_files_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,8 +510,7 @@ class BrokerConfig:
     @property
     def metrics_tls_files(self) -> TlsFiles | None:
         """The certificate and key /metrics is served with (HTTPS), None for plain HTTP."""
-        on = self.tlsEnable if self.metricsTlsEnable is None else self.metricsTlsEnable
-        return self.tls_files if on and self.tlsEnable else None
+        return self.tls_files if metrics_over_tls(self.tlsEnable, self.metricsTlsEnable) else None
 
     @property
     def client_security(self) -> ClientSecurity:

@@ -117,6 +117,13 @@ def https_server_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+def metrics_over_tls(tls_enable: bool, metrics_tls_enable: bool | None) -> bool:
+    """Whether a process serves /metrics over HTTPS: with its TLS (``tlsEnable``), unless
+    ``metricsTlsEnable`` is false (None: not set). One rule for the broker, the NameServer and
+    the tools that scrape them (docs/METRICS.md)."""
+    return tls_enable and metrics_tls_enable is not False
+
+
 def tls_files_of(cert_path: str, key_path: str, ca_path: str) -> TlsFiles | None:
     """The files configuration keys name ("" for unset): None without a certificate."""
     if not cert_path:

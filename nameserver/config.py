@@ -19,7 +19,7 @@ from dledger.properties import (
     read_text,
 )
 from mqsecurity.errors import CertificateError
-from mqsecurity.tls import TlsFiles, check_server_files, tls_files_of
+from mqsecurity.tls import TlsFiles, check_server_files, metrics_over_tls, tls_files_of
 from nameserver.routes import (
     DEFAULT_BROKER_EXPIRED_TIME_MS,
     DEFAULT_SCAN_INTERVAL_MS,
@@ -72,8 +72,7 @@ class NameServerConfig:
     @property
     def metrics_tls_files(self) -> TlsFiles | None:
         """The certificate and key /metrics is served with (HTTPS), None for plain HTTP."""
-        on = self.tlsEnable if self.metricsTlsEnable is None else self.metricsTlsEnable
-        return self.tls_files if on else None
+        return self.tls_files if metrics_over_tls(self.tlsEnable, self.metricsTlsEnable) else None
 
 
 def _parse_host(text: str) -> str:
