@@ -143,20 +143,23 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _Handler(WSGIRequestHandler):
-    timeout = READ_TIMEOUT_S  # StreamRequestHandler sets it on the socket
-
     def setup(self) -> None:
-        """The request line and headers are read under one deadline, ``timeout`` from now."""
+        """The request line and headers are read under one deadline, the server's read
+        timeout from now."""
         super().setup()
         self.rfile.close()  # the socket's own reader: replaced before anything was read
-        assert self.timeout is not None
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self._read_timeout_s()
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()
-        self.connection.settimeout(self.timeout)  # the answer's writes: the timeout per write
+        # The answer's writes: the read timeout per write.
+        self.connection.settimeout(self._read_timeout_s())
         return parsed
+
+    def _read_timeout_s(self) -> float:
+        assert isinstance(self.server, _BoundedServer)
+        return self.server.read_timeout_s
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds would flood the process log
@@ -260,12 +263,7 @@ class MetricsServer:
         for c in collectors:
             self.registry.register(c)
         app = _only_metrics(make_wsgi_app(self.registry))
-        server_class = _server_class(host, port)
-
-        class Handler(_Handler):
-            timeout = read_timeout_s
-
-        self._httpd = make_server(host, port, app, server_class, Handler)
+        self._httpd = make_server(host, port, app, _server_class(host, port), _Handler)
         server = self._httpd
         assert isinstance(server, _BoundedServer)
         server.ssl_context = tls
