@@ -79,6 +79,9 @@ NAMESRV_METRICS_PORT = 5556
 NAMESRV_ID = "namesrv"
 # Seconds `up` and `start` wait for a leader; `down` waits after SIGTERM before SIGKILL.
 LEADER_WAIT_S = 30.0
+# `up` gives the last nodes at least this long to answer after the leader is elected, even
+# when the election used up the rest of its wait: a node importing its modules takes ~1-2 s.
+SERVING_WAIT_MIN_S = 10.0
 # Seconds `up` waits for the NameServer to listen (it starts in well under a second).
 NAMESRV_WAIT_S = 10.0
 STOP_GRACE_S = 10.0
@@ -618,10 +621,16 @@ class LocalCluster:
         if self.namesrv is not None and self.namesrv_pid() is None:
             self.start_namesrv()
             self.wait_namesrv()
+        deadline = time.monotonic() + wait_s
         for n in self.nodes:
             if self.pid(n) is None:
                 self.start(n.node_id)
-        return self.wait_leader(wait_s)
+        leader = self.wait_leader(wait_s)
+        # A leader needs only a majority: the last node to start may still be importing when
+        # it is elected. "Up" means every node answers, so that what follows never meets a
+        # refused connection on a node it was told is running.
+        self.wait_serving(max(deadline - time.monotonic(), SERVING_WAIT_MIN_S))
+        return leader
 
     def down(self, grace_s: float = STOP_GRACE_S) -> list[str]:
         """Stop every running node, then the NameServer (so that the nodes can unregister);
@@ -732,6 +741,36 @@ class LocalCluster:
                         return n.node_id
                 time.sleep(0.05)
         raise ClusterError(f"no leader elected within {timeout_s:.0f} s; logs in {self.base}")
+
+    def wait_serving(self, timeout_s: float) -> None:
+        """Wait until every node whose process runs answers Metadata on its client port.
+
+        A node that exits meanwhile, or does not answer within ``timeout_s``, raises
+        ClusterError with its log's exit line or its address."""
+        deadline = time.monotonic() + timeout_s
+        waiting = [n for n in self.nodes if self.pid(n) is not None]
+        with self.client() as client:
+            while waiting:
+                for n in list(waiting):
+                    if self.pid(n) is None:
+                        raise ClusterError(
+                            f"node {n.node_id} exited while starting: "
+                            f"{self.exited(n) or 'stopped'}; log {n.log}"
+                        )
+                    try:
+                        client.metadata(n.client_addr, timeout_s=0.5)
+                    except ClientError:
+                        continue
+                    waiting.remove(n)
+                if not waiting:
+                    return
+                if time.monotonic() >= deadline:
+                    names = ", ".join(f"{n.node_id} ({n.client_addr})" for n in waiting)
+                    raise ClusterError(
+                        f"running but not answering after {timeout_s:.1f} s: {names}; "
+                        f"logs in {self.base}"
+                    )
+                time.sleep(0.05)
 
     def exited(self, n: NodeInfo) -> str | None:
         """For a node that ended without `mqcluster down` (its pid file is still there, its

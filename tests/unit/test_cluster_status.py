@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster import LOG_TAIL_BYTES, LocalCluster, format_table, last_exit_line, main
+from broker.cluster import (
+    LOG_TAIL_BYTES,
+    ClusterError,
+    LocalCluster,
+    format_table,
+    last_exit_line,
+    main,
+)
 
 FATAL = "FATAL component=ready cause=FailpointError: failpoint ready (hit 50)"
 
@@ -90,3 +97,43 @@ def test_a_node_mqcluster_killed_is_down_not_exited(cluster: LocalCluster) -> No
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _stand_in(n_conf: str, code: str) -> subprocess.Popen[bytes]:
+    """A process whose command line carries a node's config, as a node's does, running
+    ``code`` instead of a broker (it listens on nothing)."""
+    return subprocess.Popen([sys.executable, "-c", code, n_conf], start_new_session=True)
+
+
+def test_up_waits_for_every_running_node_to_answer(cluster: LocalCluster) -> None:
+    """`up` returns once a leader is elected *and* every node answers: a node still importing
+    its modules (here: a process that never listens) is named when the wait runs out."""
+    n0 = cluster.node("n0")
+    proc = _stand_in(n0.conf, "import time; time.sleep(60)")
+    try:
+        Path(n0.pid_file).write_text(f"{proc.pid}\n")
+        expected = rf"not answering after 0.5 s: n0 \({n0.client_addr}"
+        with pytest.raises(ClusterError, match=expected):
+            cluster.wait_serving(0.5)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_node_that_exits_while_awaited_is_named_with_its_exit_line(
+    cluster: LocalCluster,
+) -> None:
+    n1 = cluster.node("n1")
+    Path(n1.log).write_text(f"x CRITICAL dledger.fatal {FATAL}\n")
+    proc = _stand_in(n1.conf, "import time; time.sleep(0.3)")
+    try:
+        Path(n1.pid_file).write_text(f"{proc.pid}\n")
+        with pytest.raises(ClusterError, match=r"node n1 exited while starting: FATAL component"):
+            cluster.wait_serving(30)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_nodes_not_started_are_not_awaited(cluster: LocalCluster) -> None:
+    cluster.wait_serving(0.1)  # neither node runs: nothing to wait for, no error
