@@ -545,30 +545,36 @@ def metrics_compare(
     design: str,
     scrape_interval_s: float = mc.SCRAPE_INTERVAL_S,
     null: bool = False,
+    periods: int = 1,
 ) -> dict[str, Any]:
     """The send rate and CPU per message with /metrics served and scraped (every
     ``scrape_interval_s``), and not served: two plaintext groups side by side, ``pairs`` short
     paired rounds of ``seconds`` per in-flight count (``bench.metricscost``; ``design``
     "concurrent" or "alternating"); ``load``: the load generators' processes per group and
     mode. ``null``: the "on" group serves no metrics either (an A/A comparison: what the design
-    reports when nothing differs, e.g. one group's placement favoured over the other's)."""
-    processes, mode = load
-    with (
-        local_group(base, SECURITY_FLUSH, secure=False, name="metrics-off", metrics=False) as off,
-        local_group(base, SECURITY_FLUSH, secure=False, name="metrics-on", metrics=not null) as on,
-        mc.load_pool(off, TOPIC, SECURITY_SIZE, processes, mode) as off_pool,
-        mc.load_pool(on, TOPIC, SECURITY_SIZE, processes, mode) as on_pool,
-    ):
-        load0 = os.getloadavg()
-        groups = {"off": (off, off_pool), "on": (on, on_pool)}
-        cases = mc.run_pairs(
-            groups, in_flight, pairs, seconds, design == "concurrent", scrape_interval_s
-        )
-        load1 = os.getloadavg()
+    reports when nothing differs, e.g. one group's placement favoured over the other's).
+    ``periods`` > 1 (even): a crossover, the role of serving metrics swapped each period."""
+    load0 = os.getloadavg()
+    cases = []
+    for period in range(periods):
+        for case in _metrics_period(
+            base, period, in_flight, seconds, load, pairs, design, scrape_interval_s, null
+        ):
+            cases.append({**case, "period": period})
+    load1 = os.getloadavg()
+    crossover = (
+        f"crossover: {periods} periods of {pairs} pairs, each with two fresh groups g0 "
+        "(started first) and g1, g1 serving metrics in even periods and g0 in odd ones; the "
+        "interval is over the geometric means of pair i of periods 2j and 2j + 1 (a group's "
+        "own advantage cancels); "
+        if periods > 1
+        else ""
+    )
     return {
         "flush": SECURITY_FLUSH,
         "message_bytes": SECURITY_SIZE,
         "pairs": pairs,
+        "periods": periods,
         "design": design,
         "seconds_per_round": seconds,
         "scrape_interval_s": scrape_interval_s,
@@ -581,6 +587,7 @@ def metrics_compare(
             if null
             else ""
         )
+        + crossover
         + "on: every node and the NameServer serve /metrics, each scraped every "
         f"{scrape_interval_s:g} s all along; off: metricsPort=0 (nothing counted); both plaintext; "
         f"{mc.DESIGNS[design]}; each pair's on/off ratio, their median and its 95 % sign-test "
@@ -591,6 +598,38 @@ def metrics_compare(
         "cases": cases,
         "summary": mc.summary(cases, in_flight),
     }
+
+
+def _metrics_period(
+    base: Path,
+    period: int,
+    in_flight: Sequence[int],
+    seconds: float,
+    load: tuple[int, str],
+    pairs: int,
+    design: str,
+    scrape_interval_s: float,
+    null: bool,
+) -> list[dict[str, Any]]:
+    """One period of the metrics comparison: fresh groups g0 (started first) and g1, g1 the
+    "on" group in even periods, g0 in odd ones."""
+    processes, mode = load
+    on_name = "g1" if period % 2 == 0 else "g0"
+    serving = {name: name == on_name and not null for name in ("g0", "g1")}
+    with (
+        local_group(base, SECURITY_FLUSH, False, f"metrics-g0-{period}", serving["g0"]) as g0,
+        local_group(base, SECURITY_FLUSH, False, f"metrics-g1-{period}", serving["g1"]) as g1,
+        mc.load_pool(g0, TOPIC, SECURITY_SIZE, processes, mode) as pool0,
+        mc.load_pool(g1, TOPIC, SECURITY_SIZE, processes, mode) as pool1,
+    ):
+        by_name = {"g0": (g0, pool0), "g1": (g1, pool1)}
+        off_name = "g0" if on_name == "g1" else "g1"
+        groups = {"off": by_name[off_name], "on": by_name[on_name]}
+        print(f"metrics period {period}: {on_name} on, {off_name} off", flush=True)
+        cases = mc.run_pairs(
+            groups, in_flight, pairs, seconds, design == "concurrent", scrape_interval_s
+        )
+    return [{**c, "on_group": on_name} for c in cases]
 
 
 def _alternating(
@@ -856,6 +895,14 @@ def _parser() -> argparse.ArgumentParser:
         "spread of the design itself, to read beside an on/off run",
     )
     p.add_argument(
+        "--metrics-periods",
+        type=int,
+        default=1,
+        help="periods of the metrics comparison, each with two fresh groups, the one serving "
+        "metrics swapped each period (a crossover: a group's own advantage cancels; 1, or an "
+        f"even number up to {mc.MAX_PERIODS}; --metrics-rounds pairs per period)",
+    )
+    p.add_argument(
         "--only",
         choices=("security", "metrics", "floor"),
         help="run only that on/off comparison, or only the floor (bench.floor), with "
@@ -894,6 +941,10 @@ def _check_args(a: argparse.Namespace, sizes: list[int], in_flight: list[int]) -
         return f"--security-rounds must be in [0, {MAX_SECURITY_ROUNDS}]"
     if not 0 <= a.metrics_rounds <= MAX_METRICS_PAIRS:
         return f"--metrics-rounds must be in [0, {MAX_METRICS_PAIRS}]"
+    if not (a.metrics_periods == 1 or 2 <= a.metrics_periods <= mc.MAX_PERIODS) or (
+        a.metrics_periods > 1 and a.metrics_periods % 2
+    ):
+        return f"--metrics-periods must be 1 or even, at most {mc.MAX_PERIODS}"
     if not 0 < a.metrics_seconds <= MAX_METRICS_SECONDS:
         return f"--metrics-seconds must be in (0, {MAX_METRICS_SECONDS:g}]"
     if not mc.MIN_SCRAPE_INTERVAL_S <= a.metrics_scrape_interval <= mc.MAX_SCRAPE_INTERVAL_S:
@@ -996,6 +1047,7 @@ def _run_all(
             a.metrics_design,
             a.metrics_scrape_interval,
             a.metrics_null,
+            a.metrics_periods,
         )
     skip = "--no-peers" if a.no_peers else f"--only {a.only}" if a.only else ""
     if skip:

@@ -12,7 +12,15 @@ and the harness reads the CPU (user + system) of the group's processes, nodes an
 at its two ends.
 
 The comparison rests on each pair's ratio, on over off, of the send rate and of the CPU per
-message (``bench.pairstats``): their medians with a 95 % sign-test interval. Rounds on a
+message (``bench.pairstats``): their medians with a 95 % sign-test interval.
+
+Two groups are never quite alike (an A/A run with nothing served by either showed the group
+started second 3-5 % faster), so the comparison can be a **crossover**: ``periods`` (even)
+periods, each with two fresh groups "g0" (started first) and "g1", the one serving metrics
+swapped from period to period. A group's own advantage b multiplies the ratios of one period
+by b and of the next by 1/b; the geometric mean of pair i of period 2j and pair i of period
+2j + 1 cancels it, and these means are the units the interval is taken over. Each period's own
+median stays in the results, so the size of the bias the crossover took out is visible. Rounds on a
 shared machine spread by tens of percent; the two rounds of a pair, seconds apart, share most
 of that, and the CPU per message is set by the work a message takes, not by how much of the
 CPU the group got. At saturation the send rate is CPU-bound, so the CPU per message is the
@@ -23,8 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
+import statistics
 import subprocess
 import sys
 import threading
@@ -36,7 +46,7 @@ from typing import IO, Any
 
 from bench import cpu_s
 from bench.closedloop import WARMUP_S
-from bench.pairstats import paired
+from bench.pairstats import median_ci, pair_ratios, paired
 from broker.cluster import LocalCluster
 
 # How the two rounds of a pair are run, as the results' conditions say it.
@@ -298,25 +308,67 @@ def _run_pairs(
     return cases
 
 
+# Most periods of a crossover: each starts two fresh groups (about 10 s).
+MAX_PERIODS = 8
+
+
+def crossover_units(per_period: Sequence[Sequence[float]]) -> list[float]:
+    """The crossover's units: for each block of two periods (2j, 2j + 1), the geometric mean
+    of their i-th pair ratios, for every i both have; a group's own advantage, a factor on one
+    period and its inverse on the next, cancels in each. An odd trailing period is refused."""
+    if len(per_period) % 2:
+        raise ValueError(f"{len(per_period)} periods: a crossover needs an even number")
+    units: list[float] = []
+    for first, second in zip(per_period[::2], per_period[1::2], strict=True):
+        units += [math.sqrt(a * b) for a, b in zip(first, second, strict=False)]
+    return units
+
+
+def _measure(mine: Sequence[dict[str, Any]], key: str, periods: list[int]) -> dict[str, Any]:
+    """One measure's pair ratios on/off: a median and interval over the pairs (one period) or
+    over the crossover's units (several), each side's median, and each period's median."""
+
+    def side(name: str, period: int | None = None) -> list[float]:
+        return [
+            float(c[key])
+            for c in mine
+            if c["metrics"] == name and (period is None or c.get("period", 0) == period)
+        ]
+
+    if len(periods) == 1:
+        return paired(side("on"), side("off"))
+    per_period = [pair_ratios(side("on", p), side("off", p)) for p in periods]
+    units = crossover_units(per_period)
+    on, off = side("on"), side("off")
+    return {
+        **median_ci(units),
+        "on_median": statistics.median(on) if on else None,
+        "off_median": statistics.median(off) if off else None,
+        "ratios": units,
+        "period_medians": [statistics.median(r) if r else None for r in per_period],
+    }
+
+
 def summary(cases: Sequence[dict[str, Any]], in_flight: Sequence[int]) -> list[dict[str, Any]]:
     """Per in-flight count: the pair ratios on/off of the send rate and of the CPU per
-    message, each's median with its interval, and the load average over the rounds."""
+    message, each's median with its interval (over the crossover's units when the cases come
+    from several periods), and the load average over the rounds."""
     out = []
     for n in in_flight:
-        mine = sorted((c for c in cases if c["asked_in_flight"] == n), key=lambda c: c["pair"])
-
-        def each(side: str, key: str, mine: list[dict[str, Any]] = mine) -> list[float]:
-            return [float(c[key]) for c in mine if c["metrics"] == side]
-
+        mine = sorted(
+            (c for c in cases if c["asked_in_flight"] == n),
+            key=lambda c: (c.get("period", 0), c["pair"]),
+        )
+        periods = sorted({int(c.get("period", 0)) for c in mine}) or [0]
         loads = [c["load_avg_1m"] for c in mine]
+        rate = _measure(mine, "messages_per_s", periods)
         out.append(
             {
                 "in_flight": n,
-                "pairs": min(len(each("on", "pair")), len(each("off", "pair"))),
-                "rate": paired(each("on", "messages_per_s"), each("off", "messages_per_s")),
-                "cpu_per_message": paired(
-                    each("on", "cpu_us_per_message"), each("off", "cpu_us_per_message")
-                ),
+                "pairs": len(rate["ratios"]),
+                "periods": len(periods),
+                "rate": rate,
+                "cpu_per_message": _measure(mine, "cpu_us_per_message", periods),
                 "load_avg_1m": [min(loads), max(loads)] if loads else None,
             }
         )

@@ -260,9 +260,12 @@ def _metrics_lines(sec: dict[str, Any] | None) -> list[str]:
     if not sec:
         return []
     lines = ["", "## Cost of metrics (issue #22)", "", f"- {sec['conditions']}", ""]
+    periods = int(sec.get("periods", 1))
+    per = f" in each of {periods} crossover periods" if periods > 1 else ""
     lines.append(
         f"- {sec['message_bytes']} B, {sec['flush']}, {sec['pairs']} pairs "
-        f"({sec.get('design')}) of {sec['seconds_per_round']:g} s rounds per in-flight count"
+        f"({sec.get('design')}) of {sec['seconds_per_round']:g} s rounds per in-flight "
+        f"count{per}"
     )
     head = "in flight | measure | pairs | on | off | on/off (median of pairs) | interval (cover)"
     lines += ["", f"| {head} | 2 % | load 1 min |", "|---:|---|---:|---:|---:|---:|---|---|---|"]
@@ -276,7 +279,20 @@ def _metrics_lines(sec: dict[str, Any] | None) -> list[str]:
                 f"| {_interval(ci)} | {verdict(ci, bound, higher)} "
                 f"| {'-' if load is None else f'{load[0]:.1f} - {load[1]:.1f}'} |"
             )
-    return lines
+    return lines + _period_lines(sec)
+
+
+def _period_lines(sec: dict[str, Any]) -> list[str]:
+    """A crossover's per-period medians of the pair ratios: the groups' own bias, which the
+    crossover's units cancel, is half the log-distance between two periods'."""
+    lines = []
+    for s in sec["summary"]:
+        for key, name, _bound, _higher in METRICS_MEASURES:
+            medians = s[key].get("period_medians")
+            if medians:
+                each = ", ".join(_ratio(m) for m in medians)
+                lines.append(f"- {s['in_flight']} in flight, {name}: each period's median {each}")
+    return ["", *lines] if lines else []
 
 
 def _skipped(section: Any) -> str:

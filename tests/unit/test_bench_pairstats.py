@@ -215,3 +215,53 @@ def test_the_scraper_runs_across_rounds_and_each_on_round_counts_its_own_scrapes
     assert scraper.interval_s == 60.0 and scraper.counts() == (4, 0)
     assert [c["on"]["scrapes"] for c in cases] == [0, 2, 0]
     assert all(c["off"]["scrapes"] == 0 for c in cases)
+
+
+def _crossover_cases(bias: float, cost: float) -> list[dict[str, Any]]:
+    """Two periods of 8 pairs at 16 in flight: group g1 needs ``bias`` times g0's CPU per
+    message whatever it serves; serving metrics costs ``cost`` times the CPU. g1 serves in
+    period 0, g0 in period 1 (as bench.__main__._metrics_period swaps them)."""
+    rng = random.Random(7)
+    cases = []
+    for period, on_group in ((0, "g1"), (1, "g0")):
+        for i in range(8):
+            base = 100.0 * (1 + rng.random())  # the machine's drift, shared within a pair
+            group = {"g0": 1.0, "g1": bias}
+            off_group = "g0" if on_group == "g1" else "g1"
+            on_cpu = base * group[on_group] * cost
+            off_cpu = base * group[off_group]
+            for side, cpu in (("on", on_cpu), ("off", off_cpu)):
+                cases.append({**_case(side, i, 16, 1e6 / cpu, cpu), "period": period})
+    return cases
+
+
+def test_a_crossover_cancels_a_groups_own_advantage() -> None:
+    cases = _crossover_cases(bias=0.96, cost=1.01)
+    (s,) = metricscost.summary(cases, [16])
+    cpu = s["cpu_per_message"]
+    assert s["periods"] == 2 and s["pairs"] == 8
+    assert cpu["median"] == pytest.approx(1.01) and cpu["high"] == pytest.approx(1.01)
+    # Each period alone is off by the group's 4 %, one each way.
+    low, high = cpu["period_medians"]
+    assert low == pytest.approx(1.01 * 0.96) and high == pytest.approx(1.01 / 0.96)
+    assert s["rate"]["median"] == pytest.approx(1 / 1.01)
+    # One period alone reads the bias as the cost: 1.01 x 0.96 < 1, a "gain" from metrics.
+    (alone,) = metricscost.summary([c for c in cases if c["period"] == 0], [16])
+    assert alone["cpu_per_message"]["median"] == pytest.approx(0.9696)
+    text = "\n".join(report._metrics_lines({**_result()["metrics"], "periods": 2, "summary": [s]}))
+    assert "in each of 2 crossover periods" in text
+    assert "16 in flight, CPU us/msg: each period's median 0.970, 1.052" in text
+
+
+def test_crossover_units_pair_periods_two_by_two() -> None:
+    assert metricscost.crossover_units([[4.0, 1.0], [1.0, 4.0, 9.0]]) == [2.0, 2.0]
+    with pytest.raises(ValueError, match="even number"):
+        metricscost.crossover_units([[1.0], [1.0], [1.0]])
+
+
+@pytest.mark.parametrize("periods", [0, 3, 10])
+def test_mqbench_refuses_odd_or_too_many_periods(periods: int) -> None:
+    from bench.__main__ import _check_args, _parser
+
+    a = _parser().parse_args(["--metrics-periods", str(periods)])
+    assert "--metrics-periods must be 1 or even" in _check_args(a, [1024], [16])
