@@ -32,6 +32,7 @@ from broker.errors import (
 )
 from broker.lookups import Found, Lookups
 from broker.offsets import ConsumerOffsets
+from broker.pbmessage import message_pb
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.retry import Retries, SendBackItem
@@ -110,30 +111,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     # ------------------------------------------------------------------ domain -> protobuf
 
     def _message_pb(self, found: Found) -> pb.Message:
-        msg = found.message
-        out = pb.Message(
-            topic=msg.topic,
-            queue_id=msg.queue_id,
-            tags=msg.tags,
-            body=msg.body,
-            born_host=msg.born_host,
-            born_timestamp_ms=msg.born_timestamp_ms,
-            store_timestamp_ms=msg.store_timestamp_ms,
-            producer_group=msg.producer_group,
-            msg_id=msg.uniq_id,
-            offset_msg_id=self.applied.offset_msg_id(found.position),
-            queue_offset=found.queue_offset,
-            commitlog_position=found.position,
-            reconsume_times=msg.reconsume_times,
-            flag=msg.flag,
-            sys_flag=msg.sys_flag,
+        return message_pb(
+            found.message,
+            self.applied.offset_msg_id(found.position),
+            found.queue_offset,
+            found.position,
         )
-        # Only what is there: an empty list or map still costs a copy per message.
-        if msg.keys:
-            out.keys.extend(msg.keys)
-        if msg.properties:
-            out.properties.update(msg.properties)
-        return out
 
     def _result_pb(self, r: SendResult) -> pb.SendResult:
         return pb.SendResult(

@@ -29,7 +29,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import require_leader
 from broker.errors import BrokerError
-from broker.message import Message
+from broker.pbmessage import message_from_pb
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.rmq5.guard import caller_signature
 from broker.rpcerrors import error_failure
@@ -361,22 +361,13 @@ class LeaderCalls:
 def _received(p: pb.PoppedMessage) -> Received:
     """A message a forwarded receive got, as the leader's own receive answers it."""
     m = p.message
-    msg = Message(
-        topic=m.topic,
-        queue_id=m.queue_id,
-        body=m.body,
-        tags=m.tags,
-        keys=tuple(m.keys),
-        properties=dict(m.properties),
-        born_host=m.born_host,
-        born_timestamp_ms=m.born_timestamp_ms,
-        store_timestamp_ms=m.store_timestamp_ms,
-        producer_group=m.producer_group,
-        uniq_id=m.msg_id,
-        reconsume_times=m.reconsume_times,
-    )
     return Received(
-        msg, m.queue_id, m.queue_offset, m.commitlog_position, p.delivery_attempt, p.receipt_handle
+        message_from_pb(m),
+        m.queue_id,
+        m.queue_offset,
+        m.commitlog_position,
+        p.delivery_attempt,
+        p.receipt_handle,
     )
 
 
