@@ -2,13 +2,14 @@
 
 The endpoint is `prometheus_client`'s WSGI app behind a small server of our own bounds: only
 ``GET /metrics`` (anything else: 404 or 405), at most `MAX_CONNECTIONS` connections served at
-once (more are closed at once, counted), each with `READ_TIMEOUT_S` to send its request. It is
-unauthenticated, like etcd's and NATS' monitoring ports: bind it where only the scrapers reach
-(docs/METRICS.md "What the endpoint promises"). Given a server `ssl.SSLContext` it speaks HTTPS
-(`mqsecurity.tls.https_server_context`: the process's certificate, no client certificate
-asked): the TLS handshake runs in the connection's own thread, within
-`READ_TIMEOUT_S` in all, so a client that stays silent or does not speak TLS holds one slot for
-at most that long and never delays another scrape or the accepting thread.
+once (more are closed at once, counted in ``raftmq_metrics_refused_connections_total``), each
+with `READ_TIMEOUT_S` to send its request. It is unauthenticated, like etcd's and NATS'
+monitoring ports: bind it where only the scrapers reach (docs/METRICS.md "What the endpoint
+promises"). Given a server `ssl.SSLContext` it speaks HTTPS (`mqsecurity.tls.https_server_context`:
+the process's certificate, no client certificate asked): the TLS handshake runs in the
+connection's own thread, within `READ_TIMEOUT_S` in all, so a client that stays silent or does
+not speak TLS holds one slot for at most that long and never delays another scrape or the
+accepting thread; a failed handshake is counted in ``raftmq_metrics_failed_handshakes_total``.
 
 `LoopCollector` builds the families on the process's asyncio loop (the one thread that
 changes the state it reads), at most once per `MIN_COLLECT_INTERVAL_S` whoever scrapes: a
@@ -224,6 +225,30 @@ class _BoundedServer(WSGIServer):
         logger.debug("metrics request from %s failed", client_address, exc_info=True)
 
 
+class _EndpointCollector(Collector):
+    """The endpoint's own counters, read from its server (not from the event loop: they are
+    there even when the loop is too busy to build the state's families)."""
+
+    def __init__(self, server: _BoundedServer) -> None:
+        self._server = server
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "raftmq_metrics_refused_connections",
+            f"Connections to /metrics closed unserved: {MAX_CONNECTIONS} were being served",
+            value=self._server.refused_connections,
+        )
+        yield CounterMetricFamily(
+            "raftmq_metrics_failed_handshakes",
+            "HTTPS connections to /metrics closed because their TLS handshake failed or did "
+            "not finish within the read timeout",
+            value=self._server.failed_handshakes,
+        )
+
+
 def _server_class(host: str, port: int) -> type[_BoundedServer]:
     """A server class of the address family ``host`` resolves to (IPv4 or IPv6)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -268,6 +293,7 @@ class MetricsServer:
         assert isinstance(server, _BoundedServer)
         server.ssl_context = tls
         server.read_timeout_s = read_timeout_s
+        self.registry.register(_EndpointCollector(server))
         self._thread: threading.Thread | None = None
 
     @property

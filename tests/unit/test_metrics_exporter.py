@@ -170,8 +170,15 @@ def test_connections_beyond_the_limit_are_closed_at_once(
             status = _get(f"http://127.0.0.1:{server.port}/metrics")[0]
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.05)
-    server.stop()
     assert status == 200
+    body = _get(f"http://127.0.0.1:{server.port}/metrics")[1]
+    server.stop()
+    # The refusals are on the endpoint's own counter, for the operator to see: the extra
+    # connection's, and any of the retries above that came before the slots did.
+    refused = server.refused_connections
+    assert refused >= 1
+    assert f"\nraftmq_metrics_refused_connections_total {refused:.1f}\n" in body
+    assert "\nraftmq_metrics_failed_handshakes_total 0.0\n" in body
 
 
 def test_a_busy_port_fails_at_construction() -> None:
@@ -285,6 +292,9 @@ def test_a_tls_endpoint_serves_the_process_certificate_to_a_scraper_trusting_the
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _get(url + "/metrics", context=ssl.create_default_context())
     assert _eventually(lambda: https.failed_handshakes >= 1)  # that client's
+    body = _get(url + "/metrics", context=tls.context())[1]
+    counted = [line for line in body.splitlines() if line.startswith("raftmq_metrics_failed_")]
+    assert counted == [f"raftmq_metrics_failed_handshakes_total {https.failed_handshakes:.1f}"]
 
 
 def test_plaintext_http_to_the_tls_port_gets_no_metrics_and_does_not_stall_a_tls_scrape(
