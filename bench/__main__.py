@@ -556,11 +556,13 @@ def metrics_compare(
     ``periods`` > 1 (even): a crossover, the role of serving metrics swapped each period."""
     load0 = os.getloadavg()
     cases = []
+    own = []
     for period in range(periods):
-        for case in _metrics_period(
+        period_cases, period_own = _metrics_period(
             base, period, in_flight, seconds, load, pairs, design, scrape_interval_s, null
-        ):
-            cases.append({**case, "period": period})
+        )
+        cases += [{**case, "period": period} for case in period_cases]
+        own.append(period_own)
     load1 = os.getloadavg()
     crossover = (
         f"crossover: {periods} periods of {pairs} pairs, each with two fresh groups g0 "
@@ -597,6 +599,7 @@ def metrics_compare(
         "of the cost",
         "cases": cases,
         "summary": mc.summary(cases, in_flight),
+        "own_cpu": own,
     }
 
 
@@ -610,9 +613,10 @@ def _metrics_period(
     design: str,
     scrape_interval_s: float,
     null: bool,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One period of the metrics comparison: fresh groups g0 (started first) and g1, g1 the
-    "on" group in even periods, g0 in odd ones."""
+    "on" group in even periods, g0 in odd ones; its cases, and the metrics' own cost by the
+    "on" group's count over the period."""
     processes, mode = load
     on_name = "g1" if period % 2 == 0 else "g0"
     serving = {name: name == on_name and not null for name in ("g0", "g1")}
@@ -626,10 +630,10 @@ def _metrics_period(
         off_name = "g0" if on_name == "g1" else "g1"
         groups = {"off": by_name[off_name], "on": by_name[on_name]}
         print(f"metrics period {period}: {on_name} on, {off_name} off", flush=True)
-        cases = mc.run_pairs(
+        cases, own = mc.run_pairs(
             groups, in_flight, pairs, seconds, design == "concurrent", scrape_interval_s
         )
-    return [{**c, "on_group": on_name} for c in cases]
+    return [{**c, "on_group": on_name} for c in cases], {**own, "on_group": on_name}
 
 
 def _alternating(

@@ -73,11 +73,27 @@ LOADGEN_STOP_S = 10.0
 WARM_ROUND_S = 1.0
 
 
+# The metrics' own CPU as each process counts it (mqmetrics.server), summed over its parts.
+OWN_CPU_PREFIX = b"raftmq_metrics_cpu_seconds_total"
+
+
+def own_cpu_s(body: bytes) -> float:
+    """The CPU seconds a /metrics answer says the metrics cost its process (0.0 without the
+    family: a process that does not count it)."""
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith(OWN_CPU_PREFIX):
+            total += float(line.rsplit(None, 1)[1])
+    return total
+
+
 class Scraper:
     """Scrapes every /metrics of a group every ``interval_s`` from a thread, as Prometheus
     would, from its start to its end whatever the rounds do (a round sees the scrapes that
     fall in it: at 15 s, most rounds of 2 s none, some one); counts the scrapes, the failures
-    and the bytes."""
+    and the bytes, and (:meth:`own_cost`) what the metrics cost the group's processes by
+    their own count against the group's whole CPU between the first and the last complete
+    scrape (one more is made at the end)."""
 
     def __init__(self, cluster: LocalCluster, interval_s: float = SCRAPE_INTERVAL_S) -> None:
         self.interval_s = interval_s
@@ -91,16 +107,23 @@ class Scraper:
         self.scrapes = 0
         self.bytes = 0
         self.failures = 0
+        self._cluster = cluster
+        self._pids: list[int | None] = []
+        # (metrics' own CPU, the group's CPU) at the first and the last complete scrape.
+        self._first: tuple[float, float] | None = None
+        self._last: tuple[float, float] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
 
     def __enter__(self) -> Scraper:
+        self._pids = group_pids(self._cluster)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._scrape_all()  # the end of the span own_cost covers
 
     def _run(self) -> None:
         while True:  # at once, then every interval
@@ -109,15 +132,39 @@ class Scraper:
                 return
 
     def _scrape_all(self) -> None:
+        own_s, complete = 0.0, True
         for url in self.urls:
             try:
                 with urllib.request.urlopen(
                     url, timeout=SCRAPE_TIMEOUT_S, context=self._context
                 ) as resp:
-                    self.bytes += len(resp.read())
+                    body = resp.read()
+                self.bytes += len(body)
                 self.scrapes += 1
+                own_s += own_cpu_s(body)
             except OSError:
                 self.failures += 1
+                complete = False
+        if complete:
+            self._last = (own_s, sum(map(cpu_s, self._pids)))
+            self._first = self._first or self._last
+
+    def own_cost(self) -> dict[str, Any]:
+        """What the metrics cost the group by its processes' own count
+        (``raftmq_metrics_cpu_seconds_total``: building the families and serving the scrapes;
+        not the counting on the hot paths, docs/METRICS.md), against the group's whole CPU,
+        between the first and the last complete scrape."""
+        if self._first is None or self._last is None:
+            return {"metrics_cpu_s": None, "group_cpu_s": None, "share": None}
+        metrics_s = self._last[0] - self._first[0]
+        group_s = self._last[1] - self._first[1]
+        return {
+            "metrics_cpu_s": metrics_s,
+            "group_cpu_s": group_s,
+            "share": metrics_s / group_s if group_s > 0 else None,
+            "scrapes": self.scrapes,
+            "scrape_failures": self.failures,
+        }
 
     def counts(self) -> tuple[int, int]:
         """(scrapes, failures) so far."""
@@ -275,13 +322,15 @@ def run_pairs(
     seconds: float,
     concurrent: bool,
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``pairs`` pairs per in-flight count (``concurrent``: both sides loaded in the same
     window; otherwise one after the other, the order alternating by pair: ABBA), after one
     unrecorded warm round per side and count; the "on" group is scraped every
-    ``scrape_interval_s`` from the first warm round to the last pair."""
+    ``scrape_interval_s`` from the first warm round to the last pair. Returns the cases and
+    the metrics' own cost over the whole span (:meth:`Scraper.own_cost`)."""
     with Scraper(groups["on"][0], scrape_interval_s) as scraper:
-        return _run_pairs(groups, in_flight, pairs, seconds, concurrent, scraper)
+        cases = _run_pairs(groups, in_flight, pairs, seconds, concurrent, scraper)
+    return cases, scraper.own_cost()
 
 
 def _run_pairs(

@@ -279,7 +279,25 @@ def _metrics_lines(sec: dict[str, Any] | None) -> list[str]:
                 f"| {_interval(ci)} | {verdict(ci, bound, higher)} "
                 f"| {'-' if load is None else f'{load[0]:.1f} - {load[1]:.1f}'} |"
             )
-    return lines + _period_lines(sec)
+    return lines + _period_lines(sec) + _own_cpu_lines(sec)
+
+
+def _own_cpu_lines(sec: dict[str, Any]) -> list[str]:
+    """The metrics' own CPU (raftmq_metrics_cpu_seconds_total) against the "on" group's whole
+    CPU, per period: the cost measured directly rather than as a difference of two groups."""
+    rows = [o for o in sec.get("own_cpu", []) if o.get("share") is not None]
+    if not rows:
+        return []
+    metrics_s = sum(o["metrics_cpu_s"] for o in rows)
+    group_s = sum(o["group_cpu_s"] for o in rows)
+    each = ", ".join(f"{100 * o['share']:.3f} %" for o in rows)
+    return [
+        "",
+        f"- The metrics' own CPU by the 'on' group's count (raftmq_metrics_cpu_seconds_total: "
+        f"building the families and serving {sum(o['scrapes'] for o in rows)} scrapes): "
+        f"{metrics_s:.3f} s of the group's {group_s:.1f} s = {100 * metrics_s / group_s:.3f} % "
+        f"(each period: {each}); the counting on the hot paths is not in it (docs/METRICS.md)",
+    ]
 
 
 def _period_lines(sec: dict[str, Any]) -> list[str]:

@@ -10,6 +10,8 @@ the process's certificate, no client certificate asked): the TLS handshake runs 
 connection's own thread, within `READ_TIMEOUT_S` in all, so a client that stays silent or does
 not speak TLS holds one slot for at most that long and never delays another scrape or the
 accepting thread; a failed handshake is counted in ``raftmq_metrics_failed_handshakes_total``.
+What the metrics cost the process is on ``raftmq_metrics_cpu_seconds_total`` (the CPU of the
+builds on the loop and of the connections' threads; not the counting on the hot paths).
 
 `LoopCollector` builds the families on the process's asyncio loop (the one thread that
 changes the state it reads), at most once per `MIN_COLLECT_INTERVAL_S` whoever scrapes: a
@@ -74,6 +76,8 @@ class LoopCollector(Collector):
         self._built_at = float("-inf")
         self.timeouts = 0
         self.collections = 0
+        # CPU seconds the builds took on the loop's thread (only that thread adds to it).
+        self.collect_cpu_s = 0.0
 
     def describe(self) -> list[Metric]:
         return []  # no fixed names: nothing for the registry to check at register time
@@ -93,10 +97,16 @@ class LoopCollector(Collector):
         def run() -> None:
             if not done.set_running_or_notify_cancel():
                 return
+            started_s = time.thread_time()
             try:
-                done.set_result(self._build())
+                families = self._build()
             except BaseException as exc:  # handed to the scrape, which logs it
+                self.collect_cpu_s += time.thread_time() - started_s
                 done.set_exception(exc)
+                return
+            # Counted before the scrape is woken: its answer includes this build.
+            self.collect_cpu_s += time.thread_time() - started_s
+            done.set_result(families)
 
         try:
             self._loop.call_soon_threadsafe(run)
@@ -193,6 +203,10 @@ class _BoundedServer(WSGIServer):
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused_connections = 0
         self.failed_handshakes = 0
+        # CPU seconds the connections' threads took (handshake, families of other
+        # collectors, the text, the writes), added as each connection ends.
+        self.serve_cpu_s = 0.0
+        self._cpu_lock = threading.Lock()
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -206,6 +220,7 @@ class _BoundedServer(WSGIServer):
         thread.start()
 
     def _serve_one(self, request: Any, client_address: Any) -> None:
+        started_s = time.thread_time()
         try:
             if self.ssl_context is not None:
                 try:
@@ -219,6 +234,8 @@ class _BoundedServer(WSGIServer):
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
+            with self._cpu_lock:
+                self.serve_cpu_s += time.thread_time() - started_s
             self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -229,8 +246,9 @@ class _EndpointCollector(Collector):
     """The endpoint's own counters, read from its server (not from the event loop: they are
     there even when the loop is too busy to build the state's families)."""
 
-    def __init__(self, server: _BoundedServer) -> None:
+    def __init__(self, server: _BoundedServer, collectors: Sequence[Collector]) -> None:
         self._server = server
+        self._loop_collectors = [c for c in collectors if isinstance(c, LoopCollector)]
 
     def describe(self) -> list[Metric]:
         return []
@@ -247,6 +265,15 @@ class _EndpointCollector(Collector):
             "not finish within the read timeout",
             value=self._server.failed_handshakes,
         )
+        cpu = CounterMetricFamily(
+            "raftmq_metrics_cpu_seconds",
+            "CPU seconds the metrics themselves cost, by part: collect (reading the state on the "
+            "event loop), serve (the connections' threads: TLS, text, writes)",
+            labels=["part"],
+        )
+        cpu.add_metric(["collect"], sum(c.collect_cpu_s for c in self._loop_collectors))
+        cpu.add_metric(["serve"], self._server.serve_cpu_s)
+        yield cpu
 
 
 def _server_class(host: str, port: int) -> type[_BoundedServer]:
@@ -293,7 +320,7 @@ class MetricsServer:
         assert isinstance(server, _BoundedServer)
         server.ssl_context = tls
         server.read_timeout_s = read_timeout_s
-        self.registry.register(_EndpointCollector(server))
+        self.registry.register(_EndpointCollector(server, collectors))
         self._thread: threading.Thread | None = None
 
     @property

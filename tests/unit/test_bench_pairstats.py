@@ -175,8 +175,19 @@ def test_serve_round_accepts_a_round_and_refuses_every_bad_field() -> None:
 
 
 class _Metrics(http.server.BaseHTTPRequestHandler):
+    """An endpoint whose metrics cost 0.25 CPU seconds more at every request, in two parts."""
+
+    served = 0
+
     def do_GET(self) -> None:
-        body = b"x 1\n"
+        _Metrics.served += 1
+        own = 0.125 * _Metrics.served
+        body = (
+            b"x 1\n# TYPE raftmq_metrics_cpu_seconds counter\n"
+            + f'raftmq_metrics_cpu_seconds_total{{part="collect"}} {own}\n'.encode()
+            + f'raftmq_metrics_cpu_seconds_total{{part="serve"}} {own}\n'.encode()
+            + b'raftmq_metrics_cpu_seconds_created{part="serve"} 1.7e9\n'
+        )
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -189,6 +200,7 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
 def test_the_scraper_runs_across_rounds_and_each_on_round_counts_its_own_scrapes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _Metrics.served = 0
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
@@ -212,9 +224,17 @@ def test_the_scraper_runs_across_rounds_and_each_on_round_counts_its_own_scrapes
             cases = [metricscost._rounds(("off", "on"), groups, 16, 1.0, scraper) for _ in "abc"]
     finally:
         server.shutdown()
-    assert scraper.interval_s == 60.0 and scraper.counts() == (4, 0)
+    # The first pass, the one round's, and one more at the end (what own_cost spans).
+    assert scraper.interval_s == 60.0 and scraper.counts() == (6, 0)
     assert [c["on"]["scrapes"] for c in cases] == [0, 2, 0]
     assert all(c["off"]["scrapes"] == 0 for c in cases)
+    # Both URLs are the one fake process, each request 0.25 s more; a pass sums its two
+    # answers: the first pass (requests 1, 2) to the last (requests 5, 6).
+    own = scraper.own_cost()
+    assert own["metrics_cpu_s"] == pytest.approx(0.25 * (5 + 6) - 0.25 * (1 + 2))
+    assert own["group_cpu_s"] == 0 and own["share"] is None  # no group processes here
+    assert metricscost.own_cpu_s(b'raftmq_metrics_cpu_seconds_total{part="x"} 2.5\n') == 2.5
+    assert metricscost.own_cpu_s(b"other 1\n") == 0.0
 
 
 def _crossover_cases(bias: float, cost: float) -> list[dict[str, Any]]:
@@ -265,3 +285,17 @@ def test_mqbench_refuses_odd_or_too_many_periods(periods: int) -> None:
 
     a = _parser().parse_args(["--metrics-periods", str(periods)])
     assert "--metrics-periods must be 1 or even" in _check_args(a, [1024], [16])
+
+
+def test_the_report_gives_the_metrics_own_cpu_share() -> None:
+    sec = {
+        **_result()["metrics"],
+        "own_cpu": [
+            {"metrics_cpu_s": 0.2, "group_cpu_s": 100.0, "share": 0.002, "scrapes": 40},
+            {"metrics_cpu_s": None, "group_cpu_s": None, "share": None},  # nothing scraped
+            {"metrics_cpu_s": 0.6, "group_cpu_s": 100.0, "share": 0.006, "scrapes": 40},
+        ],
+    }
+    text = "\n".join(report._metrics_lines(sec))
+    assert "serving 80 scrapes): 0.800 s of the group's 200.0 s = 0.400 %" in text
+    assert "(each period: 0.200 %, 0.600 %)" in text

@@ -421,3 +421,37 @@ def test_a_client_dribbling_its_request_is_closed_at_the_read_timeout_in_all(
     finally:
         server.stop()
     assert waited >= SHORT_TIMEOUT_S * 0.5
+
+
+def test_the_metrics_own_cpu_is_counted_by_part(loop: asyncio.AbstractEventLoop) -> None:
+    """raftmq_metrics_cpu_seconds_total: a build that burns CPU on the loop shows under
+    "collect", the connections' threads under "serve" (what mqbench reads as the cost of
+    metrics under load, docs/METRICS.md)."""
+    burn_s = 0.05
+
+    def costly() -> list[Metric]:
+        started = time.thread_time()
+        while time.thread_time() - started < burn_s:
+            pass
+        return [gauge("raftmq_x", "x", 1)]
+
+    server = MetricsServer("127.0.0.1", 0, [LoopCollector(costly, loop, min_interval_s=0.0)])
+    server.start()
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        for _ in range(3):
+            assert _get(url)[0] == 200
+        body = _get(url)[1]
+    finally:
+        server.stop()
+    cpu = {
+        s.labels["part"]: s.value
+        for f in text_string_to_metric_families(body)
+        if f.name == "raftmq_metrics_cpu_seconds"
+        for s in f.samples
+    }
+    assert set(cpu) == {"collect", "serve"}
+    # Four builds ran before this answer was written (the fourth is its own).
+    assert 4 * burn_s <= cpu["collect"] < 4 * burn_s + 1.0
+    # The three earlier connections had ended; the burning was not theirs.
+    assert 0 < cpu["serve"] < burn_s
