@@ -155,16 +155,82 @@ class Pops:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(q.poll_timeout_ms, 0), MAX_SUSPEND_TIMEOUT_MS) / 1000
         while True:
-            out: list[Received] = []
-            for qid in queues:
-                key = (q.group, q.topic, qid)
-                out += await self._pop_queue(key, tags, q.batch_size - len(out), q.invisible_ms)
-                if len(out) >= q.batch_size:
-                    break
+            out = await self._pop_rounds(q, queues, tags)
             remaining = deadline - loop.time()
             if out or remaining <= 0:
                 return out
             await self._wait(q.topic, min(remaining, REVIVE_INTERVAL_MS / 1000))
+
+    async def _pop_rounds(
+        self, q: ReceiveQuery, queues: list[int], tags: frozenset[str] | None
+    ) -> list[Received]:
+        """Up to ``q.batch_size`` messages from ``queues``, in rounds: each round shares what
+        is still wanted among the queues that have messages (in ``queues``' order) and pops
+        them at once, so that their records commit together, in one replication round rather
+        than one after another. A queue that gives fewer than its share (a tag filter, a FIFO
+        batch still out, a pop of another receive) is not asked again by this receive; a
+        round that gets nothing ends it."""
+        out: list[Received] = []
+        left = list(queues)
+        while len(out) < q.batch_size and left:
+            shares = self._shares(q.group, q.topic, left, q.batch_size - len(out))
+            if not shares:
+                break
+            got = await self._pop_all(q, shares, tags)
+            for (qid, share), received in zip(shares, got, strict=True):
+                out += received
+                if len(received) < share:
+                    left.remove(qid)
+            if not any(got):
+                break
+        return out
+
+    def _shares(
+        self, group: str, topic: str, queues: Sequence[int], want: int
+    ) -> list[tuple[int, int]]:
+        """``(queue, share)`` for the first queues of ``queues`` that hold messages for
+        ``group`` (visible again, or not yet handed out), shares adding up to at most ``want``;
+        an estimate only: each pop takes what it finds under its queue's lock."""
+        shares: list[tuple[int, int]] = []
+        for qid in queues:
+            if want <= 0:
+                break
+            share = min(want, self._available(group, topic, qid))
+            if share > 0:
+                shares.append((qid, share))
+                want -= share
+        return shares
+
+    def _available(self, group: str, topic: str, qid: int) -> int:
+        """Messages of queue ``qid`` a pop of ``group`` could hand out now (an upper bound)."""
+        state = self.ctx.sm.pop.get((group, topic, qid))
+        cq = self.ctx.sm.cqs.find(topic, qid)
+        new = 0
+        if cq is not None:
+            start = 0 if state is None else state.offset
+            new = max(0, cq.max_offset - max(start, cq.min_offset))
+        if state is None:
+            return new
+        visible = sum(1 for rec in state.inflight.values() if not rec.deadline_ms)
+        return new + visible
+
+    async def _pop_all(
+        self, q: ReceiveQuery, shares: Sequence[tuple[int, int]], tags: frozenset[str] | None
+    ) -> list[list[Received]]:
+        """The pops of one round, at once; each holds only its own queue's lock. A failure is
+        raised once every pop has ended (what the others handed out comes again after its
+        invisible time, as when a receive's answer is lost)."""
+        results = await asyncio.gather(
+            *(
+                self._pop_queue((q.group, q.topic, qid), tags, share, q.invisible_ms)
+                for qid, share in shares
+            ),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return [r for r in results if not isinstance(r, BaseException)]
 
     def _check_receive(self, q: ReceiveQuery) -> list[int]:
         require_leader(self.ctx.node)

@@ -205,3 +205,54 @@ def test_pop_state_survives_a_restart(tmp_path: Path) -> None:
     sm = reopen(tmp_path)
     assert sm.pop.capture() == captured and sm.pop.inflight_total == 2
     sm.close()
+
+
+def test_a_receive_pops_its_queues_at_once_so_their_records_commit_together(
+    tmp_path: Path,
+) -> None:
+    """Before, a receive over several queues proposed one queue's record, waited for its
+    commit, then the next's: under load one receive cost a replication round per queue."""
+
+    async def body() -> None:
+        pops, node = await _setup(tmp_path)  # 3 messages in each of 2 queues
+        node.gate = asyncio.Event()  # proposals wait: the first commits only when opened
+        receive = asyncio.create_task(pops.receive(_query()))
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if node.proposals == 2:
+                break
+        assert node.proposals == 2  # both queues' records proposed before either committed
+        node.gate.set()
+        got = await receive
+        assert sorted(r.message.body for r in got) == [f"body-{i}".encode() for i in range(6)]
+
+    asyncio.run(body())
+
+
+def test_a_round_takes_no_more_than_the_batch_and_skips_what_the_filter_leaves(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        _node, _sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 3, 3, 6)
+        sender = SendPath(topics.ctx, topics)
+        tagged = [
+            pb.Message(queue_id=q, body=f"{tag}{i}".encode(), msg_id=IDS.next_id(), tags=tag)
+            for i in range(4)
+            for q, tag in ((0, "B"), (1, "A"), (2, "A"))
+        ]
+        await sender.send("T", tagged)
+        retries = Retries(topics, applied, sender)
+        pops = Pops(topics, applied, retries, 2, MIN_INVISIBLE_MS)
+        # Only A: whichever queue a round starts at, queue 0's B messages give nothing and
+        # the receive goes on to the others in the same call, without waiting.
+        got = await pops.receive(ReceiveQuery("G", "T", -1, 5, 5000, "A"))
+        assert len(got) == 5 and {r.message.tags for r in got} == {"A"}
+        rest = await pops.receive(ReceiveQuery("G", "T", -1, 32, 5000, "A"))
+        assert len(rest) == 3
+        assert sorted(r.message.body for r in got + rest) == sorted(
+            m.body for m in tagged if m.tags == "A"
+        )
+        assert await pops.receive(ReceiveQuery("G", "T", -1, 32, 5000, "A")) == []
+
+    asyncio.run(body())
