@@ -20,11 +20,12 @@ periods, each with two fresh groups "g0" (started first) and "g1", the one servi
 swapped from period to period. A group's own advantage b multiplies the ratios of one period
 by b and of the next by 1/b; the geometric mean of pair i of period 2j and pair i of period
 2j + 1 cancels it, and these means are the units the interval is taken over. Each period's own
-median stays in the results, so the size of the bias the crossover took out is visible. Rounds on a
-shared machine spread by tens of percent; the two rounds of a pair, seconds apart, share most
-of that, and the CPU per message is set by the work a message takes, not by how much of the
-CPU the group got. At saturation the send rate is CPU-bound, so the CPU per message is the
-load-robust measure of the cost.
+median stays in the results, so the size of the bias the crossover took out is visible.
+
+Rounds on a shared machine spread by tens of percent; the two rounds of a pair, seconds
+apart, share most of that, and the CPU per message is set by the work a message takes, not
+by how much of the CPU the group got. At saturation the send rate is CPU-bound, so the CPU
+per message is the load-robust measure of the cost.
 """
 
 from __future__ import annotations

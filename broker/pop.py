@@ -195,24 +195,28 @@ class Pops:
         for qid in queues:
             if want <= 0:
                 break
-            share = min(want, self._available(group, topic, qid))
+            share = self._available(group, topic, qid, want)
             if share > 0:
                 shares.append((qid, share))
                 want -= share
         return shares
 
-    def _available(self, group: str, topic: str, qid: int) -> int:
-        """Messages of queue ``qid`` a pop of ``group`` could hand out now (an upper bound)."""
+    def _available(self, group: str, topic: str, qid: int, want: int) -> int:
+        """Messages of queue ``qid`` a pop of ``group`` could hand out now (an upper bound),
+        counted up to ``want`` only: the in-flight table (up to MAX_INFLIGHT_PER_QUEUE) is
+        walked only when the new messages are fewer, and no further than needed."""
         state = self.ctx.sm.pop.get((group, topic, qid))
         cq = self.ctx.sm.cqs.find(topic, qid)
-        new = 0
+        found = 0
         if cq is not None:
             start = 0 if state is None else state.offset
-            new = max(0, cq.max_offset - max(start, cq.min_offset))
-        if state is None:
-            return new
-        visible = sum(1 for rec in state.inflight.values() if not rec.deadline_ms)
-        return new + visible
+            found = max(0, cq.max_offset - max(start, cq.min_offset))
+        if state is not None:
+            for rec in state.inflight.values():
+                if found >= want:
+                    break
+                found += not rec.deadline_ms  # visible again
+        return min(found, want)
 
     async def _pop_all(
         self, q: ReceiveQuery, shares: Sequence[tuple[int, int]], tags: frozenset[str] | None
