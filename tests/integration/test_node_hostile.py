@@ -116,6 +116,13 @@ def test_forged_peer_stream_costs_no_acked_send(local_group: Callable[..., Local
             wait_for(lambda i=i: _append_ok(client, b"seed-%d" % i), 15, "seed appends")
         md = client.metadata(leader.client_addr)
         term, last = md.term, md.last_index
+        # The forged append follows the leader's last entry: a follower still behind it (a
+        # send commits with the other follower) would refuse it as a gap, and ack nothing.
+        wait_for(
+            lambda: client.metadata(follower.client_addr).last_index >= last,
+            15,
+            "the follower to hold the leader's last entry",
+        )
         forged = AppendRequest(
             leader_id,
             follower.node_id,

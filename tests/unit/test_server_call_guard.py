@@ -81,11 +81,15 @@ async def _scenario() -> tuple[Guard, list[str], dict[str, Any]]:
             out["ss"] = [m async for m in ss(iter([b"e"]), metadata=root)]
             refusals = []
             for meta in ((), (("x-who", "eve"),)):
+                # The refused streaming calls send no request: the guard refuses before
+                # reading any, and a request still being written when the refusal arrives
+                # makes grpc's client report "Internal error from Core" instead of the
+                # status (3 times in 150 runs on a loaded machine).
                 for call in (
                     lambda m: uu(b"x", metadata=m),
                     lambda m: _drain(us(b"x", metadata=m)),
-                    lambda m: su(iter([b"x"]), metadata=m),
-                    lambda m: _drain(ss(iter([b"x"]), metadata=m)),
+                    lambda m: su(iter([]), metadata=m),
+                    lambda m: _drain(ss(iter([]), metadata=m)),
                 ):
                     try:
                         await call(meta)
