@@ -405,6 +405,41 @@ class SegmentAllocator:
                 self._to_warm.append(f)
             self._cond.notify_all()
 
+    def is_ready(self, start: int) -> bool:
+        """Whether the segment starting at ``start`` is created (allocated) and waits to be
+        taken: the log may then grow into it without allocating anything."""
+        with self._cond:
+            return self._ready is not None and self._ready.start == start
+
+    def prepare(self, start: int) -> None:
+        """Make the segment starting at ``start`` ready now, creating it in the caller's
+        thread if the background thread has not (the store's Raft reserve needs it allocated
+        before the log grows near its active segment's end). Raises OSError (``ENOSPC``:
+        :func:`is_disk_full`) when it cannot be created; nothing is left behind then."""
+        with self._cond:
+            while self._busy is not None:  # never race the thread for ``_ready``
+                self._cond.wait()
+            if self._ready is not None and self._ready.start == start:
+                return
+            if self._requested == start:
+                self._requested = None
+            stale = self._ready
+            self._ready = None
+        if stale is not None:
+            stale.delete()  # a truncation moved the log back past it
+        f = MappedFile(self._path(start), start, self._size, create=True)
+        with self._cond:
+            while self._busy is not None:  # an older request the thread picked up meanwhile
+                self._cond.wait()
+            other, self._ready = self._ready, f
+        if other is not None:
+            # The thread made another segment meanwhile (an older request): not the next one.
+            if other.start == start:
+                other.close()  # the same file as ``f``: unmap it, keep the file
+            else:
+                other.delete()
+        self.warm(f, 0)
+
     def take(self, start: int) -> MappedFile:
         """The segment starting at ``start``: the pre-allocated one, or a new file."""
         with self._cond:
