@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import fcntl
 import itertools
 import logging
@@ -1473,7 +1474,8 @@ class SegmentedLogStore:
             free = self._free_bytes()
             slack = ALLOCATION_SLACK_COUNT * (self._seg_size + self._idx_size)
             if free >= need + slack:
-                self._maybe_preallocate(force=True)
+                if any(kind == "data" for kind, _start in missing):
+                    self._maybe_preallocate(force=True)
                 return
             if self._allocate_ahead(missing):
                 missing, need = self._room_needed(
@@ -1500,19 +1502,22 @@ class SegmentedLogStore:
 
     def _allocate_ahead(self, missing: list[tuple[str, int]]) -> bool:
         """Allocate the next data segment and the index files of ``missing`` now; False when
-        the disk refused (tried again at most every ALLOCATE_RETRY_S). Caller holds _lock."""
+        the disk refused (tried again at most every ALLOCATE_RETRY_S; meanwhile a segment the
+        background allocator is making is waited for). Caller holds _lock."""
         now = time.monotonic()
-        if now - self._allocate_tried_s < ALLOCATE_RETRY_S:
-            return False
+        # Between tries only the background allocator's work in flight is waited for.
+        create = now - self._allocate_tried_s >= ALLOCATE_RETRY_S
         assert self._allocator is not None
         next_segment = self._segments[-1].end
         try:
             for kind, start in missing:
                 if kind == "data" and start == next_segment:
-                    self._allocator.prepare(start)
-                elif kind == "index":
+                    self._allocator.prepare(start, create=create)
+                elif kind == "index" and create:
                     self._index_file(start // self._idx_size, create=True)
         except OSError as e:
+            if e.errno == errno.EBUSY:  # the background allocator is stuck: refuse for now
+                return False
             if not is_disk_full(e):
                 raise
             self._allocate_tried_s = now
