@@ -60,8 +60,8 @@ class LogRoom:
         """Raise DiskFullError (``node=... path=... reason=log_room ...``) unless ``store``
         can take ``bodies`` after what is accepted already and keep its reserve."""
         self._prune(store, term)
-        size = sum(len(b) for b in bodies) + ENTRY_HEADER_SIZE * len(bodies)
-        largest = max(self._largest, ENTRY_HEADER_SIZE + max((len(b) for b in bodies), default=0))
+        size, largest = _measure(bodies)
+        largest = max(self._largest, largest)
         try:
             store.admit_application_entries(
                 self._bytes + size, self._count + len(bodies), largest, headroom_bytes
@@ -71,10 +71,20 @@ class LogRoom:
 
     def accepted(self, bodies: Sequence[bytes], last_index: int, term: int) -> None:
         """``bodies`` entered the log as entries up to ``last_index`` of ``term``."""
-        size = sum(len(b) for b in bodies) + ENTRY_HEADER_SIZE * len(bodies)
+        size, largest = _measure(bodies)
         self._unstored.append((last_index, term, size, len(bodies)))
         self._bytes += size
         self._count += len(bodies)
-        self._largest = max(
-            self._largest, ENTRY_HEADER_SIZE + max((len(b) for b in bodies), default=0)
-        )
+        self._largest = max(self._largest, largest)
+
+
+def _measure(bodies: Sequence[bytes]) -> tuple[int, int]:
+    """(encoded bytes, largest encoded entry) of ``bodies`` as log entries."""
+    size = largest = 0
+    for b in bodies:
+        n = len(b)
+        size += n
+        if n > largest:
+            largest = n
+    header = ENTRY_HEADER_SIZE
+    return size + header * len(bodies), largest + header if bodies else 0
