@@ -315,6 +315,7 @@ class SegmentedLogStore:
         self.log_room_refusals = 0  # application entries refused to keep the Raft reserve
         self._allocate_tried_s = -ALLOCATE_RETRY_S  # last allocation ahead that failed
         self._keep_cache: dict[int, tuple[int, int]] = {}  # headroom -> reserve_bytes_for
+        self._forced_request_s = -ALLOCATE_RETRY_S  # last early request of the next segment
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._data_dir = self.root / DATA_DIR
@@ -1498,7 +1499,12 @@ class SegmentedLogStore:
             free = self._free_bytes()
             slack = ALLOCATION_SLACK_COUNT * (self._seg_size + self._idx_size)
             if free >= need + slack:
-                if any(kind == "data" for kind, _start in missing):
+                now = time.monotonic()
+                data_missing = any(kind == "data" for kind, _start in missing)
+                if data_missing and now - self._forced_request_s >= ALLOCATE_RETRY_S:
+                    # At most this often: a quota (EDQUOT) that statvfs does not show would
+                    # otherwise have the allocator fail once per proposal.
+                    self._forced_request_s = now
                     self._maybe_preallocate(force=True)
                 return
             if self._allocate_ahead(missing):
