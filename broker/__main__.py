@@ -81,7 +81,12 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             txn_check_max=cfg.transactionCheckMax,
             timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
         ),
-        disk_guard=DiskGuard(cfg.dLegerSelfId, cfg.storePathRootDir, cfg.disk_watermarks),
+        disk_guard=DiskGuard(
+            cfg.dLegerSelfId,
+            cfg.storePathRootDir,
+            cfg.disk_watermarks,
+            next_allocation=node.log_next_allocation_bytes,
+        ),
         secret_box=box,
         init_user=cfg.initAuthenticationUser,
     )

@@ -7,9 +7,13 @@ most once every ``check_interval_ms`` one ``statvfs`` call (about a microsecond)
 high mark (``diskMaxUsedSpaceRatio``) sends are refused with ``RESOURCE_EXHAUSTED`` and a
 detail ``DISK_FULL node=... path=... used=...%``; they are accepted again once usage falls
 below the low mark (``diskSpaceResumeRatio``), which keeps a disk hovering at the high mark
-from flapping between the two answers. Pulls, offset commits, elections, heartbeats and
-retention are never refused: they do not grow the log by more than the headroom above the mark
-holds, and retention is what frees space. See docs/STORAGE.md "Disk full".
+from flapping between the two answers. Sends are also refused while the file
+system has less free space than the log's next allocation (the next data segment unless it
+is allocated already, and the next index file): the log must always be able to take its
+next files, or the Raft reserve (dledger.server.logroom) is all it has left. Pulls, offset
+commits, elections, heartbeats and retention are never refused: they do not grow the log by
+more than the headroom above the mark holds, and retention is what frees space. See
+docs/STORAGE.md "Disk full".
 """
 
 from __future__ import annotations
@@ -84,11 +88,13 @@ class DiskGuard:
     __slots__ = (
         "_clock",
         "_interval_s",
+        "_next_allocation",
         "_next_s",
         "_statvfs",
         "free_bytes",
         "full",
         "marks",
+        "need_bytes",
         "node_id",
         "path",
         "refused_count",
@@ -103,8 +109,14 @@ class DiskGuard:
         *,
         statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
         clock: Callable[[], float] = time.monotonic,
+        next_allocation: Callable[[], int] | None = None,
     ) -> None:
+        """``next_allocation``: bytes the log must still allocate before it can grow past its
+        active files (``DLedgerNode.log_next_allocation_bytes``); sends are refused while the
+        file system has less free, whatever the used share."""
         self.node_id = node_id
+        self._next_allocation = next_allocation
+        self.need_bytes = 0
         self.path = path
         self.marks = marks if marks is not None else Watermarks()
         self._statvfs = statvfs
@@ -139,10 +151,12 @@ class DiskGuard:
         used = used_percent(st)
         self.used_percent = used
         self.free_bytes = st.f_bavail * st.f_frsize
-        if not self.full and used >= self.marks.max_used_percent:
+        self.need_bytes = self._next_allocation() if self._next_allocation is not None else 0
+        short = self.free_bytes < self.need_bytes  # the log could not take its next files
+        if not self.full and (used >= self.marks.max_used_percent or short):
             self.full = True
             logger.warning("DISK_FULL refusing sends %s", self.detail())
-        elif self.full and used < self.marks.resume_percent:
+        elif self.full and used < self.marks.resume_percent and not short:
             self.full = False
             logger.warning(
                 "disk space back: accepting sends node=%s path=%s used=%.1f%%",
@@ -159,5 +173,5 @@ class DiskGuard:
         return (
             f"node={self.node_id} path={path} used={self.used_percent:.1f}% "
             f"max={self.marks.max_used_percent}% resume_below={self.marks.resume_percent}% "
-            f"free_bytes={self.free_bytes}"
+            f"free_bytes={self.free_bytes} next_allocation_bytes={self.need_bytes}"
         )

@@ -40,6 +40,7 @@ from broker.stats import MAX_TOPIC_SERIES, BrokerStats
 from dledger.server import StartError
 from dledger.server.metrics import RaftStats, raft_families
 from dledger.server.node import DLedgerNode
+from dledger.storage import SegmentedLogStore
 from mqmetrics.families import (
     Omitted,
     counter,
@@ -250,10 +251,25 @@ class BrokerMetrics:
             out.append(
                 counter(
                     "store_disk_refused_sends",
-                    "Sends refused because the disk was above diskMaxUsedSpaceRatio",
+                    "Sends refused because the disk was above diskMaxUsedSpaceRatio, or had "
+                    "less free than the log's next allocation",
                     self.disk_guard.refused_count,
                 )
             )
+        store = getattr(self.node, "store", None)  # not there before the node starts
+        if isinstance(store, SegmentedLogStore):
+            out += [
+                gauge(
+                    "store_next_allocation_bytes",
+                    "Bytes the log must still allocate before it grows past its active files",
+                    store.next_allocation_bytes(),
+                ),
+                counter(
+                    "store_log_room_refusals",
+                    "Entries the leader refused to keep the log's Raft reserve",
+                    store.log_room_refusals,
+                ),
+            ]
         return out
 
 

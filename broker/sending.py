@@ -40,6 +40,11 @@ MAX_SEND_BATCH = 10_000
 # still being proposed: beyond this, new ids are not tracked (the dedup window applied with
 # the entry still catches the duplicate; the retry just proposes once more).
 MAX_INFLIGHT_IDS = 200_000
+# Log room a send must leave beyond dledger's Raft reserve (docs/STORAGE.md "Disk full"): what
+# the broker still writes while sends are refused (POP receive and ack records, offset
+# commits, transactions, timers; records of about 100 bytes: 4 MiB is ~40,000 of them). The
+# store caps it at a quarter of a segment.
+SEND_HEADROOM_BYTES = 4 << 20
 
 
 class OutgoingMessage(MessageFields, Protocol):
@@ -183,7 +188,9 @@ class SendPath:
                     inflight[uid] = (call, at)
                     mine.append(uid)
         try:
-            first, _last, _term = await self.ctx.node.propose([body], ENTRY_MESSAGES)
+            first, _last, _term = await self.ctx.node.propose(
+                [body], ENTRY_MESSAGES, headroom_bytes=SEND_HEADROOM_BYTES
+            )
             results = self.ctx.sm.take_results(first)
             assert results is not None and len(results) == len(uniq_ids), (
                 f"no results for entry {first}"

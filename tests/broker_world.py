@@ -64,7 +64,9 @@ class LeaderNode:
         self.proposals = 0
         self.gate: Any = None  # an asyncio.Event a proposal waits for, when set
 
-    async def propose(self, bodies: list[bytes], entry_type: int) -> tuple[int, int, int]:
+    async def propose(
+        self, bodies: list[bytes], entry_type: int, *, headroom_bytes: int = 0
+    ) -> tuple[int, int, int]:
         self.proposals += 1
         if self.gate is not None:
             await self.gate.wait()

@@ -62,6 +62,7 @@ from dledger.server import rpcguard, status
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.guard import CallGuard, GuardInterceptor
+from dledger.server.logroom import LogRoom
 from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
     JOIN_RETRY_MS,
@@ -395,6 +396,8 @@ class DLedgerNode:
         self.snapshots_out = SnapshotSender(self)
         self.snapshots_in = SnapshotReceiver(self)
         self._store_lock = asyncio.Lock()
+        # Application entries accepted but not stored yet, against the log's room.
+        self._log_room = LogRoom(cfg.self_id)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -713,14 +716,28 @@ class DLedgerNode:
             matches = [p.match_index for p in resp.peers] + [resp.commit_index]
         return min([self._applied, *matches])
 
+    def log_next_allocation_bytes(self) -> int:
+        """Bytes the log must still allocate before it can grow past its active files (0
+        before the store is open): the disk watermark counts them (docs/STORAGE.md)."""
+        store: SegmentedLogStore | None = getattr(self, "store", None)
+        return store.next_allocation_bytes() if store is not None else 0
+
     def leader_client_addr(self) -> tuple[str | None, str]:
         leader = self.core.leader_id
         return leader, self._book.client_addr(leader) if leader else ""
 
-    async def propose(self, bodies: Sequence[bytes], entry_type: int) -> tuple[int, int, int]:
+    async def propose(
+        self, bodies: Sequence[bytes], entry_type: int, *, headroom_bytes: int = 0
+    ) -> tuple[int, int, int]:
         """Append on the leader and wait until committed and applied. Returns (first, last,
-        term). Raises the core's errors, :class:`ProposalLostError` or asyncio.TimeoutError."""
-        proposal = self.core.propose(bodies, entry_type)
+        term). Raises the core's errors, :class:`DiskFullError` (the log has no room for the
+        entries without its Raft reserve and ``headroom_bytes`` more: docs/STORAGE.md "Disk
+        full"), :class:`ProposalLostError` or asyncio.TimeoutError."""
+        core = self.core
+        if core.role is Role.LEADER:  # otherwise the core answers NOT_LEADER
+            self._log_room.check(self.store, bodies, core.term, headroom_bytes)
+        proposal = core.propose(bodies, entry_type)
+        self._log_room.accepted(bodies, proposal.last_index, proposal.term)
         self._wake()
         if self.cfg.unsafe_ack_before_replication:
             # TEST ONLY (see NodeConfig): answer before any replication or commit.

@@ -23,6 +23,9 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 FALLOCATE_UNSUPPORTED_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 # A repeated warning (pre-allocation failing on a full disk) is logged at most this often.
 WARN_INTERVAL_S = 10.0
+# How long SegmentAllocator.prepare waits for the background thread's allocation in flight
+# (an fallocate and two fsyncs: milliseconds; seconds only on a disk that is failing).
+PREPARE_WAIT_S = 10.0
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -404,6 +407,49 @@ class SegmentAllocator:
             if f not in self._to_warm:
                 self._to_warm.append(f)
             self._cond.notify_all()
+
+    def is_ready(self, start: int) -> bool:
+        """Whether the segment starting at ``start`` is created (allocated) and waits to be
+        taken: the log may then grow into it without allocating anything."""
+        with self._cond:
+            return self._ready is not None and self._ready.start == start
+
+    def prepare(self, start: int, *, create: bool = True) -> None:
+        """Make the segment starting at ``start`` ready now, creating it in the caller's
+        thread if the background thread has not (the store's Raft reserve needs it allocated
+        before the log grows near its active segment's end). Raises OSError (``ENOSPC``:
+        :func:`is_disk_full`) when it cannot be created; nothing is left behind then. With
+        ``create=False`` only wait for the thread's request of ``start`` to be done."""
+        deadline = time.monotonic() + PREPARE_WAIT_S
+        with self._cond:
+            # Never race the thread for ``_ready``; let it finish a request for ``start``.
+            while self._busy is not None or (
+                self._requested == start and self._thread is not None and not self._stopping
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(errno.EBUSY, f"segment allocator busy for {PREPARE_WAIT_S} s")
+                self._cond.wait(left)
+            if not create or (self._ready is not None and self._ready.start == start):
+                return
+            if self._requested == start:
+                self._requested = None
+            stale = self._ready
+            self._ready = None
+        if stale is not None:
+            stale.delete()  # a truncation moved the log back past it
+        f = MappedFile(self._path(start), start, self._size, create=True)
+        with self._cond:
+            while self._busy is not None:  # an older request the thread picked up meanwhile
+                self._cond.wait()
+            other, self._ready = self._ready, f
+        if other is not None:
+            # The thread made another segment meanwhile (an older request): not the next one.
+            if other.start == start:
+                other.close()  # the same file as ``f``: unmap it, keep the file
+            else:
+                other.delete()
+        self.warm(f, 0)
 
     def take(self, start: int) -> MappedFile:
         """The segment starting at ``start``: the pre-allocated one, or a new file."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import fcntl
 import itertools
 import logging
@@ -124,6 +125,27 @@ RESERVE_RETRY_S = 1.0
 RESERVE_REARM_FACTOR = 4
 # Repeated disk-full warnings (periodic checkpoints refused) are logged at most this often.
 DISK_FULL_WARN_INTERVAL_S = 10.0
+# Log room kept for Raft's own entries (docs/STORAGE.md "Disk full"): a leader admits
+# application entries only if, after them, the log still has this much room in files already
+# allocated (or certain to be), so that a new term's no-op (a 48-byte header, empty body) and
+# membership entries (at most 16 KiB each) are written without allocating anything. 256 KiB
+# holds 5,000 no-ops or 15 membership entries of the largest size; next to a 1 GiB segment
+# it is nothing.
+RAFT_RESERVE_BYTES = 256 << 10
+# The reserve takes at most this fraction of a segment (and of an index file), and the
+# caller's extra headroom at most RESERVE_HEADROOM_MAX_FRACTION: tiny test segments (64 KiB)
+# must still take application entries.
+RAFT_RESERVE_MAX_FRACTION = 8
+RESERVE_HEADROOM_MAX_FRACTION = 4
+# Admitting entries on free file-system space rather than allocated files needs this many
+# spare allocations beyond the need (one data segment and one index file each): other writers
+# on the file system (the application's files) may take space before the append allocates.
+ALLOCATION_SLACK_COUNT = 1
+# After the next segment could not be allocated for lack of space, admission tries again at
+# most this often (each try is an fallocate that fails; sends are refused meanwhile).
+ALLOCATE_RETRY_S = 1.0
+# Distinct headroom values whose reserve sizes are cached (callers use one or two).
+KEEP_CACHE_MAX = 8
 # Characters of a path kept in an error message (messages become RPC details: bounded).
 PATH_MAX_CHARS = 200
 
@@ -158,6 +180,30 @@ class DiskFullError(DLedgerError):
     write is in the log (an append is all or nothing); retry once space returns."""
 
     code = "DISK_FULL"
+
+
+def files_needed(
+    *,
+    write_offset: int,
+    segment_bytes: int,
+    batch_bytes: int,
+    largest_entry_bytes: int,
+    keep_bytes: int,
+) -> int:
+    """How many files after the active one the log needs to take ``batch_bytes`` (encoded
+    entries, the largest ``largest_entry_bytes``; 0 for fixed-size records such as the
+    index's) at ``write_offset`` of its active file of ``segment_bytes`` and still have
+    ``keep_bytes`` of room after them. Entries never straddle two files: each file end crossed
+    loses less than the largest entry to the blank record that closes the file."""
+    assert 0 <= write_offset <= segment_bytes and batch_bytes >= 0 and keep_bytes >= 0
+    assert 0 <= largest_entry_bytes <= segment_bytes
+    end = write_offset + batch_bytes
+    if end > segment_bytes and largest_entry_bytes > 1:
+        waste = largest_entry_bytes - 1  # per file end crossed, at most
+        rolls = -(-(end - segment_bytes) // (segment_bytes - waste))
+        end += rolls * waste
+    need = end + keep_bytes - segment_bytes
+    return max(0, -(-need // segment_bytes))
 
 
 def short_path(path: object) -> str:
@@ -266,6 +312,10 @@ class SegmentedLogStore:
         self._reserve_tried_s = -RESERVE_RETRY_S  # monotonic time of the last re-arm attempt
         self._disk_full_warned_s = -DISK_FULL_WARN_INTERVAL_S
         self.disk_full_count = 0  # writes refused (or checkpoints skipped) for lack of space
+        self.log_room_refusals = 0  # application entries refused to keep the Raft reserve
+        self._allocate_tried_s = -ALLOCATE_RETRY_S  # last allocation ahead that failed
+        self._keep_cache: dict[int, tuple[int, int]] = {}  # headroom -> reserve_bytes_for
+        self._forced_request_s = -ALLOCATE_RETRY_S  # last early request of the next segment
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._data_dir = self.root / DATA_DIR
@@ -983,10 +1033,12 @@ class SegmentedLogStore:
         if off >= self._prealloc_at and self._next_requested != seg.end:
             self._maybe_preallocate()
 
-    def _maybe_preallocate(self) -> None:
-        """Ask for the next segment once the active one is PREALLOCATE_AT_FILL full."""
+    def _maybe_preallocate(self, *, force: bool = False) -> None:
+        """Ask for the next segment once the active one is PREALLOCATE_AT_FILL full (at once
+        with ``force``: the Raft reserve reaches into it)."""
         seg = self._segments[-1]
-        if self._write_pos - seg.start >= self._prealloc_at and self._next_requested != seg.end:
+        full = self._write_pos - seg.start >= self._prealloc_at
+        if force or (full and self._next_requested != seg.end):
             assert self._allocator is not None
             self._allocator.request(seg.end)
             self._next_requested = seg.end
@@ -1352,6 +1404,169 @@ class SegmentedLogStore:
     def reserve_held(self) -> bool:
         """Whether the space reserve is allocated now (for tests and metrics)."""
         return self._reserve_held
+
+    # ------------------------------------------------------------------ the Raft reserve
+
+    def reserve_bytes_for(self, headroom_bytes: int = 0) -> tuple[int, int]:
+        """(data bytes, index bytes) of room the log keeps after application entries: the
+        Raft reserve plus the caller's ``headroom_bytes``, each capped to a share of a file."""
+        raft = min(RAFT_RESERVE_BYTES, self._seg_size // RAFT_RESERVE_MAX_FRACTION)
+        extra = min(max(0, headroom_bytes), self._seg_size // RESERVE_HEADROOM_MAX_FRACTION)
+        # Every entry takes one index record and at least a header of data.
+        records = min(
+            (raft + extra) // ENTRY_HEADER_SIZE,
+            self._idx_size // INDEX_RECORD_SIZE // RAFT_RESERVE_MAX_FRACTION,
+        )
+        return raft + extra, records * INDEX_RECORD_SIZE
+
+    def _fits_in_active_files(
+        self, batch_bytes: int, batch_count: int, headroom_bytes: int
+    ) -> bool:
+        """The common case, cheaply (a few microseconds per proposal): the batch and the
+        reserve fit in the active segment and index file. Caller holds ``_lock``."""
+        cached = self._keep_cache.get(headroom_bytes)
+        if cached is None:
+            if len(self._keep_cache) >= KEEP_CACHE_MAX:
+                self._keep_cache.clear()
+            cached = self._keep_cache[headroom_bytes] = self.reserve_bytes_for(headroom_bytes)
+        keep, keep_index = cached
+        record = (self._last_index + 1) * INDEX_RECORD_SIZE
+        number, offset = divmod(record, self._idx_size)
+        return (
+            self._write_pos + batch_bytes + keep <= self._segments[-1].end
+            and offset + batch_count * INDEX_RECORD_SIZE + keep_index <= self._idx_size
+            and number in self._index_files
+        )
+
+    def _room_needed(
+        self, batch_bytes: int, batch_count: int, largest_entry_bytes: int, headroom_bytes: int
+    ) -> tuple[list[tuple[str, int]], int]:
+        """The files the log lacks for the batch plus the reserve (("data"|"index", start)),
+        and their bytes. Caller holds ``_lock``."""
+        keep, keep_index = self.reserve_bytes_for(headroom_bytes)
+        seg = self._segments[-1]
+        n_data = files_needed(
+            write_offset=self._write_pos - seg.start,
+            segment_bytes=self._seg_size,
+            batch_bytes=batch_bytes,
+            largest_entry_bytes=min(largest_entry_bytes, self._seg_size),
+            keep_bytes=keep,
+        )
+        missing: list[tuple[str, int]] = []
+        assert self._allocator is not None
+        for k in range(n_data):
+            start = seg.end + k * self._seg_size
+            if k > 0 or not self._allocator.is_ready(start):
+                missing.append(("data", start))
+        record = (self._last_index + 1) * INDEX_RECORD_SIZE
+        first_file = record // self._idx_size
+        n_index = files_needed(
+            write_offset=record - first_file * self._idx_size,
+            segment_bytes=self._idx_size,
+            batch_bytes=batch_count * INDEX_RECORD_SIZE,
+            largest_entry_bytes=0,
+            keep_bytes=keep_index,
+        )
+        for number in range(first_file, first_file + n_index + 1):
+            if number not in self._index_files:
+                missing.append(("index", number * self._idx_size))
+        sizes = {"data": self._seg_size, "index": self._idx_size}
+        return missing, sum(sizes[kind] for kind, _start in missing)
+
+    def admit_application_entries(
+        self,
+        batch_bytes: int,
+        batch_count: int,
+        largest_entry_bytes: int,
+        headroom_bytes: int = 0,
+    ) -> None:
+        """A leader's check before it accepts application entries (docs/STORAGE.md "Disk
+        full"): ``batch_bytes`` encoded bytes in ``batch_count`` entries (those accepted but not
+        appended yet, and the new ones), the largest ``largest_entry_bytes``. Raises
+        :class:`DiskFullError` unless, after them, the log keeps the Raft reserve (and
+        ``headroom_bytes``) in files that are allocated, or certain to be: the next data
+        segment and index file are allocated here when the file system is short of space."""
+        assert batch_bytes >= 0 and batch_count >= 0 and largest_entry_bytes >= 0
+        with self._lock:
+            self._check_open()
+            if self._fits_in_active_files(batch_bytes, batch_count, headroom_bytes):
+                return
+            missing, need = self._room_needed(
+                batch_bytes, batch_count, largest_entry_bytes, headroom_bytes
+            )
+            if not missing:
+                return
+            free = self._free_bytes()
+            slack = ALLOCATION_SLACK_COUNT * (self._seg_size + self._idx_size)
+            if free >= need + slack:
+                now = time.monotonic()
+                data_missing = any(kind == "data" for kind, _start in missing)
+                if data_missing and now - self._forced_request_s >= ALLOCATE_RETRY_S:
+                    # At most this often: a quota (EDQUOT) that statvfs does not show would
+                    # otherwise have the allocator fail once per proposal.
+                    self._forced_request_s = now
+                    self._maybe_preallocate(force=True)
+                return
+            if self._allocate_ahead(missing):
+                missing, need = self._room_needed(
+                    batch_bytes, batch_count, largest_entry_bytes, headroom_bytes
+                )
+                free = self._free_bytes()
+                if not missing or free >= need + slack:
+                    return
+            self.log_room_refusals += 1
+            keep, _ = self.reserve_bytes_for(headroom_bytes)
+            raise DiskFullError(
+                f"path={short_path(self.root)} reason=log_room need_bytes={need} "
+                f"free_bytes={free} reserve_bytes={keep}"
+            )
+
+    def _free_bytes(self) -> int:
+        """Bytes of the store's file system that this process may still allocate (-1 when
+        it cannot be read, which admits nothing that needs space)."""
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return -1
+        return st.f_bavail * st.f_frsize
+
+    def _allocate_ahead(self, missing: list[tuple[str, int]]) -> bool:
+        """Allocate the next data segment and the index files of ``missing`` now; False when
+        the disk refused (tried again at most every ALLOCATE_RETRY_S; meanwhile a segment the
+        background allocator is making is waited for). Caller holds _lock."""
+        now = time.monotonic()
+        # Between tries only the background allocator's work in flight is waited for.
+        create = now - self._allocate_tried_s >= ALLOCATE_RETRY_S
+        assert self._allocator is not None
+        next_segment = self._segments[-1].end
+        try:
+            for kind, start in missing:
+                if kind == "data" and start == next_segment:
+                    self._allocator.prepare(start, create=create)
+                elif kind == "index" and create:
+                    self._index_file(start // self._idx_size, create=True)
+        except OSError as e:
+            if e.errno == errno.EBUSY:  # the background allocator is stuck: refuse for now
+                return False
+            if not is_disk_full(e):
+                raise
+            self._allocate_tried_s = now
+            return False
+        return True
+
+    def next_allocation_bytes(self) -> int:
+        """Bytes the log must still allocate before it can grow past its active files: the
+        next data segment unless it is allocated already, and the next index file unless it
+        exists (the disk watermark counts them: docs/STORAGE.md "Disk full")."""
+        with self._lock:
+            if self._closed or self._allocator is None:
+                return 0
+            seg = self._segments[-1]
+            need = 0 if self._allocator.is_ready(seg.end) else self._seg_size
+            record = (self._last_index + 1) * INDEX_RECORD_SIZE
+            if record // self._idx_size + 1 not in self._index_files:
+                need += self._idx_size
+            return need
 
     # ------------------------------------------------------------------ truncation / deletion
 

@@ -182,7 +182,9 @@ class FakeNode:
     def leader_client_addr(self) -> tuple[str, str]:
         return ("n1", "127.0.0.1:10911")
 
-    async def propose(self, bodies: list[bytes], entry_type: int) -> tuple[int, int, int]:
+    async def propose(
+        self, bodies: list[bytes], entry_type: int, *, headroom_bytes: int = 0
+    ) -> tuple[int, int, int]:
         if self.propose_error is not None:
             raise self.propose_error
         self.proposals.append((entry_type, bodies))
