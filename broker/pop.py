@@ -32,7 +32,7 @@ from broker.errors import (
     TooManyLongPollsError,
 )
 from broker.message import Message, tags_hash
-from broker.names import validate_group_name
+from broker.names import validate_group_name, validate_topic_name
 from broker.popstate import (
     ENTRY_POP,
     MAX_INFLIGHT_PER_QUEUE,
@@ -370,6 +370,7 @@ class Pops:
         (:class:`InvalidReceiptHandleError` for a malformed, foreign or stale one)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         if not 1 <= len(handles) <= MAX_RECORD_ITEMS:
             raise InvalidRequestError(f"ack 1 to {MAX_RECORD_ITEMS} handles")
         out: list[BrokerError | None] = []
@@ -391,7 +392,7 @@ class Pops:
     def _acked_before(self, h: Handle, group: str, topic: str) -> bool:
         """The handle's message is no longer in flight though its group's position passed it:
         acknowledged (or dead-lettered) before; a repeated ack is answered OK, changing nothing."""
-        if h.group != group or (topic and h.topic != topic):
+        if h.group != group or h.topic != topic:
             return False
         q = self.ctx.sm.pop.get((h.group, h.topic, h.queue_id))
         return q is not None and h.offset < q.offset and h.offset not in q.inflight
@@ -405,6 +406,7 @@ class Pops:
         took the request (it may not have applied the delivery yet)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         self.check_invisible(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         h = decode_handle(handle)
         key = (h.group, h.topic, h.queue_id)
@@ -432,6 +434,7 @@ class Pops:
         still valid; per handle None or the error (as :meth:`ack`). One record per queue."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         self.check_invisible(invisible_ms, 1)
         if not 1 <= len(handles) <= MAX_RECORD_ITEMS:
             raise InvalidRequestError(f"renew 1 to {MAX_RECORD_ITEMS} handles")
@@ -456,6 +459,7 @@ class Pops:
         its copy goes to ``%DLQ%{group}`` and it leaves flight. Done before: nothing changes."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         h = decode_handle(handle)
         key = (h.group, h.topic, h.queue_id)
         async with self._lock(key):

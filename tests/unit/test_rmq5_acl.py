@@ -27,12 +27,16 @@ AUTHENTICATED_ONLY = {"Heartbeat", "Telemetry", "NotifyClientTermination"}
 
 def test_every_v2_rpc_is_in_the_table() -> None:
     methods = {f"/{SERVICE.full_name}/{m.name}" for m in SERVICE.methods}
-    v2_rows = {m for m in rpcmap.RPC_NEEDS if m.startswith(rpcmap.V2)}
+    v2_rows = {
+        m
+        for m in rpcmap.RPC_NEEDS
+        if m.startswith(rpcmap.V2) and not m.startswith(rpcmap.TELEMETRY)
+    }
     assert methods - v2_rows == set()
     assert v2_rows - methods == set()  # no stale rows
     assert set(RESPONSES) == methods
     for method, needs in rpcmap.RPC_NEEDS.items():
-        if not method.startswith(rpcmap.V2):
+        if not method.startswith(rpcmap.V2) or method.startswith(rpcmap.TELEMETRY):
             continue
         assert not isinstance(needs, str), method  # no v2 call is for admins only
         rpc = SERVICE.methods_by_name[method.rsplit("/", 1)[1]]
@@ -42,6 +46,24 @@ def test_every_v2_rpc_is_in_the_table() -> None:
         wants = needs(None if rpc.client_streaming else request, "c1")
         assert bool(wants) == (rpc.name not in AUTHENTICATED_ONLY), method
         assert "status" in RESPONSES[method].DESCRIPTOR.fields_by_name, method
+
+
+def test_every_telemetry_command_has_its_row() -> None:
+    """Each command a client may send on its stream is a row of its own; Settings is the one
+    that needs rights (Pub for a producer, Sub for a consumer)."""
+    kinds = v2_service.TelemetryCommand.DESCRIPTOR.oneofs_by_name["command"].fields
+    rows = {m for m in rpcmap.RPC_NEEDS if m.startswith(rpcmap.TELEMETRY)}
+    assert rows == {rpcmap.TELEMETRY + f.name for f in kinds}
+    assert rpcmap.V2_PRODUCER == v2.PRODUCER
+    settings = rpcmap.RPC_NEEDS[rpcmap.TELEMETRY + "settings"]
+    assert not isinstance(settings, str)
+    producer = v2.Settings(client_type=v2.PRODUCER)
+    producer.publishing.topics.add(name="orders")
+    assert [str(r) + a for r, a in settings(producer, "c1")] == ["Topic:ordersPub"]
+    consumer = v2.Settings(client_type=v2.SIMPLE_CONSUMER)
+    consumer.subscription.group.name = "g1"
+    consumer.subscription.subscriptions.add(topic=v2.Resource(name="orders"))
+    assert [str(r) + a for r, a in settings(consumer, "c1")] == ["Group:g1Sub", "Topic:ordersSub"]
 
 
 def _users(admin: AuthAdmin) -> None:
