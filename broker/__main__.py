@@ -108,6 +108,7 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
         cfg.popMaxDeliveryAttempts,
         renew_slice_ms=cfg.popAutoRenewInvisibleMs,
         renew_max_ms=cfg.popAutoRenewMaxMs,
+        clients_per_user=cfg.grpcClientsPerUser,
     )
     security = V2Security(
         tls=cfg.tls_files if cfg.tlsEnable else None,

@@ -357,6 +357,12 @@ KEYS: Mapping[str, _Key] = {
     "popAutoRenewMaxMs": _Key(
         int_in(1000, 24 * 3600 * 1000), "10800000", "auto_renew renews a message this long, ms"
     ),
+    # Per-user quota on a node's table of RocketMQ 5 clients (broker/rmq5/clients.py, 10,000
+    # records): a tenth by default, so one user's made-up client ids leave the rest to others.
+    # Super users are bounded by the table's own size only.
+    "grpcClientsPerUser": _Key(
+        int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -482,6 +488,7 @@ class BrokerConfig:
     transactionCheckMax: int
     popAutoRenewInvisibleMs: int
     popAutoRenewMaxMs: int
+    grpcClientsPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

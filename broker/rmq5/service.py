@@ -31,7 +31,7 @@ from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.rmq5 import stubs
-from broker.rmq5.clients import ClientTable
+from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
 from broker.rmq5.codes import v2_code_name
 from broker.rmq5.consuming import (
     PROPERTY_MESSAGE_GROUP,
@@ -159,6 +159,7 @@ class V2Config:
     # auto_renew (broker.rmq5.renewals): popAutoRenewInvisibleMs, popAutoRenewMaxMs
     renew_slice_ms: int = DEFAULT_SLICE_MS
     renew_max_ms: int = DEFAULT_MAX_MS
+    clients_per_user: int = DEFAULT_MAX_CLIENTS_PER_USER  # grpcClientsPerUser
 
 
 def status(code: str = "OK", text: str = "OK") -> Any:
@@ -230,7 +231,7 @@ class MessagingServicer:
         self.leader = leader
         self.cfg = cfg
         self.routes = routes
-        self.clients = ClientTable()
+        self.clients = ClientTable(max_per_user=cfg.clients_per_user)
         self.producers = ProducerStreams(AppliedMessages(topics.ctx), f"{cfg.host}:{cfg.port}")
         policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
         self.renewals = Renewals(self.clients, self._renew, policy)
