@@ -145,6 +145,24 @@ def _parse_init_user(text: str) -> Credentials | None:
         raise ValueError(str(exc)) from None
 
 
+def _parse_inner_credentials(text: str) -> Credentials | None:
+    """``{"accessKey": "...", "secretKey": "..."}`` (RocketMQ 5.3's
+    innerClientAuthenticationCredentials) or empty. A ValueError's message never holds the
+    secret."""
+    if not text.strip():
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError('is not JSON {"accessKey": .., "secretKey": ..}') from None
+    if not isinstance(doc, dict) or set(doc) != {"accessKey", "secretKey"}:
+        raise ValueError('must be JSON {"accessKey": .., "secretKey": ..}')
+    try:
+        return Credentials(str(doc["accessKey"]), str(doc["secretKey"]))
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _parse_flush(text: str) -> FlushDiskType:
     try:
         return FlushDiskType[text.strip()]
@@ -421,6 +439,14 @@ KEYS: Mapping[str, _Key] = {
         'JSON {"username": .., "password": ..}: the first Super user, created by the first '
         "leader that finds no users",
     ),
+    # The identity of the node's own calls to the group's client ports (a follower's status
+    # call to its leader, a joining node's calls): a Super user, or one with Cluster Get.
+    # Empty: initAuthenticationUser's (mqcluster up writes it on every node).
+    "innerClientAuthenticationCredentials": _Key(
+        _parse_inner_credentials,
+        "",
+        'JSON {"accessKey": .., "secretKey": ..}: who the node\'s own calls to members sign as',
+    ),
     "aclEncryptionKeyPath": _Key(
         _parse_optional_str, "", "file (0600, same on every member) of the key sealing secrets"
     ),
@@ -504,6 +530,7 @@ class BrokerConfig:
     authenticationEnabled: bool
     authorizationEnabled: bool
     initAuthenticationUser: Credentials | None
+    innerClientAuthenticationCredentials: Credentials | None
     aclEncryptionKeyPath: str
     authenticationMaxClockSkewMs: int
 
@@ -523,6 +550,14 @@ class BrokerConfig:
     def client_security(self) -> ClientSecurity:
         """How this node calls the group's ports and the NameServers."""
         return ClientSecurity(tls=self.tls_files) if self.tlsEnable else PLAINTEXT
+
+    @property
+    def inner_credentials(self) -> Credentials | None:
+        """Who this node's own calls to the group's client ports sign as (None: unsigned,
+        when the group checks no signatures)."""
+        if not (self.authenticationEnabled or self.authorizationEnabled):
+            return None
+        return self.innerClientAuthenticationCredentials or self.initAuthenticationUser
 
     @property
     def self_peer(self) -> Peer:
@@ -724,9 +759,27 @@ def render_config(values: Mapping[str, object]) -> str:
 SHARED_KEYS = ("dedupWindowSeconds", "dedupWindowMaxIds")
 
 
+@dataclass(frozen=True, slots=True)
+class SignedNodeConfig(NodeConfig):
+    """A member's config whose own calls to the group's ports are signed as ``credentials``
+    (innerClientAuthenticationCredentials): on a group that checks signatures, a follower's
+    status call to its leader and a joining node's calls are a known user's, like every
+    other caller's (dledger knows nothing of users: it only opens channels this way)."""
+
+    credentials: Credentials | None = None
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        base = NodeConfig.client_security.fget(self)  # type: ignore[attr-defined]
+        assert isinstance(base, ClientSecurity)
+        if self.credentials is None:
+            return base
+        return ClientSecurity(base.tls, self.credentials, base.server_name)
+
+
 def node_config(cfg: BrokerConfig) -> NodeConfig:
     """The DLedger member this broker runs (dledger knows nothing of brokers)."""
-    return NodeConfig(
+    return SignedNodeConfig(
         group=cfg.dLegerGroup,
         self_id=cfg.dLegerSelfId,
         peers={p.node_id: p.addr for p in cfg.dLegerPeers},
@@ -761,4 +814,5 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,
+        credentials=cfg.inner_credentials,
     )

@@ -39,6 +39,12 @@ from mqsecurity.signing import (
 # unknown, disabled, or known with another secret.
 NOT_SIGNED_BY = "the signature does not match its secret"
 
+# The answer while the group has no user at all: it has just started and its first leader's
+# initial user (initAuthenticationUser) is not applied here yet. Nobody can be told apart from
+# anybody then: the call is refused, not counted as an authentication failure (a healthy
+# group starting would raise the refusal metric on every member).
+NO_USERS_YET = "this group has no users yet (its first leader creates the initial one): retry"
+
 # A client signs each call with its clock in seconds, so the calls of one second share one
 # signature: a checked one is remembered (with its time, the skew is checked on every call),
 # which saves parsing the time and the HMAC on most calls. Decisions are remembered per
@@ -133,6 +139,8 @@ class AuthGuard:
         if signed is None:
             text = "this broker requires signed requests (AccessKey/SecretKey credentials)"
             return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+        if not self.sm.auth.users:
+            return Refusal(False, "UNAUTHENTICATED", NO_USERS_YET)
         user = self.sm.auth.users.get(signed.access_key)
         try:
             if user is not None and user.enabled:
