@@ -75,6 +75,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
             delay_levels_ms=cfg.delay_levels_ms,
             pop_max_attempts=cfg.popMaxDeliveryAttempts,
+            subgroups_per_user=cfg.subscriptionGroupsPerUser,
             pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
             txn_timeout_ms=cfg.transactionTimeOut,
             txn_check_interval_ms=cfg.transactionCheckInterval,

@@ -378,6 +378,11 @@ KEYS: Mapping[str, _Key] = {
     # Per-user quota on a node's table of RocketMQ 5 clients (broker/rmq5/clients.py, 10,000
     # records): a tenth by default, so one user's made-up client ids leave the rest to others.
     # Super users are bounded by the table's own size only.
+    # Per-user quota on the replicated table of subscription groups (10,000): a tenth by
+    # default, so that one user's Settings naming made-up groups leave the rest to others.
+    "subscriptionGroupsPerUser": _Key(
+        int_in(1, 10_000), "1000", "subscription groups one user may create in a broker group"
+    ),
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
@@ -515,6 +520,7 @@ class BrokerConfig:
     popAutoRenewInvisibleMs: int
     popAutoRenewMaxMs: int
     grpcClientsPerUser: int
+    subscriptionGroupsPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

@@ -171,6 +171,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "EndTransaction": lambda r, c: [topic(r.topic, PUB)],
     BROKER + "UpdateSubscriptionGroup": _update_subgroup,
     BROKER + "ListSubscriptionGroups": lambda r, c: [cluster(c, LIST)],
+    BROKER + "DeleteSubscriptionGroup": lambda r, c: [group(r.group, DELETE)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,
     BROKER + "DeleteUser": SUPER_ONLY,

@@ -419,7 +419,7 @@ class MessagingServicer:
         if refused is not None:
             raise Failure(refused.code, refused.reason)
         try:
-            await self.leader.create_group(name)
+            await self.leader.create_group(name, caller.user, caller.unbounded)
         except Failure as exc:
             if exc.code in GROUP_CREATION_REFUSED:
                 raise

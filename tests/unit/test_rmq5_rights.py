@@ -15,10 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+import pytest
 from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
+from broker import subgroups
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
@@ -38,12 +40,15 @@ from mqsecurity.signing import signed_metadata
 v2, v2_service, v2_grpc = stubs.load()
 
 BOX = SecretBox(bytes(range(32)))
-CFG = ServiceConfig("127.0.0.1", 10911, txn_timeout_ms=1000)
+# Quotas small enough to fill in a test: 3 subscription groups per user.
+GROUPS_PER_USER = 3
+CFG = ServiceConfig("127.0.0.1", 10911, txn_timeout_ms=1000, subgroups_per_user=GROUPS_PER_USER)
 IDS = UniqIdGenerator(ip="10.0.0.5", pid=11, instance_hash=5)
 ADMIN = Credentials("admin", "admin-secret-1")
 PUBLISHER = Credentials("publisher", "publisher-secret-1")  # Pub on TX and T
 NOBODY = Credentials("nobody", "nobody-secret-1")  # no rules at all
 READER = Credentials("reader", "reader-secret-1")  # Sub on Topic:* and Group:*, denied SECRET
+OTHER = Credentials("other", "other-secret-1")  # Sub on Topic:* and Group:*
 CALL_TIMEOUT_S = 5.0
 TX, T, SECRET, GROUP = "TX", "T", "SECRET", "G"
 
@@ -72,14 +77,16 @@ async def start(tmp_path: Path) -> Node:
     ctx = NodeContext(node, sm, CFG)  # type: ignore[arg-type]
     admin = AuthAdmin(ctx, BOX)
     await admin.create_user("admin", ADMIN.secret_key, "Super", "")
-    for creds in (PUBLISHER, NOBODY, READER):
+    for creds in (PUBLISHER, NOBODY, READER, OTHER):
         await admin.create_user(creds.access_key, creds.secret_key, "", "")
     await admin.put_acl(
         "User:publisher", [f"Topic:{TX}", f"Topic:{T}"], ["Pub"], "Allow", [], update=False
     )
     await admin.put_acl("User:reader", ["Topic:*", "Group:*"], ["Sub"], "Allow", [], update=False)
+    await admin.put_acl("User:other", ["Topic:*", "Group:*"], ["Sub"], "Allow", [], update=False)
     await admin.put_acl("User:reader", [f"Topic:{SECRET}"], ["Sub"], "Deny", [], update=False)
     guard = AuthGuard(sm, AuthSettings(True, True, cluster_name="c1"), BOX)
+    node.call_guard = guard  # type: ignore[attr-defined]  # as DLedgerNode.call_guard
     broker = BrokerServicer(node, sm, CFG, secret_box=BOX)  # type: ignore[arg-type]
     for name in (TX, T, SECRET):
         await broker.topics.upsert(name, 1, 1, 6)
@@ -466,6 +473,74 @@ def test_row4_one_user_fills_its_client_quota_and_another_is_served(tmp_path: Pa
                     assert code(await s.ask(producer())) == "OK"
                 for s in [*streams, other, *admins]:
                     await s.close()
+        finally:
+            await n.stop()
+
+    asyncio.run(body())
+
+
+def test_row3_one_user_fills_its_group_quota_another_is_served_and_groups_can_be_deleted(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        n = await start(tmp_path)
+        try:
+            async with (
+                grpc.aio.insecure_channel(n.addr) as leader,
+                grpc.aio.insecure_channel(n.follower_addr) as follower,
+            ):
+                reader = Stream(leader, READER, "reader-q")
+                for i in range(GROUPS_PER_USER):
+                    assert code(await reader.ask(consumer(f"RG{i}", T))) == "OK"
+                # Past the quota, on the leader's port and through a follower: not OK.
+                away = Stream(follower, READER, "reader-q2")
+                for s in (reader, away):
+                    full = await s.ask(consumer("RG-more", T))
+                    assert code(full) == "TOO_MANY_REQUESTS", full
+                    assert "subscriptionGroupsPerUser" in full.status.message
+                    assert not n.v2.leader.subgroups.known("RG-more")
+                assert n.v2.clients.get("reader-q2", "reader") is None  # nothing registered
+                # Another user is served at once; a Super user has no quota.
+                other = Stream(follower, OTHER, "other-q")
+                assert code(await other.ask(consumer("OG0", T))) == "OK"
+                boss = Stream(leader, ADMIN, "admin-q")
+                for i in range(GROUPS_PER_USER + 1):
+                    assert code(await boss.ask(consumer(f"AG{i}", T))) == "OK"
+                # Deleting a group (through the log) gives its creator room again; it needs
+                # Group Delete, which a Sub-only user lacks.
+                stub = pb_grpc.BrokerStub(leader)
+                delete = pb.DeleteSubscriptionGroupRequest(group="RG0")
+                code_, _ = await _v1_error(
+                    stub.DeleteSubscriptionGroup(delete, metadata=md(READER))
+                )
+                assert code_ == "PERMISSION_DENIED"
+                await stub.DeleteSubscriptionGroup(delete, metadata=md(ADMIN))
+                assert not n.v2.leader.subgroups.known("RG0")
+                missing = await _v1_error(stub.DeleteSubscriptionGroup(delete, metadata=md(ADMIN)))
+                assert missing[0] == "SUBGROUP_NOT_FOUND"
+                assert code(await reader.ask(consumer("RG-more", T))) == "OK"
+                for s in (reader, away, other, boss):
+                    await s.close()
+        finally:
+            await n.stop()
+
+    asyncio.run(body())
+
+
+def test_row3_settings_past_the_global_group_limit_do_not_answer_ok(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        n = await start(tmp_path)
+        try:
+            async with grpc.aio.insecure_channel(n.addr) as ch:
+                boss = Stream(ch, ADMIN, "admin-full")
+                assert code(await boss.ask(consumer("FULL0", T))) == "OK"
+                monkeypatch.setattr(subgroups, "MAX_SUBGROUPS", len(n.v2.leader.subgroups.list()))
+                full = await boss.ask(consumer("FULL1", T))
+                assert code(full) == "TOO_MANY_REQUESTS", full
+                assert not n.v2.leader.subgroups.known("FULL1")
+                await boss.close()
         finally:
             await n.stop()
 
