@@ -76,6 +76,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             delay_levels_ms=cfg.delay_levels_ms,
             pop_max_attempts=cfg.popMaxDeliveryAttempts,
             subgroups_per_user=cfg.subscriptionGroupsPerUser,
+            pop_waiters_per_user=cfg.popWaitersPerUser,
             pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
             txn_timeout_ms=cfg.transactionTimeOut,
             txn_check_interval_ms=cfg.transactionCheckInterval,

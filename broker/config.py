@@ -383,6 +383,10 @@ KEYS: Mapping[str, _Key] = {
     "subscriptionGroupsPerUser": _Key(
         int_in(1, 10_000), "1000", "subscription groups one user may create in a broker group"
     ),
+    # Per-user quota on a node's waiting receives (POP long polls, broker/pop.py: 10,000).
+    "popWaitersPerUser": _Key(
+        int_in(1, 10_000), "1000", "receives of one user that may wait for messages on a node"
+    ),
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
@@ -521,6 +525,7 @@ class BrokerConfig:
     popAutoRenewMaxMs: int
     grpcClientsPerUser: int
     subscriptionGroupsPerUser: int
+    popWaitersPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

@@ -236,6 +236,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def PopMessage(
         self, request: pb.PopMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.PopMessageResponse:
+        owner, unbounded = self._caller(context)
         query = ReceiveQuery(
             request.group,
             request.topic,
@@ -244,6 +245,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.invisible_ms,
             request.subscription,
             request.poll_timeout_ms,
+            owner,
+            unbounded,
         )
         received = await self.pops.receive(query)
         return pb.PopMessageResponse(messages=[self._popped_pb(r) for r in received])

@@ -15,6 +15,7 @@ import itertools
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -237,6 +238,7 @@ class MessagingServicer:
         self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()
         self._streams = 0
+        self._streams_by: Counter[str] = Counter()  # open streams by user
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         return rpcguard.add_servicer(server, v2_grpc.add_MessagingServiceServicer_to_server, self)
@@ -301,12 +303,13 @@ class MessagingServicer:
     async def Telemetry(
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        if self._streams >= MAX_TELEMETRY_STREAMS:
-            yield v2_service.TelemetryCommand(
-                status=status("TOO_MANY_REQUESTS", "too many telemetry streams on this node")
-            )
+        who = current_caller()
+        full = self._no_room_for_stream(who)
+        if full:
+            yield v2_service.TelemetryCommand(status=status("TOO_MANY_REQUESTS", full))
             return
         self._streams += 1
+        self._streams_by[who.user] += 1
         client_id = _client_id(context)
         stream = self.producers.open(client_id)
         try:
@@ -330,6 +333,23 @@ class MessagingServicer:
         finally:
             self.producers.close(stream)
             self._streams -= 1
+            self._streams_by[who.user] -= 1
+            if self._streams_by[who.user] <= 0:
+                del self._streams_by[who.user]
+
+    def _no_room_for_stream(self, who: Caller) -> str:
+        """Why a new Telemetry stream of ``who`` is refused ("" when it is not): the node's
+        limit, or the user's (grpcClientsPerUser: a client opens one stream per node, so a
+        user holds as many streams as client records)."""
+        if self._streams >= MAX_TELEMETRY_STREAMS:
+            return "too many telemetry streams on this node"
+        quota = self.cfg.clients_per_user
+        if who.user and not who.unbounded and self._streams_by[who.user] >= quota:
+            return (
+                f"RESOURCE_EXHAUSTED quota grpcClientsPerUser: user {who.user!r} has {quota} "
+                "telemetry streams open on this node"
+            )
+        return ""
 
     async def _command(self, client_id: str, stream: Any, command: Any) -> Any | None:
         """One command the client sent on its Telemetry stream, checked against its user's
@@ -553,7 +573,18 @@ class MessagingServicer:
         # As the proxy does, the queue only names the broker: a receive pops from every
         # readable queue of this group (-1), so a client never long-polls an empty queue
         # while another holds messages.
-        return ReceiveQuery(group, topic, -1, batch, invisible_ms, expression.expression, poll_ms)
+        who = current_caller()
+        return ReceiveQuery(
+            group,
+            topic,
+            -1,
+            batch,
+            invisible_ms,
+            expression.expression,
+            poll_ms,
+            who.user,
+            who.unbounded,
+        )
 
     def _v2_message(self, r: Received, namespace: str) -> Any:
         m = r.message

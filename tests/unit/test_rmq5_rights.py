@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -40,9 +40,16 @@ from mqsecurity.signing import signed_metadata
 v2, v2_service, v2_grpc = stubs.load()
 
 BOX = SecretBox(bytes(range(32)))
-# Quotas small enough to fill in a test: 3 subscription groups per user.
+# Quotas small enough to fill in a test: 3 subscription groups, 2 waiting receives per user.
 GROUPS_PER_USER = 3
-CFG = ServiceConfig("127.0.0.1", 10911, txn_timeout_ms=1000, subgroups_per_user=GROUPS_PER_USER)
+WAITERS_PER_USER = 2
+CFG = ServiceConfig(
+    "127.0.0.1",
+    10911,
+    txn_timeout_ms=1000,
+    subgroups_per_user=GROUPS_PER_USER,
+    pop_waiters_per_user=WAITERS_PER_USER,
+)
 IDS = UniqIdGenerator(ip="10.0.0.5", pid=11, instance_hash=5)
 ADMIN = Credentials("admin", "admin-secret-1")
 PUBLISHER = Credentials("publisher", "publisher-secret-1")  # Pub on TX and T
@@ -541,6 +548,84 @@ def test_row3_settings_past_the_global_group_limit_do_not_answer_ok(
                 assert code(full) == "TOO_MANY_REQUESTS", full
                 assert not n.v2.leader.subgroups.known("FULL1")
                 await boss.close()
+        finally:
+            await n.stop()
+
+    asyncio.run(body())
+
+
+def _receive(stub: Any, creds: Credentials, group: str, poll_s: int) -> Any:
+    request = v2_service.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=T)),
+    )
+    request.invisible_duration.seconds = 30
+    request.long_polling_timeout.seconds = poll_s
+    return stub.ReceiveMessage(request, metadata=md(creds), timeout=poll_s + 5)
+
+
+async def _until(condition: Any, what: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+def test_quota_one_user_fills_its_waiting_receives_and_another_is_served(tmp_path: Path) -> None:
+    async def body() -> None:
+        n = await start(tmp_path)
+        try:
+            async with (
+                grpc.aio.insecure_channel(n.addr) as leader,
+                grpc.aio.insecure_channel(n.follower_addr) as follower,
+            ):
+                # Parked through a follower (forwarded: the leader counts the caller's user).
+                waiting = [
+                    _receive(v2_grpc.MessagingServiceStub(follower), READER, GROUP, 20)
+                    for _ in range(WAITERS_PER_USER)
+                ]
+                pops = n.broker.pops
+                await _until(
+                    lambda: pops._waiting_by["reader"] == WAITERS_PER_USER, "receives parked"
+                )
+                stub = v2_grpc.MessagingServiceStub(leader)
+                [full] = [r async for r in _receive(stub, READER, GROUP, 20)]
+                assert code(full) == "TOO_MANY_REQUESTS", full
+                assert "popWaitersPerUser" in full.status.message
+                # Another user's receive waits, and gets the message sent meanwhile.
+                other = _receive(stub, OTHER, "OG", 20)
+                await _until(lambda: pops._waiting_by["other"] == 1, "the other's receive parked")
+                m = pb.Message(queue_id=0, body=b"m", msg_id=IDS.next_id())
+                await n.broker.sender.send(T, [m])
+                got = [r async for r in other]
+                assert [r.message.body for r in got if r.HasField("message")] == [b"m"]
+                for call in waiting:
+                    call.cancel()
+        finally:
+            await n.stop()
+
+    asyncio.run(body())
+
+
+def test_quota_one_user_fills_its_telemetry_streams_and_another_is_served(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        n = await start(tmp_path)
+        n.v2.cfg = replace(n.v2.cfg, clients_per_user=2)
+        try:
+            async with grpc.aio.insecure_channel(n.addr) as ch:
+                held = [Stream(ch, NOBODY, f"s-{i}") for i in range(2)]
+                for s in held:  # open: a Settings with no topics is answered on each
+                    assert code(await s.ask(producer())) == "OK"
+                extra = Stream(ch, NOBODY, "s-extra")
+                refused = await extra.next()
+                assert code(refused) == "TOO_MANY_REQUESTS"
+                assert "grpcClientsPerUser" in refused.status.message
+                other = Stream(ch, PUBLISHER, "p-1")
+                assert code(await other.ask(producer(T))) == "OK"
+                for s in [*held, extra, other]:
+                    await s.close()
         finally:
             await n.stop()
 
