@@ -75,6 +75,8 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
             delay_levels_ms=cfg.delay_levels_ms,
             pop_max_attempts=cfg.popMaxDeliveryAttempts,
+            subgroups_per_user=cfg.subscriptionGroupsPerUser,
+            pop_waiters_per_user=cfg.popWaitersPerUser,
             pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
             txn_timeout_ms=cfg.transactionTimeOut,
             txn_check_interval_ms=cfg.transactionCheckInterval,
@@ -113,6 +115,7 @@ def rmq5_port(cfg: BrokerConfig, node: DLedgerNode, servicer: BrokerServicer) ->
         cfg.popMaxDeliveryAttempts,
         renew_slice_ms=cfg.popAutoRenewInvisibleMs,
         renew_max_ms=cfg.popAutoRenewMaxMs,
+        clients_per_user=cfg.grpcClientsPerUser,
     )
     security = V2Security(
         tls=cfg.tls_files if cfg.tlsEnable else None,

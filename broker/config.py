@@ -145,6 +145,24 @@ def _parse_init_user(text: str) -> Credentials | None:
         raise ValueError(str(exc)) from None
 
 
+def _parse_inner_credentials(text: str) -> Credentials | None:
+    """``{"accessKey": "...", "secretKey": "..."}`` (RocketMQ 5.3's
+    innerClientAuthenticationCredentials) or empty. A ValueError's message never holds the
+    secret."""
+    if not text.strip():
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError('is not JSON {"accessKey": .., "secretKey": ..}') from None
+    if not isinstance(doc, dict) or set(doc) != {"accessKey", "secretKey"}:
+        raise ValueError('must be JSON {"accessKey": .., "secretKey": ..}')
+    try:
+        return Credentials(str(doc["accessKey"]), str(doc["secretKey"]))
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _parse_flush(text: str) -> FlushDiskType:
     try:
         return FlushDiskType[text.strip()]
@@ -357,6 +375,21 @@ KEYS: Mapping[str, _Key] = {
     "popAutoRenewMaxMs": _Key(
         int_in(1000, 24 * 3600 * 1000), "10800000", "auto_renew renews a message this long, ms"
     ),
+    # Per-user quota on a node's table of RocketMQ 5 clients (broker/rmq5/clients.py, 10,000
+    # records): a tenth by default, so one user's made-up client ids leave the rest to others.
+    # Super users are bounded by the table's own size only.
+    # Per-user quota on the replicated table of subscription groups (10,000): a tenth by
+    # default, so that one user's Settings naming made-up groups leave the rest to others.
+    "subscriptionGroupsPerUser": _Key(
+        int_in(1, 10_000), "1000", "subscription groups one user may create in a broker group"
+    ),
+    # Per-user quota on a node's waiting receives (POP long polls, broker/pop.py: 10,000).
+    "popWaitersPerUser": _Key(
+        int_in(1, 10_000), "1000", "receives of one user that may wait for messages on a node"
+    ),
+    "grpcClientsPerUser": _Key(
+        int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -414,6 +447,14 @@ KEYS: Mapping[str, _Key] = {
         "",
         'JSON {"username": .., "password": ..}: the first Super user, created by the first '
         "leader that finds no users",
+    ),
+    # The identity of the node's own calls to the group's client ports (a follower's status
+    # call to its leader, a joining node's calls): a Super user, or one with Cluster Get.
+    # Empty: initAuthenticationUser's (mqcluster up writes it on every node).
+    "innerClientAuthenticationCredentials": _Key(
+        _parse_inner_credentials,
+        "",
+        'JSON {"accessKey": .., "secretKey": ..}: who the node\'s own calls to members sign as',
     ),
     "aclEncryptionKeyPath": _Key(
         _parse_optional_str, "", "file (0600, same on every member) of the key sealing secrets"
@@ -482,6 +523,9 @@ class BrokerConfig:
     transactionCheckMax: int
     popAutoRenewInvisibleMs: int
     popAutoRenewMaxMs: int
+    grpcClientsPerUser: int
+    subscriptionGroupsPerUser: int
+    popWaitersPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int
@@ -497,6 +541,7 @@ class BrokerConfig:
     authenticationEnabled: bool
     authorizationEnabled: bool
     initAuthenticationUser: Credentials | None
+    innerClientAuthenticationCredentials: Credentials | None
     aclEncryptionKeyPath: str
     authenticationMaxClockSkewMs: int
 
@@ -516,6 +561,14 @@ class BrokerConfig:
     def client_security(self) -> ClientSecurity:
         """How this node calls the group's ports and the NameServers."""
         return ClientSecurity(tls=self.tls_files) if self.tlsEnable else PLAINTEXT
+
+    @property
+    def inner_credentials(self) -> Credentials | None:
+        """Who this node's own calls to the group's client ports sign as (None: unsigned,
+        when the group checks no signatures)."""
+        if not (self.authenticationEnabled or self.authorizationEnabled):
+            return None
+        return self.innerClientAuthenticationCredentials or self.initAuthenticationUser
 
     @property
     def self_peer(self) -> Peer:
@@ -717,9 +770,27 @@ def render_config(values: Mapping[str, object]) -> str:
 SHARED_KEYS = ("dedupWindowSeconds", "dedupWindowMaxIds")
 
 
+@dataclass(frozen=True, slots=True)
+class SignedNodeConfig(NodeConfig):
+    """A member's config whose own calls to the group's ports are signed as ``credentials``
+    (innerClientAuthenticationCredentials): on a group that checks signatures, a follower's
+    status call to its leader and a joining node's calls are a known user's, like every
+    other caller's (dledger knows nothing of users: it only opens channels this way)."""
+
+    credentials: Credentials | None = None
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        base = NodeConfig.client_security.fget(self)  # type: ignore[attr-defined]
+        assert isinstance(base, ClientSecurity)
+        if self.credentials is None:
+            return base
+        return ClientSecurity(base.tls, self.credentials, base.server_name)
+
+
 def node_config(cfg: BrokerConfig) -> NodeConfig:
     """The DLedger member this broker runs (dledger knows nothing of brokers)."""
-    return NodeConfig(
+    return SignedNodeConfig(
         group=cfg.dLegerGroup,
         self_id=cfg.dLegerSelfId,
         peers={p.node_id: p.addr for p in cfg.dLegerPeers},
@@ -754,4 +825,5 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,
+        credentials=cfg.inner_credentials,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,10 +30,11 @@ from broker.errors import (
     BrokerError,
     InvalidRequestError,
     MessageNotFoundError,
+    ResourceExhaustedError,
     TooManyLongPollsError,
 )
 from broker.message import Message, tags_hash
-from broker.names import validate_group_name
+from broker.names import validate_group_name, validate_topic_name
 from broker.popstate import (
     ENTRY_POP,
     MAX_INFLIGHT_PER_QUEUE,
@@ -83,10 +85,17 @@ MAX_RECEIVE_BATCH = 32
 REVIVE_INTERVAL_MS = 250
 # Receives waiting for messages on one node: each costs a handler and a future.
 MAX_POP_WAITERS = 10_000
+# Of them, one user's at most: broker.conf popWaitersPerUser (ServiceConfig.pop_waiters_per_user).
 
 
 class InvalidInvisibleTimeError(InvalidRequestError):
     code = "ILLEGAL_INVISIBLE_TIME"
+
+
+class PopWaitersQuotaError(ResourceExhaustedError):
+    """One user holds ``popWaitersPerUser`` waiting receives on this node."""
+
+    code = "RESOURCE_EXHAUSTED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +109,10 @@ class ReceiveQuery:
     invisible_ms: int
     subscription: str = ""
     poll_timeout_ms: int = 0
+    # The user receiving ("" without users), and whether it is a Super user: a waiting
+    # receive counts against its popWaitersPerUser, but a Super user's.
+    owner: str = ""
+    unbounded: bool = False
 
 
 class Received(NamedTuple):
@@ -141,6 +154,7 @@ class Pops:
         self._locks: dict[PopKey, tuple[asyncio.Lock, int]] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._waiting = 0
+        self._waiting_by: Counter[str] = Counter()  # waiting receives by user
         self.task: asyncio.Task[None] | None = None
         self.ctx.sm.add_listener(self._on_dispatch)
         self.ctx.sm.add_change_listener(self.maybe_start)
@@ -159,7 +173,7 @@ class Pops:
             remaining = deadline - loop.time()
             if out or remaining <= 0:
                 return out
-            await self._wait(q.topic, min(remaining, REVIVE_INTERVAL_MS / 1000))
+            await self._wait(q, min(remaining, REVIVE_INTERVAL_MS / 1000))
 
     async def _pop_rounds(
         self, q: ReceiveQuery, queues: list[int], tags: frozenset[str] | None
@@ -370,6 +384,7 @@ class Pops:
         (:class:`InvalidReceiptHandleError` for a malformed, foreign or stale one)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         if not 1 <= len(handles) <= MAX_RECORD_ITEMS:
             raise InvalidRequestError(f"ack 1 to {MAX_RECORD_ITEMS} handles")
         out: list[BrokerError | None] = []
@@ -391,7 +406,7 @@ class Pops:
     def _acked_before(self, h: Handle, group: str, topic: str) -> bool:
         """The handle's message is no longer in flight though its group's position passed it:
         acknowledged (or dead-lettered) before; a repeated ack is answered OK, changing nothing."""
-        if h.group != group or (topic and h.topic != topic):
+        if h.group != group or h.topic != topic:
             return False
         q = self.ctx.sm.pop.get((h.group, h.topic, h.queue_id))
         return q is not None and h.offset < q.offset and h.offset not in q.inflight
@@ -405,6 +420,7 @@ class Pops:
         took the request (it may not have applied the delivery yet)."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         self.check_invisible(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         h = decode_handle(handle)
         key = (h.group, h.topic, h.queue_id)
@@ -432,6 +448,7 @@ class Pops:
         still valid; per handle None or the error (as :meth:`ack`). One record per queue."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         self.check_invisible(invisible_ms, 1)
         if not 1 <= len(handles) <= MAX_RECORD_ITEMS:
             raise InvalidRequestError(f"renew 1 to {MAX_RECORD_ITEMS} handles")
@@ -456,6 +473,7 @@ class Pops:
         its copy goes to ``%DLQ%{group}`` and it leaves flight. Done before: nothing changes."""
         require_leader(self.ctx.node)
         validate_group_name(group)
+        validate_topic_name(topic)  # a handle's topic is always checked (no empty wildcard)
         h = decode_handle(handle)
         key = (h.group, h.topic, h.queue_id)
         async with self._lock(key):
@@ -564,22 +582,33 @@ class Pops:
             if not f.done():
                 f.set_result(None)
 
-    async def _wait(self, topic: str, timeout_s: float) -> None:
+    async def _wait(self, q: ReceiveQuery, timeout_s: float) -> None:
         if self._waiting >= MAX_POP_WAITERS:
             raise TooManyLongPollsError(
                 f"the node holds {self._waiting} waiting receives, the most it may"
                 f" ({MAX_POP_WAITERS}); receive again later"
             )
+        per_user = self.ctx.cfg.pop_waiters_per_user
+        if q.owner and not q.unbounded and self._waiting_by[q.owner] >= per_user:
+            raise PopWaitersQuotaError(
+                f"quota popWaitersPerUser: user {q.owner!r} has {per_user} receives waiting "
+                "on this node; receive again later"
+            )
+        topic = q.topic
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters = self._waiters.setdefault(topic, set())
         waiters.add(future)
         self._waiting += 1
+        self._waiting_by[q.owner] += 1
         try:
             await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             pass
         finally:
             self._waiting -= 1
+            self._waiting_by[q.owner] -= 1
+            if self._waiting_by[q.owner] <= 0:
+                del self._waiting_by[q.owner]
             waiters.discard(future)
             if not waiters and self._waiters.get(topic) is waiters:
                 del self._waiters[topic]

@@ -66,6 +66,8 @@ HANDLE_VERSION = 1
 # A handle's characters: base64 of at most 1 + 4 + 16 + 2 + 2 * 255 bytes.
 MAX_HANDLE_CHARS = 1024
 
+# The one answer to a handle that is not one, or names another group or topic than the request.
+MALFORMED_HANDLE = "the receipt handle is malformed or not of this group and topic"
 PopKey = tuple[str, str, int]  # consumer group, topic, queue id
 
 
@@ -330,7 +332,7 @@ def encode_handle(h: Handle) -> str:
 def decode_handle(text: str) -> Handle:
     """A handle's fields; :class:`InvalidReceiptHandleError` when it is not one."""
     if not 0 < len(text) <= MAX_HANDLE_CHARS:
-        raise InvalidReceiptHandleError(f"receipt handle of {len(text)} characters")
+        raise InvalidReceiptHandleError(MALFORMED_HANDLE)
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         version, queue_id, offset, seq = _HANDLE.unpack_from(raw, 0)
@@ -342,20 +344,21 @@ def decode_handle(text: str) -> Handle:
         topic = raw[at + 1 : at + 1 + m].decode("ascii")
         at += 1 + m
     except (ValueError, IndexError, struct.error, binascii.Error):
-        raise InvalidReceiptHandleError("the receipt handle is malformed") from None
+        raise InvalidReceiptHandleError(MALFORMED_HANDLE) from None
     if version != HANDLE_VERSION or at != len(raw) or len(group) != n or len(topic) != m:
-        raise InvalidReceiptHandleError("the receipt handle is malformed")
+        raise InvalidReceiptHandleError(MALFORMED_HANDLE)
     if not 0 <= queue_id <= MAX_QUEUE_ID or offset < 0 or seq < 0:
-        raise InvalidReceiptHandleError("the receipt handle is malformed")
+        raise InvalidReceiptHandleError(MALFORMED_HANDLE)
     return Handle(group, topic, queue_id, offset, seq)
 
 
-def check_handle(state: PopState, h: Handle, group: str, topic: str = "") -> InFlight:
-    """The in-flight message ``h`` names, for ``group`` (and ``topic`` when given); raises
-    :class:`InvalidReceiptHandleError` for another group's or topic's handle, or a delivery
+def check_handle(state: PopState, h: Handle, group: str, topic: str) -> InFlight:
+    """The in-flight message ``h`` names, for ``group`` and ``topic``; raises
+    :class:`InvalidReceiptHandleError` for another group's or topic's handle (with the answer
+    of a malformed one: a caller learns nothing of handles outside its rights), or a delivery
     that is over."""
-    if h.group != group or (topic and h.topic != topic):
-        raise InvalidReceiptHandleError("the receipt handle belongs to another group or topic")
+    if h.group != group or h.topic != topic:
+        raise InvalidReceiptHandleError(MALFORMED_HANDLE)
     q = state.get((h.group, h.topic, h.queue_id))
     rec = None if q is None else q.inflight.get(h.offset)
     if rec is None or rec.seq != h.seq or not rec.deadline_ms:

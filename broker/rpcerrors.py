@@ -31,6 +31,7 @@ from broker.errors import (
     ResourceExhaustedError,
     TopicNotFoundError,
 )
+from broker.subscriptions import SubGroupNotFoundError
 from dledger.server import status
 from dledger.server.node import DLedgerNode
 from dledger.server.status import RpcFailure, bound_detail
@@ -45,6 +46,7 @@ _STATUS_BY_CLASS: Mapping[type[BrokerError], grpc.StatusCode] = {
     TopicNotFoundError: grpc.StatusCode.NOT_FOUND,
     UserNotFoundError: grpc.StatusCode.NOT_FOUND,
     AclNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SubGroupNotFoundError: grpc.StatusCode.NOT_FOUND,
     AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     MessageNotFoundError: grpc.StatusCode.NOT_FOUND,
     NoPermissionError: grpc.StatusCode.PERMISSION_DENIED,

@@ -23,6 +23,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import AppliedMessages, NodeContext
 from broker.auth.admin import AuthAdmin, UserView
+from broker.auth.guard import AuthGuard
 from broker.auth.model import Rule
 from broker.auth.secrets import SecretBox
 from broker.consumers import ConsumerGroups
@@ -53,6 +54,7 @@ from broker.timers import Timers
 from broker.topics import Topics
 from broker.transactions.manager import Transactions
 from dledger.server import rpcguard
+from dledger.server.guard import text_metadata
 from dledger.server.node import DLedgerNode
 from mqsecurity.credentials import Credentials
 
@@ -234,6 +236,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def PopMessage(
         self, request: pb.PopMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.PopMessageResponse:
+        owner, unbounded = self._caller(context)
         query = ReceiveQuery(
             request.group,
             request.topic,
@@ -242,6 +245,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.invisible_ms,
             request.subscription,
             request.poll_timeout_ms,
+            owner,
+            unbounded,
         )
         received = await self.pops.receive(query)
         return pb.PopMessageResponse(messages=[self._popped_pb(r) for r in received])
@@ -292,8 +297,24 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateSubscriptionGroupResponse:
         group = subgroup_of_pb(request.config, self.subgroups.default_attempts)
-        applied = await self.subgroups.update(group, request.create_only)
+        owner, unbounded = self._caller(context)
+        applied = await self.subgroups.update(group, request.create_only, owner, unbounded)
         return pb.UpdateSubscriptionGroupResponse(config=subgroup_pb(applied))
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+        """The user the node's guard admitted this call for, and whether it is a Super user
+        (("", False) without users: nobody to hold to a quota)."""
+        guard = getattr(self.node, "call_guard", None)  # a test's stand-in node has none
+        if not isinstance(guard, AuthGuard) or not guard.settings.active:
+            return "", False
+        return guard.identify(text_metadata(context.invocation_metadata()))
+
+    @_rpc
+    async def DeleteSubscriptionGroup(
+        self, request: pb.DeleteSubscriptionGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSubscriptionGroupResponse:
+        await self.subgroups.delete(request.group)
+        return pb.DeleteSubscriptionGroupResponse()
 
     @_rpc
     async def ListSubscriptionGroups(

@@ -28,6 +28,11 @@ class ServiceConfig:
     # POP consumption (broker.pop): deliveries of a message before it is dead-lettered, and
     # the shortest invisible time a receive may ask for.
     pop_max_attempts: int = 16
+    # Subscription groups one user may create (broker.subscriptions, subscriptionGroupsPerUser).
+    subgroups_per_user: int = 1000
+    # Receives of one user waiting for messages on a node (broker.pop, popWaitersPerUser): a
+    # tenth of the node's 10,000, far above one application's consumers.
+    pop_waiters_per_user: int = 1000
     pop_min_invisible_ms: int = 10_000
     # Transactions (broker.transactions): RocketMQ's transactionTimeOut (immunity before the
     # first check-back), transactionCheckInterval and transactionCheckMax.

@@ -2,9 +2,12 @@
 FIFO), its max delivery attempts and its retry backoff (RocketMQ's ``SubscriptionGroupConfig``:
 ``consumeMessageOrderly``, ``retryMaxTimes``, ``groupRetryPolicy``).
 
-Every change is one :data:`ENTRY_SUBGROUP` record (``mqadmin updateSubGroup``, or a RocketMQ 5
-consumer's Settings naming a group that does not exist yet), applied the same on every member
-and kept in the broker snapshot. A record that breaks a rule raises
+Every change is one :data:`ENTRY_SUBGROUP` record (``mqadmin updateSubGroup`` and
+``deleteSubGroup``, or a RocketMQ 5 consumer's Settings naming a group that does not exist yet),
+applied the same on every member and kept in the broker snapshot. A group remembers the user
+who created it (``owner``, "" without users): the leader bounds the groups one user creates
+(``subscriptionGroupsPerUser``, :mod:`broker.subscriptions`), so that no user can fill the
+table for everyone else. A record that breaks a rule raises
 :class:`InvalidSubGroupRecordError` before anything changed, so every member skips it. A group
 without a record behaves as :func:`default_group` says (docs/RMQ5.md, "Subscription groups").
 """
@@ -12,8 +15,9 @@ without a record behaves as :func:`default_group` says (docs/RMQ5.md, "Subscript
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.errors import BrokerError, ResourceExhaustedError
@@ -23,8 +27,15 @@ ENTRY_SUBGROUP = 22
 
 OP_UPSERT = 1  # create or replace the group's config
 OP_CREATE_IF_ABSENT = 2  # a consumer's Settings: never replaces an admin's config
-_OPS = frozenset({OP_UPSERT, OP_CREATE_IF_ABSENT})
+OP_DELETE = 3  # mqadmin deleteSubGroup: the group's config goes (a group without one: defaults)
+_OPS = frozenset({OP_UPSERT, OP_CREATE_IF_ABSENT, OP_DELETE})
 SUBGROUP_RECORD_VERSION = 1
+# Version 2 adds the creator's username after the group name, and op 3. Records without an
+# owner and of ops 1 and 2 are still written as version 1, which members of the previous
+# release read.
+SUBGROUP_RECORD_VERSION_OWNED = 2
+# Characters of an owner (a username: broker.auth's limit is far below).
+MAX_OWNER_CHARS = 255
 
 BACKOFF_CUSTOMIZED = "CUSTOMIZED"
 BACKOFF_EXPONENTIAL = "EXPONENTIAL"
@@ -97,6 +108,7 @@ class SubGroup:
     fifo: bool = False
     max_attempts: int = 16
     backoff: Backoff = Backoff()
+    owner: str = ""  # the user who created it ("" without users); kept by later upserts
 
 
 def default_group(name: str, max_attempts: int) -> SubGroup:
@@ -109,6 +121,8 @@ def check_group(g: SubGroup) -> None:
     """Raise :class:`InvalidSubGroupRecordError` unless every field is in range."""
     if not is_valid_group_name(g.name):
         raise InvalidSubGroupRecordError("subscription group record names an invalid group")
+    if len(g.owner.encode("utf-8")) > MAX_OWNER_CHARS:
+        raise InvalidSubGroupRecordError(f"an owner over {MAX_OWNER_CHARS} bytes")
     if not 1 <= g.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidSubGroupRecordError(
             f"max delivery attempts {g.max_attempts} outside [1, {MAX_ATTEMPTS_LIMIT}]"
@@ -131,6 +145,7 @@ def check_group(g: SubGroup) -> None:
 
 
 def encode_subgroup_record(op: int, g: SubGroup) -> bytes:
+    owned = bool(g.owner) or op == OP_DELETE
     b = g.backoff
     kind = _KINDS.index(b.kind)
     name = g.name.encode("utf-8")
@@ -141,8 +156,14 @@ def encode_subgroup_record(op: int, g: SubGroup) -> bytes:
     else:
         body = _EXP.pack(b.initial_ms, b.max_ms, b.multiplier_milli)
         count = 0
-    head = _HEAD.pack(SUBGROUP_RECORD_VERSION, op, flags, g.max_attempts, kind, count)
-    return head + body + _U8.pack(len(name)) + name
+    version = SUBGROUP_RECORD_VERSION_OWNED if owned else SUBGROUP_RECORD_VERSION
+    head = _HEAD.pack(version, op, flags, g.max_attempts, kind, count)
+    out = head + body + _U8.pack(len(name)) + name
+    if owned:
+        owner = g.owner.encode("utf-8")
+        assert len(owner) <= MAX_OWNER_CHARS
+        out += _U8.pack(len(owner)) + owner
+    return out
 
 
 def decode_subgroup_record(body: bytes) -> tuple[int, SubGroup]:
@@ -159,18 +180,30 @@ def decode_subgroup_record(body: bytes) -> tuple[int, SubGroup]:
             initial, most, multiplier = _EXP.unpack_from(body, at)
             backoff = Backoff(BACKOFF_EXPONENTIAL, (), initial, most, multiplier)
             at += _EXP.size
-        n = body[at]
-        name = bytes(body[at + 1 : at + 1 + n]).decode("utf-8")
-        at += 1 + n
+        name, at = _text(body, at)
+        owner = ""
+        if version == SUBGROUP_RECORD_VERSION_OWNED:
+            owner, at = _text(body, at)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise InvalidSubGroupRecordError(f"truncated subscription group record: {exc}") from None
-    if at != len(body) or version != SUBGROUP_RECORD_VERSION or op not in _OPS:
+    known = version == SUBGROUP_RECORD_VERSION_OWNED or (
+        version == SUBGROUP_RECORD_VERSION and op != OP_DELETE
+    )
+    if at != len(body) or not known or op not in _OPS:
         raise InvalidSubGroupRecordError(f"subscription group record version {version} op {op}")
     if flags & ~_FLAG_FIFO:
         raise InvalidSubGroupRecordError(f"subscription group record flags {flags}")
-    group = SubGroup(name, bool(flags & _FLAG_FIFO), attempts, backoff)
+    group = SubGroup(name, bool(flags & _FLAG_FIFO), attempts, backoff, owner)
     check_group(group)
     return op, group
+
+
+def _text(body: bytes, at: int) -> tuple[str, int]:
+    """A u8-length UTF-8 string at ``at``; it and the offset after it."""
+    n = body[at]
+    if at + 1 + n > len(body):
+        raise IndexError("string past the record's end")
+    return bytes(body[at + 1 : at + 1 + n]).decode("utf-8"), at + 1 + n
 
 
 class SubGroupTable:
@@ -178,6 +211,7 @@ class SubGroupTable:
 
     def __init__(self) -> None:
         self.groups: dict[str, SubGroup] = {}
+        self._owned: Counter[str] = Counter()  # groups by owner ("" included)
 
     def get(self, name: str) -> SubGroup | None:
         return self.groups.get(name)
@@ -185,19 +219,43 @@ class SubGroupTable:
     def room_for(self, name: str) -> bool:
         return name in self.groups or len(self.groups) < MAX_SUBGROUPS
 
-    def apply(self, body: bytes) -> SubGroup:
+    def held_by(self, owner: str) -> int:
+        """Groups ``owner`` created that still exist."""
+        return self._owned[owner]
+
+    def apply(self, body: bytes) -> SubGroup | None:
+        """The group as the record leaves it (None: deleted)."""
         op, group = decode_subgroup_record(body)
-        if group.name not in self.groups and len(self.groups) >= MAX_SUBGROUPS:
+        known = self.groups.get(group.name)
+        if op == OP_DELETE:
+            if known is not None:
+                self._forget(known)
+            return None
+        if known is None and len(self.groups) >= MAX_SUBGROUPS:
             raise TooManySubGroupsError(f"the broker holds {MAX_SUBGROUPS} subscription groups")
-        if op == OP_UPSERT or group.name not in self.groups:
-            self.groups[group.name] = group
+        if known is None:
+            self._put(group)
+        elif op == OP_UPSERT:  # a new config; the creator stays the owner
+            self.groups[group.name] = replace(group, owner=known.owner)
         return self.groups[group.name]
+
+    def _put(self, group: SubGroup) -> None:
+        self.groups[group.name] = group
+        self._owned[group.owner] += 1
+
+    def _forget(self, group: SubGroup) -> None:
+        del self.groups[group.name]
+        self._owned[group.owner] -= 1
+        if self._owned[group.owner] <= 0:
+            del self._owned[group.owner]
 
     def reset(self) -> None:
         self.groups = {}
+        self._owned = Counter()
 
     def capture(self) -> list[list[Any]]:
-        """JSON-ready rows: [name, fifo, max attempts, kind, steps, initial, max, multiplier]."""
+        """JSON-ready rows: [name, fifo, max attempts, kind, steps, initial, max, multiplier,
+        owner] (a snapshot of the previous release has no owner: "")."""
         return [
             [
                 g.name,
@@ -208,6 +266,7 @@ class SubGroupTable:
                 g.backoff.initial_ms,
                 g.backoff.max_ms,
                 g.backoff.multiplier_milli,
+                g.owner,
             ]
             for g in self.groups.values()
         ]
@@ -219,19 +278,22 @@ class SubGroupTable:
         bad: list[str] = []
         for row in rows:
             try:
-                name, fifo, attempts, kind, steps, initial, most, multiplier = row
-                if not isinstance(fifo, bool) or not isinstance(steps, list):
-                    raise ValueError("fifo or steps of the wrong type")
+                name, fifo, attempts, kind, steps, initial, most, multiplier, *rest = row
+                owner = str(rest[0]) if rest else ""
+                if not isinstance(fifo, bool) or not isinstance(steps, list) or len(rest) > 1:
+                    raise ValueError("fifo or steps of the wrong type, or extra fields")
+                if len(owner.encode("utf-8")) > MAX_OWNER_CHARS:
+                    raise ValueError("owner too long")
                 backoff = Backoff(
                     str(kind), tuple(map(int, steps)), int(initial), int(most), int(multiplier)
                 )
-                group = SubGroup(str(name), fifo, int(attempts), backoff)
+                group = SubGroup(str(name), fifo, int(attempts), backoff, owner)
                 check_group(group)
             except (TypeError, ValueError, InvalidSubGroupRecordError):
                 bad.append(str(row)[:80])
                 continue
-            if len(self.groups) >= MAX_SUBGROUPS:
+            if len(self.groups) >= MAX_SUBGROUPS or group.name in self.groups:
                 bad.append(group.name)
                 continue
-            self.groups[group.name] = group
+            self._put(group)
         return bad

@@ -605,6 +605,16 @@ class MQAdmin:
             broker_addr,
         )
 
+    def delete_sub_group(self, group: str, cluster: str = "", broker_addr: str = "") -> list[str]:
+        """``deleteSubGroup``: drop a consumer group's config; the broker groups it was
+        deleted from."""
+        req = pb.DeleteSubscriptionGroupRequest(group=group)
+        return list(
+            self._on_groups(
+                lambda stub, t: stub.DeleteSubscriptionGroup(req, timeout=t), cluster, broker_addr
+            )
+        )
+
     def sub_groups(
         self, cluster: str = "", broker_addr: str = ""
     ) -> dict[str, list[pb.SubscriptionGroup]]:

@@ -660,6 +660,11 @@ def cmd_update_sub_group(admin: MQAdmin, args: argparse.Namespace, out: Output) 
     out.table(_sub_group_rows(admin.update_sub_group(config, args.cluster, args.broker_addr)))
 
 
+def cmd_delete_sub_group(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    groups = admin.delete_sub_group(args.group, args.cluster, args.broker_addr)
+    out.table([{"broker": g, "group": args.group, "deleted": True} for g in groups])
+
+
 def cmd_get_consumer_config(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     by_group = admin.sub_groups(args.cluster, args.broker_addr)
     if args.group:
@@ -975,6 +980,13 @@ def _sub_group_commands(cli: CommandLine) -> None:
         help='RocketMQ\'s groupRetryPolicy JSON, e.g. {"type":"CUSTOMIZED",'
         '"customizedRetryPolicy":{"next":[1000,5000]}} (default: 1s 5s 10s 30s 1m .. 2h)',
     )
+    _where(p)
+    p = add(
+        "deleteSubGroup",
+        cmd_delete_sub_group,
+        "delete a consumer group's config (it takes the defaults; offsets stay)",
+    )
+    p.add_argument("-g", "--group", "--groupName", required=True, help="consumer group")
     _where(p)
     p = add("getConsumerConfig", cmd_get_consumer_config, "consumer groups' config")
     p.add_argument("-g", "--group", "--groupName", default="", help="only this group")

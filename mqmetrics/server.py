@@ -1,9 +1,14 @@
 """The read-only ``/metrics`` endpoint of a process, and the collector that reads its state.
 
 The endpoint is `prometheus_client`'s WSGI app behind a small server of our own bounds: only
-``GET /metrics`` (anything else: 404 or 405), at most `MAX_CONNECTIONS` connections served at
-once (more are closed at once, counted in ``raftmq_metrics_refused_connections_total``), each
-with `READ_TIMEOUT_S` to send its request. It is unauthenticated, like etcd's and NATS'
+``GET /metrics`` (anything else: 404 or 405), at most `MAX_CONNECTIONS` connections at once and
+`MAX_CONNECTIONS_PER_ADDRESS` from one address, each with `READ_TIMEOUT_S` to send its request.
+A new connection beyond either bound takes the slot of the oldest connection (of that address
+when its own bound is reached) that has not sent its request yet: a handful of silent or slow
+sockets, re-opened as soon as closed, cannot keep a scraper out, since a scraper sends its
+request at once and is then never closed for another. Only when every slot is serving a
+request is the new connection closed unserved. Both kinds of closing are counted in
+``raftmq_metrics_refused_connections_total``. It is unauthenticated, like etcd's and NATS'
 monitoring ports: bind it where only the scrapers reach (docs/METRICS.md "What the endpoint
 promises"). Given a server `ssl.SSLContext` it speaks HTTPS (`mqsecurity.tls.https_server_context`:
 the process's certificate, no client certificate asked): the TLS handshake runs in the
@@ -29,6 +34,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -43,6 +49,9 @@ METRICS_PATH = "/metrics"
 # Connections served at once (Prometheus, a dashboard, an operator's curl: a handful); more
 # are closed at once so that a flood of connections costs a thread each for at most this many.
 MAX_CONNECTIONS = 8
+# Connections one address may hold (a scraper needs one; a NAT'd team of operators a few): one
+# address can take at most half the slots.
+MAX_CONNECTIONS_PER_ADDRESS = 4
 # Seconds a connection has, in all, to send its request line and headers (and, over TLS, as
 # much again for its handshake): a slow or dribbling sender would hold a slot otherwise.
 READ_TIMEOUT_S = 5.0
@@ -164,6 +173,9 @@ class _Handler(WSGIRequestHandler):
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()
+        if parsed:
+            assert isinstance(self.server, _BoundedServer)
+            self.server.request_arrived()
         # The answer's writes: the read timeout per write.
         self.connection.settimeout(self._read_timeout_s())
         return parsed
@@ -191,16 +203,32 @@ def _handshake(request: socket.socket, context: ssl.SSLContext, timeout_s: float
     return tls
 
 
+@dataclass(eq=False)
+class _Conn:
+    """A connection holding a slot: its address, its socket's descriptor (to shut it down from
+    another thread) and whether its request arrived (then it is never closed for another)."""
+
+    address: str
+    fd: int
+    family: int
+    requested: bool = False
+
+
 class _BoundedServer(WSGIServer):
-    """One thread per connection, at most MAX_CONNECTIONS at once (others closed at once);
-    with an ``ssl_context``, each thread does its connection's TLS handshake first."""
+    """One thread per connection, at most MAX_CONNECTIONS at once and
+    MAX_CONNECTIONS_PER_ADDRESS of one address; beyond, the oldest one still waiting for its
+    request is shut down for the new one (the module's docstring); with an ``ssl_context``,
+    each thread does its connection's TLS handshake first."""
 
     daemon_threads = True
     ssl_context: ssl.SSLContext | None = None
     read_timeout_s = READ_TIMEOUT_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        # Connections holding a slot, oldest first; under _conns_lock.
+        self._conns: list[_Conn] = []
+        self._conns_lock = threading.Lock()
+        self._current = threading.local()
         self.refused_connections = 0
         self.failed_handshakes = 0
         # CPU seconds the connections' threads took (handshake, families of other
@@ -210,17 +238,66 @@ class _BoundedServer(WSGIServer):
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        conn = self._admit(request, client_address)
+        if conn is None:
             self.refused_connections += 1
             self.shutdown_request(request)
             return
         thread = threading.Thread(
-            target=self._serve_one, args=(request, client_address), daemon=True
+            target=self._serve_one, args=(request, client_address, conn), daemon=True
         )
         thread.start()
 
-    def _serve_one(self, request: Any, client_address: Any) -> None:
+    def _admit(self, request: socket.socket, client_address: Any) -> _Conn | None:
+        """The new connection's slot, freed from a waiting one if need be; None: every slot
+        it could take serves a request."""
+        address = str(client_address[0]) if isinstance(client_address, tuple) else ""
+        with self._conns_lock:
+            mine = [c for c in self._conns if c.address == address]
+            if len(mine) >= MAX_CONNECTIONS_PER_ADDRESS:
+                if not self._evict_oldest_waiting(mine):
+                    return None
+            elif len(self._conns) >= MAX_CONNECTIONS and not self._evict_oldest_waiting(
+                self._conns
+            ):
+                return None
+            conn = _Conn(address, request.fileno(), request.family)
+            self._conns.append(conn)
+            assert len(self._conns) <= MAX_CONNECTIONS
+            return conn
+
+    def _evict_oldest_waiting(self, among: list[_Conn]) -> bool:
+        """Shut down the oldest of ``among`` whose request has not arrived (its thread ends
+        at once); whether there was one. Called under _conns_lock."""
+        victim = next((c for c in among if not c.requested), None)
+        if victim is None:
+            return False
+        self._conns.remove(victim)
+        self.refused_connections += 1
+        try:
+            # A duplicate of the descriptor: shutting the connection down wakes its thread's
+            # read (the thread closes its own socket); the duplicate is closed here.
+            with socket.fromfd(victim.fd, victim.family, socket.SOCK_STREAM) as dup:
+                dup.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # it just ended by itself
+        return True
+
+    def request_arrived(self) -> None:
+        """Called by the connection's thread once its request line and headers are read."""
+        conn = getattr(self._current, "conn", None)
+        if conn is not None:
+            with self._conns_lock:
+                conn.requested = True
+
+    def _release(self, conn: _Conn) -> None:
+        with self._conns_lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+
+    def _serve_one(self, request: Any, client_address: Any, conn: _Conn) -> None:
         started_s = time.thread_time()
+        self._current.conn = conn
         try:
             if self.ssl_context is not None:
                 try:
@@ -233,10 +310,11 @@ class _BoundedServer(WSGIServer):
         except Exception:
             self.handle_error(request, client_address)
         finally:
+            # The slot first: the descriptor is never shut down for another once closed here.
+            self._release(conn)
             self.shutdown_request(request)
             with self._cpu_lock:
                 self.serve_cpu_s += time.thread_time() - started_s
-            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("metrics request from %s failed", client_address, exc_info=True)
@@ -256,7 +334,8 @@ class _EndpointCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         yield CounterMetricFamily(
             "raftmq_metrics_refused_connections",
-            f"Connections to /metrics closed unserved: {MAX_CONNECTIONS} were being served",
+            "Connections to /metrics closed unserved: every slot they could take was serving "
+            "a request, or they were waiting for theirs when a newer connection needed the slot",
             value=self._server.refused_connections,
         )
         yield CounterMetricFamily(

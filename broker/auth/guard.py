@@ -39,6 +39,12 @@ from mqsecurity.signing import (
 # unknown, disabled, or known with another secret.
 NOT_SIGNED_BY = "the signature does not match its secret"
 
+# The answer while the group has no user at all: it has just started and its first leader's
+# initial user (initAuthenticationUser) is not applied here yet. Nobody can be told apart from
+# anybody then: the call is refused, not counted as an authentication failure (a healthy
+# group starting would raise the refusal metric on every member).
+NO_USERS_YET = "this group has no users yet (its first leader creates the initial one): retry"
+
 # A client signs each call with its clock in seconds, so the calls of one second share one
 # signature: a checked one is remembered (with its time, the skew is checked on every call),
 # which saves parsing the time and the HMAC on most calls. Decisions are remembered per
@@ -92,6 +98,30 @@ class AuthGuard:
             return None
         return self._authorize(user_or_refusal, method, peer, request)
 
+    def identify(self, metadata: Mapping[str, str]) -> tuple[str, bool]:
+        """The user who signed a call :meth:`check` admitted, and whether it is a Super user
+        (("", False) for an unsigned one: the guard is off)."""
+        try:
+            signed = read_signed_request(dict(metadata))
+        except SignatureError:
+            return "", False
+        if signed is None:
+            return "", False
+        user = self.sm.auth.users.get(signed.access_key)
+        return signed.access_key, user is not None and user.is_super
+
+    def authorize(self, username: str, method: str, peer: str, request: object) -> Refusal | None:
+        """Authorization alone, for an action inside a call already admitted for ``username``
+        (a command on a v2 Telemetry stream, a check-back to send on one): ``method`` is a row
+        of :mod:`broker.auth.rpcmap`. A user deleted or disabled since is refused."""
+        if not self.settings.authorization_enabled:
+            return None
+        user = self.sm.auth.users.get(username)
+        if user is None or not user.enabled:
+            text = f"access key {username!r} is unknown or disabled"
+            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+        return self._authorize(user, method, peer, request)
+
     def _refuse(
         self, reason: str, code: str, text: str, method: str, peer: str, why: str = ""
     ) -> Refusal:
@@ -109,6 +139,8 @@ class AuthGuard:
         if signed is None:
             text = "this broker requires signed requests (AccessKey/SecretKey credentials)"
             return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+        if not self.sm.auth.users:
+            return Refusal(False, "UNAUTHENTICATED", NO_USERS_YET)
         user = self.sm.auth.users.get(signed.access_key)
         try:
             if user is not None and user.enabled:

@@ -45,6 +45,8 @@ BROKER = "/raftmq.broker.v1.Broker/"
 DLEDGER = "/raftmq.dledger.v1.DLedgerClient/"
 # RocketMQ 5's protocol (broker/rmq5/): its requests name topics as ``Resource{name}``.
 V2 = "/apache.rocketmq.v2.MessagingService/"
+# The pseudo-method of one command on a Telemetry stream: TELEMETRY + the command's field name.
+TELEMETRY = V2 + "Telemetry/"
 # Distinct topics of one v2 SendMessage matched one by one; a request over the front end's own
 # message limit (broker.rmq5.service.MAX_SEND_MESSAGES) is refused there before anything runs.
 MAX_V2_SEND_TOPICS = 1024
@@ -108,8 +110,9 @@ def _v2_consumer(r: Any, c: str) -> list[Want]:
 
 
 def _pop_consumer(r: Any, c: str) -> list[Want]:
-    # A receipt handle names its group and topic; the POP state refuses one that is not the
-    # request's (INVALID_RECEIPT_HANDLE), so checking the request's pair covers the handle.
+    # A receipt handle names its group and topic; the POP state refuses a request without a
+    # topic and a handle that is not the request's pair (INVALID_RECEIPT_HANDLE, the answer of
+    # a malformed one), so checking the request's pair covers the handle.
     return [group(r.group, SUB), topic(r.topic, SUB)]
 
 
@@ -121,6 +124,22 @@ def _update_subgroup(r: Any, c: str) -> list[Want]:
 
 def _authenticated_only(r: Any, c: str) -> list[Want]:
     return []
+
+
+# apache.rocketmq.v2.ClientType.PRODUCER (the stubs are loaded only with a v2 port; the number
+# is checked against them in tests/unit/test_rmq5_acl.py).
+V2_PRODUCER = 1
+
+
+def _v2_settings(r: Any, c: str) -> list[Want]:
+    """A client's Settings (RocketMQ 5.3): a producer needs Pub on each topic it publishes,
+    a consumer Sub on its group and on each topic it subscribes. Over the front end's own limit
+    (broker.rmq5.service.MAX_SETTINGS_TOPICS, the same number) it is refused there."""
+    if r.client_type == V2_PRODUCER:
+        names = dict.fromkeys(t.name for t in r.publishing.topics[:MAX_V2_SEND_TOPICS])
+        return [topic(name, PUB) for name in names]
+    entries = r.subscription.subscriptions[:MAX_V2_SEND_TOPICS]
+    return [group(r.subscription.group.name, SUB), *_topics_sub([e.topic.name for e in entries])]
 
 
 # method path -> the pairs it needs, or SUPER_ONLY
@@ -152,6 +171,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "EndTransaction": lambda r, c: [topic(r.topic, PUB)],
     BROKER + "UpdateSubscriptionGroup": _update_subgroup,
     BROKER + "ListSubscriptionGroups": lambda r, c: [cluster(c, LIST)],
+    BROKER + "DeleteSubscriptionGroup": lambda r, c: [group(r.group, DELETE)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,
     BROKER + "DeleteUser": SUPER_ONLY,
@@ -184,8 +204,24 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     V2 + "QueryOffset": lambda r, c: [topic(r.message_queue.topic.name, SUB)],
     V2 + "SyncLiteSubscription": _v2_consumer,
     V2 + "Heartbeat": _authenticated_only,
-    V2 + "Telemetry": _authenticated_only,  # a stream: no request to read before it runs
+    V2 + "Telemetry": _authenticated_only,  # a stream: each command is checked (below)
     V2 + "NotifyClientTermination": _authenticated_only,
+    # The commands a client sends on its Telemetry stream, each checked when it arrives
+    # (broker.rmq5.service): TELEMETRY + the command's field name. Settings registers the
+    # client; the others are a client's answers to server commands, which change nothing.
+    **{
+        TELEMETRY + kind: _authenticated_only
+        for kind in (
+            "thread_stack_trace",
+            "verify_message_result",
+            "recover_orphaned_transaction_command",
+            "print_thread_stack_trace_command",
+            "verify_message_command",
+            "reconnect_endpoints_command",
+            "notify_unsubscribe_lite_command",
+        )
+    },
+    TELEMETRY + "settings": _v2_settings,
 }
 
 # method path -> alternative lists of pairs: the call is allowed when one list is. A v2 route

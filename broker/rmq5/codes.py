@@ -21,6 +21,7 @@ V2_CODE_BY_ERROR: Mapping[str, str] = {
     "NO_PERMISSION": "FORBIDDEN",
     "SYSTEM_TOPIC": "FORBIDDEN",
     "UNRECOGNIZED_CLIENT": "UNRECOGNIZED_CLIENT_TYPE",
+    "CLIENT_ID_TAKEN": "FORBIDDEN",  # another user's live client id (broker.rmq5.clients)
     # The leader's guard refusing a forwarded call (broker.auth.guard; the v2 port's own guard
     # answers the same codes, broker.rmq5.guard).
     "UNAUTHENTICATED": "UNAUTHORIZED",

@@ -12,15 +12,18 @@ needs a bare gRPC status. The guard counts each refusal in ``REFUSALS``.
 
 An admitted call's signature entries are kept for the call (:func:`caller_signature`): the
 front end forwards leader-only work with them (:mod:`broker.rmq5.leader`), so the leader checks
-the original user again (docs/SECURITY.md, "RocketMQ 5 clients").
+the original user again (docs/SECURITY.md, "RocketMQ 5 clients"). Its user is kept too
+(:func:`current_caller`): the servicer checks each command of a Telemetry stream against the
+user's rights (:meth:`Caller.check`), and binds the client records it makes to that user.
 """
 
 from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 
@@ -41,14 +44,54 @@ SIGNATURE_HEADERS = (DATE_TIME_HEADER, AUTHORIZATION_HEADER)
 # Characters of the reason a refusal's Status carries (the guard's reasons are one line).
 MAX_REASON_CHARS = 512
 
+
+@runtime_checkable
+class UserGuard(CallGuard, Protocol):
+    """A call guard that also names an admitted call's user and decides on actions inside an
+    admitted call (:class:`broker.auth.guard.AuthGuard`)."""
+
+    def identify(self, metadata: Mapping[str, str]) -> tuple[str, bool]: ...
+
+    def authorize(
+        self, username: str, method: str, peer: str, request: object
+    ) -> Refusal | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes the v2 call being served: ``user`` "" and ``guard`` None on an unguarded
+    port (everyone is one anonymous user there); ``unbounded``: a Super user, bounded by the
+    tables' global limits only, not by the per-user quotas."""
+
+    user: str = ""
+    peer: str = ""
+    guard: UserGuard | None = None
+    unbounded: bool = False
+
+    def check(self, method: str, request: object) -> Refusal | None:
+        """None when the caller may do ``method`` (a row of broker.auth.rpcmap) with
+        ``request``, else the refusal (counted by the guard)."""
+        if self.guard is None:
+            return None
+        return self.guard.authorize(self.user, method, self.peer, request)
+
+
+ANONYMOUS = Caller()
+
 _caller: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
     "rmq5_caller_signature", default=()
 )
+_who: contextvars.ContextVar[Caller] = contextvars.ContextVar("rmq5_caller", default=ANONYMOUS)
 
 
 def caller_signature() -> tuple[tuple[str, str], ...]:
     """The signature entries of the v2 call being served (empty: an unsigned call, or none)."""
     return _caller.get()
+
+
+def current_caller() -> Caller:
+    """The user of the v2 call being served (:data:`ANONYMOUS` on an unguarded port)."""
+    return _who.get()
 
 
 def refusal_response(method: str, refusal: Refusal) -> Any:
@@ -81,7 +124,16 @@ def _admit(
     if refusal is not None:
         return refusal_response(method, refusal)
     _caller.set(tuple((k, metadata[k]) for k in SIGNATURE_HEADERS if k in metadata))
+    _who.set(_caller_of(guard, metadata, context.peer()))
     return None
+
+
+def _caller_of(guard: CallGuard, metadata: Mapping[str, str], peer: str) -> Caller:
+    if not isinstance(guard, UserGuard):
+        # A guard that cannot decide inside a call: every action inside is refused.
+        return Caller("", peer, _RefuseAll(), False)
+    user, unbounded = guard.identify(metadata)
+    return Caller(user, peer, guard, unbounded)
 
 
 async def _streamed(refused: Any | None, items: Callable[[], AsyncIterator[Any]]) -> Any:
@@ -125,4 +177,29 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str, guard: CallGuard) -> A
     return grpc.unary_unary_rpc_method_handler(unary, **serdes)
 
 
-__all__ = ["V2GuardInterceptor", "caller_signature", "refusal_response"]
+class _RefuseAll:
+    """The stand-in for a guard that cannot decide inside a call: every inner action refused."""
+
+    def check(
+        self, method: str, metadata: Mapping[str, str], peer: str, request: object
+    ) -> Refusal | None:
+        return _NO_INNER
+
+    def identify(self, metadata: Mapping[str, str]) -> tuple[str, bool]:
+        return "", False
+
+    def authorize(self, username: str, method: str, peer: str, request: object) -> Refusal:
+        return _NO_INNER
+
+
+_NO_INNER = Refusal(True, "PERMISSION_DENIED", "this port's guard cannot decide inside a call")
+
+
+__all__ = [
+    "ANONYMOUS",
+    "Caller",
+    "V2GuardInterceptor",
+    "caller_signature",
+    "current_caller",
+    "refusal_response",
+]

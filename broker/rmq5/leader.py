@@ -314,12 +314,13 @@ class LeaderCalls:
 
         await self._on_leader(lambda: self.pops.dead_letter(group, topic, handle), forward)
 
-    async def create_group(self, name: str) -> None:
+    async def create_group(self, name: str, owner: str = "", unbounded: bool = False) -> None:
         """The subscription group ``name`` with the defaults, unless it exists (a consumer's
-        Settings naming a new group), on the leader."""
+        Settings naming a new group), on the leader, for user ``owner`` (``unbounded``: a
+        Super user); a forward is the caller's own call (the leader reads its user from it)."""
 
         async def here() -> None:
-            await self.subgroups.update(SubGroup(name), create_only=True)
+            await self.subgroups.update(SubGroup(name), True, owner, unbounded)
 
         async def forward(stub: pb_grpc.BrokerStub) -> None:
             request = pb.UpdateSubscriptionGroupRequest(

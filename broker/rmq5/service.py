@@ -15,6 +15,7 @@ import itertools
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +26,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.applied import AppliedMessages
+from broker.auth import rpcmap
 from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.rmq5 import stubs
-from broker.rmq5.clients import ClientTable
+from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
 from broker.rmq5.codes import v2_code_name
 from broker.rmq5.consuming import (
     PROPERTY_MESSAGE_GROUP,
@@ -39,6 +41,7 @@ from broker.rmq5.consuming import (
     fifo_queue,
     message_group_problem,
 )
+from broker.rmq5.guard import Caller, current_caller, refusal_response
 from broker.rmq5.leader import Failure, LeaderCalls
 from broker.rmq5.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.rmq5.routes import GroupTopic, NameServerRoutes
@@ -121,6 +124,15 @@ RESERVED_PROPERTIES = frozenset(
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
+# The largest time or duration in ms a request may name (a Timestamp's own limit, the end of
+# year 9999): beyond it no clock, Timestamp or int64 field downstream holds the value.
+MAX_FIELD_MS = 253_402_300_799_999
+# Codes of a group creation that fails for a reason the client must hear (a full table, its
+# user's quota, a refusal): the Settings is not answered OK then. Others (no leader) leave the
+# defaults in force, and the next Settings tries again.
+GROUP_CREATION_REFUSED = frozenset(
+    {"TOO_MANY_SUBGROUPS", "RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+)
 # Characters of a status message: for people reading a client's log, like the error contract's
 # details (dledger.server.status.MAX_DETAIL_BYTES) short whatever a request held.
 MAX_STATUS_TEXT_CHARS = 1024
@@ -148,6 +160,7 @@ class V2Config:
     # auto_renew (broker.rmq5.renewals): popAutoRenewInvisibleMs, popAutoRenewMaxMs
     renew_slice_ms: int = DEFAULT_SLICE_MS
     renew_max_ms: int = DEFAULT_MAX_MS
+    clients_per_user: int = DEFAULT_MAX_CLIENTS_PER_USER  # grpcClientsPerUser
 
 
 def status(code: str = "OK", text: str = "OK") -> Any:
@@ -174,8 +187,26 @@ def _client_id(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-def _ms(d: Any) -> int:
-    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
+def _ms(d: Any, field: str) -> int:
+    """A Duration or Timestamp of the request in ms; ``BAD_REQUEST`` naming ``field`` when it
+    is negative, beyond :data:`MAX_FIELD_MS` or not a valid protobuf value."""
+    seconds, nanos = int(d.seconds), int(d.nanos)
+    if not 0 <= nanos < 1_000_000_000 or not 0 <= seconds <= MAX_FIELD_MS // 1000:
+        raise V2Error(
+            "BAD_REQUEST",
+            f"{field} out of range: seconds {seconds}, nanos {nanos} "
+            f"(0 to {MAX_FIELD_MS // 1000} s, nanos below 10^9)",
+        )
+    return min(seconds * 1000 + nanos // 1_000_000, MAX_FIELD_MS)
+
+
+def _ms_as(code: str, d: Any, field: str) -> int:
+    """:func:`_ms` with the protocol's own code for the field (all of them 400xx, bad
+    requests)."""
+    try:
+        return _ms(d, field)
+    except V2Error as exc:
+        raise V2Error(code, exc.text) from None
 
 
 def _duration(ms: int) -> Duration:
@@ -201,12 +232,13 @@ class MessagingServicer:
         self.leader = leader
         self.cfg = cfg
         self.routes = routes
-        self.clients = ClientTable()
+        self.clients = ClientTable(max_per_user=cfg.clients_per_user)
         self.producers = ProducerStreams(AppliedMessages(topics.ctx), f"{cfg.host}:{cfg.port}")
         policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
         self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()
         self._streams = 0
+        self._streams_by: Counter[str] = Counter()  # open streams by user
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         return rpcguard.add_servicer(server, v2_grpc.add_MessagingServiceServicer_to_server, self)
@@ -271,12 +303,13 @@ class MessagingServicer:
     async def Telemetry(
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        if self._streams >= MAX_TELEMETRY_STREAMS:
-            yield v2_service.TelemetryCommand(
-                status=status("TOO_MANY_REQUESTS", "too many telemetry streams on this node")
-            )
+        who = current_caller()
+        full = self._no_room_for_stream(who)
+        if full:
+            yield v2_service.TelemetryCommand(status=status("TOO_MANY_REQUESTS", full))
             return
         self._streams += 1
+        self._streams_by[who.user] += 1
         client_id = _client_id(context)
         stream = self.producers.open(client_id)
         try:
@@ -294,32 +327,68 @@ class MessagingServicer:
                 if isinstance(command, rpcguard.Undecodable):
                     yield v2_service.TelemetryCommand(status=status("BAD_REQUEST", "undecodable"))
                     return
-                if command.WhichOneof("command") == "settings":
-                    reply = await self._settings_reply(client_id, command.settings)
-                    if reply.status.code == v2.OK and command.settings.client_type == v2.PRODUCER:
-                        self.producers.publishing(stream, command.settings.publishing.topics)
+                reply = await self._command(client_id, stream, command)
+                if reply is not None:
                     yield reply
         finally:
             self.producers.close(stream)
             self._streams -= 1
+            self._streams_by[who.user] -= 1
+            if self._streams_by[who.user] <= 0:
+                del self._streams_by[who.user]
 
-    async def _settings_reply(self, client_id: str, settings: Any) -> Any:
+    def _no_room_for_stream(self, who: Caller) -> str:
+        """Why a new Telemetry stream of ``who`` is refused ("" when it is not): the node's
+        limit, or the user's (grpcClientsPerUser: a client opens one stream per node, so a
+        user holds as many streams as client records)."""
+        if self._streams >= MAX_TELEMETRY_STREAMS:
+            return "too many telemetry streams on this node"
+        quota = self.cfg.clients_per_user
+        if who.user and not who.unbounded and self._streams_by[who.user] >= quota:
+            return (
+                f"RESOURCE_EXHAUSTED quota grpcClientsPerUser: user {who.user!r} has {quota} "
+                "telemetry streams open on this node"
+            )
+        return ""
+
+    async def _command(self, client_id: str, stream: Any, command: Any) -> Any | None:
+        """One command the client sent on its Telemetry stream, checked against its user's
+        rights (broker.auth.rpcmap, TELEMETRY rows); the answer to send, if any. A refused
+        command changes nothing."""
+        kind = command.WhichOneof("command")
+        if kind is None:
+            return None  # an empty command: nothing to do
+        caller = current_caller()
+        argument = command.settings if kind == "settings" else command
+        refused = caller.check(rpcmap.TELEMETRY + kind, argument)
+        if refused is not None:
+            return refusal_response(rpcmap.V2 + "Telemetry", refused)
+        if kind != "settings":
+            return None  # a client's answer to a server command: none are sent yet
+        reply = await self._settings_reply(client_id, command.settings, caller)
+        if reply.status.code == v2.OK and command.settings.client_type == v2.PRODUCER:
+            self.producers.publishing(stream, command.settings.publishing.topics, caller)
+        return reply
+
+    async def _settings_reply(self, client_id: str, settings: Any, caller: Caller) -> Any:
         try:
             kind = settings.client_type if settings.HasField("client_type") else 0
             if kind not in (v2.PRODUCER, v2.SIMPLE_CONSUMER, v2.PUSH_CONSUMER):
                 raise V2Error("UNRECOGNIZED_CLIENT_TYPE", f"client type {kind} is not served")
             _check_settings(kind, settings)
             group = settings.subscription.group.name if kind != v2.PRODUCER else ""
-            self.clients.settings(client_id, kind, settings.user_agent.language, group)
             if group:
-                await self._ensure_group(group)
+                await self._ensure_group(group, caller)
+            language = settings.user_agent.language
+            self.clients.settings(client_id, kind, language, group, caller.user, caller.unbounded)
             reply = self._settings_for(kind, settings)
         except Exception as exc:
             return v2_service.TelemetryCommand(status=_status_of(exc, self.node))
         return v2_service.TelemetryCommand(status=status(), settings=reply)
 
     def _settings_for(self, kind: int, asked: Any) -> Any:
-        timeout_ms = _ms(asked.request_timeout) if asked.HasField("request_timeout") else 0
+        has_timeout = asked.HasField("request_timeout")
+        timeout_ms = _ms(asked.request_timeout, "request_timeout") if has_timeout else 0
         if not 0 < timeout_ms <= MAX_REQUEST_TIMEOUT_MS:
             timeout_ms = REQUEST_TIMEOUT_MS
         out = v2.Settings(
@@ -354,23 +423,33 @@ class MessagingServicer:
         sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_TIMEOUT_MS))
         return out
 
-    async def _ensure_group(self, name: str) -> None:
+    async def _ensure_group(self, name: str, caller: Caller) -> None:
         """A consumer naming a group without a config creates it with the defaults (as
-        RocketMQ creates its consumers' subscription groups), so that ``mqadmin`` lists it. A
-        failure (no leader, no permission) leaves the defaults in force; the next Settings
-        tries again."""
+        RocketMQ creates its consumers' subscription groups), so that ``mqadmin`` lists it,
+        when its user may do what ``UpdateSubscriptionGroup`` needs for that (checked here on
+        every path: the leader's own and the forward, which the leader's guard checks again).
+        A refusal, a full table or a used-up quota fail the Settings; another failure (no
+        leader) leaves the defaults in force, and the next Settings tries again."""
         if self.leader.subgroups.known(name):
             return
+        create = pb.UpdateSubscriptionGroupRequest(
+            config=pb.SubscriptionGroup(group=name), create_only=True
+        )
+        refused = caller.check(rpcmap.BROKER + "UpdateSubscriptionGroup", create)
+        if refused is not None:
+            raise Failure(refused.code, refused.reason)
         try:
-            await self.leader.create_group(name)
-        except BrokerError as exc:
+            await self.leader.create_group(name, caller.user, caller.unbounded)
+        except Failure as exc:
+            if exc.code in GROUP_CREATION_REFUSED:
+                raise
             logger.info(
                 "subscription group %r not created from a consumer's Settings: %s", name, exc
             )
 
     async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            record = self.clients.seen(_client_id(context))
+            record = self.clients.seen(_client_id(context), current_caller().user)
             if request.client_type not in (0, record.client_type):
                 raise V2Error(
                     "UNRECOGNIZED_CLIENT_TYPE",
@@ -382,7 +461,8 @@ class MessagingServicer:
         return v2_service.HeartbeatResponse(status=status())
 
     async def NotifyClientTermination(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        self.clients.terminated(_client_id(context))
+        # Another user's client id: answered as an unknown one (OK), its record left alone.
+        self.clients.terminated(_client_id(context), current_caller().user)
         return v2_service.NotifyClientTerminationResponse(status=status())
 
     # ------------------------------------------------------------------ sends
@@ -473,14 +553,16 @@ class MessagingServicer:
         if request.auto_renew:
             invisible_ms = self.cfg.renew_slice_ms  # the server's pick, renewed (renewals.py)
         elif request.HasField("invisible_duration"):
-            invisible_ms = _ms(request.invisible_duration)
+            invisible_ms = _ms_as(
+                "ILLEGAL_INVISIBLE_TIME", request.invisible_duration, "invisible_duration"
+            )
         else:
             raise V2Error("ILLEGAL_INVISIBLE_TIME", "a receive names no invisible duration")
         poll_ms = LONG_POLLING_TIMEOUT_MS
         if request.HasField("long_polling_timeout"):
-            poll_ms = _ms(request.long_polling_timeout)
-        if poll_ms < 0:
-            raise V2Error("ILLEGAL_POLLING_TIME", "negative long polling timeout")
+            poll_ms = _ms_as(
+                "ILLEGAL_POLLING_TIME", request.long_polling_timeout, "long_polling_timeout"
+            )
         left_s = context.time_remaining()
         if left_s is not None:
             poll_ms = max(0, min(poll_ms, int(left_s * 1000) - RECEIVE_DEADLINE_MARGIN_MS))
@@ -491,7 +573,18 @@ class MessagingServicer:
         # As the proxy does, the queue only names the broker: a receive pops from every
         # readable queue of this group (-1), so a client never long-polls an empty queue
         # while another holds messages.
-        return ReceiveQuery(group, topic, -1, batch, invisible_ms, expression.expression, poll_ms)
+        who = current_caller()
+        return ReceiveQuery(
+            group,
+            topic,
+            -1,
+            batch,
+            invisible_ms,
+            expression.expression,
+            poll_ms,
+            who.user,
+            who.unbounded,
+        )
 
     def _v2_message(self, r: Received, namespace: str) -> Any:
         m = r.message
@@ -551,7 +644,9 @@ class MessagingServicer:
         try:
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
-            invisible_ms = _ms(request.invisible_duration)
+            invisible_ms = _ms_as(
+                "ILLEGAL_INVISIBLE_TIME", request.invisible_duration, "invisible_duration"
+            )
             self.renewals.forget((request.receipt_handle,))
             # A push consumer's nack waits at least the group's backoff, whatever delay the
             # client computed (the Node.js client 1.0.8 sends its backoff's seconds as ms).
@@ -569,7 +664,7 @@ class MessagingServicer:
         )
 
     def _is_push_consumer(self, context: grpc.aio.ServicerContext) -> bool:
-        record = self.clients.get(_client_id(context))
+        record = self.clients.get(_client_id(context), current_caller().user)
         return record is not None and record.client_type == v2.PUSH_CONSUMER
 
     async def ForwardMessageToDeadLetterQueue(
@@ -812,9 +907,7 @@ def _stored_message(
         )
     if sp.body_encoding not in (v2.IDENTITY, v2.ENCODING_UNSPECIFIED):
         raise V2Error("UNSUPPORTED", "only IDENTITY bodies are accepted on send")
-    born_ms = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
-    if born_ms < 0:
-        raise V2Error("BAD_REQUEST", "born_timestamp is before 1970")
+    born_ms = _ms(sp.born_timestamp, "born_timestamp")
     if kind == v2.TRANSACTION:  # a half message (broker.transactions)
         properties[PROPERTY_TRANSACTION_PREPARED] = "true"
     if kind == v2.DELAY:
@@ -837,10 +930,7 @@ def _delivery_ms(sp: Any) -> int:
     ``timerMaxDelaySec``, broker.timer); a time in the past is delivered at once."""
     if not sp.HasField("delivery_timestamp"):
         raise V2Error("ILLEGAL_DELIVERY_TIME", "a DELAY message needs a delivery_timestamp")
-    ts = sp.delivery_timestamp
-    if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:
-        raise V2Error("ILLEGAL_DELIVERY_TIME", "delivery_timestamp is not a time after 1970")
-    return int(ts.seconds * 1000 + ts.nanos // 1_000_000)
+    return _ms_as("ILLEGAL_DELIVERY_TIME", sp.delivery_timestamp, "delivery_timestamp")
 
 
 def _timed_fields(props: Mapping[str, str], sp: Any) -> dict[str, str]:

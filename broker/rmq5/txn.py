@@ -8,6 +8,10 @@ producer sent it and its transaction id). The producer's checker answers with an
 node of the group, so the member holding it is the one that asks; a check nobody here could
 take is counted in :attr:`ProducerStreams.checks_unsent` (another member may hold the stream).
 
+A check-back carries the half message (body, keys, properties) and lets its receiver end the
+transaction, so it goes only to a stream whose user may ``Pub`` on the half's topic now (the
+user's rights are asked again at each check: an ACL taken away since the Settings counts).
+
 A stream's server-to-client commands wait in a bounded outbox that the stream's handler drains
 between the client's own commands (:func:`merged`).
 """
@@ -24,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.applied import AppliedMessages
+from broker.auth import rpcmap
 from broker.errors import BrokerError
 from broker.rmq5 import stubs
+from broker.rmq5.guard import ANONYMOUS, Caller
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, Half, transaction_id
 from msgcodec import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, Message
 
@@ -50,6 +56,12 @@ class Stream:
     client_id: str
     outbox: asyncio.Queue[Any] = field(default_factory=lambda: asyncio.Queue(MAX_OUTBOX_COMMANDS))
     topics: dict[str, str] = field(default_factory=dict)
+    caller: Caller = ANONYMOUS  # the user of the Settings that registered the topics
+
+    def may_end(self, topic: str) -> bool:
+        """Whether the stream's user may end a transaction of ``topic`` (Pub on it)."""
+        request = v2_service.EndTransactionRequest(topic=v2.Resource(name=topic))
+        return self.caller.check(rpcmap.V2 + "EndTransaction", request) is None
 
 
 class ProducerStreams:
@@ -77,10 +89,11 @@ class ProducerStreams:
                     del self._by_topic[topic]
         stream.topics = {}
 
-    def publishing(self, stream: Stream, topics: Sequence[Any]) -> None:
+    def publishing(self, stream: Stream, topics: Sequence[Any], caller: Caller = ANONYMOUS) -> None:
         """A producer's accepted Settings: the topics (v2 Resources) it publishes (a repeated
-        Settings replaces them)."""
+        Settings replaces them), for ``caller``'s user."""
         self.close(stream)
+        stream.caller = caller
         stream.topics = {t.name: t.resource_namespace for t in topics}
         for topic in stream.topics:
             self._by_topic.setdefault(topic, set()).add(stream)
@@ -95,7 +108,7 @@ class ProducerStreams:
                 self.checks_unsent += 1
 
     def _ask(self, half: Half) -> bool:
-        candidates = list(self._by_topic.get(half.topic, ()))
+        candidates = [s for s in self._by_topic.get(half.topic, ()) if s.may_end(half.topic)]
         if not candidates:
             return False
         try:

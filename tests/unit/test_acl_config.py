@@ -88,3 +88,23 @@ def test_node_refuses_to_start_without_a_usable_key(tmp_path: Path) -> None:
     done = _start(conf)
     assert done.returncode == 2 and "chmod 600" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_nodes_own_calls_sign_as_the_inner_user() -> None:
+    """A member's calls to the group's client ports (a follower's status call to its leader)
+    are signed: innerClientAuthenticationCredentials, else initAuthenticationUser; unsigned
+    only on a group that checks no signatures."""
+    from broker.config import node_config
+
+    init = json.dumps({"username": "admin", "password": PASSWORD})
+    secure = BASE + "authenticationEnabled=true\naclEncryptionKeyPath=/k\n"
+    cfg = parse_config(secure + f"initAuthenticationUser={init}\n")
+    assert node_config(cfg).client_security.credentials == cfg.initAuthenticationUser
+    inner = json.dumps({"accessKey": "inner", "secretKey": "inner-secret-1"})
+    cfg = parse_config(secure + f"innerClientAuthenticationCredentials={inner}\n")
+    creds = node_config(cfg).client_security.credentials
+    assert creds is not None and creds.access_key == "inner"
+    assert node_config(parse_config(BASE)).client_security.credentials is None
+    with pytest.raises(ConfigError) as info:
+        parse_config(secure + 'innerClientAuthenticationCredentials={"accessKey": "x"}\n')
+    assert "innerClientAuthenticationCredentials" in str(info.value)

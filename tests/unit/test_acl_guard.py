@@ -283,3 +283,18 @@ def test_initial_user_is_proposed_once_per_term_even_when_not_yet_applied(tmp_pa
     admin._propose = acked_not_applied  # type: ignore[method-assign]
     asyncio.run(asyncio.wait_for(admin._init_loop(), timeout=5))
     assert len(proposed) == 1 and not admin.table.users
+
+
+def test_a_group_without_users_yet_refuses_without_counting(tmp_path: Path) -> None:
+    """Before the first leader's initial user is applied nobody can be authenticated: the call
+    is refused, but a healthy group starting is not an authentication failure to count."""
+    _, sm, _, _ = world(tmp_path)
+    guard = AuthGuard(sm, AuthSettings(True, True, cluster_name="c1"), BOX)
+    before = REFUSALS.snapshot().get(AUTHENTICATION, 0)
+    refused = check(guard, SEND, ADMIN, bpb.SendMessageRequest(topic="orders"))
+    assert refused is not None and not refused.authenticated
+    assert refused.reason == guard_module.NO_USERS_YET
+    assert REFUSALS.snapshot().get(AUTHENTICATION, 0) == before
+    # Unsigned calls are still counted: they are refused whatever the table holds.
+    assert check(guard, SEND, None, bpb.SendMessageRequest(topic="orders")) is not None
+    assert REFUSALS.snapshot().get(AUTHENTICATION, 0) == before + 1

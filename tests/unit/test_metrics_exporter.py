@@ -23,7 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mqmetrics.families import Omitted, gauge, histogram
 from mqmetrics.hot import OTHER, Histogram, LabelCounters
-from mqmetrics.server import MAX_CONNECTIONS, LoopCollector, MetricsServer
+from mqmetrics.server import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    LoopCollector,
+    MetricsServer,
+)
 from mqsecurity import pki
 from mqsecurity.tls import TlsFiles, https_server_context
 
@@ -147,19 +152,38 @@ def test_a_blocked_loop_answers_without_the_state_and_counts_a_timeout(
     assert families[0].samples[0].value == 1
 
 
-def test_connections_beyond_the_limit_are_closed_at_once(
+def _from(source: str, port: int) -> socket.socket:
+    """A connection to the endpoint from ``source`` (any 127/8 address is this host's)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+
+
+def _sources(n: int) -> list[str]:
+    """``n`` local addresses, each holding at most one connection here."""
+    return [f"127.0.0.{2 + i}" for i in range(n)]
+
+
+def test_connections_beyond_the_limit_take_the_oldest_waiting_slot(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     server = MetricsServer("127.0.0.1", 0, [LoopCollector(lambda: [], loop)])
     server.start()
     idle = []
     try:
-        for _ in range(MAX_CONNECTIONS):  # each holds a slot, sending nothing
-            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-        # Accepted in order: the idle ones took every slot, this one is closed unserved.
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
-            assert extra.recv(1) == b""
+        for source in _sources(MAX_CONNECTIONS):  # each holds a slot, sending nothing
+            idle.append(_from(source, server.port))
+        # Every slot waits for a request: the newest connection (a scrape) takes the oldest
+        # one's slot, which is closed.
+        assert _get(f"http://127.0.0.1:{server.port}/metrics")[0] == 200
+        assert idle[0].recv(1) == b""
         assert server.refused_connections == 1
+        # One address holds at most MAX_CONNECTIONS_PER_ADDRESS: its next one takes the slot
+        # of its own oldest.
+        same = [_from("127.0.0.200", server.port) for _ in range(MAX_CONNECTIONS_PER_ADDRESS + 1)]
+        idle += same
+        assert same[0].recv(1) == b""
+        same[1].settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            same[1].recv(1)  # still waiting for its request, not closed
     finally:
         for s in idle:
             s.close()
@@ -341,11 +365,12 @@ def test_a_silent_client_holds_a_slot_for_at_most_the_read_timeout_and_delays_no
 ) -> None:
     port = https.port
     opened = time.monotonic()
-    silent = [socket.create_connection(("127.0.0.1", port), timeout=5)]
+    sources = _sources(MAX_CONNECTIONS)
+    silent = [_from(sources[0], port)]
     try:
         time.sleep(0.1)  # accepted: its thread waits for a ClientHello
-        for _ in range(MAX_CONNECTIONS - 2):
-            silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        for source in sources[1 : MAX_CONNECTIONS - 1]:
+            silent.append(_from(source, port))
         # Every slot but one taken by clients that send nothing: a scrape is still answered,
         # long before their timeouts end (a handshake in the accepting thread would hold it
         # for one timeout per silent client: 6 s here).
@@ -361,9 +386,7 @@ def test_a_silent_client_holds_a_slot_for_at_most_the_read_timeout_and_delays_no
         for s in silent:
             s.close()
     # Every slot taken again, then given back at the timeout: the next scrape is served.
-    silent = [
-        socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(MAX_CONNECTIONS)
-    ]
+    silent = [_from(source, port) for source in sources]
     try:
         for s in silent:
             _closed_after(s, SHORT_TIMEOUT_S + SLACK_S)
@@ -455,3 +478,58 @@ def test_the_metrics_own_cpu_is_counted_by_part(loop: asyncio.AbstractEventLoop)
     assert 4 * burn_s <= cpu["collect"] < 4 * burn_s + 1.0
     # The three earlier connections had ended; the burning was not theirs.
     assert 0 < cpu["serve"] < burn_s
+
+
+def test_idle_connections_reopened_at_once_do_not_keep_scrapers_out(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Issue #32 row 5: 16 idle connections from the scraper's own address, each re-opened
+    as soon as it is closed, for the whole test: every scrape is answered."""
+    server = MetricsServer("127.0.0.1", 0, [LoopCollector(lambda: [], loop)], read_timeout_s=2.0)
+    server.start()
+    stop = threading.Event()
+
+    def hold(n: int) -> None:
+        socks: list[socket.socket] = []
+        try:
+            while not stop.is_set():
+                while len(socks) < n:
+                    try:
+                        socks.append(_from("127.0.0.1", server.port))
+                    except OSError:
+                        break
+                ready = [s for s in socks if _closed_now(s)]
+                for s in ready:
+                    socks.remove(s)
+                    s.close()
+                stop.wait(0.005)
+        finally:
+            for s in socks:
+                s.close()
+
+    attacker = threading.Thread(target=hold, args=(16,), daemon=True)
+    attacker.start()
+    try:
+        assert _eventually(lambda: server.refused_connections > 0)  # the slots are taken
+        answered = 0
+        for _ in range(19):
+            status, body = _get(f"http://127.0.0.1:{server.port}/metrics")
+            answered += status == 200 and "raftmq_metrics_refused_connections_total" in body
+        assert answered == 19
+    finally:
+        stop.set()
+        attacker.join(10)
+        server.stop()
+
+
+def _closed_now(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (without waiting)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.setblocking(True)

@@ -819,6 +819,16 @@ class UpdateSubscriptionGroupResponse(_message.Message):
     config: SubscriptionGroup
     def __init__(self, config: _Optional[_Union[SubscriptionGroup, _Mapping]] = ...) -> None: ...
 
+class DeleteSubscriptionGroupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class DeleteSubscriptionGroupResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ListSubscriptionGroupsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

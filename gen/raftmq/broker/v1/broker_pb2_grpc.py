@@ -219,6 +219,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsResponse.FromString,
                 _registered_method=True)
+        self.DeleteSubscriptionGroup = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/DeleteSubscriptionGroup',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -446,6 +451,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteSubscriptionGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -633,6 +644,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListSubscriptionGroups,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsResponse.SerializeToString,
+            ),
+            'DeleteSubscriptionGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubscriptionGroup,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1634,6 +1650,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/ListSubscriptionGroups',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ListSubscriptionGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubscriptionGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/DeleteSubscriptionGroup',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

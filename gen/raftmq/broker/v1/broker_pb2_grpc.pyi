@@ -75,6 +75,7 @@ class BrokerStub:
     EndTransaction: _grpc.UnaryUnaryMultiCallable[_broker_pb2.EndTransactionRequest, _broker_pb2.EndTransactionResponse]
     UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]
     ListSubscriptionGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]
+    DeleteSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteSubscriptionGroupRequest, _broker_pb2.DeleteSubscriptionGroupResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -116,6 +117,7 @@ class BrokerAsyncStub(BrokerStub):
     EndTransaction: _aio.UnaryUnaryMultiCallable[_broker_pb2.EndTransactionRequest, _broker_pb2.EndTransactionResponse]  # type: ignore[assignment]
     UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]  # type: ignore[assignment]
     ListSubscriptionGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]  # type: ignore[assignment]
+    DeleteSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteSubscriptionGroupRequest, _broker_pb2.DeleteSubscriptionGroupResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -376,5 +378,12 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListSubscriptionGroupsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListSubscriptionGroupsResponse, _abc.Awaitable[_broker_pb2.ListSubscriptionGroupsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteSubscriptionGroup(
+        self,
+        request: _broker_pb2.DeleteSubscriptionGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteSubscriptionGroupResponse, _abc.Awaitable[_broker_pb2.DeleteSubscriptionGroupResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
