@@ -30,6 +30,10 @@ NODES = {
 # MAX_SEEDS (five steps, each with its own timing): a deterministic unit scenario plays the
 # chain and shows the harm instead (a leader elected without a committed entry).
 UNIT_SCENARIOS = {
+    "forget_promise": (
+        "tests/unit/test_core_repair.py::"
+        "test_mutation_forget_promise_elects_a_leader_that_lost_committed_entries"
+    ),
     "conf_change_before_term_commit": (
         "tests/unit/test_core_membership.py::"
         "test_mutation_change_before_term_commit_loses_a_committed_entry"
