@@ -64,8 +64,12 @@ def start_repair(
     term at start; ``forget``: the test-only mutation ``forget_promise`` (never repairs)."""
     if forget:
         return None
-    if promised.vote_lost and last_index > 0:
-        return Repair(target=last_index, term=max(term, last_term), vote_lost=True)
+    if promised.vote_lost:
+        # The promise is unknown too: at least what the log holds (it may have been
+        # acknowledged). With an empty log the repair ends at the first leader's append.
+        return Repair(
+            target=max(last_index, promised.index), term=max(term, last_term), vote_lost=True
+        )
     if last_index < promised.index:
         return Repair(target=promised.index, term=term, vote_lost=False)
     return None

@@ -25,15 +25,12 @@ NODES = {
     "send_before_persist": 3,
     "conf_change_while_pending": 3,
     "removed_member_votes": 3,
+    "forget_promise": 3,
 }
 # Mutations whose harm needs a chain of events the random schedules do not reach within
 # MAX_SEEDS (five steps, each with its own timing): a deterministic unit scenario plays the
 # chain and shows the harm instead (a leader elected without a committed entry).
 UNIT_SCENARIOS = {
-    "forget_promise": (
-        "tests/unit/test_core_repair.py::"
-        "test_mutation_forget_promise_elects_a_leader_that_lost_committed_entries"
-    ),
     "conf_change_before_term_commit": (
         "tests/unit/test_core_membership.py::"
         "test_mutation_change_before_term_commit_loses_a_committed_entry"
