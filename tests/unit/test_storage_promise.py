@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from dledger.log import HardState
@@ -124,3 +125,17 @@ def test_read_promise_names_the_file_when_damaged(tmp_path: Path) -> None:
     path.write_bytes(b"garbage")
     with pytest.raises(PromiseError, match=str(path)):
         read_promise(path)
+
+
+def test_slot_layout_is_the_documented_bytes() -> None:
+    """docs/FORMAT.md "Promise file": every field at its offset."""
+    raw = encode_slot(Promise("grp", "n7", 0x0102030405060708, HardState(9, "n1"), 6))
+    assert raw[0:4] == b"PRMS"
+    assert struct.unpack(">HH", raw[4:8]) == (1, 0)
+    assert struct.unpack(">QQQ", raw[8:32]) == (6, 0x0102030405060708, 9)
+    assert struct.unpack(">HHHH", raw[32:40]) == (3, 2, 2, 0)
+    assert raw[40:47] == b"grpn7n1"
+    assert struct.unpack(">I", raw[47:51])[0] == crc32c.crc32c(raw[:47])
+    assert not any(raw[51:])
+    no_vote = encode_slot(Promise("g", "n", 1, HardState(1, None)))
+    assert struct.unpack(">H", no_vote[36:38])[0] == 0xFFFF
