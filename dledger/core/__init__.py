@@ -82,12 +82,13 @@ A proposal's bodies are committed iff the committed entries at
 term at one of those indices means the proposal was lost (the client may retry).
 
 Promises (docs/RAFT.md section 11): ``rd.promise`` (None: unchanged) is the highest index
-this node vouches for once the job is done; the driver makes it durable in step 2, after the
-entries and their flush, in a file apart from the log (``dledger.storage.promise``) with a
-copy of the hard state, before step 3. At start it passes what it read as ``promised=`` (and
-``hard_state=`` when it recovered the term and vote from that copy): a log that ends below
-the promise makes the node *repairing* (``repairing``): no campaign, no vote, its acks
-counted towards no commit, until a leader brought its log back.
+this node vouches for once the job is done; the driver makes it durable in step 2, in a file
+apart from the log (``dledger.storage.promise``) with a copy of the hard state, before step
+3 (the server writes it beside the entries' flush; docs/RAFT.md section 11). At start it
+passes what it read as ``promised=`` (and ``hard_state=`` when it recovered the term and
+vote from that copy): a log that ends below the promise makes the node *repairing*
+(``repairing``): no campaign, no vote, its acks counted towards no commit, until a leader
+brought its log back.
 
 Read-only state: ``role``, ``term``, ``leader_id``, ``commit_index``, ``last_index``,
 ``last_term``, ``stable_index``, ``voted_for``, ``transfer_target`` and ``status()``

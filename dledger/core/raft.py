@@ -142,8 +142,8 @@ class Ready:
     # --- promises (dledger.core.repair, docs/RAFT.md section 11) ---
     # The highest log index this node vouches for once this Ready's job is done (a
     # follower's acks in ``messages``; a leader's own log, which it counts towards commits
-    # once stable): make it durable in step 2, after the entries and their flush, together
-    # with the hard state's copy, before ``messages`` go. None: it did not grow.
+    # once stable): make it durable in step 2 with the hard state's copy (after the hard
+    # state), before ``messages`` go and before advance(). None: it did not grow.
     promise: int | None = None
 
     def must_persist(self) -> bool:

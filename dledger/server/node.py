@@ -393,6 +393,8 @@ class DLedgerNode:
         self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
+        # The promise file's writes beside the log's flush (one at a time, like the flush).
+        self._promise_pool = concurrent.futures.ThreadPoolExecutor(1, f"promise-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
         self._leader_changed = asyncio.Event()
@@ -566,6 +568,7 @@ class DLedgerNode:
         await self.snapshots_out.stop()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
+        self._promise_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
         with contextlib.suppress(AttributeError):  # a start that failed before it was opened
@@ -1054,37 +1057,76 @@ class DLedgerNode:
 
     async def _persist(self, rd: Ready) -> None:
         """The Ready's persist job in the flush thread: hard state, cut, append and (under
-        SYNC_FLUSH) flush; under ASYNC_FLUSH an entry in the page cache counts as stable
-        (docs/STORAGE.md). A full disk refuses the job without writing the append: it is
-        retried until space returns, and nothing that depends on it is sent meanwhile."""
+        SYNC_FLUSH) flush, and the promise (dledger.server.promises); under ASYNC_FLUSH an
+        entry in the page cache counts as stable (docs/STORAGE.md). A full disk refuses the
+        job without writing the append: it is retried until space returns, and nothing that
+        depends on it is sent meanwhile."""
         sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        job = functools.partial(self._persist_job, rd, sync)
+        # SYNC_FLUSH, a promise that grows, no hard state and no cut: the promise is written
+        # in its own thread while the flush thread writes the log (two fdatasync side by side
+        # cost about one; docs/PERFORMANCE.md), recording what was durable before the job.
+        beside = (
+            sync
+            and rd.promise is not None
+            and rd.promise > self._promise_wanted
+            and rd.hard_state is None
+            and rd.truncate_from is None
+            and rd.snapshot is None
+        )
+        jobs: list[Callable[[], None]] = [functools.partial(self._persist_job, rd, sync, beside)]
+        if beside:
+            assert rd.promise is not None
+            self._promise_wanted = rd.promise
+            jobs.append(
+                functools.partial(
+                    write_promise,
+                    self._promises,
+                    rd.promise,
+                    self._hard_state,
+                    self.store.flushed_index(),
+                )
+            )
         # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
         # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
         # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
         inline = not sync and rd.hard_state is None and rd.truncate_from is None
         if rd.entries and self.raft_stats is not None:
             self.raft_stats.appended(rd.entries)
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 if inline:
-                    job()
+                    jobs[0]()
                 else:
-                    await loop.run_in_executor(self._flush_pool, job)
+                    await self._run_beside(jobs)
                 return
             except DiskFullError as exc:
                 self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
             await asyncio.sleep(PERSIST_RETRY_MS / 1000)
 
-    def _persist_job(self, rd: Ready, sync: bool) -> None:
+    async def _run_beside(self, jobs: Sequence[Callable[[], None]]) -> None:
+        """The log job in the flush thread, the promise (if any) in its own, both waited
+        for; the first error of either is raised (both are safe to run again)."""
+        loop = asyncio.get_running_loop()
+        pools = (self._flush_pool, self._promise_pool)
+        results = await asyncio.gather(
+            *(loop.run_in_executor(pool, job) for pool, job in zip(pools, jobs, strict=False)),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    def _persist_job(self, rd: Ready, sync: bool, promised_beside: bool) -> None:
         """Step 2 of the Ready contract: hard state, cut, entries, flush, then the promise
-        (with the hard state's copy) before any acknowledgement leaves. Under ASYNC_FLUSH the
-        promise follows what the store flushed (dledger.server.promises), written here only
-        with a hard state change; the checkpoint catches up the rest."""
+        (with the hard state's copy) before any acknowledgement leaves, unless it is being
+        written beside this job. Under ASYNC_FLUSH the promise follows what the store
+        flushed (dledger.server.promises), written here only with a hard state change; the
+        checkpoint catches up the rest."""
         persist(self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync)
         if rd.hard_state is not None:
             self._hard_state = rd.hard_state
+        if promised_beside:
+            return
         if rd.promise is not None:
             self._promise_wanted = max(self._promise_wanted, rd.promise)
         if sync and (rd.promise is not None or rd.hard_state is not None):

@@ -6,8 +6,14 @@ default its sibling ``{store_dir}.promise``; ``NodeConfig.promise_path`` puts it
 another volume say), so a store rolled back, cut or replaced under the same member id is
 noticed: its log ends below the promise and the core starts *repairing*.
 
-Under SYNC_FLUSH the persist job writes the promise after the entries' flush and before the
-acknowledgements leave (``Ready.promise``). Under ASYNC_FLUSH an acknowledgement already
+Under SYNC_FLUSH the promise of a persist job (``Ready.promise``) is written in a second
+thread while the flush thread appends and flushes the entries (two ``fdatasync`` side by side
+cost about one), and the acknowledgements leave once both are done. The promise records what
+was durable before the job (``durable_index``): at start, a log that ends between that and
+the promise was cut short by a crash during the job, whose acknowledgements never left (the
+promise is then taken as the log's end); a log that ends below it forgot entries it
+acknowledged (the node repairs). A job with a hard state or a cut writes the promise after
+the log, as the hard state's copy must follow ``meta``. Under ASYNC_FLUSH an acknowledgement already
 precedes the disk (an entry in the page cache counts as stable, and a power cut may lose
 the last flush interval on every member at once): a promise of what was only in the page
 cache would, after such a power cut, leave every member below its promise, repairing, and
@@ -25,6 +31,7 @@ from dledger.core import Promised, newer_hard_state
 from dledger.log import CorruptLogError, HardState
 from dledger.storage.files import is_disk_full
 from dledger.storage.promise import (
+    Promise,
     PromiseError,
     PromiseWriter,
     promise_path_for_store,
@@ -87,13 +94,31 @@ def recover(
             "damaged" if damaged else "missing",
             path,
         )
-    promised = 0 if promise is None else promise.promised_index
+    promised = _effective_promise(node_id, promise, store.last_index())
     if applied_index > max(store.last_index(), promised):
         # The application applied entries the store no longer holds: they were committed
         # here, so this member had them (a store replaced under an old promise file, or a
         # store older than the promise file's feature).
         promised = applied_index
     return StartState(Promised(promised, vote_lost), hs or HardState(), writer)
+
+
+def _effective_promise(node_id: str, promise: Promise | None, last: int) -> int:
+    """The index the log must reach: the promise, unless the log ends inside the persist job
+    the promise was written beside (a crash cut that job short before its answers left)."""
+    if promise is None:
+        return 0
+    if promise.durable <= last < promise.promised_index:
+        logger.warning(
+            "node=%s log ends at %d, inside the persist job promised up to %d (durable %d "
+            "before it): a crash cut that job short, its acknowledgements never left",
+            node_id,
+            last,
+            promise.promised_index,
+            promise.durable,
+        )
+        return last
+    return promise.promised_index
 
 
 def _read_meta(store: SegmentedLogStore, have_copy: bool) -> tuple[HardState | None, bool]:
@@ -109,11 +134,14 @@ def _read_meta(store: SegmentedLogStore, have_copy: bool) -> tuple[HardState | N
         return None, True
 
 
-def write_promise(writer: PromiseWriter, index: int, hard_state: HardState) -> None:
-    """Make the promise durable (the persist job's last step). A full disk (only creating
-    the file allocates) is a DiskFullError, retried by the job like a refused append."""
+def write_promise(
+    writer: PromiseWriter, index: int, hard_state: HardState, durable_index: int | None = None
+) -> None:
+    """Make the promise durable (``durable_index``: what the store held durably when the
+    job began; None: all of it, written after the flush). A full disk (only creating the
+    file allocates) is a DiskFullError, retried by the job like a refused append."""
     try:
-        writer.write(index, hard_state)
+        writer.write(index, hard_state, durable_index)
     except OSError as exc:
         if is_disk_full(exc):
             raise DiskFullError(f"promise file {writer.path}: {exc}") from None

@@ -147,3 +147,20 @@ def test_write_promise_goes_through_the_writer(root: Path) -> None:
     got = read_promise(promise_path(root, "n0"))
     assert got is not None and got.promised_index == 9 and got.hard_state == HardState(2, "n1")
     w.close()
+
+
+def test_a_log_ending_inside_the_job_the_promise_was_written_beside_is_a_crash(
+    root: Path, opened: list[SegmentedLogStore]
+) -> None:
+    """The promise (10) was written beside the flush of entries 8..10 (7 durable before):
+    a log ending at 8 lost only that job's tail to a crash, before its answers left."""
+    w = PromiseWriter(promise_path(root, "n0"), "g", "n0", None)
+    w.write(10, HardState(2, "n1"), durable_index=7)
+    w.close()
+    store = _store(root, 8)
+    opened.append(store)
+    store.save_hard_state(HardState(2, "n1"))
+    assert _recover(root, store).promised == Promised(8)
+    # Below what was durable before that job: it forgot acknowledged entries.
+    store.truncate_suffix(6)
+    assert _recover(root, store).promised == Promised(10)

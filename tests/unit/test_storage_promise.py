@@ -27,7 +27,7 @@ from dledger.storage.promise import (
 
 
 def _p(index: int = 7, term: int = 3, vote: str | None = "n1", seq: int = 1) -> Promise:
-    return Promise("g0", "n0", index, HardState(term, vote), seq)
+    return Promise("g0", "n0", index, HardState(term, vote), seq, index)
 
 
 def test_paths_are_siblings_of_the_store_directory(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_empty_slot_is_none_and_bad_fields_refused() -> None:
         encode_slot(Promise("g", "n" * 256, 1, HardState()))
 
 
-@pytest.mark.parametrize("offset", [0, 5, 9, 20, 33, 40, 44, 60, SLOT_BYTES - 1])
+@pytest.mark.parametrize("offset", [0, 5, 9, 20, 28, 33, 41, 48, 52, 70, SLOT_BYTES - 1])
 def test_any_flipped_byte_is_detected(offset: int) -> None:
     raw = bytearray(encode_slot(_p()))
     raw[offset] ^= 0x40
@@ -99,7 +99,7 @@ def test_writer_creates_then_alternates_slots_and_skips_what_does_not_grow(
     assert w.write(12, HardState(3, None))  # a hard state change alone is written
     assert w.writes == 3
     got = read_promise(path)
-    assert got == Promise("g0", "n0", 12, HardState(3, None), 3)
+    assert got == Promise("g0", "n0", 12, HardState(3, None), 3, 12)
     w.close()
     # A new writer continues the sequence; both slots are in use.
     w2 = PromiseWriter(path, "g0", "n0", got)
@@ -129,13 +129,26 @@ def test_read_promise_names_the_file_when_damaged(tmp_path: Path) -> None:
 
 def test_slot_layout_is_the_documented_bytes() -> None:
     """docs/FORMAT.md "Promise file": every field at its offset."""
-    raw = encode_slot(Promise("grp", "n7", 0x0102030405060708, HardState(9, "n1"), 6))
+    raw = encode_slot(Promise("grp", "n7", 0x0102030405060708, HardState(9, "n1"), 6, 5))
     assert raw[0:4] == b"PRMS"
     assert struct.unpack(">HH", raw[4:8]) == (1, 0)
-    assert struct.unpack(">QQQ", raw[8:32]) == (6, 0x0102030405060708, 9)
-    assert struct.unpack(">HHHH", raw[32:40]) == (3, 2, 2, 0)
-    assert raw[40:47] == b"grpn7n1"
-    assert struct.unpack(">I", raw[47:51])[0] == crc32c.crc32c(raw[:47])
-    assert not any(raw[51:])
+    assert struct.unpack(">QQQQ", raw[8:40]) == (6, 0x0102030405060708, 5, 9)
+    assert struct.unpack(">HHHH", raw[40:48]) == (3, 2, 2, 0)
+    assert raw[48:55] == b"grpn7n1"
+    assert struct.unpack(">I", raw[55:59])[0] == crc32c.crc32c(raw[:55])
+    assert not any(raw[59:])
     no_vote = encode_slot(Promise("g", "n", 1, HardState(1, None)))
-    assert struct.unpack(">H", no_vote[36:38])[0] == 0xFFFF
+    assert struct.unpack(">QH", no_vote[24:32] + no_vote[44:46]) == (1, 0xFFFF)
+
+
+def test_the_durable_index_is_written_and_bounded(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durable_index 9 above"):
+        encode_slot(Promise("g", "n", 8, HardState(), 1, 9))
+    w = PromiseWriter(tmp_path / "p", "g", "n", None)
+    w.write(10, HardState(1), durable_index=7)  # the log's flush runs beside it
+    got = read_promise(tmp_path / "p")
+    assert got is not None and (got.promised_index, got.durable) == (10, 7)
+    w.write(11, HardState(1))  # written after the flush: all of it is durable
+    got = read_promise(tmp_path / "p")
+    assert got is not None and got.durable == 11
+    w.close()
