@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import NoReturn, Protocol
 
 import grpc
@@ -54,6 +55,7 @@ from dledger.log import (
     DLedgerError,
     Entry,
     EntryType,
+    HardState,
     IndexOutOfRangeError,
     LogCompactedError,
     persist,
@@ -76,6 +78,7 @@ from dledger.server.membership import (
     save_conf,
 )
 from dledger.server.metrics import RaftStats
+from dledger.server.promises import PromiseError, promise_file, recover, write_promise
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
     DEFAULT_SNAPSHOT_BYTES_PER_S,
@@ -92,6 +95,7 @@ from dledger.server.snapshots import (
 )
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
 from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
+from dledger.storage.promise import PromiseWriter
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
@@ -253,6 +257,11 @@ class NodeConfig:
     # a snapshot carries the segments as they are and replicas share data positions.
     shared_settings: Mapping[str, str] = field(default_factory=dict)
     segment_size_setting: str = "segment_size_bytes"
+    # Where this member's promise file lives (broker key dLegerPromisePath; docs/RAFT.md
+    # section 11): "" = beside the store directory, ``{store_dir}.promise``. Apart from the
+    # store so that a store rolled back or replaced under this id is noticed; on another
+    # volume it also survives the loss of the store's volume.
+    promise_path: str = ""
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -278,6 +287,13 @@ class NodeConfig:
             )
         self._check_tls()
         self._check_shared_settings()
+        if self.promise_path and Path(self.promise_path).resolve().is_relative_to(
+            Path(self.store_dir).resolve()
+        ):
+            raise ConfigError(
+                f"promise_path {self.promise_path} is inside the store directory "
+                f"{self.store_dir}: it must survive the store being rolled back or replaced"
+            )
 
     def _check_shared_settings(self) -> None:
         named = self.all_shared_settings()
@@ -378,6 +394,8 @@ class DLedgerNode:
         self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
+        # The promise file's writes beside the log's flush (one at a time, like the flush).
+        self._promise_pool = concurrent.futures.ThreadPoolExecutor(1, f"promise-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
         self._leader_changed = asyncio.Event()
@@ -385,6 +403,11 @@ class DLedgerNode:
         self._notice_release: asyncio.TimerHandle | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
+        # The promise file (dledger.server.promises), set at start: its writer, the hard state
+        # its copy must carry, and the highest index the core asked to promise.
+        self._promises: PromiseWriter
+        self._hard_state = HardState()
+        self._promise_wanted = 0
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
@@ -432,6 +455,16 @@ class DLedgerNode:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         conf = self._start_conf()
         try:
+            start = recover(
+                cfg.group,
+                cfg.self_id,
+                self.store,
+                promise_file(cfg.store_dir, cfg.promise_path),
+                self._applied,
+            )
+            self._promises = start.writer
+            self._hard_state = start.hard_state
+            self._promise_wanted = start.promised.index
             self.core = RaftNode(
                 cfg.self_id,
                 list(cfg.peers),
@@ -440,8 +473,10 @@ class DLedgerNode:
                 random.Random(self._seed),
                 applied_index=self._applied,
                 conf_state=conf,
+                promised=start.promised,
+                hard_state=start.hard_state,
             )
-        except ConfigError as exc:
+        except (ConfigError, PromiseError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
         self._transport = PeerTransport(
             cfg.group,
@@ -536,8 +571,11 @@ class DLedgerNode:
         await self.snapshots_out.stop()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
+        self._promise_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
+        with contextlib.suppress(AttributeError):  # a start that failed before it was opened
+            self._promises.close()
         self.store.close()
         logger.info("node=%s stopped", self.cfg.self_id)
 
@@ -1036,30 +1074,87 @@ class DLedgerNode:
 
     async def _persist(self, rd: Ready) -> None:
         """The Ready's persist job in the flush thread: hard state, cut, append and (under
-        SYNC_FLUSH) flush; under ASYNC_FLUSH an entry in the page cache counts as stable
-        (docs/STORAGE.md). A full disk refuses the job without writing the append: it is
-        retried until space returns, and nothing that depends on it is sent meanwhile."""
+        SYNC_FLUSH) flush, and the promise (dledger.server.promises); under ASYNC_FLUSH an
+        entry in the page cache counts as stable (docs/STORAGE.md). A full disk refuses the
+        job without writing the append: it is retried until space returns, and nothing that
+        depends on it is sent meanwhile."""
         sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        job = functools.partial(
-            persist, self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync
+        # SYNC_FLUSH, a promise that grows, no hard state and no cut: the promise is written
+        # in its own thread while the flush thread writes the log (two fdatasync side by side
+        # cost about one; docs/PERFORMANCE.md), recording what was durable before the job.
+        beside = (
+            sync
+            and rd.promise is not None
+            and rd.promise > self._promise_wanted
+            and rd.hard_state is None
+            and rd.truncate_from is None
+            and rd.snapshot is None
         )
+        jobs: list[Callable[[], None]] = [functools.partial(self._persist_job, rd, sync, beside)]
+        if beside:
+            assert rd.promise is not None
+            self._promise_wanted = rd.promise
+            jobs.append(
+                functools.partial(
+                    write_promise,
+                    self._promises,
+                    rd.promise,
+                    self._hard_state,
+                    self.store.flushed_index(),
+                )
+            )
         # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
         # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
         # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
         inline = not sync and rd.hard_state is None and rd.truncate_from is None
         if rd.entries and self.raft_stats is not None:
             self.raft_stats.appended(rd.entries)
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 if inline:
-                    job()
+                    jobs[0]()
                 else:
-                    await loop.run_in_executor(self._flush_pool, job)
+                    await self._run_beside(jobs)
                 return
             except DiskFullError as exc:
                 self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
             await asyncio.sleep(PERSIST_RETRY_MS / 1000)
+
+    async def _run_beside(self, jobs: Sequence[Callable[[], None]]) -> None:
+        """The log job in the flush thread, the promise (if any) in its own, both waited
+        for; the first error of either is raised (both are safe to run again)."""
+        loop = asyncio.get_running_loop()
+        pools = (self._flush_pool, self._promise_pool)
+        results = await asyncio.gather(
+            *(loop.run_in_executor(pool, job) for pool, job in zip(pools, jobs, strict=False)),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    def _persist_job(self, rd: Ready, sync: bool, promised_beside: bool) -> None:
+        """Step 2 of the Ready contract: hard state, cut, entries, flush, then the promise
+        (with the hard state's copy) before any acknowledgement leaves, unless it is being
+        written beside this job. Under ASYNC_FLUSH the promise follows what the store
+        flushed (dledger.server.promises), written here only with a hard state change; the
+        checkpoint catches up the rest."""
+        persist(self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync)
+        if rd.hard_state is not None:
+            self._hard_state = rd.hard_state
+        if promised_beside:
+            return
+        if rd.promise is not None:
+            self._promise_wanted = max(self._promise_wanted, rd.promise)
+        if sync and (rd.promise is not None or rd.hard_state is not None):
+            write_promise(self._promises, self._promise_wanted, self._hard_state)
+        elif rd.hard_state is not None:
+            self._write_flushed_promise()
+
+    def _write_flushed_promise(self) -> None:
+        """ASYNC_FLUSH: promise only what the store flushed (in the flush thread)."""
+        flushed = min(self._promise_wanted, self.store.flushed_index())
+        write_promise(self._promises, flushed, self._hard_state)
 
     def _on_soft_state(self, role: Role, term: int) -> None:
         leader = self.core.leader_id
@@ -1093,10 +1188,19 @@ class DLedgerNode:
             # In the flush thread: the checkpoint is an atomic file write with fsyncs.
             await asyncio.get_running_loop().run_in_executor(
                 self._flush_pool,
-                self.store.write_checkpoint,
+                self._checkpoint_job,
                 self.core.commit_index,
                 self._applied,
             )
+
+    def _checkpoint_job(self, commit_index: int, applied_index: int) -> None:
+        self.store.write_checkpoint(commit_index, applied_index)
+        if self.cfg.store.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            try:
+                self._write_flushed_promise()
+            except DiskFullError as exc:
+                # Only creating the file allocates; the next checkpoint tries again.
+                logger.warning("node=%s promise not written: %s", self.cfg.self_id, exc)
 
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

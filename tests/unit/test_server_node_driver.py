@@ -26,6 +26,7 @@ from dledger.log import Entry, EntryType
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
+from dledger.storage.promise import promise_path_for_store, read_promise
 
 DEADLINE_S = 10.0
 
@@ -265,3 +266,31 @@ def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
     assert space["disk_total_bytes"] == st.f_blocks * st.f_frsize > 0
     assert 0 < space["disk_free_bytes"] <= space["disk_total_bytes"]
     assert _disk_space(tmp_path / "gone") == {"disk_total_bytes": 0, "disk_free_bytes": 0}
+
+
+def test_the_promise_file_holds_each_ack_before_it_leaves(tmp_path: Path) -> None:
+    """docs/RAFT.md section 11: the persist job writes the promise after the entries and
+    before the answer; a heartbeat's answer (nothing new promised) writes nothing."""
+
+    async def body(node: DLedgerNode) -> None:
+        path = promise_path_for_store(tmp_path / "s")  # beside the store directory "s"
+        promised_when_sent: list[tuple[int, int]] = []
+
+        def send(m: Message) -> None:
+            if isinstance(m, AppendResponse) and m.success:
+                got = read_promise(path)
+                promised_when_sent.append((m.match_index, got.promised_index if got else -1))
+
+        assert node._transport is not None
+        node._transport.send = send  # type: ignore[method-assign]
+        node.on_peer_message("n1", to_pb(_append(0, 2), "g"))
+        await _until(lambda: promised_when_sent, "the ack of index 2")
+        writes = node._promises.writes
+        node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 2, 1, (), 2), "g"))
+        await _until(lambda: len(promised_when_sent) == 2, "the heartbeat's answer")
+        assert promised_when_sent == [(2, 2), (2, 2)]
+        assert node._promises.writes == writes  # nothing new: no write, no fsync
+        got = read_promise(path)
+        assert got is not None and got.hard_state.term == 1
+
+    _run_follower(tmp_path, body)
