@@ -387,6 +387,20 @@ KEYS: Mapping[str, _Key] = {
     "popWaitersPerUser": _Key(
         int_in(1, 10_000), "1000", "receives of one user that may wait for messages on a node"
     ),
+    # Per-user quotas on the client port's other tables (docs/BROKER.md, "Limits"): a tenth of
+    # each by default. Super users are bounded by the tables' own sizes only.
+    "longPollsPerUser": _Key(
+        int_in(1, 10_000), "1000", "pulls of one user that may be held waiting on a node"
+    ),
+    "consumersPerUser": _Key(
+        int_in(1, 10_000), "1000", "live consumers (group, client id) one user may register"
+    ),
+    "queueLocksPerUser": _Key(
+        int_in(1, 100_000), "10000", "queue locks one user's consumers may hold on a node"
+    ),
+    "pendingOffsetsPerUser": _Key(
+        int_in(1, 100_000), "10000", "offsets of one user the leader buffers between flushes"
+    ),
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
@@ -526,6 +540,10 @@ class BrokerConfig:
     grpcClientsPerUser: int
     subscriptionGroupsPerUser: int
     popWaitersPerUser: int
+    longPollsPerUser: int
+    consumersPerUser: int
+    queueLocksPerUser: int
+    pendingOffsetsPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

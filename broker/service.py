@@ -164,6 +164,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def PullMessage(
         self, request: pb.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.PullMessageResponse:
+        owner, unbounded = self._caller(context)
         query = PullQuery(
             request.topic,
             request.queue_id,
@@ -172,6 +173,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.subscription,
             request.suspend_timeout_ms,
             request.no_suspend,
+            owner,
+            unbounded,
         )
         return self._pull_pb(await self.puller.pull(query, context.peer()))
 
@@ -336,6 +339,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.queue_id,
             request.queue_offset,
             sync=request.sync,
+            owner=self._caller(context),
         )
         return pb.UpdateConsumerOffsetResponse()
 
@@ -436,6 +440,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.client_id,
             [(s.topic, s.expression) for s in request.subscriptions],
             [(q.topic, q.queue_id) for q in request.locked_queues],
+            self._caller(context),
         )
         return pb.HeartbeatResponse()
 
@@ -473,7 +478,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.LockBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.LockBatchResponse:
         queues = [(q.topic, q.queue_id) for q in request.queues]
-        locked = self.consumers.lock(request.consumer_group, request.client_id, queues)
+        group, client_id = request.consumer_group, request.client_id
+        locked = self.consumers.lock(group, client_id, queues, self._caller(context))
         return pb.LockBatchResponse(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in locked])
 
     @_rpc
