@@ -159,3 +159,79 @@ def test_every_row_for_every_caller(tmp_path: Path) -> None:
             if allowed != _expected(may, method, request):
                 wrong.append(f"{caller} {method}: allowed={allowed} ({refusal})")
     assert wrong == [], "\n".join(wrong)
+
+
+def _v1_sample(method: str) -> Any:
+    """A request of ``method`` (client port) naming topic ``t`` and group ``g`` everywhere,
+    including its subscriptions and queues."""
+    service, _, name = method.rpartition("/")
+    module = bpb if service == rpcmap.BROKER.rstrip("/") else dpb
+    descriptor = module.DESCRIPTOR.services_by_name[service.rsplit(".", 1)[1]]
+    request = _fill(getattr(module, descriptor.methods_by_name[name].input_type.name)())
+    fields = request.DESCRIPTOR.fields_by_name
+    if "subscriptions" in fields:
+        request.subscriptions.add(topic="t")
+    for repeated in ("queues", "locked_queues"):
+        if repeated in fields:
+            getattr(request, repeated).add(topic="t")
+    return request
+
+
+# Calls whose needs depend on the request: (what the row says of each form, its request).
+_V1_FORMS: dict[str, list[tuple[str, Any]]] = {
+    rpcmap.BROKER + "ViewMessage": [
+        ("by `msg_id` with a topic", bpb.ViewMessageRequest(msg_id="x", topic="t")),
+        ("by `offset_msg_id`", bpb.ViewMessageRequest(offset_msg_id="x")),
+    ],
+    rpcmap.BROKER + "UpdateSubscriptionGroup": [
+        ("to create or replace a config", bpb.UpdateSubscriptionGroupRequest(
+            config=bpb.SubscriptionGroup(group="g"))),
+        ("with `create_only` (the defaults)", bpb.UpdateSubscriptionGroupRequest(
+            config=bpb.SubscriptionGroup(group="g"), create_only=True)),
+    ],
+}  # fmt: skip
+
+
+def _v1_needs(method: str, request: Any) -> str:
+    needs = rpcmap.RPC_NEEDS[method]
+    if isinstance(needs, str):
+        return "a Super user"
+    shown = " and ".join(f"`{r} {a}`" for r, a in needs(request, "c"))
+    if method in rpcmap.STORED_MESSAGES:
+        shown += " and `Sub` on the topic of each stored message it names"
+    return shown or "an authenticated user, nothing more"
+
+
+def v1_table() -> list[str]:
+    """The beginnings of docs/SECURITY.md's client-port rows (``| `RPC` | needs |``, then a
+    note), one per method of the Broker and DLedgerClient services, from the one map."""
+    rows = []
+    for prefix, module, service in (
+        (rpcmap.BROKER, bpb, "Broker"),
+        (rpcmap.DLEDGER, dpb, "DLedgerClient"),
+    ):
+        for m in module.DESCRIPTOR.services_by_name[service].methods:
+            method = prefix + m.name
+            forms = _V1_FORMS.get(method) or [("", _v1_sample(method))]
+            shown = "; ".join(
+                f"{_v1_needs(method, request)} {label}".rstrip() for label, request in forms
+            )
+            name = m.name if service == "Broker" else f"DLedgerClient/{m.name}"
+            rows.append(f"| `{name}` | {shown} |")
+    return rows
+
+
+def test_the_docs_v1_table_is_the_map() -> None:
+    """docs/SECURITY.md's client-port table has exactly one row per method of the map, and
+    each row's needs are what broker/auth/rpcmap.py says."""
+    docs = (Path(__file__).parents[2] / "docs" / "SECURITY.md").read_text()
+    section = docs.split("### What each RPC needs", 1)[1].split("\n### ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| `")]
+    expected = v1_table()
+    missing = [row for row in expected if not any(line.startswith(row) for line in lines)]
+    assert missing == [], "docs/SECURITY.md lacks (or differs in) these rows:\n" + "\n".join(
+        missing
+    )
+    assert len(lines) == len(expected), "rows the map does not have:\n" + "\n".join(
+        line for line in lines if not any(line.startswith(row) for row in expected)
+    )
