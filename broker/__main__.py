@@ -81,6 +81,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
             consumers_per_user=cfg.consumersPerUser,
             queue_locks_per_user=cfg.queueLocksPerUser,
             pending_offsets_per_user=cfg.pendingOffsetsPerUser,
+            topics_per_user=cfg.topicsPerUser,
             pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
             txn_timeout_ms=cfg.transactionTimeOut,
             txn_check_interval_ms=cfg.transactionCheckInterval,

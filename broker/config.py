@@ -401,6 +401,11 @@ KEYS: Mapping[str, _Key] = {
     "pendingOffsetsPerUser": _Key(
         int_in(1, 100_000), "10000", "offsets of one user the leader buffers between flushes"
     ),
+    # Per-user quota on the replicated topic table (100,000 per broker group): CreateTopic and
+    # sends that auto-create a topic count against the user who made them.
+    "topicsPerUser": _Key(
+        int_in(1, 100_000), "10000", "topics one user may create in a broker group"
+    ),
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
@@ -544,6 +549,7 @@ class BrokerConfig:
     consumersPerUser: int
     queueLocksPerUser: int
     pendingOffsetsPerUser: int
+    topicsPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

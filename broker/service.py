@@ -150,7 +150,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def SendMessage(
         self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendMessageResponse:
-        results = await self.sender.send(request.topic, request.messages)
+        owner = self._caller(context)
+        results = await self.sender.send(request.topic, request.messages, owner)
         return pb.SendMessageResponse(
             packed_msg_ids=[r.uniq_id for r in results],
             packed_queue_ids=[r.queue_id for r in results],
@@ -406,7 +407,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.CreateTopicResponse:
         t = request.topic
         topic = await self.topics.upsert(
-            t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm, t.message_type
+            t.topic_name,
+            t.read_queue_nums,
+            t.write_queue_nums,
+            t.perm,
+            t.message_type,
+            self._caller(context),
         )
         return pb.CreateTopicResponse(topic=_topic_pb(topic))
 

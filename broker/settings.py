@@ -41,6 +41,9 @@ class ServiceConfig:
     consumers_per_user: int = 1000
     queue_locks_per_user: int = 10_000
     pending_offsets_per_user: int = 10_000
+    # Topics one user may create in the broker group (broker.topics, topicsPerUser): a tenth of
+    # the 100,000 a broker group holds.
+    topics_per_user: int = 10_000
     pop_min_invisible_ms: int = 10_000
     # Transactions (broker.transactions): RocketMQ's transactionTimeOut (immunity before the
     # first check-back), transactionCheckInterval and transactionCheckMax.

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
@@ -25,16 +26,27 @@ from broker.auth.secrets import SecretBox
 from broker.message import UniqIdGenerator
 from broker.service import BrokerServicer
 from broker.settings import ServiceConfig
+from broker.state import (
+    TOPIC_UPSERT,
+    CorruptMessageError,
+    TopicConfig,
+    _topic_of_row,
+    _topic_row,
+    decode_topic_record,
+    encode_topic_record,
+)
 from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata
 
 BOX = SecretBox(bytes(range(32)))
 # Quotas small enough to fill in a test.
-POLLS, CONSUMERS, LOCKS, OFFSETS = 2, 2, 3, 2
+POLLS, CONSUMERS, LOCKS, OFFSETS, TOPICS = 2, 2, 3, 2, 2
 CFG = ServiceConfig(
     "127.0.0.1",
     10911,
+    auto_create_topic=True,  # a send creates a topic too: counted as CreateTopic is
+    topics_per_user=TOPICS,
     # No flush between the commits of a test: the buffer is what is measured.
     offset_commit_interval_ms=60_000,
     long_polls_per_user=POLLS,
@@ -243,3 +255,58 @@ def test_quota_pending_offsets_one_user_fills_its_share_and_another_is_served(
         await commit(n, ALICE, "fake-x")
 
     run(tmp_path, test)
+
+
+def create_topic(n: Node, creds: Credentials, name: str, queues: int = 1) -> Any:
+    config = pb.TopicConfig(topic_name=name, read_queue_nums=queues, write_queue_nums=queues)
+    request = pb.CreateTopicRequest(topic=config)
+    return n.stub.CreateTopic(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def send(n: Node, creds: Credentials, topic: str) -> Any:
+    request = pb.SendMessageRequest(
+        topic=topic, messages=[pb.Message(queue_id=0, body=b"m", msg_id=IDS.next_id())]
+    )
+    return n.stub.SendMessage(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_topics_one_user_fills_its_share_and_another_is_served(tmp_path: Path) -> None:
+    async def test(n: Node) -> None:
+        topics = n.broker.topics
+        await create_topic(n, ALICE, "a-1")
+        await send(n, ALICE, "a-2")  # auto-created by her send: hers too
+        assert topics.held_by("alice") == TOPICS
+        await create_topic(n, ALICE, "a-1", 2)  # a change of her own takes no room
+        for refused in (create_topic(n, ALICE, "a-3"), send(n, ALICE, "a-4")):
+            code, details = await refusal(refused)
+            assert code == "RESOURCE_EXHAUSTED"
+            assert details.startswith("RESOURCE_EXHAUSTED quota topicsPerUser:"), details
+        assert "a-3" not in n.broker.offsets.ctx.sm.topics  # nothing proposed
+        await create_topic(n, BOB, "b-1")
+        for i in range(TOPICS + 1):
+            await create_topic(n, ROOT, f"r-{i}")
+        # An admin's change keeps the creator; a delete gives the room back.
+        await create_topic(n, ROOT, "a-2", 4)
+        assert topics.get("a-2").owner == "alice"
+        assert topics.get("a-2").read_queue_nums == 4
+        await n.stub.DeleteTopic(pb.DeleteTopicRequest(topic="a-1"), metadata=md(ROOT))
+        await create_topic(n, ALICE, "a-3")
+
+    run(tmp_path, test)
+
+
+def test_a_topic_keeps_its_owner_in_the_record_and_the_snapshot() -> None:
+    owned = TopicConfig("t", 2, 2, 6, "FIFO", "alice")
+    assert decode_topic_record(encode_topic_record(TOPIC_UPSERT, owned)) == (TOPIC_UPSERT, owned)
+    assert _topic_of_row("t", _topic_row(owned)) == owned
+    plain = TopicConfig("t", 2, 2, 6)
+    record = encode_topic_record(TOPIC_UPSERT, plain)
+    assert record[0] == 1  # without an owner: the version-1 bytes it always was
+    assert decode_topic_record(record) == (TOPIC_UPSERT, plain)
+    assert _topic_row(plain) == [2, 2, 6]
+    good = encode_topic_record(TOPIC_UPSERT, owned)
+    for bad in (good[:-1], good + b"x", good[:-6] + b"\x00"):  # short, long, empty owner
+        with pytest.raises(CorruptMessageError):
+            decode_topic_record(bad)
+    with pytest.raises(ValueError):
+        _topic_of_row("t", [2, 2, 6, "FIFO", ""])
