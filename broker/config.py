@@ -393,6 +393,25 @@ KEYS: Mapping[str, _Key] = {
     "popWaitersPerUser": _Key(
         int_in(1, 10_000), "1000", "receives of one user that may wait for messages on a node"
     ),
+    # Per-user quotas on the client port's other tables (docs/BROKER.md, "Limits"): a tenth of
+    # each by default. Super users are bounded by the tables' own sizes only.
+    "longPollsPerUser": _Key(
+        int_in(1, 10_000), "1000", "pulls of one user that may be held waiting on a node"
+    ),
+    "consumersPerUser": _Key(
+        int_in(1, 10_000), "1000", "live consumers (group, client id) one user may register"
+    ),
+    "queueLocksPerUser": _Key(
+        int_in(1, 100_000), "10000", "queue locks one user's consumers may hold on a node"
+    ),
+    "pendingOffsetsPerUser": _Key(
+        int_in(1, 100_000), "10000", "offsets of one user the leader buffers between flushes"
+    ),
+    # Per-user quota on the replicated topic table (100,000 per broker group): CreateTopic and
+    # sends that auto-create a topic count against the user who made them.
+    "topicsPerUser": _Key(
+        int_in(1, 100_000), "10000", "topics one user may create in a broker group"
+    ),
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
@@ -533,6 +552,11 @@ class BrokerConfig:
     grpcClientsPerUser: int
     subscriptionGroupsPerUser: int
     popWaitersPerUser: int
+    longPollsPerUser: int
+    consumersPerUser: int
+    queueLocksPerUser: int
+    pendingOffsetsPerUser: int
+    topicsPerUser: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

@@ -60,8 +60,9 @@ class ConsumerGroups:
     def __init__(self, topics: Topics) -> None:
         self.ctx = topics.ctx
         self.topics = topics
-        self.consumers = ConsumerTable()
-        self.locks = QueueLockTable()
+        cfg = self.ctx.cfg
+        self.consumers = ConsumerTable(max_per_user=cfg.consumers_per_user)
+        self.locks = QueueLockTable(max_locks_per_user=cfg.queue_locks_per_user)
         self.clock_ms = monotonic_ms
 
     def heartbeat(
@@ -70,9 +71,11 @@ class ConsumerGroups:
         client_id: str,
         subscriptions: Sequence[tuple[str, str]],
         locked: Sequence[QueueKey],
+        owner: tuple[str, bool] = ("", False),
     ) -> None:
         """``client_id`` of ``group`` is alive, subscribed to (topic, expression) pairs
-        (checked, not kept), holding ``locked``."""
+        (checked, not kept), holding ``locked``; ``owner``: the calling user and whether it is
+        a Super user (consumersPerUser, queueLocksPerUser)."""
         _check_client(group, client_id)
         if len(subscriptions) > MAX_SUBSCRIPTIONS:
             raise InvalidRequestError(
@@ -85,8 +88,9 @@ class ConsumerGroups:
             raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} locked queues in a heartbeat")
         now_ms = self.clock_ms()
         self.expire(now_ms)
-        self.consumers.heartbeat(group, client_id, now_ms)
-        self.locks.claim(group, client_id, [q for q in locked if self.topics.has_queue(*q)], now_ms)
+        self.consumers.heartbeat(group, client_id, now_ms, owner)
+        held = [q for q in locked if self.topics.has_queue(*q)]
+        self.locks.claim(group, client_id, held, now_ms, owner)
 
     def expire(self, now_ms: int) -> None:
         """Drop consumers silent for CONSUMER_EXPIRE_MS and free their locks (amortized O(1))."""
@@ -120,15 +124,22 @@ class ConsumerGroups:
         ]
         return out, len(names) > limit
 
-    def lock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
-        """Lock (or renew) ``queues`` for ``client_id``; the subset it now holds. Only the
-        leader grants locks, so two consumers never each get one from another node."""
+    def lock(
+        self,
+        group: str,
+        client_id: str,
+        queues: Sequence[QueueKey],
+        owner: tuple[str, bool] = ("", False),
+    ) -> list[QueueKey]:
+        """Lock (or renew) ``queues`` for ``client_id`` (of user ``owner``: name, Super user);
+        the subset it now holds. Only the leader grants locks, so two consumers never each get
+        one from another node."""
         require_leader(self.ctx.node)
         _check_lock_request(group, client_id, queues)
         now_ms = self.clock_ms()
         self.expire(now_ms)
         existing = [q for q in queues if self.topics.has_queue(*q)]
-        return self.locks.lock(group, client_id, existing, now_ms)
+        return self.locks.lock(group, client_id, existing, now_ms, owner)
 
     def unlock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
         """Release ``queues`` (any node: a release must reach the next leader too); those

@@ -151,6 +151,17 @@ class ResourceExhaustedError(BrokerError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class QuotaExceededError(ResourceExhaustedError):
+    """One user holds its share of a table every user shares (a ``broker.conf`` quota key,
+    ``...PerUser``): the message starts with ``quota <key>:``. Other users are still served."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, key: str, text: str) -> None:
+        super().__init__(f"quota {key}: {text}")
+        self.key = key
+
+
 class TooManyConsumersError(ResourceExhaustedError):
     """The node tracks as many consumers (per group or in total) as it may."""
 

@@ -26,7 +26,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.errors import ConfigError, TooManyConsumersError, TooManyLocksError
+from broker.errors import (
+    ConfigError,
+    QuotaExceededError,
+    TooManyConsumersError,
+    TooManyLocksError,
+)
 
 # RocketMQ's rocketmq.broker.rebalance.lockMaxLiveTime: a lock not renewed for this long is free.
 LOCK_MAX_LIVE_MS = 60_000
@@ -44,6 +49,15 @@ CONSUMER_EXPIRE_MS = 120_000
 # topics have a few thousand queues.
 MAX_CONSUMERS = 10_000
 MAX_CONSUMERS_PER_GROUP = 1024
+# One user's share of each table (broker.conf consumersPerUser, queueLocksPerUser): a tenth,
+# so that one user's made-up groups and client ids leave the rest to the others. Super users
+# (and the anonymous user of a group without users, "") are bounded by the tables' sizes only.
+DEFAULT_CONSUMERS_PER_USER = 1000
+DEFAULT_LOCKS_PER_USER = 10_000
+
+# (user name, whether it is a Super user): who makes a call, as the node's guard admitted it.
+Owner = tuple[str, bool]
+NOBODY: Owner = ("", False)
 
 # (consumer group, topic, queue id)
 LockKey = tuple[str, str, int]
@@ -55,6 +69,19 @@ ClientKey = tuple[str, str]
 class _Holder:
     client_id: str
     renewed_ms: int
+    owner: str = ""  # the user whose call took the lock ("" without users)
+
+
+def _count(counts: dict[str, int], user: str, delta: int) -> None:
+    """Add ``delta`` to ``user``'s count (none kept for "" or at 0)."""
+    if not user:
+        return
+    left = counts.get(user, 0) + delta
+    assert left >= 0, (user, left)
+    if left:
+        counts[user] = left
+    else:
+        counts.pop(user, None)
 
 
 class QueueLockTable:
@@ -66,12 +93,16 @@ class QueueLockTable:
         max_live_ms: int = LOCK_MAX_LIVE_MS,
         max_locks: int = MAX_LOCKS,
         max_locks_per_client: int = MAX_LOCKS_PER_CLIENT,
+        max_locks_per_user: int = DEFAULT_LOCKS_PER_USER,
     ) -> None:
-        if not (max_live_ms > 0 and max_locks > 0 and max_locks_per_client > 0):
+        limits = (max_live_ms, max_locks, max_locks_per_client, max_locks_per_user)
+        if not all(limit > 0 for limit in limits):
             raise ConfigError("lock table limits must be > 0")
         self.max_live_ms = max_live_ms
         self.max_locks = max_locks
         self.max_locks_per_client = max_locks_per_client
+        self.max_locks_per_user = max_locks_per_user
+        self._by_user: dict[str, int] = {}  # locks by the user that took them
         # Oldest renewal first: expired locks are always at the front.
         self._locks: OrderedDict[LockKey, _Holder] = OrderedDict()
         self._by_client: dict[ClientKey, set[LockKey]] = {}
@@ -82,6 +113,10 @@ class QueueLockTable:
     def held_by(self, group: str, client_id: str) -> int:
         """How many locks ``client_id`` of ``group`` holds (expired ones not yet dropped count)."""
         return len(self._by_client.get((group, client_id), ()))
+
+    def held_by_user(self, user: str) -> int:
+        """How many locks calls of ``user`` took (expired ones not yet dropped count)."""
+        return self._by_user.get(user, 0)
 
     def holder(self, key: LockKey, now_ms: int) -> str | None:
         h = self._locks.get(key)
@@ -98,12 +133,13 @@ class QueueLockTable:
             if now_ms - h.renewed_ms < self.max_live_ms:
                 break
             del locks[key]
-            self._forget(key, h.client_id)
+            self._forget(key, h)
             dropped += 1
         return dropped
 
-    def _forget(self, key: LockKey, client_id: str) -> None:
-        ck = (key[0], client_id)
+    def _forget(self, key: LockKey, h: _Holder) -> None:
+        _count(self._by_user, h.owner, -1)
+        ck = (key[0], h.client_id)
         mine = self._by_client.get(ck)
         if mine is not None:
             mine.discard(key)
@@ -119,29 +155,46 @@ class QueueLockTable:
         )
         return new, room
 
-    def _take(self, key: LockKey, client_id: str, now_ms: int) -> bool:
-        """Lock or renew ``key`` for ``client_id`` unless another live client holds it (the
-        caller checked that there is room)."""
+    def _user_room(self, owner: Owner) -> int:
+        """Locks ``owner``'s calls may still take (queueLocksPerUser; a Super user's and the
+        anonymous user's: the table's room)."""
+        user, unbounded = owner
+        if not user or unbounded:
+            return self.max_locks
+        return self.max_locks_per_user - self.held_by_user(user)
+
+    def _take(self, key: LockKey, client_id: str, now_ms: int, user: str = "") -> bool:
+        """Lock or renew ``key`` for ``client_id`` (a call of ``user``) unless another live
+        client holds it (the caller checked that there is room)."""
         h = self._locks.get(key)
         if h is not None:
             if h.client_id != client_id and now_ms - h.renewed_ms < self.max_live_ms:
                 return False
             if h.client_id != client_id:
-                self._forget(key, h.client_id)
+                self._forget(key, h)
+                h.owner = user
+                _count(self._by_user, user, 1)
             h.client_id = client_id
             h.renewed_ms = now_ms
             self._locks.move_to_end(key)
         else:
-            self._locks[key] = _Holder(client_id, now_ms)
+            self._locks[key] = _Holder(client_id, now_ms, user)
+            _count(self._by_user, user, 1)
         self._by_client.setdefault((key[0], client_id), set()).add(key)
         return True
 
     def lock(
-        self, group: str, client_id: str, queues: Iterable[tuple[str, int]], now_ms: int
+        self,
+        group: str,
+        client_id: str,
+        queues: Iterable[tuple[str, int]],
+        now_ms: int,
+        owner: Owner = NOBODY,
     ) -> list[tuple[str, int]]:
         """Locks (or renews) every queue not held by another live consumer; returns those now
-        held by ``client_id``. Raises :class:`TooManyLocksError` (and changes nothing) when the
-        new locks do not fit the client's share or the table."""
+        held by ``client_id`` (a call of ``owner``). Raises :class:`TooManyLocksError` (and
+        changes nothing) when the new locks do not fit the client's share or the table, and
+        :class:`QuotaExceededError` when they do not fit the user's (queueLocksPerUser)."""
         self.expire(now_ms)
         wanted = list(queues)
         keys = [(group, t, q) for t, q in wanted]
@@ -152,21 +205,37 @@ class QueueLockTable:
                 f" locks per group and the node {self.max_locks}"
                 f" (this client holds {self.held_by(group, client_id)}, the node {len(self)})"
             )
-        return [q for q, k in zip(wanted, keys, strict=True) if self._take(k, client_id, now_ms)]
+        if new > self._user_room(owner):
+            raise QuotaExceededError(
+                "queueLocksPerUser",
+                f"{new} new locks do not fit: user {owner[0]!r} holds"
+                f" {self.held_by_user(owner[0])} of its {self.max_locks_per_user} on this node",
+            )
+        user = owner[0]
+        taken = [self._take(k, client_id, now_ms, user) for k in keys]
+        return [q for q, ok in zip(wanted, taken, strict=True) if ok]
 
     def claim(
-        self, group: str, client_id: str, queues: Iterable[tuple[str, int]], now_ms: int
+        self,
+        group: str,
+        client_id: str,
+        queues: Iterable[tuple[str, int]],
+        now_ms: int,
+        owner: Owner = NOBODY,
     ) -> int:
-        """A heartbeat's report of held queues: recorded unless another consumer holds one;
-        queues beyond the client's share or the table are not recorded (a report is advice,
-        the leader's ``lock`` decides). Returns how many were recorded."""
+        """A heartbeat's report of held queues (a call of ``owner``): recorded unless another
+        consumer holds one; queues beyond the client's share, the user's or the table are not
+        recorded (a report is advice, the leader's ``lock`` decides). Returns how many were
+        recorded."""
         self.expire(now_ms)
         recorded = 0
         for t, q in queues:
             key = (group, t, q)
-            if key not in self._locks and self._room(group, client_id, ())[1] <= 0:
+            if key not in self._locks and (
+                self._room(group, client_id, ())[1] <= 0 or self._user_room(owner) <= 0
+            ):
                 continue
-            recorded += self._take(key, client_id, now_ms)
+            recorded += self._take(key, client_id, now_ms, owner[0])
         return recorded
 
     def unlock(
@@ -179,7 +248,7 @@ class QueueLockTable:
             h = self._locks.get(key)
             if h is not None and h.client_id == client_id:
                 del self._locks[key]
-                self._forget(key, client_id)
+                self._forget(key, h)
                 released.append(q)
         return released
 
@@ -188,7 +257,7 @@ class QueueLockTable:
         O(locks it held)."""
         keys = self._by_client.pop((group, client_id), set())
         for k in keys:
-            del self._locks[k]
+            _count(self._by_user, self._locks.pop(k).owner, -1)
         return len(keys)
 
 
@@ -201,12 +270,17 @@ class ConsumerTable:
         expire_ms: int = CONSUMER_EXPIRE_MS,
         max_consumers: int = MAX_CONSUMERS,
         max_per_group: int = MAX_CONSUMERS_PER_GROUP,
+        max_per_user: int = DEFAULT_CONSUMERS_PER_USER,
     ) -> None:
-        if not (expire_ms > 0 and max_consumers > 0 and max_per_group > 0):
+        if not (expire_ms > 0 and max_consumers > 0 and max_per_group > 0 and max_per_user > 0):
             raise ConfigError("consumer table limits must be > 0")
         self.expire_ms = expire_ms
         self.max_consumers = max_consumers
         self.max_per_group = max_per_group
+        self.max_per_user = max_per_user
+        # The user whose heartbeat registered each consumer (none kept for ""), and counts.
+        self._owner: dict[ClientKey, str] = {}
+        self._by_user: dict[str, int] = {}
         # Last heartbeat (ms) per consumer, oldest first: expired ones are at the front.
         self._seen: OrderedDict[ClientKey, int] = OrderedDict()
         self._groups: dict[str, set[str]] = {}
@@ -227,16 +301,23 @@ class ConsumerTable:
             gone.append(key)
         return gone
 
+    def held_by_user(self, user: str) -> int:
+        """Consumers registered by calls of ``user`` (call :meth:`expire` first)."""
+        return self._by_user.get(user, 0)
+
     def _drop_from_group(self, key: ClientKey) -> None:
+        _count(self._by_user, self._owner.pop(key, ""), -1)
         members = self._groups.get(key[0])
         if members is not None:
             members.discard(key[1])
             if not members:
                 del self._groups[key[0]]
 
-    def heartbeat(self, group: str, client_id: str, now_ms: int) -> None:
-        """Record a heartbeat (call :meth:`expire` first). Raises
-        :class:`TooManyConsumersError` for a new consumer that does not fit."""
+    def heartbeat(self, group: str, client_id: str, now_ms: int, owner: Owner = NOBODY) -> None:
+        """Record a heartbeat of a call of ``owner`` (call :meth:`expire` first). Raises
+        :class:`TooManyConsumersError` for a new consumer that does not fit the group or the
+        table, :class:`QuotaExceededError` for one that does not fit the user's share
+        (consumersPerUser)."""
         key = (group, client_id)
         if key in self._seen:
             self._seen[key] = now_ms
@@ -253,8 +334,17 @@ class ConsumerTable:
                 f"the node tracks {len(self._seen)} live consumers, the most it may"
                 f" (maxConsumers={self.max_consumers})"
             )
+        user, unbounded = owner
+        if user and not unbounded and self.held_by_user(user) >= self.max_per_user:
+            raise QuotaExceededError(
+                "consumersPerUser",
+                f"user {user!r} has {self.max_per_user} live consumers on this node",
+            )
         self._seen[key] = now_ms
         self._groups.setdefault(group, set()).add(client_id)
+        if user:
+            self._owner[key] = user
+            _count(self._by_user, user, 1)
 
     def remove(self, group: str, client_id: str) -> bool:
         """Forget a consumer (it unregistered); whether it was known."""

@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from broker.applied import AppliedMessages, require_leader
-from broker.errors import BrokerError, InvalidRequestError, TooManyPendingOffsetsError
+from broker.errors import (
+    BrokerError,
+    InvalidRequestError,
+    QuotaExceededError,
+    TooManyPendingOffsetsError,
+)
 from broker.message import validate_topic
 from broker.names import validate_group_name
 from broker.state import ENTRY_OFFSETS, OffsetKey, encode_offsets_record
@@ -27,6 +32,9 @@ logger = logging.getLogger(__name__)
 # Consumer offsets the leader buffers between flushes (group x topic x queue): far above what
 # consumers commit in one offsetCommitInterval; beyond it new keys are refused until the flush.
 MAX_PENDING_OFFSETS = 100_000
+# Of them, one user's at most: broker.conf pendingOffsetsPerUser
+# (ServiceConfig.pending_offsets_per_user), so that one user's made-up groups leave the buffer
+# to the others' commits. Super users: the buffer's size only.
 
 
 class QueueLag(NamedTuple):
@@ -75,13 +83,24 @@ class ConsumerOffsets:
         self.topics = topics
         self.applied = applied
         self.pending: dict[OffsetKey, int] = {}
+        # The user whose commit buffered each pending key (none kept for ""), and counts.
+        self._pending_owner: dict[OffsetKey, str] = {}
+        self._pending_by: dict[str, int] = {}
         self.flush_task: asyncio.Task[None] | None = None
 
     async def commit(
-        self, group: str, topic: str, queue_id: int, queue_offset: int, *, sync: bool
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        sync: bool,
+        owner: tuple[str, bool] = ("", False),
     ) -> None:
-        """Commit ``group``'s offset of a queue: buffered, or with ``sync`` proposed now
-        (with everything else pending) and returned once applied."""
+        """Commit ``group``'s offset of a queue for user ``owner`` (name, Super user):
+        buffered, or with ``sync`` proposed now (with everything else pending) and returned
+        once applied."""
         require_leader(self.ctx.node)
         validate_group_name(group)
         self.topics.readable_queue(topic, queue_id)
@@ -95,11 +114,33 @@ class ConsumerOffsets:
                 f"{len(pending)} consumer offsets wait for the next flush, the most the leader"
                 f" buffers ({MAX_PENDING_OFFSETS}); commit again after it"
             )
+        if key not in pending:
+            self._hold(key, owner)
         pending[key] = queue_offset
         if sync:
             await self.flush()
         else:
             self.schedule_flush()
+
+    def pending_by_user(self, user: str) -> int:
+        """Offsets buffered for commits of ``user``."""
+        return self._pending_by.get(user, 0)
+
+    def _hold(self, key: OffsetKey, owner: tuple[str, bool]) -> None:
+        """Count the new pending ``key`` against its user (pendingOffsetsPerUser)."""
+        user, unbounded = owner
+        if not user:
+            return
+        held = self._pending_by.get(user, 0)
+        if not unbounded and held >= self.ctx.cfg.pending_offsets_per_user:
+            self.schedule_flush()
+            raise QuotaExceededError(
+                "pendingOffsetsPerUser",
+                f"user {user!r} has {held} consumer offsets waiting for the next flush;"
+                " commit again after it",
+            )
+        self._pending_owner[key] = user
+        self._pending_by[user] = held + 1
 
     def committed(self, group: str, topic: str, queue_id: int) -> int:
         """``group``'s offset of a queue, -1 when it has none."""
@@ -128,6 +169,9 @@ class ConsumerOffsets:
         if not self.pending:
             return
         pending, self.pending = self.pending, {}
+        # What is proposed holds no more buffer room; a failed flush re-buffers it unowned
+        # (at most MAX_PENDING_OFFSETS in all, below).
+        self._pending_owner, self._pending_by = {}, {}
         record = offsets_record(pending)
         if record is None:
             return
@@ -176,8 +220,18 @@ class ConsumerOffsets:
             offsets[(group, topic, q)] = value
         for k in offsets:
             self.pending.pop(k, None)
+            self._release(k)
         await self.ctx.node.propose([encode_offsets_record(offsets)], ENTRY_OFFSETS)
         return {k[2]: v for k, v in offsets.items()}
+
+    def _release(self, key: OffsetKey) -> None:
+        user = self._pending_owner.pop(key, "")
+        if user:
+            left = self._pending_by[user] - 1
+            if left:
+                self._pending_by[user] = left
+            else:
+                del self._pending_by[user]
 
     def search(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after ``timestamp_ms`` (max offset if none)."""

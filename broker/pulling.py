@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
-from broker.errors import InvalidRequestError, TooManyLongPollsError
+from broker.errors import InvalidRequestError, QuotaExceededError, TooManyLongPollsError
 from broker.message import tags_hash
 from broker.state import QueueKey
 from broker.stats import BrokerStats
@@ -42,6 +42,9 @@ MAX_SUBSCRIPTION_CHARS = 4096
 # is answered.
 MAX_LONG_POLLS = 10_000
 MAX_LONG_POLLS_PER_PEER = 1024
+# Of them, one user's at most: broker.conf longPollsPerUser (ServiceConfig.long_polls_per_user),
+# a tenth by default, so that one user's pulls (from any number of connections) leave the rest.
+DEFAULT_LONG_POLLS_PER_USER = 1000
 
 
 class PullStatus(enum.Enum):
@@ -62,6 +65,10 @@ class PullQuery:
     subscription: str = ""
     suspend_timeout_ms: int = 0
     no_suspend: bool = False
+    # The user pulling ("" without users), and whether it is a Super user: a held pull counts
+    # against its longPollsPerUser, but a Super user's.
+    owner: str = ""
+    unbounded: bool = False
 
 
 @dataclass(slots=True)
@@ -107,14 +114,18 @@ class _Waiter:
     hashes: frozenset[int] | None
     future: asyncio.Future[None]
     peer: str
+    owner: str = ""
 
 
 class LongPolls:
-    """The pulls waiting for messages, per queue, bounded per node and per peer."""
+    """The pulls waiting for messages, per queue, bounded per node, per peer and per user."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_per_user: int = DEFAULT_LONG_POLLS_PER_USER) -> None:
+        assert max_per_user > 0
+        self.max_per_user = max_per_user
         self._waiters: dict[QueueKey, dict[_Waiter, None]] = {}
         self._by_peer: dict[str, int] = {}
+        self._by_user: dict[str, int] = {}  # held pulls by user (not "": no users)
         self.held = 0
 
     def __len__(self) -> int:
@@ -122,6 +133,9 @@ class LongPolls:
 
     def held_by(self, peer: str) -> int:
         return self._by_peer.get(peer, 0)
+
+    def held_by_user(self, user: str) -> int:
+        return self._by_user.get(user, 0)
 
     def wake(self, touched: Mapping[QueueKey, set[int]]) -> None:
         """A dispatch listener: wake the polls of the queues that just got messages with a
@@ -137,10 +151,20 @@ class LongPolls:
                     w.future.set_result(None)
 
     async def wait(
-        self, key: QueueKey, hashes: frozenset[int] | None, peer: str, timeout_s: float
+        self,
+        key: QueueKey,
+        hashes: frozenset[int] | None,
+        peer: str,
+        timeout_s: float,
+        owner: tuple[str, bool] = ("", False),
     ) -> bool:
-        """Wait until ``key`` gets a matching message (True) or ``timeout_s`` passes."""
+        """Wait until ``key`` gets a matching message (True) or ``timeout_s`` passes;
+        ``owner``: the user pulling, and whether it is a Super user (no quota)."""
+        self._check_user(*owner)
         waiter = self._add(key, hashes, peer)
+        waiter.owner = owner[0]
+        if waiter.owner:
+            self._by_user[waiter.owner] = self._by_user.get(waiter.owner, 0) + 1
         try:
             await asyncio.wait_for(waiter.future, timeout_s)
             return True
@@ -148,6 +172,14 @@ class LongPolls:
             return False
         finally:
             self._remove(key, waiter)
+
+    def _check_user(self, user: str, unbounded: bool) -> None:
+        held = self._by_user.get(user, 0)
+        if user and not unbounded and held >= self.max_per_user:
+            raise QuotaExceededError(
+                "longPollsPerUser",
+                f"user {user!r} has {held} pulls held on this node; pull again later",
+            )
 
     def _add(self, key: QueueKey, hashes: frozenset[int] | None, peer: str) -> _Waiter:
         held = self._by_peer.get(peer, 0)
@@ -181,6 +213,12 @@ class LongPolls:
             self._by_peer[waiter.peer] = left
         else:
             del self._by_peer[waiter.peer]
+        if waiter.owner:
+            mine = self._by_user[waiter.owner] - 1
+            if mine:
+                self._by_user[waiter.owner] = mine
+            else:
+                del self._by_user[waiter.owner]
 
     def queues(self) -> int:
         """Queues with a waiting poll."""
@@ -196,7 +234,7 @@ class PullPath:
         self.ctx = applied.ctx
         self.topics = topics
         self.applied = applied
-        self.polls = LongPolls()
+        self.polls = LongPolls(self.ctx.cfg.long_polls_per_user)
         total = total_memory_bytes() if memory_bytes is None else memory_bytes
         self._memory_limit_bytes = total * self.ctx.cfg.memory_ratio_percent // 100
         self.ctx.sm.add_listener(self.polls.wake)
@@ -238,7 +276,8 @@ class PullPath:
             if remaining <= 0:
                 return result, held_s
             held_from = loop.time()
-            woken = await self.polls.wait(key, hashes, peer, remaining)
+            owner = (query.owner, query.unbounded)
+            woken = await self.polls.wait(key, hashes, peer, remaining, owner)
             held_s += loop.time() - held_from
             if not woken:
                 return self.pull_once(query, hashes), held_s

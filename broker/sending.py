@@ -82,19 +82,30 @@ class SendPath:
         if self.disk_guard is not None:
             self.disk_guard.check()
 
-    async def send(self, topic_name: str, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+    async def send(
+        self,
+        topic_name: str,
+        messages: Sequence[OutgoingMessage],
+        owner: tuple[str, bool] = ("", False),
+    ) -> list[SendResult]:
         """Store ``messages`` in ``topic_name`` as one entry: one result per message, in
         order. A delayed message (stored in the schedule topic until due) is answered with
-        the queue the producer chose, as RocketMQ does."""
+        the queue the producer chose, as RocketMQ does. ``owner``: the user sending (name,
+        Super user), who creates the topic when it is auto-created."""
         stats = self.stats
         if stats is None:
-            return await self._send(topic_name, messages)
+            return await self._send(topic_name, messages, owner)
         started = time.perf_counter()
-        results = await self._send(topic_name, messages)
+        results = await self._send(topic_name, messages, owner)
         stats.send_s.observe(time.perf_counter() - started)
         return results
 
-    async def _send(self, topic_name: str, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+    async def _send(
+        self,
+        topic_name: str,
+        messages: Sequence[OutgoingMessage],
+        owner: tuple[str, bool] = ("", False),
+    ) -> list[SendResult]:
         self.check_writable()
         if not messages:
             raise InvalidRequestError("a send needs at least one message")
@@ -102,7 +113,7 @@ class SendPath:
             raise InvalidRequestError(
                 f"{len(messages)} messages in one send, more than {MAX_SEND_BATCH}"
             )
-        topic = await self.topics.writable(topic_name)
+        topic = await self.topics.writable(topic_name, owner)
         delayed = _check_queues(topic, messages)
         if self.halves is not None and _is_half(messages[0]):
             return await self.halves(topic, messages)

@@ -150,7 +150,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def SendMessage(
         self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendMessageResponse:
-        results = await self.sender.send(request.topic, request.messages)
+        owner = self._caller(context)
+        results = await self.sender.send(request.topic, request.messages, owner)
         return pb.SendMessageResponse(
             packed_msg_ids=[r.uniq_id for r in results],
             packed_queue_ids=[r.queue_id for r in results],
@@ -164,6 +165,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def PullMessage(
         self, request: pb.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.PullMessageResponse:
+        owner, unbounded = self._caller(context)
         query = PullQuery(
             request.topic,
             request.queue_id,
@@ -172,6 +174,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.subscription,
             request.suspend_timeout_ms,
             request.no_suspend,
+            owner,
+            unbounded,
         )
         return self._pull_pb(await self.puller.pull(query, context.peer()))
 
@@ -336,6 +340,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.queue_id,
             request.queue_offset,
             sync=request.sync,
+            owner=self._caller(context),
         )
         return pb.UpdateConsumerOffsetResponse()
 
@@ -402,7 +407,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.CreateTopicResponse:
         t = request.topic
         topic = await self.topics.upsert(
-            t.topic_name, t.read_queue_nums, t.write_queue_nums, t.perm, t.message_type
+            t.topic_name,
+            t.read_queue_nums,
+            t.write_queue_nums,
+            t.perm,
+            t.message_type,
+            self._caller(context),
         )
         return pb.CreateTopicResponse(topic=_topic_pb(topic))
 
@@ -436,6 +446,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.client_id,
             [(s.topic, s.expression) for s in request.subscriptions],
             [(q.topic, q.queue_id) for q in request.locked_queues],
+            self._caller(context),
         )
         return pb.HeartbeatResponse()
 
@@ -473,7 +484,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.LockBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.LockBatchResponse:
         queues = [(q.topic, q.queue_id) for q in request.queues]
-        locked = self.consumers.lock(request.consumer_group, request.client_id, queues)
+        group, client_id = request.consumer_group, request.client_id
+        locked = self.consumers.lock(group, client_id, queues, self._caller(context))
         return pb.LockBatchResponse(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in locked])
 
     @_rpc

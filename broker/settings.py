@@ -33,6 +33,17 @@ class ServiceConfig:
     # Receives of one user waiting for messages on a node (broker.pop, popWaitersPerUser): a
     # tenth of the node's 10,000, far above one application's consumers.
     pop_waiters_per_user: int = 1000
+    # One user's share of the node's other tables its calls fill (docs/SECURITY.md, "Quotas
+    # per user"), a tenth of each by default: pulls held waiting (broker.pulling, 10,000),
+    # live consumers (broker.locks, 10,000), queue locks (broker.locks, 100,000), offsets the
+    # leader buffers (broker.offsets, 100,000).
+    long_polls_per_user: int = 1000
+    consumers_per_user: int = 1000
+    queue_locks_per_user: int = 10_000
+    pending_offsets_per_user: int = 10_000
+    # Topics one user may create in the broker group (broker.topics, topicsPerUser): a tenth of
+    # the 100,000 a broker group holds.
+    topics_per_user: int = 10_000
     pop_min_invisible_ms: int = 10_000
     # Transactions (broker.transactions): RocketMQ's transactionTimeOut (immunity before the
     # first check-back), transactionCheckInterval and transactionCheckMax.

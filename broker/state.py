@@ -108,6 +108,12 @@ CONTROL_VERSION = 1
 TOPIC_UPSERT = 1
 TOPIC_CREATE_IF_ABSENT = 2  # auto-creation: concurrent first sends must not reset a config
 TOPIC_DELETE = 3
+# A topic record naming the user who created the topic (counted against topicsPerUser): the
+# message type byte always present, then u8 length + the owner (UTF-8). Written only for a topic
+# with an owner, so a group without users writes the version-1 bytes it always did.
+TOPIC_RECORD_VERSION_OWNED = 2
+# Bytes of an owner (a username: broker.auth's limit is far below).
+MAX_TOPIC_OWNER_BYTES = 255
 
 # RocketMQ PermName bits.
 PERM_INHERIT = 1
@@ -186,6 +192,7 @@ class TopicConfig:
     write_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
     perm: int = PERM_RW
     message_type: str = DEFAULT_TOPIC_MESSAGE_TYPE
+    owner: str = ""  # the user who created it ("" without users, or the broker's own)
 
     def validate(self) -> None:
         """The API's rules, also applied to every topic record on apply and to every topic
@@ -204,6 +211,8 @@ class TopicConfig:
             raise InvalidRequestError(
                 f"message type {self.message_type!r:.24} is not one of {TOPIC_MESSAGE_TYPES}"
             )
+        if not isinstance(self.owner, str) or len(self.owner.encode()) > MAX_TOPIC_OWNER_BYTES:
+            raise InvalidRequestError(f"topic owner over {MAX_TOPIC_OWNER_BYTES} bytes")
 
 
 def _is_int(value: object) -> bool:
@@ -276,17 +285,18 @@ class CommitLog(Protocol):
 
 def encode_topic_record(op: int, topic: TopicConfig) -> bytes:
     """The record; a message type other than MIXED as one byte after the name (a MIXED
-    topic's record is the same bytes as before the attribute existed)."""
+    topic's record is the same bytes as before the attribute existed); a topic with an owner:
+    :data:`TOPIC_RECORD_VERSION_OWNED`, the type byte and the owner."""
     name = topic.name.encode("ascii")
-    kind = topic.message_type
-    return (
-        _TOPIC_RECORD.pack(
-            CONTROL_VERSION, op, topic.read_queue_nums, topic.write_queue_nums, topic.perm
-        )
-        + _U8.pack(len(name))
-        + name
-        + (b"" if kind == DEFAULT_TOPIC_MESSAGE_TYPE else _U8.pack(TOPIC_MESSAGE_TYPES.index(kind)))
-    )
+    kind = _U8.pack(TOPIC_MESSAGE_TYPES.index(topic.message_type))
+    version = TOPIC_RECORD_VERSION_OWNED if topic.owner else CONTROL_VERSION
+    head = _TOPIC_RECORD.pack(
+        version, op, topic.read_queue_nums, topic.write_queue_nums, topic.perm
+    ) + _U8.pack(len(name))
+    if topic.owner:
+        owner = topic.owner.encode()
+        return head + name + kind + _U8.pack(len(owner)) + owner
+    return head + name + (b"" if topic.message_type == DEFAULT_TOPIC_MESSAGE_TYPE else kind)
 
 
 def decode_topic_record(body: bytes) -> tuple[int, TopicConfig]:
@@ -295,33 +305,56 @@ def decode_topic_record(body: bytes) -> tuple[int, TopicConfig]:
     version, op, read, write, perm = _TOPIC_RECORD.unpack_from(body, 0)
     n = body[_TOPIC_RECORD.size]
     start = _TOPIC_RECORD.size + 1
-    if version != CONTROL_VERSION or op not in (TOPIC_UPSERT, TOPIC_CREATE_IF_ABSENT, TOPIC_DELETE):
+    versions = (CONTROL_VERSION, TOPIC_RECORD_VERSION_OWNED)
+    if version not in versions or op not in (TOPIC_UPSERT, TOPIC_CREATE_IF_ABSENT, TOPIC_DELETE):
         raise CorruptMessageError(f"topic record version {version} op {op}", 0)
-    if len(body) not in (start + n, start + n + 1):
+    end = start + n  # the name's end
+    owner = _topic_record_owner(body, end) if version == TOPIC_RECORD_VERSION_OWNED else None
+    if owner is None and len(body) not in (end, end + 1):
         raise CorruptMessageError("topic record size mismatch", 0)
     kind = DEFAULT_TOPIC_MESSAGE_TYPE
-    if len(body) == start + n + 1:
-        if body[-1] >= len(TOPIC_MESSAGE_TYPES):
-            raise CorruptMessageError(f"topic record message type {body[-1]}", start + n)
-        kind = TOPIC_MESSAGE_TYPES[body[-1]]
+    if len(body) > end:
+        if body[end] >= len(TOPIC_MESSAGE_TYPES):
+            raise CorruptMessageError(f"topic record message type {body[end]}", end)
+        kind = TOPIC_MESSAGE_TYPES[body[end]]
     try:
-        name = body[start : start + n].decode("ascii")
+        name = body[start:end].decode("ascii")
     except UnicodeDecodeError:
         raise CorruptMessageError("topic record name is not ASCII", start) from None
-    return op, TopicConfig(name, read, write, perm, kind)
+    return op, TopicConfig(name, read, write, perm, kind, owner or "")
+
+
+def _topic_record_owner(body: bytes, end: int) -> str:
+    """The owner of a version-2 topic record whose name ends at ``end`` (then the type byte,
+    u8 length, the owner: nothing after)."""
+    if len(body) < end + 2 or len(body) != end + 2 + body[end + 1]:
+        raise CorruptMessageError("topic record size mismatch", 0)
+    try:
+        owner = body[end + 2 :].decode()
+    except UnicodeDecodeError:
+        raise CorruptMessageError("topic record owner is not UTF-8", end + 2) from None
+    if not owner:
+        raise CorruptMessageError("version-2 topic record without an owner", end + 1)
+    return owner
 
 
 def _topic_row(t: TopicConfig) -> list[int | str]:
-    """A topic in the snapshot: ``[read, write, perm]``, then the message type unless MIXED."""
+    """A topic in the snapshot: ``[read, write, perm]``, then the message type unless MIXED
+    and there is no owner, then the owner if any."""
     row: list[int | str] = [t.read_queue_nums, t.write_queue_nums, t.perm]
+    if t.owner:
+        return [*row, t.message_type, t.owner]
     return row if t.message_type == DEFAULT_TOPIC_MESSAGE_TYPE else [*row, t.message_type]
 
 
 def _topic_of_row(name: str, row: Sequence[Any]) -> TopicConfig:
-    if not 3 <= len(row) <= 4:
+    if not 3 <= len(row) <= 5:
         raise ValueError(f"topic row of {len(row)} items")
-    kind = str(row[3]) if len(row) == 4 else DEFAULT_TOPIC_MESSAGE_TYPE
-    return TopicConfig(name, int(row[0]), int(row[1]), int(row[2]), kind)
+    kind = str(row[3]) if len(row) >= 4 else DEFAULT_TOPIC_MESSAGE_TYPE
+    owner = str(row[4]) if len(row) == 5 else ""
+    if len(row) == 5 and not owner:
+        raise ValueError("topic row with an empty owner")
+    return TopicConfig(name, int(row[0]), int(row[1]), int(row[2]), kind, owner)
 
 
 def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicConfig]) -> None:

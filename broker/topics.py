@@ -2,16 +2,27 @@
 
 Changes are proposed to the Raft log on the leader and answered once applied; lookups read
 this node's applied topic table.
+
+The table is shared by every user (:data:`broker.state.MAX_TOPICS`): a topic keeps the user who
+created it (``CreateTopic``, or a send that auto-created it), and one user creates at most
+``topicsPerUser`` (:attr:`ServiceConfig.topics_per_user`) that still exist, checked here on the
+leader before the record is proposed, one creation at a time. Super users, the anonymous user
+of a group without users and the broker's own retry and dead-letter topics are bounded by the
+table's size only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import replace
 
 from broker.applied import NodeContext, require_leader
 from broker.errors import (
     NoPermissionError,
     QueueIdOutOfRangeError,
+    QuotaExceededError,
+    ResourceExhaustedError,
     SystemTopicError,
     TopicNotFoundError,
 )
@@ -20,6 +31,7 @@ from broker.names import is_system_topic, is_valid_topic_name
 from broker.state import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
     ENTRY_TOPIC,
+    MAX_TOPICS,
     PERM_READ,
     PERM_RW,
     PERM_WRITE,
@@ -32,12 +44,24 @@ from broker.state import (
 
 logger = logging.getLogger(__name__)
 
+# (user name, whether it is a Super user): who makes a call, as the node's guard admitted it.
+Owner = tuple[str, bool]
+NOBODY: Owner = ("", False)
+
+
+class TooManyTopicsError(ResourceExhaustedError):
+    """The broker group holds :data:`MAX_TOPICS` topics."""
+
+    code = "TOO_MANY_TOPICS"
+
 
 class Topics:
     """The topic table of one node, read and changed."""
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+        # One creation at a time here, so that a quota is not passed by creations in flight.
+        self._creating = asyncio.Lock()
 
     def get(self, name: str) -> TopicConfig:
         """The topic ``name``; ``TopicNotFoundError`` when it does not exist."""
@@ -67,9 +91,9 @@ class Topics:
         t = self.ctx.sm.topics.get(name) if is_valid_topic_name(name) else None
         return t is not None and 0 <= queue_id < t.read_queue_nums
 
-    async def writable(self, name: str) -> TopicConfig:
-        """The topic a client sends to: not a system topic, created when absent if
-        ``autoCreateTopicEnable``, writable."""
+    async def writable(self, name: str, owner: Owner = NOBODY) -> TopicConfig:
+        """The topic a client (user ``owner``) sends to: not a system topic, created when
+        absent if ``autoCreateTopicEnable`` (for ``owner``), writable."""
         validate_topic(name)
         if is_system_topic(name):
             raise SystemTopicError(
@@ -83,7 +107,7 @@ class Topics:
                     f"topic {name!r} does not exist (autoCreateTopicEnable=false)"
                 )
             n = self.ctx.cfg.default_topic_queue_nums
-            topic = await self._create_if_absent(name, n)
+            topic = await self._create_if_absent(name, n, owner)
             logger.info("topic auto-created topic=%s queues=%d", name, n)
         if not topic.perm & PERM_WRITE:
             raise NoPermissionError(f"topic {topic.name!r} is not writable (perm={topic.perm})")
@@ -95,13 +119,37 @@ class Topics:
             await self._create_if_absent(name, queues)
             logger.info("system topic created topic=%s queues=%d", name, queues)
 
-    async def _create_if_absent(self, name: str, queues: int) -> TopicConfig:
-        topic = TopicConfig(name, queues, queues, PERM_RW)
+    async def _create_if_absent(self, name: str, queues: int, owner: Owner = NOBODY) -> TopicConfig:
+        topic = TopicConfig(name, queues, queues, PERM_RW, owner=owner[0])
         topic.validate()
-        await self.ctx.node.propose(
-            [encode_topic_record(TOPIC_CREATE_IF_ABSENT, topic)], ENTRY_TOPIC
-        )
+        async with self._creating:
+            self._check_room(name, owner)
+            record = encode_topic_record(TOPIC_CREATE_IF_ABSENT, topic)
+            await self.ctx.node.propose([record], ENTRY_TOPIC)
         return self.ctx.sm.topics[name]
+
+    def held_by(self, user: str) -> int:
+        """Topics ``user`` created that still exist. A scan of the table (at most
+        MAX_TOPICS, a few ms): it runs once per topic created, never on a send's path."""
+        return sum(1 for t in self.ctx.sm.topics.values() if t.owner == user)
+
+    def _check_room(self, name: str, owner: Owner) -> None:
+        """Refuse creating ``name`` for ``owner`` when the table or the user's share is full
+        (a change of an existing topic takes no room)."""
+        topics = self.ctx.sm.topics
+        if name in topics:
+            return
+        if len(topics) >= MAX_TOPICS:
+            raise TooManyTopicsError(f"the broker holds {len(topics)} topics, the most it may")
+        user, unbounded = owner
+        if not user or unbounded:
+            return
+        held, quota = self.held_by(user), self.ctx.cfg.topics_per_user
+        if held >= quota:
+            raise QuotaExceededError(
+                "topicsPerUser",
+                f"user {user!r} created {held} topics here; delete some (mqadmin deleteTopic)",
+            )
 
     async def upsert(
         self,
@@ -110,9 +158,11 @@ class Topics:
         write_queue_nums: int,
         perm: int,
         message_type: str = "",
+        owner: Owner = NOBODY,
     ) -> TopicConfig:
         """Create or update a topic (zero queue counts and perm, empty message type: the
-        defaults); the leader only, never a system topic. The topic as applied."""
+        defaults) for user ``owner`` (an update keeps the creator); the leader only, never a
+        system topic. The topic as applied."""
         require_leader(self.ctx.node)
         n = self.ctx.cfg.default_topic_queue_nums
         topic = TopicConfig(
@@ -124,7 +174,13 @@ class Topics:
         )
         topic.validate()
         _refuse_system_topic(topic.name, "created or updated")
-        await self.ctx.node.propose([encode_topic_record(TOPIC_UPSERT, topic)], ENTRY_TOPIC)
+        async with self._creating:
+            self._check_room(topic.name, owner)
+            existing = self.ctx.sm.topics.get(topic.name)
+            topic = replace(topic, owner=existing.owner if existing else owner[0])
+            topic.validate()
+            record = encode_topic_record(TOPIC_UPSERT, topic)
+            await self.ctx.node.propose([record], ENTRY_TOPIC)
         return self.ctx.sm.topics[topic.name]
 
     async def delete(self, name: str) -> None:

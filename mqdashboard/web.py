@@ -19,7 +19,7 @@ import hmac
 import logging
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,16 @@ MAX_KEY_CHARS = 1024
 MAX_ID_CHARS = 64
 MAX_FORM_BYTES = 8 << 10
 ACTIONS = ("resend", "reset")
+# The client-port calls each action makes, as the user whose credentials were typed on its page:
+# the brokers' guard decides each one (broker/auth/rpcmap.py; docs/SECURITY.md, "The other
+# ports"). resend pulls the group's dead letters (%DLQ%<group>, as the group) and sends each to
+# its original topic; reset sets the group's offsets. Checked against the calls an action really
+# makes by tests/unit/test_acl_matrix.py.
+_BROKER = "/raftmq.broker.v1.Broker/"
+ACTION_CALLS: Mapping[str, tuple[str, ...]] = {
+    "resend": (_BROKER + "PullMessage", _BROKER + "SendMessage"),
+    "reset": (_BROKER + "ResetConsumerOffset",),
+}
 SECURITY_HEADERS = (
     (
         b"content-security-policy",

@@ -31,7 +31,7 @@ from broker.applied import require_leader
 from broker.errors import BrokerError
 from broker.pbmessage import message_from_pb
 from broker.pop import Pops, Received, ReceiveQuery
-from broker.rmq5.guard import caller_signature
+from broker.rmq5.guard import caller_signature, current_caller
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
 from broker.subgroups import SubGroup
@@ -161,7 +161,8 @@ class LeaderCalls:
         )
 
     async def _send_here(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
-        results = await self.sender.send(topic, messages)
+        who = current_caller()  # the v2 caller; an auto-created topic is its user's
+        results = await self.sender.send(topic, messages, (who.user, who.unbounded))
         return [
             Stored(r.uniq_id, r.queue_id, r.queue_offset, r.duplicate, r.position) for r in results
         ]

@@ -1,0 +1,312 @@
+"""Quotas per user on the client port's shared tables (issue #32, docs/SECURITY.md "Quotas per
+user"): one user fills its share of a table, another user is still served at once, a Super user
+is bounded by the table's own size only. Spoken over gRPC with signed calls to one node's real
+Broker servicer on 127.0.0.1, whose user the node's real guard reads from each signature, over a
+real state machine and an in-memory log (tests/broker_world.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from broker_world import world
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+
+from broker.applied import NodeContext
+from broker.auth.admin import AuthAdmin
+from broker.auth.guard import AuthGuard, AuthSettings
+from broker.auth.secrets import SecretBox
+from broker.message import UniqIdGenerator
+from broker.service import BrokerServicer
+from broker.settings import ServiceConfig
+from broker.state import (
+    TOPIC_UPSERT,
+    CorruptMessageError,
+    TopicConfig,
+    _topic_of_row,
+    _topic_row,
+    decode_topic_record,
+    encode_topic_record,
+)
+from dledger.server.status import read_error
+from mqsecurity.credentials import Credentials
+from mqsecurity.signing import signed_metadata
+
+BOX = SecretBox(bytes(range(32)))
+# Quotas small enough to fill in a test.
+POLLS, CONSUMERS, LOCKS, OFFSETS, TOPICS = 2, 2, 3, 2, 2
+CFG = ServiceConfig(
+    "127.0.0.1",
+    10911,
+    auto_create_topic=True,  # a send creates a topic too: counted as CreateTopic is
+    topics_per_user=TOPICS,
+    # No flush between the commits of a test: the buffer is what is measured.
+    offset_commit_interval_ms=60_000,
+    long_polls_per_user=POLLS,
+    consumers_per_user=CONSUMERS,
+    queue_locks_per_user=LOCKS,
+    pending_offsets_per_user=OFFSETS,
+)
+IDS = UniqIdGenerator(ip="10.0.0.6", pid=12, instance_hash=6)
+ALICE = Credentials("alice", "alice-secret-1")  # fills her shares
+BOB = Credentials("bob", "bob-secret-1")  # is served meanwhile
+ROOT = Credentials("root", "root-secret-1")  # Super: the tables' sizes only
+T = "T"
+QUEUES = 8
+CALL_TIMEOUT_S = 5.0
+HOLD_MS = 20_000  # a held pull's timeout: far beyond every wait of a test
+
+
+@dataclass
+class Node:
+    broker: BrokerServicer
+    stub: pb_grpc.BrokerStub
+    server: grpc.aio.Server
+    channel: grpc.aio.Channel
+
+    async def stop(self) -> None:
+        await self.channel.close()
+        await self.server.stop(None)
+
+
+async def start(tmp_path: Path) -> Node:
+    node, sm, _, _ = world(tmp_path, CFG)
+    admin = AuthAdmin(NodeContext(node, sm, CFG), BOX)  # type: ignore[arg-type]
+    await admin.create_user(ROOT.access_key, ROOT.secret_key, "Super", "")
+    for creds in (ALICE, BOB):
+        await admin.create_user(creds.access_key, creds.secret_key, "", "")
+    node.call_guard = AuthGuard(sm, AuthSettings(True, True, cluster_name="c1"), BOX)  # type: ignore[attr-defined]
+    broker = BrokerServicer(node, sm, CFG, secret_box=BOX)  # type: ignore[arg-type]
+    await broker.topics.upsert(T, QUEUES, QUEUES, 6)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    broker.register(server)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return Node(broker, pb_grpc.BrokerStub(channel), server, channel)
+
+
+def run(tmp_path: Path, test: Callable[[Node], Awaitable[None]]) -> None:
+    async def body() -> None:
+        n = await start(tmp_path)
+        try:
+            await test(n)
+        finally:
+            await n.stop()
+
+    asyncio.run(body())
+
+
+def md(creds: Credentials) -> tuple[tuple[str, str], ...]:
+    return tuple(signed_metadata(creds))
+
+
+async def refusal(call: Awaitable[Any]) -> tuple[str, str]:
+    """(error code, details) of a call that must be refused."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        info = read_error(exc)
+        assert info is not None, exc
+        assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+        return info.code, exc.details() or ""
+    raise AssertionError("the call was answered")
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+def pull(n: Node, creds: Credentials, queue_id: int) -> Any:
+    request = pb.PullMessageRequest(
+        topic=T, queue_id=queue_id, queue_offset=0, suspend_timeout_ms=HOLD_MS
+    )
+    return n.stub.PullMessage(request, metadata=md(creds), timeout=HOLD_MS / 1000 + 5)
+
+
+def test_quota_long_polls_one_user_fills_its_share_and_another_is_served(
+    tmp_path: Path,
+) -> None:
+    async def test(n: Node) -> None:
+        polls = n.broker.puller.polls
+        held = [pull(n, ALICE, q) for q in range(POLLS)]
+        await until(lambda: polls.held_by_user("alice") == POLLS, "alice's pulls held")
+        code, details = await refusal(pull(n, ALICE, POLLS))
+        assert code == "RESOURCE_EXHAUSTED"
+        assert details.startswith("RESOURCE_EXHAUSTED quota longPollsPerUser:"), details
+        # Bob's pull is held, and answered as soon as a message arrives on its queue.
+        bobs = pull(n, BOB, 7)
+        await until(lambda: polls.held_by_user("bob") == 1, "bob's pull held")
+        m = pb.Message(queue_id=7, body=b"m", msg_id=IDS.next_id())
+        await n.broker.sender.send(T, [m])
+        answer = await asyncio.wait_for(bobs, CALL_TIMEOUT_S)
+        assert answer.status == pb.FOUND
+        # A Super user is bounded by the node's limits only.
+        roots = [pull(n, ROOT, q) for q in range(POLLS + 1)]
+        await until(lambda: polls.held == POLLS + POLLS + 1, "root's pulls held")
+        for call in [*held, *roots]:
+            call.cancel()
+        await until(lambda: polls.held == 0, "every pull let go")
+        assert polls.held_by_user("alice") == 0
+
+    run(tmp_path, test)
+
+
+def heartbeat(n: Node, creds: Credentials, group: str, client_id: str) -> Any:
+    request = pb.HeartbeatRequest(consumer_group=group, client_id=client_id)
+    return n.stub.Heartbeat(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_consumers_one_user_fills_its_share_and_another_is_served(
+    tmp_path: Path,
+) -> None:
+    async def test(n: Node) -> None:
+        for i in range(CONSUMERS):
+            await heartbeat(n, ALICE, f"fake-{i}", f"c-{i}")
+        await heartbeat(n, ALICE, "fake-0", "c-0")  # a renewal takes no room
+        code, details = await refusal(heartbeat(n, ALICE, "fake-x", "c-x"))
+        assert code == "RESOURCE_EXHAUSTED"
+        assert details.startswith("RESOURCE_EXHAUSTED quota consumersPerUser:"), details
+        await heartbeat(n, BOB, "real", "b-1")
+        for i in range(CONSUMERS + 1):
+            await heartbeat(n, ROOT, "ops", f"r-{i}")
+        assert n.broker.consumers.clients("real") == ["b-1"]
+        # Alice's consumer leaves: her room comes back.
+        request = pb.UnregisterConsumerRequest(consumer_group="fake-0", client_id="c-0")
+        await n.stub.UnregisterConsumer(request, metadata=md(ALICE))
+        await heartbeat(n, ALICE, "fake-x", "c-x")
+
+    run(tmp_path, test)
+
+
+def lock(n: Node, creds: Credentials, client_id: str, queues: range) -> Any:
+    request = pb.LockBatchRequest(
+        consumer_group="G",
+        client_id=client_id,
+        queues=[pb.QueueRef(topic=T, queue_id=q) for q in queues],
+    )
+    return n.stub.LockBatchMQ(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_queue_locks_one_user_fills_its_share_and_another_is_served(
+    tmp_path: Path,
+) -> None:
+    async def test(n: Node) -> None:
+        got = await lock(n, ALICE, "a-1", range(LOCKS))
+        assert len(got.locked) == LOCKS
+        # Another client id of the same user: the user's share, not the client's, is full.
+        code, details = await refusal(lock(n, ALICE, "a-2", range(LOCKS, LOCKS + 1)))
+        assert code == "RESOURCE_EXHAUSTED"
+        assert details.startswith("RESOURCE_EXHAUSTED quota queueLocksPerUser:"), details
+        renewed = await lock(n, ALICE, "a-1", range(LOCKS))  # renewals take no room
+        assert len(renewed.locked) == LOCKS
+        bobs = await lock(n, BOB, "b-1", range(LOCKS, LOCKS + 1))
+        assert [q.queue_id for q in bobs.locked] == [LOCKS]
+        roots = await lock(n, ROOT, "r-1", range(LOCKS + 1, QUEUES))
+        assert len(roots.locked) == QUEUES - LOCKS - 1
+        assert n.broker.consumers.locks.held_by_user("alice") == LOCKS
+        # Released locks give the room back.
+        request = pb.UnlockBatchRequest(
+            consumer_group="G", client_id="a-1", queues=[pb.QueueRef(topic=T, queue_id=0)]
+        )
+        await n.stub.UnlockBatchMQ(request, metadata=md(ALICE))
+        assert n.broker.consumers.locks.held_by_user("alice") == LOCKS - 1
+
+    run(tmp_path, test)
+
+
+def commit(n: Node, creds: Credentials, group: str, sync: bool = False) -> Any:
+    request = pb.UpdateConsumerOffsetRequest(
+        consumer_group=group, topic=T, queue_id=0, queue_offset=0, sync=sync
+    )
+    return n.stub.UpdateConsumerOffset(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_pending_offsets_one_user_fills_its_share_and_another_is_served(
+    tmp_path: Path,
+) -> None:
+    async def test(n: Node) -> None:
+        offsets = n.broker.offsets
+        for i in range(OFFSETS):
+            await commit(n, ALICE, f"fake-{i}")
+        await commit(n, ALICE, "fake-0")  # a newer offset of a pending key takes no room
+        code, details = await refusal(commit(n, ALICE, "fake-x"))
+        assert code == "RESOURCE_EXHAUSTED"
+        assert details.startswith("RESOURCE_EXHAUSTED quota pendingOffsetsPerUser:"), details
+        await commit(n, BOB, "real")
+        for i in range(OFFSETS + 1):
+            await commit(n, ROOT, f"ops-{i}")
+        assert offsets.committed("real", T, 0) == 0
+        assert offsets.pending_by_user("alice") == OFFSETS
+        # Once flushed, the buffer is free again (and everything pending was committed).
+        await commit(n, BOB, "real", sync=True)
+        assert offsets.pending_by_user("alice") == 0
+        assert n.broker.offsets.ctx.sm.offsets[("fake-1", T, 0)] == 0
+        await commit(n, ALICE, "fake-x")
+
+    run(tmp_path, test)
+
+
+def create_topic(n: Node, creds: Credentials, name: str, queues: int = 1) -> Any:
+    config = pb.TopicConfig(topic_name=name, read_queue_nums=queues, write_queue_nums=queues)
+    request = pb.CreateTopicRequest(topic=config)
+    return n.stub.CreateTopic(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def send(n: Node, creds: Credentials, topic: str) -> Any:
+    request = pb.SendMessageRequest(
+        topic=topic, messages=[pb.Message(queue_id=0, body=b"m", msg_id=IDS.next_id())]
+    )
+    return n.stub.SendMessage(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_topics_one_user_fills_its_share_and_another_is_served(tmp_path: Path) -> None:
+    async def test(n: Node) -> None:
+        topics = n.broker.topics
+        await create_topic(n, ALICE, "a-1")
+        await send(n, ALICE, "a-2")  # auto-created by her send: hers too
+        assert topics.held_by("alice") == TOPICS
+        await create_topic(n, ALICE, "a-1", 2)  # a change of her own takes no room
+        for refused in (create_topic(n, ALICE, "a-3"), send(n, ALICE, "a-4")):
+            code, details = await refusal(refused)
+            assert code == "RESOURCE_EXHAUSTED"
+            assert details.startswith("RESOURCE_EXHAUSTED quota topicsPerUser:"), details
+        assert "a-3" not in n.broker.offsets.ctx.sm.topics  # nothing proposed
+        await create_topic(n, BOB, "b-1")
+        for i in range(TOPICS + 1):
+            await create_topic(n, ROOT, f"r-{i}")
+        # An admin's change keeps the creator; a delete gives the room back.
+        await create_topic(n, ROOT, "a-2", 4)
+        assert topics.get("a-2").owner == "alice"
+        assert topics.get("a-2").read_queue_nums == 4
+        await n.stub.DeleteTopic(pb.DeleteTopicRequest(topic="a-1"), metadata=md(ROOT))
+        await create_topic(n, ALICE, "a-3")
+
+    run(tmp_path, test)
+
+
+def test_a_topic_keeps_its_owner_in_the_record_and_the_snapshot() -> None:
+    owned = TopicConfig("t", 2, 2, 6, "FIFO", "alice")
+    assert decode_topic_record(encode_topic_record(TOPIC_UPSERT, owned)) == (TOPIC_UPSERT, owned)
+    assert _topic_of_row("t", _topic_row(owned)) == owned
+    plain = TopicConfig("t", 2, 2, 6)
+    record = encode_topic_record(TOPIC_UPSERT, plain)
+    assert record[0] == 1  # without an owner: the version-1 bytes it always was
+    assert decode_topic_record(record) == (TOPIC_UPSERT, plain)
+    assert _topic_row(plain) == [2, 2, 6]
+    good = encode_topic_record(TOPIC_UPSERT, owned)
+    for bad in (good[:-1], good + b"x", good[:-6] + b"\x00"):  # short, long, empty owner
+        with pytest.raises(CorruptMessageError):
+            decode_topic_record(bad)
+    with pytest.raises(ValueError):
+        _topic_of_row("t", [2, 2, 6, "FIFO", ""])
