@@ -27,6 +27,7 @@ from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.fatal import spawn
+from dledger.log import Entry
 from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
@@ -148,6 +149,12 @@ class _LazyLog:
 
     def last_index(self) -> int:
         return self._node.store.last_index()
+
+    def read(self, index: int) -> Entry:
+        return self._node.store.read(index)
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return self._node.store.read_at(position, size)
 
 
 async def _serve(

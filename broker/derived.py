@@ -1,0 +1,463 @@
+"""Derived state checked against the commitlog, and repaired from it (docs/BROKER.md,
+"Derived state").
+
+The ConsumeQueues and the key index are derived from committed entries: the commitlog is the
+source of truth. A record is *right* when it points at a committed message of its topic and
+queue, with that size and tag (or store time, for the schedule and timer topics), at or after
+the end of the record before it. A timer hop record instead points at a hop inside a timer
+entry whose target is its queue.
+
+A wrong ConsumeQueue record is rebuilt from the entries between its right neighbours: the
+records of a queue are the queue's dispatched messages in commit order, so the slots between
+two right records hold exactly the queue's dispatched messages between them. The entries
+there are scanned as apply scanned them (messages, delivered schedule copies, timer hops and
+copies, transaction halves and copies), leaving out what apply left out that can be decided
+from the entry alone or the dedup window (an out-of-range store time, a duplicate of an id the
+window still holds). When the count of what is left equals the number of slots, those are the
+records. Otherwise the run is widened (a neighbour taken for right may be the wrong one), up to
+:data:`MAX_WIDEN` times; past that the repair is *ambiguous*: at open the whole state is
+rebuilt from the log (exact), at run time the queue is marked and the next start rebuilds it.
+
+Nothing here writes the commitlog. A commitlog entry that fails its own CRC while a repair
+reads it is the log's damage, not derived state's: the error is raised as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from broker.consumequeue import ConsumeQueue
+from broker.errors import BrokerError
+from broker.indexfile import build_key, key_hash
+from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC, is_valid_topic_name
+from broker.schedule import SCHEDULE_HEADER
+from broker.timer import HOP_RECORD_SIZE, TIMER_HEADER, decode_hop, decode_timer_header
+from broker.transactions.state import OP_COMMIT, OP_PREPARE, decode_txn_record
+from dledger.log import DLedgerError
+from msgcodec import (
+    MESSAGE_FIXED_SIZE,
+    MESSAGE_MAGIC,
+    MESSAGE_VERSION,
+    read_dispatch,
+    scan_dispatch,
+)
+
+if TYPE_CHECKING:
+    from broker.state import BrokerStateMachine
+
+logger = logging.getLogger(__name__)
+
+# A message's head as a check reads it: total size, magic, (crc), version, (reserved), queue
+# id, (flag, sys flag, reconsume times, born time), store time, tag hash, uniq id, topic length.
+_HEAD = struct.Struct(">II4xH2xi12x8xqq16sB")
+assert _HEAD.size == MESSAGE_FIXED_SIZE + 1
+# A head read covers the fixed part and the longest topic (127 characters).
+HEAD_READ_BYTES = _HEAD.size + 127
+# A repair scans at most this many bytes of entries between a bad run's neighbours (a run at
+# the very start of a queue has no left neighbour: its scan starts at the log's first entry).
+# Beyond it the repair is ambiguous (the open-time fallback replays the whole log anyway).
+MAX_REPAIR_SCAN_BYTES = 64 << 20
+# How many times a run whose candidates do not fit is widened by one record on each side
+# before it counts as ambiguous: one widening covers a record changed to point at another
+# right message of its own queue (its neighbour is then the one out of order).
+MAX_WIDEN = 4
+# Store times apply refuses (broker.state.MAX_STORE_TIMESTAMP_MS): such a batch was skipped.
+_MAX_STORE_TS_MS = 221_845_392_000_000
+# A marker under config/: a run-time check found damage it could not rebuild in place; the
+# next start rebuilds every derived store from the log.
+REBUILD_MARKER = "rebuild-derived"
+MAX_MARKER_BYTES = 1000  # the reason it holds, cut short
+# ENTRY types whose batches are dispatched (broker.state, broker.popstate, ...): kept here
+# as numbers so that this module needs nothing of broker.state at import.
+_ENTRY_MESSAGES = 16
+_ENTRY_SCHEDULE = 19
+_ENTRY_TIMER = 23
+_ENTRY_TXN = 24
+_MAX_QUEUE_NUMS = 1024  # broker.state.MAX_QUEUE_NUMS
+
+CqRow = tuple[int, int, int]
+
+
+class AmbiguousRepairError(BrokerError):
+    """The records of a damaged run cannot be told from the entries around it alone."""
+
+    code = "AMBIGUOUS_REPAIR"
+
+
+@dataclass
+class DerivedCounters:
+    """What the checks found since the process started (raftmq_scrub_*)."""
+
+    cq_checked: int = 0
+    cq_mismatches: int = 0
+    cq_rebuilt: int = 0
+    index_checked: int = 0
+    index_mismatches: int = 0
+    read_repairs: int = 0
+    unrepaired: int = 0
+    passes: int = 0
+    last_pass_s: float = 0.0
+    last_pass_end_unix_s: float = 0.0
+    by_where: dict[str, int] = field(default_factory=dict)
+
+
+def row_problem(sm: BrokerStateMachine, topic: str, queue_id: int, row: CqRow) -> str:
+    """Why ``row`` of queue ``(topic, queue_id)`` is not right, or "" when it is (the head
+    of its message is read, not its body's CRC: that is the commitlog's to check)."""
+    position, size, tag = row
+    if size <= 0 or position < 0 or position + size > sm.dispatch_end:
+        return f"record ({position}, {size}) outside the applied log [0, {sm.dispatch_end})"
+    if topic == TIMER_TOPIC and size == HOP_RECORD_SIZE:
+        try:
+            target = decode_hop(sm.log.read_at(position, size))[0]
+        except (ValueError, DLedgerError) as exc:
+            return f"no hop record at {position}: {exc}"
+        return "" if target == queue_id else f"hop at {position} targets level {target}"
+    try:
+        raw = sm.log.read_at(position, min(size, HEAD_READ_BYTES))
+    except DLedgerError as exc:
+        return f"position {position} not stored: {exc}"
+    if len(raw) < _HEAD.size:
+        return f"size {size} is below a message's head"
+    total, magic, version, qid, store_ts, t_hash, _uniq, topic_len = _HEAD.unpack_from(raw)
+    if magic != MESSAGE_MAGIC or version != MESSAGE_VERSION:
+        return f"no message starts at {position}"
+    if total != size:
+        return f"message at {position} is {total} bytes, the record says {size}"
+    name = raw[_HEAD.size : _HEAD.size + topic_len]
+    if qid != queue_id or name != topic.encode():
+        return f"message at {position} is of {name[:127]!r}/{qid}"
+    want = store_ts if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else t_hash
+    if want != tag:
+        return f"message at {position} has tag {want}, the record says {tag}"
+    return ""
+
+
+def bad_runs(
+    sm: BrokerStateMachine,
+    topic: str,
+    queue_id: int,
+    start: int,
+    rows: Sequence[CqRow],
+    previous_end: int,
+) -> tuple[list[tuple[int, int, str]], int]:
+    """The runs ``(first, end, why)`` of wrong records among ``rows`` (queue offsets from
+    ``start``), and the end of the last right one (``previous_end`` when none). A record is
+    wrong when its message does not match or it lies before the end of the right one before."""
+    runs: list[tuple[int, int, str]] = []
+    end = previous_end
+    for i, row in enumerate(rows):
+        why = row_problem(sm, topic, queue_id, row)
+        if not why and row[0] < end:
+            why = f"record at {row[0]} overlaps the one before (ending at {end})"
+        if not why:
+            end = row[0] + row[1]
+            continue
+        offset = start + i
+        if runs and runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], offset + 1, runs[-1][2])
+        else:
+            runs.append((offset, offset + 1, why))
+    return runs, end
+
+
+def first_body_position(sm: BrokerStateMachine) -> int:
+    """Where the log's first entry still held starts (0 for an empty log): retention deleted
+    what lies below, so records pointing there are not checked."""
+    log = sm.log
+    first = log.first_index()
+    return log.body_position(first) if first <= log.last_index() else 0
+
+
+def _entry_at(sm: BrokerStateMachine, position: int) -> int:
+    """The applied entry whose body holds ``position`` (or the first one when it is below)."""
+    log = sm.log
+    low, high = log.first_index(), sm.last_applied
+    while low < high:
+        mid = (low + high + 1) // 2
+        if log.body_position(mid) <= position:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _batch_rows(
+    sm: BrokerStateMachine, body: memoryview, at: int, base: int, dedup: bool
+) -> list[tuple[str, int, CqRow]]:
+    """The ConsumeQueue rows a batch at ``body[at:]`` dispatched, as apply made them."""
+    out = []
+    for offset_in, size, topic, queue_id, t_hash, _keys, uniq, store_ts in scan_dispatch(body[at:]):
+        if not 0 <= store_ts <= _MAX_STORE_TS_MS or not _queue_ok(topic, queue_id):
+            return []  # apply skipped the whole batch
+        position = base + at + offset_in
+        if dedup:
+            known = sm.dedup.get(uniq)
+            if known is not None and known.position != position:
+                continue  # a duplicate the window answered: never dispatched
+        tag = store_ts if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else t_hash
+        out.append((topic, queue_id, (position, size, tag)))
+    return out
+
+
+def _queue_ok(topic: str, queue_id: int) -> bool:
+    """broker.state._check_queue's rule (a batch breaking it was skipped whole)."""
+    return is_valid_topic_name(topic) and 0 <= queue_id < _MAX_QUEUE_NUMS
+
+
+def entry_rows(sm: BrokerStateMachine, index: int) -> list[tuple[str, int, CqRow]]:
+    """The ConsumeQueue rows applying entry ``index`` made (as far as the entry tells)."""
+    entry = sm.log.read(index)
+    base = sm.log.body_position(index)
+    body = memoryview(entry.body)
+    try:
+        if entry.type == _ENTRY_MESSAGES:
+            return _batch_rows(sm, body, 0, base, True)
+        if entry.type == _ENTRY_SCHEDULE and len(body) > SCHEDULE_HEADER.size:
+            return _batch_rows(sm, body, SCHEDULE_HEADER.size, base, False)
+        if entry.type == _ENTRY_TIMER:
+            return _timer_rows(sm, body, base)
+        if entry.type == _ENTRY_TXN:
+            record = decode_txn_record(entry.body)
+            if record.batch_at and record.op in (OP_PREPARE, OP_COMMIT):
+                return _batch_rows(sm, body, record.batch_at, base, record.op == OP_PREPARE)
+    except (BrokerError, ValueError, struct.error):
+        return []  # a record apply skipped
+    return []
+
+
+def _timer_rows(
+    sm: BrokerStateMachine, body: memoryview, base: int
+) -> list[tuple[str, int, CqRow]]:
+    _level, _from, _to, now_ms, hops = decode_timer_header(body)
+    copies_at = TIMER_HEADER.size + hops * HOP_RECORD_SIZE
+    out = [
+        (TIMER_TOPIC, decode_hop(body, at)[0], (base + at, HOP_RECORD_SIZE, now_ms))
+        for at in range(TIMER_HEADER.size, copies_at, HOP_RECORD_SIZE)
+    ]
+    if len(body) > copies_at:
+        out += _batch_rows(sm, body, copies_at, base, False)
+    return out
+
+
+def expected_rows(
+    sm: BrokerStateMachine, topic: str, queue_id: int, low: int, high: int
+) -> list[CqRow]:
+    """The rows of ``(topic, queue_id)`` the applied entries hold in ``[low, high)``."""
+    log = sm.log
+    index = _entry_at(sm, low)
+    scanned = 0
+    out: list[CqRow] = []
+    while index <= sm.last_applied and log.body_position(index) < high:
+        for t, q, row in entry_rows(sm, index):
+            if t == topic and q == queue_id and low <= row[0] < high:
+                out.append(row)
+        scanned += _entry_span(sm, index)
+        if scanned > MAX_REPAIR_SCAN_BYTES:
+            raise AmbiguousRepairError(
+                f"more than {MAX_REPAIR_SCAN_BYTES} bytes of entries around the damage"
+            )
+        index += 1
+    out.sort()
+    return out
+
+
+def _entry_span(sm: BrokerStateMachine, index: int) -> int:
+    if index < sm.last_applied:
+        return sm.log.body_position(index + 1) - sm.log.body_position(index)
+    return max(sm.dispatch_end - sm.log.body_position(index), 0)
+
+
+def repair_run(
+    sm: BrokerStateMachine, cq: ConsumeQueue, topic: str, queue_id: int, first: int, end: int
+) -> tuple[int, int]:
+    """Rebuild the records ``[first, end)`` of ``cq`` from the commitlog; the run actually
+    rewritten (it may have been widened). :class:`AmbiguousRepairError` when it cannot."""
+    first_position = first_body_position(sm)
+    for _ in range(MAX_WIDEN + 1):
+        low = cq.get(first - 1)[0] + cq.get(first - 1)[1] if first > cq.min_offset else 0
+        high = cq.get(end)[0] if end < cq.max_offset else sm.dispatch_end
+        rows = expected_rows(sm, topic, queue_id, max(low, first_position), high)
+        if len(rows) == end - first:
+            cq.rewrite(first, rows)
+            return first, end
+        first, end = max(first - 1, cq.min_offset), min(end + 1, cq.max_offset)
+    raise AmbiguousRepairError(
+        f"queue {topic}/{queue_id} [{first}, {end}): the entries around it hold"
+        f" {len(rows)} records for {end - first} slots"
+    )
+
+
+def rebuild_tail(
+    sm: BrokerStateMachine, cq: ConsumeQueue, topic: str, queue_id: int, want: int
+) -> str:
+    """Give ``cq`` its records up to ``want`` (the snapshot's max offset) again from the
+    commitlog, after open cut them; "" when done, else why it cannot (then the whole state
+    is rebuilt). The last records kept may be the wrong ones (a record changed to a later
+    message of its queue kept the cut out of order): up to :data:`MAX_WIDEN` of them are
+    given up when the count does not fit."""
+    keep = cq.max_offset
+    rows: list[CqRow] = []
+    for _ in range(MAX_WIDEN + 1):
+        low = cq.get(keep - 1)[0] + cq.get(keep - 1)[1] if keep > cq.min_offset else 0
+        low = max(low, first_body_position(sm))
+        try:
+            rows = expected_rows(sm, topic, queue_id, low, sm.dispatch_end)
+        except AmbiguousRepairError as exc:
+            return f"queue {topic}/{queue_id} lost records {keep}..{want}: {exc}"
+        if len(rows) == want - keep:
+            dropped = cq.max_offset - keep
+            cq.truncate_after_position(low)
+            cq.append_many(rows)
+            sm.derived.cq_mismatches += len(rows)
+            sm.derived.cq_rebuilt += len(rows)
+            sm.derived.by_where["open"] = sm.derived.by_where.get("open", 0) + len(rows)
+            logger.warning(
+                "derived state: consumequeue tail lost where=open queue=%s/%d file=%s"
+                " offset=%d records=%d (%d of them given up as out of order) rebuilt=[%d, %d)"
+                " from the commitlog",
+                topic,
+                queue_id,
+                cq.file_of(keep),
+                keep,
+                want - keep,
+                dropped,
+                keep,
+                want,
+            )
+            return ""
+        if keep <= cq.min_offset:
+            break
+        keep -= 1
+    return (
+        f"queue {topic}/{queue_id} holds {cq.max_offset} records, snapshot says {want}, and"
+        f" the commitlog holds {len(rows)} for the {want - keep} missing"
+    )
+
+
+def check_queue(
+    sm: BrokerStateMachine,
+    cq: ConsumeQueue,
+    topic: str,
+    queue_id: int,
+    start: int,
+    count: int,
+    where: str,
+) -> int:
+    """Check records ``[start, start + count)`` of a queue and rebuild the wrong ones; the
+    number checked. :class:`AmbiguousRepairError` when a run cannot be rebuilt in place."""
+    counters = sm.derived
+    first_position = first_body_position(sm)
+    low = max(start, cq.min_offset)
+    records = cq.read(low, max(0, start + count - low))
+    previous = cq.get(low - 1) if low > cq.min_offset else None
+    previous_end = previous[0] + previous[1] if previous else first_position
+    runs, _ = bad_runs(sm, topic, queue_id, low, list(records), previous_end)
+    counters.cq_checked += len(records)
+    for first, end, why in runs:
+        counters.cq_mismatches += end - first
+        counters.by_where[where] = counters.by_where.get(where, 0) + end - first
+        a, b = repair_run(sm, cq, topic, queue_id, first, end)
+        counters.cq_rebuilt += b - a
+        logger.warning(
+            "derived state: consumequeue record wrong where=%s queue=%s/%d file=%s offset=%d"
+            " records=%d problem=%r rebuilt=[%d, %d) from the commitlog",
+            where,
+            topic,
+            queue_id,
+            cq.file_of(first),
+            first,
+            end - first,
+            why,
+            a,
+            b,
+        )
+    return len(records)
+
+
+def check_all_queues(sm: BrokerStateMachine) -> str:
+    """The open-time check: every record of every queue (message heads only); wrong runs are
+    rebuilt. A reason to rebuild everything from the log, or "" when all is right now."""
+    started = time.monotonic()
+    checked = 0
+    for topic, queue_id in sm.cqs.queue_ids():
+        cq = sm.cqs.find(topic, queue_id)
+        if cq is None:
+            continue
+        at = cq.min_offset
+        while at < cq.max_offset:
+            n = min(cq.max_offset - at, 65_536)
+            try:
+                checked += check_queue(sm, cq, topic, queue_id, at, n, "open")
+            except AmbiguousRepairError as exc:
+                return f"consumequeue {topic}/{queue_id} damaged: {exc}"
+            at += n
+    why = check_index(sm, "open", max_records=None)[1]
+    logger.info(
+        "derived state checked at open records=%d index_records=%d ms=%.0f",
+        checked,
+        sm.derived.index_checked,
+        (time.monotonic() - started) * 1000,
+    )
+    return f"key index damaged: {why}" if why else ""
+
+
+def index_problem(sm: BrokerStateMachine, hash_value: int, position: int) -> str:
+    """Why an index record ``(hash, position)`` is wrong, or "" when the message there has a
+    key (or uniq id) of that hash."""
+    if not 0 <= position < sm.dispatch_end:
+        return f"index record points at {position}, outside the applied log"
+    try:
+        head = sm.log.read_at(position, _HEAD.size)
+        total = _HEAD.unpack_from(head)[0]
+        if not _HEAD.size <= total <= sm.dispatch_end - position:
+            return f"no message at {position}"
+        info = read_dispatch(sm.log.read_at(position, total), verify_crc=False)
+    except (DLedgerError, BrokerError, ValueError, struct.error) as exc:
+        return f"no message at {position}: {exc}"
+    for key in (*info.keys, info.uniq_id):
+        if key_hash(build_key(info.topic, key)) == hash_value:
+            return ""
+    return f"the message at {position} has no key of hash {hash_value}"
+
+
+def check_index(
+    sm: BrokerStateMachine, where: str, max_records: int | None, cursor: tuple[int, int] = (0, 1)
+) -> tuple[tuple[int, int], str]:
+    """Check key index records from ``cursor`` (file number, record number) on, at most
+    ``max_records`` (None: all); the next cursor ((0, 1) after the last file) and the first
+    problem found ("" when none)."""
+    files = sm.index.index_files()
+    first_position = first_body_position(sm)
+    file_no, record = cursor
+    done = 0
+    while file_no < len(files):
+        f = files[file_no]
+        while record < f.count:
+            if max_records is not None and done >= max_records:
+                return (file_no, record), ""
+            hash_value, position, _diff, _prev = f.record(record)
+            record += 1
+            done += 1
+            sm.derived.index_checked += 1
+            if position < first_position:
+                continue  # its entry was deleted by retention: nothing to check against
+            why = index_problem(sm, hash_value, position)
+            if why:
+                sm.derived.index_mismatches += 1
+                sm.derived.by_where[where] = sm.derived.by_where.get(where, 0) + 1
+                logger.warning(
+                    "derived state: key index record wrong where=%s file=%s record=%d problem=%r",
+                    where,
+                    f.path.name,
+                    record - 1,
+                    why,
+                )
+                return (file_no, record), f"{f.path.name} record {record - 1}: {why}"
+        file_no, record = file_no + 1, 1
+    return (0, 1), ""
