@@ -24,6 +24,7 @@ from broker.config import KEYS, BrokerConfig, ConfigError, load_config, node_con
 from broker.disk import DiskGuard
 from broker.metrics import BrokerExporter
 from broker.registration import BrokerRegistrar
+from broker.scrubber import Scrubber
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.fatal import spawn
@@ -163,6 +164,7 @@ async def _serve(
     registrar: BrokerRegistrar | None = None,
     v2_port: _Port | None = None,
     exporter: BrokerExporter | None = None,
+    scrubber: Scrubber | None = None,
 ) -> None:
     if v2_port is not None:
         v2_port.bind()
@@ -173,6 +175,8 @@ async def _serve(
         await v2_port.start()
     if exporter is not None:
         exporter.start()
+    if scrubber is not None:
+        scrubber.start()
     if registrar is not None:
         registrar.start()
 
@@ -189,6 +193,8 @@ async def _serve(
             await exporter.stop()
         if v2_port is not None:
             await v2_port.stop()
+        if scrubber is not None:
+            await scrubber.stop()
         await node.stop()
         sm.close()  # the node applies nothing after stop(): final snapshot
 
@@ -259,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqbroker: cannot serve grpcServerPort: {exc}", file=sys.stderr)
         return 2
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
+    scrubber = Scrubber(sm, cfg.scrubRecordsPerSecond)
     exporter = (
         BrokerExporter(cfg.brokerIP1, cfg.metricsPort, servicer, cfg.metrics_tls_files)
         if cfg.metricsPort
@@ -277,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = Profiler(interval=0.001, async_mode="disabled")
         profiler.start()
     try:
-        run_event_loop(_serve(node, sm, registrar, v2_port, exporter))
+        run_event_loop(_serve(node, sm, registrar, v2_port, exporter, scrubber))
     except StartError as exc:
         print(f"mqbroker: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -27,12 +27,12 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from broker.consumequeue import ConsumeQueue
-from broker.errors import BrokerError
+from broker.errors import BrokerError, CorruptMessageError, DerivedStateError, MessageNotFoundError
 from broker.indexfile import build_key, key_hash
 from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC, is_valid_topic_name
 from broker.schedule import SCHEDULE_HEADER
@@ -68,6 +68,9 @@ MAX_REPAIR_SCAN_BYTES = 64 << 20
 MAX_WIDEN = 4
 # Store times apply refuses (broker.state.MAX_STORE_TIMESTAMP_MS): such a batch was skipped.
 _MAX_STORE_TS_MS = 221_845_392_000_000
+# The scrubber's default rate (broker.conf scrubRecordsPerSecond): records of the ConsumeQueues
+# and the key index checked a second. Its cost is measured in docs/BROKER.md, "Derived state".
+DEFAULT_SCRUB_RECORDS_PER_SECOND = 2000
 # A marker under config/: a run-time check found damage it could not rebuild in place; the
 # next start rebuilds every derived store from the log.
 REBUILD_MARKER = "rebuild-derived"
@@ -81,6 +84,7 @@ _ENTRY_TXN = 24
 _MAX_QUEUE_NUMS = 1024  # broker.state.MAX_QUEUE_NUMS
 
 CqRow = tuple[int, int, int]
+_T = TypeVar("_T")
 
 
 class AmbiguousRepairError(BrokerError):
@@ -89,27 +93,37 @@ class AmbiguousRepairError(BrokerError):
     code = "AMBIGUOUS_REPAIR"
 
 
+STORE_CQ = "consumequeue"
+STORE_INDEX = "index"
+
+
 @dataclass
 class DerivedCounters:
-    """What the checks found since the process started (raftmq_scrub_*)."""
+    """What the checks found since the process started (``raftmq_scrub_*``). ``where`` is
+    ``open`` (the open-time check), ``read`` (a pull or POP receive) or ``scrub`` (the
+    background scrubber)."""
 
-    cq_checked: int = 0
-    cq_mismatches: int = 0
-    cq_rebuilt: int = 0
-    index_checked: int = 0
-    index_mismatches: int = 0
-    read_repairs: int = 0
-    unrepaired: int = 0
+    checked: dict[str, int] = field(default_factory=lambda: {STORE_CQ: 0, STORE_INDEX: 0})
+    mismatches: dict[tuple[str, str], int] = field(default_factory=dict)
+    rebuilt: int = 0  # ConsumeQueue records rewritten from the commitlog
+    read_repairs: int = 0  # reads that met a wrong record and were answered after a rebuild
+    unrepaired: int = 0  # damage left to the next start's rebuild (config/rebuild-derived)
     passes: int = 0
     last_pass_s: float = 0.0
     last_pass_end_unix_s: float = 0.0
-    by_where: dict[str, int] = field(default_factory=dict)
+
+    def wrong(self, store: str, where: str, n: int = 1) -> None:
+        key = (store, where)
+        self.mismatches[key] = self.mismatches.get(key, 0) + n
+
+    def total_wrong(self, store: str) -> int:
+        return sum(n for (s, _w), n in self.mismatches.items() if s == store)
 
 
 def row_problem(sm: BrokerStateMachine, topic: str, queue_id: int, row: CqRow) -> str:
     """Why ``row`` of queue ``(topic, queue_id)`` is not right, or "" when it is (the head
     of its message is read, not its body's CRC: that is the commitlog's to check)."""
-    position, size, tag = row
+    position, size, _tag = row
     if size <= 0 or position < 0 or position + size > sm.dispatch_end:
         return f"record ({position}, {size}) outside the applied log [0, {sm.dispatch_end})"
     if topic == TIMER_TOPIC and size == HOP_RECORD_SIZE:
@@ -122,20 +136,7 @@ def row_problem(sm: BrokerStateMachine, topic: str, queue_id: int, row: CqRow) -
         raw = sm.log.read_at(position, min(size, HEAD_READ_BYTES))
     except DLedgerError as exc:
         return f"position {position} not stored: {exc}"
-    if len(raw) < _HEAD.size:
-        return f"size {size} is below a message's head"
-    total, magic, version, qid, store_ts, t_hash, _uniq, topic_len = _HEAD.unpack_from(raw)
-    if magic != MESSAGE_MAGIC or version != MESSAGE_VERSION:
-        return f"no message starts at {position}"
-    if total != size:
-        return f"message at {position} is {total} bytes, the record says {size}"
-    name = raw[_HEAD.size : _HEAD.size + topic_len]
-    if qid != queue_id or name != topic.encode():
-        return f"message at {position} is of {name[:127]!r}/{qid}"
-    want = store_ts if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else t_hash
-    if want != tag:
-        return f"message at {position} has tag {want}, the record says {tag}"
-    return ""
+    return raw_problem(raw, topic, queue_id, row)
 
 
 def bad_runs(
@@ -286,7 +287,10 @@ def repair_run(
         if len(rows) == end - first:
             cq.rewrite(first, rows)
             return first, end
-        first, end = max(first - 1, cq.min_offset), min(end + 1, cq.max_offset)
+        wider = max(first - 1, cq.min_offset), min(end + 1, cq.max_offset)
+        if wider == (first, end):
+            break
+        first, end = wider
     raise AmbiguousRepairError(
         f"queue {topic}/{queue_id} [{first}, {end}): the entries around it hold"
         f" {len(rows)} records for {end - first} slots"
@@ -314,9 +318,8 @@ def rebuild_tail(
             dropped = cq.max_offset - keep
             cq.truncate_after_position(low)
             cq.append_many(rows)
-            sm.derived.cq_mismatches += len(rows)
-            sm.derived.cq_rebuilt += len(rows)
-            sm.derived.by_where["open"] = sm.derived.by_where.get("open", 0) + len(rows)
+            sm.derived.wrong(STORE_CQ, "open", len(rows))
+            sm.derived.rebuilt += len(rows)
             logger.warning(
                 "derived state: consumequeue tail lost where=open queue=%s/%d file=%s"
                 " offset=%d records=%d (%d of them given up as out of order) rebuilt=[%d, %d)"
@@ -358,12 +361,11 @@ def check_queue(
     previous = cq.get(low - 1) if low > cq.min_offset else None
     previous_end = previous[0] + previous[1] if previous else first_position
     runs, _ = bad_runs(sm, topic, queue_id, low, list(records), previous_end)
-    counters.cq_checked += len(records)
+    counters.checked[STORE_CQ] += len(records)
     for first, end, why in runs:
-        counters.cq_mismatches += end - first
-        counters.by_where[where] = counters.by_where.get(where, 0) + end - first
+        counters.wrong(STORE_CQ, where, end - first)
         a, b = repair_run(sm, cq, topic, queue_id, first, end)
-        counters.cq_rebuilt += b - a
+        counters.rebuilt += b - a
         logger.warning(
             "derived state: consumequeue record wrong where=%s queue=%s/%d file=%s offset=%d"
             " records=%d problem=%r rebuilt=[%d, %d) from the commitlog",
@@ -401,7 +403,7 @@ def check_all_queues(sm: BrokerStateMachine) -> str:
     logger.info(
         "derived state checked at open records=%d index_records=%d ms=%.0f",
         checked,
-        sm.derived.index_checked,
+        sm.derived.checked[STORE_INDEX],
         (time.monotonic() - started) * 1000,
     )
     return f"key index damaged: {why}" if why else ""
@@ -444,13 +446,12 @@ def check_index(
             hash_value, position, _diff, _prev = f.record(record)
             record += 1
             done += 1
-            sm.derived.index_checked += 1
+            sm.derived.checked[STORE_INDEX] += 1
             if position < first_position:
                 continue  # its entry was deleted by retention: nothing to check against
             why = index_problem(sm, hash_value, position)
             if why:
-                sm.derived.index_mismatches += 1
-                sm.derived.by_where[where] = sm.derived.by_where.get(where, 0) + 1
+                sm.derived.wrong(STORE_INDEX, where)
                 logger.warning(
                     "derived state: key index record wrong where=%s file=%s record=%d problem=%r",
                     where,
@@ -461,3 +462,91 @@ def check_index(
                 return (file_no, record), f"{f.path.name} record {record - 1}: {why}"
         file_no, record = file_no + 1, 1
     return (0, 1), ""
+
+
+# ------------------------------------------------------------------------- check on read
+
+
+class RecordMismatchError(BrokerError):
+    """A record read for an answer does not match the commitlog (raised inside a read, caught
+    by :func:`read_repaired`, never answered)."""
+
+    code = "RECORD_MISMATCH"
+
+    def __init__(self, offset: int, why: str) -> None:
+        super().__init__(why)
+        self.offset = offset
+        self.why = why
+
+
+def raw_problem(raw: bytes, topic: str, queue_id: int, row: CqRow) -> str:
+    """:func:`row_problem`'s message checks on bytes already read (a pull's answer): "" when
+    ``raw`` is the message of the record ``row`` of queue ``(topic, queue_id)``."""
+    if len(raw) < _HEAD.size:
+        return f"size {row[1]} is below a message's head"
+    total, magic, version, qid, store_ts, t_hash, _uniq, topic_len = _HEAD.unpack_from(raw)
+    if magic != MESSAGE_MAGIC or version != MESSAGE_VERSION:
+        return f"no message starts at {row[0]}"
+    if total != row[1]:
+        return f"message at {row[0]} is {total} bytes, the record says {row[1]}"
+    name = raw[_HEAD.size : _HEAD.size + topic_len]
+    if qid != queue_id or name != topic.encode():
+        return f"message at {row[0]} is of {name[:127]!r}/{qid}"
+    want = store_ts if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else t_hash
+    if want != row[2]:
+        return f"message at {row[0]} has tag {want}, the record says {row[2]}"
+    return ""
+
+
+def checked_raw(
+    sm: BrokerStateMachine,
+    read: Callable[[int, int], bytes],
+    topic: str,
+    queue_id: int,
+    offset: int,
+    row: CqRow,
+) -> bytes:
+    """``read(position, size)`` of a record's message (CRC checked by ``read``), checked
+    against the record: :class:`RecordMismatchError` when the record is wrong; the read's own
+    error (DATA_LOSS) when the record is right and the commitlog's message is damaged."""
+    try:
+        raw = read(row[0], row[1])
+    except (CorruptMessageError, MessageNotFoundError):
+        why = row_problem(sm, topic, queue_id, row)
+        if not why:
+            raise  # the record is right: the commitlog's message is damaged
+        raise RecordMismatchError(offset, why) from None
+    why = raw_problem(raw, topic, queue_id, row)
+    if why:
+        raise RecordMismatchError(offset, why)
+    return raw
+
+
+def read_repaired(
+    sm: BrokerStateMachine, topic: str, queue_id: int, count: int, read: Callable[[], _T]
+) -> _T:
+    """``read()`` (a pull or a POP scan of ``count`` records of the queue); when it meets a
+    wrong record, the records from there are rebuilt from the commitlog and it reads again.
+    :class:`DerivedStateError` when they cannot be rebuilt in place (the node rebuilds at its
+    next start; the reader retries, on another member or later)."""
+    try:
+        return read()
+    except RecordMismatchError as exc:
+        first = exc
+    cq = sm.cqs.find(topic, queue_id)
+    if cq is None:
+        raise DerivedStateError(f"queue {topic}/{queue_id} vanished during a repair")
+    sm.derived.read_repairs += 1
+    try:
+        check_queue(sm, cq, topic, queue_id, first.offset, max(count, 1), "read")
+    except AmbiguousRepairError as exc:
+        sm.request_rebuild(f"queue {topic}/{queue_id} offset {first.offset}: {exc}")
+        raise DerivedStateError(
+            f"queue {topic}/{queue_id} offset {first.offset}: {first.why}; rebuilding at the"
+            " next start, read from another member"
+        ) from None
+    try:
+        return read()
+    except RecordMismatchError as exc:
+        sm.request_rebuild(f"queue {topic}/{queue_id} offset {exc.offset}: {exc.why}")
+        raise DerivedStateError(f"queue {topic}/{queue_id}: {exc.why}") from None

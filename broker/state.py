@@ -1093,6 +1093,9 @@ class BrokerStateMachine:
         """A run-time check found derived damage it could not rebuild in place: the next
         start rebuilds every derived store from the log (config/rebuild-derived)."""
         self.derived.unrepaired += 1
+        if self.derived.unrepaired > 1:
+            logger.info("derived state: also cannot rebuild in place: %.300s", why)
+            return  # the marker holds the first reason; the next start rebuilds it all
         logger.error("derived state: cannot rebuild in place, rebuilding at next start: %s", why)
         self.config_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(

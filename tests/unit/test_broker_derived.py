@@ -96,7 +96,7 @@ def test_a_changed_record_behind_the_snapshot_is_rebuilt_at_open(
     sm.applied_index()
     try:
         assert sm.cqs.find("T", 0).read(0, 30).raw == b"".join(CQ_RECORD.pack(*r) for r in good)
-        assert sm.derived.cq_mismatches >= 1 and sm.derived.cq_rebuilt >= 1
+        assert sm.derived.total_wrong("consumequeue") >= 1 and sm.derived.rebuilt >= 1
         assert sm.last_applied == len(log.entries)  # rebuilt in place, not from the start
     finally:
         sm.close()
@@ -129,7 +129,7 @@ def test_a_wrong_key_index_record_makes_the_open_rebuild_from_the_log(tmp_path: 
     assert sm.applied_index() == 0  # rebuilt: the whole log is applied again
     sm.apply(log.entries)
     try:
-        assert sm.derived.index_mismatches == 1
+        assert sm.derived.mismatches == {("index", "open"): 1}
         assert derived.check_index(sm, "test", None)[1] == ""
     finally:
         sm.close()
