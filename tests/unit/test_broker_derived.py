@@ -3,15 +3,28 @@ read and the scrubber find wrong ConsumeQueue and key index records and rebuild 
 
 from __future__ import annotations
 
+import asyncio
 import struct
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from broker_world import MemoryLog
+from broker_world import MemoryLog, Outgoing, outgoing, world
 
 from broker import derived
+from broker.applied import AppliedMessages, NodeContext
 from broker.consumequeue import CQ_RECORD, CQ_RECORD_SIZE
+from broker.errors import CorruptMessageError, DerivedStateError
+from broker.indexfile import INDEX_RECORD
+from broker.lookups import Lookups
 from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.pop import Pops, ReceiveQuery
+from broker.pulling import PullPath, PullQuery, PullStatus
+from broker.retry import Retries
+from broker.scrubber import Scrubber
+from broker.sending import SendPath
+from broker.settings import ServiceConfig
 from broker.state import ENTRY_MESSAGES, BrokerStateMachine
 from dledger.core import Role
 
@@ -133,3 +146,182 @@ def test_a_wrong_key_index_record_makes_the_open_rebuild_from_the_log(tmp_path: 
         assert derived.check_index(sm, "test", None)[1] == ""
     finally:
         sm.close()
+
+
+# ------------------------------------------------------------------------- on read
+
+
+async def _served(root: Path, messages: int = 12) -> tuple[object, BrokerStateMachine, PullPath]:
+    node, sm, topics, applied = world(root)
+    await topics.upsert("T", 2, 2, 6)
+    sender = SendPath(topics.ctx, topics)
+    await sender.send("T", [outgoing(i % 2, i) for i in range(messages)])
+    return node, sm, PullPath(topics, applied)
+
+
+def _poke_live(sm: BrokerStateMachine, offset: int, record: tuple[int, int, int]) -> None:
+    """Change a record on disk under a running node (the file is mapped shared)."""
+    cq = sm.cqs.find("T", 0)
+    assert cq is not None
+    with _cq_file(sm.root).open("r+b") as f:
+        f.seek(offset * CQ_RECORD_SIZE)
+        f.write(CQ_RECORD.pack(*record))
+    assert cq.get(offset) == record
+
+
+def test_a_pull_over_a_wrong_record_rebuilds_it_and_answers(tmp_path: Path) -> None:
+    async def body() -> None:
+        _node, sm, puller = await _served(tmp_path)
+        before = await puller.pull(PullQuery("T", 0, 0), "peer")
+        good = sm.cqs.find("T", 0).read(0, 6).raw
+        position, size, tag = sm.cqs.find("T", 0).get(3)
+        _poke_live(sm, 3, (position, size - 7, tag))  # the issue: "truncated message"
+        got = await puller.pull(PullQuery("T", 0, 0), "peer")
+        assert got.status is PullStatus.FOUND and got.raw == before.raw
+        assert got.queue_offsets == list(range(6))
+        assert sm.cqs.find("T", 0).read(0, 6).raw == good
+        assert sm.derived.read_repairs == 1 and sm.derived.mismatches == {
+            ("consumequeue", "read"): 1
+        }
+        # A record pointing at a right message of another queue is no longer served either.
+        other = sm.cqs.find("T", 1).get(2)
+        _poke_live(sm, 4, (other[0], other[1], sm.cqs.find("T", 0).get(4)[2]))
+        again = await puller.pull(PullQuery("T", 0, 0), "peer")
+        assert again.raw == before.raw and sm.derived.read_repairs == 2
+
+    asyncio.run(body())
+
+
+def test_a_pop_receive_over_a_wrong_record_rebuilds_it(tmp_path: Path) -> None:
+    async def body() -> None:
+        _node, sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        sender = SendPath(topics.ctx, topics)
+        await sender.send("T", [outgoing(i % 2, i) for i in range(12)])
+        pops = Pops(topics, applied, Retries(topics, applied, sender), 2, 10_000)
+        position, size, tag = sm.cqs.find("T", 0).get(2)
+        _poke_live(sm, 2, (position + 1, size, tag))
+        got = await pops.receive(ReceiveQuery("G", "T", 0, 32, 20_000))
+        assert sorted(r.message.body for r in got) == sorted(
+            f"body-{i}".encode() for i in range(0, 12, 2)
+        )
+        assert sm.derived.read_repairs == 1
+
+    asyncio.run(body())
+
+
+def test_a_right_record_over_a_damaged_message_still_answers_data_loss(tmp_path: Path) -> None:
+    """The commitlog's own damage is not hidden as derived damage."""
+
+    async def body() -> None:
+        node, sm, puller = await _served(tmp_path)
+        position, size, _tag = sm.cqs.find("T", 0).get(1)
+        node.store.data[position + size - 1] ^= 0xFF  # the body's last byte: CRC fails
+        with pytest.raises(CorruptMessageError):
+            await puller.pull(PullQuery("T", 0, 0), "peer")
+        assert sm.derived.read_repairs == 0 and not sm.derived.mismatches
+
+    asyncio.run(body())
+
+
+def test_a_repair_the_entries_cannot_decide_answers_unavailable_and_marks_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    """A duplicate that left the dedup window looks like a dispatched message: with the
+    records around it wrong too, the count does not fit; the pull is refused (retryable) and
+    the next start rebuilds everything from the log."""
+    log = MemoryLog()
+    sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000, dedup_max_ids=2)
+    sm.attach(log)
+    sm.applied_index()
+    same = IDS.next_id()
+    sizes = []
+    for uniq in (same, same, IDS.next_id(), IDS.next_id()):  # the second is a duplicate
+        m = Message(topic="T", queue_id=0, body=b"x", store_timestamp_ms=1, uniq_id=uniq)
+        body = encode_batch([m])[0]
+        sizes.append(len(body) - 12)
+        sm.apply([log.add(body, ENTRY_MESSAGES)])
+    cq = sm.cqs.find("T", 0)
+    assert cq.max_offset == 3
+    _poke_live(sm, 1, (cq.get(1)[0], cq.get(1)[1] + 1, cq.get(1)[2]))
+    applied = AppliedMessages(
+        NodeContext(SimpleNamespace(store=log), sm, ServiceConfig("127.0.0.1", 1))
+    )
+    with pytest.raises(DerivedStateError):
+        derived.read_repaired(
+            sm,
+            "T",
+            0,
+            3,
+            lambda: [derived.checked_raw(sm, applied.raw, "T", 0, i, cq.get(i)) for i in range(3)],
+        )
+    assert (tmp_path / "config" / derived.REBUILD_MARKER).exists()
+    sm.close()
+    again = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000, dedup_max_ids=2)
+    again.attach(log)
+    assert again.applied_index() == 0  # rebuilt from the log
+    again.apply(log.entries)
+    assert list(again.cqs.find("T", 0).read(0, 3)) == [
+        (log.positions[i] + 12, sizes[i], 0) for i in (0, 2, 3)
+    ]
+    assert not (tmp_path / "config" / derived.REBUILD_MARKER).exists()
+    again.close()
+
+
+# ------------------------------------------------------------------------- scrubber
+
+
+def test_the_scrubber_finds_and_rebuilds_a_wrong_record_at_its_rate(tmp_path: Path) -> None:
+    async def body() -> None:
+        _node, sm, _puller = await _served(tmp_path, messages=40)
+        good = sm.cqs.find("T", 0).read(0, 20).raw
+        position, size, tag = sm.cqs.find("T", 0).get(11)
+        _poke_live(sm, 11, (position, size, tag + 1))
+        scrubber = Scrubber(sm, 400)  # 20 records a slice, a slice every 50 ms
+        started = time.monotonic()
+        await scrubber.one_pass()
+        took = time.monotonic() - started
+        assert sm.cqs.find("T", 0).read(0, 20).raw == good
+        assert sm.derived.mismatches == {("consumequeue", "scrub"): 1} and sm.derived.rebuilt == 1
+        records = sm.derived.checked["consumequeue"] + sm.derived.checked["index"]
+        assert records >= 40 + 40  # 40 queue records, a uniq id per message
+        assert took >= (records - 20) / 400  # never faster than the rate
+        assert sm.derived.passes == 1 and sm.derived.last_pass_s > 0
+
+    asyncio.run(body())
+
+
+def test_the_scrubber_sends_a_wrong_index_record_to_the_next_start(tmp_path: Path) -> None:
+    async def body() -> BrokerStateMachine:
+        _node, sm, _puller = await _served(tmp_path)
+        f = sm.index.index_files()[0]
+        h, position, diff, previous = f.record(3)
+        INDEX_RECORD.pack_into(f.mm, f._record_at(3), h, position + 1, diff, previous)
+        await Scrubber(sm, 10_000).one_pass()
+        assert sm.derived.mismatches == {("index", "scrub"): 1} and sm.derived.unrepaired == 1
+        return sm
+
+    sm = asyncio.run(body())
+    assert (tmp_path / "config" / derived.REBUILD_MARKER).exists()
+    sm.close()
+
+
+def test_a_key_lookup_skips_a_wrong_index_candidate(tmp_path: Path) -> None:
+    async def body() -> None:
+        _node, sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        sender = SendPath(topics.ctx, topics)
+        sent = await sender.send(
+            "T", [Outgoing(0, b"b", IDS.next_id(), keys=(f"k{i}",)) for i in range(3)]
+        )
+        f = sm.index.index_files()[0]
+        wrong = [n for n in range(1, f.count) if f.record(n)[1] == sent[1].position]
+        for n in wrong:  # every key of message 1 now points 5 bytes into it
+            h, position, diff, previous = f.record(n)
+            INDEX_RECORD.pack_into(f.mm, f._record_at(n), h, position + 5, diff, previous)
+        lookups = Lookups(applied)
+        assert lookups.by_key("T", "k1") == []
+        assert [found.position for found in lookups.by_key("T", "k2")] == [sent[2].position]
+        assert sm.derived.mismatches[("index", "read")] == 1
+
+    asyncio.run(body())
