@@ -325,3 +325,24 @@ def test_a_key_lookup_skips_a_wrong_index_candidate(tmp_path: Path) -> None:
         assert sm.derived.mismatches[("index", "read")] == 1
 
     asyncio.run(body())
+
+
+def test_a_large_store_checks_its_newest_records_at_open_and_leaves_the_rest_to_the_scrubber(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _filled(tmp_path)  # 30 records in each of 2 queues, 60 index records
+    good = _records(tmp_path)
+    for offset in (7, 27):
+        position, size, tag = good[offset]
+        _poke(tmp_path, offset, (position, size - 1, tag))
+    monkeypatch.setattr(derived, "OPEN_CHECK_MAX_RECORDS", 10)  # each queue its newest 5
+    monkeypatch.setattr(derived, "OPEN_CHECK_MAX_INDEX_RECORDS", 7)
+    sm = _sm(tmp_path, log)
+    sm.applied_index()
+    assert sm.derived.checked == {"consumequeue": 10, "index": 7}
+    assert sm.cqs.find("T", 0).get(27) == good[27]
+    assert sm.cqs.find("T", 0).get(7) != good[7]  # older: the scrubber's
+    asyncio.run(Scrubber(sm, 100_000).one_pass())
+    assert sm.cqs.find("T", 0).get(7) == good[7]
+    assert sm.derived.mismatches == {("consumequeue", "open"): 1, ("consumequeue", "scrub"): 1}
+    sm.close()
