@@ -35,6 +35,9 @@ SLICES_PER_SECOND = 20
 # After a pass that could not run (the stores were closed for a snapshot install) or found
 # the log unreadable: wait this long before the next one.
 RETRY_AFTER_S = 5.0
+# A pass starts at most this often: a small store's pass is over in moments, and an idle
+# node's scrubber then wakes every 10 s, not in a loop.
+MIN_PASS_INTERVAL_S = 10.0
 
 
 class Scrubber:
@@ -63,11 +66,13 @@ class Scrubber:
         """Passes, one after the other, until cancelled."""
         logger.info("derived-state scrubber started records_per_second=%d", self.records_per_second)
         while True:
+            started = time.monotonic()
             try:
                 await self.one_pass()
             except (QueueStoreClosedError, DLedgerError) as exc:
                 logger.info("derived-state scrub pass stopped: %s", exc)
                 await asyncio.sleep(RETRY_AFTER_S)
+            await asyncio.sleep(max(0.0, started + MIN_PASS_INTERVAL_S - time.monotonic()))
 
     async def _pace(self, records: int) -> None:
         await asyncio.sleep(records / self.records_per_second)
@@ -76,6 +81,7 @@ class Scrubber:
         """Every queue's records, then every index record, at the rate."""
         started = time.monotonic()
         counters = self.sm.derived
+        wrong_before = sum(counters.mismatches.values())
         for topic, queue_id in self.sm.cqs.queue_ids():
             cq = self.sm.cqs.find(topic, queue_id)
             if cq is not None:
@@ -91,7 +97,9 @@ class Scrubber:
         counters.passes += 1
         counters.last_pass_s = time.monotonic() - started
         counters.last_pass_end_unix_s = time.time()
-        logger.info(
+        found = sum(counters.mismatches.values()) > wrong_before
+        logger.log(
+            logging.INFO if found else logging.DEBUG,
             "derived-state scrub pass done seconds=%.1f checked=%s wrong=%s",
             counters.last_pass_s,
             counters.checked,
