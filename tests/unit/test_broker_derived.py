@@ -27,6 +27,7 @@ from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import ENTRY_MESSAGES, BrokerStateMachine
 from dledger.core import Role
+from dledger.log import Entry, IndexOutOfRangeError, LogCompactedError
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=9, instance_hash=3)
 
@@ -345,4 +346,34 @@ def test_a_large_store_checks_its_newest_records_at_open_and_leaves_the_rest_to_
     asyncio.run(Scrubber(sm, 100_000).one_pass())
     assert sm.cqs.find("T", 0).get(7) == good[7]
     assert sm.derived.mismatches == {("consumequeue", "open"): 1, ("consumequeue", "scrub"): 1}
+    sm.close()
+
+
+class _Trimmed(MemoryLog):
+    """The log after retention deleted its first ``cut`` entries."""
+
+    def __init__(self, log: MemoryLog, cut: int) -> None:
+        super().__init__()
+        self.entries, self.positions, self.data = log.entries, log.positions, log.data
+        self.cut = cut
+
+    def first_index(self) -> int:
+        return self.cut + 1
+
+    def read(self, index: int) -> Entry:
+        if index <= self.cut:
+            raise LogCompactedError(f"index {index} deleted")
+        return super().read(index)
+
+    def read_at(self, position: int, size: int) -> bytes:
+        if position < self.positions[self.cut]:
+            raise IndexOutOfRangeError(f"position {position} deleted")
+        return super().read_at(position, size)
+
+
+def test_records_of_entries_retention_deleted_are_not_taken_for_damage(tmp_path: Path) -> None:
+    log = _filled(tmp_path)
+    sm = _sm(tmp_path, _Trimmed(log, 4))
+    assert sm.applied_index() == len(log.entries)  # no rebuild (it would lose the prefix)
+    assert not sm.derived.mismatches
     sm.close()
