@@ -525,26 +525,57 @@ def raw_problem(raw: bytes, topic: str, queue_id: int, row: CqRow) -> str:
     return ""
 
 
+# Where a message's queue id, store time, tag hash and topic field lie (docs/FORMAT.md,
+# "Broker: Message"): what a read compares against its record.
+_QUEUE_ID_AT = 16
+_STORE_TS_AT = 40
+_TAGS_HASH_AT = 48
+_TOPIC_AT = MESSAGE_FIXED_SIZE
+
+
+class RowMatcher:
+    """Compares the messages a read serves with their records, in a few slice compares per
+    message (the read checked the head, size and CRC already): made once per read."""
+
+    __slots__ = ("queue_b", "queue_id", "tag_at", "topic", "topic_field")
+
+    def __init__(self, topic: str, queue_id: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_b = queue_id.to_bytes(4, "big", signed=True)
+        name = topic.encode()
+        self.topic_field = bytes((len(name),)) + name
+        self.tag_at = _STORE_TS_AT if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else _TAGS_HASH_AT
+
+    def matches(self, raw: bytes, tag: int) -> bool:
+        at = self.tag_at
+        return (
+            raw[_QUEUE_ID_AT : _QUEUE_ID_AT + 4] == self.queue_b
+            and raw[_TOPIC_AT : _TOPIC_AT + len(self.topic_field)] == self.topic_field
+            and raw[at : at + 8] == tag.to_bytes(8, "big", signed=True)
+        )
+
+
 def checked_raw(
     sm: BrokerStateMachine,
     read: Callable[[int, int], bytes],
-    topic: str,
-    queue_id: int,
+    matcher: RowMatcher,
     offset: int,
     row: CqRow,
 ) -> bytes:
-    """``read(position, size)`` of a record's message (CRC checked by ``read``), checked
-    against the record: :class:`RecordMismatchError` when the record is wrong; the read's own
-    error (DATA_LOSS) when the record is right and the commitlog's message is damaged."""
+    """``read(position, size)`` of a record's message (head, size and CRC checked by
+    ``read``), checked against the record: :class:`RecordMismatchError` when the record is
+    wrong; the read's own error (DATA_LOSS) when the record is right and the commitlog's
+    message is damaged."""
     try:
         raw = read(row[0], row[1])
     except (CorruptMessageError, MessageNotFoundError):
-        why = row_problem(sm, topic, queue_id, row)
+        why = row_problem(sm, matcher.topic, matcher.queue_id, row)
         if not why:
             raise  # the record is right: the commitlog's message is damaged
         raise RecordMismatchError(offset, why) from None
-    why = raw_problem(raw, topic, queue_id, row)
-    if why:
+    if not matcher.matches(raw, row[2]):
+        why = raw_problem(raw, matcher.topic, matcher.queue_id, row) or "record mismatch"
         raise RecordMismatchError(offset, why)
     return raw
 

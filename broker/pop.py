@@ -340,7 +340,7 @@ class Pops:
         count = want if hashes is None else max(want, PULL_MAX_SCAN_RECORDS)
         scan = _Scan([], {}, begin)
         budget = MAX_ANSWER_BYTES
-        sm, read = self.ctx.sm, self.applied.raw
+        sm, read, matcher = self.ctx.sm, self.applied.raw, derived.RowMatcher(topic, qid)
         for i, (position, size, tag_hash) in enumerate(cq.read(begin, count)):
             if scan.items and size > budget:
                 break
@@ -349,7 +349,7 @@ class Pops:
             if hashes is not None and tag_hash not in hashes:
                 continue
             row = (position, size, tag_hash)
-            msg = decode_message(derived.checked_raw(sm, read, topic, qid, offset, row))
+            msg = decode_message(derived.checked_raw(sm, read, matcher, offset, row))
             if tags is not None and msg.tags not in tags:
                 continue  # a tag hash collision
             scan.items.append((offset, position))

@@ -270,7 +270,8 @@ class PullPath:
         result = PullResult(PullStatus.NO_MATCHED_MSG, offset, low, high)
         parts: list[bytes] = []
         budget = MAX_ANSWER_BYTES
-        sm, read, topic, queue_id = self.ctx.sm, self.applied.raw, query.topic, query.queue_id
+        sm, read = self.ctx.sm, self.applied.raw
+        matcher = derived.RowMatcher(query.topic, query.queue_id)
         for i, (position, size, tag_hash) in enumerate(cq.read(offset, scan)):
             if hashes is not None and tag_hash not in hashes:
                 result.next_begin_offset = offset + i + 1
@@ -280,7 +281,7 @@ class PullPath:
                 break  # would not fit: the next pull starts with it
             result.next_begin_offset = offset + i + 1
             row = (position, size, tag_hash)
-            parts.append(derived.checked_raw(sm, read, topic, queue_id, offset + i, row))
+            parts.append(derived.checked_raw(sm, read, matcher, offset + i, row))
             result.queue_offsets.append(offset + i)
             result.positions.append(position)
             budget -= cost

@@ -248,13 +248,14 @@ def test_a_repair_the_entries_cannot_decide_answers_unavailable_and_marks_a_rebu
     applied = AppliedMessages(
         NodeContext(SimpleNamespace(store=log), sm, ServiceConfig("127.0.0.1", 1))
     )
+    matcher = derived.RowMatcher("T", 0)
     with pytest.raises(DerivedStateError):
         derived.read_repaired(
             sm,
             "T",
             0,
             3,
-            lambda: [derived.checked_raw(sm, applied.raw, "T", 0, i, cq.get(i)) for i in range(3)],
+            lambda: [derived.checked_raw(sm, applied.raw, matcher, i, cq.get(i)) for i in range(3)],
         )
     assert (tmp_path / "config" / derived.REBUILD_MARKER).exists()
     sm.close()
