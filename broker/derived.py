@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from broker.consumequeue import ConsumeQueue
-from broker.errors import BrokerError, CorruptMessageError, DerivedStateError, MessageNotFoundError
+from broker.errors import (
+    BrokerError,
+    CorruptMessageError,
+    DerivedStateError,
+    MessageNotFoundError,
+    PositionOrderError,
+)
 from broker.indexfile import build_key, key_hash
 from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC, is_valid_topic_name
 from broker.schedule import SCHEDULE_HEADER
@@ -294,8 +300,11 @@ def repair_run(
         high = cq.get(end)[0] if end < cq.max_offset else sm.dispatch_end
         rows = expected_rows(sm, topic, queue_id, max(low, first_position), high)
         if len(rows) == end - first:
-            cq.rewrite(first, rows)
-            return first, end
+            try:
+                cq.rewrite(first, rows)
+                return first, end
+            except PositionOrderError:
+                pass  # a neighbour taken for right overlaps them: it is wrong too
         wider = max(first - 1, cq.min_offset), min(end + 1, cq.max_offset)
         if wider == (first, end):
             break

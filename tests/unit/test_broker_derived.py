@@ -378,3 +378,16 @@ def test_records_of_entries_retention_deleted_are_not_taken_for_damage(tmp_path:
     assert sm.applied_index() == len(log.entries)  # no rebuild (it would lose the prefix)
     assert not sm.derived.mismatches
     sm.close()
+
+
+def test_a_neighbour_that_overlaps_the_rebuilt_records_widens_the_run(tmp_path: Path) -> None:
+    log = _filled(tmp_path)
+    good = _records(tmp_path)
+    sm = _sm(tmp_path, log)
+    sm.applied_index()
+    cq = sm.cqs.find("T", 0)
+    _poke(tmp_path, 5, (good[5][0] + 1, good[5][1], good[5][2]))
+    _poke(tmp_path, 6, (good[5][0] + 3, good[6][1], good[6][2]))  # inside message 5
+    assert derived.repair_run(sm, cq, "T", 0, 5, 6) == (4, 7)
+    assert list(cq.read(0, 30)) == good
+    sm.close()
