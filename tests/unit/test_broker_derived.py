@@ -19,6 +19,7 @@ from broker.errors import CorruptMessageError, DerivedStateError
 from broker.indexfile import INDEX_RECORD
 from broker.lookups import Lookups
 from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.metrics import scrub_families
 from broker.pop import Pops, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullStatus
 from broker.retry import Retries
@@ -391,3 +392,24 @@ def test_a_neighbour_that_overlaps_the_rebuilt_records_widens_the_run(tmp_path: 
     assert derived.repair_run(sm, cq, "T", 0, 5, 6) == (4, 7)
     assert list(cq.read(0, 30)) == good
     sm.close()
+
+
+def test_the_scrub_metrics_show_the_counters() -> None:
+    c = derived.DerivedCounters()
+    c.checked["consumequeue"] = 7
+    c.wrong("consumequeue", "read", 2)
+    c.rebuilt, c.read_repairs, c.unrepaired, c.passes = 2, 1, 1, 3
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in scrub_families(c)
+        for s in family.samples
+    }
+    assert samples[("raftmq_scrub_records_checked_total", (("store", "consumequeue"),))] == 7
+    assert samples[("raftmq_scrub_records_checked_total", (("store", "index"),))] == 0
+    key = ("raftmq_scrub_mismatches_total", (("found", "read"), ("store", "consumequeue")))
+    assert samples[key] == 2
+    assert samples[("raftmq_scrub_rebuilt_records_total", ())] == 2
+    assert samples[("raftmq_scrub_read_repairs_total", ())] == 1
+    assert samples[("raftmq_scrub_unrepaired_total", ())] == 1
+    assert samples[("raftmq_scrub_passes_total", ())] == 3
+    assert ("raftmq_scrub_last_pass_end_timestamp_seconds", ()) in samples
