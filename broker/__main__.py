@@ -24,9 +24,11 @@ from broker.config import KEYS, BrokerConfig, ConfigError, load_config, node_con
 from broker.disk import DiskGuard
 from broker.metrics import BrokerExporter
 from broker.registration import BrokerRegistrar
+from broker.scrubber import Scrubber
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.fatal import spawn
+from dledger.log import Entry
 from dledger.procs import serve_until_signalled, setup_logging
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
@@ -162,6 +164,12 @@ class _LazyLog:
     def last_index(self) -> int:
         return self._node.store.last_index()
 
+    def read(self, index: int) -> Entry:
+        return self._node.store.read(index)
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return self._node.store.read_at(position, size)
+
 
 async def _serve(
     node: DLedgerNode,
@@ -169,6 +177,7 @@ async def _serve(
     registrar: BrokerRegistrar | None = None,
     v2_port: _Port | None = None,
     exporter: BrokerExporter | None = None,
+    scrubber: Scrubber | None = None,
 ) -> None:
     if v2_port is not None:
         v2_port.bind()
@@ -179,6 +188,8 @@ async def _serve(
         await v2_port.start()
     if exporter is not None:
         exporter.start()
+    if scrubber is not None:
+        scrubber.start()
     if registrar is not None:
         registrar.start()
 
@@ -195,6 +206,8 @@ async def _serve(
             await exporter.stop()
         if v2_port is not None:
             await v2_port.stop()
+        if scrubber is not None:
+            await scrubber.stop()
         await node.stop()
         sm.close()  # the node applies nothing after stop(): final snapshot
 
@@ -265,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqbroker: cannot serve grpcServerPort: {exc}", file=sys.stderr)
         return 2
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
+    scrubber = Scrubber(sm, cfg.scrubRecordsPerSecond)
     exporter = (
         BrokerExporter(cfg.brokerIP1, cfg.metricsPort, servicer, cfg.metrics_tls_files)
         if cfg.metricsPort
@@ -283,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = Profiler(interval=0.001, async_mode="disabled")
         profiler.start()
     try:
-        run_event_loop(_serve(node, sm, registrar, v2_port, exporter))
+        run_event_loop(_serve(node, sm, registrar, v2_port, exporter, scrubber))
     except StartError as exc:
         print(f"mqbroker: cannot start: {exc}", file=sys.stderr)
         return 1

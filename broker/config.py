@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import disk
+from broker.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
 from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from broker.timer import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
@@ -415,6 +416,14 @@ KEYS: Mapping[str, _Key] = {
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
+    # The derived-state scrubber (docs/BROKER.md, "Derived state"): ConsumeQueue and key
+    # index records it checks against the commitlog a second; 0 turns it off. The default's
+    # cost is measured there.
+    "scrubRecordsPerSecond": _Key(
+        int_in(0, 1_000_000),
+        str(DEFAULT_SCRUB_RECORDS_PER_SECOND),
+        "derived-state records the scrubber checks against the commitlog a second (0: off)",
+    ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
     ),
@@ -557,6 +566,7 @@ class BrokerConfig:
     queueLocksPerUser: int
     pendingOffsetsPerUser: int
     topicsPerUser: int
+    scrubRecordsPerSecond: int
     timerMaxDelaySec: int
     raftTickMs: int
     raftHeartbeatIntervalMs: int

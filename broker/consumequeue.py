@@ -441,6 +441,47 @@ class ConsumeQueue:
                 at += n
             return ConsumeQueueRecords(queue_offset, b"".join(chunks))
 
+    def file_of(self, queue_offset: int) -> str:
+        """The name of the file that holds record ``queue_offset`` (for log lines)."""
+        return file_name(queue_offset // self.records_per_file * self.file_size_bytes)
+
+    def rewrite(self, queue_offset: int, records: list[tuple[int, int, int]]) -> None:
+        """Overwrite the existing records from ``queue_offset`` on with ``records`` (a repair
+        from the commitlog, broker.derived), durable when this returns. They must lie inside
+        ``[min_offset, max_offset)`` and keep positions increasing and records apart from
+        their neighbours' (:class:`PositionOrderError` otherwise; nothing is written)."""
+        with self._lock:
+            self._check_open()
+            end = queue_offset + len(records)
+            if not records or queue_offset < self._min_offset or end > self._max_offset:
+                raise ValueError(
+                    f"consumequeue {self.name}: rewrite of [{queue_offset}, {end}) outside"
+                    f" [{self._min_offset}, {self._max_offset})"
+                )
+            low = self._files[0] * self.records_per_file
+            previous_end = self._record_end(queue_offset - 1) if queue_offset > low else 0
+            for position, size, _tag in records:
+                if position < previous_end or not 0 < size <= _MAX_SIZE_BYTES:
+                    raise PositionOrderError(
+                        f"consumequeue {self.name}: rewrite record ({position}, {size}) after"
+                        f" end {previous_end}"
+                    )
+                previous_end = position + size
+            if end < self._max_offset and self._record(end)[0] < previous_end:
+                raise PositionOrderError(
+                    f"consumequeue {self.name}: rewrite ends at {previous_end}, past the next"
+                    " record"
+                )
+            for i, (position, size, tag_hash) in enumerate(records):
+                file_no, slot = divmod(queue_offset + i, self.records_per_file)
+                CQ_RECORD.pack_into(
+                    self._map(file_no), slot * CQ_RECORD_SIZE, position, size, tag_hash
+                )
+                self._dirty.add(file_no)
+            if end == self._max_offset:
+                self._last_end = previous_end
+            self._flush_locked()
+
     def truncate_after_position(self, commitlog_position: int) -> int:
         """Drop every record whose position is ``>= commitlog_position`` (zeroed, durable when
         this returns). Returns the new ``max_offset``."""

@@ -99,6 +99,14 @@ class PositionOrderError(BrokerError):
     code = "POSITION_ORDER"
 
 
+class DerivedStateError(BrokerError):
+    """A ConsumeQueue record read does not match the commitlog and could not be rebuilt in
+    place (broker.derived): this node rebuilds its derived state at its next start; another
+    member (or this one then) serves the read. Retryable: nothing is lost."""
+
+    code = "DERIVED_STATE_DAMAGED"
+
+
 class QueueStoreClosedError(BrokerError):
     """An operation on a consume queue or index store that was closed (named apart from
     dledger's ``StoreClosedError`` of the log store)."""

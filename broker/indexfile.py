@@ -592,6 +592,12 @@ class IndexStore:
         with self._lock:
             return [f.path for f in self._files]
 
+    def index_files(self) -> list[IndexFile]:
+        """The open files, oldest first (for the derived-state checks, broker.derived)."""
+        with self._lock:
+            self._check_open()
+            return list(self._files)
+
     def _writable(self, n: int, timestamp_ms: int) -> IndexFile:
         if self._files:
             last = self._files[-1]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from broker import derived
 from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
 from broker.errors import (
+    BrokerError,
     CorruptMessageError,
     InvalidRequestError,
     MessageNotFoundError,
 )
+from broker.indexfile import build_key, key_hash
 from broker.message import Message, decode_offset_msg_id, uniq_id_to_bytes, validate_topic
 
 # QueryMessageByKey results (RocketMQ's defaultQueryMaxNum is 32).
@@ -66,6 +69,17 @@ class Lookups:
         msg = self.applied.message(position, size)
         return Found(msg, position, self.applied.queue_offset(msg.topic, msg.queue_id, position))
 
+    def _wrong_index_record(self, position: int, hash_value: int, exc: BrokerError) -> None:
+        """A key index candidate that could not be read: when the record is wrong (no message
+        with a key of its hash there) it is derived damage, not the answer's (docs/BROKER.md,
+        "Derived state"): skipped, counted, and the index rebuilt at the next start. When the
+        record is right, the commitlog's message is damaged: its error is raised."""
+        why = derived.index_problem(self.sm, hash_value, position)
+        if not why:
+            raise exc
+        self.sm.derived.wrong(derived.STORE_INDEX, "read")
+        self.sm.request_rebuild(f"key index record at position {position}: {why}")
+
     def by_key(
         self, topic: str, key: str, max_num: int = 0, begin_ms: int = 0, end_ms: int = 0
     ) -> list[Found]:
@@ -86,10 +100,14 @@ class Lookups:
         for position in positions:
             if position >= self.sm.dispatch_end:
                 continue
-            size = self.applied.size_at(position)
-            if out and size + MESSAGE_OVERHEAD_BYTES > budget:
-                break
-            found = self._found(position, size)
+            try:
+                size = self.applied.size_at(position)
+                if out and size + MESSAGE_OVERHEAD_BYTES > budget:
+                    break
+                found = self._found(position, size)
+            except (CorruptMessageError, MessageNotFoundError) as exc:
+                self._wrong_index_record(position, key_hash(build_key(topic, key)), exc)
+                continue
             if found.message.topic != topic or key not in found.message.keys:
                 continue
             cost = answer_bytes(size, found.message)
@@ -125,7 +143,11 @@ class Lookups:
         for position in self.sm.index.query_key(topic, uniq, UNIQ_ID_CANDIDATES):
             if position >= self.sm.dispatch_end:
                 continue
-            found = self._found(position)
+            try:
+                found = self._found(position)
+            except (CorruptMessageError, MessageNotFoundError) as exc:
+                self._wrong_index_record(position, key_hash(build_key(topic, uniq)), exc)
+                continue
             if found.message.uniq_id == uniq and found.message.topic == topic:
                 return found
         raise MessageNotFoundError(f"no message {uniq} in topic {topic!r}")

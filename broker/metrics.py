@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
+from broker.derived import DerivedCounters
 from broker.disk import DiskGuard
 from broker.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
 from broker.offsets import ConsumerOffsets
@@ -98,6 +99,7 @@ class BrokerMetrics:
         out.append(self._lags(omitted))
         out += self._system_topics(omitted)
         out += self._disk()
+        out += scrub_families(self.sm.derived)
         out.append(omitted.family(CAPPED_FAMILIES))
         return out
 
@@ -271,6 +273,48 @@ class BrokerMetrics:
                 ),
             ]
         return out
+
+
+def scrub_families(c: DerivedCounters) -> list[Metric]:
+    """The derived-state checks (broker.derived): at open, on read and by the scrubber."""
+    return [
+        labelled_counter(
+            "scrub_records_checked",
+            "Derived-state records checked against the commitlog (open, scrubber, repairs)",
+            ["store"],
+            [([store], n) for store, n in sorted(c.checked.items())],
+        ),
+        labelled_counter(
+            "scrub_mismatches",
+            "Derived-state records found not to match the commitlog, by store and by where"
+            " they were found: open (the open-time check), read (a pull, POP receive or key"
+            " lookup), scrub (the background scrubber)",
+            ["store", "found"],
+            [([store, where], n) for (store, where), n in sorted(c.mismatches.items())],
+        ),
+        counter(
+            "scrub_rebuilt_records",
+            "ConsumeQueue records rewritten from the commitlog in place",
+            c.rebuilt,
+        ),
+        counter(
+            "scrub_read_repairs",
+            "Reads (pulls, POP receives) that met a wrong record, rebuilt it and answered",
+            c.read_repairs,
+        ),
+        counter(
+            "scrub_unrepaired",
+            "Derived damage that could not be rebuilt in place: the next start rebuilds all",
+            c.unrepaired,
+        ),
+        counter("scrub_passes", "Scrubber passes over every derived record done", c.passes),
+        gauge("scrub_last_pass_seconds", "Seconds the last scrubber pass took", c.last_pass_s),
+        gauge(
+            "scrub_last_pass_end_timestamp_seconds",
+            "Unix time the last scrubber pass ended (0: none yet)",
+            c.last_pass_end_unix_s,
+        ),
+    ]
 
 
 class BrokerExporter:

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from broker import derived
 from broker.applied import (
     MAX_ANSWER_BYTES,
     AppliedMessages,
@@ -33,7 +34,7 @@ from broker.errors import (
     ResourceExhaustedError,
     TooManyLongPollsError,
 )
-from broker.message import Message, tags_hash
+from broker.message import Message, decode_message, tags_hash
 from broker.names import validate_group_name, validate_topic_name
 from broker.popstate import (
     ENTRY_POP,
@@ -336,7 +337,14 @@ class Pops:
 
     def _scan(self, key: PopKey, start: int, tags: frozenset[str] | None, want: int) -> _Scan:
         """New messages from ``start`` matching ``tags`` (at most ``want``, within one answer's
-        bytes); the offset the pop position moves to (past skipped ones too)."""
+        bytes); the offset the pop position moves to (past skipped ones too). A record that
+        does not match the commitlog is rebuilt from it first (broker.derived)."""
+        count = max(want, PULL_MAX_SCAN_RECORDS)
+        return derived.read_repaired(
+            self.ctx.sm, key[1], key[2], count, lambda: self._scan_once(key, start, tags, want)
+        )
+
+    def _scan_once(self, key: PopKey, start: int, tags: frozenset[str] | None, want: int) -> _Scan:
         _group, topic, qid = key
         cq = self.ctx.sm.cqs.find(topic, qid)
         if cq is None or want <= 0 or start >= cq.max_offset:
@@ -346,6 +354,7 @@ class Pops:
         count = want if hashes is None else max(want, PULL_MAX_SCAN_RECORDS)
         scan = _Scan([], {}, begin)
         budget = MAX_ANSWER_BYTES
+        sm, read, matcher = self.ctx.sm, self.applied.raw, derived.RowMatcher(topic, qid)
         for i, (position, size, tag_hash) in enumerate(cq.read(begin, count)):
             if scan.items and size > budget:
                 break
@@ -353,7 +362,8 @@ class Pops:
             scan = scan._replace(to_offset=offset + 1)
             if hashes is not None and tag_hash not in hashes:
                 continue
-            msg = self.applied.message(position, size)
+            row = (position, size, tag_hash)
+            msg = decode_message(derived.checked_raw(sm, read, matcher, offset, row))
             if tags is not None and msg.tags not in tags:
                 continue  # a tag hash collision
             scan.items.append((offset, position))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from broker import derived
 from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
 from broker.errors import InvalidRequestError, QuotaExceededError, TooManyLongPollsError
 from broker.message import tags_hash
@@ -283,7 +284,18 @@ class PullPath:
                 return self.pull_once(query, hashes), held_s
 
     def pull_once(self, query: PullQuery, hashes: frozenset[int] | None) -> PullResult:
-        """What the queue holds for ``query`` now (the tag filter by hash only)."""
+        """What the queue holds for ``query`` now (the tag filter by hash only). A record
+        that does not match the commitlog is rebuilt from it and the pull answered
+        (broker.derived): derived state never makes a pull answer DATA_LOSS."""
+        return derived.read_repaired(
+            self.ctx.sm,
+            query.topic,
+            query.queue_id,
+            max(query.max_msgs or DEFAULT_PULL_MAX_MSGS, PULL_MAX_SCAN_RECORDS),
+            lambda: self._pull_once(query, hashes),
+        )
+
+    def _pull_once(self, query: PullQuery, hashes: frozenset[int] | None) -> PullResult:
         cq = self.ctx.sm.cqs.find(query.topic, query.queue_id)
         low, high = (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
         offset = query.queue_offset
@@ -297,6 +309,8 @@ class PullPath:
         result = PullResult(PullStatus.NO_MATCHED_MSG, offset, low, high)
         parts: list[bytes] = []
         budget = MAX_ANSWER_BYTES
+        sm, read = self.ctx.sm, self.applied.raw
+        matcher = derived.RowMatcher(query.topic, query.queue_id)
         for i, (position, size, tag_hash) in enumerate(cq.read(offset, scan)):
             if hashes is not None and tag_hash not in hashes:
                 result.next_begin_offset = offset + i + 1
@@ -305,7 +319,8 @@ class PullPath:
             if parts and cost > budget:
                 break  # would not fit: the next pull starts with it
             result.next_begin_offset = offset + i + 1
-            parts.append(self.applied.raw(position, size))
+            row = (position, size, tag_hash)
+            parts.append(derived.checked_raw(sm, read, matcher, offset + i, row))
             result.queue_offsets.append(offset + i)
             result.positions.append(position)
             budget -= cost

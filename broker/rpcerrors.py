@@ -22,6 +22,7 @@ from broker.errors import (
     BrokerError,
     CorruptMessageError,
     CorruptStoreError,
+    DerivedStateError,
     InvalidMessageError,
     InvalidMessageIdError,
     InvalidRequestError,
@@ -69,6 +70,14 @@ def error_failure(exc: BaseException, node: DLedgerNode) -> RpcFailure:
     if isinstance(exc, ResourceExhaustedError):
         return RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
+            exc.code,
+            str(exc),
+            retryable=True,
+            retry_after_ms=RESOURCE_EXHAUSTED_RETRY_AFTER_MS,
+        )
+    if isinstance(exc, DerivedStateError):
+        return RpcFailure(
+            grpc.StatusCode.UNAVAILABLE,
             exc.code,
             str(exc),
             retryable=True,

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from broker import snapshotting
+from broker import derived, snapshotting
 from broker.auth.table import AuthTable
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import (
@@ -93,7 +93,7 @@ from broker.timer import (
 from broker.transactions.state import ENTRY_TXN, TxnState
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
-from dledger.log import Entry
+from dledger.log import DLedgerError, Entry
 from dledger.storage.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -278,6 +278,8 @@ class CommitLog(Protocol):
     def body_position(self, index: int) -> int: ...
     def first_index(self) -> int: ...
     def last_index(self) -> int: ...
+    def read(self, index: int) -> Entry: ...
+    def read_at(self, position: int, size: int) -> bytes: ...
 
 
 # ------------------------------------------------------------------------- control records
@@ -546,6 +548,8 @@ class BrokerStateMachine:
         # retention's trim): a snapshot's capture lists its files in a thread after the
         # capture point, and fails when this moved meanwhile (broker.snapshotting).
         self.files_deleted = 0
+        # What the derived-state checks found and rebuilt (broker.derived, raftmq_scrub_*).
+        self.derived = derived.DerivedCounters()
 
     # ------------------------------------------------------------------ wiring
 
@@ -1088,6 +1092,8 @@ class BrokerStateMachine:
                 problem = self._recover_to_snapshot(data)
             except (KeyError, ValueError, TypeError, struct.error) as exc:
                 problem = f"bad snapshot: {exc}"
+        if not problem:
+            problem = self._check_derived()
         if problem:
             self._rebuild(problem)
         self._opened = True
@@ -1098,6 +1104,36 @@ class BrokerStateMachine:
             len(self.topics),
             len(self.offsets),
             len(self.dedup),
+        )
+
+    def _check_derived(self) -> str:
+        """The open-time check of the ConsumeQueues and the key index against the commitlog
+        (broker.derived): wrong records are rebuilt in place; a reason to rebuild everything
+        when they cannot be, or when a run-time check asked for it."""
+        marker = self.config_dir / derived.REBUILD_MARKER
+        if marker.exists():
+            why = marker.read_bytes()[: derived.MAX_MARKER_BYTES].decode("utf-8", "replace")
+            return f"a run-time check could not rebuild in place: {why}"
+        try:
+            return derived.check_all_queues(self)
+        except DLedgerError as exc:
+            # The commitlog's own damage: the log's checks and repair deal with it; the
+            # derived stores are left as they are.
+            logger.error("derived state: open-time check stopped, commitlog unreadable: %s", exc)
+            return ""
+
+    def request_rebuild(self, why: str) -> None:
+        """A run-time check found derived damage it could not rebuild in place: the next
+        start rebuilds every derived store from the log (config/rebuild-derived)."""
+        self.derived.unrepaired += 1
+        if self.derived.unrepaired > 1:
+            logger.info("derived state: also cannot rebuild in place: %.300s", why)
+            return  # the marker holds the first reason; the next start rebuilds it all
+        logger.error("derived state: cannot rebuild in place, rebuilding at next start: %s", why)
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(
+            self.config_dir / derived.REBUILD_MARKER,
+            why.encode()[: derived.MAX_MARKER_BYTES],
         )
 
     def _recover_to_snapshot(self, data: Mapping[str, Any]) -> str:
@@ -1115,8 +1151,14 @@ class BrokerStateMachine:
             cq = self.cqs.find(topic, queue_id)
             have = 0 if cq is None else cq.max_offset
             want = expected.pop(f"{topic}/{queue_id}", 0)
-            if have != want:
+            if have > want or (have < want and cq is None):
                 return f"queue {topic}/{queue_id} holds {have} records, snapshot says {want}"
+            if have < want and cq is not None:
+                # Records the snapshot says were durable are gone (cut at open as a torn
+                # tail: a record changed out of order): the tail comes from the commitlog.
+                problem = derived.rebuild_tail(self, cq, topic, queue_id, want)
+                if problem:
+                    return problem
         if expected:
             return f"queues missing: {sorted(expected)[:3]}"
         if self.index.max_position() != int(data["index_max_position"]):
@@ -1141,6 +1183,7 @@ class BrokerStateMachine:
         shutil.rmtree(self.root / "consumequeue", ignore_errors=True)
         shutil.rmtree(self.root / "index", ignore_errors=True)
         (self.config_dir / SNAPSHOT_FILE).unlink(missing_ok=True)
+        (self.config_dir / derived.REBUILD_MARKER).unlink(missing_ok=True)
         self._open_stores()
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
         self.schedule_offsets = {}

@@ -14,7 +14,7 @@ from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
 from broker.topics import Topics
 from dledger.core import Role
-from dledger.log import Entry
+from dledger.log import Entry, IndexOutOfRangeError
 
 ENTRY_HEADER_BYTES = 48  # any per-entry overhead: positions only depend on the log
 
@@ -46,6 +46,9 @@ class MemoryLog:
 
     def read_at(self, position: int, size: int) -> bytes:
         return bytes(self.data[position : position + size])
+
+    def read(self, index: int) -> Entry:
+        return self.entries[index - 1]
 
     @property
     def write_position(self) -> int:
@@ -87,6 +90,12 @@ class LogAgain:
 
     def last_index(self) -> int:
         return 1 << 40
+
+    def read(self, index: int) -> Entry:
+        raise IndexOutOfRangeError("LogAgain holds no entries: the open-time check stops")
+
+    def read_at(self, position: int, size: int) -> bytes:
+        raise IndexOutOfRangeError("LogAgain holds no bytes: the open-time check stops")
 
 
 def world(
