@@ -31,6 +31,7 @@ from spark_audit.job import (
     resolved_master,
     run_job,
 )
+from spark_audit.merkle import LEAF_ENTRIES, MAX_LEAF_ENTRIES, MIN_LEAF_ENTRIES
 from spark_audit.model import GroupPlan
 from spark_audit.plan import (
     DEFAULT_GROUP,
@@ -130,6 +131,18 @@ def _parser() -> argparse.ArgumentParser:
         help=f"MB of each replica's log per Spark task (default {TASK_TARGET_BYTES // MIB})",
     )
     p.add_argument(
+        "--leaf-entries",
+        type=int,
+        default=LEAF_ENTRIES,
+        metavar="N",
+        help=f"Raft indexes per leaf of the range digests (default {LEAF_ENTRIES})",
+    )
+    p.add_argument(
+        "--no-derived",
+        action="store_true",
+        help="skip the ConsumeQueue and key index checks (the log alone)",
+    )
+    p.add_argument(
         "--bind-address",
         default=LOOPBACK,
         metavar="IP",
@@ -209,13 +222,24 @@ def _check_options(args: argparse.Namespace) -> None:
         raise InputError(f"--segment-bytes must be > 0, got {args.segment_bytes}")
     if args.task_mb <= 0:
         raise InputError(f"--task-mb must be > 0, got {args.task_mb}")
+    if not MIN_LEAF_ENTRIES <= args.leaf_entries <= MAX_LEAF_ENTRIES:
+        raise InputError(
+            f"--leaf-entries must be in [{MIN_LEAF_ENTRIES}, {MAX_LEAF_ENTRIES}], "
+            f"got {args.leaf_entries}"
+        )
 
 
 def _plan_groups(
     args: argparse.Namespace, groups: Sequence[tuple[str, list[ReplicaSource]]]
 ) -> list[GroupPlan]:
     return [
-        plan_group(name, srcs, upto=args.upto, segment_size_bytes=args.segment_bytes)
+        plan_group(
+            name,
+            srcs,
+            upto=args.upto,
+            segment_size_bytes=args.segment_bytes,
+            leaf_entries=args.leaf_entries,
+        )
         for name, srcs in groups
     ]
 
@@ -233,9 +257,11 @@ def audit(
     parquet_path: str | None = None,
     session_start_s: float = 0.0,
     workers_start_s: float = 0.0,
+    derived: bool = True,
 ) -> AuditReport:
-    """Run the audit of ``plans`` on ``spark`` and build its report."""
-    tasks = plan_tasks(plans, task_bytes=task_bytes)
+    """Run the audit of ``plans`` on ``spark`` and build its report (``derived``: check the
+    replicas' ConsumeQueues and key index too)."""
+    tasks = plan_tasks(plans, task_bytes=task_bytes, derived=derived)
     log.info("auditing groups=%d replicas=%d tasks=%d", len(plans),
              sum(len(p.replicas) for p in plans), len(tasks))  # fmt: skip
     out = run_job(spark, plans, tasks, parquet_path=parquet_path)
@@ -287,6 +313,7 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
             spark,
             plans,
             task_bytes=args.task_mb * MIB,
+            derived=not args.no_derived,
             parquet_path=args.parquet,
             session_start_s=session_start_s,
             workers_start_s=workers_start_s,

@@ -61,6 +61,12 @@ def basename(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+def dirname(uri: str) -> str:
+    """The directory holding ``uri`` (``join``'s inverse for one name)."""
+    head = uri.rstrip("/").rsplit("/", 1)[0]
+    return head or "/"
+
+
 def _pyarrow_fs() -> Any:
     """``pyarrow.fs``, imported only for non-local URIs (it has no type information)."""
     return importlib.import_module("pyarrow.fs")

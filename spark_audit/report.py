@@ -21,6 +21,7 @@ from spark_audit.model import (
     severity_of,
     to_u64,
 )
+from spark_audit.ranges import RangeSummary, collect_leaves, compare_ranges
 
 REPORT_VERSION = 1
 EXIT_CLEAN = 0
@@ -98,6 +99,8 @@ class ReplicaSummary:
     tail_count: int = 0
     segments: dict[str, SegmentSummary] = field(default_factory=dict)
     status: str = "ok"
+    # "consumequeue"/"key_index" -> {"files": n, "records": n} checked (empty: none there)
+    derived: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def scanned_bytes(self) -> int:
@@ -125,6 +128,7 @@ class GroupReport:
     findings: list[Finding]
     mismatch_count: int = 0
     mismatch_sample: list[dict[str, Any]] = field(default_factory=list)
+    ranges: RangeSummary = field(default_factory=RangeSummary)
 
     @property
     def errors(self) -> list[Finding]:
@@ -255,6 +259,11 @@ def build_report(
                 seg.tail_bytes += int(r["bytes"])
                 rs.tail_count += int(r["count"])
         for r in grows:
+            if r["kind"] == "derived":
+                replicas[r["replica"]].derived[r["what"]] = {
+                    "files": int(r["index"]),
+                    "records": int(r["count"]),
+                }
             if r["kind"] == "end":
                 rs = replicas[r["replica"]]
                 if int(r["index"]) >= rs.last_index:
@@ -274,8 +283,11 @@ def build_report(
             else:
                 p.first_divergent_index = min(p.first_divergent_index, int(r["index"]))
                 p.count += int(r["count"])
+        ranges, range_findings = compare_ranges(plan, collect_leaves(grows))
         findings = merge_findings(
-            list(plan.findings) + [_finding_from_row(r) for r in grows if r["kind"] == "finding"]
+            list(plan.findings)
+            + [_finding_from_row(r) for r in grows if r["kind"] == "finding"]
+            + range_findings
         )
         for rs in replicas.values():
             bad = sorted(
@@ -302,6 +314,7 @@ def build_report(
                 findings,
                 mismatch_count=mismatch_counts.get(plan.group, 0),
                 mismatch_sample=sample,
+                ranges=ranges,
             )
         )
     cpu_s = sum(int(r["count"] or 0) for r in rows if r["kind"] == "task") / 1e6
@@ -362,6 +375,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                         "end": {"file": r.end_file, "offset": r.end_offset},
                         "committed": r.committed.as_json(),
                         "tail_count": r.tail_count,
+                        "derived": r.derived,
                         "scanned_bytes": r.scanned_bytes,
                         "mb_per_s": round(report.mb_per_s(r.scanned_bytes), 1),
                         "segments": [
@@ -380,6 +394,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "findings": [_finding_json(f) for f in g.findings],
                 "mismatch_count": g.mismatch_count,
                 "mismatch_sample": g.mismatch_sample,
+                "ranges": g.ranges.as_json(),
             }
             for g in report.groups
         ],
@@ -451,6 +466,22 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
                 ]
             )
         _table(rows, out)
+        for r in g.replicas:
+            if r.derived:
+                parts = [
+                    f"{k} {v['records']} records in {v['files']} files"
+                    if k != "below_log"
+                    else f"{v['records']} records below the log (retention) not checked"
+                    for k, v in sorted(r.derived.items())
+                ]
+                out.write(f"  {r.replica} derived state checked: {', '.join(parts)}\n")
+        rg = g.ranges
+        if rg.leaves:
+            out.write(
+                f"  ranges: {rg.leaves} leaves of {rg.leaf_entries} indexes, fan-out "
+                f"{rg.fanout}, {rg.levels} levels; compared in {rg.rounds} rounds "
+                f"({rg.nodes_compared} digests), {len(rg.differing_leaves)} leaves differ\n"
+            )
         for p in g.pairs:
             label = "diverge" if p.committed else "differ in the uncommitted tail"
             out.write(
