@@ -58,6 +58,7 @@ class What(enum.Enum):
     ROLLED_BACK = "rolled_back"  # the log ends below the index the node promised (acknowledged)
     CQ_MISMATCH = "cq_mismatch"  # a ConsumeQueue record that does not match the commitlog
     KEY_INDEX_MISMATCH = "key_index_mismatch"  # a key index record or header that does not
+    BAD_PROMISE = "bad_promise"  # the promise file beside the store fails its checks
     NOT_A_MEMBER = "not_a_member"  # info: a store of an id the group no longer has: not audited
 
 
@@ -74,6 +75,7 @@ ERRORS = frozenset(
         What.ROLLED_BACK,
         What.CQ_MISMATCH,
         What.KEY_INDEX_MISMATCH,
+        What.BAD_PROMISE,
     }
 )
 
@@ -133,6 +135,8 @@ class ReplicaPlan:
     est_last_index: int  # last index per the index files (an estimate for planning)
     est_end_position: int  # data position after it
     derived: bool = False  # a broker's ConsumeQueues or key index lie beside the store
+    promised_index: int = 0  # the highest index the node acknowledged (its promise file)
+    promise_uri: str = ""  # the promise file read ("": none beside the store)
 
     def segment_at(self, position: int) -> int:
         """Position in ``segments`` of the file holding data ``position``, or -1."""

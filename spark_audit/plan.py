@@ -21,6 +21,8 @@ from dledger.core.membership import decode as decode_configuration
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE, RecordError
 from dledger.storage.files import SEGMENT_NAME_DIGITS
+from dledger.storage.promise import FILE_BYTES as PROMISE_FILE_BYTES
+from dledger.storage.promise import PROMISE_SUFFIX, PromiseError, decode_promise
 from dledger.storage.store import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR
 from spark_audit import fs
 from spark_audit.derived import has_derived_state
@@ -320,11 +322,39 @@ def plan_replica(
         est_end_position=segments[0].start if segments else 0,
     )
     last, end = _estimate_last(rp)
-    derived = has_derived_state(src.root)
-    return (
-        dataclasses.replace(rp, est_last_index=last, est_end_position=end, derived=derived),
-        findings,
+    promised, promise_uri = _read_promise(src, findings)
+    rp = dataclasses.replace(
+        rp,
+        est_last_index=last,
+        est_end_position=end,
+        derived=has_derived_state(src.root),
+        promised_index=promised,
+        promise_uri=promise_uri,
     )
+    return rp, findings
+
+
+def _read_promise(src: ReplicaSource, findings: list[Finding]) -> tuple[int, str]:
+    """(promised index, promise file) of the store: the sibling ``dledger-{id}.promise``
+    (dledger/storage/promise.py); (0, "") when there is none."""
+    uri = fs.join(fs.dirname(src.root), fs.basename(src.root) + PROMISE_SUFFIX)
+    if not fs.exists(uri):
+        return 0, ""
+    try:
+        promise = decode_promise(fs.read_range(uri, 0, PROMISE_FILE_BYTES + 1))
+    except (PromiseError, fs.FsError) as exc:
+        findings.append(
+            Finding(What.BAD_PROMISE, src.group, src.replica, fs.basename(uri), uri, offset=0,
+                    detail=f"{exc}: the index this node promised is unknown")
+        )  # fmt: skip
+        return 0, uri
+    if promise.node_id != replica_name(src.root):
+        findings.append(
+            Finding(What.BAD_PROMISE, src.group, src.replica, fs.basename(uri), uri, offset=0,
+                    detail=f"the promise file is member {promise.node_id}'s")
+        )  # fmt: skip
+        return 0, uri
+    return promise.promised_index, uri
 
 
 def _index_record(rp: ReplicaPlan, index: int) -> codec.IndexRecord | None:
@@ -459,7 +489,10 @@ def plan_group(
     if upto is not None:
         audited, origin = upto, "--upto"
     else:
-        known = [rp.commit_index for rp in replicas if rp.commit_known]
+        # A replica whose log ends below its promise was rolled back (an older copy of its
+        # store): its checkpoint is as old, and would lower the audited index.
+        whole = [rp for rp in replicas if rp.est_last_index >= rp.promised_index] or replicas
+        known = [rp.commit_index for rp in whole if rp.commit_known]
         from_rpc = all(s.commit_index is not None for s in sources)
         audited = min(known) if known else 0
         origin = "metadata" if from_rpc else "checkpoints"

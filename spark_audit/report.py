@@ -21,7 +21,7 @@ from spark_audit.model import (
     severity_of,
     to_u64,
 )
-from spark_audit.ranges import RangeSummary, collect_leaves, compare_ranges
+from spark_audit.ranges import RangeSummary, collect_leaves, compare_ranges, repair_procedure
 
 REPORT_VERSION = 1
 EXIT_CLEAN = 0
@@ -222,6 +222,28 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     )
 
 
+def _rolled_back(plan: GroupPlan, replicas: dict[str, ReplicaSummary]) -> list[Finding]:
+    """A replica whose log ends below the index its node promised (acknowledged as durable)
+    forgot entries it vouched for: its store was rolled back or replaced."""
+    out = []
+    for rp in plan.replicas:
+        last = replicas[rp.replica].last_index
+        if rp.promised_index and last < rp.promised_index:
+            out.append(
+                Finding(What.ROLLED_BACK, plan.group, rp.replica, fs_name(rp.promise_uri),
+                        rp.promise_uri, last + 1, rp.promised_index, 0,
+                        f"its log ends at index {max(last, 0)} but the node promised index "
+                        f"{rp.promised_index}: its store was rolled back or replaced; repair: "
+                        f"{repair_procedure(plan.group, rp.replica)}",
+                        count=rp.promised_index - max(last, 0))
+            )  # fmt: skip
+    return out
+
+
+def fs_name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def build_report(
     plans: Sequence[GroupPlan],
     rows: Sequence[dict[str, Any]],
@@ -284,6 +306,7 @@ def build_report(
                 p.first_divergent_index = min(p.first_divergent_index, int(r["index"]))
                 p.count += int(r["count"])
         ranges, range_findings = compare_ranges(plan, collect_leaves(grows))
+        range_findings.extend(_rolled_back(plan, replicas))
         findings = merge_findings(
             list(plan.findings)
             + [_finding_from_row(r) for r in grows if r["kind"] == "finding"]

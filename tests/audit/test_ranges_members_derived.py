@@ -16,7 +16,8 @@ import pytest
 from broker.consumequeue import CQ_RECORD_SIZE, ConsumeQueueStore
 from broker.indexfile import IndexStore
 from dledger.core.membership import ConfState
-from dledger.log import Entry
+from dledger.log import Entry, HardState
+from dledger.storage.promise import PromiseWriter, promise_path
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 from msgcodec.encode import encode_batch
 from msgcodec.layout import Message, tags_hash
@@ -244,3 +245,26 @@ def test_damaged_consume_queue_and_key_index_records_are_reported(
     (ki,) = findings(report, "key_index_mismatch")
     assert (ki["replica"], ki["file"], ki["offset"]) == ("n2", f"index/{key_file.name}", record_at)
     assert not findings(report, "corrupt_entry") and not findings(report, "damaged_range")
+
+
+@pytest.mark.spark
+def test_rolled_back_replica_is_named(spark: SparkSession, tmp_path: Path) -> None:
+    """n2's store is an older copy of itself (2,000 entries, its checkpoint says 2,000)
+    while its promise file says it acknowledged 3,000: ROLLED_BACK with both numbers, and
+    its old checkpoint no longer lowers the audited commit index to 2,000 (which made the
+    audit CLEAN)."""
+    for r in REPLICAS:
+        last = 2000 if r == "n2" else RAW_ENTRIES
+        write_raw(tmp_path / r / f"dledger-{r}", last, last)
+        writer = PromiseWriter(promise_path(tmp_path / r, r), "g", r, None)
+        writer.write(RAW_ENTRIES, HardState(1, "n0"))
+        writer.close()
+    report = run(spark, tmp_path, tmp_path)
+    group = report["groups"][0]
+    assert group["audited_index"] == RAW_ENTRIES
+    (rb,) = findings(report, "rolled_back")
+    assert (rb["replica"], rb["index"], rb["index_end"]) == ("n2", 2001, RAW_ENTRIES)
+    assert rb["file"] == "dledger-n2.promise"
+    assert "ends at index 2000 but the node promised index 3000" in rb["detail"]
+    assert "mqadmin removeMember" in rb["detail"]
+    assert not report["clean"]
