@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import add_security_arguments, security_from_args
+from spark_audit.digests import DigestStore, Reuse, stamp_all
 from spark_audit.job import (
     DEFAULT_MASTER,
     LOOPBACK,
+    OUTPUT_COLUMNS,
     AuditJobError,
     SessionOptions,
     SessionStarter,
@@ -136,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
         default=LEAF_ENTRIES,
         metavar="N",
         help=f"Raft indexes per leaf of the range digests (default {LEAF_ENTRIES})",
+    )
+    p.add_argument(
+        "--digests",
+        metavar="FILE",
+        help="the digest store: reuse the clean committed ranges a previous audit stored "
+        "there whose files did not change, and store this audit's (docs/AUDIT.md)",
     )
     p.add_argument(
         "--no-derived",
@@ -258,16 +266,28 @@ def audit(
     session_start_s: float = 0.0,
     workers_start_s: float = 0.0,
     derived: bool = True,
+    digests_path: str | None = None,
 ) -> AuditReport:
     """Run the audit of ``plans`` on ``spark`` and build its report (``derived``: check the
-    replicas' ConsumeQueues and key index too)."""
+    replicas' ConsumeQueues and key index too; ``digests_path``: reuse the clean ranges a
+    previous audit stored there whose files did not change, and store this audit's)."""
     tasks = plan_tasks(plans, task_bytes=task_bytes, derived=derived)
-    log.info("auditing groups=%d replicas=%d tasks=%d", len(plans),
-             sum(len(p.replicas) for p in plans), len(tasks))  # fmt: skip
-    out = run_job(spark, plans, tasks, parquet_path=parquet_path)
-    return build_report(
+    store = DigestStore(digests_path, plans[0].leaf_entries) if digests_path and plans else None
+    stamps = stamp_all(plans) if store is not None else {}
+    reuse = store.split(plans, tasks) if store is not None else Reuse(to_run=list(tasks))
+    log.info("auditing groups=%d replicas=%d tasks=%d reused=%d", len(plans),
+             sum(len(p.replicas) for p in plans), len(reuse.to_run),
+             reuse.reused_ranges)  # fmt: skip
+    out = run_job(spark, plans, reuse.to_run, parquet_path=parquet_path)
+    if store is not None:
+        try:
+            store.update(plans, tasks, out.rows, stamps, reuse)
+        except OSError as exc:
+            raise InputError(f"cannot write {digests_path}: {exc.strerror or exc}") from None
+    blank = dict.fromkeys(name for name, _ in OUTPUT_COLUMNS)
+    report = build_report(
         plans,
-        out.rows,
+        out.rows + [{**blank, **r} for r in reuse.rows],
         mismatch_counts=out.mismatch_counts,
         mismatch_sample=out.mismatch_sample,
         master=str(spark.sparkContext.master),
@@ -277,6 +297,10 @@ def audit(
         parquet_path=parquet_path,
         workers_start_s=workers_start_s,
     )
+    report.reused_ranges = reuse.reused_ranges
+    report.reused_entries = reuse.reused_entries
+    report.reused_bytes = reuse.reused_bytes
+    return report
 
 
 def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
@@ -314,6 +338,7 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
             plans,
             task_bytes=args.task_mb * MIB,
             derived=not args.no_derived,
+            digests_path=args.digests,
             parquet_path=args.parquet,
             session_start_s=session_start_s,
             workers_start_s=workers_start_s,

@@ -145,6 +145,9 @@ class AuditReport:
     parquet_path: str | None = None
     task_cpu_s: float = 0.0  # CPU time the tasks spent scanning and comparing
     workers_start_s: float = 0.0  # starting the Python workers before the job (0: not done)
+    reused_ranges: int = 0  # ranges answered from the digest store (--digests), not read
+    reused_entries: int = 0
+    reused_bytes: int = 0  # bytes of entries of those ranges (over every replica)
 
     def mb_per_s(self, nbytes: int) -> float:
         """``nbytes`` over the job's wall time, in MB/s (every replica is read during it)."""
@@ -160,10 +163,14 @@ class AuditReport:
 
     @property
     def scanned_bytes(self) -> int:
-        return sum(
-            sum(s.committed.bytes + s.tail_bytes for s in r.segments.values())
-            for g in self.groups
-            for r in g.replicas
+        """Bytes of entries read by this audit (not those of reused ranges)."""
+        return (
+            sum(
+                sum(s.committed.bytes + s.tail_bytes for s in r.segments.values())
+                for g in self.groups
+                for r in g.replicas
+            )
+            - self.reused_bytes
         )
 
 
@@ -380,6 +387,11 @@ def report_json(report: AuditReport) -> dict[str, Any]:
         "tasks": report.tasks,
         "task_cpu_s": round(report.task_cpu_s, 3),
         "scanned_bytes": report.scanned_bytes,
+        "reused": {
+            "ranges": report.reused_ranges,
+            "entries": report.reused_entries,
+            "bytes": report.reused_bytes,
+        },
         "parquet": report.parquet_path,
         "groups": [
             {
@@ -532,5 +544,10 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
         f"({rate:.0f} MB/s; tasks used {report.task_cpu_s:.1f} CPU s), session start "
         f"{report.session_start_s:.1f} s{workers}, master {report.master}\n"
     )
+    if report.reused_ranges:
+        out.write(
+            f"reused {report.reused_ranges} unchanged ranges from the digest store "
+            f"({report.reused_entries} indexes, {report.reused_bytes / 1e6:.1f} MB not read)\n"
+        )
     if report.parquet_path:
         out.write(f"divergent entry rows: {report.parquet_path}\n")

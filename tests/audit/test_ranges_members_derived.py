@@ -17,6 +17,8 @@ from broker.consumequeue import CQ_RECORD_SIZE, ConsumeQueueStore
 from broker.indexfile import IndexStore
 from dledger.core.membership import ConfState
 from dledger.log import Entry, HardState
+from dledger.storage import codec
+from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE
 from dledger.storage.promise import PromiseWriter, promise_path
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 from msgcodec.encode import encode_batch
@@ -122,12 +124,19 @@ def leftover_group(base: Path) -> None:
     for r in REPLICAS:
         write_raw(base / r / f"dledger-{r}", RAW_ENTRIES, RAW_ENTRIES)
     write_raw(base / "n3" / "dledger-n3", 3, 3)
-    store = base / "n1" / "dledger-n1"
-    with SegmentedLogStore(store, CONFIG) as s:
-        pos = s.body_position(2000)
-    seg = pos - pos % CONFIG.segment_size_bytes
+    flip_body_byte(base / "n1" / "dledger-n1", 2000)
+
+
+def flip_body_byte(store: Path, index: int) -> None:
+    """Flip a bit in the body of entry ``index`` (found through the index file: opening the
+    store would write to it)."""
+    size = CONFIG.index_segment_size_bytes
+    byte = index * INDEX_RECORD_SIZE
+    raw = (store / "index" / f"{byte - byte % size:020d}").read_bytes()
+    rec = codec.decode_index_record(raw, byte % size)
+    seg = rec.position - rec.position % CONFIG.segment_size_bytes
     with open(store / "commitlog" / f"{seg:020d}", "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-        mm[pos - seg + 5] ^= 0x01
+        mm[rec.position - seg + ENTRY_HEADER_SIZE + 5] ^= 0x01
 
 
 @pytest.mark.spark
@@ -268,3 +277,36 @@ def test_rolled_back_replica_is_named(spark: SparkSession, tmp_path: Path) -> No
     assert "ends at index 2000 but the node promised index 3000" in rb["detail"]
     assert "mqadmin removeMember" in rb["detail"]
     assert not report["clean"]
+
+
+@pytest.mark.spark
+def test_digest_store_reuses_unchanged_ranges_and_reads_changed_ones(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stores = tmp_path / "stores"
+    for r in REPLICAS:
+        write_raw(stores / r / f"dledger-{r}", RAW_ENTRIES, RAW_ENTRIES)
+    digests = ("--digests", str(tmp_path / "digests.json"))
+    first = run(spark, tmp_path, stores, extra=digests)
+    assert first["clean"] and first["reused"]["ranges"] == 0
+    stored = json.loads((tmp_path / "digests.json").read_text())["groups"]["default"]
+    assert len(stored) >= 2  # the committed ranges, each clean
+
+    second = run(spark, tmp_path, stores, extra=digests)
+    assert second["clean"]
+    assert second["reused"]["ranges"] == len(stored)
+    assert second["reused"]["entries"] == RAW_ENTRIES
+    assert second["scanned_bytes"] < first["scanned_bytes"] / 10
+    for key in ("ranges",):
+        assert second["groups"][0][key] == first["groups"][0][key]
+    assert [r["committed"] for r in second["groups"][0]["replicas"]] == [
+        r["committed"] for r in first["groups"][0]["replicas"]
+    ]
+
+    # A byte flipped in n1's entry 2000 changes that segment's stamps: its range is read
+    # again (and the damage found), the others are reused.
+    flip_body_byte(stores / "n1" / "dledger-n1", 2000)
+    third = run(spark, tmp_path, stores, extra=digests)
+    (bad,) = findings(third, "corrupt_entry")
+    assert (bad["replica"], bad["index"]) == ("n1", 2000)
+    assert 1 <= third["reused"]["ranges"] < len(stored)
