@@ -7,6 +7,10 @@ the log alone cannot tell: the member would vote and count as if it never had th
 acknowledged. The promise file remembers, outside the store directory:
 
 * ``promised_index``: the highest log index this member acknowledged as durable to anyone;
+* ``durable_index``: every index up to it was durable in the store when this promise was
+  written (the server writes the promise and flushes the log side by side, so the promise
+  may run ahead of the log by the persist job in flight: a log that ends between the two
+  was cut short by a crash in that job, whose acknowledgements never left);
 * a copy of the hard state (term, vote), so that a lost or damaged ``meta`` file is never
   read as "term 0, no vote";
 * the group and member it belongs to, so that a file moved to another member is refused.
@@ -36,15 +40,15 @@ from dledger.log import DLedgerError, HardState
 
 PROMISE_MAGIC = 0x50524D53  # b"PRMS"
 PROMISE_VERSION = 1
-# magic, version, reserved, sequence, promised_index, term, group_len, node_len, voted_len,
-# reserved
-SLOT_HEAD = struct.Struct(">IHHQQQHHHH")
+# magic, version, reserved, sequence, promised_index, durable_index, term, group_len,
+# node_len, voted_len, reserved
+SLOT_HEAD = struct.Struct(">IHHQQQQHHHH")
 CRC = struct.Struct(">I")
 NO_VOTE = 0xFFFF
 # Group names and member ids are short (member ids match MEMBER_ID_RE: at most 64 chars);
 # 255 bytes each bounds a slot and rejects garbage early.
 MAX_NAME_BYTES = 255
-# One slot holds the head, three names of at most MAX_NAME_BYTES and the CRC (809 bytes), so
+# One slot holds the head, three names of at most MAX_NAME_BYTES and the CRC (817 bytes), so
 # 1 KiB fits any valid record; slots are zero padded. Two slots: the file is 2 KiB for good.
 SLOT_BYTES = 1024
 SLOT_COUNT = 2
@@ -74,13 +78,20 @@ class PromiseVersionError(PromiseError):
 
 @dataclass(frozen=True, slots=True)
 class Promise:
-    """One slot's content. ``sequence`` grows by one with every write."""
+    """One slot's content. ``sequence`` grows by one with every write; ``durable_index``
+    (at most ``promised_index``; -1 when built without one: the same as ``promised_index``)
+    was durable in the store when it was written."""
 
     group: str
     node_id: str
     promised_index: int
     hard_state: HardState
     sequence: int = 1
+    durable_index: int = -1
+
+    @property
+    def durable(self) -> int:
+        return self.promised_index if self.durable_index < 0 else self.durable_index
 
 
 def promise_path(store_root_dir: str | os.PathLike[str], node_id: str) -> Path:
@@ -105,11 +116,18 @@ def _name_bytes(value: str, what: str) -> bytes:
 
 def encode_slot(p: Promise) -> bytes:
     """One slot, ``SLOT_BYTES`` long (zero padded). ValueError for out-of-range fields."""
-    for v, what in ((p.sequence, "sequence"), (p.promised_index, "promised_index")):
+    fields = (
+        (p.sequence, "sequence"),
+        (p.promised_index, "promised_index"),
+        (p.durable, "durable"),
+    )
+    for v, what in fields:
         if not 0 <= v <= MAX_U64:
             raise ValueError(f"{what} {v} is outside [0, 2^64-1]")
     if not 0 <= p.hard_state.term <= MAX_U64:
         raise ValueError(f"term {p.hard_state.term} is outside [0, 2^64-1]")
+    if p.durable > p.promised_index:
+        raise ValueError(f"durable_index {p.durable} above promised_index {p.promised_index}")
     group = _name_bytes(p.group, "group")
     node = _name_bytes(p.node_id, "node id")
     vote = b"" if p.hard_state.voted_for is None else _name_bytes(p.hard_state.voted_for, "vote")
@@ -119,6 +137,7 @@ def encode_slot(p: Promise) -> bytes:
         0,
         p.sequence,
         p.promised_index,
+        p.durable,
         p.hard_state.term,
         len(group),
         len(node),
@@ -138,7 +157,8 @@ def decode_slot(data: bytes) -> Promise | None:
         raise PromiseError(f"slot is {len(data)} bytes, expected {SLOT_BYTES}")
     if not any(data):
         return None
-    magic, version, _, seq, promised, term, glen, nlen, vlen, _ = SLOT_HEAD.unpack_from(data)
+    head = SLOT_HEAD.unpack_from(data)
+    magic, version, _, seq, promised, durable, term, glen, nlen, vlen, _ = head
     if magic != PROMISE_MAGIC:
         raise PromiseError(f"bad magic 0x{magic:08x}")
     if version > PROMISE_VERSION:
@@ -167,7 +187,9 @@ def decode_slot(data: bytes) -> Promise | None:
         vote = data[n_end:end].decode("utf-8") if vlen != NO_VOTE else None
     except UnicodeDecodeError:
         raise PromiseError("names are not UTF-8") from None
-    return Promise(group, node, promised, HardState(term, vote), seq)
+    if durable > promised:
+        raise PromiseError(f"durable_index {durable} above promised_index {promised}")
+    return Promise(group, node, promised, HardState(term, vote), seq, durable)
 
 
 def decode_promise(data: bytes) -> Promise:
@@ -247,16 +269,21 @@ class PromiseWriter:
     def promised_index(self) -> int:
         return 0 if self._current is None else self._current.promised_index
 
-    def write(self, promised_index: int, hard_state: HardState) -> bool:
+    def write(
+        self, promised_index: int, hard_state: HardState, durable_index: int | None = None
+    ) -> bool:
         """Make ``max(promised, promised_index)`` and ``hard_state`` durable; True when a
-        write was needed. The promise never goes down. OSError on an I/O failure (ENOSPC
-        only when the file is created: a slot rewrite never allocates)."""
+        write was needed. The promise never goes down. ``durable_index``: what the store
+        holds durably now (None: everything promised, the promise follows the flush).
+        OSError on an I/O failure (ENOSPC only when the file is created: a slot rewrite
+        never allocates)."""
         cur = self._current
         promised = max(promised_index, 0 if cur is None else cur.promised_index)
         if cur is not None and cur.promised_index == promised and cur.hard_state == hard_state:
             return False
+        durable = promised if durable_index is None else min(durable_index, promised)
         seq = 1 if cur is None else cur.sequence + 1
-        new = Promise(self.group, self.node_id, promised, hard_state, seq)
+        new = Promise(self.group, self.node_id, promised, hard_state, seq, max(durable, 0))
         slot = encode_slot(new)
         if cur is None or not self.path.exists():
             self._create(slot, seq)
