@@ -149,6 +149,8 @@ class EntryLocator:
         checked = self._checked.get(index)
         if checked is None:
             checked = self._check(index, int(pos[i]))
+            if len(self._checked) >= MAX_CACHED_MESSAGES:
+                self._checked.clear()  # bounded: an entry checked again costs one CRC
             self._checked[index] = checked
         if isinstance(checked, str):
             return checked
