@@ -22,15 +22,18 @@ from typing import TYPE_CHECKING, NoReturn
 
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import add_security_arguments, security_from_args
+from spark_audit.digests import DigestStore, Reuse, stamp_all
 from spark_audit.job import (
     DEFAULT_MASTER,
     LOOPBACK,
+    OUTPUT_COLUMNS,
     AuditJobError,
     SessionOptions,
     SessionStarter,
     resolved_master,
     run_job,
 )
+from spark_audit.merkle import LEAF_ENTRIES, MAX_LEAF_ENTRIES, MIN_LEAF_ENTRIES
 from spark_audit.model import GroupPlan
 from spark_audit.plan import (
     DEFAULT_GROUP,
@@ -130,6 +133,24 @@ def _parser() -> argparse.ArgumentParser:
         help=f"MB of each replica's log per Spark task (default {TASK_TARGET_BYTES // MIB})",
     )
     p.add_argument(
+        "--leaf-entries",
+        type=int,
+        default=LEAF_ENTRIES,
+        metavar="N",
+        help=f"Raft indexes per leaf of the range digests (default {LEAF_ENTRIES})",
+    )
+    p.add_argument(
+        "--digests",
+        metavar="FILE",
+        help="the digest store: reuse the clean committed ranges a previous audit stored "
+        "there whose files did not change, and store this audit's (docs/AUDIT.md)",
+    )
+    p.add_argument(
+        "--no-derived",
+        action="store_true",
+        help="skip the ConsumeQueue and key index checks (the log alone)",
+    )
+    p.add_argument(
         "--bind-address",
         default=LOOPBACK,
         metavar="IP",
@@ -209,13 +230,24 @@ def _check_options(args: argparse.Namespace) -> None:
         raise InputError(f"--segment-bytes must be > 0, got {args.segment_bytes}")
     if args.task_mb <= 0:
         raise InputError(f"--task-mb must be > 0, got {args.task_mb}")
+    if not MIN_LEAF_ENTRIES <= args.leaf_entries <= MAX_LEAF_ENTRIES:
+        raise InputError(
+            f"--leaf-entries must be in [{MIN_LEAF_ENTRIES}, {MAX_LEAF_ENTRIES}], "
+            f"got {args.leaf_entries}"
+        )
 
 
 def _plan_groups(
     args: argparse.Namespace, groups: Sequence[tuple[str, list[ReplicaSource]]]
 ) -> list[GroupPlan]:
     return [
-        plan_group(name, srcs, upto=args.upto, segment_size_bytes=args.segment_bytes)
+        plan_group(
+            name,
+            srcs,
+            upto=args.upto,
+            segment_size_bytes=args.segment_bytes,
+            leaf_entries=args.leaf_entries,
+        )
         for name, srcs in groups
     ]
 
@@ -233,15 +265,29 @@ def audit(
     parquet_path: str | None = None,
     session_start_s: float = 0.0,
     workers_start_s: float = 0.0,
+    derived: bool = True,
+    digests_path: str | None = None,
 ) -> AuditReport:
-    """Run the audit of ``plans`` on ``spark`` and build its report."""
-    tasks = plan_tasks(plans, task_bytes=task_bytes)
-    log.info("auditing groups=%d replicas=%d tasks=%d", len(plans),
-             sum(len(p.replicas) for p in plans), len(tasks))  # fmt: skip
-    out = run_job(spark, plans, tasks, parquet_path=parquet_path)
-    return build_report(
+    """Run the audit of ``plans`` on ``spark`` and build its report (``derived``: check the
+    replicas' ConsumeQueues and key index too; ``digests_path``: reuse the clean ranges a
+    previous audit stored there whose files did not change, and store this audit's)."""
+    tasks = plan_tasks(plans, task_bytes=task_bytes, derived=derived)
+    store = DigestStore(digests_path, plans[0].leaf_entries) if digests_path and plans else None
+    stamps = stamp_all(plans) if store is not None else {}
+    reuse = store.split(plans, tasks) if store is not None else Reuse(to_run=list(tasks))
+    log.info("auditing groups=%d replicas=%d tasks=%d reused=%d", len(plans),
+             sum(len(p.replicas) for p in plans), len(reuse.to_run),
+             reuse.reused_ranges)  # fmt: skip
+    out = run_job(spark, plans, reuse.to_run, parquet_path=parquet_path)
+    if store is not None:
+        try:
+            store.update(plans, tasks, out.rows, stamps, reuse)
+        except OSError as exc:
+            raise InputError(f"cannot write {digests_path}: {exc.strerror or exc}") from None
+    blank = dict.fromkeys(name for name, _ in OUTPUT_COLUMNS)
+    report = build_report(
         plans,
-        out.rows,
+        out.rows + [{**blank, **r} for r in reuse.rows],
         mismatch_counts=out.mismatch_counts,
         mismatch_sample=out.mismatch_sample,
         master=str(spark.sparkContext.master),
@@ -251,6 +297,10 @@ def audit(
         parquet_path=parquet_path,
         workers_start_s=workers_start_s,
     )
+    report.reused_ranges = reuse.reused_ranges
+    report.reused_entries = reuse.reused_entries
+    report.reused_bytes = reuse.reused_bytes
+    return report
 
 
 def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
@@ -287,6 +337,8 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
             spark,
             plans,
             task_bytes=args.task_mb * MIB,
+            derived=not args.no_derived,
+            digests_path=args.digests,
             parquet_path=args.parquet,
             session_start_s=session_start_s,
             workers_start_s=workers_start_s,

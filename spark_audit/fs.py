@@ -61,6 +61,33 @@ def basename(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+def stamp(uri: str) -> tuple[int, ...] | None:
+    """What changes when a file is written, replaced or truncated: (size, mtime_ns,
+    ctime_ns, device, inode) for a local file (ctime cannot be set back by a tool), (size,
+    mtime_ns) for another filesystem; None when the file is not there."""
+    if is_local(uri):
+        try:
+            st = os.stat(local_path(uri))
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino)
+    pafs = _pyarrow_fs()
+    try:
+        fs, path = _arrow_fs(uri)
+        info = fs.get_file_info(path)
+    except (FsError, OSError):
+        return None
+    if info.type != pafs.FileType.File:
+        return None
+    return (int(info.size or 0), int(info.mtime_ns or 0))
+
+
+def dirname(uri: str) -> str:
+    """The directory holding ``uri`` (``join``'s inverse for one name)."""
+    head = uri.rstrip("/").rsplit("/", 1)[0]
+    return head or "/"
+
+
 def _pyarrow_fs() -> Any:
     """``pyarrow.fs``, imported only for non-local URIs (it has no type information)."""
     return importlib.import_module("pyarrow.fs")

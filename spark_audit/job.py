@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_audit.derived import run_derived_task
 from spark_audit.errors import AuditError
-from spark_audit.model import GroupPlan, TaskSpec, to_i64
+from spark_audit.model import TASK_DERIVED, GroupPlan, TaskSpec, to_i64
 from spark_audit.scan import iter_rows, run_task
 
 if TYPE_CHECKING:
@@ -42,10 +43,11 @@ MISMATCH_SAMPLE_ROWS = 100
 # Rows per Arrow batch a task yields (bounds a task's memory for large outputs).
 ROWS_PER_BATCH = 10_000
 # Packages shipped to the executors (the job's code and the codec it parses with).
-SHIPPED_PACKAGES = ("spark_audit", "dledger")
+SHIPPED_PACKAGES = ("spark_audit", "dledger", "msgcodec")
 
 OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("kind", "string"),  # finding, mismatch, pair, part, end, task (count = CPU microseconds)
+    # finding, mismatch, pair, part, end, leaf, derived, task (count = CPU microseconds)
+    ("kind", "string"),
     ("what", "string"),  # the finding's kind (model.What) or the part's committed/tail
     ("group", "string"),
     ("task", "long"),
@@ -123,7 +125,10 @@ class TaskRunner:
                 plan = self.plans[task.group]
                 t0 = time.monotonic()
                 cpu0 = time.process_time()
-                result = run_task(plan, task)
+                if task.kind == TASK_DERIVED:
+                    result = run_derived_task(plan, task)
+                else:
+                    result = run_task(plan, task)
                 cpu_us = int((time.process_time() - cpu0) * 1e6)
                 log.info(
                     "task=%d group=%s range=[%d,%s) bytes=%d elapsed_s=%.2f",

@@ -7,6 +7,7 @@ import struct
 from dataclasses import dataclass
 
 from dledger.storage.codec import crc32c
+from spark_audit.merkle import LEAF_ENTRIES
 
 U64_MASK = (1 << 64) - 1
 # Entry identity compared across replicas: term, type, body size and body CRC (positions are
@@ -53,6 +54,12 @@ class What(enum.Enum):
     TAIL_INDEX_MISMATCH = "tail_index_mismatch"  # info: index disagreement above it
     UNCOMMITTED_TAIL = "uncommitted_tail"  # info: replicas differ above the audited index
     UNEXPECTED_FILE = "unexpected_file"  # info: a file the store would not write
+    DAMAGED_RANGE = "damaged_range"  # a leaf range where the replica disagrees with the majority
+    ROLLED_BACK = "rolled_back"  # the log ends below the index the node promised (acknowledged)
+    CQ_MISMATCH = "cq_mismatch"  # a ConsumeQueue record that does not match the commitlog
+    KEY_INDEX_MISMATCH = "key_index_mismatch"  # a key index record or header that does not
+    BAD_PROMISE = "bad_promise"  # the promise file beside the store fails its checks
+    NOT_A_MEMBER = "not_a_member"  # info: a store of an id the group no longer has: not audited
 
 
 ERRORS = frozenset(
@@ -64,6 +71,11 @@ ERRORS = frozenset(
         What.SHORT_SEGMENT,
         What.MISSING_SEGMENT,
         What.BAD_CHECKPOINT,
+        What.DAMAGED_RANGE,
+        What.ROLLED_BACK,
+        What.CQ_MISMATCH,
+        What.KEY_INDEX_MISMATCH,
+        What.BAD_PROMISE,
     }
 )
 
@@ -122,6 +134,9 @@ class ReplicaPlan:
     commit_known: bool  # False when its checkpoint could not be read
     est_last_index: int  # last index per the index files (an estimate for planning)
     est_end_position: int  # data position after it
+    derived: bool = False  # a broker's ConsumeQueues or key index lie beside the store
+    promised_index: int = 0  # the highest index the node acknowledged (its promise file)
+    promise_uri: str = ""  # the promise file read ("": none beside the store)
 
     def segment_at(self, position: int) -> int:
         """Position in ``segments`` of the file holding data ``position``, or -1."""
@@ -154,6 +169,13 @@ class GroupPlan:
     audited_from: str  # where it came from: "checkpoints", "metadata" or "--upto"
     first_index: int  # lowest first index over the replicas
     findings: tuple[Finding, ...] = ()
+    leaf_entries: int = LEAF_ENTRIES  # Raft indexes per leaf of the range digests
+
+
+# What a task does: scan an index range of every replica, or check one replica's derived
+# state (ConsumeQueues, key index) against its log.
+TASK_LOG = "log"
+TASK_DERIVED = "derived"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +185,8 @@ class TaskSpec:
     lo: int  # first index of the range
     hi: int  # one past the last index of the range; 0: open-ended (to the end of every log)
     est_bytes: int = 0
+    kind: str = TASK_LOG
+    replica: str = ""  # the replica of a TASK_DERIVED task
 
 
 @dataclass(slots=True)

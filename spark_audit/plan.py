@@ -14,15 +14,22 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from dledger.core.membership import MAX_REMOVED_IDS, ConfState
+from dledger.core.membership import decode as decode_configuration
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE, RecordError
 from dledger.storage.files import SEGMENT_NAME_DIGITS
+from dledger.storage.promise import FILE_BYTES as PROMISE_FILE_BYTES
+from dledger.storage.promise import PROMISE_SUFFIX, PromiseError, decode_promise
 from dledger.storage.store import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR
 from spark_audit import fs
+from spark_audit.derived import has_derived_state
 from spark_audit.errors import AuditError
+from spark_audit.merkle import LEAF_ENTRIES
 from spark_audit.model import (
+    TASK_DERIVED,
     Finding,
     GroupPlan,
     IndexFile,
@@ -45,6 +52,12 @@ STORE_DIR_PREFIX = "dledger-"
 # mqcluster's state file: names the group of a local cluster's base directory.
 CLUSTER_STATE_FILE = "cluster.json"
 DEFAULT_GROUP = "default"
+# A cluster.json names a handful of nodes: a larger file is not one.
+CLUSTER_STATE_MAX_BYTES = 1 << 20
+# The committed configuration a node saves in its store (dledger/server/membership.py
+# CONF_FILE) and the largest such file read (CONF_FILE_MAX_BYTES).
+MEMBERSHIP_FILE = "membership.json"
+MEMBERSHIP_FILE_MAX_BYTES = 64 << 10
 # Files the store leaves behind on purpose or deletes on open.
 STORE_FILES = frozenset({"commitlog", "index", "checkpoint", "meta", "abort", "lock"})
 TRANSIENT_SUFFIXES = (".tmp", ".alloc")
@@ -60,6 +73,8 @@ class ReplicaSource:
     replica: str
     root: str  # the store directory (``dledger-{id}``), a path or a URI
     commit_index: int | None = None  # from a running node; None: read the checkpoint
+    # The ``removed`` list of the mqcluster ``cluster.json`` it was found under names it.
+    listed_removed: bool = False
 
 
 def _is_store(uri: str) -> bool:
@@ -100,16 +115,37 @@ def discover(uri: str) -> list[str]:
     return found
 
 
-def group_name_of(uri: str) -> str | None:
-    """The group an ``mqcluster`` base directory was set up with, if ``uri`` is one."""
+def _cluster_state(uri: str) -> dict[str, Any] | None:
+    """``cluster.json`` of an ``mqcluster`` base directory, if ``uri`` is one (bounded:
+    the file names a handful of nodes)."""
     state = fs.join(uri, CLUSTER_STATE_FILE)
     if not fs.exists(state):
         return None
     try:
-        group = json.loads(fs.read_all(state)).get("group")
-    except (fs.FsError, ValueError, AttributeError):
+        raw = fs.read_range(state, 0, CLUSTER_STATE_MAX_BYTES + 1)
+        if len(raw) > CLUSTER_STATE_MAX_BYTES:
+            return None
+        doc = json.loads(raw)
+    except (fs.FsError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
+
+
+def group_name_of(uri: str) -> str | None:
+    """The group an ``mqcluster`` base directory was set up with, if ``uri`` is one."""
+    doc = _cluster_state(uri)
+    group = doc.get("group") if doc else None
     return str(group) if group else None
+
+
+def removed_ids_of(uri: str) -> frozenset[str]:
+    """The ids ``cluster.json`` lists as removed from the group (none if ``uri`` is not an
+    mqcluster base directory)."""
+    doc = _cluster_state(uri)
+    removed = doc.get("removed") if doc else None
+    if not isinstance(removed, list):
+        return frozenset()
+    return frozenset(r for r in removed[:MAX_REMOVED_IDS] if isinstance(r, str))
 
 
 def replica_name(root: str) -> str:
@@ -119,14 +155,21 @@ def replica_name(root: str) -> str:
 
 def sources_from_paths(group: str, uris: Sequence[str]) -> list[ReplicaSource]:
     roots: list[str] = []
+    removed: set[str] = set()
     for uri in uris:
-        roots.extend(discover(uri))
+        found = discover(uri)
+        roots.extend(found)
+        listed = removed_ids_of(uri)
+        removed.update(r for r in found if replica_name(r) in listed)
     names = [replica_name(r) for r in roots]
     if len(set(names)) != len(names):  # same member id in two places: name them by path
         names = list(roots)
     if len(set(roots)) != len(roots):
         raise InputError(f"group {group}: the same store is given twice")
-    return [ReplicaSource(group, n, r) for n, r in zip(names, roots, strict=True)]
+    return [
+        ReplicaSource(group, n, r, listed_removed=r in removed)
+        for n, r in zip(names, roots, strict=True)
+    ]
 
 
 def sources_from_running(
@@ -279,7 +322,39 @@ def plan_replica(
         est_end_position=segments[0].start if segments else 0,
     )
     last, end = _estimate_last(rp)
-    return dataclasses.replace(rp, est_last_index=last, est_end_position=end), findings
+    promised, promise_uri = _read_promise(src, findings)
+    rp = dataclasses.replace(
+        rp,
+        est_last_index=last,
+        est_end_position=end,
+        derived=has_derived_state(src.root),
+        promised_index=promised,
+        promise_uri=promise_uri,
+    )
+    return rp, findings
+
+
+def _read_promise(src: ReplicaSource, findings: list[Finding]) -> tuple[int, str]:
+    """(promised index, promise file) of the store: the sibling ``dledger-{id}.promise``
+    (dledger/storage/promise.py); (0, "") when there is none."""
+    uri = fs.join(fs.dirname(src.root), fs.basename(src.root) + PROMISE_SUFFIX)
+    if not fs.exists(uri):
+        return 0, ""
+    try:
+        promise = decode_promise(fs.read_range(uri, 0, PROMISE_FILE_BYTES + 1))
+    except (PromiseError, fs.FsError) as exc:
+        findings.append(
+            Finding(What.BAD_PROMISE, src.group, src.replica, fs.basename(uri), uri, offset=0,
+                    detail=f"{exc}: the index this node promised is unknown")
+        )  # fmt: skip
+        return 0, uri
+    if promise.node_id != replica_name(src.root):
+        findings.append(
+            Finding(What.BAD_PROMISE, src.group, src.replica, fs.basename(uri), uri, offset=0,
+                    detail=f"the promise file is member {promise.node_id}'s")
+        )  # fmt: skip
+        return 0, uri
+    return promise.promised_index, uri
 
 
 def _index_record(rp: ReplicaPlan, index: int) -> codec.IndexRecord | None:
@@ -319,17 +394,94 @@ def _estimate_last(rp: ReplicaPlan) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Members:
+    """The group's current members, and where that came from."""
+
+    ids: frozenset[str]
+    index: int  # the CONFIG entry that set it (0: not from the log)
+    source: str
+
+
+def saved_configuration(src: ReplicaSource) -> ConfState | None:
+    """The committed configuration the node saved in its store (``membership.json``, written
+    when it applies a CONFIG entry); None when it saved none or the file is unreadable."""
+    path = fs.join(src.root, MEMBERSHIP_FILE)
+    if not fs.exists(path):
+        return None
+    try:
+        raw = fs.read_range(path, 0, MEMBERSHIP_FILE_MAX_BYTES + 1)
+        if len(raw) > MEMBERSHIP_FILE_MAX_BYTES:
+            return None
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("joining") is True:
+            return None
+        index = doc.get("index")
+        if not isinstance(index, int) or index < 1:
+            return None
+        return decode_configuration(json.dumps(doc.get("config")).encode(), index)
+    except (fs.FsError, ValueError):
+        return None
+
+
+def current_members(sources: Sequence[ReplicaSource]) -> Members | None:
+    """The latest committed configuration any replica saved (configurations are committed
+    in log order, so the highest index is the newest); None when no replica saved one."""
+    best: ConfState | None = None
+    holder = ""
+    for src in sources:
+        conf = saved_configuration(src)
+        if conf is not None and (best is None or conf.index > best.index):
+            best, holder = conf, src.replica
+    if best is None:
+        return None
+    return Members(
+        best.voters | best.learners,
+        best.index,
+        f"the committed configuration of index {best.index} ({holder}'s {MEMBERSHIP_FILE})",
+    )
+
+
+def _members_only(
+    group: str, sources: Sequence[ReplicaSource]
+) -> tuple[list[ReplicaSource], list[Finding]]:
+    """The sources of current members, and a finding for each store left out. Trusted
+    first: the latest committed configuration the replicas saved (what the nodes act on);
+    without one (a group never changed), the ``removed`` list of ``cluster.json``."""
+    members = current_members(sources)
+    keep: list[ReplicaSource] = []
+    out: list[Finding] = []
+    for src in sources:
+        if members is not None:
+            gone = src.replica not in members.ids and "/" not in src.replica
+            why = f"not a member in {members.source}"
+        else:
+            gone = src.listed_removed
+            why = f"listed as removed in {CLUSTER_STATE_FILE}"
+        if not gone:
+            keep.append(src)
+            continue
+        out.append(
+            Finding(What.NOT_A_MEMBER, group, src.replica, "", src.root,
+                    detail=f"{why}: its store is a removed member's leftover, not audited")
+        )  # fmt: skip
+    if not keep:
+        raise InputError(f"group {group}: none of the stores belongs to a current member")
+    return keep, out
+
+
 def plan_group(
     group: str,
     sources: Sequence[ReplicaSource],
     *,
     upto: int | None = None,
     segment_size_bytes: int | None = None,
+    leaf_entries: int = LEAF_ENTRIES,
 ) -> GroupPlan:
     if not sources:
         raise InputError(f"group {group}: no replicas")
+    sources, findings = _members_only(group, sources)
     replicas: list[ReplicaPlan] = []
-    findings: list[Finding] = []
     for src in sources:
         rp, found = plan_replica(src, segment_size_bytes=segment_size_bytes)
         replicas.append(rp)
@@ -337,7 +489,10 @@ def plan_group(
     if upto is not None:
         audited, origin = upto, "--upto"
     else:
-        known = [rp.commit_index for rp in replicas if rp.commit_known]
+        # A replica whose log ends below its promise was rolled back (an older copy of its
+        # store): its checkpoint is as old, and would lower the audited index.
+        whole = [rp for rp in replicas if rp.est_last_index >= rp.promised_index] or replicas
+        known = [rp.commit_index for rp in whole if rp.commit_known]
         from_rpc = all(s.commit_index is not None for s in sources)
         audited = min(known) if known else 0
         origin = "metadata" if from_rpc else "checkpoints"
@@ -350,18 +505,28 @@ def plan_group(
         origin,
         first,
     )
-    return GroupPlan(group, tuple(replicas), audited, origin, first, tuple(findings))
+    return GroupPlan(group, tuple(replicas), audited, origin, first, tuple(findings), leaf_entries)
 
 
 def plan_tasks(
-    plans: Sequence[GroupPlan], *, task_bytes: int = TASK_TARGET_BYTES, first_id: int = 0
+    plans: Sequence[GroupPlan],
+    *,
+    task_bytes: int = TASK_TARGET_BYTES,
+    first_id: int = 0,
+    derived: bool = True,
 ) -> list[TaskSpec]:
     """Index ranges of about ``task_bytes`` of each replica's log, cut along the segments of
     the replica that holds the most; every replica's first index and the audited index + 1
-    are cut points too, so that no range mixes committed entries with the uncommitted tail."""
+    are cut points too, so that no range mixes committed entries with the uncommitted tail.
+    With ``derived``, one more task per replica that has a broker's derived state."""
     tasks: list[TaskSpec] = []
     next_id = first_id
     for plan in plans:
+        if derived:
+            for rp in plan.replicas:
+                if rp.derived:
+                    tasks.append(TaskSpec(next_id, plan.group, 0, 0, 0, TASK_DERIVED, rp.replica))
+                    next_id += 1
         ref = max(plan.replicas, key=lambda rp: rp.est_end_position - _data_start(rp))
         points = {plan.first_index, plan.audited_index + 1}
         points.update(rp.first_index for rp in plan.replicas)

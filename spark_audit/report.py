@@ -21,6 +21,7 @@ from spark_audit.model import (
     severity_of,
     to_u64,
 )
+from spark_audit.ranges import RangeSummary, collect_leaves, compare_ranges, repair_procedure
 
 REPORT_VERSION = 1
 EXIT_CLEAN = 0
@@ -98,6 +99,8 @@ class ReplicaSummary:
     tail_count: int = 0
     segments: dict[str, SegmentSummary] = field(default_factory=dict)
     status: str = "ok"
+    # "consumequeue"/"key_index" -> {"files": n, "records": n} checked (empty: none there)
+    derived: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def scanned_bytes(self) -> int:
@@ -125,6 +128,7 @@ class GroupReport:
     findings: list[Finding]
     mismatch_count: int = 0
     mismatch_sample: list[dict[str, Any]] = field(default_factory=list)
+    ranges: RangeSummary = field(default_factory=RangeSummary)
 
     @property
     def errors(self) -> list[Finding]:
@@ -141,6 +145,9 @@ class AuditReport:
     parquet_path: str | None = None
     task_cpu_s: float = 0.0  # CPU time the tasks spent scanning and comparing
     workers_start_s: float = 0.0  # starting the Python workers before the job (0: not done)
+    reused_ranges: int = 0  # ranges answered from the digest store (--digests), not read
+    reused_entries: int = 0
+    reused_bytes: int = 0  # bytes of entries of those ranges (over every replica)
 
     def mb_per_s(self, nbytes: int) -> float:
         """``nbytes`` over the job's wall time, in MB/s (every replica is read during it)."""
@@ -156,10 +163,14 @@ class AuditReport:
 
     @property
     def scanned_bytes(self) -> int:
-        return sum(
-            sum(s.committed.bytes + s.tail_bytes for s in r.segments.values())
-            for g in self.groups
-            for r in g.replicas
+        """Bytes of entries read by this audit (not those of reused ranges)."""
+        return (
+            sum(
+                sum(s.committed.bytes + s.tail_bytes for s in r.segments.values())
+                for g in self.groups
+                for r in g.replicas
+            )
+            - self.reused_bytes
         )
 
 
@@ -218,6 +229,28 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     )
 
 
+def _rolled_back(plan: GroupPlan, replicas: dict[str, ReplicaSummary]) -> list[Finding]:
+    """A replica whose log ends below the index its node promised (acknowledged as durable)
+    forgot entries it vouched for: its store was rolled back or replaced."""
+    out = []
+    for rp in plan.replicas:
+        last = replicas[rp.replica].last_index
+        if rp.promised_index and last < rp.promised_index:
+            out.append(
+                Finding(What.ROLLED_BACK, plan.group, rp.replica, fs_name(rp.promise_uri),
+                        rp.promise_uri, last + 1, rp.promised_index, 0,
+                        f"its log ends at index {max(last, 0)} but the node promised index "
+                        f"{rp.promised_index}: its store was rolled back or replaced; repair: "
+                        f"{repair_procedure(plan.group, rp.replica)}",
+                        count=rp.promised_index - max(last, 0))
+            )  # fmt: skip
+    return out
+
+
+def fs_name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def build_report(
     plans: Sequence[GroupPlan],
     rows: Sequence[dict[str, Any]],
@@ -255,6 +288,11 @@ def build_report(
                 seg.tail_bytes += int(r["bytes"])
                 rs.tail_count += int(r["count"])
         for r in grows:
+            if r["kind"] == "derived":
+                replicas[r["replica"]].derived[r["what"]] = {
+                    "files": int(r["index"]),
+                    "records": int(r["count"]),
+                }
             if r["kind"] == "end":
                 rs = replicas[r["replica"]]
                 if int(r["index"]) >= rs.last_index:
@@ -274,8 +312,12 @@ def build_report(
             else:
                 p.first_divergent_index = min(p.first_divergent_index, int(r["index"]))
                 p.count += int(r["count"])
+        ranges, range_findings = compare_ranges(plan, collect_leaves(grows))
+        range_findings.extend(_rolled_back(plan, replicas))
         findings = merge_findings(
-            list(plan.findings) + [_finding_from_row(r) for r in grows if r["kind"] == "finding"]
+            list(plan.findings)
+            + [_finding_from_row(r) for r in grows if r["kind"] == "finding"]
+            + range_findings
         )
         for rs in replicas.values():
             bad = sorted(
@@ -302,6 +344,7 @@ def build_report(
                 findings,
                 mismatch_count=mismatch_counts.get(plan.group, 0),
                 mismatch_sample=sample,
+                ranges=ranges,
             )
         )
     cpu_s = sum(int(r["count"] or 0) for r in rows if r["kind"] == "task") / 1e6
@@ -344,6 +387,11 @@ def report_json(report: AuditReport) -> dict[str, Any]:
         "tasks": report.tasks,
         "task_cpu_s": round(report.task_cpu_s, 3),
         "scanned_bytes": report.scanned_bytes,
+        "reused": {
+            "ranges": report.reused_ranges,
+            "entries": report.reused_entries,
+            "bytes": report.reused_bytes,
+        },
         "parquet": report.parquet_path,
         "groups": [
             {
@@ -362,6 +410,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                         "end": {"file": r.end_file, "offset": r.end_offset},
                         "committed": r.committed.as_json(),
                         "tail_count": r.tail_count,
+                        "derived": r.derived,
                         "scanned_bytes": r.scanned_bytes,
                         "mb_per_s": round(report.mb_per_s(r.scanned_bytes), 1),
                         "segments": [
@@ -380,6 +429,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "findings": [_finding_json(f) for f in g.findings],
                 "mismatch_count": g.mismatch_count,
                 "mismatch_sample": g.mismatch_sample,
+                "ranges": g.ranges.as_json(),
             }
             for g in report.groups
         ],
@@ -451,6 +501,22 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
                 ]
             )
         _table(rows, out)
+        for r in g.replicas:
+            if r.derived:
+                parts = [
+                    f"{k} {v['records']} records in {v['files']} files"
+                    if k != "below_log"
+                    else f"{v['records']} records below the log (retention) not checked"
+                    for k, v in sorted(r.derived.items())
+                ]
+                out.write(f"  {r.replica} derived state checked: {', '.join(parts)}\n")
+        rg = g.ranges
+        if rg.leaves:
+            out.write(
+                f"  ranges: {rg.leaves} leaves of {rg.leaf_entries} indexes, fan-out "
+                f"{rg.fanout}, {rg.levels} levels; compared in {rg.rounds} rounds "
+                f"({rg.nodes_compared} digests), {len(rg.differing_leaves)} leaves differ\n"
+            )
         for p in g.pairs:
             label = "diverge" if p.committed else "differ in the uncommitted tail"
             out.write(
@@ -478,5 +544,10 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
         f"({rate:.0f} MB/s; tasks used {report.task_cpu_s:.1f} CPU s), session start "
         f"{report.session_start_s:.1f} s{workers}, master {report.master}\n"
     )
+    if report.reused_ranges:
+        out.write(
+            f"reused {report.reused_ranges} unchanged ranges from the digest store "
+            f"({report.reused_entries} indexes, {report.reused_bytes / 1e6:.1f} MB not read)\n"
+        )
     if report.parquet_path:
         out.write(f"divergent entry rows: {report.parquet_path}\n")

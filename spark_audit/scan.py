@@ -33,7 +33,7 @@ from dledger.storage.codec import (
     crc32c,
 )
 from dledger.storage.files import segment_name
-from spark_audit import batch
+from spark_audit import batch, merkle
 from spark_audit.batch import HEADER_DTYPE, INDEX_DTYPE, U64
 from spark_audit.errors import AuditError
 from spark_audit.fs import MappedView
@@ -745,6 +745,10 @@ class TaskResult:
     pairs: list[dict[str, object]] = field(default_factory=list)  # first divergence per pair
     parts: list[PartStats] = field(default_factory=list)
     ends: list[tuple[str, int, str, int]] = field(default_factory=list)  # replica, last, file, off
+    # (replica, leaf, count, sum): the replica's digest of the leaf's indexes in this range
+    leaves: list[tuple[str, int, int, int]] = field(default_factory=list)
+    # (replica, "consumequeue" or "key_index", files, records) a derived-state task checked
+    derived: list[tuple[str, str, int, int]] = field(default_factory=list)
     scanned_bytes: int = 0
 
 
@@ -778,8 +782,24 @@ def run_task(plan: GroupPlan, task: TaskSpec, *, fast: bool = True) -> TaskResul
         if scan.end is not None:
             last, file, _path, off = scan.end
             result.ends.append((name, last, file, off))
+        if committed:
+            result.leaves.extend(
+                (name, *leaf) for leaf in _leaf_sums(scan, task, plan.leaf_entries)
+            )
     _compare(plan, task, scans, committed, result)
     return result
+
+
+def _leaf_sums(scan: ReplicaScan, task: TaskSpec, leaf_entries: int) -> list[tuple[int, int, int]]:
+    """The replica's leaf digests over the indexes of ``task`` it scanned (a committed
+    range: every index in it is at or below the audited index)."""
+    terms, digests, held, _ = scan.cols.arrays()
+    lo = max(task.lo, scan.start)
+    hi = min(task.hi, scan.stop)
+    if hi <= lo:
+        return []
+    a, b = lo - scan.start, hi - scan.start
+    return merkle.leaf_sums(lo, terms[a:b], digests[a:b], held[a:b], leaf_entries)
 
 
 def _replica_findings(
@@ -982,6 +1002,24 @@ def iter_rows(plan: GroupPlan, task: TaskSpec, result: TaskResult) -> Iterator[d
             "max_term": part.max_term,
             "unordered": part.unordered,
             "ordered": part.ordered,
+        }
+    for replica, state, files, records in result.derived:
+        yield {
+            **base,
+            "kind": "derived",
+            "what": state,
+            "replica": replica,
+            "index": files,
+            "count": records,
+        }
+    for replica, leaf, count, total in result.leaves:
+        yield {
+            **base,
+            "kind": "leaf",
+            "replica": replica,
+            "index": leaf,
+            "count": count,
+            "digest": total,
         }
     for replica, last, file, off in result.ends:
         yield {

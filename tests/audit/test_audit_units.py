@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE
-from spark_audit import batch
+from spark_audit import batch, derived, merkle, plan
 from spark_audit.crc import crc32c_combine
 from spark_audit.model import ORDERED_KEY, Finding, What, entry_digest, to_i64, to_u64
 from spark_audit.report import (
@@ -175,3 +175,83 @@ def test_summary_and_json_give_each_replicas_throughput() -> None:
     assert header.split()[-2:] == ["MB/s", "status"]
     assert row.split()[-2:] == ["20", "ok"]
     assert "Python workers start 1.5 s" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------
+# Range digests (spark_audit.merkle) and the broker constants the executors repeat
+# ---------------------------------------------------------------------------------------
+
+
+def _leaves(n: int, changed: dict[int, int] | None = None) -> dict[int, merkle.Leaf]:
+    return {k: merkle.Leaf(4096, (changed or {}).get(k, k * 7919)) for k in range(n)}
+
+
+def test_leaf_sums_of_pieces_add_up_to_the_whole() -> None:
+    rng = np.random.default_rng(7)
+    n = 10_000
+    terms = rng.integers(1, 5, n, dtype=np.uint64)
+    digests = rng.integers(0, 1 << 63, n, dtype=np.uint64)
+    held = rng.random(n) > 0.01
+    whole = {k: (c, v) for k, c, v in merkle.leaf_sums(1, terms, digests, held, 1000)}
+    acc: dict[int, merkle.Leaf] = {}
+    for a, b in ((0, 1234), (1234, 1500), (1500, n)):  # pieces cut inside leaves
+        for k, c, v in merkle.leaf_sums(1 + a, terms[a:b], digests[a:b], held[a:b], 1000):
+            acc[k] = acc.get(k, merkle.Leaf(0, 0)).add(c, v)
+    assert {k: (x.count, x.sum) for k, x in acc.items()} == whole
+    assert sorted(whole) == list(range(10)) and whole[0][0] == int(held[:1000].sum())
+    # Any change of term, digest or index changes the leaf.
+    t2 = terms.copy()
+    t2[5] += np.uint64(1)
+    assert (
+        merkle.leaf_sums(1, t2, digests, held, 1000)[0]
+        != merkle.leaf_sums(1, terms, digests, held, 1000)[0]
+        or not held[5]
+    )
+    assert merkle.leaf_sums(2, terms, digests, held, 1000)[0][2] != whole[0][1]
+
+
+def test_descent_looks_only_into_differing_subtrees() -> None:
+    n = 5000  # 3 levels above the leaves with fan-out 16 (5000 -> 313 -> 20 -> 2 -> 1)
+    a = merkle.Tree(_leaves(n), n)
+    b = merkle.Tree(_leaves(n, {4321: 1}), n)
+    c = merkle.Tree(_leaves(n), n)
+    d = merkle.descend({"a": a, "b": b, "c": c})
+    assert d.differing_leaves == (4321,)
+    assert d.rounds == len(a.levels) == 5
+    # The root, its 2 children, the 4 under the second (20 nodes on that level), 16, 16.
+    assert d.nodes_compared == 1 + 2 + 4 + 16 + 16
+    assert merkle.descend({"a": a, "c": c}) == merkle.Descent((), 1, 1)
+
+
+def test_a_replica_is_named_only_against_a_strict_majority() -> None:
+    x, y, z = merkle.Leaf(64, 1), merkle.Leaf(64, 2), merkle.Leaf(63, 3)
+    v = merkle.judge_leaf(3, {"n0": x, "n1": y, "n2": x})
+    assert (v.majority, v.agreeing, v.disagreeing) == (x, ("n0", "n2"), ("n1",))
+    split = merkle.judge_leaf(3, {"n0": x, "n1": y, "n2": z})
+    assert split.majority is None and split.disagreeing == ("n0", "n1", "n2")
+    assert merkle.judge_leaf(3, {"n0": x, "n1": y}).majority is None
+
+
+def test_the_executors_copies_of_broker_and_server_constants_are_equal() -> None:
+    from broker import consumequeue, indexfile, names, timer
+    from dledger.server import membership
+
+    assert derived.CQ_RECORD_BYTES == consumequeue.CQ_RECORD_SIZE
+    assert derived.CQ_DTYPE.itemsize == consumequeue.CQ_RECORD.size
+    assert derived.CQ_FILE_NAME_DIGITS == consumequeue.FILE_NAME_DIGITS
+    assert (derived.SCHEDULE_TOPIC, derived.TIMER_TOPIC) == (
+        names.SCHEDULE_TOPIC,
+        names.TIMER_TOPIC,
+    )
+    assert derived.HOP_RECORD_BYTES == timer.HOP_RECORD_SIZE
+    assert derived.KEY_INDEX_MAGIC == indexfile.INDEX_MAGIC
+    assert derived.KEY_INDEX_VERSION == indexfile.INDEX_VERSION
+    assert derived.KEY_INDEX_HEADER.format == indexfile.INDEX_HEADER_NO_CRC.format
+    assert derived.KEY_INDEX_HEADER_BYTES == indexfile.INDEX_HEADER_SIZE
+    assert derived.KEY_INDEX_CRC_AT == indexfile.INDEX_HEADER_CRC_OFFSET
+    assert derived.KEY_RECORD_BYTES == indexfile.INDEX_RECORD_SIZE
+    assert derived.KEY_INDEX_MAX_RECORDS == indexfile.MAX_RECORDS_LIMIT
+    assert derived.KEY_SEPARATOR == indexfile.KEY_SEPARATOR
+    assert derived._key_hash("T#k1") == indexfile.key_hash("T#k1")
+    assert plan.MEMBERSHIP_FILE == membership.CONF_FILE
+    assert plan.MEMBERSHIP_FILE_MAX_BYTES == membership.CONF_FILE_MAX_BYTES

@@ -155,6 +155,7 @@ def _comparable(report: Any) -> Any:
             ],
             "pairs": g["pairs"],
             "findings": g["findings"],
+            "ranges": g["ranges"],
         }
         for g in report["groups"]
     ]
@@ -203,4 +204,6 @@ def test_standalone_cluster_gives_the_local_result(
     local, cluster = json.loads(local_json.read_text()), json.loads(cluster_json.read_text())
     assert cluster["master"] == standalone
     assert _comparable(cluster) == _comparable(local)
-    assert [f["what"] for f in cluster["groups"][0]["findings"]] == ["corrupt_entry"]
+    # The entry's damage, and the range verdict that names n1 and its repair.
+    found = [(f["what"], f["replica"]) for f in cluster["groups"][0]["findings"]]
+    assert found == [("damaged_range", "n1"), ("corrupt_entry", "n1")]
