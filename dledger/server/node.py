@@ -421,11 +421,13 @@ class DLedgerNode:
         self.corruption_found: dict[str, int] = {}
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         cfg = self.cfg
+        self._loop = asyncio.get_running_loop()
         # Ports first: a busy port or a bad certificate must stop the node before it touches
         # its store.
         self._bind_ports()
@@ -469,6 +471,11 @@ class DLedgerNode:
             )
         except ConfigError as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
+        except CorruptLogError as exc:
+            # The replay of the log's configuration entries met damage the open's check did
+            # not cover (an older segment): restart with every segment checked.
+            self.on_damage(exc, "start")
+            raise StartError(f"node {cfg.self_id}: {exc}") from exc  # on_damage restarted
         self._transport = PeerTransport(
             cfg.group,
             cfg.self_id,
@@ -979,7 +986,7 @@ class DLedgerNode:
             exc.index,
             exc.path,
             exc.offset,
-            self.core.role.value,
+            self.core.role.value if hasattr(self, "core") else "starting",
             exc,
         )
         if self._damage_handled:
@@ -999,8 +1006,12 @@ class DLedgerNode:
 
     def suspect_damage(self, position: int, found_by: str = "read") -> None:
         """The application read bad bytes at data ``position`` (a message whose own CRC
-        failed): check the entry holding it, in a thread; damage goes to :meth:`on_damage`."""
+        failed): check the entry holding it, in a thread; damage goes to :meth:`on_damage`.
+        Callable from any thread of the process."""
         store = self.store
+        loop = self._loop
+        if loop is None:
+            return
 
         def check() -> None:
             index = store.index_at_position(position)
@@ -1015,7 +1026,7 @@ class DLedgerNode:
             except DLedgerError as exc:
                 logger.warning("node=%s damage check at %d: %s", self.cfg.self_id, position, exc)
 
-        asyncio.get_running_loop().create_task(run())
+        loop.call_soon_threadsafe(lambda: loop.create_task(run()))
 
     async def _carry_out(self, rd: Ready) -> None:
         """One Ready, in the contract's order (dledger.core docstring)."""
