@@ -838,6 +838,20 @@ class SegmentedLogStore:
                 index += 1
             return index, done
 
+    def verify_until(self, start: int, end_position: int, last: int) -> int:
+        """Check the entries from ``start`` to at most ``last`` whose first byte lies below
+        data ``end_position``; the next index to check. For a reader of raw log bytes (the
+        snapshot sender) that checks each range before it sends it. CorruptLogError names
+        the entry."""
+        with self._lock:
+            self._check_open()
+            index = max(start, self._base_index + 1)
+            last = min(last, self._last_index)
+            while index <= last and self._record(index).position < end_position:
+                self._check_entry_locked(index)
+                index += 1
+            return index
+
     def index_at_position(self, position: int) -> int:
         """The index of the entry whose bytes hold data ``position``; 0 if no stored entry
         does. A binary search over the index records (O(log n) reads)."""

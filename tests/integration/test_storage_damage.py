@@ -105,6 +105,26 @@ def leader_id(cluster: LocalCluster) -> str:
     return cluster.wait_leader(timeout_s=SERVE_AGAIN_S)
 
 
+def checkpoint(cluster: LocalCluster, node_id: str) -> codec.Checkpoint:
+    """The node's checkpoint as on disk (written atomically: safe to read while it runs)."""
+    try:
+        data = (store_dir(cluster, node_id) / "checkpoint").read_bytes()
+    except FileNotFoundError:
+        return codec.Checkpoint()
+    return codec.decode_checkpoint(data)
+
+
+def wait_durable(cluster: LocalCluster, node_id: str, segments: int) -> None:
+    """Wait until the node's checkpoint says the first ``segments`` segments are durable:
+    damage there lies inside what the checkpoint covers, below where the open scans from."""
+    want = segments * SEGMENT_BYTES
+    wait_for(
+        lambda: checkpoint(cluster, node_id).flushed_position > want,
+        30,
+        f"{node_id}'s checkpoint past {segments} segments",
+    )
+
+
 def entries_of(path: Path) -> list[codec.ScanItem]:
     seg_start = int(path.name)
     data = path.read_bytes()
@@ -202,6 +222,7 @@ def test_flipped_byte_in_an_older_segment_of_a_follower(
         try:
             writer.wait_acks(1200, 60)  # ~10 segments
             victim = next(n.node_id for n in cluster.nodes if n.node_id != leader_id(cluster))
+            wait_durable(cluster, victim, 4)  # the open scans from segment 4 on, not 1
             cluster.signal(victim, signal.SIGKILL)
             older = segments(cluster, victim)[1]
             entry = entries_of(older)[5]
@@ -230,9 +251,10 @@ def test_damage_inside_committed_data_in_the_last_segment(
         try:
             writer.wait_acks(600, 60)
             victim = next(n.node_id for n in cluster.nodes if n.node_id != leader_id(cluster))
+            wait_durable(cluster, victim, 2)
             cluster.signal(victim, signal.SIGKILL)
             root = store_dir(cluster, victim)
-            ckpt = codec.decode_checkpoint((root / "checkpoint").read_bytes())
+            ckpt = checkpoint(cluster, victim)
             # The segment holding the checkpoint's durable position: what open checks.
             seg_start = (ckpt.flushed_position - 1) // SEGMENT_BYTES * SEGMENT_BYTES
             path = root / "commitlog" / segment_name(seg_start)
