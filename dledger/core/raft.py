@@ -1252,11 +1252,8 @@ class RaftNode:
             snap.on_ack_in_snapshot(self, m.from_id, pr)
             return
         if not m.success:
-            if m.last_log_index < pr.match and m.rejected_index >= pr.match:
-                # A reject of an index it had acknowledged, with a log ending below it.
+            if m.last_log_index < pr.match <= m.rejected_index:
                 self._forget_lost_match(m.from_id, pr, m.last_log_index)
-                pr.become_probe(m.last_log_index + 1)
-                self._send_append(m.from_id)
                 return
             if m.rejected_index <= pr.match:
                 return  # stale: that prefix is already known to match
@@ -1316,7 +1313,7 @@ class RaftNode:
         return 0
 
     def _forget_lost_match(self, peer: str, pr: _Progress, last_log_index: int) -> None:
-        """``peer`` rejects an append with its log ending below what it acknowledged: it lost
+        """``peer`` rejects an append at or above its match with its log ending below it: it lost
         entries (its store cut damage, docs/STORAGE.md "Damage and repair"). Its match comes
         down to what it holds, so that the probe walks back and the entries are sent again.
         Lowering a match never lowers the commit index: only liveness rests on it."""
@@ -1331,6 +1328,8 @@ class RaftNode:
         )
         pr.match = max(0, last_log_index)
         pr.commit_sent = min(pr.commit_sent, pr.match)
+        pr.become_probe(pr.match + 1)
+        self._send_append(peer)
 
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER
