@@ -257,6 +257,12 @@ KEYS: Mapping[str, _Key] = {
     ),
     "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
+    "dLegerPromisePath": _Key(
+        _parse_optional_str,
+        "",
+        "this member's promise file (docs/RAFT.md section 11); default: "
+        "{storePathRootDir}/dledger-{dLegerSelfId}.promise, beside the store directory",
+    ),
     "flushDiskType": _Key(_parse_flush, "SYNC_FLUSH", "SYNC_FLUSH or ASYNC_FLUSH"),
     "flushIntervalCommitLog": _Key(int_in(1, 60_000), "500", "ASYNC_FLUSH period, ms"),
     "mappedFileSizeCommitLog": _Key(
@@ -468,6 +474,7 @@ class BrokerConfig:
     metricsTlsEnable: bool | None
     brokerIP1: str
     storePathRootDir: str
+    dLegerPromisePath: str
     flushDiskType: FlushDiskType
     flushIntervalCommitLog: int
     mappedFileSizeCommitLog: int
@@ -632,6 +639,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     _check_metrics_port(values, path)
     _check_auth_keys(values, path)
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
+    values["dLegerPromisePath"] = os.path.expanduser(values["dLegerPromisePath"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, **values)
 
@@ -777,4 +785,5 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         tls=cfg.tls_files if cfg.tlsEnable else None,
         plaintext_client_port=cfg.tlsPlaintextListenPort,
         join_addr=cfg.dLegerJoinAddr,
+        promise_path=cfg.dLegerPromisePath,
     )

@@ -81,6 +81,14 @@ A proposal's bodies are committed iff the committed entries at
 ``Proposal.first_index..last_index`` have ``Proposal.term``; a committed entry with another
 term at one of those indices means the proposal was lost (the client may retry).
 
+Promises (docs/RAFT.md section 11): ``rd.promise`` (None: unchanged) is the highest index
+this node vouches for once the job is done; the driver makes it durable in step 2, after the
+entries and their flush, in a file apart from the log (``dledger.storage.promise``) with a
+copy of the hard state, before step 3. At start it passes what it read as ``promised=`` (and
+``hard_state=`` when it recovered the term and vote from that copy): a log that ends below
+the promise makes the node *repairing* (``repairing``): no campaign, no vote, its acks
+counted towards no commit, until a leader brought its log back.
+
 Read-only state: ``role``, ``term``, ``leader_id``, ``commit_index``, ``last_index``,
 ``last_term``, ``stable_index``, ``voted_for``, ``transfer_target`` and ``status()``
 (per-peer match, next, lag, in-flight).
@@ -126,6 +134,7 @@ from dledger.core.messages import (
     DROP_UNEXPECTED_TIMEOUT_NOW,
     REJECT_ALREADY_VOTED,
     REJECT_LEADER_LEASE,
+    REJECT_REPAIRING,
     REJECT_STALE_LOG,
     REJECT_STALE_TERM,
     AppendRequest,
@@ -145,6 +154,7 @@ from dledger.core.raft import (
     SoftState,
     Status,
 )
+from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 
 __all__ = [
@@ -168,6 +178,7 @@ __all__ = [
     "MUTATIONS",
     "REJECT_ALREADY_VOTED",
     "REJECT_LEADER_LEASE",
+    "REJECT_REPAIRING",
     "REJECT_STALE_LOG",
     "REJECT_STALE_TERM",
     "AppendRequest",
@@ -184,6 +195,7 @@ __all__ = [
     "NotLeaderError",
     "PeerStatus",
     "ProgressState",
+    "Promised",
     "Proposal",
     "ProposalDroppedError",
     "ProposalTooLargeError",
@@ -200,4 +212,5 @@ __all__ = [
     "UnknownPeerError",
     "VoteRequest",
     "VoteResponse",
+    "newer_hard_state",
 ]

@@ -16,6 +16,9 @@ REJECT_STALE_LOG = "stale_log"  # the candidate's log is behind the voter's
 REJECT_ALREADY_VOTED = "already_voted"  # voted for someone else this term, or follows a leader
 REJECT_LEADER_LEASE = "leader_lease"  # check-quorum: the voter heard from a leader recently
 REJECT_STALE_TERM = "stale_term"  # the request's term is below the voter's
+# The voter's log ends below what it once acknowledged (its store was rolled back, cut or
+# replaced), or its vote was lost: it votes for no one until repaired (docs/RAFT.md 11).
+REJECT_REPAIRING = "repairing"
 
 # Why a received message was dropped without effect (keys of ``RaftNode.dropped``; stable
 # strings). A peer is an adversary until proven otherwise: what an honest member could not
@@ -89,6 +92,7 @@ class AppendResponse:
     On rejection, ``rejected_index`` is the request's ``prev_log_index``; ``conflict_term`` is
     the follower's term at that index (0 when its log is shorter) and ``conflict_index`` the
     first index the follower holds with that term (or its ``last_log_index + 1``).
+    ``repairing``: the follower is in the repair state, its ack counts toward no quorum.
     """
 
     from_id: str
@@ -100,6 +104,9 @@ class AppendResponse:
     conflict_term: int = 0
     last_log_index: int = 0
     rejected_index: int = 0
+    # The sender is repairing (its log ends below what it once acknowledged): the leader
+    # replicates to it but does not count it towards a commit (docs/RAFT.md section 11).
+    repairing: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from dledger.core.messages import (
     DROP_UNEXPECTED_TIMEOUT_NOW,
     REJECT_ALREADY_VOTED,
     REJECT_LEADER_LEASE,
+    REJECT_REPAIRING,
     REJECT_STALE_LOG,
     REJECT_STALE_TERM,
     AppendRequest,
@@ -61,6 +62,7 @@ from dledger.core.messages import (
     VoteResponse,
 )
 from dledger.core.raftlog import RaftLog
+from dledger.core.repair import Promised, Repair, start_repair
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 from dledger.log import Entry, EntryType, HardState, LogStore
 
@@ -137,6 +139,12 @@ class Ready:
     snapshot: SnapshotMeta | None = None
     # Leader: send these followers a snapshot (any time), then report_snapshot(peer, ok).
     snapshot_requests: tuple[SnapshotRequest, ...] = ()
+    # --- promises (dledger.core.repair, docs/RAFT.md section 11) ---
+    # The highest log index this node vouches for once this Ready's job is done (a
+    # follower's acks in ``messages``; a leader's own log, which it counts towards commits
+    # once stable): make it durable in step 2, after the entries and their flush, together
+    # with the hard state's copy, before ``messages`` go. None: it did not grow.
+    promise: int | None = None
 
     def must_persist(self) -> bool:
         """Whether step 2 has anything to write."""
@@ -145,6 +153,7 @@ class Ready:
             or self.truncate_from is not None
             or bool(self.entries)
             or self.snapshot is not None
+            or self.promise is not None
         )
 
     def is_empty(self) -> bool:
@@ -200,6 +209,11 @@ class Status:
     # The configuration in force (the last one in this member's log), sorted ids.
     voters: tuple[str, ...] = ()
     learners: tuple[str, ...] = ()
+    # The repair state (docs/RAFT.md section 11): whether this node's log ends below what it
+    # promised, the promise, and the repairs it completed since start.
+    repairing: bool = False
+    promised_index: int = 0
+    repairs_completed: int = 0
 
 
 class _Progress:
@@ -213,6 +227,7 @@ class _Progress:
         "match",
         "next",
         "probe_sent",
+        "repairing",
         "snapshot_inflight",
         "stalled_ticks",
         "state",
@@ -231,6 +246,7 @@ class _Progress:
         self.commit_sent = 0
         self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
         self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
+        self.repairing = False  # its last answer said so: not counted towards a commit
 
     def become_probe(self, next_index: int) -> None:
         self.state = ProgressState.PROBE
@@ -272,12 +288,14 @@ def _check_members(
     return bootstrap(node_id, others)
 
 
-def _check_applied(log: LogStore, applied_index: int) -> None:
-    """ConfigError unless the stored log holds ``applied_index`` or starts right after it."""
-    if not log.first_index() - 1 <= applied_index <= log.last_index():
+def _check_applied(log: LogStore, applied_index: int, promised: int) -> None:
+    """ConfigError unless the stored log holds ``applied_index`` or starts right after it.
+    A log that lost entries below its promise may end below ``applied_index`` (the state
+    machine applied what the store lost): up to the promise, those are not applied again."""
+    if not log.first_index() - 1 <= applied_index <= max(log.last_index(), promised):
         raise ConfigError(
             f"applied_index {applied_index} outside the log's [first - 1, last] = "
-            f"[{log.first_index() - 1}, {log.last_index()}]"
+            f"[{log.first_index() - 1}, {log.last_index()}] (promised index {promised})"
         )
 
 
@@ -294,22 +312,29 @@ class RaftNode:
         *,
         applied_index: int = 0,
         conf_state: ConfState | None = None,
+        promised: Promised | None = None,
+        hard_state: HardState | None = None,
     ) -> None:
         """``peer_ids``: the other members (``node_id`` may be listed). ``applied_index``: how
         far the application already applied (not handed out again). ``conf_state``: the
         configuration in force at ``applied_index`` (None: ``peer_ids``, all voters); the log's
-        CONFIG entries above it are replayed (docs/RAFT.md section 9)."""
+        CONFIG entries above it are replayed (docs/RAFT.md section 9). ``promised``: what the
+        promise file said (docs/RAFT.md section 11; None: nothing promised). ``hard_state``:
+        the term and vote to start from when the driver recovered them (None: the store's)."""
         base = _check_members(node_id, peer_ids, config, conf_state)
-        _check_applied(log, applied_index)
+        promised = promised if promised is not None else Promised()
+        _check_applied(log, applied_index, promised.index)
         self.id = node_id
         self.cfg = config
         self._log = RaftLog(log)
         self._rng = rng
         self._mut = config.mutations
         self._init_membership(base, applied_index, conf_state is not None)
-        self._init_term_and_commit(log.load_hard_state(), applied_index)
+        hs = hard_state if hard_state is not None else log.load_hard_state()
+        self._init_term_and_commit(hs, applied_index)
         self._init_outbox()
         self._init_clocks_and_leader_state()
+        self._init_promise(promised)
         self._reset_randomized_timeout()
         logger.info(
             "node=%s term=%d start last_index=%d commit=%d %s",
@@ -319,6 +344,33 @@ class RaftNode:
             self._commit,
             self._members.latest().describe(),
         )
+
+    def _init_promise(self, promised: Promised) -> None:
+        """At start: the promise, and the repair state when the log ends below it."""
+        self._promised = promised.index
+        # Highest index known to match this term's leader's log (its appends said so).
+        self._verified = 0
+        self.repairs_completed = 0
+        log = self._log
+        self._repair: Repair | None = start_repair(
+            promised,
+            log.last_index(),
+            log.last_term(),
+            self._term,
+            forget="forget_promise" in self._mut,
+        )
+        if self._repair is not None:
+            logger.warning(
+                "node=%s term=%d repairing: log ends at %d below the promised index %d%s; "
+                "no votes and no quorums until a leader brings it there",
+                self.id,
+                self._term,
+                log.last_index(),
+                self._repair.target,
+                " (hard state lost: the first leader's term counts as voted)"
+                if self._repair.vote_lost
+                else "",
+            )
 
     def _init_term_and_commit(self, hs: HardState, applied_index: int) -> None:
         """At start: a follower of no one in the stored term, committed and applied up to
@@ -332,7 +384,10 @@ class RaftNode:
         # _leader_id it is never cleared within a term, so that an append from any other
         # "leader" of the same term is recognised as impossible however this node's role changed.
         self._term_leader: str | None = None
-        self._commit = applied_index
+        # A log that lost entries the application applied (repair) ends below applied_index:
+        # the commit index is relearned from there, and nothing up to the floor is handed.
+        self._commit = min(applied_index, self._log.last_index())
+        self._apply_floor = applied_index
         self._handed = applied_index  # last committed index handed out in a Ready
         self._applied = applied_index  # last index the driver confirmed applied (advance)
 
@@ -413,6 +468,16 @@ class RaftNode:
         return self._voted_for
 
     @property
+    def repairing(self) -> bool:
+        """The log ends below what this node promised: no votes, no quorums (section 11)."""
+        return self._repair is not None
+
+    @property
+    def promised_index(self) -> int:
+        """The highest index this node vouched for (confirmed durable by ``advance``)."""
+        return self._promised
+
+    @property
     def transfer_target(self) -> str | None:
         return self._transferee
 
@@ -450,6 +515,9 @@ class RaftNode:
             dropped=dict(self._dropped),
             voters=tuple(sorted(self._voters)),
             learners=tuple(sorted(self._members.latest().learners)),
+            repairing=self._repair is not None,
+            promised_index=self._promised,
+            repairs_completed=self.repairs_completed,
         )
 
     # ------------------------------------------------------------------ driver interface
@@ -464,7 +532,11 @@ class RaftNode:
             self._election_elapsed += 1
             # A learner, a joining or a removed node never campaigns; its clock keeps running
             # so that its leader lease lapses (a voter it does not know it is must vote).
-            if self._election_elapsed >= self._randomized_timeout and self.id in self._voters:
+            if (
+                self._election_elapsed >= self._randomized_timeout
+                and self.id in self._voters
+                and self._repair is None
+            ):
                 self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
         self.release_notices()
 
@@ -580,6 +652,7 @@ class RaftNode:
             snap.handle_install(self, m)
         else:
             self._handle_timeout_now(m)
+        self._maybe_finish_repair()
         self._check_invariants()
 
     def _hostile_reason(self, m: Message | InstallSnapshot) -> str | None:
@@ -689,6 +762,7 @@ class RaftNode:
             self._handed = committed[-1].index
         soft = self._soft_state()
         early = tuple(m for m in self._msgs if isinstance(m, (AppendRequest, TimeoutNow)))
+        promise = self._promise_to_make()
         rd = Ready(
             hard_state=hs if hs != self._persisted_hs else None,
             truncate_from=truncate_from,
@@ -700,12 +774,22 @@ class RaftNode:
             notices_held=self._notices_held,
             snapshot=snapshot,
             snapshot_requests=tuple(self._snapshot_requests),
+            promise=promise if promise > self._promised else None,
         )
         self._snapshot_requests = []
         self._msgs = []
         self._soft_reported = soft
         self._outstanding = rd
         return rd
+
+    def _promise_to_make(self) -> int:
+        """What this Ready vouches for: the follower's acks it sends, and on a leader its
+        whole log (the job writes all of it; the leader counts it once stable)."""
+        top = self._log.last_index() if self._role is Role.LEADER else 0
+        for m in self._msgs:
+            if isinstance(m, AppendResponse) and m.success and m.match_index > top:
+                top = m.match_index
+        return top
 
     def _late_messages(self) -> tuple[Message, ...]:
         return tuple(m for m in self._msgs if not isinstance(m, (AppendRequest, TimeoutNow)))
@@ -717,6 +801,8 @@ class RaftNode:
         self._outstanding = None
         if rd.hard_state is not None:
             self._persisted_hs = rd.hard_state
+        if rd.promise is not None:
+            self._promised = max(self._promised, rd.promise)
         if rd.truncate_from is not None or rd.entries or rd.snapshot is not None:
             self._log.stable()
         if rd.snapshot is not None:
@@ -728,6 +814,7 @@ class RaftNode:
         if self._role is Role.LEADER:
             self._maybe_commit()
             self._step_down_if_removed()
+        self._maybe_finish_repair()
         self._check_invariants()
 
     # ------------------------------------------------------------------ membership (issue 21)
@@ -998,7 +1085,9 @@ class RaftNode:
 
     def _check_invariants(self) -> None:
         last = self._log.last_index()
-        assert self._applied <= self._handed <= self._commit, "applied/handed/commit order"
+        assert self._applied <= self._handed <= max(self._commit, self._apply_floor), (
+            "applied/handed/commit order"
+        )
         assert self._commit <= last, "commit index beyond the last index"
         if self._role is Role.LEADER:
             assert self._voted_for == self.id and self._leader_id == self.id
@@ -1014,6 +1103,7 @@ class RaftNode:
             self._term = term
             self._voted_for = None
             self._term_leader = None
+            self._verified = 0
         if leader_id is not None:
             self._term_leader = leader_id
         if self._role is not Role.FOLLOWER or leader_id != self._leader_id:
@@ -1053,6 +1143,7 @@ class RaftNode:
             self._term += 1
             self._voted_for = self.id
             self._term_leader = None
+            self._verified = 0
             req_term = self._term
         logger.info(
             "node=%s term=%d campaign pre_vote=%s transfer=%s",
@@ -1168,6 +1259,7 @@ class RaftNode:
         if (
             pr is not None
             and pref in self._voters
+            and not pr.repairing
             and self._recently_heard(pr)
             and pr.match == self._log.last_index()
         ):
@@ -1245,6 +1337,8 @@ class RaftNode:
             return
         pr = self._progress[m.from_id]
         pr.last_heard_tick = self._leader_ticks
+        repaired = pr.repairing and not m.repairing  # its match counts from now on
+        pr.repairing = m.repairing
         if pr.state is ProgressState.SNAPSHOT:
             if m.success and m.match_index > pr.match:
                 pr.match = m.match_index
@@ -1286,8 +1380,9 @@ class RaftNode:
             pr.free_up_to(pr.match)
             if not advanced and len(pr.inflight) >= self.cfg.max_inflight_appends:
                 pr.inflight.popleft()  # a heartbeat answer: maybe an append was lost
-        if advanced:
+        if advanced or repaired:
             self._maybe_commit()
+        if advanced:
             if min(self._commit, pr.match) > pr.commit_sent and not self._notices_held:
                 # A follower whose answer came after the commit (the slower of a majority)
                 # learns it now too, not at the next heartbeat. While a hold is pending its
@@ -1333,13 +1428,7 @@ class RaftNode:
 
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER
-        matches = sorted(
-            (
-                self._log.stable_last() if v == self.id else self._progress[v].match
-                for v in self._voters
-            ),
-            reverse=True,
-        )
+        matches = sorted((self._match_of(v) for v in self._voters), reverse=True)
         qi = matches[self._quorum() - 1]
         if qi <= self._commit:
             return
@@ -1353,6 +1442,13 @@ class RaftNode:
         self._commit_notice_owed = True
         if len(self._progress) > len(self.peers):
             self._prune_progress()
+
+    def _match_of(self, voter: str) -> int:
+        """What ``voter`` counts towards a commit: its match (a repairing one: nothing)."""
+        if voter == self.id:
+            return self._log.stable_last()
+        pr = self._progress[voter]
+        return 0 if pr.repairing else pr.match
 
     def _pay_owed_messages(self) -> None:
         """Appends of proposals since the last ready(), then commit notices to followers that
@@ -1397,21 +1493,23 @@ class RaftNode:
         last = log.last_index()
         prev = m.prev_log_index
         entries = m.entries
+        prev_term = m.prev_log_term
         if prev < self._commit:
-            # The committed prefix matches the leader's; skip what it already covers.
+            # Skip what the committed prefix already holds; the last skipped entry is the
+            # new prev, checked below like any prev: a follower never claims a match (not
+            # even of its committed prefix) that it did not check against the leader's log.
             skip = min(len(entries), self._commit - prev)
+            if skip:
+                prev, prev_term = entries[skip - 1].index, entries[skip - 1].term
             entries = entries[skip:]
-            prev = prev + skip
-            if prev < self._commit:
-                self._reply_append_ok(m.from_id, self._commit)
-                return
         if prev > last:
             self._reject_append(m, last + 1, 0)
             return
-        # After skipping the committed prefix, prev is committed here: it matches the leader.
-        prev_term = log.term_at(prev) if prev != m.prev_log_index else m.prev_log_term
-        local_term = log.term_at(prev)
-        if local_term != prev_term:
+        local_term = self._term_or_none(prev)
+        if local_term is not None and local_term != prev_term and prev <= self._commit:
+            self._committed_conflict(m, prev)
+            return
+        if local_term is not None and local_term != prev_term:
             first = prev
             floor = max(self._commit + 1, log.first_index())
             while first - 1 >= floor and log.term_at(first - 1) == local_term:
@@ -1429,11 +1527,35 @@ class RaftNode:
         if not (m.no_reply and not entries):
             self._reply_append_ok(m.from_id, last_new)
 
+    def _term_or_none(self, index: int) -> int | None:
+        """The term at ``index``; None below the log's first index - 1 (compacted entries
+        are committed and applied: known to match, there is nothing left to compare)."""
+        if index < self._log.first_index() - 1:
+            return None
+        return self._log.term_at(index)
+
+    def _committed_conflict(self, m: AppendRequest, index: int) -> None:
+        """The leader's log differs from this node's committed prefix at ``index`` (a forged
+        append, or a group that lost committed entries): keep it, answer nothing."""
+        logger.error(
+            "node=%s term=%d append from=%s conflicts with committed index %d (commit %d)",
+            self.id,
+            self._term,
+            m.from_id,
+            index,
+            self._commit,
+        )
+        self._drop(DROP_COMMITTED_CONFLICT, m)
+
     def _become_follower_of(self, leader: str) -> None:
         """A message from this term's leader (an append or a snapshot): follow it."""
         if self._role is not Role.FOLLOWER or self._leader_id != leader:
             self._become_follower(self._term, leader)
         self._election_elapsed = 0
+        if self._repair is not None and self._repair.vote_lost and self._voted_for is None:
+            # The vote of this term may have been lost with the hard state: count this
+            # leader's term as voted (for it), so this node never votes in it again.
+            self._voted_for = leader
 
     def _reject_append(self, m: AppendRequest, conflict_index: int, conflict_term: int) -> None:
         self._send(
@@ -1446,6 +1568,7 @@ class RaftNode:
                 conflict_term=conflict_term,
                 last_log_index=self._log.last_index(),
                 rejected_index=m.prev_log_index,
+                repairing=self._repair is not None,
             )
         )
 
@@ -1481,6 +1604,8 @@ class RaftNode:
         return ()
 
     def _reply_append_ok(self, to: str, match: int) -> None:
+        """A success answer: ``match`` was checked against this term's leader's log."""
+        self._verified = max(self._verified, match)
         self._send(
             AppendResponse(
                 self.id,
@@ -1489,10 +1614,37 @@ class RaftNode:
                 success=True,
                 match_index=match,
                 last_log_index=self._log.last_index(),
+                repairing=self._repair is not None,
             )
         )
 
+    def _maybe_finish_repair(self) -> None:
+        """Leave the repair state once the durable log, checked against this term's leader,
+        holds the promise or an entry of a later term than the repair started in."""
+        r = self._repair
+        if r is None or self._role is not Role.FOLLOWER or self._leader_id is None:
+            return
+        upto = min(self._verified, self._log.stable_last())
+        term_there = self._term_or_none(upto)
+        if term_there is None or not r.done(upto, term_there):
+            return
+        self._repair = None
+        self.repairs_completed += 1
+        logger.info(
+            "node=%s term=%d repair_done log verified up to %d (index %d term %d promised); "
+            "voting again",
+            self.id,
+            self._term,
+            upto,
+            r.target,
+            r.term,
+        )
+
     def _handle_vote_request(self, m: VoteRequest) -> None:
+        if self._repair is not None:
+            # Its log lacks entries it acknowledged: its up-to-date check would be wrong.
+            self._reject_vote(m, REJECT_REPAIRING)
+            return
         # etcd's rule: same vote again, or a fresh vote with no leader known, or a pre-vote
         # for a later term.
         can_vote = (
@@ -1536,7 +1688,7 @@ class RaftNode:
             self._become_follower(self._term, None)
 
     def _handle_timeout_now(self, m: TimeoutNow) -> None:
-        if self._role is Role.LEADER or self.id not in self._voters:
+        if self._role is Role.LEADER or self.id not in self._voters or self._repair is not None:
             return
         logger.info("node=%s term=%d timeout_now from=%s", self.id, self._term, m.from_id)
         self._campaign(pre_vote=False, transfer=True)

@@ -162,7 +162,8 @@ def handle_install(node: RaftNode, m: InstallSnapshot) -> None:
     """A snapshot transferred by this term's leader (step() checked sender and term)."""
     node._become_follower_of(m.from_id)
     meta = m.meta
-    stale = meta.index <= node._commit
+    # A repairing node's application may have applied beyond its log (and its commit).
+    stale = meta.index <= max(node._commit, node._applied)
     if stale and "snapshot_out_of_order" not in node._mut:
         # Applied state already covers it (or more): installing it would roll back.
         node._reply_append_ok(m.from_id, node._commit)

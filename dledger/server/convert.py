@@ -91,6 +91,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             conflict_term=r.conflict_term,
             last_log_index=r.last_log_index,
             rejected_index=r.rejected_index,
+            repairing=r.repairing,
         )
     if kind == "vote_request":
         v = pm.vote_request

@@ -97,6 +97,21 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
         counter(
             "raft_elections_won", "Elections this member won (became leader)", core.elections_won
         ),
+        gauge(
+            "raft_repairing",
+            "1 while this member's log ends below what it promised: no votes, no quorums",
+            int(st.repairing),
+        ),
+        gauge(
+            "raft_promised_index",
+            "Highest index this member acknowledged as durable (its promise file)",
+            st.promised_index,
+        ),
+        counter(
+            "raft_repairs_completed",
+            "Repairs this member completed since start (it votes and counts again)",
+            st.repairs_completed,
+        ),
         *_snapshot_families(node),
         labelled_counter(
             "raft_dropped_messages",

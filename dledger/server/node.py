@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import NoReturn, Protocol
 
 import grpc
@@ -56,6 +57,7 @@ from dledger.log import (
     DLedgerError,
     Entry,
     EntryType,
+    HardState,
     IndexOutOfRangeError,
     LogCompactedError,
     persist,
@@ -77,6 +79,7 @@ from dledger.server.membership import (
     save_conf,
 )
 from dledger.server.metrics import RaftStats
+from dledger.server.promises import PromiseError, promise_file, recover, write_promise
 from dledger.server.scrub import (
     DEFAULT_SCRUB_BYTES_PER_S,
     MAX_SCRUB_BYTES_PER_S,
@@ -98,12 +101,21 @@ from dledger.server.snapshots import (
     refused_status,
 )
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
-from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig, damage
+from dledger.storage import (
+    DiskFullError,
+    FlushDiskType,
+    SegmentedLogStore,
+    StoreConfig,
+    codec,
+    damage,
+)
+from dledger.storage.promise import PromiseWriter, read_promise
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
     DEFAULT_MAX_LAG_RETENTION_HOURS,
 )
+from dledger.storage.store import META_FILE
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
@@ -266,6 +278,11 @@ class NodeConfig:
     # a snapshot carries the segments as they are and replicas share data positions.
     shared_settings: Mapping[str, str] = field(default_factory=dict)
     segment_size_setting: str = "segment_size_bytes"
+    # Where this member's promise file lives (broker key dLegerPromisePath; docs/RAFT.md
+    # section 11): "" = beside the store directory, ``{store_dir}.promise``. Apart from the
+    # store so that a store rolled back or replaced under this id is noticed; on another
+    # volume it also survives the loss of the store's volume.
+    promise_path: str = ""
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -298,6 +315,13 @@ class NodeConfig:
             )
         self._check_tls()
         self._check_shared_settings()
+        if self.promise_path and Path(self.promise_path).resolve().is_relative_to(
+            Path(self.store_dir).resolve()
+        ):
+            raise ConfigError(
+                f"promise_path {self.promise_path} is inside the store directory "
+                f"{self.store_dir}: it must survive the store being rolled back or replaced"
+            )
 
     def _check_shared_settings(self) -> None:
         named = self.all_shared_settings()
@@ -405,6 +429,11 @@ class DLedgerNode:
         self._notice_release: asyncio.TimerHandle | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
+        # The promise file (dledger.server.promises), set at start: its writer, the hard state
+        # its copy must carry, and the highest index the core asked to promise.
+        self._promises: PromiseWriter
+        self._hard_state = HardState()
+        self._promise_wanted = 0
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
@@ -460,6 +489,16 @@ class DLedgerNode:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         conf = self._start_conf()
         try:
+            start = recover(
+                cfg.group,
+                cfg.self_id,
+                self.store,
+                promise_file(cfg.store_dir, cfg.promise_path),
+                self._applied,
+            )
+            self._promises = start.writer
+            self._hard_state = start.hard_state
+            self._promise_wanted = start.promised.index
             self.core = RaftNode(
                 cfg.self_id,
                 list(cfg.peers),
@@ -468,8 +507,10 @@ class DLedgerNode:
                 random.Random(self._seed),
                 applied_index=self._applied,
                 conf_state=conf,
+                promised=start.promised,
+                hard_state=start.hard_state,
             )
-        except ConfigError as exc:
+        except (ConfigError, PromiseError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
         except CorruptLogError as exc:
             # The replay of the log's configuration entries met damage the open's check did
@@ -576,6 +617,8 @@ class DLedgerNode:
         self._flush_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
+        with contextlib.suppress(AttributeError):  # a start that failed before it was opened
+            self._promises.close()
         self.store.close()
         logger.info("node=%s stopped", self.cfg.self_id)
 
@@ -957,8 +1000,29 @@ class DLedgerNode:
 
     def _before_damage_cut(self, report: damage.DamageReport) -> None:
         """The store's open found damage and is about to cut its log at
-        ``report.first_index`` (it held entries up to ``report.last_index``)."""
+        ``report.first_index`` (it held entries up to ``report.last_index``). Before the cut,
+        the promise file is raised to that index: the member then starts repairing (it
+        neither votes nor counts towards a commit with the shorter log) until its leader
+        has sent it past what it held. A promise file that cannot be read stops the open
+        with nothing cut (PromiseError: the operator must look)."""
         self.corruption_found["open"] = self.corruption_found.get("open", 0) + 1
+        path = promise_file(self.cfg.store_dir, self.cfg.promise_path)
+        current = read_promise(path)
+        if current is not None and current.promised_index >= report.last_index:
+            return
+        hard = current.hard_state if current is not None else _stored_hard_state(self.cfg)
+        writer = PromiseWriter(path, self.cfg.group, self.cfg.self_id, current)
+        try:
+            writer.write(report.last_index, hard)
+        finally:
+            writer.close()
+        logger.warning(
+            "node=%s promise raised to %d before the damage cut (was %s): repairing until "
+            "the leader sends it past that index",
+            self.cfg.self_id,
+            report.last_index,
+            "none" if current is None else current.promised_index,
+        )
 
     def _note_open_damage(self) -> None:
         report = self.store.damage
@@ -1143,9 +1207,7 @@ class DLedgerNode:
         (docs/STORAGE.md). A full disk refuses the job without writing the append: it is
         retried until space returns, and nothing that depends on it is sent meanwhile."""
         sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        job = functools.partial(
-            persist, self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync
-        )
+        job = functools.partial(self._persist_job, rd, sync)
         # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
         # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
         # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
@@ -1163,6 +1225,26 @@ class DLedgerNode:
             except DiskFullError as exc:
                 self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
             await asyncio.sleep(PERSIST_RETRY_MS / 1000)
+
+    def _persist_job(self, rd: Ready, sync: bool) -> None:
+        """Step 2 of the Ready contract: hard state, cut, entries, flush, then the promise
+        (with the hard state's copy) before any acknowledgement leaves. Under ASYNC_FLUSH the
+        promise follows what the store flushed (dledger.server.promises), written here only
+        with a hard state change; the checkpoint catches up the rest."""
+        persist(self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync)
+        if rd.hard_state is not None:
+            self._hard_state = rd.hard_state
+        if rd.promise is not None:
+            self._promise_wanted = max(self._promise_wanted, rd.promise)
+        if sync and (rd.promise is not None or rd.hard_state is not None):
+            write_promise(self._promises, self._promise_wanted, self._hard_state)
+        elif rd.hard_state is not None:
+            self._write_flushed_promise()
+
+    def _write_flushed_promise(self) -> None:
+        """ASYNC_FLUSH: promise only what the store flushed (in the flush thread)."""
+        flushed = min(self._promise_wanted, self.store.flushed_index())
+        write_promise(self._promises, flushed, self._hard_state)
 
     def _on_soft_state(self, role: Role, term: int) -> None:
         leader = self.core.leader_id
@@ -1196,14 +1278,33 @@ class DLedgerNode:
             # In the flush thread: the checkpoint is an atomic file write with fsyncs.
             await asyncio.get_running_loop().run_in_executor(
                 self._flush_pool,
-                self.store.write_checkpoint,
+                self._checkpoint_job,
                 self.core.commit_index,
                 self._applied,
             )
 
+    def _checkpoint_job(self, commit_index: int, applied_index: int) -> None:
+        self.store.write_checkpoint(commit_index, applied_index)
+        if self.cfg.store.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            try:
+                self._write_flushed_promise()
+            except DiskFullError as exc:
+                # Only creating the file allocates; the next checkpoint tries again.
+                logger.warning("node=%s promise not written: %s", self.cfg.self_id, exc)
+
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
+
+
+def _stored_hard_state(cfg: NodeConfig) -> HardState:
+    """The store's ``meta`` (term and vote), read while the store is opening; an empty hard
+    state when it is missing or damaged (the promise's copy then starts at term 0, and the
+    newer of the two is what the node starts from: dledger.server.promises.recover)."""
+    try:
+        return codec.decode_hard_state((Path(cfg.store_dir) / META_FILE).read_bytes())
+    except (OSError, codec.RecordError):
+        return HardState()
 
 
 def _stable_prefix(rd: Ready) -> Sequence[Entry]:

@@ -113,7 +113,8 @@ def _print_single(r: SimResult, trace: bool) -> None:
     status = "ok" if r.violation is None else f"VIOLATION {r.violation}"
     print(
         f"seed={r.seed} nodes={r.nodes} {status} steps={r.steps} sim_time_ms={r.sim_time_ms} "
-        f"acked={r.acked} snapshot_installs={r.snapshot_installs} trace_hash={r.trace_hash}"
+        f"acked={r.acked} snapshot_installs={r.snapshot_installs} "
+        f"storage_faults={r.storage_faults} repairs={r.repairs} trace_hash={r.trace_hash}"
     )
 
 
@@ -157,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"seeds run: {summary.seeds_run}  nodes: {args.nodes}  violations: {summary.violations}  "
         f"steps: {summary.steps}  snapshot installs: {summary.snapshot_installs}  "
+        f"storage faults: {summary.storage_faults}  repairs: {summary.repairs}  "
         f"simulated time: {summary.sim_time_ms / 1000:.1f}s  "
         f"wall time: {summary.wall_s:.1f}s  ({rate:.0f} seeds/s, {args.jobs} jobs)"
     )

@@ -47,6 +47,19 @@ MEMBER_ACTIONS = (
 MEMBER_SEED_PCT = 50
 MEMBER_MAX_ACTIONS = 4
 
+# Storage faults (``storage`` events, docs/RAFT.md section 11): a disk that forgets. One per
+# seed at most, on one node (a fault on a majority is beyond what any replication survives):
+STORAGE_SHAPES = (
+    "rollback",  # the node's log goes back to an older prefix of itself, its promise survives
+    "lose_meta",  # its hard state file is lost; the promise file's copy survives
+    # The issue's scenario: a minority is cut off while entries commit, then the follower
+    # that acknowledged the most forgets them and the leader crashes at once.
+    "forgetful",
+)
+STORAGE_SEED_PCT = 30
+# ``forgetful``: the minority is cut off this long (ms) before the follower forgets.
+FORGETFUL_LAG_MS = (80, 400)
+
 
 def node_ids(n: int) -> tuple[str, ...]:
     return tuple(f"{NODE_PREFIX}{i}" for i in range(n))
@@ -73,7 +86,9 @@ class FaultEvent:
         (``add_learner``, ``add_voter``: a new node with an empty log; ``promote``: a
         learner; ``remove``: ``target``, a node id, ``leader``, or any voter when empty);
       ``member_next_leader``: the next member to win an election is asked for that change
-        the moment it wins.
+        the moment it wins;
+      ``storage``: a disk that forgets (``shape`` in STORAGE_SHAPES, or ``forgetful_lag``,
+        the first half of ``forgetful``), on ``target`` or on nodes chosen at run time.
     """
 
     at_ms: int
@@ -93,6 +108,8 @@ class FaultEvent:
             return f"t={self.at_ms}ms loss {self.loss_pct}%"
         if self.kind == "forge":
             return f"t={self.at_ms}ms forge {self.shape} to {self.target}"
+        if self.kind == "storage":
+            return f"t={self.at_ms}ms storage {self.shape} {self.target}".rstrip()
         if self.kind == "member":
             return f"t={self.at_ms}ms member {self.shape} {self.target}".rstrip()
         return f"t={self.at_ms}ms {self.kind}"
@@ -152,6 +169,24 @@ def generate_forgeries(
         events.append(FaultEvent(rng.randrange(50, fault_phase_ms), "forge", kind, target=target))
     events.sort(key=lambda e: e.at_ms)
     return events
+
+
+def generate_storage(
+    rng: random.Random, nodes: Sequence[str], fault_phase_ms: int
+) -> list[FaultEvent]:
+    """At most one storage fault over ``[0, fault_phase_ms)``, from its own PRNG (as
+    forgeries): ``rollback`` or ``lose_meta`` of a random node (it restarts 1-30 ms later), or
+    the ``forgetful`` pair (``forgetful_lag`` cuts a minority off; ``forgetful`` rolls back
+    the follower that acknowledged the most and crashes the leader)."""
+    if rng.randrange(100) >= STORAGE_SEED_PCT:
+        return []
+    shape = rng.choice(STORAGE_SHAPES)
+    last = fault_phase_ms - 1
+    at = rng.randrange(50, max(51, fault_phase_ms - FORGETFUL_LAG_MS[1]))
+    if shape != "forgetful":
+        return [FaultEvent(at, "storage", shape, target=rng.choice(nodes))]
+    later = min(last, at + rng.randint(*FORGETFUL_LAG_MS))
+    return [FaultEvent(at, "storage", "forgetful_lag"), FaultEvent(later, "storage", "forgetful")]
 
 
 def generate_membership(

@@ -41,6 +41,7 @@ def finish_ready(node: RaftNode, log: MemLog, rd: Ready) -> list[Message]:
     persist, then return the messages to send now; ``rd.committed`` is the caller's to apply.
     """
     persist(log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
+    log.save_promise(rd.promise, rd.hard_state)
     node.advance(rd)
     return list(rd.messages)
 
@@ -91,6 +92,7 @@ class Cluster:
     def start(self, nid: str) -> RaftNode:
         cfg = self.configs.get(nid, self.config)
         log = self.logs[nid]
+        promised, hard_state = log.start_state()
         node = RaftNode(
             nid,
             self.boot_peers,
@@ -99,6 +101,8 @@ class Cluster:
             random.Random(f"{self.seed}-{nid}"),
             applied_index=log.first_index() - 1,
             conf_state=self.boot_conf.get(nid),
+            promised=promised,
+            hard_state=hard_state,
         )
         self.nodes[nid] = node
         self.applied[nid] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import SnapshotMeta
 from dledger.log import Entry, HardState, IndexOutOfRangeError, LogCompactedError
 
@@ -30,7 +31,11 @@ class MemLog:
         self._base_term = 0
         self._hashes: list[int] = [0]  # _hashes[i] = hash of the prefix 1..i
         self._durable = 0
-        self._hard_state = HardState()
+        self._hard_state: HardState | None = HardState()  # None: the meta file was lost
+        # The promise file, apart from the log (dledger.storage.promise): the highest index
+        # vouched for and the copy of the hard state. Survives everything done to the log.
+        self.promised = 0
+        self.promise_hs: HardState | None = None
         self._on_append = on_append
         # For the simulator's checks: (first truncated index, prefix hashes of the removed
         # entries) per truncation since the checker last cleared the list.
@@ -105,10 +110,26 @@ class MemLog:
         return self._durable
 
     def load_hard_state(self) -> HardState:
-        return self._hard_state
+        return self._hard_state if self._hard_state is not None else HardState()
 
     def save_hard_state(self, state: HardState) -> None:
         self._hard_state = state
+
+    def save_promise(self, index: int | None, state: HardState | None) -> None:
+        """A Ready's promise and hard state copy, after its entries (durable at once)."""
+        if index is None and state is None:
+            return
+        if index is not None:
+            self.promised = max(self.promised, index)
+        # The copy is of the hard state as the same job left it (saved just before).
+        self.promise_hs = state if state is not None else self._hard_state
+
+    def start_state(self) -> tuple[Promised, HardState]:
+        """What a driver reads at start: the promise, and the hard state recovered from the
+        meta file and the promise's copy (the newer; docs/RAFT.md section 11)."""
+        hs = newer_hard_state(self._hard_state, self.promise_hs)
+        lost = hs is None and self.last_index() > 0
+        return Promised(self.promised, vote_lost=lost), hs if hs is not None else HardState()
 
     # Simulation helpers ------------------------------------------------------------------
 
@@ -118,6 +139,21 @@ class MemLog:
         del self._entries[self._durable - self._base :]
         del self._hashes[self._durable + 1 :]
         return lost
+
+    def rollback(self, index: int) -> int:
+        """A storage fault: the log goes back to an older prefix of itself (a lost write, a
+        restored volume snapshot), ending at ``index`` (at least the first index - 1). Not
+        recorded as a truncation: the member did not cut it. Returns the entries lost."""
+        index = max(index, self._base)
+        lost = max(0, self.last_index() - index)
+        del self._entries[index - self._base :]
+        del self._hashes[index + 1 :]
+        self._durable = min(self._durable, index)
+        return lost
+
+    def lose_meta(self) -> None:
+        """A storage fault: the hard state file is gone (the promise file survives)."""
+        self._hard_state = None
 
     def compact(self, index: int) -> None:
         """Delete the entries up to ``index`` (durable, applied: the caller's state machine

@@ -23,6 +23,8 @@ class SeedOutcome:
     steps: int
     sim_time_ms: int
     snapshot_installs: int = 0
+    storage_faults: int = 0
+    repairs: int = 0
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Summary:
     violations: int = 0
     steps: int = 0
     snapshot_installs: int = 0
+    storage_faults: int = 0
+    repairs: int = 0
     sim_time_ms: int = 0
     wall_s: float = 0.0
     first_failure: SeedOutcome | None = None
@@ -54,6 +58,8 @@ def _run_chunk(args: tuple[Sequence[int], int, frozenset[str]]) -> list[SeedOutc
                 steps=r.steps,
                 sim_time_ms=r.sim_time_ms,
                 snapshot_installs=r.snapshot_installs,
+                storage_faults=r.storage_faults,
+                repairs=r.repairs,
             )
         )
     return out
@@ -86,6 +92,8 @@ def run_seeds(
             summary.seeds_run += 1
             summary.steps += o.steps
             summary.snapshot_installs += o.snapshot_installs
+            summary.storage_faults += o.storage_faults
+            summary.repairs += o.repairs
             summary.sim_time_ms += o.sim_time_ms
             if o.violation is not None:
                 summary.violations += 1

@@ -61,6 +61,7 @@ from dledger.sim.faults import (
     generate_forgeries,
     generate_membership,
     generate_schedule,
+    generate_storage,
     node_ids,
 )
 from dledger.sim.memlog import AppendHook, MemLog
@@ -189,6 +190,8 @@ class SimResult:
     trace: list[str] = field(default_factory=list)
     acked: int = 0
     snapshot_installs: int = 0  # snapshots a follower's driver installed
+    storage_faults: int = 0  # storage faults injected (rollbacks, lost hard states)
+    repairs: int = 0  # repairs the members completed (docs/RAFT.md section 11)
 
 
 class _Node:
@@ -205,6 +208,7 @@ class _Node:
         "release_pending",
         "release_seq",
         "seen_leader_term",
+        "sm_floor",
         "staged",
         "up",
     )
@@ -222,6 +226,9 @@ class _Node:
         self.max_applied = 0  # highest index ever applied (durable by contract)
         self.accepted: dict[int, tuple[int, bytes, int]] = {}  # index -> (term, body, at_ms)
         self.seen_leader_term = -1
+        # The application's applied index survives a storage fault of the log (the broker's
+        # state lives beside the store): the next start resumes from it, not from the log.
+        self.sm_floor = 0
         # None: an original member (bootstrap configuration); a joined node's own.
         self.boot_conf: ConfState | None = None
         # Snapshots received whole and not installed yet: (index, term) -> prefix hashes.
@@ -255,9 +262,20 @@ class Simulation:
                 generate_schedule(random.Random(f"faults-{seed}"), self.ids, phase)
                 + generate_forgeries(random.Random(f"forge-{seed}"), self.ids, phase)
                 + generate_membership(random.Random(f"member-{seed}"), self.ids, phase)
+                + generate_storage(random.Random(f"storage-{seed}"), self.ids, phase)
             )
             faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
         self.faults = list(faults)
+        # A forgetful node and a deaf leader at the heal are two faults in a 3-node group:
+        # no election could succeed (the forgetful one must not vote). Not both in one run.
+        self._deaf_at_heal = self.params.deaf_leader_at_heal and not any(
+            f.kind == "storage" for f in self.faults
+        )
+        self._storage_rng = random.Random(f"storage-run-{seed}")
+        self.storage_faults = 0
+        self._lagging: frozenset[str] = frozenset()  # cut off by a forgetful_lag fault
+        self._lag_blocked: set[tuple[str, str]] = set()  # their links, until it strikes
+        self.repairs = 0  # of cores since crashed; the live ones' are added at the end
         self._forge_rng = random.Random(f"forge-run-{seed}")
         self._member_rng = random.Random(f"member-run-{seed}")
         self._final_voters: frozenset[str] = frozenset(self.ids)
@@ -343,6 +361,9 @@ class Simulation:
             trace=self.trace,
             acked=len(self._acked),
             snapshot_installs=self.snapshot_installs,
+            storage_faults=self.storage_faults,
+            repairs=self.repairs
+            + sum(n.core.repairs_completed for n in self.nodes.values() if n.core is not None),
         )
 
     def _run(self) -> None:
@@ -392,11 +413,14 @@ class Simulation:
         node.up = True
         node.pending = None
         node.release_pending = False
-        # The state machine restarts from its snapshot, where the log was compacted.
-        node.applied = node.log.first_index() - 1
+        # The state machine restarts from its snapshot, where the log was compacted; or, after
+        # a storage fault took entries it applied, from where it was.
+        node.applied = max(node.log.first_index() - 1, node.sm_floor)
+        node.sm_floor = 0
         node.accepted = {}
         node.staged = {}
         node.seen_leader_term = -1
+        promised, hard_state = node.log.start_state()
         node.core = RaftNode(
             node.id,
             self.boot_ids,
@@ -405,6 +429,8 @@ class Simulation:
             random.Random(f"core-{self.seed}-{node.id}-{node.incarnation}"),
             conf_state=node.boot_conf,
             applied_index=node.applied,
+            promised=promised,
+            hard_state=hard_state,
         )
         self._note(f"start {node.id} inc={node.incarnation} last={node.log.last_index()}")
 
@@ -412,6 +438,8 @@ class Simulation:
         if not node.up:
             return
         node.up = False
+        if node.core is not None:
+            self.repairs += node.core.repairs_completed
         node.core = None
         node.pending = None
         lost = node.log.crash()
@@ -448,7 +476,7 @@ class Simulation:
 
     def _on_deliver(self, m: Message) -> None:
         node = self.nodes[m.to_id]
-        if not node.up or (m.from_id, m.to_id) in self._blocked:
+        if not node.up or self._cut(m.from_id, m.to_id):
             return
         assert node.core is not None
         if self._trace_on:
@@ -478,6 +506,7 @@ class Simulation:
         if rd.snapshot is not None:
             self._install(node, rd.snapshot)
         persist(node.log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
+        node.log.save_promise(rd.promise, rd.hard_state)
         if node.log.truncated:
             self._check_truncations(node)  # before this Ready's committed entries apply
         if not self._send_before_persist and self._send_all(node, rd.messages):
@@ -546,7 +575,7 @@ class Simulation:
         follower, leader = self.nodes[m.to_id], self.nodes[m.from_id]
         ok = (
             follower.up
-            and (m.from_id, m.to_id) not in self._blocked
+            and not self._cut(m.from_id, m.to_id)
             and not (self._loss_pct and self._net_rng.random() * 100 < self._loss_pct)
         )
         self._note(f"snapshot_done {m.from_id}->{m.to_id} index={m.snapshot_index} ok={ok}")
@@ -597,9 +626,15 @@ class Simulation:
             return True
         return False
 
+    def _cut(self, a: str, b: str) -> bool:
+        """Whether the link a -> b drops everything: a partition, or the minority a forgetful
+        fault keeps cut off whatever other partitions come and go."""
+        pair = (a, b)
+        return pair in self._blocked or pair in self._lag_blocked
+
     def _send(self, m: Message) -> None:
         rand = self._net_rng.random
-        if (m.from_id, m.to_id) in self._blocked:
+        if self._cut(m.from_id, m.to_id):
             return
         if self._loss_pct and rand() * 100 < self._loss_pct:
             return
@@ -683,13 +718,14 @@ class Simulation:
         not only the ones that happen). One change at a time: every majority of the next
         configuration overlaps one of this."""
         quorum = len(voters) // 2 + 1
+        # A repairing voter neither campaigns nor votes (docs/RAFT.md section 11).
         keys = {
             nid: (n.log.last_term(), n.log.last_index())
             for nid, n in self.nodes.items()
-            if nid in voters
+            if nid in voters and not self._repairing(n)
         }
         for nid, node in self.nodes.items():
-            if not node.up or nid not in voters:
+            if not node.up or nid not in keys:
                 continue
             log = node.log
             if index <= log.last_index() and log.prefix_hash(index) == h:
@@ -701,6 +737,14 @@ class Simulation:
                     f"{nid} could be elected (log {mine[1]}/{mine[0]}) but lacks committed index "
                     f"{index} ({why})",
                 )
+
+    @staticmethod
+    def _repairing(node: _Node) -> bool:
+        """Whether ``node`` is in the repair state (a node that is down: whether it would
+        start in it, its log ending below its promise)."""
+        if node.core is not None:
+            return node.core.repairing
+        return node.log.last_index() < node.log.promised
 
     def _on_new_leader(self, node: _Node, term: int) -> None:
         other = self._leaders.get(term)
@@ -819,8 +863,81 @@ class Simulation:
             self._forge(f.shape, self._resolve(f.target))
         elif f.kind == "member":
             self._on_member(f)
+        elif f.kind == "storage":
+            self._on_storage(f)
         elif f.kind == "member_next_leader":
             self._armed_member = FaultEvent(f.at_ms, "member", f.shape, target=f.target)
+
+    # ------------------------------------------------------------------ storage faults
+
+    def _on_storage(self, f: FaultEvent) -> None:
+        """A disk that forgets (faults.STORAGE_SHAPES); the node restarts 1-30 ms later."""
+        rng = self._storage_rng
+        if f.shape == "forgetful_lag":
+            self._forgetful_lag()
+            return
+        if f.shape == "forgetful":
+            target = self._forgetful()
+            if target is None:
+                return
+        else:
+            target = self.nodes.get(f.target)
+            if target is None or not target.up:
+                return
+            self._crash(target)
+            if f.shape == "lose_meta":
+                target.log.lose_meta()
+            else:
+                self._rollback(target, target.log.last_index() - rng.randint(1, 40))
+        self.storage_faults += 1
+        at = self.now + rng.randint(1, 30)
+        self._push(at, _FAULT, FaultEvent(at, "restart", target=target.id))
+
+    def _forgetful_lag(self) -> None:
+        """Cut a minority of followers off: entries commit without them."""
+        leader = self._leader()
+        others = sorted(n for n in self.ids if leader is None or n != leader.id)
+        lag = tuple(self._storage_rng.sample(others, min(len(others), (len(self.ids) - 1) // 2)))
+        rest = tuple(n for n in self.ids if n not in lag)
+        self._lag_blocked = blocked_links("halves", (lag, rest), self.ids)
+        self._lagging = frozenset(lag)
+        self._note(f"forgetful: cut off {','.join(lag)}")
+
+    def _forgetful(self) -> _Node | None:
+        """The follower that holds the most forgets back to what the cut-off ones hold, the
+        leader (or, with none, the member that holds the most) crashes, the links heal:
+        without promises, the forgetful node and the others elect a leader that lacks
+        committed entries."""
+        lagging = self._lagging
+        live = sorted(
+            (n for n in self.nodes.values() if n.up and n.id not in lagging),
+            key=lambda n: (n.core is not None and n.core.role is Role.LEADER, n.log.last_index()),
+            reverse=True,
+        )
+        if len(live) < 2 or not lagging:
+            return None
+        holder, target = live[0], live[1]
+        floor = min(self.nodes[x].log.last_index() for x in lagging)
+        self._crash(holder)
+        self._crash(target)
+        self._rollback(target, floor - self._storage_rng.randint(0, 3))
+        self._blocked = set()
+        self._lag_blocked = set()
+        at = self.now + self._storage_rng.randint(50, 400)
+        self._push(at, _FAULT, FaultEvent(at, "restart", target=holder.id))
+        return target
+
+    def _rollback(self, node: _Node, index: int) -> None:
+        """``node`` (crashed) wakes up on a log put back to an older prefix of itself; its
+        promise and its application's state survive (they live beside the store)."""
+        log = node.log
+        index = max(log.first_index() - 1, index)
+        node.sm_floor = min(node.applied, max(index, log.promised))
+        lost = log.rollback(index)
+        # What the node itself applied and no longer holds is the fault's doing; the checks
+        # of its own durability start again from what it still holds.
+        node.max_applied = min(node.max_applied, index)
+        self._note(f"rollback {node.id} to={index} lost={lost} promised={log.promised}")
 
     # ------------------------------------------------------------------ membership
 
@@ -922,6 +1039,7 @@ class Simulation:
     def _on_heal(self) -> None:
         self._healed_at = self.now
         self._blocked = set()
+        self._lag_blocked = set()
         self._loss_pct = 0
         self._armed_isolate_leader = False  # triggered faults end with the fault phase too
         self._armed_crash_voter = False
@@ -929,7 +1047,7 @@ class Simulation:
         for nid in self.ids:
             if not self.nodes[nid].up:
                 self._start(self.nodes[nid])
-        if self.params.deaf_leader_at_heal:
+        if self._deaf_at_heal:
             leader = self._leader()
             if leader is not None:
                 self._blocked = blocked_links("deaf", ((leader.id,),), self.ids)

@@ -36,12 +36,39 @@ def test_seed_sweep_finds_no_violation(nodes: int) -> None:
     assert summary.seeds_run == SEEDS_PER_SIZE
     # The fault schedules leave members behind compacted logs: snapshots are installed.
     assert summary.snapshot_installs >= SEEDS_PER_SIZE // 20
+    # And disks forget (issue 31): logs rolled back under their promise, lost hard states;
+    # the forgetful members are repaired, not elected.
+    assert summary.storage_faults >= SEEDS_PER_SIZE // 10
+    assert summary.repairs >= SEEDS_PER_SIZE // 40
     print(
         f"{nodes} nodes: {summary.seeds_run} seeds in {summary.wall_s:.1f}s "
         f"({summary.seeds_run / summary.wall_s:.0f} seeds/s), {summary.steps} steps, "
         f"{summary.sim_time_ms / 1000:.0f}s simulated, "
-        f"{summary.snapshot_installs} snapshot installs"
+        f"{summary.snapshot_installs} snapshot installs, {summary.storage_faults} storage "
+        f"faults, {summary.repairs} repairs"
     )
+
+
+def test_a_forgetful_follower_is_repaired_and_never_elected() -> None:
+    """The issue's scenario as a simulated fault (faults.STORAGE_SHAPES "forgetful"): a
+    minority cut off, the follower that acknowledged the most rolled back, the leader
+    crashed. Every such seed runs clean, and the forgetful member is repaired."""
+    seeds = [s for s in range(400) if _has_storage_fault(s, "forgetful")][:12]
+    assert len(seeds) >= 8
+    results = [run_seed(seed, 3) for seed in seeds]
+    assert [r.violation for r in results] == [None] * len(seeds)
+    # The fault strikes when two members are up beside the cut-off minority (other faults of
+    # the seed may have crashed one), and a repair may still run when the run ends.
+    assert sum(r.storage_faults for r in results) >= len(seeds) // 2
+    assert sum(r.repairs for r in results) >= 3
+    # The same seeds without promises elect a leader that lost committed entries.
+    mutated = frozenset({"forget_promise"})
+    caught = [s for s in seeds if run_seed(s, 3, mutations=mutated).violation is not None]
+    assert len(caught) >= 3, caught
+
+
+def _has_storage_fault(seed: int, shape: str) -> bool:
+    return any(f.kind == "storage" and f.shape == shape for f in Simulation(seed, 3).faults)
 
 
 @pytest.mark.slow

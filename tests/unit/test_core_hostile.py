@@ -201,9 +201,12 @@ def test_malformed_append_is_dropped_by_the_core_too() -> None:
 def test_append_conflicting_with_committed_entries_leaves_them() -> None:
     node, log = _follower(term=3, leader="n1")
     node.step(AppendRequest("n1", "n0", 5, 1, 3, (Entry(5, 2, b"other"),), 2))
-    _drain(node, log)
+    msgs = _drain(node, log)
     assert log.read(2).body == b"b" and node.commit_index == 2
-    assert DROP_COMMITTED_CONFLICT not in node.dropped  # skipped as committed, not a conflict
+    # Not skipped as "committed, so matching": the entry was compared, the conflict counted,
+    # and no ack claims a match the leader's log does not have (issue 31).
+    assert node.dropped[DROP_COMMITTED_CONFLICT] == 1
+    assert not [m for m in msgs if isinstance(m, AppendResponse) and m.success]
 
 
 def test_follower_never_acks_an_index_it_does_not_hold() -> None:

@@ -77,7 +77,7 @@ class AppendRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ..., no_reply: _Optional[bool] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index")
+    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class AppendResponse(_message.Message):
     CONFLICT_TERM_FIELD_NUMBER: _ClassVar[int]
     LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     REJECTED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPAIRING_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     to_id: str
     term: int
@@ -96,7 +97,8 @@ class AppendResponse(_message.Message):
     conflict_term: int
     last_log_index: int
     rejected_index: int
-    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ...) -> None: ...
+    repairing: bool
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ...) -> None: ...
 
 class TimeoutNowRequest(_message.Message):
     __slots__ = ("group", "from_id", "to_id", "term")

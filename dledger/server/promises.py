@@ -1,0 +1,123 @@
+"""The server's side of promises (docs/RAFT.md section 11): at start, read the promise file
+and recover the hard state; while running, keep the file ahead of every acknowledgement.
+
+The promise file (``dledger.storage.promise``) lives apart from the store directory (by
+default its sibling ``{store_dir}.promise``; ``NodeConfig.promise_path`` puts it elsewhere,
+another volume say), so a store rolled back, cut or replaced under the same member id is
+noticed: its log ends below the promise and the core starts *repairing*.
+
+Under SYNC_FLUSH the persist job writes the promise after the entries' flush and before the
+acknowledgements leave (``Ready.promise``). Under ASYNC_FLUSH an acknowledgement already
+precedes the disk (an entry in the page cache counts as stable, and a power cut may lose
+the last flush interval on every member at once): a promise of what was only in the page
+cache would, after such a power cut, leave every member below its promise, repairing, and
+the group without a voter. So there the promise follows what the store flushed: written
+with every hard state change (which fsyncs anyway) and every checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from dledger.core import Promised, newer_hard_state
+from dledger.log import CorruptLogError, HardState
+from dledger.storage.files import is_disk_full
+from dledger.storage.promise import (
+    PromiseError,
+    PromiseWriter,
+    promise_path_for_store,
+    read_promise,
+)
+from dledger.storage.store import META_FILE, DiskFullError, SegmentedLogStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StartState:
+    """What a node starts from: the core's promise and hard state, and the file's writer."""
+
+    promised: Promised
+    hard_state: HardState
+    writer: PromiseWriter
+
+
+def promise_file(store_dir: str, configured: str) -> Path:
+    """The promise file of the store at ``store_dir``: ``configured`` when set, else the
+    store directory's sibling ``{store_dir}.promise``."""
+    return Path(configured) if configured else promise_path_for_store(store_dir)
+
+
+def recover(
+    group: str,
+    node_id: str,
+    store: SegmentedLogStore,
+    path: Path,
+    applied_index: int,
+) -> StartState:
+    """Read the promise file and the store's hard state and decide what the node starts
+    from. PromiseError when the promise file is damaged, newer or another member's (the
+    operator must look: guessing could make this member vote twice). A missing or damaged
+    ``meta`` is recovered from the promise's copy (and rewritten); with neither, a store that
+    holds entries makes the node start repairing with its vote counted as lost."""
+    promise = read_promise(path)
+    writer = PromiseWriter(path, group, node_id, promise)
+    copy = promise.hard_state if promise is not None else None
+    meta, damaged = _read_meta(store, copy is not None)
+    hs = newer_hard_state(meta, copy)
+    vote_lost = hs is None and (damaged or store.last_index() > 0)
+    if hs is not None and hs != meta:
+        logger.warning(
+            "node=%s hard state %s: recovered term=%d vote=%s from the promise file %s",
+            node_id,
+            "damaged" if damaged else "missing" if meta is None else "behind its copy",
+            hs.term,
+            hs.voted_for,
+            path,
+        )
+        store.save_hard_state(hs)
+    if vote_lost:
+        logger.error(
+            "node=%s hard state %s and no promise file at %s: the store holds entries, so "
+            "this member may have voted; it starts repairing and counts the first leader's "
+            "term as voted",
+            node_id,
+            "damaged" if damaged else "missing",
+            path,
+        )
+    promised = 0 if promise is None else promise.promised_index
+    if applied_index > max(store.last_index(), promised):
+        # The application applied entries the store no longer holds: they were committed
+        # here, so this member had them (a store replaced under an old promise file, or a
+        # store older than the promise file's feature).
+        promised = applied_index
+    return StartState(Promised(promised, vote_lost), hs or HardState(), writer)
+
+
+def _read_meta(store: SegmentedLogStore, have_copy: bool) -> tuple[HardState | None, bool]:
+    """(the store's hard state or None when missing or damaged, whether it was damaged)."""
+    if not (store.root / META_FILE).exists():
+        return None, False
+    try:
+        return store.load_hard_state(), False
+    except CorruptLogError as exc:
+        logger.warning(
+            "hard state damaged (%s)%s", exc, "; its copy in the promise file is used" * have_copy
+        )
+        return None, True
+
+
+def write_promise(writer: PromiseWriter, index: int, hard_state: HardState) -> None:
+    """Make the promise durable (the persist job's last step). A full disk (only creating
+    the file allocates) is a DiskFullError, retried by the job like a refused append."""
+    try:
+        writer.write(index, hard_state)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFullError(f"promise file {writer.path}: {exc}") from None
+        raise
+
+
+__all__ = ["PromiseError", "StartState", "promise_file", "recover", "write_promise"]

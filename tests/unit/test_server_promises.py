@@ -1,0 +1,149 @@
+"""The server's start-time recovery of promises and hard state (dledger/server/promises.py,
+docs/RAFT.md section 11): a lost or damaged ``meta`` is never read as "term 0, no vote"."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dledger.core import Promised
+from dledger.log import Entry, HardState
+from dledger.server.promises import PromiseError, promise_file, recover, write_promise
+from dledger.storage import SegmentedLogStore, StoreConfig
+from dledger.storage.promise import PromiseWriter, promise_path, read_promise
+
+SEG = 1 << 16
+SMALL = StoreConfig(segment_size_bytes=SEG, index_segment_size_bytes=SEG, reserve_bytes=0)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def _store(root: Path, n: int = 0) -> SegmentedLogStore:
+    s = SegmentedLogStore(root / "dledger-n0", SMALL)
+    if n:
+        s.append([Entry(2, i, b"x%d" % i) for i in range(s.last_index() + 1, n + 1)])
+        s.flush()
+    return s
+
+
+def _promise(root: Path, index: int, hs: HardState, node: str = "n0") -> None:
+    w = PromiseWriter(promise_path(root, "n0"), "g", node, None)
+    w.write(index, hs)
+    w.close()
+
+
+@pytest.fixture
+def opened(root: Path) -> Iterator[list[SegmentedLogStore]]:
+    stores: list[SegmentedLogStore] = []
+    yield stores
+    for s in stores:
+        s.close()
+
+
+def _recover(root: Path, store: SegmentedLogStore, applied: int = 0):
+    path = promise_file(str(root / "dledger-n0"), "")
+    assert path == promise_path(root, "n0")
+    return recover("g", "n0", store, path, applied)
+
+
+def test_a_brand_new_member_starts_at_term_zero(
+    root: Path, opened: list[SegmentedLogStore]
+) -> None:
+    store = _store(root)
+    opened.append(store)
+    st = _recover(root, store)
+    assert st.promised == Promised(0) and st.hard_state == HardState()
+
+
+def test_missing_meta_is_recovered_from_the_promise_copy(
+    root: Path,
+    opened: list[SegmentedLogStore],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _store(root, 5)
+    opened.append(store)
+    store.save_hard_state(HardState(7, "n2"))
+    _promise(root, 5, HardState(7, "n2"))
+    (store.root / "meta").unlink()
+    with caplog.at_level(logging.WARNING):
+        st = _recover(root, store)
+    assert st.hard_state == HardState(7, "n2") and st.promised == Promised(5)
+    assert "missing" in caplog.text
+    assert store.load_hard_state() == HardState(7, "n2")  # rewritten
+
+
+def test_damaged_meta_starts_from_the_copy_with_a_warning(
+    root: Path,
+    opened: list[SegmentedLogStore],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _store(root, 3)
+    opened.append(store)
+    store.save_hard_state(HardState(4, "n1"))
+    _promise(root, 3, HardState(4, "n1"))
+    meta = store.root / "meta"
+    raw = bytearray(meta.read_bytes())
+    raw[10] ^= 0xFF
+    meta.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING):
+        st = _recover(root, store)
+    assert st.hard_state == HardState(4, "n1") and not st.promised.vote_lost
+    assert "damaged" in caplog.text
+
+
+def test_the_higher_term_wins(root: Path, opened: list[SegmentedLogStore]) -> None:
+    store = _store(root, 3)
+    opened.append(store)
+    store.save_hard_state(HardState(3, "n1"))
+    _promise(root, 3, HardState(5, None))
+    assert _recover(root, store).hard_state == HardState(5, None)
+
+
+def test_no_meta_and_no_promise_with_entries_is_a_lost_vote(
+    root: Path, opened: list[SegmentedLogStore]
+) -> None:
+    store = _store(root, 4)
+    opened.append(store)
+    st = _recover(root, store)
+    assert st.promised == Promised(0, vote_lost=True)
+
+
+def test_an_empty_store_under_a_surviving_promise_is_repairing(
+    root: Path,
+    opened: list[SegmentedLogStore],
+) -> None:
+    _promise(root, 40, HardState(6, "n0"))
+    store = _store(root)
+    opened.append(store)
+    st = _recover(root, store, applied=35)
+    assert st.promised == Promised(40) and st.hard_state == HardState(6, "n0")
+    # The application applied beyond both: that is a promise too.
+    assert _recover(root, store, applied=50).promised.index == 50
+
+
+def test_another_members_or_a_damaged_promise_file_is_refused(
+    root: Path,
+    opened: list[SegmentedLogStore],
+) -> None:
+    _promise(root, 4, HardState(1), node="n9")
+    store = _store(root)
+    opened.append(store)
+    with pytest.raises(PromiseError, match="member 'n9'"):
+        _recover(root, store)
+    promise_path(root, "n0").write_bytes(b"\0" * 100)
+    with pytest.raises(PromiseError, match="promise file"):
+        _recover(root, store)
+
+
+def test_write_promise_goes_through_the_writer(root: Path) -> None:
+    w = PromiseWriter(promise_path(root, "n0"), "g", "n0", None)
+    write_promise(w, 9, HardState(2, "n1"))
+    got = read_promise(promise_path(root, "n0"))
+    assert got is not None and got.promised_index == 9 and got.hard_state == HardState(2, "n1")
+    w.close()
