@@ -234,6 +234,7 @@ def test_flipped_byte_in_an_older_segment_of_a_follower(
             took = wait_repaired(cluster, client, victim, t0)
             print(f"repaired in {took:.1f} s")
             assert "DAMAGE" in log_text(cluster, victim)
+            assert "repair_done" in log_text(cluster, victim)  # repaired, then voting again
             check_votes(cluster, victim)
             writer.wait_acks(100, 30)
         finally:
@@ -270,6 +271,7 @@ def test_damage_inside_committed_data_in_the_last_segment(
             took = wait_repaired(cluster, client, victim, t0)
             print(f"repaired in {took:.1f} s")
             assert "DAMAGE" in log_text(cluster, victim)
+            assert "repair_done" in log_text(cluster, victim)  # repaired, then voting again
             check_votes(cluster, victim)
             writer.wait_acks(100, 30)
         finally:
@@ -300,6 +302,7 @@ def test_flipped_byte_on_the_leader_found_by_a_read(
             print(f"\nserving again after the leader's restart: {served_since(writer, t0):.2f} s")
             took = wait_repaired(cluster, client, victim, t0)
             print(f"repaired in {took:.1f} s")
+            assert "repair_done" in log_text(cluster, victim)
             check_votes(cluster, victim)
             writer.wait_acks(100, 30)
         finally:
