@@ -1346,25 +1346,7 @@ class RaftNode:
             snap.on_ack_in_snapshot(self, m.from_id, pr)
             return
         if not m.success:
-            if m.last_log_index < pr.match <= m.rejected_index:
-                self._forget_lost_match(m.from_id, pr, m.last_log_index)
-                return
-            if m.rejected_index <= pr.match:
-                return  # stale: that prefix is already known to match
-            if pr.state is ProgressState.PROBE and m.rejected_index != pr.next - 1:
-                return  # stale: not the answer to the probe in flight
-            nxt = m.conflict_index
-            if m.conflict_term > 0:
-                idx = self._last_index_of_term(
-                    m.conflict_term, min(m.rejected_index, self._log.last_index())
-                )
-                if idx > 0:
-                    nxt = idx + 1
-            nxt = max(pr.match + 1, min(nxt, m.rejected_index))
-            # Below what the log still holds (retention deleted it, or a forged hint): only
-            # a snapshot catches this follower up; the probe never reads a deleted entry.
-            pr.become_probe(nxt)
-            self._send_append(m.from_id)
+            self._handle_append_reject(m, pr)
             return
         advanced = m.match_index > pr.match
         if advanced:
@@ -1406,6 +1388,28 @@ class RaftNode:
         if i >= first and self._log.term_at(i) == term:
             return i
         return 0
+
+    def _handle_append_reject(self, m: AppendResponse, pr: _Progress) -> None:
+        """A follower's reject: probe back to where its log matches this leader's."""
+        if m.last_log_index < pr.match <= m.rejected_index:
+            self._forget_lost_match(m.from_id, pr, m.last_log_index)
+            return
+        if m.rejected_index <= pr.match:
+            return  # stale: that prefix is already known to match
+        if pr.state is ProgressState.PROBE and m.rejected_index != pr.next - 1:
+            return  # stale: not the answer to the probe in flight
+        nxt = m.conflict_index
+        if m.conflict_term > 0:
+            idx = self._last_index_of_term(
+                m.conflict_term, min(m.rejected_index, self._log.last_index())
+            )
+            if idx > 0:
+                nxt = idx + 1
+        nxt = max(pr.match + 1, min(nxt, m.rejected_index))
+        # Below what the log still holds (retention deleted it, or a forged hint): only a
+        # snapshot catches this follower up; the probe never reads a deleted entry.
+        pr.become_probe(nxt)
+        self._send_append(m.from_id)
 
     def _forget_lost_match(self, peer: str, pr: _Progress, last_log_index: int) -> None:
         """``peer`` rejects an append at or above its match with its log ending below it: it lost

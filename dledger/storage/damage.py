@@ -72,7 +72,7 @@ class DamageMarker:
 
     def encode(self) -> bytes:
         return (
-            f"verify={int(self.verify)} restarts={self.restarts} since_s={self.since_s:.0f}\n"
+            f"verify={int(self.verify)} restarts={self.restarts} since_s={int(self.since_s)}\n"
         ).encode()
 
 

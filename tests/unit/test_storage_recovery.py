@@ -218,6 +218,7 @@ def test_corruption_in_an_older_segment(tmp_path: Path) -> None:
     assert s.damage is not None and s.damage.offset == 3 * SIZE
     assert (s.damage.first_index, s.damage.last_index) == (4, n)
     check_entries(s, 3)
+    s.close()
     marker = read_marker(root)
     assert marker is not None and not marker.verify and marker.restarts == 1
 
