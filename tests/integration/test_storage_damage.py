@@ -1,9 +1,9 @@
 """Damaged disks on a real 3-node SYNC_FLUSH group: a flipped byte in an older segment of a
 follower, a flipped byte or a cut inside committed data in the last segment, a flipped byte
-on the leader found at run time. In each: no acknowledged entry lost, a leader and
-acknowledged appends within 10 s of the damaged node's restart, the damaged replica
-repaired and voting again within 60 s with no manual step, and every replica's committed
-log identical, entry by entry (docs/STORAGE.md "Damage and repair")."""
+on the leader found at run time (by a read, and by the scrubber). In each: no acknowledged
+entry lost, a leader and acknowledged appends within 10 s of the damaged node's restart, the
+damaged replica repaired and voting again within 60 s with no manual step, and every
+replica's committed log identical, entry by entry (docs/STORAGE.md "Damage and repair")."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from support import wait_for
 
 from broker.cluster import LocalCluster
 from dledger.server.client import ClientError, LogClient
+from dledger.server.scrub import SCRUB_MIN_PASS_INTERVAL_S
 from dledger.storage import codec
 from dledger.storage.files import segment_name
 
@@ -218,7 +219,7 @@ def test_flipped_byte_in_an_older_segment_of_a_follower(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client()).start()
+        writer = Writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(1200, 60)  # ~10 segments
             victim = next(n.node_id for n in cluster.nodes if n.node_id != leader_id(cluster))
@@ -248,7 +249,7 @@ def test_damage_inside_committed_data_in_the_last_segment(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client()).start()
+        writer = Writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(600, 60)
             victim = next(n.node_id for n in cluster.nodes if n.node_id != leader_id(cluster))
@@ -284,7 +285,7 @@ def test_flipped_byte_on_the_leader_found_by_a_read(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client()).start()
+        writer = Writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(600, 60)
             victim = leader_id(cluster)
@@ -297,6 +298,38 @@ def test_flipped_byte_on_the_leader_found_by_a_read(
                 client.get(addr, entry.header.index, max_count=1)
             assert e.value.code == "LOG_DAMAGED", e.value
             assert f"index={entry.header.index}" in str(e.value)
+            wait_for(lambda: "RESTART" in log_text(cluster, victim), 10, "the leader's restart")
+            t0 = time.monotonic()
+            print(f"\nserving again after the leader's restart: {served_since(writer, t0):.2f} s")
+            took = wait_repaired(cluster, client, victim, t0)
+            print(f"repaired in {took:.1f} s")
+            assert "repair_done" in log_text(cluster, victim)
+            check_votes(cluster, victim)
+            writer.wait_acks(100, 30)
+        finally:
+            writer.stop()
+        finish(cluster, client, writer)
+
+
+def test_flipped_byte_on_the_leader_found_by_the_scrubber(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    cluster = group(local_group)
+    with cluster.client() as client:
+        writer = Writer(cluster.client(), limit_s=400).start()
+        try:
+            writer.wait_acks(600, 60)
+            victim = leader_id(cluster)
+            older = segments(cluster, victim)[1]
+            entry = entries_of(older)[2]
+            flip(older, entry.offset + codec.ENTRY_HEADER_SIZE + 20)  # under the running node
+            # Nobody reads it: the scrubber's next pass does (one starts at most every
+            # SCRUB_MIN_PASS_INTERVAL_S, the first at start).
+            wait_for(
+                lambda: "DAMAGE found by scrub" in log_text(cluster, victim),
+                SCRUB_MIN_PASS_INTERVAL_S + 30,
+                "the scrubber to find the damage",
+            )
             wait_for(lambda: "RESTART" in log_text(cluster, victim), 10, "the leader's restart")
             t0 = time.monotonic()
             print(f"\nserving again after the leader's restart: {served_since(writer, t0):.2f} s")
