@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
 
-from dledger.log import CorruptLogError, Entry
+from dledger.log import CorruptLogError, Entry, HardState
 from dledger.server import scrub, status
+from dledger.server.node import DLedgerNode
 from dledger.server.scrub import Scrubber
 from dledger.storage import damage
 from dledger.storage.codec import ENTRY_HEADER_SIZE
+from dledger.storage.promise import PromiseWriter, promise_path_for_store, read_promise
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 
 SEG = 64 * 1024
@@ -144,3 +147,34 @@ def test_a_damaged_entry_answers_data_loss_naming_it() -> None:
     assert failure.status is grpc.StatusCode.DATA_LOSS
     assert failure.code == "LOG_DAMAGED" and "index=42" in failure.detail
     assert failure.retryable
+
+
+def test_the_promise_is_raised_to_the_old_last_index_before_a_cut(tmp_path: Path) -> None:
+    s = filled(tmp_path / "dledger-n0", 300)
+    s.close()
+    path = promise_path_for_store(tmp_path / "dledger-n0")
+    writer = PromiseWriter(path, "g", "n0", None)
+    writer.write(120, HardState(term=3, voted_for="n1"))  # what it had acknowledged
+    writer.close()
+    data = tmp_path / "dledger-n0" / "commitlog" / f"{0:020d}"
+    with open(data, "r+b") as f:  # entry 10's body: inside what the checkpoint covers
+        f.seek(9 * (ENTRY_HEADER_SIZE + BODY) + ENTRY_HEADER_SIZE + 3)
+        f.write(b"\xee")
+    node = SimpleNamespace(
+        cfg=SimpleNamespace(
+            store_dir=str(tmp_path / "dledger-n0"), promise_path="", group="g", self_id="n0"
+        ),
+        corruption_found={},
+    )
+    full = StoreConfig(
+        segment_size_bytes=SEG, index_segment_size_bytes=SEG, full_verify_on_open=True
+    )
+    hook = DLedgerNode._before_damage_cut.__get__(node)  # type: ignore[attr-defined]
+    s = SegmentedLogStore(tmp_path / "dledger-n0", full, before_damage_cut=hook)
+    assert s.damage is not None and (s.damage.first_index, s.damage.last_index) == (10, 300)
+    assert s.last_index() == 9
+    s.close()
+    promise = read_promise(path)
+    assert promise is not None and promise.promised_index == 300  # raised before the cut
+    assert promise.hard_state == HardState(term=3, voted_for="n1")  # the vote is kept
+    assert node.corruption_found == {"open": 1}
