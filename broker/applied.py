@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import BrokerError, MessageNotFoundError
+from broker.errors import BrokerError, CorruptMessageError, MessageNotFoundError
 from broker.message import (
     MESSAGE_HEAD,
     Message,
@@ -196,12 +196,20 @@ class AppliedMessages:
 
     def message(self, position: int, size: int | None = None) -> Message:
         """The applied message at ``position``, decoded with its CRC checked."""
-        return decode_message(self.read(position, size))
+        try:
+            return decode_message(self.read(position, size))
+        except CorruptMessageError:
+            self.ctx.node.suspect_damage(position)  # the log entry holding it is checked
+            raise
 
     def raw(self, position: int, size: int) -> bytes:
         """The applied message at ``position`` as stored, its head and CRC checked."""
         raw = self.read(position, size)
-        check_message(raw, position)
+        try:
+            check_message(raw, position)
+        except CorruptMessageError:
+            self.ctx.node.suspect_damage(position)
+            raise
         return raw
 
     def queue_offset(self, topic: str, queue_id: int, position: int) -> int:

@@ -29,6 +29,11 @@ from dledger.properties import (
     read_text,
 )
 from dledger.server.node import NodeConfig
+from dledger.server.scrub import (
+    DEFAULT_SCRUB_BYTES_PER_S,
+    MAX_SCRUB_BYTES_PER_S,
+    MIN_SCRUB_BYTES_PER_S,
+)
 from dledger.server.snapshots import (
     DEFAULT_SNAPSHOT_BYTES_PER_S,
     MAX_SNAPSHOT_BYTES_PER_S,
@@ -58,6 +63,14 @@ class Peer:
 
 
 _parse_bool = parse_bool  # shared with the NameServer's config
+
+
+def _parse_scrub_rate(text: str) -> int:
+    """scrubBytesPerSec: 0 (off) or a rate in [MIN_SCRUB_BYTES_PER_S, MAX_SCRUB_BYTES_PER_S]."""
+    value = int_in(0, MAX_SCRUB_BYTES_PER_S)(text)
+    if 0 < value < MIN_SCRUB_BYTES_PER_S:
+        raise ValueError(f"is below {MIN_SCRUB_BYTES_PER_S} (0 turns the scrubber off)")
+    return value
 
 
 def _parse_str(text: str) -> str:
@@ -309,6 +322,14 @@ KEYS: Mapping[str, _Key] = {
         str(DEFAULT_SNAPSHOT_BYTES_PER_S),
         "bytes per second of all snapshot transfers a leader sends",
     ),
+    # The pace of the background scrubber that re-reads and checks the whole log
+    # (dledger.server.scrub: 64 KiB/s to 1 GiB/s, or 0 for off; the default is reasoned
+    # and measured there and in docs/STORAGE.md "Damage and repair").
+    "scrubBytesPerSec": _Key(
+        _parse_scrub_rate,
+        str(DEFAULT_SCRUB_BYTES_PER_S),
+        "bytes per second the scrubber checks of the log (0: off)",
+    ),
     "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
@@ -535,6 +556,7 @@ class BrokerConfig:
     retentionCheckIntervalMs: int
     maxLagRetentionHours: int
     snapshotTransferBytesPerSec: int
+    scrubBytesPerSec: int
     maxMessageSize: int
     autoCreateTopicEnable: bool
     slaveReadEnable: bool
@@ -859,6 +881,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
         max_lag_retention_hours=cfg.maxLagRetentionHours,
         snapshot_bytes_per_s=cfg.snapshotTransferBytesPerSec,
+        scrub_bytes_per_s=cfg.scrubBytesPerSec,
         # What a joining node must share with the group (a Join with other values is refused):
         # the segment size (replicas share data positions, a snapshot carries segments as they
         # are) and the dedup window, which every member's apply uses.

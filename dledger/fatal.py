@@ -104,3 +104,35 @@ def fatal_thread_excepthook() -> None:
         )
 
     threading.excepthook = hook
+
+
+# What a restart line starts with (a node that restarts itself to repair its store).
+RESTART_MARK = "RESTART"
+
+
+def _exec_self() -> NoReturn:
+    """Replace this process by a fresh run of the same command line (same PID, same open
+    stdin/stdout/stderr; every other descriptor is close-on-exec, so the store's lock and the
+    listening ports are free for the new run)."""
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+_restart: Callable[[], NoReturn] = _exec_self  # replaced by tests that run nodes in-process
+
+
+def restart(component: str, cause: BaseException | str) -> NoReturn:
+    """Log ``RESTART component=<c> cause=<...>`` and start this process again from scratch,
+    as after a kill: nothing is flushed or closed (everything acknowledged is durable). For
+    a state that only a fresh start handles, e.g. a store cut back by damage that the whole
+    process (the application's derived state included) must recover from. An exec that
+    fails ends the process as :func:`fatal` does."""
+    line = f"{RESTART_MARK} component={component} cause={describe(cause)}"
+    try:
+        logger.error(line)
+        for h in logging.getLogger().handlers:
+            h.flush()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _restart()
+    except OSError as exc:
+        fatal(component, f"restart failed: {exc}; {line}")

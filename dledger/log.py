@@ -85,14 +85,16 @@ class IndexOutOfRangeError(DLedgerError):
 
 
 class CorruptLogError(DLedgerError):
-    """Stored bytes fail a check (magic, size, CRC). Carries the file and byte offset."""
+    """Stored bytes fail a check (magic, size, CRC). Carries the file and byte offset, and
+    the index of the damaged entry when it is known (0: unknown)."""
 
     code = "CORRUPT_LOG"
 
-    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+    def __init__(self, message: str, *, path: str = "", offset: int = -1, index: int = 0) -> None:
         super().__init__(message)
         self.path = path
         self.offset = offset
+        self.index = index
 
 
 class LogStore(Protocol):

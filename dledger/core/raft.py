@@ -1346,22 +1346,7 @@ class RaftNode:
             snap.on_ack_in_snapshot(self, m.from_id, pr)
             return
         if not m.success:
-            if m.rejected_index <= pr.match:
-                return  # stale: that prefix is already known to match
-            if pr.state is ProgressState.PROBE and m.rejected_index != pr.next - 1:
-                return  # stale: not the answer to the probe in flight
-            nxt = m.conflict_index
-            if m.conflict_term > 0:
-                idx = self._last_index_of_term(
-                    m.conflict_term, min(m.rejected_index, self._log.last_index())
-                )
-                if idx > 0:
-                    nxt = idx + 1
-            nxt = max(pr.match + 1, min(nxt, m.rejected_index))
-            # Below what the log still holds (retention deleted it, or a forged hint): only
-            # a snapshot catches this follower up; the probe never reads a deleted entry.
-            pr.become_probe(nxt)
-            self._send_append(m.from_id)
+            self._handle_append_reject(m, pr)
             return
         advanced = m.match_index > pr.match
         if advanced:
@@ -1403,6 +1388,47 @@ class RaftNode:
         if i >= first and self._log.term_at(i) == term:
             return i
         return 0
+
+    def _handle_append_reject(self, m: AppendResponse, pr: _Progress) -> None:
+        """A follower's reject: probe back to where its log matches this leader's."""
+        if m.last_log_index < pr.match <= m.rejected_index:
+            self._forget_lost_match(m.from_id, pr, m.last_log_index)
+            return
+        if m.rejected_index <= pr.match:
+            return  # stale: that prefix is already known to match
+        if pr.state is ProgressState.PROBE and m.rejected_index != pr.next - 1:
+            return  # stale: not the answer to the probe in flight
+        nxt = m.conflict_index
+        if m.conflict_term > 0:
+            idx = self._last_index_of_term(
+                m.conflict_term, min(m.rejected_index, self._log.last_index())
+            )
+            if idx > 0:
+                nxt = idx + 1
+        nxt = max(pr.match + 1, min(nxt, m.rejected_index))
+        # Below what the log still holds (retention deleted it, or a forged hint): only a
+        # snapshot catches this follower up; the probe never reads a deleted entry.
+        pr.become_probe(nxt)
+        self._send_append(m.from_id)
+
+    def _forget_lost_match(self, peer: str, pr: _Progress, last_log_index: int) -> None:
+        """``peer`` rejects an append at or above its match with its log ending below it: it lost
+        entries (its store cut damage, docs/STORAGE.md "Damage and repair"). Its match comes
+        down to what it holds, so that the probe walks back and the entries are sent again.
+        Lowering a match never lowers the commit index: only liveness rests on it."""
+        logger.warning(
+            "node=%s term=%d peer=%s lost entries: its log ends at %d below its match %d; "
+            "sending them again",
+            self.id,
+            self._term,
+            peer,
+            last_log_index,
+            pr.match,
+        )
+        pr.match = max(0, last_log_index)
+        pr.commit_sent = min(pr.commit_sent, pr.match)
+        pr.become_probe(pr.match + 1)
+        self._send_append(peer)
 
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER

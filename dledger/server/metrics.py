@@ -120,7 +120,57 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
             (([reason], n) for reason, n in sorted(node.dropped().items())),
         ),
     ]
-    return [*out, *_link_families(node), *_stat_families(node.raft_stats)]
+    return [
+        *out,
+        *_link_families(node),
+        *_damage_families(node),
+        *_stat_families(node.raft_stats),
+    ]
+
+
+# What finds damage (dledger.server.node DLedgerNode.on_damage and the store's open): a
+# fixed vocabulary, so the label set is bounded.
+DAMAGE_FINDERS = ("open", "start", "scrub", "read", "replication", "get", "snapshot")
+
+
+def _damage_families(node: DLedgerNode) -> list[Metric]:
+    """Damage found in this member's log and the scrubber's progress (docs/METRICS.md
+    "Damage and scrubbing"). Counted since the process started (a repair restarts it: the
+    open that cut the damage counts it again as ``found_by="open"``)."""
+    found = node.corruption_found
+    report = node.store.damage
+    scrub = node.scrubber
+    out = [
+        labelled_counter(
+            "corruption_found",
+            "Damaged log entries this member found, by what found them",
+            ["found_by"],
+            (([f], found.get(f, 0)) for f in DAMAGE_FINDERS),
+        ),
+        counter(
+            "corruption_entries_cut",
+            "Entries the last open cut from the log at damage (fetched again from the leader)",
+            report.entries_lost if report is not None else 0,
+        ),
+        gauge(
+            "corruption_first_damaged_index",
+            "Index of the first damaged entry the last open cut (0: none)",
+            report.first_index if report is not None else 0,
+        ),
+    ]
+    if scrub is None:
+        return out
+    return [
+        *out,
+        gauge("scrub_rate_bytes_per_second", "The scrubber's pace", scrub.bytes_per_s),
+        counter(
+            "scrub_bytes_verified", "Bytes of entries the scrubber checked", scrub.bytes_verified
+        ),
+        counter("scrub_entries_verified", "Entries the scrubber checked", scrub.entries_verified),
+        counter("scrub_passes", "Complete passes of the scrubber over the log", scrub.passes),
+        counter("scrub_damage_found", "Damaged entries the scrubber found", scrub.damage_found),
+        gauge("scrub_next_index", "The next index the scrubber checks", scrub.position_index),
+    ]
 
 
 def _snapshot_families(node: DLedgerNode) -> list[Metric]:

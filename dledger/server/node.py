@@ -33,6 +33,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger import failpoints
+from dledger import fatal as fatal_mod
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
@@ -52,6 +53,7 @@ from dledger.core import (
 from dledger.core.membership import MEMBER_ID_RE, joining
 from dledger.fatal import fatal, spawn
 from dledger.log import (
+    CorruptLogError,
     DLedgerError,
     Entry,
     EntryType,
@@ -79,6 +81,12 @@ from dledger.server.membership import (
 )
 from dledger.server.metrics import RaftStats
 from dledger.server.promises import PromiseError, promise_file, recover, write_promise
+from dledger.server.scrub import (
+    DEFAULT_SCRUB_BYTES_PER_S,
+    MAX_SCRUB_BYTES_PER_S,
+    MIN_SCRUB_BYTES_PER_S,
+    Scrubber,
+)
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
     DEFAULT_SNAPSHOT_BYTES_PER_S,
@@ -94,13 +102,21 @@ from dledger.server.snapshots import (
     refused_status,
 )
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
-from dledger.storage import DiskFullError, FlushDiskType, SegmentedLogStore, StoreConfig
-from dledger.storage.promise import PromiseWriter
+from dledger.storage import (
+    DiskFullError,
+    FlushDiskType,
+    SegmentedLogStore,
+    StoreConfig,
+    codec,
+    damage,
+)
+from dledger.storage.promise import PromiseWriter, read_promise
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
     DEFAULT_MAX_LAG_RETENTION_HOURS,
 )
+from dledger.storage.store import META_FILE
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
@@ -138,6 +154,9 @@ DROP_DISK_FULL = "disk_full"
 # How long the ready loop waits before it retries a persist job the full disk refused: short
 # enough that writes resume quickly once space is freed, long enough not to spin.
 PERSIST_RETRY_MS = 100
+# A Get that met a damaged entry answers DATA_LOSS before the node restarts to repair: time
+# for the answer to leave.
+DAMAGE_ANSWER_GRACE_S = 0.2
 # Where the extra plaintext client port (NodeConfig.plaintext_client_port) listens: local
 # tools only, never the network.
 PLAINTEXT_CLIENT_HOST = "127.0.0.1"
@@ -250,6 +269,9 @@ class NodeConfig:
     # together (dledger.server.snapshots.Pacer), so that catching a member up does not
     # starve the leader's clients.
     snapshot_bytes_per_s: int = DEFAULT_SNAPSHOT_BYTES_PER_S
+    # scrubBytesPerSec: the pace of the background scrubber that re-reads and checks the
+    # whole log (dledger.server.scrub); 0 turns it off (benchmarks only).
+    scrub_bytes_per_s: int = DEFAULT_SCRUB_BYTES_PER_S
     # Settings every member must share, name -> value as the operator sets them (the broker:
     # its dedup window, which every member's apply uses). A Join from a node whose settings
     # differ is refused (INCOMPATIBLE_STORE): it could never catch up. The log's segment size
@@ -284,6 +306,13 @@ class NodeConfig:
             raise ConfigError(
                 f"snapshot_bytes_per_s {self.snapshot_bytes_per_s} is outside "
                 f"[{MIN_SNAPSHOT_BYTES_PER_S}, {MAX_SNAPSHOT_BYTES_PER_S}]"
+            )
+        if self.scrub_bytes_per_s and not (
+            MIN_SCRUB_BYTES_PER_S <= self.scrub_bytes_per_s <= MAX_SCRUB_BYTES_PER_S
+        ):
+            raise ConfigError(
+                f"scrub_bytes_per_s {self.scrub_bytes_per_s} is outside "
+                f"[{MIN_SCRUB_BYTES_PER_S}, {MAX_SCRUB_BYTES_PER_S}] (0: off)"
             )
         self._check_tls()
         self._check_shared_settings()
@@ -421,11 +450,18 @@ class DLedgerNode:
         self._store_lock = asyncio.Lock()
         # Application entries accepted but not stored yet, against the log's room.
         self._log_room = LogRoom(cfg.self_id)
+        # Damage in the log (docs/STORAGE.md "Damage and repair"): what found it, how many
+        # times, since this process started (the open's own finding included).
+        self.corruption_found: dict[str, int] = {}
+        self.scrubber: Scrubber | None = None
+        self._damage_handled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         cfg = self.cfg
+        self._loop = asyncio.get_running_loop()
         # Ports first: a busy port or a bad certificate must stop the node before it touches
         # its store.
         self._bind_ports()
@@ -435,9 +471,12 @@ class DLedgerNode:
                 finish_install(cfg.store_dir)  # a crash stopped a snapshot install: finish it
             else:
                 clear_staging(cfg.store_dir)  # a transfer a crash cut short
-            self.store = SegmentedLogStore(cfg.store_dir, cfg.store)
+            self.store = SegmentedLogStore(
+                cfg.store_dir, cfg.store, before_damage_cut=self._before_damage_cut
+            )
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc
+        self._note_open_damage()
         if interrupted is not None:
             install_app(cfg.store_dir, self.sm, interrupted)
         self._applied = self.sm.applied_index()
@@ -478,6 +517,11 @@ class DLedgerNode:
             )
         except (ConfigError, PromiseError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
+        except CorruptLogError as exc:
+            # The replay of the log's configuration entries met damage the open's check did
+            # not cover (an older segment): restart with every segment checked.
+            self.on_damage(exc, "start")
+            raise StartError(f"node {cfg.self_id}: {exc}") from exc  # on_damage restarted
         self._transport = PeerTransport(
             cfg.group,
             cfg.self_id,
@@ -504,6 +548,9 @@ class DLedgerNode:
             spawn(self._ready_loop(), "ready"),
             spawn(self._retention_loop(), "retention"),
         ]
+        if cfg.scrub_bytes_per_s:
+            self.scrubber = Scrubber(lambda: self.store, self.on_damage, cfg.scrub_bytes_per_s)
+            self._tasks.append(spawn(self.scrubber.run(), "scrub"))
         if conf is not None and not conf.voters and cfg.join_addr:
             self._tasks.append(spawn(self._join_loop(), "join"))
         logger.info(
@@ -569,6 +616,8 @@ class DLedgerNode:
         if self._transport is not None:
             await self._transport.stop()
         await self.snapshots_out.stop()
+        if self.scrubber is not None:
+            self.scrubber.close()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
         self._promise_pool.shutdown(wait=True)
@@ -960,8 +1009,108 @@ class DLedgerNode:
             await self._wake_event.wait()
             self._wake_event.clear()
             failpoints.hit("ready")
-            while self.core.has_ready():
-                await self._carry_out(self.core.ready())
+            try:
+                while self.core.has_ready():
+                    await self._carry_out(self.core.ready())
+            except CorruptLogError as exc:
+                # A read for replication, a commit or a snapshot met a damaged entry.
+                self.on_damage(exc, "replication")
+
+    # ------------------------------------------------------------------ damage
+
+    def _before_damage_cut(self, report: damage.DamageReport) -> None:
+        """The store's open found damage and is about to cut its log at
+        ``report.first_index`` (it held entries up to ``report.last_index``). Before the cut,
+        the promise file is raised to that index: the member then starts repairing (it
+        neither votes nor counts towards a commit with the shorter log) until its leader
+        has sent it past what it held. A promise file that cannot be read stops the open
+        with nothing cut (PromiseError: the operator must look)."""
+        self.corruption_found["open"] = self.corruption_found.get("open", 0) + 1
+        path = promise_file(self.cfg.store_dir, self.cfg.promise_path)
+        current = read_promise(path)
+        if current is not None and current.promised_index >= report.last_index:
+            return
+        hard = current.hard_state if current is not None else _stored_hard_state(self.cfg)
+        writer = PromiseWriter(path, self.cfg.group, self.cfg.self_id, current)
+        try:
+            writer.write(report.last_index, hard)
+        finally:
+            writer.close()
+        logger.warning(
+            "node=%s promise raised to %d before the damage cut (was %s): repairing until "
+            "the leader sends it past that index",
+            self.cfg.self_id,
+            report.last_index,
+            "none" if current is None else current.promised_index,
+        )
+
+    def _note_open_damage(self) -> None:
+        report = self.store.damage
+        if report is None:
+            return
+        logger.error(
+            "node=%s DAMAGE cut from the log at open: %d entries to fetch again from the "
+            "leader (%s)",
+            self.cfg.self_id,
+            report.entries_lost,
+            report.describe(),
+        )
+
+    def on_damage(self, exc: CorruptLogError, found_by: str) -> None:
+        """An entry of this member's log failed its check at run time (``found_by``: scrub,
+        read, replication, snapshot, get). The member must not serve or lead on it: it
+        restarts, and the restart's open checks every segment and cuts the log at the first
+        damaged entry; the leader then sends everything after (docs/STORAGE.md "Damage and
+        repair"). A disk that keeps producing damage stops the node instead."""
+        self.corruption_found[found_by] = self.corruption_found.get(found_by, 0) + 1
+        logger.error(
+            "node=%s DAMAGE found by %s: index=%d path=%s offset=%d role=%s: %s",
+            self.cfg.self_id,
+            found_by,
+            exc.index,
+            exc.path,
+            exc.offset,
+            self.core.role.value if hasattr(self, "core") else "starting",
+            exc,
+        )
+        if self._damage_handled:
+            return
+        self._damage_handled = True
+        root = self.store.root
+        marker = damage.next_restart(root)
+        if marker.restarts > damage.MAX_DAMAGE_RESTARTS:
+            fatal(
+                "damage",
+                f"DAMAGE_REPEATS {marker.restarts} damage restarts within "
+                f"{damage.DAMAGE_RESTART_WINDOW_S:.0f} s: the disk under {root} keeps "
+                f"failing; replace it (last: {exc})",
+            )
+        damage.write_marker(root, marker)
+        fatal_mod.restart("damage", f"index={exc.index} found_by={found_by}: {exc}")
+
+    def suspect_damage(self, position: int, found_by: str = "read") -> None:
+        """The application read bad bytes at data ``position`` (a message whose own CRC
+        failed): check the entry holding it, in a thread; damage goes to :meth:`on_damage`.
+        Callable from any thread of the process."""
+        store = self.store
+        loop = self._loop
+        if loop is None:
+            return
+
+        def check() -> None:
+            index = store.index_at_position(position)
+            if index:
+                store.verify_entries(index, 1)
+
+        async def run() -> None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, check)
+            except CorruptLogError as exc:
+                self.on_damage(exc, found_by)
+            except DLedgerError as exc:
+                logger.warning("node=%s damage check at %d: %s", self.cfg.self_id, position, exc)
+
+        loop.call_soon_threadsafe(lambda: loop.create_task(run()))
 
     async def _carry_out(self, rd: Ready) -> None:
         """One Ready, in the contract's order (dledger.core docstring)."""
@@ -1207,6 +1356,16 @@ class DLedgerNode:
             await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
 
 
+def _stored_hard_state(cfg: NodeConfig) -> HardState:
+    """The store's ``meta`` (term and vote), read while the store is opening; an empty hard
+    state when it is missing or damaged (the promise's copy then starts at term 0, and the
+    newer of the two is what the node starts from: dledger.server.promises.recover)."""
+    try:
+        return codec.decode_hard_state((Path(cfg.store_dir) / META_FILE).read_bytes())
+    except (OSError, codec.RecordError):
+        return HardState()
+
+
 def _stable_prefix(rd: Ready) -> Sequence[Entry]:
     """The committed entries of ``rd`` that earlier persist jobs stored: those below the first
     index this Ready's job writes (a cut or its entries). A committed entry is never cut, so
@@ -1415,6 +1574,10 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         try:
             entries = node.store.read_range(request.index, max_bytes, max_count=count)
         except LogCompactedError as exc:
+            await self._fail(context, exc)
+        except CorruptLogError as exc:
+            # Answer first (DATA_LOSS LOG_DAMAGED index=...), then repair.
+            asyncio.get_running_loop().call_later(DAMAGE_ANSWER_GRACE_S, node.on_damage, exc, "get")
             await self._fail(context, exc)
         except IndexOutOfRangeError:
             entries = []

@@ -47,13 +47,13 @@ from dledger.appsnapshot import AppSnapshot
 from dledger.core import ConfState, InstallSnapshot, Role, SnapshotMeta, SnapshotRequest
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.core.membership import decode as decode_conf
-from dledger.log import DLedgerError
+from dledger.log import CorruptLogError, DLedgerError
 from dledger.server import status
 from dledger.server.membership import save_conf
 from dledger.server.transport import CHANNEL_OPTIONS
 from dledger.storage import SegmentedLogStore
 from dledger.storage.files import atomic_write, fsync_dir, segment_name
-from dledger.storage.install import install_log
+from dledger.storage.install import install_log, verify_staged_log
 from dledger.storage.store import LogExtent
 from mqsecurity.channels import open_aio_channel
 
@@ -193,8 +193,9 @@ class SnapshotSender:
     async def _run(self, req: SnapshotRequest) -> None:
         node = self._node
         index = 0
+        check = _SentLogCheck()
         try:
-            index = await self._transfer(req)
+            index = await self._transfer(req, check)
         except asyncio.CancelledError:
             if self._stopping:
                 raise
@@ -203,6 +204,8 @@ class SnapshotSender:
             # Whatever failed (the peer, a segment retention deleted meanwhile, the disk),
             # the core must hear of it, or the follower would wait for ever.
             logger.warning("node=%s snapshot to=%s failed: %s", node.cfg.self_id, req.to_id, exc)
+        if check.damage is not None:
+            node.on_damage(check.damage, "snapshot")  # never send a damaged log: repair
         ok = index > 0
         if ok:
             self.sent += 1
@@ -221,7 +224,7 @@ class SnapshotSender:
             self._failures[peer] = n
         return min(SNAPSHOT_RETRY_MS << min(n - 1, 16), SNAPSHOT_RETRY_MAX_MS)
 
-    async def _transfer(self, req: SnapshotRequest) -> int:
+    async def _transfer(self, req: SnapshotRequest, check: _SentLogCheck) -> int:
         """Stream one snapshot; its index once the follower has it."""
         node = self._node
         index = node.applied
@@ -230,14 +233,20 @@ class SnapshotSender:
         extent = store.snapshot_extent(index)
         app = node.capture_app_snapshot()
         loop = asyncio.get_running_loop()
+        check.start(store, extent.base_index, index)
         try:
-            return await self._stream(req, meta, extent, app)
+            return await self._stream(req, meta, extent, app, check)
         finally:
             if app.release is not None:
                 loop.run_in_executor(None, app.release)  # however the transfer ended
 
     async def _stream(
-        self, req: SnapshotRequest, meta: SnapshotMeta, extent: LogExtent, app: AppSnapshot
+        self,
+        req: SnapshotRequest,
+        meta: SnapshotMeta,
+        extent: LogExtent,
+        app: AppSnapshot,
+        check: _SentLogCheck,
     ) -> int:
         node = self._node
         index = meta.index
@@ -262,7 +271,7 @@ class SnapshotSender:
             extent.end_position,
             len(app.files),
         )
-        chunks = _chunks(node, req, header, extent.end_position, app)
+        chunks = _chunks(node, req, header, extent.end_position, app, check)
         # A member added at run time is in no settings: its address is the configuration's.
         addr = node.peer_addr(req.to_id)
         if not addr:
@@ -313,6 +322,7 @@ async def _chunks(
     header: pb.SnapshotHeader,
     end_position: int,
     app: AppSnapshot,
+    check: _SentLogCheck,
 ) -> AsyncIterator[bytes]:
     """Header, the log's segments, the application's files, trailer, each an encoded
     ``SnapshotChunk`` (the call sends them as they are). Each piece is read, hashed and
@@ -323,7 +333,9 @@ async def _chunks(
     digest = hashlib.sha256()
     total = 0
     loop = asyncio.get_running_loop()
-    pieces = _log_pieces(node, header.start_position, end_position, header.segment_size_bytes)
+    pieces = _log_pieces(
+        node, header.start_position, end_position, header.segment_size_bytes, check
+    )
     for name, offset, data in _chain(pieces, _app_pieces(app)):
         if node.core.role is not Role.LEADER or node.core.term != req.term:
             raise SnapshotRefused("no longer the leader of the request's term")
@@ -350,18 +362,48 @@ def _chain(*parts: Iterator[_Piece]) -> Iterator[_Piece]:
         yield from part
 
 
-def _log_pieces(node: DLedgerNode, start: int, end: int, seg_size: int) -> Iterator[_Piece]:
+def _log_pieces(
+    node: DLedgerNode, start: int, end: int, seg_size: int, check: _SentLogCheck
+) -> Iterator[_Piece]:
     pos = start
     while pos < end:
         seg = pos - pos % seg_size
         n = min(SNAPSHOT_CHUNK_BYTES, end - pos, seg + seg_size - pos)
         store = node.store
-        yield (f"log/{segment_name(seg)}", pos - seg, _reader(store, pos, n))
+        yield (f"log/{segment_name(seg)}", pos - seg, _reader(store, pos, n, check))
         pos += n
 
 
-def _reader(store: SegmentedLogStore, pos: int, n: int) -> object:
-    return lambda: store.read_at(pos, n)
+def _reader(store: SegmentedLogStore, pos: int, n: int, check: _SentLogCheck) -> object:
+    def read() -> bytes:
+        check.through(pos + n)
+        return store.read_at(pos, n)
+
+    return read
+
+
+class _SentLogCheck:
+    """The sender's check of what it sends: before each range of log bytes is read, the
+    CRCs of every entry starting in it are checked (``store.verify_until``), in the reader's
+    thread, in order. Damage is kept (``damage``) for the sender to act on: the transfer
+    fails and the node repairs."""
+
+    def __init__(self) -> None:
+        self._store: SegmentedLogStore | None = None
+        self._next = 0
+        self._last = 0
+        self.damage: CorruptLogError | None = None
+
+    def start(self, store: SegmentedLogStore, base_index: int, last_index: int) -> None:
+        self._store, self._next, self._last = store, base_index + 1, last_index
+
+    def through(self, end_position: int) -> None:
+        assert self._store is not None, "start() before the first piece"
+        try:
+            self._next = self._store.verify_until(self._next, end_position, self._last)
+        except CorruptLogError as exc:
+            self.damage = exc
+            raise
 
 
 def _app_pieces(app: AppSnapshot) -> Iterator[_Piece]:
@@ -552,6 +594,18 @@ class SnapshotReceiver:
                 f"checksum or size does not match ({staging.total} bytes received, "
                 f"{t.total_bytes} sent)"
             )
+        check = functools.partial(
+            verify_staged_log,
+            staging.root / "log",
+            start_position=h.start_position,
+            segment_size_bytes=h.segment_size_bytes,
+            base_index=h.base_index,
+            last_index=h.snapshot_index,
+        )
+        try:
+            await loop.run_in_executor(None, check)
+        except DLedgerError as exc:  # a damaged entry, or segments that do not fit
+            raise SnapshotRefused(f"the log it brings is damaged: {exc}") from None
         await loop.run_in_executor(None, make_ready, self.dir, staging, h)
 
     async def install(self, meta: SnapshotMeta) -> SegmentedLogStore:

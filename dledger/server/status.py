@@ -34,7 +34,7 @@ from dledger.core import (
     TransferInProgressError,
     UnknownPeerError,
 )
-from dledger.log import DLedgerError, LogCompactedError
+from dledger.log import CorruptLogError, DLedgerError, LogCompactedError
 from dledger.server.errors import ProposalLostError
 from dledger.server.membership import IncompatibleStoreError
 from dledger.storage import DiskFullError
@@ -57,6 +57,8 @@ MEMBERSHIP_RETRY_AFTER_MS = 200
 BACK_PRESSURE_RETRY_AFTER_MS = 50
 # A full disk frees only when retention deletes segments or an operator acts: do not hammer.
 DISK_FULL_RETRY_AFTER_MS = 1000
+# A damaged member restarts and repairs from its leader: a few seconds.
+DAMAGE_RETRY_AFTER_MS = 1000
 # Where the ErrorInfo travels (gRPC's standard trailer for google.rpc.Status).
 DETAILS_KEY = "grpc-status-details-bin"
 
@@ -179,6 +181,8 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
     }.get(type(exc))
     if retry is not None:
         return RpcFailure(retry[0], exc.code, str(exc), retryable=True, retry_after_ms=retry[1])
+    if isinstance(exc, CorruptLogError):
+        return log_damaged(exc)
     if isinstance(exc, ProposalLostError):
         return RpcFailure(
             grpc.StatusCode.UNAVAILABLE,
@@ -199,6 +203,21 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
         if isinstance(exc, cls):
             return RpcFailure(code, exc.code, str(exc))
     return RpcFailure(grpc.StatusCode.INTERNAL, exc.code, str(exc))
+
+
+def log_damaged(exc: CorruptLogError) -> RpcFailure:
+    """``DATA_LOSS LOG_DAMAGED index=N ...``: this member's copy of entry N failed its check
+    (the node repairs it from the group: docs/STORAGE.md "Damage and repair"). Retryable: a
+    read from another member, or from this one once repaired, gets the entry."""
+    where = f"index={exc.index} " if exc.index else ""
+    return RpcFailure(
+        grpc.StatusCode.DATA_LOSS,
+        "LOG_DAMAGED",
+        f"{where}this member's copy is damaged and being repaired from the group; "
+        f"read from another member: {exc}",
+        retryable=True,
+        retry_after_ms=DAMAGE_RETRY_AFTER_MS,
+    )
 
 
 def code_of_text(detail: str) -> str:

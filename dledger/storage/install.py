@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dledger.log import DLedgerError
+from dledger.log import CorruptLogError, DLedgerError
 from dledger.storage import codec
 from dledger.storage.files import atomic_write, fsync_dir, segment_name
 
@@ -43,6 +43,57 @@ def check_segments(source: Path, start_position: int, segment_size_bytes: int) -
     if not files:
         raise DLedgerError("a snapshot brings at least one data segment")
     return files
+
+
+def verify_staged_log(
+    source: Path,
+    *,
+    start_position: int,
+    segment_size_bytes: int,
+    base_index: int,
+    last_index: int,
+) -> int:
+    """Check every entry of the staged segments before they are installed: header and body
+    CRCs, each at its position, indexes consecutive from ``base_index + 1`` to exactly
+    ``last_index``, and every segment but the last closed by a blank record (or padding).
+    Returns how many entries were checked; CorruptLogError names the first bad record (the
+    snapshot's own checksum only proves the bytes are the ones the leader sent, not that
+    the leader's copy was good)."""
+    files = check_segments(source, start_position, segment_size_bytes)
+    expected = base_index + 1
+    for k, path in enumerate(files):
+        data = path.read_bytes()
+        base = int(path.name)
+        last_file = k == len(files) - 1
+        terminal: codec.ScanItem | None = None
+        for item in codec.iter_segment(data, base):
+            if item.kind is not codec.ItemKind.ENTRY:
+                terminal = item
+                break
+            assert item.header is not None
+            if item.header.index != expected:
+                terminal = item
+                break
+            expected += 1
+        assert terminal is not None
+        ends_well = terminal.kind in (codec.ItemKind.BLANK, codec.ItemKind.PADDING) or (
+            last_file and terminal.kind is codec.ItemKind.END
+        )
+        if not ends_well:
+            why = terminal.reason or f"{terminal.kind.value} where entry {expected} belongs"
+            raise CorruptLogError(
+                f"snapshot segment {path.name} offset {terminal.offset}: {why}",
+                path=str(path),
+                offset=terminal.offset,
+                index=expected,
+            )
+    if expected - 1 != last_index:
+        raise CorruptLogError(
+            f"snapshot segments hold entries up to {expected - 1}, not {last_index}",
+            path=str(files[-1]),
+            index=expected,
+        )
+    return last_index - base_index
 
 
 def install_log(

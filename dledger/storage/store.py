@@ -37,7 +37,7 @@ from dledger.log import (
     LogCompactedError,
     LogStore,
 )
-from dledger.storage import codec
+from dledger.storage import codec, damage
 from dledger.storage.codec import (
     BLANK_MAGIC_BYTES,
     BLANK_SIZE,
@@ -266,7 +266,16 @@ class LogExtent:
 class SegmentedLogStore:
     """A :class:`dledger.log.LogStore` on disk under ``root_dir`` (see docs/STORAGE.md)."""
 
-    def __init__(self, root_dir: str | os.PathLike[str], config: StoreConfig | None = None):
+    def __init__(
+        self,
+        root_dir: str | os.PathLike[str],
+        config: StoreConfig | None = None,
+        *,
+        before_damage_cut: Callable[[damage.DamageReport], None] | None = None,
+    ):
+        """``before_damage_cut``: called when the open found damage, before it cuts the log
+        (the node raises its promise to the old last index there); an exception it raises
+        stops the open with nothing cut."""
         self.config = config if config is not None else StoreConfig()
         self.root = Path(root_dir)
         self._seg_size = self.config.segment_size_bytes
@@ -304,6 +313,12 @@ class SegmentedLogStore:
         # fsync histogram); must not block.
         self.on_sync: Callable[[float], None] | None = None
         self.recovered_from_crash = False
+        # Damage the last open found and cut (docs/STORAGE.md "Damage and repair"), None if
+        # none; and what damage this store found since it opened, by where (metrics).
+        self.damage: damage.DamageReport | None = None
+        self.damage_found: dict[str, int] = {}
+        self.damaged_entries_cut = 0
+        self._before_damage_cut = before_damage_cut
         self._created_first_segment = False
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -365,7 +380,11 @@ class SegmentedLogStore:
         self._arm_reserve()
         self._open_index_files()
         self._open_data_segments(ckpt)
-        self._recover(ckpt)
+        marker = damage.read_marker(self.root)
+        full = self.config.full_verify_on_open or (marker is not None and marker.verify)
+        self._recover(ckpt, full=full)
+        if marker is not None and marker.verify:
+            damage.verified(self.root, marker)
         self._allocator = SegmentAllocator(
             self._data_dir,
             self._seg_size,
@@ -459,33 +478,42 @@ class SegmentedLogStore:
         except RecordError:
             return 0
 
-    def _corrupt(self, seg: MappedFile, pos: int, reason: str) -> CorruptLogError:
+    def _corrupt(self, seg: MappedFile, pos: int, reason: str, index: int = 0) -> CorruptLogError:
         offset = pos - seg.start
+        named = f" index {index}" if index else ""
         return CorruptLogError(
-            f"corrupt log entry in {seg.path} at byte offset {offset} (position {pos}): {reason}",
+            f"corrupt log entry{named} in {seg.path} at byte offset {offset} (position {pos}): "
+            f"{reason}",
             path=str(seg.path),
             offset=offset,
+            index=index,
         )
 
-    def _recover(self, ckpt: Checkpoint) -> None:
+    def _scan_origin(self, ckpt_pos: int, full: bool) -> tuple[int, int, int]:
+        """Where recovery starts scanning: the segment (from the one holding the checkpoint's
+        flushed position, or the first with ``full``), the index of its first entry and the
+        term before it. A segment whose first entry (or the index record before it) is
+        unreadable moves the start one segment back, so that the scan meets the damage."""
+        segs = self._segments
+        if full or ckpt_pos <= segs[0].start:
+            return 0, self._base_index + 1, self._base_term
+        # the last segment holding flushed bytes (ckpt_pos may be the start of an empty one)
+        k0 = max(k for k, s in enumerate(segs) if s.start < ckpt_pos)
+        while k0 > 0:
+            first = self._peek_first_index(segs[k0])
+            if first > self._base_index + 1:
+                try:
+                    return k0, first, self._record(first - 1).term
+                except CorruptLogError:
+                    pass
+            k0 -= 1
+        return 0, self._base_index + 1, self._base_term
+
+    def _recover(self, ckpt: Checkpoint, *, full: bool) -> None:
         segs = self._segments
         ckpt_pos = ckpt.flushed_position
         pending = ckpt.truncate_pending_position
-        if self.config.full_verify_on_open or ckpt_pos <= segs[0].start:
-            k0 = 0
-        else:
-            # the last segment holding flushed bytes (ckpt_pos may be the start of an empty one)
-            k0 = max(k for k, s in enumerate(segs) if s.start < ckpt_pos)
-        # The index of the first entry the scan will meet.
-        if k0 == 0:
-            expected = self._base_index + 1
-            prev_term = self._base_term
-        else:
-            first = self._peek_first_index(segs[k0])
-            if first == 0:
-                raise self._corrupt(segs[k0], segs[k0].start, "no valid first entry")
-            expected = first
-            prev_term = self._record(first - 1).term if first - 1 > self._base_index else 0
+        k0, expected, prev_term = self._scan_origin(ckpt_pos, full)
         self._last_index = expected - 1
         self._last_term = prev_term
         self._index_synced = expected - 1  # records below the scan are not rewritten
@@ -530,17 +558,21 @@ class SegmentedLogStore:
             log.warning("completing an interrupted truncation position=%d", pending)
             self._zero_data(max(pending, end_pos), scan_stop)
             scan_stop = end_pos if scan_stop >= pending else scan_stop
+        # Torn tail or damage? Damage: the valid log ends below what the checkpoint says is
+        # durable, or a valid entry follows its end (the middle of the log is bad).
+        problem = ""
         if end_pos < ckpt_pos:
-            seg = self._segment_at(end_pos)
-            raise self._corrupt(
-                seg,
-                end_pos,
+            problem = (
                 f"{bad_reason or 'entry missing'}; the checkpoint says the log is durable up "
-                f"to position {ckpt_pos}",
+                f"to position {ckpt_pos}"
             )
-        # Torn tail or corruption in the middle? Look for any valid entry after the end.
-        self._check_nothing_valid_after(scan_stop, end_pos, bad_reason)
-        if bad_reason or self._has_nonzero_header(end_pos):
+        else:
+            after = self._valid_entry_after(scan_stop)
+            if after:
+                problem = f"{bad_reason or 'entry missing'}, but a valid entry follows at {after}"
+        if problem:
+            self._cut_damage(end_pos, problem, ckpt)
+        elif bad_reason or self._has_nonzero_header(end_pos):
             log.warning(
                 "truncating torn tail path=%s offset=%d reason=%s",
                 self._segment_at(end_pos).path,
@@ -548,6 +580,12 @@ class SegmentedLogStore:
                 bad_reason or "partial entry",
             )
             self._zero_torn_tail(end_pos)
+        self._finish_recovery(ckpt, end_pos)
+
+    def _finish_recovery(self, ckpt: Checkpoint, end_pos: int) -> None:
+        """The log ends at ``end_pos``: drop what lies beyond, sync what survived, and write
+        the checkpoint if it changed."""
+        segs = self._segments
         # Drop empty segments beyond the write position (pre-allocated, or emptied above).
         dropped = False
         while len(segs) > 1 and segs[-1].start > end_pos:
@@ -564,20 +602,67 @@ class SegmentedLogStore:
         ):
             fsync_dir(self._index_dir)
         # What survived is in the page cache; make it durable before calling it flushed.
-        start = min(ckpt_pos, end_pos)
+        start = min(ckpt.flushed_position, end_pos)
         self._sync_data(self._segment_floor(start), end_pos)
         self._flushed_pos = end_pos
         self._flushed_index = self._last_index
         if not (self.root / CHECKPOINT_FILE).exists() or (
             ckpt.flushed_position,
             ckpt.flushed_index,
-            pending,
+            ckpt.truncate_pending_position,
         ) != (
             end_pos,
             self._last_index,
             NO_TRUNCATE_PENDING,
         ):
             self._persist_checkpoint()
+
+    def _cut_damage(self, end_pos: int, problem: str, ckpt: Checkpoint) -> None:
+        """Damage at ``end_pos`` (inside what was durable): report it, then cut the log
+        there: zero the written bytes from ``end_pos`` to the end of its segment's data (the
+        later segments go in :meth:`_finish_recovery`). A crash part way leaves the
+        checkpoint as it was, so the next open finds and cuts the same damage again."""
+        seg = self._segment_at(end_pos)
+        first = self._last_index + 1
+        old_last = max(ckpt.flushed_index, self._highest_index_record(first), first)
+        report = damage.DamageReport(
+            path=str(seg.path),
+            offset=end_pos - seg.start,
+            first_index=first,
+            last_index=old_last,
+            reason=problem,
+            found_by="open",
+        )
+        log.error(
+            "DAMAGE in the log: cutting it at the first damaged entry (the leader sends "
+            "everything after again) root=%s %s",
+            self.root,
+            report.describe(),
+        )
+        if self._before_damage_cut is not None:
+            self._before_damage_cut(report)
+        end_off = max(end_pos - seg.start, self._search_end(seg, end_pos - seg.start))
+        self._zero_data(end_pos, seg.start + end_off)
+        self.damage = report
+        self.damage_found["open"] = self.damage_found.get("open", 0) + 1
+        self.damaged_entries_cut += report.entries_lost
+
+    def _highest_index_record(self, first: int) -> int:
+        """The highest index from ``first`` on with a valid index record, stopping at the
+        first that is not (the records the log held before its end was lost); 0 if none."""
+        last = 0
+        index = first
+        while True:
+            byte = index * INDEX_RECORD_SIZE
+            f = self._index_files.get(byte // self._idx_size)
+            if f is None:
+                return last
+            try:
+                codec.decode_index_record(f.mm, byte - f.start)
+            except RecordError:
+                return last
+            last = index
+            index += 1
 
     def _segment_floor(self, pos: int) -> int:
         return max(self._segments[0].start, pos)
@@ -594,7 +679,9 @@ class SegmentedLogStore:
         n = min(ENTRY_HEADER_SIZE, seg.size_bytes - off)
         return n > 0 and any(seg.mm[off : off + n])
 
-    def _check_nothing_valid_after(self, scan_stop: int, end_pos: int, reason: str) -> None:
+    def _valid_entry_after(self, scan_stop: int) -> str:
+        """Where the first valid entry after ``scan_stop`` lies ("<path> offset <n>"), searched
+        byte by byte up to the end of the written data; "" if there is none."""
         for seg in self._segments:
             if seg.end <= scan_stop:
                 continue
@@ -602,13 +689,8 @@ class SegmentedLogStore:
             end_off = self._search_end(seg, start_off)
             found = codec.find_valid_entry(seg.mm, seg.start, start_off, end_off)
             if found >= 0:
-                bad = self._segment_at(end_pos)
-                raise self._corrupt(
-                    bad,
-                    end_pos,
-                    f"{reason or 'entry missing'}, but a valid entry follows at "
-                    f"{seg.path} offset {found}",
-                )
+                return f"{seg.path} offset {found}"
+        return ""
 
     def _search_end(self, seg: MappedFile, start_off: int) -> int:
         """Where the search for valid entries after the end of the log may stop: the start of
@@ -697,6 +779,7 @@ class SegmentedLogStore:
                 f"index record of index {index} in {f.path} at offset {e.offset}: {e.reason}",
                 path=str(f.path),
                 offset=e.offset,
+                index=index,
             ) from None
 
     def _clean_index_after(self, last: int) -> bool:
@@ -764,25 +847,77 @@ class SegmentedLogStore:
             return self._record(index).term
 
     def _read_locked(self, index: int) -> Entry:
+        seg, off, rec = self._check_entry_locked(index)
+        body = seg.mm[off + ENTRY_HEADER_SIZE : off + rec.size]
+        return Entry(term=rec.term, index=index, body=body, type=rec.type)
+
+    def _check_entry_locked(self, index: int) -> tuple[MappedFile, int, codec.IndexRecord]:
+        """Check entry ``index`` (its index record, header and body CRCs, and that they
+        agree); its segment, offset there and index record, or CorruptLogError naming it."""
         rec = self._record(index)
         seg = self._segment_at(rec.position)
         off = rec.position - seg.start
         mm = seg.mm
         if not seg.start <= rec.position < seg.end or off + rec.size > seg.size_bytes:
-            raise self._corrupt(seg, rec.position, f"index record of {index} points outside")
+            raise self._corrupt(seg, rec.position, "index record points outside", index)
         (magic, total, idx, term, pos, typ, version, _r, body_size, body_crc, hcrc) = (
             HEADER.unpack_from(mm, off)
         )
         if magic != ENTRY_MAGIC or crc32c(mm[off : off + HEADER_CRC_OFFSET]) != hcrc:
-            raise self._corrupt(seg, pos, "entry header magic or CRC mismatch")
+            raise self._corrupt(seg, rec.position, "entry header magic or CRC mismatch", index)
         if (idx, term, pos, total, typ) != (index, rec.term, rec.position, rec.size, rec.type):
-            raise self._corrupt(seg, rec.position, f"entry does not match index record {index}")
+            raise self._corrupt(seg, rec.position, "entry does not match its index record", index)
         if version != FORMAT_VERSION or total != ENTRY_HEADER_SIZE + body_size:
-            raise self._corrupt(seg, rec.position, "entry version or size mismatch")
-        body = mm[off + ENTRY_HEADER_SIZE : off + total]
-        if crc32c(body) != body_crc:
-            raise self._corrupt(seg, rec.position, "entry body CRC mismatch")
-        return Entry(term=term, index=index, body=body, type=typ)
+            raise self._corrupt(seg, rec.position, "entry version or size mismatch", index)
+        with memoryview(mm) as mv:
+            if crc32c(mv[off + ENTRY_HEADER_SIZE : off + total]) != body_crc:
+                raise self._corrupt(seg, rec.position, "entry body CRC mismatch", index)
+        return seg, off, rec
+
+    def verify_entries(self, start: int, max_bytes: int) -> tuple[int, int]:
+        """Check entries from ``start`` on (as :meth:`read` does, without copying them), about
+        ``max_bytes`` of them but at least one: the scrubber's step. Returns the next index to
+        check and the bytes checked; ``(last_index() + 1, 0)`` when ``start`` is past the end.
+        A compacted ``start`` moves to the first index. CorruptLogError names the entry."""
+        with self._lock:
+            self._check_open()
+            index = max(start, self._base_index + 1)
+            done = 0
+            while index <= self._last_index and (done == 0 or done < max_bytes):
+                done += self._check_entry_locked(index)[2].size
+                index += 1
+            return index, done
+
+    def verify_until(self, start: int, end_position: int, last: int) -> int:
+        """Check the entries from ``start`` to at most ``last`` whose first byte lies below
+        data ``end_position``; the next index to check. For a reader of raw log bytes (the
+        snapshot sender) that checks each range before it sends it. CorruptLogError names
+        the entry."""
+        with self._lock:
+            self._check_open()
+            index = max(start, self._base_index + 1)
+            last = min(last, self._last_index)
+            while index <= last and self._record(index).position < end_position:
+                self._check_entry_locked(index)
+                index += 1
+            return index
+
+    def index_at_position(self, position: int) -> int:
+        """The index of the entry whose bytes hold data ``position``; 0 if no stored entry
+        does. A binary search over the index records (O(log n) reads)."""
+        with self._lock:
+            self._check_open()
+            lo, hi = self._base_index + 1, self._last_index
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                rec = self._record(mid)
+                if position < rec.position:
+                    hi = mid - 1
+                elif position >= rec.position + rec.size:
+                    lo = mid + 1
+                else:
+                    return mid
+            return 0
 
     def body_position(self, index: int) -> int:
         """Absolute data position of the body of entry ``index``.
@@ -883,9 +1018,9 @@ class SegmentedLogStore:
                 try:
                     h = codec.verify_entry(mm, off, expected_position=seg.start + off)
                 except RecordError as e:
-                    raise self._corrupt(seg, seg.start + off, e.reason) from None
+                    raise self._corrupt(seg, seg.start + off, e.reason, index) from None
                 if h.index != index:
-                    raise self._corrupt(seg, seg.start + off, f"expected index {index}")
+                    raise self._corrupt(seg, seg.start + off, f"expected index {index}", index)
                 if off > off0 and off + h.total_size - off0 > max_bytes:
                     break
                 off += h.total_size

@@ -472,3 +472,21 @@ def test_every_follower_gets_an_answered_append_at_least_every_interval(seed: in
             node.release_notices()
             _drain(node, log)
     assert node.role is Role.LEADER
+
+
+def test_a_follower_that_lost_acknowledged_entries_gets_them_again() -> None:
+    # A follower's store cut damage at open (docs/STORAGE.md "Damage and repair"): it
+    # restarts with a log that ends below the match its leader holds for it. The leader
+    # must walk back and send the lost entries again, not wait for ever at the old match.
+    c = Cluster(3, seed=7)
+    leader = c.elect()
+    for i in range(30):
+        c.nodes[leader].propose([b"m%d" % i])
+    c.tick(times=2)
+    victim = next(n for n in c.ids if n != leader)
+    full = c.bodies(victim)
+    assert len(full) == 30
+    c.logs[victim].truncate_suffix(10)  # what the open's cut leaves: indexes 1..9
+    c.crash_and_restart(victim)
+    c.tick_until(lambda: c.bodies(victim) == full, max_ticks=200)
+    assert c.nodes[victim].commit_index == c.nodes[leader].commit_index

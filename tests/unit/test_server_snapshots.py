@@ -22,7 +22,7 @@ from broker.cluster import _free_ports
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import ConfState, Role, SnapshotRequest
 from dledger.core.membership import MemberAddr, joining
-from dledger.log import DLedgerError, Entry
+from dledger.log import CorruptLogError, DLedgerError, Entry
 from dledger.server import snapshots
 from dledger.server.membership import load_conf, save_conf
 from dledger.server.node import DLedgerNode, LogOnlyStateMachine, NodeConfig
@@ -48,6 +48,7 @@ from dledger.server.snapshots import (
     make_ready,
     pending_install,
 )
+from dledger.storage import codec
 from dledger.storage.files import atomic_write
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 
@@ -153,6 +154,31 @@ CONF = ConfState(
 )
 
 
+def _sent_check(store: SegmentedLogStore, base_index: int, last_index: int) -> Any:
+    check = snapshots._SentLogCheck()
+    check.start(store, base_index, last_index)
+    return check
+
+
+def test_the_sender_checks_what_it_sends_and_keeps_the_damage(tmp_path: Path) -> None:
+    src = SegmentedLogStore(tmp_path / "leader", CFG)
+    src.append([Entry(1, i, bytes([i % 251]) * 3000) for i in range(1, 60)])
+    src.flush()
+    ext = src.snapshot_extent(59)
+    pos = src.body_position(30) + 5
+    seg = src.root / "commitlog" / f"{pos - pos % SEG:020d}"
+    with open(seg, "r+b") as f:  # through the page cache: the store's mapping sees it
+        f.seek(pos % SEG)
+        f.write(b"\xff")
+    check = _sent_check(src, 0, 59)
+    pieces = list(_log_pieces(_Sender(src), 0, ext.end_position, SEG, check))  # type: ignore[arg-type]
+    with pytest.raises(CorruptLogError):
+        for _name, _offset, read in pieces:
+            read()  # type: ignore[operator]
+    assert check.damage is not None and check.damage.index == 30
+    src.close()
+
+
 class _Sender:
     def __init__(self, store: SegmentedLogStore) -> None:
         self.store = store
@@ -185,7 +211,8 @@ def _stage_transfer(tmp_path: Path) -> Path:
     save_conf(str(root), joining("n3"), is_joining=True)
     staging = _Staging(root / STAGING_DIR / "incoming")
     staging.root.mkdir(parents=True)
-    pieces = _log_pieces(_Sender(src), ext.start_position, ext.end_position, SEG)  # type: ignore[arg-type]
+    check = _sent_check(src, ext.base_index, SNAP_INDEX)
+    pieces = _log_pieces(_Sender(src), ext.start_position, ext.end_position, SEG, check)  # type: ignore[arg-type]
     for name, offset, read in pieces:
         staging.write(pb.SnapshotData(name=name, offset=offset, data=read()))  # type: ignore[operator]
     make_ready(root / STAGING_DIR, staging, h)
@@ -276,7 +303,8 @@ def test_a_transfer_is_paced_at_the_configured_rate(tmp_path: Path) -> None:
 
     async def stream() -> list[pb.SnapshotChunk]:
         sparse = AppSnapshot(500, [("index/f", bytes(4 << 20))])  # a sparse key index file
-        it = _chunks(node, req, header, ext.end_position, sparse)  # type: ignore[arg-type]
+        check = _sent_check(src, ext.base_index, 500)
+        it = _chunks(node, req, header, ext.end_position, sparse, check)  # type: ignore[arg-type]
         return [pb.SnapshotChunk.FromString(c) async for c in it]
 
     chunks = asyncio.run(stream())
@@ -374,13 +402,32 @@ def _staged_files(root: Path) -> list[str]:
     return sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
 
 
-SEGMENT = ("log/00000000000000000000", b"entries")
+def _entries_from(first: int, last: int, term: int = 2) -> bytes:
+    """Encoded entries ``first..last`` from data position 0: a valid staged segment."""
+    out = b""
+    for i in range(first, last + 1):
+        out += codec.encode_entry(index=i, term=term, position=len(out), body=b"e%d" % i)
+    return out
+
+
+# The log of _header(start_position=0): entries 41..100 (its base is 40).
+SEGMENT = ("log/00000000000000000000", _entries_from(41, 100))
 APP = ("app/config/snapshot.json", b"{}")
 
 
 @pytest.mark.parametrize(
     "case",
-    ["checksum", "size", "bad_name", "out_of_order", "ended_early", "sender_gone", "second_header"],
+    [
+        "checksum",
+        "size",
+        "bad_name",
+        "out_of_order",
+        "ended_early",
+        "sender_gone",
+        "second_header",
+        "damaged_log",
+        "short_log",
+    ],
 )
 def test_a_refused_or_broken_transfer_leaves_no_staging(tmp_path: Path, case: str) -> None:
     rx = _receiver(tmp_path)
@@ -398,6 +445,12 @@ def test_a_refused_or_broken_transfer_leaves_no_staging(tmp_path: Path, case: st
         chunks = chunks[:-1]
     elif case == "sender_gone":  # gRPC cancels the handler when the caller goes away
         chunks, then = chunks[:-1], asyncio.CancelledError()
+    elif case == "damaged_log":  # the leader's copy was bad: its checksum still matches
+        bad = bytearray(SEGMENT[1])
+        bad[len(bad) // 2] ^= 0x20
+        chunks = _transfer([(SEGMENT[0], bytes(bad)), APP])
+    elif case == "short_log":  # the entries end before the snapshot's index
+        chunks = _transfer([(SEGMENT[0], _entries_from(41, 99)), APP])
     else:
         chunks.insert(2, chunks[0])
     with pytest.raises(asyncio.CancelledError if then else SnapshotRefused):
@@ -475,7 +528,7 @@ def test_chunks_are_hashed_and_encoded_off_the_loop_and_verify_at_the_receiver(
     out = SimpleNamespace(pacer=Pacer(MAX_SNAPSHOT_BYTES_PER_S), bytes_sent=0)
     node = SimpleNamespace(core=SimpleNamespace(role=Role.LEADER, term=3), store=src)
     node.snapshots_out = out
-    header = _header(snapshot_index=100, start_position=ext.start_position)
+    header = _header(snapshot_index=59, base_index=0, base_term=0, start_position=0)
     app = AppSnapshot(59, [("config/snapshot.json", b"{}"), ("index/f", bytes(70_000))])
     hashed_in: list[threading.Thread] = []
     real_update = snapshots._digest_update
@@ -487,7 +540,8 @@ def test_chunks_are_hashed_and_encoded_off_the_loop_and_verify_at_the_receiver(
     monkeypatch.setattr(snapshots, "_digest_update", update)
 
     async def stream() -> list[pb.SnapshotChunk]:
-        it = _chunks(node, SnapshotRequest("n3", 3), header, ext.end_position, app)  # type: ignore[arg-type]
+        check = _sent_check(src, 0, 59)
+        it = _chunks(node, SnapshotRequest("n3", 3), header, ext.end_position, app, check)  # type: ignore[arg-type]
         return [pb.SnapshotChunk.FromString(c) async for c in it]
 
     chunks = asyncio.run(stream())

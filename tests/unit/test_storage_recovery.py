@@ -1,4 +1,5 @@
-"""Recovery on open: torn tails, bit flips, interrupted truncation and deletion.
+"""Recovery on open: torn tails, damage (bit flips, cut files) cut at the first damaged entry,
+interrupted truncation and deletion.
 
 A "crash" is simulated by copying the store directory while the store is open: the copy
 holds exactly what the page cache holds (what survives a process crash), including the
@@ -7,7 +8,9 @@ holds exactly what the page cache holds (what survives a process crash), includi
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ import pytest
 from dledger.log import CorruptLogError, Entry
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE
+from dledger.storage.damage import DamageMarker, DamageReport, read_marker, write_marker
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 
 SEG = 64 * 1024
@@ -130,7 +134,7 @@ def _store_with_entries(root: Path, n: int, *, clean: bool, tmp: Path) -> Path:
 
 @pytest.mark.parametrize("clean", [True, False], ids=["after-clean-close", "after-crash"])
 @pytest.mark.parametrize("flip", FLIP_OFFSETS)
-def test_flipped_bit_in_non_tail_entry_refuses_to_open(
+def test_flipped_bit_in_non_tail_entry_is_damage_cut_at_that_entry(
     tmp_path: Path, clean: bool, flip: int
 ) -> None:
     root = _store_with_entries(tmp_path / "s", 20, clean=clean, tmp=tmp_path / "snap")
@@ -140,24 +144,48 @@ def test_flipped_bit_in_non_tail_entry_refuses_to_open(
     data = bytearray(seg.read_bytes())
     data[pos + flip] ^= 0x04
     seg.write_bytes(bytes(data))
-    with pytest.raises(CorruptLogError) as e:
-        SegmentedLogStore(root, CFG)
-    assert e.value.path == str(seg)
-    assert e.value.offset == pos
-    assert str(pos) in str(e.value)
-    # The store stays refused (nothing was "repaired" by the failed open).
-    with pytest.raises(CorruptLogError):
-        SegmentedLogStore(root, CFG)
+    cuts: list[DamageReport] = []
+    s = SegmentedLogStore(root, CFG, before_damage_cut=cuts.append)
+    # Damage, not a torn tail: reported (file, offset, the indexes lost) and cut there.
+    assert s.damage is not None and cuts == [s.damage]
+    assert (s.damage.path, s.damage.offset) == (str(seg), pos)
+    assert (s.damage.first_index, s.damage.last_index) == (victim, 20)
+    assert s.damage.entries_lost == 20 - victim + 1
+    check_entries(s, victim - 1)
+    s.append([Entry(1, victim, b"from the leader")])  # the log goes on from the cut
+    s.close()
+    # The cut is durable and complete: the next open finds a clean log.
+    s = SegmentedLogStore(root, CFG)
+    assert s.damage is None and s.last_index() == victim
+    assert s.read(victim).body == b"from the leader"
+    s.close()
 
 
-def test_torn_entry_below_checkpoint_is_corruption(tmp_path: Path) -> None:
+def test_torn_entry_below_checkpoint_is_damage(tmp_path: Path) -> None:
     root = _store_with_entries(tmp_path / "s", 10, clean=True, tmp=tmp_path / "x")
-    # The last entry is durable per the checkpoint: tearing it is data loss, not a torn tail.
+    # The last entry is durable per the checkpoint: tearing it is damage, not a torn tail.
     patch(seg_path(root), 9 * SIZE + 60, bytes(SIZE - 60))
-    with pytest.raises(CorruptLogError) as e:
-        SegmentedLogStore(root, CFG)
-    assert e.value.offset == 9 * SIZE
-    assert "checkpoint" in str(e.value)
+    s = SegmentedLogStore(root, CFG)
+    assert s.damage is not None and s.damage.offset == 9 * SIZE
+    assert "checkpoint" in s.damage.reason
+    assert (s.damage.first_index, s.damage.last_index) == (10, 10)
+    check_entries(s, 9)
+    s.close()
+
+
+def test_cut_file_inside_committed_data_is_damage(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    s = SegmentedLogStore(root, CFG)
+    s.append([Entry(1, i, body_of(i)) for i in range(1, 801)])
+    s.close()
+    seg = seg_path(root, SEG)  # the second (last) segment, cut to a third
+    os.truncate(seg, SEG // 3)
+    s = SegmentedLogStore(root, CFG)
+    assert s.damage is not None and s.damage.path == str(seg)
+    assert s.damage.last_index == 800
+    assert s.last_index() == s.damage.first_index - 1
+    check_entries(s, s.last_index())
+    s.close()
 
 
 def test_corruption_in_an_older_segment(tmp_path: Path) -> None:
@@ -179,13 +207,20 @@ def test_corruption_in_an_older_segment(tmp_path: Path) -> None:
         s.read_raw(1, 10**6)
     with pytest.raises(CorruptLogError):
         s.verify()
-    s.close()
-    full = StoreConfig(
-        segment_size_bytes=SEG, index_segment_size_bytes=SEG, full_verify_on_open=True
-    )
     with pytest.raises(CorruptLogError) as e:
-        SegmentedLogStore(root, full)
-    assert e.value.offset == 3 * SIZE
+        s.verify_entries(1, 10**9)
+    assert e.value.index == 4
+    s.close()
+    # A damage marker (what a node writes when a read or the scrubber found damage) makes
+    # the next open check every segment and cut the log at the damaged entry.
+    write_marker(root, DamageMarker(verify=True, restarts=1, since_s=time.time()))
+    s = SegmentedLogStore(root, CFG)
+    assert s.damage is not None and s.damage.offset == 3 * SIZE
+    assert (s.damage.first_index, s.damage.last_index) == (4, n)
+    check_entries(s, 3)
+    s.close()
+    marker = read_marker(root)
+    assert marker is not None and not marker.verify and marker.restarts == 1
 
 
 def test_missing_middle_segment_refuses(tmp_path: Path) -> None:
@@ -269,9 +304,11 @@ def test_valid_entry_after_a_gap_is_corruption_not_a_torn_tail(tmp_path: Path) -
     snap = crash_copy(s, tmp_path / "snap")
     s.close()
     patch(seg_path(snap), 4 * SIZE, bytes(SIZE))  # entry 5 wiped, 6..10 intact
-    with pytest.raises(CorruptLogError) as e:
-        SegmentedLogStore(snap, CFG)
-    assert e.value.offset == 4 * SIZE and "follows" in str(e.value)
+    s = SegmentedLogStore(snap, CFG)
+    assert s.damage is not None
+    assert s.damage.offset == 4 * SIZE and "follows" in s.damage.reason
+    check_entries(s, 4)
+    s.close()
 
 
 def test_search_for_valid_entries_is_bounded_but_finds_them(tmp_path: Path) -> None:
@@ -288,6 +325,6 @@ def test_search_for_valid_entries_is_bounded_but_finds_them(tmp_path: Path) -> N
     snap = crash_copy(s, tmp_path / "snap")
     s.close()
     patch(seg_path(snap), 4 * SIZE + 8, b"\xee")  # entry 5's index field
-    with pytest.raises(CorruptLogError) as e:
-        SegmentedLogStore(snap, big)
-    assert e.value.offset == 4 * SIZE
+    s = SegmentedLogStore(snap, big)
+    assert s.damage is not None and s.damage.offset == 4 * SIZE
+    s.close()
