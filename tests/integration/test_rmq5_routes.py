@@ -2,8 +2,9 @@
 development set-up, ``mqcluster up --insecure``): route answers name each member as an Endpoints
 of its own, so the client starts, sends and receives (a route listing the group as one
 Endpoints made its gRPC target ``a,b,c``: "Name resolution failed"); and the node the client
-came by is SIGKILLed while it sends: its sends go on through the other members within 10 s and
-every acknowledged one is stored once (docs/RMQ5.md, "Routes and a dying node")."""
+came by is SIGKILLed while it sends (a follower or the leader; the leader on a secure group too):
+its sends go on through the other members within 10 s and every acknowledged one is stored once
+(docs/RMQ5.md, "Routes and a dying node")."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from typing import Any
 
 import grpc
 import pytest
+from raftmq.nameserver.v1 import nameserver_pb2 as nspb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 from rmq5_support import GROUP_CONF, SCRIPTS, ClientProcess, client_env
 from rmq5_support import code as v2_code
 from support import create_topic_on, pull_all, wait_for
 
 from broker.cluster import LocalCluster
 from broker.rmq5 import stubs
+from mqsecurity.channels import open_channel
 
 pytestmark = [pytest.mark.integration]
 
@@ -91,10 +95,11 @@ def _node(script: str, *args: str) -> list[str]:
 def _stored_ids(cluster: LocalCluster, topic: str, origin: str) -> list[str]:
     """The v2 ids of ``origin``'s messages, as the leader's pull reads them (repeats kept)."""
     addr = cluster.node(cluster.wait_leader()).client_addr
+    security = cluster.client_security()
     return [
         "01" + m.msg_id
         for q in range(QUEUES)
-        for m in pull_all(addr, topic, q)
+        for m in pull_all(addr, topic, q, security)
         if m.properties.get("origin") == origin
     ]
 
@@ -126,19 +131,42 @@ def test_node_client_sends_and_receives_through_the_nameserver_routes(
     assert acked == sent
 
 
-@pytest.mark.parametrize("role", ["follower", "leader"])
+def _secure_group(local_group: Any, topic: str) -> LocalCluster:
+    """A secure 3-node group (TLS, users) with its NameServer; ``topic`` created and the
+    NameServer routing it with every member's v2 address (what each node's route names)."""
+    cluster: LocalCluster = local_group(3, namesrv=True, secure=True, **GROUP_CONF)
+    assert cluster.namesrv is not None
+    create_topic_on([cluster], [cluster.namesrv.addr], topic, QUEUES)
+    members = {n.grpc_addr for n in cluster.nodes}
+    ask = nspb.GetRouteInfoByTopicRequest(topic=topic)
+
+    def registered() -> bool:
+        with open_channel(cluster.namesrv.addr, cluster.client_security()) as ch:
+            route = nspb_grpc.NameServerStub(ch).GetRouteInfoByTopic(ask, timeout=5)
+        return any(set(g.rmq5_addrs) == members for g in route.groups)
+
+    wait_for(registered, ROUTE_WAIT_S, f"{topic}: every member's v2 address at the NameServer")
+    return cluster
+
+
+@pytest.mark.parametrize(
+    ("security", "role"), [("plain", "follower"), ("plain", "leader"), ("tls", "leader")]
+)
 def test_node_client_keeps_sending_when_its_node_dies(
-    local_group: Any, tmp_path: Path, role: str
+    local_group: Any, tmp_path: Path, security: str, role: str
 ) -> None:
     """The client enters by one node and sends steadily; that node (a follower, or the leader)
     is SIGKILLed: within 10 s the client's sends are acknowledged again, through the others,
-    and every acknowledged send is stored exactly once."""
-    topic = f"NodeDies{role.title()}"
-    cluster = _group(local_group, topic)
+    and every acknowledged send is stored exactly once. Over TLS too: each route Endpoints is
+    one address, which the member's certificate names."""
+    topic = f"NodeDies{security.title()}{role.title()}"
+    secure = security == "tls"
+    cluster = _secure_group(local_group, topic) if secure else _group(local_group, topic)
     leader = cluster.wait_leader()
     victim = next(n for n in cluster.nodes if (n.node_id == leader) == (role == "leader"))
     argv = _node("node_steady_producer.js", victim.grpc_addr, topic, "die", str(SEND_LIMIT))
-    with ClientProcess(argv, tmp_path, client_env(tmp_path, node=True), stdin=True) as client:
+    env = {**cluster.official_client_env(tmp_path), **client_env(tmp_path, node=True)}
+    with ClientProcess(argv, tmp_path, env, stdin=True) as client:
         client.wait_lines(lambda ls: sum(1 for x in ls if x.get("ok")) >= SENDS, CLIENT_TIMEOUT_S)
         cluster.signal(victim.node_id)
         killed_ms = time.time() * 1000

@@ -4,6 +4,9 @@
 // false, "error", "t_ms"} when the client gave up on it (after its own retries); then
 // {"done": sends tried}. The test kills nodes meanwhile and reads the lines as they come.
 //
+// With RMQ5_TLS=1: over TLS (grpc-js verifies the server's certificate against
+// GRPC_DEFAULT_SSL_ROOTS_FILE_PATH), signed with RMQ5_ACCESS_KEY / RMQ5_SECRET_KEY.
+//
 // Usage: NODE_PATH=build/rmq5/node/node_modules node node_steady_producer.js ENDPOINTS TOPIC
 //        PREFIX LIMIT
 'use strict';
@@ -24,7 +27,15 @@ async function main() {
   process.stdin.on('end', () => { stopped = true; });
   process.stdin.on('error', () => { stopped = true; });
   process.stdin.resume();
-  const producer = new Producer({ endpoints, topics: [topic] });
+  const options = { endpoints, topics: [topic] };
+  if (process.env.RMQ5_TLS === '1') {
+    options.sslEnabled = true;
+    options.sessionCredentials = {
+      accessKey: process.env.RMQ5_ACCESS_KEY,
+      accessSecret: process.env.RMQ5_SECRET_KEY,
+    };
+  }
+  const producer = new Producer(options);
   await producer.startup();
   emit({ started: true });
   let i = 0;
