@@ -27,7 +27,7 @@ STUBS = "broker/rmq5/_v2/apache/rocketmq/v2/"
 # What the audit extra holds: never a dependency of the broker's install.
 AUDIT_ONLY = ("pyspark", "pyarrow", "pandas", "numpy")
 # The modules of the console scripts an operator runs without the extras.
-CORE_SCRIPTS = ("mqbroker", "mqnamesrv", "mqadmin", "mqcluster", "mqdashboard")
+CORE_SCRIPTS = ("mqbroker", "mqnamesrv", "mqadmin", "mqcluster", "mqdashboard", "mqcert")
 # The venv's setuptools and grpcio-tools build it: only the npm tarball is downloaded.
 PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q")
 
