@@ -27,9 +27,10 @@ from broker.registration import BrokerRegistrar
 from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.fatal import spawn
-from dledger.procs import serve_until_signalled, setup_logging
+from dledger.procs import serve_until_signalled
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
+from mqcli.logs import check_log_arguments, setup_server_logging
 
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
@@ -242,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = parser.parse_args(argv)
     enable_crash_traces()
-    setup_logging(ns.log_level)
+    check_log_arguments(parser, ns)
+    setup_server_logging(ns)
     try:
         cfg = load_config(ns.config)
         if argv is None:  # a process of its own (it may re-execute itself)

@@ -12,8 +12,9 @@ if __name__ == "__main__":  # `python -m nameserver`: before grpc is imported (d
 import asyncio
 import dataclasses
 
-from dledger.procs import serve_until_signalled, setup_logging
+from dledger.procs import serve_until_signalled
 from mqcli import server_parser
+from mqcli.logs import check_log_arguments, setup_server_logging
 from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
 from nameserver.server import NameServer, StartError
 
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", "--port", type=int, help="gRPC port (overrides listenPort)")
     parser.add_argument("-c", "--config", help="properties file")
     ns = parser.parse_args(argv)
-    setup_logging(ns.log_level)
+    check_log_arguments(parser, ns)
+    setup_server_logging(ns)
     try:
         cfg = load_config(ns.config) if ns.config else NameServerConfig()
     except ConfigError as exc:
