@@ -9,6 +9,7 @@ from mqsecurity import handshakes
 if __name__ == "__main__":  # `python -m broker`: before grpc is imported (docs/SECURITY.md)
     handshakes.tap_before_grpc(sys.argv[1:])
 
+import argparse
 import asyncio
 import faulthandler
 import gc
@@ -223,7 +224,8 @@ def enable_crash_traces() -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``mqbroker``'s command line (the systemd unit's test parses its ExecStart with it)."""
     parser = server_parser(
         "mqbroker",
         "Run one member of a raftmq broker group (a DLedger/Raft node).",
@@ -241,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sample the node with pyinstrument (a test extra) and write the profile, as text, "
         "to FILE when it stops (docs/PERFORMANCE.md)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     enable_crash_traces()
     check_log_arguments(parser, ns)

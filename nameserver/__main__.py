@@ -9,6 +9,7 @@ from mqsecurity import handshakes
 if __name__ == "__main__":  # `python -m nameserver`: before grpc is imported (docs/SECURITY.md)
     handshakes.tap_before_grpc(sys.argv[1:])
 
+import argparse
 import asyncio
 import dataclasses
 
@@ -25,7 +26,8 @@ async def _serve(cfg: NameServerConfig) -> None:
     await serve_until_signalled(server.stop)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``mqnamesrv``'s command line (the systemd unit's test parses its ExecStart with it)."""
     parser = server_parser(
         "mqnamesrv",
         "Run one raftmq NameServer (broker registration and topic routes).",
@@ -34,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-p", "--port", type=int, help="gRPC port (overrides listenPort)")
     parser.add_argument("-c", "--config", help="properties file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     check_log_arguments(parser, ns)
     setup_server_logging(ns)
