@@ -16,7 +16,7 @@ import grpc
 import pytest
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
-from rmq5_support import GROUP_CONF, SCRIPTS, ClientProcess, client_env
+from rmq5_support import GROUP_CONF, PYTHON, SCRIPTS, ClientProcess, client_env
 from rmq5_support import code as v2_code
 from support import create_topic_on, pull_all, wait_for
 
@@ -150,22 +150,32 @@ def _secure_group(local_group: Any, topic: str) -> LocalCluster:
 
 
 @pytest.mark.parametrize(
-    ("security", "role"), [("plain", "follower"), ("plain", "leader"), ("tls", "leader")]
+    ("lang", "security", "role"),
+    [
+        ("node", "plain", "follower"),
+        ("node", "plain", "leader"),
+        ("node", "tls", "leader"),
+        ("py", "tls", "leader"),
+    ],
 )
-def test_node_client_keeps_sending_when_its_node_dies(
-    local_group: Any, tmp_path: Path, security: str, role: str
+def test_official_client_keeps_sending_when_its_node_dies(
+    local_group: Any, tmp_path: Path, lang: str, security: str, role: str
 ) -> None:
     """The client enters by one node and sends steadily; that node (a follower, or the leader)
     is SIGKILLed: within 10 s the client's sends are acknowledged again, through the others,
     and every acknowledged send is stored exactly once. Over TLS too: each route Endpoints is
     one address, which the member's certificate names."""
-    topic = f"NodeDies{security.title()}{role.title()}"
+    topic = f"Dies{lang.title()}{security.title()}{role.title()}"
     secure = security == "tls"
     cluster = _secure_group(local_group, topic) if secure else _group(local_group, topic)
     leader = cluster.wait_leader()
     victim = next(n for n in cluster.nodes if (n.node_id == leader) == (role == "leader"))
-    argv = _node("node_steady_producer.js", victim.grpc_addr, topic, "die", str(SEND_LIMIT))
-    env = {**cluster.official_client_env(tmp_path), **client_env(tmp_path, node=True)}
+    args = [victim.grpc_addr, topic, "die", str(SEND_LIMIT)]
+    if lang == "node":
+        argv = _node("node_steady_producer.js", *args)
+    else:
+        argv = [str(PYTHON), str(SCRIPTS / "py_steady_producer.py"), *args]
+    env = {**cluster.official_client_env(tmp_path), **client_env(tmp_path, node=lang == "node")}
     with ClientProcess(argv, tmp_path, env, stdin=True) as client:
         client.wait_lines(lambda ls: sum(1 for x in ls if x.get("ok")) >= SENDS, CLIENT_TIMEOUT_S)
         cluster.signal(victim.node_id)
