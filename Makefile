@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "raftmq needs Python >= 3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,audit,bench]'
 	touch $(STAMP)
 
 # RocketMQ 5 (docs/RMQ5.md): the pinned npm package rocketmq-client-nodejs (its apache.rocketmq.v2
@@ -68,7 +68,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 typecheck: $(STAMP)
-	$(PY) -m mypy $(PACKAGES) protos/generate.py protos/rmq5_deps.py
+	$(PY) -m mypy $(PACKAGES) protos/generate.py protos/rmq5_deps.py setup.py
 
 # make test's steps before pytest, run side by side (the sub-make's -j): apt-get (system-deps,
 # about 2 minutes on a fresh CI box) waits on the network and dpkg while pip, npm and the checks

@@ -9,6 +9,7 @@ from mqsecurity import handshakes
 if __name__ == "__main__":  # `python -m broker`: before grpc is imported (docs/SECURITY.md)
     handshakes.tap_before_grpc(sys.argv[1:])
 
+import argparse
 import asyncio
 import faulthandler
 import gc
@@ -29,9 +30,10 @@ from broker.service import BrokerServicer, ServiceConfig
 from broker.state import BrokerStateMachine
 from dledger.fatal import spawn
 from dledger.log import Entry
-from dledger.procs import serve_until_signalled, setup_logging
+from dledger.procs import serve_until_signalled
 from dledger.server import DLedgerNode, StartError
 from mqcli import server_parser
+from mqcli.logs import check_log_arguments, setup_server_logging
 
 
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
@@ -243,7 +245,8 @@ def enable_crash_traces() -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``mqbroker``'s command line (the systemd unit's test parses its ExecStart with it)."""
     parser = server_parser(
         "mqbroker",
         "Run one member of a raftmq broker group (a DLedger/Raft node).",
@@ -261,9 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         help="sample the node with pyinstrument (a test extra) and write the profile, as text, "
         "to FILE when it stops (docs/PERFORMANCE.md)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     enable_crash_traces()
-    setup_logging(ns.log_level)
+    check_log_arguments(parser, ns)
+    setup_server_logging(ns)
     try:
         cfg = load_config(ns.config)
         if argv is None:  # a process of its own (it may re-execute itself)

@@ -828,18 +828,19 @@ def namesrv_line(cluster: LocalCluster) -> str:
 
 
 def rmq5_line(cluster: LocalCluster) -> str:
-    """The endpoints a RocketMQ 5 client is given (docs/RMQ5.md)."""
+    """The endpoints a RocketMQ 5 client is given (docs/RMQ5.md): any ONE node's address. The
+    Node.js client makes one gRPC target of its endpoints, and for a list that target is the
+    comma-joined list, which its resolver refuses; over TLS every client checks the certificate
+    against that target. The route it asks for then names every node, each as an Endpoints of
+    its own, and a client whose node dies carries on through the others."""
     ports = [n.grpc_addr for n in cluster.nodes if n.grpc_port]
     if not ports:
         return "rmq5: not served (grpcServerPort=0)"
-    if cluster.secure:
-        # One endpoint per client over TLS: the clients check the certificate against the
-        # channel's authority, which for a list is the joined list (docs/RMQ5.md).
-        return (
-            "rmq5 (RocketMQ 5 clients, grpcServerPort; TLS and credentials, docs/RMQ5.md): "
-            f"endpoints, one per client: {' or '.join(ports)}"
-        )
-    return f"rmq5 (RocketMQ 5 clients, grpcServerPort): endpoints {';'.join(ports)}"
+    what = "TLS and credentials, docs/RMQ5.md" if cluster.secure else "docs/RMQ5.md"
+    return (
+        f"rmq5 (RocketMQ 5 clients, grpcServerPort; {what}): "
+        f"endpoints, any one per client (routes name every node): {' or '.join(ports)}"
+    )
 
 
 def dashboard_line(cluster: LocalCluster) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqcli.logs import add_log_arguments
+
 __all__ = ["CommandLine", "GlobalOption", "parse_assignments", "server_parser"]
 
 
@@ -80,7 +82,8 @@ def server_parser(
     prog: str, description: str, keys_title: str, keys: dict[str, str]
 ) -> argparse.ArgumentParser:
     """The parser of a foreground server (mqbroker, mqnamesrv): its config file keys listed
-    under ``--help`` (``keys``: name -> description) and ``--log-level``."""
+    under ``--help`` (``keys``: name -> description), ``--log-level`` and where the log goes
+    (:mod:`mqcli.logs`)."""
     width = max(len(k) for k in keys)
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -89,4 +92,5 @@ def server_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    add_log_arguments(parser)
     return parser

@@ -9,11 +9,13 @@ from mqsecurity import handshakes
 if __name__ == "__main__":  # `python -m nameserver`: before grpc is imported (docs/SECURITY.md)
     handshakes.tap_before_grpc(sys.argv[1:])
 
+import argparse
 import asyncio
 import dataclasses
 
-from dledger.procs import serve_until_signalled, setup_logging
+from dledger.procs import serve_until_signalled
 from mqcli import server_parser
+from mqcli.logs import check_log_arguments, setup_server_logging
 from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
 from nameserver.server import NameServer, StartError
 
@@ -24,7 +26,8 @@ async def _serve(cfg: NameServerConfig) -> None:
     await serve_until_signalled(server.stop)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``mqnamesrv``'s command line (the systemd unit's test parses its ExecStart with it)."""
     parser = server_parser(
         "mqnamesrv",
         "Run one raftmq NameServer (broker registration and topic routes).",
@@ -33,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-p", "--port", type=int, help="gRPC port (overrides listenPort)")
     parser.add_argument("-c", "--config", help="properties file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
-    setup_logging(ns.log_level)
+    check_log_arguments(parser, ns)
+    setup_server_logging(ns)
     try:
         cfg = load_config(ns.config) if ns.config else NameServerConfig()
     except ConfigError as exc:

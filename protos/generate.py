@@ -26,10 +26,15 @@ def proto_files() -> list[Path]:
 
 
 def generate(
-    out_dir: Path, proto_dir: Path = PROTO_DIR, protos: list[Path] | None = None
+    out_dir: Path,
+    proto_dir: Path = PROTO_DIR,
+    protos: list[Path] | None = None,
+    grpc_types: bool = True,
 ) -> list[Path]:
     """Write stubs for ``protos`` (default: every proto under ``protos/``), found under
-    ``proto_dir``, into ``out_dir``; return the files written (relative)."""
+    ``proto_dir``, into ``out_dir``; return the files written (relative). ``grpc_types``
+    False leaves out the gRPC stubs' types (mypy-protobuf's plugin, a test extra): what the
+    build hook does, whose build environment has grpcio-tools only."""
     from grpc_tools import protoc  # imported here: only the generator needs grpcio-tools
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -38,20 +43,20 @@ def generate(
         raise SystemExit(f"generate: no .proto files under {proto_dir}")
     include = Path(protoc.__file__).parent / "_proto"
     # mypy-protobuf's plugin types the gRPC stubs (protoc's own --pyi_out covers only messages).
-    plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
-    if not plugin.exists():
-        raise SystemExit(f"generate: {plugin} missing: install the test extras (mypy-protobuf)")
     args = [
         "protoc",
         f"-I{proto_dir}",
         f"-I{include}",
-        f"--plugin=protoc-gen-mypy_grpc={plugin}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
-        f"--mypy_grpc_out={out_dir}",
-        *[str(p) for p in protos],
     ]
+    if grpc_types:
+        plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
+        if not plugin.exists():
+            raise SystemExit(f"generate: {plugin} missing: install the test extras (mypy-protobuf)")
+        args += [f"--plugin=protoc-gen-mypy_grpc={plugin}", f"--mypy_grpc_out={out_dir}"]
+    args += [str(p) for p in protos]
     if protoc.main(args) != 0:
         raise SystemExit("generate: protoc failed")
     # Every directory holding generated modules becomes a package.

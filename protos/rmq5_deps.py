@@ -23,12 +23,17 @@ Usage: python protos/rmq5_deps.py [--out DIR]
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,6 +52,15 @@ NODE_INTEGRITY = (
 V2_PROTOS = ("apache/rocketmq/v2/definition.proto", "apache/rocketmq/v2/service.proto")
 # A fresh npm ci or pip install over the network; generous, but never unbounded.
 STEP_TIMEOUT_S = 900
+# The npm registry the build hook downloads the pinned tarball from (``setup.py``, a wheel
+# built without ``make``): npm's own setting when set, else the public registry.
+REGISTRY_ENV = ("RAFTMQ_NPM_REGISTRY", "npm_config_registry")
+DEFAULT_REGISTRY = "https://registry.npmjs.org"
+# The tarball is 235 KB; a registry answering more is not the pinned package.
+MAX_TARBALL_BYTES = 8 << 20
+# Each .proto read from it: the two are about 30 KB.
+MAX_PROTO_BYTES = 1 << 20
+FETCH_TIMEOUT_S = 120
 
 
 class SetupError(Exception):
@@ -100,6 +114,54 @@ def install_node(out: Path) -> Path:
     if missing:
         raise SetupError(f"{NODE_PACKAGE}@{NODE_VERSION} ships no {missing} under {proto_dir}")
     return proto_dir
+
+
+def registry_tarball_url() -> str:
+    base = next((os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)), DEFAULT_REGISTRY)
+    name = f"{NODE_PACKAGE}-{NODE_VERSION}.tgz"
+    return f"{base.rstrip('/')}/{NODE_PACKAGE}/-/{name}"
+
+
+def check_integrity(data: bytes) -> None:
+    """``data`` is the tarball the pin names (npm's ``sha512-<base64>`` integrity)."""
+    digest = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    if digest != NODE_INTEGRITY:
+        raise SetupError(f"{NODE_PACKAGE}@{NODE_VERSION}: integrity {digest}, want the pin's")
+
+
+def fetch_protos(dest: Path) -> Path:
+    """Download the pinned npm tarball (no npm needed), check its integrity and write its two
+    v2 ``.proto`` files under ``dest``; the include directory for protoc. What the build
+    hook (``setup.py``) uses: a wheel built from the sdist or the tree needs only Python and
+    the registry."""
+    url = registry_tarball_url()
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as answer:
+            data = answer.read(MAX_TARBALL_BYTES + 1)
+    except OSError as exc:
+        raise SetupError(f"download {url}: {exc}") from None
+    if len(data) > MAX_TARBALL_BYTES:
+        raise SetupError(f"{url}: over {MAX_TARBALL_BYTES} bytes: not the pinned package")
+    check_integrity(data)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for rel in V2_PROTOS:
+            try:
+                member = tar.extractfile(f"package/proto/{rel}")
+            except KeyError:
+                member = None
+            if member is None:
+                raise SetupError(f"{url}: package/proto/{rel} is not a file")
+            text = member.read(MAX_PROTO_BYTES + 1)
+            if len(text) > MAX_PROTO_BYTES:
+                raise SetupError(f"{url}: {rel} over {MAX_PROTO_BYTES} bytes")
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(text)
+    return dest
+
+
+def generate_v2(out: Path, proto_dir: Path, protos: list[Path]) -> None:
+    """The v2 stubs without their gRPC types (the build hook's: no mypy-protobuf there)."""
+    generate(out, proto_dir, protos, grpc_types=False)
 
 
 def generate_stubs(proto_dir: Path, out: Path) -> None:

@@ -7,13 +7,11 @@ RocketMQ 5 addresses of its members. A NameServer that is not configured, down o
 the route to the own group only: a client still reaches the group it asked. The lookups
 travel as the node's own security says (TLS with its member certificate on a secure group).
 
-Behind a TLS port each group is answered with ONE address: the official clients open one
-channel per route ``Endpoints`` and check the server's certificate against that channel's
-authority, which for several addresses is their comma-joined list, a name no certificate
-holds. The node's own group is then left without addresses here, so the front end answers the
-endpoint the client came by (any node serves every call); another group gets its leader's (the
-NameServer lists it first). A client whose node fails finds the others at its next route
-refresh (docs/RMQ5.md, "TLS").
+Each member's address becomes an ``Endpoints`` of its own in the route (one per queue and
+member, :func:`broker.rmq5.service._queues`): the official clients open one channel per
+``Endpoints``, whose authority over TLS is that one address (a name the member's certificate
+holds), and a client whose member dies sends through another's (docs/RMQ5.md, "Routes and a
+dying node").
 """
 
 from __future__ import annotations
@@ -59,15 +57,9 @@ class NameServerRoutes:
         self,
         namesrv_addrs: list[str],
         security: ClientSecurity = PLAINTEXT,
-        *,
-        one_address: bool = False,
-        own_group: str = "",
     ) -> None:
         self.addrs = list(namesrv_addrs)
         self.security = security
-        # One address per group (none for ``own_group``): the v2 port speaks TLS (see above).
-        self.one_address = one_address
-        self.own_group = own_group
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def close(self) -> None:
@@ -91,18 +83,11 @@ class NameServerRoutes:
                     return []
                 logger.debug("route of %s at namesrv=%s: %s", topic, addr, exc.code())
                 continue
-            return [
-                _group(g, self._addrs_kept(g.broker_name)) for g in resp.groups[:MAX_ROUTE_GROUPS]
-            ]
+            return [_group(g) for g in resp.groups[:MAX_ROUTE_GROUPS]]
         return None
 
-    def _addrs_kept(self, group: str) -> int:
-        if not self.one_address:
-            return MAX_GROUP_ADDRS
-        return 0 if group == self.own_group else 1
 
-
-def _group(g: nspb.GroupRoute, max_addrs: int) -> GroupTopic:
+def _group(g: nspb.GroupRoute) -> GroupTopic:
     kind = g.message_type if g.message_type in TOPIC_MESSAGE_TYPES else TOPIC_MESSAGE_TYPES[0]
     return GroupTopic(
         g.broker_name,
@@ -110,5 +95,5 @@ def _group(g: nspb.GroupRoute, max_addrs: int) -> GroupTopic:
         g.write_queue_nums,
         g.perm,
         kind,
-        tuple(g.rmq5_addrs[:max_addrs]),
+        tuple(g.rmq5_addrs[:MAX_GROUP_ADDRS]),
     )

@@ -76,14 +76,7 @@ class V2Port:
             raise ValueError("a plaintext v2 port beside a plaintext one: set tls")
         self.leader = LeaderCalls(node, sender, pops, self.security.client, txns)
         self.routes = (
-            NameServerRoutes(
-                namesrv_addrs,
-                self.security.client,
-                one_address=self.security.tls is not None,
-                own_group=cfg.group,
-            )
-            if namesrv_addrs
-            else None
+            NameServerRoutes(namesrv_addrs, self.security.client) if namesrv_addrs else None
         )
         self.servicer = MessagingServicer(node, topics, self.leader, cfg, self.routes)
         self.addr = f"{bind_host}:{cfg.port}"

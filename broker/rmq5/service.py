@@ -252,6 +252,7 @@ class MessagingServicer:
             for group, endpoints in await self._route_groups(name, request):
                 queues += _queues(request.topic.resource_namespace, name, group, endpoints)
                 if len(queues) >= MAX_ROUTE_QUEUES:
+                    del queues[MAX_ROUTE_QUEUES:]
                     break
             if not queues:
                 raise TopicNotFoundError(f"topic {name!r} does not exist")
@@ -259,17 +260,21 @@ class MessagingServicer:
             return v2_service.QueryRouteResponse(status=_status_of(exc, self.node))
         return v2_service.QueryRouteResponse(status=status(), message_queues=queues)
 
-    async def _route_groups(self, name: str, request: Any) -> list[tuple[GroupTopic, Any]]:
-        """The groups serving topic ``name`` with their endpoints: this node's group first
-        (from its applied topic table), then the others the NameServers route it to."""
+    async def _route_groups(self, name: str, request: Any) -> list[tuple[GroupTopic, list[Any]]]:
+        """The groups serving topic ``name``, each with one single-address Endpoints per
+        member (leader first): this node's group first (from its applied topic table), then
+        the others the NameServers route it to. One address per Endpoints: the official
+        clients open one gRPC channel per Endpoints, and the Node.js client's target for
+        several addresses is their comma-joined list, which its resolver refuses
+        (docs/RMQ5.md, "Routes and a dying node")."""
         remote = await self.routes.groups(name) if self.routes is not None else None
-        out: list[tuple[GroupTopic, Any]] = []
+        out: list[tuple[GroupTopic, list[Any]]] = []
         own_addrs: tuple[str, ...] = ()
         for g in remote or ():
             if g.name == self.cfg.group:
                 own_addrs = g.addrs
-            elif g.addrs:
-                out.append((g, _endpoints_of(g.addrs)))
+            elif endpoints := _endpoints_of(g.addrs):
+                out.append((g, endpoints))
         try:
             local: TopicConfig | None = self.topics.get(name)
         except TopicNotFoundError:
@@ -283,20 +288,16 @@ class MessagingServicer:
                 local.message_type,
                 own_addrs,
             )
-            endpoints = _endpoints_of(own_addrs) if own_addrs else self._endpoints(request)
-            out.insert(0, (own, endpoints))
+            out.insert(0, (own, _endpoints_of(own_addrs) or self._endpoints(request)))
         return out
 
-    def _endpoints(self, request: Any) -> Any:
-        """The endpoints the client reached us by (any node answers every call), or this
-        node's own v2 address when they are missing or not usable."""
+    def _endpoints(self, request: Any) -> list[Any]:
+        """The addresses the client reached us by (any node answers every call), one
+        Endpoints each, or this node's own v2 address when they are missing or not usable."""
         asked = request.endpoints
         if _usable_endpoints(asked):
-            return v2.Endpoints(scheme=asked.scheme or v2.IPv4, addresses=asked.addresses)
-        return v2.Endpoints(
-            scheme=_scheme(self.cfg.host),
-            addresses=[v2.Address(host=self.cfg.host, port=self.cfg.port)],
-        )
+            return _endpoints_of([f"{a.host}:{a.port}" for a in asked.addresses])
+        return [_one_endpoint(self.cfg.host, self.cfg.port)]
 
     # ------------------------------------------------------------------ client lifecycle
 
@@ -688,7 +689,9 @@ class MessagingServicer:
             own = await self._route_groups(name, request)
             if not own or own[0][0].name != self.cfg.group:
                 raise TopicNotFoundError(f"topic {name!r} is not served by this group")
-            broker = v2.Broker(name=self.cfg.group, id=0, endpoints=own[0][1])
+            # The route's first endpoint (the leader's when a NameServer lists the group):
+            # the same answer from every node, so a client's assignments stay put.
+            broker = v2.Broker(name=self.cfg.group, id=0, endpoints=own[0][1][0])
             readable = [q for q in range(topic.read_queue_nums) if self.topics.has_queue(name, q)]
             found = assignments(request.topic, group, broker, readable)
         except Exception as exc:
@@ -796,12 +799,15 @@ def _topic_name(resource: Any) -> str:
     return str(name)
 
 
-def _queues(namespace: str, topic: str, group: GroupTopic, endpoints: Any) -> list[Any]:
+def _queues(namespace: str, topic: str, group: GroupTopic, endpoints: Sequence[Any]) -> list[Any]:
     """The route's queues of one group: ids 0 to max(read, write) - 1 (so queue 0 always
-    exists), each with its permission and the topic's accepted message types."""
-    broker = v2.Broker(name=group.name, id=0, endpoints=endpoints)
+    exists), each with its permission and the topic's accepted message types, and each once
+    per member endpoint (queue-major, the members in the given order): a client that finds
+    one member dead sends and receives through the same queue at another."""
+    assert endpoints, "a group is routed with at least one endpoint"
     accepted = _accepted_types(group.message_type)
     read, write = group.read_queue_nums, group.write_queue_nums
+    brokers = [v2.Broker(name=group.name, id=0, endpoints=e) for e in endpoints]
     return [
         v2.MessageQueue(
             topic=v2.Resource(resource_namespace=namespace, name=topic),
@@ -811,19 +817,24 @@ def _queues(namespace: str, topic: str, group: GroupTopic, endpoints: Any) -> li
             accept_message_types=accepted,
         )
         for q in range(min(max(read, write), MAX_QUEUE_NUMS))
+        for broker in brokers
     ]
 
 
-def _endpoints_of(addrs: Sequence[str]) -> Any:
-    """``host:port`` addresses (from a NameServer) as v2 Endpoints; malformed ones left out."""
-    out = []
+def _endpoints_of(addrs: Sequence[str]) -> list[Any]:
+    """``host:port`` addresses (from a NameServer) as one v2 Endpoints each; malformed and
+    repeated ones left out."""
+    out: dict[tuple[str, int], Any] = {}
     for addr in addrs:
         host, _, port = addr.rpartition(":")
         host = host.strip("[]")
         if 0 < len(host) <= MAX_HOST_CHARS and port.isdigit() and 0 < int(port) < 65536:
-            out.append(v2.Address(host=host, port=int(port)))
-    scheme = _scheme(out[0].host) if out else v2.IPv4
-    return v2.Endpoints(scheme=scheme, addresses=out)
+            out.setdefault((host, int(port)), _one_endpoint(host, int(port)))
+    return list(out.values())
+
+
+def _one_endpoint(host: str, port: int) -> Any:
+    return v2.Endpoints(scheme=_scheme(host), addresses=[v2.Address(host=host, port=port)])
 
 
 def _permission(perm: int, readable: bool, writable: bool) -> int:

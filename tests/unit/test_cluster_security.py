@@ -166,22 +166,26 @@ def test_mqcluster_up_is_secure_unless_insecure(
     assert "open http://127.0.0.1:8080/" in out
 
 
-def test_the_rmq5_line_offers_one_endpoint_per_client_over_tls(tmp_path: Path) -> None:
+def test_the_rmq5_line_offers_one_endpoint_per_client(tmp_path: Path) -> None:
+    """One address per client, plaintext or TLS: the Node.js client cannot take a list (its
+    gRPC target would be the comma-joined list: "Name resolution failed")."""
     from broker.cluster import rmq5_line
 
     secure = LocalCluster(tmp_path / "s")
     secure.configure(2, auto_ports=True, secure=True)
     line = rmq5_line(secure)
-    assert "TLS" in line and ";" not in line.split("one per client:")[1]
+    assert "TLS" in line and ";" not in line.split("per client")[1]
     assert all(n.grpc_addr in line for n in secure.nodes)
     plain = LocalCluster(tmp_path / "p")
     plain.configure(2, auto_ports=True)
-    assert rmq5_line(plain).endswith(";".join(n.grpc_addr for n in plain.nodes))
+    line = rmq5_line(plain)
+    assert "TLS" not in line and not {";", ","} & set(line.split("every node): ")[1])
+    assert line.endswith(" or ".join(n.grpc_addr for n in plain.nodes))
     # Without --auto-ports: RocketMQ 5's proxy port, 8081, for the first node, then the next.
     default = LocalCluster(tmp_path / "d")
     default.configure(3)
     line = rmq5_line(default)
-    assert line.endswith("endpoints 127.0.0.1:8081;127.0.0.1:8082;127.0.0.1:8083"), line
+    assert line.endswith(": 127.0.0.1:8081 or 127.0.0.1:8082 or 127.0.0.1:8083"), line
     assert [broker_config.load_config(n.conf).grpcServerPort for n in default.nodes] == [
         8081,
         8082,

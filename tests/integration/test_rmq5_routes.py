@@ -1,0 +1,209 @@
+"""The official RocketMQ 5 Node.js client on a plaintext 3-node group with a NameServer (the usual
+development set-up, ``mqcluster up --insecure``): route answers name each member as an Endpoints
+of its own, so the client starts, sends and receives (a route listing the group as one
+Endpoints made its gRPC target ``a,b,c``: "Name resolution failed"); and the node the client
+came by is SIGKILLed while it sends (a follower or the leader; the leader on a secure group too):
+its sends go on through the other members within 10 s and every acknowledged one is stored once
+(docs/RMQ5.md, "Routes and a dying node")."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from raftmq.nameserver.v1 import nameserver_pb2 as nspb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
+from rmq5_support import GROUP_CONF, PYTHON, SCRIPTS, ClientProcess, client_env
+from rmq5_support import code as v2_code
+from support import create_topic_on, pull_all, wait_for
+
+from broker.cluster import LocalCluster
+from broker.rmq5 import stubs
+from mqsecurity.channels import open_channel
+
+pytestmark = [pytest.mark.integration]
+
+v2, v2_service, v2_grpc = stubs.load()
+
+QUEUES = 2
+SENDS = 20
+# A client that cannot resolve its target hangs at start-up: fail well before pytest's timeout.
+CLIENT_TIMEOUT_S = 40
+# NameServer registration after the topic's creation, and each node's v2 port coming up.
+ROUTE_WAIT_S = 15
+# The issue's bound: sends resume within 10 s of the node's death.
+RESUME_S = 10.0
+# Acknowledged sends after the kill that show the client carries on; and the most sends the
+# steady producer tries (at its pace, about a minute: far beyond what the test needs).
+AFTER_KILL = 30
+SEND_LIMIT = 3000
+
+
+def _route(addr: str, topic: str) -> Any:
+    with grpc.insecure_channel(addr) as ch:
+        return v2_grpc.MessagingServiceStub(ch).QueryRoute(
+            v2_service.QueryRouteRequest(topic=v2.Resource(name=topic)), timeout=5
+        )
+
+
+def _addresses_by_queue(route: Any) -> dict[int, list[list[str]]]:
+    """Queue id -> the address lists of its route entries' Endpoints."""
+    out: dict[int, list[list[str]]] = {}
+    for q in route.message_queues:
+        addrs = [f"{a.host}:{a.port}" for a in q.broker.endpoints.addresses]
+        out.setdefault(q.id, []).append(addrs)
+    return out
+
+
+def _route_lists_every_node(addr: str, topic: str, want: set[str]) -> bool:
+    """The node's route for ``topic`` answers OK and names every member for every queue."""
+    try:
+        route = _route(addr, topic)
+    except grpc.RpcError:  # the v2 port starts just after the node
+        return False
+    if v2_code(route.status) != "OK":
+        return False
+    found = _addresses_by_queue(route)
+    return found.keys() == set(range(QUEUES)) and all(
+        {a for addrs in entries for a in addrs} == want for entries in found.values()
+    )
+
+
+def _group(local_group: Any, topic: str) -> LocalCluster:
+    """A plaintext 3-node group with its NameServer; ``topic`` routed by every node, each
+    naming all three members (so the NameServer has them all)."""
+    cluster: LocalCluster = local_group(3, namesrv=True, **GROUP_CONF)
+    assert cluster.namesrv is not None
+    create_topic_on([cluster], [cluster.namesrv.addr], topic, QUEUES)
+    members = {n.grpc_addr for n in cluster.nodes}
+    for n in cluster.nodes:
+        wait_for(
+            lambda a=n.grpc_addr: _route_lists_every_node(a, topic, members),
+            ROUTE_WAIT_S,
+            f"{topic} routed by {n.node_id} to every member",
+        )
+    return cluster
+
+
+def _node(script: str, *args: str) -> list[str]:
+    return ["node", str(SCRIPTS / script), *args]
+
+
+def _stored_ids(cluster: LocalCluster, topic: str, origin: str) -> list[str]:
+    """The v2 ids of ``origin``'s messages, as the leader's pull reads them (repeats kept)."""
+    addr = cluster.node(cluster.wait_leader()).client_addr
+    security = cluster.client_security()
+    return [
+        "01" + m.msg_id
+        for q in range(QUEUES)
+        for m in pull_all(addr, topic, q, security)
+        if m.properties.get("origin") == origin
+    ]
+
+
+def test_node_client_sends_and_receives_through_the_nameserver_routes(
+    local_group: Any, tmp_path: Path
+) -> None:
+    topic = "NodeNs5"
+    cluster = _group(local_group, topic)
+    entry = cluster.nodes[1].grpc_addr
+    # Each queue once per member, one address per Endpoints, the same from every node.
+    members = sorted(n.grpc_addr for n in cluster.nodes)
+    for n in cluster.nodes:
+        found = _addresses_by_queue(_route(n.grpc_addr, topic))
+        assert {q: sorted(e) for q, e in found.items()} == {
+            q: [[m] for m in members] for q in range(QUEUES)
+        }
+    env = client_env(tmp_path, node=True)
+    producer = _node("node_producer.js", entry, topic, str(SENDS), "nsp")
+    with ClientProcess(producer, tmp_path, env) as client:
+        receipts = client.finish(CLIENT_TIMEOUT_S)
+    sent = sorted(r["message_id"] for r in receipts)
+    assert len(sent) == SENDS
+    assert sorted(_stored_ids(cluster, topic, "nsp")) == sent
+    consumer = _node("node_consumer.js", entry, topic, "NodeNsGroup", "all", "10", str(SENDS))
+    with ClientProcess(consumer, tmp_path, env) as client:
+        lines = client.finish(CLIENT_TIMEOUT_S)
+    acked = sorted({e["message_id"] for e in lines if e["event"] == "acked"})
+    assert acked == sent
+
+
+def _secure_group(local_group: Any, topic: str) -> LocalCluster:
+    """A secure 3-node group (TLS, users) with its NameServer; ``topic`` created and the
+    NameServer routing it with every member's v2 address (what each node's route names)."""
+    cluster: LocalCluster = local_group(3, namesrv=True, secure=True, **GROUP_CONF)
+    assert cluster.namesrv is not None
+    create_topic_on([cluster], [cluster.namesrv.addr], topic, QUEUES)
+    members = {n.grpc_addr for n in cluster.nodes}
+    ask = nspb.GetRouteInfoByTopicRequest(topic=topic)
+
+    def registered() -> bool:
+        with open_channel(cluster.namesrv.addr, cluster.client_security()) as ch:
+            route = nspb_grpc.NameServerStub(ch).GetRouteInfoByTopic(ask, timeout=5)
+        return any(set(g.rmq5_addrs) == members for g in route.groups)
+
+    wait_for(registered, ROUTE_WAIT_S, f"{topic}: every member's v2 address at the NameServer")
+    return cluster
+
+
+@pytest.mark.parametrize(
+    ("lang", "security", "role"),
+    [
+        ("node", "plain", "follower"),
+        ("node", "plain", "leader"),
+        ("node", "tls", "leader"),
+        ("py", "tls", "leader"),
+    ],
+)
+def test_official_client_keeps_sending_when_its_node_dies(
+    local_group: Any, tmp_path: Path, lang: str, security: str, role: str
+) -> None:
+    """The client enters by one node and sends steadily; that node (a follower, or the leader)
+    is SIGKILLed: within 10 s the client's sends are acknowledged again, through the others,
+    and every acknowledged send is stored exactly once. Over TLS too: each route Endpoints is
+    one address, which the member's certificate names."""
+    topic = f"Dies{lang.title()}{security.title()}{role.title()}"
+    secure = security == "tls"
+    cluster = _secure_group(local_group, topic) if secure else _group(local_group, topic)
+    leader = cluster.wait_leader()
+    victim = next(n for n in cluster.nodes if (n.node_id == leader) == (role == "leader"))
+    args = [victim.grpc_addr, topic, "die", str(SEND_LIMIT)]
+    if lang == "node":
+        argv = _node("node_steady_producer.js", *args)
+    else:
+        argv = [str(PYTHON), str(SCRIPTS / "py_steady_producer.py"), *args]
+    env = {**cluster.official_client_env(tmp_path), **client_env(tmp_path, node=lang == "node")}
+    with ClientProcess(argv, tmp_path, env, stdin=True) as client:
+        client.wait_lines(lambda ls: sum(1 for x in ls if x.get("ok")) >= SENDS, CLIENT_TIMEOUT_S)
+        cluster.signal(victim.node_id)
+        killed_ms = time.time() * 1000
+        after = client.wait_lines(
+            lambda ls: _ok_after(ls, killed_ms) >= AFTER_KILL, RESUME_S + AFTER_KILL
+        )
+        gap_ms = _longest_gap_ms(after, killed_ms)
+        assert gap_ms <= RESUME_S * 1000, (gap_ms, client.tail())
+        lines = client.finish(CLIENT_TIMEOUT_S)
+    sends = [x for x in lines if "i" in x]
+    acked = sorted(x["message_id"] for x in sends if x["ok"])
+    failed = [x for x in sends if not x["ok"]]
+    # Sends tried while the node was dying: those the client gave up on are not acknowledged,
+    # and few (the client isolates the dead node's endpoint after its first failure).
+    assert len(failed) <= 3, failed
+    stored = _stored_ids(cluster, topic, "die")
+    assert len(stored) == len(set(stored)), "a message stored twice"
+    missing = set(acked) - set(stored)
+    assert not missing, f"{len(missing)} acknowledged sends lost"
+
+
+def _ok_after(lines: list[Any], t_ms: float) -> int:
+    return sum(1 for x in lines if x.get("ok") and x["t_ms"] > t_ms)
+
+
+def _longest_gap_ms(lines: list[Any], t_ms: float) -> float:
+    """The longest time without an acknowledged send from ``t_ms`` on: how long the client
+    went without sending (the death's cost), whatever was in flight when it came."""
+    oks = sorted(x["t_ms"] for x in lines if x.get("ok") and x["t_ms"] > t_ms)
+    return max(b - a for a, b in zip([t_ms, *oks], oks, strict=False))
