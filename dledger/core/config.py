@@ -54,6 +54,7 @@ MUTATIONS = frozenset(
         "conf_change_before_term_commit",  # a change before the leader committed in its term
         "removed_member_votes",  # vote requests from non-voters (removed nodes) are answered
         "snapshot_out_of_order",  # a follower installs a snapshot not beyond its commit index
+        "skip_chain_check",  # logs are matched by (index, term) alone, as before dledger.chain
     }
 )
 

@@ -16,6 +16,9 @@ REJECT_STALE_LOG = "stale_log"  # the candidate's log is behind the voter's
 REJECT_ALREADY_VOTED = "already_voted"  # voted for someone else this term, or follows a leader
 REJECT_LEADER_LEASE = "leader_lease"  # check-quorum: the voter heard from a leader recently
 REJECT_STALE_TERM = "stale_term"  # the request's term is below the voter's
+# The voter holds the candidate's last entry with its term but another chain there: one of
+# the two logs was damaged or forged (docs/RAFT.md section 11); never elect across that.
+REJECT_CHAIN_MISMATCH = "chain_mismatch"
 
 # Why a received message was dropped without effect (keys of ``RaftNode.dropped``; stable
 # strings). A peer is an adversary until proven otherwise: what an honest member could not
@@ -26,7 +29,6 @@ DROP_TERM_OUT_OF_RANGE = "term_out_of_range"  # above MAX_TERM, or a jump beyond
 DROP_SECOND_LEADER = "second_leader"  # an append from another "leader" of a term that has one
 DROP_UNEXPECTED_TIMEOUT_NOW = "unexpected_timeout_now"  # not from this term's leader
 DROP_ACK_BEYOND_LAST = "ack_beyond_last"  # an ack or reject of an index the leader never had
-DROP_COMMITTED_CONFLICT = "committed_conflict"  # an append that would replace committed entries
 # Not a drop but counted with them: this node's term is MAX_TERM, it cannot campaign.
 CAMPAIGN_REFUSED_MAX_TERM = "campaign_refused_max_term"
 DROP_REASONS = (
@@ -36,7 +38,6 @@ DROP_REASONS = (
     DROP_SECOND_LEADER,
     DROP_UNEXPECTED_TIMEOUT_NOW,
     DROP_ACK_BEYOND_LAST,
-    DROP_COMMITTED_CONFLICT,
     CAMPAIGN_REFUSED_MAX_TERM,
 )
 
@@ -52,6 +53,7 @@ class VoteRequest:
     last_log_term: int
     pre_vote: bool = False
     leadership_transfer: bool = False  # sent after TimeoutNow: overrides the leader lease
+    last_log_chain: int = 0  # dledger.chain value at last_log_index (0: not carried)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,11 @@ class VoteResponse:
     granted: bool
     pre_vote: bool = False
     reject_reason: str = ""
+    # A granted vote: the voter's term and chain at log_index = min(its last index, the
+    # candidate's): the candidate counts the vote only if its own log agrees there.
+    log_index: int = 0
+    log_term: int = 0
+    log_chain: int = 0  # 0: not carried
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,9 @@ class AppendRequest:
     entries: tuple[Entry, ...]
     leader_commit: int
     no_reply: bool = False
+    # dledger.chain value at prev_log_index: the follower accepts only if its own agrees
+    # (0: not carried, the term alone is compared there; entries are checked by content).
+    prev_log_chain: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,10 @@ class AppendResponse:
     On rejection, ``rejected_index`` is the request's ``prev_log_index``; ``conflict_term`` is
     the follower's term at that index (0 when its log is shorter) and ``conflict_index`` the
     first index the follower holds with that term (or its ``last_log_index + 1``).
+
+    ``match_chain`` is the follower's chain value at ``match_index`` (success) or at
+    ``rejected_index`` (rejection; 0 when it does not hold that index): the leader counts an
+    ack only if it agrees with its own chain there.
     """
 
     from_id: str
@@ -100,6 +114,7 @@ class AppendResponse:
     conflict_term: int = 0
     last_log_index: int = 0
     rejected_index: int = 0
+    match_chain: int = 0
 
 
 @dataclass(frozen=True, slots=True)

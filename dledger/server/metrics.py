@@ -97,6 +97,18 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
         counter(
             "raft_elections_won", "Elections this member won (became leader)", core.elections_won
         ),
+        counter(
+            "corruption_chain_mismatch",
+            "Content mismatches this member saw: a peer's chain differs from its own at an "
+            "index both hold with the same term (docs/RAFT.md section 11)",
+            st.chain_mismatches,
+        ),
+        counter(
+            "corruption_committed_repairs",
+            "Times this member cut committed entries of its own that differed by content from "
+            "its leader's, and took the leader's",
+            st.committed_repairs,
+        ),
         *_snapshot_families(node),
         labelled_counter(
             "raft_dropped_messages",

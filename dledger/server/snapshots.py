@@ -44,6 +44,7 @@ import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.appsnapshot import AppSnapshot
+from dledger.chain import CHAIN_UNKNOWN
 from dledger.core import ConfState, InstallSnapshot, Role, SnapshotMeta, SnapshotRequest
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.core.membership import decode as decode_conf
@@ -226,7 +227,7 @@ class SnapshotSender:
         node = self._node
         index = node.applied
         store = node.store
-        meta = SnapshotMeta(index, store.term_at(index))
+        meta = SnapshotMeta(index, store.term_at(index), chain=store.chain_at(index))
         extent = store.snapshot_extent(index)
         app = node.capture_app_snapshot()
         loop = asyncio.get_running_loop()
@@ -252,6 +253,8 @@ class SnapshotSender:
             base_term=extent.base_term,
             start_position=extent.start_position,
             segment_size_bytes=extent.segment_size_bytes,
+            base_chain=extent.base_chain,
+            snapshot_chain=meta.chain,
         )
         logger.info(
             "node=%s snapshot to=%s index=%d log=[%d, %d) app_files=%d",
@@ -520,6 +523,7 @@ class SnapshotReceiver:
             h.snapshot_index,
             h.snapshot_term,
             conf,
+            h.snapshot_chain,
         )
         node.step_local(m)
         pending = node.core.pending_snapshot
@@ -604,6 +608,7 @@ def _header_dict(h: pb.SnapshotHeader) -> dict[str, int | str]:
         "base_term": h.base_term,
         "start_position": h.start_position,
         "segment_size_bytes": h.segment_size_bytes,
+        "base_chain": h.base_chain,
     }
 
 
@@ -660,6 +665,7 @@ def finish_install(store_dir: str) -> None:
         base_term=int(h["base_term"]),
         start_position=int(h["start_position"]),
         segment_size_bytes=int(h["segment_size_bytes"]),
+        base_chain=int(h.get("base_chain", CHAIN_UNKNOWN)),
     )
 
 

@@ -25,6 +25,7 @@ NODES = {
     "send_before_persist": 3,
     "conf_change_while_pending": 3,
     "removed_member_votes": 3,
+    "skip_chain_check": 3,
 }
 # Mutations whose harm needs a chain of events the random schedules do not reach within
 # MAX_SEEDS (five steps, each with its own timing): a deterministic unit scenario plays the
