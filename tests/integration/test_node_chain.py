@@ -41,18 +41,19 @@ def _append_ok(client: LogClient, body: bytes) -> bool:
     return True
 
 
-def _metric(cluster: LocalCluster, url: str, name: str) -> float:
-    """One unlabelled sample of a node's /metrics (0 while it does not answer)."""
+def _metrics(cluster: LocalCluster, url: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Unlabelled samples of a node's /metrics ({} while it does not answer)."""
     try:
         with urllib.request.urlopen(url, timeout=5, context=cluster.metrics_ssl_context()) as r:
             text = r.read().decode()
     except OSError:
-        return 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and not s.labels:
-                return float(s.value)
-    raise AssertionError(f"{name} not in {url}")
+        return {}
+    return {
+        s.name: float(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in names and not s.labels
+    }
 
 
 def _log(client: LogClient, addr: str, upto: int) -> list[tuple[int, int, int, bytes]]:
@@ -123,16 +124,18 @@ def test_forged_append_is_found_at_the_next_append_alarmed_and_repaired(
         assert m is not None
         assert (m.group(1), int(m.group(2)), m.group(3)) == (victim.node_id, last + 1, leader_id)
         assert m.group(4) != m.group(5)
-        wait_for(
-            lambda: (
-                _metric(cluster, victim.metrics_url, "raftmq_corruption_chain_mismatch_total") >= 1
-            ),
-            WAIT_S,
-            "the mismatch metric",
+        names = (
+            "raftmq_corruption_chain_mismatch_total",
+            "raftmq_corruption_committed_repairs_total",
         )
-        assert (
-            _metric(cluster, victim.metrics_url, "raftmq_corruption_committed_repairs_total") == 1
-        )
+        seen: list[dict[str, float]] = []
+
+        def alarmed() -> bool:
+            seen.append(_metrics(cluster, victim.metrics_url, names))
+            return seen[-1].get(names[0], 0) >= 1 and seen[-1].get(names[1], 0) >= 1
+
+        wait_for(alarmed, WAIT_S, "the mismatch and repair metrics")
+        assert seen[-1][names[1]] == 1
         # Repaired: the follower's committed log is the leader's, entry for entry.
         upto = client.metadata(leader.client_addr).commit_index
         want = _log(client, leader.client_addr, upto)
