@@ -355,6 +355,10 @@ class RaftNode:
         # Applied entries were replaced (content repair): the next Ready asks the driver to
         # roll the applied state back to here.
         self._rewind_to: int | None = None
+        # This term's leader showed that this member's committed copy differs at or before
+        # this index (0: no such doubt): it does not campaign until an append of a leader
+        # verified its log past it (a damaged copy must not win and hand itself on).
+        self._suspect_upto = 0
 
     def _init_outbox(self) -> None:
         """At start: nothing owed to the driver or the peers yet (what the next Ready carries)."""
@@ -488,7 +492,11 @@ class RaftNode:
             self._election_elapsed += 1
             # A learner, a joining or a removed node never campaigns; its clock keeps running
             # so that its leader lease lapses (a voter it does not know it is must vote).
-            if self._election_elapsed >= self._randomized_timeout and self.id in self._voters:
+            if (
+                self._election_elapsed >= self._randomized_timeout
+                and self.id in self._voters
+                and not self._suspect_upto
+            ):
                 self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
         self.release_notices()
 
@@ -1341,7 +1349,14 @@ class RaftNode:
     def _handle_reject(self, m: AppendResponse, pr: _Progress) -> None:
         """A follower refused an append whose prev it lacks or holds with another term."""
         if m.rejected_index <= pr.match:
-            return  # stale: that prefix is already known to match
+            if m.last_log_index >= m.rejected_index:
+                return  # stale: that prefix is already known to match
+            # It lacks an index it acked: it cut its own copy since (a content repair, section
+            # 11; its ack was delivered after the cut). Count only what it holds now.
+            pr.match = m.last_log_index
+            pr.become_probe(m.last_log_index + 1)
+            self._send_append(m.from_id)
+            return
         if pr.state is ProgressState.PROBE and m.rejected_index != pr.next - 1:
             return  # stale: not the answer to the probe in flight
         nxt = m.conflict_index
@@ -1496,6 +1511,8 @@ class RaftNode:
         if not agree(local_chain, prev_chain) and "skip_chain_check" not in self._mut:
             # Same term, other content at or before prev: the leader probes further back.
             self._note_chain_mismatch(m.from_id, prev, prev_chain, local_chain, "append prev")
+            # (Same index and term, other chain: some entry up to prev is not the leader's.)
+            self._suspect_upto = max(self._suspect_upto, prev)
             self._reject_append(m, prev, local_term)
             return
         to_append = self._new_entries(m, entries, last, prev)
@@ -1504,6 +1521,8 @@ class RaftNode:
         if to_append:
             self._append_local(to_append)
         last_new = prev + len(entries)
+        if self._suspect_upto and last_new >= self._suspect_upto:
+            self._suspect_upto = 0  # the leader's chain now covers the doubted prefix
         if m.leader_commit > self._commit:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):

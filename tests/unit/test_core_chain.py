@@ -198,3 +198,43 @@ def test_candidate_does_not_count_a_vote_from_a_log_that_differs() -> None:
                            log_chain=_chain(good[:2])))  # fmt: skip
     drain(node, log)
     assert node.role is Role.LEADER
+
+
+def test_leader_relearns_a_follower_that_lost_acked_entries_in_a_repair() -> None:
+    """A follower's ack sent before a repair cut its copy can arrive after the cut; its next
+    rejection shows it lacks what it acked. Before: ignored as stale, and every heartbeat
+    after it was rejected again (the follower never caught up)."""
+    node, log = _leader_with_followers()
+    term = node.term
+    node.step(AppendResponse("n1", "n0", term, True, match_index=4, last_log_index=4,
+                             match_chain=log.chain_at(4)))  # fmt: skip
+    drain(node, log)
+    assert next(p for p in node.status().peers if p.peer_id == "n1").match_index == 4
+    node.step(AppendResponse("n1", "n0", term, False, conflict_index=3, conflict_term=0,
+                             last_log_index=2, rejected_index=4))  # fmt: skip
+    msgs = drain(node, log)
+    assert next(p for p in node.status().peers if p.peer_id == "n1").match_index == 2
+    probes = [m for m in msgs if isinstance(m, AppendRequest) and m.to_id == "n1"]
+    assert probes and probes[-1].prev_log_index == 2 and len(probes[-1].entries) == 2
+
+
+def test_a_member_its_leader_found_damaged_does_not_campaign_until_repaired() -> None:
+    """A damaged member whose log is the longest could win with the votes of members that
+    cannot compare with it, and hand its copy on: once its leader's chain disagrees with its
+    own, it does not campaign until an append of a leader verified its log past that point."""
+    node, log, good = _follower(3)
+    other = [good[0], Entry(TERM, 2, b"other"), good[2]]
+    _append(node, other, [], 3)  # the leader's chain at 3 is not this member's
+    drain(node, log)
+    for _ in range(CFG.election_timeout_ticks * 3):
+        node.tick()
+        drain(node, log)
+    assert node.role is Role.FOLLOWER and node.term == TERM
+    _append(node, good, [Entry(TERM, 4, b"e4")], 4)  # the leader's chain agrees up to 4
+    drain(node, log)
+    for _ in range(CFG.election_timeout_ticks * 3):
+        node.tick()
+        drain(node, log)
+        if node.role is not Role.FOLLOWER:
+            break
+    assert node.role is Role.CANDIDATE
