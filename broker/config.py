@@ -287,9 +287,10 @@ KEYS: Mapping[str, _Key] = {
     "mappedFileSizeCommitLog": _Key(
         int_in(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
     ),
-    # DLedger's mappedFileSizeForEntryIndex: each index file (32 bytes per entry) is allocated
-    # in full when it is created (files.py: no SIGBUS on a full disk), so its size is disk
-    # taken at start; 32 MiB (1 Mi entries) by default, 64 KiB (2,048 entries) at least.
+    # DLedger's mappedFileSizeForEntryIndex: each index file (64 bytes per entry, the chain
+    # included) is allocated in full when it is created (files.py: no SIGBUS on a full disk),
+    # so its size is disk taken at start; 32 MiB (512 Ki entries) by default, 64 KiB (1,024
+    # entries) at least.
     "mappedFileSizeEntryIndex": _Key(
         _parse_index_file_size,
         str(DEFAULT_INDEX_SEGMENT_SIZE_BYTES),

@@ -93,7 +93,7 @@ from broker.timer import (
 from broker.transactions.state import ENTRY_TXN, TxnState
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
-from dledger.log import DLedgerError, Entry
+from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
 from dledger.storage.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -526,6 +526,9 @@ class BrokerStateMachine:
         self.subgroups = SubGroupTable()
         self._latest_store_ts = 0
         self._applied = 0
+        # The last applied index whose entry may have changed this state (a broker record
+        # type, not skipped): rewind() can roll back only the entries above it.
+        self._effect_index = 0
         self._dispatch_end = 0  # end of the last dispatched entry body (commitlog position)
         self._trimmed_first = 1  # the commitlog's first index when derived files were trimmed
         self._results: OrderedDict[int, list[SendResult]] = OrderedDict()
@@ -592,6 +595,22 @@ class BrokerStateMachine:
             self._open()
         return self._applied
 
+    def rewind(self, index: int) -> None:
+        """The node replaced the entries applied above ``index``: this member's copy differed
+        by content from its leader's (docs/RAFT.md section 13). Only entries that changed
+        nothing here can be rolled back (dledger's own, or records skipped by rule); else
+        CorruptStoreError (the node ends: fail fast, the state holds what the copy made)."""
+        if index < self._effect_index:
+            raise CorruptStoreError(
+                f"cannot roll back to index {index}: the replaced entries up to "
+                f"{self._effect_index} changed this broker's state; restore this member from "
+                "a snapshot of another"
+            )
+        self._applied = min(self._applied, index)
+        # The saved state may claim the replaced entries: save again at the next apply.
+        self._snapshot_applied = -1
+        self._last_snapshot_s = float("-inf")
+
     def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
         self.role = role
         self.term = term
@@ -626,6 +645,8 @@ class BrokerStateMachine:
                     self.subgroups.apply(entry.body)
                 elif entry.type == ENTRY_TIMER:
                     self._apply_timer(entry, touched)
+                if entry.type >= APPLICATION_TYPE_MIN:
+                    self._effect_index = entry.index
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
                 # This member's disk, not the record: skipping here alone would make the
                 # members differ. The node's apply task fails, and with it the process.
@@ -1003,6 +1024,7 @@ class BrokerStateMachine:
         if data.get("version") not in (1, SNAPSHOT_VERSION):
             raise ValueError(f"snapshot version {data.get('version')}")
         self._applied = int(data["applied_index"])
+        self._effect_index = self._applied  # (what is saved may come from any of them)
         self._dispatch_end = int(data["dispatch_position"])
         self._latest_store_ts = int(data["latest_store_timestamp_ms"])
         # The file is as hostile as a record: what the API would refuse is left out, with one
@@ -1194,6 +1216,7 @@ class BrokerStateMachine:
         self.subgroups.reset()
         self._latest_store_ts = 0
         self._applied = first - 1
+        self._effect_index = self._applied
         self._dispatch_end = 0
 
     def close(self) -> None:

@@ -122,6 +122,16 @@ class LogStore(Protocol):
         """
         ...
 
+    def chain_at(self, index: int) -> int:
+        """The chained checksum of entries ``1..index`` (:mod:`dledger.chain`).
+
+        ``chain_at(0) == CHAIN_ORIGIN``; ``chain_at(first_index() - 1)`` is still answered
+        after a prefix deletion or a snapshot install (the store keeps the value at its base);
+        ``CHAIN_UNKNOWN`` (0) where the store cannot know it (a prefix deleted by a release
+        without chains). Errors as :meth:`term_at`.
+        """
+        ...
+
     def read(self, index: int) -> Entry:
         """Entry ``index``; errors as :meth:`term_at`, :class:`CorruptLogError` on bad bytes."""
         ...

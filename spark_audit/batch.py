@@ -45,15 +45,20 @@ HEADER_DTYPE = np.dtype(
         "itemsize": ENTRY_HEADER_SIZE,
     }
 )  # fmt: skip
-# One index record (codec.INDEX_RECORD, ">IIQQB3xI").
+# One index record (codec.INDEX_RECORD, ">IIQQQB27xI"); the 27 reserved bytes as pad0..pad3.
 INDEX_DTYPE = np.dtype(
     {
-        "names": ["magic", "size", "position", "term", "type", "pad0", "pad1", "pad2", "crc"],
-        "formats": [">u4", ">u4", ">u8", ">u8", "u1", "u1", "u1", "u1", ">u4"],
-        "offsets": [0, 4, 8, 16, 24, 25, 26, 27, 28],
+        "names": [
+            "magic", "size", "position", "term", "chain", "type", "pad0", "pad1", "pad2",
+            "pad3", "crc",
+        ],
+        "formats": [
+            ">u4", ">u4", ">u8", ">u8", ">u8", "u1", ">u8", ">u8", ">u2", "u1", ">u4",
+        ],
+        "offsets": [0, 4, 8, 16, 24, 32, 33, 41, 49, 51, 60],
         "itemsize": INDEX_RECORD_SIZE,
     }
-)
+)  # fmt: skip
 # model.CONTENT_KEY (">QBII"): what the entry digest is the CRC32C of.
 CONTENT_DTYPE = np.dtype(
     {

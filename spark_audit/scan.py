@@ -280,14 +280,14 @@ class ReplicaScanner:
             self._index_problem(index, segment_name(start), "", byte - start, "no index file")
             return
         name, uri, buf, off = slot
-        expected = codec.encode_index_record(size=size, position=position, term=term, type=typ)
-        if buf[off : off + INDEX_RECORD_SIZE] == expected:
-            return
         try:
             rec = codec.decode_index_record(buf, off)
         except RecordError as exc:
             reason = "no index record" if buf[off : off + 4] == b"\0\0\0\0" else exc.reason
         else:
+            # (The record's chain value is the store's to check: it needs the whole prefix.)
+            if (rec.size, rec.position, rec.term, rec.type) == (size, position, term, typ):
+                return
             reason = (
                 f"index record says position={rec.position} size={rec.size} term={rec.term} "
                 f"type={rec.type}; the entry is at position={position} size={size} "
@@ -572,7 +572,7 @@ class ReplicaScanner:
         ok[0] &= bool(rel[0] == off)
         ok[1:] &= rel[1:] == rel[:-1] + size[:-1]
         ok &= (recs["magic"] == INDEX_MAGIC) & (recs["pad0"] == 0) & (recs["pad1"] == 0)
-        ok &= recs["pad2"] == 0
+        ok &= (recs["pad2"] == 0) & (recs["pad3"] == 0)
         n = _prefix(ok)
         if n == 0:
             return 0, off

@@ -67,6 +67,9 @@ class LeaderNode:
         self.proposals = 0
         self.gate: Any = None  # an asyncio.Event a proposal waits for, when set
 
+    def suspect_damage(self, position: int, found_by: str = "read") -> None:
+        """The real node checks the log entry holding ``position``; this log has no damage."""
+
     async def propose(
         self, bodies: list[bytes], entry_type: int, *, headroom_bytes: int = 0
     ) -> tuple[int, int, int]:

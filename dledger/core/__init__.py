@@ -51,7 +51,10 @@ Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in
    again as it is; nothing of 3-5 happens until it succeeds.
 3. send ``rd.messages`` (only now: votes, vote requests and append answers promise what 2
    made durable).
-4. apply ``rd.committed`` in order (consecutive indices, continuing the previous Ready; each
+4. if ``rd.rewind_to`` is not None, roll the applied state back to that index first (a
+   content repair replaced entries this member had applied: docs/RAFT.md section 13; none
+   of ``rd.committed`` is then stable ahead of the job). Then apply ``rd.committed`` in
+   order (consecutive indices, continuing the previous Ready or ``rd.rewind_to``; each
    is stable or in ``rd.entries``). ``Entry.type`` NOOP entries carry no data; skip them.
    Those below the first index the job of 2 writes are stable already and may be applied
    while that job runs (the server does, so the apply overlaps the fsync); the others only
@@ -126,7 +129,6 @@ from dledger.core.membership import (
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
-    DROP_COMMITTED_CONFLICT,
     DROP_MALFORMED,
     DROP_NOT_MEMBER,
     DROP_REASONS,
@@ -134,6 +136,7 @@ from dledger.core.messages import (
     DROP_TERM_OUT_OF_RANGE,
     DROP_UNEXPECTED_TIMEOUT_NOW,
     REJECT_ALREADY_VOTED,
+    REJECT_CHAIN_MISMATCH,
     REJECT_LEADER_LEASE,
     REJECT_REPAIRING,
     REJECT_STALE_LOG,
@@ -162,7 +165,6 @@ __all__ = [
     "CAMPAIGN_REFUSED_MAX_TERM",
     "COMMIT_NOTICE_LINGER_MS",
     "DROP_ACK_BEYOND_LAST",
-    "DROP_COMMITTED_CONFLICT",
     "DROP_MALFORMED",
     "DROP_NOT_MEMBER",
     "DROP_REASONS",
@@ -178,6 +180,7 @@ __all__ = [
     "MAX_TERM_JUMP",
     "MUTATIONS",
     "REJECT_ALREADY_VOTED",
+    "REJECT_CHAIN_MISMATCH",
     "REJECT_LEADER_LEASE",
     "REJECT_REPAIRING",
     "REJECT_STALE_LOG",

@@ -55,6 +55,7 @@ MUTATIONS = frozenset(
         "removed_member_votes",  # vote requests from non-voters (removed nodes) are answered
         "snapshot_out_of_order",  # a follower installs a snapshot not beyond its commit index
         "forget_promise",  # a log that ends below its promise is not repaired: it votes
+        "skip_chain_check",  # logs are matched by (index, term) alone, as before dledger.chain
     }
 )
 

@@ -19,6 +19,9 @@ REJECT_STALE_TERM = "stale_term"  # the request's term is below the voter's
 # The voter's log ends below what it once acknowledged (its store was rolled back, cut or
 # replaced), or its vote was lost: it votes for no one until repaired (docs/RAFT.md 11).
 REJECT_REPAIRING = "repairing"
+# The voter holds the candidate's last entry with its term but another chain there: one of
+# the two logs was damaged or forged (docs/RAFT.md section 13); never elect across that.
+REJECT_CHAIN_MISMATCH = "chain_mismatch"
 
 # Why a received message was dropped without effect (keys of ``RaftNode.dropped``; stable
 # strings). A peer is an adversary until proven otherwise: what an honest member could not
@@ -29,7 +32,6 @@ DROP_TERM_OUT_OF_RANGE = "term_out_of_range"  # above MAX_TERM, or a jump beyond
 DROP_SECOND_LEADER = "second_leader"  # an append from another "leader" of a term that has one
 DROP_UNEXPECTED_TIMEOUT_NOW = "unexpected_timeout_now"  # not from this term's leader
 DROP_ACK_BEYOND_LAST = "ack_beyond_last"  # an ack or reject of an index the leader never had
-DROP_COMMITTED_CONFLICT = "committed_conflict"  # an append that would replace committed entries
 # Not a drop but counted with them: this node's term is MAX_TERM, it cannot campaign.
 CAMPAIGN_REFUSED_MAX_TERM = "campaign_refused_max_term"
 DROP_REASONS = (
@@ -39,7 +41,6 @@ DROP_REASONS = (
     DROP_SECOND_LEADER,
     DROP_UNEXPECTED_TIMEOUT_NOW,
     DROP_ACK_BEYOND_LAST,
-    DROP_COMMITTED_CONFLICT,
     CAMPAIGN_REFUSED_MAX_TERM,
 )
 
@@ -55,6 +56,7 @@ class VoteRequest:
     last_log_term: int
     pre_vote: bool = False
     leadership_transfer: bool = False  # sent after TimeoutNow: overrides the leader lease
+    last_log_chain: int = 0  # dledger.chain value at last_log_index (0: not carried)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,11 @@ class VoteResponse:
     granted: bool
     pre_vote: bool = False
     reject_reason: str = ""
+    # A granted vote: the voter's term and chain at log_index = min(its last index, the
+    # candidate's): the candidate counts the vote only if its own log agrees there.
+    log_index: int = 0
+    log_term: int = 0
+    log_chain: int = 0  # 0: not carried
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,9 @@ class AppendRequest:
     entries: tuple[Entry, ...]
     leader_commit: int
     no_reply: bool = False
+    # dledger.chain value at prev_log_index: the follower accepts only if its own agrees
+    # (0: not carried, the term alone is compared there; entries are checked by content).
+    prev_log_chain: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,10 @@ class AppendResponse:
     the follower's term at that index (0 when its log is shorter) and ``conflict_index`` the
     first index the follower holds with that term (or its ``last_log_index + 1``).
     ``repairing``: the follower is in the repair state, its ack counts toward no quorum.
+
+    ``match_chain`` is the follower's chain value at ``match_index`` (success) or at
+    ``rejected_index`` (rejection; 0 when it does not hold that index): the leader counts an
+    ack only if it agrees with its own chain there.
     """
 
     from_id: str
@@ -107,6 +121,7 @@ class AppendResponse:
     # The sender is repairing (its log ends below what it once acknowledged): the leader
     # replicates to it but does not count it towards a commit (docs/RAFT.md section 11).
     repairing: bool = False
+    match_chain: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dledger.chain import CHAIN_MAX, CHAIN_UNKNOWN, agree, next_chain
+from dledger.chain import fmt as chain_fmt
 from dledger.core import snapshot as snap
 from dledger.core.config import (
     MAX_ENTRIES_PER_PROPOSAL,
@@ -43,13 +45,13 @@ from dledger.core.membership import (
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
-    DROP_COMMITTED_CONFLICT,
     DROP_MALFORMED,
     DROP_NOT_MEMBER,
     DROP_SECOND_LEADER,
     DROP_TERM_OUT_OF_RANGE,
     DROP_UNEXPECTED_TIMEOUT_NOW,
     REJECT_ALREADY_VOTED,
+    REJECT_CHAIN_MISMATCH,
     REJECT_LEADER_LEASE,
     REJECT_REPAIRING,
     REJECT_STALE_LOG,
@@ -145,6 +147,11 @@ class Ready:
     # once stable): make it durable in step 2 with the hard state's copy (after the hard
     # state), before ``messages`` go and before advance(). None: it did not grow.
     promise: int | None = None
+    # --- content-verified log matching (docs/RAFT.md section 13) ---
+    # Follower: entries this node already applied were replaced by its leader's (its copy
+    # differed by content: damaged or forged). Before applying ``committed`` (which continue
+    # from it), roll the applied state back to this index. None: nothing to roll back.
+    rewind_to: int | None = None
 
     def must_persist(self) -> bool:
         """Whether step 2 has anything to write."""
@@ -165,6 +172,7 @@ class Ready:
             and self.soft_state is None
             and not self.notices_held
             and not self.snapshot_requests
+            and self.rewind_to is None
         )
 
 
@@ -214,12 +222,18 @@ class Status:
     repairing: bool = False
     promised_index: int = 0
     repairs_completed: int = 0
+    # Content mismatches seen since start (a chain that differs at an index both logs hold
+    # with the same term), and how many times this follower cut committed entries because
+    # its leader's differed by content (docs/RAFT.md section 13).
+    chain_mismatches: int = 0
+    committed_repairs: int = 0
 
 
 class _Progress:
     """The leader's view of one follower (etcd's Progress)."""
 
     __slots__ = (
+        "back_step",
         "commit_sent",
         "inflight",
         "last_heard_tick",
@@ -247,6 +261,9 @@ class _Progress:
         self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
         self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
         self.repairing = False  # its last answer said so: not counted towards a commit
+        # How far the next probe goes back after a content mismatch (doubles each time, so
+        # a divergence n entries back is found in log2(n) rounds; 1 again after an ack).
+        self.back_step = 1
 
     def become_probe(self, next_index: int) -> None:
         self.state = ProgressState.PROBE
@@ -390,6 +407,13 @@ class RaftNode:
         self._apply_floor = applied_index
         self._handed = applied_index  # last committed index handed out in a Ready
         self._applied = applied_index  # last index the driver confirmed applied (advance)
+        # Applied entries were replaced (content repair): the next Ready asks the driver to
+        # roll the applied state back to here.
+        self._rewind_to: int | None = None
+        # This term's leader showed that this member's committed copy differs at or before
+        # this index (0: no such doubt): it does not campaign until an append of a leader
+        # verified its log past it (a damaged copy must not win and hand itself on).
+        self._suspect_upto = 0
 
     def _init_outbox(self) -> None:
         """At start: nothing owed to the driver or the peers yet (what the next Ready carries)."""
@@ -426,6 +450,8 @@ class RaftNode:
         self.elections_started = 0
         self.elections_won = 0
         self._snapshots_sent = 0  # transfers the driver reported done (status)
+        self.chain_mismatches = 0  # see Status.chain_mismatches
+        self.committed_repairs = 0
 
     # ------------------------------------------------------------------ read-only state
 
@@ -518,6 +544,8 @@ class RaftNode:
             repairing=self._repair is not None,
             promised_index=self._promised,
             repairs_completed=self.repairs_completed,
+            chain_mismatches=self.chain_mismatches,
+            committed_repairs=self.committed_repairs,
         )
 
     # ------------------------------------------------------------------ driver interface
@@ -536,6 +564,7 @@ class RaftNode:
                 self._election_elapsed >= self._randomized_timeout
                 and self.id in self._voters
                 and self._repair is None
+                and not self._suspect_upto
             ):
                 self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
         self.release_notices()
@@ -659,6 +688,17 @@ class RaftNode:
         """The DROP_* reason when no honest member could have sent ``m``, else None."""
         if self._not_member(m):
             return DROP_NOT_MEMBER
+        chain = 0
+        if isinstance(m, AppendResponse):
+            chain = m.match_chain
+        elif isinstance(m, VoteRequest):
+            chain = m.last_log_chain
+        elif isinstance(m, VoteResponse):
+            chain = m.log_chain
+            if not 0 <= m.log_index <= MAX_INDEX:
+                return DROP_MALFORMED
+        if not 0 <= chain <= CHAIN_MAX:
+            return DROP_MALFORMED
         term = m.term
         if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
             return DROP_TERM_OUT_OF_RANGE
@@ -668,6 +708,7 @@ class RaftNode:
                     return DROP_MALFORMED
             elif (
                 not 0 <= m.prev_log_index <= MAX_INDEX
+                or not 0 <= m.prev_log_chain <= CHAIN_MAX
                 or m.leader_commit < 0
                 or (m.entries and m.entries[0].index != m.prev_log_index + 1)
                 or self._bad_config_entry(m)
@@ -743,6 +784,7 @@ class RaftNode:
             or self._handed < min(self._commit, self._log.last_index())
             or self._soft_state() != self._soft_reported
             or bool(self._snapshot_requests)
+            or self._rewind_to is not None
         )
 
     def ready(self) -> Ready:
@@ -775,7 +817,9 @@ class RaftNode:
             snapshot=snapshot,
             snapshot_requests=tuple(self._snapshot_requests),
             promise=promise if promise > self._promised else None,
+            rewind_to=self._rewind_to,
         )
+        self._rewind_to = None
         self._snapshot_requests = []
         self._msgs = []
         self._soft_reported = soft
@@ -807,6 +851,8 @@ class RaftNode:
             self._log.stable()
         if rd.snapshot is not None:
             self._applied = rd.snapshot.index  # the install replaced the applied state
+        if rd.rewind_to is not None:
+            self._applied = rd.rewind_to  # the driver rolled its applied state back
         if rd.committed:
             assert rd.committed[0].index == self._applied + 1, "committed entries skipped"
             self._applied = rd.committed[-1].index
@@ -1085,9 +1131,13 @@ class RaftNode:
 
     def _check_invariants(self) -> None:
         last = self._log.last_index()
-        assert self._applied <= self._handed <= max(self._commit, self._apply_floor), (
-            "applied/handed/commit order"
+        assert self._handed <= max(self._commit, self._apply_floor), "handed/commit order"
+        # A content repair cuts applied entries: applied stays above handed until the driver
+        # rolled back (the Ready that carries rewind_to).
+        rewinding = self._rewind_to is not None or (
+            self._outstanding is not None and self._outstanding.rewind_to is not None
         )
+        assert self._applied <= self._handed or rewinding, "applied/handed order"
         assert self._commit <= last, "commit index beyond the last index"
         if self._role is Role.LEADER:
             assert self._voted_for == self.id and self._leader_id == self.id
@@ -1157,6 +1207,7 @@ class RaftNode:
             return
         last_index = self._log.last_index()
         last_term = self._log.last_term()
+        last_chain = self._log.chain_at(last_index)
         for p in sorted(self._voters - {self.id}):
             self._send(
                 VoteRequest(
@@ -1167,6 +1218,7 @@ class RaftNode:
                     last_log_term=last_term,
                     pre_vote=pre_vote,
                     leadership_transfer=transfer,
+                    last_log_chain=last_chain,
                 )
             )
 
@@ -1307,6 +1359,7 @@ class RaftNode:
                 prev_log_term=self._log.term_at(prev),
                 entries=entries,
                 leader_commit=self._commit,
+                prev_log_chain=self._log.chain_at(prev),
             )
         )
         pr.commit_sent = max(pr.commit_sent, min(self._commit, prev + len(entries)))
@@ -1339,6 +1392,9 @@ class RaftNode:
         pr.last_heard_tick = self._leader_ticks
         repaired = pr.repairing and not m.repairing  # its match counts from now on
         pr.repairing = m.repairing
+        if self._content_conflict(m):
+            self._probe_back(m, pr)
+            return
         if pr.state is ProgressState.SNAPSHOT:
             if m.success and m.match_index > pr.match:
                 pr.match = m.match_index
@@ -1346,13 +1402,14 @@ class RaftNode:
             snap.on_ack_in_snapshot(self, m.from_id, pr)
             return
         if not m.success:
-            self._handle_append_reject(m, pr)
+            self._handle_reject(m, pr)
             return
         advanced = m.match_index > pr.match
         if advanced:
             pr.match = m.match_index
             pr.next = max(pr.next, pr.match + 1)
             pr.stalled_ticks = 0
+            pr.back_step = 1
         if pr.state is ProgressState.PROBE:
             if m.match_index >= pr.next - 1:
                 pr.become_replicate()
@@ -1379,19 +1436,12 @@ class RaftNode:
         while self._send_append(m.from_id) and pr.state is ProgressState.REPLICATE:
             pass
 
-    def _last_index_of_term(self, term: int, upto: int) -> int:
-        """Largest index <= upto whose term is ``term``; 0 when there is none."""
-        i = upto
-        first = self._log.first_index()
-        while i >= first and self._log.term_at(i) > term:
-            i -= 1
-        if i >= first and self._log.term_at(i) == term:
-            return i
-        return 0
-
-    def _handle_append_reject(self, m: AppendResponse, pr: _Progress) -> None:
-        """A follower's reject: probe back to where its log matches this leader's."""
-        if m.last_log_index < pr.match <= m.rejected_index:
+    def _handle_reject(self, m: AppendResponse, pr: _Progress) -> None:
+        """A follower refused an append whose prev it lacks or holds with another term."""
+        if m.last_log_index < pr.match and m.last_log_index < m.rejected_index:
+            # It lacks an index it acked: it cut its own copy since (a content repair, section
+            # 11, its ack delivered after the cut; or damage its store cut at open, section
+            # 12). Count only what it holds now, and send the rest again.
             self._forget_lost_match(m.from_id, pr, m.last_log_index)
             return
         if m.rejected_index <= pr.match:
@@ -1406,10 +1456,53 @@ class RaftNode:
             if idx > 0:
                 nxt = idx + 1
         nxt = max(pr.match + 1, min(nxt, m.rejected_index))
-        # Below what the log still holds (retention deleted it, or a forged hint): only a
-        # snapshot catches this follower up; the probe never reads a deleted entry.
+        # Below what the log still holds (retention deleted it, or a forged hint): only
+        # a snapshot catches this follower up; the probe never reads a deleted entry.
         pr.become_probe(nxt)
         self._send_append(m.from_id)
+
+    def _content_conflict(self, m: AppendResponse) -> bool:
+        """Whether the follower's answer shows a chain other than this leader's at an index
+        both hold with the same term (its ack would count a prefix that differs)."""
+        if m.match_chain == CHAIN_UNKNOWN or "skip_chain_check" in self._mut:
+            return False
+        log = self._log
+        index = m.match_index if m.success else m.rejected_index
+        if not log.first_index() - 1 <= index <= log.last_index():
+            return False
+        if not m.success and m.conflict_term != log.term_at(index):
+            return False  # a term conflict: the usual back-off
+        mine = log.chain_at(index)
+        if agree(mine, m.match_chain):
+            return False
+        self._note_chain_mismatch(m.from_id, index, m.match_chain, mine, "follower answer")
+        return True
+
+    def _probe_back(self, m: AppendResponse, pr: _Progress) -> None:
+        """The follower's log differs by content at or before ``index``: probe back from
+        there, twice as far each time (the append that matches then cuts the follower's log
+        at the first entry that differs). The follower's ack no longer counts above it."""
+        index = m.match_index if m.success else m.rejected_index
+        step = pr.back_step
+        pr.back_step = min(step * 2, MAX_INDEX)
+        nxt = max(1, index - step + 1)
+        stuck = pr.state is ProgressState.PROBE and pr.next == nxt
+        pr.match = min(pr.match, nxt - 1)
+        pr.become_probe(nxt)
+        if not stuck:
+            # (Stuck: a follower that answers the same probe with the same mismatch does not
+            # follow the protocol; it is probed again with the next proposal, not at once.)
+            self._send_append(m.from_id)
+
+    def _last_index_of_term(self, term: int, upto: int) -> int:
+        """Largest index <= upto whose term is ``term``; 0 when there is none."""
+        i = upto
+        first = self._log.first_index()
+        while i >= first and self._log.term_at(i) > term:
+            i -= 1
+        if i >= first and self._log.term_at(i) == term:
+            return i
+        return 0
 
     def _forget_lost_match(self, peer: str, pr: _Progress, last_log_index: int) -> None:
         """``peer`` rejects an append at or above its match with its log ending below it: it lost
@@ -1497,35 +1590,52 @@ class RaftNode:
         last = log.last_index()
         prev = m.prev_log_index
         entries = m.entries
-        prev_term = m.prev_log_term
-        if prev < self._commit:
-            # Skip what the committed prefix already holds; the last skipped entry is the
-            # new prev, checked below like any prev: a follower never claims a match (not
-            # even of its committed prefix) that it did not check against the leader's log.
-            skip = min(len(entries), self._commit - prev)
-            if skip:
-                prev, prev_term = entries[skip - 1].index, entries[skip - 1].term
+        prev_term, prev_chain = m.prev_log_term, m.prev_log_chain
+        floor = log.first_index() - 1
+        if prev < floor:
+            # Below what this log still holds (retention or a snapshot took it: applied, so
+            # committed): skip what the append repeats of it; the rest is checked from the
+            # floor on, against this log's own term and chain there.
+            skip = min(len(entries), floor - prev)
+            for e in entries[:skip]:  # the leader's chain at the new prev
+                prev_chain = next_chain(prev_chain, e.index, e.term, e.type, e.body)
+            prev_term = entries[skip - 1].term if skip else prev_term
             entries = entries[skip:]
+            prev = prev + skip
+            if prev < floor:
+                # All of it below the floor: compacted entries were applied, so committed, so
+                # the leader's. The floor is the match this member can vouch for (its commit
+                # may lie below it while it repairs: the application applied more than the
+                # log kept, section 11), and the leader probes on from there.
+                self._reply_append_ok(m.from_id, floor)
+                return
         if prev > last:
             self._reject_append(m, last + 1, 0)
             return
-        local_term = self._term_or_none(prev)
-        if local_term is not None and local_term != prev_term and prev <= self._commit:
-            self._committed_conflict(m, prev)
-            return
-        if local_term is not None and local_term != prev_term:
+        local_term = log.term_at(prev)
+        if local_term != prev_term:
             first = prev
             floor = max(self._commit + 1, log.first_index())
             while first - 1 >= floor and log.term_at(first - 1) == local_term:
                 first -= 1
             self._reject_append(m, first, local_term)
             return
-        to_append = self._new_entries(m, entries, last)
+        local_chain = log.chain_at(prev)
+        if not agree(local_chain, prev_chain) and "skip_chain_check" not in self._mut:
+            # Same term, other content at or before prev: the leader probes further back.
+            self._note_chain_mismatch(m.from_id, prev, prev_chain, local_chain, "append prev")
+            # (Same index and term, other chain: some entry up to prev is not the leader's.)
+            self._suspect_upto = max(self._suspect_upto, prev)
+            self._reject_append(m, prev, local_term)
+            return
+        to_append = self._new_entries(m, entries, last, prev)
         if to_append is None:
             return
         if to_append:
             self._append_local(to_append)
         last_new = prev + len(entries)
+        if self._suspect_upto and last_new >= self._suspect_upto:
+            self._suspect_upto = 0  # the leader's chain now covers the doubted prefix
         if m.leader_commit > self._commit:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):
@@ -1538,19 +1648,6 @@ class RaftNode:
             return None
         return self._log.term_at(index)
 
-    def _committed_conflict(self, m: AppendRequest, index: int) -> None:
-        """The leader's log differs from this node's committed prefix at ``index`` (a forged
-        append, or a group that lost committed entries): keep it, answer nothing."""
-        logger.error(
-            "node=%s term=%d append from=%s conflicts with committed index %d (commit %d)",
-            self.id,
-            self._term,
-            m.from_id,
-            index,
-            self._commit,
-        )
-        self._drop(DROP_COMMITTED_CONFLICT, m)
-
     def _become_follower_of(self, leader: str) -> None:
         """A message from this term's leader (an append or a snapshot): follow it."""
         if self._role is not Role.FOLLOWER or self._leader_id != leader:
@@ -1562,6 +1659,11 @@ class RaftNode:
             self._voted_for = leader
 
     def _reject_append(self, m: AppendRequest, conflict_index: int, conflict_term: int) -> None:
+        log = self._log
+        at = m.prev_log_index
+        chain = CHAIN_UNKNOWN
+        if conflict_term > 0 and log.first_index() - 1 <= at <= log.last_index():
+            chain = log.chain_at(at)
         self._send(
             AppendResponse(
                 self.id,
@@ -1570,42 +1672,86 @@ class RaftNode:
                 success=False,
                 conflict_index=conflict_index,
                 conflict_term=conflict_term,
-                last_log_index=self._log.last_index(),
-                rejected_index=m.prev_log_index,
+                last_log_index=log.last_index(),
+                rejected_index=at,
                 repairing=self._repair is not None,
+                match_chain=chain,
             )
         )
 
     def _new_entries(
-        self, m: AppendRequest, entries: Sequence[Entry], last: int
+        self, m: AppendRequest, entries: Sequence[Entry], last: int, prev: int
     ) -> Sequence[Entry] | None:
-        """The suffix of ``entries`` (which follow a matching prev) this log lacks, from the
-        first conflict or past its end; appending it cuts the log there. None: the append
-        conflicts with a committed entry and is dropped."""
+        """The suffix of ``entries`` (which follow ``prev``, whose chain matched) this log
+        lacks, from the first entry that differs (by term or by content: its chain) or past
+        its end; appending it cuts the log there. A difference at a committed index means
+        this node's copy is the damaged one (section 13 of docs/RAFT.md): it is reported and
+        cut like any other."""
         log = self._log
+        chain = log.chain_at(prev)
+        skip_chain = "skip_chain_check" in self._mut
         for i, e in enumerate(entries):
             if e.index > last:
                 return entries[i:]
-            if log.term_at(e.index) == e.term:
+            chain = next_chain(chain, e.index, e.term, e.type, e.body)
+            local = log.chain_at(e.index)
+            if log.term_at(e.index) == e.term and (skip_chain or agree(chain, local)):
                 continue
             if "no_truncate_conflict" in self._mut:
                 # MUTATION: keep the conflicting suffix, append only past it.
                 return [x for x in entries[i:] if x.index > last]
             if e.index <= self._commit:
-                # Only a forged or corrupt append conflicts with a committed entry
-                # (log matching): keep what is committed, answer nothing.
-                logger.error(
-                    "node=%s term=%d append from=%s conflicts with committed index %d",
-                    self.id,
-                    self._term,
-                    m.from_id,
-                    e.index,
-                )
-                self._drop(DROP_COMMITTED_CONFLICT, m)
-                return None
-            logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
+                self._repair_committed(m.from_id, e.index, chain, local)
+            else:
+                logger.info("node=%s term=%d truncate_suffix from=%d", self.id, self._term, e.index)
             return entries[i:]  # the append cuts the log at its first index
         return ()
+
+    def _repair_committed(self, leader: str, index: int, theirs: int, mine: int) -> None:
+        """This term's leader holds other content at committed ``index``: the leader holds
+        what a majority acknowledged (leader completeness), so this copy is damaged or
+        forged. Cut it there (the caller's append does), take the leader's entries, and roll
+        applied state back past it."""
+        self._note_chain_mismatch(leader, index, theirs, mine, "committed entry")
+        self.committed_repairs += 1
+        logger.error(
+            "node=%s term=%d repair_committed index=%d commit=%d applied=%d leader=%s: "
+            "cutting this member's copy from index %d and taking the leader's",
+            self.id,
+            self._term,
+            index,
+            self._commit,
+            self._applied,
+            leader,
+            index,
+        )
+        self._commit = index - 1
+        if self._handed >= index:
+            self._handed = index - 1
+            rewind = self._rewind_to
+            self._rewind_to = index - 1 if rewind is None else min(rewind, index - 1)
+
+    def _note_chain_mismatch(
+        self, peer: str, index: int, theirs: int, mine: int, what: str
+    ) -> None:
+        """Count a content mismatch with ``peer`` at ``index``; an ERROR line for the 1st,
+        2nd, 4th ... (a hostile peer cannot flood the log)."""
+        self.chain_mismatches += 1
+        n = self.chain_mismatches
+        if n & (n - 1) == 0:
+            logger.error(
+                "node=%s term=%d chain_mismatch %s index=%d commit=%d peer=%s peer_chain=%s "
+                "own_chain=%s count=%d",
+                self.id,
+                self._term,
+                what,
+                index,
+                self._commit,
+                peer,
+                chain_fmt(theirs),
+                chain_fmt(mine),
+                n,
+            )
 
     def _reply_append_ok(self, to: str, match: int) -> None:
         """A success answer: ``match`` was checked against this term's leader's log."""
@@ -1619,6 +1765,7 @@ class RaftNode:
                 match_index=match,
                 last_log_index=self._log.last_index(),
                 repairing=self._repair is not None,
+                match_chain=self._log.chain_at(match),
             )
         )
 
@@ -1660,6 +1807,9 @@ class RaftNode:
             self._log.last_term(),
             self._log.last_index(),
         ) or "vote_without_log_check" in self._mut
+        if log_ok and self._vote_chain_conflict(m):
+            self._reject_vote(m, REJECT_CHAIN_MISMATCH)
+            return
         if can_vote and log_ok:
             if not m.pre_vote:
                 self._voted_for = m.from_id
@@ -1671,9 +1821,54 @@ class RaftNode:
                 m.from_id,
                 m.pre_vote,
             )
-            self._send(VoteResponse(self.id, m.from_id, m.term, granted=True, pre_vote=m.pre_vote))
+            at = min(m.last_log_index, self._log.last_index())
+            if at < self._log.first_index() - 1:
+                at = 0  # below this log (a snapshot): the empty prefix, known everywhere
+            self._send(
+                VoteResponse(
+                    self.id,
+                    m.from_id,
+                    m.term,
+                    granted=True,
+                    pre_vote=m.pre_vote,
+                    log_index=at,
+                    log_term=self._log.term_at(at),
+                    log_chain=self._log.chain_at(at),
+                )
+            )
         else:
             self._reject_vote(m, REJECT_ALREADY_VOTED if not can_vote else REJECT_STALE_LOG)
+
+    def _vote_chain_conflict(self, m: VoteRequest) -> bool:
+        """Whether this log holds the candidate's last entry with its term but another chain
+        there (one of the two logs is damaged or forged: no vote across that)."""
+        log = self._log
+        i = m.last_log_index
+        if "skip_chain_check" in self._mut or not log.first_index() - 1 <= i <= log.last_index():
+            return False
+        if log.term_at(i) != m.last_log_term:
+            return False
+        mine = log.chain_at(i)
+        if agree(mine, m.last_log_chain):
+            return False
+        self._note_chain_mismatch(m.from_id, i, m.last_log_chain, mine, "vote request")
+        return True
+
+    def _voter_chain_conflict(self, m: VoteResponse) -> bool:
+        """Whether a granting voter holds the entry at ``m.log_index`` with this log's term
+        but another chain (one of the two logs is damaged or forged): the vote does not
+        count, so that a damaged candidate never wins with the votes of shorter logs."""
+        log = self._log
+        i = m.log_index
+        if "skip_chain_check" in self._mut or not log.first_index() - 1 <= i <= log.last_index():
+            return False
+        if log.term_at(i) != m.log_term:
+            return False
+        mine = log.chain_at(i)
+        if agree(mine, m.log_chain):
+            return False
+        self._note_chain_mismatch(m.from_id, i, m.log_chain, mine, "vote answer")
+        return True
 
     def _handle_vote_response(self, m: VoteResponse) -> None:
         if self._role is Role.PRE_CANDIDATE:
@@ -1684,7 +1879,7 @@ class RaftNode:
                 return
         else:
             return
-        self._votes.setdefault(m.from_id, m.granted)
+        self._votes.setdefault(m.from_id, m.granted and not self._voter_chain_conflict(m))
         granted, rejected = self._vote_count()
         if granted >= self._quorum():
             self._win_vote()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dledger.chain import CHAIN_ORIGIN, next_chain
 from dledger.core.snapshot import SnapshotMeta
 from dledger.log import Entry, IndexOutOfRangeError, LogCompactedError, LogStore
 
@@ -32,6 +33,7 @@ class RaftLog:
         "_snap",
         "_snap_taken",
         "_stored_last",
+        "_uchains",
         "_unstable",
         "_valid_upto",
         "store",
@@ -46,6 +48,7 @@ class RaftLog:
         self._stored_last = last
         self.u_first = last + 1  # first index of the unstable tail
         self._unstable: list[Entry] = []
+        self._uchains: list[int] = []  # dledger.chain value of each entry of the tail
         self._handed_last = 0  # last index handed to the driver in the job in flight (0: none)
         self._valid_upto = 0  # the job's entries up to here are still the core's (no cut since)
         # A snapshot accepted and not yet confirmed installed; whether a job carries it, and
@@ -85,6 +88,21 @@ class RaftLog:
             raise LogCompactedError(f"index {index} below the snapshot {self._snap.index}")
         return self.store.term_at(index)
 
+    def chain_at(self, index: int) -> int:
+        """The chained checksum at ``index`` (``LogStore.chain_at``; errors as term_at)."""
+        if index == 0:
+            return CHAIN_ORIGIN
+        if index >= self.u_first:
+            k = index - self.u_first
+            if k >= len(self._uchains):
+                raise IndexOutOfRangeError(f"index {index} above last index {self.last_index()}")
+            return self._uchains[k]
+        if self._snap is not None:
+            if index == self._snap.index:
+                return self._snap.chain
+            raise LogCompactedError(f"index {index} below the snapshot {self._snap.index}")
+        return self.store.chain_at(index)
+
     def read_range(self, start: int, max_bytes: int, max_count: int) -> list[Entry]:
         """Like ``LogStore.read_range``; a range that starts in the store stops at its end."""
         if start < self.u_first:
@@ -119,14 +137,21 @@ class RaftLog:
         assert self.first_index() <= first <= self.last_index() + 1, "append not contiguous"
         if first <= self.last_index():
             self._cut(first)
+        chain = self.chain_at(first - 1)
+        chains = self._uchains
+        for e in entries:
+            chain = next_chain(chain, e.index, e.term, e.type, e.body)
+            chains.append(chain)
         self._unstable.extend(entries)
 
     def _cut(self, index: int) -> None:
         if index >= self.u_first:
             del self._unstable[index - self.u_first :]
+            del self._uchains[index - self.u_first :]
         else:
             # Into the stored prefix: the next job cuts the store at ``index``.
             self._unstable = []
+            self._uchains = []
             self.u_first = index
         self._valid_upto = min(self._valid_upto, index - 1)
 
@@ -136,6 +161,7 @@ class RaftLog:
         """Replace the whole log by ``meta`` (a snapshot accepted beyond the commit index):
         the next job installs it, and the store then ends at its index."""
         self._unstable = []
+        self._uchains = []
         self.u_first = meta.index + 1
         self._stored_last = meta.index
         self._valid_upto = 0  # the job in flight (if any) writes a log that is void now
@@ -176,4 +202,5 @@ class RaftLog:
         self._handed_snap = None
         if upto >= self.u_first:
             del self._unstable[: upto - self.u_first + 1]
+            del self._uchains[: upto - self.u_first + 1]
             self.u_first = upto + 1

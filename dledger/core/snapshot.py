@@ -35,6 +35,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dledger.chain import CHAIN_MAX, agree
 from dledger.core.config import MAX_INDEX
 from dledger.core.messages import AppendRequest
 
@@ -61,6 +62,7 @@ class SnapshotMeta:
     index: int
     term: int
     config: Hashable | None = None
+    chain: int = 0  # dledger.chain value at ``index`` (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +86,23 @@ class InstallSnapshot:
     snapshot_index: int
     snapshot_term: int
     config: Hashable | None = None
+    snapshot_chain: int = 0  # dledger.chain value at snapshot_index (0: unknown)
 
     @property
     def meta(self) -> SnapshotMeta:
-        return SnapshotMeta(self.snapshot_index, self.snapshot_term, self.config)
+        return SnapshotMeta(
+            self.snapshot_index, self.snapshot_term, self.config, self.snapshot_chain
+        )
 
 
 def malformed(m: InstallSnapshot) -> bool:
     """An InstallSnapshot no honest leader sends: an index outside [1, MAX_INDEX], or a last
     term outside [1, the message's term]."""
-    return not (1 <= m.snapshot_index <= MAX_INDEX and 1 <= m.snapshot_term <= m.term)
+    return not (
+        1 <= m.snapshot_index <= MAX_INDEX
+        and 1 <= m.snapshot_term <= m.term
+        and 0 <= m.snapshot_chain <= CHAIN_MAX
+    )
 
 
 # ---------------------------------------------------------------------- leader side
@@ -195,7 +204,7 @@ def _log_holds(node: RaftNode, meta: SnapshotMeta) -> bool:
     log = node._log
     if not log.first_index() - 1 <= meta.index <= log.last_index():
         return False
-    return log.term_at(meta.index) == meta.term
+    return log.term_at(meta.index) == meta.term and agree(log.chain_at(meta.index), meta.chain)
 
 
 def heartbeat(node: RaftNode, peer: str, pr: _Progress, *, no_reply: bool) -> AppendRequest:
@@ -210,4 +219,5 @@ def heartbeat(node: RaftNode, peer: str, pr: _Progress, *, no_reply: bool) -> Ap
         entries=(),
         leader_commit=node._commit,
         no_reply=no_reply,
+        prev_log_chain=node._log.chain_at(prev),
     )

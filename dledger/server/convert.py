@@ -42,6 +42,7 @@ def fill_pb(pm: pb.PeerMessage, m: Message, group: str) -> None:
         a.prev_log_term = m.prev_log_term
         a.leader_commit = m.leader_commit
         a.no_reply = m.no_reply
+        a.prev_log_chain = m.prev_log_chain
         add = a.entries.add
         for e in m.entries:
             add(term=e.term, index=e.index, type=e.type, body=e.body)
@@ -78,6 +79,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             entries=tuple(entry_from_pb(e) for e in a.entries),
             leader_commit=a.leader_commit,
             no_reply=a.no_reply,
+            prev_log_chain=a.prev_log_chain,
         )
     if kind == "append_response":
         r = pm.append_response
@@ -92,6 +94,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             last_log_index=r.last_log_index,
             rejected_index=r.rejected_index,
             repairing=r.repairing,
+            match_chain=r.match_chain,
         )
     if kind == "vote_request":
         v = pm.vote_request
@@ -103,6 +106,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             last_log_term=v.last_log_term,
             pre_vote=v.pre_vote,
             leadership_transfer=v.leadership_transfer,
+            last_log_chain=v.last_log_chain,
         )
     if kind == "vote_response":
         w = pm.vote_response
@@ -113,6 +117,9 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             granted=w.granted,
             pre_vote=w.pre_vote,
             reject_reason=w.reject_reason,
+            log_index=w.log_index,
+            log_term=w.log_term,
+            log_chain=w.log_chain,
         )
     if kind == "timeout_now":
         t = pm.timeout_now
@@ -175,6 +182,8 @@ def validate(m: Message) -> str | None:
     elif isinstance(m, VoteResponse):
         if len(m.reject_reason) > MAX_REJECT_REASON_CHARS:
             return "oversized reject_reason"
+        if not 0 <= m.log_index <= MAX_INDEX or not 0 <= m.log_term <= term:
+            return "log_index or log_term out of range"
     elif isinstance(m, VoteRequest):
         if not 0 <= m.last_log_term <= term:
             return "last_log_term above the request term"

@@ -112,6 +112,18 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
             "Repairs this member completed since start (it votes and counts again)",
             st.repairs_completed,
         ),
+        counter(
+            "corruption_chain_mismatch",
+            "Content mismatches this member saw: a peer's chain differs from its own at an "
+            "index both hold with the same term (docs/RAFT.md section 13)",
+            st.chain_mismatches,
+        ),
+        counter(
+            "corruption_committed_repairs",
+            "Times this member cut committed entries of its own that differed by content from "
+            "its leader's, and took the leader's",
+            st.committed_repairs,
+        ),
         *_snapshot_families(node),
         labelled_counter(
             "raft_dropped_messages",

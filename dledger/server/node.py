@@ -35,6 +35,8 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from dledger import failpoints
 from dledger import fatal as fatal_mod
 from dledger.appsnapshot import AppSnapshot
+from dledger.chain import agree
+from dledger.chain import fmt as chain_fmt
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
     MAX_ENTRIES_PER_PROPOSAL,
@@ -185,7 +187,11 @@ class StateMachine(Protocol):
 
     Optionally it also has ``on_prefix_deleted(first_index: int) -> None``: called (in the
     event loop, between applies) after retention deleted the log's entries below
-    ``first_index``, so the application can drop what it derived from them."""
+    ``first_index``, so the application can drop what it derived from them; and
+    ``rewind(index: int) -> None``: roll the applied state back to ``index`` (a Ready's
+    ``rewind_to``: this member's copy of applied entries differed by content from its
+    leader's, docs/RAFT.md section 13). Without it such a repair ends the process (fail
+    fast: the state machine holds what the damaged copy made)."""
 
     def applied_index(self) -> int:
         """Index up to which the application's own durable state already includes entries."""
@@ -213,6 +219,10 @@ class LogOnlyStateMachine:
 
     def apply(self, entries: Sequence[Entry]) -> None:
         self.last_applied = entries[-1].index
+
+    def rewind(self, index: int) -> None:
+        """Entries above ``index`` were replaced (a content repair): the log is the state."""
+        self.last_applied = min(self.last_applied, index)
 
     def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
         pass
@@ -1125,7 +1135,11 @@ class DLedgerNode:
         conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
         committed = rd.committed
         if rd.must_persist():
-            stable = () if conf_committed or rd.snapshot is not None else _stable_prefix(rd)
+            stable = (
+                ()
+                if conf_committed or rd.snapshot is not None or rd.rewind_to is not None
+                else _stable_prefix(rd)
+            )
             if stable:
                 await self._persist_applying(rd, stable)
                 committed = committed[len(stable) :]
@@ -1135,6 +1149,8 @@ class DLedgerNode:
             transport.send(m)
         if conf_committed:
             await self._save_committed_conf(rd.committed)
+        if rd.rewind_to is not None:
+            self._rewind(rd.rewind_to)
         self._apply(committed)
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
@@ -1170,6 +1186,31 @@ class DLedgerNode:
         self._applied = committed[-1].index
         self._resolve_waiters(self._applied)
 
+    def _rewind(self, index: int) -> None:
+        """Roll the state machine back to ``index``: the entries applied above it were a
+        damaged or forged copy, replaced by the leader's (already persisted)."""
+        hook = getattr(self.sm, "rewind", None)
+        logger.error(
+            "node=%s rewind applied=%d to=%d: applied entries were replaced by the leader's",
+            self.cfg.self_id,
+            self._applied,
+            index,
+        )
+        if not callable(hook):
+            fatal(
+                "apply",
+                DLedgerError(
+                    f"entries {index + 1}..{self._applied} this node applied differed by "
+                    "content from its leader's and were replaced; this state machine cannot "
+                    "roll back (no rewind()): restore this node from a snapshot of a member"
+                ),
+            )
+        try:
+            hook(index)
+        except Exception as exc:
+            fatal("apply", exc)
+        self._applied = index
+
     async def _install_snapshot(self, meta: SnapshotMeta) -> None:
         """A Ready's snapshot: the staged log and files replace this node's; the core reads
         the new store from now on. Any failure ends the process (a restart finishes it)."""
@@ -1184,10 +1225,16 @@ class DLedgerNode:
                 # A state machine without snapshot files of its own is the log itself.
                 takes_files = callable(getattr(self.sm, "install_snapshot", None))
                 applied = self.sm.applied_index() if takes_files else meta.index
-            if applied != meta.index or store.term_at(meta.index) != meta.term:
+            chain = store.chain_at(meta.index)
+            if (
+                applied != meta.index
+                or store.term_at(meta.index) != meta.term
+                or not agree(chain, meta.chain)
+            ):
                 raise DLedgerError(
                     f"installed snapshot {meta.index}/{meta.term}: applied {applied}, term "
-                    f"{store.term_at(meta.index)}"
+                    f"{store.term_at(meta.index)}, chain {chain_fmt(chain)} (the leader's: "
+                    f"{chain_fmt(meta.chain)})"
                 )
         except Exception as exc:
             fatal("snapshot-install", exc)

@@ -44,6 +44,7 @@ import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.appsnapshot import AppSnapshot
+from dledger.chain import CHAIN_UNKNOWN
 from dledger.core import ConfState, InstallSnapshot, Role, SnapshotMeta, SnapshotRequest
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.core.membership import decode as decode_conf
@@ -229,7 +230,7 @@ class SnapshotSender:
         node = self._node
         index = node.applied
         store = node.store
-        meta = SnapshotMeta(index, store.term_at(index))
+        meta = SnapshotMeta(index, store.term_at(index), chain=store.chain_at(index))
         extent = store.snapshot_extent(index)
         app = node.capture_app_snapshot()
         loop = asyncio.get_running_loop()
@@ -261,6 +262,8 @@ class SnapshotSender:
             base_term=extent.base_term,
             start_position=extent.start_position,
             segment_size_bytes=extent.segment_size_bytes,
+            base_chain=extent.base_chain,
+            snapshot_chain=meta.chain,
         )
         logger.info(
             "node=%s snapshot to=%s index=%d log=[%d, %d) app_files=%d",
@@ -562,6 +565,7 @@ class SnapshotReceiver:
             h.snapshot_index,
             h.snapshot_term,
             conf,
+            h.snapshot_chain,
         )
         node.step_local(m)
         pending = node.core.pending_snapshot
@@ -658,6 +662,7 @@ def _header_dict(h: pb.SnapshotHeader) -> dict[str, int | str]:
         "base_term": h.base_term,
         "start_position": h.start_position,
         "segment_size_bytes": h.segment_size_bytes,
+        "base_chain": h.base_chain,
     }
 
 
@@ -714,6 +719,7 @@ def finish_install(store_dir: str) -> None:
         base_term=int(h["base_term"]),
         start_position=int(h["start_position"]),
         segment_size_bytes=int(h["segment_size_bytes"]),
+        base_chain=int(h.get("base_chain", CHAIN_UNKNOWN)),
     )
 
 

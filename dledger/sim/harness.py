@@ -75,7 +75,7 @@ class Cluster:
         self.queue: list[Item] = []
         self.sent: list[Item] = []  # every message ever sent, for assertions
         # Snapshots in transit or accepted, per receiver: (meta, prefix hashes, entries).
-        self.staged: dict[str, tuple[SnapshotMeta, list[int], list[Entry]]] = {}
+        self.staged: dict[str, tuple[SnapshotMeta, list[int], list[int], list[Entry]]] = {}
         self.isolated: set[str] = set()
         self.drop: DropFilter | None = None
         # These nodes' persist jobs wait (their Ready stays outstanding) until release().
@@ -150,11 +150,13 @@ class Cluster:
 
     def _finish(self, nid: str, rd: Ready) -> None:
         if rd.snapshot is not None:
-            meta, hashes, entries = self.staged.pop(nid)
+            meta, hashes, chains, entries = self.staged.pop(nid)
             assert meta == rd.snapshot, "installed a snapshot that was not transferred"
-            self.logs[nid].install(meta, hashes)
+            self.logs[nid].install(meta, hashes, chains)
             self.applied[nid] = list(entries)
         self._send(finish_ready(self.nodes[nid], self.logs[nid], rd))
+        if rd.rewind_to is not None:
+            self.applied[nid] = [e for e in self.applied[nid] if e.index <= rd.rewind_to]
         self.applied[nid].extend(rd.committed)
 
     def _send_snapshot(self, nid: str, to: str, term: int) -> None:
@@ -162,9 +164,9 @@ class Cluster:
         log = self.logs[nid]
         entries = self.applied[nid]
         index = entries[-1].index if entries else log.first_index() - 1
-        meta = SnapshotMeta(index, log.term_at(index))
-        self.staged[to] = (meta, log.prefix_hashes(index), list(entries))
-        self._send([InstallSnapshot(nid, to, term, meta.index, meta.term)])
+        meta = SnapshotMeta(index, log.term_at(index), chain=log.chain_at(index))
+        self.staged[to] = (meta, log.prefix_hashes(index), log.prefix_chains(index), list(entries))
+        self._send([InstallSnapshot(nid, to, term, meta.index, meta.term, None, meta.chain)])
 
     def compact(self, nid: str, upto: int) -> None:
         """Retention on ``nid``: delete its log up to ``upto`` (applied there)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dledger.chain import CHAIN_ORIGIN, next_chain
 from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import SnapshotMeta
 from dledger.log import Entry, HardState, IndexOutOfRangeError, LogCompactedError
@@ -30,6 +31,9 @@ class MemLog:
         self._base = 0  # last compacted (or snapshot) index; its term:
         self._base_term = 0
         self._hashes: list[int] = [0]  # _hashes[i] = hash of the prefix 1..i
+        # _chains[i] = dledger.chain value at i (what the real store keeps with its index);
+        # kept for compacted indexes too, like _hashes (chain_at answers only from the base).
+        self._chains: list[int] = [CHAIN_ORIGIN]
         self._durable = 0
         self._hard_state: HardState | None = HardState()  # None: the meta file was lost
         # The promise file, apart from the log (dledger.storage.promise): the highest index
@@ -56,6 +60,12 @@ class MemLog:
         if index == self._base:
             return self._base_term
         return self.read(index).term
+
+    def chain_at(self, index: int) -> int:
+        if index == self._base:
+            return self._chains[index]
+        self.read(index)  # range checks
+        return self._chains[index]
 
     def read(self, index: int) -> Entry:
         if index <= self._base:
@@ -89,6 +99,7 @@ class MemLog:
             self._entries.append(e)
             h = hash((hashes[-1], e.term, e.type, e.body))
             hashes.append(h)
+            self._chains.append(next_chain(self._chains[-1], e.index, e.term, e.type, e.body))
             if self._on_append is not None:
                 self._on_append(e, h)
         return self.last_index()
@@ -100,6 +111,7 @@ class MemLog:
         self.truncated.append((index, self._hashes[index:]))
         del self._entries[index - self._base - 1 :]
         del self._hashes[index:]
+        del self._chains[index:]
         self._durable = min(self._durable, index - 1)
 
     def flush(self) -> int:
@@ -138,6 +150,7 @@ class MemLog:
         lost = self.last_index() - self._durable
         del self._entries[self._durable - self._base :]
         del self._hashes[self._durable + 1 :]
+        del self._chains[self._durable + 1 :]
         return lost
 
     def rollback(self, index: int) -> int:
@@ -148,6 +161,7 @@ class MemLog:
         lost = max(0, self.last_index() - index)
         del self._entries[index - self._base :]
         del self._hashes[index + 1 :]
+        del self._chains[index + 1 :]
         self._durable = min(self._durable, index)
         return lost
 
@@ -163,21 +177,40 @@ class MemLog:
         del self._entries[: index - self._base]
         self._base = index
 
-    def install(self, meta: SnapshotMeta, hashes: Sequence[int]) -> None:
-        """Replace the whole log by the snapshot ``meta`` (durable at once); ``hashes`` are
-        the source's prefix hashes up to its index. Entries removed beyond the snapshot's
-        index are recorded in ``truncated`` like a cut."""
-        assert len(hashes) > meta.index
+    def install(self, meta: SnapshotMeta, hashes: Sequence[int], chains: Sequence[int]) -> None:
+        """Replace the whole log by the snapshot ``meta`` (durable at once); ``hashes`` and
+        ``chains`` are the source's prefix hashes and chain values up to its index. Entries
+        removed beyond the snapshot's index are recorded in ``truncated`` like a cut."""
+        assert len(hashes) > meta.index and len(chains) > meta.index
         if self.last_index() > meta.index:
             self.truncated.append((meta.index + 1, self._hashes[meta.index + 1 :]))
         self._entries = []
         self._base, self._base_term = meta.index, meta.term
         self._hashes = list(hashes[: meta.index + 1])
+        self._chains = list(chains[: meta.index + 1])
         self._durable = meta.index
 
     def prefix_hashes(self, index: int) -> list[int]:
         """The prefix hashes of indexes 0..index (what a snapshot at ``index`` carries)."""
         return self._hashes[: index + 1]
+
+    def prefix_chains(self, index: int) -> list[int]:
+        """The chain values of indexes 0..index (what a snapshot at ``index`` carries)."""
+        return self._chains[: index + 1]
+
+    def damage(self, index: int, body: bytes) -> None:
+        """Fault: entry ``index`` silently holds ``body`` instead (same index, term and type),
+        and every chain value and prefix hash from it on follows the new content, as on a
+        member that was handed, or wrote, a different history (a forged append, a lost
+        write replayed): nothing in this log tells it is wrong. Durable entries only."""
+        assert self._base < index <= self._durable, "MemLog.damage: not a durable entry"
+        k = index - self._base - 1
+        old = self._entries[k]
+        self._entries[k] = Entry(old.term, old.index, body, old.type)
+        for e in self._entries[k:]:
+            i = e.index
+            self._hashes[i] = hash((self._hashes[i - 1], e.term, e.type, e.body))
+            self._chains[i] = next_chain(self._chains[i - 1], i, e.term, e.type, e.body)
 
     def prefix_hash(self, index: int) -> int:
         """Hash of entries 1..index (0 for index 0)."""

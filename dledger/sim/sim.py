@@ -72,6 +72,15 @@ TICK_MS = 10  # one Raft tick of simulated time
 ELECTION_TIMEOUT_TICKS = 10  # so elections time out after 100..200 ms of simulated time
 # After the faults end, a leader must be elected and a new proposal committed within this.
 LIVENESS_BOUND_MS = 4_000
+# A follower whose committed entries were damaged holds the committed content again (as far
+# as it held it when damaged) this long after the damage (its leader's next append finds it).
+REPAIR_BOUND_MS = 2_000
+# Share of seeds in which, the moment the run is live (healed, a proposal committed), one
+# applied, committed entry of a follower silently holds other content (MemLog.damage): its
+# leader must find it and repair it within REPAIR_BOUND_MS. Only then (and only in runs
+# without membership changes): a damaged member plus another fault of the schedule can leave
+# no majority of intact copies, beyond any repair.
+DAMAGE_SEED_PCT = 30
 # Hard stop for one run (simulated), whatever happens.
 MAX_SIM_TIME_MS = 20_000
 
@@ -200,6 +209,7 @@ class _Node:
         "applied",
         "boot_conf",
         "core",
+        "damaged",
         "id",
         "incarnation",
         "log",
@@ -232,7 +242,11 @@ class _Node:
         # None: an original member (bootstrap configuration); a joined node's own.
         self.boot_conf: ConfState | None = None
         # Snapshots received whole and not installed yet: (index, term) -> prefix hashes.
-        self.staged: dict[tuple[int, int], list[int]] = {}
+        self.staged: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        # A damage event changed a committed entry of this log and it was not repaired yet.
+        # Damaged (DAMAGE_SEED_PCT) and not repaired yet: the last index its log held then,
+        # which it must hold again, by content; 0: not damaged.
+        self.damaged = 0
 
 
 class Simulation:
@@ -278,6 +292,13 @@ class Simulation:
         self.repairs = 0  # of cores since crashed; the live ones' are added at the end
         self._forge_rng = random.Random(f"forge-run-{seed}")
         self._member_rng = random.Random(f"member-run-{seed}")
+        self._damage_rng = random.Random(f"damage-run-{seed}")
+        # Not with membership changes: the damaged member's removal before its repair would
+        # take the copies it lost out of every count (the checker's, not Raft's, problem).
+        self._damage_at_live = random.Random(f"damage-{seed}").randrange(
+            100
+        ) < DAMAGE_SEED_PCT and not any(f.kind.startswith("member") for f in self.faults)
+        self._live_at: int | None = None
         self._final_voters: frozenset[str] = frozenset(self.ids)
         self._net_rng = random.Random(f"net-{seed}")
         self._client_rng = random.Random(f"client-{seed}")
@@ -398,7 +419,18 @@ class Simulation:
             else:
                 self._on_heal()
             if self._live:
-                break
+                if self._live_at is None:
+                    self._live_at = self.now
+                    if self._damage_at_live:
+                        self._damage()
+                if not self._damage_pending():
+                    break
+                if self.now > self._live_at + REPAIR_BOUND_MS:
+                    raise Violation(
+                        "damage_not_repaired",
+                        f"a damaged committed prefix was not repaired {REPAIR_BOUND_MS}ms "
+                        "after the run was live",
+                    )
             if self._healed_at is not None and at > self._healed_at + LIVENESS_BOUND_MS:
                 raise Violation(
                     "liveness",
@@ -437,6 +469,11 @@ class Simulation:
     def _crash(self, node: _Node) -> None:
         if not node.up:
             return
+        if node.damaged:
+            # Its restart would replay the damaged log into its state machine: telling that
+            # damage from a crash is the repair state's part (issue 31, item 2), not modelled.
+            self._note(f"crash {node.id} skipped: damaged")
+            return
         node.up = False
         if node.core is not None:
             self.repairs += node.core.repairs_completed
@@ -458,7 +495,9 @@ class Simulation:
             node = self.nodes[nid]
             if node.up:
                 assert node.core is not None
-                if self.params.compaction:
+                if self.params.compaction and not node.damaged:
+                    # (Damage below a member's retention point is repaired by a snapshot
+                    # install, the repair state's part, issue 31 item 2: not modelled.)
                     self._maybe_compact(node)
                 node.core.tick()
                 self._after(node)
@@ -517,6 +556,10 @@ class Simulation:
             # restart must not rebuild the group from a log whose CONFIG entries a
             # compaction may have taken.
             node.boot_conf = core.conf_state_at(configs[-1])
+        if rd.rewind_to is not None:
+            # The simulated state machine is the applied prefix: rolling back is forgetting.
+            self._note(f"rewind {node.id} to={rd.rewind_to} applied={node.applied}")
+            node.applied = min(node.applied, rd.rewind_to)
         for e in rd.committed:
             self._apply(node, e)
         core.advance(rd)
@@ -524,7 +567,7 @@ class Simulation:
 
     def _install(self, node: _Node, meta: SnapshotMeta) -> None:
         """The driver installs a snapshot its core accepted: log and applied state replaced."""
-        hashes = node.staged.pop((meta.index, meta.term))
+        hashes, chains = node.staged.pop((meta.index, meta.term))
         self._note(f"install {node.id} index={meta.index} term={meta.term}")
         if meta.index <= node.applied:
             raise Violation(
@@ -538,7 +581,9 @@ class Simulation:
                 f"{node.id} installed a snapshot of index {meta.index} that differs from "
                 "the committed prefix",
             )
-        node.log.install(meta, hashes)
+        if chains[meta.index] != meta.chain:
+            raise Violation("snapshot_chain", f"{node.id} got a snapshot of another chain")
+        node.log.install(meta, hashes, chains)
         if isinstance(meta.config, ConfState):
             # The core adopted the snapshot's configuration (its CONFIG entries are gone):
             # kept for a restart, as the server's driver saves membership.json.
@@ -556,10 +601,12 @@ class Simulation:
         index = node.applied
         assert node.core is not None
         conf = node.core.conf_state_at(index)
-        meta = SnapshotMeta(index, node.log.term_at(index), conf)
-        hashes = node.log.prefix_hashes(index)
+        meta = SnapshotMeta(index, node.log.term_at(index), conf, node.log.chain_at(index))
+        hashes = (node.log.prefix_hashes(index), node.log.prefix_chains(index))
         for req in requests:
-            m = InstallSnapshot(node.id, req.to_id, req.term, meta.index, meta.term, conf)
+            m = InstallSnapshot(
+                node.id, req.to_id, req.term, meta.index, meta.term, conf, meta.chain
+            )
             self._note(f"snapshot {node.id}->{req.to_id} index={index}")
             at = self.now + lo + int(rand() * (hi - lo))
             self._push(at, _SNAPSHOT, (m, hashes, node.incarnation, True))
@@ -568,7 +615,9 @@ class Simulation:
                 late = at + 20 + int(rand() * 200)
                 self._push(late, _SNAPSHOT, (m, hashes, node.incarnation, False))
 
-    def _on_snapshot(self, payload: tuple[InstallSnapshot, list[int], int, bool]) -> None:
+    def _on_snapshot(
+        self, payload: tuple[InstallSnapshot, tuple[list[int], list[int]], int, bool]
+    ) -> None:
         """A transfer ends: the follower gets the InstallSnapshot if the data went through;
         the leader (the same incarnation) hears how it went."""
         m, hashes, incarnation, report = payload
@@ -616,7 +665,7 @@ class Simulation:
                         "vote_once", f"{m.from_id} voted for {other} and {m.to_id} in term {m.term}"
                     )
             self._send(m)
-        if voted and self._armed_crash_voter:
+        if voted and self._armed_crash_voter and not node.damaged:
             # The voter dies the moment its vote is out: whatever it had not persisted by
             # then is gone.
             self._armed_crash_voter = False
@@ -694,6 +743,9 @@ class Simulation:
         """A member never removes a committed entry from its log (it may remove entries that
         differ from the committed ones at the same index)."""
         for index, removed in node.log.truncated:
+            hist_hash = self._history_hash
+            if node.damaged and index < len(hist_hash) and removed[0] != hist_hash[index]:
+                continue  # a damaged copy of committed entries, cut to be repaired
             if index <= node.max_applied:
                 raise Violation(
                     "committed_lost",
@@ -725,8 +777,8 @@ class Simulation:
             if nid in voters and not self._repairing(n)
         }
         for nid, node in self.nodes.items():
-            if not node.up or nid not in keys:
-                continue
+            if not node.up or nid not in keys or node.damaged:
+                continue  # (a damaged member is checked by _damage_pending instead)
             log = node.log
             if index <= log.last_index() and log.prefix_hash(index) == h:
                 continue
@@ -1036,6 +1088,72 @@ class Simulation:
         core.step(m)
         self._after(node)
 
+    def _damage(self) -> None:
+        """Silently change one applied, committed entry of a follower (MemLog.damage)."""
+        leader = self._leader()
+        rng = self._damage_rng
+        if self.params.deaf_leader_at_heal:
+            return  # the leader hears no answer: no repair, and a second fault
+        if leader is None or leader.core is None:
+            return
+        members = leader.core.conf_state.members  # a removed node gets no append to repair it
+        followers = [
+            n
+            for nid, n in sorted(self.nodes.items())
+            if n.up and n is not leader and nid in members
+        ]
+        if not followers:
+            return
+        node = rng.choice(followers)
+        log = node.log
+        assert node.core is not None
+        if node.pending is not None or node.core.last_index != log.last_index():
+            # Entries on their way to the log follow the old content: damage under a write
+            # in flight is a torn write, the damage helper's case (issue 31 item 2).
+            return
+        hi = min(node.applied, log.flushed_index(), len(self._history) - 1)
+        if hi < log.first_index():
+            return
+        index = rng.randint(log.first_index(), hi)
+        if log.read(index).type != EntryType.NORMAL:
+            return  # a NOOP or CONFIG entry: its body means something to the core
+        log.damage(index, b"damaged-%d" % self.now)
+        node.damaged = log.last_index()
+        self._note(f"damage {node.id} index={index}")
+
+    def _damage_pending(self) -> bool:
+        """Whether a damaged member still holds other content than the committed history
+        (clears the mark of those repaired)."""
+        pending = False
+        leader = self._leader()
+        members = leader.core.conf_state.members if leader and leader.core else None
+        for node in self.nodes.values():
+            if node.damaged and members is not None and node.id not in members:
+                node.damaged = 0  # removed since: no leader replicates to it any more
+                self._note(f"damaged {node.id} removed from the group")
+            if node.damaged:
+                upto = min(node.damaged, len(self._history) - 1)
+                if (
+                    self._committed_prefix_differs(node)
+                    or node.log.flushed_index() < upto
+                    or node.log.prefix_hash(upto) != self._history_hash[upto]
+                ):
+                    pending = True
+                else:
+                    node.damaged = 0
+                    self._note(f"repaired {node.id}")
+        return pending
+
+    def _committed_prefix_differs(self, node: _Node) -> bool:
+        """Whether ``node``'s log up to its commit index differs from the committed history
+        (by content: the prefix hash covers every entry's term, type and body)."""
+        if node.core is None or node.core.pending_snapshot is not None:
+            return False  # (a snapshot accepted, not installed yet: the log is not read)
+        c = min(node.core.commit_index, len(self._history) - 1)
+        if c < node.log.first_index() - 1 or c > node.log.last_index():
+            return False
+        return node.log.prefix_hash(c) != self._history_hash[c]
+
     def _on_heal(self) -> None:
         self._healed_at = self.now
         self._blocked = set()
@@ -1058,6 +1176,15 @@ class Simulation:
     def _final_checks(self) -> None:
         if not self._live:
             raise Violation("liveness", "run ended before a proposal committed after healing")
+        leader = self._leader()
+        members = leader.core.conf_state.members if leader and leader.core else set(self.nodes)
+        for node in self.nodes.values():
+            # (A member removed from the group gets no append to repair a damaged copy.)
+            if node.up and node.id in members and self._committed_prefix_differs(node):
+                raise Violation(
+                    "committed_prefix_differs",
+                    f"{node.id}'s committed log differs by content from the committed history",
+                )
         voters = self._final_voters
         quorum = len(voters) // 2 + 1
         for index, (term, body) in self._acked.items():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
+from dledger.chain import CHAIN_ORIGIN, CHAIN_UNKNOWN
 from dledger.log import ENTRY_TYPE_MAX, DLedgerError, Entry, HardState
 
 crc32c = _crc32c.crc32c
@@ -60,12 +61,18 @@ assert BLANK.size == BLANK_SIZE
 # Index record: entry i lives at byte i * INDEX_RECORD_SIZE of the (segmented) index space.
 # ---------------------------------------------------------------------------------------
 
-INDEX_MAGIC = 0x49445831  # b"IDX1"
-INDEX_RECORD_SIZE = 32
-# magic, total entry size, position, term, type, 3 zero bytes
-INDEX_NO_CRC = struct.Struct(">IIQQB3x")
-INDEX_CRC_OFFSET = 28
-INDEX_RECORD = struct.Struct(">IIQQB3xI")
+# Format 2 (this release): 64 bytes, with the entry's chained checksum (dledger.chain). A
+# power of two, so that any index segment size that is a multiple of the page size holds
+# whole records; the 27 reserved bytes keep room for what a later format adds per entry.
+INDEX_MAGIC = 0x49445832  # b"IDX2"
+# Format 1 (the release before chains): 32-byte records with magic b"IDX1". The index is
+# derived data: a store of format 1 has its index rebuilt from the data segments on open.
+INDEX_MAGIC_V1 = 0x49445831  # b"IDX1"
+INDEX_RECORD_SIZE = 64
+# magic, total entry size, position, term, chain, type, 27 zero bytes
+INDEX_NO_CRC = struct.Struct(">IIQQQB27x")
+INDEX_CRC_OFFSET = 60
+INDEX_RECORD = struct.Struct(">IIQQQB27xI")
 assert INDEX_NO_CRC.size == INDEX_CRC_OFFSET
 assert INDEX_RECORD.size == INDEX_RECORD_SIZE
 
@@ -74,12 +81,21 @@ assert INDEX_RECORD.size == INDEX_RECORD_SIZE
 # ---------------------------------------------------------------------------------------
 
 CHECKPOINT_MAGIC = 0x434B5054  # b"CKPT"
+# Format 2 adds base_chain (the chain value at base_index) and marks a store whose index
+# records carry chains; format 1 (68 bytes, written by the previous release) is read and
+# migrated on open (the index is rebuilt); a later format is refused.
+CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION_V1 = 1
+CHECKPOINT_HEAD = struct.Struct(">IH")  # magic, version: read first to pick the layout
 # magic, version, reserved, flushed_position, flushed_index, commit_index, applied_index,
-# base_index, base_term, truncate_pending_position
-CHECKPOINT_NO_CRC = struct.Struct(">IHHQQQQQQQ")
+# base_index, base_term, truncate_pending_position, base_chain
+CHECKPOINT_NO_CRC = struct.Struct(">IHHQQQQQQQQ")
 CHECKPOINT_SIZE = CHECKPOINT_NO_CRC.size + 4
+# Format 1: the same without base_chain.
+CHECKPOINT_NO_CRC_V1 = struct.Struct(">IHHQQQQQQQ")
+CHECKPOINT_SIZE_V1 = CHECKPOINT_NO_CRC_V1.size + 4
 NO_TRUNCATE_PENDING = 0xFFFF_FFFF_FFFF_FFFF
-assert CHECKPOINT_SIZE == 68
+assert CHECKPOINT_SIZE == 76 and CHECKPOINT_SIZE_V1 == 68
 
 HARD_STATE_MAGIC = 0x48415244  # b"HARD"
 # magic, version, voted_for length (0xFFFF = no vote), term
@@ -120,6 +136,7 @@ class IndexRecord:
     position: int
     term: int
     type: int
+    chain: int  # dledger.chain value at this index
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +150,11 @@ class Checkpoint:
     base_index: int = 0  # last index deleted by delete_prefix (0: nothing deleted)
     base_term: int = 0  # term of ``base_index``
     truncate_pending_position: int = NO_TRUNCATE_PENDING  # set while truncate_suffix runs
+    # dledger.chain value at ``base_index`` (CHAIN_ORIGIN for 0; CHAIN_UNKNOWN when a store
+    # of format 1 had already deleted a prefix: that value cannot be rebuilt)
+    base_chain: int = CHAIN_ORIGIN
+    # the format the checkpoint was read in (CHECKPOINT_VERSION_V1: migrate the store)
+    version: int = CHECKPOINT_VERSION
 
 
 def _check_u(value: int, bits: int, name: str) -> None:
@@ -374,19 +396,19 @@ def iter_entries(buf: bytes | bytearray | memoryview) -> Iterator[Entry]:
 # ---------------------------------------------------------------------------------------
 
 
-def encode_index_record(*, size: int, position: int, term: int, type: int) -> bytes:
-    head = INDEX_NO_CRC.pack(INDEX_MAGIC, size, position, term, type)
+def encode_index_record(*, size: int, position: int, term: int, type: int, chain: int) -> bytes:
+    head = INDEX_NO_CRC.pack(INDEX_MAGIC, size, position, term, chain, type)
     return head + U32.pack(crc32c(head))
 
 
 def decode_index_record(buf: bytes | bytearray | memoryview | object, offset: int) -> IndexRecord:
     mv = memoryview(buf)  # type: ignore[arg-type]
-    magic, size, position, term, typ, crc = INDEX_RECORD.unpack_from(mv, offset)
+    magic, size, position, term, chain, typ, crc = INDEX_RECORD.unpack_from(mv, offset)
     if magic != INDEX_MAGIC:
         raise RecordError(f"bad index record magic 0x{magic:08x}", offset)
     if crc32c(mv[offset : offset + INDEX_CRC_OFFSET]) != crc:
         raise RecordError("index record CRC mismatch", offset)
-    return IndexRecord(size, position, term, typ)
+    return IndexRecord(size, position, term, typ, chain)
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,9 +417,10 @@ def decode_index_record(buf: bytes | bytearray | memoryview | object, offset: in
 
 
 def encode_checkpoint(c: Checkpoint) -> bytes:
+    """The checkpoint in the current format (CHECKPOINT_VERSION)."""
     head = CHECKPOINT_NO_CRC.pack(
         CHECKPOINT_MAGIC,
-        FORMAT_VERSION,
+        CHECKPOINT_VERSION,
         0,
         c.flushed_position,
         c.flushed_index,
@@ -406,22 +429,52 @@ def encode_checkpoint(c: Checkpoint) -> bytes:
         c.base_index,
         c.base_term,
         c.truncate_pending_position,
+        c.base_chain,
     )
     return head + U32.pack(crc32c(head))
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
-    if len(data) != CHECKPOINT_SIZE:
-        raise RecordError(f"checkpoint is {len(data)} bytes, expected {CHECKPOINT_SIZE}", 0)
-    fields = CHECKPOINT_NO_CRC.unpack_from(data, 0)
-    (crc,) = U32.unpack_from(data, CHECKPOINT_SIZE - 4)
-    if fields[0] != CHECKPOINT_MAGIC:
-        raise RecordError(f"bad checkpoint magic 0x{fields[0]:08x}", 0)
-    if crc32c(data[: CHECKPOINT_SIZE - 4]) != crc:
-        raise RecordError("checkpoint CRC mismatch", CHECKPOINT_SIZE - 4)
-    if fields[1] != FORMAT_VERSION:
-        raise RecordError(f"unknown checkpoint version {fields[1]}", 4)
-    return Checkpoint(*fields[3:])
+    """A checkpoint of format 2, or of format 1 (``version`` says which; its base_chain is
+    CHAIN_ORIGIN when nothing was deleted, else CHAIN_UNKNOWN). A later format is refused
+    with a RecordError naming both versions."""
+    if len(data) < CHECKPOINT_HEAD.size:
+        raise RecordError(f"checkpoint is only {len(data)} bytes", 0)
+    magic, version = CHECKPOINT_HEAD.unpack_from(data, 0)
+    if magic != CHECKPOINT_MAGIC:
+        raise RecordError(f"bad checkpoint magic 0x{magic:08x}", 0)
+    if version not in (CHECKPOINT_VERSION, CHECKPOINT_VERSION_V1):
+        raise RecordError(
+            f"checkpoint format version {version} is not one this release reads (it reads "
+            f"{CHECKPOINT_VERSION_V1} and {CHECKPOINT_VERSION}): written by a newer release?",
+            4,
+        )
+    layout, size = (
+        (CHECKPOINT_NO_CRC, CHECKPOINT_SIZE)
+        if version == CHECKPOINT_VERSION
+        else (CHECKPOINT_NO_CRC_V1, CHECKPOINT_SIZE_V1)
+    )
+    if len(data) != size:
+        raise RecordError(f"checkpoint v{version} is {len(data)} bytes, expected {size}", 0)
+    (crc,) = U32.unpack_from(data, size - 4)
+    if crc32c(data[: size - 4]) != crc:
+        raise RecordError("checkpoint CRC mismatch", size - 4)
+    f = layout.unpack_from(data, 0)[3:]
+    if version == CHECKPOINT_VERSION_V1:
+        base_chain = CHAIN_ORIGIN if f[4] == 0 else CHAIN_UNKNOWN
+    else:
+        base_chain = f[7]
+    return Checkpoint(
+        flushed_position=f[0],
+        flushed_index=f[1],
+        commit_index=f[2],
+        applied_index=f[3],
+        base_index=f[4],
+        base_term=f[5],
+        truncate_pending_position=f[6],
+        base_chain=base_chain,
+        version=version,
+    )
 
 
 def encode_hard_state(s: HardState) -> bytes:

@@ -104,10 +104,12 @@ def install_log(
     base_term: int,
     start_position: int,
     segment_size_bytes: int,
+    base_chain: int,
 ) -> None:
     """Make ``root`` (a closed store) hold the segments staged in ``source`` instead of its own
     log: entries ``base_index + 1`` on, the first at ``start_position``. The index and the
-    rest of the checkpoint are rebuilt when the store opens (it scans the new segments)."""
+    rest of the checkpoint are rebuilt when the store opens (it scans the new segments, and
+    rebuilds every entry's chain from ``base_chain``)."""
     if source.is_dir():
         check_segments(source, start_position, segment_size_bytes)
         for name in (DATA_DIR, INDEX_DIR):
@@ -124,6 +126,7 @@ def install_log(
         applied_index=base_index,
         base_index=base_index,
         base_term=base_term,
+        base_chain=base_chain,
     )
     atomic_write(root / CHECKPOINT_FILE, codec.encode_checkpoint(ckpt))
     logger.info(

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dledger import failpoints
+from dledger.chain import CHAIN_ORIGIN, link
 from dledger.fatal import fatal, guard_thread
 from dledger.log import (
     ENTRY_TYPE_MAX,
@@ -41,6 +42,7 @@ from dledger.storage import codec, damage
 from dledger.storage.codec import (
     BLANK_MAGIC_BYTES,
     BLANK_SIZE,
+    CHECKPOINT_VERSION,
     ENTRY_HEADER_SIZE,
     ENTRY_MAGIC,
     FORMAT_VERSION,
@@ -87,9 +89,10 @@ DEFAULT_SEGMENT_SIZE_BYTES = 1 << 30
 # Tests use tiny segments to cross boundaries often; below this the blank-record and
 # pre-allocation overheads dominate and nothing realistic fits.
 MIN_SEGMENT_SIZE_BYTES = 64 * 1024
-# 1 Mi index records of 32 bytes per index file (like DLedger's 5M x 32 B index files, but
-# smaller so that a young store does not map hundreds of MiB of index).
-DEFAULT_INDEX_SEGMENT_SIZE_BYTES = (1 << 20) * INDEX_RECORD_SIZE
+# 512 Ki index records of 64 bytes per index file, 32 MiB (DLedger has 5M x 32 B index files;
+# ours carry the chain too, and are fewer per file so that a young store does not allocate
+# hundreds of MiB of index at start).
+DEFAULT_INDEX_SEGMENT_SIZE_BYTES = (1 << 19) * INDEX_RECORD_SIZE
 # RocketMQ's flushIntervalCommitLog default.
 DEFAULT_FLUSH_INTERVAL_MS = 500
 # How stale the checkpoint may get: it bounds how much log recovery re-verifies after a
@@ -238,7 +241,7 @@ class StoreConfig:
             # Blank records store the remaining length of a segment in a u32.
             raise ConfigError(f"segment_size_bytes={self.segment_size_bytes} must be < 4 GiB")
         if self.index_segment_size_bytes % INDEX_RECORD_SIZE:
-            raise ConfigError("index_segment_size_bytes must be a multiple of 32")
+            raise ConfigError(f"index_segment_size_bytes must be a multiple of {INDEX_RECORD_SIZE}")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
             raise ConfigError("flush_interval_ms and checkpoint_interval_ms must be > 0")
         if not 0 <= self.reserve_bytes <= 1 << 30:
@@ -259,6 +262,7 @@ class LogExtent:
     base_index: int
     base_term: int
     start_position: int
+    base_chain: int
     end_position: int
     segment_size_bytes: int
 
@@ -298,8 +302,10 @@ class SegmentedLogStore:
         self._cur_index: MappedFile | None = None  # index file of the last appended record
         self._base_index = 0
         self._base_term = 0
+        self._base_chain = CHAIN_ORIGIN  # dledger.chain value at _base_index
         self._last_index = 0
         self._last_term = 0
+        self._last_chain = CHAIN_ORIGIN
         self._write_pos = 0
         self._flushed_pos = 0
         self._flushed_index = 0
@@ -375,9 +381,12 @@ class SegmentedLogStore:
         fsync_dir(self.root)
         self._base_index = ckpt.base_index
         self._base_term = ckpt.base_term
+        self._base_chain = ckpt.base_chain
         self._commit_index = ckpt.commit_index
         self._applied_index = ckpt.applied_index
         self._arm_reserve()
+        if ckpt.version != CHECKPOINT_VERSION:
+            self._drop_old_index(ckpt)
         self._open_index_files()
         self._open_data_segments(ckpt)
         marker = damage.read_marker(self.root)
@@ -420,6 +429,25 @@ class SegmentedLogStore:
             raise CorruptLogError(
                 f"checkpoint {path}: {e.reason}", path=str(path), offset=e.offset
             ) from None
+
+    def _drop_old_index(self, ckpt: Checkpoint) -> None:
+        """A store of an older format (its checkpoint says so): its index records have
+        another layout and no chains. The index is derived data: delete it; recovery
+        rebuilds it from the data segments (a full scan, once)."""
+        log.warning(
+            "store root=%s has format %d (this release writes %d): rebuilding its index from "
+            "the data segments%s",
+            self.root,
+            ckpt.version,
+            CHECKPOINT_VERSION,
+            ""
+            if ckpt.base_index == 0
+            else f"; the chain below its first index {ckpt.base_index + 1} is unknown (deleted "
+            "before chains): matching falls back to terms until a snapshot is installed",
+        )
+        for p in self._index_dir.iterdir():
+            p.unlink()
+        fsync_dir(self._index_dir)
 
     def _list_files(self, directory: Path, unit: int) -> list[int]:
         starts = []
@@ -489,33 +517,37 @@ class SegmentedLogStore:
             index=index,
         )
 
-    def _scan_origin(self, ckpt_pos: int, full: bool) -> tuple[int, int, int]:
+    def _scan_origin(self, ckpt_pos: int, full: bool) -> tuple[int, int, int, int]:
         """Where recovery starts scanning: the segment (from the one holding the checkpoint's
         flushed position, or the first with ``full``), the index of its first entry and the
-        term before it. A segment whose first entry (or the index record before it) is
-        unreadable moves the start one segment back, so that the scan meets the damage."""
+        term and chain before it. A segment whose first entry (or the index record before it)
+        is unreadable moves the start one segment back, so that the scan meets the damage."""
         segs = self._segments
+        origin = (0, self._base_index + 1, self._base_term, self._base_chain)
         if full or ckpt_pos <= segs[0].start:
-            return 0, self._base_index + 1, self._base_term
+            return origin
         # the last segment holding flushed bytes (ckpt_pos may be the start of an empty one)
         k0 = max(k for k, s in enumerate(segs) if s.start < ckpt_pos)
         while k0 > 0:
             first = self._peek_first_index(segs[k0])
             if first > self._base_index + 1:
                 try:
-                    return k0, first, self._record(first - 1).term
+                    rec = self._record(first - 1)
+                    return k0, first, rec.term, rec.chain
                 except CorruptLogError:
                     pass
             k0 -= 1
-        return 0, self._base_index + 1, self._base_term
+        return origin
 
     def _recover(self, ckpt: Checkpoint, *, full: bool) -> None:
         segs = self._segments
         ckpt_pos = ckpt.flushed_position
         pending = ckpt.truncate_pending_position
-        k0, expected, prev_term = self._scan_origin(ckpt_pos, full)
+        rebuild = ckpt.version != CHECKPOINT_VERSION  # the index was dropped: scan it all
+        k0, expected, prev_term, chain = self._scan_origin(ckpt_pos, full or rebuild)
         self._last_index = expected - 1
         self._last_term = prev_term
+        self._last_chain = chain
         self._index_synced = expected - 1  # records below the scan are not rewritten
         end_pos = segs[k0].start  # write position after the last valid (kept) record
         scan_stop = end_pos  # first position not covered by a valid record (stale included)
@@ -540,9 +572,11 @@ class SegmentedLogStore:
                 scan_stop = item.position + item.size
                 if item.position >= pending:
                     continue  # an entry an interrupted truncate_suffix was removing
-                self._write_index_record(h.index, h.total_size, h.position, h.term, h.type)
+                chain = next_link(self._last_chain, h)
+                self._write_index_record(h.index, h.total_size, h.position, h.term, h.type, chain)
                 self._last_index = h.index
                 self._last_term = h.term
+                self._last_chain = chain
                 end_pos = scan_stop
             assert terminal is not None
             if terminal.kind in (ItemKind.BLANK, ItemKind.PADDING):
@@ -606,14 +640,21 @@ class SegmentedLogStore:
         self._sync_data(self._segment_floor(start), end_pos)
         self._flushed_pos = end_pos
         self._flushed_index = self._last_index
-        if not (self.root / CHECKPOINT_FILE).exists() or (
-            ckpt.flushed_position,
-            ckpt.flushed_index,
-            ckpt.truncate_pending_position,
-        ) != (
-            end_pos,
-            self._last_index,
-            NO_TRUNCATE_PENDING,
+        rebuild = ckpt.version != CHECKPOINT_VERSION  # written again in this version's format
+        pending = ckpt.truncate_pending_position
+        if (
+            rebuild
+            or not (self.root / CHECKPOINT_FILE).exists()
+            or (
+                ckpt.flushed_position,
+                ckpt.flushed_index,
+                pending,
+            )
+            != (
+                end_pos,
+                self._last_index,
+                NO_TRUNCATE_PENDING,
+            )
         ):
             self._persist_checkpoint()
 
@@ -755,12 +796,14 @@ class SegmentedLogStore:
             self._index_files[number] = f
         return f
 
-    def _write_index_record(self, index: int, size: int, pos: int, term: int, typ: int) -> None:
+    def _write_index_record(
+        self, index: int, size: int, pos: int, term: int, typ: int, chain: int
+    ) -> None:
         byte = index * INDEX_RECORD_SIZE
         f = self._index_file(byte // self._idx_size, create=True)
         assert f is not None
         off = byte - f.start
-        head = INDEX_NO_CRC.pack(INDEX_MAGIC, size, pos, term, typ)
+        head = INDEX_NO_CRC.pack(INDEX_MAGIC, size, pos, term, chain, typ)
         f.mm[off : off + INDEX_CRC_OFFSET] = head
         U32.pack_into(f.mm, off + INDEX_CRC_OFFSET, crc32c(head))
 
@@ -845,6 +888,18 @@ class SegmentedLogStore:
             if index == self._last_index:
                 return self._last_term
             return self._record(index).term
+
+    def chain_at(self, index: int) -> int:
+        with self._lock:
+            self._check_open()
+            if index == 0:
+                return CHAIN_ORIGIN
+            if index == self._base_index:
+                return self._base_chain
+            self._check_range(index)
+            if index == self._last_index:
+                return self._last_chain
+            return self._record(index).chain
 
     def _read_locked(self, index: int) -> Entry:
         seg, off, rec = self._check_entry_locked(index)
@@ -949,6 +1004,7 @@ class SegmentedLogStore:
             return LogExtent(
                 base_index=self._base_index,
                 base_term=self._base_term,
+                base_chain=self._base_chain,
                 start_position=start,
                 end_position=end,
                 segment_size_bytes=self._seg_size,
@@ -1088,6 +1144,7 @@ class SegmentedLogStore:
         off = self._write_pos - seg.start
         idx = self._last_index
         term = self._last_term
+        chain = self._last_chain
         ifile = self._cur_index
         if ifile is None or not ifile.start <= (idx + 1) * INDEX_RECORD_SIZE < ifile.end:
             ifile = self._index_file(((idx + 1) * INDEX_RECORD_SIZE) // self._idx_size, create=True)
@@ -1134,11 +1191,13 @@ class SegmentedLogStore:
                     break
                 idx += 1
                 pos = seg_start + off
+                bcrc = crc32c(body)
                 head = head_pack(
-                    ENTRY_MAGIC, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, crc32c(body)
+                    ENTRY_MAGIC, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, bcrc
                 )
                 add((head, u32_pack(crc32c(head)), body))
-                ihead = idx_pack(INDEX_MAGIC, total, pos, term, typ)
+                chain = link(chain, idx, term, typ, n, bcrc) if chain else chain
+                ihead = idx_pack(INDEX_MAGIC, total, pos, term, chain, typ)
                 iadd((ihead, u32_pack(crc32c(ihead))))
                 off += total
                 ioff += INDEX_RECORD_SIZE
@@ -1165,6 +1224,7 @@ class SegmentedLogStore:
         self._write_pos = seg.start + off
         self._last_index = idx
         self._last_term = term
+        self._last_chain = chain
         if off >= self._prealloc_at and self._next_requested != seg.end:
             self._maybe_preallocate()
 
@@ -1378,6 +1438,7 @@ class SegmentedLogStore:
             base_index=self._base_index,
             base_term=self._base_term,
             truncate_pending_position=truncate_pending,
+            base_chain=self._base_chain,
         )
         lo = max(self._index_synced, self._base_index) + 1
         hi = self._flushed_index
@@ -1718,9 +1779,10 @@ class SegmentedLogStore:
             new_pos = rec.position
             old_pos = self._write_pos
             old_last = self._last_index
-            new_term = self._base_term if index - 1 == self._base_index else 0
+            new_term, new_chain = self._base_term, self._base_chain
             if index - 1 > self._base_index:
-                new_term = self._record(index - 1).term
+                rec = self._record(index - 1)
+                new_term, new_chain = rec.term, rec.chain
             self._flushed_pos = min(self._flushed_pos, new_pos)
             self._flushed_index = min(self._flushed_index, index - 1)
             self._index_synced = min(self._index_synced, index - 1)
@@ -1749,6 +1811,7 @@ class SegmentedLogStore:
             self._write_pos = new_pos
             self._last_index = index - 1
             self._last_term = new_term
+            self._last_chain = new_chain
             # 4. Done: clear the intent.
             self._persist_checkpoint_locked()
             log.info(
@@ -1800,18 +1863,20 @@ class SegmentedLogStore:
             if n == 0:
                 return self._base_index + 1
             new_base = lasts[n - 1]
-            new_base_term = self._last_term if new_base == self._last_index else 0
+            new_base_term, new_base_chain = self._last_term, self._last_chain
             if new_base != self._last_index:
-                new_base_term = self._record(new_base).term
-            old_base, old_base_term = self._base_index, self._base_term
+                rec = self._record(new_base)
+                new_base_term, new_base_chain = rec.term, rec.chain
+            old = self._base_index, self._base_term, self._base_chain
             self._base_index = new_base
             self._base_term = new_base_term
+            self._base_chain = new_base_chain
             # Durable first: a crash after this point finishes the deletion on open.
             try:
                 self._persist_checkpoint_locked()
             except DiskFullError:
                 # Nothing deleted: the store stays as it was (retention tries again later).
-                self._base_index, self._base_term = old_base, old_base_term
+                self._base_index, self._base_term, self._base_chain = old
                 raise
             for seg in self._segments[:n]:
                 seg.delete()
@@ -1825,7 +1890,7 @@ class SegmentedLogStore:
                 "deleted prefix root=%s segments=%d old_first=%d new_first=%d",
                 self.root,
                 n,
-                old_base + 1,
+                old[0] + 1,
                 new_base + 1,
             )
             return new_base + 1
@@ -1927,6 +1992,12 @@ class SegmentedLogStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def next_link(prev: int, h: codec.EntryHeader) -> int:
+    """The chain at the entry of header ``h`` (``prev``: the chain before it; unknown stays
+    unknown)."""
+    return link(prev, h.index, h.term, h.type, h.body_size, h.body_crc) if prev else prev
 
 
 _check: type[LogStore] = SegmentedLogStore

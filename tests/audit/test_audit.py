@@ -250,7 +250,7 @@ def test_index_record_points_to_the_wrong_place(
     _, _, next_rec = locate(store, index + 1)
     path, rec_off = index_slot(store, index)
     wrong = codec.encode_index_record(
-        size=rec.size, position=next_rec.position, term=rec.term, type=rec.type
+        size=rec.size, position=next_rec.position, term=rec.term, type=rec.type, chain=rec.chain
     )  # a valid record (its CRC is right) that points at the next entry
     with open(path, "r+b") as f:
         os.pwrite(f.fileno(), wrong, rec_off)

@@ -135,7 +135,7 @@ def _index_points_elsewhere(stores: dict[str, Path], last: int) -> set[tuple[str
     _, _, nxt = _locate(stores["n2"], index + 1)
     path, off = _index_slot(stores["n2"], index)
     wrong = codec.encode_index_record(
-        size=rec.size, position=nxt.position, term=rec.term, type=rec.type
+        size=rec.size, position=nxt.position, term=rec.term, type=rec.type, chain=rec.chain
     )
     with open(path, "r+b") as f:
         os.pwrite(f.fileno(), wrong, off)
@@ -212,7 +212,7 @@ def _bytes_between_entries(stores: dict[str, Path], last: int) -> set[tuple[str,
         mm.close()
     path, rec_off = _index_slot(stores["n1"], index)
     fixed = codec.encode_index_record(size=size, position=rec.position, term=rec.term,
-                                      type=rec.type)  # fmt: skip
+                                      type=rec.type, chain=rec.chain)  # fmt: skip
     with open(path, "r+b") as f:
         os.pwrite(f.fileno(), fixed, rec_off)
     return {("corrupt_entry", "n1")}

@@ -50,7 +50,8 @@ def test_namesrv_addr_and_register_period() -> None:
 
 
 def test_the_log_index_file_size_reaches_the_store() -> None:
-    """32 MiB by default (DLedger's 1 Mi entries); smaller files take less disk at start."""
+    """32 MiB by default (512 Ki records of 64 bytes: docs/FORMAT.md, index format 2);
+    smaller files take less disk at start."""
     assert node_config(parse_config(GOOD)).store.index_segment_size_bytes == 32 << 20
     cfg = parse_config(GOOD + "mappedFileSizeEntryIndex=1048576\n")
     assert node_config(cfg).store.index_segment_size_bytes == cfg.mappedFileSizeEntryIndex

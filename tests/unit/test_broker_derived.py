@@ -247,7 +247,11 @@ def test_a_repair_the_entries_cannot_decide_answers_unavailable_and_marks_a_rebu
     assert cq.max_offset == 3
     _poke_live(sm, 1, (cq.get(1)[0], cq.get(1)[1] + 1, cq.get(1)[2]))
     applied = AppliedMessages(
-        NodeContext(SimpleNamespace(store=log), sm, ServiceConfig("127.0.0.1", 1))
+        NodeContext(
+            SimpleNamespace(store=log, suspect_damage=lambda position: None),
+            sm,
+            ServiceConfig("127.0.0.1", 1),
+        )
     )
     matcher = derived.RowMatcher("T", 0)
     with pytest.raises(DerivedStateError):

@@ -10,7 +10,6 @@ import pytest
 from dledger.core import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
-    DROP_COMMITTED_CONFLICT,
     DROP_MALFORMED,
     DROP_NOT_MEMBER,
     DROP_SECOND_LEADER,
@@ -198,15 +197,16 @@ def test_malformed_append_is_dropped_by_the_core_too() -> None:
     assert node.dropped[DROP_MALFORMED] == 2
 
 
-def test_append_conflicting_with_committed_entries_leaves_them() -> None:
+def test_append_conflicting_with_committed_entries_is_a_reported_repair() -> None:
+    """A leader holds what a majority acknowledged (leader completeness): when its entry at
+    a committed index differs, this member's copy is the damaged one (docs/RAFT.md section
+    11). It is never silent: counted, and the follower takes the leader's entry."""
     node, log = _follower(term=3, leader="n1")
     node.step(AppendRequest("n1", "n0", 5, 1, 3, (Entry(5, 2, b"other"),), 2))
-    msgs = _drain(node, log)
-    assert log.read(2).body == b"b" and node.commit_index == 2
-    # Not skipped as "committed, so matching": the entry was compared, the conflict counted,
-    # and no ack claims a match the leader's log does not have (issue 31).
-    assert node.dropped[DROP_COMMITTED_CONFLICT] == 1
-    assert not [m for m in msgs if isinstance(m, AppendResponse) and m.success]
+    _drain(node, log)
+    assert log.read(2).body == b"other" and node.commit_index == 2
+    st = node.status()
+    assert st.chain_mismatches == 1 and st.committed_repairs == 1
 
 
 def test_follower_never_acks_an_index_it_does_not_hold() -> None:

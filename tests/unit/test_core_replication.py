@@ -194,18 +194,21 @@ def test_mutation_no_truncate_conflict_keeps_divergent_log() -> None:
     assert c.logs["n1"].entries() != c.logs[leader].entries()
 
 
-def test_follower_never_truncates_below_commit() -> None:
+def test_follower_reports_and_repairs_committed_entries_its_leader_lacks() -> None:
     log = MemLog()
     _preset(log, [1, 1, 1])
     node = RaftNode("n1", ["n0", "n2"], log, RaftConfig(), random.Random(0))
     node.step(AppendRequest("n0", "n1", 1, 3, 1, (), 3))  # learns commit 3
     _drain(node, log)
     assert node.commit_index == 3
-    # a (buggy or replayed) request whose entries conflict with committed ones
+    # A leader (term 2) whose entries differ from the committed ones: it holds what a
+    # majority acknowledged, so this copy is the damaged one (docs/RAFT.md section 13). Never
+    # silent: counted, and repaired (the follower takes the leader's entries).
     bad = (Entry(2, 2, b"zz"), Entry(2, 3, b"zz"), Entry(2, 4, b"new"))
     node.step(AppendRequest("n0", "n1", 2, 1, 1, bad, 3))
     _drain(node, log)
-    assert [e.term for e in log.entries()][:3] == [1, 1, 1]
+    assert [e.term for e in log.entries()] == [1, 2, 2, 2]
+    assert node.status().committed_repairs == 1 and node.status().chain_mismatches == 1
 
 
 def test_back_pressure_and_not_leader_errors() -> None:

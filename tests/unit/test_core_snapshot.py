@@ -123,7 +123,7 @@ def test_snapshot_beyond_the_log_replaces_it_after_the_install() -> None:
     (ack,) = rd.messages  # sent only after the install (step 3)
     assert isinstance(ack, AppendResponse) and ack.match_index == 40
     assert not rd.committed
-    log.install(rd.snapshot, [0] * 41)
+    log.install(rd.snapshot, [0] * 41, [rd.snapshot.chain] * 41)
     node.advance(rd)
     assert node.pending_snapshot is None
     assert node.status().applied_index == 40 and log.first_index() == 41

@@ -153,12 +153,12 @@ def test_iter_entries_decodes_a_raw_batch() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(size=st.integers(1, 1 << 30), pos=u64, term=u64, typ=st.integers(0, 255))
-def test_index_record_round_trip(size: int, pos: int, term: int, typ: int) -> None:
-    raw = codec.encode_index_record(size=size, position=pos, term=term, type=typ)
-    assert len(raw) == codec.INDEX_RECORD_SIZE and raw[:4] == b"IDX1"
+@given(size=st.integers(1, 1 << 30), pos=u64, term=u64, typ=st.integers(0, 255), chain=u64)
+def test_index_record_round_trip(size: int, pos: int, term: int, typ: int, chain: int) -> None:
+    raw = codec.encode_index_record(size=size, position=pos, term=term, type=typ, chain=chain)
+    assert len(raw) == codec.INDEX_RECORD_SIZE == 64 and raw[:4] == b"IDX2"
     rec = codec.decode_index_record(raw, 0)
-    assert (rec.size, rec.position, rec.term, rec.type) == (size, pos, term, typ)
+    assert (rec.size, rec.position, rec.term, rec.type, rec.chain) == (size, pos, term, typ, chain)
     bad = bytearray(raw)
     bad[20] ^= 0x10
     with pytest.raises(RecordError):

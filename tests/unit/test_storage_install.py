@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dledger.chain import CHAIN_ORIGIN
 from dledger.log import DLedgerError, Entry, LogCompactedError
 from dledger.storage.files import segment_name
 from dledger.storage.install import install_log
@@ -49,10 +50,14 @@ def test_installed_log_matches_the_source_and_continues_at_the_same_positions(
         base_term=ext.base_term,
         start_position=ext.start_position,
         segment_size_bytes=CFG.segment_size_bytes,
+        base_chain=ext.base_chain,
     )
     dst = SegmentedLogStore(dst_root, CFG)
     assert (dst.first_index(), dst.last_index()) == (first, snap_index)
     assert dst.term_at(first - 1) == src.term_at(first - 1)
+    # The chains are rebuilt from the base's: the same values as the source's.
+    for i in (first - 1, first, snap_index):
+        assert dst.chain_at(i) == src.chain_at(i)
     with pytest.raises(LogCompactedError):
         dst.read(first - 1)
     for i in (first, (first + snap_index) // 2, snap_index):
@@ -80,4 +85,5 @@ def test_staged_segments_must_be_contiguous(tmp_path: Path) -> None:
             base_term=0,
             start_position=0,
             segment_size_bytes=CFG.segment_size_bytes,
+            base_chain=CHAIN_ORIGIN,
         )

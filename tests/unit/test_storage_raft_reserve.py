@@ -160,7 +160,7 @@ def _send(s: SegmentedLogStore, n: int = 1, headroom: int = 0) -> None:
 
 
 def test_reserve_sizes_are_capped_to_a_share_of_a_file(tmp_path: Path) -> None:
-    big = StoreConfig(segment_size_bytes=1 << 30, index_segment_size_bytes=32 << 20)
+    big = StoreConfig(segment_size_bytes=1 << 30, index_segment_size_bytes=64 << 20)
     with SegmentedLogStore(tmp_path / "big", big) as s:
         data, index = s.reserve_bytes_for(4 << 20)
         # 256 KiB + 4 MiB; one record for every header-sized entry that fits in it.
@@ -169,7 +169,7 @@ def test_reserve_sizes_are_capped_to_a_share_of_a_file(tmp_path: Path) -> None:
     with SegmentedLogStore(tmp_path / "small", CFG) as s:
         data, index = s.reserve_bytes_for(4 << 20)
         assert data == SEG // 8 + SEG // 4  # 128 KiB reserve + 256 KiB of headroom at most
-        assert index == IDX // 8  # 256 records at most
+        assert index == IDX // 8  # an eighth of an index file at most
         assert s.reserve_bytes_for(-5) == (SEG // 8, IDX // 8)
 
 

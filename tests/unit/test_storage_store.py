@@ -252,10 +252,10 @@ def test_delete_everything_then_reopen(tmp_path: Path) -> None:
 def test_reopen_many_segments_and_index_files(tmp_path: Path) -> None:
     root = tmp_path / "s"
     s = SegmentedLogStore(root, SMALL)
-    n = 5000  # 5000 index records = 3 index files of 2048 records
+    n = 5000  # 5000 index records = 5 index files of 1024 records
     s.append([Entry(1, i, body_of(i, i % 50)) for i in range(1, n + 1)])
     s.close()
-    assert len(list((root / "index").iterdir())) == 3
+    assert len(list((root / "index").iterdir())) == 5
     s = SegmentedLogStore(root, SMALL)
     assert s.last_index() == n
     assert all(s.read(i).body == body_of(i, i % 50) for i in range(1, n + 1))

@@ -19,7 +19,7 @@ class Entry(_message.Message):
     def __init__(self, term: _Optional[int] = ..., index: _Optional[int] = ..., type: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class VoteRequest(_message.Message):
-    __slots__ = ("group", "from_id", "to_id", "term", "last_log_index", "last_log_term", "pre_vote", "leadership_transfer")
+    __slots__ = ("group", "from_id", "to_id", "term", "last_log_index", "last_log_term", "pre_vote", "leadership_transfer", "last_log_chain")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class VoteRequest(_message.Message):
     LAST_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
     PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
     LEADERSHIP_TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_CHAIN_FIELD_NUMBER: _ClassVar[int]
     group: str
     from_id: str
     to_id: str
@@ -36,26 +37,33 @@ class VoteRequest(_message.Message):
     last_log_term: int
     pre_vote: bool
     leadership_transfer: bool
-    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ..., pre_vote: _Optional[bool] = ..., leadership_transfer: _Optional[bool] = ...) -> None: ...
+    last_log_chain: int
+    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ..., pre_vote: _Optional[bool] = ..., leadership_transfer: _Optional[bool] = ..., last_log_chain: _Optional[int] = ...) -> None: ...
 
 class VoteResponse(_message.Message):
-    __slots__ = ("from_id", "to_id", "term", "granted", "pre_vote", "reject_reason")
+    __slots__ = ("from_id", "to_id", "term", "granted", "pre_vote", "reject_reason", "log_index", "log_term", "log_chain")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
     REJECT_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOG_TERM_FIELD_NUMBER: _ClassVar[int]
+    LOG_CHAIN_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     to_id: str
     term: int
     granted: bool
     pre_vote: bool
     reject_reason: str
-    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., granted: _Optional[bool] = ..., pre_vote: _Optional[bool] = ..., reject_reason: _Optional[str] = ...) -> None: ...
+    log_index: int
+    log_term: int
+    log_chain: int
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., granted: _Optional[bool] = ..., pre_vote: _Optional[bool] = ..., reject_reason: _Optional[str] = ..., log_index: _Optional[int] = ..., log_term: _Optional[int] = ..., log_chain: _Optional[int] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("group", "from_id", "to_id", "term", "prev_log_index", "prev_log_term", "entries", "leader_commit", "no_reply")
+    __slots__ = ("group", "from_id", "to_id", "term", "prev_log_index", "prev_log_term", "entries", "leader_commit", "no_reply", "prev_log_chain")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +73,7 @@ class AppendRequest(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEADER_COMMIT_FIELD_NUMBER: _ClassVar[int]
     NO_REPLY_FIELD_NUMBER: _ClassVar[int]
+    PREV_LOG_CHAIN_FIELD_NUMBER: _ClassVar[int]
     group: str
     from_id: str
     to_id: str
@@ -74,10 +83,11 @@ class AppendRequest(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     leader_commit: int
     no_reply: bool
-    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ..., no_reply: _Optional[bool] = ...) -> None: ...
+    prev_log_chain: int
+    def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ..., no_reply: _Optional[bool] = ..., prev_log_chain: _Optional[int] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing")
+    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing", "match_chain")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +98,7 @@ class AppendResponse(_message.Message):
     LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     REJECTED_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPAIRING_FIELD_NUMBER: _ClassVar[int]
+    MATCH_CHAIN_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     to_id: str
     term: int
@@ -98,7 +109,8 @@ class AppendResponse(_message.Message):
     last_log_index: int
     rejected_index: int
     repairing: bool
-    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ...) -> None: ...
+    match_chain: int
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ..., match_chain: _Optional[int] = ...) -> None: ...
 
 class TimeoutNowRequest(_message.Message):
     __slots__ = ("group", "from_id", "to_id", "term")
@@ -141,7 +153,7 @@ class PeerAck(_message.Message):
     def __init__(self, received: _Optional[int] = ...) -> None: ...
 
 class SnapshotHeader(_message.Message):
-    __slots__ = ("term", "snapshot_index", "snapshot_term", "config", "base_index", "base_term", "start_position", "segment_size_bytes")
+    __slots__ = ("term", "snapshot_index", "snapshot_term", "config", "base_index", "base_term", "start_position", "segment_size_bytes", "base_chain", "snapshot_chain")
     TERM_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +162,8 @@ class SnapshotHeader(_message.Message):
     BASE_TERM_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BASE_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_CHAIN_FIELD_NUMBER: _ClassVar[int]
     term: int
     snapshot_index: int
     snapshot_term: int
@@ -158,7 +172,9 @@ class SnapshotHeader(_message.Message):
     base_term: int
     start_position: int
     segment_size_bytes: int
-    def __init__(self, term: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., config: _Optional[bytes] = ..., base_index: _Optional[int] = ..., base_term: _Optional[int] = ..., start_position: _Optional[int] = ..., segment_size_bytes: _Optional[int] = ...) -> None: ...
+    base_chain: int
+    snapshot_chain: int
+    def __init__(self, term: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., config: _Optional[bytes] = ..., base_index: _Optional[int] = ..., base_term: _Optional[int] = ..., start_position: _Optional[int] = ..., segment_size_bytes: _Optional[int] = ..., base_chain: _Optional[int] = ..., snapshot_chain: _Optional[int] = ...) -> None: ...
 
 class SnapshotData(_message.Message):
     __slots__ = ("name", "offset", "data", "zeros")
