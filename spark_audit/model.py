@@ -6,7 +6,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from dledger.storage.codec import crc32c
+from dledger.storage.codec import INDEX_RECORD_SIZE, crc32c
 from spark_audit.merkle import LEAF_ENTRIES
 
 U64_MASK = (1 << 64) - 1
@@ -153,7 +153,7 @@ class ReplicaPlan:
         return -1
 
     def index_file_for(self, index: int) -> IndexFile | None:
-        byte = index * 32
+        byte = index * INDEX_RECORD_SIZE
         start = byte - byte % self.index_segment_size_bytes
         for f in self.index_files:
             if f.start == start:
