@@ -362,6 +362,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.queue_id,
             queue_offset=request.queue_offset if target == "queue_offset" else None,
             timestamp_ms=request.timestamp_ms if target == "timestamp_ms" else None,
+            owner=self._caller(context),
         )
         return pb.ResetConsumerOffsetResponse(
             offsets=[pb.QueueOffset(queue_id=q, queue_offset=v) for q, v in offsets.items()]

@@ -19,6 +19,7 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
+from broker import offsets as offsets_module
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
@@ -42,6 +43,7 @@ from mqsecurity.signing import signed_metadata
 BOX = SecretBox(bytes(range(32)))
 # Quotas small enough to fill in a test.
 POLLS, CONSUMERS, LOCKS, OFFSETS, TOPICS = 2, 2, 3, 2, 2
+GROUPS = 3  # consumer groups with offsets: one more than the pending offsets' share
 CFG = ServiceConfig(
     "127.0.0.1",
     10911,
@@ -53,6 +55,7 @@ CFG = ServiceConfig(
     consumers_per_user=CONSUMERS,
     queue_locks_per_user=LOCKS,
     pending_offsets_per_user=OFFSETS,
+    offset_groups_per_user=GROUPS,
 )
 IDS = UniqIdGenerator(ip="10.0.0.6", pid=12, instance_hash=6)
 ALICE = Credentials("alice", "alice-secret-1")  # fills her shares
@@ -253,6 +256,42 @@ def test_quota_pending_offsets_one_user_fills_its_share_and_another_is_served(
         assert offsets.pending_by_user("alice") == 0
         assert n.broker.offsets.ctx.sm.offsets[("fake-1", T, 0)] == 0
         await commit(n, ALICE, "fake-x")
+
+    run(tmp_path, test)
+
+
+def test_quota_offset_groups_one_user_fills_its_share_and_another_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def test(n: Node) -> None:
+        sm = n.broker.offsets.ctx.sm
+        await commit(n, ALICE, "made-up-0", sync=True)
+        await commit(n, ALICE, "made-up-1")  # buffered: counted before it is proposed
+        await commit(n, ALICE, "made-up-2", sync=True)
+        await commit(n, ALICE, "made-up-0", sync=True)  # a group she has takes no room
+        code, details = await refusal(commit(n, ALICE, "made-up-x", sync=True))
+        assert code == "RESOURCE_EXHAUSTED"
+        assert details.startswith("RESOURCE_EXHAUSTED quota offsetGroupsPerUser:"), details
+        started = time.monotonic()
+        await commit(n, BOB, "real", sync=True)
+        assert time.monotonic() - started < 1.0  # at once
+        for i in range(GROUPS + 1):
+            await commit(n, ROOT, f"ops-{i}", sync=True)
+        assert {g for g, o in sm.offset_groups.items() if o == "alice"} == {
+            f"made-up-{i}" for i in range(GROUPS)
+        }
+        assert sm.offset_groups["real"] == "bob" and sm.offset_groups_of("root") == GROUPS + 1
+        assert ("made-up-x", T, 0) not in sm.offsets
+        # Bob may reset a group of his own into being; a reset counts as a commit does.
+        reset = pb.ResetConsumerOffsetRequest(consumer_group="real-2", topic=T, queue_id=0)
+        reset.queue_offset = 0
+        await n.stub.ResetConsumerOffset(reset, metadata=md(BOB), timeout=CALL_TIMEOUT_S)
+        assert sm.offset_groups["real-2"] == "bob"
+        # The broker group's table bounds everyone, Super users too.
+        monkeypatch.setattr(offsets_module, "MAX_OFFSET_GROUPS", len(sm.offset_groups))
+        code, details = await refusal(commit(n, ROOT, "ops-x", sync=True))
+        assert code == "TOO_MANY_OFFSET_GROUPS", details
+        await commit(n, ROOT, "ops-0", sync=True)
 
     run(tmp_path, test)
 
