@@ -214,6 +214,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             [SendBackItem(m.commitlog_position, m.msg_id) for m in request.messages],
             request.delay_level,
             request.max_reconsume_times if request.HasField("max_reconsume_times") else None,
+            owner=self._caller(context),
         )
         return pb.ConsumerSendMsgBackResponse(
             results=[

@@ -260,6 +260,41 @@ def test_quota_pending_offsets_one_user_fills_its_share_and_another_is_served(
     run(tmp_path, test)
 
 
+def send_back(n: Node, creds: Credentials, group: str, position: int, level: int = 0) -> Any:
+    request = pb.ConsumerSendMsgBackRequest(
+        consumer_group=group,
+        messages=[pb.SendBackItem(commitlog_position=position)],
+        delay_level=level,
+    )
+    return n.stub.ConsumerSendMsgBack(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_topics_retry_and_dead_letter_topics_are_their_callers(tmp_path: Path) -> None:
+    async def test(n: Node) -> None:
+        topics = n.broker.topics
+        sent = await send(n, ROOT, T)
+        position = sent.packed_positions[0]
+        await send_back(n, ALICE, "g-1", position)  # %RETRY%g-1
+        await send_back(n, ALICE, "g-2", position, level=-1)  # %DLQ%g-2
+        assert topics.get("%RETRY%g-1").owner == "alice"
+        assert topics.get("%DLQ%g-2").owner == "alice"
+        assert topics.held_by("alice") == TOPICS
+        await send_back(n, ALICE, "g-1", position)  # an existing one takes no room
+        for level in (0, -1):
+            code, details = await refusal(send_back(n, ALICE, "g-3", position, level))
+            assert code == "RESOURCE_EXHAUSTED"
+            assert details.startswith("RESOURCE_EXHAUSTED quota topicsPerUser:"), details
+        assert not {"%RETRY%g-3", "%DLQ%g-3"} & set(topics.ctx.sm.topics)  # nothing proposed
+        started = time.monotonic()
+        await send_back(n, BOB, "g-3", position)
+        assert time.monotonic() - started < 1.0  # at once
+        assert topics.get("%RETRY%g-3").owner == "bob"
+        for i in range(TOPICS + 1):
+            await send_back(n, ROOT, f"ops-{i}", position)
+
+    run(tmp_path, test)
+
+
 def test_quota_offset_groups_one_user_fills_its_share_and_another_is_served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
