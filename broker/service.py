@@ -456,7 +456,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def UnregisterConsumer(
         self, request: pb.UnregisterConsumerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterConsumerResponse:
-        removed = self.consumers.unregister(request.consumer_group, request.client_id)
+        removed = self.consumers.unregister(
+            request.consumer_group, request.client_id, self._caller(context)
+        )
         return pb.UnregisterConsumerResponse(removed=removed)
 
     @_rpc
@@ -495,7 +497,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.UnlockBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnlockBatchResponse:
         queues = [(q.topic, q.queue_id) for q in request.queues]
-        released = self.consumers.unlock(request.consumer_group, request.client_id, queues)
+        released = self.consumers.unlock(
+            request.consumer_group, request.client_id, queues, self._caller(context)
+        )
         return pb.UnlockBatchResponse(
             unlocked=[pb.QueueRef(topic=t, queue_id=q) for t, q in released]
         )

@@ -384,3 +384,41 @@ def test_a_topic_keeps_its_owner_in_the_record_and_the_snapshot() -> None:
             decode_topic_record(bad)
     with pytest.raises(ValueError):
         _topic_of_row("t", [2, 2, 6, "FIFO", ""])
+
+
+def test_consumers_and_locks_of_another_user_are_left_alone(tmp_path: Path) -> None:
+    """v1 ``UnregisterConsumer`` and ``UnlockBatchMQ`` naming another user's client id act on
+    nothing of it, answered as for an id never seen; its owner's own calls still act."""
+
+    async def test(n: Node) -> None:
+        consumers = n.broker.consumers
+
+        def unregister(creds: Credentials, group: str, client_id: str) -> Any:
+            request = pb.UnregisterConsumerRequest(consumer_group=group, client_id=client_id)
+            return n.stub.UnregisterConsumer(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+        def unlock(creds: Credentials, client_id: str) -> Any:
+            request = pb.UnlockBatchRequest(
+                consumer_group="G",
+                client_id=client_id,
+                queues=[pb.QueueRef(topic=T, queue_id=q) for q in range(2)],
+            )
+            return n.stub.UnlockBatchMQ(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+        await heartbeat(n, ALICE, "G", "victim")
+        assert len((await lock(n, ALICE, "victim", range(2))).locked) == 2
+        unknown = await unregister(BOB, "G", "never-seen")
+        assert (await unregister(BOB, "G", "victim")) == unknown
+        assert not unknown.removed
+        assert (await unlock(BOB, "victim")) == (await unlock(BOB, "never-seen"))
+        assert not (await unlock(BOB, "victim")).unlocked
+        assert (await unlock(ROOT, "victim")).unlocked == []  # a Super user's too
+        assert consumers.clients("G") == ["victim"]
+        assert consumers.locks.held_by("G", "victim") == 2
+        # Its owner's calls still act.
+        assert len((await unlock(ALICE, "victim")).unlocked) == 2
+        await lock(n, ALICE, "victim", range(2))
+        assert (await unregister(ALICE, "G", "victim")).removed
+        assert consumers.clients("G") == [] and consumers.locks.held_by("G", "victim") == 0
+
+    run(tmp_path, test)
