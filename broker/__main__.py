@@ -36,6 +36,35 @@ from mqcli import server_parser
 from mqcli.logs import check_log_arguments, setup_server_logging
 
 
+def _service_config(cfg: BrokerConfig) -> ServiceConfig:
+    """The broker service's settings from ``broker.conf``."""
+    return ServiceConfig(
+        store_host=cfg.brokerIP1,
+        store_port=cfg.listenPort,
+        auto_create_topic=cfg.autoCreateTopicEnable,
+        default_topic_queue_nums=cfg.defaultTopicQueueNums,
+        max_message_size_bytes=cfg.maxMessageSize,
+        slave_read_enable=cfg.slaveReadEnable,
+        memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
+        offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
+        delay_levels_ms=cfg.delay_levels_ms,
+        pop_max_attempts=cfg.popMaxDeliveryAttempts,
+        subgroups_per_user=cfg.subscriptionGroupsPerUser,
+        pop_waiters_per_user=cfg.popWaitersPerUser,
+        long_polls_per_user=cfg.longPollsPerUser,
+        consumers_per_user=cfg.consumersPerUser,
+        queue_locks_per_user=cfg.queueLocksPerUser,
+        pending_offsets_per_user=cfg.pendingOffsetsPerUser,
+        topics_per_user=cfg.topicsPerUser,
+        offset_groups_per_user=cfg.offsetGroupsPerUser,
+        pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
+        txn_timeout_ms=cfg.transactionTimeOut,
+        txn_check_interval_ms=cfg.transactionCheckInterval,
+        txn_check_max=cfg.transactionCheckMax,
+        timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
+    )
+
+
 def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerServicer]:
     """The full broker: a DLedger node applying into the broker state machine, with the
     Broker service on its client port, every call of which passes the ACL guard.
@@ -68,30 +97,7 @@ def build(cfg: BrokerConfig) -> tuple[DLedgerNode, BrokerStateMachine, BrokerSer
     servicer = BrokerServicer(
         node,
         sm,
-        ServiceConfig(
-            store_host=cfg.brokerIP1,
-            store_port=cfg.listenPort,
-            auto_create_topic=cfg.autoCreateTopicEnable,
-            default_topic_queue_nums=cfg.defaultTopicQueueNums,
-            max_message_size_bytes=cfg.maxMessageSize,
-            slave_read_enable=cfg.slaveReadEnable,
-            memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
-            offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
-            delay_levels_ms=cfg.delay_levels_ms,
-            pop_max_attempts=cfg.popMaxDeliveryAttempts,
-            subgroups_per_user=cfg.subscriptionGroupsPerUser,
-            pop_waiters_per_user=cfg.popWaitersPerUser,
-            long_polls_per_user=cfg.longPollsPerUser,
-            consumers_per_user=cfg.consumersPerUser,
-            queue_locks_per_user=cfg.queueLocksPerUser,
-            pending_offsets_per_user=cfg.pendingOffsetsPerUser,
-            topics_per_user=cfg.topicsPerUser,
-            pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
-            txn_timeout_ms=cfg.transactionTimeOut,
-            txn_check_interval_ms=cfg.transactionCheckInterval,
-            txn_check_max=cfg.transactionCheckMax,
-            timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
-        ),
+        _service_config(cfg),
         disk_guard=DiskGuard(
             cfg.dLegerSelfId,
             cfg.storePathRootDir,

@@ -435,6 +435,11 @@ KEYS: Mapping[str, _Key] = {
     "topicsPerUser": _Key(
         int_in(1, 100_000), "10000", "topics one user may create in a broker group"
     ),
+    # Per-user quota on the replicated consumer groups with offsets (10,000 per broker group,
+    # broker.state.MAX_OFFSET_GROUPS): a commit giving a new group offsets counts against it.
+    "offsetGroupsPerUser": _Key(
+        int_in(1, 10_000), "1000", "consumer groups with offsets one user may create"
+    ),
     "grpcClientsPerUser": _Key(
         int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
     ),
@@ -589,6 +594,7 @@ class BrokerConfig:
     queueLocksPerUser: int
     pendingOffsetsPerUser: int
     topicsPerUser: int
+    offsetGroupsPerUser: int
     scrubRecordsPerSecond: int
     timerMaxDelaySec: int
     raftTickMs: int

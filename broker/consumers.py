@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from broker.applied import require_leader
 from broker.errors import InvalidRequestError
-from broker.locks import ConsumerTable, QueueLockTable
+from broker.locks import NOBODY, ConsumerTable, Owner, QueueLockTable
 from broker.message import validate_topic
 from broker.names import validate_group_name
 from broker.pulling import parse_subscription
@@ -97,11 +97,13 @@ class ConsumerGroups:
         for group, client_id in self.consumers.expire(now_ms):
             self.locks.release_client(group, client_id)
 
-    def unregister(self, group: str, client_id: str) -> bool:
-        """Forget a consumer that shuts down and free its locks; whether it was known."""
+    def unregister(self, group: str, client_id: str, owner: Owner = NOBODY) -> bool:
+        """Forget a consumer that shuts down and free its locks, for a call of ``owner``:
+        only what calls of the same user registered and took (another user's consumer is left
+        alone, answered as one never seen); whether it was known."""
         _check_client(group, client_id)
-        removed = self.consumers.remove(group, client_id)
-        self.locks.release_client(group, client_id)
+        removed = self.consumers.remove(group, client_id, owner[0])
+        self.locks.release_client(group, client_id, owner[0])
         return removed
 
     def clients(self, group: str) -> list[str]:
@@ -141,11 +143,18 @@ class ConsumerGroups:
         existing = [q for q in queues if self.topics.has_queue(*q)]
         return self.locks.lock(group, client_id, existing, now_ms, owner)
 
-    def unlock(self, group: str, client_id: str, queues: Sequence[QueueKey]) -> list[QueueKey]:
+    def unlock(
+        self,
+        group: str,
+        client_id: str,
+        queues: Sequence[QueueKey],
+        owner: Owner = NOBODY,
+    ) -> list[QueueKey]:
         """Release ``queues`` (any node: a release must reach the next leader too); those
-        that were held by ``client_id``."""
+        that were held by ``client_id`` through calls of ``owner``'s user (another user's
+        locks are left alone, answered as not held)."""
         _check_lock_request(group, client_id, queues)
-        return self.locks.unlock(group, client_id, queues)
+        return self.locks.unlock(group, client_id, queues, owner[0])
 
 
 def _check_client(group: str, client_id: str) -> None:

@@ -239,23 +239,31 @@ class QueueLockTable:
         return recorded
 
     def unlock(
-        self, group: str, client_id: str, queues: Iterable[tuple[str, int]]
+        self, group: str, client_id: str, queues: Iterable[tuple[str, int]], user: str = ""
     ) -> list[tuple[str, int]]:
-        """Releases the queues ``client_id`` holds; returns those it held."""
+        """Releases the queues ``client_id`` holds by calls of ``user``; returns those it held
+        (a lock another user's call took is left alone, answered as one not held)."""
         released = []
         for q in queues:
             key = (group, q[0], q[1])
             h = self._locks.get(key)
-            if h is not None and h.client_id == client_id:
+            if h is not None and h.client_id == client_id and h.owner == user:
                 del self._locks[key]
                 self._forget(key, h)
                 released.append(q)
         return released
 
-    def release_client(self, group: str, client_id: str) -> int:
-        """A consumer that unregistered or expired: every lock it held is free. Returns how many.
+    def release_client(self, group: str, client_id: str, user: str | None = None) -> int:
+        """A consumer that unregistered or expired: every lock it held is free (with ``user``,
+        an unregistering call's: only the locks calls of ``user`` took). Returns how many.
         O(locks it held)."""
-        keys = self._by_client.pop((group, client_id), set())
+        client = (group, client_id)
+        keys = self._by_client.pop(client, set())
+        if user is not None:
+            kept = {k for k in keys if self._locks[k].owner != user}
+            if kept:
+                self._by_client[client] = kept
+            keys -= kept
         for k in keys:
             _count(self._by_user, self._locks.pop(k).owner, -1)
         return len(keys)
@@ -346,10 +354,13 @@ class ConsumerTable:
             self._owner[key] = user
             _count(self._by_user, user, 1)
 
-    def remove(self, group: str, client_id: str) -> bool:
-        """Forget a consumer (it unregistered); whether it was known."""
-        if self._seen.pop((group, client_id), None) is None:
+    def remove(self, group: str, client_id: str, user: str = "") -> bool:
+        """Forget a consumer that a call of ``user`` registered (it unregistered); whether it
+        was known (another user's consumer is left alone, answered as unknown)."""
+        key = (group, client_id)
+        if key not in self._seen or self._owner.get(key, "") != user:
             return False
+        del self._seen[key]
         self._drop_from_group((group, client_id))
         return True
 

@@ -17,11 +17,12 @@ from broker.errors import (
     BrokerError,
     InvalidRequestError,
     QuotaExceededError,
+    ResourceExhaustedError,
     TooManyPendingOffsetsError,
 )
 from broker.message import validate_topic
 from broker.names import validate_group_name
-from broker.state import ENTRY_OFFSETS, OffsetKey, encode_offsets_record
+from broker.state import ENTRY_OFFSETS, MAX_OFFSET_GROUPS, OffsetKey, encode_offsets_record
 from broker.topics import Topics
 from dledger.core import NotLeaderError
 from dledger.fatal import supervise
@@ -35,6 +36,18 @@ MAX_PENDING_OFFSETS = 100_000
 # Of them, one user's at most: broker.conf pendingOffsetsPerUser
 # (ServiceConfig.pending_offsets_per_user), so that one user's made-up groups leave the buffer
 # to the others' commits. Super users: the buffer's size only.
+# The groups with offsets are bounded in total (broker.state.MAX_OFFSET_GROUPS) and per user
+# (broker.conf offsetGroupsPerUser, ServiceConfig.offset_groups_per_user): a commit that would
+# give a new group offsets is counted here, on the leader, before it is buffered or proposed.
+
+Owner = tuple[str, bool]  # (user name, whether it is a Super user)
+NOBODY: Owner = ("", False)
+
+
+class TooManyOffsetGroupsError(ResourceExhaustedError):
+    """The broker group holds offsets of :data:`MAX_OFFSET_GROUPS` consumer groups."""
+
+    code = "TOO_MANY_OFFSET_GROUPS"
 
 
 class QueueLag(NamedTuple):
@@ -48,12 +61,14 @@ class QueueLag(NamedTuple):
     lag: int
 
 
-def offsets_record(pending: Mapping[OffsetKey, int]) -> bytes | None:
+def offsets_record(
+    pending: Mapping[OffsetKey, int], owners: Mapping[str, str] | None = None
+) -> bytes | None:
     """The offsets record of ``pending``; an entry that cannot be encoded (the API checks
     every group and topic first, so none should be) is dropped with one log line rather than
     blocking every other group's offsets. None when nothing is left."""
     try:
-        return encode_offsets_record(pending)
+        return encode_offsets_record(pending, owners)
     except BrokerError:
         pass
     good: dict[OffsetKey, int] = {}
@@ -62,14 +77,14 @@ def offsets_record(pending: Mapping[OffsetKey, int]) -> bytes | None:
         try:
             validate_group_name(group)
             validate_topic(topic)
-            encode_offsets_record({(group, topic, queue_id): offset})
+            encode_offsets_record({(group, topic, queue_id): offset}, owners)
         except BrokerError:
             bad += 1
             continue
         good[(group, topic, queue_id)] = offset
     logger.error("offset commit dropped %d offsets that cannot be encoded", bad)
     try:
-        return encode_offsets_record(good) if good else None
+        return encode_offsets_record(good, owners) if good else None
     except BrokerError as exc:  # e.g. more queues of one group and topic than a record holds
         logger.error("offset commit dropped %d offsets: %s", len(good), exc)
         return None
@@ -86,6 +101,9 @@ class ConsumerOffsets:
         # The user whose commit buffered each pending key (none kept for ""), and counts.
         self._pending_owner: dict[OffsetKey, str] = {}
         self._pending_by: dict[str, int] = {}
+        # Groups given offsets by a commit buffered or proposed and not applied yet -> the user
+        # whose commit it was (counted with the applied groups; pruned after each proposal).
+        self._new_groups: dict[str, str] = {}
         self.flush_task: asyncio.Task[None] | None = None
 
     async def commit(
@@ -114,8 +132,11 @@ class ConsumerOffsets:
                 f"{len(pending)} consumer offsets wait for the next flush, the most the leader"
                 f" buffers ({MAX_PENDING_OFFSETS}); commit again after it"
             )
+        new_group = self._check_group_room(group, owner)
         if key not in pending:
             self._hold(key, owner)
+        if new_group:
+            self._new_groups[group] = owner[0]
         pending[key] = queue_offset
         if sync:
             await self.flush()
@@ -141,6 +162,48 @@ class ConsumerOffsets:
             )
         self._pending_owner[key] = user
         self._pending_by[user] = held + 1
+
+    def _check_group_room(self, group: str, owner: Owner) -> bool:
+        """Whether ``group`` is new (no offsets applied or on their way); raises when a new one
+        does not fit the broker group's table or ``owner``'s offsetGroupsPerUser (a Super
+        user's: the table only)."""
+        applied = self.ctx.sm.offset_groups
+        if group in applied or group in self._new_groups:
+            return False
+        coming = [o for g, o in self._new_groups.items() if g not in applied]
+        if len(applied) + len(coming) >= MAX_OFFSET_GROUPS:
+            raise TooManyOffsetGroupsError(
+                f"the broker holds offsets of {len(applied) + len(coming)} consumer groups,"
+                f" the most it may ({MAX_OFFSET_GROUPS})"
+            )
+        user, unbounded = owner
+        if user and not unbounded:
+            held = self.ctx.sm.offset_groups_of(user) + coming.count(user)
+            if held >= self.ctx.cfg.offset_groups_per_user:
+                raise QuotaExceededError(
+                    "offsetGroupsPerUser",
+                    f"user {user!r} created offsets of {held} consumer groups; a deleted topic"
+                    " frees its groups' offsets (mqadmin deleteTopic)",
+                )
+        return True
+
+    def groups_created_by(self, user: str) -> int:
+        """Consumer groups with offsets (applied or on their way) that ``user`` created."""
+        applied = self.ctx.sm.offset_groups
+        coming = sum(1 for g, o in self._new_groups.items() if o == user and g not in applied)
+        return self.ctx.sm.offset_groups_of(user) + coming
+
+    def _prune_new_groups(self) -> None:
+        """Forget the new groups that were applied, or whose offsets are no longer buffered."""
+        applied = self.ctx.sm.offset_groups
+        buffered = {g for g, _, _ in self.pending}
+        self._new_groups = {
+            g: o for g, o in self._new_groups.items() if g not in applied and g in buffered
+        }
+
+    def _owners_of(self, offsets: Mapping[OffsetKey, int]) -> dict[str, str]:
+        """The owners of the new groups among ``offsets`` (for the record)."""
+        return {g: o for g, _, _ in offsets if (o := self._new_groups.get(g, ""))}
 
     def committed(self, group: str, topic: str, queue_id: int) -> int:
         """``group``'s offset of a queue, -1 when it has none."""
@@ -172,11 +235,10 @@ class ConsumerOffsets:
         # What is proposed holds no more buffer room; a failed flush re-buffers it unowned
         # (at most MAX_PENDING_OFFSETS in all, below).
         self._pending_owner, self._pending_by = {}, {}
-        record = offsets_record(pending)
-        if record is None:
-            return
+        record = offsets_record(pending, self._owners_of(pending))
         try:
-            await self.ctx.node.propose([record], ENTRY_OFFSETS)
+            if record is not None:
+                await self.ctx.node.propose([record], ENTRY_OFFSETS)
         except NotLeaderError:
             raise  # a follower's buffer is meaningless: drop it
         except Exception:
@@ -187,6 +249,8 @@ class ConsumerOffsets:
                     break
                 buffer.setdefault(k, v)
             raise
+        finally:
+            self._prune_new_groups()
 
     async def reset(
         self,
@@ -196,10 +260,12 @@ class ConsumerOffsets:
         *,
         queue_offset: int | None = None,
         timestamp_ms: int | None = None,
+        owner: Owner = NOBODY,
     ) -> dict[int, int]:
         """Set ``group``'s offsets of a queue (``queue_id`` -1: every readable queue) to
         ``queue_offset`` (clamped to the queue) or to the first message stored at or after
-        ``timestamp_ms``; the offsets set, by queue id, once applied."""
+        ``timestamp_ms``, for user ``owner`` (a new group counts against its
+        offsetGroupsPerUser); the offsets set, by queue id, once applied."""
         require_leader(self.ctx.node)
         validate_group_name(group)
         config = self.topics.get(topic)
@@ -218,10 +284,16 @@ class ConsumerOffsets:
             else:
                 value = self.applied.search_offset(topic, q, timestamp_ms or 0)
             offsets[(group, topic, q)] = value
+        if self._check_group_room(group, owner):
+            self._new_groups[group] = owner[0]
         for k in offsets:
             self.pending.pop(k, None)
             self._release(k)
-        await self.ctx.node.propose([encode_offsets_record(offsets)], ENTRY_OFFSETS)
+        record = encode_offsets_record(offsets, self._owners_of(offsets))
+        try:
+            await self.ctx.node.propose([record], ENTRY_OFFSETS)
+        finally:
+            self._prune_new_groups()
         return {k[2]: v for k, v in offsets.items()}
 
     def _release(self, key: OffsetKey) -> None:

@@ -29,7 +29,7 @@ from broker.schedule import (
 )
 from broker.sending import SendPath
 from broker.state import SendResult
-from broker.topics import Topics
+from broker.topics import NOBODY, Owner, Topics
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,12 @@ class Retries:
         items: Sequence[SendBackItem],
         delay_level: int = 0,
         max_reconsume_times: int | None = None,
+        owner: Owner = NOBODY,
     ) -> list[SendBackResult]:
         """Store a copy of each failed message (one entry for all); one result per item.
-        ``delay_level`` 0: by reconsume times; below 0: straight to the dead-letter topic."""
+        ``delay_level`` 0: by reconsume times; below 0: straight to the dead-letter topic. A
+        retry or dead-letter topic created for it is user ``owner``'s (topicsPerUser; NOBODY:
+        the broker's own, as POP's dead letters)."""
         self.sender.check_writable()
         validate_group_name(group)
         if not 1 <= len(items) <= MAX_SEND_BACK_BATCH:
@@ -90,9 +93,9 @@ class Retries:
         ]
         dlq = dlq_topic(group)
         if any(c.topic == dlq for c in copies):
-            await self.topics.ensure_system(dlq, DLQ_QUEUE_NUMS)
+            await self.topics.ensure_system(dlq, DLQ_QUEUE_NUMS, owner)
         if any(c.topic != dlq for c in copies):
-            await self.topics.ensure_system(retry, RETRY_QUEUE_NUMS)
+            await self.topics.ensure_system(retry, RETRY_QUEUE_NUMS, owner)
         results = await self.sender.store(copies)  # one entry for the whole batch
         out = []
         for copy, result in zip(copies, results, strict=True):

@@ -214,6 +214,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             [SendBackItem(m.commitlog_position, m.msg_id) for m in request.messages],
             request.delay_level,
             request.max_reconsume_times if request.HasField("max_reconsume_times") else None,
+            owner=self._caller(context),
         )
         return pb.ConsumerSendMsgBackResponse(
             results=[
@@ -362,6 +363,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.queue_id,
             queue_offset=request.queue_offset if target == "queue_offset" else None,
             timestamp_ms=request.timestamp_ms if target == "timestamp_ms" else None,
+            owner=self._caller(context),
         )
         return pb.ResetConsumerOffsetResponse(
             offsets=[pb.QueueOffset(queue_id=q, queue_offset=v) for q, v in offsets.items()]
@@ -454,7 +456,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def UnregisterConsumer(
         self, request: pb.UnregisterConsumerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterConsumerResponse:
-        removed = self.consumers.unregister(request.consumer_group, request.client_id)
+        removed = self.consumers.unregister(
+            request.consumer_group, request.client_id, self._caller(context)
+        )
         return pb.UnregisterConsumerResponse(removed=removed)
 
     @_rpc
@@ -493,7 +497,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.UnlockBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnlockBatchResponse:
         queues = [(q.topic, q.queue_id) for q in request.queues]
-        released = self.consumers.unlock(request.consumer_group, request.client_id, queues)
+        released = self.consumers.unlock(
+            request.consumer_group, request.client_id, queues, self._caller(context)
+        )
         return pb.UnlockBatchResponse(
             unlocked=[pb.QueueRef(topic=t, queue_id=q) for t, q in released]
         )

@@ -44,6 +44,9 @@ class ServiceConfig:
     # Topics one user may create in the broker group (broker.topics, topicsPerUser): a tenth of
     # the 100,000 a broker group holds.
     topics_per_user: int = 10_000
+    # Consumer groups with offsets one user's commits may create in the broker group
+    # (broker.offsets, offsetGroupsPerUser): a tenth of broker.state.MAX_OFFSET_GROUPS.
+    offset_groups_per_user: int = 1000
     pop_min_invisible_ms: int = 10_000
     # Transactions (broker.transactions): RocketMQ's transactionTimeOut (immunity before the
     # first check-back), transactionCheckInterval and transactionCheckMax.

@@ -169,6 +169,17 @@ _TOPIC_RECORD = struct.Struct(">BBiii")  # version, op, read, write, perm (then 
 TOPIC_MESSAGE_TYPES = ("MIXED", "NORMAL", "FIFO", "DELAY", "TRANSACTION")
 DEFAULT_TOPIC_MESSAGE_TYPE = "MIXED"
 _OFFSETS_HEAD = struct.Struct(">BI")  # version, number of (group, topic) runs
+# An offsets record whose every (group, topic) run also names, after the topic, the user whose
+# commit first gave the group offsets (u8 length + UTF-8; counted against offsetGroupsPerUser;
+# "" for an existing group or nobody). Written only when some run has an owner, so a group
+# without users writes the version-1 bytes it always did.
+OFFSETS_RECORD_VERSION_OWNED = 2
+# Consumer groups that hold offsets in a broker group: each one's offsets are kept in memory,
+# the log and every snapshot of every member, and a user with Sub on ``Group:*`` may commit for
+# made-up groups. As many as the subscription groups a broker group holds
+# (broker.subgroups.MAX_SUBGROUPS): every real consumer group fits. A record that would add a
+# group beyond it has that group's offsets skipped on apply (the leader refuses them first).
+MAX_OFFSET_GROUPS = 10_000
 _OFFSET_ITEM = struct.Struct(">iq")  # queue id, offset
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
@@ -256,6 +267,7 @@ class _Captured:
     queues: dict[str, int]
     topics: dict[str, TopicConfig]
     offsets: dict[OffsetKey, int]
+    offset_owners: dict[str, str]  # the groups with an owner only
     dedup: list[SendResult]
     schedule: dict[int, int]
     timer: dict[int, int]
@@ -377,25 +389,46 @@ def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicCo
         raise InvalidRecordError(f"topic {topic.name}: the broker holds {MAX_TOPICS} topics")
 
 
-def encode_offsets_record(offsets: Mapping[OffsetKey, int]) -> bytes:
-    """Offsets grouped by (group, topic): each name once, then (queue id, offset) pairs."""
+def encode_offsets_record(
+    offsets: Mapping[OffsetKey, int], owners: Mapping[str, str] | None = None
+) -> bytes:
+    """Offsets grouped by (group, topic): each name once, then (queue id, offset) pairs. With
+    ``owners`` (group -> the user creating it; only groups new to the table), a version-2
+    record that names each run's owner ("" for the others)."""
     runs: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for (group, topic, queue_id), offset in sorted(offsets.items()):
         runs.setdefault((group, topic), []).append((queue_id, offset))
-    parts = [_OFFSETS_HEAD.pack(CONTROL_VERSION, len(runs))]
+    owned = any(owners.get(g) for g, _ in runs) if owners else False
+    version = OFFSETS_RECORD_VERSION_OWNED if owned else CONTROL_VERSION
+    parts = [_OFFSETS_HEAD.pack(version, len(runs))]
     for (group, topic), items in runs.items():
         g, t = group.encode("utf-8"), topic.encode("ascii")
         if len(g) > 255 or len(t) > 255 or len(items) > 0xFFFF:
             raise InvalidRequestError("consumer group or topic too long, or too many queues")
-        parts += [_U8.pack(len(g)), g, _U8.pack(len(t)), t, _U16.pack(len(items))]
+        parts += [_U8.pack(len(g)), g, _U8.pack(len(t)), t]
+        if owned:
+            assert owners is not None
+            o = owners.get(group, "").encode("utf-8")
+            if len(o) > MAX_TOPIC_OWNER_BYTES:
+                raise InvalidRequestError(f"owner of consumer group {group!r} too long")
+            parts += [_U8.pack(len(o)), o]
+        parts.append(_U16.pack(len(items)))
         parts.extend(_OFFSET_ITEM.pack(q, o) for q, o in items)
     return b"".join(parts)
 
 
 def decode_offsets_record(body: bytes) -> dict[OffsetKey, int]:
+    """The offsets of a record of either version."""
+    return decode_offsets_record_owned(body)[0]
+
+
+def decode_offsets_record_owned(body: bytes) -> tuple[dict[OffsetKey, int], dict[str, str]]:
+    """The offsets of a record of either version, and the owners it names (group -> user, the
+    first non-empty one of a group's runs; none in a version-1 record)."""
+    owners: dict[str, str] = {}
     try:
         version, runs = _OFFSETS_HEAD.unpack_from(body, 0)
-        if version != CONTROL_VERSION:
+        if version not in (CONTROL_VERSION, OFFSETS_RECORD_VERSION_OWNED):
             raise CorruptMessageError(f"offsets record version {version}", 0)
         at = _OFFSETS_HEAD.size
         out: dict[OffsetKey, int] = {}
@@ -406,6 +439,14 @@ def decode_offsets_record(body: bytes) -> dict[OffsetKey, int]:
             n = body[at]
             topic = body[at + 1 : at + 1 + n].decode("ascii")
             at += 1 + n
+            if version == OFFSETS_RECORD_VERSION_OWNED:
+                n = body[at]
+                if n > len(body) - at - 1:
+                    raise IndexError("owner past the record's end")
+                owner = body[at + 1 : at + 1 + n].decode("utf-8")
+                at += 1 + n
+                if owner:
+                    owners.setdefault(group, owner)
             (count,) = _U16.unpack_from(body, at)
             at += 2
             for queue_id, offset in _OFFSET_ITEM.iter_unpack(
@@ -417,7 +458,25 @@ def decode_offsets_record(body: bytes) -> dict[OffsetKey, int]:
         raise CorruptMessageError(f"truncated offsets record: {exc}", 0) from None
     if at != len(body):
         raise CorruptMessageError("offsets record size mismatch", at)
-    return out
+    return out, owners
+
+
+def _load_offset_owners(offsets: Mapping[OffsetKey, int], rows: Any) -> dict[str, str]:
+    """A snapshot's groups with offsets -> owner: every group of ``offsets``, with the owner
+    its ``offset_owners`` row names when that is a string of at most MAX_TOPIC_OWNER_BYTES
+    (an invalid row: reported, the group kept without an owner)."""
+    rows = rows if isinstance(rows, dict) else {}
+    groups: dict[str, str] = {}
+    bad: list[str] = []
+    for group in sorted({g for g, _, _ in offsets}):
+        owner = rows.get(group, "")
+        size = len(owner.encode("utf-8", "replace")) if isinstance(owner, str) else -1
+        if not 0 <= size <= MAX_TOPIC_OWNER_BYTES:
+            bad.append(group)
+            owner = ""
+        groups[group] = owner
+    _report_dropped("consumer group owners", bad)
+    return groups
 
 
 def _shown(name: str) -> str:
@@ -514,6 +573,9 @@ class BrokerStateMachine:
         self.index: IndexStore
         self.topics: dict[str, TopicConfig] = {}
         self.offsets: dict[OffsetKey, int] = {}
+        # Every consumer group with offsets in :attr:`offsets` -> the user whose commit first
+        # gave it offsets ("": nobody, or from before owners were recorded).
+        self.offset_groups: dict[str, str] = {}
         self.dedup: OrderedDict[str, SendResult] = OrderedDict()
         # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
         self.schedule_offsets: dict[int, int] = {}
@@ -628,9 +690,7 @@ class BrokerStateMachine:
                 if entry.type == ENTRY_MESSAGES:
                     self._apply_messages(entry, touched)
                 elif entry.type == ENTRY_OFFSETS:
-                    offsets = decode_offsets_record(entry.body)
-                    check_offsets(offsets)
-                    self.offsets.update(offsets)
+                    self._apply_offsets(entry)
                 elif entry.type == ENTRY_TOPIC:
                     self._apply_topic(entry)
                 elif entry.type == ENTRY_SCHEDULE:
@@ -663,6 +723,45 @@ class BrokerStateMachine:
         self._maybe_snapshot()
 
     # ------------------------------------------------------------------ apply
+
+    def _apply_offsets(self, entry: Entry) -> None:
+        """Apply an offsets record: a group new here is recorded with its owner, and while
+        :data:`MAX_OFFSET_GROUPS` groups are held a new group's offsets are skipped (the
+        others of the record still apply: they take no room)."""
+        offsets, owners = decode_offsets_record_owned(entry.body)
+        check_offsets(offsets)
+        groups = self.offset_groups
+        refused: set[str] = set()
+        for group in sorted({g for g, _, _ in offsets}):
+            if group in groups:
+                continue
+            if len(groups) >= MAX_OFFSET_GROUPS:
+                refused.add(group)
+                continue
+            groups[group] = owners.get(group, "")
+        if refused:
+            self.skip_log.skip(
+                entry.index,
+                entry.type,
+                InvalidRecordError(
+                    f"offsets of {len(refused)} new consumer groups, e.g."
+                    f" {_shown(min(refused))}: the broker holds {MAX_OFFSET_GROUPS} groups"
+                ),
+            )
+            offsets = {k: v for k, v in offsets.items() if k[0] not in refused}
+        self.offsets.update(offsets)
+
+    def _drop_offsets_of_topic(self, topic: str) -> None:
+        """Forget every offset of ``topic``, and the groups left without offsets."""
+        for key in [k for k in self.offsets if k[1] == topic]:
+            del self.offsets[key]
+        left = {g for g, _, _ in self.offsets}
+        self.offset_groups = {g: o for g, o in self.offset_groups.items() if g in left}
+
+    def offset_groups_of(self, user: str) -> int:
+        """Consumer groups with offsets that ``user``'s commits created. A scan of at most
+        MAX_OFFSET_GROUPS (well under a ms): the leader runs it once per new group only."""
+        return sum(1 for owner in self.offset_groups.values() if owner == user)
 
     def _apply_schedule(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
         level, from_offset, to_offset = decode_schedule_header(entry.body)
@@ -897,8 +996,7 @@ class BrokerStateMachine:
             self.files_deleted += 1
             self.cqs.drop_topic(topic.name)
             del self.topics[topic.name]
-            for key in [k for k in self.offsets if k[1] == topic.name]:
-                del self.offsets[key]
+            self._drop_offsets_of_topic(topic.name)
             self.pop.drop_topic(topic.name)
             self.txn.drop_topic(topic.name)
             logger.info("topic deleted topic=%s index=%d", topic.name, entry.index)
@@ -969,6 +1067,7 @@ class BrokerStateMachine:
             queues=queues,
             topics=dict(self.topics),
             offsets=dict(self.offsets),
+            offset_owners={g: o for g, o in self.offset_groups.items() if o},
             dedup=list(self.dedup.values()),
             schedule=dict(self.schedule_offsets),
             timer=dict(self.timer_offsets),
@@ -1057,6 +1156,7 @@ class BrokerStateMachine:
                 continue
             self.offsets[key] = offset
         _report_dropped("consumer offsets", bad_offsets)
+        self.offset_groups = _load_offset_owners(self.offsets, data.get("offset_owners", {}))
         self.schedule_offsets = {}
         bad_levels: list[str] = []
         for level, offset in data.get("schedule", {}).items():
@@ -1208,6 +1308,7 @@ class BrokerStateMachine:
         (self.config_dir / derived.REBUILD_MARKER).unlink(missing_ok=True)
         self._open_stores()
         self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
+        self.offset_groups = {}
         self.schedule_offsets = {}
         self.timer_offsets = {}
         self.auth = AuthTable()
@@ -1244,6 +1345,7 @@ def _snapshot_document(c: _Captured) -> bytes:
         "queues": c.queues,
         "topics": {name: _topic_row(t) for name, t in sorted(c.topics.items())},
         "offsets": offsets,
+        "offset_owners": dict(sorted(c.offset_owners.items())),
         "dedup": encode_dedup(c.dedup),
         "schedule": {str(level): offset for level, offset in sorted(c.schedule.items())},
         "timer": {str(level): offset for level, offset in sorted(c.timer.items())},

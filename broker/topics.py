@@ -6,9 +6,11 @@ this node's applied topic table.
 The table is shared by every user (:data:`broker.state.MAX_TOPICS`): a topic keeps the user who
 created it (``CreateTopic``, or a send that auto-created it), and one user creates at most
 ``topicsPerUser`` (:attr:`ServiceConfig.topics_per_user`) that still exist, checked here on the
-leader before the record is proposed, one creation at a time. Super users, the anonymous user
-of a group without users and the broker's own retry and dead-letter topics are bounded by the
-table's size only.
+leader before the record is proposed, one creation at a time. A retry or dead-letter topic
+(``%RETRY%g``, ``%DLQ%g``) that a ``ConsumerSendMsgBack`` creates is its caller's too. Super
+users, the anonymous user of a group without users and the dead-letter topics the broker
+creates itself (POP messages past their attempts, v2 ``ForwardMessageToDeadLetterQueue`` of a
+received message) are bounded by the table's size only.
 """
 
 from __future__ import annotations
@@ -113,10 +115,11 @@ class Topics:
             raise NoPermissionError(f"topic {topic.name!r} is not writable (perm={topic.perm})")
         return topic
 
-    async def ensure_system(self, name: str, queues: int) -> None:
-        """Create the system topic ``name`` (a retry or dead-letter topic) unless it exists."""
+    async def ensure_system(self, name: str, queues: int, owner: Owner = NOBODY) -> None:
+        """Create the system topic ``name`` (a retry or dead-letter topic) unless it exists,
+        for user ``owner`` (counted against its topicsPerUser; NOBODY: the broker's own)."""
         if name not in self.ctx.sm.topics:
-            await self._create_if_absent(name, queues)
+            await self._create_if_absent(name, queues, owner)
             logger.info("system topic created topic=%s queues=%d", name, queues)
 
     async def _create_if_absent(self, name: str, queues: int, owner: Owner = NOBODY) -> TopicConfig:

@@ -19,6 +19,7 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
+from broker import offsets as offsets_module
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
@@ -42,6 +43,7 @@ from mqsecurity.signing import signed_metadata
 BOX = SecretBox(bytes(range(32)))
 # Quotas small enough to fill in a test.
 POLLS, CONSUMERS, LOCKS, OFFSETS, TOPICS = 2, 2, 3, 2, 2
+GROUPS = 3  # consumer groups with offsets: one more than the pending offsets' share
 CFG = ServiceConfig(
     "127.0.0.1",
     10911,
@@ -53,6 +55,7 @@ CFG = ServiceConfig(
     consumers_per_user=CONSUMERS,
     queue_locks_per_user=LOCKS,
     pending_offsets_per_user=OFFSETS,
+    offset_groups_per_user=GROUPS,
 )
 IDS = UniqIdGenerator(ip="10.0.0.6", pid=12, instance_hash=6)
 ALICE = Credentials("alice", "alice-secret-1")  # fills her shares
@@ -257,6 +260,77 @@ def test_quota_pending_offsets_one_user_fills_its_share_and_another_is_served(
     run(tmp_path, test)
 
 
+def send_back(n: Node, creds: Credentials, group: str, position: int, level: int = 0) -> Any:
+    request = pb.ConsumerSendMsgBackRequest(
+        consumer_group=group,
+        messages=[pb.SendBackItem(commitlog_position=position)],
+        delay_level=level,
+    )
+    return n.stub.ConsumerSendMsgBack(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+
+def test_quota_topics_retry_and_dead_letter_topics_are_their_callers(tmp_path: Path) -> None:
+    async def test(n: Node) -> None:
+        topics = n.broker.topics
+        sent = await send(n, ROOT, T)
+        position = sent.packed_positions[0]
+        await send_back(n, ALICE, "g-1", position)  # %RETRY%g-1
+        await send_back(n, ALICE, "g-2", position, level=-1)  # %DLQ%g-2
+        assert topics.get("%RETRY%g-1").owner == "alice"
+        assert topics.get("%DLQ%g-2").owner == "alice"
+        assert topics.held_by("alice") == TOPICS
+        await send_back(n, ALICE, "g-1", position)  # an existing one takes no room
+        for level in (0, -1):
+            code, details = await refusal(send_back(n, ALICE, "g-3", position, level))
+            assert code == "RESOURCE_EXHAUSTED"
+            assert details.startswith("RESOURCE_EXHAUSTED quota topicsPerUser:"), details
+        assert not {"%RETRY%g-3", "%DLQ%g-3"} & set(topics.ctx.sm.topics)  # nothing proposed
+        started = time.monotonic()
+        await send_back(n, BOB, "g-3", position)
+        assert time.monotonic() - started < 1.0  # at once
+        assert topics.get("%RETRY%g-3").owner == "bob"
+        for i in range(TOPICS + 1):
+            await send_back(n, ROOT, f"ops-{i}", position)
+
+    run(tmp_path, test)
+
+
+def test_quota_offset_groups_one_user_fills_its_share_and_another_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def test(n: Node) -> None:
+        sm = n.broker.offsets.ctx.sm
+        await commit(n, ALICE, "made-up-0", sync=True)
+        await commit(n, ALICE, "made-up-1")  # buffered: counted before it is proposed
+        await commit(n, ALICE, "made-up-2", sync=True)
+        await commit(n, ALICE, "made-up-0", sync=True)  # a group she has takes no room
+        code, details = await refusal(commit(n, ALICE, "made-up-x", sync=True))
+        assert code == "RESOURCE_EXHAUSTED"
+        assert details.startswith("RESOURCE_EXHAUSTED quota offsetGroupsPerUser:"), details
+        started = time.monotonic()
+        await commit(n, BOB, "real", sync=True)
+        assert time.monotonic() - started < 1.0  # at once
+        for i in range(GROUPS + 1):
+            await commit(n, ROOT, f"ops-{i}", sync=True)
+        assert {g for g, o in sm.offset_groups.items() if o == "alice"} == {
+            f"made-up-{i}" for i in range(GROUPS)
+        }
+        assert sm.offset_groups["real"] == "bob" and sm.offset_groups_of("root") == GROUPS + 1
+        assert ("made-up-x", T, 0) not in sm.offsets
+        # Bob may reset a group of his own into being; a reset counts as a commit does.
+        reset = pb.ResetConsumerOffsetRequest(consumer_group="real-2", topic=T, queue_id=0)
+        reset.queue_offset = 0
+        await n.stub.ResetConsumerOffset(reset, metadata=md(BOB), timeout=CALL_TIMEOUT_S)
+        assert sm.offset_groups["real-2"] == "bob"
+        # The broker group's table bounds everyone, Super users too.
+        monkeypatch.setattr(offsets_module, "MAX_OFFSET_GROUPS", len(sm.offset_groups))
+        code, details = await refusal(commit(n, ROOT, "ops-x", sync=True))
+        assert code == "TOO_MANY_OFFSET_GROUPS", details
+        await commit(n, ROOT, "ops-0", sync=True)
+
+    run(tmp_path, test)
+
+
 def create_topic(n: Node, creds: Credentials, name: str, queues: int = 1) -> Any:
     config = pb.TopicConfig(topic_name=name, read_queue_nums=queues, write_queue_nums=queues)
     request = pb.CreateTopicRequest(topic=config)
@@ -310,3 +384,41 @@ def test_a_topic_keeps_its_owner_in_the_record_and_the_snapshot() -> None:
             decode_topic_record(bad)
     with pytest.raises(ValueError):
         _topic_of_row("t", [2, 2, 6, "FIFO", ""])
+
+
+def test_consumers_and_locks_of_another_user_are_left_alone(tmp_path: Path) -> None:
+    """v1 ``UnregisterConsumer`` and ``UnlockBatchMQ`` naming another user's client id act on
+    nothing of it, answered as for an id never seen; its owner's own calls still act."""
+
+    async def test(n: Node) -> None:
+        consumers = n.broker.consumers
+
+        def unregister(creds: Credentials, group: str, client_id: str) -> Any:
+            request = pb.UnregisterConsumerRequest(consumer_group=group, client_id=client_id)
+            return n.stub.UnregisterConsumer(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+        def unlock(creds: Credentials, client_id: str) -> Any:
+            request = pb.UnlockBatchRequest(
+                consumer_group="G",
+                client_id=client_id,
+                queues=[pb.QueueRef(topic=T, queue_id=q) for q in range(2)],
+            )
+            return n.stub.UnlockBatchMQ(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+
+        await heartbeat(n, ALICE, "G", "victim")
+        assert len((await lock(n, ALICE, "victim", range(2))).locked) == 2
+        unknown = await unregister(BOB, "G", "never-seen")
+        assert (await unregister(BOB, "G", "victim")) == unknown
+        assert not unknown.removed
+        assert (await unlock(BOB, "victim")) == (await unlock(BOB, "never-seen"))
+        assert not (await unlock(BOB, "victim")).unlocked
+        assert (await unlock(ROOT, "victim")).unlocked == []  # a Super user's too
+        assert consumers.clients("G") == ["victim"]
+        assert consumers.locks.held_by("G", "victim") == 2
+        # Its owner's calls still act.
+        assert len((await unlock(ALICE, "victim")).unlocked) == 2
+        await lock(n, ALICE, "victim", range(2))
+        assert (await unregister(ALICE, "G", "victim")).removed
+        assert consumers.clients("G") == [] and consumers.locks.held_by("G", "victim") == 0
+
+    run(tmp_path, test)
