@@ -68,6 +68,7 @@ from dledger.server import rpcguard, status
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.guard import CallGuard, GuardInterceptor
+from dledger.server.health import health_fields
 from dledger.server.logroom import LogRoom
 from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
@@ -463,6 +464,8 @@ class DLedgerNode:
         # Damage in the log (docs/STORAGE.md "Damage and repair"): what found it, how many
         # times, since this process started (the open's own finding included).
         self.corruption_found: dict[str, int] = {}
+        # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
+        self.chain_check_mismatches: dict[str, int] = {}
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -1660,6 +1663,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             store_path=str(node.store.root),
             refusals=REFUSALS.snapshot(),
             **_disk_space(node.store.root),
+            **health_fields(node, request.chain_index),
         )
 
     async def ListMembers(
