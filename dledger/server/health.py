@@ -10,7 +10,9 @@ optional ``derived_mismatches()`` (name -> count), as the broker's state machine
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.log import DLedgerError
 
@@ -47,25 +49,26 @@ def derived_mismatches(node: DLedgerNode) -> dict[str, int]:
     return out
 
 
-def health_fields(node: DLedgerNode, chain_index: int) -> dict[str, Any]:
-    """The health fields of a ``MetadataResponse`` (``chain_index`` 0: none asked)."""
+def health_fields(node: DLedgerNode, chain_index: int) -> pb.MetadataResponse:
+    """The health fields of a ``MetadataResponse`` (``chain_index`` 0: none asked), to merge
+    into the rest."""
     st = node.core.status()
     scrub = node.scrubber
     commit_chain = chain_or_none(node, st.commit_index)
     chain = chain_or_none(node, chain_index) if chain_index else None
-    return {
-        "repairing": st.repairing,
-        "promised_index": st.promised_index,
-        "repairs_completed": st.repairs_completed,
-        "commit_chain": commit_chain or 0,
-        "chain_index": chain_index,
-        "chain": chain or 0,
-        "chain_known": chain is not None,
-        "corruption_found": dict(node.corruption_found),
-        "chain_mismatches": st.chain_mismatches,
-        "committed_repairs": st.committed_repairs,
-        "chain_check_mismatches": sum(node.chain_check_mismatches.values()),
-        "scrub_last_pass_end_ms": scrub.last_pass_end_unix_ms if scrub is not None else 0,
-        "scrub_bytes_verified": scrub.bytes_verified if scrub is not None else 0,
-        "derived_mismatches": derived_mismatches(node),
-    }
+    return pb.MetadataResponse(
+        repairing=st.repairing,
+        promised_index=st.promised_index,
+        repairs_completed=st.repairs_completed,
+        commit_chain=commit_chain or 0,
+        chain_index=chain_index,
+        chain=chain or 0,
+        chain_known=chain is not None,
+        corruption_found=node.corruption_found,
+        chain_mismatches=st.chain_mismatches,
+        committed_repairs=st.committed_repairs,
+        chain_check_mismatches=sum(node.chain_check_mismatches.values()),
+        scrub_last_pass_end_ms=scrub.last_pass_end_unix_ms if scrub is not None else 0,
+        scrub_bytes_verified=scrub.bytes_verified if scrub is not None else 0,
+        derived_mismatches=derived_mismatches(node),
+    )

@@ -170,17 +170,14 @@ def _echo(text: str) -> str:
     return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
 
 
-def _disk_space(path: os.PathLike[str] | str) -> dict[str, int]:
+def _disk_space(path: os.PathLike[str] | str) -> tuple[int, int]:
     """``Metadata``'s disk fields: the store's file system, total and free bytes (one
     ``statvfs``, about a microsecond); zeros when it cannot be read."""
     try:
         st = os.statvfs(path)
     except OSError:
-        return {"disk_total_bytes": 0, "disk_free_bytes": 0}
-    return {
-        "disk_total_bytes": st.f_blocks * st.f_frsize,
-        "disk_free_bytes": st.f_bavail * st.f_frsize,
-    }
+        return 0, 0
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 class StateMachine(Protocol):
@@ -1644,7 +1641,8 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         st = node.core.status()
         leader, addr = node.leader_client_addr()
-        return pb.MetadataResponse(
+        disk_total, disk_free = _disk_space(node.store.root)
+        resp = pb.MetadataResponse(
             group=node.cfg.group,
             self_id=node.cfg.self_id,
             role=st.role.name,
@@ -1662,9 +1660,11 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             ],
             store_path=str(node.store.root),
             refusals=REFUSALS.snapshot(),
-            **_disk_space(node.store.root),
-            **health_fields(node, request.chain_index),
+            disk_total_bytes=disk_total,
+            disk_free_bytes=disk_free,
         )
+        resp.MergeFrom(health_fields(node, request.chain_index))
+        return resp
 
     async def ListMembers(
         self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext
