@@ -28,6 +28,11 @@ from dledger.properties import (
     parse_values,
     read_text,
 )
+from dledger.server.chaincheck import (
+    DEFAULT_CHAIN_CHECK_INTERVAL_MS,
+    MAX_CHAIN_CHECK_INTERVAL_MS,
+    MIN_CHAIN_CHECK_INTERVAL_MS,
+)
 from dledger.server.node import NodeConfig
 from dledger.server.scrub import (
     DEFAULT_SCRUB_BYTES_PER_S,
@@ -70,6 +75,14 @@ def _parse_scrub_rate(text: str) -> int:
     value = int_in(0, MAX_SCRUB_BYTES_PER_S)(text)
     if 0 < value < MIN_SCRUB_BYTES_PER_S:
         raise ValueError(f"is below {MIN_SCRUB_BYTES_PER_S} (0 turns the scrubber off)")
+    return value
+
+
+def _parse_chain_check_interval(text: str) -> int:
+    """chainCheckIntervalMs: 0 (off) or [MIN_CHAIN_CHECK_INTERVAL_MS, MAX_...]."""
+    value = int_in(0, MAX_CHAIN_CHECK_INTERVAL_MS)(text)
+    if 0 < value < MIN_CHAIN_CHECK_INTERVAL_MS:
+        raise ValueError(f"is below {MIN_CHAIN_CHECK_INTERVAL_MS} (0 turns the check off)")
     return value
 
 
@@ -331,6 +344,14 @@ KEYS: Mapping[str, _Key] = {
         str(DEFAULT_SCRUB_BYTES_PER_S),
         "bytes per second the scrubber checks of the log (0: off)",
     ),
+    # How often the leader compares its chained checksum with each peer's at a common
+    # committed index (dledger.server.chaincheck, docs/RAFT.md section 13): 1 s to 1 day,
+    # or 0 for off; the default is reasoned there.
+    "chainCheckIntervalMs": _Key(
+        _parse_chain_check_interval,
+        str(DEFAULT_CHAIN_CHECK_INTERVAL_MS),
+        "ms between the leader's chain comparisons with its peers (0: off)",
+    ),
     "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
     "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
     "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
@@ -563,6 +584,7 @@ class BrokerConfig:
     maxLagRetentionHours: int
     snapshotTransferBytesPerSec: int
     scrubBytesPerSec: int
+    chainCheckIntervalMs: int
     maxMessageSize: int
     autoCreateTopicEnable: bool
     slaveReadEnable: bool
@@ -889,6 +911,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         max_lag_retention_hours=cfg.maxLagRetentionHours,
         snapshot_bytes_per_s=cfg.snapshotTransferBytesPerSec,
         scrub_bytes_per_s=cfg.scrubBytesPerSec,
+        chain_check_interval_ms=cfg.chainCheckIntervalMs,
         # What a joining node must share with the group (a Join with other values is refused):
         # the segment size (replicas share data positions, a snapshot carries segments as they
         # are) and the dedup window, which every member's apply uses.

@@ -616,6 +616,14 @@ class BrokerStateMachine:
         # What the derived-state checks found and rebuilt (broker.derived, raftmq_scrub_*).
         self.derived = derived.DerivedCounters()
 
+    def derived_mismatches(self) -> dict[str, int]:
+        """Records the derived-state checks found wrong since start, by store (the node's
+        Metadata answers them: mqadmin replicaStatus, dledger.server.health)."""
+        return {
+            store: self.derived.total_wrong(store)
+            for store in (derived.STORE_CQ, derived.STORE_INDEX)
+        }
+
     # ------------------------------------------------------------------ wiring
 
     def attach(self, log: CommitLog) -> None:

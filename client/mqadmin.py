@@ -8,7 +8,9 @@ Security options (docs/SECURITY.md): ``--tls-ca FILE`` (env ``RAFTMQ_TLS_CA``) s
 certificate. A local secure group (``mqcluster up``) prints the two exports to use.
 
 Exit codes: 0 ok; 1 a failed operation (one line on stderr with the broker's or NameServer's
-stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage).
+stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage);
+3 the command ran and found something an operator must look at (``replicaStatus``: a member
+repairing, chains that differ, damage counters, a member not answering).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from client.errors import MQClientError
 from client.members import MEMBER_CHANGE_TIMEOUT_S, MemberRow, change_member, list_members
 from client.message import Message, MessageExt, MessageQueue
 from client.producer import Producer
+from client.replicas import ReplicaReport, group_replica_status
 from client.route import ChannelPool
 from mqcli import CommandLine, GlobalOption
 from mqsecurity.errors import SecurityError
@@ -404,7 +407,10 @@ def cmd_dlq_resend(admin: MQAdmin, args: argparse.Namespace, out: Output) -> Non
 
 # -- argument parsing ----------------------------------------------------------------------
 
-Handler = Callable[[MQAdmin, argparse.Namespace, Output], None]
+# A handler returns None (exit 0) or its own exit code (EXIT_FLAGGED).
+Handler = Callable[[MQAdmin, argparse.Namespace, Output], int | None]
+# The command ran but found something an operator must look at (replicaStatus).
+EXIT_FLAGGED = 3
 
 
 def _group_addr(admin: MQAdmin, args: argparse.Namespace) -> str:
@@ -476,6 +482,55 @@ def cmd_promote_member(admin: MQAdmin, args: argparse.Namespace, out: Output) ->
 
 def cmd_remove_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     _change(admin, args, out, "REMOVE")
+
+
+def _unix_ms_text(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000)) if ms else "-"
+
+
+def replica_rows(report: ReplicaReport) -> list[Row]:
+    """One row per member of a replicaStatus report (``-`` where it did not answer)."""
+    rows: list[Row] = []
+    for r in report.rows:
+        m = r.answer
+        if m is None:
+            rows.append({"node": r.node_id, "addr": r.client_addr, "role": "-", "flags": r.error})
+            continue
+        chain = f"{m.chain:016x}" if m.chain_known else "-"
+        rows.append(
+            {
+                "node": r.node_id,
+                "addr": r.client_addr,
+                "role": m.role,
+                "term": m.term,
+                "last": m.last_index,
+                "commit": m.commit_index,
+                "applied": m.applied_index,
+                "repairing": "YES" if m.repairing else "no",
+                "promised": m.promised_index,
+                "repairs": m.repairs_completed,
+                f"chain@{report.chain_index}": chain,
+                "damage": sum(m.corruption_found.values()),
+                "chain_mm": m.chain_mismatches + m.chain_check_mismatches,
+                "repaired": m.committed_repairs,
+                "derived_mm": sum(m.derived_mismatches.values()),
+                "scrub_end": _unix_ms_text(m.scrub_last_pass_end_ms),
+                "scrub_bytes": m.scrub_bytes_verified,
+                "flags": "; ".join(r.flags) or "-",
+            }
+        )
+    return rows
+
+
+def cmd_replica_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> int | None:
+    with _MemberChannels(admin) as channels:
+        report = group_replica_status(channels, _group_addr(admin, args))
+    problems = list(report.flags)
+    extra: Row = {"chain_index": report.chain_index, "flagged": report.flagged}
+    if problems:
+        extra["group_flags"] = "; ".join(problems)
+    out.table(replica_rows(report), extra)
+    return EXIT_FLAGGED if report.flagged else None
 
 
 class _MemberChannels:
@@ -906,6 +961,13 @@ def _member_commands(cli: CommandLine) -> None:
     p.add_argument("--voter", action="store_true", help="a voter straight away (no catching up)")
     change("promoteMember", cmd_promote_member, "make a caught-up learner a voter")
     change("removeMember", cmd_remove_member, "remove a member (the leader hands over first)")
+    _member_target(
+        add(
+            "replicaStatus",
+            cmd_replica_status,
+            "every member's repair state, chain and damage counters; exit 3 when flagged",
+        )
+    )
 
 
 def _where(p: argparse.ArgumentParser) -> None:
@@ -1043,7 +1105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Output(args.json)
     try:
         admin = MQAdmin(args.namesrv, security)
-        args.handler(admin, args, out)
+        rc = args.handler(admin, args, out)
     except MQClientError as exc:
         detail = " ".join(exc.message.split())
         if detail.startswith(exc.code + " "):
@@ -1052,7 +1114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return int(rc or 0)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,26 @@ class NodeView:
     lag: int | None = None  # entries behind the leader's last index (leader's view)
     disk_total_bytes: int = 0
     disk_free_bytes: int = 0
+    # Replica health (docs/CLUSTER.md "Replica status"): the repair state and the damage
+    # counters since the member's process started.
+    repairing: bool = False
+    promised_index: int = 0
+    corruption_found: int = 0  # damaged entries found in its log, every finder
+    chain_mismatches: int = 0  # in replication plus the leader's periodic chain check
+    committed_repairs: int = 0
+    derived_mismatches: int = 0  # the broker's derived-state records found wrong
     error: str = ""
+
+    @property
+    def corruption_counters(self) -> list[tuple[str, int]]:
+        """The non-zero damage counters, named as the page shows them."""
+        named = [
+            ("damage found", self.corruption_found),
+            ("chain mismatches", self.chain_mismatches),
+            ("committed repairs", self.committed_repairs),
+            ("derived mismatches", self.derived_mismatches),
+        ]
+        return [(name, n) for name, n in named if n]
 
     @property
     def disk_used_percent(self) -> float | None:
@@ -275,6 +294,12 @@ class GroupReader:
             last_index=md.last_index,
             disk_total_bytes=md.disk_total_bytes,
             disk_free_bytes=md.disk_free_bytes,
+            repairing=md.repairing,
+            promised_index=md.promised_index,
+            corruption_found=sum(md.corruption_found.values()),
+            chain_mismatches=md.chain_mismatches + md.chain_check_mismatches,
+            committed_repairs=md.committed_repairs,
+            derived_mismatches=sum(md.derived_mismatches.values()),
         )
         lags = {p.id: max(md.last_index - p.match_index, 0) for p in md.peers}
         return view, lags if md.role == "LEADER" else {}

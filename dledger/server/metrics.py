@@ -145,6 +145,15 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
 DAMAGE_FINDERS = ("open", "start", "scrub", "read", "replication", "get", "snapshot")
 
 
+def _chain_check_counts(node: DLedgerNode) -> dict[str, int]:
+    """The chain check's mismatches by peer: every current member but this one (0 when none),
+    and any former member that differed. Labels are member ids only, so the set is bounded by
+    the group's members over the process's life."""
+    counts = {p.peer_id: 0 for p in node.core.status().peers}
+    counts.update(node.chain_check_mismatches)
+    return counts
+
+
 def _damage_families(node: DLedgerNode) -> list[Metric]:
     """Damage found in this member's log and the scrubber's progress (docs/METRICS.md
     "Damage and scrubbing"). Counted since the process started (a repair restarts it: the
@@ -168,6 +177,13 @@ def _damage_families(node: DLedgerNode) -> list[Metric]:
             "corruption_first_damaged_index",
             "Index of the first damaged entry the last open cut (0: none)",
             report.first_index if report is not None else 0,
+        ),
+        labelled_counter(
+            "corruption_chain_check_mismatch",
+            "Rounds of the periodic chain check in which a peer's chain differed from this "
+            "leader's at a committed index (docs/RAFT.md section 13), by peer",
+            ["peer"],
+            (([peer], n) for peer, n in sorted(_chain_check_counts(node).items())),
         ),
     ]
     if scrub is None:

@@ -65,9 +65,17 @@ from dledger.log import (
     persist,
 )
 from dledger.server import rpcguard, status
+from dledger.server.chaincheck import (
+    DEFAULT_CHAIN_CHECK_INTERVAL_MS,
+    MAX_CHAIN_CHECK_INTERVAL_MS,
+    MIN_CHAIN_CHECK_INTERVAL_MS,
+    chain_check_loop,
+    peer_asker,
+)
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.guard import CallGuard, GuardInterceptor
+from dledger.server.health import health_fields
 from dledger.server.logroom import LogRoom
 from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
@@ -169,17 +177,14 @@ def _echo(text: str) -> str:
     return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
 
 
-def _disk_space(path: os.PathLike[str] | str) -> dict[str, int]:
+def _disk_space(path: os.PathLike[str] | str) -> tuple[int, int]:
     """``Metadata``'s disk fields: the store's file system, total and free bytes (one
     ``statvfs``, about a microsecond); zeros when it cannot be read."""
     try:
         st = os.statvfs(path)
     except OSError:
-        return {"disk_total_bytes": 0, "disk_free_bytes": 0}
-    return {
-        "disk_total_bytes": st.f_blocks * st.f_frsize,
-        "disk_free_bytes": st.f_bavail * st.f_frsize,
-    }
+        return 0, 0
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 class StateMachine(Protocol):
@@ -282,6 +287,9 @@ class NodeConfig:
     # scrubBytesPerSec: the pace of the background scrubber that re-reads and checks the
     # whole log (dledger.server.scrub); 0 turns it off (benchmarks only).
     scrub_bytes_per_s: int = DEFAULT_SCRUB_BYTES_PER_S
+    # chainCheckIntervalMs: how often the leader compares its chain with each peer's at a
+    # common committed index (dledger.server.chaincheck, docs/RAFT.md section 13); 0: off.
+    chain_check_interval_ms: int = DEFAULT_CHAIN_CHECK_INTERVAL_MS
     # Settings every member must share, name -> value as the operator sets them (the broker:
     # its dedup window, which every member's apply uses). A Join from a node whose settings
     # differ is refused (INCOMPATIBLE_STORE): it could never catch up. The log's segment size
@@ -323,6 +331,15 @@ class NodeConfig:
             raise ConfigError(
                 f"scrub_bytes_per_s {self.scrub_bytes_per_s} is outside "
                 f"[{MIN_SCRUB_BYTES_PER_S}, {MAX_SCRUB_BYTES_PER_S}] (0: off)"
+            )
+        if self.chain_check_interval_ms and not (
+            MIN_CHAIN_CHECK_INTERVAL_MS
+            <= self.chain_check_interval_ms
+            <= MAX_CHAIN_CHECK_INTERVAL_MS
+        ):
+            raise ConfigError(
+                f"chain_check_interval_ms {self.chain_check_interval_ms} is outside "
+                f"[{MIN_CHAIN_CHECK_INTERVAL_MS}, {MAX_CHAIN_CHECK_INTERVAL_MS}] (0: off)"
             )
         self._check_tls()
         self._check_shared_settings()
@@ -463,6 +480,8 @@ class DLedgerNode:
         # Damage in the log (docs/STORAGE.md "Damage and repair"): what found it, how many
         # times, since this process started (the open's own finding included).
         self.corruption_found: dict[str, int] = {}
+        # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
+        self.chain_check_mismatches: dict[str, int] = {}
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -561,6 +580,9 @@ class DLedgerNode:
         if cfg.scrub_bytes_per_s:
             self.scrubber = Scrubber(lambda: self.store, self.on_damage, cfg.scrub_bytes_per_s)
             self._tasks.append(spawn(self.scrubber.run(), "scrub"))
+        if cfg.chain_check_interval_ms:
+            check = chain_check_loop(self, cfg.chain_check_interval_ms, peer_asker(self))
+            self._tasks.append(spawn(check, "chain-check"))
         if conf is not None and not conf.voters and cfg.join_addr:
             self._tasks.append(spawn(self._join_loop(), "join"))
         logger.info(
@@ -659,6 +681,10 @@ class DLedgerNode:
         """A member's peer address: from the settings, else from the configuration (a
         member added at run time); "" when unknown."""
         return self._book.peer_addr(node_id)
+
+    def peer_client_addr(self, node_id: str) -> str:
+        """A member's client address (where its Metadata answers); "" when unknown."""
+        return self._book.client_addr(node_id)
 
     def peer_metadata(self) -> tuple[tuple[str, str], ...]:
         """What identifies this node on a peer call (as the transport's streams send it)."""
@@ -1641,7 +1667,8 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         st = node.core.status()
         leader, addr = node.leader_client_addr()
-        return pb.MetadataResponse(
+        disk_total, disk_free = _disk_space(node.store.root)
+        resp = pb.MetadataResponse(
             group=node.cfg.group,
             self_id=node.cfg.self_id,
             role=st.role.name,
@@ -1659,8 +1686,11 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             ],
             store_path=str(node.store.root),
             refusals=REFUSALS.snapshot(),
-            **_disk_space(node.store.root),
+            disk_total_bytes=disk_total,
+            disk_free_bytes=disk_free,
         )
+        resp.MergeFrom(health_fields(node, request.chain_index))
+        return resp
 
     async def ListMembers(
         self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext

@@ -86,6 +86,7 @@ class Scrubber:
         self.passes = 0
         self.damage_found = 0
         self.position_index = 0  # the next index to check (for status)
+        self.last_pass_end_unix_ms = 0  # when the last complete pass ended (0: none yet)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -96,6 +97,7 @@ class Scrubber:
             if not await self._pass():
                 return  # damage: the node restarts
             self.passes += 1
+            self.last_pass_end_unix_ms = int(time.time() * 1000)
             rest = SCRUB_MIN_PASS_INTERVAL_S - (time.monotonic() - started)
             if rest > 0:
                 await asyncio.sleep(rest)

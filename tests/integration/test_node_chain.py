@@ -5,6 +5,7 @@ others' again, entry for entry."""
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
 
 from broker.cluster import LocalCluster
+from client.mqadmin import EXIT_FLAGGED
+from client.mqadmin import main as mqadmin
 from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
@@ -88,7 +91,7 @@ def _forge(cluster: LocalCluster, leader_id: str, to: str, term: int, last: int)
 
 
 def test_forged_append_is_found_at_the_next_append_alarmed_and_repaired(
-    local_group: Callable[..., LocalCluster],
+    local_group: Callable[..., LocalCluster], capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = local_group(3)
     leader_id = cluster.wait_leader()
@@ -149,6 +152,30 @@ def test_forged_append_is_found_at_the_next_append_alarmed_and_repaired(
         # And the group goes on: a send commits on all three.
         wait_for(lambda: _append_ok(client, b"final"), WAIT_S, "an append after the repair")
         assert cluster.wait_leader(10) == leader_id
+        _replica_status_shows_the_repair(cluster, victim.node_id, capsys)
     text = victim_log.read_text(errors="replace")
     assert f"repair_committed index={last + 1}" in text
     assert "Traceback" not in text and "FATAL" not in text, text[-3000:]
+
+
+def _replica_status_shows_the_repair(
+    cluster: LocalCluster, victim: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mqadmin replicaStatus on the repaired group: every member answers with the same chain
+    at the common committed index, and the victim is flagged for its committed repair (exit
+    3): the Metadata fields come from the running nodes."""
+    # -a names the group by a node; mqadmin wants a NameServer address all the same.
+    argv = [*cluster.tool_argv(), "-n", "127.0.0.1:9", "--json", "replicaStatus"]
+    argv += ["-a", cluster.nodes[0].client_addr]
+    capsys.readouterr()
+    code, out = mqadmin(argv), capsys.readouterr()
+    assert code == EXIT_FLAGGED, out.err
+    doc = json.loads(out.out)
+    rows = {r["node"]: r for r in doc["rows"]}
+    assert set(rows) == {n.node_id for n in cluster.nodes}
+    index = doc["chain_index"]
+    assert index > 0 and "group_flags" not in doc, doc
+    chains = {r[f"chain@{index}"] for r in rows.values()}
+    assert len(chains) == 1 and "-" not in chains, rows
+    assert "committed entries repaired 1" in rows[victim]["flags"], rows[victim]
+    assert all(r["repairing"] == "no" for r in rows.values())

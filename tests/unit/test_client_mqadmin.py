@@ -50,6 +50,7 @@ COMMANDS = {
     "addMember": ["-b", "broker-a", "-i", "n3", "-p", "127.0.0.1:40914"],
     "promoteMember": ["-a", "127.0.0.1:10911", "-i", "n3"],
     "removeMember": ["-b", "broker-a", "-i", "n3"],
+    "replicaStatus": ["-b", "broker-a"],
 }
 
 

@@ -316,3 +316,99 @@ def test_the_dashboard_imports_no_server_package() -> None:
     assert ("reader.py", "client") in seen  # the check sees the imports it must allow
     for file, top in seen:
         assert top not in ("broker", "dledger", "nameserver"), f"{file}: {top}"
+
+
+class HealthReader(FakeReader):
+    """A group with a member repairing and one whose damage counters are non-zero."""
+
+    def clusters(self) -> list[GroupView]:
+        nodes = [
+            NodeView("n0", "127.0.0.1:1", "LEADER", 10, role="LEADER", term=3, lag=0),
+            NodeView(
+                "n1",
+                "127.0.0.1:2",
+                "FOLLOWER",
+                10,
+                role="FOLLOWER",
+                term=3,
+                repairing=True,
+                promised_index=812,
+            ),
+            NodeView(
+                "n2",
+                "127.0.0.1:3",
+                "FOLLOWER",
+                10,
+                role="FOLLOWER",
+                term=3,
+                corruption_found=2,
+                chain_mismatches=1,
+                derived_mismatches=5,
+            ),
+            NodeView("n3", "127.0.0.1:4", "FOLLOWER", 10, error="UNAVAILABLE: down"),
+        ]
+        return [GroupView("DefaultCluster", "broker-a", "n0", nodes)]
+
+
+def _node_cells(page: str, node: str) -> dict[str, str]:
+    row = re.search(rf'<tr [^>]*data-node="{node}">(.*?)</tr>', page, re.S)
+    assert row is not None, node
+    cells = re.findall(r'<td class="(repairing|corruption)">(.*?)</td>', row.group(1), re.S)
+    return {name: re.sub(r"<[^>]+>", "", text) for name, text in cells}
+
+
+def test_the_nodes_page_shows_repairing_and_the_corruption_counters_per_node() -> None:
+    client, _ = client_for(HealthReader())
+    with client:
+        page = client.get("/").text
+    assert "<th>repairing</th><th>corruption</th>" in page
+    assert _node_cells(page, "n0") == {"repairing": "no", "corruption": "none"}
+    assert _node_cells(page, "n1") == {"repairing": "repairing to 812", "corruption": "none"}
+    assert _node_cells(page, "n2") == {
+        "repairing": "no",
+        "corruption": "damage found 2, chain mismatches 1, derived mismatches 5",
+    }
+    assert _node_cells(page, "n3") == {}  # no answer: dashes, its error says why
+
+
+def test_the_reader_takes_the_health_fields_from_each_nodes_metadata(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raftmq.dledger.v1 import dledger_pb2 as dpb
+    from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
+    from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
+
+    from mqdashboard import reader as reader_mod
+
+    answer = dpb.MetadataResponse(
+        role="FOLLOWER",
+        term=3,
+        repairing=True,
+        promised_index=40,
+        corruption_found={"scrub": 1, "open": 2},
+        chain_mismatches=1,
+        chain_check_mismatches=2,
+        committed_repairs=4,
+        derived_mismatches={"consumequeue": 5, "index": 1},
+    )
+
+    class Stub:
+        def __init__(self, channel: object) -> None:
+            pass
+
+        def Metadata(self, request: object, timeout: float) -> dpb.MetadataResponse:
+            return answer
+
+    monkeypatch.setattr(dpb_grpc, "DLedgerClientStub", Stub)
+    reader = reader_mod.GroupReader("127.0.0.1:1")
+    try:
+        view, _ = reader._metadata(ns_pb.MemberInfo(node_id="n1", client_addr="127.0.0.1:2"))
+    finally:
+        reader.close()
+    assert (view.repairing, view.promised_index) == (True, 40)
+    assert view.corruption_counters == [
+        ("damage found", 3),
+        ("chain mismatches", 3),
+        ("committed repairs", 4),
+        ("derived mismatches", 6),
+    ]

@@ -262,10 +262,10 @@ def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
     from dledger.server.node import _disk_space
 
     st = os.statvfs(tmp_path)
-    space = _disk_space(tmp_path)
-    assert space["disk_total_bytes"] == st.f_blocks * st.f_frsize > 0
-    assert 0 < space["disk_free_bytes"] <= space["disk_total_bytes"]
-    assert _disk_space(tmp_path / "gone") == {"disk_total_bytes": 0, "disk_free_bytes": 0}
+    total, free = _disk_space(tmp_path)
+    assert total == st.f_blocks * st.f_frsize > 0
+    assert 0 < free <= total
+    assert _disk_space(tmp_path / "gone") == (0, 0)
 
 
 def test_the_promise_file_holds_each_ack_before_it_leaves(tmp_path: Path) -> None:

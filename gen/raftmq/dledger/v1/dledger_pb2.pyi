@@ -286,10 +286,12 @@ class GetResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "chain_index")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_INDEX_FIELD_NUMBER: _ClassVar[int]
     group: str
-    def __init__(self, group: _Optional[str] = ...) -> None: ...
+    chain_index: int
+    def __init__(self, group: _Optional[str] = ..., chain_index: _Optional[int] = ...) -> None: ...
 
 class PeerProgress(_message.Message):
     __slots__ = ("id", "match_index", "next_index")
@@ -302,8 +304,22 @@ class PeerProgress(_message.Message):
     def __init__(self, id: _Optional[str] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes")
+    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes", "repairing", "promised_index", "repairs_completed", "commit_chain", "chain_index", "chain", "chain_known", "corruption_found", "chain_mismatches", "committed_repairs", "chain_check_mismatches", "scrub_last_pass_end_ms", "scrub_bytes_verified", "derived_mismatches")
     class RefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class CorruptionFoundEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DerivedMismatchesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +342,20 @@ class MetadataResponse(_message.Message):
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
     DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPAIRING_FIELD_NUMBER: _ClassVar[int]
+    PROMISED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    CORRUPTION_FOUND_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_CHECK_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_LAST_PASS_END_MS_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_BYTES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    DERIVED_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     group: str
     self_id: str
     role: str
@@ -342,7 +372,21 @@ class MetadataResponse(_message.Message):
     refusals: _containers.ScalarMap[str, int]
     disk_total_bytes: int
     disk_free_bytes: int
-    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
+    repairing: bool
+    promised_index: int
+    repairs_completed: int
+    commit_chain: int
+    chain_index: int
+    chain: int
+    chain_known: bool
+    corruption_found: _containers.ScalarMap[str, int]
+    chain_mismatches: int
+    committed_repairs: int
+    chain_check_mismatches: int
+    scrub_last_pass_end_ms: int
+    scrub_bytes_verified: int
+    derived_mismatches: _containers.ScalarMap[str, int]
+    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., repairing: _Optional[bool] = ..., promised_index: _Optional[int] = ..., repairs_completed: _Optional[int] = ..., commit_chain: _Optional[int] = ..., chain_index: _Optional[int] = ..., chain: _Optional[int] = ..., chain_known: _Optional[bool] = ..., corruption_found: _Optional[_Mapping[str, int]] = ..., chain_mismatches: _Optional[int] = ..., committed_repairs: _Optional[int] = ..., chain_check_mismatches: _Optional[int] = ..., scrub_last_pass_end_ms: _Optional[int] = ..., scrub_bytes_verified: _Optional[int] = ..., derived_mismatches: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("group", "target_id")
