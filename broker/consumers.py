@@ -94,8 +94,8 @@ class ConsumerGroups:
 
     def expire(self, now_ms: int) -> None:
         """Drop consumers silent for CONSUMER_EXPIRE_MS and free their locks (amortized O(1))."""
-        for group, client_id in self.consumers.expire(now_ms):
-            self.locks.release_client(group, client_id)
+        for group, client_id, user in self.consumers.expire(now_ms):
+            self.locks.release_client(group, client_id, user)
 
     def unregister(self, group: str, client_id: str, owner: Owner = NOBODY) -> bool:
         """Forget a consumer that shuts down and free its locks, for a call of ``owner``:

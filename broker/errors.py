@@ -138,6 +138,13 @@ class NoPermissionError(BrokerError):
     code = "NO_PERMISSION"
 
 
+class ClientIdTakenError(NoPermissionError):
+    """A heartbeat naming a consumer (group and client id) that another user's heartbeats
+    registered and keep alive: refused, as the RocketMQ 5 port refuses such a ``Settings``."""
+
+    code = "CLIENT_ID_TAKEN"
+
+
 class MessageNotFoundError(BrokerError):
     """No stored message has the id or position asked for."""
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.errors import (
+    ClientIdTakenError,
     ConfigError,
     QuotaExceededError,
     TooManyConsumersError,
@@ -63,6 +64,10 @@ NOBODY: Owner = ("", False)
 LockKey = tuple[str, str, int]
 # (consumer group, client id)
 ClientKey = tuple[str, str]
+# (consumer group, client id, user whose calls took the locks): one user's locks under a client
+# id are never another user's, even under the same id (a caller cannot renew, count against or
+# free another user's locks by naming its client id).
+LockClientKey = tuple[str, str, str]
 
 
 @dataclass(slots=True)
@@ -105,14 +110,15 @@ class QueueLockTable:
         self._by_user: dict[str, int] = {}  # locks by the user that took them
         # Oldest renewal first: expired locks are always at the front.
         self._locks: OrderedDict[LockKey, _Holder] = OrderedDict()
-        self._by_client: dict[ClientKey, set[LockKey]] = {}
+        self._by_client: dict[LockClientKey, set[LockKey]] = {}
 
     def __len__(self) -> int:
         return len(self._locks)
 
-    def held_by(self, group: str, client_id: str) -> int:
-        """How many locks ``client_id`` of ``group`` holds (expired ones not yet dropped count)."""
-        return len(self._by_client.get((group, client_id), ()))
+    def held_by(self, group: str, client_id: str, user: str = "") -> int:
+        """How many locks ``client_id`` of ``group`` holds by calls of ``user`` (expired ones
+        not yet dropped count)."""
+        return len(self._by_client.get((group, client_id, user), ()))
 
     def held_by_user(self, user: str) -> int:
         """How many locks calls of ``user`` took (expired ones not yet dropped count)."""
@@ -139,18 +145,21 @@ class QueueLockTable:
 
     def _forget(self, key: LockKey, h: _Holder) -> None:
         _count(self._by_user, h.owner, -1)
-        ck = (key[0], h.client_id)
+        ck = (key[0], h.client_id, h.owner)
         mine = self._by_client.get(ck)
         if mine is not None:
             mine.discard(key)
             if not mine:
                 del self._by_client[ck]
 
-    def _room(self, group: str, client_id: str, keys: Iterable[LockKey]) -> tuple[int, int]:
-        """(new locks ``keys`` would add, room left for ``client_id``: per client and in total)."""
+    def _room(
+        self, group: str, client_id: str, keys: Iterable[LockKey], user: str
+    ) -> tuple[int, int]:
+        """(new locks ``keys`` would add, room left for ``client_id`` of ``user``: per client
+        and in total)."""
         new = sum(1 for k in set(keys) if k not in self._locks)
         room = min(
-            self.max_locks_per_client - self.held_by(group, client_id),
+            self.max_locks_per_client - self.held_by(group, client_id, user),
             self.max_locks - len(self._locks),
         )
         return new, room
@@ -165,12 +174,14 @@ class QueueLockTable:
 
     def _take(self, key: LockKey, client_id: str, now_ms: int, user: str = "") -> bool:
         """Lock or renew ``key`` for ``client_id`` (a call of ``user``) unless another live
-        client holds it (the caller checked that there is room)."""
+        client holds it, or the same client id by another user's calls (the caller checked
+        that there is room)."""
         h = self._locks.get(key)
         if h is not None:
-            if h.client_id != client_id and now_ms - h.renewed_ms < self.max_live_ms:
+            mine = h.client_id == client_id and h.owner == user
+            if not mine and now_ms - h.renewed_ms < self.max_live_ms:
                 return False
-            if h.client_id != client_id:
+            if not mine:
                 self._forget(key, h)
                 h.owner = user
                 _count(self._by_user, user, 1)
@@ -180,7 +191,7 @@ class QueueLockTable:
         else:
             self._locks[key] = _Holder(client_id, now_ms, user)
             _count(self._by_user, user, 1)
-        self._by_client.setdefault((key[0], client_id), set()).add(key)
+        self._by_client.setdefault((key[0], client_id, user), set()).add(key)
         return True
 
     def lock(
@@ -198,12 +209,13 @@ class QueueLockTable:
         self.expire(now_ms)
         wanted = list(queues)
         keys = [(group, t, q) for t, q in wanted]
-        new, room = self._room(group, client_id, keys)
+        new, room = self._room(group, client_id, keys, owner[0])
         if new > room:
             raise TooManyLocksError(
                 f"{new} new locks do not fit: a client holds at most {self.max_locks_per_client}"
                 f" locks per group and the node {self.max_locks}"
-                f" (this client holds {self.held_by(group, client_id)}, the node {len(self)})"
+                f" (this client holds {self.held_by(group, client_id, owner[0])},"
+                f" the node {len(self)})"
             )
         if new > self._user_room(owner):
             raise QuotaExceededError(
@@ -232,7 +244,7 @@ class QueueLockTable:
         for t, q in queues:
             key = (group, t, q)
             if key not in self._locks and (
-                self._room(group, client_id, ())[1] <= 0 or self._user_room(owner) <= 0
+                self._room(group, client_id, (), owner[0])[1] <= 0 or self._user_room(owner) <= 0
             ):
                 continue
             recorded += self._take(key, client_id, now_ms, owner[0])
@@ -253,17 +265,11 @@ class QueueLockTable:
                 released.append(q)
         return released
 
-    def release_client(self, group: str, client_id: str, user: str | None = None) -> int:
-        """A consumer that unregistered or expired: every lock it held is free (with ``user``,
-        an unregistering call's: only the locks calls of ``user`` took). Returns how many.
-        O(locks it held)."""
-        client = (group, client_id)
-        keys = self._by_client.pop(client, set())
-        if user is not None:
-            kept = {k for k in keys if self._locks[k].owner != user}
-            if kept:
-                self._by_client[client] = kept
-            keys -= kept
+    def release_client(self, group: str, client_id: str, user: str = "") -> int:
+        """A consumer of ``user`` that unregistered or expired: every lock calls of ``user``
+        took for it is free (another user's locks under the same client id are left alone).
+        Returns how many. O(locks it held)."""
+        keys = self._by_client.pop((group, client_id, user), set())
         for k in keys:
             _count(self._by_user, self._locks.pop(k).owner, -1)
         return len(keys)
@@ -296,17 +302,18 @@ class ConsumerTable:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def expire(self, now_ms: int) -> list[ClientKey]:
-        """Drop the consumers silent for ``expire_ms``; returns them. Amortized O(1)."""
-        gone: list[ClientKey] = []
+    def expire(self, now_ms: int) -> list[LockClientKey]:
+        """Drop the consumers silent for ``expire_ms``; returns them (group, client id, the
+        user whose heartbeats registered it). Amortized O(1)."""
+        gone: list[LockClientKey] = []
         seen = self._seen
         while seen:
             key, last_ms = next(iter(seen.items()))
             if now_ms - last_ms < self.expire_ms:
                 break
             del seen[key]
+            gone.append((*key, self._owner.get(key, "")))
             self._drop_from_group(key)
-            gone.append(key)
         return gone
 
     def held_by_user(self, user: str) -> int:
@@ -325,8 +332,13 @@ class ConsumerTable:
         """Record a heartbeat of a call of ``owner`` (call :meth:`expire` first). Raises
         :class:`TooManyConsumersError` for a new consumer that does not fit the group or the
         table, :class:`QuotaExceededError` for one that does not fit the user's share
-        (consumersPerUser)."""
+        (consumersPerUser), :class:`ClientIdTakenError` (nothing refreshed) for a live consumer
+        another user's heartbeats registered, Super users' too."""
         key = (group, client_id)
+        if key in self._seen and self._owner.get(key, "") != owner[0]:
+            raise ClientIdTakenError(
+                f"consumer {client_id!r} of group {group!r} is registered by another user"
+            )
         if key in self._seen:
             self._seen[key] = now_ms
             self._seen.move_to_end(key)

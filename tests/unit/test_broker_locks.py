@@ -142,9 +142,9 @@ def test_consumer_table_caps_and_eager_expiry() -> None:
         c.heartbeat("g3", "y", 40)  # the node's total
     c.heartbeat("g1", "a", 500)  # a renewal always fits
     assert c.clients("g1") == ["a", "b"]
-    assert c.expire(1010) == [("g1", "b")]  # b: silent since 10
+    assert c.expire(1010) == [("g1", "b", "")]  # b: silent since 10
     assert c.clients("g1") == ["a"]
     c.heartbeat("g3", "y", 1020)  # room again
     assert c.remove("g3", "y") and not c.remove("g3", "y")
-    assert c.expire(5000) == [("g2", "x"), ("g1", "a")]
+    assert c.expire(5000) == [("g2", "x", ""), ("g1", "a", "")]
     assert len(c) == 0

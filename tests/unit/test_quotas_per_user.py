@@ -24,6 +24,7 @@ from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
 from broker.auth.secrets import SecretBox
+from broker.locks import CONSUMER_EXPIRE_MS, LOCK_MAX_LIVE_MS
 from broker.message import UniqIdGenerator
 from broker.service import BrokerServicer
 from broker.settings import ServiceConfig
@@ -414,11 +415,95 @@ def test_consumers_and_locks_of_another_user_are_left_alone(tmp_path: Path) -> N
         assert not (await unlock(BOB, "victim")).unlocked
         assert (await unlock(ROOT, "victim")).unlocked == []  # a Super user's too
         assert consumers.clients("G") == ["victim"]
-        assert consumers.locks.held_by("G", "victim") == 2
+        assert consumers.locks.held_by("G", "victim", "alice") == 2
         # Its owner's calls still act.
         assert len((await unlock(ALICE, "victim")).unlocked) == 2
         await lock(n, ALICE, "victim", range(2))
         assert (await unregister(ALICE, "G", "victim")).removed
-        assert consumers.clients("G") == [] and consumers.locks.held_by("G", "victim") == 0
+        assert consumers.clients("G") == [] and consumers.locks.held_by("G", "victim", "alice") == 0
+
+    run(tmp_path, test)
+
+
+class FakeClock:
+    """The consumer table's clock, moved by the test (ms)."""
+
+    def __init__(self) -> None:
+        self.now_ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def test_a_heartbeat_naming_another_users_consumer_is_refused_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """v1 ``Heartbeat`` naming a live consumer another user's heartbeats registered is refused
+    (``PERMISSION_DENIED CLIENT_ID_TAKEN``, as v2 ``Settings``), Super users' too: it neither
+    keeps the victim's record alive nor claims locks under its id."""
+
+    async def test(n: Node) -> None:
+        consumers = n.broker.consumers
+        clock = consumers.clock_ms = FakeClock()
+        await heartbeat(n, ALICE, "G", "victim")
+        assert len((await lock(n, ALICE, "victim", range(2))).locked) == 2
+        for creds in (BOB, ROOT):
+            request = pb.HeartbeatRequest(
+                consumer_group="G",
+                client_id="victim",
+                locked_queues=[pb.QueueRef(topic=T, queue_id=q) for q in range(4)],
+            )
+            clock.now_ms += 1000
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await n.stub.Heartbeat(request, metadata=md(creds), timeout=CALL_TIMEOUT_S)
+            assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            info = read_error(refused.value)
+            assert info is not None and info.code == "CLIENT_ID_TAKEN", info
+        locks = consumers.locks
+        assert [locks.holder(("G", T, q), clock.now_ms) for q in range(4)] == [
+            "victim",
+            "victim",
+            None,
+            None,
+        ]
+        assert locks.held_by("G", "victim", "bob") == locks.held_by("G", "victim", "root") == 0
+        # Not kept alive: the victim's record expires from its own last heartbeat.
+        clock.now_ms += CONSUMER_EXPIRE_MS - 2000
+        assert consumers.clients("G") == []
+        assert locks.held_by("G", "victim", "alice") == 0
+        # A client id nobody holds any more is anyone's.
+        await heartbeat(n, BOB, "G", "victim")
+        assert consumers.clients("G") == ["victim"]
+
+    run(tmp_path, test)
+
+
+def test_lock_batch_naming_another_users_client_renews_none_of_its_locks(
+    tmp_path: Path,
+) -> None:
+    """v1 ``LockBatchMQ`` naming another user's client id is answered as for a new id (the
+    victim's queues held by another client, free ones locked as the caller's own), Super
+    users' too: the victim's locks are neither renewed nor counted against."""
+
+    async def test(n: Node) -> None:
+        consumers = n.broker.consumers
+        clock = consumers.clock_ms = FakeClock()
+        await heartbeat(n, ALICE, "G", "victim")
+        assert len((await lock(n, ALICE, "victim", range(2))).locked) == 2
+        for creds in (BOB, ROOT):
+            clock.now_ms += 1000
+            assert (await lock(n, creds, "victim", range(2))) == (
+                await lock(n, creds, "never-seen", range(2))
+            )
+            assert not (await lock(n, creds, "victim", range(2))).locked
+        # A free queue is the caller's own lock under that id, not the victim's.
+        assert len((await lock(n, BOB, "victim", range(2, 3))).locked) == 1
+        locks = consumers.locks
+        assert locks.held_by("G", "victim", "alice") == 2
+        assert locks.held_by("G", "victim", "bob") == 1
+        # Not renewed: the victim's locks expire from its own last lock.
+        clock.now_ms += LOCK_MAX_LIVE_MS - 2000
+        assert [locks.holder(("G", T, q), clock.now_ms) for q in range(2)] == [None, None]
+        assert len((await lock(n, BOB, "b-1", range(2))).locked) == 2
 
     run(tmp_path, test)
