@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # Commands finish in well under a second on these sizes; a stuck one fails the test.
@@ -79,3 +80,22 @@ def fill(path: Path, leave_free_bytes: int) -> int:
 def used_percent(path: Path) -> float:
     st = os.statvfs(path)
     return 100.0 * (st.f_blocks - st.f_bavail) / st.f_blocks
+
+
+@contextlib.contextmanager
+def group_loop_stores(tmp_path: Path, nodes: int, size_mib: int) -> Iterator[list[Path]]:
+    """One ext4 file system of ``size_mib`` per node, mounted where ``local_group`` puts that
+    node's store (``tmp_path/group0/n<i>``); unmounted and their images deleted on exit (after
+    the group stopped). The caller skips first when ``loop_unavailable()`` says why."""
+    mounts: list[Path] = []
+    try:
+        for i in range(nodes):
+            mnt = tmp_path / "group0" / f"n{i}"
+            mount_loop_fs(tmp_path / f"n{i}.img", mnt, size_mib)
+            mounts.append(mnt)
+        yield mounts
+    finally:
+        for mnt in mounts:
+            unmount(mnt)
+        for i in range(nodes):
+            (tmp_path / f"n{i}.img").unlink(missing_ok=True)

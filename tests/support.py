@@ -33,6 +33,53 @@ def pulled(resp: bpb.PullMessageResponse) -> list[MessageExt]:
     return pulled_messages(resp, "test")
 
 
+def numbered_messages(
+    ids: Any, n: int, seq: int, *, queues: int, body_bytes: int
+) -> list[bpb.Message]:
+    """``n`` messages numbered from ``seq``, spread over ``queues`` queues, each body
+    ``body_bytes`` of its number repeated (``ids``: a broker.message.UniqIdGenerator)."""
+    return [
+        bpb.Message(
+            queue_id=(seq + i) % queues,
+            body=f"{seq + i:08d}".encode() * (body_bytes // 8),
+            producer_group="pg",
+            msg_id=ids.next_id(),
+        )
+        for i in range(n)
+    ]
+
+
+# Pull answers of one queue at most (64 messages each) before pull_queue gives up.
+PULL_QUEUE_MAX_CALLS = 10_000
+
+
+def pull_queue(
+    stub: bpb_grpc.BrokerStub, topic: str, queue_id: int, timeout_s: float
+) -> list[MessageExt]:
+    """Every message of ``topic``'s queue ``queue_id`` the node holds, pulled from offset 0 by
+    group "cg" without waiting (NO_NEW_MSG ends it)."""
+    out: list[MessageExt] = []
+    offset = 0
+    for _ in range(PULL_QUEUE_MAX_CALLS):
+        resp = stub.PullMessage(
+            bpb.PullMessageRequest(
+                consumer_group="cg",
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=offset,
+                max_msgs=64,
+                no_suspend=True,
+            ),
+            timeout=timeout_s,
+        )
+        if resp.status == bpb.NO_NEW_MSG:
+            return out
+        assert resp.status == bpb.FOUND, resp.status
+        out.extend(pulled(resp))
+        offset = resp.next_begin_offset
+    raise AssertionError("pull loop bound reached")
+
+
 def send_results(resp: bpb.SendMessageResponse) -> list[bpb.SendResult]:
     """A send answer's packed columns as one SendResult per message."""
     prefix = resp.offset_msg_id_prefix

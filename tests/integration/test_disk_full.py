@@ -18,10 +18,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from loopfs import fill, loop_unavailable, mount_loop_fs, unmount, used_percent
+from loopfs import fill, group_loop_stores, loop_unavailable, used_percent
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
-from support import create_topic, pulled, wait_for
+from support import create_topic, numbered_messages, pull_queue, wait_for
 
 from broker.cluster import LocalCluster
 from broker.message import UniqIdGenerator
@@ -57,58 +57,20 @@ _DETAIL = re.compile(r"^DISK_FULL node=(n\d) path=(\S+) used=([\d.]+)% ")
 
 @pytest.fixture
 def loop_stores(tmp_path: Path) -> Iterator[list[Path]]:
-    """One ext4 file system per node, mounted where ``local_group`` puts that node's store
-    (``tmp_path/group0/n<i>``); unmounted after the group is stopped."""
+    """One ext4 file system per node where ``local_group`` puts its store (loopfs)."""
     why = loop_unavailable()
     if why:
         pytest.skip(why)
-    mounts: list[Path] = []
-    try:
-        for i in range(NODES):
-            mnt = tmp_path / "group0" / f"n{i}"
-            mount_loop_fs(tmp_path / f"n{i}.img", mnt, FS_MIB)
-            mounts.append(mnt)
+    with group_loop_stores(tmp_path, NODES, FS_MIB) as mounts:
         yield mounts
-    finally:
-        for mnt in mounts:
-            unmount(mnt)
-        for i in range(NODES):
-            (tmp_path / f"n{i}.img").unlink(missing_ok=True)
 
 
 def _messages(ids: UniqIdGenerator, n: int, seq: int) -> list[pb.Message]:
-    return [
-        pb.Message(
-            queue_id=(seq + i) % QUEUES,
-            body=f"{seq + i:08d}".encode() * (BODY_BYTES // 8),
-            producer_group="pg",
-            msg_id=ids.next_id(),
-        )
-        for i in range(n)
-    ]
+    return numbered_messages(ids, n, seq, queues=QUEUES, body_bytes=BODY_BYTES)
 
 
 def _pull_all(stub: pb_grpc.BrokerStub, queue_id: int) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    offset = 0
-    for _ in range(10_000):
-        resp = stub.PullMessage(
-            pb.PullMessageRequest(
-                consumer_group="cg",
-                topic=TOPIC,
-                queue_id=queue_id,
-                queue_offset=offset,
-                max_msgs=64,
-                no_suspend=True,
-            ),
-            timeout=10,
-        )
-        if resp.status == pb.NO_NEW_MSG:
-            return out
-        assert resp.status == pb.FOUND, resp.status
-        out.extend(pulled(resp))
-        offset = resp.next_begin_offset
-    raise AssertionError("pull loop bound reached")
+    return pull_queue(stub, TOPIC, queue_id, 10)
 
 
 def _wait_every_member_serving(cluster: LocalCluster) -> None:
