@@ -156,6 +156,28 @@ def committed_bodies(client: LogClient, addr: str, upto: int) -> list[bytes]:
     return [e.body for e in client.read_all(addr, upto=upto) if e.type == 0]
 
 
+def expect_repaired(
+    cluster: LocalCluster,
+    client: LogClient,
+    writer: Writer,
+    victim: str,
+    what: str,
+    also_logged: str = "",
+) -> None:
+    """After ``victim``'s ``what`` (restart): sends are acknowledged again, the victim is
+    repaired (``repair_done``, and ``also_logged`` when given, in its log), votes again, and
+    sends keep being acknowledged. Prints how long each took."""
+    t0 = time.monotonic()
+    print(f"\nserving again after the {what}: {served_since(writer, t0):.2f} s")
+    took = wait_repaired(cluster, client, victim, t0)
+    print(f"repaired in {took:.1f} s")
+    if also_logged:
+        assert also_logged in log_text(cluster, victim)
+    assert "repair_done" in log_text(cluster, victim)  # repaired, then voting again
+    check_votes(cluster, victim)
+    writer.wait_acks(100, 30)
+
+
 def wait_repaired(cluster: LocalCluster, client: LogClient, node_id: str, t0: float) -> float:
     """Wait until ``node_id`` holds, entry for entry, what the leader had committed; the
     seconds it took from ``t0``."""
@@ -230,14 +252,7 @@ def test_flipped_byte_in_an_older_segment_of_a_follower(
             flip(older, entry.offset + codec.ENTRY_HEADER_SIZE + 100)  # its body
             writer.wait_acks(200, 30)
             cluster.start(victim)
-            t0 = time.monotonic()
-            print(f"\nserving again after the restart: {served_since(writer, t0):.2f} s")
-            took = wait_repaired(cluster, client, victim, t0)
-            print(f"repaired in {took:.1f} s")
-            assert "DAMAGE" in log_text(cluster, victim)
-            assert "repair_done" in log_text(cluster, victim)  # repaired, then voting again
-            check_votes(cluster, victim)
-            writer.wait_acks(100, 30)
+            expect_repaired(cluster, client, writer, victim, "restart", also_logged="DAMAGE")
         finally:
             writer.stop()
         finish(cluster, client, writer)
@@ -267,14 +282,7 @@ def test_damage_inside_committed_data_in_the_last_segment(
                 os.truncate(path, offset)
             writer.wait_acks(200, 30)
             cluster.start(victim)
-            t0 = time.monotonic()
-            print(f"\nserving again after the restart: {served_since(writer, t0):.2f} s")
-            took = wait_repaired(cluster, client, victim, t0)
-            print(f"repaired in {took:.1f} s")
-            assert "DAMAGE" in log_text(cluster, victim)
-            assert "repair_done" in log_text(cluster, victim)  # repaired, then voting again
-            check_votes(cluster, victim)
-            writer.wait_acks(100, 30)
+            expect_repaired(cluster, client, writer, victim, "restart", also_logged="DAMAGE")
         finally:
             writer.stop()
         finish(cluster, client, writer)
@@ -299,13 +307,7 @@ def test_flipped_byte_on_the_leader_found_by_a_read(
             assert e.value.code == "LOG_DAMAGED", e.value
             assert f"index={entry.header.index}" in str(e.value)
             wait_for(lambda: "RESTART" in log_text(cluster, victim), 10, "the leader's restart")
-            t0 = time.monotonic()
-            print(f"\nserving again after the leader's restart: {served_since(writer, t0):.2f} s")
-            took = wait_repaired(cluster, client, victim, t0)
-            print(f"repaired in {took:.1f} s")
-            assert "repair_done" in log_text(cluster, victim)
-            check_votes(cluster, victim)
-            writer.wait_acks(100, 30)
+            expect_repaired(cluster, client, writer, victim, "leader's restart")
         finally:
             writer.stop()
         finish(cluster, client, writer)
@@ -331,13 +333,7 @@ def test_flipped_byte_on_the_leader_found_by_the_scrubber(
                 "the scrubber to find the damage",
             )
             wait_for(lambda: "RESTART" in log_text(cluster, victim), 10, "the leader's restart")
-            t0 = time.monotonic()
-            print(f"\nserving again after the leader's restart: {served_since(writer, t0):.2f} s")
-            took = wait_repaired(cluster, client, victim, t0)
-            print(f"repaired in {took:.1f} s")
-            assert "repair_done" in log_text(cluster, victim)
-            check_votes(cluster, victim)
-            writer.wait_acks(100, 30)
+            expect_repaired(cluster, client, writer, victim, "leader's restart")
         finally:
             writer.stop()
         finish(cluster, client, writer)
