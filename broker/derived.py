@@ -107,6 +107,12 @@ class AmbiguousRepairError(BrokerError):
 
 STORE_CQ = "consumequeue"
 STORE_INDEX = "index"
+# Replicated tables checked against the log (broker.statecheck): POP in-flight records and
+# positions, delay and timer levels, pending transaction halves.
+STORE_POP = "pop"
+STORE_LEVEL = "level"
+STORE_TXN = "transaction"
+STORES = (STORE_CQ, STORE_INDEX, STORE_POP, STORE_LEVEL, STORE_TXN)
 
 
 @dataclass
@@ -115,7 +121,7 @@ class DerivedCounters:
     ``open`` (the open-time check), ``read`` (a pull or POP receive) or ``scrub`` (the
     background scrubber)."""
 
-    checked: dict[str, int] = field(default_factory=lambda: {STORE_CQ: 0, STORE_INDEX: 0})
+    checked: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STORES, 0))
     mismatches: dict[tuple[str, str], int] = field(default_factory=dict)
     rebuilt: int = 0  # ConsumeQueue records rewritten from the commitlog
     read_repairs: int = 0  # reads that met a wrong record and were answered after a rebuild

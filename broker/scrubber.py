@@ -1,13 +1,14 @@
 """The background scrubber of derived state (docs/BROKER.md, "Derived state").
 
-Every node walks every ConsumeQueue record and every key index record against the commitlog
-(broker.derived), over and over, at most ``scrubRecordsPerSecond`` records a second: a slice of
+Every node walks every ConsumeQueue record, every key index record, then every POP, delay and
+timer level and pending transaction row against the commitlog (broker.derived,
+broker.statecheck), over and over, at most ``scrubRecordsPerSecond`` records a second: a slice of
 records, then a sleep as long as the slice's share of the rate, on the event loop (the checks
 share its state with apply and the read paths; a slice is short). A wrong ConsumeQueue run is
-rebuilt in place from the commitlog; a wrong key index record, or a run that cannot be rebuilt
-in place, makes the next start rebuild every derived store from the log (the marker
-``config/rebuild-derived``), and meanwhile the read paths step around it (a key lookup skips a
-candidate that is not its message; a pull rebuilds or answers ``UNAVAILABLE
+rebuilt in place from the commitlog; a wrong key index record or replicated row, or a run that
+cannot be rebuilt in place, makes the next start rebuild every derived store from the log (the
+marker ``config/rebuild-derived``), and meanwhile the read paths step around it (a key lookup
+skips a candidate that is not its message; a pull rebuilds or answers ``UNAVAILABLE
 DERIVED_STATE_DAMAGED``).
 """
 
@@ -18,7 +19,7 @@ import contextlib
 import logging
 import time
 
-from broker import derived
+from broker import derived, statecheck
 from broker.consumequeue import ConsumeQueue
 from broker.errors import BrokerError, QueueStoreClosedError
 from broker.state import BrokerStateMachine
@@ -94,6 +95,7 @@ class Scrubber:
             await self._pace(self.slice_records)
             if cursor == (0, 1):
                 break
+        await self._replicated()
         counters.passes += 1
         counters.last_pass_s = time.monotonic() - started
         counters.last_pass_end_unix_s = time.time()
@@ -105,6 +107,15 @@ class Scrubber:
             counters.checked,
             counters.mismatches,
         )
+
+    async def _replicated(self) -> None:
+        """The POP, level and transaction rows as they stand when it starts (a row changed or
+        gone by the time its slice comes is looked up again, or skipped), a slice at a time."""
+        rows = statecheck.rows_of(self.sm)
+        for at in range(0, len(rows), self.slice_records):
+            part = rows[at : at + self.slice_records]
+            statecheck.check_slice(self.sm, part)
+            await self._pace(len(part))
 
     async def _queue(self, cq: ConsumeQueue, topic: str, queue_id: int) -> None:
         """The queue's records as they stand when it starts (newer ones wait for the next

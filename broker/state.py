@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from broker import derived, snapshotting
+from broker import derived, snapshotting, statecheck
 from broker.auth.table import AuthTable
 from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import (
@@ -619,10 +619,7 @@ class BrokerStateMachine:
     def derived_mismatches(self) -> dict[str, int]:
         """Records the derived-state checks found wrong since start, by store (the node's
         Metadata answers them: mqadmin replicaStatus, dledger.server.health)."""
-        return {
-            store: self.derived.total_wrong(store)
-            for store in (derived.STORE_CQ, derived.STORE_INDEX)
-        }
+        return {store: self.derived.total_wrong(store) for store in derived.STORES}
 
     # ------------------------------------------------------------------ wiring
 
@@ -1243,14 +1240,17 @@ class BrokerStateMachine:
         marker = self.config_dir / derived.REBUILD_MARKER
         if marker.exists():
             why = marker.read_bytes()[: derived.MAX_MARKER_BYTES].decode("utf-8", "replace")
+            statecheck.refuse_inexact_rebuild(self, why)
             return f"a run-time check could not rebuild in place: {why}"
         try:
-            return derived.check_all_queues(self)
+            problem = derived.check_all_queues(self)
         except DLedgerError as exc:
             # The commitlog's own damage: the log's checks and repair deal with it; the
             # derived stores are left as they are.
             logger.error("derived state: open-time check stopped, commitlog unreadable: %s", exc)
             return ""
+        # POP, level and transaction rows against the (now right) queues and the log.
+        return problem or statecheck.check_at_open(self)
 
     def request_rebuild(self, why: str) -> None:
         """A run-time check found derived damage it could not rebuild in place: the next

@@ -346,7 +346,7 @@ def test_a_large_store_checks_its_newest_records_at_open_and_leaves_the_rest_to_
     monkeypatch.setattr(derived, "OPEN_CHECK_MAX_INDEX_RECORDS", 7)
     sm = _sm(tmp_path, log)
     sm.applied_index()
-    assert sm.derived.checked == {"consumequeue": 10, "index": 7}
+    assert (sm.derived.checked["consumequeue"], sm.derived.checked["index"]) == (10, 7)
     assert sm.cqs.find("T", 0).get(27) == good[27]
     assert sm.cqs.find("T", 0).get(7) != good[7]  # older: the scrubber's
     asyncio.run(Scrubber(sm, 100_000).one_pass())
