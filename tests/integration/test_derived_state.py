@@ -4,6 +4,7 @@ leading, answer the right messages (issue 31, "Derived state goes bad silently")
 
 from __future__ import annotations
 
+import json
 import signal
 import struct
 from collections.abc import Callable
@@ -153,4 +154,88 @@ def test_a_record_changed_under_a_running_leader_is_rebuilt_by_the_pull(
     assert "consumequeue record wrong where=read" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert_same_consumequeues(cluster)
+    client.close()
+
+
+GROUP = "popg"
+
+
+def _pop(client: Broker, addr: str, max_msgs: int, invisible_ms: int) -> list[pb.PoppedMessage]:
+    resp: pb.PopMessageResponse = client.stub(addr).PopMessage(
+        pb.PopMessageRequest(
+            group=GROUP, topic=TOPIC, queue_id=QUEUE, max_msgs=max_msgs, invisible_ms=invisible_ms
+        ),
+        timeout=10,
+    )
+    return list(resp.messages)
+
+
+def _point_pop_row_elsewhere(path: Path, offset: int, position: int) -> None:
+    """The snapshot's in-flight record of ``offset`` now names another message's position."""
+    data = json.loads(path.read_bytes())
+    [row] = [r for r in data["pop"] if r[:3] == [GROUP, TOPIC, QUEUE]]
+    [record] = [r for r in row[4] if r[0] == offset]
+    record[1] = position
+    path.write_text(json.dumps(data))
+
+
+def test_a_changed_pop_row_in_a_followers_snapshot_is_rebuilt_and_served_leading(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """The follower's snapshot says the first received message is in flight at the second
+    one's position: without the check, that node, leading, would hand out the second message
+    under the first one's offset when it becomes visible again."""
+    cluster, client = setup_group(local_group, scrubRecordsPerSecond=20_000)
+    ids = UniqIdGenerator(ip="127.0.0.1")
+    sent = make_messages(ids, 0, 20 * QUEUES)
+    client.send(sent)
+    client.wait_same_offsets()
+    leader = next(n for n in cluster.nodes if n.client_addr == client.leader)
+    first = _pop(client, leader.client_addr, 4, 600_000)
+    assert [p.message.queue_offset for p in first] == [0, 1, 2, 3]
+    # A send after the POP record: once every node holds it, every node applied the record.
+    client.send(make_messages(ids, len(sent), QUEUES))
+    client.wait_same_offsets(addrs=cluster.client_addrs)
+    victim = next(n for n in cluster.nodes if n is not leader)
+    cluster.signal(victim.node_id, signal.SIGTERM)  # a clean stop: a snapshot at the end
+    wait_for(lambda: cluster.pid(victim) is None, 15, "the node to stop")
+    snapshot = Path(cluster.base) / victim.node_id / "config" / "snapshot.json"
+    _point_pop_row_elsewhere(snapshot, 0, first[1].message.commitlog_position)
+    cluster.start(victim.node_id)
+    client.wait_same_offsets(timeout_s=30, addrs=cluster.client_addrs)
+    _make_lead(cluster, victim.node_id)
+    # Offset 0's message visible again at once: the new leader hands it out again, the
+    # right message, second attempt; the other handles are still valid.
+    client.stub(victim.client_addr).ChangeInvisibleTime(
+        pb.ChangeInvisibleTimeRequest(
+            group=GROUP, topic=TOPIC, receipt_handle=first[0].receipt_handle, invisible_ms=0
+        ),
+        timeout=10,
+    )
+    again: list[pb.PoppedMessage] = []
+
+    def redelivered() -> bool:
+        again.extend(
+            p for p in _pop(client, victim.client_addr, 32, 600_000) if p.delivery_attempt > 1
+        )
+        return bool(again)
+
+    wait_for(redelivered, 30, "offset 0 to be handed out again")
+    [back] = again
+    assert back.message.queue_offset == 0 and back.delivery_attempt == 2
+    assert back.message.msg_id == first[0].message.msg_id
+    assert back.message.commitlog_position == first[0].message.commitlog_position
+    acked = client.stub(victim.client_addr).AckPop(
+        pb.AckPopRequest(
+            group=GROUP,
+            topic=TOPIC,
+            receipt_handles=[back.receipt_handle, *(p.receipt_handle for p in first[1:])],
+        ),
+        timeout=10,
+    )
+    assert list(acked.codes) == ["", "", "", ""]
+    log = Path(victim.log).read_text(errors="replace")
+    assert "derived state: pop record wrong where=open" in log, log[-3000:]
+    assert "rebuilding broker state from the commitlog" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
     client.close()
