@@ -52,9 +52,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # The open-time check covers every row: the tables' own bounds (200,000 in-flight records,
-# 100,000 pending halves, 100,000 POP queues, 255 + 64 levels) keep it within about 1 s of CPU
-# (measured in docs/BROKER.md, "Derived state"). Past this many rows (no loaded snapshot holds
-# that many) the rest is the scrubber's.
+# 100,000 POP queue positions, 100,000 pending halves, 255 delay and 32 timer levels: about
+# 400,000 rows) keep it to about 2 s of CPU (4 µs a POP row, 6.3 µs a half, measured with
+# bench/statecheckcost.py: docs/BROKER.md, "Derived state"). This bound is above them all; it
+# is there so that no table grown past its limit can hold the start longer.
 OPEN_CHECK_MAX_ROWS = 500_000
 # What a run-time mismatch writes into config/rebuild-derived: the next start knows the
 # replicated state (not only derived files) is at stake (see refuse_inexact_rebuild).
@@ -126,7 +127,7 @@ def _pop_problem(sm: BrokerStateMachine, key: PopKey, offset: int) -> str | None
     if position != rec.position:
         return (
             f"{group}@{topic}/{queue_id} offset {offset} in flight at position {rec.position},"
-            f" the queue's record is at {position}"
+            f" its queue record is at {position}"
         )
     return ""
 
