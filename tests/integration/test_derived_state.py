@@ -4,12 +4,15 @@ leading, answer the right messages (issue 31, "Derived state goes bad silently")
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import grpc
 import pytest
 from integration.test_broker_group import (
     QUEUES,
@@ -28,6 +31,7 @@ from dledger.server.client import ClientError
 
 pytestmark = pytest.mark.integration
 
+_T = TypeVar("_T")
 CQ_RECORD = struct.Struct(">QIq")  # docs/FORMAT.md, "Broker: ConsumeQueue"
 QUEUE = 3
 OFFSET = 100  # of 250 records in the queue: behind the snapshot's dispatch position
@@ -78,6 +82,25 @@ def _make_lead(cluster: LocalCluster, node_id: str) -> None:
         return False
 
     wait_for(leads, 60, f"{node_id} to lead")
+
+
+def _while_leading(cluster: LocalCluster, node_id: str, call: Callable[[], _T]) -> _T:
+    """``call()`` on ``node_id`` while it leads: made to lead again when an election moved
+    the leadership away first (NOT_LEADER: nothing was done)."""
+    out: list[_T] = []
+
+    def attempt() -> bool:
+        try:
+            out.append(call())
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            _make_lead(cluster, node_id)
+            return False
+        return True
+
+    wait_for(attempt, 60, f"a call on {node_id} leading")
+    return out[0]
 
 
 def _sent_to_queue(sent: list[pb.Message]) -> list[str]:
@@ -190,12 +213,19 @@ def test_a_changed_pop_row_in_a_followers_snapshot_is_rebuilt_and_served_leading
     sent = make_messages(ids, 0, 20 * QUEUES)
     client.send(sent)
     client.wait_same_offsets()
-    leader = next(n for n in cluster.nodes if n.client_addr == client.leader)
-    first = _pop(client, leader.client_addr, 4, 600_000)
+    popped = client.write(  # on the leader, following a redirect (an election meanwhile)
+        "PopMessage",
+        pb.PopMessageRequest(
+            group=GROUP, topic=TOPIC, queue_id=QUEUE, max_msgs=4, invisible_ms=600_000
+        ),
+    )
+    assert isinstance(popped, pb.PopMessageResponse)
+    first = list(popped.messages)
     assert [p.message.queue_offset for p in first] == [0, 1, 2, 3]
     # A send after the POP record: once every node holds it, every node applied the record.
     client.send(make_messages(ids, len(sent), QUEUES))
     client.wait_same_offsets(addrs=cluster.client_addrs)
+    leader = next(n for n in cluster.nodes if n.client_addr == client.leader)
     victim = next(n for n in cluster.nodes if n is not leader)
     cluster.signal(victim.node_id, signal.SIGTERM)  # a clean stop: a snapshot at the end
     wait_for(lambda: cluster.pid(victim) is None, 15, "the node to stop")
@@ -206,18 +236,24 @@ def test_a_changed_pop_row_in_a_followers_snapshot_is_rebuilt_and_served_leading
     _make_lead(cluster, victim.node_id)
     # Offset 0's message visible again at once: the new leader hands it out again, the
     # right message, second attempt; the other handles are still valid.
-    client.stub(victim.client_addr).ChangeInvisibleTime(
-        pb.ChangeInvisibleTimeRequest(
-            group=GROUP, topic=TOPIC, receipt_handle=first[0].receipt_handle, invisible_ms=0
+    stub = client.stub(victim.client_addr)
+    _while_leading(
+        cluster,
+        victim.node_id,
+        lambda: stub.ChangeInvisibleTime(
+            pb.ChangeInvisibleTimeRequest(
+                group=GROUP, topic=TOPIC, receipt_handle=first[0].receipt_handle, invisible_ms=0
+            ),
+            timeout=10,
         ),
-        timeout=10,
     )
     again: list[pb.PoppedMessage] = []
 
     def redelivered() -> bool:
-        again.extend(
-            p for p in _pop(client, victim.client_addr, 32, 600_000) if p.delivery_attempt > 1
+        got = _while_leading(
+            cluster, victim.node_id, lambda: _pop(client, victim.client_addr, 32, 600_000)
         )
+        again.extend(p for p in got if p.delivery_attempt > 1)
         return bool(again)
 
     wait_for(redelivered, 30, "offset 0 to be handed out again")
@@ -225,17 +261,71 @@ def test_a_changed_pop_row_in_a_followers_snapshot_is_rebuilt_and_served_leading
     assert back.message.queue_offset == 0 and back.delivery_attempt == 2
     assert back.message.msg_id == first[0].message.msg_id
     assert back.message.commitlog_position == first[0].message.commitlog_position
-    acked = client.stub(victim.client_addr).AckPop(
-        pb.AckPopRequest(
-            group=GROUP,
-            topic=TOPIC,
-            receipt_handles=[back.receipt_handle, *(p.receipt_handle for p in first[1:])],
+    acked = _while_leading(
+        cluster,
+        victim.node_id,
+        lambda: stub.AckPop(
+            pb.AckPopRequest(
+                group=GROUP,
+                topic=TOPIC,
+                receipt_handles=[back.receipt_handle, *(p.receipt_handle for p in first[1:])],
+            ),
+            timeout=10,
         ),
-        timeout=10,
     )
     assert list(acked.codes) == ["", "", "", ""]
     log = Path(victim.log).read_text(errors="replace")
     assert "derived state: pop record wrong where=open" in log, log[-3000:]
+    assert "rebuilding broker state from the commitlog" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    client.close()
+
+
+def _swap_half_ids(path: Path, first: int, second: int) -> None:
+    """The snapshot's pending half at ``first`` now carries the uniq id of the one at
+    ``second`` (both are real halves: only the pairing is wrong)."""
+    data = json.loads(path.read_bytes())
+    rows = {row[0]: row for row in data["txn"]["pending"]}
+    rows[first][2] = rows[second][2]
+    path.write_text(json.dumps(data))
+
+
+def test_a_changed_transaction_row_in_a_followers_snapshot_is_rebuilt_and_commits_leading(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """Without the check, that node, leading, answers the producer's commit of the first
+    half with INVALID_TRANSACTION_ID (its row names the second half's id)."""
+    cluster, client = setup_group(local_group, scrubRecordsPerSecond=20_000)
+    ids = UniqIdGenerator(ip="127.0.0.1")
+    halves = make_messages(ids, 0, 2)
+    for m in halves:
+        m.queue_id = QUEUE
+        m.properties["TRAN_MSG"] = "true"
+    positions = [client.send([m]).packed_positions[0] for m in halves]  # one a send
+    client.send(make_messages(ids, 2, QUEUES))  # after the prepares: applied once it is
+    client.wait_same_offsets(addrs=cluster.client_addrs)
+    leader = next(n for n in cluster.nodes if n.client_addr == client.leader)
+    victim = next(n for n in cluster.nodes if n is not leader)
+    cluster.signal(victim.node_id, signal.SIGTERM)
+    wait_for(lambda: cluster.pid(victim) is None, 15, "the node to stop")
+    _swap_half_ids(Path(cluster.base) / victim.node_id / "config" / "snapshot.json", *positions)
+    cluster.start(victim.node_id)
+    client.wait_same_offsets(timeout_s=30, addrs=cluster.client_addrs)
+    _make_lead(cluster, victim.node_id)
+    stub = client.stub(victim.client_addr)
+    for m, position in zip(halves, positions, strict=True):
+        request = pb.EndTransactionRequest(
+            topic=TOPIC, msg_id=m.msg_id, transaction_id=f"{position:016X}", commit=True
+        )
+        resp = _while_leading(
+            cluster, victim.node_id, functools.partial(stub.EndTransaction, request, timeout=10)
+        )
+        assert resp.outcome == "COMMITTED"
+    # The committed copies follow the queue's one message sent before them.
+    copies = pulled(_pull(client, victim.client_addr, 1))
+    assert [m.msg_id for m in copies] == [m.msg_id for m in halves]
+    log = Path(victim.log).read_text(errors="replace")
+    assert "derived state: transaction record wrong where=open" in log, log[-3000:]
     assert "rebuilding broker state from the commitlog" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     client.close()
