@@ -63,8 +63,8 @@ MARKER_PREFIX = "replicated state: "
 
 # A row to check, named so that it can be looked up again when a slice of the scrubber
 # reaches it (the tables change between slices: a row gone meanwhile is skipped):
-# ("pop", key, offset) an in-flight record, offset -1 the queue's position;
-# ("level", topic, level) a delay or timer level; ("transaction", position) a pending half.
+# ("pop", key, offset) an in-flight record, offset -1 the queue's position; (SCHEDULE_TOPIC or
+# TIMER_TOPIC, None, level) a delay or timer level; ("transaction", None, position) a half.
 Row = tuple[str, object, int]
 
 
