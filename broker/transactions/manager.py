@@ -181,7 +181,7 @@ class Transactions:
         msg = message_from_fields(topic.name, m, now_ms, m.msg_id or self._ids.next_id())
         batch, _ = encode_batch([to_half(msg, m.queue_id)], self.ctx.cfg.max_message_size_bytes)
         body = encode_prepare(topic.name, m.queue_id, batch)
-        if len(body) > self.ctx.node.cfg.store.max_body_bytes:
+        if len(body) > self.ctx.node.max_body_bytes:
             raise InvalidRequestError(f"half message of {len(body)} bytes: larger than an entry")
         first, _, _ = await self.ctx.node.propose([body], ENTRY_TXN)
         results = self.ctx.sm.take_results(first)
@@ -220,9 +220,9 @@ class Transactions:
             await asyncio.sleep(CATCH_UP_POLL_MS / 1000)
 
     def _note_term(self) -> None:
-        core = self.ctx.node.core
-        if core.role is Role.LEADER and core.term != self._term:
-            self._term, self._term_first = core.term, core.last_index
+        node = self.ctx.node
+        if node.role is Role.LEADER and node.term != self._term:
+            self._term, self._term_first = node.term, node.last_index
 
     def _verdict(self, position: int, topic: str, uniq_id: str, txn_id: str, commit: bool) -> str:
         v = self.ctx.sm.txn.verdict(position)

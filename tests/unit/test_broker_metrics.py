@@ -41,9 +41,8 @@ def test_families_follow_sends_pulls_commits_and_the_dedup_window(tmp_path: Path
         node, sm, topics, applied = world(tmp_path)
         await topics.upsert("T", 2, 2, 6)
         stats = BrokerStats()
-        sender = SendPath(topics.ctx, topics)
-        puller = PullPath(topics, applied)
-        sender.stats = puller.stats = stats
+        sender = SendPath(topics.ctx, topics, stats=stats)
+        puller = PullPath(topics, applied, stats=stats)
         offsets = ConsumerOffsets(topics, applied)
         msgs = [outgoing(i % 2, i) for i in range(5)]  # queue 0: 3, queue 1: 2
         await sender.send("T", msgs)
@@ -60,6 +59,7 @@ def test_families_follow_sends_pulls_commits_and_the_dedup_window(tmp_path: Path
             stats,
             polls=puller.polls,
             store_path=str(tmp_path),
+            raft_families=list,
         )
         return samples(metrics.broker_families())
 
@@ -110,6 +110,7 @@ def test_retries_and_dead_letters_are_counted_per_group_and_caps_are_reported(
             stats,
             polls=polls,
             store_path=str(tmp_path),
+            raft_families=list,
         )
         return samples(metrics.broker_families())
 

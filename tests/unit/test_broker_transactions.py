@@ -283,8 +283,7 @@ def test_a_new_leader_answers_after_it_applied_its_first_entry(
         txns, sender, node = await _setup(tmp_path)
         [r] = await sender.send("T", [half(14)])
         tid = transaction_id(r.position)
-        core = node.core  # type: ignore[attr-defined]
-        core.term, core.last_index = 2, txns.ctx.sm.last_applied + 1  # elected, no-op unapplied
+        node.term, node.last_index = 2, txns.ctx.sm.last_applied + 1  # elected, no-op unapplied
         with pytest.raises(manager.CatchingUpError):
             await txns.end("T", r.uniq_id, tid, commit=True)
         assert r.position in txns.ctx.sm.txn.pending
