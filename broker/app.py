@@ -105,7 +105,8 @@ def assemble(
     ctx = NodeContext(node, sm, cfg)
     applied = AppliedMessages(ctx)
     topics = Topics(ctx)
-    sender = SendPath(ctx, topics, disk_guard, stats)
+    txns = Transactions(applied)
+    sender = SendPath(ctx, topics, disk_guard, stats, txns.prepare)
     puller = PullPath(topics, applied, stats=stats)
     offsets = ConsumerOffsets(topics, applied)
     lookups = Lookups(applied)
@@ -115,7 +116,6 @@ def assemble(
     timers = Timers(applied)
     auth = AuthAdmin(ctx, secret_box, init_user)
     pops = Pops(topics, applied, retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms)
-    txns = Transactions(applied, sender)
     subgroups = SubscriptionGroups(ctx, cfg.pop_max_attempts)
     servicer = BrokerServicer(
         node,

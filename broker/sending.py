@@ -69,15 +69,19 @@ class SendPath:
         topics: Topics,
         disk_guard: DiskGuard | None = None,
         stats: BrokerStats | None = None,
+        halves: HalfSink | None = None,
     ) -> None:
-        """``stats`` is counted into when the process serves metrics (None: nothing is)."""
+        """``stats`` is counted into when the process serves metrics (None: nothing is);
+        ``halves`` stores a transactional send's half message
+        (``broker.transactions.manager.Transactions.prepare``; None: such sends are stored as
+        plain messages)."""
         self.ctx = ctx
         self.topics = topics
         self.disk_guard = disk_guard  # refuses sends above the disk watermark (broker.disk)
         host = ctx.cfg.store_host
         self._ids = UniqIdGenerator(ip=host if _is_ipv4(host) else None)
         self._inflight: dict[str, tuple[_Call, int]] = {}
-        self.halves: HalfSink | None = None  # set by broker.transactions.manager.Transactions
+        self.halves = halves
         self.stats = stats
 
     def check_writable(self) -> None:

@@ -33,7 +33,7 @@ from broker.errors import (
     TopicNotFoundError,
 )
 from broker.message import Message, UniqIdGenerator, encode_batch, message_from_fields
-from broker.sending import OutgoingMessage, SendPath
+from broker.sending import OutgoingMessage
 from broker.state import SendResult, TopicConfig
 from broker.transactions.state import (
     COMMITTED,
@@ -149,7 +149,9 @@ def visible_copy(half: Message, topic: str, queue_id: int, now_ms: int) -> Messa
 class Transactions:
     """Half messages, verdicts and the check-back on the leader of one node's group."""
 
-    def __init__(self, applied: AppliedMessages, sender: SendPath) -> None:
+    def __init__(self, applied: AppliedMessages) -> None:
+        """The send path stores half messages through :meth:`prepare` (``SendPath``'s
+        ``halves``, given by the composition root)."""
         self.ctx = applied.ctx
         self.applied = applied
         c = self.ctx.cfg
@@ -160,7 +162,6 @@ class Transactions:
         # that term (the no-op every new leader appends) is at or before it.
         self._term = -1
         self._term_first = 0
-        sender.halves = self.prepare
         self.ctx.sm.add_change_listener(self.maybe_start)
 
     # ------------------------------------------------------------------ half messages

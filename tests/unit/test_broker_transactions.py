@@ -58,8 +58,9 @@ async def _setup(tmp_path: Path) -> tuple[Transactions, SendPath, object]:
     node, _sm, topics, applied = world(tmp_path, CFG)
     await topics.upsert("T", 2, 2, 6)
     await topics.upsert("U", 2, 2, 6)
-    sender = SendPath(topics.ctx, topics)
-    return Transactions(applied, sender), sender, node
+    txns = Transactions(applied)
+    sender = SendPath(topics.ctx, topics, halves=txns.prepare)
+    return txns, sender, node
 
 
 def _visible(txns: Transactions, topic: str = "T") -> list[tuple[str, bytes, dict[str, str]]]:
