@@ -286,6 +286,7 @@ def _metrics(broker: Broker, node: DLedgerNode) -> BrokerMetrics:
         polls=broker.puller.polls,
         store_path=str(broker.sm.root),
         raft_families=functools.partial(raft_families, node),
+        delay_levels=len(broker.cfg.delay_levels_ms),
         disk_guard=broker.disk_guard,
     )
 

@@ -71,7 +71,8 @@ CAPPED_FAMILIES = (
 class BrokerMetrics:
     """The families of one broker node, built at scrape time on its event loop.
     ``raft_families`` gives the Raft member's (``dledger.server.metrics.raft_families`` of the
-    node, bound by the composition root)."""
+    node, bound by the composition root); ``delay_levels`` is how many delay levels the
+    broker has (``messageDelayLevel``)."""
 
     node: RaftNode
     sm: BrokerStateMachine
@@ -80,6 +81,7 @@ class BrokerMetrics:
     polls: LongPolls
     store_path: str
     raft_families: Callable[[], list[Metric]]
+    delay_levels: int
     disk_guard: DiskGuard | None = None
 
     def families(self) -> list[Metric]:
@@ -167,7 +169,7 @@ class BrokerMetrics:
     def _delayed(self) -> list[Metric]:
         sm = self.sm
         stored = pending = 0
-        for level in range(1, len(self.offsets.ctx.cfg.delay_levels_ms) + 1):
+        for level in range(1, self.delay_levels + 1):
             high = sm.queue_offsets(SCHEDULE_TOPIC, level - 1)[1]
             stored += high
             pending += max(0, high - sm.schedule_offsets.get(level, 0))

@@ -66,6 +66,7 @@ def test_a_full_process_is_built_once_over_one_set_of_components(tmp_path: Path)
     assert metrics.stats is broker.stats and metrics.offsets is broker.offsets
     assert metrics.polls is broker.puller.polls and metrics.disk_guard is broker.disk_guard
     assert metrics.node is broker.node and metrics.sm is broker.sm
+    assert metrics.delay_levels == len(cfg.delay_levels_ms) == 18  # RocketMQ's default levels
     assert process.node.raft_stats is not None  # type: ignore[attr-defined]
     # The guard: the node's, the v1 servicer's and the v2 port's, reading stored topics.
     guard = broker.guard

@@ -21,6 +21,7 @@ from broker.offsets import ConsumerOffsets
 from broker.pulling import PullPath, PullQuery
 from broker.schedule import PROPERTY_DELAY
 from broker.sending import SendPath
+from broker.settings import ServiceConfig
 from broker.state import ENTRY_MESSAGES
 from broker.stats import BrokerStats
 from mqmetrics.hot import OTHER
@@ -60,6 +61,7 @@ def test_families_follow_sends_pulls_commits_and_the_dedup_window(tmp_path: Path
             polls=puller.polls,
             store_path=str(tmp_path),
             raft_families=list,
+            delay_levels=len(ServiceConfig("127.0.0.1", 10911).delay_levels_ms),  # world()'s
         )
         return samples(metrics.broker_families())
 
@@ -111,6 +113,7 @@ def test_retries_and_dead_letters_are_counted_per_group_and_caps_are_reported(
             polls=polls,
             store_path=str(tmp_path),
             raft_families=list,
+            delay_levels=len(ServiceConfig("127.0.0.1", 10911).delay_levels_ms),  # world()'s
         )
         return samples(metrics.broker_families())
 
