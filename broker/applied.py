@@ -21,12 +21,12 @@ from broker.message import (
     decode_message,
     encode_offset_msg_id,
 )
+from broker.raftnode import RaftNode
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine, QueueKey
 from dledger.core import NotLeaderError, Role
 from dledger.fatal import supervise
 from dledger.log import DLedgerError, IndexOutOfRangeError
-from dledger.server.node import DLedgerNode
 from msgcodec import STORE_TIMESTAMP_AT
 
 # Bytes of messages in one answer (a pull, a key query) at most, though it always holds at
@@ -42,10 +42,10 @@ _STORE_TS = struct.Struct(">q")
 _STORE_TS_AT = STORE_TIMESTAMP_AT
 
 
-def require_leader(node: DLedgerNode) -> None:
+def require_leader(node: RaftNode) -> None:
     """Raise ``NotLeaderError`` (naming the leader this node knows) unless it leads."""
-    if node.core.role is not Role.LEADER:
-        raise NotLeaderError("not the leader", leader_id=node.core.leader_id)
+    if node.role is not Role.LEADER:
+        raise NotLeaderError("not the leader", leader_id=node.leader_id)
 
 
 def start_leader_task(
@@ -141,9 +141,9 @@ async def run_while_leading(
     each job writes whole records, so nothing is half done, and the next leader resumes from
     the log."""
     node = ctx.node
-    term = node.core.term
-    logger.info("%s started node=%s term=%d", name, node.cfg.self_id, term)
-    while node.core.role is Role.LEADER and node.core.term == term:
+    term = node.term
+    logger.info("%s started node=%s term=%d", name, node.self_id, term)
+    while node.role is Role.LEADER and node.term == term:
         try:
             wait_s = await one_pass()
         except (DLedgerError, BrokerError, TimeoutError) as exc:
@@ -153,7 +153,7 @@ async def run_while_leading(
             await asyncio.sleep(wait_s)
         else:
             await wakeup.sleep(wait_s)
-    logger.info("%s stopped node=%s term=%d", name, node.cfg.self_id, term)
+    logger.info("%s stopped node=%s term=%d", name, node.self_id, term)
 
 
 @dataclass(slots=True)
@@ -161,7 +161,7 @@ class NodeContext:
     """What every component of a node's broker reads: the Raft node (proposals, role,
     store), the state machine it applies to, and the service settings."""
 
-    node: DLedgerNode
+    node: RaftNode
     sm: BrokerStateMachine
     cfg: ServiceConfig
 

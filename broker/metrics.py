@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
@@ -36,11 +35,10 @@ from broker.disk import DiskGuard
 from broker.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
 from broker.offsets import ConsumerOffsets
 from broker.pulling import LongPolls
+from broker.raftnode import RaftNode
 from broker.state import BrokerStateMachine
 from broker.stats import MAX_TOPIC_SERIES, BrokerStats
 from dledger.server import StartError
-from dledger.server.metrics import RaftStats, raft_families
-from dledger.server.node import DLedgerNode
 from dledger.storage import SegmentedLogStore
 from mqmetrics.families import (
     Omitted,
@@ -57,9 +55,6 @@ from mqsecurity.errors import CertificateError
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles, https_server_context
 
-if TYPE_CHECKING:
-    from broker.service import BrokerServicer
-
 # Queues whose max offset is exported, and consumer lag series (group x topic x queue): ten
 # thousand each keeps a scrape's collection to a few tens of ms of the event loop.
 MAX_QUEUE_SERIES = 10_000
@@ -74,20 +69,25 @@ CAPPED_FAMILIES = (
 
 @dataclass
 class BrokerMetrics:
-    """The families of one broker node, built at scrape time on its event loop."""
+    """The families of one broker node, built at scrape time on its event loop.
+    ``raft_families`` gives the Raft member's (``dledger.server.metrics.raft_families`` of the
+    node, bound by the composition root); ``delay_levels`` is how many delay levels the
+    broker has (``messageDelayLevel``)."""
 
-    node: DLedgerNode
+    node: RaftNode
     sm: BrokerStateMachine
     offsets: ConsumerOffsets
     stats: BrokerStats
     polls: LongPolls
     store_path: str
+    raft_families: Callable[[], list[Metric]]
+    delay_levels: int
     disk_guard: DiskGuard | None = None
 
     def families(self) -> list[Metric]:
         """Every family of the node: its Raft member's, the security refusals, the broker's."""
         return [
-            *raft_families(self.node),
+            *self.raft_families(),
             refusal_family(REFUSALS.snapshot()),
             *self.broker_families(),
         ]
@@ -169,7 +169,7 @@ class BrokerMetrics:
     def _delayed(self) -> list[Metric]:
         sm = self.sm
         stored = pending = 0
-        for level in range(1, len(self.offsets.ctx.cfg.delay_levels_ms) + 1):
+        for level in range(1, self.delay_levels + 1):
             high = sm.queue_offsets(SCHEDULE_TOPIC, level - 1)[1]
             stored += high
             pending += max(0, high - sm.schedule_offsets.get(level, 0))
@@ -318,31 +318,19 @@ def scrub_families(c: DerivedCounters) -> list[Metric]:
 
 
 class BrokerExporter:
-    """``/metrics`` of one broker process: wires `BrokerStats` into the node's send and pull
-    paths and a `RaftStats` into its Raft member (both before the node starts), binds the
-    port in :meth:`bind` (inside the event loop, before the node touches its store) and serves
-    from :meth:`start`."""
+    """``/metrics`` of one broker process: serves ``metrics`` (whose `BrokerStats` the send and
+    pull paths, and whose Raft member's `RaftStats` the node, were built counting into: the
+    composition root, :mod:`broker.app`), binds the port in :meth:`bind` (inside the event
+    loop, before the node touches its store) and serves from :meth:`start`."""
 
     def __init__(
-        self, host: str, port: int, servicer: BrokerServicer, tls: TlsFiles | None = None
+        self, host: str, port: int, metrics: BrokerMetrics, tls: TlsFiles | None = None
     ) -> None:
         """``tls``: the node's certificate and key, /metrics over HTTPS (None: plain HTTP)."""
         self.host = host
         self.port = port
         self.tls = tls
-        self.stats = BrokerStats()
-        servicer.sender.stats = self.stats
-        servicer.puller.stats = self.stats
-        servicer.node.raft_stats = RaftStats()
-        self.metrics = BrokerMetrics(
-            servicer.node,
-            servicer.offsets.ctx.sm,
-            servicer.offsets,
-            self.stats,
-            polls=servicer.puller.polls,
-            store_path=str(servicer.offsets.ctx.sm.root),
-            disk_guard=servicer.sender.disk_guard,
-        )
+        self.metrics = metrics
         self.server: MetricsServer | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:

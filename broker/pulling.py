@@ -230,8 +230,13 @@ class PullPath:
     """Answers pulls from this node's applied state, holding them while nothing is new."""
 
     def __init__(
-        self, topics: Topics, applied: AppliedMessages, memory_bytes: int | None = None
+        self,
+        topics: Topics,
+        applied: AppliedMessages,
+        memory_bytes: int | None = None,
+        stats: BrokerStats | None = None,
     ) -> None:
+        """``stats`` is counted into when the process serves metrics (None: nothing is)."""
         self.ctx = applied.ctx
         self.topics = topics
         self.applied = applied
@@ -239,8 +244,7 @@ class PullPath:
         total = total_memory_bytes() if memory_bytes is None else memory_bytes
         self._memory_limit_bytes = total * self.ctx.cfg.memory_ratio_percent // 100
         self.ctx.sm.add_listener(self.polls.wake)
-        # Set when the process serves metrics (broker.metrics); None: nothing is counted.
-        self.stats: BrokerStats | None = None
+        self.stats = stats
 
     async def pull(self, query: PullQuery, peer: str) -> PullResult:
         """Answer ``query`` (from the connection ``peer``): at once when there is something
@@ -335,7 +339,7 @@ class PullPath:
     def suggest_follower(self, position: int) -> bool:
         """Whether a reader of ``position`` should go to a follower: the leader is far
         behind in page cache and ``slaveReadEnable`` is on."""
-        if not self.ctx.cfg.slave_read_enable or self.ctx.node.core.role is not Role.LEADER:
+        if not self.ctx.cfg.slave_read_enable or self.ctx.node.role is not Role.LEADER:
             return False
         behind = self.ctx.node.store.write_position - position
         return behind > self._memory_limit_bytes

@@ -32,9 +32,9 @@ from broker.errors import (
     ResourceExhaustedError,
     TopicNotFoundError,
 )
+from broker.raftnode import RaftNode
 from broker.subscriptions import SubGroupNotFoundError
 from dledger.server import status
-from dledger.server.node import DLedgerNode
 from dledger.server.status import RpcFailure, bound_detail
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ _STATUS_BY_CLASS: Mapping[type[BrokerError], grpc.StatusCode] = {
 __all__ = ["bound_detail", "error_failure", "error_status", "rpc"]
 
 
-def error_failure(exc: BaseException, node: DLedgerNode) -> RpcFailure:
+def error_failure(exc: BaseException, node: RaftNode) -> RpcFailure:
     """The one place where an exception of a broker call becomes its failure."""
     failure = status.dledger_failure(exc, node)
     if failure is not None:
@@ -92,7 +92,7 @@ def error_failure(exc: BaseException, node: DLedgerNode) -> RpcFailure:
     return RpcFailure(grpc.StatusCode.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
 
 
-def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:
+def error_status(exc: BaseException, node: RaftNode) -> tuple[grpc.StatusCode, str]:
     """The status and text detail (``CODE ...``, at most ``MAX_DETAIL_BYTES`` of UTF-8) of
     :func:`error_failure`, for callers that log or count them."""
     failure = error_failure(exc, node)
@@ -100,7 +100,7 @@ def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode
 
 
 class _Servicer(Protocol):
-    node: DLedgerNode
+    node: RaftNode
 
 
 _Req = TypeVar("_Req")

@@ -64,17 +64,25 @@ class SendPath:
     """Stores messages: a client's sends, and the broker's own copies (retries)."""
 
     def __init__(
-        self, ctx: NodeContext, topics: Topics, disk_guard: DiskGuard | None = None
+        self,
+        ctx: NodeContext,
+        topics: Topics,
+        disk_guard: DiskGuard | None = None,
+        stats: BrokerStats | None = None,
+        halves: HalfSink | None = None,
     ) -> None:
+        """``stats`` is counted into when the process serves metrics (None: nothing is);
+        ``halves`` stores a transactional send's half message
+        (``broker.transactions.manager.Transactions.prepare``; None: such sends are stored as
+        plain messages)."""
         self.ctx = ctx
         self.topics = topics
         self.disk_guard = disk_guard  # refuses sends above the disk watermark (broker.disk)
         host = ctx.cfg.store_host
         self._ids = UniqIdGenerator(ip=host if _is_ipv4(host) else None)
         self._inflight: dict[str, tuple[_Call, int]] = {}
-        self.halves: HalfSink | None = None  # set by broker.transactions.manager.Transactions
-        # Set when the process serves metrics (broker.metrics); None: nothing is counted.
-        self.stats: BrokerStats | None = None
+        self.halves = halves
+        self.stats = stats
 
     def check_writable(self) -> None:
         """Raise unless this node may store messages now (leader, disk below its mark)."""
@@ -183,7 +191,7 @@ class SendPath:
         self, body: bytes, uniq_ids: list[str], sent_to: str = ""
     ) -> list[SendResult]:
         """Propose an encoded batch as one entry; its results once it is applied."""
-        max_body = self.ctx.node.cfg.store.max_body_bytes
+        max_body = self.ctx.node.max_body_bytes
         if len(body) > max_body:
             raise InvalidRequestError(
                 f"batch of {len(body)} bytes is larger than one log entry ({max_body} bytes)"

@@ -5,8 +5,9 @@ component's domain answer into the response. The components (one job each, no gR
 :mod:`broker.sending` (sends), :mod:`broker.pulling` (pulls, long polls),
 :mod:`broker.offsets` (consumer offsets), :mod:`broker.topics` (topic admin),
 :mod:`broker.lookups` (messages by key or id), :mod:`broker.consumers` (consumer registry,
-queue locks), :mod:`broker.retry` (retries, dead letters) and :mod:`broker.scheduler` (delay
-delivery). Writes are proposed to the Raft log on the leader and answered once applied;
+queue locks), :mod:`broker.retry` (retries, dead letters) and the others the constructor names;
+the composition root (:mod:`broker.app`) builds them and this adapter once per process. Writes
+are proposed to the Raft log on the leader and answered once applied;
 reads are answered from this node's applied state. Errors map to gRPC status codes in
 :func:`error_status` and only there.
 """
@@ -21,13 +22,11 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker.applied import AppliedMessages, NodeContext
+from broker.applied import AppliedMessages
 from broker.auth.admin import AuthAdmin, UserView
 from broker.auth.guard import AuthGuard
 from broker.auth.model import Rule
-from broker.auth.secrets import SecretBox
 from broker.consumers import ConsumerGroups
-from broker.disk import DiskGuard
 from broker.errors import (
     InvalidRequestError,
 )
@@ -36,13 +35,13 @@ from broker.offsets import ConsumerOffsets
 from broker.pbmessage import message_pb
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
+from broker.raftnode import RaftNode
 from broker.retry import Retries, SendBackItem
 from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
 from broker.rpcerrors import rpc as _rpc
-from broker.scheduler import Scheduler
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine, SendResult, TopicConfig
+from broker.state import SendResult, TopicConfig
 from broker.subgroups import (
     BACKOFF_CUSTOMIZED,
     MAX_MULTIPLIER_MILLI,
@@ -50,13 +49,10 @@ from broker.subgroups import (
     SubGroup,
 )
 from broker.subscriptions import SubscriptionGroups
-from broker.timers import Timers
 from broker.topics import Topics
 from broker.transactions.manager import Transactions
 from dledger.server import rpcguard
 from dledger.server.guard import text_metadata
-from dledger.server.node import DLedgerNode
-from mqsecurity.credentials import Credentials
 
 __all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
 
@@ -77,33 +73,39 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def __init__(
         self,
-        node: DLedgerNode,
-        sm: BrokerStateMachine,
-        cfg: ServiceConfig,
-        disk_guard: DiskGuard | None = None,
-        secret_box: SecretBox | None = None,
-        init_user: Credentials | None = None,
+        node: RaftNode,
+        *,
+        applied: AppliedMessages,
+        topics: Topics,
+        sender: SendPath,
+        puller: PullPath,
+        offsets: ConsumerOffsets,
+        lookups: Lookups,
+        consumers: ConsumerGroups,
+        retries: Retries,
+        pops: Pops,
+        txns: Transactions,
+        subgroups: SubscriptionGroups,
+        auth: AuthAdmin,
+        guard: AuthGuard | None = None,
     ) -> None:
-        """``secret_box`` seals user secrets (None: users cannot be created here);
-        ``init_user`` is the Super user a leader creates when the group has none."""
+        """The components this adapter calls, built once by the composition root
+        (:func:`broker.app.assemble`); ``guard`` is the node's call guard, which names the
+        user of each call (None: no users, nobody held to a quota)."""
         self.node = node
-        ctx = NodeContext(node, sm, cfg)
-        self.applied = AppliedMessages(ctx)
-        self.topics = Topics(ctx)
-        self.sender = SendPath(ctx, self.topics, disk_guard)
-        self.puller = PullPath(self.topics, self.applied)
-        self.offsets = ConsumerOffsets(self.topics, self.applied)
-        self.lookups = Lookups(self.applied)
-        self.consumers = ConsumerGroups(self.topics)
-        self.retries = Retries(self.topics, self.applied, self.sender)
-        self.scheduler = Scheduler(self.applied)
-        self.timers = Timers(self.applied)
-        self.auth = AuthAdmin(ctx, secret_box, init_user)
-        self.pops = Pops(
-            self.topics, self.applied, self.retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms
-        )
-        self.txns = Transactions(self.applied, self.sender)
-        self.subgroups = SubscriptionGroups(ctx, cfg.pop_max_attempts)
+        self.applied = applied
+        self.topics = topics
+        self.sender = sender
+        self.puller = puller
+        self.offsets = offsets
+        self.lookups = lookups
+        self.consumers = consumers
+        self.retries = retries
+        self.pops = pops
+        self.txns = txns
+        self.subgroups = subgroups
+        self.auth = auth
+        self.guard = guard
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
@@ -137,7 +139,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             min_offset=r.min_offset,
             max_offset=r.max_offset,
             suggest_pull_from_follower=r.suggest_pull_from_follower,
-            node_id=self.node.cfg.self_id,
+            node_id=self.node.self_id,
             raw_messages=r.raw,
             raw_queue_offsets=r.queue_offsets,
             raw_positions=r.positions,
@@ -309,8 +311,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
         """The user the node's guard admitted this call for, and whether it is a Super user
         (("", False) without users: nobody to hold to a quota)."""
-        guard = getattr(self.node, "call_guard", None)  # a test's stand-in node has none
-        if not isinstance(guard, AuthGuard) or not guard.settings.active:
+        guard = self.guard
+        if guard is None or not guard.settings.active:
             return "", False
         return guard.identify(text_metadata(context.invocation_metadata()))
 

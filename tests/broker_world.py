@@ -3,9 +3,9 @@ in-memory log that applies every proposal at once (a one-node group that always 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from broker.applied import AppliedMessages, NodeContext
@@ -56,19 +56,35 @@ class MemoryLog:
 
 
 class LeaderNode:
-    """What the components use of a DLedgerNode: a leader whose proposals commit and apply
-    at once; ``proposals`` counts them."""
+    """A ``broker.raftnode.RaftNode`` for component tests: a leader whose proposals commit and
+    apply at once; ``proposals`` counts them. A test changes ``role``, ``term`` or
+    ``last_index`` as an election would."""
 
     def __init__(self, sm: BrokerStateMachine, log: MemoryLog) -> None:
         self.sm = sm
         self.store = log
-        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n0", term=1, last_index=0)
-        self.cfg = SimpleNamespace(self_id="n0", store=SimpleNamespace(max_body_bytes=8 << 20))
+        self.self_id = "n0"
+        self.role = Role.LEADER
+        self.leader_id: str | None = "n0"
+        self.term = 1
+        self.last_index = 0
+        self.max_body_bytes = 8 << 20
+        self.append_timeout_ms = 3000
+        self.removed_listeners: list[Callable[[], None]] = []
         self.proposals = 0
         self.gate: Any = None  # an asyncio.Event a proposal waits for, when set
 
     def suspect_damage(self, position: int, found_by: str = "read") -> None:
         """The real node checks the log entry holding ``position``; this log has no damage."""
+
+    def leader_client_addr(self) -> tuple[str | None, str]:
+        return self.leader_id, ""
+
+    async def start(self) -> None:
+        """Nothing to open: the log is in memory."""
+
+    async def stop(self) -> None:
+        """Nothing to close."""
 
     async def propose(
         self, bodies: list[bytes], entry_type: int, *, headroom_bytes: int = 0
@@ -111,7 +127,7 @@ def world(
     sm.applied_index()
     sm.on_role_change(Role.LEADER, 1, "n0")  # results are kept for a leader's send handlers
     node = LeaderNode(sm, log)
-    ctx = NodeContext(node, sm, cfg or ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+    ctx = NodeContext(node, sm, cfg or ServiceConfig("127.0.0.1", 10911))
     return node, sm, Topics(ctx), AppliedMessages(ctx)
 
 

@@ -248,12 +248,9 @@ class AuthAdmin:
 
     async def _init_loop(self) -> None:
         assert self.init_user is not None
-        term = self.ctx.node.core.term
-        while (
-            not self.table.users
-            and self.ctx.node.core.role is Role.LEADER
-            and self.ctx.node.core.term == term
-        ):
+        node = self.ctx.node
+        term = node.term
+        while not self.table.users and node.role is Role.LEADER and node.term == term:
             name = self.init_user.access_key
             doc = {
                 "username": name,

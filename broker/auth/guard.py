@@ -69,8 +69,14 @@ class AuthGuard:
     """A ``dledger.server.guard.CallGuard`` over a broker state machine's user table."""
 
     def __init__(
-        self, sm: BrokerStateMachine, settings: AuthSettings, box: SecretBox | None
+        self,
+        sm: BrokerStateMachine,
+        settings: AuthSettings,
+        box: SecretBox | None,
+        topic_at: Callable[[int], str] | None = None,
     ) -> None:
+        """``topic_at`` names the topic of the applied message at a commitlog position, for
+        the calls that name stored messages (None: such calls are for Super users only)."""
         self.sm = sm
         self.settings = settings
         self.box = box
@@ -81,9 +87,7 @@ class AuthGuard:
         self._decided_version = 0
         # What an unknown access key's signature is checked against (never matches).
         self._decoy_secret = token_hex(20)
-        # The topic of the applied message at a commitlog position (set by the broker once
-        # its components exist); None: calls on stored messages are for Super users only.
-        self.topic_at: Callable[[int], str] | None = None
+        self.topic_at = topic_at
 
     def check(
         self, method: str, metadata: Mapping[str, str], peer: str, request: object

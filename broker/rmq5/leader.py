@@ -31,6 +31,7 @@ from broker.applied import require_leader
 from broker.errors import BrokerError
 from broker.pbmessage import message_from_pb
 from broker.pop import Pops, Received, ReceiveQuery
+from broker.raftnode import RaftNode
 from broker.rmq5.guard import caller_signature, current_caller
 from broker.rpcerrors import error_failure
 from broker.sending import SendPath
@@ -38,7 +39,6 @@ from broker.subgroups import SubGroup
 from broker.subscriptions import SubscriptionGroups
 from broker.transactions.manager import Transactions
 from dledger.core import Role
-from dledger.server.node import DLedgerNode
 from dledger.server.status import read_error
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
@@ -92,9 +92,10 @@ class LeaderCalls:
 
     def __init__(
         self,
-        node: DLedgerNode,
+        node: RaftNode,
         sender: SendPath,
         pops: Pops,
+        subgroups: SubscriptionGroups,
         security: ClientSecurity = PLAINTEXT,
         txns: Transactions | None = None,
     ) -> None:
@@ -102,7 +103,7 @@ class LeaderCalls:
         self.sender = sender
         self.pops = pops
         self.txns = txns
-        self.subgroups = SubscriptionGroups(pops.ctx, pops.max_attempts)
+        self.subgroups = subgroups
         if security.credentials is not None:
             # A forward must act as its caller, never as a configured identity.
             raise ValueError("forwards carry the caller's signature, not credentials of their own")
@@ -126,7 +127,7 @@ class LeaderCalls:
         deadline = time.monotonic() + FORWARD_BUDGET_MS / 1000
         while True:
             try:
-                if self.node.core.role is Role.LEADER:
+                if self.node.role is Role.LEADER:
                     return await self._here(here)
                 return await forward(self._leader_stub())
             except grpc.RpcError as exc:
@@ -206,7 +207,7 @@ class LeaderCalls:
         """One try of :meth:`receive`: here when this node leads, else forwarded, long polling
         what is left of the window, its answer back by ``answer_by`` (monotonic s)."""
         now = time.monotonic()
-        if self.node.core.role is Role.LEADER:
+        if self.node.role is Role.LEADER:
             here = replace(q, poll_timeout_ms=int(max(0.0, poll_end - now) * 1000))
             return await self._here(lambda: self.pops.receive(here))
         poll_s = max(0.0, min(poll_end, answer_by - FORWARD_ANSWER_MARGIN_S) - now)

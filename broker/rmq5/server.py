@@ -17,24 +17,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
-from broker.pop import Pops
 from broker.rmq5.guard import V2GuardInterceptor
 from broker.rmq5.leader import LeaderCalls
 from broker.rmq5.routes import NameServerRoutes
 from broker.rmq5.service import SERVICE_NAME, MessagingServicer, V2Config
-from broker.sending import SendPath
-from broker.topics import Topics
-from broker.transactions.manager import Transactions
 from dledger.server import StartError
 from dledger.server.guard import CallGuard
-from dledger.server.node import DLedgerNode
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from broker.app import Broker
 
 logger = logging.getLogger(__name__)
 
@@ -57,33 +56,34 @@ class V2Security:
 
 
 class V2Port:
-    """The RocketMQ 5 front end of one node, on ``bind_host:cfg.port``."""
+    """The RocketMQ 5 front end of one node, on ``bind_host:cfg.port``, over the node's
+    broker components (built by the composition root, :mod:`broker.app`)."""
 
     def __init__(
         self,
-        node: DLedgerNode,
-        topics: Topics,
-        sender: SendPath,
-        pops: Pops,
+        broker: Broker,
         cfg: V2Config,
         bind_host: str,
         namesrv_addrs: list[str],
         security: V2Security | None = None,
-        txns: Transactions | None = None,
     ) -> None:
         self.security = security or V2Security()
         if self.security.plaintext_port and self.security.tls is None:
             raise ValueError("a plaintext v2 port beside a plaintext one: set tls")
-        self.leader = LeaderCalls(node, sender, pops, self.security.client, txns)
+        node = broker.node
+        self.leader = LeaderCalls(
+            node, broker.sender, broker.pops, broker.subgroups, self.security.client, broker.txns
+        )
         self.routes = (
             NameServerRoutes(namesrv_addrs, self.security.client) if namesrv_addrs else None
         )
-        self.servicer = MessagingServicer(node, topics, self.leader, cfg, self.routes)
+        topics, applied = broker.topics, broker.applied
+        self.servicer = MessagingServicer(node, topics, applied, self.leader, cfg, self.routes)
         self.addr = f"{bind_host}:{cfg.port}"
         self._plain: MessagingServicer | None = None
         if self.security.plaintext_port:
             local = dataclasses.replace(cfg, host=PLAINTEXT_HOST, port=self.security.plaintext_port)
-            self._plain = MessagingServicer(node, topics, self.leader, local, None)
+            self._plain = MessagingServicer(node, topics, applied, self.leader, local, None)
         self._servers: list[grpc.aio.Server] = []
 
     def _server(self, servicer: MessagingServicer) -> grpc.aio.Server:

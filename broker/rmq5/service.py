@@ -31,6 +31,7 @@ from broker.errors import BrokerError, TopicNotFoundError
 from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
+from broker.raftnode import RaftNode
 from broker.rmq5 import stubs
 from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
 from broker.rmq5.codes import v2_code_name
@@ -168,7 +169,7 @@ def status(code: str = "OK", text: str = "OK") -> Any:
     return v2.Status(code=v2.Code.Value(code), message=text[:MAX_STATUS_TEXT_CHARS])
 
 
-def _status_of(exc: Exception, node: Any) -> Any:
+def _status_of(exc: Exception, node: RaftNode) -> Any:
     """The body status of a failure raised by a component, the forwarder or the adapter."""
     if isinstance(exc, V2Error):
         return status(exc.code, exc.text)
@@ -221,8 +222,9 @@ class MessagingServicer:
 
     def __init__(
         self,
-        node: Any,
+        node: RaftNode,
         topics: Topics,
+        applied: AppliedMessages,
         leader: LeaderCalls,
         cfg: V2Config,
         routes: NameServerRoutes | None = None,
@@ -233,7 +235,7 @@ class MessagingServicer:
         self.cfg = cfg
         self.routes = routes
         self.clients = ClientTable(max_per_user=cfg.clients_per_user)
-        self.producers = ProducerStreams(AppliedMessages(topics.ctx), f"{cfg.host}:{cfg.port}")
+        self.producers = ProducerStreams(applied, f"{cfg.host}:{cfg.port}")
         policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
         self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()

@@ -33,7 +33,7 @@ from broker.errors import (
     TopicNotFoundError,
 )
 from broker.message import Message, UniqIdGenerator, encode_batch, message_from_fields
-from broker.sending import OutgoingMessage, SendPath
+from broker.sending import OutgoingMessage
 from broker.state import SendResult, TopicConfig
 from broker.transactions.state import (
     COMMITTED,
@@ -149,7 +149,9 @@ def visible_copy(half: Message, topic: str, queue_id: int, now_ms: int) -> Messa
 class Transactions:
     """Half messages, verdicts and the check-back on the leader of one node's group."""
 
-    def __init__(self, applied: AppliedMessages, sender: SendPath) -> None:
+    def __init__(self, applied: AppliedMessages) -> None:
+        """The send path stores half messages through :meth:`prepare` (``SendPath``'s
+        ``halves``, given by the composition root)."""
         self.ctx = applied.ctx
         self.applied = applied
         c = self.ctx.cfg
@@ -160,7 +162,6 @@ class Transactions:
         # that term (the no-op every new leader appends) is at or before it.
         self._term = -1
         self._term_first = 0
-        sender.halves = self.prepare
         self.ctx.sm.add_change_listener(self.maybe_start)
 
     # ------------------------------------------------------------------ half messages
@@ -181,7 +182,7 @@ class Transactions:
         msg = message_from_fields(topic.name, m, now_ms, m.msg_id or self._ids.next_id())
         batch, _ = encode_batch([to_half(msg, m.queue_id)], self.ctx.cfg.max_message_size_bytes)
         body = encode_prepare(topic.name, m.queue_id, batch)
-        if len(body) > self.ctx.node.cfg.store.max_body_bytes:
+        if len(body) > self.ctx.node.max_body_bytes:
             raise InvalidRequestError(f"half message of {len(body)} bytes: larger than an entry")
         first, _, _ = await self.ctx.node.propose([body], ENTRY_TXN)
         results = self.ctx.sm.take_results(first)
@@ -220,9 +221,9 @@ class Transactions:
             await asyncio.sleep(CATCH_UP_POLL_MS / 1000)
 
     def _note_term(self) -> None:
-        core = self.ctx.node.core
-        if core.role is Role.LEADER and core.term != self._term:
-            self._term, self._term_first = core.term, core.last_index
+        node = self.ctx.node
+        if node.role is Role.LEADER and node.term != self._term:
+            self._term, self._term_first = node.term, node.last_index
 
     def _verdict(self, position: int, topic: str, uniq_id: str, txn_id: str, commit: bool) -> str:
         v = self.ctx.sm.txn.verdict(position)

@@ -423,10 +423,12 @@ class DLedgerNode:
         seed: int | None = None,
         client_services: Sequence[ServiceRegistrar] = (),
         call_guard: CallGuard | None = None,
+        raft_stats: RaftStats | None = None,
     ) -> None:
         """``client_services`` add the application's gRPC services to the client port (each
         registrar adds its servicers and returns their full names for health/reflection);
-        ``call_guard`` admits or refuses every client-port call (:mod:`dledger.server.guard`)."""
+        ``call_guard`` admits or refuses every client-port call (:mod:`dledger.server.guard`);
+        ``raft_stats`` is measured into when the process serves metrics (None: nothing is)."""
         self.cfg = cfg
         self._call_guard = call_guard
         self._client_services = tuple(client_services)
@@ -467,9 +469,9 @@ class DLedgerNode:
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
-        # Set before start() when the process serves metrics (dledger.server.metrics): the
-        # append and fsync histograms are fed only then.
-        self.raft_stats: RaftStats | None = None
+        # Given when the process serves metrics (dledger.server.metrics): the append and
+        # fsync histograms are fed only then.
+        self.raft_stats = raft_stats
         # Snapshots (dledger.server.snapshots): transfers out (leader) and in (follower);
         # the store lock keeps retention off a store an install is replacing.
         self.snapshots_out = SnapshotSender(self)
@@ -628,6 +630,37 @@ class DLedgerNode:
     def call_guard(self) -> CallGuard | None:
         """The guard of the client port (other front ends of the process ask it too)."""
         return self._call_guard
+
+    # ------------------------------------------------------------------ the application's view
+    # What an application reads of the member (the broker's contract: broker/raftnode.py).
+
+    @property
+    def self_id(self) -> str:
+        return self.cfg.self_id
+
+    @property
+    def role(self) -> Role:
+        return self.core.role
+
+    @property
+    def term(self) -> int:
+        return self.core.term
+
+    @property
+    def leader_id(self) -> str | None:
+        return self.core.leader_id
+
+    @property
+    def last_index(self) -> int:
+        return self.core.last_index
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.cfg.store.max_body_bytes
+
+    @property
+    def append_timeout_ms(self) -> int:
+        return self.cfg.append_timeout_ms
 
     async def stop(self) -> None:
         """Stop serving, then close the store cleanly (removes the abort marker)."""

@@ -149,16 +149,11 @@ def no_quorum(append_timeout_ms: int) -> RpcFailure:
     )
 
 
-class _AppendTimeout(Protocol):
-    @property
-    def append_timeout_ms(self) -> int: ...
-
-
 class NodeView(Protocol):
     """What the mapping reads of a node (``DLedgerNode``), only for the errors that need it."""
 
     @property
-    def cfg(self) -> _AppendTimeout: ...
+    def append_timeout_ms(self) -> int: ...
 
     def leader_client_addr(self) -> tuple[str | None, str]: ...
 
@@ -170,7 +165,7 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
     if isinstance(exc, NotLeaderError):
         return not_leader(exc.leader_id, node.leader_client_addr()[1])
     if isinstance(exc, TimeoutError):
-        return no_quorum(node.cfg.append_timeout_ms)
+        return no_quorum(node.append_timeout_ms)
     if not isinstance(exc, DLedgerError):
         return None
     retry = {

@@ -21,6 +21,7 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nsgrpc
 
+from broker.app import assemble
 from broker.applied import NodeContext
 from broker.auth import rpcmap
 from broker.auth.admin import AuthAdmin
@@ -30,7 +31,6 @@ from broker.auth.secrets import SecretBox
 from broker.message import UniqIdGenerator
 from broker.retry import SendBackItem
 from broker.rmq5 import stubs
-from broker.service import BrokerServicer
 from broker.settings import ServiceConfig
 from client.errors import MQClientError
 from dledger.server.guard import GuardInterceptor
@@ -480,7 +480,7 @@ async def _dashboard_group(guard: AuthGuard, recorder: _Recorder) -> tuple[grpc.
     """One node behind the real ``guard`` (six callers' users), topic t, a dead letter of
     group g from t, and a NameServer routing both topics to it: one port."""
     node, sm = guard.node_world  # type: ignore[attr-defined]
-    broker = BrokerServicer(node, sm, ServiceConfig("127.0.0.1", 10911), secret_box=BOX)
+    broker = assemble(node, sm, ServiceConfig("127.0.0.1", 10911), secret_box=BOX).servicer
     await broker.topics.upsert("t", 1, 1, 6)
     [sent] = await broker.sender.send(
         "t", [bpb.Message(queue_id=0, body=b"dead", msg_id=IDS.next_id())]

@@ -18,7 +18,7 @@ import pytest
 from broker_world import MemoryLog
 
 import broker.state as state_mod
-from broker.__main__ import _LazyLog
+from broker.app import LazyLog
 from broker.cluster import _free_ports
 from broker.consumequeue import ConsumeQueueStore
 from broker.errors import CorruptStoreError, InvalidTopicError
@@ -488,11 +488,11 @@ def test_end_to_end_a_node_applies_a_path_like_topic_record_harmlessly(tmp_path:
 
     async def go() -> None:
         node = DLedgerNode(cfg, sm)
-        sm.attach(_LazyLog(node))
+        sm.attach(LazyLog(node))
         await node.start()
         try:
             deadline = time.monotonic() + 10.0
-            while node.core.role is not Role.LEADER:
+            while node.role is not Role.LEADER:
                 assert time.monotonic() < deadline, "no leader within 10 s"
                 await asyncio.sleep(0.01)
             for record in (

@@ -40,7 +40,7 @@ def test_locks_go_to_one_live_consumer_and_expire_with_it(tmp_path: Path) -> Non
         assert groups.unregister("g", "b") and not groups.unregister("g", "b")
         with pytest.raises(InvalidRequestError):
             groups.heartbeat("g", "", [], [])
-        node.core.role = Role.FOLLOWER
+        node.role = Role.FOLLOWER
         with pytest.raises(NotLeaderError):
             groups.lock("g", "c", [("T", 0)])
 

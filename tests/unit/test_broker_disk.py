@@ -15,9 +15,10 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.app import assemble
 from broker.config import ConfigError, node_config, parse_config
 from broker.disk import DiskGuard, Watermarks, used_percent
-from broker.service import BrokerServicer, ServiceConfig
+from broker.service import ServiceConfig
 from dledger.core import Role
 from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, read_error
 from dledger.storage import DiskFullError
@@ -218,12 +219,10 @@ class _Answer(grpc.RpcError):
 def test_the_send_paths_answer_resource_exhausted_disk_full(call: Any) -> None:
     disk = FakeDisk()
     disk.used_blocks = 950
-    node = SimpleNamespace(
-        core=SimpleNamespace(role=Role.LEADER, leader_id="n0"), cfg=SimpleNamespace(self_id="n0")
-    )
+    node = SimpleNamespace(role=Role.LEADER, leader_id="n0", self_id="n0")
     sm = SimpleNamespace(add_listener=lambda fn: None, add_change_listener=lambda fn: None)
     cfg = ServiceConfig("127.0.0.1", 10911)
-    servicer = BrokerServicer(node, sm, cfg, _guard(disk))  # type: ignore[arg-type]
+    servicer = assemble(node, sm, cfg, disk_guard=_guard(disk)).servicer  # type: ignore[arg-type]
     with pytest.raises(_Aborted) as info:
         asyncio.run(call(servicer, _Context()))
     code, detail, fields = info.value.args

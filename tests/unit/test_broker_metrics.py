@@ -21,6 +21,7 @@ from broker.offsets import ConsumerOffsets
 from broker.pulling import PullPath, PullQuery
 from broker.schedule import PROPERTY_DELAY
 from broker.sending import SendPath
+from broker.settings import ServiceConfig
 from broker.state import ENTRY_MESSAGES
 from broker.stats import BrokerStats
 from mqmetrics.hot import OTHER
@@ -41,9 +42,8 @@ def test_families_follow_sends_pulls_commits_and_the_dedup_window(tmp_path: Path
         node, sm, topics, applied = world(tmp_path)
         await topics.upsert("T", 2, 2, 6)
         stats = BrokerStats()
-        sender = SendPath(topics.ctx, topics)
-        puller = PullPath(topics, applied)
-        sender.stats = puller.stats = stats
+        sender = SendPath(topics.ctx, topics, stats=stats)
+        puller = PullPath(topics, applied, stats=stats)
         offsets = ConsumerOffsets(topics, applied)
         msgs = [outgoing(i % 2, i) for i in range(5)]  # queue 0: 3, queue 1: 2
         await sender.send("T", msgs)
@@ -60,6 +60,8 @@ def test_families_follow_sends_pulls_commits_and_the_dedup_window(tmp_path: Path
             stats,
             polls=puller.polls,
             store_path=str(tmp_path),
+            raft_families=list,
+            delay_levels=len(ServiceConfig("127.0.0.1", 10911).delay_levels_ms),  # world()'s
         )
         return samples(metrics.broker_families())
 
@@ -110,6 +112,8 @@ def test_retries_and_dead_letters_are_counted_per_group_and_caps_are_reported(
             stats,
             polls=polls,
             store_path=str(tmp_path),
+            raft_families=list,
+            delay_levels=len(ServiceConfig("127.0.0.1", 10911).delay_levels_ms),  # world()'s
         )
         return samples(metrics.broker_families())
 

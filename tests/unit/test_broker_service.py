@@ -17,6 +17,7 @@ from google.rpc import status_pb2
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.common.v1 import error_pb2
 
+from broker.app import Broker, assemble
 from broker.applied import AppliedMessages, NodeContext
 from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 from broker.errors import (
@@ -61,7 +62,7 @@ def test_subscriptions() -> None:
 def _node() -> Any:
     return SimpleNamespace(
         leader_client_addr=lambda: ("n2", "127.0.0.1:10931"),
-        cfg=SimpleNamespace(append_timeout_ms=3000),
+        append_timeout_ms=3000,
     )
 
 
@@ -129,9 +130,7 @@ def test_retryable_errors_carry_a_retry_hint(
 def test_pull_from_follower_hint(
     slave_read: bool, role: str, behind_bytes: int, expected: bool
 ) -> None:
-    node = SimpleNamespace(
-        core=SimpleNamespace(role=Role[role]), store=SimpleNamespace(write_position=10_000)
-    )
+    node = SimpleNamespace(role=Role[role], store=SimpleNamespace(write_position=10_000))
     cfg = ServiceConfig("127.0.0.1", 1, slave_read_enable=slave_read, memory_ratio_percent=50)
     applied = AppliedMessages(NodeContext(node, FakeState(), cfg))  # type: ignore[arg-type]
     puller = PullPath(None, applied, memory_bytes=2_000)  # type: ignore[arg-type]
@@ -169,13 +168,16 @@ class FakeContext:
 
 
 class FakeNode:
-    """What BrokerServicer uses of a DLedgerNode: a leader that commits every proposal."""
+    """What BrokerServicer uses of a ``broker.raftnode.RaftNode``: a leader that commits
+    every proposal."""
 
     def __init__(self) -> None:
-        self.core = SimpleNamespace(role=Role.LEADER, leader_id="n1", term=1)
-        self.cfg = SimpleNamespace(
-            append_timeout_ms=3000, self_id="n1", store=SimpleNamespace(max_body_bytes=64 << 20)
-        )
+        self.role = Role.LEADER
+        self.leader_id = "n1"
+        self.term = 1
+        self.self_id = "n1"
+        self.append_timeout_ms = 3000
+        self.max_body_bytes = 64 << 20
         self.proposals: list[tuple[int, list[bytes]]] = []
         self.propose_error: BaseException | None = None
 
@@ -207,10 +209,14 @@ class FakeState:
         pass
 
 
-def _servicer() -> tuple[BrokerServicer, FakeNode]:
+def _broker() -> tuple[Broker, FakeNode]:
     node = FakeNode()
-    s = BrokerServicer(node, FakeState(), ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
-    return s, node
+    return assemble(node, FakeState(), ServiceConfig("127.0.0.1", 10911)), node  # type: ignore[arg-type]
+
+
+def _servicer() -> tuple[BrokerServicer, FakeNode]:
+    broker, node = _broker()
+    return broker.servicer, node
 
 
 async def _refused(call: Any) -> Aborted:
@@ -513,17 +519,18 @@ def test_background_tasks_are_supervised(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(fatal, "_exit", exits.append)
 
     async def body() -> None:
-        s, node = _servicer()
-        s.scheduler.ctx.sm.role = Role.LEADER
+        broker, node = _broker()
+        s, scheduler = broker.servicer, broker.scheduler
+        scheduler.ctx.sm.role = Role.LEADER
 
         async def broken(level: int) -> int | None:
             raise ValueError("scheduler bug")
 
-        monkeypatch.setattr(s.scheduler, "deliver_level", broken)
-        s.scheduler.maybe_start()
-        assert s.scheduler.task is not None
+        monkeypatch.setattr(scheduler, "deliver_level", broken)
+        scheduler.maybe_start()
+        assert scheduler.task is not None
         with contextlib.suppress(ValueError):
-            await s.scheduler.task
+            await scheduler.task
         await asyncio.sleep(0)
         assert exits == [fatal.EXIT_FATAL]
         # The offset flush: transient errors are logged, anything else is fatal.
@@ -552,7 +559,7 @@ def test_the_adapter_answers_in_the_one_shape_over_real_components(tmp_path: Pat
 
     async def body() -> None:
         node, sm, _, _ = world(tmp_path)
-        s = BrokerServicer(node, sm, ServiceConfig("127.0.0.1", 10911))  # type: ignore[arg-type]
+        s = assemble(node, sm, ServiceConfig("127.0.0.1", 10911)).servicer
         ctx = FakeContext()
         topic = pb.TopicConfig(topic_name="T", read_queue_nums=2, write_queue_nums=2)
         await s.CreateTopic(pb.CreateTopicRequest(topic=topic), ctx)

@@ -58,8 +58,9 @@ async def _setup(tmp_path: Path) -> tuple[Transactions, SendPath, object]:
     node, _sm, topics, applied = world(tmp_path, CFG)
     await topics.upsert("T", 2, 2, 6)
     await topics.upsert("U", 2, 2, 6)
-    sender = SendPath(topics.ctx, topics)
-    return Transactions(applied, sender), sender, node
+    txns = Transactions(applied)
+    sender = SendPath(topics.ctx, topics, halves=txns.prepare)
+    return txns, sender, node
 
 
 def _visible(txns: Transactions, topic: str = "T") -> list[tuple[str, bytes, dict[str, str]]]:
@@ -283,8 +284,7 @@ def test_a_new_leader_answers_after_it_applied_its_first_entry(
         txns, sender, node = await _setup(tmp_path)
         [r] = await sender.send("T", [half(14)])
         tid = transaction_id(r.position)
-        core = node.core  # type: ignore[attr-defined]
-        core.term, core.last_index = 2, txns.ctx.sm.last_applied + 1  # elected, no-op unapplied
+        node.term, node.last_index = 2, txns.ctx.sm.last_applied + 1  # elected, no-op unapplied
         with pytest.raises(manager.CatchingUpError):
             await txns.end("T", r.uniq_id, tid, commit=True)
         assert r.position in txns.ctx.sm.txn.pending

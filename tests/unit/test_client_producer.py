@@ -436,9 +436,7 @@ def test_a_server_without_structured_errors_still_gets_retries(world: World) -> 
 
 def _disk_full() -> RpcFailure:
     """What a leader's DiskGuard answers, through the servers' own mapping."""
-    node = SimpleNamespace(
-        leader_client_addr=lambda: ("a0", ""), cfg=SimpleNamespace(append_timeout_ms=3000)
-    )
+    node = SimpleNamespace(leader_client_addr=lambda: ("a0", ""), append_timeout_ms=3000)
     failure = status.dledger_failure(DiskFullError("node=a0 path=/s used=95.0% max=90%"), node)
     assert failure is not None
     return failure

@@ -50,7 +50,7 @@ PACKAGE_ROOTS = {
 
 # What the mapping reads of a node: the leader it knows and the append timeout.
 NODE: Any = SimpleNamespace(
-    leader_client_addr=lambda: ("n2", "127.0.0.1:7"), cfg=SimpleNamespace(append_timeout_ms=3000)
+    leader_client_addr=lambda: ("n2", "127.0.0.1:7"), append_timeout_ms=3000
 )
 
 

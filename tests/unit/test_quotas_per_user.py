@@ -20,6 +20,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker import offsets as offsets_module
+from broker.app import assemble
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
@@ -86,8 +87,8 @@ async def start(tmp_path: Path) -> Node:
     await admin.create_user(ROOT.access_key, ROOT.secret_key, "Super", "")
     for creds in (ALICE, BOB):
         await admin.create_user(creds.access_key, creds.secret_key, "", "")
-    node.call_guard = AuthGuard(sm, AuthSettings(True, True, cluster_name="c1"), BOX)  # type: ignore[attr-defined]
-    broker = BrokerServicer(node, sm, CFG, secret_box=BOX)  # type: ignore[arg-type]
+    guard = AuthGuard(sm, AuthSettings(True, True, cluster_name="c1"), BOX)
+    broker = assemble(node, sm, CFG, secret_box=BOX, guard=guard).servicer
     await broker.topics.upsert(T, QUEUES, QUEUES, 6)
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")

@@ -44,8 +44,9 @@ async def _setup(tmp_path: Path) -> tuple[Transactions, SendPath, ProducerStream
     _node, _sm, topics, applied = world(tmp_path, CFG)
     await topics.upsert("T", 2, 2, 6)
     await topics.upsert("U", 2, 2, 6)
-    sender = SendPath(topics.ctx, topics)
-    return Transactions(applied, sender), sender, ProducerStreams(applied, "127.0.0.1:8081")
+    txns = Transactions(applied)
+    sender = SendPath(topics.ctx, topics, halves=txns.prepare)
+    return txns, sender, ProducerStreams(applied, "127.0.0.1:8081")
 
 
 def test_a_check_reaches_one_live_producer_of_the_topic(tmp_path: Path) -> None:

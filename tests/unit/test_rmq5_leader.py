@@ -55,9 +55,9 @@ class _Leader:
 def _calls(leaders: list[_Leader | None]) -> LeaderCalls:
     """A follower's LeaderCalls whose leader is ``leaders[0]`` until a forward to it fails,
     then the next (None: no leader known)."""
-    node = SimpleNamespace(core=SimpleNamespace(role=Role.FOLLOWER))
+    node = SimpleNamespace(role=Role.FOLLOWER)
     pops = SimpleNamespace(ctx=None, max_attempts=16)
-    calls = LeaderCalls(node, sender=None, pops=pops)  # type: ignore[arg-type]
+    calls = LeaderCalls(node, sender=None, pops=pops, subgroups=None)  # type: ignore[arg-type]
     current = list(leaders)
 
     def stub() -> _Leader:

@@ -21,6 +21,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker import subgroups
+from broker.app import assemble
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
@@ -93,28 +94,27 @@ async def start(tmp_path: Path) -> Node:
     await admin.put_acl("User:other", ["Topic:*", "Group:*"], ["Sub"], "Allow", [], update=False)
     await admin.put_acl("User:reader", [f"Topic:{SECRET}"], ["Sub"], "Deny", [], update=False)
     guard = AuthGuard(sm, AuthSettings(True, True, cluster_name="c1"), BOX)
-    node.call_guard = guard  # type: ignore[attr-defined]  # as DLedgerNode.call_guard
-    broker = BrokerServicer(node, sm, CFG, secret_box=BOX)  # type: ignore[arg-type]
+    parts = assemble(node, sm, CFG, secret_box=BOX, guard=guard)
+    broker = parts.servicer
     for name in (TX, T, SECRET):
         await broker.topics.upsert(name, 1, 1, 6)
-    leader = LeaderCalls(node, broker.sender, broker.pops, txns=broker.txns)  # type: ignore[arg-type]
+    leader = LeaderCalls(node, parts.sender, parts.pops, parts.subgroups, txns=parts.txns)
     server = grpc.aio.server(interceptors=[V2GuardInterceptor(guard)])
     port = server.add_insecure_port("127.0.0.1:0")
     addr = f"127.0.0.1:{port}"
     cfg = V2Config("g0", "127.0.0.1", port, 1 << 20)
-    servicer = MessagingServicer(node, broker.topics, leader, cfg)
+    servicer = MessagingServicer(node, parts.topics, parts.applied, leader, cfg)
     servicer.register(server)
     broker.register(server)
     await server.start()
     # The follower's front end: the same components, another member (this port) leading.
     away = SimpleNamespace(
-        core=SimpleNamespace(role=Role.FOLLOWER, leader_id="n0"),
-        leader_client_addr=lambda: ("n0", addr),
+        role=Role.FOLLOWER, leader_id="n0", leader_client_addr=lambda: ("n0", addr)
     )
-    forwarding = LeaderCalls(away, broker.sender, broker.pops, txns=broker.txns)  # type: ignore[arg-type]
+    forwarding = LeaderCalls(away, parts.sender, parts.pops, parts.subgroups, txns=parts.txns)  # type: ignore[arg-type]
     second = grpc.aio.server(interceptors=[V2GuardInterceptor(guard)])
     follower_port = second.add_insecure_port("127.0.0.1:0")
-    MessagingServicer(away, broker.topics, forwarding, cfg).register(second)
+    MessagingServicer(away, parts.topics, parts.applied, forwarding, cfg).register(second)  # type: ignore[arg-type]
     await second.start()
     follower_addr = f"127.0.0.1:{follower_port}"
     return Node(servicer, broker, admin, addr, follower_addr, [server, second], node)

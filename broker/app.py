@@ -1,0 +1,374 @@
+"""The composition root of a broker process: where everything is built, once, in one order.
+
+Two functions build a node's broker (docs/ARCHITECTURE.md, "The composition root"):
+
+- :func:`assemble` builds the broker's components and its v1 servicer over any
+  :class:`broker.raftnode.RaftNode` (the real node, or a test's stand-in) and a state machine,
+  each component receiving what it uses in its constructor. Nothing is set on a component
+  after it was built.
+- :func:`build` builds the whole process from ``broker.conf``: the state machine, the call
+  guard, the DLedger node, then :func:`assemble` over that node, then what serves beside it
+  (the RocketMQ 5 port, ``/metrics``, the NameServer registration, the scrubber).
+  ``broker.__main__`` starts and stops what it returns.
+
+This is the one broker module that names ``dledger.server.node.DLedgerNode``; every other one
+uses the node through :class:`broker.raftnode.RaftNode`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from broker.applied import AppliedMessages, NodeContext
+from broker.auth.admin import AuthAdmin
+from broker.auth.guard import AuthGuard, AuthSettings
+from broker.auth.secrets import SecretBox, load_key_file
+from broker.config import BrokerConfig, ConfigError, node_config
+from broker.consumers import ConsumerGroups
+from broker.disk import DiskGuard
+from broker.lookups import Lookups
+from broker.metrics import BrokerExporter, BrokerMetrics
+from broker.offsets import ConsumerOffsets
+from broker.pop import Pops
+from broker.pulling import PullPath
+from broker.raftnode import RaftNode
+from broker.registration import BrokerRegistrar
+from broker.retry import Retries
+from broker.scheduler import Scheduler
+from broker.scrubber import Scrubber
+from broker.sending import SendPath
+from broker.service import BrokerServicer
+from broker.settings import ServiceConfig
+from broker.state import BrokerStateMachine
+from broker.stats import BrokerStats
+from broker.subscriptions import SubscriptionGroups
+from broker.timers import Timers
+from broker.topics import Topics
+from broker.transactions.manager import Transactions
+from dledger.log import Entry
+from dledger.server.metrics import RaftStats, raft_families
+from dledger.server.node import DLedgerNode
+from mqsecurity.credentials import Credentials
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    """One node's broker: its components over one Raft node and state machine, and the v1
+    servicer over them. The front ends, the metrics and the process wiring take what they
+    use from here. ``guard`` is the node's call guard (None: no users); ``disk_guard``
+    refuses sends above the disk watermark (None: never); ``stats`` is counted into when the
+    process serves metrics (None: nothing is). :func:`assemble` also takes ``secret_box``,
+    which seals user secrets (None: users cannot be created here), and ``init_user``, the
+    Super user a leader creates when the group has none."""
+
+    node: RaftNode
+    sm: BrokerStateMachine
+    cfg: ServiceConfig
+    applied: AppliedMessages
+    topics: Topics
+    sender: SendPath
+    puller: PullPath
+    offsets: ConsumerOffsets
+    lookups: Lookups
+    consumers: ConsumerGroups
+    retries: Retries
+    scheduler: Scheduler
+    timers: Timers
+    auth: AuthAdmin
+    pops: Pops
+    txns: Transactions
+    subgroups: SubscriptionGroups
+    servicer: BrokerServicer
+    guard: AuthGuard | None
+    disk_guard: DiskGuard | None
+    stats: BrokerStats | None
+
+
+def assemble(
+    node: RaftNode,
+    sm: BrokerStateMachine,
+    cfg: ServiceConfig,
+    *,
+    disk_guard: DiskGuard | None = None,
+    secret_box: SecretBox | None = None,
+    init_user: Credentials | None = None,
+    guard: AuthGuard | None = None,
+    stats: BrokerStats | None = None,
+) -> Broker:
+    """The broker of ``node``, each component built after the ones it takes (the arguments:
+    :class:`Broker`)."""
+    ctx = NodeContext(node, sm, cfg)
+    applied = AppliedMessages(ctx)
+    topics = Topics(ctx)
+    txns = Transactions(applied)
+    sender = SendPath(ctx, topics, disk_guard, stats, txns.prepare)
+    puller = PullPath(topics, applied, stats=stats)
+    offsets = ConsumerOffsets(topics, applied)
+    lookups = Lookups(applied)
+    consumers = ConsumerGroups(topics)
+    retries = Retries(topics, applied, sender)
+    scheduler = Scheduler(applied)
+    timers = Timers(applied)
+    auth = AuthAdmin(ctx, secret_box, init_user)
+    pops = Pops(topics, applied, retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms)
+    subgroups = SubscriptionGroups(ctx, cfg.pop_max_attempts)
+    servicer = BrokerServicer(
+        node,
+        applied=applied,
+        topics=topics,
+        sender=sender,
+        puller=puller,
+        offsets=offsets,
+        lookups=lookups,
+        consumers=consumers,
+        retries=retries,
+        pops=pops,
+        txns=txns,
+        subgroups=subgroups,
+        auth=auth,
+        guard=guard,
+    )
+    return Broker(
+        node=node,
+        sm=sm,
+        cfg=cfg,
+        applied=applied,
+        topics=topics,
+        sender=sender,
+        puller=puller,
+        offsets=offsets,
+        lookups=lookups,
+        consumers=consumers,
+        retries=retries,
+        scheduler=scheduler,
+        timers=timers,
+        auth=auth,
+        pops=pops,
+        txns=txns,
+        subgroups=subgroups,
+        servicer=servicer,
+        guard=guard,
+        disk_guard=disk_guard,
+        stats=stats,
+    )
+
+
+class Port(Protocol):
+    """A front end serving beside the node (the RocketMQ 5 port): bound before the node
+    starts, served once it runs, stopped before it stops."""
+
+    def bind(self) -> None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """What one ``mqbroker`` process runs, built by :func:`build`; ``broker.__main__`` starts
+    the node and these around it. None: not configured."""
+
+    node: RaftNode
+    broker: Broker
+    v2_port: Port | None
+    exporter: BrokerExporter | None
+    registrar: BrokerRegistrar | None
+    scrubber: Scrubber
+
+
+def build(cfg: BrokerConfig) -> Process:
+    """The full broker process of ``cfg``: a DLedger node applying into the broker state
+    machine, serving the v1 servicer on its client port, every call of which passes the ACL
+    guard. `ConfigError` when the ACL key file cannot be used or the RocketMQ 5 port cannot be
+    served (its packages are missing)."""
+    box = load_key_file(cfg.aclEncryptionKeyPath) if cfg.aclEncryptionKeyPath else None
+    sm = BrokerStateMachine(
+        cfg.storePathRootDir,
+        dedup_window_ms=cfg.dedupWindowSeconds * 1000,
+        dedup_max_ids=cfg.dedupWindowMaxIds,
+        hash_slots=cfg.maxHashSlotNum,
+        max_index_records=cfg.maxIndexNum,
+    )
+    late = _LateBroker()
+    guard = _guard(cfg, sm, box, late)
+    metrics = bool(cfg.metricsPort)
+    node = DLedgerNode(
+        node_config(cfg),
+        sm,
+        client_services=[late.register],
+        call_guard=guard,
+        raft_stats=RaftStats() if metrics else None,
+    )
+    sm.attach(LazyLog(node))
+    disk_guard = DiskGuard(
+        cfg.dLegerSelfId,
+        cfg.storePathRootDir,
+        cfg.disk_watermarks,
+        next_allocation=node.log_next_allocation_bytes,
+    )
+    broker = assemble(
+        node,
+        sm,
+        service_config(cfg),
+        disk_guard=disk_guard,
+        secret_box=box,
+        init_user=cfg.initAuthenticationUser,
+        guard=guard,
+        stats=BrokerStats() if metrics else None,
+    )
+    late.fill(broker)
+    exporter = (
+        BrokerExporter(
+            cfg.brokerIP1, cfg.metricsPort, _metrics(broker, node), cfg.metrics_tls_files
+        )
+        if metrics
+        else None
+    )
+    registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
+    scrubber = Scrubber(sm, cfg.scrubRecordsPerSecond)
+    return Process(node, broker, v2_port(cfg, broker), exporter, registrar, scrubber)
+
+
+class _LateBroker:
+    """The one cycle of the process, closed here. The node takes the broker's hooks when it
+    is built (the v1 servicer for its client port, the call guard), while the broker takes the
+    node; and the guard's check of a call naming stored messages reads them through the
+    broker. So the node is built with hooks that reach the broker through this, filled right
+    after :func:`assemble` and before the node starts; nothing calls a hook before."""
+
+    def __init__(self) -> None:
+        self._broker: Broker | None = None
+
+    def fill(self, broker: Broker) -> None:
+        assert self._broker is None, "the broker is built once"
+        self._broker = broker
+
+    def _get(self) -> Broker:
+        assert self._broker is not None, "a node hook ran before the broker was assembled"
+        return self._broker
+
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        """The node's client-port registrar: the v1 servicer (called from ``start()``)."""
+        return self._get().servicer.register(server)
+
+    def topic_at(self, position: int) -> str:
+        """The guard's view of stored messages: the topic of the applied one at
+        ``position``."""
+        return self._get().applied.message(position).topic
+
+
+def _guard(
+    cfg: BrokerConfig, sm: BrokerStateMachine, box: SecretBox | None, late: _LateBroker
+) -> AuthGuard | None:
+    """The ACL guard of every client call, when authentication or authorization is on."""
+    settings = AuthSettings(
+        authentication_enabled=cfg.authenticationEnabled,
+        authorization_enabled=cfg.authorizationEnabled,
+        max_skew_ms=cfg.authenticationMaxClockSkewMs,
+        cluster_name=cfg.brokerClusterName,
+    )
+    return AuthGuard(sm, settings, box, late.topic_at) if settings.active else None
+
+
+def _metrics(broker: Broker, node: DLedgerNode) -> BrokerMetrics:
+    """What ``/metrics`` reads: the Raft member's families (dledger's, of the concrete node)
+    and the broker's components."""
+    assert broker.stats is not None, "metrics are counted only when the process serves them"
+    return BrokerMetrics(
+        broker.node,
+        broker.sm,
+        broker.offsets,
+        broker.stats,
+        polls=broker.puller.polls,
+        store_path=str(broker.sm.root),
+        raft_families=functools.partial(raft_families, node),
+        delay_levels=len(broker.cfg.delay_levels_ms),
+        disk_guard=broker.disk_guard,
+    )
+
+
+def service_config(cfg: BrokerConfig) -> ServiceConfig:
+    """The broker service's settings from ``broker.conf``."""
+    return ServiceConfig(
+        store_host=cfg.brokerIP1,
+        store_port=cfg.listenPort,
+        auto_create_topic=cfg.autoCreateTopicEnable,
+        default_topic_queue_nums=cfg.defaultTopicQueueNums,
+        max_message_size_bytes=cfg.maxMessageSize,
+        slave_read_enable=cfg.slaveReadEnable,
+        memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
+        offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
+        delay_levels_ms=cfg.delay_levels_ms,
+        pop_max_attempts=cfg.popMaxDeliveryAttempts,
+        subgroups_per_user=cfg.subscriptionGroupsPerUser,
+        pop_waiters_per_user=cfg.popWaitersPerUser,
+        long_polls_per_user=cfg.longPollsPerUser,
+        consumers_per_user=cfg.consumersPerUser,
+        queue_locks_per_user=cfg.queueLocksPerUser,
+        pending_offsets_per_user=cfg.pendingOffsetsPerUser,
+        topics_per_user=cfg.topicsPerUser,
+        offset_groups_per_user=cfg.offsetGroupsPerUser,
+        pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
+        txn_timeout_ms=cfg.transactionTimeOut,
+        txn_check_interval_ms=cfg.transactionCheckInterval,
+        txn_check_max=cfg.transactionCheckMax,
+        timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
+    )
+
+
+def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
+    """The RocketMQ 5 front end over the same components (docs/RMQ5.md), when
+    ``grpcServerPort`` is set; its stubs are loaded only then (`ConfigError` when they cannot
+    be)."""
+    if not cfg.grpcServerPort:
+        return None
+    try:
+        from broker.rmq5.server import V2Port, V2Security
+        from broker.rmq5.service import V2Config
+    except ImportError as exc:
+        raise ConfigError(f"cannot serve grpcServerPort: {exc}") from None
+    v2cfg = V2Config(
+        cfg.brokerName,
+        cfg.brokerIP1,
+        cfg.grpcServerPort,
+        cfg.maxMessageSize,
+        cfg.popMaxDeliveryAttempts,
+        renew_slice_ms=cfg.popAutoRenewInvisibleMs,
+        renew_max_ms=cfg.popAutoRenewMaxMs,
+        clients_per_user=cfg.grpcClientsPerUser,
+    )
+    security = V2Security(
+        tls=cfg.tls_files if cfg.tlsEnable else None,
+        guard=broker.guard,
+        client=cfg.client_security,
+        plaintext_port=cfg.grpcServerPlaintextPort,
+    )
+    return V2Port(broker, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs, security)
+
+
+class LazyLog:
+    """The state machine's view of the node's log (``BrokerStateMachine.attach``): the node's
+    store exists once the node started (before it applies anything), and a snapshot install
+    replaces it, so each read asks the node for it."""
+
+    def __init__(self, node: RaftNode) -> None:
+        self._node = node
+
+    def body_position(self, index: int) -> int:
+        return self._node.store.body_position(index)
+
+    def first_index(self) -> int:
+        return self._node.store.first_index()
+
+    def last_index(self) -> int:
+        return self._node.store.last_index()
+
+    def read(self, index: int) -> Entry:
+        return self._node.store.read(index)
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return self._node.store.read_at(position, size)
