@@ -21,6 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker import errors
 from broker.consumers import MAX_CLIENT_ID_CHARS
 from broker.errors import InvalidRequestError, ResourceExhaustedError
 from broker.names import MAX_GROUP_LENGTH
@@ -51,10 +52,9 @@ class ClientQuotaError(ResourceExhaustedError):
     code = "RESOURCE_EXHAUSTED"
 
 
-class ClientIdTakenError(InvalidRequestError):
-    """A Settings naming a client id another user's Settings registered (live)."""
-
-    code = "CLIENT_ID_TAKEN"
+class ClientIdTakenError(errors.ClientIdTakenError):
+    """A Settings naming a client id another user's Settings registered (live): refused as the
+    v1 port refuses such a heartbeat (PERMISSION_DENIED; v2 ``FORBIDDEN``)."""
 
 
 @dataclass(slots=True)
