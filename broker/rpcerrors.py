@@ -36,6 +36,7 @@ from broker.subscriptions import SubGroupNotFoundError
 from dledger.server import status
 from dledger.server.node import DLedgerNode
 from dledger.server.status import RpcFailure, bound_detail
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def error_failure(exc: BaseException, node: DLedgerNode) -> RpcFailure:
             if code is not None:
                 return RpcFailure(code, exc.code, str(exc))
         return RpcFailure(grpc.StatusCode.INTERNAL, exc.code, str(exc))
-    return RpcFailure(grpc.StatusCode.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
+    return RpcFailure(grpc.StatusCode.INTERNAL, E.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def error_status(exc: BaseException, node: DLedgerNode) -> tuple[grpc.StatusCode, str]:

@@ -193,7 +193,7 @@ class _RefuseAll:
         return _NO_INNER
 
 
-_NO_INNER = Refusal(True, "PERMISSION_DENIED", "this port's guard cannot decide inside a call")
+_NO_INNER = Refusal(True, E.PERMISSION_DENIED, "this port's guard cannot decide inside a call")
 
 
 __all__ = [
