@@ -35,6 +35,7 @@ from dledger.server.client import ClientError
 from jepsen_like.checker import NodeState
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import MONITOR, History, OpType
+from mqerrors import codes as E
 from mqerrors import table
 from mqsecurity.channels import open_channel
 
@@ -138,7 +139,7 @@ class _QueueSelector:
         for q in queues:
             if q.queue_id == arg:
                 return q
-        raise MQClientError("NO_ROUTE", "NOT_FOUND", f"queue {arg} not in the route")
+        raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"queue {arg} not in the route")
 
 
 class QueueWorkload(_Base):

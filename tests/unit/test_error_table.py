@@ -146,6 +146,16 @@ def test_every_code_in_the_table_is_raised_or_reserved() -> None:
     assert not stale, f"marked reserved but raised: {stale}"
 
 
+def test_codes_are_named_by_their_constants_not_strings() -> None:
+    # ``code = E.NOT_LEADER``, never ``code = "NOT_LEADER"``: mypy then checks each name
+    # against mqerrors/codes.py, and a typo cannot become a new code no table knows.
+    loose = []
+    for path, tree in _sources(PRODUCT):
+        for line, expr in _code_positions(tree):
+            loose += [f"{path.relative_to(ROOT)}:{line} {c}" for c, lit in _codes_in(expr) if lit]
+    assert not loose, f"use the constants of mqerrors.codes (E.X): {loose}"
+
+
 def test_the_scan_finds_codes_in_every_position(tmp_path: Path) -> None:
     # The scan itself can fail: a planted module with one code in each position.
     pkg = tmp_path / "planted"
