@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RMQ5_DIR := build/rmq5
 RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
-PACKAGES := mqcli mqsecurity mqmetrics dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard bench
+PACKAGES := mqerrors mqcli mqsecurity mqmetrics dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard bench
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
@@ -53,15 +53,19 @@ system-deps:
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
 	fi
 
-# Regenerate the committed gRPC stubs in gen/ from protos/.
+# Regenerate the committed gRPC stubs in gen/ from protos/, and what derives from the error
+# table (mqerrors/codes.py, the table of docs/ERRORS.md).
 gen: venv
 	$(PY) protos/generate.py
+	$(PY) -m mqerrors.generate
 
-# Generate the stubs into a temporary dir and fail if the committed ones differ.
+# Generate the stubs into a temporary dir and fail if the committed ones differ; fail if the
+# error table's constants module or docs section (python -m mqerrors.generate) is stale.
 # (gen-check, lint and typecheck need the project's venv, not build/rmq5: they depend on the
 # stamp only, so that `make test` runs them while the RocketMQ 5 packages download.)
 gen-check: $(STAMP)
 	$(PY) protos/generate.py --check
+	$(PY) -m mqerrors.generate --check
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

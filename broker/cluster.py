@@ -55,6 +55,7 @@ from dledger.procs import exited, free_ports, spawn_logged
 from dledger.properties import parse_bool
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
 from mqsecurity.errors import SecurityError
@@ -103,7 +104,7 @@ OFFICIAL_PYTHON = Path(__file__).resolve().parents[1] / "build/rmq5/pyclient/bin
 class ClusterError(BrokerError):
     """A cluster operation that cannot be done; one line for the CLI."""
 
-    code = "CLUSTER_ERROR"
+    code = E.CLUSTER_ERROR
 
 
 @dataclass(frozen=True, slots=True)

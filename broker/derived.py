@@ -45,6 +45,7 @@ from broker.schedule import SCHEDULE_HEADER
 from broker.timer import HOP_RECORD_SIZE, TIMER_HEADER, decode_hop, decode_timer_header
 from broker.transactions.state import OP_COMMIT, OP_PREPARE, decode_txn_record
 from dledger.log import DLedgerError
+from mqerrors import codes as E
 from msgcodec import (
     MESSAGE_FIXED_SIZE,
     MESSAGE_MAGIC,
@@ -102,7 +103,7 @@ _T = TypeVar("_T")
 class AmbiguousRepairError(BrokerError):
     """The records of a damaged run cannot be told from the entries around it alone."""
 
-    code = "AMBIGUOUS_REPAIR"
+    code = E.AMBIGUOUS_REPAIR
 
 
 STORE_CQ = "consumequeue"
@@ -513,7 +514,7 @@ class RecordMismatchError(BrokerError):
     """A record read for an answer does not match the commitlog (raised inside a read, caught
     by :func:`read_repaired`, never answered)."""
 
-    code = "RECORD_MISMATCH"
+    code = E.RECORD_MISMATCH
 
     def __init__(self, offset: int, why: str) -> None:
         super().__init__(why)

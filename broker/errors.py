@@ -8,20 +8,21 @@ broker subclasses here of the same code, which ``broker.message`` raises in thei
 
 from __future__ import annotations
 
+from mqerrors import codes as E
 from msgcodec import errors as codec
 
 
 class BrokerError(Exception):
     """Root of every error raised by ``broker``. ``code`` is stable and machine readable."""
 
-    code = "BROKER_ERROR"
+    code = E.BROKER_ERROR
 
 
 class ConfigError(BrokerError, ValueError):
     """A configuration the broker refuses to start with. Also a ValueError: value parsers'
     callers catch that."""
 
-    code = "CONFIG_ERROR"
+    code = E.CONFIG_ERROR
 
 
 class InvalidMessageError(codec.InvalidMessageError, BrokerError):
@@ -70,7 +71,7 @@ CODEC_ERRORS: dict[type[codec.CodecError], type[BrokerError]] = {
 class CorruptStoreError(BrokerError):
     """A broker store file (ConsumeQueue, index) fails a check. Carries path and offset."""
 
-    code = "CORRUPT_STORE"
+    code = E.CORRUPT_STORE
 
     def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
         super().__init__(f"{path}: {message}" if path else message)
@@ -81,7 +82,7 @@ class CorruptStoreError(BrokerError):
 class OffsetOutOfRangeError(BrokerError):
     """A queue offset is outside ``[min_offset, max_offset]`` of its ConsumeQueue."""
 
-    code = "OFFSET_OUT_OF_RANGE"
+    code = E.OFFSET_OUT_OF_RANGE
 
     def __init__(self, message: str, *, min_offset: int, max_offset: int) -> None:
         super().__init__(message)
@@ -96,7 +97,7 @@ class PositionOrderError(BrokerError):
     ``truncate_after_position`` first.
     """
 
-    code = "POSITION_ORDER"
+    code = E.POSITION_ORDER
 
 
 class DerivedStateError(BrokerError):
@@ -104,51 +105,51 @@ class DerivedStateError(BrokerError):
     place (broker.derived): this node rebuilds its derived state at its next start; another
     member (or this one then) serves the read. Retryable: nothing is lost."""
 
-    code = "DERIVED_STATE_DAMAGED"
+    code = E.DERIVED_STATE_DAMAGED
 
 
 class QueueStoreClosedError(BrokerError):
     """An operation on a consume queue or index store that was closed (named apart from
     dledger's ``StoreClosedError`` of the log store)."""
 
-    code = "STORE_CLOSED"
+    code = E.STORE_CLOSED
 
 
 class InvalidRequestError(BrokerError):
     """A request field is missing or out of range (queue nums, perm, batch size, ...)."""
 
-    code = "INVALID_REQUEST"
+    code = E.INVALID_REQUEST
 
 
 class QueueIdOutOfRangeError(InvalidRequestError):
     """A queue id is not below the topic's write (send) or read (pull) queue count."""
 
-    code = "QUEUE_ID_OUT_OF_RANGE"
+    code = E.QUEUE_ID_OUT_OF_RANGE
 
 
 class TopicNotFoundError(BrokerError):
     """The topic does not exist (and ``autoCreateTopicEnable`` is off)."""
 
-    code = "TOPIC_NOT_FOUND"
+    code = E.TOPIC_NOT_FOUND
 
 
 class NoPermissionError(BrokerError):
     """The topic's perm forbids the operation (send without PERM_WRITE, pull without READ)."""
 
-    code = "NO_PERMISSION"
+    code = E.NO_PERMISSION
 
 
 class ClientIdTakenError(NoPermissionError):
     """A heartbeat naming a consumer (group and client id) that another user's heartbeats
     registered and keep alive: refused, as the RocketMQ 5 port refuses such a ``Settings``."""
 
-    code = "CLIENT_ID_TAKEN"
+    code = E.CLIENT_ID_TAKEN
 
 
 class MessageNotFoundError(BrokerError):
     """No stored message has the id or position asked for."""
 
-    code = "MESSAGE_NOT_FOUND"
+    code = E.MESSAGE_NOT_FOUND
 
 
 class SystemTopicError(NoPermissionError):
@@ -156,21 +157,21 @@ class SystemTopicError(NoPermissionError):
     ``%RETRY%*``, ``%DLQ%*``): only the broker itself writes those (retries through
     ``ConsumerSendMsgBack``)."""
 
-    code = "SYSTEM_TOPIC"
+    code = E.SYSTEM_TOPIC
 
 
 class ResourceExhaustedError(BrokerError):
     """A bounded table of the broker is full (gRPC ``RESOURCE_EXHAUSTED``); the subclass's code
     names the table. Retry later, or use fewer of the resource."""
 
-    code = "RESOURCE_EXHAUSTED"
+    code = E.RESOURCE_EXHAUSTED
 
 
 class QuotaExceededError(ResourceExhaustedError):
     """One user holds its share of a table every user shares (a ``broker.conf`` quota key,
     ``...PerUser``): the message starts with ``quota <key>:``. Other users are still served."""
 
-    code = "RESOURCE_EXHAUSTED"
+    code = E.RESOURCE_EXHAUSTED
 
     def __init__(self, key: str, text: str) -> None:
         super().__init__(f"quota {key}: {text}")
@@ -180,22 +181,22 @@ class QuotaExceededError(ResourceExhaustedError):
 class TooManyConsumersError(ResourceExhaustedError):
     """The node tracks as many consumers (per group or in total) as it may."""
 
-    code = "TOO_MANY_CONSUMERS"
+    code = E.TOO_MANY_CONSUMERS
 
 
 class TooManyLocksError(ResourceExhaustedError):
     """The queue lock table (per client or in total) is full."""
 
-    code = "TOO_MANY_LOCKS"
+    code = E.TOO_MANY_LOCKS
 
 
 class TooManyLongPollsError(ResourceExhaustedError):
     """As many pulls wait for messages (per connection or in total) as the node holds."""
 
-    code = "TOO_MANY_LONG_POLLS"
+    code = E.TOO_MANY_LONG_POLLS
 
 
 class TooManyPendingOffsetsError(ResourceExhaustedError):
     """The leader's buffer of not yet committed consumer offsets is full."""
 
-    code = "TOO_MANY_PENDING_OFFSETS"
+    code = E.TOO_MANY_PENDING_OFFSETS

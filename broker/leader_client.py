@@ -20,6 +20,7 @@ import grpc
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from dledger.server.status import read_error
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # Wait before trying the next node when the error gave no longer hint (an election, a node
@@ -83,7 +84,7 @@ class LeaderClient:
         if not info.retryable:
             raise exc
         self.retries[info.code] += 1
-        if info.code == "NOT_LEADER" and info.leader_addr:
+        if info.code == E.NOT_LEADER and info.leader_addr:
             return info.leader_addr, 0.0
         return self._next(addr), max(info.retry_after_ms / 1000, NEXT_NODE_WAIT_S)
 

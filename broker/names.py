@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from broker.errors import BrokerError, InvalidRequestError, InvalidTopicError
+from mqerrors import codes as E
 
 # RocketMQ's TopicValidator.TOPIC_MAX_LENGTH. The broker keeps a topic's length in one byte in
 # its records and uses the name as a directory name (consumequeue/{topic}); 127 is far below
@@ -48,7 +49,7 @@ class InvalidGroupError(InvalidRequestError):
     """A consumer or producer group name is empty, too long, or has a character outside
     ``[%|a-zA-Z0-9_-]``."""
 
-    code = "INVALID_GROUP"
+    code = E.INVALID_GROUP
 
 
 def _check_name(name: object, what: str, limit: int, error: type[BrokerError]) -> str:

@@ -27,6 +27,7 @@ from broker.topics import Topics
 from dledger.core import NotLeaderError
 from dledger.fatal import supervise
 from dledger.log import DLedgerError
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ NOBODY: Owner = ("", False)
 class TooManyOffsetGroupsError(ResourceExhaustedError):
     """The broker group holds offsets of :data:`MAX_OFFSET_GROUPS` consumer groups."""
 
-    code = "TOO_MANY_OFFSET_GROUPS"
+    code = E.TOO_MANY_OFFSET_GROUPS
 
 
 class QueueLag(NamedTuple):

@@ -65,6 +65,7 @@ from broker.retry import Retries, SendBackItem
 from broker.state import QueueKey
 from broker.subgroups import SubGroup, default_group
 from broker.topics import Topics
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +91,13 @@ MAX_POP_WAITERS = 10_000
 
 
 class InvalidInvisibleTimeError(InvalidRequestError):
-    code = "ILLEGAL_INVISIBLE_TIME"
+    code = E.ILLEGAL_INVISIBLE_TIME
 
 
 class PopWaitersQuotaError(ResourceExhaustedError):
     """One user holds ``popWaitersPerUser`` waiting receives on this node."""
 
-    code = "RESOURCE_EXHAUSTED"
+    code = E.RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True, slots=True)

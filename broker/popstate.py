@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from broker.errors import BrokerError, InvalidRequestError
 from broker.names import is_valid_group_name, is_valid_topic_name
+from mqerrors import codes as E
 
 ENTRY_POP = 21
 
@@ -74,14 +75,14 @@ PopKey = tuple[str, str, int]  # consumer group, topic, queue id
 class InvalidPopRecordError(BrokerError):
     """A POP record that breaks a rule: every member skips it."""
 
-    code = "INVALID_RECORD"
+    code = E.INVALID_RECORD
 
 
 class InvalidReceiptHandleError(InvalidRequestError):
     """A receipt handle that is malformed, names another group or topic, or whose delivery is
     over (acknowledged, redelivered since, or its invisible time changed)."""
 
-    code = "INVALID_RECEIPT_HANDLE"
+    code = E.INVALID_RECEIPT_HANDLE
 
 
 @dataclass(slots=True)

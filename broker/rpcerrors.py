@@ -36,6 +36,7 @@ from broker.raftnode import RaftNode
 from broker.subscriptions import SubGroupNotFoundError
 from dledger.server import status
 from dledger.server.status import RpcFailure, bound_detail
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def error_failure(exc: BaseException, node: RaftNode) -> RpcFailure:
             if code is not None:
                 return RpcFailure(code, exc.code, str(exc))
         return RpcFailure(grpc.StatusCode.INTERNAL, exc.code, str(exc))
-    return RpcFailure(grpc.StatusCode.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
+    return RpcFailure(grpc.StatusCode.INTERNAL, E.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def error_status(exc: BaseException, node: RaftNode) -> tuple[grpc.StatusCode, str]:

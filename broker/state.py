@@ -95,6 +95,7 @@ from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
 from dledger.storage.files import atomic_write
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class InvalidRecordError(BrokerError):
     """A committed control record breaks a rule the API enforces (a name, a range, a
     schedule header beyond its queue). Raised on apply only: every member skips the record."""
 
-    code = "INVALID_RECORD"
+    code = E.INVALID_RECORD
 
 
 _DEDUP_ITEM = struct.Struct(">16sqiqqB")  # uniq id, store ts, queue id, offset, position, tlen

@@ -22,6 +22,7 @@ from typing import Any
 
 from broker.errors import BrokerError, ResourceExhaustedError
 from broker.names import is_valid_group_name
+from mqerrors import codes as E
 
 ENTRY_SUBGROUP = 22
 
@@ -70,13 +71,13 @@ _FLAG_FIFO = 1
 class InvalidSubGroupRecordError(BrokerError):
     """A subscription-group record that breaks a rule: every member skips it."""
 
-    code = "INVALID_RECORD"
+    code = E.INVALID_RECORD
 
 
 class TooManySubGroupsError(ResourceExhaustedError):
     """The broker holds :data:`MAX_SUBGROUPS` group configs."""
 
-    code = "TOO_MANY_SUBGROUPS"
+    code = E.TOO_MANY_SUBGROUPS
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,18 +30,19 @@ from broker.subgroups import (
     default_group,
     encode_subgroup_record,
 )
+from mqerrors import codes as E
 
 
 class SubGroupQuotaError(ResourceExhaustedError):
     """The user created ``subscriptionGroupsPerUser`` groups that still exist."""
 
-    code = "RESOURCE_EXHAUSTED"
+    code = E.RESOURCE_EXHAUSTED
 
 
 class SubGroupNotFoundError(BrokerError):
     """A delete of a group that has no config (gRPC NOT_FOUND, broker.rpcerrors)."""
 
-    code = "SUBGROUP_NOT_FOUND"
+    code = E.SUBGROUP_NOT_FOUND
 
 
 class SubscriptionGroups:

@@ -32,6 +32,7 @@ from dataclasses import replace
 from broker.errors import InvalidRequestError
 from broker.message import Message
 from broker.names import TIMER_TOPIC
+from mqerrors import codes as E
 from msgcodec import PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 from msgcodec import PROPERTY_TIMER_DELIVER_MS as PROPERTY_TIMER_DELIVER_MS
 
@@ -63,7 +64,7 @@ class InvalidDeliveryTimeError(InvalidRequestError):
     """``TIMER_DELIVER_MS`` is not a time in ms, lies beyond the broker's ``timerMaxDelaySec``,
     or comes with a ``DELAY`` level too. Nothing of the send is stored."""
 
-    code = "INVALID_DELIVERY_TIME"
+    code = E.INVALID_DELIVERY_TIME
 
 
 def level_of(remaining_ms: int) -> int:

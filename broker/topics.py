@@ -43,6 +43,7 @@ from broker.state import (
     TopicConfig,
     encode_topic_record,
 )
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ NOBODY: Owner = ("", False)
 class TooManyTopicsError(ResourceExhaustedError):
     """The broker group holds :data:`MAX_TOPICS` topics."""
 
-    code = "TOO_MANY_TOPICS"
+    code = E.TOO_MANY_TOPICS
 
 
 class Topics:

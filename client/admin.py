@@ -40,6 +40,7 @@ from client.route import (
     first_namesrv_answer,
     parse_namesrv_addr,
 )
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from msgcodec import (
     PROPERTY_DELAY,
@@ -172,7 +173,7 @@ class MQAdmin:
                     return sorted(wanted)
                 time.sleep(POLL_S)
             raise MQClientError(
-                "TIMEOUT",
+                E.TIMEOUT,
                 "DEADLINE_EXCEEDED",
                 f"topic {topic}: created on {sorted(done)} of "
                 f"{sorted(wanted)} within {timeout_s} s",
@@ -396,7 +397,7 @@ class MQAdmin:
         found = [m for m in self._each_group(topic, one) if m is not None]
         if not found:
             raise MQClientError(
-                "MESSAGE_NOT_FOUND", "NOT_FOUND", f"no message {msg_id} in topic {topic}"
+                E.MESSAGE_NOT_FOUND, "NOT_FOUND", f"no message {msg_id} in topic {topic}"
             )
         return found[0]
 
@@ -432,7 +433,7 @@ class MQAdmin:
         ]
         if wanted and not letters:
             raise MQClientError(
-                "MESSAGE_NOT_FOUND", "NOT_FOUND", f"no dead letter {msg_id} for group {group}"
+                E.MESSAGE_NOT_FOUND, "NOT_FOUND", f"no dead letter {msg_id} for group {group}"
             )
         out = []
         with Producer(producer_group, self.namesrv_addr, security=self.security) as producer:
@@ -440,7 +441,7 @@ class MQAdmin:
                 origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, "")
                 if not origin:
                     raise MQClientError(
-                        "BAD_DEAD_LETTER", "FAILED_PRECONDITION", f"{m.msg_id} has no origin topic"
+                        E.BAD_DEAD_LETTER, "FAILED_PRECONDITION", f"{m.msg_id} has no origin topic"
                     )
                 props = {k: v for k, v in m.properties.items() if k not in _SYSTEM_PROPERTIES}
                 props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, m.msg_id)
@@ -476,11 +477,11 @@ class MQAdmin:
                 {broker_addr: broker_addr} if broker_addr else self._leaders(channels, cluster)
             )
             if not targets:
-                raise MQClientError("NO_BROKER", "UNAVAILABLE", "no broker group is registered")
+                raise MQClientError(E.NO_BROKER, "UNAVAILABLE", "no broker group is registered")
             leaderless = sorted(name for name, addr in targets.items() if not addr)
             if leaderless:
                 raise MQClientError(
-                    "NO_LEADER", "UNAVAILABLE", f"no leader in {leaderless}", retryable=True
+                    E.NO_LEADER, "UNAVAILABLE", f"no leader in {leaderless}", retryable=True
                 )
             return {
                 name: _follow_leader(channels, addr, name, call)
@@ -645,7 +646,7 @@ def _follow_leader(
             err = MQClientError.from_rpc(exc)
             if not err.retryable or time.monotonic() >= deadline:
                 raise MQClientError(err.code, err.status, f"{name}: {err.message}") from exc
-            if err.code == "NOT_LEADER" and err.leader_addr:
+            if err.code == E.NOT_LEADER and err.leader_addr:
                 addr = err.leader_addr
             else:
                 time.sleep(min(max(err.retry_after_ms / 1000, POLL_S), max(remaining, 0)))

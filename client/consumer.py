@@ -56,6 +56,7 @@ from client.errors import MQClientError
 from client.message import RETRY_PREFIX, MessageExt, MessageQueue, local_host, new_client_id
 from client.route import ChannelPool, RouteClient
 from client.wire import decode_messages
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -153,14 +154,14 @@ def parse_tags(expression: str) -> frozenset[str] | None:
         return None
     tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
     if not tags:
-        raise MQClientError("INVALID_SUBSCRIPTION", "INVALID_ARGUMENT", repr(expression))
+        raise MQClientError(E.INVALID_SUBSCRIPTION, "INVALID_ARGUMENT", repr(expression))
     return tags
 
 
 class _ClientBase:
     def __init__(self, group: str, namesrv_addr: str, security: ClientSecurity = PLAINTEXT) -> None:
         if not group:
-            raise MQClientError("INVALID_GROUP", "INVALID_ARGUMENT", "a consumer group is required")
+            raise MQClientError(E.INVALID_GROUP, "INVALID_ARGUMENT", "a consumer group is required")
         self.group = group
         self.namesrv_addr = namesrv_addr
         self._channels = ChannelPool(security)
@@ -169,7 +170,7 @@ class _ClientBase:
     @property
     def _routes(self) -> RouteClient:
         if self._routes_client is None:
-            raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
         return self._routes_client
 
     def _start_routes(self) -> None:
@@ -300,7 +301,7 @@ class PullConsumer(_ClientBase):
                 continue
             return self._to_result(mq, resp, tags)
         self._routes.invalidate(mq.topic)
-        raise last or MQClientError("NO_ROUTE", "UNAVAILABLE", f"no node for {mq.key()}")
+        raise last or MQClientError(E.NO_ROUTE, "UNAVAILABLE", f"no node for {mq.key()}")
 
 
 class _ProcessQueue:
@@ -351,7 +352,7 @@ class PushConsumer(_ClientBase):
         super().__init__(group, namesrv_addr, security)
         if not 0 <= max_reconsume_times <= 64:
             raise MQClientError(
-                "INVALID_ARGUMENT", "INVALID_ARGUMENT", "max_reconsume_times must be in [0, 64]"
+                E.INVALID_ARGUMENT, "INVALID_ARGUMENT", "max_reconsume_times must be in [0, 64]"
             )
         self.max_reconsume_times = max_reconsume_times
         self.orderly = False
@@ -396,7 +397,7 @@ class PushConsumer(_ClientBase):
             return
         if self._listener is None or not self._subscriptions:
             raise MQClientError(
-                "NOT_READY", "FAILED_PRECONDITION", "subscribe() and register_listener() first"
+                E.NOT_READY, "FAILED_PRECONDITION", "subscribe() and register_listener() first"
             )
         self._start_routes()
         if self.message_model is MessageModel.CLUSTERING:

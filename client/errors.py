@@ -15,6 +15,8 @@ import grpc
 from google.rpc import status_pb2
 from raftmq.common.v1 import error_pb2
 
+from mqerrors import table
+
 # gRPC's standard trailer for a google.rpc.Status.
 DETAILS_KEY = "grpc-status-details-bin"
 # gRPC statuses a call can end with before any server answered (deadline, unreachable node,
@@ -45,17 +47,15 @@ UNREACHABLE_STATUSES = frozenset(
 )
 # Codes saying that the node answered is not the group's leader, or may no longer be: a
 # redirect, no leader known, a transfer or an election under way, a leader cut off from its
-# majority. Another node of the group may do better. Every other retryable answer is a leader
-# speaking of itself (a full disk, back pressure, a full table): it is still the leader, and
-# its followers would only redirect back to it.
-LEADER_MOVED_CODES = frozenset(
-    {"NOT_LEADER", "NO_LEADER", "TRANSFER_IN_PROGRESS", "LEADERSHIP_LOST", "NO_QUORUM"}
-)
-# Codes no retry within the same broker group cures soon: the leader's disk stays above its
-# mark until retention deletes segments or an operator frees space (minutes, not the
-# milliseconds of a send timeout). A send so answered fails at once, or is retried only on
-# another broker group serving the topic (another disk).
-GROUP_REFUSES_WRITES_CODES = frozenset({"DISK_FULL"})
+# majority (the error table's retry "leader"). Another node of the group may do better. Every
+# other retryable answer is a leader speaking of itself (a full disk, back pressure, a full
+# table): it is still the leader, and its followers would only redirect back to it.
+LEADER_MOVED_CODES = table.codes(retry=table.Retry.LEADER)
+# Codes no retry within the same broker group cures soon (the table's retry "other_group"):
+# the leader's disk stays above its mark until retention deletes segments or an operator frees
+# space (minutes, not the milliseconds of a send timeout). A send so answered fails at once, or
+# is retried only on another broker group serving the topic (another disk).
+GROUP_REFUSES_WRITES_CODES = table.codes(retry=table.Retry.OTHER_GROUP)
 
 
 class MQClientError(Exception):

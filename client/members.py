@@ -21,6 +21,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
 from client.errors import MQClientError
 from client.route import ChannelPool
+from mqerrors import codes as E
 
 T_ = TypeVar("T_")
 
@@ -87,7 +88,7 @@ def follow_leader(
                 raise err from exc
             if unknown is not None and err.outcome_unknown and not unknown:
                 unknown.append(err)  # the first is enough: the change may have committed
-            if err.code == "NOT_LEADER" and err.leader_addr and err.leader_addr != addr:
+            if err.code == E.NOT_LEADER and err.leader_addr and err.leader_addr != addr:
                 addr = err.leader_addr
                 continue
             time.sleep(min(max(err.retry_after_ms / 1000, RETRY_MIN_S), max(remaining, 0)))
@@ -128,7 +129,7 @@ def change_member(
 ) -> tuple[int, tuple[MemberRow, ...]]:
     """One change (``CHANGE_KINDS``), answered once committed: (its index, the members)."""
     if kind not in CHANGE_KINDS:
-        raise MQClientError("UNKNOWN_CHANGE", "INVALID_ARGUMENT", f"kind {kind!r:.40}")
+        raise MQClientError(E.UNKNOWN_CHANGE, "INVALID_ARGUMENT", f"kind {kind!r:.40}")
     req = dpb.ChangeMemberRequest(
         kind=kind, node_id=node_id, peer_addr=peer_addr, client_addr=client_addr
     )
@@ -143,7 +144,7 @@ def change_member(
     except MQClientError as exc:
         # An attempt whose answer was lost may have committed: the retry is then refused
         # ("already a voter", "not a member") although the change is done.
-        if exc.code == "INVALID_MEMBERSHIP_CHANGE" and unknown:
+        if exc.code == E.INVALID_MEMBERSHIP_CHANGE and unknown:
             done = _in_effect(channels, addr, kind, node_id)
             if done is not None:
                 return done

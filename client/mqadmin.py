@@ -37,6 +37,7 @@ from client.producer import Producer
 from client.replicas import ReplicaReport, group_replica_status
 from client.route import ChannelPool
 from mqcli import CommandLine, GlobalOption
+from mqerrors import codes as E
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import OPTION_SPECS, security_from_args
 
@@ -146,7 +147,7 @@ class QueueFilter:
             f"broker {self.broker or '*'} queue {'*' if self.queue_id is None else self.queue_id}"
         )
         raise MQClientError(
-            "QUEUE_NOT_FOUND", "NOT_FOUND", f"{msg.topic} has no writable queue on {wanted}"
+            E.QUEUE_NOT_FOUND, "NOT_FOUND", f"{msg.topic} has no writable queue on {wanted}"
         )
 
 
@@ -172,7 +173,7 @@ def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
         names = [c.name for c in admin.cluster_info().clusters]
         if args.cluster not in names:
             raise MQClientError(
-                "CLUSTER_NOT_FOUND", "NOT_FOUND", f"no cluster {args.cluster!r}; known: {names}"
+                E.CLUSTER_NOT_FOUND, "NOT_FOUND", f"no cluster {args.cluster!r}; known: {names}"
             )
     groups = admin.create_topic(
         args.topic,
@@ -358,7 +359,7 @@ def cmd_consume_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -
             queues = [q for q in queues if q.queue_id == args.queue]
             if not queues:
                 raise MQClientError(
-                    "QUEUE_ID_OUT_OF_RANGE", "INVALID_ARGUMENT", f"no queue {args.queue}"
+                    E.QUEUE_ID_OUT_OF_RANGE, "INVALID_ARGUMENT", f"no queue {args.queue}"
                 )
         for mq in queues:
             offset = 0 if args.offset is None else args.offset
@@ -428,7 +429,7 @@ def _group_addr(admin: MQAdmin, args: argparse.Namespace) -> str:
             if g.members:
                 return str(g.members[0].client_addr)
     raise MQClientError(
-        "NO_BROKER", "NOT_FOUND", f"no broker group {args.broker!r:.80} is registered"
+        E.NO_BROKER, "NOT_FOUND", f"no broker group {args.broker!r:.80} is registered"
     )
 
 
@@ -681,7 +682,7 @@ def _sub_group_config(args: argparse.Namespace) -> pb.SubscriptionGroup:
             config.exponential_multiplier = exp["multiplier"]
     except (KeyError, TypeError, ValueError) as exc:
         raise MQClientError(
-            "BAD_USAGE", "INVALID_ARGUMENT", f"retry policy field missing or wrong: {exc}"
+            E.BAD_USAGE, "INVALID_ARGUMENT", f"retry policy field missing or wrong: {exc}"
         ) from None
     return config
 

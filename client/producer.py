@@ -50,6 +50,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from client.errors import MQClientError
 from client.message import Message, MessageQueue, SendResult, local_host, new_msg_id
 from client.route import ChannelPool, RouteClient, retry_wait_s
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ class Producer:
 
     def _route_client(self) -> RouteClient:
         if self._routes is None:
-            raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
         return self._routes
 
     # -- queue choice ---------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class Producer:
         just failed on) and past groups that refused writes lately, while another is left."""
         queues = self._route_client().get_route(topic).write_queue_tuple()
         if not queues:
-            raise MQClientError("NO_ROUTE", "NOT_FOUND", f"no writable queue for {topic}")
+            raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"no writable queue for {topic}")
         start = next(self._rr)
         full = self._full_groups() if self._full_until else ()
         second: MessageQueue | None = None
@@ -493,14 +494,14 @@ class Producer:
         lengths = {len(msg_ids), len(queue_ids), len(offsets), len(positions), len(duplicates)}
         if lengths != {n} or len(prefix) != 16:
             raise MQClientError(
-                "BAD_RESPONSE",
+                E.BAD_RESPONSE,
                 "INTERNAL",
                 f"packed answer for {n} messages has columns of {sorted(lengths)} and an "
                 f"offset msg id prefix of {len(prefix)} characters",
             )
         if min(positions) < 0:
             raise MQClientError(
-                "BAD_RESPONSE", "INTERNAL", f"negative commitlog position {min(positions)}"
+                E.BAD_RESPONSE, "INTERNAL", f"negative commitlog position {min(positions)}"
             )
         mq_of = self._message_queue
         return [
@@ -558,10 +559,10 @@ class Producer:
         first attempt here. A group that refuses writes (``DISK_FULL``) is not asked again:
         the send moves to another group, or fails at once when the topic has none."""
         if not msgs:
-            raise MQClientError("INVALID_MESSAGE", "INVALID_ARGUMENT", "no message to send")
+            raise MQClientError(E.INVALID_MESSAGE, "INVALID_ARGUMENT", "no message to send")
         topic = msgs[0].topic
         if any(m.topic != topic for m in msgs):
-            raise MQClientError("INVALID_MESSAGE", "INVALID_ARGUMENT", "a batch has one topic")
+            raise MQClientError(E.INVALID_MESSAGE, "INVALID_ARGUMENT", "a batch has one topic")
         for m in msgs:
             if not m.msg_id:  # fixed before attempt one, kept by every retry
                 m.msg_id = new_msg_id()
@@ -612,7 +613,7 @@ class Producer:
             if not chosen:  # ordered: the same queue on every attempt
                 queues = self._route_client().get_route(msg.topic).write_queues()
                 if not queues:
-                    raise MQClientError("NO_ROUTE", "NOT_FOUND", f"no queue for {msg.topic}")
+                    raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"no queue for {msg.topic}")
                 chosen.append(selector.select(queues, msg, arg))
             return chosen[0]
 
@@ -622,7 +623,7 @@ class Producer:
         """One topic, one queue, one replicated unit: all stored or none."""
         if len(msgs) > MAX_BATCH_MESSAGES:
             raise MQClientError(
-                "BATCH_TOO_LARGE", "INVALID_ARGUMENT", f"at most {MAX_BATCH_MESSAGES} messages"
+                E.BATCH_TOO_LARGE, "INVALID_ARGUMENT", f"at most {MAX_BATCH_MESSAGES} messages"
             )
         topic = msgs[0].topic if msgs else ""
         return self._send(
@@ -643,7 +644,7 @@ class Producer:
         Failed attempts are retried like ``send``'s. Blocks while ``ASYNC_MAX_PENDING`` sends
         are pending (back pressure)."""
         if self._executor is None:
-            raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
         if not msg.msg_id:
             msg.msg_id = new_msg_id()
         future: Future[SendResult] = Future()
@@ -672,7 +673,7 @@ class Producer:
     def send_oneway(self, msg: Message) -> None:
         """Fire and forget: one attempt, no result, failures only logged."""
         if self._executor is None:
-            raise MQClientError("NOT_STARTED", "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
         self._take_slot()
 
         def settle(result: SendResult | None, exc: BaseException | None) -> None:
@@ -717,7 +718,7 @@ class Producer:
         else:
             queues = self._route_client().get_route(msg.topic).write_queues()
             if not queues:
-                raise MQClientError("NO_ROUTE", "NOT_FOUND", f"no queue for {msg.topic}")
+                raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"no queue for {msg.topic}")
             mq = selector.select(queues, msg, arg)
         retries = self.retry_times_when_send_failed if retries is None else retries
 

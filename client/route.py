@@ -23,6 +23,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from client.errors import MQClientError
 from client.message import MessageQueue
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def retry_wait_s(err: MQClientError, floor_s: float = NO_LEADER_BACKOFF_S) -> fl
 def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
     addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
     if not addrs:
-        raise MQClientError("INVALID_NAMESRV_ADDR", "INVALID_ARGUMENT", repr(namesrv_addr))
+        raise MQClientError(E.INVALID_NAMESRV_ADDR, "INVALID_ARGUMENT", repr(namesrv_addr))
     return addrs
 
 
@@ -256,7 +257,7 @@ class RouteClient:
             route = cached[1]
         group = route.group(broker_name)
         if group is None:
-            raise MQClientError("NO_ROUTE", "NOT_FOUND", f"{broker_name} no longer serves {topic}")
+            raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"{broker_name} no longer serves {topic}")
         with self._lock:
             known = self._leaders.get(broker_name, "")
         first = [known] if known else []
@@ -274,7 +275,7 @@ class RouteClient:
         next call looks for one). A leader that answered about itself (a full disk, back
         pressure) stays the known leader."""
         with self._lock:
-            if err.code == "NOT_LEADER" and err.leader_addr:
+            if err.code == E.NOT_LEADER and err.leader_addr:
                 self._leaders[broker_name] = err.leader_addr
             elif err.leader_moved and self._leaders.get(broker_name) == addr:
                 del self._leaders[broker_name]
@@ -303,7 +304,7 @@ class RouteClient:
             if not addr:
                 if remaining <= 0:
                     raise MQClientError(
-                        "NO_LEADER",
+                        E.NO_LEADER,
                         "UNAVAILABLE",
                         f"{broker_name}: no leader",
                         retryable=True,
@@ -321,7 +322,7 @@ class RouteClient:
                 stop = not err.retryable or err.group_refuses_writes
                 if stop or time.monotonic() >= deadline:
                     raise err from exc
-                if err.code == "NOT_LEADER" and err.leader_addr and hops < MAX_REDIRECTS:
+                if err.code == E.NOT_LEADER and err.leader_addr and hops < MAX_REDIRECTS:
                     hops += 1
                     addr = err.leader_addr
                     continue

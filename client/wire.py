@@ -13,11 +13,12 @@ from collections.abc import Sequence
 
 from client.errors import MQClientError
 from client.message import MessageExt
+from mqerrors import codes as E
 from msgcodec import OFFSET_MSG_ID_PREFIX_CHARS, CorruptMessageError, decode_rows
 
 
 def _bad(why: str) -> MQClientError:
-    return MQClientError("BAD_RESPONSE", "INTERNAL", f"raw pull answer: {why}")
+    return MQClientError(E.BAD_RESPONSE, "INTERNAL", f"raw pull answer: {why}")
 
 
 def decode_messages(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from dledger.log import ConfigError, DLedgerError
+from mqerrors import codes as E
 
 ENV = "RAFTMQ_FAILPOINTS"
 # Every failpoint the code hits, with where it is.
@@ -30,7 +31,7 @@ KNOWN: dict[str, str] = {
 class FailpointError(DLedgerError, RuntimeError):
     """Raised at an armed failpoint."""
 
-    code = "FAILPOINT"
+    code = E.FAILPOINT
 
 
 def _parse(spec: str) -> dict[str, int]:

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from mqerrors import codes as E
+
 
 class EntryType(enum.IntEnum):
     """What an entry means to the Raft layer.
@@ -61,7 +63,7 @@ class HardState:
 class DLedgerError(Exception):
     """Root of every error raised by ``dledger``. ``code`` is stable and machine readable."""
 
-    code = "DLEDGER_ERROR"
+    code = E.DLEDGER_ERROR
 
 
 class ConfigError(DLedgerError, ValueError):
@@ -69,26 +71,26 @@ class ConfigError(DLedgerError, ValueError):
     a node's configuration). Also a ValueError: callers that parse a value and catch
     ValueError keep working."""
 
-    code = "INVALID_CONFIG"
+    code = E.INVALID_CONFIG
 
 
 class LogCompactedError(DLedgerError):
     """The requested index is below the first index still held (deleted by retention)."""
 
-    code = "LOG_COMPACTED"
+    code = E.LOG_COMPACTED
 
 
 class IndexOutOfRangeError(DLedgerError):
     """The requested index is above the last index held."""
 
-    code = "INDEX_OUT_OF_RANGE"
+    code = E.INDEX_OUT_OF_RANGE
 
 
 class CorruptLogError(DLedgerError):
     """Stored bytes fail a check (magic, size, CRC). Carries the file and byte offset, and
     the index of the damaged entry when it is known (0: unknown)."""
 
-    code = "CORRUPT_LOG"
+    code = E.CORRUPT_LOG
 
     def __init__(self, message: str, *, path: str = "", offset: int = -1, index: int = 0) -> None:
         super().__init__(message)

@@ -35,29 +35,19 @@ from dledger.server.client import ClientError
 from jepsen_like.checker import NodeState
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import MONITOR, History, OpType
+from mqerrors import codes as E
+from mqerrors import table
 from mqsecurity.channels import open_channel
 
 logger = logging.getLogger(__name__)
 
 TOPIC = "jepsen"
 LOG_PREFIX = b"jepsen:"
-# Failure codes after which the write certainly did not happen (everything else: unknown),
-# unless the error says an attempt's outcome is unknown (the clients retry internally: a
-# NOT_LEADER after a timed-out attempt is no proof the write did not happen).
-DEFINITE_FAILURE_CODES = frozenset(
-    {
-        "NOT_LEADER",
-        "NO_LEADER",
-        "BACK_PRESSURE",
-        "TRANSFER_IN_PROGRESS",
-        "PROPOSAL_DROPPED",
-        "UNKNOWN_GROUP",
-        "TOPIC_NOT_EXIST",
-        "TOPIC_NOT_FOUND",
-        "NO_PERMISSION",
-        "INVALID_ARGUMENT",
-    }
-)
+# Failure codes after which the write certainly did not happen (the error table's outcome
+# "definite"; everything else: unknown), unless the error says an attempt's outcome is unknown
+# (the clients retry internally: a NOT_LEADER after a timed-out attempt is no proof the write
+# did not happen).
+DEFINITE_FAILURE_CODES = table.codes(outcome=table.Outcome.DEFINITE)
 # Client-side deadline of one send/append (the broker's own is rpcTimeoutMs = 3 s).
 WRITE_TIMEOUT_S = 4.0
 # Messages per pull / entries per Get.
@@ -149,7 +139,7 @@ class _QueueSelector:
         for q in queues:
             if q.queue_id == arg:
                 return q
-        raise MQClientError("NO_ROUTE", "NOT_FOUND", f"queue {arg} not in the route")
+        raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"queue {arg} not in the route")
 
 
 class QueueWorkload(_Base):

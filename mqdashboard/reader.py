@@ -35,6 +35,7 @@ from client.route import (
     first_namesrv_answer,
     parse_namesrv_addr,
 )
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 # One node's Metadata: a dead node must not hold a page up for long.
@@ -358,7 +359,7 @@ class GroupReader:
         raise (
             MQClientError.from_rpc(last)
             if isinstance(last, grpc.RpcError)
-            else MQClientError("NO_BROKER", "UNAVAILABLE", "no broker group is registered")
+            else MQClientError(E.NO_BROKER, "UNAVAILABLE", "no broker group is registered")
         )
 
     def consumer_groups(self) -> list[ConsumerGroupView]:

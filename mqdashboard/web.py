@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from client.errors import MQClientError
 from mqdashboard.reader import MAX_MESSAGES, GroupReader, TopicView, error_text
 from mqdashboard.sampler import Sampler
+from mqerrors import codes as E
 from mqsecurity.channels import ClientSecurity
 from mqsecurity.credentials import Credentials
 from mqsecurity.errors import SecurityError
@@ -240,7 +241,7 @@ class Dashboard:
         def build() -> dict[str, Any]:
             topic: TopicView = self.reader.topic(bounded(name, "topic", MAX_NAME_CHARS))
             if topic.error:
-                raise MQClientError("READ_FAILED", "UNAVAILABLE", topic.error)
+                raise MQClientError(E.READ_FAILED, "UNAVAILABLE", topic.error)
             return {"topic": topic, "rate": self.sampler.send_rate(topic.name)}
 
         return await self.render(request, "topic.html", build, {"name": name})

@@ -8,47 +8,49 @@ client to ``BAD_RESPONSE``), so no error of this package crosses a wire as itsel
 
 from __future__ import annotations
 
+from mqerrors import codes as E
+
 
 class CodecError(Exception):
     """Root of every error raised by ``msgcodec``. ``code`` is stable and machine readable."""
 
-    code = "CODEC_ERROR"
+    code = E.CODEC_ERROR
 
 
 class InvalidMessageError(CodecError):
     """A message field is out of its allowed range or has a forbidden character."""
 
-    code = "INVALID_MESSAGE"
+    code = E.INVALID_MESSAGE
 
 
 class InvalidTopicError(InvalidMessageError):
     """A topic name is empty, too long, or uses a character outside ``[%|a-zA-Z0-9_-]``."""
 
-    code = "INVALID_TOPIC"
+    code = E.INVALID_TOPIC
 
 
 class MessageBodyEmptyError(InvalidMessageError):
     """A message has an empty body (RocketMQ rejects those too)."""
 
-    code = "MESSAGE_BODY_EMPTY"
+    code = E.MESSAGE_BODY_EMPTY
 
 
 class MessageTooLargeError(InvalidMessageError):
     """A message body is larger than ``maxMessageSize``."""
 
-    code = "MESSAGE_TOO_LARGE"
+    code = E.MESSAGE_TOO_LARGE
 
 
 class PropertiesTooLargeError(InvalidMessageError):
     """A message's properties (user and system: tags, keys, group) are too large."""
 
-    code = "PROPERTIES_TOO_LARGE"
+    code = E.PROPERTIES_TOO_LARGE
 
 
 class InvalidMessageIdError(CodecError):
     """A message id (uniq id or offsetMsgId) is not 32 hex characters or is malformed."""
 
-    code = "INVALID_MESSAGE_ID"
+    code = E.INVALID_MESSAGE_ID
 
 
 class CorruptMessageError(CodecError):
@@ -59,7 +61,7 @@ class CorruptMessageError(CodecError):
     detail without the offset.
     """
 
-    code = "CORRUPT_MESSAGE"
+    code = E.CORRUPT_MESSAGE
 
     def __init__(self, reason: str, offset: int) -> None:
         super().__init__(f"{reason} at offset {offset}")

@@ -18,6 +18,7 @@ from dledger.properties import (
     parse_values,
     read_text,
 )
+from mqerrors import codes as E
 from mqsecurity.errors import CertificateError
 from mqsecurity.tls import TlsFiles, check_server_files, metrics_over_tls, tls_files_of
 from nameserver.routes import (
@@ -43,7 +44,7 @@ MAX_SCAN_INTERVAL_MS = 3600 * 1000
 class ConfigError(NameServerError):
     """A configuration the NameServer refuses to start with."""
 
-    code = "CONFIG_ERROR"
+    code = E.CONFIG_ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from mqerrors import codes as E
+
 logger = logging.getLogger(__name__)
 
 # RocketMQ's NameServer default brokerChannelExpiredTime: 2 minutes of silence drops a node.
@@ -55,23 +57,23 @@ MAX_QUEUE_NUMS = 1024
 class NameServerError(Exception):
     """An error with a stable, machine-readable code (the first word of a gRPC detail)."""
 
-    code = "NAMESERVER_ERROR"
+    code = E.NAMESERVER_ERROR
 
 
 class InvalidRequestError(NameServerError):
-    code = "INVALID_REQUEST"
+    code = E.INVALID_REQUEST
 
 
 class TopicNotExistError(NameServerError):
-    code = "TOPIC_NOT_EXIST"
+    code = E.TOPIC_NOT_EXIST
 
 
 class TooManyBrokersError(NameServerError):
-    code = "TOO_MANY_BROKERS"
+    code = E.TOO_MANY_BROKERS
 
 
 class TooManyTopicsError(NameServerError):
-    code = "TOO_MANY_TOPICS"
+    code = E.TOO_MANY_TOPICS
 
 
 # RocketMQ 5's topic attribute message.type ("" = MIXED, as from a broker predating it).

@@ -27,6 +27,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from dledger.server import rpcguard, status
 from dledger.server.serving import add_health_and_reflection, bind
+from mqerrors import codes as E
 from mqmetrics.server import LoopCollector, MetricsServer
 from mqsecurity import refusals
 from mqsecurity.errors import CertificateError, SignatureError
@@ -100,7 +101,7 @@ _ROLE_NAMES: dict[int, str] = {number: name for name, number in pb.BrokerRole.it
 class StartError(NameServerError):
     """The NameServer cannot start (port busy). One line, for the CLI."""
 
-    code = "START_FAILED"
+    code = E.START_FAILED
 
 
 _Req = TypeVar("_Req")
@@ -190,14 +191,14 @@ class NameServerServicer(pb_grpc.NameServerServicer):
             )
         except SignatureError as exc:
             failure = status.RpcFailure(
-                grpc.StatusCode.UNAUTHENTICATED, "REGISTRATION_UNAUTHENTICATED", str(exc)
+                grpc.StatusCode.UNAUTHENTICATED, E.REGISTRATION_UNAUTHENTICATED, str(exc)
             )
         else:
             if (who.group, who.node_id) == (request.broker_name, request.node_id):
                 return
             failure = status.RpcFailure(
                 grpc.StatusCode.PERMISSION_DENIED,
-                "NOT_A_MEMBER",
+                E.NOT_A_MEMBER,
                 f"signed by {who.uri}, not by member {_quote(request.node_id)} of group "
                 f"{_quote(request.broker_name)}",
             )

@@ -44,6 +44,7 @@ from broker.state import ENTRY_AUTH
 from dledger.core import Role
 from dledger.fatal import supervise
 from dledger.log import DLedgerError
+from mqerrors import codes as E
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials, check_secret_key
 
@@ -55,15 +56,15 @@ INIT_RETRY_S = 1.0
 
 
 class UserNotFoundError(BrokerError):
-    code = "USER_NOT_FOUND"
+    code = E.USER_NOT_FOUND
 
 
 class AclNotFoundError(BrokerError):
-    code = "ACL_NOT_FOUND"
+    code = E.ACL_NOT_FOUND
 
 
 class AlreadyExistsError(BrokerError):
-    code = "ALREADY_EXISTS"
+    code = E.ALREADY_EXISTS
 
 
 @dataclass(frozen=True, slots=True)

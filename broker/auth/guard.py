@@ -25,6 +25,7 @@ from broker.errors import BrokerError
 from broker.state import BrokerStateMachine
 from dledger.server.guard import Refusal
 from dledger.server.rpcguard import Undecodable
+from mqerrors import codes as E
 from mqsecurity import SignatureError, SignatureMismatchError
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
 from mqsecurity.signing import (
@@ -123,7 +124,7 @@ class AuthGuard:
         user = self.sm.auth.users.get(username)
         if user is None or not user.enabled:
             text = f"access key {username!r} is unknown or disabled"
-            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+            return self._refuse(AUTHENTICATION, E.UNAUTHENTICATED, text, method, peer)
         return self._authorize(user, method, peer, request)
 
     def _refuse(
@@ -139,12 +140,12 @@ class AuthGuard:
         try:
             signed = read_signed_request(dict(metadata))
         except SignatureError as exc:
-            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", str(exc), method, peer)
+            return self._refuse(AUTHENTICATION, E.UNAUTHENTICATED, str(exc), method, peer)
         if signed is None:
             text = "this broker requires signed requests (AccessKey/SecretKey credentials)"
-            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+            return self._refuse(AUTHENTICATION, E.UNAUTHENTICATED, text, method, peer)
         if not self.sm.auth.users:
-            return Refusal(False, "UNAUTHENTICATED", NO_USERS_YET)
+            return Refusal(False, E.UNAUTHENTICATED, NO_USERS_YET)
         user = self.sm.auth.users.get(signed.access_key)
         try:
             if user is not None and user.enabled:
@@ -156,10 +157,10 @@ class AuthGuard:
             raise SignatureMismatchError("unknown or disabled access key")  # 2**-160 odds
         except SignatureMismatchError as exc:
             text = f"access key {signed.access_key!r} is unknown or disabled, or {NOT_SIGNED_BY}"
-            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer, str(exc))
+            return self._refuse(AUTHENTICATION, E.UNAUTHENTICATED, text, method, peer, str(exc))
         except (SignatureError, BrokerError) as exc:
             text = f"access key {signed.access_key!r}: {exc}"
-            return self._refuse(AUTHENTICATION, "UNAUTHENTICATED", text, method, peer)
+            return self._refuse(AUTHENTICATION, E.UNAUTHENTICATED, text, method, peer)
 
     def _check(self, user: User, signed: SignedRequest) -> None:
         """`check_signature`, through the cache of signatures already checked."""
@@ -193,7 +194,7 @@ class AuthGuard:
             if user.is_super:
                 return None
             text = f"user {user.username!r} is not a Super user: {method} is for admins only"
-            return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+            return self._refuse(AUTHORIZATION, E.PERMISSION_DENIED, text, method, peer)
         alternatives = rpcmap.ANY_OF.get(method)
         if alternatives is not None and not user.is_super:
             options = alternatives(request, self.settings.cluster_name)
@@ -204,14 +205,14 @@ class AuthGuard:
         if stored is not None and not user.is_super:
             if self.topic_at is None:
                 text = f"{method} needs the stored messages' topics: for admins only here"
-                return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+                return self._refuse(AUTHORIZATION, E.PERMISSION_DENIED, text, method, peer)
             wants = wants + self._stored_topics(stored(request))
         refused = self._decide(user, wants, peer_ip(peer))
         if refused is None:
             return None
         resource, action = refused
         text = f"user {user.username!r} may not {action} on {resource}"
-        return self._refuse(AUTHORIZATION, "PERMISSION_DENIED", text, method, peer)
+        return self._refuse(AUTHORIZATION, E.PERMISSION_DENIED, text, method, peer)
 
     def _decide(
         self, user: User, wants: Sequence[tuple[Resource, str]], ip: str

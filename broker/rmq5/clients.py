@@ -21,9 +21,11 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker import errors
 from broker.consumers import MAX_CLIENT_ID_CHARS
 from broker.errors import InvalidRequestError, ResourceExhaustedError
 from broker.names import MAX_GROUP_LENGTH
+from mqerrors import codes as E
 
 # RocketMQ's proxy forgets a client silent for 120 s (clients heartbeat every 10 s).
 CLIENT_EXPIRY_MS = 120_000
@@ -38,23 +40,22 @@ DEFAULT_MAX_CLIENTS_PER_USER = 1_000
 class UnknownClientError(InvalidRequestError):
     """A Heartbeat or another call from a client id that never sent Settings here."""
 
-    code = "UNRECOGNIZED_CLIENT"
+    code = E.UNRECOGNIZED_CLIENT
 
 
 class TooManyClientsError(ResourceExhaustedError):
-    code = "TOO_MANY_CLIENTS"
+    code = E.TOO_MANY_CLIENTS
 
 
 class ClientQuotaError(ResourceExhaustedError):
     """One user holds ``grpcClientsPerUser`` client records on this node."""
 
-    code = "RESOURCE_EXHAUSTED"
+    code = E.RESOURCE_EXHAUSTED
 
 
-class ClientIdTakenError(InvalidRequestError):
-    """A Settings naming a client id another user's Settings registered (live)."""
-
-    code = "CLIENT_ID_TAKEN"
+class ClientIdTakenError(errors.ClientIdTakenError):
+    """A Settings naming a client id another user's Settings registered (live): refused as the
+    v1 port refuses such a heartbeat (PERMISSION_DENIED; v2 ``FORBIDDEN``)."""
 
 
 @dataclass(slots=True)

@@ -29,6 +29,8 @@ import grpc
 
 from broker.rmq5 import stubs
 from dledger.server.guard import CallGuard, GuardInterceptor, Refusal, text_metadata
+from mqerrors import codes as E
+from mqerrors.table import v2_code_name
 from mqsecurity.signing import AUTHORIZATION_HEADER, DATE_TIME_HEADER
 
 _, v2_service, _ = stubs.load()
@@ -96,12 +98,11 @@ def current_caller() -> Caller:
 
 def refusal_response(method: str, refusal: Refusal) -> Any:
     """The method's response with the refusal in its Status."""
-    code = "FORBIDDEN" if refusal.authenticated else "UNAUTHORIZED"
+    refused_as = E.PERMISSION_DENIED if refusal.authenticated else E.UNAUTHENTICATED
     definition, _, _ = stubs.load()
     text = f"{refusal.code} {refusal.reason}"[:MAX_REASON_CHARS]
-    return RESPONSES[method](
-        status=definition.Status(code=definition.Code.Value(code), message=text)
-    )
+    v2_code = definition.Code.Value(v2_code_name(refused_as))  # FORBIDDEN, UNAUTHORIZED
+    return RESPONSES[method](status=definition.Status(code=v2_code, message=text))
 
 
 class V2GuardInterceptor(GuardInterceptor):
@@ -192,7 +193,7 @@ class _RefuseAll:
         return _NO_INNER
 
 
-_NO_INNER = Refusal(True, "PERMISSION_DENIED", "this port's guard cannot decide inside a call")
+_NO_INNER = Refusal(True, E.PERMISSION_DENIED, "this port's guard cannot decide inside a call")
 
 
 __all__ = [

@@ -40,6 +40,8 @@ from broker.subscriptions import SubscriptionGroups
 from broker.transactions.manager import Transactions
 from dledger.core import Role
 from dledger.server.status import read_error
+from mqerrors import codes as E
+from mqerrors.table import Retry, spec
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
 # How long a send may look for a leader (an election, a forward to a leader that just lost its
@@ -50,10 +52,12 @@ FORWARD_BUDGET_MS = 2500
 FORWARD_CALL_TIMEOUT_S = 2.0
 # Pause before looking again for a leader (none known, or the one asked is no longer it).
 LEADER_RETRY_WAIT_S = 0.05
-# Codes worth another try within the budget: leadership moving, the leader busy or unreachable.
-RETRY_CODES = frozenset(
-    {"NOT_LEADER", "NO_LEADER", "TRANSFER_IN_PROGRESS", "BACK_PRESSURE", "UNAVAILABLE"}
-)
+# The longest retry hint the forwarder waits out itself. Leadership moving (a redirect, an
+# election, a transfer, a write whose leader lost its majority: hints of 0 to 100 ms) and a
+# busy leader's back pressure (50 ms) are absorbed, as the forwarder exists to hide them; a
+# longer hint (a full table or quota, 1,000 ms) goes back to the client as TOO_MANY_REQUESTS,
+# whose own back-off applies.
+MAX_FORWARD_PAUSE_MS = 100
 # A forwarded receive waits up to its long-polling time on the leader: its call deadline is that
 # plus this much, when its caller named no deadline.
 RECEIVE_CALL_MARGIN_S = 2.0
@@ -67,13 +71,33 @@ _T = TypeVar("_T")
 
 
 class Failure(BrokerError):
-    """A leader-only call that failed: ``code`` is the error contract's stable code."""
+    """A leader-only call that failed: ``code`` is the error contract's stable code;
+    ``retryable`` and ``retry_after_ms`` as the failure's ``ErrorInfo`` said."""
 
-    def __init__(self, code: str, text: str, retryable: bool = False) -> None:
+    def __init__(
+        self, code: str, text: str, retryable: bool = False, retry_after_ms: int = 0
+    ) -> None:
         super().__init__(f"{code} {text}")
         self.code = code
         self.text = text
         self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+
+    @property
+    def worth_retrying(self) -> bool:
+        """Another try within the forward budget may succeed: the failure says it is
+        retryable, its code is not one no member of this group cures soon (a full disk: the
+        error table's ``other_group``), and its hint is short (:data:`MAX_FORWARD_PAUSE_MS`)."""
+        row = spec(self.code)
+        if row is not None and row.retry is Retry.OTHER_GROUP:
+            return False
+        return self.retryable and self.retry_after_ms <= MAX_FORWARD_PAUSE_MS
+
+    def pause_s(self, until: float) -> float:
+        """Seconds to wait before the next try: the failure's retry hint, at least
+        :data:`LEADER_RETRY_WAIT_S`, never past ``until`` (monotonic s)."""
+        wanted = max(LEADER_RETRY_WAIT_S, self.retry_after_ms / 1000)
+        return max(0.0, min(wanted, until - time.monotonic()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +156,11 @@ class LeaderCalls:
                 return await forward(self._leader_stub())
             except grpc.RpcError as exc:
                 failure = _forward_failure(exc)
-                if failure.code not in RETRY_CODES or time.monotonic() >= deadline:
-                    raise failure from None
-            except Failure as failure:
-                if failure.code not in RETRY_CODES or time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(LEADER_RETRY_WAIT_S)
+            except Failure as exc:
+                failure = exc
+            if not failure.worth_retrying or time.monotonic() >= deadline:
+                raise failure
+            await asyncio.sleep(failure.pause_s(deadline))
 
     async def _here(self, here: Callable[[], Awaitable[_T]]) -> _T:
         try:
@@ -145,13 +168,13 @@ class LeaderCalls:
             return await here()
         except Exception as exc:
             f = error_failure(exc, self.node)
-            raise Failure(f.code, f.text, f.retryable) from exc
+            raise Failure(f.code, f.text, f.retryable, f.retry_after_ms) from exc
 
     def _leader_stub(self) -> pb_grpc.BrokerStub:
         leader_id, addr = self.node.leader_client_addr()
         if not addr:
             what = f"leader {leader_id} has no client address" if leader_id else "no leader yet"
-            raise Failure("NO_LEADER", what, retryable=True)
+            raise Failure(E.NO_LEADER, what, retryable=True)
         return pb_grpc.BrokerStub(self._channel(addr))
 
     async def send(self, topic: str, messages: Sequence[pb.Message]) -> list[Stored]:
@@ -193,13 +216,13 @@ class LeaderCalls:
                 failure = _forward_failure(exc)
             except Failure as exc:
                 failure = exc
-            if failure.code not in RETRY_CODES:
+            if not failure.worth_retrying:
                 raise failure
             if time.monotonic() >= retry_until:
                 if q.poll_timeout_ms > 0:
                     return []  # the long poll's window closed while leadership moved
                 raise failure
-            await asyncio.sleep(LEADER_RETRY_WAIT_S)
+            await asyncio.sleep(failure.pause_s(retry_until))
 
     async def _receive_once(
         self, q: ReceiveQuery, poll_end: float, answer_by: float
@@ -271,7 +294,7 @@ class LeaderCalls:
 
         async def here() -> str:
             if self.txns is None:
-                raise Failure("NOT_SERVED", "transactions are not wired on this node")
+                raise Failure(E.NOT_SERVED, "transactions are not wired on this node")
             return await self.txns.end(topic, uniq_id, txn_id, commit)
 
         async def forward(stub: pb_grpc.BrokerStub) -> str:
@@ -377,11 +400,11 @@ def _received(p: pb.PoppedMessage) -> Received:
 def _forward_failure(exc: grpc.RpcError) -> Failure:
     info = read_error(exc)
     if info is not None:
-        return Failure(info.code, _details(exc), info.retryable)
+        return Failure(info.code, _details(exc), info.retryable, info.retry_after_ms)
     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return Failure("UNAVAILABLE", f"leader unreachable: {_details(exc)}", retryable=True)
-    return Failure("INTERNAL", _details(exc))
+        return Failure(E.UNAVAILABLE, f"leader unreachable: {_details(exc)}", retryable=True)
+    return Failure(E.INTERNAL, _details(exc))
 
 
 def _details(exc: grpc.RpcError) -> str:

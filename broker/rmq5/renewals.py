@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from broker.errors import BrokerError
 from broker.rmq5.clients import ClientTable
 from dledger.log import DLedgerError
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class Renewals:
             if not code:
                 t.deadline_ms = deadline
                 renewed += 1
-            elif code == "INVALID_RECEIPT_HANDLE":
+            elif code == E.INVALID_RECEIPT_HANDLE:
                 del self.table[handle]  # acked, nacked or redelivered since
         self.renewed += renewed
         return renewed

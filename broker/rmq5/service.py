@@ -58,6 +58,7 @@ from broker.state import (
 from broker.topics import Topics
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, transaction_id
 from dledger.server import rpcguard
+from mqerrors import codes as E
 from msgcodec import (
     PROPERTY_DELAY,
     PROPERTY_DLQ_ORIGIN_TOPIC,
@@ -132,7 +133,7 @@ MAX_FIELD_MS = 253_402_300_799_999
 # user's quota, a refusal): the Settings is not answered OK then. Others (no leader) leave the
 # defaults in force, and the next Settings tries again.
 GROUP_CREATION_REFUSED = frozenset(
-    {"TOO_MANY_SUBGROUPS", "RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+    {E.TOO_MANY_SUBGROUPS, E.RESOURCE_EXHAUSTED, E.PERMISSION_DENIED, E.UNAUTHENTICATED}
 )
 # Characters of a status message: for people reading a client's log, like the error contract's
 # details (dledger.server.status.MAX_DETAIL_BYTES) short whatever a request held.

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from broker.errors import BrokerError
+from mqerrors import codes as E
 
 STUBS_ENV = "RAFTMQ_RMQ5_STUBS"
 PACKAGED_STUBS_DIR = Path(__file__).resolve().parent / "_v2"
@@ -26,7 +27,7 @@ DEFAULT_STUBS_DIR = Path(__file__).resolve().parents[2] / "build" / "rmq5" / "py
 class StubsMissingError(BrokerError, ImportError):
     """The v2 stubs were not generated."""
 
-    code = "RMQ5_STUBS_MISSING"
+    code = E.RMQ5_STUBS_MISSING
 
 
 def stubs_dir() -> Path:

@@ -54,6 +54,7 @@ from broker.transactions.state import (
     parse_transaction_id,
 )
 from dledger.core import Role
+from mqerrors import codes as E
 from msgcodec import PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 
 logger = logging.getLogger(__name__)
@@ -90,13 +91,13 @@ class TxnSettings:
 
 
 class TooManyHalvesError(ResourceExhaustedError):
-    code = "TOO_MANY_HALF_MESSAGES"
+    code = E.TOO_MANY_HALF_MESSAGES
 
 
 class CatchingUpError(ResourceExhaustedError):
     """A new leader has not applied the entries of earlier terms yet (the client retries)."""
 
-    code = "LEADER_CATCHING_UP"
+    code = E.LEADER_CATCHING_UP
 
 
 def due_halves(

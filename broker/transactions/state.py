@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, Protocol
 from broker.errors import BrokerError, InvalidRequestError
 from broker.message import scan_dispatch
 from broker.names import TRANS_HALF_TOPIC, is_valid_topic_name
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +88,14 @@ _CHECK_ITEM = struct.Struct(">qH")  # half position, checks done before
 class InvalidTxnRecordError(BrokerError):
     """A transaction record that breaks a rule: every member skips it."""
 
-    code = "INVALID_RECORD"
+    code = E.INVALID_RECORD
 
 
 class InvalidTransactionIdError(InvalidRequestError):
     """An EndTransaction naming no transaction of this broker, another message's or topic's,
     or a verdict contrary to the one already applied."""
 
-    code = "INVALID_TRANSACTION_ID"
+    code = E.INVALID_TRANSACTION_ID
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.log import DLedgerError
+from mqerrors import codes as E
 
 # Non-voting members at once: each costs the leader a replication stream, and a learner is only
 # a waiting room before its promotion (one at a time is the usual operation, two allow a
@@ -52,7 +53,7 @@ class ConfChangeError(DLedgerError):
     """A membership change that can never be accepted as asked (a member added twice, a
     non-member removed, too few voters left, a reused id ...). Nothing was changed."""
 
-    code = "INVALID_MEMBERSHIP_CHANGE"
+    code = E.INVALID_MEMBERSHIP_CHANGE
 
 
 class ConfChangePendingError(DLedgerError):
@@ -60,7 +61,7 @@ class ConfChangePendingError(DLedgerError):
     leader has not committed an entry of its term yet, or a learner is still catching up.
     Retry later. Nothing was changed."""
 
-    code = "MEMBERSHIP_CHANGE_PENDING"
+    code = E.MEMBERSHIP_CHANGE_PENDING
 
 
 class ChangeKind(enum.Enum):

@@ -20,6 +20,7 @@ from dledger.log import DLedgerError, Entry
 from dledger.server.convert import entry_from_pb
 from dledger.server.status import code_of_text, read_error
 from dledger.server.transport import CHANNEL_OPTIONS
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # Redirects followed by one call before it gives up (a group elects within a few hops).
@@ -108,7 +109,7 @@ class LogClient:
     ) -> None:
         if not addrs:
             raise ClientError(
-                "at least one node address", status="INVALID_ARGUMENT", code="NO_ADDR"
+                "at least one node address", status="INVALID_ARGUMENT", code=E.NO_ADDR
             )
         self.addrs = list(addrs)
         self.group = group
@@ -170,7 +171,7 @@ class LogClient:
                 resp = self._stub(addr).Append(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
                 err = _error(exc, addr)
-                if err.code == "NOT_LEADER" and err.leader_addr:
+                if err.code == E.NOT_LEADER and err.leader_addr:
                     addr = err.leader_addr
                     self._leader = addr
                     continue
@@ -179,7 +180,7 @@ class LogClient:
             self._leader = addr
             return AppendResult(resp.first_index, resp.last_index, resp.term, addr)
         self._leader = None
-        raise ClientError("no leader found after redirects", status="UNAVAILABLE", code="NO_LEADER")
+        raise ClientError("no leader found after redirects", status="UNAVAILABLE", code=E.NO_LEADER)
 
     def get(self, addr: str, index: int, max_count: int = 1000) -> tuple[list[Entry], int]:
         """Committed entries from ``index`` on, as ``addr`` holds them, and its commit index."""
@@ -255,7 +256,7 @@ class LogClient:
                     if done is not None:
                         return done  # an attempt whose answer was lost committed the change
                     raise err from None
-                if err.code == "NOT_LEADER":
+                if err.code == E.NOT_LEADER:
                     addr = err.leader_addr or self.find_leader() or addr
                 wait_ms = max(info.retry_after_ms if info is not None else 0, RETRY_MIN_MS)
                 time.sleep(min(wait_ms / 1000, max(left, 0)))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from dledger.server import status
+from mqerrors import codes as E
 from mqsecurity import refusals
 from mqsecurity.pki import member_identity
 
@@ -44,7 +45,7 @@ def _not_member(group: str, why: str) -> Refused:
     return Refused(
         refusals.PEER_CERTIFICATE,
         status.RpcFailure(
-            grpc.StatusCode.PERMISSION_DENIED, "NOT_A_MEMBER", f"of group {_quote(group)}: {why}"
+            grpc.StatusCode.PERMISSION_DENIED, E.NOT_A_MEMBER, f"of group {_quote(group)}: {why}"
         ),
     )
 
@@ -63,7 +64,7 @@ def stream_sender(
             refusals.PEER_CERTIFICATE,
             status.RpcFailure(
                 grpc.StatusCode.UNAUTHENTICATED,
-                "NO_CERTIFICATE",
+                E.NO_CERTIFICATE,
                 "a peer stream needs a member certificate (mutual TLS)",
             ),
         )
@@ -82,7 +83,7 @@ def stream_sender(
             refusals.PEER_IDENTITY,
             status.RpcFailure(
                 grpc.StatusCode.PERMISSION_DENIED,
-                "PEER_IDENTITY",
+                E.PEER_IDENTITY,
                 f"certificate of {_quote(who.node_id)} claims group={_quote(str(claimed_group))} "
                 f"from={_quote(str(claimed_id))}",
             ),

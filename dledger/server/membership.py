@@ -20,6 +20,7 @@ from dledger.core import ConfState
 from dledger.core.membership import ChangeKind, decode, joining
 from dledger.log import ConfigError, DLedgerError
 from dledger.storage.files import atomic_write
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class IncompatibleStoreError(DLedgerError):
     must agree (the log's segment size, what the application's apply assumes): it could never
     catch up, so it is not added. Nothing was changed."""
 
-    code = "INCOMPATIBLE_STORE"
+    code = E.INCOMPATIBLE_STORE
 
 
 def _shown(text: str, limit: int) -> str:

@@ -127,6 +127,7 @@ from dledger.storage.retention import (
     DEFAULT_MAX_LAG_RETENTION_HOURS,
 )
 from dledger.storage.store import META_FILE
+from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
@@ -1516,7 +1517,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
                 context,
                 status.RpcFailure(
                     grpc.StatusCode.PERMISSION_DENIED,
-                    "PEER_IDENTITY",
+                    E.PEER_IDENTITY,
                     f"{_echo(sender)} cannot join as {_echo(request.node_id)} of group "
                     f"{_echo(request.group)}",
                 ),
@@ -1579,7 +1580,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
                 context,
                 status.RpcFailure(
                     grpc.StatusCode.PERMISSION_DENIED,
-                    "NOT_A_MEMBER",
+                    E.NOT_A_MEMBER,
                     f"of group {_echo(node.cfg.group)}: group={_echo(group)} from={_echo(sender)}",
                 ),
             )
@@ -1613,7 +1614,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
                 context,
                 status.RpcFailure(
                     grpc.StatusCode.NOT_FOUND,
-                    "UNKNOWN_GROUP",
+                    E.UNKNOWN_GROUP,
                     f"this node serves group {_echo(self.node.cfg.group)}, not {_echo(group)}",
                 ),
             )
@@ -1636,7 +1637,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             await status.abort(
                 context,
                 _invalid(
-                    "ENTRY_TYPE_NOT_ALLOWED",
+                    E.ENTRY_TYPE_NOT_ALLOWED,
                     f"type {entry_type} cannot be appended by clients "
                     f"(allowed: {sorted(node.cfg.client_entry_types)})",
                 ),
@@ -1646,7 +1647,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             await status.abort(
                 context,
                 _invalid(
-                    "TOO_MANY_ENTRIES", f"{len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}"
+                    E.TOO_MANY_ENTRIES, f"{len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}"
                 ),
             )
         max_body = node.store.config.max_body_bytes
@@ -1656,7 +1657,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
                 await status.abort(
                     context,
                     _invalid(
-                        "ENTRY_TOO_LARGE", f"body {i} has {len(b)} bytes, the limit is {max_body}"
+                        E.ENTRY_TOO_LARGE, f"body {i} has {len(b)} bytes, the limit is {max_body}"
                     ),
                 )
         try:
@@ -1672,7 +1673,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
         await self._check_group(request.group, context)
         commit = node.core.commit_index
         if request.index < 1:
-            await status.abort(context, _invalid("INVALID_INDEX", "index must be >= 1"))
+            await status.abort(context, _invalid(E.INVALID_INDEX, "index must be >= 1"))
         if request.index > commit:
             return pb.GetResponse(commit_index=commit)
         count = min(max(1, request.max_count), GET_MAX_COUNT, commit - request.index + 1)
@@ -1741,14 +1742,14 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
             await status.abort(
                 context,
                 _invalid(
-                    "UNKNOWN_CHANGE",
+                    E.UNKNOWN_CHANGE,
                     f"kind {_echo(request.kind)} is not one of {sorted(_CHANGE_KINDS)}",
                 ),
             )
         adding = kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER)
         if adding and not request.peer_addr:
             await status.abort(
-                context, _invalid("PEER_ADDR_REQUIRED", "a new member needs its peer_addr")
+                context, _invalid(E.PEER_ADDR_REQUIRED, "a new member needs its peer_addr")
             )
         change = ConfChange(kind, request.node_id, request.peer_addr, request.client_addr)
         try:
@@ -1777,7 +1778,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
                 context,
                 status.RpcFailure(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    "TRANSFER_TIMEOUT",
+                    E.TRANSFER_TIMEOUT,
                     f"leader is still {node.core.leader_id}",
                     leader_id=node.core.leader_id or "",
                     leader_addr=node.leader_client_addr()[1],

@@ -33,11 +33,12 @@ from typing import Any
 import grpc
 
 from dledger.server import status
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
 # The stable code at the start of the detail of every refusal.
-BAD_REQUEST_CODE = "BAD_REQUEST"
+BAD_REQUEST_CODE = E.BAD_REQUEST
 # At most one log line per this many seconds about undecodable requests: a client sending
 # junk in a loop must not be able to fill the disk with log lines (the count is kept).
 LOG_INTERVAL_S = 10.0

@@ -56,6 +56,7 @@ from dledger.storage import SegmentedLogStore
 from dledger.storage.files import atomic_write, fsync_dir, segment_name
 from dledger.storage.install import install_log, verify_staged_log
 from dledger.storage.store import LogExtent
+from mqerrors import codes as E
 from mqsecurity.channels import open_aio_channel
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class SnapshotRefused(DLedgerError):
     """A transfer this follower will not take (a field out of range, a bad name, a checksum
     that does not match, another transfer in progress)."""
 
-    code = "SNAPSHOT_REFUSED"
+    code = E.SNAPSHOT_REFUSED
 
 
 _ZEROS = bytes(SNAPSHOT_CHUNK_BYTES)
@@ -746,4 +747,4 @@ def install_app(store_dir: str, sm: object, index: int) -> None:
 
 
 def refused_status(exc: SnapshotRefused) -> status.RpcFailure:
-    return status.RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, "SNAPSHOT_REFUSED", str(exc))
+    return status.RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, E.SNAPSHOT_REFUSED, str(exc))

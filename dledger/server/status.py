@@ -38,6 +38,7 @@ from dledger.log import CorruptLogError, DLedgerError, LogCompactedError
 from dledger.server.errors import ProposalLostError
 from dledger.server.membership import IncompatibleStoreError
 from dledger.storage import DiskFullError
+from mqerrors import codes as E
 
 # Bytes of a text detail at most: gRPC carries it in a header (twice: as grpc-message and in
 # the status details), and clients choke on large ones. Every detail is built far below this;
@@ -129,7 +130,7 @@ def not_leader(leader_id: str | None, leader_addr: str) -> RpcFailure:
     """``NOT_LEADER leader=ID addr=HOST:PORT``: the redirect every node and broker sends."""
     return RpcFailure(
         grpc.StatusCode.FAILED_PRECONDITION,
-        "NOT_LEADER",
+        E.NOT_LEADER,
         f"leader={leader_id or ''} addr={leader_addr}",
         leader_id=leader_id or "",
         leader_addr=leader_addr,
@@ -141,7 +142,7 @@ def not_leader(leader_id: str | None, leader_addr: str) -> RpcFailure:
 def no_quorum(append_timeout_ms: int) -> RpcFailure:
     return RpcFailure(
         grpc.StatusCode.UNAVAILABLE,
-        "NO_QUORUM",
+        E.NO_QUORUM,
         f"not committed within {append_timeout_ms} ms; outcome unknown",
         retryable=True,
         retry_after_ms=UNAVAILABLE_RETRY_AFTER_MS,
@@ -181,7 +182,7 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
     if isinstance(exc, ProposalLostError):
         return RpcFailure(
             grpc.StatusCode.UNAVAILABLE,
-            "LEADERSHIP_LOST",
+            E.LEADERSHIP_LOST,
             str(exc),
             retryable=True,
             retry_after_ms=UNAVAILABLE_RETRY_AFTER_MS,
@@ -207,7 +208,7 @@ def log_damaged(exc: CorruptLogError) -> RpcFailure:
     where = f"index={exc.index} " if exc.index else ""
     return RpcFailure(
         grpc.StatusCode.DATA_LOSS,
-        "LOG_DAMAGED",
+        E.LOG_DAMAGED,
         f"{where}this member's copy is damaged and being repaired from the group; "
         f"read from another member: {exc}",
         retryable=True,

@@ -65,6 +65,7 @@ from dledger.sim.faults import (
     node_ids,
 )
 from dledger.sim.memlog import AppendHook, MemLog
+from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ DRIVER_MUTATIONS = frozenset(
 class Violation(DLedgerError):
     """A Raft invariant failed. ``kind`` is a short stable name."""
 
-    code = "RAFT_VIOLATION"
+    code = E.RAFT_VIOLATION
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")

@@ -21,6 +21,7 @@ import crc32c as _crc32c
 
 from dledger.chain import CHAIN_ORIGIN, CHAIN_UNKNOWN
 from dledger.log import ENTRY_TYPE_MAX, DLedgerError, Entry, HardState
+from mqerrors import codes as E
 
 crc32c = _crc32c.crc32c
 
@@ -109,7 +110,7 @@ class RecordError(DLedgerError, ValueError):
     """A record fails a check. ``offset`` is relative to the buffer given to the decoder.
     (Also a ValueError, as it was before the hierarchy: decoders' callers catch that.)"""
 
-    code = "BAD_RECORD"
+    code = E.BAD_RECORD
 
     def __init__(self, reason: str, offset: int) -> None:
         super().__init__(f"{reason} at offset {offset}")

@@ -37,6 +37,7 @@ from pathlib import Path
 import crc32c as _crc32c
 
 from dledger.log import DLedgerError, HardState
+from mqerrors import codes as E
 
 PROMISE_MAGIC = 0x50524D53  # b"PRMS"
 PROMISE_VERSION = 1
@@ -63,7 +64,7 @@ crc32c = _crc32c.crc32c
 class PromiseError(DLedgerError):
     """The promise file is damaged, of another member, or cannot be read."""
 
-    code = "PROMISE_INVALID"
+    code = E.PROMISE_INVALID
 
     def __init__(self, message: str, *, path: str = "") -> None:
         super().__init__(message)
@@ -73,7 +74,7 @@ class PromiseError(DLedgerError):
 class PromiseVersionError(PromiseError):
     """The promise file was written by a newer format version than this code reads."""
 
-    code = "PROMISE_VERSION"
+    code = E.PROMISE_VERSION
 
 
 @dataclass(frozen=True, slots=True)

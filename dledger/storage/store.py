@@ -80,6 +80,7 @@ from dledger.storage.retention import (
     SegmentInfo,
     segments_to_delete,
 )
+from mqerrors import codes as E
 
 log = logging.getLogger(__name__)
 
@@ -171,18 +172,18 @@ class FlushDiskType(enum.Enum):
 class StoreLockedError(DLedgerError):
     """Another process (or another open store in this process) holds the store's lock."""
 
-    code = "STORE_LOCKED"
+    code = E.STORE_LOCKED
 
 
 class StoreClosedError(DLedgerError):
-    code = "STORE_CLOSED"
+    code = E.STORE_CLOSED
 
 
 class DiskFullError(DLedgerError):
     """The file system holding the store has no space for a write. Nothing of the refused
     write is in the log (an append is all or nothing); retry once space returns."""
 
-    code = "DISK_FULL"
+    code = E.DISK_FULL
 
 
 def files_needed(

@@ -127,3 +127,60 @@ def test_a_refusal_that_no_new_leader_changes_is_the_answer() -> None:
     with pytest.raises(Failure) as failure:
         asyncio.run(_calls([refusing]).receive(_query(), answer_within_ms=4500))
     assert failure.value.code == "TOPIC_NOT_FOUND"
+
+
+def _forwards(answers: list[Failure | None]) -> tuple[LeaderCalls, list[float]]:
+    """A follower's LeaderCalls whose forwards fail with ``answers`` in turn (None: the call
+    succeeds and answers "stored"); returns the calls and the monotonic time of each try."""
+    calls = _calls([_Leader()])
+    tries: list[float] = []
+
+    async def forward(stub: Any) -> str:
+        tries.append(time.monotonic())
+        answer = answers[len(tries) - 1]
+        if answer is not None:
+            raise answer
+        return "stored"
+
+    async def never_here() -> str:
+        raise AssertionError("this node does not lead")
+
+    async def run() -> str:
+        return await calls._on_leader(never_here, forward)
+
+    calls.run = run  # type: ignore[attr-defined]
+    return calls, tries
+
+
+def test_the_forwarder_retries_what_the_leader_calls_retryable() -> None:
+    # An outcome-unknown write is retryable (the send path deduplicates by message id): the
+    # forwarder tries again instead of answering MASTER_PERSISTENCE_TIMEOUT at once.
+    lost = Failure("LEADERSHIP_LOST", "outcome unknown", retryable=True, retry_after_ms=100)
+    calls, tries = _forwards([lost, None])
+    assert asyncio.run(calls.run()) == "stored"  # type: ignore[attr-defined]
+    assert len(tries) == 2
+
+
+def test_the_forwarder_waits_the_retry_hint() -> None:
+    moving = Failure("TRANSFER_IN_PROGRESS", "to n2", retryable=True, retry_after_ms=100)
+    calls, tries = _forwards([moving, None])
+    assert asyncio.run(calls.run()) == "stored"  # type: ignore[attr-defined]
+    assert tries[1] - tries[0] >= 0.1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # the leader says no retry helps, whatever the code
+        Failure("NOT_LEADER", "a leader that says no retry helps", retryable=False),
+        # retryable, but only on another group's disk: answered at once
+        Failure("DISK_FULL", "used=91%", retryable=True, retry_after_ms=1000),
+        # a full table: the client hears TOO_MANY_REQUESTS and backs off itself
+        Failure("RESOURCE_EXHAUSTED", "quota", retryable=True, retry_after_ms=1000),
+    ],
+)
+def test_the_forwarder_answers_at_once_what_no_retry_here_cures(answer: Failure) -> None:
+    calls, tries = _forwards([answer, None])
+    with pytest.raises(Failure) as failure:
+        asyncio.run(calls.run())  # type: ignore[attr-defined]
+    assert failure.value is answer and len(tries) == 1
