@@ -34,8 +34,8 @@ async def _busy(root: Path) -> tuple[MemoryLog, BrokerStateMachine]:
     one delayed message (level 3) and one pending transaction half."""
     node, sm, topics, applied = world(root)
     await topics.upsert("T", 2, 2, 6)
-    sender = SendPath(topics.ctx, topics)
-    Transactions(applied, sender)  # sends of half messages go through it
+    txns = Transactions(applied)
+    sender = SendPath(topics.ctx, topics, halves=txns.prepare)  # sends of half messages go through it
     await sender.send("T", [outgoing(i % 2, i) for i in range(12)])
     await sender.send("T", [outgoing(1, 100, DELAY="3")])
     await sender.send("T", [outgoing(1, 101, TRAN_MSG="true")])
