@@ -36,13 +36,14 @@ from broker.offsets import ConsumerOffsets
 from broker.pbmessage import message_pb
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
+from broker.records import TopicConfig
 from broker.retry import Retries, SendBackItem
 from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
 from broker.rpcerrors import rpc as _rpc
 from broker.scheduler import Scheduler
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine, SendResult, TopicConfig
+from broker.state import BrokerStateMachine, SendResult
 from broker.subgroups import (
     BACKOFF_CUSTOMIZED,
     MAX_MULTIPLIER_MILLI,

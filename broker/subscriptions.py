@@ -18,8 +18,8 @@ from dataclasses import replace
 from broker.applied import NodeContext, require_leader
 from broker.errors import BrokerError, InvalidRequestError, ResourceExhaustedError
 from broker.names import validate_group_name
+from broker.records import ENTRY_SUBGROUP
 from broker.subgroups import (
-    ENTRY_SUBGROUP,
     OP_CREATE_IF_ABSENT,
     OP_DELETE,
     OP_UPSERT,
