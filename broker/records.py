@@ -40,7 +40,7 @@ from broker.names import (
     is_valid_topic_name,
     validate_topic_name,
 )
-from dledger.log import APPLICATION_TYPE_MIN, ENTRY_TYPE_MAX
+from dledger import log as dledger_log
 
 # ------------------------------------------------------------------------- entry types
 
@@ -67,9 +67,9 @@ RECORD_TYPES: Mapping[int, str] = {
     ENTRY_TIMER: "timer move",
     ENTRY_TXN: "transaction",
 }
-assert all(APPLICATION_TYPE_MIN <= t <= ENTRY_TYPE_MAX for t in RECORD_TYPES), (
-    "a record type outside the range dledger leaves to applications"
-)
+assert all(
+    dledger_log.APPLICATION_TYPE_MIN <= t <= dledger_log.ENTRY_TYPE_MAX for t in RECORD_TYPES
+), "a record type outside the range dledger leaves to applications"
 
 # ------------------------------------------------------------------------- limits and codes
 
