@@ -12,26 +12,17 @@ module reaches, not only by what it names: ``dledger.core`` importing a helper t
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from source_tree import ROOT, product_packages
 
 # The top-level names of gRPC and protobuf (``raftmq`` is the generated protobuf code, gen/).
 GRPC_AND_PROTOBUF = frozenset({"grpc", "grpc_status", "google", "raftmq"})
 # Packages that import no other package of the project, so anything may import them.
 NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics"})
-
-
-def product_packages(root: Path = ROOT) -> tuple[str, ...]:
-    """The Makefile's ``PACKAGES`` (what ``make typecheck`` checks): the product's packages."""
-    found = re.search(r"^PACKAGES\s*:?=\s*(.+)$", (root / "Makefile").read_text(), re.M)
-    assert found, "Makefile has no PACKAGES line"
-    return tuple(found.group(1).split())
 
 
 class ImportGraph:
