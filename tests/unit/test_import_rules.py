@@ -23,6 +23,11 @@ from source_tree import ROOT, product_packages
 GRPC_AND_PROTOBUF = frozenset({"grpc", "grpc_status", "google", "raftmq"})
 # Packages that import no other package of the project, so anything may import them.
 NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics"})
+# What dledger may not reach: the broker and everything built on it or on messages.
+ABOVE_DLEDGER = frozenset(
+    {"broker", "nameserver", "client", "msgcodec", "jepsen_like", "spark_audit", "bench"}
+    | {"mqdashboard"}
+)
 
 
 class ImportGraph:
@@ -144,9 +149,8 @@ def test_the_raft_core_reaches_neither_grpc_nor_asyncio(graph: ImportGraph) -> N
 
 def test_dledger_reaches_nothing_above_it(graph: ImportGraph) -> None:
     """broker -> dledger, never the reverse; dledger knows nothing of messages (msgcodec)."""
-    above = frozenset(product_packages()) - NEUTRAL - {"dledger"}
-    assert {"broker", "nameserver", "client", "msgcodec"} <= above
-    found = broken(graph, "dledger", above)
+    assert set(product_packages()) >= ABOVE_DLEDGER  # the names are real packages
+    found = broken(graph, "dledger", ABOVE_DLEDGER)
     assert found == [], "\n".join(found)
 
 
