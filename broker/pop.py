@@ -1,7 +1,7 @@
 """POP consumption on the leader: receive (long polling), ack, change the invisible time, and
 the redelivery loop that makes expired in-flight messages visible again or dead-letters them.
 
-Each decision is one :data:`broker.popstate.ENTRY_POP` record carrying the leader's clock (a
+Each decision is one :data:`broker.records.ENTRY_POP` record carrying the leader's clock (a
 deadline, or "now" for a redelivery); the state it changes is :class:`broker.popstate.PopState`,
 applied on every member. The caller answers only from what was applied, so a leader failover
 neither redelivers an acknowledged message nor loses an unacknowledged one. Protocol-neutral:
