@@ -439,11 +439,8 @@ class BrokerStateMachine:
         self._maybe_snapshot()
 
     # ------------------------------------------------------------------ apply
-    # One handler per record type (APPLY_HANDLERS, below the class), all of one signature:
-    # the entry, and the queues that got messages (for the dispatch listeners).
-
-    def _apply_message_entry(self, entry: Entry, touched: Touched) -> None:
-        self._apply_messages(entry, touched)
+    # One handler per record type (APPLY_HANDLERS, below the class), each called with the
+    # entry and the queues that got messages (for the dispatch listeners).
 
     def _apply_auth(self, entry: Entry, touched: Touched) -> None:
         self.auth.apply(entry.index, entry.body)
@@ -1061,8 +1058,9 @@ class BrokerStateMachine:
         self._opened = False
 
 
-# How a record type is applied: a method of BrokerStateMachine (entry, touched queues).
-ApplyHandler = Callable[[BrokerStateMachine, Entry, Touched], None]
+# How a record type is applied: a method of BrokerStateMachine (entry, touched queues); what
+# it returns is not used.
+ApplyHandler = Callable[[BrokerStateMachine, Entry, Touched], object]
 
 
 def _handler_table(pairs: Sequence[tuple[int, ApplyHandler]]) -> dict[int, ApplyHandler]:
@@ -1084,7 +1082,7 @@ def _handler_table(pairs: Sequence[tuple[int, ApplyHandler]]) -> dict[int, Apply
 # a newer broker's record type): apply passes over it.
 APPLY_HANDLERS: Mapping[int, ApplyHandler] = _handler_table(
     [
-        (ENTRY_MESSAGES, BrokerStateMachine._apply_message_entry),
+        (ENTRY_MESSAGES, BrokerStateMachine._apply_messages),
         (ENTRY_OFFSETS, BrokerStateMachine._apply_offsets),
         (ENTRY_TOPIC, BrokerStateMachine._apply_topic),
         (ENTRY_SCHEDULE, BrokerStateMachine._apply_schedule),
