@@ -855,6 +855,29 @@ def _parser() -> argparse.ArgumentParser:
         help="plaintext groups without ACLs for every part but the security comparison "
         "(default: secure, as mqcluster up makes them)",
     )
+    _add_comparison_arguments(p)
+    p.add_argument(
+        "--only",
+        choices=("security", "metrics", "floor"),
+        help="run only that on/off comparison, or only the floor (bench.floor), with "
+        "--seconds and --in-flight",
+    )
+    p.add_argument(
+        "--no-floor", action="store_true", help="skip the floor (a bare gRPC round trip)"
+    )
+    p.add_argument(
+        "--rest-messages",
+        type=int,
+        default=0,
+        help="also measure each node's memory at rest with this many 1 KiB messages stored, "
+        "in a fresh group (issue #23 asks 1000000: about 2 minutes here); 0: skip",
+    )
+    p.add_argument("--out", default=str(RESULTS_DIR))
+    return p
+
+
+def _add_comparison_arguments(p: argparse.ArgumentParser) -> None:
+    """The on/off comparisons: security, and metrics with its design."""
     p.add_argument(
         "--security-rounds",
         type=int,
@@ -906,24 +929,6 @@ def _parser() -> argparse.ArgumentParser:
         "metrics swapped each period (a crossover: a group's own advantage cancels; 1, or an "
         f"even number up to {mc.MAX_PERIODS}; --metrics-rounds pairs per period)",
     )
-    p.add_argument(
-        "--only",
-        choices=("security", "metrics", "floor"),
-        help="run only that on/off comparison, or only the floor (bench.floor), with "
-        "--seconds and --in-flight",
-    )
-    p.add_argument(
-        "--no-floor", action="store_true", help="skip the floor (a bare gRPC round trip)"
-    )
-    p.add_argument(
-        "--rest-messages",
-        type=int,
-        default=0,
-        help="also measure each node's memory at rest with this many 1 KiB messages stored, "
-        "in a fresh group (issue #23 asks 1000000: about 2 minutes here); 0: skip",
-    )
-    p.add_argument("--out", default=str(RESULTS_DIR))
-    return p
 
 
 def _smoke(a: argparse.Namespace) -> tuple[list[int], list[int]]:

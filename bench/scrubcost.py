@@ -20,8 +20,9 @@ from pathlib import Path
 
 from broker import derived
 from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.records import ENTRY_MESSAGES
 from broker.scrubber import Scrubber
-from broker.state import ENTRY_MESSAGES, BrokerStateMachine
+from broker.state import BrokerStateMachine
 from dledger.storage.store import FlushDiskType, SegmentedLogStore, StoreConfig
 
 BATCH = 100  # messages per entry, as a loaded producer's batches

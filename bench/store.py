@@ -251,64 +251,23 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --seconds and --threads must be > 0", file=sys.stderr)
         return 2
     tune_gc()  # the collector settings the broker runs with
-    tmp = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
     started = datetime.now(UTC)
-    try:
-        fsync = fsync_rate(tmp, min(args.seconds, 3.0))
-        seq = seq_bandwidth(tmp)
-        sync = [bench_sync(tmp, size, args.seconds, args.threads) for size in SIZES]
-        sync_loop = []
-        around_16k: list[dict[str, float]] = []
-        for size in SIZES:
-            if size == 16384:
-                # The disk's speed depends on which blocks a new file gets (on this VM, blocks
-                # freed a moment ago write ~5x faster than never-written ones), so the
-                # bandwidth that the target is judged against is measured right before and
-                # right after the case, in the same directory, and the larger one is used.
-                around_16k.append(seq_bandwidth(tmp))
-            sync_loop.append(bench_sync_event_loop(tmp, size, args.seconds, args.threads))
-            if size == 16384:
-                around_16k.append(seq_bandwidth(tmp))
-        asyn = [bench_async(tmp, size, args.seconds) for size in SIZES]
-        # Measured again at the end: how much the disk's speed moved during the run.
-        seq_end = seq_bandwidth(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    by_size = {r["entry_bytes"]: r for r in sync}
-    threads_over_seq = by_size[16384]["mb_per_s"] / seq["mb_per_s"]
-    loop_by_size = {r["entry_bytes"]: r for r in sync_loop}
-    seq_16k = max(r["mb_per_s"] for r in around_16k)
-    sync_over_seq = loop_by_size[16384]["mb_per_s"] / seq_16k
-    ratios: dict[str, Any] = {
-        # The target is judged on the server's path (coroutines + one flush thread); the
-        # 64-OS-thread figure is kept beside it: there Python's GIL hand-offs, not the disk,
-        # limit how many appenders join each sync.
-        "sync_16k_mb_per_s_over_seq_bandwidth": sync_over_seq,
-        "seq_bandwidth_judged_against_mb_per_s": seq_16k,
-        "sync_16k_threads_mb_per_s_over_seq_bandwidth": threads_over_seq,
-        "sync_syncs_per_append": {str(r["entry_bytes"]): r["syncs_per_append"] for r in sync},
-        "sync_appends_per_s_over_raw_fsync_rate": {
-            str(r["entry_bytes"]): r["appends_per_s"] / fsync["fsyncs_per_s"] for r in sync
-        },
-    }
-    targets = {
-        "sync_16k_at_least_half_seq_bandwidth": sync_over_seq >= 0.5,
-        "async_1k_at_least_200k_appends_per_s": asyn[1]["appends_per_s"] >= 200_000,
-    }
+    m = _measure(args)
+    ratios, targets = _judge(m)
     result: dict[str, Any] = {
         "bench": "store",
         "started_utc": started.isoformat(),
         "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "seconds_per_case": args.seconds,
         "disk": {
-            "fsync_4k": fsync,
-            "sequential_write": seq,
-            "sequential_write_around_sync_16k": around_16k,
-            "sequential_write_at_end": seq_end,
+            "fsync_4k": m["fsync"],
+            "sequential_write": m["seq"],
+            "sequential_write_around_sync_16k": m["around_16k"],
+            "sequential_write_at_end": m["seq_end"],
         },
-        "sync_flush_group_commit_threads": sync,
-        "sync_flush_group_commit_event_loop": sync_loop,
-        "async_flush_one_thread": asyn,
+        "sync_flush_group_commit_threads": m["sync"],
+        "sync_flush_group_commit_event_loop": m["sync_loop"],
+        "async_flush_one_thread": m["asyn"],
         "ratios": ratios,
         "targets_met": targets,
     }
@@ -316,24 +275,89 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"store-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
+    _print_summary(args.threads, m, ratios, targets)
+    print(f"wrote {out}")
+    return 0
 
+
+def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every case, in a temp dir removed after: the disk's raw figures, then SYNC_FLUSH on OS
+    threads and on one event loop, then ASYNC_FLUSH."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
+    try:
+        m: dict[str, Any] = {
+            "fsync": fsync_rate(tmp, min(args.seconds, 3.0)),
+            "seq": seq_bandwidth(tmp),
+            "sync": [bench_sync(tmp, size, args.seconds, args.threads) for size in SIZES],
+            "sync_loop": [],
+            "around_16k": [],
+        }
+        for size in SIZES:
+            if size == 16384:
+                # The disk's speed depends on which blocks a new file gets (on this VM, blocks
+                # freed a moment ago write ~5x faster than never-written ones), so the
+                # bandwidth that the target is judged against is measured right before and
+                # right after the case, in the same directory, and the larger one is used.
+                m["around_16k"].append(seq_bandwidth(tmp))
+            m["sync_loop"].append(bench_sync_event_loop(tmp, size, args.seconds, args.threads))
+            if size == 16384:
+                m["around_16k"].append(seq_bandwidth(tmp))
+        m["asyn"] = [bench_async(tmp, size, args.seconds) for size in SIZES]
+        # Measured again at the end: how much the disk's speed moved during the run.
+        m["seq_end"] = seq_bandwidth(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return m
+
+
+def _judge(m: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """The ratios the targets are judged on, and whether each target is met."""
+    sync, fsync = m["sync"], m["fsync"]
+    by_size = {r["entry_bytes"]: r for r in sync}
+    loop_by_size = {r["entry_bytes"]: r for r in m["sync_loop"]}
+    seq_16k = max(r["mb_per_s"] for r in m["around_16k"])
+    sync_over_seq = loop_by_size[16384]["mb_per_s"] / seq_16k
+    ratios: dict[str, Any] = {
+        # The target is judged on the server's path (coroutines + one flush thread); the
+        # 64-OS-thread figure is kept beside it: there Python's GIL hand-offs, not the disk,
+        # limit how many appenders join each sync.
+        "sync_16k_mb_per_s_over_seq_bandwidth": sync_over_seq,
+        "seq_bandwidth_judged_against_mb_per_s": seq_16k,
+        "sync_16k_threads_mb_per_s_over_seq_bandwidth": (
+            by_size[16384]["mb_per_s"] / m["seq"]["mb_per_s"]
+        ),
+        "sync_syncs_per_append": {str(r["entry_bytes"]): r["syncs_per_append"] for r in sync},
+        "sync_appends_per_s_over_raw_fsync_rate": {
+            str(r["entry_bytes"]): r["appends_per_s"] / fsync["fsyncs_per_s"] for r in sync
+        },
+    }
+    targets = {
+        "sync_16k_at_least_half_seq_bandwidth": sync_over_seq >= 0.5,
+        "async_1k_at_least_200k_appends_per_s": m["asyn"][1]["appends_per_s"] >= 200_000,
+    }
+    return ratios, targets
+
+
+def _print_summary(
+    threads: int, m: dict[str, Any], ratios: dict[str, Any], targets: dict[str, bool]
+) -> None:
+    fsync, seq, seq_end = m["fsync"], m["seq"], m["seq_end"]
     print(
         f"disk: fsync 4 KiB {fsync['fsyncs_per_s']:,.0f}/s (p50 {fsync['p50_ms']:.2f} ms); "
         f"sequential write {seq['mb_per_s']:,.0f} MB/s ({seq_end['mb_per_s']:,.0f} MB/s at the "
         "end of the run)"
     )
-    print(f"SYNC_FLUSH, {args.threads} threads, append_durable (group commit):")
-    for r in sync:
+    print(f"SYNC_FLUSH, {threads} threads, append_durable (group commit):")
+    for r in m["sync"]:
         print(
             f"  {r['entry_bytes']:>6} B: {r['appends_per_s']:>9,.0f} appends/s "
             f"{r['mb_per_s']:>7,.1f} MB/s  {r['entries_per_sync']:6.1f} entries/sync "
             f"({r['syncs_per_append']:.3f} syncs/append)  p50 {r['p50_ms']:.2f} ms"
         )
     print(
-        f"SYNC_FLUSH, {args.threads} appenders on one event loop + one flush thread "
-        "(the server's path):"
+        f"SYNC_FLUSH, {threads} appenders on one event loop + one flush thread (the server's path):"
     )
-    for r in sync_loop:
+    for r in m["sync_loop"]:
         print(
             f"  {r['entry_bytes']:>6} B: {r['appends_per_s']:>9,.0f} appends/s "
             f"{r['mb_per_s']:>7,.1f} MB/s  {r['entries_per_sync']:6.1f} entries/sync "
@@ -341,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             f"syncing {r['sync_busy_fraction']:.0%} of the time"
         )
     print(f"ASYNC_FLUSH, one thread, batches of {ASYNC_BATCH}:")
-    for r in asyn:
+    for r in m["asyn"]:
         print(
             f"  {r['entry_bytes']:>6} B: {r['appends_per_s']:>9,.0f} appends/s "
             f"{r['mb_per_s']:>7,.1f} MB/s"
@@ -349,13 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "ratios: SYNC 16 KiB / sequential bandwidth = "
         f"{ratios['sync_16k_mb_per_s_over_seq_bandwidth']:.2f} (event loop, against "
-        f"{seq_16k:,.0f} MB/s: the larger of "
-        + " and ".join(f"{r['mb_per_s']:,.0f}" for r in around_16k)
-        + f" MB/s measured just before and after), {threads_over_seq:.2f} (OS threads, "
+        f"{ratios['seq_bandwidth_judged_against_mb_per_s']:,.0f} MB/s: the larger of "
+        + " and ".join(f"{r['mb_per_s']:,.0f}" for r in m["around_16k"])
+        + " MB/s measured just before and after),"
+        f" {ratios['sync_16k_threads_mb_per_s_over_seq_bandwidth']:.2f} (OS threads, "
         f"against the first figure); targets met: {targets}"
     )
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -457,7 +457,7 @@ KEYS: Mapping[str, _Key] = {
         int_in(1, 100_000), "10000", "topics one user may create in a broker group"
     ),
     # Per-user quota on the replicated consumer groups with offsets (10,000 per broker group,
-    # broker.state.MAX_OFFSET_GROUPS): a commit giving a new group offsets counts against it.
+    # broker.records.MAX_OFFSET_GROUPS): a commit giving a new group offsets counts against it.
     "offsetGroupsPerUser": _Key(
         int_in(1, 10_000), "1000", "consumer groups with offsets one user may create"
     ),

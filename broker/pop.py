@@ -1,7 +1,7 @@
 """POP consumption on the leader: receive (long polling), ack, change the invisible time, and
 the redelivery loop that makes expired in-flight messages visible again or dead-letters them.
 
-Each decision is one :data:`broker.popstate.ENTRY_POP` record carrying the leader's clock (a
+Each decision is one :data:`broker.records.ENTRY_POP` record carrying the leader's clock (a
 deadline, or "now" for a redelivery); the state it changes is :class:`broker.popstate.PopState`,
 applied on every member. The caller answers only from what was applied, so a leader failover
 neither redelivers an acknowledged message nor loses an unacknowledged one. Protocol-neutral:
@@ -37,7 +37,6 @@ from broker.errors import (
 from broker.message import Message, decode_message, tags_hash
 from broker.names import validate_group_name, validate_topic_name
 from broker.popstate import (
-    ENTRY_POP,
     MAX_INFLIGHT_PER_QUEUE,
     MAX_INFLIGHT_TOTAL,
     MAX_POP_QUEUES,
@@ -61,6 +60,7 @@ from broker.popstate import (
     fifo_blocked,
 )
 from broker.pulling import MAX_SUSPEND_TIMEOUT_MS, PULL_MAX_SCAN_RECORDS, parse_subscription
+from broker.records import ENTRY_POP
 from broker.retry import Retries, SendBackItem
 from broker.state import QueueKey
 from broker.subgroups import SubGroup, default_group

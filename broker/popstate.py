@@ -1,11 +1,12 @@
 """POP consumption's replicated state: per (consumer group, topic, queue) the pop position and
 the in-flight messages (received, not yet acknowledged), built from committed entries only.
 
-Every change is one :data:`ENTRY_POP` record proposed by the leader (:mod:`broker.pop`) with the
-leader's clock decision in it (a deadline, or "now" for a redelivery), so every member holds the
-same state and a new leader carries on where the last applied record stopped. Nothing here reads
-a clock. A record that breaks a rule raises :class:`InvalidRecordError` (every member skips it);
-one that is merely stale (proposed by a deposed leader, or twice) changes nothing.
+Every change is one :data:`broker.records.ENTRY_POP` record proposed by the leader
+(:mod:`broker.pop`) with the leader's clock decision in it (a deadline, or "now" for a
+redelivery), so every member holds the same state and a new leader carries on where the last
+applied record stopped. Nothing here reads a clock. A record that breaks a rule raises
+:class:`InvalidRecordError` (every member skips it); one that is merely stale (proposed by a
+deposed leader, or twice) changes nothing.
 
 A receipt handle names (group, topic, queue, queue offset, sequence): the sequence is the log
 index of the record that last handed the message out, so a handle is valid only while its
@@ -23,9 +24,8 @@ from typing import Any, NamedTuple
 
 from broker.errors import BrokerError, InvalidRequestError
 from broker.names import is_valid_group_name, is_valid_topic_name
+from broker.records import MAX_QUEUE_NUMS
 from mqerrors import codes as E
-
-ENTRY_POP = 21
 
 OP_POP = 1  # pop position moves to ``to``; new messages and redelivered ones go in flight
 OP_ACK = 2  # acknowledged: out of flight
@@ -54,7 +54,7 @@ MAX_POP_QUEUES = 100_000
 # takes at most this many at once.
 MAX_RECORD_ITEMS = 1024
 _I64_MAX = (1 << 63) - 1
-MAX_QUEUE_ID = 1023  # broker.state.MAX_QUEUE_NUMS - 1 (not imported: state imports this module)
+MAX_QUEUE_ID = MAX_QUEUE_NUMS - 1
 
 # version, op, queue id, now, deadline, from, to
 _HEAD = struct.Struct(">BBiqqqq")

@@ -17,8 +17,8 @@ from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_lea
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import SCHEDULE_TOPIC
+from broker.records import ENTRY_SCHEDULE
 from broker.schedule import delivered_copy, due_ms, encode_schedule_header
-from broker.state import ENTRY_SCHEDULE
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,9 @@ from broker.message import (
     message_from_fields,
 )
 from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC
+from broker.records import ENTRY_MESSAGES, TopicConfig
 from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
-from broker.state import ENTRY_MESSAGES, SendResult, TopicConfig
+from broker.state import SendResult
 from broker.stats import BrokerStats
 from broker.timer import PROPERTY_TIMER_DELIVER_MS, check_deliver_ms, deliver_ms_of, to_timer
 from broker.topics import Topics

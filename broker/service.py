@@ -36,12 +36,13 @@ from broker.pbmessage import message_pb
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.raftnode import RaftNode
+from broker.records import TopicConfig
 from broker.retry import Retries, SendBackItem
 from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
 from broker.rpcerrors import rpc as _rpc
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import SendResult, TopicConfig
+from broker.state import SendResult
 from broker.subgroups import (
     BACKOFF_CUSTOMIZED,
     MAX_MULTIPLIER_MILLI,

@@ -7,25 +7,12 @@ the same prefix holds the same ConsumeQueues, key index, topics, consumer offset
 window. Nothing here reads a clock: store timestamps are in the messages (the leader set them
 before proposing).
 
-Entry types (the application range of :class:`dledger.log.EntryType`, docs/FORMAT.md,
-"Broker: control records"):
-
-- :data:`ENTRY_MESSAGES` (16): a message batch (``broker.message.encode_batch``);
-- :data:`ENTRY_OFFSETS` (17): consumer offset updates, many per entry;
-- :data:`ENTRY_TOPIC` (18): one topic admin operation;
-- :data:`ENTRY_SCHEDULE` (19): due delayed messages delivered to their real queues, with the
-  schedule level's new delivered offset (``broker.schedule``);
-- :data:`ENTRY_AUTH` (20): one user or ACL admin operation (``broker.auth.records``), applied
-  to :attr:`BrokerStateMachine.auth`.
-- :data:`broker.popstate.ENTRY_POP` (21): one change of POP consumption's state (a receive, an
-  ack, a new invisible time, a redelivery; :mod:`broker.popstate`).
-- :data:`broker.transactions.state.ENTRY_TXN` (24): one change of a transaction (a half message
-  stored, committed with its visible copy, rolled back, checked back, discarded;
-  :mod:`broker.transactions.state`).
-- :data:`broker.subgroups.ENTRY_SUBGROUP` (22): one subscription group's config
-  (:mod:`broker.subgroups`), applied to :attr:`BrokerStateMachine.subgroups`.
-- :data:`broker.timer.ENTRY_TIMER` (23): one move of a timer level's head: its new offset, the
-  hop records it files in lower levels and the due copies it delivers (:mod:`broker.timer`).
+The records it applies, their type numbers, codecs and rules are :mod:`broker.records` (docs/
+FORMAT.md, "Broker: control records"). :meth:`BrokerStateMachine.apply` dispatches each entry
+through :data:`APPLY_HANDLERS`, one handler per record type of :data:`broker.records.RECORD_TYPES`
+(checked at import); the POP, transaction, subscription group and user tables apply their own
+records (:mod:`broker.popstate`, :mod:`broker.transactions.state`, :mod:`broker.subgroups`,
+:mod:`broker.auth.table`).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -63,9 +50,7 @@ from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.errors import (
     BrokerError,
     ConfigError,
-    CorruptMessageError,
     CorruptStoreError,
-    InvalidRequestError,
     PositionOrderError,
     QueueStoreClosedError,
 )
@@ -74,73 +59,60 @@ from broker.message import DispatchRow, batch_count, scan_dispatch
 from broker.names import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
-    TRANS_HALF_TOPIC,
-    is_valid_group_name,
     is_valid_topic_name,
-    validate_topic_name,
 )
-from broker.popstate import ENTRY_POP, PopState
-from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
-from broker.subgroups import ENTRY_SUBGROUP, SubGroupTable
-from broker.timer import (
+from broker.popstate import PopState
+from broker.records import (
+    DEFAULT_TOPIC_MESSAGE_TYPE,
+    ENTRY_AUTH,
+    ENTRY_MESSAGES,
+    ENTRY_OFFSETS,
+    ENTRY_POP,
+    ENTRY_SCHEDULE,
+    ENTRY_SUBGROUP,
     ENTRY_TIMER,
+    ENTRY_TOPIC,
+    ENTRY_TXN,
+    I64_MAX,
+    MAX_OFFSET_GROUPS,
+    MAX_STORE_TIMESTAMP_MS,
+    MAX_TOPIC_OWNER_BYTES,
+    RECORD_TYPES,
+    TOPIC_CREATE_IF_ABSENT,
+    TOPIC_DELETE,
+    TOPIC_UPSERT,
+    InvalidRecordError,
+    OffsetKey,
+    TopicConfig,
+    check_offsets,
+    check_queue,
+    check_topic_record,
+    decode_offsets_record_owned,
+    decode_topic_record,
+    shown_name,
+)
+from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
+from broker.subgroups import SubGroupTable
+from broker.timer import (
     HOP_RECORD_SIZE,
     MAX_TIMER_LEVELS,
     TIMER_HEADER,
     decode_hop,
     decode_timer_header,
 )
-from broker.transactions.state import ENTRY_TXN, TxnState
+from broker.transactions.state import TxnState
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
 from dledger.storage.files import atomic_write
-from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
-ENTRY_MESSAGES = 16
-ENTRY_OFFSETS = 17
-ENTRY_TOPIC = 18
-ENTRY_SCHEDULE = 19
-ENTRY_AUTH = 20
 
-CONTROL_VERSION = 1
-TOPIC_UPSERT = 1
-TOPIC_CREATE_IF_ABSENT = 2  # auto-creation: concurrent first sends must not reset a config
-TOPIC_DELETE = 3
-# A topic record naming the user who created the topic (counted against topicsPerUser): the
-# message type byte always present, then u8 length + the owner (UTF-8). Written only for a topic
-# with an owner, so a group without users writes the version-1 bytes it always did.
-TOPIC_RECORD_VERSION_OWNED = 2
-# Bytes of an owner (a username: broker.auth's limit is far below).
-MAX_TOPIC_OWNER_BYTES = 255
-
-# RocketMQ PermName bits.
-PERM_INHERIT = 1
-PERM_WRITE = 2
-PERM_READ = 4
-PERM_RW = PERM_READ | PERM_WRITE
-
-# A topic has at most this many queues: each one is a directory of 6 MB files on every member;
-# RocketMQ has no hard limit, but thousands of queues per topic are a configuration mistake.
-MAX_QUEUE_NUMS = 1024
-# A broker group holds at most this many topics: the NameServer refuses a registration listing
-# more (nameserver.routes.MAX_TOPICS_PER_NODE), so one topic more would cut the group off from
-# every client. A topic record that would add one is skipped on apply.
-MAX_TOPICS = 100_000
-# Store timestamps are the leader's clock in ms. The key index names its files by the store
-# time as yyyyMMddHHmmssSSS (4-digit years), so a message stamped past the year 9000 (or before
-# 1970) is a forged or corrupt record, skipped on apply; 9000 leaves the index ~1000 years of
-# file names to count up through.
-MAX_STORE_TIMESTAMP_MS = 221_845_392_000_000  # 9000-01-01T00:00:00Z
 # A rejected record costs one log line; a flood of them (anyone who can append) at most this
 # many lines per SKIP_LOG_WINDOW_S, then one line saying how many were not logged.
 SKIP_LOG_LINES_PER_WINDOW = 20
 SKIP_LOG_WINDOW_S = 10.0
-# RocketMQ's defaultTopicQueueNums (broker side) for auto-created topics and CreateTopic
-# requests that leave the counts at 0.
-DEFAULT_TOPIC_QUEUE_NUMS = 8
 # Idempotent sends: a uniq id seen within this much store time (and among the last
 # DEDUP_MAX_IDS ids) is a duplicate. 10 minutes covers any client's retry schedule.
 DEFAULT_DEDUP_WINDOW_MS = 10 * 60 * 1000
@@ -163,82 +135,8 @@ SNAPSHOT_FILE = "snapshot.json"
 # 2: the dedup window in columns (1: a record per id; still read).
 SNAPSHOT_VERSION = 2
 
-_TOPIC_RECORD = struct.Struct(">BBiii")  # version, op, read, write, perm (then u8 len + name)
-# RocketMQ 5's topic attribute ``message.type``: the message types a topic takes, which RocketMQ
-# 5 clients read from its route (docs/RMQ5.md). MIXED (RocketMQ's default) takes every type.
-# The index is the byte a topic record carries after its name (no byte: MIXED).
-TOPIC_MESSAGE_TYPES = ("MIXED", "NORMAL", "FIFO", "DELAY", "TRANSACTION")
-DEFAULT_TOPIC_MESSAGE_TYPE = "MIXED"
-_OFFSETS_HEAD = struct.Struct(">BI")  # version, number of (group, topic) runs
-# An offsets record whose every (group, topic) run also names, after the topic, the user whose
-# commit first gave the group offsets (u8 length + UTF-8; counted against offsetGroupsPerUser;
-# "" for an existing group or nobody). Written only when some run has an owner, so a group
-# without users writes the version-1 bytes it always did.
-OFFSETS_RECORD_VERSION_OWNED = 2
-# Consumer groups that hold offsets in a broker group: each one's offsets are kept in memory,
-# the log and every snapshot of every member, and a user with Sub on ``Group:*`` may commit for
-# made-up groups. As many as the subscription groups a broker group holds
-# (broker.subgroups.MAX_SUBGROUPS): every real consumer group fits. A record that would add a
-# group beyond it has that group's offsets skipped on apply (the leader refuses them first).
-MAX_OFFSET_GROUPS = 10_000
-_OFFSET_ITEM = struct.Struct(">iq")  # queue id, offset
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_I64_MAX = (1 << 63) - 1
-
-
-class InvalidRecordError(BrokerError):
-    """A committed control record breaks a rule the API enforces (a name, a range, a
-    schedule header beyond its queue). Raised on apply only: every member skips the record."""
-
-    code = E.INVALID_RECORD
-
 
 _DEDUP_ITEM = struct.Struct(">16sqiqqB")  # uniq id, store ts, queue id, offset, position, tlen
-
-
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    name: str
-    read_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
-    write_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS
-    perm: int = PERM_RW
-    message_type: str = DEFAULT_TOPIC_MESSAGE_TYPE
-    owner: str = ""  # the user who created it ("" without users, or the broker's own)
-
-    def validate(self) -> None:
-        """The API's rules, also applied to every topic record on apply and to every topic
-        of a snapshot on load: a valid name, 1 to :data:`MAX_QUEUE_NUMS` read and write
-        queues, a perm of RocketMQ's three bits, a message type of
-        :data:`TOPIC_MESSAGE_TYPES`."""
-        validate_topic_name(self.name)
-        for what, n in (("read", self.read_queue_nums), ("write", self.write_queue_nums)):
-            if not _is_int(n) or not 1 <= n <= MAX_QUEUE_NUMS:
-                raise InvalidRequestError(
-                    f"{what} queue nums {n!r:.24} is outside [1, {MAX_QUEUE_NUMS}]"
-                )
-        if not _is_int(self.perm) or not 0 <= self.perm <= PERM_READ | PERM_WRITE | PERM_INHERIT:
-            raise InvalidRequestError(f"perm {self.perm!r:.24} is outside [0, 7]")
-        if self.message_type not in TOPIC_MESSAGE_TYPES:
-            raise InvalidRequestError(
-                f"message type {self.message_type!r:.24} is not one of {TOPIC_MESSAGE_TYPES}"
-            )
-        if not isinstance(self.owner, str) or len(self.owner.encode()) > MAX_TOPIC_OWNER_BYTES:
-            raise InvalidRequestError(f"topic owner over {MAX_TOPIC_OWNER_BYTES} bytes")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_queue(topic: str, queue_id: int) -> None:
-    """A message's queue as a send checks it: a valid topic name, a queue id below
-    :data:`MAX_QUEUE_NUMS` (every topic has at most that many; the schedule topic's queue is
-    its level - 1, below 255)."""
-    if not is_valid_topic_name(topic):
-        raise InvalidRecordError(f"message for invalid topic {_shown(topic)}")
-    if not 0 <= queue_id < MAX_QUEUE_NUMS:
-        raise InvalidRecordError(f"message queue id {queue_id} is outside [0, {MAX_QUEUE_NUMS})")
 
 
 class SendResult(NamedTuple):
@@ -252,9 +150,6 @@ class SendResult(NamedTuple):
     position: int
     store_timestamp_ms: int
     duplicate: bool = False
-
-
-OffsetKey = tuple[str, str, int]  # consumer group, topic, queue id
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +176,8 @@ class _Captured:
 QueueKey = tuple[str, int]
 CqRow = tuple[int, int, int]  # a ConsumeQueue row: position, size, tag hash (or a time)
 KeyRow = tuple[str, Sequence[str], str, int, int]  # topic, keys, id, position, store time
+# The queues an apply gave messages -> their tag hashes (what the dispatch listeners get).
+Touched = dict[QueueKey, set[int]]
 # Called at the end of each apply with the queues that got messages and their tag hashes.
 DispatchListener = Callable[[Mapping[QueueKey, set[int]]], None]
 
@@ -293,64 +190,6 @@ class CommitLog(Protocol):
     def last_index(self) -> int: ...
     def read(self, index: int) -> Entry: ...
     def read_at(self, position: int, size: int) -> bytes: ...
-
-
-# ------------------------------------------------------------------------- control records
-
-
-def encode_topic_record(op: int, topic: TopicConfig) -> bytes:
-    """The record; a message type other than MIXED as one byte after the name (a MIXED
-    topic's record is the same bytes as before the attribute existed); a topic with an owner:
-    :data:`TOPIC_RECORD_VERSION_OWNED`, the type byte and the owner."""
-    name = topic.name.encode("ascii")
-    kind = _U8.pack(TOPIC_MESSAGE_TYPES.index(topic.message_type))
-    version = TOPIC_RECORD_VERSION_OWNED if topic.owner else CONTROL_VERSION
-    head = _TOPIC_RECORD.pack(
-        version, op, topic.read_queue_nums, topic.write_queue_nums, topic.perm
-    ) + _U8.pack(len(name))
-    if topic.owner:
-        owner = topic.owner.encode()
-        return head + name + kind + _U8.pack(len(owner)) + owner
-    return head + name + (b"" if topic.message_type == DEFAULT_TOPIC_MESSAGE_TYPE else kind)
-
-
-def decode_topic_record(body: bytes) -> tuple[int, TopicConfig]:
-    if len(body) < _TOPIC_RECORD.size + 1:
-        raise CorruptMessageError("truncated topic record", 0)
-    version, op, read, write, perm = _TOPIC_RECORD.unpack_from(body, 0)
-    n = body[_TOPIC_RECORD.size]
-    start = _TOPIC_RECORD.size + 1
-    versions = (CONTROL_VERSION, TOPIC_RECORD_VERSION_OWNED)
-    if version not in versions or op not in (TOPIC_UPSERT, TOPIC_CREATE_IF_ABSENT, TOPIC_DELETE):
-        raise CorruptMessageError(f"topic record version {version} op {op}", 0)
-    end = start + n  # the name's end
-    owner = _topic_record_owner(body, end) if version == TOPIC_RECORD_VERSION_OWNED else None
-    if owner is None and len(body) not in (end, end + 1):
-        raise CorruptMessageError("topic record size mismatch", 0)
-    kind = DEFAULT_TOPIC_MESSAGE_TYPE
-    if len(body) > end:
-        if body[end] >= len(TOPIC_MESSAGE_TYPES):
-            raise CorruptMessageError(f"topic record message type {body[end]}", end)
-        kind = TOPIC_MESSAGE_TYPES[body[end]]
-    try:
-        name = body[start:end].decode("ascii")
-    except UnicodeDecodeError:
-        raise CorruptMessageError("topic record name is not ASCII", start) from None
-    return op, TopicConfig(name, read, write, perm, kind, owner or "")
-
-
-def _topic_record_owner(body: bytes, end: int) -> str:
-    """The owner of a version-2 topic record whose name ends at ``end`` (then the type byte,
-    u8 length, the owner: nothing after)."""
-    if len(body) < end + 2 or len(body) != end + 2 + body[end + 1]:
-        raise CorruptMessageError("topic record size mismatch", 0)
-    try:
-        owner = body[end + 2 :].decode()
-    except UnicodeDecodeError:
-        raise CorruptMessageError("topic record owner is not UTF-8", end + 2) from None
-    if not owner:
-        raise CorruptMessageError("version-2 topic record without an owner", end + 1)
-    return owner
 
 
 def _topic_row(t: TopicConfig) -> list[int | str]:
@@ -372,96 +211,6 @@ def _topic_of_row(name: str, row: Sequence[Any]) -> TopicConfig:
     return TopicConfig(name, int(row[0]), int(row[1]), int(row[2]), kind, owner)
 
 
-def check_topic_record(op: int, topic: TopicConfig, topics: Mapping[str, TopicConfig]) -> None:
-    """Raise unless a topic record passes the API's rules given the current ``topics``: a
-    valid name (InvalidTopicError) for every op, and for a create or update a valid config
-    (:meth:`TopicConfig.validate`) and room in the table (:data:`MAX_TOPICS`). A delete's
-    queue counts and perm are not used, so not checked. ``SCHEDULE_TOPIC_XXXX`` is never in a
-    record: its queues are the delay levels, owned by the scheduler, and a delete would drop
-    every pending delayed message; nor is ``RMQ_SYS_TRANS_HALF_TOPIC``, whose messages are the
-    half messages of transactions (a topic config would let consumers read them)."""
-    if op == TOPIC_DELETE:
-        validate_topic_name(topic.name)
-    else:
-        topic.validate()
-    if topic.name in (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC):
-        raise InvalidRecordError(f"topic record op={op} for {topic.name}, which is internal")
-    if op != TOPIC_DELETE and topic.name not in topics and len(topics) >= MAX_TOPICS:
-        raise InvalidRecordError(f"topic {topic.name}: the broker holds {MAX_TOPICS} topics")
-
-
-def encode_offsets_record(
-    offsets: Mapping[OffsetKey, int], owners: Mapping[str, str] | None = None
-) -> bytes:
-    """Offsets grouped by (group, topic): each name once, then (queue id, offset) pairs. With
-    ``owners`` (group -> the user creating it; only groups new to the table), a version-2
-    record that names each run's owner ("" for the others)."""
-    runs: dict[tuple[str, str], list[tuple[int, int]]] = {}
-    for (group, topic, queue_id), offset in sorted(offsets.items()):
-        runs.setdefault((group, topic), []).append((queue_id, offset))
-    owned = any(owners.get(g) for g, _ in runs) if owners else False
-    version = OFFSETS_RECORD_VERSION_OWNED if owned else CONTROL_VERSION
-    parts = [_OFFSETS_HEAD.pack(version, len(runs))]
-    for (group, topic), items in runs.items():
-        g, t = group.encode("utf-8"), topic.encode("ascii")
-        if len(g) > 255 or len(t) > 255 or len(items) > 0xFFFF:
-            raise InvalidRequestError("consumer group or topic too long, or too many queues")
-        parts += [_U8.pack(len(g)), g, _U8.pack(len(t)), t]
-        if owned:
-            assert owners is not None
-            o = owners.get(group, "").encode("utf-8")
-            if len(o) > MAX_TOPIC_OWNER_BYTES:
-                raise InvalidRequestError(f"owner of consumer group {group!r} too long")
-            parts += [_U8.pack(len(o)), o]
-        parts.append(_U16.pack(len(items)))
-        parts.extend(_OFFSET_ITEM.pack(q, o) for q, o in items)
-    return b"".join(parts)
-
-
-def decode_offsets_record(body: bytes) -> dict[OffsetKey, int]:
-    """The offsets of a record of either version."""
-    return decode_offsets_record_owned(body)[0]
-
-
-def decode_offsets_record_owned(body: bytes) -> tuple[dict[OffsetKey, int], dict[str, str]]:
-    """The offsets of a record of either version, and the owners it names (group -> user, the
-    first non-empty one of a group's runs; none in a version-1 record)."""
-    owners: dict[str, str] = {}
-    try:
-        version, runs = _OFFSETS_HEAD.unpack_from(body, 0)
-        if version not in (CONTROL_VERSION, OFFSETS_RECORD_VERSION_OWNED):
-            raise CorruptMessageError(f"offsets record version {version}", 0)
-        at = _OFFSETS_HEAD.size
-        out: dict[OffsetKey, int] = {}
-        for _ in range(runs):
-            n = body[at]
-            group = body[at + 1 : at + 1 + n].decode("utf-8")
-            at += 1 + n
-            n = body[at]
-            topic = body[at + 1 : at + 1 + n].decode("ascii")
-            at += 1 + n
-            if version == OFFSETS_RECORD_VERSION_OWNED:
-                n = body[at]
-                if n > len(body) - at - 1:
-                    raise IndexError("owner past the record's end")
-                owner = body[at + 1 : at + 1 + n].decode("utf-8")
-                at += 1 + n
-                if owner:
-                    owners.setdefault(group, owner)
-            (count,) = _U16.unpack_from(body, at)
-            at += 2
-            for queue_id, offset in _OFFSET_ITEM.iter_unpack(
-                body[at : at + count * _OFFSET_ITEM.size]
-            ):
-                out[(group, topic, queue_id)] = offset
-            at += count * _OFFSET_ITEM.size
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise CorruptMessageError(f"truncated offsets record: {exc}", 0) from None
-    if at != len(body):
-        raise CorruptMessageError("offsets record size mismatch", at)
-    return out, owners
-
-
 def _load_offset_owners(offsets: Mapping[OffsetKey, int], rows: Any) -> dict[str, str]:
     """A snapshot's groups with offsets -> owner: every group of ``offsets``, with the owner
     its ``offset_owners`` row names when that is a string of at most MAX_TOPIC_OWNER_BYTES
@@ -478,33 +227,6 @@ def _load_offset_owners(offsets: Mapping[OffsetKey, int], rows: Any) -> dict[str
         groups[group] = owner
     _report_dropped("consumer group owners", bad)
     return groups
-
-
-def _shown(name: str) -> str:
-    """A name for a log line or error detail, cut short (it may be a hostile one)."""
-    return repr(name) if len(name) <= 80 else f"{name[:80]!r}... ({len(name)} chars)"
-
-
-def check_offsets(offsets: Mapping[OffsetKey, int]) -> None:
-    """Raise :class:`InvalidRecordError` unless every offset passes the API's rules: a valid
-    group and topic name, a queue id in ``[0, MAX_QUEUE_NUMS)`` and an offset ``>= 0``. Not
-    checked: that the topic exists with that many queues (a commit may race a topic's delete
-    or shrink; members applied such records before, and still do). Names are checked once per
-    (group, topic)."""
-    seen: set[tuple[str, str]] = set()
-    for (group, topic, queue_id), offset in offsets.items():
-        if (group, topic) not in seen:
-            if not is_valid_group_name(group):
-                raise InvalidRecordError(f"offsets record: invalid consumer group {_shown(group)}")
-            if not is_valid_topic_name(topic):
-                raise InvalidRecordError(f"offsets record: invalid topic {_shown(topic)}")
-            seen.add((group, topic))
-        if not 0 <= queue_id < MAX_QUEUE_NUMS:
-            raise InvalidRecordError(
-                f"offsets record: queue id {queue_id} of {topic} is outside [0, {MAX_QUEUE_NUMS})"
-            )
-        if not 0 <= offset <= _I64_MAX:
-            raise InvalidRecordError(f"offsets record: offset {offset} of {topic} is negative")
 
 
 class _SkipLog:
@@ -687,30 +409,15 @@ class BrokerStateMachine:
 
     def apply(self, entries: Sequence[Entry]) -> None:
         assert self._opened, "applied_index() opens the state machine first"
-        touched: dict[QueueKey, set[int]] = {}
+        touched: Touched = {}
         for entry in entries:
             assert entry.index == self._applied + 1, (
                 f"entries out of order: got {entry.index} after {self._applied}"
             )
             try:
-                if entry.type == ENTRY_MESSAGES:
-                    self._apply_messages(entry, touched)
-                elif entry.type == ENTRY_OFFSETS:
-                    self._apply_offsets(entry)
-                elif entry.type == ENTRY_TOPIC:
-                    self._apply_topic(entry)
-                elif entry.type == ENTRY_SCHEDULE:
-                    self._apply_schedule(entry, touched)
-                elif entry.type == ENTRY_AUTH:
-                    self.auth.apply(entry.index, entry.body)
-                elif entry.type == ENTRY_POP:
-                    self.pop.apply(entry.index, entry.body)
-                elif entry.type == ENTRY_TXN:
-                    self._apply_txn(entry, touched)
-                elif entry.type == ENTRY_SUBGROUP:
-                    self.subgroups.apply(entry.body)
-                elif entry.type == ENTRY_TIMER:
-                    self._apply_timer(entry, touched)
+                handler = APPLY_HANDLERS.get(entry.type)
+                if handler is not None:
+                    handler(self, entry, touched)
                 if entry.type >= APPLICATION_TYPE_MIN:
                     self._effect_index = entry.index
             except (CorruptStoreError, QueueStoreClosedError, PositionOrderError):
@@ -729,8 +436,19 @@ class BrokerStateMachine:
         self._maybe_snapshot()
 
     # ------------------------------------------------------------------ apply
+    # One handler per record type (APPLY_HANDLERS, below the class), each called with the
+    # entry and the queues that got messages (for the dispatch listeners).
 
-    def _apply_offsets(self, entry: Entry) -> None:
+    def _apply_auth(self, entry: Entry, touched: Touched) -> None:
+        self.auth.apply(entry.index, entry.body)
+
+    def _apply_pop(self, entry: Entry, touched: Touched) -> None:
+        self.pop.apply(entry.index, entry.body)
+
+    def _apply_subgroup(self, entry: Entry, touched: Touched) -> None:
+        self.subgroups.apply(entry.body)
+
+    def _apply_offsets(self, entry: Entry, touched: Touched) -> None:
         """Apply an offsets record: a group new here is recorded with its owner, and while
         :data:`MAX_OFFSET_GROUPS` groups are held a new group's offsets are skipped (the
         others of the record still apply: they take no room)."""
@@ -751,7 +469,7 @@ class BrokerStateMachine:
                 entry.type,
                 InvalidRecordError(
                     f"offsets of {len(refused)} new consumer groups, e.g."
-                    f" {_shown(min(refused))}: the broker holds {MAX_OFFSET_GROUPS} groups"
+                    f" {shown_name(min(refused))}: the broker holds {MAX_OFFSET_GROUPS} groups"
                 ),
             )
             offsets = {k: v for k, v in offsets.items() if k[0] not in refused}
@@ -769,7 +487,7 @@ class BrokerStateMachine:
         MAX_OFFSET_GROUPS (well under a ms): the leader runs it once per new group only."""
         return sum(1 for owner in self.offset_groups.values() if owner == user)
 
-    def _apply_schedule(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+    def _apply_schedule(self, entry: Entry, touched: Touched) -> None:
         level, from_offset, to_offset = decode_schedule_header(entry.body)
         current = self.schedule_offsets.get(level, 0)
         # The leader proposes an entry for offsets it read from this level's queue, after
@@ -806,7 +524,7 @@ class BrokerStateMachine:
             self._apply_messages(entry, touched, SCHEDULE_HEADER.size, check_dedup=False)
         self.schedule_offsets[level] = to_offset
 
-    def _apply_timer(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+    def _apply_timer(self, entry: Entry, touched: Touched) -> None:
         """A move of a timer level's head (:mod:`broker.timer`): every check first, then the
         copies, the hop records for lower levels and the level's new offset, all or none."""
         body = entry.body
@@ -854,7 +572,7 @@ class BrokerStateMachine:
     def _apply_messages(
         self,
         entry: Entry,
-        touched: dict[QueueKey, set[int]],
+        touched: Touched,
         body_offset: int = 0,
         check_dedup: bool = True,
     ) -> list[SendResult]:
@@ -916,7 +634,7 @@ class BrokerStateMachine:
                     # First message of the batch for this queue: the name and the queue id
                     # are checked (as a send is) before any path is built from them, and
                     # nothing is created until the whole batch passed.
-                    _check_queue(topic, queue_id)
+                    check_queue(topic, queue_id)
                     cq = self.cqs.find(topic, queue_id)
                     offset = 0 if cq is None else cq.max_offset
                     per_queue[key] = []
@@ -941,7 +659,7 @@ class BrokerStateMachine:
         self._latest_store_ts = latest
         return results, per_queue, to_index
 
-    def _apply_txn(self, entry: Entry, touched: dict[QueueKey, set[int]]) -> None:
+    def _apply_txn(self, entry: Entry, touched: Touched) -> None:
         """A transaction record; its message batch (a half, or a commit's visible copy) is
         applied as a message entry's (the half deduplicated by its id, the copy not: the
         transaction's state lets it through once)."""
@@ -988,7 +706,7 @@ class BrokerStateMachine:
                 break
             dedup.popitem(last=False)
 
-    def _apply_topic(self, entry: Entry) -> None:
+    def _apply_topic(self, entry: Entry, touched: Touched) -> None:
         op, topic = decode_topic_record(entry.body)
         check_topic_record(op, topic, self.topics)
         if op == TOPIC_UPSERT or (op == TOPIC_CREATE_IF_ABSENT and topic.name not in self.topics):
@@ -1167,7 +885,7 @@ class BrokerStateMachine:
         bad_levels: list[str] = []
         for level, offset in data.get("schedule", {}).items():
             lv, off = int(level), int(offset)
-            if 1 <= lv <= 255 and 0 <= off <= _I64_MAX:
+            if 1 <= lv <= 255 and 0 <= off <= I64_MAX:
                 self.schedule_offsets[lv] = off
             else:
                 bad_levels.append(f"{lv}={off}")
@@ -1340,6 +1058,43 @@ class BrokerStateMachine:
         self._opened = False
 
 
+# How a record type is applied: a method of BrokerStateMachine (entry, touched queues); what
+# it returns is not used.
+ApplyHandler = Callable[[BrokerStateMachine, Entry, Touched], object]
+
+
+def _handler_table(pairs: Sequence[tuple[int, ApplyHandler]]) -> dict[int, ApplyHandler]:
+    """The handler table of ``pairs``; raise unless every record type of
+    :data:`broker.records.RECORD_TYPES` has exactly one handler and no other type has one."""
+    table: dict[int, ApplyHandler] = {}
+    for entry_type, handler in pairs:
+        if entry_type in table:
+            raise AssertionError(f"record type {entry_type} has two apply handlers")
+        table[entry_type] = handler
+    if table.keys() != RECORD_TYPES.keys():
+        missing = sorted(RECORD_TYPES.keys() - table.keys())
+        extra = sorted(table.keys() - RECORD_TYPES.keys())
+        raise AssertionError(f"apply handlers: record types {missing} without one, {extra} unknown")
+    return table
+
+
+# Record type -> its handler. A type not here is not the broker's (dledger's own entries, or
+# a newer broker's record type): apply passes over it.
+APPLY_HANDLERS: Mapping[int, ApplyHandler] = _handler_table(
+    [
+        (ENTRY_MESSAGES, BrokerStateMachine._apply_messages),
+        (ENTRY_OFFSETS, BrokerStateMachine._apply_offsets),
+        (ENTRY_TOPIC, BrokerStateMachine._apply_topic),
+        (ENTRY_SCHEDULE, BrokerStateMachine._apply_schedule),
+        (ENTRY_AUTH, BrokerStateMachine._apply_auth),
+        (ENTRY_POP, BrokerStateMachine._apply_pop),
+        (ENTRY_SUBGROUP, BrokerStateMachine._apply_subgroup),
+        (ENTRY_TIMER, BrokerStateMachine._apply_timer),
+        (ENTRY_TXN, BrokerStateMachine._apply_txn),
+    ]
+)
+
+
 def _snapshot_document(c: _Captured) -> bytes:
     """``config/snapshot.json`` for the state ``c`` captured."""
     offsets: dict[str, dict[str, dict[str, int]]] = {}
@@ -1372,7 +1127,7 @@ def _load_levels(rows: Mapping[str, Any], low: int, high: int) -> tuple[dict[int
     bad: list[str] = []
     for level, offset in rows.items():
         lv, off = int(level), int(offset)
-        if low <= lv <= high and 0 <= off <= _I64_MAX:
+        if low <= lv <= high and 0 <= off <= I64_MAX:
             out[lv] = off
         else:
             bad.append(f"{lv}={off}")
@@ -1386,7 +1141,7 @@ def _report_dropped(what: str, names: Sequence[str]) -> None:
             "snapshot: left out %d invalid %s: %s",
             len(names),
             what,
-            ", ".join(_shown(n) for n in names[:5]),
+            ", ".join(shown_name(n) for n in names[:5]),
         )
 
 

@@ -2,7 +2,7 @@
 FIFO), its max delivery attempts and its retry backoff (RocketMQ's ``SubscriptionGroupConfig``:
 ``consumeMessageOrderly``, ``retryMaxTimes``, ``groupRetryPolicy``).
 
-Every change is one :data:`ENTRY_SUBGROUP` record (``mqadmin updateSubGroup`` and
+Every change is one :data:`broker.records.ENTRY_SUBGROUP` record (``mqadmin updateSubGroup`` and
 ``deleteSubGroup``, or a RocketMQ 5 consumer's Settings naming a group that does not exist yet),
 applied the same on every member and kept in the broker snapshot. A group remembers the user
 who created it (``owner``, "" without users): the leader bounds the groups one user creates
@@ -23,8 +23,6 @@ from typing import Any
 from broker.errors import BrokerError, ResourceExhaustedError
 from broker.names import is_valid_group_name
 from mqerrors import codes as E
-
-ENTRY_SUBGROUP = 22
 
 OP_UPSERT = 1  # create or replace the group's config
 OP_CREATE_IF_ABSENT = 2  # a consumer's Settings: never replaces an admin's config

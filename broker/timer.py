@@ -16,12 +16,13 @@ head of each level, never a whole level. At a record's look-at time it has less 
 message) or, once due, is delivered. A message waits through at most one record per level
 (about ``log2(delay / P)`` of them, 20 for 3 days), each filed in its level's ConsumeQueue.
 
-Failover: each move is **one log entry** (:data:`ENTRY_TIMER`, :func:`encode_timer_header`)
-holding the level's records ``[from, to)`` it consumed, the hop records for lower levels and
-the copies to deliver; applying it advances the level's offset, files the hops and stores the
-copies on every member at once, and an entry not starting at the level's current offset (a
-deposed leader's, or a repeat) is skipped whole. So a new leader resumes exactly where the
-committed log says: nothing delivered twice by the broker, nothing lost, nothing early.
+Failover: each move is **one log entry** (:data:`broker.records.ENTRY_TIMER`,
+:func:`encode_timer_header`) holding the level's records ``[from, to)`` it consumed, the hop
+records for lower levels and the copies to deliver; applying it advances the level's offset,
+files the hops and stores the copies on every member at once, and an entry not starting at the
+level's current offset (a deposed leader's, or a repeat) is skipped whole. So a new leader
+resumes exactly where the committed log says: nothing delivered twice by the broker, nothing
+lost, nothing early.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from mqerrors import codes as E
 from msgcodec import PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 from msgcodec import PROPERTY_TIMER_DELIVER_MS as PROPERTY_TIMER_DELIVER_MS
 
-# The application entry type of a timer move (docs/FORMAT.md, "Broker: control records").
-ENTRY_TIMER = 23
 # Level 0 holds what is due within this much of being filed: the loop waits at its head for
 # the head's due time, so a record behind it is at most this late (plus the loop's wake-up and
 # one commit). RocketMQ 5's timerPrecisionMs defaults to 1 s; 250 ms keeps deliveries well

@@ -19,9 +19,9 @@ from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_lea
 from broker.errors import BrokerError
 from broker.message import Message, encode_batch
 from broker.names import TIMER_TOPIC
+from broker.records import ENTRY_TIMER
 from broker.schedule import delivered_copy
 from broker.timer import (
-    ENTRY_TIMER,
     HOP_RECORD_SIZE,
     MAX_TIMER_LEVELS,
     decode_hop,

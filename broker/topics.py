@@ -3,7 +3,7 @@
 Changes are proposed to the Raft log on the leader and answered once applied; lookups read
 this node's applied topic table.
 
-The table is shared by every user (:data:`broker.state.MAX_TOPICS`): a topic keeps the user who
+The table is shared by every user (:data:`broker.records.MAX_TOPICS`): a topic keeps the user who
 created it (``CreateTopic``, or a send that auto-created it), and one user creates at most
 ``topicsPerUser`` (:attr:`ServiceConfig.topics_per_user`) that still exist, checked here on the
 leader before the record is proposed, one creation at a time. A retry or dead-letter topic
@@ -30,7 +30,7 @@ from broker.errors import (
 )
 from broker.message import validate_topic
 from broker.names import is_system_topic, is_valid_topic_name
-from broker.state import (
+from broker.records import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
     ENTRY_TOPIC,
     MAX_TOPICS,

@@ -82,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
             "  mqaudit --master spark://127.0.0.1:7077 /data/broker-a --parquet /data/mismatch\n"
         ),
     )
+    _add_input_arguments(p)
+    _add_audit_arguments(p)
+    add_security_arguments(p)  # how --connect reaches a secure group
+    return p
+
+
+def _add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """What to audit: stores, named groups, running groups, and up to which index."""
     p.add_argument(
         "stores",
         nargs="*",
@@ -108,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="INDEX",
         help="audited commit index (default: the lowest commit index the replicas report)",
     )
+
+
+def _add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    """How to run the audit (Spark, task sizes, digests) and where its report goes."""
     p.add_argument(
         "--master",
         metavar="URL",
@@ -171,8 +183,6 @@ def _parser() -> argparse.ArgumentParser:
         help="extra Spark configuration (repeatable)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
-    add_security_arguments(p)  # how --connect reaches a secure group
-    return p
 
 
 def _split_named(value: str, option: str) -> tuple[str | None, list[str]]:

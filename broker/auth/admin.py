@@ -40,7 +40,7 @@ from broker.auth.model import (
 from broker.auth.secrets import SecretBox
 from broker.auth.table import AuthTable
 from broker.errors import BrokerError, InvalidRequestError
-from broker.state import ENTRY_AUTH
+from broker.records import ENTRY_AUTH
 from dledger.core import Role
 from dledger.fatal import supervise
 from dledger.log import DLedgerError

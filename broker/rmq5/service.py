@@ -32,6 +32,13 @@ from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.raftnode import RaftNode
+from broker.records import (
+    DEFAULT_TOPIC_MESSAGE_TYPE,
+    MAX_QUEUE_NUMS,
+    PERM_READ,
+    PERM_WRITE,
+    TopicConfig,
+)
 from broker.rmq5 import stubs
 from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
 from broker.rmq5.codes import v2_code_name
@@ -48,13 +55,6 @@ from broker.rmq5.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, Ren
 from broker.rmq5.routes import GroupTopic, NameServerRoutes
 from broker.rmq5.txn import ProducerStreams, merged
 from broker.rpcerrors import error_failure
-from broker.state import (
-    DEFAULT_TOPIC_MESSAGE_TYPE,
-    MAX_QUEUE_NUMS,
-    PERM_READ,
-    PERM_WRITE,
-    TopicConfig,
-)
 from broker.topics import Topics
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, transaction_id
 from dledger.server import rpcguard

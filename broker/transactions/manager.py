@@ -33,11 +33,11 @@ from broker.errors import (
     TopicNotFoundError,
 )
 from broker.message import Message, UniqIdGenerator, encode_batch, message_from_fields
+from broker.records import ENTRY_TXN, TopicConfig
 from broker.sending import OutgoingMessage
-from broker.state import SendResult, TopicConfig
+from broker.state import SendResult
 from broker.transactions.state import (
     COMMITTED,
-    ENTRY_TXN,
     HALF_TOPIC,
     MAX_PENDING_HALVES,
     MAX_RECORD_ITEMS,

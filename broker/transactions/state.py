@@ -1,7 +1,7 @@
 """Transactional messages' replicated state: the half messages waiting for their producer's
 verdict, and the verdicts of the most recent resolved ones, built from committed entries only.
 
-Every change is one :data:`ENTRY_TXN` record proposed by the leader
+Every change is one :data:`broker.records.ENTRY_TXN` record proposed by the leader
 (:mod:`broker.transactions.manager`) with the leader's clock decision in it, so every member
 holds the same table and a new leader carries on where the last applied record stopped. Nothing
 here reads a clock. A record that breaks a rule raises :class:`InvalidTxnRecordError` before
@@ -33,11 +33,11 @@ from typing import Any, NamedTuple, Protocol
 from broker.errors import BrokerError, InvalidRequestError
 from broker.message import scan_dispatch
 from broker.names import TRANS_HALF_TOPIC, is_valid_topic_name
+from broker.records import MAX_QUEUE_NUMS, MAX_STORE_TIMESTAMP_MS
 from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
-ENTRY_TXN = 24
 # RocketMQ's half-message topic: a half waits here, invisible to consumers (a system topic
 # without a config: no pull or receive names it, no topic record may create it), until its
 # transaction is resolved.
@@ -72,10 +72,10 @@ MAX_RECORD_ITEMS = 1024
 # A half is checked at most this many times (the configured transactionCheckMax is bounded by
 # it): the count is a u16 in records.
 MAX_CHECKS = 1000
-MAX_QUEUE_ID = 1023  # broker.state.MAX_QUEUE_NUMS - 1 (not imported: state imports this module)
+MAX_QUEUE_ID = MAX_QUEUE_NUMS - 1
 _I64_MAX = (1 << 63) - 1
-# The leader's clock in a record: the same bound as a store timestamp (broker.state).
-MAX_TIME_MS = 221_845_392_000_000
+# The leader's clock in a record: the same bound as a store timestamp.
+MAX_TIME_MS = MAX_STORE_TIMESTAMP_MS
 
 _HEAD = struct.Struct(">BB")  # version, op
 _PREPARE = struct.Struct(">iB")  # real queue id, topic length (then the topic, then a batch)

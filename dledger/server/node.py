@@ -433,9 +433,7 @@ class DLedgerNode:
         self.cfg = cfg
         self._call_guard = call_guard
         self._client_services = tuple(client_services)
-        self.sm: StateMachine = (
-            state_machine if state_machine is not None else LogOnlyStateMachine()
-        )
+        self.sm: StateMachine = LogOnlyStateMachine() if state_machine is None else state_machine
         self._seed = seed if seed is not None else random.randrange(1 << 62)
         self._wake_event = asyncio.Event()
         self._stopped = asyncio.Event()

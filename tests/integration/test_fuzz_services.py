@@ -75,7 +75,7 @@ from support import pulled, wait_for
 
 from broker.cluster import ClusterError, LocalCluster
 from broker.config import load_config, node_config
-from broker.state import ENTRY_TOPIC, TOPIC_DELETE, TOPIC_UPSERT, TopicConfig, encode_topic_record
+from broker.records import ENTRY_TOPIC, TOPIC_DELETE, TOPIC_UPSERT, TopicConfig, encode_topic_record
 from dledger.server.client import ClientError, LogClient
 from dledger.server.status import read_error
 from mqsecurity.channels import ClientSecurity, open_channel

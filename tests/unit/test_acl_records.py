@@ -20,7 +20,8 @@ from broker.auth.secrets import (
 )
 from broker.auth.table import AuthTable
 from broker.errors import ConfigError, InvalidRequestError
-from broker.state import ENTRY_AUTH, BrokerStateMachine
+from broker.records import ENTRY_AUTH
+from broker.state import BrokerStateMachine
 from dledger.log import Entry
 
 BOX = SecretBox(bytes(range(32)))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
+import broker.records as records
 import broker.state as state_mod
 from broker.app import LazyLog
 from broker.cluster import _free_ports
@@ -35,8 +36,7 @@ from broker.names import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.schedule import delivered_copy, encode_schedule_header, to_schedule
-from broker.state import (
+from broker.records import (
     CONTROL_VERSION,
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
@@ -45,11 +45,12 @@ from broker.state import (
     TOPIC_CREATE_IF_ABSENT,
     TOPIC_DELETE,
     TOPIC_UPSERT,
-    BrokerStateMachine,
     TopicConfig,
     encode_offsets_record,
     encode_topic_record,
 )
+from broker.schedule import delivered_copy, encode_schedule_header, to_schedule
+from broker.state import BrokerStateMachine
 from dledger.core import Role
 from dledger.log import Entry
 from dledger.server.node import DLedgerNode, NodeConfig
@@ -212,7 +213,7 @@ BAD_TOPIC_RECORDS = {
     "too long": topic_record(TOPIC_UPSERT, "x" * (MAX_TOPIC_LENGTH + 1)),
     "empty": topic_record(TOPIC_UPSERT, ""),
     "no queues": topic_record(TOPIC_UPSERT, "T", read=0),
-    "too many queues": topic_record(TOPIC_UPSERT, "T", write=state_mod.MAX_QUEUE_NUMS + 1),
+    "too many queues": topic_record(TOPIC_UPSERT, "T", write=records.MAX_QUEUE_NUMS + 1),
     "negative queues": topic_record(TOPIC_UPSERT, "T", read=-4),
     "perm too big": topic_record(TOPIC_UPSERT, "T", perm=8),
     "perm negative": topic_record(TOPIC_UPSERT, "T", perm=-1),
@@ -252,7 +253,7 @@ def test_the_schedule_topic_cannot_be_created_or_deleted_by_record(tmp_path: Pat
 
 def test_the_topic_table_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """More topics than the NameServer takes in one registration would cut the group off."""
-    monkeypatch.setattr(state_mod, "MAX_TOPICS", 3)
+    monkeypatch.setattr(records, "MAX_TOPICS", 3)
     log = MemoryLog()
     for name in ("A", "B", "C", "D"):
         log.add(encode_topic_record(TOPIC_CREATE_IF_ABSENT, TopicConfig(name)), ENTRY_TOPIC)
@@ -275,7 +276,7 @@ BAD_OFFSETS = {
     "empty group": ("", "T", 0, 1),
     "path topic": ("g", VICTIM, 0, 1),
     "negative queue": ("g", "T", -1, 1),
-    "queue too big": ("g", "T", state_mod.MAX_QUEUE_NUMS, 1),
+    "queue too big": ("g", "T", records.MAX_QUEUE_NUMS, 1),
     "negative offset": ("g", "T", 0, -5),
 }
 

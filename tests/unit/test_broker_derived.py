@@ -22,11 +22,12 @@ from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.metrics import scrub_families
 from broker.pop import Pops, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullStatus
+from broker.records import ENTRY_MESSAGES
 from broker.retry import Retries
 from broker.scrubber import Scrubber
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import ENTRY_MESSAGES, BrokerStateMachine
+from broker.state import BrokerStateMachine
 from dledger.core import Role
 from dledger.log import Entry, IndexOutOfRangeError, LogCompactedError
 

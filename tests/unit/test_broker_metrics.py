@@ -19,10 +19,10 @@ from broker.metrics import BrokerMetrics
 from broker.names import SCHEDULE_TOPIC
 from broker.offsets import ConsumerOffsets
 from broker.pulling import PullPath, PullQuery
+from broker.records import ENTRY_MESSAGES
 from broker.schedule import PROPERTY_DELAY
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import ENTRY_MESSAGES
 from broker.stats import BrokerStats
 from mqmetrics.hot import OTHER
 from nameserver.config import ConfigError as NameServerConfigError

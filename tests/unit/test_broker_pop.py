@@ -16,7 +16,6 @@ from broker.errors import InvalidRequestError
 from broker.message import UniqIdGenerator
 from broker.pop import InvalidInvisibleTimeError, Pops, Received, ReceiveQuery
 from broker.popstate import (
-    ENTRY_POP,
     OP_ACK,
     OP_CHANGE,
     OP_POP,
@@ -29,6 +28,7 @@ from broker.popstate import (
     encode_handle,
     encode_pop_record,
 )
+from broker.records import ENTRY_POP
 from broker.retry import Retries
 from broker.sending import SendPath
 

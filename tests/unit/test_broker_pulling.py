@@ -11,7 +11,7 @@ from broker_world import world
 from broker.errors import TooManyLongPollsError
 from broker.message import Message, UniqIdGenerator, decode_message, encode_batch
 from broker.pulling import PullPath, PullQuery, PullStatus
-from broker.state import ENTRY_MESSAGES
+from broker.records import ENTRY_MESSAGES
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
 

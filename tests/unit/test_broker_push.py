@@ -16,13 +16,13 @@ from broker.errors import InvalidRequestError
 from broker.message import UniqIdGenerator
 from broker.pop import Pops, ReceiveQuery
 from broker.popstate import (
-    ENTRY_POP,
     OP_POP,
     OP_POP_FIFO,
     InvalidReceiptHandleError,
     PopRecord,
     encode_pop_record,
 )
+from broker.records import ENTRY_POP
 from broker.retry import Retries
 from broker.rmq5.clients import ClientTable
 from broker.rmq5.renewals import Renewals, RenewPolicy

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from broker.config import parse_config
+from broker.records import TopicConfig
 from broker.registration import BrokerRegistrar
-from broker.state import BrokerStateMachine, TopicConfig
+from broker.state import BrokerStateMachine
 from dledger import fatal
 from dledger.core import Role
 from nameserver.config import NameServerConfig

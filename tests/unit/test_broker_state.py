@@ -19,9 +19,7 @@ from broker_world import MemoryLog
 from broker import snapshotting
 from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
 from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
-from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
-from broker.snapshotting import PIN_DIR
-from broker.state import (
+from broker.records import (
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
     ENTRY_SCHEDULE,
@@ -29,14 +27,15 @@ from broker.state import (
     TOPIC_CREATE_IF_ABSENT,
     TOPIC_DELETE,
     TOPIC_UPSERT,
-    BrokerStateMachine,
-    QueueKey,
     TopicConfig,
     decode_offsets_record,
     decode_topic_record,
     encode_offsets_record,
     encode_topic_record,
 )
+from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
+from broker.snapshotting import PIN_DIR
+from broker.state import BrokerStateMachine, QueueKey
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import Entry

@@ -35,7 +35,9 @@ async def _busy(root: Path) -> tuple[MemoryLog, BrokerStateMachine]:
     node, sm, topics, applied = world(root)
     await topics.upsert("T", 2, 2, 6)
     txns = Transactions(applied)
-    sender = SendPath(topics.ctx, topics, halves=txns.prepare)  # sends of half messages go through it
+    sender = SendPath(
+        topics.ctx, topics, halves=txns.prepare
+    )  # sends of half messages go through it
     await sender.send("T", [outgoing(i % 2, i) for i in range(12)])
     await sender.send("T", [outgoing(1, 100, DELAY="3")])
     await sender.send("T", [outgoing(1, 101, TRAN_MSG="true")])

@@ -17,11 +17,11 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from broker.applied import AppliedMessages, NodeContext, Wakeup
 from broker.message import Message, encode_batch
 from broker.names import TIMER_TOPIC, is_system_topic
+from broker.records import ENTRY_MESSAGES, ENTRY_TIMER
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import ENTRY_MESSAGES, BrokerStateMachine
+from broker.state import BrokerStateMachine
 from broker.timer import (
-    ENTRY_TIMER,
     MAX_TIMER_LEVELS,
     PROPERTY_TIMER_DELIVER_MS,
     TIMER_PRECISION_MS,

@@ -14,6 +14,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import SystemTopicError
 from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.records import ENTRY_TXN
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
@@ -22,7 +23,6 @@ from broker.transactions.manager import Transactions, TxnSettings, due_halves
 from broker.transactions.state import (
     COMMITTED,
     DISCARDED,
-    ENTRY_TXN,
     HALF_TOPIC,
     OP_CHECK,
     OP_DISCARD,

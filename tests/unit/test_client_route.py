@@ -3,11 +3,9 @@ route cache and its refresh, error codes, and the no-import rule of client/."""
 
 from __future__ import annotations
 
-import ast
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 import pytest
@@ -136,37 +134,3 @@ def test_first_namesrv_answer_passes_over_a_dead_one_only(
         assert info.value.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
     finally:
         channels.close()
-
-
-def _imported_tops(package: str) -> list[tuple[str, str]]:
-    """(file, top-level package) of every import in ``package``'s modules."""
-    root = Path(__file__).resolve().parents[2] / package
-    found = []
-    for path in root.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module]
-            else:
-                continue
-            found += [(path.name, name.split(".")[0]) for name in names]
-    return found
-
-
-def test_client_imports_no_server_package() -> None:
-    tops = _imported_tops("client")
-    assert ("route.py", "mqsecurity") in tops  # the check sees the imports it must allow
-    for file, top in tops:
-        assert top not in ("broker", "dledger", "nameserver"), f"{file}: {top}"
-
-
-def test_mqsecurity_imports_nothing_of_the_project() -> None:
-    """client/ may import mqsecurity only because mqsecurity imports no project package."""
-    project = {"broker", "dledger", "nameserver", "client", "jepsen_like", "bench"}
-    project |= {"spark_audit", "mqcli", "msgcodec", "raftmq"}
-    tops = _imported_tops("mqsecurity")
-    assert ("channels.py", "grpc") in tops
-    for file, top in tops:
-        assert top not in project, f"mqsecurity/{file}: {top}"

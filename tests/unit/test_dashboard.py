@@ -299,25 +299,6 @@ def test_command_line_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert allowed_hosts("0.0.0.0") == ["*"]
 
 
-def test_the_dashboard_imports_no_server_package() -> None:
-    """A tool over the client library: it reads the cluster as any remote user would."""
-    import ast
-    from pathlib import Path
-
-    import mqdashboard
-
-    seen = set()
-    for path in Path(mqdashboard.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                seen.add((path.name, node.module.split(".")[0]))
-            elif isinstance(node, ast.Import):
-                seen |= {(path.name, a.name.split(".")[0]) for a in node.names}
-    assert ("reader.py", "client") in seen  # the check sees the imports it must allow
-    for file, top in seen:
-        assert top not in ("broker", "dledger", "nameserver"), f"{file}: {top}"
-
-
 class HealthReader(FakeReader):
     """A group with a member repairing and one whose damage counters are non-zero."""
 

@@ -13,19 +13,19 @@ from broker_world import MemoryLog
 
 from broker import state
 from broker.errors import CorruptMessageError
-from broker.state import (
+from broker.records import (
     ENTRY_OFFSETS,
     ENTRY_TOPIC,
     OFFSETS_RECORD_VERSION_OWNED,
     TOPIC_DELETE,
     TOPIC_UPSERT,
-    BrokerStateMachine,
     TopicConfig,
     decode_offsets_record,
     decode_offsets_record_owned,
     encode_offsets_record,
     encode_topic_record,
 )
+from broker.state import BrokerStateMachine
 
 
 def new_sm(root: Path, log: MemoryLog) -> BrokerStateMachine:

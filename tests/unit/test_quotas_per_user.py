@@ -25,19 +25,13 @@ from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
 from broker.auth.secrets import SecretBox
+from broker.errors import CorruptMessageError
 from broker.locks import CONSUMER_EXPIRE_MS, LOCK_MAX_LIVE_MS
 from broker.message import UniqIdGenerator
+from broker.records import TOPIC_UPSERT, TopicConfig, decode_topic_record, encode_topic_record
 from broker.service import BrokerServicer
 from broker.settings import ServiceConfig
-from broker.state import (
-    TOPIC_UPSERT,
-    CorruptMessageError,
-    TopicConfig,
-    _topic_of_row,
-    _topic_row,
-    decode_topic_record,
-    encode_topic_record,
-)
+from broker.state import _topic_of_row, _topic_row
 from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata

@@ -1,0 +1,330 @@
+"""Issue #33 item 8: the arrows between packages and layers (docs/ARCHITECTURE.md, "Import
+rules"), checked over the source with ``ast``: nothing is imported, so a rule holds even for a
+module whose import would fail or start something.
+
+An import counts wherever it is written (module level, inside a function, under
+``TYPE_CHECKING``), relative ones resolved; importing ``a.b.c`` also runs ``a`` and ``a.b``, so
+a module's reach includes the packages above everything it imports. A rule is broken by what a
+module reaches, not only by what it names: ``dledger.core`` importing a helper that imports
+``asyncio`` breaks the core's rule. A failure names the chain.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
+from pathlib import Path
+
+import pytest
+from source_tree import ROOT, product_packages
+
+# The top-level names of gRPC and protobuf (``raftmq`` is the generated protobuf code, gen/).
+GRPC_AND_PROTOBUF = frozenset({"grpc", "grpc_status", "google", "raftmq"})
+# Packages that import no other package of the project, so anything may import them.
+NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics", "mqerrors"})
+# What dledger may not reach: the broker and everything built on it or on messages.
+ABOVE_DLEDGER = frozenset(
+    {"broker", "nameserver", "client", "msgcodec", "jepsen_like", "spark_audit", "bench"}
+    | {"mqdashboard"}
+)
+
+
+class ImportGraph:
+    """The project's modules under ``roots`` and the modules each one imports. The generated
+    code (gen/raftmq) is not scanned: it is a leaf, named ``raftmq``, that imports only
+    protobuf and itself."""
+
+    def __init__(self, *roots: Path) -> None:
+        self.roots = roots
+
+    @cache  # noqa: B019 (one graph per test run; the cache dies with it)
+    def file(self, module: str) -> Path | None:
+        for base in self.roots:
+            path = base.joinpath(*module.split("."))
+            if path.with_suffix(".py").is_file():
+                return path.with_suffix(".py")
+            if (path / "__init__.py").is_file():
+                return path / "__init__.py"
+        return None
+
+    def modules_under(self, folder: str) -> list[str]:
+        """Every module in the package folder ``folder`` (``dledger/core``), sorted."""
+        out = []
+        for path in sorted((self.roots[0] / folder).rglob("*.py")):
+            parts = list(path.relative_to(self.roots[0]).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out.append(".".join(parts))
+        return out
+
+    @cache  # noqa: B019
+    def imports(self, module: str) -> tuple[str, ...]:
+        """The absolute names ``module`` imports (``from a import b``: ``a``, and ``a.b`` when
+        that is a module)."""
+        path = self.file(module)
+        assert path is not None, module
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        out: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                out.append(base)
+                out += [f"{base}.{a.name}" for a in node.names if self.file(f"{base}.{a.name}")]
+        return tuple(out)
+
+    def reach(self, start: str, cut: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
+        """Every name ``start`` reaches -> the module that imported it (``start`` -> ""):
+        project modules by full name, anything else by its top-level name. Edges in ``cut``
+        (importer, imported) are not followed."""
+        cut = set(cut)
+        seen: dict[str, str] = {}
+        todo = [(p, "") for p in _prefixes(start)]
+        while todo:
+            name, by = todo.pop()
+            if name in seen:
+                continue
+            seen[name] = by
+            for imported in self.imports(name):
+                if (name, imported) in cut:
+                    continue
+                for prefix in _prefixes(imported):
+                    if self.file(prefix) is not None:
+                        todo.append((prefix, name))
+                    elif prefix == imported.split(".")[0]:
+                        seen.setdefault(prefix, name)
+        return seen
+
+
+def _prefixes(name: str) -> Iterator[str]:
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        yield ".".join(parts[:i])
+
+
+def chain(reached: Mapping[str, str], name: str) -> str:
+    """How ``name`` was reached: ``name <- importer <- ... <- start``."""
+    out = [name]
+    while reached.get(out[-1]):
+        out.append(reached[out[-1]])
+    return " <- ".join(out)
+
+
+def broken(
+    graph: ImportGraph,
+    folder: str,
+    forbidden: frozenset[str],
+    cut: Iterable[tuple[str, str]] = (),
+) -> list[str]:
+    """For every module under ``folder``: each forbidden top-level package it reaches, with
+    the chain (the first found per module and package)."""
+    out = []
+    for module in graph.modules_under(folder):
+        reached = graph.reach(module, cut)
+        tops = {name.split(".")[0]: name for name in reached}
+        out += [chain(reached, tops[top]) for top in sorted(forbidden & tops.keys())]
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph() -> ImportGraph:
+    return ImportGraph(ROOT)
+
+
+# ------------------------------------------------------------------------- package rules
+
+
+def test_the_raft_core_reaches_neither_grpc_nor_asyncio(graph: ImportGraph) -> None:
+    """docs/RAFT.md: the core is pure (no I/O, no event loop), driven by the simulator and by
+    dledger.server alike."""
+    assert "dledger.core.raft" in graph.modules_under("dledger/core")
+    found = broken(graph, "dledger/core", GRPC_AND_PROTOBUF | {"asyncio"})
+    assert found == [], "\n".join(found)
+
+
+def test_dledger_reaches_nothing_above_it(graph: ImportGraph) -> None:
+    """broker -> dledger, never the reverse; dledger knows nothing of messages (msgcodec)."""
+    assert set(product_packages()) >= ABOVE_DLEDGER  # the names are real packages
+    found = broken(graph, "dledger", ABOVE_DLEDGER)
+    assert found == [], "\n".join(found)
+
+
+def test_the_client_reaches_no_server_package(graph: ImportGraph) -> None:
+    """A client library for users' processes: the servers' packages are not its to load."""
+    reached = graph.reach("client.route")
+    assert {"mqsecurity", "grpc"} <= reached.keys()  # the scan sees what it must allow
+    servers = frozenset({"broker", "dledger", "nameserver"})
+    found = broken(graph, "client", servers | {"jepsen_like", "spark_audit", "bench"})
+    assert found == [], "\n".join(found)
+
+
+def test_the_dashboard_reaches_no_server_package(graph: ImportGraph) -> None:
+    """A tool over the client library: it reads the cluster as any remote user would."""
+    assert "client" in graph.reach("mqdashboard.reader")
+    found = broken(graph, "mqdashboard", frozenset({"broker", "dledger", "nameserver"}))
+    assert found == [], "\n".join(found)
+
+
+def test_the_neutral_packages_reach_nothing_of_the_project(graph: ImportGraph) -> None:
+    """client/ and dledger/ may import mqsecurity, mqmetrics and mqcli only because these
+    import no other project package."""
+    assert "grpc" in graph.reach("mqsecurity.channels")
+    project = frozenset(product_packages()) - {"raftmq"}
+    for package in sorted(NEUTRAL):
+        found = broken(graph, package, project - {package})
+        assert found == [], "\n".join(found)
+
+
+# ------------------------------------------------------------------------- broker layers
+# The broker's components: the replicated state (what apply builds, its records and stores)
+# and the leader-side components over it (sends, offsets, topics, POP, timers, ...). They are
+# driven through plain Python calls by the front ends, and know nothing of gRPC or protobuf.
+BROKER_COMPONENTS = frozenset(
+    {
+        # replicated state: records, the state machine and its stores and tables
+        "broker.auth.model",
+        "broker.auth.records",
+        "broker.auth.secrets",
+        "broker.auth.table",
+        "broker.consumequeue",
+        "broker.derived",
+        "broker.errors",
+        "broker.indexfile",
+        "broker.message",
+        "broker.names",
+        "broker.popstate",
+        "broker.raftnode",
+        "broker.records",
+        "broker.schedule",
+        "broker.snapshotting",
+        "broker.state",
+        "broker.statecheck",
+        "broker.subgroups",
+        "broker.timer",
+        "broker.transactions.state",
+        # leader-side components and the reads every node answers
+        "broker.applied",
+        "broker.auth.admin",
+        "broker.consumers",
+        "broker.disk",
+        "broker.locks",
+        "broker.lookups",
+        "broker.offsets",
+        "broker.pop",
+        "broker.pulling",
+        "broker.retry",
+        "broker.scheduler",
+        "broker.scrubber",
+        "broker.sending",
+        "broker.settings",
+        "broker.stats",
+        "broker.subscriptions",
+        "broker.timers",
+        "broker.topics",
+        "broker.transactions.manager",
+    }
+)
+# The rest of broker/: protocol front ends (v1 and v2, their protobuf conversion, error
+# statuses and call guards), process wiring, and the dev tools. gRPC and protobuf belong here.
+BROKER_EDGE = frozenset(
+    {
+        "broker",
+        "broker.__main__",
+        "broker.app",
+        "broker.auth",
+        "broker.auth.guard",
+        "broker.auth.rpcmap",
+        "broker.cluster",
+        "broker.config",
+        "broker.demo",
+        "broker.leader_client",
+        "broker.localsecurity",
+        "broker.metrics",
+        "broker.pbmessage",
+        "broker.registration",
+        "broker.rmq5",
+        "broker.rmq5.clients",
+        "broker.rmq5.codes",
+        "broker.rmq5.consuming",
+        "broker.rmq5.guard",
+        "broker.rmq5.leader",
+        "broker.rmq5.renewals",
+        "broker.rmq5.routes",
+        "broker.rmq5.server",
+        "broker.rmq5.service",
+        "broker.rmq5.stubs",
+        "broker.rmq5.txn",
+        "broker.rpcerrors",
+        "broker.service",
+        "broker.transactions",
+    }
+)
+# Imports by which broker components reach gRPC today, as (importer, imported): each one a
+# debt, never a place to add to. The list may only shrink: an entry that no longer is an
+# import, or no longer brings gRPC, fails test_the_allowed_grpc_edges_are_still_needed.
+ALLOWED_GRPC_EDGES: dict[tuple[str, str], str] = {
+    # ProposalLostError: importing it runs dledger/server/__init__.py, which imports the node.
+    ("broker.sending", "dledger.server.errors"): "ProposalLostError",
+    # StartError (a replicated-state row wrong where the log can no longer rebuild it),
+    # by the same package __init__.
+    ("broker.statecheck", "dledger.server.errors"): "StartError",
+}
+
+
+def test_every_broker_module_is_in_one_layer(graph: ImportGraph) -> None:
+    """A new module under broker/ says where it belongs (and so which rules hold it)."""
+    modules = set(graph.modules_under("broker"))
+    assert not BROKER_COMPONENTS & BROKER_EDGE
+    assert sorted(modules - BROKER_COMPONENTS - BROKER_EDGE) == [], "unlisted broker modules"
+    assert sorted((BROKER_COMPONENTS | BROKER_EDGE) - modules) == [], "listed, gone"
+
+
+def test_broker_components_reach_no_grpc_or_protobuf(graph: ImportGraph) -> None:
+    found = []
+    for module in sorted(BROKER_COMPONENTS):
+        reached = graph.reach(module, ALLOWED_GRPC_EDGES)
+        tops = {name.split(".")[0]: name for name in reached}
+        found += [chain(reached, tops[t]) for t in sorted(GRPC_AND_PROTOBUF & tops.keys())]
+    assert found == [], "\n".join(found)
+
+
+def test_the_allowed_grpc_edges_are_still_needed(graph: ImportGraph) -> None:
+    for importer, imported in ALLOWED_GRPC_EDGES:
+        assert importer in BROKER_COMPONENTS
+        assert imported in graph.imports(importer), f"{importer} no longer imports {imported}"
+        assert GRPC_AND_PROTOBUF & {n.split(".")[0] for n in graph.reach(imported)}, (
+            f"{imported} no longer brings gRPC: drop the entry"
+        )
+
+
+# ------------------------------------------------------------------------- the scan itself
+
+
+def test_the_scan_has_teeth(tmp_path: Path) -> None:
+    """Relative imports, imports inside functions and under TYPE_CHECKING, ``from a import
+    module``, and the packages a deep import runs all count."""
+    files = {
+        "core/__init__.py": "",
+        "core/pure.py": "from . import helper\n",
+        "core/helper.py": "def f():\n    from ..side import deep\n",
+        "side/__init__.py": "import asyncio\n",
+        "side/deep.py": "",
+        "top/__init__.py": "",
+        "top/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import grpc\n",
+        "top/b.py": "import side.deep\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    g = ImportGraph(tmp_path)
+    assert broken(g, "core", frozenset({"asyncio"})) == [
+        "asyncio <- side <- core.helper",
+        "asyncio <- side <- core.helper <- core.pure",
+    ]
+    assert broken(g, "top", frozenset({"grpc", "side"})) == ["grpc <- top.a", "side <- top.b"]
+    assert broken(g, "top", frozenset({"side"}), [("top.b", "side.deep")]) == []
