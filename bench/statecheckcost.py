@@ -21,7 +21,8 @@ from broker import statecheck
 from broker.derived import STORE_POP, STORE_TXN
 from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.popstate import InFlight, QueuePop
-from broker.transactions.state import ENTRY_TXN, HALF_TOPIC, encode_prepare
+from broker.records import ENTRY_TXN
+from broker.transactions.state import HALF_TOPIC, encode_prepare
 
 GROUPS = 25
 QUEUES = 8
