@@ -405,14 +405,14 @@ def test_a_snapshot_with_invalid_names_loads_without_them(
     data["offsets"]["my.group"] = {"T": {"0": 3}}
     data["offsets"]["g"][VICTIM] = {"0": 3}
     data["offsets"]["g"]["T"]["-1"] = 3
-    data["schedule"] = {"0": 5, "3": -1, "2": 7}
+    data["schedule"] = {"0": 5, "3": -1, "2": 0}  # level 2 kept: at most its queue's max
     path.write_text(json.dumps(data))
     with caplog.at_level(logging.ERROR, "broker.state"):
         again = opened(tmp_path, log)
     assert again.last_applied == len(log.entries)  # loaded, not rebuilt
     assert list(again.topics) == ["T"]
     assert again.offsets == {("g", "T", 0): 1}
-    assert again.schedule_offsets == {2: 7}
+    assert again.schedule_offsets == {2: 0}
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert len(left_out) == 3
     for name in again.topics:  # what the NameServer checks in every registration
