@@ -90,7 +90,13 @@ from dledger.server.membership import (
     save_conf,
 )
 from dledger.server.metrics import RaftStats
-from dledger.server.promises import PromiseError, promise_file, recover, write_promise
+from dledger.server.promises import (
+    PromiseError,
+    hold_promise,
+    promise_file,
+    recover,
+    write_promise,
+)
 from dledger.server.scrub import (
     DEFAULT_SCRUB_BYTES_PER_S,
     MAX_SCRUB_BYTES_PER_S,
@@ -531,6 +537,8 @@ class DLedgerNode:
                 self._applied,
             )
             self._promises = start.writer
+            if start.promise_damaged:
+                self.corruption_found["promise"] = 1
             self._hard_state = start.hard_state
             self._promise_wanted = start.promised.index
             self.core = RaftNode(
@@ -544,6 +552,9 @@ class DLedgerNode:
                 promised=start.promised,
                 hard_state=start.hard_state,
             )
+            if start.promise_damaged:
+                core = self.core
+                hold_promise(start.writer, lambda: core.repairing)
         except (ConfigError, PromiseError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
         except CorruptLogError as exc:
