@@ -505,6 +505,11 @@ class RaftNode:
         return self._repair is not None
 
     @property
+    def repair_target(self) -> int:
+        """The index the repair must reach (0: not repairing)."""
+        return 0 if self._repair is None else self._repair.target
+
+    @property
     def promised_index(self) -> int:
         """The highest index this node vouched for (confirmed durable by ``advance``)."""
         return self._promised

@@ -74,8 +74,9 @@ from dledger.server.chaincheck import (
 )
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of, to_response
 from dledger.server.guard import CallGuard, GuardInterceptor
-from dledger.server.health import health_fields
+from dledger.server.health import chain_or_none, health_fields
 from dledger.server.logroom import LogRoom
 from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
@@ -596,6 +597,13 @@ class DLedgerNode:
             self._tasks.append(spawn(check, "chain-check"))
         if conf is not None and not conf.voters and cfg.join_addr:
             self._tasks.append(spawn(self._join_loop(), "join"))
+        # A repairing member that no member can repair stops (docs/STORAGE.md).
+        good_copy = GoodCopyCheck(
+            lambda: holdings_of(self),
+            lambda: sorted(self.core.conf_state.voters),
+            holdings_asker(self),
+        )
+        self._tasks.append(spawn(good_copy.run(), "good-copy"))
         logger.info(
             "node=%s group=%s started peer=%s client=%s %s last_index=%d term=%d",
             cfg.self_id,
@@ -1516,6 +1524,25 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
         except SnapshotRefused as exc:
             await status.abort(context, refused_status(exc))
             raise  # unreachable: abort raises
+
+    async def Holdings(
+        self, request: pb.HoldingsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HoldingsResponse:
+        """What this member's log holds, for a repairing member (dledger.server.goodcopy);
+        authenticated like Stream."""
+        await self._sender(context)
+        node = self.node
+        if request.group != node.cfg.group:
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "NOT_A_MEMBER",
+                    f"this member is of group {_echo(node.cfg.group)}, not {_echo(request.group)}",
+                ),
+            )
+        h = holdings_of(node)
+        return to_response(h, chain_or_none(node, h.last_index) or 0)
 
     async def _sender(self, context: grpc.aio.ServicerContext) -> str:
         """The member calling (the call is refused when it is none)."""
