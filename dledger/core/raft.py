@@ -376,17 +376,23 @@ class RaftNode:
             self._term,
             forget="forget_promise" in self._mut,
         )
-        if self._repair is not None:
+        if self._repair is not None and self._repair.vote_lost:
             logger.warning(
-                "node=%s term=%d repairing: log ends at %d below the promised index %d%s; "
+                "node=%s term=%d repairing: promise unknown (log ends at %d), the first "
+                "leader's term counts as voted; no votes and no quorums until that leader "
+                "brings it past its commit index and an entry of its term",
+                self.id,
+                self._term,
+                log.last_index(),
+            )
+        elif self._repair is not None:
+            logger.warning(
+                "node=%s term=%d repairing: log ends at %d below the promised index %d; "
                 "no votes and no quorums until a leader brings it there",
                 self.id,
                 self._term,
                 log.last_index(),
                 self._repair.target,
-                " (hard state lost: the first leader's term counts as voted)"
-                if self._repair.vote_lost
-                else "",
             )
 
     def _init_term_and_commit(self, hs: HardState, applied_index: int) -> None:
@@ -497,6 +503,11 @@ class RaftNode:
     def repairing(self) -> bool:
         """The log ends below what this node promised: no votes, no quorums (section 11)."""
         return self._repair is not None
+
+    @property
+    def repair_target(self) -> int:
+        """The index the repair must reach (0: not repairing)."""
+        return 0 if self._repair is None else self._repair.target
 
     @property
     def promised_index(self) -> int:
@@ -1636,6 +1647,8 @@ class RaftNode:
         last_new = prev + len(entries)
         if self._suspect_upto and last_new >= self._suspect_upto:
             self._suspect_upto = 0  # the leader's chain now covers the doubted prefix
+        if self._repair is not None:
+            self._repair.learn_leader(self._term, m.leader_commit)
         if m.leader_commit > self._commit:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):
@@ -1777,7 +1790,7 @@ class RaftNode:
             return
         upto = min(self._verified, self._log.stable_last())
         term_there = self._term_or_none(upto)
-        if term_there is None or not r.done(upto, term_there):
+        if term_there is None or not r.done(upto, term_there, self._term):
             return
         self._repair = None
         self.repairs_completed += 1

@@ -17,10 +17,13 @@ ones that only a minority now holds. Such a member is *repairing*:
   this member's vote, so its log holds every committed entry, all below its first entry of
   its own term).
 
-A member whose hard state was lost along with the promise (``vote_lost``: neither ``meta``
-nor the promise file's copy survived, and the store holds entries) is repairing too, with its
-last stored index as the promise, and takes the term of the first leader it hears from as
-the term it voted in (for that leader): it never votes again in that term.
+A member whose promise is unknown (``vote_lost``: the promise file is damaged in both of its
+slots, or neither ``meta`` nor the promise file's copy survived and the store holds entries)
+is repairing too, and takes the term of the first leader it hears from as the term it voted
+in (for that leader): it never votes again in that term. It cannot know what it
+acknowledged, so its repair ends only once its verified log holds both the commit index the
+leader of its current term announced in the first append it accepted from it, and an entry
+of that leader's term (docs/RAFT.md section 11, "An unknown promise", gives the argument).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ __all__ = ["Promised", "Repair", "newer_hard_state", "start_repair"]
 @dataclass(frozen=True, slots=True)
 class Promised:
     """What the driver read at start. ``index``: the highest index this member acknowledged
-    as durable before (0: nothing, or no promise file). ``vote_lost``: neither the hard state
-    nor its copy survived, and the store holds entries (a member that existed before)."""
+    as durable before (0: nothing, or no promise file). ``vote_lost``: the promise is unknown
+    and the vote may be: the promise file is damaged in both slots, or neither the hard state
+    nor its copy survived and the store holds entries (a member that existed before)."""
 
     index: int = 0
     vote_lost: bool = False
@@ -44,16 +48,32 @@ class Promised:
 
 @dataclass(slots=True)
 class Repair:
-    """An ongoing repair. Done when the durable log, verified against the current leader,
-    reaches ``target`` or holds an entry of a term above ``term``."""
+    """An ongoing repair. A known promise: done when the durable log, verified against the
+    current leader, reaches ``target`` or holds an entry of a term above ``term``. An unknown
+    one (``vote_lost``): done when it reaches ``target``, raised to the commit index of the
+    first append it accepted from the current term's leader (``leader_term``), and holds an
+    entry of that term."""
 
     target: int
     term: int
     vote_lost: bool
+    # The term whose leader's commit index was taken into ``target`` (-1: none yet).
+    leader_term: int = -1
 
-    def done(self, verified_upto: int, term_there: int) -> bool:
+    def learn_leader(self, term: int, leader_commit: int) -> None:
+        """An append of the leader of ``term``, announcing ``leader_commit``, was accepted.
+        An unknown promise takes the commit index of each term's first accepted append as
+        the least it may have acknowledged (only the first: chasing a growing commit index
+        would never end under load; docs/RAFT.md section 11 says why the first suffices)."""
+        if self.vote_lost and term != self.leader_term:
+            self.leader_term = term
+            self.target = max(self.target, leader_commit)
+
+    def done(self, verified_upto: int, term_there: int, term: int) -> bool:
         """``verified_upto``: the highest index that is durable here and known to match the
-        current leader's log; ``term_there``: its term."""
+        current leader's log; ``term_there``: its term; ``term``: the current term."""
+        if self.vote_lost:
+            return self.leader_term == term and verified_upto >= self.target and term_there == term
         return verified_upto >= self.target or (verified_upto > 0 and term_there > self.term)
 
 

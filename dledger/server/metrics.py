@@ -142,7 +142,8 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
 
 # What finds damage (dledger.server.node DLedgerNode.on_damage and the store's open): a
 # fixed vocabulary, so the label set is bounded.
-DAMAGE_FINDERS = ("open", "start", "scrub", "read", "replication", "get", "snapshot")
+# ``promise``: the promise file damaged in both slots at start (docs/RAFT.md section 11).
+DAMAGE_FINDERS = ("open", "start", "scrub", "read", "replication", "get", "snapshot", "promise")
 
 
 def _chain_check_counts(node: DLedgerNode) -> dict[str, int]:

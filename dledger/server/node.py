@@ -74,8 +74,9 @@ from dledger.server.chaincheck import (
 )
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of, to_response
 from dledger.server.guard import CallGuard, GuardInterceptor
-from dledger.server.health import health_fields
+from dledger.server.health import chain_or_none, health_fields
 from dledger.server.logroom import LogRoom
 from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
@@ -90,7 +91,13 @@ from dledger.server.membership import (
     save_conf,
 )
 from dledger.server.metrics import RaftStats
-from dledger.server.promises import PromiseError, promise_file, recover, write_promise
+from dledger.server.promises import (
+    PromiseError,
+    hold_promise,
+    promise_file,
+    recover,
+    write_promise,
+)
 from dledger.server.scrub import (
     DEFAULT_SCRUB_BYTES_PER_S,
     MAX_SCRUB_BYTES_PER_S,
@@ -532,6 +539,8 @@ class DLedgerNode:
                 self._applied,
             )
             self._promises = start.writer
+            if start.promise_damaged:
+                self.corruption_found["promise"] = 1
             self._hard_state = start.hard_state
             self._promise_wanted = start.promised.index
             self.core = RaftNode(
@@ -545,6 +554,9 @@ class DLedgerNode:
                 promised=start.promised,
                 hard_state=start.hard_state,
             )
+            if start.promise_damaged:
+                core = self.core
+                hold_promise(start.writer, lambda: core.repairing)
         except (ConfigError, PromiseError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
         except CorruptLogError as exc:
@@ -586,6 +598,13 @@ class DLedgerNode:
             self._tasks.append(spawn(check, "chain-check"))
         if conf is not None and not conf.voters and cfg.join_addr:
             self._tasks.append(spawn(self._join_loop(), "join"))
+        # A repairing member that no member can repair stops (docs/STORAGE.md).
+        good_copy = GoodCopyCheck(
+            lambda: holdings_of(self),
+            lambda: sorted(self.core.conf_state.voters),
+            holdings_asker(self),
+        )
+        self._tasks.append(spawn(good_copy.run(), "good-copy"))
         logger.info(
             "node=%s group=%s started peer=%s client=%s %s last_index=%d term=%d",
             cfg.self_id,
@@ -1537,6 +1556,25 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
         except SnapshotRefused as exc:
             await status.abort(context, refused_status(exc))
             raise  # unreachable: abort raises
+
+    async def Holdings(
+        self, request: pb.HoldingsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HoldingsResponse:
+        """What this member's log holds, for a repairing member (dledger.server.goodcopy);
+        authenticated like Stream."""
+        await self._sender(context)
+        node = self.node
+        if request.group != node.cfg.group:
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "NOT_A_MEMBER",
+                    f"this member is of group {_echo(node.cfg.group)}, not {_echo(request.group)}",
+                ),
+            )
+        h = holdings_of(node)
+        return to_response(h, chain_or_none(node, h.last_index) or 0)
 
     async def _sender(self, context: grpc.aio.ServicerContext) -> str:
         """The member calling (the call is refused when it is none)."""

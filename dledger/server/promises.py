@@ -24,6 +24,8 @@ with every hard state change (which fsyncs anyway) and every checkpoint.
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from dledger.log import CorruptLogError, HardState
 from dledger.storage.files import is_disk_full
 from dledger.storage.promise import (
     Promise,
+    PromiseDamagedError,
     PromiseError,
     PromiseWriter,
     promise_path_for_store,
@@ -41,6 +44,10 @@ from dledger.storage.store import META_FILE, DiskFullError, SegmentedLogStore
 
 logger = logging.getLogger(__name__)
 
+# Writers of a promise file found damaged at start, with what says the repair of the unknown
+# promise still runs: until it is done, nothing is written (hold_promise).
+_HOLDS: weakref.WeakKeyDictionary[PromiseWriter, Callable[[], bool]] = weakref.WeakKeyDictionary()
+
 
 @dataclass(frozen=True, slots=True)
 class StartState:
@@ -49,6 +56,8 @@ class StartState:
     promised: Promised
     hard_state: HardState
     writer: PromiseWriter
+    # The promise file was damaged in both slots (counted as found_by="promise").
+    promise_damaged: bool = False
 
 
 def promise_file(store_dir: str, configured: str) -> Path:
@@ -65,16 +74,17 @@ def recover(
     applied_index: int,
 ) -> StartState:
     """Read the promise file and the store's hard state and decide what the node starts
-    from. PromiseError when the promise file is damaged, newer or another member's (the
+    from. PromiseError when the promise file is unreadable, newer or another member's (the
     operator must look: guessing could make this member vote twice). A missing or damaged
     ``meta`` is recovered from the promise's copy (and rewritten); with neither, a store that
-    holds entries makes the node start repairing with its vote counted as lost."""
-    promise = read_promise(path)
+    holds entries makes the node start repairing with its vote counted as lost, and so does a
+    promise file damaged in both slots (whatever ``meta`` says)."""
+    promise, promise_damaged = _read_promise(node_id, path)
     writer = PromiseWriter(path, group, node_id, promise)
     copy = promise.hard_state if promise is not None else None
     meta, damaged = _read_meta(store, copy is not None)
     hs = newer_hard_state(meta, copy)
-    vote_lost = hs is None and (damaged or store.last_index() > 0)
+    vote_lost = promise_damaged or (hs is None and (damaged or store.last_index() > 0))
     if hs is not None and hs != meta:
         logger.warning(
             "node=%s hard state %s: recovered term=%d vote=%s from the promise file %s",
@@ -85,7 +95,7 @@ def recover(
             path,
         )
         store.save_hard_state(hs)
-    if vote_lost:
+    if vote_lost and not promise_damaged:
         logger.error(
             "node=%s hard state %s and no promise file at %s: the store holds entries, so "
             "this member may have voted; it starts repairing and counts the first leader's "
@@ -100,7 +110,28 @@ def recover(
         # here, so this member had them (a store replaced under an old promise file, or a
         # store older than the promise file's feature).
         promised = applied_index
-    return StartState(Promised(promised, vote_lost), hs or HardState(), writer)
+    return StartState(Promised(promised, vote_lost), hs or HardState(), writer, promise_damaged)
+
+
+def _read_promise(node_id: str, path: Path) -> tuple[Promise | None, bool]:
+    """(the promise file's content, whether it was damaged in every slot). A damaged file
+    stays where it is until the first promise replaces it: removed, a restart before that
+    would read "no promise file" (an upgrade) and vote as if nothing were promised."""
+    try:
+        return read_promise(path), False
+    except PromiseDamagedError as exc:
+        logger.error(
+            "node=%s promise file %s damaged (%s): what this member promised and its copy "
+            "of the hard state are unknown. Assumed: it may have acknowledged entries beyond "
+            "its log and voted in any term up to the first leader's it hears from; it starts "
+            "repairing with its vote counted as lost (no votes, counted towards no commit) "
+            "until a leader elected without it brings its log past that leader's commit index "
+            "and an entry of its term; the file is rewritten once it is repaired",
+            node_id,
+            path,
+            exc,
+        )
+        return None, True
 
 
 def _effective_promise(node_id: str, promise: Promise | None, last: int) -> int:
@@ -134,12 +165,27 @@ def _read_meta(store: SegmentedLogStore, have_copy: bool) -> tuple[HardState | N
         return None, True
 
 
+def hold_promise(writer: PromiseWriter, repairing: Callable[[], bool]) -> None:
+    """Write nothing through ``writer`` while ``repairing()`` says the repair of an unknown
+    promise runs (the file was damaged in both slots, ``StartState.promise_damaged``). A
+    file rewritten then would hold only what the member promised since its start: a restart
+    before the repair ended would read it as the whole promise and vote on a log that may
+    lack what it acknowledged. Left damaged, a restart starts the same repair again. The
+    first write after the repair ended carries everything promised meanwhile."""
+    _HOLDS[writer] = repairing
+
+
 def write_promise(
     writer: PromiseWriter, index: int, hard_state: HardState, durable_index: int | None = None
 ) -> None:
     """Make the promise durable (``durable_index``: what the store held durably when the
     job began; None: all of it, written after the flush). A full disk (only creating the
     file allocates) is a DiskFullError, retried by the job like a refused append."""
+    held = _HOLDS.get(writer)
+    if held is not None:
+        if held():
+            return
+        _HOLDS.pop(writer, None)
     try:
         writer.write(index, hard_state, durable_index)
     except OSError as exc:
@@ -148,4 +194,11 @@ def write_promise(
         raise
 
 
-__all__ = ["PromiseError", "StartState", "promise_file", "recover", "write_promise"]
+__all__ = [
+    "PromiseError",
+    "StartState",
+    "hold_promise",
+    "promise_file",
+    "recover",
+    "write_promise",
+]

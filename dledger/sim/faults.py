@@ -55,6 +55,9 @@ STORAGE_SHAPES = (
     # The issue's scenario: a minority is cut off while entries commit, then the follower
     # that acknowledged the most forgets them and the leader crashes at once.
     "forgetful",
+    # Its log goes back to an older prefix of itself and both slots of its promise file are
+    # damaged (what it acknowledged is unknown; its ``meta`` survives).
+    "damage_promise",
 )
 STORAGE_SEED_PCT = 30
 # ``forgetful``: the minority is cut off this long (ms) before the follower forgets.
@@ -175,9 +178,10 @@ def generate_storage(
     rng: random.Random, nodes: Sequence[str], fault_phase_ms: int
 ) -> list[FaultEvent]:
     """At most one storage fault over ``[0, fault_phase_ms)``, from its own PRNG (as
-    forgeries): ``rollback`` or ``lose_meta`` of a random node (it restarts 1-30 ms later), or
-    the ``forgetful`` pair (``forgetful_lag`` cuts a minority off; ``forgetful`` rolls back
-    the follower that acknowledged the most and crashes the leader)."""
+    forgeries): ``rollback``, ``lose_meta`` or ``damage_promise`` of a random node (it
+    restarts 1-30 ms later), or the ``forgetful`` pair (``forgetful_lag`` cuts a minority
+    off; ``forgetful`` rolls back the follower that acknowledged the most and crashes the
+    leader)."""
     if rng.randrange(100) >= STORAGE_SEED_PCT:
         return []
     shape = rng.choice(STORAGE_SHAPES)

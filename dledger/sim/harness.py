@@ -41,7 +41,7 @@ def finish_ready(node: RaftNode, log: MemLog, rd: Ready) -> list[Message]:
     persist, then return the messages to send now; ``rd.committed`` is the caller's to apply.
     """
     persist(log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
-    log.save_promise(rd.promise, rd.hard_state)
+    log.save_promise(rd.promise, rd.hard_state, hold=node.repairing)
     node.advance(rd)
     return list(rd.messages)
 

@@ -40,6 +40,9 @@ class MemLog:
         # vouched for and the copy of the hard state. Survives everything done to the log.
         self.promised = 0
         self.promise_hs: HardState | None = None
+        # Both slots of the promise file damaged (``damage_promise``): unknown until rewritten.
+        self.promise_damaged = False
+        self._held = 0  # promised while the damaged file was held
         self._on_append = on_append
         # For the simulator's checks: (first truncated index, prefix hashes of the removed
         # entries) per truncation since the checker last cleared the list.
@@ -127,18 +130,36 @@ class MemLog:
     def save_hard_state(self, state: HardState) -> None:
         self._hard_state = state
 
-    def save_promise(self, index: int | None, state: HardState | None) -> None:
-        """A Ready's promise and hard state copy, after its entries (durable at once)."""
+    def save_promise(
+        self, index: int | None, state: HardState | None, *, hold: bool = False
+    ) -> None:
+        """A Ready's promise and hard state copy, after its entries (durable at once).
+        ``hold``: the repair of an unknown promise runs; a damaged file stays as it is
+        (``dledger.server.promises.hold_promise``), what is promised is remembered."""
         if index is None and state is None:
             return
+        if self.promise_damaged:
+            if index is not None:
+                self._held = max(self._held, index)
+            if hold:
+                return
+            # The driver's writer knows no current promise: it creates the file anew, with
+            # everything promised while it held.
+            self.promise_damaged = False
+            self.promised = self._held
         if index is not None:
             self.promised = max(self.promised, index)
         # The copy is of the hard state as the same job left it (saved just before).
         self.promise_hs = state if state is not None else self._hard_state
 
-    def start_state(self) -> tuple[Promised, HardState]:
+    def start_state(self, applied_index: int = 0) -> tuple[Promised, HardState]:
         """What a driver reads at start: the promise, and the hard state recovered from the
-        meta file and the promise's copy (the newer; docs/RAFT.md section 11)."""
+        meta file and the promise's copy (the newer; docs/RAFT.md section 11). A damaged
+        promise file: the log's end or the applied index (``dledger.server.promises``)."""
+        if self.promise_damaged:
+            hs = self._hard_state
+            index = max(self.last_index(), applied_index)
+            return Promised(index, vote_lost=True), hs or HardState()
         hs = newer_hard_state(self._hard_state, self.promise_hs)
         lost = hs is None and self.last_index() > 0
         return Promised(self.promised, vote_lost=lost), hs if hs is not None else HardState()
@@ -164,6 +185,13 @@ class MemLog:
         del self._chains[index + 1 :]
         self._durable = min(self._durable, index)
         return lost
+
+    def damage_promise(self) -> None:
+        """A storage fault: both slots of the promise file are damaged (what it promised and
+        its copy of the hard state are unknown; ``meta`` survives)."""
+        self.promise_damaged = True
+        self.promise_hs = None
+        self._held = 0
 
     def lose_meta(self) -> None:
         """A storage fault: the hard state file is gone (the promise file survives)."""

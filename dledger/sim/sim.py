@@ -453,7 +453,7 @@ class Simulation:
         node.accepted = {}
         node.staged = {}
         node.seen_leader_term = -1
-        promised, hard_state = node.log.start_state()
+        promised, hard_state = node.log.start_state(node.applied)
         node.core = RaftNode(
             node.id,
             self.boot_ids,
@@ -546,7 +546,7 @@ class Simulation:
         if rd.snapshot is not None:
             self._install(node, rd.snapshot)
         persist(node.log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
-        node.log.save_promise(rd.promise, rd.hard_state)
+        node.log.save_promise(rd.promise, rd.hard_state, hold=core.repairing)
         if node.log.truncated:
             self._check_truncations(node)  # before this Ready's committed entries apply
         if not self._send_before_persist and self._send_all(node, rd.messages):
@@ -797,7 +797,7 @@ class Simulation:
         start in it, its log ending below its promise)."""
         if node.core is not None:
             return node.core.repairing
-        return node.log.last_index() < node.log.promised
+        return node.log.promise_damaged or node.log.last_index() < node.log.promised
 
     def _on_new_leader(self, node: _Node, term: int) -> None:
         other = self._leaders.get(term)
@@ -942,6 +942,8 @@ class Simulation:
                 target.log.lose_meta()
             else:
                 self._rollback(target, target.log.last_index() - rng.randint(1, 40))
+            if f.shape == "damage_promise":
+                target.log.damage_promise()
         self.storage_faults += 1
         at = self.now + rng.randint(1, 30)
         self._push(at, _FAULT, FaultEvent(at, "restart", target=target.id))

@@ -71,6 +71,14 @@ class PromiseError(DLedgerError):
         self.path = path
 
 
+class PromiseDamagedError(PromiseError):
+    """No slot of the promise file holds a valid promise (both damaged, or the file has the
+    wrong size): what it promised is unknown. The node starts repairing with its vote counted
+    as lost (docs/RAFT.md section 11); the file is rewritten at its next promise."""
+
+    code = "PROMISE_DAMAGED"
+
+
 class PromiseVersionError(PromiseError):
     """The promise file was written by a newer format version than this code reads."""
 
@@ -198,7 +206,7 @@ def decode_promise(data: bytes) -> Promise:
     a write a crash tore (the other slot holds the previous promise); a newer format version
     in any slot is refused."""
     if len(data) != FILE_BYTES:
-        raise PromiseError(f"promise file is {len(data)} bytes, expected {FILE_BYTES}")
+        raise PromiseDamagedError(f"promise file is {len(data)} bytes, expected {FILE_BYTES}")
     found: list[Promise] = []
     errors: list[str] = []
     for i in range(SLOT_COUNT):
@@ -212,13 +220,14 @@ def decode_promise(data: bytes) -> Promise:
         if p is not None:
             found.append(p)
     if not found:
-        raise PromiseError("no valid slot (" + ("; ".join(errors) or "both empty") + ")")
+        raise PromiseDamagedError("no valid slot (" + ("; ".join(errors) or "both empty") + ")")
     return max(found, key=lambda p: p.sequence)
 
 
 def read_promise(path: str | os.PathLike[str]) -> Promise | None:
     """The promise stored at ``path``; None when there is no file. PromiseError (with the
-    path in its message) when it is damaged or unreadable, PromiseVersionError when newer."""
+    path in its message) when it is unreadable, PromiseDamagedError when no slot is valid,
+    PromiseVersionError when newer."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -230,6 +239,8 @@ def read_promise(path: str | os.PathLike[str]) -> Promise | None:
         return decode_promise(data)
     except PromiseVersionError as e:
         raise PromiseVersionError(f"promise file {p}: {e}", path=str(p)) from None
+    except PromiseDamagedError as e:
+        raise PromiseDamagedError(f"promise file {p}: {e}", path=str(p)) from None
     except PromiseError as e:
         raise PromiseError(f"promise file {p}: {e}", path=str(p)) from None
 

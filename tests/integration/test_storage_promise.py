@@ -193,3 +193,66 @@ def test_a_deleted_meta_file_is_recovered_from_the_promise_file(
         assert after == before or after.term > before.term, (before, after)
         assert after != HardState(before.term, None)
         client.append([b"y"])
+
+
+def _damage_both_slots(path: Path) -> None:
+    """Flip a byte inside each slot's record head (the sequence number): both CRCs fail."""
+    data = bytearray(path.read_bytes())
+    assert len(data) == 2048
+    for slot in range(2):
+        data[slot * 1024 + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """Before, the member refused to start until a person acted. Now it starts repairing with
+    its vote counted as lost, is repaired by the leader and votes again by itself."""
+    cluster = local_group(3, flushDiskType="SYNC_FLUSH")
+    leader = cluster.wait_leader()
+    follower, third = [n.node_id for n in cluster.nodes if n.node_id != leader]
+    acked: list[bytes] = []
+    with cluster.client() as client:
+        for i in range(0, 200, BATCH):
+            values = [b"acked-%05d" % (i + k) for k in range(BATCH)]
+            client.append(values)
+            acked.extend(values)
+        wait_for(_converged(cluster, client), 20, "the group to converge")
+        # Both slots (one written, and the other written or empty) damaged while it is down.
+        cluster.signal(follower, signal.SIGTERM)
+        wait_for(lambda: cluster.pid(cluster.node(follower)) is None, 20, "the follower to stop")
+        path = promise_path(cluster.base / follower, follower)
+        _damage_both_slots(path)
+        restarted = time.monotonic()
+        cluster.start(follower)
+        # Sends go on meanwhile (leader + third); the follower repairs with no manual step.
+        for i in range(200, 400, BATCH):
+            values = [b"acked-%05d" % (i + k) for k in range(BATCH)]
+            client.append(values)
+            acked.extend(values)
+        wait_for(
+            lambda: _repaired(cluster, follower)() and _converged(cluster, client)(),
+            REPAIRED_WITHIN_S - (time.monotonic() - restarted),
+            "the member with the damaged promise file to be repaired",
+        )
+        found = 'raftmq_corruption_found_total{found_by="promise"}'
+        assert _metric(cluster, follower, found) == 1
+        text = Path(cluster.node(follower).log).read_text()
+        assert f"promise file {path} damaged" in text and "vote counted as lost" in text
+        promise = read_promise(path)  # rewritten at its next promise
+        assert promise is not None and promise.promised_index > 0
+        # It votes again: with the leader down, it and the third member elect one of them.
+        cluster.signal(leader, signal.SIGKILL)
+        killed = time.monotonic()
+        _append_until_acked(client, b"after-leader-killed", LEADER_AFTER_RESTART_S)
+        assert time.monotonic() - killed <= LEADER_AFTER_RESTART_S
+        acked.append(b"after-leader-killed")
+        cluster.start(leader)
+        wait_for(_converged(cluster, client), 30, "the group to converge")
+        log = _committed_logs_identical(cluster, client)
+    bodies = [body for (_, _, typ, body) in log if typ == 0]
+    missing = sorted(set(acked) - set(bodies))
+    assert not missing, f"{len(missing)} acknowledged entries lost, e.g. {missing[:3]}"
+    assert len(bodies) == len(set(bodies)), "an entry was applied twice"
+    assert third  # (the member that stayed up throughout)

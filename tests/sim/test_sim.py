@@ -67,6 +67,18 @@ def test_a_forgetful_follower_is_repaired_and_never_elected() -> None:
     assert len(caught) >= 3, caught
 
 
+def test_a_damaged_promise_file_with_a_rolled_back_log_is_repaired() -> None:
+    """faults.STORAGE_SHAPES "damage_promise": a member's log goes back and both slots of its
+    promise file are damaged (what it acknowledged is unknown). Every such seed runs clean,
+    and the member repairs."""
+    seeds = [s for s in range(600) if _has_storage_fault(s, "damage_promise")][:12]
+    assert len(seeds) >= 8
+    results = [run_seed(seed, 3) for seed in seeds]
+    assert [r.violation for r in results] == [None] * len(seeds)
+    assert sum(r.storage_faults for r in results) >= len(seeds) // 2
+    assert sum(r.repairs for r in results) >= 3
+
+
 def _has_storage_fault(seed: int, shape: str) -> bool:
     return any(f.kind == "storage" and f.shape == shape for f in Simulation(seed, 3).faults)
 

@@ -348,6 +348,8 @@ def _peer_call(servicer: Any, method: str, context: _PeerContext) -> bool:
     """Whether the real peer servicer serves ``method`` for ``context`` (False: refused)."""
     if method == "Join":
         call = servicer.Join(dpb.JoinRequest(group=MEMBER_GROUP, node_id=NODE), context)
+    elif method == "Holdings":
+        call = servicer.Holdings(dpb.HoldingsRequest(group=MEMBER_GROUP), context)
     else:
         call = getattr(servicer, method)(_no_messages(), context)
     try:
@@ -375,6 +377,14 @@ def test_the_peer_port_serves_members_only(member: tuple[bytes, Any]) -> None:
         join=lambda request: asyncio.sleep(0, dpb.JoinResponse()),
         snapshots_in=SimpleNamespace(
             receive=lambda sender, chunks: asyncio.sleep(0, dpb.SnapshotReply())
+        ),
+        core=SimpleNamespace(term=1, repairing=False, repair_target=0, leader_id=None),
+        store=SimpleNamespace(
+            first_index=lambda: 1,
+            last_index=lambda: 0,
+            term_at=lambda index: 0,
+            chain_at=lambda index: 0,
+            damage=None,
         ),
     )
     servicer = _PeerServicer(node)  # type: ignore[arg-type]

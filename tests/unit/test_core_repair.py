@@ -18,7 +18,7 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
-from dledger.core.messages import REJECT_ALREADY_VOTED, REJECT_REPAIRING
+from dledger.core.messages import REJECT_ALREADY_VOTED, REJECT_REPAIRING, Message
 from dledger.core.repair import Promised, newer_hard_state
 from dledger.log import Entry, HardState
 from dledger.sim.harness import Cluster, drain, finish_ready
@@ -237,3 +237,96 @@ def test_lost_meta_is_recovered_from_the_promise_copy_no_double_vote() -> None:
     node = c.crash_and_restart(voter)
     assert (node.term, node.voted_for) == (hs.term, hs.voted_for)
     assert not node.repairing
+
+
+# --- An unknown promise: the promise file damaged in both slots (docs/RAFT.md section 11) ---
+
+
+def _unknown_promise_follower() -> tuple[RaftNode, MemLog]:
+    """n0 holds 1..3 of term 2 and a good ``meta`` (term 2, voted n1), but its promise file
+    is damaged in both slots: what it acknowledged beyond index 3 is unknown."""
+    log = MemLog()
+    log.append([Entry(2, i, b"e%d" % i) for i in (1, 2, 3)])
+    log.flush()
+    log.save_hard_state(HardState(2, "n1"))
+    log.damage_promise()
+    promised, hs = log.start_state()
+    assert promised == Promised(3, vote_lost=True) and hs == HardState(2, "n1")
+    node = RaftNode(
+        "n0", ["n1", "n2"], log, CFG, random.Random(0), promised=promised, hard_state=hs
+    )
+    return node, log
+
+
+def _append(
+    node: RaftNode, log: MemLog, prev: int, prev_term: int, entries: list[Entry], commit: int
+) -> list[Message]:
+    node.step(AppendRequest("n1", "n0", 4, prev, prev_term, tuple(entries), commit))
+    return drain(node, log)
+
+
+def test_an_unknown_promise_repairs_past_the_leaders_commit_index_not_its_first_entry() -> None:
+    node, log = _unknown_promise_follower()
+    assert node.repairing
+    node.step(VoteRequest("n2", "n0", 4, 9, 3))
+    votes = [m for m in drain(node, log) if isinstance(m, VoteResponse)]
+    assert [m.reject_reason for m in votes] == [REJECT_REPAIRING] and not votes[0].granted
+    # The leader of term 4 announces commit index 6 in its first append (the follower may
+    # have acknowledged up to there before it lost its promise). An entry of term 4 alone
+    # (the rule of a known promise) does not end the repair.
+    out = _append(node, log, 3, 2, [Entry(4, 4, b"")], 6)
+    acks = [m for m in out if isinstance(m, AppendResponse)]
+    assert acks and all(m.repairing for m in acks)
+    assert node.repairing and node.voted_for == "n1"
+    # A later append with a higher commit index does not move the target (no chasing).
+    _append(node, log, 4, 4, [Entry(4, 5, b"x")], 9)
+    assert node.repairing
+    _append(node, log, 5, 4, [Entry(4, 6, b"y")], 9)
+    assert not node.repairing and node.repairs_completed == 1
+    # Term 4 counts as voted: another candidate of that term gets nothing.
+    node.step(VoteRequest("n2", "n0", 4, 9, 4))
+    resp = [m for m in drain(node, log) if isinstance(m, VoteResponse)]
+    assert resp and not resp[0].granted
+
+
+def test_an_unknown_promise_needs_an_entry_of_the_leaders_term() -> None:
+    """A new leader's commit index may lag what the previous term committed: the repair
+    also needs an entry of the leader's own term (it comes after all it held when elected)."""
+    node, log = _unknown_promise_follower()
+    _append(node, log, 3, 2, [Entry(2, 4, b"a"), Entry(2, 5, b"b")], 2)
+    assert node.repairing  # past the commit index 2, but no entry of term 4 yet
+    _append(node, log, 5, 2, [Entry(4, 6, b"")], 2)
+    assert not node.repairing
+
+
+def test_a_damaged_promise_and_a_rollback_elect_no_leader_that_lost_committed_entries() -> None:
+    """The issue's scenario with the promise file damaged too: the forgetful member neither
+    votes nor counts until the old leader is back and has repaired it; then it votes again."""
+    c = Cluster(3, CFG)
+    leader = c.elect()
+    lagging = next(n for n in c.ids if n != leader)
+    c.isolated.add(lagging)
+    _grow(c, leader, 20)
+    committed = c.nodes[leader].commit_index
+    forgetful = next(n for n in c.ids if n not in (leader, lagging))
+    c.logs[forgetful].rollback(3)
+    c.logs[forgetful].damage_promise()
+    c.crash_and_restart(forgetful)
+    assert c.nodes[forgetful].repairing
+    c.isolated = {leader}
+    before = len(c.sent)
+    c.tick(times=60)
+    assert c.leader() is None  # the forgetful one grants no vote to the lagging one
+    votes = [m for m in c.sent[before:] if isinstance(m, VoteResponse) and m.from_id == forgetful]
+    assert votes and not any(m.granted for m in votes)
+    c.isolated = set()
+    new = c.elect(2_000)
+    assert c.nodes[new].commit_index >= committed
+    c.tick_until(lambda: not c.nodes[forgetful].repairing, 500)
+    assert not c.nodes[forgetful].repairing
+    for i in range(1, committed + 1):
+        assert c.logs[forgetful].read(i) == c.logs[new].read(i)
+    # It votes again: with the leader gone, it and the lagging member elect one of them.
+    c.isolated = {new}
+    other = c.elect(3_000)
+    assert other != new and c.nodes[other].commit_index >= committed

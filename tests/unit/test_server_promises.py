@@ -155,9 +155,45 @@ def test_another_members_or_a_damaged_promise_file_is_refused(
     opened.append(store)
     with pytest.raises(PromiseError, match="member 'n9'"):
         _recover(root, store)
-    promise_path(root, "n0").write_bytes(b"\0" * 100)
-    with pytest.raises(PromiseError, match="promise file"):
-        _recover(root, store)
+
+
+def test_a_promise_file_damaged_in_both_slots_starts_repairing_with_the_vote_lost(
+    root: Path, opened: list[SegmentedLogStore]
+) -> None:
+    """Both slots damaged: the node starts (no person needed), repairing with its vote
+    counted as lost, from ``meta``'s hard state, and says so in one ERROR line."""
+    store = _store(root, 6)
+    opened.append(store)
+    store.save_hard_state(HardState(3, "n1"))
+    _promise(root, 9, HardState(3, "n1"))
+    path = promise_path(root, "n0")
+    data = bytearray(path.read_bytes())
+    for slot in range(2):
+        data[slot * 1024 + 40] ^= 0xFF  # inside the head (or the zeros of the empty slot)
+    path.write_bytes(bytes(data))
+    errors: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("dledger.server.promises")
+    log.addHandler(handler)
+    try:
+        st = _recover(root, store, applied=4)
+    finally:
+        log.removeHandler(handler)
+    assert st.promised == Promised(0, vote_lost=True) and st.promise_damaged  # the log: 6
+    assert st.hard_state == HardState(3, "n1")
+    assert len(errors) == 1 and str(path) in errors[0] and "vote counted as lost" in errors[0]
+    # The damaged file stays until the first promise replaces it (a restart before that
+    # must not read "no promise file").
+    assert path.read_bytes() == bytes(data)
+    st.writer.write(7, HardState(3, "n1"))
+    got = read_promise(path)
+    assert got is not None and got.promised_index == 7
+    st.writer.close()
+    # A file of the wrong size is damage too; the applied index counts as the promise.
+    path.write_bytes(b"\0" * 100)
+    st = _recover(root, store, applied=8)
+    assert st.promised == Promised(8, vote_lost=True)
 
 
 def test_write_promise_goes_through_the_writer(root: Path) -> None:

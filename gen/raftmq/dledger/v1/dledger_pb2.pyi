@@ -245,6 +245,34 @@ class JoinResponse(_message.Message):
     added: bool
     def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., added: _Optional[bool] = ...) -> None: ...
 
+class HoldingsRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class HoldingsResponse(_message.Message):
+    __slots__ = ("first_index", "last_index", "last_term", "last_chain", "term", "repairing", "repair_target", "cut_from", "leader_id")
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    REPAIRING_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_TARGET_FIELD_NUMBER: _ClassVar[int]
+    CUT_FROM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    first_index: int
+    last_index: int
+    last_term: int
+    last_chain: int
+    term: int
+    repairing: bool
+    repair_target: int
+    cut_from: int
+    leader_id: str
+    def __init__(self, first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., last_term: _Optional[int] = ..., last_chain: _Optional[int] = ..., term: _Optional[int] = ..., repairing: _Optional[bool] = ..., repair_target: _Optional[int] = ..., cut_from: _Optional[int] = ..., leader_id: _Optional[str] = ...) -> None: ...
+
 class AppendEntriesRequest(_message.Message):
     __slots__ = ("group", "bodies", "type")
     GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class DLedgerPeerStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotChunk.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotReply.FromString,
                 _registered_method=True)
+        self.Holdings = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerPeer/Holdings',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerPeerServicer:
@@ -75,6 +80,13 @@ class DLedgerPeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Holdings(self, request, context):
+        """What the member's log holds, for a repairing member deciding whether a good copy exists.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +104,11 @@ def add_DLedgerPeerServicer_to_server(servicer, server):
                     servicer.InstallSnapshot,
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotChunk.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotReply.SerializeToString,
+            ),
+            'Holdings': grpc.unary_unary_rpc_method_handler(
+                    servicer.Holdings,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +192,33 @@ class DLedgerPeer:
             '/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotChunk.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SnapshotReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Holdings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerPeer/Holdings',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,8 @@ class DLedgerPeerStub:
     """Add the calling node as a learner (on the leader), answered once committed."""
     InstallSnapshot: _grpc.StreamUnaryMultiCallable[_dledger_pb2.SnapshotChunk, _dledger_pb2.SnapshotReply]
     """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
+    Holdings: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.HoldingsRequest, _dledger_pb2.HoldingsResponse]
+    """What the member's log holds, for a repairing member deciding whether a good copy exists."""
 
 @_typing.type_check_only
 class DLedgerPeerAsyncStub(DLedgerPeerStub):
@@ -51,6 +53,8 @@ class DLedgerPeerAsyncStub(DLedgerPeerStub):
     """Add the calling node as a learner (on the leader), answered once committed."""
     InstallSnapshot: _aio.StreamUnaryMultiCallable[_dledger_pb2.SnapshotChunk, _dledger_pb2.SnapshotReply]  # type: ignore[assignment]
     """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
+    Holdings: _aio.UnaryUnaryMultiCallable[_dledger_pb2.HoldingsRequest, _dledger_pb2.HoldingsResponse]  # type: ignore[assignment]
+    """What the member's log holds, for a repairing member deciding whether a good copy exists."""
 
 class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -76,6 +80,14 @@ class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.SnapshotReply, _abc.Awaitable[_dledger_pb2.SnapshotReply]]:
         """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
+
+    @_abc_1.abstractmethod
+    def Holdings(
+        self,
+        request: _dledger_pb2.HoldingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.HoldingsResponse, _abc.Awaitable[_dledger_pb2.HoldingsResponse]]:
+        """What the member's log holds, for a repairing member deciding whether a good copy exists."""
 
 def add_DLedgerPeerServicer_to_server(servicer: DLedgerPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
