@@ -41,6 +41,15 @@ from dledger.storage.store import META_FILE, DiskFullError, SegmentedLogStore
 
 logger = logging.getLogger(__name__)
 
+# How far a durable promise runs ahead of the acknowledgement that needed it (SYNC_FLUSH):
+# the acknowledgements of the next entries up to there only refresh the exact promise in the
+# page cache, so one fdatasync of the promise file serves this many entries, not one per
+# round (docs/RAFT.md section 11). It bounds the repair target's overshoot in the one case
+# that reads the durable promise rather than the exact one: a power cut and a store rolled
+# back below what it had flushed (the repair then ends once the group's log passes it, or
+# at its next term).
+PROMISE_AHEAD_ENTRIES = 512
+
 
 @dataclass(frozen=True, slots=True)
 class StartState:
@@ -100,6 +109,7 @@ def recover(
         # here, so this member had them (a store replaced under an old promise file, or a
         # store older than the promise file's feature).
         promised = applied_index
+    writer.restart_from(promised)
     return StartState(Promised(promised, vote_lost), hs or HardState(), writer)
 
 
@@ -134,18 +144,38 @@ def _read_meta(store: SegmentedLogStore, have_copy: bool) -> tuple[HardState | N
         return None, True
 
 
-def write_promise(
-    writer: PromiseWriter, index: int, hard_state: HardState, durable_index: int | None = None
-) -> None:
-    """Make the promise durable (``durable_index``: what the store held durably when the
-    job began; None: all of it, written after the flush). A full disk (only creating the
-    file allocates) is a DiskFullError, retried by the job like a refused append."""
+def write_promise(writer: PromiseWriter, index: int, hard_state: HardState) -> None:
+    """Make the promise durable, after the log's flush (everything promised is durable in
+    the store). A full disk (only creating the file allocates) is a DiskFullError, retried
+    by the job like a refused append."""
     try:
-        writer.write(index, hard_state, durable_index)
+        writer.write(index, hard_state)
     except OSError as exc:
         if is_disk_full(exc):
             raise DiskFullError(f"promise file {writer.path}: {exc}") from None
         raise
 
 
-__all__ = ["PromiseError", "StartState", "promise_file", "recover", "write_promise"]
+def write_promise_ahead(
+    writer: PromiseWriter, index: int, hard_state: HardState, durable_index: int
+) -> None:
+    """Make ``index`` plus PROMISE_AHEAD_ENTRIES durable, beside the log's flush of the job
+    that acknowledges ``index`` (``durable_index``: what the store held durably when the job
+    began). DiskFullError as ``write_promise``."""
+    try:
+        writer.write_ahead(index, hard_state, durable_index, PROMISE_AHEAD_ENTRIES)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFullError(f"promise file {writer.path}: {exc}") from None
+        raise
+
+
+__all__ = [
+    "PROMISE_AHEAD_ENTRIES",
+    "PromiseError",
+    "StartState",
+    "promise_file",
+    "recover",
+    "write_promise",
+    "write_promise_ahead",
+]
