@@ -6,14 +6,17 @@ default its sibling ``{store_dir}.promise``; ``NodeConfig.promise_path`` puts it
 another volume say), so a store rolled back, cut or replaced under the same member id is
 noticed: its log ends below the promise and the core starts *repairing*.
 
-Under SYNC_FLUSH the promise of a persist job (``Ready.promise``) is written in a second
-thread while the flush thread appends and flushes the entries (two ``fdatasync`` side by side
-cost about one), and the acknowledgements leave once both are done. The promise records what
-was durable before the job (``durable_index``): at start, a log that ends between that and
-the promise was cut short by a crash during the job, whose acknowledgements never left (the
-promise is then taken as the log's end); a log that ends below it forgot entries it
-acknowledged (the node repairs). A job with a hard state or a cut writes the promise after
-the log, as the hard state's copy must follow ``meta``. Under ASYNC_FLUSH an acknowledgement already
+Under SYNC_FLUSH (docs/RAFT.md section 11) a persist job whose promise (``Ready.promise``)
+the file does not cover durably writes it ``PROMISE_AHEAD_ENTRIES`` ahead, durably, in a
+second thread while the flush thread appends and flushes the entries (two ``fdatasync`` side
+by side cost about one), recording what was durable before the job (``durable_index``); the
+jobs it covers then only refresh the exact promise in the other slot, in the page cache. The
+acknowledgements leave once the job's writes are done. At start, a log that ends between
+``durable_index`` and the promise was cut short by a crash, and holds every entry whose
+acknowledgement left (the promise is then taken as the log's end); a log that ends below it
+forgot entries it acknowledged (the node repairs). A job with a hard state or a cut writes
+the exact promise durably after the log, as the hard state's copy must follow ``meta``.
+Under ASYNC_FLUSH an acknowledgement already
 precedes the disk (an entry in the page cache counts as stable, and a power cut may lose
 the last flush interval on every member at once): a promise of what was only in the page
 cache would, after such a power cut, leave every member below its promise, repairing, and

@@ -8,18 +8,20 @@ acknowledged. The promise file remembers, outside the store directory:
 
 * ``promised_index``: the highest log index this member acknowledged as durable to anyone;
 * ``durable_index``: every index up to it was durable in the store when this promise was
-  written (the server writes the promise and flushes the log side by side, so the promise
-  may run ahead of the log by the persist job in flight: a log that ends between the two
-  was cut short by a crash in that job, whose acknowledgements never left);
+  written (a promise written ahead, beside the log's flush, may run ahead of the log: a log
+  that ends between the two was cut short by a crash, and holds every entry whose
+  acknowledgement left);
 * a copy of the hard state (term, vote), so that a lost or damaged ``meta`` file is never
   read as "term 0, no vote";
 * the group and member it belongs to, so that a file moved to another member is refused.
 
-Format (docs/FORMAT.md, "Promise file"): two fixed-size slots, written alternately, each
-with a sequence number and a CRC. A write replaces only the older slot and is made durable
-with one ``fdatasync`` (no rename, no directory sync: the file never changes size after its
-creation); a write torn by a crash leaves the other slot, the previous promise, intact. The
-reader takes the valid slot with the highest sequence number.
+Format (docs/FORMAT.md, "Promise file"): two fixed-size slots, each with a sequence number
+and a CRC. The last slot written with ``fdatasync`` is the *anchor*; every write goes to the
+other slot (no rename, no directory sync: the file never changes size after its creation),
+so a write torn by a crash leaves the anchor intact. :class:`PromiseWriter` makes a promise
+durable ahead of the acknowledgements (``write_ahead``) and records the exact one in the
+page cache meanwhile (``refresh``; docs/RAFT.md section 11). The reader takes the valid slot
+with the highest sequence number.
 
 The functions ``encode_slot``, ``decode_slot``, ``decode_promise`` and ``promise_path`` are
 pure (stdlib + ``crc32c``); ``read_promise`` reads a file and :class:`PromiseWriter` writes
@@ -401,20 +403,24 @@ class PromiseWriter:
             view = view[os.pwrite(fd, view, offset + SLOT_BYTES - len(view)) :]
 
     def _open(self) -> int:
-        """The open file; on opening, the anchor is its newest valid slot, made durable
-        here (a restarted process may find its last writes in the page cache only)."""
+        """The open file. Opened by this writer for the first time, the anchor is its newest
+        valid slot, made durable here (a restarted process may find its last writes in the
+        page cache only); reopened after ``_create``, the anchor is the slot it wrote."""
         if self._fd is None:
             fd = os.open(self.path, os.O_RDWR)
             try:
                 if os.fstat(fd).st_size != FILE_BYTES:
                     raise OSError(errno.EIO, f"promise file {self.path} changed size")
-                self._anchor = _newest_slot(os.pread(fd, FILE_BYTES, 0))
-                os.fdatasync(fd)
+                if self._anchor is None:
+                    anchor = _newest_slot(os.pread(fd, FILE_BYTES, 0))
+                    os.fdatasync(fd)
+                    self.syncs += 1
+                    self._anchor = anchor
+                    self._ceiling = 0 if self._current is None else self._current.promised_index
             except BaseException:
                 os.close(fd)
                 raise
             self._fd = fd
-            self._ceiling = 0 if self._current is None else self._current.promised_index
         return self._fd
 
     def _create(self, slot: bytes, seq: int) -> None:
@@ -442,14 +448,15 @@ class PromiseWriter:
             os.close(dfd)
 
     def close(self) -> None:
-        """Make the last refresh durable and close the file."""
+        """Make the last refresh durable and close the file (a later write opens it anew and
+        takes its newest slot as the anchor)."""
         if self._fd is not None:
             try:
                 self.sync()
             finally:
                 os.close(self._fd)
                 self._fd = None
-                self._anchor = None
+        self._anchor = None
 
 
 def _newest_slot(data: bytes) -> int:

@@ -12,6 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from broker.cluster import _free_ports
 from dledger.core import (
     AppendRequest,
@@ -23,6 +25,7 @@ from dledger.core import (
     VoteResponse,
 )
 from dledger.log import Entry, EntryType
+from dledger.server import node as node_module
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
@@ -266,6 +269,53 @@ def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
     assert total == st.f_blocks * st.f_frsize > 0
     assert 0 < free <= total
     assert _disk_space(tmp_path / "gone") == (0, 0)
+
+
+def test_acks_under_a_durable_promise_do_not_fsync_the_promise_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: SYNC_FLUSH, one entry per round; an ack writes the promise durably
+    PROMISE_AHEAD_ENTRIES ahead, the next ones only refresh it (each one still in the file,
+    exact, when its answer leaves), so the rounds fsync the log and not the promise file."""
+    path = promise_path_for_store(tmp_path / "s")
+    real = os.fdatasync
+    promise_syncs: list[int] = []
+
+    def counting(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            promise_syncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    # No checkpoint during the test (each one makes the last refresh durable).
+    monkeypatch.setattr(node_module, "CHECKPOINT_INTERVAL_MS", 3_600_000)
+    rounds = 20
+
+    async def body(node: DLedgerNode) -> None:
+        acked: list[tuple[int, int]] = []
+
+        def send(m: Message) -> None:
+            if isinstance(m, AppendResponse) and m.success:
+                got = read_promise(path)
+                acked.append((m.match_index, got.promised_index if got else -1))
+
+        assert node._transport is not None
+        node._transport.send = send  # type: ignore[method-assign]
+        # The first append carries a new term: its job writes the hard state and the exact
+        # promise durably; the second one's promise is written ahead, durably.
+        node.on_peer_message("n1", to_pb(_append(0, 1), "g"))
+        await _until(lambda: len(acked) == 1, "the first ack")
+        node.on_peer_message("n1", to_pb(_append(1, 1), "g"))
+        await _until(lambda: len(acked) == 2, "the second ack")
+        first = len(promise_syncs)
+        for prev in range(2, rounds):
+            node.on_peer_message("n1", to_pb(_append(prev, 1), "g"))
+            want = prev + 1
+            await _until(lambda w=want: len(acked) == w, f"the ack of {want}")
+        assert acked == [(i, i) for i in range(1, rounds + 1)]
+        assert len(promise_syncs) == first  # no fdatasync of the promise after the first
+
+    _run_follower(tmp_path, body)
 
 
 def test_the_promise_file_holds_each_ack_before_it_leaves(tmp_path: Path) -> None:
