@@ -92,6 +92,7 @@ from dledger.server.membership import (
 from dledger.server.metrics import RaftStats
 from dledger.server.promises import (
     PromiseError,
+    promise_ahead_entries,
     promise_file,
     recover,
     write_promise,
@@ -529,14 +530,10 @@ class DLedgerNode:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         conf = self._start_conf()
         try:
-            start = recover(
-                cfg.group,
-                cfg.self_id,
-                self.store,
-                promise_file(cfg.store_dir, cfg.promise_path),
-                self._applied,
-            )
+            promise = promise_file(cfg.store_dir, cfg.promise_path)
+            start = recover(cfg.group, cfg.self_id, self.store, promise, self._applied)
             self._promises = start.writer
+            self._promise_ahead = promise_ahead_entries(cfg.store_dir, promise)
             self._hard_state = start.hard_state
             self._promise_wanted = start.promised.index
             self.core = RaftNode(
@@ -1330,6 +1327,7 @@ class DLedgerNode:
                 rd.promise,
                 self._hard_state,
                 self.store.flushed_index(),
+                self._promise_ahead,
             )
             job = functools.partial(self._beside_job, job, promise)
         # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
