@@ -93,10 +93,13 @@ from dledger.server.membership import (
 from dledger.server.metrics import RaftStats
 from dledger.server.promises import (
     PromiseError,
+    held,
     hold_promise,
+    promise_ahead_entries,
     promise_file,
     recover,
     write_promise,
+    write_promise_ahead,
 )
 from dledger.server.scrub import (
     DEFAULT_SCRUB_BYTES_PER_S,
@@ -531,14 +534,10 @@ class DLedgerNode:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         conf = self._start_conf()
         try:
-            start = recover(
-                cfg.group,
-                cfg.self_id,
-                self.store,
-                promise_file(cfg.store_dir, cfg.promise_path),
-                self._applied,
-            )
+            promise = promise_file(cfg.store_dir, cfg.promise_path)
+            start = recover(cfg.group, cfg.self_id, self.store, promise, self._applied)
             self._promises = start.writer
+            self._promise_ahead = promise_ahead_entries(cfg.store_dir, promise)
             if start.promise_damaged:
                 self.corruption_found["promise"] = 1
             self._hard_state = start.hard_state
@@ -1352,30 +1351,32 @@ class DLedgerNode:
         job without writing the append: it is retried until space returns, and nothing that
         depends on it is sent meanwhile."""
         sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        # SYNC_FLUSH, a promise that grows, no hard state and no cut: the promise is written
-        # in its own thread while the flush thread writes the log (two fdatasync side by side
-        # cost about one; docs/PERFORMANCE.md), recording what was durable before the job.
+        # SYNC_FLUSH, a promise beyond what the promise file covers durably, no hard state
+        # and no cut: the promise, PROMISE_AHEAD_ENTRIES ahead, is written in its own thread
+        # while the flush thread writes the log (two fdatasync side by side cost about one),
+        # recording what was durable before the job. The jobs after it only refresh the
+        # exact promise (no fdatasync) until they pass it (dledger.server.promises).
         beside = (
             sync
             and rd.promise is not None
-            and rd.promise > self._promise_wanted
+            and rd.promise > self._promises.ceiling
             and rd.hard_state is None
             and rd.truncate_from is None
             and rd.snapshot is None
         )
-        jobs: list[Callable[[], None]] = [functools.partial(self._persist_job, rd, sync, beside)]
+        job: Callable[[], None] = functools.partial(self._persist_job, rd, sync, beside)
         if beside:
             assert rd.promise is not None
-            self._promise_wanted = rd.promise
-            jobs.append(
-                functools.partial(
-                    write_promise,
-                    self._promises,
-                    rd.promise,
-                    self._hard_state,
-                    self.store.flushed_index(),
-                )
+            self._promise_wanted = max(self._promise_wanted, rd.promise)
+            promise = functools.partial(
+                write_promise_ahead,
+                self._promises,
+                rd.promise,
+                self._hard_state,
+                self.store.flushed_index(),
+                self._promise_ahead,
             )
+            job = functools.partial(self._beside_job, job, promise)
         # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
         # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
         # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
@@ -1385,33 +1386,37 @@ class DLedgerNode:
         while True:
             try:
                 if inline:
-                    jobs[0]()
+                    job()
                 else:
-                    await self._run_beside(jobs)
+                    await asyncio.get_running_loop().run_in_executor(self._flush_pool, job)
                 return
             except DiskFullError as exc:
                 self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
             await asyncio.sleep(PERSIST_RETRY_MS / 1000)
 
-    async def _run_beside(self, jobs: Sequence[Callable[[], None]]) -> None:
-        """The log job in the flush thread, the promise (if any) in its own, both waited
-        for; the first error of either is raised (both are safe to run again)."""
-        loop = asyncio.get_running_loop()
-        pools = (self._flush_pool, self._promise_pool)
-        results = await asyncio.gather(
-            *(loop.run_in_executor(pool, job) for pool, job in zip(pools, jobs, strict=False)),
-            return_exceptions=True,
-        )
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+    def _beside_job(self, log_job: Callable[[], None], promise_job: Callable[[], None]) -> None:
+        """In the flush thread: hand the durable promise to its own thread, write and flush
+        the log here, and once both are done refresh the exact promise; the first error is
+        raised (every step is safe to run again). The event loop waits for this one job: one
+        hop to a thread and one wake-up per round, not two and a gather."""
+        promised = self._promise_pool.submit(promise_job)
+        try:
+            log_job()
+        finally:
+            # Never return (nor retry the job) while the promise write still runs: one writer.
+            failed = promised.exception()
+        if failed is not None:
+            raise failed
+        self._refresh_promise()
 
     def _persist_job(self, rd: Ready, sync: bool, promised_beside: bool) -> None:
         """Step 2 of the Ready contract: hard state, cut, entries, flush, then the promise
         (with the hard state's copy) before any acknowledgement leaves, unless it is being
-        written beside this job. Under ASYNC_FLUSH the promise follows what the store
-        flushed (dledger.server.promises), written here only with a hard state change; the
-        checkpoint catches up the rest."""
+        written beside this job. Under SYNC_FLUSH a job with a hard state, a cut or a
+        snapshot writes the promise durably after the log; a job whose promise the file
+        covers durably already refreshes the exact promise (no fdatasync). Under ASYNC_FLUSH
+        the promise follows what the store flushed (dledger.server.promises), written here
+        only with a hard state change; the checkpoint catches up the rest."""
         persist(self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync)
         if rd.hard_state is not None:
             self._hard_state = rd.hard_state
@@ -1419,10 +1424,23 @@ class DLedgerNode:
             return
         if rd.promise is not None:
             self._promise_wanted = max(self._promise_wanted, rd.promise)
-        if sync and (rd.promise is not None or rd.hard_state is not None):
+        if not sync:
+            if rd.hard_state is not None:
+                self._write_flushed_promise()
+            return
+        plain = rd.hard_state is None and rd.truncate_from is None and rd.snapshot is None
+        if plain and rd.promise is not None and rd.promise <= self._promises.ceiling:
+            self._refresh_promise()
+        elif rd.promise is not None or rd.hard_state is not None:
             write_promise(self._promises, self._promise_wanted, self._hard_state)
-        elif rd.hard_state is not None:
-            self._write_flushed_promise()
+
+    def _refresh_promise(self) -> None:
+        """SYNC_FLUSH, in the flush thread after the log's flush: the exact promise and what
+        the store flushed, in the page cache (the durable promise covers it already);
+        nothing while the promise is held (a damaged file's repair)."""
+        if held(self._promises):
+            return
+        self._promises.refresh(self._promise_wanted, self._hard_state, self.store.flushed_index())
 
     def _write_flushed_promise(self) -> None:
         """ASYNC_FLUSH: promise only what the store flushed (in the flush thread)."""
@@ -1468,7 +1486,11 @@ class DLedgerNode:
 
     def _checkpoint_job(self, commit_index: int, applied_index: int) -> None:
         self.store.write_checkpoint(commit_index, applied_index)
-        if self.cfg.store.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+        if self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            # The refreshed exact promise made durable once per checkpoint: after a power
+            # cut the file is at most this far behind the acknowledgements (section 11).
+            self._promises.sync()
+        else:
             try:
                 self._write_flushed_promise()
             except DiskFullError as exc:

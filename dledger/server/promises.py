@@ -6,14 +6,17 @@ default its sibling ``{store_dir}.promise``; ``NodeConfig.promise_path`` puts it
 another volume say), so a store rolled back, cut or replaced under the same member id is
 noticed: its log ends below the promise and the core starts *repairing*.
 
-Under SYNC_FLUSH the promise of a persist job (``Ready.promise``) is written in a second
-thread while the flush thread appends and flushes the entries (two ``fdatasync`` side by side
-cost about one), and the acknowledgements leave once both are done. The promise records what
-was durable before the job (``durable_index``): at start, a log that ends between that and
-the promise was cut short by a crash during the job, whose acknowledgements never left (the
-promise is then taken as the log's end); a log that ends below it forgot entries it
-acknowledged (the node repairs). A job with a hard state or a cut writes the promise after
-the log, as the hard state's copy must follow ``meta``. Under ASYNC_FLUSH an acknowledgement already
+Under SYNC_FLUSH (docs/RAFT.md section 11) a persist job whose promise (``Ready.promise``)
+the file does not cover durably writes it ``PROMISE_AHEAD_ENTRIES`` ahead, durably, in a
+second thread while the flush thread appends and flushes the entries (two ``fdatasync`` side
+by side cost about one), recording what was durable before the job (``durable_index``); the
+jobs it covers then only refresh the exact promise in the other slot, in the page cache. The
+acknowledgements leave once the job's writes are done. At start, a log that ends between
+``durable_index`` and the promise was cut short by a crash, and holds every entry whose
+acknowledgement left (the promise is then taken as the log's end); a log that ends below it
+forgot entries it acknowledged (the node repairs). A job with a hard state or a cut writes
+the exact promise durably after the log, as the hard state's copy must follow ``meta``.
+Under ASYNC_FLUSH an acknowledgement already
 precedes the disk (an entry in the page cache counts as stable, and a power cut may lose
 the last flush interval on every member at once): a promise of what was only in the page
 cache would, after such a power cut, leave every member below its promise, repairing, and
@@ -24,6 +27,7 @@ with every hard state change (which fsyncs anyway) and every checkpoint.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +51,32 @@ logger = logging.getLogger(__name__)
 # Writers of a promise file found damaged at start, with what says the repair of the unknown
 # promise still runs: until it is done, nothing is written (hold_promise).
 _HOLDS: weakref.WeakKeyDictionary[PromiseWriter, Callable[[], bool]] = weakref.WeakKeyDictionary()
+
+# How far a durable promise runs ahead of the acknowledgement that needed it (SYNC_FLUSH):
+# the acknowledgements of the next entries up to there only refresh the exact promise in the
+# page cache, so one fdatasync of the promise file serves this many entries, not one per
+# round (docs/RAFT.md section 11). It bounds the repair target's overshoot in the one case
+# that reads the durable promise rather than the exact one: a power cut and a store rolled
+# back below what it had flushed (the repair then ends once the group's log passes it, or
+# at its next term).
+PROMISE_AHEAD_ENTRIES = 512
+
+
+def promise_ahead_entries(store_dir: str, promise: Path) -> int:
+    """How far the durable promise runs ahead for the store at ``store_dir`` whose promise
+    file is ``promise``: PROMISE_AHEAD_ENTRIES when both are on one device, 0 (every
+    acknowledgement durable in the promise file before it leaves) when the promise file is
+    on a device of its own. A promise file beside its store shares the store's fate: a power
+    cut that rolls the store back (a write cache that lied) takes the unsynced refreshes
+    with it, as it would take a synced promise on that same disk, and an honest disk keeps
+    every flushed entry, so reading the anchor instead of the refresh forgets nothing. A
+    promise put on another device (``dLegerPromisePath``) is there to outlive the store's
+    device: it keeps the exact promise durably, at the cost of one fdatasync per round."""
+    try:
+        same = os.stat(store_dir).st_dev == os.stat(promise.parent).st_dev
+    except OSError:
+        same = False  # cannot tell: the safe side
+    return PROMISE_AHEAD_ENTRIES if same else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +140,7 @@ def recover(
         # here, so this member had them (a store replaced under an old promise file, or a
         # store older than the promise file's feature).
         promised = applied_index
+    writer.restart_from(promised)
     return StartState(Promised(promised, vote_lost), hs or HardState(), writer, promise_damaged)
 
 
@@ -175,19 +206,43 @@ def hold_promise(writer: PromiseWriter, repairing: Callable[[], bool]) -> None:
     _HOLDS[writer] = repairing
 
 
-def write_promise(
-    writer: PromiseWriter, index: int, hard_state: HardState, durable_index: int | None = None
-) -> None:
-    """Make the promise durable (``durable_index``: what the store held durably when the
-    job began; None: all of it, written after the flush). A full disk (only creating the
-    file allocates) is a DiskFullError, retried by the job like a refused append."""
-    held = _HOLDS.get(writer)
-    if held is not None:
-        if held():
-            return
-        _HOLDS.pop(writer, None)
+def held(writer: PromiseWriter) -> bool:
+    """Whether ``writer`` must write nothing now (``hold_promise``); a hold whose repair
+    ended is dropped, so the next write carries everything promised meanwhile."""
+    repairing = _HOLDS.get(writer)
+    if repairing is None:
+        return False
+    if repairing():
+        return True
+    _HOLDS.pop(writer, None)
+    return False
+
+
+def write_promise(writer: PromiseWriter, index: int, hard_state: HardState) -> None:
+    """Make the promise durable, after the log's flush (everything promised is durable in
+    the store). A full disk (only creating the file allocates) is a DiskFullError, retried
+    by the job like a refused append. Nothing while the promise is held (``hold_promise``)."""
+    if held(writer):
+        return
     try:
-        writer.write(index, hard_state, durable_index)
+        writer.write(index, hard_state)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFullError(f"promise file {writer.path}: {exc}") from None
+        raise
+
+
+def write_promise_ahead(
+    writer: PromiseWriter, index: int, hard_state: HardState, durable_index: int, ahead: int
+) -> None:
+    """Make ``index`` plus ``ahead`` (``promise_ahead_entries``) durable, beside the log's
+    flush of the job that acknowledges ``index`` (``durable_index``: what the store held
+    durably when the job began). DiskFullError as ``write_promise``; nothing while the
+    promise is held."""
+    if held(writer):
+        return
+    try:
+        writer.write_ahead(index, hard_state, durable_index, ahead)
     except OSError as exc:
         if is_disk_full(exc):
             raise DiskFullError(f"promise file {writer.path}: {exc}") from None
@@ -195,10 +250,14 @@ def write_promise(
 
 
 __all__ = [
+    "PROMISE_AHEAD_ENTRIES",
     "PromiseError",
     "StartState",
+    "held",
     "hold_promise",
+    "promise_ahead_entries",
     "promise_file",
     "recover",
     "write_promise",
+    "write_promise_ahead",
 ]

@@ -8,18 +8,20 @@ acknowledged. The promise file remembers, outside the store directory:
 
 * ``promised_index``: the highest log index this member acknowledged as durable to anyone;
 * ``durable_index``: every index up to it was durable in the store when this promise was
-  written (the server writes the promise and flushes the log side by side, so the promise
-  may run ahead of the log by the persist job in flight: a log that ends between the two
-  was cut short by a crash in that job, whose acknowledgements never left);
+  written (a promise written ahead, beside the log's flush, may run ahead of the log: a log
+  that ends between the two was cut short by a crash, and holds every entry whose
+  acknowledgement left);
 * a copy of the hard state (term, vote), so that a lost or damaged ``meta`` file is never
   read as "term 0, no vote";
 * the group and member it belongs to, so that a file moved to another member is refused.
 
-Format (docs/FORMAT.md, "Promise file"): two fixed-size slots, written alternately, each
-with a sequence number and a CRC. A write replaces only the older slot and is made durable
-with one ``fdatasync`` (no rename, no directory sync: the file never changes size after its
-creation); a write torn by a crash leaves the other slot, the previous promise, intact. The
-reader takes the valid slot with the highest sequence number.
+Format (docs/FORMAT.md, "Promise file"): two fixed-size slots, each with a sequence number
+and a CRC. The last slot written with ``fdatasync`` is the *anchor*; every write goes to the
+other slot (no rename, no directory sync: the file never changes size after its creation),
+so a write torn by a crash leaves the anchor intact. :class:`PromiseWriter` makes a promise
+durable ahead of the acknowledgements (``write_ahead``) and records the exact one in the
+page cache meanwhile (``refresh``; docs/RAFT.md section 11). The reader takes the valid slot
+with the highest sequence number.
 
 The functions ``encode_slot``, ``decode_slot``, ``decode_promise`` and ``promise_path`` are
 pure (stdlib + ``crc32c``); ``read_promise`` reads a file and :class:`PromiseWriter` writes
@@ -246,9 +248,23 @@ def read_promise(path: str | os.PathLike[str]) -> Promise | None:
 
 
 class PromiseWriter:
-    """Writes one member's promise file durably. Not thread-safe: one writer (the persist
-    job's thread) at a time. ``write`` does nothing when neither the promised index grows nor
-    the hard state changes, so an acknowledgement that promises nothing new costs no fsync."""
+    """Writes one member's promise file. Not thread-safe: one writer (the persist job's
+    thread) at a time.
+
+    Two kinds of write (docs/RAFT.md section 11):
+
+    * ``write`` and ``write_ahead`` are durable (one ``fdatasync``). The slot they fill is the
+      *anchor*: its ``promised_index`` (``ceiling``) bounds every acknowledgement until the
+      next durable write. ``write_ahead`` promises ``ahead`` entries more than asked, so that
+      the acknowledgements of the next rounds are covered already.
+    * ``refresh`` records the exact promise (and what the store flushed) in the other slot,
+      without ``fdatasync``: the page cache holds it for a restarted process, and a power cut
+      leaves either that slot (written back) or, torn or lost, the anchor. It never touches
+      the anchor, and only promises what the anchor covers.
+
+    Every write goes to the slot that does not hold the anchor, so a write torn by a crash
+    leaves the anchor (the last durable promise) intact. A write that changes nothing is
+    skipped."""
 
     def __init__(
         self,
@@ -270,8 +286,16 @@ class PromiseWriter:
         self.group = group
         self.node_id = node_id
         self._current = current
+        # The highest index actually promised (what refreshes record; never goes down).
+        self._exact = 0 if current is None else current.promised_index
+        # The anchor: the slot of the last durable write and the index it covers. Unknown
+        # until the file is opened (the newest slot, made durable then).
+        self._anchor: int | None = None
+        self._ceiling = 0
         self._fd: int | None = None
-        self.writes = 0  # durable writes made (each one fdatasync)
+        self._unsynced = False  # a refresh not yet made durable
+        self.writes = 0  # writes made, durable or not
+        self.syncs = 0  # fdatasync calls made (creations included)
 
     @property
     def current(self) -> Promise | None:
@@ -281,6 +305,17 @@ class PromiseWriter:
     def promised_index(self) -> int:
         return 0 if self._current is None else self._current.promised_index
 
+    @property
+    def ceiling(self) -> int:
+        """The highest index a durable write covers now (0: none since open)."""
+        return self._ceiling if self._anchor is not None else 0
+
+    def restart_from(self, promised_index: int) -> None:
+        """At start: the index the node starts from (the file's promise, or the log's end
+        when the log ends inside a job the promise was written ahead of); refreshes record
+        exact promises from there on."""
+        self._exact = promised_index
+
     def write(
         self, promised_index: int, hard_state: HardState, durable_index: int | None = None
     ) -> bool:
@@ -289,34 +324,115 @@ class PromiseWriter:
         holds durably now (None: everything promised, the promise follows the flush).
         OSError on an I/O failure (ENOSPC only when the file is created: a slot rewrite
         never allocates)."""
+        promised = max(promised_index, self._exact)
         cur = self._current
-        promised = max(promised_index, 0 if cur is None else cur.promised_index)
-        if cur is not None and cur.promised_index == promised and cur.hard_state == hard_state:
+        if (
+            cur is not None
+            and cur.promised_index == promised
+            and cur.hard_state == hard_state
+            and self.ceiling >= promised
+        ):
             return False
         durable = promised if durable_index is None else min(durable_index, promised)
+        self._durable_write(promised, promised, hard_state, durable)
+        return True
+
+    def write_ahead(
+        self, promised_index: int, hard_state: HardState, durable_index: int, ahead: int
+    ) -> None:
+        """Make ``promised_index + ahead`` (at least) and ``hard_state`` durable, recording
+        ``durable_index`` (what the store held durably before the job this promise is for):
+        acknowledgements up to ``ceiling`` need no durable write after this one."""
+        if ahead < 0:
+            raise ValueError(f"ahead {ahead} is negative")
+        exact = max(promised_index, self._exact)
+        self._durable_write(exact, exact + ahead, hard_state, min(durable_index, exact))
+
+    def refresh(self, promised_index: int, hard_state: HardState, durable_index: int) -> bool:
+        """Record the exact promise and ``durable_index`` (what the store flushed) without
+        ``fdatasync``; True when a write was needed. Only for what ``ceiling`` covers and
+        the hard state of the last write (a new hard state goes through ``write``)."""
+        exact = max(promised_index, self._exact)
+        cur = self._current
+        if cur is None or self._anchor is None or exact > self._ceiling:
+            raise ValueError(f"refresh of {exact} beyond the durable promise {self.ceiling}")
+        if hard_state != cur.hard_state:
+            raise ValueError("refresh with a new hard state: it must be written durably")
+        durable = max(0, min(durable_index, exact))
+        if (cur.promised_index, cur.durable) == (exact, durable):
+            return False
+        if not self.path.exists():  # removed under us: recreate it, durably
+            self._durable_write(exact, exact, hard_state, durable)
+            return True
+        new = Promise(self.group, self.node_id, exact, hard_state, cur.sequence + 1, durable)
+        self._put(encode_slot(new), 1 - self._anchor)
+        self._current = new
+        self._exact = exact
+        self._unsynced = True
+        self.writes += 1
+        return True
+
+    def sync(self) -> None:
+        """Make the last refresh durable (``fdatasync``; nothing when there is none). The
+        anchor stays where it is."""
+        if self._unsynced and self._fd is not None:
+            os.fdatasync(self._fd)
+            self.syncs += 1
+        self._unsynced = False
+
+    def _durable_write(
+        self, exact: int, promised: int, hard_state: HardState, durable: int
+    ) -> None:
+        """One slot promising ``promised`` (``exact`` is what was asked), durably: it
+        becomes the anchor."""
+        cur = self._current
         seq = 1 if cur is None else cur.sequence + 1
         new = Promise(self.group, self.node_id, promised, hard_state, seq, max(durable, 0))
         slot = encode_slot(new)
         if cur is None or not self.path.exists():
             self._create(slot, seq)
+            at = seq % SLOT_COUNT
         else:
-            fd = self._open()
-            offset = (seq % SLOT_COUNT) * SLOT_BYTES
-            view = memoryview(slot)
-            while view:
-                view = view[os.pwrite(fd, view, offset + SLOT_BYTES - len(view)) :]
-            os.fdatasync(fd)
+            self._open()
+            assert self._anchor is not None
+            at = 1 - self._anchor
+            self._put(slot, at)
+            assert self._fd is not None
+            os.fdatasync(self._fd)
+        self.syncs += 1
+        self._anchor = at
+        self._ceiling = promised
         self._current = new
+        self._exact = exact
+        self._unsynced = False
         self.writes += 1
-        return True
+
+    def _put(self, slot: bytes, at: int) -> None:
+        fd = self._open()
+        view = memoryview(slot)
+        offset = at * SLOT_BYTES
+        while view:
+            view = view[os.pwrite(fd, view, offset + SLOT_BYTES - len(view)) :]
 
     def _open(self) -> int:
+        """The open file. Opened by this writer for the first time, the anchor is its newest
+        valid slot, made durable here (a restarted process may find its last writes in the
+        page cache only); reopened after ``_create``, the anchor is the slot it wrote."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR)
-            if os.fstat(self._fd).st_size != FILE_BYTES:
-                os.close(self._fd)
-                self._fd = None
-                raise OSError(errno.EIO, f"promise file {self.path} changed size")
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size != FILE_BYTES:
+                    raise OSError(errno.EIO, f"promise file {self.path} changed size")
+                if self._anchor is None:
+                    anchor = _newest_slot(os.pread(fd, FILE_BYTES, 0))
+                    os.fdatasync(fd)
+                    self.syncs += 1
+                    self._anchor = anchor
+                    self._ceiling = 0 if self._current is None else self._current.promised_index
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
         return self._fd
 
     def _create(self, slot: bytes, seq: int) -> None:
@@ -344,6 +460,26 @@ class PromiseWriter:
             os.close(dfd)
 
     def close(self) -> None:
+        """Make the last refresh durable and close the file (a later write opens it anew and
+        takes its newest slot as the anchor)."""
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+        self._anchor = None
+
+
+def _newest_slot(data: bytes) -> int:
+    """The position of the valid slot with the highest sequence (0 when none is valid: the
+    first durable write then goes to the other one)."""
+    best, best_seq = 0, -1
+    for i in range(SLOT_COUNT):
+        try:
+            p = decode_slot(data[i * SLOT_BYTES : (i + 1) * SLOT_BYTES])
+        except PromiseError:
+            continue
+        if p is not None and p.sequence > best_seq:
+            best, best_seq = i, p.sequence
+    return best

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
 
 from broker.cluster import _free_ports
 from dledger.core import (
@@ -23,8 +26,10 @@ from dledger.core import (
     VoteResponse,
 )
 from dledger.log import Entry, EntryType
+from dledger.server import node as node_module
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
+from dledger.server.promises import PROMISE_AHEAD_ENTRIES, promise_ahead_entries
 from dledger.storage import StoreConfig
 from dledger.storage.promise import promise_path_for_store, read_promise
 
@@ -266,6 +271,87 @@ def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
     assert total == st.f_blocks * st.f_frsize > 0
     assert 0 < free <= total
     assert _disk_space(tmp_path / "gone") == (0, 0)
+
+
+def _promise_fsyncs_per_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """SYNC_FLUSH, one entry per round on a follower: each ack is exact in the promise file
+    when its answer leaves; returns the promise file's fdatasync count after each of the
+    rounds that follow the first two (a new term's, then the first written ahead)."""
+    path = promise_path_for_store(tmp_path / "s")
+    real = os.fdatasync
+    promise_syncs: list[int] = []
+
+    def counting(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            promise_syncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    # No checkpoint during the test (each one makes the last refresh durable).
+    monkeypatch.setattr(node_module, "CHECKPOINT_INTERVAL_MS", 3_600_000)
+    rounds = 20
+    counts: list[int] = []
+
+    async def body(node: DLedgerNode) -> None:
+        acked: list[tuple[int, int]] = []
+
+        def send(m: Message) -> None:
+            if isinstance(m, AppendResponse) and m.success:
+                got = read_promise(path)
+                acked.append((m.match_index, got.promised_index if got else -1))
+
+        assert node._transport is not None
+        node._transport.send = send  # type: ignore[method-assign]
+        # The first append carries a new term: its job writes the hard state and the exact
+        # promise durably; the second one's promise is written ahead, durably.
+        node.on_peer_message("n1", to_pb(_append(0, 1), "g"))
+        await _until(lambda: len(acked) == 1, "the first ack")
+        node.on_peer_message("n1", to_pb(_append(1, 1), "g"))
+        await _until(lambda: len(acked) == 2, "the second ack")
+        counts.append(len(promise_syncs))
+        for prev in range(2, rounds):
+            node.on_peer_message("n1", to_pb(_append(prev, 1), "g"))
+            want = prev + 1
+            await _until(lambda w=want: len(acked) == w, f"the ack of {want}")
+            counts.append(len(promise_syncs))
+        assert acked == [(i, i) for i in range(1, rounds + 1)]
+
+    _run_follower(tmp_path, body)
+    return counts
+
+
+def test_acks_under_a_durable_promise_do_not_fsync_the_promise_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: an ack writes the promise durably PROMISE_AHEAD_ENTRIES ahead, the next
+    ones only refresh it, so the rounds fsync the log and not the promise file."""
+    counts = _promise_fsyncs_per_round(tmp_path, monkeypatch)
+    assert len(set(counts)) == 1  # no fdatasync of the promise after the first
+
+
+def test_a_promise_on_a_device_of_its_own_is_durable_every_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A promise file on another device than its store (dLegerPromisePath) is there to
+    outlive the store's disk: no promise ahead, every ack's promise fsynced before it
+    leaves (docs/RAFT.md section 11)."""
+    monkeypatch.setattr(node_module, "promise_ahead_entries", lambda *_: 0)
+    counts = _promise_fsyncs_per_round(tmp_path, monkeypatch)
+    assert all(b > a for a, b in itertools.pairwise(counts))
+
+
+def test_the_promise_runs_ahead_only_beside_its_store(tmp_path: Path) -> None:
+    """One device: PROMISE_AHEAD_ENTRIES; another device (tmpfs), or one that cannot be
+    read: 0."""
+    store = tmp_path / "s"
+    store.mkdir()
+    beside = promise_path_for_store(store)
+    assert promise_ahead_entries(str(store), beside) == PROMISE_AHEAD_ENTRIES
+    assert promise_ahead_entries(str(store), tmp_path / "gone" / "p.promise") == 0
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(store).st_dev:
+        pytest.skip("no second file system here")
+    assert promise_ahead_entries(str(store), shm / "p.promise") == 0
 
 
 def test_the_promise_file_holds_each_ack_before_it_leaves(tmp_path: Path) -> None:

@@ -219,3 +219,30 @@ def test_a_log_ending_inside_the_job_the_promise_was_written_beside_is_a_crash(
     # Below what was durable before that job: it forgot acknowledged entries.
     store.truncate_suffix(6)
     assert _recover(root, store).promised == Promised(10)
+
+
+def test_after_a_power_cut_that_lost_the_refreshes_a_whole_log_is_not_repairing(
+    root: Path, opened: list[SegmentedLogStore]
+) -> None:
+    """Issue 36: the promise ran ahead (durably) and the exact refreshes were lost with the
+    page cache; the log (flushed before each acknowledgement) holds every acknowledged
+    entry. The member starts from its log's end, not repairing: a group whose power failed
+    at once elects at once. A log rolled back below the durable index still repairs."""
+    hs = HardState(2, "n1")
+    path = promise_path(root, "n0")
+    w = PromiseWriter(path, "g", "n0", None)
+    w.write(20, hs)
+    w.write_ahead(21, hs, 20, 512)
+    on_disk = path.read_bytes()
+    for index in range(22, 41):
+        w.refresh(index, hs, index)
+    w.close()
+    path.write_bytes(on_disk)  # the power cut: only what was fsynced
+    store = _store(root, 40)
+    opened.append(store)
+    store.save_hard_state(hs)
+    st = _recover(root, store, applied=30)
+    assert st.promised == Promised(40)  # the log's end: not repairing
+    store.truncate_suffix(15)  # the same store, rolled back below the durable index
+    st = _recover(root, store, applied=14)
+    assert st.promised.index == 21 + 512  # repairing up to what the durable promise covered

@@ -152,3 +152,97 @@ def test_the_durable_index_is_written_and_bounded(tmp_path: Path) -> None:
     got = read_promise(tmp_path / "p")
     assert got is not None and got.durable == 11
     w.close()
+
+
+def _slots(path: Path) -> tuple[bytes, bytes]:
+    data = path.read_bytes()
+    return data[:SLOT_BYTES], data[SLOT_BYTES:]
+
+
+def test_a_promise_ahead_covers_the_next_acks_which_only_refresh_the_exact_one(
+    tmp_path: Path,
+) -> None:
+    """docs/RAFT.md section 11: one durable write promises 100 entries ahead; the rounds
+    under it record the exact promise without fdatasync, always in the other slot."""
+    path = promise_path(tmp_path, "n0")
+    hs = HardState(2, "n1")
+    w = PromiseWriter(path, "g0", "n0", None)
+    w.write_ahead(10, hs, 8, 100)
+    assert (w.ceiling, w.syncs) == (110, 1)
+    anchor = read_promise(path)
+    assert anchor is not None and (anchor.promised_index, anchor.durable) == (110, 8)
+    anchor_slot = _slots(path)[anchor.sequence % 2]
+    for index in range(11, 111):
+        assert w.refresh(index, hs, index)
+        got = read_promise(path)  # what a restarted process reads: the exact promise
+        assert got is not None and (got.promised_index, got.durable) == (index, index)
+        assert _slots(path)[anchor.sequence % 2] == anchor_slot  # the anchor is never touched
+    assert w.syncs == 1  # a hundred acknowledgements, no fdatasync
+    assert not w.refresh(110, hs, 110)  # nothing new: no write
+    with pytest.raises(ValueError, match="beyond the durable promise"):
+        w.refresh(111, hs, 111)
+    with pytest.raises(ValueError, match="new hard state"):
+        w.refresh(50, HardState(3, None), 50)
+    w.sync()
+    assert w.syncs == 2
+    w.close()
+
+
+def test_a_power_cut_that_loses_the_refreshes_leaves_a_promise_that_covers_every_ack(
+    tmp_path: Path,
+) -> None:
+    """The refreshes lost (never written back) or torn: the reader gets the durable promise,
+    at or above every acknowledgement, with a durable index the log still holds (so a
+    whole group's power cut does not make its members repair: dledger.server.promises)."""
+    path = promise_path(tmp_path, "n0")
+    hs = HardState(2, "n1")
+    w = PromiseWriter(path, "g0", "n0", None)
+    w.write(5, hs)
+    w.write_ahead(6, hs, 5, 100)
+    on_disk = path.read_bytes()  # all that was made durable
+    for index in range(7, 60):
+        w.refresh(index, hs, index)
+    refreshed = path.read_bytes()
+    w.close()
+    for lost in (on_disk, _torn_refresh(on_disk, refreshed)):
+        got = decode_promise(lost)
+        assert got.promised_index >= 59 and got.durable <= 6
+
+
+def _torn_refresh(on_disk: bytes, refreshed: bytes) -> bytes:
+    """The refreshed slot torn inside its record: its first 40 bytes new, the rest old."""
+    at = next(
+        i
+        for i in range(0, FILE_BYTES, SLOT_BYTES)
+        if on_disk[i : i + SLOT_BYTES] != refreshed[i : i + SLOT_BYTES]
+    )
+    return on_disk[:at] + refreshed[at : at + 40] + on_disk[at + 40 :]
+
+
+def test_a_restarted_writer_keeps_the_newest_slot_and_writes_durably_first(
+    tmp_path: Path,
+) -> None:
+    """A new process may find its last refresh in the page cache only: the writer makes the
+    file durable when it opens it, takes the newest slot as its anchor, and promises nothing
+    beyond it without a durable write."""
+    path = promise_path(tmp_path, "n0")
+    hs = HardState(2, "n1")
+    w = PromiseWriter(path, "g0", "n0", None)
+    w.write_ahead(10, hs, 9, 50)
+    w.refresh(20, hs, 20)
+    w.close()
+    got = read_promise(path)
+    assert got is not None and got.promised_index == 20
+    w2 = PromiseWriter(path, "g0", "n0", got)
+    w2.restart_from(20)
+    assert w2.ceiling == 0  # nothing covered before a durable write of this process
+    newest_at = next(
+        i for i, slot in enumerate(_slots(path)) if (d := decode_slot(slot)) and d == got
+    )
+    newest = _slots(path)[newest_at]
+    w2.write_ahead(21, hs, 20, 50)
+    assert _slots(path)[newest_at] == newest  # the slot it read is not overwritten
+    assert w2.ceiling == 71
+    w2.refresh(22, hs, 22)
+    assert read_promise(path) == Promise("g0", "n0", 22, hs, got.sequence + 2, 22)
+    w2.close()
