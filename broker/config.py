@@ -7,10 +7,12 @@ whose message names the file and the key, so the process can stop at start with 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from broker import disk
 from broker.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
 from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.settings import ServiceConfig
 from broker.timer import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
 from dledger.properties import (
     int_in,
@@ -29,24 +32,20 @@ from dledger.properties import (
     read_text,
 )
 from dledger.server.chaincheck import (
-    DEFAULT_CHAIN_CHECK_INTERVAL_MS,
     MAX_CHAIN_CHECK_INTERVAL_MS,
     MIN_CHAIN_CHECK_INTERVAL_MS,
 )
 from dledger.server.node import NodeConfig
 from dledger.server.scrub import (
-    DEFAULT_SCRUB_BYTES_PER_S,
     MAX_SCRUB_BYTES_PER_S,
     MIN_SCRUB_BYTES_PER_S,
 )
 from dledger.server.snapshots import (
-    DEFAULT_SNAPSHOT_BYTES_PER_S,
     MAX_SNAPSHOT_BYTES_PER_S,
     MIN_SNAPSHOT_BYTES_PER_S,
 )
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.retention import SECONDS_PER_HOUR
-from dledger.storage.store import DEFAULT_INDEX_SEGMENT_SIZE_BYTES, DEFAULT_RESERVE_BYTES
 from mqsecurity import SecurityError
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials
@@ -70,20 +69,27 @@ class Peer:
 _parse_bool = parse_bool  # shared with the NameServer's config
 
 
-def _parse_scrub_rate(text: str) -> int:
-    """scrubBytesPerSec: 0 (off) or a rate in [MIN_SCRUB_BYTES_PER_S, MAX_SCRUB_BYTES_PER_S]."""
-    value = int_in(0, MAX_SCRUB_BYTES_PER_S)(text)
-    if 0 < value < MIN_SCRUB_BYTES_PER_S:
-        raise ValueError(f"is below {MIN_SCRUB_BYTES_PER_S} (0 turns the scrubber off)")
-    return value
+class IntIn:
+    """A parser of a decimal integer in ``[low, high]`` whose bounds can be read back (the
+    tests check every key's bounds and the docs quote them). With ``off`` set, 0 is also
+    accepted and turns ``off`` (e.g. "the scrubber") off, and the error for a value between 0
+    and ``low`` says so."""
 
+    __slots__ = ("high", "low", "off")
 
-def _parse_chain_check_interval(text: str) -> int:
-    """chainCheckIntervalMs: 0 (off) or [MIN_CHAIN_CHECK_INTERVAL_MS, MAX_...]."""
-    value = int_in(0, MAX_CHAIN_CHECK_INTERVAL_MS)(text)
-    if 0 < value < MIN_CHAIN_CHECK_INTERVAL_MS:
-        raise ValueError(f"is below {MIN_CHAIN_CHECK_INTERVAL_MS} (0 turns the check off)")
-    return value
+    def __init__(self, low: int, high: int, off: str = "") -> None:
+        assert 0 <= low <= high or (not off and low <= high), (low, high, off)
+        self.low, self.high, self.off = low, high, off
+
+    def __call__(self, text: str) -> int:
+        value = int_in(0 if self.off else self.low, self.high)(text)
+        if self.off and 0 < value < self.low:
+            raise ValueError(f"is below {self.low} (0 turns {self.off} off)")
+        return value
+
+    def __repr__(self) -> str:
+        off = f", or 0: {self.off} off" if self.off else ""
+        return f"[{self.low}, {self.high}]{off}"
 
 
 def _parse_str(text: str) -> str:
@@ -231,45 +237,167 @@ def _parse_peer_client_addrs(text: str) -> tuple[Peer, ...]:
     return parse_peers(text) if text.strip() else ()
 
 
+# The configs a broker.conf is translated into (node_config, service_config, v2_settings):
+# dledger's NodeConfig and its StoreConfig, the broker service's ServiceConfig, and the
+# RocketMQ 5 front end's V2Config (broker.rmq5.service, imported only when that port is served).
+TARGETS = ("node", "store", "service", "v2")
+TARGET_TYPES: Mapping[str, type] = {
+    "node": NodeConfig,
+    "store": StoreConfig,
+    "service": ServiceConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Into:
+    """Where a key's parsed value goes: ``field`` of the ``target`` config, through
+    ``convert`` when the two differ in unit or shape (ms -> s, peers -> an address map)."""
+
+    target: str
+    field: str
+    convert: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        assert self.target in TARGETS, self.target
+
+    def value_of(self, parsed: Any) -> Any:
+        return parsed if self.convert is None else self.convert(parsed)
+
+
+class _Inherited:
+    """The sentinel default of a key whose default is its target field's (one default per
+    setting: the dataclass that uses the value keeps it, the key takes it from there)."""
+
+    def __repr__(self) -> str:
+        return "INHERITED"
+
+
+INHERITED = _Inherited()
+
+
 @dataclass(frozen=True, slots=True)
 class _Key:
     parse: Callable[[str], Any]
-    default: str | None  # None: required
+    default: str | _Inherited | None  # None: required; INHERITED: see _resolved
     doc: str
+    to: tuple[Into, ...] = ()
 
 
-# The keys we accept, with RocketMQ's names where RocketMQ has the key. Limits in the parsers.
-KEYS: Mapping[str, _Key] = {
+def _addresses(peers: tuple[Peer, ...]) -> dict[str, str]:
+    return {p.node_id: p.addr for p in peers}
+
+
+def _none_if_empty(text: str) -> str | None:
+    return text or None
+
+
+def _ms_to_s(ms: int) -> float:
+    return ms / 1000
+
+
+def _s_to_ms(seconds: int) -> int:
+    return seconds * 1000
+
+
+def _text_of(value: object) -> str:
+    """A value as broker.conf writes it (the inverse of the key's parser)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return value.name
+    return str(value)
+
+
+def _field_default(into: Into) -> object:
+    """The default of the field ``into`` names (the dataclass keeps it, with its reason)."""
+    target = TARGET_TYPES[into.target]
+    (spec,) = (f for f in dataclasses.fields(target) if f.name == into.field)
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    assert spec.default is not dataclasses.MISSING, f"{into} has no default to inherit"
+    return spec.default
+
+
+def _resolved(table: Mapping[str, _Key]) -> Mapping[str, _Key]:
+    """The table with each INHERITED default replaced by the text of its first target
+    field's default, so that a setting's default is written once."""
+    out: dict[str, _Key] = {}
+    for name, key in table.items():
+        if key.default is INHERITED:
+            (into, *_) = key.to
+            assert into.convert is None, f"{name}: a converted default cannot be inherited"
+            key = dataclasses.replace(key, default=_text_of(_field_default(into)))
+        out[name] = key
+    return out
+
+
+# The keys we accept, with RocketMQ's names where RocketMQ has the key: each written once with
+# its parser (limits in it: IntIn's bounds), its default (INHERITED: the default of the field it
+# goes to), its one-line doc, and where its value goes (``to``). Keys that go nowhere are read
+# from BrokerConfig by the broker's own wiring; node_config and service_config add the values
+# that several keys make together (TLS files, the delay levels, the store directory).
+_TABLE: Mapping[str, _Key] = {
     "brokerClusterName": _Key(_parse_str, "DefaultCluster", "cluster this group belongs to"),
-    "brokerName": _Key(_parse_str, "broker-a", "broker group name (one Raft group)"),
+    "brokerName": _Key(
+        _parse_str,
+        "broker-a",
+        "broker group name (one Raft group)",
+        to=(Into("v2", "group"),),
+    ),
     "enableDLegerCommitLog": _Key(_parse_bool, "true", "must be true: raftmq is DLedger-only"),
-    "dLegerGroup": _Key(_parse_optional_str, "", "Raft group name (default: brokerName)"),
-    "dLegerPeers": _Key(parse_peers, None, "id-host:port;... peer (Raft) addresses"),
-    "dLegerSelfId": _Key(_parse_str, None, "this node's id, one of dLegerPeers"),
+    "dLegerGroup": _Key(
+        _parse_optional_str,
+        "",
+        "Raft group name (default: brokerName)",
+        to=(Into("node", "group"),),
+    ),
+    "dLegerPeers": _Key(
+        parse_peers,
+        None,
+        "id-host:port;... peer (Raft) addresses",
+        to=(Into("node", "peers", _addresses),),
+    ),
+    "dLegerSelfId": _Key(
+        _parse_str,
+        None,
+        "this node's id, one of dLegerPeers",
+        to=(Into("node", "self_id"),),
+    ),
     "dLegerPeerClientAddrs": _Key(
         _parse_peer_client_addrs,
         "",
         "id-host:port;... client addresses of the members, named in NOT_LEADER redirects "
         "(default: none, redirects name the leader's id only)",
+        to=(Into("node", "peer_client_addrs", _addresses),),
     ),
     "dLegerJoinAddr": _Key(
         _parse_advertised_addr,
-        "",
+        INHERITED,
         "host:port (peer address) of a member of an existing group: a node started with "
         "an empty store asks it to be added as a learner (docs/CLUSTER.md); default: none",
+        to=(Into("node", "join_addr"),),
     ),
-    "listenPort": _Key(parse_port, "10911", "client gRPC port"),
+    "listenPort": _Key(
+        parse_port,
+        "10911",
+        "client gRPC port",
+        to=(
+            Into("node", "client_port"),
+            Into("service", "store_port"),
+        ),
+    ),
     # RocketMQ's proxy key: the port of the RocketMQ 5 protocol (docs/RMQ5.md); mqcluster gives
     # the first node 8081 (the proxy's default), the next ones the following ports.
     "grpcServerPort": _Key(
         parse_optional_port,
         "0",
         "apache.rocketmq.v2 (RocketMQ 5 clients) gRPC port; 0: not served",
+        to=(Into("v2", "port"),),
     ),
     # With tlsEnable the port above speaks TLS; RocketMQ's proxy keeps a plaintext port beside
     # its TLS one for old clients: this is that port, on 127.0.0.1 only (docs/RMQ5.md).
     "grpcServerPlaintextPort": _Key(
-        int_in(0, 65535),
+        IntIn(0, 65535),
         "0",
         "with tlsEnable and grpcServerPort: an extra plaintext RocketMQ 5 port on 127.0.0.1 "
         "(0: none; users and permissions apply on it too)",
@@ -277,7 +405,9 @@ KEYS: Mapping[str, _Key] = {
     # Prometheus metrics over HTTP (docs/METRICS.md): read-only, unauthenticated, bound to
     # brokerIP1 like the client port; mqcluster gives node i 5557 + i (rocketmq-exporter's port).
     "metricsPort": _Key(
-        parse_optional_port, "0", "HTTP port of /metrics (Prometheus text format); 0: not served"
+        parse_optional_port,
+        "0",
+        "HTTP port of /metrics (Prometheus text format); 0: not served",
     ),
     # HTTPS on that port with tlsServerCertPath (no client certificate asked); false keeps it
     # plain HTTP for a scraper that cannot do TLS (docs/METRICS.md).
@@ -287,18 +417,41 @@ KEYS: Mapping[str, _Key] = {
         "serve /metrics over HTTPS with this node's certificate (default: as tlsEnable; true "
         "needs tlsEnable)",
     ),
-    "brokerIP1": _Key(_parse_str, "127.0.0.1", "address clients are told to use"),
+    "brokerIP1": _Key(
+        _parse_str,
+        "127.0.0.1",
+        "address clients are told to use",
+        to=(
+            Into("node", "client_host"),
+            Into("service", "store_host"),
+            Into("v2", "host"),
+        ),
+    ),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
     "dLegerPromisePath": _Key(
         _parse_optional_str,
-        "",
+        INHERITED,
         "this member's promise file (docs/RAFT.md section 11); default: "
         "{storePathRootDir}/dledger-{dLegerSelfId}.promise, beside the store directory",
+        to=(Into("node", "promise_path"),),
     ),
-    "flushDiskType": _Key(_parse_flush, "SYNC_FLUSH", "SYNC_FLUSH or ASYNC_FLUSH"),
-    "flushIntervalCommitLog": _Key(int_in(1, 60_000), "500", "ASYNC_FLUSH period, ms"),
+    "flushDiskType": _Key(
+        _parse_flush,
+        INHERITED,
+        "SYNC_FLUSH or ASYNC_FLUSH",
+        to=(Into("store", "flush_disk_type"),),
+    ),
+    "flushIntervalCommitLog": _Key(
+        IntIn(1, 60_000),
+        INHERITED,
+        "ASYNC_FLUSH period, ms",
+        to=(Into("store", "flush_interval_ms"),),
+    ),
     "mappedFileSizeCommitLog": _Key(
-        int_in(64 * 1024, 1 << 40), str(1 << 30), "commitlog segment size, bytes"
+        IntIn(64 * 1024, 1 << 40),
+        INHERITED,
+        "commitlog segment size, bytes",
+        to=(Into("store", "segment_size_bytes"),),
     ),
     # DLedger's mappedFileSizeForEntryIndex: each index file (64 bytes per entry, the chain
     # included) is allocated in full when it is created (files.py: no SIGBUS on a full disk),
@@ -306,124 +459,199 @@ KEYS: Mapping[str, _Key] = {
     # entries) at least.
     "mappedFileSizeEntryIndex": _Key(
         _parse_index_file_size,
-        str(DEFAULT_INDEX_SEGMENT_SIZE_BYTES),
+        INHERITED,
         "log index file size, bytes (a multiple of 64 KiB)",
+        to=(Into("store", "index_segment_size_bytes"),),
     ),
     "namesrvAddr": _Key(_parse_namesrv_addr, "", "host:port;... of the NameServers"),
     # RocketMQ's registerNameServerPeriod default (30 s); at least 100 ms (a NameServer call
     # per node per period), at most 10 minutes (NameServers drop nodes silent for 2 minutes).
     "registerBrokerPeriod": _Key(
-        int_in(100, 600_000), "30000", "ms between registrations with each NameServer"
+        IntIn(100, 600_000), "30000", "ms between registrations with each NameServer"
     ),
-    "preferredLeaderId": _Key(_parse_optional_str, "", "node id that should lead when healthy"),
-    "fileReservedTime": _Key(int_in(1, 24 * 365 * 10), "72", "hours a segment is kept"),
-    "deleteWhen": _Key(_parse_delete_when, "04", "hours of day when old segments are deleted"),
+    "preferredLeaderId": _Key(
+        _parse_optional_str,
+        "",
+        "node id that should lead when healthy",
+        to=(Into("node", "preferred_leader_id", _none_if_empty),),
+    ),
+    "fileReservedTime": _Key(
+        IntIn(1, 24 * 365 * 10),
+        INHERITED,
+        "hours a segment is kept",
+        to=(Into("node", "file_reserved_time_hours"),),
+    ),
+    "deleteWhen": _Key(
+        _parse_delete_when,
+        INHERITED,
+        "hours of day when old segments are deleted",
+        to=(Into("node", "delete_when"),),
+    ),
     "retentionCheckIntervalMs": _Key(
-        int_in(100, 3_600_000), "60000", "how often retention looks for segments to delete, ms"
+        IntIn(100, 3_600_000),
+        "60000",
+        "how often retention looks for segments to delete, ms",
+        to=(Into("node", "retention_check_interval_s", _ms_to_s),),
     ),
     # 0..10 years: after this long a member that lacks a segment (behind, or down) no longer
     # keeps it on the others' disks; it is caught up by a snapshot when it returns.
     "maxLagRetentionHours": _Key(
-        int_in(0, 24 * 365 * 10),
-        "48",
+        IntIn(0, 24 * 365 * 10),
+        INHERITED,
         "hours old segments are kept for a member that lacks them (then: snapshot)",
+        to=(Into("node", "max_lag_retention_hours"),),
     ),
     # The pace of a leader's snapshot transfers (dledger.server.snapshots: 1 MiB/s to
     # 16 GiB/s; the default is reasoned there), so catching a member up leaves the leader's
     # event loop and link to its clients.
     "snapshotTransferBytesPerSec": _Key(
-        int_in(MIN_SNAPSHOT_BYTES_PER_S, MAX_SNAPSHOT_BYTES_PER_S),
-        str(DEFAULT_SNAPSHOT_BYTES_PER_S),
+        IntIn(MIN_SNAPSHOT_BYTES_PER_S, MAX_SNAPSHOT_BYTES_PER_S),
+        INHERITED,
         "bytes per second of all snapshot transfers a leader sends",
+        to=(Into("node", "snapshot_bytes_per_s"),),
     ),
     # The pace of the background scrubber that re-reads and checks the whole log
     # (dledger.server.scrub: 64 KiB/s to 1 GiB/s, or 0 for off; the default is reasoned
     # and measured there and in docs/STORAGE.md "Damage and repair").
     "scrubBytesPerSec": _Key(
-        _parse_scrub_rate,
-        str(DEFAULT_SCRUB_BYTES_PER_S),
+        IntIn(MIN_SCRUB_BYTES_PER_S, MAX_SCRUB_BYTES_PER_S, off="the scrubber"),
+        INHERITED,
         "bytes per second the scrubber checks of the log (0: off)",
+        to=(Into("node", "scrub_bytes_per_s"),),
     ),
     # How often the leader compares its chained checksum with each peer's at a common
     # committed index (dledger.server.chaincheck, docs/RAFT.md section 13): 1 s to 1 day,
     # or 0 for off; the default is reasoned there.
     "chainCheckIntervalMs": _Key(
-        _parse_chain_check_interval,
-        str(DEFAULT_CHAIN_CHECK_INTERVAL_MS),
+        IntIn(MIN_CHAIN_CHECK_INTERVAL_MS, MAX_CHAIN_CHECK_INTERVAL_MS, off="the check"),
+        INHERITED,
         "ms between the leader's chain comparisons with its peers (0: off)",
+        to=(Into("node", "chain_check_interval_ms"),),
     ),
-    "maxMessageSize": _Key(int_in(1, 64 * 1024 * 1024), "4194304", "max message, bytes"),
-    "autoCreateTopicEnable": _Key(_parse_bool, "false", "create unknown topics on send"),
-    "slaveReadEnable": _Key(_parse_bool, "false", "let consumers read from followers"),
+    "maxMessageSize": _Key(
+        IntIn(1, 64 * 1024 * 1024),
+        INHERITED,
+        "max message, bytes",
+        to=(
+            Into("service", "max_message_size_bytes"),
+            Into("v2", "max_message_size_bytes"),
+        ),
+    ),
+    "autoCreateTopicEnable": _Key(
+        _parse_bool,
+        INHERITED,
+        "create unknown topics on send",
+        to=(Into("service", "auto_create_topic"),),
+    ),
+    "slaveReadEnable": _Key(
+        _parse_bool,
+        INHERITED,
+        "let consumers read from followers",
+        to=(Into("service", "slave_read_enable"),),
+    ),
     "defaultTopicQueueNums": _Key(
-        int_in(1, 1024), "8", "queues of an auto-created topic (and CreateTopic default)"
+        IntIn(1, 1024),
+        INHERITED,
+        "queues of an auto-created topic (and CreateTopic default)",
+        to=(Into("service", "default_topic_queue_nums"),),
     ),
-    "maxHashSlotNum": _Key(int_in(1, 50_000_000), "5000000", "key index hash slots per file"),
-    "maxIndexNum": _Key(int_in(1, 200_000_000), "20000000", "key index records per file"),
+    "maxHashSlotNum": _Key(IntIn(1, 50_000_000), "5000000", "key index hash slots per file"),
+    "maxIndexNum": _Key(IntIn(1, 200_000_000), "20000000", "key index records per file"),
     "accessMessageInMemoryMaxRatio": _Key(
-        int_in(1, 100), "40", "% of RAM a pull may lag the write position before a follower"
+        IntIn(1, 100),
+        INHERITED,
+        "% of RAM a pull may lag the write position before a follower",
+        to=(Into("service", "memory_ratio_percent"),),
     ),
     # Disk full (docs/STORAGE.md "Disk full"). RocketMQ's name, but here the mark at which the
     # leader refuses sends (RocketMQ's diskSpaceWarningLevelRatio, 90); in percent.
     "diskMaxUsedSpaceRatio": _Key(
-        int_in(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
+        IntIn(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
         str(disk.DEFAULT_MAX_USED_PERCENT),
         "% of the store's file system used above which the leader refuses sends (DISK_FULL)",
     ),
     "diskSpaceResumeRatio": _Key(
-        int_in(1, disk.MAX_USED_PERCENT - 1),
+        IntIn(1, disk.MAX_USED_PERCENT - 1),
         str(disk.DEFAULT_RESUME_PERCENT),
         "% used below which sends are accepted again (< diskMaxUsedSpaceRatio)",
     ),
     "diskCheckIntervalMs": _Key(
-        int_in(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
+        IntIn(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
         str(disk.DEFAULT_CHECK_INTERVAL_MS),
         "how stale the disk usage seen by the send path may be, ms",
     ),
     "diskSpaceReserveBytes": _Key(
-        int_in(0, 1 << 30),
-        str(DEFAULT_RESERVE_BYTES),
+        IntIn(0, 1 << 30),
+        INHERITED,
         "space set aside at start so hard state and checkpoints can be written on a full disk",
+        to=(Into("store", "reserve_bytes"),),
     ),
     # Our own broker keys.
-    "dedupWindowSeconds": _Key(int_in(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
-    "dedupWindowMaxIds": _Key(int_in(1, 10_000_000), "100000", "uniq ids kept for dedup"),
+    "dedupWindowSeconds": _Key(IntIn(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
+    "dedupWindowMaxIds": _Key(IntIn(1, 10_000_000), "100000", "uniq ids kept for dedup"),
     "consumerOffsetCommitIntervalMs": _Key(
-        int_in(1, 60_000), "100", "leader proposes coalesced consumer offsets this often, ms"
+        IntIn(1, 60_000),
+        INHERITED,
+        "leader proposes coalesced consumer offsets this often, ms",
+        to=(Into("service", "offset_commit_interval_ms"),),
     ),
     "messageDelayLevel": _Key(
-        _parse_delay_levels, DEFAULT_DELAY_LEVELS, "delay of each level (DELAY property), 1-based"
+        _parse_delay_levels,
+        DEFAULT_DELAY_LEVELS,
+        "delay of each level (DELAY property), 1-based",
     ),
     # POP consumption (RocketMQ 5 SimpleConsumer, docs/RMQ5.md): RocketMQ's maxReconsumeTimes
     # default (16 deliveries, then %DLQ%{group}), and the proxy's shortest invisible time (10 s;
     # tests lower it so that a redelivery does not take 10 s).
     "popMaxDeliveryAttempts": _Key(
-        int_in(1, 1000), "16", "deliveries of a received message before %DLQ%{group}"
+        IntIn(1, 1000),
+        INHERITED,
+        "deliveries of a received message before %DLQ%{group}",
+        to=(
+            Into("service", "pop_max_attempts"),
+            Into("v2", "max_delivery_attempts"),
+        ),
     ),
     "popMinInvisibleTimeMs": _Key(
-        int_in(100, 12 * 3600 * 1000), "10000", "shortest invisible time a receive may ask, ms"
+        IntIn(100, 12 * 3600 * 1000),
+        INHERITED,
+        "shortest invisible time a receive may ask, ms",
+        to=(Into("service", "pop_min_invisible_ms"),),
     ),
     # Transactions (RocketMQ 5 clients, docs/RMQ5.md): RocketMQ's keys and defaults. A half
     # message is checked back transactionTimeOut after it was stored, then every
     # transactionCheckInterval, at most transactionCheckMax times, then discarded.
     "transactionTimeOut": _Key(
-        int_in(100, 24 * 3600 * 1000),
-        "6000",
+        IntIn(100, 24 * 3600 * 1000),
+        INHERITED,
         "immunity of a half before its first check, ms",
+        to=(Into("service", "txn_timeout_ms"),),
     ),
     "transactionCheckInterval": _Key(
-        int_in(100, 24 * 3600 * 1000), "30000", "time between check-backs of a half message, ms"
+        IntIn(100, 24 * 3600 * 1000),
+        INHERITED,
+        "time between check-backs of a half message, ms",
+        to=(Into("service", "txn_check_interval_ms"),),
     ),
     "transactionCheckMax": _Key(
-        int_in(1, 1000), "15", "check-backs of a half message before it is discarded"
+        IntIn(1, 1000),
+        INHERITED,
+        "check-backs of a half message before it is discarded",
+        to=(Into("service", "txn_check_max"),),
     ),
     # Push consumers' auto_renew (broker/rmq5/renewals.py): the invisible time the server picks
     # and renews while the consumer is alive (the proxy's 60 s), and how long it renews at most.
     "popAutoRenewInvisibleMs": _Key(
-        int_in(100, 12 * 3600 * 1000), "60000", "auto_renew receives' invisible time, ms"
+        IntIn(100, 12 * 3600 * 1000),
+        "60000",
+        "auto_renew receives' invisible time, ms",
+        to=(Into("v2", "renew_slice_ms"),),
     ),
     "popAutoRenewMaxMs": _Key(
-        int_in(1000, 24 * 3600 * 1000), "10800000", "auto_renew renews a message this long, ms"
+        IntIn(1000, 24 * 3600 * 1000),
+        "10800000",
+        "auto_renew renews a message this long, ms",
+        to=(Into("v2", "renew_max_ms"),),
     ),
     # Per-user quota on a node's table of RocketMQ 5 clients (broker/rmq5/clients.py, 10,000
     # records): a tenth by default, so one user's made-up client ids leave the rest to others.
@@ -431,44 +659,71 @@ KEYS: Mapping[str, _Key] = {
     # Per-user quota on the replicated table of subscription groups (10,000): a tenth by
     # default, so that one user's Settings naming made-up groups leave the rest to others.
     "subscriptionGroupsPerUser": _Key(
-        int_in(1, 10_000), "1000", "subscription groups one user may create in a broker group"
+        IntIn(1, 10_000),
+        INHERITED,
+        "subscription groups one user may create in a broker group",
+        to=(Into("service", "subgroups_per_user"),),
     ),
     # Per-user quota on a node's waiting receives (POP long polls, broker/pop.py: 10,000).
     "popWaitersPerUser": _Key(
-        int_in(1, 10_000), "1000", "receives of one user that may wait for messages on a node"
+        IntIn(1, 10_000),
+        INHERITED,
+        "receives of one user that may wait for messages on a node",
+        to=(Into("service", "pop_waiters_per_user"),),
     ),
     # Per-user quotas on the client port's other tables (docs/BROKER.md, "Limits"): a tenth of
     # each by default. Super users are bounded by the tables' own sizes only.
     "longPollsPerUser": _Key(
-        int_in(1, 10_000), "1000", "pulls of one user that may be held waiting on a node"
+        IntIn(1, 10_000),
+        INHERITED,
+        "pulls of one user that may be held waiting on a node",
+        to=(Into("service", "long_polls_per_user"),),
     ),
     "consumersPerUser": _Key(
-        int_in(1, 10_000), "1000", "live consumers (group, client id) one user may register"
+        IntIn(1, 10_000),
+        INHERITED,
+        "live consumers (group, client id) one user may register",
+        to=(Into("service", "consumers_per_user"),),
     ),
     "queueLocksPerUser": _Key(
-        int_in(1, 100_000), "10000", "queue locks one user's consumers may hold on a node"
+        IntIn(1, 100_000),
+        INHERITED,
+        "queue locks one user's consumers may hold on a node",
+        to=(Into("service", "queue_locks_per_user"),),
     ),
     "pendingOffsetsPerUser": _Key(
-        int_in(1, 100_000), "10000", "offsets of one user the leader buffers between flushes"
+        IntIn(1, 100_000),
+        INHERITED,
+        "offsets of one user the leader buffers between flushes",
+        to=(Into("service", "pending_offsets_per_user"),),
     ),
     # Per-user quota on the replicated topic table (100,000 per broker group): CreateTopic and
     # sends that auto-create a topic count against the user who made them.
     "topicsPerUser": _Key(
-        int_in(1, 100_000), "10000", "topics one user may create in a broker group"
+        IntIn(1, 100_000),
+        INHERITED,
+        "topics one user may create in a broker group",
+        to=(Into("service", "topics_per_user"),),
     ),
     # Per-user quota on the replicated consumer groups with offsets (10,000 per broker group,
     # broker.records.MAX_OFFSET_GROUPS): a commit giving a new group offsets counts against it.
     "offsetGroupsPerUser": _Key(
-        int_in(1, 10_000), "1000", "consumer groups with offsets one user may create"
+        IntIn(1, 10_000),
+        INHERITED,
+        "consumer groups with offsets one user may create",
+        to=(Into("service", "offset_groups_per_user"),),
     ),
     "grpcClientsPerUser": _Key(
-        int_in(1, 10_000), "1000", "RocketMQ 5 client records one user may hold on a node"
+        IntIn(1, 10_000),
+        "1000",
+        "RocketMQ 5 client records one user may hold on a node",
+        to=(Into("v2", "clients_per_user"),),
     ),
     # The derived-state scrubber (docs/BROKER.md, "Derived state"): ConsumeQueue and key
     # index records it checks against the commitlog a second; 0 turns it off. The default's
     # cost is measured there.
     "scrubRecordsPerSecond": _Key(
-        int_in(0, 1_000_000),
+        IntIn(0, 1_000_000),
         str(DEFAULT_SCRUB_RECORDS_PER_SECOND),
         "derived-state records the scrubber checks against the commitlog a second (0: off)",
     ),
@@ -478,23 +733,48 @@ KEYS: Mapping[str, _Key] = {
     # RocketMQ 5's timer messages (docs/RMQ5.md, "Timed delivery"): the furthest delivery time a
     # send may ask for. At most a year: the commitlog must keep a message until it is delivered.
     "timerMaxDelaySec": _Key(
-        int_in(1, MAX_TIMER_MAX_DELAY_S),
+        IntIn(1, MAX_TIMER_MAX_DELAY_S),
         str(DEFAULT_TIMER_MAX_DELAY_S),
         "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead",
+        to=(Into("service", "timer_max_delay_ms", _s_to_ms),),
     ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
-    "raftTickMs": _Key(int_in(5, 1000), "50", "Raft logical clock period, ms"),
-    "raftHeartbeatIntervalMs": _Key(int_in(5, 10_000), "100", "leader heartbeat period, ms"),
-    "raftElectionTimeoutMs": _Key(
-        int_in(20, 60_000), "500", "base election timeout (randomized to [T, 2T)), ms"
+    "raftTickMs": _Key(
+        IntIn(5, 1000),
+        INHERITED,
+        "Raft logical clock period, ms",
+        to=(Into("node", "tick_ms"),),
     ),
-    "rpcTimeoutMs": _Key(int_in(10, 600_000), "3000", "deadline of a client append, ms"),
+    "raftHeartbeatIntervalMs": _Key(
+        IntIn(5, 10_000),
+        INHERITED,
+        "leader heartbeat period, ms",
+        to=(Into("node", "heartbeat_interval_ms"),),
+    ),
+    "raftElectionTimeoutMs": _Key(
+        IntIn(20, 60_000),
+        INHERITED,
+        "base election timeout (randomized to [T, 2T)), ms",
+        to=(Into("node", "election_timeout_ms"),),
+    ),
+    "rpcTimeoutMs": _Key(
+        IntIn(10, 600_000),
+        INHERITED,
+        "deadline of a client append, ms",
+        to=(Into("node", "append_timeout_ms"),),
+    ),
     # Test harness keys (jepsen_like): a proxy in front of the client port, and an unsafe ack.
     "advertisedClientAddr": _Key(
-        _parse_advertised_addr, "", "host:port clients and peers are told (default: bound one)"
+        _parse_advertised_addr,
+        INHERITED,
+        "host:port clients and peers are told (default: bound one)",
+        to=(Into("node", "advertised_client_addr"),),
     ),
     "unsafeAckBeforeReplication": _Key(
-        _parse_bool, "false", "TEST ONLY: ack appends before a majority holds them (loses data)"
+        _parse_bool,
+        INHERITED,
+        "TEST ONLY: ack appends before a majority holds them (loses data)",
+        to=(Into("node", "unsafe_ack_before_replication"),),
     ),
     # TLS (RocketMQ's names; docs/SECURITY.md "TLS" and "Members").
     "tlsEnable": _Key(
@@ -510,12 +790,15 @@ KEYS: Mapping[str, _Key] = {
     ),
     "tlsServerKeyPath": _Key(_parse_optional_str, "", "the certificate's private key (0600)"),
     "tlsServerTrustCertPath": _Key(
-        _parse_optional_str, "", "CA (PEM) that signs the members' and NameServers' certificates"
+        _parse_optional_str,
+        "",
+        "CA (PEM) that signs the members' and NameServers' certificates",
     ),
     "tlsPlaintextListenPort": _Key(
-        int_in(0, 65535),
-        "0",
+        IntIn(0, 65535),
+        INHERITED,
         "with tlsEnable: an extra plaintext client port on 127.0.0.1 for local tools (0: none)",
+        to=(Into("node", "plaintext_client_port"),),
     ),
     # Users and permissions (RocketMQ 5.3's names; docs/SECURITY.md "Users and permissions").
     "authenticationEnabled": _Key(
@@ -542,11 +825,14 @@ KEYS: Mapping[str, _Key] = {
         _parse_optional_str, "", "file (0600, same on every member) of the key sealing secrets"
     ),
     "authenticationMaxClockSkewMs": _Key(
-        int_in(1000, 24 * 3600 * 1000),
+        IntIn(1000, 24 * 3600 * 1000),
         str(DEFAULT_MAX_SKEW_MS),
         "how far a signed request's time may be from this node's clock, ms",
     ),
 }
+
+
+KEYS: Mapping[str, _Key] = _resolved(_TABLE)
 
 # Keys whose values are secrets (a user's password): kept in the node's own broker.conf only
 # (0600 on a secure group), never copied into another file (mqcluster's cluster.json).
@@ -705,6 +991,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         text_value = raw.get(name, key.default)
         if text_value is None:
             raise ConfigError(f"{path}: key '{name}' is required ({key.doc})")
+        assert isinstance(text_value, str), f"{name}: unresolved default {text_value!r}"
         given[name] = text_value
     # Parsed apart: parse_values quotes a bad value in its error, and this one holds a password.
     init_user_text = given.pop("initAuthenticationUser")
@@ -881,45 +1168,42 @@ class SignedNodeConfig(NodeConfig):
         return ClientSecurity(base.tls, self.credentials, base.server_name)
 
 
+def settings_for(cfg: BrokerConfig, target: str) -> dict[str, Any]:
+    """The fields of ``target`` (one of TARGETS) that keys of the table go to, from ``cfg``."""
+    assert target in TARGETS, target
+    fields: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        for into in key.to:
+            if into.target == target:
+                assert into.field not in fields, f"two keys go to {target}.{into.field}"
+                fields[into.field] = into.value_of(getattr(cfg, name))
+    return fields
+
+
 def node_config(cfg: BrokerConfig) -> NodeConfig:
-    """The DLedger member this broker runs (dledger knows nothing of brokers)."""
+    """The DLedger member this broker runs (dledger knows nothing of brokers): the table's
+    node and store keys, and what several keys make together."""
     return SignedNodeConfig(
-        group=cfg.dLegerGroup,
-        self_id=cfg.dLegerSelfId,
-        peers={p.node_id: p.addr for p in cfg.dLegerPeers},
-        client_host=cfg.brokerIP1,
-        client_port=cfg.listenPort,
+        **settings_for(cfg, "node"),
+        store=StoreConfig(**settings_for(cfg, "store")),
         store_dir=str(cfg.dledger_dir),
-        store=StoreConfig(
-            segment_size_bytes=cfg.mappedFileSizeCommitLog,
-            index_segment_size_bytes=cfg.mappedFileSizeEntryIndex,
-            flush_disk_type=cfg.flushDiskType,
-            flush_interval_ms=cfg.flushIntervalCommitLog,
-            reserve_bytes=cfg.diskSpaceReserveBytes,
-        ),
-        tick_ms=cfg.raftTickMs,
-        heartbeat_interval_ms=cfg.raftHeartbeatIntervalMs,
-        election_timeout_ms=cfg.raftElectionTimeoutMs,
-        append_timeout_ms=cfg.rpcTimeoutMs,
-        preferred_leader_id=cfg.preferredLeaderId or None,
-        advertised_client_addr=cfg.advertisedClientAddr,
-        peer_client_addrs={p.node_id: p.addr for p in cfg.dLegerPeerClientAddrs},
-        unsafe_ack_before_replication=cfg.unsafeAckBeforeReplication,
-        file_reserved_time_hours=cfg.fileReservedTime,
-        delete_when=cfg.deleteWhen,
-        retention_check_interval_s=cfg.retentionCheckIntervalMs / 1000,
-        max_lag_retention_hours=cfg.maxLagRetentionHours,
-        snapshot_bytes_per_s=cfg.snapshotTransferBytesPerSec,
-        scrub_bytes_per_s=cfg.scrubBytesPerSec,
-        chain_check_interval_ms=cfg.chainCheckIntervalMs,
         # What a joining node must share with the group (a Join with other values is refused):
         # the segment size (replicas share data positions, a snapshot carries segments as they
         # are) and the dedup window, which every member's apply uses.
         segment_size_setting="mappedFileSizeCommitLog",
         shared_settings={k: str(getattr(cfg, k)) for k in SHARED_KEYS},
         tls=cfg.tls_files if cfg.tlsEnable else None,
-        plaintext_client_port=cfg.tlsPlaintextListenPort,
-        join_addr=cfg.dLegerJoinAddr,
         credentials=cfg.inner_credentials,
-        promise_path=cfg.dLegerPromisePath,
     )
+
+
+def service_config(cfg: BrokerConfig) -> ServiceConfig:
+    """The broker service's settings: the table's service keys, and the delay levels
+    (messageDelayLevel scaled by delayLevelScale)."""
+    return ServiceConfig(**settings_for(cfg, "service"), delay_levels_ms=cfg.delay_levels_ms)
+
+
+def v2_settings(cfg: BrokerConfig) -> dict[str, Any]:
+    """The RocketMQ 5 front end's ``V2Config`` fields (built by the caller: its module loads
+    the v2 stubs, only when grpcServerPort is served)."""
+    return settings_for(cfg, "v2")
