@@ -19,8 +19,16 @@ from typing import Any
 from broker import disk
 from broker.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
 from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
+from broker.locks import MAX_CONSUMERS, MAX_LOCKS
+from broker.offsets import MAX_PENDING_OFFSETS
+from broker.pop import MAX_POP_WAITERS
+from broker.pulling import MAX_LONG_POLLS
+from broker.records import MAX_OFFSET_GROUPS, MAX_TOPICS
+from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, MAX_CLIENTS
+from broker.rmq5.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS
 from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from broker.settings import ServiceConfig
+from broker.subgroups import MAX_SUBGROUPS
 from broker.timer import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
 from dledger.properties import (
     int_in,
@@ -35,7 +43,7 @@ from dledger.server.chaincheck import (
     MAX_CHAIN_CHECK_INTERVAL_MS,
     MIN_CHAIN_CHECK_INTERVAL_MS,
 )
-from dledger.server.node import NodeConfig
+from dledger.server.node import RETENTION_CHECK_INTERVAL_S, NodeConfig
 from dledger.server.scrub import (
     MAX_SCRUB_BYTES_PER_S,
     MIN_SCRUB_BYTES_PER_S,
@@ -331,6 +339,88 @@ def _resolved(table: Mapping[str, _Key]) -> Mapping[str, _Key]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Quota:
+    """A per-user quota key (docs/SECURITY.md, "Quotas per user"): one user's share of a table
+    the node (or the replicated state of the broker group) bounds at ``table_size``, so that one
+    user's made-up names leave the rest to others. Super users are bounded by the table only.
+    The bound is the table's size; the default, on the field the value goes to, is a tenth of it
+    (tests/unit/test_config_table.py holds them to that)."""
+
+    into: Into
+    table_size: int
+    doc: str
+    default: str | _Inherited = INHERITED  # a v2 field's: V2Config is not a TARGET_TYPE
+
+    def key(self) -> _Key:
+        return _Key(IntIn(1, self.table_size), self.default, self.doc, to=(self.into,))
+
+
+# The per-user quota keys, each with the table it shares out (its size is the bound).
+QUOTAS: Mapping[str, _Quota] = {
+    # Replicated subscription groups (broker.subgroups): Settings naming made-up groups.
+    "subscriptionGroupsPerUser": _Quota(
+        Into("service", "subgroups_per_user"),
+        MAX_SUBGROUPS,
+        "subscription groups one user may create in a broker group",
+    ),
+    # A node's waiting receives (POP long polls, broker.pop).
+    "popWaitersPerUser": _Quota(
+        Into("service", "pop_waiters_per_user"),
+        MAX_POP_WAITERS,
+        "receives of one user that may wait for messages on a node",
+    ),
+    # The client port's other tables (docs/BROKER.md, "Limits"): pulls held waiting
+    # (broker.pulling), live consumers and queue locks (broker.locks), offsets the leader
+    # buffers (broker.offsets).
+    "longPollsPerUser": _Quota(
+        Into("service", "long_polls_per_user"),
+        MAX_LONG_POLLS,
+        "pulls of one user that may be held waiting on a node",
+    ),
+    "consumersPerUser": _Quota(
+        Into("service", "consumers_per_user"),
+        MAX_CONSUMERS,
+        "live consumers (group, client id) one user may register",
+    ),
+    "queueLocksPerUser": _Quota(
+        Into("service", "queue_locks_per_user"),
+        MAX_LOCKS,
+        "queue locks one user's consumers may hold on a node",
+    ),
+    "pendingOffsetsPerUser": _Quota(
+        Into("service", "pending_offsets_per_user"),
+        MAX_PENDING_OFFSETS,
+        "offsets of one user the leader buffers between flushes",
+    ),
+    # The replicated topic table (broker.records): CreateTopic and sends that auto-create a
+    # topic count against the user who made them.
+    "topicsPerUser": _Quota(
+        Into("service", "topics_per_user"),
+        MAX_TOPICS,
+        "topics one user may create in a broker group",
+    ),
+    # The replicated consumer groups with offsets (broker.records): a commit giving a new
+    # group offsets counts against it.
+    "offsetGroupsPerUser": _Quota(
+        Into("service", "offset_groups_per_user"),
+        MAX_OFFSET_GROUPS,
+        "consumer groups with offsets one user may create",
+    ),
+    # A node's table of RocketMQ 5 clients (broker.rmq5.clients): one user's made-up client ids.
+    "grpcClientsPerUser": _Quota(
+        Into("v2", "clients_per_user"),
+        MAX_CLIENTS,
+        "RocketMQ 5 client records one user may hold on a node",
+        default=str(DEFAULT_MAX_CLIENTS_PER_USER),
+    ),
+}
+
+
+def _quota_keys() -> dict[str, _Key]:
+    return {name: quota.key() for name, quota in QUOTAS.items()}
+
+
 # The keys we accept, with RocketMQ's names where RocketMQ has the key: each written once with
 # its parser (limits in it: IntIn's bounds), its default (INHERITED: the default of the field it
 # goes to), its one-line doc, and where its value goes (``to``). Keys that go nowhere are read
@@ -489,7 +579,7 @@ _TABLE: Mapping[str, _Key] = {
     ),
     "retentionCheckIntervalMs": _Key(
         IntIn(100, 3_600_000),
-        "60000",
+        str(int(RETENTION_CHECK_INTERVAL_S * 1000)),
         "how often retention looks for segments to delete, ms",
         to=(Into("node", "retention_check_interval_s", _ms_to_s),),
     ),
@@ -643,82 +733,17 @@ _TABLE: Mapping[str, _Key] = {
     # and renews while the consumer is alive (the proxy's 60 s), and how long it renews at most.
     "popAutoRenewInvisibleMs": _Key(
         IntIn(100, 12 * 3600 * 1000),
-        "60000",
+        str(DEFAULT_SLICE_MS),
         "auto_renew receives' invisible time, ms",
         to=(Into("v2", "renew_slice_ms"),),
     ),
     "popAutoRenewMaxMs": _Key(
         IntIn(1000, 24 * 3600 * 1000),
-        "10800000",
+        str(DEFAULT_MAX_MS),
         "auto_renew renews a message this long, ms",
         to=(Into("v2", "renew_max_ms"),),
     ),
-    # Per-user quota on a node's table of RocketMQ 5 clients (broker/rmq5/clients.py, 10,000
-    # records): a tenth by default, so one user's made-up client ids leave the rest to others.
-    # Super users are bounded by the table's own size only.
-    # Per-user quota on the replicated table of subscription groups (10,000): a tenth by
-    # default, so that one user's Settings naming made-up groups leave the rest to others.
-    "subscriptionGroupsPerUser": _Key(
-        IntIn(1, 10_000),
-        INHERITED,
-        "subscription groups one user may create in a broker group",
-        to=(Into("service", "subgroups_per_user"),),
-    ),
-    # Per-user quota on a node's waiting receives (POP long polls, broker/pop.py: 10,000).
-    "popWaitersPerUser": _Key(
-        IntIn(1, 10_000),
-        INHERITED,
-        "receives of one user that may wait for messages on a node",
-        to=(Into("service", "pop_waiters_per_user"),),
-    ),
-    # Per-user quotas on the client port's other tables (docs/BROKER.md, "Limits"): a tenth of
-    # each by default. Super users are bounded by the tables' own sizes only.
-    "longPollsPerUser": _Key(
-        IntIn(1, 10_000),
-        INHERITED,
-        "pulls of one user that may be held waiting on a node",
-        to=(Into("service", "long_polls_per_user"),),
-    ),
-    "consumersPerUser": _Key(
-        IntIn(1, 10_000),
-        INHERITED,
-        "live consumers (group, client id) one user may register",
-        to=(Into("service", "consumers_per_user"),),
-    ),
-    "queueLocksPerUser": _Key(
-        IntIn(1, 100_000),
-        INHERITED,
-        "queue locks one user's consumers may hold on a node",
-        to=(Into("service", "queue_locks_per_user"),),
-    ),
-    "pendingOffsetsPerUser": _Key(
-        IntIn(1, 100_000),
-        INHERITED,
-        "offsets of one user the leader buffers between flushes",
-        to=(Into("service", "pending_offsets_per_user"),),
-    ),
-    # Per-user quota on the replicated topic table (100,000 per broker group): CreateTopic and
-    # sends that auto-create a topic count against the user who made them.
-    "topicsPerUser": _Key(
-        IntIn(1, 100_000),
-        INHERITED,
-        "topics one user may create in a broker group",
-        to=(Into("service", "topics_per_user"),),
-    ),
-    # Per-user quota on the replicated consumer groups with offsets (10,000 per broker group,
-    # broker.records.MAX_OFFSET_GROUPS): a commit giving a new group offsets counts against it.
-    "offsetGroupsPerUser": _Key(
-        IntIn(1, 10_000),
-        INHERITED,
-        "consumer groups with offsets one user may create",
-        to=(Into("service", "offset_groups_per_user"),),
-    ),
-    "grpcClientsPerUser": _Key(
-        IntIn(1, 10_000),
-        "1000",
-        "RocketMQ 5 client records one user may hold on a node",
-        to=(Into("v2", "clients_per_user"),),
-    ),
+    **_quota_keys(),
     # The derived-state scrubber (docs/BROKER.md, "Derived state"): ConsumeQueue and key
     # index records it checks against the commitlog a second; 0 turns it off. The default's
     # cost is measured there.
