@@ -97,7 +97,7 @@ class IntIn:
 
     def __repr__(self) -> str:
         off = f", or 0: {self.off} off" if self.off else ""
-        return f"[{self.low}, {self.high}]{off}"
+        return f"{self.low} to {self.high}{off}"
 
 
 def _parse_str(text: str) -> str:
@@ -245,6 +245,36 @@ def _parse_peer_client_addrs(text: str) -> tuple[Peer, ...]:
     return parse_peers(text) if text.strip() else ()
 
 
+# What each parser accepts, for the docs' key table (configdocs; IntIn says it itself).
+_ACCEPTS: Mapping[Callable[[str], Any], str] = {
+    parse_port: "a port, 1 to 65535",
+    parse_optional_port: "a port, or 0: not served",
+    _parse_bool: "true or false",
+    parse_optional_bool: "true, false or empty",
+    _parse_str: "text, not empty",
+    _parse_optional_str: "text",
+    _parse_index_file_size: f"{INDEX_FILE_UNIT_BYTES} to {MAX_INDEX_FILE_BYTES}, "
+    f"a multiple of {INDEX_FILE_UNIT_BYTES}",
+    _parse_namesrv_addr: "host:port;... (distinct), or empty",
+    _parse_delay_levels: "durations with units s, m, h, d, separated by spaces",
+    _parse_scale: "a number, 0.000001 to 1000",
+    _parse_advertised_addr: "host:port, or empty",
+    _parse_init_user: 'JSON {"username": .., "password": ..}, or empty',
+    _parse_inner_credentials: 'JSON {"accessKey": .., "secretKey": ..}, or empty',
+    _parse_flush: "SYNC_FLUSH or ASYNC_FLUSH",
+    _parse_delete_when: "hours 00 to 23 separated by ';'",
+    parse_peers: "id-host:port;... (distinct ids and addresses)",
+    _parse_peer_client_addrs: "id-host:port;..., or empty",
+}
+
+
+def accepted_values(key: _Key) -> str:
+    """What ``key`` accepts, in words (the docs' key table)."""
+    if isinstance(key.parse, IntIn):
+        return repr(key.parse)
+    return _ACCEPTS[key.parse]
+
+
 # The configs a broker.conf is translated into (node_config, service_config, v2_settings):
 # dledger's NodeConfig and its StoreConfig, the broker service's ServiceConfig, and the
 # RocketMQ 5 front end's V2Config (broker.rmq5.service, imported only when that port is served).
@@ -292,18 +322,22 @@ class _Key:
 
 
 def _addresses(peers: tuple[Peer, ...]) -> dict[str, str]:
+    """id-host:port list -> {id: host:port}"""
     return {p.node_id: p.addr for p in peers}
 
 
 def _none_if_empty(text: str) -> str | None:
+    """empty -> None"""
     return text or None
 
 
 def _ms_to_s(ms: int) -> float:
+    """ms -> s"""
     return ms / 1000
 
 
 def _s_to_ms(seconds: int) -> int:
+    """s -> ms"""
     return seconds * 1000
 
 
