@@ -241,6 +241,7 @@ BROKER_EDGE = frozenset(
         "broker.auth.rpcmap",
         "broker.cluster",
         "broker.config",
+        "broker.configdocs",
         "broker.demo",
         "broker.leader_client",
         "broker.localsecurity",
