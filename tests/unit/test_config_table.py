@@ -1,4 +1,4 @@
-"""The table of broker.conf keys (broker.config.KEYS): every key parses its default, integer
+"""The table of broker.conf keys (broker.configkeys.KEYS): every key parses its default, integer
 bounds are refused naming the key and the bound, each default is written once (the field a key
 goes to keeps it), the configs built from a broker.conf carry every key's value, and the docs
 agree with the table."""
@@ -12,21 +12,16 @@ from typing import Any
 
 import pytest
 
-from broker import config, configdocs
+from broker import configdocs, configkeys
 from broker.config import (
-    INHERITED,
-    KEYS,
-    QUOTAS,
-    TARGET_TYPES,
     ConfigError,
-    IntIn,
-    Into,
     node_config,
     parse_config,
     service_config,
     settings_for,
     v2_settings,
 )
+from broker.configkeys import INHERITED, KEYS, QUOTAS, TARGET_TYPES, IntIn, Into
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "dLegerPeers=n0-127.0.0.1:40911;n1-127.0.0.1:40912\ndLegerSelfId=n0\n"
@@ -144,7 +139,7 @@ def test_a_default_is_written_once() -> None:
     """A key whose value goes, unconverted, to a field with a default takes that default
     (INHERITED) instead of writing it again; a converted or v2 one names a constant, and
     equals the field's default through the conversion (checked below)."""
-    for name, raw in config._TABLE.items():
+    for name, raw in configkeys._TABLE.items():
         for into in raw.to[:1]:
             if into.target not in TARGET_TYPES or into.convert is not None:
                 continue

@@ -242,6 +242,7 @@ BROKER_EDGE = frozenset(
         "broker.cluster",
         "broker.config",
         "broker.configdocs",
+        "broker.configkeys",
         "broker.demo",
         "broker.leader_client",
         "broker.localsecurity",
