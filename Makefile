@@ -53,19 +53,23 @@ system-deps:
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
 	fi
 
-# Regenerate the committed gRPC stubs in gen/ from protos/, and what derives from the error
-# table (mqerrors/codes.py, the table of docs/ERRORS.md).
+# Regenerate the committed gRPC stubs in gen/ from protos/, what derives from the error
+# table (mqerrors/codes.py, the table of docs/ERRORS.md), and the broker.conf key table of
+# docs/CONFIG.md (from broker/config.py's KEYS).
 gen: venv
 	$(PY) protos/generate.py
 	$(PY) -m mqerrors.generate
+	$(PY) -m broker.configdocs
 
 # Generate the stubs into a temporary dir and fail if the committed ones differ; fail if the
-# error table's constants module or docs section (python -m mqerrors.generate) is stale.
+# error table's constants module or docs section (python -m mqerrors.generate) is stale, or
+# when docs/CONFIG.md's key table (python -m broker.configdocs) is.
 # (gen-check, lint and typecheck need the project's venv, not build/rmq5: they depend on the
 # stamp only, so that `make test` runs them while the RocketMQ 5 packages download.)
 gen-check: $(STAMP)
 	$(PY) protos/generate.py --check
 	$(PY) -m mqerrors.generate --check
+	$(PY) -m broker.configdocs --check
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

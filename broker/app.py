@@ -28,7 +28,7 @@ from broker.applied import AppliedMessages, NodeContext
 from broker.auth.admin import AuthAdmin
 from broker.auth.guard import AuthGuard, AuthSettings
 from broker.auth.secrets import SecretBox, load_key_file
-from broker.config import BrokerConfig, ConfigError, node_config
+from broker.config import BrokerConfig, ConfigError, node_config, service_config, v2_settings
 from broker.consumers import ConsumerGroups
 from broker.disk import DiskGuard
 from broker.lookups import Lookups
@@ -291,35 +291,6 @@ def _metrics(broker: Broker, node: DLedgerNode) -> BrokerMetrics:
     )
 
 
-def service_config(cfg: BrokerConfig) -> ServiceConfig:
-    """The broker service's settings from ``broker.conf``."""
-    return ServiceConfig(
-        store_host=cfg.brokerIP1,
-        store_port=cfg.listenPort,
-        auto_create_topic=cfg.autoCreateTopicEnable,
-        default_topic_queue_nums=cfg.defaultTopicQueueNums,
-        max_message_size_bytes=cfg.maxMessageSize,
-        slave_read_enable=cfg.slaveReadEnable,
-        memory_ratio_percent=cfg.accessMessageInMemoryMaxRatio,
-        offset_commit_interval_ms=cfg.consumerOffsetCommitIntervalMs,
-        delay_levels_ms=cfg.delay_levels_ms,
-        pop_max_attempts=cfg.popMaxDeliveryAttempts,
-        subgroups_per_user=cfg.subscriptionGroupsPerUser,
-        pop_waiters_per_user=cfg.popWaitersPerUser,
-        long_polls_per_user=cfg.longPollsPerUser,
-        consumers_per_user=cfg.consumersPerUser,
-        queue_locks_per_user=cfg.queueLocksPerUser,
-        pending_offsets_per_user=cfg.pendingOffsetsPerUser,
-        topics_per_user=cfg.topicsPerUser,
-        offset_groups_per_user=cfg.offsetGroupsPerUser,
-        pop_min_invisible_ms=cfg.popMinInvisibleTimeMs,
-        txn_timeout_ms=cfg.transactionTimeOut,
-        txn_check_interval_ms=cfg.transactionCheckInterval,
-        txn_check_max=cfg.transactionCheckMax,
-        timer_max_delay_ms=cfg.timerMaxDelaySec * 1000,
-    )
-
-
 def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
     """The RocketMQ 5 front end over the same components (docs/RMQ5.md), when
     ``grpcServerPort`` is set; its stubs are loaded only then (`ConfigError` when they cannot
@@ -331,16 +302,7 @@ def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
         from broker.rmq5.service import V2Config
     except ImportError as exc:
         raise ConfigError(f"cannot serve grpcServerPort: {exc}") from None
-    v2cfg = V2Config(
-        cfg.brokerName,
-        cfg.brokerIP1,
-        cfg.grpcServerPort,
-        cfg.maxMessageSize,
-        cfg.popMaxDeliveryAttempts,
-        renew_slice_ms=cfg.popAutoRenewInvisibleMs,
-        renew_max_ms=cfg.popAutoRenewMaxMs,
-        clients_per_user=cfg.grpcClientsPerUser,
-    )
+    v2cfg = V2Config(**v2_settings(cfg))
     security = V2Security(
         tls=cfg.tls_files if cfg.tlsEnable else None,
         guard=broker.guard,

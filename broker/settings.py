@@ -16,6 +16,10 @@ DEFAULT_OFFSET_COMMIT_INTERVAL_MS = 100
 
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
+    """What the broker's components need from broker.conf. Each field is filled by one key
+    (broker.configkeys, its ``to``), and its default here is that key's default: the table
+    takes it from this class (INHERITED) instead of writing it again."""
+
     store_host: str
     store_port: int
     auto_create_topic: bool = False

@@ -241,6 +241,8 @@ BROKER_EDGE = frozenset(
         "broker.auth.rpcmap",
         "broker.cluster",
         "broker.config",
+        "broker.configdocs",
+        "broker.configkeys",
         "broker.demo",
         "broker.leader_client",
         "broker.localsecurity",
