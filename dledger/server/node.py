@@ -533,6 +533,42 @@ class DLedgerNode:
         if self.raft_stats is not None:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         conf = self._start_conf()
+        self._open_core(conf)
+        self._transport = PeerTransport(
+            cfg.group,
+            cfg.self_id,
+            cfg.public_client_addr,
+            {},
+            cfg.client_security,
+            resolve=self._book.peer_addr,
+        )
+        self._sync_members()
+        if cfg.unsafe_ack_before_replication:
+            logger.warning(
+                "node=%s UNSAFE unsafeAckBeforeReplication=true: appends are acknowledged "
+                "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
+                cfg.self_id,
+            )
+        assert self._peer_server is not None and self._client_server is not None
+        await self._peer_server.start()
+        await self._client_server.start()
+        self._transport.start()
+        self._spawn_tasks(conf)
+        logger.info(
+            "node=%s group=%s started peer=%s client=%s %s last_index=%d term=%d",
+            cfg.self_id,
+            cfg.group,
+            cfg.peers[cfg.self_id],
+            cfg.client_addr,
+            f"tls plaintext_client_port={cfg.plaintext_client_port}" if cfg.tls else "plaintext",
+            self.store.last_index(),
+            self.core.term,
+        )
+
+    def _open_core(self, conf: ConfState | None) -> None:
+        """The promise file read (and the hard state recovered from it if need be), then
+        the Raft core over the open store; StartError when either refuses."""
+        cfg = self.cfg
         try:
             promise = promise_file(cfg.store_dir, cfg.promise_path)
             start = recover(cfg.group, cfg.self_id, self.store, promise, self._applied)
@@ -563,27 +599,11 @@ class DLedgerNode:
             # not cover (an older segment): restart with every segment checked.
             self.on_damage(exc, "start")
             raise StartError(f"node {cfg.self_id}: {exc}") from exc  # on_damage restarted
-        self._transport = PeerTransport(
-            cfg.group,
-            cfg.self_id,
-            cfg.public_client_addr,
-            {},
-            cfg.client_security,
-            resolve=self._book.peer_addr,
-        )
-        self._sync_members()
-        if cfg.unsafe_ack_before_replication:
-            logger.warning(
-                "node=%s UNSAFE unsafeAckBeforeReplication=true: appends are acknowledged "
-                "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
-                cfg.self_id,
-            )
-        assert self._peer_server is not None and self._client_server is not None
-        await self._peer_server.start()
-        await self._client_server.start()
-        self._transport.start()
-        # Fail fast: an exception escaping any of these ends the process (dledger.fatal);
-        # their cancellation by stop() does not.
+
+    def _spawn_tasks(self, conf: ConfState | None) -> None:
+        """The node's loops. Fail fast: an exception escaping any of them ends the process
+        (dledger.fatal); their cancellation by stop() does not."""
+        cfg = self.cfg
         self._tasks = [
             spawn(self._tick_loop(), "tick"),
             spawn(self._ready_loop(), "ready"),
@@ -604,16 +624,6 @@ class DLedgerNode:
             holdings_asker(self),
         )
         self._tasks.append(spawn(good_copy.run(), "good-copy"))
-        logger.info(
-            "node=%s group=%s started peer=%s client=%s %s last_index=%d term=%d",
-            cfg.self_id,
-            cfg.group,
-            cfg.peers[cfg.self_id],
-            cfg.client_addr,
-            f"tls plaintext_client_port={cfg.plaintext_client_port}" if cfg.tls else "plaintext",
-            self.store.last_index(),
-            self.core.term,
-        )
 
     def _bind_ports(self) -> None:
         """Both servers with their services, bound: plaintext, or TLS (client port) and
@@ -1591,7 +1601,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
                 context,
                 status.RpcFailure(
                     grpc.StatusCode.PERMISSION_DENIED,
-                    "NOT_A_MEMBER",
+                    E.NOT_A_MEMBER,
                     f"this member is of group {_echo(node.cfg.group)}, not {_echo(request.group)}",
                 ),
             )

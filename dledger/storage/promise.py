@@ -78,7 +78,7 @@ class PromiseDamagedError(PromiseError):
     wrong size): what it promised is unknown. The node starts repairing with its vote counted
     as lost (docs/RAFT.md section 11); the file is rewritten at its next promise."""
 
-    code = "PROMISE_DAMAGED"
+    code = E.PROMISE_DAMAGED
 
 
 class PromiseVersionError(PromiseError):

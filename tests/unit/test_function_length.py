@@ -31,7 +31,6 @@ LONG_TODAY: dict[str, int] = {
     "bench/peers.py:_run_load": 73,
     "bench/store.py:bench_sync_event_loop": 78,
     "dledger/server/metrics.py:raft_families": 90,
-    "dledger/server/node.py:DLedgerNode.start": 107,
     "dledger/sim/sim.py:Simulation.__init__": 76,
     "dledger/storage/store.py:SegmentedLogStore.__init__": 88,
     "dledger/storage/store.py:SegmentedLogStore._append_locked": 102,
