@@ -25,7 +25,12 @@ from types import FrameType
 
 from jepsen_like.checker import NodeState, check_all
 from jepsen_like.history import load_history
-from jepsen_like.nemesis import SHAPING_NEMESES, parse_nemeses, parse_shapes
+from jepsen_like.nemesis import (
+    SHAPING_NEMESES,
+    parse_nemeses,
+    parse_shapes,
+    parse_storage_faults,
+)
 from jepsen_like.netns import NetnsError, check_netns, clean_leftovers
 from jepsen_like.report import verdict_table
 from jepsen_like.run import RunConfig, run
@@ -56,9 +61,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--nemesis",
         default="partition,kill,pause",
-        help="comma list of partition,kill,pause,disk,latency,bandwidth,rolling; all; none",
+        help="comma list of partition,kill,pause,disk,latency,bandwidth,rolling,membership,"
+        "storage; all; none",
     )
     r.add_argument("--partitions", default="all", help="partition shapes to draw from")
+    r.add_argument(
+        "--storage-faults",
+        default="all",
+        help="what the storage nemesis does: comma list of bitflip,truncate,rollback,hardstate,"
+        "derived; all",
+    )
     r.add_argument("--interval", type=float, default=5.0, help="seconds per fault and per heal")
     r.add_argument("--quiet", type=float, default=None, help="fault-free seconds at the end")
     r.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
@@ -144,6 +156,7 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         nemeses = parse_nemeses(ns.nemesis)
         shapes = parse_shapes(ns.partitions)
+        storage_faults = parse_storage_faults(ns.storage_faults)
         conf = parse_assignments(ns.set)
     except ValueError as exc:
         parser.error(str(exc))
@@ -167,6 +180,7 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         time_limit_s=ns.time_limit,
         nemeses=tuple(nemeses),
         partition_shapes=tuple(shapes),
+        storage_faults=tuple(storage_faults),
         interval_s=ns.interval,
         quiet_s=quiet,
         seed=seed,

@@ -14,7 +14,13 @@ from typing import Any
 from jepsen_like.checker import CheckResult, NodeState, check_all
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import History
-from jepsen_like.nemesis import PARTITION_SHAPES, SHAPING_NEMESES, Nemesis
+from jepsen_like.nemesis import (
+    BROKER_STORAGE_FAULTS,
+    PARTITION_SHAPES,
+    SHAPING_NEMESES,
+    STORAGE_FAULTS,
+    Nemesis,
+)
 from jepsen_like.netns import NetnsNet
 from jepsen_like.proxy import ProxyNet
 from jepsen_like.report import fault_windows, op_counts, plot, verdict_table, write_html
@@ -36,6 +42,10 @@ CONVERGE_S = 60.0
 NEMESIS_STOP_S = 30.0
 # Seconds between checks of the run clock in the main thread.
 MAIN_POLL_S = 0.2
+# Commitlog segments of a run with the storage nemesis (unless --set mappedFileSizeCommitLog):
+# small, so that a minute of load fills several and damage lands in older segments too,
+# which only the scrubber or a read finds (the open scans the last one or two).
+STORAGE_SEGMENT_BYTES = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +54,7 @@ class RunConfig:
     time_limit_s: float = 60.0
     nemeses: tuple[str, ...] = ("partition", "kill", "pause")
     partition_shapes: tuple[str, ...] = PARTITION_SHAPES
+    storage_faults: tuple[str, ...] = STORAGE_FAULTS
     interval_s: float = 5.0
     quiet_s: float = 10.0
     seed: int = 0
@@ -85,6 +96,15 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     extra = dict(cfg.broker_conf)
     if cfg.unsafe_ack:
         extra["unsafeAckBeforeReplication"] = "true"
+    storage_faults = cfg.storage_faults
+    if "storage" in kinds:
+        extra.setdefault("mappedFileSizeCommitLog", str(STORAGE_SEGMENT_BYTES))
+        if cfg.workload != "queue":
+            storage_faults = tuple(f for f in storage_faults if f not in BROKER_STORAGE_FAULTS)
+            if storage_faults != cfg.storage_faults:
+                events.append("storage faults on the broker's files skipped: log workload")
+        if not storage_faults:
+            kinds = tuple(k for k in kinds if k != "storage")
     cluster = JepsenCluster(out_dir / "cluster", cfg.nodes, net, extra, cfg.secure)
     workload: Workload
     if cfg.workload == "queue":
@@ -94,7 +114,15 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     else:
         workload = LogWorkload(cluster, history, cfg.writers, cfg.rate_hz)
     monitor = Monitor(cluster, history)
-    nemesis = Nemesis(cluster, history, kinds, cfg.seed, cfg.interval_s, cfg.partition_shapes)
+    nemesis = Nemesis(
+        cluster,
+        history,
+        kinds,
+        cfg.seed,
+        cfg.interval_s,
+        cfg.partition_shapes,
+        storage_faults,
+    )
     nodes: list[NodeState] | None = None
     convergence = "the run stopped before the nodes were read"
     timing: dict[str, float] = {}
