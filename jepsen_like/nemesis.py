@@ -54,6 +54,9 @@ ROLLBACK_SCOPES = ("log", "node")
 # them: a rollback that forgets nothing tests nothing), and the seconds it gets to get them
 # under the workload's load (a few hundred entries a second).
 ROLLBACK_MIN_ENTRIES = 100
+# Where the run keeps a node's copy until it is put back (beside the cluster's directory;
+# removed right after).
+ROLLBACK_COPIES_DIR = "rollback-copies"
 ROLLBACK_GROW_S = 15.0
 # The membership nemesis keeps the group between these sizes (voters): it adds a new node,
 # removes one (the leader half the time: it hands over first) or replaces one (add, then
@@ -173,7 +176,6 @@ class Nemesis:
         self._storage_deck: list[str] = []
         # The minority the storage nemesis damages, drawn at its first fault.
         self._victims: list[str] = []
-        self._copies = cluster.base.parent / "rollback-copies"
 
     # ------------------------------------------------------------------ thread
 
@@ -418,7 +420,7 @@ class Nemesis:
         keep: tuple[str, ...] = ()
         if scope == "node":
             root, keep = c.store_root(target), c.promise_names(target)
-        copy = self._copies / f"{target}-{len(self.windows)}"
+        copy = c.base.parent / ROLLBACK_COPIES_DIR / f"{target}-{len(self.windows)}"
         shutil.rmtree(copy, ignore_errors=True)
         c.kill_and_wait(target)
         copied_last = disk.last_entry_index(log_dir)
