@@ -44,6 +44,8 @@ _trace = logging.getLogger("mqjepsen.trace")
 MIN_TIME_LIMIT_S = 5.0
 MAX_TIME_LIMIT_S = 24 * 3600.0
 ALLOWED_NODES = (3, 5, 7)
+# --faults at most: a day's schedule at one fault a second.
+MAX_FAULTS = 86_400
 DEFAULT_RUNS_DIR = "jepsen-runs"
 # Share of the time limit kept free of faults at the end (at most QUIET_MAX_S).
 QUIET_SHARE = 0.2
@@ -72,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
         "derived; all",
     )
     r.add_argument("--interval", type=float, default=5.0, help="seconds per fault and per heal")
+    r.add_argument(
+        "--faults",
+        type=int,
+        default=0,
+        help="end after this many faults and the quiet period (0: as many as the time allows)",
+    )
     r.add_argument("--quiet", type=float, default=None, help="fault-free seconds at the end")
     r.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
     r.add_argument("--workload", choices=["queue", "log"], default="queue")
@@ -149,6 +157,8 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--time-limit must be in [{MIN_TIME_LIMIT_S}, {MAX_TIME_LIMIT_S}] s")
     if ns.interval <= 0 or ns.writers < 1 or ns.readers < 1 or ns.queues < 1 or ns.rate <= 0:
         parser.error("--interval, --writers, --readers, --queues and --rate must be positive")
+    if not 0 <= ns.faults <= MAX_FAULTS:
+        parser.error(f"--faults must be in [0, {MAX_FAULTS}]")
     if ns.unsafe_ack and ns.workload != "log":
         # The broker's writes need the applied result of their entry, which an early ack
         # does not wait for: the queue workload could not even create its topic.
@@ -181,6 +191,7 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         nemeses=tuple(nemeses),
         partition_shapes=tuple(shapes),
         storage_faults=tuple(storage_faults),
+        max_faults=ns.faults,
         interval_s=ns.interval,
         quiet_s=quiet,
         seed=seed,

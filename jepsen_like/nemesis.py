@@ -157,6 +157,7 @@ class Nemesis:
         interval_s: float,
         shapes: Sequence[str] = PARTITION_SHAPES,
         storage_faults: Sequence[str] = STORAGE_FAULTS,
+        max_faults: int = 0,
     ) -> None:
         self.cluster = cluster
         self.history = history
@@ -176,6 +177,11 @@ class Nemesis:
         self._storage_deck: list[str] = []
         # The minority the storage nemesis damages, drawn at its first fault.
         self._victims: list[str] = []
+        # With max_faults > 0 the schedule ends after that many faults (healed); finished_at
+        # (monotonic) tells the run when, so that it ends after its quiet period.
+        self.max_faults = max_faults
+        self.faults_done = 0
+        self.finished_at: float | None = None
 
     # ------------------------------------------------------------------ thread
 
@@ -214,6 +220,10 @@ class Nemesis:
                     self.errors.append(f"{kind}: {exc}")
                 finally:
                     self.heal_all()
+                    self.faults_done += 1
+                if self.max_faults and self.faults_done >= self.max_faults:
+                    self.finished_at = time.monotonic()
+                    return
                 if not self._sleep_until(min(deadline, time.monotonic() + self.interval_s)):
                     return
         finally:

@@ -45,7 +45,7 @@ MAIN_POLL_S = 0.2
 # Commitlog segments of a run with the storage nemesis (unless --set mappedFileSizeCommitLog):
 # small, so that a minute of load fills several and damage lands in older segments too,
 # which only the scrubber or a read finds (the open scans the last one or two).
-STORAGE_SEGMENT_BYTES = 256 << 10
+STORAGE_SEGMENT_BYTES = 128 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,7 @@ class RunConfig:
     nemeses: tuple[str, ...] = ("partition", "kill", "pause")
     partition_shapes: tuple[str, ...] = PARTITION_SHAPES
     storage_faults: tuple[str, ...] = STORAGE_FAULTS
+    max_faults: int = 0  # end after this many faults and the quiet period (0: the time limit)
     interval_s: float = 5.0
     quiet_s: float = 10.0
     seed: int = 0
@@ -122,6 +123,7 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
         cfg.interval_s,
         cfg.partition_shapes,
         storage_faults,
+        cfg.max_faults,
     )
     nodes: list[NodeState] | None = None
     convergence = "the run stopped before the nodes were read"
@@ -142,6 +144,8 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
         workload.start()
         nemesis.start(end - cfg.quiet_s)
         while time.monotonic() < end:
+            if nemesis.finished_at is not None:  # --faults N were done: the quiet end
+                end = min(end, nemesis.finished_at + cfg.quiet_s)
             time.sleep(MAIN_POLL_S)
         nemesis.stop(NEMESIS_STOP_S)
         nemesis.heal_all()
