@@ -54,10 +54,10 @@ ROLLBACK_SCOPES = ("log", "node")
 # them: a rollback that forgets nothing tests nothing), and the seconds it gets to get them
 # under the workload's load (a few hundred entries a second).
 ROLLBACK_MIN_ENTRIES = 100
+ROLLBACK_GROW_S = 15.0
 # Where the run keeps a node's copy until it is put back (beside the cluster's directory;
 # removed right after).
 ROLLBACK_COPIES_DIR = "rollback-copies"
-ROLLBACK_GROW_S = 15.0
 # The membership nemesis keeps the group between these sizes (voters): it adds a new node,
 # removes one (the leader half the time: it hands over first) or replaces one (add, then
 # remove), under the workload's load.
@@ -381,8 +381,7 @@ class Nemesis:
             else:
                 if fault == "derived":
                     c.stop(target)  # a clean stop: the damaged record is behind the snapshot
-                else:
-                    c.kill_and_wait(target)
+                c.kill_and_wait(target)  # (after a clean stop: only if it outlived the grace)
                 damage = self._damage(fault, target)
         except disk.DiskFaultError as exc:
             damage = disk.Damage(f"skipped: {exc}", {"skipped": True})
