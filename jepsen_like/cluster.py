@@ -364,6 +364,23 @@ class JepsenCluster:
         found = [p.name for p in root.iterdir() if p.name.startswith(stem)] if root.is_dir() else []
         return tuple(sorted({stem, *found}))
 
+    def wait_not_repairing(self, node_ids: list[str], timeout_s: float) -> list[str]:
+        """Wait until each node answers and is not repairing (docs/RAFT.md section 11); the
+        ones that still were not when ``timeout_s`` ran out."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(node_ids)
+        with self.direct_client() as client:
+            while pending:
+                for nid in list(pending):
+                    with contextlib.suppress(ClientError):
+                        md = client.metadata(self.node(nid).client_addr, METADATA_TIMEOUT_S)
+                        if not md.repairing:
+                            pending.remove(nid)
+                if not pending or time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_S)
+        return pending
+
     def wait_last_index(self, node_id: str, index: int, timeout_s: float) -> bool:
         """Wait until the node's log reaches ``index``; False if it did not in time."""
         addr = self.node(node_id).client_addr

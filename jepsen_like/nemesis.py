@@ -58,6 +58,10 @@ ROLLBACK_GROW_S = 15.0
 # Where the run keeps a node's copy until it is put back (beside the cluster's directory;
 # removed right after).
 ROLLBACK_COPIES_DIR = "rollback-copies"
+# Seconds the storage nemesis waits for the nodes it damaged to end their repair before it
+# damages one again (each repair then has its own measured time; a node still repairing
+# after this is damaged anyway, and the report says so).
+REPAIR_WAIT_S = 30.0
 # The membership nemesis keeps the group between these sizes (voters): it adds a new node,
 # removes one (the leader half the time: it hands over first) or replaces one (add, then
 # remove), under the workload's load.
@@ -375,6 +379,12 @@ class Nemesis:
         fault = self._storage_deck.pop()
         target = self._storage_victim()
         c = self.cluster
+        still = c.wait_not_repairing(self._victims, REPAIR_WAIT_S)
+        if still:
+            c.events.append(
+                f"storage nemesis: {still} still repairing after {REPAIR_WAIT_S:.0f} s; "
+                f"damaging {target} anyway"
+            )
         try:
             if fault == "rollback":
                 damage = self._rollback(target)

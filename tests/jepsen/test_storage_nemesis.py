@@ -68,6 +68,10 @@ class FakeCluster:
         self.actions.append(f"start {nid}")
         return "corrupt log entry" if self.refuse else ""
 
+    def wait_not_repairing(self, node_ids: list[str], timeout_s: float) -> list[str]:
+        self.actions.append(f"wait {','.join(node_ids)}")
+        return []
+
     def wait_last_index(self, nid: str, index: int, timeout_s: float) -> bool:
         s = SegmentedLogStore(self.dledger_dir(nid), CFG)
         last = s.last_index()
@@ -106,6 +110,8 @@ def test_five_windows_deal_every_fault_on_one_node(tmp_path: Path, seed: int) ->
     assert (cluster.store_root(victim) / f"dledger-{victim}.promise").read_bytes() == b"promise"
     assert cluster.actions.count(f"start {victim}") == len(STORAGE_FAULTS) + 1  # rollback: 2
     assert not any(a.endswith(n) for a in cluster.actions for n in set(cluster.ids) - nodes)
+    # each fault waited for the previous one's repair to end first
+    assert cluster.actions.count(f"wait {victim}") == len(STORAGE_FAULTS)
     assert check_repaired(history.ops(), None).valid  # nothing refused (final state: none)
 
 
