@@ -381,17 +381,20 @@ class JepsenCluster:
                 time.sleep(POLL_S)
         return pending
 
-    def wait_last_index(self, node_id: str, index: int, timeout_s: float) -> bool:
-        """Wait until the node's log reaches ``index``; False if it did not in time."""
+    def wait_promised(self, node_id: str, index: int, timeout_s: float) -> int:
+        """Wait until the node has acknowledged (promised, docs/RAFT.md section 11) entries up
+        to ``index``; the highest promised index it answered (0: it never answered)."""
         addr = self.node(node_id).client_addr
         deadline = time.monotonic() + timeout_s
+        seen = 0
         with self.direct_client() as client:
             while time.monotonic() < deadline:
                 with contextlib.suppress(ClientError):
-                    if client.metadata(addr, METADATA_TIMEOUT_S).last_index >= index:
-                        return True
+                    seen = max(seen, client.metadata(addr, METADATA_TIMEOUT_S).promised_index)
+                if seen >= index:
+                    break
                 time.sleep(POLL_S)
-        return False
+        return seen
 
     def teardown(self) -> None:
         for nid in list(self.paused):

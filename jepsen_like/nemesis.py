@@ -50,9 +50,9 @@ BROKER_STORAGE_FAULTS = ("derived",)
 # for a file on another volume (``dLegerPromisePath``), the one thing a forgetful store
 # cannot take back with it (docs/RAFT.md section 11 "What is not").
 ROLLBACK_SCOPES = ("log", "node")
-# Entries a node must hold beyond its copy before it is rolled back to it (it acknowledged
-# them: a rollback that forgets nothing tests nothing), and the seconds it gets to get them
-# under the workload's load (a few hundred entries a second).
+# Entries a node must have acknowledged (its promised index) beyond its copy before it is
+# rolled back to it (a rollback that forgets nothing tests nothing), and the seconds it gets
+# to do so under the workload's load (a few hundred entries a second).
 ROLLBACK_MIN_ENTRIES = 100
 ROLLBACK_GROW_S = 15.0
 # Where the run keeps a node's copy until it is put back (beside the cluster's directory;
@@ -446,25 +446,29 @@ class Nemesis:
         disk.copy_store(root, copy, keep)
         try:
             self._restart_damaged(target, "rollback")
-            grown = c.wait_last_index(target, copied_last + ROLLBACK_MIN_ENTRIES, ROLLBACK_GROW_S)
+            want = copied_last + ROLLBACK_MIN_ENTRIES
+            promised = c.wait_promised(target, want, ROLLBACK_GROW_S)
             c.kill_and_wait(target)
-            forgot_to = disk.last_entry_index(log_dir)
+            on_disk = disk.last_entry_index(log_dir)
             disk.restore_store(copy, root, keep)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
-        if not grown:
+        if promised < want:
             c.events.append(
-                f"storage nemesis: {target} did not reach index "
-                f"{copied_last + ROLLBACK_MIN_ENTRIES} in {ROLLBACK_GROW_S:.0f} s; rolled back"
+                f"storage nemesis: {target} acknowledged up to {promised}, not {want}, in "
+                f"{ROLLBACK_GROW_S:.0f} s; rolled back anyway"
             )
         what = "its Raft store" if scope == "log" else "its whole store directory"
+        forgot_to = max(on_disk, promised)
         return disk.Damage(
-            f"{what} put back to a copy taken while it was stopped: its log ends at "
-            f"{copied_last} again instead of {forgot_to}",
+            f"{what} put back to a copy taken while it was stopped: entries up to {copied_last} "
+            f"on disk again, where it had {on_disk} on disk and had acknowledged {promised}",
             {
                 "file": str(root),
                 "scope": scope,
                 "indexes": [copied_last + 1, forgot_to],
+                "promised": promised,
+                "on_disk": on_disk,
             },
         )
 

@@ -72,12 +72,12 @@ class FakeCluster:
         self.actions.append(f"wait {','.join(node_ids)}")
         return []
 
-    def wait_last_index(self, nid: str, index: int, timeout_s: float) -> bool:
+    def wait_promised(self, nid: str, index: int, timeout_s: float) -> int:
         s = SegmentedLogStore(self.dledger_dir(nid), CFG)
         last = s.last_index()
         s.append([Entry(1, i, b"later") for i in range(last + 1, last + GROWTH + 1)])
         s.close()
-        return last + GROWTH >= index
+        return last + GROWTH
 
 
 def _windows(tmp_path: Path, seed: int, refuse: bool = False) -> tuple[FakeCluster, History]:
@@ -106,6 +106,7 @@ def test_five_windows_deal_every_fault_on_one_node(tmp_path: Path, seed: int) ->
             assert 1 <= first <= last, v
     rollback = next(v for v in starts if v["damage"] == "rollback")
     assert rollback["indexes"][1] - rollback["indexes"][0] + 1 == GROWTH
+    assert rollback["promised"] == rollback["on_disk"] == rollback["indexes"][1]
     # the promise file was never touched; every node restarted after its damage
     assert (cluster.store_root(victim) / f"dledger-{victim}.promise").read_bytes() == b"promise"
     assert cluster.actions.count(f"start {victim}") == len(STORAGE_FAULTS) + 1  # rollback: 2
