@@ -207,4 +207,6 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert main(["run", "--nodes", "4", "--dir", str(tmp_path / "x")]) == 2
     assert main(["run", "--nemesis", "meteor", "--dir", str(tmp_path / "y")]) == 2
     assert main(["run", "--unsafe-ack", "--dir", str(tmp_path / "z")]) == 2  # needs log
+    assert main(["run", "--storage-faults", "meteor", "--dir", str(tmp_path / "s")]) == 2
+    assert main(["run", "--faults", "-1", "--dir", str(tmp_path / "f")]) == 2
     assert main(["frobnicate"]) == 2
