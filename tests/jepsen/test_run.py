@@ -33,9 +33,10 @@ SHORT_RUN_INTERVAL_S = 5
 # The storage nemesis's CI form: exactly five faults (`--faults 5`: its deck deals each kind
 # once in any five storage windows) of 2 s with 2 s healthy between, then a 4 s quiet end.
 # Its wall time is mostly the damaged node's restarts (a rollback restarts it twice, damage
-# found at start once more), so it grows with the machine's load: 100-140 s on the shared
-# 2-core test machine at load average 11-17 (2026-11-28). The time limit only bounds a
-# machine slower still; a slow machine makes the run longer, never thinner.
+# found at start once more), so it grows with the machine's load: on the shared 2-core test
+# machine 41-66 s wall at load average 6.5-9 and 60-86 s at 11-13 (2026-11-28, 5 runs
+# each). The time limit only bounds a machine slower still; a slow machine makes the run
+# longer, never thinner.
 STORAGE_SEED = int(os.environ.get("RAFTMQ_JEPSEN_STORAGE_SEED", "5"))
 STORAGE_FAULTS = 5
 STORAGE_TIME_LIMIT_S = 150
