@@ -25,7 +25,12 @@ from types import FrameType
 
 from jepsen_like.checker import NodeState, check_all
 from jepsen_like.history import load_history
-from jepsen_like.nemesis import SHAPING_NEMESES, parse_nemeses, parse_shapes
+from jepsen_like.nemesis import (
+    SHAPING_NEMESES,
+    parse_nemeses,
+    parse_shapes,
+    parse_storage_faults,
+)
 from jepsen_like.netns import NetnsError, check_netns, clean_leftovers
 from jepsen_like.report import verdict_table
 from jepsen_like.run import RunConfig, run
@@ -39,6 +44,8 @@ _trace = logging.getLogger("mqjepsen.trace")
 MIN_TIME_LIMIT_S = 5.0
 MAX_TIME_LIMIT_S = 24 * 3600.0
 ALLOWED_NODES = (3, 5, 7)
+# --faults at most: a day's schedule at one fault a second.
+MAX_FAULTS = 86_400
 DEFAULT_RUNS_DIR = "jepsen-runs"
 # Share of the time limit kept free of faults at the end (at most QUIET_MAX_S).
 QUIET_SHARE = 0.2
@@ -56,10 +63,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--nemesis",
         default="partition,kill,pause",
-        help="comma list of partition,kill,pause,disk,latency,bandwidth,rolling; all; none",
+        help="comma list of partition,kill,pause,disk,latency,bandwidth,rolling,membership,"
+        "storage; all; none",
     )
     r.add_argument("--partitions", default="all", help="partition shapes to draw from")
+    r.add_argument(
+        "--storage-faults",
+        default="all",
+        help="what the storage nemesis does: comma list of bitflip,truncate,rollback,hardstate,"
+        "derived; all",
+    )
     r.add_argument("--interval", type=float, default=5.0, help="seconds per fault and per heal")
+    r.add_argument(
+        "--faults",
+        type=int,
+        default=0,
+        help="end after this many faults and the quiet period (0: as many as the time allows)",
+    )
     r.add_argument("--quiet", type=float, default=None, help="fault-free seconds at the end")
     r.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
     r.add_argument("--workload", choices=["queue", "log"], default="queue")
@@ -130,20 +150,28 @@ def _setup_logging(out_dir: Path, verbose: bool) -> Callable[[], None]:
     return undo
 
 
-def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _check_run_args(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The run's numbers in their ranges (parser.error, exit 2, otherwise)."""
     if ns.nodes not in ALLOWED_NODES:
         parser.error(f"--nodes must be one of {ALLOWED_NODES}")
     if not MIN_TIME_LIMIT_S <= ns.time_limit <= MAX_TIME_LIMIT_S:
         parser.error(f"--time-limit must be in [{MIN_TIME_LIMIT_S}, {MAX_TIME_LIMIT_S}] s")
     if ns.interval <= 0 or ns.writers < 1 or ns.readers < 1 or ns.queues < 1 or ns.rate <= 0:
         parser.error("--interval, --writers, --readers, --queues and --rate must be positive")
+    if not 0 <= ns.faults <= MAX_FAULTS:
+        parser.error(f"--faults must be in [0, {MAX_FAULTS}]")
     if ns.unsafe_ack and ns.workload != "log":
         # The broker's writes need the applied result of their entry, which an early ack
         # does not wait for: the queue workload could not even create its topic.
         parser.error("--unsafe-ack needs --workload log")
+
+
+def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _check_run_args(ns, parser)
     try:
         nemeses = parse_nemeses(ns.nemesis)
         shapes = parse_shapes(ns.partitions)
+        storage_faults = parse_storage_faults(ns.storage_faults)
         conf = parse_assignments(ns.set)
     except ValueError as exc:
         parser.error(str(exc))
@@ -167,6 +195,8 @@ def _cmd_run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         time_limit_s=ns.time_limit,
         nemeses=tuple(nemeses),
         partition_shapes=tuple(shapes),
+        storage_faults=tuple(storage_faults),
+        max_faults=ns.faults,
         interval_s=ns.interval,
         quiet_s=quiet,
         seed=seed,

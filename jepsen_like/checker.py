@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jepsen_like.history import MONITOR, Op, pairs
+from jepsen_like.history import MONITOR, NEMESIS, Op, pairs
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +22,12 @@ MAX_EXAMPLES = 20
 WRITE_FS = frozenset({"send", "append"})
 READ_FS = frozenset({"poll", "read"})
 DRAIN_F = "drain"
+# The nemesis that damages stores (jepsen_like.nemesis), and what a damaged node must be
+# again: a voter that leads or follows, repaired within this many seconds of its damage
+# (issue 31 "Must show": repaired and voting again within 60 s, with no manual step).
+STORAGE = "storage"
+VOTING_ROLES = frozenset({"LEADER", "FOLLOWER"})
+REPAIRED_WITHIN_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +45,10 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """What one node holds after heal: entry checksums up to its commit index and its
-    ConsumeQueues (queue key -> ``[(offset, msg_id)]``); ``error`` when it could not be read."""
+    """What one node holds after heal: entry checksums up to its commit index, its chained
+    checksum at the index the nodes were compared to (``chain_index``, 0: not known), its
+    ConsumeQueues (queue key -> ``[(offset, msg_id)]``), its role, repair state and whether
+    the configuration has it as a voter; ``error`` when it could not be read."""
 
     node: str
     commit_index: int = 0
@@ -48,6 +56,11 @@ class NodeState:
     checksums: list[tuple[int, int, int]] = field(default_factory=list)  # (index, term, crc)
     consume_queues: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     error: str = ""
+    role: str = ""
+    repairing: bool = False
+    voter: bool = False
+    chain_index: int = 0
+    chain: int = 0
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> NodeState:
@@ -61,6 +74,11 @@ class NodeState:
                 for k, v in d.get("consume_queues", {}).items()
             },
             error=str(d.get("error", "")),
+            role=str(d.get("role", "")),
+            repairing=bool(d.get("repairing", False)),
+            voter=bool(d.get("voter", False)),
+            chain_index=int(d.get("chain_index", 0)),
+            chain=int(d.get("chain", 0)),
         )
 
 
@@ -296,27 +314,8 @@ def check_replicas(nodes: Sequence[NodeState], convergence: str = "") -> CheckRe
                         ref.node: len(ref.checksums),
                     }
                 )
-        cq_ref = max(ok_nodes, key=lambda n: sum(len(v) for v in n.consume_queues.values()))
-        for n in ok_nodes:
-            if n is cq_ref:
-                continue
-            for key in sorted(set(n.consume_queues) | set(cq_ref.consume_queues)):
-                mine_q = n.consume_queues.get(key, [])
-                ref_q = cq_ref.consume_queues.get(key, [])
-                if mine_q != ref_q:
-                    first = next(
-                        (i for i, (a, b) in enumerate(zip(mine_q, ref_q, strict=False)) if a != b),
-                        min(len(mine_q), len(ref_q)),
-                    )
-                    problems.append(
-                        {
-                            "kind": "consume-queue-differs",
-                            "queue": key,
-                            "at": first,
-                            n.node: len(mine_q),
-                            cq_ref.node: len(ref_q),
-                        }
-                    )
+        problems += _chain_problems(ok_nodes)
+        problems += _queue_problems(ok_nodes)
     return CheckResult(
         "replicas",
         not problems,
@@ -327,6 +326,135 @@ def check_replicas(nodes: Sequence[NodeState], convergence: str = "") -> CheckRe
             "commit_index": commits,
             "entries_compared": min((len(n.checksums) for n in ok_nodes), default=0),
             "queues_compared": len({k for n in ok_nodes for k in n.consume_queues}),
+        },
+    )
+
+
+def _queue_problems(nodes: Sequence[NodeState]) -> list[dict[str, Any]]:
+    """Each node's ConsumeQueues against the node that holds the most records: the first
+    record where a queue differs."""
+    problems: list[dict[str, Any]] = []
+    cq_ref = max(nodes, key=lambda n: sum(len(v) for v in n.consume_queues.values()))
+    for n in nodes:
+        if n is cq_ref:
+            continue
+        for key in sorted(set(n.consume_queues) | set(cq_ref.consume_queues)):
+            mine_q = n.consume_queues.get(key, [])
+            ref_q = cq_ref.consume_queues.get(key, [])
+            if mine_q != ref_q:
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(mine_q, ref_q, strict=False)) if a != b),
+                    min(len(mine_q), len(ref_q)),
+                )
+                problems.append(
+                    {
+                        "kind": "consume-queue-differs",
+                        "queue": key,
+                        "at": first,
+                        n.node: len(mine_q),
+                        cq_ref.node: len(ref_q),
+                    }
+                )
+    return problems
+
+
+def _chain_problems(nodes: Sequence[NodeState]) -> list[dict[str, Any]]:
+    """Nodes whose chained checksums (docs/RAFT.md section 13: equal chains at ``i`` mean
+    equal entries ``1..i``, content included) differ at the same committed index."""
+    by_index: dict[int, dict[str, int]] = defaultdict(dict)
+    for n in nodes:
+        if n.chain_index > 0:
+            by_index[n.chain_index][n.node] = n.chain
+    return [
+        {"kind": "chain-differs", "index": i, **{k: f"{v:016x}" for k, v in sorted(ch.items())}}
+        for i, ch in sorted(by_index.items())
+        if len(set(ch.values())) > 1
+    ]
+
+
+def _repair_times(ops: Sequence[Op], faults: Sequence[Op]) -> list[dict[str, Any]]:
+    """Per storage fault: seconds from the damage to the first state poll of the node that
+    showed it not repairing after the last one that showed it repairing (before the node's
+    next fault); ``None`` while it was still repairing at its last poll."""
+    polls: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for op in ops:
+        if op.process == MONITOR and op.f == "state" and op.type == "ok":
+            polls[str(op.value["node"])].append((op.time, bool(op.value.get("repairing"))))
+    out = []
+    for k, f in enumerate(faults):
+        node = str(f.value["node"])
+        later = [g.time for g in faults[k + 1 :] if g.value["node"] == node]
+        end = min(later, default=float("inf"))
+        seen = [(t, r) for t, r in polls[node] if f.time <= t < end]
+        last_repairing = max((t for t, r in seen if r), default=None)
+        took: float | None = 0.0
+        if last_repairing is not None:
+            healthy = [t for t, r in seen if t > last_repairing and not r]
+            took = round(healthy[0] - f.time, 2) if healthy else None
+        out.append(
+            {"node": node, "damage": f.value.get("damage"), "at": round(f.time, 2), "took": took}
+        )
+    return out
+
+
+def check_repaired(ops: Sequence[Op], nodes: Sequence[NodeState] | None) -> CheckResult:
+    """Every node the storage nemesis damaged repaired itself: it never refused to start
+    (the harness then wipes the store: a manual step), it was not seen repairing longer than
+    :data:`REPAIRED_WITHIN_S` after its damage, and at the end (``nodes``; None: a history
+    alone, not checked) it answers, is not repairing, leads or follows, and is a voter of the
+    configuration. A damaged node the membership nemesis removed is only counted."""
+    faults = [
+        op
+        for op in ops
+        if op.process == NEMESIS
+        and op.f == "start"
+        and op.value.get("fault") == STORAGE
+        and "node" in op.value
+        and not op.value.get("skipped")
+    ]
+    damaged = sorted({str(f.value["node"]) for f in faults})
+    problems: list[dict[str, Any]] = [
+        {"kind": "refused-start", **{k: op.value.get(k) for k in ("node", "damage", "reason")}}
+        for op in ops
+        if op.process == NEMESIS and op.f == "refused" and op.value.get("fault") == STORAGE
+    ]
+    times = _repair_times(ops, faults)
+    for t in times:
+        if t["took"] is not None and t["took"] > REPAIRED_WITHIN_S:
+            problems.append({"kind": "slow-repair", **t})
+    removed: list[str] = []
+    by_node = {n.node: n for n in nodes or []}
+    for node in damaged if nodes is not None else []:
+        n = by_node.get(node)
+        if n is None:
+            removed.append(node)
+        elif n.error:
+            problems.append({"kind": "unreadable", "node": node, "error": n.error})
+        elif n.repairing or not n.voter or n.role not in VOTING_ROLES:
+            problems.append(
+                {
+                    "kind": "not-voting",
+                    "node": node,
+                    "repairing": n.repairing,
+                    "voter": n.voter,
+                    "role": n.role,
+                }
+            )
+    kinds: dict[str, int] = defaultdict(int)
+    for f in faults:
+        kinds[str(f.value.get("damage"))] += 1
+    done = [t["took"] for t in times if t["took"] is not None]
+    return CheckResult(
+        "repaired",
+        not problems,
+        len(problems),
+        f"{len(problems)} problems over {len(faults)} storage faults on {damaged or 'no node'}",
+        _ex(problems),
+        {
+            "faults": dict(kinds),
+            "removed_by_membership": removed,
+            "repairs": _ex(times),
+            "longest_repair_s": max(done, default=0.0),
         },
     )
 
@@ -368,6 +496,7 @@ def check_all(
     ]
     if nodes is not None:
         results.append(check_replicas(nodes, convergence))
+    results.append(check_repaired(ops, nodes))
     results.append(check_leaders(ops))
     return results
 

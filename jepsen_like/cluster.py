@@ -29,6 +29,7 @@ from broker import localsecurity
 from broker.cluster import ClusterError, LocalCluster, NodeInfo, log_client
 from dledger.procs import exited
 from dledger.server.client import ClientError, LogClient
+from dledger.storage.promise import promise_path
 from jepsen_like.netns import NetnsLocalCluster, NetnsNet
 from jepsen_like.proxy import ProxyNet
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
@@ -227,6 +228,15 @@ class JepsenCluster:
             self.local.signal(node_id, signal.SIGCONT)
             self.local.signal(node_id, sig)
 
+    def kill_and_wait(self, node_id: str) -> None:
+        """SIGKILL and wait until the process is gone (its files may be touched then)."""
+        self.kill(node_id)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.running(node_id):
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"{node_id} still runs {STOP_GRACE_S} s after SIGKILL")
+            time.sleep(POLL_S)
+
     def stop(self, node_id: str) -> None:
         """SIGTERM and wait (a clean stop), SIGKILL after a grace."""
         n = self.node(node_id)
@@ -344,6 +354,47 @@ class JepsenCluster:
 
     def dledger_dir(self, node_id: str) -> Path:
         return self.store_root(node_id) / f"dledger-{node_id}"
+
+    def promise_names(self, node_id: str) -> tuple[str, ...]:
+        """The names, in the node's store directory, of its promise file and the temporary
+        files of its rewrites (docs/FORMAT.md "Promise file"; the group under test keeps the
+        default ``dLegerPromisePath``)."""
+        root = self.store_root(node_id)
+        stem = promise_path(root, node_id).name
+        found = [p.name for p in root.iterdir() if p.name.startswith(stem)] if root.is_dir() else []
+        return tuple(sorted({stem, *found}))
+
+    def wait_not_repairing(self, node_ids: list[str], timeout_s: float) -> list[str]:
+        """Wait until each node answers and is not repairing (docs/RAFT.md section 11); the
+        ones that still were not when ``timeout_s`` ran out."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(node_ids)
+        with self.direct_client() as client:
+            while pending:
+                for nid in list(pending):
+                    with contextlib.suppress(ClientError):
+                        md = client.metadata(self.node(nid).client_addr, METADATA_TIMEOUT_S)
+                        if not md.repairing:
+                            pending.remove(nid)
+                if not pending or time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_S)
+        return pending
+
+    def wait_promised(self, node_id: str, index: int, timeout_s: float) -> int:
+        """Wait until the node has acknowledged (promised, docs/RAFT.md section 11) entries up
+        to ``index``; the highest promised index it answered (0: it never answered)."""
+        addr = self.node(node_id).client_addr
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        with self.direct_client() as client:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ClientError):
+                    seen = max(seen, client.metadata(addr, METADATA_TIMEOUT_S).promised_index)
+                if seen >= index:
+                    break
+                time.sleep(POLL_S)
+        return seen
 
     def teardown(self) -> None:
         for nid in list(self.paused):

@@ -12,8 +12,11 @@ Values by operation (``f``):
   queue offset, or the Raft index for ``append``, that the acknowledgement reported);
 - ``poll`` / ``read`` / ``drain``: ``ok`` carries ``[[queue, offset, v], ...]`` read in order
   (``drain`` is the final read after heal; a failed drain is a ``fail`` record);
-- ``start`` / ``stop`` (nemesis): ``{"fault": kind, "detail": text}``;
-- ``state`` (monitor): ``{"node", "role", "term", "commit"}``.
+- ``start`` / ``stop`` (nemesis): ``{"fault": kind, "detail": text}``; a ``storage`` fault's
+  ``start`` adds ``node``, ``damage`` and what was done (``file``, ``offset``, ``indexes``...);
+- ``refused`` (nemesis): ``{"fault": "storage", "node", "damage", "reason"}``: a damaged node
+  would not start;
+- ``state`` (monitor): ``{"node", "role", "term", "commit", "repairing"}``.
 """
 
 from __future__ import annotations

@@ -11,15 +11,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import shutil
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from jepsen_like import disk
 from jepsen_like.cluster import CLIENT, JepsenCluster, link_name
 from jepsen_like.history import NEMESIS, History
 from jepsen_like.proxy import LinkFaults
+from jepsen_like.workloads import TOPIC
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +36,32 @@ NEMESES = (
     "bandwidth",
     "rolling",
     "membership",
+    "storage",
 )
+# What the storage nemesis does to one node of its damaged minority (docs/JEPSEN.md "The
+# storage nemesis"); ``--storage-faults`` picks some. The faults come from a shuffled deck,
+# so that every kind happens once in each run of as many storage windows.
+STORAGE_FAULTS = ("bitflip", "truncate", "rollback", "hardstate", "derived")
+# The storage faults on the broker's own files: a ``log`` workload has no ConsumeQueues.
+BROKER_STORAGE_FAULTS = ("derived",)
+# What a rollback puts back: the Raft store only (``dledger-{id}/``: the log, checkpoint and
+# hard state; the broker's state stays ahead of it), or everything in the node's store
+# directory (a restored volume snapshot). The promise file is never rolled back: it stands
+# for a file on another volume (``dLegerPromisePath``), the one thing a forgetful store
+# cannot take back with it (docs/RAFT.md section 11 "What is not").
+ROLLBACK_SCOPES = ("log", "node")
+# Entries a node must have acknowledged (its promised index) beyond its copy before it is
+# rolled back to it (a rollback that forgets nothing tests nothing), and the seconds it gets
+# to do so under the workload's load (a few hundred entries a second).
+ROLLBACK_MIN_ENTRIES = 100
+ROLLBACK_GROW_S = 15.0
+# Where the run keeps a node's copy until it is put back (beside the cluster's directory;
+# removed right after).
+ROLLBACK_COPIES_DIR = "rollback-copies"
+# Seconds the storage nemesis waits for the nodes it damaged to end their repair before it
+# damages one again (each repair then has its own measured time; a node still repairing
+# after this is damaged anyway, and the report says so).
+REPAIR_WAIT_S = 30.0
 # The membership nemesis keeps the group between these sizes (voters): it adds a new node,
 # removes one (the leader half the time: it hands over first) or replaces one (add, then
 # remove), under the workload's load.
@@ -131,6 +160,8 @@ class Nemesis:
         seed: int,
         interval_s: float,
         shapes: Sequence[str] = PARTITION_SHAPES,
+        storage_faults: Sequence[str] = STORAGE_FAULTS,
+        max_faults: int = 0,
     ) -> None:
         self.cluster = cluster
         self.history = history
@@ -146,6 +177,15 @@ class Nemesis:
         self._down: set[str] = set()
         self._torn: dict[str, int] = {}  # node -> its log's size when its tail was torn
         self._lock = threading.Lock()
+        self.storage_faults = list(storage_faults)
+        self._storage_deck: list[str] = []
+        # The minority the storage nemesis damages, drawn at its first fault.
+        self._victims: list[str] = []
+        # With max_faults > 0 the schedule ends after that many faults (healed); finished_at
+        # (monotonic) tells the run when, so that it ends after its quiet period.
+        self.max_faults = max_faults
+        self.faults_done = 0
+        self.finished_at: float | None = None
 
     # ------------------------------------------------------------------ thread
 
@@ -184,6 +224,10 @@ class Nemesis:
                     self.errors.append(f"{kind}: {exc}")
                 finally:
                     self.heal_all()
+                    self.faults_done += 1
+                if self.max_faults and self.faults_done >= self.max_faults:
+                    self.finished_at = time.monotonic()
+                    return
                 if not self._sleep_until(min(deadline, time.monotonic() + self.interval_s)):
                     return
         finally:
@@ -191,11 +235,12 @@ class Nemesis:
 
     # ------------------------------------------------------------------ faults
 
-    def _begin(self, kind: str, detail: str) -> FaultWindow:
+    def _begin(self, kind: str, detail: str, facts: dict[str, Any] | None = None) -> FaultWindow:
         w = FaultWindow(kind, detail, self.history.now())
         with self._lock:
             self.windows.append(w)
-        self.history.add(NEMESIS, "info", "start", {"fault": kind, "detail": detail})
+        value = {"fault": kind, "detail": detail, **(facts or {})}
+        self.history.add(NEMESIS, "info", "start", value)
         logger.info("nemesis start %s: %s", kind, detail)
         return w
 
@@ -267,6 +312,8 @@ class Nemesis:
             c.net.set_faults(links, LinkFaults(bandwidth_bytes_per_s=BANDWIDTH_BYTES_PER_S))
         elif kind == "membership":
             self._membership()
+        elif kind == "storage":
+            self._storage()
         elif kind == "rolling":
             order = list(c.ids)
             self.rng.shuffle(order)
@@ -308,6 +355,122 @@ class Nemesis:
             c.remove_member(victim)
             self._down.discard(victim)
             c.events.append(f"membership: removed {victim} (leader was {leader})")
+
+    # ------------------------------------------------------------------ storage
+
+    def _storage_victim(self) -> str:
+        """A node of the damaged minority: drawn once per run ((n - 1) // 2 nodes), so that
+        damage never reaches a majority, even damage a node has not found yet. A member the
+        membership nemesis removed is replaced by another member."""
+        ids = self.cluster.ids
+        self._victims = [v for v in self._victims if v in ids]
+        want = max(1, (len(ids) - 1) // 2)
+        if not self._victims:
+            self._victims = sorted(self.rng.sample(ids, want))
+            self.cluster.events.append(f"storage nemesis: damages {self._victims} only")
+        return self.rng.choice(self._victims)
+
+    def _storage(self) -> None:
+        """One storage fault on one node of the minority, under load: stop it, damage its
+        store, start it again; it must repair itself (the checker's ``repaired``)."""
+        if not self._storage_deck:
+            self._storage_deck = list(self.storage_faults)
+            self.rng.shuffle(self._storage_deck)
+        fault = self._storage_deck.pop()
+        target = self._storage_victim()
+        c = self.cluster
+        still = c.wait_not_repairing(self._victims, REPAIR_WAIT_S)
+        if still:
+            c.events.append(
+                f"storage nemesis: {still} still repairing after {REPAIR_WAIT_S:.0f} s; "
+                f"damaging {target} anyway"
+            )
+        try:
+            if fault == "rollback":
+                damage = self._rollback(target)
+            else:
+                if fault == "derived":
+                    c.stop(target)  # a clean stop: the damaged record is behind the snapshot
+                c.kill_and_wait(target)  # (after a clean stop: only if it outlived the grace)
+                damage = self._damage(fault, target)
+        except disk.DiskFaultError as exc:
+            damage = disk.Damage(f"skipped: {exc}", {"skipped": True})
+        how = "SIGTERM" if fault == "derived" else "SIGKILL"
+        self._begin(
+            "storage",
+            f"{fault} on {target} ({how}): {damage.what}",
+            {"node": target, "damage": fault, **damage.facts},
+        )
+        self._restart_damaged(target, fault)
+
+    def _damage(self, fault: str, target: str) -> disk.Damage:
+        c = self.cluster
+        d = c.dledger_dir(target)
+        if fault == "bitflip":
+            return disk.flip_committed_bit(d, self.rng)
+        if fault == "truncate":
+            return disk.cut_committed(d, self.rng)
+        if fault == "hardstate":
+            return disk.damage_hard_state(d, self.rng)
+        if fault == "derived":
+            return disk.damage_cq_record(c.store_root(target), TOPIC, self.rng)
+        raise ValueError(f"unknown storage fault {fault!r}")
+
+    def _restart_damaged(self, target: str, fault: str) -> None:
+        """Start the damaged node; a refusal is in the history (the checker fails the run:
+        the harness's wipe of a refused store stands for a person's manual step)."""
+        reason = self.cluster.start(target)
+        if reason:
+            self.refusals.append(f"{target}: {reason}")
+            self.history.add(
+                NEMESIS,
+                "info",
+                "refused",
+                {"fault": "storage", "node": target, "damage": fault, "reason": reason},
+            )
+
+    def _rollback(self, target: str) -> disk.Damage:
+        """Copy the stopped node's store, let it acknowledge more entries under load, stop it
+        and put the copy back: a store that forgot writes it had acknowledged."""
+        c = self.cluster
+        scope = self.rng.choice(ROLLBACK_SCOPES)
+        log_dir = c.dledger_dir(target)
+        root: Path = log_dir
+        keep: tuple[str, ...] = ()
+        if scope == "node":
+            root, keep = c.store_root(target), c.promise_names(target)
+        copy = c.base.parent / ROLLBACK_COPIES_DIR / f"{target}-{len(self.windows)}"
+        shutil.rmtree(copy, ignore_errors=True)
+        c.kill_and_wait(target)
+        copied_last = disk.last_entry_index(log_dir)
+        disk.copy_store(root, copy, keep)
+        try:
+            self._restart_damaged(target, "rollback")
+            want = copied_last + ROLLBACK_MIN_ENTRIES
+            promised = c.wait_promised(target, want, ROLLBACK_GROW_S)
+            c.kill_and_wait(target)
+            on_disk = disk.last_entry_index(log_dir)
+            disk.restore_store(copy, root, keep)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+        if promised < want:
+            c.events.append(
+                f"storage nemesis: {target} acknowledged up to {promised}, not {want}, in "
+                f"{ROLLBACK_GROW_S:.0f} s; rolled back anyway"
+            )
+        what = "its Raft store" if scope == "log" else "its whole store directory"
+        forgot_to = max(on_disk, promised)
+        return disk.Damage(
+            f"{what} put back to a copy taken while it was stopped: entries up to {copied_last} "
+            f"on disk again, where it had {on_disk} on disk and had acknowledged {promised}",
+            {
+                "file": str(root),
+                "scope": scope,
+                "indexes": [copied_last + 1, forgot_to],
+                "promised": promised,
+                "on_disk": on_disk,
+            },
+        )
 
     def heal_all(self) -> None:
         """Heal every link and process fault, end the open window (idempotent)."""
@@ -366,3 +529,17 @@ def parse_shapes(text: str) -> list[str]:
             f"choose from {', '.join(PARTITION_SHAPES)}, all"
         )
     return shapes
+
+
+def parse_storage_faults(text: str) -> list[str]:
+    """``bitflip,rollback`` or ``all``; raises ValueError naming a bad one."""
+    if text.strip() == "all":
+        return list(STORAGE_FAULTS)
+    faults = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in faults if k not in STORAGE_FAULTS]
+    if bad or not faults:
+        raise ValueError(
+            f"unknown storage fault {bad[0] if bad else text!r}; "
+            f"choose from {', '.join(STORAGE_FAULTS)}, all"
+        )
+    return faults

@@ -26,6 +26,7 @@ FAULT_COLOURS = {
     "latency": "#ff7f00",
     "bandwidth": "#a65628",
     "rolling": "#f781bf",
+    "storage": "#999900",
 }
 OUTCOME_COLOURS = {"ok": "#1b9e77", "info": "#d95f02", "fail": "#e7298a"}
 WRITE_FS = ("send", "append")

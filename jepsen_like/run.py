@@ -14,7 +14,13 @@ from typing import Any
 from jepsen_like.checker import CheckResult, NodeState, check_all
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import History
-from jepsen_like.nemesis import PARTITION_SHAPES, SHAPING_NEMESES, Nemesis
+from jepsen_like.nemesis import (
+    BROKER_STORAGE_FAULTS,
+    PARTITION_SHAPES,
+    SHAPING_NEMESES,
+    STORAGE_FAULTS,
+    Nemesis,
+)
 from jepsen_like.netns import NetnsNet
 from jepsen_like.proxy import ProxyNet
 from jepsen_like.report import fault_windows, op_counts, plot, verdict_table, write_html
@@ -36,6 +42,10 @@ CONVERGE_S = 60.0
 NEMESIS_STOP_S = 30.0
 # Seconds between checks of the run clock in the main thread.
 MAIN_POLL_S = 0.2
+# Commitlog segments of a run with the storage nemesis (unless --set mappedFileSizeCommitLog):
+# small, so that a minute of load fills several and damage lands in older segments too,
+# which only the scrubber or a read finds (the open scans the last one or two).
+STORAGE_SEGMENT_BYTES = 128 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +54,8 @@ class RunConfig:
     time_limit_s: float = 60.0
     nemeses: tuple[str, ...] = ("partition", "kill", "pause")
     partition_shapes: tuple[str, ...] = PARTITION_SHAPES
+    storage_faults: tuple[str, ...] = STORAGE_FAULTS
+    max_faults: int = 0  # end after this many faults and the quiet period (0: the time limit)
     interval_s: float = 5.0
     quiet_s: float = 10.0
     seed: int = 0
@@ -67,15 +79,14 @@ class RunOutcome:
     summary: dict[str, Any]
 
 
-def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    history = History(out_dir / "history.jsonl")
-    net: ProxyNet | NetnsNet = (
-        NetnsNet((out_dir / "cluster").resolve()) if cfg.net == "netns" else ProxyNet(cfg.seed)
-    )
-    events: list[str] = []
+def _plan(
+    cfg: RunConfig, netns: bool, events: list[str]
+) -> tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]:
+    """The nemeses this run can use (the netns backend only cuts links), the broker.conf
+    keys the nodes get, and the storage faults it applies (those on the broker's files only
+    with the queue workload); what is skipped goes to ``events``."""
     kinds = cfg.nemeses
-    if isinstance(net, NetnsNet):
+    if netns:
         skipped = [k for k in kinds if k in SHAPING_NEMESES]
         kinds = tuple(k for k in kinds if k not in SHAPING_NEMESES)
         if skipped:
@@ -85,6 +96,41 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     extra = dict(cfg.broker_conf)
     if cfg.unsafe_ack:
         extra["unsafeAckBeforeReplication"] = "true"
+    storage_faults = cfg.storage_faults
+    if "storage" in kinds:
+        extra.setdefault("mappedFileSizeCommitLog", str(STORAGE_SEGMENT_BYTES))
+        if cfg.workload != "queue":
+            storage_faults = tuple(f for f in storage_faults if f not in BROKER_STORAGE_FAULTS)
+            if storage_faults != cfg.storage_faults:
+                events.append("storage faults on the broker's files skipped: log workload")
+        if not storage_faults:
+            kinds = tuple(k for k in kinds if k != "storage")
+    return kinds, extra, storage_faults
+
+
+def _teardown(steps: list[Callable[[], None]]) -> None:
+    """Every step runs even if an earlier one fails: no node may outlive the run. A Ctrl-C
+    during teardown finishes it, then stops."""
+    interrupted: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            logger.exception("teardown step failed")
+        except BaseException as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
+def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    history = History(out_dir / "history.jsonl")
+    net: ProxyNet | NetnsNet = (
+        NetnsNet((out_dir / "cluster").resolve()) if cfg.net == "netns" else ProxyNet(cfg.seed)
+    )
+    events: list[str] = []
+    kinds, extra, storage_faults = _plan(cfg, isinstance(net, NetnsNet), events)
     cluster = JepsenCluster(out_dir / "cluster", cfg.nodes, net, extra, cfg.secure)
     workload: Workload
     if cfg.workload == "queue":
@@ -94,7 +140,16 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
     else:
         workload = LogWorkload(cluster, history, cfg.writers, cfg.rate_hz)
     monitor = Monitor(cluster, history)
-    nemesis = Nemesis(cluster, history, kinds, cfg.seed, cfg.interval_s, cfg.partition_shapes)
+    nemesis = Nemesis(
+        cluster,
+        history,
+        kinds,
+        cfg.seed,
+        cfg.interval_s,
+        cfg.partition_shapes,
+        storage_faults,
+        cfg.max_faults,
+    )
     nodes: list[NodeState] | None = None
     convergence = "the run stopped before the nodes were read"
     timing: dict[str, float] = {}
@@ -114,6 +169,8 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
         workload.start()
         nemesis.start(end - cfg.quiet_s)
         while time.monotonic() < end:
+            if nemesis.finished_at is not None:  # --faults N were done: the quiet end
+                end = min(end, nemesis.finished_at + cfg.quiet_s)
             time.sleep(MAIN_POLL_S)
         nemesis.stop(NEMESIS_STOP_S)
         nemesis.heal_all()
@@ -133,26 +190,17 @@ def run(cfg: RunConfig, out_dir: Path) -> RunOutcome:
         monitor.stop()
     finally:
         t3 = time.monotonic()
-        # Every step runs even if an earlier one fails: no node may outlive the run.
-        steps: list[Callable[[], None]] = [
-            lambda: nemesis.stop(NEMESIS_STOP_S),
-            workload.stop,
-            monitor.stop,
-            cluster.teardown,
-            net.stop,
-            history.close,
-        ]
-        interrupted: BaseException | None = None
-        for step in steps:
-            try:
-                step()
-            except Exception:
-                logger.exception("teardown step failed")
-            except BaseException as exc:  # Ctrl-C during teardown: finish it, then stop
-                interrupted = exc
+        _teardown(
+            [
+                lambda: nemesis.stop(NEMESIS_STOP_S),
+                workload.stop,
+                monitor.stop,
+                cluster.teardown,
+                net.stop,
+                history.close,
+            ]
+        )
         timing["teardown_s"] = time.monotonic() - t3
-        if interrupted is not None:
-            raise interrupted
     ops = history.ops()
     results = check_all(ops, nodes, cfg.max_duplicates, convergence)
     valid = all(r.valid for r in results)

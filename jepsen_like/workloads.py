@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import grpc
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from raftmq.dledger.v1 import dledger_pb2 as dpb
+from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
 from broker.cluster import ClusterError
 from client import Message, MQAdmin, Producer, PullConsumer
@@ -457,12 +459,19 @@ class Monitor:
                         MONITOR,
                         "ok",
                         "state",
-                        {"node": nid, "role": md.role, "term": md.term, "commit": md.commit_index},
+                        {
+                            "node": nid,
+                            "role": md.role,
+                            "term": md.term,
+                            "commit": md.commit_index,
+                            "repairing": md.repairing,
+                        },
                     )
 
 
 def converge(cluster: JepsenCluster, timeout_s: float) -> str:
-    """Wait until every node has the leader's last index committed and applied; "" or why not."""
+    """Wait until every node has the leader's last index committed and applied, and none is
+    repairing (docs/RAFT.md section 11); "" or why not."""
     deadline = time.monotonic() + timeout_s
     why = "no leader"
     with cluster.direct_client() as client:
@@ -484,9 +493,14 @@ def converge(cluster: JepsenCluster, timeout_s: float) -> str:
                     for n, md in mds.items()
                     if md.commit_index != target or md.applied_index != target
                 }
-                if not lag:
+                repairing = sorted(n for n, md in mds.items() if md.repairing)
+                if not lag and not repairing:
                     return ""
-                why = f"nodes behind the leader's last index {target}: {lag}"
+                why = (
+                    f"nodes behind the leader's last index {target}: {lag}"
+                    if lag
+                    else f"nodes still repairing: {repairing}"
+                )
             time.sleep(CONVERGE_POLL_S)
     return why
 
@@ -494,7 +508,8 @@ def converge(cluster: JepsenCluster, timeout_s: float) -> str:
 def node_states(cluster: JepsenCluster, workload: Workload) -> list[NodeState]:
     """Every node's entry checksums up to the lowest commit index among the nodes (entries
     may still be committing while the nodes are read one by one: consumer offsets, a new
-    leader's no-op) and its ConsumeQueues."""
+    leader's no-op), its chained checksum there, its ConsumeQueues, its role, repair state
+    and whether the group's configuration has it as a voter."""
     out = []
     with cluster.direct_client() as client:
         commits = []
@@ -503,14 +518,54 @@ def node_states(cluster: JepsenCluster, workload: Workload) -> list[NodeState]:
                 md = client.metadata(cluster.node(nid).client_addr, AUDIT_METADATA_TIMEOUT_S)
                 commits.append(md.commit_index)
         upto = min(commits, default=0)
+        voters = _voters(cluster, client)
         for nid in cluster.ids:
             addr = cluster.node(nid).client_addr
             try:
                 md = client.metadata(addr, AUDIT_METADATA_TIMEOUT_S)
+                chain = _chain_at(cluster, addr, upto)
                 entries = read_entries(client, addr, upto)
                 sums = [(e.index, e.term, entry_checksum(e.term, e.type, e.body)) for e in entries]
                 cqs = workload.consume_queues(nid)
-                out.append(NodeState(nid, md.commit_index, md.last_index, sums, cqs))
+                out.append(
+                    NodeState(
+                        nid,
+                        md.commit_index,
+                        md.last_index,
+                        sums,
+                        cqs,
+                        role=md.role,
+                        repairing=md.repairing,
+                        voter=nid in voters,
+                        chain_index=upto if chain is not None else 0,
+                        chain=chain or 0,
+                    )
+                )
             except (ClientError, grpc.RpcError) as exc:
                 out.append(NodeState(nid, error=str(exc)[:500]))
     return out
+
+
+def _voters(cluster: JepsenCluster, client: Any) -> set[str]:
+    """The voters of the group's configuration, as the leader lists them (empty if no node
+    answers: then no node counts as a voter, and a damaged one fails ``repaired``)."""
+    for addr in [None, *(cluster.node(nid).client_addr for nid in cluster.ids)]:
+        try:
+            resp = client.list_members(addr)  # None: the leader's view
+        except ClientError:
+            continue
+        return {m.id for m in resp.members if m.role == "VOTER"}
+    return set()
+
+
+def _chain_at(cluster: JepsenCluster, addr: str, index: int) -> int | None:
+    """The node's chained checksum at ``index`` (docs/RAFT.md section 13); None when it does
+    not hold that index (or 0 was asked)."""
+    if index <= 0:
+        return None
+    with open_channel(addr, cluster.security) as channel:
+        md = dpb_grpc.DLedgerClientStub(channel).Metadata(
+            dpb.MetadataRequest(group=cluster.local.group, chain_index=index),
+            timeout=AUDIT_METADATA_TIMEOUT_S,
+        )
+    return int(md.chain) if md.chain_known and md.chain_index == index else None

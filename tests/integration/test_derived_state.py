@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import signal
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -28,28 +27,17 @@ from support import pulled, wait_for
 from broker.cluster import ClusterError, LocalCluster
 from broker.message import UniqIdGenerator
 from dledger.server.client import ClientError
+from jepsen_like.disk import CQ_RECORD, shorten_cq_record
 
 pytestmark = pytest.mark.integration
 
 _T = TypeVar("_T")
-CQ_RECORD = struct.Struct(">QIq")  # docs/FORMAT.md, "Broker: ConsumeQueue"
 QUEUE = 3
 OFFSET = 100  # of 250 records in the queue: behind the snapshot's dispatch position
 
 
 def _cq_file(cluster: LocalCluster, node_id: str) -> Path:
     return Path(cluster.base) / node_id / "consumequeue" / TOPIC / str(QUEUE) / ("0" * 20)
-
-
-def _change_record(path: Path, offset: int) -> tuple[int, int, int]:
-    """The issue's change: the record's size 10 bytes short (a pull read a truncated
-    message). Returns the record as it was."""
-    with path.open("r+b") as f:
-        f.seek(offset * CQ_RECORD.size)
-        good = CQ_RECORD.unpack(f.read(CQ_RECORD.size))
-        f.seek(offset * CQ_RECORD.size)
-        f.write(CQ_RECORD.pack(good[0], good[1] - 10, good[2]))
-    return good
 
 
 def _pull(client: Broker, addr: str, offset: int, max_msgs: int = 32) -> pb.PullMessageResponse:
@@ -120,7 +108,7 @@ def test_a_changed_record_behind_the_snapshot_is_rebuilt_at_restart_and_served_l
     victim = next(n for n in cluster.nodes if n is not first_leader)
     cluster.signal(victim.node_id, signal.SIGTERM)  # a clean stop: a snapshot at the end
     wait_for(lambda: cluster.pid(victim) is None, 15, "the node to stop")
-    good = _change_record(_cq_file(cluster, victim.node_id), OFFSET)
+    good = shorten_cq_record(_cq_file(cluster, victim.node_id), OFFSET)
     cluster.start(victim.node_id)
     client.wait_same_offsets(timeout_s=30, addrs=cluster.client_addrs)
     _make_lead(cluster, victim.node_id)
@@ -140,7 +128,7 @@ def test_a_changed_record_behind_the_snapshot_is_rebuilt_at_restart_and_served_l
     # records a second).
     third = next(n for n in cluster.nodes if n is not victim and n is not first_leader)
     path = _cq_file(cluster, third.node_id)
-    other = _change_record(path, OFFSET + 50)
+    other = shorten_cq_record(path, OFFSET + 50)
 
     def rebuilt() -> bool:
         raw = path.read_bytes()[(OFFSET + 50) * 20 : (OFFSET + 51) * 20]
@@ -168,7 +156,7 @@ def test_a_record_changed_under_a_running_leader_is_rebuilt_by_the_pull(
     path = _cq_file(cluster, leader.node_id)
     want = _sent_to_queue(sent)
     # Read on the leader: the pull meets the record, rebuilds it, answers.
-    good = _change_record(path, OFFSET)
+    good = shorten_cq_record(path, OFFSET)
     resp = _pull(client, leader.client_addr, OFFSET - 10)
     assert resp.status == pb.FOUND, resp.status
     assert [m.msg_id for m in pulled(resp)] == want[OFFSET - 10 : OFFSET + 22]

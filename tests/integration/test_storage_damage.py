@@ -23,6 +23,7 @@ from dledger.server.client import ClientError, LogClient
 from dledger.server.scrub import SCRUB_MIN_PASS_INTERVAL_S
 from dledger.storage import codec
 from dledger.storage.files import segment_name
+from jepsen_like.disk import xor_byte
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +34,8 @@ BODY_PAD = b"x" * 1000
 # What the brief promises (issue #31 "Must show").
 SERVE_AGAIN_S = 10.0
 REPAIRED_S = 60.0
+# What a flip XORs into the byte it changes (several bits: any CRC sees it).
+FLIP_MASK = 0x5A
 
 
 class Writer:
@@ -133,13 +136,9 @@ def entries_of(path: Path) -> list[codec.ScanItem]:
 
 
 def flip(path: Path, offset: int) -> None:
-    """XOR one byte of ``path`` (through the page cache: a running node's mapping sees it)."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        byte = os.pread(fd, 1, offset)
-        os.pwrite(fd, bytes([byte[0] ^ 0x5A]), offset)
-    finally:
-        os.close(fd)
+    """Change one byte of ``path`` (through the page cache: a running node's mapping sees
+    it), as the storage nemesis does."""
+    xor_byte(path, offset, FLIP_MASK)
 
 
 def log_text(cluster: LocalCluster, node_id: str) -> str:

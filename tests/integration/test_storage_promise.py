@@ -8,7 +8,6 @@ it back; nothing acknowledged is lost and it votes again by itself."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 import urllib.request
@@ -23,6 +22,7 @@ from dledger.log import HardState
 from dledger.server.client import ClientError, LogClient
 from dledger.storage.codec import decode_hard_state
 from dledger.storage.promise import promise_path, read_promise
+from jepsen_like.disk import copy_store, restore_store
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_a_follower_whose_store_went_back_loses_nothing_and_votes_again(
         cluster.signal(forgetful, signal.SIGTERM)
         wait_for(lambda: cluster.pid(cluster.node(forgetful)) is None, 20, "the follower to stop")
         old_copy = tmp_path / "old-copy"
-        shutil.copytree(_store_dir(cluster, forgetful), old_copy)
+        copy_store(_store_dir(cluster, forgetful), old_copy)
         cluster.start(forgetful)
         wait_for(_converged(cluster, client), 30, "the follower to catch up")
         # The third member is down while entries commit on the leader and the follower.
@@ -125,8 +125,7 @@ def test_a_follower_whose_store_went_back_loses_nothing_and_votes_again(
             acked.extend(values)
         # The follower's store goes back to the old copy; the leader dies.
         cluster.signal(forgetful, signal.SIGKILL)
-        shutil.rmtree(_store_dir(cluster, forgetful))
-        shutil.copytree(old_copy, _store_dir(cluster, forgetful))
+        restore_store(old_copy, _store_dir(cluster, forgetful))
         cluster.signal(leader, signal.SIGKILL)
         restarted = time.monotonic()
         for nid in (forgetful, third, leader):

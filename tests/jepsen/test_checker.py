@@ -4,6 +4,7 @@ history passes."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Any
 
@@ -253,3 +254,97 @@ def test_a_failure_is_definite_only_when_no_attempt_may_have_written() -> None:
         _Base._complete(owner, "p0", "send", {"v": 1}, err)  # type: ignore[arg-type]
     _Base._complete(owner, "p0", "send", {"v": 2}, RuntimeError("NOT_LEADER"))  # type: ignore[arg-type]
     assert [op.type for op in history.ops()] == ["fail", "info", "info"]
+
+
+def _storage_fault(node: str, damage: str, t: float) -> list[Rec]:
+    facts = {"fault": "storage", "detail": f"{damage} on {node}", "node": node, "damage": damage}
+    return [(NEMESIS, "info", "start", facts, t), (NEMESIS, "info", "stop", facts, t + 3.0)]
+
+
+def _state(node: str, t: float, repairing: bool) -> Rec:
+    value = {"node": node, "role": "FOLLOWER", "term": 1, "commit": 3, "repairing": repairing}
+    return (MONITOR, "ok", "state", value, t)
+
+
+def _voting(nid: str, **kw: Any) -> NodeState:
+    fields: dict[str, Any] = {"role": "FOLLOWER", "voter": True, "chain_index": 3, "chain": 7}
+    fields.update(kw)
+    return NodeState(nid, 3, 3, GOOD_SUMS, {"jepsen/0": GOOD_CQ}, **fields)
+
+
+def test_a_damaged_node_that_repaired_and_votes_passes() -> None:
+    recs = (
+        _clean()
+        + _storage_fault("n1", "rollback", 4.0)
+        + [_state("n1", 5.0, True), _state("n1", 6.5, True), _state("n1", 7.0, False)]
+    )
+    results = _check(recs, [_voting("n0", role="LEADER"), _voting("n1")])
+    assert all(r.valid for r in results.values()), results
+    assert results["repaired"].stats["repairs"] == [
+        {"node": "n1", "damage": "rollback", "at": 4.0, "took": 3.0}
+    ]
+
+
+def test_a_damaged_node_still_repairing_at_the_end_fails() -> None:
+    """The run's teeth for issue 31's "a voter again without a manual step": a node that
+    stays repairing (no vote, not counted) fails ``repaired``, though every write is there."""
+    recs = _clean() + _storage_fault("n1", "bitflip", 4.0) + [_state("n1", 5.0, True)]
+    nodes = [_voting("n0", role="LEADER"), _voting("n1", repairing=True)]
+    results = _check(recs, nodes)
+    assert results["lost"].valid and results["replicas"].valid
+    rep = results["repaired"]
+    assert not rep.valid
+    assert rep.examples == [
+        {"kind": "not-voting", "node": "n1", "repairing": True, "voter": True, "role": "FOLLOWER"}
+    ]
+    assert rep.stats["repairs"][0]["took"] is None  # never seen repaired
+    # `mqjepsen check` reads the same state back from final-state.json
+    assert [NodeState.from_dict(asdict(n)) for n in nodes] == nodes
+
+
+def test_a_damaged_node_that_is_no_voter_or_does_not_answer_fails() -> None:
+    for bad in (
+        {"voter": False},
+        {"role": "PRE_CANDIDATE"},
+        {"error": "UNAVAILABLE: connection refused"},
+    ):
+        nodes = [_voting("n0", role="LEADER"), _voting("n1", **bad)]
+        results = _check(_clean() + _storage_fault("n1", "hardstate", 4.0), nodes)
+        assert not results["repaired"].valid, bad
+    # an undamaged node's state is not the repaired check's business
+    nodes = [_voting("n0", role="LEADER"), _voting("n1"), _voting("n2", voter=False)]
+    assert _check(_clean() + _storage_fault("n1", "hardstate", 4.0), nodes)["repaired"].valid
+
+
+def test_a_refused_start_or_a_slow_repair_fails() -> None:
+    nodes = [_voting("n0", role="LEADER"), _voting("n1")]
+    refused: Rec = (
+        NEMESIS,
+        "info",
+        "refused",
+        {"fault": "storage", "node": "n1", "damage": "truncate", "reason": "corrupt"},
+        4.5,
+    )
+    results = _check(_clean() + _storage_fault("n1", "truncate", 4.0) + [refused], nodes)
+    assert results["repaired"].examples[0]["kind"] == "refused-start"
+    slow = [
+        *_storage_fault("n1", "rollback", 4.0),
+        _state("n1", 5.0, True),
+        _state("n1", 70.0, True),
+        _state("n1", 70.5, False),
+    ]
+    results = _check(_clean() + slow, nodes)
+    assert results["repaired"].examples[0]["kind"] == "slow-repair"
+    assert results["repaired"].examples[0]["took"] == 66.5
+
+
+def test_replicas_with_different_chains_fail() -> None:
+    """Equal (index, term, checksum) lists but different chained checksums at the common
+    index: one store's own chain says its entries differ."""
+    nodes = [_voting("n0", role="LEADER"), _voting("n1", chain=8)]
+    results = _check(_clean(), nodes)
+    assert not results["replicas"].valid
+    assert results["replicas"].examples == [
+        {"kind": "chain-differs", "index": 3, "n0": f"{7:016x}", "n1": f"{8:016x}"}
+    ]
+    assert _check(_clean(), [_voting("n0"), _voting("n1", chain_index=0)])["replicas"].valid
