@@ -17,9 +17,9 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
-from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
 from client.message import MessageExt
+from mqcluster.cluster import LocalCluster
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # How long a topic may take to appear in the NameServer's routes (registration on change).

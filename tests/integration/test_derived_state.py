@@ -25,9 +25,9 @@ from integration.test_broker_group import (
 from raftmq.broker.v1 import broker_pb2 as pb
 from support import pulled, wait_for
 
-from broker.cluster import ClusterError, LocalCluster
 from broker.message import UniqIdGenerator
 from dledger.server.client import ClientError
+from mqcluster.cluster import ClusterError, LocalCluster
 
 pytestmark = pytest.mark.integration
 

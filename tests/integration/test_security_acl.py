@@ -22,7 +22,7 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from security_attacks import Clients, refused
 
 from broker.auth.secrets import generate_key_file
-from broker.cluster import LocalCluster
+from mqcluster.cluster import LocalCluster
 from mqsecurity.credentials import Credentials
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,6 @@ from broker_world import MemoryLog
 import broker.records as records
 import broker.state as state_mod
 from broker.app import LazyLog
-from broker.cluster import _free_ports
 from broker.consumequeue import ConsumeQueueStore
 from broker.errors import CorruptStoreError, InvalidTopicError
 from broker.indexfile import INDEX_HEADER_SIZE, INDEX_RECORD_SIZE, SLOT_SIZE, IndexStore
@@ -55,6 +54,7 @@ from dledger.core import Role
 from dledger.log import Entry
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
+from mqcluster.cluster import _free_ports
 from nameserver.routes import check_name
 
 IDS = UniqIdGenerator(ip="10.0.0.2", pid=7, instance_hash=2)

@@ -12,7 +12,6 @@ from broker_world import outgoing, world
 from prometheus_client.core import Metric
 
 from broker import metrics as broker_metrics
-from broker.cluster import LocalCluster, metrics_line
 from broker.config import ConfigError, load_config, parse_config
 from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.metrics import BrokerMetrics
@@ -24,6 +23,7 @@ from broker.schedule import PROPERTY_DELAY
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.stats import BrokerStats
+from mqcluster.cluster import LocalCluster, metrics_line
 from mqmetrics.hot import OTHER
 from nameserver.config import ConfigError as NameServerConfigError
 from nameserver.config import load_config as load_namesrv_config

@@ -39,6 +39,7 @@ PRODUCT = [
     "dledger",
     "msgcodec",
     "broker",
+    "mqcluster",
     "nameserver",
     "client",
     "jepsen_like",

@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from broker.cluster import _free_ports
 from dledger.core import (
     AppendRequest,
     AppendResponse,
@@ -27,6 +26,7 @@ from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
 from dledger.storage.promise import promise_path_for_store, read_promise
+from mqcluster.cluster import _free_ports
 
 DEADLINE_S = 10.0
 

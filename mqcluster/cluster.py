@@ -22,7 +22,7 @@
                                                 over first when it is nX), then stop it
 
 The files of a secure group (certificates, keys, the admin credentials) are in the base dir,
-laid out as :mod:`broker.localsecurity` says; docs/SECURITY.md "Secure by default".
+laid out as :mod:`mqcluster.localsecurity` says; docs/SECURITY.md "Secure by default".
 
 Nodes and the NameServer run as background processes with their logs in the base dir. Only
 processes this tool started (their PIDs are in ``nX.pid`` and ``namesrv.pid``, checked against
@@ -48,13 +48,13 @@ from pathlib import Path
 
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
-from broker import localsecurity
 from broker.config import SECRET_KEYS, render_config
 from broker.errors import BrokerError
 from dledger.procs import exited, free_ports, spawn_logged
 from dledger.properties import parse_bool
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
+from mqcluster import localsecurity
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
@@ -294,7 +294,7 @@ class LocalCluster:
         """Write one broker.conf per node and the state file; with ``namesrv`` also a
         NameServer config (``namesrv_conf``: extra keys), and point every node at it. With
         ``secure`` (what `mqcluster up` does unless --insecure) also a local CA, certificates
-        and the admin user's credentials (:mod:`broker.localsecurity`), and the keys that turn
+        and the admin user's credentials (:mod:`mqcluster.localsecurity`), and the keys that turn
         TLS, member certificates and ACLs on in every config."""
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterError(f"--nodes must be in [1, {MAX_NODES}], got {nodes}")

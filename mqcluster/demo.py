@@ -36,9 +36,15 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from broker.cluster import OFFICIAL_PYTHON, ClusterError, LocalCluster, format_table, metrics_line
-from broker.leader_client import LeaderClient
 from broker.message import decode_offset_msg_id
+from mqcluster.cluster import (
+    OFFICIAL_PYTHON,
+    ClusterError,
+    LocalCluster,
+    format_table,
+    metrics_line,
+)
+from mqcluster.leader_client import LeaderClient
 from mqsecurity.channels import open_channel
 from mqsecurity.errors import SecurityError
 from msgcodec import OFFSET_MSG_ID_PREFIX_CHARS, ROW_UNIQ_ID, decode_rows
@@ -73,7 +79,7 @@ def _say(text: str) -> None:
 
 class _Client(LeaderClient):
     """Leader-only calls (``write``) that follow redirects by the structured error
-    (:mod:`broker.leader_client`), plus reading a queue from one node."""
+    (:mod:`mqcluster.leader_client`), plus reading a queue from one node."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(lambda: cluster.client_addrs)
