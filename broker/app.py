@@ -26,11 +26,12 @@ import grpc
 
 from broker.applied import AppliedMessages, NodeContext
 from broker.auth.admin import AuthAdmin
-from broker.auth.guard import AuthGuard, AuthSettings
 from broker.auth.secrets import SecretBox, load_key_file
 from broker.config import BrokerConfig, ConfigError, node_config
 from broker.consumers import ConsumerGroups
 from broker.disk import DiskGuard
+from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.v1.service import BrokerServicer
 from broker.lookups import Lookups
 from broker.metrics import BrokerExporter, BrokerMetrics
 from broker.offsets import ConsumerOffsets
@@ -42,7 +43,6 @@ from broker.retry import Retries
 from broker.scheduler import Scheduler
 from broker.scrubber import Scrubber
 from broker.sending import SendPath
-from broker.service import BrokerServicer
 from broker.settings import ServiceConfig
 from broker.state import BrokerStateMachine
 from broker.stats import BrokerStats
@@ -327,8 +327,8 @@ def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
     if not cfg.grpcServerPort:
         return None
     try:
-        from broker.rmq5.server import V2Port, V2Security
-        from broker.rmq5.service import V2Config
+        from broker.frontends.v2.server import V2Port, V2Security
+        from broker.frontends.v2.service import V2Config
     except ImportError as exc:
         raise ConfigError(f"cannot serve grpcServerPort: {exc}") from None
     v2cfg = V2Config(

@@ -5,7 +5,7 @@ Each decision is one :data:`broker.records.ENTRY_POP` record carrying the leader
 deadline, or "now" for a redelivery); the state it changes is :class:`broker.popstate.PopState`,
 applied on every member. The caller answers only from what was applied, so a leader failover
 neither redelivers an acknowledged message nor loses an unacknowledged one. Protocol-neutral:
-the RocketMQ 5 front end (:mod:`broker.rmq5`) and ``raftmq.broker.v1`` call it.
+the RocketMQ 5 front end (:mod:`broker.frontends.v2`) and ``raftmq.broker.v1`` call it.
 """
 
 from __future__ import annotations

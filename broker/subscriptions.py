@@ -40,7 +40,7 @@ class SubGroupQuotaError(ResourceExhaustedError):
 
 
 class SubGroupNotFoundError(BrokerError):
-    """A delete of a group that has no config (gRPC NOT_FOUND, broker.rpcerrors)."""
+    """A delete of a group that has no config (gRPC NOT_FOUND, broker.frontends.v1.rpcerrors)."""
 
     code = E.SUBGROUP_NOT_FOUND
 

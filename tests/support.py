@@ -197,7 +197,7 @@ def pull_all(
 def create_v2_topic(cluster: LocalCluster, topic: str, queues: int) -> str:
     """Create ``topic`` on the group's leader and wait until every node's RocketMQ 5 port
     (plaintext) routes it: any node may then be asked. The v2 stubs are loaded only here."""
-    from broker.rmq5 import stubs
+    from broker.frontends.v2 import stubs
 
     v2, v2_service, v2_grpc = stubs.load()
     create_topic_on([cluster], [], topic, queues)

@@ -41,7 +41,7 @@ from broker.errors import InvalidRequestError
 logger = logging.getLogger(__name__)
 
 # Every change of any table in the process gets a new number: caches of decisions made from a
-# table (broker.auth.guard) know they are stale, even across a rebuilt table.
+# table (broker.frontends.authguard) know they are stale, even across a rebuilt table.
 _VERSIONS = itertools.count(1)
 # The leader's admin handler reads its record's outcome right after apply; a few hundred
 # records back is far more than a handler ever needs.

@@ -255,7 +255,7 @@ class TxnState:
 
     def add_check_listener(self, listener: CheckListener) -> None:
         """Called on apply with the halves a check record checked (the v2 front end asks
-        their producers, :mod:`broker.rmq5.txn`)."""
+        their producers, :mod:`broker.frontends.v2.txn`)."""
         self._check_listeners.append(listener)
 
     def verdict(self, position: int) -> Resolved | None:

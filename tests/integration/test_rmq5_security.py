@@ -23,7 +23,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from rmq5_support import ClientProcess
 from support import create_topic_on, pull_all, wait_for
 
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 from client.admin import MQAdmin
 from mqcluster.cluster import LocalCluster
 from mqcluster.localsecurity import SecureLayout as Layout

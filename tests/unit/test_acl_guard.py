@@ -13,12 +13,12 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 
 from broker.applied import NodeContext
-from broker.auth import guard as guard_module
-from broker.auth import rpcmap
 from broker.auth.admin import AclNotFoundError, AlreadyExistsError, AuthAdmin, UserNotFoundError
-from broker.auth.guard import AuthGuard, AuthSettings
 from broker.auth.secrets import SecretBox
 from broker.errors import InvalidRequestError
+from broker.frontends import authguard as guard_module
+from broker.frontends import rpcmap
+from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.settings import ServiceConfig
 from dledger.server.guard import OPEN_SERVICES, Refusal
 from dledger.server.rpcguard import Undecodable

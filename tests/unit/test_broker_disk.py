@@ -18,7 +18,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from broker.app import assemble
 from broker.config import ConfigError, node_config, parse_config
 from broker.disk import DiskGuard, Watermarks, used_percent
-from broker.service import ServiceConfig
+from broker.frontends.v1.service import ServiceConfig
 from dledger.core import Role
 from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, read_error
 from dledger.storage import DiskFullError

@@ -13,6 +13,8 @@ from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.errors import InvalidRequestError
+from broker.frontends.v2.clients import ClientTable
+from broker.frontends.v2.renewals import Renewals, RenewPolicy
 from broker.message import UniqIdGenerator
 from broker.pop import Pops, ReceiveQuery
 from broker.popstate import (
@@ -24,8 +26,6 @@ from broker.popstate import (
 )
 from broker.records import ENTRY_POP
 from broker.retry import Retries
-from broker.rmq5.clients import ClientTable
-from broker.rmq5.renewals import Renewals, RenewPolicy
 from broker.sending import SendPath
 from broker.subgroups import (
     BACKOFF_EXPONENTIAL,

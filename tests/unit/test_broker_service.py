@@ -30,13 +30,17 @@ from broker.errors import (
     TooManyLocksError,
     TopicNotFoundError,
 )
+from broker.frontends.v1.rpcerrors import (
+    RESOURCE_EXHAUSTED_RETRY_AFTER_MS,
+    error_failure,
+    error_status,
+)
+from broker.frontends.v1.service import BrokerServicer, ServiceConfig
 from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
 from broker.lookups import Found, answer_bytes
 from broker.offsets import offsets_record
 from broker.pulling import PullPath, parse_subscription
 from broker.records import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
-from broker.rpcerrors import RESOURCE_EXHAUSTED_RETRY_AFTER_MS, error_failure, error_status
-from broker.service import BrokerServicer, ServiceConfig
 from client.consumer import pulled_messages
 from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role

@@ -1,10 +1,10 @@
 """``apache.rocketmq.v2.MessagingService``: the RocketMQ 5 front end of one node.
 
-A thin adapter like :mod:`broker.service`: each RPC checks and converts the protocol's fields
-and calls the broker's components (topics from :class:`broker.topics.Topics`, sends through
-:class:`broker.rmq5.leader.LeaderCalls` onto :class:`broker.sending.SendPath`); the clients'
-Settings live in :class:`broker.rmq5.clients.ClientTable`. Every answer carries its outcome in
-the body's ``Status`` (OK = 20000), as RocketMQ 5 clients expect: a failure is never a bare gRPC
+A thin adapter like :mod:`broker.frontends.v1.service`: each RPC checks and converts the protocol's
+fields and calls the broker's components (topics from :class:`broker.topics.Topics`, sends through
+:class:`broker.frontends.v2.leader.LeaderCalls` onto :class:`broker.sending.SendPath`); the clients'
+Settings live in :class:`broker.frontends.v2.clients.ClientTable`. Every answer carries its outcome
+in the body's ``Status`` (OK = 20000), as RocketMQ 5 clients expect: a failure is never a bare gRPC
 error. What is served and what is not yet: docs/RMQ5.md.
 """
 
@@ -26,8 +26,24 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.applied import AppliedMessages
-from broker.auth import rpcmap
 from broker.errors import BrokerError, TopicNotFoundError
+from broker.frontends import rpcmap
+from broker.frontends.v1.rpcerrors import error_failure
+from broker.frontends.v2 import stubs
+from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
+from broker.frontends.v2.codes import v2_code_name
+from broker.frontends.v2.consuming import (
+    PROPERTY_MESSAGE_GROUP,
+    assignments,
+    consumer_backoff,
+    fifo_queue,
+    message_group_problem,
+)
+from broker.frontends.v2.interceptor import Caller, current_caller, refusal_response
+from broker.frontends.v2.leader import Failure, LeaderCalls
+from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
+from broker.frontends.v2.routes import GroupTopic, NameServerRoutes
+from broker.frontends.v2.txn import ProducerStreams, merged
 from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
@@ -39,22 +55,6 @@ from broker.records import (
     PERM_WRITE,
     TopicConfig,
 )
-from broker.rmq5 import stubs
-from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
-from broker.rmq5.codes import v2_code_name
-from broker.rmq5.consuming import (
-    PROPERTY_MESSAGE_GROUP,
-    assignments,
-    consumer_backoff,
-    fifo_queue,
-    message_group_problem,
-)
-from broker.rmq5.guard import Caller, current_caller, refusal_response
-from broker.rmq5.leader import Failure, LeaderCalls
-from broker.rmq5.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
-from broker.rmq5.routes import GroupTopic, NameServerRoutes
-from broker.rmq5.txn import ProducerStreams, merged
-from broker.rpcerrors import error_failure
 from broker.topics import Topics
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, transaction_id
 from dledger.server import rpcguard
@@ -159,7 +159,7 @@ class V2Config:
     port: int
     max_message_size_bytes: int
     max_delivery_attempts: int = 16  # popMaxDeliveryAttempts
-    # auto_renew (broker.rmq5.renewals): popAutoRenewInvisibleMs, popAutoRenewMaxMs
+    # auto_renew (broker.frontends.v2.renewals): popAutoRenewInvisibleMs, popAutoRenewMaxMs
     renew_slice_ms: int = DEFAULT_SLICE_MS
     renew_max_ms: int = DEFAULT_MAX_MS
     clients_per_user: int = DEFAULT_MAX_CLIENTS_PER_USER  # grpcClientsPerUser
@@ -319,7 +319,7 @@ class MessagingServicer:
         try:
             count = 0
             async for command, pushed in merged(request_iterator, stream):
-                if pushed is not None:  # a check-back for a producer (broker.rmq5.txn)
+                if pushed is not None:  # a check-back for a producer (broker.frontends.v2.txn)
                     yield pushed
                     continue
                 count += 1
@@ -357,7 +357,7 @@ class MessagingServicer:
 
     async def _command(self, client_id: str, stream: Any, command: Any) -> Any | None:
         """One command the client sent on its Telemetry stream, checked against its user's
-        rights (broker.auth.rpcmap, TELEMETRY rows); the answer to send, if any. A refused
+        rights (broker.frontends.rpcmap, TELEMETRY rows); the answer to send, if any. A refused
         command changes nothing."""
         kind = command.WhichOneof("command")
         if kind is None:

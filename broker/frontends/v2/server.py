@@ -4,12 +4,12 @@
 The port follows the node's security (docs/SECURITY.md, "RocketMQ 5 clients"): with
 ``tlsEnable`` it speaks TLS with the node's member certificate (no client certificate asked,
 as on the client port), every call passes the node's call guard answered in the body's Status
-(:mod:`broker.rmq5.guard`), and the forwards to the leader and the NameServer lookups travel as
-the node's own calls do. ``grpcServerPlaintextPort`` adds a plaintext port on 127.0.0.1 only,
-guarded the same way, with its own servicer: its route answers name the endpoints the client
+(:mod:`broker.frontends.v2.interceptor`), and the forwards to the leader and the NameServer lookups
+travel as the node's own calls do. ``grpcServerPlaintextPort`` adds a plaintext port on 127.0.0.1
+only, guarded the same way, with its own servicer: its route answers name the endpoints the client
 came by and the node's own group only (the other groups' registered v2 addresses speak TLS).
-Importing this module loads the generated stubs (:mod:`broker.rmq5.stubs`): ``mqbroker`` imports
-it only when ``grpcServerPort`` is set.
+Importing this module loads the generated stubs (:mod:`broker.frontends.v2.stubs`): ``mqbroker``
+imports it only when ``grpcServerPort`` is set.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from broker.rmq5.guard import V2GuardInterceptor
-from broker.rmq5.leader import LeaderCalls
-from broker.rmq5.routes import NameServerRoutes
-from broker.rmq5.service import SERVICE_NAME, MessagingServicer, V2Config
+from broker.frontends.v2.interceptor import V2GuardInterceptor
+from broker.frontends.v2.leader import LeaderCalls
+from broker.frontends.v2.routes import NameServerRoutes
+from broker.frontends.v2.service import SERVICE_NAME, MessagingServicer, V2Config
 from dledger.server import StartError
 from dledger.server.guard import CallGuard
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure

@@ -10,7 +10,7 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 from broker.subgroups import (
     BACKOFF_CUSTOMIZED,
     MAX_BACKOFF_STEPS,

@@ -1,8 +1,8 @@
 """Users and permissions on the RocketMQ 5 port: the node's call guard, answered the v2 way.
 
 The v2 port asks the same :class:`dledger.server.guard.CallGuard` as the node's client port
-(:class:`broker.auth.guard.AuthGuard`: the RocketMQ 5 signature the official clients send, the
-replicated user table, the rows of :mod:`broker.auth.rpcmap` for
+(:class:`broker.frontends.authguard.AuthGuard`: the RocketMQ 5 signature the official clients send,
+the replicated user table, the rows of :mod:`broker.frontends.rpcmap` for
 ``apache.rocketmq.v2.MessagingService``). What differs is the refusal: RocketMQ 5 clients read
 the outcome from the body's ``Status``, so a refused call is answered with the method's own
 response type carrying ``UNAUTHORIZED`` (unknown caller, bad or missing signature) or
@@ -11,8 +11,8 @@ gets one such message and ends. Every response of the service has a ``Status``, 
 needs a bare gRPC status. The guard counts each refusal in ``REFUSALS``.
 
 An admitted call's signature entries are kept for the call (:func:`caller_signature`): the
-front end forwards leader-only work with them (:mod:`broker.rmq5.leader`), so the leader checks
-the original user again (docs/SECURITY.md, "RocketMQ 5 clients"). Its user is kept too
+front end forwards leader-only work with them (:mod:`broker.frontends.v2.leader`), so the leader
+checks the original user again (docs/SECURITY.md, "RocketMQ 5 clients"). Its user is kept too
 (:func:`current_caller`): the servicer checks each command of a Telemetry stream against the
 user's rights (:meth:`Caller.check`), and binds the client records it makes to that user.
 """
@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import grpc
 
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 from dledger.server.guard import CallGuard, GuardInterceptor, Refusal, text_metadata
 from mqerrors import codes as E
 from mqerrors.table import v2_code_name
@@ -50,7 +50,7 @@ MAX_REASON_CHARS = 512
 @runtime_checkable
 class UserGuard(CallGuard, Protocol):
     """A call guard that also names an admitted call's user and decides on actions inside an
-    admitted call (:class:`broker.auth.guard.AuthGuard`)."""
+    admitted call (:class:`broker.frontends.authguard.AuthGuard`)."""
 
     def identify(self, metadata: Mapping[str, str]) -> tuple[str, bool]: ...
 
@@ -71,7 +71,7 @@ class Caller:
     unbounded: bool = False
 
     def check(self, method: str, request: object) -> Refusal | None:
-        """None when the caller may do ``method`` (a row of broker.auth.rpcmap) with
+        """None when the caller may do ``method`` (a row of broker.frontends.rpcmap) with
         ``request``, else the refusal (counted by the guard)."""
         if self.guard is None:
             return None

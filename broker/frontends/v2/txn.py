@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.applied import AppliedMessages
-from broker.auth import rpcmap
 from broker.errors import BrokerError
-from broker.rmq5 import stubs
-from broker.rmq5.guard import ANONYMOUS, Caller
+from broker.frontends import rpcmap
+from broker.frontends.v2 import stubs
+from broker.frontends.v2.interceptor import ANONYMOUS, Caller
 from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, Half, transaction_id
 from msgcodec import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, Message
 

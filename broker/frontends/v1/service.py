@@ -24,22 +24,24 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import AppliedMessages
 from broker.auth.admin import AuthAdmin, UserView
-from broker.auth.guard import AuthGuard
 from broker.auth.model import Rule
 from broker.consumers import ConsumerGroups
 from broker.errors import (
     InvalidRequestError,
 )
+from broker.frontends.authguard import AuthGuard
+from broker.frontends.v1.pbmessage import message_pb
+from broker.frontends.v1.rpcerrors import (
+    error_status as error_status,  # re-exported: the broker's mapping
+)
+from broker.frontends.v1.rpcerrors import rpc as _rpc
 from broker.lookups import Found, Lookups
 from broker.offsets import ConsumerOffsets
-from broker.pbmessage import message_pb
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.raftnode import RaftNode
 from broker.records import TopicConfig
 from broker.retry import Retries, SendBackItem
-from broker.rpcerrors import error_status as error_status  # re-exported: the broker's mapping
-from broker.rpcerrors import rpc as _rpc
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
 from broker.state import SendResult

@@ -43,12 +43,13 @@ SUPER_ONLY = "super-only"
 
 BROKER = "/raftmq.broker.v1.Broker/"
 DLEDGER = "/raftmq.dledger.v1.DLedgerClient/"
-# RocketMQ 5's protocol (broker/rmq5/): its requests name topics as ``Resource{name}``.
+# RocketMQ 5's protocol (broker/frontends/v2/): its requests name topics as ``Resource{name}``.
 V2 = "/apache.rocketmq.v2.MessagingService/"
 # The pseudo-method of one command on a Telemetry stream: TELEMETRY + the command's field name.
 TELEMETRY = V2 + "Telemetry/"
 # Distinct topics of one v2 SendMessage matched one by one; a request over the front end's own
-# message limit (broker.rmq5.service.MAX_SEND_MESSAGES) is refused there before anything runs.
+# message limit (broker.frontends.v2.service.MAX_SEND_MESSAGES) is refused there before anything
+# runs.
 MAX_V2_SEND_TOPICS = 1024
 
 
@@ -134,7 +135,7 @@ V2_PRODUCER = 1
 def _v2_settings(r: Any, c: str) -> list[Want]:
     """A client's Settings (RocketMQ 5.3): a producer needs Pub on each topic it publishes,
     a consumer Sub on its group and on each topic it subscribes. Over the front end's own limit
-    (broker.rmq5.service.MAX_SETTINGS_TOPICS, the same number) it is refused there."""
+    (broker.frontends.v2.service.MAX_SETTINGS_TOPICS, the same number) it is refused there."""
     if r.client_type == V2_PRODUCER:
         names = dict.fromkeys(t.name for t in r.publishing.topics[:MAX_V2_SEND_TOPICS])
         return [topic(name, PUB) for name in names]
@@ -207,7 +208,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     V2 + "Telemetry": _authenticated_only,  # a stream: each command is checked (below)
     V2 + "NotifyClientTermination": _authenticated_only,
     # The commands a client sends on its Telemetry stream, each checked when it arrives
-    # (broker.rmq5.service): TELEMETRY + the command's field name. Settings registers the
+    # (broker.frontends.v2.service): TELEMETRY + the command's field name. Settings registers the
     # client; the others are a client's answers to server commands, which change nothing.
     **{
         TELEMETRY + kind: _authenticated_only

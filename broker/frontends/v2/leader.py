@@ -5,14 +5,15 @@ node and never sees NOT_LEADER.
 The leader runs the one send path (:class:`broker.sending.SendPath`) either way: a forwarded
 send is a ``raftmq.broker.v1.SendMessage`` carrying the same messages with the same ids, so a
 forward retried after a lost answer is stored once (the send path's dedup). A failure comes
-back as a :class:`Failure`: the stable code of the one error contract (``broker.rpcerrors``
-for one raised here, the ``ErrorInfo`` of the leader's answer for a forwarded one).
+back as a :class:`Failure`: the stable code of the one error contract
+(``broker.frontends.v1.rpcerrors`` for one raised here, the ``ErrorInfo`` of the leader's answer for
+a forwarded one).
 
 A forward travels as the node's own security says (``ClientSecurity``: TLS with the node's
 member certificate on a secure group) and carries the v2 caller's signature entries
-(:func:`broker.rmq5.guard.caller_signature`), never credentials of the node's own: the leader's
-guard checks the original user for the v1 call as the v2 port did for the v2 call, so a forward
-can do nothing its caller may not (docs/SECURITY.md, "RocketMQ 5 clients").
+(:func:`broker.frontends.v2.interceptor.caller_signature`), never credentials of the node's own: the
+leader's guard checks the original user for the v1 call as the v2 port did for the v2 call, so a
+forward can do nothing its caller may not (docs/SECURITY.md, "RocketMQ 5 clients").
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import require_leader
 from broker.errors import BrokerError
-from broker.pbmessage import message_from_pb
+from broker.frontends.v1.pbmessage import message_from_pb
+from broker.frontends.v1.rpcerrors import error_failure
+from broker.frontends.v2.interceptor import caller_signature, current_caller
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.raftnode import RaftNode
-from broker.rmq5.guard import caller_signature, current_caller
-from broker.rpcerrors import error_failure
 from broker.sending import SendPath
 from broker.subgroups import SubGroup
 from broker.subscriptions import SubscriptionGroups

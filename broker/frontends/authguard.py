@@ -5,7 +5,7 @@
 (:mod:`dledger.server.guard`). Authentication reads the RocketMQ 5 signature
 (:mod:`mqsecurity.signing`), finds the AccessKey in the replicated user table of this node's
 state machine, unseals its secret and checks the HMAC and the clock skew. Authorization maps the
-method and request to (resource, action) pairs (:mod:`broker.auth.rpcmap`) and asks the rule
+method and request to (resource, action) pairs (:mod:`broker.frontends.rpcmap`) and asks the rule
 matcher (:func:`broker.auth.model.decide`). Authorization needs to know the caller, so with it
 on every call must be signed even when authentication is off. Every refusal is counted in
 ``mqsecurity.refusals.REFUSALS``; no reason names a secret or the expected signature.
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from secrets import token_hex
 
-from broker.auth import rpcmap
 from broker.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
 from broker.auth.secrets import SecretBox
 from broker.errors import BrokerError
+from broker.frontends import rpcmap
 from broker.state import BrokerStateMachine
 from dledger.server.guard import Refusal
 from dledger.server.rpcguard import Undecodable
@@ -118,7 +118,7 @@ class AuthGuard:
     def authorize(self, username: str, method: str, peer: str, request: object) -> Refusal | None:
         """Authorization alone, for an action inside a call already admitted for ``username``
         (a command on a v2 Telemetry stream, a check-back to send on one): ``method`` is a row
-        of :mod:`broker.auth.rpcmap`. A user deleted or disabled since is refused."""
+        of :mod:`broker.frontends.rpcmap`. A user deleted or disabled since is refused."""
         if not self.settings.authorization_enabled:
             return None
         user = self.sm.auth.users.get(username)

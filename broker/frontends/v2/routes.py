@@ -8,7 +8,7 @@ the route to the own group only: a client still reaches the group it asked. The 
 travel as the node's own security says (TLS with its member certificate on a secure group).
 
 Each member's address becomes an ``Endpoints`` of its own in the route (one per queue and
-member, :func:`broker.rmq5.service._queues`): the official clients open one channel per
+member, :func:`broker.frontends.v2.service._queues`): the official clients open one channel per
 ``Endpoints``, whose authority over TLS is that one address (a name the member's certificate
 holds), and a client whose member dies sends through another's (docs/RMQ5.md, "Routes and a
 dying node").

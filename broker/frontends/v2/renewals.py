@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from broker.errors import BrokerError
-from broker.rmq5.clients import ClientTable
+from broker.frontends.v2.clients import ClientTable
 from dledger.log import DLedgerError
 from mqerrors import codes as E
 
