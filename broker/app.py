@@ -26,7 +26,6 @@ import grpc
 
 from broker.applied import AppliedMessages, NodeContext
 from broker.auth.admin import AuthAdmin
-from broker.auth.secrets import SecretBox, load_key_file
 from broker.config import BrokerConfig, ConfigError, node_config
 from broker.consumers import ConsumerGroups
 from broker.disk import DiskGuard
@@ -44,7 +43,8 @@ from broker.scheduler import Scheduler
 from broker.scrubber import Scrubber
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
+from broker.state.auth.secrets import SecretBox, load_key_file
+from broker.state.machine import BrokerStateMachine
 from broker.stats import BrokerStats
 from broker.subscriptions import SubscriptionGroups
 from broker.timers import Timers

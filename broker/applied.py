@@ -13,17 +13,17 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import BrokerError, CorruptMessageError, MessageNotFoundError
-from broker.message import (
+from broker.raftnode import RaftNode
+from broker.settings import ServiceConfig
+from broker.state.errors import BrokerError, CorruptMessageError, MessageNotFoundError
+from broker.state.machine import BrokerStateMachine, QueueKey
+from broker.state.message import (
     MESSAGE_HEAD,
     Message,
     check_message,
     decode_message,
     encode_offset_msg_id,
 )
-from broker.raftnode import RaftNode
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine, QueueKey
 from dledger.core import NotLeaderError, Role
 from dledger.fatal import supervise
 from dledger.log import DLedgerError, IndexOutOfRangeError

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from broker import disk
-from broker.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
-from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
-from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
-from broker.timer import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
+from broker.state.delayrules import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.state.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
+from broker.state.errors import ConfigError as ConfigError  # the package's one ConfigError
+from broker.state.timerrules import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
 from dledger.properties import (
     int_in,
     parse_bool,

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from broker.applied import require_leader
-from broker.errors import InvalidRequestError
 from broker.locks import NOBODY, ConsumerTable, Owner, QueueLockTable
-from broker.message import validate_topic
-from broker.names import validate_group_name
 from broker.pulling import parse_subscription
-from broker.state import QueueKey
+from broker.state.errors import InvalidRequestError
+from broker.state.machine import QueueKey
+from broker.state.message import validate_topic
+from broker.state.names import validate_group_name
 from broker.topics import Topics
 
 # A client id (RocketMQ's "ip@instance[@unit]", well below this) is kept per consumer and lock.

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.errors import ConfigError
+from broker.state.errors import ConfigError
 from dledger.storage import DiskFullError
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.errors import (
+from broker.state.errors import (
     ClientIdTakenError,
     ConfigError,
     QuotaExceededError,

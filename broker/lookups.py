@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from broker import derived
 from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
-from broker.errors import (
+from broker.state import derived
+from broker.state.errors import (
     BrokerError,
     CorruptMessageError,
     InvalidRequestError,
     MessageNotFoundError,
 )
-from broker.indexfile import build_key, key_hash
-from broker.message import Message, decode_offset_msg_id, uniq_id_to_bytes, validate_topic
+from broker.state.indexfile import build_key, key_hash
+from broker.state.message import Message, decode_offset_msg_id, uniq_id_to_bytes, validate_topic
 
 # QueryMessageByKey results (RocketMQ's defaultQueryMaxNum is 32).
 DEFAULT_QUERY_MAX_NUM = 32

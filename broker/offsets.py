@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from broker.applied import AppliedMessages, require_leader
-from broker.errors import (
+from broker.state.errors import (
     BrokerError,
     InvalidRequestError,
     QuotaExceededError,
     ResourceExhaustedError,
     TooManyPendingOffsetsError,
 )
-from broker.message import validate_topic
-from broker.names import validate_group_name
-from broker.records import ENTRY_OFFSETS, MAX_OFFSET_GROUPS, OffsetKey, encode_offsets_record
+from broker.state.message import validate_topic
+from broker.state.names import validate_group_name
+from broker.state.records import ENTRY_OFFSETS, MAX_OFFSET_GROUPS, OffsetKey, encode_offsets_record
 from broker.topics import Topics
 from dledger.core import NotLeaderError
 from dledger.fatal import supervise
@@ -37,7 +37,7 @@ MAX_PENDING_OFFSETS = 100_000
 # Of them, one user's at most: broker.conf pendingOffsetsPerUser
 # (ServiceConfig.pending_offsets_per_user), so that one user's made-up groups leave the buffer
 # to the others' commits. Super users: the buffer's size only.
-# The groups with offsets are bounded in total (broker.records.MAX_OFFSET_GROUPS) and per user
+# The groups with offsets are bounded in total (broker.state.records.MAX_OFFSET_GROUPS) and per user
 # (broker.conf offsetGroupsPerUser, ServiceConfig.offset_groups_per_user): a commit that would
 # give a new group offsets is counted here, on the leader, before it is buffered or proposed.
 

@@ -1,11 +1,12 @@
 """POP consumption on the leader: receive (long polling), ack, change the invisible time, and
 the redelivery loop that makes expired in-flight messages visible again or dead-letters them.
 
-Each decision is one :data:`broker.records.ENTRY_POP` record carrying the leader's clock (a
-deadline, or "now" for a redelivery); the state it changes is :class:`broker.popstate.PopState`,
-applied on every member. The caller answers only from what was applied, so a leader failover
-neither redelivers an acknowledged message nor loses an unacknowledged one. Protocol-neutral:
-the RocketMQ 5 front end (:mod:`broker.frontends.v2`) and ``raftmq.broker.v1`` call it.
+Each decision is one :data:`broker.state.records.ENTRY_POP` record carrying the leader's clock (a
+deadline, or "now" for a redelivery); the state it changes is
+:class:`broker.state.popstate.PopState`, applied on every member. The caller answers only from what
+was applied, so a leader failover neither redelivers an acknowledged message nor loses an
+unacknowledged one. Protocol-neutral: the RocketMQ 5 front end (:mod:`broker.frontends.v2`) and
+``raftmq.broker.v1`` call it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from broker import derived
 from broker.applied import (
     MAX_ANSWER_BYTES,
     AppliedMessages,
@@ -27,16 +27,20 @@ from broker.applied import (
     run_while_leading,
     start_leader_task,
 )
-from broker.errors import (
+from broker.pulling import MAX_SUSPEND_TIMEOUT_MS, PULL_MAX_SCAN_RECORDS, parse_subscription
+from broker.retry import Retries, SendBackItem
+from broker.state import derived
+from broker.state.errors import (
     BrokerError,
     InvalidRequestError,
     MessageNotFoundError,
     ResourceExhaustedError,
     TooManyLongPollsError,
 )
-from broker.message import Message, decode_message, tags_hash
-from broker.names import validate_group_name, validate_topic_name
-from broker.popstate import (
+from broker.state.machine import QueueKey
+from broker.state.message import Message, decode_message, tags_hash
+from broker.state.names import validate_group_name, validate_topic_name
+from broker.state.popstate import (
     MAX_INFLIGHT_PER_QUEUE,
     MAX_INFLIGHT_TOTAL,
     MAX_POP_QUEUES,
@@ -59,11 +63,8 @@ from broker.popstate import (
     encode_pop_record,
     fifo_blocked,
 )
-from broker.pulling import MAX_SUSPEND_TIMEOUT_MS, PULL_MAX_SCAN_RECORDS, parse_subscription
-from broker.records import ENTRY_POP
-from broker.retry import Retries, SendBackItem
-from broker.state import QueueKey
-from broker.subgroups import SubGroup, default_group
+from broker.state.records import ENTRY_POP
+from broker.state.subgroups import SubGroup, default_group
 from broker.topics import Topics
 from mqerrors import codes as E
 
@@ -277,7 +278,7 @@ class Pops:
             )
 
     def group(self, name: str) -> SubGroup:
-        """The group's replicated config (``broker.subgroups``), or the broker's defaults."""
+        """The group's replicated config (``broker.state.subgroups``), or the broker's defaults."""
         return self.ctx.sm.subgroups.get(name) or default_group(name, self.max_attempts)
 
     async def _pop_queue(
@@ -339,7 +340,7 @@ class Pops:
     def _scan(self, key: PopKey, start: int, tags: frozenset[str] | None, want: int) -> _Scan:
         """New messages from ``start`` matching ``tags`` (at most ``want``, within one answer's
         bytes); the offset the pop position moves to (past skipped ones too). A record that
-        does not match the commitlog is rebuilt from it first (broker.derived)."""
+        does not match the commitlog is rebuilt from it first (broker.state.derived)."""
         count = max(want, PULL_MAX_SCAN_RECORDS)
         return derived.read_repaired(
             self.ctx.sm, key[1], key[2], count, lambda: self._scan_once(key, start, tags, want)

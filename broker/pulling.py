@@ -15,11 +15,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker import derived
 from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
-from broker.errors import InvalidRequestError, QuotaExceededError, TooManyLongPollsError
-from broker.message import tags_hash
-from broker.state import QueueKey
+from broker.state import derived
+from broker.state.errors import InvalidRequestError, QuotaExceededError, TooManyLongPollsError
+from broker.state.machine import QueueKey
+from broker.state.message import tags_hash
 from broker.stats import BrokerStats
 from broker.topics import Topics
 from dledger.core import Role
@@ -290,7 +290,7 @@ class PullPath:
     def pull_once(self, query: PullQuery, hashes: frozenset[int] | None) -> PullResult:
         """What the queue holds for ``query`` now (the tag filter by hash only). A record
         that does not match the commitlog is rebuilt from it and the pull answered
-        (broker.derived): derived state never makes a pull answer DATA_LOSS."""
+        (broker.state.derived): derived state never makes a pull answer DATA_LOSS."""
         return derived.read_repaired(
             self.ctx.sm,
             query.topic,

@@ -14,10 +14,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from broker.applied import AppliedMessages
-from broker.errors import InvalidRequestError, MessageNotFoundError
-from broker.message import Message, uniq_id_to_bytes, validate_topic
-from broker.names import validate_group_name
-from broker.schedule import (
+from broker.sending import SendPath
+from broker.state.delayrules import (
     DEFAULT_MAX_RECONSUME_TIMES,
     DLQ_QUEUE_NUMS,
     PROPERTY_DELAY,
@@ -27,8 +25,10 @@ from broker.schedule import (
     retry_topic,
     send_back_copy,
 )
-from broker.sending import SendPath
-from broker.state import SendResult
+from broker.state.errors import InvalidRequestError, MessageNotFoundError
+from broker.state.machine import SendResult
+from broker.state.message import Message, uniq_id_to_bytes, validate_topic
+from broker.state.names import validate_group_name
 from broker.topics import NOBODY, Owner, Topics
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """The delay scheduler: while a node leads, it delivers due scheduled messages.
 
 Delayed messages (and retries) wait in ``SCHEDULE_TOPIC_XXXX``, one queue per delay level
-(the rules are in :mod:`broker.schedule`). Each delivery is one log entry holding the level's
-new schedule offset and the copies for the real queues, so a new leader resumes exactly
+(the rules are in :mod:`broker.state.delayrules`). Each delivery is one log entry holding the
+level's new schedule offset and the copies for the real queues, so a new leader resumes exactly
 where the last applied delivery stopped.
 """
 
@@ -14,11 +14,11 @@ import time
 from dataclasses import replace
 
 from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_leader_task
-from broker.errors import BrokerError
-from broker.message import Message, encode_batch
-from broker.names import SCHEDULE_TOPIC
-from broker.records import ENTRY_SCHEDULE
-from broker.schedule import delivered_copy, due_ms, encode_schedule_header
+from broker.state.delayrules import delivered_copy, due_ms, encode_schedule_header
+from broker.state.errors import BrokerError
+from broker.state.message import Message, encode_batch
+from broker.state.names import SCHEDULE_TOPIC
+from broker.state.records import ENTRY_SCHEDULE
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The background scrubber of derived state (docs/BROKER.md, "Derived state").
 
 Every node walks every ConsumeQueue record, every key index record, then every POP, delay and
-timer level and pending transaction row against the commitlog (broker.derived,
-broker.statecheck), over and over, at most ``scrubRecordsPerSecond`` records a second: a slice of
-records, then a sleep as long as the slice's share of the rate, on the event loop (the checks
+timer level and pending transaction row against the commitlog (broker.state.derived,
+broker.state.statecheck), over and over, at most ``scrubRecordsPerSecond`` records a second: a slice
+of records, then a sleep as long as the slice's share of the rate, on the event loop (the checks
 share its state with apply and the read paths; a slice is short). A wrong ConsumeQueue run is
 rebuilt in place from the commitlog; a wrong key index record or replicated row, or a run that
 cannot be rebuilt in place, makes the next start rebuild every derived store from the log (the
@@ -19,10 +19,10 @@ import contextlib
 import logging
 import time
 
-from broker import derived, statecheck
-from broker.consumequeue import ConsumeQueue
-from broker.errors import BrokerError, QueueStoreClosedError
-from broker.state import BrokerStateMachine
+from broker.state import derived, statecheck
+from broker.state.consumequeue import ConsumeQueue
+from broker.state.errors import BrokerError, QueueStoreClosedError
+from broker.state.machine import BrokerStateMachine
 from dledger.fatal import spawn
 from dledger.log import DLedgerError
 

@@ -3,7 +3,7 @@
 A send is one log entry (all its messages stored or none), proposed on the leader and
 answered once applied. A producer's retry that arrives while the original is still being
 proposed waits for the original instead of proposing again; every other duplicate is caught
-by the dedup window inside apply (:mod:`broker.state`).
+by the dedup window inside apply (:mod:`broker.state.machine`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Protocol
 
 from broker.applied import NodeContext, require_leader
 from broker.disk import DiskGuard
-from broker.errors import InvalidRequestError, QueueIdOutOfRangeError
-from broker.message import (
+from broker.state.delayrules import PROPERTY_DELAY, delay_level_of, to_schedule
+from broker.state.errors import InvalidRequestError, QueueIdOutOfRangeError
+from broker.state.machine import SendResult
+from broker.state.message import (
     Message,
     MessageFields,
     UniqIdGenerator,
@@ -25,14 +27,17 @@ from broker.message import (
     encode_batch_fields,
     message_from_fields,
 )
-from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC
-from broker.records import ENTRY_MESSAGES, TopicConfig
-from broker.schedule import PROPERTY_DELAY, delay_level_of, to_schedule
-from broker.state import SendResult
+from broker.state.names import SCHEDULE_TOPIC, TIMER_TOPIC
+from broker.state.records import ENTRY_MESSAGES, TopicConfig
+from broker.state.timerrules import (
+    PROPERTY_TIMER_DELIVER_MS,
+    check_deliver_ms,
+    deliver_ms_of,
+    to_timer,
+)
+from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED
 from broker.stats import BrokerStats
-from broker.timer import PROPERTY_TIMER_DELIVER_MS, check_deliver_ms, deliver_ms_of, to_timer
 from broker.topics import Topics
-from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED
 from dledger.server.errors import ProposalLostError
 
 # Messages per send: one entry per send; bounded like dledger's Append.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
-from broker.timer import DEFAULT_TIMER_MAX_DELAY_S
+from broker.state.delayrules import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.state.timerrules import DEFAULT_TIMER_MAX_DELAY_S
 
 # RocketMQ's accessMessageInMemoryMaxRatio default: a pull reading further behind the write
 # position than this share of RAM is probably not in page cache: suggest a follower.

@@ -1,7 +1,7 @@
 """Subscription group admin on the leader: create or replace a group's config (``mqadmin
 updateSubGroup``), create one with the defaults when a RocketMQ 5 consumer names an unknown
 group, delete one (``mqadmin deleteSubGroup``), and list them. Each change is one
-:data:`broker.records.ENTRY_SUBGROUP` record; the answer is read from what was applied.
+:data:`broker.state.records.ENTRY_SUBGROUP` record; the answer is read from what was applied.
 Protocol-neutral, like :mod:`broker.pop`.
 
 The table is shared by every user (10,000 groups): one user creates at most
@@ -16,10 +16,10 @@ import asyncio
 from dataclasses import replace
 
 from broker.applied import NodeContext, require_leader
-from broker.errors import BrokerError, InvalidRequestError, ResourceExhaustedError
-from broker.names import validate_group_name
-from broker.records import ENTRY_SUBGROUP
-from broker.subgroups import (
+from broker.state.errors import BrokerError, InvalidRequestError, ResourceExhaustedError
+from broker.state.names import validate_group_name
+from broker.state.records import ENTRY_SUBGROUP
+from broker.state.subgroups import (
     OP_CREATE_IF_ABSENT,
     OP_DELETE,
     OP_UPSERT,

@@ -1,5 +1,5 @@
 """The timer loop: while a node leads, it moves timed messages down the timer levels and
-delivers them when due (the rules and the entry format are in :mod:`broker.timer`).
+delivers them when due (the rules and the entry format are in :mod:`broker.state.timerrules`).
 
 Each pass looks at the head of every timer level's queue (``rmq_sys_wheel_timer``, queue =
 level) and stops at the first record whose look-at time has not come: the work of a pass is
@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_leader_task
-from broker.errors import BrokerError
-from broker.message import Message, encode_batch
-from broker.names import TIMER_TOPIC
-from broker.records import ENTRY_TIMER
-from broker.schedule import delivered_copy
-from broker.timer import (
+from broker.state.delayrules import delivered_copy
+from broker.state.errors import BrokerError
+from broker.state.message import Message, encode_batch
+from broker.state.names import TIMER_TOPIC
+from broker.state.records import ENTRY_TIMER
+from broker.state.timerrules import (
     HOP_RECORD_SIZE,
     MAX_TIMER_LEVELS,
     decode_hop,

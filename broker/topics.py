@@ -3,8 +3,8 @@
 Changes are proposed to the Raft log on the leader and answered once applied; lookups read
 this node's applied topic table.
 
-The table is shared by every user (:data:`broker.records.MAX_TOPICS`): a topic keeps the user who
-created it (``CreateTopic``, or a send that auto-created it), and one user creates at most
+The table is shared by every user (:data:`broker.state.records.MAX_TOPICS`): a topic keeps the user
+who created it (``CreateTopic``, or a send that auto-created it), and one user creates at most
 ``topicsPerUser`` (:attr:`ServiceConfig.topics_per_user`) that still exist, checked here on the
 leader before the record is proposed, one creation at a time. A retry or dead-letter topic
 (``%RETRY%g``, ``%DLQ%g``) that a ``ConsumerSendMsgBack`` creates is its caller's too. Super
@@ -20,7 +20,7 @@ import logging
 from dataclasses import replace
 
 from broker.applied import NodeContext, require_leader
-from broker.errors import (
+from broker.state.errors import (
     NoPermissionError,
     QueueIdOutOfRangeError,
     QuotaExceededError,
@@ -28,9 +28,9 @@ from broker.errors import (
     SystemTopicError,
     TopicNotFoundError,
 )
-from broker.message import validate_topic
-from broker.names import is_system_topic, is_valid_topic_name
-from broker.records import (
+from broker.state.message import validate_topic
+from broker.state.names import is_system_topic, is_valid_topic_name
+from broker.state.records import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
     ENTRY_TOPIC,
     MAX_TOPICS,

@@ -49,7 +49,7 @@ from pathlib import Path
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from broker.config import SECRET_KEYS, render_config
-from broker.errors import BrokerError
+from broker.state.errors import BrokerError
 from dledger.procs import exited, free_ports, spawn_logged
 from dledger.properties import parse_bool
 from dledger.server.client import ClientError, LogClient

@@ -36,7 +36,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from broker.message import decode_offset_msg_id
+from broker.state.message import decode_offset_msg_id
 from mqcluster.cluster import (
     OFFICIAL_PYTHON,
     ClusterError,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.applied import AppliedMessages, NodeContext
-from broker.message import UniqIdGenerator
 from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import UniqIdGenerator
 from broker.topics import Topics
 from dledger.core import Role
 from dledger.log import Entry, IndexOutOfRangeError

@@ -37,7 +37,7 @@ def numbered_messages(
     ids: Any, n: int, seq: int, *, queues: int, body_bytes: int
 ) -> list[bpb.Message]:
     """``n`` messages numbered from ``seq``, spread over ``queues`` queues, each body
-    ``body_bytes`` of its number repeated (``ids``: a broker.message.UniqIdGenerator)."""
+    ``body_bytes`` of its number repeated (``ids``: a broker.state.message.UniqIdGenerator)."""
     return [
         bpb.Message(
             queue_id=(seq + i) % queues,

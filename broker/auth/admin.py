@@ -1,7 +1,7 @@
 """User and ACL admin (``CreateUser`` ... ``ListAcl``) and the first Super user.
 
 Writes are checked here against the applied table (a clear error, nothing proposed), sealed
-(:class:`broker.auth.secrets.SecretBox`), proposed to the Raft log on the leader as one
+(:class:`broker.state.auth.secrets.SecretBox`), proposed to the Raft log on the leader as one
 ``ENTRY_AUTH`` record, and answered after apply with what the table then holds; a record that
 was skipped on apply (a concurrent write got there first) is answered with the reason. Reads
 answer from this node's applied table. Nothing returned holds a secret.
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.applied import NodeContext, require_leader
-from broker.auth import records as rec
-from broker.auth.model import (
+from broker.state.auth import records as rec
+from broker.state.auth.model import (
     DECISIONS,
     ENABLE,
     NORMAL,
@@ -37,10 +37,10 @@ from broker.auth.model import (
     parse_resource,
     parse_source_ips,
 )
-from broker.auth.secrets import SecretBox
-from broker.auth.table import AuthTable
-from broker.errors import BrokerError, InvalidRequestError
-from broker.records import ENTRY_AUTH
+from broker.state.auth.secrets import SecretBox
+from broker.state.auth.table import AuthTable
+from broker.state.errors import BrokerError, InvalidRequestError
+from broker.state.records import ENTRY_AUTH
 from dledger.core import Role
 from dledger.fatal import supervise
 from dledger.log import DLedgerError

@@ -6,7 +6,7 @@
 (:mod:`mqsecurity.signing`), finds the AccessKey in the replicated user table of this node's
 state machine, unseals its secret and checks the HMAC and the clock skew. Authorization maps the
 method and request to (resource, action) pairs (:mod:`broker.frontends.rpcmap`) and asks the rule
-matcher (:func:`broker.auth.model.decide`). Authorization needs to know the caller, so with it
+matcher (:func:`broker.state.auth.model.decide`). Authorization needs to know the caller, so with it
 on every call must be signed even when authentication is off. Every refusal is counted in
 ``mqsecurity.refusals.REFUSALS``; no reason names a secret or the expected signature.
 """
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from secrets import token_hex
 
-from broker.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
-from broker.auth.secrets import SecretBox
-from broker.errors import BrokerError
 from broker.frontends import rpcmap
-from broker.state import BrokerStateMachine
+from broker.state.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
+from broker.state.auth.secrets import SecretBox
+from broker.state.errors import BrokerError
+from broker.state.machine import BrokerStateMachine
 from dledger.server.guard import Refusal
 from dledger.server.rpcguard import Undecodable
 from mqerrors import codes as E

@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from broker.auth.model import (
+from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.retry import MAX_SEND_BACK_BATCH
+from broker.state.auth.model import (
     CLUSTER,
     CREATE,
     DELETE,
@@ -32,9 +34,7 @@ from broker.auth.model import (
     UPDATE,
     Resource,
 )
-from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
-from broker.names import DLQ_PREFIX, RETRY_PREFIX
-from broker.retry import MAX_SEND_BACK_BATCH
+from broker.state.names import DLQ_PREFIX, RETRY_PREFIX
 
 Want = tuple[Resource, str]
 # request, cluster name -> the pairs the call needs

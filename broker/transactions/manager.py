@@ -2,7 +2,7 @@
 
 RocketMQ's model (a half message the consumers cannot see, a verdict from the producer, a
 check-back when the verdict does not come), with its state in the replicated log
-(:mod:`broker.transactions.state`): every decision is one ``ENTRY_TXN`` entry the leader
+(:mod:`broker.state.transactions`): every decision is one ``ENTRY_TXN`` entry the leader
 proposes, so a commit or rollback sent to a new leader after a failover finds the same table,
 and a commit stores the visible copy exactly once however often it is sent.
 
@@ -27,16 +27,16 @@ from broker.applied import (
     run_while_leading,
     start_leader_task,
 )
-from broker.errors import (
+from broker.sending import OutgoingMessage
+from broker.state.errors import (
     InvalidRequestError,
     ResourceExhaustedError,
     TopicNotFoundError,
 )
-from broker.message import Message, UniqIdGenerator, encode_batch, message_from_fields
-from broker.records import ENTRY_TXN, TopicConfig
-from broker.sending import OutgoingMessage
-from broker.state import SendResult
-from broker.transactions.state import (
+from broker.state.machine import SendResult
+from broker.state.message import Message, UniqIdGenerator, encode_batch, message_from_fields
+from broker.state.records import ENTRY_TXN, TopicConfig
+from broker.state.transactions import (
     COMMITTED,
     HALF_TOPIC,
     MAX_PENDING_HALVES,

@@ -19,7 +19,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.common.v1 import error_pb2
 from support import pulled, send_results, wait_for
 
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from client.message import MessageExt
 from dledger.server.status import read_error
 from mqcluster.cluster import LocalCluster

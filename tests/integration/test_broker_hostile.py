@@ -14,7 +14,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from support import pulled, wait_for
 
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from mqcluster.cluster import LocalCluster
 from mqcluster.leader_client import LeaderClient
 

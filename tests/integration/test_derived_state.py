@@ -25,7 +25,7 @@ from integration.test_broker_group import (
 from raftmq.broker.v1 import broker_pb2 as pb
 from support import pulled, wait_for
 
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from dledger.server.client import ClientError
 from mqcluster.cluster import ClusterError, LocalCluster
 

@@ -40,7 +40,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from support import numbered_messages, pull_queue, wait_for
 
 from broker.frontends.v2 import stubs
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from client.message import MessageExt
 from mqcluster.cluster import LocalCluster
 

@@ -35,7 +35,7 @@ from rmq5_support import ClientProcess, client_env
 from support import create_v2_topic, pull_all, wait_for
 
 from broker.frontends.v2 import stubs
-from broker.timer import PROPERTY_TIMER_DELIVER_MS
+from broker.state.timerrules import PROPERTY_TIMER_DELIVER_MS
 from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration]

@@ -31,7 +31,7 @@ from security_attacks import (
 )
 from support import pulled, wait_for
 
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from dledger.server.client import ClientError, LogClient
 from mqcluster.cluster import LocalCluster, _free_port
 from mqcluster.leader_client import LeaderClient

@@ -14,12 +14,12 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 
 from broker.applied import NodeContext
 from broker.auth.admin import AclNotFoundError, AlreadyExistsError, AuthAdmin, UserNotFoundError
-from broker.auth.secrets import SecretBox
-from broker.errors import InvalidRequestError
 from broker.frontends import authguard as guard_module
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.settings import ServiceConfig
+from broker.state.auth.secrets import SecretBox
+from broker.state.errors import InvalidRequestError
 from dledger.server.guard import OPEN_SERVICES, Refusal
 from dledger.server.rpcguard import Undecodable
 from mqsecurity.credentials import Credentials
@@ -234,7 +234,7 @@ def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
 
 def test_send_back_needs_sub_on_the_stored_messages_topics(tmp_path: Path) -> None:
     """A group's consumer may not copy another topic's message into its retry topic."""
-    from broker.errors import MessageNotFoundError
+    from broker.state.errors import MessageNotFoundError
 
     admin, guard = setup(tmp_path)
     asyncio.run(

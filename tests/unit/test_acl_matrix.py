@@ -24,14 +24,14 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as nsgrpc
 from broker.app import assemble
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
-from broker.auth.model import GROUP, PUB, SUB, TOPIC, Resource
-from broker.auth.secrets import SecretBox
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.v2 import stubs
-from broker.message import UniqIdGenerator
 from broker.retry import SendBackItem
 from broker.settings import ServiceConfig
+from broker.state.auth.model import GROUP, PUB, SUB, TOPIC, Resource
+from broker.state.auth.secrets import SecretBox
+from broker.state.message import UniqIdGenerator
 from client.errors import MQClientError
 from dledger.server.guard import GuardInterceptor
 from dledger.server.node import _PeerServicer

@@ -13,15 +13,15 @@ from prometheus_client.core import Metric
 
 from broker import metrics as broker_metrics
 from broker.config import ConfigError, load_config, parse_config
-from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.metrics import BrokerMetrics
-from broker.names import SCHEDULE_TOPIC
 from broker.offsets import ConsumerOffsets
 from broker.pulling import PullPath, PullQuery
-from broker.records import ENTRY_MESSAGES
-from broker.schedule import PROPERTY_DELAY
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
+from broker.state.delayrules import PROPERTY_DELAY
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.names import SCHEDULE_TOPIC
+from broker.state.records import ENTRY_MESSAGES
 from broker.stats import BrokerStats
 from mqcluster.cluster import LocalCluster, metrics_line
 from mqmetrics.hot import OTHER

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.frontends.v1.pbmessage import message_from_pb, message_pb
-from broker.message import Message
+from broker.state.message import Message
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)

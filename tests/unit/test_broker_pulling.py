@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from broker_world import world
 
-from broker.errors import TooManyLongPollsError
-from broker.message import Message, UniqIdGenerator, decode_message, encode_batch
 from broker.pulling import PullPath, PullQuery, PullStatus
-from broker.records import ENTRY_MESSAGES
+from broker.state.errors import TooManyLongPollsError
+from broker.state.message import Message, UniqIdGenerator, decode_message, encode_batch
+from broker.state.records import ENTRY_MESSAGES
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
 

@@ -12,22 +12,22 @@ import pytest
 from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.errors import InvalidRequestError
 from broker.frontends.v2.clients import ClientTable
 from broker.frontends.v2.renewals import Renewals, RenewPolicy
-from broker.message import UniqIdGenerator
 from broker.pop import Pops, ReceiveQuery
-from broker.popstate import (
+from broker.retry import Retries
+from broker.sending import SendPath
+from broker.state.errors import InvalidRequestError
+from broker.state.message import UniqIdGenerator
+from broker.state.popstate import (
     OP_POP,
     OP_POP_FIFO,
     InvalidReceiptHandleError,
     PopRecord,
     encode_pop_record,
 )
-from broker.records import ENTRY_POP
-from broker.retry import Retries
-from broker.sending import SendPath
-from broker.subgroups import (
+from broker.state.records import ENTRY_POP
+from broker.state.subgroups import (
     BACKOFF_EXPONENTIAL,
     MAX_SUBGROUPS,
     OP_CREATE_IF_ABSENT,

@@ -20,16 +20,6 @@ from raftmq.common.v1 import error_pb2
 from broker.app import Broker, assemble
 from broker.applied import AppliedMessages, NodeContext
 from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
-from broker.errors import (
-    CorruptMessageError,
-    InvalidTopicError,
-    MessageNotFoundError,
-    MessageTooLargeError,
-    NoPermissionError,
-    QueueIdOutOfRangeError,
-    TooManyLocksError,
-    TopicNotFoundError,
-)
 from broker.frontends.v1.rpcerrors import (
     RESOURCE_EXHAUSTED_RETRY_AFTER_MS,
     error_failure,
@@ -40,7 +30,17 @@ from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTa
 from broker.lookups import Found, answer_bytes
 from broker.offsets import offsets_record
 from broker.pulling import PullPath, parse_subscription
-from broker.records import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
+from broker.state.errors import (
+    CorruptMessageError,
+    InvalidTopicError,
+    MessageNotFoundError,
+    MessageTooLargeError,
+    NoPermissionError,
+    QueueIdOutOfRangeError,
+    TooManyLocksError,
+    TopicNotFoundError,
+)
+from broker.state.records import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
 from client.consumer import pulled_messages
 from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role
@@ -487,7 +487,7 @@ def test_a_megabyte_of_tags_is_invalid_argument_not_internal() -> None:
 def test_the_pb_size_estimate_bounds_the_serialized_size() -> None:
     """Pull answers are bounded with an O(1) estimate per message: it must never be below the
     real serialized size, whatever the message's shape."""
-    from broker.message import Message, encode_message
+    from broker.state.message import Message, encode_message
 
     shapes = [
         Message("T", 0, b"x"),

@@ -1,5 +1,5 @@
-"""Timed delivery on a real state machine, without gRPC: the level rules (broker.timer), the
-send path's timer branch, the leader's loop (broker.timers) under a fake clock, the move
+"""Timed delivery on a real state machine, without gRPC: the level rules (broker.state.timerrules),
+the send path's timer branch, the leader's loop (broker.timers) under a fake clock, the move
 entries' checks on apply, and the state across a snapshot."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from broker_world import LeaderNode, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.applied import AppliedMessages, NodeContext, Wakeup
-from broker.message import Message, encode_batch
-from broker.names import TIMER_TOPIC, is_system_topic
-from broker.records import ENTRY_MESSAGES, ENTRY_TIMER
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
-from broker.timer import (
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import Message, encode_batch
+from broker.state.names import TIMER_TOPIC, is_system_topic
+from broker.state.records import ENTRY_MESSAGES, ENTRY_TIMER
+from broker.state.timerrules import (
     MAX_TIMER_LEVELS,
     PROPERTY_TIMER_DELIVER_MS,
     TIMER_PRECISION_MS,

@@ -15,11 +15,11 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.txn import MAX_OUTBOX_COMMANDS, ProducerStreams, Stream, merged
-from broker.message import UniqIdGenerator
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
+from broker.state.message import UniqIdGenerator
+from broker.state.transactions import transaction_id
 from broker.transactions.manager import Transactions
-from broker.transactions.state import transaction_id
 
 v2, v2_service, _ = stubs.load()
 

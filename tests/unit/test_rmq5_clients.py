@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.errors import InvalidRequestError
 from broker.frontends.v2.clients import ClientTable, TooManyClientsError, UnknownClientError
 from broker.frontends.v2.codes import V2_CODE_BY_ERROR, v2_code_name
 from broker.frontends.v2.stubs import load
+from broker.state.errors import InvalidRequestError
 
 
 class Clock:

@@ -20,19 +20,19 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker import subgroups
 from broker.app import assemble
 from broker.applied import NodeContext
 from broker.auth.admin import AuthAdmin
-from broker.auth.secrets import SecretBox
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.v1.service import BrokerServicer
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.interceptor import V2GuardInterceptor
 from broker.frontends.v2.leader import LeaderCalls
 from broker.frontends.v2.service import MessagingServicer, V2Config
-from broker.message import UniqIdGenerator
 from broker.settings import ServiceConfig
+from broker.state import subgroups
+from broker.state.auth.secrets import SecretBox
+from broker.state.message import UniqIdGenerator
 from dledger.core import Role
 from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.message import Message
+from broker.state.message import Message
 
 
 def message_pb(msg: Message, offset_msg_id: str, queue_offset: int, position: int) -> pb.Message:

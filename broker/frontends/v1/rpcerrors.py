@@ -18,7 +18,8 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from broker.auth.admin import AclNotFoundError, AlreadyExistsError, UserNotFoundError
-from broker.errors import (
+from broker.raftnode import RaftNode
+from broker.state.errors import (
     BrokerError,
     CorruptMessageError,
     CorruptStoreError,
@@ -32,7 +33,6 @@ from broker.errors import (
     ResourceExhaustedError,
     TopicNotFoundError,
 )
-from broker.raftnode import RaftNode
 from broker.subscriptions import SubGroupNotFoundError
 from dledger.server import status
 from dledger.server.status import RpcFailure, bound_detail

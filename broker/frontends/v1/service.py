@@ -24,11 +24,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import AppliedMessages
 from broker.auth.admin import AuthAdmin, UserView
-from broker.auth.model import Rule
 from broker.consumers import ConsumerGroups
-from broker.errors import (
-    InvalidRequestError,
-)
 from broker.frontends.authguard import AuthGuard
 from broker.frontends.v1.pbmessage import message_pb
 from broker.frontends.v1.rpcerrors import (
@@ -40,12 +36,16 @@ from broker.offsets import ConsumerOffsets
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.raftnode import RaftNode
-from broker.records import TopicConfig
 from broker.retry import Retries, SendBackItem
 from broker.sending import SendPath
 from broker.settings import ServiceConfig
-from broker.state import SendResult
-from broker.subgroups import (
+from broker.state.auth.model import Rule
+from broker.state.errors import (
+    InvalidRequestError,
+)
+from broker.state.machine import SendResult
+from broker.state.records import TopicConfig
+from broker.state.subgroups import (
     BACKOFF_CUSTOMIZED,
     MAX_MULTIPLIER_MILLI,
     Backoff,

@@ -21,10 +21,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker import errors
 from broker.consumers import MAX_CLIENT_ID_CHARS
-from broker.errors import InvalidRequestError, ResourceExhaustedError
-from broker.names import MAX_GROUP_LENGTH
+from broker.state import errors
+from broker.state.errors import InvalidRequestError, ResourceExhaustedError
+from broker.state.names import MAX_GROUP_LENGTH
 from mqerrors import codes as E
 
 # RocketMQ's proxy forgets a client silent for 120 s (clients heartbeat every 10 s).

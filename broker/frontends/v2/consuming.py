@@ -1,5 +1,5 @@
 """What the v2 front end tells push consumers and FIFO producers, from a subscription group's
-replicated config (:mod:`broker.subgroups`): the retry policy each client language reads,
+replicated config (:mod:`broker.state.subgroups`): the retry policy each client language reads,
 the assignments of ``QueryAssignment``, and the queue of a FIFO message's group.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 
 from broker.frontends.v2 import stubs
-from broker.subgroups import (
+from broker.state.subgroups import (
     BACKOFF_CUSTOMIZED,
     MAX_BACKOFF_STEPS,
     MAX_MULTIPLIER_MILLI,

@@ -29,14 +29,14 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.applied import require_leader
-from broker.errors import BrokerError
 from broker.frontends.v1.pbmessage import message_from_pb
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2.interceptor import caller_signature, current_caller
 from broker.pop import Pops, Received, ReceiveQuery
 from broker.raftnode import RaftNode
 from broker.sending import SendPath
-from broker.subgroups import SubGroup
+from broker.state.errors import BrokerError
+from broker.state.subgroups import SubGroup
 from broker.subscriptions import SubscriptionGroups
 from broker.transactions.manager import Transactions
 from dledger.core import Role

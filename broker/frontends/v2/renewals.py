@@ -3,7 +3,7 @@ invisible to the rest of its group while the consumer is alive, renewed a slice 
 
 A push consumer's receive asks ``auto_renew`` and names no invisible time: the server gives
 each message :attr:`RenewPolicy.slice_ms` and renews it (the same delivery: the receipt handle
-stays valid, ``broker.popstate.OP_RENEW``) while the client that received it is alive (a
+stays valid, ``broker.state.popstate.OP_RENEW``) while the client that received it is alive (a
 Settings or Heartbeat on this node within :data:`CLIENT_ALIVE_MS`), up to
 :attr:`RenewPolicy.max_ms` after the receive. An ack, a nack or a dead-letter forward through this
 node ends the renewal; one through another node ends it at the next renewal (the leader answers
@@ -19,15 +19,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from broker.errors import BrokerError
 from broker.frontends.v2.clients import ClientTable
+from broker.state.errors import BrokerError
 from dledger.log import DLedgerError
 from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
 
 # Messages renewed by one node: one per in-flight message of the broker at most
-# (broker.popstate.MAX_INFLIGHT_TOTAL); past it new ones are not renewed (they are redelivered
+# (broker.state.popstate.MAX_INFLIGHT_TOTAL); past it new ones are not renewed (they are redelivered
 # after one slice, as the proxy does past its own limit).
 MAX_RENEWALS = 200_000
 # A client is alive while this node heard a Settings or Heartbeat from it this recently: the
@@ -36,7 +36,7 @@ CLIENT_ALIVE_MS = 30_000
 # A renewal is due when less than this part of the slice is left (a third: two chances to
 # renew before the message expires).
 RENEW_AHEAD_PART = 3
-# Handles renewed by one call (one record per queue on the leader): broker.popstate's
+# Handles renewed by one call (one record per queue on the leader): broker.state.popstate's
 # MAX_RECORD_ITEMS. A push consumer caches up to ~1,000 messages: one pass renews them in a few
 # records, not one proposal per message (which on a loaded leader took longer than the margin).
 MAX_RENEW_BATCH = 1024

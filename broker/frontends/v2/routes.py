@@ -23,7 +23,7 @@ import grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
-from broker.records import TOPIC_MESSAGE_TYPES
+from broker.state.records import TOPIC_MESSAGE_TYPES
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 
 logger = logging.getLogger(__name__)

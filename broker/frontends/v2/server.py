@@ -72,7 +72,12 @@ class V2Port:
             raise ValueError("a plaintext v2 port beside a plaintext one: set tls")
         node = broker.node
         self.leader = LeaderCalls(
-            node, broker.sender, broker.pops, broker.subgroups, self.security.client, broker.txns
+            node,
+            broker.sender,
+            broker.pops,
+            broker.subgroups,
+            self.security.client,
+            broker.txns,
         )
         self.routes = (
             NameServerRoutes(namesrv_addrs, self.security.client) if namesrv_addrs else None

@@ -26,7 +26,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.applied import AppliedMessages
-from broker.errors import BrokerError, TopicNotFoundError
 from broker.frontends import rpcmap
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
@@ -44,19 +43,20 @@ from broker.frontends.v2.leader import Failure, LeaderCalls
 from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.frontends.v2.routes import GroupTopic, NameServerRoutes
 from broker.frontends.v2.txn import ProducerStreams, merged
-from broker.names import is_valid_group_name, is_valid_topic_name
 from broker.pop import Received, ReceiveQuery
 from broker.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.raftnode import RaftNode
-from broker.records import (
+from broker.state.errors import BrokerError, TopicNotFoundError
+from broker.state.names import is_valid_group_name, is_valid_topic_name
+from broker.state.records import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
     MAX_QUEUE_NUMS,
     PERM_READ,
     PERM_WRITE,
     TopicConfig,
 )
+from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED, transaction_id
 from broker.topics import Topics
-from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, transaction_id
 from dledger.server import rpcguard
 from mqerrors import codes as E
 from msgcodec import (
@@ -941,7 +941,7 @@ def _stored_message(
 
 def _delivery_ms(sp: Any) -> int:
     """A DELAY message's delivery time in ms (the leader refuses one beyond
-    ``timerMaxDelaySec``, broker.timer); a time in the past is delivered at once."""
+    ``timerMaxDelaySec``, broker.state.timerrules); a time in the past is delivered at once."""
     if not sp.HasField("delivery_timestamp"):
         raise V2Error("ILLEGAL_DELIVERY_TIME", "a DELAY message needs a delivery_timestamp")
     return _ms_as("ILLEGAL_DELIVERY_TIME", sp.delivery_timestamp, "delivery_timestamp")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from broker.errors import BrokerError
+from broker.state.errors import BrokerError
 from mqerrors import codes as E
 
 STUBS_ENV = "RAFTMQ_RMQ5_STUBS"

@@ -1,6 +1,6 @@
 """RocketMQ 5 clients' transactions on one node: the check-back on producers' Telemetry streams.
 
-Every member applies the leader's check records (:mod:`broker.transactions.state`); each one
+Every member applies the leader's check records (:mod:`broker.state.transactions`); each one
 asks, for every half checked, one live producer of the half's topic among the Telemetry streams
 open on this node, with a ``RecoverOrphanedTransactionCommand`` (the half message as the
 producer sent it and its transaction id). The producer's checker answers with an
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.applied import AppliedMessages
-from broker.errors import BrokerError
 from broker.frontends import rpcmap
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.interceptor import ANONYMOUS, Caller
-from broker.transactions.state import PROPERTY_TRANSACTION_PREPARED, Half, transaction_id
+from broker.state.errors import BrokerError
+from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED, Half, transaction_id
 from msgcodec import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, Message
 
 v2, v2_service, _ = stubs.load()

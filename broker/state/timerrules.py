@@ -16,7 +16,7 @@ head of each level, never a whole level. At a record's look-at time it has less 
 message) or, once due, is delivered. A message waits through at most one record per level
 (about ``log2(delay / P)`` of them, 20 for 3 days), each filed in its level's ConsumeQueue.
 
-Failover: each move is **one log entry** (:data:`broker.records.ENTRY_TIMER`,
+Failover: each move is **one log entry** (:data:`broker.state.records.ENTRY_TIMER`,
 :func:`encode_timer_header`) holding the level's records ``[from, to)`` it consumed, the hop
 records for lower levels and the copies to deliver; applying it advances the level's offset,
 files the hops and stores the copies on every member at once, and an entry not starting at the
@@ -30,9 +30,9 @@ from __future__ import annotations
 import struct
 from dataclasses import replace
 
-from broker.errors import InvalidRequestError
-from broker.message import Message
-from broker.names import TIMER_TOPIC
+from broker.state.errors import InvalidRequestError
+from broker.state.message import Message
+from broker.state.names import TIMER_TOPIC
 from mqerrors import codes as E
 from msgcodec import PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 from msgcodec import PROPERTY_TIMER_DELIVER_MS as PROPERTY_TIMER_DELIVER_MS

@@ -1,5 +1,6 @@
 """The broker's record vocabulary: the application entry types of the Raft log, and the codecs
-and rules of the records :mod:`broker.state` owns (docs/FORMAT.md, "Broker: control records").
+and rules of the records :mod:`broker.state.machine` owns (docs/FORMAT.md, "Broker: control
+records").
 
 The log is on disk and on the wire, so every byte written here is a format: a change to an
 encoder is a format change (a new version byte, both versions read). This module holds only
@@ -10,16 +11,16 @@ importing each other.
 Entry types (the application range of :class:`dledger.log.EntryType`), each with the module
 that owns its body's codec:
 
-- :data:`ENTRY_MESSAGES` (16): a message batch (``broker.message.encode_batch``);
+- :data:`ENTRY_MESSAGES` (16): a message batch (``broker.state.message.encode_batch``);
 - :data:`ENTRY_OFFSETS` (17): consumer offset updates, many per entry (here);
 - :data:`ENTRY_TOPIC` (18): one topic admin operation (here);
 - :data:`ENTRY_SCHEDULE` (19): due delayed messages delivered to their real queues, with the
-  schedule level's new delivered offset (``broker.schedule``);
-- :data:`ENTRY_AUTH` (20): one user or ACL admin operation (``broker.auth.records``);
-- :data:`ENTRY_POP` (21): one change of POP consumption's state (``broker.popstate``);
-- :data:`ENTRY_SUBGROUP` (22): one subscription group's config (``broker.subgroups``);
-- :data:`ENTRY_TIMER` (23): one move of a timer level's head (``broker.timer``);
-- :data:`ENTRY_TXN` (24): one change of a transaction (``broker.transactions.state``).
+  schedule level's new delivered offset (``broker.state.delayrules``);
+- :data:`ENTRY_AUTH` (20): one user or ACL admin operation (``broker.state.auth.records``);
+- :data:`ENTRY_POP` (21): one change of POP consumption's state (``broker.state.popstate``);
+- :data:`ENTRY_SUBGROUP` (22): one subscription group's config (``broker.state.subgroups``);
+- :data:`ENTRY_TIMER` (23): one move of a timer level's head (``broker.state.timerrules``);
+- :data:`ENTRY_TXN` (24): one change of a transaction (``broker.state.transactions``).
 
 :data:`RECORD_TYPES` lists them all; the state machine's handler table must cover exactly these
 (``BrokerStateMachine`` asserts it at import).
@@ -31,8 +32,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
-from broker.names import (
+from broker.state.errors import BrokerError, CorruptMessageError, InvalidRequestError
+from broker.state.names import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     TRANS_HALF_TOPIC,
@@ -121,7 +122,7 @@ OFFSETS_RECORD_VERSION_OWNED = 2
 # Consumer groups that hold offsets in a broker group: each one's offsets are kept in memory,
 # the log and every snapshot of every member, and a user with Sub on ``Group:*`` may commit for
 # made-up groups. As many as the subscription groups a broker group holds
-# (broker.subgroups.MAX_SUBGROUPS): every real consumer group fits. A record that would add a
+# (broker.state.subgroups.MAX_SUBGROUPS): every real consumer group fits. A record that would add a
 # group beyond it has that group's offsets skipped on apply (the leader refuses them first).
 MAX_OFFSET_GROUPS = 10_000
 _OFFSET_ITEM = struct.Struct(">iq")  # queue id, offset

@@ -4,8 +4,8 @@ The layout, the encoders, the decoders and the message ids live in ``msgcodec``,
 client and the tools import too; docs/FORMAT.md documents every byte. This module gives the
 broker the names it uses, with one difference: where the codec raises one of its errors
 (:class:`msgcodec.CodecError`), these raise the broker's class of the same code
-(:data:`broker.errors.CODEC_ERRORS`), so that every error the broker raises is a
-:class:`~broker.errors.BrokerError` (the apply path skips a record that breaks a rule on every
+(:data:`broker.state.errors.CODEC_ERRORS`), so that every error the broker raises is a
+:class:`~broker.state.errors.BrokerError` (the apply path skips a record that breaks a rule on every
 member alike, the gRPC layer maps codes in one place). Nothing else is added: a call costs one
 Python frame more than the codec's.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import msgcodec
-from broker.errors import CODEC_ERRORS, BrokerError
+from broker.state.errors import CODEC_ERRORS, BrokerError
 from msgcodec import (
     BATCH_HEADER_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE_BYTES,
@@ -124,6 +124,6 @@ def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> 
 
 class UniqIdGenerator(msgcodec.UniqIdGenerator):
     """:class:`msgcodec.UniqIdGenerator`; a bad ``ip`` raises the broker's
-    :class:`~broker.errors.InvalidMessageIdError`."""
+    :class:`~broker.state.errors.InvalidMessageIdError`."""
 
     __init__ = _raising_broker_errors(msgcodec.UniqIdGenerator.__init__)

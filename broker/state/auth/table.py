@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from broker.auth import records as rec
-from broker.auth.model import (
+from broker.state.auth import records as rec
+from broker.state.auth.model import (
     ENABLE,
     MAX_RULES,
     MAX_RULES_PER_SUBJECT,
@@ -35,8 +35,8 @@ from broker.auth.model import (
     rule_from_doc,
     subject_of,
 )
-from broker.auth.secrets import check_sealed
-from broker.errors import InvalidRequestError
+from broker.state.auth.secrets import check_sealed
+from broker.state.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 FIFO), its max delivery attempts and its retry backoff (RocketMQ's ``SubscriptionGroupConfig``:
 ``consumeMessageOrderly``, ``retryMaxTimes``, ``groupRetryPolicy``).
 
-Every change is one :data:`broker.records.ENTRY_SUBGROUP` record (``mqadmin updateSubGroup`` and
-``deleteSubGroup``, or a RocketMQ 5 consumer's Settings naming a group that does not exist yet),
+Every change is one :data:`broker.state.records.ENTRY_SUBGROUP` record (``mqadmin updateSubGroup``
+and ``deleteSubGroup``, or a RocketMQ 5 consumer's Settings naming a group that does not exist yet),
 applied the same on every member and kept in the broker snapshot. A group remembers the user
 who created it (``owner``, "" without users): the leader bounds the groups one user creates
 (``subscriptionGroupsPerUser``, :mod:`broker.subscriptions`), so that no user can fill the
@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from broker.errors import BrokerError, ResourceExhaustedError
-from broker.names import is_valid_group_name
+from broker.state.errors import BrokerError, ResourceExhaustedError
+from broker.state.names import is_valid_group_name
 from mqerrors import codes as E
 
 OP_UPSERT = 1  # create or replace the group's config

@@ -3,7 +3,7 @@
 Every error the broker raises on purpose is a :class:`BrokerError`. ``code`` is a stable,
 machine-readable string (the gRPC layer maps codes to status codes in one place); the
 message is for humans and may change. The message codec's errors (``msgcodec.errors``) have
-broker subclasses here of the same code, which ``broker.message`` raises in their place.
+broker subclasses here of the same code, which ``broker.state.message`` raises in their place.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class CorruptMessageError(codec.CorruptMessageError, BrokerError):
     ``reason`` as in :class:`msgcodec.errors.CorruptMessageError`."""
 
 
-# The broker's class for each error of the message codec: ``broker.message`` raises these in
+# The broker's class for each error of the message codec: ``broker.state.message`` raises these in
 # place of the codec's, so that every error the broker raises is a BrokerError. Each is a
 # subclass of the codec's class (first, so that it has its code) and of the broker's.
 CODEC_ERRORS: dict[type[codec.CodecError], type[BrokerError]] = {
@@ -102,7 +102,7 @@ class PositionOrderError(BrokerError):
 
 class DerivedStateError(BrokerError):
     """A ConsumeQueue record read does not match the commitlog and could not be rebuilt in
-    place (broker.derived): this node rebuilds its derived state at its next start; another
+    place (broker.state.derived): this node rebuilds its derived state at its next start; another
     member (or this one then) serves the read. Retryable: nothing is lost."""
 
     code = E.DERIVED_STATE_DAMAGED

@@ -42,13 +42,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker.errors import BrokerError
-from broker.indexfile import mark_file_unclean
+from broker.state.errors import BrokerError
+from broker.state.indexfile import mark_file_unclean
 from dledger.appsnapshot import AppSnapshot
 from dledger.storage.files import fsync_dir
 
 if TYPE_CHECKING:
-    from broker.state import BrokerStateMachine
+    from broker.state.machine import BrokerStateMachine
 
 logger = logging.getLogger(__name__)
 

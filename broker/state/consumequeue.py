@@ -43,14 +43,14 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from broker.errors import (
+from broker.state.errors import (
     ConfigError,
     CorruptStoreError,
     OffsetOutOfRangeError,
     PositionOrderError,
     QueueStoreClosedError,
 )
-from broker.names import is_valid_topic_name, validate_topic_name
+from broker.state.names import is_valid_topic_name, validate_topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -447,7 +447,7 @@ class ConsumeQueue:
 
     def rewrite(self, queue_offset: int, records: list[tuple[int, int, int]]) -> None:
         """Overwrite the existing records from ``queue_offset`` on with ``records`` (a repair
-        from the commitlog, broker.derived), durable when this returns. They must lie inside
+        from the commitlog, broker.state.derived), durable when this returns. They must lie inside
         ``[min_offset, max_offset)`` and keep positions increasing and records apart from
         their neighbours' (:class:`PositionOrderError` otherwise; nothing is written)."""
         with self._lock:

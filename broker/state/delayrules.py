@@ -29,14 +29,14 @@ import struct
 from collections.abc import Sequence
 from dataclasses import replace
 
-from broker.errors import ConfigError, InvalidRequestError
-from broker.message import Message
+from broker.state.errors import ConfigError, InvalidRequestError
+from broker.state.message import Message
 
-# Re-exported (the names used to live here): broker.names is where they are defined.
-from broker.names import DLQ_PREFIX as DLQ_PREFIX
-from broker.names import RETRY_PREFIX as RETRY_PREFIX
-from broker.names import SCHEDULE_TOPIC as SCHEDULE_TOPIC
-from broker.names import is_system_topic as is_system_topic
+# Re-exported (the names used to live here): broker.state.names is where they are defined.
+from broker.state.names import DLQ_PREFIX as DLQ_PREFIX
+from broker.state.names import RETRY_PREFIX as RETRY_PREFIX
+from broker.state.names import SCHEDULE_TOPIC as SCHEDULE_TOPIC
+from broker.state.names import is_system_topic as is_system_topic
 from msgcodec import PROPERTY_DELAY as PROPERTY_DELAY
 from msgcodec import PROPERTY_DLQ_ORIGIN_TOPIC as PROPERTY_DLQ_ORIGIN_TOPIC
 from msgcodec import PROPERTY_ORIGIN_MESSAGE_ID as PROPERTY_ORIGIN_MESSAGE_ID

@@ -29,12 +29,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from broker import derived
-from broker.derived import STORE_LEVEL, STORE_POP, STORE_TXN
-from broker.errors import BrokerError, QueueStoreClosedError
-from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC
-from broker.popstate import PopKey
-from broker.transactions.state import HALF_TOPIC, Half, encode_prepare
+from broker.state import derived
+from broker.state.derived import STORE_LEVEL, STORE_POP, STORE_TXN
+from broker.state.errors import BrokerError, QueueStoreClosedError
+from broker.state.names import SCHEDULE_TOPIC, TIMER_TOPIC
+from broker.state.popstate import PopKey
+from broker.state.transactions import HALF_TOPIC, Half, encode_prepare
 from dledger.log import DLedgerError
 from dledger.server.errors import StartError
 from msgcodec import (
@@ -47,7 +47,7 @@ from msgcodec import (
 )
 
 if TYPE_CHECKING:
-    from broker.state import BrokerStateMachine
+    from broker.state.machine import BrokerStateMachine
 
 logger = logging.getLogger(__name__)
 

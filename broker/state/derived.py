@@ -31,19 +31,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from broker.consumequeue import ConsumeQueue
-from broker.errors import (
+from broker.state.consumequeue import ConsumeQueue
+from broker.state.delayrules import SCHEDULE_HEADER
+from broker.state.errors import (
     BrokerError,
     CorruptMessageError,
     DerivedStateError,
     MessageNotFoundError,
     PositionOrderError,
 )
-from broker.indexfile import build_key, key_hash
-from broker.names import SCHEDULE_TOPIC, TIMER_TOPIC, is_valid_topic_name
-from broker.schedule import SCHEDULE_HEADER
-from broker.timer import HOP_RECORD_SIZE, TIMER_HEADER, decode_hop, decode_timer_header
-from broker.transactions.state import OP_COMMIT, OP_PREPARE, decode_txn_record
+from broker.state.indexfile import build_key, key_hash
+from broker.state.names import SCHEDULE_TOPIC, TIMER_TOPIC, is_valid_topic_name
+from broker.state.timerrules import HOP_RECORD_SIZE, TIMER_HEADER, decode_hop, decode_timer_header
+from broker.state.transactions import OP_COMMIT, OP_PREPARE, decode_txn_record
 from dledger.log import DLedgerError
 from mqerrors import codes as E
 from msgcodec import (
@@ -55,7 +55,7 @@ from msgcodec import (
 )
 
 if TYPE_CHECKING:
-    from broker.state import BrokerStateMachine
+    from broker.state.machine import BrokerStateMachine
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ MAX_REPAIR_SCAN_BYTES = 64 << 20
 # before it counts as ambiguous: one widening covers a record changed to point at another
 # right message of its own queue (its neighbour is then the one out of order).
 MAX_WIDEN = 4
-# Store times apply refuses (broker.state.MAX_STORE_TIMESTAMP_MS): such a batch was skipped.
+# Store times apply refuses (broker.state.machine.MAX_STORE_TIMESTAMP_MS): such a batch was skipped.
 _MAX_STORE_TS_MS = 221_845_392_000_000
 # The scrubber's default rate (broker.conf scrubRecordsPerSecond): records of the ConsumeQueues
 # and the key index checked a second. Its cost is measured in docs/BROKER.md, "Derived state".
@@ -88,13 +88,13 @@ OPEN_CHECK_MAX_INDEX_RECORDS = 500_000
 # next start rebuilds every derived store from the log.
 REBUILD_MARKER = "rebuild-derived"
 MAX_MARKER_BYTES = 1000  # the reason it holds, cut short
-# ENTRY types whose batches are dispatched (broker.state, broker.popstate, ...): kept here
-# as numbers so that this module needs nothing of broker.state at import.
+# ENTRY types whose batches are dispatched (broker.state.machine, broker.state.popstate, ...): kept
+# here as numbers so that this module needs nothing of broker.state.machine at import.
 _ENTRY_MESSAGES = 16
 _ENTRY_SCHEDULE = 19
 _ENTRY_TIMER = 23
 _ENTRY_TXN = 24
-_MAX_QUEUE_NUMS = 1024  # broker.state.MAX_QUEUE_NUMS
+_MAX_QUEUE_NUMS = 1024  # broker.state.machine.MAX_QUEUE_NUMS
 
 CqRow = tuple[int, int, int]
 _T = TypeVar("_T")
@@ -108,7 +108,7 @@ class AmbiguousRepairError(BrokerError):
 
 STORE_CQ = "consumequeue"
 STORE_INDEX = "index"
-# Replicated tables checked against the log (broker.statecheck): POP in-flight records and
+# Replicated tables checked against the log (broker.state.statecheck): POP in-flight records and
 # positions, delay and timer levels, pending transaction halves.
 STORE_POP = "pop"
 STORE_LEVEL = "level"
@@ -229,7 +229,7 @@ def _batch_rows(
 
 
 def _queue_ok(topic: str, queue_id: int) -> bool:
-    """broker.state._check_queue's rule (a batch breaking it was skipped whole)."""
+    """broker.state.machine._check_queue's rule (a batch breaking it was skipped whole)."""
     return is_valid_topic_name(topic) and 0 <= queue_id < _MAX_QUEUE_NUMS
 
 

@@ -1,8 +1,8 @@
 """Users and ACL rules, RocketMQ 5.3's ACL 2.0 model, and the rule matcher.
 
-A user is an AccessKey (``username``) with a SecretKey (kept sealed, :mod:`broker.auth.secrets`),
-a type (``Super``: every action on every resource; ``Normal``: what its rules allow) and a
-status (``enable`` / ``disable``: a disabled user cannot authenticate).
+A user is an AccessKey (``username``) with a SecretKey (kept sealed,
+:mod:`broker.state.auth.secrets`), a type (``Super``: every action on every resource; ``Normal``:
+what its rules allow) and a status (``enable`` / ``disable``: a disabled user cannot authenticate).
 
 A rule belongs to a subject ``User:<name>`` and says: on ``resource`` (``Cluster:<name>``,
 ``Topic:<name>``, ``Group:<name>``; the name may be ``*`` for every one of that type or end
@@ -21,7 +21,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from broker.errors import InvalidRequestError
+from broker.state.errors import InvalidRequestError
 
 SUPER = "Super"
 NORMAL = "Normal"
@@ -64,7 +64,7 @@ MAX_RESOURCE_NAME_CHARS = 255
 # Source IPs of one rule: a few addresses or blocks; each is matched on every call.
 MAX_SOURCE_IPS = 16
 MAX_SOURCE_IP_CHARS = 64  # "ffff:...:ffff/128" is 43
-# Resource names: the characters of topic and group names (broker.names), and '*' at the end.
+# Resource names: the characters of topic and group names (broker.state.names), and '*' at the end.
 _RESOURCE_NAME_CHARS = frozenset(
     "%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-."
 )

@@ -22,7 +22,7 @@ import os
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from broker.errors import ConfigError, InvalidRequestError
+from broker.state.errors import ConfigError, InvalidRequestError
 from mqsecurity import SecurityError
 from mqsecurity.credentials import read_private_file, write_private_file
 

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
-from broker.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
+from broker.state.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
 
 logger = logging.getLogger(__name__)
 
@@ -593,7 +593,7 @@ class IndexStore:
             return [f.path for f in self._files]
 
     def index_files(self) -> list[IndexFile]:
-        """The open files, oldest first (for the derived-state checks, broker.derived)."""
+        """The open files, oldest first (for the derived-state checks, broker.state.derived)."""
         with self._lock:
             self._check_open()
             return list(self._files)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from broker.errors import BrokerError, InvalidRequestError, InvalidTopicError
+from broker.state.errors import BrokerError, InvalidRequestError, InvalidTopicError
 from mqerrors import codes as E
 
 # RocketMQ's TopicValidator.TOPIC_MAX_LENGTH. The broker keeps a topic's length in one byte in
@@ -36,8 +36,8 @@ NAME_PATTERN = re.compile(f"[{NAME_CHARACTERS}]+")
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 # Half messages of transactions wait here until their verdict (broker.transactions).
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-# Timed messages (RocketMQ 5's timer messages, broker.timer) wait in TIMER_TOPIC, one queue per
-# timer level (RocketMQ 5's name for its timer topic).
+# Timed messages (RocketMQ 5's timer messages, broker.state.timerrules) wait in TIMER_TOPIC, one
+# queue per timer level (RocketMQ 5's name for its timer topic).
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -66,8 +66,8 @@ def _check_name(name: object, what: str, limit: int, error: type[BrokerError]) -
 
 
 def validate_topic_name(name: object) -> None:
-    """Raise :class:`~broker.errors.InvalidTopicError` (code ``INVALID_TOPIC``) unless ``name``
-    is a valid topic name: 1 to 127 characters from ``[%|a-zA-Z0-9_-]``."""
+    """Raise :class:`~broker.state.errors.InvalidTopicError` (code ``INVALID_TOPIC``) unless
+    ``name`` is a valid topic name: 1 to 127 characters from ``[%|a-zA-Z0-9_-]``."""
     _check_name(name, "topic", MAX_TOPIC_LENGTH, InvalidTopicError)
 
 

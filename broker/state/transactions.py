@@ -1,7 +1,7 @@
 """Transactional messages' replicated state: the half messages waiting for their producer's
 verdict, and the verdicts of the most recent resolved ones, built from committed entries only.
 
-Every change is one :data:`broker.records.ENTRY_TXN` record proposed by the leader
+Every change is one :data:`broker.state.records.ENTRY_TXN` record proposed by the leader
 (:mod:`broker.transactions.manager`) with the leader's clock decision in it, so every member
 holds the same table and a new leader carries on where the last applied record stopped. Nothing
 here reads a clock. A record that breaks a rule raises :class:`InvalidTxnRecordError` before
@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from broker.errors import BrokerError, InvalidRequestError
-from broker.message import scan_dispatch
-from broker.names import TRANS_HALF_TOPIC, is_valid_topic_name
-from broker.records import MAX_QUEUE_NUMS, MAX_STORE_TIMESTAMP_MS
+from broker.state.errors import BrokerError, InvalidRequestError
+from broker.state.message import scan_dispatch
+from broker.state.names import TRANS_HALF_TOPIC, is_valid_topic_name
+from broker.state.records import MAX_QUEUE_NUMS, MAX_STORE_TIMESTAMP_MS
 from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class TxnRecord(NamedTuple):
 
 
 class StoredMessage(Protocol):
-    """What applying a batch reports per message (``broker.state.SendResult``)."""
+    """What applying a batch reports per message (``broker.state.machine.SendResult``)."""
 
     @property
     def position(self) -> int: ...

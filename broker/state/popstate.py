@@ -1,7 +1,7 @@
 """POP consumption's replicated state: per (consumer group, topic, queue) the pop position and
 the in-flight messages (received, not yet acknowledged), built from committed entries only.
 
-Every change is one :data:`broker.records.ENTRY_POP` record proposed by the leader
+Every change is one :data:`broker.state.records.ENTRY_POP` record proposed by the leader
 (:mod:`broker.pop`) with the leader's clock decision in it (a deadline, or "now" for a
 redelivery), so every member holds the same state and a new leader carries on where the last
 applied record stopped. Nothing here reads a clock. A record that breaks a rule raises
@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from broker.errors import BrokerError, InvalidRequestError
-from broker.names import is_valid_group_name, is_valid_topic_name
-from broker.records import MAX_QUEUE_NUMS
+from broker.state.errors import BrokerError, InvalidRequestError
+from broker.state.names import is_valid_group_name, is_valid_topic_name
+from broker.state.records import MAX_QUEUE_NUMS
 from mqerrors import codes as E
 
 OP_POP = 1  # pop position moves to ``to``; new messages and redelivered ones go in flight

@@ -7,12 +7,12 @@ the same prefix holds the same ConsumeQueues, key index, topics, consumer offset
 window. Nothing here reads a clock: store timestamps are in the messages (the leader set them
 before proposing).
 
-The records it applies, their type numbers, codecs and rules are :mod:`broker.records` (docs/
+The records it applies, their type numbers, codecs and rules are :mod:`broker.state.records` (docs/
 FORMAT.md, "Broker: control records"). :meth:`BrokerStateMachine.apply` dispatches each entry
-through :data:`APPLY_HANDLERS`, one handler per record type of :data:`broker.records.RECORD_TYPES`
-(checked at import); the POP, transaction, subscription group and user tables apply their own
-records (:mod:`broker.popstate`, :mod:`broker.transactions.state`, :mod:`broker.subgroups`,
-:mod:`broker.auth.table`).
+through :data:`APPLY_HANDLERS`, one handler per record type of
+:data:`broker.state.records.RECORD_TYPES` (checked at import); the POP, transaction, subscription
+group and user tables apply their own records (:mod:`broker.state.popstate`,
+:mod:`broker.state.transactions`, :mod:`broker.state.subgroups`, :mod:`broker.state.auth.table`).
 
 Restart: a snapshot of the small state (topics, offsets, dedup window, applied index, dispatch
 position, each queue's max offset) is written atomically to ``{root}/config/snapshot.json``
@@ -44,25 +44,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from broker import derived, snapshotting, statecheck
-from broker.auth.table import AuthTable
-from broker.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
-from broker.errors import (
+from broker.state import derived, snapshotting, statecheck
+from broker.state.auth.table import AuthTable
+from broker.state.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
+from broker.state.delayrules import SCHEDULE_HEADER, decode_schedule_header
+from broker.state.errors import (
     BrokerError,
     ConfigError,
     CorruptStoreError,
     PositionOrderError,
     QueueStoreClosedError,
 )
-from broker.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
-from broker.message import DispatchRow, batch_count, scan_dispatch
-from broker.names import (
+from broker.state.indexfile import DEFAULT_HASH_SLOTS, DEFAULT_MAX_RECORDS, IndexStore
+from broker.state.message import DispatchRow, batch_count, scan_dispatch
+from broker.state.names import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     is_valid_topic_name,
 )
-from broker.popstate import PopState
-from broker.records import (
+from broker.state.popstate import PopState
+from broker.state.records import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
     ENTRY_AUTH,
     ENTRY_MESSAGES,
@@ -91,16 +92,15 @@ from broker.records import (
     decode_topic_record,
     shown_name,
 )
-from broker.schedule import SCHEDULE_HEADER, decode_schedule_header
-from broker.subgroups import SubGroupTable
-from broker.timer import (
+from broker.state.subgroups import SubGroupTable
+from broker.state.timerrules import (
     HOP_RECORD_SIZE,
     MAX_TIMER_LEVELS,
     TIMER_HEADER,
     decode_hop,
     decode_timer_header,
 )
-from broker.transactions.state import TxnState
+from broker.state.transactions import TxnState
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
@@ -302,7 +302,8 @@ class BrokerStateMachine:
         self.dedup: OrderedDict[str, SendResult] = OrderedDict()
         # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
         self.schedule_offsets: dict[int, int] = {}
-        # Timer level -> offset in TIMER_TOPIC's queue (level) moved on so far (broker.timer).
+        # Timer level -> offset in TIMER_TOPIC's queue (level) moved on so far
+        # (broker.state.timerrules).
         self.timer_offsets: dict[int, int] = {}
         # Users and ACL rules (ENTRY_AUTH records): what every node's call guard checks.
         self.auth = AuthTable()
@@ -334,9 +335,9 @@ class BrokerStateMachine:
         self.dedup_hits = 0
         # Applies that deleted ConsumeQueue or key index files (a topic's deletion,
         # retention's trim): a snapshot's capture lists its files in a thread after the
-        # capture point, and fails when this moved meanwhile (broker.snapshotting).
+        # capture point, and fails when this moved meanwhile (broker.state.snapshotting).
         self.files_deleted = 0
-        # What the derived-state checks found and rebuilt (broker.derived, raftmq_scrub_*).
+        # What the derived-state checks found and rebuilt (broker.state.derived, raftmq_scrub_*).
         self.derived = derived.DerivedCounters()
 
     def derived_mismatches(self) -> dict[str, int]:
@@ -525,8 +526,8 @@ class BrokerStateMachine:
         self.schedule_offsets[level] = to_offset
 
     def _apply_timer(self, entry: Entry, touched: Touched) -> None:
-        """A move of a timer level's head (:mod:`broker.timer`): every check first, then the
-        copies, the hop records for lower levels and the level's new offset, all or none."""
+        """A move of a timer level's head (:mod:`broker.state.timerrules`): every check first, then
+        the copies, the hop records for lower levels and the level's new offset, all or none."""
         body = entry.body
         level, from_offset, to_offset, now_ms, hops = decode_timer_header(body)
         cq = self.cqs.find(TIMER_TOPIC, level)
@@ -642,7 +643,7 @@ class BrokerStateMachine:
                 position = base + offset_in
                 # The schedule topic's records carry the store time where others carry the
                 # tag hash (RocketMQ does the same): the scheduler finds due heads unread.
-                # So do the timer topic's: a record's filing time (broker.timer).
+                # So do the timer topic's: a record's filing time (broker.state.timerrules).
                 tag = store_ts if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else t_hash
                 per_queue[key].append((position, size, tag))
                 to_index.append((topic, keys, uniq_id, position, store_ts))
@@ -820,7 +821,7 @@ class BrokerStateMachine:
 
     def capture_snapshot(self) -> AppSnapshot:
         """A Raft snapshot of the state at the applied index, for a follower that needs one
-        (broker.snapshotting): called by the node between two applies."""
+        (broker.state.snapshotting): called by the node between two applies."""
         return snapshotting.capture(self, _snapshot_document(self._capture()))
 
     def install_snapshot(self, app_dir: Path, index: int) -> None:
@@ -954,7 +955,7 @@ class BrokerStateMachine:
 
     def _check_derived(self) -> str:
         """The open-time check of the ConsumeQueues and the key index against the commitlog
-        (broker.derived): wrong records are rebuilt in place; a reason to rebuild everything
+        (broker.state.derived): wrong records are rebuilt in place; a reason to rebuild everything
         when they cannot be, or when a run-time check asked for it."""
         marker = self.config_dir / derived.REBUILD_MARKER
         if marker.exists():
@@ -1065,7 +1066,7 @@ ApplyHandler = Callable[[BrokerStateMachine, Entry, Touched], object]
 
 def _handler_table(pairs: Sequence[tuple[int, ApplyHandler]]) -> dict[int, ApplyHandler]:
     """The handler table of ``pairs``; raise unless every record type of
-    :data:`broker.records.RECORD_TYPES` has exactly one handler and no other type has one."""
+    :data:`broker.state.records.RECORD_TYPES` has exactly one handler and no other type has one."""
     table: dict[int, ApplyHandler] = {}
     for entry_type, handler in pairs:
         if entry_type in table:

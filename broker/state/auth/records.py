@@ -2,9 +2,9 @@
 
 A record is ``u8 version (1) | u8 op | UTF-8 JSON object``, at most :data:`MAX_RECORD_BYTES`.
 The leader encodes one per admin write; every member decodes and validates it on apply
-(:meth:`broker.auth.table.AuthTable.apply`) and skips a record that breaks any rule, the same
+(:meth:`broker.state.auth.table.AuthTable.apply`) and skips a record that breaks any rule, the same
 way on every member: decoding uses nothing but the bytes, and validation nothing but the bytes
-and the replicated table. Secrets travel only sealed (:mod:`broker.auth.secrets`).
+and the replicated table. Secrets travel only sealed (:mod:`broker.state.auth.secrets`).
 
 Ops and their JSON fields:
 
@@ -26,7 +26,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from broker.errors import InvalidRequestError
+from broker.state.errors import InvalidRequestError
 
 RECORD_VERSION = 1
 USER_INIT = 1
