@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker.scrubber import Scrubber
+from broker.components.scrubber import Scrubber
 from broker.state import derived
 from broker.state.machine import BrokerStateMachine
 from broker.state.message import Message, UniqIdGenerator, encode_batch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker import disk
+from broker.components import disk
 from broker.state.delayrules import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from broker.state.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
 from broker.state.errors import ConfigError as ConfigError  # the package's one ConfigError

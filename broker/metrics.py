@@ -31,14 +31,14 @@ from itertools import chain
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
-from broker.disk import DiskGuard
-from broker.offsets import ConsumerOffsets
-from broker.pulling import LongPolls
-from broker.raftnode import RaftNode
+from broker.components.disk import DiskGuard
+from broker.components.offsets import ConsumerOffsets
+from broker.components.pulling import LongPolls
+from broker.components.raftnode import RaftNode
+from broker.components.stats import MAX_TOPIC_SERIES, BrokerStats
 from broker.state.derived import DerivedCounters
 from broker.state.machine import BrokerStateMachine
 from broker.state.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
-from broker.stats import MAX_TOPIC_SERIES, BrokerStats
 from dledger.server import StartError
 from dledger.storage import SegmentedLogStore
 from mqmetrics.families import (

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
-from broker.retry import MAX_SEND_BACK_BATCH
+from broker.components.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.components.retry import MAX_SEND_BACK_BATCH
 from broker.state.auth.model import (
     CLUSTER,
     CREATE,

@@ -34,7 +34,7 @@ NAME_PATTERN = re.compile(f"[{NAME_CHARACTERS}]+")
 # messages wait in SCHEDULE_TOPIC (one queue per delay level), a consumer group's failed messages
 # go to RETRY_PREFIX + group, and those that failed too often to DLQ_PREFIX + group.
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-# Half messages of transactions wait here until their verdict (broker.transactions).
+# Half messages of transactions wait here until their verdict (broker.components.transactions).
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 # Timed messages (RocketMQ 5's timer messages, broker.state.timerrules) wait in TIMER_TOPIC, one
 # queue per timer level (RocketMQ 5's name for its timer topic).

@@ -2,7 +2,7 @@
 the in-flight messages (received, not yet acknowledged), built from committed entries only.
 
 Every change is one :data:`broker.state.records.ENTRY_POP` record proposed by the leader
-(:mod:`broker.pop`) with the leader's clock decision in it (a deadline, or "now" for a
+(:mod:`broker.components.pop`) with the leader's clock decision in it (a deadline, or "now" for a
 redelivery), so every member holds the same state and a new leader carries on where the last
 applied record stopped. Nothing here reads a clock. A record that breaks a rule raises
 :class:`InvalidRecordError` (every member skips it); one that is merely stale (proposed by a

@@ -83,7 +83,7 @@ TOPIC_DELETE = 3
 # message type byte always present, then u8 length + the owner (UTF-8). Written only for a topic
 # with an owner, so a group without users writes the version-1 bytes it always did.
 TOPIC_RECORD_VERSION_OWNED = 2
-# Bytes of an owner (a username: broker.auth's limit is far below).
+# Bytes of an owner (a username: broker.state.auth's limit is far below).
 MAX_TOPIC_OWNER_BYTES = 255
 
 # RocketMQ PermName bits.

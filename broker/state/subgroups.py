@@ -6,8 +6,8 @@ Every change is one :data:`broker.state.records.ENTRY_SUBGROUP` record (``mqadmi
 and ``deleteSubGroup``, or a RocketMQ 5 consumer's Settings naming a group that does not exist yet),
 applied the same on every member and kept in the broker snapshot. A group remembers the user
 who created it (``owner``, "" without users): the leader bounds the groups one user creates
-(``subscriptionGroupsPerUser``, :mod:`broker.subscriptions`), so that no user can fill the
-table for everyone else. A record that breaks a rule raises
+(``subscriptionGroupsPerUser``, :mod:`broker.components.subscriptions`), so that no user can fill
+the table for everyone else. A record that breaks a rule raises
 :class:`InvalidSubGroupRecordError` before anything changed, so every member skips it. A group
 without a record behaves as :func:`default_group` says (docs/RMQ5.md, "Subscription groups").
 """
@@ -33,7 +33,7 @@ SUBGROUP_RECORD_VERSION = 1
 # owner and of ops 1 and 2 are still written as version 1, which members of the previous
 # release read.
 SUBGROUP_RECORD_VERSION_OWNED = 2
-# Characters of an owner (a username: broker.auth's limit is far below).
+# Characters of an owner (a username: broker.state.auth's limit is far below).
 MAX_OWNER_CHARS = 255
 
 BACKOFF_CUSTOMIZED = "CUSTOMIZED"
@@ -43,11 +43,12 @@ _KINDS = (BACKOFF_CUSTOMIZED, BACKOFF_EXPONENTIAL)
 # Groups with a config: far above a deployment's consumer groups, small enough that made-up
 # group names in consumers' Settings cannot grow the table (and the snapshot) without bound.
 MAX_SUBGROUPS = 10_000
-# Deliveries of a message before %DLQ%{group}: broker.pop.MAX_ATTEMPTS_LIMIT.
+# Deliveries of a message before %DLQ%{group}: broker.components.pop.MAX_ATTEMPTS_LIMIT.
 MAX_ATTEMPTS_LIMIT = 1000
 # Steps of a customized backoff: RocketMQ's default has 18 (its delay levels from 1 s).
 MAX_BACKOFF_STEPS = 32
-# One backoff delay becomes an invisible time: at most broker.pop.MAX_INVISIBLE_MS (12 h).
+# One backoff delay becomes an invisible time: at most broker.components.pop.MAX_INVISIBLE_MS (12
+# h).
 MAX_BACKOFF_MS = 12 * 3600 * 1000
 # An exponential backoff's multiplier, kept in thousandths: 1.0 (constant) to 10.0.
 MIN_MULTIPLIER_MILLI = 1000

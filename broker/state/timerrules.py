@@ -10,8 +10,8 @@ to its real topic and queue. The payload is stored once, in the commitlog; what 
   looked at again exactly ``P * 2**(k-1)`` ms after being filed (:func:`look_ms`).
 
 Every record of a level waits the same time, so each level's queue is in look-at order (as
-each delay level's queue is): the leader's timer loop (:mod:`broker.timers`) reads only the
-head of each level, never a whole level. At a record's look-at time it has less than
+each delay level's queue is): the leader's timer loop (:mod:`broker.components.timermoves`) reads
+only the head of each level, never a whole level. At a record's look-at time it has less than
 ``P * 2**(k-1)`` ms to go, so it moves to a lower level (a hop record, pointing at the stored
 message) or, once due, is delivered. A message waits through at most one record per level
 (about ``log2(delay / P)`` of them, 20 for 3 days), each filed in its level's ConsumeQueue.

@@ -2,7 +2,7 @@
 verdict, and the verdicts of the most recent resolved ones, built from committed entries only.
 
 Every change is one :data:`broker.state.records.ENTRY_TXN` record proposed by the leader
-(:mod:`broker.transactions.manager`) with the leader's clock decision in it, so every member
+(:mod:`broker.components.transactions`) with the leader's clock decision in it, so every member
 holds the same table and a new leader carries on where the last applied record stopped. Nothing
 here reads a clock. A record that breaks a rule raises :class:`InvalidTxnRecordError` before
 anything changed (every member skips it); one that is merely stale (a second commit of the same

@@ -12,12 +12,17 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 
-from broker.applied import NodeContext
-from broker.auth.admin import AclNotFoundError, AlreadyExistsError, AuthAdmin, UserNotFoundError
+from broker.components.applied import NodeContext
+from broker.components.authadmin import (
+    AclNotFoundError,
+    AlreadyExistsError,
+    AuthAdmin,
+    UserNotFoundError,
+)
+from broker.components.settings import ServiceConfig
 from broker.frontends import authguard as guard_module
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard, AuthSettings
-from broker.settings import ServiceConfig
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import InvalidRequestError
 from dledger.server.guard import OPEN_SERVICES, Refusal
@@ -216,7 +221,7 @@ def test_no_key_no_users(tmp_path: Path) -> None:
 def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
     """Beyond the servicer's limits (which refuse the request before anything changes) the
     guard does not match thousands of topics against the rules."""
-    from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+    from broker.components.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 
     subs = [bpb.Subscription(topic=f"t{i}", expression="*") for i in range(MAX_SUBSCRIPTIONS + 1)]
     heartbeat = rpcmap.RPC_NEEDS[rpcmap.BROKER + "Heartbeat"]

@@ -22,13 +22,13 @@ from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nsgrpc
 
 from broker.app import assemble
-from broker.applied import NodeContext
-from broker.auth.admin import AuthAdmin
+from broker.components.applied import NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.retry import SendBackItem
+from broker.components.settings import ServiceConfig
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.v2 import stubs
-from broker.retry import SendBackItem
-from broker.settings import ServiceConfig
 from broker.state.auth.model import GROUP, PUB, SUB, TOPIC, Resource
 from broker.state.auth.secrets import SecretBox
 from broker.state.message import UniqIdGenerator

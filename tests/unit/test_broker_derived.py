@@ -12,15 +12,15 @@ from types import SimpleNamespace
 import pytest
 from broker_world import MemoryLog, Outgoing, outgoing, world
 
-from broker.applied import AppliedMessages, NodeContext
-from broker.lookups import Lookups
+from broker.components.applied import AppliedMessages, NodeContext
+from broker.components.lookups import Lookups
+from broker.components.pop import Pops, ReceiveQuery
+from broker.components.pulling import PullPath, PullQuery, PullStatus
+from broker.components.retry import Retries
+from broker.components.scrubber import Scrubber
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
 from broker.metrics import scrub_families
-from broker.pop import Pops, ReceiveQuery
-from broker.pulling import PullPath, PullQuery, PullStatus
-from broker.retry import Retries
-from broker.scrubber import Scrubber
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
 from broker.state import derived
 from broker.state.consumequeue import CQ_RECORD, CQ_RECORD_SIZE
 from broker.state.errors import CorruptMessageError, DerivedStateError

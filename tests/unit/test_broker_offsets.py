@@ -7,7 +7,7 @@ from pathlib import Path
 
 from broker_world import world
 
-from broker.offsets import ConsumerOffsets, QueueLag
+from broker.components.offsets import ConsumerOffsets, QueueLag
 from broker.state.message import Message, UniqIdGenerator, encode_batch
 from broker.state.records import ENTRY_MESSAGES
 

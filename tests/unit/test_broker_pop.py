@@ -12,9 +12,9 @@ import pytest
 from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.pop import InvalidInvisibleTimeError, Pops, Received, ReceiveQuery
-from broker.retry import Retries
-from broker.sending import SendPath
+from broker.components.pop import InvalidInvisibleTimeError, Pops, Received, ReceiveQuery
+from broker.components.retry import Retries
+from broker.components.sending import SendPath
 from broker.state.errors import InvalidRequestError
 from broker.state.message import UniqIdGenerator
 from broker.state.popstate import (

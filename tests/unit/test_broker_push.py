@@ -12,11 +12,12 @@ import pytest
 from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.components.pop import Pops, ReceiveQuery
+from broker.components.retry import Retries
+from broker.components.sending import SendPath
+from broker.components.subscriptions import SubscriptionGroups
 from broker.frontends.v2.clients import ClientTable
 from broker.frontends.v2.renewals import Renewals, RenewPolicy
-from broker.pop import Pops, ReceiveQuery
-from broker.retry import Retries
-from broker.sending import SendPath
 from broker.state.errors import InvalidRequestError
 from broker.state.message import UniqIdGenerator
 from broker.state.popstate import (
@@ -40,7 +41,6 @@ from broker.state.subgroups import (
     decode_subgroup_record,
     encode_subgroup_record,
 )
-from broker.subscriptions import SubscriptionGroups
 
 IDS = UniqIdGenerator(ip="10.0.0.3", pid=9, instance_hash=3)
 EXP = Backoff(BACKOFF_EXPONENTIAL, (), 100, 1000, 2000)

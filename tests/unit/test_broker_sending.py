@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from broker_world import outgoing, world
 
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
 from broker.state.delayrules import PROPERTY_DELAY
 from broker.state.errors import QueueIdOutOfRangeError, SystemTopicError, TopicNotFoundError
 from broker.state.names import SCHEDULE_TOPIC

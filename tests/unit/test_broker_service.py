@@ -18,18 +18,18 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.common.v1 import error_pb2
 
 from broker.app import Broker, assemble
-from broker.applied import AppliedMessages, NodeContext
-from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.components.applied import AppliedMessages, NodeContext
+from broker.components.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.components.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
+from broker.components.lookups import Found, answer_bytes
+from broker.components.offsets import offsets_record
+from broker.components.pulling import PullPath, parse_subscription
 from broker.frontends.v1.rpcerrors import (
     RESOURCE_EXHAUSTED_RETRY_AFTER_MS,
     error_failure,
     error_status,
 )
 from broker.frontends.v1.service import BrokerServicer, ServiceConfig
-from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
-from broker.lookups import Found, answer_bytes
-from broker.offsets import offsets_record
-from broker.pulling import PullPath, parse_subscription
 from broker.state.errors import (
     CorruptMessageError,
     InvalidTopicError,
@@ -172,7 +172,7 @@ class FakeContext:
 
 
 class FakeNode:
-    """What BrokerServicer uses of a ``broker.raftnode.RaftNode``: a leader that commits
+    """What BrokerServicer uses of a ``broker.components.raftnode.RaftNode``: a leader that commits
     every proposal."""
 
     def __init__(self) -> None:
@@ -402,7 +402,7 @@ def test_a_long_poll_that_times_out_leaves_no_waiter_and_polls_are_capped(
         resp = await s.PullMessage(request, FakeContext())
         assert resp.status == pb.NO_NEW_MSG
         assert len(s.puller.polls) == 0 and s.puller.polls.queues() == 0
-        monkeypatch.setattr("broker.pulling.MAX_LONG_POLLS_PER_PEER", 3)
+        monkeypatch.setattr("broker.components.pulling.MAX_LONG_POLLS_PER_PEER", 3)
         request.suspend_timeout_ms = 5000
         held: list[asyncio.Task[Any]] = [
             asyncio.ensure_future(s.PullMessage(request, FakeContext())) for _ in range(3)

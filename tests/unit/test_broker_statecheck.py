@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from broker_world import MemoryLog, outgoing, world
 
+from broker.components.pop import Pops, ReceiveQuery
+from broker.components.retry import Retries
+from broker.components.scrubber import Scrubber
+from broker.components.sending import SendPath
+from broker.components.transactions import Transactions
 from broker.metrics import scrub_families
-from broker.pop import Pops, ReceiveQuery
-from broker.retry import Retries
-from broker.scrubber import Scrubber
-from broker.sending import SendPath
 from broker.state import derived, statecheck
 from broker.state.machine import BrokerStateMachine
-from broker.transactions.manager import Transactions
 from dledger.core import Role
 from dledger.server.errors import StartError
 

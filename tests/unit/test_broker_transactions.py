@@ -12,8 +12,10 @@ import pytest
 from broker_world import LogAgain, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
+from broker.components import transactions as manager
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.transactions import Transactions, TxnSettings, due_halves
 from broker.state.errors import SystemTopicError
 from broker.state.machine import BrokerStateMachine
 from broker.state.message import Message, UniqIdGenerator, encode_batch
@@ -35,8 +37,6 @@ from broker.state.transactions import (
     encode_rollback,
     transaction_id,
 )
-from broker.transactions import manager
-from broker.transactions.manager import Transactions, TxnSettings, due_halves
 
 IDS = UniqIdGenerator(ip="10.0.0.3", pid=9, instance_hash=3)
 CFG = ServiceConfig(

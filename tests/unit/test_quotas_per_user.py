@@ -19,14 +19,14 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker import offsets as offsets_module
 from broker.app import assemble
-from broker.applied import NodeContext
-from broker.auth.admin import AuthAdmin
+from broker.components import offsets as offsets_module
+from broker.components.applied import NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.locks import CONSUMER_EXPIRE_MS, LOCK_MAX_LIVE_MS
+from broker.components.settings import ServiceConfig
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.v1.service import BrokerServicer
-from broker.locks import CONSUMER_EXPIRE_MS, LOCK_MAX_LIVE_MS
-from broker.settings import ServiceConfig
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import CorruptMessageError
 from broker.state.machine import _topic_of_row, _topic_row

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from unit.test_acl_guard import ADMIN, ALICE, check, setup
 
-from broker.auth.admin import AuthAdmin
+from broker.components.authadmin import AuthAdmin
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard
 from broker.frontends.v2 import stubs

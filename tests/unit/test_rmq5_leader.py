@@ -14,9 +14,9 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.components.pop import ReceiveQuery
 from broker.frontends.v2 import leader as leader_mod
 from broker.frontends.v2.leader import Failure, LeaderCalls
-from broker.pop import ReceiveQuery
 from dledger.core import Role
 
 POLL_MS = 2000

@@ -21,15 +21,15 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from broker.app import assemble
-from broker.applied import NodeContext
-from broker.auth.admin import AuthAdmin
+from broker.components.applied import NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.settings import ServiceConfig
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.v1.service import BrokerServicer
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.interceptor import V2GuardInterceptor
 from broker.frontends.v2.leader import LeaderCalls
 from broker.frontends.v2.service import MessagingServicer, V2Config
-from broker.settings import ServiceConfig
 from broker.state import subgroups
 from broker.state.auth.secrets import SecretBox
 from broker.state.message import UniqIdGenerator

@@ -17,8 +17,9 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from broker.auth.admin import AclNotFoundError, AlreadyExistsError, UserNotFoundError
-from broker.raftnode import RaftNode
+from broker.components.authadmin import AclNotFoundError, AlreadyExistsError, UserNotFoundError
+from broker.components.raftnode import RaftNode
+from broker.components.subscriptions import SubGroupNotFoundError
 from broker.state.errors import (
     BrokerError,
     CorruptMessageError,
@@ -33,7 +34,6 @@ from broker.state.errors import (
     ResourceExhaustedError,
     TopicNotFoundError,
 )
-from broker.subscriptions import SubGroupNotFoundError
 from dledger.server import status
 from dledger.server.status import RpcFailure, bound_detail
 from mqerrors import codes as E

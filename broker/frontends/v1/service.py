@@ -2,12 +2,12 @@
 
 A thin adapter: each RPC turns its request into the arguments of one component call and the
 component's domain answer into the response. The components (one job each, no gRPC) are:
-:mod:`broker.sending` (sends), :mod:`broker.pulling` (pulls, long polls),
-:mod:`broker.offsets` (consumer offsets), :mod:`broker.topics` (topic admin),
-:mod:`broker.lookups` (messages by key or id), :mod:`broker.consumers` (consumer registry,
-queue locks), :mod:`broker.retry` (retries, dead letters) and the others the constructor names;
-the composition root (:mod:`broker.app`) builds them and this adapter once per process. Writes
-are proposed to the Raft log on the leader and answered once applied;
+:mod:`broker.components.sending` (sends), :mod:`broker.components.pulling` (pulls, long polls),
+:mod:`broker.components.offsets` (consumer offsets), :mod:`broker.components.topics` (topic admin),
+:mod:`broker.components.lookups` (messages by key or id), :mod:`broker.components.consumers`
+(consumer registry, queue locks), :mod:`broker.components.retry` (retries, dead letters) and the
+others the constructor names; the composition root (:mod:`broker.app`) builds them and this adapter
+once per process. Writes are proposed to the Raft log on the leader and answered once applied;
 reads are answered from this node's applied state. Errors map to gRPC status codes in
 :func:`error_status` and only there.
 """
@@ -22,23 +22,26 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker.applied import AppliedMessages
-from broker.auth.admin import AuthAdmin, UserView
-from broker.consumers import ConsumerGroups
+from broker.components.applied import AppliedMessages
+from broker.components.authadmin import AuthAdmin, UserView
+from broker.components.consumers import ConsumerGroups
+from broker.components.lookups import Found, Lookups
+from broker.components.offsets import ConsumerOffsets
+from broker.components.pop import Pops, Received, ReceiveQuery
+from broker.components.pulling import PullPath, PullQuery, PullResult, PullStatus
+from broker.components.raftnode import RaftNode
+from broker.components.retry import Retries, SendBackItem
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.subscriptions import SubscriptionGroups
+from broker.components.topics import Topics
+from broker.components.transactions import Transactions
 from broker.frontends.authguard import AuthGuard
 from broker.frontends.v1.pbmessage import message_pb
 from broker.frontends.v1.rpcerrors import (
     error_status as error_status,  # re-exported: the broker's mapping
 )
 from broker.frontends.v1.rpcerrors import rpc as _rpc
-from broker.lookups import Found, Lookups
-from broker.offsets import ConsumerOffsets
-from broker.pop import Pops, Received, ReceiveQuery
-from broker.pulling import PullPath, PullQuery, PullResult, PullStatus
-from broker.raftnode import RaftNode
-from broker.retry import Retries, SendBackItem
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
 from broker.state.auth.model import Rule
 from broker.state.errors import (
     InvalidRequestError,
@@ -51,9 +54,6 @@ from broker.state.subgroups import (
     Backoff,
     SubGroup,
 )
-from broker.subscriptions import SubscriptionGroups
-from broker.topics import Topics
-from broker.transactions.manager import Transactions
 from dledger.server import rpcguard
 from dledger.server.guard import text_metadata
 

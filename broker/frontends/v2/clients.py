@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.consumers import MAX_CLIENT_ID_CHARS
+from broker.components.consumers import MAX_CLIENT_ID_CHARS
 from broker.state import errors
 from broker.state.errors import InvalidRequestError, ResourceExhaustedError
 from broker.state.names import MAX_GROUP_LENGTH

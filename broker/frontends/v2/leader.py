@@ -2,9 +2,9 @@
 the leader's ``raftmq.broker.v1`` port otherwise, so that a RocketMQ 5 client may talk to any
 node and never sees NOT_LEADER.
 
-The leader runs the one send path (:class:`broker.sending.SendPath`) either way: a forwarded
-send is a ``raftmq.broker.v1.SendMessage`` carrying the same messages with the same ids, so a
-forward retried after a lost answer is stored once (the send path's dedup). A failure comes
+The leader runs the one send path (:class:`broker.components.sending.SendPath`) either way: a
+forwarded send is a ``raftmq.broker.v1.SendMessage`` carrying the same messages with the same ids,
+so a forward retried after a lost answer is stored once (the send path's dedup). A failure comes
 back as a :class:`Failure`: the stable code of the one error contract
 (``broker.frontends.v1.rpcerrors`` for one raised here, the ``ErrorInfo`` of the leader's answer for
 a forwarded one).
@@ -28,17 +28,17 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker.applied import require_leader
+from broker.components.applied import require_leader
+from broker.components.pop import Pops, Received, ReceiveQuery
+from broker.components.raftnode import RaftNode
+from broker.components.sending import SendPath
+from broker.components.subscriptions import SubscriptionGroups
+from broker.components.transactions import Transactions
 from broker.frontends.v1.pbmessage import message_from_pb
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2.interceptor import caller_signature, current_caller
-from broker.pop import Pops, Received, ReceiveQuery
-from broker.raftnode import RaftNode
-from broker.sending import SendPath
 from broker.state.errors import BrokerError
 from broker.state.subgroups import SubGroup
-from broker.subscriptions import SubscriptionGroups
-from broker.transactions.manager import Transactions
 from dledger.core import Role
 from dledger.server.status import read_error
 from mqerrors import codes as E

@@ -1,11 +1,12 @@
 """``apache.rocketmq.v2.MessagingService``: the RocketMQ 5 front end of one node.
 
 A thin adapter like :mod:`broker.frontends.v1.service`: each RPC checks and converts the protocol's
-fields and calls the broker's components (topics from :class:`broker.topics.Topics`, sends through
-:class:`broker.frontends.v2.leader.LeaderCalls` onto :class:`broker.sending.SendPath`); the clients'
-Settings live in :class:`broker.frontends.v2.clients.ClientTable`. Every answer carries its outcome
-in the body's ``Status`` (OK = 20000), as RocketMQ 5 clients expect: a failure is never a bare gRPC
-error. What is served and what is not yet: docs/RMQ5.md.
+fields and calls the broker's components (topics from :class:`broker.components.topics.Topics`,
+sends through :class:`broker.frontends.v2.leader.LeaderCalls` onto
+:class:`broker.components.sending.SendPath`); the clients' Settings live in
+:class:`broker.frontends.v2.clients.ClientTable`. Every answer carries its outcome in the body's
+``Status`` (OK = 20000), as RocketMQ 5 clients expect: a failure is never a bare gRPC error. What is
+served and what is not yet: docs/RMQ5.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.applied import AppliedMessages
+from broker.components.applied import AppliedMessages
+from broker.components.pop import Received, ReceiveQuery
+from broker.components.pulling import MAX_SUBSCRIPTION_CHARS
+from broker.components.raftnode import RaftNode
+from broker.components.topics import Topics
 from broker.frontends import rpcmap
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
@@ -43,9 +48,6 @@ from broker.frontends.v2.leader import Failure, LeaderCalls
 from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.frontends.v2.routes import GroupTopic, NameServerRoutes
 from broker.frontends.v2.txn import ProducerStreams, merged
-from broker.pop import Received, ReceiveQuery
-from broker.pulling import MAX_SUBSCRIPTION_CHARS
-from broker.raftnode import RaftNode
 from broker.state.errors import BrokerError, TopicNotFoundError
 from broker.state.names import is_valid_group_name, is_valid_topic_name
 from broker.state.records import (
@@ -56,7 +58,6 @@ from broker.state.records import (
     TopicConfig,
 )
 from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED, transaction_id
-from broker.topics import Topics
 from dledger.server import rpcguard
 from mqerrors import codes as E
 from msgcodec import (

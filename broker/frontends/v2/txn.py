@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.applied import AppliedMessages
+from broker.components.applied import AppliedMessages
 from broker.frontends import rpcmap
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.interceptor import ANONYMOUS, Caller

@@ -12,7 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from broker.applied import AppliedMessages, require_leader
+from broker.components.applied import AppliedMessages, require_leader
+from broker.components.topics import Topics
 from broker.state.errors import (
     BrokerError,
     InvalidRequestError,
@@ -23,7 +24,6 @@ from broker.state.errors import (
 from broker.state.message import validate_topic
 from broker.state.names import validate_group_name
 from broker.state.records import ENTRY_OFFSETS, MAX_OFFSET_GROUPS, OffsetKey, encode_offsets_record
-from broker.topics import Topics
 from dledger.core import NotLeaderError
 from dledger.fatal import supervise
 from dledger.log import DLedgerError

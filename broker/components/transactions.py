@@ -21,13 +21,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from broker.applied import (
+from broker.components.applied import (
     AppliedMessages,
     require_leader,
     run_while_leading,
     start_leader_task,
 )
-from broker.sending import OutgoingMessage
+from broker.components.sending import OutgoingMessage
 from broker.state.errors import (
     InvalidRequestError,
     ResourceExhaustedError,

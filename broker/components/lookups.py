@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
+from broker.components.applied import MAX_ANSWER_BYTES, AppliedMessages
 from broker.state import derived
 from broker.state.errors import (
     BrokerError,

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.raftnode import RaftNode
-from broker.settings import ServiceConfig
+from broker.components.raftnode import RaftNode
+from broker.components.settings import ServiceConfig
 from broker.state.errors import BrokerError, CorruptMessageError, MessageNotFoundError
 from broker.state.machine import BrokerStateMachine, QueueKey
 from broker.state.message import (

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.applied import NodeContext, require_leader
+from broker.components.applied import NodeContext, require_leader
 from broker.state.auth import records as rec
 from broker.state.auth.model import (
     DECISIONS,

@@ -14,8 +14,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from broker.applied import NodeContext, require_leader
-from broker.disk import DiskGuard
+from broker.components.applied import NodeContext, require_leader
+from broker.components.disk import DiskGuard
+from broker.components.stats import BrokerStats
+from broker.components.topics import Topics
 from broker.state.delayrules import PROPERTY_DELAY, delay_level_of, to_schedule
 from broker.state.errors import InvalidRequestError, QueueIdOutOfRangeError
 from broker.state.machine import SendResult
@@ -36,8 +38,6 @@ from broker.state.timerrules import (
     to_timer,
 )
 from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED
-from broker.stats import BrokerStats
-from broker.topics import Topics
 from dledger.server.errors import ProposalLostError
 
 # Messages per send: one entry per send; bounded like dledger's Append.
@@ -62,7 +62,7 @@ class OutgoingMessage(MessageFields, Protocol):
 
 
 _Call = asyncio.Future[list[SendResult]]
-# Stores a send of half messages (``TRAN_MSG=true``): broker.transactions.manager.
+# Stores a send of half messages (``TRAN_MSG=true``): broker.components.transactions.
 HalfSink = Callable[[TopicConfig, Sequence[OutgoingMessage]], Awaitable[list[SendResult]]]
 
 
@@ -79,11 +79,12 @@ class SendPath:
     ) -> None:
         """``stats`` is counted into when the process serves metrics (None: nothing is);
         ``halves`` stores a transactional send's half message
-        (``broker.transactions.manager.Transactions.prepare``; None: such sends are stored as
+        (``broker.components.transactions.Transactions.prepare``; None: such sends are stored as
         plain messages)."""
         self.ctx = ctx
         self.topics = topics
-        self.disk_guard = disk_guard  # refuses sends above the disk watermark (broker.disk)
+        # Refuses sends above the disk watermark (broker.components.disk).
+        self.disk_guard = disk_guard
         host = ctx.cfg.store_host
         self._ids = UniqIdGenerator(ip=host if _is_ipv4(host) else None)
         self._inflight: dict[str, tuple[_Call, int]] = {}

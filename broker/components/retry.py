@@ -13,8 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from broker.applied import AppliedMessages
-from broker.sending import SendPath
+from broker.components.applied import AppliedMessages
+from broker.components.sending import SendPath
+from broker.components.topics import NOBODY, Owner, Topics
 from broker.state.delayrules import (
     DEFAULT_MAX_RECONSUME_TIMES,
     DLQ_QUEUE_NUMS,
@@ -29,7 +30,6 @@ from broker.state.errors import InvalidRequestError, MessageNotFoundError
 from broker.state.machine import SendResult
 from broker.state.message import Message, uniq_id_to_bytes, validate_topic
 from broker.state.names import validate_group_name
-from broker.topics import NOBODY, Owner, Topics
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from broker.applied import NodeContext, require_leader
+from broker.components.applied import NodeContext, require_leader
 from broker.state.errors import (
     NoPermissionError,
     QueueIdOutOfRangeError,

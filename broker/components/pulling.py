@@ -15,13 +15,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.applied import MAX_ANSWER_BYTES, AppliedMessages
+from broker.components.applied import MAX_ANSWER_BYTES, AppliedMessages
+from broker.components.stats import BrokerStats
+from broker.components.topics import Topics
 from broker.state import derived
 from broker.state.errors import InvalidRequestError, QuotaExceededError, TooManyLongPollsError
 from broker.state.machine import QueueKey
 from broker.state.message import tags_hash
-from broker.stats import BrokerStats
-from broker.topics import Topics
 from dledger.core import Role
 
 # Long polling: RocketMQ's default hold (brokerSuspendMaxTimeMillis is 15 s on the client

@@ -11,14 +11,14 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from broker.applied import require_leader
-from broker.locks import NOBODY, ConsumerTable, Owner, QueueLockTable
-from broker.pulling import parse_subscription
+from broker.components.applied import require_leader
+from broker.components.locks import NOBODY, ConsumerTable, Owner, QueueLockTable
+from broker.components.pulling import parse_subscription
+from broker.components.topics import Topics
 from broker.state.errors import InvalidRequestError
 from broker.state.machine import QueueKey
 from broker.state.message import validate_topic
 from broker.state.names import validate_group_name
-from broker.topics import Topics
 
 # A client id (RocketMQ's "ip@instance[@unit]", well below this) is kept per consumer and lock.
 MAX_CLIENT_ID_CHARS = 255

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from broker.applied import AppliedMessages, Wakeup, run_while_leading, start_leader_task
+from broker.components.applied import AppliedMessages, Wakeup, run_while_leading, start_leader_task
 from broker.state.delayrules import delivered_copy
 from broker.state.errors import BrokerError
 from broker.state.message import Message, encode_batch

@@ -20,15 +20,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from broker.applied import (
+from broker.components.applied import (
     MAX_ANSWER_BYTES,
     AppliedMessages,
     require_leader,
     run_while_leading,
     start_leader_task,
 )
-from broker.pulling import MAX_SUSPEND_TIMEOUT_MS, PULL_MAX_SCAN_RECORDS, parse_subscription
-from broker.retry import Retries, SendBackItem
+from broker.components.pulling import (
+    MAX_SUSPEND_TIMEOUT_MS,
+    PULL_MAX_SCAN_RECORDS,
+    parse_subscription,
+)
+from broker.components.retry import Retries, SendBackItem
+from broker.components.topics import Topics
 from broker.state import derived
 from broker.state.errors import (
     BrokerError,
@@ -65,7 +70,6 @@ from broker.state.popstate import (
 )
 from broker.state.records import ENTRY_POP
 from broker.state.subgroups import SubGroup, default_group
-from broker.topics import Topics
 from mqerrors import codes as E
 
 logger = logging.getLogger(__name__)
@@ -546,8 +550,9 @@ class Pops:
                 yield key, revive, dead
 
     async def _dead_letter(self, key: PopKey, dead: list[tuple[int, InFlight]]) -> None:
-        """Store each message's copy in ``%DLQ%{group}`` (broker.retry's dead-letter path,
-        whose derived ids make a repeated pass store it once), then take them out of flight."""
+        """Store each message's copy in ``%DLQ%{group}`` (broker.components.retry's dead-letter
+        path, whose derived ids make a repeated pass store it once), then take them out of
+        flight."""
         group = key[0]
         items = [SendBackItem(rec.position) for _offset, rec in dead]
         try:

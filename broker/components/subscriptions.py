@@ -2,7 +2,7 @@
 updateSubGroup``), create one with the defaults when a RocketMQ 5 consumer names an unknown
 group, delete one (``mqadmin deleteSubGroup``), and list them. Each change is one
 :data:`broker.state.records.ENTRY_SUBGROUP` record; the answer is read from what was applied.
-Protocol-neutral, like :mod:`broker.pop`.
+Protocol-neutral, like :mod:`broker.components.pop`.
 
 The table is shared by every user (10,000 groups): one user creates at most
 ``subscriptionGroupsPerUser`` of them (:attr:`ServiceConfig.subgroups_per_user`), checked here
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from broker.applied import NodeContext, require_leader
+from broker.components.applied import NodeContext, require_leader
 from broker.state.errors import BrokerError, InvalidRequestError, ResourceExhaustedError
 from broker.state.names import validate_group_name
 from broker.state.records import ENTRY_SUBGROUP
