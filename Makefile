@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RMQ5_DIR := build/rmq5
 RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
-PACKAGES := mqerrors mqcli mqsecurity mqmetrics dledger msgcodec broker nameserver client jepsen_like spark_audit mqdashboard bench
+PACKAGES := mqerrors mqcli mqsecurity mqmetrics dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
 
@@ -121,7 +121,7 @@ test-fast: venv
 demo: venv
 	$(PY) -m dledger.storage.demo
 	@dir=$$(mktemp -d /tmp/raftmq-demo-XXXXXX); \
-	$(PY) -m broker.demo --base-dir $$dir && \
+	$(PY) -m mqcluster.demo --base-dir $$dir && \
 	echo "== auditing the 3 replicas' log stores with Spark (mqaudit, docs/AUDIT.md)" && \
 	$(PY) -m spark_audit $$dir/group; \
 	rc=$$?; rm -rf $$dir; exit $$rc

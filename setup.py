@@ -2,10 +2,10 @@
 
 A wheel, built from the tree or from the sdist (``pip install .``, ``pip wheel .``,
 ``python -m build``), carries the ``apache.rocketmq.v2`` server stubs that
-``broker/rmq5/stubs.py`` loads: ``build_py`` downloads the pinned npm tarball
+``broker/frontends/v2/stubs.py`` loads: ``build_py`` downloads the pinned npm tarball
 ``rocketmq-client-nodejs@1.0.8`` from the npm registry (no npm needed; its sha512 checked
 against the pin in ``protos/rmq5_deps.py``) and generates the stubs from its two ``.proto``
-files into ``broker/rmq5/_v2/`` of the build. The upstream files are never in the repository
+files into ``broker/frontends/v2/_v2/`` of the build. The upstream files are never in the repository
 nor in the sdist. An editable install (``make venv``) is left alone: there the stubs come from
 ``build/rmq5/python`` (``protos/rmq5_deps.py``).
 """
@@ -20,8 +20,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-# Where the packaged stubs live inside the ``broker`` package (broker/rmq5/stubs.py looks there).
-STUBS_SUBDIR = Path("broker") / "rmq5" / "_v2"
+# Where the packaged stubs live inside the ``broker`` package (broker/frontends/v2/stubs.py looks
+# there).
+STUBS_SUBDIR = Path("broker") / "frontends" / "v2" / "_v2"
 
 
 class BuildPyWithStubs(build_py):  # type: ignore[misc]  # setuptools is untyped here

@@ -63,7 +63,6 @@ from bench import cpu_s
 from bench import metricscost as mc
 from bench.closedloop import WARMUP_S
 from bench.memory import SAMPLE_INTERVAL_S, MemorySampler, at_rest, rest_samples
-from broker.cluster import OFFICIAL_PYTHON, LocalCluster
 from client import (
     ConsumeStatus,
     Message,
@@ -74,6 +73,7 @@ from client import (
     PullConsumer,
     PushConsumer,
 )
+from mqcluster.cluster import OFFICIAL_PYTHON, LocalCluster
 from mqsecurity.channels import open_channel
 
 TOPIC = "BenchT"

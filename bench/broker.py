@@ -39,9 +39,9 @@ import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
 from client.message import MessageExt
+from mqcluster.cluster import LocalCluster
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 from msgcodec import UniqIdGenerator
 

@@ -48,7 +48,7 @@ from typing import IO, Any
 from bench import cpu_s
 from bench.closedloop import WARMUP_S
 from bench.pairstats import median_ci, pair_ratios, paired
-from broker.cluster import LocalCluster
+from mqcluster.cluster import LocalCluster
 
 # How the two rounds of a pair are run, as the results' conditions say it.
 DESIGNS = {

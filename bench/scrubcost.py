@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker import derived
-from broker.message import Message, UniqIdGenerator, encode_batch
-from broker.records import ENTRY_MESSAGES
-from broker.scrubber import Scrubber
-from broker.state import BrokerStateMachine
+from broker.components.scrubber import Scrubber
+from broker.state import derived
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.records import ENTRY_MESSAGES
 from dledger.storage.store import FlushDiskType, SegmentedLogStore, StoreConfig
 
 BATCH = 100  # messages per entry, as a loaded producer's batches

@@ -3,7 +3,7 @@ store with 8,000 messages in 8 queues and ``--halves`` pending transaction halve
 entry each), and POP state with ``--inflight`` in-flight records (25 groups x 8 queues, up to
 10,000 a queue) pointing at the queues' records, as a loaded snapshot holds them; then
 
-- the open-time check of every row (``broker.statecheck.check_at_open``), timed;
+- the open-time check of every row (``broker.state.statecheck.check_at_open``), timed;
 - the CPU per row, POP records and halves apart.
 
 ``python -m bench.statecheckcost --inflight 200000 --halves 100000`` (the tables' limits)
@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 from bench.scrubcost import build, cpu_s
-from broker import statecheck
-from broker.derived import STORE_POP, STORE_TXN
-from broker.message import Message, UniqIdGenerator, encode_batch
-from broker.popstate import InFlight, QueuePop
-from broker.records import ENTRY_TXN
-from broker.transactions.state import HALF_TOPIC, encode_prepare
+from broker.state import statecheck
+from broker.state.derived import STORE_POP, STORE_TXN
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.popstate import InFlight, QueuePop
+from broker.state.records import ENTRY_TXN
+from broker.state.transactions import HALF_TOPIC, encode_prepare
 
 GROUPS = 25
 QUEUES = 8

@@ -42,7 +42,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
 from bench import cpu_s
 from bench.broker import Target, pull_queue
-from broker.cluster import LocalCluster
+from mqcluster.cluster import LocalCluster
 from mqsecurity.channels import open_channel
 from msgcodec import PROPERTY_TIMER_DELIVER_MS, UniqIdGenerator
 

@@ -3,8 +3,8 @@
 Two functions build a node's broker (docs/ARCHITECTURE.md, "The composition root"):
 
 - :func:`assemble` builds the broker's components and its v1 servicer over any
-  :class:`broker.raftnode.RaftNode` (the real node, or a test's stand-in) and a state machine,
-  each component receiving what it uses in its constructor. Nothing is set on a component
+  :class:`broker.components.raftnode.RaftNode` (the real node, or a test's stand-in) and a state
+  machine, each component receiving what it uses in its constructor. Nothing is set on a component
   after it was built.
 - :func:`build` builds the whole process from ``broker.conf``: the state machine, the call
   guard, the DLedger node, then :func:`assemble` over that node, then what serves beside it
@@ -12,7 +12,7 @@ Two functions build a node's broker (docs/ARCHITECTURE.md, "The composition root
   ``broker.__main__`` starts and stops what it returns.
 
 This is the one broker module that names ``dledger.server.node.DLedgerNode``; every other one
-uses the node through :class:`broker.raftnode.RaftNode`.
+uses the node through :class:`broker.components.raftnode.RaftNode`.
 """
 
 from __future__ import annotations
@@ -24,32 +24,32 @@ from typing import Protocol
 
 import grpc
 
-from broker.applied import AppliedMessages, NodeContext
-from broker.auth.admin import AuthAdmin
-from broker.auth.guard import AuthGuard, AuthSettings
-from broker.auth.secrets import SecretBox, load_key_file
+from broker.components.applied import AppliedMessages, NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.consumers import ConsumerGroups
+from broker.components.delaydelivery import Scheduler
+from broker.components.disk import DiskGuard
+from broker.components.lookups import Lookups
+from broker.components.offsets import ConsumerOffsets
+from broker.components.pop import Pops
+from broker.components.pulling import PullPath
+from broker.components.raftnode import RaftNode
+from broker.components.retry import Retries
+from broker.components.scrubber import Scrubber
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.stats import BrokerStats
+from broker.components.subscriptions import SubscriptionGroups
+from broker.components.timermoves import Timers
+from broker.components.topics import Topics
+from broker.components.transactions import Transactions
 from broker.config import BrokerConfig, ConfigError, node_config, service_config, v2_settings
-from broker.consumers import ConsumerGroups
-from broker.disk import DiskGuard
-from broker.lookups import Lookups
+from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.v1.service import BrokerServicer
 from broker.metrics import BrokerExporter, BrokerMetrics
-from broker.offsets import ConsumerOffsets
-from broker.pop import Pops
-from broker.pulling import PullPath
-from broker.raftnode import RaftNode
 from broker.registration import BrokerRegistrar
-from broker.retry import Retries
-from broker.scheduler import Scheduler
-from broker.scrubber import Scrubber
-from broker.sending import SendPath
-from broker.service import BrokerServicer
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
-from broker.stats import BrokerStats
-from broker.subscriptions import SubscriptionGroups
-from broker.timers import Timers
-from broker.topics import Topics
-from broker.transactions.manager import Transactions
+from broker.state.auth.secrets import SecretBox, load_key_file
+from broker.state.machine import BrokerStateMachine
 from dledger.log import Entry
 from dledger.server.metrics import RaftStats, raft_families
 from dledger.server.node import DLedgerNode
@@ -298,8 +298,8 @@ def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
     if not cfg.grpcServerPort:
         return None
     try:
-        from broker.rmq5.server import V2Port, V2Security
-        from broker.rmq5.service import V2Config
+        from broker.frontends.v2.server import V2Port, V2Security
+        from broker.frontends.v2.service import V2Config
     except ImportError as exc:
         raise ConfigError(f"cannot serve grpcServerPort: {exc}") from None
     v2cfg = V2Config(**v2_settings(cfg))

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker import disk
+from broker.components import disk
+from broker.components.settings import ServiceConfig
 from broker.configkeys import KEYS as KEYS
 from broker.configkeys import SECRET_KEYS as SECRET_KEYS
 from broker.configkeys import TARGETS, Peer, parse_init_user
 from broker.configkeys import _Key as _Key  # tests add keys to KEYS with it
 from broker.configkeys import parse_peers as parse_peers
-from broker.errors import ConfigError as ConfigError  # the package's one ConfigError
-from broker.schedule import parse_delay_levels
-from broker.settings import ServiceConfig
+from broker.state.delayrules import parse_delay_levels
+from broker.state.errors import ConfigError as ConfigError  # the package's one ConfigError
 from dledger.properties import (
     parse_properties,
     parse_values,

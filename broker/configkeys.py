@@ -16,19 +16,19 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from broker import disk
-from broker.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
-from broker.locks import MAX_CONSUMERS, MAX_LOCKS
-from broker.offsets import MAX_PENDING_OFFSETS
-from broker.pop import MAX_POP_WAITERS
-from broker.pulling import MAX_LONG_POLLS
-from broker.records import MAX_OFFSET_GROUPS, MAX_TOPICS
-from broker.rmq5.clients import DEFAULT_MAX_CLIENTS_PER_USER, MAX_CLIENTS
-from broker.rmq5.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS
-from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
-from broker.settings import ServiceConfig
-from broker.subgroups import MAX_SUBGROUPS
-from broker.timer import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
+from broker.components import disk
+from broker.components.locks import MAX_CONSUMERS, MAX_LOCKS
+from broker.components.offsets import MAX_PENDING_OFFSETS
+from broker.components.pop import MAX_POP_WAITERS
+from broker.components.pulling import MAX_LONG_POLLS
+from broker.components.settings import ServiceConfig
+from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, MAX_CLIENTS
+from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS
+from broker.state.delayrules import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.state.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
+from broker.state.records import MAX_OFFSET_GROUPS, MAX_TOPICS
+from broker.state.subgroups import MAX_SUBGROUPS
+from broker.state.timerrules import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
 from dledger.properties import (
     int_in,
     parse_bool,
@@ -268,7 +268,8 @@ def accepted_values(key: _Key) -> str:
 
 # The configs a broker.conf is translated into (node_config, service_config, v2_settings):
 # dledger's NodeConfig and its StoreConfig, the broker service's ServiceConfig, and the
-# RocketMQ 5 front end's V2Config (broker.rmq5.service, imported only when that port is served).
+# RocketMQ 5 front end's V2Config (broker.frontends.v2.service, imported only when that port is
+# served).
 TARGETS = ("node", "store", "service", "v2")
 TARGET_TYPES: Mapping[str, type] = {
     "node": NodeConfig,
@@ -383,21 +384,21 @@ class _Quota:
 
 # The per-user quota keys, each with the table it shares out (its size is the bound).
 QUOTAS: Mapping[str, _Quota] = {
-    # Replicated subscription groups (broker.subgroups): Settings naming made-up groups.
+    # Replicated subscription groups (broker.state.subgroups): Settings naming made-up groups.
     "subscriptionGroupsPerUser": _Quota(
         Into("service", "subgroups_per_user"),
         MAX_SUBGROUPS,
         "subscription groups one user may create in a broker group",
     ),
-    # A node's waiting receives (POP long polls, broker.pop).
+    # A node's waiting receives (POP long polls, broker.components.pop).
     "popWaitersPerUser": _Quota(
         Into("service", "pop_waiters_per_user"),
         MAX_POP_WAITERS,
         "receives of one user that may wait for messages on a node",
     ),
     # The client port's other tables (docs/BROKER.md, "Limits"): pulls held waiting
-    # (broker.pulling), live consumers and queue locks (broker.locks), offsets the leader
-    # buffers (broker.offsets).
+    # (broker.components.pulling), live consumers and queue locks (broker.components.locks), offsets
+    # the leader buffers (broker.components.offsets).
     "longPollsPerUser": _Quota(
         Into("service", "long_polls_per_user"),
         MAX_LONG_POLLS,
@@ -418,21 +419,22 @@ QUOTAS: Mapping[str, _Quota] = {
         MAX_PENDING_OFFSETS,
         "offsets of one user the leader buffers between flushes",
     ),
-    # The replicated topic table (broker.records): CreateTopic and sends that auto-create a
+    # The replicated topic table (broker.state.records): CreateTopic and sends that auto-create a
     # topic count against the user who made them.
     "topicsPerUser": _Quota(
         Into("service", "topics_per_user"),
         MAX_TOPICS,
         "topics one user may create in a broker group",
     ),
-    # The replicated consumer groups with offsets (broker.records): a commit giving a new
+    # The replicated consumer groups with offsets (broker.state.records): a commit giving a new
     # group offsets counts against it.
     "offsetGroupsPerUser": _Quota(
         Into("service", "offset_groups_per_user"),
         MAX_OFFSET_GROUPS,
         "consumer groups with offsets one user may create",
     ),
-    # A node's table of RocketMQ 5 clients (broker.rmq5.clients): one user's made-up client ids.
+    # A node's table of RocketMQ 5 clients (broker.frontends.v2.clients): one user's made-up client
+    # ids.
     "grpcClientsPerUser": _Quota(
         Into("v2", "clients_per_user"),
         MAX_CLIENTS,
@@ -754,8 +756,9 @@ _TABLE: Mapping[str, _Key] = {
         "check-backs of a half message before it is discarded",
         to=(Into("service", "txn_check_max"),),
     ),
-    # Push consumers' auto_renew (broker/rmq5/renewals.py): the invisible time the server picks
-    # and renews while the consumer is alive (the proxy's 60 s), and how long it renews at most.
+    # Push consumers' auto_renew (broker/frontends/v2/renewals.py): the invisible time the server
+    # picks and renews while the consumer is alive (the proxy's 60 s), and how long it renews at
+    # most.
     "popAutoRenewInvisibleMs": _Key(
         IntIn(100, 12 * 3600 * 1000),
         str(DEFAULT_SLICE_MS),

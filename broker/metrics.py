@@ -9,9 +9,10 @@ scraped, on the event loop (`mqmetrics.server.LoopCollector`), by `BrokerMetrics
 Label sets and what bounds them (each family is also capped here, and what a cap leaves out is
 counted in ``raftmq_metrics_series_omitted{family}``):
 
-- ``topic``: the group's topic table (`broker.state.MAX_TOPICS`); traffic counters keep at most
+- ``topic``: the group's topic table (`broker.state.machine.MAX_TOPICS`); traffic counters keep at
+most
   `MAX_TOPIC_SERIES` topics per process (later ones count under ``(other)``).
-- ``topic`` x ``queue``: the topic table times `broker.state.MAX_QUEUE_NUMS`; at most
+- ``topic`` x ``queue``: the topic table times `broker.state.machine.MAX_QUEUE_NUMS`; at most
   `MAX_QUEUE_SERIES` queues exported.
 - ``group`` x ``topic`` x ``queue``: the applied consumer offsets (every commit adds a key;
   the broker has no limit of its own), so at most `MAX_LAG_SERIES` exported.
@@ -30,14 +31,14 @@ from itertools import chain
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
-from broker.derived import DerivedCounters
-from broker.disk import DiskGuard
-from broker.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
-from broker.offsets import ConsumerOffsets
-from broker.pulling import LongPolls
-from broker.raftnode import RaftNode
-from broker.state import BrokerStateMachine
-from broker.stats import MAX_TOPIC_SERIES, BrokerStats
+from broker.components.disk import DiskGuard
+from broker.components.offsets import ConsumerOffsets
+from broker.components.pulling import LongPolls
+from broker.components.raftnode import RaftNode
+from broker.components.stats import MAX_TOPIC_SERIES, BrokerStats
+from broker.state.derived import DerivedCounters
+from broker.state.machine import BrokerStateMachine
+from broker.state.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
 from dledger.server import StartError
 from dledger.storage import SegmentedLogStore
 from mqmetrics.families import (
@@ -276,7 +277,7 @@ class BrokerMetrics:
 
 
 def scrub_families(c: DerivedCounters) -> list[Metric]:
-    """The derived-state checks (broker.derived): at open, on read and by the scrubber."""
+    """The derived-state checks (broker.state.derived): at open, on read and by the scrubber."""
     return [
         labelled_counter(
             "scrub_records_checked",

@@ -29,7 +29,7 @@ from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from broker.config import BrokerConfig
-from broker.state import BrokerStateMachine
+from broker.state.machine import BrokerStateMachine
 from dledger.fatal import supervise
 from mqsecurity.channels import open_aio_channel
 from mqsecurity.membersig import MemberSigner

@@ -93,7 +93,7 @@ STOP_POLL_S = 0.1
 # Where broadcasting consumers keep offsets by default (RocketMQ: ~/.rocketmq_offsets).
 DEFAULT_OFFSET_STORE_DIR = Path.home() / ".raftmq_offsets"
 # Queue locks (clustering), RocketMQ's figures: renew every 20 s; trust a lock for 30 s after
-# its last renewal, well inside the broker's 60 s expiry (broker.locks.LOCK_MAX_LIVE_MS).
+# its last renewal, well inside the broker's 60 s expiry (broker.components.locks.LOCK_MAX_LIVE_MS).
 LOCK_RENEW_INTERVAL_S = 20.0
 LOCK_LOCAL_LIVE_S = 30.0
 # Between attempts to lock a queue another consumer still holds (it is committing, then unlocks).

@@ -1,4 +1,4 @@
-"""The group under test: a NameServer and 3 or 5 nodes from :class:`broker.cluster.LocalCluster`,
+"""The group under test: a NameServer and 3 or 5 nodes from :class:`mqcluster.cluster.LocalCluster`,
 with every directed peer link and every client-to-node link going through :class:`ProxyNet`.
 
 Node ``a`` is told that peer ``b`` lives at the port of link ``a->b`` (so each node's own
@@ -25,13 +25,13 @@ import signal
 import time
 from pathlib import Path
 
-from broker import localsecurity
-from broker.cluster import ClusterError, LocalCluster, NodeInfo, log_client
 from dledger.procs import exited
 from dledger.server.client import ClientError, LogClient
 from dledger.storage.promise import promise_path
 from jepsen_like.netns import NetnsLocalCluster, NetnsNet
 from jepsen_like.proxy import ProxyNet
+from mqcluster import localsecurity
+from mqcluster.cluster import ClusterError, LocalCluster, NodeInfo, log_client
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 logger = logging.getLogger(__name__)

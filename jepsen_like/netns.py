@@ -37,9 +37,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.cluster import LocalCluster, NodeInfo
 from jepsen_like.errors import JepsenError
 from jepsen_like.proxy import LinkFaults
+from mqcluster.cluster import LocalCluster, NodeInfo
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
-from broker.cluster import ClusterError
 from client import Message, MQAdmin, Producer, PullConsumer
 from client.consumer import pulled_messages
 from client.errors import MQClientError
@@ -37,6 +36,7 @@ from dledger.server.client import ClientError
 from jepsen_like.checker import NodeState
 from jepsen_like.cluster import JepsenCluster
 from jepsen_like.history import MONITOR, History, OpType
+from mqcluster.cluster import ClusterError
 from mqerrors import codes as E
 from mqerrors import table
 from mqsecurity.channels import open_channel

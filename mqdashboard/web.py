@@ -52,7 +52,7 @@ MAX_ID_CHARS = 64
 MAX_FORM_BYTES = 8 << 10
 ACTIONS = ("resend", "reset")
 # The client-port calls each action makes, as the user whose credentials were typed on its page:
-# the brokers' guard decides each one (broker/auth/rpcmap.py; docs/SECURITY.md, "The other
+# the brokers' guard decides each one (broker/frontends/rpcmap.py; docs/SECURITY.md, "The other
 # ports"). resend pulls the group's dead letters (%DLQ%<group>, as the group) and sends each to
 # its original topic; reset sets the group's offsets. Checked against the calls an action really
 # makes by tests/unit/test_acl_matrix.py.

@@ -2,7 +2,7 @@
 
 Every error the codec raises on purpose is a :class:`CodecError`. ``code`` is a stable,
 machine-readable string; a package that uses the codec maps these classes to its own errors at
-its boundary (the broker to the :class:`~broker.errors.BrokerError` of the same code, the
+its boundary (the broker to the :class:`~broker.state.errors.BrokerError` of the same code, the
 client to ``BAD_RESPONSE``), so no error of this package crosses a wire as itself.
 """
 

@@ -8,7 +8,7 @@ into ``build/rmq5/`` (ignored, never committed):
 - ``node/``: ``npm ci`` of ``protos/rmq5/package-lock.json`` (every package's sha512 checked by
   npm); the Node.js client the tests run, and the ``.proto`` files.
 - ``python/``: the Python stubs of ``service.proto`` and ``definition.proto`` that
-  :mod:`broker.rmq5` imports (made by ``protos/generate.py``'s generator).
+  :mod:`broker.frontends.v2` imports (made by ``protos/generate.py``'s generator).
 - ``pyclient/``: a venv holding the official Python client ``rocketmq-python-client==5.1.2``
   (its wheel checked against the sha256 in ``protos/rmq5/python-client.txt``) and its pinned
   dependencies. A venv of its own: the client bundles its own ``apache.rocketmq.v2`` stubs,

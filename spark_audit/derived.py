@@ -45,9 +45,9 @@ from spark_audit.batch import INDEX_DTYPE
 from spark_audit.model import Finding, GroupPlan, ReplicaPlan, TaskSpec, What
 from spark_audit.scan import FileCache, TaskResult
 
-# The broker's names and formats (broker/consumequeue.py, broker/indexfile.py,
-# broker/names.py, broker/timer.py), repeated here because the executors run without the
-# broker package; tests/audit/test_audit_units.py holds them equal.
+# The broker's names and formats (broker/state/consumequeue.py, broker/state/indexfile.py,
+# broker/state/names.py, broker/state/timerrules.py), repeated here because the executors run
+# without the broker package; tests/audit/test_audit_units.py holds them equal.
 CQ_DIR = "consumequeue"
 KEY_INDEX_DIR = "index"
 CQ_RECORD_BYTES = 20

@@ -178,8 +178,8 @@ def sources_from_running(
     """Ask each node of a running group (client addresses) for its store and commit index,
     reaching them as ``security`` says (TLS, signed calls; None: plaintext). The imports are
     local: Spark's executors load this module and need no gRPC."""
-    from broker.cluster import ClusterError, log_client
     from dledger.server.client import ClientError
+    from mqcluster.cluster import ClusterError, log_client
     from mqsecurity.channels import PLAINTEXT
 
     out: list[ReplicaSource] = []

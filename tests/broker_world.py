@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.applied import AppliedMessages, NodeContext
-from broker.message import UniqIdGenerator
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
-from broker.topics import Topics
+from broker.components.applied import AppliedMessages, NodeContext
+from broker.components.settings import ServiceConfig
+from broker.components.topics import Topics
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import UniqIdGenerator
 from dledger.core import Role
 from dledger.log import Entry, IndexOutOfRangeError
 
@@ -56,8 +56,8 @@ class MemoryLog:
 
 
 class LeaderNode:
-    """A ``broker.raftnode.RaftNode`` for component tests: a leader whose proposals commit and
-    apply at once; ``proposals`` counts them. A test changes ``role``, ``term`` or
+    """A ``broker.components.raftnode.RaftNode`` for component tests: a leader whose proposals
+    commit and apply at once; ``proposals`` counts them. A test changes ``role``, ``term`` or
     ``last_index`` as an election would."""
 
     def __init__(self, sm: BrokerStateMachine, log: MemoryLog) -> None:

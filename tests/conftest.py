@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from broker.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
 from client import PushConsumer
+from mqcluster.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

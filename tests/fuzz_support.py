@@ -26,7 +26,7 @@ from raftmq.broker.v1 import broker_pb2
 from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
 
-from broker.rmq5 import stubs as rmq5_stubs
+from broker.frontends.v2 import stubs as rmq5_stubs
 from dledger.server.status import read_error
 
 # Names the fuzzed group serves, so that some requests reach past name validation.

@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 from support import create_topic_on, wait_for
 
-from broker.cluster import LocalCluster
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
+from mqcluster.cluster import LocalCluster
 
 v2, v2_service, v2_grpc = stubs.load()
 

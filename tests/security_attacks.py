@@ -27,12 +27,12 @@ from raftmq.nameserver.v1 import nameserver_pb2 as npb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as npb_grpc
 from support import wait_for
 
-from broker.cluster import LocalCluster, log_client
 from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
 from dledger.server.convert import to_pb
 from dledger.server.status import read_error
+from mqcluster.cluster import LocalCluster, log_client
 from mqsecurity import refusals
 from mqsecurity.channels import ClientSecurity, open_channel
 from mqsecurity.credentials import Credentials

@@ -17,9 +17,9 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
-from broker.cluster import LocalCluster
 from client.consumer import pulled_messages
 from client.message import MessageExt
+from mqcluster.cluster import LocalCluster
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
 # How long a topic may take to appear in the NameServer's routes (registration on change).
@@ -37,7 +37,7 @@ def numbered_messages(
     ids: Any, n: int, seq: int, *, queues: int, body_bytes: int
 ) -> list[bpb.Message]:
     """``n`` messages numbered from ``seq``, spread over ``queues`` queues, each body
-    ``body_bytes`` of its number repeated (``ids``: a broker.message.UniqIdGenerator)."""
+    ``body_bytes`` of its number repeated (``ids``: a broker.state.message.UniqIdGenerator)."""
     return [
         bpb.Message(
             queue_id=(seq + i) % queues,
@@ -197,7 +197,7 @@ def pull_all(
 def create_v2_topic(cluster: LocalCluster, topic: str, queues: int) -> str:
     """Create ``topic`` on the group's leader and wait until every node's RocketMQ 5 port
     (plaintext) routes it: any node may then be asked. The v2 stubs are loaded only here."""
-    from broker.rmq5 import stubs
+    from broker.frontends.v2 import stubs
 
     v2, v2_service, v2_grpc = stubs.load()
     create_topic_on([cluster], [], topic, queues)

@@ -659,7 +659,8 @@ class DLedgerNode:
         return self._call_guard
 
     # ------------------------------------------------------------------ the application's view
-    # What an application reads of the member (the broker's contract: broker/raftnode.py).
+    # What an application reads of the member (the broker's contract:
+    # broker/components/raftnode.py).
 
     @property
     def self_id(self) -> str:

@@ -3,7 +3,7 @@ messages to TOPIC, then a ``SimpleConsumer`` of GROUP receives them and acks eac
 
 Runs with the client's own venv (``build/rmq5/pyclient/bin/python``, made by ``make venv``):
 the client bundles its own ``apache.rocketmq.v2`` stubs, so this file imports nothing of
-raftmq. ``make demo`` runs it against its secure group (``broker/demo.py``).
+raftmq. ``make demo`` runs it against its secure group (``mqcluster/demo.py``).
 
 Security from the environment: ``RMQ5_TLS`` (``1``, the default: TLS, verifying the server
 against ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``; ``0``: plaintext) and ``RMQ5_ACCESS_KEY`` /

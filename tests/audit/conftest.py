@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from support import wait_for
 
-from broker.cluster import LocalCluster, _pid_alive
 from dledger.server.client import ClientError
+from mqcluster.cluster import LocalCluster, _pid_alive
 from spark_audit.__main__ import main as audit_main
 
 if TYPE_CHECKING:

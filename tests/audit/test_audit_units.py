@@ -233,7 +233,8 @@ def test_a_replica_is_named_only_against_a_strict_majority() -> None:
 
 
 def test_the_executors_copies_of_broker_and_server_constants_are_equal() -> None:
-    from broker import consumequeue, indexfile, names, timer
+    from broker.state import consumequeue, indexfile, names
+    from broker.state import timerrules as timer
     from dledger.server import membership
 
     assert derived.CQ_RECORD_BYTES == consumequeue.CQ_RECORD_SIZE

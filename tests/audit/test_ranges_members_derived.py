@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.consumequeue import CQ_RECORD_SIZE, ConsumeQueueStore
-from broker.indexfile import IndexStore
+from broker.state.consumequeue import CQ_RECORD_SIZE, ConsumeQueueStore
+from broker.state.indexfile import IndexStore
 from dledger.core.membership import ConfState
 from dledger.log import Entry, HardState
 from dledger.storage import codec

@@ -35,8 +35,8 @@ from support import (
     wait_trimmed,
 )
 
-from broker.cluster import LocalCluster
 from client import Message, Producer
+from mqcluster.cluster import LocalCluster
 from spark_audit.__main__ import main as audit_main
 
 if TYPE_CHECKING:

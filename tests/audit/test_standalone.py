@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pytest
 from support import wait_for
 
-from broker.cluster import _free_ports
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE
+from mqcluster.cluster import _free_ports
 from spark_audit.__main__ import main
 
 if TYPE_CHECKING:

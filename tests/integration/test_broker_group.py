@@ -19,11 +19,11 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.common.v1 import error_pb2
 from support import pulled, send_results, wait_for
 
-from broker.cluster import LocalCluster
-from broker.leader_client import LeaderClient
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from client.message import MessageExt
 from dledger.server.status import read_error
+from mqcluster.cluster import LocalCluster
+from mqcluster.leader_client import LeaderClient
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ INDEX_CONF = {"maxHashSlotNum": 100_000, "maxIndexNum": 400_000}
 
 class Broker(LeaderClient):
     """A minimal client over the generated stubs: leader-only calls follow the structured
-    NOT_LEADER redirect (broker.leader_client, shared with the demo)."""
+    NOT_LEADER redirect (mqcluster.leader_client, shared with the demo)."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(self.live_addrs)

@@ -14,9 +14,9 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from support import pulled, wait_for
 
-from broker.cluster import LocalCluster
-from broker.leader_client import LeaderClient
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
+from mqcluster.cluster import LocalCluster
+from mqcluster.leader_client import LeaderClient
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def _leader_stub(cluster: LocalCluster) -> pb_grpc.BrokerStub:
 
 
 def _write(cluster: LocalCluster, method: str, request: Any, timeout_s: float = 20.0) -> Any:
-    """A leader-only call, following redirects until the deadline (broker.leader_client)."""
+    """A leader-only call, following redirects until the deadline (mqcluster.leader_client)."""
     client = LeaderClient(lambda: cluster.client_addrs)
     try:
         return client.call(lambda stub: getattr(stub, method)(request, timeout=10), timeout_s)

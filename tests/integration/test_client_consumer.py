@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from support import create_topic, wait_for
 
-from broker.cluster import LocalCluster
 from client import (
     ConsumeStatus,
     Message,
@@ -25,6 +24,7 @@ from client import (
     PushConsumer,
     SelectMessageQueueByHash,
 )
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

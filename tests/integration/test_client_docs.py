@@ -18,7 +18,7 @@ from conftest import TEST_INDEX_FILE_BYTES, TEST_SEGMENT_BYTES
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker.cluster import OFFICIAL_PYTHON, LocalCluster
+from mqcluster.cluster import OFFICIAL_PYTHON, LocalCluster
 from mqsecurity.channels import open_channel
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from client import PullConsumer
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from support import create_topic, create_topic_on, wait_for
 
-from broker.cluster import LocalCluster, _free_port
 from client import Message, MQClientError, Producer, PullConsumer, SendResult
 from client.message import MessageQueue
+from mqcluster.cluster import LocalCluster, _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

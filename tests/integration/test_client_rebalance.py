@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from support import create_topic_on, wait_for
 
-from broker.cluster import LocalCluster
 from client import ConsumeStatus, Message, MessageExt, MQClientError, Producer, PushConsumer
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

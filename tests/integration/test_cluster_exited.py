@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support import wait_for
 
-from broker.cluster import LocalCluster
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def test_status_shows_a_fatal_exit(local_group: Callable[..., Any]) -> None:
     assert line.startswith("FATAL component="), line
     assert "failpoint ready" in line, line
     status = subprocess.run(
-        [sys.executable, "-m", "broker.cluster", "--base-dir", str(cluster.base), "status"],
+        [sys.executable, "-m", "mqcluster.cluster", "--base-dir", str(cluster.base), "status"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -33,11 +33,11 @@ import pytest
 from raftmq.broker.v1 import broker_pb2 as bpb
 from support import create_topic, wait_for
 
-from broker.cluster import LocalCluster, _free_port
 from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
 from client.admin import MQAdmin
 from client.message import Message
 from client.route import ChannelPool
+from mqcluster.cluster import LocalCluster, _free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ from integration.test_broker_group import (
 from raftmq.broker.v1 import broker_pb2 as pb
 from support import pulled, wait_for
 
-from broker.cluster import ClusterError, LocalCluster
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from dledger.server.client import ClientError
 from jepsen_like.disk import CQ_RECORD, shorten_cq_record
+from mqcluster.cluster import ClusterError, LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,11 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from support import create_topic, numbered_messages, pull_queue, wait_for
 
-from broker.cluster import LocalCluster
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from client import Message, MQClientError, Producer
 from client.message import MessageExt
 from dledger.server.status import DISK_FULL_RETRY_AFTER_MS
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

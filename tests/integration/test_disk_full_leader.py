@@ -39,10 +39,10 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from support import numbered_messages, pull_queue, wait_for
 
-from broker.cluster import LocalCluster
-from broker.message import UniqIdGenerator
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
+from broker.state.message import UniqIdGenerator
 from client.message import MessageExt
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

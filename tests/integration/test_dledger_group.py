@@ -17,8 +17,8 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from dledger.server.client import ClientError, LogClient
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -232,7 +232,7 @@ def test_mqcluster_cli_up_status_kill_start_down(tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "broker.cluster", "--base-dir", str(base), *args],
+            [sys.executable, "-m", "mqcluster.cluster", "--base-dir", str(base), *args],
             capture_output=True,
             text=True,
             timeout=90,

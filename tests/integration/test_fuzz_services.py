@@ -73,11 +73,17 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.nameserver.v1 import nameserver_pb2 as npb
 from support import pulled, wait_for
 
-from broker.cluster import ClusterError, LocalCluster
 from broker.config import load_config, node_config
-from broker.records import ENTRY_TOPIC, TOPIC_DELETE, TOPIC_UPSERT, TopicConfig, encode_topic_record
+from broker.state.records import (
+    ENTRY_TOPIC,
+    TOPIC_DELETE,
+    TOPIC_UPSERT,
+    TopicConfig,
+    encode_topic_record,
+)
 from dledger.server.client import ClientError, LogClient
 from dledger.server.status import read_error
+from mqcluster.cluster import ClusterError, LocalCluster
 from mqsecurity.channels import ClientSecurity, open_channel
 from spark_audit.__main__ import main as audit_main
 

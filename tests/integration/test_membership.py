@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import pytest
 from support import create_topic, pull_ids, wait_for
 
-from broker.cluster import ClusterError, LocalCluster
 from broker.config import load_config
 from client import Message, MQClientError, Producer, PullConsumer
 from client.mqadmin import main as mqadmin
 from dledger.server.client import ClientError, LogClient
+from mqcluster.cluster import ClusterError, LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from raftmq.broker.v1 import broker_pb2 as pb
 from support import create_topic, wait_for
 
-from broker.cluster import LocalCluster
-from broker.leader_client import LeaderClient
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from client import Message, MQClientError, Producer
+from mqcluster.cluster import LocalCluster
+from mqcluster.leader_client import LeaderClient
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 from support import wait_for
 
-from broker.cluster import LocalCluster
+from mqcluster.cluster import LocalCluster
 from mqsecurity.channels import open_channel
 
 pytestmark = pytest.mark.integration
@@ -262,7 +262,7 @@ def test_mqcluster_up_starts_and_stops_a_namesrv(tmp_path: Path) -> None:
     """The default `mqcluster up`: secure (TLS, member certificates, ACLs), the NameServer on
     127.0.0.1; the node registers over TLS and `status` reaches it with the admin's files."""
     base = tmp_path / "cluster"
-    cmd = [sys.executable, "-m", "broker.cluster", "--base-dir", str(base)]
+    cmd = [sys.executable, "-m", "mqcluster.cluster", "--base-dir", str(base)]
     try:
         out = subprocess.run(
             [*cmd, "up", "--nodes", "1", "--auto-ports"], capture_output=True, text=True, timeout=60

@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from client.mqadmin import EXIT_FLAGGED
 from client.mqadmin import main as mqadmin
 from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
 from dledger.server.convert import to_pb
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,12 @@ import pytest
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from dledger.core import AppendRequest
 from dledger.fatal import EXIT_FATAL
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
 from dledger.server.convert import to_pb
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from support import create_topic, retention_keys, wait_for
 
-from broker.cluster import LocalCluster
 from client import Message, Producer, PullConsumer
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from support import create_topic, pull_ids, wait_for
 
-from broker.cluster import LocalCluster
-from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.state.delayrules import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from client import ConsumeStatus, Message, MessageExt, Producer, PullConsumer, PushConsumer
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

@@ -19,9 +19,9 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from rmq5_support import ClientProcess, client_env
 from support import create_topic_on, pull_all, wait_for
 
-from broker.cluster import LocalCluster
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 from client.message import MessageExt
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration]
 

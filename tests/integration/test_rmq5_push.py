@@ -35,10 +35,10 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from rmq5_support import NODE_MODULES, PYTHON, SCRIPTS, v2_code, wait_v2_routes
 from support import pull_all, wait_for
 
-from broker.cluster import LocalCluster
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 from client.admin import MQAdmin
 from client.errors import MQClientError
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration]
 

@@ -20,8 +20,8 @@ from rmq5_support import GROUP_CONF, PYTHON, SCRIPTS, ClientProcess, client_env
 from rmq5_support import code as v2_code
 from support import create_topic_on, pull_all, wait_for
 
-from broker.cluster import LocalCluster
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
+from mqcluster.cluster import LocalCluster
 from mqsecurity.channels import open_channel
 
 pytestmark = [pytest.mark.integration]

@@ -23,10 +23,10 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from rmq5_support import ClientProcess
 from support import create_topic_on, pull_all, wait_for
 
-from broker.cluster import LocalCluster
-from broker.localsecurity import SecureLayout as Layout
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 from client.admin import MQAdmin
+from mqcluster.cluster import LocalCluster
+from mqcluster.localsecurity import SecureLayout as Layout
 from mqsecurity.channels import ClientSecurity, open_channel
 from mqsecurity.credentials import Credentials, load_credentials
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION

@@ -34,9 +34,9 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from rmq5_support import ClientProcess, client_env
 from support import create_v2_topic, pull_all, wait_for
 
-from broker.cluster import LocalCluster
-from broker.rmq5 import stubs
-from broker.timer import PROPERTY_TIMER_DELIVER_MS
+from broker.frontends.v2 import stubs
+from broker.state.timerrules import PROPERTY_TIMER_DELIVER_MS
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration]
 

@@ -27,8 +27,8 @@ from rmq5_support import code as _code
 from rmq5_support import follower_v2_addr as _follower_v2_addr
 from support import pull_all, wait_for
 
-from broker.cluster import LocalCluster
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration]
 

@@ -52,9 +52,9 @@ from security_attacks import (
 )
 from support import wait_for
 
-from broker.cluster import LocalCluster
-from broker.localsecurity import LOCAL_HOSTS, SecureLayout
 from dledger.server.status import read_error
+from mqcluster.cluster import LocalCluster
+from mqcluster.localsecurity import LOCAL_HOSTS, SecureLayout
 from mqsecurity import pki
 from mqsecurity.credentials import Credentials, load_credentials
 from mqsecurity.options import ENV_CREDENTIALS, ENV_TLS_CA
@@ -119,7 +119,7 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Default]:
     base = tmp_path_factory.mktemp("secure-default") / "cluster"
     sets = [a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")]
     up = [
-        *tool("mqcluster", "broker.cluster"),
+        *tool("mqcluster", "mqcluster.cluster"),
         "--base-dir",
         str(base),
         "up",

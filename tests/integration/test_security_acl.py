@@ -21,8 +21,8 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from security_attacks import Clients, refused
 
-from broker.auth.secrets import generate_key_file
-from broker.cluster import LocalCluster
+from broker.state.auth.secrets import generate_key_file
+from mqcluster.cluster import LocalCluster
 from mqsecurity.credentials import Credentials
 
 pytestmark = pytest.mark.integration

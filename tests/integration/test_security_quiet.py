@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from integration.test_metrics import found, scrape
 
-from broker.cluster import LocalCluster
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration]
 

@@ -31,10 +31,10 @@ from security_attacks import (
 )
 from support import pulled, wait_for
 
-from broker.cluster import LocalCluster, _free_port
-from broker.leader_client import LeaderClient
-from broker.message import UniqIdGenerator
+from broker.state.message import UniqIdGenerator
 from dledger.server.client import ClientError, LogClient
+from mqcluster.cluster import LocalCluster, _free_port
+from mqcluster.leader_client import LeaderClient
 from mqsecurity import pki
 from mqsecurity.channels import ClientSecurity
 from mqsecurity.tls import TlsFiles

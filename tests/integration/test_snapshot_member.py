@@ -29,9 +29,9 @@ from support import (
     wait_trimmed,
 )
 
-from broker.cluster import LocalCluster
 from client import Message, Producer
 from client.mqadmin import main as mqadmin
+from mqcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

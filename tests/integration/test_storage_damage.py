@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from dledger.server.client import ClientError, LogClient
 from dledger.server.scrub import SCRUB_MIN_PASS_INTERVAL_S
 from dledger.storage import codec
 from dledger.storage.files import segment_name
 from jepsen_like.disk import xor_byte
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,8 @@ from integration.test_storage_damage import (
 )
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from dledger.server.goodcopy import GOOD_COPY_INTERVAL_MS, ROUNDS_TO_STOP, STOP_GRACE_ROUNDS
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

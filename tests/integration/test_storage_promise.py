@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from broker.cluster import LocalCluster
 from dledger.log import HardState
 from dledger.server.client import ClientError, LogClient
 from dledger.storage.codec import decode_hard_state
 from dledger.storage.promise import promise_path, read_promise
 from jepsen_like.disk import copy_store, restore_store
+from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster import _pid_alive
 from jepsen_like.__main__ import main
 from jepsen_like.netns import BRIDGE_PREFIX, NS_PREFIX, VETH_PREFIX, check_netns
+from mqcluster.cluster import _pid_alive
 
 pytestmark = pytest.mark.integration
 

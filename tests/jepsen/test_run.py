@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster import _pid_alive
 from jepsen_like.__main__ import main
+from mqcluster.cluster import _pid_alive
 
 pytestmark = pytest.mark.integration
 

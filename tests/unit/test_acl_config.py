@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.auth.secrets import generate_key_file
 from broker.config import ConfigError, parse_config
+from broker.state.auth.secrets import generate_key_file
 
 BASE = "dLegerPeers=n0-127.0.0.1:40911\ndLegerSelfId=n0\n"
 PASSWORD = "hunter2-hunter2"

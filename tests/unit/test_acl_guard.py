@@ -12,14 +12,19 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 
-from broker.applied import NodeContext
-from broker.auth import guard as guard_module
-from broker.auth import rpcmap
-from broker.auth.admin import AclNotFoundError, AlreadyExistsError, AuthAdmin, UserNotFoundError
-from broker.auth.guard import AuthGuard, AuthSettings
-from broker.auth.secrets import SecretBox
-from broker.errors import InvalidRequestError
-from broker.settings import ServiceConfig
+from broker.components.applied import NodeContext
+from broker.components.authadmin import (
+    AclNotFoundError,
+    AlreadyExistsError,
+    AuthAdmin,
+    UserNotFoundError,
+)
+from broker.components.settings import ServiceConfig
+from broker.frontends import authguard as guard_module
+from broker.frontends import rpcmap
+from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.state.auth.secrets import SecretBox
+from broker.state.errors import InvalidRequestError
 from dledger.server.guard import OPEN_SERVICES, Refusal
 from dledger.server.rpcguard import Undecodable
 from mqsecurity.credentials import Credentials
@@ -216,7 +221,7 @@ def test_no_key_no_users(tmp_path: Path) -> None:
 def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
     """Beyond the servicer's limits (which refuse the request before anything changes) the
     guard does not match thousands of topics against the rules."""
-    from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+    from broker.components.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
 
     subs = [bpb.Subscription(topic=f"t{i}", expression="*") for i in range(MAX_SUBSCRIPTIONS + 1)]
     heartbeat = rpcmap.RPC_NEEDS[rpcmap.BROKER + "Heartbeat"]
@@ -234,7 +239,7 @@ def test_oversized_consumer_requests_are_not_matched_topic_by_topic() -> None:
 
 def test_send_back_needs_sub_on_the_stored_messages_topics(tmp_path: Path) -> None:
     """A group's consumer may not copy another topic's message into its retry topic."""
-    from broker.errors import MessageNotFoundError
+    from broker.state.errors import MessageNotFoundError
 
     admin, guard = setup(tmp_path)
     asyncio.run(

@@ -1,4 +1,4 @@
-"""The authorization matrix (issue #32): every row of the one RPC map (broker/auth/rpcmap.py:
+"""The authorization matrix (issue #32): every row of the one RPC map (broker/frontends/rpcmap.py:
 the client port's Broker and DLedgerClient calls, every v2 RPC and every Telemetry command
 kind), asked of the real guard for six callers: anonymous, a user with no rules, Sub only, Pub
 only, Pub and Sub with a Deny on one topic, and an admin. What each may do is computed from a
@@ -22,16 +22,16 @@ from raftmq.nameserver.v1 import nameserver_pb2 as nspb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as nsgrpc
 
 from broker.app import assemble
-from broker.applied import NodeContext
-from broker.auth import rpcmap
-from broker.auth.admin import AuthAdmin
-from broker.auth.guard import AuthGuard, AuthSettings
-from broker.auth.model import GROUP, PUB, SUB, TOPIC, Resource
-from broker.auth.secrets import SecretBox
-from broker.message import UniqIdGenerator
-from broker.retry import SendBackItem
-from broker.rmq5 import stubs
-from broker.settings import ServiceConfig
+from broker.components.applied import NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.retry import SendBackItem
+from broker.components.settings import ServiceConfig
+from broker.frontends import rpcmap
+from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.v2 import stubs
+from broker.state.auth.model import GROUP, PUB, SUB, TOPIC, Resource
+from broker.state.auth.secrets import SecretBox
+from broker.state.message import UniqIdGenerator
 from client.errors import MQClientError
 from dledger.server.guard import GuardInterceptor
 from dledger.server.node import _PeerServicer
@@ -243,7 +243,7 @@ def v1_table() -> list[str]:
 
 def test_the_docs_v1_table_is_the_map() -> None:
     """docs/SECURITY.md's client-port table has exactly one row per method of the map, and
-    each row's needs are what broker/auth/rpcmap.py says."""
+    each row's needs are what broker/frontends/rpcmap.py says."""
     docs = (Path(__file__).parents[2] / "docs" / "SECURITY.md").read_text()
     section = docs.split("### What each RPC needs", 1)[1].split("\n### ", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("| `")]

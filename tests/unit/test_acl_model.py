@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.auth.model import (
+from broker.state.auth.model import (
     ALL,
     ALLOW,
     DENY,
@@ -23,7 +23,7 @@ from broker.auth.model import (
     peer_ip,
     rule_from_doc,
 )
-from broker.errors import InvalidRequestError
+from broker.state.errors import InvalidRequestError
 
 ALICE = User("alice", "sealed", NORMAL)
 

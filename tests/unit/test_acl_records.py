@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from broker.auth import records as rec
-from broker.auth.model import MAX_RULES_PER_SUBJECT, MAX_USERS
-from broker.auth.secrets import (
+from broker.state.auth import records as rec
+from broker.state.auth.model import MAX_RULES_PER_SUBJECT, MAX_USERS
+from broker.state.auth.secrets import (
     SecretBox,
     check_sealed,
     generate_key_file,
     load_key_file,
 )
-from broker.auth.table import AuthTable
-from broker.errors import ConfigError, InvalidRequestError
-from broker.records import ENTRY_AUTH
-from broker.state import BrokerStateMachine
+from broker.state.auth.table import AuthTable
+from broker.state.errors import ConfigError, InvalidRequestError
+from broker.state.machine import BrokerStateMachine
+from broker.state.records import ENTRY_AUTH
 from dledger.log import Entry
 
 BOX = SecretBox(bytes(range(32)))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from broker.app import Broker, build
-from broker.auth.secrets import generate_key_file
 from broker.config import parse_config
-from broker.errors import MessageNotFoundError
+from broker.state.auth.secrets import generate_key_file
+from broker.state.errors import MessageNotFoundError
 
 BASE_CONF = "dLegerPeers=n0-127.0.0.1:40911\ndLegerSelfId=n0\nlistenPort=10911\n"
 

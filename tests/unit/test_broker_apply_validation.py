@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-import broker.records as records
-import broker.state as state_mod
+import broker.state.machine as state_mod
+import broker.state.records as records
 from broker.app import LazyLog
-from broker.cluster import _free_ports
-from broker.consumequeue import ConsumeQueueStore
-from broker.errors import CorruptStoreError, InvalidTopicError
-from broker.indexfile import INDEX_HEADER_SIZE, INDEX_RECORD_SIZE, SLOT_SIZE, IndexStore
-from broker.message import Message, UniqIdGenerator, encode_batch
-from broker.names import (
+from broker.state.consumequeue import ConsumeQueueStore
+from broker.state.delayrules import delivered_copy, encode_schedule_header, to_schedule
+from broker.state.errors import CorruptStoreError, InvalidTopicError
+from broker.state.indexfile import INDEX_HEADER_SIZE, INDEX_RECORD_SIZE, SLOT_SIZE, IndexStore
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.names import (
     MAX_GROUP_LENGTH,
     MAX_TOPIC_LENGTH,
     SCHEDULE_TOPIC,
@@ -36,7 +37,7 @@ from broker.names import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import (
+from broker.state.records import (
     CONTROL_VERSION,
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
@@ -49,12 +50,11 @@ from broker.records import (
     encode_offsets_record,
     encode_topic_record,
 )
-from broker.schedule import delivered_copy, encode_schedule_header, to_schedule
-from broker.state import BrokerStateMachine
 from dledger.core import Role
 from dledger.log import Entry
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
+from mqcluster.cluster import _free_ports
 from nameserver.routes import check_name
 
 IDS = UniqIdGenerator(ip="10.0.0.2", pid=7, instance_hash=2)
@@ -151,7 +151,7 @@ def test_a_path_like_topic_record_never_touches_outside_the_store(
     log.add(topic_record(TOPIC_DELETE, VICTIM), ENTRY_TOPIC)
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("T")), ENTRY_TOPIC)
     sm = opened(root, log)
-    with caplog.at_level(logging.ERROR, "broker.state"):
+    with caplog.at_level(logging.ERROR, "broker.state.machine"):
         sm.apply(log.entries)
     assert (victim / "0" / "keep").read_bytes() == b"precious"
     assert list(sm.topics) == ["T"] and sm.last_applied == 3
@@ -196,7 +196,7 @@ def test_stray_directories_are_reported_once(
     (store.directory / "bad name").mkdir()
     (store.directory / "T" / "junk").mkdir(parents=True)
     store.queue("T", 0)
-    with caplog.at_level(logging.WARNING, "broker.consumequeue"):
+    with caplog.at_level(logging.WARNING, "broker.state.consumequeue"):
         for _ in range(3):  # a snapshot lists the queues every second
             assert store.queue_ids() == [("T", 0)]
     strays = [r for r in caplog.records if "ignoring directory" in r.getMessage()]
@@ -229,7 +229,7 @@ def test_topic_records_the_api_would_refuse_are_skipped(
     log.add(BAD_TOPIC_RECORDS[case], ENTRY_TOPIC)
     log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("Good")), ENTRY_TOPIC)
     sm = opened(tmp_path, log)
-    with caplog.at_level(logging.ERROR, "broker.state"):
+    with caplog.at_level(logging.ERROR, "broker.state.machine"):
         sm.apply(log.entries)
     assert list(sm.topics) == ["Good"] and sm.last_applied == 2
     lines = skip_lines(caplog)
@@ -290,7 +290,7 @@ def test_offsets_records_the_api_would_refuse_are_skipped_whole(
     # One bad item among good ones: nothing of the record is applied.
     log.add(offsets_record([("g", "T", 1, 9), ("h", "T", 2, 9), BAD_OFFSETS[case]]), ENTRY_OFFSETS)
     sm = opened(tmp_path, log)
-    with caplog.at_level(logging.ERROR, "broker.state"):
+    with caplog.at_level(logging.ERROR, "broker.state.machine"):
         sm.apply(log.entries)
     assert sm.offsets == {("g", "T", 1): 7}
     lines = skip_lines(caplog)
@@ -352,7 +352,7 @@ def test_a_flood_of_bad_records_is_logged_in_bounded_lines(
     for _ in range(3 * state_mod.SKIP_LOG_LINES_PER_WINDOW):
         log.add(topic_record(TOPIC_UPSERT, VICTIM), ENTRY_TOPIC)
     sm = opened(tmp_path, log)
-    with caplog.at_level(logging.ERROR, "broker.state"):
+    with caplog.at_level(logging.ERROR, "broker.state.machine"):
         sm.apply(log.entries)
     assert sm.skip_log.skipped == 3 * state_mod.SKIP_LOG_LINES_PER_WINDOW
     assert len(skip_lines(caplog)) == state_mod.SKIP_LOG_LINES_PER_WINDOW
@@ -407,7 +407,7 @@ def test_a_snapshot_with_invalid_names_loads_without_them(
     data["offsets"]["g"]["T"]["-1"] = 3
     data["schedule"] = {"0": 5, "3": -1, "2": 0}  # level 2 kept: at most its queue's max
     path.write_text(json.dumps(data))
-    with caplog.at_level(logging.ERROR, "broker.state"):
+    with caplog.at_level(logging.ERROR, "broker.state.machine"):
         again = opened(tmp_path, log)
     assert again.last_applied == len(log.entries)  # loaded, not rebuilt
     assert list(again.topics) == ["T"]

@@ -1,4 +1,4 @@
-"""ConsumeQueue files of broker/consumequeue.py (docs/FORMAT.md, "Broker: ConsumeQueue")."""
+"""ConsumeQueue files of broker/state/consumequeue.py (docs/FORMAT.md, "Broker: ConsumeQueue")."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.consumequeue import (
+from broker.state.consumequeue import (
     CQ_RECORD_SIZE,
     DEFAULT_RECORDS_PER_FILE,
     ConsumeQueue,
     ConsumeQueueStore,
     file_name,
 )
-from broker.errors import (
+from broker.state.errors import (
     CorruptStoreError,
     InvalidTopicError,
     OffsetOutOfRangeError,

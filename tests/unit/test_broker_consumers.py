@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from broker_world import world
 
-from broker.consumers import ConsumerGroups
-from broker.errors import InvalidRequestError
-from broker.locks import CONSUMER_EXPIRE_MS
+from broker.components.consumers import ConsumerGroups
+from broker.components.locks import CONSUMER_EXPIRE_MS
+from broker.state.errors import InvalidRequestError
 from dledger.core import NotLeaderError, Role
 
 

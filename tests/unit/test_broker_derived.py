@@ -1,4 +1,4 @@
-"""Derived state against the commitlog (broker.derived): the open-time check, the check on
+"""Derived state against the commitlog (broker.state.derived): the open-time check, the check on
 read and the scrubber find wrong ConsumeQueue and key index records and rebuild them."""
 
 from __future__ import annotations
@@ -12,22 +12,22 @@ from types import SimpleNamespace
 import pytest
 from broker_world import MemoryLog, Outgoing, outgoing, world
 
-from broker import derived
-from broker.applied import AppliedMessages, NodeContext
-from broker.consumequeue import CQ_RECORD, CQ_RECORD_SIZE
-from broker.errors import CorruptMessageError, DerivedStateError
-from broker.indexfile import INDEX_RECORD
-from broker.lookups import Lookups
-from broker.message import Message, UniqIdGenerator, encode_batch
+from broker.components.applied import AppliedMessages, NodeContext
+from broker.components.lookups import Lookups
+from broker.components.pop import Pops, ReceiveQuery
+from broker.components.pulling import PullPath, PullQuery, PullStatus
+from broker.components.retry import Retries
+from broker.components.scrubber import Scrubber
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
 from broker.metrics import scrub_families
-from broker.pop import Pops, ReceiveQuery
-from broker.pulling import PullPath, PullQuery, PullStatus
-from broker.records import ENTRY_MESSAGES
-from broker.retry import Retries
-from broker.scrubber import Scrubber
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
+from broker.state import derived
+from broker.state.consumequeue import CQ_RECORD, CQ_RECORD_SIZE
+from broker.state.errors import CorruptMessageError, DerivedStateError
+from broker.state.indexfile import INDEX_RECORD
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.records import ENTRY_MESSAGES
 from dledger.core import Role
 from dledger.log import Entry, IndexOutOfRangeError, LogCompactedError
 

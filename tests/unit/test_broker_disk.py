@@ -1,4 +1,5 @@
-"""broker.disk: the send path's watermark check (fake statvfs and clock) and its config keys."""
+"""broker.components.disk: the send path's watermark check (fake statvfs and clock) and its
+config keys."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.app import assemble
+from broker.components.disk import DiskGuard, Watermarks, used_percent
 from broker.config import ConfigError, node_config, parse_config
-from broker.disk import DiskGuard, Watermarks, used_percent
-from broker.service import ServiceConfig
+from broker.frontends.v1.service import ServiceConfig
 from dledger.core import Role
 from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, read_error
 from dledger.storage import DiskFullError

@@ -1,4 +1,4 @@
-"""The key index of broker/indexfile.py (docs/FORMAT.md, "Broker: Key index")."""
+"""The key index of broker/state/indexfile.py (docs/FORMAT.md, "Broker: Key index")."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import indexfile as ix
-from broker.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
-from broker.indexfile import IndexStore
+from broker.state import indexfile as ix
+from broker.state.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
+from broker.state.indexfile import IndexStore
 
 T0 = 1_763_700_000_000  # 2025-11-21 04:40:00 UTC
 

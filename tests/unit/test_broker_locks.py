@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from broker.errors import TooManyConsumersError, TooManyLocksError
-from broker.locks import ConsumerTable, QueueLockTable
+from broker.components.locks import ConsumerTable, QueueLockTable
+from broker.state.errors import TooManyConsumersError, TooManyLocksError
 
 Q0, Q1 = ("T", 0), ("T", 1)
 

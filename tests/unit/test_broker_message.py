@@ -1,4 +1,5 @@
-"""broker/message.py: the broker's names for the codec (msgcodec), raising the broker's errors.
+"""broker/state/message.py: the broker's names for the codec (msgcodec), raising the broker's
+errors.
 
 The codec itself is tested in test_msgcodec.py; here, that every codec error reaches broker
 code as a BrokerError of the same code (the apply path skips a bad record only on a
@@ -12,9 +13,9 @@ import inspect
 import pytest
 
 import msgcodec
-from broker import errors
-from broker import message as bm
-from broker.errors import BrokerError
+from broker.state import errors
+from broker.state import message as bm
+from broker.state.errors import BrokerError
 
 GOOD = msgcodec.Message(topic="T", queue_id=0, body=b"x", uniq_id="A" * 32)
 

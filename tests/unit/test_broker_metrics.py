@@ -12,18 +12,18 @@ from broker_world import outgoing, world
 from prometheus_client.core import Metric
 
 from broker import metrics as broker_metrics
-from broker.cluster import LocalCluster, metrics_line
+from broker.components.offsets import ConsumerOffsets
+from broker.components.pulling import PullPath, PullQuery
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.stats import BrokerStats
 from broker.config import ConfigError, load_config, parse_config
-from broker.message import Message, UniqIdGenerator, encode_batch
 from broker.metrics import BrokerMetrics
-from broker.names import SCHEDULE_TOPIC
-from broker.offsets import ConsumerOffsets
-from broker.pulling import PullPath, PullQuery
-from broker.records import ENTRY_MESSAGES
-from broker.schedule import PROPERTY_DELAY
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
-from broker.stats import BrokerStats
+from broker.state.delayrules import PROPERTY_DELAY
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.names import SCHEDULE_TOPIC
+from broker.state.records import ENTRY_MESSAGES
+from mqcluster.cluster import LocalCluster, metrics_line
 from mqmetrics.hot import OTHER
 from nameserver.config import ConfigError as NameServerConfigError
 from nameserver.config import load_config as load_namesrv_config

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from broker_world import world
 
-from broker.message import Message, UniqIdGenerator, encode_batch
-from broker.offsets import ConsumerOffsets, QueueLag
-from broker.records import ENTRY_MESSAGES
+from broker.components.offsets import ConsumerOffsets, QueueLag
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.records import ENTRY_MESSAGES
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
 

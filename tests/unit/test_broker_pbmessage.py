@@ -1,6 +1,6 @@
 """A stored message on raftmq.broker.v1's wire and back is the message: every field of
-msgcodec's Message crosses (broker/pbmessage.py). Before, a POP receive forwarded to the
-leader (broker/rmq5/leader.py) rebuilt the message by hand and dropped ``flag`` and
+msgcodec's Message crosses (broker/frontends/v1/pbmessage.py). Before, a POP receive forwarded to
+the leader (broker/frontends/v2/leader.py) rebuilt the message by hand and dropped ``flag`` and
 ``sys_flag``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.message import Message
-from broker.pbmessage import message_from_pb, message_pb
+from broker.frontends.v1.pbmessage import message_from_pb, message_pb
+from broker.state.message import Message
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)

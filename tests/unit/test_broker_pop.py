@@ -12,10 +12,12 @@ import pytest
 from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.errors import InvalidRequestError
-from broker.message import UniqIdGenerator
-from broker.pop import InvalidInvisibleTimeError, Pops, Received, ReceiveQuery
-from broker.popstate import (
+from broker.components.pop import InvalidInvisibleTimeError, Pops, Received, ReceiveQuery
+from broker.components.retry import Retries
+from broker.components.sending import SendPath
+from broker.state.errors import InvalidRequestError
+from broker.state.message import UniqIdGenerator
+from broker.state.popstate import (
     OP_ACK,
     OP_CHANGE,
     OP_POP,
@@ -28,9 +30,7 @@ from broker.popstate import (
     encode_handle,
     encode_pop_record,
 )
-from broker.records import ENTRY_POP
-from broker.retry import Retries
-from broker.sending import SendPath
+from broker.state.records import ENTRY_POP
 
 MIN_INVISIBLE_MS = 1000
 IDS = UniqIdGenerator(ip="10.0.0.2", pid=8, instance_hash=2)

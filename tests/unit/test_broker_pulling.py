@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from broker_world import world
 
-from broker.errors import TooManyLongPollsError
-from broker.message import Message, UniqIdGenerator, decode_message, encode_batch
-from broker.pulling import PullPath, PullQuery, PullStatus
-from broker.records import ENTRY_MESSAGES
+from broker.components.pulling import PullPath, PullQuery, PullStatus
+from broker.state.errors import TooManyLongPollsError
+from broker.state.message import Message, UniqIdGenerator, decode_message, encode_batch
+from broker.state.records import ENTRY_MESSAGES
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
 
@@ -78,7 +78,7 @@ def test_a_long_poll_wakes_for_its_tag_only_and_leaves_no_waiter(
         got = await asyncio.wait_for(held, 1)
         assert got.status is PullStatus.FOUND and got.queue_offsets == [1]
         assert len(puller.polls) == 0 and puller.polls.queues() == 0
-        monkeypatch.setattr("broker.pulling.MAX_LONG_POLLS_PER_PEER", 1)
+        monkeypatch.setattr("broker.components.pulling.MAX_LONG_POLLS_PER_PEER", 1)
         waiting = PullQuery("T", 1, 0, suspend_timeout_ms=5000)
         first = asyncio.ensure_future(puller.pull(waiting, "p1"))
         await asyncio.sleep(0.01)

@@ -12,22 +12,23 @@ import pytest
 from broker_world import reopen, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.errors import InvalidRequestError
-from broker.message import UniqIdGenerator
-from broker.pop import Pops, ReceiveQuery
-from broker.popstate import (
+from broker.components.pop import Pops, ReceiveQuery
+from broker.components.retry import Retries
+from broker.components.sending import SendPath
+from broker.components.subscriptions import SubscriptionGroups
+from broker.frontends.v2.clients import ClientTable
+from broker.frontends.v2.renewals import Renewals, RenewPolicy
+from broker.state.errors import InvalidRequestError
+from broker.state.message import UniqIdGenerator
+from broker.state.popstate import (
     OP_POP,
     OP_POP_FIFO,
     InvalidReceiptHandleError,
     PopRecord,
     encode_pop_record,
 )
-from broker.records import ENTRY_POP
-from broker.retry import Retries
-from broker.rmq5.clients import ClientTable
-from broker.rmq5.renewals import Renewals, RenewPolicy
-from broker.sending import SendPath
-from broker.subgroups import (
+from broker.state.records import ENTRY_POP
+from broker.state.subgroups import (
     BACKOFF_EXPONENTIAL,
     MAX_SUBGROUPS,
     OP_CREATE_IF_ABSENT,
@@ -40,7 +41,6 @@ from broker.subgroups import (
     decode_subgroup_record,
     encode_subgroup_record,
 )
-from broker.subscriptions import SubscriptionGroups
 
 IDS = UniqIdGenerator(ip="10.0.0.3", pid=9, instance_hash=3)
 EXP = Backoff(BACKOFF_EXPONENTIAL, (), 100, 1000, 2000)

@@ -1,6 +1,6 @@
-"""The broker's contract with its Raft member (``broker/raftnode.py``), kept: no broker module
-but the composition root names ``DLedgerNode``, every read of a node in ``broker/`` is a member
-of ``RaftNode``, and ``DLedgerNode`` has every member (mypy checks the types where
+"""The broker's contract with its Raft member (``broker/components/raftnode.py``), kept: no broker
+module but the composition root names ``DLedgerNode``, every read of a node in ``broker/`` is a
+member of ``RaftNode``, and ``DLedgerNode`` has every member (mypy checks the types where
 ``broker/app.py`` hands the node over)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ast
 import inspect
 from pathlib import Path
 
-from broker.raftnode import LogStore, RaftNode
+from broker.components.raftnode import LogStore, RaftNode
 from dledger.server.node import DLedgerNode
 from dledger.storage import SegmentedLogStore
 
@@ -75,7 +75,9 @@ def test_no_broker_module_but_the_composition_root_names_the_node_class() -> Non
             )
             if named:
                 offenders.append(f"{rel}:{n.lineno}")
-    assert offenders == [], f"use broker.raftnode.RaftNode instead of DLedgerNode: {offenders}"
+    assert offenders == [], (
+        f"use broker.components.raftnode.RaftNode instead of DLedgerNode: {offenders}"
+    )
 
 
 def test_the_composition_root_builds_the_node() -> None:
@@ -100,7 +102,7 @@ def test_broker_code_reads_only_the_members_of_the_contract() -> None:
     ]
     assert offenders == [], (
         "broker code reads a node member RaftNode does not declare (add it to "
-        f"broker/raftnode.py, documented, or use one it has): {offenders}"
+        f"broker/components/raftnode.py, documented, or use one it has): {offenders}"
     )
 
 

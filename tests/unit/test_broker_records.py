@@ -1,6 +1,6 @@
-"""The broker's record vocabulary (broker.records) and the state machine's handler table: every
-record type has exactly one apply handler, every record type's codec round-trips, and the bytes
-of the topic and offsets records are pinned (docs/FORMAT.md, "Broker: control records")."""
+"""The broker's record vocabulary (broker.state.records) and the state machine's handler table:
+every record type has exactly one apply handler, every record type's codec round-trips, and the
+bytes of the topic and offsets records are pinned (docs/FORMAT.md, "Broker: control records")."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import records, state
-from broker.auth.records import OPS as AUTH_OPS
-from broker.auth.records import decode_auth_record, encode_auth_record
-from broker.message import Message, decode_message, encode_batch
-from broker.popstate import PopRecord, decode_pop_record, encode_pop_record
-from broker.records import (
+from broker.state import machine as state
+from broker.state import records
+from broker.state.auth.records import OPS as AUTH_OPS
+from broker.state.auth.records import decode_auth_record, encode_auth_record
+from broker.state.delayrules import decode_schedule_header, encode_schedule_header
+from broker.state.message import Message, decode_message, encode_batch
+from broker.state.popstate import PopRecord, decode_pop_record, encode_pop_record
+from broker.state.records import (
     ENTRY_AUTH,
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
@@ -42,8 +44,7 @@ from broker.records import (
     encode_offsets_record,
     encode_topic_record,
 )
-from broker.schedule import decode_schedule_header, encode_schedule_header
-from broker.subgroups import (
+from broker.state.subgroups import (
     BACKOFF_CUSTOMIZED,
     BACKOFF_EXPONENTIAL,
     MAX_ATTEMPTS_LIMIT,
@@ -57,10 +58,10 @@ from broker.subgroups import (
     decode_subgroup_record,
     encode_subgroup_record,
 )
-from broker.subgroups import OP_CREATE_IF_ABSENT as SUBGROUP_CREATE_IF_ABSENT
-from broker.subgroups import OP_DELETE as SUBGROUP_DELETE
-from broker.subgroups import OP_UPSERT as SUBGROUP_UPSERT
-from broker.timer import (
+from broker.state.subgroups import OP_CREATE_IF_ABSENT as SUBGROUP_CREATE_IF_ABSENT
+from broker.state.subgroups import OP_DELETE as SUBGROUP_DELETE
+from broker.state.subgroups import OP_UPSERT as SUBGROUP_UPSERT
+from broker.state.timerrules import (
     HOP_RECORD_SIZE,
     MAX_TIMER_LEVELS,
     decode_hop,
@@ -68,7 +69,7 @@ from broker.timer import (
     encode_hop,
     encode_timer_header,
 )
-from broker.transactions.state import (
+from broker.state.transactions import (
     MAX_CHECKS,
     MAX_TIME_MS,
     OP_CHECK,
@@ -119,7 +120,7 @@ def test_record_types_are_in_dledgers_application_range_and_named_once() -> None
 
 
 # ------------------------------------------------------------------------- pinned bytes
-# Written by the codecs before they moved out of broker/state.py: the format is on disk.
+# Written by the codecs before they moved out of broker/state/machine.py: the format is on disk.
 
 PINNED_TOPIC_RECORDS = [
     (

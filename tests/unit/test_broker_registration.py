@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from broker.config import parse_config
-from broker.records import TopicConfig
 from broker.registration import BrokerRegistrar
-from broker.state import BrokerStateMachine
+from broker.state.machine import BrokerStateMachine
+from broker.state.records import TopicConfig
 from dledger import fatal
 from dledger.core import Role
 from nameserver.config import NameServerConfig

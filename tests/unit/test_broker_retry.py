@@ -7,13 +7,13 @@ from pathlib import Path
 
 from broker_world import world
 
-from broker.message import Message, UniqIdGenerator, encode_batch
-from broker.names import SCHEDULE_TOPIC
-from broker.records import ENTRY_MESSAGES
-from broker.retry import Retries, SendBackItem
-from broker.scheduler import SCHEDULE_EMPTY_WAIT_MS, SCHEDULE_IDLE_MS, Scheduler
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
+from broker.components.delaydelivery import SCHEDULE_EMPTY_WAIT_MS, SCHEDULE_IDLE_MS, Scheduler
+from broker.components.retry import Retries, SendBackItem
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.names import SCHEDULE_TOPIC
+from broker.state.records import ENTRY_MESSAGES
 
 IDS = UniqIdGenerator(ip="10.0.0.1", pid=7, instance_hash=1)
 

@@ -1,13 +1,12 @@
-"""Delays, retries and dead letters: the pure rules (broker.schedule) and the state machine's
-schedule entries (delivery and progress in one entry; a second proposal is skipped whole)."""
+"""Delays, retries and dead letters: the pure rules (broker.state.delayrules) and the state
+machine's schedule entries (delivery and progress in one entry; a second proposal is skipped
+whole)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.errors import InvalidRequestError
-from broker.message import Message
-from broker.schedule import (
+from broker.state.delayrules import (
     DEFAULT_DELAY_LEVELS,
     PROPERTY_DELAY,
     PROPERTY_DLQ_ORIGIN_TOPIC,
@@ -26,6 +25,8 @@ from broker.schedule import (
     send_back_copy,
     to_schedule,
 )
+from broker.state.errors import InvalidRequestError
+from broker.state.message import Message
 
 LEVELS = parse_delay_levels(DEFAULT_DELAY_LEVELS)
 

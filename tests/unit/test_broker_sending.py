@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from broker_world import outgoing, world
 
-from broker.errors import QueueIdOutOfRangeError, SystemTopicError, TopicNotFoundError
-from broker.names import SCHEDULE_TOPIC
-from broker.schedule import PROPERTY_DELAY
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.state.delayrules import PROPERTY_DELAY
+from broker.state.errors import QueueIdOutOfRangeError, SystemTopicError, TopicNotFoundError
+from broker.state.names import SCHEDULE_TOPIC
 
 
 def test_a_send_is_stored_in_its_queues_and_answered_in_order(tmp_path: Path) -> None:

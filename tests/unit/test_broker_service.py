@@ -18,9 +18,19 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.common.v1 import error_pb2
 
 from broker.app import Broker, assemble
-from broker.applied import AppliedMessages, NodeContext
-from broker.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
-from broker.errors import (
+from broker.components.applied import AppliedMessages, NodeContext
+from broker.components.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.components.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
+from broker.components.lookups import Found, answer_bytes
+from broker.components.offsets import offsets_record
+from broker.components.pulling import PullPath, parse_subscription
+from broker.frontends.v1.rpcerrors import (
+    RESOURCE_EXHAUSTED_RETRY_AFTER_MS,
+    error_failure,
+    error_status,
+)
+from broker.frontends.v1.service import BrokerServicer, ServiceConfig
+from broker.state.errors import (
     CorruptMessageError,
     InvalidTopicError,
     MessageNotFoundError,
@@ -30,13 +40,7 @@ from broker.errors import (
     TooManyLocksError,
     TopicNotFoundError,
 )
-from broker.locks import CONSUMER_EXPIRE_MS, MAX_CONSUMERS_PER_GROUP, ConsumerTable
-from broker.lookups import Found, answer_bytes
-from broker.offsets import offsets_record
-from broker.pulling import PullPath, parse_subscription
-from broker.records import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
-from broker.rpcerrors import RESOURCE_EXHAUSTED_RETRY_AFTER_MS, error_failure, error_status
-from broker.service import BrokerServicer, ServiceConfig
+from broker.state.records import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
 from client.consumer import pulled_messages
 from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role
@@ -168,7 +172,7 @@ class FakeContext:
 
 
 class FakeNode:
-    """What BrokerServicer uses of a ``broker.raftnode.RaftNode``: a leader that commits
+    """What BrokerServicer uses of a ``broker.components.raftnode.RaftNode``: a leader that commits
     every proposal."""
 
     def __init__(self) -> None:
@@ -398,7 +402,7 @@ def test_a_long_poll_that_times_out_leaves_no_waiter_and_polls_are_capped(
         resp = await s.PullMessage(request, FakeContext())
         assert resp.status == pb.NO_NEW_MSG
         assert len(s.puller.polls) == 0 and s.puller.polls.queues() == 0
-        monkeypatch.setattr("broker.pulling.MAX_LONG_POLLS_PER_PEER", 3)
+        monkeypatch.setattr("broker.components.pulling.MAX_LONG_POLLS_PER_PEER", 3)
         request.suspend_timeout_ms = 5000
         held: list[asyncio.Task[Any]] = [
             asyncio.ensure_future(s.PullMessage(request, FakeContext())) for _ in range(3)
@@ -483,7 +487,7 @@ def test_a_megabyte_of_tags_is_invalid_argument_not_internal() -> None:
 def test_the_pb_size_estimate_bounds_the_serialized_size() -> None:
     """Pull answers are bounded with an O(1) estimate per message: it must never be below the
     real serialized size, whatever the message's shape."""
-    from broker.message import Message, encode_message
+    from broker.state.message import Message, encode_message
 
     shapes = [
         Message("T", 0, b"x"),

@@ -16,10 +16,17 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-from broker import snapshotting
-from broker.errors import BrokerError, CorruptMessageError, InvalidRequestError
-from broker.message import Message, UniqIdGenerator, encode_batch, tags_hash
-from broker.records import (
+from broker.state import snapshotting
+from broker.state.delayrules import (
+    SCHEDULE_TOPIC,
+    delivered_copy,
+    encode_schedule_header,
+    to_schedule,
+)
+from broker.state.errors import BrokerError, CorruptMessageError, InvalidRequestError
+from broker.state.machine import BrokerStateMachine, QueueKey
+from broker.state.message import Message, UniqIdGenerator, encode_batch, tags_hash
+from broker.state.records import (
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
     ENTRY_SCHEDULE,
@@ -33,9 +40,7 @@ from broker.records import (
     encode_offsets_record,
     encode_topic_record,
 )
-from broker.schedule import SCHEDULE_TOPIC, delivered_copy, encode_schedule_header, to_schedule
-from broker.snapshotting import PIN_DIR
-from broker.state import BrokerStateMachine, QueueKey
+from broker.state.snapshotting import PIN_DIR
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import Entry

@@ -1,5 +1,5 @@
-"""Replicated broker state against the commitlog (broker.statecheck): POP in-flight records and
-positions, delay and timer levels, pending transaction halves. A snapshot row that disagrees
+"""Replicated broker state against the commitlog (broker.state.statecheck): POP in-flight records
+and positions, delay and timer levels, pending transaction halves. A snapshot row that disagrees
 with the log makes the open rebuild the whole state from the log (or refuse to start when
 retention deleted the log's start); the scrubber finds a row changed at run time and marks
 the node for that rebuild."""
@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from broker_world import MemoryLog, outgoing, world
 
-from broker import derived, statecheck
+from broker.components.pop import Pops, ReceiveQuery
+from broker.components.retry import Retries
+from broker.components.scrubber import Scrubber
+from broker.components.sending import SendPath
+from broker.components.transactions import Transactions
 from broker.metrics import scrub_families
-from broker.pop import Pops, ReceiveQuery
-from broker.retry import Retries
-from broker.scrubber import Scrubber
-from broker.sending import SendPath
-from broker.state import BrokerStateMachine
-from broker.transactions.manager import Transactions
+from broker.state import derived, statecheck
+from broker.state.machine import BrokerStateMachine
 from dledger.core import Role
 from dledger.server.errors import StartError
 

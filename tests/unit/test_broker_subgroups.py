@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.subgroups import (
+from broker.state.subgroups import (
     OP_CREATE_IF_ABSENT,
     OP_DELETE,
     OP_UPSERT,

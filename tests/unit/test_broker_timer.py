@@ -1,6 +1,6 @@
-"""Timed delivery on a real state machine, without gRPC: the level rules (broker.timer), the
-send path's timer branch, the leader's loop (broker.timers) under a fake clock, the move
-entries' checks on apply, and the state across a snapshot."""
+"""Timed delivery on a real state machine, without gRPC: the level rules (broker.state.timerrules),
+the send path's timer branch, the leader's loop (broker.components.timermoves) under a fake clock,
+the move entries' checks on apply, and the state across a snapshot."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ import pytest
 from broker_world import LeaderNode, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.applied import AppliedMessages, NodeContext, Wakeup
-from broker.message import Message, encode_batch
-from broker.names import TIMER_TOPIC, is_system_topic
-from broker.records import ENTRY_MESSAGES, ENTRY_TIMER
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
-from broker.timer import (
+from broker.components.applied import AppliedMessages, NodeContext, Wakeup
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.timermoves import TIMER_EMPTY_WAIT_MS, TIMER_IDLE_MS, Timers
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import Message, encode_batch
+from broker.state.names import TIMER_TOPIC, is_system_topic
+from broker.state.records import ENTRY_MESSAGES, ENTRY_TIMER
+from broker.state.timerrules import (
     MAX_TIMER_LEVELS,
     PROPERTY_TIMER_DELIVER_MS,
     TIMER_PRECISION_MS,
@@ -31,7 +32,6 @@ from broker.timer import (
     level_of,
     level_wait_ms,
 )
-from broker.timers import TIMER_EMPTY_WAIT_MS, TIMER_IDLE_MS, Timers
 from dledger.core import Role
 
 T0_MS = 1_800_000_000_000

@@ -12,15 +12,15 @@ import pytest
 from broker_world import LogAgain, world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.errors import SystemTopicError
-from broker.message import Message, UniqIdGenerator, encode_batch
-from broker.records import ENTRY_TXN
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
-from broker.state import BrokerStateMachine
-from broker.transactions import manager
-from broker.transactions.manager import Transactions, TxnSettings, due_halves
-from broker.transactions.state import (
+from broker.components import transactions as manager
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.transactions import Transactions, TxnSettings, due_halves
+from broker.state.errors import SystemTopicError
+from broker.state.machine import BrokerStateMachine
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.records import ENTRY_TXN
+from broker.state.transactions import (
     COMMITTED,
     DISCARDED,
     HALF_TOPIC,

@@ -9,9 +9,9 @@ import argparse
 
 import pytest
 
-from broker import cluster
 from client import mqadmin
 from mqcli import CommandLine, GlobalOption
+from mqcluster import cluster
 
 
 def test_mqcluster_base_dir_before_or_after_the_subcommand() -> None:

@@ -12,10 +12,10 @@ import pytest
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
-from broker.cluster import _free_port
 from client.errors import MQClientError
 from client.message import MessageQueue
 from client.route import ChannelPool, RouteClient, first_namesrv_answer, parse_namesrv_addr
+from mqcluster.cluster import _free_port
 
 
 class FakeNameServer(pb_grpc.NameServerServicer):

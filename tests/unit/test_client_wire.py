@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import msgcodec
-from broker import message as broker_codec
-from broker.errors import MessageTooLargeError, PropertiesTooLargeError
+from broker.state import message as broker_codec
+from broker.state.errors import MessageTooLargeError, PropertiesTooLargeError
 from client import MQClientError
 from client.message import Message as ClientMessage
 from client.message import MessageExt

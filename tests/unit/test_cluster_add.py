@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.cluster import LocalCluster
 from broker.config import load_config
+from mqcluster.cluster import LocalCluster
 
 SETTINGS = {"mappedFileSizeCommitLog": "65536", "fileReservedTime": "1", "timerMaxDelaySec": "3600"}
 

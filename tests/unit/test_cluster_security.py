@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import cluster as cluster_mod
 from broker import config as broker_config
-from broker.cluster import LocalCluster
-from broker.localsecurity import NAMESRV_BIND_HOST_KEY
+from mqcluster import cluster as cluster_mod
+from mqcluster.cluster import LocalCluster
+from mqcluster.localsecurity import NAMESRV_BIND_HOST_KEY
 from mqsecurity import pki
 from mqsecurity.channels import PLAINTEXT
 from mqsecurity.credentials import load_credentials
@@ -169,7 +169,7 @@ def test_mqcluster_up_is_secure_unless_insecure(
 def test_the_rmq5_line_offers_one_endpoint_per_client(tmp_path: Path) -> None:
     """One address per client, plaintext or TLS: the Node.js client cannot take a list (its
     gRPC target would be the comma-joined list: "Name resolution failed")."""
-    from broker.cluster import rmq5_line
+    from mqcluster.cluster import rmq5_line
 
     secure = LocalCluster(tmp_path / "s")
     secure.configure(2, auto_ports=True, secure=True)

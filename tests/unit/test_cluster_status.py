@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster import (
+from mqcluster.cluster import (
     LOG_TAIL_BYTES,
     ClusterError,
     LocalCluster,

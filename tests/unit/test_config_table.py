@@ -84,12 +84,12 @@ mappedFileSizeEntryIndex=131072
 
 def _v2_config_type() -> type:
     """V2Config, whose module loads the RocketMQ 5 stubs (build/rmq5, make venv)."""
-    stubs = pytest.importorskip("broker.rmq5.stubs")
+    stubs = pytest.importorskip("broker.frontends.v2.stubs")
     try:
         stubs.load()
     except stubs.StubsMissingError as exc:
         pytest.skip(str(exc))
-    from broker.rmq5.service import V2Config
+    from broker.frontends.v2.service import V2Config
 
     return V2Config
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.demo import Ack, answering_node, first_new_leader_ack
-from broker.message import encode_offset_msg_id
+from broker.state.message import encode_offset_msg_id
+from mqcluster.demo import Ack, answering_node, first_new_leader_ack
 
 KILLED_AT_S = 100.0
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from broker.errors import BrokerError
-from broker.rmq5 import stubs
-from broker.rmq5.codes import v2_code_name
-from broker.rpcerrors import error_failure
+from broker.frontends.v1.rpcerrors import error_failure
+from broker.frontends.v2 import stubs
+from broker.frontends.v2.codes import v2_code_name
+from broker.state.errors import BrokerError
 from dledger.log import CorruptLogError, DLedgerError
 from mqerrors import codes as E
 from mqerrors import generate
@@ -39,6 +39,7 @@ PRODUCT = [
     "dledger",
     "msgcodec",
     "broker",
+    "mqcluster",
     "nameserver",
     "client",
     "jepsen_like",

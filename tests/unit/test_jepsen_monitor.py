@@ -10,8 +10,8 @@ from typing import Any
 
 from support import wait_for
 
-from broker.cluster import ClusterError
 from jepsen_like.workloads import Monitor
+from mqcluster.cluster import ClusterError
 
 
 class _Client:

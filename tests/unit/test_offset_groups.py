@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-from broker import state
-from broker.errors import CorruptMessageError
-from broker.records import (
+from broker.state import machine as state
+from broker.state.errors import CorruptMessageError
+from broker.state.machine import BrokerStateMachine
+from broker.state.records import (
     ENTRY_OFFSETS,
     ENTRY_TOPIC,
     OFFSETS_RECORD_VERSION_OWNED,
@@ -25,7 +26,6 @@ from broker.records import (
     encode_offsets_record,
     encode_topic_record,
 )
-from broker.state import BrokerStateMachine
 
 
 def new_sm(root: Path, log: MemoryLog) -> BrokerStateMachine:

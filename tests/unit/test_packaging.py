@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 240
 IMPORT_TIMEOUT_S = 60
-STUBS = "broker/rmq5/_v2/apache/rocketmq/v2/"
+STUBS = "broker/frontends/v2/_v2/apache/rocketmq/v2/"
 # What the audit extra holds: never a dependency of the broker's install.
 AUDIT_ONLY = ("pyspark", "pyarrow", "pandas", "numpy")
 # The modules of the console scripts an operator runs without the extras.
@@ -46,9 +46,9 @@ class NoAudit(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoAudit())
 found = {}
-for module in json.loads(sys.argv[1]) + ["broker.rmq5.server"]:
+for module in json.loads(sys.argv[1]) + ["broker.frontends.v2.server"]:
     found[module] = importlib.import_module(module).__file__
-from broker.rmq5 import stubs
+from broker.frontends.v2 import stubs
 v2 = stubs.load()[0]
 found["stubs"] = v2.__file__
 print(json.dumps(found))

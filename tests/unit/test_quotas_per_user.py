@@ -19,19 +19,19 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker import offsets as offsets_module
 from broker.app import assemble
-from broker.applied import NodeContext
-from broker.auth.admin import AuthAdmin
-from broker.auth.guard import AuthGuard, AuthSettings
-from broker.auth.secrets import SecretBox
-from broker.errors import CorruptMessageError
-from broker.locks import CONSUMER_EXPIRE_MS, LOCK_MAX_LIVE_MS
-from broker.message import UniqIdGenerator
-from broker.records import TOPIC_UPSERT, TopicConfig, decode_topic_record, encode_topic_record
-from broker.service import BrokerServicer
-from broker.settings import ServiceConfig
-from broker.state import _topic_of_row, _topic_row
+from broker.components import offsets as offsets_module
+from broker.components.applied import NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.locks import CONSUMER_EXPIRE_MS, LOCK_MAX_LIVE_MS
+from broker.components.settings import ServiceConfig
+from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.v1.service import BrokerServicer
+from broker.state.auth.secrets import SecretBox
+from broker.state.errors import CorruptMessageError
+from broker.state.machine import _topic_of_row, _topic_row
+from broker.state.message import UniqIdGenerator
+from broker.state.records import TOPIC_UPSERT, TopicConfig, decode_topic_record, encode_topic_record
 from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata

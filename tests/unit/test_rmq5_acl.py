@@ -9,12 +9,12 @@ from pathlib import Path
 
 from unit.test_acl_guard import ADMIN, ALICE, check, setup
 
-from broker.auth import rpcmap
-from broker.auth.admin import AuthAdmin
-from broker.auth.guard import AuthGuard
-from broker.rmq5 import stubs
-from broker.rmq5.codes import v2_code_name
-from broker.rmq5.guard import RESPONSES, refusal_response
+from broker.components.authadmin import AuthAdmin
+from broker.frontends import rpcmap
+from broker.frontends.authguard import AuthGuard
+from broker.frontends.v2 import stubs
+from broker.frontends.v2.codes import v2_code_name
+from broker.frontends.v2.interceptor import RESPONSES, refusal_response
 from dledger.server.guard import Refusal
 from mqsecurity.credentials import Credentials
 
@@ -150,7 +150,7 @@ def _shown(wants: list[tuple[object, str]]) -> str:
 
 
 def v2_table() -> list[str]:
-    """docs/SECURITY.md's v2 table, row by row, from broker/auth/rpcmap.py."""
+    """docs/SECURITY.md's v2 table, row by row, from broker/frontends/rpcmap.py."""
     rows = []
     for m in SERVICE.methods:
         method = rpcmap.V2 + m.name
@@ -196,7 +196,7 @@ def v2_table() -> list[str]:
 
 
 def test_the_docs_v2_table_is_the_map() -> None:
-    """Every row of docs/SECURITY.md's v2 table is what broker/auth/rpcmap.py says."""
+    """Every row of docs/SECURITY.md's v2 table is what broker/frontends/rpcmap.py says."""
     docs = (Path(__file__).parents[2] / "docs" / "SECURITY.md").read_text()
     missing = [row for row in v2_table() if row not in docs.splitlines()]
     assert missing == [], "docs/SECURITY.md lacks (or differs in) these rows:\n" + "\n".join(

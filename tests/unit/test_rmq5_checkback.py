@@ -13,13 +13,13 @@ from typing import Any
 from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.message import UniqIdGenerator
-from broker.rmq5 import stubs
-from broker.rmq5.txn import MAX_OUTBOX_COMMANDS, ProducerStreams, Stream, merged
-from broker.sending import SendPath
-from broker.settings import ServiceConfig
-from broker.transactions.manager import Transactions
-from broker.transactions.state import transaction_id
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.transactions import Transactions
+from broker.frontends.v2 import stubs
+from broker.frontends.v2.txn import MAX_OUTBOX_COMMANDS, ProducerStreams, Stream, merged
+from broker.state.message import UniqIdGenerator
+from broker.state.transactions import transaction_id
 
 v2, v2_service, _ = stubs.load()
 

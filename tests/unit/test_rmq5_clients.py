@@ -1,14 +1,14 @@
-"""The RocketMQ 5 front end's client table (broker/rmq5/clients.py) and the error-code mapping
-(broker/rmq5/codes.py), without gRPC."""
+"""The RocketMQ 5 front end's client table (broker/frontends/v2/clients.py) and the error-code
+mapping (broker/frontends/v2/codes.py), without gRPC."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.errors import InvalidRequestError
-from broker.rmq5.clients import ClientTable, TooManyClientsError, UnknownClientError
-from broker.rmq5.codes import V2_CODE_BY_ERROR, v2_code_name
-from broker.rmq5.stubs import load
+from broker.frontends.v2.clients import ClientTable, TooManyClientsError, UnknownClientError
+from broker.frontends.v2.codes import V2_CODE_BY_ERROR, v2_code_name
+from broker.frontends.v2.stubs import load
+from broker.state.errors import InvalidRequestError
 
 
 class Clock:
@@ -60,7 +60,7 @@ def test_every_mapped_code_exists_in_the_protocol() -> None:
 
 
 def test_every_rpc_of_the_service_has_a_handler() -> None:
-    from broker.rmq5.service import MessagingServicer
+    from broker.frontends.v2.service import MessagingServicer
 
     service = load()[1].DESCRIPTOR.services_by_name["MessagingService"]
     missing = [m.name for m in service.methods if not callable(getattr(MessagingServicer, m.name))]

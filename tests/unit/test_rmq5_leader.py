@@ -1,6 +1,6 @@
 """The v2 front end's forwarded receives across a leader change, without gRPC servers
-(broker/rmq5/leader.py): a long poll whose leader dies goes to the new leader with what is left
-of its window, one that finds no leader in its window answers no message, and a hung leader
+(broker/frontends/v2/leader.py): a long poll whose leader dies goes to the new leader with what is
+left of its window, one that finds no leader in its window answers no message, and a hung leader
 costs the caller no deadline."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 
-from broker.pop import ReceiveQuery
-from broker.rmq5 import leader as leader_mod
-from broker.rmq5.leader import Failure, LeaderCalls
+from broker.components.pop import ReceiveQuery
+from broker.frontends.v2 import leader as leader_mod
+from broker.frontends.v2.leader import Failure, LeaderCalls
 from dledger.core import Role
 
 POLL_MS = 2000

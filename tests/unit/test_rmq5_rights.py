@@ -1,7 +1,7 @@
 """Users stay inside their rights on the RocketMQ 5 port (issue #32), spoken over the v2
 protocol with the generated stubs against one node's real ports in this process: the v2
 servicer and the v1 Broker servicer on one grpc.aio server on 127.0.0.1, behind the node's
-real call guard (broker.auth.guard) over a real state machine and an in-memory log
+real call guard (broker.frontends.authguard) over a real state machine and an in-memory log
 (tests/broker_world.py). Each test is one row of the issue's table."""
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ from broker_world import world
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from broker import subgroups
 from broker.app import assemble
-from broker.applied import NodeContext
-from broker.auth.admin import AuthAdmin
-from broker.auth.guard import AuthGuard, AuthSettings
-from broker.auth.secrets import SecretBox
-from broker.message import UniqIdGenerator
-from broker.rmq5 import stubs
-from broker.rmq5.guard import V2GuardInterceptor
-from broker.rmq5.leader import LeaderCalls
-from broker.rmq5.service import MessagingServicer, V2Config
-from broker.service import BrokerServicer
-from broker.settings import ServiceConfig
+from broker.components.applied import NodeContext
+from broker.components.authadmin import AuthAdmin
+from broker.components.settings import ServiceConfig
+from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.v1.service import BrokerServicer
+from broker.frontends.v2 import stubs
+from broker.frontends.v2.interceptor import V2GuardInterceptor
+from broker.frontends.v2.leader import LeaderCalls
+from broker.frontends.v2.service import MessagingServicer, V2Config
+from broker.state import subgroups
+from broker.state.auth.secrets import SecretBox
+from broker.state.message import UniqIdGenerator
 from dledger.core import Role
 from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials

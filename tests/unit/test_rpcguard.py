@@ -14,7 +14,7 @@ from google.rpc import status_pb2
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.common.v1 import error_pb2
 
-from broker.service import BrokerServicer
+from broker.frontends.v1.service import BrokerServicer
 from dledger.server import rpcguard, status
 
 JUNK = b"\xff\xff\xff\xff"  # field 31, wire type 7: not protobuf

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster import _free_ports
 from dledger.core import (
     AppendRequest,
     AppendResponse,
@@ -32,6 +31,7 @@ from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.server.promises import PROMISE_AHEAD_ENTRIES, promise_ahead_entries
 from dledger.storage import StoreConfig
 from dledger.storage.promise import promise_path_for_store, read_promise
+from mqcluster.cluster import _free_ports
 
 DEADLINE_S = 10.0
 

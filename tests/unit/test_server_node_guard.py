@@ -13,12 +13,12 @@ import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
-from broker.cluster import _free_ports
 from dledger.core import MAX_ENTRIES_PER_PROPOSAL, AppendRequest, Role
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.server.status import DETAILS_KEY, read_error
 from dledger.storage import StoreConfig
+from mqcluster.cluster import _free_ports
 
 SEGMENT_BYTES = 1 << 20  # so that the largest body is just under 1 MiB
 DEADLINE_S = 10.0

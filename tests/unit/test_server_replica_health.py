@@ -14,12 +14,12 @@ import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
-from broker.cluster import _free_ports
 from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.storage import StoreConfig
+from mqcluster.cluster import _free_ports
 
 DEADLINE_S = 10.0
 

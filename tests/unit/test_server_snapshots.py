@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
-from broker.cluster import _free_ports
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import ConfState, Role, SnapshotRequest
 from dledger.core.membership import MemberAddr, joining
@@ -51,6 +50,7 @@ from dledger.server.snapshots import (
 from dledger.storage import codec
 from dledger.storage.files import atomic_write
 from dledger.storage.store import SegmentedLogStore, StoreConfig
+from mqcluster.cluster import _free_ports
 
 SEG = 64 * 1024
 

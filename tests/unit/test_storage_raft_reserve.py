@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.disk import DiskGuard, Watermarks
+from broker.components.disk import DiskGuard, Watermarks
 from dledger.log import Entry, EntryType
 from dledger.server.logroom import LogRoom
 from dledger.storage import DiskFullError

@@ -1,0 +1,648 @@
+"""``raftmq.broker.v1.Broker``: the broker's gRPC front end on a node's client port.
+
+A thin adapter: each RPC turns its request into the arguments of one component call and the
+component's domain answer into the response. The components (one job each, no gRPC) are:
+:mod:`broker.components.sending` (sends), :mod:`broker.components.pulling` (pulls, long polls),
+:mod:`broker.components.offsets` (consumer offsets), :mod:`broker.components.topics` (topic admin),
+:mod:`broker.components.lookups` (messages by key or id), :mod:`broker.components.consumers`
+(consumer registry, queue locks), :mod:`broker.components.retry` (retries, dead letters) and the
+others the constructor names; the composition root (:mod:`broker.app`) builds them and this adapter
+once per process. Writes are proposed to the Raft log on the leader and answered once applied;
+reads are answered from this node's applied state. Errors map to gRPC status codes in
+:func:`error_status` and only there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+
+from broker.components.applied import AppliedMessages
+from broker.components.authadmin import AuthAdmin, UserView
+from broker.components.consumers import ConsumerGroups
+from broker.components.lookups import Found, Lookups
+from broker.components.offsets import ConsumerOffsets
+from broker.components.pop import Pops, Received, ReceiveQuery
+from broker.components.pulling import PullPath, PullQuery, PullResult, PullStatus
+from broker.components.raftnode import RaftNode
+from broker.components.retry import Retries, SendBackItem
+from broker.components.sending import SendPath
+from broker.components.settings import ServiceConfig
+from broker.components.subscriptions import SubscriptionGroups
+from broker.components.topics import Topics
+from broker.components.transactions import Transactions
+from broker.frontends.authguard import AuthGuard
+from broker.frontends.v1.pbmessage import message_pb
+from broker.frontends.v1.rpcerrors import (
+    error_status as error_status,  # re-exported: the broker's mapping
+)
+from broker.frontends.v1.rpcerrors import rpc as _rpc
+from broker.state.auth.model import Rule
+from broker.state.errors import (
+    InvalidRequestError,
+)
+from broker.state.machine import SendResult
+from broker.state.records import TopicConfig
+from broker.state.subgroups import (
+    BACKOFF_CUSTOMIZED,
+    MAX_MULTIPLIER_MILLI,
+    Backoff,
+    SubGroup,
+)
+from dledger.server import rpcguard
+from dledger.server.guard import text_metadata
+
+__all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "raftmq.broker.v1.Broker"
+
+_PULL_STATUS = {
+    PullStatus.FOUND: pb.FOUND,
+    PullStatus.NO_NEW_MSG: pb.NO_NEW_MSG,
+    PullStatus.NO_MATCHED_MSG: pb.NO_MATCHED_MSG,
+    PullStatus.OFFSET_ILLEGAL: pb.OFFSET_ILLEGAL,
+}
+
+
+class BrokerServicer(pb_grpc.BrokerServicer):
+    """Serves one node. :meth:`register` adds it to the node's client port."""
+
+    def __init__(
+        self,
+        node: RaftNode,
+        *,
+        applied: AppliedMessages,
+        topics: Topics,
+        sender: SendPath,
+        puller: PullPath,
+        offsets: ConsumerOffsets,
+        lookups: Lookups,
+        consumers: ConsumerGroups,
+        retries: Retries,
+        pops: Pops,
+        txns: Transactions,
+        subgroups: SubscriptionGroups,
+        auth: AuthAdmin,
+        guard: AuthGuard | None = None,
+    ) -> None:
+        """The components this adapter calls, built once by the composition root
+        (:func:`broker.app.assemble`); ``guard`` is the node's call guard, which names the
+        user of each call (None: no users, nobody held to a quota)."""
+        self.node = node
+        self.applied = applied
+        self.topics = topics
+        self.sender = sender
+        self.puller = puller
+        self.offsets = offsets
+        self.lookups = lookups
+        self.consumers = consumers
+        self.retries = retries
+        self.pops = pops
+        self.txns = txns
+        self.subgroups = subgroups
+        self.auth = auth
+        self.guard = guard
+
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        """Add the service to ``server``: undecodable requests are refused with
+        ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`dledger.server.rpcguard`)."""
+        return rpcguard.add_servicer(server, pb_grpc.add_BrokerServicer_to_server, self)
+
+    # ------------------------------------------------------------------ domain -> protobuf
+
+    def _message_pb(self, found: Found) -> pb.Message:
+        return message_pb(
+            found.message,
+            self.applied.offset_msg_id(found.position),
+            found.queue_offset,
+            found.position,
+        )
+
+    def _result_pb(self, r: SendResult) -> pb.SendResult:
+        return pb.SendResult(
+            msg_id=r.uniq_id,
+            offset_msg_id=self.applied.offset_msg_id(r.position),
+            queue_id=r.queue_id,
+            queue_offset=r.queue_offset,
+            commitlog_position=r.position,
+            duplicate=r.duplicate,
+        )
+
+    def _pull_pb(self, r: PullResult) -> pb.PullMessageResponse:
+        return pb.PullMessageResponse(
+            status=_PULL_STATUS[r.status],
+            next_begin_offset=r.next_begin_offset,
+            min_offset=r.min_offset,
+            max_offset=r.max_offset,
+            suggest_pull_from_follower=r.suggest_pull_from_follower,
+            node_id=self.node.self_id,
+            raw_messages=r.raw,
+            raw_queue_offsets=r.queue_offsets,
+            raw_positions=r.positions,
+            offset_msg_id_prefix=self.applied.offset_msg_id_prefix if r.positions else "",
+        )
+
+    # ------------------------------------------------------------------ messages
+
+    @_rpc
+    async def SendMessage(
+        self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SendMessageResponse:
+        owner = self._caller(context)
+        results = await self.sender.send(request.topic, request.messages, owner)
+        return pb.SendMessageResponse(
+            packed_msg_ids=[r.uniq_id for r in results],
+            packed_queue_ids=[r.queue_id for r in results],
+            packed_queue_offsets=[r.queue_offset for r in results],
+            packed_positions=[r.position for r in results],
+            packed_duplicates=[r.duplicate for r in results],
+            offset_msg_id_prefix=self.applied.offset_msg_id_prefix,
+        )
+
+    @_rpc
+    async def PullMessage(
+        self, request: pb.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PullMessageResponse:
+        owner, unbounded = self._caller(context)
+        query = PullQuery(
+            request.topic,
+            request.queue_id,
+            request.queue_offset,
+            request.max_msgs,
+            request.subscription,
+            request.suspend_timeout_ms,
+            request.no_suspend,
+            owner,
+            unbounded,
+        )
+        return self._pull_pb(await self.puller.pull(query, context.peer()))
+
+    @_rpc
+    async def QueryMessageByKey(
+        self, request: pb.QueryMessageByKeyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QueryMessageByKeyResponse:
+        found = self.lookups.by_key(
+            request.topic,
+            request.key,
+            request.max_num,
+            request.begin_timestamp_ms,
+            request.end_timestamp_ms,
+        )
+        return pb.QueryMessageByKeyResponse(messages=[self._message_pb(f) for f in found])
+
+    @_rpc
+    async def ViewMessage(
+        self, request: pb.ViewMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ViewMessageResponse:
+        which = request.WhichOneof("id")
+        if which == "offset_msg_id":
+            found = self.lookups.by_offset_msg_id(request.offset_msg_id)
+        elif which == "msg_id":
+            found = self.lookups.by_uniq_id(request.msg_id, request.topic)
+        else:
+            raise InvalidRequestError("give offset_msg_id or msg_id")
+        return pb.ViewMessageResponse(message=self._message_pb(found))
+
+    @_rpc
+    async def ConsumerSendMsgBack(
+        self, request: pb.ConsumerSendMsgBackRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ConsumerSendMsgBackResponse:
+        results = await self.retries.send_back(
+            request.consumer_group,
+            [SendBackItem(m.commitlog_position, m.msg_id) for m in request.messages],
+            request.delay_level,
+            request.max_reconsume_times if request.HasField("max_reconsume_times") else None,
+            owner=self._caller(context),
+        )
+        return pb.ConsumerSendMsgBackResponse(
+            results=[
+                pb.SendBackResult(
+                    topic=r.topic,
+                    dead_lettered=r.dead_lettered,
+                    result=self._result_pb(r.stored),
+                    deliver_at_ms=r.deliver_at_ms,
+                )
+                for r in results
+            ]
+        )
+
+    # ------------------------------------------------------------------ POP consumption
+
+    def _popped_pb(self, r: Received) -> pb.PoppedMessage:
+        return pb.PoppedMessage(
+            message=self._message_pb(Found(r.message, r.position, r.queue_offset)),
+            receipt_handle=r.receipt_handle,
+            delivery_attempt=r.attempt,
+        )
+
+    @_rpc
+    async def PopMessage(
+        self, request: pb.PopMessageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PopMessageResponse:
+        owner, unbounded = self._caller(context)
+        query = ReceiveQuery(
+            request.group,
+            request.topic,
+            request.queue_id,
+            request.max_msgs,
+            request.invisible_ms,
+            request.subscription,
+            request.poll_timeout_ms,
+            owner,
+            unbounded,
+        )
+        received = await self.pops.receive(query)
+        return pb.PopMessageResponse(messages=[self._popped_pb(r) for r in received])
+
+    @_rpc
+    async def AckPop(
+        self, request: pb.AckPopRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AckPopResponse:
+        if request.renew_ms:
+            errors = await self.pops.renew(
+                request.group, request.topic, request.receipt_handles, request.renew_ms
+            )
+            return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
+        if request.dead_letter:
+            if len(request.receipt_handles) != 1:
+                raise InvalidRequestError("a dead-letter forward names one receipt handle")
+            await self.pops.dead_letter(request.group, request.topic, request.receipt_handles[0])
+            return pb.AckPopResponse(codes=[""])
+        errors = await self.pops.ack(request.group, request.topic, request.receipt_handles)
+        return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
+
+    @_rpc
+    async def ChangeInvisibleTime(
+        self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeInvisibleTimeResponse:
+        changed = await self.pops.change_invisible(
+            request.group,
+            request.topic,
+            request.receipt_handle,
+            request.invisible_ms,
+            backoff_floor=request.backoff_floor,
+        )
+        return pb.ChangeInvisibleTimeResponse(message=self._popped_pb(changed))
+
+    @_rpc
+    async def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndTransactionResponse:
+        outcome = await self.txns.end(
+            request.topic, request.msg_id, request.transaction_id, request.commit
+        )
+        return pb.EndTransactionResponse(outcome=outcome)
+
+    # ------------------------------------------------------------------ subscription groups
+
+    @_rpc
+    async def UpdateSubscriptionGroup(
+        self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateSubscriptionGroupResponse:
+        group = subgroup_of_pb(request.config, self.subgroups.default_attempts)
+        owner, unbounded = self._caller(context)
+        applied = await self.subgroups.update(group, request.create_only, owner, unbounded)
+        return pb.UpdateSubscriptionGroupResponse(config=subgroup_pb(applied))
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+        """The user the node's guard admitted this call for, and whether it is a Super user
+        (("", False) without users: nobody to hold to a quota)."""
+        guard = self.guard
+        if guard is None or not guard.settings.active:
+            return "", False
+        return guard.identify(text_metadata(context.invocation_metadata()))
+
+    @_rpc
+    async def DeleteSubscriptionGroup(
+        self, request: pb.DeleteSubscriptionGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSubscriptionGroupResponse:
+        await self.subgroups.delete(request.group)
+        return pb.DeleteSubscriptionGroupResponse()
+
+    @_rpc
+    async def ListSubscriptionGroups(
+        self, request: pb.ListSubscriptionGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSubscriptionGroupsResponse:
+        return pb.ListSubscriptionGroupsResponse(
+            groups=[subgroup_pb(g) for g in self.subgroups.list()]
+        )
+
+    # ------------------------------------------------------------------ offsets
+
+    @_rpc
+    async def UpdateConsumerOffset(
+        self, request: pb.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateConsumerOffsetResponse:
+        await self.offsets.commit(
+            request.consumer_group,
+            request.topic,
+            request.queue_id,
+            request.queue_offset,
+            sync=request.sync,
+            owner=self._caller(context),
+        )
+        return pb.UpdateConsumerOffsetResponse()
+
+    @_rpc
+    async def QueryConsumerOffset(
+        self, request: pb.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QueryConsumerOffsetResponse:
+        offset = self.offsets.committed(request.consumer_group, request.topic, request.queue_id)
+        return pb.QueryConsumerOffsetResponse(queue_offset=offset)
+
+    @_rpc
+    async def ResetConsumerOffset(
+        self, request: pb.ResetConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResetConsumerOffsetResponse:
+        target = request.WhichOneof("target")
+        offsets = await self.offsets.reset(
+            request.consumer_group,
+            request.topic,
+            request.queue_id,
+            queue_offset=request.queue_offset if target == "queue_offset" else None,
+            timestamp_ms=request.timestamp_ms if target == "timestamp_ms" else None,
+            owner=self._caller(context),
+        )
+        return pb.ResetConsumerOffsetResponse(
+            offsets=[pb.QueueOffset(queue_id=q, queue_offset=v) for q, v in offsets.items()]
+        )
+
+    @_rpc
+    async def SearchOffset(
+        self, request: pb.SearchOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SearchOffsetResponse:
+        offset = self.offsets.search(request.topic, request.queue_id, request.timestamp_ms)
+        return pb.SearchOffsetResponse(queue_offset=offset)
+
+    @_rpc
+    async def GetQueueOffsets(
+        self, request: pb.GetQueueOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetQueueOffsetsResponse:
+        low, high = self.offsets.queue_range(request.topic, request.queue_id)
+        return pb.GetQueueOffsetsResponse(min_offset=low, max_offset=high)
+
+    @_rpc
+    async def GetConsumerLag(
+        self, request: pb.GetConsumerLagRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetConsumerLagResponse:
+        lags = self.offsets.lag(request.consumer_group, request.topic)
+        return pb.GetConsumerLagResponse(
+            queues=[
+                pb.QueueLag(
+                    queue_id=q.queue_id,
+                    min_offset=q.min_offset,
+                    max_offset=q.max_offset,
+                    committed_offset=q.committed,
+                    lag=q.lag,
+                )
+                for q in lags
+            ]
+        )
+
+    # ------------------------------------------------------------------ topics
+
+    @_rpc
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTopicResponse:
+        t = request.topic
+        topic = await self.topics.upsert(
+            t.topic_name,
+            t.read_queue_nums,
+            t.write_queue_nums,
+            t.perm,
+            t.message_type,
+            self._caller(context),
+        )
+        return pb.CreateTopicResponse(topic=_topic_pb(topic))
+
+    @_rpc
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTopicResponse:
+        await self.topics.delete(request.topic)
+        return pb.DeleteTopicResponse()
+
+    @_rpc
+    async def GetTopic(
+        self, request: pb.GetTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTopicResponse:
+        return pb.GetTopicResponse(topic=_topic_pb(self.topics.get(request.topic)))
+
+    @_rpc
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        return pb.ListTopicsResponse(topics=[_topic_pb(t) for t in self.topics.listed()])
+
+    # ------------------------------------------------------------------ consumers
+
+    @_rpc
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        self.consumers.heartbeat(
+            request.consumer_group,
+            request.client_id,
+            [(s.topic, s.expression) for s in request.subscriptions],
+            [(q.topic, q.queue_id) for q in request.locked_queues],
+            self._caller(context),
+        )
+        return pb.HeartbeatResponse()
+
+    @_rpc
+    async def UnregisterConsumer(
+        self, request: pb.UnregisterConsumerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterConsumerResponse:
+        removed = self.consumers.unregister(
+            request.consumer_group, request.client_id, self._caller(context)
+        )
+        return pb.UnregisterConsumerResponse(removed=removed)
+
+    @_rpc
+    async def GetConsumerList(
+        self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetConsumerListResponse:
+        clients = self.consumers.clients(request.consumer_group)
+        return pb.GetConsumerListResponse(client_ids=clients)
+
+    @_rpc
+    async def ListConsumerGroups(
+        self, request: pb.ListConsumerGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListConsumerGroupsResponse:
+        groups, truncated = self.consumers.listed()
+        return pb.ListConsumerGroupsResponse(
+            groups=[
+                pb.ConsumerGroupInfo(
+                    consumer_group=g.group, topics=g.topics, online_clients=g.online_clients
+                )
+                for g in groups
+            ],
+            truncated=truncated,
+        )
+
+    @_rpc
+    async def LockBatchMQ(
+        self, request: pb.LockBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LockBatchResponse:
+        queues = [(q.topic, q.queue_id) for q in request.queues]
+        group, client_id = request.consumer_group, request.client_id
+        locked = self.consumers.lock(group, client_id, queues, self._caller(context))
+        return pb.LockBatchResponse(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in locked])
+
+    @_rpc
+    async def UnlockBatchMQ(
+        self, request: pb.UnlockBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnlockBatchResponse:
+        queues = [(q.topic, q.queue_id) for q in request.queues]
+        released = self.consumers.unlock(
+            request.consumer_group, request.client_id, queues, self._caller(context)
+        )
+        return pb.UnlockBatchResponse(
+            unlocked=[pb.QueueRef(topic=t, queue_id=q) for t, q in released]
+        )
+
+    # ------------------------------------------------------------------ users and ACLs
+
+    @_rpc
+    async def CreateUser(
+        self, request: pb.CreateUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateUserResponse:
+        r = request
+        user = await self.auth.create_user(r.username, r.password, r.user_type, r.user_status)
+        return pb.CreateUserResponse(user=_user_pb(user))
+
+    @_rpc
+    async def UpdateUser(
+        self, request: pb.UpdateUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateUserResponse:
+        r = request
+        user = await self.auth.update_user(r.username, r.password, r.user_type, r.user_status)
+        return pb.UpdateUserResponse(user=_user_pb(user))
+
+    @_rpc
+    async def DeleteUser(
+        self, request: pb.DeleteUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteUserResponse:
+        await self.auth.delete_user(request.username)
+        return pb.DeleteUserResponse()
+
+    @_rpc
+    async def GetUser(
+        self, request: pb.GetUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetUserResponse:
+        return pb.GetUserResponse(user=_user_pb(self.auth.get_user(request.username)))
+
+    @_rpc
+    async def ListUser(
+        self, request: pb.ListUserRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListUserResponse:
+        return pb.ListUserResponse(
+            users=[_user_pb(u) for u in self.auth.list_users(request.filter)]
+        )
+
+    async def _put_acl(self, r: pb.CreateAclRequest | pb.UpdateAclRequest, update: bool) -> pb.Acl:
+        rules = await self.auth.put_acl(
+            r.subject, r.resources, r.actions, r.decision, r.source_ips, update=update
+        )
+        return _acl_pb(r.subject, rules)
+
+    @_rpc
+    async def CreateAcl(
+        self, request: pb.CreateAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateAclResponse:
+        return pb.CreateAclResponse(acl=await self._put_acl(request, update=False))
+
+    @_rpc
+    async def UpdateAcl(
+        self, request: pb.UpdateAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateAclResponse:
+        return pb.UpdateAclResponse(acl=await self._put_acl(request, update=True))
+
+    @_rpc
+    async def DeleteAcl(
+        self, request: pb.DeleteAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAclResponse:
+        await self.auth.delete_acl(request.subject, request.resources)
+        return pb.DeleteAclResponse()
+
+    @_rpc
+    async def GetAcl(
+        self, request: pb.GetAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetAclResponse:
+        return pb.GetAclResponse(acl=_acl_pb(request.subject, self.auth.get_acl(request.subject)))
+
+    @_rpc
+    async def ListAcl(
+        self, request: pb.ListAclRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListAclResponse:
+        found = self.auth.list_acls(request.subject_filter, request.resource_filter)
+        return pb.ListAclResponse(acls=[_acl_pb(s, rules) for s, rules in found])
+
+
+def _user_pb(u: UserView) -> pb.User:
+    return pb.User(username=u.username, user_type=u.user_type, user_status=u.status)
+
+
+def _acl_pb(subject: str, rules: Sequence[Rule]) -> pb.Acl:
+    return pb.Acl(
+        subject=subject,
+        rules=[
+            pb.AclRule(
+                resource=str(r.resource),
+                actions=r.actions,
+                decision=r.decision,
+                source_ips=r.source_ips,
+            )
+            for r in rules
+        ],
+    )
+
+
+def _topic_pb(t: TopicConfig) -> pb.TopicConfig:
+    return pb.TopicConfig(
+        topic_name=t.name,
+        read_queue_nums=t.read_queue_nums,
+        write_queue_nums=t.write_queue_nums,
+        perm=t.perm,
+        message_type=t.message_type,
+    )
+
+
+def subgroup_pb(g: SubGroup) -> pb.SubscriptionGroup:
+    b = g.backoff
+    return pb.SubscriptionGroup(
+        group=g.name,
+        consume_message_orderly=g.fifo,
+        max_delivery_attempts=g.max_attempts,
+        backoff_type=b.kind,
+        customized_backoff_ms=b.steps_ms,
+        exponential_initial_ms=b.initial_ms,
+        exponential_max_ms=b.max_ms,
+        exponential_multiplier=b.multiplier_milli / 1000,
+    )
+
+
+def subgroup_of_pb(c: pb.SubscriptionGroup, default_attempts: int) -> SubGroup:
+    """A request's config; fields left out take the defaults (checked by the admin)."""
+    kind = c.backoff_type
+    if not kind:
+        backoff = Backoff()  # RocketMQ's default retry policy
+    elif kind == BACKOFF_CUSTOMIZED:
+        backoff = Backoff(kind, tuple(c.customized_backoff_ms))  # checked: 1 to 32 steps
+    else:
+        multiplier = c.exponential_multiplier or 1.0
+        if not math.isfinite(multiplier) or not 0 < multiplier <= MAX_MULTIPLIER_MILLI / 1000:
+            raise InvalidRequestError(f"exponential multiplier {multiplier} outside (0, 10]")
+        backoff = Backoff(
+            kind, (), c.exponential_initial_ms, c.exponential_max_ms, round(multiplier * 1000)
+        )
+    attempts = c.max_delivery_attempts or default_attempts
+    return SubGroup(c.group, c.consume_message_orderly, attempts, backoff)

@@ -1,0 +1,107 @@
+"""What the v2 front end tells push consumers and FIFO producers, from a subscription group's
+replicated config (:mod:`broker.state.subgroups`): the retry policy each client language reads,
+the assignments of ``QueryAssignment``, and the queue of a FIFO message's group.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+
+from broker.frontends.v2 import stubs
+from broker.state.subgroups import (
+    BACKOFF_CUSTOMIZED,
+    MAX_BACKOFF_STEPS,
+    MAX_MULTIPLIER_MILLI,
+    MIN_MULTIPLIER_MILLI,
+    SubGroup,
+)
+
+v2, v2_service, _v2_grpc = stubs.load()
+
+# Where a FIFO message's group is stored: RocketMQ's own property for it (MessageConst
+# PROPERTY_SHARDING_KEY), reserved so that a user property cannot fake one.
+PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
+# Characters of a message group: a business key (an order id, a user id); stored in every
+# message of the group, so kept short.
+MAX_MESSAGE_GROUP_CHARS = 128
+
+
+def _duration(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def fifo_queue(message_group: str, write_queue_nums: int) -> int:
+    """The queue of every message of ``message_group``: a stable hash (the same on every node
+    and after restarts, unlike Python's ``hash``) over the topic's write queues."""
+    return zlib.crc32(message_group.encode("utf-8")) % max(1, write_queue_nums)
+
+
+def message_group_problem(message_group: str) -> str:
+    """Why ``message_group`` cannot be stored ("" when it can)."""
+    if not message_group:
+        return "a FIFO message needs a message group"
+    if len(message_group) > MAX_MESSAGE_GROUP_CHARS:
+        return f"message group of {len(message_group)} characters (max {MAX_MESSAGE_GROUP_CHARS})"
+    if not message_group.isprintable():
+        return "message group with control characters"
+    return ""
+
+
+def consumer_backoff(language: int, group: SubGroup) -> Any:
+    """The group's retry policy as the client's language reads it: the Python client reads only
+    a customized backoff (whole seconds), the Node.js client only an exponential one, the
+    others either (the group's own kind). ``max_attempts`` is the group's."""
+    b = group.backoff
+    if language == v2.PYTHON or (language != v2.NODE_JS and b.kind == BACKOFF_CUSTOMIZED):
+        steps = b.steps_ms if b.kind == BACKOFF_CUSTOMIZED else _expanded(group)
+        return v2.RetryPolicy(
+            max_attempts=group.max_attempts,
+            customized_backoff=v2.CustomizedBackoff(next=[_duration(ms) for ms in steps]),
+        )
+    if b.kind == BACKOFF_CUSTOMIZED:
+        initial, most, multiplier = _as_exponential(b.steps_ms)
+    else:
+        initial, most, multiplier = b.initial_ms, b.max_ms, b.multiplier_milli / 1000
+    return v2.RetryPolicy(
+        max_attempts=group.max_attempts,
+        exponential_backoff=v2.ExponentialBackoff(
+            initial=_duration(initial), max=_duration(most), multiplier=multiplier
+        ),
+    )
+
+
+def _expanded(group: SubGroup) -> list[int]:
+    """An exponential backoff's delays, one per retry, as customized steps."""
+    retries = max(1, min(group.max_attempts - 1, MAX_BACKOFF_STEPS))
+    return [group.backoff.delay_ms(n) for n in range(1, retries + 1)]
+
+
+def _as_exponential(steps: tuple[int, ...]) -> tuple[int, int, float]:
+    """The exponential backoff nearest a customized one: its first step, its longest, and the
+    first step's growth (1 to 10)."""
+    first = steps[0]
+    growth = steps[1] / first if len(steps) > 1 and first > 0 else 1.0
+    low, high = MIN_MULTIPLIER_MILLI / 1000, MAX_MULTIPLIER_MILLI / 1000
+    return first, max(steps), min(max(growth, low), high)
+
+
+def assignments(topic: Any, group: SubGroup, broker: Any, readable: list[int]) -> list[Any]:
+    """``QueryAssignment``'s answer, as the proxy's: a normal group gets one assignment for the
+    broker group (queue -1: a receive takes from every queue, no client rebalancing); a FIFO
+    group every readable queue (each receive may hold one batch of a queue)."""
+    ids = readable if group.fifo else [-1]
+    return [
+        v2.Assignment(
+            message_queue=v2.MessageQueue(
+                topic=topic,
+                id=qid,
+                permission=v2.READ,
+                broker=broker,
+                accept_message_types=[v2.FIFO] if group.fifo else [v2.NORMAL],
+            )
+        )
+        for qid in ids
+    ]

@@ -1,7 +1,0 @@
-"""RocketMQ 5's protocol (``apache.rocketmq.v2.MessagingService``) on a broker node.
-
-A second front end beside :mod:`broker.service`: the official RocketMQ 5 clients talk to a node
-unchanged (docs/RMQ5.md). It is an adapter over the same components (:mod:`broker.sending`,
-:mod:`broker.topics`); what must run on the leader is forwarded to it inside the group. The
-protocol's stubs are generated at set-up time from a pinned package (:mod:`broker.rmq5.stubs`).
-"""
