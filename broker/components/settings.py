@@ -49,11 +49,12 @@ class ServiceConfig:
     # the 100,000 a broker group holds.
     topics_per_user: int = 10_000
     # Consumer groups with offsets one user's commits may create in the broker group
-    # (broker.offsets, offsetGroupsPerUser): a tenth of broker.records.MAX_OFFSET_GROUPS.
+    # (broker.components.offsets, offsetGroupsPerUser): a tenth of
+    # broker.state.records.MAX_OFFSET_GROUPS.
     offset_groups_per_user: int = 1000
     pop_min_invisible_ms: int = 10_000
-    # Transactions (broker.transactions): RocketMQ's transactionTimeOut (immunity before the
-    # first check-back), transactionCheckInterval and transactionCheckMax.
+    # Transactions (broker.components.transactions): RocketMQ's transactionTimeOut (immunity
+    # before the first check-back), transactionCheckInterval and transactionCheckMax.
     txn_timeout_ms: int = 6000
     txn_check_interval_ms: int = 30_000
     txn_check_max: int = 15
