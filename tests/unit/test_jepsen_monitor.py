@@ -16,7 +16,7 @@ from mqcluster.cluster import ClusterError
 
 class _Client:
     def metadata(self, addr: str, timeout_s: float) -> Any:
-        return SimpleNamespace(role="LEADER", term=3, commit_index=7)
+        return SimpleNamespace(role="LEADER", term=3, commit_index=7, repairing=False)
 
 
 class _Cluster:
