@@ -1497,16 +1497,20 @@ class DLedgerNode:
 
     def _checkpoint_job(self, commit_index: int, applied_index: int) -> None:
         self.store.write_checkpoint(commit_index, applied_index)
-        if self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            # The refreshed exact promise made durable once per checkpoint: after a power
-            # cut the file is at most this far behind the acknowledgements (section 11).
-            self._promises.sync()
-        else:
-            try:
+        try:
+            if self.cfg.store.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
                 self._write_flushed_promise()
-            except DiskFullError as exc:
-                # Only creating the file allocates; the next checkpoint tries again.
-                logger.warning("node=%s promise not written: %s", self.cfg.self_id, exc)
+            elif self._promises.current is None and not held(self._promises):
+                # A promise file found damaged at start is rewritten once its repair ended,
+                # whether or not a new entry comes to carry it (docs/RAFT.md section 11).
+                write_promise(self._promises, self._promise_wanted, self._hard_state)
+            else:
+                # The refreshed exact promise made durable once per checkpoint: after a
+                # power cut the file is at most this far behind the acknowledgements.
+                self._promises.sync()
+        except DiskFullError as exc:
+            # Only creating the file allocates; the next checkpoint tries again.
+            logger.warning("node=%s promise not written: %s", self.cfg.self_id, exc)
 
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

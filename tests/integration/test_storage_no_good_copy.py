@@ -86,6 +86,15 @@ def test_a_majority_damaged_at_an_entry_no_member_holds_stops_with_no_good_copy(
             third = next(n.node_id for n in cluster.nodes if n.node_id != leader)
             cluster.signal(third, signal.SIGKILL)
             writer.wait_acks(300, 60)  # committed on the two others only
+            # Enough entries in the last segment to damage one with valid entries after it
+            # (where the open's scan looks), whatever the segment layout: a segment may have
+            # just begun.
+            others = [n.node_id for n in cluster.nodes if n.node_id != third]
+            wait_for(
+                lambda: all(len(_last_entries(cluster, n)) > 4 for n in others),
+                60,
+                "entries in the last segment of the two",
+            )
         finally:
             writer.stop()
     damaged = [n.node_id for n in cluster.nodes if n.node_id != third]

@@ -20,7 +20,7 @@ from support import wait_for
 from dledger.log import HardState
 from dledger.server.client import ClientError, LogClient
 from dledger.storage.codec import decode_hard_state
-from dledger.storage.promise import promise_path, read_promise
+from dledger.storage.promise import PromiseDamagedError, promise_path, read_promise
 from jepsen_like.disk import copy_store, restore_store
 from mqcluster.cluster import LocalCluster
 
@@ -203,6 +203,14 @@ def _damage_both_slots(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _rewritten(path: Path) -> bool:
+    try:
+        promise = read_promise(path)
+    except PromiseDamagedError:
+        return False
+    return promise is not None and promise.promised_index > 0
+
+
 def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
     local_group: Callable[..., LocalCluster],
 ) -> None:
@@ -239,8 +247,8 @@ def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
         assert _metric(cluster, follower, found) == 1
         text = Path(cluster.node(follower).log).read_text()
         assert f"promise file {path} damaged" in text and "vote counted as lost" in text
-        promise = read_promise(path)  # rewritten at its next promise
-        assert promise is not None and promise.promised_index > 0
+        # Rewritten once the repair ended: at its next promise, or its next checkpoint (1 s).
+        wait_for(lambda: _rewritten(path), 10, "the promise file to be rewritten")
         # It votes again: with the leader down, it and the third member elect one of them.
         cluster.signal(leader, signal.SIGKILL)
         killed = time.monotonic()
