@@ -46,6 +46,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.fatal import fatal
 from dledger.server.convert import MAX_NODE_ID_CHARS
+from dledger.storage.store import StoreClosedError
 from mqsecurity.channels import open_aio_channel
 
 if TYPE_CHECKING:
@@ -185,7 +186,10 @@ class GoodCopyCheck:
 
     async def round(self) -> str | None:
         """One round; the FATAL cause when the verdict held ``ROUNDS_TO_STOP`` times."""
-        me = self._me()
+        try:
+            me = self._me()
+        except StoreClosedError:
+            return None  # a snapshot install is replacing the store: the next round asks
         needed = needed_range(me.last_index, me.repair_target) if me.repairing else None
         if needed is None:
             self._strikes = 0

@@ -18,6 +18,7 @@ from dledger.server.goodcopy import (
     no_good_copy,
     to_response,
 )
+from dledger.storage.store import StoreClosedError
 
 
 def _h(
@@ -100,4 +101,20 @@ def test_a_member_not_repairing_never_asks() -> None:
         return None
 
     check = GoodCopyCheck(lambda: _h("n1", 10), lambda: ["n0", "n1"], ask)
+    assert asyncio.run(check.round()) is None and asked == [] and check.rounds == 0
+
+
+def test_a_store_being_replaced_skips_the_round() -> None:
+    """A snapshot install closes the store under the check (it once ended the process with
+    FATAL component=good-copy cause=StoreClosedError): that round is skipped."""
+    asked: list[str] = []
+
+    async def ask(member: str) -> Holding | None:
+        asked.append(member)
+        return None
+
+    def closed() -> Holding:
+        raise StoreClosedError("store s is closed")
+
+    check = GoodCopyCheck(closed, lambda: ["n0", "n1"], ask)
     assert asyncio.run(check.round()) is None and asked == [] and check.rounds == 0
