@@ -338,6 +338,14 @@ SNAPSHOT_PATH = "/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot"
 _PEER_SERVICE = dledger_pb2.DESCRIPTOR.services_by_name["DLedgerPeer"]
 _JOIN = _PEER_SERVICE.methods_by_name["Join"]
 JOIN_RPC = Rpc(_PEER_SERVICE.full_name, "Join", _JOIN.input_type, _JOIN.output_type, JOIN_ALLOWED)
+_HOLDINGS = _PEER_SERVICE.methods_by_name["Holdings"]
+HOLDINGS_RPC = Rpc(
+    _PEER_SERVICE.full_name,
+    "Holdings",
+    _HOLDINGS.input_type,
+    _HOLDINGS.output_type,
+    PEER_ALLOWED | {SC.UNAUTHENTICATED},
+)
 
 
 def summarize(msg: Message | bytes, limit: int = 240) -> str:

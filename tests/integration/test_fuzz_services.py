@@ -48,6 +48,7 @@ from fuzz_support import (
     DLEDGER_RPCS,
     FUZZ_GROUP,
     FUZZ_TOPIC,
+    HOLDINGS_RPC,
     HOSTILE_STRINGS,
     JOIN_RPC,
     MEMBER_IDS,
@@ -98,6 +99,7 @@ CLIENT_EXAMPLES = 2500 if SOAK else 250
 RAW_EXAMPLES = 600 if SOAK else 60
 PEER_EXAMPLES = 800 if SOAK else 80
 JOIN_EXAMPLES = 300 if SOAK else 30
+HOLDINGS_EXAMPLES = 300 if SOAK else 30
 # The segment size local_group gives every group (tests/conftest.py TEST_SEGMENT_BYTES): a
 # snapshot header must name it to get past the first check.
 SEGMENT_BYTES = 4 << 20
@@ -862,6 +864,8 @@ _CALLER = "<caller>"
 # Answers the join and snapshot fuzz must have got at least once (by RPC, status, detail).
 _JOIN_AND_SNAPSHOT_REACHED = (
     "DLedgerPeer.Join OK",
+    "DLedgerPeer.Holdings OK",
+    "DLedgerPeer.Holdings PERMISSION_DENIED NOT_A_MEMBER",
     "DLedgerPeer.Join PERMISSION_DENIED NOT_A_MEMBER",
     "DLedgerPeer.Join PERMISSION_DENIED PEER_IDENTITY",
     "DLedgerPeer.Join FAILED_PRECONDITION INCOMPATIBLE_STORE",
@@ -980,6 +984,24 @@ def test_fuzz_peer_join_and_snapshots(
         what = f"{pair} {md} {summarize(request)}"
         check("DLedgerPeer.Join", JOIN_RPC.allowed, what, code, detail)
 
+    # What a repairing member asks every voter (dledger.server.goodcopy): the group's name,
+    # another's, or anything.
+    holdings = _weighted(
+        [
+            (4, st.builds(dpb.HoldingsRequest, group=st.sampled_from([group, "broker-b", ""]))),
+            (1, messages(dpb.HoldingsRequest.DESCRIPTOR)),
+            (1, RAW_BYTES),
+        ]
+    )
+
+    @settings(HYPOTHESIS, max_examples=HOLDINGS_EXAMPLES)
+    @given(pairs, headers, holdings)
+    def fuzz_holdings(pair: tuple[str, str], md: Any, request: Any) -> None:
+        md = tuple((k, pair[0] if v is None else v) for k, v in md)
+        code, detail = call_unary(channels[pair], HOLDINGS_RPC, request, CALL_TIMEOUT_S, md)
+        what = f"{pair} {md} {summarize(request)}"
+        check("DLedgerPeer.Holdings", HOLDINGS_RPC.allowed, what, code, detail)
+
     staged = _snapshot_chunks(md.term, md.commit_index, SEGMENT_BYTES, staged=True)
     unstaged = _snapshot_chunks(md.term, md.commit_index, SEGMENT_BYTES, staged=False)
 
@@ -1036,6 +1058,7 @@ def test_fuzz_peer_join_and_snapshots(
         for pair in sorted(p for p in channels if p[0] != p[1]):
             one_transfer(pair, walk_out)
         fuzz_join()
+        fuzz_holdings()
         fuzz_staged()
         fuzz_unstaged()
     finally:
