@@ -102,7 +102,10 @@ def store_dir(cluster: LocalCluster, node_id: str) -> Path:
 
 
 def segments(cluster: LocalCluster, node_id: str) -> list[Path]:
-    return sorted((store_dir(cluster, node_id) / "commitlog").iterdir())
+    """The node's data segments in order. A node killed while pre-allocating leaves a
+    ``<start>.alloc`` file beside them (recovery deletes it): that is not a segment."""
+    found = (store_dir(cluster, node_id) / "commitlog").iterdir()
+    return sorted(p for p in found if p.name.isdigit())
 
 
 def leader_id(cluster: LocalCluster) -> str:
