@@ -27,18 +27,20 @@ Item = tuple[int, int, bytes]
 def encode_run(
     items: Sequence[Item],
     i: int,
-    position: tuple[int, int, int],
-    index_room: tuple[int, int],
-    last: tuple[int, int],
+    seg_start: int,
+    off: int,
+    seg_size: int,
+    ioff: int,
+    isize: int,
+    idx: int,
+    chain: int,
 ) -> tuple[int, int, int, bytes, bytes]:
-    """Encode ``items[i:]`` from data ``position`` (segment start, offset in it, segment
-    size) and index offset ``index_room`` (offset, file size) while they fit in both files,
-    after entry ``last`` (index, chain). At least one item must fit. Returns the next item's
-    position in ``items``, the last term and chain encoded, and the entries' and the index
-    records' bytes."""
-    seg_start, off, seg_size = position
-    ioff, isize = index_room
-    idx, chain = last
+    """Encode ``items[i:]`` from offset ``off`` of the data segment at ``seg_start`` (of
+    ``seg_size`` bytes) and offset ``ioff`` of an index file of ``isize`` bytes, while they
+    fit in both, after entry ``idx`` of chain ``chain``. At least one item must fit (flat
+    arguments: this runs once per appended batch). Returns the next item's position in
+    ``items``, the last term and chain encoded, and the entries' and the index records'
+    bytes."""
     head_pack = HEADER_NO_CRC.pack
     idx_pack = INDEX_NO_CRC.pack
     u32_pack = U32.pack

@@ -701,15 +701,50 @@ class SegmentedLogStore:
         moves only after the write, so no reader is handed a half-written entry."""
         segs = self._segments
         seg = segs.active
-        seg_size = self._seg_size
         off = self._write_pos - seg.start
         idx = self._last_index
-        term = self._last_term
-        chain = self._last_chain
-        ifile = self._index_file_for(idx + 1)
+        n_items = len(items)
+        ifile = self._cur_index
+        if ifile is None or not ifile.start <= (idx + 1) * INDEX_RECORD_SIZE < ifile.end:
+            ifile = self._index.file_of(idx + 1)
         ioff = (idx + 1) * INDEX_RECORD_SIZE - ifile.start
+        # Every file the batch needs is allocated before any byte of it is written, so that
+        # a full disk refuses the whole batch (DiskFullError) and leaves the log as it was.
+        spare: list[MappedFile] = []
+        if off + n_items * ENTRY_HEADER_SIZE + sum(len(it[2]) for it in items) > self._seg_size:
+            spare = self._take_segments(items, off, seg)
+        if ioff + n_items * INDEX_RECORD_SIZE > ifile.size_bytes:
+            self._prepare_index_files(idx + 1, idx + n_items)
+        seg, off, ifile, idx, term, chain = self._write_runs(items, seg, off, ifile, ioff, spare)
+        assert not spare
+        assert off <= self._seg_size and seg is segs.active
+        assert idx == self._last_index + n_items and term >= self._last_term
+        self._cur_index = ifile
+        self._write_pos = seg.start + off
+        self._last_index = idx
+        self._last_term = term
+        self._last_chain = chain
+        if off >= self._prealloc_at and self._next_requested != seg.end:
+            self._maybe_preallocate()
+
+    def _write_runs(
+        self,
+        items: list[Item],
+        seg: MappedFile,
+        off: int,
+        ifile: MappedFile,
+        ioff: int,
+        spare: list[MappedFile],
+    ) -> tuple[MappedFile, int, MappedFile, int, int, int]:
+        """Write ``items`` from offset ``off`` of the active segment ``seg`` and ``ioff`` of
+        index file ``ifile`` in runs (:func:`encode_run`), rolling to the ``spare`` segments
+        (taken from the list) and to the next index file where one is full. Returns where the
+        writing ended (segment, offset, index file) and the last entry's index, term and
+        chain. The store's log state is not touched: the caller moves it after the writes."""
+        segs = self._segments
+        seg_size = self._seg_size
         isize = ifile.size_bytes
-        spare = self._allocate_for(items, seg, off, idx)
+        idx, term, chain = self._last_index, self._last_term, self._last_chain
         rolled = False
         i = 0
         n_items = len(items)
@@ -719,83 +754,37 @@ class SegmentedLogStore:
                 rolled = True
                 off = 0
             if ioff >= isize:
-                ifile = self._index_file_for(idx + 1)
+                ifile = self._index.file_of(idx + 1)  # prepared by the caller
                 ioff = 0
-            first_before = segs.active_first()
+            first_before = -1
             if off == 0:
+                first_before = segs.active_first()
                 segs.set_active_first(idx + 1)
             i0 = i
             i, term, chain, data, records = encode_run(
-                items, i, (seg.start, off, seg_size), (ioff, isize), (idx, chain)
+                items, i, seg.start, off, seg_size, ioff, isize, idx, chain
             )
-            self._write_run(seg, (off, data), (ifile, ioff, records), rolled, first_before)
+            end = off + len(data)
+            if end > seg.reserved:  # keep the warmer out (about once per MiB)
+                seg.reserve(end, RESERVE_AHEAD_BYTES)
+            try:
+                seg.write(off, data)
+                ifile.write(ioff, records)
+            except OSError as e:
+                # Into allocated blocks this fails only on a file system that allocates on
+                # write anyway (copy-on-write) or on a failing disk. Before a roll nothing
+                # of the batch counts yet: refuse it. After one, the in-memory state no
+                # longer matches a prefix of the batch: end the process (recovery cuts the
+                # torn tail on restart).
+                if first_before >= 0:
+                    segs.set_active_first(first_before)
+                if is_disk_full(e) and not rolled:
+                    raise self._disk_full("append", e) from None
+                fatal("store-append", f"WRITE_FAILED root={short_path(self.root)} error={e}")
             idx += i - i0
-            off += len(data)
+            off = end
             ioff += len(records)
-        assert not spare
-        assert off <= seg_size and seg is segs.active
-        assert idx == self._last_index + len(items) and term >= self._last_term
-        self._cur_index = ifile
-        self._write_pos = seg.start + off
-        self._last_index = idx
-        self._last_term = term
-        self._last_chain = chain
-        if off >= self._prealloc_at and self._next_requested != seg.end:
-            self._maybe_preallocate()
-
-    def _index_file_for(self, index: int) -> MappedFile:
-        """The index file that the record of ``index`` goes into (the current one, usually;
-        created if missing)."""
-        ifile = self._cur_index
-        if ifile is None or not ifile.start <= index * INDEX_RECORD_SIZE < ifile.end:
-            ifile = self._index.file_of(index)
-        return ifile
-
-    def _allocate_for(
-        self, items: list[Item], seg: MappedFile, off: int, last: int
-    ) -> list[MappedFile]:
-        """Allocate every file that appending ``items`` at offset ``off`` of the active
-        segment ``seg`` after entry ``last`` needs, before any byte is written, so that a
-        full disk refuses the whole batch (DiskFullError) and leaves the log as it was.
-        Returns the new data segments, in order."""
-        spare: list[MappedFile] = []
-        if off + len(items) * ENTRY_HEADER_SIZE + sum(len(it[2]) for it in items) > self._seg_size:
-            spare = self._take_segments(items, off, seg)
-        file_bytes = self._index.file_bytes
-        if (last + 1) * INDEX_RECORD_SIZE % file_bytes + len(
-            items
-        ) * INDEX_RECORD_SIZE > file_bytes:
-            self._prepare_index_files(last + 1, last + len(items))
-        return spare
-
-    def _write_run(
-        self,
-        seg: MappedFile,
-        data: tuple[int, bytes],
-        records: tuple[MappedFile, int, bytes],
-        rolled: bool,
-        first_before: int,
-    ) -> None:
-        """Write an encoded run: ``data`` (offset, bytes) into ``seg`` and ``records``
-        (file, offset, bytes) into an index file."""
-        off0, buf = data
-        ifile, ioff0, ibuf = records
-        end = off0 + len(buf)
-        if end > seg.reserved:  # keep the warmer out (about once per MiB)
-            seg.reserve(end, RESERVE_AHEAD_BYTES)
-        try:
-            seg.write(off0, buf)
-            ifile.write(ioff0, ibuf)
-        except OSError as e:
-            # Into allocated blocks this fails only on a file system that allocates on
-            # write anyway (copy-on-write) or on a failing disk. Before a roll nothing
-            # of the batch counts yet: refuse it. After one, the in-memory state no
-            # longer matches a prefix of the batch: end the process (recovery cuts the
-            # torn tail on restart).
-            self._segments.set_active_first(first_before)
-            if is_disk_full(e) and not rolled:
-                raise self._disk_full("append", e) from None
-            fatal("store-append", f"WRITE_FAILED root={short_path(self.root)} error={e}")
+        return seg, off, ifile, idx, term, chain
 
     def _maybe_preallocate(self, *, force: bool = False) -> None:
         """Ask for the next segment once the active one is PREALLOCATE_AT_FILL full (at once
