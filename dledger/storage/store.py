@@ -1,19 +1,28 @@
 """The DLedger log store of one Raft member: mmap'd data segments, an O(1) index, durable
 metadata, group-commit flushing and crash recovery. See docs/STORAGE.md and docs/FORMAT.md.
 
+:class:`SegmentedLogStore` is the facade: it holds the log's end and the locks, appends,
+reads, flushes and truncates, and delegates to one collaborator per concern, each owning its
+state: :class:`~dledger.storage.segments.SegmentSet` (the data segment files),
+:class:`~dledger.storage.index.IndexFiles` (the index files),
+:class:`~dledger.storage.recovery.Recovery` (the open-time scan and repair decisions),
+:class:`~dledger.storage.meta.MetaFiles` (checkpoint and hard-state files),
+:class:`~dledger.storage.reserve.SpaceReserve` (the disk-full space reserve) and
+:class:`~dledger.storage.admission.RaftReserve` (the Raft reserve's admission check);
+:func:`~dledger.storage.append.encode_run` is the append path's encoder.
+
 Locking: ``_lock`` guards all in-memory state and the mappings; it is never held across an
 fsync/msync on the append path. ``_flush_lock`` serialises the things that sync or reshape
 files (flush, checkpoint, truncate, delete, close); a thread that holds both takes
-``_flush_lock`` first.
+``_flush_lock`` first. The collaborators have no locks of their own (but the hard-state
+file's, in MetaFiles): the store calls them under its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import errno
 import fcntl
-import itertools
 import logging
 import os
 import threading
@@ -25,13 +34,11 @@ from pathlib import Path
 from types import TracebackType
 
 from dledger import failpoints
-from dledger.chain import CHAIN_ORIGIN, link
+from dledger.chain import CHAIN_ORIGIN
 from dledger.fatal import fatal, guard_thread
 from dledger.log import (
     ENTRY_TYPE_MAX,
     ConfigError,
-    CorruptLogError,
-    DLedgerError,
     Entry,
     HardState,
     IndexOutOfRangeError,
@@ -39,6 +46,8 @@ from dledger.log import (
     LogStore,
 )
 from dledger.storage import codec, damage
+from dledger.storage.admission import RAFT_RESERVE_BYTES, RaftReserve, files_needed
+from dledger.storage.append import Item, encode_run, segments_filled
 from dledger.storage.codec import (
     BLANK_MAGIC_BYTES,
     BLANK_SIZE,
@@ -48,31 +57,30 @@ from dledger.storage.codec import (
     FORMAT_VERSION,
     HEADER,
     HEADER_CRC_OFFSET,
-    HEADER_NO_CRC,
-    INDEX_CRC_OFFSET,
-    INDEX_MAGIC,
-    INDEX_NO_CRC,
     INDEX_RECORD_SIZE,
     MAX_ENTRY_BODY_BYTES,
     NO_TRUNCATE_PENDING,
-    U32,
     Checkpoint,
-    ItemKind,
     RecordError,
     crc32c,
 )
+from dledger.storage.errors import (
+    DiskFullError,
+    StoreClosedError,
+    StoreLockedError,
+    short_path,
+)
 from dledger.storage.files import (
-    ALLOC_SUFFIX,
     PAGE_SIZE,
-    SEGMENT_NAME_DIGITS,
     MappedFile,
     SegmentAllocator,
-    allocate,
-    atomic_write,
     fsync_dir,
     is_disk_full,
-    segment_name,
 )
+from dledger.storage.index import IndexFiles, sync_records
+from dledger.storage.meta import CHECKPOINT_FILE, META_FILE, MetaFiles
+from dledger.storage.recovery import Recovered, Recovery, checkpoint_is_current, next_link
+from dledger.storage.reserve import DEFAULT_RESERVE_BYTES, RESERVE_FILE, SpaceReserve
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
@@ -80,7 +88,25 @@ from dledger.storage.retention import (
     SegmentInfo,
     segments_to_delete,
 )
-from mqerrors import codes as E
+from dledger.storage.segments import SegmentSet, corrupt_error
+
+__all__ = [  # the store's API, with the names its users import from here
+    "CHECKPOINT_FILE",
+    "DATA_DIR",
+    "INDEX_DIR",
+    "META_FILE",
+    "RAFT_RESERVE_BYTES",
+    "RESERVE_FILE",
+    "DiskFullError",
+    "FlushDiskType",
+    "LogExtent",
+    "SegmentedLogStore",
+    "StoreClosedError",
+    "StoreConfig",
+    "StoreLockedError",
+    "files_needed",
+    "next_link",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +131,6 @@ DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
 # throughput (measured with bench/store.py), so one at a time.
 MAX_CONCURRENT_SYNCS = 1
 
-# Recovery reads segments in chunks of this size when it looks for the end of written data.
-SCAN_CHUNK_BYTES = 1 << 20
-
 # The next data segment is requested when the active one is this full: early enough that
 # the background thread has written its zeros before the roll at any realistic append rate,
 # late enough that a short-lived or idle store does not pay for a segment it never uses.
@@ -117,49 +140,13 @@ PREALLOCATE_AT_FILL = 0.5
 # takes the warmer's lock about once per this many bytes, not once per entry.
 RESERVE_AHEAD_BYTES = 1 << 20
 
-# Space set aside in the store's root (the file RESERVE_FILE, allocated at open) so that the
-# hard state and the checkpoint can always be written: on ENOSPC the file is deleted and the
-# write retried. Each such write needs one block for a few seconds (temp file, then rename);
-# 4 MiB is a thousand of them, and small next to any segment.
-DEFAULT_RESERVE_BYTES = 4 << 20
-# After the reserve was used, it is allocated again at most this often, and only once the file
-# system has at least RESERVE_REARM_FACTOR times its size free (so that re-arming it does not
-# itself fill the disk again).
-RESERVE_RETRY_S = 1.0
-RESERVE_REARM_FACTOR = 4
 # Repeated disk-full warnings (periodic checkpoints refused) are logged at most this often.
 DISK_FULL_WARN_INTERVAL_S = 10.0
-# Log room kept for Raft's own entries (docs/STORAGE.md "Disk full"): a leader admits
-# application entries only if, after them, the log still has this much room in files already
-# allocated (or certain to be), so that a new term's no-op (a 48-byte header, empty body) and
-# membership entries (at most 16 KiB each) are written without allocating anything. 256 KiB
-# holds 5,000 no-ops or 15 membership entries of the largest size; next to a 1 GiB segment
-# it is nothing.
-RAFT_RESERVE_BYTES = 256 << 10
-# The reserve takes at most this fraction of a segment (and of an index file), and the
-# caller's extra headroom at most RESERVE_HEADROOM_MAX_FRACTION: tiny test segments (64 KiB)
-# must still take application entries.
-RAFT_RESERVE_MAX_FRACTION = 8
-RESERVE_HEADROOM_MAX_FRACTION = 4
-# Admitting entries on free file-system space rather than allocated files needs this many
-# spare allocations beyond the need (one data segment and one index file each): other writers
-# on the file system (the application's files) may take space before the append allocates.
-ALLOCATION_SLACK_COUNT = 1
-# After the next segment could not be allocated for lack of space, admission tries again at
-# most this often (each try is an fallocate that fails; sends are refused meanwhile).
-ALLOCATE_RETRY_S = 1.0
-# Distinct headroom values whose reserve sizes are cached (callers use one or two).
-KEEP_CACHE_MAX = 8
-# Characters of a path kept in an error message (messages become RPC details: bounded).
-PATH_MAX_CHARS = 200
 
 DATA_DIR = "commitlog"
 INDEX_DIR = "index"
-CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
-META_FILE = "meta"
-RESERVE_FILE = "reserve"
 
 
 class FlushDiskType(enum.Enum):
@@ -167,53 +154,6 @@ class FlushDiskType(enum.Enum):
 
     SYNC_FLUSH = "SYNC_FLUSH"  # callers flush (group commit) before acknowledging
     ASYNC_FLUSH = "ASYNC_FLUSH"  # a background thread flushes every flush_interval_ms
-
-
-class StoreLockedError(DLedgerError):
-    """Another process (or another open store in this process) holds the store's lock."""
-
-    code = E.STORE_LOCKED
-
-
-class StoreClosedError(DLedgerError):
-    code = E.STORE_CLOSED
-
-
-class DiskFullError(DLedgerError):
-    """The file system holding the store has no space for a write. Nothing of the refused
-    write is in the log (an append is all or nothing); retry once space returns."""
-
-    code = E.DISK_FULL
-
-
-def files_needed(
-    *,
-    write_offset: int,
-    segment_bytes: int,
-    batch_bytes: int,
-    largest_entry_bytes: int,
-    keep_bytes: int,
-) -> int:
-    """How many files after the active one the log needs to take ``batch_bytes`` (encoded
-    entries, the largest ``largest_entry_bytes``; 0 for fixed-size records such as the
-    index's) at ``write_offset`` of its active file of ``segment_bytes`` and still have
-    ``keep_bytes`` of room after them. Entries never straddle two files: each file end crossed
-    loses less than the largest entry to the blank record that closes the file."""
-    assert 0 <= write_offset <= segment_bytes and batch_bytes >= 0 and keep_bytes >= 0
-    assert 0 <= largest_entry_bytes <= segment_bytes
-    end = write_offset + batch_bytes
-    if end > segment_bytes and largest_entry_bytes > 1:
-        waste = largest_entry_bytes - 1  # per file end crossed, at most
-        rolls = -(-(end - segment_bytes) // (segment_bytes - waste))
-        end += rolls * waste
-    need = end + keep_bytes - segment_bytes
-    return max(0, -(-need // segment_bytes))
-
-
-def short_path(path: object) -> str:
-    """``path`` as text of at most PATH_MAX_CHARS characters (the tail, which names it)."""
-    text = str(path)
-    return text if len(text) <= PATH_MAX_CHARS else "..." + text[-(PATH_MAX_CHARS - 3) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,66 +224,19 @@ class SegmentedLogStore:
         self.config = config if config is not None else StoreConfig()
         self.root = Path(root_dir)
         self._seg_size = self.config.segment_size_bytes
-        self._idx_size = self.config.index_segment_size_bytes
         self._max_body = self.config.max_body_bytes
         self._prealloc_at = int(self._seg_size * PREALLOCATE_AT_FILL)
         self._next_requested = -1  # start of the segment last asked of the allocator
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._sync_done = threading.Condition(self._lock)
-        self._syncs_in_flight = 0  # group-commit syncs running now
-        self._sync_started_index = 0  # highest index a started sync covers
-        self._reshaping = False  # truncate/delete/close waiting for syncs to drain
-        self._meta_lock = threading.Lock()
-        self._closed = True
-        self._lock_fd = -1
-        self._segments: list[MappedFile] = []
-        self._seg_first: list[int] = []  # first entry index in each segment, 0 when empty
-        self._index_files: dict[int, MappedFile] = {}  # index file number -> file
-        self._cur_index: MappedFile | None = None  # index file of the last appended record
-        self._base_index = 0
-        self._base_term = 0
-        self._base_chain = CHAIN_ORIGIN  # dledger.chain value at _base_index
-        self._last_index = 0
-        self._last_term = 0
-        self._last_chain = CHAIN_ORIGIN
-        self._write_pos = 0
-        self._flushed_pos = 0
-        self._flushed_index = 0
-        self._index_synced = 0  # index records up to here are msync'ed
-        self._commit_index = 0
-        self._applied_index = 0
-        self._last_checkpoint_s = 0.0
-        self.flush_count = 0  # number of data syncs done (group-commit metric)
-        self.sync_seconds = 0.0  # time spent in those syncs (how busy the disk path is)
-        # Called with each data sync's seconds, under the store's lock (metrics: the node's
-        # fsync histogram); must not block.
-        self.on_sync: Callable[[float], None] | None = None
-        self.recovered_from_crash = False
-        # Damage the last open found and cut (docs/STORAGE.md "Damage and repair"), None if
-        # none; and what damage this store found since it opened, by where (metrics).
-        self.damage: damage.DamageReport | None = None
-        self.damage_found: dict[str, int] = {}
-        self.damaged_entries_cut = 0
+        self._init_sync_state()
+        self._init_log_state()
+        self._init_counters()
         self._before_damage_cut = before_damage_cut
-        self._created_first_segment = False
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         self._allocator: SegmentAllocator | None = None
-        self._reserve_held = False  # RESERVE_FILE exists, allocated in full
-        self._reserve_tried_s = -RESERVE_RETRY_S  # monotonic time of the last re-arm attempt
         self._disk_full_warned_s = -DISK_FULL_WARN_INTERVAL_S
-        self.disk_full_count = 0  # writes refused (or checkpoints skipped) for lack of space
-        self.log_room_refusals = 0  # application entries refused to keep the Raft reserve
-        self._allocate_tried_s = -ALLOCATE_RETRY_S  # last allocation ahead that failed
-        self._keep_cache: dict[int, tuple[int, int]] = {}  # headroom -> reserve_bytes_for
-        self._forced_request_s = -ALLOCATE_RETRY_S  # last early request of the next segment
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._data_dir = self.root / DATA_DIR
-        self._index_dir = self.root / INDEX_DIR
-        self._data_dir.mkdir(exist_ok=True)
-        self._index_dir.mkdir(exist_ok=True)
+        self._init_collaborators()
+        self._lock_fd = -1
         self._acquire_lock()
         try:
             self._open()
@@ -360,6 +253,66 @@ class SegmentedLogStore:
             )
             self._flusher.start()
 
+    def _init_sync_state(self) -> None:
+        """The locks and the group-commit state (see :meth:`_flush_to`)."""
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._sync_done = threading.Condition(self._lock)
+        self._syncs_in_flight = 0  # group-commit syncs running now
+        self._sync_started_index = 0  # highest index a started sync covers
+        self._reshaping = False  # truncate/delete/close waiting for syncs to drain
+        self._closed = True
+
+    def _init_log_state(self) -> None:
+        """The log's ends, what of it is durable, and the server's indices (the checkpoint's
+        content). Set from the checkpoint and recovery at open."""
+        self._cur_index: MappedFile | None = None  # index file of the last appended record
+        self._base_index = 0
+        self._base_term = 0
+        self._base_chain = CHAIN_ORIGIN  # dledger.chain value at _base_index
+        self._last_index = 0
+        self._last_term = 0
+        self._last_chain = CHAIN_ORIGIN
+        self._write_pos = 0
+        self._flushed_pos = 0
+        self._flushed_index = 0
+        self._index_synced = 0  # index records up to here are msync'ed
+        self._commit_index = 0
+        self._applied_index = 0
+        self._last_checkpoint_s = 0.0
+
+    def _init_counters(self) -> None:
+        """What the store reports (metrics, the node)."""
+        self.flush_count = 0  # number of data syncs done (group-commit metric)
+        self.sync_seconds = 0.0  # time spent in those syncs (how busy the disk path is)
+        # Called with each data sync's seconds, under the store's lock (metrics: the node's
+        # fsync histogram); must not block.
+        self.on_sync: Callable[[float], None] | None = None
+        self.recovered_from_crash = False
+        # Damage the last open found and cut (docs/STORAGE.md "Damage and repair"), None if
+        # none; and what damage this store found since it opened, by where (metrics).
+        self.damage: damage.DamageReport | None = None
+        self.damage_found: dict[str, int] = {}
+        self.damaged_entries_cut = 0
+        self.disk_full_count = 0  # writes refused (or checkpoints skipped) for lack of space
+
+    def _init_collaborators(self) -> None:
+        """Create the directories and the objects that own the store's files."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._data_dir = self.root / DATA_DIR
+        self._index_dir = self.root / INDEX_DIR
+        self._data_dir.mkdir(exist_ok=True)
+        self._index_dir.mkdir(exist_ok=True)
+        self._segments = SegmentSet(
+            self._data_dir, self._seg_size, self._max_body + ENTRY_HEADER_SIZE
+        )
+        self._index = IndexFiles(self._index_dir, self.config.index_segment_size_bytes)
+        self._reserve = SpaceReserve(self.root, self.config.reserve_bytes)
+        self._meta = MetaFiles(self.root, self._reserve, self._disk_full)
+        self._room = RaftReserve(
+            self.root, self._segments, self._index, lambda: self._maybe_preallocate(force=True)
+        )
+
     # ------------------------------------------------------------------ open / recovery
 
     def _acquire_lock(self) -> None:
@@ -375,7 +328,7 @@ class SegmentedLogStore:
 
     def _open(self) -> None:
         t0 = time.monotonic()
-        ckpt = self._read_checkpoint()
+        ckpt = self._meta.read_checkpoint()
         abort = self.root / ABORT_FILE
         self.recovered_from_crash = abort.exists()
         abort.touch()
@@ -385,23 +338,21 @@ class SegmentedLogStore:
         self._base_chain = ckpt.base_chain
         self._commit_index = ckpt.commit_index
         self._applied_index = ckpt.applied_index
-        self._arm_reserve()
+        self._reserve.arm()
         if ckpt.version != CHECKPOINT_VERSION:
             self._drop_old_index(ckpt)
-        self._open_index_files()
-        self._open_data_segments(ckpt)
-        marker = damage.read_marker(self.root)
-        full = self.config.full_verify_on_open or (marker is not None and marker.verify)
-        self._recover(ckpt, full=full)
-        if marker is not None and marker.verify:
-            damage.verified(self.root, marker)
+        self._index.open_existing()
+        self._segments.open_existing(self._base_index)
+        if not len(self._segments):
+            self._segments.create_first(ckpt.flushed_position)
+        self._recover(ckpt)
         self._allocator = SegmentAllocator(
             self._data_dir,
             self._seg_size,
             enabled=self.config.preallocate,
             warm=self.config.warm_segments,
         )
-        active = self._segments[-1]
+        active = self._segments.active
         self._allocator.warm(active, self._write_pos - active.start)
         self._maybe_preallocate()
         log.info(
@@ -415,21 +366,6 @@ class SegmentedLogStore:
             len(self._segments),
             (time.monotonic() - t0) * 1000,
         )
-
-    def _read_checkpoint(self) -> Checkpoint:
-        path = self.root / CHECKPOINT_FILE
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path.with_name(path.name + ".tmp"))
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return Checkpoint()
-        try:
-            return codec.decode_checkpoint(data)
-        except RecordError as e:
-            raise CorruptLogError(
-                f"checkpoint {path}: {e.reason}", path=str(path), offset=e.offset
-            ) from None
 
     def _drop_old_index(self, ckpt: Checkpoint) -> None:
         """A store of an older format (its checkpoint says so): its index records have
@@ -446,416 +382,39 @@ class SegmentedLogStore:
             else f"; the chain below its first index {ckpt.base_index + 1} is unknown (deleted "
             "before chains): matching falls back to terms until a snapshot is installed",
         )
-        for p in self._index_dir.iterdir():
-            p.unlink()
-        fsync_dir(self._index_dir)
+        self._index.delete_all_on_disk()
 
-    def _list_files(self, directory: Path, unit: int) -> list[int]:
-        starts = []
-        for p in directory.iterdir():
-            if p.name.endswith((ALLOC_SUFFIX, ".tmp")):
-                p.unlink()  # an allocation or a write that a crash interrupted
-                continue
-            if len(p.name) != SEGMENT_NAME_DIGITS or not p.name.isdigit():
-                raise DLedgerError(f"unexpected file {p} in the store")
-            start = int(p.name)
-            if start % unit or p.stat().st_size > unit:
-                raise DLedgerError(
-                    f"{p} does not start at a multiple of {unit} bytes or is larger than that: "
-                    "is the store opened "
-                    "with a different segment size than it was written with?"
-                )
-            starts.append(start)
-        return sorted(starts)
-
-    def _open_index_files(self) -> None:
-        for start in self._list_files(self._index_dir, self._idx_size):
-            path = self._index_dir / segment_name(start)
-            self._index_files[start // self._idx_size] = MappedFile(
-                path, start, self._idx_size, create=False
-            )
-
-    def _open_data_segments(self, ckpt: Checkpoint) -> None:
-        starts = self._list_files(self._data_dir, self._seg_size)
-        for a, b in itertools.pairwise(starts):
-            if b != a + self._seg_size:
-                missing = self._data_dir / segment_name(a + self._seg_size)
-                raise CorruptLogError(
-                    f"data segment {missing} is missing (the log has a hole)",
-                    path=str(missing),
-                    offset=0,
-                )
-        for start in starts:
-            path = self._data_dir / segment_name(start)
-            self._segments.append(MappedFile(path, start, self._seg_size, create=False))
-        # A crash inside delete_prefix leaves segments whose entries are all <= base_index.
-        while len(self._segments) >= 2:
-            first = self._peek_first_index(self._segments[1])
-            if first == 0 or first > self._base_index + 1:
-                break
-            log.info("dropping segment left by an interrupted delete path=%s", self._segments[0])
-            self._segments.pop(0).delete()
-        if not self._segments:
-            start = ckpt.flushed_position - ckpt.flushed_position % self._seg_size
-            path = self._data_dir / segment_name(start)
-            self._segments.append(MappedFile(path, start, self._seg_size, create=True))
-            self._created_first_segment = True
-
-    def _peek_first_index(self, seg: MappedFile) -> int:
-        try:
-            return codec.decode_header(seg.mm, 0).index
-        except RecordError:
-            return 0
-
-    def _corrupt(self, seg: MappedFile, pos: int, reason: str, index: int = 0) -> CorruptLogError:
-        offset = pos - seg.start
-        named = f" index {index}" if index else ""
-        return CorruptLogError(
-            f"corrupt log entry{named} in {seg.path} at byte offset {offset} (position {pos}): "
-            f"{reason}",
-            path=str(seg.path),
-            offset=offset,
-            index=index,
-        )
-
-    def _scan_origin(self, ckpt_pos: int, full: bool) -> tuple[int, int, int, int]:
-        """Where recovery starts scanning: the segment (from the one holding the checkpoint's
-        flushed position, or the first with ``full``), the index of its first entry and the
-        term and chain before it. A segment whose first entry (or the index record before it)
-        is unreadable moves the start one segment back, so that the scan meets the damage."""
-        segs = self._segments
-        origin = (0, self._base_index + 1, self._base_term, self._base_chain)
-        if full or ckpt_pos <= segs[0].start:
-            return origin
-        # the last segment holding flushed bytes (ckpt_pos may be the start of an empty one)
-        k0 = max(k for k, s in enumerate(segs) if s.start < ckpt_pos)
-        while k0 > 0:
-            first = self._peek_first_index(segs[k0])
-            if first > self._base_index + 1:
-                try:
-                    rec = self._record(first - 1)
-                    return k0, first, rec.term, rec.chain
-                except CorruptLogError:
-                    pass
-            k0 -= 1
-        return origin
-
-    def _recover(self, ckpt: Checkpoint, *, full: bool) -> None:
-        segs = self._segments
-        ckpt_pos = ckpt.flushed_position
-        pending = ckpt.truncate_pending_position
+    def _recover(self, ckpt: Checkpoint) -> None:
+        """Run :class:`Recovery` (a full scan when configured or when a damage marker asks
+        for one), take the log's end from it, and write the checkpoint if it changed."""
+        marker = damage.read_marker(self.root)
+        full = self.config.full_verify_on_open or (marker is not None and marker.verify)
         rebuild = ckpt.version != CHECKPOINT_VERSION  # the index was dropped: scan it all
-        k0, expected, prev_term, chain = self._scan_origin(ckpt_pos, full or rebuild)
-        self._last_index = expected - 1
-        self._last_term = prev_term
-        self._last_chain = chain
-        self._index_synced = expected - 1  # records below the scan are not rewritten
-        end_pos = segs[k0].start  # write position after the last valid (kept) record
-        scan_stop = end_pos  # first position not covered by a valid record (stale included)
-        bad_reason = ""
-        for k in range(k0, len(segs)):
-            seg = segs[k]
-            terminal: codec.ScanItem | None = None
-            for item in codec.iter_segment(seg.mm, seg.start):
-                if item.kind is not ItemKind.ENTRY:
-                    terminal = item
-                    break
-                h = item.header
-                assert h is not None
-                if h.index != expected or h.term < self._last_term:
-                    terminal = item
-                    bad_reason = (
-                        f"entry index={h.index} term={h.term} does not follow "
-                        f"index={expected - 1} term={self._last_term}"
-                    )
-                    break
-                expected += 1
-                scan_stop = item.position + item.size
-                if item.position >= pending:
-                    continue  # an entry an interrupted truncate_suffix was removing
-                chain = next_link(self._last_chain, h)
-                self._write_index_record(h.index, h.total_size, h.position, h.term, h.type, chain)
-                self._last_index = h.index
-                self._last_term = h.term
-                self._last_chain = chain
-                end_pos = scan_stop
-            assert terminal is not None
-            if terminal.kind in (ItemKind.BLANK, ItemKind.PADDING):
-                scan_stop = seg.end
-                if terminal.position < pending:
-                    end_pos = seg.end
-                continue  # the log goes on in the next segment, if there is one
-            if terminal.kind is ItemKind.CORRUPT and not bad_reason:
-                bad_reason = terminal.reason
-            scan_stop = terminal.position
-            break
-        if pending != NO_TRUNCATE_PENDING:
-            log.warning("completing an interrupted truncation position=%d", pending)
-            self._zero_data(max(pending, end_pos), scan_stop)
-            scan_stop = end_pos if scan_stop >= pending else scan_stop
-        # Torn tail or damage? Damage: the valid log ends below what the checkpoint says is
-        # durable, or a valid entry follows its end (the middle of the log is bad).
-        problem = ""
-        if end_pos < ckpt_pos:
-            problem = (
-                f"{bad_reason or 'entry missing'}; the checkpoint says the log is durable up "
-                f"to position {ckpt_pos}"
-            )
-        else:
-            after = self._valid_entry_after(scan_stop)
-            if after:
-                problem = f"{bad_reason or 'entry missing'}, but a valid entry follows at {after}"
-        if problem:
-            self._cut_damage(end_pos, problem, ckpt)
-        elif bad_reason or self._has_nonzero_header(end_pos):
-            log.warning(
-                "truncating torn tail path=%s offset=%d reason=%s",
-                self._segment_at(end_pos).path,
-                end_pos - self._segment_at(end_pos).start,
-                bad_reason or "partial entry",
-            )
-            self._zero_torn_tail(end_pos)
-        self._finish_recovery(ckpt, end_pos)
-
-    def _finish_recovery(self, ckpt: Checkpoint, end_pos: int) -> None:
-        """The log ends at ``end_pos``: drop what lies beyond, sync what survived, and write
-        the checkpoint if it changed."""
-        segs = self._segments
-        # Drop empty segments beyond the write position (pre-allocated, or emptied above).
-        dropped = False
-        while len(segs) > 1 and segs[-1].start > end_pos:
-            segs.pop().delete()
-            dropped = True
-        if dropped or self._created_first_segment:
-            fsync_dir(self._data_dir)
-        assert self._last_index >= self._base_index
-        assert segs[0].start <= end_pos <= segs[-1].end
-        self._write_pos = end_pos
-        self._fill_seg_first()
-        if self._clean_index_after(self._last_index) | self._clean_index_before(
-            self._base_index + 1
-        ):
-            fsync_dir(self._index_dir)
-        # What survived is in the page cache; make it durable before calling it flushed.
-        start = min(ckpt.flushed_position, end_pos)
-        self._sync_data(self._segment_floor(start), end_pos)
-        self._flushed_pos = end_pos
-        self._flushed_index = self._last_index
-        rebuild = ckpt.version != CHECKPOINT_VERSION  # written again in this version's format
-        pending = ckpt.truncate_pending_position
-        if (
-            rebuild
-            or not (self.root / CHECKPOINT_FILE).exists()
-            or (
-                ckpt.flushed_position,
-                ckpt.flushed_index,
-                pending,
-            )
-            != (
-                end_pos,
-                self._last_index,
-                NO_TRUNCATE_PENDING,
-            )
-        ):
+        base = (self._base_index, self._base_term, self._base_chain)
+        recovery = Recovery(
+            self.root, self._segments, self._index, ckpt, base, self._before_damage_cut
+        )
+        got = recovery.run(full=full, rebuild=rebuild)
+        self._take_recovered(got)
+        exists = self._meta.checkpoint_exists()
+        if not checkpoint_is_current(ckpt, got, exists=exists, rebuilt=rebuild):
             self._persist_checkpoint()
+        if marker is not None and marker.verify:
+            damage.verified(self.root, marker)
 
-    def _cut_damage(self, end_pos: int, problem: str, ckpt: Checkpoint) -> None:
-        """Damage at ``end_pos`` (inside what was durable): report it, then cut the log
-        there: zero the written bytes from ``end_pos`` to the end of its segment's data (the
-        later segments go in :meth:`_finish_recovery`). A crash part way leaves the
-        checkpoint as it was, so the next open finds and cuts the same damage again."""
-        seg = self._segment_at(end_pos)
-        first = self._last_index + 1
-        old_last = max(ckpt.flushed_index, self._highest_index_record(first), first)
-        report = damage.DamageReport(
-            path=str(seg.path),
-            offset=end_pos - seg.start,
-            first_index=first,
-            last_index=old_last,
-            reason=problem,
-            found_by="open",
-        )
-        log.error(
-            "DAMAGE in the log: cutting it at the first damaged entry (the leader sends "
-            "everything after again) root=%s %s",
-            self.root,
-            report.describe(),
-        )
-        if self._before_damage_cut is not None:
-            self._before_damage_cut(report)
-        end_off = max(end_pos - seg.start, self._search_end(seg, end_pos - seg.start))
-        self._zero_data(end_pos, seg.start + end_off)
-        self.damage = report
-        self.damage_found["open"] = self.damage_found.get("open", 0) + 1
-        self.damaged_entries_cut += report.entries_lost
-
-    def _highest_index_record(self, first: int) -> int:
-        """The highest index from ``first`` on with a valid index record, stopping at the
-        first that is not (the records the log held before its end was lost); 0 if none."""
-        last = 0
-        index = first
-        while True:
-            byte = index * INDEX_RECORD_SIZE
-            f = self._index_files.get(byte // self._idx_size)
-            if f is None:
-                return last
-            try:
-                codec.decode_index_record(f.mm, byte - f.start)
-            except RecordError:
-                return last
-            last = index
-            index += 1
-
-    def _segment_floor(self, pos: int) -> int:
-        return max(self._segments[0].start, pos)
-
-    def _fill_seg_first(self) -> None:
-        self._seg_first = [self._peek_first_index(s) for s in self._segments]
-        for k, s in enumerate(self._segments):
-            if s.start >= self._write_pos:
-                self._seg_first[k] = 0
-
-    def _has_nonzero_header(self, pos: int) -> bool:
-        seg = self._segment_at(pos)
-        off = pos - seg.start
-        n = min(ENTRY_HEADER_SIZE, seg.size_bytes - off)
-        return n > 0 and any(seg.mm[off : off + n])
-
-    def _valid_entry_after(self, scan_stop: int) -> str:
-        """Where the first valid entry after ``scan_stop`` lies ("<path> offset <n>"), searched
-        byte by byte up to the end of the written data; "" if there is none."""
-        for seg in self._segments:
-            if seg.end <= scan_stop:
-                continue
-            start_off = scan_stop - seg.start if seg.start <= scan_stop else 0
-            end_off = self._search_end(seg, start_off)
-            found = codec.find_valid_entry(seg.mm, seg.start, start_off, end_off)
-            if found >= 0:
-                return f"{seg.path} offset {found}"
-        return ""
-
-    def _search_end(self, seg: MappedFile, start_off: int) -> int:
-        """Where the search for valid entries after the end of the log may stop: the start of
-        the first run of zero bytes longer than any entry (a run that long cannot lie inside
-        written records, since every entry header has a non-zero magic). Bounds the work on
-        open to the written bytes plus one maximum entry, not the whole (1 GiB) segment."""
-        chunk = SCAN_CHUNK_BYTES
-        limit = self._max_body + ENTRY_HEADER_SIZE + 2 * chunk
-        zeros = bytes(chunk)
-        mm = seg.mm
-        run = 0
-        run_start = start_off
-        a = start_off
-        while a < seg.size_bytes:
-            b = min(a + chunk, seg.size_bytes)
-            if mm[a:b] == zeros[: b - a]:
-                if run == 0:
-                    run_start = a
-                run += b - a
-                if run >= limit:
-                    return run_start
-            else:
-                run = 0
-            a = b
-        return seg.size_bytes
-
-    def _zero_torn_tail(self, pos: int) -> None:
-        seg = self._segment_at(pos)
-        off = pos - seg.start
-        end = min(seg.size_bytes, off + ENTRY_HEADER_SIZE)
-        with contextlib.suppress(RecordError, Exception):
-            (magic, total) = HEADER.unpack_from(seg.mm, off)[:2]
-            if magic == ENTRY_MAGIC and ENTRY_HEADER_SIZE <= total <= seg.size_bytes - off:
-                end = off + total
-        seg.zero(off, end)
-        seg.sync(off, end)
-
-    def _zero_data(self, start: int, end: int) -> None:
-        """Zero data bytes in ``[start, end)`` and sync them (truncation)."""
-        for seg in self._segments:
-            a = max(start, seg.start)
-            b = min(end, seg.end)
-            if a < b:
-                seg.zero(a - seg.start, b - seg.start)
-                seg.sync(a - seg.start, b - seg.start)
-
-    def _segment_at(self, pos: int) -> MappedFile:
-        """The segment holding ``pos`` (the last one when ``pos`` is past the end)."""
-        segs = self._segments
-        k = (pos - segs[0].start) // self._seg_size
-        return segs[max(0, min(k, len(segs) - 1))]
-
-    # ------------------------------------------------------------------ index records
-
-    def _index_file(self, number: int, *, create: bool) -> MappedFile | None:
-        f = self._index_files.get(number)
-        if f is None and create:
-            start = number * self._idx_size
-            f = MappedFile(
-                self._index_dir / segment_name(start), start, self._idx_size, create=True
-            )
-            self._index_files[number] = f
-        return f
-
-    def _write_index_record(
-        self, index: int, size: int, pos: int, term: int, typ: int, chain: int
-    ) -> None:
-        byte = index * INDEX_RECORD_SIZE
-        f = self._index_file(byte // self._idx_size, create=True)
-        assert f is not None
-        off = byte - f.start
-        head = INDEX_NO_CRC.pack(INDEX_MAGIC, size, pos, term, chain, typ)
-        f.mm[off : off + INDEX_CRC_OFFSET] = head
-        U32.pack_into(f.mm, off + INDEX_CRC_OFFSET, crc32c(head))
-
-    def _record(self, index: int) -> codec.IndexRecord:
-        byte = index * INDEX_RECORD_SIZE
-        f = self._index_files.get(byte // self._idx_size)
-        if f is None:
-            path = self._index_dir / segment_name(byte - byte % self._idx_size)
-            raise CorruptLogError(
-                f"index file {path} for index {index} is missing", path=str(path), offset=0
-            )
-        try:
-            return codec.decode_index_record(f.mm, byte - f.start)
-        except RecordError as e:
-            raise CorruptLogError(
-                f"index record of index {index} in {f.path} at offset {e.offset}: {e.reason}",
-                path=str(f.path),
-                offset=e.offset,
-                index=index,
-            ) from None
-
-    def _clean_index_after(self, last: int) -> bool:
-        """Zero index records above ``last`` and delete index files wholly above it. Returns
-        whether a file was deleted (the caller syncs the directory)."""
-        first_byte = (last + 1) * INDEX_RECORD_SIZE
-        deleted = False
-        for number in sorted(self._index_files):
-            f = self._index_files[number]
-            if f.start > first_byte and number != first_byte // self._idx_size:
-                del self._index_files[number]
-                f.delete()
-                deleted = True
-            elif f.end > first_byte:
-                off = first_byte - f.start
-                end = off
-                while end < f.size_bytes and f.mm[end : end + 4] != b"\0\0\0\0":
-                    end += INDEX_RECORD_SIZE
-                f.zero(off, end)
-                f.sync(off, end)
-        return deleted
-
-    def _clean_index_before(self, first: int) -> bool:
-        """Delete index files whose records are all below ``first``; True if any."""
-        deleted = False
-        for number in sorted(self._index_files):
-            f = self._index_files[number]
-            if f.end <= first * INDEX_RECORD_SIZE:
-                del self._index_files[number]
-                f.delete()
-                deleted = True
-        return deleted
+    def _take_recovered(self, got: Recovered) -> None:
+        """The log's end and durable state as recovery left them."""
+        self._last_index = got.last_index
+        self._last_term = got.last_term
+        self._last_chain = got.last_chain
+        self._index_synced = got.index_synced
+        self._write_pos = got.end_position
+        self._flushed_pos = got.end_position
+        self._flushed_index = got.last_index
+        if got.damage is not None:
+            self.damage = got.damage
+            self.damage_found["open"] = self.damage_found.get("open", 0) + 1
+            self.damaged_entries_cut += got.damage.entries_lost
 
     # ------------------------------------------------------------------ LogStore: reads
 
@@ -888,7 +447,7 @@ class SegmentedLogStore:
             self._check_range(index)
             if index == self._last_index:
                 return self._last_term
-            return self._record(index).term
+            return self._index.record(index).term
 
     def chain_at(self, index: int) -> int:
         with self._lock:
@@ -900,7 +459,7 @@ class SegmentedLogStore:
             self._check_range(index)
             if index == self._last_index:
                 return self._last_chain
-            return self._record(index).chain
+            return self._index.record(index).chain
 
     def _read_locked(self, index: int) -> Entry:
         seg, off, rec = self._check_entry_locked(index)
@@ -910,24 +469,24 @@ class SegmentedLogStore:
     def _check_entry_locked(self, index: int) -> tuple[MappedFile, int, codec.IndexRecord]:
         """Check entry ``index`` (its index record, header and body CRCs, and that they
         agree); its segment, offset there and index record, or CorruptLogError naming it."""
-        rec = self._record(index)
-        seg = self._segment_at(rec.position)
+        rec = self._index.record(index)
+        seg = self._segments.segment_at(rec.position)
         off = rec.position - seg.start
         mm = seg.mm
         if not seg.start <= rec.position < seg.end or off + rec.size > seg.size_bytes:
-            raise self._corrupt(seg, rec.position, "index record points outside", index)
+            raise corrupt_error(seg, rec.position, "index record points outside", index)
         (magic, total, idx, term, pos, typ, version, _r, body_size, body_crc, hcrc) = (
             HEADER.unpack_from(mm, off)
         )
         if magic != ENTRY_MAGIC or crc32c(mm[off : off + HEADER_CRC_OFFSET]) != hcrc:
-            raise self._corrupt(seg, rec.position, "entry header magic or CRC mismatch", index)
+            raise corrupt_error(seg, rec.position, "entry header magic or CRC mismatch", index)
         if (idx, term, pos, total, typ) != (index, rec.term, rec.position, rec.size, rec.type):
-            raise self._corrupt(seg, rec.position, "entry does not match its index record", index)
+            raise corrupt_error(seg, rec.position, "entry does not match its index record", index)
         if version != FORMAT_VERSION or total != ENTRY_HEADER_SIZE + body_size:
-            raise self._corrupt(seg, rec.position, "entry version or size mismatch", index)
+            raise corrupt_error(seg, rec.position, "entry version or size mismatch", index)
         with memoryview(mm) as mv:
             if crc32c(mv[off + ENTRY_HEADER_SIZE : off + total]) != body_crc:
-                raise self._corrupt(seg, rec.position, "entry body CRC mismatch", index)
+                raise corrupt_error(seg, rec.position, "entry body CRC mismatch", index)
         return seg, off, rec
 
     def verify_entries(self, start: int, max_bytes: int) -> tuple[int, int]:
@@ -953,7 +512,7 @@ class SegmentedLogStore:
             self._check_open()
             index = max(start, self._base_index + 1)
             last = min(last, self._last_index)
-            while index <= last and self._record(index).position < end_position:
+            while index <= last and self._index.record(index).position < end_position:
                 self._check_entry_locked(index)
                 index += 1
             return index
@@ -966,7 +525,7 @@ class SegmentedLogStore:
             lo, hi = self._base_index + 1, self._last_index
             while lo <= hi:
                 mid = (lo + hi) // 2
-                rec = self._record(mid)
+                rec = self._index.record(mid)
                 if position < rec.position:
                     hi = mid - 1
                 elif position >= rec.position + rec.size:
@@ -985,7 +544,7 @@ class SegmentedLogStore:
         with self._lock:
             self._check_open()
             self._check_range(index)
-            return self._record(index).position + ENTRY_HEADER_SIZE
+            return self._index.record(index).position + ENTRY_HEADER_SIZE
 
     def snapshot_extent(self, index: int) -> LogExtent:
         """Where the log up to ``index`` lies: what a snapshot at ``index`` ships of the log
@@ -1000,7 +559,7 @@ class SegmentedLogStore:
             start = self._segments[0].start
             end = start
             if index > self._base_index:
-                rec = self._record(index)
+                rec = self._index.record(index)
                 end = rec.position + rec.size
             return LogExtent(
                 base_index=self._base_index,
@@ -1019,7 +578,7 @@ class SegmentedLogStore:
             self._check_open()
             if size < 0 or position < 0:
                 raise IndexOutOfRangeError(f"bad range position={position} size={size}")
-            seg = self._segment_at(position)
+            seg = self._segments.segment_at(position)
             if not (seg.start <= position and position + size <= min(seg.end, self._write_pos)):
                 raise IndexOutOfRangeError(
                     f"range [{position}, {position + size}) is not stored "
@@ -1063,8 +622,8 @@ class SegmentedLogStore:
             if start == self._last_index + 1:
                 return b"", 0
             self._check_range(start)
-            rec = self._record(start)
-            seg = self._segment_at(rec.position)
+            rec = self._index.record(start)
+            seg = self._segments.segment_at(rec.position)
             mm = seg.mm
             off0 = off = rec.position - seg.start
             index = start
@@ -1075,9 +634,9 @@ class SegmentedLogStore:
                 try:
                     h = codec.verify_entry(mm, off, expected_position=seg.start + off)
                 except RecordError as e:
-                    raise self._corrupt(seg, seg.start + off, e.reason, index) from None
+                    raise corrupt_error(seg, seg.start + off, e.reason, index) from None
                 if h.index != index:
-                    raise self._corrupt(seg, seg.start + off, f"expected index {index}", index)
+                    raise corrupt_error(seg, seg.start + off, f"expected index {index}", index)
                 if off > off0 and off + h.total_size - off0 > max_bytes:
                     break
                 off += h.total_size
@@ -1126,7 +685,7 @@ class SegmentedLogStore:
             self._append_locked([(term, type, b) for b in bodies])
             return self._last_index
 
-    def _append_locked(self, items: list[tuple[int, int, bytes]]) -> None:
+    def _append_locked(self, items: list[Item]) -> None:
         """Encode and write ``items`` (term, type, body), validated by the caller.
 
         The entries that fit in the current data segment and index file are encoded into
@@ -1140,87 +699,26 @@ class SegmentedLogStore:
         leaves a byte prefix of the batch: whole entries, then at most one torn entry before
         zeros, which recovery treats as the end of the log (a torn tail). ``_last_index``
         moves only after the write, so no reader is handed a half-written entry."""
-        seg = self._segments[-1]
-        seg_size = self._seg_size
+        segs = self._segments
+        seg = segs.active
         off = self._write_pos - seg.start
         idx = self._last_index
-        term = self._last_term
-        chain = self._last_chain
+        n_items = len(items)
         ifile = self._cur_index
         if ifile is None or not ifile.start <= (idx + 1) * INDEX_RECORD_SIZE < ifile.end:
-            ifile = self._index_file(((idx + 1) * INDEX_RECORD_SIZE) // self._idx_size, create=True)
-            assert ifile is not None
+            ifile = self._index.file_of(idx + 1)
         ioff = (idx + 1) * INDEX_RECORD_SIZE - ifile.start
-        isize = ifile.size_bytes
-        head_pack = HEADER_NO_CRC.pack
-        idx_pack = INDEX_NO_CRC.pack
-        u32_pack = U32.pack
-        header_size = ENTRY_HEADER_SIZE
-        i = 0
-        n_items = len(items)
         # Every file the batch needs is allocated before any byte of it is written, so that
         # a full disk refuses the whole batch (DiskFullError) and leaves the log as it was.
         spare: list[MappedFile] = []
-        if off + n_items * header_size + sum(len(it[2]) for it in items) > seg_size:
+        if off + n_items * ENTRY_HEADER_SIZE + sum(len(it[2]) for it in items) > self._seg_size:
             spare = self._take_segments(items, off, seg)
-        if ioff + n_items * INDEX_RECORD_SIZE > isize:
+        if ioff + n_items * INDEX_RECORD_SIZE > ifile.size_bytes:
             self._prepare_index_files(idx + 1, idx + n_items)
-        rolled = False
-        while i < n_items:
-            if off + header_size + len(items[i][2]) > seg_size:
-                seg = self._roll(seg, off, spare.pop(0))
-                rolled = True
-                off = 0
-            if ioff >= isize:
-                ifile = self._index_file((ifile.start + isize) // isize, create=False)
-                assert ifile is not None
-                ioff = 0
-            seg_start = seg.start
-            first_before = self._seg_first[-1]
-            if off == 0:
-                self._seg_first[-1] = idx + 1
-            off0, ioff0 = off, ioff
-            parts: list[bytes] = []
-            iparts: list[bytes] = []
-            add = parts.extend
-            iadd = iparts.extend
-            while i < n_items:
-                term, typ, body = items[i]
-                n = len(body)
-                total = header_size + n
-                if off + total > seg_size or ioff >= isize:
-                    break
-                idx += 1
-                pos = seg_start + off
-                bcrc = crc32c(body)
-                head = head_pack(
-                    ENTRY_MAGIC, total, idx, term, pos, typ, FORMAT_VERSION, 0, n, bcrc
-                )
-                add((head, u32_pack(crc32c(head)), body))
-                chain = link(chain, idx, term, typ, n, bcrc) if chain else chain
-                ihead = idx_pack(INDEX_MAGIC, total, pos, term, chain, typ)
-                iadd((ihead, u32_pack(crc32c(ihead))))
-                off += total
-                ioff += INDEX_RECORD_SIZE
-                i += 1
-            if off > seg.reserved:  # keep the warmer out (about once per MiB)
-                seg.reserve(off, RESERVE_AHEAD_BYTES)
-            try:
-                seg.write(off0, b"".join(parts))
-                ifile.write(ioff0, b"".join(iparts))
-            except OSError as e:
-                # Into allocated blocks this fails only on a file system that allocates on
-                # write anyway (copy-on-write) or on a failing disk. Before a roll nothing
-                # of the batch counts yet: refuse it. After one, the in-memory state no
-                # longer matches a prefix of the batch: end the process (recovery cuts the
-                # torn tail on restart).
-                self._seg_first[-1] = first_before
-                if is_disk_full(e) and not rolled:
-                    raise self._disk_full("append", e) from None
-                fatal("store-append", f"WRITE_FAILED root={short_path(self.root)} error={e}")
+        seg, off, ifile, idx, term, chain = self._write_runs(items, seg, off, ifile, ioff, spare)
         assert not spare
-        assert off <= seg_size and seg is self._segments[-1]
-        assert idx == self._last_index + len(items) and term >= self._last_term
+        assert off <= self._seg_size and seg is segs.active
+        assert idx == self._last_index + n_items and term >= self._last_term
         self._cur_index = ifile
         self._write_pos = seg.start + off
         self._last_index = idx
@@ -1229,29 +727,80 @@ class SegmentedLogStore:
         if off >= self._prealloc_at and self._next_requested != seg.end:
             self._maybe_preallocate()
 
+    def _write_runs(
+        self,
+        items: list[Item],
+        seg: MappedFile,
+        off: int,
+        ifile: MappedFile,
+        ioff: int,
+        spare: list[MappedFile],
+    ) -> tuple[MappedFile, int, MappedFile, int, int, int]:
+        """Write ``items`` from offset ``off`` of the active segment ``seg`` and ``ioff`` of
+        index file ``ifile`` in runs (:func:`encode_run`), rolling to the ``spare`` segments
+        (taken from the list) and to the next index file where one is full. Returns where the
+        writing ended (segment, offset, index file) and the last entry's index, term and
+        chain. The store's log state is not touched: the caller moves it after the writes."""
+        segs = self._segments
+        seg_size = self._seg_size
+        isize = ifile.size_bytes
+        idx, term, chain = self._last_index, self._last_term, self._last_chain
+        rolled = False
+        i = 0
+        n_items = len(items)
+        while i < n_items:
+            if off + ENTRY_HEADER_SIZE + len(items[i][2]) > seg_size:
+                seg = self._roll(seg, off, spare.pop(0))
+                rolled = True
+                off = 0
+            if ioff >= isize:
+                ifile = self._index.file_of(idx + 1)  # prepared by the caller
+                ioff = 0
+            first_before = -1
+            if off == 0:
+                first_before = segs.active_first()
+                segs.set_active_first(idx + 1)
+            i0 = i
+            i, term, chain, data, records = encode_run(
+                items, i, seg.start, off, seg_size, ioff, isize, idx, chain
+            )
+            end = off + len(data)
+            if end > seg.reserved:  # keep the warmer out (about once per MiB)
+                seg.reserve(end, RESERVE_AHEAD_BYTES)
+            try:
+                seg.write(off, data)
+                ifile.write(ioff, records)
+            except OSError as e:
+                # Into allocated blocks this fails only on a file system that allocates on
+                # write anyway (copy-on-write) or on a failing disk. Before a roll nothing
+                # of the batch counts yet: refuse it. After one, the in-memory state no
+                # longer matches a prefix of the batch: end the process (recovery cuts the
+                # torn tail on restart).
+                if first_before >= 0:
+                    segs.set_active_first(first_before)
+                if is_disk_full(e) and not rolled:
+                    raise self._disk_full("append", e) from None
+                fatal("store-append", f"WRITE_FAILED root={short_path(self.root)} error={e}")
+            idx += i - i0
+            off = end
+            ioff += len(records)
+        return seg, off, ifile, idx, term, chain
+
     def _maybe_preallocate(self, *, force: bool = False) -> None:
         """Ask for the next segment once the active one is PREALLOCATE_AT_FILL full (at once
         with ``force``: the Raft reserve reaches into it)."""
-        seg = self._segments[-1]
+        seg = self._segments.active
         full = self._write_pos - seg.start >= self._prealloc_at
         if force or (full and self._next_requested != seg.end):
             assert self._allocator is not None
             self._allocator.request(seg.end)
             self._next_requested = seg.end
 
-    def _take_segments(
-        self, items: list[tuple[int, int, bytes]], off: int, seg: MappedFile
-    ) -> list[MappedFile]:
+    def _take_segments(self, items: list[Item], off: int, seg: MappedFile) -> list[MappedFile]:
         """The segments after ``seg`` that appending ``items`` at offset ``off`` fills, created
         (allocated) now. On a full disk, those made are deleted and DiskFullError raised."""
         seg_size = self._seg_size
-        count = 0
-        for _term, _typ, body in items:
-            total = ENTRY_HEADER_SIZE + len(body)
-            if off + total > seg_size:
-                count += 1
-                off = 0
-            off += total
+        count = segments_filled(items, off, seg_size)
         assert self._allocator is not None
         taken: list[MappedFile] = []
         try:
@@ -1267,11 +816,11 @@ class SegmentedLogStore:
 
     def _prepare_index_files(self, first: int, last: int) -> None:
         """Create (allocated) the index files that records ``first..last`` fall into."""
-        lo = first * INDEX_RECORD_SIZE // self._idx_size
-        hi = last * INDEX_RECORD_SIZE // self._idx_size
+        lo = first * INDEX_RECORD_SIZE // self._index.file_bytes
+        hi = last * INDEX_RECORD_SIZE // self._index.file_bytes
         for number in range(lo, hi + 1):
             try:
-                self._index_file(number, create=True)
+                self._index.file(number, create=True)
             except OSError as e:
                 if is_disk_full(e):
                     raise self._disk_full("new index file", e) from None
@@ -1292,9 +841,7 @@ class SegmentedLogStore:
             seg.mm[off : off + BLANK_SIZE] = codec.encode_blank(
                 position=seg.start + off, length=remaining
             )
-        assert nxt.start == seg.end
-        self._segments.append(nxt)
-        self._seg_first.append(0)
+        self._segments.roll(nxt)
         self._write_pos = nxt.start
         return nxt
 
@@ -1338,7 +885,7 @@ class SegmentedLogStore:
             self._syncs_in_flight += 1
             start, end, end_index = self._flushed_pos, self._write_pos, self._last_index
             self._sync_started_index = end_index
-            segments = [s for s in self._segments if s.end > start and s.start < end]
+            segments = self._segments.overlapping(start, end)
         ok = False
         t0 = time.perf_counter()
         try:
@@ -1392,20 +939,6 @@ class SegmentedLogStore:
                     self._sync_started_index = self._flushed_index
                     self._sync_done.notify_all()
 
-    def _sync_data(self, start: int, end: int, *, whole_file: bool = False) -> None:
-        """Make data bytes ``[start, end)`` durable. Holding ``_flush_lock`` (or opening): the
-        segment list only grows at its end meanwhile. ``whole_file`` uses fdatasync, which
-        writes back every dirty page of the file (those dirtied through the shared mapping
-        too) and releases the GIL while it waits for the disk."""
-        for seg in list(self._segments):
-            a = max(start, seg.start)
-            b = min(end, seg.end)
-            if a < b:
-                if whole_file:
-                    os.fdatasync(seg.fd)
-                else:
-                    seg.sync(a - seg.start, b - seg.start)
-
     def flushed_index(self) -> int:
         return self._flushed_index
 
@@ -1443,17 +976,13 @@ class SegmentedLogStore:
         )
         lo = max(self._index_synced, self._base_index) + 1
         hi = self._flushed_index
-        files = list(self._index_files.values())
+        files = self._index.files()
         if not io_under_lock:
             self._lock.release()
         try:
             # Index records below the checkpoint are not rebuilt by recovery: sync them first.
-            for f in files:
-                a = max(lo * INDEX_RECORD_SIZE, f.start)
-                b = min((hi + 1) * INDEX_RECORD_SIZE, f.end)
-                if a < b:
-                    f.sync(a - f.start, b - f.start)
-            self._write_meta(CHECKPOINT_FILE, codec.encode_checkpoint(ckpt))
+            sync_records(files, lo, hi)
+            self._meta.write_checkpoint(ckpt)
         finally:
             if not io_under_lock:
                 self._lock.acquire()
@@ -1482,193 +1011,34 @@ class SegmentedLogStore:
                 self._commit_index = commit_index
                 self._applied_index = applied_index
             self._persist_checkpoint_or_warn()
-            self._maybe_rearm_reserve()
+            self._reserve.maybe_rearm()
 
     def read_checkpoint(self) -> Checkpoint:
         """The checkpoint as stored on disk."""
-        return self._read_checkpoint()
+        return self._meta.read_checkpoint()
 
     def load_hard_state(self) -> HardState:
-        path = self.root / META_FILE
-        with self._meta_lock:
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                return HardState()
-        try:
-            return codec.decode_hard_state(data)
-        except RecordError as e:
-            raise CorruptLogError(
-                f"hard state {path}: {e.reason}", path=str(path), offset=e.offset
-            ) from None
+        return self._meta.load_hard_state()
 
     def save_hard_state(self, state: HardState) -> None:
-        data = codec.encode_hard_state(state)
-        with self._meta_lock:
-            self._check_open()
-            self._write_meta(META_FILE, data)
-
-    # ------------------------------------------------------------------ the space reserve
-
-    def _write_meta(self, name: str, data: bytes) -> None:
-        """``atomic_write`` a small metadata file. On a full disk the reserve is released and
-        the write tried once more; DiskFullError if there is still no space. Any other error
-        is fatal: it is an fsync or I/O failure of the store's own metadata (never retried)."""
-        path = self.root / name
-        try:
-            try:
-                atomic_write(path, data)
-                return
-            except OSError as e:
-                if not is_disk_full(e) or not self._release_reserve(name):
-                    raise
-            atomic_write(path, data)
-        except OSError as e:
-            if is_disk_full(e):
-                raise self._disk_full(name, e) from None
-            fatal("store-meta", f"WRITE_FAILED path={short_path(path)} error={e}")
-
-    def _arm_reserve(self) -> None:
-        """Allocate RESERVE_FILE (``reserve_bytes``) if it is not there; on a full disk, go
-        without it for now (:meth:`_maybe_rearm_reserve` tries again)."""
-        size = self.config.reserve_bytes
-        self._reserve_tried_s = time.monotonic()
-        if size == 0:
-            return
-        path = self.root / RESERVE_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            have = os.fstat(fd).st_size
-            allocate(fd, 0, size)
-            if have > size:
-                os.ftruncate(fd, size)
-            os.fsync(fd)
-        except OSError as e:
-            if not is_disk_full(e):
-                raise
-            os.close(fd)
-            fd = -1
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            log.warning(
-                "space reserve not allocated root=%s bytes=%d: %s", self.root, size, e.strerror
-            )
-            return
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        if not self._reserve_held:
-            fsync_dir(self.root)
-        self._reserve_held = True
-
-    def _release_reserve(self, why: str) -> bool:
-        """Delete RESERVE_FILE (its blocks are free at once); False if there was none."""
-        if not self._reserve_held:
-            return False
-        self._reserve_held = False
-        self._reserve_tried_s = time.monotonic()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.root / RESERVE_FILE)
-        log.warning(
-            "disk full: released the space reserve root=%s bytes=%d to write %s",
-            self.root,
-            self.config.reserve_bytes,
-            why,
-        )
-        return True
-
-    def _maybe_rearm_reserve(self) -> None:
-        """Re-allocate the reserve after it was used, once the disk has room again."""
-        if self._reserve_held or self.config.reserve_bytes == 0:
-            return
-        now = time.monotonic()
-        if now - self._reserve_tried_s < RESERVE_RETRY_S:
-            return
-        self._reserve_tried_s = now
-        try:
-            st = os.statvfs(self.root)
-        except OSError:
-            return
-        if st.f_bavail * st.f_frsize < RESERVE_REARM_FACTOR * self.config.reserve_bytes:
-            return
-        self._arm_reserve()
-        if self._reserve_held:
-            log.info(
-                "space reserve restored root=%s bytes=%d", self.root, self.config.reserve_bytes
-            )
+        self._meta.save_hard_state(state, self._check_open)
 
     @property
     def reserve_held(self) -> bool:
         """Whether the space reserve is allocated now (for tests and metrics)."""
-        return self._reserve_held
+        return self._reserve.held
 
     # ------------------------------------------------------------------ the Raft reserve
+
+    @property
+    def log_room_refusals(self) -> int:
+        """Application entries refused to keep the Raft reserve."""
+        return self._room.refusals
 
     def reserve_bytes_for(self, headroom_bytes: int = 0) -> tuple[int, int]:
         """(data bytes, index bytes) of room the log keeps after application entries: the
         Raft reserve plus the caller's ``headroom_bytes``, each capped to a share of a file."""
-        raft = min(RAFT_RESERVE_BYTES, self._seg_size // RAFT_RESERVE_MAX_FRACTION)
-        extra = min(max(0, headroom_bytes), self._seg_size // RESERVE_HEADROOM_MAX_FRACTION)
-        # Every entry takes one index record and at least a header of data.
-        records = min(
-            (raft + extra) // ENTRY_HEADER_SIZE,
-            self._idx_size // INDEX_RECORD_SIZE // RAFT_RESERVE_MAX_FRACTION,
-        )
-        return raft + extra, records * INDEX_RECORD_SIZE
-
-    def _fits_in_active_files(
-        self, batch_bytes: int, batch_count: int, headroom_bytes: int
-    ) -> bool:
-        """The common case, cheaply (a few microseconds per proposal): the batch and the
-        reserve fit in the active segment and index file. Caller holds ``_lock``."""
-        cached = self._keep_cache.get(headroom_bytes)
-        if cached is None:
-            if len(self._keep_cache) >= KEEP_CACHE_MAX:
-                self._keep_cache.clear()
-            cached = self._keep_cache[headroom_bytes] = self.reserve_bytes_for(headroom_bytes)
-        keep, keep_index = cached
-        record = (self._last_index + 1) * INDEX_RECORD_SIZE
-        number, offset = divmod(record, self._idx_size)
-        return (
-            self._write_pos + batch_bytes + keep <= self._segments[-1].end
-            and offset + batch_count * INDEX_RECORD_SIZE + keep_index <= self._idx_size
-            and number in self._index_files
-        )
-
-    def _room_needed(
-        self, batch_bytes: int, batch_count: int, largest_entry_bytes: int, headroom_bytes: int
-    ) -> tuple[list[tuple[str, int]], int]:
-        """The files the log lacks for the batch plus the reserve (("data"|"index", start)),
-        and their bytes. Caller holds ``_lock``."""
-        keep, keep_index = self.reserve_bytes_for(headroom_bytes)
-        seg = self._segments[-1]
-        n_data = files_needed(
-            write_offset=self._write_pos - seg.start,
-            segment_bytes=self._seg_size,
-            batch_bytes=batch_bytes,
-            largest_entry_bytes=min(largest_entry_bytes, self._seg_size),
-            keep_bytes=keep,
-        )
-        missing: list[tuple[str, int]] = []
-        assert self._allocator is not None
-        for k in range(n_data):
-            start = seg.end + k * self._seg_size
-            if k > 0 or not self._allocator.is_ready(start):
-                missing.append(("data", start))
-        record = (self._last_index + 1) * INDEX_RECORD_SIZE
-        first_file = record // self._idx_size
-        n_index = files_needed(
-            write_offset=record - first_file * self._idx_size,
-            segment_bytes=self._idx_size,
-            batch_bytes=batch_count * INDEX_RECORD_SIZE,
-            largest_entry_bytes=0,
-            keep_bytes=keep_index,
-        )
-        for number in range(first_file, first_file + n_index + 1):
-            if number not in self._index_files:
-                missing.append(("index", number * self._idx_size))
-        sizes = {"data": self._seg_size, "index": self._idx_size}
-        return missing, sum(sizes[kind] for kind, _start in missing)
+        return self._room.reserve_bytes_for(headroom_bytes)
 
     def admit_application_entries(
         self,
@@ -1686,70 +1056,13 @@ class SegmentedLogStore:
         assert batch_bytes >= 0 and batch_count >= 0 and largest_entry_bytes >= 0
         with self._lock:
             self._check_open()
-            if self._fits_in_active_files(batch_bytes, batch_count, headroom_bytes):
-                return
-            missing, need = self._room_needed(
-                batch_bytes, batch_count, largest_entry_bytes, headroom_bytes
+            assert self._allocator is not None
+            self._room.admit(
+                self._allocator,
+                (self._write_pos, self._last_index),
+                (batch_bytes, batch_count, largest_entry_bytes),
+                headroom_bytes,
             )
-            if not missing:
-                return
-            free = self._free_bytes()
-            slack = ALLOCATION_SLACK_COUNT * (self._seg_size + self._idx_size)
-            if free >= need + slack:
-                now = time.monotonic()
-                data_missing = any(kind == "data" for kind, _start in missing)
-                if data_missing and now - self._forced_request_s >= ALLOCATE_RETRY_S:
-                    # At most this often: a quota (EDQUOT) that statvfs does not show would
-                    # otherwise have the allocator fail once per proposal.
-                    self._forced_request_s = now
-                    self._maybe_preallocate(force=True)
-                return
-            if self._allocate_ahead(missing):
-                missing, need = self._room_needed(
-                    batch_bytes, batch_count, largest_entry_bytes, headroom_bytes
-                )
-                free = self._free_bytes()
-                if not missing or free >= need + slack:
-                    return
-            self.log_room_refusals += 1
-            keep, _ = self.reserve_bytes_for(headroom_bytes)
-            raise DiskFullError(
-                f"path={short_path(self.root)} reason=log_room need_bytes={need} "
-                f"free_bytes={free} reserve_bytes={keep}"
-            )
-
-    def _free_bytes(self) -> int:
-        """Bytes of the store's file system that this process may still allocate (-1 when
-        it cannot be read, which admits nothing that needs space)."""
-        try:
-            st = os.statvfs(self.root)
-        except OSError:
-            return -1
-        return st.f_bavail * st.f_frsize
-
-    def _allocate_ahead(self, missing: list[tuple[str, int]]) -> bool:
-        """Allocate the next data segment and the index files of ``missing`` now; False when
-        the disk refused (tried again at most every ALLOCATE_RETRY_S; meanwhile a segment the
-        background allocator is making is waited for). Caller holds _lock."""
-        now = time.monotonic()
-        # Between tries only the background allocator's work in flight is waited for.
-        create = now - self._allocate_tried_s >= ALLOCATE_RETRY_S
-        assert self._allocator is not None
-        next_segment = self._segments[-1].end
-        try:
-            for kind, start in missing:
-                if kind == "data" and start == next_segment:
-                    self._allocator.prepare(start, create=create)
-                elif kind == "index" and create:
-                    self._index_file(start // self._idx_size, create=True)
-        except OSError as e:
-            if e.errno == errno.EBUSY:  # the background allocator is stuck: refuse for now
-                return False
-            if not is_disk_full(e):
-                raise
-            self._allocate_tried_s = now
-            return False
-        return True
 
     def next_allocation_bytes(self) -> int:
         """Bytes the log must still allocate before it can grow past its active files: the
@@ -1758,12 +1071,7 @@ class SegmentedLogStore:
         with self._lock:
             if self._closed or self._allocator is None:
                 return 0
-            seg = self._segments[-1]
-            need = 0 if self._allocator.is_ready(seg.end) else self._seg_size
-            record = (self._last_index + 1) * INDEX_RECORD_SIZE
-            if record // self._idx_size + 1 not in self._index_files:
-                need += self._idx_size
-            return need
+            return self._room.next_allocation_bytes(self._allocator, self._last_index)
 
     # ------------------------------------------------------------------ truncation / deletion
 
@@ -1776,13 +1084,13 @@ class SegmentedLogStore:
                 raise IndexOutOfRangeError(f"truncate at {index} > last index + 1")
             if index <= self._base_index:
                 raise LogCompactedError(f"truncate at {index} <= deleted index {self._base_index}")
-            rec = self._record(index)
+            rec = self._index.record(index)
             new_pos = rec.position
             old_pos = self._write_pos
             old_last = self._last_index
             new_term, new_chain = self._base_term, self._base_chain
             if index - 1 > self._base_index:
-                rec = self._record(index - 1)
+                rec = self._index.record(index - 1)
                 new_term, new_chain = rec.term, rec.chain
             self._flushed_pos = min(self._flushed_pos, new_pos)
             self._flushed_index = min(self._flushed_index, index - 1)
@@ -1790,24 +1098,18 @@ class SegmentedLogStore:
             # 1. Durable intent: recovery finishes the job if we crash from here on.
             self._persist_checkpoint_locked(truncate_pending=new_pos)
             # 2. Zero the data and drop segments after the one holding new_pos.
-            self._zero_data(new_pos, old_pos)
-            keep = self._segments.index(self._segment_at(new_pos)) + 1
-            for seg in self._segments[keep:]:
-                seg.delete()
-            del self._segments[keep:]
-            del self._seg_first[keep:]
-            if self._segments[-1].start == new_pos:
-                self._seg_first[-1] = 0
+            self._segments.zero_data(new_pos, old_pos)
+            self._segments.keep_through(new_pos)
             assert self._allocator is not None
-            self._allocator.discard_from(self._segments[-1].end + 1)
+            self._allocator.discard_from(self._segments.active.end + 1)
             self._next_requested = -1
             self._maybe_preallocate()
             fsync_dir(self._data_dir)
             # 3. Index records.
-            self._clean_index_after(index - 1)
+            self._index.clean_after(index - 1)
             fsync_dir(self._index_dir)
             assert new_pos <= old_pos and self._flushed_pos <= new_pos
-            assert self._segments[-1].start <= new_pos <= self._segments[-1].end
+            assert self._segments.active.start <= new_pos <= self._segments.active.end
             self._cur_index = None
             self._write_pos = new_pos
             self._last_index = index - 1
@@ -1824,27 +1126,17 @@ class SegmentedLogStore:
                 old_pos,
             )
 
-    def _segment_last_indices(self) -> list[int]:
-        out = []
-        n = len(self._segments)
-        for k in range(n):
-            nxt = next((self._seg_first[j] for j in range(k + 1, n) if self._seg_first[j]), 0)
-            if self._seg_first[k] == 0:
-                out.append(0)
-            else:
-                out.append(nxt - 1 if nxt else self._last_index)
-        return out
-
     def segment_infos(self) -> list[SegmentInfo]:
         """One :class:`SegmentInfo` per data segment, oldest first."""
         with self._lock:
             self._check_open()
-            lasts = self._segment_last_indices()
+            lasts = self._segments.last_indices(self._last_index)
+            firsts = self._segments.first_indices
             return [
                 SegmentInfo(
                     path=str(s.path),
                     start_position=s.start,
-                    first_index=self._seg_first[k],
+                    first_index=firsts[k],
                     last_index=lasts[k],
                     mtime_s=os.stat(s.path).st_mtime,
                 )
@@ -1857,7 +1149,7 @@ class SegmentedLogStore:
         self.flush()
         with self._exclusive(), self._lock:
             self._check_open()
-            lasts = self._segment_last_indices()
+            lasts = self._segments.last_indices(self._last_index)
             n = 0
             while n < len(self._segments) - 1 and 0 < lasts[n] <= min(index, self._last_index):
                 n += 1
@@ -1866,7 +1158,7 @@ class SegmentedLogStore:
             new_base = lasts[n - 1]
             new_base_term, new_base_chain = self._last_term, self._last_chain
             if new_base != self._last_index:
-                rec = self._record(new_base)
+                rec = self._index.record(new_base)
                 new_base_term, new_base_chain = rec.term, rec.chain
             old = self._base_index, self._base_term, self._base_chain
             self._base_index = new_base
@@ -1879,13 +1171,10 @@ class SegmentedLogStore:
                 # Nothing deleted: the store stays as it was (retention tries again later).
                 self._base_index, self._base_term, self._base_chain = old
                 raise
-            for seg in self._segments[:n]:
-                seg.delete()
-            del self._segments[:n]
-            del self._seg_first[:n]
+            self._segments.drop_first(n)
             fsync_dir(self._data_dir)
             self._cur_index = None
-            self._clean_index_before(new_base + 1)
+            self._index.clean_before(new_base + 1)
             fsync_dir(self._index_dir)
             log.info(
                 "deleted prefix root=%s segments=%d old_first=%d new_first=%d",
@@ -1921,8 +1210,6 @@ class SegmentedLogStore:
         before = len(self._segments)
         self.delete_prefix(doomed[-1].last_index)
         return before - len(self._segments)
-
-    # ------------------------------------------------------------------ lifecycle
 
     def verify(self) -> int:
         """Check every entry's CRCs and links; return how many were checked."""
@@ -1968,12 +1255,8 @@ class SegmentedLogStore:
         if self._allocator is not None:
             self._allocator.close()
             self._allocator = None
-        for seg in self._segments:
-            seg.close()
-        for f in self._index_files.values():
-            f.close()
-        self._segments = []
-        self._index_files = {}
+        self._segments.close()
+        self._index.close()
         self._cur_index = None
 
     def _unlock(self) -> None:
@@ -1993,12 +1276,6 @@ class SegmentedLogStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def next_link(prev: int, h: codec.EntryHeader) -> int:
-    """The chain at the entry of header ``h`` (``prev``: the chain before it; unknown stays
-    unknown)."""
-    return link(prev, h.index, h.term, h.type, h.body_size, h.body_crc) if prev else prev
 
 
 _check: type[LogStore] = SegmentedLogStore

@@ -23,7 +23,8 @@ from dledger import failpoints
 from dledger import fatal as fatal_mod
 from dledger.log import Entry, HardState
 from dledger.storage import DiskFullError, files
-from dledger.storage import store as store_mod
+from dledger.storage import meta as meta_mod
+from dledger.storage import reserve as reserve_mod
 from dledger.storage.store import (
     RESERVE_FILE,
     FlushDiskType,
@@ -206,12 +207,12 @@ def test_hard_state_and_checkpoint_use_the_reserve_then_it_is_rearmed(
                 raise OSError(errno.ENOSPC, "No space left on device")
             real(path, data)
 
-        monkeypatch.setattr(store_mod, "atomic_write", full_until_reserve_gone)
+        monkeypatch.setattr(meta_mod, "atomic_write", full_until_reserve_gone)
         s.save_hard_state(HardState(term=7, voted_for="n1"))
         assert fail["n"] == 1 and not s.reserve_held
         assert s.load_hard_state() == HardState(term=7, voted_for="n1")
-        monkeypatch.setattr(store_mod, "atomic_write", real)
-        monkeypatch.setattr(store_mod, "RESERVE_RETRY_S", 0.0)
+        monkeypatch.setattr(meta_mod, "atomic_write", real)
+        monkeypatch.setattr(reserve_mod, "RESERVE_RETRY_S", 0.0)
         s.write_checkpoint(0, 0)  # re-arms the reserve once the disk has room
         assert s.reserve_held and (tmp_path / "s" / RESERVE_FILE).exists()
     finally:
@@ -226,7 +227,7 @@ def test_no_space_even_after_the_reserve(tmp_path: Path, monkeypatch: pytest.Mon
         def full(path: Path, data: bytes) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(store_mod, "atomic_write", full)
+        monkeypatch.setattr(meta_mod, "atomic_write", full)
         with pytest.raises(DiskFullError, match="meta"):
             s.save_hard_state(HardState(term=2))
         s.write_checkpoint(3, 3)  # a periodic checkpoint is skipped, never raised
@@ -390,8 +391,8 @@ def test_retention_on_a_full_disk_deletes_nothing_and_keeps_the_log_readable(
         def full(path: Path, data: bytes) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(store_mod, "atomic_write", full)
-        s._release_reserve("test")  # the reserve is gone already
+        monkeypatch.setattr(meta_mod, "atomic_write", full)
+        s._reserve.release("test")  # the reserve is gone already
         with pytest.raises(DiskFullError):
             s.delete_prefix(100)
         assert (s.first_index(), s.segment_count) == (1, segments)

@@ -17,7 +17,7 @@ from broker.components.disk import DiskGuard, Watermarks
 from dledger.log import Entry, EntryType
 from dledger.server.logroom import LogRoom
 from dledger.storage import DiskFullError
-from dledger.storage import store as store_mod
+from dledger.storage import admission as admission_mod
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE
 from dledger.storage.files import SegmentAllocator
 from dledger.storage.store import (
@@ -124,7 +124,7 @@ class Disk:
 
         monkeypatch.setattr(os, "posix_fallocate", fallocate)
         monkeypatch.setattr(os, "statvfs", statvfs)
-        monkeypatch.setattr(store_mod, "ALLOCATE_RETRY_S", 0.0)
+        monkeypatch.setattr(admission_mod, "ALLOCATE_RETRY_S", 0.0)
 
     def fill(self) -> None:
         self.full, self.free_bytes = True, 0
