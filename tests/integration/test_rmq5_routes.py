@@ -1,14 +1,15 @@
-"""The official RocketMQ 5 Node.js client on a plaintext 3-node group with a NameServer (the usual
-development set-up, ``mqcluster up --insecure``): route answers name each member as an Endpoints
-of its own, so the client starts, sends and receives (a route listing the group as one
-Endpoints made its gRPC target ``a,b,c``: "Name resolution failed"); and the node the client
-came by is SIGKILLed while it sends (a follower or the leader; the leader on a secure group too):
-its sends go on through the other members within 10 s and every acknowledged one is stored once
-(docs/RMQ5.md, "Routes and a dying node")."""
+"""The official RocketMQ 5 clients on a 3-node group with a NameServer: route answers name each
+member as an Endpoints of its own, so the Node.js client starts, sends and receives on a
+plaintext group (``mqcluster up --insecure``; a route listing the group as one Endpoints made
+its gRPC target ``a,b,c``: "Name resolution failed"); and a Python or Node.js client (a
+Producer and a SimpleConsumer), plaintext or over TLS, whose entry node is SIGKILLed goes on
+sending and receiving through the other members within 10 s, every acknowledged send stored
+once and delivered (docs/RMQ5.md, "Routes and a dying node")."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,24 @@ QUEUES = 2
 SENDS = 20
 # A client that cannot resolve its target hangs at start-up: fail well before pytest's timeout.
 CLIENT_TIMEOUT_S = 40
-# NameServer registration after the topic's creation, and each node's v2 port coming up.
-ROUTE_WAIT_S = 15
+# NameServer registration after the topic's creation, and each node's v2 port coming up (a
+# loaded 2-core machine once took more than 15 s).
+ROUTE_WAIT_S = 30
 # The issue's bound: sends resume within 10 s of the node's death.
 RESUME_S = 10.0
-# Acknowledged sends after the kill that show the client carries on; and the most sends the
-# steady producer tries (at its pace, about a minute: far beyond what the test needs).
+# Acknowledged sends and deliveries after the kill that show the client carries on (at its pace
+# of about 40 sends a second: under a second once it resumed), the time they may take beyond
+# the resume bound, and the most sends the steady client tries (about a minute: far beyond
+# what the test needs).
 AFTER_KILL = 30
+AFTER_KILL_S = 10.0
 SEND_LIMIT = 3000
+# Invisible time of the consumer's receives, s (the SimpleConsumer's, the group's
+# popMinInvisibleTimeMs, and the push consumer's through popAutoRenewInvisibleMs): what a
+# receive brought from the dead node and could not ack there comes again this soon; and the
+# time beyond it for every acknowledged send to be delivered once sending stopped.
+INVISIBLE_S = 2
+DELIVER_ALL_S = 10.0
 
 
 def _route(addr: str, topic: str) -> Any:
@@ -72,10 +83,11 @@ def _route_lists_every_node(addr: str, topic: str, want: set[str]) -> bool:
     )
 
 
-def _group(local_group: Any, topic: str) -> LocalCluster:
-    """A plaintext 3-node group with its NameServer; ``topic`` routed by every node, each
-    naming all three members (so the NameServer has them all)."""
-    cluster: LocalCluster = local_group(3, namesrv=True, **GROUP_CONF)
+def _group(local_group: Any, topic: str, **conf: str) -> LocalCluster:
+    """A plaintext 3-node group with its NameServer (``conf``: more broker.conf keys);
+    ``topic`` routed by every node, each naming all three members (so the NameServer has them
+    all)."""
+    cluster: LocalCluster = local_group(3, namesrv=True, **GROUP_CONF, **conf)
     assert cluster.namesrv is not None
     create_topic_on([cluster], [cluster.namesrv.addr], topic, QUEUES)
     members = {n.grpc_addr for n in cluster.nodes}
@@ -131,10 +143,11 @@ def test_node_client_sends_and_receives_through_the_nameserver_routes(
     assert acked == sent
 
 
-def _secure_group(local_group: Any, topic: str) -> LocalCluster:
-    """A secure 3-node group (TLS, users) with its NameServer; ``topic`` created and the
-    NameServer routing it with every member's v2 address (what each node's route names)."""
-    cluster: LocalCluster = local_group(3, namesrv=True, secure=True, **GROUP_CONF)
+def _secure_group(local_group: Any, topic: str, **conf: str) -> LocalCluster:
+    """A secure 3-node group (TLS, users) with its NameServer (``conf``: more broker.conf keys);
+    ``topic`` created and the NameServer routing it with every member's v2 address (what each
+    node's route names)."""
+    cluster: LocalCluster = local_group(3, namesrv=True, secure=True, **GROUP_CONF, **conf)
     assert cluster.namesrv is not None
     create_topic_on([cluster], [cluster.namesrv.addr], topic, QUEUES)
     members = {n.grpc_addr for n in cluster.nodes}
@@ -150,47 +163,70 @@ def _secure_group(local_group: Any, topic: str) -> LocalCluster:
 
 
 @pytest.mark.parametrize(
-    ("lang", "security", "role"),
+    ("lang", "security", "consumer"),
     [
-        ("node", "plain", "follower"),
-        ("node", "plain", "leader"),
-        ("node", "tls", "leader"),
-        ("py", "tls", "leader"),
+        ("py", "plain", "simple"),
+        ("node", "plain", "simple"),
+        ("py", "tls", "simple"),
+        ("node", "tls", "simple"),
+        # (A Python PushConsumer is left out: in 3 of 10 runs its loops through the members that
+        # lived delivered nothing for more than 20 s after the leader's death; docs/RMQ5.md.)
+        ("node", "tls", "push"),
     ],
 )
-def test_official_client_keeps_sending_when_its_node_dies(
-    local_group: Any, tmp_path: Path, lang: str, security: str, role: str
+def test_official_clients_carry_on_when_their_node_dies(
+    local_group: Any, tmp_path: Path, lang: str, security: str, consumer: str
 ) -> None:
-    """The client enters by one node and sends steadily; that node (a follower, or the leader)
-    is SIGKILLed: within 10 s the client's sends are acknowledged again, through the others,
-    and every acknowledged send is stored exactly once. Over TLS too: each route Endpoints is
-    one address, which the member's certificate names."""
-    topic = f"Dies{lang.title()}{security.title()}{role.title()}"
+    """An official client process (a Producer and a SimpleConsumer or a PushConsumer) enters a
+    group with a NameServer by its leader, sends steadily and receives what it sends; that
+    node is SIGKILLed (the client's entry and the group's leader at once): within 10 s its
+    sends are acknowledged and its receives deliver again, through the other members; every
+    acknowledged send is stored exactly once and delivered. Plaintext (``mqcluster up
+    --insecure``) and TLS with credentials: each route and assignment Endpoints is one
+    address, which the member's certificate names."""
+    case = f"{lang}/{security}/{consumer}"
+    topic = f"Dies{lang.title()}{security.title()}{consumer.title()}"
+    group = f"DiesGroup{lang.title()}{consumer.title()}"
     secure = security == "tls"
-    cluster = _secure_group(local_group, topic) if secure else _group(local_group, topic)
-    leader = cluster.wait_leader()
-    victim = next(n for n in cluster.nodes if (n.node_id == leader) == (role == "leader"))
-    args = [victim.grpc_addr, topic, "die", str(SEND_LIMIT)]
+    make = _secure_group if secure else _group
+    invisible_ms = str(INVISIBLE_S * 1000)
+    cluster = make(
+        local_group, topic, popMinInvisibleTimeMs=invisible_ms, popAutoRenewInvisibleMs=invisible_ms
+    )
+    victim = cluster.node(cluster.wait_leader())
+    args = [victim.grpc_addr, topic, group, "die", str(SEND_LIMIT), str(INVISIBLE_S), consumer]
     if lang == "node":
-        argv = _node("node_steady_producer.js", *args)
+        argv = _node("node_steady_client.js", *args)
     else:
-        argv = [str(PYTHON), str(SCRIPTS / "py_steady_producer.py"), *args]
+        argv = [str(PYTHON), str(SCRIPTS / "py_steady_client.py"), *args]
     env = {**cluster.official_client_env(tmp_path), **client_env(tmp_path, node=lang == "node")}
     with ClientProcess(argv, tmp_path, env, stdin=True) as client:
-        client.wait_lines(lambda ls: sum(1 for x in ls if x.get("ok")) >= SENDS, CLIENT_TIMEOUT_S)
-        cluster.signal(victim.node_id)
+        client.wait_lines(lambda ls: _resumed(ls, 0.0) >= SENDS, CLIENT_TIMEOUT_S)
         killed_ms = time.time() * 1000
+        cluster.signal(victim.node_id)
         after = client.wait_lines(
-            lambda ls: _ok_after(ls, killed_ms) >= AFTER_KILL, RESUME_S + AFTER_KILL
+            lambda ls: _resumed(ls, killed_ms) >= AFTER_KILL, RESUME_S + AFTER_KILL_S
         )
-        gap_ms = _longest_gap_ms(after, killed_ms)
-        assert gap_ms <= RESUME_S * 1000, (gap_ms, client.tail())
-        lines = client.finish(CLIENT_TIMEOUT_S)
-    sends = [x for x in lines if "i" in x]
+        send_gap_ms = _longest_gap_ms(after, killed_ms, _acked_send)
+        receive_gap_ms = _longest_gap_ms(after, killed_ms, _received)
+        print(
+            f"{case}: no acknowledged send for {send_gap_ms:.0f} ms, "
+            f"no delivery for {receive_gap_ms:.0f} ms after the kill"
+        )
+        assert send_gap_ms <= RESUME_S * 1000, (send_gap_ms, client.tail())
+        assert receive_gap_ms <= RESUME_S * 1000, (receive_gap_ms, client.tail())
+        client.say("stop sending\n")
+        # What a receive brought from the dead node and could not ack there comes again after
+        # its invisible time: at last every acknowledged send is delivered.
+        lines = client.wait_lines(_all_delivered, INVISIBLE_S + DELIVER_ALL_S)
+        client.finish(CLIENT_TIMEOUT_S)
+    sends = [x for x in lines if x.get("event") == "sent"]
     acked = sorted(x["message_id"] for x in sends if x["ok"])
     failed = [x for x in sends if not x["ok"]]
     # Sends tried while the node was dying: those the client gave up on are not acknowledged,
-    # and few (the client isolates the dead node's endpoint after its first failure).
+    # and few (the Node.js client isolates the dead node's endpoint after its first failure;
+    # the Python client's retry takes the next route entry).
+    print(f"{case}: {len(acked)} sends acknowledged, {len(failed)} given up")
     assert len(failed) <= 3, failed
     stored = _stored_ids(cluster, topic, "die")
     assert len(stored) == len(set(stored)), "a message stored twice"
@@ -198,12 +234,31 @@ def test_official_client_keeps_sending_when_its_node_dies(
     assert not missing, f"{len(missing)} acknowledged sends lost"
 
 
-def _ok_after(lines: list[Any], t_ms: float) -> int:
-    return sum(1 for x in lines if x.get("ok") and x["t_ms"] > t_ms)
+def _acked_send(line: Any) -> bool:
+    return bool(line.get("event") == "sent" and line["ok"])
 
 
-def _longest_gap_ms(lines: list[Any], t_ms: float) -> float:
-    """The longest time without an acknowledged send from ``t_ms`` on: how long the client
-    went without sending (the death's cost), whatever was in flight when it came."""
-    oks = sorted(x["t_ms"] for x in lines if x.get("ok") and x["t_ms"] > t_ms)
-    return max(b - a for a, b in zip([t_ms, *oks], oks, strict=False))
+def _received(line: Any) -> bool:
+    return bool(line.get("event") == "received" and line["origin"] == "die")
+
+
+def _resumed(lines: list[Any], t_ms: float) -> int:
+    """The fewer of the acknowledged sends and of the deliveries of the client's messages
+    after ``t_ms``."""
+    after = [x for x in lines if x.get("t_ms", 0) > t_ms]
+    return min(sum(map(_acked_send, after)), sum(map(_received, after)))
+
+
+def _all_delivered(lines: list[Any]) -> bool:
+    """The producer stopped and each send it had acknowledged was delivered."""
+    if not any(x.get("event") == "producer_done" for x in lines):
+        return False
+    acked = {x["message_id"] for x in lines if _acked_send(x)}
+    return acked <= {x["message_id"] for x in lines if _received(x)}
+
+
+def _longest_gap_ms(lines: list[Any], t_ms: float, kind: Callable[[Any], bool]) -> float:
+    """The longest time without a line of ``kind`` from ``t_ms`` on: how long the client went
+    without it (the death's cost), whatever was in flight when it came."""
+    times = sorted(x["t_ms"] for x in lines if kind(x) and x["t_ms"] > t_ms)
+    return max(b - a for a, b in zip([t_ms, *times], times, strict=False))

@@ -6,6 +6,7 @@ the assignments of ``QueryAssignment``, and the queue of a FIFO message's group.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -88,11 +89,22 @@ def _as_exponential(steps: tuple[int, ...]) -> tuple[int, int, float]:
     return first, max(steps), min(max(growth, low), high)
 
 
-def assignments(topic: Any, group: SubGroup, broker: Any, readable: list[int]) -> list[Any]:
+def assignments(
+    topic: Any, group: SubGroup, group_name: str, endpoints: Sequence[Any], readable: list[int]
+) -> list[Any]:
     """``QueryAssignment``'s answer, as the proxy's: a normal group gets one assignment for the
     broker group (queue -1: a receive takes from every queue, no client rebalancing); a FIFO
-    group every readable queue (each receive may hold one batch of a queue)."""
+    group every readable queue (each receive may hold one batch of a queue). Each once per
+    member ``endpoints`` (queue-major), under a broker name of its own per member
+    (:func:`member_broker_name`): a push consumer receives through every member, so one
+    member's death stops only the receives that went through it (docs/RMQ5.md, "Routes and a
+    dying node")."""
+    assert endpoints, "a group is assigned with at least one endpoint"
     ids = readable if group.fifo else [-1]
+    brokers = [
+        v2.Broker(name=member_broker_name(group_name, e, len(endpoints)), id=0, endpoints=e)
+        for e in endpoints
+    ]
     return [
         v2.Assignment(
             message_queue=v2.MessageQueue(
@@ -104,4 +116,17 @@ def assignments(topic: Any, group: SubGroup, broker: Any, readable: list[int]) -
             )
         )
         for qid in ids
+        for broker in brokers
     ]
+
+
+def member_broker_name(group_name: str, endpoints: Any, members: int) -> str:
+    """The broker name of an assignment through one member: the group's own when the group is
+    assigned through one endpoint, else ``group@host:port``. The official push consumers key
+    their receive loops by (topic, broker name, queue id), not by endpoints: under one name
+    they would keep one loop of the several and receive through one member only. ``@`` is
+    no character of a group name, so the name never meets a real group's."""
+    if members == 1:
+        return group_name
+    address = endpoints.addresses[0]
+    return f"{group_name}@{address.host}:{address.port}"

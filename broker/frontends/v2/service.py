@@ -693,11 +693,9 @@ class MessagingServicer:
             own = await self._route_groups(name, request)
             if not own or own[0][0].name != self.cfg.group:
                 raise TopicNotFoundError(f"topic {name!r} is not served by this group")
-            # The route's first endpoint (the leader's when a NameServer lists the group):
-            # the same answer from every node, so a client's assignments stay put.
-            broker = v2.Broker(name=self.cfg.group, id=0, endpoints=own[0][1][0])
+            # Through every member the route names (consuming.assignments).
             readable = [q for q in range(topic.read_queue_nums) if self.topics.has_queue(name, q)]
-            found = assignments(request.topic, group, broker, readable)
+            found = assignments(request.topic, group, self.cfg.group, own[0][1], readable)
         except Exception as exc:
             return v2_service.QueryAssignmentResponse(status=_status_of(exc, self.node))
         return v2_service.QueryAssignmentResponse(status=status(), assignments=found)
