@@ -4,9 +4,11 @@
 Both directions of both messages live here: the forwarder encodes a request
 (:func:`call_pb`) and decodes the leader's answer (:func:`answer_of`); the leader decodes the
 call (:func:`request_of`) and encodes its answer (:func:`answer_pb`). A peer is hostile like any
-input: a call over a bound raises :class:`InvalidRequestError` (``BAD_REQUEST``) before
-anything runs, and a malformed answer raises :class:`MalformedAnswerError`. The components check
-the rest as for any front end (names, batch sizes, invisible times, handles, message sizes).
+input: a call over a bound raises :class:`InvalidRequestError` (``BAD_REQUEST``; for a receipt
+handle or a transaction id the component's own error, so a forwarded call is answered as the
+direct one) before anything runs, and a malformed answer raises :class:`MalformedAnswerError`.
+The components check the rest as for any front end (names, batch sizes, invisible times, each
+handle of a list, message sizes).
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from broker.state.errors import BrokerError, InvalidRequestError
 from broker.state.machine import SendResult
 from broker.state.message import decode_message, encode_message
 from broker.state.names import MAX_GROUP_LENGTH, MAX_TOPIC_LENGTH
-from broker.state.popstate import MAX_HANDLE_CHARS, MAX_RECORD_ITEMS
+from broker.state.popstate import (
+    MALFORMED_HANDLE,
+    MAX_HANDLE_CHARS,
+    MAX_RECORD_ITEMS,
+    InvalidReceiptHandleError,
+)
+from broker.state.transactions import InvalidTransactionIdError
 from mqerrors import codes as E
 
 _A = TypeVar("_A")
@@ -41,7 +49,8 @@ _A = TypeVar("_A")
 # A message id: a RocketMQ uniq id is 32 hex characters; the v1 port takes the producer's
 # own up to this many (the codec stores it as a property, whose total it bounds too).
 MAX_MSG_ID_CHARS = 128
-# A transaction id names a commitlog position (decimal: at most 20 digits); some room above.
+# A transaction id names a commitlog position (16 hex characters); some room above, so that the
+# component's own check answers any near miss.
 MAX_TRANSACTION_ID_CHARS = 64
 # A receive's subscription expression (broker.components.pulling.MAX_SUBSCRIPTION_CHARS).
 MAX_SUBSCRIPTION_CHARS = 4096
@@ -64,11 +73,21 @@ def _text(value: str, limit: int, what: str) -> str:
 
 
 def _handles(values: Sequence[str]) -> tuple[str, ...]:
+    """The handles of an ack or renewal: their count bounded here; each handle's length by the
+    call's size, and answered per handle by ``Pops`` (a malformed one:
+    ``INVALID_RECEIPT_HANDLE``, as for the direct call)."""
     if len(values) > MAX_RECORD_ITEMS:
         raise InvalidRequestError(
             f"{len(values)} receipt handles in one call, more than {MAX_RECORD_ITEMS}"
         )
-    return tuple(_text(h, MAX_HANDLE_CHARS, "a receipt handle") for h in values)
+    return tuple(values)
+
+
+def _handle(value: str) -> str:
+    """One handle: refused as the component refuses a malformed one."""
+    if len(value) > MAX_HANDLE_CHARS:
+        raise InvalidReceiptHandleError(MALFORMED_HANDLE)
+    return value
 
 
 def _group(value: str) -> str:
@@ -188,19 +207,16 @@ def _receive_of(c: ipb.Receive) -> ReceiveRequest:
 
 
 def _change_of(c: ipb.ChangeInvisible) -> ChangeInvisibleRequest:
-    handle = _text(c.receipt_handle, MAX_HANDLE_CHARS, "a receipt handle")
     return ChangeInvisibleRequest(
-        _group(c.group), _topic(c.topic), handle, c.invisible_ms, c.backoff_floor
+        _group(c.group), _topic(c.topic), _handle(c.receipt_handle), c.invisible_ms, c.backoff_floor
     )
 
 
 def _end_of(c: ipb.EndTransaction) -> EndTransactionRequest:
-    return EndTransactionRequest(
-        _topic(c.topic),
-        _text(c.msg_id, MAX_MSG_ID_CHARS, "a message id"),
-        _text(c.transaction_id, MAX_TRANSACTION_ID_CHARS, "a transaction id"),
-        c.commit,
-    )
+    if len(c.transaction_id) > MAX_TRANSACTION_ID_CHARS:  # refused as the component does
+        raise InvalidTransactionIdError(f"transaction id {c.transaction_id[:40]!r} is malformed")
+    msg_id = _text(c.msg_id, MAX_MSG_ID_CHARS, "a message id")
+    return EndTransactionRequest(_topic(c.topic), msg_id, c.transaction_id, c.commit)
 
 
 _REQUEST_OF: Mapping[str, Callable[[Any], LeaderRequest[Any]]] = {
@@ -212,7 +228,7 @@ _REQUEST_OF: Mapping[str, Callable[[Any], LeaderRequest[Any]]] = {
     ),
     "change_invisible": _change_of,
     "dead_letter": lambda c: DeadLetterRequest(
-        _group(c.group), _topic(c.topic), _text(c.receipt_handle, MAX_HANDLE_CHARS, "a handle")
+        _group(c.group), _topic(c.topic), _handle(c.receipt_handle)
     ),
     "end_transaction": _end_of,
     "create_group": lambda c: CreateGroupRequest(_group(c.group)),
