@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -208,7 +208,7 @@ def _client_id(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-def _ms(d: Any, field: str) -> int:
+def _ms(d: Duration | Timestamp, field: str) -> int:
     """A Duration or Timestamp of the request in ms; ``BAD_REQUEST`` naming ``field`` when it
     is negative, beyond :data:`MAX_FIELD_MS` or not a valid protobuf value."""
     seconds, nanos = int(d.seconds), int(d.nanos)
@@ -221,13 +221,20 @@ def _ms(d: Any, field: str) -> int:
     return min(seconds * 1000 + nanos // 1_000_000, MAX_FIELD_MS)
 
 
-def _ms_as(code: str, d: Any, field: str) -> int:
+def _ms_as(code: str, d: Duration | Timestamp, field: str) -> int:
     """:func:`_ms` with the protocol's own code for the field (all of them 400xx, bad
     requests)."""
     try:
         return _ms(d, field)
     except V2Error as exc:
         raise V2Error(code, exc.text) from None
+
+
+class Named(Protocol):
+    """What the front end reads of a v2 ``Resource`` (a topic or a group)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 def _duration(ms: int) -> Duration:
@@ -735,14 +742,18 @@ NOT_SERVED_STREAMING = ("PullMessage",)
 
 
 def _unary_not_served(rpc: str) -> Callable[..., Awaitable[Any]]:
-    async def handler(self: MessagingServicer, request: Any, context: Any) -> Any:
+    async def handler(
+        self: MessagingServicer, request: object, context: grpc.aio.ServicerContext
+    ) -> Any:
         return getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
 
     return handler
 
 
 def _streaming_not_served(rpc: str) -> Callable[..., AsyncIterator[Any]]:
-    async def handler(self: MessagingServicer, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def handler(
+        self: MessagingServicer, request: object, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         yield getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
 
     return handler
@@ -790,7 +801,7 @@ def _not_served(rpc: str) -> Any:
     return status("NOT_IMPLEMENTED", f"{rpc} is not served by raftmq yet (docs/RMQ5.md)")
 
 
-def _group_name(resource: Any) -> str:
+def _group_name(resource: Named) -> str:
     name = resource.name
     if not is_valid_group_name(name):
         raise V2Error("ILLEGAL_CONSUMER_GROUP", f"group name {name[:130]!r} is not valid")
@@ -810,7 +821,7 @@ def _ack_entries(entries: Any, st: Any) -> list[Any]:
     ]
 
 
-def _topic_name(resource: Any) -> str:
+def _topic_name(resource: Named) -> str:
     name = resource.name
     if not is_valid_topic_name(name):
         raise V2Error("ILLEGAL_TOPIC", f"topic name {name[:130]!r} is not valid")
