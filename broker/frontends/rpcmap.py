@@ -1,10 +1,12 @@
 """What each client-port RPC touches: the (resource, action) pairs a caller needs.
 
-One table for every method of ``raftmq.broker.v1.Broker`` and ``raftmq.dledger.v1.DLedgerClient``
-(docs/SECURITY.md, "Users and permissions", shows it to users). A method missing here is refused
-to everyone but Super users, and ``tests/unit/test_acl_guard.py`` fails when one is missing.
-:data:`SUPER_ONLY` marks what only Super users may call: raw log access, leadership, and the
-user and ACL admin calls (a Normal user with ``Cluster:* All`` must not make itself Super).
+One table for every method of ``raftmq.broker.v1.Broker``, ``raftmq.dledger.v1.DLedgerClient`` and
+``raftmq.broker.internal.v1.LeaderOps`` (whose one method needs what the leader operation inside
+needs: :data:`LEADER_OP_NEEDS`) (docs/SECURITY.md, "Users and permissions", shows it to users). A
+method missing here is refused to everyone but Super users, and ``tests/unit/test_acl_guard.py``
+fails when one is missing. :data:`SUPER_ONLY` marks what only Super users may call: raw log access,
+leadership, and the user and ACL admin calls (a Normal user with ``Cluster:* All`` must not make
+itself Super).
 
 A retry or dead-letter topic (``%RETRY%g``, ``%DLQ%g``) stands for its consumer group: reading
 it needs ``Group:g Sub``, as in RocketMQ.
