@@ -158,7 +158,7 @@ class SendPath:
                 for r, m in zip(results, messages, strict=True)
             ]
         now_ms = int(time.time() * 1000)
-        # The common case: encoded straight from the request, no Message per message.
+        # The common case: encoded straight from the sent messages, no Message per message.
         body, uniq_ids = encode_batch_fields(
             topic.name, messages, now_ms, self._ids.next_id, self.ctx.cfg.max_message_size_bytes
         )
