@@ -115,7 +115,9 @@ ANYONE = Origin()
 class Forwarder:
     """Leader operations on the leader of this node's group, wherever it is."""
 
-    def __init__(self, node: RaftNode, ops: LeaderOps, security: ClientSecurity = PLAINTEXT):
+    def __init__(
+        self, node: RaftNode, ops: LeaderOps, security: ClientSecurity = PLAINTEXT
+    ) -> None:
         self.node = node
         self.ops = ops
         if security.credentials is not None:
