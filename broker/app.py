@@ -29,6 +29,7 @@ from broker.components.authadmin import AuthAdmin
 from broker.components.consumers import ConsumerGroups
 from broker.components.delaydelivery import Scheduler
 from broker.components.disk import DiskGuard
+from broker.components.leaderops import LeaderOps
 from broker.components.lookups import Lookups
 from broker.components.offsets import ConsumerOffsets
 from broker.components.pop import Pops
@@ -45,6 +46,7 @@ from broker.components.topics import Topics
 from broker.components.transactions import Transactions
 from broker.config import BrokerConfig, ConfigError, node_config, service_config, v2_settings
 from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.internal.service import LeaderOpsServicer
 from broker.frontends.v1.service import BrokerServicer
 from broker.metrics import BrokerExporter, BrokerMetrics
 from broker.registration import BrokerRegistrar
@@ -58,13 +60,15 @@ from mqsecurity.credentials import Credentials
 
 @dataclass(frozen=True, slots=True)
 class Broker:
-    """One node's broker: its components over one Raft node and state machine, and the v1
-    servicer over them. The front ends, the metrics and the process wiring take what they
-    use from here. ``guard`` is the node's call guard (None: no users); ``disk_guard``
-    refuses sends above the disk watermark (None: never); ``stats`` is counted into when the
-    process serves metrics (None: nothing is). :func:`assemble` also takes ``secret_box``,
-    which seals user secrets (None: users cannot be created here), and ``init_user``, the
-    Super user a leader creates when the group has none."""
+    """One node's broker: its components over one Raft node and state machine, the v1
+    servicer over them, and the leader operations (``leader_ops``) with their service for the
+    forwards of the other members (``leader_service``). The front ends, the metrics and the
+    process wiring take what they use from here. ``guard`` is the node's call guard (None:
+    no users); ``disk_guard`` refuses sends above the disk watermark (None: never);
+    ``stats`` is counted into when the process serves metrics (None: nothing is).
+    :func:`assemble` also takes ``secret_box``, which seals user secrets (None: users cannot
+    be created here), and ``init_user``, the Super user a leader creates when the group has
+    none."""
 
     node: RaftNode
     sm: BrokerStateMachine
@@ -83,7 +87,9 @@ class Broker:
     pops: Pops
     txns: Transactions
     subgroups: SubscriptionGroups
+    leader_ops: LeaderOps
     servicer: BrokerServicer
+    leader_service: LeaderOpsServicer
     guard: AuthGuard | None
     disk_guard: DiskGuard | None
     stats: BrokerStats | None
@@ -117,19 +123,18 @@ def assemble(
     auth = AuthAdmin(ctx, secret_box, init_user)
     pops = Pops(topics, applied, retries, cfg.pop_max_attempts, cfg.pop_min_invisible_ms)
     subgroups = SubscriptionGroups(ctx, cfg.pop_max_attempts)
+    leader_ops = LeaderOps(node, sender, pops, txns, subgroups)
     servicer = BrokerServicer(
         node,
         applied=applied,
         topics=topics,
-        sender=sender,
         puller=puller,
         offsets=offsets,
         lookups=lookups,
         consumers=consumers,
         retries=retries,
-        pops=pops,
-        txns=txns,
         subgroups=subgroups,
+        leader_ops=leader_ops,
         auth=auth,
         guard=guard,
     )
@@ -151,7 +156,9 @@ def assemble(
         pops=pops,
         txns=txns,
         subgroups=subgroups,
+        leader_ops=leader_ops,
         servicer=servicer,
+        leader_service=LeaderOpsServicer(node, leader_ops, guard),
         guard=guard,
         disk_guard=disk_guard,
         stats=stats,
@@ -252,8 +259,10 @@ class _LateBroker:
         return self._broker
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        """The node's client-port registrar: the v1 servicer (called from ``start()``)."""
-        return self._get().servicer.register(server)
+        """The node's client-port registrar: the v1 servicer and the leader operations its
+        members forward (called from ``start()``)."""
+        broker = self._get()
+        return [*broker.servicer.register(server), *broker.leader_service.register(server)]
 
     def topic_at(self, position: int) -> str:
         """The guard's view of stored messages: the topic of the applied one at

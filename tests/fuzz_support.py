@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 from grpc import StatusCode as SC
 from hypothesis import strategies as st
+from raftmq.broker.internal.v1 import leaderops_pb2
 from raftmq.broker.v1 import broker_pb2
 from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
@@ -313,6 +314,7 @@ SNAPSHOT_ALLOWED = PEER_ALLOWED | {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION}
 # a leadership transfer that does not finish in time says TRANSFER_TIMEOUT.
 EXTRA_ALLOWED: dict[str, frozenset[grpc.StatusCode]] = {
     "Broker.PullMessage": frozenset({SC.DEADLINE_EXCEEDED}),
+    "LeaderOps.Call": frozenset({SC.DEADLINE_EXCEEDED}),  # a forwarded receive's long poll
     "DLedgerClient.TransferLeadership": frozenset({SC.DEADLINE_EXCEEDED}),
 }
 
@@ -332,6 +334,8 @@ def _rpcs(file_desc: D.FileDescriptor, service: str, allowed: frozenset[SC]) -> 
 BROKER_RPCS = _rpcs(broker_pb2.DESCRIPTOR, "Broker", BROKER_ALLOWED)
 DLEDGER_RPCS = _rpcs(dledger_pb2.DESCRIPTOR, "DLedgerClient", DLEDGER_ALLOWED)
 NAMESERVER_RPCS = _rpcs(nameserver_pb2.DESCRIPTOR, "NameServer", NAMESERVER_ALLOWED)
+# A member's forwards of leader operations (docs/ARCHITECTURE.md): the client port's answers.
+LEADER_OPS_RPCS = _rpcs(leaderops_pb2.DESCRIPTOR, "LeaderOps", BROKER_ALLOWED)
 V2_RPCS = _rpcs(rmq5_stubs.load()[1].DESCRIPTOR, "MessagingService", V2_ALLOWED)
 PEER_STREAM_PATH = "/raftmq.dledger.v1.DLedgerPeer/Stream"
 SNAPSHOT_PATH = "/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot"

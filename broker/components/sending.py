@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from broker.components.applied import NodeContext, require_leader
 from broker.components.disk import DiskGuard
@@ -23,7 +23,6 @@ from broker.state.errors import InvalidRequestError, QueueIdOutOfRangeError
 from broker.state.machine import SendResult
 from broker.state.message import (
     Message,
-    MessageFields,
     UniqIdGenerator,
     encode_batch,
     encode_batch_fields,
@@ -53,12 +52,29 @@ MAX_INFLIGHT_IDS = 200_000
 SEND_HEADROOM_BYTES = 4 << 20
 
 
-class OutgoingMessage(MessageFields, Protocol):
-    """One message of a send as a front end hands it over (a ``raftmq.broker.v1.Message``
-    satisfies it): what the producer fills; ``topic`` empty or the send's topic."""
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message of a send, as every front end hands it over: the neutral form that the
+    ``raftmq.broker.v1`` port, the RocketMQ 5 port and a forwarded send
+    (``raftmq.broker.internal.v1``) each convert their wire message into. What the producer
+    fills; ``topic`` empty or the send's topic; ``msg_id`` empty: the broker makes one (without
+    idempotence). It satisfies :class:`msgcodec.MessageFields`, so the send path encodes it
+    straight into the batch. The codec checks the sizes (body, properties, host) when it
+    encodes."""
 
-    @property
-    def topic(self) -> str: ...
+    topic: str
+    queue_id: int
+    body: bytes
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    born_host: str = ""
+    born_timestamp_ms: int = 0
+    producer_group: str = ""
+    msg_id: str = ""
+    reconsume_times: int = 0
+    flag: int = 0
+    sys_flag: int = 0
 
 
 _Call = asyncio.Future[list[SendResult]]
@@ -142,7 +158,7 @@ class SendPath:
                 for r, m in zip(results, messages, strict=True)
             ]
         now_ms = int(time.time() * 1000)
-        # The common case: encoded straight from the request, no Message per message.
+        # The common case: encoded straight from the sent messages, no Message per message.
         body, uniq_ids = encode_batch_fields(
             topic.name, messages, now_ms, self._ids.next_id, self.ctx.cfg.max_message_size_bytes
         )

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from secrets import token_hex
 
+import grpc
+
 from broker.frontends import rpcmap
 from broker.state.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import BrokerError
 from broker.state.machine import BrokerStateMachine
-from dledger.server.guard import Refusal
+from dledger.server.guard import Refusal, text_metadata
 from dledger.server.rpcguard import Undecodable
 from mqerrors import codes as E
 from mqsecurity import SignatureError, SignatureMismatchError
@@ -243,3 +245,11 @@ class AuthGuard:
             except BrokerError:
                 continue
         return list(dict.fromkeys(wants))
+
+
+def owner_of(guard: AuthGuard | None, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+    """The user ``guard`` admitted the call of ``context`` for, and whether it is a Super user
+    (("", False) without users: nobody to hold to a quota)."""
+    if guard is None or not guard.settings.active:
+        return "", False
+    return guard.identify(text_metadata(context.invocation_metadata()))

@@ -1,10 +1,12 @@
 """What each client-port RPC touches: the (resource, action) pairs a caller needs.
 
-One table for every method of ``raftmq.broker.v1.Broker`` and ``raftmq.dledger.v1.DLedgerClient``
-(docs/SECURITY.md, "Users and permissions", shows it to users). A method missing here is refused
-to everyone but Super users, and ``tests/unit/test_acl_guard.py`` fails when one is missing.
-:data:`SUPER_ONLY` marks what only Super users may call: raw log access, leadership, and the
-user and ACL admin calls (a Normal user with ``Cluster:* All`` must not make itself Super).
+One table for every method of ``raftmq.broker.v1.Broker``, ``raftmq.dledger.v1.DLedgerClient`` and
+``raftmq.broker.internal.v1.LeaderOps`` (whose one method needs what the leader operation inside
+needs: :data:`LEADER_OP_NEEDS`) (docs/SECURITY.md, "Users and permissions", shows it to users). A
+method missing here is refused to everyone but Super users, and ``tests/unit/test_acl_guard.py``
+fails when one is missing. :data:`SUPER_ONLY` marks what only Super users may call: raw log access,
+leadership, and the user and ACL admin calls (a Normal user with ``Cluster:* All`` must not make
+itself Super).
 
 A retry or dead-letter topic (``%RETRY%g``, ``%DLQ%g``) stands for its consumer group: reading
 it needs ``Group:g Sub``, as in RocketMQ.
@@ -43,6 +45,9 @@ SUPER_ONLY = "super-only"
 
 BROKER = "/raftmq.broker.v1.Broker/"
 DLEDGER = "/raftmq.dledger.v1.DLedgerClient/"
+# The leader operations a member forwards for its client (broker/frontends/internal/): one
+# method, whose needs are those of the one operation inside, for the original caller.
+LEADER_OPS = "/raftmq.broker.internal.v1.LeaderOps/"
 # RocketMQ 5's protocol (broker/frontends/v2/): its requests name topics as ``Resource{name}``.
 V2 = "/apache.rocketmq.v2.MessagingService/"
 # The pseudo-method of one command on a Telemetry stream: TELEMETRY + the command's field name.
@@ -127,6 +132,29 @@ def _authenticated_only(r: Any, c: str) -> list[Want]:
     return []
 
 
+# A leader operation (raftmq.broker.internal.v1.LeaderCall's ``op``) -> what it needs: what
+# the direct call needs (v1's SendMessage, PopMessage, AckPop, ChangeInvisibleTime,
+# EndTransaction and UpdateSubscriptionGroup with create_only), so a forward can do nothing its
+# caller may not.
+LEADER_OP_NEEDS: Mapping[str, Needs] = {
+    "send": lambda r, c: [topic(r.topic, PUB)],
+    "receive": _pop_consumer,
+    "ack": _pop_consumer,
+    "renew": _pop_consumer,
+    "change_invisible": _pop_consumer,
+    "dead_letter": _pop_consumer,
+    "end_transaction": lambda r, c: [topic(r.topic, PUB)],
+    "create_group": lambda r, c: [group(r.group, SUB)],
+}
+
+
+def _leader_call(r: Any, c: str) -> list[Want]:
+    kind = r.WhichOneof("op")
+    if kind is None:
+        return []  # no operation: refused by the servicer (BAD_REQUEST) before anything runs
+    return LEADER_OP_NEEDS[kind](getattr(r, kind), c)
+
+
 # apache.rocketmq.v2.ClientType.PRODUCER (the stubs are loaded only with a v2 port; the number
 # is checked against them in tests/unit/test_rmq5_acl.py).
 V2_PRODUCER = 1
@@ -189,6 +217,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     DLEDGER + "Metadata": lambda r, c: [cluster(c, GET)],
     DLEDGER + "ListMembers": lambda r, c: [cluster(c, GET)],
     DLEDGER + "ChangeMember": SUPER_ONLY,
+    LEADER_OPS + "Call": _leader_call,
     # RocketMQ 5.3's mapping of its gRPC protocol (QueryRoute: see ANY_OF).
     V2 + "QueryRoute": lambda r, c: [topic(r.topic.name, PUB)],
     V2 + "SendMessage": _v2_send,

@@ -2,6 +2,7 @@
 NameServer, then checks that nothing gave way.
 
 - ``test_fuzz_client_and_nameserver_rpcs``: every unary RPC of ``raftmq.broker.v1.Broker``,
+  ``raftmq.broker.internal.v1.LeaderOps`` (a member's forwards of leader operations),
   ``raftmq.dledger.v1.DLedgerClient``, ``raftmq.nameserver.v1.NameServer`` and RocketMQ 5's
   ``apache.rocketmq.v2.MessagingService`` (on every node's ``grpcServerPort``) with messages
   built by hypothesis from the descriptors (tests/fuzz_support.py: boundary integers, path-like
@@ -51,6 +52,7 @@ from fuzz_support import (
     HOLDINGS_RPC,
     HOSTILE_STRINGS,
     JOIN_RPC,
+    LEADER_OPS_RPCS,
     MEMBER_IDS,
     NAMESERVER_RPCS,
     PEER_ALLOWED,
@@ -502,7 +504,7 @@ def test_fuzz_client_and_nameserver_rpcs(target: Target, tmp_path: Path) -> None
         one(rpc, request, t.cluster.wait_leader(LEADER_WAIT_S), follow_leader=True)
     t.check_alive()
 
-    all_rpcs = [*BROKER_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS, *V2_RPCS]
+    all_rpcs = [*BROKER_RPCS, *LEADER_OPS_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS, *V2_RPCS]
 
     @st.composite
     def cases(draw: st.DrawFn) -> tuple[Rpc, Any, str]:

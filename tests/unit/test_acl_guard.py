@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from broker_world import world
+from raftmq.broker.internal.v1 import leaderops_pb2 as ipb
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 
@@ -70,6 +71,7 @@ def test_every_client_port_rpc_is_in_the_table() -> None:
         for svc in (
             bpb.DESCRIPTOR.services_by_name["Broker"],
             dpb.DESCRIPTOR.services_by_name["DLedgerClient"],
+            ipb.DESCRIPTOR.services_by_name["LeaderOps"],
         )
         for m in svc.methods
     }
@@ -84,14 +86,74 @@ def test_every_table_row_reads_an_empty_request() -> None:
     """A row must never raise on a valid request (the guard runs before the servicer)."""
     pools = {rpcmap.BROKER: bpb, rpcmap.DLEDGER: dpb}
     for method, needs in rpcmap.RPC_NEEDS.items():
-        if isinstance(needs, str) or method.startswith(rpcmap.V2):
-            continue
+        if isinstance(needs, str) or method.startswith((rpcmap.V2, rpcmap.LEADER_OPS)):
+            continue  # v2: tests/unit/test_rmq5_acl.py; leader operations: below
         prefix = rpcmap.BROKER if method.startswith(rpcmap.BROKER) else rpcmap.DLEDGER
         svc = pools[prefix].DESCRIPTOR.services_by_name[prefix.strip("/").rsplit(".", 1)[-1]]
         rpc = svc.methods_by_name[method.rsplit("/", 1)[1]]
         module = pools[prefix]
         request = getattr(module, rpc.input_type.name)()
         assert needs(request, "c1"), method
+
+
+# A leader operation inside a forward -> the direct v1 call that does the same, as the guard
+# sees it (both naming topic t and group g).
+_DIRECT_CALLS = {
+    "send": (ipb.Send(topic="t"), SEND, bpb.SendMessageRequest(topic="t")),
+    "receive": (
+        ipb.Receive(group="g", topic="t"),
+        rpcmap.BROKER + "PopMessage",
+        bpb.PopMessageRequest(group="g", topic="t"),
+    ),
+    "ack": (
+        ipb.Ack(group="g", topic="t"),
+        rpcmap.BROKER + "AckPop",
+        bpb.AckPopRequest(group="g", topic="t"),
+    ),
+    "renew": (
+        ipb.Renew(group="g", topic="t"),
+        rpcmap.BROKER + "AckPop",
+        bpb.AckPopRequest(group="g", topic="t", renew_ms=1),
+    ),
+    "change_invisible": (
+        ipb.ChangeInvisible(group="g", topic="t"),
+        rpcmap.BROKER + "ChangeInvisibleTime",
+        bpb.ChangeInvisibleTimeRequest(group="g", topic="t"),
+    ),
+    "dead_letter": (
+        ipb.DeadLetter(group="g", topic="t"),
+        rpcmap.BROKER + "AckPop",
+        bpb.AckPopRequest(group="g", topic="t", dead_letter=True),
+    ),
+    "end_transaction": (
+        ipb.EndTransaction(topic="t"),
+        rpcmap.BROKER + "EndTransaction",
+        bpb.EndTransactionRequest(topic="t"),
+    ),
+    "create_group": (
+        ipb.CreateGroup(group="g"),
+        rpcmap.BROKER + "UpdateSubscriptionGroup",
+        bpb.UpdateSubscriptionGroupRequest(
+            config=bpb.SubscriptionGroup(group="g"), create_only=True
+        ),
+    ),
+}
+
+
+def test_a_forwarded_leader_operation_needs_what_its_direct_call_needs() -> None:
+    """Every operation a member forwards is checked on the leader for the original user's
+    rights exactly as the direct call is (a forward can do nothing its caller may not); a call
+    naming no operation needs nothing but a user (its servicer refuses it, BAD_REQUEST)."""
+    kinds = ipb.LeaderCall.DESCRIPTOR.oneofs_by_name["op"].fields
+    assert {k.name for k in kinds} == set(_DIRECT_CALLS) == set(rpcmap.LEADER_OP_NEEDS)
+    needs = rpcmap.RPC_NEEDS[rpcmap.LEADER_OPS + "Call"]
+    assert not isinstance(needs, str)
+    for kind, (op, method, direct) in _DIRECT_CALLS.items():
+        direct_needs = rpcmap.RPC_NEEDS[method]
+        assert not isinstance(direct_needs, str)
+        call = ipb.LeaderCall(**{kind: op})
+        assert needs(call, "c1") == direct_needs(direct, "c1") != [], kind
+    assert needs(ipb.LeaderCall(), "c1") == []
 
 
 def test_authentication(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pytest
 from broker_world import world
+from raftmq.broker.internal.v1 import leaderops_pb2 as ipb
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.dledger.v1 import dledger_pb2 as dpb
 from raftmq.nameserver.v1 import nameserver_pb2 as nspb
@@ -137,6 +138,10 @@ def _rows() -> list[tuple[str, Any]]:
         for m in service.methods:
             request = None if m.client_streaming else _fill(getattr(module, m.input_type.name)())
             rows.append((prefix + m.name, request))
+    for kind in ipb.LeaderCall.DESCRIPTOR.oneofs_by_name["op"].fields:  # each forwarded op
+        call = ipb.LeaderCall()
+        _fill(getattr(call, kind.name))
+        rows.append((rpcmap.LEADER_OPS + "Call", call))
     kinds = v2_service.TelemetryCommand.DESCRIPTOR.oneofs_by_name["command"].fields
     for kind in kinds:
         if kind.name == "settings":
@@ -165,7 +170,8 @@ def _expected(may: Any, method: str, request: Any) -> bool:
 def test_every_row_for_every_caller(tmp_path: Path) -> None:
     guard = _guard(tmp_path)
     rows = _rows()
-    assert len(rows) == len(rpcmap.RPC_NEEDS) + 1  # every row; Settings as producer and consumer
+    # Every row; Settings as producer and consumer; a leader call once per operation.
+    assert len(rows) == len(rpcmap.RPC_NEEDS) + 1 + len(rpcmap.LEADER_OP_NEEDS) - 1
     wrong = []
     for caller, (creds, _, _, may) in CALLERS.items():
         for method, request in rows:

@@ -78,10 +78,14 @@ def test_a_full_process_is_built_once_over_one_set_of_components(tmp_path: Path)
     v2 = process.v2_port
     assert v2 is not None
     assert v2.security.guard is guard  # type: ignore[attr-defined]
-    leader = v2.leader  # type: ignore[attr-defined]
-    assert leader.node is broker.node and leader.sender is broker.sender
-    assert leader.pops is broker.pops and leader.txns is broker.txns
-    assert leader.subgroups is broker.subgroups
+    forwarder = v2.forwarder  # type: ignore[attr-defined]
+    assert forwarder.node is broker.node and forwarder.ops is broker.leader_ops
+    ops = broker.leader_ops
+    assert ops.node is broker.node and ops.sender is broker.sender
+    assert ops.pops is broker.pops and ops.txns is broker.txns
+    assert ops.subgroups is broker.subgroups and v2.servicer.subgroups is broker.subgroups  # type: ignore[attr-defined]
+    # The v1 servicer and the forwards' service run the same leader operations.
+    assert broker.servicer.leader_ops is ops and broker.leader_service.ops is ops
     assert v2.servicer.topics is broker.topics  # type: ignore[attr-defined]
     assert v2.servicer.producers.applied is broker.applied  # type: ignore[attr-defined]
     assert process.registrar is not None and process.registrar.sm is broker.sm

@@ -15,9 +15,9 @@ import pytest
 from google.rpc import status_pb2
 from raftmq.common.v1 import error_pb2
 
+from broker.frontends.internal.forwarder import _forward_failure as forward_failure
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2.codes import v2_code_name
-from broker.frontends.v2.leader import _forward_failure as forward_failure
 from broker.state.errors import TooManyConsumersError
 from client.errors import MQClientError
 from dledger.core import BackPressureError, NotLeaderError, TransferInProgressError

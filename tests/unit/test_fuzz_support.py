@@ -10,6 +10,7 @@ from fuzz_support import (
     BROKER_RPCS,
     DLEDGER_RPCS,
     HUGE_BYTES,
+    LEADER_OPS_RPCS,
     MANY,
     MAX_REQUEST_BYTES,
     NAMESERVER_RPCS,
@@ -21,20 +22,22 @@ from fuzz_support import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raftmq.broker.internal.v1 import leaderops_pb2
 from raftmq.broker.v1 import broker_pb2
 from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
 
 from dledger.server.status import RpcFailure
 
-ALL = [*BROKER_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS]
+ALL = [*BROKER_RPCS, *LEADER_OPS_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS]
 
 
-def test_every_unary_rpc_of_the_three_services_is_fuzzed() -> None:
+def test_every_unary_rpc_of_the_client_port_and_nameserver_services_is_fuzzed() -> None:
     expected = {
         f"{svc.full_name}/{m.name}"
         for fd, name in (
             (broker_pb2.DESCRIPTOR, "Broker"),
+            (leaderops_pb2.DESCRIPTOR, "LeaderOps"),
             (dledger_pb2.DESCRIPTOR, "DLedgerClient"),
             (nameserver_pb2.DESCRIPTOR, "NameServer"),
         )

@@ -269,6 +269,28 @@ def test_the_allowed_grpc_edges_are_still_needed(graph: ImportGraph) -> None:
         )
 
 
+def test_the_v2_front_end_reaches_nothing_of_the_v1_protocol(graph: ImportGraph) -> None:
+    """The RocketMQ 5 front end is a peer of v1 over the same components: its leader-only work
+    goes through the leader operations and their one forwarder (raftmq.broker.internal.v1),
+    never as raftmq.broker.v1 calls or messages (docs/ARCHITECTURE.md, "Leader operations and
+    the forwarder")."""
+    # The port takes the composition root's Broker bundle (a type-only import, under
+    # TYPE_CHECKING), which holds the v1 servicer too: not followed.
+    bundle = [("broker.frontends.v2.server", "broker.app")]
+    found = []
+    for module in graph.modules_under("broker/frontends/v2"):
+        reached = graph.reach(module, bundle)
+        for name in sorted(n for n in reached if graph.file(n) is not None):
+            found += [
+                f"{imported} <- {chain(reached, name)}"
+                for imported in graph.imports(name)
+                if imported.startswith("raftmq.broker.v1")
+                or imported == "broker.frontends.v1.service"
+            ]
+    assert found == [], "\n".join(found)
+    assert "broker.frontends.internal.forwarder" in graph.reach("broker.frontends.v2.service")
+
+
 # ------------------------------------------------------------------------- the scan itself
 
 

@@ -1,7 +1,8 @@
-"""The v2 front end's forwarded receives across a leader change, without gRPC servers
-(broker/frontends/v2/leader.py): a long poll whose leader dies goes to the new leader with what is
-left of its window, one that finds no leader in its window answers no message, and a hung leader
-costs the caller no deadline."""
+"""The forwarder of leader operations across a leader change, without gRPC servers
+(broker/frontends/internal/forwarder.py), as the v2 front end uses it: a long poll whose leader
+dies goes to the new leader with what is left of its window, one that finds no leader in its
+window answers no message, and a hung leader costs the caller no deadline; retry hints are
+honoured or answered at once."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Any
 
 import grpc
 import pytest
-from raftmq.broker.v1 import broker_pb2 as pb
+from raftmq.broker.internal.v1 import leaderops_pb2 as ipb
 
-from broker.components.pop import ReceiveQuery
-from broker.frontends.v2 import leader as leader_mod
-from broker.frontends.v2.leader import Failure, LeaderCalls
+from broker.components.leaderops import ReceiveRequest, SendRequest
+from broker.components.sending import OutgoingMessage
+from broker.frontends.internal import forwarder as leader_mod
+from broker.frontends.internal.forwarder import Failure, Forwarder
+from broker.state.message import Message, encode_message
 from dledger.core import Role
 
 POLL_MS = 2000
@@ -26,38 +29,39 @@ def _error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone")
 
 
+def _delivery() -> ipb.Delivery:
+    msg = Message(topic="T", queue_id=1, body=b"x", uniq_id="A" * 32, store_timestamp_ms=1)
+    return ipb.Delivery(
+        stored=encode_message(msg), queue_id=1, queue_offset=7, attempt=1, receipt_handle="h"
+    )
+
+
 class _Leader:
-    """A leader's PopMessage as a forward sees it: ``dies_after_s`` into the call it fails as a
-    killed process does (UNAVAILABLE); ``hangs``: never answers before the call's deadline;
-    else one message at once. Records each request with its deadline."""
+    """A leader's LeaderOps.Call (a receive) as a forward sees it: ``dies_after_s`` into the
+    call it fails as a killed process does (UNAVAILABLE); ``hangs``: never answers before the
+    call's deadline; else one message at once. Records each request with its deadline."""
 
     def __init__(self, dies_after_s: float | None = None, hangs: bool = False) -> None:
         self.dies_after_s = dies_after_s
         self.hangs = hangs
-        self.calls: list[tuple[pb.PopMessageRequest, float]] = []
+        self.calls: list[tuple[ipb.Receive, float]] = []
 
-    async def PopMessage(
-        self, request: pb.PopMessageRequest, timeout: float, metadata: Any
-    ) -> pb.PopMessageResponse:
-        self.calls.append((request, timeout))
+    async def Call(self, request: ipb.LeaderCall, timeout: float, metadata: Any) -> Any:
+        self.calls.append((request.receive, timeout))
         if self.hangs:
             await asyncio.sleep(timeout)
             raise _error(grpc.StatusCode.DEADLINE_EXCEEDED)
         if self.dies_after_s is not None:
             await asyncio.sleep(self.dies_after_s)
             raise _error(grpc.StatusCode.UNAVAILABLE)
-        msg = pb.Message(topic="T", queue_id=1, queue_offset=7, body=b"x", msg_id="A" * 32)
-        return pb.PopMessageResponse(
-            messages=[pb.PoppedMessage(message=msg, receipt_handle="h", delivery_attempt=1)]
-        )
+        return ipb.LeaderAnswer(received=ipb.Deliveries(deliveries=[_delivery()]))
 
 
-def _calls(leaders: list[_Leader | None]) -> LeaderCalls:
-    """A follower's LeaderCalls whose leader is ``leaders[0]`` until a forward to it fails,
+def _calls(leaders: list[_Leader | None]) -> Forwarder:
+    """A follower's Forwarder whose leader is ``leaders[0]`` until a forward to it fails,
     then the next (None: no leader known)."""
     node = SimpleNamespace(role=Role.FOLLOWER)
-    pops = SimpleNamespace(ctx=None, max_attempts=16)
-    calls = LeaderCalls(node, sender=None, pops=pops, subgroups=None)  # type: ignore[arg-type]
+    calls = Forwarder(node, ops=None)  # type: ignore[arg-type]
     current = list(leaders)
 
     def stub() -> _Leader:
@@ -72,8 +76,8 @@ def _calls(leaders: list[_Leader | None]) -> LeaderCalls:
     return calls
 
 
-def _query(poll_ms: int = POLL_MS) -> ReceiveQuery:
-    return ReceiveQuery("G", "T", -1, 32, 20_000, "", poll_ms)
+def _query(poll_ms: int = POLL_MS) -> ReceiveRequest:
+    return ReceiveRequest("G", "T", -1, 32, 20_000, "", poll_ms)
 
 
 def test_a_long_poll_whose_leader_dies_goes_on_at_the_new_leader(
@@ -120,33 +124,38 @@ def test_a_hung_leader_costs_the_caller_no_deadline() -> None:
 def test_a_refusal_that_no_new_leader_changes_is_the_answer() -> None:
     refusing = _Leader()
 
-    async def refuse(request: pb.PopMessageRequest, timeout: float, metadata: Any) -> Any:
+    async def refuse(request: ipb.LeaderCall, timeout: float, metadata: Any) -> Any:
         raise Failure("TOPIC_NOT_FOUND", "no topic T")
 
-    refusing.PopMessage = refuse  # type: ignore[method-assign]
+    refusing.Call = refuse  # type: ignore[method-assign]
     with pytest.raises(Failure) as failure:
         asyncio.run(_calls([refusing]).receive(_query(), answer_within_ms=4500))
     assert failure.value.code == "TOPIC_NOT_FOUND"
 
 
-def _forwards(answers: list[Failure | None]) -> tuple[LeaderCalls, list[float]]:
-    """A follower's LeaderCalls whose forwards fail with ``answers`` in turn (None: the call
-    succeeds and answers "stored"); returns the calls and the monotonic time of each try."""
-    calls = _calls([_Leader()])
+_SEND = SendRequest("T", (OutgoingMessage("T", 0, b"x", msg_id="B" * 32),))
+
+
+def _forwards(answers: list[Failure | None]) -> tuple[Forwarder, list[float]]:
+    """A follower's Forwarder whose forwarded sends fail with ``answers`` in turn (None: the
+    call succeeds, the message stored); returns it and the monotonic time of each try."""
+    leader = _Leader()
+    calls = _calls([leader])
     tries: list[float] = []
 
-    async def forward(stub: Any) -> str:
+    async def send(request: ipb.LeaderCall, timeout: float, metadata: Any) -> Any:
         tries.append(time.monotonic())
         answer = answers[len(tries) - 1]
         if answer is not None:
             raise answer
-        return "stored"
+        stored = ipb.Stored(msg_id="B" * 32, topic="T", queue_offset=3)
+        return ipb.LeaderAnswer(sent=ipb.SendAnswer(stored=[stored]))
 
-    async def never_here() -> str:
-        raise AssertionError("this node does not lead")
+    leader.Call = send  # type: ignore[method-assign]
 
     async def run() -> str:
-        return await calls._on_leader(never_here, forward)
+        [stored] = await calls.call(_SEND)
+        return "stored" if stored.queue_offset == 3 else "?"
 
     calls.run = run  # type: ignore[attr-defined]
     return calls, tries

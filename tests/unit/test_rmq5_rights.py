@@ -25,10 +25,10 @@ from broker.components.applied import NodeContext
 from broker.components.authadmin import AuthAdmin
 from broker.components.settings import ServiceConfig
 from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.internal.forwarder import Forwarder
 from broker.frontends.v1.service import BrokerServicer
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.interceptor import V2GuardInterceptor
-from broker.frontends.v2.leader import LeaderCalls
 from broker.frontends.v2.service import MessagingServicer, V2Config
 from broker.state import subgroups
 from broker.state.auth.secrets import SecretBox
@@ -98,23 +98,26 @@ async def start(tmp_path: Path) -> Node:
     broker = parts.servicer
     for name in (TX, T, SECRET):
         await broker.topics.upsert(name, 1, 1, 6)
-    leader = LeaderCalls(node, parts.sender, parts.pops, parts.subgroups, txns=parts.txns)
+    leader = Forwarder(node, parts.leader_ops)
     server = grpc.aio.server(interceptors=[V2GuardInterceptor(guard)])
     port = server.add_insecure_port("127.0.0.1:0")
     addr = f"127.0.0.1:{port}"
     cfg = V2Config("g0", "127.0.0.1", port, 1 << 20)
-    servicer = MessagingServicer(node, parts.topics, parts.applied, leader, cfg)
+    servicer = MessagingServicer(node, parts.topics, parts.applied, parts.subgroups, leader, cfg)
     servicer.register(server)
     broker.register(server)
+    parts.leader_service.register(server)
     await server.start()
     # The follower's front end: the same components, another member (this port) leading.
     away = SimpleNamespace(
         role=Role.FOLLOWER, leader_id="n0", leader_client_addr=lambda: ("n0", addr)
     )
-    forwarding = LeaderCalls(away, parts.sender, parts.pops, parts.subgroups, txns=parts.txns)  # type: ignore[arg-type]
+    forwarding = Forwarder(away, parts.leader_ops)  # type: ignore[arg-type]
     second = grpc.aio.server(interceptors=[V2GuardInterceptor(guard)])
     follower_port = second.add_insecure_port("127.0.0.1:0")
-    MessagingServicer(away, parts.topics, parts.applied, forwarding, cfg).register(second)  # type: ignore[arg-type]
+    MessagingServicer(away, parts.topics, parts.applied, parts.subgroups, forwarding, cfg).register(  # type: ignore[arg-type]
+        second
+    )
     await second.start()
     follower_addr = f"127.0.0.1:{follower_port}"
     return Node(servicer, broker, admin, addr, follower_addr, [server, second], node)
@@ -351,11 +354,11 @@ def test_row2_consumer_settings_need_sub_and_create_groups_only_with_the_right(
                     thief = Stream(ch, NOBODY, f"thief-{addr}")
                     refused = await thief.ask(consumer("NEWG", T))
                     assert code(refused) == "FORBIDDEN", refused
-                    assert not n.v2.leader.subgroups.known("NEWG")
+                    assert not n.v2.subgroups.known("NEWG")
                     # A Pub-only user may not consume either (Sub on the topic and group).
                     pub = Stream(ch, PUBLISHER, f"pub-{addr}")
                     assert code(await pub.ask(consumer("NEWG", T))) == "FORBIDDEN"
-                    assert not n.v2.leader.subgroups.known("NEWG")
+                    assert not n.v2.subgroups.known("NEWG")
                     assert n.v2.clients.get(f"thief-{addr}", "nobody") is None
                     await thief.close()
                     await pub.close()
@@ -363,10 +366,10 @@ def test_row2_consumer_settings_need_sub_and_create_groups_only_with_the_right(
             async with grpc.aio.insecure_channel(n.follower_addr) as ch:
                 reader = Stream(ch, READER, "reader-1")
                 assert code(await reader.ask(consumer("READERG", T))) == "OK"
-                assert n.v2.leader.subgroups.known("READERG")
+                assert n.v2.subgroups.known("READERG")
                 denied = await reader.ask(consumer("READERG2", SECRET))  # the Deny on SECRET
                 assert code(denied) == "FORBIDDEN"
-                assert not n.v2.leader.subgroups.known("READERG2")
+                assert not n.v2.subgroups.known("READERG2")
                 await reader.close()
         finally:
             await n.stop()
@@ -505,7 +508,7 @@ def test_row3_one_user_fills_its_group_quota_another_is_served_and_groups_can_be
                     full = await s.ask(consumer("RG-more", T))
                     assert code(full) == "TOO_MANY_REQUESTS", full
                     assert "subscriptionGroupsPerUser" in full.status.message
-                    assert not n.v2.leader.subgroups.known("RG-more")
+                    assert not n.v2.subgroups.known("RG-more")
                 assert n.v2.clients.get("reader-q2", "reader") is None  # nothing registered
                 # Another user is served at once; a Super user has no quota.
                 other = Stream(follower, OTHER, "other-q")
@@ -522,7 +525,7 @@ def test_row3_one_user_fills_its_group_quota_another_is_served_and_groups_can_be
                 )
                 assert code_ == "PERMISSION_DENIED"
                 await stub.DeleteSubscriptionGroup(delete, metadata=md(ADMIN))
-                assert not n.v2.leader.subgroups.known("RG0")
+                assert not n.v2.subgroups.known("RG0")
                 missing = await _v1_error(stub.DeleteSubscriptionGroup(delete, metadata=md(ADMIN)))
                 assert missing[0] == "SUBGROUP_NOT_FOUND"
                 assert code(await reader.ask(consumer("RG-more", T))) == "OK"
@@ -543,10 +546,10 @@ def test_row3_settings_past_the_global_group_limit_do_not_answer_ok(
             async with grpc.aio.insecure_channel(n.addr) as ch:
                 boss = Stream(ch, ADMIN, "admin-full")
                 assert code(await boss.ask(consumer("FULL0", T))) == "OK"
-                monkeypatch.setattr(subgroups, "MAX_SUBGROUPS", len(n.v2.leader.subgroups.list()))
+                monkeypatch.setattr(subgroups, "MAX_SUBGROUPS", len(n.v2.subgroups.list()))
                 full = await boss.ask(consumer("FULL1", T))
                 assert code(full) == "TOO_MANY_REQUESTS", full
-                assert not n.v2.leader.subgroups.known("FULL1")
+                assert not n.v2.subgroups.known("FULL1")
                 await boss.close()
         finally:
             await n.stop()

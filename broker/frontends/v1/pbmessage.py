@@ -1,10 +1,10 @@
 """A stored message on ``raftmq.broker.v1``'s wire (``pb.Message``) and back.
 
-The one place both directions live: the client port answers with :func:`message_pb`, and a
-node that forwarded a POP receive to its leader (``broker.frontends.v2.leader``) reads the answer
-with :func:`message_from_pb`. Each copies every field of :class:`~msgcodec.layout.Message`, so a
-message read back is the message sent (``tests/unit/test_broker_pbmessage.py``).
-"""
+The one place both directions live: the client port answers with :func:`message_pb`, and
+:func:`message_from_pb` reads such an answer back (a forwarded POP receive no longer does: it
+carries the stored encoding, ``broker.frontends.internal.codec``). Each copies every field of
+:class:`~msgcodec.layout.Message`, so a message read back is the message sent
+(``tests/unit/test_broker_pbmessage.py``)."""
 
 from __future__ import annotations
 

@@ -25,18 +25,27 @@ from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 from broker.components.applied import AppliedMessages
 from broker.components.authadmin import AuthAdmin, UserView
 from broker.components.consumers import ConsumerGroups
+from broker.components.leaderops import (
+    AckRequest,
+    ChangeInvisibleRequest,
+    DeadLetterRequest,
+    EndTransactionRequest,
+    LeaderOps,
+    ReceiveRequest,
+    RenewRequest,
+    SendRequest,
+)
 from broker.components.lookups import Found, Lookups
 from broker.components.offsets import ConsumerOffsets
-from broker.components.pop import Pops, Received, ReceiveQuery
+from broker.components.pop import Received
 from broker.components.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.components.raftnode import RaftNode
 from broker.components.retry import Retries, SendBackItem
-from broker.components.sending import SendPath
 from broker.components.settings import ServiceConfig
 from broker.components.subscriptions import SubscriptionGroups
 from broker.components.topics import Topics
-from broker.components.transactions import Transactions
-from broker.frontends.authguard import AuthGuard
+from broker.frontends.authguard import AuthGuard, owner_of
+from broker.frontends.internal.codec import outgoing_of
 from broker.frontends.v1.pbmessage import message_pb
 from broker.frontends.v1.rpcerrors import (
     error_status as error_status,  # re-exported: the broker's mapping
@@ -55,7 +64,6 @@ from broker.state.subgroups import (
     SubGroup,
 )
 from dledger.server import rpcguard
-from dledger.server.guard import text_metadata
 
 __all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
 
@@ -80,15 +88,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         *,
         applied: AppliedMessages,
         topics: Topics,
-        sender: SendPath,
         puller: PullPath,
         offsets: ConsumerOffsets,
         lookups: Lookups,
         consumers: ConsumerGroups,
         retries: Retries,
-        pops: Pops,
-        txns: Transactions,
         subgroups: SubscriptionGroups,
+        leader_ops: LeaderOps,
         auth: AuthAdmin,
         guard: AuthGuard | None = None,
     ) -> None:
@@ -98,15 +104,17 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.node = node
         self.applied = applied
         self.topics = topics
-        self.sender = sender
+        # The leader operations' components (sends, POP consumption, transactions).
+        self.sender = leader_ops.sender
         self.puller = puller
         self.offsets = offsets
         self.lookups = lookups
         self.consumers = consumers
         self.retries = retries
-        self.pops = pops
-        self.txns = txns
+        self.pops = leader_ops.pops
+        self.txns = leader_ops.txns
         self.subgroups = subgroups
+        self.leader_ops = leader_ops
         self.auth = auth
         self.guard = guard
 
@@ -155,8 +163,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def SendMessage(
         self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendMessageResponse:
-        owner = self._caller(context)
-        results = await self.sender.send(request.topic, request.messages, owner)
+        messages = tuple(outgoing_of(m) for m in request.messages)
+        send = SendRequest(request.topic, messages)
+        results = await self.leader_ops.run(send, self._caller(context))
         return pb.SendMessageResponse(
             packed_msg_ids=[r.uniq_id for r in results],
             packed_queue_ids=[r.queue_id for r in results],
@@ -246,8 +255,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def PopMessage(
         self, request: pb.PopMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.PopMessageResponse:
-        owner, unbounded = self._caller(context)
-        query = ReceiveQuery(
+        query = ReceiveRequest(
             request.group,
             request.topic,
             request.queue_id,
@@ -255,49 +263,50 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             request.invisible_ms,
             request.subscription,
             request.poll_timeout_ms,
-            owner,
-            unbounded,
         )
-        received = await self.pops.receive(query)
+        received = await self.leader_ops.run(query, self._caller(context))
         return pb.PopMessageResponse(messages=[self._popped_pb(r) for r in received])
 
     @_rpc
     async def AckPop(
         self, request: pb.AckPopRequest, context: grpc.aio.ServicerContext
     ) -> pb.AckPopResponse:
+        owner = self._caller(context)
+        group, topic, handles = request.group, request.topic, tuple(request.receipt_handles)
         if request.renew_ms:
-            errors = await self.pops.renew(
-                request.group, request.topic, request.receipt_handles, request.renew_ms
-            )
-            return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
+            renew = RenewRequest(group, topic, handles, request.renew_ms)
+            renewed = await self.leader_ops.run(renew, owner)
+            return pb.AckPopResponse(codes=renewed)
         if request.dead_letter:
-            if len(request.receipt_handles) != 1:
+            if len(handles) != 1:
                 raise InvalidRequestError("a dead-letter forward names one receipt handle")
-            await self.pops.dead_letter(request.group, request.topic, request.receipt_handles[0])
+            await self.leader_ops.run(DeadLetterRequest(group, topic, handles[0]), owner)
             return pb.AckPopResponse(codes=[""])
-        errors = await self.pops.ack(request.group, request.topic, request.receipt_handles)
-        return pb.AckPopResponse(codes=["" if e is None else e.code for e in errors])
+        codes = await self.leader_ops.run(AckRequest(group, topic, handles), owner)
+        return pb.AckPopResponse(codes=codes)
 
     @_rpc
     async def ChangeInvisibleTime(
         self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ChangeInvisibleTimeResponse:
-        changed = await self.pops.change_invisible(
+        change = ChangeInvisibleRequest(
             request.group,
             request.topic,
             request.receipt_handle,
             request.invisible_ms,
-            backoff_floor=request.backoff_floor,
+            request.backoff_floor,
         )
+        changed = await self.leader_ops.run(change, self._caller(context))
         return pb.ChangeInvisibleTimeResponse(message=self._popped_pb(changed))
 
     @_rpc
     async def EndTransaction(
         self, request: pb.EndTransactionRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndTransactionResponse:
-        outcome = await self.txns.end(
+        end = EndTransactionRequest(
             request.topic, request.msg_id, request.transaction_id, request.commit
         )
+        outcome = await self.leader_ops.run(end, self._caller(context))
         return pb.EndTransactionResponse(outcome=outcome)
 
     # ------------------------------------------------------------------ subscription groups
@@ -314,10 +323,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
         """The user the node's guard admitted this call for, and whether it is a Super user
         (("", False) without users: nobody to hold to a quota)."""
-        guard = self.guard
-        if guard is None or not guard.settings.active:
-            return "", False
-        return guard.identify(text_metadata(context.invocation_metadata()))
+        return owner_of(self.guard, context)
 
     @_rpc
     async def DeleteSubscriptionGroup(

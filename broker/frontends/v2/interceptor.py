@@ -10,12 +10,11 @@ response type carrying ``UNAUTHORIZED`` (unknown caller, bad or missing signatur
 gets one such message and ends. Every response of the service has a ``Status``, so no refusal
 needs a bare gRPC status. The guard counts each refusal in ``REFUSALS``.
 
-An admitted call's signature entries are kept for the call (:func:`caller_signature`): the
-front end forwards leader-only work with them (:mod:`broker.frontends.v2.leader`), so the leader
+An admitted call's signature entries are kept for the call (:func:`caller_signature`): the front end
+forwards leader-only work with them (:mod:`broker.frontends.internal.forwarder`), so the leader
 checks the original user again (docs/SECURITY.md, "RocketMQ 5 clients"). Its user is kept too
-(:func:`current_caller`): the servicer checks each command of a Telemetry stream against the
-user's rights (:meth:`Caller.check`), and binds the client records it makes to that user.
-"""
+(:func:`current_caller`): the servicer checks each command of a Telemetry stream against the user's
+rights (:meth:`Caller.check`), and binds the client records it makes to that user."""
 
 from __future__ import annotations
 

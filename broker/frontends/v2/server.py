@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from broker.frontends.internal.forwarder import Forwarder
 from broker.frontends.v2.interceptor import V2GuardInterceptor
-from broker.frontends.v2.leader import LeaderCalls
 from broker.frontends.v2.routes import NameServerRoutes
 from broker.frontends.v2.service import SERVICE_NAME, MessagingServicer, V2Config
 from dledger.server import StartError
@@ -71,24 +71,17 @@ class V2Port:
         if self.security.plaintext_port and self.security.tls is None:
             raise ValueError("a plaintext v2 port beside a plaintext one: set tls")
         node = broker.node
-        self.leader = LeaderCalls(
-            node,
-            broker.sender,
-            broker.pops,
-            broker.subgroups,
-            self.security.client,
-            broker.txns,
-        )
+        self.forwarder = Forwarder(node, broker.leader_ops, self.security.client)
         self.routes = (
             NameServerRoutes(namesrv_addrs, self.security.client) if namesrv_addrs else None
         )
-        topics, applied = broker.topics, broker.applied
-        self.servicer = MessagingServicer(node, topics, applied, self.leader, cfg, self.routes)
+        parts = (node, broker.topics, broker.applied, broker.subgroups, self.forwarder)
+        self.servicer = MessagingServicer(*parts, cfg, self.routes)
         self.addr = f"{bind_host}:{cfg.port}"
         self._plain: MessagingServicer | None = None
         if self.security.plaintext_port:
             local = dataclasses.replace(cfg, host=PLAINTEXT_HOST, port=self.security.plaintext_port)
-            self._plain = MessagingServicer(node, topics, applied, self.leader, local, None)
+            self._plain = MessagingServicer(*parts, local, None)
         self._servers: list[grpc.aio.Server] = []
 
     def _server(self, servicer: MessagingServicer) -> grpc.aio.Server:
@@ -132,6 +125,6 @@ class V2Port:
         for servicer in (self.servicer, self._plain):
             if servicer is not None:
                 await servicer.renewals.close()
-        await self.leader.close()
+        await self.forwarder.close()
         if self.routes is not None:
             await self.routes.close()

@@ -2,8 +2,9 @@
 
 A thin adapter like :mod:`broker.frontends.v1.service`: each RPC checks and converts the protocol's
 fields and calls the broker's components (topics from :class:`broker.components.topics.Topics`,
-sends through :class:`broker.frontends.v2.leader.LeaderCalls` onto
-:class:`broker.components.sending.SendPath`); the clients' Settings live in
+leader operations as typed requests through the one forwarder,
+:class:`broker.frontends.internal.forwarder.Forwarder`, onto
+:mod:`broker.components.leaderops`); the clients' Settings live in
 :class:`broker.frontends.v2.clients.ClientTable`. Every answer carries its outcome in the body's
 ``Status`` (OK = 20000), as RocketMQ 5 clients expect: a failure is never a bare gRPC error. What is
 served and what is not yet: docs/RMQ5.md.
@@ -19,19 +20,32 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.components.applied import AppliedMessages
-from broker.components.pop import Received, ReceiveQuery
+from broker.components.leaderops import (
+    AckRequest,
+    ChangeInvisibleRequest,
+    CreateGroupRequest,
+    DeadLetterRequest,
+    EndTransactionRequest,
+    ReceiveRequest,
+    RenewRequest,
+    SendRequest,
+)
+from broker.components.pop import Received
 from broker.components.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.components.raftnode import RaftNode
+from broker.components.sending import OutgoingMessage
+from broker.components.subscriptions import SubscriptionGroups
 from broker.components.topics import Topics
 from broker.frontends import rpcmap
+from broker.frontends.internal.codec import call_pb
+from broker.frontends.internal.forwarder import Failure, Forwarder, Origin
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
@@ -43,8 +57,12 @@ from broker.frontends.v2.consuming import (
     fifo_queue,
     message_group_problem,
 )
-from broker.frontends.v2.interceptor import Caller, current_caller, refusal_response
-from broker.frontends.v2.leader import Failure, LeaderCalls
+from broker.frontends.v2.interceptor import (
+    Caller,
+    caller_signature,
+    current_caller,
+    refusal_response,
+)
 from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.frontends.v2.routes import GroupTopic, NameServerRoutes
 from broker.frontends.v2.txn import ProducerStreams, merged
@@ -190,7 +208,7 @@ def _client_id(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-def _ms(d: Any, field: str) -> int:
+def _ms(d: Duration | Timestamp, field: str) -> int:
     """A Duration or Timestamp of the request in ms; ``BAD_REQUEST`` naming ``field`` when it
     is negative, beyond :data:`MAX_FIELD_MS` or not a valid protobuf value."""
     seconds, nanos = int(d.seconds), int(d.nanos)
@@ -203,13 +221,20 @@ def _ms(d: Any, field: str) -> int:
     return min(seconds * 1000 + nanos // 1_000_000, MAX_FIELD_MS)
 
 
-def _ms_as(code: str, d: Any, field: str) -> int:
+def _ms_as(code: str, d: Duration | Timestamp, field: str) -> int:
     """:func:`_ms` with the protocol's own code for the field (all of them 400xx, bad
     requests)."""
     try:
         return _ms(d, field)
     except V2Error as exc:
         raise V2Error(code, exc.text) from None
+
+
+class Named(Protocol):
+    """What the front end reads of a v2 ``Resource`` (a topic or a group)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 def _duration(ms: int) -> Duration:
@@ -227,13 +252,15 @@ class MessagingServicer:
         node: RaftNode,
         topics: Topics,
         applied: AppliedMessages,
-        leader: LeaderCalls,
+        subgroups: SubscriptionGroups,
+        forwarder: Forwarder,
         cfg: V2Config,
         routes: NameServerRoutes | None = None,
     ) -> None:
         self.node = node
         self.topics = topics
-        self.leader = leader
+        self.subgroups = subgroups
+        self.forwarder = forwarder
         self.cfg = cfg
         self.routes = routes
         self.clients = ClientTable(max_per_user=cfg.clients_per_user)
@@ -417,7 +444,7 @@ class MessagingServicer:
                 )
             )
             return out
-        group = self.leader.subgroups.get(asked.subscription.group.name)
+        group = self.subgroups.get(asked.subscription.group.name)
         out.backoff_policy.CopyFrom(consumer_backoff(asked.user_agent.language, group))
         sub = out.subscription
         if asked.subscription.HasField("group"):
@@ -435,16 +462,14 @@ class MessagingServicer:
         every path: the leader's own and the forward, which the leader's guard checks again).
         A refusal, a full table or a used-up quota fail the Settings; another failure (no
         leader) leaves the defaults in force, and the next Settings tries again."""
-        if self.leader.subgroups.known(name):
+        if self.subgroups.known(name):
             return
-        create = pb.UpdateSubscriptionGroupRequest(
-            config=pb.SubscriptionGroup(group=name), create_only=True
-        )
-        refused = caller.check(rpcmap.BROKER + "UpdateSubscriptionGroup", create)
+        create = CreateGroupRequest(name)
+        refused = caller.check(rpcmap.LEADER_OPS + "Call", call_pb(create))
         if refused is not None:
             raise Failure(refused.code, refused.reason)
         try:
-            await self.leader.create_group(name, caller.user, caller.unbounded)
+            await self.forwarder.call(create, _origin(caller))
         except Failure as exc:
             if exc.code in GROUP_CREATION_REFUSED:
                 raise
@@ -485,8 +510,10 @@ class MessagingServicer:
             if group:  # FIFO: every message of the group in one queue, in send order
                 queue_id = fifo_queue(group, topic.write_queue_nums)
             kind = topic.message_type
-            messages = [_stored_message(m, name, kind, queue_id, group) for m in request.messages]
-            stored = await self.leader.send(name, messages)
+            messages = tuple(
+                _stored_message(m, name, kind, queue_id, group) for m in request.messages
+            )
+            stored = await self.forwarder.call(SendRequest(name, messages), _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             entries = [v2_service.SendResultEntry(status=st) for _ in range(n)]
@@ -514,7 +541,8 @@ class MessagingServicer:
             if request.resolution not in (v2.COMMIT, v2.ROLLBACK):
                 raise V2Error("BAD_REQUEST", "resolution must be COMMIT or ROLLBACK")
             commit = request.resolution == v2.COMMIT
-            await self.leader.end_transaction(topic, found.group(1), request.transaction_id, commit)
+            end = EndTransactionRequest(topic, found.group(1), request.transaction_id, commit)
+            await self.forwarder.call(end, _origin())
         except Exception as exc:
             return v2_service.EndTransactionResponse(status=_status_of(exc, self.node))
         return v2_service.EndTransactionResponse(status=status())
@@ -528,7 +556,7 @@ class MessagingServicer:
             query = self._receive_query(request, context)
             left_s = context.time_remaining()
             answer_ms = None if left_s is None else int(left_s * 1000) - RECEIVE_DEADLINE_MARGIN_MS
-            received = await self.leader.receive(query, answer_ms)
+            received = await self.forwarder.receive(query, _origin(), answer_ms)
         except Exception as exc:
             yield v2_service.ReceiveMessageResponse(status=_status_of(exc, self.node))
             return
@@ -547,7 +575,7 @@ class MessagingServicer:
             yield v2_service.ReceiveMessageResponse(message=self._v2_message(r, namespace))
         yield v2_service.ReceiveMessageResponse(status=status())
 
-    def _receive_query(self, request: Any, context: grpc.aio.ServicerContext) -> ReceiveQuery:
+    def _receive_query(self, request: Any, context: grpc.aio.ServicerContext) -> ReceiveRequest:
         group = _group_name(request.group)
         topic = _topic_name(request.message_queue.topic)
         expression = request.filter_expression
@@ -578,18 +606,7 @@ class MessagingServicer:
         # As the proxy does, the queue only names the broker: a receive pops from every
         # readable queue of this group (-1), so a client never long-polls an empty queue
         # while another holds messages.
-        who = current_caller()
-        return ReceiveQuery(
-            group,
-            topic,
-            -1,
-            batch,
-            invisible_ms,
-            expression.expression,
-            poll_ms,
-            who.user,
-            who.unbounded,
-        )
+        return ReceiveRequest(group, topic, -1, batch, invisible_ms, expression.expression, poll_ms)
 
     def _v2_message(self, r: Received, namespace: str) -> Any:
         m = r.message
@@ -628,7 +645,8 @@ class MessagingServicer:
                 raise V2Error("BAD_REQUEST", f"{len(entries)} entries; 1 to {MAX_ACK_ENTRIES}")
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
-            codes = await self.leader.ack(group, topic, [e.receipt_handle for e in entries])
+            ack = AckRequest(group, topic, tuple(e.receipt_handle for e in entries))
+            codes = await self.forwarder.call(ack, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             return v2_service.AckMessageResponse(status=st, entries=_ack_entries(entries, st))
@@ -655,13 +673,14 @@ class MessagingServicer:
             self.renewals.forget((request.receipt_handle,))
             # A push consumer's nack waits at least the group's backoff, whatever delay the
             # client computed (the Node.js client 1.0.8 sends its backoff's seconds as ms).
-            changed = await self.leader.change_invisible(
+            change = ChangeInvisibleRequest(
                 group,
                 topic,
                 request.receipt_handle,
                 invisible_ms,
                 backoff_floor=self._is_push_consumer(context),
             )
+            changed = await self.forwarder.call(change, _origin())
         except Exception as exc:
             return v2_service.ChangeInvisibleDurationResponse(status=_status_of(exc, self.node))
         return v2_service.ChangeInvisibleDurationResponse(
@@ -679,7 +698,8 @@ class MessagingServicer:
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
             self.renewals.forget((request.receipt_handle,))
-            await self.leader.dead_letter(group, topic, request.receipt_handle)
+            dead = DeadLetterRequest(group, topic, request.receipt_handle)
+            await self.forwarder.call(dead, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             return v2_service.ForwardMessageToDeadLetterQueueResponse(status=st)
@@ -687,7 +707,7 @@ class MessagingServicer:
 
     async def QueryAssignment(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            group = self.leader.subgroups.get(_group_name(request.group))
+            group = self.subgroups.get(_group_name(request.group))
             name = _topic_name(request.topic)
             topic = self.topics.get(name)
             own = await self._route_groups(name, request)
@@ -703,7 +723,8 @@ class MessagingServicer:
     async def _renew(
         self, group: str, topic: str, handles: list[str], invisible_ms: int
     ) -> list[str]:
-        return await self.leader.renew(group, topic, handles, invisible_ms)
+        renew = RenewRequest(group, topic, tuple(handles), invisible_ms)
+        return await self.forwarder.call(renew, _origin())
 
 
 # RPCs not served yet (docs/RMQ5.md): each answers NOT_IMPLEMENTED in its body's status (the
@@ -719,14 +740,18 @@ NOT_SERVED_STREAMING = ("PullMessage",)
 
 
 def _unary_not_served(rpc: str) -> Callable[..., Awaitable[Any]]:
-    async def handler(self: MessagingServicer, request: Any, context: Any) -> Any:
+    async def handler(
+        self: MessagingServicer, request: object, context: grpc.aio.ServicerContext
+    ) -> Any:
         return getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
 
     return handler
 
 
 def _streaming_not_served(rpc: str) -> Callable[..., AsyncIterator[Any]]:
-    async def handler(self: MessagingServicer, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def handler(
+        self: MessagingServicer, request: object, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         yield getattr(v2_service, f"{rpc}Response")(status=_not_served(rpc))
 
     return handler
@@ -774,7 +799,7 @@ def _not_served(rpc: str) -> Any:
     return status("NOT_IMPLEMENTED", f"{rpc} is not served by raftmq yet (docs/RMQ5.md)")
 
 
-def _group_name(resource: Any) -> str:
+def _group_name(resource: Named) -> str:
     name = resource.name
     if not is_valid_group_name(name):
         raise V2Error("ILLEGAL_CONSUMER_GROUP", f"group name {name[:130]!r} is not valid")
@@ -794,7 +819,7 @@ def _ack_entries(entries: Any, st: Any) -> list[Any]:
     ]
 
 
-def _topic_name(resource: Any) -> str:
+def _topic_name(resource: Named) -> str:
     name = resource.name
     if not is_valid_topic_name(name):
         raise V2Error("ILLEGAL_TOPIC", f"topic name {name[:130]!r} is not valid")
@@ -881,8 +906,8 @@ def _type_name(kind: int) -> str:
 
 def _stored_message(
     m: Any, topic: str, topic_type: str, queue_id: int, group: str = ""
-) -> pb.Message:
-    """A v2 message as the broker stores it (a ``raftmq.broker.v1.Message``): its id's 16
+) -> OutgoingMessage:
+    """A v2 message as the broker stores it (the neutral message of a send): its id's 16
     bytes as the uniq id, tag, keys, user properties, born host and time. The codec checks
     the sizes (body, properties, host) when it encodes."""
     if m.topic.name != topic:
@@ -925,17 +950,24 @@ def _stored_message(
         properties[PROPERTY_TRANSACTION_PREPARED] = "true"
     if kind == v2.DELAY:
         properties[PROPERTY_TIMER_DELIVER_MS] = str(_delivery_ms(sp))
-    return pb.Message(
+    return OutgoingMessage(
         topic=topic,
         queue_id=queue_id,
         tags=sp.tag,
-        keys=list(sp.keys),
+        keys=tuple(sp.keys),
         properties=properties,
         body=m.body,
         born_host=sp.born_host,
         born_timestamp_ms=born_ms,
         msg_id=found.group(1),
     )
+
+
+def _origin(caller: Caller | None = None) -> Origin:
+    """The v2 call being served as the original caller of a leader operation: its user and
+    the signature entries a forward carries (the leader's guard checks that user again)."""
+    who = current_caller() if caller is None else caller
+    return Origin(who.user, who.unbounded, caller_signature())
 
 
 def _delivery_ms(sp: Any) -> int:
