@@ -148,9 +148,9 @@ from dledger.core.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.progress import ProgressState
 from dledger.core.raft import (
     PeerStatus,
-    ProgressState,
     Proposal,
     RaftNode,
     Ready,
