@@ -19,14 +19,13 @@ import functools
 import heapq
 import itertools
 import logging
-import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
@@ -39,7 +38,6 @@ from dledger.chain import agree
 from dledger.chain import fmt as chain_fmt
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
-    MAX_ENTRIES_PER_PROPOSAL,
     ChangeKind,
     ConfChange,
     ConfigError,
@@ -60,8 +58,6 @@ from dledger.log import (
     Entry,
     EntryType,
     HardState,
-    IndexOutOfRangeError,
-    LogCompactedError,
     persist,
 )
 from dledger.server import rpcguard, status
@@ -72,13 +68,12 @@ from dledger.server.chaincheck import (
     chain_check_loop,
     peer_asker,
 )
-from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
+from dledger.server.client_service import ClientServicer
+from dledger.server.convert import echo, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
-from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of, to_response
+from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
 from dledger.server.guard import CallGuard, GuardInterceptor
-from dledger.server.health import chain_or_none, health_fields
 from dledger.server.logroom import LogRoom
-from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
     JOIN_RETRY_MS,
     MAX_SETTING_NAME_CHARS,
@@ -91,6 +86,7 @@ from dledger.server.membership import (
     save_conf,
 )
 from dledger.server.metrics import RaftStats
+from dledger.server.peer_service import PeerServicer
 from dledger.server.promises import (
     PromiseError,
     held,
@@ -113,13 +109,11 @@ from dledger.server.snapshots import (
     MAX_SNAPSHOT_BYTES_PER_S,
     MIN_SNAPSHOT_BYTES_PER_S,
     SnapshotReceiver,
-    SnapshotRefused,
     SnapshotSender,
     clear_staging,
     finish_install,
     install_app,
     pending_install,
-    refused_status,
 )
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
 from dledger.storage import (
@@ -137,34 +131,25 @@ from dledger.storage.retention import (
     DEFAULT_MAX_LAG_RETENTION_HOURS,
 )
 from dledger.storage.store import META_FILE
-from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
-from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
 
 logger = logging.getLogger(__name__)
 
-# Bytes of entry bodies one Get returns at most (a client pages through larger ranges).
-GET_MAX_BYTES = 4 << 20
-# Entries one Get returns at most.
-GET_MAX_COUNT = 10_000
 # How often the applied/commit checkpoint is written while entries are being applied.
 CHECKPOINT_INTERVAL_MS = 1000
 # How often a node checks whether retention may delete old segments (deletion itself happens
 # only at the deleteWhen hours), and how long it waits for the leader's view of the members.
 RETENTION_CHECK_INTERVAL_S = 60.0
 RETENTION_RPC_TIMEOUT_S = 3.0
-# Characters of a client-supplied name (group) or peer metadata echoed in an error detail:
-# details stay far below gRPC's metadata limit whatever the request carried.
-ECHO_MAX_CHARS = 64
 # Entry types the log client service (DLedgerClient.Append) accepts by default: only plain
 # entries. Types 0..15 are dledger's own and 16..255 the application's internal records, which
 # the application proposes itself (DLedgerNode.propose) and must never take from outside.
 DEFAULT_CLIENT_ENTRY_TYPES = frozenset({int(EntryType.NORMAL)})
 # Peer messages dropped by the node before the core (keys of DLedgerNode.dropped(), with the
-# core's DROP_* reasons): a stream refused at its start, a message claiming another sender than
-# its stream, a message malformed in itself, a batch nested in a batch.
-DROP_STREAM_REFUSED = "stream_refused"
+# core's DROP_* reasons): a stream refused at its start (peer_service.DROP_STREAM_REFUSED), a
+# message claiming another sender than its stream, a message malformed in itself, a batch
+# nested in a batch.
 DROP_SENDER_MISMATCH = "sender_mismatch"
 DROP_INVALID = "invalid"
 DROP_NESTED_BATCH = "nested_batch"
@@ -175,27 +160,9 @@ DROP_DISK_FULL = "disk_full"
 # How long the ready loop waits before it retries a persist job the full disk refused: short
 # enough that writes resume quickly once space is freed, long enough not to spin.
 PERSIST_RETRY_MS = 100
-# A Get that met a damaged entry answers DATA_LOSS before the node restarts to repair: time
-# for the answer to leave.
-DAMAGE_ANSWER_GRACE_S = 0.2
 # Where the extra plaintext client port (NodeConfig.plaintext_client_port) listens: local
 # tools only, never the network.
 PLAINTEXT_CLIENT_HOST = "127.0.0.1"
-
-
-def _echo(text: str) -> str:
-    """``text`` as it may appear in an error detail or a log line: bounded, repr-quoted."""
-    return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
-
-
-def _disk_space(path: os.PathLike[str] | str) -> tuple[int, int]:
-    """``Metadata``'s disk fields: the store's file system, total and free bytes (one
-    ``statvfs``, about a microsecond); zeros when it cannot be read."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return 0, 0
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 class StateMachine(Protocol):
@@ -631,14 +598,14 @@ class DLedgerNode:
         cfg = self.cfg
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
         rpcguard.add_servicer(
-            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
+            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, PeerServicer(self)
         )
         self._client_server = grpc.aio.server(
             options=SERVER_OPTIONS,
             interceptors=[GuardInterceptor(self._call_guard)] if self._call_guard else None,
         )
         rpcguard.add_servicer(
-            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
+            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, ClientServicer(self)
         )
         client_names = ["raftmq.dledger.v1.DLedgerClient"]
         for register in self._client_services:
@@ -800,7 +767,7 @@ class DLedgerNode:
             return
         if m.from_id != sender:
             self.note_drop(
-                DROP_SENDER_MISMATCH, f"claiming from={_echo(m.from_id)} on stream of {sender}"
+                DROP_SENDER_MISMATCH, f"claiming from={echo(m.from_id)} on stream of {sender}"
             )
             return
         problem = validate(m)
@@ -1542,338 +1509,3 @@ def _stable_prefix(rd: Ready) -> Sequence[Entry]:
             break
         n += 1
     return rd.committed[:n]
-
-
-class _PeerServicer(pb_grpc.DLedgerPeerServicer):
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    async def Stream(
-        self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
-    ) -> pb.PeerAck:
-        sender = await self._sender(context)
-        received = 0
-        async for pm in request_iterator:
-            received += 1
-            self.node.on_peer_message(sender, pm)
-        return pb.PeerAck(received=received)
-
-    async def Join(
-        self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JoinResponse:
-        node = self.node
-        if node.cfg.tls is None:
-            sender = await self._claimed_sender(context)
-        else:
-            sender = await self._certified_sender(context)
-        if request.group != node.cfg.group or request.node_id != sender:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.PEER_IDENTITY,
-                    f"{_echo(sender)} cannot join as {_echo(request.node_id)} of group "
-                    f"{_echo(request.group)}",
-                ),
-            )
-        try:
-            return await node.join(request)
-        except (DLedgerError, TimeoutError) as exc:
-            failure = status.dledger_failure(exc, node)
-            if failure is None:
-                raise
-            await status.abort(context, failure)
-
-    async def InstallSnapshot(
-        self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
-    ) -> pb.SnapshotReply:
-        sender = await self._sender(context)
-        try:
-            return await self.node.snapshots_in.receive(sender, request_iterator)
-        except SnapshotRefused as exc:
-            await status.abort(context, refused_status(exc))
-            raise  # unreachable: abort raises
-
-    async def Holdings(
-        self, request: pb.HoldingsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.HoldingsResponse:
-        """What this member's log holds, for a repairing member (dledger.server.goodcopy);
-        authenticated like Stream."""
-        await self._sender(context)
-        node = self.node
-        if request.group != node.cfg.group:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.NOT_A_MEMBER,
-                    f"this member is of group {_echo(node.cfg.group)}, not {_echo(request.group)}",
-                ),
-            )
-        h = holdings_of(node)
-        return to_response(h, chain_or_none(node, h.last_index) or 0)
-
-    async def _sender(self, context: grpc.aio.ServicerContext) -> str:
-        """The member calling (the call is refused when it is none)."""
-        if self.node.cfg.tls is None:
-            return await self._claimed_sender(context)
-        return await self._certified_sender(context)
-
-    async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
-        """Mutual TLS: the member its certificate names (dledger.server.members)."""
-        cfg = self.node.cfg
-        sender = stream_sender(
-            context.auth_context(),
-            context.invocation_metadata() or (),
-            cfg.group,
-            cfg.self_id,
-            _AcceptedPeers(self.node),
-        )
-        if isinstance(sender, Refused):
-            REFUSALS.count(
-                sender.reason, f"node={cfg.self_id} peer={context.peer()} {sender.failure.detail}"
-            )
-            await status.abort(context, sender.failure)
-        return sender
-
-    async def _claimed_sender(self, context: grpc.aio.ServicerContext) -> str:
-        """Plaintext: the member the stream's headers name (anyone who can reach the peer port
-        can claim to be a member; tlsEnable closes that)."""
-        node = self.node
-        md = dict(context.invocation_metadata() or ())
-        group, sender = md.get("x-raftmq-group", ""), md.get("x-raftmq-from", "")
-        # x-raftmq-client-addr is ignored: redirects use configured addresses only.
-        if (
-            group != node.cfg.group
-            or len(sender) > MAX_NODE_ID_CHARS
-            or not node.accepts_peer(sender)
-        ):
-            node.note_drop(DROP_STREAM_REFUSED, f"group={_echo(group)} from={_echo(sender)}")
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.NOT_A_MEMBER,
-                    f"of group {_echo(node.cfg.group)}: group={_echo(group)} from={_echo(sender)}",
-                ),
-            )
-        return str(sender)
-
-
-class _AcceptedPeers:
-    """The members a peer stream may come from, as the configuration says (a container)."""
-
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    def __contains__(self, node_id: object) -> bool:
-        return isinstance(node_id, str) and self.node.accepts_peer(node_id)
-
-
-# ChangeMemberRequest.kind -> the core's change.
-_CHANGE_KINDS = {k.name: k for k in ChangeKind}
-
-
-class _ClientServicer(pb_grpc.DLedgerClientServicer):
-    """The log client service. Errors become statuses through :mod:`dledger.server.status`
-    (:meth:`_fail` for dledger's errors, :func:`_invalid` for refused requests)."""
-
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    async def _check_group(self, group: str, context: grpc.aio.ServicerContext) -> None:
-        if group and group != self.node.cfg.group:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.NOT_FOUND,
-                    E.UNKNOWN_GROUP,
-                    f"this node serves group {_echo(self.node.cfg.group)}, not {_echo(group)}",
-                ),
-            )
-
-    async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
-        """End the call with the status of ``exc``, one of dledger's errors or a quorum
-        timeout (anything else is raised again: gRPC answers UNKNOWN and logs it)."""
-        failure = status.dledger_failure(exc, self.node)
-        if failure is None:
-            raise exc
-        await status.abort(context, failure)
-
-    async def Append(
-        self, request: pb.AppendEntriesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.AppendEntriesResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        entry_type = request.type
-        if entry_type not in node.cfg.client_entry_types:
-            await status.abort(
-                context,
-                _invalid(
-                    E.ENTRY_TYPE_NOT_ALLOWED,
-                    f"type {entry_type} cannot be appended by clients "
-                    f"(allowed: {sorted(node.cfg.client_entry_types)})",
-                ),
-            )
-        bodies = request.bodies
-        if len(bodies) > MAX_ENTRIES_PER_PROPOSAL:
-            await status.abort(
-                context,
-                _invalid(
-                    E.TOO_MANY_ENTRIES, f"{len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}"
-                ),
-            )
-        max_body = node.store.config.max_body_bytes
-        for i, b in enumerate(bodies):
-            if len(b) > max_body:
-                # No retry can ever store it: distinct from the retryable BACK_PRESSURE.
-                await status.abort(
-                    context,
-                    _invalid(
-                        E.ENTRY_TOO_LARGE, f"body {i} has {len(b)} bytes, the limit is {max_body}"
-                    ),
-                )
-        try:
-            first, last, term = await node.propose(list(bodies), entry_type)
-        except (DLedgerError, TimeoutError) as exc:
-            await self._fail(context, exc)
-        return pb.AppendEntriesResponse(first_index=first, last_index=last, term=term)
-
-    async def Get(
-        self, request: pb.GetRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        commit = node.core.commit_index
-        if request.index < 1:
-            await status.abort(context, _invalid(E.INVALID_INDEX, "index must be >= 1"))
-        if request.index > commit:
-            return pb.GetResponse(commit_index=commit)
-        count = min(max(1, request.max_count), GET_MAX_COUNT, commit - request.index + 1)
-        max_bytes = min(request.max_bytes or GET_MAX_BYTES, GET_MAX_BYTES)
-        try:
-            entries = node.store.read_range(request.index, max_bytes, max_count=count)
-        except LogCompactedError as exc:
-            await self._fail(context, exc)
-        except CorruptLogError as exc:
-            # Answer first (DATA_LOSS LOG_DAMAGED index=...), then repair.
-            asyncio.get_running_loop().call_later(DAMAGE_ANSWER_GRACE_S, node.on_damage, exc, "get")
-            await self._fail(context, exc)
-        except IndexOutOfRangeError:
-            entries = []
-        resp = pb.GetResponse(commit_index=commit)
-        add = resp.entries.add  # in place: a list of Entry messages would be merged (copied)
-        for e in entries:
-            add(term=e.term, index=e.index, type=e.type, body=e.body)
-        return resp
-
-    async def Metadata(
-        self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
-    ) -> pb.MetadataResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        st = node.core.status()
-        leader, addr = node.leader_client_addr()
-        disk_total, disk_free = _disk_space(node.store.root)
-        resp = pb.MetadataResponse(
-            group=node.cfg.group,
-            self_id=node.cfg.self_id,
-            role=st.role.name,
-            term=st.term,
-            leader_id=leader or "",
-            leader_client_addr=addr,
-            commit_index=st.commit_index,
-            applied_index=st.applied_index,
-            first_index=node.store.first_index(),
-            last_index=st.last_index,
-            flushed_index=node.store.flushed_index(),
-            peers=[
-                pb.PeerProgress(id=p.peer_id, match_index=p.match_index, next_index=p.next_index)
-                for p in st.peers
-            ],
-            store_path=str(node.store.root),
-            refusals=REFUSALS.snapshot(),
-            disk_total_bytes=disk_total,
-            disk_free_bytes=disk_free,
-        )
-        resp.MergeFrom(health_fields(node, request.chain_index))
-        return resp
-
-    async def ListMembers(
-        self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListMembersResponse:
-        await self._check_group(request.group, context)
-        return _list_members(self.node)
-
-    async def ChangeMember(
-        self, request: pb.ChangeMemberRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ChangeMemberResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        kind = _CHANGE_KINDS.get(request.kind)
-        if kind is None:
-            await status.abort(
-                context,
-                _invalid(
-                    E.UNKNOWN_CHANGE,
-                    f"kind {_echo(request.kind)} is not one of {sorted(_CHANGE_KINDS)}",
-                ),
-            )
-        adding = kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER)
-        if adding and not request.peer_addr:
-            await status.abort(
-                context, _invalid(E.PEER_ADDR_REQUIRED, "a new member needs its peer_addr")
-            )
-        change = ConfChange(kind, request.node_id, request.peer_addr, request.client_addr)
-        try:
-            proposal = await node.change_member(change)
-        except (DLedgerError, TimeoutError) as exc:
-            await self._fail(context, exc)
-        return pb.ChangeMemberResponse(
-            members=node.members(), index=proposal.last_index, term=proposal.term
-        )
-
-    async def TransferLeadership(
-        self, request: pb.TransferLeadershipRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TransferLeadershipResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        try:
-            node.core.transfer_leadership(request.target_id)
-        except DLedgerError as exc:
-            await self._fail(context, exc)
-        node._wake()
-        deadline = time.monotonic() + node.cfg.election_timeout_ms * 4 / 1000
-        while node.core.leader_id != request.target_id and time.monotonic() < deadline:
-            await node.wait_leader_change(deadline - time.monotonic())
-        if node.core.leader_id != request.target_id:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    E.TRANSFER_TIMEOUT,
-                    f"leader is still {node.core.leader_id}",
-                    leader_id=node.core.leader_id or "",
-                    leader_addr=node.leader_client_addr()[1],
-                    retryable=True,
-                ),
-            )
-        return pb.TransferLeadershipResponse(
-            leader_id=node.core.leader_id or "", term=node.core.term
-        )
-
-
-def _list_members(node: DLedgerNode) -> pb.ListMembersResponse:
-    conf = node.core.conf_state
-    return pb.ListMembersResponse(
-        members=node.members(),
-        leader_id=node.core.leader_id or "",
-        config_index=conf.index,
-        config_committed=conf.index <= node.core.commit_index,
-        term=node.core.term,
-    )
-
-
-def _invalid(code: str, text: str) -> status.RpcFailure:
-    """A request this node refuses whatever its state: not retryable."""
-    return status.RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, code, text)

@@ -264,13 +264,13 @@ async def _lead_with_first_entry_acked(node: DLedgerNode, sent: list[Message]) -
 
 
 def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
-    from dledger.server.node import _disk_space
+    from dledger.server.client_service import disk_space
 
     st = os.statvfs(tmp_path)
-    total, free = _disk_space(tmp_path)
+    total, free = disk_space(tmp_path)
     assert total == st.f_blocks * st.f_frsize > 0
     assert 0 < free <= total
-    assert _disk_space(tmp_path / "gone") == (0, 0)
+    assert disk_space(tmp_path / "gone") == (0, 0)
 
 
 def _promise_fsyncs_per_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
