@@ -56,7 +56,6 @@ from dledger.log import (
     Entry,
     EntryType,
     HardState,
-    persist,
 )
 from dledger.server import rpcguard, status
 from dledger.server.chaincheck import (
@@ -87,15 +86,13 @@ from dledger.server.nodeconfig import (
     StateMachine,
 )
 from dledger.server.peer_service import PeerServicer
+from dledger.server.persister import ReadyPersister
 from dledger.server.promises import (
     PromiseError,
-    held,
     hold_promise,
     promise_ahead_entries,
     promise_file,
     recover,
-    write_promise,
-    write_promise_ahead,
 )
 from dledger.server.scrub import (
     Scrubber,
@@ -111,7 +108,6 @@ from dledger.server.snapshots import (
 )
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
 from dledger.storage import (
-    DiskFullError,
     FlushDiskType,
     SegmentedLogStore,
     codec,
@@ -135,13 +131,6 @@ RETENTION_RPC_TIMEOUT_S = 3.0
 DROP_SENDER_MISMATCH = "sender_mismatch"
 DROP_INVALID = "invalid"
 DROP_NESTED_BATCH = "nested_batch"
-# A persist job refused because the disk is full (the store writes nothing of the append and
-# nothing of the Ready that depends on it is sent; the job is retried every PERSIST_RETRY_MS
-# until space returns: docs/STORAGE.md).
-DROP_DISK_FULL = "disk_full"
-# How long the ready loop waits before it retries a persist job the full disk refused: short
-# enough that writes resume quickly once space is freed, long enough not to spin.
-PERSIST_RETRY_MS = 100
 # Where the extra plaintext client port (NodeConfig.plaintext_client_port) listens: local
 # tools only, never the network.
 PLAINTEXT_CLIENT_HOST = "127.0.0.1"
@@ -203,8 +192,6 @@ class DLedgerNode:
         self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
-        # The promise file's writes beside the log's flush (one at a time, like the flush).
-        self._promise_pool = concurrent.futures.ThreadPoolExecutor(1, f"promise-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
         self._leader_changed = asyncio.Event()
@@ -212,11 +199,8 @@ class DLedgerNode:
         self._notice_release: asyncio.TimerHandle | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
-        # The promise file (dledger.server.promises), set at start: its writer, the hard state
-        # its copy must carry, and the highest index the core asked to promise.
-        self._promises: PromiseWriter
-        self._hard_state = HardState()
-        self._promise_wanted = 0
+        # The persist jobs and the promise file (dledger.server.persister), set at start.
+        self._persister: ReadyPersister
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
@@ -314,12 +298,20 @@ class DLedgerNode:
         try:
             promise = promise_file(cfg.store_dir, cfg.promise_path)
             start = recover(cfg.group, cfg.self_id, self.store, promise, self._applied)
-            self._promises = start.writer
-            self._promise_ahead = promise_ahead_entries(cfg.store_dir, promise)
             if start.promise_damaged:
                 self.corruption_found["promise"] = 1
-            self._hard_state = start.hard_state
-            self._promise_wanted = start.promised.index
+            self._persister = ReadyPersister(
+                self.store,
+                self._flush_pool,
+                sync=cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH,
+                node_id=cfg.self_id,
+                promises=start.writer,
+                hard_state=start.hard_state,
+                promised=start.promised.index,
+                promise_ahead=promise_ahead_entries(cfg.store_dir, promise),
+                note_drop=self.note_drop,
+                raft_stats=self.raft_stats,
+            )
             self.core = RaftNode(
                 cfg.self_id,
                 list(cfg.peers),
@@ -455,11 +447,10 @@ class DLedgerNode:
             self.scrubber.close()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
-        self._promise_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
         with contextlib.suppress(AttributeError):  # a start that failed before it was opened
-            self._promises.close()
+            self._persister.close()
         self.store.close()
         logger.info("node=%s stopped", self.cfg.self_id)
 
@@ -973,7 +964,7 @@ class DLedgerNode:
                 await self._persist_applying(rd, stable)
                 committed = committed[len(stable) :]
             else:
-                await self._persist(rd)
+                await self._persister.persist(rd)
         for m in rd.messages:
             transport.send(m)
         if conf_committed:
@@ -994,7 +985,7 @@ class DLedgerNode:
         that earlier jobs already stored, so that what they answer does not wait for this
         job's fsync (the disk and the apply overlap, as etcd's apply and WAL write do;
         docs/PERFORMANCE.md "SYNC_FLUSH at 16 and 256 in flight")."""
-        job = asyncio.ensure_future(self._persist(rd))
+        job = asyncio.ensure_future(self._persister.persist(rd))
         try:
             await asyncio.sleep(0)  # the job reaches the flush thread before the apply runs
             self._apply(stable)
@@ -1047,6 +1038,7 @@ class DLedgerNode:
             async with self._store_lock:
                 store = await self.snapshots_in.install(meta)
                 self.store = store
+                self._persister.store = store
                 self.core.replace_store(store)
                 # The core adopted the snapshot's configuration when it accepted it; the
                 # install saved it (membership.json) before the marker goes.
@@ -1097,109 +1089,6 @@ class DLedgerNode:
         self.core.release_notices()
         self._wake()
 
-    async def _persist(self, rd: Ready) -> None:
-        """The Ready's persist job in the flush thread: hard state, cut, append and (under
-        SYNC_FLUSH) flush, and the promise (dledger.server.promises); under ASYNC_FLUSH an
-        entry in the page cache counts as stable (docs/STORAGE.md). A full disk refuses the
-        job without writing the append: it is retried until space returns, and nothing that
-        depends on it is sent meanwhile."""
-        sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        # SYNC_FLUSH, a promise beyond what the promise file covers durably, no hard state
-        # and no cut: the promise, PROMISE_AHEAD_ENTRIES ahead, is written in its own thread
-        # while the flush thread writes the log (two fdatasync side by side cost about one),
-        # recording what was durable before the job. The jobs after it only refresh the
-        # exact promise (no fdatasync) until they pass it (dledger.server.promises).
-        beside = (
-            sync
-            and rd.promise is not None
-            and rd.promise > self._promises.ceiling
-            and rd.hard_state is None
-            and rd.truncate_from is None
-            and rd.snapshot is None
-        )
-        job: Callable[[], None] = functools.partial(self._persist_job, rd, sync, beside)
-        if beside:
-            assert rd.promise is not None
-            self._promise_wanted = max(self._promise_wanted, rd.promise)
-            promise = functools.partial(
-                write_promise_ahead,
-                self._promises,
-                rd.promise,
-                self._hard_state,
-                self.store.flushed_index(),
-                self._promise_ahead,
-            )
-            job = functools.partial(self._beside_job, job, promise)
-        # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
-        # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
-        # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
-        inline = not sync and rd.hard_state is None and rd.truncate_from is None
-        if rd.entries and self.raft_stats is not None:
-            self.raft_stats.appended(rd.entries)
-        while True:
-            try:
-                if inline:
-                    job()
-                else:
-                    await asyncio.get_running_loop().run_in_executor(self._flush_pool, job)
-                return
-            except DiskFullError as exc:
-                self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
-            await asyncio.sleep(PERSIST_RETRY_MS / 1000)
-
-    def _beside_job(self, log_job: Callable[[], None], promise_job: Callable[[], None]) -> None:
-        """In the flush thread: hand the durable promise to its own thread, write and flush
-        the log here, and once both are done refresh the exact promise; the first error is
-        raised (every step is safe to run again). The event loop waits for this one job: one
-        hop to a thread and one wake-up per round, not two and a gather."""
-        promised = self._promise_pool.submit(promise_job)
-        try:
-            log_job()
-        finally:
-            # Never return (nor retry the job) while the promise write still runs: one writer.
-            failed = promised.exception()
-        if failed is not None:
-            raise failed
-        self._refresh_promise()
-
-    def _persist_job(self, rd: Ready, sync: bool, promised_beside: bool) -> None:
-        """Step 2 of the Ready contract: hard state, cut, entries, flush, then the promise
-        (with the hard state's copy) before any acknowledgement leaves, unless it is being
-        written beside this job. Under SYNC_FLUSH a job with a hard state, a cut or a
-        snapshot writes the promise durably after the log; a job whose promise the file
-        covers durably already refreshes the exact promise (no fdatasync). Under ASYNC_FLUSH
-        the promise follows what the store flushed (dledger.server.promises), written here
-        only with a hard state change; the checkpoint catches up the rest."""
-        persist(self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync)
-        if rd.hard_state is not None:
-            self._hard_state = rd.hard_state
-        if promised_beside:
-            return
-        if rd.promise is not None:
-            self._promise_wanted = max(self._promise_wanted, rd.promise)
-        if not sync:
-            if rd.hard_state is not None:
-                self._write_flushed_promise()
-            return
-        plain = rd.hard_state is None and rd.truncate_from is None and rd.snapshot is None
-        if plain and rd.promise is not None and rd.promise <= self._promises.ceiling:
-            self._refresh_promise()
-        elif rd.promise is not None or rd.hard_state is not None:
-            write_promise(self._promises, self._promise_wanted, self._hard_state)
-
-    def _refresh_promise(self) -> None:
-        """SYNC_FLUSH, in the flush thread after the log's flush: the exact promise and what
-        the store flushed, in the page cache (the durable promise covers it already);
-        nothing while the promise is held (a damaged file's repair)."""
-        if held(self._promises):
-            return
-        self._promises.refresh(self._promise_wanted, self._hard_state, self.store.flushed_index())
-
-    def _write_flushed_promise(self) -> None:
-        """ASYNC_FLUSH: promise only what the store flushed (in the flush thread)."""
-        flushed = min(self._promise_wanted, self.store.flushed_index())
-        write_promise(self._promises, flushed, self._hard_state)
-
     def _on_soft_state(self, role: Role, term: int) -> None:
         leader = self.core.leader_id
         logger.info("node=%s role=%s term=%d leader=%s", self.cfg.self_id, role.value, term, leader)
@@ -1232,27 +1121,10 @@ class DLedgerNode:
             # In the flush thread: the checkpoint is an atomic file write with fsyncs.
             await asyncio.get_running_loop().run_in_executor(
                 self._flush_pool,
-                self._checkpoint_job,
+                self._persister.checkpoint_job,
                 self.core.commit_index,
                 self._applied,
             )
-
-    def _checkpoint_job(self, commit_index: int, applied_index: int) -> None:
-        self.store.write_checkpoint(commit_index, applied_index)
-        try:
-            if self.cfg.store.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
-                self._write_flushed_promise()
-            elif self._promises.current is None and not held(self._promises):
-                # A promise file found damaged at start is rewritten once its repair ended,
-                # whether or not a new entry comes to carry it (docs/RAFT.md section 11).
-                write_promise(self._promises, self._promise_wanted, self._hard_state)
-            else:
-                # The refreshed exact promise made durable once per checkpoint: after a
-                # power cut the file is at most this far behind the acknowledgements.
-                self._promises.sync()
-        except DiskFullError as exc:
-            # Only creating the file allocates; the next checkpoint tries again.
-            logger.warning("node=%s promise not written: %s", self.cfg.self_id, exc)
 
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -371,11 +371,11 @@ def test_the_promise_file_holds_each_ack_before_it_leaves(tmp_path: Path) -> Non
         node._transport.send = send  # type: ignore[method-assign]
         node.on_peer_message("n1", to_pb(_append(0, 2), "g"))
         await _until(lambda: promised_when_sent, "the ack of index 2")
-        writes = node._promises.writes
+        writes = node._persister.promises.writes
         node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 2, 1, (), 2), "g"))
         await _until(lambda: len(promised_when_sent) == 2, "the heartbeat's answer")
         assert promised_when_sent == [(2, 2), (2, 2)]
-        assert node._promises.writes == writes  # nothing new: no write, no fsync
+        assert node._persister.promises.writes == writes  # nothing new: no write, no fsync
         got = read_promise(path)
         assert got is not None and got.hard_state.term == 1
 
