@@ -149,15 +149,8 @@ from dledger.core.messages import (
     VoteResponse,
 )
 from dledger.core.progress import ProgressState
-from dledger.core.raft import (
-    PeerStatus,
-    Proposal,
-    RaftNode,
-    Ready,
-    Role,
-    SoftState,
-    Status,
-)
+from dledger.core.raft import RaftNode
+from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 
