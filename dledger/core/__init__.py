@@ -148,16 +148,9 @@ from dledger.core.messages import (
     VoteRequest,
     VoteResponse,
 )
-from dledger.core.raft import (
-    PeerStatus,
-    ProgressState,
-    Proposal,
-    RaftNode,
-    Ready,
-    Role,
-    SoftState,
-    Status,
-)
+from dledger.core.progress import ProgressState
+from dledger.core.raft import RaftNode
+from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 

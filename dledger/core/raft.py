@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 
 from dledger.chain import CHAIN_MAX, CHAIN_UNKNOWN, agree, next_chain
 from dledger.chain import fmt as chain_fmt
@@ -63,224 +61,15 @@ from dledger.core.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.progress import Progress, ProgressState
+from dledger.core.quorum import VoteResult, committed_index, has_quorum, vote_result
 from dledger.core.raftlog import RaftLog
+from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, Repair, start_repair
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
 from dledger.log import Entry, EntryType, HardState, LogStore
 
 logger = logging.getLogger(__name__)
-
-
-class Role(enum.Enum):
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
-
-
-class ProgressState(enum.Enum):
-    PROBE = "probe"  # one append at a time until the follower's match point is found
-    REPLICATE = "replicate"  # pipelined appends, at most max_inflight_appends in flight
-    SNAPSHOT = "snapshot"  # behind the log's first index: caught up by a snapshot
-
-
-@dataclass(frozen=True, slots=True)
-class SoftState:
-    """Volatile state the driver may want to react to (routing, metrics, logs)."""
-
-    role: Role
-    term: int
-    leader_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """Everything the driver must do, in this order (the package docstring has the whole
-    procedure). Fields that are None or empty ask for nothing.
-
-    1. send ``early_messages`` (optional: they may also go with ``messages``).
-    2. persist in ONE job, in this order: ``hard_state`` (term and vote), then cut the stored
-       log from ``truncate_from`` on, then append ``entries`` (:func:`dledger.log.persist` does it).
-    3. send ``messages`` (only now: they promise what 2 made durable).
-    4. apply ``committed`` in order.
-    5. ``advance(ready)``: what 2 wrote is stable.
-    6. if ``notices_held``: call ``release_notices()`` COMMIT_NOTICE_LINGER_MS later, unless
-       such a call is already pending; if not, cancel a pending call (optional).
-    """
-
-    # Term and vote to save durably; None when unchanged since the last Ready.
-    hard_state: HardState | None
-    # Cut the stored log from this index on (every entry >= it goes) before appending
-    # ``entries``: a follower's log conflicted with its leader's. None: no cut.
-    truncate_from: int | None
-    # Entries to append to the stored log, consecutive, the first at its last index + 1 (after
-    # the cut). Not counted by this node (as a vote or an ack) before advance().
-    entries: tuple[Entry, ...]
-    # Messages that promise nothing about this node's disk: a leader's appends and heartbeats
-    # (its term was made durable before its vote requests went out; it counts its own entries
-    # only once stable) and TimeoutNow. Sending them before the persist overlaps the leader's
-    # disk write with the followers' (Raft thesis 10.2.1).
-    early_messages: tuple[Message, ...]
-    # Messages to send only after the persist: votes, vote requests, append answers.
-    messages: tuple[Message, ...]
-    # Committed entries to apply, consecutive, continuing the previous Ready. All are stable
-    # or in ``entries``: those in ``entries`` are applied only after the persist, the stable
-    # ones may be applied while it runs.
-    committed: tuple[Entry, ...]
-    # Role, term and leader when they changed since the last Ready, else None.
-    soft_state: SoftState | None
-    # True while the leader holds commit notices for followers that no append told the new
-    # commit index: the driver owes one release_notices() call COMMIT_NOTICE_LINGER_MS later
-    # (one pending call covers every notice held meanwhile). False once no notice is held
-    # (an append carried the commit): a pending call may then be cancelled, so that the
-    # next hold lingers in full. tick() releases them too.
-    notices_held: bool = False
-    # --- snapshots (dledger.core.snapshot) ---
-    # Follower: install this snapshot in step 2, after the hard state and before the entries
-    # (the log is replaced: it ends at the snapshot's index; so does the applied state).
-    snapshot: SnapshotMeta | None = None
-    # Leader: send these followers a snapshot (any time), then report_snapshot(peer, ok).
-    snapshot_requests: tuple[SnapshotRequest, ...] = ()
-    # --- promises (dledger.core.repair, docs/RAFT.md section 11) ---
-    # The highest log index this node vouches for once this Ready's job is done (a
-    # follower's acks in ``messages``; a leader's own log, which it counts towards commits
-    # once stable): make it durable in step 2 with the hard state's copy (after the hard
-    # state), before ``messages`` go and before advance(). None: it did not grow.
-    promise: int | None = None
-    # --- content-verified log matching (docs/RAFT.md section 13) ---
-    # Follower: entries this node already applied were replaced by its leader's (its copy
-    # differed by content: damaged or forged). Before applying ``committed`` (which continue
-    # from it), roll the applied state back to this index. None: nothing to roll back.
-    rewind_to: int | None = None
-
-    def must_persist(self) -> bool:
-        """Whether step 2 has anything to write."""
-        return (
-            self.hard_state is not None
-            or self.truncate_from is not None
-            or bool(self.entries)
-            or self.snapshot is not None
-            or self.promise is not None
-        )
-
-    def is_empty(self) -> bool:
-        return (
-            not self.must_persist()
-            and not self.early_messages
-            and not self.messages
-            and not self.committed
-            and self.soft_state is None
-            and not self.notices_held
-            and not self.snapshot_requests
-            and self.rewind_to is None
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """Where accepted bodies went. They are committed iff the entries at these indices are
-    committed with this ``term``; any other term at those indices means they were lost."""
-
-    term: int
-    first_index: int
-    last_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class PeerStatus:
-    peer_id: str
-    match_index: int
-    next_index: int
-    state: str
-    inflight_appends: int
-    lag_entries: int
-    recent_active: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """Read-only snapshot for a status RPC. ``peers`` is filled on the leader only."""
-
-    node_id: str
-    role: Role
-    term: int
-    leader_id: str | None
-    voted_for: str | None
-    commit_index: int
-    applied_index: int
-    last_index: int
-    flushed_index: int
-    transfer_target: str | None
-    peers: tuple[PeerStatus, ...]
-    # Messages dropped (and events refused) since start, by reason (messages.DROP_*).
-    dropped: Mapping[str, int]
-    # The configuration in force (the last one in this member's log), sorted ids.
-    voters: tuple[str, ...] = ()
-    learners: tuple[str, ...] = ()
-    # The repair state (docs/RAFT.md section 11): whether this node's log ends below what it
-    # promised, the promise, and the repairs it completed since start.
-    repairing: bool = False
-    promised_index: int = 0
-    repairs_completed: int = 0
-    # Content mismatches seen since start (a chain that differs at an index both logs hold
-    # with the same term), and how many times this follower cut committed entries because
-    # its leader's differed by content (docs/RAFT.md section 13).
-    chain_mismatches: int = 0
-    committed_repairs: int = 0
-
-
-class _Progress:
-    """The leader's view of one follower (etcd's Progress)."""
-
-    __slots__ = (
-        "back_step",
-        "commit_sent",
-        "inflight",
-        "last_heard_tick",
-        "last_sent_tick",
-        "match",
-        "next",
-        "probe_sent",
-        "repairing",
-        "snapshot_inflight",
-        "stalled_ticks",
-        "state",
-    )
-
-    def __init__(self, next_index: int) -> None:
-        self.match = 0
-        self.next = next_index
-        self.state = ProgressState.PROBE
-        self.probe_sent = False
-        self.inflight: deque[int] = deque()  # last index of each append in flight, ascending
-        self.last_heard_tick = 0  # leader tick count when this follower last answered
-        # Leader tick count when an append that asks for an answer (a heartbeat, a probe, a
-        # batch) last went to this follower: its heartbeat is due heartbeat_interval_ticks on.
-        self.last_sent_tick = 0
-        self.commit_sent = 0
-        self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
-        self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
-        self.repairing = False  # its last answer said so: not counted towards a commit
-        # How far the next probe goes back after a content mismatch (doubles each time, so
-        # a divergence n entries back is found in log2(n) rounds; 1 again after an ack).
-        self.back_step = 1
-
-    def become_probe(self, next_index: int) -> None:
-        self.state = ProgressState.PROBE
-        self.next = next_index
-        self.probe_sent = False
-        self.inflight.clear()
-        self.stalled_ticks = 0
-
-    def become_replicate(self) -> None:
-        self.state = ProgressState.REPLICATE
-        self.next = self.match + 1
-        self.probe_sent = False
-        self.inflight.clear()
-
-    def free_up_to(self, index: int) -> None:
-        while self.inflight and self.inflight[0] <= index:
-            self.inflight.popleft()
 
 
 def _check_members(
@@ -444,7 +233,7 @@ class RaftNode:
         self._leader_ticks = 0  # ticks since this node became leader (check-quorum clock)
         self._randomized_timeout = self.cfg.election_timeout_ticks
         self._votes: dict[str, bool] = {}
-        self._progress: dict[str, _Progress] = {}
+        self._progress: dict[str, Progress] = {}
         self._transferee: str | None = None
         self._transfer_elapsed = 0
         self._pending: deque[tuple[int, int]] = deque()  # (last index, bytes) per proposal
@@ -645,8 +434,16 @@ class RaftNode:
         """The driver's transfer to ``peer_id`` (a Ready's ``snapshot_requests``) of a
         snapshot at ``index`` ended: ``ok`` when the follower received it whole and was handed
         its InstallSnapshot. Ignored when this node no longer leads or the follower moved
-        on."""
-        snap.report_snapshot(self, peer_id, ok, index)
+        on. Then it probes from the snapshot on (as etcd does): its answer says where it
+        really is. A failure lets its next answer ask for a snapshot again."""
+        if self._role is not Role.LEADER:
+            return
+        pr = self._progress.get(peer_id)
+        if pr is None or pr.state is not ProgressState.SNAPSHOT:
+            return
+        if pr.snapshot_done(ok and 0 < index <= self._log.last_index(), index):
+            self._snapshots_sent += 1
+            self._send_append(peer_id)
 
     @property
     def pending_snapshot(self) -> SnapshotMeta | None:
@@ -689,7 +486,7 @@ class RaftNode:
         elif isinstance(m, VoteResponse):
             self._handle_vote_response(m)
         elif isinstance(m, InstallSnapshot):
-            snap.handle_install(self, m)
+            self._handle_install(m)
         else:
             self._handle_timeout_now(m)
         self._maybe_finish_repair()
@@ -1028,7 +825,7 @@ class RaftNode:
         nxt = self._log.last_index() + 1
         for p in self.peers:
             if p not in self._progress:
-                self._progress[p] = _Progress(nxt)
+                self._progress[p] = Progress(nxt)
         self._prune_progress()
         if self._transferee is not None and self._transferee not in conf.voters:
             self._transferee = None
@@ -1052,15 +849,6 @@ class RaftNode:
                 conf.describe(),
             )
             self._become_follower(self._term, None)
-
-    def _vote_count(self) -> tuple[int, int]:
-        """(granted, rejected) among the voters of the configuration."""
-        granted = sum(1 for p, v in self._votes.items() if v and p in self._voters)
-        rejected = sum(1 for p, v in self._votes.items() if not v and p in self._voters)
-        return granted, rejected
-
-    def _quorum(self) -> int:
-        return len(self._voters) // 2 + 1
 
     @staticmethod
     def _bad_config_entry(m: AppendRequest) -> bool:
@@ -1213,7 +1001,7 @@ class RaftNode:
             pre_vote,
             transfer,
         )
-        if self._vote_count()[0] >= self._quorum():
+        if vote_result(self._voters, self._votes) is VoteResult.WON:
             self._win_vote()
             return
         last_index = self._log.last_index()
@@ -1250,7 +1038,7 @@ class RaftNode:
         self._leader_ticks = 0
         self._votes = {}
         nxt = self._log.last_index() + 1
-        self._progress = {p: _Progress(nxt) for p in self.peers}
+        self._progress = {p: Progress(nxt) for p in self.peers}
         self._transferee = None
         self._pending.clear()
         self._pending_bytes = 0
@@ -1273,10 +1061,13 @@ class RaftNode:
             self._election_elapsed = 0  # the leader's own lease never lapses while it leads
         if self.cfg.check_quorum:
             # Step down once no majority has answered within the last election timeout.
-            active = len(self._active_members() & self._voters)
-            if active < self._quorum() and "leader_never_steps_down" not in self._mut:
+            active = self._active_members()
+            if not has_quorum(self._voters, active) and "leader_never_steps_down" not in self._mut:
                 logger.warning(
-                    "node=%s term=%d check_quorum_failed active=%d", self.id, self._term, active
+                    "node=%s term=%d check_quorum_failed active=%d",
+                    self.id,
+                    self._term,
+                    len(active & self._voters),
                 )
                 self._become_follower(self._term, None)
                 return
@@ -1311,7 +1102,7 @@ class RaftNode:
             self._heartbeat_elapsed = 0
             self._maybe_transfer_to_preferred()
 
-    def _recently_heard(self, pr: _Progress) -> bool:
+    def _recently_heard(self, pr: Progress) -> bool:
         return self._leader_ticks - pr.last_heard_tick < self.cfg.election_timeout_ticks
 
     def _maybe_transfer_to_preferred(self) -> None:
@@ -1331,7 +1122,20 @@ class RaftNode:
     def _send_heartbeat(self, peer: str, *, no_reply: bool = False) -> None:
         pr = self._progress[peer]
         # prev = match (or 0): known to match, so a heartbeat never triggers a rejection.
-        self._send(snap.heartbeat(self, peer, pr, no_reply=no_reply))
+        prev = snap.heartbeat_prev(self._log.first_index(), pr.match)
+        self._send(
+            AppendRequest(
+                self.id,
+                peer,
+                self._term,
+                prev_log_index=prev,
+                prev_log_term=self._log.term_at(prev),
+                entries=(),
+                leader_commit=self._commit,
+                no_reply=no_reply,
+                prev_log_chain=self._log.chain_at(prev),
+            )
+        )
         pr.commit_sent = max(pr.commit_sent, min(self._commit, pr.match))
         if not no_reply:
             pr.last_sent_tick = self._leader_ticks
@@ -1344,8 +1148,8 @@ class RaftNode:
         last = self._log.last_index()
         if pr.state is ProgressState.SNAPSHOT:
             return False
-        if snap.needs_snapshot(self, pr.next):
-            snap.request_snapshot(self, peer, pr)
+        if snap.needs_snapshot(self._log.first_index(), pr.next):
+            self._request_snapshot(peer, pr)
             return False
         if pr.state is ProgressState.PROBE:
             if pr.probe_sent:
@@ -1373,19 +1177,31 @@ class RaftNode:
                 prev_log_chain=self._log.chain_at(prev),
             )
         )
-        pr.commit_sent = max(pr.commit_sent, min(self._commit, prev + len(entries)))
-        pr.last_sent_tick = self._leader_ticks
-        if pr.state is ProgressState.PROBE:
-            pr.probe_sent = True
-        else:
-            pr.next = entries[-1].index + 1
-            pr.inflight.append(entries[-1].index)
+        sent_upto = prev + len(entries)
+        pr.commit_sent = max(pr.commit_sent, min(self._commit, sent_upto))
+        pr.sent(sent_upto, self._leader_ticks)
         return True
 
     def _broadcast_append(self) -> None:
         for p in list(self._progress):
             while self._send_append(p) and self._progress[p].state is ProgressState.REPLICATE:
                 pass
+
+    def _request_snapshot(self, peer: str, pr: Progress) -> None:
+        """``peer`` is behind the log's first index: the next Ready asks the driver for a
+        snapshot transfer (at most one in flight per follower)."""
+        if pr.become_snapshot():
+            self._snapshot_requests.append(SnapshotRequest(peer, self._term))
+
+    def _on_ack_in_snapshot(self, peer: str, pr: Progress) -> None:
+        """An answer from a follower in the SNAPSHOT state (its match is up to date): back to
+        probing once it can continue from what the log holds, else ask for a snapshot again
+        when none is in flight."""
+        if pr.match + 1 >= self._log.first_index():
+            pr.leave_snapshot()
+            self._send_append(peer)
+        elif not pr.snapshot_inflight:
+            self._request_snapshot(peer, pr)
 
     def _handle_append_response(self, m: AppendResponse) -> None:
         if self._role is not Role.LEADER:
@@ -1410,17 +1226,12 @@ class RaftNode:
             if m.success and m.match_index > pr.match:
                 pr.match = m.match_index
                 self._maybe_commit()
-            snap.on_ack_in_snapshot(self, m.from_id, pr)
+            self._on_ack_in_snapshot(m.from_id, pr)
             return
         if not m.success:
             self._handle_reject(m, pr)
             return
-        advanced = m.match_index > pr.match
-        if advanced:
-            pr.match = m.match_index
-            pr.next = max(pr.next, pr.match + 1)
-            pr.stalled_ticks = 0
-            pr.back_step = 1
+        advanced = pr.acked(m.match_index)
         if pr.state is ProgressState.PROBE:
             if m.match_index >= pr.next - 1:
                 pr.become_replicate()
@@ -1447,7 +1258,7 @@ class RaftNode:
         while self._send_append(m.from_id) and pr.state is ProgressState.REPLICATE:
             pass
 
-    def _handle_reject(self, m: AppendResponse, pr: _Progress) -> None:
+    def _handle_reject(self, m: AppendResponse, pr: Progress) -> None:
         """A follower refused an append whose prev it lacks or holds with another term."""
         if m.last_log_index < pr.match and m.last_log_index < m.rejected_index:
             # It lacks an index it acked: it cut its own copy since (a content repair, section
@@ -1489,7 +1300,7 @@ class RaftNode:
         self._note_chain_mismatch(m.from_id, index, m.match_chain, mine, "follower answer")
         return True
 
-    def _probe_back(self, m: AppendResponse, pr: _Progress) -> None:
+    def _probe_back(self, m: AppendResponse, pr: Progress) -> None:
         """The follower's log differs by content at or before ``index``: probe back from
         there, twice as far each time (the append that matches then cuts the follower's log
         at the first entry that differs). The follower's ack no longer counts above it."""
@@ -1515,7 +1326,7 @@ class RaftNode:
             return i
         return 0
 
-    def _forget_lost_match(self, peer: str, pr: _Progress, last_log_index: int) -> None:
+    def _forget_lost_match(self, peer: str, pr: Progress, last_log_index: int) -> None:
         """``peer`` rejects an append at or above its match with its log ending below it: it lost
         entries (its store cut damage, docs/STORAGE.md "Damage and repair"). Its match comes
         down to what it holds, so that the probe walks back and the entries are sent again.
@@ -1529,15 +1340,12 @@ class RaftNode:
             last_log_index,
             pr.match,
         )
-        pr.match = max(0, last_log_index)
-        pr.commit_sent = min(pr.commit_sent, pr.match)
-        pr.become_probe(pr.match + 1)
+        pr.lower_match(last_log_index)
         self._send_append(peer)
 
     def _maybe_commit(self) -> None:
         assert self._role is Role.LEADER
-        matches = sorted((self._match_of(v) for v in self._voters), reverse=True)
-        qi = matches[self._quorum() - 1]
+        qi = committed_index([self._match_of(v) for v in self._voters])
         if qi <= self._commit:
             return
         if self._log.term_at(qi) != self._term and "commit_old_term_by_count" not in self._mut:
@@ -1570,12 +1378,8 @@ class RaftNode:
         if notice or self._notices_held:
             # Held while some follower still needs one; an append sent since (in flight, or
             # carrying the commit) ends the hold, and the next one lingers in full.
-            self._notices_held = any(self._notice_due(pr) for pr in self._progress.values())
-
-    def _notice_due(self, pr: _Progress) -> bool:
-        """Whether ``pr``'s follower needs a commit notice: no append in flight (its answer
-        would bring one) and no message sent to it yet carried what it can commit."""
-        return not pr.inflight and min(self._commit, pr.match) > pr.commit_sent
+            commit = self._commit
+            self._notices_held = any(pr.notice_due(commit) for pr in self._progress.values())
 
     def release_notices(self) -> None:
         """The linger of held commit notices is over (a Ready said ``notices_held``): a
@@ -1587,7 +1391,7 @@ class RaftNode:
         if self._role is not Role.LEADER:
             return
         for p, pr in self._progress.items():
-            if self._notice_due(pr):
+            if pr.notice_due(self._commit):
                 # Its answer would tell nothing new: match is what prev says already.
                 self._send_heartbeat(p, no_reply=True)
 
@@ -1653,6 +1457,43 @@ class RaftNode:
             self._commit = max(self._commit, min(m.leader_commit, last_new))
         if not (m.no_reply and not entries):
             self._reply_append_ok(m.from_id, last_new)
+
+    def _handle_install(self, m: InstallSnapshot) -> None:
+        """A snapshot transferred by this term's leader (step() checked sender and term)."""
+        self._become_follower_of(m.from_id)
+        meta = m.meta
+        action = snap.install_action(
+            self._log,
+            meta,
+            self._commit,
+            self._applied,
+            out_of_order="snapshot_out_of_order" in self._mut,
+        )
+        if action is snap.InstallAction.ANSWER:
+            # Applied state already covers it (or more): installing it would roll back.
+            self._reply_append_ok(m.from_id, self._commit)
+            return
+        if action is snap.InstallAction.COMMIT:
+            # The entries are here: commit up to them, apply them as usual.
+            self._commit = meta.index
+            self._reply_append_ok(m.from_id, meta.index)
+            return
+        logger.info(
+            "node=%s term=%d accept_snapshot from=%s index=%d snapshot_term=%d",
+            self.id,
+            self._term,
+            m.from_id,
+            meta.index,
+            meta.term,
+        )
+        self._log.restore(meta)
+        self._adopt_snapshot_conf(meta.config)
+        # Lowers applied only under the mutation snapshot_out_of_order (a stale snapshot
+        # replaces newer applied state); a snapshot beyond it leaves applied as it is.
+        self._applied = min(self._applied, meta.index)
+        self._commit = meta.index
+        self._handed = meta.index
+        self._reply_append_ok(m.from_id, meta.index)
 
     def _term_or_none(self, index: int) -> int | None:
         """The term at ``index``; None below the log's first index - 1 (compacted entries
@@ -1893,10 +1734,10 @@ class RaftNode:
         else:
             return
         self._votes.setdefault(m.from_id, m.granted and not self._voter_chain_conflict(m))
-        granted, rejected = self._vote_count()
-        if granted >= self._quorum():
+        result = vote_result(self._voters, self._votes)
+        if result is VoteResult.WON:
             self._win_vote()
-        elif rejected >= self._quorum():
+        elif result is VoteResult.LOST:
             self._become_follower(self._term, None)
 
     def _handle_timeout_now(self, m: TimeoutNow) -> None:

@@ -30,24 +30,26 @@ install.
 
 from __future__ import annotations
 
-import logging
+import enum
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dledger.chain import CHAIN_MAX, agree
 from dledger.core.config import MAX_INDEX
-from dledger.core.messages import AppendRequest
 
 if TYPE_CHECKING:
-    from dledger.core.raft import RaftNode, _Progress
-
-logger = logging.getLogger(__name__)
+    from dledger.core.raftlog import RaftLog
 
 __all__ = [
+    "InstallAction",
     "InstallSnapshot",
     "SnapshotMeta",
     "SnapshotRequest",
+    "heartbeat_prev",
+    "install_action",
+    "malformed",
+    "needs_snapshot",
 ]
 
 
@@ -108,116 +110,45 @@ def malformed(m: InstallSnapshot) -> bool:
 # ---------------------------------------------------------------------- leader side
 
 
-def needs_snapshot(node: RaftNode, next_index: int) -> bool:
+def needs_snapshot(first_index: int, next_index: int) -> bool:
     """Whether a follower whose next entry is ``next_index`` can only be caught up by a
-    snapshot: retention deleted that entry (or the term of the one before it)."""
-    return next_index < node._log.first_index()
+    snapshot: retention deleted that entry (the log now starts at ``first_index``)."""
+    return next_index < first_index
 
 
-def request_snapshot(node: RaftNode, peer: str, pr: _Progress) -> None:
-    """Put ``pr`` in the SNAPSHOT state and ask the driver for a snapshot (once in flight)."""
-    from dledger.core.raft import ProgressState
-
-    if pr.state is not ProgressState.SNAPSHOT:
-        pr.state = ProgressState.SNAPSHOT
-        pr.inflight.clear()
-        pr.probe_sent = False
-    if not pr.snapshot_inflight:
-        pr.snapshot_inflight = True
-        node._snapshot_requests.append(SnapshotRequest(peer, node._term))
-
-
-def on_ack_in_snapshot(node: RaftNode, peer: str, pr: _Progress) -> None:
-    """An answer from a follower in the SNAPSHOT state (its match is up to date): back to
-    probing once it can continue from what the log holds, else ask for a snapshot again when
-    none is in flight."""
-    if pr.match + 1 >= node._log.first_index():
-        pr.become_probe(pr.match + 1)
-        pr.snapshot_inflight = False
-        node._send_append(peer)
-    elif not pr.snapshot_inflight:
-        request_snapshot(node, peer, pr)
-
-
-def report_snapshot(node: RaftNode, peer: str, ok: bool, index: int) -> None:
-    """The driver's transfer to ``peer`` of a snapshot at ``index`` ended: ``ok`` when the
-    follower got the data and its InstallSnapshot. Then probe from the snapshot on (as etcd
-    does): the follower's answer says where it really is. A failure lets its next answer ask
-    for a snapshot again."""
-    from dledger.core.raft import ProgressState, Role
-
-    if node._role is not Role.LEADER:
-        return
-    pr = node._progress.get(peer)
-    if pr is None or pr.state is not ProgressState.SNAPSHOT:
-        return
-    pr.snapshot_inflight = False
-    if ok and 0 < index <= node._log.last_index():
-        node._snapshots_sent += 1
-        pr.become_probe(max(pr.match, index) + 1)
-        node._send_append(peer)
-
-
-def heartbeat_prev(node: RaftNode, pr: _Progress) -> int:
-    """The ``prev_log_index`` of a heartbeat: the follower's match, or 0 (known to match
-    everywhere) when retention deleted the entry at the match."""
-    return pr.match if pr.match >= node._log.first_index() - 1 else 0
+def heartbeat_prev(first_index: int, match: int) -> int:
+    """The ``prev_log_index`` of a heartbeat to a follower at ``match``: its match, or 0
+    (known to match everywhere) when retention deleted the entry at the match."""
+    return match if match >= first_index - 1 else 0
 
 
 # ---------------------------------------------------------------------- follower side
 
 
-def handle_install(node: RaftNode, m: InstallSnapshot) -> None:
-    """A snapshot transferred by this term's leader (step() checked sender and term)."""
-    node._become_follower_of(m.from_id)
-    meta = m.meta
-    # A repairing node's application may have applied beyond its log (and its commit).
-    stale = meta.index <= max(node._commit, node._applied)
-    if stale and "snapshot_out_of_order" not in node._mut:
-        # Applied state already covers it (or more): installing it would roll back.
-        node._reply_append_ok(m.from_id, node._commit)
-        return
-    if not stale and _log_holds(node, meta):
-        # The entries are here: commit up to them, apply them as usual.
-        node._commit = meta.index
-        node._reply_append_ok(m.from_id, meta.index)
-        return
-    logger.info(
-        "node=%s term=%d accept_snapshot from=%s index=%d snapshot_term=%d",
-        node.id,
-        node._term,
-        m.from_id,
-        meta.index,
-        meta.term,
-    )
-    node._log.restore(meta)
-    node._adopt_snapshot_conf(meta.config)
+class InstallAction(enum.Enum):
+    """What a follower does with an InstallSnapshot of this term's leader."""
+
+    ANSWER = "answer"  # applied state covers it already: answer with the commit index
+    COMMIT = "commit"  # the log holds the snapshot's last entry: only the commit index moves
+    RESTORE = "restore"  # the log is replaced by the snapshot
+
+
+def install_action(
+    log: RaftLog, meta: SnapshotMeta, commit: int, applied: int, *, out_of_order: bool
+) -> InstallAction:
+    """The follower's decision for ``meta`` at commit index ``commit`` and applied index
+    ``applied`` (a repairing node's application may have applied beyond its log and commit).
+    ``out_of_order``: the test-only mutation ``snapshot_out_of_order`` (a stale snapshot is
+    installed, rolling applied state back)."""
+    stale = meta.index <= max(commit, applied)
     if stale:
-        # MUTATION snapshot_out_of_order: an older snapshot replaces newer applied state.
-        node._applied = min(node._applied, meta.index)
-    node._commit = meta.index
-    node._handed = meta.index
-    node._reply_append_ok(m.from_id, meta.index)
+        return InstallAction.RESTORE if out_of_order else InstallAction.ANSWER
+    if _log_holds(log, meta):
+        return InstallAction.COMMIT
+    return InstallAction.RESTORE
 
 
-def _log_holds(node: RaftNode, meta: SnapshotMeta) -> bool:
-    log = node._log
+def _log_holds(log: RaftLog, meta: SnapshotMeta) -> bool:
     if not log.first_index() - 1 <= meta.index <= log.last_index():
         return False
     return log.term_at(meta.index) == meta.term and agree(log.chain_at(meta.index), meta.chain)
-
-
-def heartbeat(node: RaftNode, peer: str, pr: _Progress, *, no_reply: bool) -> AppendRequest:
-    """A heartbeat for ``peer``: an empty append whose prev is known to match."""
-    prev = heartbeat_prev(node, pr)
-    return AppendRequest(
-        node.id,
-        peer,
-        node._term,
-        prev_log_index=prev,
-        prev_log_term=node._log.term_at(prev),
-        entries=(),
-        leader_commit=node._commit,
-        no_reply=no_reply,
-        prev_log_chain=node._log.chain_at(prev),
-    )

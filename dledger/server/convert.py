@@ -16,6 +16,15 @@ from dledger.core import (
 )
 from dledger.log import Entry
 
+# Characters of a client-supplied name (group) or peer metadata echoed in an error detail:
+# details stay far below gRPC's metadata limit whatever the request carried.
+ECHO_MAX_CHARS = 64
+
+
+def echo(text: str) -> str:
+    """``text`` as it may appear in an error detail or a log line: bounded, repr-quoted."""
+    return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
+
 
 def entry_from_pb(e: pb.Entry) -> Entry:
     return Entry(term=e.term, index=e.index, body=e.body, type=e.type)

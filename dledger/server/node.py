@@ -19,14 +19,12 @@ import functools
 import heapq
 import itertools
 import logging
-import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn, Protocol
 
 import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
@@ -39,14 +37,12 @@ from dledger.chain import agree
 from dledger.chain import fmt as chain_fmt
 from dledger.core import (
     COMMIT_NOTICE_LINGER_MS,
-    MAX_ENTRIES_PER_PROPOSAL,
     ChangeKind,
     ConfChange,
     ConfigError,
     ConfState,
     InstallSnapshot,
     Proposal,
-    RaftConfig,
     RaftNode,
     Ready,
     Role,
@@ -60,30 +56,20 @@ from dledger.log import (
     Entry,
     EntryType,
     HardState,
-    IndexOutOfRangeError,
-    LogCompactedError,
-    persist,
 )
 from dledger.server import rpcguard, status
 from dledger.server.chaincheck import (
-    DEFAULT_CHAIN_CHECK_INTERVAL_MS,
-    MAX_CHAIN_CHECK_INTERVAL_MS,
-    MIN_CHAIN_CHECK_INTERVAL_MS,
     chain_check_loop,
     peer_asker,
 )
-from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
+from dledger.server.client_service import ClientServicer
+from dledger.server.convert import echo, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
-from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of, to_response
+from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
 from dledger.server.guard import CallGuard, GuardInterceptor
-from dledger.server.health import chain_or_none, health_fields
 from dledger.server.logroom import LogRoom
-from dledger.server.members import Refused, stream_sender
 from dledger.server.membership import (
     JOIN_RETRY_MS,
-    MAX_SETTING_NAME_CHARS,
-    MAX_SETTING_VALUE_CHARS,
-    MAX_SHARED_SETTINGS,
     AddressBook,
     IncompatibleStoreError,
     RefusedJoins,
@@ -91,328 +77,73 @@ from dledger.server.membership import (
     save_conf,
 )
 from dledger.server.metrics import RaftStats
+from dledger.server.nodeconfig import (
+    DEFAULT_CLIENT_ENTRY_TYPES,
+    RETENTION_CHECK_INTERVAL_S,
+    LogOnlyStateMachine,
+    NodeConfig,
+    ServiceRegistrar,
+    StateMachine,
+)
+from dledger.server.peer_service import PeerServicer
+from dledger.server.persister import ReadyPersister
 from dledger.server.promises import (
     PromiseError,
-    held,
     hold_promise,
     promise_ahead_entries,
     promise_file,
     recover,
-    write_promise,
-    write_promise_ahead,
 )
 from dledger.server.scrub import (
-    DEFAULT_SCRUB_BYTES_PER_S,
-    MAX_SCRUB_BYTES_PER_S,
-    MIN_SCRUB_BYTES_PER_S,
     Scrubber,
 )
 from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
-    DEFAULT_SNAPSHOT_BYTES_PER_S,
-    MAX_SNAPSHOT_BYTES_PER_S,
-    MIN_SNAPSHOT_BYTES_PER_S,
     SnapshotReceiver,
-    SnapshotRefused,
     SnapshotSender,
     clear_staging,
     finish_install,
     install_app,
     pending_install,
-    refused_status,
 )
 from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
 from dledger.storage import (
-    DiskFullError,
     FlushDiskType,
     SegmentedLogStore,
-    StoreConfig,
     codec,
     damage,
 )
 from dledger.storage.promise import PromiseWriter, read_promise
-from dledger.storage.retention import (
-    DEFAULT_DELETE_WHEN,
-    DEFAULT_FILE_RESERVED_TIME_HOURS,
-    DEFAULT_MAX_LAG_RETENTION_HOURS,
-)
 from dledger.storage.store import META_FILE
-from mqerrors import codes as E
-from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
-from mqsecurity.refusals import REFUSALS
-from mqsecurity.tls import TlsFiles
+from mqsecurity.channels import open_aio_channel
 
 logger = logging.getLogger(__name__)
 
-# Bytes of entry bodies one Get returns at most (a client pages through larger ranges).
-GET_MAX_BYTES = 4 << 20
-# Entries one Get returns at most.
-GET_MAX_COUNT = 10_000
 # How often the applied/commit checkpoint is written while entries are being applied.
 CHECKPOINT_INTERVAL_MS = 1000
-# How often a node checks whether retention may delete old segments (deletion itself happens
-# only at the deleteWhen hours), and how long it waits for the leader's view of the members.
-RETENTION_CHECK_INTERVAL_S = 60.0
+# How long a node waits for the leader's view of the members before retention deletes
+# (the check's interval is NodeConfig.retention_check_interval_s).
 RETENTION_RPC_TIMEOUT_S = 3.0
-# Characters of a client-supplied name (group) or peer metadata echoed in an error detail:
-# details stay far below gRPC's metadata limit whatever the request carried.
-ECHO_MAX_CHARS = 64
-# Entry types the log client service (DLedgerClient.Append) accepts by default: only plain
-# entries. Types 0..15 are dledger's own and 16..255 the application's internal records, which
-# the application proposes itself (DLedgerNode.propose) and must never take from outside.
-DEFAULT_CLIENT_ENTRY_TYPES = frozenset({int(EntryType.NORMAL)})
 # Peer messages dropped by the node before the core (keys of DLedgerNode.dropped(), with the
-# core's DROP_* reasons): a stream refused at its start, a message claiming another sender than
-# its stream, a message malformed in itself, a batch nested in a batch.
-DROP_STREAM_REFUSED = "stream_refused"
+# core's DROP_* reasons): a stream refused at its start (peer_service.DROP_STREAM_REFUSED), a
+# message claiming another sender than its stream, a message malformed in itself, a batch
+# nested in a batch.
 DROP_SENDER_MISMATCH = "sender_mismatch"
 DROP_INVALID = "invalid"
 DROP_NESTED_BATCH = "nested_batch"
-# A persist job refused because the disk is full (the store writes nothing of the append and
-# nothing of the Ready that depends on it is sent; the job is retried every PERSIST_RETRY_MS
-# until space returns: docs/STORAGE.md).
-DROP_DISK_FULL = "disk_full"
-# How long the ready loop waits before it retries a persist job the full disk refused: short
-# enough that writes resume quickly once space is freed, long enough not to spin.
-PERSIST_RETRY_MS = 100
-# A Get that met a damaged entry answers DATA_LOSS before the node restarts to repair: time
-# for the answer to leave.
-DAMAGE_ANSWER_GRACE_S = 0.2
 # Where the extra plaintext client port (NodeConfig.plaintext_client_port) listens: local
 # tools only, never the network.
 PLAINTEXT_CLIENT_HOST = "127.0.0.1"
 
-
-def _echo(text: str) -> str:
-    """``text`` as it may appear in an error detail or a log line: bounded, repr-quoted."""
-    return repr(text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "...")
-
-
-def _disk_space(path: os.PathLike[str] | str) -> tuple[int, int]:
-    """``Metadata``'s disk fields: the store's file system, total and free bytes (one
-    ``statvfs``, about a microsecond); zeros when it cannot be read."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return 0, 0
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-
-
-class StateMachine(Protocol):
-    """What the application (the broker) plugs into a node.
-
-    Optionally it also has ``on_prefix_deleted(first_index: int) -> None``: called (in the
-    event loop, between applies) after retention deleted the log's entries below
-    ``first_index``, so the application can drop what it derived from them; and
-    ``rewind(index: int) -> None``: roll the applied state back to ``index`` (a Ready's
-    ``rewind_to``: this member's copy of applied entries differed by content from its
-    leader's, docs/RAFT.md section 13). Without it such a repair ends the process (fail
-    fast: the state machine holds what the damaged copy made)."""
-
-    def applied_index(self) -> int:
-        """Index up to which the application's own durable state already includes entries."""
-        ...
-
-    def apply(self, entries: Sequence[Entry]) -> None:
-        """Committed entries, in log order, each exactly once per process lifetime."""
-        ...
-
-    def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None: ...
-
-
-# Adds servicers to a server and returns the full names of the services it added.
-ServiceRegistrar = Callable[[grpc.aio.Server], Sequence[str]]
-
-
-class LogOnlyStateMachine:
-    """The state machine of a plain DLedger group: the replicated log is the whole state."""
-
-    def __init__(self) -> None:
-        self.last_applied = 0
-
-    def applied_index(self) -> int:
-        return 0
-
-    def apply(self, entries: Sequence[Entry]) -> None:
-        self.last_applied = entries[-1].index
-
-    def rewind(self, index: int) -> None:
-        """Entries above ``index`` were replaced (a content repair): the log is the state."""
-        self.last_applied = min(self.last_applied, index)
-
-    def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
-        pass
-
-
-@dataclass(frozen=True, slots=True)
-class NodeConfig:
-    group: str
-    self_id: str
-    peers: Mapping[str, str]  # node id -> peer RPC address host:port (this node included)
-    client_host: str
-    client_port: int
-    store_dir: str
-    store: StoreConfig = field(default_factory=StoreConfig)
-    tick_ms: int = 50
-    heartbeat_interval_ms: int = 100
-    election_timeout_ms: int = 500
-    append_timeout_ms: int = 3000
-    preferred_leader_id: str | None = None
-    # Client address peers and clients are told to use ("" = client_addr, the bound one); a
-    # test harness sets it to a proxy in front of the client port.
-    advertised_client_addr: str = ""
-    # Client addresses of the other members (node id -> host:port), from configuration: what
-    # NOT_LEADER redirects and Metadata name as the leader's address. Never learnt from peers
-    # (a peer stream's metadata is not authenticated). A member missing here is named by id
-    # only (addr= empty) and clients find it through the other nodes.
-    peer_client_addrs: Mapping[str, str] = field(default_factory=dict)
-    # Entry types DLedgerClient.Append accepts (see DEFAULT_CLIENT_ENTRY_TYPES).
-    client_entry_types: frozenset[int] = DEFAULT_CLIENT_ENTRY_TYPES
-    # TEST ONLY (jepsen_like's "checker has teeth" run): acknowledge an Append as soon as the
-    # leader appended it locally, before a majority holds it. Breaks promise 1; never in prod.
-    unsafe_ack_before_replication: bool = False
-    # Retention (RocketMQ's fileReservedTime / deleteWhen, dledger.storage.retention): old
-    # segments are deleted at these hours once this old, and not while a member still needs
-    # them unless they are older than max_lag_retention_hours (maxLagRetentionHours): that
-    # member is then caught up by a snapshot.
-    file_reserved_time_hours: int = DEFAULT_FILE_RESERVED_TIME_HOURS
-    delete_when: str = DEFAULT_DELETE_WHEN
-    max_lag_retention_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS
-    retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
-    # TLS (broker.conf tlsEnable and tlsServer*Path). None: every port plaintext. Otherwise the
-    # client port speaks TLS (no client certificate asked), the peer port mutual TLS (only a
-    # certificate signed by tls.ca_path naming a member of this group is served, and the
-    # sender's id is the certificate's), and this node's outgoing peer streams present
-    # tls.cert_path, its member certificate.
-    tls: TlsFiles | None = None
-    # With tls: an extra plaintext client port bound to 127.0.0.1 (0: none), for local tools.
-    plaintext_client_port: int = 0
-    # Join an existing group through this member's peer address (broker key
-    # dLegerJoinAddr): a node started with an empty store asks the group to add it as a
-    # learner, and takes its configuration from the log (docs/CLUSTER.md). "": no joining.
-    join_addr: str = ""
-    # snapshotTransferBytesPerSec: the pace of this node's snapshot transfers, all followers
-    # together (dledger.server.snapshots.Pacer), so that catching a member up does not
-    # starve the leader's clients.
-    snapshot_bytes_per_s: int = DEFAULT_SNAPSHOT_BYTES_PER_S
-    # scrubBytesPerSec: the pace of the background scrubber that re-reads and checks the
-    # whole log (dledger.server.scrub); 0 turns it off (benchmarks only).
-    scrub_bytes_per_s: int = DEFAULT_SCRUB_BYTES_PER_S
-    # chainCheckIntervalMs: how often the leader compares its chain with each peer's at a
-    # common committed index (dledger.server.chaincheck, docs/RAFT.md section 13); 0: off.
-    chain_check_interval_ms: int = DEFAULT_CHAIN_CHECK_INTERVAL_MS
-    # Settings every member must share, name -> value as the operator sets them (the broker:
-    # its dedup window, which every member's apply uses). A Join from a node whose settings
-    # differ is refused (INCOMPATIBLE_STORE): it could never catch up. The log's segment size
-    # is always one of them, named segment_size_setting (the broker: mappedFileSizeCommitLog):
-    # a snapshot carries the segments as they are and replicas share data positions.
-    shared_settings: Mapping[str, str] = field(default_factory=dict)
-    segment_size_setting: str = "segment_size_bytes"
-    # Where this member's promise file lives (broker key dLegerPromisePath; docs/RAFT.md
-    # section 11): "" = beside the store directory, ``{store_dir}.promise``. Apart from the
-    # store so that a store rolled back or replaced under this id is noticed; on another
-    # volume it also survives the loss of the store's volume.
-    promise_path: str = ""
-
-    def __post_init__(self) -> None:
-        if self.self_id not in self.peers:
-            raise ConfigError(f"self_id {self.self_id!r} must be one of the peers")
-        if not 0 < self.tick_ms <= self.heartbeat_interval_ms:
-            raise ConfigError("tick_ms must be > 0 and <= heartbeat_interval_ms")
-        if self.election_timeout_ms < 2 * self.heartbeat_interval_ms:
-            raise ConfigError("election_timeout_ms must be >= 2 * heartbeat_interval_ms")
-        unknown = set(self.peer_client_addrs) - set(self.peers)
-        if unknown:
-            raise ConfigError(f"peer_client_addrs names ids that are not peers: {sorted(unknown)}")
-        if not all(
-            0 <= t <= 255 and t not in (EntryType.NOOP, EntryType.CONFIG)
-            for t in self.client_entry_types
-        ):
-            raise ConfigError(
-                "client_entry_types: NOOP, CONFIG and values outside 0..255 cannot be appended"
-            )
-        if not MIN_SNAPSHOT_BYTES_PER_S <= self.snapshot_bytes_per_s <= MAX_SNAPSHOT_BYTES_PER_S:
-            raise ConfigError(
-                f"snapshot_bytes_per_s {self.snapshot_bytes_per_s} is outside "
-                f"[{MIN_SNAPSHOT_BYTES_PER_S}, {MAX_SNAPSHOT_BYTES_PER_S}]"
-            )
-        if self.scrub_bytes_per_s and not (
-            MIN_SCRUB_BYTES_PER_S <= self.scrub_bytes_per_s <= MAX_SCRUB_BYTES_PER_S
-        ):
-            raise ConfigError(
-                f"scrub_bytes_per_s {self.scrub_bytes_per_s} is outside "
-                f"[{MIN_SCRUB_BYTES_PER_S}, {MAX_SCRUB_BYTES_PER_S}] (0: off)"
-            )
-        if self.chain_check_interval_ms and not (
-            MIN_CHAIN_CHECK_INTERVAL_MS
-            <= self.chain_check_interval_ms
-            <= MAX_CHAIN_CHECK_INTERVAL_MS
-        ):
-            raise ConfigError(
-                f"chain_check_interval_ms {self.chain_check_interval_ms} is outside "
-                f"[{MIN_CHAIN_CHECK_INTERVAL_MS}, {MAX_CHAIN_CHECK_INTERVAL_MS}] (0: off)"
-            )
-        self._check_tls()
-        self._check_shared_settings()
-        if self.promise_path and Path(self.promise_path).resolve().is_relative_to(
-            Path(self.store_dir).resolve()
-        ):
-            raise ConfigError(
-                f"promise_path {self.promise_path} is inside the store directory "
-                f"{self.store_dir}: it must survive the store being rolled back or replaced"
-            )
-
-    def _check_shared_settings(self) -> None:
-        named = self.all_shared_settings()
-        if len(named) != len(self.shared_settings) + 1 or len(named) > MAX_SHARED_SETTINGS:
-            raise ConfigError(
-                f"shared_settings: at most {MAX_SHARED_SETTINGS - 1}, and not "
-                f"{self.segment_size_setting!r} (the node adds it)"
-            )
-        if any(
-            not 0 < len(k) <= MAX_SETTING_NAME_CHARS or len(v) > MAX_SETTING_VALUE_CHARS
-            for k, v in named.items()
-        ):
-            raise ConfigError(
-                f"shared_settings: names of 1 to {MAX_SETTING_NAME_CHARS} characters, values "
-                f"of at most {MAX_SETTING_VALUE_CHARS}"
-            )
-
-    def all_shared_settings(self) -> dict[str, str]:
-        """What a Join sends and the member asked compares: the segment size and the rest."""
-        segment = {self.segment_size_setting: str(self.store.segment_size_bytes)}
-        return {**self.shared_settings, **segment}
-
-    def _check_tls(self) -> None:
-        tls = self.tls
-        if tls is not None and (tls.cert_path is None or tls.ca_path is None):
-            raise ConfigError("tls needs a certificate, its key and the CA of the members")
-        if not 0 <= self.plaintext_client_port <= 65535:
-            raise ConfigError(f"plaintext_client_port {self.plaintext_client_port} is not a port")
-        if self.plaintext_client_port and tls is None:
-            raise ConfigError("plaintext_client_port needs tls (the client port is plaintext)")
-        if self.plaintext_client_port == self.client_port:
-            raise ConfigError("plaintext_client_port must differ from client_port")
-
-    @property
-    def client_security(self) -> ClientSecurity:
-        """How this node reaches the group's ports: with its member certificate under TLS."""
-        return PLAINTEXT if self.tls is None else ClientSecurity(tls=self.tls)
-
-    @property
-    def client_addr(self) -> str:
-        return f"{self.client_host}:{self.client_port}"
-
-    @property
-    def public_client_addr(self) -> str:
-        return self.advertised_client_addr or self.client_addr
-
-    def raft_config(self) -> RaftConfig:
-        return RaftConfig(
-            election_timeout_ticks=max(2, self.election_timeout_ms // self.tick_ms),
-            heartbeat_interval_ticks=max(1, self.heartbeat_interval_ms // self.tick_ms),
-            preferred_leader_id=self.preferred_leader_id,
-        )
+__all__ = [
+    "DEFAULT_CLIENT_ENTRY_TYPES",
+    "RETENTION_CHECK_INTERVAL_S",
+    "DLedgerNode",
+    "LogOnlyStateMachine",
+    "NodeConfig",
+    "ServiceRegistrar",
+    "StateMachine",
+]
 
 
 @dataclass(order=True, slots=True)
@@ -461,8 +192,6 @@ class DLedgerNode:
         self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
-        # The promise file's writes beside the log's flush (one at a time, like the flush).
-        self._promise_pool = concurrent.futures.ThreadPoolExecutor(1, f"promise-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
         self._leader_changed = asyncio.Event()
@@ -470,11 +199,8 @@ class DLedgerNode:
         self._notice_release: asyncio.TimerHandle | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
-        # The promise file (dledger.server.promises), set at start: its writer, the hard state
-        # its copy must carry, and the highest index the core asked to promise.
-        self._promises: PromiseWriter
-        self._hard_state = HardState()
-        self._promise_wanted = 0
+        # The persist jobs and the promise file (dledger.server.persister), set at start.
+        self._persister: ReadyPersister
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
@@ -572,12 +298,20 @@ class DLedgerNode:
         try:
             promise = promise_file(cfg.store_dir, cfg.promise_path)
             start = recover(cfg.group, cfg.self_id, self.store, promise, self._applied)
-            self._promises = start.writer
-            self._promise_ahead = promise_ahead_entries(cfg.store_dir, promise)
             if start.promise_damaged:
                 self.corruption_found["promise"] = 1
-            self._hard_state = start.hard_state
-            self._promise_wanted = start.promised.index
+            self._persister = ReadyPersister(
+                self.store,
+                self._flush_pool,
+                sync=cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH,
+                node_id=cfg.self_id,
+                promises=start.writer,
+                hard_state=start.hard_state,
+                promised=start.promised.index,
+                promise_ahead=promise_ahead_entries(cfg.store_dir, promise),
+                note_drop=self.note_drop,
+                raft_stats=self.raft_stats,
+            )
             self.core = RaftNode(
                 cfg.self_id,
                 list(cfg.peers),
@@ -631,14 +365,14 @@ class DLedgerNode:
         cfg = self.cfg
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
         rpcguard.add_servicer(
-            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
+            self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, PeerServicer(self)
         )
         self._client_server = grpc.aio.server(
             options=SERVER_OPTIONS,
             interceptors=[GuardInterceptor(self._call_guard)] if self._call_guard else None,
         )
         rpcguard.add_servicer(
-            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
+            self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, ClientServicer(self)
         )
         client_names = ["raftmq.dledger.v1.DLedgerClient"]
         for register in self._client_services:
@@ -713,11 +447,10 @@ class DLedgerNode:
             self.scrubber.close()
         self._fail_waiters("node stopping")
         self._flush_pool.shutdown(wait=True)
-        self._promise_pool.shutdown(wait=True)
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
         with contextlib.suppress(AttributeError):  # a start that failed before it was opened
-            self._promises.close()
+            self._persister.close()
         self.store.close()
         logger.info("node=%s stopped", self.cfg.self_id)
 
@@ -800,7 +533,7 @@ class DLedgerNode:
             return
         if m.from_id != sender:
             self.note_drop(
-                DROP_SENDER_MISMATCH, f"claiming from={_echo(m.from_id)} on stream of {sender}"
+                DROP_SENDER_MISMATCH, f"claiming from={echo(m.from_id)} on stream of {sender}"
             )
             return
         problem = validate(m)
@@ -1231,7 +964,7 @@ class DLedgerNode:
                 await self._persist_applying(rd, stable)
                 committed = committed[len(stable) :]
             else:
-                await self._persist(rd)
+                await self._persister.persist(rd)
         for m in rd.messages:
             transport.send(m)
         if conf_committed:
@@ -1252,7 +985,7 @@ class DLedgerNode:
         that earlier jobs already stored, so that what they answer does not wait for this
         job's fsync (the disk and the apply overlap, as etcd's apply and WAL write do;
         docs/PERFORMANCE.md "SYNC_FLUSH at 16 and 256 in flight")."""
-        job = asyncio.ensure_future(self._persist(rd))
+        job = asyncio.ensure_future(self._persister.persist(rd))
         try:
             await asyncio.sleep(0)  # the job reaches the flush thread before the apply runs
             self._apply(stable)
@@ -1305,6 +1038,7 @@ class DLedgerNode:
             async with self._store_lock:
                 store = await self.snapshots_in.install(meta)
                 self.store = store
+                self._persister.store = store
                 self.core.replace_store(store)
                 # The core adopted the snapshot's configuration when it accepted it; the
                 # install saved it (membership.json) before the marker goes.
@@ -1355,109 +1089,6 @@ class DLedgerNode:
         self.core.release_notices()
         self._wake()
 
-    async def _persist(self, rd: Ready) -> None:
-        """The Ready's persist job in the flush thread: hard state, cut, append and (under
-        SYNC_FLUSH) flush, and the promise (dledger.server.promises); under ASYNC_FLUSH an
-        entry in the page cache counts as stable (docs/STORAGE.md). A full disk refuses the
-        job without writing the append: it is retried until space returns, and nothing that
-        depends on it is sent meanwhile."""
-        sync = self.cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        # SYNC_FLUSH, a promise beyond what the promise file covers durably, no hard state
-        # and no cut: the promise, PROMISE_AHEAD_ENTRIES ahead, is written in its own thread
-        # while the flush thread writes the log (two fdatasync side by side cost about one),
-        # recording what was durable before the job. The jobs after it only refresh the
-        # exact promise (no fdatasync) until they pass it (dledger.server.promises).
-        beside = (
-            sync
-            and rd.promise is not None
-            and rd.promise > self._promises.ceiling
-            and rd.hard_state is None
-            and rd.truncate_from is None
-            and rd.snapshot is None
-        )
-        job: Callable[[], None] = functools.partial(self._persist_job, rd, sync, beside)
-        if beside:
-            assert rd.promise is not None
-            self._promise_wanted = max(self._promise_wanted, rd.promise)
-            promise = functools.partial(
-                write_promise_ahead,
-                self._promises,
-                rd.promise,
-                self._hard_state,
-                self.store.flushed_index(),
-                self._promise_ahead,
-            )
-            job = functools.partial(self._beside_job, job, promise)
-        # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
-        # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
-        # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
-        inline = not sync and rd.hard_state is None and rd.truncate_from is None
-        if rd.entries and self.raft_stats is not None:
-            self.raft_stats.appended(rd.entries)
-        while True:
-            try:
-                if inline:
-                    job()
-                else:
-                    await asyncio.get_running_loop().run_in_executor(self._flush_pool, job)
-                return
-            except DiskFullError as exc:
-                self.note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
-            await asyncio.sleep(PERSIST_RETRY_MS / 1000)
-
-    def _beside_job(self, log_job: Callable[[], None], promise_job: Callable[[], None]) -> None:
-        """In the flush thread: hand the durable promise to its own thread, write and flush
-        the log here, and once both are done refresh the exact promise; the first error is
-        raised (every step is safe to run again). The event loop waits for this one job: one
-        hop to a thread and one wake-up per round, not two and a gather."""
-        promised = self._promise_pool.submit(promise_job)
-        try:
-            log_job()
-        finally:
-            # Never return (nor retry the job) while the promise write still runs: one writer.
-            failed = promised.exception()
-        if failed is not None:
-            raise failed
-        self._refresh_promise()
-
-    def _persist_job(self, rd: Ready, sync: bool, promised_beside: bool) -> None:
-        """Step 2 of the Ready contract: hard state, cut, entries, flush, then the promise
-        (with the hard state's copy) before any acknowledgement leaves, unless it is being
-        written beside this job. Under SYNC_FLUSH a job with a hard state, a cut or a
-        snapshot writes the promise durably after the log; a job whose promise the file
-        covers durably already refreshes the exact promise (no fdatasync). Under ASYNC_FLUSH
-        the promise follows what the store flushed (dledger.server.promises), written here
-        only with a hard state change; the checkpoint catches up the rest."""
-        persist(self.store, rd.hard_state, rd.truncate_from, rd.entries, flush=sync)
-        if rd.hard_state is not None:
-            self._hard_state = rd.hard_state
-        if promised_beside:
-            return
-        if rd.promise is not None:
-            self._promise_wanted = max(self._promise_wanted, rd.promise)
-        if not sync:
-            if rd.hard_state is not None:
-                self._write_flushed_promise()
-            return
-        plain = rd.hard_state is None and rd.truncate_from is None and rd.snapshot is None
-        if plain and rd.promise is not None and rd.promise <= self._promises.ceiling:
-            self._refresh_promise()
-        elif rd.promise is not None or rd.hard_state is not None:
-            write_promise(self._promises, self._promise_wanted, self._hard_state)
-
-    def _refresh_promise(self) -> None:
-        """SYNC_FLUSH, in the flush thread after the log's flush: the exact promise and what
-        the store flushed, in the page cache (the durable promise covers it already);
-        nothing while the promise is held (a damaged file's repair)."""
-        if held(self._promises):
-            return
-        self._promises.refresh(self._promise_wanted, self._hard_state, self.store.flushed_index())
-
-    def _write_flushed_promise(self) -> None:
-        """ASYNC_FLUSH: promise only what the store flushed (in the flush thread)."""
-        flushed = min(self._promise_wanted, self.store.flushed_index())
-        write_promise(self._promises, flushed, self._hard_state)
-
     def _on_soft_state(self, role: Role, term: int) -> None:
         leader = self.core.leader_id
         logger.info("node=%s role=%s term=%d leader=%s", self.cfg.self_id, role.value, term, leader)
@@ -1490,27 +1121,10 @@ class DLedgerNode:
             # In the flush thread: the checkpoint is an atomic file write with fsyncs.
             await asyncio.get_running_loop().run_in_executor(
                 self._flush_pool,
-                self._checkpoint_job,
+                self._persister.checkpoint_job,
                 self.core.commit_index,
                 self._applied,
             )
-
-    def _checkpoint_job(self, commit_index: int, applied_index: int) -> None:
-        self.store.write_checkpoint(commit_index, applied_index)
-        try:
-            if self.cfg.store.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
-                self._write_flushed_promise()
-            elif self._promises.current is None and not held(self._promises):
-                # A promise file found damaged at start is rewritten once its repair ended,
-                # whether or not a new entry comes to carry it (docs/RAFT.md section 11).
-                write_promise(self._promises, self._promise_wanted, self._hard_state)
-            else:
-                # The refreshed exact promise made durable once per checkpoint: after a
-                # power cut the file is at most this far behind the acknowledgements.
-                self._promises.sync()
-        except DiskFullError as exc:
-            # Only creating the file allocates; the next checkpoint tries again.
-            logger.warning("node=%s promise not written: %s", self.cfg.self_id, exc)
 
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -1542,338 +1156,3 @@ def _stable_prefix(rd: Ready) -> Sequence[Entry]:
             break
         n += 1
     return rd.committed[:n]
-
-
-class _PeerServicer(pb_grpc.DLedgerPeerServicer):
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    async def Stream(
-        self, request_iterator: AsyncIterator[pb.PeerMessage], context: grpc.aio.ServicerContext
-    ) -> pb.PeerAck:
-        sender = await self._sender(context)
-        received = 0
-        async for pm in request_iterator:
-            received += 1
-            self.node.on_peer_message(sender, pm)
-        return pb.PeerAck(received=received)
-
-    async def Join(
-        self, request: pb.JoinRequest, context: grpc.aio.ServicerContext
-    ) -> pb.JoinResponse:
-        node = self.node
-        if node.cfg.tls is None:
-            sender = await self._claimed_sender(context)
-        else:
-            sender = await self._certified_sender(context)
-        if request.group != node.cfg.group or request.node_id != sender:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.PEER_IDENTITY,
-                    f"{_echo(sender)} cannot join as {_echo(request.node_id)} of group "
-                    f"{_echo(request.group)}",
-                ),
-            )
-        try:
-            return await node.join(request)
-        except (DLedgerError, TimeoutError) as exc:
-            failure = status.dledger_failure(exc, node)
-            if failure is None:
-                raise
-            await status.abort(context, failure)
-
-    async def InstallSnapshot(
-        self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
-    ) -> pb.SnapshotReply:
-        sender = await self._sender(context)
-        try:
-            return await self.node.snapshots_in.receive(sender, request_iterator)
-        except SnapshotRefused as exc:
-            await status.abort(context, refused_status(exc))
-            raise  # unreachable: abort raises
-
-    async def Holdings(
-        self, request: pb.HoldingsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.HoldingsResponse:
-        """What this member's log holds, for a repairing member (dledger.server.goodcopy);
-        authenticated like Stream."""
-        await self._sender(context)
-        node = self.node
-        if request.group != node.cfg.group:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.NOT_A_MEMBER,
-                    f"this member is of group {_echo(node.cfg.group)}, not {_echo(request.group)}",
-                ),
-            )
-        h = holdings_of(node)
-        return to_response(h, chain_or_none(node, h.last_index) or 0)
-
-    async def _sender(self, context: grpc.aio.ServicerContext) -> str:
-        """The member calling (the call is refused when it is none)."""
-        if self.node.cfg.tls is None:
-            return await self._claimed_sender(context)
-        return await self._certified_sender(context)
-
-    async def _certified_sender(self, context: grpc.aio.ServicerContext) -> str:
-        """Mutual TLS: the member its certificate names (dledger.server.members)."""
-        cfg = self.node.cfg
-        sender = stream_sender(
-            context.auth_context(),
-            context.invocation_metadata() or (),
-            cfg.group,
-            cfg.self_id,
-            _AcceptedPeers(self.node),
-        )
-        if isinstance(sender, Refused):
-            REFUSALS.count(
-                sender.reason, f"node={cfg.self_id} peer={context.peer()} {sender.failure.detail}"
-            )
-            await status.abort(context, sender.failure)
-        return sender
-
-    async def _claimed_sender(self, context: grpc.aio.ServicerContext) -> str:
-        """Plaintext: the member the stream's headers name (anyone who can reach the peer port
-        can claim to be a member; tlsEnable closes that)."""
-        node = self.node
-        md = dict(context.invocation_metadata() or ())
-        group, sender = md.get("x-raftmq-group", ""), md.get("x-raftmq-from", "")
-        # x-raftmq-client-addr is ignored: redirects use configured addresses only.
-        if (
-            group != node.cfg.group
-            or len(sender) > MAX_NODE_ID_CHARS
-            or not node.accepts_peer(sender)
-        ):
-            node.note_drop(DROP_STREAM_REFUSED, f"group={_echo(group)} from={_echo(sender)}")
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.NOT_A_MEMBER,
-                    f"of group {_echo(node.cfg.group)}: group={_echo(group)} from={_echo(sender)}",
-                ),
-            )
-        return str(sender)
-
-
-class _AcceptedPeers:
-    """The members a peer stream may come from, as the configuration says (a container)."""
-
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    def __contains__(self, node_id: object) -> bool:
-        return isinstance(node_id, str) and self.node.accepts_peer(node_id)
-
-
-# ChangeMemberRequest.kind -> the core's change.
-_CHANGE_KINDS = {k.name: k for k in ChangeKind}
-
-
-class _ClientServicer(pb_grpc.DLedgerClientServicer):
-    """The log client service. Errors become statuses through :mod:`dledger.server.status`
-    (:meth:`_fail` for dledger's errors, :func:`_invalid` for refused requests)."""
-
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    async def _check_group(self, group: str, context: grpc.aio.ServicerContext) -> None:
-        if group and group != self.node.cfg.group:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.NOT_FOUND,
-                    E.UNKNOWN_GROUP,
-                    f"this node serves group {_echo(self.node.cfg.group)}, not {_echo(group)}",
-                ),
-            )
-
-    async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
-        """End the call with the status of ``exc``, one of dledger's errors or a quorum
-        timeout (anything else is raised again: gRPC answers UNKNOWN and logs it)."""
-        failure = status.dledger_failure(exc, self.node)
-        if failure is None:
-            raise exc
-        await status.abort(context, failure)
-
-    async def Append(
-        self, request: pb.AppendEntriesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.AppendEntriesResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        entry_type = request.type
-        if entry_type not in node.cfg.client_entry_types:
-            await status.abort(
-                context,
-                _invalid(
-                    E.ENTRY_TYPE_NOT_ALLOWED,
-                    f"type {entry_type} cannot be appended by clients "
-                    f"(allowed: {sorted(node.cfg.client_entry_types)})",
-                ),
-            )
-        bodies = request.bodies
-        if len(bodies) > MAX_ENTRIES_PER_PROPOSAL:
-            await status.abort(
-                context,
-                _invalid(
-                    E.TOO_MANY_ENTRIES, f"{len(bodies)} bodies exceed {MAX_ENTRIES_PER_PROPOSAL}"
-                ),
-            )
-        max_body = node.store.config.max_body_bytes
-        for i, b in enumerate(bodies):
-            if len(b) > max_body:
-                # No retry can ever store it: distinct from the retryable BACK_PRESSURE.
-                await status.abort(
-                    context,
-                    _invalid(
-                        E.ENTRY_TOO_LARGE, f"body {i} has {len(b)} bytes, the limit is {max_body}"
-                    ),
-                )
-        try:
-            first, last, term = await node.propose(list(bodies), entry_type)
-        except (DLedgerError, TimeoutError) as exc:
-            await self._fail(context, exc)
-        return pb.AppendEntriesResponse(first_index=first, last_index=last, term=term)
-
-    async def Get(
-        self, request: pb.GetRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        commit = node.core.commit_index
-        if request.index < 1:
-            await status.abort(context, _invalid(E.INVALID_INDEX, "index must be >= 1"))
-        if request.index > commit:
-            return pb.GetResponse(commit_index=commit)
-        count = min(max(1, request.max_count), GET_MAX_COUNT, commit - request.index + 1)
-        max_bytes = min(request.max_bytes or GET_MAX_BYTES, GET_MAX_BYTES)
-        try:
-            entries = node.store.read_range(request.index, max_bytes, max_count=count)
-        except LogCompactedError as exc:
-            await self._fail(context, exc)
-        except CorruptLogError as exc:
-            # Answer first (DATA_LOSS LOG_DAMAGED index=...), then repair.
-            asyncio.get_running_loop().call_later(DAMAGE_ANSWER_GRACE_S, node.on_damage, exc, "get")
-            await self._fail(context, exc)
-        except IndexOutOfRangeError:
-            entries = []
-        resp = pb.GetResponse(commit_index=commit)
-        add = resp.entries.add  # in place: a list of Entry messages would be merged (copied)
-        for e in entries:
-            add(term=e.term, index=e.index, type=e.type, body=e.body)
-        return resp
-
-    async def Metadata(
-        self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
-    ) -> pb.MetadataResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        st = node.core.status()
-        leader, addr = node.leader_client_addr()
-        disk_total, disk_free = _disk_space(node.store.root)
-        resp = pb.MetadataResponse(
-            group=node.cfg.group,
-            self_id=node.cfg.self_id,
-            role=st.role.name,
-            term=st.term,
-            leader_id=leader or "",
-            leader_client_addr=addr,
-            commit_index=st.commit_index,
-            applied_index=st.applied_index,
-            first_index=node.store.first_index(),
-            last_index=st.last_index,
-            flushed_index=node.store.flushed_index(),
-            peers=[
-                pb.PeerProgress(id=p.peer_id, match_index=p.match_index, next_index=p.next_index)
-                for p in st.peers
-            ],
-            store_path=str(node.store.root),
-            refusals=REFUSALS.snapshot(),
-            disk_total_bytes=disk_total,
-            disk_free_bytes=disk_free,
-        )
-        resp.MergeFrom(health_fields(node, request.chain_index))
-        return resp
-
-    async def ListMembers(
-        self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListMembersResponse:
-        await self._check_group(request.group, context)
-        return _list_members(self.node)
-
-    async def ChangeMember(
-        self, request: pb.ChangeMemberRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ChangeMemberResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        kind = _CHANGE_KINDS.get(request.kind)
-        if kind is None:
-            await status.abort(
-                context,
-                _invalid(
-                    E.UNKNOWN_CHANGE,
-                    f"kind {_echo(request.kind)} is not one of {sorted(_CHANGE_KINDS)}",
-                ),
-            )
-        adding = kind in (ChangeKind.ADD_LEARNER, ChangeKind.ADD_VOTER)
-        if adding and not request.peer_addr:
-            await status.abort(
-                context, _invalid(E.PEER_ADDR_REQUIRED, "a new member needs its peer_addr")
-            )
-        change = ConfChange(kind, request.node_id, request.peer_addr, request.client_addr)
-        try:
-            proposal = await node.change_member(change)
-        except (DLedgerError, TimeoutError) as exc:
-            await self._fail(context, exc)
-        return pb.ChangeMemberResponse(
-            members=node.members(), index=proposal.last_index, term=proposal.term
-        )
-
-    async def TransferLeadership(
-        self, request: pb.TransferLeadershipRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TransferLeadershipResponse:
-        node = self.node
-        await self._check_group(request.group, context)
-        try:
-            node.core.transfer_leadership(request.target_id)
-        except DLedgerError as exc:
-            await self._fail(context, exc)
-        node._wake()
-        deadline = time.monotonic() + node.cfg.election_timeout_ms * 4 / 1000
-        while node.core.leader_id != request.target_id and time.monotonic() < deadline:
-            await node.wait_leader_change(deadline - time.monotonic())
-        if node.core.leader_id != request.target_id:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    E.TRANSFER_TIMEOUT,
-                    f"leader is still {node.core.leader_id}",
-                    leader_id=node.core.leader_id or "",
-                    leader_addr=node.leader_client_addr()[1],
-                    retryable=True,
-                ),
-            )
-        return pb.TransferLeadershipResponse(
-            leader_id=node.core.leader_id or "", term=node.core.term
-        )
-
-
-def _list_members(node: DLedgerNode) -> pb.ListMembersResponse:
-    conf = node.core.conf_state
-    return pb.ListMembersResponse(
-        members=node.members(),
-        leader_id=node.core.leader_id or "",
-        config_index=conf.index,
-        config_committed=conf.index <= node.core.commit_index,
-        term=node.core.term,
-    )
-
-
-def _invalid(code: str, text: str) -> status.RpcFailure:
-    """A request this node refuses whatever its state: not retryable."""
-    return status.RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, code, text)

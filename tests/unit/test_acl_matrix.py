@@ -35,7 +35,7 @@ from broker.state.auth.secrets import SecretBox
 from broker.state.message import UniqIdGenerator
 from client.errors import MQClientError
 from dledger.server.guard import GuardInterceptor
-from dledger.server.node import _PeerServicer
+from dledger.server.peer_service import PeerServicer
 from mqdashboard.reader import GroupReader
 from mqdashboard.web import ACTION_CALLS, ACTIONS
 from mqsecurity import pki
@@ -393,7 +393,7 @@ def test_the_peer_port_serves_members_only(member: tuple[bytes, Any]) -> None:
             damage=None,
         ),
     )
-    servicer = _PeerServicer(node)  # type: ignore[arg-type]
+    servicer = PeerServicer(node)  # type: ignore[arg-type]
     claims = [("x-raftmq-group", MEMBER_GROUP), ("x-raftmq-from", NODE)]
     pem = Path(files.cert_path).read_bytes()
     wrong = []

@@ -264,13 +264,13 @@ async def _lead_with_first_entry_acked(node: DLedgerNode, sent: list[Message]) -
 
 
 def test_metadata_reports_the_stores_file_system(tmp_path: Path) -> None:
-    from dledger.server.node import _disk_space
+    from dledger.server.client_service import disk_space
 
     st = os.statvfs(tmp_path)
-    total, free = _disk_space(tmp_path)
+    total, free = disk_space(tmp_path)
     assert total == st.f_blocks * st.f_frsize > 0
     assert 0 < free <= total
-    assert _disk_space(tmp_path / "gone") == (0, 0)
+    assert disk_space(tmp_path / "gone") == (0, 0)
 
 
 def _promise_fsyncs_per_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -371,11 +371,11 @@ def test_the_promise_file_holds_each_ack_before_it_leaves(tmp_path: Path) -> Non
         node._transport.send = send  # type: ignore[method-assign]
         node.on_peer_message("n1", to_pb(_append(0, 2), "g"))
         await _until(lambda: promised_when_sent, "the ack of index 2")
-        writes = node._promises.writes
+        writes = node._persister.promises.writes
         node.on_peer_message("n1", to_pb(AppendRequest("n1", "n0", 1, 2, 1, (), 2), "g"))
         await _until(lambda: len(promised_when_sent) == 2, "the heartbeat's answer")
         assert promised_when_sent == [(2, 2), (2, 2)]
-        assert node._promises.writes == writes  # nothing new: no write, no fsync
+        assert node._persister.promises.writes == writes  # nothing new: no write, no fsync
         got = read_promise(path)
         assert got is not None and got.hard_state.term == 1
 

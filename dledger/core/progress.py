@@ -1,0 +1,150 @@
+"""The leader's view of one follower (etcd's ``tracker.Progress``): how far its log is known
+to match, what to send it next, and which of three states paces the sending.
+
+``PROBE``: one append at a time (``probe_sent``) until an answer shows where the follower's
+log matches this leader's; ``REPLICATE``: appends pipelined from ``next`` on, at most the
+configured number in flight (``inflight`` holds the last index of each, ascending);
+``SNAPSHOT``: the follower's next entry is no longer in the leader's log, so only a snapshot
+catches it up (``snapshot_inflight`` while the driver transfers one).
+
+Pure bookkeeping: no messages are built here and nothing reads the log. The caller
+(:class:`dledger.core.raft.RaftNode`) decides when a transition happens; the methods keep the
+fields of a state consistent with each other.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+__all__ = ["Progress", "ProgressState"]
+
+
+class ProgressState(enum.Enum):
+    PROBE = "probe"  # one append at a time until the follower's match point is found
+    REPLICATE = "replicate"  # pipelined appends, at most max_inflight_appends in flight
+    SNAPSHOT = "snapshot"  # behind the log's first index: caught up by a snapshot
+
+
+class Progress:
+    """One follower as its leader sees it. Created in ``PROBE`` from ``next_index``."""
+
+    __slots__ = (
+        "back_step",
+        "commit_sent",
+        "inflight",
+        "last_heard_tick",
+        "last_sent_tick",
+        "match",
+        "next",
+        "probe_sent",
+        "repairing",
+        "snapshot_inflight",
+        "stalled_ticks",
+        "state",
+    )
+
+    def __init__(self, next_index: int) -> None:
+        assert next_index >= 1, f"next index {next_index} below 1"
+        self.match = 0  # highest index known to match the leader's log
+        self.next = next_index  # first index to send next
+        self.state = ProgressState.PROBE
+        self.probe_sent = False
+        self.inflight: deque[int] = deque()  # last index of each append in flight, ascending
+        self.last_heard_tick = 0  # leader tick count when this follower last answered
+        # Leader tick count when an append that asks for an answer (a heartbeat, a probe, a
+        # batch) last went to this follower: its heartbeat is due heartbeat_interval_ticks on.
+        self.last_sent_tick = 0
+        self.commit_sent = 0  # highest commit index a message to it could let it apply
+        self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
+        self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
+        self.repairing = False  # its last answer said so: not counted towards a commit
+        # How far the next probe goes back after a content mismatch (doubles each time, so
+        # a divergence n entries back is found in log2(n) rounds; 1 again after an ack).
+        self.back_step = 1
+
+    # ------------------------------------------------------------------ state transitions
+
+    def become_probe(self, next_index: int) -> None:
+        """Probe from ``next_index``: forget what is in flight (its answers are stale)."""
+        self.state = ProgressState.PROBE
+        self.next = next_index
+        self.probe_sent = False
+        self.inflight.clear()
+        self.stalled_ticks = 0
+
+    def become_replicate(self) -> None:
+        """The match point is found: pipeline from the entry after it."""
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflight.clear()
+
+    def become_snapshot(self) -> bool:
+        """Enter (or stay in) ``SNAPSHOT``; True when a transfer must be asked for (none is in
+        flight), which is then counted as in flight."""
+        if self.state is not ProgressState.SNAPSHOT:
+            self.state = ProgressState.SNAPSHOT
+            self.inflight.clear()
+            self.probe_sent = False
+        if self.snapshot_inflight:
+            return False
+        self.snapshot_inflight = True
+        return True
+
+    def snapshot_done(self, ok: bool, index: int) -> bool:
+        """The driver's transfer ended (``ok``: the follower holds the snapshot at ``index``).
+        True when it then probes from past the snapshot; False: it stays in ``SNAPSHOT``
+        until its next answer asks for another transfer."""
+        assert self.state is ProgressState.SNAPSHOT
+        self.snapshot_inflight = False
+        if not ok:
+            return False
+        self.become_probe(max(self.match, index) + 1)
+        return True
+
+    def leave_snapshot(self) -> None:
+        """An answer in ``SNAPSHOT`` shows the follower continuable from the log: probe on."""
+        self.become_probe(self.match + 1)
+        self.snapshot_inflight = False
+
+    # ------------------------------------------------------------------ answers and sends
+
+    def acked(self, match_index: int) -> bool:
+        """A success answer up to ``match_index``; True when it moved the match forward."""
+        if match_index <= self.match:
+            return False
+        self.match = match_index
+        self.next = max(self.next, match_index + 1)
+        self.stalled_ticks = 0
+        self.back_step = 1
+        return True
+
+    def sent(self, last_index: int, tick: int) -> None:
+        """An append asking for an answer went out, its last entry ``last_index`` (its prev
+        when empty), at leader tick ``tick``."""
+        self.last_sent_tick = tick
+        if self.state is ProgressState.PROBE:
+            self.probe_sent = True
+        else:
+            self.next = last_index + 1
+            self.inflight.append(last_index)
+
+    def free_up_to(self, index: int) -> None:
+        """Appends whose last index is at most ``index`` are answered: out of flight."""
+        inflight = self.inflight
+        while inflight and inflight[0] <= index:
+            inflight.popleft()
+
+    def lower_match(self, match_index: int) -> None:
+        """The follower no longer holds what it acked above ``match_index`` (it lost or cut
+        entries): count only that much, probe from the entry after it."""
+        self.match = max(0, match_index)
+        self.commit_sent = min(self.commit_sent, self.match)
+        self.become_probe(self.match + 1)
+
+    def notice_due(self, commit: int) -> bool:
+        """Whether this follower needs a commit notice at leader commit index ``commit``: no
+        append in flight (its answer would bring one) and no message sent to it yet carried
+        what it can commit."""
+        return not self.inflight and min(commit, self.match) > self.commit_sent
