@@ -261,6 +261,10 @@ class NodeConfig:
     # Client address peers and clients are told to use ("" = client_addr, the bound one); a
     # test harness sets it to a proxy in front of the client port.
     advertised_client_addr: str = ""
+    # Host the client and peer ports bind ("" = client_host): 0.0.0.0 or :: for every
+    # interface, or one interface's address, while client_host and this node's entry in
+    # peers stay the addresses others dial (the broker's bindAddress and brokerIP1).
+    bind_host: str = ""
     # Client addresses of the other members (node id -> host:port), from configuration: what
     # NOT_LEADER redirects and Metadata name as the leader's address. Never learnt from peers
     # (a peer stream's metadata is not authenticated). A member missing here is named by id
@@ -402,6 +406,11 @@ class NodeConfig:
     @property
     def client_addr(self) -> str:
         return f"{self.client_host}:{self.client_port}"
+
+    def bind_addr(self, port: int) -> str:
+        """Where a port of this node binds: ``bind_host`` (or client_host) and ``port``."""
+        host = self.bind_host or self.client_host
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     @property
     def public_client_addr(self) -> str:
@@ -643,9 +652,10 @@ class DLedgerNode:
         client_names = ["raftmq.dledger.v1.DLedgerClient"]
         for register in self._client_services:
             client_names.extend(register(self._client_server))
+        peer_port = int(cfg.peers[cfg.self_id].rpartition(":")[2])
         for server, addr, names, mutual in (
-            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"], True),
-            (self._client_server, cfg.client_addr, client_names, False),
+            (self._peer_server, cfg.bind_addr(peer_port), ["raftmq.dledger.v1.DLedgerPeer"], True),
+            (self._client_server, cfg.bind_addr(cfg.client_port), client_names, False),
         ):
             add_health_and_reflection(server, names)
             bind(server, addr, cfg.tls, StartError, require_client_cert=mutual)
