@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from raftmq.nameserver.v1 import nameserver_pb2 as nspb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 from support import create_topic, wait_for
 
 from client import Message, Producer, PullConsumer
 from mqcluster.cluster import LocalCluster
-from raftmq.nameserver.v1 import nameserver_pb2 as nspb
-from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 

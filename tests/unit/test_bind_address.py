@@ -49,7 +49,7 @@ def test_the_v2_port_advertises_broker_ip1_and_binds_the_bind_address() -> None:
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0"])
 def test_advertising_every_interface_is_refused(host: str) -> None:
-    with pytest.raises(ConfigError, match="brokerIP1.*every-interface address.*bindAddress"):
+    with pytest.raises(ConfigError, match=r"brokerIP1.*every-interface address.*bindAddress"):
         parse_config(BASE + f"brokerIP1={host}\n")
 
 
@@ -64,14 +64,14 @@ def test_advertising_every_interface_is_refused(host: str) -> None:
 )
 def test_dialled_addresses_may_not_be_every_interface(extra: str, key: str) -> None:
     text = BASE.replace("dLegerPeers=", "#") if key == "dLegerPeers" else BASE
-    with pytest.raises(ConfigError, match=f"key '{key}'.*every-interface.*bindAddress=0.0.0.0"):
+    with pytest.raises(ConfigError, match=rf"key .{key}..*every-interface.*bindAddress=0.0.0.0"):
         parse_config(text + extra)
 
 
 @pytest.mark.parametrize("host", ["broker-0.example.net", "::1", "10.0.0"])
 def test_broker_ip1_is_an_ipv4_address(host: str) -> None:
     # Message ids embed it (4 bytes): a name used to fail each send, at apply time.
-    with pytest.raises(ConfigError, match="brokerIP1.*not an IPv4 address"):
+    with pytest.raises(ConfigError, match=r"brokerIP1.*not an IPv4 address"):
         parse_config(BASE + f"brokerIP1={host}\n")
 
 
