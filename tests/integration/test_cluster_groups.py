@@ -107,9 +107,7 @@ def test_two_secure_groups_then_a_third_added_under_load(groups: Groups) -> None
             added = groups.add_group()
             assert added.group == "broker-c"
             assert added.topics == [TOPIC] and added.users == ["alice"]
-            wait_for(
-                lambda: "broker-c" in acked.values(), DEADLINE_S, "a send on the added group"
-            )
+            wait_for(lambda: "broker-c" in acked.values(), DEADLINE_S, "a send on the added group")
             on_c = sum(1 for g in list(acked.values()) if g == "broker-c")
             deadline = time.monotonic() + DEADLINE_S
             while sum(1 for g in list(acked.values()) if g == "broker-c") < on_c + 20:
