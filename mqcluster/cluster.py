@@ -30,6 +30,12 @@ NameServer and one set of users for all of them.
     mqcluster remove-group NAME [--purge]       its topics made read-only, its nodes stopped
     mqcluster add-user NAME [--type Super]      a user on every group, its credentials kept in
                                                 <base>/users/NAME.json (new groups get it)
+
+Several hosts (mqcluster.hostfiles; docs/DEPLOY.md):
+
+    mqcluster hosts --layout FILE --out DIR     the CA, certificates, broker.conf and
+                                                namesrv.conf and start command of every
+                                                process of the layout, one dir per process
     (kill, start, add, remove take --group NAME; default: the first group)
 
 The files of a secure group (certificates, keys, the admin credentials) are in the base dir,
@@ -1030,6 +1036,11 @@ def build_parser() -> CommandLine:
     add_user = cli.add("add-user", help="create a user on every group (and on later ones)")
     add_user.add_argument("name")
     add_user.add_argument("--type", default="Normal", choices=["Normal", "Super"])
+    hosts = cli.add(
+        "hosts", help="write every file of a cluster on several hosts (mqcluster.hostfiles)"
+    )
+    hosts.add_argument("--layout", required=True, help="the layout (JSON): hosts of each process")
+    hosts.add_argument("--out", required=True, help="where the files go (one dir per process)")
     return cli
 
 
@@ -1149,6 +1160,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if leaders == {g.group for g in groups.all()} else 1
         elif ns.cmd in ("kill", "start", "add", "remove"):
             _cmd_node(groups, ns)
+        elif ns.cmd == "hosts":
+            from mqcluster import hostfiles  # it imports this module
+
+            written = hostfiles.run(ns.layout, ns.out)
+            print(f"wrote {', '.join(written.made) or 'nothing new'} in {ns.out}")
+            if written.kept:
+                print(f"kept as they were: {', '.join(written.kept)}")
+            print("copy each directory to its host and run its 'command' (docs/DEPLOY.md)")
         elif ns.cmd in ("add-group", "remove-group", "add-user"):
             _cmd_groups(groups, ns)
         elif ns.cmd == "down":
