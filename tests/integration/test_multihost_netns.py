@@ -102,10 +102,13 @@ class Hosts:
     def set_link(self, host: str, up: bool) -> None:
         netns._ip("link", "set", self.net.nodes[host].veth, "up" if up else "down")
 
-    def stop_all(self) -> None:
-        for host, p in self.procs.items():
-            if p.poll() is None:
-                self.stop(host)
+    def kill_all(self) -> None:
+        """The end of the run (its checks are done): SIGKILL every process still running."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for p in running:
+            p.kill()
+        for p in running:
+            p.wait(timeout=STOP_S)
 
 
 @pytest.fixture
@@ -119,7 +122,7 @@ def hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hosts]:
             net.add_node(name)
         yield h
     finally:
-        h.stop_all()
+        h.kill_all()
         net.stop()
 
 
@@ -214,10 +217,22 @@ class Acks:
         wait_for(grown, STEP_S, what)
 
 
-def _start_group(h: Hosts, group: str, names: tuple[str, ...]) -> None:
-    for n in names:
-        h.start(n)
-    wait_for(lambda: _leader(h, group, names) is not None, STEP_S, f"a leader of {group}")
+def _start_groups(h: Hosts, groups: dict[str, tuple[str, ...]]) -> None:
+    """Start every node of ``groups`` at once; wait until each group has a leader."""
+    for names in groups.values():
+        for n in names:
+            h.start(n)
+    for group, names in groups.items():
+
+        def elected(group: str = group, names: tuple[str, ...] = names) -> bool:
+            return _leader(h, group, names) is not None
+
+        wait_for(elected, STEP_S, f"a leader of {group}")
+
+
+def _step(t0: float, what: str) -> None:
+    """Where the run is (shown with a failure's captured output)."""
+    print(f"step {what}: {time.monotonic() - t0:.1f} s", flush=True)
 
 
 def _restart(h: Hosts, host: str, group: str, names: tuple[str, ...]) -> None:
@@ -241,13 +256,15 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
     hosts: Hosts,
 ) -> None:
     h = hosts
+    t0 = time.monotonic()
     made = _write_files(h, GROUPS)
     assert len(made) == 2 + 6
     for n in NAMESRVS:
         h.start(n)
+    _start_groups(h, GROUPS)
+    for n in NAMESRVS:
         wait_for(lambda n=n: _listening((h.ip(n), hostfiles.NAMESRV_PORT)), STEP_S, n)
-    for group, names in GROUPS.items():
-        _start_group(h, group, names)
+    _step(t0, "started")
     admin = MQAdmin(_namesrv_addr(h), _admin(h))
     assert admin.create_topic(TOPIC, QUEUES) == sorted(GROUPS)
 
@@ -260,8 +277,19 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
     }
     client_ns = h.net.nodes["cli"].ns
     producer = subprocess.Popen(
-        ["ip", "netns", "exec", client_ns, sys.executable, str(CLIENT), "produce"]
-        + [_namesrv_addr(h), TOPIC, str(acks.path), str(stop)],
+        [
+            "ip",
+            "netns",
+            "exec",
+            client_ns,
+            sys.executable,
+            str(CLIENT),
+            "produce",
+            _namesrv_addr(h),
+            TOPIC,
+            str(acks.path),
+            str(stop),
+        ],
         env=client_env,
         stderr=(h.out.parent / "producer.err").open("wb"),
     )
@@ -269,6 +297,7 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
         for group in GROUPS:
             acks.wait_more(SENDS_PER_STEP // 2, f"sends acknowledged by {group}", group)
 
+        _step(t0, "both groups acked")
         # A whole host dies: its process SIGKILLed and its network gone.
         lost = _leader(h, "broker-a", GROUPS["broker-a"])
         assert lost is not None
@@ -278,6 +307,7 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
         h.set_link(lost, up=True)
         h.start(lost)
 
+        _step(t0, "host loss")
         # A third group: its hosts, its files from a second run of the tool, the topic
         # extended to it (updateTopic over the cluster), its queues used.
         for names in ADDED.values():
@@ -285,17 +315,18 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
                 h.net.add_node(n)
         made = _write_files(h, {**GROUPS, **ADDED})
         assert sorted(made) == ["broker-c-n0", "broker-c-n1", "broker-c-n2"]
-        for group, names in ADDED.items():
-            _start_group(h, group, names)
+        _start_groups(h, ADDED)
         assert admin.create_topic(TOPIC, QUEUES) == sorted({**GROUPS, **ADDED})
         acks.wait_more(SENDS_PER_STEP // 2, "sends on the added group", "broker-c")
 
+        _step(t0, "third group")
         # The upgrade drill: every process restarted, one at a time, under load.
         for n in NAMESRVS:
             _restart(h, n, "", ())
         for group, names in {**GROUPS, **ADDED}.items():
             for n in names:
                 _restart(h, n, group, names)
+        _step(t0, "drill")
         acks.wait_more(SENDS_PER_STEP, "sends after the drill")
     finally:
         stop.touch()
@@ -309,8 +340,18 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
     acked = acks.read()
     read_file = h.out.parent / "read.txt"
     subprocess.run(
-        ["ip", "netns", "exec", client_ns, sys.executable, str(CLIENT), "consume"]
-        + [_namesrv_addr(h), TOPIC, str(read_file)],
+        [
+            "ip",
+            "netns",
+            "exec",
+            client_ns,
+            sys.executable,
+            str(CLIENT),
+            "consume",
+            _namesrv_addr(h),
+            TOPIC,
+            str(read_file),
+        ],
         env=client_env,
         check=True,
         timeout=STEP_S * 2,
