@@ -37,12 +37,13 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.config import render_config
+from broker.config import ConfigError, parse_config, render_config
 from mqcluster.cluster import ClusterError
 from mqsecurity import pki
 from mqsecurity.credentials import (
@@ -267,7 +268,13 @@ class HostFiles:
         }
         if self.layout.bind_address:
             values["bindAddress"] = self.layout.bind_address
-        write_private_file(str(d / "broker.conf"), render_config(values).encode())
+        text = render_config(values)
+        try:  # a layout's settings the broker would refuse: refused now, nothing left
+            parse_config(text, str(d / "broker.conf"))
+        except ConfigError as exc:
+            shutil.rmtree(d)
+            raise ClusterError(f"layout: settings: {exc}") from None
+        write_private_file(str(d / "broker.conf"), text.encode())
         _write_command(d, ["mqbroker", "-c", str(d / "broker.conf")], "broker.log")
 
 
