@@ -97,8 +97,15 @@ class Groups:
 
     @property
     def extra_names(self) -> list[str]:
+        """The added groups' names, as cluster.json lists them (checked: each names a
+        directory under groups/)."""
         names = self.first.extra_state.get("groups", [])
-        assert isinstance(names, list)
+        if (
+            not isinstance(names, list)
+            or len(names) >= MAX_GROUPS
+            or not all(isinstance(n, str) and _GROUP_NAME.fullmatch(n) for n in names)
+        ):
+            raise ClusterError(f"{self.base}/cluster.json: 'groups' is not a list of group names")
         return [str(n) for n in names]
 
     def _group_dir(self, name: str) -> Path:
