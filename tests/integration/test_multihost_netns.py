@@ -50,7 +50,10 @@ SOAK = os.environ.get("RAFTMQ_SOAK") == "1"
 SENDS_PER_STEP = 400 if SOAK else 40
 TOPIC = "Hosts"
 QUEUES = 4
-STEP_S = 30.0
+# Bounds of each wait: traffic in a step, and a process start (a broker imports grpc and its
+# stubs before it logs a line: ~2 s alone, far more on a loaded 2-core CI machine).
+STEP_S = 60.0
+START_S = 90.0
 STOP_S = 15.0
 CLIENT = Path(__file__).resolve().parents[1] / "multihost_client.py"
 NAMESRVS = ("nsrv0", "nsrv1")
@@ -227,7 +230,7 @@ def _start_groups(h: Hosts, groups: dict[str, tuple[str, ...]]) -> None:
         def elected(group: str = group, names: tuple[str, ...] = names) -> bool:
             return _leader(h, group, names) is not None
 
-        wait_for(elected, STEP_S, f"a leader of {group}")
+        wait_for(elected, START_S, f"a leader of {group}")
 
 
 def _step(t0: float, what: str) -> None:
@@ -242,14 +245,14 @@ def _restart(h: Hosts, host: str, group: str, names: tuple[str, ...]) -> None:
         h.stop(host)
         h.start(host)
         addr = (h.ip(host), hostfiles.NAMESRV_PORT)
-        wait_for(lambda: _listening(addr), STEP_S, f"{host} listening again")
+        wait_for(lambda: _listening(addr), START_S, f"{host} listening again")
         return
     leader = _leader(h, group, names)
     before = _commit(h, group, leader) if leader else 0
     h.stop(host)
     h.start(host)
-    wait_for(lambda: _commit(h, group, host) >= before, STEP_S, f"{host} caught up again")
-    wait_for(lambda: _leader(h, group, names) is not None, STEP_S, f"a leader of {group}")
+    wait_for(lambda: _commit(h, group, host) >= before, START_S, f"{host} caught up again")
+    wait_for(lambda: _leader(h, group, names) is not None, START_S, f"a leader of {group}")
 
 
 def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upgrade_drill(
@@ -263,7 +266,7 @@ def test_two_groups_on_separate_hosts_survive_a_host_loss_a_new_group_and_an_upg
         h.start(n)
     _start_groups(h, GROUPS)
     for n in NAMESRVS:
-        wait_for(lambda n=n: _listening((h.ip(n), hostfiles.NAMESRV_PORT)), STEP_S, n)
+        wait_for(lambda n=n: _listening((h.ip(n), hostfiles.NAMESRV_PORT)), START_S, n)
     _step(t0, "started")
     admin = MQAdmin(_namesrv_addr(h), _admin(h))
     assert admin.create_topic(TOPIC, QUEUES) == sorted(GROUPS)
