@@ -30,7 +30,7 @@ import pytest
 from support import wait_for
 
 from client import MQAdmin
-from dledger.server.client import ClientError
+from dledger.server.client import ClientError, LogClient
 from jepsen_like import netns
 from jepsen_like.netns import NetnsNet, check_netns
 from mqcluster import hostfiles
@@ -72,6 +72,9 @@ class Hosts:
         self.out = out
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.dirs: dict[str, Path] = {}
+        # One log client per group, kept: its TLS channels reconnect to a restarted node, and
+        # a handshake per poll would cost a loaded machine more than the polling itself.
+        self.clients: dict[str, LogClient] = {}
         self.env = {
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
@@ -105,8 +108,16 @@ class Hosts:
     def set_link(self, host: str, up: bool) -> None:
         netns._ip("link", "set", self.net.nodes[host].veth, "up" if up else "down")
 
+    def client(self, group: str, names: tuple[str, ...]) -> LogClient:
+        if group not in self.clients:
+            addrs = [f"{self.ip(n)}:{hostfiles.CLIENT_PORT}" for n in names]
+            self.clients[group] = log_client(addrs, group, _admin(self), timeout_s=1.0)
+        return self.clients[group]
+
     def kill_all(self) -> None:
         """The end of the run (its checks are done): SIGKILL every process still running."""
+        for client in self.clients.values():
+            client.close()
         running = [p for p in self.procs.values() if p.poll() is None]
         for p in running:
             p.kill()
@@ -174,26 +185,25 @@ def _listening(addr: tuple[str, int]) -> bool:
 
 def _leader(h: Hosts, group: str, names: tuple[str, ...]) -> str | None:
     """The host of ``group``'s leader, as the members themselves say; None if none."""
-    addrs = {f"{h.ip(n)}:{hostfiles.CLIENT_PORT}": n for n in names}
-    with log_client(list(addrs), group, _admin(h), timeout_s=1.0) as client:
-        for addr, host in addrs.items():
-            if not h.alive(host):
-                continue
-            try:
-                if client.metadata(addr, timeout_s=1.0).role == "LEADER":
-                    return host
-            except ClientError:
-                continue
+    client = h.client(group, names)
+    for host in names:
+        if not h.alive(host):
+            continue
+        try:
+            md = client.metadata(f"{h.ip(host)}:{hostfiles.CLIENT_PORT}", timeout_s=1.0)
+        except ClientError:
+            continue
+        if md.role == "LEADER":
+            return host
     return None
 
 
-def _commit(h: Hosts, group: str, host: str) -> int:
+def _commit(h: Hosts, group: str, names: tuple[str, ...], host: str) -> int:
     addr = f"{h.ip(host)}:{hostfiles.CLIENT_PORT}"
-    with log_client([addr], group, _admin(h), timeout_s=1.0) as client:
-        try:
-            return int(client.metadata(addr, timeout_s=1.0).commit_index)
-        except ClientError:
-            return -1
+    try:
+        return int(h.client(group, names).metadata(addr, timeout_s=1.0).commit_index)
+    except ClientError:
+        return -1
 
 
 class Acks:
@@ -248,10 +258,10 @@ def _restart(h: Hosts, host: str, group: str, names: tuple[str, ...]) -> None:
         wait_for(lambda: _listening(addr), START_S, f"{host} listening again")
         return
     leader = _leader(h, group, names)
-    before = _commit(h, group, leader) if leader else 0
+    before = _commit(h, group, names, leader) if leader else 0
     h.stop(host)
     h.start(host)
-    wait_for(lambda: _commit(h, group, host) >= before, START_S, f"{host} caught up again")
+    wait_for(lambda: _commit(h, group, names, host) >= before, START_S, f"{host} caught up again")
     wait_for(lambda: _leader(h, group, names) is not None, START_S, f"a leader of {group}")
 
 
