@@ -30,13 +30,13 @@ NameServer and one set of users for all of them.
     mqcluster remove-group NAME [--purge]       its topics made read-only, its nodes stopped
     mqcluster add-user NAME [--type Super]      a user on every group, its credentials kept in
                                                 <base>/users/NAME.json (new groups get it)
+    (kill, start, add, remove take --group NAME; default: the first group)
 
 Several hosts (mqcluster.hostfiles; docs/DEPLOY.md):
 
     mqcluster hosts --layout FILE --out DIR     the CA, certificates, broker.conf and
                                                 namesrv.conf and start command of every
                                                 process of the layout, one dir per process
-    (kill, start, add, remove take --group NAME; default: the first group)
 
 The files of a secure group (certificates, keys, the admin credentials) are in the base dir,
 laid out as :mod:`mqcluster.localsecurity` says; docs/SECURITY.md "Secure by default".
