@@ -230,7 +230,7 @@ def build(cfg: BrokerConfig) -> Process:
     late.fill(broker)
     exporter = (
         BrokerExporter(
-            cfg.brokerIP1, cfg.metricsPort, _metrics(broker, node), cfg.metrics_tls_files
+            cfg.bind_host, cfg.metricsPort, _metrics(broker, node), cfg.metrics_tls_files
         )
         if metrics
         else None
@@ -318,7 +318,8 @@ def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
         client=cfg.client_security,
         plaintext_port=cfg.grpcServerPlaintextPort,
     )
-    return V2Port(broker, v2cfg, cfg.brokerIP1, cfg.namesrv_addrs, security)
+    host = cfg.bind_host
+    return V2Port(broker, v2cfg, f"[{host}]" if ":" in host else host, cfg.namesrv_addrs, security)
 
 
 class LazyLog:

@@ -19,7 +19,7 @@ from broker.components import disk
 from broker.components.settings import ServiceConfig
 from broker.configkeys import KEYS as KEYS
 from broker.configkeys import SECRET_KEYS as SECRET_KEYS
-from broker.configkeys import TARGETS, Peer, parse_init_user
+from broker.configkeys import TARGETS, Peer, is_unspecified_host, parse_init_user
 from broker.configkeys import _Key as _Key  # tests add keys to KEYS with it
 from broker.configkeys import parse_peers as parse_peers
 from broker.state.delayrules import parse_delay_levels
@@ -55,6 +55,7 @@ class BrokerConfig:
     metricsPort: int
     metricsTlsEnable: bool | None
     brokerIP1: str
+    bindAddress: str
     storePathRootDir: str
     dLegerPromisePath: str
     flushDiskType: FlushDiskType
@@ -158,6 +159,11 @@ class BrokerConfig:
         return self.advertisedClientAddr or f"{self.brokerIP1}:{self.listenPort}"
 
     @property
+    def bind_host(self) -> str:
+        """The host every port of the node binds: bindAddress, or brokerIP1 when not set."""
+        return self.bindAddress or self.brokerIP1
+
+    @property
     def rmq5_addr(self) -> str:
         """The RocketMQ 5 port's address (registered with NameServers); "" when not served."""
         return f"{self.brokerIP1}:{self.grpcServerPort}" if self.grpcServerPort else ""
@@ -237,6 +243,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"{path}: key 'diskSpaceResumeRatio' ({values['diskSpaceResumeRatio']}) must be "
             f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
         )
+    _check_advertised(values, path)
     _check_timer_retention(values, path)
     _check_tls(values, path)
     _check_metrics_port(values, path)
@@ -245,6 +252,21 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     values["dLegerPromisePath"] = os.path.expanduser(values["dLegerPromisePath"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, **values)
+
+
+def _check_advertised(values: Mapping[str, Any], path: str) -> None:
+    """Addresses other processes dial (peers, redirects, the join target, a proxy) name a
+    reachable host, never 0.0.0.0 or :: (bindAddress is where those go)."""
+    dialled = [("dLegerPeers", p.addr) for p in values["dLegerPeers"]]
+    dialled += [("dLegerPeerClientAddrs", p.addr) for p in values["dLegerPeerClientAddrs"]]
+    dialled += [(k, values[k]) for k in ("dLegerJoinAddr", "advertisedClientAddr") if values[k]]
+    for name, addr in dialled:
+        if is_unspecified_host(addr.rpartition(":")[0]):
+            raise ConfigError(
+                f"{path}: key '{name}': {addr} is an every-interface address: other nodes and "
+                "clients dial it, so give a routable address or name; bind every interface "
+                "with bindAddress=0.0.0.0"
+            )
 
 
 def _check_timer_retention(values: dict[str, Any], path: str) -> None:

@@ -10,7 +10,9 @@ default is written once, on the dataclass that uses it.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -149,6 +151,59 @@ def _parse_scale(text: str) -> float:
     return value
 
 
+# A DNS host name (RFC 1123 labels, at most 253 characters).
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+# Addresses that mean "every interface" to bind(), and nothing to a peer or a client dialling
+# them: a node that advertised one would be unreachable (or reach the dialler's own machine).
+UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*", ""})
+
+
+def is_unspecified_host(host: str) -> bool:
+    """True for a host a node may bind but never advertise (0.0.0.0, ::)."""
+    text = host.strip()
+    if text in UNSPECIFIED_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(text.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def _parse_advertised_host(text: str) -> str:
+    """The IPv4 address clients and NameServers dial: RocketMQ's offsetMsgId embeds it (4
+    bytes), so neither a name nor IPv6; and not 0.0.0.0, which names no machine."""
+    host = _parse_str(text)
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ValueError(
+            "is not an IPv4 address (message ids embed it, as RocketMQ's do)"
+        ) from None
+    if address.is_unspecified:
+        raise ValueError(
+            "is an every-interface address: it can be bound (bindAddress), not advertised; "
+            "give the address clients and peers reach this node by"
+        )
+    if address.version != 4:
+        raise ValueError("is not an IPv4 address (message ids embed it, as RocketMQ's do)")
+    return str(address)
+
+
+def _parse_bind_host(text: str) -> str:
+    """Empty (bind the advertised brokerIP1), an IP address (0.0.0.0 and :: included) or a
+    host name."""
+    host = text.strip()
+    if not host:
+        return ""
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(host):
+        raise ValueError("is not an IP address or a host name")
+    return host
+
+
 def _parse_advertised_addr(text: str) -> str:
     """``host:port`` or empty (advertise the bound ``brokerIP1:listenPort``)."""
     addr = text.strip()
@@ -250,6 +305,8 @@ _ACCEPTS: Mapping[Callable[[str], Any], str] = {
     _parse_delay_levels: "durations with units s, m, h, d, separated by spaces",
     _parse_scale: "a number, 0.000001 to 1000",
     _parse_advertised_addr: "host:port, or empty",
+    _parse_advertised_host: "an IPv4 address, not 0.0.0.0",
+    _parse_bind_host: "an IP address (0.0.0.0, :: included) or host name, or empty",
     parse_init_user: 'JSON {"username": .., "password": ..}, or empty',
     _parse_inner_credentials: 'JSON {"accessKey": .., "secretKey": ..}, or empty',
     _parse_flush: "SYNC_FLUSH or ASYNC_FLUSH",
@@ -520,7 +577,7 @@ _TABLE: Mapping[str, _Key] = {
         "(0: none; users and permissions apply on it too)",
     ),
     # Prometheus metrics over HTTP (docs/METRICS.md): read-only, unauthenticated, bound to
-    # brokerIP1 like the client port; mqcluster gives node i 5557 + i (rocketmq-exporter's port).
+    # bindAddress like the client port; mqcluster gives node i 5557 + i (rocketmq-exporter's port).
     "metricsPort": _Key(
         parse_optional_port,
         "0",
@@ -534,15 +591,28 @@ _TABLE: Mapping[str, _Key] = {
         "serve /metrics over HTTPS with this node's certificate (default: as tlsEnable; true "
         "needs tlsEnable)",
     ),
+    # RocketMQ's pair: brokerIP1 is what the node advertises (registered with NameServers,
+    # named in routes and redirects), bindAddress (RocketMQ's NettyServerConfig key) what its
+    # ports bind. RocketMQ binds 0.0.0.0 by default; we bind brokerIP1 unless told, so that a
+    # node configured for one interface is not exposed on the others (docs/DEPLOY.md).
     "brokerIP1": _Key(
-        _parse_str,
+        _parse_advertised_host,
         "127.0.0.1",
-        "address clients are told to use",
+        "IPv4 address clients, peers' redirects and NameServers are told to use (never "
+        "0.0.0.0: bind every interface with bindAddress)",
         to=(
             Into("node", "client_host"),
             Into("service", "store_host"),
             Into("v2", "host"),
         ),
+    ),
+    "bindAddress": _Key(
+        _parse_bind_host,
+        INHERITED,
+        "address the client, peer, grpcServerPort and metrics ports bind: 0.0.0.0 (every "
+        "interface), :: or one interface's address (default: brokerIP1); the peer port takes "
+        "its port from this node's dLegerPeers entry",
+        to=(Into("node", "bind_host"),),
     ),
     "storePathRootDir": _Key(_parse_str, "~/store", "root of this node's files"),
     "dLegerPromisePath": _Key(

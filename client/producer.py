@@ -49,12 +49,16 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client.errors import MQClientError
 from client.message import Message, MessageQueue, SendResult, local_host, new_msg_id
-from client.route import ChannelPool, RouteClient, retry_wait_s
+from client.route import POLL_NAME_SERVER_INTERVAL_S, ChannelPool, RouteClient, retry_wait_s
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
 
+# RocketMQ's pollNameServerInterval (a cached route's age before it is asked again; a group
+# added to the cluster is sent to from then on): at least 100 ms, not to hammer NameServers.
+MIN_POLL_NAME_SERVER_INTERVAL_S = 0.1
+MAX_POLL_S = 3600.0
 # RocketMQ's sendMsgTimeout: one attempt, redirects and waiting for a new leader included.
 SEND_MSG_TIMEOUT_S = 3.0
 # RocketMQ's retryTimesWhenSendFailed.
@@ -163,7 +167,16 @@ class Producer:
         send_msg_timeout_s: float = SEND_MSG_TIMEOUT_S,
         retry_times_when_send_failed: int = RETRY_TIMES_WHEN_SEND_FAILED,
         security: ClientSecurity = PLAINTEXT,
+        poll_name_server_interval_s: float = POLL_NAME_SERVER_INTERVAL_S,
     ) -> None:
+        if not MIN_POLL_NAME_SERVER_INTERVAL_S <= poll_name_server_interval_s <= MAX_POLL_S:
+            raise MQClientError(
+                E.INVALID_ARGUMENT,
+                "INVALID_ARGUMENT",
+                f"poll_name_server_interval_s {poll_name_server_interval_s} is outside "
+                f"[{MIN_POLL_NAME_SERVER_INTERVAL_S}, {MAX_POLL_S}]",
+            )
+        self.poll_name_server_interval_s = poll_name_server_interval_s
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.send_msg_timeout_s = send_msg_timeout_s
@@ -194,7 +207,9 @@ class Producer:
     def start(self) -> None:
         if self._routes is not None:
             return
-        self._routes = RouteClient(self.namesrv_addr, self._channels)
+        self._routes = RouteClient(
+            self.namesrv_addr, self._channels, self.poll_name_server_interval_s
+        )
         self._executor = ThreadPoolExecutor(ASYNC_SEND_THREADS, thread_name_prefix="producer")
         self._callback_thread = threading.Thread(
             target=self._run_callbacks, name="producer-callbacks", daemon=True

@@ -21,6 +21,23 @@
     mqcluster remove nX                         remove nX from the group (the leader hands
                                                 over first when it is nX), then stop it
 
+Several broker groups (mqcluster.groups; docs/CLUSTER.md "Several broker groups"): one CA, one
+NameServer and one set of users for all of them.
+
+    mqcluster up --groups N                     N groups (broker-a, broker-b, ...)
+    mqcluster add-group [--group NAME]          a new group in the running cluster, given the
+                                                cluster's topics, recorded users and ACL rules
+    mqcluster remove-group NAME [--purge]       its topics made read-only, its nodes stopped
+    mqcluster add-user NAME [--type Super]      a user on every group, its credentials kept in
+                                                <base>/users/NAME.json (new groups get it)
+    (kill, start, add, remove take --group NAME; default: the first group)
+
+Several hosts (mqcluster.hostfiles; docs/DEPLOY.md):
+
+    mqcluster hosts --layout FILE --out DIR     the CA, certificates, broker.conf and
+                                                namesrv.conf and start command of every
+                                                process of the layout, one dir per process
+
 The files of a secure group (certificates, keys, the admin credentials) are in the base dir,
 laid out as :mod:`mqcluster.localsecurity` says; docs/SECURITY.md "Secure by default".
 
@@ -45,6 +62,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
@@ -60,6 +78,9 @@ from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
 from mqsecurity.errors import SecurityError
 from mqsecurity.tls import metrics_over_tls
+
+if TYPE_CHECKING:  # mqcluster.groups builds on this module; main imports it when it runs
+    from mqcluster.groups import Groups
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
@@ -89,6 +110,14 @@ STOP_GRACE_S = 10.0
 # Seconds `add` waits for the new node to join and catch up, `remove` for the change.
 MEMBER_WAIT_S = 120.0
 MAX_NODES = 7
+# Fixed ports of group k of a cluster of several (mqcluster.groups): node i's client port is
+# 10911 + 100 k + 10 i, its peer, RocketMQ 5 and metrics ports 40911/8081/5557 + 10 k + i
+# (a block of 10 holds MAX_NODES); 10 blocks, so 10 groups at most in the fixed layout.
+CLIENT_BLOCK_STEP = 100
+PORT_BLOCK_STEP = 10
+MAX_PORT_BLOCKS = 10
+# Keys of cluster.json that belong to mqcluster.groups (the cluster's other groups).
+EXTRA_STATE_KEYS = frozenset({"groups"})
 # What dledger/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
 FATAL_MARK = "FATAL component="
 # Bytes read from the end of an exited node's log to find its last FATAL (or last) line: logs
@@ -105,6 +134,15 @@ class ClusterError(BrokerError):
     """A cluster operation that cannot be done; one line for the CLI."""
 
     code = E.CLUSTER_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class SharedParts:
+    """What a group added to a cluster of several shares with the cluster's first group: its
+    NameServers (their ``namesrvAddr``) and its security files (CA, admin, ACL key)."""
+
+    namesrv_addr: str
+    layout: localsecurity.SecureLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +303,16 @@ class LocalCluster:
         # The broker.conf keys given at `configure` (mqcluster up --set): a node added later
         # gets them too (a segment size of its own would refuse every snapshot).
         self.settings: dict[str, str] = {}
+        # A group of a cluster of several (mqcluster.groups): the NameServers of the cluster
+        # it registers with when it runs none of its own, and the base dir whose CA, admin
+        # credentials and ACL key it shares ("": its own). Saved in cluster.json.
+        self.shared_namesrv = ""
+        self.security_base = ""
+        # Port block of the fixed (not --auto-ports) layout: group k of a cluster takes
+        # block k, so that several groups' default ports never meet.
+        self.port_block = 0
+        # More keys of cluster.json, kept as read (mqcluster.groups: the cluster's groups).
+        self.extra_state: dict[str, object] = {}
         state = self.base / STATE_FILE
         if state.exists():
             data = json.loads(state.read_text())
@@ -277,6 +325,12 @@ class LocalCluster:
                 self.namesrv = NameSrvInfo(**{**tls, **data["namesrv"]})
             self.secure = bool(data.get("secure", False))
             self.settings = {str(k): str(v) for k, v in data.get("settings", {}).items()}
+            self.shared_namesrv = str(data.get("shared_namesrv", ""))
+            self.security_base = str(data.get("security_base", ""))
+            self.port_block = int(data.get("port_block", 0))
+            self.extra_state = {k: v for k, v in data.items() if k in EXTRA_STATE_KEYS}
+            if self.security_base:
+                self.layout = localsecurity.SecureLayout(Path(self.security_base))
 
     # ------------------------------------------------------------------ setup
 
@@ -290,19 +344,34 @@ class LocalCluster:
         namesrv: bool = False,
         namesrv_conf: dict[str, str] | None = None,
         secure: bool = False,
+        shared: SharedParts | None = None,
+        port_block: int = 0,
     ) -> None:
         """Write one broker.conf per node and the state file; with ``namesrv`` also a
         NameServer config (``namesrv_conf``: extra keys), and point every node at it. With
         ``secure`` (what `mqcluster up` does unless --insecure) also a local CA, certificates
         and the admin user's credentials (:mod:`mqcluster.localsecurity`), and the keys that turn
-        TLS, member certificates and ACLs on in every config."""
+        TLS, member certificates and ACLs on in every config. With ``shared`` (a group added
+        to a cluster, mqcluster.groups) no NameServer and no CA of its own: its nodes register
+        with the cluster's NameServers and its certificates come from the cluster's CA.
+        ``port_block``: which block of the fixed ports (not ``auto_ports``) it takes."""
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterError(f"--nodes must be in [1, {MAX_NODES}], got {nodes}")
         if (self.nodes and any(self.pid(n) for n in self.nodes)) or self.namesrv_pid() is not None:
             raise ClusterError(f"a cluster is running in {self.base}; run 'mqcluster down' first")
         self.base.mkdir(parents=True, exist_ok=True)
+        if shared is not None and namesrv:
+            raise ClusterError("a group of a shared cluster uses the cluster's NameServers")
+        if not 0 <= port_block < MAX_PORT_BLOCKS:
+            raise ClusterError(f"port block {port_block} is outside [0, {MAX_PORT_BLOCKS})")
         self.namesrv = None
         self.secure = secure
+        self.group = group
+        self.port_block = port_block
+        if shared is not None:
+            self.shared_namesrv = shared.namesrv_addr
+            self.security_base = str(shared.layout.base) if secure else ""
+            self.layout = shared.layout if secure else localsecurity.SecureLayout(self.base)
         ids = [f"n{i}" for i in range(nodes)]
         if auto_ports:
             free = _free_ports(4 * nodes + 2)
@@ -310,19 +379,24 @@ class LocalCluster:
             grpc_ports, metrics_ports = free[2 * nodes : 3 * nodes], free[3 * nodes : 4 * nodes]
             namesrv_port, namesrv_metrics_port = free[-2], free[-1]
         else:
-            client_ports = [CLIENT_PORT_BASE + CLIENT_PORT_STEP * i for i in range(nodes)]
-            peer_ports = [PEER_PORT_BASE + i for i in range(nodes)]
-            grpc_ports = [GRPC_PORT_BASE + i for i in range(nodes)]
-            metrics_ports = [METRICS_PORT_BASE + i for i in range(nodes)]
+            block = PORT_BLOCK_STEP * port_block
+            client_ports = [
+                CLIENT_PORT_BASE + CLIENT_BLOCK_STEP * port_block + CLIENT_PORT_STEP * i
+                for i in range(nodes)
+            ]
+            peer_ports = [PEER_PORT_BASE + block + i for i in range(nodes)]
+            grpc_ports = [GRPC_PORT_BASE + block + i for i in range(nodes)]
+            metrics_ports = [METRICS_PORT_BASE + block + i for i in range(nodes)]
             namesrv_port, namesrv_metrics_port = NAMESRV_PORT, NAMESRV_METRICS_PORT
-        admin = self._secure_files(group, ids) if secure else None
+        admin = None
+        if secure:
+            admin = self._secure_files(group, ids) if shared is None else self._member_files(ids)
         if namesrv:
             ns_conf = localsecurity.namesrv_keys(self.layout) if secure else {}
             self.namesrv = self._write_namesrv_conf(
                 namesrv_port,
                 {"metricsPort": str(namesrv_metrics_port), **ns_conf, **(namesrv_conf or {})},
             )
-        self.group = group
         # Saved in cluster.json: without secrets (they stay in the 0600 node configs; a node
         # joining later takes the group's users from its log, not from initAuthenticationUser).
         self.settings = {k: v for k, v in (extra or {}).items() if k not in SECRET_KEYS}
@@ -339,6 +413,16 @@ class LocalCluster:
             )
         except (SecurityError, OSError) as exc:
             raise ClusterError(f"cannot create the security files in {self.base}: {exc}") from None
+        return admin
+
+    def _member_files(self, ids: list[str]) -> Credentials:
+        """Member certificates of this group's nodes from the cluster's CA (a group added to a
+        cluster): the NameServers and tools already trust them. The admin credentials."""
+        try:
+            for node_id in ids:
+                admin = localsecurity.add_member_files(self.layout, self.group, node_id)
+        except (SecurityError, OSError) as exc:
+            raise ClusterError(f"cannot issue the certificates of {self.group}: {exc}") from None
         return admin
 
     def _write_namesrv_conf(self, port: int, conf: dict[str, str]) -> NameSrvInfo:
@@ -402,6 +486,8 @@ class LocalCluster:
         }
         if self.namesrv is not None:
             values["namesrvAddr"] = self.namesrv.addr
+        elif self.shared_namesrv:
+            values["namesrvAddr"] = self.shared_namesrv
         if admin is not None:
             values.update(localsecurity.broker_keys(self.layout, self.group, node_id, admin))
         values.update(keys)
@@ -531,6 +617,10 @@ class LocalCluster:
                     "secure": self.secure,
                     "removed": self.removed,
                     "settings": self.settings,
+                    "shared_namesrv": self.shared_namesrv,
+                    "security_base": self.security_base,
+                    "port_block": self.port_block,
+                    **self.extra_state,
                 },
                 indent=2,
             )
@@ -880,7 +970,7 @@ def format_table(rows: list[dict[str, object]]) -> str:
         return "(no nodes)"
     cols = [c for c in rows[0] if c != "exit"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    lines = ["  ".join(c.upper().ljust(widths[c]).rstrip() for c in cols)]
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in cols).rstrip()]
     lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols).rstrip() for r in rows]
     lines += [f"{r['node']} exited: {r['exit']}" for r in rows if "exit" in r]
     return "\n".join(lines)
@@ -903,8 +993,11 @@ def build_parser() -> CommandLine:
         required=True,
     )
     up = cli.add("up", help="write configs, start the nodes, wait for a leader")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--group", default="broker-a")
+    up.add_argument("--nodes", type=int, default=3, help="nodes per group")
+    up.add_argument("--group", default="broker-a", help="the (first) group's name")
+    up.add_argument(
+        "--groups", type=int, default=1, help="broker groups under the one NameServer (1)"
+    )
     up.add_argument("--auto-ports", action="store_true", help="pick free ports")
     up.add_argument(
         "--no-namesrv", action="store_true", help="do not start a NameServer (nodes only)"
@@ -918,7 +1011,7 @@ def build_parser() -> CommandLine:
         help="plaintext ports, no certificates, no ACLs: anyone who reaches a port may do "
         "anything (the default is TLS, member certificates and ACLs with an admin user)",
     )
-    cli.add("status", help="show every node")
+    cli.add("status", help="show every node of every group")
     kill = cli.add("kill", help="signal one node (default SIGKILL)")
     kill.add_argument("node")
     kill.add_argument("--signal", default="KILL", choices=["KILL", "TERM", "STOP", "CONT"])
@@ -930,11 +1023,30 @@ def build_parser() -> CommandLine:
     add.add_argument("--learner", action="store_true", help="leave it a learner")
     remove = cli.add("remove", help="remove a node from the group, then stop it")
     remove.add_argument("node")
+    for p in (kill, start, add, remove):
+        p.add_argument("--group", default="", help="the node's group (default: the first)")
+    add_group = cli.add("add-group", help="add a broker group to the running cluster")
+    add_group.add_argument("--group", default="", help="its name (default: the next free)")
+    add_group.add_argument("--nodes", type=int, default=3)
+    remove_group = cli.add(
+        "remove-group", help="make a group's topics read-only, then stop its nodes"
+    )
+    remove_group.add_argument("group")
+    remove_group.add_argument("--purge", action="store_true", help="also delete its files")
+    add_user = cli.add("add-user", help="create a user on every group (and on later ones)")
+    add_user.add_argument("name")
+    add_user.add_argument("--type", default="Normal", choices=["Normal", "Super"])
+    hosts = cli.add(
+        "hosts", help="write every file of a cluster on several hosts (mqcluster.hostfiles)"
+    )
+    hosts.add_argument("--layout", required=True, help="the layout (JSON): hosts of each process")
+    hosts.add_argument("--out", required=True, help="where the files go (one dir per process)")
     return cli
 
 
-def _cmd_up(cluster: LocalCluster, ns: argparse.Namespace, extra: dict[str, str]) -> None:
-    cluster.configure(
+def _cmd_up(groups: Groups, ns: argparse.Namespace, extra: dict[str, str]) -> None:
+    groups.configure(
+        ns.groups,
         ns.nodes,
         group=ns.group,
         auto_ports=ns.auto_ports,
@@ -943,15 +1055,15 @@ def _cmd_up(cluster: LocalCluster, ns: argparse.Namespace, extra: dict[str, str]
         secure=not ns.insecure,
     )
     try:
-        leader = cluster.up()
+        leaders = groups.up()
     except ClusterError:
-        cluster.down()
+        groups.down()
         raise
-    print(f"group {cluster.group}: leader {leader}; logs and data in {cluster.base}")
-    print(format_table(cluster.status_rows()))
-    print(namesrv_line(cluster))
-    print(rmq5_line(cluster))
-    print(metrics_line(cluster))
+    cluster = groups.first
+    for name, leader in leaders.items():
+        print(f"group {name}: leader {leader}")
+    print(f"logs and data in {cluster.base}")
+    _print_status(groups)
     print(dashboard_line(cluster))
     if cluster.secure:
         print(localsecurity.credentials_notice(cluster.layout))
@@ -959,48 +1071,107 @@ def _cmd_up(cluster: LocalCluster, ns: argparse.Namespace, extra: dict[str, str]
         print("security: none (--insecure): plaintext ports, no ACLs; keep it on this machine")
 
 
+def cluster_rows(groups: Groups) -> list[dict[str, object]]:
+    """``status_rows`` of every group, each row led by its group's name."""
+    return [{"group": g.group, **row} for g in groups.all() for row in g.status_rows()]
+
+
+def _print_status(groups: Groups) -> list[dict[str, object]]:
+    rows = cluster_rows(groups)
+    print(format_table(rows))
+    print(namesrv_line(groups.first))
+    for g in groups.all():
+        prefix = f"{g.group} " if len(groups.extra_names) else ""
+        print(prefix + rmq5_line(g))
+        print(prefix + metrics_line(g))
+    return rows
+
+
+def _cmd_node(groups: Groups, ns: argparse.Namespace) -> None:
+    """kill, start, add, remove: one node of one group (--group; default the first)."""
+    cluster = groups.group(ns.group) if ns.group else groups.first
+    if ns.cmd == "kill":
+        sig = signal.Signals[f"SIG{ns.signal}"]
+        if ns.node == NAMESRV_ID:
+            pid = groups.first.signal_namesrv(sig)
+        else:
+            pid = cluster.signal(ns.node, sig)
+        print(f"sent SIG{ns.signal} to {ns.node} (pid {pid})")
+    elif ns.cmd == "start":
+        pid = groups.first.start_namesrv() if ns.node == NAMESRV_ID else cluster.start(ns.node)
+        print(f"started {ns.node} (pid {pid})")
+    elif ns.cmd == "add":
+        info = cluster.add_node(promote=not ns.learner)
+        role = "learner" if ns.learner else "voter"
+        print(f"added {info.node_id} to {cluster.group} as a {role}: client {info.client_addr}")
+        print(format_table(cluster.status_rows()))
+    elif ns.cmd == "remove":
+        cluster.remove_node(ns.node)
+        print(f"removed {ns.node} from group {cluster.group} and stopped it")
+        print(format_table(cluster.status_rows()))
+
+
+def _cmd_groups(groups: Groups, ns: argparse.Namespace) -> None:
+    """add-group, remove-group, add-user."""
+    if ns.cmd == "add-group":
+        added = groups.add_group(ns.group, ns.nodes)
+        print(f"added group {added.group}: leader {added.leader}")
+        print(f"  topics extended to it: {', '.join(added.topics) or 'none'}")
+        if groups.first.secure:
+            print(f"  users given: {', '.join(added.users) or 'none'} (and the admin)")
+            print(f"  ACL rules of: {', '.join(added.acl_subjects) or 'none'}")
+        if added.users_missing:
+            print(
+                f"  NOT given (made with mqadmin, their secret is not kept): "
+                f"{', '.join(added.users_missing)}; create them on it with "
+                f"'mqadmin createUser -b <a node of {added.group}>', then their rules"
+            )
+        _print_status(groups)
+    elif ns.cmd == "remove-group":
+        frozen = groups.remove_group(ns.group, purge=ns.purge)
+        print(f"topics made read-only on {ns.group}: {', '.join(frozen) or 'none'}")
+        print(f"removed group {ns.group} (its nodes stopped{'' if ns.purge else ', files kept'})")
+    elif ns.cmd == "add-user":
+        path, done = groups.add_user(ns.name, ns.type)
+        print(f"user {ns.name} ({ns.type}) created on {', '.join(done) or 'no running group'}")
+        print(f"  credentials in {path} (0600): export RAFTMQ_CREDENTIALS={path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = build_parser()
     parser = cli.parser
     ns = parser.parse_args(argv)
-    cluster = LocalCluster(ns.base_dir)
+    from mqcluster.groups import Groups  # it imports this module
+
+    groups = Groups(ns.base_dir)
+    cluster = groups.first
     try:
         if ns.cmd == "up":
             try:
                 extra = parse_assignments(ns.set)
             except ValueError as exc:
                 parser.error(str(exc))
-            _cmd_up(cluster, ns, extra)
+            _cmd_up(groups, ns, extra)
         elif ns.cmd == "status":
             if not cluster.nodes:
                 raise ClusterError(f"no cluster in {cluster.base}; run 'mqcluster up'")
-            rows = cluster.status_rows()
-            print(format_table(rows))
-            print(namesrv_line(cluster))
-            print(rmq5_line(cluster))
-            print(metrics_line(cluster))
-            return 0 if any(r["role"] == "LEADER" for r in rows) else 1
-        elif ns.cmd == "kill":
-            sig = signal.Signals[f"SIG{ns.signal}"]
-            if ns.node == NAMESRV_ID:
-                pid = cluster.signal_namesrv(sig)
-            else:
-                pid = cluster.signal(ns.node, sig)
-            print(f"sent SIG{ns.signal} to {ns.node} (pid {pid})")
-        elif ns.cmd == "start":
-            pid = cluster.start_namesrv() if ns.node == NAMESRV_ID else cluster.start(ns.node)
-            print(f"started {ns.node} (pid {pid})")
-        elif ns.cmd == "add":
-            info = cluster.add_node(promote=not ns.learner)
-            role = "learner" if ns.learner else "voter"
-            print(f"added {info.node_id} as a {role}: client {info.client_addr}")
-            print(format_table(cluster.status_rows()))
-        elif ns.cmd == "remove":
-            cluster.remove_node(ns.node)
-            print(f"removed {ns.node} from group {cluster.group} and stopped it")
-            print(format_table(cluster.status_rows()))
+            rows = _print_status(groups)
+            leaders = {r["group"] for r in rows if r["role"] == "LEADER"}
+            return 0 if leaders == {g.group for g in groups.all()} else 1
+        elif ns.cmd in ("kill", "start", "add", "remove"):
+            _cmd_node(groups, ns)
+        elif ns.cmd == "hosts":
+            from mqcluster import hostfiles  # it imports this module
+
+            written = hostfiles.run(ns.layout, ns.out)
+            print(f"wrote {', '.join(written.made) or 'nothing new'} in {ns.out}")
+            if written.kept:
+                print(f"kept as they were: {', '.join(written.kept)}")
+            print("copy each directory to its host and run its 'command' (docs/DEPLOY.md)")
+        elif ns.cmd in ("add-group", "remove-group", "add-user"):
+            _cmd_groups(groups, ns)
         elif ns.cmd == "down":
-            killed = cluster.down()
+            killed = groups.down()
             if killed:
                 print(f"needed SIGKILL: {', '.join(killed)}")
             if ns.purge:

@@ -377,9 +377,10 @@ class DLedgerNode:
         client_names = ["raftmq.dledger.v1.DLedgerClient"]
         for register in self._client_services:
             client_names.extend(register(self._client_server))
+        peer_port = int(cfg.peers[cfg.self_id].rpartition(":")[2])
         for server, addr, names, mutual in (
-            (self._peer_server, cfg.peers[cfg.self_id], ["raftmq.dledger.v1.DLedgerPeer"], True),
-            (self._client_server, cfg.client_addr, client_names, False),
+            (self._peer_server, cfg.bind_addr(peer_port), ["raftmq.dledger.v1.DLedgerPeer"], True),
+            (self._client_server, cfg.bind_addr(cfg.client_port), client_names, False),
         ):
             add_health_and_reflection(server, names)
             bind(server, addr, cfg.tls, StartError, require_client_cert=mutual)

@@ -124,6 +124,10 @@ class NodeConfig:
     # Client address peers and clients are told to use ("" = client_addr, the bound one); a
     # test harness sets it to a proxy in front of the client port.
     advertised_client_addr: str = ""
+    # Host the client and peer ports bind ("" = client_host): 0.0.0.0 or :: for every
+    # interface, or one interface's address, while client_host and this node's entry in
+    # peers stay the addresses others dial (the broker's bindAddress and brokerIP1).
+    bind_host: str = ""
     # Client addresses of the other members (node id -> host:port), from configuration: what
     # NOT_LEADER redirects and Metadata name as the leader's address. Never learnt from peers
     # (a peer stream's metadata is not authenticated). A member missing here is named by id
@@ -265,6 +269,11 @@ class NodeConfig:
     @property
     def client_addr(self) -> str:
         return f"{self.client_host}:{self.client_port}"
+
+    def bind_addr(self, port: int) -> str:
+        """Where a port of this node binds: ``bind_host`` (or client_host) and ``port``."""
+        host = self.bind_host or self.client_host
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     @property
     def public_client_addr(self) -> str:

@@ -1,0 +1,426 @@
+"""A cluster of several broker groups on this machine: one CA, one NameServer and one set of
+users for all of them (docs/CLUSTER.md "Several broker groups").
+
+The first group is an ordinary :class:`LocalCluster` in the base dir: it runs the NameServer
+and holds the security files (CA, admin credentials, ACL key). Every other group lives in
+``<base>/groups/<name>/`` as a :class:`LocalCluster` of its own that registers with the first
+group's NameServer and takes its certificates from the same CA (``SharedParts``); the first
+group's cluster.json lists them under ``groups``. So a cluster of one group is exactly what
+``mqcluster up`` made before groups existed.
+
+A group added to a running cluster gets, once it has a leader and before this returns:
+
+- every topic the first group serves (same queue counts, permission and message type), so
+  producers and consumers that refresh their routes spread over it;
+- every user recorded with ``mqcluster user add`` (``<base>/users/<name>.json``, 0600; the
+  admin user comes from ``initAuthenticationUser``, as in every group);
+- every ACL rule of the first group.
+
+A user made with ``mqadmin createUser`` reaches every group that exists then (mqadmin talks
+to each group's leader), but no group keeps a user's secret readable, so a group added later
+cannot be given it: ``add_group`` names such users (:attr:`GroupAdded.users_missing`).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+
+from broker.state.names import is_system_topic
+from mqcluster.cluster import (
+    CLIENT_BLOCK_STEP,
+    CLIENT_PORT_BASE,
+    CLIENT_PORT_STEP,
+    LEADER_WAIT_S,
+    MAX_PORT_BLOCKS,
+    STOP_GRACE_S,
+    ClusterError,
+    LocalCluster,
+    SharedParts,
+)
+from mqsecurity.channels import ClientSecurity, open_channel
+from mqsecurity.credentials import Credentials, load_credentials, save_credentials
+
+GROUPS_DIR = "groups"
+USERS_DIR = "users"
+# Group names mqcluster gives: broker-a, broker-b, ... (RocketMQ's examples' names); one per
+# port block of the fixed layout.
+GROUP_NAMES = tuple(f"broker-{chr(ord('a') + k)}" for k in range(MAX_PORT_BLOCKS))
+MAX_GROUPS = len(GROUP_NAMES)
+# A group name: what brokerName and a directory name may both be.
+_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# A user name mqcluster records (a file name too): RocketMQ AccessKeys are letters and digits.
+_USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# 24 random bytes: a 32-character URL-safe SecretKey.
+USER_SECRET_BYTES = 24
+# Deadline of one admin call to a group's leader (users, ACL rules, topics).
+ADMIN_CALL_TIMEOUT_S = 10.0
+# How long copying the cluster's topics, users and rules to a new group may take in all
+# (leader changes of the new group are retried within it).
+COPY_WAIT_S = 30.0
+RETRY_S = 0.2
+USER_TYPES = ("Normal", "Super")
+
+
+@dataclass(slots=True)
+class GroupAdded:
+    """What ``add_group`` did: the group, and what it copied to it."""
+
+    group: str
+    leader: str
+    topics: list[str] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)
+    acl_subjects: list[str] = field(default_factory=list)
+    # Users of the first group whose secret mqcluster does not hold (made with mqadmin):
+    # not in the new group, nor their rules.
+    users_missing: list[str] = field(default_factory=list)
+
+
+class Groups:
+    """The broker groups of the cluster in ``base_dir`` (see the module's docstring)."""
+
+    def __init__(self, base_dir: str | Path) -> None:
+        self.first = LocalCluster(base_dir)
+        self.base = self.first.base
+
+    # ------------------------------------------------------------------ the groups
+
+    @property
+    def extra_names(self) -> list[str]:
+        """The added groups' names, as cluster.json lists them (checked: each names a
+        directory under groups/)."""
+        names = self.first.extra_state.get("groups", [])
+        if (
+            not isinstance(names, list)
+            or len(names) >= MAX_GROUPS
+            or not all(isinstance(n, str) and _GROUP_NAME.fullmatch(n) for n in names)
+        ):
+            raise ClusterError(f"{self.base}/cluster.json: 'groups' is not a list of group names")
+        return [str(n) for n in names]
+
+    def _group_dir(self, name: str) -> Path:
+        return self.base / GROUPS_DIR / name
+
+    def all(self) -> list[LocalCluster]:
+        """Every group, the first (the NameServer's) first."""
+        return [self.first, *(LocalCluster(self._group_dir(n)) for n in self.extra_names)]
+
+    def group(self, name: str) -> LocalCluster:
+        for g in self.all():
+            if g.group == name:
+                return g
+        known = ", ".join(g.group for g in self.all() if g.group) or "none"
+        raise ClusterError(f"unknown group {name!r}; groups: {known}")
+
+    def _save_names(self, names: list[str]) -> None:
+        self.first.extra_state["groups"] = names
+        self.first._save_state()
+
+    @property
+    def namesrv_addr(self) -> str:
+        ns = self.first.namesrv
+        if ns is None:
+            raise ClusterError("several groups need a NameServer (set up without --no-namesrv)")
+        return ns.addr
+
+    def security(self) -> ClientSecurity:
+        return self.first.client_security()
+
+    # ------------------------------------------------------------------ setup
+
+    def configure(self, groups: int, nodes: int = 3, **kwargs: object) -> None:
+        """``groups`` groups of ``nodes`` nodes (``kwargs``: LocalCluster.configure's: the
+        first group's NameServer, security and ports; every group gets the same settings)."""
+        if not 1 <= groups <= MAX_GROUPS:
+            raise ClusterError(f"--groups must be in [1, {MAX_GROUPS}], got {groups}")
+        self._refuse_running()
+        for name in self.extra_names:  # a previous cluster's groups: replaced
+            shutil.rmtree(self._group_dir(name), ignore_errors=True)
+        kwargs.setdefault("group", GROUP_NAMES[0])
+        if groups > 1 and not kwargs.get("namesrv"):
+            raise ClusterError("several groups need a NameServer (drop --no-namesrv)")
+        self.first.extra_state["groups"] = []
+        self.first.configure(nodes, **kwargs)  # type: ignore[arg-type]
+        names = []
+        for k in range(1, groups):
+            name = GROUP_NAMES[k]
+            self._configure_extra(name, nodes, k)
+            names.append(name)
+        self._save_names(names)
+
+    def _refuse_running(self) -> None:
+        for g in self.all():
+            if any(g.pid(n) is not None for n in g.nodes) or g.namesrv_pid() is not None:
+                raise ClusterError(
+                    f"a cluster is running in {self.base}; run 'mqcluster down' first"
+                )
+
+    def _configure_extra(self, name: str, nodes: int, block: int) -> LocalCluster:
+        first = self.first
+        group = LocalCluster(self._group_dir(name))
+        auto = any(n.client_port != _fixed_client_port(first, i) for i, n in enumerate(first.nodes))
+        group.configure(
+            nodes,
+            group=name,
+            auto_ports=auto,
+            extra=dict(first.settings),
+            secure=first.secure,
+            shared=SharedParts(self.namesrv_addr, first.layout),
+            port_block=block,
+        )
+        return group
+
+    # ------------------------------------------------------------------ processes
+
+    def up(self, wait_s: float = LEADER_WAIT_S) -> dict[str, str]:
+        """Start the NameServer and every group; each group's leader, by group."""
+        leaders = {}
+        for g in self.all():
+            leaders[g.group] = g.up(wait_s)
+        return leaders
+
+    def down(self, grace_s: float = STOP_GRACE_S) -> list[str]:
+        """Stop the added groups, then the first (its NameServer last, so nodes unregister)."""
+        killed: list[str] = []
+        for g in reversed(self.all()):
+            killed += [f"{g.group}/{n}" for n in g.down(grace_s)]
+        return killed
+
+    # ------------------------------------------------------------------ add and remove
+
+    def add_group(
+        self, name: str = "", nodes: int = 3, wait_s: float = LEADER_WAIT_S
+    ) -> GroupAdded:
+        """A new group in the running cluster: configured from the first group's settings,
+        started, and given the cluster's topics, users and ACL rules (module docstring)."""
+        existing = self.all()
+        taken = {g.group for g in existing}
+        name = name or next((n for n in GROUP_NAMES if n not in taken), "")
+        if not name:
+            raise ClusterError(f"the cluster has {len(existing)} groups, the most is {MAX_GROUPS}")
+        if not _GROUP_NAME.fullmatch(name) or name in taken or name == GROUPS_DIR:
+            raise ClusterError(
+                f"group name {name!r} is taken or not 1-64 letters, digits, '-' or '_'"
+            )
+        if len(existing) >= MAX_GROUPS:
+            raise ClusterError(f"the cluster has {len(existing)} groups, the most is {MAX_GROUPS}")
+        if self.first.namesrv_pid() is None:
+            raise ClusterError("the cluster's NameServer is not running: 'mqcluster up' first")
+        block = min(set(range(MAX_PORT_BLOCKS)) - {g.port_block for g in existing})
+        if self._group_dir(name).exists():
+            shutil.rmtree(self._group_dir(name))  # a removed group's old files
+        group = self._configure_extra(name, nodes, block)
+        self._save_names([*self.extra_names, name])
+        try:
+            leader = group.up(wait_s)
+        except ClusterError:
+            group.down()
+            raise
+        added = GroupAdded(name, leader)
+        self._copy_to(group, added)
+        return added
+
+    def remove_group(self, name: str, *, purge: bool = False) -> list[str]:
+        """Take group ``name`` out of the cluster: its topics made read-only first (producers
+        route around it on their next refresh; consumers can still drain it), then its nodes
+        stopped (they unregister from the NameServer). Its store stays on disk unless
+        ``purge``. The first group (the NameServer's) cannot be removed. Returns the topics
+        made read-only."""
+        if name == self.first.group:
+            raise ClusterError(
+                f"{name} runs the cluster's NameServer and holds its CA: it cannot be removed"
+            )
+        group = self.group(name)
+        frozen = []
+        if any(group.pid(n) is not None for n in group.nodes):
+            frozen = self._write_protect(group)
+        group.down()
+        self._save_names([n for n in self.extra_names if n != name])
+        if purge:
+            group.purge()
+        return frozen
+
+    def _write_protect(self, group: LocalCluster) -> list[str]:
+        names = []
+        for topic in self._leader_call(group, _list_topics):
+            if _copied(topic.topic_name) and topic.perm & PERM_WRITE:
+                protected = bpb.TopicConfig()
+                protected.CopyFrom(topic)
+                protected.perm = topic.perm & ~PERM_WRITE
+                self._leader_call(group, _create_topic(protected))
+                names.append(topic.topic_name)
+        return names
+
+    # ------------------------------------------------------------------ users
+
+    def users_dir(self) -> Path:
+        return self.base / USERS_DIR
+
+    def add_user(self, username: str, user_type: str = "Normal") -> tuple[Path, list[str]]:
+        """A user on every group, its credentials kept in ``<base>/users/<name>.json`` (0600)
+        so that groups added later get it too; the file and the groups."""
+        if not _USER_NAME.fullmatch(username) or username == self.admin_name():
+            raise ClusterError(
+                f"user name {username!r}: 1-64 letters, digits, '.', '_', '-', not the admin"
+            )
+        if user_type not in USER_TYPES:
+            raise ClusterError(f"user type {user_type!r}: one of {', '.join(USER_TYPES)}")
+        path = self.users_dir() / f"{username}.json"
+        if path.exists():
+            raise ClusterError(f"user {username} exists ({path})")
+        self.users_dir().mkdir(mode=0o700, exist_ok=True)
+        credentials = Credentials(username, secrets.token_urlsafe(USER_SECRET_BYTES))
+        save_credentials(str(path), credentials)
+        (path.with_suffix(".type")).write_text(user_type + "\n")
+        done = []
+        for g in self.running():
+            self._ensure_user(g, credentials, user_type)
+            done.append(g.group)
+        return path, done
+
+    def admin_name(self) -> str:
+        creds = self.security().credentials
+        return creds.access_key if creds is not None else ""
+
+    def recorded_users(self) -> Iterator[tuple[Credentials, str]]:
+        if not self.users_dir().is_dir():
+            return
+        for path in sorted(self.users_dir().glob("*.json")):
+            kind = path.with_suffix(".type")
+            user_type = kind.read_text().strip() if kind.exists() else "Normal"
+            yield load_credentials(str(path)), user_type
+
+    def running(self) -> list[LocalCluster]:
+        return [g for g in self.all() if any(g.pid(n) is not None for n in g.nodes)]
+
+    def _ensure_user(self, group: LocalCluster, creds: Credentials, user_type: str) -> None:
+        """``creds``' user on ``group`` unless it has one of that name already."""
+        if any(u.username == creds.access_key for u in self._leader_call(group, _list_users)):
+            return
+        req = bpb.CreateUserRequest(
+            username=creds.access_key, password=creds.secret_key, user_type=user_type
+        )
+        self._leader_call(group, lambda stub: stub.CreateUser(req, timeout=ADMIN_CALL_TIMEOUT_S))
+
+    # ------------------------------------------------------------------ copying
+
+    def _copy_to(self, group: LocalCluster, added: GroupAdded) -> None:
+        """The first group's topics and ACL rules and the recorded users, onto ``group``."""
+        first = self.first
+        for topic in self._leader_call(first, _list_topics):
+            if _copied(topic.topic_name):
+                self._leader_call(group, _create_topic(topic))
+                added.topics.append(topic.topic_name)
+        if not first.secure:
+            return
+        for creds, user_type in self.recorded_users():
+            self._ensure_user(group, creds, user_type)
+            added.users.append(creds.access_key)
+        present = {u.username for u in self._leader_call(group, _list_users)}
+        have = {
+            a.subject: {r.resource for r in a.rules} for a in self._leader_call(group, _list_acls)
+        }
+        for acl in self._leader_call(first, _list_acls):
+            user = acl.subject.removeprefix("User:")
+            if user not in present:
+                added.users_missing.append(user)
+                continue
+            self._leader_call(group, _put_acl(acl, have.get(acl.subject, set())))
+            added.acl_subjects.append(acl.subject)
+        missing = {u.username for u in self._leader_call(first, _list_users)} - present
+        added.users_missing = sorted(missing | set(added.users_missing))
+
+    def _leader_call(self, group: LocalCluster, call: Callable[[bpb_grpc.BrokerStub], T]) -> T:
+        """``call`` on ``group``'s leader, retried over leader changes for COPY_WAIT_S."""
+        deadline = time.monotonic() + COPY_WAIT_S
+        security = self.security()
+        while True:
+            leader = group.node(group.wait_leader(max(1.0, deadline - time.monotonic())))
+            try:
+                with open_channel(leader.client_addr, security) as ch:
+                    return call(bpb_grpc.BrokerStub(ch))
+            except grpc.RpcError as exc:
+                retry = exc.code() in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                )
+                if not retry or time.monotonic() >= deadline:
+                    raise ClusterError(
+                        f"{group.group} ({leader.client_addr}): {exc.code().name} {exc.details()}"
+                    ) from None
+                time.sleep(RETRY_S)
+
+
+# RocketMQ's PermName.PERM_WRITE.
+PERM_WRITE = 2
+T = TypeVar("T")
+
+
+def _fixed_client_port(cluster: LocalCluster, i: int) -> int:
+    """Node ``i``'s client port in the fixed layout (not --auto-ports)."""
+    return CLIENT_PORT_BASE + CLIENT_BLOCK_STEP * cluster.port_block + CLIENT_PORT_STEP * i
+
+
+def _copied(topic: str) -> bool:
+    """Topics a new group gets: the users' own (not system topics; a consumer group's retry
+    and dead-letter topics are made on demand where they are needed)."""
+    return not is_system_topic(topic) and not topic.startswith(("%RETRY%", "%DLQ%"))
+
+
+def _list_topics(stub: bpb_grpc.BrokerStub) -> list[bpb.TopicConfig]:
+    return list(stub.ListTopics(bpb.ListTopicsRequest(), timeout=ADMIN_CALL_TIMEOUT_S).topics)
+
+
+def _list_users(stub: bpb_grpc.BrokerStub) -> list[bpb.User]:
+    return list(stub.ListUser(bpb.ListUserRequest(), timeout=ADMIN_CALL_TIMEOUT_S).users)
+
+
+def _list_acls(stub: bpb_grpc.BrokerStub) -> list[bpb.Acl]:
+    return list(stub.ListAcl(bpb.ListAclRequest(), timeout=ADMIN_CALL_TIMEOUT_S).acls)
+
+
+def _create_topic(topic: bpb.TopicConfig) -> Callable[[bpb_grpc.BrokerStub], None]:
+    def call(stub: bpb_grpc.BrokerStub) -> None:
+        stub.CreateTopic(bpb.CreateTopicRequest(topic=topic), timeout=ADMIN_CALL_TIMEOUT_S)
+
+    return call
+
+
+def _put_acl(acl: bpb.Acl, have: set[str]) -> Callable[[bpb_grpc.BrokerStub], None]:
+    """The subject's rules on the target, one call per rule: UpdateAcl for a resource the
+    target has a rule for already (``have``), CreateAcl otherwise."""
+
+    def call(stub: bpb_grpc.BrokerStub) -> None:
+        for rule in acl.rules:
+            resources, actions = [rule.resource], list(rule.actions)
+            ips = list(rule.source_ips)
+            if rule.resource in have:
+                update = bpb.UpdateAclRequest(
+                    subject=acl.subject,
+                    resources=resources,
+                    actions=actions,
+                    decision=rule.decision,
+                    source_ips=ips,
+                )
+                stub.UpdateAcl(update, timeout=ADMIN_CALL_TIMEOUT_S)
+            else:
+                create = bpb.CreateAclRequest(
+                    subject=acl.subject,
+                    resources=resources,
+                    actions=actions,
+                    decision=rule.decision,
+                    source_ips=ips,
+                )
+                stub.CreateAcl(create, timeout=ADMIN_CALL_TIMEOUT_S)
+
+    return call

@@ -1,0 +1,144 @@
+"""Several secure broker groups under one NameServer, one CA and one set of users
+(mqcluster.groups): produce and consume across them, a user recorded once reaches a group
+added later, and a group added while a producer runs gets its share of the sends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TEST_INDEX_FILE_BYTES, TEST_SEGMENT_BYTES
+from raftmq.broker.v1 import broker_pb2 as bpb
+from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
+from support import wait_for
+
+from client import Message, MQClientError, Producer, PullConsumer
+from client.admin import MQAdmin
+from mqcluster.groups import Groups
+from mqsecurity.channels import open_channel
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
+
+TOPIC = "Spread"
+QUEUES = 2
+# The producer asks the NameServer for routes this often (RocketMQ's pollNameServerInterval,
+# 30 s by default): a new group's queues are used within it.
+POLL_S = 0.5
+DEADLINE_S = 30.0
+# Sends the background producer makes at most (bounds the test).
+MAX_SENDS = 5000
+
+
+@pytest.fixture
+def groups(tmp_path: Path) -> Iterator[Groups]:
+    cluster = Groups(tmp_path / "cluster")
+    extra = {
+        "mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES),
+        "mappedFileSizeEntryIndex": str(TEST_INDEX_FILE_BYTES),
+    }
+    try:
+        cluster.configure(2, 3, auto_ports=True, extra=extra, namesrv=True, secure=True)
+        cluster.up()
+        yield cluster
+    finally:
+        Groups(tmp_path / "cluster").down(grace_s=5.0)
+
+
+def _read_all(groups: Groups, topic: str) -> set[str]:
+    security = groups.security()
+    got: set[str] = set()
+    with PullConsumer("groups-reader", groups.namesrv_addr, security=security) as reader:
+        for mq in reader.fetch_queues(topic):
+            offset = 0
+            for _ in range(MAX_SENDS):  # bounded: each pull returns at least one message
+                r = reader.pull(mq, offset, max_nums=256)
+                if not r.messages:
+                    break
+                got.update(m.msg_id for m in r.messages)
+                offset = r.next_begin_offset
+    return got
+
+
+def _users_of(groups: Groups, name: str) -> set[str]:
+    g = groups.group(name)
+    leader = g.node(g.wait_leader())
+    with open_channel(leader.client_addr, groups.security()) as ch:
+        users = bpb_grpc.BrokerStub(ch).ListUser(bpb.ListUserRequest(), timeout=10).users
+    return {u.username for u in users}
+
+
+def test_two_secure_groups_then_a_third_added_under_load(groups: Groups) -> None:
+    security = groups.security()
+    admin = MQAdmin(groups.namesrv_addr, security)
+    assert admin.create_topic(TOPIC, QUEUES) == ["broker-a", "broker-b"]
+    _, made_on = groups.add_user("alice")
+    assert made_on == ["broker-a", "broker-b"]
+
+    acked: dict[str, str] = {}  # msg id -> group
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    producer = Producer(
+        "groups-p", groups.namesrv_addr, security=security, poll_name_server_interval_s=POLL_S
+    )
+
+    def produce() -> None:
+        for i in range(MAX_SENDS):
+            if stop.is_set():
+                return
+            try:
+                r = producer.send(Message(TOPIC, f"m{i}".encode()))
+            except MQClientError as exc:  # not acknowledged: not counted
+                failures.append(exc)
+                continue
+            acked[r.msg_id] = r.message_queue.broker_name
+
+    with producer:
+        sender = threading.Thread(target=produce, name="groups-producer")
+        sender.start()
+        try:
+            wait_for(
+                lambda: {"broker-a", "broker-b"} <= set(acked.values()),
+                DEADLINE_S,
+                "sends acknowledged by both groups",
+            )
+            added = groups.add_group()
+            assert added.group == "broker-c"
+            assert added.topics == [TOPIC] and added.users == ["alice"]
+            wait_for(lambda: "broker-c" in acked.values(), DEADLINE_S, "a send on the added group")
+            on_c = sum(1 for g in list(acked.values()) if g == "broker-c")
+            deadline = time.monotonic() + DEADLINE_S
+            while sum(1 for g in list(acked.values()) if g == "broker-c") < on_c + 20:
+                assert time.monotonic() < deadline, "the added group's queues are not used"
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            sender.join(timeout=DEADLINE_S)
+    assert not sender.is_alive()
+    assert len(failures) < len(acked) // 10, failures[:3]
+    assert "alice" in _users_of(groups, "broker-c")
+    read: set[str] = set()
+    wait_for(
+        lambda: read.update(_read_all(groups, TOPIC)) or set(acked) <= read,
+        DEADLINE_S,
+        "every acknowledged send read back",
+    )
+    by_group = {g: sum(1 for x in acked.values() if x == g) for g in set(acked.values())}
+    assert set(by_group) == {"broker-a", "broker-b", "broker-c"}, by_group
+
+
+def test_remove_group_makes_its_topics_read_only_and_stops_it(groups: Groups) -> None:
+    admin = MQAdmin(groups.namesrv_addr, groups.security())
+    admin.create_topic(TOPIC, QUEUES)
+    frozen = groups.remove_group("broker-b")
+    assert frozen == [TOPIC]
+    assert [g.group for g in groups.all()] == ["broker-a"]
+    wait_for(
+        lambda: [g.broker_name for g in admin.topic_route_info(TOPIC).groups] == ["broker-a"],
+        DEADLINE_S,
+        "the removed group gone from the route",
+    )
+    with pytest.raises(Exception, match="runs the cluster's NameServer"):
+        groups.remove_group("broker-a")
