@@ -1206,7 +1206,7 @@ class SegmentedLogStore:
             if off > seg.reserved:  # keep the warmer out (about once per MiB)
                 seg.reserve(off, RESERVE_AHEAD_BYTES)
             try:
-                seg.write(off0, b"".join(parts))
+                seg.write_parts(off0, parts)
                 ifile.write(ioff0, b"".join(iparts))
             except OSError as e:
                 # Into allocated blocks this fails only on a file system that allocates on
