@@ -49,8 +49,15 @@ HOOK_DIR = Path(__file__).parent / "stepshook"
 # bench/stepshook/raftmq_stepcount.py's names (it is loaded by the brokers, not imported here).
 ENV_DIR = "RAFTMQ_STEPS_DIR"
 WINDOW_FILE = "window.json"
-# The load runs this long before a window opens (routes found, Readys at their steady pace).
-WARMUP_S = 1.5
+# A window opens this long after the leader is seen busy (routes found, Readys at their pace).
+WARMUP_S = 1.0
+# The load generators start and find their routes within this (a loaded machine takes seconds
+# to start a Python process): their run is this much longer than the window.
+LOAD_START_S = 10.0
+# The leader counts as busy once it wrote this many messages' bytes (log and both peers) in
+# one LOAD_POLL_S: idle, it writes heartbeats of about a hundred bytes a few times a second.
+BUSY_MESSAGES = 4
+LOAD_POLL_S = 0.25
 # Longest wait for a node to write its window's counts after SIGUSR2.
 DUMP_WAIT_S = 20.0
 MODES = ("plain", "profile", "strace")
@@ -181,6 +188,22 @@ def per_message(window: dict[str, Any], messages: int) -> dict[str, float]:
     return out
 
 
+def _wait_busy(pid: int | None, bytes_per_poll: int) -> bool:
+    """Wait until ``pid`` writes ``bytes_per_poll`` bytes within one LOAD_POLL_S (the load has
+    reached it); False after LOAD_START_S without."""
+    if pid is None:
+        return False
+    deadline = time.monotonic() + LOAD_START_S
+    before = _io(pid).get("wchar", 0)
+    while time.monotonic() < deadline:
+        time.sleep(LOAD_POLL_S)
+        now = _io(pid).get("wchar", 0)
+        if now - before >= bytes_per_poll:
+            return True
+        before = now
+    return False
+
+
 class Steps:
     """One group with the hook: windows opened on every node while the load runs."""
 
@@ -218,10 +241,11 @@ class Steps:
         load: dict[str, Any] = {}
         runner = threading.Thread(
             target=lambda: load.update(
-                produce_case(cluster, size, in_flight, seconds + WARMUP_S + 1.0)
+                produce_case(cluster, size, in_flight, seconds + LOAD_START_S)
             )
         )
         runner.start()
+        busy = _wait_busy(pids[leader], 3 * size * BUSY_MESSAGES)
         time.sleep(WARMUP_S)
         for old in self.dir.glob("*.json"):
             old.unlink()
@@ -239,6 +263,7 @@ class Steps:
             if p:
                 os.kill(p, signal.SIGUSR2)
         after = {k: proc_counters(p) for k, p in pids.items() if p}
+        covered = busy and runner.is_alive()  # the load ran through the whole window
         traced = {k: self._strace_done(t) for k, t in tracers.items()}
         runner.join()
         nodes = {}
@@ -257,6 +282,7 @@ class Steps:
             "in_flight": in_flight,
             "leader": leader,
             "messages": messages,
+            "load_covered_window": covered,
             "load": {k: load.get(k) for k in ("messages_per_s", "p50_ms", "p99_ms")},
             "nodes": nodes,
             "per_message": {
@@ -361,9 +387,21 @@ def merge(windows: Sequence[dict[str, Any]]) -> dict[tuple[str, int, int, str], 
 def markdown(results: dict[str, list[dict[str, Any]]], copies_detail: bool = True) -> str:
     """One table per case: each figure per message, a column per tree and role."""
     merged = {tree: merge(ws) for tree, ws in results.items()}
+    gaps = [
+        f"{t} {w['mode']} {w['size']} B x {w['in_flight']}"
+        for t, ws in results.items()
+        for w in ws
+        if not w.get("load_covered_window", True) or not w.get("messages", 1)
+    ]
     trees = list(results)
     cases = sorted({k[:3] for m in merged.values() for k in m})
     lines = ["# Steps per message (bench.steps)", ""]
+    if gaps:
+        lines += [
+            "Windows the load did not cover throughout (their figures are less exact): "
+            + "; ".join(gaps),
+            "",
+        ]
     for flush, size, in_flight in cases:
         lines += [f"## {flush}, {size} B, {in_flight} in flight", ""]
         cols = [(t, r) for r in ("leader", "follower") for t in trees]
