@@ -9,7 +9,7 @@ RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
 PACKAGES := mqerrors mqcli mqsecurity mqmetrics dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
-.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit clean
+.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps clean
 
 venv: $(STAMP) $(RMQ5_STAMP)
 
@@ -140,6 +140,12 @@ bench-audit: venv
 # etcd and NATS JetStream when installed (make bench-peers); results in bench/results/.
 bench: venv
 	$(PY) -m bench
+	$(PY) -m bench.steps
+
+# Steps per message on each node (issue 36: calls, system calls, loop wake-ups, copies of a
+# body); bench/results/steps-<UTC>.md. COMPARE=<another checkout> alternates its brokers with ours.
+bench-steps: venv
+	$(PY) -m bench.steps $(if $(COMPARE),--compare $(COMPARE) --rounds 2)
 
 # etcd-server and nats-server from Debian: the peers mqbench compares with (root, or sudo).
 bench-peers: venv

@@ -167,9 +167,15 @@ def _peak_rss_mb(pid: int | None) -> float:
 
 @contextlib.contextmanager
 def local_group(
-    base: Path, flush: str, secure: bool, name: str = "", metrics: bool = True
+    base: Path,
+    flush: str,
+    secure: bool,
+    name: str = "",
+    metrics: bool = True,
+    node_env: dict[str, str] | None = None,
 ) -> Iterator[LocalCluster]:
-    """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics."""
+    """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics;
+    ``node_env``: extra environment of every broker (``bench.steps``' counting hook)."""
     cluster = LocalCluster(base / (name or flush.lower()))
     off = {} if metrics else {"metricsPort": "0"}
     cluster.configure(
@@ -187,6 +193,8 @@ def local_group(
         },
         namesrv_conf=off,
     )
+    if node_env:
+        cluster.node_env = {n.node_id: dict(node_env) for n in cluster.nodes}
     try:
         cluster.up()
         assert cluster.namesrv is not None

@@ -50,6 +50,7 @@ from msgcodec.layout import (
     Buffer,
     Message,
     crc32c,
+    crc32c_more,
     tags_hash,
 )
 
@@ -316,7 +317,7 @@ def encode_batch_fields(
             )
         uniq_id = m.msg_id or new_uniq_id()
         uniq_ids.append(uniq_id)
-        payload = b"".join(
+        fields = b"".join(
             (
                 fixed_pack(
                     MESSAGE_VERSION,
@@ -339,11 +340,11 @@ def encode_batch_fields(
                 u16(len(props_b)),
                 props_b,
                 u32(body_size),
-                body,
             )
         )
-        parts.append(head_pack(MESSAGE_HEAD.size + len(payload), MESSAGE_MAGIC, crc32c(payload)))
-        parts.append(payload)
+        crc = crc32c_more(body, crc32c(fields))  # the body's one copy is the batch's join
+        parts.append(head_pack(MESSAGE_HEAD.size + len(fields) + body_size, MESSAGE_MAGIC, crc))
+        parts += (fields, body)
     return b"".join(parts), uniq_ids
 
 

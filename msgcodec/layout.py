@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import crc32c as _crc32c
 
 crc32c: Callable[[bytes | bytearray | memoryview], int] = _crc32c.crc32c
+# crc32c_more(data, crc): the CRC of what ``crc`` covered followed by ``data`` (a payload's CRC
+# in parts, without joining them first).
+crc32c_more: Callable[[bytes | bytearray | memoryview, int], int] = _crc32c.crc32c
 
 # What the codec reads from: bytes, or a view of a mapped file without a copy.
 Buffer = bytes | bytearray | memoryview

@@ -1,6 +1,7 @@
 """The encoding step of the store's append path (:meth:`SegmentedLogStore.append`): a run of
-entries that fits in one data segment and one index file, encoded into one buffer of entries
-and one of index records, each written with a single ``pwrite``. Kept free of per-entry
+entries that fits in one data segment and one index file, encoded as the parts of the entries
+(headers and the bodies as they are, written with one ``pwritev``: the kernel gathers them, no
+join copies the bodies) and one buffer of index records (one ``pwrite``). Kept free of per-entry
 objects beyond the packed bytes themselves: this is the store's hot loop."""
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ def encode_run(
     isize: int,
     idx: int,
     chain: int,
-) -> tuple[int, int, int, bytes, bytes]:
+) -> tuple[int, int, int, list[bytes], bytes, int]:
     """Encode ``items[i:]`` from offset ``off`` of the data segment at ``seg_start`` (of
     ``seg_size`` bytes) and offset ``ioff`` of an index file of ``isize`` bytes, while they
     fit in both, after entry ``idx`` of chain ``chain``. At least one item must fit (flat
     arguments: this runs once per appended batch). Returns the next item's position in
-    ``items``, the last term and chain encoded, and the entries' and the index records'
-    bytes."""
+    ``items``, the last term and chain encoded, the entries' parts, the index records' bytes,
+    and the data segment's offset after the run."""
     head_pack = HEADER_NO_CRC.pack
     idx_pack = INDEX_NO_CRC.pack
     u32_pack = U32.pack
@@ -70,7 +71,7 @@ def encode_run(
         off += total
         ioff += INDEX_RECORD_SIZE
         i += 1
-    return i, term, chain, b"".join(parts), b"".join(iparts)
+    return i, term, chain, parts, b"".join(iparts), off
 
 
 def segments_filled(items: Sequence[Item], off: int, seg_size: int) -> int:

@@ -9,6 +9,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dledger.fatal import fatal, guard_thread
@@ -91,6 +92,8 @@ WARM_GAP_BYTES = 4 << 20
 WARM_POLL_S = 0.005
 WARM_POLL_MAX_S = 0.05
 _ZEROS = memoryview(bytes(WARM_CHUNK_BYTES))  # sliced without copying
+# Most buffers one pwritev takes: the kernel's IOV_MAX (1024 on Linux; POSIX's floor is 16).
+IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
 
 
 def allocate(fd: int, offset: int, length: int) -> None:
@@ -157,6 +160,22 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
             raise OSError(f"pwrite wrote {written} bytes")
         view = view[written:]
         offset += written
+
+
+def _pwritev_all(fd: int, parts: Sequence[bytes], offset: int) -> None:
+    """``pwritev`` all of ``parts``, in order, from ``offset`` on: the kernel gathers them
+    into the page cache, so a batch's bodies are not joined into one more copy first. In
+    ascending order like one ``pwrite`` (a crash leaves a byte prefix of the batch); a short
+    write (a signal) finishes the rest of its chunk with ``pwrite``."""
+    for at in range(0, len(parts), IOV_MAX):
+        chunk = parts[at : at + IOV_MAX]
+        want = sum(len(p) for p in chunk)
+        written = os.pwritev(fd, chunk, offset)
+        if written <= 0 and want:
+            raise OSError(f"pwritev wrote {written} bytes")
+        if written < want:
+            _pwrite_all(fd, memoryview(b"".join(chunk))[written:], offset + written)
+        offset += want
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -312,6 +331,11 @@ class MappedFile:
         the mapping: the same page cache). The caller has reserved the range."""
         assert 0 <= offset <= offset + len(data) <= self.reserved
         _pwrite_all(self.fd, data, offset)
+
+    def write_parts(self, offset: int, parts: Sequence[bytes]) -> None:
+        """``write`` of the parts' concatenation, without making it (``_pwritev_all``)."""
+        assert 0 <= offset <= offset + sum(len(p) for p in parts) <= self.reserved
+        _pwritev_all(self.fd, parts, offset)
 
     def sync(self, start_offset: int, end_offset: int) -> None:
         """msync(MS_SYNC) the pages covering ``[start_offset, end_offset)``."""

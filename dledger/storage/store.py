@@ -761,14 +761,13 @@ class SegmentedLogStore:
                 first_before = segs.active_first()
                 segs.set_active_first(idx + 1)
             i0 = i
-            i, term, chain, data, records = encode_run(
+            i, term, chain, parts, records, end = encode_run(
                 items, i, seg.start, off, seg_size, ioff, isize, idx, chain
             )
-            end = off + len(data)
             if end > seg.reserved:  # keep the warmer out (about once per MiB)
                 seg.reserve(end, RESERVE_AHEAD_BYTES)
             try:
-                seg.write(off, data)
+                seg.write_parts(off, parts)
                 ifile.write(ioff, records)
             except OSError as e:
                 # Into allocated blocks this fails only on a file system that allocates on

@@ -11,7 +11,8 @@ from dledger.core import TimeoutNow
 from dledger.server.transport import PEER_BATCH_MAX_MESSAGES, PeerLink
 
 
-def _terms(pm: pb.PeerMessage) -> list[int]:
+def _terms(wire: bytes) -> list[int]:
+    pm = pb.PeerMessage.FromString(wire)
     if pm.WhichOneof("kind") == "batch":
         assert all(m.WhichOneof("kind") == "timeout_now" for m in pm.batch.messages)
         return [m.timeout_now.term for m in pm.batch.messages]
