@@ -50,8 +50,6 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from broker.config import SECRET_KEYS, render_config
 from broker.state.errors import BrokerError
-from dledger.procs import exited, free_ports, spawn_logged
-from dledger.properties import parse_bool
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
 from mqcluster import localsecurity
@@ -60,6 +58,8 @@ from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
 from mqsecurity.errors import SecurityError
 from mqsecurity.tls import metrics_over_tls
+from prockit.processes import exited, free_ports, spawn_logged
+from prockit.properties import parse_bool
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
@@ -89,7 +89,7 @@ STOP_GRACE_S = 10.0
 # Seconds `add` waits for the new node to join and catch up, `remove` for the change.
 MEMBER_WAIT_S = 120.0
 MAX_NODES = 7
-# What dledger/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
+# What prockit/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
 FATAL_MARK = "FATAL component="
 # Bytes read from the end of an exited node's log to find its last FATAL (or last) line: logs
 # grow without bound, status must not read them whole.

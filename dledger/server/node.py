@@ -33,7 +33,6 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger import failpoints
-from dledger import fatal as fatal_mod
 from dledger.appsnapshot import AppSnapshot
 from dledger.chain import agree
 from dledger.chain import fmt as chain_fmt
@@ -53,7 +52,6 @@ from dledger.core import (
     SnapshotMeta,
 )
 from dledger.core.membership import MEMBER_ID_RE, joining
-from dledger.fatal import fatal, spawn
 from dledger.log import (
     CorruptLogError,
     DLedgerError,
@@ -64,7 +62,7 @@ from dledger.log import (
     LogCompactedError,
     persist,
 )
-from dledger.server import rpcguard, status
+from dledger.server import errormap
 from dledger.server.chaincheck import (
     DEFAULT_CHAIN_CHECK_INTERVAL_MS,
     MAX_CHAIN_CHECK_INTERVAL_MS,
@@ -75,7 +73,6 @@ from dledger.server.chaincheck import (
 from dledger.server.convert import MAX_NODE_ID_CHARS, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of, to_response
-from dledger.server.guard import CallGuard, GuardInterceptor
 from dledger.server.health import chain_or_none, health_fields
 from dledger.server.logroom import LogRoom
 from dledger.server.members import Refused, stream_sender
@@ -107,7 +104,6 @@ from dledger.server.scrub import (
     MIN_SCRUB_BYTES_PER_S,
     Scrubber,
 )
-from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
     DEFAULT_SNAPSHOT_BYTES_PER_S,
     MAX_SNAPSHOT_BYTES_PER_S,
@@ -141,6 +137,11 @@ from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from mqsecurity.refusals import REFUSALS
 from mqsecurity.tls import TlsFiles
+from prockit import fatal as fatal_mod
+from prockit.fatal import fatal, spawn
+from rpckit import decodeguard, status
+from rpckit.callguard import CallGuard, GuardInterceptor
+from rpckit.serving import add_health_and_reflection, bind, bind_insecure
 
 logger = logging.getLogger(__name__)
 
@@ -438,7 +439,7 @@ class DLedgerNode:
     ) -> None:
         """``client_services`` add the application's gRPC services to the client port (each
         registrar adds its servicers and returns their full names for health/reflection);
-        ``call_guard`` admits or refuses every client-port call (:mod:`dledger.server.guard`);
+        ``call_guard`` admits or refuses every client-port call (:mod:`rpckit.callguard`);
         ``raft_stats`` is measured into when the process serves metrics (None: nothing is)."""
         self.cfg = cfg
         self._call_guard = call_guard
@@ -602,7 +603,7 @@ class DLedgerNode:
 
     def _spawn_tasks(self, conf: ConfState | None) -> None:
         """The node's loops. Fail fast: an exception escaping any of them ends the process
-        (dledger.fatal); their cancellation by stop() does not."""
+        (prockit.fatal); their cancellation by stop() does not."""
         cfg = self.cfg
         self._tasks = [
             spawn(self._tick_loop(), "tick"),
@@ -630,14 +631,14 @@ class DLedgerNode:
         mutual TLS (peer port) with ``cfg.tls``, plus the optional plaintext client port."""
         cfg = self.cfg
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
+        decodeguard.add_servicer(
             self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, _PeerServicer(self)
         )
         self._client_server = grpc.aio.server(
             options=SERVER_OPTIONS,
             interceptors=[GuardInterceptor(self._call_guard)] if self._call_guard else None,
         )
-        rpcguard.add_servicer(
+        decodeguard.add_servicer(
             self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, _ClientServicer(self)
         )
         client_names = ["raftmq.dledger.v1.DLedgerClient"]
@@ -1579,7 +1580,7 @@ class _PeerServicer(pb_grpc.DLedgerPeerServicer):
         try:
             return await node.join(request)
         except (DLedgerError, TimeoutError) as exc:
-            failure = status.dledger_failure(exc, node)
+            failure = errormap.dledger_failure(exc, node)
             if failure is None:
                 raise
             await status.abort(context, failure)
@@ -1675,7 +1676,7 @@ _CHANGE_KINDS = {k.name: k for k in ChangeKind}
 
 
 class _ClientServicer(pb_grpc.DLedgerClientServicer):
-    """The log client service. Errors become statuses through :mod:`dledger.server.status`
+    """The log client service. Errors become statuses through :mod:`rpckit.status`
     (:meth:`_fail` for dledger's errors, :func:`_invalid` for refused requests)."""
 
     def __init__(self, node: DLedgerNode) -> None:
@@ -1695,7 +1696,7 @@ class _ClientServicer(pb_grpc.DLedgerClientServicer):
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
         """End the call with the status of ``exc``, one of dledger's errors or a quorum
         timeout (anything else is raised again: gRPC answers UNKNOWN and logs it)."""
-        failure = status.dledger_failure(exc, self.node)
+        failure = errormap.dledger_failure(exc, self.node)
         if failure is None:
             raise exc
         await status.abort(context, failure)

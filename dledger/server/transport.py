@@ -19,9 +19,9 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.core import Message
-from dledger.fatal import spawn
 from dledger.server.convert import fill_pb, to_pb
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
+from prockit.fatal import spawn
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from dledger.fatal import fatal, guard_thread
+from prockit.fatal import fatal, guard_thread
 
 log = logging.getLogger(__name__)
 

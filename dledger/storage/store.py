@@ -26,7 +26,6 @@ from types import TracebackType
 
 from dledger import failpoints
 from dledger.chain import CHAIN_ORIGIN, link
-from dledger.fatal import fatal, guard_thread
 from dledger.log import (
     ENTRY_TYPE_MAX,
     ConfigError,
@@ -81,6 +80,7 @@ from dledger.storage.retention import (
     segments_to_delete,
 )
 from mqerrors import codes as E
+from prockit.fatal import fatal, guard_thread
 
 log = logging.getLogger(__name__)
 
