@@ -477,7 +477,7 @@ class MQAdmin:
                 {broker_addr: broker_addr} if broker_addr else self._leaders(channels, cluster)
             )
             if not targets:
-                raise MQClientError(E.NO_BROKER, "UNAVAILABLE", "no broker group is registered")
+                raise MQClientError.local(E.NO_BROKER, "no broker group is registered")
             leaderless = sorted(name for name, addr in targets.items() if not addr)
             if leaderless:
                 raise MQClientError(

@@ -154,14 +154,14 @@ def parse_tags(expression: str) -> frozenset[str] | None:
         return None
     tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
     if not tags:
-        raise MQClientError(E.INVALID_SUBSCRIPTION, "INVALID_ARGUMENT", repr(expression))
+        raise MQClientError.local(E.INVALID_SUBSCRIPTION, repr(expression))
     return tags
 
 
 class _ClientBase:
     def __init__(self, group: str, namesrv_addr: str, security: ClientSecurity = PLAINTEXT) -> None:
         if not group:
-            raise MQClientError(E.INVALID_GROUP, "INVALID_ARGUMENT", "a consumer group is required")
+            raise MQClientError.local(E.INVALID_GROUP, "a consumer group is required")
         self.group = group
         self.namesrv_addr = namesrv_addr
         self._channels = ChannelPool(security)
@@ -170,7 +170,7 @@ class _ClientBase:
     @property
     def _routes(self) -> RouteClient:
         if self._routes_client is None:
-            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError.local(E.NOT_STARTED, "call start() first")
         return self._routes_client
 
     def _start_routes(self) -> None:
@@ -301,7 +301,7 @@ class PullConsumer(_ClientBase):
                 continue
             return self._to_result(mq, resp, tags)
         self._routes.invalidate(mq.topic)
-        raise last or MQClientError(E.NO_ROUTE, "UNAVAILABLE", f"no node for {mq.key()}")
+        raise last or MQClientError.local(E.NO_ROUTE, f"no node for {mq.key()}")
 
 
 class _ProcessQueue:

@@ -129,6 +129,15 @@ class MQClientError(Exception):
         return self.code in GROUP_REFUSES_WRITES_CODES
 
     @classmethod
+    def local(cls, code: str, message: str) -> MQClientError:
+        """An error the client finds itself (no server answered it), with the gRPC status
+        the error table gives ``code``, so that a code means one status wherever it is
+        raised."""
+        row = table.spec(code)
+        assert row is not None, f"{code} is not in mqerrors/errors.json"
+        return cls(code, row.grpc_status, message, retryable=row.retryable)
+
+    @classmethod
     def from_rpc(cls, exc: grpc.RpcError) -> MQClientError:
         code_fn = getattr(exc, "code", None)
         status = code_fn() if callable(code_fn) else None

@@ -129,7 +129,7 @@ def change_member(
 ) -> tuple[int, tuple[MemberRow, ...]]:
     """One change (``CHANGE_KINDS``), answered once committed: (its index, the members)."""
     if kind not in CHANGE_KINDS:
-        raise MQClientError(E.UNKNOWN_CHANGE, "INVALID_ARGUMENT", f"kind {kind!r:.40}")
+        raise MQClientError.local(E.UNKNOWN_CHANGE, f"kind {kind!r:.40}")
     req = dpb.ChangeMemberRequest(
         kind=kind, node_id=node_id, peer_addr=peer_addr, client_addr=client_addr
     )

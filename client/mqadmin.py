@@ -428,9 +428,7 @@ def _group_addr(admin: MQAdmin, args: argparse.Namespace) -> str:
                 return str(leader.client_addr)
             if g.members:
                 return str(g.members[0].client_addr)
-    raise MQClientError(
-        E.NO_BROKER, "NOT_FOUND", f"no broker group {args.broker!r:.80} is registered"
-    )
+    raise MQClientError.local(E.NO_BROKER, f"no broker group {args.broker!r:.80} is registered")
 
 
 def _member_rows(rows: Sequence[MemberRow], leader_id: str = "") -> list[Row]:

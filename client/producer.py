@@ -233,7 +233,7 @@ class Producer:
 
     def _route_client(self) -> RouteClient:
         if self._routes is None:
-            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError.local(E.NOT_STARTED, "call start() first")
         return self._routes
 
     # -- queue choice ---------------------------------------------------------------------------
@@ -243,7 +243,7 @@ class Producer:
         just failed on) and past groups that refused writes lately, while another is left."""
         queues = self._route_client().get_route(topic).write_queue_tuple()
         if not queues:
-            raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"no writable queue for {topic}")
+            raise MQClientError.local(E.NO_ROUTE, f"no writable queue for {topic}")
         start = next(self._rr)
         full = self._full_groups() if self._full_until else ()
         second: MessageQueue | None = None
@@ -559,10 +559,10 @@ class Producer:
         first attempt here. A group that refuses writes (``DISK_FULL``) is not asked again:
         the send moves to another group, or fails at once when the topic has none."""
         if not msgs:
-            raise MQClientError(E.INVALID_MESSAGE, "INVALID_ARGUMENT", "no message to send")
+            raise MQClientError.local(E.INVALID_MESSAGE, "no message to send")
         topic = msgs[0].topic
         if any(m.topic != topic for m in msgs):
-            raise MQClientError(E.INVALID_MESSAGE, "INVALID_ARGUMENT", "a batch has one topic")
+            raise MQClientError.local(E.INVALID_MESSAGE, "a batch has one topic")
         for m in msgs:
             if not m.msg_id:  # fixed before attempt one, kept by every retry
                 m.msg_id = new_msg_id()
@@ -613,7 +613,7 @@ class Producer:
             if not chosen:  # ordered: the same queue on every attempt
                 queues = self._route_client().get_route(msg.topic).write_queues()
                 if not queues:
-                    raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"no queue for {msg.topic}")
+                    raise MQClientError.local(E.NO_ROUTE, f"no queue for {msg.topic}")
                 chosen.append(selector.select(queues, msg, arg))
             return chosen[0]
 
@@ -644,7 +644,7 @@ class Producer:
         Failed attempts are retried like ``send``'s. Blocks while ``ASYNC_MAX_PENDING`` sends
         are pending (back pressure)."""
         if self._executor is None:
-            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError.local(E.NOT_STARTED, "call start() first")
         if not msg.msg_id:
             msg.msg_id = new_msg_id()
         future: Future[SendResult] = Future()
@@ -673,7 +673,7 @@ class Producer:
     def send_oneway(self, msg: Message) -> None:
         """Fire and forget: one attempt, no result, failures only logged."""
         if self._executor is None:
-            raise MQClientError(E.NOT_STARTED, "FAILED_PRECONDITION", "call start() first")
+            raise MQClientError.local(E.NOT_STARTED, "call start() first")
         self._take_slot()
 
         def settle(result: SendResult | None, exc: BaseException | None) -> None:
@@ -718,7 +718,7 @@ class Producer:
         else:
             queues = self._route_client().get_route(msg.topic).write_queues()
             if not queues:
-                raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"no queue for {msg.topic}")
+                raise MQClientError.local(E.NO_ROUTE, f"no queue for {msg.topic}")
             mq = selector.select(queues, msg, arg)
         retries = self.retry_times_when_send_failed if retries is None else retries
 

@@ -61,7 +61,7 @@ def retry_wait_s(err: MQClientError, floor_s: float = NO_LEADER_BACKOFF_S) -> fl
 def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
     addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
     if not addrs:
-        raise MQClientError(E.INVALID_NAMESRV_ADDR, "INVALID_ARGUMENT", repr(namesrv_addr))
+        raise MQClientError.local(E.INVALID_NAMESRV_ADDR, repr(namesrv_addr))
     return addrs
 
 
@@ -257,7 +257,7 @@ class RouteClient:
             route = cached[1]
         group = route.group(broker_name)
         if group is None:
-            raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"{broker_name} no longer serves {topic}")
+            raise MQClientError.local(E.NO_ROUTE, f"{broker_name} no longer serves {topic}")
         with self._lock:
             known = self._leaders.get(broker_name, "")
         first = [known] if known else []

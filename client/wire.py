@@ -18,7 +18,7 @@ from msgcodec import OFFSET_MSG_ID_PREFIX_CHARS, CorruptMessageError, decode_row
 
 
 def _bad(why: str) -> MQClientError:
-    return MQClientError(E.BAD_RESPONSE, "INTERNAL", f"raw pull answer: {why}")
+    return MQClientError.local(E.BAD_RESPONSE, f"raw pull answer: {why}")
 
 
 def decode_messages(

@@ -141,7 +141,7 @@ class _QueueSelector:
         for q in queues:
             if q.queue_id == arg:
                 return q
-        raise MQClientError(E.NO_ROUTE, "NOT_FOUND", f"queue {arg} not in the route")
+        raise MQClientError.local(E.NO_ROUTE, f"queue {arg} not in the route")
 
 
 class QueueWorkload(_Base):

@@ -359,7 +359,7 @@ class GroupReader:
         raise (
             MQClientError.from_rpc(last)
             if isinstance(last, grpc.RpcError)
-            else MQClientError(E.NO_BROKER, "UNAVAILABLE", "no broker group is registered")
+            else MQClientError.local(E.NO_BROKER, "no broker group is registered")
         )
 
     def consumer_groups(self) -> list[ConsumerGroupView]:

@@ -241,7 +241,7 @@ class Dashboard:
         def build() -> dict[str, Any]:
             topic: TopicView = self.reader.topic(bounded(name, "topic", MAX_NAME_CHARS))
             if topic.error:
-                raise MQClientError(E.READ_FAILED, "UNAVAILABLE", topic.error)
+                raise MQClientError.local(E.READ_FAILED, topic.error)
             return {"topic": topic, "rate": self.sampler.send_rate(topic.name)}
 
         return await self.render(request, "topic.html", build, {"name": name})

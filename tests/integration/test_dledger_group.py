@@ -5,14 +5,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
+from log_writer import Writer, assert_exactly_once
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
@@ -48,63 +47,6 @@ def wait_converged(cluster: LocalCluster, client: LogClient, timeout_s: float = 
 
 def bodies_of(client: LogClient, addr: str) -> list[bytes]:
     return [e.body for e in client.read_all(addr) if e.type == 0]
-
-
-class Writer:
-    """Appends unique values one batch at a time in a thread; records what was acknowledged.
-
-    A failed append (outcome unknown) is never retried with the same value, so an acknowledged
-    value must appear exactly once.
-    """
-
-    def __init__(self, client: LogClient, batch: int = 5, limit_s: float = 60.0) -> None:
-        self.client = client
-        self.batch = batch
-        self.acked: list[bytes] = []
-        self.ack_times: list[float] = []
-        self.failures: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._limit_s = limit_s
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        seq = 0
-        deadline = time.monotonic() + self._limit_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            values = [f"v{seq + i}".encode() for i in range(self.batch)]
-            seq += self.batch
-            try:
-                self.client.append(values)
-            except ClientError as exc:
-                self.failures[exc.code] += 1
-                time.sleep(0.01)
-                continue
-            self.acked.extend(values)
-            self.ack_times.append(time.monotonic())
-
-    def start(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        assert not self._thread.is_alive()
-
-    def wait_acks(self, n: int, timeout_s: float) -> None:
-        target = len(self.acked) + n
-        wait_for(lambda: len(self.acked) >= target, timeout_s, f"{n} more acknowledged appends")
-
-
-def assert_exactly_once(acked: list[bytes], logs: dict[str, list[bytes]]) -> None:
-    first = next(iter(logs.values()))
-    for addr, log in logs.items():
-        assert log == first, f"{addr} diverges from the others"
-    counts = Counter(first)
-    missing = [v for v in acked if counts[v] == 0]
-    duplicated = [v for v in acked if counts[v] > 1]
-    assert not missing, f"{len(missing)} acknowledged values lost, e.g. {missing[:5]}"
-    assert not duplicated, f"acknowledged values duplicated: {duplicated[:5]}"
 
 
 def test_10k_entries_read_back_identically_from_every_node(

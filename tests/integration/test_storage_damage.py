@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from log_writer import Writer, assert_exactly_once
 from support import wait_for
 
 from dledger.server.client import ClientError, LogClient
@@ -38,59 +37,9 @@ REPAIRED_S = 60.0
 FLIP_MASK = 0x5A
 
 
-class Writer:
-    """Appends unique ~1 KiB values, a batch at a time, in a thread (the segments fill in
-    seconds); records what was acknowledged. A failed append (outcome unknown) is never
-    retried with the same values, so each acknowledged value must appear exactly once."""
-
-    def __init__(self, client: LogClient, batch: int = 5, limit_s: float = 240.0) -> None:
-        self.client = client
-        self.batch = batch
-        self.acked: list[bytes] = []
-        self.ack_times: list[float] = []
-        self.failures: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._limit_s = limit_s
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        seq = 0
-        deadline = time.monotonic() + self._limit_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            values = [f"v{seq + i}:".encode() + BODY_PAD for i in range(self.batch)]
-            seq += self.batch
-            try:
-                self.client.append(values)
-            except ClientError as exc:
-                self.failures[exc.code] += 1
-                self._stop.wait(0.01)
-                continue
-            self.acked.extend(values)
-            self.ack_times.append(time.monotonic())
-
-    def start(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        assert not self._thread.is_alive()
-
-    def wait_acks(self, n: int, timeout_s: float) -> None:
-        target = len(self.acked) + n
-        wait_for(lambda: len(self.acked) >= target, timeout_s, f"{n} more acknowledged appends")
-
-
-def assert_exactly_once(acked: list[bytes], logs: dict[str, list[bytes]]) -> None:
-    first = next(iter(logs.values()))
-    for node_id, log in logs.items():
-        assert log == first, f"{node_id}'s committed log differs from the others'"
-    counts = Counter(first)
-    missing = [v[:12] for v in acked if counts[v] == 0]
-    duplicated = [v[:12] for v in acked if counts[v] > 1]
-    assert not missing, f"{len(missing)} acknowledged values lost, e.g. {missing[:5]}"
-    assert not duplicated, f"acknowledged values duplicated: {duplicated[:5]}"
+def padded_writer(client: LogClient, limit_s: float = 240.0) -> Writer:
+    """A writer of ~1 KiB values (segments fill in seconds)."""
+    return Writer(client, limit_s=limit_s, pad=BODY_PAD)
 
 
 def group(local_group: Callable[..., LocalCluster]) -> LocalCluster:
@@ -243,7 +192,7 @@ def test_flipped_byte_in_an_older_segment_of_a_follower(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client(), limit_s=400).start()
+        writer = padded_writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(1200, 60)  # ~10 segments
             victim = next(n.node_id for n in cluster.nodes if n.node_id != leader_id(cluster))
@@ -266,7 +215,7 @@ def test_damage_inside_committed_data_in_the_last_segment(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client(), limit_s=400).start()
+        writer = padded_writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(600, 60)
             victim = next(n.node_id for n in cluster.nodes if n.node_id != leader_id(cluster))
@@ -295,7 +244,7 @@ def test_flipped_byte_on_the_leader_found_by_a_read(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client(), limit_s=400).start()
+        writer = padded_writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(600, 60)
             victim = leader_id(cluster)
@@ -320,7 +269,7 @@ def test_flipped_byte_on_the_leader_found_by_the_scrubber(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(cluster.client(), limit_s=400).start()
+        writer = padded_writer(cluster.client(), limit_s=400).start()
         try:
             writer.wait_acks(600, 60)
             victim = leader_id(cluster)

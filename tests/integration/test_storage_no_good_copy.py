@@ -15,12 +15,12 @@ from collections.abc import Callable
 import pytest
 from integration.test_storage_damage import (
     REPAIRED_S,
-    Writer,
     entries_of,
     flip,
     group,
     leader_id,
     log_text,
+    padded_writer,
     segments,
 )
 from support import wait_for
@@ -79,7 +79,7 @@ def test_a_majority_damaged_at_an_entry_no_member_holds_stops_with_no_good_copy(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(client).start()
+        writer = padded_writer(client).start()
         try:
             writer.wait_acks(300, 60)
             leader = leader_id(cluster)
@@ -130,7 +130,7 @@ def test_a_damaged_member_whose_peers_are_unreachable_does_not_stop(
 ) -> None:
     cluster = group(local_group)
     with cluster.client() as client:
-        writer = Writer(client).start()
+        writer = padded_writer(client).start()
         try:
             writer.wait_acks(400, 60)
         finally:

@@ -22,6 +22,7 @@ from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.codes import v2_code_name
 from broker.state.errors import BrokerError
+from client.errors import MQClientError
 from dledger.log import CorruptLogError, DLedgerError
 from mqerrors import codes as E
 from mqerrors import generate
@@ -51,7 +52,7 @@ PRODUCT = [
 ]
 CODE_SHAPE = re.compile(r"^[A-Z][A-Z0-9_]{2,}$")
 # Calls whose first positional argument is a stable code ...
-CODE_FIRST = {"MQClientError", "Failure", "_invalid"}
+CODE_FIRST = {"MQClientError", "local", "Failure", "_invalid"}
 # ... and whose second is (the first is a status or a flag).
 CODE_SECOND = {"RpcFailure", "Refusal", "_refuse"}
 # The node a mapping reads (the leader it knows, the append timeout).
@@ -322,6 +323,25 @@ def test_failures_built_in_place_send_the_status_the_table_says() -> None:
                 if TABLE[code].grpc_status != status:
                     wrong.append(f"{path.relative_to(ROOT)}:{n.lineno} {code} {status}")
     assert not wrong, wrong
+
+
+def test_client_errors_built_in_place_take_the_status_from_the_table() -> None:
+    # MQClientError(E.CODE, "STATUS", ...) written out: one code, one status, wherever the
+    # client raises it (MQClientError.local derives it). A server's answer (from_rpc) keeps
+    # the status it came with.
+    wrong = []
+    for path, tree in _sources(PRODUCT):
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Call) or getattr(n.func, "id", None) != "MQClientError":
+                continue
+            if len(n.args) < 2 or not isinstance(n.args[1], ast.Constant):
+                continue
+            for code, _ in _codes_in(n.args[0]):
+                if TABLE[code].grpc_status != n.args[1].value:
+                    wrong.append(f"{path.relative_to(ROOT)}:{n.lineno} {code} {n.args[1].value}")
+    assert not wrong, f"use MQClientError.local(code, message): {wrong}"
+    err = MQClientError.local(E.NO_BROKER, "none")
+    assert (err.status, err.retryable) == (TABLE[E.NO_BROKER].grpc_status, False)
 
 
 def test_what_derives_from_the_table() -> None:
