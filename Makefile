@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RMQ5_DIR := build/rmq5
 RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
-PACKAGES := mqerrors mqcli mqsecurity mqmetrics dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
+PACKAGES := mqerrors mqcli mqsecurity mqmetrics prockit rpckit dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps clean
 
@@ -90,7 +90,7 @@ test-setup: venv system-deps gen-check lint typecheck
 # that audit with Spark (tests/audit and the fuzz suite: they share one SparkSession), which run
 # after `-m "not processes"` (unit, simulator, checker tests) in the second session, so that
 # both sessions take about as long; its report goes into a file printed after the first's. The two draw the ports they give their groups from ranges
-# of their own (RAFTMQ_PICK_PORTS, dledger/procs.py), so they never pick the same one. Any of
+# of their own (RAFTMQ_PICK_PORTS, prockit/processes.py), so they never pick the same one. Any of
 # the three failing fails make test; the last line before the second report gives the codes.
 PROCESS_PORTS := 20000-26384
 SECOND_PORTS := 26384-32768

@@ -62,8 +62,8 @@ from typing import Any
 
 from bench import tune_gc
 from bench.errors import BenchError
-from dledger.procs import free_ports as free_ports_on
-from dledger.procs import spawn_logged
+from prockit.processes import free_ports as free_ports_on
+from prockit.processes import spawn_logged
 
 log = logging.getLogger("bench.peers")
 

@@ -20,11 +20,11 @@ import uvloop
 
 from broker.app import Process, build
 from broker.config import KEYS, ConfigError, load_config
-from dledger.fatal import spawn
-from dledger.procs import serve_until_signalled
 from dledger.server import StartError
 from mqcli import server_parser
 from mqcli.logs import check_log_arguments, setup_server_logging
+from prockit.fatal import spawn
+from prockit.processes import serve_until_signalled
 
 
 async def _serve(process: Process) -> None:

@@ -24,11 +24,6 @@ from broker.configkeys import _Key as _Key  # tests add keys to KEYS with it
 from broker.configkeys import parse_peers as parse_peers
 from broker.state.delayrules import parse_delay_levels
 from broker.state.errors import ConfigError as ConfigError  # the package's one ConfigError
-from dledger.properties import (
-    parse_properties,
-    parse_values,
-    read_text,
-)
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.retention import SECONDS_PER_HOUR
@@ -37,6 +32,11 @@ from mqsecurity.credentials import Credentials
 from mqsecurity.errors import CertificateError
 from mqsecurity.pki import MemberIdentity, member_identity
 from mqsecurity.tls import TlsFiles, check_server_files, metrics_over_tls, read_pem, tls_files_of
+from prockit.properties import (
+    parse_properties,
+    parse_values,
+    read_text,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,12 +31,6 @@ from broker.state.derived import DEFAULT_SCRUB_RECORDS_PER_SECOND
 from broker.state.records import MAX_OFFSET_GROUPS, MAX_TOPICS
 from broker.state.subgroups import MAX_SUBGROUPS
 from broker.state.timerrules import DEFAULT_TIMER_MAX_DELAY_S, MAX_TIMER_MAX_DELAY_S
-from dledger.properties import (
-    int_in,
-    parse_bool,
-    parse_optional_port,
-    parse_port,
-)
 from dledger.server.chaincheck import (
     MAX_CHAIN_CHECK_INTERVAL_MS,
     MIN_CHAIN_CHECK_INTERVAL_MS,
@@ -54,6 +48,12 @@ from dledger.storage import FlushDiskType, StoreConfig
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
+from prockit.properties import (
+    int_in,
+    parse_bool,
+    parse_optional_port,
+    parse_port,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from broker.config import BrokerConfig
 from broker.state.machine import BrokerStateMachine
-from dledger.fatal import supervise
 from mqsecurity.channels import open_aio_channel
 from mqsecurity.membersig import MemberSigner
+from prockit.fatal import supervise
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class BrokerRegistrar:
             target.wake.set()  # register at once
             self._targets.append(target)
             # Supervised: a NameServer that is down or slow is handled in _register; anything
-            # else escaping the loop is a bug and ends the process (dledger.fatal) instead of
+            # else escaping the loop is a bug and ends the process (prockit.fatal) instead of
             # leaving a node that silently stopped registering.
             name = f"register-{addr}"
             self._tasks.append(supervise(loop.create_task(self._loop(target), name=name), name))

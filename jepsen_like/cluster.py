@@ -25,7 +25,6 @@ import signal
 import time
 from pathlib import Path
 
-from dledger.procs import exited
 from dledger.server.client import ClientError, LogClient
 from dledger.storage.promise import promise_path
 from jepsen_like.netns import NetnsLocalCluster, NetnsNet
@@ -33,6 +32,7 @@ from jepsen_like.proxy import ProxyNet
 from mqcluster import localsecurity
 from mqcluster.cluster import ClusterError, LocalCluster, NodeInfo, log_client
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
+from prockit.processes import exited
 
 logger = logging.getLogger(__name__)
 

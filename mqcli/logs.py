@@ -22,7 +22,7 @@ import logging
 import logging.handlers
 import os
 
-# The text format of every server's lines (dledger.procs uses the same).
+# The text format of every server's lines (prockit.processes uses the same).
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # Rotation bounds: a file under 1 MiB rotates every few seconds under DEBUG; over 10 GiB is not
 # a log anyone reads. Backups: at least 1 (else rotation would drop the whole log at once).

@@ -68,8 +68,6 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from broker.config import SECRET_KEYS, render_config
 from broker.state.errors import BrokerError
-from dledger.procs import exited, free_ports, spawn_logged
-from dledger.properties import parse_bool
 from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
 from mqcluster import localsecurity
@@ -78,6 +76,8 @@ from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
 from mqsecurity.errors import SecurityError
 from mqsecurity.tls import metrics_over_tls
+from prockit.processes import exited, free_ports, spawn_logged
+from prockit.properties import parse_bool
 
 if TYPE_CHECKING:  # mqcluster.groups builds on this module; main imports it when it runs
     from mqcluster.groups import Groups
@@ -118,7 +118,7 @@ PORT_BLOCK_STEP = 10
 MAX_PORT_BLOCKS = 10
 # Keys of cluster.json that belong to mqcluster.groups (the cluster's other groups).
 EXTRA_STATE_KEYS = frozenset({"groups"})
-# What dledger/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
+# What prockit/fatal.py writes before a node ends itself (`FATAL component=... cause=...`).
 FATAL_MARK = "FATAL component="
 # Bytes read from the end of an exited node's log to find its last FATAL (or last) line: logs
 # grow without bound, status must not read them whole.

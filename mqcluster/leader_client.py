@@ -1,7 +1,7 @@
 """Leader-only calls to one broker group over the generated stubs, for the demo and the tests.
 
 :meth:`LeaderClient.call` sends to the node it last found leading; a failure is acted on by its
-structured error (``raftmq.common.v1.ErrorInfo``, :func:`dledger.server.status.read_error`):
+structured error (``raftmq.common.v1.ErrorInfo``, :func:`rpckit.status.read_error`):
 ``NOT_LEADER`` with a leader address goes there, a retryable failure (no leader yet, a
 transfer, back pressure) tries the next node after the error's retry hint, and a failure gRPC
 itself made (node down, deadline) tries the next node too. Anything else is raised. A retried
@@ -19,9 +19,9 @@ from typing import TypeVar
 import grpc
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
 
-from dledger.server.status import read_error
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
+from rpckit.status import read_error
 
 # Wait before trying the next node when the error gave no longer hint (an election, a node
 # down): short, the group elects within a second.

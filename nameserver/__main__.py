@@ -13,11 +13,11 @@ import argparse
 import asyncio
 import dataclasses
 
-from dledger.procs import serve_until_signalled
 from mqcli import server_parser
 from mqcli.logs import check_log_arguments, setup_server_logging
 from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
 from nameserver.server import NameServer, StartError
+from prockit.processes import serve_until_signalled
 
 
 async def _serve(cfg: NameServerConfig) -> None:

@@ -9,15 +9,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dledger.properties import (
-    int_in,
-    parse_bool,
-    parse_optional_port,
-    parse_port,
-    parse_properties,
-    parse_values,
-    read_text,
-)
 from mqerrors import codes as E
 from mqsecurity.errors import CertificateError
 from mqsecurity.tls import TlsFiles, check_server_files, metrics_over_tls, tls_files_of
@@ -25,6 +16,15 @@ from nameserver.routes import (
     DEFAULT_BROKER_EXPIRED_TIME_MS,
     DEFAULT_SCAN_INTERVAL_MS,
     NameServerError,
+)
+from prockit.properties import (
+    int_in,
+    parse_bool,
+    parse_optional_port,
+    parse_port,
+    parse_properties,
+    parse_values,
+    read_text,
 )
 
 # RocketMQ's NameServer port.

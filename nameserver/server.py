@@ -2,7 +2,7 @@
 
 Errors map to gRPC status codes in :data:`_STATUS` and only there; the detail starts with the
 error's stable code, and the status details carry it as a ``raftmq.common.v1.ErrorInfo``
-(:mod:`dledger.server.status`).
+(:mod:`rpckit.status`).
 
 With ``brokerAuthenticationEnabled`` a RegisterBroker or UnregisterBroker must be signed by a
 member certificate of the very group and node it is about (`mqsecurity.membersig`); anything
@@ -25,8 +25,6 @@ from prometheus_client import ProcessCollector
 from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
-from dledger.server import rpcguard, status
-from dledger.server.serving import add_health_and_reflection, bind
 from mqerrors import codes as E
 from mqmetrics.server import LoopCollector, MetricsServer
 from mqsecurity import refusals
@@ -56,6 +54,8 @@ from nameserver.routes import (
     TopicRoute,
     check_name,
 )
+from rpckit import decodeguard, status
+from rpckit.serving import add_health_and_reflection, bind
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class NameServer:
 
     async def start(self) -> None:
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
+        decodeguard.add_servicer(
             server,
             pb_grpc.add_NameServerServicer_to_server,
             NameServerServicer(self.table, self._verifier(), self.stats),

@@ -42,9 +42,9 @@ PROGRESS_INTERVAL_S = 2.0
 MISMATCH_SAMPLE_ROWS = 100
 # Rows per Arrow batch a task yields (bounds a task's memory for large outputs).
 ROWS_PER_BATCH = 10_000
-# Packages shipped to the executors (the job's code, the codec it parses with, and the error
-# codes both name).
-SHIPPED_PACKAGES = ("spark_audit", "dledger", "msgcodec", "mqerrors")
+# Packages shipped to the executors (the job's code, the codec it parses with, what that codec's
+# package imports: prockit for dledger.storage's fatal exits, and the error codes both name).
+SHIPPED_PACKAGES = ("spark_audit", "dledger", "prockit", "msgcodec", "mqerrors")
 
 OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
     # finding, mismatch, pair, part, end, leaf, derived, task (count = CPU microseconds)

@@ -28,7 +28,7 @@ from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
 
 from broker.frontends.v2 import stubs as rmq5_stubs
-from dledger.server.status import read_error
+from rpckit.status import read_error
 
 # Names the fuzzed group serves, so that some requests reach past name validation.
 FUZZ_TOPIC = "FuzzTarget"

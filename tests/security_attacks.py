@@ -31,13 +31,13 @@ from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
 from dledger.server.convert import to_pb
-from dledger.server.status import read_error
 from mqcluster.cluster import LocalCluster, log_client
 from mqsecurity import refusals
 from mqsecurity.channels import ClientSecurity, open_channel
 from mqsecurity.credentials import Credentials
 from mqsecurity.membersig import MemberSigner
 from mqsecurity.tls import TlsFiles
+from rpckit.status import read_error
 
 RPC_S = 5.0
 # Raw TLS connections without a certificate, each one refused handshake the node must count.

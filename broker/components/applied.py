@@ -25,9 +25,9 @@ from broker.state.message import (
     encode_offset_msg_id,
 )
 from dledger.core import NotLeaderError, Role
-from dledger.fatal import supervise
 from dledger.log import DLedgerError, IndexOutOfRangeError
 from msgcodec import STORE_TIMESTAMP_AT
+from prockit.fatal import supervise
 
 # Bytes of messages in one answer (a pull, a key query) at most, though it always holds at
 # least one: gRPC's default receive limit (4 MiB) less room for the answer's own fields, so a
@@ -56,7 +56,7 @@ def start_leader_task(
 ) -> asyncio.Task[None] | None:
     """The body of a change listener whose loop runs while the node leads: the running task,
     or a new one from ``make`` when this node leads and none runs. Supervised: an unexpected
-    exception ends the process (dledger.fatal), rather than leaving a leader whose loop is
+    exception ends the process (prockit.fatal), rather than leaving a leader whose loop is
     gone. Outside an event loop (state applied in tests) nothing starts."""
     if ctx.sm.role is not Role.LEADER or (task is not None and not task.done()):
         return task

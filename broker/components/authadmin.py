@@ -42,11 +42,11 @@ from broker.state.auth.table import AuthTable
 from broker.state.errors import BrokerError, InvalidRequestError
 from broker.state.records import ENTRY_AUTH
 from dledger.core import Role
-from dledger.fatal import supervise
 from dledger.log import DLedgerError
 from mqerrors import codes as E
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials, check_secret_key
+from prockit.fatal import supervise
 
 logger = logging.getLogger(__name__)
 

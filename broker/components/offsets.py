@@ -25,9 +25,9 @@ from broker.state.message import validate_topic
 from broker.state.names import validate_group_name
 from broker.state.records import ENTRY_OFFSETS, MAX_OFFSET_GROUPS, OffsetKey, encode_offsets_record
 from dledger.core import NotLeaderError
-from dledger.fatal import supervise
 from dledger.log import DLedgerError
 from mqerrors import codes as E
+from prockit.fatal import supervise
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ class ConsumerOffsets:
 
     def schedule_flush(self) -> None:
         if self.flush_task is None or self.flush_task.done():
-            # Supervised: an unexpected exception ends the process (dledger.fatal).
+            # Supervised: an unexpected exception ends the process (prockit.fatal).
             self.flush_task = supervise(
                 asyncio.get_running_loop().create_task(self._delayed_flush(), name="offset-flush"),
                 "offset-flush",

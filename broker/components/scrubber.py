@@ -23,8 +23,8 @@ from broker.state import derived, statecheck
 from broker.state.consumequeue import ConsumeQueue
 from broker.state.errors import BrokerError, QueueStoreClosedError
 from broker.state.machine import BrokerStateMachine
-from dledger.fatal import spawn
 from dledger.log import DLedgerError
+from prockit.fatal import spawn
 
 logger = logging.getLogger(__name__)
 

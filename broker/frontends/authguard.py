@@ -2,7 +2,7 @@
 ``authorizationEnabled``).
 
 ``DLedgerNode`` asks :meth:`AuthGuard.check` about every call on its client port
-(:mod:`dledger.server.guard`). Authentication reads the RocketMQ 5 signature
+(:mod:`rpckit.callguard`). Authentication reads the RocketMQ 5 signature
 (:mod:`mqsecurity.signing`), finds the AccessKey in the replicated user table of this node's
 state machine, unseals its secret and checks the HMAC and the clock skew. Authorization maps the
 method and request to (resource, action) pairs (:mod:`broker.frontends.rpcmap`) and asks the rule
@@ -25,8 +25,6 @@ from broker.state.auth.model import SUB, Resource, User, decide, peer_ip, subjec
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import BrokerError
 from broker.state.machine import BrokerStateMachine
-from dledger.server.guard import Refusal, text_metadata
-from dledger.server.rpcguard import Undecodable
 from mqerrors import codes as E
 from mqsecurity import SignatureError, SignatureMismatchError
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
@@ -37,6 +35,8 @@ from mqsecurity.signing import (
     check_signature,
     read_signed_request,
 )
+from rpckit.callguard import Refusal, text_metadata
+from rpckit.decodeguard import Undecodable
 
 # The answer to a signature no known user's secret produced, whether the access key is
 # unknown, disabled, or known with another secret.
@@ -69,7 +69,7 @@ class AuthSettings:
 
 
 class AuthGuard:
-    """A ``dledger.server.guard.CallGuard`` over a broker state machine's user table."""
+    """A ``rpckit.callguard.CallGuard`` over a broker state machine's user table."""
 
     def __init__(
         self,
@@ -101,7 +101,7 @@ class AuthGuard:
         if isinstance(user_or_refusal, Refusal):
             return user_or_refusal
         if not self.settings.authorization_enabled or isinstance(request, Undecodable):
-            # An undecodable request is refused by rpcguard next, before anything runs.
+            # An undecodable request is refused by decodeguard next, before anything runs.
             return None
         return self._authorize(user_or_refusal, method, peer, request)
 

@@ -18,10 +18,10 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.log import DLedgerError, Entry
 from dledger.server.convert import entry_from_pb
-from dledger.server.status import code_of_text, read_error
 from dledger.server.transport import CHANNEL_OPTIONS
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
+from rpckit.status import code_of_text, read_error
 
 # Redirects followed by one call before it gives up (a group elects within a few hops).
 MAX_REDIRECTS = 5

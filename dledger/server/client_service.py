@@ -1,7 +1,7 @@
 """The log client service (DLedgerClient) of one member: append, read, metadata, membership
 changes and leadership transfer over gRPC. Requests are checked here (group, entry types,
 sizes); the work is the node's (:class:`dledger.server.node.DLedgerNode`), and its errors
-become statuses through :mod:`dledger.server.status`."""
+become statuses through :mod:`rpckit.status`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.core import MAX_ENTRIES_PER_PROPOSAL, ChangeKind, ConfChange
 from dledger.log import CorruptLogError, DLedgerError, IndexOutOfRangeError, LogCompactedError
-from dledger.server import status
+from dledger.server import errormap
 from dledger.server.convert import echo
 from dledger.server.health import health_fields
 from mqerrors import codes as E
 from mqsecurity.refusals import REFUSALS
+from rpckit import status
 
 if TYPE_CHECKING:
     from dledger.server.node import DLedgerNode
@@ -51,7 +52,7 @@ _CHANGE_KINDS = {k.name: k for k in ChangeKind}
 
 
 class ClientServicer(pb_grpc.DLedgerClientServicer):
-    """The log client service. Errors become statuses through :mod:`dledger.server.status`
+    """The log client service. Errors become statuses through :mod:`rpckit.status`
     (:meth:`_fail` for dledger's errors, :func:`_invalid` for refused requests)."""
 
     def __init__(self, node: DLedgerNode) -> None:
@@ -71,7 +72,7 @@ class ClientServicer(pb_grpc.DLedgerClientServicer):
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
         """End the call with the status of ``exc``, one of dledger's errors or a quorum
         timeout (anything else is raised again: gRPC answers UNKNOWN and logs it)."""
-        failure = status.dledger_failure(exc, self.node)
+        failure = errormap.dledger_failure(exc, self.node)
         if failure is None:
             raise exc
         await status.abort(context, failure)

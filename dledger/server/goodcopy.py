@@ -44,10 +44,10 @@ import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
-from dledger.fatal import fatal
 from dledger.server.convert import MAX_NODE_ID_CHARS
 from dledger.storage.store import StoreClosedError
 from mqsecurity.channels import open_aio_channel
+from prockit.fatal import fatal
 
 if TYPE_CHECKING:
     from dledger.server.node import DLedgerNode

@@ -6,7 +6,7 @@ peers other than this node (``raftmq://member/<group>/<node-id>``, `mqsecurity.p
 sender's id is the certificate's, never the stream's metadata: a stream whose metadata names
 another group or another id than its certificate is refused as a lie (``PEER_IDENTITY``), not
 corrected. Every refusal is a `Refused` carrying the reason counted in
-`mqsecurity.refusals` and the failure the call ends with (`dledger.server.status`).
+`mqsecurity.refusals` and the failure the call ends with (`rpckit.status`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from dledger.server import status
 from mqerrors import codes as E
 from mqsecurity import refusals
 from mqsecurity.pki import member_identity
+from rpckit import status
 
 # The headers a peer stream carries (PeerLink sets them; with TLS they only have to agree with
 # the certificate).

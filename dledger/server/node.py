@@ -31,7 +31,6 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger import failpoints
-from dledger import fatal as fatal_mod
 from dledger.appsnapshot import AppSnapshot
 from dledger.chain import agree
 from dledger.chain import fmt as chain_fmt
@@ -49,7 +48,6 @@ from dledger.core import (
     SnapshotMeta,
 )
 from dledger.core.membership import MEMBER_ID_RE, joining
-from dledger.fatal import fatal, spawn
 from dledger.log import (
     CorruptLogError,
     DLedgerError,
@@ -57,7 +55,6 @@ from dledger.log import (
     EntryType,
     HardState,
 )
-from dledger.server import rpcguard, status
 from dledger.server.chaincheck import (
     chain_check_loop,
     peer_asker,
@@ -66,7 +63,6 @@ from dledger.server.client_service import ClientServicer
 from dledger.server.convert import echo, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
 from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
-from dledger.server.guard import CallGuard, GuardInterceptor
 from dledger.server.logroom import LogRoom
 from dledger.server.membership import (
     JOIN_RETRY_MS,
@@ -97,7 +93,6 @@ from dledger.server.promises import (
 from dledger.server.scrub import (
     Scrubber,
 )
-from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.snapshots import (
     SnapshotReceiver,
     SnapshotSender,
@@ -116,6 +111,11 @@ from dledger.storage import (
 from dledger.storage.promise import PromiseWriter, read_promise
 from dledger.storage.store import META_FILE
 from mqsecurity.channels import open_aio_channel
+from prockit import fatal as fatal_mod
+from prockit.fatal import fatal, spawn
+from rpckit import decodeguard, status
+from rpckit.callguard import CallGuard, GuardInterceptor
+from rpckit.serving import add_health_and_reflection, bind, bind_insecure
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class DLedgerNode:
     ) -> None:
         """``client_services`` add the application's gRPC services to the client port (each
         registrar adds its servicers and returns their full names for health/reflection);
-        ``call_guard`` admits or refuses every client-port call (:mod:`dledger.server.guard`);
+        ``call_guard`` admits or refuses every client-port call (:mod:`rpckit.callguard`);
         ``raft_stats`` is measured into when the process serves metrics (None: nothing is)."""
         self.cfg = cfg
         self._call_guard = call_guard
@@ -336,7 +336,7 @@ class DLedgerNode:
 
     def _spawn_tasks(self, conf: ConfState | None) -> None:
         """The node's loops. Fail fast: an exception escaping any of them ends the process
-        (dledger.fatal); their cancellation by stop() does not."""
+        (prockit.fatal); their cancellation by stop() does not."""
         cfg = self.cfg
         self._tasks = [
             spawn(self._tick_loop(), "tick"),
@@ -364,14 +364,14 @@ class DLedgerNode:
         mutual TLS (peer port) with ``cfg.tls``, plus the optional plaintext client port."""
         cfg = self.cfg
         self._peer_server = grpc.aio.server(options=SERVER_OPTIONS)
-        rpcguard.add_servicer(
+        decodeguard.add_servicer(
             self._peer_server, pb_grpc.add_DLedgerPeerServicer_to_server, PeerServicer(self)
         )
         self._client_server = grpc.aio.server(
             options=SERVER_OPTIONS,
             interceptors=[GuardInterceptor(self._call_guard)] if self._call_guard else None,
         )
-        rpcguard.add_servicer(
+        decodeguard.add_servicer(
             self._client_server, pb_grpc.add_DLedgerClientServicer_to_server, ClientServicer(self)
         )
         client_names = ["raftmq.dledger.v1.DLedgerClient"]

@@ -14,7 +14,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.log import DLedgerError
-from dledger.server import status
+from dledger.server import errormap
 from dledger.server.convert import MAX_NODE_ID_CHARS, echo
 from dledger.server.goodcopy import holdings_of, to_response
 from dledger.server.health import chain_or_none
@@ -22,6 +22,7 @@ from dledger.server.members import Refused, stream_sender
 from dledger.server.snapshots import SnapshotRefused, refused_status
 from mqerrors import codes as E
 from mqsecurity.refusals import REFUSALS
+from rpckit import status
 
 if TYPE_CHECKING:
     from dledger.server.node import DLedgerNode
@@ -68,7 +69,7 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
         try:
             return await node.join(request)
         except (DLedgerError, TimeoutError) as exc:
-            failure = status.dledger_failure(exc, node)
+            failure = errormap.dledger_failure(exc, node)
             if failure is None:
                 raise
             await status.abort(context, failure)

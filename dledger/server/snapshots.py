@@ -49,7 +49,6 @@ from dledger.core import ConfState, InstallSnapshot, Role, SnapshotMeta, Snapsho
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.core.membership import decode as decode_conf
 from dledger.log import CorruptLogError, DLedgerError
-from dledger.server import status
 from dledger.server.membership import save_conf
 from dledger.server.transport import CHANNEL_OPTIONS
 from dledger.storage import SegmentedLogStore
@@ -58,6 +57,7 @@ from dledger.storage.install import install_log, verify_staged_log
 from dledger.storage.store import LogExtent
 from mqerrors import codes as E
 from mqsecurity.channels import open_aio_channel
+from rpckit import status
 
 if TYPE_CHECKING:
     from dledger.server.node import DLedgerNode

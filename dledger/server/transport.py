@@ -18,9 +18,9 @@ import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.core import Message
-from dledger.fatal import spawn
 from dledger.server import peerwire
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
+from prockit.fatal import spawn
 
 logger = logging.getLogger(__name__)
 

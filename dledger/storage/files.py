@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dledger.fatal import fatal, guard_thread
+from prockit.fatal import fatal, guard_thread
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from dledger.fatal import fatal
 from dledger.log import CorruptLogError, HardState
 from dledger.storage import codec
 from dledger.storage.codec import Checkpoint, RecordError
 from dledger.storage.errors import DiskFullError, short_path
 from dledger.storage.files import atomic_write, is_disk_full
 from dledger.storage.reserve import SpaceReserve
+from prockit.fatal import fatal
 
 CHECKPOINT_FILE = "checkpoint"
 META_FILE = "meta"

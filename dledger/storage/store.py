@@ -35,7 +35,6 @@ from types import TracebackType
 
 from dledger import failpoints
 from dledger.chain import CHAIN_ORIGIN
-from dledger.fatal import fatal, guard_thread
 from dledger.log import (
     ENTRY_TYPE_MAX,
     ConfigError,
@@ -89,6 +88,7 @@ from dledger.storage.retention import (
     segments_to_delete,
 )
 from dledger.storage.segments import SegmentSet, corrupt_error
+from prockit.fatal import fatal, guard_thread
 
 __all__ = [  # the store's API, with the names its users import from here
     "CHECKPOINT_FILE",

@@ -21,9 +21,9 @@ from support import pulled, send_results, wait_for
 
 from broker.state.message import UniqIdGenerator
 from client.message import MessageExt
-from dledger.server.status import read_error
 from mqcluster.cluster import LocalCluster
 from mqcluster.leader_client import LeaderClient
+from rpckit.status import read_error
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""A node that ends itself (dledger/fatal.py: a FATAL line, exit 70) shows in `mqcluster status`
+"""A node that ends itself (prockit/fatal.py: a FATAL line, exit 70) shows in `mqcluster status`
 as EXITED with that line, while the rest of the group keeps serving."""
 
 from __future__ import annotations

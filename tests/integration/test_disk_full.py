@@ -26,7 +26,7 @@ from support import create_topic, numbered_messages, pull_queue, wait_for
 from broker.state.message import UniqIdGenerator
 from client import Message, MQClientError, Producer
 from client.message import MessageExt
-from dledger.server.status import DISK_FULL_RETRY_AFTER_MS
+from dledger.server.errormap import DISK_FULL_RETRY_AFTER_MS
 from mqcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration

@@ -85,9 +85,9 @@ from broker.state.records import (
     encode_topic_record,
 )
 from dledger.server.client import ClientError, LogClient
-from dledger.server.status import read_error
 from mqcluster.cluster import ClusterError, LocalCluster
 from mqsecurity.channels import ClientSecurity, open_channel
+from rpckit.status import read_error
 from spark_audit.__main__ import main as audit_main
 
 if TYPE_CHECKING:

@@ -18,11 +18,11 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
 
 from dledger.core import AppendRequest
-from dledger.fatal import EXIT_FATAL
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
 from dledger.server.convert import to_pb
 from mqcluster.cluster import LocalCluster
+from prockit.fatal import EXIT_FATAL
 
 pytestmark = pytest.mark.integration
 

@@ -422,7 +422,7 @@ def test_a_telemetry_stream_of_junk_is_refused_and_the_node_serves_on(
 def test_a_busy_grpc_server_port_stops_the_broker_before_its_store(tmp_path: Path) -> None:
     import socket
 
-    from dledger.procs import free_ports
+    from prockit.processes import free_ports
 
     peer, client = free_ports(2)
     with socket.socket() as busy:

@@ -52,13 +52,13 @@ from security_attacks import (
 )
 from support import wait_for
 
-from dledger.server.status import read_error
 from mqcluster.cluster import LocalCluster
 from mqcluster.localsecurity import LOCAL_HOSTS, SecureLayout
 from mqsecurity import pki
 from mqsecurity.credentials import Credentials, load_credentials
 from mqsecurity.options import ENV_CREDENTIALS, ENV_TLS_CA
 from mqsecurity.tls import TlsFiles
+from rpckit.status import read_error
 from spark_audit.__main__ import _parser as audit_parser
 from spark_audit.__main__ import plan as audit_plan
 from spark_audit.plan import InputError

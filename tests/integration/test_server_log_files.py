@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dledger.procs import free_ports
+from prockit.processes import free_ports
 
 pytestmark = [pytest.mark.integration]
 

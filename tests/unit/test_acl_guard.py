@@ -26,11 +26,11 @@ from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import InvalidRequestError
-from dledger.server.guard import OPEN_SERVICES, Refusal
-from dledger.server.rpcguard import Undecodable
 from mqsecurity.credentials import Credentials
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
 from mqsecurity.signing import SignedRequest, check_signature, signed_metadata
+from rpckit.callguard import OPEN_SERVICES, Refusal
+from rpckit.decodeguard import Undecodable
 
 BOX = SecretBox(bytes(range(32)))
 PEER = "ipv4:127.0.0.1:40000"
@@ -225,7 +225,7 @@ def test_authorization(tmp_path: Path) -> None:
     # An unknown method is for Super users only.
     assert check(guard, "/x.Y/Z", ALICE, None) is not None
     assert check(guard, "/x.Y/Z", ADMIN, None) is None
-    # Undecodable requests pass to rpcguard (which refuses them) once authenticated.
+    # Undecodable requests pass to decodeguard (which refuses them) once authenticated.
     junk = Undecodable("SendMessageRequest", 3, "bad")
     assert check(guard, SEND, ALICE, junk) is None
     assert check(guard, SEND, None, junk) is not None

@@ -34,7 +34,6 @@ from broker.state.auth.model import GROUP, PUB, SUB, TOPIC, Resource
 from broker.state.auth.secrets import SecretBox
 from broker.state.message import UniqIdGenerator
 from client.errors import MQClientError
-from dledger.server.guard import GuardInterceptor
 from dledger.server.peer_service import PeerServicer
 from mqdashboard.reader import GroupReader
 from mqdashboard.web import ACTION_CALLS, ACTIONS
@@ -45,6 +44,7 @@ from mqsecurity.membersig import MemberSigner, MemberVerifier
 from mqsecurity.signing import signed_metadata
 from nameserver.routes import RouteTable
 from nameserver.server import NameServerServicer, registration_from_pb
+from rpckit.callguard import GuardInterceptor
 
 v2, v2_service, _ = stubs.load()
 BOX = SecretBox(bytes(range(32)))

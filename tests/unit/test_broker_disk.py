@@ -21,8 +21,9 @@ from broker.components.disk import DiskGuard, Watermarks, used_percent
 from broker.config import ConfigError, node_config, parse_config
 from broker.frontends.v1.service import ServiceConfig
 from dledger.core import Role
-from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, read_error
+from dledger.server.errormap import DISK_FULL_RETRY_AFTER_MS
 from dledger.storage import DiskFullError
+from rpckit.status import read_error
 
 BLOCKS = 1000
 

@@ -14,10 +14,10 @@ from broker.config import parse_config
 from broker.registration import BrokerRegistrar
 from broker.state.machine import BrokerStateMachine
 from broker.state.records import TopicConfig
-from dledger import fatal
 from dledger.core import Role
 from nameserver.config import NameServerConfig
 from nameserver.server import NameServer
+from prockit import fatal
 
 
 def free_port() -> int:

@@ -42,16 +42,12 @@ from broker.state.errors import (
 )
 from broker.state.records import ENTRY_OFFSETS, PERM_RW, TopicConfig, decode_offsets_record
 from client.consumer import pulled_messages
-from dledger import fatal
 from dledger.core import BackPressureError, NotLeaderError, Role
+from dledger.server.errormap import BACK_PRESSURE_RETRY_AFTER_MS, DISK_FULL_RETRY_AFTER_MS
 from dledger.server.errors import ProposalLostError
-from dledger.server.status import (
-    BACK_PRESSURE_RETRY_AFTER_MS,
-    DETAILS_KEY,
-    DISK_FULL_RETRY_AFTER_MS,
-    UNAVAILABLE_RETRY_AFTER_MS,
-)
 from dledger.storage import DiskFullError
+from prockit import fatal
+from rpckit.status import DETAILS_KEY, UNAVAILABLE_RETRY_AFTER_MS
 
 
 def test_subscriptions() -> None:

@@ -22,9 +22,11 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 from client import Message, MQClientError, Producer, mqadmin
 from client import producer as producer_module
 from client.producer import SelectMessageQueueByHash
-from dledger.server import status
-from dledger.server.status import DISK_FULL_RETRY_AFTER_MS, RpcFailure
+from dledger.server import errormap
+from dledger.server.errormap import DISK_FULL_RETRY_AFTER_MS
 from dledger.storage import DiskFullError
+from rpckit import status
+from rpckit.status import RpcFailure
 
 # A structured failure (as raftmq servers answer), a text-only (status, detail) as a server
 # that predates the structured error answers, or None to answer OK.
@@ -437,7 +439,7 @@ def test_a_server_without_structured_errors_still_gets_retries(world: World) -> 
 def _disk_full() -> RpcFailure:
     """What a leader's DiskGuard answers, through the servers' own mapping."""
     node = SimpleNamespace(leader_client_addr=lambda: ("a0", ""), append_timeout_ms=3000)
-    failure = status.dledger_failure(DiskFullError("node=a0 path=/s used=95.0% max=90%"), node)
+    failure = errormap.dledger_failure(DiskFullError("node=a0 path=/s used=95.0% max=90%"), node)
     assert failure is not None
     return failure
 

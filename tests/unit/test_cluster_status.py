@@ -1,7 +1,7 @@
 """``mqcluster status`` for a node that ended on its own: EXITED and its log's FATAL line.
 
 No broker runs here: a node's pid file names a process that already exited, and its log is
-written by the test, as dledger/fatal.py would have written it.
+written by the test, as prockit/fatal.py would have written it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_a_node_that_exited_shows_exited_with_its_fatal_line(cluster: LocalClust
     Path(n0.pid_file).write_text(f"{_dead_pid()}\n")
     Path(n0.log).write_text(
         "2026-11-24 14:00:00,000 INFO dledger.server.node started\n"
-        f"2026-11-24 14:00:01,000 CRITICAL dledger.fatal {FATAL}\n"
+        f"2026-11-24 14:00:01,000 CRITICAL prockit.fatal {FATAL}\n"
         "Traceback (most recent call last):\n"
         "dledger.failpoints.FailpointError: failpoint ready (hit 50)\n"
     )
@@ -124,7 +124,7 @@ def test_a_node_that_exits_while_awaited_is_named_with_its_exit_line(
     cluster: LocalCluster,
 ) -> None:
     n1 = cluster.node("n1")
-    Path(n1.log).write_text(f"x CRITICAL dledger.fatal {FATAL}\n")
+    Path(n1.log).write_text(f"x CRITICAL prockit.fatal {FATAL}\n")
     proc = _stand_in(n1.conf, "import time; time.sleep(0.3)")
     try:
         Path(n1.pid_file).write_text(f"{proc.pid}\n")

@@ -22,17 +22,19 @@ from broker.state.errors import TooManyConsumersError
 from client.errors import MQClientError
 from dledger.core import BackPressureError, NotLeaderError, TransferInProgressError
 from dledger.log import ConfigError, LogCompactedError
-from dledger.server import status
+from dledger.server import errormap
 from dledger.server.errors import ProposalLostError
 from dledger.server.node import NodeConfig
 from dledger.storage import DiskFullError, StoreConfig
 from nameserver.routes import InvalidRequestError, TooManyBrokersError
 from nameserver.server import TABLE_FULL_RETRY_AFTER_MS, failure_of
+from rpckit import status
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each product package and the one class every exception it defines derives from. Packages
-# that define no exception class have no root and are not listed: mqcli, mqmetrics (they raise
-# builtins only, ValueError for a caller's bad argument). mqdashboard's one class,
+# that define no exception class have no root and are not listed: mqcli, mqmetrics, prockit
+# and rpckit (they raise builtins only, ValueError for a caller's bad argument, or take the
+# caller's own error class). mqdashboard's one class,
 # web.BadInput (a request refused with 400), is its root: a second class must derive from it.
 PACKAGE_ROOTS = {
     "dledger": "DLedgerError",
@@ -86,7 +88,7 @@ def _answered(failure: status.RpcFailure, text: str | None = None) -> FakeRpcErr
             "BACK_PRESSURE",
             "RESOURCE_EXHAUSTED",
             True,
-            status.BACK_PRESSURE_RETRY_AFTER_MS,
+            errormap.BACK_PRESSURE_RETRY_AFTER_MS,
             False,
         ),
         (
@@ -94,7 +96,7 @@ def _answered(failure: status.RpcFailure, text: str | None = None) -> FakeRpcErr
             "DISK_FULL",
             "RESOURCE_EXHAUSTED",
             True,
-            status.DISK_FULL_RETRY_AFTER_MS,
+            errormap.DISK_FULL_RETRY_AFTER_MS,
             False,
         ),
         (
@@ -102,7 +104,7 @@ def _answered(failure: status.RpcFailure, text: str | None = None) -> FakeRpcErr
             "TRANSFER_IN_PROGRESS",
             "UNAVAILABLE",
             True,
-            status.TRANSFER_RETRY_AFTER_MS,
+            errormap.TRANSFER_RETRY_AFTER_MS,
             False,
         ),
         (
@@ -125,7 +127,7 @@ def test_dledger_errors_map_to_fields(
     hint_ms: int,
     unknown: bool,
 ) -> None:
-    failure = status.dledger_failure(exc, NODE)
+    failure = errormap.dledger_failure(exc, NODE)
     assert failure is not None
     err = MQClientError.from_rpc(_answered(failure))
     assert (err.code, err.status, err.structured) == (code, grpc_status, True)
@@ -133,7 +135,7 @@ def test_dledger_errors_map_to_fields(
     assert err.message.startswith(code)  # the text keeps its prefix for grpcurl users
     if code == "NOT_LEADER":
         assert (err.leader_id, err.leader_addr) == ("n2", "127.0.0.1:7")
-    assert status.dledger_failure(ValueError("not ours"), NODE) is None
+    assert errormap.dledger_failure(ValueError("not ours"), NODE) is None
 
 
 @pytest.mark.parametrize(
@@ -192,7 +194,7 @@ def test_fields_win_over_a_garbled_text() -> None:
     exc = _answered(status.not_leader("n1", "10.0.0.1:9"), text="garbage without a code")
     err = MQClientError.from_rpc(exc)
     assert (err.code, err.leader_addr, err.retryable) == ("NOT_LEADER", "10.0.0.1:9", True)
-    # The repository's own tools (dledger.server.status.read_error) take the details only when
+    # The repository's own tools (rpckit.status.read_error) take the details only when
     # they match the call's text: a status changed on the way counts as none for them.
     assert status.read_error(exc) is None
     info = status.read_error(_answered(status.not_leader("n1", "10.0.0.1:9")))

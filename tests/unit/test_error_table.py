@@ -37,6 +37,8 @@ PRODUCT = [
     "mqcli",
     "mqsecurity",
     "mqmetrics",
+    "prockit",
+    "rpckit",
     "dledger",
     "msgcodec",
     "broker",
@@ -307,7 +309,7 @@ def test_the_servers_send_the_status_and_retryability_the_table_says() -> None:
 def test_failures_built_in_place_send_the_status_the_table_says() -> None:
     # RpcFailure(grpc.StatusCode.X, E.CODE, ...) written out in a server.
     wrong = []
-    for path, tree in _sources(["dledger", "broker", "nameserver"]):
+    for path, tree in _sources(["rpckit", "dledger", "broker", "nameserver"]):
         for n in ast.walk(tree):
             if not isinstance(n, ast.Call):
                 continue

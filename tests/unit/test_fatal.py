@@ -1,4 +1,4 @@
-"""dledger.fatal ends the process on a failed task or thread; dledger.failpoints arms failures."""
+"""prockit.fatal ends the process on a failed task or thread; dledger.failpoints arms failures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from dledger import failpoints
-from dledger.fatal import CAUSE_MAX_CHARS, EXIT_FATAL, describe
+from prockit.fatal import CAUSE_MAX_CHARS, EXIT_FATAL, describe
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -26,7 +26,7 @@ def test_a_failed_supervised_task_ends_the_process_with_one_fatal_line() -> None
     p = _run(
         """
         import asyncio, logging
-        from dledger.fatal import spawn
+        from prockit.fatal import spawn
         logging.basicConfig(level=logging.INFO)
         async def broken():
             await asyncio.sleep(0.01)
@@ -49,7 +49,7 @@ def test_a_cancelled_or_finished_task_is_not_fatal() -> None:
     p = _run(
         """
         import asyncio
-        from dledger.fatal import spawn
+        from prockit.fatal import spawn
         async def forever():
             await asyncio.sleep(60)
         async def quick():
@@ -72,7 +72,7 @@ def test_a_guarded_thread_that_raises_ends_the_process() -> None:
     p = _run(
         """
         import threading, time
-        from dledger.fatal import guard_thread
+        from prockit.fatal import guard_thread
         def body():
             raise OSError(28, "No space left on device")
         threading.Thread(target=guard_thread("flush", body)).start()

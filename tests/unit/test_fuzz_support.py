@@ -27,7 +27,7 @@ from raftmq.broker.v1 import broker_pb2
 from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
 
-from dledger.server.status import RpcFailure
+from rpckit.status import RpcFailure
 
 ALL = [*BROKER_RPCS, *LEADER_OPS_RPCS, *DLEDGER_RPCS, *NAMESERVER_RPCS]
 

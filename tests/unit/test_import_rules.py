@@ -22,7 +22,9 @@ from source_tree import ROOT, product_packages
 # The top-level names of gRPC and protobuf (``raftmq`` is the generated protobuf code, gen/).
 GRPC_AND_PROTOBUF = frozenset({"grpc", "grpc_status", "google", "raftmq"})
 # Packages that import no other package of the project, so anything may import them.
-NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics", "mqerrors"})
+NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics", "mqerrors", "prockit"})
+# The servers' packages: dledger (the Raft library), the broker over it, the NameServer beside.
+SERVERS = frozenset({"broker", "dledger", "nameserver"})
 # What dledger may not reach: the broker and everything built on it or on messages.
 ABOVE_DLEDGER = frozenset(
     {"broker", "nameserver", "client", "msgcodec", "jepsen_like", "spark_audit", "bench"}
@@ -158,17 +160,14 @@ def test_the_client_reaches_no_server_package(graph: ImportGraph) -> None:
     """A client library for users' processes: the servers' packages are not its to load."""
     reached = graph.reach("client.route")
     assert {"mqsecurity", "grpc"} <= reached.keys()  # the scan sees what it must allow
-    servers = frozenset({"broker", "dledger", "nameserver"})
-    found = broken(graph, "client", servers | {"jepsen_like", "spark_audit", "bench", "mqcluster"})
+    found = broken(graph, "client", SERVERS | {"jepsen_like", "spark_audit", "bench", "mqcluster"})
     assert found == [], "\n".join(found)
 
 
 def test_the_dashboard_reaches_no_server_package(graph: ImportGraph) -> None:
     """A tool over the client library: it reads the cluster as any remote user would."""
     assert "client" in graph.reach("mqdashboard.reader")
-    found = broken(
-        graph, "mqdashboard", frozenset({"broker", "dledger", "nameserver", "mqcluster"})
-    )
+    found = broken(graph, "mqdashboard", SERVERS | {"mqcluster"})
     assert found == [], "\n".join(found)
 
 
@@ -180,6 +179,26 @@ def test_the_neutral_packages_reach_nothing_of_the_project(graph: ImportGraph) -
     for package in sorted(NEUTRAL):
         found = broken(graph, package, project - {package})
         assert found == [], "\n".join(found)
+
+
+def test_the_shared_rpc_plumbing_stands_on_the_neutral_packages_only(graph: ImportGraph) -> None:
+    """rpckit (the error contract, the call and decode guards, port binding) serves dledger,
+    the broker and the NameServer alike: it reaches none of them, nor anything above them, so
+    no server borrows another's package for its gRPC plumbing."""
+    assert {"mqsecurity", "grpc"} <= graph.reach("rpckit.serving").keys()
+    assert "mqerrors" in graph.reach("rpckit.decodeguard")  # the scan sees what it must allow
+    project = frozenset(product_packages()) - {"raftmq"}
+    found = broken(graph, "rpckit", project - NEUTRAL - {"rpckit"})
+    assert found == [], "\n".join(found)
+
+
+def test_the_nameserver_reaches_neither_dledger_nor_the_broker(graph: ImportGraph) -> None:
+    """The NameServer is a peer of the broker groups, not built on them: its config file,
+    process life and gRPC plumbing come from prockit and rpckit, not from dledger."""
+    reached = graph.reach("nameserver.__main__")
+    assert {"prockit", "rpckit", "grpc"} <= reached.keys()
+    found = broken(graph, "nameserver", SERVERS - {"nameserver"})
+    assert found == [], "\n".join(found)
 
 
 # ------------------------------------------------------------------------- broker layers

@@ -45,10 +45,10 @@ from broker.state.message import Message, UniqIdGenerator
 from broker.state.popstate import MAX_HANDLE_CHARS, MAX_RECORD_ITEMS
 from broker.state.transactions import transaction_id
 from dledger.core import Role
-from dledger.server.guard import GuardInterceptor
-from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata
+from rpckit.callguard import GuardInterceptor
+from rpckit.status import read_error
 
 BOX = SecretBox(bytes(range(32)))
 CFG = ServiceConfig("127.0.0.1", 10911, pop_min_invisible_ms=1000)

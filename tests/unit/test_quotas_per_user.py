@@ -32,9 +32,9 @@ from broker.state.errors import CorruptMessageError
 from broker.state.machine import _topic_of_row, _topic_row
 from broker.state.message import UniqIdGenerator
 from broker.state.records import TOPIC_UPSERT, TopicConfig, decode_topic_record, encode_topic_record
-from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata
+from rpckit.status import read_error
 
 BOX = SecretBox(bytes(range(32)))
 # Quotas small enough to fill in a test.

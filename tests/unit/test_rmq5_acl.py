@@ -15,8 +15,8 @@ from broker.frontends.authguard import AuthGuard
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.codes import v2_code_name
 from broker.frontends.v2.interceptor import RESPONSES, refusal_response
-from dledger.server.guard import Refusal
 from mqsecurity.credentials import Credentials
+from rpckit.callguard import Refusal
 
 v2, v2_service, _ = stubs.load()
 SERVICE = v2_service.DESCRIPTOR.services_by_name["MessagingService"]

@@ -34,9 +34,9 @@ from broker.state import subgroups
 from broker.state.auth.secrets import SecretBox
 from broker.state.message import UniqIdGenerator
 from dledger.core import Role
-from dledger.server.status import read_error
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata
+from rpckit.status import read_error
 
 v2, v2_service, v2_grpc = stubs.load()
 

@@ -18,7 +18,7 @@ from client.errors import MQClientError
 from client.members import change_member
 from client.route import ChannelPool
 from dledger.server.client import ClientError, LogClient
-from dledger.server.status import RpcFailure, abort_sync
+from rpckit.status import RpcFailure, abort_sync
 
 LOST = RpcFailure(
     grpc.StatusCode.UNAVAILABLE,

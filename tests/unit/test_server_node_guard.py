@@ -16,9 +16,9 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from dledger.core import MAX_ENTRIES_PER_PROPOSAL, AppendRequest, Role
 from dledger.server.convert import to_pb
 from dledger.server.node import DLedgerNode, NodeConfig
-from dledger.server.status import DETAILS_KEY, read_error
 from dledger.storage import StoreConfig
 from mqcluster.cluster import _free_ports
+from rpckit.status import DETAILS_KEY, read_error
 
 SEGMENT_BYTES = 1 << 20  # so that the largest body is just under 1 MiB
 DEADLINE_S = 10.0

@@ -1,5 +1,5 @@
-"""The helpers the tools and servers share: strict properties files (dledger/properties.py),
-processes (dledger/procs.py) and ``--set KEY=VALUE`` lists (mqcli)."""
+"""The helpers the tools and servers share: strict properties files (prockit/properties.py),
+processes (prockit/processes.py) and ``--set KEY=VALUE`` lists (mqcli)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dledger import procs
-from dledger.properties import int_in, parse_properties, parse_values, read_text
 from mqcli import parse_assignments
+from prockit import processes
+from prockit.properties import int_in, parse_properties, parse_values, read_text
 
 
 class MyConfigError(Exception):
@@ -63,28 +63,30 @@ def test_parse_assignments() -> None:
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = procs.free_ports(8)
+    ports = processes.free_ports(8)
     assert len(set(ports)) == 8 and all(0 < p < 65536 for p in ports)
 
 
 def test_spawned_child_logs_and_its_exit_is_seen(tmp_path: Path) -> None:
     log = tmp_path / "child.log"
     log.write_text("earlier\n")
-    proc = procs.spawn_logged(
+    proc = processes.spawn_logged(
         [sys.executable, "-c", "print('hello'); import sys; sys.exit(3)"], log
     )
     deadline = time.monotonic() + 10
-    while not procs.exited(proc.pid):  # reaps it
+    while not processes.exited(proc.pid):  # reaps it
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert log.read_text() == "earlier\nhello\n"  # appended, stderr and stdout together
-    assert procs.exited(proc.pid)
+    assert processes.exited(proc.pid)
 
 
 def test_a_spawned_child_has_a_session_of_its_own(tmp_path: Path) -> None:
-    proc = procs.spawn_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l")
+    proc = processes.spawn_logged(
+        [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l"
+    )
     try:
-        assert not procs.exited(proc.pid)
+        assert not processes.exited(proc.pid)
         assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
     finally:
         proc.kill()
@@ -102,7 +104,7 @@ def test_serve_until_signalled_stops_once() -> None:
         loop = asyncio.get_running_loop()
         loop.call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
         loop.call_later(0.06, os.kill, os.getpid(), signal.SIGINT)
-        await asyncio.wait_for(procs.serve_until_signalled(stop), timeout=10)
+        await asyncio.wait_for(processes.serve_until_signalled(stop), timeout=10)
 
     asyncio.run(main())
     assert stops == [1]
@@ -111,27 +113,27 @@ def test_serve_until_signalled_stops_once() -> None:
 def test_free_ports_come_from_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
     """A picked port is bound by a child a second later: outgoing connections and binds to
     port 0 (the ephemeral range) must not take it meanwhile."""
-    monkeypatch.delenv(procs.PICK_PORTS_ENV, raising=False)
-    ports = procs.free_ports(12)
+    monkeypatch.delenv(processes.PICK_PORTS_ENV, raising=False)
+    ports = processes.free_ports(12)
     assert len(set(ports)) == 12
-    assert all(procs.PICK_PORT_LOW <= p < procs.PICK_PORT_HIGH for p in ports)
+    assert all(processes.PICK_PORT_LOW <= p < processes.PICK_PORT_HIGH for p in ports)
     with socket.socket() as taken:  # the whole range in use: the kernel's choice instead
         taken.bind(("127.0.0.1", 0))
         busy = taken.getsockname()[1]
-        monkeypatch.setattr(procs, "PICK_PORT_LOW", busy)
-        monkeypatch.setattr(procs, "PICK_PORT_HIGH", busy + 1)
-        (port,) = procs.free_ports(1)
+        monkeypatch.setattr(processes, "PICK_PORT_LOW", busy)
+        monkeypatch.setattr(processes, "PICK_PORT_HIGH", busy + 1)
+        (port,) = processes.free_ports(1)
     assert port != busy
 
 
 def test_a_pick_range_of_its_own_keeps_side_by_side_runs_apart(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(procs.PICK_PORTS_ENV, "26000-26256")
-    assert procs.pick_port_range() == (26000, 26256)
-    assert all(26000 <= p < 26256 for p in procs.free_ports(40))
-    monkeypatch.delenv(procs.PICK_PORTS_ENV)
-    assert procs.pick_port_range() == (procs.PICK_PORT_LOW, procs.PICK_PORT_HIGH)
+    monkeypatch.setenv(processes.PICK_PORTS_ENV, "26000-26256")
+    assert processes.pick_port_range() == (26000, 26256)
+    assert all(26000 <= p < 26256 for p in processes.free_ports(40))
+    monkeypatch.delenv(processes.PICK_PORTS_ENV)
+    assert processes.pick_port_range() == (processes.PICK_PORT_LOW, processes.PICK_PORT_HIGH)
 
 
 @pytest.mark.parametrize(
@@ -140,6 +142,6 @@ def test_a_pick_range_of_its_own_keeps_side_by_side_runs_apart(
 def test_a_malformed_pick_range_is_refused_saying_why(
     monkeypatch: pytest.MonkeyPatch, spec: str
 ) -> None:
-    monkeypatch.setenv(procs.PICK_PORTS_ENV, spec)
-    with pytest.raises(ValueError, match=procs.PICK_PORTS_ENV):
-        procs.free_ports(1)
+    monkeypatch.setenv(processes.PICK_PORTS_ENV, spec)
+    with pytest.raises(ValueError, match=processes.PICK_PORTS_ENV):
+        processes.free_ports(1)

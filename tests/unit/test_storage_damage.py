@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from dledger.log import CorruptLogError, Entry, HardState
-from dledger.server import scrub, status
+from dledger.server import errormap, scrub
 from dledger.server.node import DLedgerNode
 from dledger.server.scrub import Scrubber
 from dledger.storage import damage
@@ -142,7 +142,7 @@ def test_marker_restarts_reset_after_a_quiet_window_and_garbage_reads_as_verify(
 
 def test_a_damaged_entry_answers_data_loss_naming_it() -> None:
     exc = CorruptLogError("corrupt log entry index 42 in x", path="x", offset=7, index=42)
-    failure = status.dledger_failure(exc, node=None)  # type: ignore[arg-type]
+    failure = errormap.dledger_failure(exc, node=None)  # type: ignore[arg-type]
     assert failure is not None
     assert failure.status is grpc.StatusCode.DATA_LOSS
     assert failure.code == "LOG_DAMAGED" and "index=42" in failure.detail

@@ -3,7 +3,7 @@
 ENOSPC is refused cleanly (``DiskFullError``, nothing of the batch written) and recovered from
 by itself; hard state and checkpoints use the space reserve; no file is ever sparse (a write
 through a mapping would SIGBUS); a failed fsync, the flusher, the allocator and the warmer end
-the process (``dledger.fatal``) instead of being retried or dying silently. Fakes make the
+the process (``prockit.fatal``) instead of being retried or dying silently. Fakes make the
 failures exact; one test uses a real tiny ext4 file system on a loop device.
 """
 
@@ -20,7 +20,6 @@ import pytest
 from loopfs import fill, loop_unavailable, mount_loop_fs, unmount
 
 from dledger import failpoints
-from dledger import fatal as fatal_mod
 from dledger.log import Entry, HardState
 from dledger.storage import DiskFullError, files
 from dledger.storage import meta as meta_mod
@@ -31,6 +30,7 @@ from dledger.storage.store import (
     SegmentedLogStore,
     StoreConfig,
 )
+from prockit import fatal as fatal_mod
 
 SEG = 64 * 1024
 CFG = StoreConfig(segment_size_bytes=SEG, index_segment_size_bytes=SEG, reserve_bytes=64 * 1024)

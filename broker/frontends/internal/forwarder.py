@@ -38,10 +38,10 @@ from broker.frontends.internal.codec import answer_of, call_pb
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.state.errors import BrokerError
 from dledger.core import Role
-from dledger.server.status import read_error
 from mqerrors import codes as E
 from mqerrors.table import Retry, spec
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
+from rpckit.status import read_error
 
 # How long a call may look for a leader (an election, a forward to a leader that just lost its
 # role) before it is answered as failed: below the clients' default request timeout (3 s), so

@@ -22,7 +22,7 @@ from broker.components.raftnode import RaftNode
 from broker.frontends.authguard import AuthGuard, owner_of
 from broker.frontends.internal.codec import answer_pb, request_of
 from broker.frontends.v1.rpcerrors import rpc
-from dledger.server import rpcguard
+from rpckit import decodeguard
 
 SERVICE_NAME = "raftmq.broker.internal.v1.LeaderOps"
 
@@ -37,7 +37,7 @@ class LeaderOpsServicer(ipb_grpc.LeaderOpsServicer):
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server`` (undecodable calls refused, as on the v1 port)."""
-        return rpcguard.add_servicer(server, ipb_grpc.add_LeaderOpsServicer_to_server, self)
+        return decodeguard.add_servicer(server, ipb_grpc.add_LeaderOpsServicer_to_server, self)
 
     @rpc
     async def Call(

@@ -1,6 +1,6 @@
 """The broker's one mapping from exceptions to failed calls (``raftmq.broker.v1`` and any
 other front end): a gRPC status, a text detail starting with the error's stable code, and the
-structured ``raftmq.common.v1.ErrorInfo`` in the status details (:mod:`dledger.server.status`).
+structured ``raftmq.common.v1.ErrorInfo`` in the status details (:mod:`rpckit.status`).
 
 dledger's errors (NOT_LEADER with the leader's id and address, BACK_PRESSURE and DISK_FULL with
 a retry hint, NO_QUORUM and LEADERSHIP_LOST as outcome unknown, ...) are mapped by dledger's own
@@ -34,9 +34,10 @@ from broker.state.errors import (
     ResourceExhaustedError,
     TopicNotFoundError,
 )
-from dledger.server import status
-from dledger.server.status import RpcFailure, bound_detail
+from dledger.server import errormap
 from mqerrors import codes as E
+from rpckit import status
+from rpckit.status import RpcFailure, bound_detail
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ __all__ = ["bound_detail", "error_failure", "error_status", "rpc"]
 
 def error_failure(exc: BaseException, node: RaftNode) -> RpcFailure:
     """The one place where an exception of a broker call becomes its failure."""
-    failure = status.dledger_failure(exc, node)
+    failure = errormap.dledger_failure(exc, node)
     if failure is not None:
         return failure
     if isinstance(exc, ResourceExhaustedError):

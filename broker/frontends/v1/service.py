@@ -63,7 +63,7 @@ from broker.state.subgroups import (
     Backoff,
     SubGroup,
 )
-from dledger.server import rpcguard
+from rpckit import decodeguard
 
 __all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
 
@@ -120,8 +120,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
-        ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`dledger.server.rpcguard`)."""
-        return rpcguard.add_servicer(server, pb_grpc.add_BrokerServicer_to_server, self)
+        ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`rpckit.decodeguard`)."""
+        return decodeguard.add_servicer(server, pb_grpc.add_BrokerServicer_to_server, self)
 
     # ------------------------------------------------------------------ domain -> protobuf
 

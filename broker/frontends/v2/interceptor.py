@@ -1,6 +1,6 @@
 """Users and permissions on the RocketMQ 5 port: the node's call guard, answered the v2 way.
 
-The v2 port asks the same :class:`dledger.server.guard.CallGuard` as the node's client port
+The v2 port asks the same :class:`rpckit.callguard.CallGuard` as the node's client port
 (:class:`broker.frontends.authguard.AuthGuard`: the RocketMQ 5 signature the official clients send,
 the replicated user table, the rows of :mod:`broker.frontends.rpcmap` for
 ``apache.rocketmq.v2.MessagingService``). What differs is the refusal: RocketMQ 5 clients read
@@ -27,10 +27,10 @@ from typing import Any, Protocol, runtime_checkable
 import grpc
 
 from broker.frontends.v2 import stubs
-from dledger.server.guard import CallGuard, GuardInterceptor, Refusal, text_metadata
 from mqerrors import codes as E
 from mqerrors.table import v2_code_name
 from mqsecurity.signing import AUTHORIZATION_HEADER, DATE_TIME_HEADER
+from rpckit.callguard import CallGuard, GuardInterceptor, Refusal, text_metadata
 
 _, v2_service, _ = stubs.load()
 

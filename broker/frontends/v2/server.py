@@ -26,11 +26,11 @@ from broker.frontends.v2.interceptor import V2GuardInterceptor
 from broker.frontends.v2.routes import NameServerRoutes
 from broker.frontends.v2.service import SERVICE_NAME, MessagingServicer, V2Config
 from dledger.server import StartError
-from dledger.server.guard import CallGuard
-from dledger.server.serving import add_health_and_reflection, bind, bind_insecure
 from dledger.server.transport import SERVER_OPTIONS
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.tls import TlsFiles
+from rpckit.callguard import CallGuard
+from rpckit.serving import add_health_and_reflection, bind, bind_insecure
 
 if TYPE_CHECKING:
     from broker.app import Broker

@@ -76,7 +76,6 @@ from broker.state.records import (
     TopicConfig,
 )
 from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED, transaction_id
-from dledger.server import rpcguard
 from mqerrors import codes as E
 from msgcodec import (
     PROPERTY_DELAY,
@@ -87,6 +86,7 @@ from msgcodec import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
 )
+from rpckit import decodeguard
 
 v2, v2_service, v2_grpc = stubs.load()
 
@@ -155,7 +155,7 @@ GROUP_CREATION_REFUSED = frozenset(
     {E.TOO_MANY_SUBGROUPS, E.RESOURCE_EXHAUSTED, E.PERMISSION_DENIED, E.UNAUTHENTICATED}
 )
 # Characters of a status message: for people reading a client's log, like the error contract's
-# details (dledger.server.status.MAX_DETAIL_BYTES) short whatever a request held.
+# details (rpckit.status.MAX_DETAIL_BYTES) short whatever a request held.
 MAX_STATUS_TEXT_CHARS = 1024
 
 
@@ -272,7 +272,9 @@ class MessagingServicer:
         self._streams_by: Counter[str] = Counter()  # open streams by user
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
-        return rpcguard.add_servicer(server, v2_grpc.add_MessagingServiceServicer_to_server, self)
+        return decodeguard.add_servicer(
+            server, v2_grpc.add_MessagingServiceServicer_to_server, self
+        )
 
     # ------------------------------------------------------------------ routes
 
@@ -356,7 +358,7 @@ class MessagingServicer:
                         status=status("TOO_MANY_REQUESTS", "too many commands on one stream")
                     )
                     return
-                if isinstance(command, rpcguard.Undecodable):
+                if isinstance(command, decodeguard.Undecodable):
                     yield v2_service.TelemetryCommand(status=status("BAD_REQUEST", "undecodable"))
                     return
                 reply = await self._command(client_id, stream, command)

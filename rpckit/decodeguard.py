@@ -17,7 +17,7 @@ that calls ``context.read()`` itself gets the marker, an :class:`Undecodable`, a
 
 Usage::
 
-    rpcguard.add_servicer(server, pb_grpc.add_FooServicer_to_server, FooServicer())
+    decodeguard.add_servicer(server, pb_grpc.add_FooServicer_to_server, FooServicer())
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import grpc
 
-from dledger.server import status
 from mqerrors import codes as E
+from rpckit import status
 
 logger = logging.getLogger(__name__)
 

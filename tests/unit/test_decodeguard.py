@@ -1,4 +1,4 @@
-"""rpcguard: undecodable request bytes are answered INVALID_ARGUMENT ``BAD_REQUEST`` with a
+"""decodeguard: undecodable request bytes are answered INVALID_ARGUMENT ``BAD_REQUEST`` with a
 rate-limited log line, for every kind of method, instead of UNKNOWN and a traceback each."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.common.v1 import error_pb2
 
 from broker.frontends.v1.service import BrokerServicer
-from dledger.server import rpcguard, status
+from rpckit import decodeguard, status
 
 JUNK = b"\xff\xff\xff\xff"  # field 31, wire type 7: not protobuf
 GOOD = pb.GetTopicRequest(topic="T").SerializeToString()
@@ -79,7 +79,7 @@ def test_every_kind_of_method_refuses_junk_and_serves_good_requests(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def body() -> None:
-        guarded = {m: rpcguard.guard_handler(h, f"/t.S/{m}") for m, h in _handlers().items()}
+        guarded = {m: decodeguard.guard_handler(h, f"/t.S/{m}") for m, h in _handlers().items()}
         server, addr = await _serve(
             lambda s: s.add_generic_rpc_handlers(
                 (grpc.method_handlers_generic_handler("t.S", guarded),)
@@ -145,16 +145,16 @@ def test_the_broker_service_refuses_undecodable_requests_with_one_log_line() -> 
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = records.append  # type: ignore[method-assign]
-    rpcguard.logger.addHandler(handler)
-    rpcguard.logger.disabled = False
-    old_level = rpcguard.logger.level
-    rpcguard.logger.setLevel(logging.INFO)
-    rpcguard.REFUSALS._last_s = float("-inf")
+    decodeguard.logger.addHandler(handler)
+    decodeguard.logger.disabled = False
+    old_level = decodeguard.logger.level
+    decodeguard.logger.setLevel(logging.INFO)
+    decodeguard.REFUSALS._last_s = float("-inf")
     try:
         _run(body)
     finally:
-        rpcguard.logger.removeHandler(handler)
-        rpcguard.logger.setLevel(old_level)
+        decodeguard.logger.removeHandler(handler)
+        decodeguard.logger.setLevel(old_level)
     lines = [r for r in records if r.levelno >= logging.WARNING]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].getMessage().startswith("BAD_REQUEST undecodable request")
@@ -181,7 +181,7 @@ def test_sync_behaviors_are_guarded_too() -> None:
             calls.append((code, detail))
             raise Aborted
 
-    h = rpcguard.guard_handler(
+    h = decodeguard.guard_handler(
         grpc.unary_unary_rpc_method_handler(uu, pb.GetTopicRequest.FromString, None), "/t.S/UU"
     )
     assert h.unary_unary(h.request_deserializer(GOOD), Context()) == "ok"
@@ -199,4 +199,4 @@ def test_add_servicer_needs_registered_handlers() -> None:
         server.add_generic_rpc_handlers(())
 
     with pytest.raises(TypeError, match="registered no method handlers"):
-        rpcguard.add_servicer(object(), old_style, object())
+        decodeguard.add_servicer(object(), old_style, object())

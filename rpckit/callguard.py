@@ -5,7 +5,7 @@ dledger knows nothing of users or permissions: the application (the broker) give
 runs, with the full method name (``/raftmq.broker.v1.Broker/SendMessage``), the call's text
 metadata, the peer (``ipv4:127.0.0.1:53412``) and the decoded request (None for a streaming
 request). A refusal ends the call with the one error contract's status
-(:mod:`dledger.server.status`): ``UNAUTHENTICATED`` or ``PERMISSION_DENIED``, the refusal's
+(:mod:`rpckit.status`): ``UNAUTHENTICATED`` or ``PERMISSION_DENIED``, the refusal's
 stable code first in the detail, then its reason. The guard writes the reason; it must never
 hold a secret.
 
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from dledger.server import status
+from rpckit import status
 
 # Services every caller may reach (their full names, as in a method path's first part).
 OPEN_SERVICES = frozenset(

@@ -1,4 +1,4 @@
-"""dledger's call-guard hook (dledger/server/guard.py): every kind of method is asked about
+"""dledger's call-guard hook (rpckit/callguard.py): every kind of method is asked about
 before it runs, refusals follow the error contract, open services stay open."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dledger.server import status
-from dledger.server.guard import GuardInterceptor, Refusal
-from dledger.server.serving import add_health_and_reflection
+from rpckit import status
+from rpckit.callguard import GuardInterceptor, Refusal
+from rpckit.serving import add_health_and_reflection
 
 SERVICE = "test.Guarded"
 
