@@ -169,8 +169,7 @@ def _secure_group(local_group: Any, topic: str, **conf: str) -> LocalCluster:
         ("node", "plain", "simple"),
         ("py", "tls", "simple"),
         ("node", "tls", "simple"),
-        # (A Python PushConsumer is left out: in 3 of 10 runs its loops through the members that
-        # lived delivered nothing for more than 20 s after the leader's death; docs/RMQ5.md.)
+        ("py", "plain", "push"),
         ("node", "tls", "push"),
     ],
 )

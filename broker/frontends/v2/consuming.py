@@ -25,6 +25,8 @@ v2, v2_service, _v2_grpc = stubs.load()
 # Where a FIFO message's group is stored: RocketMQ's own property for it (MessageConst
 # PROPERTY_SHARDING_KEY), reserved so that a user property cannot fake one.
 PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
+# The ``x-mq-language`` header of the official Python client (its signature's entries).
+PYTHON_LANGUAGE_HEADER = "PYTHON"
 # Characters of a message group: a business key (an order id, a user id); stored in every
 # message of the group, so kept short.
 MAX_MESSAGE_GROUP_CHARS = 128
@@ -118,6 +120,36 @@ def assignments(
         for qid in ids
         for broker in brokers
     ]
+
+
+def pooled_endpoints(endpoints: Sequence[Any]) -> list[Any]:
+    """Every member's address in one ``Endpoints``, for a Python client in plaintext
+    (:func:`pools_members`); ``endpoints`` as they are when there is one, or when the members
+    do not all share one IP scheme (a client refuses several addresses under a domain name).
+
+    Why: the Python push consumer 5.1.2 acks a message through the ``Endpoints`` it was
+    received by, and retries a failed ack every second, forever, inside one of its 20
+    consumption threads; while the member it received through is down, each message received
+    there and not yet acked holds a thread, and 20 of them stop the consumer (its loops through
+    the living members still receive, but nothing is consumed). Over one ``Endpoints`` of
+    every member (gRPC's pick-first over the list) the retried ack reaches a member that
+    lives (any member serves every call), and so does the next receive."""
+    if len(endpoints) <= 1:
+        return list(endpoints)
+    schemes = {e.scheme for e in endpoints}
+    if len(schemes) != 1 or schemes.pop() not in (v2.IPv4, v2.IPv6):
+        return list(endpoints)
+    addresses = [a for e in endpoints for a in e.addresses]
+    return [v2.Endpoints(scheme=endpoints[0].scheme, addresses=addresses)]
+
+
+def pools_members(language: str, secure: bool) -> bool:
+    """Whether a client's assignments go through one ``Endpoints`` of every member
+    (:func:`pooled_endpoints`): a Python client (its ``x-mq-language`` header) on a plaintext
+    connection. Not the Node.js client (its resolver refuses the comma-joined target it makes
+    of several addresses), and not over TLS (the target of several addresses is an authority
+    no member's certificate names)."""
+    return language == PYTHON_LANGUAGE_HEADER and not secure
 
 
 def member_broker_name(group_name: str, endpoints: Any, members: int) -> str:

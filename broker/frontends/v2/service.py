@@ -56,6 +56,8 @@ from broker.frontends.v2.consuming import (
     consumer_backoff,
     fifo_queue,
     message_group_problem,
+    pooled_endpoints,
+    pools_members,
 )
 from broker.frontends.v2.interceptor import (
     Caller,
@@ -145,6 +147,7 @@ RESERVED_PROPERTIES = frozenset(
     }
 )
 CLIENT_ID_HEADER = "x-mq-client-id"
+LANGUAGE_HEADER = "x-mq-language"
 # The largest time or duration in ms a request may name (a Timestamp's own limit, the end of
 # year 9999): beyond it no clock, Timestamp or int64 field downstream holds the value.
 MAX_FIELD_MS = 253_402_300_799_999
@@ -202,10 +205,21 @@ def _status_of(exc: Exception, node: RaftNode) -> Any:
 
 
 def _client_id(context: grpc.aio.ServicerContext) -> str:
+    return _header(context, CLIENT_ID_HEADER)
+
+
+def _header(context: grpc.aio.ServicerContext, name: str) -> str:
+    """The call's text header ``name`` ("" when missing)."""
     for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_ID_HEADER:
+        if key == name:
             return value if isinstance(value, str) else ""
     return ""
+
+
+def _on_tls(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the call came over TLS (its connection's security, as gRPC reports it)."""
+    kinds = context.auth_context().get("transport_security_type") or ()
+    return b"ssl" in kinds
 
 
 def _ms(d: Duration | Timestamp, field: str) -> int:
@@ -717,7 +731,10 @@ class MessagingServicer:
                 raise TopicNotFoundError(f"topic {name!r} is not served by this group")
             # Through every member the route names (consuming.assignments).
             readable = [q for q in range(topic.read_queue_nums) if self.topics.has_queue(name, q)]
-            found = assignments(request.topic, group, self.cfg.group, own[0][1], readable)
+            members = own[0][1]
+            if pools_members(_header(context, LANGUAGE_HEADER), _on_tls(context)):
+                members = pooled_endpoints(members)
+            found = assignments(request.topic, group, self.cfg.group, members, readable)
         except Exception as exc:
             return v2_service.QueryAssignmentResponse(status=_status_of(exc, self.node))
         return v2_service.QueryAssignmentResponse(status=status(), assignments=found)
