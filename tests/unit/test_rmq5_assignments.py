@@ -2,7 +2,8 @@
 consumer is assigned each queue once per member, each under a broker name of its own, so that
 the official clients (which key their receive loops by topic, broker name and queue id) receive
 through every member and one member's death stops only its own loops (docs/RMQ5.md, "Routes and
-a dying node")."""
+a dying node"); a Python client in plaintext gets every member in one Endpoints instead, so its
+acks, retried forever through the Endpoints a message came by, reach a member that lives."""
 
 from __future__ import annotations
 

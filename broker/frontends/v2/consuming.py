@@ -100,7 +100,8 @@ def assignments(
     member ``endpoints`` (queue-major), under a broker name of its own per member
     (:func:`member_broker_name`): a push consumer receives through every member, so one
     member's death stops only the receives that went through it (docs/RMQ5.md, "Routes and a
-    dying node")."""
+    dying node"). ``endpoints`` may also be one Endpoints of every member
+    (:func:`pooled_endpoints`), assigned once under the group's own name."""
     assert endpoints, "a group is assigned with at least one endpoint"
     ids = readable if group.fifo else [-1]
     brokers = [
