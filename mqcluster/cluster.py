@@ -1160,7 +1160,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     from mqcluster.groups import Groups  # it imports this module
 
-    groups = Groups(ns.base_dir)
+    try:
+        groups = Groups(ns.base_dir)
+    except ClusterError as exc:  # cluster.json of a newer mqcluster (FORMAT_TOO_NEW)
+        print(f"mqcluster: {exc}", file=sys.stderr)
+        return 1
     cluster = groups.first
     try:
         if ns.cmd == "up":

@@ -49,6 +49,7 @@ from mqcluster.cluster import (
     LocalCluster,
     _free_ports,
 )
+from mqcluster.cluster import main as cluster_main
 from mqerrors import codes as E
 from mqrelease import RELEASE
 
@@ -321,6 +322,19 @@ def test_a_newer_cluster_state_is_refused(tmp_path: Path) -> None:
     assert isinstance(info.value, ClusterError) and info.value.code == E.FORMAT_TOO_NEW
     assert f"{path}: format version 2 is newer than 1" in str(info.value)
     assert _tree(tmp_path) == before
+
+
+def test_mqcluster_says_one_line_for_a_newer_cluster_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = LocalCluster(tmp_path)
+    cluster.group = "broker-a"
+    cluster._save_state()
+    _edit_json(tmp_path / STATE_FILE, lambda d: d.update(version=2))
+    assert cluster_main(["--base-dir", str(tmp_path), "status"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mqcluster: cluster state ") and "\n" not in err
+    assert "format version 2 is newer than 1" in err
 
 
 def test_files_without_a_version_read_as_version_1(store: Path, tmp_path: Path) -> None:
