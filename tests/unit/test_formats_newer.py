@@ -358,3 +358,14 @@ def test_a_staged_header_without_a_version_is_read(tmp_path: Path) -> None:
     _edit_json(path, lambda d: d.pop("v"))
     assert pending_install(str(root / "dledger")) == 9
     assert base64.b64decode(json.loads(path.read_bytes())["config"]) == b""
+
+
+def test_mqaudit_stops_on_a_newer_store_instead_of_reporting_damage(store: Path) -> None:
+    """The audit reads checkpoints with the store's decoder: a newer one is an input it cannot
+    read (one line), not a BAD_CHECKPOINT finding against the replica."""
+    from spark_audit.plan import InputError, ReplicaSource, plan_replica
+
+    _set_u16(store / "dledger/checkpoint", 4, 3)
+    with pytest.raises(InputError) as info:
+        plan_replica(ReplicaSource("g", "n0", str(store / "dledger")))
+    assert "format version 3 is newer than 2" in str(info.value)
