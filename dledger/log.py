@@ -99,6 +99,21 @@ class CorruptLogError(DLedgerError):
         self.index = index
 
 
+class FormatTooNewError(DLedgerError):
+    """A stored file has a format version newer than this release reads: written by a newer
+    release. Not damage (deliberately not a :class:`CorruptLogError`): nothing may repair,
+    recover, cut or rewrite the file; the node refuses to start and the message names the file,
+    the version found and the newest this release reads."""
+
+    code = E.FORMAT_TOO_NEW
+
+    def __init__(self, message: str, *, path: str = "", found: int = 0, newest: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.found = found
+        self.newest = newest
+
+
 class LogStore(Protocol):
     """The log of one Raft member, as the core sees it."""
 

@@ -72,6 +72,7 @@ from dledger.server.client import ClientError, LogClient
 from mqcli import CommandLine, GlobalOption, parse_assignments
 from mqcluster import localsecurity
 from mqerrors import codes as E
+from mqrelease import too_new_message
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, write_private_file
 from mqsecurity.errors import SecurityError
@@ -84,6 +85,10 @@ if TYPE_CHECKING:  # mqcluster.groups builds on this module; main imports it whe
 
 DEFAULT_BASE_DIR = "/tmp/raftmq-cluster"
 STATE_FILE = "cluster.json"
+# cluster.json's format ("version"; a file without it, written before it existed, is 1). A
+# newer one is refused (ClusterFormatTooNewError): its keys may mean what this release cannot
+# tell, and the next save would drop them.
+STATE_VERSION = 1
 # Ports of the local group (docs/CLUSTER.md): node i listens for clients on 10911 + 10 i
 # (10911 is RocketMQ's broker port) and for its peers on 40911 + i.
 CLIENT_PORT_BASE = 10911
@@ -134,6 +139,12 @@ class ClusterError(BrokerError):
     """A cluster operation that cannot be done; one line for the CLI."""
 
     code = E.CLUSTER_ERROR
+
+
+class ClusterFormatTooNewError(ClusterError):
+    """cluster.json was written by a newer release of mqcluster (error FORMAT_TOO_NEW)."""
+
+    code = E.FORMAT_TOO_NEW
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +327,11 @@ class LocalCluster:
         state = self.base / STATE_FILE
         if state.exists():
             data = json.loads(state.read_text())
+            version = data.get("version", 1)
+            if isinstance(version, int) and version > STATE_VERSION:
+                raise ClusterFormatTooNewError(
+                    too_new_message("cluster state", state, version, STATE_VERSION)
+                )
             self.group = data["group"]
             # A cluster.json from before metrics_tls: a secure group's processes serve HTTPS.
             tls = {"metrics_tls": bool(data.get("secure", False))}
@@ -611,6 +627,7 @@ class LocalCluster:
         (self.base / STATE_FILE).write_text(
             json.dumps(
                 {
+                    "version": STATE_VERSION,
                     "group": self.group,
                     "nodes": [asdict(n) for n in self.nodes],
                     "namesrv": asdict(self.namesrv) if self.namesrv else None,
@@ -1143,7 +1160,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     from mqcluster.groups import Groups  # it imports this module
 
-    groups = Groups(ns.base_dir)
+    try:
+        groups = Groups(ns.base_dir)
+    except ClusterError as exc:  # cluster.json of a newer mqcluster (FORMAT_TOO_NEW)
+        print(f"mqcluster: {exc}", file=sys.stderr)
+        return 1
     cluster = groups.first
     try:
         if ns.cmd == "up":

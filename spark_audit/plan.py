@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dledger.core.membership import MAX_REMOVED_IDS, ConfState
 from dledger.core.membership import decode as decode_configuration
+from dledger.log import FormatTooNewError
 from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE, RecordError
 from dledger.storage.files import SEGMENT_NAME_DIGITS
@@ -261,7 +262,7 @@ def plan_replica(
                 Finding(What.BAD_CHECKPOINT, g, r, CHECKPOINT_FILE, ckpt_uri, offset=exc.offset,
                         detail=exc.reason)
             )  # fmt: skip
-        except fs.FsError as exc:
+        except (fs.FsError, FormatTooNewError) as exc:  # a newer release's store: not damage
             raise InputError(str(exc)) from None
     commit_index = src.commit_index if src.commit_index is not None else ckpt.commit_index
 

@@ -25,6 +25,14 @@ class ConfigError(BrokerError, ValueError):
     code = E.CONFIG_ERROR
 
 
+class FormatTooNewError(BrokerError):
+    """A broker file (``config/snapshot.json``, a key index file) has a format version newer
+    than this release reads. Not a :class:`CorruptStoreError`: the derived stores are neither
+    deleted nor rebuilt; the node stops, naming the file and both versions."""
+
+    code = E.FORMAT_TOO_NEW
+
+
 class InvalidMessageError(codec.InvalidMessageError, BrokerError):
     """A message field is out of its allowed range or has a forbidden character."""
 

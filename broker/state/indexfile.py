@@ -59,7 +59,13 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
-from broker.state.errors import CorruptStoreError, PositionOrderError, QueueStoreClosedError
+from broker.state.errors import (
+    CorruptStoreError,
+    FormatTooNewError,
+    PositionOrderError,
+    QueueStoreClosedError,
+)
+from mqrelease import too_new_message
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +228,8 @@ class IndexFile:
             (crc,) = struct.unpack_from(">I", head, INDEX_HEADER_CRC_OFFSET)
             if magic != INDEX_MAGIC:
                 raise CorruptStoreError(f"bad index magic {magic:#010x}", path=str(path), offset=0)
+            if version > INDEX_VERSION:  # before the CRC: a newer header may be laid out anew
+                raise FormatTooNewError(too_new_message("key index", path, version, INDEX_VERSION))
             if crc != _crc32c.crc32c(head[:INDEX_HEADER_CRC_OFFSET]):
                 raise CorruptStoreError("index header CRC mismatch", path=str(path), offset=0)
             if version != INDEX_VERSION:
@@ -522,6 +530,28 @@ class IndexFile:
         self._zero_records_from(count)
         self.dirty = True
         self.flush()
+
+
+# The start of a header: magic and version, what :func:`check_formats` reads of each file.
+INDEX_VERSION_HEAD = struct.Struct(">IH")
+
+
+def check_formats(directory: Path) -> None:
+    """FormatTooNewError when a key index file in ``directory`` has a header version newer
+    than INDEX_VERSION (reads only: called before the store opens, which may repair or delete
+    files). Anything else wrong is left to :class:`IndexStore`'s open."""
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.iterdir()):
+        if not _FILE_NAME.fullmatch(path.name):
+            continue
+        with path.open("rb") as f:
+            head = f.read(INDEX_VERSION_HEAD.size)
+        if len(head) < INDEX_VERSION_HEAD.size:
+            continue
+        magic, version = INDEX_VERSION_HEAD.unpack(head)
+        if magic == INDEX_MAGIC and version > INDEX_VERSION:
+            raise FormatTooNewError(too_new_message("key index", path, version, INDEX_VERSION))
 
 
 class IndexStore:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import array
 import base64
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import logging
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from broker.state import derived, snapshotting, statecheck
+from broker.state import derived, indexfile, snapshotting, statecheck
 from broker.state.auth.table import AuthTable
 from broker.state.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.state.delayrules import SCHEDULE_HEADER, decode_schedule_header
@@ -52,6 +53,7 @@ from broker.state.errors import (
     BrokerError,
     ConfigError,
     CorruptStoreError,
+    FormatTooNewError,
     PositionOrderError,
     QueueStoreClosedError,
 )
@@ -105,6 +107,7 @@ from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
 from dledger.storage.files import atomic_write
+from mqrelease import too_new_message
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +183,16 @@ KeyRow = tuple[str, Sequence[str], str, int, int]  # topic, keys, id, position, 
 Touched = dict[QueueKey, set[int]]
 # Called at the end of each apply with the queues that got messages and their tag hashes.
 DispatchListener = Callable[[Mapping[QueueKey, set[int]]], None]
+
+
+def _refuse_newer(path: Path, data: object) -> None:
+    """FormatTooNewError when the snapshot document ``data`` (read from ``path``) says a
+    version above SNAPSHOT_VERSION: a newer release wrote it, so it is not a "bad snapshot" to
+    rebuild from the log (that would delete the derived stores, and lose whatever the log no
+    longer holds). Checked before any store is opened: the node stops with nothing changed."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and version > SNAPSHOT_VERSION:
+        raise FormatTooNewError(too_new_message("broker snapshot", path, version, SNAPSHOT_VERSION))
 
 
 class CommitLog(Protocol):
@@ -379,6 +392,15 @@ class BrokerStateMachine:
         return self._dispatch_end
 
     # ------------------------------------------------------------------ StateMachine
+
+    def check_formats(self) -> None:
+        """FormatTooNewError when ``config/snapshot.json`` or a key index file was written by
+        a newer release (the node calls this at start, before anything is opened: reads only).
+        The ConsumeQueues have no header; their format is the snapshot's."""
+        path = self.config_dir / SNAPSHOT_FILE
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            _refuse_newer(path, json.loads(path.read_bytes()))
+        indexfile.check_formats(self.root / "index")
 
     def applied_index(self) -> int:
         """Open the stores (recovering or rebuilding them); the index already applied."""
@@ -932,6 +954,7 @@ class BrokerStateMachine:
             problem = "no snapshot"
         if not had_stores and data is not None:
             problem = "consumequeue/ or index/ missing"
+        _refuse_newer(path, data)
         self._open_stores()
         if data is not None and not problem:
             try:

@@ -46,7 +46,8 @@ MEMBER_ADDR_MAX_CHARS = 255
 # Largest CONFIG entry body accepted: the encoding of MAX_GROUP_SIZE voters, MAX_LEARNERS
 # learners and MAX_REMOVED_IDS removed ids of MEMBER_ID_MAX_CHARS each fits well below it.
 CONF_BODY_MAX_BYTES = 16384
-_CONF_FORMAT_VERSION = 1
+# The CONFIG body's format ("v"): the newest this release writes and reads.
+CONF_FORMAT_VERSION = 1
 
 
 class ConfChangeError(DLedgerError):
@@ -160,7 +161,7 @@ class ConfState:
     def encode(self) -> bytes:
         """The body of a CONFIG entry (``index`` is the entry's, so it is not encoded)."""
         doc = {
-            "v": _CONF_FORMAT_VERSION,
+            "v": CONF_FORMAT_VERSION,
             "voters": sorted(self.voters),
             "learners": sorted(self.learners),
             "removed": list(self.removed),
@@ -204,7 +205,7 @@ def decode(body: bytes, index: int) -> ConfState:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"configuration body is not JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("v") != _CONF_FORMAT_VERSION:
+    if not isinstance(doc, dict) or doc.get("v") != CONF_FORMAT_VERSION:
         raise ValueError("configuration body: unknown format")
     voters = _ids(doc, "voters", MAX_GROUP_SIZE)
     learners = _ids(doc, "learners", MAX_LEARNERS)

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dledger.core import ConfState
-from dledger.core.membership import ChangeKind, decode, joining
-from dledger.log import ConfigError, DLedgerError
+from dledger.core.membership import CONF_FORMAT_VERSION, ChangeKind, decode, joining
+from dledger.log import ConfigError, DLedgerError, FormatTooNewError
 from dledger.storage.files import atomic_write
 from mqerrors import codes as E
+from mqrelease import too_new_message
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ CONF_FILE = "membership.json"
 JOIN_RETRY_MS = 1000
 # The largest membership.json read (a configuration is a few KiB at most).
 CONF_FILE_MAX_BYTES = 64 << 10
+# membership.json's own format ("v"; a file without it, written before it existed, is 1). A
+# file or a CONFIG body of a newer format is refused (FormatTooNewError), never read as a
+# malformed file: docs/FORMAT.md "Membership file".
+CONF_FILE_VERSION = 1
 # The shared settings a Join carries (JoinRequest.shared_settings): a handful of store and
 # apply settings today; the bounds only keep a hostile request's refusal short.
 MAX_SHARED_SETTINGS = 32
@@ -94,6 +99,7 @@ def load_conf(store_dir: str, node_id: str) -> ConfState | None:
         if len(raw) > CONF_FILE_MAX_BYTES:
             raise ValueError(f"larger than {CONF_FILE_MAX_BYTES} bytes")
         doc = json.loads(raw)
+        _refuse_newer(path, doc)
         if doc.get("joining") is True:
             return joining(node_id)
         index = doc["index"]
@@ -104,14 +110,34 @@ def load_conf(store_dir: str, node_id: str) -> ConfState | None:
         raise ConfigError(f"{path}: not a membership file: {exc}") from exc
 
 
+def _refuse_newer(path: Path, doc: object) -> None:
+    """FormatTooNewError when the file (``doc``, parsed from ``path``) or the CONFIG body it
+    holds says a format version above this release's. Anything else malformed is left to the
+    reader (ConfigError)."""
+    if not isinstance(doc, dict):
+        return
+    body = doc.get("config")
+    for what, version, newest in (
+        ("membership file", doc.get("v"), CONF_FILE_VERSION),
+        (
+            "membership configuration in",
+            body.get("v") if isinstance(body, dict) else None,
+            CONF_FORMAT_VERSION,
+        ),
+    ):
+        if isinstance(version, int) and version > newest:
+            message = too_new_message(what, path, version, newest)
+            raise FormatTooNewError(message, path=str(path), found=version, newest=newest)
+
+
 def save_conf(store_dir: str, conf: ConfState, *, is_joining: bool = False) -> None:
     """Save atomically and durably (the storage package's ``atomic_write``: temp file written
     whole, fsync, rename, fsync of the directory)."""
     doc: dict[str, object]
     if is_joining:
-        doc = {"joining": True}
+        doc = {"v": CONF_FILE_VERSION, "joining": True}
     else:
-        doc = {"index": conf.index, "config": json.loads(conf.encode())}
+        doc = {"v": CONF_FILE_VERSION, "index": conf.index, "config": json.loads(conf.encode())}
     atomic_write(Path(store_dir) / CONF_FILE, json.dumps(doc, separators=(",", ":")).encode())
 
 

@@ -53,6 +53,7 @@ from dledger.log import (
     DLedgerError,
     Entry,
     EntryType,
+    FormatTooNewError,
     HardState,
 )
 from dledger.server.chaincheck import (
@@ -62,6 +63,7 @@ from dledger.server.chaincheck import (
 from dledger.server.client_service import ClientServicer
 from dledger.server.convert import echo, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.formats import check_store_formats
 from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
 from dledger.server.logroom import LogRoom
 from dledger.server.membership import (
@@ -110,6 +112,7 @@ from dledger.storage import (
 )
 from dledger.storage.promise import PromiseWriter, read_promise
 from dledger.storage.store import META_FILE
+from mqerrors import codes as E
 from mqsecurity.channels import open_aio_channel
 from prockit import fatal as fatal_mod
 from prockit.fatal import fatal, spawn
@@ -231,6 +234,7 @@ class DLedgerNode:
         # Ports first: a busy port or a bad certificate must stop the node before it touches
         # its store.
         self._bind_ports()
+        self._check_formats()
         interrupted = pending_install(cfg.store_dir)
         try:
             if interrupted is not None:
@@ -243,9 +247,7 @@ class DLedgerNode:
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc
         self._note_open_damage()
-        if interrupted is not None:
-            install_app(cfg.store_dir, self.sm, interrupted)
-        self._applied = self.sm.applied_index()
+        self._open_app(interrupted)
         if self._applied < self.store.first_index() - 1:
             # Entries below the log's first index cannot be applied again (retention or a
             # snapshot took them): what they made is the state machine's to have kept.
@@ -291,6 +293,33 @@ class DLedgerNode:
             self.core.term,
         )
 
+    def _check_formats(self) -> None:
+        """StartError, with nothing on disk changed, when a file of the store or of the
+        application (its optional ``check_formats``) is of a format newer than this release
+        reads (error FORMAT_TOO_NEW: the message names the file and both versions)."""
+        app_check = getattr(self.sm, "check_formats", None)
+        try:
+            check_store_formats(self.cfg.store_dir, self.cfg.self_id)
+            if callable(app_check):
+                app_check()
+        except Exception as exc:
+            if getattr(exc, "code", None) != E.FORMAT_TOO_NEW:
+                raise
+            raise StartError(f"node {self.cfg.self_id}: {exc}") from exc
+
+    def _open_app(self, interrupted: int | None) -> None:
+        """The application's state opened (an interrupted snapshot install finished first).
+        A file of the application's in a format newer than it reads (error FORMAT_TOO_NEW,
+        whatever the application's class for it) stops the start with one line."""
+        try:
+            if interrupted is not None:
+                install_app(self.cfg.store_dir, self.sm, interrupted)
+            self._applied = self.sm.applied_index()
+        except Exception as exc:
+            if getattr(exc, "code", None) != E.FORMAT_TOO_NEW:
+                raise
+            raise StartError(f"node {self.cfg.self_id}: {exc}") from exc
+
     def _open_core(self, conf: ConfState | None) -> None:
         """The promise file read (and the hard state recovered from it if need be), then
         the Raft core over the open store; StartError when either refuses."""
@@ -326,7 +355,7 @@ class DLedgerNode:
             if start.promise_damaged:
                 core = self.core
                 hold_promise(start.writer, lambda: core.repairing)
-        except (ConfigError, PromiseError) as exc:
+        except (ConfigError, PromiseError, FormatTooNewError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
         except CorruptLogError as exc:
             # The replay of the log's configuration entries met damage the open's check did

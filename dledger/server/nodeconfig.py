@@ -70,7 +70,10 @@ class StateMachine(Protocol):
     ``rewind(index: int) -> None``: roll the applied state back to ``index`` (a Ready's
     ``rewind_to``: this member's copy of applied entries differed by content from its
     leader's, docs/RAFT.md section 13). Without it such a repair ends the process (fail
-    fast: the state machine holds what the damaged copy made)."""
+    fast: the state machine holds what the damaged copy made); and ``check_formats() ->
+    None``: called at start before the node touches its store or the application's files,
+    raises an error whose ``code`` is FORMAT_TOO_NEW when one of the application's files was
+    written by a newer release (the node then refuses to start, nothing changed)."""
 
     def applied_index(self) -> int:
         """Index up to which the application's own durable state already includes entries."""

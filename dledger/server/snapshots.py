@@ -38,7 +38,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
@@ -48,7 +48,7 @@ from dledger.chain import CHAIN_UNKNOWN
 from dledger.core import ConfState, InstallSnapshot, Role, SnapshotMeta, SnapshotRequest
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.core.membership import decode as decode_conf
-from dledger.log import CorruptLogError, DLedgerError
+from dledger.log import CorruptLogError, DLedgerError, FormatTooNewError
 from dledger.server.membership import save_conf
 from dledger.server.transport import CHANNEL_OPTIONS
 from dledger.storage import SegmentedLogStore
@@ -56,6 +56,7 @@ from dledger.storage.files import atomic_write, fsync_dir, segment_name
 from dledger.storage.install import install_log, verify_staged_log
 from dledger.storage.store import LogExtent
 from mqerrors import codes as E
+from mqrelease import too_new_message
 from mqsecurity.channels import open_aio_channel
 from rpckit import status
 
@@ -101,6 +102,10 @@ _COMPONENT = re.compile(r"[A-Za-z0-9_.%|#-]{1,255}")
 INSTALL_SNAPSHOT_METHOD = "/raftmq.dledger.v1.DLedgerPeer/InstallSnapshot"
 STAGING_DIR = "snapshot"
 INSTALL_MARKER = "INSTALLING"
+# The staged snapshot's header (ready/header.json): its format ("v"; a header without it,
+# written before it existed, is 1). An install to finish whose header is newer is refused.
+HEADER_FILE = "header.json"
+HEADER_VERSION = 1
 DROP_SNAPSHOT_REFUSED = "snapshot_refused"
 
 
@@ -656,6 +661,7 @@ def _header_dict(h: pb.SnapshotHeader) -> dict[str, int | str]:
     """What an install (and a restart finishing one) needs of the header, the membership
     configuration included: the log that held its CONFIG entries is replaced."""
     return {
+        "v": HEADER_VERSION,
         "config": base64.b64encode(h.config).decode(),
         "snapshot_index": h.snapshot_index,
         "snapshot_term": h.snapshot_term,
@@ -676,7 +682,7 @@ def make_ready(staging_dir: Path, staging: _Staging, h: pb.SnapshotHeader) -> No
     os.rename(staging.root, ready)
     (ready / "log").mkdir(exist_ok=True)
     (ready / "app").mkdir(exist_ok=True)
-    atomic_write(ready / "header.json", json.dumps(_header_dict(h)).encode())
+    atomic_write(ready / HEADER_FILE, json.dumps(_header_dict(h)).encode())
     fsync_dir(staging_dir)
 
 
@@ -709,7 +715,7 @@ def finish_install(store_dir: str) -> None:
     log and the configuration of the old one (whose CONFIG entries the install dropped)."""
     staging = Path(store_dir) / STAGING_DIR
     ready = staging / "ready"
-    h = json.loads((ready / "header.json").read_bytes())
+    h = staged_header(ready)
     raw_conf = base64.b64decode(h.get("config", ""))
     if raw_conf:
         save_conf(store_dir, decode_conf(raw_conf, int(h["snapshot_index"])))
@@ -724,13 +730,27 @@ def finish_install(store_dir: str) -> None:
     )
 
 
+def staged_header(ready: Path) -> dict[str, Any]:
+    """The header of the snapshot staged in ``ready``; FormatTooNewError when a newer release
+    wrote it (the install is left to that release: nothing is swapped or removed)."""
+    path = ready / HEADER_FILE
+    h: dict[str, Any] = json.loads(path.read_bytes())
+    version = h.get("v", 1) if isinstance(h, dict) else None
+    if not isinstance(version, int) or version < 1:
+        raise DLedgerError(f"{path}: not a snapshot header")
+    if version > HEADER_VERSION:
+        message = too_new_message("snapshot header", path, version, HEADER_VERSION)
+        raise FormatTooNewError(message, path=str(path), found=version, newest=HEADER_VERSION)
+    return h
+
+
 def pending_install(store_dir: str) -> int | None:
     """The snapshot index of an install a crash interrupted (its marker is there), else
     None."""
     staging = Path(store_dir) / STAGING_DIR
     if not (staging / INSTALL_MARKER).exists():
         return None
-    h = json.loads((staging / "ready" / "header.json").read_bytes())
+    h = staged_header(staging / "ready")
     return int(h["snapshot_index"])
 
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import crc32c as _crc32c
 
 from dledger.chain import CHAIN_ORIGIN, CHAIN_UNKNOWN
-from dledger.log import ENTRY_TYPE_MAX, DLedgerError, Entry, HardState
+from dledger.log import ENTRY_TYPE_MAX, DLedgerError, Entry, FormatTooNewError, HardState
 from mqerrors import codes as E
+from mqrelease import too_new_message
 
 crc32c = _crc32c.crc32c
 
@@ -435,21 +436,19 @@ def encode_checkpoint(c: Checkpoint) -> bytes:
     return head + U32.pack(crc32c(head))
 
 
-def decode_checkpoint(data: bytes) -> Checkpoint:
+def decode_checkpoint(data: bytes, path: str = "checkpoint") -> Checkpoint:
     """A checkpoint of format 2, or of format 1 (``version`` says which; its base_chain is
     CHAIN_ORIGIN when nothing was deleted, else CHAIN_UNKNOWN). A later format is refused
-    with a RecordError naming both versions."""
+    with FormatTooNewError naming ``path`` and both versions (the checkpoint's version is the
+    store's format: docs/FORMAT.md); version 0 is damage (RecordError)."""
     if len(data) < CHECKPOINT_HEAD.size:
         raise RecordError(f"checkpoint is only {len(data)} bytes", 0)
     magic, version = CHECKPOINT_HEAD.unpack_from(data, 0)
     if magic != CHECKPOINT_MAGIC:
         raise RecordError(f"bad checkpoint magic 0x{magic:08x}", 0)
+    _refuse_newer("checkpoint", path, version, CHECKPOINT_VERSION)
     if version not in (CHECKPOINT_VERSION, CHECKPOINT_VERSION_V1):
-        raise RecordError(
-            f"checkpoint format version {version} is not one this release reads (it reads "
-            f"{CHECKPOINT_VERSION_V1} and {CHECKPOINT_VERSION}): written by a newer release?",
-            4,
-        )
+        raise RecordError(f"checkpoint format version {version} does not exist", 4)
     layout, size = (
         (CHECKPOINT_NO_CRC, CHECKPOINT_SIZE)
         if version == CHECKPOINT_VERSION
@@ -478,6 +477,13 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     )
 
 
+def _refuse_newer(what: str, path: str, found: int, newest: int) -> None:
+    """FormatTooNewError when ``found`` is above ``newest``, the newest this release reads."""
+    if found > newest:
+        message = too_new_message(what, path, found, newest)
+        raise FormatTooNewError(message, path=path, found=found, newest=newest)
+
+
 def encode_hard_state(s: HardState) -> bytes:
     _check_u(s.term, 64, "term")
     voted = b"" if s.voted_for is None else s.voted_for.encode("utf-8")
@@ -488,12 +494,16 @@ def encode_hard_state(s: HardState) -> bytes:
     return head + U32.pack(crc32c(head))
 
 
-def decode_hard_state(data: bytes) -> HardState:
+def decode_hard_state(data: bytes, path: str = "meta") -> HardState:
+    """The hard state in ``data`` (the ``meta`` file at ``path``). A version above this
+    release's is FormatTooNewError, checked before the length and CRC: a newer layout is not
+    damage, so the copy in the promise file must not replace it (dledger.server.promises)."""
     if len(data) < HARD_STATE_HEAD.size + 4:
         raise RecordError(f"hard state is only {len(data)} bytes", 0)
     magic, version, vlen, term = HARD_STATE_HEAD.unpack_from(data, 0)
     if magic != HARD_STATE_MAGIC:
         raise RecordError(f"bad hard state magic 0x{magic:08x}", 0)
+    _refuse_newer("hard state", path, version, FORMAT_VERSION)
     nvoted = 0 if vlen == NO_VOTE else vlen
     if nvoted > MAX_VOTED_FOR_BYTES or len(data) != HARD_STATE_HEAD.size + nvoted + 4:
         raise RecordError("hard state length does not match its voted_for length", 6)

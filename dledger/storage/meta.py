@@ -2,7 +2,8 @@
 durable, where recovery starts) and ``meta``, the Raft hard state. Each is replaced whole by
 an atomic write; on a full disk the space reserve (:mod:`dledger.storage.reserve`) is released
 and the write tried once more. :class:`MetaFiles` does the reading and writing; what goes into
-the checkpoint is the store's."""
+the checkpoint is the store's. A file of a format newer than this release reads is
+FormatTooNewError (never CorruptLogError: it is not damage, and nothing rewrites it)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class MetaFiles:
 
     def read_checkpoint(self) -> Checkpoint:
         """The checkpoint on disk (the default one if there is none). A temp file that an
-        interrupted write left is deleted. CorruptLogError if it does not decode."""
+        interrupted write left is deleted. CorruptLogError if it does not decode,
+        FormatTooNewError if a newer release wrote it."""
         path = self.root / CHECKPOINT_FILE
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path.with_name(path.name + ".tmp"))
@@ -50,7 +52,7 @@ class MetaFiles:
         except FileNotFoundError:
             return Checkpoint()
         try:
-            return codec.decode_checkpoint(data)
+            return codec.decode_checkpoint(data, str(path))
         except RecordError as e:
             raise CorruptLogError(
                 f"checkpoint {path}: {e.reason}", path=str(path), offset=e.offset
@@ -71,7 +73,7 @@ class MetaFiles:
             except FileNotFoundError:
                 return HardState()
         try:
-            return codec.decode_hard_state(data)
+            return codec.decode_hard_state(data, str(path))
         except RecordError as e:
             raise CorruptLogError(
                 f"hard state {path}: {e.reason}", path=str(path), offset=e.offset

@@ -34,6 +34,7 @@ from nameserver.server import failure_of
 ROOT = Path(__file__).resolve().parents[2]
 # The product packages (Makefile PACKAGES, less mqerrors itself).
 PRODUCT = [
+    "mqrelease",
     "mqcli",
     "mqsecurity",
     "mqmetrics",

@@ -22,7 +22,7 @@ from source_tree import ROOT, product_packages
 # The top-level names of gRPC and protobuf (``raftmq`` is the generated protobuf code, gen/).
 GRPC_AND_PROTOBUF = frozenset({"grpc", "grpc_status", "google", "raftmq"})
 # Packages that import no other package of the project, so anything may import them.
-NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics", "mqerrors", "prockit"})
+NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics", "mqerrors", "mqrelease", "prockit"})
 # The servers' packages: dledger (the Raft library), the broker over it, the NameServer beside.
 SERVERS = frozenset({"broker", "dledger", "nameserver"})
 # What dledger may not reach: the broker and everything built on it or on messages.

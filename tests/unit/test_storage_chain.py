@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dledger.chain import CHAIN_ORIGIN, CHAIN_UNKNOWN, next_chain
-from dledger.log import CorruptLogError, Entry
+from dledger.log import CorruptLogError, Entry, FormatTooNewError
 from dledger.storage import codec
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 
@@ -140,6 +140,7 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(tmp_path
     data = bytearray(path.read_bytes())
     data[4:6] = (3).to_bytes(2, "big")
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptLogError) as info:
+    with pytest.raises(FormatTooNewError) as info:
         SegmentedLogStore(tmp_path / "s", CFG)
-    assert "version 3" in str(info.value) and "1 and 2" in str(info.value)
+    assert info.value.code == "FORMAT_TOO_NEW" and not isinstance(info.value, CorruptLogError)
+    assert "format version 3 is newer than 2" in str(info.value)

@@ -1,0 +1,20 @@
+"""The release this tree is: one constant every package may import (it imports nothing of the
+project), so that an error naming a stored format can say which release refused it.
+
+``RELEASE`` must equal ``pyproject.toml``'s ``version`` (tests/unit/test_release.py checks it):
+change both together when a release is cut.
+"""
+
+from __future__ import annotations
+
+RELEASE = "0.1.0"
+
+
+def too_new_message(what: str, path: object, found: int, newest: int) -> str:
+    """The one line every reader refusing a newer stored format says (error ``FORMAT_TOO_NEW``):
+    the file, the version found and the newest this release reads."""
+    assert found > newest, (found, newest)
+    return (
+        f"{what} {path}: format version {found} is newer than {newest}, the newest raftmq "
+        f"{RELEASE} reads (written by a newer release: run that release, docs/FORMAT.md)"
+    )
