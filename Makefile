@@ -86,29 +86,34 @@ test-setup: venv system-deps gen-check lint typecheck
 
 # pytest as two sessions side by side, on the 2 cores that one session leaves half idle (its
 # integration tests mostly wait on their groups): `-m processes` (every test that starts
-# processes, tests/conftest.py; one at a time, in file order) reports live, but for the tests
-# that audit with Spark (tests/audit and the fuzz suite: they share one SparkSession), which run
-# after `-m "not processes"` (unit, simulator, checker tests) in the second session, so that
-# both sessions take about as long; its report goes into a file printed after the first's. The two draw the ports they give their groups from ranges
-# of their own (RAFTMQ_PICK_PORTS, prockit/processes.py), so they never pick the same one. Any of
-# the three failing fails make test; the last line before the second report gives the codes.
+# processes, tests/conftest.py; one at a time, in file order) reports live, but for SIDE_TESTS,
+# which run after `-m "not processes"` (unit, simulator, checker tests) in the second session,
+# so that both sessions take about as long (measured 2026-11-28 on a loaded machine: the first
+# ~14 min, the second ~12): the tests that audit with Spark (tests/audit and the fuzz suite:
+# they share one SparkSession), and the longest runs of whole groups (mqjepsen's short runs, the
+# network-namespace hosts, the bench smoke; the two network-namespace tests run one after the
+# other in that session). Its report goes into a file printed after the first's. The two draw
+# the ports they give their groups from ranges of their own (RAFTMQ_PICK_PORTS,
+# prockit/processes.py), so they never pick the same one. Any of the three failing fails make
+# test; the last line before the second report gives the codes.
 PROCESS_PORTS := 20000-26384
 SECOND_PORTS := 26384-32768
-SPARK_TESTS := tests/audit tests/integration/test_fuzz_services.py
+SIDE_TESTS := tests/audit tests/integration/test_fuzz_services.py tests/jepsen \
+  tests/integration/test_multihost_netns.py tests/integration/test_bench_smoke.py
 test:
 	@$(MAKE) --no-print-directory -j$(TEST_SETUP_JOBS) -Otarget test-setup
 	@others=$$(mktemp /tmp/raftmq-test-others-XXXXXX); \
 	( export RAFTMQ_PICK_PORTS=$(SECOND_PORTS); \
 	  $(PY) -m pytest -m "not processes"; b=$$?; \
-	  $(PY) -m pytest -m processes $(SPARK_TESTS); c=$$?; \
-	  echo "pytest -m 'not processes' exited $$b, pytest -m processes $(SPARK_TESTS) exited $$c"; \
+	  $(PY) -m pytest -m processes $(SIDE_TESTS); c=$$?; \
+	  echo "pytest -m 'not processes' exited $$b, pytest -m processes $(SIDE_TESTS) exited $$c"; \
 	  [ $$b -eq 0 ] && [ $$c -eq 0 ] ) >$$others 2>&1 & bg=$$!; \
 	trap 'kill $$bg 2>/dev/null' INT TERM; \
-	echo "pytest -m processes, but for $(SPARK_TESTS) (pytest -m 'not processes', then those, run beside it; their report follows)"; \
-	RAFTMQ_PICK_PORTS=$(PROCESS_PORTS) $(PY) -m pytest -m processes $(SPARK_TESTS:%=--ignore=%); a=$$?; \
+	echo "pytest -m processes, but for $(SIDE_TESTS) (pytest -m 'not processes', then those, run beside it; their report follows)"; \
+	RAFTMQ_PICK_PORTS=$(PROCESS_PORTS) $(PY) -m pytest -m processes $(SIDE_TESTS:%=--ignore=%); a=$$?; \
 	wait $$bg; b=$$?; \
-	echo "make test: pytest -m processes exited $$a, the second session (not processes, then the Spark tests) exited $$b"; \
-	echo "== pytest -m 'not processes', then pytest -m processes $(SPARK_TESTS)"; cat $$others; rm -f $$others; \
+	echo "make test: pytest -m processes exited $$a, the second session (not processes, then SIDE_TESTS) exited $$b"; \
+	echo "== pytest -m 'not processes', then pytest -m processes $(SIDE_TESTS)"; cat $$others; rm -f $$others; \
 	[ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 # The edit loop: unit tests and the simulator only.
