@@ -228,10 +228,10 @@ class IndexFile:
             (crc,) = struct.unpack_from(">I", head, INDEX_HEADER_CRC_OFFSET)
             if magic != INDEX_MAGIC:
                 raise CorruptStoreError(f"bad index magic {magic:#010x}", path=str(path), offset=0)
-            if version > INDEX_VERSION:  # before the CRC: a newer header may be laid out anew
-                raise FormatTooNewError(too_new_message("key index", path, version, INDEX_VERSION))
             if crc != _crc32c.crc32c(head[:INDEX_HEADER_CRC_OFFSET]):
                 raise CorruptStoreError("index header CRC mismatch", path=str(path), offset=0)
+            if version > INDEX_VERSION:  # after the CRC: see _newer_header
+                raise FormatTooNewError(too_new_message("key index", path, version, INDEX_VERSION))
             if version != INDEX_VERSION:
                 raise CorruptStoreError(f"unknown index version {version}", path=str(path))
             if not (
@@ -536,6 +536,19 @@ class IndexFile:
 INDEX_VERSION_HEAD = struct.Struct(">IH")
 
 
+def _newer_header(head: bytes) -> int:
+    """The version of a whole header newer than INDEX_VERSION, else 0. Every version of the
+    header keeps its CRC32C at INDEX_HEADER_CRC_OFFSET over the bytes before it
+    (docs/FORMAT.md, "Format versions"), so a newer release's header checks out, while a
+    flipped bit in the version field does not: that is damage, for the open to rebuild."""
+    if len(head) < INDEX_HEADER_SIZE:
+        return 0
+    magic, version = INDEX_VERSION_HEAD.unpack_from(head, 0)
+    (crc,) = struct.unpack_from(">I", head, INDEX_HEADER_CRC_OFFSET)
+    whole = crc == _crc32c.crc32c(head[:INDEX_HEADER_CRC_OFFSET])
+    return version if magic == INDEX_MAGIC and version > INDEX_VERSION and whole else 0
+
+
 def check_formats(directory: Path) -> None:
     """FormatTooNewError when a key index file in ``directory`` has a header version newer
     than INDEX_VERSION (reads only: called before the store opens, which may repair or delete
@@ -546,11 +559,8 @@ def check_formats(directory: Path) -> None:
         if not _FILE_NAME.fullmatch(path.name):
             continue
         with path.open("rb") as f:
-            head = f.read(INDEX_VERSION_HEAD.size)
-        if len(head) < INDEX_VERSION_HEAD.size:
-            continue
-        magic, version = INDEX_VERSION_HEAD.unpack(head)
-        if magic == INDEX_MAGIC and version > INDEX_VERSION:
+            version = _newer_header(f.read(INDEX_HEADER_SIZE))
+        if version:
             raise FormatTooNewError(too_new_message("key index", path, version, INDEX_VERSION))
 
 

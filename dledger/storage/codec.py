@@ -446,7 +446,7 @@ def decode_checkpoint(data: bytes, path: str = "checkpoint") -> Checkpoint:
     magic, version = CHECKPOINT_HEAD.unpack_from(data, 0)
     if magic != CHECKPOINT_MAGIC:
         raise RecordError(f"bad checkpoint magic 0x{magic:08x}", 0)
-    _refuse_newer("checkpoint", path, version, CHECKPOINT_VERSION)
+    _refuse_newer("checkpoint", path, version, CHECKPOINT_VERSION, data)
     if version not in (CHECKPOINT_VERSION, CHECKPOINT_VERSION_V1):
         raise RecordError(f"checkpoint format version {version} does not exist", 4)
     layout, size = (
@@ -477,11 +477,18 @@ def decode_checkpoint(data: bytes, path: str = "checkpoint") -> Checkpoint:
     )
 
 
-def _refuse_newer(what: str, path: str, found: int, newest: int) -> None:
-    """FormatTooNewError when ``found`` is above ``newest``, the newest this release reads."""
-    if found > newest:
-        message = too_new_message(what, path, found, newest)
-        raise FormatTooNewError(message, path=path, found=found, newest=newest)
+def _refuse_newer(what: str, path: str, found: int, newest: int, data: bytes) -> None:
+    """FormatTooNewError when ``found`` is above ``newest``, the newest this release reads,
+    and ``data`` is whole: every version of the checkpoint and of ``meta`` ends with the
+    CRC32C of all the bytes before it (docs/FORMAT.md, "Format versions"), so a newer
+    release's file checks out under any layout, while a flipped bit in the version field
+    does not: that is damage (RecordError), repaired as any other, never a reason to stop."""
+    if found <= newest:
+        return
+    if len(data) < 4 or crc32c(data[:-4]) != U32.unpack_from(data, len(data) - 4)[0]:
+        raise RecordError(f"{what} version {found} with a CRC mismatch: damage", 4)
+    message = too_new_message(what, path, found, newest)
+    raise FormatTooNewError(message, path=path, found=found, newest=newest)
 
 
 def encode_hard_state(s: HardState) -> bytes:
@@ -495,15 +502,16 @@ def encode_hard_state(s: HardState) -> bytes:
 
 
 def decode_hard_state(data: bytes, path: str = "meta") -> HardState:
-    """The hard state in ``data`` (the ``meta`` file at ``path``). A version above this
-    release's is FormatTooNewError, checked before the length and CRC: a newer layout is not
-    damage, so the copy in the promise file must not replace it (dledger.server.promises)."""
+    """The hard state in ``data`` (the ``meta`` file at ``path``). A whole file (its last four
+    bytes the CRC32C of the rest) of a version above this release's is FormatTooNewError,
+    checked before this version's length rule: a newer layout is not damage, so the copy in
+    the promise file must not replace it (dledger.server.promises)."""
     if len(data) < HARD_STATE_HEAD.size + 4:
         raise RecordError(f"hard state is only {len(data)} bytes", 0)
     magic, version, vlen, term = HARD_STATE_HEAD.unpack_from(data, 0)
     if magic != HARD_STATE_MAGIC:
         raise RecordError(f"bad hard state magic 0x{magic:08x}", 0)
-    _refuse_newer("hard state", path, version, FORMAT_VERSION)
+    _refuse_newer("hard state", path, version, FORMAT_VERSION, data)
     nvoted = 0 if vlen == NO_VOTE else vlen
     if nvoted > MAX_VOTED_FOR_BYTES or len(data) != HARD_STATE_HEAD.size + nvoted + 4:
         raise RecordError("hard state length does not match its voted_for length", 6)

@@ -25,6 +25,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from broker.app import LazyLog
 from broker.state.errors import CorruptStoreError
 from broker.state.errors import FormatTooNewError as BrokerFormatTooNewError
+from broker.state.indexfile import INDEX_HEADER_CRC_OFFSET, check_formats
 from broker.state.machine import BrokerStateMachine
 from broker.state.message import Message, UniqIdGenerator, encode_batch
 from broker.state.records import (
@@ -37,11 +38,13 @@ from broker.state.records import (
 from dledger.core import ConfState, Role
 from dledger.log import CorruptLogError, FormatTooNewError
 from dledger.server.errors import StartError
+from dledger.server.formats import check_store_formats
 from dledger.server.membership import CONF_FILE, save_conf
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.server.promises import promise_file, recover
 from dledger.server.snapshots import HEADER_FILE, INSTALL_MARKER, STAGING_DIR, _header_dict
-from dledger.storage import SegmentedLogStore, StoreConfig
+from dledger.storage import SegmentedLogStore, StoreConfig, codec
+from dledger.storage.codec import RecordError, crc32c
 from mqcluster.cluster import (
     STATE_FILE,
     ClusterError,
@@ -165,9 +168,15 @@ def _start_refused(root: Path) -> str:
     return asyncio.run(go())
 
 
-def _set_u16(path: Path, offset: int, value: int) -> None:
+def _set_u16(path: Path, offset: int, value: int, crc_at: int | None = None) -> None:
+    """Set a u16 of ``path``; with ``crc_at``, also rewrite the CRC32C kept there (of the bytes
+    before it, -4: the last four bytes of the file), as a newer release writing the file
+    would. Without it, the change is what a flipped bit does."""
     data = bytearray(path.read_bytes())
     data[offset : offset + 2] = struct.pack(">H", value)
+    if crc_at is not None:
+        at = crc_at % len(data)
+        data[at : at + 4] = struct.pack(">I", crc32c(bytes(data[:at])))
     path.write_bytes(bytes(data))
 
 
@@ -217,8 +226,13 @@ def _stage_install(root: Path, version: int) -> None:
 
 BUMPS: dict[str, tuple[Callable[[Path], None], str, int, int]] = {
     # name: (bump the template, the file named, version found, newest this release reads)
-    "checkpoint": (lambda r: _set_u16(r / "dledger/checkpoint", 4, 3), "dledger/checkpoint", 3, 2),
-    "meta": (lambda r: _set_u16(r / "dledger/meta", 4, 2), "dledger/meta", 2, 1),
+    "checkpoint": (
+        lambda r: _set_u16(r / "dledger/checkpoint", 4, 3, -4),
+        "dledger/checkpoint",
+        3,
+        2,
+    ),
+    "meta": (lambda r: _set_u16(r / "dledger/meta", 4, 2, -4), "dledger/meta", 2, 1),
     "membership.json": (
         lambda r: _edit_json(r / "dledger" / CONF_FILE, _bump_membership_file),
         f"dledger/{CONF_FILE}",
@@ -243,7 +257,12 @@ BUMPS: dict[str, tuple[Callable[[Path], None], str, int, int]] = {
         3,
         2,
     ),
-    "key index": (lambda r: _set_u16(_index_file(r), 4, 2), "index/", 2, 1),
+    "key index": (
+        lambda r: _set_u16(_index_file(r), 4, 2, INDEX_HEADER_CRC_OFFSET),
+        "index/",
+        2,
+        1,
+    ),
 }
 
 
@@ -270,7 +289,7 @@ def test_a_newer_meta_is_not_recovered_from_the_promise_copy(store: Path) -> Non
     """The reader itself, past the start's check: a newer ``meta`` is not damage, so the
     copy in the promise file does not replace it in the old format."""
     meta = store / "dledger/meta"
-    _set_u16(meta, 4, 2)
+    _set_u16(meta, 4, 2, -4)
     before = meta.read_bytes()
     s = SegmentedLogStore(store / "dledger", STORE)
     try:
@@ -281,6 +300,30 @@ def test_a_newer_meta_is_not_recovered_from_the_promise_copy(store: Path) -> Non
     assert not isinstance(info.value, CorruptLogError) and info.value.code == E.FORMAT_TOO_NEW
     assert (info.value.found, info.value.newest) == (2, 1)
     assert meta.read_bytes() == before
+
+
+def test_a_flipped_bit_in_the_version_is_damage_not_a_newer_release(store: Path) -> None:
+    """A version field that reads newer but whose CRC fails is a flipped bit (the storage
+    nemesis' "hardstate" fault): damage, which the node repairs as it did before versions
+    were checked (``meta`` from the promise file's copy), never a reason to stop."""
+    meta = store / "dledger/meta"
+    _set_u16(meta, 4, 2)
+    with pytest.raises(RecordError):
+        codec.decode_hard_state(meta.read_bytes())
+    check_store_formats(str(store / "dledger"), "n0")  # the start's look lets it through
+    s = SegmentedLogStore(store / "dledger", STORE)
+    try:
+        recover("g", "n0", s, promise_file(str(store / "dledger"), ""), 0)
+    finally:
+        s.close()
+    assert codec.decode_hard_state(meta.read_bytes()).term >= 1  # rewritten from the copy
+    checkpoint = store / "dledger/checkpoint"
+    _set_u16(checkpoint, 4, 3)
+    with pytest.raises(RecordError):
+        codec.decode_checkpoint(checkpoint.read_bytes())
+    index = _index_file(store)
+    _set_u16(index, 4, 2)
+    check_formats(store / "index")  # left to the open, which rebuilds a damaged index
 
 
 def test_a_newer_broker_snapshot_is_not_rebuilt_from_the_log(store: Path) -> None:
@@ -302,7 +345,7 @@ def test_a_newer_broker_snapshot_is_not_rebuilt_from_the_log(store: Path) -> Non
 def test_a_newer_key_index_is_not_corrupt_store(store: Path) -> None:
     from broker.state.indexfile import IndexStore
 
-    _set_u16(_index_file(store), 4, 2)
+    _set_u16(_index_file(store), 4, 2, INDEX_HEADER_CRC_OFFSET)
     with pytest.raises(BrokerFormatTooNewError) as info:
         IndexStore(store, hash_slots=1000, max_records=5000)
     assert not isinstance(info.value, CorruptStoreError) and info.value.code == E.FORMAT_TOO_NEW
@@ -365,7 +408,7 @@ def test_mqaudit_stops_on_a_newer_store_instead_of_reporting_damage(store: Path)
     read (one line), not a BAD_CHECKPOINT finding against the replica."""
     from spark_audit.plan import InputError, ReplicaSource, plan_replica
 
-    _set_u16(store / "dledger/checkpoint", 4, 3)
+    _set_u16(store / "dledger/checkpoint", 4, 3, -4)
     with pytest.raises(InputError) as info:
         plan_replica(ReplicaSource("g", "n0", str(store / "dledger")))
     assert "format version 3 is newer than 2" in str(info.value)
