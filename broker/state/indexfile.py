@@ -540,7 +540,8 @@ def _newer_header(head: bytes) -> int:
     """The version of a whole header newer than INDEX_VERSION, else 0. Every version of the
     header keeps its CRC32C at INDEX_HEADER_CRC_OFFSET over the bytes before it
     (docs/FORMAT.md, "Format versions"), so a newer release's header checks out, while a
-    flipped bit in the version field does not: that is damage, for the open to rebuild."""
+    flipped bit in the version field does not: that is damage, which the open reports
+    (CORRUPT_STORE) as it reports any damaged header."""
     if len(head) < INDEX_HEADER_SIZE:
         return 0
     magic, version = INDEX_VERSION_HEAD.unpack_from(head, 0)

@@ -323,7 +323,7 @@ def test_a_flipped_bit_in_the_version_is_damage_not_a_newer_release(store: Path)
         codec.decode_checkpoint(checkpoint.read_bytes())
     index = _index_file(store)
     _set_u16(index, 4, 2)
-    check_formats(store / "index")  # left to the open, which rebuilds a damaged index
+    check_formats(store / "index")  # left to the open, which reports a damaged header
 
 
 def test_a_newer_broker_snapshot_is_not_rebuilt_from_the_log(store: Path) -> None:
