@@ -44,7 +44,7 @@ MISMATCH_SAMPLE_ROWS = 100
 ROWS_PER_BATCH = 10_000
 # Packages shipped to the executors (the job's code, the codec it parses with, what that codec's
 # package imports: prockit for dledger.storage's fatal exits, and the error codes both name).
-SHIPPED_PACKAGES = ("spark_audit", "dledger", "prockit", "msgcodec", "mqerrors")
+SHIPPED_PACKAGES = ("spark_audit", "dledger", "prockit", "msgcodec", "mqerrors", "mqrelease")
 
 OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
     # finding, mismatch, pair, part, end, leaf, derived, task (count = CPU microseconds)
