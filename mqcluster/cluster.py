@@ -26,7 +26,8 @@ NameServer and one set of users for all of them.
 
     mqcluster up --groups N                     N groups (broker-a, broker-b, ...)
     mqcluster add-group [--group NAME]          a new group in the running cluster, given the
-                                                cluster's topics, recorded users and ACL rules
+                                                first group's topics, users (secrets sealed,
+                                                as stored) and ACL rules
     mqcluster remove-group NAME [--purge]       its topics made read-only, its nodes stopped
     mqcluster add-user NAME [--type Super]      a user on every group, its credentials kept in
                                                 <base>/users/NAME.json (new groups get it)
