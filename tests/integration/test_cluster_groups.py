@@ -170,12 +170,11 @@ def _follower_addr(groups: Groups, name: str) -> str:
     return next(n.client_addr for n in g.nodes if n.node_id != leader)
 
 
-def test_mqadmin_copies_users_and_rules_then_a_group_is_removed(
+def test_mqadmin_copies_users_and_rules_between_groups(
     groups: Groups, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """copyUser / copyAcl from broker-a to broker-b (named by a follower: the leader is found),
-    twice (the second changes nothing); then remove-group on the same cluster (one cluster
-    start for both: the CI budget)."""
+    twice (the second changes nothing)."""
     admin = MQAdmin(groups.namesrv_addr, groups.security())
     admin.create_topic(TOPIC, QUEUES)
     a = _leader_addr(groups, "broker-a")
@@ -197,6 +196,10 @@ def test_mqadmin_copies_users_and_rules_then_a_group_is_removed(
     assert mqadmin([*tool, "copyUser", *to_b]) == 0
     assert '"created"' not in capsys.readouterr().out
 
+
+def test_remove_group_makes_its_topics_read_only_and_stops_it(groups: Groups) -> None:
+    admin = MQAdmin(groups.namesrv_addr, groups.security())
+    admin.create_topic(TOPIC, QUEUES)
     frozen = groups.remove_group("broker-b")
     assert frozen == [TOPIC]
     assert [g.group for g in groups.all()] == ["broker-a"]
