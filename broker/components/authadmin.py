@@ -1,12 +1,15 @@
 """User and ACL admin (``CreateUser`` ... ``ListAcl``) and the first Super user.
 
-Writes are checked here against the applied table (a clear error, nothing proposed), sealed
-(:class:`broker.state.auth.secrets.SecretBox`), proposed to the Raft log on the leader as one
-``ENTRY_AUTH`` record, and answered after apply with what the table then holds; a record that
-was skipped on apply (a concurrent write got there first) is answered with the reason. Reads
-answer from this node's applied table. Nothing returned holds a secret in clear; only
-``ExportUsers`` returns secrets, sealed as stored, for ``ImportUsers`` on another group of the
-same cluster (same ``acl.key``) to propose as they are (:meth:`AuthAdmin.import_users`).
+Writes are refused with ``NOT_LEADER`` on a follower before anything else (a follower's table
+may not have applied the leader's last writes yet: a user created a moment ago would be "not
+found" there), then checked against the leader's applied table (a clear error, nothing
+proposed), sealed (:class:`broker.state.auth.secrets.SecretBox`), proposed to the Raft log on
+the leader as one ``ENTRY_AUTH`` record, and answered after apply with what the table then
+holds; a record that was skipped on apply (a concurrent write got there first) is answered
+with the reason. Reads answer from this node's applied table. Nothing returned holds a secret
+in clear; only ``ExportUsers`` returns secrets, sealed as stored, for ``ImportUsers`` on
+another group of the same cluster (same ``acl.key``) to propose as they are
+(:meth:`AuthAdmin.import_users`).
 
 ``initAuthenticationUser``: whenever this node becomes leader and the table has no user, it
 proposes a ``USER_INIT`` record for that user as Super; the record changes nothing when the
@@ -141,6 +144,7 @@ class AuthAdmin:
     async def create_user(
         self, username: str, password: str, user_type: str, status: str
     ) -> UserView:
+        require_leader(self.ctx.node)  # checked against the leader's table, not a stale one
         name = check_username(username)
         doc = {
             "username": name,
@@ -157,6 +161,7 @@ class AuthAdmin:
         self, username: str, password: str, user_type: str, status: str
     ) -> UserView:
         """Change the fields given (empty: keep)."""
+        require_leader(self.ctx.node)
         name = check_username(username)
         self.get_user(name)
         doc: dict[str, object] = {"username": name}
@@ -170,6 +175,7 @@ class AuthAdmin:
         return self.get_user(name)
 
     async def delete_user(self, username: str) -> None:
+        require_leader(self.ctx.node)
         name = check_username(username)
         self.get_user(name)
         await self._propose(rec.USER_DELETE, {"username": name})
@@ -287,6 +293,7 @@ class AuthAdmin:
         update: bool,
     ) -> list[Rule]:
         """createAcl (``update`` False) or updateAcl: the subject's rules after apply."""
+        require_leader(self.ctx.node)  # a follower may not have applied the user yet
         subject = check_subject(subject)
         if subject[len("User:") :] not in self.table.users:
             raise UserNotFoundError(f"{subject}: no such user")
@@ -305,6 +312,7 @@ class AuthAdmin:
 
     async def delete_acl(self, subject: str, resources: Sequence[str]) -> None:
         """Drop the subject's rules for ``resources`` (all of its rules when empty)."""
+        require_leader(self.ctx.node)
         subject = check_subject(subject)
         self.get_acl(subject)
         names = [str(parse_resource(r)) for r in resources]

@@ -21,6 +21,8 @@ from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.state.auth.model import User
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import InvalidRequestError
+from dledger.core import Role
+from dledger.core.errors import NotLeaderError
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata
 
@@ -148,3 +150,28 @@ def test_only_super_users_may_export_or_import(tmp_path: Path) -> None:
         refused = guard.check(path, dict(signed_metadata(ALICE)), PEER, request)
         assert refused is not None and "Super" in refused.reason
         assert guard.check(path, dict(signed_metadata(ADMIN)), PEER, request) is None
+
+
+def test_a_follower_answers_not_leader_before_reading_its_table(tmp_path: Path) -> None:
+    """copyUser then copyAcl through a follower: the follower may not have applied the user
+    the leader just imported; its answer must be NOT_LEADER (the client follows it), not
+    'no such user' from its stale table."""
+    follower = group(tmp_path / "b", CLUSTER_KEY)
+    follower.ctx.node.role = Role.FOLLOWER  # type: ignore[misc]
+    writes = [
+        follower.create_user("dave", "dave-secret-1", "", ""),
+        follower.update_user("ghost", "", "", "disable"),
+        follower.delete_user("ghost"),
+        follower.put_acl("User:ghost", ["Topic:t"], ["Pub"], "", [], update=False),
+        follower.delete_acl("User:ghost", []),
+        follower.import_users(source_users(tmp_path)),
+    ]
+    for write in writes:
+        with pytest.raises(NotLeaderError):
+            asyncio.run(write)
+
+
+def source_users(tmp_path: Path) -> list[User]:
+    source = group(tmp_path / "a", CLUSTER_KEY)
+    asyncio.run(source.create_user(ALICE.access_key, ALICE.secret_key, "", ""))
+    return source.export_users()
