@@ -11,7 +11,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -594,6 +594,60 @@ class MQAdmin:
             lambda stub, t: list(stub.ListAcl(req, timeout=t).acls), cluster, broker_addr
         )
 
+    def copy_users(
+        self, from_addr: str, to_addr: str, usernames: Sequence[str] = ()
+    ) -> pb.ImportUsersResponse:
+        """``copyUser``: users of the group of node ``from_addr`` (all, or ``usernames``) onto
+        the group of node ``to_addr``, their secrets sealed under the cluster's acl.key as
+        stored (both groups must share it); what the target created, updated, left as it
+        was."""
+        names = list(usernames) or [""]  # "": every user in one call
+
+        def export(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.SealedUser]:
+            return [
+                u
+                for name in names
+                for u in stub.ExportUsers(pb.ExportUsersRequest(username=name), timeout=t).users
+            ]
+
+        def import_(stub: bpb_grpc.BrokerStub, t: float) -> pb.ImportUsersResponse:
+            done: pb.ImportUsersResponse = stub.ImportUsers(
+                pb.ImportUsersRequest(users=users), timeout=t
+            )
+            return done
+
+        channels = self._pool()
+        try:
+            users = _follow_leader(channels, from_addr, from_addr, export)
+            if not users:
+                raise MQClientError.local(E.USER_NOT_FOUND, f"{from_addr} has no users")
+            return _follow_leader(channels, to_addr, to_addr, import_)
+        finally:
+            channels.close()
+
+    def copy_acls(self, from_addr: str, to_addr: str, subjects: Sequence[str] = ()) -> list[pb.Acl]:
+        """``copyAcl``: the rules of ``subjects`` (``User:alice`` or ``alice``; all when
+        none) of the group of node ``from_addr`` onto the group of node ``to_addr``, each rule
+        created there or, for a resource the subject has a rule for already, replaced (so
+        copying twice is the same as once; the users must be there: ``copyUser`` first). The
+        subjects' rules on the target afterwards."""
+        listed = self.list_acls(broker_addr=from_addr)[from_addr]
+        wanted = {s if s.startswith("User:") else f"User:{s}" for s in subjects}
+        acls = [a for a in listed if not wanted or a.subject in wanted]
+        if wanted - {a.subject for a in acls}:
+            shown = ", ".join(sorted(wanted - {a.subject for a in acls}))
+            raise MQClientError.local(E.ACL_NOT_FOUND, f"{from_addr} has no rules of {shown}")
+
+        def put(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.Acl]:
+            have = {a.subject: a for a in stub.ListAcl(pb.ListAclRequest(), timeout=t).acls}
+            return [_put_rules(stub, acl, have.get(acl.subject), t) for acl in acls]
+
+        channels = self._pool()
+        try:
+            return _follow_leader(channels, to_addr, to_addr, put)
+        finally:
+            channels.close()
+
     def update_sub_group(
         self, config: pb.SubscriptionGroup, cluster: str = "", broker_addr: str = ""
     ) -> dict[str, pb.SubscriptionGroup]:
@@ -626,6 +680,27 @@ class MQAdmin:
             cluster,
             broker_addr,
         )
+
+
+def _put_rules(stub: bpb_grpc.BrokerStub, acl: pb.Acl, have: pb.Acl | None, t: float) -> pb.Acl:
+    """``acl``'s rules on ``stub``'s group, one call per rule (each rule has its own actions,
+    decision and source IPs): UpdateAcl where the subject has a rule for the resource
+    (``have``), CreateAcl elsewhere; the subject's rules afterwards."""
+    present = {r.resource for r in have.rules} if have is not None else set()
+    out = have or pb.Acl(subject=acl.subject)
+    for rule in acl.rules:
+        fields: dict[str, Any] = {
+            "subject": acl.subject,
+            "resources": [rule.resource],
+            "actions": list(rule.actions),
+            "decision": rule.decision,
+            "source_ips": list(rule.source_ips),
+        }
+        if rule.resource in present:
+            out = stub.UpdateAcl(pb.UpdateAclRequest(**fields), timeout=t).acl
+        else:
+            out = stub.CreateAcl(pb.CreateAclRequest(**fields), timeout=t).acl
+    return out
 
 
 def _follow_leader(

@@ -632,6 +632,23 @@ def cmd_update_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> Non
     _put_acl(admin, args, out, update=True)
 
 
+def cmd_copy_user(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    done = admin.copy_users(args.from_addr, args.to_addr, _split(args.username))
+    rows: list[Row] = []
+    for outcome, names in (
+        ("created", done.created),
+        ("updated", done.updated),
+        ("unchanged", done.unchanged),
+    ):
+        rows.extend({"broker": args.to_addr, "username": n, "outcome": outcome} for n in names)
+    out.table(sorted(rows, key=lambda r: r["username"]))
+
+
+def cmd_copy_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    acls = admin.copy_acls(args.from_addr, args.to_addr, _split(args.subjects))
+    out.table(_acl_rows({args.to_addr: acls}))
+
+
 def cmd_delete_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     resources = _split(args.resources)
     groups = admin.delete_acl(args.subject, resources, args.cluster, args.broker_addr)
@@ -1085,6 +1102,44 @@ def _acl_commands(cli: CommandLine) -> None:
     p.add_argument("-s", "--subject", default="", help="subjects containing this")
     p.add_argument("-r", "--resources", default="", help="resources containing this")
     _where(p)
+    p = add(
+        "copyUser",
+        cmd_copy_user,
+        "copy users, secrets sealed, from one broker group to another of the same cluster",
+    )
+    _copy_flags(p)
+    p.add_argument(
+        "-u", "--username", "--usernames", default="", help="users, comma-separated (default: all)"
+    )
+    p = add("copyAcl", cmd_copy_acl, "copy ACL rules from one broker group to another")
+    _copy_flags(p)
+    p.add_argument(
+        "-s",
+        "--subjects",
+        "-u",
+        default="",
+        help="subjects (User:alice or alice), comma-separated (default: all)",
+    )
+
+
+def _copy_flags(p: argparse.ArgumentParser) -> None:
+    """RocketMQ's copyUser / copyAcl: -f the source broker, -t the target broker."""
+    p.add_argument(
+        "-f",
+        "--from-broker",
+        "--fromBroker",
+        dest="from_addr",
+        required=True,
+        help="a node (host:port) of the group to copy from",
+    )
+    p.add_argument(
+        "-t",
+        "--to-broker",
+        "--toBroker",
+        dest="to_addr",
+        required=True,
+        help="a node (host:port) of the group to copy to (its leader is found)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

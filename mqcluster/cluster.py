@@ -26,7 +26,8 @@ NameServer and one set of users for all of them.
 
     mqcluster up --groups N                     N groups (broker-a, broker-b, ...)
     mqcluster add-group [--group NAME]          a new group in the running cluster, given the
-                                                cluster's topics, recorded users and ACL rules
+                                                first group's topics, users (secrets sealed,
+                                                as stored) and ACL rules
     mqcluster remove-group NAME [--purge]       its topics made read-only, its nodes stopped
     mqcluster add-user NAME [--type Super]      a user on every group, its credentials kept in
                                                 <base>/users/NAME.json (new groups get it)
@@ -1135,14 +1136,8 @@ def _cmd_groups(groups: Groups, ns: argparse.Namespace) -> None:
         print(f"added group {added.group}: leader {added.leader}")
         print(f"  topics extended to it: {', '.join(added.topics) or 'none'}")
         if groups.first.secure:
-            print(f"  users given: {', '.join(added.users) or 'none'} (and the admin)")
+            print(f"  users copied: {', '.join(added.users) or 'none'} (and the admin)")
             print(f"  ACL rules of: {', '.join(added.acl_subjects) or 'none'}")
-        if added.users_missing:
-            print(
-                f"  NOT given (made with mqadmin, their secret is not kept): "
-                f"{', '.join(added.users_missing)}; create them on it with "
-                f"'mqadmin createUser -b <a node of {added.group}>', then their rules"
-            )
         _print_status(groups)
     elif ns.cmd == "remove-group":
         frozen = groups.remove_group(ns.group, purge=ns.purge)

@@ -12,13 +12,12 @@ A group added to a running cluster gets, once it has a leader and before this re
 
 - every topic the first group serves (same queue counts, permission and message type), so
   producers and consumers that refresh their routes spread over it;
-- every user recorded with ``mqcluster user add`` (``<base>/users/<name>.json``, 0600; the
-  admin user comes from ``initAuthenticationUser``, as in every group);
+- every user of the first group, however it was made (``mqcluster add-user``, ``mqadmin
+  createUser``), copied with its secret sealed as stored (``ExportUsers`` on the first group,
+  ``ImportUsers`` on the new one: every group shares the cluster's ``acl.key``, so the sealed
+  secret opens there; no secret is ever in clear on the way), and every user recorded with
+  ``mqcluster add-user`` (``<base>/users/<name>.json``, 0600) the first group may have lost;
 - every ACL rule of the first group.
-
-A user made with ``mqadmin createUser`` reaches every group that exists then (mqadmin talks
-to each group's leader), but no group keeps a user's secret readable, so a group added later
-cannot be given it: ``add_group`` names such users (:attr:`GroupAdded.users_missing`).
 """
 
 from __future__ import annotations
@@ -81,9 +80,6 @@ class GroupAdded:
     topics: list[str] = field(default_factory=list)
     users: list[str] = field(default_factory=list)
     acl_subjects: list[str] = field(default_factory=list)
-    # Users of the first group whose secret mqcluster does not hold (made with mqadmin):
-    # not in the new group, nor their rules.
-    users_missing: list[str] = field(default_factory=list)
 
 
 class Groups:
@@ -315,7 +311,8 @@ class Groups:
     # ------------------------------------------------------------------ copying
 
     def _copy_to(self, group: LocalCluster, added: GroupAdded) -> None:
-        """The first group's topics and ACL rules and the recorded users, onto ``group``."""
+        """The first group's topics, users and ACL rules and the recorded users, onto
+        ``group``."""
         first = self.first
         for topic in self._leader_call(first, _list_topics):
             if _copied(topic.topic_name):
@@ -323,22 +320,21 @@ class Groups:
                 added.topics.append(topic.topic_name)
         if not first.secure:
             return
+        sealed = self._leader_call(first, _export_users)
+        given: set[str] = set()
+        if sealed:  # a secure first group has its admin at least, once it has led
+            done = self._leader_call(group, _import_users(sealed))
+            given |= set(done.created) | set(done.updated)
         for creds, user_type in self.recorded_users():
             self._ensure_user(group, creds, user_type)
-            added.users.append(creds.access_key)
-        present = {u.username for u in self._leader_call(group, _list_users)}
+            given.add(creds.access_key)
+        added.users = sorted(given - {self.admin_name()})
         have = {
             a.subject: {r.resource for r in a.rules} for a in self._leader_call(group, _list_acls)
         }
         for acl in self._leader_call(first, _list_acls):
-            user = acl.subject.removeprefix("User:")
-            if user not in present:
-                added.users_missing.append(user)
-                continue
             self._leader_call(group, _put_acl(acl, have.get(acl.subject, set())))
             added.acl_subjects.append(acl.subject)
-        missing = {u.username for u in self._leader_call(first, _list_users)} - present
-        added.users_missing = sorted(missing | set(added.users_missing))
 
     def _leader_call(self, group: LocalCluster, call: Callable[[bpb_grpc.BrokerStub], T]) -> T:
         """``call`` on ``group``'s leader, retried over leader changes for COPY_WAIT_S."""
@@ -387,6 +383,21 @@ def _list_users(stub: bpb_grpc.BrokerStub) -> list[bpb.User]:
 
 def _list_acls(stub: bpb_grpc.BrokerStub) -> list[bpb.Acl]:
     return list(stub.ListAcl(bpb.ListAclRequest(), timeout=ADMIN_CALL_TIMEOUT_S).acls)
+
+
+def _export_users(stub: bpb_grpc.BrokerStub) -> list[bpb.SealedUser]:
+    return list(stub.ExportUsers(bpb.ExportUsersRequest(), timeout=ADMIN_CALL_TIMEOUT_S).users)
+
+
+def _import_users(
+    users: list[bpb.SealedUser],
+) -> Callable[[bpb_grpc.BrokerStub], bpb.ImportUsersResponse]:
+    def call(stub: bpb_grpc.BrokerStub) -> bpb.ImportUsersResponse:
+        req = bpb.ImportUsersRequest(users=users)
+        done: bpb.ImportUsersResponse = stub.ImportUsers(req, timeout=ADMIN_CALL_TIMEOUT_S)
+        return done
+
+    return call
 
 
 def _create_topic(topic: bpb.TopicConfig) -> Callable[[bpb_grpc.BrokerStub], None]:

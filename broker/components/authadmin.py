@@ -1,10 +1,15 @@
 """User and ACL admin (``CreateUser`` ... ``ListAcl``) and the first Super user.
 
-Writes are checked here against the applied table (a clear error, nothing proposed), sealed
-(:class:`broker.state.auth.secrets.SecretBox`), proposed to the Raft log on the leader as one
-``ENTRY_AUTH`` record, and answered after apply with what the table then holds; a record that
-was skipped on apply (a concurrent write got there first) is answered with the reason. Reads
-answer from this node's applied table. Nothing returned holds a secret.
+Writes are refused with ``NOT_LEADER`` on a follower before anything else (a follower's table
+may not have applied the leader's last writes yet: a user created a moment ago would be "not
+found" there), then checked against the leader's applied table (a clear error, nothing
+proposed), sealed (:class:`broker.state.auth.secrets.SecretBox`), proposed to the Raft log on
+the leader as one ``ENTRY_AUTH`` record, and answered after apply with what the table then
+holds; a record that was skipped on apply (a concurrent write got there first) is answered
+with the reason. Reads answer from this node's applied table. Nothing returned holds a secret
+in clear; only ``ExportUsers`` returns secrets, sealed as stored, for ``ImportUsers`` on
+another group of the same cluster (same ``acl.key``) to propose as they are
+(:meth:`AuthAdmin.import_users`).
 
 ``initAuthenticationUser``: whenever this node becomes leader and the table has no user, it
 proposes a ``USER_INIT`` record for that user as Super; the record changes nothing when the
@@ -24,6 +29,7 @@ from broker.state.auth import records as rec
 from broker.state.auth.model import (
     DECISIONS,
     ENABLE,
+    MAX_USERS,
     NORMAL,
     SUPER,
     USER_STATUSES,
@@ -37,7 +43,7 @@ from broker.state.auth.model import (
     parse_resource,
     parse_source_ips,
 )
-from broker.state.auth.secrets import SecretBox
+from broker.state.auth.secrets import SecretBox, check_sealed
 from broker.state.auth.table import AuthTable
 from broker.state.errors import BrokerError, InvalidRequestError
 from broker.state.records import ENTRY_AUTH
@@ -49,6 +55,12 @@ from mqsecurity.credentials import Credentials, check_secret_key
 from prockit.fatal import supervise
 
 logger = logging.getLogger(__name__)
+
+# One ImportUsers holds at most as many users as a group can (model.MAX_USERS): a whole group's.
+MAX_IMPORT_USERS = MAX_USERS
+# Imported users are proposed this many records per log batch (~500 bytes each): one batch
+# stays far under the core's proposal bounds and one admin call's apply time stays short.
+IMPORT_BATCH_RECORDS = 100
 
 # While leading with an empty table, how often the initial user is proposed again after a
 # failed proposal (no quorum yet, leadership lost): the group elects within a second.
@@ -74,6 +86,15 @@ class UserView:
     username: str
     user_type: str
     status: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImportOutcome:
+    """What ``import_users`` did, usernames sorted."""
+
+    created: list[str]
+    updated: list[str]
+    unchanged: list[str]
 
 
 def _view(user: User) -> UserView:
@@ -123,6 +144,7 @@ class AuthAdmin:
     async def create_user(
         self, username: str, password: str, user_type: str, status: str
     ) -> UserView:
+        require_leader(self.ctx.node)  # checked against the leader's table, not a stale one
         name = check_username(username)
         doc = {
             "username": name,
@@ -139,6 +161,7 @@ class AuthAdmin:
         self, username: str, password: str, user_type: str, status: str
     ) -> UserView:
         """Change the fields given (empty: keep)."""
+        require_leader(self.ctx.node)
         name = check_username(username)
         self.get_user(name)
         doc: dict[str, object] = {"username": name}
@@ -152,6 +175,7 @@ class AuthAdmin:
         return self.get_user(name)
 
     async def delete_user(self, username: str) -> None:
+        require_leader(self.ctx.node)
         name = check_username(username)
         self.get_user(name)
         await self._propose(rec.USER_DELETE, {"username": name})
@@ -166,6 +190,85 @@ class AuthAdmin:
         """Users whose name contains ``name_filter``, by name."""
         users = sorted(self.table.users.values(), key=lambda u: u.username)
         return [_view(u) for u in users if name_filter in u.username]
+
+    # ------------------------------------------------------------------ copying users
+
+    def export_users(self, username: str = "") -> list[User]:
+        """The users as stored (secrets sealed), by name: ``username`` only when given."""
+        if username:
+            user = self.table.users.get(check_username(username))
+            if user is None:
+                raise UserNotFoundError(f"user {username!r} does not exist")
+            return [user]
+        return sorted(self.table.users.values(), key=lambda u: u.username)
+
+    def _check_import(self, users: Sequence[User]) -> list[User]:
+        """Every field of every user checked, and every secret opened with this node's key
+        (a user sealed under another cluster's key is refused here, not skipped on apply)."""
+        if self.box is None:
+            raise InvalidRequestError(
+                "this broker has no aclEncryptionKeyPath: users cannot be stored"
+            )
+        if not users or len(users) > MAX_IMPORT_USERS:
+            raise InvalidRequestError(f"import 1..{MAX_IMPORT_USERS} users")
+        names = [check_username(u.username) for u in users]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("a username is given twice")
+        for u in users:
+            check_choice(u.user_type, USER_TYPES, f"user {u.username!r}: type")
+            check_choice(u.status, USER_STATUSES, f"user {u.username!r}: status")
+            check_sealed(u.sealed_secret)
+            try:
+                _secret(self.box.unseal(u.username, u.sealed_secret))
+            except InvalidRequestError:
+                raise InvalidRequestError(
+                    f"the secret of user {u.username!r} does not open with this group's "
+                    "aclEncryptionKeyPath key: the source group uses another acl.key (users "
+                    "can be copied only between groups of one cluster)"
+                ) from None
+        return sorted(users, key=lambda u: u.username)
+
+    def _same(self, have: User, given: User) -> bool:
+        assert self.box is not None
+        return (
+            have.user_type == given.user_type
+            and have.status == given.status
+            and self.box.unseal(have.username, have.sealed_secret)
+            == self.box.unseal(given.username, given.sealed_secret)
+        )
+
+    async def import_users(self, users: Sequence[User]) -> ImportOutcome:
+        """Create or update ``users`` with their sealed secrets as given (checked first: a
+        clear error and nothing proposed when any is bad); one already the same is left."""
+        checked = self._check_import(users)
+        require_leader(self.ctx.node)
+        out = ImportOutcome([], [], [])
+        plan: list[tuple[int, dict[str, object]]] = []
+        for u in checked:
+            have = self.table.users.get(u.username)
+            if have is not None and self._same(have, u):
+                out.unchanged.append(u.username)
+                continue
+            (out.created if have is None else out.updated).append(u.username)
+            doc: dict[str, object] = {"username": u.username, "secret": u.sealed_secret}
+            doc |= {"type": u.user_type, "status": u.status}
+            plan.append((rec.USER_CREATE if have is None else rec.USER_UPDATE, doc))
+        if len(self.table.users) + len(out.created) > MAX_USERS:
+            raise InvalidRequestError(
+                f"{len(out.created)} new users would take the group over {MAX_USERS} users"
+            )
+        for start in range(0, len(plan), IMPORT_BATCH_RECORDS):
+            await self._propose_batch(plan[start : start + IMPORT_BATCH_RECORDS])
+        return out
+
+    async def _propose_batch(self, plan: Sequence[tuple[int, Mapping[str, object]]]) -> None:
+        """Records proposed as one log batch; the first skipped one's reason raised."""
+        bodies = [rec.encode_auth_record(op, doc) for op, doc in plan]
+        first, last, _ = await self.ctx.node.propose(bodies, ENTRY_AUTH)
+        for index in range(first, last + 1):
+            outcome = self.table.outcome(index)
+            if outcome:
+                raise InvalidRequestError(f"not applied: {outcome}")
 
     # ------------------------------------------------------------------ rules
 
@@ -190,6 +293,7 @@ class AuthAdmin:
         update: bool,
     ) -> list[Rule]:
         """createAcl (``update`` False) or updateAcl: the subject's rules after apply."""
+        require_leader(self.ctx.node)  # a follower may not have applied the user yet
         subject = check_subject(subject)
         if subject[len("User:") :] not in self.table.users:
             raise UserNotFoundError(f"{subject}: no such user")
@@ -208,6 +312,7 @@ class AuthAdmin:
 
     async def delete_acl(self, subject: str, resources: Sequence[str]) -> None:
         """Drop the subject's rules for ``resources`` (all of its rules when empty)."""
+        require_leader(self.ctx.node)
         subject = check_subject(subject)
         self.get_acl(subject)
         names = [str(parse_resource(r)) for r in resources]

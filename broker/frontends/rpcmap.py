@@ -211,6 +211,8 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "DeleteAcl": SUPER_ONLY,
     BROKER + "GetAcl": SUPER_ONLY,
     BROKER + "ListAcl": SUPER_ONLY,
+    BROKER + "ExportUsers": SUPER_ONLY,  # sealed secrets (docs/SECURITY.md "Several groups")
+    BROKER + "ImportUsers": SUPER_ONLY,
     DLEDGER + "Append": SUPER_ONLY,
     DLEDGER + "Get": SUPER_ONLY,  # raw entries: every topic's messages
     DLEDGER + "TransferLeadership": SUPER_ONLY,

@@ -1,12 +1,14 @@
 """Several secure broker groups under one NameServer, one CA and one set of users
-(mqcluster.groups): produce and consume across them, a user recorded once reaches a group
-added later, and a group added while a producer runs gets its share of the sends."""
+(mqcluster.groups): produce and consume across them, a user recorded once or made with
+mqadmin createUser reaches a group added later, a group added while a producer runs gets its
+share of the sends, and mqadmin copyUser / copyAcl copy users and rules between groups."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,12 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from support import wait_for
 
-from client import Message, MQClientError, Producer, PullConsumer
+from client import Message, MessageQueue, MQClientError, Producer, PullConsumer, SendResult
 from client.admin import MQAdmin
+from client.mqadmin import main as mqadmin
 from mqcluster.groups import Groups
 from mqsecurity.channels import open_channel
+from mqsecurity.credentials import Credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_client_threads_left")]
 
@@ -70,12 +74,35 @@ def _users_of(groups: Groups, name: str) -> set[str]:
     return {u.username for u in users}
 
 
+# A user made with mqadmin createUser (mqcluster keeps no secret of it).
+CAROL = Credentials("carol", "carol-secret-1")
+
+
+class _OnGroup:
+    """A queue selector: the first queue of one broker group."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+
+    def select(self, queues: Sequence[MessageQueue], msg: Message, arg: object) -> MessageQueue:
+        return next(q for q in queues if q.broker_name == self.group)
+
+
+def _send_as(groups: Groups, creds: Credentials, group: str) -> SendResult:
+    """One send by ``creds`` to a queue of ``group``."""
+    security = dataclasses.replace(groups.security(), credentials=creds)
+    with Producer(f"groups-{creds.access_key}", groups.namesrv_addr, security=security) as p:
+        return p.send(Message(TOPIC, creds.access_key.encode()), _OnGroup(group))
+
+
 def test_two_secure_groups_then_a_third_added_under_load(groups: Groups) -> None:
     security = groups.security()
     admin = MQAdmin(groups.namesrv_addr, security)
     assert admin.create_topic(TOPIC, QUEUES) == ["broker-a", "broker-b"]
     _, made_on = groups.add_user("alice")
     assert made_on == ["broker-a", "broker-b"]
+    assert set(admin.create_user(CAROL.access_key, CAROL.secret_key)) == {"broker-a", "broker-b"}
+    admin.put_acl(f"User:{CAROL.access_key}", [f"Topic:{TOPIC}"], ["Pub"])
 
     acked: dict[str, str] = {}  # msg id -> group
     stop = threading.Event()
@@ -106,7 +133,8 @@ def test_two_secure_groups_then_a_third_added_under_load(groups: Groups) -> None
             )
             added = groups.add_group()
             assert added.group == "broker-c"
-            assert added.topics == [TOPIC] and added.users == ["alice"]
+            assert added.topics == [TOPIC] and added.users == ["alice", "carol"]
+            assert added.acl_subjects == ["User:carol"]
             wait_for(lambda: "broker-c" in acked.values(), DEADLINE_S, "a send on the added group")
             on_c = sum(1 for g in list(acked.values()) if g == "broker-c")
             deadline = time.monotonic() + DEADLINE_S
@@ -118,7 +146,9 @@ def test_two_secure_groups_then_a_third_added_under_load(groups: Groups) -> None
             sender.join(timeout=DEADLINE_S)
     assert not sender.is_alive()
     assert len(failures) < len(acked) // 10, failures[:3]
-    assert "alice" in _users_of(groups, "broker-c")
+    assert {"alice", "carol"} <= _users_of(groups, "broker-c")
+    # carol's secret reached broker-c sealed, and her rule with it: she can send there.
+    assert _send_as(groups, CAROL, "broker-c").message_queue.broker_name == "broker-c"
     read: set[str] = set()
     wait_for(
         lambda: read.update(_read_all(groups, TOPIC)) or set(acked) <= read,
@@ -127,6 +157,44 @@ def test_two_secure_groups_then_a_third_added_under_load(groups: Groups) -> None
     )
     by_group = {g: sum(1 for x in acked.values() if x == g) for g in set(acked.values())}
     assert set(by_group) == {"broker-a", "broker-b", "broker-c"}, by_group
+
+
+def _leader_addr(groups: Groups, name: str) -> str:
+    g = groups.group(name)
+    return g.node(g.wait_leader()).client_addr
+
+
+def _follower_addr(groups: Groups, name: str) -> str:
+    g = groups.group(name)
+    leader = g.wait_leader()
+    return next(n.client_addr for n in g.nodes if n.node_id != leader)
+
+
+def test_mqadmin_copies_users_and_rules_between_groups(
+    groups: Groups, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """copyUser / copyAcl from broker-a to broker-b (named by a follower: the leader is found),
+    twice (the second changes nothing)."""
+    admin = MQAdmin(groups.namesrv_addr, groups.security())
+    admin.create_topic(TOPIC, QUEUES)
+    a = _leader_addr(groups, "broker-a")
+    admin.create_user(CAROL.access_key, CAROL.secret_key, broker_addr=a)
+    admin.put_acl("User:carol", [f"Topic:{TOPIC}"], ["Pub"], broker_addr=a)
+    with pytest.raises(MQClientError, match="unknown or disabled"):
+        _send_as(groups, CAROL, "broker-b")
+    tool = ["-n", groups.namesrv_addr, *groups.first.tool_argv(), "--json"]
+    to_b = ["-f", a, "-t", _follower_addr(groups, "broker-b")]
+    outcomes = []
+    for _ in range(2):
+        assert mqadmin([*tool, "copyUser", *to_b, "-u", "carol"]) == 0
+        outcomes.append(capsys.readouterr().out)
+        assert mqadmin([*tool, "copyAcl", *to_b, "-u", "carol"]) == 0
+        assert '"resource": "Topic:Spread"' in capsys.readouterr().out
+    assert '"created"' in outcomes[0] and '"unchanged"' in outcomes[1], outcomes
+    assert _send_as(groups, CAROL, "broker-b").message_queue.broker_name == "broker-b"
+    # Every user at once: the admin and carol are there already.
+    assert mqadmin([*tool, "copyUser", *to_b]) == 0
+    assert '"created"' not in capsys.readouterr().out
 
 
 def test_remove_group_makes_its_topics_read_only_and_stops_it(groups: Groups) -> None:

@@ -46,6 +46,8 @@ COMMANDS = {
     "updateAcl": ["-s", "User:alice", "-r", "Topic:t", "-a", "Pub"],
     "deleteAcl": ["-s", "User:alice"],
     "listAcl": [],
+    "copyUser": ["-f", "127.0.0.1:10911", "-t", "127.0.0.1:11011"],
+    "copyAcl": ["-f", "127.0.0.1:10911", "-t", "127.0.0.1:11011"],
     "listMember": ["-b", "broker-a"],
     "addMember": ["-b", "broker-a", "-i", "n3", "-p", "127.0.0.1:40914"],
     "promoteMember": ["-a", "127.0.0.1:10911", "-i", "n3"],

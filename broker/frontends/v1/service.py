@@ -51,7 +51,7 @@ from broker.frontends.v1.rpcerrors import (
     error_status as error_status,  # re-exported: the broker's mapping
 )
 from broker.frontends.v1.rpcerrors import rpc as _rpc
-from broker.state.auth.model import Rule
+from broker.state.auth.model import Rule, User
 from broker.state.errors import (
     InvalidRequestError,
 )
@@ -591,6 +591,34 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.ListAclResponse:
         found = self.auth.list_acls(request.subject_filter, request.resource_filter)
         return pb.ListAclResponse(acls=[_acl_pb(s, rules) for s, rules in found])
+
+    @_rpc
+    async def ExportUsers(
+        self, request: pb.ExportUsersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExportUsersResponse:
+        users = self.auth.export_users(request.username)
+        return pb.ExportUsersResponse(users=[_sealed_pb(u) for u in users])
+
+    @_rpc
+    async def ImportUsers(
+        self, request: pb.ImportUsersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ImportUsersResponse:
+        users = [
+            User(u.username, u.sealed_secret, u.user_type, u.user_status) for u in request.users
+        ]
+        done = await self.auth.import_users(users)
+        return pb.ImportUsersResponse(
+            created=done.created, updated=done.updated, unchanged=done.unchanged
+        )
+
+
+def _sealed_pb(u: User) -> pb.SealedUser:
+    return pb.SealedUser(
+        username=u.username,
+        sealed_secret=u.sealed_secret,
+        user_type=u.user_type,
+        user_status=u.status,
+    )
 
 
 def _user_pb(u: UserView) -> pb.User:

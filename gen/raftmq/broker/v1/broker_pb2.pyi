@@ -693,6 +693,46 @@ class ListAclResponse(_message.Message):
     acls: _containers.RepeatedCompositeFieldContainer[Acl]
     def __init__(self, acls: _Optional[_Iterable[_Union[Acl, _Mapping]]] = ...) -> None: ...
 
+class SealedUser(_message.Message):
+    __slots__ = ("username", "sealed_secret", "user_type", "user_status")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SECRET_FIELD_NUMBER: _ClassVar[int]
+    USER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    USER_STATUS_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    sealed_secret: str
+    user_type: str
+    user_status: str
+    def __init__(self, username: _Optional[str] = ..., sealed_secret: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ...) -> None: ...
+
+class ExportUsersRequest(_message.Message):
+    __slots__ = ("username",)
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    def __init__(self, username: _Optional[str] = ...) -> None: ...
+
+class ExportUsersResponse(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[SealedUser]
+    def __init__(self, users: _Optional[_Iterable[_Union[SealedUser, _Mapping]]] = ...) -> None: ...
+
+class ImportUsersRequest(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[SealedUser]
+    def __init__(self, users: _Optional[_Iterable[_Union[SealedUser, _Mapping]]] = ...) -> None: ...
+
+class ImportUsersResponse(_message.Message):
+    __slots__ = ("created", "updated", "unchanged")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    created: _containers.RepeatedScalarFieldContainer[str]
+    updated: _containers.RepeatedScalarFieldContainer[str]
+    unchanged: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, created: _Optional[_Iterable[str]] = ..., updated: _Optional[_Iterable[str]] = ..., unchanged: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class PopMessageRequest(_message.Message):
     __slots__ = ("group", "topic", "queue_id", "max_msgs", "invisible_ms", "subscription", "poll_timeout_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -189,6 +189,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.FromString,
                 _registered_method=True)
+        self.ExportUsers = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ExportUsers',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ExportUsersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ExportUsersResponse.FromString,
+                _registered_method=True)
+        self.ImportUsers = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ImportUsers',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ImportUsersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ImportUsersResponse.FromString,
+                _registered_method=True)
         self.PopMessage = channel.unary_unary(
                 '/raftmq.broker.v1.Broker/PopMessage',
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.PopMessageRequest.SerializeToString,
@@ -415,6 +425,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PopMessage(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -614,6 +636,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListAcl,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.SerializeToString,
+            ),
+            'ExportUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportUsers,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ExportUsersRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ExportUsersResponse.SerializeToString,
+            ),
+            'ImportUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportUsers,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ImportUsersRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ImportUsersResponse.SerializeToString,
             ),
             'PopMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.PopMessage,
@@ -1488,6 +1520,60 @@ class Broker:
             '/raftmq.broker.v1.Broker/ListAcl',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.ListAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ExportUsers',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ExportUsersRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ExportUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ImportUsers',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ImportUsersRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ImportUsersResponse.FromString,
             options,
             channel_credentials,
             insecure,

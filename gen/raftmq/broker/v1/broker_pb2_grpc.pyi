@@ -69,6 +69,8 @@ class BrokerStub:
     DeleteAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteAclRequest, _broker_pb2.DeleteAclResponse]
     GetAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetAclRequest, _broker_pb2.GetAclResponse]
     ListAcl: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListAclRequest, _broker_pb2.ListAclResponse]
+    ExportUsers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ExportUsersRequest, _broker_pb2.ExportUsersResponse]
+    ImportUsers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ImportUsersRequest, _broker_pb2.ImportUsersResponse]
     PopMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]
     AckPop: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]
     ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]
@@ -111,6 +113,8 @@ class BrokerAsyncStub(BrokerStub):
     DeleteAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteAclRequest, _broker_pb2.DeleteAclResponse]  # type: ignore[assignment]
     GetAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetAclRequest, _broker_pb2.GetAclResponse]  # type: ignore[assignment]
     ListAcl: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListAclRequest, _broker_pb2.ListAclResponse]  # type: ignore[assignment]
+    ExportUsers: _aio.UnaryUnaryMultiCallable[_broker_pb2.ExportUsersRequest, _broker_pb2.ExportUsersResponse]  # type: ignore[assignment]
+    ImportUsers: _aio.UnaryUnaryMultiCallable[_broker_pb2.ImportUsersRequest, _broker_pb2.ImportUsersResponse]  # type: ignore[assignment]
     PopMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.PopMessageRequest, _broker_pb2.PopMessageResponse]  # type: ignore[assignment]
     AckPop: _aio.UnaryUnaryMultiCallable[_broker_pb2.AckPopRequest, _broker_pb2.AckPopResponse]  # type: ignore[assignment]
     ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_broker_pb2.ChangeInvisibleTimeRequest, _broker_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
@@ -336,6 +340,20 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListAclRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListAclResponse, _abc.Awaitable[_broker_pb2.ListAclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ExportUsers(
+        self,
+        request: _broker_pb2.ExportUsersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ExportUsersResponse, _abc.Awaitable[_broker_pb2.ExportUsersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ImportUsers(
+        self,
+        request: _broker_pb2.ImportUsersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ImportUsersResponse, _abc.Awaitable[_broker_pb2.ImportUsersResponse]]: ...
 
     @_abc_1.abstractmethod
     def PopMessage(
