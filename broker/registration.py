@@ -153,13 +153,20 @@ class BrokerRegistrar:
             )
 
     async def _loop(self, t: _Target) -> None:
-        while True:
+        # Ends when stop() begins, not only by cancellation: a cancel can be lost on its way
+        # through an await here (a gRPC call cancelled under it ends as an AioRpcError
+        # CANCELLED, which _register takes for a NameServer failure; Python 3.11's wait_for
+        # returns a result that is ready at the cancel), and a loop that went on would keep
+        # registering a node that is stopping, and stop() would wait for it forever.
+        while not self._stopped:
             wait_s = self.period_s
             if t.failing:
                 wait_s = min(wait_s, RETRY_AFTER_FAILURE_MS / 1000)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(t.wake.wait(), wait_s)
             t.wake.clear()
+            if self._stopped:
+                return
             await self._register(t)
 
     async def _register(self, t: _Target) -> None:

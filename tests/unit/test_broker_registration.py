@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from broker.config import parse_config
@@ -18,6 +19,10 @@ from dledger.core import Role
 from nameserver.config import NameServerConfig
 from nameserver.server import NameServer
 from prockit import fatal
+
+# stop() of a registrar whose loop ended at once takes milliseconds; this is only the bound
+# after which a loop that went on is reported.
+STOP_BOUND_S = 5.0
 
 
 def free_port() -> int:
@@ -125,5 +130,44 @@ def test_an_unexpected_error_in_a_registration_loop_is_fatal_a_down_namesrv_is_n
             await until(lambda: exits == [fatal.EXIT_FATAL])
         finally:
             await registrar.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stop_ends_a_loop_whose_cancel_was_lost_in_its_call(tmp_path: Path) -> None:
+    """grpc.aio may end a call cancelled under its task as an AioRpcError CANCELLED instead of
+    a CancelledError: the loop took it for a NameServer failure and went on registering, and
+    stop() waited for it forever (a node that did not stop on SIGTERM, found by a test of
+    mqcluster remove-group). stop() must end the loop and unregister anyway."""
+    calls: list[str] = []
+
+    class SwallowingStub:
+        async def RegisterBroker(self, request: object, **kw: object) -> None:
+            calls.append("register")
+            try:
+                await asyncio.Event().wait()  # a NameServer that answers slowly
+            except asyncio.CancelledError:
+                if "swallowed" in calls:
+                    raise  # once only, so that a failing run still ends
+                calls.append("swallowed")
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata()
+                ) from None
+
+        async def UnregisterBroker(self, request: object, **kw: object) -> None:
+            calls.append("unregister")
+
+    async def scenario() -> None:
+        cfg = parse_config(conf(f"127.0.0.1:{free_port()}"))
+        registrar = BrokerRegistrar(cfg, BrokerStateMachine(tmp_path))
+        registrar.start()
+        target = registrar._targets[0]
+        target.stub = SwallowingStub()  # type: ignore[assignment]
+        registrar.notify()
+        await until(lambda: "register" in calls)
+        stopping = asyncio.ensure_future(registrar.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND_S)
+        assert done, f"stop() still waiting for its loop after {STOP_BOUND_S} s: {calls}"
+        assert calls.count("register") == 1 and calls[-1] == "unregister", calls
 
     asyncio.run(scenario())
