@@ -7,7 +7,7 @@ change both together when a release is cut.
 
 from __future__ import annotations
 
-RELEASE = "0.1.0"
+RELEASE = "0.2.0"
 
 
 def too_new_message(what: str, path: object, found: int, newest: int) -> str:
