@@ -9,7 +9,7 @@ RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
 PACKAGES := mqerrors mqrelease mqcli mqsecurity mqmetrics prockit rpckit dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
-.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps clean
+.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps bench-compare clean
 
 venv: $(STAMP) $(RMQ5_STAMP)
 
@@ -151,6 +151,11 @@ bench: venv
 # body); bench/results/steps-<UTC>.md. COMPARE=<another checkout> alternates its brokers with ours.
 bench-steps: venv
 	$(PY) -m bench.steps $(if $(COMPARE),--compare $(COMPARE) --rounds 2)
+
+# The produce path of this checkout against another's, same run, rounds alternating (issue
+# #33's before/after): make bench-compare BEFORE=<checkout>; bench/results/compare-<UTC>.md.
+bench-compare: venv
+	$(PY) -m bench.compare --before $(BEFORE)
 
 # etcd-server and nats-server from Debian: the peers mqbench compares with (root, or sudo).
 bench-peers: venv
