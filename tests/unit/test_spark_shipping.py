@@ -15,6 +15,7 @@ from spark_audit.job import SHIPPED_PACKAGES
 ROOT = Path(__file__).resolve().parents[2]
 IMPORT_TIMEOUT_S = 60
 # A fresh interpreter (-I: no PYTHONPATH, no user site) with only the checkout and gen/ added;
+# the venv (inside the checkout on a CI box: make venv) holds no project package;
 # prints the top-level packages of every module it loaded from the checkout.
 PROBE = """
 import json, sys
@@ -23,8 +24,10 @@ root = Path(sys.argv[1])
 sys.path[:0] = [str(root), str(root / "gen")]
 import spark_audit.job
 files = (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+venv = Path(sys.prefix).resolve()  # third-party packages: a venv may sit in the checkout
 mine = {Path(f).resolve() for f in files if f}
-print(json.dumps(sorted({p.relative_to(root).parts[0] for p in mine if p.is_relative_to(root)})))
+mine = {p for p in mine if p.is_relative_to(root) and not p.is_relative_to(venv)}
+print(json.dumps(sorted({p.relative_to(root).parts[0] for p in mine})))
 """
 
 
