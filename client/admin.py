@@ -640,7 +640,7 @@ class MQAdmin:
 
         def put(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.Acl]:
             have = {a.subject: a for a in stub.ListAcl(pb.ListAclRequest(), timeout=t).acls}
-            return [_put_rules(stub, acl, have.get(acl.subject), t) for acl in acls]
+            return [put_acl_rules(stub, acl, have.get(acl.subject), t) for acl in acls]
 
         channels = self._pool()
         try:
@@ -682,7 +682,7 @@ class MQAdmin:
         )
 
 
-def _put_rules(stub: bpb_grpc.BrokerStub, acl: pb.Acl, have: pb.Acl | None, t: float) -> pb.Acl:
+def put_acl_rules(stub: bpb_grpc.BrokerStub, acl: pb.Acl, have: pb.Acl | None, t: float) -> pb.Acl:
     """``acl``'s rules on ``stub``'s group, one call per rule (each rule has its own actions,
     decision and source IPs): UpdateAcl where the subject has a rule for the resource
     (``have``), CreateAcl elsewhere; the subject's rules afterwards."""

@@ -36,6 +36,7 @@ from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from broker.state.names import is_system_topic
+from client.admin import put_acl_rules
 from mqcluster.cluster import (
     CLIENT_BLOCK_STEP,
     CLIENT_PORT_BASE,
@@ -329,11 +330,9 @@ class Groups:
             self._ensure_user(group, creds, user_type)
             given.add(creds.access_key)
         added.users = sorted(given - {self.admin_name()})
-        have = {
-            a.subject: {r.resource for r in a.rules} for a in self._leader_call(group, _list_acls)
-        }
+        have = {a.subject: a for a in self._leader_call(group, _list_acls)}
         for acl in self._leader_call(first, _list_acls):
-            self._leader_call(group, _put_acl(acl, have.get(acl.subject, set())))
+            self._leader_call(group, _put_acl(acl, have.get(acl.subject)))
             added.acl_subjects.append(acl.subject)
 
     def _leader_call(self, group: LocalCluster, call: Callable[[bpb_grpc.BrokerStub], T]) -> T:
@@ -407,31 +406,8 @@ def _create_topic(topic: bpb.TopicConfig) -> Callable[[bpb_grpc.BrokerStub], Non
     return call
 
 
-def _put_acl(acl: bpb.Acl, have: set[str]) -> Callable[[bpb_grpc.BrokerStub], None]:
-    """The subject's rules on the target, one call per rule: UpdateAcl for a resource the
-    target has a rule for already (``have``), CreateAcl otherwise."""
-
-    def call(stub: bpb_grpc.BrokerStub) -> None:
-        for rule in acl.rules:
-            resources, actions = [rule.resource], list(rule.actions)
-            ips = list(rule.source_ips)
-            if rule.resource in have:
-                update = bpb.UpdateAclRequest(
-                    subject=acl.subject,
-                    resources=resources,
-                    actions=actions,
-                    decision=rule.decision,
-                    source_ips=ips,
-                )
-                stub.UpdateAcl(update, timeout=ADMIN_CALL_TIMEOUT_S)
-            else:
-                create = bpb.CreateAclRequest(
-                    subject=acl.subject,
-                    resources=resources,
-                    actions=actions,
-                    decision=rule.decision,
-                    source_ips=ips,
-                )
-                stub.CreateAcl(create, timeout=ADMIN_CALL_TIMEOUT_S)
-
-    return call
+def _put_acl(acl: bpb.Acl, have: bpb.Acl | None) -> Callable[[bpb_grpc.BrokerStub], bpb.Acl]:
+    """The subject's rules on the target as ``mqadmin copyAcl`` writes them
+    (:func:`client.admin.put_acl_rules`: UpdateAcl where ``have`` has the resource, CreateAcl
+    elsewhere)."""
+    return lambda stub: put_acl_rules(stub, acl, have, ADMIN_CALL_TIMEOUT_S)
