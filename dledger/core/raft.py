@@ -1123,22 +1123,27 @@ class RaftNode:
         pr = self._progress[peer]
         # prev = match (or 0): known to match, so a heartbeat never triggers a rejection.
         prev = snap.heartbeat_prev(self._log.first_index(), pr.match)
-        self._send(
-            AppendRequest(
-                self.id,
-                peer,
-                self._term,
-                prev_log_index=prev,
-                prev_log_term=self._log.term_at(prev),
-                entries=(),
-                leader_commit=self._commit,
-                no_reply=no_reply,
-                prev_log_chain=self._log.chain_at(prev),
-            )
-        )
+        self._send(self._append_request(peer, prev, (), no_reply=no_reply))
         pr.commit_sent = max(pr.commit_sent, min(self._commit, pr.match))
         if not no_reply:
             pr.last_sent_tick = self._leader_ticks
+
+    def _append_request(
+        self, peer: str, prev: int, entries: tuple[Entry, ...], *, no_reply: bool = False
+    ) -> AppendRequest:
+        """An append to ``peer`` of ``entries`` after entry ``prev`` (none: a heartbeat), in
+        this term, with the commit index and ``prev``'s term and chain."""
+        return AppendRequest(
+            self.id,
+            peer,
+            self._term,
+            prev_log_index=prev,
+            prev_log_term=self._log.term_at(prev),
+            entries=entries,
+            leader_commit=self._commit,
+            no_reply=no_reply,
+            prev_log_chain=self._log.chain_at(prev),
+        )
 
     def _send_append(self, peer: str) -> bool:
         """Send the next batch to ``peer`` if its state allows; True when something was sent."""
@@ -1165,18 +1170,7 @@ class RaftNode:
                     pr.next, self.cfg.max_append_batch_bytes, self.cfg.max_append_batch_entries
                 )
             )
-        self._send(
-            AppendRequest(
-                self.id,
-                peer,
-                self._term,
-                prev_log_index=prev,
-                prev_log_term=self._log.term_at(prev),
-                entries=entries,
-                leader_commit=self._commit,
-                prev_log_chain=self._log.chain_at(prev),
-            )
-        )
+        self._send(self._append_request(peer, prev, entries))
         sent_upto = prev + len(entries)
         pr.commit_sent = max(pr.commit_sent, min(self._commit, sent_upto))
         pr.sent(sent_upto, self._leader_ticks)
