@@ -17,7 +17,17 @@ from dledger.storage.codec import ENTRY_HEADER_SIZE
 from dledger.storage.store import SegmentedLogStore, StoreConfig
 
 SEG = 64 * 1024
-CFG = StoreConfig(segment_size_bytes=SEG, index_segment_size_bytes=SEG, checkpoint_interval_ms=50)
+# No background pre-allocation: whether the next segment's file is complete when the store is
+# closed and reopened can decide how many segments the reopened store has, and so what a
+# delete_prefix may delete: the model's course then varies from run to run, which hypothesis
+# refuses (FlakyStrategyDefinition, seen in CI). Pre-allocation has tests of its own
+# (test_storage_store.py, test_storage_warm.py).
+CFG = StoreConfig(
+    segment_size_bytes=SEG,
+    index_segment_size_bytes=SEG,
+    checkpoint_interval_ms=50,
+    preallocate=False,
+)
 
 # Sizes near the interesting boundaries of a 64 KiB segment, plus small and random ones.
 body_sizes = st.one_of(
