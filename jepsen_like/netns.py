@@ -39,7 +39,7 @@ from pathlib import Path
 
 from jepsen_like.errors import JepsenError
 from jepsen_like.proxy import LinkFaults
-from mqcluster.cluster import LocalCluster, NodeInfo
+from mqcluster.cluster import ClusterError, LocalCluster, NodeInfo
 
 logger = logging.getLogger(__name__)
 
@@ -442,7 +442,8 @@ def clean_leftovers(force: bool = False) -> tuple[list[str], list[str]]:
             # the NameServer (root namespace) and any node: only the pids the run recorded
             try:
                 stopped = LocalCluster(cluster_dir).down(grace_s=STOP_GRACE_S)
-            except (OSError, ValueError, KeyError) as exc:
+            except (OSError, ValueError, KeyError, ClusterError) as exc:
+                # ClusterError: a cluster.json this release cannot read (one of a newer one)
                 errors.append(f"stopping the processes of {cluster_dir}: {exc}")
             else:
                 logger.info("netns: run %s: stopped %s (SIGKILLed %s)", rid, cluster_dir, stopped)

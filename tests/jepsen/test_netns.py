@@ -93,3 +93,25 @@ def test_netns_unusable_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.Mon
     code = main(["run", "--net", "netns", "--time-limit", "10", "--dir", str(run_dir)])
     assert code == 2
     assert not run_dir.exists()
+
+
+def test_clean_leftovers_reports_a_newer_cluster_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead run whose cluster.json a newer mqcluster wrote: the clean-up reports it as an
+    error and still removes the run's network objects (it used to raise FORMAT_TOO_NEW and
+    leave them)."""
+    from jepsen_like import netns
+
+    cluster_dir = tmp_path / "cluster"
+    cluster_dir.mkdir()
+    (cluster_dir / "cluster.json").write_text(json.dumps({"version": 99}))
+    removed: list[list[str]] = []
+    monkeypatch.setattr(netns, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(netns, "leftovers", lambda: {"r1": [f"{NS_PREFIX}r1a"]})
+    monkeypatch.setattr(netns, "_run_alive", lambda rid: False)
+    monkeypatch.setattr(netns, "_run_state", lambda rid: (0, str(cluster_dir)))
+    monkeypatch.setattr(netns, "_remove", lambda ns, links: removed.append(ns) or [])
+    names, errors = netns.clean_leftovers()
+    assert names == [f"{NS_PREFIX}r1a"] and removed == [[f"{NS_PREFIX}r1a"]]
+    assert len(errors) == 1 and "version 99" in errors[0], errors
