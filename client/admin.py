@@ -682,13 +682,22 @@ class MQAdmin:
         )
 
 
+def _rule_key(rule: pb.AclRule) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """What makes two rules for one resource the same (actions and IPs in any order)."""
+    return (rule.decision, tuple(sorted(rule.actions)), tuple(sorted(rule.source_ips)))
+
+
 def put_acl_rules(stub: bpb_grpc.BrokerStub, acl: pb.Acl, have: pb.Acl | None, t: float) -> pb.Acl:
     """``acl``'s rules on ``stub``'s group, one call per rule (each rule has its own actions,
     decision and source IPs): UpdateAcl where the subject has a rule for the resource
-    (``have``), CreateAcl elsewhere; the subject's rules afterwards."""
-    present = {r.resource for r in have.rules} if have is not None else set()
+    (``have``), CreateAcl elsewhere, nothing where ``have``'s rule is already the same (a
+    copy run twice writes nothing to the log the second time); the subject's rules
+    afterwards."""
+    present = {r.resource: _rule_key(r) for r in have.rules} if have is not None else {}
     out = have or pb.Acl(subject=acl.subject)
     for rule in acl.rules:
+        if present.get(rule.resource) == _rule_key(rule):
+            continue
         fields: dict[str, Any] = {
             "subject": acl.subject,
             "resources": [rule.resource],
