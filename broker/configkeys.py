@@ -794,10 +794,7 @@ _TABLE: Mapping[str, _Key] = {
         IntIn(1, 1000),
         INHERITED,
         "deliveries of a received message before %DLQ%{group}",
-        to=(
-            Into("service", "pop_max_attempts"),
-            Into("v2", "max_delivery_attempts"),
-        ),
+        to=(Into("service", "pop_max_attempts"),),
     ),
     "popMinInvisibleTimeMs": _Key(
         IntIn(100, 12 * 3600 * 1000),

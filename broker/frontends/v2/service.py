@@ -180,7 +180,6 @@ class V2Config:
     host: str
     port: int
     max_message_size_bytes: int
-    max_delivery_attempts: int = 16  # popMaxDeliveryAttempts
     # auto_renew (broker.frontends.v2.renewals): popAutoRenewInvisibleMs, popAutoRenewMaxMs
     renew_slice_ms: int = DEFAULT_SLICE_MS
     renew_max_ms: int = DEFAULT_MAX_MS
