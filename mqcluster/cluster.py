@@ -28,7 +28,7 @@ NameServer and one set of users for all of them.
     mqcluster add-group [--group NAME]          a new group in the running cluster, given the
                                                 first group's topics, users (secrets sealed,
                                                 as stored) and ACL rules
-    mqcluster remove-group NAME [--purge]       its topics made read-only, its nodes stopped
+    mqcluster remove-group NAME [--purge]       its topics made read-only, drained, nodes stopped
     mqcluster add-user NAME [--type Super]      a user on every group, its credentials kept in
                                                 <base>/users/NAME.json (new groups get it)
     (kill, start, add, remove take --group NAME; default: the first group)
@@ -1051,6 +1051,14 @@ def build_parser() -> CommandLine:
     )
     remove_group.add_argument("group")
     remove_group.add_argument("--purge", action="store_true", help="also delete its files")
+    remove_group.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds to wait for consumers to read what it holds before stopping it "
+        "(default 300; 0: do not wait, unread messages are not delivered while it is down)",
+    )
     add_user = cli.add("add-user", help="create a user on every group (and on later ones)")
     add_user.add_argument("name")
     add_user.add_argument("--type", default="Normal", choices=["Normal", "Super"])
@@ -1140,7 +1148,10 @@ def _cmd_groups(groups: Groups, ns: argparse.Namespace) -> None:
             print(f"  ACL rules of: {', '.join(added.acl_subjects) or 'none'}")
         _print_status(groups)
     elif ns.cmd == "remove-group":
-        frozen = groups.remove_group(ns.group, purge=ns.purge)
+        from mqcluster.groups import DRAIN_WAIT_S
+
+        drain_s = DRAIN_WAIT_S if ns.drain_timeout is None else ns.drain_timeout
+        frozen = groups.remove_group(ns.group, purge=ns.purge, drain_timeout_s=drain_s)
         print(f"topics made read-only on {ns.group}: {', '.join(frozen) or 'none'}")
         print(f"removed group {ns.group} (its nodes stopped{'' if ns.purge else ', files kept'})")
     elif ns.cmd == "add-user":

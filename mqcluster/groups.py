@@ -69,6 +69,11 @@ ADMIN_CALL_TIMEOUT_S = 10.0
 # (leader changes of the new group are retried within it).
 COPY_WAIT_S = 30.0
 RETRY_S = 0.2
+# remove-group waits this long by default for consumers to read what the group still holds
+# (RocketMQ operators drain a broker by turning its write permission off and watching
+# consumerProgress; this is that wait, bounded), asking every DRAIN_POLL_S.
+DRAIN_WAIT_S = 300.0
+DRAIN_POLL_S = 1.0
 USER_TYPES = ("Normal", "Super")
 
 
@@ -227,10 +232,15 @@ class Groups:
         self._copy_to(group, added)
         return added
 
-    def remove_group(self, name: str, *, purge: bool = False) -> list[str]:
+    def remove_group(
+        self, name: str, *, purge: bool = False, drain_timeout_s: float = DRAIN_WAIT_S
+    ) -> list[str]:
         """Take group ``name`` out of the cluster: its topics made read-only first (producers
-        route around it on their next refresh; consumers can still drain it), then its nodes
-        stopped (they unregister from the NameServer). Its store stays on disk unless
+        route around it on their next refresh; consumers can still drain it), then, up to
+        ``drain_timeout_s`` (0: not at all), a wait until no consumer group has a message of
+        it left to read, then its nodes stopped (they unregister from the NameServer). A
+        drain that does not end in time raises ClusterError naming what is left, with the
+        topics left read-only and the nodes running. Its store stays on disk unless
         ``purge``. The first group (the NameServer's) cannot be removed. Returns the topics
         made read-only."""
         if name == self.first.group:
@@ -241,6 +251,8 @@ class Groups:
         frozen = []
         if any(group.pid(n) is not None for n in group.nodes):
             frozen = self._write_protect(group)
+            if drain_timeout_s > 0:
+                self._wait_drained(group, drain_timeout_s)
         group.down()
         self._save_names([n for n in self.extra_names if n != name])
         if purge:
@@ -257,6 +269,24 @@ class Groups:
                 self._leader_call(group, _create_topic(protected))
                 names.append(topic.topic_name)
         return names
+
+    def _wait_drained(self, group: LocalCluster, timeout_s: float) -> None:
+        """Until no consumer group with an offset on ``group`` has a message left to read
+        there (its lag summed over queues), or ClusterError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = self._leader_call(group, _unread)
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                shown = ", ".join(f"{g} on {t}: {n}" for (g, t), n in sorted(left.items()))
+                raise ClusterError(
+                    f"{group.group} still holds unread messages after {timeout_s:g} s "
+                    f"({shown}); its topics stay read-only and its nodes running: let those "
+                    "consumers finish, then run remove-group again (--drain-timeout 0 "
+                    "removes it now, and those messages are not delivered while it is down)"
+                )
+            time.sleep(DRAIN_POLL_S)
 
     # ------------------------------------------------------------------ users
 
@@ -374,6 +404,26 @@ def _copied(topic: str) -> bool:
 
 def _list_topics(stub: bpb_grpc.BrokerStub) -> list[bpb.TopicConfig]:
     return list(stub.ListTopics(bpb.ListTopicsRequest(), timeout=ADMIN_CALL_TIMEOUT_S).topics)
+
+
+def _unread(stub: bpb_grpc.BrokerStub) -> dict[tuple[str, str], int]:
+    """(consumer group, topic) -> messages it has not consumed, where that is above 0: every
+    group with an offset (or a live consumer), on each of its topics but dead-letter ones
+    (nobody consumes those as part of the flow)."""
+    listed = stub.ListConsumerGroups(
+        bpb.ListConsumerGroupsRequest(), timeout=ADMIN_CALL_TIMEOUT_S
+    ).groups
+    left = {}
+    for info in listed:
+        for topic in info.topics:
+            if topic.startswith("%DLQ%"):
+                continue
+            req = bpb.GetConsumerLagRequest(consumer_group=info.consumer_group, topic=topic)
+            lag = stub.GetConsumerLag(req, timeout=ADMIN_CALL_TIMEOUT_S)
+            total = sum(max(q.lag, 0) for q in lag.queues)
+            if total > 0:
+                left[(info.consumer_group, topic)] = total
+    return left
 
 
 def _list_users(stub: bpb_grpc.BrokerStub) -> list[bpb.User]:

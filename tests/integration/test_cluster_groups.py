@@ -18,8 +18,10 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from support import wait_for
 
 from client import Message, MessageQueue, MQClientError, Producer, PullConsumer, SendResult
-from client.admin import MQAdmin
+from client.admin import PERM_READ_WRITE, MQAdmin
 from client.mqadmin import main as mqadmin
+from client.route import PERM_READ
+from mqcluster.cluster import ClusterError
 from mqcluster.groups import Groups
 from mqsecurity.channels import open_channel
 from mqsecurity.credentials import Credentials
@@ -200,8 +202,14 @@ def test_mqadmin_copies_users_and_rules_between_groups(
 def test_remove_group_makes_its_topics_read_only_and_stops_it(groups: Groups) -> None:
     admin = MQAdmin(groups.namesrv_addr, groups.security())
     admin.create_topic(TOPIC, QUEUES)
-    frozen = groups.remove_group("broker-b")
-    assert frozen == [TOPIC]
+    wait_for(
+        lambda: len({g.broker_name for g in admin.topic_route_info(TOPIC).groups}) == 2,
+        DEADLINE_S,
+        "the topic routed to both groups",
+    )
+    _remove_waits_for_a_lagging_consumer(groups, admin)
+    # The refused removal made the topic read-only already: this one has nothing to freeze.
+    assert groups.remove_group("broker-b") == []
     assert [g.group for g in groups.all()] == ["broker-a"]
     wait_for(
         lambda: [g.broker_name for g in admin.topic_route_info(TOPIC).groups] == ["broker-a"],
@@ -210,3 +218,31 @@ def test_remove_group_makes_its_topics_read_only_and_stops_it(groups: Groups) ->
     )
     with pytest.raises(Exception, match="runs the cluster's NameServer"):
         groups.remove_group("broker-a")
+
+
+def _remove_waits_for_a_lagging_consumer(groups: Groups, admin: MQAdmin) -> None:
+    """A consumer group with unread messages on broker-b: remove-group waits for it, and
+    when its drain time runs out refuses with what is left, broker-b still running; once
+    the consumer has read them the removal goes ahead (the caller removes it)."""
+    security = groups.security()
+    with Producer("groups-drain", groups.namesrv_addr, security=security) as p:
+        sent = [p.send(Message(TOPIC, b"unread-%d" % i), _OnGroup("broker-b")) for i in range(3)]
+    with PullConsumer("drainers", groups.namesrv_addr, security=security) as consumer:
+        mq = next(q for q in consumer.fetch_queues(TOPIC) if q.broker_name == "broker-b")
+        consumer.update_offset(mq, 0)
+        with pytest.raises(ClusterError, match=r"drainers on Spread: 3"):
+            groups.remove_group("broker-b", drain_timeout_s=1.0)
+        assert [g.group for g in groups.all()] == ["broker-a", "broker-b"]
+        wait_for(
+            lambda: (
+                {g.broker_name: g.perm for g in admin.topic_route_info(TOPIC).groups}
+                == {"broker-a": PERM_READ_WRITE, "broker-b": PERM_READ}
+            ),
+            DEADLINE_S,
+            "broker-b's topic routed read-only",
+        )
+        b = groups.group("broker-b")
+        assert all(b.pid(n) is not None for n in b.nodes)
+        got = consumer.pull(mq, 0, max_nums=16)
+        assert sorted(m.msg_id for m in got.messages) == sorted(r.msg_id for r in sent)
+        consumer.update_offset(mq, got.next_begin_offset)
