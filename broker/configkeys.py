@@ -760,7 +760,8 @@ _TABLE: Mapping[str, _Key] = {
     "diskSpaceResumeRatio": _Key(
         IntIn(1, disk.MAX_USED_PERCENT - 1),
         str(disk.DEFAULT_RESUME_PERCENT),
-        "% used below which sends are accepted again (< diskMaxUsedSpaceRatio)",
+        "% used below which sends are accepted again (< diskMaxUsedSpaceRatio; left out: "
+        "diskMaxUsedSpaceRatio - 5, so 85 with the default)",
     ),
     "diskCheckIntervalMs": _Key(
         IntIn(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
@@ -858,7 +859,8 @@ _TABLE: Mapping[str, _Key] = {
     "timerMaxDelaySec": _Key(
         IntIn(1, MAX_TIMER_MAX_DELAY_S),
         str(DEFAULT_TIMER_MAX_DELAY_S),
-        "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead",
+        "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead "
+        "(at most fileReservedTime; left out: the default, or fileReservedTime when shorter)",
         to=(Into("service", "timer_max_delay_ms", _s_to_ms),),
     ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
