@@ -45,6 +45,7 @@ from dledger.server.snapshots import (
     MIN_SNAPSHOT_BYTES_PER_S,
 )
 from dledger.storage import FlushDiskType, StoreConfig
+from mqcli.addrs import namesrv_addrs
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
@@ -123,13 +124,9 @@ def _parse_index_file_size(text: str) -> int:
 
 
 def _parse_namesrv_addr(text: str) -> str:
-    """``a:9876;b:9876`` (empty: no NameServer); normalized to ``;`` without spaces."""
-    addrs = [a.strip() for a in text.split(";") if a.strip()]
-    for addr in addrs:
-        host, colon, port_text = addr.rpartition(":")
-        if not colon or not host:
-            raise ValueError(f"entry {addr!r} is not host:port")
-        parse_port(port_text)
+    """``a:9876;b:9876`` (empty: no NameServer); normalized to ``;`` without spaces. An entry
+    without a port is at RocketMQ's NameServer port, 9876 (mqcli.addrs)."""
+    addrs = namesrv_addrs(text) if text.strip() else []
     if len(set(addrs)) != len(addrs):
         raise ValueError(f"repeats an address: {addrs}")
     return ";".join(addrs)
@@ -301,7 +298,7 @@ _ACCEPTS: Mapping[Callable[[str], Any], str] = {
     _parse_optional_str: "text",
     _parse_index_file_size: f"{INDEX_FILE_UNIT_BYTES} to {MAX_INDEX_FILE_BYTES}, "
     f"a multiple of {INDEX_FILE_UNIT_BYTES}",
-    _parse_namesrv_addr: "host:port;... (distinct), or empty",
+    _parse_namesrv_addr: "host[:port];... (distinct; no port: 9876), or empty",
     _parse_delay_levels: "durations with units s, m, h, d, separated by spaces",
     _parse_scale: "a number, 0.000001 to 1000",
     _parse_advertised_addr: "host:port, or empty",
@@ -650,7 +647,9 @@ _TABLE: Mapping[str, _Key] = {
         "log index file size, bytes (a multiple of 64 KiB)",
         to=(Into("store", "index_segment_size_bytes"),),
     ),
-    "namesrvAddr": _Key(_parse_namesrv_addr, "", "host:port;... of the NameServers"),
+    "namesrvAddr": _Key(
+        _parse_namesrv_addr, "", "host:port;... of the NameServers (no port: 9876, as RocketMQ)"
+    ),
     # RocketMQ's registerNameServerPeriod default (30 s); at least 100 ms (a NameServer call
     # per node per period), at most 10 minutes (NameServers drop nodes silent for 2 minutes).
     "registerBrokerPeriod": _Key(
