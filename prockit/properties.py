@@ -44,6 +44,9 @@ MAX_UNKNOWN_KEYS_NAMED = 20
 # How alike a key must be to a known name to be suggested (difflib's ratio: 0.8 catches one
 # wrong, missing or extra letter in a ten-letter key, and not unrelated keys sharing a word).
 SUGGEST_CUTOFF = 0.8
+# An unknown key is quoted up to this many characters (a pasted blob stays one short line), and
+# only a key up to this long is compared with the known names (none is longer than 60).
+MAX_KEY_CHARS_QUOTED = 80
 # Suggestions per unknown key, and how far below the best one's ratio another may be (so a
 # clear best match is shown alone: 'sendMessageThreadPoolNum' suggests only '...Nums').
 MAX_SUGGESTIONS = 3
@@ -85,9 +88,11 @@ def unknown_keys_message(
     names = sorted(unknown)
     parts = []
     for name in names[:MAX_UNKNOWN_KEYS_NAMED]:
-        close = suggestions(name, own, foreign)
+        long = len(name) > MAX_KEY_CHARS_QUOTED
+        close = [] if long else suggestions(name, own, foreign)
         hint = "did you mean " + " or ".join(f"'{c}'" for c in close) + "?" if close else ""
-        parts.append(f"'{name}' ({hint})" if hint else f"'{name}'")
+        quoted = f"'{name[:MAX_KEY_CHARS_QUOTED]}...'" if long else f"'{name}'"
+        parts.append(f"{quoted} ({hint})" if hint else quoted)
     if len(names) > MAX_UNKNOWN_KEYS_NAMED:
         parts.append(f"and {len(names) - MAX_UNKNOWN_KEYS_NAMED} more")
     noun = "unknown key" if len(names) == 1 else f"{len(names)} unknown keys"

@@ -84,6 +84,8 @@ def test_a_file_of_junk_gives_one_bounded_line() -> None:
     assert "500 unknown keys" in message
     assert f"and {500 - MAX_UNKNOWN_KEYS_NAMED} more" in message
     assert message.count("'junkKey") == MAX_UNKNOWN_KEYS_NAMED
+    message = _refusal("x" * 100_000 + "=1\n")
+    assert len(message) < 300 and "'" + "x" * 80 + "...'" in message
 
 
 def test_suggestions_prefer_own_keys_then_rocketmq_ones() -> None:
