@@ -13,13 +13,14 @@ import argparse
 import asyncio
 import faulthandler
 import gc
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
 import uvloop
 
 from broker.app import Process, build
-from broker.config import KEYS, ConfigError, load_config
+from broker.config import KEYS, ConfigError, ignored_keys_warning, load_config
 from dledger.server import StartError
 from mqcli import server_parser
 from mqcli.logs import check_log_arguments, setup_server_logging
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_server_logging(ns)
     try:
         cfg = load_config(ns.config)
+        warning = ignored_keys_warning(cfg)
+        if warning is not None:
+            logging.getLogger("broker.config").warning("%s", warning)
         if argv is None:  # a process of its own (it may re-execute itself)
             handshakes.count_refused_handshakes(cfg.tlsEnable)
         process = build(cfg)  # the composition root (broker.app)

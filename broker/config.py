@@ -10,7 +10,7 @@ whose message names the file and the key, so the process can stop at start with 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,11 @@ from mqsecurity.errors import CertificateError
 from mqsecurity.pki import MemberIdentity, member_identity
 from mqsecurity.tls import TlsFiles, check_server_files, metrics_over_tls, read_pem, tls_files_of
 from prockit.properties import (
-    parse_properties,
     parse_values,
+    read_properties,
     read_text,
 )
+from prockit.rocketmq_keys import BROKER_KEYS
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,8 @@ class BrokerConfig:
     innerClientAuthenticationCredentials: Credentials | None
     aclEncryptionKeyPath: str
     authenticationMaxClockSkewMs: int
+    # RocketMQ's keys the file set that raftmq accepts and does not use (ignored_keys_warning).
+    ignored_keys: tuple[str, ...] = ()
 
     @property
     def tls_files(self) -> TlsFiles | None:
@@ -189,9 +192,54 @@ class BrokerConfig:
         return Path(self.storePathRootDir) / f"dledger-{self.dLegerSelfId}"
 
 
-def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
-    """Parse and validate the text of a broker.conf."""
-    raw = parse_properties(text, path, KEYS, "mqbroker", ConfigError)
+# RocketMQ's broker keys raftmq does not use: accepted, with one warning naming them
+# (ignored_keys_warning), so an operator's broker.conf starts as it is.
+ROCKETMQ_ONLY_KEYS = BROKER_KEYS - frozenset(KEYS)
+# What the warning adds after some of them: where raftmq has the same thing under its own
+# name, or why the key has no effect (as in RocketMQ's own DLedger mode).
+IGNORED_KEY_NOTES: Mapping[str, str] = {
+    "storePathCommitLog": "a DLedger commitlog lives in storePathRootDir/dledger-<dLegerSelfId>, "
+    "in RocketMQ as here",
+    "brokerId": "Raft elects the leader",
+    "brokerRole": "Raft elects the leader",
+    "registerNameServerPeriod": "raftmq's is registerBrokerPeriod",
+    "metricsPromExporterPort": "raftmq's is metricsPort",
+    "diskSpaceWarningLevelRatio": "raftmq refuses sends above diskMaxUsedSpaceRatio",
+}
+# RocketMQ keys refused rather than ignored: ignoring them would leave the operator believing
+# what is not so (the log on another disk, requests checked against an ACL). key -> (whether
+# the value asks for it, why it is refused and what to use).
+REFUSED_ROCKETMQ_KEYS: Mapping[str, tuple[Callable[[str], bool], str]] = {
+    "storePathDLedgerCommitLog": (
+        lambda text: bool(text.strip()),
+        "raftmq keeps the Raft log in storePathRootDir/dledger-<dLegerSelfId> (RocketMQ's "
+        "default for this key); set storePathRootDir to move it, and remove this key",
+    ),
+    "aclEnable": (
+        lambda text: text.strip().lower() not in ("", "false", "0", "no"),
+        "RocketMQ 4's plain ACL is not implemented: raftmq checks users and permissions with "
+        "authenticationEnabled and authorizationEnabled (docs/SECURITY.md)",
+    ),
+}
+# diskSpaceResumeRatio left out: this many points below diskMaxUsedSpaceRatio (85 below 90).
+RESUME_GAP_PERCENT = disk.DEFAULT_MAX_USED_PERCENT - disk.DEFAULT_RESUME_PERCENT
+
+
+def ignored_keys_warning(cfg: BrokerConfig) -> str | None:
+    """The one warning line naming the RocketMQ keys the file set and raftmq ignores."""
+    if not cfg.ignored_keys:
+        return None
+    names = [
+        f"{k} ({IGNORED_KEY_NOTES[k]})" if k in IGNORED_KEY_NOTES else k for k in cfg.ignored_keys
+    ]
+    return (
+        f"{cfg.path}: ignoring {len(names)} RocketMQ broker key(s) raftmq does not use: "
+        f"{', '.join(names)} (docs/CONFIG.md lists the keys raftmq accepts and ignores)"
+    )
+
+
+def _texts(raw: Mapping[str, str], path: str) -> dict[str, str]:
+    """Each key's text: the file's, or its default; a required key left out: refused."""
     given: dict[str, str] = {}
     for name, key in KEYS.items():
         text_value = raw.get(name, key.default)
@@ -199,6 +247,38 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             raise ConfigError(f"{path}: key '{name}' is required ({key.doc})")
         assert isinstance(text_value, str), f"{name}: unresolved default {text_value!r}"
         given[name] = text_value
+    return given
+
+
+def _check_rocketmq_keys(ignored: Mapping[str, str], path: str) -> None:
+    """A RocketMQ key whose silent ignoring would mislead is refused, naming what to use."""
+    for name, text in ignored.items():
+        refused = REFUSED_ROCKETMQ_KEYS.get(name)
+        if refused is not None and refused[0](text):
+            raise ConfigError(f"{path}: key '{name}': {text!r} refused: {refused[1]}")
+
+
+def _derive_defaults(values: dict[str, Any], raw: Mapping[str, str]) -> None:
+    """Keys left out whose default follows another key, so that no default makes a value the
+    user set fail a check against it (RocketMQ's stock fileReservedTime=48 or
+    diskMaxUsedSpaceRatio=75 start)."""
+    if not values["dLegerGroup"]:
+        values["dLegerGroup"] = values["brokerName"]
+    if "diskSpaceResumeRatio" not in raw:
+        values["diskSpaceResumeRatio"] = max(
+            1, values["diskMaxUsedSpaceRatio"] - RESUME_GAP_PERCENT
+        )
+    if "timerMaxDelaySec" not in raw:
+        retention_s = values["fileReservedTime"] * SECONDS_PER_HOUR
+        values["timerMaxDelaySec"] = min(values["timerMaxDelaySec"], retention_s)
+
+
+def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
+    """Parse and validate the text of a broker.conf."""
+    props = read_properties(text, path, KEYS, "mqbroker", ConfigError, ROCKETMQ_ONLY_KEYS)
+    _check_rocketmq_keys(props.ignored, path)
+    raw = props.values
+    given = _texts(raw, path)
     # Parsed apart: parse_values quotes a bad value in its error, and this one holds a password.
     init_user_text = given.pop("initAuthenticationUser")
     values = parse_values(given, {name: key.parse for name, key in KEYS.items()}, path, ConfigError)
@@ -208,8 +288,28 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         raise ConfigError(f"{path}: key 'initAuthenticationUser' {exc}") from None
     if not values["enableDLegerCommitLog"]:
         raise ConfigError(f"{path}: key 'enableDLegerCommitLog' must be true (DLedger-only)")
-    if not values["dLegerGroup"]:
-        values["dLegerGroup"] = values["brokerName"]
+    _derive_defaults(values, raw)
+    _check_members(values, path)
+    _check_ports(values, path)
+    _check_timers(values, raw, path)
+    _check_disk_marks(values, raw, path)
+    _check_advertised(values, path)
+    _check_timer_retention(values, raw, path)
+    _check_tls(values, path)
+    _check_metrics_port(values, path)
+    _check_auth_keys(values, path)
+    values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
+    values["dLegerPromisePath"] = os.path.expanduser(values["dLegerPromisePath"])
+    values.pop("enableDLegerCommitLog")
+    return BrokerConfig(path=path, ignored_keys=tuple(props.ignored), **values)
+
+
+def _shown(name: str, values: Mapping[str, Any], raw: Mapping[str, str]) -> str:
+    """``key=value (set)`` or ``(default)``: what a cross-key check compared."""
+    return f"{name}={values[name]} ({'set' if name in raw else 'default'})"
+
+
+def _check_members(values: Mapping[str, Any], path: str) -> None:
     ids = [p.node_id for p in values["dLegerPeers"]]
     if values["dLegerSelfId"] not in ids:
         raise ConfigError(
@@ -225,33 +325,43 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
             f"{path}: key 'preferredLeaderId': {values['preferredLeaderId']!r} "
             f"is not in dLegerPeers {ids}"
         )
+
+
+def _check_ports(values: Mapping[str, Any], path: str) -> None:
     if values["listenPort"] in {p.port for p in values["dLegerPeers"]}:
         raise ConfigError(f"{path}: key 'listenPort': {values['listenPort']} is a peer port")
     if values["grpcServerPort"] in {values["listenPort"], *(p.port for p in values["dLegerPeers"])}:
         raise ConfigError(
             f"{path}: key 'grpcServerPort': {values['grpcServerPort']} is the client or a peer port"
         )
-    tick = values["raftTickMs"]
-    if values["raftHeartbeatIntervalMs"] < tick:
-        raise ConfigError(f"{path}: key 'raftHeartbeatIntervalMs' must be >= raftTickMs ({tick})")
-    if values["raftElectionTimeoutMs"] < 2 * values["raftHeartbeatIntervalMs"]:
+
+
+def _check_timers(values: Mapping[str, Any], raw: Mapping[str, str], path: str) -> None:
+    """Raft's timers nest: a heartbeat is at least a tick, an election timeout at least two
+    heartbeats (or followers would stand for election between a healthy leader's beats)."""
+    tick, beat = _shown("raftTickMs", values, raw), _shown("raftHeartbeatIntervalMs", values, raw)
+    if values["raftHeartbeatIntervalMs"] < values["raftTickMs"]:
         raise ConfigError(
-            f"{path}: key 'raftElectionTimeoutMs' must be >= 2 x raftHeartbeatIntervalMs"
+            f"{path}: key 'raftHeartbeatIntervalMs' must be >= raftTickMs: compared {beat} with "
+            f"{tick}; raise raftHeartbeatIntervalMs or lower raftTickMs"
         )
+    if values["raftElectionTimeoutMs"] < 2 * values["raftHeartbeatIntervalMs"]:
+        election = _shown("raftElectionTimeoutMs", values, raw)
+        raise ConfigError(
+            f"{path}: key 'raftElectionTimeoutMs' must be >= 2 x raftHeartbeatIntervalMs: "
+            f"compared {election} with {beat}; raise raftElectionTimeoutMs to at least "
+            f"{2 * values['raftHeartbeatIntervalMs']} or lower raftHeartbeatIntervalMs"
+        )
+
+
+def _check_disk_marks(values: Mapping[str, Any], raw: Mapping[str, str], path: str) -> None:
     if values["diskSpaceResumeRatio"] >= values["diskMaxUsedSpaceRatio"]:
         raise ConfigError(
-            f"{path}: key 'diskSpaceResumeRatio' ({values['diskSpaceResumeRatio']}) must be "
-            f"below diskMaxUsedSpaceRatio ({values['diskMaxUsedSpaceRatio']})"
+            f"{path}: key 'diskSpaceResumeRatio' must be below diskMaxUsedSpaceRatio: compared "
+            f"{_shown('diskSpaceResumeRatio', values, raw)} with "
+            f"{_shown('diskMaxUsedSpaceRatio', values, raw)}; lower diskSpaceResumeRatio, or "
+            f"leave it out (then: diskMaxUsedSpaceRatio - {RESUME_GAP_PERCENT})"
         )
-    _check_advertised(values, path)
-    _check_timer_retention(values, path)
-    _check_tls(values, path)
-    _check_metrics_port(values, path)
-    _check_auth_keys(values, path)
-    values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
-    values["dLegerPromisePath"] = os.path.expanduser(values["dLegerPromisePath"])
-    values.pop("enableDLegerCommitLog")
-    return BrokerConfig(path=path, **values)
 
 
 def _check_advertised(values: Mapping[str, Any], path: str) -> None:
@@ -269,16 +379,21 @@ def _check_advertised(values: Mapping[str, Any], path: str) -> None:
             )
 
 
-def _check_timer_retention(values: dict[str, Any], path: str) -> None:
+def _check_timer_retention(values: Mapping[str, Any], raw: Mapping[str, str], path: str) -> None:
     """A timed message waits in the commitlog until its delivery time, at most
     ``timerMaxDelaySec`` after its send: retention (``fileReservedTime``) must not be allowed to
-    delete its segment before then, or the broker would lose a message it accepted."""
+    delete its segment before then, or the broker would lose a message it accepted. (Left out,
+    timerMaxDelaySec follows fileReservedTime down: _derive_defaults.)"""
     delay_s, hours = values["timerMaxDelaySec"], values["fileReservedTime"]
     if delay_s > hours * SECONDS_PER_HOUR:
+        needed_hours = -(-delay_s // SECONDS_PER_HOUR)
         raise ConfigError(
-            f"{path}: key 'timerMaxDelaySec' ({delay_s} s) exceeds fileReservedTime ({hours} h"
-            f" = {hours * SECONDS_PER_HOUR} s): retention would delete timed messages before"
-            f" their delivery time; raise fileReservedTime or lower timerMaxDelaySec"
+            f"{path}: key 'timerMaxDelaySec' must not exceed fileReservedTime in seconds "
+            f"(retention would delete timed messages before their delivery time): compared "
+            f"{_shown('timerMaxDelaySec', values, raw)} with "
+            f"{_shown('fileReservedTime', values, raw)} h = {hours * SECONDS_PER_HOUR} s; raise "
+            f"fileReservedTime to at least {needed_hours}, or lower timerMaxDelaySec or leave it "
+            "out (then: at most fileReservedTime)"
         )
 
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from broker.config import IGNORED_KEY_NOTES, REFUSED_ROCKETMQ_KEYS, ROCKETMQ_ONLY_KEYS
 from broker.configkeys import KEYS, TARGET_TYPES, Into, _Key, accepted_values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,32 @@ def docs_section(keys: Mapping[str, _Key]) -> str:
             key.doc,
         )
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join([*rows, "", DOCS_END])
+    return "\n".join([*rows, "", *ignored_section(ROCKETMQ_ONLY_KEYS), "", DOCS_END])
+
+
+def ignored_section(names: frozenset[str]) -> list[str]:
+    """The list of RocketMQ's broker keys raftmq accepts and ignores, with the notes the
+    warning gives for some of them."""
+    notes = [f"- `{k}`: {IGNORED_KEY_NOTES[k]}" for k in sorted(IGNORED_KEY_NOTES)]
+    refused = [f"- `{k}`: {why}" for k, (_, why) in sorted(REFUSED_ROCKETMQ_KEYS.items())]
+    listed = ", ".join(f"`{k}`" for k in sorted(names, key=str.lower))
+    return [
+        "### RocketMQ keys accepted and ignored",
+        "",
+        f"These {len(names)} keys of RocketMQ's broker (BrokerConfig, MessageStoreConfig, "
+        "NettyServerConfig, NettyClientConfig, AuthConfig) have no use in raftmq: a broker.conf "
+        "may set them, and the node names those it set in one warning at start. Notes the "
+        "warning adds:",
+        "",
+        *notes,
+        "",
+        "Two are refused when set (`storePathDLedgerCommitLog` not empty, `aclEnable` true): "
+        "ignoring them would mislead.",
+        "",
+        *refused,
+        "",
+        listed,
+    ]
 
 
 def docs_text(current: str, keys: Mapping[str, _Key]) -> str:

@@ -45,6 +45,7 @@ from dledger.server.snapshots import (
     MIN_SNAPSHOT_BYTES_PER_S,
 )
 from dledger.storage import FlushDiskType, StoreConfig
+from mqcli.addrs import namesrv_addrs
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
@@ -123,13 +124,9 @@ def _parse_index_file_size(text: str) -> int:
 
 
 def _parse_namesrv_addr(text: str) -> str:
-    """``a:9876;b:9876`` (empty: no NameServer); normalized to ``;`` without spaces."""
-    addrs = [a.strip() for a in text.split(";") if a.strip()]
-    for addr in addrs:
-        host, colon, port_text = addr.rpartition(":")
-        if not colon or not host:
-            raise ValueError(f"entry {addr!r} is not host:port")
-        parse_port(port_text)
+    """``a:9876;b:9876`` (empty: no NameServer); normalized to ``;`` without spaces. An entry
+    without a port is at RocketMQ's NameServer port, 9876 (mqcli.addrs)."""
+    addrs = namesrv_addrs(text) if text.strip() else []
     if len(set(addrs)) != len(addrs):
         raise ValueError(f"repeats an address: {addrs}")
     return ";".join(addrs)
@@ -301,7 +298,7 @@ _ACCEPTS: Mapping[Callable[[str], Any], str] = {
     _parse_optional_str: "text",
     _parse_index_file_size: f"{INDEX_FILE_UNIT_BYTES} to {MAX_INDEX_FILE_BYTES}, "
     f"a multiple of {INDEX_FILE_UNIT_BYTES}",
-    _parse_namesrv_addr: "host:port;... (distinct), or empty",
+    _parse_namesrv_addr: "host[:port];... (distinct; no port: 9876), or empty",
     _parse_delay_levels: "durations with units s, m, h, d, separated by spaces",
     _parse_scale: "a number, 0.000001 to 1000",
     _parse_advertised_addr: "host:port, or empty",
@@ -650,7 +647,9 @@ _TABLE: Mapping[str, _Key] = {
         "log index file size, bytes (a multiple of 64 KiB)",
         to=(Into("store", "index_segment_size_bytes"),),
     ),
-    "namesrvAddr": _Key(_parse_namesrv_addr, "", "host:port;... of the NameServers"),
+    "namesrvAddr": _Key(
+        _parse_namesrv_addr, "", "host:port;... of the NameServers (no port: 9876, as RocketMQ)"
+    ),
     # RocketMQ's registerNameServerPeriod default (30 s); at least 100 ms (a NameServer call
     # per node per period), at most 10 minutes (NameServers drop nodes silent for 2 minutes).
     "registerBrokerPeriod": _Key(
@@ -760,7 +759,8 @@ _TABLE: Mapping[str, _Key] = {
     "diskSpaceResumeRatio": _Key(
         IntIn(1, disk.MAX_USED_PERCENT - 1),
         str(disk.DEFAULT_RESUME_PERCENT),
-        "% used below which sends are accepted again (< diskMaxUsedSpaceRatio)",
+        "% used below which sends are accepted again (< diskMaxUsedSpaceRatio; left out: "
+        "diskMaxUsedSpaceRatio - 5, so 85 with the default)",
     ),
     "diskCheckIntervalMs": _Key(
         IntIn(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
@@ -855,7 +855,8 @@ _TABLE: Mapping[str, _Key] = {
     "timerMaxDelaySec": _Key(
         IntIn(1, MAX_TIMER_MAX_DELAY_S),
         str(DEFAULT_TIMER_MAX_DELAY_S),
-        "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead",
+        "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead "
+        "(at most fileReservedTime; left out: the default, or fileReservedTime when shorter)",
         to=(Into("service", "timer_max_delay_ms", _s_to_ms),),
     ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).

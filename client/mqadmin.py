@@ -37,6 +37,7 @@ from client.producer import Producer
 from client.replicas import ReplicaReport, group_replica_status
 from client.route import ChannelPool
 from mqcli import CommandLine, GlobalOption
+from mqcli.addrs import broker_addr
 from mqerrors import codes as E
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import OPTION_SPECS, security_from_args
@@ -826,7 +827,12 @@ def _topic_commands(cli: CommandLine) -> None:
     p = add("brokerStatus", cmd_broker_status, "every node: role, term, address, heartbeat age")
     p.add_argument("-c", "--cluster", "--clusterName", default="", help="only this cluster")
     p.add_argument(
-        "-b", "--broker-addr", "--brokerAddr", default="", help="only the node at host:port"
+        "-b",
+        "--broker-addr",
+        "--brokerAddr",
+        default="",
+        type=_node_addr,
+        help="only the node at host:port",
     )
 
 
@@ -925,6 +931,16 @@ def _message_commands(cli: CommandLine) -> None:
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
 
 
+def _node_addr(text: str) -> str:
+    """A node's host:port option (a port required: no broker port is implied); "" stays."""
+    if not text:
+        return text
+    try:
+        return broker_addr(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _member_target(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
@@ -934,6 +950,7 @@ def _member_target(p: argparse.ArgumentParser) -> None:
         "-a",
         "--broker-addr",
         "--brokerAddr",
+        type=_node_addr,
         dest="broker_addr",
         default="",
         help="client host:port of any node of the group",
@@ -962,6 +979,7 @@ def _member_commands(cli: CommandLine) -> None:
         "-p",
         "--peer-addr",
         "--peerAddr",
+        type=_node_addr,
         dest="peer_addr",
         required=True,
         help="its Raft host:port",
@@ -970,6 +988,7 @@ def _member_commands(cli: CommandLine) -> None:
         "-c",
         "--client-addr",
         "--clientAddr",
+        type=_node_addr,
         dest="client_addr",
         default="",
         help="its client host:port (named in redirects)",
@@ -994,6 +1013,7 @@ def _where(p: argparse.ArgumentParser) -> None:
         "-b",
         "--broker-addr",
         "--brokerAddr",
+        type=_node_addr,
         default="",
         help="only the group of the node at host:port (default: every group)",
     )

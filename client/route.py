@@ -23,6 +23,7 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
 from client.errors import MQClientError
 from client.message import MessageQueue
+from mqcli.addrs import namesrv_addrs
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 
@@ -59,10 +60,12 @@ def retry_wait_s(err: MQClientError, floor_s: float = NO_LEADER_BACKOFF_S) -> fl
 
 
 def parse_namesrv_addr(namesrv_addr: str) -> list[str]:
-    addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
-    if not addrs:
-        raise MQClientError.local(E.INVALID_NAMESRV_ADDR, repr(namesrv_addr))
-    return addrs
+    """``host[:port];...`` -> ``host:port`` entries; a NameServer written without a port is at
+    RocketMQ's 9876 (mqcli.addrs). An empty list or a bad entry: INVALID_NAMESRV_ADDR."""
+    try:
+        return namesrv_addrs(namesrv_addr)
+    except ValueError as exc:
+        raise MQClientError.local(E.INVALID_NAMESRV_ADDR, str(exc)) from None
 
 
 def first_namesrv_answer(

@@ -12,10 +12,17 @@ if __name__ == "__main__":  # `python -m nameserver`: before grpc is imported (d
 import argparse
 import asyncio
 import dataclasses
+import logging
 
 from mqcli import server_parser
 from mqcli.logs import check_log_arguments, setup_server_logging
-from nameserver.config import KEYS, ConfigError, NameServerConfig, load_config
+from nameserver.config import (
+    KEYS,
+    ConfigError,
+    NameServerConfig,
+    ignored_keys_warning,
+    load_config,
+)
 from nameserver.server import NameServer, StartError
 from prockit.processes import serve_until_signalled
 
@@ -49,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"mqnamesrv: {exc}", file=sys.stderr)
         return 2
+    warning = ignored_keys_warning(cfg, ns.config) if ns.config else None
+    if warning is not None:
+        logging.getLogger("nameserver.config").warning("%s", warning)
     if ns.port is not None:
         if not 1 <= ns.port <= 65535:
             print(f"mqnamesrv: -p {ns.port}: not a port (1-65535)", file=sys.stderr)

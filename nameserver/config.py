@@ -22,10 +22,11 @@ from prockit.properties import (
     parse_bool,
     parse_optional_port,
     parse_port,
-    parse_properties,
     parse_values,
+    read_properties,
     read_text,
 )
+from prockit.rocketmq_keys import NAMESRV_KEYS
 
 # RocketMQ's NameServer port.
 DEFAULT_PORT = 9876
@@ -61,6 +62,8 @@ class NameServerConfig:
     metricsPort: int = 0
     # None: as tlsEnable (docs/METRICS.md).
     metricsTlsEnable: bool | None = None
+    # RocketMQ's NameServer keys the file set that raftmq accepts and does not use.
+    ignored_keys: tuple[str, ...] = ()
 
     @property
     def tls_files(self) -> TlsFiles | None:
@@ -134,12 +137,40 @@ KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
 }
 
 
+# RocketMQ's NameServer keys raftmq does not use (NamesrvConfig's and the Netty configs'):
+# accepted with one warning naming them (ignored_keys_warning). bindAddress is not one of them:
+# it is RocketMQ's name for listenHost, and read as such.
+ROCKETMQ_ONLY_KEYS = NAMESRV_KEYS - frozenset(KEYS) - {"bindAddress"}
+# RocketMQ's key (NettyServerConfig) for what raftmq calls listenHost.
+_BIND_ALIAS = "bindAddress"
+
+
+def ignored_keys_warning(cfg: NameServerConfig, path: str) -> str | None:
+    """The one warning line naming the RocketMQ keys the file set and raftmq ignores."""
+    if not cfg.ignored_keys:
+        return None
+    return (
+        f"{path}: ignoring {len(cfg.ignored_keys)} RocketMQ NameServer key(s) raftmq does not "
+        f"use: {', '.join(cfg.ignored_keys)} (docs/NAMESERVER.md lists them)"
+    )
+
+
 def parse_config(text: str, path: str = "namesrv.conf") -> NameServerConfig:
-    raw = parse_properties(text, path, KEYS, "mqnamesrv", ConfigError)
+    props = read_properties(
+        text, path, [*KEYS, _BIND_ALIAS], "mqnamesrv", ConfigError, ROCKETMQ_ONLY_KEYS
+    )
+    raw = dict(props.values)
+    if _BIND_ALIAS in raw:
+        if "listenHost" in raw:
+            raise ConfigError(
+                f"{path}: keys 'bindAddress' and 'listenHost' name the same address (RocketMQ's "
+                "name and raftmq's): keep one"
+            )
+        raw["listenHost"] = raw.pop(_BIND_ALIAS)
     values = parse_values(
         raw, {name: parse for name, (parse, _) in KEYS.items()}, path, ConfigError
     )
-    cfg = NameServerConfig(**values)
+    cfg = NameServerConfig(**values, ignored_keys=tuple(props.ignored))
     if cfg.metricsPort and cfg.metricsPort == cfg.listenPort:
         raise ConfigError(f"{path}: key 'metricsPort': {cfg.metricsPort} is the listenPort")
     _check_security(cfg, path)

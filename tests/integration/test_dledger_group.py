@@ -213,7 +213,8 @@ def test_bad_config_and_busy_port_stop_the_broker_with_one_line(tmp_path: Path) 
     )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        f"mqbroker: {conf}: unknown key 'listenPortt' (mqbroker --help lists the keys)"
+        f"mqbroker: {conf}: unknown key 'listenPortt' (did you mean 'listenPort'?) (mqbroker "
+        "--help lists the keys; RocketMQ's other keys are accepted and ignored)"
     ]
 
     import socket
