@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from fixtures.make_formats import (
+    ACL_KEY,
     CQ_RECORDS_PER_FILE,
     HASH_SLOTS,
     MAX_INDEX_RECORDS,
@@ -27,6 +28,7 @@ from fixtures.make_formats import (
     store_config,
 )
 
+from broker.state.auth.secrets import SecretBox
 from broker.state.machine import BrokerStateMachine
 from dledger.core.membership import ConfState
 from dledger.log import HardState
@@ -44,6 +46,8 @@ CHECKPOINT_WRITTEN = {"v0.1.0": codec.CHECKPOINT_VERSION_V1, "v0.2.0": codec.CHE
 INDEX_MAGIC_WRITTEN = {"v0.1.0": codec.INDEX_MAGIC_V1, "v0.2.0": codec.INDEX_MAGIC}
 # The 64-byte index record of Raft index 1 (the slot of index 0 is never written).
 INDEX_RECORD_BYTES = 64
+# A fixture is committed to the repository: it stays small (about 25 KB today).
+MAX_FIXTURE_BYTES = 64 << 10
 
 
 def extract(tag: str, into: Path) -> tuple[Path, dict[str, Any]]:
@@ -93,6 +97,7 @@ def test_fixture_is_a_store_of_that_release(release: str, tmp_path: Path) -> Non
     assert first_index_magic(store_dir) == INDEX_MAGIC_WRITTEN[release]
     assert (root / f"{expected['store_dir']}.promise").exists() == expected["promise"]
     assert set(expected["entry_types"]) == {1, 2, *range(16, 25)}  # every record type
+    assert (FORMATS / f"{release}.tar.gz").stat().st_size < MAX_FIXTURE_BYTES
 
 
 def test_dledger_store_opens_and_every_entry_reads_back(release: str, tmp_path: Path) -> None:
@@ -130,6 +135,10 @@ def test_broker_state_reads_back(release: str, tmp_path: Path) -> None:
         sm.apply([store.read(i) for i in range(sm.applied_index() + 1, store.last_index() + 1)])
         assert sm.skip_log.skipped == 0  # every old record applied, none passed over
         assert dump_state(sm, store) == expected["state"]
+        # The users' secrets, sealed by the old release, open with the same key file today.
+        box = SecretBox(ACL_KEY)
+        for name, user in sm.auth.users.items():
+            assert box.unseal(name, user.sealed_secret) == f"{name}-secret"
         # The old key index answers a key lookup (the first message sent had key-1).
         first = expected["state"]["messages"]["Orders/0"][0]
         hits = sm.index.query_key("Orders", first[2][0], 10)
