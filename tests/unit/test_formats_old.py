@@ -25,6 +25,7 @@ from fixtures.make_formats import (
     MAX_INDEX_RECORDS,
     RELEASES,
     dump_state,
+    extract_tar,
     store_config,
 )
 
@@ -53,7 +54,7 @@ MAX_FIXTURE_BYTES = 64 << 10
 def extract(tag: str, into: Path) -> tuple[Path, dict[str, Any]]:
     """The release's fixture extracted into ``into``: (broker root, expected.json)."""
     with tarfile.open(FORMATS / f"{tag}.tar.gz") as tar:
-        tar.extractall(into, filter="data")
+        extract_tar(tar, into)
     expected = json.loads((into / "expected.json").read_text())
     assert expected["release"] == tag and expected["commit"] == RELEASES[tag]
     return into, expected
