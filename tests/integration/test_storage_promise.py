@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from support import own_labels, wait_for
 
 from dledger.log import HardState
 from dledger.server.client import ClientError, LogClient
@@ -43,9 +44,10 @@ def _metric(cluster: LocalCluster, node_id: str, name: str) -> float | None:
             text = resp.read().decode()
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and not own_labels(s.labels):
+                return float(s.value)
     return None
 
 
