@@ -37,8 +37,9 @@ def _store_dir(cluster: LocalCluster, node_id: str) -> Path:
     return cluster.base / node_id / f"dledger-{node_id}"
 
 
-def _metric(cluster: LocalCluster, node_id: str, name: str) -> float | None:
-    """One sample of ``name`` from the node's /metrics; None when it does not answer."""
+def _metric(cluster: LocalCluster, node_id: str, name: str, **labels: str) -> float | None:
+    """The sample of ``name`` with exactly ``labels`` of its own (beside the node's constant
+    ones) from the node's /metrics; None when it does not answer."""
     try:
         with urllib.request.urlopen(cluster.node(node_id).metrics_url, timeout=2) as resp:
             text = resp.read().decode()
@@ -46,7 +47,7 @@ def _metric(cluster: LocalCluster, node_id: str, name: str) -> float | None:
         return None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == name and not own_labels(s.labels):
+            if s.name == name and own_labels(s.labels) == labels:
                 return float(s.value)
     return None
 
@@ -245,8 +246,8 @@ def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
             REPAIRED_WITHIN_S - (time.monotonic() - restarted),
             "the member with the damaged promise file to be repaired",
         )
-        found = 'raftmq_corruption_found_total{found_by="promise"}'
-        assert _metric(cluster, follower, found) == 1
+        found = "raftmq_corruption_found_total"
+        assert _metric(cluster, follower, found, found_by="promise") == 1
         text = Path(cluster.node(follower).log).read_text()
         assert f"promise file {path} damaged" in text and "vote counted as lost" in text
         # Rewritten once the repair ended: at its next promise, or its next checkpoint (1 s).
