@@ -2,6 +2,7 @@
 shipped alert rules (deploy/prometheus/raftmq-alerts.yml): with every node up no raftmq alert
 fires; once a node is killed (SIGKILL, by its PID), RaftMQMemberDown fires, labelled with the
 group's cluster and broker, and RaftMQTargetDown names the dead node's address (issue #35).
+Before the kill, every query of the Grafana dashboard (deploy/grafana) runs on it.
 
 The test scrapes and evaluates every second and, in its copy of the rules, shortens every
 `for:` to FOR_S seconds: the shipped minute would make the test wait a minute for nothing but
@@ -29,7 +30,13 @@ from prockit.processes import free_ports
 
 pytestmark = pytest.mark.integration
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "raftmq-alerts.yml"
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "raftmq-alerts.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "raftmq-overview.json"
+# Grafana's variables, as Grafana fills them with "All" selected.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$cluster": ".+", "$broker": ".+"}
+# Dashboard panels that show something for any healthy idle group.
+ALWAYS_SHOWN = ("Leader", "Members answering", "Term", "Commit and apply index", "Disk used")
 # Scrape and rule evaluation every second (Prometheus' usual is 15 s to a minute).
 INTERVAL = "1s"
 # Every rule's `for:` in the test's copy (the shipped ones are a minute or more).
@@ -174,6 +181,29 @@ def rules_evaluated(prom: Prometheus) -> bool:
     return len(rules) >= 10 and all(r.get("evaluationTime", 0) > 0 for r in rules)
 
 
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL with the variables filled) of every panel of the dashboard."""
+    out = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for name, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(name, value)
+            out.append((panel["title"], expr))
+    return out
+
+
+def check_dashboard(prom: Prometheus) -> None:
+    """Every dashboard query runs on the live Prometheus; the basic panels show the group."""
+    shown = set()
+    for title, expr in dashboard_queries():
+        data = prom.api("query", query=expr)
+        assert data is not None, (title, expr)
+        if data["result"]:
+            shown.add(title)
+    assert set(ALWAYS_SHOWN) <= shown, set(ALWAYS_SHOWN) - shown
+
+
 def firing(prom: Prometheus, name: str) -> list[dict[str, Any]]:
     return [a for a in prom.alerts() if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
@@ -196,6 +226,8 @@ def test_a_real_prometheus_fires_member_down_when_a_node_is_killed(
         HEALTHY_DEADLINE_S,
         f"no {watched} alert with every node up",
     )
+
+    check_dashboard(prom)
 
     victim = cluster.node(cluster.wait_leader())
     pid = cluster.pid(victim)
