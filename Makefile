@@ -32,11 +32,13 @@ $(RMQ5_STAMP): $(STAMP) $(RMQ5_PINS)
 # System tools some tests need beyond Python, as command:Debian-package pairs: `iptables` for
 # mqjepsen's network-namespace backend (tests/jepsen/test_netns.py); `chromium` and
 # `chromedriver` (package chromium-driver) for the dashboard's browser test
-# (tests/integration/test_dashboard_browser.py). Installed with apt-get (after apt-get update)
-# when missing and running as root (CI: a fresh Debian machine); a no-op costing one
-# `command -v` per tool when present. Not root, or no apt-get: one note, no failure, and the
-# tests that need them are skipped with the reason.
-SYSTEM_TOOLS := iptables:iptables chromium:chromium chromedriver:chromium-driver
+# (tests/integration/test_dashboard_browser.py); `promtool` and `prometheus` (package
+# prometheus) for the alert rules and the Grafana dashboard (tests/unit/test_prometheus_rules.py)
+# and a real Prometheus scraping a group (tests/integration/test_prometheus_alerts.py).
+# Installed with apt-get (after apt-get update) when missing and running as root (CI: a fresh
+# Debian machine); a no-op costing one `command -v` per tool when present. Not root, or no
+# apt-get: one note, no failure, and the tests that need them are skipped with the reason.
+SYSTEM_TOOLS := iptables:iptables chromium:chromium chromedriver:chromium-driver promtool:prometheus prometheus:prometheus
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \
 	  tool=$${pair%%:*}; package=$${pair#*:}; \

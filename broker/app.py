@@ -48,7 +48,7 @@ from broker.config import BrokerConfig, ConfigError, node_config, service_config
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.internal.service import LeaderOpsServicer
 from broker.frontends.v1.service import BrokerServicer
-from broker.metrics import BrokerExporter, BrokerMetrics
+from broker.metrics import BrokerExporter, BrokerMetrics, identity_labels
 from broker.registration import BrokerRegistrar
 from broker.state.auth.secrets import SecretBox, load_key_file
 from broker.state.machine import BrokerStateMachine
@@ -230,7 +230,11 @@ def build(cfg: BrokerConfig) -> Process:
     late.fill(broker)
     exporter = (
         BrokerExporter(
-            cfg.bind_host, cfg.metricsPort, _metrics(broker, node), cfg.metrics_tls_files
+            cfg.bind_host,
+            cfg.metricsPort,
+            _metrics(broker, node),
+            cfg.metrics_tls_files,
+            identity_labels(cfg.brokerClusterName, cfg.brokerName, cfg.dLegerSelfId),
         )
         if metrics
         else None

@@ -18,6 +18,11 @@ most
   the broker has no limit of its own), so at most `MAX_LAG_SERIES` exported.
 - ``group`` of retried and dead-lettered counts: the %RETRY% and %DLQ% topics of the table; at
   most `MAX_TOPIC_SERIES` groups.
+
+The figures read from the replicated state (`REPLICATED_FAMILIES`: every member would say the
+same) are exported by the leader only, so a sum over every node counts each once
+(docs/METRICS.md "Leader-only figures"). Every series of the process carries ``cluster``,
+``broker`` and ``node`` (`identity_labels`), added by `mqmetrics.server.MetricsServer`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from broker.components.stats import MAX_TOPIC_SERIES, BrokerStats
 from broker.state.derived import DerivedCounters
 from broker.state.machine import BrokerStateMachine
 from broker.state.names import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
+from dledger.core import Role
 from dledger.server import StartError
 from dledger.storage import SegmentedLogStore
 from mqmetrics.families import (
@@ -60,6 +66,21 @@ from mqsecurity.tls import TlsFiles, https_server_context
 # thousand each keeps a scrape's collection to a few tens of ms of the event loop.
 MAX_QUEUE_SERIES = 10_000
 MAX_LAG_SERIES = 10_000
+# What every broker series carries (docs/METRICS.md "Labels"): brokerClusterName, brokerName
+# (rocketmq-exporter's name for a broker group; ``group`` is a consumer group here) and
+# dLegerSelfId.
+IDENTITY_LABELS = ("cluster", "broker", "node")
+# The families read from the replicated state: the same on every member that applied the same
+# entries, so only the leader exports them and a sum over a job counts each once.
+REPLICATED_FAMILIES = (
+    "raftmq_broker_topics",
+    "raftmq_broker_queue_max_offset",
+    "raftmq_broker_consumer_lag_messages",
+    "raftmq_broker_delayed_messages",
+    "raftmq_broker_delayed_messages_pending",
+    "raftmq_broker_retried_messages",
+    "raftmq_broker_dead_lettered_messages",
+)
 CAPPED_FAMILIES = (
     "broker_queue_max_offset",
     "broker_consumer_lag_messages",
@@ -94,11 +115,12 @@ class BrokerMetrics:
         ]
 
     def broker_families(self) -> list[Metric]:
+        """The broker's families; the replicated-state ones (`REPLICATED_FAMILIES`) only while
+        this node leads."""
         omitted = Omitted()
         out = self._traffic()
-        out += self._queues(omitted)
-        out.append(self._lags(omitted))
-        out += self._system_topics(omitted)
+        if self.node.role is Role.LEADER:
+            out += self._replicated(omitted)
         out += self._disk()
         out += scrub_families(self.sm.derived)
         out.append(omitted.family(CAPPED_FAMILIES))
@@ -143,8 +165,18 @@ class BrokerMetrics:
                 ["stage"],
                 [(["applied"], sm.dedup_hits), (["in_flight"], stats.inflight_dedup_hits)],
             ),
-            gauge("broker_topics", "Topics in the group's topic table", len(sm.topics)),
         ]
+
+    def _replicated(self, omitted: Omitted) -> list[Metric]:
+        """The families of the replicated state (`REPLICATED_FAMILIES`), the leader's."""
+        out: list[Metric] = [
+            gauge("broker_topics", "Topics in the group's topic table", len(self.sm.topics)),
+            *self._queues(omitted),
+            self._lags(omitted),
+            *self._system_topics(omitted),
+        ]
+        assert {f.name for f in out} == set(REPLICATED_FAMILIES), "REPLICATED_FAMILIES is stale"
+        return out
 
     def _queues(self, omitted: Omitted) -> list[Metric]:
         sm = self.sm
@@ -318,6 +350,11 @@ def scrub_families(c: DerivedCounters) -> list[Metric]:
     ]
 
 
+def identity_labels(cluster: str, broker: str, node: str) -> dict[str, str]:
+    """The constant labels of every series a broker process exports (`IDENTITY_LABELS`)."""
+    return dict(zip(IDENTITY_LABELS, (cluster, broker, node), strict=True))
+
+
 class BrokerExporter:
     """``/metrics`` of one broker process: serves ``metrics`` (whose `BrokerStats` the send and
     pull paths, and whose Raft member's `RaftStats` the node, were built counting into: the
@@ -325,9 +362,16 @@ class BrokerExporter:
     loop, before the node touches its store) and serves from :meth:`start`."""
 
     def __init__(
-        self, host: str, port: int, metrics: BrokerMetrics, tls: TlsFiles | None = None
+        self,
+        host: str,
+        port: int,
+        metrics: BrokerMetrics,
+        tls: TlsFiles | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
-        """``tls``: the node's certificate and key, /metrics over HTTPS (None: plain HTTP)."""
+        """``tls``: the node's certificate and key, /metrics over HTTPS (None: plain HTTP);
+        ``labels``: added to every series (`identity_labels`)."""
+        self.labels = labels or {}
         self.host = host
         self.port = port
         self.tls = tls
@@ -339,7 +383,9 @@ class BrokerExporter:
         collectors = [LoopCollector(self.metrics.families, loop), ProcessCollector(registry=None)]
         try:
             context = https_server_context(self.tls) if self.tls is not None else None
-            self.server = MetricsServer(self.host, self.port, collectors, tls=context)
+            self.server = MetricsServer(
+                self.host, self.port, collectors, tls=context, const_labels=self.labels
+            )
         except (OSError, CertificateError) as exc:
             raise StartError(f"metricsPort {self.host}:{self.port}: {exc}") from None
 

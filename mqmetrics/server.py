@@ -21,6 +21,11 @@ builds on the loop and of the connections' threads; not the counting on the hot 
 `LoopCollector` builds the families on the process's asyncio loop (the one thread that
 changes the state it reads), at most once per `MIN_COLLECT_INTERVAL_S` whoever scrapes: a
 scraper in a tight loop costs the process one bounded collection per interval.
+
+Given ``const_labels`` (a broker node: ``cluster``, ``broker``, ``node``), `MetricsServer` adds
+them to every sample it serves, of every collector (``process_*`` and the endpoint's own
+counters included), in this one place (docs/METRICS.md "Labels"); a family's own label of the
+same name keeps its value.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import asyncio
 import concurrent.futures
 import io
 import logging
+import re
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -355,6 +361,47 @@ class _EndpointCollector(Collector):
         yield cpu
 
 
+# Constant labels at most (cluster, broker, node and room to spare) and their values' length:
+# they come from the process's own config, which bounds them already; an assertion guards it.
+MAX_CONST_LABELS = 8
+MAX_CONST_LABEL_VALUE_CHARS = 256
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def check_const_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """``labels`` as a plain dict; ValueError on a name Prometheus refuses (or one of its
+    reserved ``__`` names), an overlong value or too many labels."""
+    if len(labels) > MAX_CONST_LABELS:
+        raise ValueError(f"{len(labels)} constant labels, at most {MAX_CONST_LABELS}")
+    for name, value in labels.items():
+        if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ValueError(f"constant label name {name!r} is not a Prometheus label name")
+        if len(value) > MAX_CONST_LABEL_VALUE_CHARS:
+            raise ValueError(
+                f"constant label {name}: value of {len(value)} characters, "
+                f"at most {MAX_CONST_LABEL_VALUE_CHARS}"
+            )
+    return dict(labels)
+
+
+class _Labelled(Collector):
+    """``inner``'s families with ``labels`` added to every sample; a sample's own label of the
+    same name keeps its value."""
+
+    def __init__(self, inner: Collector, labels: Mapping[str, str]) -> None:
+        self._inner = inner
+        self._labels = dict(labels)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._inner.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [s._replace(labels={**self._labels, **s.labels}) for s in family.samples]
+            yield out
+
+
 def _server_class(host: str, port: int) -> type[_BoundedServer]:
     """A server class of the address family ``host`` resolves to (IPv4 or IPv6)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -379,7 +426,8 @@ def _only_metrics(app: Callable[..., Any]) -> Callable[..., Any]:
 class MetricsServer:
     """``/metrics`` on ``host:port``: bound by the constructor (a busy port fails there, before
     the process touches anything else), served from :meth:`start` in a daemon thread. With
-    ``tls`` (a server context holding the process's certificate) over HTTPS, else plain HTTP."""
+    ``tls`` (a server context holding the process's certificate) over HTTPS, else plain HTTP;
+    ``const_labels`` are added to every sample served (`check_const_labels`)."""
 
     def __init__(
         self,
@@ -389,17 +437,24 @@ class MetricsServer:
         *,
         tls: ssl.SSLContext | None = None,
         read_timeout_s: float = READ_TIMEOUT_S,
+        const_labels: Mapping[str, str] | None = None,
     ) -> None:
+        labels = check_const_labels(const_labels or {})
+        self.const_labels = labels
+
+        def labelled(c: Collector) -> Collector:
+            return _Labelled(c, labels) if labels else c
+
         self.registry = CollectorRegistry(auto_describe=False)
         for c in collectors:
-            self.registry.register(c)
+            self.registry.register(labelled(c))
         app = _only_metrics(make_wsgi_app(self.registry))
         self._httpd = make_server(host, port, app, _server_class(host, port), _Handler)
         server = self._httpd
         assert isinstance(server, _BoundedServer)
         server.ssl_context = tls
         server.read_timeout_s = read_timeout_s
-        self.registry.register(_EndpointCollector(server, collectors))
+        self.registry.register(labelled(_EndpointCollector(server, collectors)))
         self._thread: threading.Thread | None = None
 
     @property

@@ -301,3 +301,13 @@ def queue_min_offsets(addr: str, topic: str, queues: int) -> list[int]:
             ).min_offset
             for q in range(queues)
         ]
+
+
+# The labels every series of a broker node carries (docs/METRICS.md "Labels").
+IDENTITY_LABELS = ("cluster", "broker", "node")
+
+
+def own_labels(labels: dict[str, str]) -> dict[str, str]:
+    """A sample's labels but for a broker node's constant ones: {} for a family without labels
+    of its own."""
+    return {k: v for k, v in labels.items() if k not in IDENTITY_LABELS}

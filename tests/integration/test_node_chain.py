@@ -15,7 +15,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
-from support import wait_for
+from support import own_labels, wait_for
 
 from client.mqadmin import EXIT_FLAGGED
 from client.mqadmin import main as mqadmin
@@ -55,7 +55,7 @@ def _metrics(cluster: LocalCluster, url: str, names: tuple[str, ...]) -> dict[st
         s.name: float(s.value)
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name in names and not s.labels
+        if s.name in names and not own_labels(s.labels)
     }
 
 

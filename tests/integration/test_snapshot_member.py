@@ -22,6 +22,7 @@ from support import (
     converged,
     create_topic,
     metadata_now,
+    own_labels,
     pull_all,
     queue_min_offsets,
     retention_keys,
@@ -67,7 +68,7 @@ def metric(cluster: LocalCluster, url: str, name: str) -> float:
     text = pages[-1]
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == name and not s.labels:
+            if s.name == name and not own_labels(s.labels):
                 return float(s.value)
     raise AssertionError(f"{name} not in {url}")
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from support import own_labels, wait_for
 
 from dledger.log import HardState
 from dledger.server.client import ClientError, LogClient
@@ -36,16 +37,18 @@ def _store_dir(cluster: LocalCluster, node_id: str) -> Path:
     return cluster.base / node_id / f"dledger-{node_id}"
 
 
-def _metric(cluster: LocalCluster, node_id: str, name: str) -> float | None:
-    """One sample of ``name`` from the node's /metrics; None when it does not answer."""
+def _metric(cluster: LocalCluster, node_id: str, name: str, **labels: str) -> float | None:
+    """The sample of ``name`` with exactly ``labels`` of its own (beside the node's constant
+    ones) from the node's /metrics; None when it does not answer."""
     try:
         with urllib.request.urlopen(cluster.node(node_id).metrics_url, timeout=2) as resp:
             text = resp.read().decode()
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and own_labels(s.labels) == labels:
+                return float(s.value)
     return None
 
 
@@ -243,8 +246,8 @@ def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
             REPAIRED_WITHIN_S - (time.monotonic() - restarted),
             "the member with the damaged promise file to be repaired",
         )
-        found = 'raftmq_corruption_found_total{found_by="promise"}'
-        assert _metric(cluster, follower, found) == 1
+        found = "raftmq_corruption_found_total"
+        assert _metric(cluster, follower, found, found_by="promise") == 1
         text = Path(cluster.node(follower).log).read_text()
         assert f"promise file {path} damaged" in text and "vote counted as lost" in text
         # Rewritten once the repair ended: at its next promise, or its next checkpoint (1 s).

@@ -23,6 +23,7 @@ from broker.state.delayrules import PROPERTY_DELAY
 from broker.state.message import Message, UniqIdGenerator, encode_batch
 from broker.state.names import SCHEDULE_TOPIC
 from broker.state.records import ENTRY_MESSAGES
+from dledger.core import Role
 from mqcluster.cluster import LocalCluster, metrics_line
 from mqmetrics.hot import OTHER
 from nameserver.config import ConfigError as NameServerConfigError
@@ -215,3 +216,35 @@ def test_metrics_follow_tls_unless_metrics_tls_enable_says_otherwise(tmp_path: P
     with pytest.raises(NameServerConfigError, match="metricsTlsEnable"):
         parse_namesrv_config("metricsTlsEnable=true\n")
     assert parse_namesrv_config("metricsTlsEnable=false\n").metrics_tls_files is None
+
+
+def test_a_follower_exports_no_figure_of_the_replicated_state(tmp_path: Path) -> None:
+    """Only the leader exports what every member would say the same (docs/METRICS.md
+    "Leader-only figures"): a sum over every node counts each figure once."""
+
+    async def body() -> tuple[set[str], set[str]]:
+        node, sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        await topics.ensure_system("%DLQ%g", 1)
+        offsets = ConsumerOffsets(topics, applied)
+        await offsets.commit("g", "T", 0, 0, sync=True)
+        metrics = BrokerMetrics(
+            node,  # type: ignore[arg-type]
+            sm,
+            offsets,
+            BrokerStats(),
+            polls=PullPath(topics, applied).polls,
+            store_path=str(tmp_path),
+            raft_families=list,
+            delay_levels=len(ServiceConfig("127.0.0.1", 10911).delay_levels_ms),
+        )
+        leading = {f.name for f in metrics.broker_families()}
+        node.role = Role.FOLLOWER
+        following = {f.name for f in metrics.broker_families()}
+        return leading, following
+
+    leading, following = asyncio.run(body())
+    assert set(broker_metrics.REPLICATED_FAMILIES) <= leading
+    assert not set(broker_metrics.REPLICATED_FAMILIES) & following
+    # The node's own figures stay on every member.
+    assert {"raftmq_broker_sent_messages", "raftmq_store_disk_free_bytes"} <= following

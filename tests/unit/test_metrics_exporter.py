@@ -125,6 +125,45 @@ def test_the_endpoint_serves_families_built_on_the_loop_and_nothing_else(
         server.stop()
 
 
+def test_constant_labels_are_on_every_sample_and_a_family_keeps_its_own(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """cluster/broker/node on every series, process_* and the endpoint's own counters included
+    (docs/METRICS.md "Labels"); a family's own label of the same name keeps its value."""
+    from prometheus_client import ProcessCollector
+
+    from mqmetrics.families import labelled_gauge
+
+    def build() -> list[Metric]:
+        return [
+            gauge("test_value", "A test gauge", 1),
+            labelled_gauge("test_info", "own node label", ["node"], [(["n9"], 1)]),
+        ]
+
+    labels = {"cluster": "C1", "broker": "b-a", "node": "n0"}
+    server = MetricsServer(
+        "127.0.0.1",
+        0,
+        [LoopCollector(build, loop), ProcessCollector(registry=None)],
+        const_labels=labels,
+    )
+    server.start()
+    try:
+        status, text = _get(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.stop()
+    assert status == 200
+    got = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    names = {s.name for s in got}
+    assert {"raftmq_test_value", "raftmq_metrics_refused_connections_total"} <= names
+    assert any(n.startswith("process_") for n in names)
+    for s in got:
+        want = {**labels, "node": "n9"} if s.name == "raftmq_test_info" else labels
+        assert {k: s.labels[k] for k in labels} == want, s
+    with pytest.raises(ValueError, match="not a Prometheus label name"):
+        MetricsServer("127.0.0.1", 0, [], const_labels={"bad-name": "x"})
+
+
 def test_scrapes_within_the_interval_reuse_one_collection(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
