@@ -771,6 +771,39 @@ class MQAdmin:
             broker_addr,
         )
 
+    def broker_configs(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.GetBrokerConfigResponse]:
+        """``getBrokerConfig``: each node's own broker.conf as it runs (credentials shown only
+        as set), by node address: the node ``broker_addr``, or every registered node of
+        ``cluster`` (of every cluster when empty). A node that does not answer fails it."""
+        if broker_addr:
+            addrs = [broker_addr]
+        else:
+            addrs = sorted(
+                m.client_addr
+                for c in self.cluster_info().clusters
+                if not cluster or c.name == cluster
+                for g in c.groups
+                for m in g.members
+            )
+        if not addrs:
+            raise MQClientError.local(E.NO_BROKER, "no broker node is registered")
+        channels = self._pool()
+        try:
+            out: dict[str, pb.GetBrokerConfigResponse] = {}
+            for addr in addrs:
+                try:
+                    out[addr] = channels.broker(addr).GetBrokerConfig(
+                        pb.GetBrokerConfigRequest(), timeout=ADMIN_CALL_TIMEOUT_S
+                    )
+                except grpc.RpcError as exc:
+                    err = MQClientError.from_rpc(exc)
+                    raise MQClientError(err.code, err.status, f"{addr}: {err.message}") from exc
+            return out
+        finally:
+            channels.close()
+
     def sub_groups(
         self, cluster: str = "", broker_addr: str = ""
     ) -> dict[str, list[pb.SubscriptionGroup]]:

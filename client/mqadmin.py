@@ -679,6 +679,16 @@ def cmd_stats_all(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None
     out.table(rows)
 
 
+def cmd_get_broker_config(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_cluster(admin, args.cluster)
+    rows: list[Row] = [
+        {"node": addr, "node_id": answer.node_id, "key": key, "value": answer.config[key]}
+        for addr, answer in admin.broker_configs(args.cluster, args.broker_addr).items()
+        for key in sorted(answer.config)
+    ]
+    out.table(rows)
+
+
 def refused_command(says: str) -> Handler:
     """The handler of a RocketMQ command raftmq does not have: refuses, saying what to use."""
 
@@ -1132,9 +1142,13 @@ def _topic_commands(cli: CommandLine) -> None:
     """Topics and the cluster: RocketMQ's -t, -c, -r, -w, -p, -b (a node's address)."""
 
     add = functools.partial(_command, cli)
-    topic = _topic_flag
-    p = add("updateTopic", cmd_update_topic, "create or update a topic on every broker group")
-    topic(p)
+    _update_topic_parser(add("updateTopic", cmd_update_topic, "create or update a topic"))
+    _more_topic_commands(add)
+
+
+def _update_topic_parser(p: argparse.ArgumentParser) -> None:
+    """updateTopic: RocketMQ's -t -c -b -r -w -p -a, and -o -u -s taken as false only."""
+    _topic_flag(p)
     _cluster_flag(p, "cluster name (default: every cluster)")
     _broker_addr_flag(p)
     p.add_argument(
@@ -1157,6 +1171,9 @@ def _topic_commands(cli: CommandLine) -> None:
     p.add_argument("-u", "--unit", type=only_value("false", NO_UNIT), default="false")
     p.add_argument("-s", "--hasUnitSub", type=only_value("false", NO_UNIT), default="false")
 
+
+def _more_topic_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    topic = _topic_flag
     p = add("deleteTopic", cmd_delete_topic, "delete a topic on every broker group serving it")
     topic(p)
     _cluster_flag(p, "only from this cluster's groups (default: every group routing it)")
@@ -1192,6 +1209,13 @@ def _topic_commands(cli: CommandLine) -> None:
         "--interval",
         type=_refuse_value("repeat it with watch -n SECONDS mqadmin clusterList"),
     )
+    p = add(
+        "getBrokerConfig",
+        cmd_get_broker_config,
+        "each node's broker.conf as it runs (one node with -b; credentials only as set)",
+    )
+    _cluster_flag(p, "every node of this cluster (default: every node)")
+    _broker_addr_flag(p)
     p = add("nodeStatus", cmd_node_status, "every node: role, term, address, heartbeat age")
     _cluster_flag(p)
     _broker_addr_flag(p)
@@ -1235,10 +1259,6 @@ REFUSED_COMMANDS: dict[str, str] = {
         "time sends with the benchmark (make bench, docs/PERFORMANCE.md) or mqadmin "
         "sendMessage; raftmq has no per-broker topic for clusterRT to write to"
     ),
-    "getBrokerConfig": (
-        "a node's config is its broker.conf and the defaults in docs/CONFIG.md; "
-        "mqbroker --help lists every key"
-    ),
     "updateBrokerConfig": (
         "change broker.conf and restart the node, one node at a time (docs/CONFIG.md); "
         "a live change through the Raft log is not built yet"
@@ -1258,7 +1278,27 @@ def _query_commands(cli: CommandLine) -> None:
 
     add = functools.partial(_command, cli)
     topic = _topic_flag
-    p = add("consumerProgress", cmd_consumer_progress, "a consumer group's offsets and lag")
+    _consumer_progress_parser(add("consumerProgress", cmd_consumer_progress, "offsets and lag"))
+    _lookup_commands(add)
+
+    p = add("resetOffsetByTime", cmd_reset_offset_by_time, "reset a group's offsets to a time")
+    p.add_argument("-g", "--group", required=True, help="consumer group")
+    topic(p)
+    p.add_argument(
+        "-s", "--timestamp", type=parse_timestamp, required=True,
+        help="now, ms since the epoch or " + ROCKETMQ_DATE_HINT + " (local time; -o wins)",
+    )  # fmt: skip
+    p.add_argument(
+        "-f", "--force", type=only_value("true", "raftmq always resets, backwards too"),
+        default="true",
+    )  # fmt: skip
+    _cluster_flag(p)
+    _broker_addr_flag(p)
+    p.add_argument("-q", "--queue", type=int, default=None, help="only this queue (with -b)")
+    p.add_argument("-o", "--offset", type=int, default=None, help="this offset (with -b, -q)")
+
+
+def _consumer_progress_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-g", "--group", "--groupName", default="", help="consumer group (default: every group)"
     )
@@ -1277,6 +1317,10 @@ def _query_commands(cli: CommandLine) -> None:
     )
     _cluster_flag(p)
 
+
+def _lookup_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    """queryMsgByKey, queryMsgById, queryMsgByOffset."""
+    topic = _topic_flag
     p = add("queryMsgByKey", cmd_query_msg_by_key, "messages of a topic with a key")
     topic(p)
     p.add_argument("-k", "--key", "--msgKey", dest="key", required=True)
@@ -1317,22 +1361,6 @@ def _query_commands(cli: CommandLine) -> None:
         "-f", "--bodyFormat", type=_refuse_value("bodies print as UTF-8 (printMsg -c CHARSET)")
     )
 
-    p = add("resetOffsetByTime", cmd_reset_offset_by_time, "reset a group's offsets to a time")
-    p.add_argument("-g", "--group", required=True, help="consumer group")
-    topic(p)
-    p.add_argument(
-        "-s", "--timestamp", type=parse_timestamp, required=True,
-        help="now, ms since the epoch or " + ROCKETMQ_DATE_HINT + " (local time; -o wins)",
-    )  # fmt: skip
-    p.add_argument(
-        "-f", "--force", type=only_value("true", "raftmq always resets, backwards too"),
-        default="true",
-    )  # fmt: skip
-    _cluster_flag(p)
-    _broker_addr_flag(p)
-    p.add_argument("-q", "--queue", type=int, default=None, help="only this queue (with -b)")
-    p.add_argument("-o", "--offset", type=int, default=None, help="this offset (with -b, -q)")
-
 
 def _message_commands(cli: CommandLine) -> None:
     """Sending, consuming, dead letters: RocketMQ's -t, -p, -k, -c, -b, -i, -o, -g, -s, -e."""
@@ -1364,8 +1392,15 @@ def _message_commands(cli: CommandLine) -> None:
     )
     p.add_argument("--producer-group", default=DEFAULT_PRODUCER_GROUP)
 
-    p = add("consumeMessage", cmd_consume_message, "pull messages and print them (no commit)")
-    topic(p)
+    _consume_message_parser(
+        add("consumeMessage", cmd_consume_message, "pull messages and print them (no commit)")
+    )
+    _print_and_stats_commands(add)
+
+
+def _consume_message_parser(p: argparse.ArgumentParser) -> None:
+    """consumeMessage: RocketMQ's -t -b -i -o -g -c, and -s / -e as begin and end times."""
+    _topic_flag(p)
     p.add_argument(
         "-g",
         "--group",
@@ -1407,6 +1442,12 @@ def _message_commands(cli: CommandLine) -> None:
     )  # fmt: skip
     p.add_argument("--subexpr", default="*", help="tag expression (default *; no letter)")
 
+
+def _print_and_stats_commands(
+    add: Callable[[str, Handler, str], argparse.ArgumentParser],
+) -> None:
+    """printMsg, dlqList, dlqResend, consumerConnection, statsAll."""
+    topic = _topic_flag
     p = add("printMsg", cmd_print_msg, "print a topic's messages, optionally in a time window")
     topic(p)
     p.add_argument("-c", "--charset", "--charsetName", default="UTF-8", help="body charset")

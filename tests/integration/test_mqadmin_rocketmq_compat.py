@@ -268,6 +268,20 @@ def check_delete_topic(ctx: Ctx, outs: list[Any]) -> None:
     wait_for(lambda: not gone & set(ctx.admin.topic_list()), ROUTE_WAIT_S, "topics unlisted")
 
 
+def check_get_broker_config(ctx: Ctx, outs: list[Any]) -> None:
+    follower = ctx.values["follower"]
+    mine = {r["key"]: r["value"] for r in outs[0]}
+    assert {r["node"] for r in outs[0]} == {follower}
+    node = next(n for n in ctx.cluster.nodes if n.client_addr == follower)
+    assert mine["dLegerSelfId"] == node.node_id
+    assert mine["brokerName"] == ctx.values["broker"]
+    assert mine["innerClientAuthenticationCredentials"] in ("(set)", "")
+    assert {r["node"] for r in outs[1]} == set(ctx.cluster.client_addrs)
+    creds = ctx.cluster.client_security().credentials
+    assert creds is not None
+    assert all(creds.secret_key not in r["value"] for out in outs for r in out)
+
+
 def refused_only(ctx: Ctx, outs: list[Any]) -> None:
     assert outs == []
 
@@ -309,7 +323,7 @@ CHECKS: dict[str, Check] = {
     "consumerStatus": refused_only,
     "producerConnection": refused_only,
     "clusterRT": refused_only,
-    "getBrokerConfig": refused_only,
+    "getBrokerConfig": check_get_broker_config,
     "updateBrokerConfig": refused_only,
 }
 

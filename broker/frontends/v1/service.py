@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -97,11 +97,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         leader_ops: LeaderOps,
         auth: AuthAdmin,
         guard: AuthGuard | None = None,
+        config_view: Mapping[str, str] | None = None,
     ) -> None:
         """The components this adapter calls, built once by the composition root
         (:func:`broker.app.assemble`); ``guard`` is the node's call guard, which names the
-        user of each call (None: no users, nobody held to a quota)."""
+        user of each call (None: no users, nobody held to a quota); ``config_view``: the
+        node's broker.conf as GetBrokerConfig shows it (:mod:`broker.configview`; None: a
+        servicer built without a broker.conf answers with no keys)."""
         self.node = node
+        self.config_view = dict(config_view or {})
         self.applied = applied
         self.topics = topics
         # The leader operations' components (sends, POP consumption, transactions).
@@ -478,6 +482,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.GetConsumerListResponse:
         clients = self.consumers.clients(request.consumer_group)
         return pb.GetConsumerListResponse(client_ids=clients)
+
+    @_rpc
+    async def GetBrokerConfig(
+        self, request: pb.GetBrokerConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetBrokerConfigResponse:
+        return pb.GetBrokerConfigResponse(node_id=self.node.self_id, config=self.config_view)
 
     @_rpc
     async def ListConsumerGroups(
