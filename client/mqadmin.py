@@ -8,7 +8,8 @@ Security options (docs/SECURITY.md): ``--tls-ca FILE`` (env ``RAFTMQ_TLS_CA``) s
 certificate. A local secure group (``mqcluster up``) prints the two exports to use.
 
 Exit codes: 0 ok; 1 a failed operation (one line on stderr with the broker's or NameServer's
-stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage);
+stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage), or a
+RocketMQ command or option value raftmq refuses (the reason and what to use instead);
 3 the command ran and found something an operator must look at (``replicaStatus``: a member
 repairing, chains that differ, damage counters, a member not answering).
 """

@@ -36,6 +36,7 @@ COMMANDS = {
     "topicStatus": ["-t", "T"],
     "clusterList": [],
     "nodeStatus": [],
+    "getBrokerConfig": [],
     "updateTopicPerm": ["-t", "T", "-p", "4"],
     "queryMsgByOffset": ["-t", "T", "-b", "broker-a", "-i", "0", "-o", "0"],
     "printMsg": ["-t", "T"],
