@@ -15,7 +15,9 @@ from mqadmin_table import compat_rows
 
 from client import mqadmin
 from client.admin import MQAdmin, QueueProgress
+from client.consumer import PullResult
 from client.errors import MQClientError
+from client.message import MessageExt, MessageQueue
 from mqsecurity import pki
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, save_credentials
@@ -367,3 +369,43 @@ def test_consume_message_s_is_a_time_not_a_tag_expression() -> None:
     assert args.end == mqadmin.parse_timestamp("2023-11-14#22:13:20:000")
     with pytest.raises(SystemExit):
         mqadmin.build_parser().parse_args(["consumeMessage", "-t", "T", "-s", "TagA"])
+
+
+class _FakeQueueConsumer:
+    """One queue whose message i was stored at 1000 + 10 * i ms (a PullConsumer's pull and
+    search_offset, nothing else)."""
+
+    def __init__(self, n: int) -> None:
+        self.times = [1000 + 10 * i for i in range(n)]
+
+    def search_offset(self, mq: object, timestamp_ms: int) -> int:
+        return next((i for i, t in enumerate(self.times) if t >= timestamp_ms), len(self.times))
+
+    def pull(self, mq: MessageQueue, offset: int, max_nums: int, expression: str) -> PullResult:
+        if offset >= len(self.times):
+            return PullResult("NO_NEW_MSG", [], offset, 0, len(self.times))
+        stop = min(offset + max_nums, len(self.times))
+        msgs = [_stored(mq, i, self.times[i]) for i in range(offset, stop)]
+        return PullResult("FOUND", msgs, stop, 0, len(self.times))
+
+
+def _stored(mq: MessageQueue, offset: int, store_ms: int) -> MessageExt:
+    return MessageExt(
+        mq.topic, b"", "", (), {}, f"id{offset}", "", mq.broker_name, mq.queue_id, offset, 0,
+        store_ms, store_ms, 0,
+    )  # fmt: skip
+
+
+def test_pull_window_begins_at_a_time_and_ends_at_one() -> None:
+    consumer = _FakeQueueConsumer(100)
+    q = [MessageQueue("T", "b", 0)]
+
+    def offsets(window: tuple[int | None, int | None, int | None], count: int) -> list[int]:
+        got = mqadmin.pull_window(consumer, q, window, count)  # type: ignore[arg-type]
+        return [m.queue_offset for m in got]
+
+    assert offsets((None, 1205, None), 3) == [21, 22, 23]  # -s: the first at or after
+    assert offsets((None, None, 1020), 10) == [0, 1, 2]  # -e: none stored after
+    assert offsets((None, 1500, 1990), 1000) == list(range(50, 100))
+    assert offsets((60, 1205, None), 2) == [60, 61]  # -o beyond the time wins
+    assert offsets((None, 2000, None), 5) == []  # after the last message
