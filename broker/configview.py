@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from broker.components.raftnode import RaftNode
 from broker.config import BrokerConfig
 from broker.configkeys import Peer
+from mqrelease import RELEASE
 from mqsecurity.credentials import Credentials
 
 # What a credentials key shows when it is set (the secret itself is never shown).
@@ -36,3 +38,21 @@ def config_view(cfg: BrokerConfig) -> dict[str, str]:
     """Every broker.conf key of ``cfg`` and its value as text, sorted by key."""
     fields = [f.name for f in dataclasses.fields(cfg) if f.name not in _NOT_KEYS]
     return {name: _text(getattr(cfg, name)) for name in sorted(fields)}
+
+
+def runtime_info(node: RaftNode, boot_ms: int, now_ms: int) -> dict[str, str]:
+    """The node's runtime figures as brokerStatus prints them (RocketMQ's key names where
+    RocketMQ has the figure): release, boot time and uptime, Raft role, term and leader, the
+    extent of its log (entries and commitlog bytes)."""
+    assert now_ms >= boot_ms, (now_ms, boot_ms)
+    return {
+        "brokerVersionDesc": f"raftmq {RELEASE}",
+        "bootTimestamp": str(boot_ms),
+        "runtimeMs": str(now_ms - boot_ms),
+        "raftRole": node.role.name,
+        "raftTerm": str(node.term),
+        "raftLeaderId": node.leader_id or "",
+        "raftFirstIndex": str(node.store.first_index()),
+        "raftLastIndex": str(node.last_index),
+        "commitLogMaxOffset": str(node.store.write_position),
+    }

@@ -777,6 +777,29 @@ class MQAdmin:
         """``getBrokerConfig``: each node's own broker.conf as it runs (credentials shown only
         as set), by node address: the node ``broker_addr``, or every registered node of
         ``cluster`` (of every cluster when empty). A node that does not answer fails it."""
+        req = pb.GetBrokerConfigRequest()
+        return self._each_node(
+            lambda stub, t: stub.GetBrokerConfig(req, timeout=t), cluster, broker_addr
+        )
+
+    def broker_runtime_info(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.GetBrokerRuntimeInfoResponse]:
+        """``brokerStatus``: each node's runtime figures, by node address (the nodes as for
+        :meth:`broker_configs`)."""
+        req = pb.GetBrokerRuntimeInfoRequest()
+        return self._each_node(
+            lambda stub, t: stub.GetBrokerRuntimeInfo(req, timeout=t), cluster, broker_addr
+        )
+
+    def _each_node(
+        self,
+        call: Callable[[bpb_grpc.BrokerStub, float], T_],
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, T_]:
+        """``call`` on the node ``broker_addr`` itself (not its leader), or on every
+        registered node of ``cluster`` (of every cluster when empty); by node address."""
         if broker_addr:
             addrs = [broker_addr]
         else:
@@ -791,12 +814,10 @@ class MQAdmin:
             raise MQClientError.local(E.NO_BROKER, "no broker node is registered")
         channels = self._pool()
         try:
-            out: dict[str, pb.GetBrokerConfigResponse] = {}
+            out: dict[str, T_] = {}
             for addr in addrs:
                 try:
-                    out[addr] = channels.broker(addr).GetBrokerConfig(
-                        pb.GetBrokerConfigRequest(), timeout=ADMIN_CALL_TIMEOUT_S
-                    )
+                    out[addr] = call(channels.broker(addr), ADMIN_CALL_TIMEOUT_S)
                 except grpc.RpcError as exc:
                     err = MQClientError.from_rpc(exc)
                     raise MQClientError(err.code, err.status, f"{addr}: {err.message}") from exc

@@ -690,6 +690,16 @@ def cmd_get_broker_config(admin: MQAdmin, args: argparse.Namespace, out: Output)
     out.table(rows)
 
 
+def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_cluster(admin, args.cluster)
+    rows: list[Row] = [
+        {"node": addr, "node_id": answer.node_id, "key": key, "value": answer.info[key]}
+        for addr, answer in admin.broker_runtime_info(args.cluster, args.broker_addr).items()
+        for key in sorted(answer.info)
+    ]
+    out.table(rows)
+
+
 def refused_command(says: str) -> Handler:
     """The handler of a RocketMQ command raftmq does not have: refuses, saying what to use."""
 
@@ -1217,6 +1227,13 @@ def _more_topic_commands(add: Callable[[str, Handler, str], argparse.ArgumentPar
     )
     _cluster_flag(p, "every node of this cluster (default: every node)")
     _broker_addr_flag(p)
+    p = add(
+        "brokerStatus",
+        cmd_broker_status,
+        "each node's runtime figures: release, uptime, Raft role and term, log extent",
+    )
+    _cluster_flag(p, "every node of this cluster (default: every node)")
+    _broker_addr_flag(p)
     p = add("nodeStatus", cmd_node_status, "every node: role, term, address, heartbeat age")
     _cluster_flag(p)
     _broker_addr_flag(p)
@@ -1244,10 +1261,6 @@ def _refuse_value(says: str) -> Callable[[str], str]:
 
 # RocketMQ commands raftmq refuses, with what to use instead (docs/CLIENT.md's table).
 REFUSED_COMMANDS: dict[str, str] = {
-    "brokerStatus": (
-        "raftmq has no broker runtime-info call; a node's figures are its Prometheus metrics "
-        "(docs/METRICS.md); each node's role, term and heartbeat: mqadmin nodeStatus"
-    ),
     "consumerStatus": (
         "brokers cannot ask a raftmq consumer for its internal state; use consumerConnection "
         "(its live clients) and consumerProgress (offsets and lag)"

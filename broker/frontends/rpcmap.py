@@ -202,6 +202,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "ListSubscriptionGroups": lambda r, c: [cluster(c, LIST)],
     # a node's own broker.conf (credentials never): what the cluster's operators may read
     BROKER + "GetBrokerConfig": lambda r, c: [cluster(c, GET)],
+    BROKER + "GetBrokerRuntimeInfo": lambda r, c: [cluster(c, GET)],
     BROKER + "DeleteSubscriptionGroup": lambda r, c: [group(r.group, DELETE)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,

@@ -268,6 +268,22 @@ def check_delete_topic(ctx: Ctx, outs: list[Any]) -> None:
     wait_for(lambda: not gone & set(ctx.admin.topic_list()), ROUTE_WAIT_S, "topics unlisted")
 
 
+def check_broker_status(ctx: Ctx, outs: list[Any]) -> None:
+    def by_node(rows: list[Any]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for r in rows:
+            out.setdefault(r["node"], {})[r["key"]] = r["value"]
+        return out
+
+    leader = by_node(outs[0])
+    assert list(leader) == [ctx.values["leader"]]
+    assert leader[ctx.values["leader"]]["raftRole"] == "LEADER"
+    every = by_node(outs[1])
+    assert set(every) == set(ctx.cluster.client_addrs)
+    assert sorted(n["raftRole"] for n in every.values()) == ["FOLLOWER", "FOLLOWER", "LEADER"]
+    assert all(int(n["commitLogMaxOffset"]) > 0 for n in every.values())
+
+
 def check_get_broker_config(ctx: Ctx, outs: list[Any]) -> None:
     follower = ctx.values["follower"]
     mine = {r["key"]: r["value"] for r in outs[0]}
@@ -319,7 +335,7 @@ CHECKS: dict[str, Check] = {
     "deleteAcl": check_delete_acl,
     "deleteUser": check_delete_user,
     "deleteTopic": check_delete_topic,
-    "brokerStatus": refused_only,
+    "brokerStatus": check_broker_status,
     "consumerStatus": refused_only,
     "producerConnection": refused_only,
     "clusterRT": refused_only,

@@ -7,7 +7,9 @@ import json
 
 from broker.config import parse_config
 from broker.configkeys import KEYS
-from broker.configview import SECRET_SET, config_view
+from broker.configview import SECRET_SET, config_view, runtime_info
+from dledger.core import Role
+from mqrelease import RELEASE
 
 PASSWORD = "view-secret-password-1"
 CONF = f"""\
@@ -44,3 +46,33 @@ def test_the_view_parses_back_to_the_same_config() -> None:
     again = parse_config(text)
     assert again.initAuthenticationUser is None  # the secret was not in the view
     assert config_view(again) == {**view, "initAuthenticationUser": ""}
+
+
+class _Store:
+    write_position = 4096
+
+    def first_index(self) -> int:
+        return 3
+
+
+class _Node:
+    role = Role.LEADER
+    term = 7
+    leader_id = "n1"
+    last_index = 42
+    store = _Store()
+
+
+def test_runtime_info_names_the_node_and_its_log() -> None:
+    info = runtime_info(_Node(), boot_ms=1_000, now_ms=61_000)  # type: ignore[arg-type]
+    assert info == {
+        "brokerVersionDesc": f"raftmq {RELEASE}",
+        "bootTimestamp": "1000",
+        "runtimeMs": "60000",
+        "raftRole": "LEADER",
+        "raftTerm": "7",
+        "raftLeaderId": "n1",
+        "raftFirstIndex": "3",
+        "raftLastIndex": "42",
+        "commitLogMaxOffset": "4096",
+    }

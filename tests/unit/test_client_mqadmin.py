@@ -39,6 +39,7 @@ COMMANDS = {
     "clusterList": [],
     "nodeStatus": [],
     "getBrokerConfig": [],
+    "brokerStatus": [],
     "updateTopicPerm": ["-t", "T", "-p", "4"],
     "queryMsgByOffset": ["-t", "T", "-b", "broker-a", "-i", "0", "-o", "0"],
     "printMsg": ["-t", "T"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -44,6 +45,7 @@ from broker.components.retry import Retries, SendBackItem
 from broker.components.settings import ServiceConfig
 from broker.components.subscriptions import SubscriptionGroups
 from broker.components.topics import Topics
+from broker.configview import runtime_info
 from broker.frontends.authguard import AuthGuard, owner_of
 from broker.frontends.internal.codec import outgoing_of
 from broker.frontends.v1.pbmessage import message_pb
@@ -106,6 +108,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         servicer built without a broker.conf answers with no keys)."""
         self.node = node
         self.config_view = dict(config_view or {})
+        self.boot_ms = int(time.time() * 1000)
         self.applied = applied
         self.topics = topics
         # The leader operations' components (sends, POP consumption, transactions).
@@ -488,6 +491,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.GetBrokerConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetBrokerConfigResponse:
         return pb.GetBrokerConfigResponse(node_id=self.node.self_id, config=self.config_view)
+
+    @_rpc
+    async def GetBrokerRuntimeInfo(
+        self, request: pb.GetBrokerRuntimeInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetBrokerRuntimeInfoResponse:
+        now_ms = max(int(time.time() * 1000), self.boot_ms)  # a clock stepped back: 0 uptime
+        info = runtime_info(self.node, self.boot_ms, now_ms)
+        return pb.GetBrokerRuntimeInfoResponse(node_id=self.node.self_id, info=info)
 
     @_rpc
     async def ListConsumerGroups(

@@ -239,6 +239,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.FromString,
                 _registered_method=True)
+        self.GetBrokerRuntimeInfo = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetBrokerRuntimeInfo',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -490,6 +495,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetBrokerRuntimeInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -697,6 +708,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetBrokerConfig,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.SerializeToString,
+            ),
+            'GetBrokerRuntimeInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBrokerRuntimeInfo,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1806,6 +1822,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/GetBrokerConfig',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBrokerRuntimeInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetBrokerRuntimeInfo',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
