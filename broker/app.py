@@ -18,7 +18,7 @@ uses the node through :class:`broker.components.raftnode.RaftNode`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,6 +45,7 @@ from broker.components.timermoves import Timers
 from broker.components.topics import Topics
 from broker.components.transactions import Transactions
 from broker.config import BrokerConfig, ConfigError, node_config, service_config, v2_settings
+from broker.configview import config_view
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.internal.service import LeaderOpsServicer
 from broker.frontends.v1.service import BrokerServicer
@@ -105,6 +106,7 @@ def assemble(
     init_user: Credentials | None = None,
     guard: AuthGuard | None = None,
     stats: BrokerStats | None = None,
+    config_view: Mapping[str, str] | None = None,
 ) -> Broker:
     """The broker of ``node``, each component built after the ones it takes (the arguments:
     :class:`Broker`)."""
@@ -137,6 +139,7 @@ def assemble(
         leader_ops=leader_ops,
         auth=auth,
         guard=guard,
+        config_view=config_view,
     )
     return Broker(
         node=node,
@@ -226,6 +229,7 @@ def build(cfg: BrokerConfig) -> Process:
         init_user=cfg.initAuthenticationUser,
         guard=guard,
         stats=BrokerStats() if metrics else None,
+        config_view=config_view(cfg),
     )
     late.fill(broker)
     exporter = (

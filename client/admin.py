@@ -11,7 +11,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -131,11 +131,13 @@ class MQAdmin:
         write_queues: int | None = None,
         perm: int = PERM_READ_WRITE,
         message_type: str = "",
+        broker_names: Collection[str] = (),
     ) -> list[str]:
         """Create (or update) ``topic`` with ``queues`` read and write queues (or
         ``read_queues`` / ``write_queues``), ``perm`` and ``message_type`` (RocketMQ 5's
         ``message.type`` attribute; "": MIXED) on every group of ``cluster`` (every
-        cluster when empty); returns the broker group names once every group routes it.
+        cluster when empty; only the groups ``broker_names`` when given); returns the broker
+        group names once every group routes it.
         Raises ``MQClientError`` on a broker's refusal or at the timeout."""
         deadline = time.monotonic() + timeout_s
         channels = self._pool()
@@ -144,6 +146,12 @@ class MQAdmin:
             wanted: set[str] = set()
             while time.monotonic() < deadline:
                 groups = self._leaders(channels, cluster)
+                if broker_names:
+                    groups = {n: a for n, a in groups.items() if n in broker_names}
+                    if not groups:
+                        raise MQClientError.local(
+                            E.NO_BROKER, f"no broker group {sorted(broker_names)} is registered"
+                        )
                 wanted = set(groups)
                 for name, leader_addr in groups.items():
                     if name in done or not leader_addr:
@@ -251,12 +259,16 @@ class MQAdmin:
         self,
         topic: str,
         call: Callable[[RouteClient, TopicRoute, str], T_],
+        only: Collection[str] = (),
     ) -> list[T_]:
+        """``call`` for every broker group routing ``topic`` (only those named in ``only``
+        when given)."""
         channels = self._pool()
         try:
             routes = RouteClient(self.namesrv_addr, channels)
             route = routes.get_route(topic, force=True)
-            return [call(routes, route, g.broker_name) for g in route.groups]
+            names = [g.broker_name for g in route.groups if not only or g.broker_name in only]
+            return [call(routes, route, name) for name in names]
         finally:
             channels.close()
 
@@ -289,8 +301,9 @@ class MQAdmin:
 
         return self._leader_call(routes, topic, name, call)
 
-    def delete_topic(self, topic: str) -> list[str]:
-        """Delete ``topic`` on every broker group routing it; returns those groups' names."""
+    def delete_topic(self, topic: str, only: Collection[str] = ()) -> list[str]:
+        """Delete ``topic`` on every broker group routing it (those named in ``only`` when
+        given); returns those groups' names."""
 
         def one(routes: RouteClient, route: TopicRoute, name: str) -> str:
             self._leader_call(
@@ -301,9 +314,9 @@ class MQAdmin:
             )
             return name
 
-        return self._each_group(topic, one)
+        return self._each_group(topic, one, only)
 
-    def topic_status(self, topic: str) -> list[QueueStatus]:
+    def topic_status(self, topic: str, only: Collection[str] = ()) -> list[QueueStatus]:
         """Min and max offset of every readable queue of ``topic`` in every group."""
 
         def one(routes: RouteClient, route: TopicRoute, name: str) -> list[QueueStatus]:
@@ -315,9 +328,11 @@ class MQAdmin:
                 out.append(QueueStatus(name, q, resp.min_offset, resp.max_offset))
             return out
 
-        return [s for rows in self._each_group(topic, one) for s in rows]
+        return [s for rows in self._each_group(topic, one, only) for s in rows]
 
-    def consumer_progress(self, group: str, topic: str) -> list[QueueProgress]:
+    def consumer_progress(
+        self, group: str, topic: str, only: Collection[str] = ()
+    ) -> list[QueueProgress]:
         """Per readable queue: the broker's max offset, ``group``'s committed offset, the lag."""
 
         def one(routes: RouteClient, route: TopicRoute, name: str) -> list[QueueProgress]:
@@ -333,44 +348,81 @@ class MQAdmin:
                 for q in resp.queues
             ]
 
-        return [p for rows in self._each_group(topic, one) for p in rows]
+        return [p for rows in self._each_group(topic, one, only) for p in rows]
 
-    def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> list[ResetOffset]:
-        """Set ``group``'s offset of every queue of ``topic`` to the first message stored at or
-        after ``timestamp_ms`` (the queue's end if none); returns the offsets set."""
+    def reset_offset_by_time(
+        self,
+        group: str,
+        topic: str,
+        timestamp_ms: int,
+        only: Collection[str] = (),
+        queue_id: int = -1,
+        queue_offset: int | None = None,
+    ) -> list[ResetOffset]:
+        """Set ``group``'s offset of every queue of ``topic`` (of the groups ``only``, of the
+        queue ``queue_id`` when not -1) to the first message stored at or after
+        ``timestamp_ms`` (the queue's end if none), or to ``queue_offset`` when given;
+        returns the offsets set."""
+        req = pb.ResetConsumerOffsetRequest(consumer_group=group, topic=topic, queue_id=queue_id)
+        if queue_offset is None:
+            req.timestamp_ms = timestamp_ms
+        else:
+            req.queue_offset = queue_offset
 
         def one(routes: RouteClient, route: TopicRoute, name: str) -> list[ResetOffset]:
             resp = self._leader_call(
-                routes,
-                topic,
-                name,
-                lambda stub, t: stub.ResetConsumerOffset(
-                    pb.ResetConsumerOffsetRequest(
-                        consumer_group=group, topic=topic, queue_id=-1, timestamp_ms=timestamp_ms
-                    ),
-                    timeout=t,
-                ),
+                routes, topic, name, lambda stub, t: stub.ResetConsumerOffset(req, timeout=t)
             )
             return [ResetOffset(name, o.queue_id, o.queue_offset) for o in resp.offsets]
 
-        return [r for rows in self._each_group(topic, one) for r in rows]
+        return [r for rows in self._each_group(topic, one, only) for r in rows]
 
-    def query_msg_by_key(self, topic: str, key: str, max_num: int = 32) -> list[MessageExt]:
-        """Messages of ``topic`` with ``key`` in every group, newest first."""
+    def update_topic_perm(self, topic: str, perm: int, only: Collection[str] = ()) -> list[str]:
+        """``updateTopicPerm``: the topic's perm on every group routing it (those in ``only``
+        when given), its queues and message type kept as each group has them."""
+
+        def one(routes: RouteClient, route: TopicRoute, name: str) -> str:
+            def call(stub: bpb_grpc.BrokerStub, t: float) -> None:
+                have = stub.GetTopic(pb.GetTopicRequest(topic=topic), timeout=t).topic
+                config = pb.TopicConfig()
+                config.CopyFrom(have)
+                config.perm = perm
+                stub.CreateTopic(pb.CreateTopicRequest(topic=config), timeout=t)
+
+            self._leader_call(routes, topic, name, call)
+            return name
+
+        return self._each_group(topic, one, only)
+
+    def query_msg_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_num: int = 32,
+        begin_ms: int = 0,
+        end_ms: int = 0,
+        only: Collection[str] = (),
+    ) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` stored from ``begin_ms`` to ``end_ms`` (0: no
+        bound) in every group (those in ``only`` when given), newest first."""
+        req = pb.QueryMessageByKeyRequest(
+            topic=topic,
+            key=key,
+            max_num=max_num,
+            begin_timestamp_ms=begin_ms,
+            end_timestamp_ms=end_ms,
+        )
 
         def one(routes: RouteClient, route: TopicRoute, name: str) -> list[MessageExt]:
             resp = self._leader_call(
                 routes,
                 topic,
                 name,
-                lambda stub, t: stub.QueryMessageByKey(
-                    pb.QueryMessageByKeyRequest(topic=topic, key=key, max_num=max_num),
-                    timeout=t,
-                ),
+                lambda stub, t: stub.QueryMessageByKey(req, timeout=t),
             )
             return [MessageExt.from_pb(m, name) for m in resp.messages]
 
-        msgs = [m for rows in self._each_group(topic, one) for m in rows]
+        msgs = [m for rows in self._each_group(topic, one, only) for m in rows]
         return sorted(msgs, key=lambda m: m.store_timestamp_ms, reverse=True)[:max_num]
 
     def query_msg_by_id(self, topic: str, msg_id: str) -> MessageExt:
@@ -669,6 +721,109 @@ class MQAdmin:
                 lambda stub, t: stub.DeleteSubscriptionGroup(req, timeout=t), cluster, broker_addr
             )
         )
+
+    def get_user(
+        self, username: str, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.User]:
+        """``getUser``: the user as every broker group keeps it (``USER_NOT_FOUND`` where a
+        group has none)."""
+        req = pb.GetUserRequest(username=username)
+        return self._on_groups(
+            lambda stub, t: stub.GetUser(req, timeout=t).user, cluster, broker_addr
+        )
+
+    def get_acl(self, subject: str, cluster: str = "", broker_addr: str = "") -> dict[str, pb.Acl]:
+        """``getAcl``: the subject's rules as every broker group keeps them."""
+        req = pb.GetAclRequest(subject=subject)
+        return self._on_groups(
+            lambda stub, t: stub.GetAcl(req, timeout=t).acl, cluster, broker_addr
+        )
+
+    def consumer_groups(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, list[pb.ConsumerGroupInfo]]:
+        """Every consumer group a broker group knows (committed offsets or live consumers):
+        its topics and online consumers, by broker group."""
+        req = pb.ListConsumerGroupsRequest()
+        return self._on_groups(
+            lambda stub, t: list(stub.ListConsumerGroups(req, timeout=t).groups),
+            cluster,
+            broker_addr,
+        )
+
+    def consumer_clients(
+        self, group: str, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, list[str]]:
+        """The client ids of ``group``'s live consumers (their heartbeats), by broker group."""
+        req = pb.GetConsumerListRequest(consumer_group=group)
+        return self._on_groups(
+            lambda stub, t: list(stub.GetConsumerList(req, timeout=t).client_ids),
+            cluster,
+            broker_addr,
+        )
+
+    def group_topics(self, cluster: str = "", broker_addr: str = "") -> dict[str, list[str]]:
+        """The topics every broker group serves, by broker group."""
+        req = pb.ListTopicsRequest()
+        return self._on_groups(
+            lambda stub, t: sorted(c.topic_name for c in stub.ListTopics(req, timeout=t).topics),
+            cluster,
+            broker_addr,
+        )
+
+    def broker_configs(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.GetBrokerConfigResponse]:
+        """``getBrokerConfig``: each node's own broker.conf as it runs (credentials shown only
+        as set), by node address: the node ``broker_addr``, or every registered node of
+        ``cluster`` (of every cluster when empty). A node that does not answer fails it."""
+        req = pb.GetBrokerConfigRequest()
+        return self._each_node(
+            lambda stub, t: stub.GetBrokerConfig(req, timeout=t), cluster, broker_addr
+        )
+
+    def broker_runtime_info(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.GetBrokerRuntimeInfoResponse]:
+        """``brokerStatus``: each node's runtime figures, by node address (the nodes as for
+        :meth:`broker_configs`)."""
+        req = pb.GetBrokerRuntimeInfoRequest()
+        return self._each_node(
+            lambda stub, t: stub.GetBrokerRuntimeInfo(req, timeout=t), cluster, broker_addr
+        )
+
+    def _each_node(
+        self,
+        call: Callable[[bpb_grpc.BrokerStub, float], T_],
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, T_]:
+        """``call`` on the node ``broker_addr`` itself (not its leader), or on every
+        registered node of ``cluster`` (of every cluster when empty); by node address."""
+        if broker_addr:
+            addrs = [broker_addr]
+        else:
+            addrs = sorted(
+                m.client_addr
+                for c in self.cluster_info().clusters
+                if not cluster or c.name == cluster
+                for g in c.groups
+                for m in g.members
+            )
+        if not addrs:
+            raise MQClientError.local(E.NO_BROKER, "no broker node is registered")
+        channels = self._pool()
+        try:
+            out: dict[str, T_] = {}
+            for addr in addrs:
+                try:
+                    out[addr] = call(channels.broker(addr), ADMIN_CALL_TIMEOUT_S)
+                except grpc.RpcError as exc:
+                    err = MQClientError.from_rpc(exc)
+                    raise MQClientError(err.code, err.status, f"{addr}: {err.message}") from exc
+            return out
+        finally:
+            channels.close()
 
     def sub_groups(
         self, cluster: str = "", broker_addr: str = ""

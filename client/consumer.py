@@ -248,6 +248,21 @@ class _ClientBase:
 
         self._routes.call_leader(mq.topic, mq.broker_name, call, RPC_TIMEOUT_S * 2)
 
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The offset of the first message of ``mq`` stored at or after ``timestamp_ms`` (the
+        queue's max offset when none is)."""
+
+        def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> int:
+            resp = stub.SearchOffset(
+                pb.SearchOffsetRequest(
+                    topic=mq.topic, queue_id=mq.queue_id, timestamp_ms=timestamp_ms
+                ),
+                timeout=min(timeout_s, RPC_TIMEOUT_S),
+            )
+            return int(resp.queue_offset)
+
+        return self._routes.call_leader(mq.topic, mq.broker_name, call, RPC_TIMEOUT_S * 2)
+
     def max_offset(self, mq: MessageQueue) -> int:
         def call(stub: bpb_grpc.BrokerStub, timeout_s: float) -> int:
             resp = stub.GetQueueOffsets(

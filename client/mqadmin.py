@@ -8,7 +8,8 @@ Security options (docs/SECURITY.md): ``--tls-ca FILE`` (env ``RAFTMQ_TLS_CA``) s
 certificate. A local secure group (``mqcluster up``) prints the two exports to use.
 
 Exit codes: 0 ok; 1 a failed operation (one line on stderr with the broker's or NameServer's
-stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage);
+stable code); 2 bad usage (unknown command, missing or malformed flag: argparse's usage), or a
+RocketMQ command or option value raftmq refuses (the reason and what to use instead);
 3 the command ran and found something an operator must look at (``replicaStatus``: a member
 repairing, chains that differ, damage counters, a member not answering).
 """
@@ -16,6 +17,8 @@ repairing, chains that differ, damage counters, a member not answering).
 from __future__ import annotations
 
 import argparse
+import codecs
+import datetime
 import functools
 import json
 import logging
@@ -116,16 +119,66 @@ def message_row(m: MessageExt) -> Row:
     }
 
 
+# RocketMQ's UtilAll.YYYY_MM_DD_HH_MM_SS_SSS (yyyy-MM-dd#HH:mm:ss:SSS), read in the local time
+# zone as RocketMQ's tools read it.
+ROCKETMQ_DATE_FORMAT = "%Y-%m-%d#%H:%M:%S:%f"
+ROCKETMQ_DATE_HINT = "yyyy-MM-dd#HH:mm:ss:SSS"
+# Longest time argument read (a date is 23 characters, millis 13): longer is not a time.
+MAX_TIME_ARG_CHARS = 40
+
+
 def parse_timestamp(value: str) -> int:
-    if value == "now":
+    """A time as RocketMQ's tools take it: ``now``, milliseconds since the epoch, or
+    ``yyyy-MM-dd#HH:mm:ss:SSS`` in the local time zone. Anything else: a usage error."""
+    text = value.strip()
+    if text == "now":
         return int(time.time() * 1000)
+    if len(text) > MAX_TIME_ARG_CHARS:
+        raise argparse.ArgumentTypeError(f"not a time: {text[:MAX_TIME_ARG_CHARS]!r}...")
     try:
-        ts = int(value)
+        ts = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a timestamp in ms or 'now': {value!r}") from None
+        try:
+            parsed = datetime.datetime.strptime(text, ROCKETMQ_DATE_FORMAT)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a time: {text!r} (now, ms since the epoch or {ROCKETMQ_DATE_HINT})"
+            ) from None
+        ts = int(parsed.timestamp() * 1000)
     if ts < 0:
-        raise argparse.ArgumentTypeError(f"negative timestamp: {value}")
+        raise argparse.ArgumentTypeError(f"negative timestamp: {text}")
     return ts
+
+
+def parse_bool(text: str) -> bool:
+    """``true`` / ``false`` as RocketMQ's tools take them (any case)."""
+    if text.strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text[:20]!r}")
+    return text.strip().lower() == "true"
+
+
+def only_value(accepted: str, refusal: str) -> Callable[[str], str]:
+    """An argparse ``type`` for a RocketMQ option raftmq honours with one value only (what
+    raftmq always does): that value passes, any other is refused with ``refusal`` (what to
+    use instead), a usage error (exit 2). Never reinterpreted."""
+
+    def check(text: str) -> str:
+        if text.strip().lower() != accepted:
+            raise argparse.ArgumentTypeError(
+                f"raftmq takes only {accepted} here, not {text[:40]!r}: {refusal}"
+            )
+        return accepted
+
+    return check
+
+
+class Refused(MQClientError):
+    """A RocketMQ command or option raftmq does not honour: the message says why and what to
+    use (exit 2, as a usage error; code BAD_USAGE). Caught before MQClientError."""
+
+    def __init__(self, message: str) -> None:
+        row = MQClientError.local(E.BAD_USAGE, message)
+        super().__init__(row.code, row.status, message)
 
 
 class QueueFilter:
@@ -169,20 +222,54 @@ def _message_type_attribute(text: str) -> str:
     return value
 
 
-def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    if args.cluster:
+def _check_cluster(admin: MQAdmin, cluster: str) -> None:
+    if cluster:
         names = [c.name for c in admin.cluster_info().clusters]
-        if args.cluster not in names:
+        if cluster not in names:
             raise MQClientError(
-                E.CLUSTER_NOT_FOUND, "NOT_FOUND", f"no cluster {args.cluster!r}; known: {names}"
+                E.CLUSTER_NOT_FOUND, "NOT_FOUND", f"no cluster {cluster!r:.80}; known: {names}"
             )
+
+
+def group_of_node(admin: MQAdmin, addr: str) -> str:
+    """The broker group of the node whose client address is ``addr`` (RocketMQ's ``-b
+    brokerAddr``: in raftmq a node stands for its whole Raft group)."""
+    for c in admin.cluster_info().clusters:
+        for g in c.groups:
+            if any(m.client_addr == addr for m in g.members):
+                return str(g.broker_name)
+    raise MQClientError.local(E.NO_BROKER, f"no registered node has the address {addr!r:.80}")
+
+
+def _targets(admin: MQAdmin, args: argparse.Namespace) -> list[str]:
+    """The broker groups ``-b BROKER_ADDR`` (wins, as in RocketMQ) or ``-c CLUSTER`` name;
+    empty: every group."""
+    addr = getattr(args, "broker_addr", "")
+    if addr:
+        return [group_of_node(admin, addr)]
+    cluster = getattr(args, "cluster", "")
+    if not cluster:
+        return []
+    _check_cluster(admin, cluster)
+    return [
+        str(g.broker_name)
+        for c in admin.cluster_info().clusters
+        if c.name == cluster
+        for g in c.groups
+    ]
+
+
+def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_cluster(admin, args.cluster)
+    only = [group_of_node(admin, args.broker_addr)] if args.broker_addr else []
     groups = admin.create_topic(
         args.topic,
-        cluster=args.cluster,
+        cluster=args.cluster if not only else "",
         read_queues=args.read_queues,
         write_queues=args.write_queues,
         perm=args.perm,
         message_type=args.message_type or "",
+        broker_names=only,
     )
     out.table(
         [
@@ -200,16 +287,46 @@ def cmd_update_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
 
 
 def cmd_delete_topic(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    groups = admin.delete_topic(args.topic)
+    only = _targets(admin, args)
+    if args.cluster and not only:  # a cluster without groups: nothing of it to delete
+        out.table([])
+        return
+    groups = admin.delete_topic(args.topic, only)
     out.table([{"broker": g, "topic": args.topic, "deleted": True} for g in groups])
 
 
 def cmd_topic_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    if args.cluster_model:
+        out.table(_topic_cluster_rows(admin))
+        return
     topics = admin.topic_list()
     if out.as_json:
         print(json.dumps(topics))
     else:
         print("\n".join(topics) if topics else "(none)")
+
+
+def _topic_cluster_rows(admin: MQAdmin) -> list[Row]:
+    """``topicList -c``: per topic its cluster and every consumer group with offsets on it
+    (RocketMQ's clusterName, topic, consumerGroup)."""
+    cluster_of = {
+        str(g.broker_name): str(c.name) for c in admin.cluster_info().clusters for g in c.groups
+    }
+    consumers: dict[str, set[str]] = {}
+    for infos in admin.consumer_groups().values():
+        for info in infos:
+            for t in info.topics:
+                consumers.setdefault(t, set()).add(info.consumer_group)
+    pairs = {
+        (cluster_of.get(broker, "-"), t)
+        for broker, topics in admin.group_topics().items()
+        for t in topics
+    }
+    rows: list[Row] = []
+    for cluster, t in sorted(pairs):
+        groups = sorted(consumers.get(t, ())) or [""]
+        rows.extend({"cluster": cluster, "topic": t, "consumer_group": g} for g in groups)
+    return rows
 
 
 def cmd_topic_route(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
@@ -233,6 +350,10 @@ def cmd_topic_route(admin: MQAdmin, args: argparse.Namespace, out: Output) -> No
 
 
 def cmd_topic_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    only = _targets(admin, args)
+    if args.cluster and not only:
+        out.table([])
+        return
     rows = [
         {
             "broker": s.broker_name,
@@ -240,14 +361,17 @@ def cmd_topic_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
             "min_offset": s.min_offset,
             "max_offset": s.max_offset,
         }
-        for s in admin.topic_status(args.topic)
+        for s in admin.topic_status(args.topic, only)
     ]
     out.table(rows)
 
 
 def cmd_cluster_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_cluster(admin, args.cluster)
     rows = []
     for c in admin.cluster_info().clusters:
+        if args.cluster and c.name != args.cluster:
+            continue
         for g in c.groups:
             leader = next((m for m in g.members if m.node_id == g.leader_id), None)
             rows.append(
@@ -264,7 +388,7 @@ def cmd_cluster_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
     out.table(rows)
 
 
-def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+def cmd_node_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     rows = []
     for c in admin.cluster_info().clusters:
         if args.cluster and c.name != args.cluster:
@@ -290,22 +414,64 @@ def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> 
 
 
 def cmd_consumer_progress(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    progress = admin.consumer_progress(args.group, args.topic)
+    only = _targets(admin, args)
+    if not args.group:
+        out.table(_group_summary_rows(admin, args.cluster, args.topic))
+        return
+    topics = [args.topic] if args.topic else _group_topic_names(admin, args.group, args.cluster)
+    progress = [(t, p) for t in topics for p in admin.consumer_progress(args.group, t, only)]
     rows = [
         {
+            "topic": t,
             "broker": p.broker_name,
             "queue": p.queue_id,
             "broker_offset": p.broker_offset,
             "consumer_offset": p.consumer_offset,
             "lag": p.lag,
         }
-        for p in progress
+        for t, p in progress
     ]
-    out.table(rows, {"total_lag": sum(p.lag for p in progress)})
+    out.table(rows, {"total_lag": sum(p.lag for _, p in progress)})
+
+
+def _group_topic_names(admin: MQAdmin, group: str, cluster: str = "") -> list[str]:
+    """The topics ``group`` has committed offsets for, over every broker group."""
+    return sorted(
+        {
+            t
+            for infos in admin.consumer_groups(cluster).values()
+            for info in infos
+            if info.consumer_group == group
+            for t in info.topics
+        }
+    )
+
+
+def _group_summary_rows(admin: MQAdmin, cluster: str, topic: str) -> list[Row]:
+    """``consumerProgress`` without ``-g``: every consumer group with its online consumers
+    and total lag over its topics (RocketMQ's group list)."""
+    merged: dict[str, tuple[set[str], int]] = {}
+    for infos in admin.consumer_groups(cluster).values():
+        for info in infos:
+            topics, online = merged.get(info.consumer_group, (set(), 0))
+            merged[info.consumer_group] = (topics | set(info.topics), online + info.online_clients)
+    rows: list[Row] = []
+    for group, (topics, online) in sorted(merged.items()):
+        if topic and topic not in topics:
+            continue
+        lag = sum(p.lag for t in sorted(topics) for p in admin.consumer_progress(group, t))
+        rows.append(
+            {"group": group, "topics": sorted(topics), "online_clients": online, "total_lag": lag}
+        )
+    return rows
 
 
 def cmd_query_msg_by_key(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    out.table([message_row(m) for m in admin.query_msg_by_key(args.topic, args.key, args.max)])
+    only = _targets(admin, args)
+    msgs = admin.query_msg_by_key(
+        args.topic, args.key, args.max, args.begin or 0, args.end or 0, only
+    )
+    out.table([message_row(m) for m in msgs])
 
 
 def cmd_query_msg_by_id(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
@@ -322,10 +488,21 @@ def cmd_query_msg_by_id(admin: MQAdmin, args: argparse.Namespace, out: Output) -
 
 
 def cmd_reset_offset_by_time(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    resets = admin.reset_offset_by_time(args.group, args.topic, args.timestamp)
+    if args.offset is not None and not (args.broker_addr and args.queue is not None):
+        raise Refused("-o OFFSET resets one queue: give -b BROKER_ADDR and -q QUEUE_ID with it")
+    only = _targets(admin, args)
+    resets = admin.reset_offset_by_time(
+        args.group,
+        args.topic,
+        args.timestamp,
+        only,
+        -1 if args.queue is None else args.queue,
+        args.offset,
+    )
+    extra: Row = {"timestamp_ms": args.timestamp} if args.offset is None else {}
     out.table(
         [{"broker": r.broker_name, "queue": r.queue_id, "offset": r.offset} for r in resets],
-        {"timestamp_ms": args.timestamp},
+        extra,
     )
 
 
@@ -350,8 +527,54 @@ def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> N
     )
 
 
+def _check_window(begin_ms: int | None, end_ms: int | None) -> None:
+    """RocketMQ's checks of ``-s``/``-e`` (``-b``/``-e`` for printMsg): both before now,
+    begin <= end."""
+    now_ms = int(time.time() * 1000)
+    for name, value in (("begin", begin_ms), ("end", end_ms)):
+        if value is not None and value > now_ms:
+            raise Refused(f"the {name} time {value} is after now ({now_ms}): set one before now")
+    if begin_ms is not None and end_ms is not None and begin_ms > end_ms:
+        raise Refused(f"the begin time {begin_ms} is after the end time {end_ms}")
+
+
+def pull_window(
+    consumer: PullConsumer,
+    queues: Sequence[MessageQueue],
+    window: tuple[int | None, int | None, int | None],
+    count: int,
+    expression: str = "*",
+) -> list[MessageExt]:
+    """Up to ``count`` messages, queue by queue, from ``offset`` (each queue's min when None)
+    and the first message stored at or after ``begin_ms``, none stored after ``end_ms``.
+    Commits nothing."""
+    offset0, begin_ms, end_ms = window
+    found: list[MessageExt] = []
+    for mq in queues:
+        offset = 0 if offset0 is None else offset0
+        if begin_ms is not None:
+            offset = max(offset, consumer.search_offset(mq, begin_ms))
+        while len(found) < count:
+            res = consumer.pull(mq, offset, min(count - len(found), PULL_BATCH), expression)
+            if res.status == "OFFSET_ILLEGAL" and res.next_begin_offset > offset:
+                offset = res.next_begin_offset
+                continue
+            if res.status not in ("FOUND", "NO_MATCHED_MSG"):
+                break
+            in_window = [
+                m for m in res.messages if end_ms is None or m.store_timestamp_ms <= end_ms
+            ]
+            found.extend(in_window)
+            if len(in_window) < len(res.messages) or res.next_begin_offset <= offset:
+                break
+            offset = res.next_begin_offset
+        if len(found) >= count:
+            break
+    return found[:count]
+
+
 def cmd_consume_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    rows: list[Row] = []
+    _check_window(args.begin, args.end)
     with PullConsumer(args.group, admin.namesrv_addr, admin.security) as consumer:
         queues: list[MessageQueue] = consumer.fetch_queues(args.topic)
         if args.broker:
@@ -362,22 +585,133 @@ def cmd_consume_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -
                 raise MQClientError(
                     E.QUEUE_ID_OUT_OF_RANGE, "INVALID_ARGUMENT", f"no queue {args.queue}"
                 )
-        for mq in queues:
-            offset = 0 if args.offset is None else args.offset
-            while len(rows) < args.count:
-                res = consumer.pull(mq, offset, min(args.count - len(rows), 32), args.subexpr)
-                if res.status == "OFFSET_ILLEGAL" and res.next_begin_offset != offset:
-                    offset = res.next_begin_offset
-                    continue
-                if res.status not in ("FOUND", "NO_MATCHED_MSG"):
-                    break
-                rows.extend(message_row(m) for m in res.messages)
-                if res.next_begin_offset <= offset:
-                    break
-                offset = res.next_begin_offset
-            if len(rows) >= args.count:
-                break
-    out.table(rows[: args.count])
+        msgs = pull_window(
+            consumer, queues, (args.offset, args.begin, args.end), args.count, args.subexpr
+        )
+    out.table([message_row(m) for m in msgs])
+
+
+def cmd_query_msg_by_offset(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    mq = MessageQueue(args.topic, args.broker, args.queue)
+    with PullConsumer(DEFAULT_CONSUMER_GROUP, admin.namesrv_addr, admin.security) as consumer:
+        if mq not in consumer.fetch_queues(args.topic):
+            raise MQClientError(
+                E.QUEUE_NOT_FOUND, "NOT_FOUND", f"{args.topic} has no queue {mq.key()}"
+            )
+        res = consumer.pull(mq, args.offset, 1)
+    if res.status != "FOUND" or res.messages[0].queue_offset != args.offset:
+        raise MQClientError(
+            E.MESSAGE_NOT_FOUND,
+            "NOT_FOUND",
+            f"no message at offset {args.offset} of {mq.key()} ({res.status}; the queue holds "
+            f"{res.min_offset}..{res.max_offset - 1})",
+        )
+    m = res.messages[0]
+    row = message_row(m)
+    row["properties"] = dict(m.properties)
+    row["born_time_ms"] = m.born_timestamp_ms
+    if out.as_json:
+        out.obj(row)
+    else:
+        out.obj({k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in row.items()})
+
+
+def cmd_print_msg(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_window(args.begin, args.end)
+    try:
+        codecs.lookup(args.charset)
+    except LookupError:
+        raise Refused(f"unknown charset {args.charset[:40]!r} (e.g. UTF-8, GBK)") from None
+    with PullConsumer(DEFAULT_CONSUMER_GROUP, admin.namesrv_addr, admin.security) as consumer:
+        queues = consumer.fetch_queues(args.topic)
+        msgs = pull_window(
+            consumer, queues, (None, args.begin, args.end), PRINT_MSG_MAX, args.subexpr
+        )
+    rows = []
+    for m in msgs:
+        row = message_row(m)
+        row["body"] = (
+            m.body.decode(args.charset, errors="replace") if args.print_body else "NOT PRINT BODY"
+        )
+        rows.append(row)
+    out.table(rows)
+
+
+def cmd_update_topic_perm(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    only = _targets(admin, args)
+    if args.cluster and not only:
+        out.table([])
+        return
+    groups = admin.update_topic_perm(args.topic, args.perm, only)
+    out.table([{"broker": g, "topic": args.topic, "perm": args.perm} for g in groups])
+
+
+def cmd_get_user(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    out.table(_user_rows(admin.get_user(args.username, args.cluster, args.broker_addr)))
+
+
+def cmd_get_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    out.table(_acl_rows(admin.get_acl(args.subject, args.cluster, args.broker_addr)))
+
+
+def cmd_consumer_connection(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    by_group = admin.consumer_clients(args.group, broker_addr=args.broker_addr)
+    rows: list[Row] = [
+        {"broker": broker, "group": args.group, "client_id": c}
+        for broker, clients in by_group.items()
+        for c in clients
+    ]
+    out.table(rows)
+
+
+def cmd_stats_all(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    """Per topic and consumer group: the messages the topic holds and the group's lag
+    (RocketMQ's accumulation); rates are Prometheus metrics, not kept here."""
+    by_topic: dict[str, set[str]] = {}
+    for infos in admin.consumer_groups().values():
+        for info in infos:
+            for t in info.topics:
+                by_topic.setdefault(t, set()).add(info.consumer_group)
+    topics = [args.topic] if args.topic else admin.topic_list()
+    rows: list[Row] = []
+    for t in topics:
+        status = admin.topic_status(t)
+        stored = sum(q.max_offset - q.min_offset for q in status)
+        for group in sorted(by_topic.get(t, ())) or [""]:
+            lag = sum(p.lag for p in admin.consumer_progress(group, t)) if group else 0
+            rows.append(
+                {"topic": t, "consumer_group": group, "stored": stored, "accumulation": lag}
+            )
+    out.table(rows)
+
+
+def cmd_get_broker_config(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_cluster(admin, args.cluster)
+    rows: list[Row] = [
+        {"node": addr, "node_id": answer.node_id, "key": key, "value": answer.config[key]}
+        for addr, answer in admin.broker_configs(args.cluster, args.broker_addr).items()
+        for key in sorted(answer.config)
+    ]
+    out.table(rows)
+
+
+def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    _check_cluster(admin, args.cluster)
+    rows: list[Row] = [
+        {"node": addr, "node_id": answer.node_id, "key": key, "value": answer.info[key]}
+        for addr, answer in admin.broker_runtime_info(args.cluster, args.broker_addr).items()
+        for key in sorted(answer.info)
+    ]
+    out.table(rows)
+
+
+def refused_command(says: str) -> Handler:
+    """The handler of a RocketMQ command raftmq does not have: refuses, saying what to use."""
+
+    def refuse(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+        raise Refused(says)
+
+    return refuse
 
 
 def cmd_dlq_list(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
@@ -409,10 +743,21 @@ def cmd_dlq_resend(admin: MQAdmin, args: argparse.Namespace, out: Output) -> Non
 
 # -- argument parsing ----------------------------------------------------------------------
 
+# Messages per pull of consumeMessage and printMsg.
+PULL_BATCH = 32
+# printMsg prints at most this many messages (RocketMQ's prints a whole topic; a bound keeps
+# one command's memory and output finite: narrow the time window for more).
+PRINT_MSG_MAX = 10_000
+# consumeMessage's default count (RocketMQ's messageCount).
+CONSUME_DEFAULT_COUNT = 128
+
+
 # A handler returns None (exit 0) or its own exit code (EXIT_FLAGGED).
 Handler = Callable[[MQAdmin, argparse.Namespace, Output], int | None]
 # The command ran but found something an operator must look at (replicaStatus).
 EXIT_FLAGGED = 3
+# Bad usage, as argparse exits: also a RocketMQ command or option raftmq refuses.
+EXIT_USAGE = 2
 
 
 def _group_addr(admin: MQAdmin, args: argparse.Namespace) -> str:
@@ -787,20 +1132,42 @@ def _topic_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--topic", required=True, help="topic name")
 
 
+def _cluster_flag(p: argparse.ArgumentParser, help_: str = "only this cluster's groups") -> None:
+    p.add_argument("-c", "--cluster", "--clusterName", default="", help=help_)
+
+
+def _broker_addr_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-b",
+        "--broker-addr",
+        "--brokerAddr",
+        dest="broker_addr",
+        default="",
+        type=_node_addr,
+        help="only the broker group of the node at host:port (wins over -c, as in RocketMQ)",
+    )
+
+
+NO_ORDER_CONF = (
+    "RocketMQ's order conf has no use here: every queue keeps its order; for FIFO topics "
+    "use -a +message.type=FIFO, for orderly consumers updateSubGroup -o true"
+)
+NO_UNIT = "raftmq has no unit (multi-region) topics"
+
+
 def _topic_commands(cli: CommandLine) -> None:
     """Topics and the cluster: RocketMQ's -t, -c, -r, -w, -p, -b (a node's address)."""
 
     add = functools.partial(_command, cli)
-    topic = _topic_flag
-    p = add("updateTopic", cmd_update_topic, "create or update a topic on every broker group")
-    topic(p)
-    p.add_argument(
-        "-c",
-        "--cluster",
-        "--clusterName",
-        default="",
-        help="cluster name (default: every cluster)",
-    )
+    _update_topic_parser(add("updateTopic", cmd_update_topic, "create or update a topic"))
+    _more_topic_commands(add)
+
+
+def _update_topic_parser(p: argparse.ArgumentParser) -> None:
+    """updateTopic: RocketMQ's -t -c -b -r -w -p -a, and -o -u -s taken as false only."""
+    _topic_flag(p)
+    _cluster_flag(p, "cluster name (default: every cluster)")
+    _broker_addr_flag(p)
     p.add_argument(
         "-r", "--read-queues", "--readQueueNums", dest="read_queues", type=int, default=8
     )
@@ -817,55 +1184,206 @@ def _topic_commands(cli: CommandLine) -> None:
         help="RocketMQ 5's attribute +message.type=NORMAL|FIFO|DELAY|TRANSACTION|MIXED "
         "(default MIXED: every type; docs/RMQ5.md)",
     )
+    p.add_argument("-o", "--order", type=only_value("false", NO_ORDER_CONF), default="false")
+    p.add_argument("-u", "--unit", type=only_value("false", NO_UNIT), default="false")
+    p.add_argument("-s", "--hasUnitSub", type=only_value("false", NO_UNIT), default="false")
 
+
+def _more_topic_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    topic = _topic_flag
     p = add("deleteTopic", cmd_delete_topic, "delete a topic on every broker group serving it")
     topic(p)
-    add("topicList", cmd_topic_list, "list every topic the NameServer routes")
-    topic(add("topicRoute", cmd_topic_route, "a topic's route: groups, queues, leader, followers"))
-    topic(add("topicStatus", cmd_topic_status, "min and max offset of every queue of a topic"))
-    add("clusterList", cmd_cluster_list, "clusters and their broker groups")
-    p = add("brokerStatus", cmd_broker_status, "every node: role, term, address, heartbeat age")
-    p.add_argument("-c", "--cluster", "--clusterName", default="", help="only this cluster")
+    _cluster_flag(p, "only from this cluster's groups (default: every group routing it)")
+    p = add("topicList", cmd_topic_list, "list every topic the NameServer routes")
     p.add_argument(
-        "-b",
-        "--broker-addr",
-        "--brokerAddr",
-        default="",
-        type=_node_addr,
-        help="only the node at host:port",
+        "-c",
+        "--clusterModel",
+        dest="cluster_model",
+        action="store_true",
+        help="per topic: its cluster and the consumer groups with offsets on it",
     )
+    p = add("topicRoute", cmd_topic_route, "a topic's route: groups, queues, leader, followers")
+    topic(p)
+    p.add_argument("-l", "--list", action="store_true", help="list format (always a list here)")
+    p = add("topicStatus", cmd_topic_status, "min and max offset of every queue of a topic")
+    topic(p)
+    _cluster_flag(p)
+    p = add("updateTopicPerm", cmd_update_topic_perm, "change a topic's perm, queues kept")
+    topic(p)
+    p.add_argument("-p", "--perm", type=int, required=True, choices=(2, 4, 6), help="2 W 4 R 6 RW")
+    _cluster_flag(p)
+    _broker_addr_flag(p)
+    p = add("clusterList", cmd_cluster_list, "clusters and their broker groups")
+    _cluster_flag(p)
+    p.add_argument(
+        "-m",
+        "--moreStats",
+        action=_RefuseFlag,
+        says="per-node rates are Prometheus metrics (docs/METRICS.md)",
+    )
+    p.add_argument(
+        "-i",
+        "--interval",
+        type=_refuse_value("repeat it with watch -n SECONDS mqadmin clusterList"),
+    )
+    p = add(
+        "getBrokerConfig",
+        cmd_get_broker_config,
+        "each node's broker.conf as it runs (one node with -b; credentials only as set)",
+    )
+    _cluster_flag(p, "every node of this cluster (default: every node)")
+    _broker_addr_flag(p)
+    p = add(
+        "brokerStatus",
+        cmd_broker_status,
+        "each node's runtime figures: release, uptime, Raft role and term, log extent",
+    )
+    _cluster_flag(p, "every node of this cluster (default: every node)")
+    _broker_addr_flag(p)
+    p = add("nodeStatus", cmd_node_status, "every node: role, term, address, heartbeat age")
+    _cluster_flag(p)
+    _broker_addr_flag(p)
+    _refused_commands(add)
+
+
+class _RefuseFlag(argparse.Action):
+    """A RocketMQ flag without a value that raftmq does not honour: a usage error naming
+    what to use (``says``)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, says: str = "", **kw: Any):
+        super().__init__(option_strings, dest, nargs=0, default=None, **kw)
+        self.says = says
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        parser.error(f"{'/'.join(self.option_strings)} is not taken by raftmq: {self.says}")
+
+
+def _refuse_value(says: str) -> Callable[[str], str]:
+    def refuse(text: str) -> str:
+        raise argparse.ArgumentTypeError(f"not taken by raftmq: {says}")
+
+    return refuse
+
+
+# RocketMQ commands raftmq refuses, with what to use instead (docs/CLIENT.md's table).
+REFUSED_COMMANDS: dict[str, str] = {
+    "consumerStatus": (
+        "brokers cannot ask a raftmq consumer for its internal state; use consumerConnection "
+        "(its live clients) and consumerProgress (offsets and lag)"
+    ),
+    "producerConnection": (
+        "raftmq brokers keep no producer registry (producers send without heartbeats); "
+        "the send rate per topic is a Prometheus metric (docs/METRICS.md)"
+    ),
+    "clusterRT": (
+        "time sends with the benchmark (make bench, docs/PERFORMANCE.md) or mqadmin "
+        "sendMessage; raftmq has no per-broker topic for clusterRT to write to"
+    ),
+    "updateBrokerConfig": (
+        "change broker.conf and restart the node, one node at a time (docs/CONFIG.md); "
+        "a live change through the Raft log is not built yet"
+    ),
+}
+
+
+def _refused_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    # Their RocketMQ options are not declared: main() lets them through, so the refusal (not
+    # a usage error about a letter) is what the user sees.
+    for name, says in REFUSED_COMMANDS.items():
+        add(name, refused_command(says), f"not in raftmq: {says}")
 
 
 def _query_commands(cli: CommandLine) -> None:
-    """Offsets and lookups: RocketMQ's -g, -t, -k, -i, -s."""
+    """Offsets and lookups: RocketMQ's -g, -t, -k, -i, -s, -b, -e, -c."""
 
     add = functools.partial(_command, cli)
     topic = _topic_flag
-    p = add("consumerProgress", cmd_consumer_progress, "a consumer group's offsets and lag")
+    _consumer_progress_parser(add("consumerProgress", cmd_consumer_progress, "offsets and lag"))
+    _lookup_commands(add)
+
+    p = add("resetOffsetByTime", cmd_reset_offset_by_time, "reset a group's offsets to a time")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     topic(p)
+    p.add_argument(
+        "-s", "--timestamp", type=parse_timestamp, required=True,
+        help="now, ms since the epoch or " + ROCKETMQ_DATE_HINT + " (local time; -o wins)",
+    )  # fmt: skip
+    p.add_argument(
+        "-f", "--force", type=only_value("true", "raftmq always resets, backwards too"),
+        default="true",
+    )  # fmt: skip
+    _cluster_flag(p)
+    _broker_addr_flag(p)
+    p.add_argument("-q", "--queue", type=int, default=None, help="only this queue (with -b)")
+    p.add_argument("-o", "--offset", type=int, default=None, help="this offset (with -b, -q)")
 
+
+def _consumer_progress_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-g", "--group", "--groupName", default="", help="consumer group (default: every group)"
+    )
+    p.add_argument(
+        "-t", "--topic", "--topicName", default="", help="topic (default: every topic of -g)"
+    )
+    p.add_argument(
+        "-s",
+        "--showClientIP",
+        type=only_value(
+            "false",
+            "raftmq does not map queues to client addresses; "
+            "consumerConnection lists the group's live clients",
+        ),
+        default="false",
+    )
+    _cluster_flag(p)
+
+
+def _lookup_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    """queryMsgByKey, queryMsgById, queryMsgByOffset."""
+    topic = _topic_flag
     p = add("queryMsgByKey", cmd_query_msg_by_key, "messages of a topic with a key")
     topic(p)
     p.add_argument("-k", "--key", "--msgKey", dest="key", required=True)
-    p.add_argument("-m", "--max", type=int, default=32, help="at most this many (default 32)")
+    p.add_argument(
+        "-m", "--max", "--maxNum", type=int, default=64, help="at most this many (default 64)"
+    )
+    p.add_argument(
+        "-b", "--begin", "--beginTimestamp", type=parse_timestamp, default=None,
+        help="stored at or after this time (ms, now or " + ROCKETMQ_DATE_HINT + ")",
+    )  # fmt: skip
+    p.add_argument(
+        "-e", "--end", "--endTimestamp", type=parse_timestamp, default=None,
+        help="stored at or before this time",
+    )  # fmt: skip
+    _cluster_flag(p)
 
     p = add("queryMsgById", cmd_query_msg_by_id, "a message by uniq id or offsetMsgId")
     topic(p)
     p.add_argument(
         "-i", "--id", "--msgId", dest="id", required=True, help="msg id (uniq) or offset msg id"
     )
-
-    p = add("resetOffsetByTime", cmd_reset_offset_by_time, "reset a group's offsets to a time")
-    p.add_argument("-g", "--group", required=True, help="consumer group")
-    topic(p)
+    p.add_argument("-c", "--cluster", default="", help="accepted; the topic's route is used")
+    direct = "a broker cannot push a message to one raftmq client; use dlqResend or sendMessage"
+    p.add_argument("-g", "--consumerGroup", type=_refuse_value(direct))
+    p.add_argument("-d", "--clientId", type=_refuse_value(direct))
+    p.add_argument("-s", "--sendMessage", type=only_value("false", direct), default="false")
+    p.add_argument("-u", "--unitName", type=_refuse_value(NO_UNIT))
     p.add_argument(
-        "-s", "--timestamp", required=True, type=parse_timestamp, help="ms since epoch, or now"
+        "-f", "--bodyFormat", type=_refuse_value("bodies print as UTF-8 (printMsg -c CHARSET)")
+    )
+
+    p = add("queryMsgByOffset", cmd_query_msg_by_offset, "the message at a queue's offset")
+    topic(p)
+    p.add_argument("-b", "--broker", "--brokerName", dest="broker", required=True)
+    p.add_argument("-i", "--queue", "--queueId", dest="queue", type=int, required=True)
+    p.add_argument("-o", "--offset", type=int, required=True)
+    p.add_argument(
+        "-f", "--bodyFormat", type=_refuse_value("bodies print as UTF-8 (printMsg -c CHARSET)")
     )
 
 
 def _message_commands(cli: CommandLine) -> None:
-    """Sending, consuming, dead letters: RocketMQ's -t, -p, -k, -c, -b, -i, -o, -g."""
+    """Sending, consuming, dead letters: RocketMQ's -t, -p, -k, -c, -b, -i, -o, -g, -s, -e."""
 
     add = functools.partial(_command, cli)
     topic = _topic_flag
@@ -886,10 +1404,23 @@ def _message_commands(cli: CommandLine) -> None:
         default=None,
         help="only this queue id (with -b: that group's queue)",
     )
+    p.add_argument(
+        "-m",
+        "--msgTraceEnable",
+        type=only_value("false", "raftmq has no message trace; the audit log and queryMsgById"),
+        default="false",
+    )
     p.add_argument("--producer-group", default=DEFAULT_PRODUCER_GROUP)
 
-    p = add("consumeMessage", cmd_consume_message, "pull messages and print them (no commit)")
-    topic(p)
+    _consume_message_parser(
+        add("consumeMessage", cmd_consume_message, "pull messages and print them (no commit)")
+    )
+    _print_and_stats_commands(add)
+
+
+def _consume_message_parser(p: argparse.ArgumentParser) -> None:
+    """consumeMessage: RocketMQ's -t -b -i -o -g -c, and -s / -e as begin and end times."""
+    _topic_flag(p)
     p.add_argument(
         "-g",
         "--group",
@@ -918,10 +1449,37 @@ def _message_commands(cli: CommandLine) -> None:
         "--MessageNumber",
         dest="count",
         type=int,
-        default=32,
-        help="at most this many (default 32)",
+        default=CONSUME_DEFAULT_COUNT,
+        help=f"at most this many (default {CONSUME_DEFAULT_COUNT})",
     )
-    p.add_argument("-s", "--subexpr", default="*", help="tag expression (default *)")
+    p.add_argument(
+        "-s", "--begin", "--beginTimestamp", type=parse_timestamp, default=None,
+        help="from the first message stored at or after this time (ms, " + ROCKETMQ_DATE_HINT + ")",
+    )  # fmt: skip
+    p.add_argument(
+        "-e", "--end", "--endTimestamp", type=parse_timestamp, default=None,
+        help="none stored after this time",
+    )  # fmt: skip
+    p.add_argument("--subexpr", default="*", help="tag expression (default *; no letter)")
+
+
+def _print_and_stats_commands(
+    add: Callable[[str, Handler, str], argparse.ArgumentParser],
+) -> None:
+    """printMsg, dlqList, dlqResend, consumerConnection, statsAll."""
+    topic = _topic_flag
+    p = add("printMsg", cmd_print_msg, "print a topic's messages, optionally in a time window")
+    topic(p)
+    p.add_argument("-c", "--charset", "--charsetName", default="UTF-8", help="body charset")
+    p.add_argument("-s", "--subexpr", "--subExpression", default="*", help="tag expression")
+    p.add_argument("-b", "--begin", "--beginTimestamp", type=parse_timestamp, default=None)
+    p.add_argument("-e", "--end", "--endTimestamp", type=parse_timestamp, default=None)
+    p.add_argument(
+        "-d", "--printBody", dest="print_body", type=parse_bool, default=True, help="true|false"
+    )
+    p.add_argument(
+        "-l", "--lmqParentTopic", type=_refuse_value("raftmq has no light message queues")
+    )
 
     p = add("dlqList", cmd_dlq_list, "a consumer group's dead letters (%%DLQ%%{group})")
     p.add_argument("-g", "--group", required=True, help="consumer group")
@@ -929,6 +1487,17 @@ def _message_commands(cli: CommandLine) -> None:
     p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
+    p = add("consumerConnection", cmd_consumer_connection, "a consumer group's live clients")
+    p.add_argument("-g", "--group", "--consumerGroup", required=True, help="consumer group")
+    _broker_addr_flag(p)
+    p = add("statsAll", cmd_stats_all, "per topic and group: messages stored, accumulation")
+    p.add_argument("-t", "--topic", default="", help="only this topic")
+    p.add_argument(
+        "-a",
+        "--activeTopic",
+        action=_RefuseFlag,
+        says="raftmq keeps no per-topic rates; they are Prometheus metrics (docs/METRICS.md)",
+    )
 
 
 def _node_addr(text: str) -> str:
@@ -1070,8 +1639,10 @@ def _sub_group_commands(cli: CommandLine) -> None:
         help="redeliveries before %%DLQ%%{group} (default: popMaxDeliveryAttempts - 1)",
     )
     p.add_argument(
+        "-p",
         "--retry-policy",
         "--retryPolicy",
+        "--groupRetryPolicy",
         dest="retry_policy",
         type=_retry_policy,
         default=None,
@@ -1079,6 +1650,7 @@ def _sub_group_commands(cli: CommandLine) -> None:
         '"customizedRetryPolicy":{"next":[1000,5000]}} (default: 1s 5s 10s 30s 1m .. 2h)',
     )
     _where(p)
+    _sub_group_refusals(p)
     p = add(
         "deleteSubGroup",
         cmd_delete_sub_group,
@@ -1086,9 +1658,35 @@ def _sub_group_commands(cli: CommandLine) -> None:
     )
     p.add_argument("-g", "--group", "--groupName", required=True, help="consumer group")
     _where(p)
+    p.add_argument(
+        "-r",
+        "--removeOffset",
+        type=only_value("false", "offsets stay; resetOffsetByTime moves them"),
+        default="false",
+    )
     p = add("getConsumerConfig", cmd_get_consumer_config, "consumer groups' config")
     p.add_argument("-g", "--group", "--groupName", default="", help="only this group")
     _where(p)
+
+
+def _sub_group_refusals(p: argparse.ArgumentParser) -> None:
+    """updateSubGroup's RocketMQ options raftmq honours with its one behaviour only."""
+    leader = "every read goes to the group's Raft leader"
+    for flags, accepted, says in (
+        (("-s", "--consumeEnable"), "true", "a group always consumes; revoke Sub in its ACL"),
+        (("-d", "--consumeBroadcastEnable"), "false", "raftmq consumers share a group's queues"),
+        (("-q", "--retryQueueNums"), "1", "a group has one retry queue per broker group"),
+        (("-a", "--notifyConsumerIdsChanged"), "true", "consumers rebalance on every change"),
+        (("-i", "--brokerId"), "0", leader),
+        (("-w", "--whichBrokerWhenConsumeSlowly"), "1", leader),
+    ):
+        p.add_argument(*flags, type=only_value(accepted, says), default=accepted)
+    p.add_argument(
+        "-m",
+        "--consumeFromMinEnable",
+        type=_refuse_value("where a new group starts is its consumers' consumeFromWhere"),
+    )
+    p.add_argument("--attributes", type=_refuse_value("raftmq groups have no attributes"))
 
 
 def _acl_commands(cli: CommandLine) -> None:
@@ -1111,6 +1709,12 @@ def _acl_commands(cli: CommandLine) -> None:
     _where(p)
     p = add("deleteUser", cmd_delete_user, "delete a user and its ACL rules")
     p.add_argument("-u", "--username", required=True, help="username")
+    _where(p)
+    p = add("getUser", cmd_get_user, "a user (never its password), per broker group")
+    p.add_argument("-u", "--username", required=True, help="username")
+    _where(p)
+    p = add("getAcl", cmd_get_acl, "a subject's rules, per broker group")
+    p.add_argument("-s", "--subject", required=True, help="User:<username>")
     _where(p)
     p = add("listUser", cmd_list_user, "list users (never their passwords)")
     p.add_argument("-f", "--filter", default="", help="usernames containing this")
@@ -1164,7 +1768,9 @@ def _copy_flags(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 with usage on a bad command line
+    args, unknown = parser.parse_known_args(argv)  # exits 2 with usage on a bad command line
+    if unknown and args.command not in REFUSED_COMMANDS:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not args.namesrv:
         parser.error("no NameServer: pass -n host:port or set NAMESRV_ADDR")
     try:
@@ -1180,6 +1786,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         admin = MQAdmin(args.namesrv, security)
         rc = args.handler(admin, args, out)
+    except Refused as exc:
+        print(f"mqadmin {args.command}: refused: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
     except MQClientError as exc:
         detail = " ".join(exc.message.split())
         if detail.startswith(exc.code + " "):

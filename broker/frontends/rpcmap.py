@@ -200,6 +200,9 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "EndTransaction": lambda r, c: [topic(r.topic, PUB)],
     BROKER + "UpdateSubscriptionGroup": _update_subgroup,
     BROKER + "ListSubscriptionGroups": lambda r, c: [cluster(c, LIST)],
+    # a node's own broker.conf (credentials never): what the cluster's operators may read
+    BROKER + "GetBrokerConfig": lambda r, c: [cluster(c, GET)],
+    BROKER + "GetBrokerRuntimeInfo": lambda r, c: [cluster(c, GET)],
     BROKER + "DeleteSubscriptionGroup": lambda r, c: [group(r.group, DELETE)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,

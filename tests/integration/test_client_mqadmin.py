@@ -113,7 +113,7 @@ def test_mqadmin_against_a_group(local_group: Callable[..., LocalCluster]) -> No
 
     clusters = ok_json(addr, "clusterList")
     assert [(c["broker"], c["nodes"]) for c in clusters] == [(broker, 3)]
-    nodes = ok_json(addr, "brokerStatus")
+    nodes = ok_json(addr, "nodeStatus")
     assert len(nodes) == 3
     assert sorted(n["role"] for n in nodes) == ["FOLLOWER", "FOLLOWER", "LEADER"]
     assert all(n["addr"] and n["term"] >= 1 and n["heartbeat_age_ms"] >= 0 for n in nodes)
@@ -155,7 +155,7 @@ def test_mqadmin_against_a_group(local_group: Callable[..., LocalCluster]) -> No
 
 def test_rocketmq_flag_letters_against_a_group(local_group: Callable[..., LocalCluster]) -> None:
     """The command lines a RocketMQ user types: ``sendMessage -k -c -b -i`` lands in exactly
-    that queue with those keys and tags; consumeMessage and brokerStatus take RocketMQ's
+    that queue with those keys and tags; consumeMessage and nodeStatus take RocketMQ's
     letters; ``-n`` after the command."""
     cluster = local_group(1, namesrv=True)
     assert cluster.namesrv is not None
@@ -183,9 +183,9 @@ def test_rocketmq_flag_letters_against_a_group(local_group: Callable[..., LocalC
     assert missing.returncode == 1 and "QUEUE_NOT_FOUND" in missing.stderr
 
     node_addr = cluster.nodes[0].client_addr
-    nodes = ok_json(addr, "brokerStatus", "-c", name, "-b", node_addr)
+    nodes = ok_json(addr, "nodeStatus", "-c", name, "-b", node_addr)
     assert [n["addr"] for n in nodes] == [node_addr]
-    assert ok_json(addr, "brokerStatus", "-b", "127.0.0.1:1") == []
+    assert ok_json(addr, "nodeStatus", "-b", "127.0.0.1:1") == []
 
     after = subprocess.run(
         [sys.executable, "-m", "client.mqadmin", "topicList", "-n", addr, "--json"],

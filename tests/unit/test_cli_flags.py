@@ -50,7 +50,7 @@ def test_after_the_subcommand_wins_and_no_default_overrides() -> None:
         GlobalOption.of("--base", required=True)
 
 
-@pytest.mark.parametrize("command", ["topicList", "clusterList", "brokerStatus"])
+@pytest.mark.parametrize("command", ["topicList", "clusterList", "nodeStatus"])
 def test_mqadmin_global_options_after_any_command(command: str) -> None:
     args = mqadmin.build_parser().parse_args([command, "-n", "h:1", "--json", "-v"])
     assert (args.namesrv, args.json, args.verbose) == ("h:1", True, True)
@@ -65,7 +65,7 @@ ROCKETMQ_FLAGS: dict[str, tuple[list[str], dict[str, object]]] = {
     "deleteTopic": (["-t", "T"], {"topic": "T"}),
     "topicRoute": (["-t", "T"], {"topic": "T"}),
     "topicStatus": (["-t", "T"], {"topic": "T"}),
-    "brokerStatus": (["-c", "C", "-b", "h:10911"], {"cluster": "C", "broker_addr": "h:10911"}),
+    "nodeStatus": (["-c", "C", "-b", "h:10911"], {"cluster": "C", "broker_addr": "h:10911"}),
     "consumerProgress": (["-g", "G", "-t", "T"], {"group": "G", "topic": "T"}),
     "queryMsgByKey": (["-t", "T", "-k", "K"], {"topic": "T", "key": "K"}),
     "queryMsgById": (["-t", "T", "-i", "ID"], {"topic": "T", "id": "ID"}),

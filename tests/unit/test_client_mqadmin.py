@@ -4,14 +4,20 @@ command, and a failed operation's exit code 1 with one stderr line."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
+import shlex
 
 import pytest
+from mqadmin_table import compat_rows
 
 from client import mqadmin
 from client.admin import MQAdmin, QueueProgress
+from client.consumer import PullResult
 from client.errors import MQClientError
+from client.message import MessageExt, MessageQueue
 from mqsecurity import pki
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials, save_credentials
@@ -31,8 +37,17 @@ COMMANDS = {
     "topicRoute": ["-t", "T"],
     "topicStatus": ["-t", "T"],
     "clusterList": [],
+    "nodeStatus": [],
+    "getBrokerConfig": [],
     "brokerStatus": [],
-    "consumerProgress": ["-g", "G", "-t", "T"],
+    "updateTopicPerm": ["-t", "T", "-p", "4"],
+    "queryMsgByOffset": ["-t", "T", "-b", "broker-a", "-i", "0", "-o", "0"],
+    "printMsg": ["-t", "T"],
+    "consumerConnection": ["-g", "G"],
+    "statsAll": [],
+    "getUser": ["-u", "alice"],
+    "getAcl": ["-s", "User:alice"],
+    "consumerProgress": [],
     "queryMsgByKey": ["-t", "T", "-k", "K"],
     "queryMsgById": ["-t", "T", "-i", "ID"],
     "resetOffsetByTime": ["-g", "G", "-t", "T", "-s", "now"],
@@ -144,7 +159,7 @@ def test_timestamp_parsing() -> None:
 def test_failed_operation_exits_1_with_one_stderr_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def fail(self: object, topic: str) -> object:
+    def fail(self: object, topic: str, only: object = ()) -> object:
         raise MQClientError("TOPIC_NOT_EXIST", "NOT_FOUND", "TOPIC_NOT_EXIST no topic\n'T'")
 
     monkeypatch.setattr(MQAdmin, "topic_status", fail)
@@ -156,11 +171,12 @@ def test_failed_operation_exits_1_with_one_stderr_line(
 
 def test_json_output(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [QueueProgress("broker-a", 0, 5, 3, 2), QueueProgress("broker-a", 1, 4, -1, 4)]
-    monkeypatch.setattr(MQAdmin, "consumer_progress", lambda self, g, t: rows)
+    monkeypatch.setattr(MQAdmin, "consumer_progress", lambda self, g, t, only=(): rows)
     assert mqadmin.main(["-n", "x:1", "--json", "consumerProgress", "-g", "G", "-t", "T"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["total_lag"] == 6
     assert doc["rows"][1] == {
+        "topic": "T",
         "broker": "broker-a",
         "queue": 1,
         "broker_offset": 4,
@@ -169,7 +185,14 @@ def test_json_output(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     }
     assert mqadmin.main(["-n", "x:1", "consumerProgress", "-g", "G", "-t", "T"]) == 0
     text = capsys.readouterr().out.splitlines()
-    assert text[0].split() == ["broker", "queue", "broker_offset", "consumer_offset", "lag"]
+    assert text[0].split() == [
+        "topic",
+        "broker",
+        "queue",
+        "broker_offset",
+        "consumer_offset",
+        "lag",
+    ]
     assert text[-1] == "total_lag: 6"
 
 
@@ -287,3 +310,103 @@ def test_security_argv_reaches_the_same_group(secure_files) -> None:
     assert security == ClientSecurity(files, Credentials("admin", "a-long-secret"), "localhost")
     fallback = ClientSecurity(tls=TlsFiles(ca_path=ca))
     assert security_from_args(parser.parse_args([]), environ={}, fallback=fallback) is fallback
+
+
+def test_rocketmq_date_format_is_local_time() -> None:
+    # RocketMQ's yyyy-MM-dd#HH:mm:ss:SSS, read in the local time zone as its tools read it.
+    local = datetime.datetime(2024, 2, 29, 13, 14, 15, 678000)
+    want = int(local.timestamp() * 1000)
+    assert mqadmin.parse_timestamp("2024-02-29#13:14:15:678") == want
+    for bad in ("2024-02-30#13:14:15:678", "2024-02-29 13:14:15", "x" * 100, "TagA"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            mqadmin.parse_timestamp(bad)
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = mqadmin.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_docs_table_letters_are_the_parsers() -> None:
+    """Every command of docs/CLIENT.md's RocketMQ table exists, and every RocketMQ letter
+    listed for it is an option of it (a refused command takes them all unparsed)."""
+    subs = _subcommands()
+    for row in compat_rows():
+        assert row.command in subs, row.command
+        if row.command in mqadmin.REFUSED_COMMANDS:
+            assert all(r.refused for r in row.runs), row.command
+            continue
+        options = subs[row.command]._option_string_actions
+        missing = [letter for letter in row.letters if letter not in options]
+        assert not missing, f"{row.command} does not take {missing}"
+
+
+def test_docs_table_refused_runs_exit_2_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    """Refusals happen before any network call: each refused run of the table exits 2 with
+    the reason (never argparse's unrecognized or missing arguments)."""
+    fill = re.compile(r"\{(\w+)\}")
+    for row in compat_rows():
+        for run in row.runs:
+            if not run.refused:
+                continue
+            argv = shlex.split(fill.sub("x", run.line))
+            code: object
+            try:
+                code = mqadmin.main(["-n", "127.0.0.1:1", *argv])
+            except SystemExit as exc:
+                code = exc.code
+            err = capsys.readouterr().err
+            assert code == 2, (run.line, err)
+            assert "raftmq" in err or "refused" in err, (run.line, err)
+            assert "unrecognized" not in err and "required" not in err, (run.line, err)
+
+
+def test_consume_message_s_is_a_time_not_a_tag_expression() -> None:
+    args = mqadmin.build_parser().parse_args(
+        ["consumeMessage", "-t", "T", "-s", "1700000000000", "-e", "2023-11-14#22:13:20:000"]
+    )
+    assert (args.begin, args.subexpr) == (1700000000000, "*")
+    assert args.end == mqadmin.parse_timestamp("2023-11-14#22:13:20:000")
+    with pytest.raises(SystemExit):
+        mqadmin.build_parser().parse_args(["consumeMessage", "-t", "T", "-s", "TagA"])
+
+
+class _FakeQueueConsumer:
+    """One queue whose message i was stored at 1000 + 10 * i ms (a PullConsumer's pull and
+    search_offset, nothing else)."""
+
+    def __init__(self, n: int) -> None:
+        self.times = [1000 + 10 * i for i in range(n)]
+
+    def search_offset(self, mq: object, timestamp_ms: int) -> int:
+        return next((i for i, t in enumerate(self.times) if t >= timestamp_ms), len(self.times))
+
+    def pull(self, mq: MessageQueue, offset: int, max_nums: int, expression: str) -> PullResult:
+        if offset >= len(self.times):
+            return PullResult("NO_NEW_MSG", [], offset, 0, len(self.times))
+        stop = min(offset + max_nums, len(self.times))
+        msgs = [_stored(mq, i, self.times[i]) for i in range(offset, stop)]
+        return PullResult("FOUND", msgs, stop, 0, len(self.times))
+
+
+def _stored(mq: MessageQueue, offset: int, store_ms: int) -> MessageExt:
+    return MessageExt(
+        mq.topic, b"", "", (), {}, f"id{offset}", "", mq.broker_name, mq.queue_id, offset, 0,
+        store_ms, store_ms, 0,
+    )  # fmt: skip
+
+
+def test_pull_window_begins_at_a_time_and_ends_at_one() -> None:
+    consumer = _FakeQueueConsumer(100)
+    q = [MessageQueue("T", "b", 0)]
+
+    def offsets(window: tuple[int | None, int | None, int | None], count: int) -> list[int]:
+        got = mqadmin.pull_window(consumer, q, window, count)  # type: ignore[arg-type]
+        return [m.queue_offset for m in got]
+
+    assert offsets((None, 1205, None), 3) == [21, 22, 23]  # -s: the first at or after
+    assert offsets((None, None, 1020), 10) == [0, 1, 2]  # -e: none stored after
+    assert offsets((None, 1500, 1990), 1000) == list(range(50, 100))
+    assert offsets((60, 1205, None), 2) == [60, 61]  # -o beyond the time wins
+    assert offsets((None, 2000, None), 5) == []  # after the last message

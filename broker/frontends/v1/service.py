@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -44,6 +45,7 @@ from broker.components.retry import Retries, SendBackItem
 from broker.components.settings import ServiceConfig
 from broker.components.subscriptions import SubscriptionGroups
 from broker.components.topics import Topics
+from broker.configview import runtime_info
 from broker.frontends.authguard import AuthGuard, owner_of
 from broker.frontends.internal.codec import outgoing_of
 from broker.frontends.v1.pbmessage import message_pb
@@ -97,11 +99,16 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         leader_ops: LeaderOps,
         auth: AuthAdmin,
         guard: AuthGuard | None = None,
+        config_view: Mapping[str, str] | None = None,
     ) -> None:
         """The components this adapter calls, built once by the composition root
         (:func:`broker.app.assemble`); ``guard`` is the node's call guard, which names the
-        user of each call (None: no users, nobody held to a quota)."""
+        user of each call (None: no users, nobody held to a quota); ``config_view``: the
+        node's broker.conf as GetBrokerConfig shows it (:mod:`broker.configview`; None: a
+        servicer built without a broker.conf answers with no keys)."""
         self.node = node
+        self.config_view = dict(config_view or {})
+        self.boot_ms = int(time.time() * 1000)
         self.applied = applied
         self.topics = topics
         # The leader operations' components (sends, POP consumption, transactions).
@@ -478,6 +485,20 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.GetConsumerListResponse:
         clients = self.consumers.clients(request.consumer_group)
         return pb.GetConsumerListResponse(client_ids=clients)
+
+    @_rpc
+    async def GetBrokerConfig(
+        self, request: pb.GetBrokerConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetBrokerConfigResponse:
+        return pb.GetBrokerConfigResponse(node_id=self.node.self_id, config=self.config_view)
+
+    @_rpc
+    async def GetBrokerRuntimeInfo(
+        self, request: pb.GetBrokerRuntimeInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetBrokerRuntimeInfoResponse:
+        now_ms = max(int(time.time() * 1000), self.boot_ms)  # a clock stepped back: 0 uptime
+        info = runtime_info(self.node, self.boot_ms, now_ms)
+        return pb.GetBrokerRuntimeInfoResponse(node_id=self.node.self_id, info=info)
 
     @_rpc
     async def ListConsumerGroups(

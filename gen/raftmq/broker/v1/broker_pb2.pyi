@@ -869,6 +869,44 @@ class DeleteSubscriptionGroupResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GetBrokerConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetBrokerConfigResponse(_message.Message):
+    __slots__ = ("node_id", "config")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    config: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GetBrokerRuntimeInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetBrokerRuntimeInfoResponse(_message.Message):
+    __slots__ = ("node_id", "info")
+    class InfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    info: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class ListSubscriptionGroupsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -234,6 +234,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupResponse.FromString,
                 _registered_method=True)
+        self.GetBrokerConfig = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetBrokerConfig',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.FromString,
+                _registered_method=True)
+        self.GetBrokerRuntimeInfo = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetBrokerRuntimeInfo',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -479,6 +489,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetBrokerConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBrokerRuntimeInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -681,6 +703,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteSubscriptionGroup,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupResponse.SerializeToString,
+            ),
+            'GetBrokerConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBrokerConfig,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.SerializeToString,
+            ),
+            'GetBrokerRuntimeInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBrokerRuntimeInfo,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1763,6 +1795,60 @@ class Broker:
             '/raftmq.broker.v1.Broker/DeleteSubscriptionGroup',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.DeleteSubscriptionGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBrokerConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetBrokerConfig',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBrokerRuntimeInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetBrokerRuntimeInfo',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

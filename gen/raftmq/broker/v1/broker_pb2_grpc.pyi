@@ -78,6 +78,8 @@ class BrokerStub:
     UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]
     ListSubscriptionGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]
     DeleteSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteSubscriptionGroupRequest, _broker_pb2.DeleteSubscriptionGroupResponse]
+    GetBrokerConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerConfigRequest, _broker_pb2.GetBrokerConfigResponse]
+    GetBrokerRuntimeInfo: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerRuntimeInfoRequest, _broker_pb2.GetBrokerRuntimeInfoResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -122,6 +124,8 @@ class BrokerAsyncStub(BrokerStub):
     UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateSubscriptionGroupRequest, _broker_pb2.UpdateSubscriptionGroupResponse]  # type: ignore[assignment]
     ListSubscriptionGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]  # type: ignore[assignment]
     DeleteSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteSubscriptionGroupRequest, _broker_pb2.DeleteSubscriptionGroupResponse]  # type: ignore[assignment]
+    GetBrokerConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerConfigRequest, _broker_pb2.GetBrokerConfigResponse]  # type: ignore[assignment]
+    GetBrokerRuntimeInfo: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerRuntimeInfoRequest, _broker_pb2.GetBrokerRuntimeInfoResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -403,5 +407,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DeleteSubscriptionGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DeleteSubscriptionGroupResponse, _abc.Awaitable[_broker_pb2.DeleteSubscriptionGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetBrokerConfig(
+        self,
+        request: _broker_pb2.GetBrokerConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.GetBrokerConfigResponse, _abc.Awaitable[_broker_pb2.GetBrokerConfigResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetBrokerRuntimeInfo(
+        self,
+        request: _broker_pb2.GetBrokerRuntimeInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.GetBrokerRuntimeInfoResponse, _abc.Awaitable[_broker_pb2.GetBrokerRuntimeInfoResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
