@@ -56,6 +56,8 @@ from dledger.log import (
     FormatTooNewError,
     HardState,
 )
+from dledger.rewind import RewindOutcome
+from dledger.server import rewinds
 from dledger.server.chaincheck import (
     chain_check_loop,
     peer_asker,
@@ -222,6 +224,9 @@ class DLedgerNode:
         self.corruption_found: dict[str, int] = {}
         # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
         self.chain_check_mismatches: dict[str, int] = {}
+        # State rebuilds after a content repair the state machine could not roll back, by
+        # how (dledger.server.rewinds): counted by the start that carries them out.
+        self.state_rebuilds: dict[str, int] = {}
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -235,6 +240,7 @@ class DLedgerNode:
         # its store.
         self._bind_ports()
         self._check_formats()
+        self._carry_out_rebuild()
         interrupted = pending_install(cfg.store_dir)
         try:
             if interrupted is not None:
@@ -886,23 +892,7 @@ class DLedgerNode:
         has sent it past what it held. A promise file that cannot be read stops the open
         with nothing cut (PromiseError: the operator must look)."""
         self.corruption_found["open"] = self.corruption_found.get("open", 0) + 1
-        path = promise_file(self.cfg.store_dir, self.cfg.promise_path)
-        current = read_promise(path)
-        if current is not None and current.promised_index >= report.last_index:
-            return
-        hard = current.hard_state if current is not None else _stored_hard_state(self.cfg)
-        writer = PromiseWriter(path, self.cfg.group, self.cfg.self_id, current)
-        try:
-            writer.write(report.last_index, hard)
-        finally:
-            writer.close()
-        logger.warning(
-            "node=%s promise raised to %d before the damage cut (was %s): repairing until "
-            "the leader sends it past that index",
-            self.cfg.self_id,
-            report.last_index,
-            "none" if current is None else current.promised_index,
-        )
+        _raise_promise(self.cfg, report.last_index, "the damage cut")
 
     def _note_open_damage(self) -> None:
         report = self.store.damage
@@ -1056,10 +1046,60 @@ class DLedgerNode:
                 ),
             )
         try:
-            hook(index)
+            outcome = hook(index)
         except Exception as exc:
             fatal("apply", exc)
-        self._applied = index
+        if outcome is None or outcome is RewindOutcome.ROLLED_BACK:
+            self._applied = index
+            return
+        self._rebuild_by_restart(index, RewindOutcome(outcome))
+
+    def _rebuild_by_restart(self, index: int, outcome: RewindOutcome) -> None:
+        """The state machine cannot roll back to ``index`` in place: restart this process
+        (same PID, as for damage) and rebuild its state at the next start, by a replay of
+        the log (it marked itself) or from a leader's snapshot (the log is dropped at the
+        next start, the promise raised first so the member comes back repairing). Only
+        here, where the leader's copy of every replaced entry was just taken (the Ready
+        follows its append: it holds every committed entry), is dropping the log safe."""
+        how = outcome.value
+        leader = self.core.leader_id or ""
+        if outcome is RewindOutcome.NEEDS_SNAPSHOT:
+            held = max(self.store.last_index(), self.core.commit_index, self._applied)
+            _raise_promise(self.cfg, held, "the log is dropped")
+        rewinds.write_marker(self.cfg.store_dir, rewinds.RewoundMarker(how, index, leader))
+        what = (
+            "rebuilding the state by a replay of the repaired log from its first entry"
+            if how == "replay"
+            else "dropping the log to take a snapshot from the leader (the log's start was "
+            "deleted: no replay can rebuild the state)"
+        )
+        fatal_mod.restart(
+            "rewind",
+            f"REBUILD_STATE how={how} index={index} applied={self._applied} leader={leader}: "
+            f"entries {index + 1}..{self._applied} this member applied differed by content "
+            f"from its leader's and were replaced; the state machine cannot roll them back "
+            f"in place: {what}",
+        )
+
+    def _carry_out_rebuild(self) -> None:
+        """A rebuild the previous run decided (:meth:`_rebuild_by_restart`): count it and,
+        for a snapshot, drop the log before the store opens."""
+        marker = rewinds.read_marker(self.cfg.store_dir)
+        if marker is None:
+            return
+        self.state_rebuilds[marker.how] = self.state_rebuilds.get(marker.how, 0) + 1
+        if marker.how == RewindOutcome.NEEDS_SNAPSHOT.value:
+            rewinds.drop_log(self.cfg.store_dir)
+        logger.warning(
+            "node=%s state rebuilt after a content repair at index %d (leader %s): %s",
+            self.cfg.self_id,
+            marker.index,
+            marker.leader,
+            "the log was dropped, the leader sends a snapshot"
+            if marker.how == RewindOutcome.NEEDS_SNAPSHOT.value
+            else "the application replays the log",
+        )
+        rewinds.clear_marker(self.cfg.store_dir)
 
     async def _install_snapshot(self, meta: SnapshotMeta) -> None:
         """A Ready's snapshot: the staged log and files replace this node's; the core reads
@@ -1159,6 +1199,31 @@ class DLedgerNode:
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
+
+
+def _raise_promise(cfg: NodeConfig, index: int, before: str) -> None:
+    """Raise the promise file to ``index`` (when below) before this member loses log
+    entries up to it: it then starts repairing (no votes, no quorums) until a leader has
+    sent it past ``index``. With no process-held writer: the caller is about to replace
+    the process or is opening it."""
+    path = promise_file(cfg.store_dir, cfg.promise_path)
+    current = read_promise(path)
+    if current is not None and current.promised_index >= index:
+        return
+    hard = current.hard_state if current is not None else _stored_hard_state(cfg)
+    writer = PromiseWriter(path, cfg.group, cfg.self_id, current)
+    try:
+        writer.write(index, hard)
+    finally:
+        writer.close()
+    logger.warning(
+        "node=%s promise raised to %d before %s (was %s): repairing until "
+        "the leader sends it past that index",
+        cfg.self_id,
+        index,
+        before,
+        "none" if current is None else current.promised_index,
+    )
 
 
 def _stored_hard_state(cfg: NodeConfig) -> HardState:
