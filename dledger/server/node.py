@@ -974,6 +974,9 @@ class DLedgerNode:
             await self._install_snapshot(rd.snapshot)
         conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
         committed = rd.committed
+        # Before the job: a state machine that cannot roll back marks its rebuild durably
+        # first, so that no crash leaves the repaired log under the state the bad copy made.
+        rebuild = self._rewind(rd) if rd.rewind_to is not None else None
         if rd.must_persist():
             stable = (
                 ()
@@ -989,8 +992,9 @@ class DLedgerNode:
             transport.send(m)
         if conf_committed:
             await self._save_committed_conf(rd.committed)
-        if rd.rewind_to is not None:
-            self._rewind(rd.rewind_to)
+        if rebuild is not None:
+            assert rd.rewind_to is not None
+            self._restart_to_rebuild(rd.rewind_to, rebuild)
         self._apply(committed)
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
@@ -1026,9 +1030,14 @@ class DLedgerNode:
         self._applied = committed[-1].index
         self._resolve_waiters(self._applied)
 
-    def _rewind(self, index: int) -> None:
-        """Roll the state machine back to ``index``: the entries applied above it were a
-        damaged or forged copy, replaced by the leader's (already persisted)."""
+    def _rewind(self, rd: Ready) -> RewindOutcome | None:
+        """Roll the state machine back to ``rd.rewind_to``: the entries applied above it
+        were a damaged or forged copy, replaced by the leader's (the Ready's job writes
+        them). Called before that job. None when it rolled back in place; else how its
+        state is to be rebuilt, already marked durably (:meth:`_mark_rebuild`): the node
+        restarts once the job is done (:meth:`_restart_to_rebuild`)."""
+        index = rd.rewind_to
+        assert index is not None
         hook = getattr(self.sm, "rewind", None)
         logger.error(
             "node=%s rewind applied=%d to=%d: applied entries were replaced by the leader's",
@@ -1051,38 +1060,46 @@ class DLedgerNode:
             fatal("apply", exc)
         if outcome is None or outcome is RewindOutcome.ROLLED_BACK:
             self._applied = index
-            return
-        self._rebuild_by_restart(index, RewindOutcome(outcome))
+            return None
+        outcome = RewindOutcome(outcome)
+        last = max(self.store.last_index(), rd.entries[-1].index if rd.entries else 0)
+        self._mark_rebuild(index, outcome, last)
+        return outcome
 
-    def _rebuild_by_restart(self, index: int, outcome: RewindOutcome) -> None:
-        """The state machine cannot roll back to ``index`` in place: restart this process
-        (same PID, as for damage) and rebuild its state at the next start, by a replay of
-        the log (it marked itself) or from a leader's snapshot (the log is dropped at the
-        next start, the promise raised first so the member comes back repairing). Only
-        here, where the leader's copy of every replaced entry was just taken (the Ready
-        follows its append: it holds every committed entry), is dropping the log safe."""
-        how = outcome.value
-        leader = self.core.leader_id or ""
+    def _mark_rebuild(self, index: int, outcome: RewindOutcome, last: int) -> None:
+        """The state machine cannot roll back to ``index`` in place: record how its state is
+        rebuilt at the next start (the marker ``rewound``), and for a snapshot raise the
+        promise to ``last`` (the highest index the log held or is about to) first, so that
+        the member comes back repairing once its log is dropped. Only here, where the
+        leader's copy of every replaced entry is being taken (the Ready follows its append:
+        it holds every committed entry), is dropping the log safe."""
         if outcome is RewindOutcome.NEEDS_SNAPSHOT:
-            held = max(self.store.last_index(), self.core.commit_index, self._applied)
+            held = max(last, self.core.commit_index, self._applied)
             _raise_promise(self.cfg, held, "the log is dropped")
-        rewinds.write_marker(self.cfg.store_dir, rewinds.RewoundMarker(how, index, leader))
+        leader = self.core.leader_id or ""
+        marker = rewinds.RewoundMarker(outcome.value, index, leader)
+        rewinds.write_marker(self.cfg.store_dir, marker)
+
+    def _restart_to_rebuild(self, index: int, outcome: RewindOutcome) -> None:
+        """Restart this process in place (same PID, as for damage), the Ready's job done: the
+        next start rebuilds the state, by a replay of the repaired log (the state machine
+        marked itself) or from a leader's snapshot (the log dropped first)."""
         what = (
             "rebuilding the state by a replay of the repaired log from its first entry"
-            if how == "replay"
+            if outcome is RewindOutcome.REPLAY_AT_START
             else "dropping the log to take a snapshot from the leader (the log's start was "
             "deleted: no replay can rebuild the state)"
         )
         fatal_mod.restart(
             "rewind",
-            f"REBUILD_STATE how={how} index={index} applied={self._applied} leader={leader}: "
-            f"entries {index + 1}..{self._applied} this member applied differed by content "
-            f"from its leader's and were replaced; the state machine cannot roll them back "
-            f"in place: {what}",
+            f"REBUILD_STATE how={outcome.value} index={index} applied={self._applied} "
+            f"leader={self.core.leader_id or ''}: entries {index + 1}..{self._applied} this "
+            "member applied differed by content from its leader's and were replaced; the "
+            f"state machine cannot roll them back in place: {what}",
         )
 
     def _carry_out_rebuild(self) -> None:
-        """A rebuild the previous run decided (:meth:`_rebuild_by_restart`): count it and,
+        """A rebuild the previous run decided (:meth:`_mark_rebuild`): count it and,
         for a snapshot, drop the log before the store opens."""
         marker = rewinds.read_marker(self.cfg.store_dir)
         if marker is None:

@@ -34,7 +34,8 @@ def _node(store_dir: Path, store: SegmentedLogStore) -> SimpleNamespace:
         _applied=40,
         state_rebuilds={},
     )
-    node._rebuild_by_restart = DLedgerNode._rebuild_by_restart.__get__(node)
+    node._mark_rebuild = DLedgerNode._mark_rebuild.__get__(node)
+    node._restart_to_rebuild = DLedgerNode._restart_to_rebuild.__get__(node)
     node._carry_out_rebuild = DLedgerNode._carry_out_rebuild.__get__(node)
     return node
 
@@ -60,14 +61,16 @@ def test_a_snapshot_rebuild_raises_the_promise_restarts_and_drops_the_log_at_the
     store.save_hard_state(HardState(term=2, voted_for="n1"))
     lines = _restart_raises(monkeypatch)
     node = _node(root, store)
-    with pytest.raises(_Restarted):
-        node._rebuild_by_restart(30, RewindOutcome.NEEDS_SNAPSHOT)
+    # Before the Ready's job (its entries up to 52): the promise and the marker, durably.
+    node._mark_rebuild(30, RewindOutcome.NEEDS_SNAPSHOT, 52)
+    promise = read_promise(promise_path_for_store(root))
+    assert promise is not None and promise.promised_index == 52
+    assert rewinds.read_marker(root) == rewinds.RewoundMarker("snapshot", 30, "n1")
+    with pytest.raises(_Restarted):  # after the job
+        node._restart_to_rebuild(30, RewindOutcome.NEEDS_SNAPSHOT)
     store.close()
     assert len(lines) == 1 and lines[0].startswith("RESTART component=rewind cause=")
     assert "REBUILD_STATE how=snapshot index=30 applied=40 leader=n1" in lines[0]
-    promise = read_promise(promise_path_for_store(root))
-    assert promise is not None and promise.promised_index == 50  # the log's last index
-    assert rewinds.read_marker(root) == rewinds.RewoundMarker("snapshot", 30, "n1")
     # The next start: the log dropped, the hard state kept, the rebuild counted.
     node._carry_out_rebuild()
     assert node.state_rebuilds == {"snapshot": 1}
@@ -86,8 +89,9 @@ def test_a_replay_rebuild_keeps_the_log(tmp_path: Path, monkeypatch: pytest.Monk
     store.flush()
     lines = _restart_raises(monkeypatch)
     node = _node(root, store)
+    node._mark_rebuild(5, RewindOutcome.REPLAY_AT_START, 10)
     with pytest.raises(_Restarted):
-        node._rebuild_by_restart(5, RewindOutcome.REPLAY_AT_START)
+        node._restart_to_rebuild(5, RewindOutcome.REPLAY_AT_START)
     store.close()
     assert "how=replay index=5" in lines[0]
     assert read_promise(promise_path_for_store(root)) is None  # nothing dropped: not raised
