@@ -106,6 +106,7 @@ from broker.state.transactions import TxnState
 from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
+from dledger.rewind import RewindOutcome
 from dledger.storage.files import atomic_write
 from mqrelease import too_new_message
 
@@ -408,21 +409,42 @@ class BrokerStateMachine:
             self._open()
         return self._applied
 
-    def rewind(self, index: int) -> None:
+    def rewind(self, index: int) -> RewindOutcome:
         """The node replaced the entries applied above ``index``: this member's copy differed
-        by content from its leader's (docs/RAFT.md section 13). Only entries that changed
-        nothing here can be rolled back (dledger's own, or records skipped by rule); else
-        CorruptStoreError (the node ends: fail fast, the state holds what the copy made)."""
-        if index < self._effect_index:
-            raise CorruptStoreError(
-                f"cannot roll back to index {index}: the replaced entries up to "
-                f"{self._effect_index} changed this broker's state; restore this member from "
-                "a snapshot of another"
+        by content from its leader's (docs/RAFT.md section 13). Entries that changed nothing
+        here (dledger's own, or records skipped by rule) are rolled back in place. Otherwise
+        the state holds what the replaced copy made (messages, offsets, topics) and nothing
+        tells how to undo it: the state is marked durably for a rebuild by a replay of the
+        repaired log at the next open (``config/rebuild-derived``), or, when retention
+        deleted the log's first entries (a replay would lose what they made), the node is
+        asked to take a snapshot from its leader instead. Either way the node restarts."""
+        if index >= self._effect_index:
+            self._applied = min(self._applied, index)
+            # The saved state may claim the replaced entries: save again at the next apply.
+            self._snapshot_applied = -1
+            self._last_snapshot_s = float("-inf")
+            return RewindOutcome.ROLLED_BACK
+        first = self.log.first_index()
+        if first > 1:
+            logger.warning(
+                "broker state cannot roll back to index %d (entries up to %d changed it) nor "
+                "be replayed (the log starts at index %d): a snapshot from the leader replaces it",
+                index,
+                self._effect_index,
+                first,
             )
-        self._applied = min(self._applied, index)
-        # The saved state may claim the replaced entries: save again at the next apply.
-        self._snapshot_applied = -1
-        self._last_snapshot_s = float("-inf")
+            return RewindOutcome.NEEDS_SNAPSHOT
+        why = (
+            f"{statecheck.MARKER_PREFIX}entries {index + 1}..{self._applied} were replaced by "
+            f"the leader's (a content repair, docs/RAFT.md section 13); entries up to "
+            f"{self._effect_index} had changed this state"
+        )
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(
+            self.config_dir / derived.REBUILD_MARKER, why.encode()[: derived.MAX_MARKER_BYTES]
+        )
+        logger.warning("broker state marked for a replay of the log at the next open: %s", why)
+        return RewindOutcome.REPLAY_AT_START
 
     def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
         self.role = role
@@ -855,6 +877,8 @@ class BrokerStateMachine:
             self.index.close()
             self._opened = False
         snapshotting.install(self, app_dir)
+        # The leader's state replaces whatever a check or a content repair doubted here.
+        (self.config_dir / derived.REBUILD_MARKER).unlink(missing_ok=True)
         self._results.clear()
         self._trimmed_first = 1
         logger.info("snapshot install index=%d root=%s", index, self.root)

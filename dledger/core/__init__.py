@@ -53,7 +53,9 @@ Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in
    made durable).
 4. if ``rd.rewind_to`` is not None, roll the applied state back to that index first (a
    content repair replaced entries this member had applied: docs/RAFT.md section 13; none
-   of ``rd.committed`` is then stable ahead of the job). Then apply ``rd.committed`` in
+   of ``rd.committed`` is then stable ahead of the job). This may also come before 2 (the
+   server does: a state machine that cannot roll back marks its rebuild durably before the
+   repaired log is written, docs/RAFT.md section 13). Then apply ``rd.committed`` in
    order (consecutive indices, continuing the previous Ready or ``rd.rewind_to``; each
    is stable or in ``rd.entries``). ``Entry.type`` NOOP entries carry no data; skip them.
    Those below the first index the job of 2 writes are stable already and may be applied

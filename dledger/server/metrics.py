@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from dledger.core import Role
 from dledger.log import Entry
+from dledger.server.rewinds import REBUILD_KINDS
 from mqmetrics.families import (
     counter,
     gauge,
@@ -178,6 +179,13 @@ def _damage_families(node: DLedgerNode) -> list[Metric]:
             "corruption_first_damaged_index",
             "Index of the first damaged entry the last open cut (0: none)",
             report.first_index if report is not None else 0,
+        ),
+        labelled_counter(
+            "corruption_state_rebuilds",
+            "Rebuilds of the application's state this start carried out after a content "
+            "repair it could not roll back in place, by how (replay of the log, or snapshot)",
+            ["how"],
+            (([how], node.state_rebuilds.get(how, 0)) for how in REBUILD_KINDS),
         ),
         labelled_counter(
             "corruption_chain_check_mismatch",

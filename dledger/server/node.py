@@ -56,6 +56,8 @@ from dledger.log import (
     FormatTooNewError,
     HardState,
 )
+from dledger.rewind import RewindOutcome
+from dledger.server import rewinds
 from dledger.server.chaincheck import (
     chain_check_loop,
     peer_asker,
@@ -222,6 +224,9 @@ class DLedgerNode:
         self.corruption_found: dict[str, int] = {}
         # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
         self.chain_check_mismatches: dict[str, int] = {}
+        # State rebuilds after a content repair the state machine could not roll back, by
+        # how (dledger.server.rewinds): counted by the start that carries them out.
+        self.state_rebuilds: dict[str, int] = {}
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -235,6 +240,7 @@ class DLedgerNode:
         # its store.
         self._bind_ports()
         self._check_formats()
+        self._carry_out_rebuild()
         interrupted = pending_install(cfg.store_dir)
         try:
             if interrupted is not None:
@@ -886,23 +892,7 @@ class DLedgerNode:
         has sent it past what it held. A promise file that cannot be read stops the open
         with nothing cut (PromiseError: the operator must look)."""
         self.corruption_found["open"] = self.corruption_found.get("open", 0) + 1
-        path = promise_file(self.cfg.store_dir, self.cfg.promise_path)
-        current = read_promise(path)
-        if current is not None and current.promised_index >= report.last_index:
-            return
-        hard = current.hard_state if current is not None else _stored_hard_state(self.cfg)
-        writer = PromiseWriter(path, self.cfg.group, self.cfg.self_id, current)
-        try:
-            writer.write(report.last_index, hard)
-        finally:
-            writer.close()
-        logger.warning(
-            "node=%s promise raised to %d before the damage cut (was %s): repairing until "
-            "the leader sends it past that index",
-            self.cfg.self_id,
-            report.last_index,
-            "none" if current is None else current.promised_index,
-        )
+        _raise_promise(self.cfg, report.last_index, "the damage cut")
 
     def _note_open_damage(self) -> None:
         report = self.store.damage
@@ -984,6 +974,9 @@ class DLedgerNode:
             await self._install_snapshot(rd.snapshot)
         conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
         committed = rd.committed
+        # Before the job: a state machine that cannot roll back marks its rebuild durably
+        # first, so that no crash leaves the repaired log under the state the bad copy made.
+        rebuild = self._rewind(rd) if rd.rewind_to is not None else None
         if rd.must_persist():
             stable = (
                 ()
@@ -999,8 +992,9 @@ class DLedgerNode:
             transport.send(m)
         if conf_committed:
             await self._save_committed_conf(rd.committed)
-        if rd.rewind_to is not None:
-            self._rewind(rd.rewind_to)
+        if rebuild is not None:
+            assert rd.rewind_to is not None
+            self._restart_to_rebuild(rd.rewind_to, rebuild)
         self._apply(committed)
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.term)
@@ -1036,9 +1030,14 @@ class DLedgerNode:
         self._applied = committed[-1].index
         self._resolve_waiters(self._applied)
 
-    def _rewind(self, index: int) -> None:
-        """Roll the state machine back to ``index``: the entries applied above it were a
-        damaged or forged copy, replaced by the leader's (already persisted)."""
+    def _rewind(self, rd: Ready) -> RewindOutcome | None:
+        """Roll the state machine back to ``rd.rewind_to``: the entries applied above it
+        were a damaged or forged copy, replaced by the leader's (the Ready's job writes
+        them). Called before that job. None when it rolled back in place; else how its
+        state is to be rebuilt, already marked durably (:meth:`_mark_rebuild`): the node
+        restarts once the job is done (:meth:`_restart_to_rebuild`)."""
+        index = rd.rewind_to
+        assert index is not None
         hook = getattr(self.sm, "rewind", None)
         logger.error(
             "node=%s rewind applied=%d to=%d: applied entries were replaced by the leader's",
@@ -1056,10 +1055,68 @@ class DLedgerNode:
                 ),
             )
         try:
-            hook(index)
+            outcome = hook(index)
         except Exception as exc:
             fatal("apply", exc)
-        self._applied = index
+        if outcome is None or outcome is RewindOutcome.ROLLED_BACK:
+            self._applied = index
+            return None
+        outcome = RewindOutcome(outcome)
+        last = max(self.store.last_index(), rd.entries[-1].index if rd.entries else 0)
+        self._mark_rebuild(index, outcome, last)
+        return outcome
+
+    def _mark_rebuild(self, index: int, outcome: RewindOutcome, last: int) -> None:
+        """The state machine cannot roll back to ``index`` in place: record how its state is
+        rebuilt at the next start (the marker ``rewound``), and for a snapshot raise the
+        promise to ``last`` (the highest index the log held or is about to) first, so that
+        the member comes back repairing once its log is dropped. Only here, where the
+        leader's copy of every replaced entry is being taken (the Ready follows its append:
+        it holds every committed entry), is dropping the log safe."""
+        if outcome is RewindOutcome.NEEDS_SNAPSHOT:
+            held = max(last, self.core.commit_index, self._applied)
+            _raise_promise(self.cfg, held, "the log is dropped")
+        leader = self.core.leader_id or ""
+        marker = rewinds.RewoundMarker(outcome.value, index, leader)
+        rewinds.write_marker(self.cfg.store_dir, marker)
+
+    def _restart_to_rebuild(self, index: int, outcome: RewindOutcome) -> None:
+        """Restart this process in place (same PID, as for damage), the Ready's job done: the
+        next start rebuilds the state, by a replay of the repaired log (the state machine
+        marked itself) or from a leader's snapshot (the log dropped first)."""
+        what = (
+            "rebuilding the state by a replay of the repaired log from its first entry"
+            if outcome is RewindOutcome.REPLAY_AT_START
+            else "dropping the log to take a snapshot from the leader (the log's start was "
+            "deleted: no replay can rebuild the state)"
+        )
+        fatal_mod.restart(
+            "rewind",
+            f"REBUILD_STATE how={outcome.value} index={index} applied={self._applied} "
+            f"leader={self.core.leader_id or ''}: entries {index + 1}..{self._applied} this "
+            "member applied differed by content from its leader's and were replaced; the "
+            f"state machine cannot roll them back in place: {what}",
+        )
+
+    def _carry_out_rebuild(self) -> None:
+        """A rebuild the previous run decided (:meth:`_mark_rebuild`): count it and,
+        for a snapshot, drop the log before the store opens."""
+        marker = rewinds.read_marker(self.cfg.store_dir)
+        if marker is None:
+            return
+        self.state_rebuilds[marker.how] = self.state_rebuilds.get(marker.how, 0) + 1
+        if marker.how == RewindOutcome.NEEDS_SNAPSHOT.value:
+            rewinds.drop_log(self.cfg.store_dir)
+        logger.warning(
+            "node=%s state rebuilt after a content repair at index %d (leader %s): %s",
+            self.cfg.self_id,
+            marker.index,
+            marker.leader,
+            "the log was dropped, the leader sends a snapshot"
+            if marker.how == RewindOutcome.NEEDS_SNAPSHOT.value
+            else "the application replays the log",
+        )
+        rewinds.clear_marker(self.cfg.store_dir)
 
     async def _install_snapshot(self, meta: SnapshotMeta) -> None:
         """A Ready's snapshot: the staged log and files replace this node's; the core reads
@@ -1159,6 +1216,31 @@ class DLedgerNode:
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._leader_changed.wait(), timeout_s)
+
+
+def _raise_promise(cfg: NodeConfig, index: int, before: str) -> None:
+    """Raise the promise file to ``index`` (when below) before this member loses log
+    entries up to it: it then starts repairing (no votes, no quorums) until a leader has
+    sent it past ``index``. With no process-held writer: the caller is about to replace
+    the process or is opening it."""
+    path = promise_file(cfg.store_dir, cfg.promise_path)
+    current = read_promise(path)
+    if current is not None and current.promised_index >= index:
+        return
+    hard = current.hard_state if current is not None else _stored_hard_state(cfg)
+    writer = PromiseWriter(path, cfg.group, cfg.self_id, current)
+    try:
+        writer.write(index, hard)
+    finally:
+        writer.close()
+    logger.warning(
+        "node=%s promise raised to %d before %s (was %s): repairing until "
+        "the leader sends it past that index",
+        cfg.self_id,
+        index,
+        before,
+        "none" if current is None else current.promised_index,
+    )
 
 
 def _stored_hard_state(cfg: NodeConfig) -> HardState:

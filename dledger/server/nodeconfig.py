@@ -67,9 +67,11 @@ class StateMachine(Protocol):
     Optionally it also has ``on_prefix_deleted(first_index: int) -> None``: called (in the
     event loop, between applies) after retention deleted the log's entries below
     ``first_index``, so the application can drop what it derived from them; and
-    ``rewind(index: int) -> None``: roll the applied state back to ``index`` (a Ready's
-    ``rewind_to``: this member's copy of applied entries differed by content from its
-    leader's, docs/RAFT.md section 13). Without it such a repair ends the process (fail
+    ``rewind(index: int) -> RewindOutcome | None``: roll the applied state back to ``index``
+    (a Ready's ``rewind_to``: this member's copy of applied entries differed by content from
+    its leader's, docs/RAFT.md section 13), or say how the state is to be rebuilt when it
+    cannot (``dledger.rewind``; the node then restarts itself to do it,
+    ``dledger.server.rewinds``). Without ``rewind`` such a repair ends the process (fail
     fast: the state machine holds what the damaged copy made); and ``check_formats() ->
     None``: called at start before the node touches its store or the application's files,
     raises an error whose ``code`` is FORMAT_TOO_NEW when one of the application's files was

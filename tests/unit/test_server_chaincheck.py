@@ -62,6 +62,7 @@ class _Node:
         self.cfg = _Cfg()
         self.chain_check_mismatches: dict[str, int] = {}
         self.corruption_found: dict[str, int] = {}
+        self.state_rebuilds: dict[str, int] = {}
         self.scrubber = None
 
     def peer_client_addr(self, node_id: str) -> str:
