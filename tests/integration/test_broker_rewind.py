@@ -29,7 +29,7 @@ from integration.test_retention import age_segments
 from prometheus_client.parser import text_string_to_metric_families
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
-from support import metadata, retention_keys, wait_for
+from support import metadata, own_labels, retention_keys, wait_for
 
 from broker.state.message import Message, UniqIdGenerator, encode_batch
 from broker.state.records import ENTRY_MESSAGES
@@ -102,7 +102,7 @@ def _metric(
         return None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == name and dict(s.labels) == labels:
+            if s.name == name and own_labels(dict(s.labels)) == labels:
                 return float(s.value)
     return None
 
