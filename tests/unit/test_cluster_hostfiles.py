@@ -103,7 +103,7 @@ def test_settings_the_broker_would_refuse_are_refused_before_anything_is_kept(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    bad = {**LAYOUT, "settings": {"fileReservedTime": "48"}}  # < timerMaxDelaySec
+    bad = {**LAYOUT, "settings": {"fileReservedTime": "48", "timerMaxDelaySec": "360000"}}
     with pytest.raises(ClusterError, match="timerMaxDelaySec"):
         run(_write(tmp_path, bad), str(out))
     assert not (out / "broker-a-n0").exists()

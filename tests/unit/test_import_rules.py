@@ -219,6 +219,7 @@ BROKER_PROCESS = frozenset(
         "broker.config",
         "broker.configdocs",
         "broker.configkeys",
+        "broker.configview",
         "broker.metrics",
         "broker.registration",
     }
