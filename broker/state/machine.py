@@ -337,6 +337,9 @@ class BrokerStateMachine:
         self._last_persist_s = 0.0  # how long the last snapshot write took (its thread sets it)
         self._last_capture_s = 0.0  # how long the last capture held the event loop
         self._snapshot_applied = -1
+        # The applied index of the state on disk (the last snapshot written, or the one
+        # opened): dledger's retention keeps the log above it (durable_index()).
+        self._durable_applied = 0
         self._snapshot_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-snapshot")
         self._snapshot_future: concurrent.futures.Future[None] | None = None
         self._opened = False
@@ -403,6 +406,13 @@ class BrokerStateMachine:
             _refuse_newer(path, json.loads(path.read_bytes()))
         indexfile.check_formats(self.root / "index")
 
+    def durable_index(self) -> int:
+        """The applied index of the state on disk: a restart opens the state there and applies
+        the log from the next entry, so dledger's retention must keep every entry above it
+        (the applied index in memory can be far ahead on a broker that has been idle since
+        its last snapshot was taken)."""
+        return self._durable_applied
+
     def applied_index(self) -> int:
         """Open the stores (recovering or rebuilding them); the index already applied."""
         if not self._opened:
@@ -420,6 +430,7 @@ class BrokerStateMachine:
         asked to take a snapshot from its leader instead. Either way the node restarts."""
         if index >= self._effect_index:
             self._applied = min(self._applied, index)
+            self._durable_applied = min(self._durable_applied, index)
             # The saved state may claim the replaced entries: save again at the next apply.
             self._snapshot_applied = -1
             self._last_snapshot_s = float("-inf")
@@ -855,6 +866,7 @@ class BrokerStateMachine:
         raw = _snapshot_document(c)
         self.config_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_dir / SNAPSHOT_FILE, raw)
+        self._durable_applied = c.applied
         self._last_persist_s = time.monotonic() - started
         logger.debug(
             "snapshot applied=%d bytes=%d ms=%.1f",
@@ -992,6 +1004,8 @@ class BrokerStateMachine:
             self._rebuild(problem)
         self._opened = True
         self._snapshot_applied = self._applied
+        # A rebuild deleted the snapshot: nothing of the state is on disk until the next one.
+        self._durable_applied = 0 if problem else self._applied
         logger.info(
             "broker state opened applied=%d topics=%d offsets=%d dedup=%d",
             self._applied,
@@ -1066,15 +1080,14 @@ class BrokerStateMachine:
         return ""
 
     def _rebuild(self, why: str) -> None:
-        """Forget everything derived from the log and apply it again from the start."""
+        """Forget everything derived from the log and apply it again from the start; a
+        StartError instead when the log no longer starts at entry 1 (what the deleted entries
+        made would be lost: statecheck.refuse_inexact_rebuild)."""
+        statecheck.refuse_inexact_rebuild(self, why)
         first = self.log.first_index()
         logger.warning(
             "rebuilding broker state from the commitlog reason=%r first_index=%d", why, first
         )
-        if first > 1:
-            logger.error(
-                "the log starts at index %d: entries before it cannot be re-applied", first
-            )
         self.cqs.close()
         self.index.close()
         shutil.rmtree(self.root / "consumequeue", ignore_errors=True)

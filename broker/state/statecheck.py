@@ -224,13 +224,14 @@ def check_at_open(sm: BrokerStateMachine) -> str:
 
 
 def refuse_inexact_rebuild(sm: BrokerStateMachine, why: str) -> None:
-    """Raise :class:`StartError` when the replicated state must be rebuilt (``why`` starts
-    with :data:`MARKER_PREFIX`) and the log no longer starts at entry 1: a replay would drop
-    every topic, offset, user and POP or transaction row the deleted entries made, and serve
-    that as the truth. The node stays down (the group keeps its quorum); moving its store
+    """Raise :class:`StartError` when the broker state must be rebuilt from the log (for
+    ``why``) and the log no longer starts at entry 1: a rebuild starts from empty tables, so a
+    replay would drop every topic, offset, user and POP or transaction row the deleted
+    entries made, and serve that as the truth (whether the cause was the replicated state or
+    derived files only). The node stays down (the group keeps its quorum); moving its store
     aside makes it come back as a learner caught up by a snapshot from the leader."""
     first = sm.log.first_index()
-    if not why.startswith(MARKER_PREFIX) or first <= 1:
+    if first <= 1:
         return
     logger.error("replicated state cannot be rebuilt: the log starts at index %d: %s", first, why)
     raise StartError(

@@ -622,7 +622,7 @@ class DLedgerNode:
             # Segments every member holds go at fileReservedTime; those a member lacks only
             # after maxLagRetentionHours (it is caught up by a snapshot). Unknown: lag bound.
             held_index = -1 if held is None else held
-            floor = self._applied
+            floor = self._retention_applied()
             # In a thread: deleting flushes and fsyncs (the store is thread safe).
             async with self._store_lock:
                 deleted = await asyncio.get_running_loop().run_in_executor(
@@ -648,6 +648,14 @@ class DLedgerNode:
                     self.store.first_index(),
                     floor,
                 )
+
+    def _retention_applied(self) -> int:
+        """The highest index retention may treat as applied: the state machine's state on disk
+        (its optional ``durable_index()``), not only in memory. A restart opens that state and
+        applies the log from the entry after it: deleting entries above it would leave the
+        restarted application a hole it cannot fill."""
+        durable = getattr(self.sm, "durable_index", None)
+        return min(self._applied, durable()) if callable(durable) else self._applied
 
     async def retention_floor(self) -> int | None:
         """The highest index held here (applied) and by every member of the group as the

@@ -75,7 +75,11 @@ class StateMachine(Protocol):
     fast: the state machine holds what the damaged copy made); and ``check_formats() ->
     None``: called at start before the node touches its store or the application's files,
     raises an error whose ``code`` is FORMAT_TOO_NEW when one of the application's files was
-    written by a newer release (the node then refuses to start, nothing changed)."""
+    written by a newer release (the node then refuses to start, nothing changed); and
+    ``durable_index() -> int``: the applied index of the state the application has on disk
+    (what a restart opens, applying the log after it), when that can be behind what it
+    applied in memory: retention never deletes entries above it (without it, retention
+    keeps the entries above the applied index only)."""
 
     def applied_index(self) -> int:
         """Index up to which the application's own durable state already includes entries."""
