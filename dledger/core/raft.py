@@ -930,7 +930,9 @@ class RaftNode:
         nxt = self._log.last_index() + 1
         for p in self.peers:
             if p not in self._progress:
-                self._progress[p] = Progress(nxt)
+                pr = self._progress[p] = Progress(nxt)
+                if self._withheld(pr):
+                    self._send_heartbeat(p)  # its support first (see _become_leader)
         self._prune_progress()
         if self._transferee is not None and self._transferee not in conf.voters:
             self._transferee = None
