@@ -244,7 +244,7 @@ def test_a_log_above_the_nodes_support_is_refused_at_start() -> None:
     log = MemLog()
     conf = ConfState(frozenset({"n0"})).raised(2, 1)
     log.append([Entry(1, 1, conf.encode(), EntryType.CONFIG)])
-    with pytest.raises(FeatureLevelError, match="feature level is 2 .* supports up to 1"):
+    with pytest.raises(FeatureLevelError, match=r"feature level is 2 .* supports up to 1"):
         RaftNode("n0", ["n0"], log, OLD, random.Random(0))
     node = RaftNode("n0", ["n0"], log, RaftConfig(), random.Random(0))
     assert node.feature_level == 2
