@@ -131,7 +131,6 @@ from dledger.core.membership import (
     ConfChangeError,
     ConfChangePendingError,
     ConfState,
-    FeatureLevelError,
 )
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
@@ -161,6 +160,7 @@ from dledger.core.raft import RaftNode
 from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
+from dledger.log import FeatureLevelError
 
 __all__ = [
     "CAMPAIGN_REFUSED_MAX_TERM",

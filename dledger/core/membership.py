@@ -70,14 +70,6 @@ class ConfChangePendingError(DLedgerError):
     code = E.MEMBERSHIP_CHANGE_PENDING
 
 
-class FeatureLevelError(DLedgerError):
-    """A feature level raise that cannot be accepted (a member that does not support the level,
-    a level not above the group's or above this node's support), a joiner older than the
-    group's level, or a log whose level this node does not support. Nothing was changed."""
-
-    code = E.FEATURE_LEVEL_UNSUPPORTED
-
-
 class ChangeKind(enum.Enum):
     ADD_LEARNER = "add_learner"  # a non-voting member that receives the log
     ADD_VOTER = "add_voter"  # a voting member straight away

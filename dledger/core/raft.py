@@ -36,7 +36,6 @@ from dledger.core.membership import (
     ConfChangeError,
     ConfChangePendingError,
     ConfState,
-    FeatureLevelError,
     Membership,
     bootstrap,
     check_change,
@@ -70,7 +69,7 @@ from dledger.core.raftlog import RaftLog
 from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, Repair, start_repair
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
-from dledger.log import Entry, EntryType, HardState, LogStore
+from dledger.log import Entry, EntryType, FeatureLevelError, HardState, LogStore
 from mqrelease import BASELINE_LEVEL
 
 logger = logging.getLogger(__name__)
