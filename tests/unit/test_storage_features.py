@@ -57,7 +57,7 @@ def test_a_store_above_the_nodes_support_is_refused_unchanged(tmp_path: Path) ->
     s.write_checkpoint(5, 5)
     s.close()
     before = _checkpoint(tmp_path)
-    with pytest.raises(FeatureLevelError, match="feature level 2 .* supports up to 1") as info:
+    with pytest.raises(FeatureLevelError, match=r"feature level 2 .* supports up to 1") as info:
         SegmentedLogStore(tmp_path, CFG, supported_feature_level=BASELINE_LEVEL)
     assert info.value.code == "FEATURE_LEVEL_UNSUPPORTED"
     assert _checkpoint(tmp_path) == before
