@@ -497,7 +497,7 @@ def cmd_set_feature_level(admin: MQAdmin, args: argparse.Namespace, out: Output)
         level, index = set_feature_level(
             channels, _group_addr(admin, args), args.level, timeout_s=args.timeout
         )
-    out.table([{"feature_level": level, "index": index}])
+    out.obj({"feature_level": level, "index": index})
 
 
 def _unix_ms_text(ms: int) -> str:

@@ -792,16 +792,17 @@ class RaftNode:
         return Proposal(term=self._term, first_index=new.index, last_index=new.index)
 
     def _check_support_reports(self, conf: ConfState, level: int) -> None:
-        """Every member of ``conf`` but this leader answered in this term with support for
-        ``level``: one that is down or old could otherwise come back below the group's level."""
+        """Every member of ``conf`` but this leader answered in this term, within the last
+        election timeout, with support for ``level``: one that is down or old could otherwise
+        come back below the group's level."""
         for nid in sorted(conf.members - {self.id}):
             pr = self._progress.get(nid)
             got = pr.supported_feature_level if pr is not None else 0
-            if got == 0:
+            if pr is None or got == 0 or not self._recently_heard(pr):
                 raise FeatureLevelError(
-                    f"member {nid} has not answered leader {self.id} in term {self._term}, so "
-                    f"its support for feature level {level} is unknown: start it (or remove "
-                    "it from the group) and retry"
+                    f"member {nid} has not answered leader {self.id} recently (term "
+                    f"{self._term}), so its support for feature level {level} is unknown: "
+                    "start it (or remove it from the group) and retry"
                 )
             if got < level:
                 raise FeatureLevelError(

@@ -100,6 +100,21 @@ def test_raise_refused_while_a_member_has_not_reported_names_it() -> None:
     assert all(c.nodes[n].feature_level == 2 for n in c.ids)
 
 
+def test_a_member_that_reported_then_went_down_blocks_the_raise() -> None:
+    c = Cluster(3)
+    leader = c.elect()
+    c.tick(times=2)
+    down = next(n for n in c.ids if n != leader)
+    c.isolated.add(down)  # it answered with level 2 earlier in this term
+    c.tick(times=c.config.election_timeout_ticks + 1)
+    assert c.leader() == leader
+    with pytest.raises(FeatureLevelError, match=f"member {down} has not answered"):
+        c.nodes[leader].propose_feature_level(2)
+    c.isolated.clear()
+    c.tick(times=2)
+    _raise(c)
+
+
 def test_raise_refused_for_an_old_member_and_for_bad_levels() -> None:
     c = Cluster(3, configs={"n2": OLD})
     c.isolated.add("n2")  # n2 must not lead: it could not raise
