@@ -124,6 +124,23 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
             "its leader's, and took the leader's",
             st.committed_repairs,
         ),
+        gauge(
+            "raft_feature_level",
+            "The group's committed feature level as this member applied it (docs/RAFT.md "
+            "\"Feature level\")",
+            node.feature_level(),
+        ),
+        gauge(
+            "raft_supported_feature_level",
+            "The highest group feature level this member's release supports",
+            st.supported_feature_level,
+        ),
+        gauge(
+            "raft_peers_below_feature_level",
+            "On the leader: members whose last report is below the group's feature level, "
+            "to which it sends no entries (upgrade them)",
+            sum(1 for p in st.peers if p.withheld),
+        ),
         *_snapshot_families(node),
         labelled_counter(
             "raft_dropped_messages",
