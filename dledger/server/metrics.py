@@ -127,7 +127,7 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
         gauge(
             "raft_feature_level",
             "The group's committed feature level as this member applied it (docs/RAFT.md "
-            "\"Feature level\")",
+            '"Feature level")',
             node.feature_level(),
         ),
         gauge(
