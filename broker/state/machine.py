@@ -282,6 +282,9 @@ class BrokerStateMachine:
     """dledger's ``StateMachine`` for the broker. Call :meth:`attach` before the node starts,
     :meth:`close` after it stopped."""
 
+    # The group's committed feature level (on_feature_level; broker/state/features.py).
+    feature_level: int = BASELINE_LEVEL
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -342,8 +345,6 @@ class BrokerStateMachine:
         self.role: Role = Role.FOLLOWER
         self.term = 0
         self.leader_id: str | None = None
-        # The group's committed feature level (on_feature_level; broker/state/features.py).
-        self.feature_level = BASELINE_LEVEL
         self._change_listeners: list[Callable[[], None]] = []
         self.skip_log = _SkipLog()
         # Messages the dedup window answered as duplicates (metrics), on every member alike.

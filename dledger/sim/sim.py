@@ -280,19 +280,7 @@ class Simulation:
         self._send_before_persist = "send_before_persist" in mutations
         self.ids = node_ids(nodes)
         self.boot_ids = self.ids  # the bootstrap configuration; self.ids grows with joins
-        if faults is None:
-            phase = self.params.fault_phase_ms
-            member = generate_membership(random.Random(f"member-{seed}"), self.ids, phase)
-            faults = (
-                generate_schedule(random.Random(f"faults-{seed}"), self.ids, phase)
-                + generate_forgeries(random.Random(f"forge-{seed}"), self.ids, phase)
-                + member
-                + generate_storage(random.Random(f"storage-{seed}"), self.ids, phase)
-            )
-            if not member:  # (a joined node's release is this one: not modelled together)
-                faults += generate_features(random.Random(f"features-{seed}"), self.ids, phase)
-            faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
-        self.faults = list(faults)
+        self.faults = list(faults if faults is not None else self._schedule())
         # A forgetful node and a deaf leader at the heal are two faults in a 3-node group:
         # no election could succeed (the forgetful one must not vote). Not both in one run.
         self._deaf_at_heal = self.params.deaf_leader_at_heal and not any(
@@ -345,6 +333,22 @@ class Simulation:
         self._reports: dict[tuple[str, int], dict[str, int]] = {}
         self.raises = 0  # feature level raises the leaders accepted
         self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
+
+    def _schedule(self) -> list[FaultEvent]:
+        """The seed's fault schedule: each kind from its own PRNG, so adding one kind leaves
+        the others of a seed as they were."""
+        seed, ids, phase = self.seed, self.ids, self.params.fault_phase_ms
+        member = generate_membership(random.Random(f"member-{seed}"), ids, phase)
+        faults = (
+            generate_schedule(random.Random(f"faults-{seed}"), ids, phase)
+            + generate_forgeries(random.Random(f"forge-{seed}"), ids, phase)
+            + member
+            + generate_storage(random.Random(f"storage-{seed}"), ids, phase)
+        )
+        if not member:  # (a joined node's release is this one: not modelled together)
+            faults += generate_features(random.Random(f"features-{seed}"), ids, phase)
+        faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
+        return faults
 
     # ------------------------------------------------------------------ plumbing
 
