@@ -28,7 +28,6 @@ from broker.state.errors import ConfigError as ConfigError  # the package's one 
 from dledger.server.node import NodeConfig
 from dledger.storage import FlushDiskType, StoreConfig
 from dledger.storage.retention import SECONDS_PER_HOUR
-from mqrelease import FEATURE_LEVEL
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials
 from mqsecurity.errors import CertificateError
@@ -419,7 +418,7 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         tls=cfg.tls_files if cfg.tlsEnable else None,
         credentials=cfg.inner_credentials,
         # The group feature level this broker supports: its own table's and dledger's.
-        supported_feature_level=min(FEATURE_LEVEL, broker_features.SUPPORTED_LEVEL),
+        supported_feature_level=broker_features.NODE_SUPPORTED_LEVEL,
     )
 
 

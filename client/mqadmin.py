@@ -290,6 +290,9 @@ def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> 
                         "heartbeat_age_ms": m.last_heartbeat_age_ms,
                         "heartbeat_period_ms": m.heartbeat_period_ms,
                         "topics": m.topic_count,
+                        "release": m.release or "<=0.2.0",
+                        "supported_feature_level": m.supported_feature_level or 1,
+                        "feature_level": m.feature_level or 1,
                     }
                 )
     out.table(rows)
@@ -843,7 +846,11 @@ def _topic_commands(cli: CommandLine) -> None:
     topic(add("topicRoute", cmd_topic_route, "a topic's route: groups, queues, leader, followers"))
     topic(add("topicStatus", cmd_topic_status, "min and max offset of every queue of a topic"))
     add("clusterList", cmd_cluster_list, "clusters and their broker groups")
-    p = add("brokerStatus", cmd_broker_status, "every node: role, term, address, heartbeat age")
+    p = add(
+        "brokerStatus",
+        cmd_broker_status,
+        "every node: role, term, address, heartbeat age, release and feature levels",
+    )
     p.add_argument("-c", "--cluster", "--clusterName", default="", help="only this cluster")
     p.add_argument(
         "-b", "--broker-addr", "--brokerAddr", default="", help="only the node at host:port"

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL
 
-# The highest level the broker of this release supports: the node reports min(dledger's,
-# this) to its leader (broker.config.node_config).
+# The highest level the broker of this release supports, and what its node reports to its
+# leader and registers with the NameServers: the lower of dledger's and the broker's.
 SUPPORTED_LEVEL = FEATURE_LEVEL
+NODE_SUPPORTED_LEVEL = min(FEATURE_LEVEL, SUPPORTED_LEVEL)
 
 # Record or file format -> the lowest group level at which it may be proposed or written.
 GATES: dict[str, int] = {}
