@@ -73,6 +73,7 @@ from dledger.server.membership import (
     AddressBook,
     IncompatibleStoreError,
     RefusedJoins,
+    check_joiner_level,
     load_conf,
     save_conf,
 )
@@ -897,14 +898,12 @@ class DLedgerNode:
             request.shared_settings,
             request.node_id,
         )
-        supported = max(request.supported_feature_level, BASELINE_LEVEL)
-        level = self.core.feature_level
-        if supported < level:
-            raise FeatureLevelError(
-                f"node {echo(request.node_id)} supports feature levels up to {supported}, "
-                f"but group {self.cfg.group} is at level {level}: start it with a release "
-                "that supports the group's level"
-            )
+        check_joiner_level(
+            self.cfg.group,
+            request.node_id,
+            request.supported_feature_level,
+            self.core.feature_level,
+        )
         change = ConfChange(
             ChangeKind.ADD_LEARNER, request.node_id, request.peer_addr, request.client_addr
         )
