@@ -983,7 +983,12 @@ class Simulation:
         core = leader.core
         try:
             proposal = core.propose_feature_level(FEATURE_LEVEL)
-        except (FeatureLevelError, ConfChangePendingError, NotLeaderError) as exc:
+        except (
+            FeatureLevelError,
+            ConfChangePendingError,
+            NotLeaderError,
+            TransferInProgressError,
+        ) as exc:
             self._note(f"raise refused by {leader.id}: {exc.code}")
             return
         self.raises += 1
