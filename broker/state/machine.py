@@ -108,7 +108,7 @@ from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
 from dledger.rewind import RewindOutcome
 from dledger.storage.files import atomic_write
-from mqrelease import too_new_message
+from mqrelease import BASELINE_LEVEL, too_new_message
 
 logger = logging.getLogger(__name__)
 
@@ -283,6 +283,9 @@ class BrokerStateMachine:
     """dledger's ``StateMachine`` for the broker. Call :meth:`attach` before the node starts,
     :meth:`close` after it stopped."""
 
+    # The group's committed feature level (on_feature_level; broker/state/features.py).
+    feature_level: int = BASELINE_LEVEL
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -456,6 +459,13 @@ class BrokerStateMachine:
         )
         logger.warning("broker state marked for a replay of the log at the next open: %s", why)
         return RewindOutcome.REPLAY_AT_START
+
+    def on_feature_level(self, level: int, index: int) -> None:
+        """The group's committed feature level (at start, and when a CONFIG entry at
+        ``index`` raises it): what broker/state/features.py gates proposals and file formats
+        on. Apply never depends on it."""
+        self.feature_level = level
+        logger.info("group feature level %d (CONFIG entry %d)", level, index)
 
     def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
         self.role = role

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from dledger.core import ConfState
 from dledger.core.membership import CONF_FORMAT_VERSION, ChangeKind, decode, joining
-from dledger.log import ConfigError, DLedgerError, FormatTooNewError
+from dledger.log import ConfigError, DLedgerError, FeatureLevelError, FormatTooNewError
 from dledger.storage.files import atomic_write
 from mqerrors import codes as E
-from mqrelease import too_new_message
+from mqrelease import BASELINE_LEVEL, too_new_message
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,19 @@ def check_shared_settings(
             + (f"; and {more} more" if more > 0 else "")
             + " (every member needs the same value: set it and start the node with an"
             " empty store)"
+        )
+
+
+def check_joiner_level(group: str, node_id: str, supported: int, level: int) -> None:
+    """FeatureLevelError unless a joiner that reports ``supported`` (0: a release before
+    feature levels, read as the baseline) supports the group's feature level ``level``: the
+    leader would send it nothing, and it could never catch up (docs/RAFT.md section 14)."""
+    supported = max(supported, BASELINE_LEVEL)
+    if supported < level:
+        raise FeatureLevelError(
+            f"node {_shown(node_id, 80)} supports feature levels up to {supported}, but group "
+            f"{group} is at level {level}: start it with a release that supports the group's "
+            "level"
         )
 
 

@@ -40,6 +40,7 @@ from dledger.storage.retention import (
     DEFAULT_FILE_RESERVED_TIME_HOURS,
     DEFAULT_MAX_LAG_RETENTION_HOURS,
 )
+from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.tls import TlsFiles
 
@@ -79,7 +80,12 @@ class StateMachine(Protocol):
     ``durable_index() -> int``: the applied index of the state the application has on disk
     (what a restart opens, applying the log after it), when that can be behind what it
     applied in memory: retention never deletes entries above it (without it, retention
-    keeps the entries above the applied index only)."""
+    keeps the entries above the applied index only); and
+    ``on_feature_level(level: int, index: int) -> None``: the group's feature level (docs/RAFT.md
+    "Feature level"), called once at start with the level of the log (``index``: its CONFIG
+    entry, 0 for a group that never raised one) and again, between applies, when a committed
+    CONFIG entry at ``index`` raises it. The application gates what it proposes and the
+    formats of its own files on it (``node.feature_level()``), never what it applies."""
 
     def applied_index(self) -> int:
         """Index up to which the application's own durable state already includes entries."""
@@ -189,6 +195,10 @@ class NodeConfig:
     # store so that a store rolled back or replaced under this id is noticed; on another
     # volume it also survives the loss of the store's volume.
     promise_path: str = ""
+    # The highest group feature level this node supports (docs/RAFT.md "Feature level"): it
+    # reports it to its leader, refuses to start on a log or store above it, and stops when
+    # its leader sends a CONFIG entry above it. The broker passes min(dledger's, its own).
+    supported_feature_level: int = FEATURE_LEVEL
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -227,6 +237,11 @@ class NodeConfig:
             raise ConfigError(
                 f"chain_check_interval_ms {self.chain_check_interval_ms} is outside "
                 f"[{MIN_CHAIN_CHECK_INTERVAL_MS}, {MAX_CHAIN_CHECK_INTERVAL_MS}] (0: off)"
+            )
+        if not BASELINE_LEVEL <= self.supported_feature_level <= FEATURE_LEVEL:
+            raise ConfigError(
+                f"supported_feature_level {self.supported_feature_level} is outside "
+                f"[{BASELINE_LEVEL}, {FEATURE_LEVEL}] (this release's levels)"
             )
         self._check_tls()
         self._check_shared_settings()
@@ -293,4 +308,5 @@ class NodeConfig:
             election_timeout_ticks=max(2, self.election_timeout_ms // self.tick_ms),
             heartbeat_interval_ticks=max(1, self.heartbeat_interval_ms // self.tick_ms),
             preferred_leader_id=self.preferred_leader_id,
+            supported_feature_level=self.supported_feature_level,
         )

@@ -184,3 +184,16 @@ def test_the_configuration_is_written_whole_and_durably(
     assert [e for e in events if e != "write"] == ["fsync file", "rename", "fsync dir"]
     assert load_conf(str(tmp_path), "n0") == conf
     assert not (tmp_path / (CONF_FILE + ".tmp")).exists()
+
+
+def test_a_joiner_below_the_groups_feature_level_is_refused() -> None:
+    """docs/RAFT.md section 14: the leader would send it nothing; a release before feature
+    levels sends no level (0, read as level 1)."""
+    from dledger.log import FeatureLevelError
+    from dledger.server.membership import check_joiner_level
+
+    check_joiner_level("g", "n3", 0, 1)  # an old joiner in a group that never raised
+    check_joiner_level("g", "n3", 2, 2)
+    with pytest.raises(FeatureLevelError, match="n3' supports feature levels up to 1, but") as e:
+        check_joiner_level("g", "n3", 0, 2)
+    assert e.value.code == "FEATURE_LEVEL_UNSUPPORTED" and "group g is at level 2" in str(e.value)
