@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import signal
 import struct
 import threading
@@ -102,6 +103,26 @@ CHECKPOINT_MAGIC = 0x434B5054
 # What the previous release writes and reads: checkpoint format 2, snapshot.json version 2.
 OLD_CHECKPOINT_FORMAT = 2
 OLD_SNAPSHOT_VERSION = 2
+# The previous release's store opening a copy of a node's store (in a process of its own, under
+# the old tree): the group's segment sizes, no background threads; one JSON line out.
+OLD_STORE_PROBE = """
+import json, sys
+from dledger.storage.store import SegmentedLogStore, StoreConfig
+config = StoreConfig(
+    segment_size_bytes=int(sys.argv[2]),
+    index_segment_size_bytes=int(sys.argv[3]),
+    preallocate=False,
+    warm_segments=False,
+)
+try:
+    store = SegmentedLogStore(sys.argv[1], config)
+except Exception as exc:
+    print(json.dumps({"refused": type(exc).__name__, "message": str(exc)}))
+else:
+    print(json.dumps({"last_index": store.last_index()}))
+    store.close()
+"""
+OLD_STORE_PROBE_S = 60.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,6 +229,11 @@ class Group:
         """Stop ``n`` and start it again from the old tree or the current one, against the same
         store and config; return once it has applied what the leader had committed."""
         self.stop(n)
+        self.start(n, old=old)
+
+    def start(self, n: NodeInfo, *, old: bool) -> None:
+        """Start stopped node ``n`` from the old tree or the current one; return once it has
+        applied what the leader had committed."""
         if old:
             self.cluster.node_env[n.node_id] = self.old.node_env()
         else:
@@ -305,7 +331,8 @@ def _create_topics(g: Group) -> None:
 
 def _send(g: Group, topic: str, message: pb.Message) -> pb.SendResult:
     request = pb.SendMessageRequest(topic=topic, messages=[message])
-    (result,) = send_results(g.call("SendMessage", request))
+    results: list[pb.SendResult] = send_results(g.call("SendMessage", request))
+    (result,) = results
     return result
 
 
@@ -491,12 +518,35 @@ def rolling_upgrade(g: Group, writer: Writer) -> list[str]:
     return [n.node_id for n in (*followers, leader)]
 
 
-def rollback_one_node(g: Group) -> None:
-    """Before the raise a node can go back: one upgraded follower started from the old tree
-    against the store the current release wrote starts and catches up; then upgraded again."""
+def open_with_old_store(g: Group, n: NodeInfo, dest: Path) -> dict[str, Any]:
+    """The previous release's store code opening a copy of stopped node ``n``'s store:
+    ``{"last_index": ...}`` or ``{"refused": <exception class>, "message": ...}``."""
+    assert g.cluster.pid(n) is None, f"{n.node_id} runs: its store is not at rest"
+    copy = dest / f"dledger-{n.node_id}"
+    shutil.copytree(_store(g.cluster, n), copy, ignore=shutil.ignore_patterns("lock"))
+    argv = [
+        "-c",
+        OLD_STORE_PROBE,
+        str(copy),
+        SETTINGS["mappedFileSizeCommitLog"],
+        SETTINGS["mappedFileSizeEntryIndex"],
+    ]
+    done = g.old.run(argv, OLD_STORE_PROBE_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def rollback_one_node(g: Group, tmp_path: Path) -> None:
+    """Before the raise a node can go back: the old store code opens a copy of an upgraded
+    follower's store, and the follower started from the old tree against the store the current
+    release wrote starts and catches up; then it is upgraded again."""
     leader = g.leader()
     n = next(x for x in g.cluster.nodes if x is not leader)
-    g.restart(n, old=True)
+    g.stop(n)
+    opened = open_with_old_store(g, n, tmp_path / "before-raise")
+    assert "last_index" in opened, opened
+    g.start(n, old=True)
     assert_old_release_reads_everything(g)
     g.restart(n, old=False)
 
@@ -659,7 +709,7 @@ def test_rolling_upgrade_from_the_previous_release_under_load(
     try:
         seeded = seed(g, writer)
         order = rolling_upgrade(g, writer)
-        rollback_one_node(g)
+        rollback_one_node(g, tmp_path)
         assert_old_release_reads_everything(g)
         upgraded = time.monotonic() - started
     finally:
