@@ -697,21 +697,36 @@ def check_audit(g: Group, spark: SparkSession, tmp_path: Path) -> None:
     assert not killed, f"needed SIGKILL to stop: {killed}"
 
 
+@dataclass
+class Phases:
+    """How long each phase took (printed at the end: the test's budget is about a minute)."""
+
+    took: dict[str, float] = field(default_factory=dict)
+    last: float = field(default_factory=time.monotonic)
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self.took[name] = round(now - self.last, 1)
+        self.last = now
+
+
 def test_rolling_upgrade_from_the_previous_release_under_load(
     group: Group, spark: SparkSession, tmp_path: Path
 ) -> None:
     g = group
+    phases = Phases()
     _create_topics(g)
     writer = Writer(LeaderClient(lambda: g.cluster.client_addrs, g.security))
     thread = threading.Thread(target=writer.run, name="upgrade-writer")
     thread.start()
-    started = time.monotonic()
     try:
         seeded = seed(g, writer)
+        phases.done("seed")
         order = rolling_upgrade(g, writer)
+        phases.done("upgrade")
         rollback_one_node(g, tmp_path)
         assert_old_release_reads_everything(g)
-        upgraded = time.monotonic() - started
+        phases.done("rollback")
     finally:
         writer.stop.set()
         thread.join(SEND_DEADLINE_S * 2)
@@ -724,10 +739,12 @@ def test_rolling_upgrade_from_the_previous_release_under_load(
     check_timers(g, seeded)
     check_transactions(g, seeded)
     check_user(g, seeded)
+    phases.done("checks")
     check_audit(g, spark, tmp_path)
+    phases.done("audit")
     print(
-        f"\nupgraded {order} (leader last) and rolled one back and forth in {upgraded:.1f} s "
-        f"under load: {len(writer.acked)} messages acknowledged; calls retried on another "
-        f"node {dict(writer.client.retries)}, sends given up and sent again "
-        f"{dict(writer.failures)}"
+        f"\nupgraded {order} (leader last), rolled one back and forth, under load: "
+        f"{len(writer.acked)} messages acknowledged; calls retried on another node "
+        f"{dict(writer.client.retries)}, sends given up and sent again {dict(writer.failures)}; "
+        f"seconds {phases.took}"
     )
