@@ -35,6 +35,8 @@ import grpc
 import pytest
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.nameserver.v1 import nameserver_pb2 as nspb
+from raftmq.nameserver.v1 import nameserver_pb2_grpc as nspb_grpc
 from support import pull_all, send_results, wait_for
 from upgrade_support import OldTree, build_previous_release
 
@@ -686,6 +688,26 @@ def check_user(g: Group, seeded: Seeded) -> None:
     assert info is not None and info.code == "UNAUTHENTICATED", refused.value
 
 
+def check_routes(g: Group) -> None:
+    """The upgraded NameServer routes the writer's topic to the group's leader: every node
+    registered again (each registers as it starts; the NameServer stores nothing)."""
+    ns = g.cluster.namesrv
+    assert ns is not None
+    leader = g.leader().client_addr
+
+    def routed() -> bool:
+        with open_channel(ns.addr, g.security) as ch:
+            try:
+                route = nspb_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+                    nspb.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=RPC_S
+                )
+            except grpc.RpcError:
+                return False
+        return [r.leader_addr for r in route.groups] == [leader]
+
+    wait_for(routed, CATCH_UP_S, f"the NameServer to route {TOPIC} to {leader}")
+
+
 def check_audit(g: Group, spark: SparkSession, tmp_path: Path) -> None:
     """Stop the group cleanly and audit its replicas: CLEAN (exit code 0)."""
     killed = g.cluster.down(grace_s=STOP_S)
@@ -739,6 +761,7 @@ def test_rolling_upgrade_from_the_previous_release_under_load(
     check_timers(g, seeded)
     check_transactions(g, seeded)
     check_user(g, seeded)
+    check_routes(g)
     phases.done("checks")
     check_audit(g, spark, tmp_path)
     phases.done("audit")
