@@ -18,6 +18,7 @@ replicas identical (``mqaudit`` CLEAN, in the run's shared SparkSession).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import shutil
@@ -501,6 +502,21 @@ def upgrade_nameserver(g: Group) -> None:
     g.cluster.wait_namesrv()
 
 
+def transfer_leadership(g: Group, to: NodeInfo) -> None:
+    """Hand leadership to ``to``, asking again while a transfer is refused or in flight (the
+    target catching up under the writer's load)."""
+    with g.log_client() as client:
+
+        def moved() -> bool:
+            if g.cluster.wait_leader() == to.node_id:
+                return True
+            with contextlib.suppress(ClientError):
+                client.transfer_leadership(to.node_id)
+            return False
+
+        wait_for(moved, CATCH_UP_S, f"leadership to move to {to.node_id}")
+
+
 def rolling_upgrade(g: Group, writer: Writer) -> list[str]:
     """Followers first, then the leader after handing leadership to an upgraded follower;
     the invariant after each step. Returns the order."""
@@ -510,9 +526,7 @@ def rolling_upgrade(g: Group, writer: Writer) -> list[str]:
     for n in followers:
         g.restart(n, old=False)
         assert_old_release_reads_everything(g)
-    with g.log_client() as client:
-        client.transfer_leadership(followers[0].node_id)
-    wait_for(lambda: g.cluster.wait_leader() == followers[0].node_id, CATCH_UP_S, "the transfer")
+    transfer_leadership(g, followers[0])
     g.restart(leader, old=False)
     assert_old_release_reads_everything(g)
     sent = len(writer.acked)
