@@ -22,6 +22,7 @@ from broker.configkeys import SECRET_KEYS as SECRET_KEYS
 from broker.configkeys import TARGETS, Peer, is_unspecified_host, parse_init_user
 from broker.configkeys import _Key as _Key  # tests add keys to KEYS with it
 from broker.configkeys import parse_peers as parse_peers
+from broker.state import features as broker_features
 from broker.state.delayrules import parse_delay_levels
 from broker.state.errors import ConfigError as ConfigError  # the package's one ConfigError
 from dledger.server.node import NodeConfig
@@ -416,6 +417,8 @@ def node_config(cfg: BrokerConfig) -> NodeConfig:
         shared_settings={k: str(getattr(cfg, k)) for k in SHARED_KEYS},
         tls=cfg.tls_files if cfg.tlsEnable else None,
         credentials=cfg.inner_credentials,
+        # The group feature level this broker supports: its own table's and dledger's.
+        supported_feature_level=broker_features.NODE_SUPPORTED_LEVEL,
     )
 
 

@@ -29,7 +29,9 @@ from raftmq.nameserver.v1 import nameserver_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as pb_grpc
 
 from broker.config import BrokerConfig
+from broker.state.features import NODE_SUPPORTED_LEVEL
 from broker.state.machine import BrokerStateMachine
+from mqrelease import RELEASE
 from mqsecurity.channels import open_aio_channel
 from mqsecurity.membersig import MemberSigner
 from prockit.fatal import supervise
@@ -130,6 +132,9 @@ class BrokerRegistrar:
             ],
             heartbeat_period_ms=self.cfg.registerBrokerPeriod,
             rmq5_addr=self.cfg.rmq5_addr,
+            release=RELEASE,
+            supported_feature_level=NODE_SUPPORTED_LEVEL,
+            feature_level=sm.feature_level,
         )
 
     def start(self) -> None:

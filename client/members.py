@@ -1,5 +1,6 @@
 """A broker group's members, from the admin side: ``mqadmin listMember``, ``addMember``,
-``promoteMember``, ``removeMember`` (docs/CLUSTER.md "Changing a group's members").
+``promoteMember``, ``removeMember`` (docs/CLUSTER.md "Changing a group's members") and
+``setFeatureLevel`` (docs/RAFT.md "Feature level").
 
 The calls go to the group's ``raftmq.dledger.v1.DLedgerClient`` service on any node's client
 port; a change is made by the leader, so this follows ``NOT_LEADER`` redirects and waits out
@@ -49,6 +50,8 @@ class MemberRow:
     client_addr: str
     match_index: int  # on the leader's view; 0 from a follower
     recent_active: bool
+    # The feature level it reported supporting (the leader's view; 0: not known there)
+    supported_feature_level: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +61,20 @@ class Members:
     config_index: int
     config_committed: bool
     term: int
+    feature_level: int = 1  # the group's, in the configuration in force
 
 
 def _rows(members: object) -> tuple[MemberRow, ...]:
     return tuple(
-        MemberRow(m.id, m.role, m.peer_addr, m.client_addr, m.match_index, m.recent_active)
+        MemberRow(
+            m.id,
+            m.role,
+            m.peer_addr,
+            m.client_addr,
+            m.match_index,
+            m.recent_active,
+            m.supported_feature_level,
+        )
         for m in members  # type: ignore[attr-defined]
     )
 
@@ -114,7 +126,12 @@ def list_members(channels: ChannelPool, addr: str) -> Members:
     except grpc.RpcError as exc:
         raise MQClientError.from_rpc(exc) from exc
     return Members(
-        _rows(resp.members), resp.leader_id, resp.config_index, resp.config_committed, resp.term
+        _rows(resp.members),
+        resp.leader_id,
+        resp.config_index,
+        resp.config_committed,
+        resp.term,
+        max(resp.feature_level, 1),  # 0: a node of a release before feature levels
     )
 
 
@@ -150,6 +167,23 @@ def change_member(
                 return done
         raise
     return resp.index, _rows(resp.members)
+
+
+def set_feature_level(
+    channels: ChannelPool, addr: str, level: int = 0, timeout_s: float = MEMBER_CHANGE_TIMEOUT_S
+) -> tuple[int, int]:
+    """Raise ``addr``'s group to feature level ``level`` (0: the leader release's highest),
+    answered once committed: (the committed level, its CONFIG entry's index). A member that
+    does not support it refuses the raise (FEATURE_LEVEL_UNSUPPORTED naming it); a retry
+    after a lost answer gets the committed level."""
+    req = dpb.SetFeatureLevelRequest(level=level)
+
+    def call(stub: dpb_grpc.DLedgerClientStub, t: float) -> dpb.SetFeatureLevelResponse:
+        resp: dpb.SetFeatureLevelResponse = stub.SetFeatureLevel(req, timeout=t)
+        return resp
+
+    resp = follow_leader(channels, addr, call, timeout_s)
+    return resp.level, resp.index
 
 
 def _in_effect(

@@ -31,13 +31,20 @@ from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from client.admin import MQAdmin
 from client.consumer import PullConsumer
 from client.errors import MQClientError
-from client.members import MEMBER_CHANGE_TIMEOUT_S, MemberRow, change_member, list_members
+from client.members import (
+    MEMBER_CHANGE_TIMEOUT_S,
+    MemberRow,
+    change_member,
+    list_members,
+    set_feature_level,
+)
 from client.message import Message, MessageExt, MessageQueue
 from client.producer import Producer
 from client.replicas import ReplicaReport, group_replica_status
 from client.route import ChannelPool
 from mqcli import CommandLine, GlobalOption
 from mqerrors import codes as E
+from mqrelease import FEATURE_LEVEL
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import OPTION_SPECS, security_from_args
 
@@ -283,6 +290,9 @@ def cmd_broker_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> 
                         "heartbeat_age_ms": m.last_heartbeat_age_ms,
                         "heartbeat_period_ms": m.heartbeat_period_ms,
                         "topics": m.topic_count,
+                        "release": m.release or "<=0.2.0",
+                        "supported_feature_level": m.supported_feature_level or 1,
+                        "feature_level": m.feature_level or 1,
                     }
                 )
     out.table(rows)
@@ -440,6 +450,7 @@ def _member_rows(rows: Sequence[MemberRow], leader_id: str = "") -> list[Row]:
             "client_addr": m.client_addr or "-",
             "match_index": m.match_index,
             "active": "yes" if m.recent_active else "no",
+            "supported_feature_level": m.supported_feature_level or "-",
         }
         for m in rows
     ]
@@ -453,6 +464,7 @@ def cmd_list_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> No
         "term": m.term,
         "config_index": m.config_index,
         "committed": m.config_committed,
+        "feature_level": m.feature_level,
     }
     out.table(_member_rows(m.members, m.leader_id), extra)
 
@@ -483,6 +495,14 @@ def cmd_remove_member(admin: MQAdmin, args: argparse.Namespace, out: Output) -> 
     _change(admin, args, out, "REMOVE")
 
 
+def cmd_set_feature_level(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    with _MemberChannels(admin) as channels:
+        level, index = set_feature_level(
+            channels, _group_addr(admin, args), args.level, timeout_s=args.timeout
+        )
+    out.obj({"feature_level": level, "index": index})
+
+
 def _unix_ms_text(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000)) if ms else "-"
 
@@ -501,6 +521,9 @@ def replica_rows(report: ReplicaReport) -> list[Row]:
                 "node": r.node_id,
                 "addr": r.client_addr,
                 "role": m.role,
+                "release": m.release or "<=0.2.0",
+                "feature_level": m.feature_level or 1,
+                "supported_feature_level": m.supported_feature_level or 1,
                 "term": m.term,
                 "last": m.last_index,
                 "commit": m.commit_index,
@@ -823,7 +846,11 @@ def _topic_commands(cli: CommandLine) -> None:
     topic(add("topicRoute", cmd_topic_route, "a topic's route: groups, queues, leader, followers"))
     topic(add("topicStatus", cmd_topic_status, "min and max offset of every queue of a topic"))
     add("clusterList", cmd_cluster_list, "clusters and their broker groups")
-    p = add("brokerStatus", cmd_broker_status, "every node: role, term, address, heartbeat age")
+    p = add(
+        "brokerStatus",
+        cmd_broker_status,
+        "every node: role, term, address, heartbeat age, release and feature levels",
+    )
     p.add_argument("-c", "--cluster", "--clusterName", default="", help="only this cluster")
     p.add_argument(
         "-b", "--broker-addr", "--brokerAddr", default="", help="only the node at host:port"
@@ -981,8 +1008,27 @@ def _member_commands(cli: CommandLine) -> None:
         add(
             "replicaStatus",
             cmd_replica_status,
-            "every member's repair state, chain and damage counters; exit 3 when flagged",
+            "every member's release, feature level, repair state, chain and damage "
+            "counters; exit 3 when flagged",
         )
+    )
+    p = add(
+        "setFeatureLevel",
+        cmd_set_feature_level,
+        "raise a broker group's feature level once every member supports it (never lowered)",
+    )
+    _member_target(p)
+    p.add_argument(
+        "--level",
+        type=int,
+        default=0,
+        help=f"the level to raise to (default: this release's highest, {FEATURE_LEVEL})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=MEMBER_CHANGE_TIMEOUT_S,
+        help=f"seconds to wait for the raise (default {MEMBER_CHANGE_TIMEOUT_S:.0f})",
     )
 
 

@@ -106,6 +106,19 @@ def chain_flags(answers: dict[str, dpb.MetadataResponse], index: int) -> list[st
     return [f"chain differs at committed index {index}: {sides}"]
 
 
+def level_flags(answers: dict[str, dpb.MetadataResponse]) -> list[str]:
+    """Members whose release supports less than the group's feature level (the highest any
+    member applied): the leader sends them nothing until they are upgraded. A member of a
+    release before feature levels reports 0, read as level 1."""
+    level = max((a.feature_level or 1 for a in answers.values()), default=1)
+    return [
+        f"{n} supports feature level {a.supported_feature_level or 1} < group level {level}: "
+        f"upgrade it (runs {a.release or '0.2.0 or older'})"
+        for n, a in sorted(answers.items())
+        if (a.supported_feature_level or 1) < level
+    ]
+
+
 def replica_status(call: MetadataCall, members: Sequence[tuple[str, str]]) -> ReplicaReport:
     """Ask every member (node id, client address) and compare (see the module docstring)."""
     first = {node: _ask(call, addr, 0) for node, addr in members}
@@ -124,7 +137,8 @@ def replica_status(call: MetadataCall, members: Sequence[tuple[str, str]]) -> Re
         else:
             rows.append(ReplicaRow(node, addr, a, "", tuple(node_flags(a))))
     compared = {r.node_id: r.answer for r in rows if r.answer is not None}
-    return ReplicaReport(tuple(rows), index, tuple(chain_flags(compared, index) if index else ()))
+    group_flags = (chain_flags(compared, index) if index else []) + level_flags(compared)
+    return ReplicaReport(tuple(rows), index, tuple(group_flags))
 
 
 def group_replica_status(channels: ChannelPool, addr: str) -> ReplicaReport:

@@ -114,6 +114,16 @@ class FormatTooNewError(DLedgerError):
         self.newest = newest
 
 
+class FeatureLevelError(DLedgerError):
+    """The group's feature level and a member's support disagree (docs/RAFT.md "Feature
+    level"): a raise a member does not support (or a level not above the group's, or above
+    this node's support), a joiner older than the group's level, or a log or store at a level
+    this node's release does not support. The message names the member and both levels;
+    nothing was changed."""
+
+    code = E.FEATURE_LEVEL_UNSUPPORTED
+
+
 class LogStore(Protocol):
     """The log of one Raft member, as the core sees it."""
 

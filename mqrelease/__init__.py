@@ -7,7 +7,17 @@ change both together when a release is cut.
 
 from __future__ import annotations
 
-RELEASE = "0.2.0"
+RELEASE = "0.3.0.dev0"
+
+# The group feature level (docs/RAFT.md "Feature level"): one integer per group, carried in its
+# CONFIG entries, raised by an operator once every member runs a release that supports it and
+# never lowered. What each level lets the group write is listed in dledger/features.py and
+# broker/state/features.py.
+# The highest level this release supports (and proposes when asked for "this release's").
+FEATURE_LEVEL = 2
+# The level of a group that never raised one: what raftmq 0.2.0 reads and writes, and what a
+# peer that reports no level (0: a release before feature levels) is taken to support.
+BASELINE_LEVEL = 1
 
 
 def too_new_message(what: str, path: object, found: int, newest: int) -> str:

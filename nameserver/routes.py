@@ -52,6 +52,12 @@ ROLE_LEADER = "LEADER"
 ROLES = frozenset({"LEADER", "FOLLOWER", "CANDIDATE", "PRE_CANDIDATE"})
 MAX_PERM = 7
 MAX_QUEUE_NUMS = 1024
+# A release string ("0.3.0.dev0"): a PEP 440 version is a few characters of these.
+MAX_RELEASE_LEN = 32
+_RELEASE_RE = re.compile(r"^[A-Za-z0-9.+_-]*$")
+# Feature levels count releases that changed a group's formats (dledger.core.membership
+# MAX_FEATURE_LEVEL bounds the same number in a CONFIG entry).
+MAX_FEATURE_LEVEL = 1 << 16
 
 
 class NameServerError(Exception):
@@ -103,6 +109,11 @@ class Registration:
     topics: tuple[TopicRoute, ...]
     heartbeat_period_ms: int = 0
     rmq5_addr: str = ""  # the RocketMQ 5 port, "" when not served
+    # Its release, the feature level it supports and its group's ("" / 0: a release before
+    # feature levels).
+    release: str = ""
+    supported_feature_level: int = 0
+    feature_level: int = 0
 
     @property
     def key(self) -> NodeKey:
@@ -177,6 +188,16 @@ def validate(reg: Registration) -> dict[str, TopicRoute]:
         _check_addr(reg.rmq5_addr, "rmq5_addr")
     if reg.term < 0:
         raise InvalidRequestError(f"term {reg.term} must be >= 0")
+    if len(reg.release) > MAX_RELEASE_LEN or not _RELEASE_RE.match(reg.release):
+        raise InvalidRequestError(
+            f"release {show(reg.release)} must be at most {MAX_RELEASE_LEN} of letters, digits "
+            "and . + _ -"
+        )
+    if not (
+        0 <= reg.supported_feature_level <= MAX_FEATURE_LEVEL
+        and 0 <= reg.feature_level <= MAX_FEATURE_LEVEL
+    ):
+        raise InvalidRequestError(f"feature levels outside [0, {MAX_FEATURE_LEVEL}]")
     if not 0 <= reg.heartbeat_period_ms <= MAX_HEARTBEAT_PERIOD_MS:
         raise InvalidRequestError(
             f"heartbeat_period_ms {reg.heartbeat_period_ms} outside [0, {MAX_HEARTBEAT_PERIOD_MS}]"

@@ -153,6 +153,9 @@ def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:
         ),
         heartbeat_period_ms=req.heartbeat_period_ms,
         rmq5_addr=req.rmq5_addr,
+        release=req.release,
+        supported_feature_level=req.supported_feature_level,
+        feature_level=req.feature_level,
     )
 
 
@@ -287,6 +290,9 @@ class NameServerServicer(pb_grpc.NameServerServicer):
                             last_heartbeat_age_ms=age_ms,
                             heartbeat_period_ms=r.heartbeat_period_ms,
                             topic_count=len(r.topics),
+                            release=r.release,
+                            supported_feature_level=r.supported_feature_level,
+                            feature_level=r.feature_level,
                         )
                         for r, age_ms in g.members
                     ],

@@ -97,6 +97,12 @@ class RaftNode(Protocol):
         entry of its term (its no-op) is at or before the value read right after it won."""
         ...
 
+    def feature_level(self) -> int:
+        """The group's committed feature level as this member applied it (docs/RAFT.md
+        "Feature level"): a record type or version, or a file format, that
+        broker/state/features.py gates is proposed or written only at or above its level."""
+        ...
+
     # ------------------------------------------------------------------ limits
 
     @property

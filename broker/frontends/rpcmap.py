@@ -219,6 +219,7 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     DLEDGER + "Metadata": lambda r, c: [cluster(c, GET)],
     DLEDGER + "ListMembers": lambda r, c: [cluster(c, GET)],
     DLEDGER + "ChangeMember": SUPER_ONLY,
+    DLEDGER + "SetFeatureLevel": SUPER_ONLY,
     LEADER_OPS + "Call": _leader_call,
     # RocketMQ 5.3's mapping of its gRPC protocol (QueryRoute: see ANY_OF).
     V2 + "QueryRoute": lambda r, c: [topic(r.topic.name, PUB)],

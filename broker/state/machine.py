@@ -107,7 +107,7 @@ from dledger.appsnapshot import AppSnapshot
 from dledger.core import Role
 from dledger.log import APPLICATION_TYPE_MIN, DLedgerError, Entry
 from dledger.storage.files import atomic_write
-from mqrelease import too_new_message
+from mqrelease import BASELINE_LEVEL, too_new_message
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +282,9 @@ class BrokerStateMachine:
     """dledger's ``StateMachine`` for the broker. Call :meth:`attach` before the node starts,
     :meth:`close` after it stopped."""
 
+    # The group's committed feature level (on_feature_level; broker/state/features.py).
+    feature_level: int = BASELINE_LEVEL
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -423,6 +426,13 @@ class BrokerStateMachine:
         # The saved state may claim the replaced entries: save again at the next apply.
         self._snapshot_applied = -1
         self._last_snapshot_s = float("-inf")
+
+    def on_feature_level(self, level: int, index: int) -> None:
+        """The group's committed feature level (at start, and when a CONFIG entry at
+        ``index`` raises it): what broker/state/features.py gates proposals and file formats
+        on. Apply never depends on it."""
+        self.feature_level = level
+        logger.info("group feature level %d (CONFIG entry %d)", level, index)
 
     def on_role_change(self, role: Role, term: int, leader_id: str | None) -> None:
         self.role = role

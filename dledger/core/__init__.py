@@ -36,6 +36,12 @@ Inputs (call from one thread or task; each returns quickly and never blocks):
   ``conf_state`` / ``conf_state_at(index)`` give the configuration (a frozen ``ConfState``
   a snapshot can carry); ``restore_conf_state`` adopts one from a snapshot; the constructor
   takes the one in force at ``applied_index`` as ``conf_state=``.
+* ``propose_feature_level(level) -> Proposal`` on the leader: raise the group's feature
+  level (docs/RAFT.md "Feature level"), a CONFIG entry with the same members. Raises
+  ``FeatureLevelError`` (a member has not reported support for ``level`` in this term, or
+  ``level`` is not above the group's or is above this node's support; the message names the
+  member), ``ConfChangePendingError`` or ``NotLeaderError``. ``feature_level`` is the level
+  in this member's log.
 
 Outputs: after any input, ``while node.has_ready(): rd = node.ready()`` then, in this order:
 
@@ -129,6 +135,7 @@ from dledger.core.membership import (
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
+    DROP_FEATURE_LEVEL,
     DROP_MALFORMED,
     DROP_NOT_MEMBER,
     DROP_REASONS,
@@ -153,11 +160,13 @@ from dledger.core.raft import RaftNode
 from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, newer_hard_state
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
+from dledger.log import FeatureLevelError
 
 __all__ = [
     "CAMPAIGN_REFUSED_MAX_TERM",
     "COMMIT_NOTICE_LINGER_MS",
     "DROP_ACK_BEYOND_LAST",
+    "DROP_FEATURE_LEVEL",
     "DROP_MALFORMED",
     "DROP_NOT_MEMBER",
     "DROP_REASONS",
@@ -187,6 +196,7 @@ __all__ = [
     "ConfChangePendingError",
     "ConfState",
     "ConfigError",
+    "FeatureLevelError",
     "InstallSnapshot",
     "Message",
     "NotLeaderError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dledger.core.errors import ConfigError
+from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL
 
 # Largest group the core accepts: Raft groups beyond 7 voters only add commit latency, and we
 # deploy groups of 3, 5 or 7 (tolerating 1, 2 or 3 failed nodes).
@@ -56,6 +57,7 @@ MUTATIONS = frozenset(
         "snapshot_out_of_order",  # a follower installs a snapshot not beyond its commit index
         "forget_promise",  # a log that ends below its promise is not repaired: it votes
         "skip_chain_check",  # logs are matched by (index, term) alone, as before dledger.chain
+        "raise_without_reports",  # a feature level raise without every member's support report
     }
 )
 
@@ -84,6 +86,9 @@ class RaftConfig:
     pre_vote: bool = True
     # When set, a leader that is not this member hands leadership to it once it is caught up.
     preferred_leader_id: str | None = None
+    # The highest group feature level this member's release supports (docs/RAFT.md "Feature
+    # level"): it reports it in every append answer and never raises the group above it.
+    supported_feature_level: int = FEATURE_LEVEL
     # TEST ONLY: names from MUTATIONS that break Raft on purpose. Empty in production.
     mutations: frozenset[str] = field(default_factory=frozenset)
 
@@ -113,6 +118,11 @@ class RaftConfig:
         if self.max_pending_proposal_bytes < 1:
             raise ConfigError(
                 f"max_pending_proposal_bytes must be >= 1, got {self.max_pending_proposal_bytes}"
+            )
+        if not BASELINE_LEVEL <= self.supported_feature_level <= FEATURE_LEVEL:
+            raise ConfigError(
+                f"supported_feature_level must be in [{BASELINE_LEVEL}, {FEATURE_LEVEL}] "
+                f"(this release's levels), got {self.supported_feature_level}"
             )
         unknown = set(self.mutations) - MUTATIONS
         if unknown:

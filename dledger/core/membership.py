@@ -15,6 +15,7 @@ says whether a change may be proposed on top of a configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import re
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from dledger.core.config import MAX_GROUP_SIZE
 from dledger.log import DLedgerError
 from mqerrors import codes as E
+from mqrelease import BASELINE_LEVEL
 
 # Non-voting members at once: each costs the leader a replication stream, and a learner is only
 # a waiting room before its promotion (one at a time is the usual operation, two allow a
@@ -48,6 +50,9 @@ MEMBER_ADDR_MAX_CHARS = 255
 CONF_BODY_MAX_BYTES = 16384
 # The CONFIG body's format ("v"): the newest this release writes and reads.
 CONF_FORMAT_VERSION = 1
+# Largest group feature level a CONFIG body may carry ("features"): levels count releases that
+# changed what a group writes, a handful per year; the bound only keeps a peer's number sane.
+MAX_FEATURE_LEVEL = 1 << 16
 
 
 class ConfChangeError(DLedgerError):
@@ -110,6 +115,9 @@ class ConfState:
     removed: tuple[str, ...] = ()
     index: int = 0
     addrs: tuple[MemberAddr, ...] = ()
+    # The group's feature level (docs/RAFT.md "Feature level"): raised by a CONFIG entry with
+    # the same members, never lowered; BASELINE_LEVEL for a group that never raised one.
+    features: int = BASELINE_LEVEL
 
     def addr_of(self, node_id: str) -> MemberAddr | None:
         return next((a for a in self.addrs if a.node_id == node_id), None)
@@ -156,17 +164,27 @@ class ConfState:
             tuple(removed),
             index,
             tuple(addrs[k] for k in sorted(addrs)),
+            self.features,
         )
 
+    def raised(self, level: int, index: int) -> ConfState:
+        """The same members at feature level ``level``, set by the CONFIG entry at ``index``."""
+        assert level > self.features, (level, self.features)
+        return dataclasses.replace(self, index=index, features=level)
+
     def encode(self) -> bytes:
-        """The body of a CONFIG entry (``index`` is the entry's, so it is not encoded)."""
-        doc = {
+        """The body of a CONFIG entry (``index`` is the entry's, so it is not encoded). The
+        ``features`` key is left out at the baseline level, so a group that never raised its
+        level writes the very bytes raftmq 0.2.0 writes (and 0.2.0 ignores the key)."""
+        doc: dict[str, object] = {
             "v": CONF_FORMAT_VERSION,
             "voters": sorted(self.voters),
             "learners": sorted(self.learners),
             "removed": list(self.removed),
             "addrs": [[a.node_id, a.peer_addr, a.client_addr] for a in self.addrs],
         }
+        if self.features != BASELINE_LEVEL:
+            doc["features"] = self.features
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def describe(self) -> str:
@@ -215,7 +233,17 @@ def decode(body: bytes, index: int) -> ConfState:
     if set(voters) & set(learners) or set(removed) & (set(voters) | set(learners)):
         raise ValueError("configuration body: an id in two roles")
     addrs = _addrs(doc, set(voters) | set(learners))
-    return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index, addrs)
+    features = doc.get("features", BASELINE_LEVEL)
+    if (
+        not isinstance(features, int)
+        or isinstance(features, bool)
+        or not BASELINE_LEVEL <= features <= MAX_FEATURE_LEVEL
+    ):
+        raise ValueError(
+            f"configuration body: features must be an integer in [{BASELINE_LEVEL}, "
+            f"{MAX_FEATURE_LEVEL}]"
+        )
+    return ConfState(frozenset(voters), frozenset(learners), tuple(removed), index, addrs, features)
 
 
 def _addrs(doc: Mapping[str, object], members: set[str]) -> tuple[MemberAddr, ...]:
@@ -318,6 +346,11 @@ class Membership:
         self._base = base
         self._history: list[ConfState] = []
 
+    @property
+    def base_index(self) -> int:
+        """Index of the base configuration's CONFIG entry (committed, applied or a snapshot's)."""
+        return self._base.index
+
     def latest(self) -> ConfState:
         """The configuration in force: the last one in the log."""
         return self._history[-1] if self._history else self._base
@@ -341,6 +374,7 @@ class Membership:
             # configuration it saved), so the log still brings the entries it folded in.
             return
         assert conf.index > self.latest().index, "configurations out of order"
+        assert conf.features >= self.latest().features, "the feature level went down"
         self._history.append(conf)
 
     def truncate(self, from_index: int) -> bool:

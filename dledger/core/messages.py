@@ -32,6 +32,9 @@ DROP_TERM_OUT_OF_RANGE = "term_out_of_range"  # above MAX_TERM, or a jump beyond
 DROP_SECOND_LEADER = "second_leader"  # an append from another "leader" of a term that has one
 DROP_UNEXPECTED_TIMEOUT_NOW = "unexpected_timeout_now"  # not from this term's leader
 DROP_ACK_BEYOND_LAST = "ack_beyond_last"  # an ack or reject of an index the leader never had
+# Not hostile, refused all the same: an append carrying a CONFIG entry whose feature level this
+# member's release does not support (it must never persist one; docs/RAFT.md "Feature level").
+DROP_FEATURE_LEVEL = "feature_level_unsupported"
 # Not a drop but counted with them: this node's term is MAX_TERM, it cannot campaign.
 CAMPAIGN_REFUSED_MAX_TERM = "campaign_refused_max_term"
 DROP_REASONS = (
@@ -41,6 +44,7 @@ DROP_REASONS = (
     DROP_SECOND_LEADER,
     DROP_UNEXPECTED_TIMEOUT_NOW,
     DROP_ACK_BEYOND_LAST,
+    DROP_FEATURE_LEVEL,
     CAMPAIGN_REFUSED_MAX_TERM,
 )
 
@@ -122,6 +126,11 @@ class AppendResponse:
     # replicates to it but does not count it towards a commit (docs/RAFT.md section 11).
     repairing: bool = False
     match_chain: int = 0
+    # The highest group feature level the sender's release supports (0: a release before
+    # feature levels, which supports mqrelease.BASELINE_LEVEL): the leader raises the group's
+    # level only once every member reported at least that, and sends entries only to members
+    # that support the group's level (docs/RAFT.md "Feature level").
+    supported_feature_level: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class Progress:
         "snapshot_inflight",
         "stalled_ticks",
         "state",
+        "supported_feature_level",
     )
 
     def __init__(self, next_index: int) -> None:
@@ -62,6 +63,9 @@ class Progress:
         # How far the next probe goes back after a content mismatch (doubles each time, so
         # a divergence n entries back is found in log2(n) rounds; 1 again after an ack).
         self.back_step = 1
+        # The feature level its last answer in this leader's term said it supports (0: no
+        # answer yet; a release before feature levels reports mqrelease.BASELINE_LEVEL).
+        self.supported_feature_level = 0
 
     # ------------------------------------------------------------------ state transitions
 

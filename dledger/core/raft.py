@@ -29,6 +29,7 @@ from dledger.core.errors import (
     UnknownPeerError,
 )
 from dledger.core.membership import (
+    MAX_FEATURE_LEVEL,
     PROMOTE_MAX_LAG_ENTRIES,
     ChangeKind,
     ConfChange,
@@ -43,6 +44,7 @@ from dledger.core.membership import (
 from dledger.core.messages import (
     CAMPAIGN_REFUSED_MAX_TERM,
     DROP_ACK_BEYOND_LAST,
+    DROP_FEATURE_LEVEL,
     DROP_MALFORMED,
     DROP_NOT_MEMBER,
     DROP_SECOND_LEADER,
@@ -67,7 +69,8 @@ from dledger.core.raftlog import RaftLog
 from dledger.core.ready import PeerStatus, Proposal, Ready, Role, SoftState, Status
 from dledger.core.repair import Promised, Repair, start_repair
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
-from dledger.log import Entry, EntryType, HardState, LogStore
+from dledger.log import Entry, EntryType, FeatureLevelError, HardState, LogStore
+from mqrelease import BASELINE_LEVEL
 
 logger = logging.getLogger(__name__)
 
@@ -323,6 +326,8 @@ class RaftNode:
                 inflight_appends=len(pr.inflight),
                 lag_entries=last - pr.match,
                 recent_active=self._recently_heard(pr),
+                supported_feature_level=pr.supported_feature_level,
+                withheld=self._withheld(pr),
             )
             for p, pr in self._progress.items()
         )
@@ -346,6 +351,8 @@ class RaftNode:
             repairs_completed=self.repairs_completed,
             chain_mismatches=self.chain_mismatches,
             committed_repairs=self.committed_repairs,
+            feature_level=self.feature_level,
+            supported_feature_level=self.cfg.supported_feature_level,
         )
 
     # ------------------------------------------------------------------ driver interface
@@ -507,6 +514,10 @@ class RaftNode:
                 return DROP_MALFORMED
         if not 0 <= chain <= CHAIN_MAX:
             return DROP_MALFORMED
+        if isinstance(m, AppendResponse) and not (
+            0 <= m.supported_feature_level <= MAX_FEATURE_LEVEL
+        ):
+            return DROP_MALFORMED
         term = m.term
         if term > self._term and (term > MAX_TERM or term - self._term > MAX_TERM_JUMP):
             return DROP_TERM_OUT_OF_RANGE
@@ -514,14 +525,20 @@ class RaftNode:
             if isinstance(m, InstallSnapshot):
                 if snap.malformed(m):
                     return DROP_MALFORMED
+                conf = m.meta.config
+                if isinstance(conf, ConfState) and conf.features > self.cfg.supported_feature_level:
+                    return DROP_FEATURE_LEVEL
             elif (
                 not 0 <= m.prev_log_index <= MAX_INDEX
                 or not 0 <= m.prev_log_chain <= CHAIN_MAX
                 or m.leader_commit < 0
                 or (m.entries and m.entries[0].index != m.prev_log_index + 1)
-                or self._bad_config_entry(m)
             ):
                 return DROP_MALFORMED
+            else:
+                config_problem = self._config_entry_problem(m)
+                if config_problem is not None:
+                    return config_problem
             if term == self._term and self._term_leader not in (None, m.from_id):
                 # Election safety: one leader per term. This node already knows who leads
                 # this term (perhaps itself), so this sender is lying or broken.
@@ -711,16 +728,8 @@ class RaftNode:
         ``member_addrs`` (id -> (peer, client)) fills in the members' addresses the
         configuration does not carry yet (``ConfState.apply``)."""
         self._check_can_propose()
+        self._check_no_pending_change()
         conf = self._members.latest()
-        pending = self._members.pending_index(self._commit)
-        if pending and "conf_change_while_pending" not in self._mut:
-            raise ConfChangePendingError(
-                f"the membership change at index {pending} is not committed yet"
-            )
-        if self._commit < self._term_start and "conf_change_before_term_commit" not in self._mut:
-            raise ConfChangePendingError(
-                f"leader {self.id} has not committed an entry of term {self._term} yet"
-            )
         check_change(conf, change, self._active_members(), addrs_in_use)
         if change.kind is ChangeKind.PROMOTE:
             self._check_caught_up(change.node_id)
@@ -743,6 +752,90 @@ class RaftNode:
         self._pending_bytes += len(body)
         self._bcast_owed = True
         return Proposal(term=self._term, first_index=new.index, last_index=new.index)
+
+    def propose_feature_level(self, level: int) -> Proposal:
+        """Raise the group's feature level to ``level`` (leader only): a CONFIG entry with the
+        same members and ``features = level``. Raises NotLeaderError, TransferInProgressError,
+        ConfChangePendingError (a change or this term's NOOP not committed yet: retry) or
+        FeatureLevelError (``level`` not above the group's, above this node's support, or a
+        member of the latest configuration, voter or learner, has not reported supporting
+        it in this term: the error names it); nothing is appended when it raises."""
+        self._check_can_propose()
+        self._check_no_pending_change()
+        conf = self._members.latest()
+        if level <= conf.features:
+            raise FeatureLevelError(
+                f"the group's feature level is {conf.features}: it is only raised, never "
+                f"lowered or set again (asked for {level})"
+            )
+        if level > self.cfg.supported_feature_level:
+            raise FeatureLevelError(
+                f"leader {self.id} supports feature levels up to "
+                f"{self.cfg.supported_feature_level}, not {level}"
+            )
+        if "raise_without_reports" not in self._mut:
+            self._check_support_reports(conf, level)
+        new = conf.raised(level, self._log.last_index() + 1)
+        body = new.encode()
+        logger.info(
+            "node=%s term=%d propose_feature_level %d -> %d index=%d",
+            self.id,
+            self._term,
+            conf.features,
+            level,
+            new.index,
+        )
+        self._append_local([Entry(self._term, new.index, body, EntryType.CONFIG)])
+        self._pending.append((new.index, len(body)))
+        self._pending_bytes += len(body)
+        self._bcast_owed = True
+        return Proposal(term=self._term, first_index=new.index, last_index=new.index)
+
+    def _check_support_reports(self, conf: ConfState, level: int) -> None:
+        """Every member of ``conf`` but this leader answered in this term, within the last
+        election timeout, with support for ``level``: one that is down or old could otherwise
+        come back below the group's level."""
+        for nid in sorted(conf.members - {self.id}):
+            pr = self._progress.get(nid)
+            got = pr.supported_feature_level if pr is not None else 0
+            if pr is None or got == 0 or not self._recently_heard(pr):
+                raise FeatureLevelError(
+                    f"member {nid} has not answered leader {self.id} recently (term "
+                    f"{self._term}), so its support for feature level {level} is unknown: "
+                    "start it (or remove it from the group) and retry"
+                )
+            if got < level:
+                raise FeatureLevelError(
+                    f"member {nid} supports feature levels up to {got}, not {level}: "
+                    "upgrade it and retry"
+                )
+
+    def _check_no_pending_change(self) -> None:
+        """A configuration change (or raise) waits for the one before it and for this
+        leader's first entry of its term to commit (Raft thesis 4.1 and its known bug)."""
+        pending = self._members.pending_index(self._commit)
+        if pending and "conf_change_while_pending" not in self._mut:
+            raise ConfChangePendingError(
+                f"the membership change at index {pending} is not committed yet"
+            )
+        if self._commit < self._term_start and "conf_change_before_term_commit" not in self._mut:
+            raise ConfChangePendingError(
+                f"leader {self.id} has not committed an entry of term {self._term} yet"
+            )
+
+    def _withheld(self, pr: Progress) -> bool:
+        """Whether the leader holds entries (and snapshots) back from this follower: the
+        group's level (its latest configuration's, the raise itself included) is above what
+        the follower last reported supporting in this term (0 before its first answer).
+        Heartbeats still go, so it stays a follower, and its answers update the report."""
+        level = self._members.latest().features
+        return level > BASELINE_LEVEL and pr.supported_feature_level < level
+
+    @property
+    def feature_level(self) -> int:
+        """The group's feature level in this member's log (its latest configuration's, maybe
+        not committed yet)."""
+        return self._members.latest().features
 
     def _check_can_propose(self) -> None:
         if self._role is not Role.LEADER:
@@ -789,6 +882,12 @@ class RaftNode:
         scan_from = max(applied_index, base.index) + 1 if given else 1
         self._replay_config_entries(max(scan_from, log.first_index()), log.last_index())
         conf = self._members.latest()
+        if conf.features > self.cfg.supported_feature_level:
+            raise FeatureLevelError(
+                f"the group's feature level is {conf.features} (CONFIG entry {conf.index}); "
+                f"this release supports up to {self.cfg.supported_feature_level}: run the "
+                "release that raised it"
+            )
         self.peers: tuple[str, ...] = tuple(sorted(conf.members - {self.id}))
         self._voters: frozenset[str] = conf.voters
 
@@ -799,9 +898,15 @@ class RaftNode:
             for e in batch:
                 if e.type == EntryType.CONFIG:
                     try:
-                        self._members.append(decode(e.body, e.index))
+                        conf = decode(e.body, e.index)
                     except ValueError as exc:
                         raise ConfigError(f"CONFIG entry {e.index} of the log: {exc}") from exc
+                    if conf.features < self._members.latest().features:
+                        raise ConfigError(
+                            f"CONFIG entry {e.index} of the log lowers the feature level from "
+                            f"{self._members.latest().features} to {conf.features}"
+                        )
+                    self._members.append(conf)
             start = batch[-1].index + 1
 
     def _log_appended(self, entries: Sequence[Entry], cut: bool) -> None:
@@ -825,7 +930,9 @@ class RaftNode:
         nxt = self._log.last_index() + 1
         for p in self.peers:
             if p not in self._progress:
-                self._progress[p] = Progress(nxt)
+                pr = self._progress[p] = Progress(nxt)
+                if self._withheld(pr):
+                    self._send_heartbeat(p)  # its support first (see _become_leader)
         self._prune_progress()
         if self._transferee is not None and self._transferee not in conf.voters:
             self._transferee = None
@@ -850,15 +957,29 @@ class RaftNode:
             )
             self._become_follower(self._term, None)
 
-    @staticmethod
-    def _bad_config_entry(m: AppendRequest) -> bool:
+    def _config_entry_problem(self, m: AppendRequest) -> str | None:
+        """The drop reason for an append whose CONFIG entries no honest leader sends (a body
+        that does not decode, a feature level below the one before it) or that this member
+        must not persist (a level above its support); None when they are fine. The level
+        before an entry is taken from the committed configuration (never cut) and the
+        append's own earlier CONFIG entries, not from this log's uncommitted suffix, which
+        the append may replace."""
+        floor = max(self._commit, self._members.base_index)
+        level = self._members.at(floor).features
         for e in m.entries:
-            if e.type == EntryType.CONFIG:
-                try:
-                    decode(e.body, e.index)
-                except ValueError:
-                    return True
-        return False
+            if e.type != EntryType.CONFIG:
+                continue
+            try:
+                conf = decode(e.body, e.index)
+            except ValueError:
+                return DROP_MALFORMED
+            if e.index > floor:
+                if conf.features < level:
+                    return DROP_MALFORMED  # a feature level is never lowered
+                level = conf.features
+            if conf.features > self.cfg.supported_feature_level:
+                return DROP_FEATURE_LEVEL
+        return None
 
     # ------------------------------------------------------------------ internals: misc
 
@@ -1047,6 +1168,11 @@ class RaftNode:
         # Raft figure 8: entries of earlier terms commit only under one of the current term.
         self._append_local([Entry(self._term, nxt, b"", EntryType.NOOP)])
         self._broadcast_append()
+        for p, pr in self._progress.items():
+            if self._withheld(pr):
+                # At a raised level no entry goes before a member reported its support: ask
+                # now rather than at the first tick.
+                self._send_heartbeat(p)
         if len(self._voters) == 1:
             self._maybe_commit()
 
@@ -1151,7 +1277,7 @@ class RaftNode:
         if pr is None:
             return False  # removed meanwhile (its removal committed)
         last = self._log.last_index()
-        if pr.state is ProgressState.SNAPSHOT:
+        if pr.state is ProgressState.SNAPSHOT or self._withheld(pr):
             return False
         if snap.needs_snapshot(self._log.first_index(), pr.next):
             self._request_snapshot(peer, pr)
@@ -1211,6 +1337,7 @@ class RaftNode:
             return
         pr = self._progress[m.from_id]
         pr.last_heard_tick = self._leader_ticks
+        pr.supported_feature_level = max(m.supported_feature_level, BASELINE_LEVEL)
         repaired = pr.repairing and not m.repairing  # its match counts from now on
         pr.repairing = m.repairing
         if self._content_conflict(m):
@@ -1524,6 +1651,7 @@ class RaftNode:
                 rejected_index=at,
                 repairing=self._repair is not None,
                 match_chain=chain,
+                supported_feature_level=self.cfg.supported_feature_level,
             )
         )
 
@@ -1614,6 +1742,7 @@ class RaftNode:
                 last_log_index=self._log.last_index(),
                 repairing=self._repair is not None,
                 match_chain=self._log.chain_at(match),
+                supported_feature_level=self.cfg.supported_feature_level,
             )
         )
 

@@ -134,6 +134,10 @@ class PeerStatus:
     inflight_appends: int
     lag_entries: int
     recent_active: bool
+    # The feature level its last answer in this term said it supports (0: none yet), and
+    # whether the leader holds entries back from it because that is below the group's level.
+    supported_feature_level: int = 0
+    withheld: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,3 +170,6 @@ class Status:
     # its leader's differed by content (docs/RAFT.md section 13).
     chain_mismatches: int = 0
     committed_repairs: int = 0
+    # The group's feature level in this member's log, and the highest this member supports.
+    feature_level: int = 1
+    supported_feature_level: int = 1

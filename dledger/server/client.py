@@ -284,6 +284,34 @@ class LogClient:
                 return None
             time.sleep(RETRY_MIN_MS / 1000)
 
+    def set_feature_level(
+        self, level: int = 0, timeout_s: float = MEMBER_CHANGE_TIMEOUT_S
+    ) -> pb.SetFeatureLevelResponse:
+        """Raise the group's feature level to ``level`` (0: the leader's release's highest) on
+        the leader, following redirects and waiting out retryable refusals (a change in
+        flight, a new leader's first commit) for up to ``timeout_s``. A raise a member does
+        not support is FEATURE_LEVEL_UNSUPPORTED at once (the message names the member). A
+        retry after a lost answer is safe: a level already committed answers with it."""
+        request = pb.SetFeatureLevelRequest(group=self.group, level=level)
+        deadline = time.monotonic() + timeout_s
+        addr = self._leader or self.find_leader() or self.addrs[0]
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                resp: pb.SetFeatureLevelResponse = self._stub(addr).SetFeatureLevel(
+                    request, timeout=max(0.1, min(self.timeout_s, left))
+                )
+                return resp
+            except grpc.RpcError as exc:
+                err, info = _error(exc, addr), read_error(exc)
+                retryable = info.retryable if info is not None else err.status == "UNAVAILABLE"
+                if not retryable or time.monotonic() >= deadline:
+                    raise err from None
+                if err.code == E.NOT_LEADER:
+                    addr = err.leader_addr or self.find_leader() or addr
+                wait_ms = max(info.retry_after_ms if info is not None else 0, RETRY_MIN_MS)
+                time.sleep(min(wait_ms / 1000, max(left, 0)))
+
     def transfer_leadership(self, target_id: str) -> pb.TransferLeadershipResponse:
         addr = self.find_leader() or self.addrs[0]
         try:

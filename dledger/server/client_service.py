@@ -15,11 +15,13 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.core import MAX_ENTRIES_PER_PROPOSAL, ChangeKind, ConfChange
+from dledger.core.membership import MAX_FEATURE_LEVEL
 from dledger.log import CorruptLogError, DLedgerError, IndexOutOfRangeError, LogCompactedError
 from dledger.server import errormap
 from dledger.server.convert import echo
 from dledger.server.health import health_fields
 from mqerrors import codes as E
+from mqrelease import RELEASE
 from mqsecurity.refusals import REFUSALS
 from rpckit import status
 
@@ -172,6 +174,9 @@ class ClientServicer(pb_grpc.DLedgerClientServicer):
             refusals=REFUSALS.snapshot(),
             disk_total_bytes=disk_total,
             disk_free_bytes=disk_free,
+            release=RELEASE,
+            feature_level=node.feature_level(),
+            supported_feature_level=node.cfg.supported_feature_level,
         )
         resp.MergeFrom(health_fields(node, request.chain_index))
         return resp
@@ -209,6 +214,22 @@ class ClientServicer(pb_grpc.DLedgerClientServicer):
         return pb.ChangeMemberResponse(
             members=node.members(), index=proposal.last_index, term=proposal.term
         )
+
+    async def SetFeatureLevel(
+        self, request: pb.SetFeatureLevelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetFeatureLevelResponse:
+        node = self.node
+        await self._check_group(request.group, context)
+        if request.level > MAX_FEATURE_LEVEL:
+            await status.abort(
+                context,
+                _invalid(E.INVALID_ARGUMENT, f"level {request.level} > {MAX_FEATURE_LEVEL}"),
+            )
+        try:
+            level, index = await node.set_feature_level(request.level)
+        except (DLedgerError, TimeoutError) as exc:
+            await self._fail(context, exc)
+        return pb.SetFeatureLevelResponse(level=level, index=index)
 
     async def TransferLeadership(
         self, request: pb.TransferLeadershipRequest, context: grpc.aio.ServicerContext
@@ -248,6 +269,7 @@ def _list_members(node: DLedgerNode) -> pb.ListMembersResponse:
         config_index=conf.index,
         config_committed=conf.index <= node.core.commit_index,
         term=node.core.term,
+        feature_level=conf.features,
     )
 
 

@@ -104,6 +104,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             rejected_index=r.rejected_index,
             repairing=r.repairing,
             match_chain=r.match_chain,
+            supported_feature_level=r.supported_feature_level,
         )
     if kind == "vote_request":
         v = pm.vote_request

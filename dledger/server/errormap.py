@@ -12,6 +12,7 @@ from dledger.core import (
     BackPressureError,
     ConfChangeError,
     ConfChangePendingError,
+    FeatureLevelError,
     NotLeaderError,
     ProposalDroppedError,
     TransferInProgressError,
@@ -80,6 +81,7 @@ def dledger_failure(exc: BaseException, node: NodeView) -> RpcFailure | None:
         ProposalDroppedError: grpc.StatusCode.INVALID_ARGUMENT,
         UnknownPeerError: grpc.StatusCode.INVALID_ARGUMENT,
         ConfChangeError: grpc.StatusCode.FAILED_PRECONDITION,
+        FeatureLevelError: grpc.StatusCode.FAILED_PRECONDITION,
         IncompatibleStoreError: grpc.StatusCode.FAILED_PRECONDITION,
         LogCompactedError: grpc.StatusCode.OUT_OF_RANGE,
     }

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
-from dledger.core import Role
+from dledger.core import Role, Status
 from dledger.log import Entry
 from mqmetrics.families import (
     counter,
@@ -48,10 +48,32 @@ class RaftStats:
         self.append_bytes.observe(sum(len(e.body) for e in entries))
 
 
+def _feature_families(node: DLedgerNode, st: Status) -> list[Metric]:
+    """The group feature level (docs/RAFT.md section 14) as this member sees it."""
+    return [
+        gauge(
+            "raft_feature_level",
+            "The group's committed feature level as this member applied it (docs/RAFT.md "
+            '"Feature level")',
+            node.feature_level(),
+        ),
+        gauge(
+            "raft_supported_feature_level",
+            "The highest group feature level this member's release supports",
+            st.supported_feature_level,
+        ),
+        gauge(
+            "raft_peers_below_feature_level",
+            "On the leader: members whose last report is below the group's feature level, "
+            "to which it sends no entries (upgrade them)",
+            sum(1 for p in st.peers if p.withheld),
+        ),
+    ]
+
+
 def raft_families(node: DLedgerNode) -> list[Metric]:
     """The Raft families of a started node."""
-    core = node.core
-    st = core.status()
+    st = (core := node.core).status()
     out: list[Metric] = [
         labelled_gauge(
             "node_info",
@@ -134,6 +156,7 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
     ]
     return [
         *out,
+        *_feature_families(node, st),
         *_link_families(node),
         *_damage_families(node),
         *_stat_families(node.raft_stats),

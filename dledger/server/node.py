@@ -48,11 +48,13 @@ from dledger.core import (
     SnapshotMeta,
 )
 from dledger.core.membership import MEMBER_ID_RE, joining
+from dledger.core.membership import decode as decode_conf
 from dledger.log import (
     CorruptLogError,
     DLedgerError,
     Entry,
     EntryType,
+    FeatureLevelError,
     FormatTooNewError,
     HardState,
 )
@@ -113,6 +115,7 @@ from dledger.storage import (
 from dledger.storage.promise import PromiseWriter, read_promise
 from dledger.storage.store import META_FILE
 from mqerrors import codes as E
+from mqrelease import BASELINE_LEVEL, RELEASE
 from mqsecurity.channels import open_aio_channel
 from prockit import fatal as fatal_mod
 from prockit.fatal import fatal, spawn
@@ -197,6 +200,9 @@ class DLedgerNode:
         self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
+        # The group's committed feature level and its CONFIG entry's index (0: never raised).
+        self._feature_level = BASELINE_LEVEL
+        self._feature_level_index = 0
         self._leader_changed = asyncio.Event()
         # The one pending release_notices() call, while a Ready's commit notices are held.
         self._notice_release: asyncio.TimerHandle | None = None
@@ -242,7 +248,10 @@ class DLedgerNode:
             else:
                 clear_staging(cfg.store_dir)  # a transfer a crash cut short
             self.store = SegmentedLogStore(
-                cfg.store_dir, cfg.store, before_damage_cut=self._before_damage_cut
+                cfg.store_dir,
+                cfg.store,
+                before_damage_cut=self._before_damage_cut,
+                supported_feature_level=cfg.supported_feature_level,
             )
         except Exception as exc:
             raise StartError(f"store {cfg.store_dir}: {exc}") from exc
@@ -262,6 +271,7 @@ class DLedgerNode:
             self.store.on_sync = self.raft_stats.fsync_s.observe
         conf = self._start_conf()
         self._open_core(conf)
+        self._open_feature_level()
         self._transport = PeerTransport(
             cfg.group,
             cfg.self_id,
@@ -355,13 +365,68 @@ class DLedgerNode:
             if start.promise_damaged:
                 core = self.core
                 hold_promise(start.writer, lambda: core.repairing)
-        except (ConfigError, PromiseError, FormatTooNewError) as exc:
+        except (ConfigError, PromiseError, FormatTooNewError, FeatureLevelError) as exc:
             raise StartError(f"node {cfg.self_id}: {exc}") from exc
         except CorruptLogError as exc:
             # The replay of the log's configuration entries met damage the open's check did
             # not cover (an older segment): restart with every segment checked.
             self.on_damage(exc, "start")
             raise StartError(f"node {cfg.self_id}: {exc}") from exc  # on_damage restarted
+
+    def _open_feature_level(self) -> None:
+        """At start: the committed feature level (the core's configuration at the commit
+        index; the core refused a log above this node's support) raises the store's if need
+        be, and the application hears it once."""
+        conf = self.core.conf_state_at(self.core.commit_index)
+        self._feature_level = max(conf.features, self.store.feature_level)
+        self._feature_level_index = conf.index
+        self.store.set_feature_level(self._feature_level)
+        self._notify_feature_level()
+
+    def _notify_feature_level(self) -> None:
+        hook = getattr(self.sm, "on_feature_level", None)
+        if callable(hook):
+            hook(self._feature_level, self._feature_level_index)
+
+    def feature_level(self) -> int:
+        """The group's committed feature level as this member applied it (docs/RAFT.md
+        "Feature level"): what the application gates its proposals and files on."""
+        return self._feature_level
+
+    def _note_committed_level(self, conf: ConfState) -> None:
+        """A committed CONFIG entry set ``conf``: when it raised the feature level, the store
+        writes the format of the new level at once (its next checkpoint is due now) and the
+        application hears it."""
+        if conf.features <= self._feature_level:
+            return
+        logger.warning(
+            "node=%s group=%s feature level %d -> %d committed at index %d",
+            self.cfg.self_id,
+            self.cfg.group,
+            self._feature_level,
+            conf.features,
+            conf.index,
+        )
+        self._feature_level = conf.features
+        self._feature_level_index = conf.index
+        self.store.set_feature_level(conf.features)
+        self._last_checkpoint_s = 0.0  # write the new format with the next Ready
+        self._notify_feature_level()
+
+    def _check_entries_level(self, entries: Sequence[Entry]) -> None:
+        """Before persisting: a CONFIG entry above this node's support must never reach its
+        disk (the core drops such appends; this is the last line): stop the process."""
+        for e in entries:
+            if e.type != EntryType.CONFIG:
+                continue
+            level = decode_conf(e.body, e.index).features
+            if level > self.cfg.supported_feature_level:
+                fatal(
+                    "feature-level",
+                    f"{E.FEATURE_LEVEL_UNSUPPORTED} CONFIG entry {e.index} sets the group's "
+                    f"feature level {level}; raftmq {RELEASE} supports up to "
+                    f"{self.cfg.supported_feature_level}: upgrade this node",
+                )
 
     def _spawn_tasks(self, conf: ConfState | None) -> None:
         """The node's loops. Fail fast: an exception escaping any of them ends the process
@@ -705,6 +770,21 @@ class DLedgerNode:
         await self._wait_applied(proposal)
         return proposal
 
+    async def set_feature_level(self, level: int) -> tuple[int, int]:
+        """Raise the group's feature level to ``level`` (0: the highest this node supports)
+        on the leader, answered once committed and applied: returns (the committed level,
+        the index of its CONFIG entry). A level the group has already committed answers at
+        once, on any member (a retry whose first answer was lost). Raises the core's errors
+        (``FeatureLevelError`` naming the member that blocks it, ``ConfChangePendingError``,
+        ``NotLeaderError`` ...), :class:`ProposalLostError` or asyncio.TimeoutError."""
+        level = level or self.cfg.supported_feature_level
+        if level == self._feature_level and self._feature_level_index <= self.core.commit_index:
+            return self._feature_level, self._feature_level_index
+        proposal = self.core.propose_feature_level(level)
+        self._wake()
+        await self._wait_applied(proposal)
+        return level, proposal.last_index
+
     async def _wait_applied(self, proposal: Proposal) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(
@@ -742,6 +822,7 @@ class DLedgerNode:
         logger.info(
             "node=%s membership committed index=%d %s", self.cfg.self_id, last, conf.describe()
         )
+        self._note_committed_level(conf)
 
     def _sync_members(self) -> None:
         """Peer links follow the configuration: one to every member and to every member the
@@ -793,6 +874,11 @@ class DLedgerNode:
                     client_addr=self._book.client_addr(nid),
                     match_index=p.match_index if p is not None else 0,
                     recent_active=p.recent_active if p is not None else me,
+                    supported_feature_level=(
+                        self.cfg.supported_feature_level
+                        if me
+                        else (p.supported_feature_level if p is not None else 0)
+                    ),
                 )
             )
         return out
@@ -811,6 +897,14 @@ class DLedgerNode:
             request.shared_settings,
             request.node_id,
         )
+        supported = max(request.supported_feature_level, BASELINE_LEVEL)
+        level = self.core.feature_level
+        if supported < level:
+            raise FeatureLevelError(
+                f"node {echo(request.node_id)} supports feature levels up to {supported}, "
+                f"but group {self.cfg.group} is at level {level}: start it with a release "
+                "that supports the group's level"
+            )
         change = ConfChange(
             ChangeKind.ADD_LEARNER, request.node_id, request.peer_addr, request.client_addr
         )
@@ -828,6 +922,7 @@ class DLedgerNode:
             node_id=self.cfg.self_id,
             peer_addr=self.cfg.peers[self.cfg.self_id],
             client_addr=self.cfg.public_client_addr,
+            supported_feature_level=self.cfg.supported_feature_level,
             shared_settings=self.cfg.all_shared_settings(),
         )
         metadata = (("x-raftmq-group", self.cfg.group), ("x-raftmq-from", self.cfg.self_id))
@@ -840,7 +935,10 @@ class DLedgerNode:
                     )
             except grpc.aio.AioRpcError as exc:
                 info = status.read_error(exc)
-                if info is not None and info.code == IncompatibleStoreError.code:
+                if info is not None and info.code in (
+                    IncompatibleStoreError.code,
+                    FeatureLevelError.code,
+                ):
                     # It can never catch up: end (mqcluster status and add show this line)
                     # rather than wait for ever as a learner of nothing.
                     fatal("join", f"join refused: {exc.details()}")
@@ -984,6 +1082,7 @@ class DLedgerNode:
             await self._install_snapshot(rd.snapshot)
         conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
         committed = rd.committed
+        self._check_entries_level(rd.entries)
         if rd.must_persist():
             stable = (
                 ()
@@ -1090,6 +1189,7 @@ class DLedgerNode:
         except Exception as exc:
             fatal("snapshot-install", exc)
         self._applied = meta.index
+        self._note_committed_level(self.core.conf_state_at(meta.index))
         logger.info(
             "node=%s snapshot installed index=%d term=%d first_index=%d",
             self.cfg.self_id,

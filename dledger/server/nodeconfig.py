@@ -40,6 +40,7 @@ from dledger.storage.retention import (
     DEFAULT_FILE_RESERVED_TIME_HOURS,
     DEFAULT_MAX_LAG_RETENTION_HOURS,
 )
+from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.tls import TlsFiles
 
@@ -73,7 +74,12 @@ class StateMachine(Protocol):
     fast: the state machine holds what the damaged copy made); and ``check_formats() ->
     None``: called at start before the node touches its store or the application's files,
     raises an error whose ``code`` is FORMAT_TOO_NEW when one of the application's files was
-    written by a newer release (the node then refuses to start, nothing changed)."""
+    written by a newer release (the node then refuses to start, nothing changed); and
+    ``on_feature_level(level: int, index: int) -> None``: the group's feature level (docs/RAFT.md
+    "Feature level"), called once at start with the level of the log (``index``: its CONFIG
+    entry, 0 for a group that never raised one) and again, between applies, when a committed
+    CONFIG entry at ``index`` raises it. The application gates what it proposes and the
+    formats of its own files on it (``node.feature_level()``), never what it applies."""
 
     def applied_index(self) -> int:
         """Index up to which the application's own durable state already includes entries."""
@@ -183,6 +189,10 @@ class NodeConfig:
     # store so that a store rolled back or replaced under this id is noticed; on another
     # volume it also survives the loss of the store's volume.
     promise_path: str = ""
+    # The highest group feature level this node supports (docs/RAFT.md "Feature level"): it
+    # reports it to its leader, refuses to start on a log or store above it, and stops when
+    # its leader sends a CONFIG entry above it. The broker passes min(dledger's, its own).
+    supported_feature_level: int = FEATURE_LEVEL
 
     def __post_init__(self) -> None:
         if self.self_id not in self.peers:
@@ -221,6 +231,11 @@ class NodeConfig:
             raise ConfigError(
                 f"chain_check_interval_ms {self.chain_check_interval_ms} is outside "
                 f"[{MIN_CHAIN_CHECK_INTERVAL_MS}, {MAX_CHAIN_CHECK_INTERVAL_MS}] (0: off)"
+            )
+        if not BASELINE_LEVEL <= self.supported_feature_level <= FEATURE_LEVEL:
+            raise ConfigError(
+                f"supported_feature_level {self.supported_feature_level} is outside "
+                f"[{BASELINE_LEVEL}, {FEATURE_LEVEL}] (this release's levels)"
             )
         self._check_tls()
         self._check_shared_settings()
@@ -287,4 +302,5 @@ class NodeConfig:
             election_timeout_ticks=max(2, self.election_timeout_ms // self.tick_ms),
             heartbeat_interval_ticks=max(1, self.heartbeat_interval_ms // self.tick_ms),
             preferred_leader_id=self.preferred_leader_id,
+            supported_feature_level=self.supported_feature_level,
         )

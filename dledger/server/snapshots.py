@@ -56,7 +56,7 @@ from dledger.storage.files import atomic_write, fsync_dir, segment_name
 from dledger.storage.install import install_log, verify_staged_log
 from dledger.storage.store import LogExtent
 from mqerrors import codes as E
-from mqrelease import too_new_message
+from mqrelease import BASELINE_LEVEL, too_new_message
 from mqsecurity.channels import open_aio_channel
 from rpckit import status
 
@@ -631,7 +631,13 @@ class SnapshotReceiver:
         node.store.close()
         await loop.run_in_executor(None, finish_install, node.cfg.store_dir)
         store = await loop.run_in_executor(
-            None, SegmentedLogStore, node.cfg.store_dir, node.cfg.store
+            None,
+            functools.partial(
+                SegmentedLogStore,
+                node.cfg.store_dir,
+                node.cfg.store,
+                supported_feature_level=node.cfg.supported_feature_level,
+            ),
         )
         self.installed += 1
         return store
@@ -717,8 +723,11 @@ def finish_install(store_dir: str) -> None:
     ready = staging / "ready"
     h = staged_header(ready)
     raw_conf = base64.b64decode(h.get("config", ""))
+    level = BASELINE_LEVEL
     if raw_conf:
-        save_conf(store_dir, decode_conf(raw_conf, int(h["snapshot_index"])))
+        conf = decode_conf(raw_conf, int(h["snapshot_index"]))
+        save_conf(store_dir, conf)
+        level = conf.features  # a raised group's store is format 3 from its first checkpoint
     install_log(
         Path(store_dir),
         ready / "log",
@@ -727,6 +736,7 @@ def finish_install(store_dir: str) -> None:
         start_position=int(h["start_position"]),
         segment_size_bytes=int(h["segment_size_bytes"]),
         base_chain=int(h.get("base_chain", CHAIN_UNKNOWN)),
+        feature_level=level,
     )
 
 

@@ -47,6 +47,13 @@ MEMBER_ACTIONS = (
 MEMBER_SEED_PCT = 50
 MEMBER_MAX_ACTIONS = 4
 
+# The group feature level (``feature`` events, docs/RAFT.md section 14): in these seeds one
+# node runs the previous release for a while (``old``: restarted with support for level 1
+# only; ``upgrade``: restarted with this release's, always before the heal) and the operator
+# asks the leader of the moment to raise the level (``raise``) a few times.
+FEATURE_SEED_PCT = 30
+FEATURE_MAX_RAISES = 3
+
 # Storage faults (``storage`` events, docs/RAFT.md section 11): a disk that forgets. One per
 # seed at most, on one node (a fault on a majority is beyond what any replication survives):
 STORAGE_SHAPES = (
@@ -91,7 +98,10 @@ class FaultEvent:
       ``member_next_leader``: the next member to win an election is asked for that change
         the moment it wins;
       ``storage``: a disk that forgets (``shape`` in STORAGE_SHAPES, or ``forgetful_lag``,
-        the first half of ``forgetful``), on ``target`` or on nodes chosen at run time.
+        the first half of ``forgetful``), on ``target`` or on nodes chosen at run time;
+      ``feature``: ``old`` restarts ``target`` on the previous release (support for feature
+        level 1), ``upgrade`` restarts it on this one, ``raise`` asks the leader of the moment
+        to raise the group's feature level.
     """
 
     at_ms: int
@@ -113,8 +123,8 @@ class FaultEvent:
             return f"t={self.at_ms}ms forge {self.shape} to {self.target}"
         if self.kind == "storage":
             return f"t={self.at_ms}ms storage {self.shape} {self.target}".rstrip()
-        if self.kind == "member":
-            return f"t={self.at_ms}ms member {self.shape} {self.target}".rstrip()
+        if self.kind in ("member", "feature"):
+            return f"t={self.at_ms}ms {self.kind} {self.shape} {self.target}".rstrip()
         return f"t={self.at_ms}ms {self.kind}"
 
 
@@ -229,6 +239,27 @@ def generate_membership(
             events.append(
                 FaultEvent(min(last, crash_at + rng.randint(20, 400)), "restart", target="all")
             )
+    events.sort(key=lambda e: e.at_ms)
+    return events
+
+
+def generate_features(
+    rng: random.Random, nodes: Sequence[str], fault_phase_ms: int
+) -> list[FaultEvent]:
+    """The feature-level fault over ``[0, fault_phase_ms)``, from its own PRNG: one node on
+    the previous release for a while (upgraded before the heal), and a few raises, some of
+    them while it is old."""
+    if rng.randrange(100) >= FEATURE_SEED_PCT:
+        return []
+    old = rng.choice(list(nodes))
+    old_at = rng.randrange(10, fault_phase_ms // 3)
+    upgrade_at = rng.randrange(old_at + 1, fault_phase_ms)
+    events = [
+        FaultEvent(old_at, "feature", "old", target=old),
+        FaultEvent(upgrade_at, "feature", "upgrade", target=old),
+    ]
+    for _ in range(rng.randint(1, FEATURE_MAX_RAISES)):
+        events.append(FaultEvent(rng.randrange(old_at, fault_phase_ms), "feature", "raise"))
     events.sort(key=lambda e: e.at_ms)
     return events
 

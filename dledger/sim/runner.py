@@ -25,6 +25,7 @@ class SeedOutcome:
     snapshot_installs: int = 0
     storage_faults: int = 0
     repairs: int = 0
+    raises: int = 0  # feature level raises the leaders accepted
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Summary:
     snapshot_installs: int = 0
     storage_faults: int = 0
     repairs: int = 0
+    raises: int = 0
     sim_time_ms: int = 0
     wall_s: float = 0.0
     first_failure: SeedOutcome | None = None
@@ -60,6 +62,7 @@ def _run_chunk(args: tuple[Sequence[int], int, frozenset[str]]) -> list[SeedOutc
                 snapshot_installs=r.snapshot_installs,
                 storage_faults=r.storage_faults,
                 repairs=r.repairs,
+                raises=r.raises,
             )
         )
     return out
@@ -94,6 +97,7 @@ def run_seeds(
             summary.snapshot_installs += o.snapshot_installs
             summary.storage_faults += o.storage_faults
             summary.repairs += o.repairs
+            summary.raises += o.raises
             summary.sim_time_ms += o.sim_time_ms
             if o.violation is not None:
                 summary.violations += 1

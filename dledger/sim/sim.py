@@ -20,6 +20,7 @@ the follower's driver installs a Ready's ``snapshot`` in its persist job, before
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import logging
@@ -51,13 +52,15 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.membership import decode as decode_conf
 from dledger.core.membership import joining
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
-from dledger.log import DLedgerError, Entry, EntryType, persist
+from dledger.log import DLedgerError, Entry, EntryType, FeatureLevelError, persist
 from dledger.sim.faults import (
     LEADER,
     FaultEvent,
     blocked_links,
+    generate_features,
     generate_forgeries,
     generate_membership,
     generate_schedule,
@@ -66,6 +69,7 @@ from dledger.sim.faults import (
 )
 from dledger.sim.memlog import AppendHook, MemLog
 from mqerrors import codes as E
+from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +206,7 @@ class SimResult:
     snapshot_installs: int = 0  # snapshots a follower's driver installed
     storage_faults: int = 0  # storage faults injected (rollbacks, lost hard states)
     repairs: int = 0  # repairs the members completed (docs/RAFT.md section 11)
+    raises: int = 0  # feature level raises the leaders accepted (docs/RAFT.md section 14)
 
 
 class _Node:
@@ -221,6 +226,7 @@ class _Node:
         "seen_leader_term",
         "sm_floor",
         "staged",
+        "support",
         "up",
     )
 
@@ -248,6 +254,9 @@ class _Node:
         # Damaged (DAMAGE_SEED_PCT) and not repaired yet: the last index its log held then,
         # which it must hold again, by content; 0: not damaged.
         self.damaged = 0
+        # The highest feature level its release supports (a ``feature old`` fault: the
+        # previous release's, until ``feature upgrade``).
+        self.support = FEATURE_LEVEL
 
 
 class Simulation:
@@ -271,16 +280,7 @@ class Simulation:
         self._send_before_persist = "send_before_persist" in mutations
         self.ids = node_ids(nodes)
         self.boot_ids = self.ids  # the bootstrap configuration; self.ids grows with joins
-        if faults is None:
-            phase = self.params.fault_phase_ms
-            faults = (
-                generate_schedule(random.Random(f"faults-{seed}"), self.ids, phase)
-                + generate_forgeries(random.Random(f"forge-{seed}"), self.ids, phase)
-                + generate_membership(random.Random(f"member-{seed}"), self.ids, phase)
-                + generate_storage(random.Random(f"storage-{seed}"), self.ids, phase)
-            )
-            faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
-        self.faults = list(faults)
+        self.faults = list(faults if faults is not None else self._schedule())
         # A forgetful node and a deaf leader at the heal are two faults in a 3-node group:
         # no election could succeed (the forgetful one must not vote). Not both in one run.
         self._deaf_at_heal = self.params.deaf_leader_at_heal and not any(
@@ -328,7 +328,27 @@ class Simulation:
         self._commit_marks: dict[int, tuple[int, int]] = {}  # term -> (index, prefix hash)
         self._acked: dict[int, tuple[int, bytes]] = {}
         self._next_body = 0
+        # (leader, term) -> member -> the supported feature level of its last append answer
+        # delivered to that leader in that term (the raise_without_reports check).
+        self._reports: dict[tuple[str, int], dict[str, int]] = {}
+        self.raises = 0  # feature level raises the leaders accepted
         self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
+
+    def _schedule(self) -> list[FaultEvent]:
+        """The seed's fault schedule: each kind from its own PRNG, so adding one kind leaves
+        the others of a seed as they were."""
+        seed, ids, phase = self.seed, self.ids, self.params.fault_phase_ms
+        member = generate_membership(random.Random(f"member-{seed}"), ids, phase)
+        faults = (
+            generate_schedule(random.Random(f"faults-{seed}"), ids, phase)
+            + generate_forgeries(random.Random(f"forge-{seed}"), ids, phase)
+            + member
+            + generate_storage(random.Random(f"storage-{seed}"), ids, phase)
+        )
+        if not member:  # (a joined node's release is this one: not modelled together)
+            faults += generate_features(random.Random(f"features-{seed}"), ids, phase)
+        faults.sort(key=lambda e: e.at_ms)  # stable: the schedule's order is kept
+        return faults
 
     # ------------------------------------------------------------------ plumbing
 
@@ -386,6 +406,7 @@ class Simulation:
             storage_faults=self.storage_faults,
             repairs=self.repairs
             + sum(n.core.repairs_completed for n in self.nodes.values() if n.core is not None),
+            raises=self.raises,
         )
 
     def _run(self) -> None:
@@ -454,17 +475,28 @@ class Simulation:
         node.staged = {}
         node.seen_leader_term = -1
         promised, hard_state = node.log.start_state(node.applied)
-        node.core = RaftNode(
-            node.id,
-            self.boot_ids,
-            node.log,
-            self.config,
-            random.Random(f"core-{self.seed}-{node.id}-{node.incarnation}"),
-            conf_state=node.boot_conf,
-            applied_index=node.applied,
-            promised=promised,
-            hard_state=hard_state,
-        )
+        config = self.config
+        if node.support != config.supported_feature_level:
+            config = dataclasses.replace(config, supported_feature_level=node.support)
+        try:
+            node.core = RaftNode(
+                node.id,
+                self.boot_ids,
+                node.log,
+                config,
+                random.Random(f"core-{self.seed}-{node.id}-{node.incarnation}"),
+                conf_state=node.boot_conf,
+                applied_index=node.applied,
+                promised=promised,
+                hard_state=hard_state,
+            )
+        except FeatureLevelError:
+            # The previous release refuses a log of a raised group: the operator upgrades it.
+            self._note(f"start {node.id} refused: its log is above level {node.support}")
+            node.support = FEATURE_LEVEL
+            node.incarnation -= 1
+            self._start(node)
+            return
         self._note(f"start {node.id} inc={node.incarnation} last={node.log.last_index()}")
 
     def _crash(self, node: _Node) -> None:
@@ -523,6 +555,9 @@ class Simulation:
             self._note(f"recv {_describe(m)}")
         else:
             self._note(f"r{m.from_id}{m.to_id}{type(m).__name__[0]}{m.term}")
+        if isinstance(m, AppendResponse):
+            reports = self._reports.setdefault((m.to_id, m.term), {})
+            reports[m.from_id] = m.supported_feature_level
         removed = m.from_id in node.core.conf_state.removed
         term = node.core.term
         node.core.step(m)
@@ -543,6 +578,7 @@ class Simulation:
         assert core is not None
         rd = node.pending
         node.pending = None
+        self._check_persisted_levels(node, rd)
         if rd.snapshot is not None:
             self._install(node, rd.snapshot)
         persist(node.log, rd.hard_state, rd.truncate_from, rd.entries, flush=True)
@@ -920,6 +956,67 @@ class Simulation:
             self._on_storage(f)
         elif f.kind == "member_next_leader":
             self._armed_member = FaultEvent(f.at_ms, "member", f.shape, target=f.target)
+        elif f.kind == "feature":
+            self._on_feature(f)
+
+    # ------------------------------------------------------------------ feature level
+
+    def _on_feature(self, f: FaultEvent) -> None:
+        """A node restarted on the previous release or on this one, or the operator asking
+        the leader of the moment for a raise (faults.generate_features)."""
+        if f.shape == "raise":
+            self._raise()
+            return
+        node = self.nodes[f.target]
+        if node.damaged:
+            return  # (a damaged node is not crashed: see _crash)
+        was_up = node.up
+        self._crash(node)
+        node.support = BASELINE_LEVEL if f.shape == "old" else FEATURE_LEVEL
+        if was_up:
+            self._start(node)
+
+    def _raise(self) -> None:
+        leader = self._leader()
+        if leader is None or leader.core is None:
+            return
+        core = leader.core
+        try:
+            proposal = core.propose_feature_level(FEATURE_LEVEL)
+        except (FeatureLevelError, ConfChangePendingError, NotLeaderError) as exc:
+            self._note(f"raise refused by {leader.id}: {exc.code}")
+            return
+        self.raises += 1
+        self._note(f"raise to {FEATURE_LEVEL} by {leader.id} index={proposal.last_index}")
+        reports = self._reports.get((leader.id, core.term), {})
+        for nid in sorted(core.conf_state.members - {leader.id}):
+            got = reports.get(nid)
+            if got is None or max(got, BASELINE_LEVEL) < FEATURE_LEVEL:
+                raise Violation(
+                    "raise_without_reports",
+                    f"{leader.id} raised the feature level to {FEATURE_LEVEL} in term "
+                    f"{core.term}, but {nid} "
+                    + ("never answered it in that term" if got is None else f"reported {got}"),
+                )
+        self._after(leader)
+
+    def _check_persisted_levels(self, node: _Node, rd: Ready) -> None:
+        """No node persists a configuration above the feature level its release supports."""
+        levels = [
+            (e.index, decode_conf(e.body, e.index).features)
+            for e in rd.entries
+            if e.type == EntryType.CONFIG
+        ]
+        snap_conf = rd.snapshot.config if rd.snapshot is not None else None
+        if isinstance(snap_conf, ConfState):
+            levels.append((snap_conf.index, snap_conf.features))
+        for index, level in levels:
+            if level > node.support:
+                raise Violation(
+                    "config_above_support",
+                    f"{node.id} (supports level {node.support}) persists the configuration "
+                    f"of index {index} at feature level {level}",
+                )
 
     # ------------------------------------------------------------------ storage faults
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
+from dledger import features
 from dledger.chain import CHAIN_ORIGIN, CHAIN_UNKNOWN
 from dledger.log import ENTRY_TYPE_MAX, DLedgerError, Entry, FormatTooNewError, HardState
 from mqerrors import codes as E
-from mqrelease import too_new_message
+from mqrelease import BASELINE_LEVEL, too_new_message
 
 crc32c = _crc32c.crc32c
 
@@ -83,21 +84,35 @@ assert INDEX_RECORD.size == INDEX_RECORD_SIZE
 # ---------------------------------------------------------------------------------------
 
 CHECKPOINT_MAGIC = 0x434B5054  # b"CKPT"
-# Format 2 adds base_chain (the chain value at base_index) and marks a store whose index
-# records carry chains; format 1 (68 bytes, written by the previous release) is read and
-# migrated on open (the index is rebuilt); a later format is refused.
-CHECKPOINT_VERSION = 2
+# The checkpoint's version is the store's format (docs/FORMAT.md "Checkpoint"):
+# - format 3 (80 bytes) adds feature_level, the group's feature level this store was written
+#   at. It is written only once that level is 2 or more (dledger.features), so a release
+#   before feature levels (0.2.0 reads formats 1 and 2) refuses a store of a raised group;
+# - format 2 (76 bytes) adds base_chain (the chain value at base_index) and marks a store whose
+#   index records carry chains; it is what a group at level 1 writes, as 0.2.0 did;
+# - format 1 (68 bytes, 0.1.0) is read and migrated on open (the index is rebuilt).
+# A later format is refused (FormatTooNewError).
+CHECKPOINT_VERSION = 3
+CHECKPOINT_VERSION_V2 = 2
 CHECKPOINT_VERSION_V1 = 1
 CHECKPOINT_HEAD = struct.Struct(">IH")  # magic, version: read first to pick the layout
 # magic, version, reserved, flushed_position, flushed_index, commit_index, applied_index,
-# base_index, base_term, truncate_pending_position, base_chain
-CHECKPOINT_NO_CRC = struct.Struct(">IHHQQQQQQQQ")
+# base_index, base_term, truncate_pending_position, base_chain, feature_level
+CHECKPOINT_NO_CRC = struct.Struct(">IHHQQQQQQQQI")
 CHECKPOINT_SIZE = CHECKPOINT_NO_CRC.size + 4
+# Format 2: the same without feature_level.
+CHECKPOINT_NO_CRC_V2 = struct.Struct(">IHHQQQQQQQQ")
+CHECKPOINT_SIZE_V2 = CHECKPOINT_NO_CRC_V2.size + 4
 # Format 1: the same without base_chain.
 CHECKPOINT_NO_CRC_V1 = struct.Struct(">IHHQQQQQQQ")
 CHECKPOINT_SIZE_V1 = CHECKPOINT_NO_CRC_V1.size + 4
 NO_TRUNCATE_PENDING = 0xFFFF_FFFF_FFFF_FFFF
-assert CHECKPOINT_SIZE == 76 and CHECKPOINT_SIZE_V1 == 68
+assert CHECKPOINT_SIZE == 80 and CHECKPOINT_SIZE_V2 == 76 and CHECKPOINT_SIZE_V1 == 68
+_CHECKPOINT_LAYOUTS = {
+    CHECKPOINT_VERSION: (CHECKPOINT_NO_CRC, CHECKPOINT_SIZE),
+    CHECKPOINT_VERSION_V2: (CHECKPOINT_NO_CRC_V2, CHECKPOINT_SIZE_V2),
+    CHECKPOINT_VERSION_V1: (CHECKPOINT_NO_CRC_V1, CHECKPOINT_SIZE_V1),
+}
 
 HARD_STATE_MAGIC = 0x48415244  # b"HARD"
 # magic, version, voted_for length (0xFFFF = no vote), term
@@ -155,8 +170,11 @@ class Checkpoint:
     # dledger.chain value at ``base_index`` (CHAIN_ORIGIN for 0; CHAIN_UNKNOWN when a store
     # of format 1 had already deleted a prefix: that value cannot be rebuilt)
     base_chain: int = CHAIN_ORIGIN
+    # the group's feature level the store was written at (written as format 3 from level 2;
+    # formats 1 and 2 read as BASELINE_LEVEL)
+    feature_level: int = BASELINE_LEVEL
     # the format the checkpoint was read in (CHECKPOINT_VERSION_V1: migrate the store)
-    version: int = CHECKPOINT_VERSION
+    version: int = CHECKPOINT_VERSION_V2
 
 
 def _check_u(value: int, bits: int, name: str) -> None:
@@ -419,11 +437,10 @@ def decode_index_record(buf: bytes | bytearray | memoryview | object, offset: in
 
 
 def encode_checkpoint(c: Checkpoint) -> bytes:
-    """The checkpoint in the current format (CHECKPOINT_VERSION)."""
-    head = CHECKPOINT_NO_CRC.pack(
-        CHECKPOINT_MAGIC,
-        CHECKPOINT_VERSION,
-        0,
+    """The checkpoint in the format its feature level calls for (dledger.features): format 2,
+    byte for byte what 0.2.0 writes, at the baseline level; format 3 from level 2."""
+    version = checkpoint_version(c.feature_level)
+    fields = (
         c.flushed_position,
         c.flushed_index,
         c.commit_index,
@@ -433,27 +450,30 @@ def encode_checkpoint(c: Checkpoint) -> bytes:
         c.truncate_pending_position,
         c.base_chain,
     )
+    if version == CHECKPOINT_VERSION:
+        _check_u(c.feature_level, 32, "feature_level")
+        head = CHECKPOINT_NO_CRC.pack(CHECKPOINT_MAGIC, version, 0, *fields, c.feature_level)
+    else:
+        head = CHECKPOINT_NO_CRC_V2.pack(CHECKPOINT_MAGIC, version, 0, *fields)
     return head + U32.pack(crc32c(head))
 
 
 def decode_checkpoint(data: bytes, path: str = "checkpoint") -> Checkpoint:
-    """A checkpoint of format 2, or of format 1 (``version`` says which; its base_chain is
-    CHAIN_ORIGIN when nothing was deleted, else CHAIN_UNKNOWN). A later format is refused
-    with FormatTooNewError naming ``path`` and both versions (the checkpoint's version is the
-    store's format: docs/FORMAT.md); version 0 is damage (RecordError)."""
+    """A checkpoint of format 3, 2 or 1 (``version`` says which; a format 1 base_chain is
+    CHAIN_ORIGIN when nothing was deleted, else CHAIN_UNKNOWN; formats 1 and 2 are at the
+    baseline feature level). A later format is refused with FormatTooNewError naming ``path``
+    and both versions (the checkpoint's version is the store's format: docs/FORMAT.md);
+    version 0 is damage (RecordError), and so is a format 3 feature level below 2 (format 3
+    is only written from level 2)."""
     if len(data) < CHECKPOINT_HEAD.size:
         raise RecordError(f"checkpoint is only {len(data)} bytes", 0)
     magic, version = CHECKPOINT_HEAD.unpack_from(data, 0)
     if magic != CHECKPOINT_MAGIC:
         raise RecordError(f"bad checkpoint magic 0x{magic:08x}", 0)
     _refuse_newer("checkpoint", path, version, CHECKPOINT_VERSION, data)
-    if version not in (CHECKPOINT_VERSION, CHECKPOINT_VERSION_V1):
+    if version not in _CHECKPOINT_LAYOUTS:
         raise RecordError(f"checkpoint format version {version} does not exist", 4)
-    layout, size = (
-        (CHECKPOINT_NO_CRC, CHECKPOINT_SIZE)
-        if version == CHECKPOINT_VERSION
-        else (CHECKPOINT_NO_CRC_V1, CHECKPOINT_SIZE_V1)
-    )
+    layout, size = _CHECKPOINT_LAYOUTS[version]
     if len(data) != size:
         raise RecordError(f"checkpoint v{version} is {len(data)} bytes, expected {size}", 0)
     (crc,) = U32.unpack_from(data, size - 4)
@@ -464,6 +484,9 @@ def decode_checkpoint(data: bytes, path: str = "checkpoint") -> Checkpoint:
         base_chain = CHAIN_ORIGIN if f[4] == 0 else CHAIN_UNKNOWN
     else:
         base_chain = f[7]
+    level = f[8] if version == CHECKPOINT_VERSION else BASELINE_LEVEL
+    if checkpoint_version(level) != max(version, CHECKPOINT_VERSION_V2):
+        raise RecordError(f"checkpoint v{version} with feature level {level}", size - 8)
     return Checkpoint(
         flushed_position=f[0],
         flushed_index=f[1],
@@ -473,7 +496,17 @@ def decode_checkpoint(data: bytes, path: str = "checkpoint") -> Checkpoint:
         base_term=f[5],
         truncate_pending_position=f[6],
         base_chain=base_chain,
+        feature_level=level,
         version=version,
+    )
+
+
+def checkpoint_version(feature_level: int) -> int:
+    """The checkpoint format a store at ``feature_level`` writes (dledger.features)."""
+    return (
+        CHECKPOINT_VERSION
+        if feature_level >= features.CHECKPOINT_V3_LEVEL
+        else CHECKPOINT_VERSION_V2
     )
 
 

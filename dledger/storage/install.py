@@ -19,6 +19,7 @@ from pathlib import Path
 from dledger.log import CorruptLogError, DLedgerError
 from dledger.storage import codec
 from dledger.storage.files import atomic_write, fsync_dir, segment_name
+from mqrelease import BASELINE_LEVEL
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def install_log(
     start_position: int,
     segment_size_bytes: int,
     base_chain: int,
+    feature_level: int = BASELINE_LEVEL,
 ) -> None:
     """Make ``root`` (a closed store) hold the segments staged in ``source`` instead of its own
     log: entries ``base_index + 1`` on, the first at ``start_position``. The index and the
@@ -127,6 +129,7 @@ def install_log(
         base_index=base_index,
         base_term=base_term,
         base_chain=base_chain,
+        feature_level=feature_level,
     )
     atomic_write(root / CHECKPOINT_FILE, codec.encode_checkpoint(ckpt))
     logger.info(

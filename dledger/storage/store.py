@@ -39,6 +39,7 @@ from dledger.log import (
     ENTRY_TYPE_MAX,
     ConfigError,
     Entry,
+    FeatureLevelError,
     HardState,
     IndexOutOfRangeError,
     LogCompactedError,
@@ -50,7 +51,7 @@ from dledger.storage.append import Item, encode_run, segments_filled
 from dledger.storage.codec import (
     BLANK_MAGIC_BYTES,
     BLANK_SIZE,
-    CHECKPOINT_VERSION,
+    CHECKPOINT_VERSION_V1,
     ENTRY_HEADER_SIZE,
     ENTRY_MAGIC,
     FORMAT_VERSION,
@@ -107,6 +108,7 @@ __all__ = [  # the store's API, with the names its users import from here
     "files_needed",
     "next_link",
 ]
+from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL, RELEASE
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +219,15 @@ class SegmentedLogStore:
         config: StoreConfig | None = None,
         *,
         before_damage_cut: Callable[[damage.DamageReport], None] | None = None,
+        supported_feature_level: int = FEATURE_LEVEL,
     ):
         """``before_damage_cut``: called when the open found damage, before it cuts the log
         (the node raises its promise to the old last index there); an exception it raises
-        stops the open with nothing cut."""
+        stops the open with nothing cut. ``supported_feature_level``: the highest group
+        feature level this release supports; a checkpoint written at a higher one is
+        refused (FeatureLevelError) before anything is changed."""
         self.config = config if config is not None else StoreConfig()
+        self._supported_feature_level = supported_feature_level
         self.root = Path(root_dir)
         self._seg_size = self.config.segment_size_bytes
         self._max_body = self.config.max_body_bytes
@@ -280,6 +286,9 @@ class SegmentedLogStore:
         self._commit_index = 0
         self._applied_index = 0
         self._last_checkpoint_s = 0.0
+        # The group's feature level the checkpoint is written at (dledger.features): from
+        # the checkpoint at open, raised by set_feature_level, never lowered.
+        self._feature_level = BASELINE_LEVEL
 
     def _init_counters(self) -> None:
         """What the store reports (metrics, the node)."""
@@ -329,6 +338,13 @@ class SegmentedLogStore:
     def _open(self) -> None:
         t0 = time.monotonic()
         ckpt = self._meta.read_checkpoint()
+        if ckpt.feature_level > self._supported_feature_level:
+            raise FeatureLevelError(
+                f"store {self.root}: written at the group's feature level "
+                f"{ckpt.feature_level} (checkpoint format {ckpt.version}); raftmq {RELEASE} "
+                f"supports up to {self._supported_feature_level}: run the release that raised it"
+            )
+        self._feature_level = ckpt.feature_level
         abort = self.root / ABORT_FILE
         self.recovered_from_crash = abort.exists()
         abort.touch()
@@ -339,7 +355,7 @@ class SegmentedLogStore:
         self._commit_index = ckpt.commit_index
         self._applied_index = ckpt.applied_index
         self._reserve.arm()
-        if ckpt.version != CHECKPOINT_VERSION:
+        if ckpt.version == CHECKPOINT_VERSION_V1:
             self._drop_old_index(ckpt)
         self._index.open_existing()
         self._segments.open_existing(self._base_index)
@@ -372,11 +388,11 @@ class SegmentedLogStore:
         another layout and no chains. The index is derived data: delete it; recovery
         rebuilds it from the data segments (a full scan, once)."""
         log.warning(
-            "store root=%s has format %d (this release writes %d): rebuilding its index from "
-            "the data segments%s",
+            "store root=%s has format %d (this release writes %d or later): rebuilding its "
+            "index from the data segments%s",
             self.root,
             ckpt.version,
-            CHECKPOINT_VERSION,
+            ckpt.version + 1,
             ""
             if ckpt.base_index == 0
             else f"; the chain below its first index {ckpt.base_index + 1} is unknown (deleted "
@@ -389,7 +405,7 @@ class SegmentedLogStore:
         for one), take the log's end from it, and write the checkpoint if it changed."""
         marker = damage.read_marker(self.root)
         full = self.config.full_verify_on_open or (marker is not None and marker.verify)
-        rebuild = ckpt.version != CHECKPOINT_VERSION  # the index was dropped: scan it all
+        rebuild = ckpt.version == CHECKPOINT_VERSION_V1  # the index was dropped: scan it all
         base = (self._base_index, self._base_term, self._base_chain)
         recovery = Recovery(
             self.root, self._segments, self._index, ckpt, base, self._before_damage_cut
@@ -972,6 +988,7 @@ class SegmentedLogStore:
             base_term=self._base_term,
             truncate_pending_position=truncate_pending,
             base_chain=self._base_chain,
+            feature_level=self._feature_level,
         )
         lo = max(self._index_synced, self._base_index) + 1
         hi = self._flushed_index
@@ -1011,6 +1028,24 @@ class SegmentedLogStore:
                 self._applied_index = applied_index
             self._persist_checkpoint_or_warn()
             self._reserve.maybe_rearm()
+
+    @property
+    def feature_level(self) -> int:
+        """The group's feature level this store's checkpoint is (or next is) written at."""
+        return self._feature_level
+
+    def set_feature_level(self, level: int) -> None:
+        """The group committed feature level ``level``: from its next checkpoint on, the store
+        writes the format that level calls for (format 3 from level 2, dledger.features),
+        and the level never goes down again. The caller writes a checkpoint when it wants the
+        change on disk now (the node does, at once)."""
+        if not BASELINE_LEVEL <= level <= self._supported_feature_level:
+            raise FeatureLevelError(
+                f"store {self.root}: feature level {level} is outside [{BASELINE_LEVEL}, "
+                f"{self._supported_feature_level}] (raftmq {RELEASE})"
+            )
+        with self._lock:
+            self._feature_level = max(self._feature_level, level)
 
     def read_checkpoint(self) -> Checkpoint:
         """The checkpoint as stored on disk."""

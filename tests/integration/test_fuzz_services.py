@@ -365,6 +365,19 @@ def _known_hostile(victim: Path) -> list[tuple[Rpc, Any]]:
             only("DLedgerClient.Metadata", SC.NOT_FOUND, SC.INVALID_ARGUMENT),
             dpb.MetadataRequest(group="g" * mib),
         ),
+        # feature levels no release has, and a group name that would be echoed: refused,
+        # the group's level unchanged (a raise to a real level is the generated cases' job)
+        *(
+            (
+                only("DLedgerClient.SetFeatureLevel", SC.INVALID_ARGUMENT, SC.FAILED_PRECONDITION),
+                dpb.SetFeatureLevelRequest(level=level),
+            )
+            for level in (3, 1 << 16, (1 << 16) + 1, 2**32 - 1)
+        ),
+        (
+            only("DLedgerClient.SetFeatureLevel", SC.NOT_FOUND, SC.INVALID_ARGUMENT),
+            dpb.SetFeatureLevelRequest(group="g" * mib, level=2),
+        ),
         # a 300-character consumer group in an async offset update
         (
             only("Broker.UpdateConsumerOffset", SC.INVALID_ARGUMENT),
@@ -588,6 +601,14 @@ def _finish(t: Target) -> list[str]:
 _MD_STRINGS = [s for s in HOSTILE_STRINGS if s.isascii() and s.isprintable() and len(s) < 4096]
 
 
+# CONFIG entry bodies (type 2) at feature levels a member must refuse to persist (3: above its
+# support), must drop as a lowering (1, after a raise), or may take (2).
+_CONFIG_BODIES = [
+    b'{"v":1,"voters":["n0","n1","n2"],"learners":[],"removed":[],"addrs":[],"features":%d}' % f
+    for f in (1, 2, 3, 1 << 16)
+]
+
+
 def _plausible_peer_messages(
     group: str, sender: str, node: str, term: int, last: int
 ) -> st.SearchStrategy[dpb.PeerMessage]:
@@ -609,7 +630,7 @@ def _plausible_peer_messages(
             term=terms,
             index=indexes,
             type=st.sampled_from([0, 1, 2, 16, 18, 255]),
-            body=st.sampled_from([b"", b"forged", b"\xff" * 64]),
+            body=st.sampled_from([b"", b"forged", b"\xff" * 64, *_CONFIG_BODIES]),
         ),
         max_size=4,
     )
@@ -624,6 +645,7 @@ def _plausible_peer_messages(
         st.builds(dpb.AppendResponse, from_id=st.just(sender), to_id=st.just(node), term=terms,
                   success=st.booleans(), match_index=indexes, conflict_index=indexes,
                   conflict_term=terms, last_log_index=indexes, rejected_index=indexes,
+                  supported_feature_level=st.sampled_from([0, 1, 2, 3, 1 << 16, 2**32 - 1]),
                   ).map(lambda m: dpb.PeerMessage(append_response=m)),
         st.builds(dpb.VoteResponse, from_id=st.just(sender), to_id=st.just(node), term=terms,
                   granted=st.booleans(), pre_vote=st.booleans()

@@ -27,6 +27,7 @@ NODES = {
     "removed_member_votes": 3,
     "forget_promise": 3,
     "skip_chain_check": 3,
+    "raise_without_reports": 3,
 }
 # Mutations whose harm needs a chain of events the random schedules do not reach within
 # MAX_SEEDS (five steps, each with its own timing): a deterministic unit scenario plays the

@@ -53,6 +53,7 @@ COMMANDS = {
     "promoteMember": ["-a", "127.0.0.1:10911", "-i", "n3"],
     "removeMember": ["-b", "broker-a", "-i", "n3"],
     "replicaStatus": ["-b", "broker-a"],
+    "setFeatureLevel": ["-b", "broker-a"],
 }
 
 

@@ -113,7 +113,15 @@ def test_the_command_prints_one_row_per_node_and_exits_3_when_flagged(
     group = _FakeGroup({"n0": 9, "n1": 8, "n2": 9})
     assert _run(group, monkeypatch) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:4] == ["node", "addr", "role", "term"]
+    assert lines[0].split()[:7] == [
+        "node",
+        "addr",
+        "role",
+        "release",
+        "feature_level",
+        "supported_feature_level",
+        "term",
+    ]
     assert "chain@8" in lines[0]
     assert [ln.split()[0] for ln in lines[1:4]] == ["n0", "n1", "n2"]
     assert "flagged: False" in lines
@@ -128,3 +136,21 @@ def test_the_command_prints_one_row_per_node_and_exits_3_when_flagged(
     assert by_node["n1"]["chain@8"] == "0000000000000bad"
     assert by_node["n2"]["repairing"] == "YES" and by_node["n2"]["flags"].startswith("repairing")
     assert by_node["n0"]["flags"] == "-"
+    # A node of a release before feature levels answers without them.
+    assert by_node["n0"]["release"] == "<=0.2.0" and by_node["n0"]["feature_level"] == 1
+
+
+def test_a_member_below_the_groups_level_is_flagged(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = _FakeGroup({"n0": 9, "n1": 9, "n2": 9})
+    for n in ("n0", "n1"):
+        group.extra[n] = {"release": "0.3.0", "feature_level": 2, "supported_feature_level": 2}
+    assert _run(group, monkeypatch, "--json") == mqadmin.EXIT_FLAGGED
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["group_flags"] == (
+        "n2 supports feature level 1 < group level 2: upgrade it (runs 0.2.0 or older)"
+    )
+    by_node = {r["node"]: r for r in doc["rows"]}
+    assert by_node["n0"]["release"] == "0.3.0" and by_node["n0"]["feature_level"] == 2
+    assert by_node["n2"]["supported_feature_level"] == 1

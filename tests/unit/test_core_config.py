@@ -42,7 +42,7 @@ def test_bad_config_is_rejected(kwargs: dict[str, object]) -> None:
 def test_defaults_have_no_mutations() -> None:
     cfg = RaftConfig()
     assert cfg.mutations == frozenset()
-    assert len(MUTATIONS) == 12
+    assert len(MUTATIONS) == 13
 
 
 def test_bad_membership_is_rejected() -> None:

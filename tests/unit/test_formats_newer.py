@@ -227,10 +227,10 @@ def _stage_install(root: Path, version: int) -> None:
 BUMPS: dict[str, tuple[Callable[[Path], None], str, int, int]] = {
     # name: (bump the template, the file named, version found, newest this release reads)
     "checkpoint": (
-        lambda r: _set_u16(r / "dledger/checkpoint", 4, 3, -4),
+        lambda r: _set_u16(r / "dledger/checkpoint", 4, 4, -4),
         "dledger/checkpoint",
+        4,
         3,
-        2,
     ),
     "meta": (lambda r: _set_u16(r / "dledger/meta", 4, 2, -4), "dledger/meta", 2, 1),
     "membership.json": (
@@ -318,7 +318,7 @@ def test_a_flipped_bit_in_the_version_is_damage_not_a_newer_release(store: Path)
         s.close()
     assert codec.decode_hard_state(meta.read_bytes()).term >= 1  # rewritten from the copy
     checkpoint = store / "dledger/checkpoint"
-    _set_u16(checkpoint, 4, 3)
+    _set_u16(checkpoint, 4, 4)
     with pytest.raises(RecordError):
         codec.decode_checkpoint(checkpoint.read_bytes())
     index = _index_file(store)
@@ -408,7 +408,7 @@ def test_mqaudit_stops_on_a_newer_store_instead_of_reporting_damage(store: Path)
     read (one line), not a BAD_CHECKPOINT finding against the replica."""
     from spark_audit.plan import InputError, ReplicaSource, plan_replica
 
-    _set_u16(store / "dledger/checkpoint", 4, 3, -4)
+    _set_u16(store / "dledger/checkpoint", 4, 4, -4)
     with pytest.raises(InputError) as info:
         plan_replica(ReplicaSource("g", "n0", str(store / "dledger")))
-    assert "format version 3 is newer than 2" in str(info.value)
+    assert "format version 4 is newer than 3" in str(info.value)

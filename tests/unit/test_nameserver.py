@@ -155,6 +155,10 @@ def test_unregister(table: RouteTable) -> None:
         ({"topics": (TopicRoute("t", 1, 1, 6, "ORDERED"),)}, "message type"),
         ({"rmq5_addr": "no-port"}, "rmq5_addr"),
         ({"rmq5_addr": "h o st:8081"}, "rmq5_addr"),
+        ({"release": "0.3.0 " * 2}, "release"),
+        ({"release": "9" * 33}, "release"),
+        ({"supported_feature_level": (1 << 16) + 1}, "feature levels"),
+        ({"feature_level": -1}, "feature levels"),
     ],
 )
 def test_bad_registration_names_the_field(
@@ -178,6 +182,32 @@ def test_routes_carry_the_rmq5_addresses_and_message_type(table: RouteTable) -> 
     assert route.topic.message_type == "FIFO"
     assert route.leader is not None and route.leader.rmq5_addr == "127.0.0.1:8081"
     assert [f.rmq5_addr for f in route.followers] == ["127.0.0.1:8082"]
+
+
+def test_cluster_info_carries_release_and_feature_levels() -> None:
+    """What brokerStatus shows per node (docs/RAFT.md section 14); a node of a release before
+    feature levels registers none (""/0)."""
+    from raftmq.nameserver.v1 import nameserver_pb2 as pb
+
+    from nameserver.server import registration_from_pb
+
+    new = pb.RegisterBrokerRequest(
+        cluster="c",
+        broker_name="b",
+        node_id="n0",
+        role=pb.LEADER,
+        client_addr="127.0.0.1:1",
+        release="0.3.0.dev0",
+        supported_feature_level=2,
+        feature_level=1,
+    )
+    r = registration_from_pb(new)
+    assert (r.release, r.supported_feature_level, r.feature_level) == ("0.3.0.dev0", 2, 1)
+    old = pb.RegisterBrokerRequest(
+        cluster="c", broker_name="b", node_id="n1", role=pb.FOLLOWER, client_addr="127.0.0.1:2"
+    )
+    r = registration_from_pb(old)
+    assert (r.release, r.supported_feature_level, r.feature_level) == ("", 0, 0)
 
 
 def test_node_limit(clock: Clock) -> None:

@@ -114,7 +114,7 @@ def test_a_store_of_the_previous_format_opens_and_gets_its_chains(tmp_path: Path
     s = SegmentedLogStore(tmp_path / "s", CFG)
     assert [s.chain_at(i) for i in range(N + 1)] == want
     assert [e.body for e in s.read_range(1, 1 << 30)] == [e.body for e in entries]
-    assert s.read_checkpoint().version == codec.CHECKPOINT_VERSION
+    assert s.read_checkpoint().version == codec.CHECKPOINT_VERSION_V2  # level 1's format
     s.close()
 
 
@@ -138,11 +138,11 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(tmp_path
     _store(tmp_path / "s", _entries(10)).close()
     path = tmp_path / "s" / "checkpoint"
     data = bytearray(path.read_bytes())
-    data[4:6] = (3).to_bytes(2, "big")
+    data[4:6] = (4).to_bytes(2, "big")
     # A whole file, as a newer release would write it: its CRC matches.
     data[-4:] = codec.crc32c(bytes(data[:-4])).to_bytes(4, "big")
     path.write_bytes(bytes(data))
     with pytest.raises(FormatTooNewError) as info:
         SegmentedLogStore(tmp_path / "s", CFG)
     assert info.value.code == "FORMAT_TOO_NEW" and not isinstance(info.value, CorruptLogError)
-    assert "format version 3 is newer than 2" in str(info.value)
+    assert "format version 4 is newer than 3" in str(info.value)

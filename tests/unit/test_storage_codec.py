@@ -166,11 +166,15 @@ def test_index_record_round_trip(size: int, pos: int, term: int, typ: int, chain
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.tuples(u64, u64, u64, u64, u64, u64, u64))
-def test_checkpoint_round_trip(fields: tuple[int, ...]) -> None:
-    c = Checkpoint(*fields)
+@given(st.tuples(u64, u64, u64, u64, u64, u64, u64), st.integers(1, 3))
+def test_checkpoint_round_trip(fields: tuple[int, ...], level: int) -> None:
+    """Format 2 (0.2.0's bytes) at the baseline feature level, format 3 from level 2."""
+    version = codec.CHECKPOINT_VERSION if level >= 2 else codec.CHECKPOINT_VERSION_V2
+    c = Checkpoint(*fields, feature_level=level, version=version)
     raw = codec.encode_checkpoint(c)
-    assert len(raw) == codec.CHECKPOINT_SIZE and raw[:4] == b"CKPT"
+    size = codec.CHECKPOINT_SIZE if level >= 2 else codec.CHECKPOINT_SIZE_V2
+    assert len(raw) == size and raw[:4] == b"CKPT"
+    assert int.from_bytes(raw[4:6], "big") == version
     assert codec.decode_checkpoint(raw) == c
     for i in range(len(raw)):
         bad = bytearray(raw)

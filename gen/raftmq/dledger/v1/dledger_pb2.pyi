@@ -87,7 +87,7 @@ class AppendRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ..., no_reply: _Optional[bool] = ..., prev_log_chain: _Optional[int] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing", "match_chain")
+    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing", "match_chain", "supported_feature_level")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class AppendResponse(_message.Message):
     REJECTED_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPAIRING_FIELD_NUMBER: _ClassVar[int]
     MATCH_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     to_id: str
     term: int
@@ -110,7 +111,8 @@ class AppendResponse(_message.Message):
     rejected_index: int
     repairing: bool
     match_chain: int
-    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ..., match_chain: _Optional[int] = ...) -> None: ...
+    supported_feature_level: int
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ..., match_chain: _Optional[int] = ..., supported_feature_level: _Optional[int] = ...) -> None: ...
 
 class TimeoutNowRequest(_message.Message):
     __slots__ = ("group", "from_id", "to_id", "term")
@@ -215,7 +217,7 @@ class SnapshotReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., received_bytes: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("group", "node_id", "peer_addr", "client_addr", "shared_settings")
+    __slots__ = ("group", "node_id", "peer_addr", "client_addr", "shared_settings", "supported_feature_level")
     class SharedSettingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -228,12 +230,14 @@ class JoinRequest(_message.Message):
     PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
     SHARED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     group: str
     node_id: str
     peer_addr: str
     client_addr: str
     shared_settings: _containers.ScalarMap[str, str]
-    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ..., shared_settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    supported_feature_level: int
+    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ..., shared_settings: _Optional[_Mapping[str, str]] = ..., supported_feature_level: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("members", "leader_id", "added")
@@ -332,7 +336,7 @@ class PeerProgress(_message.Message):
     def __init__(self, id: _Optional[str] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes", "repairing", "promised_index", "repairs_completed", "commit_chain", "chain_index", "chain", "chain_known", "corruption_found", "chain_mismatches", "committed_repairs", "chain_check_mismatches", "scrub_last_pass_end_ms", "scrub_bytes_verified", "derived_mismatches")
+    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes", "repairing", "promised_index", "repairs_completed", "commit_chain", "chain_index", "chain", "chain_known", "corruption_found", "chain_mismatches", "committed_repairs", "chain_check_mismatches", "scrub_last_pass_end_ms", "scrub_bytes_verified", "derived_mismatches", "release", "feature_level", "supported_feature_level")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +388,9 @@ class MetadataResponse(_message.Message):
     SCRUB_LAST_PASS_END_MS_FIELD_NUMBER: _ClassVar[int]
     SCRUB_BYTES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     DERIVED_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     group: str
     self_id: str
     role: str
@@ -414,7 +421,10 @@ class MetadataResponse(_message.Message):
     scrub_last_pass_end_ms: int
     scrub_bytes_verified: int
     derived_mismatches: _containers.ScalarMap[str, int]
-    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., repairing: _Optional[bool] = ..., promised_index: _Optional[int] = ..., repairs_completed: _Optional[int] = ..., commit_chain: _Optional[int] = ..., chain_index: _Optional[int] = ..., chain: _Optional[int] = ..., chain_known: _Optional[bool] = ..., corruption_found: _Optional[_Mapping[str, int]] = ..., chain_mismatches: _Optional[int] = ..., committed_repairs: _Optional[int] = ..., chain_check_mismatches: _Optional[int] = ..., scrub_last_pass_end_ms: _Optional[int] = ..., scrub_bytes_verified: _Optional[int] = ..., derived_mismatches: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    release: str
+    feature_level: int
+    supported_feature_level: int
+    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., repairing: _Optional[bool] = ..., promised_index: _Optional[int] = ..., repairs_completed: _Optional[int] = ..., commit_chain: _Optional[int] = ..., chain_index: _Optional[int] = ..., chain: _Optional[int] = ..., chain_known: _Optional[bool] = ..., corruption_found: _Optional[_Mapping[str, int]] = ..., chain_mismatches: _Optional[int] = ..., committed_repairs: _Optional[int] = ..., chain_check_mismatches: _Optional[int] = ..., scrub_last_pass_end_ms: _Optional[int] = ..., scrub_bytes_verified: _Optional[int] = ..., derived_mismatches: _Optional[_Mapping[str, int]] = ..., release: _Optional[str] = ..., feature_level: _Optional[int] = ..., supported_feature_level: _Optional[int] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("group", "target_id")
@@ -433,20 +443,22 @@ class TransferLeadershipResponse(_message.Message):
     def __init__(self, leader_id: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("id", "role", "peer_addr", "client_addr", "match_index", "recent_active")
+    __slots__ = ("id", "role", "peer_addr", "client_addr", "match_index", "recent_active", "supported_feature_level")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
     MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     RECENT_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     id: str
     role: str
     peer_addr: str
     client_addr: str
     match_index: int
     recent_active: bool
-    def __init__(self, id: _Optional[str] = ..., role: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ..., match_index: _Optional[int] = ..., recent_active: _Optional[bool] = ...) -> None: ...
+    supported_feature_level: int
+    def __init__(self, id: _Optional[str] = ..., role: _Optional[str] = ..., peer_addr: _Optional[str] = ..., client_addr: _Optional[str] = ..., match_index: _Optional[int] = ..., recent_active: _Optional[bool] = ..., supported_feature_level: _Optional[int] = ...) -> None: ...
 
 class ListMembersRequest(_message.Message):
     __slots__ = ("group",)
@@ -455,18 +467,20 @@ class ListMembersRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
 class ListMembersResponse(_message.Message):
-    __slots__ = ("members", "leader_id", "config_index", "config_committed", "term")
+    __slots__ = ("members", "leader_id", "config_index", "config_committed", "term", "feature_level")
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONFIG_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     members: _containers.RepeatedCompositeFieldContainer[Member]
     leader_id: str
     config_index: int
     config_committed: bool
     term: int
-    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., config_index: _Optional[int] = ..., config_committed: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
+    feature_level: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[str] = ..., config_index: _Optional[int] = ..., config_committed: _Optional[bool] = ..., term: _Optional[int] = ..., feature_level: _Optional[int] = ...) -> None: ...
 
 class ChangeMemberRequest(_message.Message):
     __slots__ = ("group", "kind", "node_id", "peer_addr", "client_addr")
@@ -491,3 +505,19 @@ class ChangeMemberResponse(_message.Message):
     index: int
     term: int
     def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class SetFeatureLevelRequest(_message.Message):
+    __slots__ = ("group", "level")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    level: int
+    def __init__(self, group: _Optional[str] = ..., level: _Optional[int] = ...) -> None: ...
+
+class SetFeatureLevelResponse(_message.Message):
+    __slots__ = ("level", "index")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    index: int
+    def __init__(self, level: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...

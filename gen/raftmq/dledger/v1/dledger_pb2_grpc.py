@@ -272,6 +272,11 @@ class DLedgerClientStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.FromString,
                 _registered_method=True)
+        self.SetFeatureLevel = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerClient/SetFeatureLevel',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SetFeatureLevelRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SetFeatureLevelResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -318,6 +323,13 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetFeatureLevel(self, request, context):
+        """Raise the group's feature level, on the leader; answers once it is committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -350,6 +362,11 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.ChangeMember,
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.SerializeToString,
+            ),
+            'SetFeatureLevel': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFeatureLevel,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SetFeatureLevelRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SetFeatureLevelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +534,33 @@ class DLedgerClient:
             '/raftmq.dledger.v1.DLedgerClient/ChangeMember',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberRequest.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.ChangeMemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetFeatureLevel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerClient/SetFeatureLevel',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SetFeatureLevelRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.SetFeatureLevelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -109,6 +109,8 @@ class DLedgerClientStub:
     """The group's configuration as this node knows it (any member answers)."""
     ChangeMember: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.ChangeMemberRequest, _dledger_pb2.ChangeMemberResponse]
     """One membership change, on the leader; answers once it is committed."""
+    SetFeatureLevel: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.SetFeatureLevelRequest, _dledger_pb2.SetFeatureLevelResponse]
+    """Raise the group's feature level, on the leader; answers once it is committed."""
 
 @_typing.type_check_only
 class DLedgerClientAsyncStub(DLedgerClientStub):
@@ -126,6 +128,8 @@ class DLedgerClientAsyncStub(DLedgerClientStub):
     """The group's configuration as this node knows it (any member answers)."""
     ChangeMember: _aio.UnaryUnaryMultiCallable[_dledger_pb2.ChangeMemberRequest, _dledger_pb2.ChangeMemberResponse]  # type: ignore[assignment]
     """One membership change, on the leader; answers once it is committed."""
+    SetFeatureLevel: _aio.UnaryUnaryMultiCallable[_dledger_pb2.SetFeatureLevelRequest, _dledger_pb2.SetFeatureLevelResponse]  # type: ignore[assignment]
+    """Raise the group's feature level, on the leader; answers once it is committed."""
 
 class DLedgerClientServicer(metaclass=_abc_1.ABCMeta):
     """Errors travel as gRPC status codes with a machine-readable code in the details string:
@@ -176,5 +180,13 @@ class DLedgerClientServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.ChangeMemberResponse, _abc.Awaitable[_dledger_pb2.ChangeMemberResponse]]:
         """One membership change, on the leader; answers once it is committed."""
+
+    @_abc_1.abstractmethod
+    def SetFeatureLevel(
+        self,
+        request: _dledger_pb2.SetFeatureLevelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.SetFeatureLevelResponse, _abc.Awaitable[_dledger_pb2.SetFeatureLevelResponse]]:
+        """Raise the group's feature level, on the leader; answers once it is committed."""
 
 def add_DLedgerClientServicer_to_server(servicer: DLedgerClientServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -35,7 +35,7 @@ class TopicConfig(_message.Message):
     def __init__(self, topic_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "node_id", "role", "client_addr", "term", "topics", "heartbeat_period_ms", "rmq5_addr")
+    __slots__ = ("cluster", "broker_name", "node_id", "role", "client_addr", "term", "topics", "heartbeat_period_ms", "rmq5_addr", "release", "supported_feature_level", "feature_level")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,9 @@ class RegisterBrokerRequest(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
     RMQ5_ADDR_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     node_id: str
@@ -54,7 +57,10 @@ class RegisterBrokerRequest(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[TopicConfig]
     heartbeat_period_ms: int
     rmq5_addr: str
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ..., heartbeat_period_ms: _Optional[int] = ..., rmq5_addr: _Optional[str] = ...) -> None: ...
+    release: str
+    supported_feature_level: int
+    feature_level: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ..., heartbeat_period_ms: _Optional[int] = ..., rmq5_addr: _Optional[str] = ..., release: _Optional[str] = ..., supported_feature_level: _Optional[int] = ..., feature_level: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("broker_expired_time_ms",)
@@ -131,7 +137,7 @@ class GetClusterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberInfo(_message.Message):
-    __slots__ = ("node_id", "role", "client_addr", "term", "last_heartbeat_age_ms", "heartbeat_period_ms", "topic_count")
+    __slots__ = ("node_id", "role", "client_addr", "term", "last_heartbeat_age_ms", "heartbeat_period_ms", "topic_count", "release", "supported_feature_level", "feature_level")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +145,9 @@ class MemberInfo(_message.Message):
     LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
     TOPIC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: BrokerRole
     client_addr: str
@@ -146,7 +155,10 @@ class MemberInfo(_message.Message):
     last_heartbeat_age_ms: int
     heartbeat_period_ms: int
     topic_count: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., heartbeat_period_ms: _Optional[int] = ..., topic_count: _Optional[int] = ...) -> None: ...
+    release: str
+    supported_feature_level: int
+    feature_level: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., heartbeat_period_ms: _Optional[int] = ..., topic_count: _Optional[int] = ..., release: _Optional[str] = ..., supported_feature_level: _Optional[int] = ..., feature_level: _Optional[int] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
     __slots__ = ("broker_name", "leader_id", "members")
