@@ -10,10 +10,14 @@ by its PID and started with the current code against the same store and config, 
 until it has caught up. Before the feature level is raised, no node may have written a format
 the previous release cannot read (checkpoint format 2, ``snapshot.json`` version 2, no
 ``features`` in any CONFIG body), and one upgraded node is rolled back to the old tree (it
-starts and catches up) and upgraded again. Then the checks: every acknowledged message stored
-exactly once, the offsets kept, the old POP receipts ack, the timed and delayed messages
-delivered, the pending half checked back and committed, the user authenticates, and the
-replicas identical (``mqaudit`` CLEAN, in the run's shared SparkSession).
+starts and catches up) and upgraded again. Then the feature level is raised with `mqadmin
+setFeatureLevel`: refused while a member is down (named), done once it is back; every node then
+runs at level 2 and writes checkpoint format 3. Then the checks: every acknowledged message
+stored exactly once, the offsets kept, the old POP receipts ack, the timed and delayed messages
+delivered, the pending half checked back and committed, the user authenticates, the NameServer
+routes to the leader, and the replicas identical (``mqaudit`` CLEAN, in the run's shared
+SparkSession). Last, the previous release's store code refuses a copy of a node's store with
+the checkpoint format message: after the raise no node can go back.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import queue
 import shutil
 import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -47,6 +53,7 @@ from dledger.log import EntryType
 from dledger.server.client import ClientError, LogClient
 from mqcluster.cluster import LocalCluster, NodeInfo
 from mqcluster.leader_client import LeaderClient
+from mqrelease import FEATURE_LEVEL, RELEASE
 from mqsecurity.channels import ClientSecurity, open_channel
 from mqsecurity.credentials import Credentials, load_credentials
 from mqsecurity.tls import TlsFiles
@@ -126,6 +133,10 @@ else:
     store.close()
 """
 OLD_STORE_PROBE_S = 60.0
+# What a raised group's stores write: the checkpoint that carries the level (docs/FORMAT.md).
+NEW_CHECKPOINT_FORMAT = 3
+# Seconds for one mqadmin run (a cold interpreter, a raise committed through the group).
+MQADMIN_S = 60.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,6 +255,9 @@ class Group:
         self.cluster.start(n.node_id)
         assert self.runs_old_tree(n) == old, n.node_id
         self.wait_caught_up(n)
+        # What it says it runs: the previous release predates Metadata.release ("").
+        with self.log_client() as client:
+            assert client.metadata(n.client_addr).release == ("" if old else RELEASE)
 
     def wait_caught_up(self, n: NodeInfo) -> None:
         with self.log_client() as client:
@@ -568,6 +582,96 @@ def rollback_one_node(g: Group, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# Raising the feature level (the point of no return)
+# ---------------------------------------------------------------------------------------
+
+
+def mqadmin(g: Group, *args: str) -> subprocess.CompletedProcess[str]:
+    """``mqadmin --json ARGS`` of this tree as an operator runs it, reaching the group as its
+    admin (TLS, the admin's credentials file)."""
+    assert g.cluster.namesrv is not None
+    argv = [sys.executable, "-m", "client.mqadmin", *g.cluster.tool_argv()]
+    argv += ["-n", g.cluster.namesrv.addr, "--json", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=MQADMIN_S, check=False)
+
+
+def _members_support(g: Group, level: int) -> bool:
+    """Whether the leader has heard every member report support for ``level`` this term."""
+    with g.log_client() as client:
+        try:
+            members = client.list_members().members
+        except ClientError:
+            return False
+    return all(m.supported_feature_level >= level for m in members)
+
+
+def _heard_recently(g: Group, n: NodeInfo) -> bool:
+    """Whether the leader heard from member ``n`` within its last election timeout."""
+    with g.log_client() as client:
+        members = client.list_members().members
+    return any(m.id == n.node_id and m.recent_active for m in members)
+
+
+def _levels(g: Group) -> dict[str, tuple[int, int, str]]:
+    """Each node's (feature level, checkpoint format, release) as it answers now."""
+    out = {}
+    with g.log_client() as client:
+        for n in g.cluster.nodes:
+            md = client.metadata(n.client_addr, timeout_s=2.0)
+            out[n.node_id] = (md.feature_level, checkpoint_format(_store(g.cluster, n)), md.release)
+    return out
+
+
+def raise_feature_level(g: Group) -> None:
+    """`mqadmin setFeatureLevel` is refused while a member is down (it could come back on the
+    old release), naming it, and changes nothing; once the member is back and has reported, it
+    raises the group to this release's level: every node then runs at it and writes checkpoint
+    format 3, which the previous release refuses to open."""
+    leader = g.leader()
+    down = next(n for n in g.cluster.nodes if n is not leader)
+    g.stop(down)
+    # A member counts as reporting until the leader has not heard from it for an election
+    # timeout (recent_active): only then is the raise certain to find it down.
+    wait_for(lambda: not _heard_recently(g, down), CATCH_UP_S, f"the leader to miss {down.node_id}")
+    refused = mqadmin(g, "setFeatureLevel", "-a", leader.client_addr, "--level", str(FEATURE_LEVEL))
+    assert refused.returncode != 0, refused.stdout
+    assert "FEATURE_LEVEL_UNSUPPORTED" in refused.stderr and down.node_id in refused.stderr, (
+        refused.stderr
+    )
+    g.start(down, old=False)
+    assert_old_release_reads_everything(g)
+    wait_for(
+        lambda: _members_support(g, FEATURE_LEVEL), CATCH_UP_S, "every member's support report"
+    )
+    done = mqadmin(g, "setFeatureLevel", "-a", leader.client_addr)
+    assert done.returncode == 0, done.stderr
+    want = {n.node_id: (FEATURE_LEVEL, NEW_CHECKPOINT_FORMAT, RELEASE) for n in g.cluster.nodes}
+    wait_for(lambda: _levels(g) == want, CATCH_UP_S, f"every node at {want}")
+    # What an operator checks: replicaStatus flags nothing, every member on this release at
+    # the group's new level.
+    status = mqadmin(g, "replicaStatus", "-a", leader.client_addr)
+    assert status.returncode == 0, status.stdout + status.stderr
+    rows = json.loads(status.stdout)["rows"]
+    assert {(r["node"], r["release"], r["feature_level"]) for r in rows} == {
+        (n.node_id, RELEASE, FEATURE_LEVEL) for n in g.cluster.nodes
+    }, rows
+    # The invariant's check sees the raise: it is the guard of the steps before.
+    with pytest.raises(AssertionError):
+        assert_old_release_reads_everything(g)
+
+
+def assert_old_release_refuses(g: Group, tmp_path: Path) -> str:
+    """After the raise no node can go back: the previous release's store code refuses a copy
+    of a stopped node's store with the checkpoint format message, naming both versions."""
+    n = g.cluster.nodes[0]
+    refused = open_with_old_store(g, n, tmp_path / "after-raise")
+    assert refused.get("refused") == "FormatTooNewError", refused
+    message = refused["message"]
+    assert "checkpoint" in message and "format version 3 is newer than 2" in message, message
+    return str(message)
+
+
+# ---------------------------------------------------------------------------------------
 # The checks after the upgrade
 # ---------------------------------------------------------------------------------------
 
@@ -763,6 +867,8 @@ def test_rolling_upgrade_from_the_previous_release_under_load(
         rollback_one_node(g, tmp_path)
         assert_old_release_reads_everything(g)
         phases.done("rollback")
+        raise_feature_level(g)
+        phases.done("raise")
     finally:
         writer.stop.set()
         thread.join(SEND_DEADLINE_S * 2)
@@ -779,9 +885,10 @@ def test_rolling_upgrade_from_the_previous_release_under_load(
     phases.done("checks")
     check_audit(g, spark, tmp_path)
     phases.done("audit")
+    refusal = assert_old_release_refuses(g, tmp_path)
     print(
         f"\nupgraded {order} (leader last), rolled one back and forth, under load: "
         f"{len(writer.acked)} messages acknowledged; calls retried on another node "
         f"{dict(writer.client.retries)}, sends given up and sent again {dict(writer.failures)}; "
-        f"seconds {phases.took}"
+        f"seconds {phases.took}; after the raise the previous release says: {refusal}"
     )
