@@ -1043,11 +1043,22 @@ def build_parser() -> CommandLine:
     remove.add_argument("node")
     for p in (kill, start, add, remove):
         p.add_argument("--group", default="", help="the node's group (default: the first)")
+    _group_commands(cli)
+    hosts = cli.add(
+        "hosts", help="write every file of a cluster on several hosts (mqcluster.hostfiles)"
+    )
+    hosts.add_argument("--layout", required=True, help="the layout (JSON): hosts of each process")
+    hosts.add_argument("--out", required=True, help="where the files go (one dir per process)")
+    return cli
+
+
+def _group_commands(cli: CommandLine) -> None:
+    """add-group, remove-group, add-user."""
     add_group = cli.add("add-group", help="add a broker group to the running cluster")
     add_group.add_argument("--group", default="", help="its name (default: the next free)")
     add_group.add_argument("--nodes", type=int, default=3)
     remove_group = cli.add(
-        "remove-group", help="make a group's topics read-only, then stop its nodes"
+        "remove-group", help="make a group's topics read-only, drain it, then stop its nodes"
     )
     remove_group.add_argument("group")
     remove_group.add_argument("--purge", action="store_true", help="also delete its files")
@@ -1062,12 +1073,6 @@ def build_parser() -> CommandLine:
     add_user = cli.add("add-user", help="create a user on every group (and on later ones)")
     add_user.add_argument("name")
     add_user.add_argument("--type", default="Normal", choices=["Normal", "Super"])
-    hosts = cli.add(
-        "hosts", help="write every file of a cluster on several hosts (mqcluster.hostfiles)"
-    )
-    hosts.add_argument("--layout", required=True, help="the layout (JSON): hosts of each process")
-    hosts.add_argument("--out", required=True, help="where the files go (one dir per process)")
-    return cli
 
 
 def _cmd_up(groups: Groups, ns: argparse.Namespace, extra: dict[str, str]) -> None:

@@ -336,15 +336,7 @@ class BrokerStateMachine:
         self._trimmed_first = 1  # the commitlog's first index when derived files were trimmed
         self._results: OrderedDict[int, list[SendResult]] = OrderedDict()
         self._listeners: list[DispatchListener] = []
-        self._last_snapshot_s = 0.0
-        self._last_persist_s = 0.0  # how long the last snapshot write took (its thread sets it)
-        self._last_capture_s = 0.0  # how long the last capture held the event loop
-        self._snapshot_applied = -1
-        # The applied index of the state on disk (the last snapshot written, or the one
-        # opened): dledger's retention keeps the log above it (durable_index()).
-        self._durable_applied = 0
-        self._snapshot_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-snapshot")
-        self._snapshot_future: concurrent.futures.Future[None] | None = None
+        self._init_snapshots()
         self._opened = False
         self.role: Role = Role.FOLLOWER
         self.term = 0
@@ -359,6 +351,16 @@ class BrokerStateMachine:
         self.files_deleted = 0
         # What the derived-state checks found and rebuilt (broker.state.derived, raftmq_scrub_*).
         self.derived = derived.DerivedCounters()
+
+    def _init_snapshots(self) -> None:
+        """The state of the snapshot writer (config/snapshot.json)."""
+        self._last_snapshot_s = 0.0
+        self._last_persist_s = 0.0  # how long the last snapshot write took (its thread sets it)
+        self._last_capture_s = 0.0  # how long the last capture held the event loop
+        self._snapshot_applied = -1
+        self._durable_applied = 0  # the state on disk's applied index (durable_index())
+        self._snapshot_pool = concurrent.futures.ThreadPoolExecutor(1, "broker-snapshot")
+        self._snapshot_future: concurrent.futures.Future[None] | None = None
 
     def derived_mismatches(self) -> dict[str, int]:
         """Records the derived-state checks found wrong since start, by store (the node's
@@ -819,10 +821,20 @@ class BrokerStateMachine:
             ),
             MAX_SNAPSHOT_INTERVAL_S,
         )
-        if (
-            now - self._last_snapshot_s >= interval_s
-            and self._applied != self._snapshot_applied
-            and (self._snapshot_future is None or self._snapshot_future.done())
+        if now - self._last_snapshot_s >= interval_s:
+            self.save_state(now)
+
+    def save_state(self, now: float | None = None) -> None:
+        """Start writing the state at the applied index when the snapshot is behind it and
+        none is being written (between two applies). After each apply at most every snapshot
+        interval; dledger's retention also asks (``durable_index()`` holds it back), so that
+        an idle broker's state on disk catches up with what it applied."""
+        if not self._opened:
+            return
+        if now is None:
+            now = time.monotonic()
+        if self._applied != self._snapshot_applied and (
+            self._snapshot_future is None or self._snapshot_future.done()
         ):
             self._check_snapshot_future()
             # Captured here, between two applies (consistent); flushed and written in a

@@ -18,8 +18,8 @@ topic. Each row can be checked against the log cheaply:
 A row can be wrong in ways that no other row tells how to correct (which field changed?), so
 there is no in-place repair: at open the whole broker state is rebuilt by replaying the log
 from its first entry (exact when that is entry 1); when retention deleted a prefix, a replay
-would lose what the deleted entries made (topics, offsets, users), so the node refuses to start
-instead, saying how to recover (see :func:`refuse_inexact_rebuild`). At run time a mismatch
+would lose what the deleted entries made (topics, offsets, users), so the node takes a snapshot
+from its leader instead (see :func:`refuse_inexact_rebuild`). At run time a mismatch
 marks the node for that rebuild at its next start (``config/rebuild-derived``).
 """
 
@@ -36,7 +36,7 @@ from broker.state.names import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.state.popstate import PopKey
 from broker.state.transactions import HALF_TOPIC, Half, encode_prepare
 from dledger.log import DLedgerError
-from dledger.server.errors import StartError
+from dledger.rewind import NeedsSnapshotError
 from msgcodec import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
@@ -202,7 +202,8 @@ def check_rows(sm: BrokerStateMachine, rows: Iterable[Row], where: str) -> list[
 def check_at_open(sm: BrokerStateMachine) -> str:
     """The open-time check of every row (up to :data:`OPEN_CHECK_MAX_ROWS`); a reason to
     rebuild the whole state from the log, or "" when every row agrees. Raises
-    :class:`StartError` when that rebuild could not be exact (:func:`refuse_inexact_rebuild`)."""
+    :class:`NeedsSnapshotError` when that rebuild could not be exact
+    (:func:`refuse_inexact_rebuild`)."""
     rows = rows_of(sm)
     try:
         problems = check_rows(sm, rows[:OPEN_CHECK_MAX_ROWS], "open")
@@ -224,21 +225,20 @@ def check_at_open(sm: BrokerStateMachine) -> str:
 
 
 def refuse_inexact_rebuild(sm: BrokerStateMachine, why: str) -> None:
-    """Raise :class:`StartError` when the broker state must be rebuilt from the log (for
-    ``why``) and the log no longer starts at entry 1: a rebuild starts from empty tables, so a
-    replay would drop every topic, offset, user and POP or transaction row the deleted
-    entries made, and serve that as the truth (whether the cause was the replicated state or
-    derived files only). The node stays down (the group keeps its quorum); moving its store
-    aside makes it come back as a learner caught up by a snapshot from the leader."""
+    """Raise :class:`NeedsSnapshotError` when the broker state must be rebuilt from the log
+    (for ``why``) and the log no longer starts at entry 1: a rebuild starts from empty
+    tables, so a replay would drop every topic, offset, user and POP or transaction row the
+    deleted entries made, and serve that as the truth (whether the cause was the replicated
+    state or derived files only). The node then drops its log and restarts, its promise kept,
+    and a leader installs a snapshot (dledger.server.rewinds); a member alone in its group
+    cannot, and refuses to start."""
     first = sm.log.first_index()
     if first <= 1:
         return
     logger.error("replicated state cannot be rebuilt: the log starts at index %d: %s", first, why)
-    raise StartError(
+    raise NeedsSnapshotError(
         f"the broker state disagrees with the commitlog ({why[:300]}) and cannot be rebuilt"
-        f" from it: retention deleted the entries before index {first}. Stop this node, move"
-        " its store directory aside and start it again: it is caught up from the leader by a"
-        " snapshot (docs/BROKER.md, 'Derived state')"
+        f" from it: retention deleted the entries before index {first}"
     )
 
 

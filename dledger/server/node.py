@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
@@ -58,7 +59,7 @@ from dledger.log import (
     FormatTooNewError,
     HardState,
 )
-from dledger.rewind import RewindOutcome
+from dledger.rewind import NeedsSnapshotError, RewindOutcome
 from dledger.server import rewinds
 from dledger.server.chaincheck import (
     chain_check_loop,
@@ -332,10 +333,40 @@ class DLedgerNode:
             if interrupted is not None:
                 install_app(self.cfg.store_dir, self.sm, interrupted)
             self._applied = self.sm.applied_index()
+        except NeedsSnapshotError as exc:
+            self._reseed_from_leader(exc)
         except Exception as exc:
             if getattr(exc, "code", None) != E.FORMAT_TOO_NEW:
                 raise
             raise StartError(f"node {self.cfg.self_id}: {exc}") from exc
+
+    def _reseed_from_leader(self, cause: NeedsSnapshotError) -> NoReturn:
+        """The application's state cannot be opened nor rebuilt from this log: with another
+        voter in the group (which holds every committed entry this member holds: a commit
+        needs a majority, so two voters or more), drop the log at a restart in place, its
+        promise raised to the log's last index first, so that the member comes back
+        *repairing* (it neither votes nor counts toward a commit) and a leader installs a
+        snapshot; alone, stop (nobody else holds a copy)."""
+        cfg = self.cfg
+        conf = load_conf(cfg.store_dir, cfg.self_id)  # None: the dLegerPeers group's
+        voters = conf.voters if conf is not None else frozenset(cfg.peers)
+        others = sorted(voters - {cfg.self_id})
+        if not others:
+            raise StartError(
+                f"node {cfg.self_id}: {cause}; no other voter holds a copy to take a snapshot "
+                "from: restore this node's store from a backup"
+            ) from cause
+        last = self.store.last_index()
+        _raise_promise(cfg, last, "the log is dropped")
+        first = self.store.first_index()
+        rewinds.write_marker(
+            cfg.store_dir, rewinds.RewoundMarker(RewindOutcome.NEEDS_SNAPSHOT.value, first - 1, "-")
+        )
+        fatal_mod.restart(
+            "rebuild",
+            f"REBUILD_STATE how=snapshot index={first - 1} last={last}: {cause}; dropping the "
+            f"log to take a snapshot from the leader (voters {', '.join(others)} hold it)",
+        )
 
     def _open_core(self, conf: ConfState | None) -> None:
         """The promise file read (and the hard state recovered from it if need be), then
@@ -689,6 +720,9 @@ class DLedgerNode:
             # after maxLagRetentionHours (it is caught up by a snapshot). Unknown: lag bound.
             held_index = -1 if held is None else held
             floor = self._retention_applied()
+            save = getattr(self.sm, "save_state", None)
+            if floor < self._applied and callable(save):
+                save()  # an idle application's state on disk catches up for the next round
             # In a thread: deleting flushes and fsyncs (the store is thread safe).
             async with self._store_lock:
                 deleted = await asyncio.get_running_loop().run_in_executor(

@@ -80,7 +80,10 @@ class StateMachine(Protocol):
     ``durable_index() -> int``: the applied index of the state the application has on disk
     (what a restart opens, applying the log after it), when that can be behind what it
     applied in memory: retention never deletes entries above it (without it, retention
-    keeps the entries above the applied index only); and
+    keeps the entries above the applied index only), with ``save_state() -> None`` to
+    start writing that state at the applied index (called between applies, by retention,
+    when the state on disk is behind: an idle application would otherwise never catch up);
+    and
     ``on_feature_level(level: int, index: int) -> None``: the group's feature level (docs/RAFT.md
     "Feature level"), called once at start with the level of the log (``index``: its CONFIG
     entry, 0 for a group that never raised one) and again, between applies, when a committed

@@ -183,9 +183,55 @@ def test_forged_send_records_after_retention_are_repaired_by_a_snapshot(
     cluster, client = setup_group(local_group, **retention_keys(RETENTION_SEGMENT_BYTES))
     ids = UniqIdGenerator(ip="127.0.0.1")
     acked: list[str] = []
+    _trimmed_everywhere(cluster, client, acked, ids)
+    kept = len(acked)
+    forged = _forge_and_repair(cluster, client, acked, ids, "snapshot")
+    # Retention deleted the first messages; every one sent after it is still served.
+    _queues_serve_exactly_the_acknowledged(cluster, client, acked[kept:], forged)
+
+
+def test_a_member_whose_state_cannot_be_rebuilt_takes_a_snapshot_with_no_manual_step(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """Retention deleted the log's start on every member; one follower's broker state on disk
+    is lost while it is down (its config/snapshot.json gone: a directory a disk lost, an
+    operator's mistake). Its log alone cannot rebuild that state (the topic's record went with
+    the deleted entries): it used to refuse to start until a person moved its store aside.
+    Now it drops its log at a restart in place, its promise kept, comes back repairing, and
+    the leader installs a snapshot; then it votes again and serves what the others serve."""
+    cluster, client = setup_group(local_group, **retention_keys(RETENTION_SEGMENT_BYTES))
+    ids = UniqIdGenerator(ip="127.0.0.1")
+    acked: list[str] = []
+    kept = _trimmed_everywhere(cluster, client, acked, ids)
+    leader_id = cluster.wait_leader()
+    victim = next(n for n in cluster.nodes if n.node_id != leader_id)
+    cluster.signal(victim.node_id, signal.SIGKILL)
+    (Path(cluster.base) / victim.node_id / "config" / "snapshot.json").unlink()
+    _send(client, acked, ids, 40_000, 10)
+    cluster.start(victim.node_id)
+    started_s, pid = time.monotonic(), cluster.pid(victim)
+    _wait_repaired(cluster, victim, "snapshot", started_s)
+    assert cluster.pid(victim) == pid, "restarted in place (same PID), not by a person"
+    text = Path(victim.log).read_text(errors="replace")
+    assert "RESTART component=rebuild cause=REBUILD_STATE how=snapshot" in text, text[-3000:]
+    _send(client, acked, ids, 41_000, 10)
+    _without_leader_a_send_commits(cluster, client, leader_id, acked, ids)
+    client.wait_same_offsets(timeout_s=WAIT_S, addrs=cluster.client_addrs)
+    with cluster.client() as log_client:
+        _same_committed_logs(cluster, log_client)
+    _queues_serve_exactly_the_acknowledged(cluster, client, acked[kept:], set())
+
+
+def _trimmed_everywhere(
+    cluster: LocalCluster, client: Broker, acked: list[str], ids: UniqIdGenerator
+) -> int:
+    """Sends that fill several segments, aged, until retention deleted the log's start on
+    every member; how many were acknowledged before the last round (a fresh active segment
+    everywhere), the ones retention may have deleted."""
     for start in range(0, 300, 20):
         _send(client, acked, ids, start, 20, body_bytes=1024)
     client.wait_same_offsets()
+    kept = len(acked)
     _send(client, acked, ids, 300, 20, body_bytes=1024)  # a fresh active segment everywhere
     client.wait_same_offsets()
     for n in cluster.nodes:
@@ -196,10 +242,7 @@ def test_forged_send_records_after_retention_are_repaired_by_a_snapshot(
         return all(m is not None and m.first_index > 1 for m in metas)
 
     wait_for(trimmed, WAIT_S, "retention to delete the log's start on every member")
-    kept = set(acked)
-    forged = _forge_and_repair(cluster, client, acked, ids, "snapshot")
-    # Retention deleted the first messages; every one sent after it is still served.
-    _queues_serve_exactly_the_acknowledged(cluster, client, acked[len(kept) :], forged)
+    return kept
 
 
 def _forge_and_repair(

@@ -2,7 +2,7 @@
 at most every few seconds and only after an apply, so on a broker idle since a burst the state
 on disk can be far behind what it applied in memory. A restart opens the state on disk and
 applies the log from the entry after it: dledger's retention must keep those entries
-(``durable_index()``), and an open that finds them gone refuses to start rather than
+(``durable_index()``), and an open that finds them gone asks for a snapshot rather than
 rebuilding from the entries left (which would serve a state without the topics, offsets and
 users the deleted entries made)."""
 
@@ -24,7 +24,7 @@ from broker.state.records import (
     encode_topic_record,
 )
 from dledger.core import Role
-from dledger.server.errors import StartError
+from dledger.rewind import NeedsSnapshotError
 from dledger.server.node import DLedgerNode
 
 IDS = UniqIdGenerator(ip="10.0.0.3", pid=7, instance_hash=1)
@@ -90,13 +90,14 @@ def test_retention_kept_above_the_durable_index_restarts_exactly(tmp_path: Path)
     again.close()
 
 
-def test_entries_above_the_saved_state_deleted_refuse_the_start(tmp_path: Path) -> None:
+def test_entries_above_the_saved_state_deleted_ask_for_a_snapshot(tmp_path: Path) -> None:
     """What retention at the applied index did: the open found the snapshot outside the log
-    and rebuilt from the entries left, with no topic (now: a refusal naming the cause)."""
+    and rebuilt from the entries left, with no topic (now: it asks the node for a snapshot
+    from its leader, naming the cause)."""
     log, _, applied = _burst_then_crash(tmp_path)
     log.first = applied - 1
     again = new_sm(tmp_path, log)
-    with pytest.raises(StartError, match=f"deleted the entries before index {applied - 1}"):
+    with pytest.raises(NeedsSnapshotError, match=f"deleted the entries before index {applied - 1}"):
         again.applied_index()
 
 
@@ -108,3 +109,23 @@ def test_the_node_keeps_retention_at_the_state_machines_durable_index() -> None:
     assert DLedgerNode._retention_applied(node) == 2  # type: ignore[arg-type]
     plain = SimpleNamespace(_applied=13, sm=object())  # no durable_index(): the applied one
     assert DLedgerNode._retention_applied(plain) == 13  # type: ignore[arg-type]
+
+
+def test_save_state_brings_an_idle_brokers_state_on_disk_up_to_date(tmp_path: Path) -> None:
+    """Retention asks an idle broker to save (its snapshot interval is not up, and no apply
+    comes to take one): the state on disk catches up, and the log above it can go."""
+    log = TrimmedLog()
+    log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("T", 4, 4, 6)), ENTRY_TOPIC)
+    log.add(encode_topic_record(TOPIC_UPSERT, TopicConfig("U", 4, 4, 6)), ENTRY_TOPIC)
+    sm = new_sm(tmp_path, log, snapshot_interval_ms=3_600_000)
+    sm.applied_index()
+    sm.apply(log.entries[:1])  # the first apply takes a snapshot
+    sm.wait_snapshot()
+    sm.apply(log.entries[1:])
+    assert (sm.durable_index(), sm.last_applied) == (1, 2)
+    sm.save_state()
+    sm.wait_snapshot()
+    assert sm.durable_index() == 2
+    sm.save_state()  # nothing behind: nothing written
+    assert sm.durable_index() == 2
+    sm.close()

@@ -24,7 +24,7 @@ from broker.metrics import scrub_families
 from broker.state import derived, statecheck
 from broker.state.machine import BrokerStateMachine
 from dledger.core import Role
-from dledger.server.errors import StartError
+from dledger.rewind import NeedsSnapshotError
 
 GROUP = "G"
 
@@ -180,15 +180,16 @@ class _Trimmed(MemoryLog):
         return 2
 
 
-def test_a_wrong_row_when_the_log_lost_its_start_refuses_to_start(tmp_path: Path) -> None:
-    """A replay would drop what the deleted entries made (the topic T itself): the node
-    stays down, saying how to recover, and its files are left as they were."""
+def test_a_wrong_row_when_the_log_lost_its_start_asks_for_a_snapshot(tmp_path: Path) -> None:
+    """A replay would drop what the deleted entries made (the topic T itself): the state
+    machine asks the node for a snapshot (NeedsSnapshotError), and its files are left as they
+    were."""
     log = _stopped(tmp_path)
     _edit_snapshot(tmp_path, lambda data: data["txn"]["pending"][0].__setitem__(2, "0" * 32))
     before = (tmp_path / "config" / "snapshot.json").read_bytes()
     sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
     sm.attach(_Trimmed(log))
-    with pytest.raises(StartError, match="move its store directory aside"):
+    with pytest.raises(NeedsSnapshotError, match="retention deleted the entries before"):
         sm.applied_index()
     assert (tmp_path / "config" / "snapshot.json").read_bytes() == before
 
@@ -219,14 +220,14 @@ def test_the_scrubber_finds_a_row_changed_at_run_time_and_the_next_start_rebuild
         again.close()
 
 
-def test_a_run_time_mark_when_the_log_lost_its_start_refuses_to_start(tmp_path: Path) -> None:
+def test_a_run_time_mark_when_the_log_lost_its_start_asks_for_a_snapshot(tmp_path: Path) -> None:
     log = _stopped(tmp_path)
     (tmp_path / "config" / derived.REBUILD_MARKER).write_text(
         f"{statecheck.MARKER_PREFIX}G@T/0 offset 0 in flight at position 1"
     )
     sm = BrokerStateMachine(tmp_path, hash_slots=1000, max_index_records=5000)
     sm.attach(_Trimmed(log))
-    with pytest.raises(StartError):
+    with pytest.raises(NeedsSnapshotError):
         sm.applied_index()
 
 

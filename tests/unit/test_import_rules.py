@@ -236,9 +236,6 @@ def broker_layer(graph: ImportGraph, folder: str) -> frozenset[str]:
 ALLOWED_GRPC_EDGES: dict[tuple[str, str], str] = {
     # ProposalLostError: importing it runs dledger/server/__init__.py, which imports the node.
     ("broker.components.sending", "dledger.server.errors"): "ProposalLostError",
-    # StartError (a replicated-state row wrong where the log can no longer rebuild it),
-    # by the same package __init__.
-    ("broker.state.statecheck", "dledger.server.errors"): "StartError",
 }
 
 
