@@ -240,6 +240,18 @@ def test_a_clean_venv_runs_the_cluster_from_the_wheel(
     _absent(bin_dir, run_dir)
     for script in CORE_SCRIPTS:
         _run([str(bin_dir / script), "--help"], run_dir, 60, _clean_env())
+    # mqaudit without its extra: one line saying how to add it (exit 2), no traceback.
+    audit = subprocess.run(
+        [str(bin_dir / "mqaudit"), "--help"],
+        cwd=run_dir,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert audit.returncode == 2, audit.stderr[-2000:]
+    assert "pip install 'raftmq[audit]'" in audit.stderr and "Traceback" not in audit.stderr
     mqcluster = [str(bin_dir / "mqcluster"), "--base-dir", str(cluster_dir)]
     up = _run([*mqcluster, "up", "--auto-ports"], run_dir, TOOL_TIMEOUT_S, _clean_env())
     started = _cluster_pids(cluster_dir)
