@@ -91,8 +91,10 @@ test-setup: venv system-deps gen-check lint typecheck
 # so that both sessions take about as long (measured 2026-11-28 on a loaded machine: the first
 # ~14 min, the second ~12): the tests that audit with Spark (tests/audit and the fuzz suite:
 # they share one SparkSession), and the longest runs of whole groups (mqjepsen's short runs, the
-# network-namespace hosts, the bench smoke, the wheel built and run from a clean venv (about
-# 50 s); the two network-namespace tests run one after the other in that session). Its report goes into a file printed after the first's. The two draw
+# network-namespace hosts, the bench smoke, the wheel built and run from a clean venv: 50 s
+# on a quiet machine, 2-4 min on a loaded one, two builds and two venvs from the network; the
+# two network-namespace tests run one after the other in that session). Its report goes into a
+# file printed after the first's. The two draw
 # the ports they give their groups from ranges of their own (RAFTMQ_PICK_PORTS,
 # prockit/processes.py), so they never pick the same one. Any of the three failing fails make
 # test; the last line before the second report gives the codes.
