@@ -53,6 +53,12 @@ MAX_BODY_SHOWN_BYTES = 16 << 10
 # The consumer group the dashboard's time-range reads pull as (pulls name a group; nothing
 # is committed for it).
 DASHBOARD_GROUP = "mqdashboard"
+# How old a topic's route may be when a page or sample uses it: a topic extended to a group
+# (mqcluster add-group, mqadmin updateTopic) shows that group's queues within this. Clients keep
+# routes 30 s (pollNameServerInterval); the dashboard shows the cluster as it is. At the
+# default sample interval (2 s) the sampler asks the NameServer for a route about every 5 s per
+# topic (at most MAX_TOPICS).
+ROUTE_MAX_AGE_S = 5.0
 # Calls in flight at once (Metadata of every node, offsets of every group).
 MAX_PARALLEL_CALLS = 8
 
@@ -245,7 +251,7 @@ class GroupReader:
         self.security = security
         self.admin = MQAdmin(namesrv_addr, security)
         self.channels = ChannelPool(security)
-        self.routes = RouteClient(namesrv_addr, self.channels)
+        self.routes = RouteClient(namesrv_addr, self.channels, ROUTE_MAX_AGE_S)
         self._namesrvs = parse_namesrv_addr(namesrv_addr)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             MAX_PARALLEL_CALLS, thread_name_prefix="mqdashboard-read"
