@@ -91,7 +91,7 @@ test-setup: venv system-deps gen-check lint typecheck
 # so that both sessions take about as long (measured 2026-11-28 on a loaded machine: the first
 # ~14 min, the second ~12): the tests that audit with Spark (tests/audit and the fuzz suite:
 # they share one SparkSession), and the longest runs of whole groups (mqjepsen's short runs, the
-# network-namespace hosts, the bench smoke, the wheel built and run from a clean venv: 50 s
+# network-namespace hosts, the bench smoke, the wheel built and run from a clean venv: 30-50 s
 # on a quiet machine, 2-4 min on a loaded one, two builds and two venvs from the network; the
 # two network-namespace tests run one after the other in that session). Its report goes into a
 # file printed after the first's. The two draw

@@ -12,7 +12,7 @@ gone by its PID. Spark, pyarrow and pandas are not installed.
 
 The sdist and the wheel are built once for the module; their contents are checked too (the
 hook and the pins in the sdist, no upstream .proto anywhere; the v2 stubs in the wheel, Spark
-only behind ``[audit]``). About 50 s on a quiet machine (3 minutes seen on a loaded one):
+only behind ``[audit]``). About 30-50 s on a quiet machine (3 minutes seen on a loaded one):
 two builds (the sdist, then the wheel from it), two venvs, one install. Needs the package index
 and the npm registry, as CI has."""
 
