@@ -93,17 +93,18 @@ test-setup: venv system-deps gen-check lint typecheck
 # so that both sessions take about as long (measured 2026-11-28 on a loaded machine: the first
 # ~14 min, the second ~12): the tests that audit with Spark (tests/audit, the fuzz suite and
 # the rolling upgrade from the previous release: they share one SparkSession), and the longest
-# runs of whole groups (mqjepsen's short runs, the network-namespace hosts, the bench smoke;
-# the two network-namespace tests run one after the other in that session). Its report goes
-# into a file printed after the first's. The two draw the ports they give their groups from
-# ranges of their own (RAFTMQ_PICK_PORTS, prockit/processes.py), so they never pick the same
-# one. Any of the three failing fails make test; the last line before the second report gives
-# the codes.
+# runs of whole groups (mqjepsen's short runs, the network-namespace hosts, the bench smoke, the
+# wheel built and run from a clean venv: 30-50 s on a quiet machine, 2-4 min on a loaded one,
+# two builds and two venvs from the network; the two network-namespace tests run one after the
+# other in that session). Its report goes into a file printed after the first's. The two draw
+# the ports they give their groups from ranges of their own (RAFTMQ_PICK_PORTS,
+# prockit/processes.py), so they never pick the same one. Any of the three failing fails make
+# test; the last line before the second report gives the codes.
 PROCESS_PORTS := 20000-26384
 SECOND_PORTS := 26384-32768
 SIDE_TESTS := tests/audit tests/integration/test_fuzz_services.py tests/jepsen \
   tests/integration/test_multihost_netns.py tests/integration/test_bench_smoke.py \
-  tests/integration/test_upgrade.py
+  tests/integration/test_upgrade.py tests/integration/test_wheel_install.py
 test:
 	@$(MAKE) --no-print-directory -j$(TEST_SETUP_JOBS) -Otarget test-setup
 	@others=$$(mktemp /tmp/raftmq-test-others-XXXXXX); \

@@ -848,8 +848,25 @@ class LocalCluster:
                         continue
                     if md.role == "LEADER":
                         return n.node_id
+                self._check_electable()
                 time.sleep(0.05)
         raise ClusterError(f"no leader elected within {timeout_s:.0f} s; logs in {self.base}")
+
+    def _check_electable(self) -> None:
+        """ClusterError at once, with their logs' exit lines, when so many nodes ended on their
+        own (a bad config, a broken install) that the rest cannot make a majority: waiting out
+        the election deadline would only hide why."""
+        gone = [(n, line) for n in self.nodes if (line := self.exited(n)) is not None]
+        if len(self.nodes) - len(gone) > len(self.nodes) // 2:
+            return
+        by_line: dict[str, list[str]] = {}
+        for n, line in gone:
+            by_line.setdefault(line, []).append(n.node_id)
+        lines = "; ".join(f"{', '.join(ids)}: {line}" for line, ids in by_line.items())
+        raise ClusterError(
+            f"no leader can be elected: {len(gone)} of {len(self.nodes)} nodes exited "
+            f"({lines}); logs in {self.base}"
+        )
 
     def wait_serving(self, timeout_s: float) -> None:
         """Wait until every node whose process runs answers Metadata on its client port.

@@ -53,6 +53,12 @@ MAX_BODY_SHOWN_BYTES = 16 << 10
 # The consumer group the dashboard's time-range reads pull as (pulls name a group; nothing
 # is committed for it).
 DASHBOARD_GROUP = "mqdashboard"
+# How old a topic's route may be when a page or sample uses it: a topic extended to a group
+# (mqcluster add-group, mqadmin updateTopic) shows that group's queues within this. Clients keep
+# routes 30 s (pollNameServerInterval); the dashboard shows the cluster as it is. At the
+# default sample interval (2 s) the sampler asks the NameServer for a route about every 5 s per
+# topic (at most MAX_TOPICS).
+ROUTE_MAX_AGE_S = 5.0
 # Calls in flight at once (Metadata of every node, offsets of every group).
 MAX_PARALLEL_CALLS = 8
 
@@ -141,6 +147,15 @@ class TopicView:
     def messages(self) -> int:
         """Messages ever written (the sum of the queues' max offsets)."""
         return sum(q.max_offset for q in self.queues)
+
+    @property
+    def groups(self) -> list[tuple[str, int]]:
+        """(broker group, its queues of the topic), in the route's order: how the topic is
+        spread over the cluster's groups."""
+        counts: dict[str, int] = {}
+        for q in self.queues:
+            counts[q.broker_name] = counts.get(q.broker_name, 0) + 1
+        return list(counts.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +251,7 @@ class GroupReader:
         self.security = security
         self.admin = MQAdmin(namesrv_addr, security)
         self.channels = ChannelPool(security)
-        self.routes = RouteClient(namesrv_addr, self.channels)
+        self.routes = RouteClient(namesrv_addr, self.channels, ROUTE_MAX_AGE_S)
         self._namesrvs = parse_namesrv_addr(namesrv_addr)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             MAX_PARALLEL_CALLS, thread_name_prefix="mqdashboard-read"
@@ -362,22 +377,35 @@ class GroupReader:
             else MQClientError.local(E.NO_BROKER, "no broker group is registered")
         )
 
-    def consumer_groups(self) -> list[ConsumerGroupView]:
-        """Every consumer group some broker group knows (offsets or live consumers)."""
-        merged: dict[str, tuple[set[str], int]] = {}
-        for addrs in self._leaders().values():
+    def consumer_groups(self, exact_clients: bool = True) -> list[ConsumerGroupView]:
+        """Every consumer group some broker group knows (offsets or live consumers).
+
+        A client heartbeats every broker group that serves its subscriptions, so each of them
+        counts it: with ``exact_clients``, a consumer group online on more than one broker
+        group has its distinct client ids read (one GetConsumerList per such broker group);
+        without, its count is the sum (the sampler, which shows no count, reads no lists)."""
+        leaders = self._leaders()
+        merged: dict[str, tuple[set[str], dict[str, int]]] = {}
+        for broker_name, addrs in leaders.items():
             resp = self._first_answer(
                 addrs,
                 lambda stub, t: stub.ListConsumerGroups(pb.ListConsumerGroupsRequest(), timeout=t),
             )
             assert isinstance(resp, pb.ListConsumerGroupsResponse)
             for g in resp.groups:
-                topics, online = merged.get(g.consumer_group, (set(), 0))
-                merged[g.consumer_group] = (topics | set(g.topics), online + g.online_clients)
-        return [
-            ConsumerGroupView(name, sorted(t for t in topics if not t.startswith("%")), online)
-            for name, (topics, online) in sorted(merged.items())
-        ]
+                topics, online = merged.setdefault(g.consumer_group, (set(), {}))
+                topics.update(g.topics)
+                if g.online_clients:
+                    online[broker_name] = g.online_clients
+        views = []
+        for name, (topics, online) in sorted(merged.items()):
+            count = sum(online.values())
+            if exact_clients and len(online) > 1:
+                serving = {b: leaders[b] for b in online}
+                count = len({client for _, client in self._clients_of(name, serving)})
+            shown = sorted(t for t in topics if not t.startswith("%"))
+            views.append(ConsumerGroupView(name, shown, count))
+        return views
 
     def consumer_lag(self, group: str, topics: list[str]) -> list[LagRow]:
         """Per queue of each topic: the group's committed offset and lag."""
@@ -410,8 +438,13 @@ class GroupReader:
 
     def consumer_clients(self, group: str) -> list[tuple[str, str]]:
         """(broker group, client id) of every live consumer of ``group``."""
+        return self._clients_of(group, self._leaders())
+
+    def _clients_of(self, group: str, leaders: dict[str, list[str]]) -> list[tuple[str, str]]:
+        """(broker group, client id) of the live consumers of ``group`` each of ``leaders``'
+        broker groups knows."""
         out: list[tuple[str, str]] = []
-        for name, addrs in sorted(self._leaders().items()):
+        for name, addrs in sorted(leaders.items()):
             resp = self._first_answer(
                 addrs,
                 lambda stub, t: stub.GetConsumerList(

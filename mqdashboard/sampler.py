@@ -111,7 +111,7 @@ class Sampler:
     def _sample_consumers(self, now: float) -> None:
         consumed: dict[str, float] = {}
         lag: dict[str, float] = {}
-        for g in self.reader.consumer_groups()[:MAX_SAMPLED_GROUPS]:
+        for g in self.reader.consumer_groups(exact_clients=False)[:MAX_SAMPLED_GROUPS]:
             rows = self.reader.consumer_lag(g.name, g.topics)
             consumed[g.name] = float(sum(r.consumed for r in rows))
             lag[g.name] = float(sum(r.lag for r in rows))

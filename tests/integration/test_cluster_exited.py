@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from support import wait_for
 
-from mqcluster.cluster import LocalCluster
+from mqcluster.cluster import LEADER_WAIT_S, ClusterError, LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -44,3 +45,22 @@ def test_status_shows_a_fatal_exit(local_group: Callable[..., Any]) -> None:
     assert status.returncode == 0, status.stdout + status.stderr  # the others have a leader
     assert f"{victim.node_id} exited: FATAL component=" in status.stdout
     assert pid not in [cluster.pid(n) for n in cluster.nodes]
+
+
+# The leader wait `up` uses (mqcluster.cluster.LEADER_WAIT_S is 30 s): a group whose nodes all
+# end at start must say why well before it.
+NO_MAJORITY_DEADLINE_S = 20.0
+
+
+def test_wait_leader_says_at_once_why_no_leader_can_be_elected(
+    local_group: Callable[..., Any],
+) -> None:
+    """Every node refuses its broker.conf and exits: the leader wait fails as soon as no
+    majority is left, naming the nodes and their logs' exit line, not after its deadline."""
+    cluster: LocalCluster = local_group(3, wait=False, flushDiskType="SOMETIMES")
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match="no leader can be elected") as caught:
+        cluster.wait_leader(LEADER_WAIT_S)
+    assert time.monotonic() - started < NO_MAJORITY_DEADLINE_S
+    assert "flushDiskType" in str(caught.value), caught.value
+    assert "of 3 nodes exited" in str(caught.value), caught.value

@@ -14,6 +14,7 @@ skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -35,9 +36,11 @@ from support import create_topic, wait_for
 
 from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
 from client.admin import MQAdmin
-from client.message import Message
+from client.message import Message, MessageQueue
 from client.route import ChannelPool
 from mqcluster.cluster import LocalCluster, _free_port
+from mqcluster.groups import Groups
+from mqsecurity.channels import ClientSecurity
 
 pytestmark = pytest.mark.integration
 
@@ -113,10 +116,9 @@ def group(tmp_path: Path) -> Iterator[LocalCluster]:
         cluster.down(grace_s=5.0)
 
 
-def _viewer(group: LocalCluster, tmp_path: Path) -> Path:
+def _viewer(namesrv_addr: str, security: ClientSecurity, tmp_path: Path) -> Path:
     """The read-only user, created by the admin on every group; its credentials file."""
-    assert group.namesrv is not None
-    admin = MQAdmin(group.namesrv.addr, group.client_security())
+    admin = MQAdmin(namesrv_addr, security)
     admin.create_user(VIEWER["accessKey"], VIEWER["secretKey"], "Normal")
     for resources, actions in VIEWER_RULES:
         admin.put_acl(f"User:{VIEWER['accessKey']}", resources, actions)
@@ -129,12 +131,24 @@ def _viewer(group: LocalCluster, tmp_path: Path) -> Path:
 @pytest.fixture
 def dashboard(group: LocalCluster, tmp_path: Path) -> Iterator[str]:
     assert group.namesrv is not None
+    with _run_dashboard(
+        group.namesrv.addr, group.client_security(), group.tool_argv(), tmp_path
+    ) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _run_dashboard(
+    namesrv_addr: str, security: ClientSecurity, tool_argv: list[str], tmp_path: Path
+) -> Iterator[str]:
+    """mqdashboard for the cluster of ``namesrv_addr``, reading as the read-only user (made by
+    the admin, whose ``security`` and tool options are given); its URL, until the end."""
     port = _free_port()
-    argv = [sys.executable, "-m", "mqdashboard", "-n", group.namesrv.addr, "--port", str(port)]
-    security = group.tool_argv()
-    at = security.index("--credentials")
-    security[at + 1] = str(_viewer(group, tmp_path))
-    argv += ["--sample-interval-ms", "500", *security]
+    argv = [sys.executable, "-m", "mqdashboard", "-n", namesrv_addr, "--port", str(port)]
+    options = list(tool_argv)
+    at = options.index("--credentials")
+    options[at + 1] = str(_viewer(namesrv_addr, security, tmp_path))
+    argv += ["--sample-interval-ms", "500", *options]
     log = (tmp_path / "dashboard.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -372,3 +386,157 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
     killed = driver.find_element(By.CSS_SELECTOR, f'tr[data-node="{old_leader}"]').text
     assert "UNREACHABLE" in killed
     _shot(driver, "clusters_after_kill")
+
+
+# -- a cluster of two broker groups (mqcluster up --groups 2) --------------------------------
+
+SPREAD_TOPIC = "DashSpread"
+SPREAD_GROUP = "dash-spread"
+# Sends per broker group, each to a queue of that group (so that both hold messages).
+SENDS_PER_GROUP = 12
+BROKER_GROUPS = ("broker-a", "broker-b")
+
+
+@pytest.fixture
+def two_groups(tmp_path: Path) -> Iterator[Groups]:
+    """Two secure 3-node groups under one NameServer, one CA and one admin."""
+    cluster = Groups(tmp_path / "cluster")
+    extra = {"mappedFileSizeCommitLog": str(4 << 20), "registerBrokerPeriod": "1000"}
+    try:
+        cluster.configure(2, 3, auto_ports=True, extra=extra, namesrv=True, secure=True)
+        cluster.up()
+        yield cluster
+    finally:
+        Groups(tmp_path / "cluster").down(grace_s=5.0)
+
+
+@pytest.fixture
+def groups_dashboard(two_groups: Groups, tmp_path: Path) -> Iterator[str]:
+    tool_argv = two_groups.first.tool_argv()
+    with _run_dashboard(two_groups.namesrv_addr, two_groups.security(), tool_argv, tmp_path) as url:
+        yield url
+
+
+class _OnGroup:
+    """A queue selector: the first queue of one broker group."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+
+    def select(self, queues: list[MessageQueue], msg: Message, arg: object) -> MessageQueue:
+        return next(q for q in queues if q.broker_name == self.group)
+
+
+def _fill_groups(groups: Groups) -> None:
+    """A topic on both groups, each holding SENDS_PER_GROUP keyed messages."""
+    admin = MQAdmin(groups.namesrv_addr, groups.security())
+    assert admin.create_topic(SPREAD_TOPIC, 2) == list(BROKER_GROUPS)
+    with Producer("dash-spread-p", groups.namesrv_addr, security=groups.security()) as producer:
+        for name in BROKER_GROUPS:
+            for i in range(SENDS_PER_GROUP):
+                body = f"{name} body {i}".encode()
+                sent = producer.send(
+                    Message(SPREAD_TOPIC, body, keys=(f"{name}-{i}",)), _OnGroup(name)
+                )
+                assert sent.message_queue.broker_name == name
+
+
+def _group_rows(driver: Any, name: str) -> dict[str, tuple[str, int]]:
+    """node -> (role, term) of broker group ``name``'s section of the cluster page."""
+    from selenium.webdriver.common.by import By
+
+    out = {}
+    for row in driver.find_elements(By.CSS_SELECTOR, f'tr[data-group="{name}"]'):
+        role = row.find_element(By.CSS_SELECTOR, ".role").text
+        term = row.find_element(By.CSS_SELECTOR, ".term").text
+        out[row.get_attribute("data-node")] = (role, int(term) if term.isdigit() else 0)
+    return out
+
+
+def _one_leader(rows: dict[str, tuple[str, int]]) -> str:
+    leaders = [node for node, (role, _) in rows.items() if role == "LEADER"]
+    return leaders[0] if len(leaders) == 1 else ""
+
+
+def test_dashboard_shows_every_group_of_a_cluster(
+    browser: Any, two_groups: Groups, groups_dashboard: str, consumers: list[PushConsumer]
+) -> None:
+    """Two broker groups: the cluster page holds both with their members and Raft state, the
+    topic pages show the topic spread over both with each group's queues and offsets, a
+    consumer online on both groups counts once, a message stored on the second group is found
+    by key, and the second group's leader change shows while the first's stays."""
+    from selenium.webdriver.common.by import By
+
+    driver, url = browser, groups_dashboard
+    _fill_groups(two_groups)
+    consumer = PushConsumer(SPREAD_GROUP, two_groups.namesrv_addr, security=two_groups.security())
+    consumers.append(consumer)
+    consumer.subscribe(SPREAD_TOPIC, "*")
+    consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
+    consumer.start()
+
+    def both_led() -> bool:
+        driver.get(url + "/")
+        return all(
+            len(_group_rows(driver, g)) == 3 and _one_leader(_group_rows(driver, g))
+            for g in BROKER_GROUPS
+        )
+
+    wait_for(both_led, PAGE_DEADLINE_S, "both groups, each with 3 members and a leader")
+    summary = driver.find_element(By.ID, "summary").text
+    assert summary.startswith("2 broker groups, 6 nodes"), summary
+    _shot(driver, "groups_clusters")
+    # The topic list: spread over both groups, two queues each.
+    # (Routes are read again when 5 s old: the dashboard may have read this one while only
+    # broker-a had registered the topic.)
+    _open(driver, url + "/topics", "broker-b (2)")
+    row = driver.find_element(By.XPATH, f'//table[@id="topics"]//tr[td/a[.="{SPREAD_TOPIC}"]]')
+    assert row.find_element(By.CSS_SELECTOR, ".groups").text == "broker-a (2), broker-b (2)"
+    _shot(driver, "groups_topics")
+    # The topic: each group's queues with what it stored.
+    _open(driver, url + f"/topic?name={SPREAD_TOPIC}", "max offset")
+    stored: dict[str, int] = {}
+    for tr in driver.find_elements(By.CSS_SELECTOR, "main table tbody tr"):
+        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        stored[cells[0]] = stored.get(cells[0], 0) + int(cells[3])
+    assert stored == dict.fromkeys(BROKER_GROUPS, SENDS_PER_GROUP), stored
+
+    # The consumer group: its one client online on both groups, lag rows of both once it
+    # committed offsets on each (the push consumer commits every few seconds); the list of
+    # groups counts that client once.
+    def on_both() -> bool:
+        driver.get(url + f"/consumer?group={SPREAD_GROUP}")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#clients tbody tr")
+        clients = {r.find_element(By.TAG_NAME, "td").text for r in rows}
+        lag = driver.find_element(By.ID, "lag").text
+        committed = all(f"{SPREAD_TOPIC} {name} 0" in lag for name in BROKER_GROUPS)
+        return clients == set(BROKER_GROUPS) and committed
+
+    wait_for(on_both, PAGE_DEADLINE_S, f"{SPREAD_GROUP}'s client and offsets on both groups")
+    _shot(driver, "groups_consumer")
+    _open(driver, url + "/consumers", SPREAD_GROUP)
+    row = driver.find_element(By.XPATH, f'//tr[td/a[.="{SPREAD_GROUP}"]]')
+    assert row.find_elements(By.TAG_NAME, "td")[2].text == "1", row.text
+    # A message the second group stored, found by its key.
+    search = f"/messages?mode=key&topic={SPREAD_TOPIC}&key=broker-b-3"
+    text = _open(driver, url + search, "1 message")
+    assert "broker-b body 3" in text
+    # broker-b's leader SIGKILLed: its section shows another leader in a higher term, and
+    # broker-a's keeps its leader and term.
+    driver.get(url + "/")
+    a_before, b_before = _group_rows(driver, "broker-a"), _group_rows(driver, "broker-b")
+    b_leader = _one_leader(b_before)
+    two_groups.group("broker-b").signal(b_leader, signal.SIGKILL)
+
+    def b_moved() -> bool:
+        driver.get(url + "/")
+        rows = _group_rows(driver, "broker-b")
+        now = _one_leader(rows)
+        return bool(now) and now != b_leader and rows[now][1] > b_before[b_leader][1]
+
+    wait_for(b_moved, FAILOVER_DEADLINE_S, f"broker-b led by a node other than {b_leader}")
+    assert _group_rows(driver, "broker-b")[b_leader][0] == "UNREACHABLE"
+    a_after = _group_rows(driver, "broker-a")
+    assert _one_leader(a_after) == _one_leader(a_before)
+    assert a_after[_one_leader(a_after)][1] == a_before[_one_leader(a_before)][1]
+    _shot(driver, "groups_clusters_after_kill")

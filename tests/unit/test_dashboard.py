@@ -93,7 +93,7 @@ class FakeReader:
         self._maybe_fail()
         return TopicView(name, [QueueRow("broker-a", 0, 0, 5)])
 
-    def consumer_groups(self) -> list[ConsumerGroupView]:
+    def consumer_groups(self, exact_clients: bool = True) -> list[ConsumerGroupView]:
         self._maybe_fail()
         return [ConsumerGroupView("g1", ["Orders"], 2)]
 

@@ -44,13 +44,21 @@ def load() -> tuple[ModuleType, ModuleType, ModuleType]:
     """``(definition_pb2, service_pb2, service_pb2_grpc)`` of ``apache.rocketmq.v2``."""
     where = stubs_dir()
     if not _has_stubs(where):
-        raise StubsMissingError(
-            f"apache.rocketmq.v2 stubs not found in {where}: in a checkout run 'make venv' "
-            "(protos/rmq5_deps.py generates them from the pinned rocketmq-client-nodejs); "
-            "an installed wheel carries them (pip install . builds it with them)"
-        )
+        raise StubsMissingError(_missing_text(where))
     if str(where) not in sys.path:
         sys.path.append(str(where))
     names = ("definition_pb2", "service_pb2", "service_pb2_grpc")
     mods = [importlib.import_module(f"apache.rocketmq.v2.{n}") for n in names]
     return mods[0], mods[1], mods[2]
+
+
+def _missing_text(where: Path) -> str:
+    """Where the stubs were looked for, and what makes them for each kind of install."""
+    if os.environ.get(STUBS_ENV):
+        return f"apache.rocketmq.v2 stubs not found in {where} (${STUBS_ENV})"
+    return (
+        f"apache.rocketmq.v2 stubs not found: not packaged in {PACKAGED_STUBS_DIR} (a wheel "
+        "built by setup.py's hook carries them: build it again, with the network, by "
+        "'pip wheel .' or 'python -m build') nor generated in "
+        f"{DEFAULT_STUBS_DIR} (a checkout: run 'make venv', protos/rmq5_deps.py)"
+    )
