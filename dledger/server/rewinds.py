@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dledger.rewind import RewindOutcome
-from dledger.storage.files import atomic_write, fsync_dir
+from dledger.storage.files import atomic_write, fsync_dir, read_marker_fields
 from dledger.storage.install import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR
 
 logger = logging.getLogger(__name__)
@@ -76,14 +76,9 @@ def read_marker(store_dir: str | os.PathLike[str]) -> RewoundMarker | None:
     parse is read as a replay (it drops nothing) and logged."""
     path = Path(store_dir) / REWOUND_FILE
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_MARKER_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    try:
-        if len(data) > MAX_MARKER_BYTES:
-            raise ValueError("too long")
-        fields = dict(word.split("=", 1) for word in data.decode("ascii").split())
+        fields = read_marker_fields(path, MAX_MARKER_BYTES)
+        if fields is None:
+            return None
         marker = RewoundMarker(fields["how"], int(fields["index"]), fields["leader"])
         if marker.how not in REBUILD_KINDS or not 0 <= marker.index <= MAX_INDEX:
             raise ValueError(f"how={marker.how} index={marker.index}")

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dledger.storage.files import atomic_write
+from dledger.storage.files import atomic_write, read_marker_fields
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,9 @@ def read_marker(root: Path) -> DamageMarker | None:
     parse is read as "verify" (the safe reading: a full check costs time, never data)."""
     path = root / DAMAGE_FILE
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_MARKER_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    try:
-        if len(data) > MAX_MARKER_BYTES:
-            raise ValueError("too long")
-        fields = dict(word.split("=", 1) for word in data.decode("ascii").split())
+        fields = read_marker_fields(path, MAX_MARKER_BYTES)
+        if fields is None:
+            return None
         marker = DamageMarker(
             verify=fields["verify"] == "1",
             restarts=int(fields["restarts"]),

@@ -594,3 +594,17 @@ class SegmentAllocator:
                 self._ready.close()
                 self._ready = None
             self._to_warm.clear()
+
+
+def read_marker_fields(path: Path, max_bytes: int) -> dict[str, str] | None:
+    """A marker file's ``key=value`` words (one short ASCII line a node wrote for its next
+    start); None when there is none. ValueError (UnicodeDecodeError included) when it is
+    longer than ``max_bytes`` or a word has no ``=``: the caller picks the safe reading."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > max_bytes:
+        raise ValueError("too long")
+    return dict(word.split("=", 1) for word in data.decode("ascii").split())
