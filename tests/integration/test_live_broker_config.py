@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 CMD_TIMEOUT_S = 30.0
 APPLY_WAIT_S = 15.0  # a follower applies a committed record within heartbeats
 RESTART_WAIT_S = 30.0
+# A member reports its supported level to the leader within a few heartbeats of its start.
+REPORT_WAIT_S = 20.0
 KEY = "defaultTopicQueueNums"
 DEFAULT_QUEUES = "8"  # ServiceConfig.default_topic_queue_nums
 LIVE_QUEUES = "3"
@@ -67,6 +69,17 @@ def every_node_shows(cluster: LocalCluster, value: str, source: str) -> Callable
     return check
 
 
+def raise_level(cluster: LocalCluster, addr: str) -> None:
+    """setFeatureLevel, retried while a member has not reported its support to the leader
+    yet (a raise waits for every member's report: FEATURE_LEVEL_UNSUPPORTED meanwhile)."""
+
+    def raised() -> bool:
+        done = mqadmin(cluster, "setFeatureLevel", "-a", addr)
+        return done.returncode == 0 and json.loads(done.stdout)["feature_level"] == 2
+
+    wait_for(raised, REPORT_WAIT_S, "the group at feature level 2")
+
+
 def queues_of_new_topic(admin: MQAdmin, topic: str) -> int:
     """Create ``topic`` without queue counts (the broker's defaultTopicQueueNums decides)."""
     admin.create_topic(topic, queues=0)
@@ -85,7 +98,7 @@ def test_update_broker_config_on_a_group(local_group: Callable[..., LocalCluster
     # Level 1 (a new group): refused, nothing proposed.
     below = mqadmin(cluster, "updateBrokerConfig", "-b", leader, "-k", KEY, "-v", LIVE_QUEUES)
     assert below.returncode == 1 and "FEATURE_LEVEL_UNSUPPORTED" in below.stderr, below.stderr
-    assert ok_json(cluster, "setFeatureLevel", "-a", leader)["feature_level"] == 2
+    raise_level(cluster, leader)
     assert queues_of_new_topic(admin, "LiveBefore") == int(DEFAULT_QUEUES)
 
     # A live change, sent to a follower's address: its group's leader proposes it.
