@@ -114,9 +114,13 @@ def setup(cluster: LocalCluster) -> Ctx:
     with PullConsumer(values["group"], ns, security) as consumer:
         consumer.update_offset(MessageQueue(wtopic, values["broker"], 0), len(EARLY))
     ctx = Ctx(cluster, admin, values)
-    # updateBrokerConfig's record is proposed from feature level 2 (a new group is at 1).
-    raised = mqadmin(["-n", ns, *cluster.tool_argv(), "setFeatureLevel", "-a", leader])
-    assert raised == 0, "setFeatureLevel"
+    # updateBrokerConfig's record is proposed from feature level 2 (a new group is at 1); the
+    # raise is retried while a member has not reported its support to the leader yet.
+    wait_for(
+        lambda: mqadmin(["-n", ns, *cluster.tool_argv(), "setFeatureLevel", "-a", leader]) == 0,
+        ROUTE_WAIT_S,
+        "the group at feature level 2",
+    )
     ctx.live = PushConsumer(values["live_group"], ns, security=security)
     ctx.live.subscribe(wtopic)
     ctx.live.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
