@@ -18,7 +18,7 @@ uses the node through :class:`broker.components.raftnode.RaftNode`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,10 +45,10 @@ from broker.components.timermoves import Timers
 from broker.components.topics import Topics
 from broker.components.transactions import Transactions
 from broker.config import BrokerConfig, ConfigError, node_config, service_config, v2_settings
-from broker.configview import config_view
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.internal.service import LeaderOpsServicer
 from broker.frontends.v1.service import BrokerServicer
+from broker.liveconfig import LiveConfig, service_overlay
 from broker.metrics import BrokerExporter, BrokerMetrics, identity_labels
 from broker.registration import BrokerRegistrar
 from broker.state.auth.secrets import SecretBox, load_key_file
@@ -106,11 +106,11 @@ def assemble(
     init_user: Credentials | None = None,
     guard: AuthGuard | None = None,
     stats: BrokerStats | None = None,
-    config_view: Mapping[str, str] | None = None,
+    broker_conf: BrokerConfig | None = None,
 ) -> Broker:
     """The broker of ``node``, each component built after the ones it takes (the arguments:
     :class:`Broker`)."""
-    ctx = NodeContext(node, sm, cfg)
+    ctx = NodeContext(node, sm, cfg, service_overlay)
     applied = AppliedMessages(ctx)
     topics = Topics(ctx)
     txns = Transactions(applied)
@@ -139,7 +139,7 @@ def assemble(
         leader_ops=leader_ops,
         auth=auth,
         guard=guard,
-        config_view=config_view,
+        live_config=LiveConfig(ctx, broker_conf),
     )
     return Broker(
         node=node,
@@ -229,7 +229,7 @@ def build(cfg: BrokerConfig) -> Process:
         init_user=cfg.initAuthenticationUser,
         guard=guard,
         stats=BrokerStats() if metrics else None,
-        config_view=config_view(cfg),
+        broker_conf=cfg,
     )
     late.fill(broker)
     exporter = (

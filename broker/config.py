@@ -292,10 +292,8 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     _derive_defaults(values, raw)
     _check_members(values, path)
     _check_ports(values, path)
-    _check_timers(values, raw, path)
-    _check_disk_marks(values, raw, path)
+    check_value_rules(values, raw, path)
     _check_advertised(values, path)
-    _check_timer_retention(values, raw, path)
     _check_tls(values, path)
     _check_metrics_port(values, path)
     _check_auth_keys(values, path)
@@ -303,6 +301,14 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     values["dLegerPromisePath"] = os.path.expanduser(values["dLegerPromisePath"])
     values.pop("enableDLegerCommitLog")
     return BrokerConfig(path=path, ignored_keys=tuple(props.ignored), **values)
+
+
+def check_value_rules(values: Mapping[str, Any], raw: Mapping[str, str], path: str) -> None:
+    """The cross-key checks between values (ConfigError naming what was compared and how to
+    fix it): of a broker.conf, and of a live change laid over one (broker.liveconfig)."""
+    _check_timers(values, raw, path)
+    _check_disk_marks(values, raw, path)
+    _check_timer_retention(values, raw, path)
 
 
 def _shown(name: str, values: Mapping[str, Any], raw: Mapping[str, str]) -> str:

@@ -62,8 +62,8 @@ def docs_section(keys: Mapping[str, _Key]) -> str:
     rows = [
         DOCS_BEGIN,
         "",
-        "| key | default | accepts | goes to | meaning |",
-        "| --- | --- | --- | --- | --- |",
+        "| key | default | accepts | goes to | live | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, key in keys.items():
         cells = (
@@ -71,6 +71,7 @@ def docs_section(keys: Mapping[str, _Key]) -> str:
             default_text(key),
             accepted_values(key),
             goes_to(key),
+            "live" if key.live else "restart",
             key.doc,
         )
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")

@@ -49,6 +49,7 @@ from mqcli.addrs import namesrv_addrs
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import DEFAULT_MAX_SKEW_MS
+from prockit.livekeys import LIVE_BROKER_KEYS
 from prockit.properties import (
     int_in,
     parse_bool,
@@ -365,6 +366,11 @@ class _Key:
     default: str | _Inherited | None  # None: required; INHERITED: see _resolved
     doc: str
     to: tuple[Into, ...] = ()
+    # True: UpdateBrokerConfig may change the key while the group runs (a replicated override,
+    # docs/CONFIG.md "Live keys"): every reader of its value reads it at each use. False: the
+    # value is read once at start (a table's size, a port, a file, a thread's pace...), so a
+    # change needs a restart.
+    live: bool = False
 
 
 def _addresses(peers: tuple[Peer, ...]) -> dict[str, str]:
@@ -431,9 +437,12 @@ class _Quota:
     table_size: int
     doc: str
     default: str | _Inherited = INHERITED  # a v2 field's: V2Config is not a TARGET_TYPE
+    live: bool = False  # the quota is read at each call (not when its table is built)
 
     def key(self) -> _Key:
-        return _Key(IntIn(1, self.table_size), self.default, self.doc, to=(self.into,))
+        return _Key(
+            IntIn(1, self.table_size), self.default, self.doc, to=(self.into,), live=self.live
+        )
 
 
 # The per-user quota keys, each with the table it shares out (its size is the bound).
@@ -443,12 +452,14 @@ QUOTAS: Mapping[str, _Quota] = {
         Into("service", "subgroups_per_user"),
         MAX_SUBGROUPS,
         "subscription groups one user may create in a broker group",
+        live=True,
     ),
     # A node's waiting receives (POP long polls, broker.components.pop).
     "popWaitersPerUser": _Quota(
         Into("service", "pop_waiters_per_user"),
         MAX_POP_WAITERS,
         "receives of one user that may wait for messages on a node",
+        live=True,
     ),
     # The client port's other tables (docs/BROKER.md, "Limits"): pulls held waiting
     # (broker.components.pulling), live consumers and queue locks (broker.components.locks), offsets
@@ -472,6 +483,7 @@ QUOTAS: Mapping[str, _Quota] = {
         Into("service", "pending_offsets_per_user"),
         MAX_PENDING_OFFSETS,
         "offsets of one user the leader buffers between flushes",
+        live=True,
     ),
     # The replicated topic table (broker.state.records): CreateTopic and sends that auto-create a
     # topic count against the user who made them.
@@ -479,6 +491,7 @@ QUOTAS: Mapping[str, _Quota] = {
         Into("service", "topics_per_user"),
         MAX_TOPICS,
         "topics one user may create in a broker group",
+        live=True,
     ),
     # The replicated consumer groups with offsets (broker.state.records): a commit giving a new
     # group offsets counts against it.
@@ -486,6 +499,7 @@ QUOTAS: Mapping[str, _Quota] = {
         Into("service", "offset_groups_per_user"),
         MAX_OFFSET_GROUPS,
         "consumer groups with offsets one user may create",
+        live=True,
     ),
     # A node's table of RocketMQ 5 clients (broker.frontends.v2.clients): one user's made-up client
     # ids.
@@ -728,18 +742,21 @@ _TABLE: Mapping[str, _Key] = {
         INHERITED,
         "create unknown topics on send",
         to=(Into("service", "auto_create_topic"),),
+        live=True,
     ),
     "slaveReadEnable": _Key(
         _parse_bool,
         INHERITED,
         "let consumers read from followers",
         to=(Into("service", "slave_read_enable"),),
+        live=True,
     ),
     "defaultTopicQueueNums": _Key(
         IntIn(1, 1024),
         INHERITED,
         "queues of an auto-created topic (and CreateTopic default)",
         to=(Into("service", "default_topic_queue_nums"),),
+        live=True,
     ),
     "maxHashSlotNum": _Key(IntIn(1, 50_000_000), "5000000", "key index hash slots per file"),
     "maxIndexNum": _Key(IntIn(1, 200_000_000), "20000000", "key index records per file"),
@@ -781,6 +798,7 @@ _TABLE: Mapping[str, _Key] = {
         INHERITED,
         "leader proposes coalesced consumer offsets this often, ms",
         to=(Into("service", "offset_commit_interval_ms"),),
+        live=True,
     ),
     "messageDelayLevel": _Key(
         _parse_delay_levels,
@@ -858,6 +876,7 @@ _TABLE: Mapping[str, _Key] = {
         "furthest delivery time of a timed message (TIMER_DELIVER_MS, v2 DELAY), s ahead "
         "(at most fileReservedTime; left out: the default, or fileReservedTime when shorter)",
         to=(Into("service", "timer_max_delay_ms", _s_to_ms),),
+        live=True,
     ),
     # Our own timer keys (RocketMQ/DLedger have no equivalent with these semantics).
     "raftTickMs": _Key(
@@ -954,6 +973,15 @@ _TABLE: Mapping[str, _Key] = {
 
 
 KEYS: Mapping[str, _Key] = _resolved(_TABLE)
+
+# The keys UpdateBrokerConfig changes while the group runs (the others need a restart).
+LIVE_KEYS = frozenset(name for name, key in KEYS.items() if key.live)
+# Live keys go to ServiceConfig fields only: a component reads ``ctx.cfg`` at each use, and the
+# node's overrides are laid over it (broker.liveconfig); the node's, store's and RocketMQ 5 front
+# end's settings are read once at start.
+assert all(into.target == "service" for k in LIVE_KEYS for into in KEYS[k].to), LIVE_KEYS
+assert all(KEYS[k].to for k in LIVE_KEYS), "a live key the broker's wiring reads at start"
+assert LIVE_KEYS == LIVE_BROKER_KEYS, "prockit.livekeys lists the live keys for mqadmin"
 
 # Keys whose values are secrets (a user's password): kept in the node's own broker.conf only
 # (0600 on a secure group), never copied into another file (mqcluster's cluster.json).

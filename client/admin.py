@@ -782,6 +782,25 @@ class MQAdmin:
             lambda stub, t: stub.GetBrokerConfig(req, timeout=t), cluster, broker_addr
         )
 
+    def update_broker_config(
+        self,
+        key: str,
+        value: str = "",
+        *,
+        clear: bool = False,
+        cluster: str = "",
+        broker_addr: str = "",
+    ) -> dict[str, pb.UpdateBrokerConfigResponse]:
+        """``updateBrokerConfig``: set ``key`` to ``value`` (``clear``: drop the override) on
+        every member of each broker group through its log: the group of the node
+        ``broker_addr``, or every group of ``cluster`` (of every cluster when empty). A key
+        that needs a restart, an unknown key or a refused value: INVALID_REQUEST, nothing
+        changed. The answers by group (by address for ``broker_addr``)."""
+        req = pb.UpdateBrokerConfigRequest(key=key, value=value, clear=clear)
+        return self._on_groups(
+            lambda stub, t: stub.UpdateBrokerConfig(req, timeout=t), cluster, broker_addr
+        )
+
     def broker_runtime_info(
         self, cluster: str = "", broker_addr: str = ""
     ) -> dict[str, pb.GetBrokerRuntimeInfoResponse]:

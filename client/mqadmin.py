@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import datetime
+import difflib
 import functools
 import json
 import logging
@@ -51,6 +52,7 @@ from mqerrors import codes as E
 from mqrelease import FEATURE_LEVEL
 from mqsecurity.errors import SecurityError
 from mqsecurity.options import OPTION_SPECS, security_from_args
+from prockit.livekeys import LIVE_BROKER_KEYS, RESTART_HINT
 
 DEFAULT_PRODUCER_GROUP = "mqadmin_producer"
 DEFAULT_CONSUMER_GROUP = "mqadmin_consumer"
@@ -698,9 +700,50 @@ def cmd_stats_all(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None
 def cmd_get_broker_config(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     _check_cluster(admin, args.cluster)
     rows: list[Row] = [
-        {"node": addr, "node_id": answer.node_id, "key": key, "value": answer.config[key]}
+        {
+            "node": addr,
+            "node_id": answer.node_id,
+            "key": key,
+            "value": answer.config[key],
+            "source": answer.source.get(key, ""),
+        }
         for addr, answer in admin.broker_configs(args.cluster, args.broker_addr).items()
         for key in sorted(answer.config)
+    ]
+    out.table(rows)
+
+
+def cmd_update_broker_config(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    if not args.broker_addr and not args.cluster:
+        raise Refused("give -b (the broker group of that node) or -c (every group of a cluster)")
+    if args.clear == (args.value is not None):
+        raise Refused("give -v VALUE to set the key, or --clear to drop its live override")
+    if args.key not in LIVE_BROKER_KEYS:
+        near = difflib.get_close_matches(args.key, sorted(LIVE_BROKER_KEYS), n=3)
+        raise Refused(
+            f"key {args.key!r:.80} does not change live: it {RESTART_HINT} and restart the "
+            "nodes one at a time (docs/CONFIG.md), or it is no broker.conf key"
+            + (f"; did you mean {', '.join(near)}?" if near else "")
+            + f"; the keys that change live: {', '.join(sorted(LIVE_BROKER_KEYS))}"
+        )
+    _check_cluster(admin, args.cluster)
+    try:
+        answers = admin.update_broker_config(
+            args.key,
+            args.value or "",
+            clear=args.clear,
+            cluster=args.cluster,
+            broker_addr=args.broker_addr,
+        )
+    except MQClientError as exc:
+        if exc.code != E.INVALID_REQUEST:
+            raise
+        # The broker refused the key or value (nothing changed): a usage error, exit 2.
+        detail = " ".join(exc.message.split())
+        raise Refused(detail.removeprefix(exc.code + " ")) from None
+    rows: list[Row] = [
+        {"group": name, "key": a.key, "value": a.value, "index": a.index}
+        for name, a in answers.items()
     ]
     out.table(rows)
 
@@ -1146,6 +1189,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _command(cli: CommandLine, name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+    if name == "updateBrokerConfig":  # RocketMQ's -v is the value here, not --verbose
+        help_ = UPDATE_BROKER_CONFIG_HELP
+        p = cli.add(name, help=help_, description=help_, conflict_handler="resolve")
+        p.set_defaults(handler=handler)
+        return p
     p = cli.add(name, help=help_, description=help_)
     p.set_defaults(handler=handler)
     return p
@@ -1256,6 +1304,7 @@ def _more_topic_commands(add: Callable[[str, Handler, str], argparse.ArgumentPar
     )
     _cluster_flag(p, "every node of this cluster (default: every node)")
     _broker_addr_flag(p)
+    _update_broker_config_parser(add("updateBrokerConfig", cmd_update_broker_config, ""))
     p = add(
         "brokerStatus",
         cmd_broker_status,
@@ -1306,11 +1355,27 @@ REFUSED_COMMANDS: dict[str, str] = {
         "time sends with the benchmark (make bench, docs/PERFORMANCE.md) or mqadmin "
         "sendMessage; raftmq has no per-broker topic for clusterRT to write to"
     ),
-    "updateBrokerConfig": (
-        "change broker.conf and restart the node, one node at a time (docs/CONFIG.md); "
-        "a live change through the Raft log is not built yet"
-    ),
 }
+
+
+UPDATE_BROKER_CONFIG_HELP = (
+    "change a key that can change live on every member of a broker group, through its log "
+    '(docs/CONFIG.md, "Live keys"; the other keys need a restart)'
+)
+
+
+def _update_broker_config_parser(p: argparse.ArgumentParser) -> None:
+    """RocketMQ's -b (that node's group), -c (every group of the cluster), -k and -v; -v
+    stands for the value here (--verbose keeps its long name)."""
+    _cluster_flag(p, "every broker group of this cluster")
+    _broker_addr_flag(p)
+    p.add_argument("-k", "--key", required=True, help="the broker.conf key")
+    p.add_argument("-v", "--value", default=None, help="its new value, as broker.conf spells it")
+    p.add_argument(
+        "--clear",
+        action="store_true",
+        help="raftmq: drop the key's live override (each node's broker.conf value again)",
+    )
 
 
 def _refused_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:

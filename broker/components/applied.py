@@ -10,7 +10,6 @@ import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from broker.components.raftnode import RaftNode
@@ -156,14 +155,45 @@ async def run_while_leading(
     logger.info("%s stopped node=%s term=%d", name, node.self_id, term)
 
 
-@dataclass(slots=True)
+# Lays a group's live broker.conf overrides (key -> value) over the node's service settings
+# (broker.liveconfig.service_overlay).
+Overlay = Callable[[ServiceConfig, Mapping[str, str]], ServiceConfig]
+
+
 class NodeContext:
     """What every component of a node's broker reads: the Raft node (proposals, role,
-    store), the state machine it applies to, and the service settings."""
+    store), the state machine it applies to, and the service settings (``cfg``): the node's
+    broker.conf with the group's live overrides laid over it by ``overlay`` (None: the
+    broker.conf values alone), rebuilt when the state machine's override table changed."""
 
-    node: RaftNode
-    sm: BrokerStateMachine
-    cfg: ServiceConfig
+    __slots__ = ("_cfg", "_overlay", "_seen", "base_cfg", "node", "sm")
+
+    def __init__(
+        self,
+        node: RaftNode,
+        sm: BrokerStateMachine,
+        cfg: ServiceConfig,
+        overlay: Overlay | None = None,
+    ) -> None:
+        self.node, self.sm, self._overlay = node, sm, overlay
+        self.base_cfg: ServiceConfig = cfg
+        self._cfg: ServiceConfig = cfg
+        self._seen: Mapping[str, str] | None = None
+
+    @property
+    def cfg(self) -> ServiceConfig:
+        """The settings as they are now: one identity check per read, a rebuild per change."""
+        if self._overlay is not None:
+            overrides = self.sm.config_overrides
+            if overrides is not self._seen:
+                self._cfg = self._overlay(self.base_cfg, overrides) if overrides else self.base_cfg
+                self._seen = overrides
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: ServiceConfig) -> None:
+        self.base_cfg = self._cfg = cfg
+        self._seen = None
 
 
 class AppliedMessages:

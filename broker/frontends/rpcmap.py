@@ -203,6 +203,8 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     # a node's own broker.conf (credentials never): what the cluster's operators may read
     BROKER + "GetBrokerConfig": lambda r, c: [cluster(c, GET)],
     BROKER + "GetBrokerRuntimeInfo": lambda r, c: [cluster(c, GET)],
+    # a live broker.conf change of the whole group (RocketMQ: the cluster's UPDATE right)
+    BROKER + "UpdateBrokerConfig": lambda r, c: [cluster(c, UPDATE)],
     BROKER + "DeleteSubscriptionGroup": lambda r, c: [group(r.group, DELETE)],
     BROKER + "CreateUser": SUPER_ONLY,
     BROKER + "UpdateUser": SUPER_ONLY,

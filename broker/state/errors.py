@@ -123,6 +123,13 @@ class QueueStoreClosedError(BrokerError):
     code = E.STORE_CLOSED
 
 
+class FeatureLevelTooLowError(BrokerError):
+    """The group's feature level is below the one that introduces a record the request would
+    propose (broker/state/features.py): a member may run a release that does not apply it."""
+
+    code = E.FEATURE_LEVEL_UNSUPPORTED
+
+
 class InvalidRequestError(BrokerError):
     """A request field is missing or out of range (queue nums, perm, batch size, ...)."""
 

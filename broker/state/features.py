@@ -8,10 +8,13 @@ introduces it. Apply never looks at the level: every member of a group at level 
 release that decodes every record of level N (the leader sends nothing to a member that
 reported less), so what a member skips as breaking a rule stays the same on every member.
 
-Level 2 (raftmq 0.3.0) gates nothing in the broker: 0.3.0 proposes the records and writes
-the files 0.2.0 does (the same record versions, ``snapshot.json`` version 2, the same
-ConsumeQueue and key index formats). Its only gate is dledger's checkpoint format 3. The
-first broker record or file format that changes gets its row here, at the level that
+Level 2 (raftmq 0.3.0) introduces one broker record: the broker config record (type 25,
+:data:`BROKER_CONFIG_RECORD`, live broker.conf overrides set by ``UpdateBrokerConfig``); 0.2.0
+passes over that type, so a mixed group would differ on it. Otherwise 0.3.0 proposes the
+records and writes the files 0.2.0 does (the same record versions, ``snapshot.json`` version
+2, whose ``config`` member only a group with an override writes, so at level 2 only; the same
+ConsumeQueue and key index formats), and dledger's checkpoint format 3 is gated at level 2
+too. The next broker record or file format that changes gets its row here, at the level that
 introduces it.
 """
 
@@ -25,7 +28,8 @@ SUPPORTED_LEVEL = FEATURE_LEVEL
 NODE_SUPPORTED_LEVEL = min(FEATURE_LEVEL, SUPPORTED_LEVEL)
 
 # Record or file format -> the lowest group level at which it may be proposed or written.
-GATES: dict[str, int] = {}
+BROKER_CONFIG_RECORD = "broker config record"  # ENTRY_BROKER_CONFIG (type 25)
+GATES: dict[str, int] = {BROKER_CONFIG_RECORD: 2}
 
 assert BASELINE_LEVEL <= SUPPORTED_LEVEL <= FEATURE_LEVEL
 assert all(BASELINE_LEVEL < level <= SUPPORTED_LEVEL for level in GATES.values())

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from broker.state import derived, indexfile, snapshotting, statecheck
+from broker.state import brokerconf, derived, indexfile, snapshotting, statecheck
 from broker.state.auth.table import AuthTable
 from broker.state.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
 from broker.state.delayrules import SCHEDULE_HEADER, decode_schedule_header
@@ -68,6 +68,7 @@ from broker.state.popstate import PopState
 from broker.state.records import (
     DEFAULT_TOPIC_MESSAGE_TYPE,
     ENTRY_AUTH,
+    ENTRY_BROKER_CONFIG,
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
     ENTRY_POP,
@@ -175,6 +176,7 @@ class _Captured:
     pop: list[list[Any]]
     txn: dict[str, Any]
     subgroups: list[list[Any]]
+    config: dict[str, str]
 
 
 QueueKey = tuple[str, int]
@@ -327,6 +329,10 @@ class BrokerStateMachine:
         self.pop = PopState()
         self.txn = TxnState()
         self.subgroups = SubGroupTable()
+        # Live broker.conf overrides (ENTRY_BROKER_CONFIG records, broker.state.brokerconf):
+        # key -> value. Replaced, never changed in place, so readers can tell a change by
+        # identity (broker.components.applied.NodeContext).
+        self.config_overrides: dict[str, str] = {}
         self._latest_store_ts = 0
         self._applied = 0
         # The last applied index whose entry may have changed this state (a broker record
@@ -515,6 +521,9 @@ class BrokerStateMachine:
 
     def _apply_subgroup(self, entry: Entry, touched: Touched) -> None:
         self.subgroups.apply(entry.body)
+
+    def _apply_broker_config(self, entry: Entry, touched: Touched) -> None:
+        self.config_overrides = brokerconf.applied(self.config_overrides, entry.body)
 
     def _apply_offsets(self, entry: Entry, touched: Touched) -> None:
         """Apply an offsets record: a group new here is recorded with its owner, and while
@@ -877,6 +886,7 @@ class BrokerStateMachine:
             pop=self.pop.capture(),
             txn=self.txn.capture(),
             subgroups=self.subgroups.capture(),
+            config=brokerconf.capture(self.config_overrides),
         )
 
     def _persist(self, c: _Captured) -> None:
@@ -977,6 +987,8 @@ class BrokerStateMachine:
         _report_dropped("POP queues", self.pop.load(data.get("pop", ())))
         _report_dropped("transactions", self.txn.load(data.get("txn", {})))
         _report_dropped("subscription groups", self.subgroups.load(data.get("subgroups", ())))
+        self.config_overrides, bad_config = brokerconf.load(data.get("config", {}))
+        _report_dropped("broker config overrides", bad_config)
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -1125,6 +1137,7 @@ class BrokerStateMachine:
         self.pop.reset()
         self.txn.reset()
         self.subgroups.reset()
+        self.config_overrides = {}
         self._latest_store_ts = 0
         self._applied = first - 1
         self._effect_index = self._applied
@@ -1174,6 +1187,7 @@ APPLY_HANDLERS: Mapping[int, ApplyHandler] = _handler_table(
         (ENTRY_SUBGROUP, BrokerStateMachine._apply_subgroup),
         (ENTRY_TIMER, BrokerStateMachine._apply_timer),
         (ENTRY_TXN, BrokerStateMachine._apply_txn),
+        (ENTRY_BROKER_CONFIG, BrokerStateMachine._apply_broker_config),
     ]
 )
 
@@ -1201,6 +1215,8 @@ def _snapshot_document(c: _Captured) -> bytes:
         "txn": c.txn,
         "subgroups": c.subgroups,
     }
+    if c.config:  # only at feature level 2 (no override before): level 1 writes what it did
+        data["config"] = c.config
     return json.dumps(data, separators=(",", ":")).encode()
 
 

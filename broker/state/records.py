@@ -20,7 +20,9 @@ that owns its body's codec:
 - :data:`ENTRY_POP` (21): one change of POP consumption's state (``broker.state.popstate``);
 - :data:`ENTRY_SUBGROUP` (22): one subscription group's config (``broker.state.subgroups``);
 - :data:`ENTRY_TIMER` (23): one move of a timer level's head (``broker.state.timerrules``);
-- :data:`ENTRY_TXN` (24): one change of a transaction (``broker.state.transactions``).
+- :data:`ENTRY_TXN` (24): one change of a transaction (``broker.state.transactions``);
+- :data:`ENTRY_BROKER_CONFIG` (25): one live broker.conf override set or cleared
+  (``broker.state.brokerconf``; proposed from feature level 2, broker/state/features.py).
 
 :data:`RECORD_TYPES` lists them all; the state machine's handler table must cover exactly these
 (``BrokerStateMachine`` asserts it at import).
@@ -55,6 +57,7 @@ ENTRY_POP = 21
 ENTRY_SUBGROUP = 22
 ENTRY_TIMER = 23
 ENTRY_TXN = 24
+ENTRY_BROKER_CONFIG = 25
 
 # Every broker record type -> its name in docs/FORMAT.md. A type not listed is not the
 # broker's: apply passes over it (a newer broker's record on an older member).
@@ -68,6 +71,7 @@ RECORD_TYPES: Mapping[int, str] = {
     ENTRY_SUBGROUP: "subscription group",
     ENTRY_TIMER: "timer move",
     ENTRY_TXN: "transaction",
+    ENTRY_BROKER_CONFIG: "broker config",
 }
 assert all(
     dledger_log.APPLICATION_TYPE_MIN <= t <= dledger_log.ENTRY_TYPE_MAX for t in RECORD_TYPES

@@ -342,7 +342,7 @@ def _known_hostile(victim: Path) -> list[tuple[Rpc, Any]]:
         # whose name walks out of the store (upserted, then deleted: rmtree outside the store)
         *(
             (invalid, dpb.AppendEntriesRequest(bodies=[b"x"], type=t))
-            for t in (16, 17, 18, 19, 1, 2, 256, 2**32 - 1)
+            for t in (16, 17, 18, 19, 25, 1, 2, 256, 2**32 - 1)
         ),
         (
             invalid,
@@ -377,6 +377,21 @@ def _known_hostile(victim: Path) -> list[tuple[Rpc, Any]]:
         (
             only("DLedgerClient.SetFeatureLevel", SC.NOT_FOUND, SC.INVALID_ARGUMENT),
             dpb.SetFeatureLevelRequest(group="g" * mib, level=2),
+        ),
+        # live broker config (issue #35): a 1 MiB key (the detail must not echo it), a key
+        # that needs a restart, a 1 MiB value for a live key (refused before any proposal: by
+        # its parser, or by the group's feature level)
+        (
+            only("Broker.UpdateBrokerConfig", SC.INVALID_ARGUMENT),
+            bpb.UpdateBrokerConfigRequest(key="k" * mib, value="1"),
+        ),
+        (
+            only("Broker.UpdateBrokerConfig", SC.INVALID_ARGUMENT),
+            bpb.UpdateBrokerConfigRequest(key="fileReservedTime", value="1"),
+        ),
+        (
+            only("Broker.UpdateBrokerConfig", SC.INVALID_ARGUMENT, SC.FAILED_PRECONDITION),
+            bpb.UpdateBrokerConfigRequest(key="topicsPerUser", value="9" * mib),
         ),
         # a 300-character consumer group in an async offset update
         (

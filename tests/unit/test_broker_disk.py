@@ -222,7 +222,11 @@ def test_the_send_paths_answer_resource_exhausted_disk_full(call: Any) -> None:
     disk = FakeDisk()
     disk.used_blocks = 950
     node = SimpleNamespace(role=Role.LEADER, leader_id="n0", self_id="n0")
-    sm = SimpleNamespace(add_listener=lambda fn: None, add_change_listener=lambda fn: None)
+    sm = SimpleNamespace(
+        add_listener=lambda fn: None,
+        add_change_listener=lambda fn: None,
+        config_overrides={},
+    )
     cfg = ServiceConfig("127.0.0.1", 10911)
     servicer = assemble(node, sm, cfg, disk_guard=_guard(disk)).servicer  # type: ignore[arg-type]
     with pytest.raises(_Aborted) as info:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.state import brokerconf, records
 from broker.state import machine as state
-from broker.state import records
 from broker.state.auth.records import OPS as AUTH_OPS
 from broker.state.auth.records import decode_auth_record, encode_auth_record
 from broker.state.delayrules import decode_schedule_header, encode_schedule_header
@@ -373,8 +373,24 @@ def test_txn_records_round_trip(case: tuple[bytes, TxnRecord, bytes]) -> None:
     assert raw[decoded.batch_at :] == batch if decoded.batch_at else not batch
 
 
+@given(
+    st.sampled_from([brokerconf.OP_SET, brokerconf.OP_CLEAR]),
+    st.from_regex(r"[A-Za-z][A-Za-z0-9]{0,63}", fullmatch=True),
+    st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=300),
+)
+@settings(max_examples=200, deadline=None)
+def test_broker_config_records_round_trip(op: int, key: str, value: str) -> None:
+    value = value if op == brokerconf.OP_SET else ""
+    raw = brokerconf.encode_record(op, key, value)
+    assert brokerconf.decode_record(raw) == (op, key, value)
+    for cut in range(len(raw)):  # every truncation is refused, never misread
+        with pytest.raises(brokerconf.InvalidConfigRecordError):
+            brokerconf.decode_record(raw[:cut])
+
+
 # Record type -> the round-trip test of its codec: a new record type needs one here.
 ROUND_TRIPS = {
+    records.ENTRY_BROKER_CONFIG: test_broker_config_records_round_trip,
     ENTRY_MESSAGES: test_message_batches_round_trip,
     ENTRY_OFFSETS: test_offsets_records_round_trip,
     ENTRY_TOPIC: test_topic_records_round_trip,

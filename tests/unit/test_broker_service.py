@@ -198,6 +198,7 @@ class FakeState:
         self.topics = {"T": TopicConfig("T", 8, 8, PERM_RW)}
         self.offsets: dict[Any, int] = {}
         self.offset_groups: dict[str, str] = {}
+        self.config_overrides: dict[str, str] = {}
         self.role = Role.FOLLOWER
         self.dispatch_end = 0
         self.cqs = SimpleNamespace(find=lambda topic, queue_id: None)

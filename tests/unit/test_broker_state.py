@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from broker_world import MemoryLog
 
-from broker.state import snapshotting
+from broker.state import brokerconf, snapshotting
 from broker.state.delayrules import (
     SCHEDULE_TOPIC,
     delivered_copy,
@@ -27,6 +27,7 @@ from broker.state.errors import BrokerError, CorruptMessageError, InvalidRequest
 from broker.state.machine import BrokerStateMachine, QueueKey
 from broker.state.message import Message, UniqIdGenerator, encode_batch, tags_hash
 from broker.state.records import (
+    ENTRY_BROKER_CONFIG,
     ENTRY_MESSAGES,
     ENTRY_OFFSETS,
     ENTRY_SCHEDULE,
@@ -563,3 +564,31 @@ def test_files_added_after_the_capture_point_are_harmless_extras(tmp_path: Path)
     leader.on_prefix_deleted(3)
     assert leader.files_deleted == before + 1
     leader.close()
+
+
+def test_a_raft_snapshot_carries_the_live_config_overrides(tmp_path: Path) -> None:
+    """A member caught up by a Raft snapshot takes the group's live broker.conf overrides
+    (type 25, issue #35) with the rest of the state."""
+    log, leader = _two_topics(tmp_path)
+    log.add(brokerconf.encode_record(brokerconf.OP_SET, "topicsPerUser", "77"), ENTRY_BROKER_CONFIG)
+    leader.apply(log.entries[-1:])
+    snap = leader.capture_snapshot()
+    assert snap.prepare is not None and snap.release is not None
+    snap.prepare()
+    staged = tmp_path / "staged"
+    for name, offset, data in _app_pieces(snap):
+        content = data() if callable(data) else data
+        assert isinstance(content, bytes)
+        path = staged / name.removeprefix("app/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            assert f.tell() == offset
+            f.write(content)
+    snap.release()
+    follower = new_sm(tmp_path / "follower", log)
+    (tmp_path / "follower").mkdir()
+    follower.install_snapshot(staged, snap.index)
+    assert follower.applied_index() == snap.index
+    assert follower.config_overrides == leader.config_overrides == {"topicsPerUser": "77"}
+    leader.close()
+    follower.close()

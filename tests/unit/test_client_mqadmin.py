@@ -69,6 +69,7 @@ COMMANDS = {
     "removeMember": ["-b", "broker-a", "-i", "n3"],
     "replicaStatus": ["-b", "broker-a"],
     "setFeatureLevel": ["-b", "broker-a"],
+    "updateBrokerConfig": ["-k", "topicsPerUser", "-v", "10"],
 }
 
 

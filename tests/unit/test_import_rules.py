@@ -220,6 +220,7 @@ BROKER_PROCESS = frozenset(
         "broker.configdocs",
         "broker.configkeys",
         "broker.configview",
+        "broker.liveconfig",
         "broker.metrics",
         "broker.registration",
     }

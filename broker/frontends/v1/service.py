@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -53,6 +53,7 @@ from broker.frontends.v1.rpcerrors import (
     error_status as error_status,  # re-exported: the broker's mapping
 )
 from broker.frontends.v1.rpcerrors import rpc as _rpc
+from broker.liveconfig import LiveConfig
 from broker.state.auth.model import Rule, User
 from broker.state.errors import (
     InvalidRequestError,
@@ -99,15 +100,16 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         leader_ops: LeaderOps,
         auth: AuthAdmin,
         guard: AuthGuard | None = None,
-        config_view: Mapping[str, str] | None = None,
+        live_config: LiveConfig | None = None,
     ) -> None:
         """The components this adapter calls, built once by the composition root
         (:func:`broker.app.assemble`); ``guard`` is the node's call guard, which names the
-        user of each call (None: no users, nobody held to a quota); ``config_view``: the
-        node's broker.conf as GetBrokerConfig shows it (:mod:`broker.configview`; None: a
-        servicer built without a broker.conf answers with no keys)."""
+        user of each call (None: no users, nobody held to a quota); ``live_config``: the
+        node's broker.conf with the group's live overrides, as GetBrokerConfig shows it and
+        UpdateBrokerConfig changes it (:mod:`broker.liveconfig`; None: a servicer built without
+        a broker.conf answers with no keys and refuses changes)."""
         self.node = node
-        self.config_view = dict(config_view or {})
+        self.live_config = live_config
         self.boot_ms = int(time.time() * 1000)
         self.applied = applied
         self.topics = topics
@@ -490,7 +492,17 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def GetBrokerConfig(
         self, request: pb.GetBrokerConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetBrokerConfigResponse:
-        return pb.GetBrokerConfigResponse(node_id=self.node.self_id, config=self.config_view)
+        values, sources = self.live_config.view() if self.live_config else ({}, {})
+        return pb.GetBrokerConfigResponse(node_id=self.node.self_id, config=values, source=sources)
+
+    @_rpc
+    async def UpdateBrokerConfig(
+        self, request: pb.UpdateBrokerConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateBrokerConfigResponse:
+        if self.live_config is None:
+            raise InvalidRequestError("this node runs without a broker.conf")
+        value, index = await self.live_config.update(request.key, request.value, request.clear)
+        return pb.UpdateBrokerConfigResponse(key=request.key, value=value, index=index)
 
     @_rpc
     async def GetBrokerRuntimeInfo(

@@ -874,8 +874,15 @@ class GetBrokerConfigRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetBrokerConfigResponse(_message.Message):
-    __slots__ = ("node_id", "config")
+    __slots__ = ("node_id", "config", "source")
     class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SourceEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -884,9 +891,31 @@ class GetBrokerConfigResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     config: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    source: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ..., source: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class UpdateBrokerConfigRequest(_message.Message):
+    __slots__ = ("key", "value", "clear")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    clear: bool
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class UpdateBrokerConfigResponse(_message.Message):
+    __slots__ = ("key", "value", "index")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    index: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class GetBrokerRuntimeInfoRequest(_message.Message):
     __slots__ = ()

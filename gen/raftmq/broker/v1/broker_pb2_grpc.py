@@ -239,6 +239,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.FromString,
                 _registered_method=True)
+        self.UpdateBrokerConfig = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UpdateBrokerConfig',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
+                _registered_method=True)
         self.GetBrokerRuntimeInfo = channel.unary_unary(
                 '/raftmq.broker.v1.Broker/GetBrokerRuntimeInfo',
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerRuntimeInfoRequest.SerializeToString,
@@ -495,6 +500,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateBrokerConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBrokerRuntimeInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -708,6 +719,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetBrokerConfig,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.SerializeToString,
+            ),
+            'UpdateBrokerConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateBrokerConfig,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateBrokerConfigRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateBrokerConfigResponse.SerializeToString,
             ),
             'GetBrokerRuntimeInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBrokerRuntimeInfo,
@@ -1822,6 +1838,33 @@ class Broker:
             '/raftmq.broker.v1.Broker/GetBrokerConfig',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.GetBrokerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateBrokerConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UpdateBrokerConfig',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,7 @@ class BrokerStub:
     ListSubscriptionGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]
     DeleteSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteSubscriptionGroupRequest, _broker_pb2.DeleteSubscriptionGroupResponse]
     GetBrokerConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerConfigRequest, _broker_pb2.GetBrokerConfigResponse]
+    UpdateBrokerConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpdateBrokerConfigRequest, _broker_pb2.UpdateBrokerConfigResponse]
     GetBrokerRuntimeInfo: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerRuntimeInfoRequest, _broker_pb2.GetBrokerRuntimeInfoResponse]
 
 @_typing.type_check_only
@@ -125,6 +126,7 @@ class BrokerAsyncStub(BrokerStub):
     ListSubscriptionGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListSubscriptionGroupsRequest, _broker_pb2.ListSubscriptionGroupsResponse]  # type: ignore[assignment]
     DeleteSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteSubscriptionGroupRequest, _broker_pb2.DeleteSubscriptionGroupResponse]  # type: ignore[assignment]
     GetBrokerConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerConfigRequest, _broker_pb2.GetBrokerConfigResponse]  # type: ignore[assignment]
+    UpdateBrokerConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdateBrokerConfigRequest, _broker_pb2.UpdateBrokerConfigResponse]  # type: ignore[assignment]
     GetBrokerRuntimeInfo: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetBrokerRuntimeInfoRequest, _broker_pb2.GetBrokerRuntimeInfoResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -414,6 +416,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.GetBrokerConfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.GetBrokerConfigResponse, _abc.Awaitable[_broker_pb2.GetBrokerConfigResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateBrokerConfig(
+        self,
+        request: _broker_pb2.UpdateBrokerConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UpdateBrokerConfigResponse, _abc.Awaitable[_broker_pb2.UpdateBrokerConfigResponse]]: ...
 
     @_abc_1.abstractmethod
     def GetBrokerRuntimeInfo(
