@@ -61,6 +61,11 @@ DASHBOARD_GROUP = "mqdashboard"
 ROUTE_MAX_AGE_S = 5.0
 # Calls in flight at once (Metadata of every node, offsets of every group).
 MAX_PARALLEL_CALLS = 8
+# A NameServer answer this recent (any read, the sampler's every interval) spares a page its
+# check that the NameServer is reachable; older, the page asks once before reading.
+NAMESRV_FRESH_S = 2.0
+# The check's deadline per NameServer: a page with the NameServer down says so quickly.
+NAMESRV_PROBE_TIMEOUT_S = 1.5
 
 ROLE_NAMES = {v: k for k, v in ns_pb.BrokerRole.items()}
 Call = Callable[[bpb_grpc.BrokerStub, float], object]
@@ -253,6 +258,7 @@ class GroupReader:
         self.channels = ChannelPool(security)
         self.routes = RouteClient(namesrv_addr, self.channels, ROUTE_MAX_AGE_S)
         self._namesrvs = parse_namesrv_addr(namesrv_addr)
+        self._namesrv_ok_at = float("-inf")  # monotonic time of the last NameServer answer
         self._pool = concurrent.futures.ThreadPoolExecutor(
             MAX_PARALLEL_CALLS, thread_name_prefix="mqdashboard-read"
         )
@@ -266,7 +272,33 @@ class GroupReader:
     def _namesrv(self, call: Callable[[ns_grpc.NameServerStub], object]) -> object:
         """``call`` on the first NameServer that answers, over the reader's own channels (the
         sampler asks every interval: no new TLS session each time)."""
-        return first_namesrv_answer(self.channels, self._namesrvs, call)
+        answer = first_namesrv_answer(self.channels, self._namesrvs, call)
+        self._namesrv_ok_at = time.monotonic()
+        return answer
+
+    def namesrv_problem(self) -> str:
+        """ "" when a NameServer answers (or answered within NAMESRV_FRESH_S); else what each
+        NameServer's connection said, for the page's one banner. Any answer, even an error
+        answer, shows the NameServer is reachable: the page's own reads report the rest."""
+        if time.monotonic() - self._namesrv_ok_at < NAMESRV_FRESH_S:
+            return ""
+        failures = []
+        for addr in self._namesrvs:
+            try:
+                ns_grpc.NameServerStub(self.channels.get(addr)).GetClusterInfo(
+                    ns_pb.GetClusterInfoRequest(), timeout=NAMESRV_PROBE_TIMEOUT_S
+                )
+            except grpc.RpcError as exc:
+                err = MQClientError.from_rpc(exc)
+                if err.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    break  # it answered (a refusal): reachable
+                failures.append(f"{addr}: {error_text(err)}")
+                continue
+            break
+        else:
+            return "; ".join(failures)
+        self._namesrv_ok_at = time.monotonic()
+        return ""
 
     def cluster_info(self) -> ns_pb.GetClusterInfoResponse:
         resp = self._namesrv(

@@ -211,6 +211,12 @@ class Dashboard:
             **(base or {}),
         }
         status = 200
+        down = await run_in_threadpool(self.reader.namesrv_problem)
+        if down:
+            # One banner that names the NameServer: the sampler's warnings and the page's own
+            # reads would all say the same thing less clearly; nothing is read or called.
+            context.update(namesrv_down=down, error=down, sample_errors=[])
+            return self.templates.TemplateResponse(request, template, context, status_code=502)
         try:
             context.update(await run_in_threadpool(build))
         except BadInput as exc:

@@ -4,6 +4,8 @@ bounds), and the confirmed actions (token, origin, credentials)."""
 from __future__ import annotations
 
 import re
+import socket
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from mqdashboard.__main__ import allowed_hosts, main
 from mqdashboard.rates import History, rate_per_s
 from mqdashboard.reader import (
     ConsumerGroupView,
+    GroupReader,
     GroupView,
     LagRow,
     NodeView,
@@ -61,7 +64,11 @@ class FakeReader:
             else PLAINTEXT
         )
         self.fail: Exception | None = None
+        self.namesrv_down = ""
         self.calls: list[tuple[Any, ...]] = []
+
+    def namesrv_problem(self) -> str:
+        return self.namesrv_down
 
     def _maybe_fail(self) -> None:
         if self.fail is not None:
@@ -182,6 +189,60 @@ def test_every_page_renders_and_escapes_hostile_values() -> None:
         assert "10.0.0.1@1&lt;x&gt;" in client.get("/consumer?group=g1").text
         assert client.get("/api/series").json()["interval_ms"] == 1000
         assert client.get("/static/charts.js").status_code == 200
+
+
+PAGES = [
+    "/",
+    "/topics",
+    "/topic?name=Orders",
+    "/consumers",
+    "/consumer?group=g1",
+    "/charts",
+    "/messages",
+    "/messages?mode=key&topic=T&key=k",
+    "/actions/resend?group=g1",
+]
+
+
+def test_an_unreachable_nameserver_is_one_banner_naming_it_on_every_page() -> None:
+    reader = FakeReader()
+    reader.namesrv_down = "127.0.0.1:9876: UNAVAILABLE (UNAVAILABLE): connection <refused>"
+    client, settings = client_for(reader)
+    with client:
+        for path in PAGES:
+            resp = client.get(path)
+            assert resp.status_code == 502, path
+            assert resp.text.count('class="error"') == 1, path
+            assert 'class="warning"' not in resp.text
+            assert "The NameServer 127.0.0.1:9876 is unreachable." in resp.text
+            assert "connection &lt;refused&gt;" in resp.text
+            assert 'id="nav-charts"' in resp.text  # the whole page, with its navigation
+        assert reader.calls == []  # nothing read past the check
+        form = {"csrf": settings.csrf_token, "group": "g1"}
+        assert client.post("/actions/resend", data=form).status_code == 502
+        assert reader.calls == []
+
+
+def test_a_real_reader_says_the_nameserver_is_unreachable() -> None:
+    """No NameServer listens on the port: every page says so at once (before the page's own
+    reads would each time out)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nobody listens there
+    reader = GroupReader(f"127.0.0.1:{port}")
+    sampler = Sampler(reader, 1000)
+    sampler.sample_once()  # the sampler's errors are not shown next to the banner
+    settings = Settings(f"127.0.0.1:{port}", actions_need_credentials=False)
+    app = create_app(reader, sampler, settings, allowed_hosts("127.0.0.1"), start_sampler=False)
+    with TestClient(app, base_url="http://127.0.0.1:8080") as client:
+        for path in ["/", "/topics", "/charts", "/messages"]:
+            started = time.monotonic()
+            resp = client.get(path)
+            assert resp.status_code == 502, path
+            assert f"The NameServer 127.0.0.1:{port} is unreachable." in resp.text
+            assert f"127.0.0.1:{port}: " in resp.text and "UNAVAILABLE" in resp.text
+            assert resp.text.count('class="error"') == 1 and 'class="warning"' not in resp.text
+            assert time.monotonic() - started < 5.0
 
 
 def test_errors_from_the_group_are_shown_never_a_blank_page() -> None:
