@@ -27,7 +27,8 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 from client.admin import MQAdmin
 from client.consumer import PullConsumer
 from client.errors import MQClientError
-from client.message import DLQ_PREFIX, MessageExt, MessageQueue
+from client.message import DLQ_PREFIX, Message, MessageExt, MessageQueue, SendResult
+from client.producer import Producer
 from client.route import (
     NAMESRV_RPC_TIMEOUT_S,
     ChannelPool,
@@ -59,6 +60,11 @@ DASHBOARD_GROUP = "mqdashboard"
 # default sample interval (2 s) the sampler asks the NameServer for a route about every 5 s per
 # topic (at most MAX_TOPICS).
 ROUTE_MAX_AGE_S = 5.0
+# How long a topic created or updated from a page may take to be routed by every group (the
+# page waits for it; mqadmin's default is 15 s).
+ACTION_TIMEOUT_S = 10.0
+# The producer group of the dashboard's test sends (a producer group names the sender only).
+SEND_GROUP = "mqdashboard-send"
 # Calls in flight at once (Metadata of every node, offsets of every group).
 MAX_PARALLEL_CALLS = 8
 # A NameServer answer this recent (any read, the sampler's every interval) spares a page its
@@ -550,6 +556,71 @@ class GroupReader:
         done = admin.reset_offset_by_time(group, topic, timestamp_ms)
         return [(r.broker_name, r.queue_id, r.offset) for r in done]
 
+    # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
+
+    def broker_names(self) -> list[str]:
+        """Every broker group the NameServer knows, for the forms' "on one group" choice."""
+        return sorted(self._leaders())
+
+    def _leader_addr(self, broker_name: str) -> str:
+        """The registered leader's address of ``broker_name`` (its first member without
+        one: the admin call follows NOT_LEADER to the leader)."""
+        addrs = self._leaders().get(broker_name)
+        if not addrs:
+            raise MQClientError.local(E.NO_BROKER, f"no broker group {broker_name} is registered")
+        return addrs[0]
+
+    def update_topic(
+        self, spec: TopicSpec, broker_name: str, security: ClientSecurity
+    ) -> list[str]:
+        """Create or update ``spec.topic`` on every broker group (or only ``broker_name``) as
+        ``security``; the broker groups that route it."""
+        return MQAdmin(self.namesrv_addr, security).create_topic(
+            spec.topic,
+            spec.queues,
+            perm=spec.perm,
+            message_type=spec.message_type,
+            broker_names=(broker_name,) if broker_name else (),
+            timeout_s=ACTION_TIMEOUT_S,
+        )
+
+    def delete_topic(self, topic: str, broker_name: str, security: ClientSecurity) -> list[str]:
+        """Delete ``topic`` from every broker group serving it (or only ``broker_name``) as
+        ``security``; the broker groups it was deleted from."""
+        only = (broker_name,) if broker_name else ()
+        return MQAdmin(self.namesrv_addr, security).delete_topic(topic, only)
+
+    def update_group(
+        self, config: pb.SubscriptionGroup, broker_name: str, security: ClientSecurity
+    ) -> list[tuple[str, pb.SubscriptionGroup]]:
+        """Create or replace a subscription group's config on every broker group (or only
+        ``broker_name``) as ``security``; (broker group, config as applied)."""
+        addr = self._leader_addr(broker_name) if broker_name else ""
+        done = MQAdmin(self.namesrv_addr, security).update_sub_group(config, broker_addr=addr)
+        return [(broker_name or name, c) for name, c in sorted(done.items())]
+
+    def delete_group(self, group: str, broker_name: str, security: ClientSecurity) -> list[str]:
+        """Drop a subscription group's config from every broker group (or only
+        ``broker_name``) as ``security``; the broker groups it was deleted from."""
+        addr = self._leader_addr(broker_name) if broker_name else ""
+        done = MQAdmin(self.namesrv_addr, security).delete_sub_group(group, broker_addr=addr)
+        return [broker_name] if broker_name else sorted(done)
+
+    def send_test(self, msg: Message, security: ClientSecurity) -> SendResult:
+        """Send ``msg`` once as ``security`` (producer group SEND_GROUP); the broker's answer."""
+        with Producer(SEND_GROUP, self.namesrv_addr, security=security) as producer:
+            return producer.send(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """A topic as the create/update form gives it (bounded by the web layer)."""
+
+    topic: str
+    queues: int
+    perm: int
+    message_type: str
+
 
 def _with_lag(sampled: list[Sampled]) -> list[NodeView]:
     """Each node's lag as the leader that answered sees it (its own: 0); None without one."""
@@ -604,6 +675,7 @@ __all__ = [
     "NodeView",
     "QueueRow",
     "ShownMessage",
+    "TopicSpec",
     "TopicView",
     "error_text",
     "format_ms",

@@ -19,11 +19,12 @@ import hmac
 import logging
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
+from raftmq.broker.v1 import broker_pb2 as pb
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -36,7 +37,8 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.errors import MQClientError
-from mqdashboard.reader import MAX_MESSAGES, GroupReader, TopicView, error_text
+from client.message import Message as MQMessage
+from mqdashboard.reader import MAX_MESSAGES, GroupReader, TopicSpec, TopicView, error_text
 from mqdashboard.sampler import Sampler
 from mqerrors import codes as E
 from mqsecurity.channels import ClientSecurity
@@ -50,17 +52,42 @@ MAX_NAME_CHARS = 255  # topic and consumer group names (the broker's limit)
 MAX_KEY_CHARS = 1024
 MAX_ID_CHARS = 64
 MAX_FORM_BYTES = 8 << 10
-ACTIONS = ("resend", "reset")
-# The client-port calls each action makes, as the user whose credentials were typed on its page:
-# the brokers' guard decides each one (broker/frontends/rpcmap.py; docs/SECURITY.md, "The other
-# ports"). resend pulls the group's dead letters (%DLQ%<group>, as the group) and sends each to
-# its original topic; reset sets the group's offsets. Checked against the calls an action really
-# makes by tests/unit/test_acl_matrix.py.
+# The actions, each a confirmation page (GET /actions/<name>?...) and its POST. Ordered as the
+# ACL test runs them: the deleting ones last.
+ACTIONS = (
+    "resend",
+    "reset",
+    "send",
+    "topic-update",
+    "group-update",
+    "group-delete",
+    "topic-delete",
+)
+# The client-port calls each action makes, as the acting user (the credentials typed on its page
+# or the session's user): the brokers' guard decides each one (broker/frontends/rpcmap.py;
+# docs/SECURITY.md, "The other ports"). resend pulls the group's dead letters (%DLQ%<group>, as
+# the group) and sends each to its original topic; reset sets the group's offsets; the others
+# are one call each, on every broker group concerned. Checked against the calls an action
+# really makes by tests/unit/test_acl_matrix.py.
 _BROKER = "/raftmq.broker.v1.Broker/"
 ACTION_CALLS: Mapping[str, tuple[str, ...]] = {
     "resend": (_BROKER + "PullMessage", _BROKER + "SendMessage"),
     "reset": (_BROKER + "ResetConsumerOffset",),
+    "send": (_BROKER + "SendMessage",),
+    "topic-update": (_BROKER + "CreateTopic",),
+    "topic-delete": (_BROKER + "DeleteTopic",),
+    "group-update": (_BROKER + "UpdateSubscriptionGroup",),
+    "group-delete": (_BROKER + "DeleteSubscriptionGroup",),
 }
+# A topic's permission as the form offers it (RocketMQ's perm bits: 4 read, 2 write).
+PERMS: Mapping[int, str] = {6: "read and write", 4: "read only", 2: "write only"}
+# The broker's topic message types (broker/state/records.py TOPIC_MESSAGE_TYPES): "" is MIXED.
+MESSAGE_TYPES = ("MIXED", "NORMAL", "FIFO", "DELAY", "TRANSACTION")
+MAX_QUEUES = 1024  # read and write queues per broker group (the broker's MAX_QUEUE_NUMS)
+MAX_RETRIES = 999  # the broker's max delivery attempts is 1 to 1000: the first plus retries
+MAX_TAG_CHARS = 255
+# A test message's body: a page's test, well inside MAX_FORM_BYTES once urlencoded.
+MAX_BODY_CHARS = 2048
 SECURITY_HEADERS = (
     (
         b"content-security-policy",
@@ -237,7 +264,13 @@ class Dashboard:
         def build() -> dict[str, Any]:
             topics = self.reader.topics()
             rates = {t.name: self.sampler.send_rate(t.name) for t in topics}
-            return {"topics": topics, "rates": rates}
+            return {
+                "topics": topics,
+                "rates": rates,
+                "brokers": self.reader.broker_names(),
+                "perms": PERMS,
+                "message_types": MESSAGE_TYPES,
+            }
 
         return await self.render(request, "topics.html", build)
 
@@ -257,7 +290,8 @@ class Dashboard:
             groups = self.reader.consumer_groups()
             lag = {g.name: self.sampler.lag.latest(g.name) for g in groups}
             rates = {g.name: self.sampler.consume_rate(g.name) for g in groups}
-            return {"groups": groups, "lag": lag, "rates": rates}
+            brokers = self.reader.broker_names()
+            return {"groups": groups, "lag": lag, "rates": rates, "brokers": brokers}
 
         return await self.render(request, "consumers.html", build)
 
@@ -330,40 +364,137 @@ def _now_ms() -> int:
     return int(dt.datetime.now(tz=dt.UTC).timestamp() * 1000)
 
 
+def _int_field(value: str, name: str, low: int, high: int) -> int:
+    value = bounded(value, name, 8)
+    if not value.isdigit() or not low <= int(value) <= high:
+        raise BadInput(f"{name} must be a whole number from {low} to {high}")
+    return int(value)
+
+
+def _choice(value: str, name: str, choices: Collection[str]) -> str:
+    value = bounded(value, name, 32, required=False)
+    if value not in choices:
+        raise BadInput(f"{name} {value[:32]!r} is not one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _body(value: str) -> str:
+    """A test message's body: any text but NUL and the other control characters besides
+    newline and tab, at most MAX_BODY_CHARS."""
+    if len(value) > MAX_BODY_CHARS:
+        raise BadInput(f"body is {len(value)} characters, more than {MAX_BODY_CHARS}")
+    if any(ord(c) < 32 and c not in "\n\r\t" for c in value):
+        raise BadInput("body holds control characters")
+    return value
+
+
+def _broker(params: Mapping[str, str]) -> str:
+    """The form's "on one broker group" choice ("": every group)."""
+    return bounded(params.get("broker", ""), "broker group", MAX_NAME_CHARS, required=False)
+
+
+def parse_action(action: str, p: Mapping[str, str]) -> dict[str, Any]:
+    """The checked arguments of ``action`` from its form (the confirmation page shows them,
+    the POST runs with them); BadInput on the first wrong field."""
+    if action == "resend":
+        return {
+            "group": bounded(p.get("group", ""), "group", MAX_NAME_CHARS),
+            "msg_id": bounded(p.get("msg_id", ""), "message id", MAX_ID_CHARS, False),
+        }
+    if action == "reset":
+        return {
+            "group": bounded(p.get("group", ""), "group", MAX_NAME_CHARS),
+            "topic": bounded(p.get("topic", ""), "topic", MAX_NAME_CHARS),
+            "time": parse_time_ms(p.get("time", ""), "time"),
+        }
+    if action == "send":
+        keys = bounded(p.get("keys", ""), "keys", MAX_KEY_CHARS, False)
+        return {
+            "topic": bounded(p.get("topic", ""), "topic", MAX_NAME_CHARS),
+            "tag": bounded(p.get("tag", ""), "tag", MAX_TAG_CHARS, False),
+            "keys": tuple(keys.split()),
+            "body": _body(p.get("body", "")),
+        }
+    if action in ("topic-update", "topic-delete"):
+        args: dict[str, Any] = {
+            "topic": bounded(p.get("topic", ""), "topic", MAX_NAME_CHARS),
+            "broker": _broker(p),
+        }
+        if action == "topic-update":
+            args["queues"] = _int_field(p.get("queues", ""), "queues", 1, MAX_QUEUES)
+            args["perm"] = int(_choice(p.get("perm", ""), "perm", [str(k) for k in PERMS]))
+            args["message_type"] = _choice(p.get("message_type", ""), "type", MESSAGE_TYPES)
+        return args
+    if action in ("group-update", "group-delete"):
+        args = {"group": bounded(p.get("group", ""), "group", MAX_NAME_CHARS), "broker": _broker(p)}
+        if action == "group-update":
+            args["orderly"] = _choice(p.get("orderly", "false"), "orderly", ("true", "false"))
+            retries = p.get("retries", "").strip()
+            args["retries"] = _int_field(retries, "retries", 0, MAX_RETRIES) if retries else None
+        return args
+    raise BadInput(f"no action {action[:32]!r}: {', '.join(ACTIONS)}")
+
+
+def run_action(
+    reader: GroupReader, action: str, a: dict[str, Any], security: ClientSecurity
+) -> dict[str, Any]:
+    """Run the checked ``action`` as ``security``: what its result page shows."""
+    if action == "resend":
+        return {"resent": reader.resend_dlq(a["group"], a["msg_id"], security)}
+    if action == "reset":
+        return {"reset": reader.reset_offset(a["group"], a["topic"], a["time"], security)}
+    if action == "send":
+        msg = MQMessage(a["topic"], a["body"].encode(), tags=a["tag"], keys=a["keys"])
+        return {"sent": reader.send_test(msg, security)}
+    if action == "topic-update":
+        spec = TopicSpec(a["topic"], a["queues"], a["perm"], a["message_type"])
+        return {"groups": reader.update_topic(spec, a["broker"], security)}
+    if action == "topic-delete":
+        return {"groups": reader.delete_topic(a["topic"], a["broker"], security)}
+    if action == "group-update":
+        config = pb.SubscriptionGroup(
+            group=a["group"], consume_message_orderly=a["orderly"] == "true"
+        )
+        if a["retries"] is not None:
+            config.max_delivery_attempts = a["retries"] + 1  # the first delivery + retries
+        done = reader.update_group(config, a["broker"], security)
+        return {"groups": [name for name, _ in done], "configs": done}
+    assert action == "group-delete", action
+    return {"groups": reader.delete_group(a["group"], a["broker"], security)}
+
+
+def back_link(action: str, params: Mapping[str, str]) -> str:
+    """Where an action's Cancel and Back links lead: the page it was started from."""
+    quote = urllib.parse.quote
+    if action in ("resend", "reset"):
+        return "/consumer?group=" + quote(params.get("group", ""))
+    if action in ("send", "topic-update"):
+        return "/topic?name=" + quote(params.get("topic", ""))
+    return "/topics" if action == "topic-delete" else "/consumers"
+
+
 class Actions:
-    """Resend from the DLQ and reset an offset: a GET shows what will happen and asks to
-    confirm; only the POST of that page (with its token) acts."""
+    """The actions of ACTIONS: a GET shows exactly what will happen and asks to confirm; only
+    the POST of that page (with its token) acts, as the acting user."""
 
     def __init__(self, board: Dashboard) -> None:
         self.board = board
 
-    def _base(self, request: Request, action: str) -> dict[str, Any]:
+    async def confirm(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        params = dict(request.query_params)
         settings = self.board.settings
-        return {
+        base = {
             "action": action,
             "csrf": settings.csrf_token,
             "need_credentials": settings.actions_need_credentials,
-            "params": dict(request.query_params),
+            "params": params,
+            "back": back_link(action, params),
+            "perms": PERMS,
         }
-
-    async def confirm_resend(self, request: Request) -> Response:
-        def build() -> dict[str, Any]:
-            bounded(request.query_params.get("group", ""), "group", MAX_NAME_CHARS)
-            bounded(request.query_params.get("msg_id", ""), "message id", MAX_ID_CHARS, False)
-            return {}
-
         return await self.board.render(
-            request, "confirm.html", build, self._base(request, "resend")
+            request, "confirm.html", lambda: {"args": parse_action(action, params)}, base
         )
-
-    async def confirm_reset(self, request: Request) -> Response:
-        def build() -> dict[str, Any]:
-            bounded(request.query_params.get("group", ""), "group", MAX_NAME_CHARS)
-            bounded(request.query_params.get("topic", ""), "topic", MAX_NAME_CHARS)
-            parse_time_ms(request.query_params.get("time", ""), "time")
-            return {}
-
-        return await self.board.render(request, "confirm.html", build, self._base(request, "reset"))
 
     async def do(self, request: Request) -> Response:
         action = request.path_params["action"]
@@ -374,22 +505,15 @@ class Actions:
         else:
             problem = self._refusal(request, form)
         # What the result page may show: never the typed secret.
-        base = {"action": action, "params": {"group": form.get("group", "")}}
+        shown = {k: v for k, v in form.items() if k in ("group", "topic")}
+        base = {"action": action, "params": shown, "back": back_link(action, shown)}
 
         def build() -> dict[str, Any]:
             if problem:
                 raise BadInput(problem)
-            if action not in ACTIONS:
-                raise BadInput(f"no action {action[:32]!r}: {', '.join(ACTIONS)}")
-            security = self._security(form)
-            if action == "resend":
-                group = bounded(form.get("group", ""), "group", MAX_NAME_CHARS)
-                msg_id = bounded(form.get("msg_id", ""), "message id", MAX_ID_CHARS, False)
-                return {"resent": self.board.reader.resend_dlq(group, msg_id, security)}
-            group = bounded(form.get("group", ""), "group", MAX_NAME_CHARS)
-            topic = bounded(form.get("topic", ""), "topic", MAX_NAME_CHARS)
-            when = parse_time_ms(form.get("time", ""), "time")
-            return {"reset": self.board.reader.reset_offset(group, topic, when, security)}
+            args = parse_action(action, form)
+            result = run_action(self.board.reader, action, args, self._security(form))
+            return {"args": args, **result}
 
         return await self.board.render(request, "done.html", build, base)
 
@@ -452,8 +576,7 @@ def create_app(
         get("/messages", board.messages),
         get("/charts", board.charts),
         get("/api/series", board.series),
-        get("/actions/resend", actions.confirm_resend),
-        get("/actions/reset", actions.confirm_reset),
+        get("/actions/{action:str}", actions.confirm),
         Route("/actions/{action:str}", actions.do, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("mqdashboard", "static")]), name="static"),
     ]

@@ -3,16 +3,18 @@ bounds), and the confirmed actions (token, origin, credentials)."""
 
 from __future__ import annotations
 
+import html
 import re
 import socket
 import time
+import urllib.parse
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from client.errors import MQClientError
-from client.message import MessageExt
+from client.message import Message, MessageExt, MessageQueue, SendResult
 from mqdashboard.__main__ import allowed_hosts, main
 from mqdashboard.rates import History, rate_per_s
 from mqdashboard.reader import (
@@ -23,6 +25,7 @@ from mqdashboard.reader import (
     NodeView,
     QueueRow,
     ShownMessage,
+    TopicSpec,
     TopicView,
 )
 from mqdashboard.sampler import Sampler
@@ -134,6 +137,38 @@ class FakeReader:
     ) -> list[tuple[str, int, int]]:
         self.calls.append(("reset", group, topic, ts, security))
         return [("broker-a", 0, 4)]
+
+    def broker_names(self) -> list[str]:
+        return ["broker-a", "broker-<b>"]
+
+    def update_topic(self, spec: TopicSpec, broker: str, security: ClientSecurity) -> list[str]:
+        self._maybe_fail()
+        self.calls.append(("topic-update", spec, broker, security))
+        return [broker] if broker else ["broker-a", "broker-b"]
+
+    def delete_topic(self, topic: str, broker: str, security: ClientSecurity) -> list[str]:
+        self._maybe_fail()
+        self.calls.append(("topic-delete", topic, broker, security))
+        return ["broker-a"]
+
+    def update_group(
+        self, config: Any, broker: str, security: ClientSecurity
+    ) -> list[tuple[str, Any]]:
+        self._maybe_fail()
+        self.calls.append(("group-update", config, broker, security))
+        return [("broker-a", config)]
+
+    def delete_group(self, group: str, broker: str, security: ClientSecurity) -> list[str]:
+        self._maybe_fail()
+        self.calls.append(("group-delete", group, broker, security))
+        return ["broker-a"]
+
+    def send_test(self, msg: Message, security: ClientSecurity) -> SendResult:
+        self._maybe_fail()
+        self.calls.append(("send", msg, security))
+        return SendResult(
+            "SENTID", "OFFSETID", MessageQueue(msg.topic, "broker-a", 3), 41, 9, False
+        )
 
     def close(self) -> None:
         pass
@@ -349,6 +384,122 @@ def test_plaintext_group_actions_need_only_the_confirmation() -> None:
         assert 'name="secret_key"' not in page
         resp = client.post("/actions/resend", data={"group": "g1", "csrf": _token(page)})
         assert resp.status_code == 200 and reader.calls[0][:3] == ("resend", "g1", "")
+
+
+def _confirm_and_do(client: TestClient, path: str) -> tuple[str, Any]:
+    """Open a confirmation page, then POST its form as the page would (hidden fields, token,
+    and the admin's credentials when the page asks for them)."""
+    page = client.get(path)
+    assert page.status_code == 200, page.text
+    fields = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)"', page.text))
+    if 'name="secret_key"' in page.text:
+        fields.update(access_key="ops", secret_key="ops-secret-1")
+    action = path.split("?")[0].rsplit("/", 1)[1]
+    return page.text, client.post("/actions/" + action, data=_unescape(fields))
+
+
+def _unescape(fields: dict[str, str]) -> dict[str, str]:
+    return {k: html.unescape(v) for k, v in fields.items()}
+
+
+def test_topic_and_group_actions_confirm_then_act_as_the_user() -> None:
+    reader = FakeReader(secure=True)
+    client, _ = client_for(reader)
+    ops = Credentials("ops", "ops-secret-1")
+    with client:
+        topics = client.get("/topics").text
+        assert 'id="topic-form"' in topics and "broker-&lt;b&gt;" in topics
+        page, done = _confirm_and_do(
+            client,
+            "/actions/topic-update?topic=New<T>&queues=4&perm=4&message_type=FIFO&broker=broker-a",
+        )
+        assert "New&lt;T&gt;" in page and "read only" in page and "broker-a</strong> only" in page
+        assert done.status_code == 200 and "created or updated on broker-a" in done.text
+        ((name, spec, broker, security),) = reader.calls
+        assert (name, spec, broker) == (
+            "topic-update",
+            TopicSpec("New<T>", 4, 4, "FIFO"),
+            "broker-a",
+        )
+        assert security.credentials == ops
+        reader.calls.clear()
+        page, done = _confirm_and_do(client, "/actions/topic-delete?topic=Old")
+        assert "<strong>every</strong> broker group" in page and done.status_code == 200
+        assert reader.calls[0][:3] == ("topic-delete", "Old", "")
+        reader.calls.clear()
+        page, done = _confirm_and_do(
+            client, "/actions/group-update?group=G1&orderly=true&retries=3"
+        )
+        assert "orderly" in page and "at most <strong>3</strong> retries" in page
+        (_, config, broker, security) = reader.calls[0]
+        assert (config.group, config.consume_message_orderly, config.max_delivery_attempts) == (
+            "G1",
+            True,
+            4,
+        )
+        assert broker == "" and security.credentials == ops and done.status_code == 200
+        reader.calls.clear()
+        page, done = _confirm_and_do(client, "/actions/group-delete?group=G1&broker=broker-a")
+        assert reader.calls[0][:3] == ("group-delete", "G1", "broker-a")
+        assert "Subscription group <strong>G1</strong> deleted on broker-a" in done.text
+        # The broker's refusal is the result page's banner.
+        reader.calls.clear()
+        reader.fail = MQClientError("PERMISSION_DENIED", "PERMISSION_DENIED", "ops may not <x>")
+        _, done = _confirm_and_do(client, "/actions/group-delete?group=G1")
+        assert done.status_code == 502
+        assert "PERMISSION_DENIED (PERMISSION_DENIED): ops may not &lt;x&gt;" in done.text
+
+
+def test_a_test_send_shows_the_brokers_answer_and_keeps_the_body_as_typed() -> None:
+    reader = FakeReader(secure=False)
+    client, _ = client_for(reader)
+    body = HOSTILE + "\nsecond line"
+    with client:
+        assert 'id="send-form"' in client.get("/topic?name=Orders").text
+        query = urllib.parse.urlencode(
+            {"topic": "Orders", "tag": "t<1>", "keys": "k1 k2", "body": body}
+        )
+        page, done = _confirm_and_do(client, "/actions/send?" + query)
+        assert "<script>window" not in page and "&lt;script&gt;window" in page
+        assert done.status_code == 200
+        assert 'id="sent-id">SENTID<' in done.text and "<td>41</td>" in done.text
+        ((_, msg, _),) = reader.calls
+        assert (msg.topic, msg.tags, msg.keys, msg.body) == (
+            "Orders",
+            "t<1>",
+            ("k1", "k2"),
+            body.encode(),
+        )
+
+
+def test_action_inputs_are_bounded_and_nothing_is_called() -> None:
+    reader = FakeReader(secure=False)
+    client, settings = client_for(reader)
+    bad_queries = [
+        "topic-update?topic=T&queues=0&perm=6&message_type=NORMAL",
+        "topic-update?topic=T&queues=1025&perm=6&message_type=NORMAL",
+        "topic-update?topic=T&queues=x&perm=6&message_type=NORMAL",
+        "topic-update?topic=T&queues=8&perm=7&message_type=NORMAL",
+        "topic-update?topic=T&queues=8&perm=6&message_type=STRANGE",
+        "topic-update?topic=" + "t" * 256 + "&queues=8&perm=6&message_type=NORMAL",
+        "topic-delete?topic=",
+        "topic-delete?topic=T&broker=" + "b" * 256,
+        "group-update?group=G&orderly=maybe",
+        "group-update?group=G&retries=1000",
+        "group-delete?group=G%01",
+        "send?topic=T&body=" + "b" * 2049,
+        "send?topic=T&body=%00",
+        "send?topic=T&tag=" + "t" * 256,
+        "nothing?topic=T",
+    ]
+    with client:
+        for query in bad_queries:
+            resp = client.get("/actions/" + query)
+            assert resp.status_code == 400, query
+            action, params = query.split("?", 1)
+            form = {**dict(urllib.parse.parse_qsl(params)), "csrf": settings.csrf_token}
+            assert client.post("/actions/" + action, data=form).status_code == 400, query
+        assert reader.calls == []
 
 
 def test_command_line_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
