@@ -353,11 +353,20 @@ class Dashboard:
 
     async def charts(self, request: Request) -> Response:
         return await self.render(
-            request, "charts.html", lambda: {"interval_ms": self.sampler.interval_ms}
+            request, "charts.html", dict, {"interval_ms": self.sampler.interval_ms}
         )
 
     async def series(self, request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(self.sampler.series))
+        def build() -> dict[str, Any]:
+            series = self.sampler.series()
+            down = self.reader.namesrv_problem()
+            if down:  # one line naming the NameServer, as the pages' banner
+                series["errors"] = [
+                    f"the NameServer {self.settings.namesrv_addr} is unreachable: {down}"
+                ]
+            return series
+
+        return JSONResponse(await run_in_threadpool(build))
 
 
 def _now_ms() -> int:

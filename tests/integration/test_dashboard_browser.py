@@ -36,6 +36,7 @@ from support import create_topic, wait_for
 
 from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
 from client.admin import MQAdmin
+from client.errors import MQClientError
 from client.message import Message, MessageQueue
 from client.route import ChannelPool
 from mqcluster.cluster import LocalCluster, _free_port
@@ -386,6 +387,125 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
     killed = driver.find_element(By.CSS_SELECTOR, f'tr[data-node="{old_leader}"]').text
     assert "UNREACHABLE" in killed
     _shot(driver, "clusters_after_kill")
+
+
+# -- the operations: topics, subscription groups, a test send; the NameServer down ----------
+
+NEW_TOPIC = "DashMade"
+NEW_GROUP = "dash-made"
+
+
+def _act(
+    driver: Any,
+    button: str,
+    fields: dict[str, str],
+    credentials: dict[str, str],
+    shot: str = "",
+) -> str:
+    """On the current page: fill ``fields`` of the form of ``button``, press it, confirm with
+    ``credentials`` (screenshot ``shot`` of the confirmation page); the answer shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    form = driver.find_element(By.ID, button).find_element(By.XPATH, "./ancestor::form")
+    for name, value in fields.items():
+        element = form.find_element(By.NAME, name)
+        if element.tag_name == "select":
+            Select(element).select_by_value(value)
+        else:
+            element.clear()
+            element.send_keys(value)
+    driver.find_element(By.ID, button).click()
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#do, #error")),
+        PAGE_DEADLINE_S,
+        "the confirmation page",
+    )
+    if not driver.find_elements(By.ID, "do"):
+        return str(driver.find_element(By.ID, "error").text)
+    driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+    driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
+    if shot:
+        _shot(driver, shot)
+    driver.find_element(By.ID, "do").click()
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#done, #error")),
+        PAGE_DEADLINE_S,
+        "the action's answer",
+    )
+    return str(driver.find_element(By.CSS_SELECTOR, "#done, #error").text)
+
+
+def _topic_queues(admin: MQAdmin, topic: str) -> int:
+    try:
+        return len(admin.topic_status(topic))
+    except MQClientError:
+        return 0
+
+
+def _sub_group(admin: MQAdmin, group: str) -> list[bpb.SubscriptionGroup]:
+    return [c for cs in admin.sub_groups().values() for c in cs if c.group == group]
+
+
+def test_dashboard_actions_in_a_browser(browser: Any, group: LocalCluster, dashboard: str) -> None:
+    """Create a topic, send it a test message, create and delete a subscription group, delete
+    the topic, each confirmed with the admin's keys, each checked through mqadmin's calls; the
+    dashboard's read-only user refused; then the NameServer killed: the page says so."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    assert group.namesrv is not None
+    admin = MQAdmin(group.namesrv.addr, group.client_security())
+    credentials = json.loads(Path(group.layout.admin_credentials).read_text())
+    # A topic, 2 queues, on every broker group.
+    _open(driver, dashboard + "/topics", "Create or update a topic")
+    fields = {"topic": NEW_TOPIC, "queues": "2", "perm": "6", "message_type": "NORMAL"}
+    answer = _act(driver, "topic-create", fields, credentials, shot="action_topic_confirm")
+    assert f"Topic {NEW_TOPIC} created or updated on broker-a" in answer, answer
+    _shot(driver, "action_topic_done")
+    assert _topic_queues(admin, NEW_TOPIC) == 2
+    # A test message with a hostile body: shown as text on the confirmation page, stored as typed.
+    _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Send a test message")
+    fields = {"tag": "probe", "keys": "probe-1 probe-2", "body": HOSTILE}
+    answer = _act(driver, "send", fields, credentials, shot="action_send_confirm")
+    assert answer.startswith("Sent"), answer
+    assert driver.execute_script("return window.__xss === undefined")
+    sent_id = driver.find_element(By.ID, "sent-id").text
+    _shot(driver, "action_send_done")
+    [found] = admin.query_msg_by_key(NEW_TOPIC, "probe-2", 4)
+    assert (found.msg_id, found.tags, found.body) == (sent_id, "probe", HOSTILE.encode())
+    # The dashboard's own read-only user may not delete: the broker's refusal, nothing deleted.
+    _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Delete topic")
+    answer = _act(driver, "topic-delete", {}, VIEWER)
+    assert "PERMISSION_DENIED" in answer, answer
+    _shot(driver, "action_refused")
+    assert _topic_queues(admin, NEW_TOPIC) == 2
+    # A subscription group: orderly, 3 retries; then deleted.
+    _open(driver, dashboard + "/consumers", "Create or update a subscription group")
+    fields = {"group": NEW_GROUP, "orderly": "true", "retries": "3"}
+    answer = _act(driver, "group-create", fields, credentials, shot="action_group_confirm")
+    assert f"Subscription group {NEW_GROUP} created or updated on broker-a" in answer, answer
+    [config] = _sub_group(admin, NEW_GROUP)
+    assert config.consume_message_orderly and config.max_delivery_attempts == 4
+    _open(driver, dashboard + "/consumers", "Delete a subscription group")
+    answer = _act(driver, "group-delete", {"group": NEW_GROUP}, credentials)
+    assert f"Subscription group {NEW_GROUP} deleted on broker-a" in answer, answer
+    assert _sub_group(admin, NEW_GROUP) == []
+    # The topic deleted: gone from the NameServer's list once the group registers again.
+    _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Delete topic")
+    answer = _act(driver, "topic-delete", {}, credentials)
+    assert f"Topic {NEW_TOPIC} deleted on broker-a" in answer, answer
+    wait_for(
+        lambda: NEW_TOPIC not in admin.topic_list(), PAGE_DEADLINE_S, "the topic to leave routes"
+    )
+    # The NameServer down: every page is one banner naming it.
+    group.signal_namesrv(signal.SIGKILL)
+    for path in ("/", "/topics", "/consumers", "/charts"):
+        text = _open(driver, dashboard + path, "is unreachable")
+        assert f"The NameServer {group.namesrv.addr} is unreachable." in text
+        assert len(driver.find_elements(By.CSS_SELECTOR, ".error, .warning")) == 1
+        if path == "/":
+            _shot(driver, "namesrv_down")
 
 
 # -- a cluster of two broker groups (mqcluster up --groups 2) --------------------------------

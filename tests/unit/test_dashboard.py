@@ -253,6 +253,8 @@ def test_an_unreachable_nameserver_is_one_banner_naming_it_on_every_page() -> No
             assert "connection &lt;refused&gt;" in resp.text
             assert 'id="nav-charts"' in resp.text  # the whole page, with its navigation
         assert reader.calls == []  # nothing read past the check
+        [line] = client.get("/api/series").json()["errors"]
+        assert line.startswith("the NameServer 127.0.0.1:9876 is unreachable: ")
         form = {"csrf": settings.csrf_token, "group": "g1"}
         assert client.post("/actions/resend", data=form).status_code == 502
         assert reader.calls == []
