@@ -65,6 +65,11 @@ ROUTE_MAX_AGE_S = 5.0
 ACTION_TIMEOUT_S = 10.0
 # The producer group of the dashboard's test sends (a producer group names the sender only).
 SEND_GROUP = "mqdashboard-send"
+# Keys and characters shown of one node's config (a node's answer is input too).
+MAX_CONFIG_KEYS = 1_000
+MAX_CONFIG_CHARS = 1_024
+# Consumer groups whose client lists the clients page reads (one call per broker group each).
+MAX_CLIENT_GROUPS = 50
 # Calls in flight at once (Metadata of every node, offsets of every group).
 MAX_PARALLEL_CALLS = 8
 # A NameServer answer this recent (any read, the sampler's every interval) spares a page its
@@ -556,6 +561,40 @@ class GroupReader:
         done = admin.reset_offset_by_time(group, topic, timestamp_ms)
         return [(r.broker_name, r.queue_id, r.offset) for r in done]
 
+    # -- broker configs and clients ---------------------------------------------------------
+
+    def broker_configs(self) -> list[NodeConfig]:
+        """Every registered node's broker.conf as it runs (``GetBrokerConfig``: credentials
+        only as "(set)"), in parallel; a node that does not answer has its error."""
+        members = [
+            (g.broker_name, m)
+            for c in self.cluster_info().clusters
+            for g in c.groups
+            for m in sorted(g.members, key=lambda m: m.node_id)
+        ]
+        return list(self._pool.map(lambda bm: self._config_of(*bm), members))
+
+    def _config_of(self, broker_name: str, m: ns_pb.MemberInfo) -> NodeConfig:
+        try:
+            resp = self.channels.broker(m.client_addr).GetBrokerConfig(
+                pb.GetBrokerConfigRequest(), timeout=READ_TIMEOUT_S
+            )
+        except grpc.RpcError as exc:
+            return NodeConfig(broker_name, m.node_id, m.client_addr, {}, error_text(exc))
+        items = sorted(resp.config.items())[:MAX_CONFIG_KEYS]
+        config = {k[:MAX_CONFIG_CHARS]: v[:MAX_CONFIG_CHARS] for k, v in items}
+        return NodeConfig(broker_name, m.node_id, m.client_addr, config)
+
+    def clients(self) -> list[tuple[str, str, str]]:
+        """(consumer group, broker group, client id) of every live consumer, for the first
+        MAX_CLIENT_GROUPS consumer groups with one online."""
+        online = [g.name for g in self.consumer_groups(exact_clients=False) if g.online_clients]
+        leaders = self._leaders()
+        out: list[tuple[str, str, str]] = []
+        for group in online[:MAX_CLIENT_GROUPS]:
+            out += [(group, b, c) for b, c in self._clients_of(group, leaders)]
+        return out
+
     # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
 
     def broker_names(self) -> list[str]:
@@ -610,6 +649,17 @@ class GroupReader:
         """Send ``msg`` once as ``security`` (producer group SEND_GROUP); the broker's answer."""
         with Producer(SEND_GROUP, self.namesrv_addr, security=security) as producer:
             return producer.send(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """One node's broker.conf as ``GetBrokerConfig`` answered it."""
+
+    broker_name: str
+    node_id: str
+    client_addr: str
+    config: dict[str, str]
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,6 +722,7 @@ __all__ = [
     "GroupReader",
     "GroupView",
     "LagRow",
+    "NodeConfig",
     "NodeView",
     "QueueRow",
     "ShownMessage",

@@ -38,7 +38,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.errors import MQClientError
 from client.message import Message as MQMessage
-from mqdashboard.reader import MAX_MESSAGES, GroupReader, TopicSpec, TopicView, error_text
+from mqdashboard.reader import (
+    MAX_CLIENT_GROUPS,
+    MAX_MESSAGES,
+    GroupReader,
+    TopicSpec,
+    TopicView,
+    error_text,
+)
 from mqdashboard.sampler import Sampler
 from mqerrors import codes as E
 from mqsecurity.channels import ClientSecurity
@@ -351,6 +358,22 @@ class Dashboard:
             request, "messages.html", build, {"form": form, "max_messages": MAX_MESSAGES}
         )
 
+    async def config(self, request: Request) -> Response:
+        def build() -> dict[str, Any]:
+            nodes = self.reader.broker_configs()
+            keys = sorted({k for n in nodes for k in n.config})
+            differs = {k for k in keys if len({n.config.get(k) for n in nodes if not n.error}) > 1}
+            return {"nodes": nodes, "keys": keys, "differs": differs}
+
+        return await self.render(request, "config.html", build)
+
+    async def clients(self, request: Request) -> Response:
+        return await self.render(
+            request,
+            "clients.html",
+            lambda: {"clients": self.reader.clients(), "max_groups": MAX_CLIENT_GROUPS},
+        )
+
     async def charts(self, request: Request) -> Response:
         return await self.render(
             request, "charts.html", dict, {"interval_ms": self.sampler.interval_ms}
@@ -584,6 +607,8 @@ def create_app(
         get("/consumer", board.consumer),
         get("/messages", board.messages),
         get("/charts", board.charts),
+        get("/config", board.config),
+        get("/clients", board.clients),
         get("/api/series", board.series),
         get("/actions/{action:str}", actions.confirm),
         Route("/actions/{action:str}", actions.do, methods=["POST"]),

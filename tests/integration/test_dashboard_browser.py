@@ -474,6 +474,24 @@ def test_dashboard_actions_in_a_browser(browser: Any, group: LocalCluster, dashb
     _shot(driver, "action_send_done")
     [found] = admin.query_msg_by_key(NEW_TOPIC, "probe-2", 4)
     assert (found.msg_id, found.tags, found.body) == (sent_id, "probe", HOSTILE.encode())
+    # Clients: a live consumer of the new topic, listed with its client id per broker group.
+    consumer = PushConsumer(NEW_GROUP, group.namesrv.addr, security=group.client_security())
+    consumer.subscribe(NEW_TOPIC, "*")
+    consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
+    consumer.start()
+    try:
+        text = _open(driver, dashboard + "/clients", NEW_GROUP)
+        [row] = [r for r in text.splitlines() if r.startswith(NEW_GROUP)]
+        assert "broker-a" in row and "@" in row
+        assert "Producers are not tracked" in text
+        _shot(driver, "clients")
+    finally:
+        consumer.shutdown()
+    # The config of every node, as the dashboard's read-only user reads it.
+    text = _open(driver, dashboard + "/config", "broker-a/n2")
+    assert "broker-a/n0" in text and "broker-a/n1" in text
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#config tr[data-key]")) >= 10
+    _shot(driver, "config")
     # The dashboard's own read-only user may not delete: the broker's refusal, nothing deleted.
     _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Delete topic")
     answer = _act(driver, "topic-delete", {}, VIEWER)

@@ -22,6 +22,7 @@ from mqdashboard.reader import (
     GroupReader,
     GroupView,
     LagRow,
+    NodeConfig,
     NodeView,
     QueueRow,
     ShownMessage,
@@ -138,6 +139,18 @@ class FakeReader:
         self.calls.append(("reset", group, topic, ts, security))
         return [("broker-a", 0, 4)]
 
+    def broker_configs(self) -> list[NodeConfig]:
+        self._maybe_fail()
+        return [
+            NodeConfig("broker-a", "n0", "127.0.0.1:1", {"flushDiskType": "SYNC", "k<x>": "v<y>"}),
+            NodeConfig("broker-a", "n1", "127.0.0.1:2", {"flushDiskType": "ASYNC"}),
+            NodeConfig("broker-a", "n2", "127.0.0.1:3", {}, "UNAVAILABLE: <down>"),
+        ]
+
+    def clients(self) -> list[tuple[str, str, str]]:
+        self._maybe_fail()
+        return [("g1", "broker-a", "10.0.0.1@1<x>"), ("g1", "broker-b", "10.0.0.1@1<x>")]
+
     def broker_names(self) -> list[str]:
         return ["broker-a", "broker-<b>"]
 
@@ -209,6 +222,8 @@ def test_every_page_renders_and_escapes_hostile_values() -> None:
             "/consumers",
             "/consumer?group=g1",
             "/charts",
+            "/config",
+            "/clients",
             "/messages",
             "/messages?mode=key&topic=T&key=k",
         ]:
@@ -228,6 +243,8 @@ def test_every_page_renders_and_escapes_hostile_values() -> None:
 
 PAGES = [
     "/",
+    "/config",
+    "/clients",
     "/topics",
     "/topic?name=Orders",
     "/consumers",
@@ -282,12 +299,41 @@ def test_a_real_reader_says_the_nameserver_is_unreachable() -> None:
             assert time.monotonic() - started < 5.0
 
 
+def test_the_config_page_shows_every_node_and_marks_keys_that_differ() -> None:
+    client, _ = client_for(FakeReader())
+    with client:
+        resp = client.get("/config")
+        assert resp.status_code == 200
+        rows = dict(re.findall(r'<tr data-key="([^"]+)">(.*?)</tr>', resp.text))
+        assert "<strong>differs</strong>" in rows["flushDiskType"]
+        assert "<td>-</td>" in rows["k&lt;x&gt;"] and "differs" in rows["k&lt;x&gt;"]
+        assert "<td>SYNC</td><td>ASYNC</td><td>?</td>" in rows["flushDiskType"]
+        assert "v&lt;y&gt;" in rows["k&lt;x&gt;"] and "UNAVAILABLE: &lt;down&gt;" in resp.text
+
+
+def test_the_clients_page_lists_consumers_and_says_what_is_not_tracked() -> None:
+    client, _ = client_for(FakeReader())
+    with client:
+        resp = client.get("/clients")
+        assert resp.status_code == 200
+        assert resp.text.count("10.0.0.1@1&lt;x&gt;") == 2
+        assert "Producers</strong> are not tracked" in resp.text
+        assert "Client versions</strong> are not shown" in resp.text
+
+
 def test_errors_from_the_group_are_shown_never_a_blank_page() -> None:
     reader = FakeReader()
     reader.fail = MQClientError("NO_LEADER", "UNAVAILABLE", "broker-a: no <leader>")
     client, _ = client_for(reader)
     with client:
-        for path in ["/", "/topics", "/consumers", "/messages?mode=key&topic=T&key=k"]:
+        for path in [
+            "/",
+            "/topics",
+            "/consumers",
+            "/config",
+            "/clients",
+            "/messages?mode=key&topic=T&key=k",
+        ]:
             resp = client.get(path)
             assert resp.status_code == 502
             assert "NO_LEADER (UNAVAILABLE): broker-a: no &lt;leader&gt;" in resp.text
