@@ -561,6 +561,47 @@ class GroupReader:
         done = admin.reset_offset_by_time(group, topic, timestamp_ms)
         return [(r.broker_name, r.queue_id, r.offset) for r in done]
 
+    # -- logins -----------------------------------------------------------------------------
+
+    def check_user(self, security: ClientSecurity) -> list[str]:
+        """Authenticate ``security``'s user with every broker group (each keeps its own users):
+        one signed ``GetBrokerConfig`` read (``Cluster Get``) on a member of each.
+        ``UNAUTHENTICATED`` (an unknown AccessKey, a wrong SecretKey, a disabled user) is
+        raised naming the group; an answer or ``PERMISSION_DENIED`` (a user that may not read
+        the cluster: authenticated all the same) passes. The broker groups checked."""
+        leaders = self._leaders()
+        if not leaders:
+            raise MQClientError.local(E.NO_BROKER, "no broker group is registered")
+        channels = ChannelPool(security)
+        try:
+            for name, addrs in sorted(leaders.items()):
+                self._authenticate(channels, name, addrs)
+        finally:
+            channels.close()
+        return sorted(leaders)
+
+    @staticmethod
+    def _authenticate(channels: ChannelPool, broker_name: str, addrs: list[str]) -> None:
+        last: MQClientError | None = None
+        for addr in addrs:  # the registered leader first; a dead member passes to the next
+            try:
+                channels.broker(addr).GetBrokerConfig(
+                    pb.GetBrokerConfigRequest(), timeout=METADATA_TIMEOUT_S
+                )
+                return
+            except grpc.RpcError as exc:
+                err = MQClientError.from_rpc(exc)
+                if err.status == "PERMISSION_DENIED":
+                    return  # authorization comes after authentication: the user is known
+                if err.status == "UNAUTHENTICATED":
+                    raise MQClientError(
+                        err.code, err.status, f"{broker_name}: {err.message}"
+                    ) from exc
+                last = err
+        if last is None:
+            raise MQClientError.local(E.NO_BROKER, f"{broker_name}: no member is registered")
+        raise MQClientError(last.code, last.status, f"{broker_name}: {last.message}")
+
     # -- broker configs and clients ---------------------------------------------------------
 
     def broker_configs(self) -> list[NodeConfig]:

@@ -47,6 +47,7 @@ from mqdashboard.reader import (
     error_text,
 )
 from mqdashboard.sampler import Sampler
+from mqdashboard.sessions import COOKIE_NAME, Session, SessionTable
 from mqerrors import codes as E
 from mqsecurity.channels import ClientSecurity
 from mqsecurity.credentials import Credentials
@@ -111,6 +112,10 @@ class BadInput(ValueError):
     """A request the dashboard refuses before calling the cluster (400)."""
 
 
+class LoginRefused(BadInput):
+    """A login the group refused: an unknown AccessKey or a wrong SecretKey (401)."""
+
+
 @dataclass
 class Settings:
     """What the pages need besides the reader: the token that POSTs must carry, and whether
@@ -119,6 +124,8 @@ class Settings:
     namesrv_addr: str
     actions_need_credentials: bool
     csrf_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    # Logins (a secure group only): the sessions of the users who logged in.
+    sessions: SessionTable = field(default_factory=SessionTable)
 
 
 class SecurityHeaders:
@@ -239,9 +246,13 @@ class Dashboard:
     ) -> Response:
         """``build()`` in a worker thread, rendered into ``template``; when it fails, the same
         page with the error instead of its data."""
+        session = self.session(request)
         context: dict[str, Any] = {
             "namesrv": self.settings.namesrv_addr,
             "sample_errors": self.sampler.errors_now(),
+            "login_enabled": self.settings.actions_need_credentials,
+            "session_user": session.user if session else "",
+            "csrf": self.settings.csrf_token,
             **(base or {}),
         }
         status = 200
@@ -253,6 +264,8 @@ class Dashboard:
             return self.templates.TemplateResponse(request, template, context, status_code=502)
         try:
             context.update(await run_in_threadpool(build))
+        except LoginRefused as exc:
+            context["error"], status = str(exc), 401
         except BadInput as exc:
             context["error"], status = str(exc), 400
         except (MQClientError, SecurityError) as exc:
@@ -261,6 +274,10 @@ class Dashboard:
             log.exception("page %s failed", request.url.path)
             context["error"], status = error_text(exc), 500
         return self.templates.TemplateResponse(request, template, context, status_code=status)
+
+    def session(self, request: Request) -> Session | None:
+        """The live session of the request's cookie, or None."""
+        return self.settings.sessions.get(request.cookies.get(COOKIE_NAME, ""))
 
     async def clusters(self, request: Request) -> Response:
         return await self.render(
@@ -505,6 +522,87 @@ def back_link(action: str, params: Mapping[str, str]) -> str:
     return "/topics" if action == "topic-delete" else "/consumers"
 
 
+def acting_as(reads: ClientSecurity, credentials: Credentials) -> ClientSecurity:
+    """The dashboard's TLS settings, signed as ``credentials``."""
+    return ClientSecurity(tls=reads.tls, credentials=credentials, server_name=reads.server_name)
+
+
+def typed_credentials(access_key: str, secret_key: str) -> Credentials:
+    try:
+        return Credentials(access_key, secret_key)
+    except SecurityError as exc:
+        raise BadInput(str(exc)) from None
+
+
+class Logins:
+    """Log in (a form whose AccessKey and SecretKey are checked against every broker group),
+    log out; both POSTs carry the page's token, as the actions'."""
+
+    def __init__(self, board: Dashboard, actions: Actions) -> None:
+        self.board = board
+        self.actions = actions
+
+    def _not_secure(self) -> None:
+        if not self.board.settings.actions_need_credentials:
+            raise BadInput("this group is not secure: actions need no login")
+
+    async def form(self, request: Request) -> Response:
+        def build() -> dict[str, Any]:
+            self._not_secure()
+            return {}
+
+        return await self.board.render(request, "login.html", build)
+
+    async def login(self, request: Request) -> Response:
+        form, problem = await self.actions.checked_form(request)
+        opened: list[str] = []
+
+        def build() -> dict[str, Any]:
+            if problem:
+                raise BadInput(problem)
+            self._not_secure()
+            credentials = typed_credentials(
+                bounded(form.get("access_key", ""), "AccessKey", MAX_ID_CHARS),
+                form.get("secret_key", ""),
+            )
+            reads = self.board.reader.security
+            try:
+                groups = self.board.reader.check_user(acting_as(reads, credentials))
+            except MQClientError as exc:
+                if exc.status != "UNAUTHENTICATED":
+                    raise
+                raise LoginRefused(f"the group refused the login: {error_text(exc)}") from None
+            opened.append(self.board.settings.sessions.open(credentials))
+            user = credentials.access_key
+            return {"logged_in": user, "groups": groups, "session_user": user}
+
+        response = await self.board.render(request, "login.html", build)
+        if opened:
+            response.set_cookie(
+                COOKIE_NAME,
+                opened[0],
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+                path="/",
+            )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        _, problem = await self.actions.checked_form(request)
+
+        def build() -> dict[str, Any]:
+            if problem:
+                raise BadInput(problem)
+            self.board.settings.sessions.close(request.cookies.get(COOKIE_NAME, ""))
+            return {"logged_out": True, "session_user": ""}
+
+        response = await self.board.render(request, "login.html", build)
+        if not problem:
+            response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
+        return response
+
+
 class Actions:
     """The actions of ACTIONS: a GET shows exactly what will happen and asks to confirm; only
     the POST of that page (with its token) acts, as the acting user."""
@@ -530,12 +628,8 @@ class Actions:
 
     async def do(self, request: Request) -> Response:
         action = request.path_params["action"]
-        try:
-            form = await read_form(request)
-        except BadInput as exc:
-            form, problem = {}, str(exc)
-        else:
-            problem = self._refusal(request, form)
+        form, problem = await self.checked_form(request)
+        session = self.board.session(request)
         # What the result page may show: never the typed secret.
         shown = {k: v for k, v in form.items() if k in ("group", "topic")}
         base = {"action": action, "params": shown, "back": back_link(action, shown)}
@@ -544,10 +638,19 @@ class Actions:
             if problem:
                 raise BadInput(problem)
             args = parse_action(action, form)
-            result = run_action(self.board.reader, action, args, self._security(form))
+            security = self._security(form, session)
+            result = run_action(self.board.reader, action, args, security)
             return {"args": args, **result}
 
         return await self.board.render(request, "done.html", build, base)
+
+    async def checked_form(self, request: Request) -> tuple[dict[str, str], str]:
+        """The POSTed form and why it may not act ("" when it may)."""
+        try:
+            form = await read_form(request)
+        except BadInput as exc:
+            return {}, str(exc)
+        return form, self._refusal(request, form)
 
     def _refusal(self, request: Request, form: dict[str, str]) -> str:
         """Why this POST may not act ("" when it may): it must carry the token of a page this
@@ -560,18 +663,20 @@ class Actions:
             return f"a form from another site ({origin[:80]}) may not act here"
         return ""
 
-    def _security(self, form: dict[str, str]) -> ClientSecurity:
+    def _security(self, form: dict[str, str], session: Session | None) -> ClientSecurity:
+        """Who an action is signed as: the logged-in user, else the keys typed on its page
+        (never the dashboard's own credentials, on a secure group)."""
         reads = self.board.reader.security
         if not self.board.settings.actions_need_credentials:
             return reads
+        if session is not None:
+            return acting_as(reads, session.credentials)
         access_key, secret_key = form.get("access_key", ""), form.get("secret_key", "")
         if not access_key or not secret_key:
-            raise BadInput("this group is secure: an action needs an AccessKey and SecretKey")
-        try:
-            credentials = Credentials(access_key, secret_key)
-        except SecurityError as exc:
-            raise BadInput(str(exc)) from None
-        return ClientSecurity(tls=reads.tls, credentials=credentials, server_name=reads.server_name)
+            raise BadInput(
+                "this group is secure: an action needs an AccessKey and SecretKey (or a login)"
+            )
+        return acting_as(reads, typed_credentials(access_key, secret_key))
 
 
 def create_app(
@@ -585,6 +690,7 @@ def create_app(
     a page of another site cannot reach the dashboard by renaming itself, DNS rebinding)."""
     board = Dashboard(reader, sampler, settings)
     actions = Actions(board)
+    logins = Logins(board, actions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -610,6 +716,9 @@ def create_app(
         get("/config", board.config),
         get("/clients", board.clients),
         get("/api/series", board.series),
+        get("/login", logins.form),
+        Route("/login", logins.login, methods=["POST"]),
+        Route("/logout", logins.logout, methods=["POST"]),
         get("/actions/{action:str}", actions.confirm),
         Route("/actions/{action:str}", actions.do, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("mqdashboard", "static")]), name="static"),

@@ -423,8 +423,9 @@ def _act(
     )
     if not driver.find_elements(By.ID, "do"):
         return str(driver.find_element(By.ID, "error").text)
-    driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
-    driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
+    if credentials:  # else logged in: the page asks for no keys
+        driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+        driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
     if shot:
         _shot(driver, shot)
     driver.find_element(By.ID, "do").click()
@@ -434,6 +435,32 @@ def _act(
         "the action's answer",
     )
     return str(driver.find_element(By.CSS_SELECTOR, "#done, #error").text)
+
+
+def _login(driver: Any, dashboard: str, credentials: dict[str, str]) -> None:
+    """Log in on the login page: a wrong SecretKey is refused first, then ``credentials``."""
+    from selenium.webdriver.common.by import By
+
+    for secret, expect in (("wrong-secret-0001", "#error"), (credentials["secretKey"], "")):
+        _open(driver, dashboard + "/login", "Log in with a user")
+        driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+        driver.find_element(By.NAME, "secret_key").send_keys(secret)
+        if expect == "":
+            _shot(driver, "login")
+        driver.find_element(By.ID, "do-login").click()
+        wait_for(
+            lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#logged-in, #error")),
+            PAGE_DEADLINE_S,
+            "the login's answer",
+        )
+        if expect:
+            assert "UNAUTHENTICATED" in driver.find_element(By.ID, "error").text
+            assert not driver.get_cookies()
+    assert driver.find_element(By.ID, "session-user").text == credentials["accessKey"]
+    [cookie] = driver.get_cookies()
+    assert cookie["name"] == "mqdashboard_session" and cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict"
+    assert credentials["secretKey"] not in cookie["value"]
 
 
 def _topic_queues(admin: MQAdmin, topic: str) -> int:
@@ -448,9 +475,11 @@ def _sub_group(admin: MQAdmin, group: str) -> list[bpb.SubscriptionGroup]:
 
 
 def test_dashboard_actions_in_a_browser(browser: Any, group: LocalCluster, dashboard: str) -> None:
-    """Create a topic, send it a test message, create and delete a subscription group, delete
-    the topic, each confirmed with the admin's keys, each checked through mqadmin's calls; the
-    dashboard's read-only user refused; then the NameServer killed: the page says so."""
+    """Create a topic, send it a test message, create and delete a subscription group, each
+    confirmed with the admin's keys, each checked through mqadmin's calls; the dashboard's
+    read-only user refused; the clients and config pages; a login as the admin (a wrong
+    SecretKey refused first) deleting the topic without keys, and a logout; then the
+    NameServer killed: the page says so."""
     from selenium.webdriver.common.by import By
 
     driver = browser
@@ -509,10 +538,16 @@ def test_dashboard_actions_in_a_browser(browser: Any, group: LocalCluster, dashb
     answer = _act(driver, "group-delete", {"group": NEW_GROUP}, credentials)
     assert f"Subscription group {NEW_GROUP} deleted on broker-a" in answer, answer
     assert _sub_group(admin, NEW_GROUP) == []
-    # The topic deleted: gone from the NameServer's list once the group registers again.
+    # Log in as the admin: a session cookie (HttpOnly, SameSite=Strict), and the topic deleted
+    # without typing keys, signed as the session's user; then log out.
+    _login(driver, dashboard, credentials)
     _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Delete topic")
-    answer = _act(driver, "topic-delete", {}, credentials)
+    answer = _act(driver, "topic-delete", {}, {}, shot="action_signed_as")
     assert f"Topic {NEW_TOPIC} deleted on broker-a" in answer, answer
+    driver.find_element(By.ID, "logout").click()
+    wait_for(lambda: bool(driver.find_elements(By.ID, "logged-out")), PAGE_DEADLINE_S, "logout")
+    assert not driver.find_elements(By.ID, "session-user")
+    assert not driver.get_cookies()
     wait_for(
         lambda: NEW_TOPIC not in admin.topic_list(), PAGE_DEADLINE_S, "the topic to leave routes"
     )

@@ -299,7 +299,7 @@ def _action_needs(action: str) -> str:
         for r, a in needs(_action_request(method), "c1"):
             if f"`{r} {a}`" not in wants:
                 wants.append(f"`{r} {a}`")
-    return " and ".join(wants) + ", with the credentials typed on its page"
+    return " and ".join(wants) + ", as the acting user (keys typed on its page, or logged in)"
 
 
 def _action_request(method: str) -> Any:
@@ -586,3 +586,37 @@ def test_the_dashboard_actions_for_every_caller(tmp_path: Path) -> None:
         return wrong
 
     assert asyncio.run(body()) == []
+
+
+def test_the_dashboard_login_authenticates_and_needs_no_permission(tmp_path: Path) -> None:
+    """A login is accepted for every user the group knows, whatever it may do (a user without
+    rules: PERMISSION_DENIED is an authenticated answer), and refused for a wrong SecretKey,
+    an unknown AccessKey and no credentials at all."""
+    guard = _guard(tmp_path)
+
+    async def body() -> dict[str, str]:
+        servers, namesrv_addr = await _dashboard_group(guard, _Recorder())
+        reader = GroupReader(namesrv_addr)
+        answers: dict[str, str] = {}
+        tries = {
+            **{name: creds for name, (creds, _, _, _) in CALLERS.items()},
+            "wrong secret": Credentials("admin", "not-the-secret-1"),
+            "unknown user": Credentials("stranger", "stranger-secret-1"),
+        }
+        try:
+            for name, creds in tries.items():
+                security = ClientSecurity(credentials=creds)
+                try:
+                    await asyncio.to_thread(reader.check_user, security)
+                    answers[name] = "ok"
+                except MQClientError as exc:
+                    answers[name] = exc.status
+        finally:
+            reader.close()
+            for server in servers:
+                await server.stop(None)
+        return answers
+
+    answers = asyncio.run(body())
+    refused = {"anonymous", "wrong secret", "unknown user"}
+    assert answers == {n: "UNAUTHENTICATED" if n in refused else "ok" for n in answers}

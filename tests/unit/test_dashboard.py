@@ -30,6 +30,7 @@ from mqdashboard.reader import (
     TopicView,
 )
 from mqdashboard.sampler import Sampler
+from mqdashboard.sessions import SessionTable
 from mqdashboard.web import MAX_FORM_BYTES, Settings, create_app, parse_time_ms
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials
@@ -138,6 +139,13 @@ class FakeReader:
     ) -> list[tuple[str, int, int]]:
         self.calls.append(("reset", group, topic, ts, security))
         return [("broker-a", 0, 4)]
+
+    def check_user(self, security: ClientSecurity) -> list[str]:
+        self._maybe_fail()
+        self.calls.append(("check_user", security.credentials))
+        if security.credentials != Credentials("ops", "ops-secret-1"):
+            raise MQClientError("UNAUTHENTICATED", "UNAUTHENTICATED", "broker-a: bad <signature>")
+        return ["broker-a"]
 
     def broker_configs(self) -> list[NodeConfig]:
         self._maybe_fail()
@@ -548,6 +556,94 @@ def test_action_inputs_are_bounded_and_nothing_is_called() -> None:
             form = {**dict(urllib.parse.parse_qsl(params)), "csrf": settings.csrf_token}
             assert client.post("/actions/" + action, data=form).status_code == 400, query
         assert reader.calls == []
+
+
+def test_the_session_table_is_bounded_in_size_and_time() -> None:
+    now = [0.0]
+    table = SessionTable(max_sessions=2, idle_s=10.0, max_age_s=25.0, clock=lambda: now[0])
+    ops = Credentials("ops", "ops-secret-1")
+    a, b = table.open(ops), table.open(ops)
+    assert a != b and len(a) == 43 and len(table) == 2
+    now[0] = 1.0
+    assert table.get(a) is not None  # a used after b: b is the one unused longest
+    c = table.open(ops)
+    assert len(table) == 2 and table.get(b) is None and table.get(c) is not None
+    now[0] = 9.0
+    assert table.get(a) is not None  # used at 1 and 9: never 10 s idle
+    now[0] = 19.5
+    assert table.get(c) is None  # unused since 1.0
+    now[0] = 26.0
+    assert table.get(a) is None  # used at 19.5 but older than 25 s
+    assert table.get("x" * 65) is None and table.get("") is None and len(table) == 0
+    d = table.open(ops)
+    table.close(d)
+    assert table.get(d) is None
+
+
+def test_login_signs_actions_as_the_user_until_logout() -> None:
+    reader = FakeReader(secure=True)
+    client, settings = client_for(reader)
+    ops = Credentials("ops", "ops-secret-1")
+    with client:
+        page = client.get("/login").text
+        assert 'id="login"' in page and 'id="nav-login"' in page
+        token = _token(page)
+        login = {"csrf": token, "access_key": "ops", "secret_key": "ops-secret-1"}
+        # No token, another site: refused before the group is asked; no cookie.
+        resp = client.post("/login", data={**login, "csrf": ""})
+        assert resp.status_code == 400 and "set-cookie" not in resp.headers
+        resp = client.post("/login", data=login, headers={"origin": "http://evil.example"})
+        assert resp.status_code == 400 and reader.calls == []
+        # A wrong SecretKey: the group's refusal, no session.
+        resp = client.post("/login", data={**login, "secret_key": "wrong-secret-1"})
+        assert resp.status_code == 401 and "bad &lt;signature&gt;" in resp.text
+        assert "set-cookie" not in resp.headers and len(settings.sessions) == 0
+        assert client.post("/login", data={**login, "access_key": "a b"}).status_code == 400
+        # The right keys: a session cookie, HttpOnly and SameSite=Strict, never the secret.
+        resp = client.post("/login", data=login)
+        assert resp.status_code == 200 and 'id="logged-in"' in resp.text
+        cookie = resp.headers["set-cookie"]
+        assert cookie.startswith("mqdashboard_session=") and "HttpOnly" in cookie
+        assert "SameSite=strict" in cookie and "Path=/" in cookie and "ops-secret" not in cookie
+        assert len(settings.sessions) == 1
+        assert 'id="session-user">ops<' in client.get("/").text
+        # An action asks for no keys and is signed as the session's user.
+        reader.calls.clear()
+        page = client.get("/actions/topic-delete?topic=Old").text
+        assert 'id="signed-as"' in page and 'name="secret_key"' not in page
+        resp = client.post("/actions/topic-delete", data={"topic": "Old", "csrf": token})
+        assert resp.status_code == 200, resp.text
+        assert reader.calls[0][:3] == ("topic-delete", "Old", "")
+        assert reader.calls[0][3].credentials == ops
+        # A made-up session id is no session.
+        client.cookies.clear()
+        client.cookies.set("mqdashboard_session", "forged-id")
+        resp = client.post("/actions/topic-delete", data={"topic": "Old", "csrf": token})
+        assert resp.status_code == 400 and "AccessKey" in resp.text
+        client.cookies.clear()
+        # Log out: the session is gone server side, and the cookie.
+        resp = client.post("/login", data=login)
+        session_id = resp.cookies["mqdashboard_session"]
+        resp = client.post("/logout", data={"csrf": token})
+        assert resp.status_code == 200 and 'id="logged-out"' in resp.text
+        assert settings.sessions.get(session_id) is None
+        client.cookies.clear()
+        client.cookies.set("mqdashboard_session", session_id)
+        resp = client.post("/actions/topic-delete", data={"topic": "Old", "csrf": token})
+        assert resp.status_code == 400 and "AccessKey" in resp.text
+
+
+def test_a_plaintext_group_has_no_login() -> None:
+    reader = FakeReader(secure=False)
+    client, settings = client_for(reader)
+    with client:
+        page = client.get("/")
+        assert 'id="nav-login"' not in page.text
+        assert client.get("/login").status_code == 400
+        resp = client.post(
+            "/login", data={"csrf": settings.csrf_token, "access_key": "a", "secret_key": "b"}
+        )
+        assert resp.status_code == 400 and "not secure" in resp.text and reader.calls == []
 
 
 def test_command_line_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
