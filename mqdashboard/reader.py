@@ -3,9 +3,10 @@ cluster info and routes, each node's ``raftmq.dledger.v1.DLedgerClient/Metadata`
 broker's offsets, consumer lag, consumer lists and lookups (``raftmq.broker.v1.Broker``).
 
 Every call has a deadline; a node that does not answer is shown with its error instead of
-holding up the page. Nothing here writes to the cluster except :meth:`GroupReader.resend_dlq`
-and :meth:`GroupReader.reset_offset`, which the web layer calls only after the user confirmed
-(and, on a secure group, with the credentials the user typed)."""
+holding up the page. Nothing here writes to the cluster except the actions
+(:meth:`GroupReader.resend_dlq`, :meth:`GroupReader.reset_offset`, the topic and subscription
+group updates and deletes, :meth:`GroupReader.send_test`), which take the acting user's
+security and which the web layer calls only after the user confirmed."""
 
 from __future__ import annotations
 
@@ -544,7 +545,7 @@ class GroupReader:
         )
         return int(resp.queue_offset)
 
-    # -- the two confirmed actions -----------------------------------------------------------
+    # -- resend and reset ---------------------------------------------------------------------
 
     def resend_dlq(self, group: str, msg_id: str, security: ClientSecurity) -> list[str]:
         """Send dead letters of ``group`` (one, or all when ``msg_id`` is empty) back to their

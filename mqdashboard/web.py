@@ -1,14 +1,15 @@
-"""The dashboard's web application (Starlette, served by uvicorn): the pages, the charts' JSON
-and the two confirmed actions.
+"""The dashboard's web application (Starlette, served by uvicorn): the pages, the charts' JSON,
+the confirmed actions (topics, subscription groups, a test send, resend, reset) and the login
+of a secure group.
 
 Every value shown comes from the cluster and is hostile input (message bodies, keys,
 properties, client ids): the templates escape everything (Jinja2 autoescape, never
 ``|safe``), the charts' script writes text with ``textContent`` only, and the Content
 Security Policy allows no inline script. A page whose reads fail shows the error, never a
-blank page. Reads use the dashboard's own security; an action (resend from the DLQ, reset
-an offset) runs only from a POST carrying the page's token, after the user confirmed on a
-page of its own, and on a secure group with the AccessKey and SecretKey the user types there
-(never the dashboard's own credentials).
+blank page; with no NameServer answering, one banner naming it. Reads use the dashboard's own
+security; an action runs only from a POST carrying the page's token, after the user confirmed
+on a page of its own, and on a secure group as the acting user: the logged-in session's, or
+the AccessKey and SecretKey typed there (never the dashboard's own credentials).
 """
 
 from __future__ import annotations
