@@ -694,6 +694,18 @@ def test_dashboard_shows_every_group_of_a_cluster(
     search = f"/messages?mode=key&topic={SPREAD_TOPIC}&key=broker-b-3"
     text = _open(driver, url + search, "1 message")
     assert "broker-b body 3" in text
+    # Logged in as the admin (checked with both groups), a topic made on broker-b only.
+    creds = two_groups.security().credentials
+    assert creds is not None
+    _login(driver, url, {"accessKey": creds.access_key, "secretKey": creds.secret_key})
+    assert "broker-a, broker-b" in driver.find_element(By.ID, "logged-in").text
+    _open(driver, url + "/topics", "Create or update a topic")
+    fields = {"topic": "DashOnB", "queues": "3", "perm": "6", "broker": "broker-b"}
+    answer = _act(driver, "topic-create", fields, {})
+    assert answer == "Topic DashOnB created or updated on broker-b.", answer
+    admin = MQAdmin(two_groups.namesrv_addr, two_groups.security())
+    route = admin.topic_route_info("DashOnB")
+    assert [(g.broker_name, g.write_queue_nums) for g in route.groups] == [("broker-b", 3)]
     # broker-b's leader SIGKILLed: its section shows another leader in a higher term, and
     # broker-a's keeps its leader and term.
     driver.get(url + "/")
