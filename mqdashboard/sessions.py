@@ -10,6 +10,7 @@ longest. Nothing is written to disk: a restart logs everyone out.
 
 from __future__ import annotations
 
+import collections
 import secrets
 import threading
 import time
@@ -24,6 +25,11 @@ MAX_SESSIONS = 256
 SESSION_IDLE_S = 30 * 60.0
 # And any session this old, used or not: a stolen cookie does not last a working day.
 SESSION_MAX_AGE_S = 12 * 3600.0
+# Failed logins accepted per window, from anyone: beyond, a login is refused without asking the
+# group until the window's oldest failure ages out (a password-guessing loop through the
+# dashboard gets this many tries a minute).
+MAX_FAILED_LOGINS = 10
+FAILED_LOGIN_WINDOW_S = 60.0
 # The cookie's name; its value is a session id of SESSION_ID_BYTES random bytes (urlsafe).
 COOKIE_NAME = "mqdashboard_session"
 SESSION_ID_BYTES = 32
@@ -58,6 +64,7 @@ class SessionTable:
         self.max_age_s = max_age_s
         self._clock = clock
         self._sessions: dict[str, Session] = {}
+        self._failures: collections.deque[float] = collections.deque(maxlen=MAX_FAILED_LOGINS)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -91,6 +98,18 @@ class SessionTable:
                 return None
             session.used_s = now
             return session
+
+    def login_wait_s(self) -> float:
+        """0 when a login may be tried now; else how long until one may (MAX_FAILED_LOGINS
+        failed within FAILED_LOGIN_WINDOW_S)."""
+        with self._lock:
+            if len(self._failures) < MAX_FAILED_LOGINS:
+                return 0.0
+            return max(self._failures[0] + FAILED_LOGIN_WINDOW_S - self._clock(), 0.0)
+
+    def login_failed(self) -> None:
+        with self._lock:
+            self._failures.append(self._clock())
 
     def close(self, session_id: str) -> None:
         with self._lock:

@@ -117,6 +117,10 @@ class LoginRefused(BadInput):
     """A login the group refused: an unknown AccessKey or a wrong SecretKey (401)."""
 
 
+class TooManyLogins(BadInput):
+    """A login tried while too many failed (429): the group is not asked."""
+
+
 @dataclass
 class Settings:
     """What the pages need besides the reader: the token that POSTs must carry, and whether
@@ -267,6 +271,8 @@ class Dashboard:
             context.update(await run_in_threadpool(build))
         except LoginRefused as exc:
             context["error"], status = str(exc), 401
+        except TooManyLogins as exc:
+            context["error"], status = str(exc), 429
         except BadInput as exc:
             context["error"], status = str(exc), 400
         except (MQClientError, SecurityError) as exc:
@@ -562,6 +568,9 @@ class Logins:
             if problem:
                 raise BadInput(problem)
             self._not_secure()
+            wait_s = self.board.settings.sessions.login_wait_s()
+            if wait_s > 0:
+                raise TooManyLogins(f"too many failed logins: try again in {wait_s:.0f} s")
             credentials = typed_credentials(
                 bounded(form.get("access_key", ""), "AccessKey", MAX_ID_CHARS),
                 form.get("secret_key", ""),
@@ -572,6 +581,7 @@ class Logins:
             except MQClientError as exc:
                 if exc.status != "UNAUTHENTICATED":
                     raise
+                self.board.settings.sessions.login_failed()
                 raise LoginRefused(f"the group refused the login: {error_text(exc)}") from None
             opened.append(self.board.settings.sessions.open(credentials))
             user = credentials.access_key

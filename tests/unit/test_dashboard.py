@@ -30,7 +30,7 @@ from mqdashboard.reader import (
     TopicView,
 )
 from mqdashboard.sampler import Sampler
-from mqdashboard.sessions import SessionTable
+from mqdashboard.sessions import FAILED_LOGIN_WINDOW_S, MAX_FAILED_LOGINS, SessionTable
 from mqdashboard.web import MAX_FORM_BYTES, Settings, create_app, parse_time_ms
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials
@@ -631,6 +631,24 @@ def test_login_signs_actions_as_the_user_until_logout() -> None:
         client.cookies.set("mqdashboard_session", session_id)
         resp = client.post("/actions/topic-delete", data={"topic": "Old", "csrf": token})
         assert resp.status_code == 400 and "AccessKey" in resp.text
+
+
+def test_failed_logins_are_bounded_per_minute() -> None:
+    reader = FakeReader(secure=True)
+    client, settings = client_for(reader)
+    now = [100.0]
+    settings.sessions = SessionTable(clock=lambda: now[0])
+    wrong = {"csrf": settings.csrf_token, "access_key": "ops", "secret_key": "wrong-secret-1"}
+    with client:
+        for _ in range(MAX_FAILED_LOGINS):
+            assert client.post("/login", data=wrong).status_code == 401
+        asked = len(reader.calls)
+        resp = client.post("/login", data={**wrong, "secret_key": "ops-secret-1"})
+        assert resp.status_code == 429 and "try again in 60 s" in resp.text
+        assert len(reader.calls) == asked and "set-cookie" not in resp.headers
+        now[0] += FAILED_LOGIN_WINDOW_S + 1
+        resp = client.post("/login", data={**wrong, "secret_key": "ops-secret-1"})
+        assert resp.status_code == 200 and 'id="logged-in"' in resp.text
 
 
 def test_a_plaintext_group_has_no_login() -> None:
