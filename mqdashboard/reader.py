@@ -3,9 +3,10 @@ cluster info and routes, each node's ``raftmq.dledger.v1.DLedgerClient/Metadata`
 broker's offsets, consumer lag, consumer lists and lookups (``raftmq.broker.v1.Broker``).
 
 Every call has a deadline; a node that does not answer is shown with its error instead of
-holding up the page. Nothing here writes to the cluster except :meth:`GroupReader.resend_dlq`
-and :meth:`GroupReader.reset_offset`, which the web layer calls only after the user confirmed
-(and, on a secure group, with the credentials the user typed)."""
+holding up the page. Nothing here writes to the cluster except the actions
+(:meth:`GroupReader.resend_dlq`, :meth:`GroupReader.reset_offset`, the topic and subscription
+group updates and deletes, :meth:`GroupReader.send_test`), which take the acting user's
+security and which the web layer calls only after the user confirmed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 from client.admin import MQAdmin
 from client.consumer import PullConsumer
 from client.errors import MQClientError
-from client.message import DLQ_PREFIX, MessageExt, MessageQueue
+from client.message import DLQ_PREFIX, Message, MessageExt, MessageQueue, SendResult
+from client.producer import Producer
 from client.route import (
     NAMESRV_RPC_TIMEOUT_S,
     ChannelPool,
@@ -59,8 +61,23 @@ DASHBOARD_GROUP = "mqdashboard"
 # default sample interval (2 s) the sampler asks the NameServer for a route about every 5 s per
 # topic (at most MAX_TOPICS).
 ROUTE_MAX_AGE_S = 5.0
+# How long a topic created or updated from a page may take to be routed by every group (the
+# page waits for it; mqadmin's default is 15 s).
+ACTION_TIMEOUT_S = 10.0
+# The producer group of the dashboard's test sends (a producer group names the sender only).
+SEND_GROUP = "mqdashboard-send"
+# Keys and characters shown of one node's config (a node's answer is input too).
+MAX_CONFIG_KEYS = 1_000
+MAX_CONFIG_CHARS = 1_024
+# Consumer groups whose client lists the clients page reads (one call per broker group each).
+MAX_CLIENT_GROUPS = 50
 # Calls in flight at once (Metadata of every node, offsets of every group).
 MAX_PARALLEL_CALLS = 8
+# A NameServer answer this recent (any read, the sampler's every interval) spares a page its
+# check that the NameServer is reachable; older, the page asks once before reading.
+NAMESRV_FRESH_S = 2.0
+# The check's deadline per NameServer: a page with the NameServer down says so quickly.
+NAMESRV_PROBE_TIMEOUT_S = 1.5
 
 ROLE_NAMES = {v: k for k, v in ns_pb.BrokerRole.items()}
 Call = Callable[[bpb_grpc.BrokerStub, float], object]
@@ -253,6 +270,7 @@ class GroupReader:
         self.channels = ChannelPool(security)
         self.routes = RouteClient(namesrv_addr, self.channels, ROUTE_MAX_AGE_S)
         self._namesrvs = parse_namesrv_addr(namesrv_addr)
+        self._namesrv_ok_at = float("-inf")  # monotonic time of the last NameServer answer
         self._pool = concurrent.futures.ThreadPoolExecutor(
             MAX_PARALLEL_CALLS, thread_name_prefix="mqdashboard-read"
         )
@@ -266,7 +284,33 @@ class GroupReader:
     def _namesrv(self, call: Callable[[ns_grpc.NameServerStub], object]) -> object:
         """``call`` on the first NameServer that answers, over the reader's own channels (the
         sampler asks every interval: no new TLS session each time)."""
-        return first_namesrv_answer(self.channels, self._namesrvs, call)
+        answer = first_namesrv_answer(self.channels, self._namesrvs, call)
+        self._namesrv_ok_at = time.monotonic()
+        return answer
+
+    def namesrv_problem(self) -> str:
+        """ "" when a NameServer answers (or answered within NAMESRV_FRESH_S); else what each
+        NameServer's connection said, for the page's one banner. Any answer, even an error
+        answer, shows the NameServer is reachable: the page's own reads report the rest."""
+        if time.monotonic() - self._namesrv_ok_at < NAMESRV_FRESH_S:
+            return ""
+        failures = []
+        for addr in self._namesrvs:
+            try:
+                ns_grpc.NameServerStub(self.channels.get(addr)).GetClusterInfo(
+                    ns_pb.GetClusterInfoRequest(), timeout=NAMESRV_PROBE_TIMEOUT_S
+                )
+            except grpc.RpcError as exc:
+                err = MQClientError.from_rpc(exc)
+                if err.status not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    break  # it answered (a refusal): reachable
+                failures.append(f"{addr}: {error_text(err)}")
+                continue
+            break
+        else:
+            return "; ".join(failures)
+        self._namesrv_ok_at = time.monotonic()
+        return ""
 
     def cluster_info(self) -> ns_pb.GetClusterInfoResponse:
         resp = self._namesrv(
@@ -501,7 +545,7 @@ class GroupReader:
         )
         return int(resp.queue_offset)
 
-    # -- the two confirmed actions -----------------------------------------------------------
+    # -- resend and reset ---------------------------------------------------------------------
 
     def resend_dlq(self, group: str, msg_id: str, security: ClientSecurity) -> list[str]:
         """Send dead letters of ``group`` (one, or all when ``msg_id`` is empty) back to their
@@ -517,6 +561,157 @@ class GroupReader:
         admin = MQAdmin(self.namesrv_addr, security)
         done = admin.reset_offset_by_time(group, topic, timestamp_ms)
         return [(r.broker_name, r.queue_id, r.offset) for r in done]
+
+    # -- logins -----------------------------------------------------------------------------
+
+    def check_user(self, security: ClientSecurity) -> list[str]:
+        """Authenticate ``security``'s user with every broker group (each keeps its own users):
+        one signed ``GetBrokerConfig`` read (``Cluster Get``) on a member of each.
+        ``UNAUTHENTICATED`` (an unknown AccessKey, a wrong SecretKey, a disabled user) is
+        raised naming the group; an answer or ``PERMISSION_DENIED`` (a user that may not read
+        the cluster: authenticated all the same) passes. The broker groups checked."""
+        leaders = self._leaders()
+        if not leaders:
+            raise MQClientError.local(E.NO_BROKER, "no broker group is registered")
+        channels = ChannelPool(security)
+        try:
+            for name, addrs in sorted(leaders.items()):
+                self._authenticate(channels, name, addrs)
+        finally:
+            channels.close()
+        return sorted(leaders)
+
+    @staticmethod
+    def _authenticate(channels: ChannelPool, broker_name: str, addrs: list[str]) -> None:
+        last: MQClientError | None = None
+        for addr in addrs:  # the registered leader first; a dead member passes to the next
+            try:
+                channels.broker(addr).GetBrokerConfig(
+                    pb.GetBrokerConfigRequest(), timeout=METADATA_TIMEOUT_S
+                )
+                return
+            except grpc.RpcError as exc:
+                err = MQClientError.from_rpc(exc)
+                if err.status == "PERMISSION_DENIED":
+                    return  # authorization comes after authentication: the user is known
+                if err.status == "UNAUTHENTICATED":
+                    raise MQClientError(
+                        err.code, err.status, f"{broker_name}: {err.message}"
+                    ) from exc
+                last = err
+        if last is None:
+            raise MQClientError.local(E.NO_BROKER, f"{broker_name}: no member is registered")
+        raise MQClientError(last.code, last.status, f"{broker_name}: {last.message}")
+
+    # -- broker configs and clients ---------------------------------------------------------
+
+    def broker_configs(self) -> list[NodeConfig]:
+        """Every registered node's broker.conf as it runs (``GetBrokerConfig``: credentials
+        only as "(set)"), in parallel; a node that does not answer has its error."""
+        members = [
+            (g.broker_name, m)
+            for c in self.cluster_info().clusters
+            for g in c.groups
+            for m in sorted(g.members, key=lambda m: m.node_id)
+        ]
+        return list(self._pool.map(lambda bm: self._config_of(*bm), members))
+
+    def _config_of(self, broker_name: str, m: ns_pb.MemberInfo) -> NodeConfig:
+        try:
+            resp = self.channels.broker(m.client_addr).GetBrokerConfig(
+                pb.GetBrokerConfigRequest(), timeout=READ_TIMEOUT_S
+            )
+        except grpc.RpcError as exc:
+            return NodeConfig(broker_name, m.node_id, m.client_addr, {}, error_text(exc))
+        items = sorted(resp.config.items())[:MAX_CONFIG_KEYS]
+        config = {k[:MAX_CONFIG_CHARS]: v[:MAX_CONFIG_CHARS] for k, v in items}
+        return NodeConfig(broker_name, m.node_id, m.client_addr, config)
+
+    def clients(self) -> list[tuple[str, str, str]]:
+        """(consumer group, broker group, client id) of every live consumer, for the first
+        MAX_CLIENT_GROUPS consumer groups with one online."""
+        online = [g.name for g in self.consumer_groups(exact_clients=False) if g.online_clients]
+        leaders = self._leaders()
+        out: list[tuple[str, str, str]] = []
+        for group in online[:MAX_CLIENT_GROUPS]:
+            out += [(group, b, c) for b, c in self._clients_of(group, leaders)]
+        return out
+
+    # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
+
+    def broker_names(self) -> list[str]:
+        """Every broker group the NameServer knows, for the forms' "on one group" choice."""
+        return sorted(self._leaders())
+
+    def _leader_addr(self, broker_name: str) -> str:
+        """The registered leader's address of ``broker_name`` (its first member without
+        one: the admin call follows NOT_LEADER to the leader)."""
+        addrs = self._leaders().get(broker_name)
+        if not addrs:
+            raise MQClientError.local(E.NO_BROKER, f"no broker group {broker_name} is registered")
+        return addrs[0]
+
+    def update_topic(
+        self, spec: TopicSpec, broker_name: str, security: ClientSecurity
+    ) -> list[str]:
+        """Create or update ``spec.topic`` on every broker group (or only ``broker_name``) as
+        ``security``; the broker groups that route it."""
+        return MQAdmin(self.namesrv_addr, security).create_topic(
+            spec.topic,
+            spec.queues,
+            perm=spec.perm,
+            message_type=spec.message_type,
+            broker_names=(broker_name,) if broker_name else (),
+            timeout_s=ACTION_TIMEOUT_S,
+        )
+
+    def delete_topic(self, topic: str, broker_name: str, security: ClientSecurity) -> list[str]:
+        """Delete ``topic`` from every broker group serving it (or only ``broker_name``) as
+        ``security``; the broker groups it was deleted from."""
+        only = (broker_name,) if broker_name else ()
+        return MQAdmin(self.namesrv_addr, security).delete_topic(topic, only)
+
+    def update_group(
+        self, config: pb.SubscriptionGroup, broker_name: str, security: ClientSecurity
+    ) -> list[tuple[str, pb.SubscriptionGroup]]:
+        """Create or replace a subscription group's config on every broker group (or only
+        ``broker_name``) as ``security``; (broker group, config as applied)."""
+        addr = self._leader_addr(broker_name) if broker_name else ""
+        done = MQAdmin(self.namesrv_addr, security).update_sub_group(config, broker_addr=addr)
+        return [(broker_name or name, c) for name, c in sorted(done.items())]
+
+    def delete_group(self, group: str, broker_name: str, security: ClientSecurity) -> list[str]:
+        """Drop a subscription group's config from every broker group (or only
+        ``broker_name``) as ``security``; the broker groups it was deleted from."""
+        addr = self._leader_addr(broker_name) if broker_name else ""
+        done = MQAdmin(self.namesrv_addr, security).delete_sub_group(group, broker_addr=addr)
+        return [broker_name] if broker_name else sorted(done)
+
+    def send_test(self, msg: Message, security: ClientSecurity) -> SendResult:
+        """Send ``msg`` once as ``security`` (producer group SEND_GROUP); the broker's answer."""
+        with Producer(SEND_GROUP, self.namesrv_addr, security=security) as producer:
+            return producer.send(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """One node's broker.conf as ``GetBrokerConfig`` answered it."""
+
+    broker_name: str
+    node_id: str
+    client_addr: str
+    config: dict[str, str]
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """A topic as the create/update form gives it (bounded by the web layer)."""
+
+    topic: str
+    queues: int
+    perm: int
+    message_type: str
 
 
 def _with_lag(sampled: list[Sampled]) -> list[NodeView]:
@@ -569,9 +764,11 @@ __all__ = [
     "GroupReader",
     "GroupView",
     "LagRow",
+    "NodeConfig",
     "NodeView",
     "QueueRow",
     "ShownMessage",
+    "TopicSpec",
     "TopicView",
     "error_text",
     "format_ms",

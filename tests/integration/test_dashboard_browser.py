@@ -36,6 +36,7 @@ from support import create_topic, wait_for
 
 from client import ConsumeStatus, Producer, PullConsumer, PushConsumer
 from client.admin import MQAdmin
+from client.errors import MQClientError
 from client.message import Message, MessageQueue
 from client.route import ChannelPool
 from mqcluster.cluster import LocalCluster, _free_port
@@ -388,6 +389,178 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
     _shot(driver, "clusters_after_kill")
 
 
+# -- the operations: topics, subscription groups, a test send; the NameServer down ----------
+
+NEW_TOPIC = "DashMade"
+NEW_GROUP = "dash-made"
+
+
+def _act(
+    driver: Any,
+    button: str,
+    fields: dict[str, str],
+    credentials: dict[str, str],
+    shot: str = "",
+) -> str:
+    """On the current page: fill ``fields`` of the form of ``button``, press it, confirm with
+    ``credentials`` (screenshot ``shot`` of the confirmation page); the answer shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    form = driver.find_element(By.ID, button).find_element(By.XPATH, "./ancestor::form")
+    for name, value in fields.items():
+        element = form.find_element(By.NAME, name)
+        if element.tag_name == "select":
+            Select(element).select_by_value(value)
+        else:
+            element.clear()
+            element.send_keys(value)
+    driver.find_element(By.ID, button).click()
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#do, #error")),
+        PAGE_DEADLINE_S,
+        "the confirmation page",
+    )
+    if not driver.find_elements(By.ID, "do"):
+        return str(driver.find_element(By.ID, "error").text)
+    if credentials:  # else logged in: the page asks for no keys
+        driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+        driver.find_element(By.NAME, "secret_key").send_keys(credentials["secretKey"])
+    if shot:
+        _shot(driver, shot)
+    driver.find_element(By.ID, "do").click()
+    wait_for(
+        lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#done, #error")),
+        PAGE_DEADLINE_S,
+        "the action's answer",
+    )
+    return str(driver.find_element(By.CSS_SELECTOR, "#done, #error").text)
+
+
+def _login(driver: Any, dashboard: str, credentials: dict[str, str]) -> None:
+    """Log in on the login page: a wrong SecretKey is refused first, then ``credentials``."""
+    from selenium.webdriver.common.by import By
+
+    for secret, expect in (("wrong-secret-0001", "#error"), (credentials["secretKey"], "")):
+        _open(driver, dashboard + "/login", "Log in with a user")
+        driver.find_element(By.NAME, "access_key").send_keys(credentials["accessKey"])
+        driver.find_element(By.NAME, "secret_key").send_keys(secret)
+        if expect == "":
+            _shot(driver, "login")
+        driver.find_element(By.ID, "do-login").click()
+        wait_for(
+            lambda: bool(driver.find_elements(By.CSS_SELECTOR, "#logged-in, #error")),
+            PAGE_DEADLINE_S,
+            "the login's answer",
+        )
+        if expect:
+            assert "UNAUTHENTICATED" in driver.find_element(By.ID, "error").text
+            assert not driver.get_cookies()
+    assert driver.find_element(By.ID, "session-user").text == credentials["accessKey"]
+    [cookie] = driver.get_cookies()
+    assert cookie["name"] == "mqdashboard_session" and cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict"
+    assert credentials["secretKey"] not in cookie["value"]
+
+
+def _topic_queues(admin: MQAdmin, topic: str) -> int:
+    try:
+        return len(admin.topic_status(topic))
+    except MQClientError:
+        return 0
+
+
+def _sub_group(admin: MQAdmin, group: str) -> list[bpb.SubscriptionGroup]:
+    return [c for cs in admin.sub_groups().values() for c in cs if c.group == group]
+
+
+def test_dashboard_actions_in_a_browser(browser: Any, group: LocalCluster, dashboard: str) -> None:
+    """Create a topic, send it a test message, create and delete a subscription group, each
+    confirmed with the admin's keys, each checked through mqadmin's calls; the dashboard's
+    read-only user refused; the clients and config pages; a login as the admin (a wrong
+    SecretKey refused first) deleting the topic without keys, and a logout; then the
+    NameServer killed: the page says so."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    assert group.namesrv is not None
+    admin = MQAdmin(group.namesrv.addr, group.client_security())
+    credentials = json.loads(Path(group.layout.admin_credentials).read_text())
+    # A topic, 2 queues, on every broker group.
+    _open(driver, dashboard + "/topics", "Create or update a topic")
+    fields = {"topic": NEW_TOPIC, "queues": "2", "perm": "6", "message_type": "NORMAL"}
+    answer = _act(driver, "topic-create", fields, credentials, shot="action_topic_confirm")
+    assert f"Topic {NEW_TOPIC} created or updated on broker-a" in answer, answer
+    _shot(driver, "action_topic_done")
+    assert _topic_queues(admin, NEW_TOPIC) == 2
+    # A test message with a hostile body: shown as text on the confirmation page, stored as typed.
+    _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Send a test message")
+    fields = {"tag": "probe", "keys": "probe-1 probe-2", "body": HOSTILE}
+    answer = _act(driver, "send", fields, credentials, shot="action_send_confirm")
+    assert answer.startswith("Sent"), answer
+    assert driver.execute_script("return window.__xss === undefined")
+    sent_id = driver.find_element(By.ID, "sent-id").text
+    _shot(driver, "action_send_done")
+    [found] = admin.query_msg_by_key(NEW_TOPIC, "probe-2", 4)
+    assert (found.msg_id, found.tags, found.body) == (sent_id, "probe", HOSTILE.encode())
+    # Clients: a live consumer of the new topic, listed with its client id per broker group.
+    consumer = PushConsumer(NEW_GROUP, group.namesrv.addr, security=group.client_security())
+    consumer.subscribe(NEW_TOPIC, "*")
+    consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
+    consumer.start()
+    try:
+        text = _open(driver, dashboard + "/clients", NEW_GROUP)
+        [row] = [r for r in text.splitlines() if r.startswith(NEW_GROUP)]
+        assert "broker-a" in row and "@" in row
+        assert "Producers are not tracked" in text
+        _shot(driver, "clients")
+    finally:
+        consumer.shutdown()
+    # The config of every node, as the dashboard's read-only user reads it.
+    text = _open(driver, dashboard + "/config", "broker-a/n2")
+    assert "broker-a/n0" in text and "broker-a/n1" in text
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#config tr[data-key]")) >= 10
+    _shot(driver, "config")
+    # The dashboard's own read-only user may not delete: the broker's refusal, nothing deleted.
+    _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Delete topic")
+    answer = _act(driver, "topic-delete", {}, VIEWER)
+    assert "PERMISSION_DENIED" in answer, answer
+    _shot(driver, "action_refused")
+    assert _topic_queues(admin, NEW_TOPIC) == 2
+    # A subscription group: orderly, 3 retries; then deleted.
+    _open(driver, dashboard + "/consumers", "Create or update a subscription group")
+    fields = {"group": NEW_GROUP, "orderly": "true", "retries": "3"}
+    answer = _act(driver, "group-create", fields, credentials, shot="action_group_confirm")
+    assert f"Subscription group {NEW_GROUP} created or updated on broker-a" in answer, answer
+    [config] = _sub_group(admin, NEW_GROUP)
+    assert config.consume_message_orderly and config.max_delivery_attempts == 4
+    _open(driver, dashboard + "/consumers", "Delete a subscription group")
+    answer = _act(driver, "group-delete", {"group": NEW_GROUP}, credentials)
+    assert f"Subscription group {NEW_GROUP} deleted on broker-a" in answer, answer
+    assert _sub_group(admin, NEW_GROUP) == []
+    # Log in as the admin: a session cookie (HttpOnly, SameSite=Strict), and the topic deleted
+    # without typing keys, signed as the session's user; then log out.
+    _login(driver, dashboard, credentials)
+    _open(driver, dashboard + f"/topic?name={NEW_TOPIC}", "Delete topic")
+    answer = _act(driver, "topic-delete", {}, {}, shot="action_signed_as")
+    assert f"Topic {NEW_TOPIC} deleted on broker-a" in answer, answer
+    driver.find_element(By.ID, "logout").click()
+    wait_for(lambda: bool(driver.find_elements(By.ID, "logged-out")), PAGE_DEADLINE_S, "logout")
+    assert not driver.find_elements(By.ID, "session-user")
+    assert not driver.get_cookies()
+    wait_for(
+        lambda: NEW_TOPIC not in admin.topic_list(), PAGE_DEADLINE_S, "the topic to leave routes"
+    )
+    # The NameServer down: every page is one banner naming it.
+    group.signal_namesrv(signal.SIGKILL)
+    for path in ("/", "/topics", "/consumers", "/charts"):
+        text = _open(driver, dashboard + path, "is unreachable")
+        assert f"The NameServer {group.namesrv.addr} is unreachable." in text
+        assert len(driver.find_elements(By.CSS_SELECTOR, ".error, .warning")) == 1
+        if path == "/":
+            _shot(driver, "namesrv_down")
+
+
 # -- a cluster of two broker groups (mqcluster up --groups 2) --------------------------------
 
 SPREAD_TOPIC = "DashSpread"
@@ -521,6 +694,18 @@ def test_dashboard_shows_every_group_of_a_cluster(
     search = f"/messages?mode=key&topic={SPREAD_TOPIC}&key=broker-b-3"
     text = _open(driver, url + search, "1 message")
     assert "broker-b body 3" in text
+    # Logged in as the admin (checked with both groups), a topic made on broker-b only.
+    creds = two_groups.security().credentials
+    assert creds is not None
+    _login(driver, url, {"accessKey": creds.access_key, "secretKey": creds.secret_key})
+    assert "broker-a, broker-b" in driver.find_element(By.ID, "logged-in").text
+    _open(driver, url + "/topics", "Create or update a topic")
+    fields = {"topic": "DashOnB", "queues": "3", "perm": "6", "broker": "broker-b"}
+    answer = _act(driver, "topic-create", fields, {})
+    assert answer == "Topic DashOnB created or updated on broker-b.", answer
+    admin = MQAdmin(two_groups.namesrv_addr, two_groups.security())
+    route = admin.topic_route_info("DashOnB")
+    assert [(g.broker_name, g.write_queue_nums) for g in route.groups] == [("broker-b", 3)]
     # broker-b's leader SIGKILLed: its section shows another leader in a higher term, and
     # broker-a's keeps its leader and term.
     driver.get(url + "/")

@@ -34,8 +34,9 @@ from broker.state.auth.model import GROUP, PUB, SUB, TOPIC, Resource
 from broker.state.auth.secrets import SecretBox
 from broker.state.message import UniqIdGenerator
 from client.errors import MQClientError
+from client.message import Message
 from dledger.server.peer_service import PeerServicer
-from mqdashboard.reader import GroupReader
+from mqdashboard.reader import GroupReader, TopicSpec
 from mqdashboard.web import ACTION_CALLS, ACTIONS
 from mqsecurity import pki
 from mqsecurity.channels import ClientSecurity
@@ -298,7 +299,7 @@ def _action_needs(action: str) -> str:
         for r, a in needs(_action_request(method), "c1"):
             if f"`{r} {a}`" not in wants:
                 wants.append(f"`{r} {a}`")
-    return " and ".join(wants) + ", with the credentials typed on its page"
+    return " and ".join(wants) + ", as the acting user (keys typed on its page, or logged in)"
 
 
 def _action_request(method: str) -> Any:
@@ -492,9 +493,12 @@ class _Recorder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return await continuation(details)
 
 
-async def _dashboard_group(guard: AuthGuard, recorder: _Recorder) -> tuple[grpc.aio.Server, str]:
+async def _dashboard_group(
+    guard: AuthGuard, recorder: _Recorder
+) -> tuple[list[grpc.aio.Server], str]:
     """One node behind the real ``guard`` (six callers' users), topic t, a dead letter of
-    group g from t, and a NameServer routing both topics to it: one port."""
+    group g from t, and a NameServer routing both topics to it, on a port of its own with
+    its reads open to anyone (as the real NameServer's); the NameServer's address."""
     node, sm = guard.node_world  # type: ignore[attr-defined]
     broker = assemble(node, sm, ServiceConfig("127.0.0.1", 10911), secret_box=BOX).servicer
     await broker.topics.upsert("t", 1, 1, 6)
@@ -511,9 +515,12 @@ async def _dashboard_group(guard: AuthGuard, recorder: _Recorder) -> tuple[grpc.
     registration = _registration(addr, SELF)
     registration.topics.add(topic_name="%DLQ%g", read_queue_nums=1, write_queue_nums=1, perm=6)
     table.register(registration_from_pb(registration))
-    nsgrpc.add_NameServerServicer_to_server(NameServerServicer(table), server)
+    namesrv = grpc.aio.server()
+    ns_port = namesrv.add_insecure_port("127.0.0.1:0")
+    nsgrpc.add_NameServerServicer_to_server(NameServerServicer(table), namesrv)
     await server.start()
-    return server, addr
+    await namesrv.start()
+    return [server, namesrv], f"127.0.0.1:{ns_port}"
 
 
 def _act(reader: GroupReader, action: str, creds: Credentials | None) -> bool:
@@ -523,12 +530,30 @@ def _act(reader: GroupReader, action: str, creds: Credentials | None) -> bool:
         if action == "resend":
             resent = reader.resend_dlq("g", "", security)
             assert len(resent) == 1
-        else:
+        elif action == "reset":
             reader.reset_offset("g", "t", 0, security)
+        else:
+            _operate(reader, action, security)
     except MQClientError as exc:
         assert exc.code in ("UNAUTHENTICATED", "PERMISSION_DENIED"), exc
         return False
     return True
+
+
+def _operate(reader: GroupReader, action: str, security: ClientSecurity) -> None:
+    """The dashboard's other actions on topic t and group g (``ACTIONS`` runs the deleting
+    ones last: an admin's delete succeeds once, and the callers before it are refused)."""
+    if action == "send":
+        reader.send_test(Message("t", b"test"), security)
+    elif action == "topic-update":
+        assert reader.update_topic(TopicSpec("t", 1, 6, "NORMAL"), "", security) == ["g0"]
+    elif action == "topic-delete":
+        assert reader.delete_topic("t", "", security) == ["g0"]
+    elif action == "group-update":
+        reader.update_group(bpb.SubscriptionGroup(group="g"), "", security)
+    else:
+        assert action == "group-delete", action
+        assert reader.delete_group("g", "", security) == ["g0"]
 
 
 def test_the_dashboard_actions_for_every_caller(tmp_path: Path) -> None:
@@ -536,8 +561,8 @@ def test_the_dashboard_actions_for_every_caller(tmp_path: Path) -> None:
     guard = _guard(tmp_path)
 
     async def body() -> list[str]:
-        server, addr = await _dashboard_group(guard, recorder)
-        reader = GroupReader(addr)
+        servers, namesrv_addr = await _dashboard_group(guard, recorder)
+        reader = GroupReader(namesrv_addr)
         wrong = []
         try:
             for action in ACTIONS:
@@ -556,7 +581,42 @@ def test_the_dashboard_actions_for_every_caller(tmp_path: Path) -> None:
                         assert made == set(ACTION_CALLS[action]), (action, made)
         finally:
             reader.close()
-            await server.stop(None)
+            for server in servers:
+                await server.stop(None)
         return wrong
 
     assert asyncio.run(body()) == []
+
+
+def test_the_dashboard_login_authenticates_and_needs_no_permission(tmp_path: Path) -> None:
+    """A login is accepted for every user the group knows, whatever it may do (a user without
+    rules: PERMISSION_DENIED is an authenticated answer), and refused for a wrong SecretKey,
+    an unknown AccessKey and no credentials at all."""
+    guard = _guard(tmp_path)
+
+    async def body() -> dict[str, str]:
+        servers, namesrv_addr = await _dashboard_group(guard, _Recorder())
+        reader = GroupReader(namesrv_addr)
+        answers: dict[str, str] = {}
+        tries = {
+            **{name: creds for name, (creds, _, _, _) in CALLERS.items()},
+            "wrong secret": Credentials("admin", "not-the-secret-1"),
+            "unknown user": Credentials("stranger", "stranger-secret-1"),
+        }
+        try:
+            for name, creds in tries.items():
+                security = ClientSecurity(credentials=creds)
+                try:
+                    await asyncio.to_thread(reader.check_user, security)
+                    answers[name] = "ok"
+                except MQClientError as exc:
+                    answers[name] = exc.status
+        finally:
+            reader.close()
+            for server in servers:
+                await server.stop(None)
+        return answers
+
+    answers = asyncio.run(body())
+    refused = {"anonymous", "wrong secret", "unknown user"}
+    assert answers == {n: "UNAUTHENTICATED" if n in refused else "ok" for n in answers}
