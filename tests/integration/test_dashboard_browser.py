@@ -631,6 +631,13 @@ def _one_leader(rows: dict[str, tuple[str, int]]) -> str:
     return leaders[0] if len(leaders) == 1 else ""
 
 
+# Six nodes, a NameServer, a dashboard, a consumer and the browser on 2 cores beside another
+# test session: the first page with both groups settled (every member registered and answering
+# Metadata, one leader each) came later than PAGE_DEADLINE_S once in about 15 loaded runs; the
+# wait ends as soon as the page shows it.
+GROUPS_SETTLED_S = 60.0
+
+
 def test_dashboard_shows_every_group_of_a_cluster(
     browser: Any, two_groups: Groups, groups_dashboard: str, consumers: list[PushConsumer]
 ) -> None:
@@ -648,14 +655,20 @@ def test_dashboard_shows_every_group_of_a_cluster(
     consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
     consumer.start()
 
+    seen: list[dict[str, dict[str, tuple[str, int]]]] = [{}]
+
     def both_led() -> bool:
         driver.get(url + "/")
-        return all(
-            len(_group_rows(driver, g)) == 3 and _one_leader(_group_rows(driver, g))
-            for g in BROKER_GROUPS
-        )
+        seen[0] = {g: _group_rows(driver, g) for g in BROKER_GROUPS}
+        return all(len(rows) == 3 and _one_leader(rows) for rows in seen[0].values())
 
-    wait_for(both_led, PAGE_DEADLINE_S, "both groups, each with 3 members and a leader")
+    try:
+        wait_for(both_led, GROUPS_SETTLED_S, "both groups, each with 3 members and a leader")
+    except AssertionError as exc:
+        banner = driver.find_elements(By.CSS_SELECTOR, ".banner, .error")
+        raise AssertionError(
+            f"{exc}; the page last showed {seen[0]}; banners: {[b.text for b in banner]}"
+        ) from None
     summary = driver.find_element(By.ID, "summary").text
     assert summary.startswith("2 broker groups, 6 nodes"), summary
     _shot(driver, "groups_clusters")
