@@ -1055,7 +1055,6 @@ class BrokerStateMachine:
         marker = self.config_dir / derived.REBUILD_MARKER
         if marker.exists():
             why = marker.read_bytes()[: derived.MAX_MARKER_BYTES].decode("utf-8", "replace")
-            statecheck.refuse_inexact_rebuild(self, why)
             return f"a run-time check could not rebuild in place: {why}"
         try:
             problem = derived.check_all_queues(self)
