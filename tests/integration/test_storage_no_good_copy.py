@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 from integration.test_storage_damage import (
+    BODY_PAD,
     REPAIRED_S,
     entries_of,
     flip,
@@ -86,17 +87,21 @@ def test_a_majority_damaged_at_an_entry_no_member_holds_stops_with_no_good_copy(
             third = next(n.node_id for n in cluster.nodes if n.node_id != leader)
             cluster.signal(third, signal.SIGKILL)
             writer.wait_acks(300, 60)  # committed on the two others only
-            # Enough entries in the last segment to damage one with valid entries after it
-            # (where the open's scan looks), whatever the segment layout: a segment may have
-            # just begun.
-            others = [n.node_id for n in cluster.nodes if n.node_id != third]
-            wait_for(
-                lambda: all(len(_last_entries(cluster, n)) > 4 for n in others),
-                60,
-                "entries in the last segment of the two",
-            )
         finally:
             writer.stop()
+        # Enough entries in the last segment to damage one with valid entries after it
+        # (where the open's scan looks), whatever the segment layout: a segment may have just
+        # begun. Checked with the writer stopped (a check while it ran could be overtaken by a
+        # new segment before the kill: CI saw 1 entry there), topping up one entry at a time.
+        others = [n.node_id for n in cluster.nodes if n.node_id != third]
+
+        def enough_in_last_segment() -> bool:
+            if all(len(_last_entries(cluster, n)) > 4 for n in others):
+                return True
+            client.append([b"top-up " + BODY_PAD])
+            return False
+
+        wait_for(enough_in_last_segment, 60, "entries in the last segment of the two")
     damaged = [n.node_id for n in cluster.nodes if n.node_id != third]
     for nid in damaged:
         cluster.signal(nid, signal.SIGKILL)
