@@ -60,7 +60,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -363,6 +363,7 @@ class LocalCluster:
         secure: bool = False,
         shared: SharedParts | None = None,
         port_block: int = 0,
+        avoid_ports: Collection[int] = (),
     ) -> None:
         """Write one broker.conf per node and the state file; with ``namesrv`` also a
         NameServer config (``namesrv_conf``: extra keys), and point every node at it. With
@@ -371,7 +372,9 @@ class LocalCluster:
         TLS, member certificates and ACLs on in every config. With ``shared`` (a group added
         to a cluster, mqcluster.groups) no NameServer and no CA of its own: its nodes register
         with the cluster's NameServers and its certificates come from the cluster's CA.
-        ``port_block``: which block of the fixed ports (not ``auto_ports``) it takes."""
+        ``port_block``: which block of the fixed ports (not ``auto_ports``) it takes;
+        ``avoid_ports``: ports ``auto_ports`` must not pick (other groups' configured ports,
+        free until those groups start)."""
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterError(f"--nodes must be in [1, {MAX_NODES}], got {nodes}")
         if (self.nodes and any(self.pid(n) for n in self.nodes)) or self.namesrv_pid() is not None:
@@ -391,7 +394,7 @@ class LocalCluster:
             self.layout = shared.layout if secure else localsecurity.SecureLayout(self.base)
         ids = [f"n{i}" for i in range(nodes)]
         if auto_ports:
-            free = _free_ports(4 * nodes + 2)
+            free = _free_ports(4 * nodes + 2, avoid=avoid_ports)
             client_ports, peer_ports = free[:nodes], free[nodes : 2 * nodes]
             grpc_ports, metrics_ports = free[2 * nodes : 3 * nodes], free[3 * nodes : 4 * nodes]
             namesrv_port, namesrv_metrics_port = free[-2], free[-1]
@@ -576,11 +579,24 @@ class LocalCluster:
         Path(info.conf).unlink(missing_ok=True)
         Path(info.pid_file).unlink(missing_ok=True)
 
+    def configured_ports(self) -> set[int]:
+        """Every port this group's configs name (nodes and NameServer), running or not."""
+        ports = {
+            p
+            for n in self.nodes
+            for p in (n.client_port, n.peer_port, n.grpc_port, n.metrics_port)
+            if p
+        }
+        if self.namesrv is not None:
+            ports |= {p for p in (self.namesrv.port, self.namesrv.metrics_port) if p}
+        return ports
+
     def _write_new_node(self, leader: NodeInfo, extra: dict[str, str]) -> NodeInfo:
         """The broker.conf of a node joining through ``leader``: the group's settings, then
         ``extra``, then its own ports and join address; it is added to the state file."""
         node_id = self._next_id()
-        cport, pport, gport, mport = _free_ports(4)
+        # Not a port of a member that is stopped now (free, but its own when it starts).
+        cport, pport, gport, mport = _free_ports(4, avoid=self.configured_ports())
         admin = None
         if self.secure:
             try:

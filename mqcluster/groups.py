@@ -154,9 +154,10 @@ class Groups:
         self.first.extra_state["groups"] = []
         self.first.configure(nodes, **kwargs)  # type: ignore[arg-type]
         names = []
+        taken = self.first.configured_ports()
         for k in range(1, groups):
             name = GROUP_NAMES[k]
-            self._configure_extra(name, nodes, k)
+            taken |= self._configure_extra(name, nodes, k, taken).configured_ports()
             names.append(name)
         self._save_names(names)
 
@@ -167,7 +168,10 @@ class Groups:
                     f"a cluster is running in {self.base}; run 'mqcluster down' first"
                 )
 
-    def _configure_extra(self, name: str, nodes: int, block: int) -> LocalCluster:
+    def _configure_extra(self, name: str, nodes: int, block: int, taken: set[int]) -> LocalCluster:
+        """Group ``name`` configured like the first; with automatic ports, none of ``taken``
+        (the other groups' ports: those not started yet are free, and a port drawn twice would
+        leave one node unable to bind while the other answers in its place)."""
         first = self.first
         group = LocalCluster(self._group_dir(name))
         auto = any(n.client_port != _fixed_client_port(first, i) for i, n in enumerate(first.nodes))
@@ -179,6 +183,7 @@ class Groups:
             secure=first.secure,
             shared=SharedParts(self.namesrv_addr, first.layout),
             port_block=block,
+            avoid_ports=taken,
         )
         return group
 
@@ -221,7 +226,8 @@ class Groups:
         block = min(set(range(MAX_PORT_BLOCKS)) - {g.port_block for g in existing})
         if self._group_dir(name).exists():
             shutil.rmtree(self._group_dir(name))  # a removed group's old files
-        group = self._configure_extra(name, nodes, block)
+        ports = {p for g in existing for p in g.configured_ports()}
+        group = self._configure_extra(name, nodes, block, ports)
         self._save_names([*self.extra_names, name])
         try:
             leader = group.up(wait_s)

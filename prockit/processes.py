@@ -13,7 +13,7 @@ import random
 import signal
 import socket
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -53,29 +53,43 @@ def pick_port_range() -> tuple[int, int]:
     return low, high
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(n: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
     """``n`` distinct free TCP ports on ``host``, drawn at random from `pick_port_range` (the
     kernel's choice when that range looks full): every probe socket stays bound until all are
-    picked, so no port is handed out twice."""
+    picked, so no port is handed out twice. ``avoid``: ports that are free now but promised
+    to a process not started yet (another group's configured ports); never picked."""
     draw = random.SystemRandom()
-    low, high = pick_port_range()
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            ports.append(_bind_free(s, host, draw, low, high))
-        return ports
+    span = pick_port_range()
+    taken = frozenset(avoid)
+    with contextlib.ExitStack() as probes:
+        return [_bind_free(probes, host, draw, span, taken) for _ in range(n)]
 
 
-def _bind_free(s: socket.socket, host: str, draw: random.Random, low: int, high: int) -> int:
+def _bind_free(
+    probes: contextlib.ExitStack,
+    host: str,
+    draw: random.Random,
+    span: tuple[int, int],
+    taken: frozenset[int],
+) -> int:
+    """One port outside ``taken``, left bound by a probe socket in ``probes``."""
+    s = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
     for _ in range(PICK_PORT_ATTEMPTS):
+        port = draw.randrange(*span)
+        if port in taken:
+            continue
         try:
-            s.bind((host, draw.randrange(low, high)))
+            s.bind((host, port))
         except OSError:
             continue  # in use (or bound by another probe of ours): draw again
-        return int(s.getsockname()[1])
-    s.bind((host, 0))
-    return int(s.getsockname()[1])
+        return port
+    for _ in range(PICK_PORT_ATTEMPTS):  # the kernel's choice; a taken one stays bound aside
+        s.bind((host, 0))
+        port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
+        s = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    raise OSError(f"no free port on {host} outside the {len(taken)} avoided ones")
 
 
 def spawn_logged(

@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -124,6 +125,48 @@ def test_free_ports_come_from_below_the_ephemeral_range(monkeypatch: pytest.Monk
         monkeypatch.setattr(processes, "PICK_PORT_HIGH", busy + 1)
         (port,) = processes.free_ports(1)
     assert port != busy
+
+
+def test_avoided_ports_are_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ports promised to processes not started yet (another group's) are free but not ours:
+    in a range of 256 with 200 avoided, 40 picks land only on the other 56."""
+    monkeypatch.setenv(processes.PICK_PORTS_ENV, "26000-26256")
+    avoid = set(range(26000, 26200))
+    for _ in range(5):
+        ports = processes.free_ports(40, avoid=avoid)
+        assert len(set(ports)) == 40 and not set(ports) & avoid
+
+
+class _KernelSocket:
+    """A socket whose port-0 binds get the kernel's next port from a fixed list, and whose
+    binds to a chosen port are all refused (the whole pick range in use)."""
+
+    next_ports: ClassVar[list[int]] = []
+
+    def __init__(self, *_: object) -> None:
+        self.port = 0
+
+    def __enter__(self) -> _KernelSocket:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def bind(self, addr: tuple[str, int]) -> None:
+        if addr[1] != 0:
+            raise OSError("in use")
+        self.port = self.next_ports.pop(0)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+def test_an_avoided_kernel_choice_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole pick range busy: the kernel's port-0 choice is taken instead, but never one
+    that is avoided (it stays bound aside and the kernel is asked again)."""
+    monkeypatch.setattr(_KernelSocket, "next_ports", [30001, 30002, 30003, 30004])
+    monkeypatch.setattr(processes.socket, "socket", _KernelSocket)
+    assert processes.free_ports(2, avoid={30001, 30003}) == [30002, 30004]
 
 
 def test_a_pick_range_of_its_own_keeps_side_by_side_runs_apart(
