@@ -15,6 +15,25 @@ from dledger.server.client import ClientError, LogClient
 RETRY_PAUSE_S = 0.01
 # How long Writer.stop waits for its thread (one append's deadline and then some).
 STOP_JOIN_S = 30.0
+# Status codes a group answers while it changes leader (NOT_LEADER, LEADERSHIP_LOST, NO_QUORUM,
+# TRANSFER_IN_PROGRESS, a refused connection) or when an attempt outlives its deadline: the
+# append may be tried again. Anything else is a real refusal.
+RETRYABLE_STATUSES = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def append_until_acked(client: LogClient, value: bytes, timeout_s: float) -> int:
+    """Append ``value`` until a majority acknowledges it; its index. A failed attempt's outcome
+    is unknown (it may be committed too), so use it where a value may appear more than once.
+    An election on a loaded machine (a member's loop stalled beyond the election timeout) ends
+    an attempt with LEADERSHIP_LOST; the group must still take the value within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.append([value]).last_index
+        except ClientError as exc:
+            if exc.status not in RETRYABLE_STATUSES or time.monotonic() >= deadline:
+                raise
+            time.sleep(RETRY_PAUSE_S)
 
 
 class Writer:

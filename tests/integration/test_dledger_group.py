@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from log_writer import Writer, assert_exactly_once
+from log_writer import Writer, append_until_acked, assert_exactly_once
 from raftmq.dledger.v1 import dledger_pb2 as pb
 from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 from support import wait_for
@@ -130,6 +130,11 @@ def test_sigstop_leader_steps_down_and_loses_nothing(
         assert b"stale-tail" not in next(iter(logs.values()))
 
 
+# An election among the three left (pre-vote, vote, a first commit) takes a few election
+# timeouts; 30 s covers several on a 2-core machine running another test session.
+TWO_DOWN_COMMIT_S = 30.0
+
+
 def test_five_nodes_tolerate_two_down_and_refuse_with_three_down(
     local_group: Callable[..., LocalCluster],
 ) -> None:
@@ -140,7 +145,10 @@ def test_five_nodes_tolerate_two_down_and_refuse_with_three_down(
         followers = [n.node_id for n in cluster.nodes if n.node_id != leader]
         for node_id in followers[:2]:
             cluster.signal(node_id, signal.SIGKILL)
-        assert client.append([b"two-down"]).last_index > 0
+        # Three of five still commit. The stall of killing two on a loaded machine may cost
+        # the leader its term (an attempt then ends LEADERSHIP_LOST, outcome unknown): the
+        # group must still take the value, under whichever leader the three elect.
+        assert append_until_acked(client, b"two-down", TWO_DOWN_COMMIT_S) > 0
         cluster.signal(followers[2], signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(ClientError) as err:

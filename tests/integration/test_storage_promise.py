@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from log_writer import append_until_acked
 from prometheus_client.parser import text_string_to_metric_families
 from support import own_labels, wait_for
 
@@ -50,18 +51,6 @@ def _metric(cluster: LocalCluster, node_id: str, name: str, **labels: str) -> fl
             if s.name == name and own_labels(s.labels) == labels:
                 return float(s.value)
     return None
-
-
-def _append_until_acked(client: LogClient, value: bytes, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.append([value])
-            return
-        except ClientError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.05)
 
 
 def _committed_logs_identical(cluster: LocalCluster, client: LogClient) -> list[tuple]:  # type: ignore[type-arg]
@@ -133,7 +122,7 @@ def test_a_follower_whose_store_went_back_loses_nothing_and_votes_again(
         restarted = time.monotonic()
         for nid in (forgetful, third, leader):
             cluster.start(nid)
-        _append_until_acked(client, b"after-restart", LEADER_AFTER_RESTART_S)
+        append_until_acked(client, b"after-restart", LEADER_AFTER_RESTART_S)
         assert time.monotonic() - restarted <= LEADER_AFTER_RESTART_S
         repaired = _repaired(cluster, forgetful)
         wait_for(
@@ -255,7 +244,7 @@ def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
         # It votes again: with the leader down, it and the third member elect one of them.
         cluster.signal(leader, signal.SIGKILL)
         killed = time.monotonic()
-        _append_until_acked(client, b"after-leader-killed", LEADER_AFTER_RESTART_S)
+        append_until_acked(client, b"after-leader-killed", LEADER_AFTER_RESTART_S)
         assert time.monotonic() - killed <= LEADER_AFTER_RESTART_S
         acked.append(b"after-leader-killed")
         cluster.start(leader)
