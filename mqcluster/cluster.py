@@ -231,6 +231,28 @@ def log_client(
     return LogClient(addrs, group=group, timeout_s=timeout_s, security=security)
 
 
+def _node_ports(
+    nodes: int, port_block: int | None, avoid: Collection[int]
+) -> tuple[dict[str, list[int]], tuple[int, int]]:
+    """Each node's ports by kind (client, peer, grpc, metrics) and the NameServer's (port,
+    metrics port): drawn free, none of ``avoid``, when ``port_block`` is None; else the fixed
+    ports of that block."""
+    if port_block is None:
+        free = _free_ports(4 * nodes + 2, avoid=avoid)
+        kinds = ("client", "peer", "grpc", "metrics")
+        by_kind = {k: free[i * nodes : (i + 1) * nodes] for i, k in enumerate(kinds)}
+        return by_kind, (free[-2], free[-1])
+    block = PORT_BLOCK_STEP * port_block
+    client = CLIENT_PORT_BASE + CLIENT_BLOCK_STEP * port_block
+    by_kind = {
+        "client": [client + CLIENT_PORT_STEP * i for i in range(nodes)],
+        "peer": [PEER_PORT_BASE + block + i for i in range(nodes)],
+        "grpc": [GRPC_PORT_BASE + block + i for i in range(nodes)],
+        "metrics": [METRICS_PORT_BASE + block + i for i in range(nodes)],
+    }
+    return by_kind, (NAMESRV_PORT, NAMESRV_METRICS_PORT)
+
+
 def _free_port() -> int:
     return free_ports(1)[0]
 
@@ -393,21 +415,9 @@ class LocalCluster:
             self.security_base = str(shared.layout.base) if secure else ""
             self.layout = shared.layout if secure else localsecurity.SecureLayout(self.base)
         ids = [f"n{i}" for i in range(nodes)]
-        if auto_ports:
-            free = _free_ports(4 * nodes + 2, avoid=avoid_ports)
-            client_ports, peer_ports = free[:nodes], free[nodes : 2 * nodes]
-            grpc_ports, metrics_ports = free[2 * nodes : 3 * nodes], free[3 * nodes : 4 * nodes]
-            namesrv_port, namesrv_metrics_port = free[-2], free[-1]
-        else:
-            block = PORT_BLOCK_STEP * port_block
-            client_ports = [
-                CLIENT_PORT_BASE + CLIENT_BLOCK_STEP * port_block + CLIENT_PORT_STEP * i
-                for i in range(nodes)
-            ]
-            peer_ports = [PEER_PORT_BASE + block + i for i in range(nodes)]
-            grpc_ports = [GRPC_PORT_BASE + block + i for i in range(nodes)]
-            metrics_ports = [METRICS_PORT_BASE + block + i for i in range(nodes)]
-            namesrv_port, namesrv_metrics_port = NAMESRV_PORT, NAMESRV_METRICS_PORT
+        ports, (namesrv_port, namesrv_metrics_port) = _node_ports(
+            nodes, port_block if not auto_ports else None, avoid_ports
+        )
         admin = None
         if secure:
             admin = self._secure_files(group, ids) if shared is None else self._member_files(ids)
@@ -420,8 +430,6 @@ class LocalCluster:
         # Saved in cluster.json: without secrets (they stay in the 0600 node configs; a node
         # joining later takes the group's users from its log, not from initAuthenticationUser).
         self.settings = {k: v for k, v in (extra or {}).items() if k not in SECRET_KEYS}
-        ports = {"client": client_ports, "peer": peer_ports, "grpc": grpc_ports}
-        ports["metrics"] = metrics_ports
         self._write_node_confs(ids, ports, extra or {}, admin)
         self._save_state()
 
