@@ -36,6 +36,7 @@ import hashlib
 import itertools
 import logging
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -72,6 +73,9 @@ ASYNC_SEND_THREADS = 64
 SHUTDOWN_SLACK_S = 5.0
 # At most this many async/one-way sends in flight; send_async blocks beyond (back pressure).
 ASYNC_MAX_PENDING = 1024
+# The round robin's first queue is drawn from [0, RR_START_SPAN): any span that is a multiple of
+# every usual queue count spreads starts evenly; 2**20 is far beyond any topic's queues.
+RR_START_SPAN = 1 << 20
 # RocketMQ's maxMessageSize default (4 MiB); checked again by the broker.
 MAX_BATCH_MESSAGES = 1024
 
@@ -190,7 +194,10 @@ class Producer:
         self._slots = threading.Condition(self._slot_lock)
         self._async_pending = 0
         self._slot_waiters = 0
-        self._rr = itertools.count()
+        # Round robin from a random queue (as RocketMQ's clients start): from queue 0, many
+        # short-lived producers sending a few messages each would all pile onto the first
+        # queue and the first broker group.
+        self._rr = itertools.count(random.randrange(RR_START_SPAN))
         self._full_lock = threading.Lock()
         self._full_until: dict[str, float] = {}  # group -> monotonic end of its avoidance
         self._born_host = local_host()

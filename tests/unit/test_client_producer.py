@@ -93,6 +93,13 @@ class World:
     addrs: dict[str, str]  # node name -> addr
 
 
+@pytest.fixture(autouse=True)
+def _round_robin_from_the_first_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests script what each node answers to a producer's first send: start its round
+    robin at the first queue (broker-a's), not at the random one a producer starts from."""
+    monkeypatch.setattr(producer_module, "RR_START_SPAN", 1)
+
+
 @pytest.fixture
 def world() -> Iterator[World]:
     servers = []
@@ -565,3 +572,16 @@ def test_an_attempt_with_an_unknown_outcome_marks_the_final_error(world: World) 
     ):
         producer.send(Message("T", b"x"))
     assert info.value.code in ("NOT_LEADER", "NO_LEADER") and info.value.outcome_unknown
+
+
+def test_producers_start_their_round_robin_at_a_random_queue(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From queue 0, many short-lived producers sending one message each would all land on
+    broker-a: 24 producers over the route's two groups reach both (1 in 2**23 they do not)."""
+    monkeypatch.setattr(producer_module, "RR_START_SPAN", 1 << 20)
+    groups = set()
+    for i in range(24):
+        with Producer(f"pg{i}", world.namesrv_addr) as producer:
+            groups.add(producer.send(Message("T", b"x")).message_queue.broker_name)
+    assert groups == {"broker-a", "broker-b"}
