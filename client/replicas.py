@@ -87,6 +87,10 @@ def node_flags(m: dpb.MetadataResponse) -> list[str]:
         flags.append(f"chain mismatches in replication {m.chain_mismatches}")
     if m.committed_repairs:
         flags.append(f"committed entries repaired {m.committed_repairs}")
+    rebuilt = sum(m.state_rebuilds.values())
+    if rebuilt:
+        by = ",".join(f"{k}={v}" for k, v in sorted(m.state_rebuilds.items()) if v)
+        flags.append(f"state rebuilt after a content repair {rebuilt} ({by})")
     if m.chain_check_mismatches:
         flags.append(f"periodic chain check mismatches {m.chain_check_mismatches}")
     derived = sum(m.derived_mismatches.values())

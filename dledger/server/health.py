@@ -71,4 +71,5 @@ def health_fields(node: DLedgerNode, chain_index: int) -> pb.MetadataResponse:
         scrub_last_pass_end_ms=scrub.last_pass_end_unix_ms if scrub is not None else 0,
         scrub_bytes_verified=scrub.bytes_verified if scrub is not None else 0,
         derived_mismatches=derived_mismatches(node),
+        state_rebuilds=node.state_rebuilds,
     )

@@ -33,6 +33,7 @@ from support import metadata, own_labels, retention_keys, wait_for
 
 from broker.state.message import Message, UniqIdGenerator, encode_batch
 from broker.state.records import ENTRY_MESSAGES
+from client.replicas import node_flags
 from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
@@ -316,6 +317,11 @@ def _wait_repaired(cluster: LocalCluster, victim: NodeInfo, how: str, found_s: f
 
     wait_for(repaired, REPAIRED_WITHIN_S - (time.monotonic() - found_s), "the member repaired")
     print(f"repaired {time.monotonic() - found_s:.1f} s after the mismatch was found")
+    # The restarted process no longer counts the repair (its counters began again), but
+    # replicaStatus still flags the member for an operator to look at its disk.
+    with cluster.client() as log:
+        flags = node_flags(log.metadata(victim.client_addr, timeout_s=5.0))
+    assert f"state rebuilt after a content repair 1 ({how}=1)" in flags, flags
 
 
 def _without_leader_a_send_commits(
