@@ -22,6 +22,7 @@ from dledger.server.transport import CHANNEL_OPTIONS
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_channel
 from rpckit.status import code_of_text, read_error
+from rpckit.tlsdiag import tls_diagnosis
 
 # Redirects followed by one call before it gives up (a group elects within a few hops).
 MAX_REDIRECTS = 5
@@ -80,6 +81,10 @@ def _error(exc: grpc.RpcError, addr: str) -> ClientError:
     status = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
     detail = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
     info = read_error(exc)
+    diagnosis = tls_diagnosis(detail) if info is None else None
+    if diagnosis is not None:  # a TLS mistake: never connected, so nothing was done
+        code, message = diagnosis
+        return ClientError(f"{addr}: {code} {message}", status=status, code=code)
     if info is None:  # a node older than the structured error, or gRPC's own failure
         return ClientError(
             f"{addr}: {status} {detail}",

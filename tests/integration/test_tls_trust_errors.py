@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import NameServerFactory
 
+from dledger.server.client import ClientError, LogClient
 from mqcluster.cluster import LocalCluster
 from mqsecurity import pki
 from mqsecurity.options import ENV_CREDENTIALS, ENV_TLS_CA
@@ -79,3 +80,10 @@ def test_tls_trust_mistakes_say_what_to_give(
     assert line.startswith(
         f"mqadmin clusterList: TLS_NOT_SERVED (UNAVAILABLE): {plain.addr} does not speak TLS"
     ), line
+    # The DLedger log client (mqjepsen, mqaudit --connect, mqcluster) says the same of a node.
+    node_addr = cluster.nodes[0].client_addr
+    log = LogClient([node_addr], group=cluster.group, timeout_s=10.0)
+    with log, pytest.raises(ClientError) as err:
+        log.metadata(node_addr)
+    assert err.value.code == "TLS_REQUIRED", err.value
+    assert f"{node_addr} closed the connection as it opened" in str(err.value), err.value

@@ -9,9 +9,10 @@ import grpc
 import pytest
 
 from client import mqadmin
-from client.errors import MQClientError, tls_diagnosis
+from client.errors import MQClientError
 from client.route import parse_namesrv_addr
 from mqcli.addrs import MAX_ADDR_CHARS, broker_addr, host_port, namesrv_addrs
+from rpckit.tlsdiag import tls_diagnosis
 
 # gRPC's details of connects that failed, as grpcio 1.85 words them (from real runs against a
 # secure group and a plaintext NameServer: tests/integration/test_tls_trust_errors.py).
