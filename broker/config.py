@@ -283,9 +283,9 @@ def _disk_marks_of_old_release(values: dict[str, Any], raw: Mapping[str, str]) -
     key, "below the refusal mark") and without ``diskSpaceWarningLevelRatio`` was written for
     0.2.0: it keeps its refusal mark. A file that sets it alone may be either (RocketMQ's stock
     75): read with RocketMQ's meaning. Both cases are named in a warning (docs/UPGRADE.md)."""
-    if "diskMaxUsedSpaceRatio" not in raw or "diskSpaceWarningLevelRatio" in raw:
-        return []
     mark = values["diskMaxUsedSpaceRatio"]
+    if "diskMaxUsedSpaceRatio" not in raw or "diskSpaceWarningLevelRatio" in raw or not mark:
+        return []  # (0, early deletion off, is this release's alone)
     default_early = KEYS["diskMaxUsedSpaceRatio"].parse(str(KEYS["diskMaxUsedSpaceRatio"].default))
     if "diskSpaceResumeRatio" in raw:
         values["diskSpaceWarningLevelRatio"] = mark

@@ -125,6 +125,8 @@ class DiskGuard:
 
     def retune(self, marks: Watermarks) -> None:
         """New marks (a live change): the next check samples the disk again with them."""
+        if marks == self.marks:
+            return  # another key changed
         self.marks = marks
         self._interval_s = marks.check_interval_ms / 1000
         self._next_s = float("-inf")

@@ -167,7 +167,12 @@ def test_disk_keys_defaults_and_values() -> None:
     assert parse_config(CONF + "diskSpaceWarningLevelRatio=80\n").disk_watermarks == Watermarks(
         80, 75
     )
-    assert parse_config(CONF + "diskMaxUsedSpaceRatio=0\n").diskMaxUsedSpaceRatio == 0  # off
+    off = parse_config(CONF + "diskMaxUsedSpaceRatio=0\ndiskSpaceResumeRatio=80\n")
+    assert (off.diskMaxUsedSpaceRatio, off.disk_watermarks, off.notes) == (
+        0,
+        Watermarks(90, 80),
+        (),
+    )
 
 
 def test_a_release_0_2_0_refusal_mark_keeps_its_meaning_with_a_warning() -> None:
