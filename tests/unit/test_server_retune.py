@@ -1,7 +1,7 @@
 """A running DLedgerNode's live settings (issue #35): early retention above the disk mark
 (RocketMQ's diskMaxUsedSpaceRatio) deletes expired segments outside deleteWhen's hours, and
 ``retune`` changes that mark and the scrubber's pace without a restart. One node on free
-ports with 1 MiB segments; the file system's usage is a fake ``statvfs``."""
+ports with 1 MiB segments; the file system's usage is a fake."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ BODIES = 30  # about 3 MiB: three full segments and the active one
 DEADLINE_S = 10.0
 # A deleteWhen hour twelve hours away from now: the hour rule never allows deletion here.
 OTHER_HOUR = f"{(datetime.now().hour + 12) % 24:02d}"
-BLOCKS = 1000
 
 
 async def _until(cond: Callable[[], bool], what: str) -> None:
@@ -42,17 +41,14 @@ async def _rounds(node: DLedgerNode, n: int) -> None:
 
 
 class FakeUsage:
-    """``os.statvfs`` of the store's file system at ``percent`` used; other paths: real."""
+    """The share of the store's file system in use as the node's retention sees it (it reads
+    ``used_percent(os.statvfs(store_dir))``; the store's own space checks keep the real disk)."""
 
-    def __init__(self, store_dir: str, percent: int) -> None:
-        self.store_dir, self.percent = store_dir, percent
-        self.real = os.statvfs
+    def __init__(self, percent: int) -> None:
+        self.percent = percent
 
-    def __call__(self, path: str | os.PathLike[str]) -> os.statvfs_result:
-        if str(path) != self.store_dir:
-            return self.real(path)
-        free = BLOCKS * (100 - self.percent) // 100
-        return os.statvfs_result((4096, 4096, BLOCKS, free, free, 100, 50, 50, 0, 255))
+    def __call__(self, st: os.statvfs_result) -> float:
+        return float(self.percent)
 
 
 def _run(
@@ -91,8 +87,8 @@ def _run(
 def test_retention_deletes_expired_segments_early_only_above_the_mark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    usage = FakeUsage(str(tmp_path / "store"), 70)
-    monkeypatch.setattr(os, "statvfs", usage)
+    usage = FakeUsage(70)
+    monkeypatch.setattr("dledger.server.node.used_percent", usage)
 
     async def body(node: DLedgerNode) -> None:
         # 70 % used, mark 75: the hour rule holds, nothing is deleted.
@@ -108,8 +104,8 @@ def test_retention_deletes_expired_segments_early_only_above_the_mark(
 def test_retune_moves_the_mark_and_the_scrubbers_pace_while_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    usage = FakeUsage(str(tmp_path / "store"), 80)
-    monkeypatch.setattr(os, "statvfs", usage)
+    usage = FakeUsage(80)
+    monkeypatch.setattr("dledger.server.node.used_percent", usage)
 
     async def body(node: DLedgerNode) -> None:
         assert node.scrubber is not None and node.scrubber.bytes_per_s > 0
