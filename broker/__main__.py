@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         warning = ignored_keys_warning(cfg)
         if warning is not None:
             logging.getLogger("broker.config").warning("%s", warning)
+        for note in cfg.notes:
+            logging.getLogger("broker.config").warning("%s", note)
         if argv is None:  # a process of its own (it may re-execute itself)
             handshakes.count_refused_handshakes(cfg.tlsEnable)
         process = build(cfg)  # the composition root (broker.app)

@@ -48,7 +48,7 @@ from broker.config import BrokerConfig, ConfigError, node_config, service_config
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.internal.service import LeaderOpsServicer
 from broker.frontends.v1.service import BrokerServicer
-from broker.liveconfig import LiveConfig, service_overlay
+from broker.liveconfig import LiveConfig, LiveSettings, service_overlay
 from broker.metrics import BrokerExporter, BrokerMetrics, identity_labels
 from broker.registration import BrokerRegistrar
 from broker.state.auth.secrets import SecretBox, load_key_file
@@ -245,6 +245,9 @@ def build(cfg: BrokerConfig) -> Process:
     )
     registrar = BrokerRegistrar(cfg, sm) if cfg.namesrv_addrs else None
     scrubber = Scrubber(sm, cfg.scrubRecordsPerSecond)
+    # The live keys read outside the service (disk marks, scrub rates, dedup window), pushed to
+    # their components whenever the group's override table changes, from now on.
+    sm.set_config_hook(LiveSettings(cfg, sm, node, disk_guard, scrubber).apply)
     return Process(node, broker, v2_port(cfg, broker), exporter, registrar, scrubber)
 
 

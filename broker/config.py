@@ -82,6 +82,7 @@ class BrokerConfig:
     maxIndexNum: int
     accessMessageInMemoryMaxRatio: int
     diskMaxUsedSpaceRatio: int
+    diskSpaceWarningLevelRatio: int
     diskSpaceResumeRatio: int
     diskCheckIntervalMs: int
     diskSpaceReserveBytes: int
@@ -127,6 +128,12 @@ class BrokerConfig:
     authenticationMaxClockSkewMs: int
     # RocketMQ's keys the file set that raftmq accepts and does not use (ignored_keys_warning).
     ignored_keys: tuple[str, ...] = ()
+    # Warnings about how the file's keys were read (one line each; broker.__main__ logs them).
+    notes: tuple[str, ...] = ()
+    # The keys the file set (the others have their default): cross-key checks of a live change
+    # say which values were defaults, and a left-out diskSpaceResumeRatio follows a live change
+    # of diskSpaceWarningLevelRatio (broker.liveconfig.effective_config).
+    file_keys: frozenset[str] = frozenset()
 
     @property
     def tls_files(self) -> TlsFiles | None:
@@ -183,7 +190,7 @@ class BrokerConfig:
     @property
     def disk_watermarks(self) -> disk.Watermarks:
         return disk.Watermarks(
-            max_used_percent=self.diskMaxUsedSpaceRatio,
+            max_used_percent=self.diskSpaceWarningLevelRatio,
             resume_percent=self.diskSpaceResumeRatio,
             check_interval_ms=self.diskCheckIntervalMs,
         )
@@ -205,7 +212,8 @@ IGNORED_KEY_NOTES: Mapping[str, str] = {
     "brokerRole": "Raft elects the leader",
     "registerNameServerPeriod": "raftmq's is registerBrokerPeriod",
     "metricsPromExporterPort": "raftmq's is metricsPort",
-    "diskSpaceWarningLevelRatio": "raftmq refuses sends above diskMaxUsedSpaceRatio",
+    "diskSpaceCleanForciblyRatio": "raftmq never deletes a segment before fileReservedTime: "
+    "above diskMaxUsedSpaceRatio it deletes the expired ones at once",
 }
 # RocketMQ keys refused rather than ignored: ignoring them would leave the operator believing
 # what is not so (the log on another disk, requests checked against an ACL). key -> (whether
@@ -222,8 +230,17 @@ REFUSED_ROCKETMQ_KEYS: Mapping[str, tuple[Callable[[str], bool], str]] = {
         "authenticationEnabled and authorizationEnabled (docs/SECURITY.md)",
     ),
 }
-# diskSpaceResumeRatio left out: this many points below diskMaxUsedSpaceRatio (85 below 90).
+# diskSpaceResumeRatio left out: this many points below diskSpaceWarningLevelRatio (85 below 90).
 RESUME_GAP_PERCENT = disk.DEFAULT_MAX_USED_PERCENT - disk.DEFAULT_RESUME_PERCENT
+
+
+def resume_percent_for(warning_percent: int) -> int:
+    """diskSpaceResumeRatio left out: RESUME_GAP_PERCENT below the refusal mark (at least 1)."""
+    return max(1, warning_percent - RESUME_GAP_PERCENT)
+
+
+# The release whose broker.conf read diskMaxUsedSpaceRatio as the refusal mark (docs/UPGRADE.md).
+OLD_DISK_MARK_RELEASE = "0.2.0"
 
 
 def ignored_keys_warning(cfg: BrokerConfig) -> str | None:
@@ -259,19 +276,50 @@ def _check_rocketmq_keys(ignored: Mapping[str, str], path: str) -> None:
             raise ConfigError(f"{path}: key '{name}': {text!r} refused: {refused[1]}")
 
 
-def _derive_defaults(values: dict[str, Any], raw: Mapping[str, str]) -> None:
+def _disk_marks_of_old_release(values: dict[str, Any], raw: Mapping[str, str]) -> list[str]:
+    """Up to raftmq 0.2.0 ``diskMaxUsedSpaceRatio`` was the mark at which sends are refused;
+    it now has RocketMQ's meaning (early deletion) and the refusal is
+    ``diskSpaceWarningLevelRatio``'s. A file that sets it with ``diskSpaceResumeRatio`` (our own
+    key, "below the refusal mark") and without ``diskSpaceWarningLevelRatio`` was written for
+    0.2.0: it keeps its refusal mark. A file that sets it alone may be either (RocketMQ's stock
+    75): read with RocketMQ's meaning. Both cases are named in a warning (docs/UPGRADE.md)."""
+    mark = values["diskMaxUsedSpaceRatio"]
+    if "diskMaxUsedSpaceRatio" not in raw or "diskSpaceWarningLevelRatio" in raw or not mark:
+        return []  # (0, early deletion off, is this release's alone)
+    default_early = KEYS["diskMaxUsedSpaceRatio"].parse(str(KEYS["diskMaxUsedSpaceRatio"].default))
+    if "diskSpaceResumeRatio" in raw:
+        values["diskSpaceWarningLevelRatio"] = mark
+        values["diskMaxUsedSpaceRatio"] = default_early
+        return [
+            f"diskMaxUsedSpaceRatio={mark} with diskSpaceResumeRatio is a raftmq "
+            f"{OLD_DISK_MARK_RELEASE} setting: read as then, sends are refused at {mark} % "
+            f"used; rename the key to diskSpaceWarningLevelRatio (diskMaxUsedSpaceRatio now "
+            f"has RocketMQ's meaning: expired segments are deleted at once above it, "
+            f"{default_early} by default; docs/UPGRADE.md)"
+        ]
+    refuse = values["diskSpaceWarningLevelRatio"]
+    return [
+        f"diskMaxUsedSpaceRatio={mark} (set) has RocketMQ's meaning: expired segments are "
+        f"deleted at once above {mark} % used; sends are refused at diskSpaceWarningLevelRatio="
+        f"{refuse} % (default). A file written for raftmq {OLD_DISK_MARK_RELEASE} meant the "
+        f"refusal mark by it: set diskSpaceWarningLevelRatio={mark} to refuse there "
+        "(docs/UPGRADE.md)"
+    ]
+
+
+def _derive_defaults(values: dict[str, Any], raw: Mapping[str, str]) -> list[str]:
     """Keys left out whose default follows another key, so that no default makes a value the
     user set fail a check against it (RocketMQ's stock fileReservedTime=48 or
-    diskMaxUsedSpaceRatio=75 start)."""
+    diskSpaceWarningLevelRatio=0.80 start); the warnings about how keys were read."""
     if not values["dLegerGroup"]:
         values["dLegerGroup"] = values["brokerName"]
+    notes = _disk_marks_of_old_release(values, raw)
     if "diskSpaceResumeRatio" not in raw:
-        values["diskSpaceResumeRatio"] = max(
-            1, values["diskMaxUsedSpaceRatio"] - RESUME_GAP_PERCENT
-        )
+        values["diskSpaceResumeRatio"] = resume_percent_for(values["diskSpaceWarningLevelRatio"])
     if "timerMaxDelaySec" not in raw:
         retention_s = values["fileReservedTime"] * SECONDS_PER_HOUR
         values["timerMaxDelaySec"] = min(values["timerMaxDelaySec"], retention_s)
+    return notes
 
 
 def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
@@ -289,7 +337,7 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
         raise ConfigError(f"{path}: key 'initAuthenticationUser' {exc}") from None
     if not values["enableDLegerCommitLog"]:
         raise ConfigError(f"{path}: key 'enableDLegerCommitLog' must be true (DLedger-only)")
-    _derive_defaults(values, raw)
+    notes = _derive_defaults(values, raw)
     _check_members(values, path)
     _check_ports(values, path)
     check_value_rules(values, raw, path)
@@ -300,7 +348,13 @@ def parse_config(text: str, path: str = "broker.conf") -> BrokerConfig:
     values["storePathRootDir"] = os.path.expanduser(values["storePathRootDir"])
     values["dLegerPromisePath"] = os.path.expanduser(values["dLegerPromisePath"])
     values.pop("enableDLegerCommitLog")
-    return BrokerConfig(path=path, ignored_keys=tuple(props.ignored), **values)
+    return BrokerConfig(
+        path=path,
+        ignored_keys=tuple(props.ignored),
+        notes=tuple(f"{path}: {note}" for note in notes),
+        file_keys=frozenset(raw),
+        **values,
+    )
 
 
 def check_value_rules(values: Mapping[str, Any], raw: Mapping[str, str], path: str) -> None:
@@ -362,12 +416,15 @@ def _check_timers(values: Mapping[str, Any], raw: Mapping[str, str], path: str) 
 
 
 def _check_disk_marks(values: Mapping[str, Any], raw: Mapping[str, str], path: str) -> None:
-    if values["diskSpaceResumeRatio"] >= values["diskMaxUsedSpaceRatio"]:
+    """Sends are accepted again below the refusal mark, not at or above it (or a refused send
+    would never be accepted again before the disk is emptied to the mark)."""
+    if values["diskSpaceResumeRatio"] >= values["diskSpaceWarningLevelRatio"]:
         raise ConfigError(
-            f"{path}: key 'diskSpaceResumeRatio' must be below diskMaxUsedSpaceRatio: compared "
-            f"{_shown('diskSpaceResumeRatio', values, raw)} with "
-            f"{_shown('diskMaxUsedSpaceRatio', values, raw)}; lower diskSpaceResumeRatio, or "
-            f"leave it out (then: diskMaxUsedSpaceRatio - {RESUME_GAP_PERCENT})"
+            f"{path}: key 'diskSpaceResumeRatio' must be below diskSpaceWarningLevelRatio: "
+            f"compared {_shown('diskSpaceResumeRatio', values, raw)} with "
+            f"{_shown('diskSpaceWarningLevelRatio', values, raw)}; lower "
+            "diskSpaceResumeRatio, or leave it out (then: diskSpaceWarningLevelRatio - "
+            f"{RESUME_GAP_PERCENT})"
         )
 
 

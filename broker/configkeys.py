@@ -10,6 +10,7 @@ default is written once, on the dataclass that uses it.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import ipaddress
 import json
 import re
@@ -45,6 +46,7 @@ from dledger.server.snapshots import (
     MIN_SNAPSHOT_BYTES_PER_S,
 )
 from dledger.storage import FlushDiskType, StoreConfig
+from dledger.storage.retention import MAX_EARLY_USED_PERCENT, MIN_EARLY_USED_PERCENT
 from mqcli.addrs import namesrv_addrs
 from mqsecurity import SecurityError
 from mqsecurity.credentials import Credentials
@@ -93,6 +95,32 @@ class IntIn:
     def __repr__(self) -> str:
         off = f", or 0: {self.off} off" if self.off else ""
         return f"{self.low} to {self.high}{off}"
+
+
+class PercentOrFraction(IntIn):
+    """RocketMQ's disk ratios: a whole percent ``90`` (the field of RocketMQ 5's
+    MessageStoreConfig) or a fraction ``0.90`` (RocketMQ's ``-Drocketmq.broker...`` property
+    and RocketMQ 4's unit), both read as the percent 90, in ``[low, high]``."""
+
+    __slots__ = ()
+
+    def __call__(self, text: str) -> int:
+        value = text.strip()
+        if "." in value:
+            try:
+                fraction = decimal.Decimal(value)
+            except decimal.InvalidOperation:
+                raise ValueError("is not a number") from None
+            if not 0 < fraction < 1:
+                raise ValueError("as a fraction is not between 0 and 1 (0.90 or 90: 90 %)")
+            percent = fraction * 100
+            if percent != percent.to_integral_value():
+                raise ValueError("is not a whole percent (0.90 or 90: 90 %)")
+            value = str(int(percent))
+        return super().__call__(value)
+
+    def __repr__(self) -> str:
+        return f"{self.low} to {self.high} %, or 0.{self.low:02d} to 0.{self.high:02d}"
 
 
 def _parse_str(text: str) -> str:
@@ -718,6 +746,7 @@ _TABLE: Mapping[str, _Key] = {
         INHERITED,
         "bytes per second the scrubber checks of the log (0: off)",
         to=(Into("node", "scrub_bytes_per_s"),),
+        live=True,
     ),
     # How often the leader compares its chained checksum with each peer's at a common
     # committed index (dledger.server.chaincheck, docs/RAFT.md section 13): 1 s to 1 day,
@@ -766,23 +795,39 @@ _TABLE: Mapping[str, _Key] = {
         "% of RAM a pull may lag the write position before a follower",
         to=(Into("service", "memory_ratio_percent"),),
     ),
-    # Disk full (docs/STORAGE.md "Disk full"). RocketMQ's name, but here the mark at which the
-    # leader refuses sends (RocketMQ's diskSpaceWarningLevelRatio, 90); in percent.
+    # Disk space (docs/STORAGE.md "Disk full"): RocketMQ's keys with RocketMQ's meanings. Above
+    # diskMaxUsedSpaceRatio retention deletes expired segments at once (not only at deleteWhen);
+    # above diskSpaceWarningLevelRatio the leader refuses sends (RocketMQ's 90 %, a fraction or a
+    # percent as RocketMQ takes it), until usage falls below diskSpaceResumeRatio (our own key:
+    # RocketMQ accepts writes again below the same mark). All four change live, applied to the
+    # node's retention and disk guard by broker.liveconfig.LiveSettings.
     "diskMaxUsedSpaceRatio": _Key(
-        IntIn(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
-        str(disk.DEFAULT_MAX_USED_PERCENT),
-        "% of the store's file system used above which the leader refuses sends (DISK_FULL)",
+        IntIn(MIN_EARLY_USED_PERCENT, MAX_EARLY_USED_PERCENT, off="early deletion"),
+        INHERITED,
+        "% of the store's file system used above which retention deletes expired segments "
+        "at once, not only at deleteWhen's hours (RocketMQ's meaning)",
+        to=(Into("node", "retention_early_used_percent"),),
+        live=True,
+    ),
+    "diskSpaceWarningLevelRatio": _Key(
+        PercentOrFraction(disk.MIN_USED_PERCENT, disk.MAX_USED_PERCENT),
+        f"0.{disk.DEFAULT_MAX_USED_PERCENT}",
+        "share of the store's file system used above which the leader refuses sends "
+        "(DISK_FULL): 0.90 or 90",
+        live=True,
     ),
     "diskSpaceResumeRatio": _Key(
         IntIn(1, disk.MAX_USED_PERCENT - 1),
         str(disk.DEFAULT_RESUME_PERCENT),
-        "% used below which sends are accepted again (< diskMaxUsedSpaceRatio; left out: "
-        "diskMaxUsedSpaceRatio - 5, so 85 with the default)",
+        "% used below which sends are accepted again (< diskSpaceWarningLevelRatio; left out: "
+        "diskSpaceWarningLevelRatio - 5, so 85 with the default)",
+        live=True,
     ),
     "diskCheckIntervalMs": _Key(
         IntIn(disk.MIN_CHECK_INTERVAL_MS, disk.MAX_CHECK_INTERVAL_MS),
         str(disk.DEFAULT_CHECK_INTERVAL_MS),
         "how stale the disk usage seen by the send path may be, ms",
+        live=True,
     ),
     "diskSpaceReserveBytes": _Key(
         IntIn(0, 1 << 30),
@@ -791,8 +836,12 @@ _TABLE: Mapping[str, _Key] = {
         to=(Into("store", "reserve_bytes"),),
     ),
     # Our own broker keys.
-    "dedupWindowSeconds": _Key(IntIn(0, 7 * 24 * 3600), "600", "idempotent-send window, s"),
-    "dedupWindowMaxIds": _Key(IntIn(1, 10_000_000), "100000", "uniq ids kept for dedup"),
+    # The idempotent-send window (broker.state.machine): every member's apply uses it, so a change
+    # is applied by every member at the record's index (broker.liveconfig.LiveSettings).
+    "dedupWindowSeconds": _Key(
+        IntIn(0, 7 * 24 * 3600), "600", "idempotent-send window, s", live=True
+    ),
+    "dedupWindowMaxIds": _Key(IntIn(1, 10_000_000), "100000", "uniq ids kept for dedup", live=True),
     "consumerOffsetCommitIntervalMs": _Key(
         IntIn(1, 60_000),
         INHERITED,
@@ -864,6 +913,7 @@ _TABLE: Mapping[str, _Key] = {
         IntIn(0, 1_000_000),
         str(DEFAULT_SCRUB_RECORDS_PER_SECOND),
         "derived-state records the scrubber checks against the commitlog a second (0: off)",
+        live=True,
     ),
     "delayLevelScale": _Key(
         _parse_scale, "1", "multiplies every delay level (tests: 0.01 turns 10 s into 100 ms)"
@@ -976,11 +1026,29 @@ KEYS: Mapping[str, _Key] = _resolved(_TABLE)
 
 # The keys UpdateBrokerConfig changes while the group runs (the others need a restart).
 LIVE_KEYS = frozenset(name for name, key in KEYS.items() if key.live)
-# Live keys go to ServiceConfig fields only: a component reads ``ctx.cfg`` at each use, and the
-# node's overrides are laid over it (broker.liveconfig); the node's, store's and RocketMQ 5 front
-# end's settings are read once at start.
-assert all(into.target == "service" for k in LIVE_KEYS for into in KEYS[k].to), LIVE_KEYS
-assert all(KEYS[k].to for k in LIVE_KEYS), "a live key the broker's wiring reads at start"
+# Live keys whose readers are not ServiceConfig's: the disk guard, the node's retention and
+# scrubber, the derived-state scrubber, the state machine's dedup window. Each member applies
+# them to those when the group's override table changes (as a record is applied, or a snapshot
+# loaded): broker.liveconfig.LiveSettings.
+APPLIED_LIVE_KEYS = frozenset(
+    {
+        "dedupWindowMaxIds",
+        "dedupWindowSeconds",
+        "diskCheckIntervalMs",
+        "diskMaxUsedSpaceRatio",
+        "diskSpaceResumeRatio",
+        "diskSpaceWarningLevelRatio",
+        "scrubBytesPerSec",
+        "scrubRecordsPerSecond",
+    }
+)
+# The other live keys go to ServiceConfig fields only: a component reads ``ctx.cfg`` at each
+# use, and the node's overrides are laid over it (broker.liveconfig); the node's, store's and
+# RocketMQ 5 front end's settings are read once at start.
+_SERVICE_LIVE = LIVE_KEYS - APPLIED_LIVE_KEYS
+assert APPLIED_LIVE_KEYS <= LIVE_KEYS, APPLIED_LIVE_KEYS - LIVE_KEYS
+assert all(into.target == "service" for k in _SERVICE_LIVE for into in KEYS[k].to), LIVE_KEYS
+assert all(KEYS[k].to for k in _SERVICE_LIVE), "a live key the broker's wiring reads at start"
 assert LIVE_KEYS == LIVE_BROKER_KEYS, "prockit.livekeys lists the live keys for mqadmin"
 
 # Keys whose values are secrets (a user's password): kept in the node's own broker.conf only

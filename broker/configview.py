@@ -16,7 +16,7 @@ from mqsecurity.credentials import Credentials
 # What a credentials key shows when it is set (the secret itself is never shown).
 SECRET_SET = "(set)"
 # BrokerConfig fields that are not broker.conf keys.
-_NOT_KEYS = frozenset({"path", "ignored_keys"})
+_NOT_KEYS = frozenset({"path", "ignored_keys", "notes", "file_keys"})
 
 
 def _text(value: object) -> str:

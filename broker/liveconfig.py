@@ -7,8 +7,11 @@ parser and the cross-key checks of broker.conf, against the leader's broker.conf
 group's overrides laid over it) and proposes one ``ENTRY_BROKER_CONFIG`` record
 (broker.state.brokerconf), once the group's feature level allows it (broker/state/features.py).
 Every member keeps the group's overrides in its state (and snapshots), and lays them over its
-own broker.conf: an override wins until it is cleared. The components read their settings at
-each use (``NodeContext.cfg``), so the new value takes effect at the next use on every member.
+own broker.conf: an override wins until it is cleared. The service's components read their
+settings at each use (``NodeContext.cfg``), so the new value takes effect at the next use on
+every member; the keys of ``APPLIED_LIVE_KEYS`` (disk marks, scrubber rates, dedup window) are
+pushed to their components by :class:`LiveSettings` when a member applies the record (or loads
+a snapshot holding the table).
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.components.applied import NodeContext, require_leader
+from broker.components.disk import DiskGuard
+from broker.components.scrubber import Scrubber
 from broker.components.settings import ServiceConfig
-from broker.config import BrokerConfig, ConfigError, check_value_rules
-from broker.configkeys import KEYS, LIVE_KEYS
+from broker.config import BrokerConfig, ConfigError, check_value_rules, resume_percent_for
+from broker.configkeys import APPLIED_LIVE_KEYS, KEYS, LIVE_KEYS
 from broker.configview import config_view
 from broker.state import brokerconf, features
 from broker.state.errors import FeatureLevelTooLowError, InvalidRequestError
+from broker.state.machine import BrokerStateMachine
 from broker.state.records import ENTRY_BROKER_CONFIG
+from dledger.log import ConfigError as NodeConfigError
+from dledger.server.node import DLedgerNode
 from prockit.livekeys import RESTART_HINT
 
 logger = logging.getLogger(__name__)
@@ -75,8 +83,14 @@ def parsed_overrides(overrides: Mapping[str, str]) -> dict[str, Any]:
 
 
 def effective_config(cfg: BrokerConfig, overrides: Mapping[str, str]) -> BrokerConfig:
-    """``cfg`` (the node's broker.conf) with the group's live overrides laid over it."""
-    return dataclasses.replace(cfg, **parsed_overrides(overrides))
+    """``cfg`` (the node's broker.conf) with the group's live overrides laid over it. A
+    resume mark the file left out follows an overridden refusal mark, as it follows the
+    file's (so lowering diskSpaceWarningLevelRatio live is one change, not two)."""
+    values = parsed_overrides(overrides)
+    mark = values.get("diskSpaceWarningLevelRatio")
+    if mark is not None and "diskSpaceResumeRatio" not in cfg.file_keys:
+        values.setdefault("diskSpaceResumeRatio", resume_percent_for(mark))
+    return dataclasses.replace(cfg, **values)
 
 
 def service_overlay(base: ServiceConfig, overrides: Mapping[str, str]) -> ServiceConfig:
@@ -84,31 +98,86 @@ def service_overlay(base: ServiceConfig, overrides: Mapping[str, str]) -> Servic
     goes where its table row says: ServiceConfig fields only)."""
     fields: dict[str, Any] = {}
     for key, parsed in parsed_overrides(overrides).items():
+        if key in APPLIED_LIVE_KEYS:
+            continue  # pushed to its component by LiveSettings
         for into in KEYS[key].to:
             assert into.target == "service", (key, into)
             fields[into.field] = into.value_of(parsed)
     return dataclasses.replace(base, **fields)
 
 
-def check_update(cfg: BrokerConfig, key: str, value: str) -> str:
+def check_update(
+    cfg: BrokerConfig, key: str, value: str, overrides: Mapping[str, str] | None = None
+) -> str:
     """The value of a change of ``key`` as broker.conf spells it, once the key can change
-    live, its parser takes ``value`` and the cross-key checks pass against ``cfg`` (the
-    effective config) with the change; InvalidRequestError otherwise."""
+    live, its parser takes ``value`` and the cross-key checks pass against ``cfg`` (the node's
+    broker.conf) with the group's ``overrides`` and the change laid over it;
+    InvalidRequestError otherwise."""
     check_key(key)
     try:
         parsed = KEYS[key].parse(value)
     except ValueError as exc:
         raise InvalidRequestError(f"key {key!r}: {value!r:.80} {exc}") from None
-    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    values[key] = parsed
-    try:
-        # Every key counts as set: the node's broker.conf and the overrides give them all.
-        check_value_rules(values, dict.fromkeys(values, ""), "UpdateBrokerConfig")
-    except ConfigError as exc:
-        raise InvalidRequestError(str(exc)) from None
     text = _text(parsed)
+    _check_rules(cfg, {**(overrides or {}), key: text}, "")
     brokerconf.check_entry(key, text)
     return text
+
+
+def check_clear(cfg: BrokerConfig, overrides: Mapping[str, str], key: str) -> None:
+    """InvalidRequestError unless the cross-key checks pass once ``key``'s override is gone
+    (``cfg``: the node's broker.conf; its value comes back, e.g. a refusal mark below a
+    resume mark still overridden)."""
+    check_key(key)
+    _check_rules(cfg, {k: v for k, v in overrides.items() if k != key}, f"clearing {key}: ")
+
+
+def _check_rules(cfg: BrokerConfig, overrides: Mapping[str, str], prefix: str) -> None:
+    """The cross-key checks of ``cfg`` with ``overrides`` laid over it (InvalidRequestError)."""
+    after = effective_config(cfg, overrides)
+    values = {f.name: getattr(after, f.name) for f in dataclasses.fields(after)}
+    # What the node's broker.conf set, or a live override: "set"; the rest: "default".
+    given = set(overrides) | cfg.file_keys
+    try:
+        check_value_rules(values, dict.fromkeys(given, ""), "UpdateBrokerConfig")
+    except ConfigError as exc:
+        raise InvalidRequestError(f"{prefix}{exc}") from None
+
+
+class LiveSettings:
+    """Pushes the live keys whose readers are not the service's (``APPLIED_LIVE_KEYS``) to
+    them, each time the group's override table changes on this member: the state machine
+    calls :meth:`apply` as it applies a broker config record or loads a snapshot, so every
+    member takes the new value at the same index (the dedup window decides what apply stores).
+    A combination a component refuses (a member whose broker.conf differs) keeps that
+    component's previous settings, with a warning."""
+
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        sm: BrokerStateMachine,
+        node: DLedgerNode,
+        disk_guard: DiskGuard,
+        scrubber: Scrubber,
+    ) -> None:
+        self.cfg, self.sm, self.node = cfg, sm, node
+        self.disk_guard, self.scrubber = disk_guard, scrubber
+
+    def apply(self, overrides: Mapping[str, str]) -> None:
+        eff = effective_config(self.cfg, overrides)
+        self.sm.set_dedup_window(eff.dedupWindowSeconds * 1000, eff.dedupWindowMaxIds)
+        self.scrubber.set_rate(eff.scrubRecordsPerSecond)
+        try:
+            self.disk_guard.retune(eff.disk_watermarks)
+        except ConfigError as exc:
+            logger.warning("live disk marks left as they were: %s", exc)
+        try:
+            self.node.retune(
+                retention_early_used_percent=eff.diskMaxUsedSpaceRatio,
+                scrub_bytes_per_s=eff.scrubBytesPerSec,
+            )
+        except NodeConfigError as exc:
+            logger.warning("live retention and scrub settings left as they were: %s", exc)
 
 
 class LiveConfig:
@@ -151,9 +220,13 @@ class LiveConfig:
         if cfg is None:
             raise InvalidRequestError("this node runs without a broker.conf")
         if clear:
+            assert self.cfg is not None  # effective() was not None
+            check_clear(self.cfg, self.ctx.sm.config_overrides, key)
             record = brokerconf.encode_record(brokerconf.OP_CLEAR, key)
         else:
-            record = brokerconf.encode_record(brokerconf.OP_SET, key, check_update(cfg, key, value))
+            assert self.cfg is not None  # effective() was not None
+            text = check_update(self.cfg, key, value, self.ctx.sm.config_overrides)
+            record = brokerconf.encode_record(brokerconf.OP_SET, key, text)
         first, _, _ = await self.ctx.node.propose([record], ENTRY_BROKER_CONFIG)
         now = self.effective()
         assert now is not None

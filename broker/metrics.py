@@ -286,7 +286,7 @@ class BrokerMetrics:
             out.append(
                 counter(
                     "store_disk_refused_sends",
-                    "Sends refused because the disk was above diskMaxUsedSpaceRatio, or had "
+                    "Sends refused because the disk was above diskSpaceWarningLevelRatio, or had "
                     "less free than the log's next allocation",
                     self.disk_guard.refused_count,
                 )

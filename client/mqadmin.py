@@ -1369,7 +1369,13 @@ def _update_broker_config_parser(p: argparse.ArgumentParser) -> None:
     stands for the value here (--verbose keeps its long name)."""
     _cluster_flag(p, "every broker group of this cluster")
     _broker_addr_flag(p)
-    p.add_argument("-k", "--key", required=True, help="the broker.conf key")
+    p.add_argument(
+        "-k",
+        "--key",
+        required=True,
+        help=f"the broker.conf key: one of {', '.join(sorted(LIVE_BROKER_KEYS))}; every other "
+        f"key {RESTART_HINT} (docs/CONFIG.md)",
+    )
     p.add_argument("-v", "--value", default=None, help="its new value, as broker.conf spells it")
     p.add_argument(
         "--clear",

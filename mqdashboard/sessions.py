@@ -6,6 +6,12 @@ session's credentials; reads keep the dashboard's own.
 The table is bounded in size and in time: a session unused for SESSION_IDLE_S, or older than
 SESSION_MAX_AGE_S, is gone; when MAX_SESSIONS are open, a new login pushes out the one unused
 longest. Nothing is written to disk: a restart logs everyone out.
+
+Failed logins are counted per source address (MAX_FAILED_LOGINS a window from one address), so
+one machine guessing passwords locks out itself, not everyone; a ceiling over all addresses
+(MAX_FAILED_LOGINS_TOTAL) still bounds the signature checks a guessing loop spread over many
+addresses costs; the table of addresses is bounded (MAX_LOGIN_ADDRESSES, the least recent
+forgotten first).
 """
 
 from __future__ import annotations
@@ -25,11 +31,23 @@ MAX_SESSIONS = 256
 SESSION_IDLE_S = 30 * 60.0
 # And any session this old, used or not: a stolen cookie does not last a working day.
 SESSION_MAX_AGE_S = 12 * 3600.0
-# Failed logins accepted per window, from anyone: beyond, a login is refused without asking the
-# group until the window's oldest failure ages out (a password-guessing loop through the
-# dashboard gets this many tries a minute).
+# Failed logins accepted per window from one source address: beyond, a login from that address
+# is refused without asking the group until the window's oldest failure from it ages out (a
+# password-guessing loop from one machine gets this many tries a minute), while logins from
+# other addresses go on.
 MAX_FAILED_LOGINS = 10
 FAILED_LOGIN_WINDOW_S = 60.0
+# Failed logins accepted per window from all addresses together: every login asks the group to
+# check a signature, so this bounds the password checks a guessing loop spread over many
+# addresses makes the group and the dashboard do (ten addresses at their own limit reach it;
+# then every login waits, as it did before the limit was per address).
+MAX_FAILED_LOGINS_TOTAL = 100
+# Source addresses whose failures are remembered at once: each holds at most MAX_FAILED_LOGINS
+# times, so the table stays under a few hundred KiB; when full, the address that failed least
+# recently is forgotten (its limit starts again; the total above still holds).
+MAX_LOGIN_ADDRESSES = 4096
+# Longest source address kept (an IPv6 text is at most 45 characters; a proxy's is shorter).
+MAX_ADDRESS_CHARS = 64
 # The cookie's name; its value is a session id of SESSION_ID_BYTES random bytes (urlsafe).
 COOKIE_NAME = "mqdashboard_session"
 SESSION_ID_BYTES = 32
@@ -64,7 +82,12 @@ class SessionTable:
         self.max_age_s = max_age_s
         self._clock = clock
         self._sessions: dict[str, Session] = {}
-        self._failures: collections.deque[float] = collections.deque(maxlen=MAX_FAILED_LOGINS)
+        # Source address -> its failures in time order, the address that failed least recently
+        # first (the one MAX_LOGIN_ADDRESSES pushes out); and every address's, for the total.
+        self._failures_by_address: collections.OrderedDict[str, collections.deque[float]] = (
+            collections.OrderedDict()
+        )
+        self._failures: collections.deque[float] = collections.deque(maxlen=MAX_FAILED_LOGINS_TOTAL)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -99,17 +122,38 @@ class SessionTable:
             session.used_s = now
             return session
 
-    def login_wait_s(self) -> float:
-        """0 when a login may be tried now; else how long until one may (MAX_FAILED_LOGINS
-        failed within FAILED_LOGIN_WINDOW_S)."""
+    def login_wait_s(self, address: str) -> float:
+        """0 when a login from ``address`` may be tried now; else how long until one may
+        (MAX_FAILED_LOGINS failed from it, or MAX_FAILED_LOGINS_TOTAL from all addresses,
+        within FAILED_LOGIN_WINDOW_S)."""
+        now = self._clock()
         with self._lock:
-            if len(self._failures) < MAX_FAILED_LOGINS:
-                return 0.0
-            return max(self._failures[0] + FAILED_LOGIN_WINDOW_S - self._clock(), 0.0)
+            wait_s = _window_wait_s(self._failures, MAX_FAILED_LOGINS_TOTAL, now)
+            mine = self._failures_by_address.get(_address_key(address))
+            if mine is not None:
+                wait_s = max(wait_s, _window_wait_s(mine, MAX_FAILED_LOGINS, now))
+            return wait_s
 
-    def login_failed(self) -> None:
+    def login_failed(self, address: str) -> None:
+        """Count a failed login from ``address`` (the client's, as the server saw it)."""
+        now = self._clock()
+        key = _address_key(address)
         with self._lock:
-            self._failures.append(self._clock())
+            self._failures.append(now)
+            mine = self._failures_by_address.pop(key, None)
+            if mine is None:
+                mine = collections.deque(maxlen=MAX_FAILED_LOGINS)
+                while len(self._failures_by_address) >= MAX_LOGIN_ADDRESSES:
+                    self._failures_by_address.popitem(last=False)
+            mine.append(now)
+            self._failures_by_address[key] = mine  # now the most recent
+            assert len(self._failures_by_address) <= MAX_LOGIN_ADDRESSES
+
+    @property
+    def login_addresses(self) -> int:
+        """Source addresses whose failed logins are remembered (tests, bounded)."""
+        with self._lock:
+            return len(self._failures_by_address)
 
     def close(self, session_id: str) -> None:
         with self._lock:
@@ -121,3 +165,17 @@ class SessionTable:
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self._sessions.items() if self._expired(s, now)]:
             del self._sessions[key]
+
+
+def _address_key(address: str) -> str:
+    """The table's key of a source address (bounded: the text is the peer's)."""
+    return address[:MAX_ADDRESS_CHARS]
+
+
+def _window_wait_s(failures: collections.deque[float], limit: int, now: float) -> float:
+    """0 while fewer than ``limit`` of ``failures`` (times, oldest first, at most ``limit``
+    kept) are within FAILED_LOGIN_WINDOW_S of ``now``; else how long until the oldest ages
+    out."""
+    if len(failures) < limit:
+        return 0.0
+    return max(failures[0] + FAILED_LOGIN_WINDOW_S - now, 0.0)

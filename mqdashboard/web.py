@@ -568,7 +568,8 @@ class Logins:
             if problem:
                 raise BadInput(problem)
             self._not_secure()
-            wait_s = self.board.settings.sessions.login_wait_s()
+            address = request.client.host if request.client is not None else ""
+            wait_s = self.board.settings.sessions.login_wait_s(address)
             if wait_s > 0:
                 raise TooManyLogins(f"too many failed logins: try again in {wait_s:.0f} s")
             credentials = typed_credentials(
@@ -581,7 +582,7 @@ class Logins:
             except MQClientError as exc:
                 if exc.status != "UNAUTHENTICATED":
                     raise
-                self.board.settings.sessions.login_failed()
+                self.board.settings.sessions.login_failed(address)
                 raise LoginRefused(f"the group refused the login: {error_text(exc)}") from None
             opened.append(self.board.settings.sessions.open(credentials))
             user = credentials.access_key

@@ -32,7 +32,7 @@ NODE_MODULES = RMQ5 / "node" / "node_modules"
 GROUP_CONF = {
     "mappedFileSizeCommitLog": str(8 << 20),
     "mappedFileSizeEntryIndex": str(1 << 20),
-    "diskMaxUsedSpaceRatio": "99",
+    "diskSpaceWarningLevelRatio": "99",
     "diskSpaceResumeRatio": "98",
 }
 

@@ -4,10 +4,11 @@ RocketMQ refuses writes when the commitlog's disk is above ``diskSpaceWarningLev
 writes on the hot path read a flag that a background service sets. Here the same idea in one
 object on the send path: :meth:`DiskGuard.check` costs a clock read and a comparison, and at
 most once every ``check_interval_ms`` one ``statvfs`` call (about a microsecond). Above the
-high mark (``diskMaxUsedSpaceRatio``) sends are refused with ``RESOURCE_EXHAUSTED`` and a
-detail ``DISK_FULL node=... path=... used=...%``; they are accepted again once usage falls
-below the low mark (``diskSpaceResumeRatio``), which keeps a disk hovering at the high mark
-from flapping between the two answers. Sends are also refused while the file
+high mark (``diskSpaceWarningLevelRatio``, as in RocketMQ) sends are refused with
+``RESOURCE_EXHAUSTED`` and a detail ``DISK_FULL node=... path=... used=...%``; they are
+accepted again once usage falls below the low mark (``diskSpaceResumeRatio``), which keeps a
+disk hovering at the high mark from flapping between the two answers. The marks change live
+(:meth:`DiskGuard.retune`, broker.liveconfig). Sends are also refused while the file
 system has less free space than the log's next allocation (the next data segment unless it
 is allocated already, and the next index file): the log must always be able to take its
 next files, or the Raft reserve (dledger.server.logroom) is all it has left. Pulls, offset
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from broker.state.errors import ConfigError
 from dledger.storage import DiskFullError
+from dledger.storage.retention import used_percent as used_percent  # the one definition
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ DEFAULT_RESUME_PERCENT = 85
 # usage seen may be this old: sends of one period (at 1 GB/s, 0.5 GB) land above the mark.
 DEFAULT_CHECK_INTERVAL_MS = 500
 # Bounds of the keys: a mark below 10 % or at 100 % makes no sense (100 % is ENOSPC itself).
+# (RocketMQ clamps its refusal mark to 35..90 % without a word; raftmq takes 10..99 as set.)
 MIN_USED_PERCENT = 10
 MAX_USED_PERCENT = 99
 MIN_CHECK_INTERVAL_MS = 10
@@ -72,14 +75,6 @@ class Watermarks:
                 f"check_interval_ms={self.check_interval_ms} is outside "
                 f"[{MIN_CHECK_INTERVAL_MS}, {MAX_CHECK_INTERVAL_MS}]"
             )
-
-
-def used_percent(st: os.statvfs_result) -> float:
-    """Percent of the file system this process cannot write: blocks reserved for root count
-    as used (``f_bavail``), so the mark means the same for root and other users."""
-    if st.f_blocks <= 0:
-        return 0.0
-    return 100.0 * (st.f_blocks - st.f_bavail) / st.f_blocks
 
 
 class DiskGuard:
@@ -127,6 +122,21 @@ class DiskGuard:
         self.used_percent = 0.0
         self.free_bytes = -1
         self.refused_count = 0  # sends refused (metrics, tests)
+
+    def retune(self, marks: Watermarks) -> None:
+        """New marks (a live change): the next check samples the disk again with them."""
+        if marks == self.marks:
+            return  # another key changed
+        self.marks = marks
+        self._interval_s = marks.check_interval_ms / 1000
+        self._next_s = float("-inf")
+        logger.info(
+            "disk marks node=%s refuse_at=%d%% resume_below=%d%% check_interval_ms=%d",
+            self.node_id,
+            marks.max_used_percent,
+            marks.resume_percent,
+            marks.check_interval_ms,
+        )
 
     def check(self) -> None:
         """Raise :class:`DiskFullError` (``DISK_FULL ...``) while the disk is above the mark.

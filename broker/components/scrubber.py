@@ -36,24 +36,34 @@ SLICES_PER_SECOND = 20
 # After a pass that could not run (the stores were closed for a snapshot install) or found
 # the log unreadable: wait this long before the next one.
 RETRY_AFTER_S = 5.0
+# While the rate is 0 (off: broker.conf, or a live change), the scrubber looks again this often
+# whether it was turned back on (one wake-up a second, no work).
+PAUSED_POLL_S = 1.0
 # A pass starts at most this often: a small store's pass is over in moments, and an idle
 # node's scrubber then wakes every 10 s, not in a loop.
 MIN_PASS_INTERVAL_S = 10.0
 
 
 class Scrubber:
-    """Walks the derived stores of ``sm`` at ``records_per_second`` (0: never)."""
+    """Walks the derived stores of ``sm`` at ``records_per_second`` (0: paused until
+    :meth:`set_rate` turns it on, a live change)."""
 
     def __init__(self, sm: BrokerStateMachine, records_per_second: int) -> None:
-        assert records_per_second >= 0
         self.sm = sm
-        self.records_per_second = records_per_second
-        self.slice_records = max(1, min(MAX_SLICE_RECORDS, records_per_second // SLICES_PER_SECOND))
+        self.records_per_second = 0
+        self.slice_records = 1
+        self.set_rate(records_per_second)
         self._task: asyncio.Task[None] | None = None
 
+    def set_rate(self, records_per_second: int) -> None:
+        """The rate from the next slice on (0: pause after the slice under way)."""
+        assert records_per_second >= 0
+        self.records_per_second = records_per_second
+        self.slice_records = max(1, min(MAX_SLICE_RECORDS, records_per_second // SLICES_PER_SECOND))
+
     def start(self) -> None:
-        """Start the passes on the running loop (nothing when the rate is 0)."""
-        if self.records_per_second and self._task is None:
+        """Start the passes on the running loop (paused while the rate is 0)."""
+        if self._task is None:
             self._task = spawn(self.run(), "derived-scrubber")
 
     async def stop(self) -> None:
@@ -67,6 +77,7 @@ class Scrubber:
         """Passes, one after the other, until cancelled."""
         logger.info("derived-state scrubber started records_per_second=%d", self.records_per_second)
         while True:
+            await self._wait_while_paused()
             started = time.monotonic()
             try:
                 await self.one_pass()
@@ -76,7 +87,12 @@ class Scrubber:
             await asyncio.sleep(max(0.0, started + MIN_PASS_INTERVAL_S - time.monotonic()))
 
     async def _pace(self, records: int) -> None:
+        await self._wait_while_paused()
         await asyncio.sleep(records / self.records_per_second)
+
+    async def _wait_while_paused(self) -> None:
+        while not self.records_per_second:
+            await asyncio.sleep(PAUSED_POLL_S)
 
     async def one_pass(self) -> None:
         """Every queue's records, then every index record, at the rate."""

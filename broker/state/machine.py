@@ -359,7 +359,10 @@ class BrokerStateMachine:
         self.derived = derived.DerivedCounters()
 
     def _init_snapshots(self) -> None:
-        """The state of the snapshot writer (config/snapshot.json)."""
+        """The state of the snapshot writer (config/snapshot.json), and the hook of the live
+        override table (the snapshot loads the table)."""
+        # Called with the table each time it changes (broker.liveconfig.LiveSettings.apply).
+        self._config_hook: Callable[[Mapping[str, str]], None] | None = None
         self._last_snapshot_s = 0.0
         self._last_persist_s = 0.0  # how long the last snapshot write took (its thread sets it)
         self._last_capture_s = 0.0  # how long the last capture held the event loop
@@ -524,6 +527,26 @@ class BrokerStateMachine:
 
     def _apply_broker_config(self, entry: Entry, touched: Touched) -> None:
         self.config_overrides = brokerconf.applied(self.config_overrides, entry.body)
+        self._config_changed()
+
+    def set_config_hook(self, hook: Callable[[Mapping[str, str]], None]) -> None:
+        """Call ``hook`` with the live override table now and each time it changes: as a
+        broker config record is applied, a snapshot loaded, the state reset."""
+        self._config_hook = hook
+        hook(self.config_overrides)
+
+    def _config_changed(self) -> None:
+        if self._config_hook is not None:
+            self._config_hook(self.config_overrides)
+
+    def set_dedup_window(self, window_ms: int, max_ids: int) -> None:
+        """The idempotent-send window from now on (a live change, applied by every member at
+        the same index): ids older than ``window_ms`` before the latest stored message, or
+        beyond the newest ``max_ids``, are forgotten at once."""
+        if window_ms < 0 or max_ids < 1:
+            raise ConfigError("dedup_window_ms must be >= 0 and dedup_max_ids >= 1")
+        self.dedup_window_ms, self.dedup_max_ids = window_ms, max_ids
+        self._evict_dedup()
 
     def _apply_offsets(self, entry: Entry, touched: Touched) -> None:
         """Apply an offsets record: a group new here is recorded with its owner, and while
@@ -989,6 +1012,7 @@ class BrokerStateMachine:
         _report_dropped("subscription groups", self.subgroups.load(data.get("subgroups", ())))
         self.config_overrides, bad_config = brokerconf.load(data.get("config", {}))
         _report_dropped("broker config overrides", bad_config)
+        self._config_changed()
         if data.get("version") == 1:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
@@ -1137,6 +1161,7 @@ class BrokerStateMachine:
         self.txn.reset()
         self.subgroups.reset()
         self.config_overrides = {}
+        self._config_changed()
         self._latest_store_ts = 0
         self._applied = first - 1
         self._effect_index = self._applied

@@ -15,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import heapq
 import itertools
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
@@ -117,6 +119,7 @@ from dledger.storage import (
     damage,
 )
 from dledger.storage.promise import PromiseWriter, read_promise
+from dledger.storage.retention import used_percent
 from dledger.storage.store import META_FILE
 from mqerrors import codes as E
 from mqrelease import BASELINE_LEVEL, RELEASE
@@ -134,6 +137,8 @@ CHECKPOINT_INTERVAL_MS = 1000
 # How long a node waits for the leader's view of the members before retention deletes
 # (the check's interval is NodeConfig.retention_check_interval_s).
 RETENTION_RPC_TIMEOUT_S = 3.0
+# The settings retune() changes while the node runs (each read at its next use).
+RETUNABLE_FIELDS = frozenset({"retention_early_used_percent", "scrub_bytes_per_s"})
 # Peer messages dropped by the node before the core (keys of DLedgerNode.dropped(), with the
 # core's DROP_* reasons): a stream refused at its start (peer_service.DROP_STREAM_REFUSED), a
 # message claiming another sender than its stream, a message malformed in itself, a batch
@@ -475,9 +480,9 @@ class DLedgerNode:
             spawn(self._ready_loop(), "ready"),
             spawn(self._retention_loop(), "retention"),
         ]
-        if cfg.scrub_bytes_per_s:
-            self.scrubber = Scrubber(lambda: self.store, self.on_damage, cfg.scrub_bytes_per_s)
-            self._tasks.append(spawn(self.scrubber.run(), "scrub"))
+        # Always running, paused while the rate is 0, so that retune() can turn it on and off.
+        self.scrubber = Scrubber(lambda: self.store, self.on_damage, cfg.scrub_bytes_per_s)
+        self._tasks.append(spawn(self.scrubber.run(), "scrub"))
         if cfg.chain_check_interval_ms:
             check = chain_check_loop(self, cfg.chain_check_interval_ms, peer_asker(self))
             self._tasks.append(spawn(check, "chain-check"))
@@ -705,7 +710,33 @@ class DLedgerNode:
 
     # ------------------------------------------------------------------ retention
 
+    def retune(self, **changes: Any) -> None:
+        """Change settings of :data:`RETUNABLE_FIELDS` while the node runs (the broker's live
+        config: a replicated change applied on every member); ConfigError when the new config
+        is invalid, nothing changed then. Each takes effect at its next use: the retention
+        loop's next round, the scrubber's next step."""
+        unknown = set(changes) - RETUNABLE_FIELDS
+        assert not unknown, f"not retunable: {sorted(unknown)}"
+        cfg = dataclasses.replace(self.cfg, **changes)  # validated by NodeConfig
+        self.cfg = cfg
+        if self.scrubber is not None:
+            self.scrubber.set_rate(cfg.scrub_bytes_per_s)
+
+    def _retention_early(self) -> bool:
+        """Whether the store's file system is at or above the early mark (RocketMQ's
+        diskMaxUsedSpaceRatio): retention then deletes expired segments now."""
+        mark = self.cfg.retention_early_used_percent
+        if not mark:
+            return False
+        try:
+            used = used_percent(os.statvfs(self.cfg.store_dir))
+        except OSError as exc:
+            logger.debug("node=%s disk usage unknown: %s", self.cfg.self_id, exc)
+            return False
+        return used >= mark
+
     async def _retention_loop(self) -> None:
+        self.retention_rounds = 0  # rounds done (tests wait for rounds, not for time)
         while True:
             await asyncio.sleep(self.cfg.retention_check_interval_s)
             try:
@@ -720,6 +751,7 @@ class DLedgerNode:
             # after maxLagRetentionHours (it is caught up by a snapshot). Unknown: lag bound.
             held_index = -1 if held is None else held
             floor = self._retention_applied()
+            early = self._retention_early()
             save = getattr(self.sm, "save_state", None)
             if floor < self._applied and callable(save):
                 save()  # an idle application's state on disk catches up for the next round
@@ -735,18 +767,21 @@ class DLedgerNode:
                         delete_when=self.cfg.delete_when,
                         held_index=held_index,
                         max_lag_hours=self.cfg.max_lag_retention_hours,
+                        early=early,
                     ),
                 )
+            self.retention_rounds += 1
             if deleted:
                 hook = getattr(self.sm, "on_prefix_deleted", None)
                 if callable(hook):
                     hook(self.store.first_index())
                 logger.info(
-                    "node=%s retention deleted=%d segments first_index=%d floor=%d",
+                    "node=%s retention deleted=%d segments first_index=%d floor=%d early=%s",
                     self.cfg.self_id,
                     deleted,
                     self.store.first_index(),
                     floor,
+                    early,
                 )
 
     def _retention_applied(self) -> int:

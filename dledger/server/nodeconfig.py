@@ -37,8 +37,10 @@ from dledger.server.snapshots import (
 from dledger.storage import StoreConfig
 from dledger.storage.retention import (
     DEFAULT_DELETE_WHEN,
+    DEFAULT_EARLY_USED_PERCENT,
     DEFAULT_FILE_RESERVED_TIME_HOURS,
     DEFAULT_MAX_LAG_RETENTION_HOURS,
+    check_early_used_percent,
 )
 from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
@@ -164,6 +166,11 @@ class NodeConfig:
     delete_when: str = DEFAULT_DELETE_WHEN
     max_lag_retention_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS
     retention_check_interval_s: float = RETENTION_CHECK_INTERVAL_S
+    # Early retention (broker.conf diskMaxUsedSpaceRatio, RocketMQ's meaning): while the store's
+    # file system is at least this % used, retention deletes expired segments at once, not
+    # only at delete_when's hours; every other rule of retention still holds. 0: off.
+    # Retunable while the node runs (DLedgerNode.retune).
+    retention_early_used_percent: int = DEFAULT_EARLY_USED_PERCENT
     # TLS (broker.conf tlsEnable and tlsServer*Path). None: every port plaintext. Otherwise the
     # client port speaks TLS (no client certificate asked), the peer port mutual TLS (only a
     # certificate signed by tls.ca_path naming a member of this group is served, and the
@@ -225,6 +232,7 @@ class NodeConfig:
                 f"snapshot_bytes_per_s {self.snapshot_bytes_per_s} is outside "
                 f"[{MIN_SNAPSHOT_BYTES_PER_S}, {MAX_SNAPSHOT_BYTES_PER_S}]"
             )
+        check_early_used_percent(self.retention_early_used_percent)
         if self.scrub_bytes_per_s and not (
             MIN_SCRUB_BYTES_PER_S <= self.scrub_bytes_per_s <= MAX_SCRUB_BYTES_PER_S
         ):

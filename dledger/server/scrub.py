@@ -47,6 +47,9 @@ SCRUB_STEP_BYTES = 1 << 20
 SCRUB_MIN_PASS_INTERVAL_S = 60.0
 # Pause before retrying after the store was replaced (snapshot install) under a step.
 SCRUB_REPLACED_RETRY_S = 1.0
+# While the rate is 0 (off, set live: DLedgerNode.retune), the scrubber looks again this often
+# whether it was turned back on: one wake-up a second, no I/O.
+SCRUB_PAUSED_POLL_S = 1.0
 
 
 class ScrubCheck(Protocol):
@@ -64,7 +67,8 @@ def check_entries(store: SegmentedLogStore, start: int, max_bytes: int) -> tuple
 
 
 class Scrubber:
-    """Scrubs the store ``get_store()`` returns (the node's current one) for ever."""
+    """Scrubs the store ``get_store()`` returns (the node's current one) for ever, at
+    ``bytes_per_s`` (0: paused until :meth:`set_rate` turns it on again)."""
 
     def __init__(
         self,
@@ -73,11 +77,11 @@ class Scrubber:
         bytes_per_s: int,
         check: ScrubCheck = check_entries,
     ) -> None:
-        assert bytes_per_s > 0
+        assert bytes_per_s >= 0
         self._get_store = get_store
         self._on_damage = on_damage
         self._check = check
-        self.pacer = Pacer(bytes_per_s)
+        self.pacer = Pacer(max(bytes_per_s, 1))
         self.bytes_per_s = bytes_per_s
         # One thread: the scrubber never takes more than one core, and never the loop's.
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "scrub")
@@ -88,8 +92,19 @@ class Scrubber:
         self.position_index = 0  # the next index to check (for status)
         self.last_pass_end_unix_ms = 0  # when the last complete pass ended (0: none yet)
 
+    def set_rate(self, bytes_per_s: int) -> None:
+        """The pace from the next step on (0: pause after the step under way)."""
+        assert bytes_per_s >= 0
+        if bytes_per_s:
+            self.pacer.bytes_per_s = bytes_per_s
+        self.bytes_per_s = bytes_per_s
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+    async def _wait_while_paused(self) -> None:
+        while not self.bytes_per_s:
+            await asyncio.sleep(SCRUB_PAUSED_POLL_S)
 
     async def run(self) -> None:
         while True:
@@ -107,6 +122,7 @@ class Scrubber:
         loop = asyncio.get_running_loop()
         index = 0  # verify_entries starts at the first index
         while True:
+            await self._wait_while_paused()
             store = self._get_store()
             if index > store.last_index():
                 return True

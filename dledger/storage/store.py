@@ -1228,6 +1228,7 @@ class SegmentedLogStore:
         delete_when: str = DEFAULT_DELETE_WHEN,
         held_index: int | None = None,
         max_lag_hours: int = DEFAULT_MAX_LAG_RETENTION_HOURS,
+        early: bool = False,
     ) -> int:
         """Apply :func:`segments_to_delete`; return how many segments were deleted."""
         doomed = segments_to_delete(
@@ -1238,6 +1239,7 @@ class SegmentedLogStore:
             delete_when=delete_when,
             held_index=held_index,
             max_lag_hours=max_lag_hours,
+            early=early,
         )
         if not doomed:
             return 0

@@ -1,7 +1,7 @@
 """A full disk on a real 3-node group, each node's store on its own small ext4 file system.
 
 The leader refuses sends with RESOURCE_EXHAUSTED ``DISK_FULL node=... path=... used=...%``
-above ``diskMaxUsedSpaceRatio`` while pulls and offset commits go on; one follower's disk is
+above ``diskSpaceWarningLevelRatio`` while pulls and offset commits go on; one follower's disk is
 filled to the last few MiB, so that it really hits ENOSPC on its next segment and must refuse
 appends without dying; once the space is freed (filler files deleted: nothing restarted, no
 mark changed) sends resume within seconds, the full follower catches up, and every
@@ -40,7 +40,7 @@ QUEUES = 4
 BODY_BYTES = 16 * 1024  # the issue's 16 KiB sends
 BATCH = 16  # messages per send: 256 KiB
 MAX_SENDS = 400  # bound of the fill loop: 100 MiB, more than any node's free space
-MARK = 80  # diskMaxUsedSpaceRatio of the test
+MARK = 80  # diskSpaceWarningLevelRatio of the test (written as RocketMQ 4 does: 0.80)
 RESUME = 70
 # Leader and the other follower start this many points below the mark: the load then needs
 # a few segments to reach it.
@@ -95,7 +95,7 @@ def test_full_disk_refuses_sends_keeps_reads_and_recovers_by_itself(
         NODES,
         maxHashSlotNum=1000,
         maxIndexNum=4000,
-        diskMaxUsedSpaceRatio=MARK,
+        diskSpaceWarningLevelRatio=f"0.{MARK}",
         diskSpaceResumeRatio=RESUME,
         diskCheckIntervalMs=50,
     )
@@ -219,7 +219,7 @@ def test_the_producer_hears_a_full_disk_as_disk_full(
     cluster = local_group(
         NODES,
         namesrv=True,
-        diskMaxUsedSpaceRatio=MARK,
+        diskSpaceWarningLevelRatio=f"0.{MARK}",
         diskSpaceResumeRatio=RESUME,
         diskCheckIntervalMs=50,
     )

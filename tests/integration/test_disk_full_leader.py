@@ -220,7 +220,7 @@ def _start_group(
         mappedFileSizeCommitLog=SEGMENT_BYTES,
         maxHashSlotNum=1000,
         maxIndexNum=4000,
-        diskMaxUsedSpaceRatio=MARK,
+        diskSpaceWarningLevelRatio=MARK,
         diskSpaceResumeRatio=RESUME,
         diskCheckIntervalMs=check_interval_ms,
     )

@@ -39,7 +39,7 @@ SENDS = 40
 CLIENT_TIMEOUT_S = 60
 # These groups store a few KB: the disk watermark at its top, so that a machine whose shared
 # /tmp is nearly full (other test runs) does not turn protocol checks into DISK_FULL answers.
-DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
+DISK_CONF = {"diskSpaceWarningLevelRatio": "99", "diskSpaceResumeRatio": "98"}
 CALL_TIMEOUT_S = 10
 
 

@@ -76,7 +76,7 @@ RETRY_CODES = frozenset({"HA_NOT_AVAILABLE", "TOO_MANY_REQUESTS", "MASTER_PERSIS
 CALL_TIMEOUT_S = 10
 EXTRA = {
     "mappedFileSizeCommitLog": str(8 << 20),
-    "diskMaxUsedSpaceRatio": "99",
+    "diskSpaceWarningLevelRatio": "99",
     "diskSpaceResumeRatio": "98",
     "popMinInvisibleTimeMs": "1000",
     "popAutoRenewInvisibleMs": str(RENEW_SLICE_MS),

@@ -62,7 +62,7 @@ MAX_DELAY_S = 3600  # timerMaxDelaySec of the group
 ELECTION_MAX_MS = 1500
 CLIENT_TIMEOUT_S = 120
 CALL_TIMEOUT_S = 10
-DISK_CONF = {"diskMaxUsedSpaceRatio": "99", "diskSpaceResumeRatio": "98"}
+DISK_CONF = {"diskSpaceWarningLevelRatio": "99", "diskSpaceResumeRatio": "98"}
 
 
 @pytest.fixture(scope="module")

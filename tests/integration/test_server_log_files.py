@@ -56,7 +56,7 @@ def test_servers_write_json_lines_to_their_own_files(tmp_path: Path) -> None:
         f"dLegerSelfId=n0\ndLegerPeers=n0-127.0.0.1:{peer_port}\nlistenPort={client_port}\n"
         f"storePathRootDir={tmp_path / 'store'}\nnamesrvAddr=127.0.0.1:{ns_port}\n"
         "mappedFileSizeCommitLog=1048576\nmappedFileSizeEntryIndex=1048576\n"
-        "diskSpaceReserveBytes=0\ndiskMaxUsedSpaceRatio=99\ndiskSpaceResumeRatio=98\n"
+        "diskSpaceReserveBytes=0\ndiskSpaceWarningLevelRatio=99\ndiskSpaceResumeRatio=98\n"
     )
     json_log = ["--log-format", "json", "--log-max-bytes", "1048576", "--log-backups", "2"]
     procs = [

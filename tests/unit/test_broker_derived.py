@@ -418,3 +418,32 @@ def test_the_scrub_metrics_show_the_counters() -> None:
     assert samples[("raftmq_scrub_unrepaired_total", ())] == 1
     assert samples[("raftmq_scrub_passes_total", ())] == 3
     assert ("raftmq_scrub_last_pass_end_timestamp_seconds", ()) in samples
+
+
+def test_the_scrubbers_rate_changes_while_it_runs_and_zero_pauses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scrubRecordsPerSecond is live: a scrubber started at 0 checks nothing until its rate is
+    set, then passes at the new rate; 0 again pauses it (broker.liveconfig.LiveSettings)."""
+    monkeypatch.setattr("broker.components.scrubber.PAUSED_POLL_S", 0.01)
+
+    async def body() -> None:
+        _node, sm, _puller = await _served(tmp_path, messages=20)
+        scrubber = Scrubber(sm, 0)
+        scrubber.start()
+        try:
+            for _ in range(20):  # the task runs, paused, through many polls
+                await asyncio.sleep(0.01)
+            assert sm.derived.passes == 0 and sm.derived.checked["consumequeue"] == 0
+            scrubber.set_rate(100_000)
+            assert scrubber.slice_records == 512  # the bound, at this rate
+            deadline = time.monotonic() + 10
+            while sm.derived.passes < 1:
+                assert time.monotonic() < deadline, "no pass after the rate was set"
+                await asyncio.sleep(0.01)
+            scrubber.set_rate(0)
+            assert (scrubber.records_per_second, scrubber.slice_records) == (0, 1)
+        finally:
+            await scrubber.stop()
+
+    asyncio.run(body())

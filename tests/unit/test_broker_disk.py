@@ -152,14 +152,49 @@ storePathRootDir=/tmp/rmqstore/node01
 def test_disk_keys_defaults_and_values() -> None:
     cfg = parse_config(CONF)
     assert cfg.disk_watermarks == Watermarks()
-    assert (cfg.diskMaxUsedSpaceRatio, cfg.diskSpaceResumeRatio) == (90, 85)
+    # RocketMQ's defaults and meanings: early deletion above 75 %, refusal at 90 %.
+    assert (cfg.diskMaxUsedSpaceRatio, cfg.diskSpaceWarningLevelRatio) == (75, 90)
+    assert cfg.diskSpaceResumeRatio == 85 and cfg.notes == ()
+    assert node_config(cfg).retention_early_used_percent == 75
     assert node_config(cfg).store.reserve_bytes == cfg.diskSpaceReserveBytes == 4 << 20
     cfg = parse_config(
-        CONF + "diskMaxUsedSpaceRatio=75\ndiskSpaceResumeRatio=60\ndiskCheckIntervalMs=20\n"
-        "diskSpaceReserveBytes=0\n"
+        CONF + "diskSpaceWarningLevelRatio=0.75\ndiskSpaceResumeRatio=60\ndiskCheckIntervalMs=20\n"
+        "diskSpaceReserveBytes=0\ndiskMaxUsedSpaceRatio=50\n"
     )
-    assert cfg.disk_watermarks == Watermarks(75, 60, 20)
+    assert cfg.disk_watermarks == Watermarks(75, 60, 20) and cfg.notes == ()
+    assert node_config(cfg).retention_early_used_percent == 50
     assert node_config(cfg).store.reserve_bytes == 0
+    assert parse_config(CONF + "diskSpaceWarningLevelRatio=80\n").disk_watermarks == Watermarks(
+        80, 75
+    )
+    off = parse_config(CONF + "diskMaxUsedSpaceRatio=0\ndiskSpaceResumeRatio=80\n")
+    assert (off.diskMaxUsedSpaceRatio, off.disk_watermarks, off.notes) == (
+        0,
+        Watermarks(90, 80),
+        (),
+    )
+
+
+def test_a_release_0_2_0_refusal_mark_keeps_its_meaning_with_a_warning() -> None:
+    # 0.2.0 wrote the refusal mark as diskMaxUsedSpaceRatio, with our diskSpaceResumeRatio.
+    cfg = parse_config(CONF + "diskMaxUsedSpaceRatio=80\ndiskSpaceResumeRatio=70\n")
+    assert cfg.disk_watermarks == Watermarks(80, 70)
+    assert cfg.diskMaxUsedSpaceRatio == 75  # early deletion: RocketMQ's default
+    (note,) = cfg.notes
+    assert note.startswith("broker.conf: diskMaxUsedSpaceRatio=80 with diskSpaceResumeRatio is a ")
+    assert "rename the key to diskSpaceWarningLevelRatio" in note
+    # Alone, the key has RocketMQ's meaning (its stock 75), and the warning says how 0.2.0 read it.
+    cfg = parse_config(CONF + "diskMaxUsedSpaceRatio=80\n")
+    assert cfg.disk_watermarks == Watermarks(90, 85) and cfg.diskMaxUsedSpaceRatio == 80
+    (note,) = cfg.notes
+    assert "set diskSpaceWarningLevelRatio=80 to refuse there" in note
+    # With the new key set, the file is read as written, without a warning.
+    cfg = parse_config(CONF + "diskMaxUsedSpaceRatio=80\ndiskSpaceWarningLevelRatio=0.95\n")
+    assert (cfg.diskMaxUsedSpaceRatio, cfg.disk_watermarks, cfg.notes) == (
+        80,
+        Watermarks(95, 90),
+        (),
+    )
 
 
 @pytest.mark.parametrize(
@@ -167,7 +202,13 @@ def test_disk_keys_defaults_and_values() -> None:
     [
         ("diskMaxUsedSpaceRatio=100", "'diskMaxUsedSpaceRatio'"),
         ("diskMaxUsedSpaceRatio=abc", "'diskMaxUsedSpaceRatio'"),
-        ("diskMaxUsedSpaceRatio=80\ndiskSpaceResumeRatio=80", "'diskSpaceResumeRatio'"),
+        ("diskMaxUsedSpaceRatio=5", "0 turns early deletion off"),
+        ("diskSpaceWarningLevelRatio=80\ndiskSpaceResumeRatio=80", "'diskSpaceResumeRatio'"),
+        ("diskSpaceWarningLevelRatio=100", "'diskSpaceWarningLevelRatio'"),
+        ("diskSpaceWarningLevelRatio=1.5", "not between 0 and 1"),
+        ("diskSpaceWarningLevelRatio=0.905", "not a whole percent"),
+        ("diskSpaceWarningLevelRatio=0.05", "'diskSpaceWarningLevelRatio'"),
+        ("diskSpaceWarningLevelRatio=0.x", "not a number"),
         ("diskCheckIntervalMs=1", "'diskCheckIntervalMs'"),
         ("diskSpaceReserveBytes=-1", "'diskSpaceReserveBytes'"),
         ("diskSpaceReserveBytes=2147483648", "'diskSpaceReserveBytes'"),
@@ -252,3 +293,18 @@ def test_a_crash_by_signal_leaves_a_line_in_the_log() -> None:
     )
     assert p.returncode == -signal.SIGBUS
     assert "Fatal Python error: Bus error" in p.stderr
+
+
+def test_new_marks_take_effect_at_the_next_check() -> None:
+    """The disk marks are live (broker.liveconfig.LiveSettings): retune() samples again at the
+    next send, whatever the interval, with the new marks."""
+    disk = FakeDisk()
+    guard = _guard(disk, interval_ms=60_000)
+    disk.used_blocks = 850
+    guard.check()  # 85 %: under 90
+    guard.retune(Watermarks(max_used_percent=80, resume_percent=75, check_interval_ms=20))
+    with pytest.raises(DiskFullError, match="max=80% resume_below=75%"):
+        guard.check()  # sampled again at once, although 60 s had not passed
+    guard.retune(Watermarks(max_used_percent=95, resume_percent=90, check_interval_ms=20))
+    guard.check()  # 85 % is below the new resume mark: accepted
+    assert not guard.full and guard._interval_s == 0.02

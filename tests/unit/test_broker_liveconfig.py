@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 from broker_world import MemoryLog, reopen, world
 
+from broker.components.disk import DiskGuard
+from broker.components.scrubber import Scrubber
 from broker.components.settings import ServiceConfig
 from broker.config import parse_config, service_config
-from broker.configkeys import KEYS, LIVE_KEYS
-from broker.liveconfig import LiveConfig, check_update, service_overlay
+from broker.configkeys import APPLIED_LIVE_KEYS, KEYS, LIVE_KEYS
+from broker.liveconfig import (
+    LiveConfig,
+    LiveSettings,
+    check_clear,
+    check_update,
+    service_overlay,
+)
 from broker.state import brokerconf, features
 from broker.state.brokerconf import (
     MAX_OVERRIDES,
@@ -29,7 +38,9 @@ from broker.state.brokerconf import (
 )
 from broker.state.errors import FeatureLevelTooLowError, InvalidRequestError
 from broker.state.machine import SNAPSHOT_FILE, BrokerStateMachine
-from broker.state.records import ENTRY_BROKER_CONFIG, RECORD_TYPES
+from broker.state.message import Message, UniqIdGenerator, encode_batch
+from broker.state.records import ENTRY_BROKER_CONFIG, ENTRY_MESSAGES, RECORD_TYPES
+from dledger.storage import DiskFullError
 from prockit.livekeys import LIVE_BROKER_KEYS
 
 CONF = """
@@ -216,3 +227,108 @@ def test_a_change_reaches_the_components_at_their_next_use(tmp_path: Path) -> No
 def test_a_context_without_overlay_keeps_its_settings() -> None:
     cfg = ServiceConfig("127.0.0.1", 10911)
     assert service_overlay(cfg, {}) == cfg
+
+
+class _FakeNode:
+    """What LiveSettings asks of the Raft node: retune (recorded)."""
+
+    def __init__(self) -> None:
+        self.retuned: list[dict[str, int]] = []
+
+    def retune(self, **changes: int) -> None:
+        self.retuned.append(changes)
+
+
+class _Disk:
+    def __init__(self, percent: int) -> None:
+        self.percent = percent
+
+    def statvfs(self, path: str) -> os.statvfs_result:
+        free = 1000 * (100 - self.percent) // 100
+        return os.statvfs_result((4096, 4096, 1000, free, free, 100, 50, 50, 0, 255))
+
+
+def _live_member(
+    root: Path, disk: _Disk
+) -> tuple[BrokerStateMachine, MemoryLog, DiskGuard, Scrubber, _FakeNode]:
+    cfg = parse_config(CONF)
+    sm, log = _member(root)
+    guard = DiskGuard("n0", str(root), cfg.disk_watermarks, statvfs=disk.statvfs)
+    scrubber, node = Scrubber(sm, cfg.scrubRecordsPerSecond), _FakeNode()
+    sm.set_config_hook(LiveSettings(cfg, sm, node, guard, scrubber).apply)  # type: ignore[arg-type]
+    return sm, log, guard, scrubber, node
+
+
+def _messages(n: int, ids: UniqIdGenerator) -> bytes:
+    return encode_batch([Message("T", 0, b"x", uniq_id=ids.next_id()) for _ in range(n)])[0]
+
+
+def test_disk_marks_scrub_rates_and_the_dedup_window_apply_on_every_member(
+    tmp_path: Path,
+) -> None:
+    """The keys read outside the service are pushed to their components as each member applies
+    the record: the same values at the same index on every member, and again at a restart."""
+    records = [
+        encode_record(OP_SET, "diskSpaceWarningLevelRatio", "0.80"),
+        encode_record(OP_SET, "scrubRecordsPerSecond", "0"),
+        encode_record(OP_SET, "scrubBytesPerSec", "1048576"),
+        encode_record(OP_SET, "diskMaxUsedSpaceRatio", "60"),
+        encode_record(OP_SET, "dedupWindowMaxIds", "3"),
+    ]
+    disk = _Disk(82)
+    for name in ("n0", "n1"):
+        sm, log, guard, scrubber, node = _live_member(tmp_path / name, disk)
+        sm.apply([log.add(_messages(5, UniqIdGenerator()), ENTRY_MESSAGES)])
+        assert len(sm.dedup) == 5 and scrubber.records_per_second > 0
+        guard.check()  # 82 % is below the broker.conf mark (90 %)
+        sm.apply([log.add(body, ENTRY_BROKER_CONFIG) for body in records])
+        with pytest.raises(DiskFullError, match="max=80% resume_below=75%"):
+            guard.check()  # the resume mark the file left out follows the new refusal mark
+        assert scrubber.records_per_second == 0  # paused
+        assert node.retuned[-1] == {
+            "retention_early_used_percent": 60,
+            "scrub_bytes_per_s": 1 << 20,
+        }
+        assert (sm.dedup_window_ms, sm.dedup_max_ids, len(sm.dedup)) == (600_000, 3, 3)
+        sm.apply(
+            [log.add(encode_record(OP_CLEAR, "diskSpaceWarningLevelRatio"), ENTRY_BROKER_CONFIG)]
+        )
+        guard.check()  # 82 % < 85 %, the file's resume mark again
+        sm.close()
+        # A restart loads the table from the snapshot and pushes it again.
+        again = reopen(tmp_path / name)
+        node = _FakeNode()
+        guard = DiskGuard("n0", str(tmp_path), parse_config(CONF).disk_watermarks)
+        scrubber = Scrubber(again, 100)
+        live = LiveSettings(parse_config(CONF), again, node, guard, scrubber)  # type: ignore[arg-type]
+        again.set_config_hook(live.apply)
+        assert again.dedup_max_ids == 3 and scrubber.records_per_second == 0
+        assert node.retuned == [{"retention_early_used_percent": 60, "scrub_bytes_per_s": 1 << 20}]
+        again.close()
+
+
+def test_a_live_disk_mark_is_checked_against_the_others_and_says_which_were_defaults() -> None:
+    cfg = parse_config(CONF)
+    # The resume mark the file left out follows: lowering the refusal mark is one change.
+    assert check_update(cfg, "diskSpaceWarningLevelRatio", "0.50") == "50"
+    assert check_update(cfg, "diskSpaceWarningLevelRatio", "70") == "70"
+    with pytest.raises(InvalidRequestError, match="not a whole percent"):
+        check_update(cfg, "diskSpaceWarningLevelRatio", "0.705")
+    # A resume mark the file set does not follow: refused, naming what was compared.
+    set_resume = parse_config(CONF + "diskSpaceResumeRatio=80\n")
+    with pytest.raises(InvalidRequestError) as info:
+        check_update(set_resume, "diskSpaceWarningLevelRatio", "0.75")
+    assert "compared diskSpaceResumeRatio=80 (set) with diskSpaceWarningLevelRatio=75 (set)" in str(
+        info.value
+    )
+    with pytest.raises(InvalidRequestError) as info:
+        check_update(cfg, "diskSpaceResumeRatio", "95")
+    assert "with diskSpaceWarningLevelRatio=90 (default)" in str(info.value)
+    # A clear that would leave the marks crossed is refused too.
+    overrides = {"diskSpaceWarningLevelRatio": "95", "diskSpaceResumeRatio": "92"}
+    with pytest.raises(InvalidRequestError, match="clearing diskSpaceWarningLevelRatio"):
+        check_clear(cfg, overrides, "diskSpaceWarningLevelRatio")
+    check_clear(cfg, overrides, "diskSpaceResumeRatio")  # 95 with a resume of 85: fine
+    # Every key pushed by LiveSettings is live, and mqadmin's list has them.
+    assert APPLIED_LIVE_KEYS <= LIVE_BROKER_KEYS
+    assert service_overlay(service_config(cfg), {"dedupWindowSeconds": "5"}) == service_config(cfg)

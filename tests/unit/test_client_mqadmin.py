@@ -412,3 +412,14 @@ def test_pull_window_begins_at_a_time_and_ends_at_one() -> None:
     assert offsets((None, 1500, 1990), 1000) == list(range(50, 100))
     assert offsets((60, 1205, None), 2) == [60, 61]  # -o beyond the time wins
     assert offsets((None, 2000, None), 5) == []  # after the last message
+
+
+def test_update_broker_config_help_names_the_live_keys_and_the_restart(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        mqadmin.main(["updateBrokerConfig", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for key in ("diskSpaceWarningLevelRatio", "scrubBytesPerSec", "dedupWindowSeconds"):
+        assert key in text
+    assert "every other key needs a restart: edit broker.conf on every node" in text

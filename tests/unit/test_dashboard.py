@@ -30,7 +30,13 @@ from mqdashboard.reader import (
     TopicView,
 )
 from mqdashboard.sampler import Sampler
-from mqdashboard.sessions import FAILED_LOGIN_WINDOW_S, MAX_FAILED_LOGINS, SessionTable
+from mqdashboard.sessions import (
+    FAILED_LOGIN_WINDOW_S,
+    MAX_FAILED_LOGINS,
+    MAX_FAILED_LOGINS_TOTAL,
+    MAX_LOGIN_ADDRESSES,
+    SessionTable,
+)
 from mqdashboard.web import MAX_FORM_BYTES, Settings, create_app, parse_time_ms
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 from mqsecurity.credentials import Credentials
@@ -649,6 +655,56 @@ def test_failed_logins_are_bounded_per_minute() -> None:
         now[0] += FAILED_LOGIN_WINDOW_S + 1
         resp = client.post("/login", data={**wrong, "secret_key": "ops-secret-1"})
         assert resp.status_code == 200 and 'id="logged-in"' in resp.text
+
+
+def test_one_address_failing_logins_does_not_slow_another() -> None:
+    reader = FakeReader(secure=True)
+    attacker, settings = client_for(reader)
+    now = [100.0]
+    settings.sessions = SessionTable(clock=lambda: now[0])
+    # The same application, reached from another source address.
+    operator = TestClient(attacker.app, base_url="http://127.0.0.1:8080", client=("10.0.0.7", 4))
+    wrong = {"csrf": settings.csrf_token, "access_key": "ops", "secret_key": "wrong-secret-1"}
+    right = {**wrong, "secret_key": "ops-secret-1"}
+    with attacker, operator:
+        for _ in range(MAX_FAILED_LOGINS):
+            assert attacker.post("/login", data=wrong).status_code == 401
+        assert attacker.post("/login", data=right).status_code == 429
+        # The operator's address never failed: asked at once, logged in.
+        asked = len(reader.calls)
+        resp = operator.post("/login", data=right)
+        assert resp.status_code == 200 and 'id="logged-in"' in resp.text
+        assert len(reader.calls) == asked + 1
+        assert attacker.post("/login", data=right).status_code == 429  # still waiting
+
+
+def test_failed_logins_per_address_are_bounded_with_a_total_ceiling() -> None:
+    now = [0.0]
+    table = SessionTable(clock=lambda: now[0])
+    for _ in range(MAX_FAILED_LOGINS):
+        assert table.login_wait_s("a") == 0.0
+        table.login_failed("a")
+    assert table.login_wait_s("a") == FAILED_LOGIN_WINDOW_S and table.login_wait_s("b") == 0.0
+    now[0] = 10.0
+    assert table.login_wait_s("a") == FAILED_LOGIN_WINDOW_S - 10.0
+    # Many addresses each under their own limit: the total ceiling stops everyone.
+    for i in range(MAX_FAILED_LOGINS_TOTAL - MAX_FAILED_LOGINS):
+        table.login_failed(f"10.1.{i // 256}.{i % 256}")
+    assert table.login_wait_s("fresh") == FAILED_LOGIN_WINDOW_S - 10.0
+    now[0] = FAILED_LOGIN_WINDOW_S + 10.5  # a's failures (at 0) and the others' (at 10) aged out
+    assert table.login_wait_s("fresh") == 0.0 and table.login_wait_s("a") == 0.0
+    # The table of addresses is bounded: the address that failed least recently goes first.
+    table = SessionTable(clock=lambda: now[0])
+    table.login_failed("first")
+    for i in range(MAX_LOGIN_ADDRESSES):
+        now[0] += FAILED_LOGIN_WINDOW_S  # the total ceiling never binds here
+        table.login_failed(f"addr-{i}")
+    assert table.login_addresses == MAX_LOGIN_ADDRESSES
+    for _ in range(MAX_FAILED_LOGINS):
+        table.login_failed("x" * 10_000)  # a hostile address text is cut, still counted
+    assert table.login_addresses == MAX_LOGIN_ADDRESSES
+    assert table.login_wait_s("x" * 10_000) == FAILED_LOGIN_WINDOW_S
+    assert "first" not in table._failures_by_address and "addr-1" in table._failures_by_address
 
 
 def test_a_plaintext_group_has_no_login() -> None:

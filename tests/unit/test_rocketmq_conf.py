@@ -113,21 +113,25 @@ def test_rocketmq_keys_whose_ignoring_would_mislead_are_refused(extra: str, need
 
 
 def test_stock_retention_and_disk_values_start_with_derived_defaults() -> None:
-    # RocketMQ's stock broker.conf: fileReservedTime=48; its default diskMaxUsedSpaceRatio=75.
-    cfg = parse_config(BASE + "fileReservedTime=48\ndiskMaxUsedSpaceRatio=75\n")
+    # RocketMQ's stock broker.conf: fileReservedTime=48; its defaults diskMaxUsedSpaceRatio=75,
+    # diskSpaceWarningLevelRatio=0.90 (or 90: RocketMQ 5's field is a percent).
+    cfg = parse_config(
+        BASE + "fileReservedTime=48\ndiskMaxUsedSpaceRatio=75\ndiskSpaceWarningLevelRatio=0.80\n"
+    )
     assert cfg.timerMaxDelaySec == 48 * 3600
-    assert cfg.diskSpaceResumeRatio == 70
+    assert (cfg.diskMaxUsedSpaceRatio, cfg.diskSpaceWarningLevelRatio) == (75, 80)
+    assert cfg.diskSpaceResumeRatio == 75
     defaults = parse_config(BASE)
     assert (defaults.timerMaxDelaySec, defaults.diskSpaceResumeRatio) == (259_200, 85)
     # The lowest mark still leaves a resume mark below it.
-    assert parse_config(BASE + "diskMaxUsedSpaceRatio=10\n").diskSpaceResumeRatio == 5
+    assert parse_config(BASE + "diskSpaceWarningLevelRatio=10\n").diskSpaceResumeRatio == 5
 
 
 def test_cross_key_refusals_say_what_they_compared_and_how_to_fix_it() -> None:
     assert _refusal("diskSpaceResumeRatio=95\n") == (
-        "node.conf: key 'diskSpaceResumeRatio' must be below diskMaxUsedSpaceRatio: compared "
-        "diskSpaceResumeRatio=95 (set) with diskMaxUsedSpaceRatio=90 (default); lower "
-        "diskSpaceResumeRatio, or leave it out (then: diskMaxUsedSpaceRatio - 5)"
+        "node.conf: key 'diskSpaceResumeRatio' must be below diskSpaceWarningLevelRatio: "
+        "compared diskSpaceResumeRatio=95 (set) with diskSpaceWarningLevelRatio=90 (default); "
+        "lower diskSpaceResumeRatio, or leave it out (then: diskSpaceWarningLevelRatio - 5)"
     )
     assert _refusal("timerMaxDelaySec=300000\n") == (
         "node.conf: key 'timerMaxDelaySec' must not exceed fileReservedTime in seconds "

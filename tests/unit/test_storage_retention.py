@@ -106,3 +106,21 @@ def test_a_member_lacking_segments_holds_them_only_up_to_the_lag_bound() -> None
     assert [s.path for s in got] == ["/s/0"]
     with pytest.raises(ValueError):
         segments_to_delete(SEGS, now=NOW, applied_index=35, held_index=1, max_lag_hours=-1)
+
+
+def test_early_deletion_waives_only_the_hour() -> None:
+    """Above diskMaxUsedSpaceRatio retention does not wait for deleteWhen; every other rule
+    (expired, applied and on disk, held by the members or past the lag bound) still holds."""
+    later = NOW.replace(hour=5)
+    assert segments_to_delete(SEGS, now=later, applied_index=35) == []
+    got = segments_to_delete(SEGS, now=later, applied_index=35, early=True)
+    assert [s.path for s in got] == ["/s/0", "/s/1"]  # only the expired ones, not /s/2 (50 h)
+    assert [s.path for s in segments_to_delete(SEGS, now=later, applied_index=15, early=True)] == [
+        "/s/0"
+    ]
+    held = segments_to_delete(
+        SEGS, now=later, applied_index=35, held_index=12, max_lag_hours=90, early=True
+    )
+    assert [s.path for s in held] == ["/s/0"]  # a member lacks /s/1, younger than the lag bound
+    young_first = [seg(0, 1, 10, 1), *SEGS[1:]]
+    assert segments_to_delete(young_first, now=later, applied_index=35, early=True) == []
