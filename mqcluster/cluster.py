@@ -975,6 +975,7 @@ class LocalCluster:
                     "client": n.client_port,
                     "peer": n.peer_port,
                     "rmq5": n.grpc_port or "-",
+                    "remoting": n.remoting_port or "-",
                     "metrics": n.metrics_port or "-",
                 }
                 if pid is not None:
