@@ -45,7 +45,7 @@ def nameserver_families(table: RouteTable, stats: NameServerStats) -> list[Metri
         ),
         labelled_counter(
             "nameserver_route_queries",
-            "GetRouteInfoByTopic calls, by result",
+            "GetRouteInfoByTopic calls and remoting GET_ROUTEINFO_BY_TOPIC requests, by result",
             ["result"],
             (([r], n) for r, n in stats.route_queries.items()),
         ),
