@@ -368,7 +368,9 @@ class NameServer:
             return
         loop = asyncio.get_running_loop()
         collectors = [
-            LoopCollector(lambda: nameserver_families(self.table, self.stats), loop),
+            LoopCollector(
+                lambda: nameserver_families(self.table, self.stats, self._remoting), loop
+            ),
             ProcessCollector(registry=None),
         ]
         try:

@@ -28,6 +28,7 @@ from mqcluster.cluster import (
 )
 from nameserver.config import ConfigError, NameServerConfig
 from nameserver.config import parse_config as parse_namesrv_config
+from nameserver.metrics import nameserver_families
 from nameserver.server import NameServer
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode, ResponseCode
@@ -145,3 +146,43 @@ def test_mqcluster_without_a_namesrv_says_so(tmp_path: Path) -> None:
     cluster.configure(1, auto_ports=True)
     assert cluster.nodes[0].remoting_port not in {0, cluster.nodes[0].client_port}
     assert "needs a NameServer" in remoting_line(cluster)
+
+
+def test_the_namesrv_metrics_show_the_remoting_port() -> None:
+    """Its connections and refusals, by a fixed vocabulary of reasons; nothing when the port
+    is not served."""
+
+    async def scenario() -> None:
+        grpc_port, remoting_port = _free_ports(2)
+        ns = NameServer(
+            NameServerConfig(listenPort=grpc_port, remotingListenPort=remoting_port),
+            host="127.0.0.1",
+        )
+        await ns.start()
+        try:
+            assert ns.remoting is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", remoting_port)
+            writer.write(b"\x7f\xff\xff\xff")  # a 2 GiB frame: malformed, the connection closed
+            assert await asyncio.wait_for(reader.read(), 5.0) == b""
+            writer.close()
+            families = {f.name: f for f in nameserver_families(ns.table, ns.stats, ns.remoting)}
+            refusals = {
+                s.labels["reason"]: s.value
+                for s in families["raftmq_nameserver_remoting_refusals"].samples
+            }
+            assert refusals["malformed_frame"] == 1
+            assert set(refusals) == {
+                "malformed_frame",
+                "busy",
+                "connection_limit",
+                "idle",
+                "slow_reader",
+                "handler_error",
+            }
+            assert "raftmq_nameserver_remoting_connections" in families
+            plain = {f.name for f in nameserver_families(ns.table, ns.stats)}
+            assert not any("remoting" in name for name in plain)
+        finally:
+            await ns.stop()
+
+    asyncio.run(scenario())
