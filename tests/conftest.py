@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from client import PushConsumer
-from mqcluster.cluster import LocalCluster, _free_port, _pid_alive, _wait_pid_gone
+from mqcluster.cluster import LocalCluster, _pid_alive, _wait_pid_gone
+from prockit.processes import free_ports
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -128,7 +129,9 @@ def name_servers(tmp_path: Path) -> Iterator[NameServerFactory]:
     started: list[NameServerProc] = []
 
     def make(**conf: object) -> NameServerProc:
-        port = _free_port()
+        # Not a port the test already chose for another of its keys (remotingListenPort...).
+        chosen = {int(v) for v in conf.values() if isinstance(v, int) or str(v).isdigit()}
+        (port,) = free_ports(1, avoid=chosen)
         base = tmp_path / f"namesrv{len(started)}"
         conf_path, log_path = base.with_suffix(".conf"), base.with_suffix(".log")
         values = {"listenPort": port, **conf}
