@@ -14,14 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from raftmq.broker.v1 import broker_pb2 as pb
 
+from broker.components.leaderops import SendRequest
 from broker.components.sending import OutgoingMessage
-from broker.frontends.internal.codec import outgoing_of
+from broker.frontends.internal.codec import call_pb, outgoing_of
 from broker.frontends.v1.sendwire import (
     DEPTH_LIMIT,
     IN_PLACE_MIN_MESSAGE_BYTES,
     WireFormatError,
     parse_send_request,
 )
+from msgcodec import message_from_fields
 
 
 def _runtime(data: bytes) -> tuple[str, list[OutgoingMessage]] | None:
@@ -303,3 +305,16 @@ def test_small_messages_are_parsed_by_the_runtime() -> None:
 def test_only_bytes_are_parsed() -> None:
     with pytest.raises(TypeError):
         parse_send_request(bytearray(b"\x0a\x00"))  # type: ignore[arg-type]
+
+
+def test_a_viewed_body_is_forwarded_and_stored_carefully_as_bytes() -> None:
+    """A follower forwards a send to the leader (``internal.v1``, protobuf: bytes only), and
+    delayed or transactional sends build a ``Message`` (bytes): both copy a viewed body."""
+    body = b"q" * IN_PLACE_MIN_MESSAGE_BYTES
+    data = pb.SendMessageRequest(topic="T", messages=[pb.Message(body=body)]).SerializeToString()
+    sent = parse_send_request(data).messages
+    assert isinstance(sent[0].body, memoryview)
+    call = call_pb(SendRequest("T", sent))
+    assert call.send.messages[0].body == body
+    stored = message_from_fields("T", sent[0], 1)
+    assert isinstance(stored.body, bytes) and stored.body == body

@@ -6,7 +6,7 @@ request's messages become :class:`~broker.components.sending.OutgoingMessage` va
 ``body`` is a ``memoryview`` of the received bytes, so the leader's first copy of a body is
 the log entry's (docs/PERFORMANCE.md "Steps per message"). A request whose messages are all
 smaller than :data:`IN_PLACE_MIN_MESSAGE_BYTES` is still parsed by the runtime: for small
-bodies its C parser costs less than the copies it makes.
+bodies its C parser costs less CPU than the copies it makes.
 
 The parser accepts exactly what the protobuf runtime accepts and gives the same fields
 (``tests/unit/test_broker_sendwire.py`` checks it against the runtime for generated valid
@@ -50,8 +50,10 @@ DEPTH_LIMIT = 100
 # Messages of at least this many bytes are read here, in place; a request without any is
 # parsed by the protobuf runtime. Measured (thread CPU per message, 2026-11-29): the runtime's
 # C parser plus reading its fields costs ~5.4 us for a 16 KiB message with six fields set,
-# this module's Python ~6.7 us, while the two copies it saves (upb's arena, Python's bytes)
-# cost ~0.5 us each at 16 KiB and grow with the body (at 256 KiB: 17 us against 8.4 us).
+# this module's Python ~6.7 us, the two copies it saves (upb's arena, Python's bytes) growing
+# with the body (at 256 KiB: 17 us against 8.4 us): in CPU the parsers break even at about
+# 64 KiB. Set at 16 KiB (issue 36's large body) the leader's memory traffic per body falls
+# by two copies for ~1.3 us of CPU; below it, where bodies are small, the runtime's parser.
 IN_PLACE_MIN_MESSAGE_BYTES = 16 << 10
 
 # Wire types (protobuf encoding).
@@ -320,9 +322,9 @@ def parse_send_request(
 ) -> SendWire:
     """``data``, a ``SendMessageRequest``'s wire bytes, as the send's topic and messages.
     Raises :class:`WireFormatError` where the runtime's parser refuses ``data``. A request
-    none of whose messages takes ``in_place_min_bytes`` is parsed by the runtime (bodies
-    copied: cheaper than this module's Python below that size); otherwise every message is
-    read here, its body a view of ``data``."""
+    none of whose messages takes ``in_place_min_bytes`` is parsed by the runtime (its bodies
+    copied: small ones cost less to copy than to parse in Python); otherwise every message
+    is read here, its body a view of ``data``."""
     if not isinstance(data, bytes):
         raise TypeError(f"expected bytes, got {type(data).__name__}")
     end = len(data)
