@@ -6,9 +6,11 @@ into the request's bytes; what the runtime refuses it must refuse."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,9 +22,11 @@ from broker.frontends.internal.codec import call_pb, outgoing_of
 from broker.frontends.v1.sendwire import (
     DEPTH_LIMIT,
     IN_PLACE_MIN_MESSAGE_BYTES,
+    SendWire,
     WireFormatError,
     parse_send_request,
 )
+from broker.frontends.v1.service import BrokerServicer
 from msgcodec import message_from_fields
 
 
@@ -318,3 +322,48 @@ def test_a_viewed_body_is_forwarded_and_stored_carefully_as_bytes() -> None:
     assert call.send.messages[0].body == body
     stored = message_from_fields("T", sent[0], 1)
     assert isinstance(stored.body, bytes) and stored.body == body
+
+
+class _Recording(BrokerServicer):
+    """The v1 servicer with a SendMessage that records what the port handed it."""
+
+    seen: list[object]
+
+    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.seen.append(request)
+        return pb.SendMessageResponse()
+
+
+def test_the_port_hands_send_message_the_parsed_request() -> None:
+    """Registered as the broker registers it: a large request arrives parsed in place, a small
+    one parsed by the runtime, both as a SendWire; junk is refused as before."""
+    servicer = object.__new__(_Recording)  # register() needs nothing else
+    servicer.seen = []
+    body = b"v" * IN_PLACE_MIN_MESSAGE_BYTES
+    big = pb.SendMessageRequest(topic="T", messages=[pb.Message(body=body)])
+    small = pb.SendMessageRequest(topic="T", messages=[pb.Message(body=b"s")])
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        servicer.register(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                send = ch.unary_unary("/raftmq.broker.v1.Broker/SendMessage")
+                await send(big.SerializeToString())
+                await send(small.SerializeToString())
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await send(b"\x0a\x05ab")  # a length past the end
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert err.value.details() == (
+                    "BAD_REQUEST undecodable raftmq.broker.v1.SendMessageRequest"
+                )
+        finally:
+            await server.stop(None)
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    first, second = servicer.seen
+    assert isinstance(first, SendWire) and isinstance(second, SendWire)
+    assert isinstance(first.messages[0].body, memoryview) and first.messages[0].body == body
+    assert second.messages[0].body == b"s"
