@@ -32,10 +32,12 @@ from msgcodec.decode import (
     decode_message,
     decode_row,
     decode_rows,
+    dispatch_head_size,
     is_batch,
     iter_batch,
     iter_dispatch,
     read_dispatch,
+    read_dispatch_head,
     scan_dispatch,
 )
 from msgcodec.encode import (
@@ -168,6 +170,7 @@ __all__ = [
     "decode_offset_msg_id",
     "decode_row",
     "decode_rows",
+    "dispatch_head_size",
     "encode_batch",
     "encode_batch_fields",
     "encode_message",
@@ -180,6 +183,7 @@ __all__ = [
     "message_from_fields",
     "parse_uniq_id",
     "read_dispatch",
+    "read_dispatch_head",
     "scan_dispatch",
     "tags_hash",
     "uniq_id_to_bytes",

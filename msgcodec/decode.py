@@ -339,7 +339,44 @@ def read_dispatch(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> D
     """The dispatcher's view of the message at ``buf[offset]``: no body, no properties."""
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     total = _check_head(mv, offset, verify_crc)
-    end = offset + total
+    return _dispatch(mv, offset, offset + total, total)
+
+
+def dispatch_head_size(head: Buffer) -> int | None:
+    """How many of a message's first bytes :func:`read_dispatch` reads (its fixed part, topic,
+    tags and keys), from ``head``, the message's first bytes; None when ``head`` ends before
+    the lengths that tell."""
+    at = MESSAGE_FIXED_SIZE
+    for width in (1, 2, 2):  # the topic's, the tags' and the keys' lengths
+        if at + width > len(head):
+            return None
+        at += width + int.from_bytes(head[at : at + width], "big")
+    return at
+
+
+def read_dispatch_head(head: Buffer) -> DispatchInfo:
+    """:func:`read_dispatch` without the CRC check, of a message of which ``head`` holds the
+    first bytes: at least :func:`dispatch_head_size` of them (or the whole message). What
+    follows the keys (the body above all) need not be read."""
+    mv = head if isinstance(head, memoryview) else memoryview(head)
+    if len(mv) < MESSAGE_HEAD.size:
+        raise CorruptMessageError(f"truncated message header ({len(mv)} bytes)", 0)
+    total, magic, _crc = MESSAGE_HEAD.unpack_from(mv, 0)
+    if total <= len(mv):
+        return read_dispatch(mv[:total], verify_crc=False)
+    if magic != MESSAGE_MAGIC:
+        raise CorruptMessageError(f"bad message magic {magic:#010x}", 0)
+    need = dispatch_head_size(mv)
+    if need is None or need > len(mv):
+        raise CorruptMessageError(
+            f"{len(mv)} of the message's {total} bytes end before its keys", 0
+        )
+    return _dispatch(mv, 0, len(mv), total)
+
+
+def _dispatch(mv: memoryview, offset: int, end: int, total: int) -> DispatchInfo:
+    """:func:`read_dispatch`'s fields of the message at ``mv[offset]`` of ``total`` bytes, its
+    fields checked to lie before ``end``."""
     fixed = MESSAGE_FIXED.unpack_from(mv, offset)
     if fixed[3] != MESSAGE_VERSION:
         raise CorruptMessageError(f"unknown message version {fixed[3]}", offset)

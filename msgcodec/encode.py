@@ -230,7 +230,7 @@ class MessageFields(Protocol):
     @property
     def queue_id(self) -> int: ...
     @property
-    def body(self) -> bytes: ...
+    def body(self) -> bytes | memoryview: ...
     @property
     def tags(self) -> str: ...
     @property
@@ -278,7 +278,7 @@ def encode_batch_fields(
         U32.pack,
         MESSAGE_HEAD.pack,
     )
-    parts = [BATCH_HEADER.pack(BATCH_MAGIC, BATCH_VERSION, 0, 0, len(items))]
+    parts: list[Buffer] = [BATCH_HEADER.pack(BATCH_MAGIC, BATCH_VERSION, 0, 0, len(items))]
     uniq_ids: list[str] = []
     for m in items:
         body = m.body
@@ -381,7 +381,9 @@ def message_from_fields(
     return Message(
         topic=topic,
         queue_id=m.queue_id,
-        body=m.body,
+        # A Message holds bytes: a body viewing a request (OutgoingMessage) is copied here,
+        # on the careful path only (delays, timers, half messages).
+        body=m.body if isinstance(m.body, bytes) else bytes(m.body),
         tags=m.tags,
         keys=tuple(m.keys),
         properties=dict(m.properties),

@@ -202,13 +202,20 @@ def _stream_request(behavior: Callable[..., Any], method: str) -> Callable[..., 
     return plain
 
 
-def guard_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+def guard_handler(
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    parser: Callable[[bytes], Any] | None = None,
+) -> grpc.RpcMethodHandler:
     """``handler`` with a deserializer that never raises and a behavior that refuses what it
-    could not decode. ``method`` names it in log lines (``/package.Service/Method``)."""
+    could not decode. ``method`` names it in log lines (``/package.Service/Method``).
+    ``parser``: decodes the request instead of the generated deserializer (a hand parser
+    reading the wire bytes; what it refuses is refused under the generated type's name)."""
     deserializer = handler.request_deserializer
     if deserializer is None:  # raw bytes: nothing to decode, nothing to refuse
         return handler
-    guarded = guard_deserializer(deserializer, _type_name(deserializer, method))
+    type_name = _type_name(deserializer, method)
+    guarded = guard_deserializer(parser or deserializer, type_name)
     kind = (handler.request_streaming, handler.response_streaming)
     field = {
         (False, False): "unary_unary",
@@ -241,9 +248,17 @@ class _Capture:
         self.generic += 1
 
 
-def add_servicer(server: Any, add: _Add, servicer: Any) -> list[str]:
+def add_servicer(
+    server: Any,
+    add: _Add,
+    servicer: Any,
+    parsers: Mapping[str, Callable[[bytes], Any]] | None = None,
+) -> list[str]:
     """Register ``servicer`` on ``server`` as the generated ``add`` function would, every
-    method guarded (:func:`guard_handler`). Returns the full service names registered."""
+    method guarded (:func:`guard_handler`). Returns the full service names registered.
+    ``parsers``: method name (``SendMessage``) -> its request's parser, used instead of the
+    generated deserializer."""
+    parsers = parsers or {}
     capture = _Capture()
     add(servicer, capture)
     if not capture.services:
@@ -253,7 +268,9 @@ def add_servicer(server: Any, add: _Add, servicer: Any) -> list[str]:
         )
     names = []
     for service, handlers in capture.services:
-        guarded = {m: guard_handler(h, f"/{service}/{m}") for m, h in handlers.items()}
+        guarded = {
+            m: guard_handler(h, f"/{service}/{m}", parsers.get(m)) for m, h in handlers.items()
+        }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
         server.add_registered_method_handlers(service, guarded)
         names.append(service)

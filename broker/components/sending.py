@@ -60,11 +60,12 @@ class OutgoingMessage:
     fills; ``topic`` empty or the send's topic; ``msg_id`` empty: the broker makes one (without
     idempotence). It satisfies :class:`msgcodec.MessageFields`, so the send path encodes it
     straight into the batch. The codec checks the sizes (body, properties, host) when it
-    encodes."""
+    encodes. ``body`` may be a view into the request's bytes (the v1 port's parser,
+    :mod:`broker.frontends.v1.sendwire`): the log entry's encoding is its first copy."""
 
     topic: str
     queue_id: int
-    body: bytes
+    body: bytes | memoryview
     tags: str = ""
     keys: tuple[str, ...] = ()
     properties: Mapping[str, str] = field(default_factory=dict)

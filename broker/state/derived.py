@@ -50,7 +50,8 @@ from msgcodec import (
     MESSAGE_FIXED_SIZE,
     MESSAGE_MAGIC,
     MESSAGE_VERSION,
-    read_dispatch,
+    dispatch_head_size,
+    read_dispatch_head,
     scan_dispatch,
 )
 
@@ -65,6 +66,10 @@ _HEAD = struct.Struct(">II4xH2xi12x8xqq16sB")
 assert _HEAD.size == MESSAGE_FIXED_SIZE + 1
 # A head read covers the fixed part and the longest topic (127 characters).
 HEAD_READ_BYTES = _HEAD.size + 127
+# An index record's check reads a message's first bytes, through its keys: this many cover
+# the fixed part, the topic and usual tags and keys (longer ones take a second read of just
+# what they need); never the body, which a whole read copied for every record scrubbed.
+INDEX_CHECK_READ_BYTES = 1024
 # A repair scans at most this many bytes of entries between a bad run's neighbours (a run at
 # the very start of a queue has no left neighbour: its scan starts at the log's first entry).
 # Beyond it the repair is ambiguous (the open-time fallback replays the whole log anyway).
@@ -462,7 +467,12 @@ def index_problem(sm: BrokerStateMachine, hash_value: int, position: int) -> str
         total = _HEAD.unpack_from(head)[0]
         if not _HEAD.size <= total <= sm.dispatch_end - position:
             return f"no message at {position}"
-        info = read_dispatch(sm.log.read_at(position, total), verify_crc=False)
+        # The fields up to the keys, not the body (the scrubber checks every record).
+        raw = sm.log.read_at(position, min(total, INDEX_CHECK_READ_BYTES))
+        need = dispatch_head_size(raw)
+        if need is not None and len(raw) < need:
+            raw = sm.log.read_at(position, min(total, need))
+        info = read_dispatch_head(raw)
     except (DLedgerError, BrokerError, ValueError, struct.error) as exc:
         return f"no message at {position}: {exc}"
     for key in (*info.keys, info.uniq_id):

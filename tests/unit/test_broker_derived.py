@@ -447,3 +447,38 @@ def test_the_scrubbers_rate_changes_while_it_runs_and_zero_pauses_it(
             await scrubber.stop()
 
     asyncio.run(body())
+
+
+def test_an_index_check_reads_no_message_body(tmp_path: Path) -> None:
+    """The scrubber checks every key index record: each check read a whole message, a copy
+    of its body (docs/PERFORMANCE.md, "Steps per message"); it reads the fields it needs."""
+
+    async def body() -> None:
+        _node, sm, topics, _applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        big = b"z" * (64 << 10)
+        sent = await SendPath(topics.ctx, topics).send(
+            "T", [Outgoing(0, big, IDS.next_id(), keys=("k",))]
+        )
+        reads: list[int] = []
+        log_read = sm.log.read_at
+
+        def counted(position: int, size: int) -> bytes:
+            reads.append(size)
+            return log_read(position, size)
+
+        sm.log.read_at = counted  # type: ignore[method-assign]
+        f = sm.index.index_files()[0]
+        checked = 0
+        for n in range(1, f.count):
+            h, position, _diff, _previous = f.record(n)
+            assert derived.index_problem(sm, h, position) == ""
+            assert position == sent[0].position
+            checked += 1
+        assert checked == 2  # the key's record and the uniq id's
+        assert reads and max(reads) <= derived.INDEX_CHECK_READ_BYTES < len(big)
+        # A record pointing elsewhere is still found wrong.
+        h, position, _diff, _previous = f.record(1)
+        assert derived.index_problem(sm, h + 1, position).startswith("the message at")
+
+    asyncio.run(body())

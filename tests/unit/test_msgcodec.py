@@ -642,3 +642,20 @@ def test_check_message_guards_what_a_raw_pull_sends() -> None:
         m.check_message(raw + b"\0", 4096)  # the ConsumeQueue record's size disagrees
     with pytest.raises(CorruptMessageError):
         m.check_message(raw[:50], 4096)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.data())
+def test_the_dispatch_view_from_a_messages_head_alone(msg: Message, data: st.DataObject) -> None:
+    """read_dispatch_head gives read_dispatch's answer from the first dispatch_head_size
+    bytes or more (the body need not be read), and refuses fewer."""
+    raw = m.encode_message(msg)
+    whole = m.read_dispatch(raw, verify_crc=False)
+    need = m.dispatch_head_size(raw)
+    assert need is not None and need < len(raw)  # the body comes after the keys
+    n = data.draw(st.integers(need, len(raw)))
+    assert m.read_dispatch_head(raw[:n]) == whole
+    short = data.draw(st.integers(m.MESSAGE_HEAD.size, need - 1))
+    with pytest.raises(m.CorruptMessageError):
+        m.read_dispatch_head(raw[:short])
+    assert m.dispatch_head_size(raw[: m.MESSAGE_FIXED_SIZE]) is None

@@ -108,7 +108,8 @@ def _outgoing_pb(m: OutgoingMessage) -> ipb.Outgoing:
         tags=m.tags,
         keys=m.keys,
         properties=m.properties,
-        body=m.body,
+        # protobuf takes bytes only: a body viewing a v1 request is copied here (forwarding).
+        body=m.body if isinstance(m.body, bytes) else bytes(m.body),
         born_host=m.born_host,
         born_timestamp_ms=m.born_timestamp_ms,
         producer_group=m.producer_group,

@@ -53,6 +53,7 @@ from broker.frontends.v1.rpcerrors import (
     error_status as error_status,  # re-exported: the broker's mapping
 )
 from broker.frontends.v1.rpcerrors import rpc as _rpc
+from broker.frontends.v1.sendwire import SendWire, parse_send_request
 from broker.liveconfig import LiveConfig
 from broker.state.auth.model import Rule, User
 from broker.state.errors import (
@@ -129,8 +130,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
         """Add the service to ``server``: undecodable requests are refused with
-        ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`rpckit.decodeguard`)."""
-        return decodeguard.add_servicer(server, pb_grpc.add_BrokerServicer_to_server, self)
+        ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`rpckit.decodeguard`). A SendMessage request
+        is read by :mod:`broker.frontends.v1.sendwire` (its bodies not copied), the others by
+        the generated code."""
+        return decodeguard.add_servicer(
+            server,
+            pb_grpc.add_BrokerServicer_to_server,
+            self,
+            {"SendMessage": parse_send_request},
+        )
 
     # ------------------------------------------------------------------ domain -> protobuf
 
@@ -170,9 +178,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     @_rpc
     async def SendMessage(
-        self, request: pb.SendMessageRequest, context: grpc.aio.ServicerContext
+        self, request: SendWire | pb.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendMessageResponse:
-        messages = tuple(outgoing_of(m) for m in request.messages)
+        """``request`` as the port parses it (:func:`parse_send_request`), or a protobuf
+        message (a caller in this process)."""
+        if isinstance(request, SendWire):
+            messages = request.messages
+        else:
+            messages = tuple(outgoing_of(m) for m in request.messages)
         send = SendRequest(request.topic, messages)
         results = await self.leader_ops.run(send, self._caller(context))
         return pb.SendMessageResponse(
