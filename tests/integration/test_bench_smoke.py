@@ -70,7 +70,7 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert result_json.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-BACKLOG_SMOKE_TIMEOUT_S = 180
+BACKLOG_SMOKE_TIMEOUT_S = 300  # 50-137 s seen on the loaded 2-core test machine
 
 
 def test_backlog_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
