@@ -9,7 +9,7 @@ RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
 PACKAGES := mqerrors remoting mqrelease mqcli mqsecurity mqmetrics prockit rpckit dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
-.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps bench-compare clean
+.PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps bench-compare bench-backlog clean
 
 venv: $(STAMP) $(RMQ5_STAMP)
 
@@ -156,6 +156,13 @@ bench: venv
 # body); bench/results/steps-<UTC>.md. COMPARE=<another checkout> alternates its brokers with ours.
 bench-steps: venv
 	$(PY) -m bench.steps $(if $(COMPARE),--compare $(COMPARE) --rounds 2)
+
+# A deep backlog (issue 36): a 3-node group filled with MESSAGES (default 1,000,000) x 128 B in
+# steps, RssAnon per node and the send rate at each step, a node's and the group's restart, the
+# catch-up read; bench/results/backlog-<UTC>.md, .json and .svg. Bounded: 10 GB of disk, 10
+# minutes of fill (python -m bench.backlog --help).
+bench-backlog: venv
+	$(PY) -m bench.backlog $(if $(MESSAGES),--messages $(MESSAGES))
 
 # The produce path of this checkout against another's, same run, rounds alternating (issue
 # #33's before/after): make bench-compare BEFORE=<checkout>; bench/results/compare-<UTC>.md.

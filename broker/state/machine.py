@@ -1327,7 +1327,9 @@ def decode_dedup(data: Mapping[str, Any]) -> OrderedDict[str, SendResult]:
         raise ValueError(f"dedup ids hold {len(raw)} bytes, not {16 * count}")
     text = raw.hex().upper()
     uids = [text[i : i + 32] for i in range(0, len(text), 32)]
-    topics = str(data["topics"]).split("\n")
+    # One str per topic name, shared by its ids (100,000 ids of one topic: 5 MB less held).
+    names: dict[str, str] = {}
+    topics = [names.setdefault(t, t) for t in str(data["topics"]).split("\n")]
     if len(topics) != count:
         raise ValueError(f"dedup topics hold {len(topics)} names, not {count}")
     columns = [

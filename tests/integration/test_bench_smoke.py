@@ -68,3 +68,37 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert md.startswith("# mqbench") and "## v2 producer" in md
     assert "## The floor" in md and "## Memory per node" in md
     assert result_json.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+BACKLOG_SMOKE_TIMEOUT_S = 300  # 50-137 s seen on the loaded 2-core test machine
+
+
+def test_backlog_bench_smoke_writes_json_markdown_and_plot(tmp_path: Path) -> None:
+    """``python -m bench.backlog`` at a tiny scale: every phase runs (fill in steps, the two
+    probes, both restarts, the catch-up read) and the three files are written."""
+    out = tmp_path / "out"
+    argv = ["--messages", "3000", "--steps", "2", "--probe-seconds", "0.5"]
+    argv += ["--probe-in-flight", "16", "--out", str(out), "--work", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.backlog", *argv],
+        capture_output=True,
+        text=True,
+        timeout=BACKLOG_SMOKE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result_json,) = out.glob("backlog-*.json")
+    result = json.loads(result_json.read_text())
+    assert [s["stored"] for s in result["steps"]] == [1280, 3000]
+    assert all(set(s["rss_anon_mb"]) == {"n0", "n1", "n2"} for s in result["steps"])
+    assert result["probe_empty"]["messages"] > 0 and result["probe_end"]["messages"] > 0
+    one = result["restart_one"]
+    assert one["loaded_snapshot"] and not one["rebuilt_from_log"], one
+    assert 0 < one["answers_s"] <= one["applied_s"] <= one["serving_s"], one
+    every = result["restart_all"]
+    assert every["first_send_s"] > 0 and set(every["nodes"]) == {"n0", "n1", "n2"}
+    assert all(n["loaded_snapshot"] for n in every["nodes"].values()), every
+    # Everything stored (the fill, both probes, the restart's send) is read back.
+    assert result["read"]["messages"] == result["read"]["expected"] >= 3000
+    assert result_json.with_suffix(".md").read_text().startswith("# A deep backlog")
+    assert result_json.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("raftmq-backlog-")]

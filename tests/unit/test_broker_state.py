@@ -592,3 +592,18 @@ def test_a_raft_snapshot_carries_the_live_config_overrides(tmp_path: Path) -> No
     assert follower.config_overrides == leader.config_overrides == {"topicsPerUser": "77"}
     leader.close()
     follower.close()
+
+
+def test_a_loaded_dedup_window_shares_one_str_per_topic() -> None:
+    """The dedup window (up to 100,000 ids) is the broker state's biggest table held in memory
+    whatever the backlog: loaded from a snapshot, its ids share their topic's name."""
+    from broker.state.machine import SendResult, decode_dedup, encode_dedup
+
+    window = [
+        SendResult(f"{i:032X}", "Bench" + "T" * (i % 2), i % 8, i, 100 * i, 1_700_000_000_000)
+        for i in range(6)
+    ]
+    loaded = list(decode_dedup(encode_dedup(window)).values())
+    assert loaded == window
+    assert loaded[0].topic is loaded[2].topic is loaded[4].topic
+    assert loaded[1].topic is loaded[3].topic
