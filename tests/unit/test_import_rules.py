@@ -22,7 +22,9 @@ from source_tree import ROOT, product_packages
 # The top-level names of gRPC and protobuf (``raftmq`` is the generated protobuf code, gen/).
 GRPC_AND_PROTOBUF = frozenset({"grpc", "grpc_status", "google", "raftmq"})
 # Packages that import no other package of the project, so anything may import them.
-NEUTRAL = frozenset({"mqcli", "mqsecurity", "mqmetrics", "mqerrors", "mqrelease", "prockit"})
+NEUTRAL = frozenset(
+    {"mqcli", "mqsecurity", "mqmetrics", "mqerrors", "mqrelease", "prockit", "remoting"}
+)
 # The servers' packages: dledger (the Raft library), the broker over it, the NameServer beside.
 SERVERS = frozenset({"broker", "dledger", "nameserver"})
 # What dledger may not reach: the broker and everything built on it or on messages.
@@ -179,6 +181,16 @@ def test_the_neutral_packages_reach_nothing_of_the_project(graph: ImportGraph) -
     for package in sorted(NEUTRAL):
         found = broken(graph, package, project - {package})
         assert found == [], "\n".join(found)
+
+
+def test_the_remoting_protocol_stands_on_the_standard_library_only(graph: ImportGraph) -> None:
+    """remoting/ (RocketMQ's 4.x protocol: frames, server, client) is under the NameServer's and
+    the broker's front ends, the tests and mqbench: it reaches no project package, and neither
+    gRPC nor protobuf (it is plain asyncio)."""
+    assert "asyncio" in graph.reach("remoting.server")  # the scan sees what it must allow
+    project = frozenset(product_packages()) - {"remoting"}
+    found = broken(graph, "remoting", project | GRPC_AND_PROTOBUF)
+    assert found == [], "\n".join(found)
 
 
 def test_the_shared_rpc_plumbing_stands_on_the_neutral_packages_only(graph: ImportGraph) -> None:
