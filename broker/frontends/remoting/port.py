@@ -19,7 +19,8 @@ from broker.frontends.internal.forwarder import Forwarder
 from broker.frontends.remoting.service import RemotingBrokerService
 from dledger.server import StartError
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
-from mqsecurity.tls import CertificateError, TlsFiles, https_server_context
+from mqsecurity.errors import CertificateError
+from mqsecurity.tls import TlsFiles, https_server_context
 from remoting.server import RemotingServer
 
 if TYPE_CHECKING:
