@@ -43,6 +43,7 @@ from broker.frontends.remoting.messageext import (
     offset_msg_id,
 )
 from broker.state.auth.model import GET, PUB, SUB, Resource
+from broker.state.delayrules import RETRY_QUEUE_NUMS, retry_topic
 from broker.state.machine import SendResult
 from dledger.core import Role
 from msgcodec import Message, decode_rows
@@ -67,6 +68,8 @@ PULL_SUBSCRIPTION = 0x4
 # the tags, keys and id in the properties). Past this, the answer stops (a single message is
 # always answered).
 MAX_PULL_BODY_BYTES = 12 << 20
+# A heartbeat's consumer in this model reads every queue itself: no retry topic.
+BROADCASTING = "BROADCASTING"
 # The subscription expression types a 4.x consumer may send: raftmq filters by tag only.
 TAG_EXPRESSION = "TAG"
 # Keys of one QUERY_MESSAGE (RocketMQ's maxNum is 32 by default; the lookup caps it at 1024).
@@ -432,11 +435,25 @@ class RemotingBrokerService:
             self.broker.consumers.heartbeat(group, client_id, pairs, [], owner)
             for topic, expression in pairs:
                 self._subscriptions[(group, topic)] = expression
+            if c.get("messageModel") != BROADCASTING:
+                await self._ensure_retry_topic(group, owner)
         groups = conn.attrs.setdefault("consumer_groups", set())
         if len(groups) < MAX_HEARTBEAT_GROUPS:
             groups.update(F.json_text(c, "groupName", "consumerData") for c in consumers)
         conn.attrs["client_id"] = client_id
         return _ok(cmd)
+
+    async def _ensure_retry_topic(self, group: str, owner: tuple[str, bool]) -> None:
+        """A clustering consumer's ``%RETRY%{group}`` exists once it heartbeats, as RocketMQ's
+        broker makes it then: its consumers subscribe to it at start and find its route
+        before their first send-back. Created by the leader; a failure is the next
+        heartbeat's to retry (the first send-back creates it too)."""
+        if self.node.role is not Role.LEADER:
+            return
+        try:
+            await self.broker.topics.ensure_system(retry_topic(group), RETRY_QUEUE_NUMS, owner)
+        except Exception as exc:
+            logger.debug("retry topic of %s not created: %s", group, exc)
 
     async def _unregister(
         self, cmd: RemotingCommand, conn: RemotingConnection, caller: Caller
