@@ -54,6 +54,7 @@ class BrokerConfig:
     listenPort: int
     grpcServerPort: int
     grpcServerPlaintextPort: int
+    remotingListenPort: int
     metricsPort: int
     metricsTlsEnable: bool | None
     brokerIP1: str
@@ -171,6 +172,12 @@ class BrokerConfig:
     def rmq5_addr(self) -> str:
         """The RocketMQ 5 port's address (registered with NameServers); "" when not served."""
         return f"{self.brokerIP1}:{self.grpcServerPort}" if self.grpcServerPort else ""
+
+    @property
+    def remoting_addr(self) -> str:
+        """The remoting port's address (registered with NameServers, the address their
+        remoting routes give 4.x clients); "" when not served."""
+        return f"{self.brokerIP1}:{self.remotingListenPort}" if self.remotingListenPort else ""
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:
@@ -445,6 +452,9 @@ def _check_tls(values: dict[str, Any], path: str) -> None:
     used = {values["listenPort"], values["grpcServerPort"], plain}
     if v2_plain and v2_plain in used | {p.port for p in values["dLegerPeers"]}:
         raise ConfigError(f"{path}: key 'grpcServerPlaintextPort': {v2_plain} is already used")
+    remoting = values["remotingListenPort"]
+    if remoting and remoting in used | {v2_plain} | {p.port for p in values["dLegerPeers"]}:
+        raise ConfigError(f"{path}: key 'remotingListenPort': {remoting} is already used")
 
 
 def _check_metrics_port(values: Mapping[str, Any], path: str) -> None:
@@ -454,6 +464,7 @@ def _check_metrics_port(values: Mapping[str, Any], path: str) -> None:
         values["grpcServerPort"],
         values["grpcServerPlaintextPort"],
         values["tlsPlaintextListenPort"],
+        values["remotingListenPort"],
         *(p.port for p in values["dLegerPeers"]),
     }
     if port and port in used:

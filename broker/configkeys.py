@@ -579,6 +579,14 @@ _TABLE: Mapping[str, _Key] = {
         "apache.rocketmq.v2 (RocketMQ 5 clients) gRPC port; 0: not served",
         to=(Into("v2", "port"),),
     ),
+    # RocketMQ's proxy key: the port of RocketMQ's remoting protocol for 4.x clients
+    # (docs/REMOTING.md), registered with the NameServers so that their remoting routes name it;
+    # mqcluster gives node i its client port + 1.
+    "remotingListenPort": _Key(
+        parse_optional_port,
+        "0",
+        "RocketMQ remoting port (4.x clients, docs/REMOTING.md), TLS with tlsEnable; 0: not served",
+    ),
     # With tlsEnable the port above speaks TLS; RocketMQ's proxy keeps a plaintext port beside
     # its TLS one for old clients: this is that port, on 127.0.0.1 only (docs/RMQ5.md).
     "grpcServerPlaintextPort": _Key(

@@ -132,6 +132,7 @@ class BrokerRegistrar:
             ],
             heartbeat_period_ms=self.cfg.registerBrokerPeriod,
             rmq5_addr=self.cfg.rmq5_addr,
+            remoting_addr=self.cfg.remoting_addr,
             release=RELEASE,
             supported_feature_level=NODE_SUPPORTED_LEVEL,
             feature_level=sm.feature_level,

@@ -100,6 +100,11 @@ PEER_PORT_BASE = 40911
 GRPC_PORT_BASE = 8081
 # The NameServer's port (RocketMQ's 9876) unless --auto-ports.
 NAMESRV_PORT = 9876
+# RocketMQ's remoting protocol for 4.x clients (remotingListenPort, docs/REMOTING.md): the
+# NameServer's on 9877 (RocketMQ's 9876 is the gRPC port here), node i's on its client port + 1
+# (a client port block of 10 leaves it free).
+NAMESRV_REMOTING_PORT = 9877
+REMOTING_PORT_OFFSET = 1
 # Prometheus /metrics (metricsPort, docs/METRICS.md): node i on 5557 + i (rocketmq-exporter's
 # port), the NameServer on 5556.
 METRICS_PORT_BASE = 5557
@@ -171,6 +176,9 @@ class NodeInfo:
     metrics_port: int = 0
     # Whether it is served over HTTPS (tlsEnable, unless metricsTlsEnable=false).
     metrics_tls: bool = False
+    # The RocketMQ remoting port (remotingListenPort, docs/REMOTING.md); 0: not served (and in a
+    # cluster.json written before it).
+    remoting_port: int = 0
 
     @property
     def client_addr(self) -> str:
@@ -193,10 +201,16 @@ class NameSrvInfo:
     pid_file: str
     metrics_port: int = 0
     metrics_tls: bool = False
+    # Its RocketMQ remoting port, where 4.x clients point (their namesrvAddr); 0: not served.
+    remoting_port: int = 0
 
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def remoting_addr(self) -> str:
+        return f"127.0.0.1:{self.remoting_port}" if self.remoting_port else ""
 
     @property
     def metrics_url(self) -> str:
@@ -233,15 +247,15 @@ def log_client(
 
 def _node_ports(
     nodes: int, port_block: int | None, avoid: Collection[int]
-) -> tuple[dict[str, list[int]], tuple[int, int]]:
-    """Each node's ports by kind (client, peer, grpc, metrics) and the NameServer's (port,
-    metrics port): drawn free, none of ``avoid``, when ``port_block`` is None; else the fixed
-    ports of that block."""
+) -> tuple[dict[str, list[int]], tuple[int, int, int]]:
+    """Each node's ports by kind (client, peer, grpc, metrics, remoting) and the NameServer's
+    (port, metrics port, remoting port): drawn free, none of ``avoid``, when ``port_block`` is
+    None; else the fixed ports of that block."""
     if port_block is None:
-        free = _free_ports(4 * nodes + 2, avoid=avoid)
-        kinds = ("client", "peer", "grpc", "metrics")
+        kinds = ("client", "peer", "grpc", "metrics", "remoting")
+        free = _free_ports(len(kinds) * nodes + 3, avoid=avoid)
         by_kind = {k: free[i * nodes : (i + 1) * nodes] for i, k in enumerate(kinds)}
-        return by_kind, (free[-2], free[-1])
+        return by_kind, (free[-3], free[-2], free[-1])
     block = PORT_BLOCK_STEP * port_block
     client = CLIENT_PORT_BASE + CLIENT_BLOCK_STEP * port_block
     by_kind = {
@@ -249,8 +263,9 @@ def _node_ports(
         "peer": [PEER_PORT_BASE + block + i for i in range(nodes)],
         "grpc": [GRPC_PORT_BASE + block + i for i in range(nodes)],
         "metrics": [METRICS_PORT_BASE + block + i for i in range(nodes)],
+        "remoting": [client + CLIENT_PORT_STEP * i + REMOTING_PORT_OFFSET for i in range(nodes)],
     }
-    return by_kind, (NAMESRV_PORT, NAMESRV_METRICS_PORT)
+    return by_kind, (NAMESRV_PORT, NAMESRV_METRICS_PORT, NAMESRV_REMOTING_PORT)
 
 
 def _free_port() -> int:
@@ -415,7 +430,7 @@ class LocalCluster:
             self.security_base = str(shared.layout.base) if secure else ""
             self.layout = shared.layout if secure else localsecurity.SecureLayout(self.base)
         ids = [f"n{i}" for i in range(nodes)]
-        ports, (namesrv_port, namesrv_metrics_port) = _node_ports(
+        ports, (namesrv_port, namesrv_metrics_port, namesrv_remoting_port) = _node_ports(
             nodes, port_block if not auto_ports else None, avoid_ports
         )
         admin = None
@@ -425,7 +440,12 @@ class LocalCluster:
             ns_conf = localsecurity.namesrv_keys(self.layout) if secure else {}
             self.namesrv = self._write_namesrv_conf(
                 namesrv_port,
-                {"metricsPort": str(namesrv_metrics_port), **ns_conf, **(namesrv_conf or {})},
+                {
+                    "metricsPort": str(namesrv_metrics_port),
+                    "remotingListenPort": str(namesrv_remoting_port),
+                    **ns_conf,
+                    **(namesrv_conf or {}),
+                },
             )
         # Saved in cluster.json: without secrets (they stay in the 0600 node configs; a node
         # joining later takes the group's users from its log, not from initAuthenticationUser).
@@ -465,6 +485,7 @@ class LocalCluster:
             str(self.base / f"{NAMESRV_ID}.pid"),
             int(str(values.get("metricsPort", 0))),
             metrics_tls(values),
+            int(str(values.get("remotingListenPort", 0))),
         )
 
     def _write_node_confs(
@@ -483,23 +504,23 @@ class LocalCluster:
             f"{i}-127.0.0.1:{p}" for i, p in zip(ids, ports["client"], strict=True)
         )
         self.nodes = []
-        for node_id, cport, pport, gport, mport in zip(
-            ids, ports["client"], ports["peer"], ports["grpc"], ports["metrics"], strict=True
-        ):
+        kinds = ("client", "peer", "grpc", "metrics", "remoting")
+        for node_id, *node_ports in zip(ids, *(ports[k] for k in kinds), strict=True):
             keys = {"dLegerPeers": peers, "dLegerPeerClientAddrs": client_addrs, **extra}
-            node = self._write_node_conf(node_id, (cport, pport, gport, mport), keys, admin)
+            cport, pport, gport, mport, rport = node_ports
+            node = self._write_node_conf(node_id, (cport, pport, gport, mport, rport), keys, admin)
             self.nodes.append(node)
 
     def _write_node_conf(
         self,
         node_id: str,
-        ports: tuple[int, int, int, int],
+        ports: tuple[int, int, int, int, int],
         keys: dict[str, str],
         admin: Credentials | None,
     ) -> NodeInfo:
-        """One node's broker.conf (``ports``: client, peer, RocketMQ 5, metrics); ``keys`` has
-        its dLegerPeers and any extra key."""
-        cport, pport, gport, mport = ports
+        """One node's broker.conf (``ports``: client, peer, RocketMQ 5, metrics, remoting);
+        ``keys`` has its dLegerPeers and any extra key."""
+        cport, pport, gport, mport, rport = ports
         conf = self.base / f"{node_id}.conf"
         values: dict[str, object] = {
             "brokerClusterName": "DefaultCluster",
@@ -510,6 +531,7 @@ class LocalCluster:
             "listenPort": cport,
             "grpcServerPort": gport,
             "metricsPort": mport,
+            "remotingListenPort": rport,
             "storePathRootDir": str(self.base / node_id),
         }
         if self.namesrv is not None:
@@ -521,6 +543,7 @@ class LocalCluster:
         values.update(keys)
         gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
         mport = int(str(values["metricsPort"]))
+        rport = int(str(values["remotingListenPort"]))
         text = render_config(values)
         if admin is not None:
             write_private_file(str(conf), text.encode())
@@ -536,6 +559,7 @@ class LocalCluster:
             gport,
             mport,
             metrics_tls(values),
+            rport,
         )
 
     # ------------------------------------------------------------------ membership
@@ -592,11 +616,12 @@ class LocalCluster:
         ports = {
             p
             for n in self.nodes
-            for p in (n.client_port, n.peer_port, n.grpc_port, n.metrics_port)
+            for p in (n.client_port, n.peer_port, n.grpc_port, n.metrics_port, n.remoting_port)
             if p
         }
         if self.namesrv is not None:
-            ports |= {p for p in (self.namesrv.port, self.namesrv.metrics_port) if p}
+            ns = self.namesrv
+            ports |= {p for p in (ns.port, ns.metrics_port, ns.remoting_port) if p}
         return ports
 
     def _write_new_node(self, leader: NodeInfo, extra: dict[str, str]) -> NodeInfo:
@@ -604,7 +629,7 @@ class LocalCluster:
         ``extra``, then its own ports and join address; it is added to the state file."""
         node_id = self._next_id()
         # Not a port of a member that is stopped now (free, but its own when it starts).
-        cport, pport, gport, mport = _free_ports(4, avoid=self.configured_ports())
+        cport, pport, gport, mport, rport = _free_ports(5, avoid=self.configured_ports())
         admin = None
         if self.secure:
             try:
@@ -618,7 +643,8 @@ class LocalCluster:
             "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
         }
         keys.pop("dLegerPeerClientAddrs", None)  # the original members': not this node's
-        info = self._write_node_conf(node_id, (cport, pport, gport, mport), keys, admin)
+        ports = (cport, pport, gport, mport, rport)
+        info = self._write_node_conf(node_id, ports, keys, admin)
         self.nodes.append(info)
         self._save_state()
         return info
@@ -949,6 +975,7 @@ class LocalCluster:
                     "client": n.client_port,
                     "peer": n.peer_port,
                     "rmq5": n.grpc_port or "-",
+                    "remoting": n.remoting_port or "-",
                     "metrics": n.metrics_port or "-",
                 }
                 if pid is not None:
@@ -975,6 +1002,18 @@ def namesrv_line(cluster: LocalCluster) -> str:
     pid = cluster.namesrv_pid()
     state = f"pid {pid}" if pid is not None else "DOWN"
     return f"namesrv: {cluster.namesrv.addr} {state}; log {cluster.namesrv.log}"
+
+
+def remoting_line(cluster: LocalCluster) -> str:
+    """Where RocketMQ 4.x clients point (docs/REMOTING.md): the NameServer's remoting port, as
+    their namesrvAddr; its routes name each group's leader."""
+    ns = cluster.namesrv
+    if ns is None:
+        return "remoting (RocketMQ 4.x clients): needs a NameServer (started without --no-namesrv)"
+    if not ns.remoting_port:
+        return "remoting (RocketMQ 4.x clients): not served (remotingListenPort=0)"
+    what = "TLS, docs/REMOTING.md" if cluster.secure else "docs/REMOTING.md"
+    return f"remoting (RocketMQ 4.x clients, {what}): namesrvAddr {ns.remoting_addr}"
 
 
 def rmq5_line(cluster: LocalCluster) -> str:
@@ -1152,6 +1191,7 @@ def _print_status(groups: Groups) -> list[dict[str, object]]:
     rows = cluster_rows(groups)
     print(format_table(rows))
     print(namesrv_line(groups.first))
+    print(remoting_line(groups.first))
     for g in groups.all():
         prefix = f"{g.group} " if len(groups.extra_names) else ""
         print(prefix + rmq5_line(g))

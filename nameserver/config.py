@@ -30,6 +30,10 @@ from prockit.rocketmq_keys import NAMESRV_KEYS
 
 # RocketMQ's NameServer port.
 DEFAULT_PORT = 9876
+# The RocketMQ remoting port (docs/REMOTING.md) is off unless set: RocketMQ's 9876 is the gRPC
+# port here, and a second NameServer on one machine must not collide on a default; mqcluster
+# gives its NameServer 9877.
+DEFAULT_REMOTING_PORT = 0
 # RocketMQ binds the NameServer on every interface; a local group sets listenHost=127.0.0.1.
 DEFAULT_LISTEN_HOST = "0.0.0.0"
 _HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -51,6 +55,7 @@ class ConfigError(NameServerError):
 @dataclass(frozen=True, slots=True)
 class NameServerConfig:
     listenPort: int = DEFAULT_PORT
+    remotingListenPort: int = DEFAULT_REMOTING_PORT
     brokerExpiredTime: int = DEFAULT_BROKER_EXPIRED_TIME_MS
     scanNotActiveBrokerInterval: int = DEFAULT_SCAN_INTERVAL_MS
     listenHost: str = DEFAULT_LISTEN_HOST
@@ -98,6 +103,11 @@ def _parse_path(text: str) -> str:
 # key -> (parser, description)
 KEYS: Mapping[str, tuple[Callable[[str], Any], str]] = {
     "listenPort": (parse_port, f"gRPC port (default {DEFAULT_PORT})"),
+    "remotingListenPort": (
+        parse_optional_port,
+        "RocketMQ remoting port for 4.x clients (their namesrvAddr; docs/REMOTING.md), on "
+        "listenHost, TLS with tlsEnable (default 0: not served)",
+    ),
     "listenHost": (
         _parse_host,
         f"address to bind (default {DEFAULT_LISTEN_HOST}, every interface; 127.0.0.1: this "
@@ -173,6 +183,9 @@ def parse_config(text: str, path: str = "namesrv.conf") -> NameServerConfig:
     cfg = NameServerConfig(**values, ignored_keys=tuple(props.ignored))
     if cfg.metricsPort and cfg.metricsPort == cfg.listenPort:
         raise ConfigError(f"{path}: key 'metricsPort': {cfg.metricsPort} is the listenPort")
+    remoting = cfg.remotingListenPort
+    if remoting and remoting in {cfg.listenPort, cfg.metricsPort}:
+        raise ConfigError(f"{path}: key 'remotingListenPort': {remoting} is already used")
     _check_security(cfg, path)
     return cfg
 

@@ -13,6 +13,7 @@ from prometheus_client.core import Metric
 from mqmetrics.families import gauge, labelled_counter, refusal_family
 from mqsecurity.refusals import REFUSALS
 from nameserver.routes import RouteTable
+from remoting.server import RemotingServer
 
 # How a route query ended: routes found, no group serves the topic, a malformed topic name.
 ROUTE_FOUND = "found"
@@ -33,9 +34,30 @@ class NameServerStats:
         self.registrations = dict.fromkeys(REGISTRATION_RESULTS, 0)
 
 
-def nameserver_families(table: RouteTable, stats: NameServerStats) -> list[Metric]:
+def remoting_families(server: RemotingServer) -> list[Metric]:
+    """The remoting port's connections and what it refused (docs/REMOTING.md "Limits")."""
+    return [
+        gauge(
+            "nameserver_remoting_connections",
+            "Open connections of the RocketMQ remoting port",
+            len(server.connections),
+        ),
+        labelled_counter(
+            "nameserver_remoting_refusals",
+            "Remoting frames, requests and connections refused or closed, by reason",
+            ["reason"],
+            (([r], n) for r, n in server.refusals().items()),
+        ),
+    ]
+
+
+def nameserver_families(
+    table: RouteTable, stats: NameServerStats, remoting: RemotingServer | None = None
+) -> list[Metric]:
+    """``remoting``: the remoting port's server, None when not served (no such families)."""
     groups = table.cluster_info()
     return [
+        *(remoting_families(remoting) if remoting is not None else []),
         gauge("nameserver_brokers_registered", "Broker nodes registered", len(table)),
         gauge("nameserver_broker_groups", "Broker groups with a registered node", len(groups)),
         gauge(
@@ -45,7 +67,7 @@ def nameserver_families(table: RouteTable, stats: NameServerStats) -> list[Metri
         ),
         labelled_counter(
             "nameserver_route_queries",
-            "GetRouteInfoByTopic calls, by result",
+            "GetRouteInfoByTopic calls and remoting GET_ROUTEINFO_BY_TOPIC requests, by result",
             ["result"],
             (([r], n) for r, n in stats.route_queries.items()),
         ),

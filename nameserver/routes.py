@@ -114,6 +114,8 @@ class Registration:
     release: str = ""
     supported_feature_level: int = 0
     feature_level: int = 0
+    # The RocketMQ remoting port 4.x clients are routed to (docs/REMOTING.md); "": not served.
+    remoting_addr: str = ""
 
     @property
     def key(self) -> NodeKey:
@@ -186,6 +188,8 @@ def validate(reg: Registration) -> dict[str, TopicRoute]:
     _check_addr(reg.client_addr)
     if reg.rmq5_addr:
         _check_addr(reg.rmq5_addr, "rmq5_addr")
+    if reg.remoting_addr:
+        _check_addr(reg.remoting_addr, "remoting_addr")
     if reg.term < 0:
         raise InvalidRequestError(f"term {reg.term} must be >= 0")
     if len(reg.release) > MAX_RELEASE_LEN or not _RELEASE_RE.match(reg.release):

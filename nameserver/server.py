@@ -40,6 +40,7 @@ from nameserver.metrics import (
     NameServerStats,
     nameserver_families,
 )
+from nameserver.remoting import NameServerRemoting
 from nameserver.routes import (
     MAX_HOST_LEN,
     MAX_NAME_LEN,
@@ -54,6 +55,7 @@ from nameserver.routes import (
     TopicRoute,
     check_name,
 )
+from remoting.server import RemotingServer
 from rpckit import decodeguard, status
 from rpckit.serving import add_health_and_reflection, bind
 
@@ -156,6 +158,7 @@ def registration_from_pb(req: pb.RegisterBrokerRequest) -> Registration:
         release=req.release,
         supported_feature_level=req.supported_feature_level,
         feature_level=req.feature_level,
+        remoting_addr=req.remoting_addr,
     )
 
 
@@ -320,7 +323,13 @@ class NameServer:
         self.stats = NameServerStats()
         self._metrics: MetricsServer | None = None
         self._server: grpc.aio.Server | None = None
+        self._remoting: RemotingServer | None = None
         self._scan_task: asyncio.Task[None] | None = None
+
+    @property
+    def remoting(self) -> RemotingServer | None:
+        """The RocketMQ remoting port's server (remotingListenPort), None when not served."""
+        return self._remoting
 
     async def start(self) -> None:
         server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -331,6 +340,9 @@ class NameServer:
         )
         add_health_and_reflection(server, [SERVICE_NAME])
         addr = f"{self.host}:{self.cfg.listenPort}"
+        # Remoting first: the gRPC port accepts connections once bound, and whoever waits for
+        # it (mqcluster, the tests) takes that as the NameServer being up.
+        await self._start_remoting()
         bind(server, addr, self.cfg.tls_files, StartError)
         self._bind_metrics()
         await server.start()
@@ -339,9 +351,10 @@ class NameServer:
         self._server = server
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop(), name="scan")
         logger.info(
-            "nameserver started addr=%s %s broker_authentication=%s broker_expired_time_ms=%d "
-            "scan_interval_ms=%d",
+            "nameserver started addr=%s remoting_port=%d %s broker_authentication=%s "
+            "broker_expired_time_ms=%d scan_interval_ms=%d",
             addr,
+            self._remoting.port if self._remoting else 0,
             "tls" if self.cfg.tlsEnable else "plaintext",
             self.cfg.brokerAuthenticationEnabled,
             self.cfg.brokerExpiredTime,
@@ -355,7 +368,9 @@ class NameServer:
             return
         loop = asyncio.get_running_loop()
         collectors = [
-            LoopCollector(lambda: nameserver_families(self.table, self.stats), loop),
+            LoopCollector(
+                lambda: nameserver_families(self.table, self.stats, self._remoting), loop
+            ),
             ProcessCollector(registry=None),
         ]
         try:
@@ -364,6 +379,26 @@ class NameServer:
             self._metrics = MetricsServer(self.host, port, collectors, tls=context)
         except (OSError, CertificateError) as exc:
             raise StartError(f"metricsPort {self.host}:{port}: {exc}") from None
+
+    async def _start_remoting(self) -> None:
+        """The RocketMQ remoting port for 4.x clients (remotingListenPort; 0: not served), TLS
+        only with tlsEnable, on the listen host."""
+        port = self.cfg.remotingListenPort
+        if not port:
+            return
+        files = self.cfg.tls_files
+        try:
+            context = https_server_context(files) if files is not None else None
+        except CertificateError as exc:
+            raise StartError(f"remotingListenPort: {exc}") from None
+        server = RemotingServer(
+            NameServerRemoting(self.table, self.stats), ssl_context=context, name="namesrv remoting"
+        )
+        try:
+            await server.start(self.host, port)
+        except OSError as exc:
+            raise StartError(f"remotingListenPort {self.host}:{port}: {exc}") from None
+        self._remoting = server
 
     def _verifier(self) -> MemberVerifier | None:
         if not self.cfg.brokerAuthenticationEnabled:
@@ -393,6 +428,9 @@ class NameServer:
         if self._server is not None:
             await self._server.stop(grace=STOP_GRACE_S)
             self._server = None
+        if self._remoting is not None:
+            await self._remoting.stop()
+            self._remoting = None
         if self._metrics is not None:
             await asyncio.to_thread(self._metrics.stop)
             self._metrics = None

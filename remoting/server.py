@@ -65,6 +65,20 @@ class RemotingServer:
         self._server: asyncio.Server | None = None
         self.port = 0
 
+    def refusals(self) -> dict[str, int]:
+        """What the server refused or cut off, by reason (a fixed vocabulary: metrics label
+        values): malformed frames, requests past the in-flight limit, connections past the
+        connection limit, idle connections and peers not reading closed, handler failures."""
+        s = self.stats
+        return {
+            "malformed_frame": s.malformed_frames,
+            "busy": s.busy_refusals,
+            "connection_limit": self.connections_refused,
+            "idle": s.idle_closed,
+            "slow_reader": s.slow_reader_closed,
+            "handler_error": s.handler_errors,
+        }
+
     @property
     def connections(self) -> list[RemotingConnection]:
         """The open connections (a broker notifies a group's consumers over them)."""

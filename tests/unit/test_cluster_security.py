@@ -132,6 +132,7 @@ def test_insecure_layout_is_unchanged(tmp_path: Path) -> None:
         "listenPort",
         "listenHost",
         "metricsPort",  # /metrics, on listenHost too (docs/METRICS.md)
+        "remotingListenPort",  # RocketMQ 4.x clients, on listenHost too (docs/REMOTING.md)
     }
     assert _properties(tmp_path / "namesrv.conf")["listenHost"] == "127.0.0.1"
     assert not LocalCluster(tmp_path).secure

@@ -35,7 +35,7 @@ class TopicConfig(_message.Message):
     def __init__(self, topic_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "node_id", "role", "client_addr", "term", "topics", "heartbeat_period_ms", "rmq5_addr", "release", "supported_feature_level", "feature_level")
+    __slots__ = ("cluster", "broker_name", "node_id", "role", "client_addr", "term", "topics", "heartbeat_period_ms", "rmq5_addr", "release", "supported_feature_level", "feature_level", "remoting_addr")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class RegisterBrokerRequest(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    REMOTING_ADDR_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     node_id: str
@@ -60,7 +61,8 @@ class RegisterBrokerRequest(_message.Message):
     release: str
     supported_feature_level: int
     feature_level: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ..., heartbeat_period_ms: _Optional[int] = ..., rmq5_addr: _Optional[str] = ..., release: _Optional[str] = ..., supported_feature_level: _Optional[int] = ..., feature_level: _Optional[int] = ...) -> None: ...
+    remoting_addr: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., client_addr: _Optional[str] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ..., heartbeat_period_ms: _Optional[int] = ..., rmq5_addr: _Optional[str] = ..., release: _Optional[str] = ..., supported_feature_level: _Optional[int] = ..., feature_level: _Optional[int] = ..., remoting_addr: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("broker_expired_time_ms",)
