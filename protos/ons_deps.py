@@ -29,7 +29,10 @@ PACKAGE = "ali-ons"
 VERSION = "3.12.0"
 # The registry's integrity of the tarball (``npm view ali-ons@3.12.0 dist.integrity``): checked
 # against the lockfile too, so an edited lockfile cannot swap the package.
-INTEGRITY = "sha512-U/xWeHU5in6Ihtu7HhfAnpluYMgjv1zdMniNSrgYZ8kxlGiYz4jP+SywhqcZ/un/P561xvLZ/u6Kb01zELYxMQ=="
+INTEGRITY = (
+    "sha512-U/xWeHU5in6Ihtu7HhfAnpluYMgjv1zdMniNSrgYZ8kxlGiYz4jP+SywhqcZ/"
+    "un/P561xvLZ/u6Kb01zELYxMQ=="
+)
 # A fresh npm ci over the network; generous, but never unbounded.
 STEP_TIMEOUT_S = 900
 
