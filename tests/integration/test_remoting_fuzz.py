@@ -112,13 +112,44 @@ JSON_BODIES = [
 ]  # fmt: skip
 VALUES = st.one_of(st.sampled_from(NUMBERS), st.sampled_from(TEXTS), st.text(max_size=40))
 BODIES = st.one_of(st.sampled_from(JSON_BODIES), st.binary(max_size=256), st.just(b""))
-COMMANDS = st.builds(
-    lambda code, fields, body, node: (code, fields, body, node),
-    st.one_of(st.sampled_from(SERVED), st.integers(-(2**15), 2**15 - 1)),
-    st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=12),
-    BODIES,
-    st.integers(0, 2),
-)
+# A valid header of each served code, which the fuzz mutates: most hostile requests then get
+# past the first field check and reach the components.
+_QUEUE = {"topic": TOPIC, "queueId": "0"}
+_GROUP = {"consumerGroup": "G", **_QUEUE}
+TEMPLATES: dict[int, dict[str, str]] = {
+    Q.SEND_MESSAGE: {"producerGroup": "PG", **_QUEUE, "properties": "TAGS\x01A\x02"},
+    Q.SEND_MESSAGE_V2: {"a": "PG", "b": TOPIC, "e": "1", "i": "TAGS\x01A\x02", "h": "0"},
+    Q.SEND_BATCH_MESSAGE: {"producerGroup": "PG", **_QUEUE, "batch": "true"},
+    Q.PULL_MESSAGE: {**_GROUP, "queueOffset": "0", "maxMsgNums": "32", "sysFlag": "0"},
+    Q.QUERY_CONSUMER_OFFSET: _GROUP,
+    Q.UPDATE_CONSUMER_OFFSET: {**_GROUP, "commitOffset": "1"},
+    Q.GET_MAX_OFFSET: _QUEUE,
+    Q.GET_MIN_OFFSET: _QUEUE,
+    Q.SEARCH_OFFSET_BY_TIMESTAMP: {**_QUEUE, "timestamp": "0"},
+    Q.UNREGISTER_CLIENT: {"clientID": "c", "consumerGroup": "G"},
+    Q.GET_CONSUMER_LIST_BY_GROUP: {"consumerGroup": "G"},
+    Q.CONSUMER_SEND_MSG_BACK: {"offset": "0", "group": "G", "delayLevel": "0"},
+    Q.VIEW_MESSAGE_BY_ID: {"offset": "0"},
+    Q.QUERY_MESSAGE: {"topic": TOPIC, "key": "k", "maxNum": "32"},
+}
+
+
+@st.composite
+def commands(draw: st.DrawFn) -> tuple[int, dict[str, str], bytes, int]:
+    """A served code's valid header with a few fields made hostile, or any code with any
+    fields."""
+    node = draw(st.integers(0, 2))
+    body = draw(BODIES)
+    if draw(st.integers(0, 3)):
+        code = draw(st.sampled_from(SERVED))
+        fields = dict(TEMPLATES.get(code, {}))
+        fields.update(draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=3)))
+        return code, fields, body, node
+    code = draw(st.one_of(st.sampled_from(SERVED), st.integers(-(2**15), 2**15 - 1)))
+    return code, draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=12)), body, node
+
+
+COMMANDS = commands()
 RAW = st.one_of(
     st.sampled_from(
         [
