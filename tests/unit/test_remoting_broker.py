@@ -492,3 +492,42 @@ def test_acl_checks_rights_per_request(tmp_path: Path) -> None:
         assert denied.code == R.NO_PERMISSION and "may not Pub" in (denied.remark or "")
 
     run(tmp_path, body, guard_on=True)
+
+
+def test_end_transaction_commits_and_rolls_back_a_half(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        halves = []
+        for i in range(2):
+            sent = await n.call(Q.SEND_MESSAGE_V2, send_v2(0, "TRAN_MSG\x01true\x02"), b"h%d" % i)
+            assert sent.code == R.SUCCESS, sent.remark
+            halves.append(int(sent.ext_fields["msgId"][16:], 16))
+            assert sent.ext_fields["transactionId"] == f"{halves[-1]:016X}"
+        assert (await n.call(Q.PULL_MESSAGE, pull_ext(0))).code == R.PULL_NOT_FOUND
+        end = {"producerGroup": "PG", "tranStateTableOffset": 0, "fromTransactionCheck": "false"}
+        for position, verdict in zip(halves, (8, 12), strict=True):
+            ext = {**end, "commitLogOffset": position, "commitOrRollback": verdict}
+            done = await n.call(Q.END_TRANSACTION, ext)
+            assert done.code == R.SUCCESS, done.remark
+        pulled = decode_messages((await n.call(Q.PULL_MESSAGE, pull_ext(0))).body)
+        assert [m["body"] for m in pulled] == [b"h0"]  # committed; the other rolled back
+        contrary = {**end, "commitLogOffset": halves[0], "commitOrRollback": 12}
+        assert (await n.call(Q.END_TRANSACTION, contrary)).code == R.SYSTEM_ERROR
+        sent = await n.call(Q.SEND_MESSAGE_V2, send_v2(0, ""), b"plain")
+        plain = {**end, "commitLogOffset": int(sent.ext_fields["msgId"][16:], 16)}
+        refused = await n.call(Q.END_TRANSACTION, {**plain, "commitOrRollback": 8})
+        assert refused.code == R.SYSTEM_ERROR and "not a transaction" in (refused.remark or "")
+
+    run(tmp_path, body)
+
+
+def test_earliest_message_time(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        queue = {"topic": T, "queueId": 0}
+        empty = await n.call(Q.GET_EARLIEST_MSG_STORETIME, queue)
+        assert empty.code == R.SUCCESS and empty.ext_fields["timestamp"] == "-1"
+        before = int(time.time() * 1000)
+        await n.call(Q.SEND_MESSAGE_V2, send_v2(0, ""), b"first")
+        first = await n.call(Q.GET_EARLIEST_MSG_STORETIME, queue)
+        assert before <= int(first.ext_fields["timestamp"]) <= int(time.time() * 1000)
+
+    run(tmp_path, body)

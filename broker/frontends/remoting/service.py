@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.components.leaderops import SendRequest
+from broker.components.leaderops import EndTransactionRequest, SendRequest
 from broker.components.pulling import MAX_PULL_MSGS, PullQuery, PullResult, PullStatus
 from broker.components.retry import SendBackItem
 from broker.frontends import rpcmap
@@ -45,8 +45,9 @@ from broker.frontends.remoting.messageext import (
 from broker.state.auth.model import GET, PUB, SUB, Resource
 from broker.state.delayrules import RETRY_QUEUE_NUMS, retry_topic
 from broker.state.machine import SendResult
+from broker.state.transactions import HALF_TOPIC, transaction_id
 from dledger.core import Role
-from msgcodec import Message, decode_rows
+from msgcodec import PROPERTY_REAL_TOPIC, Message, decode_rows
 from remoting.codes import RequestCode, ResponseCode
 from remoting.connection import RemotingConnection
 from remoting.protocol import RemotingCommand
@@ -68,6 +69,10 @@ PULL_SUBSCRIPTION = 0x4
 # the tags, keys and id in the properties). Past this, the answer stops (a single message is
 # always answered).
 MAX_PULL_BODY_BYTES = 12 << 20
+# EndTransactionRequestHeader.commitOrRollback (MessageSysFlag's transaction types).
+TRANSACTION_NOT_TYPE = 0
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
 # A heartbeat's consumer in this model reads every queue itself: no retry topic.
 BROADCASTING = "BROADCASTING"
 # The subscription expression types a 4.x consumer may send: raftmq filters by tag only.
@@ -180,6 +185,8 @@ class RemotingBrokerService:
             RequestCode.CONSUMER_SEND_MSG_BACK: (self._send_back_wants, self._send_back),
             RequestCode.VIEW_MESSAGE_BY_ID: (self._view_wants, self._view),
             RequestCode.QUERY_MESSAGE: (_query_wants, self._query_message),
+            RequestCode.GET_EARLIEST_MSG_STORETIME: (_topic_sub, self._earliest_time),
+            RequestCode.END_TRANSACTION: (self._end_wants, self._end_transaction),
             RequestCode.LOCK_BATCH_MQ: (_locks_wants, self._lock),
             RequestCode.UNLOCK_BATCH_MQ: (_locks_wants, self._unlock),
         }
@@ -265,7 +272,58 @@ class RemotingBrokerService:
     def _send_answer(self, results: list[SendResult]) -> dict[str, object]:
         first = results[0]
         ids = ",".join(offset_msg_id(self.store_host, r.position) for r in results)
-        return {"msgId": ids, "queueId": first.queue_id, "queueOffset": first.queue_offset}
+        return {
+            "msgId": ids,
+            "queueId": first.queue_id,
+            "queueOffset": first.queue_offset,
+            # A half message's transaction (the others ignore it): END_TRANSACTION names it.
+            "transactionId": transaction_id(first.position),
+        }
+
+    # ------------------------------------------------------------------ transactions
+
+    def _half_at(self, position: int) -> tuple[Message, str]:
+        """The half message stored at ``position`` and its real topic; refused when there is
+        none."""
+        try:
+            half = self.broker.applied.message(position)
+        except Exception:
+            half = None
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, "") if half is not None else ""
+        if half is None or half.topic != HALF_TOPIC or not topic:
+            raise Refused(
+                ResponseCode.SYSTEM_ERROR,
+                f"no half message at commitLogOffset {position}: not a transaction",
+            )
+        return half, topic
+
+    def _end_wants(self, cmd: RemotingCommand) -> list[Want]:
+        position = F.integer(cmd.ext_fields, "commitLogOffset", 0, F.INT64_MAX)
+        return [rpcmap.topic(self._half_at(position)[1], PUB)]
+
+    async def _end_transaction(
+        self, cmd: RemotingCommand, conn: RemotingConnection, caller: Caller
+    ) -> RemotingCommand:
+        """A producer's verdict on its half message (the one at ``commitLogOffset``, the
+        position its send was answered with): commit (8) or roll back (12); 0 (unknown) leaves
+        the half to the transaction check (docs/REMOTING.md)."""
+        ext = cmd.ext_fields
+        position = F.integer(ext, "commitLogOffset", 0, F.INT64_MAX)
+        verdict = F.integer(ext, "commitOrRollback", F.INT32_MIN, F.INT32_MAX)
+        if verdict == TRANSACTION_NOT_TYPE:
+            return _ok(cmd)
+        if verdict not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            raise Refused(ResponseCode.SYSTEM_ERROR, f"commitOrRollback {verdict}: not 0, 8 or 12")
+        half, topic = self._half_at(position)
+        named = F.text(ext, "msgId", "", 64).upper()
+        if named and named not in (half.uniq_id, offset_msg_id(self.store_host, position)):
+            raise Refused(ResponseCode.SYSTEM_ERROR, f"msgId {named} is not the half's")
+        if self.guard is not None and self.guard.settings.active:
+            self._require_leader("a transaction's verdict")
+        commit = verdict == TRANSACTION_COMMIT_TYPE
+        end = EndTransactionRequest(topic, half.uniq_id, transaction_id(position), commit)
+        await self.forwarder.call(end, Origin(caller.user, caller.unbounded))
+        return _ok(cmd)
 
     # ------------------------------------------------------------------ pulls
 
@@ -403,6 +461,18 @@ class RemotingBrokerService:
         self, cmd: RemotingCommand, conn: RemotingConnection, caller: Caller
     ) -> RemotingCommand:
         return _ok(cmd, {"offset": self.broker.offsets.queue_range(*self._queue(cmd))[0]})
+
+    async def _earliest_time(
+        self, cmd: RemotingCommand, conn: RemotingConnection, caller: Caller
+    ) -> RemotingCommand:
+        """The store time of the queue's first message; -1 when the queue is empty."""
+        topic, queue_id = self._queue(cmd)
+        low, high = self.broker.offsets.queue_range(topic, queue_id)
+        cq = self.broker.sm.cqs.find(topic, queue_id)
+        if low >= high or cq is None:
+            return _ok(cmd, {"timestamp": -1})
+        position = cq.get(low)[0]
+        return _ok(cmd, {"timestamp": self.broker.applied.message(position).store_timestamp_ms})
 
     async def _search_offset(
         self, cmd: RemotingCommand, conn: RemotingConnection, caller: Caller
