@@ -531,3 +531,23 @@ def test_earliest_message_time(tmp_path: Path) -> None:
         assert before <= int(first.ext_fields["timestamp"]) <= int(time.time() * 1000)
 
     run(tmp_path, body)
+
+
+def test_a_follower_without_a_leader_answers_a_send_service_not_available(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        n.node.role = Role.FOLLOWER
+        n.node.leader_id = None  # an election: the forwarder finds no leader within its budget
+        sent = await n.call(Q.SEND_MESSAGE_V2, send_v2(0, ""), b"x")
+        assert sent.code == R.SERVICE_NOT_AVAILABLE and "NO_LEADER" in (sent.remark or "")
+        assert n.broker.sm.queue_offsets(T, 0) == (0, 0)
+
+    run(tmp_path, body)
+
+
+def test_a_guarded_follower_refuses_a_send_it_cannot_forward(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        n.node.role = Role.FOLLOWER
+        sent = await n.call(Q.SEND_MESSAGE_V2, send_v2(0, ""), b"x", (PUB_KEY, PUB_SECRET))
+        assert sent.code == R.SERVICE_NOT_AVAILABLE and "NOT_LEADER" in (sent.remark or "")
+
+    run(tmp_path, body, guard_on=True)
