@@ -52,6 +52,7 @@ class Node:
     server: RemotingServer
     client: RemotingClient
     node: Any
+    service: RemotingBrokerService
     opaque: int = 0
 
     async def call(
@@ -99,7 +100,7 @@ async def _start(tmp_path: Path, guard_on: bool) -> Node:
     server = RemotingServer(service.handle)
     port = await server.start("127.0.0.1", 0)
     client = await RemotingClient.connect("127.0.0.1", port)
-    return Node(broker, server, client, node)
+    return Node(broker, server, client, node, service)
 
 
 def run(tmp_path: Path, body: Callable[[Node], Awaitable[None]], guard_on: bool = False) -> None:
@@ -551,3 +552,21 @@ def test_a_guarded_follower_refuses_a_send_it_cannot_forward(tmp_path: Path) -> 
         assert sent.code == R.SERVICE_NOT_AVAILABLE and "NOT_LEADER" in (sent.remark or "")
 
     run(tmp_path, body, guard_on=True)
+
+
+def test_kept_subscriptions_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.frontends.remoting import service
+
+    monkeypatch.setattr(service, "MAX_KEPT_SUBSCRIPTIONS", 2)
+
+    async def body(n: Node) -> None:
+        for i in range(5):
+            subs = [{"topic": T, "subString": "A"}, {"topic": f"T{i}", "subString": "*"}]
+            group = {"groupName": f"G{i}", "subscriptionDataSet": subs}
+            beat = {"clientID": "c", "consumerDataSet": [group]}
+            ok = await n.call(Q.HEART_BEAT, None, json.dumps(beat).encode())
+            assert ok.code == R.SUCCESS, ok.remark
+        kept = n.service._subscriptions
+        assert len(kept) <= 2 and kept[("G4", T)] == "A"
+
+    run(tmp_path, body)

@@ -73,6 +73,9 @@ MAX_PULL_BODY_BYTES = 12 << 20
 TRANSACTION_NOT_TYPE = 0
 TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
+# (group, topic) subscriptions kept from heartbeats (for pulls that carry none): about 200
+# bytes each; a broker's consumer groups times their topics, far below this.
+MAX_KEPT_SUBSCRIPTIONS = 100_000
 # A heartbeat's consumer in this model reads every queue itself: no retry topic.
 BROADCASTING = "BROADCASTING"
 # The subscription expression types a 4.x consumer may send: raftmq filters by tag only.
@@ -166,8 +169,8 @@ class RemotingBrokerService:
         self.guard: AuthGuard | None = broker.guard
         self.store_host = host_bytes(store_addr)
         # The latest subscription of each (group, topic) a heartbeat named: a pull without its
-        # own (PullSysFlag without 0x4) filters by it. Bounded by the consumer registry's
-        # groups and the subscriptions of a heartbeat; pruned when its group has no consumer.
+        # own (PullSysFlag without 0x4) filters by it. At most MAX_KEPT_SUBSCRIPTIONS; pruned
+        # when its group has no consumer left.
         self._subscriptions: dict[tuple[str, str], str] = {}
         self._routes: dict[int, tuple[_Wants | None, _Handler]] = {
             RequestCode.SEND_MESSAGE: (_send_wants, self._send),
@@ -503,15 +506,19 @@ class RemotingBrokerService:
                 for s in subs
             ]
             self.broker.consumers.heartbeat(group, client_id, pairs, [], owner)
-            for topic, expression in pairs:
-                self._subscriptions[(group, topic)] = expression
+            self._remember(group, pairs)
             if c.get("messageModel") != BROADCASTING:
                 await self._ensure_retry_topic(group, owner)
-        groups = conn.attrs.setdefault("consumer_groups", set())
-        if len(groups) < MAX_HEARTBEAT_GROUPS:
-            groups.update(F.json_text(c, "groupName", "consumerData") for c in consumers)
-        conn.attrs["client_id"] = client_id
         return _ok(cmd)
+
+    def _remember(self, group: str, pairs: list[tuple[str, str]]) -> None:
+        """The subscriptions a pull without its own filters by. Past
+        :data:`MAX_KEPT_SUBSCRIPTIONS` the table starts again (such a pull then gets every tag
+        until the group's next heartbeat, 30 s: a 4.x consumer filters tags itself too)."""
+        if len(self._subscriptions) + len(pairs) > MAX_KEPT_SUBSCRIPTIONS:
+            self._subscriptions.clear()
+        for topic, expression in pairs:
+            self._subscriptions[(group, topic)] = expression
 
     async def _ensure_retry_topic(self, group: str, owner: tuple[str, bool]) -> None:
         """A clustering consumer's ``%RETRY%{group}`` exists once it heartbeats, as RocketMQ's
