@@ -30,6 +30,7 @@ from remoting_support import (
 from broker.frontends.remoting.sends import encode_batch_message
 from broker.state.names import SCHEDULE_TOPIC
 from dledger.core import Role
+from remoting.client import RemotingClient
 from remoting.codes import RequestCode as Q
 from remoting.codes import ResponseCode as R
 from remoting.protocol import RemotingCommand
@@ -485,5 +486,39 @@ def test_kept_subscriptions_are_bounded(tmp_path: Path, monkeypatch: pytest.Monk
             assert ok.code == R.SUCCESS, ok.remark
         kept = n.service._subscriptions
         assert len(kept) <= 2 and kept[("G4", T)] == "A"
+
+    run(tmp_path, body)
+
+
+def test_a_group_change_is_notified_to_its_other_consumers(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        seen: list[RemotingCommand] = []
+        woken = asyncio.Event()
+
+        async def on_request(cmd: RemotingCommand, conn: Any) -> None:
+            seen.append(cmd)
+            woken.set()
+
+        first = await RemotingClient.connect("127.0.0.1", n.server.port, handler=on_request)
+        other = Node(n.broker, n.server, first, n.node, n.service)
+
+        def beat(client_id: str) -> bytes:
+            subs = [{"topic": T, "subString": "*"}]
+            group = {"groupName": G, "messageModel": "CLUSTERING", "subscriptionDataSet": subs}
+            return json.dumps({"clientID": client_id, "consumerDataSet": [group]}).encode()
+
+        try:
+            assert (await other.call(Q.HEART_BEAT, None, beat("c1"))).code == R.SUCCESS
+            assert (await n.call(Q.HEART_BEAT, None, beat("c2"))).code == R.SUCCESS
+            await asyncio.wait_for(woken.wait(), TIMEOUT_S)
+            assert seen[0].code == Q.NOTIFY_CONSUMER_IDS_CHANGED and seen[0].is_oneway
+            assert seen[0].ext_fields["consumerGroup"] == G
+            woken.clear()
+            await n.call(Q.HEART_BEAT, None, beat("c2"))  # not new: nobody is told again
+            await n.call(Q.UNREGISTER_CLIENT, {"clientID": "c2", "consumerGroup": G})
+            await asyncio.wait_for(woken.wait(), TIMEOUT_S)
+            assert len(seen) == 2
+        finally:
+            await first.close()
 
     run(tmp_path, body)

@@ -76,6 +76,10 @@ TRANSACTION_ROLLBACK_TYPE = 0xC
 # (group, topic) subscriptions kept from heartbeats (for pulls that carry none): about 200
 # bytes each; a broker's consumer groups times their topics, far below this.
 MAX_KEPT_SUBSCRIPTIONS = 100_000
+# Groups whose consumers are told of a change of members, and connections per group: beyond
+# them a consumer learns of the change at its next rebalance period (20 s for the Java client).
+MAX_NOTIFIED_GROUPS = 10_000
+MAX_NOTIFIED_PER_GROUP = 1024
 # A heartbeat's consumer in this model reads every queue itself: no retry topic.
 BROADCASTING = "BROADCASTING"
 # The subscription expression types a 4.x consumer may send: raftmq filters by tag only.
@@ -172,6 +176,9 @@ class RemotingBrokerService:
         # own (PullSysFlag without 0x4) filters by it. At most MAX_KEPT_SUBSCRIPTIONS; pruned
         # when its group has no consumer left.
         self._subscriptions: dict[tuple[str, str], str] = {}
+        # The connections carrying consumers of each group (for NOTIFY_CONSUMER_IDS_CHANGED);
+        # closed ones are dropped when the group changes.
+        self._members: dict[str, set[RemotingConnection]] = {}
         self._routes: dict[int, tuple[_Wants | None, _Handler]] = {
             RequestCode.SEND_MESSAGE: (_send_wants, self._send),
             RequestCode.SEND_MESSAGE_V2: (_send_wants, self._send),
@@ -507,6 +514,7 @@ class RemotingBrokerService:
             ]
             self.broker.consumers.heartbeat(group, client_id, pairs, [], owner)
             self._remember(group, pairs)
+            self._join(group, conn)
             if c.get("messageModel") != BROADCASTING:
                 await self._ensure_retry_topic(group, owner)
         return _ok(cmd)
@@ -519,6 +527,45 @@ class RemotingBrokerService:
             self._subscriptions.clear()
         for topic, expression in pairs:
             self._subscriptions[(group, topic)] = expression
+
+    def _join(self, group: str, conn: RemotingConnection) -> None:
+        """``conn`` carries a consumer of ``group``: when it is new there, the group's other
+        consumers on this node are told to rebalance now (NOTIFY_CONSUMER_IDS_CHANGED, as
+        RocketMQ's broker does), not at their next period."""
+        members = self._members.get(group)
+        if members is None:
+            if len(self._members) >= MAX_NOTIFIED_GROUPS:
+                return  # the clients' own rebalance period still applies
+            members = self._members[group] = set()
+        members.difference_update([c for c in members if c.closed])
+        if conn in members or len(members) >= MAX_NOTIFIED_PER_GROUP:
+            return
+        members.add(conn)
+        self._notify(group, members - {conn})
+
+    def _leave(self, group: str, conn: RemotingConnection) -> None:
+        members = self._members.get(group)
+        if members is None or conn not in members:
+            return
+        members.discard(conn)
+        members.difference_update([c for c in members if c.closed])
+        if not members:
+            del self._members[group]
+            return
+        self._notify(group, members)
+
+    @staticmethod
+    def _notify(group: str, conns: set[RemotingConnection]) -> None:
+        note = RemotingCommand(
+            code=RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+            opaque=0,
+            ext_fields={"consumerGroup": group},
+        )
+        for other in conns:
+            try:
+                other.oneway(note)
+            except Exception as exc:  # closed meanwhile, or its write buffer is full
+                logger.debug("consumer ids of %s not notified to %s: %s", group, other.peer, exc)
 
     async def _ensure_retry_topic(self, group: str, owner: tuple[str, bool]) -> None:
         """A clustering consumer's ``%RETRY%{group}`` exists once it heartbeats, as RocketMQ's
@@ -540,6 +587,7 @@ class RemotingBrokerService:
         group = F.text(ext, "consumerGroup", "", F.MAX_TEXT_CHARS)
         if group:
             self.broker.consumers.unregister(group, client_id, (caller.user, caller.unbounded))
+            self._leave(group, conn)
             if not self.broker.consumers.clients(group):
                 for key in [k for k in self._subscriptions if k[0] == group]:
                     del self._subscriptions[key]
