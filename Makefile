@@ -7,11 +7,14 @@ STAMP := $(VENV)/.installed
 RMQ5_DIR := build/rmq5
 RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
+ONS_DIR := build/ons
+ONS_STAMP := $(ONS_DIR)/.installed
+ONS_PINS := protos/ons_deps.py $(wildcard protos/ons/*)
 PACKAGES := mqerrors remoting mqrelease mqcli mqsecurity mqmetrics prockit rpckit dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps bench-compare bench-backlog clean
 
-venv: $(STAMP) $(RMQ5_STAMP)
+venv: $(STAMP) $(RMQ5_STAMP) $(ONS_STAMP)
 
 # Reinstalled whenever pyproject.toml changes. Needs only Python 3.11 and the package index.
 $(STAMP): pyproject.toml
@@ -28,6 +31,12 @@ $(STAMP): pyproject.toml
 $(RMQ5_STAMP): $(STAMP) $(RMQ5_PINS)
 	$(PY) protos/rmq5_deps.py --out $(RMQ5_DIR)
 	touch $(RMQ5_STAMP)
+
+# RocketMQ 4.x (docs/REMOTING.md): the pinned npm package ali-ons, a remoting-protocol client the
+# broker's remoting tests drive unmodified, npm ci'd (integrity-checked) into build/ons (ignored).
+$(ONS_STAMP): $(STAMP) $(ONS_PINS)
+	$(PY) protos/ons_deps.py --out $(ONS_DIR)
+	touch $(ONS_STAMP)
 
 # System tools some tests need beyond Python, as command:Debian-package pairs: `iptables` for
 # mqjepsen's network-namespace backend (tests/jepsen/test_netns.py); `chromium` and
@@ -78,7 +87,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 typecheck: $(STAMP)
-	$(PY) -m mypy $(PACKAGES) protos/generate.py protos/rmq5_deps.py setup.py
+	$(PY) -m mypy $(PACKAGES) protos/generate.py protos/rmq5_deps.py protos/ons_deps.py setup.py
 
 # make test's steps before pytest, run side by side (the sub-make's -j): apt-get (system-deps,
 # about 2 minutes on a fresh CI box) waits on the network and dpkg while pip, npm and the checks

@@ -29,15 +29,17 @@ from prockit.processes import serve_until_signalled
 
 
 async def _serve(process: Process) -> None:
-    node, registrar, v2_port = process.node, process.registrar, process.v2_port
+    node, registrar = process.node, process.registrar
     exporter, scrubber = process.exporter, process.scrubber
-    if v2_port is not None:
-        v2_port.bind()
+    # The front ends beside the node's own ports: RocketMQ 5 and RocketMQ 4.x's remoting.
+    ports = [p for p in (process.v2_port, process.remoting_port) if p is not None]
+    for port in ports:
+        port.bind()
     if exporter is not None:
         exporter.bind(asyncio.get_running_loop())
     await node.start()
-    if v2_port is not None:
-        await v2_port.start()
+    for port in ports:
+        await port.start()
     if exporter is not None:
         exporter.start()
     scrubber.start()
@@ -55,8 +57,8 @@ async def _serve(process: Process) -> None:
             await registrar.stop()  # unregister first: routes drop this node at once
         if exporter is not None:
             await exporter.stop()
-        if v2_port is not None:
-            await v2_port.stop()
+        for port in ports:
+            await port.stop()
         await scrubber.stop()
         await node.stop()
         process.broker.sm.close()  # the node applies nothing after stop(): final snapshot

@@ -8,7 +8,8 @@ Two functions build a node's broker (docs/ARCHITECTURE.md, "The composition root
   after it was built.
 - :func:`build` builds the whole process from ``broker.conf``: the state machine, the call
   guard, the DLedger node, then :func:`assemble` over that node, then what serves beside it
-  (the RocketMQ 5 port, ``/metrics``, the NameServer registration, the scrubber).
+  (the RocketMQ 5 port, the RocketMQ 4.x remoting port, ``/metrics``, the NameServer
+  registration, the scrubber).
   ``broker.__main__`` starts and stops what it returns.
 
 This is the one broker module that names ``dledger.server.node.DLedgerNode``; every other one
@@ -185,6 +186,7 @@ class Process:
     node: RaftNode
     broker: Broker
     v2_port: Port | None
+    remoting_port: Port | None
     exporter: BrokerExporter | None
     registrar: BrokerRegistrar | None
     scrubber: Scrubber
@@ -248,7 +250,8 @@ def build(cfg: BrokerConfig) -> Process:
     # The live keys read outside the service (disk marks, scrub rates, dedup window), pushed to
     # their components whenever the group's override table changes, from now on.
     sm.set_config_hook(LiveSettings(cfg, sm, node, disk_guard, scrubber).apply)
-    return Process(node, broker, v2_port(cfg, broker), exporter, registrar, scrubber)
+    ports = v2_port(cfg, broker), remoting_port(cfg, broker)
+    return Process(node, broker, *ports, exporter, registrar, scrubber)
 
 
 class _LateBroker:
@@ -331,6 +334,24 @@ def v2_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
     )
     host = cfg.bind_host
     return V2Port(broker, v2cfg, f"[{host}]" if ":" in host else host, cfg.namesrv_addrs, security)
+
+
+def remoting_port(cfg: BrokerConfig, broker: Broker) -> Port | None:
+    """RocketMQ 4.x's remoting front end over the same components (docs/REMOTING.md), when
+    ``remotingListenPort`` is set: TLS with the node's certificate when ``tlsEnable`` is on
+    (RocketMQ's ``tls.enable``); forwards travel as the node's own calls do."""
+    if not cfg.remotingListenPort:
+        return None
+    from broker.frontends.remoting.port import RemotingPort
+
+    return RemotingPort(
+        broker,
+        cfg.bind_host,
+        cfg.remotingListenPort,
+        broker.cfg.store_host,
+        cfg.tls_files if cfg.tlsEnable else None,
+        cfg.client_security,
+    )
 
 
 class LazyLog:

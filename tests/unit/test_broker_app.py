@@ -52,6 +52,7 @@ def test_a_full_process_is_built_once_over_one_set_of_components(tmp_path: Path)
         _conf(
             tmp_path,
             "metricsPort=5557\ngrpcServerPort=8081\nnamesrvAddr=127.0.0.1:9876\n"
+            "remotingListenPort=10912\n"
             f"authenticationEnabled=true\nauthorizationEnabled=true\naclEncryptionKeyPath={key}\n",
         )
     )
@@ -84,6 +85,12 @@ def test_a_full_process_is_built_once_over_one_set_of_components(tmp_path: Path)
     assert ops.node is broker.node and ops.sender is broker.sender
     assert ops.pops is broker.pops and ops.txns is broker.txns
     assert ops.subgroups is broker.subgroups and v2.servicer.subgroups is broker.subgroups  # type: ignore[attr-defined]
+    # The RocketMQ 4.x remoting port over the same components, behind the same guard.
+    remoting = process.remoting_port
+    assert remoting is not None and remoting.port == 10912  # type: ignore[attr-defined]
+    service = remoting.service  # type: ignore[attr-defined]
+    assert service.broker is broker and service.guard is guard
+    assert remoting.forwarder.ops is ops and service.forwarder is remoting.forwarder  # type: ignore[attr-defined]
     # The v1 servicer and the forwards' service run the same leader operations.
     assert broker.servicer.leader_ops is ops and broker.leader_service.ops is ops
     assert v2.servicer.topics is broker.topics  # type: ignore[attr-defined]
@@ -98,6 +105,7 @@ def test_what_is_not_configured_is_not_built(tmp_path: Path) -> None:
     broker = process.broker
     _shares_components(broker)
     assert process.exporter is None and process.v2_port is None and process.registrar is None
+    assert process.remoting_port is None
     assert broker.stats is None and broker.sender.stats is None and broker.puller.stats is None
     assert process.node.raft_stats is None  # type: ignore[attr-defined]
     assert broker.guard is None and process.node.call_guard is None  # type: ignore[attr-defined]

@@ -72,3 +72,26 @@ def test_the_rmq5_lockfile_pins_the_client_and_a_swapped_one_is_refused(tmp_path
     swapped.write_text(lock.read_text().replace(deps.NODE_INTEGRITY, "sha512-AAAA"))
     with pytest.raises(deps.SetupError, match="integrity"):
         deps.check_lockfile(swapped)
+
+
+def _ons_deps() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ons_deps", ROOT / "protos" / "ons_deps.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ons_lockfile_pins_ali_ons_and_a_swapped_one_is_refused(tmp_path: Path) -> None:
+    """protos/ons_deps.py checks the lockfile's ali-ons (the 4.x client the remoting tests
+    drive) against the version and registry integrity it records before npm ci runs."""
+    deps = _ons_deps()
+    lock = ROOT / "protos" / "ons" / "package-lock.json"
+    deps.check_lockfile(lock)  # the committed one passes
+    swaps = ((deps.INTEGRITY, "sha512-AAAA"), ('"version": "3.12.0"', '"version": "3.12.1"'))
+    for old, new in swaps:
+        swapped = tmp_path / "package-lock.json"
+        swapped.write_text(lock.read_text().replace(old, new))
+        with pytest.raises(deps.SetupError, match=r"must be 3\.12\.0"):
+            deps.check_lockfile(swapped)
