@@ -320,7 +320,11 @@ class Simulation:
         self._armed_crash_voter = False
         self._armed_member: FaultEvent | None = None  # asked of the next leader
         self._live = False
-        # Checker state.
+        self._init_checker()
+        self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
+
+    def _init_checker(self) -> None:
+        """The checker's state: the committed history, leaders, votes, commits, acks."""
         self._history: list[tuple[int, int, bytes]] = [(0, 0, b"")]  # committed, index 0 dummy
         self._history_hash: list[int] = [0]  # prefix hashes of the committed history
         self._prefix: dict[tuple[int, int], int] = {}  # (index, term) -> prefix hash
@@ -339,7 +343,6 @@ class Simulation:
         # delivered to that leader in that term (the raise_without_reports check).
         self._reports: dict[tuple[str, int], dict[str, int]] = {}
         self.raises = 0  # feature level raises the leaders accepted
-        self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
 
     def _schedule(self) -> list[FaultEvent]:
         """The seed's fault schedule: each kind from its own PRNG, so adding one kind leaves
