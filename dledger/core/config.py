@@ -26,8 +26,9 @@ MAX_INFLIGHT_APPENDS_LIMIT = 4096
 # append to carry its commit index instead. At one send in flight the client's next send
 # follows the ack by a client round trip; when it comes later than the linger, the notice
 # goes out and costs the leader a stream write and the follower a read and a Ready (each
-# ~0.1-0.3 ms of CPU). 2 ms let 0.8 notices per message out on a loaded machine (sends
-# 5 ms apart); 10 ms lets ~0.03 out (docs/PERFORMANCE.md "Commit notices at one in flight").
+# ~0.1-0.3 ms of CPU). With 2 ms, 0.8 notices per message (both followers together) went
+# out on a loaded machine (sends 5 ms apart); with 10 ms ~0.06 (docs/PERFORMANCE.md "Commit
+# notices at one in flight").
 # It is also the longest a follower's apply lags the leader's commit when no append follows
 # (the end of a burst; tick() releases them too). The readers a follower serves are mostly
 # those its leader sent there because they read far behind the tip (slaveReadEnable); a long
