@@ -271,7 +271,11 @@ def add_servicer(
         guarded = {
             m: guard_handler(h, f"/{service}/{m}", parsers.get(m)) for m, h in handlers.items()
         }
+        # Generic dispatch only (a dict look-up by method name per call). Registered methods
+        # make grpc.aio's server keep one pending request task per method of the port and
+        # run asyncio.wait over all of them for every call it accepts (about 57 on a broker's
+        # client port: ~57 callbacks added and removed per call, ~5 % of a leader's event
+        # loop at one send in flight; docs/PERFORMANCE.md "Commit notices at one in flight").
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
-        server.add_registered_method_handlers(service, guarded)
         names.append(service)
     return names

@@ -23,11 +23,17 @@ MAX_READY_COMMITTED_BYTES = 16 << 20
 MAX_INFLIGHT_APPENDS_LIMIT = 4096
 
 # How long a held commit notice waits (in the driver's clock: the core has none) for the next
-# append to carry its commit index instead: under load the client's next proposal follows the
-# ack within a round trip, so most notices are never sent (each peer message costs ~0.1-0.3 ms
-# of CPU on both sides). A follower learns a commit at most this much later when no append
-# follows (the end of a burst); 5 ms saved no more CPU than 2 (docs/PERFORMANCE.md).
-COMMIT_NOTICE_LINGER_MS = 2
+# append to carry its commit index instead. At one send in flight the client's next send
+# follows the ack by a client round trip; when it comes later than the linger, the notice
+# goes out and costs the leader a stream write and the follower a read and a Ready (each
+# ~0.1-0.3 ms of CPU). With 2 ms, 0.8 notices per message (both followers together) went
+# out on a loaded machine (sends 5 ms apart); with 10 ms ~0.06 (docs/PERFORMANCE.md "Commit
+# notices at one in flight").
+# It is also the longest a follower's apply lags the leader's commit when no append follows
+# (the end of a burst; tick() releases them too). The readers a follower serves are mostly
+# those its leader sent there because they read far behind the tip (slaveReadEnable); a long
+# poll held on a follower answers at most this much (plus a round trip) after the send's ack.
+COMMIT_NOTICE_LINGER_MS = 10
 
 # Terms and indexes travel as uint64 but are Python ints in the core and i64 in some stores and
 # tools: every term and index a peer sends must be <= MAX_TERM / MAX_INDEX (2^63 - 1), and this

@@ -20,6 +20,7 @@ the follower's driver installs a Ready's ``snapshot`` in its persist job, before
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import heapq
@@ -319,20 +320,29 @@ class Simulation:
         self._armed_crash_voter = False
         self._armed_member: FaultEvent | None = None  # asked of the next leader
         self._live = False
-        # Checker state.
+        self._init_checker()
+        self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
+
+    def _init_checker(self) -> None:
+        """The checker's state: the committed history, leaders, votes, commits, acks."""
         self._history: list[tuple[int, int, bytes]] = [(0, 0, b"")]  # committed, index 0 dummy
         self._history_hash: list[int] = [0]  # prefix hashes of the committed history
         self._prefix: dict[tuple[int, int], int] = {}  # (index, term) -> prefix hash
         self._leaders: dict[int, str] = {}  # term -> leader id
         self._votes: dict[tuple[str, int], str] = {}  # (voter, term) -> candidate
         self._commit_marks: dict[int, tuple[int, int]] = {}  # term -> (index, prefix hash)
+        # Each advance of the group's highest commit index, with the voters of the leader
+        # that made it: the configuration that committed an entry is the first one here at
+        # or above its index. Not the committing leader's configuration when the entry is
+        # applied: a change appended between the commit and the apply is not what counted.
+        self._commit_at: list[int] = []
+        self._commit_voters: list[frozenset[str]] = []
         self._acked: dict[int, tuple[int, bytes]] = {}
         self._next_body = 0
         # (leader, term) -> member -> the supported feature level of its last append answer
         # delivered to that leader in that term (the raise_without_reports check).
         self._reports: dict[tuple[str, int], dict[str, int]] = {}
         self.raises = 0  # feature level raises the leaders accepted
-        self.nodes = {nid: _Node(nid, MemLog(self._make_hook(nid))) for nid in self.ids}
 
     def _schedule(self) -> list[FaultEvent]:
         """The seed's fault schedule: each kind from its own PRNG, so adding one kind leaves
@@ -751,6 +761,9 @@ class Simulation:
             if commit > 0 and (mark is None or mark[0] < commit):
                 h = log.prefix_hash(commit)
                 self._commit_marks[term] = (commit, h)
+                if not self._commit_at or commit > self._commit_at[-1]:
+                    self._commit_at.append(commit)
+                    self._commit_voters.append(core.conf_state.voters)
                 self._check_electable_hold(
                     commit,
                     h,
@@ -882,8 +895,14 @@ class Simulation:
                 assert node.core is not None
                 # The configuration that committed it: every acknowledged entry below it is
                 # durable on a majority of its voters (log matching).
-                self._final_voters = node.core.conf_state.voters
+                self._final_voters = self._voters_that_committed(e.index)
                 self._note(f"live index={e.index}")
+
+    def _voters_that_committed(self, index: int) -> frozenset[str]:
+        """The voters of the leader whose commit first reached ``index``."""
+        at = bisect.bisect_left(self._commit_at, index)
+        assert at < len(self._commit_at), f"{index} applied, never seen committed"
+        return self._commit_voters[at]
 
     def _leader(self) -> _Node | None:
         best: _Node | None = None

@@ -92,6 +92,16 @@ def test_seven_node_groups() -> None:
     assert summary.violations == 0, summary.first_failure
 
 
+def test_a_change_appended_after_a_commit_is_not_the_config_that_committed_it() -> None:
+    """Seed 466 of 5 nodes: the leader commits index 93 with n3 and n4, then (before it
+    applies 93) appends the removal of n4. Checked against the leader's configuration at the
+    apply, 93 was "durable on 2 nodes only" (n4 no longer counted); the voters that committed
+    it were the ones before the removal, a majority of which holds it."""
+    outcome = run_seed(466, 5, trace=True)
+    assert outcome.violation is None, outcome.violation
+    assert any("fault t=1014ms member remove n4" in line for line in outcome.trace)
+
+
 @pytest.mark.parametrize(("seed", "nodes"), [(3, 3), (11, 5)])
 def test_same_seed_same_run(seed: int, nodes: int) -> None:
     a = run_seed(seed, nodes, trace=True)

@@ -31,7 +31,6 @@ LONG_TODAY: dict[str, int] = {
     "bench/peers.py:_run_load": 73,
     "bench/store.py:bench_sync_event_loop": 78,
     "dledger/server/metrics.py:raft_families": 90,
-    "dledger/sim/sim.py:Simulation.__init__": 71,
     "jepsen_like/__main__.py:_cmd_run": 73,
     "jepsen_like/checker.py:check_order": 83,
     "jepsen_like/report.py:plot": 73,
