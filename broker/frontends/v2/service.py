@@ -35,7 +35,6 @@ from broker.components.leaderops import (
     EndTransactionRequest,
     ReceiveRequest,
     RenewRequest,
-    SendRequest,
 )
 from broker.components.pop import Received
 from broker.components.pulling import MAX_SUBSCRIPTION_CHARS
@@ -67,6 +66,7 @@ from broker.frontends.v2.interceptor import (
 )
 from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.frontends.v2.routes import GroupTopic, NameServerRoutes
+from broker.frontends.v2.sendbatch import SendBatcher
 from broker.frontends.v2.txn import ProducerStreams, merged
 from broker.state.errors import BrokerError, TopicNotFoundError
 from broker.state.names import is_valid_group_name, is_valid_topic_name
@@ -278,6 +278,8 @@ class MessagingServicer:
         self.routes = routes
         self.clients = ClientTable(max_per_user=cfg.clients_per_user)
         self.producers = ProducerStreams(applied, f"{cfg.host}:{cfg.port}")
+        # Concurrent sends of one user to one topic share a leader call and a log entry.
+        self.sends = SendBatcher(forwarder.call)
         policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
         self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()
@@ -528,7 +530,7 @@ class MessagingServicer:
             messages = tuple(
                 _stored_message(m, name, kind, queue_id, group) for m in request.messages
             )
-            stored = await self.forwarder.call(SendRequest(name, messages), _origin())
+            stored = await self.sends.send(name, messages, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             entries = [v2_service.SendResultEntry(status=st) for _ in range(n)]
