@@ -28,7 +28,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.components.applied import AppliedMessages
 from broker.components.leaderops import (
-    AckRequest,
     ChangeInvisibleRequest,
     CreateGroupRequest,
     DeadLetterRequest,
@@ -48,6 +47,7 @@ from broker.frontends.internal.forwarder import Failure, Forwarder, Origin
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
+from broker.frontends.v2.coalesce import Coalescers
 from broker.frontends.v2.codes import v2_code_name
 from broker.frontends.v2.consuming import (
     PROPERTY_MESSAGE_GROUP,
@@ -66,7 +66,6 @@ from broker.frontends.v2.interceptor import (
 )
 from broker.frontends.v2.renewals import DEFAULT_MAX_MS, DEFAULT_SLICE_MS, Renewals, RenewPolicy
 from broker.frontends.v2.routes import GroupTopic, NameServerRoutes
-from broker.frontends.v2.sendbatch import SendBatcher
 from broker.frontends.v2.txn import ProducerStreams, merged
 from broker.state.errors import BrokerError, TopicNotFoundError
 from broker.state.names import is_valid_group_name, is_valid_topic_name
@@ -278,8 +277,8 @@ class MessagingServicer:
         self.routes = routes
         self.clients = ClientTable(max_per_user=cfg.clients_per_user)
         self.producers = ProducerStreams(applied, f"{cfg.host}:{cfg.port}")
-        # Concurrent sends of one user to one topic share a leader call and a log entry.
-        self.sends = SendBatcher(forwarder.call)
+        # Concurrent sends (acks) of one user to one topic share a leader call and an entry.
+        self.coalesce = Coalescers(forwarder.call)
         policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
         self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()
@@ -530,7 +529,7 @@ class MessagingServicer:
             messages = tuple(
                 _stored_message(m, name, kind, queue_id, group) for m in request.messages
             )
-            stored = await self.sends.send(name, messages, _origin())
+            stored = await self.coalesce.send(name, messages, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             entries = [v2_service.SendResultEntry(status=st) for _ in range(n)]
@@ -662,8 +661,8 @@ class MessagingServicer:
                 raise V2Error("BAD_REQUEST", f"{len(entries)} entries; 1 to {MAX_ACK_ENTRIES}")
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
-            ack = AckRequest(group, topic, tuple(e.receipt_handle for e in entries))
-            codes = await self.forwarder.call(ack, _origin())
+            handles = tuple(e.receipt_handle for e in entries)
+            codes = await self.coalesce.ack(group, topic, handles, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             return v2_service.AckMessageResponse(status=st, entries=_ack_entries(entries, st))
