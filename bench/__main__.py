@@ -24,7 +24,11 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - the v2 producer (issue #19): the official RocketMQ 5 Python client's ``Producer.send`` over
   the v2 port (``grpcServerPort``) of the SYNC_FLUSH group, 1 KiB, 1 and 16 sends in flight,
   beside the raftmq client's cases of that group (``bench/v2_producer.py``, run in the
-  client's own venv ``build/rmq5/pyclient``, made by ``make venv``).
+  client's own venv ``build/rmq5/pyclient``, made by ``make venv``), with each group's CPU per
+  message;
+- the v2 receive path (issue #36): one backlog drained by the raftmq PushConsumer and by the
+  official client's SimpleConsumer and PushConsumer (``bench/v2_consumer.py``), each with the
+  leader's CPU per message.
 
 Every group is secure, as ``mqcluster up`` makes it (every call over TLS, signed by the admin
 user); ``--insecure`` runs them all plaintext. Writes ``bench/results/<UTC timestamp>.json``,
