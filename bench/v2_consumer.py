@@ -9,9 +9,10 @@ as ``bench/v2_producer.py`` is (it imports nothing of raftmq). Two modes:
 - ``push``: a ``PushConsumer`` whose listener answers ``SUCCESS`` (the client acks it), until
   ``COUNT`` messages were consumed.
 
-The clock starts when the consumer's ``startup`` returned (its route, settings and, for push,
-its assignment asked) and stops at the ``COUNT``-th ack or consumption, or at ``SECONDS``.
-Prints one JSON object: messages done, failed receives/acks, the seconds measured.
+The seconds measured run from the first message done (acked, consumed) to the ``COUNT``-th
+(or the last one done when ``SECONDS`` ran out first): the drain, without the client's start-up
+(its route, settings and, for push, its assignment). Prints one JSON object: messages done,
+failed receives/acks, the seconds measured.
 
 Security from the environment as ``bench/v2_producer.py`` takes it (``RMQ5_TLS``,
 ``RMQ5_ACCESS_KEY`` / ``RMQ5_SECRET_KEY``).
@@ -58,17 +59,28 @@ def _config(endpoints: str) -> tuple[ClientConfiguration, bool]:
 
 
 class _Counter:
+    """Messages done, failures, and when the first and the ``count``-th were done."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = 0
         self.failed = 0
+        self.first = self.last = 0.0
         self.reached = threading.Event()
 
     def add(self, n: int, count: int) -> None:
         with self.lock:
+            now = time.monotonic()
+            if not self.done:
+                self.first = now
             self.done += n
+            self.last = now
             if self.done >= count:
                 self.reached.set()
+
+    def result(self) -> dict[str, Any]:
+        with self.lock:
+            return {"done": self.done, "failed": self.failed, "seconds": self.last - self.first}
 
     def fail(self) -> None:
         with self.lock:
@@ -84,8 +96,7 @@ def simple(
     )
     consumer.startup()
     counter = _Counter()
-    t0 = time.monotonic()
-    stop_at = t0 + seconds
+    stop_at = time.monotonic() + seconds
 
     def loop() -> None:
         while not counter.reached.is_set() and time.monotonic() < stop_at:
@@ -107,9 +118,8 @@ def simple(
         w.start()
     for w in workers:
         w.join()
-    elapsed = time.monotonic() - t0
     consumer.shutdown()
-    return {"done": counter.done, "failed": counter.failed, "seconds": elapsed}
+    return counter.result()
 
 
 class _Listener(MessageListener):  # type: ignore[misc]  # the client ships no types
@@ -129,12 +139,9 @@ def push(endpoints: str, topic: str, group: str, count: int, seconds: float) -> 
         config, group, _Listener(counter, count), {topic: FilterExpression()}, tls_enable=tls
     )
     consumer.startup()
-    t0 = time.monotonic()
     counter.reached.wait(seconds)
-    elapsed = time.monotonic() - t0
     consumer.shutdown()
-    with counter.lock:
-        return {"done": counter.done, "failed": counter.failed, "seconds": elapsed}
+    return counter.result()
 
 
 def main() -> int:

@@ -19,6 +19,16 @@ from broker.state.machine import SendResult
 from broker.state.transactions import PROPERTY_TRANSACTION_PREPARED
 
 TOPIC = "T"
+
+
+@pytest.fixture(autouse=True)
+def one_call_per_lane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One leader call per lane: the rules below shown on the simplest queue (the test of
+    two calls in flight keeps the module's own figure)."""
+    if "two_calls" not in request.node.name:
+        monkeypatch.setattr(coalesce, "MAX_LANE_CALLS", 1)
+
+
 ALICE = Origin("alice", False, (("authorization", "a"),))
 BOB = Origin("bob", False, (("authorization", "b"),))
 TOO_BIG = b"x" * 9
@@ -282,5 +292,20 @@ def test_a_failed_ack_batch_is_every_calls_answer() -> None:
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, Failure) for r in results)
         assert [c[0] for c in leader.calls] == [("h1",), ("h2", "h3")]
+
+    asyncio.run(run())
+
+
+def test_two_calls_go_at_once_and_the_rest_queue_behind_them() -> None:
+    async def run() -> None:
+        leader = FakeLeader()
+        b = Coalescers(leader.call)
+        tasks = await _queued(b, leader, [(_msgs(f"m{i}"), ALICE) for i in range(5)])
+        assert [c[0] for c in leader.calls] == [("m0",), ("m1",)]  # two out, three queued
+        leader.gate.set()
+        results = await asyncio.gather(*tasks)
+        assert [_ids(r) for r in results] == [[f"m{i}"] for i in range(5)]
+        assert [c[0] for c in leader.calls] == [("m0",), ("m1",), ("m2", "m3", "m4")]
+        assert not b.sends._lanes and not b.sends._pumps
 
     asyncio.run(run())
