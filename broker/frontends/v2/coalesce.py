@@ -6,11 +6,11 @@ once, each a leader operation, a forward when the call came to a follower, and a
 one message; a push consumer's twenty consumption threads make twenty ``AckMessage`` calls, each
 a replicated ack record. The raftmq client coalesces on its side (``client.producer``); this
 does the same on the server's, for every client of the v2 port. Per lane (what the calls name:
-a send's topic, an ack's group and topic; and the user, Super user or not), at most one leader
-call is in flight: a call that finds its lane idle goes at once, on its own (no wait at one call
-in flight); calls that arrive while one is in flight queue and leave together in the next one,
-up to ``max_items`` items (messages, receipt handles) and ``max_bytes`` of bodies. Each call
-gets its own results, in its own order.
+a send's topic, an ack's group and topic; and the user, Super user or not), at most
+:data:`MAX_LANE_CALLS` leader calls are in flight: a call that finds a free place goes at once,
+on its own (no wait at one call in flight); calls that arrive while every place is taken queue
+and leave together in the next one, up to ``max_items`` items (messages, receipt handles) and
+``max_bytes`` of bodies. Each call gets its own results, in its own order.
 
 What each call would have had alone is kept:
 
