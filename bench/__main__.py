@@ -24,7 +24,11 @@ drives it over gRPC with load-generator processes using the real client, and mea
 - the v2 producer (issue #19): the official RocketMQ 5 Python client's ``Producer.send`` over
   the v2 port (``grpcServerPort``) of the SYNC_FLUSH group, 1 KiB, 1 and 16 sends in flight,
   beside the raftmq client's cases of that group (``bench/v2_producer.py``, run in the
-  client's own venv ``build/rmq5/pyclient``, made by ``make venv``).
+  client's own venv ``build/rmq5/pyclient``, made by ``make venv``), with each group's CPU per
+  message;
+- the v2 receive path (issue #36): one backlog drained by the raftmq PushConsumer and by the
+  official client's SimpleConsumer and PushConsumer (``bench/v2_consumer.py``), each with the
+  leader's CPU per message.
 
 Every group is secure, as ``mqcluster up`` makes it (every call over TLS, signed by the admin
 user); ``--insecure`` runs them all plaintext. Writes ``bench/results/<UTC timestamp>.json``,
@@ -143,6 +147,16 @@ V2_IN_FLIGHT = (1, 16)
 V2_FLUSH = "SYNC_FLUSH"
 # The client's start-up (route, settings handshake) before its warm-up; part of the timeout.
 V2_STARTUP_S = 20.0
+# The v2 receive cases (issue #36): a backlog of this many 1 KiB messages in one topic, drained
+# by each consumer in turn with a group of its own (a new group starts at the first message):
+# the raftmq PushConsumer, then the official client's SimpleConsumer (receive + ack, this many
+# threads) and PushConsumer. Each case is given at most V2_RECEIVE_MAX_S.
+V2_RECEIVE_SCRIPT = Path(__file__).resolve().parent / "v2_consumer.py"
+V2_RECEIVE_TOPIC = "BenchV2Receive"
+V2_RECEIVE_MESSAGES = 20_000
+SMOKE_V2_RECEIVE_MESSAGES = 512
+V2_RECEIVE_THREADS = 4
+V2_RECEIVE_MAX_S = 120.0
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -269,6 +283,8 @@ def v2_producer_case(cluster: LocalCluster, in_flight: int, seconds: float) -> d
     home.mkdir(exist_ok=True)
     addr = cluster.node(cluster.wait_leader()).grpc_addr
     argv = [str(OFFICIAL_PYTHON), str(V2_SCRIPT), addr, TOPIC, str(V2_SIZE), str(in_flight)]
+    pids = {n.node_id: cluster.pid(n) for n in cluster.nodes}
+    cpu0 = {k: cpu_s(p) for k, p in pids.items()}
     proc = subprocess.run(
         [*argv, str(seconds)],
         capture_output=True,
@@ -279,9 +295,13 @@ def v2_producer_case(cluster: LocalCluster, in_flight: int, seconds: float) -> d
     )
     if proc.returncode != 0:
         raise RuntimeError(f"v2 producer failed ({proc.returncode}): {proc.stderr[-500:]}")
+    cpu1 = {k: cpu_s(p) for k, p in pids.items()}
     out = json.loads(proc.stdout)
     sent = int(out["sent"])
     lat_ms = [us / 1000 for us in out["latencies_us"]]
+    # The client's start-up and warm-up fall in the window, as produce_case's load processes'
+    # do: per measured message, both a little above the steady cost.
+    cpu_per_m = {k: (cpu1[k] - cpu0[k]) / sent * 1e6 if sent else 0.0 for k in sorted(pids)}
     return {
         "client": V2_CLIENT,
         "flush": V2_FLUSH,
@@ -295,7 +315,104 @@ def v2_producer_case(cluster: LocalCluster, in_flight: int, seconds: float) -> d
         "p50_ms": pct(lat_ms, 0.50),
         "p99_ms": pct(lat_ms, 0.99),
         "p999_ms": pct(lat_ms, 0.999),
+        "cpu_s_per_million_msgs": cpu_per_m,
     }
+
+
+def _receive_figures(client: str, done: int, failed: int, seconds: float) -> dict[str, Any]:
+    return {
+        "client": client,
+        "messages": done,
+        "failed": failed,
+        "seconds": seconds,
+        "messages_per_s": done / seconds if seconds > 0 else 0.0,
+    }
+
+
+def _raftmq_receive(cluster: LocalCluster, group: str, count: int) -> dict[str, Any]:
+    """The raftmq PushConsumer of ``group`` consuming ``count`` messages of the receive
+    topic (its listener answering success), timed from the first message consumed to the
+    ``count``-th (the drain, as ``bench/v2_consumer.py`` times the official consumers)."""
+    assert cluster.namesrv is not None
+    done = [0]
+    times = [0.0, 0.0]  # the first and the last message's consumption
+    reached = threading.Event()
+    lock = threading.Lock()
+
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+        with lock:
+            now = time.monotonic()
+            if not done[0]:
+                times[0] = now
+            done[0] += len(msgs)
+            times[1] = now
+            if done[0] >= count:
+                reached.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    security = cluster.client_security()
+    consumer = PushConsumer(group, cluster.namesrv.addr, consume_batch_size=32, security=security)
+    consumer.subscribe(V2_RECEIVE_TOPIC, "*")
+    consumer.register_listener(listener)
+    consumer.start()
+    try:
+        reached.wait(V2_RECEIVE_MAX_S)
+    finally:
+        consumer.shutdown()
+    with lock:
+        return _receive_figures("raftmq PushConsumer", done[0], 0, times[1] - times[0])
+
+
+def _official_receive(cluster: LocalCluster, group: str, mode: str, count: int) -> dict[str, Any]:
+    """The official client's ``mode`` consumer (``bench/v2_consumer.py``) of ``group``
+    draining ``count`` messages of the receive topic through the leader's v2 port."""
+    home = cluster.base / "v2-home"
+    home.mkdir(exist_ok=True)
+    addr = cluster.node(cluster.wait_leader()).grpc_addr
+    argv = [str(OFFICIAL_PYTHON), str(V2_RECEIVE_SCRIPT), addr, V2_RECEIVE_TOPIC, group, mode]
+    proc = subprocess.run(
+        [*argv, str(count), str(V2_RECEIVE_THREADS), str(V2_RECEIVE_MAX_S)],
+        capture_output=True,
+        text=True,
+        timeout=V2_RECEIVE_MAX_S + V2_STARTUP_S + LOADGEN_GRACE_S,
+        env=cluster.official_client_env(home),
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"v2 consumer failed ({proc.returncode}): {proc.stderr[-500:]}")
+    out = json.loads(proc.stdout)
+    name = f"{V2_CLIENT} {'SimpleConsumer' if mode == 'simple' else 'PushConsumer'}"
+    return _receive_figures(name, int(out["done"]), int(out["failed"]), float(out["seconds"]))
+
+
+def v2_receive_cases(cluster: LocalCluster, smoke: bool) -> dict[str, Any]:
+    """A backlog of 1 KiB messages drained by the raftmq PushConsumer, then by the official
+    client's SimpleConsumer and PushConsumer (each with a group of its own), with the
+    leader's CPU per message of each. Skipped (with the reason) without the client's venv."""
+    if not OFFICIAL_PYTHON.exists():
+        return {"skipped": f"{OFFICIAL_PYTHON} missing: run make venv (protos/rmq5_deps.py)"}
+    count = SMOKE_V2_RECEIVE_MESSAGES if smoke else V2_RECEIVE_MESSAGES
+    stored, _ = fill_topic(cluster, V2_RECEIVE_TOPIC, count)
+    runs: list[tuple[str, Callable[[str], dict[str, Any]]]] = [
+        ("raftmq", lambda g: _raftmq_receive(cluster, g, stored)),
+        ("simple", lambda g: _official_receive(cluster, g, "simple", stored)),
+        ("push", lambda g: _official_receive(cluster, g, "push", stored)),
+    ]
+    cases = []
+    for name, run in runs:
+        pid = cluster.pid(cluster.node(cluster.wait_leader()))
+        cpu0 = cpu_s(pid)
+        case = run(f"bench-v2-receive-{name}")
+        used = cpu_s(pid) - cpu0
+        case["leader_cpu_ms_per_msg"] = used / case["messages"] * 1e3 if case["messages"] else 0.0
+        cases.append(case)
+        print(
+            f"receive ({case['client']}): {case['messages']:,} of {stored:,} in "
+            f"{case['seconds']:.1f} s = {case['messages_per_s']:,.0f} msg/s, leader "
+            f"{case['leader_cpu_ms_per_msg']:.2f} ms CPU per message, failed {case['failed']}",
+            flush=True,
+        )
+    return {"message_bytes": 1024, "backlog": stored, "cases": cases}
 
 
 def e2e_latency(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
@@ -1005,6 +1122,7 @@ def _run_group(
                     )
             if flush == V2_FLUSH:
                 result["produce_v2"] = _v2_cases(cluster, a.seconds)
+                result["receive_v2"] = v2_receive_cases(cluster, a.smoke)
             if flush == "SYNC_FLUSH":
                 _sync_extras(a, cluster, result)
             if a.smoke and flush == REST_FLUSH:  # the at-rest case's code path, small

@@ -457,8 +457,10 @@ def _v2_lines(result: dict[str, Any]) -> list[str]:
         return [*lines, f"- skipped: {skipped[0]}"]
     lines += [
         "| client | flush | size B | in flight | msg/s | p50 ms | p99 ms | failed "
-        "| raftmq client msg/s | p50 ms | p99 ms | v2 / raftmq |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| raftmq client msg/s | p50 ms | p99 ms | v2 / raftmq "
+        "| CPU ms per msg, all nodes: v2 / raftmq |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |",
     ]
     for c in v2:
         ours = next(
@@ -480,7 +482,41 @@ def _v2_lines(result: dict[str, Any]) -> list[str]:
             f"{_fmt(c['messages_per_s'])} | {_fmt(c['p50_ms'])} | {_fmt(c['p99_ms'])} | "
             f"{c['failed']} | {_fmt(ours['messages_per_s'] if ours else None)} | "
             f"{_fmt(ours['p50_ms'] if ours else None)} | {_fmt(ours['p99_ms'] if ours else None)} "
-            f"| {_fmt(ratio)} |"
+            f"| {_fmt(ratio)} | {_cpu_ms(c)} / {_cpu_ms(ours)} |"
+        )
+    return lines
+
+
+def _cpu_ms(case: dict[str, Any] | None) -> str:
+    """A produce case's CPU per message summed over its group's nodes, in ms (``-`` when the
+    case or its figure is missing)."""
+    per_m = (case or {}).get("cpu_s_per_million_msgs")
+    return _fmt(sum(per_m.values()) / 1000) if per_m else "-"
+
+
+def _v2_receive_lines(result: dict[str, Any]) -> list[str]:
+    """The receive cases (issue #36): one backlog drained by each consumer in turn."""
+    rx = result.get("receive_v2")
+    if not rx:
+        return []
+    lines = ["", "## v2 receive (a backlog drained by each consumer, same group, same run)", ""]
+    if "skipped" in rx:
+        return [*lines, f"- skipped: {rx['skipped']}"]
+    cases = rx["cases"]
+    ours = next((c for c in cases if c["client"].startswith("raftmq")), None)
+    base = ours["messages_per_s"] if ours else 0.0
+    lines += [
+        f"{rx['backlog']:,} messages of {rx['message_bytes']} B; each consumer a new group.",
+        "",
+        "| consumer | messages | seconds | msg/s | failed | leader CPU ms per msg | / raftmq |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in cases:
+        ratio = c["messages_per_s"] / base if base else None
+        lines.append(
+            f"| {c['client']} | {c['messages']} | {_fmt(c['seconds'])} | "
+            f"{_fmt(c['messages_per_s'])} | {c['failed']} | "
+            f"{_fmt(c['leader_cpu_ms_per_msg'])} | {_fmt(ratio)} |"
         )
     return lines
 
@@ -518,6 +554,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
             f"{_fmt(c['p99_ms'])} | {_fmt(c['p999_ms'])} | {c['failed']} | {cpu} | {anon or '-'} |"
         )
     lines += _v2_lines(result)
+    lines += _v2_receive_lines(result)
     lines += _peer_lines(result)
     lines += _floor_lines(result)
     lines += _memory_lines(result)

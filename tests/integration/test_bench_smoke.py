@@ -12,7 +12,8 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-SMOKE_TIMEOUT_S = 240
+# The whole smoke run takes 1-2 minutes on a quiet machine, 3.5-4 on a loaded one (load 15-20).
+SMOKE_TIMEOUT_S = 330
 
 
 def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
@@ -46,6 +47,17 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     v2 = result["produce_v2"]
     assert [(c["in_flight"], c["flush"]) for c in v2] == [(1, "SYNC_FLUSH"), (16, "SYNC_FLUSH")]
     assert all(c["messages"] > 0 and c["failed"] == 0 and c["p99_ms"] > 0 for c in v2), v2
+    # Issue #36: a backlog drained by the raftmq consumer and the official client's two, each
+    # to the last message, with the leader's CPU per message.
+    rx = result["receive_v2"]
+    assert [c["client"].split()[-1] for c in rx["cases"]] == [
+        "PushConsumer",
+        "SimpleConsumer",
+        "PushConsumer",
+    ]
+    assert all(c["messages"] == rx["backlog"] > 0 and c["failed"] == 0 for c in rx["cases"]), rx
+    assert all(c["leader_cpu_ms_per_msg"] > 0 for c in rx["cases"]), rx
+    assert all(sum(c["cpu_s_per_million_msgs"].values()) > 0 for c in v2), v2
     # Issue #23: memory per node at rest and at peak, the floor, the peer table without peers.
     for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
         mem = result["memory"][flush]
@@ -65,7 +77,7 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert all(r["rate_ratio"] > 0 for r in result["floor_table"])
     assert [r["peer_ops_s"] for r in result["peer_table"]] == [None, None]  # --no-peers
     md = result_json.with_suffix(".md").read_text()
-    assert md.startswith("# mqbench") and "## v2 producer" in md
+    assert md.startswith("# mqbench") and "## v2 producer" in md and "## v2 receive" in md
     assert "## The floor" in md and "## Memory per node" in md
     assert result_json.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

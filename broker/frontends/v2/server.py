@@ -125,6 +125,7 @@ class V2Port:
         for servicer in (self.servicer, self._plain):
             if servicer is not None:
                 await servicer.renewals.close()
+                await servicer.coalesce.close()
         await self.forwarder.close()
         if self.routes is not None:
             await self.routes.close()

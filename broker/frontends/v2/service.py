@@ -28,14 +28,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.components.applied import AppliedMessages
 from broker.components.leaderops import (
-    AckRequest,
     ChangeInvisibleRequest,
     CreateGroupRequest,
     DeadLetterRequest,
     EndTransactionRequest,
     ReceiveRequest,
     RenewRequest,
-    SendRequest,
 )
 from broker.components.pop import Received
 from broker.components.pulling import MAX_SUBSCRIPTION_CHARS
@@ -49,6 +47,7 @@ from broker.frontends.internal.forwarder import Failure, Forwarder, Origin
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
 from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
+from broker.frontends.v2.coalesce import Coalescers
 from broker.frontends.v2.codes import v2_code_name
 from broker.frontends.v2.consuming import (
     PROPERTY_MESSAGE_GROUP,
@@ -278,6 +277,8 @@ class MessagingServicer:
         self.routes = routes
         self.clients = ClientTable(max_per_user=cfg.clients_per_user)
         self.producers = ProducerStreams(applied, f"{cfg.host}:{cfg.port}")
+        # Concurrent sends (acks) of one user to one topic share a leader call and an entry.
+        self.coalesce = Coalescers(forwarder.call)
         policy = RenewPolicy(cfg.renew_slice_ms, cfg.renew_max_ms)
         self.renewals = Renewals(self.clients, self._renew, policy)
         self._next_queue = itertools.count()
@@ -528,7 +529,7 @@ class MessagingServicer:
             messages = tuple(
                 _stored_message(m, name, kind, queue_id, group) for m in request.messages
             )
-            stored = await self.forwarder.call(SendRequest(name, messages), _origin())
+            stored = await self.coalesce.send(name, messages, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             entries = [v2_service.SendResultEntry(status=st) for _ in range(n)]
@@ -660,8 +661,8 @@ class MessagingServicer:
                 raise V2Error("BAD_REQUEST", f"{len(entries)} entries; 1 to {MAX_ACK_ENTRIES}")
             group = _group_name(request.group)
             topic = _topic_name(request.topic)
-            ack = AckRequest(group, topic, tuple(e.receipt_handle for e in entries))
-            codes = await self.forwarder.call(ack, _origin())
+            handles = tuple(e.receipt_handle for e in entries)
+            codes = await self.coalesce.ack(group, topic, handles, _origin())
         except Exception as exc:
             st = _status_of(exc, self.node)
             return v2_service.AckMessageResponse(status=st, entries=_ack_entries(entries, st))
