@@ -48,6 +48,10 @@ async function main() {
     producerGroup: `${prefix}-producer`,
     instanceName: `${prefix}-${process.pid}`,
     logger: quietLogger,
+    // The client's own option (30 s by default, as RocketMQ's Java client): a send that
+    // fails on a dead leader is not followed by a route refresh, so the new leader is found
+    // only at the next poll. 2 s keeps a failover test short; production keeps its choice.
+    pollNameServerInteval: 2000,
     accessKeyId: accessKey,
     accessKeySecret: secretKey,
   });
