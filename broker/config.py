@@ -74,6 +74,7 @@ class BrokerConfig:
     maxLagRetentionHours: int
     snapshotTransferBytesPerSec: int
     scrubBytesPerSec: int
+    scrubMinPassIntervalSeconds: int
     chainCheckIntervalMs: int
     maxMessageSize: int
     autoCreateTopicEnable: bool

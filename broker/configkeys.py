@@ -39,7 +39,9 @@ from dledger.server.chaincheck import (
 from dledger.server.node import RETENTION_CHECK_INTERVAL_S, NodeConfig
 from dledger.server.scrub import (
     MAX_SCRUB_BYTES_PER_S,
+    MAX_SCRUB_PASS_INTERVAL_S,
     MIN_SCRUB_BYTES_PER_S,
+    MIN_SCRUB_PASS_INTERVAL_S,
 )
 from dledger.server.snapshots import (
     MAX_SNAPSHOT_BYTES_PER_S,
@@ -755,6 +757,14 @@ _TABLE: Mapping[str, _Key] = {
         "bytes per second the scrubber checks of the log (0: off)",
         to=(Into("node", "scrub_bytes_per_s"),),
         live=True,
+    ),
+    # How soon after a scrub pass began the next may begin (dledger.server.scrub): a small log
+    # is not re-read in a tight loop; 1 s to 1 day.
+    "scrubMinPassIntervalSeconds": _Key(
+        IntIn(MIN_SCRUB_PASS_INTERVAL_S, MAX_SCRUB_PASS_INTERVAL_S),
+        INHERITED,
+        "seconds from one scrub pass's start to the next's, at least",
+        to=(Into("node", "scrub_min_pass_interval_s"),),
     ),
     # How often the leader compares its chained checksum with each peer's at a common
     # committed index (dledger.server.chaincheck, docs/RAFT.md section 13): 1 s to 1 day,

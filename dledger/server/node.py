@@ -481,7 +481,12 @@ class DLedgerNode:
             spawn(self._retention_loop(), "retention"),
         ]
         # Always running, paused while the rate is 0, so that retune() can turn it on and off.
-        self.scrubber = Scrubber(lambda: self.store, self.on_damage, cfg.scrub_bytes_per_s)
+        self.scrubber = Scrubber(
+            lambda: self.store,
+            self.on_damage,
+            cfg.scrub_bytes_per_s,
+            min_pass_interval_s=cfg.scrub_min_pass_interval_s,
+        )
         self._tasks.append(spawn(self.scrubber.run(), "scrub"))
         if cfg.chain_check_interval_ms:
             check = chain_check_loop(self, cfg.chain_check_interval_ms, peer_asker(self))

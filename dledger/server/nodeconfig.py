@@ -27,7 +27,10 @@ from dledger.server.membership import (
 from dledger.server.scrub import (
     DEFAULT_SCRUB_BYTES_PER_S,
     MAX_SCRUB_BYTES_PER_S,
+    MAX_SCRUB_PASS_INTERVAL_S,
     MIN_SCRUB_BYTES_PER_S,
+    MIN_SCRUB_PASS_INTERVAL_S,
+    SCRUB_MIN_PASS_INTERVAL_S,
 )
 from dledger.server.snapshots import (
     DEFAULT_SNAPSHOT_BYTES_PER_S,
@@ -190,6 +193,8 @@ class NodeConfig:
     # scrubBytesPerSec: the pace of the background scrubber that re-reads and checks the
     # whole log (dledger.server.scrub); 0 turns it off (benchmarks only).
     scrub_bytes_per_s: int = DEFAULT_SCRUB_BYTES_PER_S
+    # scrubMinPassIntervalSeconds: a new scrub pass starts at most this often.
+    scrub_min_pass_interval_s: int = SCRUB_MIN_PASS_INTERVAL_S
     # chainCheckIntervalMs: how often the leader compares its chain with each peer's at a
     # common committed index (dledger.server.chaincheck, docs/RAFT.md section 13); 0: off.
     chain_check_interval_ms: int = DEFAULT_CHAIN_CHECK_INTERVAL_MS
@@ -239,6 +244,13 @@ class NodeConfig:
             raise ConfigError(
                 f"scrub_bytes_per_s {self.scrub_bytes_per_s} is outside "
                 f"[{MIN_SCRUB_BYTES_PER_S}, {MAX_SCRUB_BYTES_PER_S}] (0: off)"
+            )
+        if not (
+            MIN_SCRUB_PASS_INTERVAL_S <= self.scrub_min_pass_interval_s <= MAX_SCRUB_PASS_INTERVAL_S
+        ):
+            raise ConfigError(
+                f"scrub_min_pass_interval_s {self.scrub_min_pass_interval_s} is outside "
+                f"[{MIN_SCRUB_PASS_INTERVAL_S}, {MAX_SCRUB_PASS_INTERVAL_S}]"
             )
         if self.chain_check_interval_ms and not (
             MIN_CHAIN_CHECK_INTERVAL_MS

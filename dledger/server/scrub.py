@@ -7,9 +7,10 @@ has good copies, not when a consumer or a new follower needs the entry
 The work is split in steps of :data:`SCRUB_STEP_BYTES`, each run in the scrubber's own thread
 under the store's lock (a step holds it for about a millisecond), and paced by a
 :class:`Pacer` at ``scrub_bytes_per_s``. A pass that finishes waits until
-:data:`SCRUB_MIN_PASS_INTERVAL_S` after it started before the next begins, so that a small
-log is not re-read in a tight loop. Damage found goes to the node's damage handler (which
-restarts the node to cut and repair its log); the scrubber stops there.
+:data:`SCRUB_MIN_PASS_INTERVAL_S` (``scrubMinPassIntervalSeconds``) after it started before
+the next begins, so that a small log is not re-read in a tight loop. Damage found goes to
+the node's damage handler (which restarts the node to cut and repair its log); the scrubber
+stops there.
 
 Extension point: a step is one :class:`ScrubCheck` call over an index range. The entry
 check is the only one today; a check that needs more than one entry at a time (a chained
@@ -43,8 +44,12 @@ MAX_SCRUB_BYTES_PER_S = 1 << 30
 # Bytes of entries checked per step: the time the store's lock is held (~1 ms at the
 # measured 5 GB/s CRC32C plus the per-entry work) and the pacing grain.
 SCRUB_STEP_BYTES = 1 << 20
-# A new pass starts at most this often (a small log is not re-read in a tight loop).
-SCRUB_MIN_PASS_INTERVAL_S = 60.0
+# A new pass starts at most this often (a small log is not re-read in a tight loop): the
+# default of scrubMinPassIntervalSeconds, which may be set from 1 s (a test, or a small log
+# that must be re-read often) to a day (a large log whose full passes are hours apart anyway).
+SCRUB_MIN_PASS_INTERVAL_S = 60
+MIN_SCRUB_PASS_INTERVAL_S = 1
+MAX_SCRUB_PASS_INTERVAL_S = 86_400
 # Pause before retrying after the store was replaced (snapshot install) under a step.
 SCRUB_REPLACED_RETRY_S = 1.0
 # While the rate is 0 (off, set live: DLedgerNode.retune), the scrubber looks again this often
@@ -76,8 +81,10 @@ class Scrubber:
         on_damage: Callable[[CorruptLogError, str], None],
         bytes_per_s: int,
         check: ScrubCheck = check_entries,
+        min_pass_interval_s: float = SCRUB_MIN_PASS_INTERVAL_S,
     ) -> None:
-        assert bytes_per_s >= 0
+        assert bytes_per_s >= 0 and min_pass_interval_s > 0
+        self.min_pass_interval_s = min_pass_interval_s
         self._get_store = get_store
         self._on_damage = on_damage
         self._check = check
@@ -113,7 +120,7 @@ class Scrubber:
                 return  # damage: the node restarts
             self.passes += 1
             self.last_pass_end_unix_ms = int(time.time() * 1000)
-            rest = SCRUB_MIN_PASS_INTERVAL_S - (time.monotonic() - started)
+            rest = self.min_pass_interval_s - (time.monotonic() - started)
             if rest > 0:
                 await asyncio.sleep(rest)
 

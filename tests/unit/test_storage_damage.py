@@ -5,6 +5,7 @@ that makes the next open check every segment, and the DATA_LOSS answer that name
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import pytest
 from dledger.log import CorruptLogError, Entry, HardState
 from dledger.server import errormap, scrub
 from dledger.server.node import DLedgerNode
+from dledger.server.nodeconfig import ConfigError, NodeConfig
 from dledger.server.scrub import Scrubber
 from dledger.storage import damage
 from dledger.storage.codec import ENTRY_HEADER_SIZE
@@ -83,6 +85,45 @@ def test_the_scrubber_finds_damage_in_an_old_segment_and_reports_the_entry(
     assert by == "scrub" and exc.index == 40 and "body CRC" in str(exc)
     assert scrubber.damage_found == 1
     s.close()
+
+
+def test_passes_begin_no_sooner_than_the_configured_interval(tmp_path: Path) -> None:
+    """scrubMinPassIntervalSeconds: a small log is passed over again once that long after the
+    previous pass began (1 s here: two passes within the deadline, not one a minute)."""
+    s = filled(tmp_path / "s", 20)
+    scrubber = Scrubber(
+        lambda: s, lambda e, by: None, scrub.MAX_SCRUB_BYTES_PER_S, min_pass_interval_s=1
+    )
+
+    async def two_passes() -> float:
+        task = asyncio.create_task(scrubber.run())
+        started = time.monotonic()
+        try:
+            while scrubber.passes < 2:
+                assert time.monotonic() - started < 20, "no second pass"
+                await asyncio.sleep(0.01)
+            return time.monotonic() - started
+        finally:
+            task.cancel()
+
+    took_s = asyncio.run(two_passes())
+    scrubber.close()
+    s.close()
+    assert took_s >= 1.0  # the second pass waited for the interval
+
+
+def test_the_pass_interval_is_bounded() -> None:
+    for bad in (0, scrub.MAX_SCRUB_PASS_INTERVAL_S + 1):
+        with pytest.raises(ConfigError, match="scrub_min_pass_interval_s"):
+            NodeConfig(
+                group="g",
+                self_id="n0",
+                peers={"n0": "127.0.0.1:1"},
+                client_host="127.0.0.1",
+                client_port=2,
+                store_dir="/x",
+                scrub_min_pass_interval_s=bad,
+            )
 
 
 def test_verify_entries_steps_and_index_at_position(tmp_path: Path) -> None:
