@@ -762,6 +762,49 @@ class MQAdmin:
             broker_addr,
         )
 
+    def consumer_connections(
+        self, group: str, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, list[pb.ClientConnection]]:
+        """``group``'s live consumers with their address, language, release, subscriptions and
+        locked queues, by broker group (a broker before 0.3.0 answers the client ids only)."""
+        req = pb.GetConsumerListRequest(consumer_group=group)
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.ClientConnection]:
+            resp = stub.GetConsumerList(req, timeout=t)
+            if len(resp.connections) == len(resp.client_ids):
+                return list(resp.connections)
+            return [pb.ClientConnection(client_id=c) for c in resp.client_ids]
+
+        return self._on_groups(call, cluster, broker_addr)
+
+    def producer_connections(
+        self, group: str, topic: str, broker_addr: str = ""
+    ) -> dict[str, list[pb.ProducerConnection]]:
+        """``producerConnection``: ``group``'s live producers as the leader of each broker
+        group routing ``topic`` knows them (only the group of the node ``broker_addr`` when
+        given), by broker group."""
+        req = pb.GetProducerConnectionsRequest(producer_group=group, topic=topic)
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.ProducerConnection]:
+            return list(stub.GetProducerConnections(req, timeout=t).producers)
+
+        if broker_addr:
+            return self._on_groups(call, broker_addr=broker_addr)
+        pairs = self._each_group(
+            topic, lambda routes, _, name: (name, self._leader_call(routes, topic, name, call))
+        )
+        return dict(pairs)
+
+    def producers(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.GetProducerConnectionsResponse]:
+        """Every live producer each broker group's leader knows (at most 1,000 per group:
+        ``truncated`` says more exist), by broker group."""
+        req = pb.GetProducerConnectionsRequest()
+        return self._on_groups(
+            lambda stub, t: stub.GetProducerConnections(req, timeout=t), cluster, broker_addr
+        )
+
     def group_topics(self, cluster: str = "", broker_addr: str = "") -> dict[str, list[str]]:
         """The topics every broker group serves, by broker group."""
         req = pb.ListTopicsRequest()

@@ -95,6 +95,14 @@ def _heartbeat(r: Any, c: str) -> list[Want]:
     return [group(r.consumer_group, SUB), *_topics_sub(topics)]
 
 
+def _producer_connections(r: Any, c: str) -> list[Want]:
+    # A group's producers: rights on the group and the topic (producerConnection -g -t); every
+    # producer of the node (the dashboard): the cluster's List right, as ListConsumerGroups.
+    if r.producer_group or r.topic:
+        return [group(r.producer_group, GET), topic(r.topic, GET)]
+    return [cluster(c, LIST)]
+
+
 def _view(r: Any, c: str) -> list[Want]:
     # By offset id the message may be of any topic: a cluster-wide read.
     if r.WhichOneof("id") == "msg_id" and r.topic:
@@ -190,6 +198,9 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "GetConsumerList": lambda r, c: [group(r.consumer_group, SUB)],
     BROKER + "ListConsumerGroups": lambda r, c: [cluster(c, LIST)],
     BROKER + "UnregisterConsumer": lambda r, c: [group(r.consumer_group, SUB)],
+    BROKER + "ProducerHeartbeat": _authenticated_only,
+    BROKER + "UnregisterProducer": _authenticated_only,
+    BROKER + "GetProducerConnections": _producer_connections,
     BROKER + "LockBatchMQ": _locks,
     BROKER + "UnlockBatchMQ": _locks,
     BROKER + "ConsumerSendMsgBack": lambda r, c: [group(r.consumer_group, SUB)],
