@@ -487,7 +487,14 @@ class GroupReader:
     def _clients_of(self, group: str, leaders: dict[str, list[str]]) -> list[tuple[str, str]]:
         """(broker group, client id) of the live consumers of ``group`` each of ``leaders``'
         broker groups knows."""
-        out: list[tuple[str, str]] = []
+        return [(name, c.client_id) for name, c in self._connections_of(group, leaders)]
+
+    def _connections_of(
+        self, group: str, leaders: dict[str, list[str]]
+    ) -> list[tuple[str, ClientView]]:
+        """(broker group, client) of the live consumers of ``group`` each of ``leaders``'
+        broker groups knows (a broker before 0.3.0 answers the client ids only)."""
+        out: list[tuple[str, ClientView]] = []
         for name, addrs in sorted(leaders.items()):
             resp = self._first_answer(
                 addrs,
@@ -496,8 +503,28 @@ class GroupReader:
                 ),
             )
             assert isinstance(resp, pb.GetConsumerListResponse)
-            out += [(name, c) for c in resp.client_ids]
+            if len(resp.connections) == len(resp.client_ids):
+                out += [(name, ClientView.of(group, c)) for c in resp.connections]
+            else:
+                out += [(name, ClientView(group, c)) for c in resp.client_ids]
         return out
+
+    def producers(self) -> tuple[list[tuple[str, ClientView]], bool]:
+        """(broker group, producer) of every live producer each broker group's leader knows
+        (at most 1,000 per broker group); and whether a group left some out."""
+        out: list[tuple[str, ClientView]] = []
+        truncated = False
+        for name, addrs in sorted(self._leaders().items()):
+            resp = self._first_answer(
+                addrs,
+                lambda stub, t: stub.GetProducerConnections(
+                    pb.GetProducerConnectionsRequest(), timeout=t
+                ),
+            )
+            assert isinstance(resp, pb.GetProducerConnectionsResponse)
+            out += [(name, ClientView.of(p.producer_group, p.connection)) for p in resp.producers]
+            truncated |= resp.truncated
+        return out, truncated
 
     def dead_letters(self, group: str) -> list[ShownMessage]:
         """The first MAX_MESSAGES messages of ``%DLQ%{group}`` (none when it does not exist)."""
@@ -627,14 +654,14 @@ class GroupReader:
         config = {k[:MAX_CONFIG_CHARS]: v[:MAX_CONFIG_CHARS] for k, v in items}
         return NodeConfig(broker_name, m.node_id, m.client_addr, config)
 
-    def clients(self) -> list[tuple[str, str, str]]:
-        """(consumer group, broker group, client id) of every live consumer, for the first
-        MAX_CLIENT_GROUPS consumer groups with one online."""
+    def clients(self) -> list[tuple[str, ClientView]]:
+        """(broker group, consumer) of every live consumer, for the first MAX_CLIENT_GROUPS
+        consumer groups with one online."""
         online = [g.name for g in self.consumer_groups(exact_clients=False) if g.online_clients]
         leaders = self._leaders()
-        out: list[tuple[str, str, str]] = []
+        out: list[tuple[str, ClientView]] = []
         for group in online[:MAX_CLIENT_GROUPS]:
-            out += [(group, b, c) for b, c in self._clients_of(group, leaders)]
+            out += self._connections_of(group, leaders)
         return out
 
     # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
@@ -691,6 +718,32 @@ class GroupReader:
         """Send ``msg`` once as ``security`` (producer group SEND_GROUP); the broker's answer."""
         with Producer(SEND_GROUP, self.namesrv_addr, security=security) as producer:
             return producer.send(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientView:
+    """A live producer or consumer as the clients page shows it ("" where the client did not
+    say: a client before 0.3.0 sends no language or version)."""
+
+    group: str
+    client_id: str
+    address: str = ""
+    language: str = ""
+    version: str = ""
+    protocol: str = ""
+    heartbeat_age_ms: int = 0
+
+    @classmethod
+    def of(cls, group: str, c: pb.ClientConnection) -> ClientView:
+        return cls(
+            group,
+            c.client_id,
+            c.address,
+            c.language,
+            c.version,
+            c.protocol,
+            c.last_heartbeat_age_ms,
+        )
 
 
 @dataclass(frozen=True, slots=True)
