@@ -488,7 +488,10 @@ class MQAdmin:
                 E.MESSAGE_NOT_FOUND, "NOT_FOUND", f"no dead letter {msg_id} for group {group}"
             )
         out = []
-        with Producer(producer_group, self.namesrv_addr, security=self.security) as producer:
+        # A one-shot producer: no heartbeats (producerConnection lists applications).
+        with Producer(
+            producer_group, self.namesrv_addr, security=self.security, heartbeat_interval_s=0
+        ) as producer:
             for m in letters:
                 origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, "")
                 if not origin:

@@ -3,9 +3,11 @@ dashboard's Clients page; docs/BROKER.md, "Producer registry").
 
 Every PRODUCER_HEARTBEAT_INTERVAL_S, and at once when the producer first sends to a topic, a
 ``ProducerHeartbeat`` goes to every node of every broker group routing a topic the producer sent
-to (a node keeps heartbeats in its memory, so any node answers producerConnection); at
-shutdown an ``UnregisterProducer`` goes to the same nodes. Sends never wait for any of it: a
-heartbeat that fails is logged at debug level and sent again at the next beat.
+to, naming the topics of that group (the broker checks the caller's Pub right on them; a node
+keeps heartbeats in its memory, so any node answers producerConnection); at shutdown an
+``UnregisterProducer`` goes to the same nodes. Sends never wait for any of it: a heartbeat that
+fails is logged at debug level and sent again at the next beat. An interval of 0 sends none (a
+one-shot tool's producer: mqadmin's, the dashboard's test send).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ PRODUCER_HEARTBEAT_INTERVAL_S = 10.0
 # One heartbeat to one node: short, so an unreachable node does not delay the others.
 HEARTBEAT_RPC_S = 1.0
 # Topics whose routes the heartbeats follow: a producer writing to more still heartbeats the
-# groups of the first ones (most topics share groups); bounds the route lookups per beat.
+# groups of the first ones (most topics share groups); bounds the route lookups per beat and
+# the topics of one heartbeat (the broker's MAX_PRODUCER_TOPICS, the same number).
 MAX_HEARTBEAT_TOPICS = 256
 # What the client says of itself (RocketMQ's LanguageCode name; the release as the version).
 CLIENT_LANGUAGE = "PYTHON"
@@ -47,7 +50,7 @@ class ProducerHeartbeats:
         routes: Callable[[], RouteClient | None],
         interval_s: float = PRODUCER_HEARTBEAT_INTERVAL_S,
     ) -> None:
-        assert interval_s > 0, interval_s
+        assert interval_s >= 0, interval_s
         self.group = group
         self.client_id = client_id
         self.interval_s = interval_s
@@ -58,10 +61,10 @@ class ProducerHeartbeats:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._addrs: tuple[str, ...] = ()  # the nodes of the last beat
+        self._beaten: dict[str, tuple[str, ...]] = {}  # node -> its topics, at the last beat
 
     def start(self) -> None:
-        if self._thread is None:
+        if self._thread is None and self.interval_s > 0:
             self._thread = threading.Thread(
                 target=self._run, name="producer-heartbeat", daemon=True
             )
@@ -86,8 +89,15 @@ class ProducerHeartbeats:
         self._wake.set()
         self._thread.join(HEARTBEAT_RPC_S * 2 + self.interval_s)
         self._thread = None
-        request = pb.UnregisterProducerRequest(client_id=self.client_id, producer_group=self.group)
-        self._each_node(self._addrs, "UnregisterProducer", request)
+        self._each_node(
+            {
+                addr: pb.UnregisterProducerRequest(
+                    client_id=self.client_id, producer_group=self.group, topics=topics
+                )
+                for addr, topics in self._beaten.items()
+            },
+            "UnregisterProducer",
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -96,24 +106,31 @@ class ProducerHeartbeats:
             self._wake.wait(self.interval_s)
 
     def _beat(self) -> None:
-        addrs = self._nodes()
-        request = pb.ProducerHeartbeatRequest(
-            client_id=self.client_id,
-            producer_group=self.group,
-            language=CLIENT_LANGUAGE,
-            client_version=CLIENT_VERSION,
+        nodes = self._nodes()
+        self._each_node(
+            {
+                addr: pb.ProducerHeartbeatRequest(
+                    client_id=self.client_id,
+                    producer_group=self.group,
+                    language=CLIENT_LANGUAGE,
+                    client_version=CLIENT_VERSION,
+                    topics=topics,
+                )
+                for addr, topics in nodes.items()
+            },
+            "ProducerHeartbeat",
         )
-        self._each_node(addrs, "ProducerHeartbeat", request)
-        self._addrs = addrs
+        self._beaten = nodes
 
-    def _nodes(self) -> tuple[str, ...]:
-        """Every node of every group routing a topic sent to (routes as cached)."""
+    def _nodes(self) -> dict[str, tuple[str, ...]]:
+        """Every node of every group routing a topic sent to, with the topics its group
+        routes (routes as cached)."""
         routes = self._routes()
         if routes is None:
-            return ()
+            return {}
         with self._lock:
             topics = sorted(self._topics)
-        addrs: dict[str, None] = {}
+        out: dict[str, list[str]] = {}
         for topic in topics:
             try:
                 route = routes.get_route(topic)
@@ -121,12 +138,13 @@ class ProducerHeartbeats:
                 log.debug("producer heartbeat: no route for topic=%s: %s", topic, exc)
                 continue
             for g in route.groups:
-                addrs.update(dict.fromkeys(g.addrs))
-        return tuple(addrs)
+                for addr in g.addrs:
+                    out.setdefault(addr, []).append(topic)
+        return {addr: tuple(names) for addr, names in out.items()}
 
-    def _each_node(self, addrs: tuple[str, ...], rpc: str, request: object) -> None:
+    def _each_node(self, requests: dict[str, object], rpc: str) -> None:
         calls = []
-        for addr in addrs:
+        for addr, request in requests.items():
             try:
                 method = getattr(self._channels.broker(addr), rpc)
                 calls.append(method.future(request, timeout=HEARTBEAT_RPC_S))

@@ -521,7 +521,9 @@ def cmd_reset_offset_by_time(admin: MQAdmin, args: argparse.Namespace, out: Outp
 def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     keys = tuple(k for k in (args.keys or "").split(",") if k) if args.keys else ()
     msg = Message(args.topic, args.body.encode(), tags=args.tags, keys=keys)
-    with Producer(args.producer_group, admin.namesrv_addr, security=admin.security) as producer:
+    with Producer(
+        args.producer_group, admin.namesrv_addr, security=admin.security, heartbeat_interval_s=0
+    ) as producer:  # one-shot: no heartbeats (producerConnection lists applications)
         if args.broker or args.queue is not None:
             target = QueueFilter(args.broker, args.queue)
             r = producer.send(msg, target)
@@ -807,7 +809,7 @@ def cmd_cluster_rt(admin: MQAdmin, args: argparse.Namespace, out: Output) -> int
     body = b"a" * args.size
     rows: list[Row] = []
     with Producer(CLUSTER_RT_GROUP, admin.namesrv_addr, security=admin.security,
-                  retry_times_when_send_failed=0) as producer:  # fmt: skip
+                  retry_times_when_send_failed=0, heartbeat_interval_s=0) as producer:  # fmt: skip
         for round_no in range(1, args.rounds + 1):
             if round_no > 1:
                 time.sleep(args.interval)  # the operator's pause between rounds (-i)

@@ -716,7 +716,10 @@ class GroupReader:
 
     def send_test(self, msg: Message, security: ClientSecurity) -> SendResult:
         """Send ``msg`` once as ``security`` (producer group SEND_GROUP); the broker's answer."""
-        with Producer(SEND_GROUP, self.namesrv_addr, security=security) as producer:
+        # One-shot: no heartbeats (the Clients page lists applications' producers).
+        with Producer(
+            SEND_GROUP, self.namesrv_addr, security=security, heartbeat_interval_s=0
+        ) as producer:
             return producer.send(msg)
 
 

@@ -16,11 +16,12 @@ entries dropped in amortized O(1).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from broker.components.consumers import client_info, monotonic_ms, validate_client_id
 from broker.components.locks import NOBODY, ConsumerTable, LiveClient, Owner, TableKind
-from broker.state.errors import ResourceExhaustedError
+from broker.state.errors import InvalidRequestError, ResourceExhaustedError
+from broker.state.message import validate_topic
 from broker.state.names import validate_group_name
 from mqerrors import codes as E
 
@@ -34,9 +35,23 @@ MAX_PRODUCERS_PER_GROUP = 1024
 # One user's share (broker.conf producersPerUser): a tenth, as for consumers, so that one
 # user's made-up client ids leave the rest to the others.
 DEFAULT_PRODUCERS_PER_USER = 1000
+# Topics one heartbeat names (checked for the caller's Pub right, not kept): a producer
+# writing to more names the first ones (raftmq's client follows at most as many).
+MAX_PRODUCER_TOPICS = 256
 # Connections in one GetProducerConnections answer: a page of an operator's view, well under
 # gRPC's 4 MB message (about 300 bytes each).
 MAX_LISTED_PRODUCERS = 1000
+
+
+def check_producer_topics(topics: Sequence[str]) -> None:
+    """A v1 producer heartbeat's topics: 1 to MAX_PRODUCER_TOPICS valid names (the rights are
+    checked on them; they are not kept)."""
+    if not 0 < len(topics) <= MAX_PRODUCER_TOPICS:
+        raise InvalidRequestError(
+            f"a producer heartbeat names 1 to {MAX_PRODUCER_TOPICS} topics, not {len(topics)}"
+        )
+    for topic in topics:
+        validate_topic(topic)
 
 
 def peer_address(peer: str) -> str:

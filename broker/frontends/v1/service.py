@@ -40,7 +40,7 @@ from broker.components.locks import LiveClient
 from broker.components.lookups import Found, Lookups
 from broker.components.offsets import ConsumerOffsets
 from broker.components.pop import Received
-from broker.components.producers import ProducerRegistry, peer_address
+from broker.components.producers import ProducerRegistry, check_producer_topics, peer_address
 from broker.components.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.components.raftnode import RaftNode
 from broker.components.retry import Retries, SendBackItem
@@ -503,6 +503,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def ProducerHeartbeat(
         self, request: pb.ProducerHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProducerHeartbeatResponse:
+        check_producer_topics(request.topics)
         self.producers.heartbeat(
             request.producer_group,
             request.client_id,
@@ -515,6 +516,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def UnregisterProducer(
         self, request: pb.UnregisterProducerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterProducerResponse:
+        check_producer_topics(request.topics)
         removed = self.producers.unregister(
             request.producer_group, request.client_id, self._caller(context)
         )

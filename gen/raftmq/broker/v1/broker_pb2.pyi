@@ -366,28 +366,32 @@ class HeartbeatResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ProducerHeartbeatRequest(_message.Message):
-    __slots__ = ("client_id", "producer_group", "language", "client_version")
+    __slots__ = ("client_id", "producer_group", "language", "client_version", "topics")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     producer_group: str
     language: str
     client_version: str
-    def __init__(self, client_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., language: _Optional[str] = ..., client_version: _Optional[str] = ...) -> None: ...
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., language: _Optional[str] = ..., client_version: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProducerHeartbeatResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class UnregisterProducerRequest(_message.Message):
-    __slots__ = ("client_id", "producer_group")
+    __slots__ = ("client_id", "producer_group", "topics")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     producer_group: str
-    def __init__(self, client_id: _Optional[str] = ..., producer_group: _Optional[str] = ...) -> None: ...
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UnregisterProducerResponse(_message.Message):
     __slots__ = ("removed",)
