@@ -770,7 +770,7 @@ class MQAdmin:
     ) -> dict[str, list[pb.ClientConnection]]:
         """``group``'s live consumers with their address, language, release, subscriptions and
         locked queues, by broker group (a broker before 0.3.0 answers the client ids only)."""
-        req = pb.GetConsumerListRequest(consumer_group=group)
+        req = pb.GetConsumerListRequest(consumer_group=group, with_connections=True)
 
         def call(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.ClientConnection]:
             resp = stub.GetConsumerList(req, timeout=t)

@@ -499,7 +499,8 @@ class GroupReader:
             resp = self._first_answer(
                 addrs,
                 lambda stub, t: stub.GetConsumerList(
-                    pb.GetConsumerListRequest(consumer_group=group), timeout=t
+                    pb.GetConsumerListRequest(consumer_group=group, with_connections=True),
+                    timeout=t,
                 ),
             )
             assert isinstance(resp, pb.GetConsumerListResponse)

@@ -491,6 +491,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def GetConsumerList(
         self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetConsumerListResponse:
+        if not request.with_connections:
+            return pb.GetConsumerListResponse(
+                client_ids=self.consumers.clients(request.consumer_group)
+            )
         live = self.consumers.connections(request.consumer_group)
         return pb.GetConsumerListResponse(
             client_ids=[c.client_id for c, _, _ in live],

@@ -588,10 +588,12 @@ class ListConsumerGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[ConsumerGroupInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class GetConsumerListRequest(_message.Message):
-    __slots__ = ("consumer_group",)
+    __slots__ = ("consumer_group", "with_connections")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    WITH_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
-    def __init__(self, consumer_group: _Optional[str] = ...) -> None: ...
+    with_connections: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., with_connections: _Optional[bool] = ...) -> None: ...
 
 class GetConsumerListResponse(_message.Message):
     __slots__ = ("client_ids", "connections")
