@@ -25,7 +25,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from client.admin import MQAdmin
+from client.admin import MQAdmin, merged_producers
 from client.consumer import PullConsumer
 from client.errors import MQClientError
 from client.message import DLQ_PREFIX, Message, MessageExt, MessageQueue, SendResult
@@ -511,21 +511,34 @@ class GroupReader:
         return out
 
     def producers(self) -> tuple[list[tuple[str, ClientView]], bool]:
-        """(broker group, producer) of every live producer each broker group's leader knows
-        (at most 1,000 per broker group); and whether a group left some out."""
-        out: list[tuple[str, ClientView]] = []
-        truncated = False
-        for name, addrs in sorted(self._leaders().items()):
-            resp = self._first_answer(
-                addrs,
-                lambda stub, t: stub.GetProducerConnections(
-                    pb.GetProducerConnectionsRequest(), timeout=t
-                ),
-            )
-            assert isinstance(resp, pb.GetProducerConnectionsResponse)
-            out += [(name, ClientView.of(p.producer_group, p.connection)) for p in resp.producers]
-            truncated |= resp.truncated
-        return out, truncated
+        """(broker group, producer) of every live producer the nodes of each broker group know
+        (every node: a RocketMQ 5 client heartbeats only the nodes it is connected to; at most
+        1,000 per node), in parallel; and whether a node left some out."""
+        groups = sorted(self._leaders().items())
+        answers = list(self._pool.map(lambda g: self._producers_of(*g), groups))
+        out = [
+            (name, ClientView.of(p.producer_group, p.connection))
+            for (name, _), per_node in zip(groups, answers, strict=True)
+            for p in merged_producers(per_node)
+        ]
+        return out, any(a.truncated for per_node in answers for a in per_node)
+
+    def _producers_of(self, name: str, addrs: list[str]) -> list[pb.GetProducerConnectionsResponse]:
+        """Every answering node's producers of one broker group (none answering: its error)."""
+        answers: list[pb.GetProducerConnectionsResponse] = []
+        error: MQClientError | None = None
+        for addr in addrs:
+            try:
+                answers.append(
+                    self.channels.broker(addr).GetProducerConnections(
+                        pb.GetProducerConnectionsRequest(), timeout=READ_TIMEOUT_S
+                    )
+                )
+            except grpc.RpcError as exc:
+                error = MQClientError.from_rpc(exc)
+        if not answers and error is not None:
+            raise MQClientError(error.code, error.status, f"{name}: {error.message}")
+        return answers
 
     def dead_letters(self, group: str) -> list[ShownMessage]:
         """The first MAX_MESSAGES messages of ``%DLQ%{group}`` (none when it does not exist)."""

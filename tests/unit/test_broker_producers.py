@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from broker_world import world
+from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.components.consumers import (
     MAX_CLIENT_INFO_CHARS,
@@ -23,6 +24,7 @@ from broker.components.producers import (
     peer_address,
 )
 from broker.state.errors import ClientIdTakenError, InvalidRequestError, QuotaExceededError
+from client.admin import merged_producers
 
 V1 = ("127.0.0.1:5000", "PYTHON", "0.3.0")
 
@@ -146,3 +148,33 @@ def test_consumer_heartbeats_keep_the_clients_version_and_some_subscriptions(
         assert (old.info.version, old.info.subscriptions, none) == ("", (("T", "*"),), [])
 
     asyncio.run(body())
+
+
+def test_the_nodes_answers_are_merged_each_producer_once_as_heard_last() -> None:
+    """A RocketMQ 5 client heartbeats only the node it is connected to, raftmq's every node:
+    producerConnection and the dashboard merge the nodes' answers, freshest first."""
+
+    def answer(*rows: tuple[str, str, int, str]) -> pb.GetProducerConnectionsResponse:
+        return pb.GetProducerConnectionsResponse(
+            producers=[
+                pb.ProducerConnection(
+                    producer_group=g,
+                    connection=pb.ClientConnection(
+                        client_id=c, last_heartbeat_age_ms=age, address=addr
+                    ),
+                )
+                for g, c, age, addr in rows
+            ]
+        )
+
+    merged = merged_producers(
+        [
+            answer(("pg", "b", 900, "n0-view"), ("pg", "a", 10, "n0-view")),
+            answer(("pg", "b", 100, "n1-view"), ("T", "v2-only-here", 5, "n1-view")),
+        ]
+    )
+    assert [(p.producer_group, p.connection.client_id, p.connection.address) for p in merged] == [
+        ("T", "v2-only-here", "n1-view"),
+        ("pg", "a", "n0-view"),
+        ("pg", "b", "n1-view"),
+    ]
