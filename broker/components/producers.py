@@ -116,7 +116,12 @@ class ProducerRegistry:
         owner: Owner = NOBODY,
     ) -> None:
         """A RocketMQ 5 producer's Settings: registered under each topic it publishes to (the
-        topics are checked by the caller, at most as many as Settings carries)."""
+        topics are checked by the caller, at most as many as Settings carries); a topic its
+        earlier Settings named and this one does not is dropped."""
+        topics = list(topics)
+        for gone in sorted(self._v2_groups.get(client_id, set()) - set(topics)):
+            if self.table.remove(gone, client_id, owner[0]):
+                self._forget_v2(gone, client_id)
         for topic in topics:
             self.heartbeat(topic, client_id, described, owner, protocol="v2")
             self._v2_groups.setdefault(client_id, set()).add(topic)

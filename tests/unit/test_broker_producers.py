@@ -109,6 +109,9 @@ def test_a_rocketmq5_producer_is_registered_per_topic_and_kept_alive_by_its_hear
         ("TopicB", "v2c", "JAVA"),
     ]
     assert {c.info.protocol for c, _ in reg.connections()[0]} == {"v2"}
+    reg.v2_settings("v2c", ["TopicA", "TopicB", "TopicC"], ("10.0.0.1:7000", "JAVA", "5.0.7"))
+    reg.v2_settings("v2c", ["TopicA", "TopicB"], ("10.0.0.1:7000", "JAVA", "5.0.7"))
+    assert [g for g, *_ in listed(reg)] == ["TopicA", "TopicB"]  # TopicC no longer published
     clock[0] += PRODUCER_EXPIRE_MS - 1
     reg.v2_heartbeat("v2c")
     clock[0] += PRODUCER_EXPIRE_MS - 1
