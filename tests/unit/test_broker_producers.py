@@ -136,6 +136,7 @@ def test_consumer_heartbeats_keep_the_clients_version_and_some_subscriptions(
         _, _, topics, _ = world(tmp_path)
         await topics.upsert("T", 2, 2, 6)
         groups = ConsumerGroups(topics)
+        groups.clock_ms = lambda: 5_000_000  # a heartbeat's age is read against this clock
         many = [(f"T{i:03d}", "A || B") for i in range(400)]
         groups.heartbeat("g", "a", many, [], described=("127.0.0.1:9", "PYTHON", "0.3.0"))
         groups.heartbeat("g", "old", [("T", "*")], [])  # a client before 0.3.0
