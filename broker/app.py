@@ -34,6 +34,7 @@ from broker.components.leaderops import LeaderOps
 from broker.components.lookups import Lookups
 from broker.components.offsets import ConsumerOffsets
 from broker.components.pop import Pops
+from broker.components.producers import ProducerRegistry
 from broker.components.pulling import PullPath
 from broker.components.raftnode import RaftNode
 from broker.components.retry import Retries
@@ -82,6 +83,7 @@ class Broker:
     offsets: ConsumerOffsets
     lookups: Lookups
     consumers: ConsumerGroups
+    producers: ProducerRegistry
     retries: Retries
     scheduler: Scheduler
     timers: Timers
@@ -120,6 +122,7 @@ def assemble(
     offsets = ConsumerOffsets(topics, applied)
     lookups = Lookups(applied)
     consumers = ConsumerGroups(topics)
+    producers = ProducerRegistry(cfg.producers_per_user)
     retries = Retries(topics, applied, sender)
     scheduler = Scheduler(applied)
     timers = Timers(applied)
@@ -135,6 +138,7 @@ def assemble(
         offsets=offsets,
         lookups=lookups,
         consumers=consumers,
+        producers=producers,
         retries=retries,
         subgroups=subgroups,
         leader_ops=leader_ops,
@@ -143,30 +147,13 @@ def assemble(
         live_config=LiveConfig(ctx, broker_conf),
     )
     return Broker(
-        node=node,
-        sm=sm,
-        cfg=cfg,
-        applied=applied,
-        topics=topics,
-        sender=sender,
-        puller=puller,
-        offsets=offsets,
-        lookups=lookups,
-        consumers=consumers,
-        retries=retries,
-        scheduler=scheduler,
-        timers=timers,
-        auth=auth,
-        pops=pops,
-        txns=txns,
-        subgroups=subgroups,
-        leader_ops=leader_ops,
-        servicer=servicer,
+        node=node, sm=sm, cfg=cfg, applied=applied, topics=topics, sender=sender,
+        puller=puller, offsets=offsets, lookups=lookups, consumers=consumers,
+        producers=producers, retries=retries, scheduler=scheduler, timers=timers, auth=auth,
+        pops=pops, txns=txns, subgroups=subgroups, leader_ops=leader_ops, servicer=servicer,
         leader_service=LeaderOpsServicer(node, leader_ops, guard),
-        guard=guard,
-        disk_guard=disk_guard,
-        stats=stats,
-    )
+        guard=guard, disk_guard=disk_guard, stats=stats,
+    )  # fmt: skip
 
 
 class Port(Protocol):

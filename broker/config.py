@@ -105,6 +105,7 @@ class BrokerConfig:
     popWaitersPerUser: int
     longPollsPerUser: int
     consumersPerUser: int
+    producersPerUser: int
     queueLocksPerUser: int
     pendingOffsetsPerUser: int
     topicsPerUser: int

@@ -23,6 +23,7 @@ from broker.components import disk
 from broker.components.locks import MAX_CONSUMERS, MAX_LOCKS
 from broker.components.offsets import MAX_PENDING_OFFSETS
 from broker.components.pop import MAX_POP_WAITERS
+from broker.components.producers import MAX_PRODUCERS
 from broker.components.pulling import MAX_LONG_POLLS
 from broker.components.settings import ServiceConfig
 from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, MAX_CLIENTS
@@ -503,6 +504,11 @@ QUOTAS: Mapping[str, _Quota] = {
         Into("service", "consumers_per_user"),
         MAX_CONSUMERS,
         "live consumers (group, client id) one user may register",
+    ),
+    "producersPerUser": _Quota(
+        Into("service", "producers_per_user"),
+        MAX_PRODUCERS,
+        "live producers (group, client id) one user may register",
     ),
     "queueLocksPerUser": _Quota(
         Into("service", "queue_locks_per_user"),

@@ -488,7 +488,10 @@ class MQAdmin:
                 E.MESSAGE_NOT_FOUND, "NOT_FOUND", f"no dead letter {msg_id} for group {group}"
             )
         out = []
-        with Producer(producer_group, self.namesrv_addr, security=self.security) as producer:
+        # A one-shot producer: no heartbeats (producerConnection lists applications).
+        with Producer(
+            producer_group, self.namesrv_addr, security=self.security, heartbeat_interval_s=0
+        ) as producer:
             for m in letters:
                 origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, "")
                 if not origin:
@@ -762,6 +765,66 @@ class MQAdmin:
             broker_addr,
         )
 
+    def consumer_connections(
+        self, group: str, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, list[pb.ClientConnection]]:
+        """``group``'s live consumers with their address, language, release, subscriptions and
+        locked queues, by broker group (a broker before 0.3.0 answers the client ids only)."""
+        req = pb.GetConsumerListRequest(consumer_group=group, with_connections=True)
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.ClientConnection]:
+            resp = stub.GetConsumerList(req, timeout=t)
+            if len(resp.connections) == len(resp.client_ids):
+                return list(resp.connections)
+            return [pb.ClientConnection(client_id=c) for c in resp.client_ids]
+
+        return self._on_groups(call, cluster, broker_addr)
+
+    def producer_connections(
+        self, group: str, topic: str, broker_addr: str = ""
+    ) -> dict[str, list[pb.ProducerConnection]]:
+        """``producerConnection``: ``group``'s live producers as the nodes of each broker group
+        routing ``topic`` know them (only the node ``broker_addr`` when given), by broker group
+        (the address for ``broker_addr``). Every node is asked: raftmq's producers heartbeat
+        each node, a RocketMQ 5 client only the nodes it is connected to; a node that does not
+        answer is skipped while another of its group does."""
+        req = pb.GetProducerConnectionsRequest(producer_group=group, topic=topic)
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.GetProducerConnectionsResponse:
+            resp: pb.GetProducerConnectionsResponse = stub.GetProducerConnections(req, timeout=t)
+            return resp
+
+        if broker_addr:
+            targets = {broker_addr: [broker_addr]}
+        else:
+            route = self._route(topic)
+            targets = {g.broker_name: list(g.addrs) for g in route.groups}
+        channels = self._pool()
+        try:
+            return {
+                name: merged_producers(_every_node(channels, addrs, name, call))
+                for name, addrs in sorted(targets.items())
+            }
+        finally:
+            channels.close()
+
+    def _route(self, topic: str) -> TopicRoute:
+        channels = self._pool()
+        try:
+            return RouteClient(self.namesrv_addr, channels).get_route(topic, force=True)
+        finally:
+            channels.close()
+
+    def producers(
+        self, cluster: str = "", broker_addr: str = ""
+    ) -> dict[str, pb.GetProducerConnectionsResponse]:
+        """Every live producer each broker group's leader knows (at most 1,000 per group:
+        ``truncated`` says more exist), by broker group."""
+        req = pb.GetProducerConnectionsRequest()
+        return self._on_groups(
+            lambda stub, t: stub.GetProducerConnections(req, timeout=t), cluster, broker_addr
+        )
+
     def group_topics(self, cluster: str = "", broker_addr: str = "") -> dict[str, list[str]]:
         """The topics every broker group serves, by broker group."""
         req = pb.ListTopicsRequest()
@@ -908,3 +971,43 @@ def _follow_leader(
                 addr = err.leader_addr
             else:
                 time.sleep(min(max(err.retry_after_ms / 1000, POLL_S), max(remaining, 0)))
+
+
+def _every_node(
+    channels: ChannelPool,
+    addrs: Sequence[str],
+    name: str,
+    call: Callable[[bpb_grpc.BrokerStub, float], T_],
+) -> list[T_]:
+    """``call`` on every node of ``addrs`` (one broker group, ``name``): the answers of those
+    that answered; the last error when none did."""
+    answers: list[T_] = []
+    error: MQClientError | None = None
+    for addr in addrs:
+        try:
+            answers.append(call(channels.broker(addr), ADMIN_CALL_TIMEOUT_S))
+        except grpc.RpcError as exc:
+            error = MQClientError.from_rpc(exc)
+            log.info("%s: node %s: %s", name, addr, error)
+    if not answers:
+        if error is None:
+            raise MQClientError.local(E.NO_BROKER, f"{name}: no member is registered")
+        raise MQClientError(error.code, error.status, f"{name}: {error.message}")
+    return answers
+
+
+def merged_producers(
+    answers: Sequence[pb.GetProducerConnectionsResponse],
+) -> list[pb.ProducerConnection]:
+    """The producers several nodes of one broker group answered, each (group, client id) once
+    as the node that heard from it last knows it, by group then client id."""
+    best: dict[tuple[str, str], pb.ProducerConnection] = {}
+    for answer in answers:
+        for p in answer.producers:
+            key = (p.producer_group, p.connection.client_id)
+            seen = best.get(key)
+            if seen is None or (
+                p.connection.last_heartbeat_age_ms < seen.connection.last_heartbeat_age_ms
+            ):
+                best[key] = p
+    return [best[k] for k in sorted(best)]

@@ -53,6 +53,7 @@ from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client.allocate import AllocateMessageQueueAveragely, AllocateStrategy
 from client.errors import MQClientError
+from client.heartbeat import CLIENT_LANGUAGE, CLIENT_VERSION
 from client.message import RETRY_PREFIX, MessageExt, MessageQueue, local_host, new_client_id
 from client.route import ChannelPool, RouteClient
 from client.wire import decode_messages
@@ -542,6 +543,8 @@ class PushConsumer(_ClientBase):
                         for mq in held
                         if mq.broker_name == g.broker_name
                     ],
+                    language=CLIENT_LANGUAGE,
+                    client_version=CLIENT_VERSION,
                 )
                 calls += [
                     self._channels.broker(addr).Heartbeat.future(request, timeout=HEARTBEAT_RPC_S)

@@ -521,7 +521,9 @@ def cmd_reset_offset_by_time(admin: MQAdmin, args: argparse.Namespace, out: Outp
 def cmd_send_message(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     keys = tuple(k for k in (args.keys or "").split(",") if k) if args.keys else ()
     msg = Message(args.topic, args.body.encode(), tags=args.tags, keys=keys)
-    with Producer(args.producer_group, admin.namesrv_addr, security=admin.security) as producer:
+    with Producer(
+        args.producer_group, admin.namesrv_addr, security=admin.security, heartbeat_interval_s=0
+    ) as producer:  # one-shot: no heartbeats (producerConnection lists applications)
         if args.broker or args.queue is not None:
             target = QueueFilter(args.broker, args.queue)
             r = producer.send(msg, target)
@@ -666,14 +668,210 @@ def cmd_get_acl(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
     out.table(_acl_rows(admin.get_acl(args.subject, args.cluster, args.broker_addr)))
 
 
+def connection_row(c: pb.ClientConnection) -> Row:
+    """A live client as consumerConnection, consumerStatus and producerConnection show it
+    (RocketMQ's #ClientId #ClientAddr #Language #Version; "" when the client did not say)."""
+    return {
+        "client_id": c.client_id,
+        "address": c.address,
+        "language": c.language or "UNKNOWN",
+        "version": c.version or "UNKNOWN",
+        "protocol": c.protocol,
+        "heartbeat_age_ms": c.last_heartbeat_age_ms,
+    }
+
+
+def _subscriptions(c: pb.ClientConnection) -> list[str]:
+    subs = [f"{s.topic}:{s.expression or '*'}" for s in c.subscriptions]
+    return [*subs, "..."] if c.subscriptions_truncated else subs
+
+
 def cmd_consumer_connection(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
-    by_group = admin.consumer_clients(args.group, broker_addr=args.broker_addr)
+    by_group = admin.consumer_connections(args.group, broker_addr=args.broker_addr)
     rows: list[Row] = [
-        {"broker": broker, "group": args.group, "client_id": c}
+        {
+            "broker": broker,
+            "group": args.group,
+            **connection_row(c),
+            "subscriptions": _subscriptions(c),
+        }
         for broker, clients in by_group.items()
         for c in clients
     ]
     out.table(rows)
+
+
+def cmd_producer_connection(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
+    by_group = admin.producer_connections(args.group, args.topic, args.broker_addr)
+    rows: list[Row] = [
+        {"broker": broker, "group": p.producer_group, **connection_row(p.connection)}
+        for broker, producers in by_group.items()
+        for p in producers
+    ]
+    out.table(rows)
+
+
+def _live_consumers(
+    admin: MQAdmin, group: str, client_id: str, broker_addr: str
+) -> dict[str, tuple[str, pb.ClientConnection]]:
+    """The group's live consumers by client id (``client_id``: only it), each as the broker
+    group that heard from it last knows it: (broker group, connection)."""
+    live: dict[str, tuple[str, pb.ClientConnection]] = {}
+    for broker, clients in admin.consumer_connections(group, broker_addr=broker_addr).items():
+        for c in clients:
+            if client_id and c.client_id != client_id:
+                continue
+            seen = live.get(c.client_id)
+            if seen is None or c.last_heartbeat_age_ms < seen[1].last_heartbeat_age_ms:
+                live[c.client_id] = (broker, c)
+    return live
+
+
+# clusterRT (RocketMQ's ClusterRTSubCommand): test messages timed per broker group.
+# The topic they go to: RocketMQ's benchmark topic, created with one queue on each group of the
+# cluster that does not route it yet (an existing topic is left as it is).
+CLUSTER_RT_TOPIC = "BenchmarkTest"
+CLUSTER_RT_GROUP = "CLUSTER_RT_PRODUCER"
+# -a: messages per group per round. RocketMQ's default is 100; a probe of the send path, not a
+# load test (make bench is), and every message is stored: at most 1,000.
+CLUSTER_RT_AMOUNT = 100
+MAX_CLUSTER_RT_AMOUNT = 1000
+# -s: bytes per message (RocketMQ's default 128). At most 64 KiB, so that a round stores at
+# most 64 MB per group.
+CLUSTER_RT_SIZE = 128
+MAX_CLUSTER_RT_SIZE = 64 * 1024
+# -i: seconds between rounds; --rounds: how many (RocketMQ's tool loops until killed; raftmq
+# runs a bounded count so a script ends).
+CLUSTER_RT_INTERVAL_S = 10
+MAX_CLUSTER_RT_INTERVAL_S = 3600
+MAX_CLUSTER_RT_ROUNDS = 100
+
+
+def _bounded_int(low: int, high: int, why: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [low, high], else a usage error saying ``why``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:20]!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high} ({why})")
+        return value
+
+    return parse
+
+
+def _rt_groups(admin: MQAdmin, cluster: str) -> list[tuple[str, str]]:
+    """(cluster, broker group) of every group of ``cluster`` (every cluster when empty), with
+    CLUSTER_RT_TOPIC created where it is not routed yet."""
+    groups = [
+        (c.name, g.broker_name)
+        for c in admin.cluster_info().clusters
+        if not cluster or c.name == cluster
+        for g in c.groups
+    ]
+    if not groups:
+        raise MQClientError.local(E.CLUSTER_NOT_FOUND, f"no broker group in cluster {cluster!r}")
+    try:
+        routed = {g.broker_name for g in admin.topic_route_info(CLUSTER_RT_TOPIC).groups}
+    except MQClientError:
+        routed = set()
+    missing = sorted({name for _, name in groups} - routed)
+    if missing:
+        admin.create_topic(CLUSTER_RT_TOPIC, queues=1, broker_names=missing)
+    return groups
+
+
+def _time_sends(producer: Producer, broker: str, amount: int, body: bytes) -> tuple[float, int]:
+    """``amount`` sends to queue 0 of ``broker``, one at a time, each with the producer's
+    retries on that queue: (mean RT in ms of those that succeeded, 0 when none did;
+    failures)."""
+    total_s, failed = 0.0, 0
+    pick = QueueFilter(broker, 0)
+    for _ in range(amount):
+        start = time.monotonic()
+        try:
+            producer.send(Message(CLUSTER_RT_TOPIC, body), pick)
+        except MQClientError as exc:
+            logging.getLogger(__name__).info("clusterRT %s: %s", broker, exc)
+            failed += 1
+            continue
+        total_s += time.monotonic() - start
+    ok = amount - failed
+    return (total_s * 1000 / ok if ok else 0.0), failed
+
+
+def cmd_cluster_rt(admin: MQAdmin, args: argparse.Namespace, out: Output) -> int:
+    """RocketMQ's clusterRT: per round and broker group, ``-a`` sends of ``-s`` bytes, their
+    mean RT and failures; ``-p true``: RocketMQ's log lines (time|machine room|cluster|broker|
+    RT). Exit 1 when any send failed."""
+    groups = _rt_groups(admin, args.cluster)
+    body = b"a" * args.size
+    rows: list[Row] = []
+    # RocketMQ's tool times its producer's sends, retries included (2 by default).
+    with Producer(CLUSTER_RT_GROUP, admin.namesrv_addr, security=admin.security,
+                  heartbeat_interval_s=0) as producer:  # fmt: skip
+        for round_no in range(1, args.rounds + 1):
+            if round_no > 1:
+                time.sleep(args.interval)  # the operator's pause between rounds (-i)
+            for cluster, broker in groups:
+                rt_ms, failed = _time_sends(producer, broker, args.amount, body)
+                row: Row = {"round": round_no, "cluster": cluster, "broker": broker}
+                row.update(rt_ms=round(rt_ms, 2), success=args.amount - failed, fail=failed)
+                rows.append(row)
+                if args.print_log and not out.as_json:
+                    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+                    print(f"{stamp}|{args.machine_room}|{cluster}|{broker}|{round(rt_ms)}")
+    if not args.print_log or out.as_json:
+        out.table([{**r, "machine_room": args.machine_room} for r in rows])
+    return 1 if any(r["fail"] for r in rows) else 0
+
+
+def cmd_consumer_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -> int:
+    """What the brokers know of each live consumer of ``-g`` (``-i``: one client): its
+    self-description, subscriptions, last heartbeat and locked queues; then, per queue of
+    the topics it subscribes to, the group's committed offset and lag."""
+    live = _live_consumers(admin, args.group, args.client_id, args.broker_addr)
+    if not live:
+        who = f"consumer {args.client_id!r}" if args.client_id else "consumer"
+        print(f"mqadmin consumerStatus: no live {who} in group {args.group!r}", file=sys.stderr)
+        return 1
+    holders: dict[tuple[str, str, int], str] = {}
+    clients: list[Row] = []
+    for client_id, (broker, c) in sorted(live.items()):
+        for q in c.locked_queues:
+            holders[(broker, q.topic, q.queue_id)] = client_id
+        row = {**connection_row(c), "subscriptions": _subscriptions(c)}
+        row["locked_queues"] = [f"{broker}/{q.topic}/{q.queue_id}" for q in c.locked_queues]
+        clients.append(row)
+    topics = sorted({s.topic for _, c in live.values() for s in c.subscriptions})
+    queues: list[Row] = []
+    for topic in topics:
+        try:
+            progress = admin.consumer_progress(args.group, topic)
+        except MQClientError as exc:  # a retry topic before its first retry: no queue yet
+            logging.getLogger(__name__).info("consumerStatus: topic %s: %s", topic, exc)
+            continue
+        queues += [
+            {
+                "topic": topic,
+                "broker": p.broker_name,
+                "queue": p.queue_id,
+                "max_offset": p.broker_offset,
+                "committed_offset": p.consumer_offset,
+                "lag": p.lag,
+                "locked_by": holders.get((p.broker_name, topic, p.queue_id), ""),
+            }
+            for p in progress
+        ]
+    if out.as_json:
+        print(json.dumps({"clients": clients, "queues": queues}, indent=2))
+    else:
+        print(format_table(clients))
+        print()
+        print(format_table(queues))
+    return 0
 
 
 def cmd_stats_all(admin: MQAdmin, args: argparse.Namespace, out: Output) -> None:
@@ -1342,20 +1540,9 @@ def _refuse_value(says: str) -> Callable[[str], str]:
 
 
 # RocketMQ commands raftmq refuses, with what to use instead (docs/CLIENT.md's table).
-REFUSED_COMMANDS: dict[str, str] = {
-    "consumerStatus": (
-        "brokers cannot ask a raftmq consumer for its internal state; use consumerConnection "
-        "(its live clients) and consumerProgress (offsets and lag)"
-    ),
-    "producerConnection": (
-        "raftmq brokers keep no producer registry (producers send without heartbeats); "
-        "the send rate per topic is a Prometheus metric (docs/METRICS.md)"
-    ),
-    "clusterRT": (
-        "time sends with the benchmark (make bench, docs/PERFORMANCE.md) or mqadmin "
-        "sendMessage; raftmq has no per-broker topic for clusterRT to write to"
-    ),
-}
+# None at present: every shared command is served (its letters refused one by one where
+# raftmq must differ).
+REFUSED_COMMANDS: dict[str, str] = {}
 
 
 UPDATE_BROKER_CONFIG_HELP = (
@@ -1585,9 +1772,7 @@ def _print_and_stats_commands(
     p = add("dlqResend", cmd_dlq_resend, "resend dead letters to their original topics")
     p.add_argument("-g", "--group", required=True, help="consumer group")
     p.add_argument("-i", "--id", default="", help="only this msg id (default: all)")
-    p = add("consumerConnection", cmd_consumer_connection, "a consumer group's live clients")
-    p.add_argument("-g", "--group", "--consumerGroup", required=True, help="consumer group")
-    _broker_addr_flag(p)
+    _client_commands(add)
     p = add("statsAll", cmd_stats_all, "per topic and group: messages stored, accumulation")
     p.add_argument("-t", "--topic", default="", help="only this topic")
     p.add_argument(
@@ -1596,6 +1781,63 @@ def _print_and_stats_commands(
         action=_RefuseFlag,
         says="raftmq keeps no per-topic rates; they are Prometheus metrics (docs/METRICS.md)",
     )
+
+
+def _client_commands(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    """consumerConnection, consumerStatus, producerConnection and clusterRT."""
+    p = add("consumerConnection", cmd_consumer_connection, "a consumer group's live clients")
+    p.add_argument("-g", "--group", "--consumerGroup", required=True, help="consumer group")
+    _broker_addr_flag(p)
+    p = add(
+        "consumerStatus",
+        cmd_consumer_status,
+        "a consumer group's live clients: subscriptions, release, last heartbeat, locked "
+        "queues, and the lag of every queue they subscribe to",
+    )
+    p.add_argument("-g", "--group", "--consumerGroup", required=True, help="consumer group")
+    p.add_argument("-i", "--clientId", dest="client_id", default="", help="only this client")
+    _broker_addr_flag(p)
+    p.add_argument(
+        "-s",
+        "--jstack",
+        action=_RefuseFlag,
+        says="a broker cannot take a client's thread dump; run py-spy dump (or jstack) on the "
+        "client's host",
+    )
+    p = add("producerConnection", cmd_producer_connection, "a producer group's live clients")
+    p.add_argument("-g", "--producerGroup", dest="group", required=True, help="producer group")
+    p.add_argument("-t", "--topic", required=True, help="a topic the group sends to")
+    _broker_addr_flag(p)
+    _cluster_rt_parser(add("clusterRT", cmd_cluster_rt, "time test sends to every broker group"))
+
+
+def _cluster_rt_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-a", "--amount", type=_bounded_int(1, MAX_CLUSTER_RT_AMOUNT, "messages per group"),
+        default=CLUSTER_RT_AMOUNT, help=f"messages per group and round ({CLUSTER_RT_AMOUNT})",
+    )  # fmt: skip
+    p.add_argument(
+        "-s", "--size", type=_bounded_int(1, MAX_CLUSTER_RT_SIZE, "bytes per message"),
+        default=CLUSTER_RT_SIZE, help=f"bytes per message ({CLUSTER_RT_SIZE})",
+    )  # fmt: skip
+    _cluster_flag(p, "only this cluster's groups (default: every cluster)")
+    p.add_argument(
+        "-p", "--printLog", dest="print_log", type=parse_bool, default=False,
+        help="true: one line per group and round, time|machine room|cluster|broker|RT",
+    )  # fmt: skip
+    p.add_argument(
+        "-m", "--machineRoom", dest="machine_room", default="noname", help="for -p's lines"
+    )
+    p.add_argument(
+        "-i", "--interval",
+        type=_bounded_int(0, MAX_CLUSTER_RT_INTERVAL_S, "seconds between rounds"),
+        default=CLUSTER_RT_INTERVAL_S,
+        help=f"seconds between rounds ({CLUSTER_RT_INTERVAL_S})",
+    )  # fmt: skip
+    p.add_argument(
+        "--rounds", type=_bounded_int(1, MAX_CLUSTER_RT_ROUNDS, "rounds"), default=1,
+        help="raftmq: how many rounds (1; RocketMQ's tool loops until killed)",
+    )  # fmt: skip
 
 
 def _node_addr(text: str) -> str:

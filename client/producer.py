@@ -49,7 +49,15 @@ from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 
 from client.errors import MQClientError
-from client.message import Message, MessageQueue, SendResult, local_host, new_msg_id
+from client.heartbeat import PRODUCER_HEARTBEAT_INTERVAL_S, ProducerHeartbeats
+from client.message import (
+    Message,
+    MessageQueue,
+    SendResult,
+    local_host,
+    new_client_id,
+    new_msg_id,
+)
 from client.route import POLL_NAME_SERVER_INTERVAL_S, ChannelPool, RouteClient, retry_wait_s
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
@@ -172,6 +180,8 @@ class Producer:
         retry_times_when_send_failed: int = RETRY_TIMES_WHEN_SEND_FAILED,
         security: ClientSecurity = PLAINTEXT,
         poll_name_server_interval_s: float = POLL_NAME_SERVER_INTERVAL_S,
+        heartbeat_interval_s: float = PRODUCER_HEARTBEAT_INTERVAL_S,
+        client_id: str = "",
     ) -> None:
         if not MIN_POLL_NAME_SERVER_INTERVAL_S <= poll_name_server_interval_s <= MAX_POLL_S:
             raise MQClientError(
@@ -210,6 +220,11 @@ class Producer:
             tuple[Callable[[SendResult | None, BaseException | None], None], Any, Any] | None
         ] = queue.SimpleQueue()
         self._callback_thread: threading.Thread | None = None
+        # RocketMQ's ip@instance: who this producer is in producerConnection.
+        self.client_id = client_id or new_client_id(self._born_host)
+        self._heartbeats = ProducerHeartbeats(
+            group, self.client_id, self._channels, lambda: self._routes, heartbeat_interval_s
+        )
 
     def start(self) -> None:
         if self._routes is not None:
@@ -222,6 +237,7 @@ class Producer:
             target=self._run_callbacks, name="producer-callbacks", daemon=True
         )
         self._callback_thread.start()
+        self._heartbeats.start()
 
     def shutdown(self) -> None:
         """Waits for the sends in flight (their callbacks included), then closes every
@@ -238,6 +254,7 @@ class Producer:
             self._callbacks.put(None)
             self._callback_thread.join(SHUTDOWN_SLACK_S)
             self._callback_thread = None
+        self._heartbeats.stop()
         self._channels.close()
         self._routes = None
 
@@ -500,6 +517,7 @@ class Producer:
             if len(self._queues) >= MAX_CACHED_QUEUES:
                 self._queues.clear()
             mq = self._queues[key] = MessageQueue(*key)
+            self._heartbeats.note(topic)  # a topic new to this producer: its groups hear of it
         return mq
 
     def _results(

@@ -25,7 +25,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from client.admin import MQAdmin
+from client.admin import MQAdmin, merged_producers
 from client.consumer import PullConsumer
 from client.errors import MQClientError
 from client.message import DLQ_PREFIX, Message, MessageExt, MessageQueue, SendResult
@@ -487,17 +487,58 @@ class GroupReader:
     def _clients_of(self, group: str, leaders: dict[str, list[str]]) -> list[tuple[str, str]]:
         """(broker group, client id) of the live consumers of ``group`` each of ``leaders``'
         broker groups knows."""
-        out: list[tuple[str, str]] = []
+        return [(name, c.client_id) for name, c in self._connections_of(group, leaders)]
+
+    def _connections_of(
+        self, group: str, leaders: dict[str, list[str]]
+    ) -> list[tuple[str, ClientView]]:
+        """(broker group, client) of the live consumers of ``group`` each of ``leaders``'
+        broker groups knows (a broker before 0.3.0 answers the client ids only)."""
+        out: list[tuple[str, ClientView]] = []
         for name, addrs in sorted(leaders.items()):
             resp = self._first_answer(
                 addrs,
                 lambda stub, t: stub.GetConsumerList(
-                    pb.GetConsumerListRequest(consumer_group=group), timeout=t
+                    pb.GetConsumerListRequest(consumer_group=group, with_connections=True),
+                    timeout=t,
                 ),
             )
             assert isinstance(resp, pb.GetConsumerListResponse)
-            out += [(name, c) for c in resp.client_ids]
+            if len(resp.connections) == len(resp.client_ids):
+                out += [(name, ClientView.of(group, c)) for c in resp.connections]
+            else:
+                out += [(name, ClientView(group, c)) for c in resp.client_ids]
         return out
+
+    def producers(self) -> tuple[list[tuple[str, ClientView]], bool]:
+        """(broker group, producer) of every live producer the nodes of each broker group know
+        (every node: a RocketMQ 5 client heartbeats only the nodes it is connected to; at most
+        1,000 per node), in parallel; and whether a node left some out."""
+        groups = sorted(self._leaders().items())
+        answers = list(self._pool.map(lambda g: self._producers_of(*g), groups))
+        out = [
+            (name, ClientView.of(p.producer_group, p.connection))
+            for (name, _), per_node in zip(groups, answers, strict=True)
+            for p in merged_producers(per_node)
+        ]
+        return out, any(a.truncated for per_node in answers for a in per_node)
+
+    def _producers_of(self, name: str, addrs: list[str]) -> list[pb.GetProducerConnectionsResponse]:
+        """Every answering node's producers of one broker group (none answering: its error)."""
+        answers: list[pb.GetProducerConnectionsResponse] = []
+        error: MQClientError | None = None
+        for addr in addrs:
+            try:
+                answers.append(
+                    self.channels.broker(addr).GetProducerConnections(
+                        pb.GetProducerConnectionsRequest(), timeout=READ_TIMEOUT_S
+                    )
+                )
+            except grpc.RpcError as exc:
+                error = MQClientError.from_rpc(exc)
+        if not answers and error is not None:
+            raise MQClientError(error.code, error.status, f"{name}: {error.message}")
+        return answers
 
     def dead_letters(self, group: str) -> list[ShownMessage]:
         """The first MAX_MESSAGES messages of ``%DLQ%{group}`` (none when it does not exist)."""
@@ -627,14 +668,14 @@ class GroupReader:
         config = {k[:MAX_CONFIG_CHARS]: v[:MAX_CONFIG_CHARS] for k, v in items}
         return NodeConfig(broker_name, m.node_id, m.client_addr, config)
 
-    def clients(self) -> list[tuple[str, str, str]]:
-        """(consumer group, broker group, client id) of every live consumer, for the first
-        MAX_CLIENT_GROUPS consumer groups with one online."""
+    def clients(self) -> list[tuple[str, ClientView]]:
+        """(broker group, consumer) of every live consumer, for the first MAX_CLIENT_GROUPS
+        consumer groups with one online."""
         online = [g.name for g in self.consumer_groups(exact_clients=False) if g.online_clients]
         leaders = self._leaders()
-        out: list[tuple[str, str, str]] = []
+        out: list[tuple[str, ClientView]] = []
         for group in online[:MAX_CLIENT_GROUPS]:
-            out += [(group, b, c) for b, c in self._clients_of(group, leaders)]
+            out += self._connections_of(group, leaders)
         return out
 
     # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
@@ -689,8 +730,37 @@ class GroupReader:
 
     def send_test(self, msg: Message, security: ClientSecurity) -> SendResult:
         """Send ``msg`` once as ``security`` (producer group SEND_GROUP); the broker's answer."""
-        with Producer(SEND_GROUP, self.namesrv_addr, security=security) as producer:
+        # One-shot: no heartbeats (the Clients page lists applications' producers).
+        with Producer(
+            SEND_GROUP, self.namesrv_addr, security=security, heartbeat_interval_s=0
+        ) as producer:
             return producer.send(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientView:
+    """A live producer or consumer as the clients page shows it ("" where the client did not
+    say: a client before 0.3.0 sends no language or version)."""
+
+    group: str
+    client_id: str
+    address: str = ""
+    language: str = ""
+    version: str = ""
+    protocol: str = ""
+    heartbeat_age_ms: int = 0
+
+    @classmethod
+    def of(cls, group: str, c: pb.ClientConnection) -> ClientView:
+        return cls(
+            group,
+            c.client_id,
+            c.address,
+            c.language,
+            c.version,
+            c.protocol,
+            c.last_heartbeat_age_ms,
+        )
 
 
 @dataclass(frozen=True, slots=True)

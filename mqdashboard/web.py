@@ -395,7 +395,11 @@ class Dashboard:
         return await self.render(
             request,
             "clients.html",
-            lambda: {"clients": self.reader.clients(), "max_groups": MAX_CLIENT_GROUPS},
+            lambda: {
+                "clients": self.reader.clients(),
+                "producers": self.reader.producers(),
+                "max_groups": MAX_CLIENT_GROUPS,
+            },
         )
 
     async def charts(self, request: Request) -> Response:

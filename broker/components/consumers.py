@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from broker.components.applied import require_leader
-from broker.components.locks import NOBODY, ConsumerTable, Owner, QueueLockTable
+from broker.components.locks import (
+    NOBODY,
+    ClientInfo,
+    ConsumerTable,
+    LiveClient,
+    Owner,
+    QueueLockTable,
+)
 from broker.components.pulling import parse_subscription
 from broker.components.topics import Topics
 from broker.state.errors import InvalidRequestError
@@ -28,6 +35,14 @@ MAX_SUBSCRIPTIONS = 1024
 # Queues in one lock or unlock request or one heartbeat's locked list (RocketMQ locks per
 # broker group, at most a few hundred queues per consumer).
 MAX_LOCK_BATCH = 4096
+# A client's language and release as it reports them (RocketMQ's LanguageCode names and
+# versions such as "V5_3_1" or "5.0.7" are far shorter): printable ASCII up to this length.
+MAX_CLIENT_INFO_CHARS = 64
+# A consumer's subscriptions kept for consumerStatus: up to this many characters of topics and
+# expressions (a heartbeat may carry 1,024 subscriptions of up to 4 KB each; kept whole, 10,000
+# consumers could hold gigabytes). 2 KB per consumer is at most 20 MB for a full table; the
+# rest is left out and marked truncated.
+MAX_KEPT_SUBSCRIPTION_CHARS = 2048
 # Groups in one ListConsumerGroups answer: a dashboard's page, not an export (a cluster with
 # more groups than this is listed by name order up to it, with `truncated` set).
 MAX_LISTED_GROUPS = 10_000
@@ -48,6 +63,41 @@ def validate_client_id(client_id: str) -> None:
         raise InvalidRequestError(
             f"client_id is {len(client_id)} characters, more than {MAX_CLIENT_ID_CHARS}"
         )
+
+
+def check_client_text(name: str, value: str) -> None:
+    """A client's self-description (language, release): printable ASCII, bounded."""
+    if len(value) > MAX_CLIENT_INFO_CHARS:
+        raise InvalidRequestError(
+            f"{name} is {len(value)} characters, more than {MAX_CLIENT_INFO_CHARS}"
+        )
+    if not all(" " <= ch <= "~" for ch in value):
+        raise InvalidRequestError(f"{name} is not printable ASCII")
+
+
+def client_info(
+    address: str,
+    language: str,
+    version: str,
+    subscriptions: Sequence[tuple[str, str]] = (),
+    protocol: str = "v1",
+) -> ClientInfo:
+    """What a heartbeat says of its client, checked (language and version: INVALID_REQUEST
+    when not short printable ASCII), with at most MAX_KEPT_SUBSCRIPTION_CHARS of its
+    subscriptions kept."""
+    check_client_text("language", language)
+    check_client_text("client_version", version)
+    kept: list[tuple[str, str]] = []
+    chars = 0
+    for topic, expression in subscriptions:
+        chars += len(topic) + len(expression)
+        if chars > MAX_KEPT_SUBSCRIPTION_CHARS:
+            break
+        kept.append((topic, expression))
+    truncated = len(kept) < len(subscriptions)
+    return ClientInfo(
+        address[:MAX_CLIENT_ID_CHARS], language, version, protocol, tuple(kept), truncated
+    )
 
 
 def monotonic_ms() -> int:
@@ -72,10 +122,12 @@ class ConsumerGroups:
         subscriptions: Sequence[tuple[str, str]],
         locked: Sequence[QueueKey],
         owner: tuple[str, bool] = ("", False),
+        described: tuple[str, str, str] = ("", "", ""),
     ) -> None:
         """``client_id`` of ``group`` is alive, subscribed to (topic, expression) pairs
-        (checked, not kept), holding ``locked``; ``owner``: the calling user and whether it is
-        a Super user (consumersPerUser, queueLocksPerUser)."""
+        (checked; the first MAX_KEPT_SUBSCRIPTION_CHARS kept), holding ``locked``; ``owner``:
+        the calling user and whether it is a Super user (consumersPerUser, queueLocksPerUser);
+        ``described``: the address it called from, its language and release."""
         _check_client(group, client_id)
         if len(subscriptions) > MAX_SUBSCRIPTIONS:
             raise InvalidRequestError(
@@ -86,9 +138,10 @@ class ConsumerGroups:
             parse_subscription(expression)
         if len(locked) > MAX_LOCK_BATCH:
             raise InvalidRequestError(f"more than {MAX_LOCK_BATCH} locked queues in a heartbeat")
+        info = client_info(*described, subscriptions)
         now_ms = self.clock_ms()
         self.expire(now_ms)
-        self.consumers.heartbeat(group, client_id, now_ms, owner)
+        self.consumers.heartbeat(group, client_id, now_ms, owner, info)
         held = [q for q in locked if self.topics.has_queue(*q)]
         self.locks.claim(group, client_id, held, now_ms, owner)
 
@@ -111,6 +164,19 @@ class ConsumerGroups:
         validate_group_name(group)
         self.expire(self.clock_ms())
         return self.consumers.clients(group)
+
+    def connections(self, group: str) -> list[tuple[LiveClient, int, list[QueueKey]]]:
+        """The live consumers of ``group``: each with its heartbeat's age in ms and the queues
+        it holds locked, by client id."""
+        validate_group_name(group)
+        now_ms = self.clock_ms()
+        self.expire(now_ms)
+        out = []
+        for c in self.consumers.live(group):
+            user = self.consumers.owner(group, c.client_id)
+            held = self.locks.queues_of(group, c.client_id, user, now_ms)
+            out.append((c, now_ms - c.last_heartbeat_ms, held))
+        return out
 
     def listed(self, limit: int = MAX_LISTED_GROUPS) -> tuple[list[GroupListing], bool]:
         """Every group with a committed offset (replicated state) or a live consumer on this

@@ -8,7 +8,10 @@ after at most that long. Consumers also report the queues they hold in every hea
 goes to every node, so a node that becomes leader already knows who holds what and does not
 hand a held queue to a second consumer.
 
-Live consumers (:class:`ConsumerTable`) are the clients that sent a heartbeat recently.
+Live consumers (:class:`ConsumerTable`) are the clients that sent a heartbeat recently; the
+same table, built with the producers' limits, is the producer registry
+(:mod:`broker.components.producers`). Each entry keeps what the client said of itself
+(:class:`ClientInfo`: address, language, release, a consumer's subscriptions), bounded.
 
 Both tables are keyed by what clients send, so both are bounded (in total and per client or
 group: one client cannot fill a table and starve the others), and both keep their entries in
@@ -24,12 +27,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.state.errors import (
     ClientIdTakenError,
     ConfigError,
     QuotaExceededError,
+    ResourceExhaustedError,
     TooManyConsumersError,
     TooManyLocksError,
 )
@@ -68,6 +72,30 @@ ClientKey = tuple[str, str]
 # id are never another user's, even under the same id (a caller cannot renew, count against or
 # free another user's locks by naming its client id).
 LockClientKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """What a client said of itself in its last heartbeat (shown by mqadmin's
+    consumerConnection, consumerStatus and producerConnection): checked and bounded by the
+    caller (broker.components.consumers.client_info)."""
+
+    address: str = ""  # host:port the heartbeat came from
+    language: str = ""  # "" when the client did not send it
+    version: str = ""
+    protocol: str = "v1"  # v1: raftmq's client; v2: a RocketMQ 5 client
+    subscriptions: tuple[tuple[str, str], ...] = field(default=())  # (topic, expression)
+    subscriptions_truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LiveClient:
+    """One live entry of a :class:`ConsumerTable`."""
+
+    group: str
+    client_id: str
+    last_heartbeat_ms: int
+    info: ClientInfo
 
 
 @dataclass(slots=True)
@@ -265,6 +293,15 @@ class QueueLockTable:
                 released.append(q)
         return released
 
+    def queues_of(
+        self, group: str, client_id: str, user: str, now_ms: int
+    ) -> list[tuple[str, int]]:
+        """The queues ``client_id`` of ``group`` holds locked (live locks taken by calls of
+        ``user``), sorted. O(its locks)."""
+        keys = self._by_client.get((group, client_id, user), ())
+        live = [k for k in keys if now_ms - self._locks[k].renewed_ms < self.max_live_ms]
+        return sorted((t, q) for _, t, q in live)
+
     def release_client(self, group: str, client_id: str, user: str = "") -> int:
         """A consumer of ``user`` that unregistered or expired: every lock calls of ``user``
         took for it is free (another user's locks under the same client id are left alone).
@@ -275,9 +312,24 @@ class QueueLockTable:
         return len(keys)
 
 
+@dataclass(frozen=True, slots=True)
+class TableKind:
+    """What a :class:`ConsumerTable` holds, for its refusals: the clients' name, the quota key
+    that shares it out, and the error of a full table."""
+
+    clients: str = "consumers"
+    quota_key: str = "consumersPerUser"
+    full_error: type[ResourceExhaustedError] = TooManyConsumersError
+    group_limit_key: str = "maxConsumersPerGroup"
+    table_limit_key: str = "maxConsumers"
+
+
+CONSUMERS = TableKind()
+
+
 class ConsumerTable:
-    """Consumers that sent a heartbeat within ``expire_ms``, per group; ``now_ms`` is passed in
-    and never goes backwards (a monotonic clock)."""
+    """Clients that sent a heartbeat within ``expire_ms``, per group (consumers, or producers
+    with ``kind``); ``now_ms`` is passed in and never goes backwards (a monotonic clock)."""
 
     def __init__(
         self,
@@ -285,13 +337,16 @@ class ConsumerTable:
         max_consumers: int = MAX_CONSUMERS,
         max_per_group: int = MAX_CONSUMERS_PER_GROUP,
         max_per_user: int = DEFAULT_CONSUMERS_PER_USER,
+        kind: TableKind = CONSUMERS,
     ) -> None:
         if not (expire_ms > 0 and max_consumers > 0 and max_per_group > 0 and max_per_user > 0):
-            raise ConfigError("consumer table limits must be > 0")
+            raise ConfigError(f"{kind.clients} table limits must be > 0")
+        self.kind = kind
         self.expire_ms = expire_ms
         self.max_consumers = max_consumers
         self.max_per_group = max_per_group
         self.max_per_user = max_per_user
+        self._info: dict[ClientKey, ClientInfo] = {}
         # The user whose heartbeat registered each consumer (none kept for ""), and counts.
         self._owner: dict[ClientKey, str] = {}
         self._by_user: dict[str, int] = {}
@@ -322,45 +377,64 @@ class ConsumerTable:
 
     def _drop_from_group(self, key: ClientKey) -> None:
         _count(self._by_user, self._owner.pop(key, ""), -1)
+        self._info.pop(key, None)
         members = self._groups.get(key[0])
         if members is not None:
             members.discard(key[1])
             if not members:
                 del self._groups[key[0]]
 
-    def heartbeat(self, group: str, client_id: str, now_ms: int, owner: Owner = NOBODY) -> None:
-        """Record a heartbeat of a call of ``owner`` (call :meth:`expire` first). Raises
-        :class:`TooManyConsumersError` for a new consumer that does not fit the group or the
-        table, :class:`QuotaExceededError` for one that does not fit the user's share
-        (consumersPerUser), :class:`ClientIdTakenError` (nothing refreshed) for a live consumer
-        another user's heartbeats registered, Super users' too."""
+    def heartbeat(
+        self,
+        group: str,
+        client_id: str,
+        now_ms: int,
+        owner: Owner = NOBODY,
+        info: ClientInfo | None = None,
+    ) -> None:
+        """Record a heartbeat of a call of ``owner`` (call :meth:`expire` first), and what the
+        client said of itself (``info``: kept until the next heartbeat; None keeps the last).
+        Raises the kind's full error (:class:`TooManyConsumersError`) for a new client that does
+        not fit the group or the table, :class:`QuotaExceededError` for one that does not fit
+        the user's share (consumersPerUser), :class:`ClientIdTakenError` (nothing refreshed) for
+        a live client another user's heartbeats registered, Super users' too."""
         key = (group, client_id)
         if key in self._seen and self._owner.get(key, "") != owner[0]:
             raise ClientIdTakenError(
-                f"consumer {client_id!r} of group {group!r} is registered by another user"
+                f"{self.kind.clients[:-1]} {client_id!r} of group {group!r} is registered by"
+                " another user"
             )
-        if key in self._seen:
-            self._seen[key] = now_ms
-            self._seen.move_to_end(key)
-            return
+        if key not in self._seen:
+            self._admit(group, owner)
+            self._add(key, owner[0])
+        self._seen[key] = now_ms
+        self._seen.move_to_end(key)
+        if info is not None:
+            self._info[key] = info
+
+    def _admit(self, group: str, owner: Owner) -> None:
+        """Refuse a new client of ``group`` that does not fit (see :meth:`heartbeat`)."""
+        kind = self.kind
         members = self._groups.get(group)
         if members is not None and len(members) >= self.max_per_group:
-            raise TooManyConsumersError(
-                f"the group has {len(members)} live consumers, the most one node tracks"
-                f" (maxConsumersPerGroup={self.max_per_group})"
+            raise kind.full_error(
+                f"the group has {len(members)} live {kind.clients}, the most one node tracks"
+                f" ({kind.group_limit_key}={self.max_per_group})"
             )
         if len(self._seen) >= self.max_consumers:
-            raise TooManyConsumersError(
-                f"the node tracks {len(self._seen)} live consumers, the most it may"
-                f" (maxConsumers={self.max_consumers})"
+            raise kind.full_error(
+                f"the node tracks {len(self._seen)} live {kind.clients}, the most it may"
+                f" ({kind.table_limit_key}={self.max_consumers})"
             )
         user, unbounded = owner
         if user and not unbounded and self.held_by_user(user) >= self.max_per_user:
             raise QuotaExceededError(
-                "consumersPerUser",
-                f"user {user!r} has {self.max_per_user} live consumers on this node",
+                kind.quota_key,
+                f"user {user!r} has {self.max_per_user} live {kind.clients} on this node",
             )
-        self._seen[key] = now_ms
+
+    def _add(self, key: ClientKey, user: str) -> None:
+        group, client_id = key
         self._groups.setdefault(group, set()).add(client_id)
         if user:
             self._owner[key] = user
@@ -376,6 +450,10 @@ class ConsumerTable:
         self._drop_from_group((group, client_id))
         return True
 
+    def owner(self, group: str, client_id: str) -> str:
+        """The user whose heartbeats registered the client ("" without users)."""
+        return self._owner.get((group, client_id), "")
+
     def groups(self) -> set[str]:
         """The groups with a live consumer (call :meth:`expire` first)."""
         return set(self._groups)
@@ -383,3 +461,22 @@ class ConsumerTable:
     def clients(self, group: str) -> list[str]:
         """The group's live consumers, sorted (call :meth:`expire` first)."""
         return sorted(self._groups.get(group, ()))
+
+    def live(self, group: str) -> list[LiveClient]:
+        """The group's live clients with what they said of themselves, by client id (call
+        :meth:`expire` first)."""
+        return [self._live((group, c)) for c in self.clients(group)]
+
+    def _live(self, key: ClientKey) -> LiveClient:
+        return LiveClient(key[0], key[1], self._seen[key], self._info.get(key, ClientInfo()))
+
+    def every(self, limit: int) -> tuple[list[LiveClient], bool]:
+        """Every live client by group then client id, at most ``limit``; and whether more exist
+        (call :meth:`expire` first). O(limit + groups log groups)."""
+        out: list[LiveClient] = []
+        for group in sorted(self._groups):
+            for client_id in sorted(self._groups[group]):
+                if len(out) >= limit:
+                    return out, True
+                out.append(self._live((group, client_id)))
+        return out, False

@@ -43,6 +43,9 @@ class ServiceConfig:
     # leader buffers (broker.offsets, 100,000).
     long_polls_per_user: int = 1000
     consumers_per_user: int = 1000
+    # Live producers one user's heartbeats may register on a node (broker.components.producers,
+    # producersPerUser): a tenth of its 10,000.
+    producers_per_user: int = 1000
     queue_locks_per_user: int = 10_000
     pending_offsets_per_user: int = 10_000
     # Topics one user may create in the broker group (broker.topics, topicsPerUser): a tenth of

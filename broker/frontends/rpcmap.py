@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.components.consumers import MAX_LOCK_BATCH, MAX_SUBSCRIPTIONS
+from broker.components.producers import MAX_PRODUCER_TOPICS
 from broker.components.retry import MAX_SEND_BACK_BATCH
 from broker.state.auth.model import (
     CLUSTER,
@@ -93,6 +94,22 @@ def _heartbeat(r: Any, c: str) -> list[Want]:
         return [group(r.consumer_group, SUB)]  # refused by the servicer, as above
     topics = [s.topic for s in r.subscriptions] + [q.topic for q in r.locked_queues]
     return [group(r.consumer_group, SUB), *_topics_sub(topics)]
+
+
+def _producer_topics(r: Any, c: str) -> list[Want]:
+    # Pub on each topic a producer's heartbeat names (as a RocketMQ 5 producer's Settings);
+    # none named, or more than the registry's limit: refused by the servicer, the first asked
+    # here (SendMessage's empty topic likewise).
+    names = dict.fromkeys(r.topics[:MAX_PRODUCER_TOPICS]) or {"": None}
+    return [topic(name, PUB) for name in names]
+
+
+def _producer_connections(r: Any, c: str) -> list[Want]:
+    # A group's producers: rights on the group and the topic (producerConnection -g -t); every
+    # producer of the node (the dashboard): the cluster's List right, as ListConsumerGroups.
+    if r.producer_group or r.topic:
+        return [group(r.producer_group, GET), topic(r.topic, GET)]
+    return [cluster(c, LIST)]
 
 
 def _view(r: Any, c: str) -> list[Want]:
@@ -190,6 +207,9 @@ RPC_NEEDS: Mapping[str, Needs | str] = {
     BROKER + "GetConsumerList": lambda r, c: [group(r.consumer_group, SUB)],
     BROKER + "ListConsumerGroups": lambda r, c: [cluster(c, LIST)],
     BROKER + "UnregisterConsumer": lambda r, c: [group(r.consumer_group, SUB)],
+    BROKER + "ProducerHeartbeat": _producer_topics,
+    BROKER + "UnregisterProducer": _producer_topics,
+    BROKER + "GetProducerConnections": _producer_connections,
     BROKER + "LockBatchMQ": _locks,
     BROKER + "UnlockBatchMQ": _locks,
     BROKER + "ConsumerSendMsgBack": lambda r, c: [group(r.consumer_group, SUB)],

@@ -41,6 +41,7 @@ from client.message import Message, MessageQueue
 from client.route import ChannelPool
 from mqcluster.cluster import LocalCluster, _free_port
 from mqcluster.groups import Groups
+from mqrelease import RELEASE
 from mqsecurity.channels import ClientSecurity
 
 pytestmark = pytest.mark.integration
@@ -393,6 +394,7 @@ def test_dashboard_in_a_browser(browser: Any, group: LocalCluster, dashboard: st
 
 NEW_TOPIC = "DashMade"
 NEW_GROUP = "dash-made"
+NEW_PRODUCER = "dash-producer"
 
 
 def _act(
@@ -503,18 +505,29 @@ def test_dashboard_actions_in_a_browser(browser: Any, group: LocalCluster, dashb
     _shot(driver, "action_send_done")
     [found] = admin.query_msg_by_key(NEW_TOPIC, "probe-2", 4)
     assert (found.msg_id, found.tags, found.body) == (sent_id, "probe", HOSTILE.encode())
-    # Clients: a live consumer of the new topic, listed with its client id per broker group.
+    # Clients: a live producer and consumer of the new topic, listed per broker group with
+    # their client id, address, language and version.
     consumer = PushConsumer(NEW_GROUP, group.namesrv.addr, security=group.client_security())
     consumer.subscribe(NEW_TOPIC, "*")
     consumer.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
     consumer.start()
+    producer = Producer(NEW_PRODUCER, group.namesrv.addr, security=group.client_security())
     try:
-        text = _open(driver, dashboard + "/clients", NEW_GROUP)
-        [row] = [r for r in text.splitlines() if r.startswith(NEW_GROUP)]
-        assert "broker-a" in row and "@" in row
-        assert "Producers are not tracked" in text
+        producer.start()
+        producer.send(Message(NEW_TOPIC, b"a producer to list"))
+        _open(driver, dashboard + "/clients", NEW_PRODUCER)
+        _open(driver, dashboard + "/clients", NEW_GROUP)
+        for table, name, client_id in (
+            ("producers", NEW_PRODUCER, producer.client_id),
+            ("clients", NEW_GROUP, consumer.client_id),
+        ):
+            [row] = driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+            cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+            assert cells[:3] == [name, "broker-a", client_id], cells
+            assert cells[3].startswith("127.0.0.1:") and cells[4:6] == ["PYTHON", RELEASE], cells
         _shot(driver, "clients")
     finally:
+        producer.shutdown()
         consumer.shutdown()
     # The config of every node, as the dashboard's read-only user reads it.
     text = _open(driver, dashboard + "/config", "broker-a/n2")

@@ -27,8 +27,10 @@ from support import wait_for
 from client import MQAdmin, Producer, PullConsumer, PushConsumer
 from client.consumer import ConsumeStatus
 from client.message import Message, MessageQueue
+from client.mqadmin import CLUSTER_RT_TOPIC
 from client.mqadmin import main as mqadmin
 from mqcluster.cluster import LocalCluster
+from mqrelease import RELEASE
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +52,7 @@ class Ctx:
     admin: MQAdmin
     values: dict[str, str]
     live: PushConsumer | None = None
+    producer: Producer | None = None
     found: dict[str, Any] = field(default_factory=dict)
 
     def fill(self, line: str) -> list[str]:
@@ -100,6 +103,8 @@ def setup(cluster: LocalCluster) -> Ctx:
         "group": "compat-cg",
         "group2": "compat-sub",
         "live_group": "compat-live",
+        "producer_group": "compat-producer",
+        "ptopic": "CompatProducerTopic",
         "user": "compatuser",
         "password": "compat-pass-1234",
     }
@@ -127,6 +132,12 @@ def setup(cluster: LocalCluster) -> Ctx:
     ctx.live.subscribe(wtopic)
     ctx.live.register_listener(lambda msgs: ConsumeStatus.CONSUME_SUCCESS)
     ctx.live.start()
+    ctx.values["live_client"] = ctx.live.client_id
+    # A producer that stays up (producerConnection lists it; its first send heartbeats).
+    ctx.producer = Producer(values["producer_group"], ns, security=security)
+    ctx.producer.start()
+    admin.create_topic(values["ptopic"], queues=1)
+    ctx.producer.send(Message(values["ptopic"], b"from-the-live-producer"))
     return ctx
 
 
@@ -215,6 +226,10 @@ def check_reset_offset_by_time(ctx: Ctx, outs: list[Any]) -> None:
 def check_consumer_connection(ctx: Ctx, outs: list[Any]) -> None:
     assert ctx.live is not None
     assert [r["client_id"] for r in outs[0]] == [ctx.live.client_id]
+    row = outs[0][0]
+    assert (row["language"], row["version"], row["protocol"]) == ("PYTHON", RELEASE, "v1")
+    assert row["address"].startswith("127.0.0.1:"), row
+    assert f"{ctx.values['wtopic']}:*" in row["subscriptions"]
 
 
 def check_stats_all(ctx: Ctx, outs: list[Any]) -> None:
@@ -326,8 +341,43 @@ def check_update_broker_config(ctx: Ctx, outs: list[Any]) -> None:
     wait_for(every_node_has_them, ROUTE_WAIT_S, "every node to apply the live changes")
 
 
-def refused_only(ctx: Ctx, outs: list[Any]) -> None:
-    assert outs == []
+def check_consumer_status(ctx: Ctx, outs: list[Any]) -> None:
+    """Both runs name the live consumer with its release and subscription, and the lag of the
+    one queue of the topic it reads, as the brokers' offsets give it."""
+    assert ctx.live is not None
+    wtopic = ctx.values["wtopic"]
+    for out in outs:
+        assert [(c["client_id"], c["version"]) for c in out["clients"]] == [
+            (ctx.live.client_id, RELEASE)
+        ]
+        assert f"{wtopic}:*" in out["clients"][0]["subscriptions"]
+        rows = [q for q in out["queues"] if q["topic"] == wtopic]
+        assert [(q["broker"], q["queue"]) for q in rows] == [(ctx.values["broker"], 0)]
+        q = rows[0]
+        assert q["lag"] == q["max_offset"] - max(q["committed_offset"], 0), q
+
+
+def check_producer_connection(ctx: Ctx, outs: list[Any]) -> None:
+    assert ctx.producer is not None
+    rows = outs[0]
+    assert [(r["broker"], r["group"], r["client_id"]) for r in rows] == [
+        (ctx.values["broker"], ctx.values["producer_group"], ctx.producer.client_id)
+    ]
+    assert (rows[0]["language"], rows[0]["version"]) == ("PYTHON", RELEASE)
+    assert rows[0]["address"].startswith("127.0.0.1:"), rows
+
+
+def check_cluster_rt(ctx: Ctx, outs: list[Any]) -> None:
+    """Two rounds of five sends to the one group, all answered; the ten messages are in the
+    benchmark topic."""
+    rows = outs[0]
+    assert [(r["round"], r["broker"], r["success"], r["fail"]) for r in rows] == [
+        (1, ctx.values["broker"], 5, 0),
+        (2, ctx.values["broker"], 5, 0),
+    ]
+    assert all(r["rt_ms"] > 0 and r["machine_room"] == "room1" for r in rows)
+    stored = ctx.admin.consumer_progress("compat-rt-reader", CLUSTER_RT_TOPIC)
+    assert sum(p.broker_offset for p in stored) == 10
 
 
 CHECKS: dict[str, Check] = {
@@ -364,9 +414,9 @@ CHECKS: dict[str, Check] = {
     "deleteUser": check_delete_user,
     "deleteTopic": check_delete_topic,
     "brokerStatus": check_broker_status,
-    "consumerStatus": refused_only,
-    "producerConnection": refused_only,
-    "clusterRT": refused_only,
+    "consumerStatus": check_consumer_status,
+    "producerConnection": check_producer_connection,
+    "clusterRT": check_cluster_rt,
     "getBrokerConfig": check_get_broker_config,
     "updateBrokerConfig": check_update_broker_config,
 }
@@ -392,5 +442,6 @@ def test_every_shared_command_with_rocketmqs_letters(
                     outs.append(json.loads(done.stdout))
             CHECKS[row.command](ctx, outs)
     finally:
-        assert ctx.live is not None
+        assert ctx.live is not None and ctx.producer is not None
         ctx.live.shutdown()
+        ctx.producer.shutdown()

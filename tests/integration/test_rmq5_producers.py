@@ -322,6 +322,36 @@ def test_settings_then_heartbeat_and_unknown_client_types(v2_stub: Any) -> None:
     assert _code(after.status) == "UNRECOGNIZED_CLIENT_TYPE"
 
 
+def test_a_producers_settings_lists_it_in_the_producer_registry(group: LocalCluster) -> None:
+    """A producer's Settings registers it under its topic with its language and version
+    (mqadmin producerConnection reads it over the v1 port); its termination removes it."""
+    node = group.nodes[0]
+    meta = [("x-mq-client-id", "rmq5-registered")]
+    settings = v2.Settings(
+        client_type=v2.PRODUCER,
+        publishing=v2.Publishing(topics=[v2.Resource(name=TOPIC)]),
+        user_agent=v2.UA(language=v2.JAVA, version="5.0.7"),
+    )
+    ask = bpb.GetProducerConnectionsRequest(producer_group=TOPIC, topic=TOPIC)
+    with (
+        grpc.insecure_channel(node.grpc_addr) as v2ch,
+        grpc.insecure_channel(node.client_addr) as v1ch,
+    ):
+        stub, v1 = v2_grpc.MessagingServiceStub(v2ch), bpb_grpc.BrokerStub(v1ch)
+        assert _code(_telemetry(stub, "rmq5-registered", settings).status) == "OK"
+        [p] = v1.GetProducerConnections(ask, timeout=CALL_TIMEOUT_S).producers
+        c = p.connection
+        assert (p.producer_group, c.client_id, c.language, c.version, c.protocol) == (
+            TOPIC, "rmq5-registered", "JAVA", "5.0.7", "v2",
+        )  # fmt: skip
+        assert c.address.startswith("127.0.0.1:"), c.address
+        heartbeat = v2_service.HeartbeatRequest(client_type=v2.PRODUCER)
+        assert _code(stub.Heartbeat(heartbeat, metadata=meta, timeout=5).status) == "OK"
+        bye = v2_service.NotifyClientTerminationRequest()
+        assert _code(stub.NotifyClientTermination(bye, metadata=meta, timeout=5).status) == "OK"
+        assert not v1.GetProducerConnections(ask, timeout=CALL_TIMEOUT_S).producers
+
+
 def test_rpcs_not_served_yet_say_so_in_the_body(v2_stub: Any) -> None:
     pull = v2_stub.PullMessage(
         v2_service.PullMessageRequest(group=v2.Resource(name="g")), timeout=5

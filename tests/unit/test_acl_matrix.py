@@ -107,7 +107,7 @@ def _guard(tmp_path: Path) -> AuthGuard:
 def _fill(request: Any) -> Any:
     """``request`` naming topic ``t`` and group ``g`` wherever it has such a field."""
     fields = request.DESCRIPTOR.fields_by_name
-    for name in ("topic", "consumer_group", "group"):
+    for name in ("topic", "consumer_group", "group", "producer_group"):
         field = fields.get(name)
         if field is None:
             continue
@@ -198,6 +198,8 @@ def _v1_sample(method: str) -> Any:
     fields = request.DESCRIPTOR.fields_by_name
     if "subscriptions" in fields:
         request.subscriptions.add(topic="t")
+    if "topics" in fields:
+        request.topics.append("t")
     for repeated in ("queues", "locked_queues"):
         if repeated in fields:
             getattr(request, repeated).add(topic="t")
@@ -209,6 +211,10 @@ _V1_FORMS: dict[str, list[tuple[str, Any]]] = {
     rpcmap.BROKER + "ViewMessage": [
         ("by `msg_id` with a topic", bpb.ViewMessageRequest(msg_id="x", topic="t")),
         ("by `offset_msg_id`", bpb.ViewMessageRequest(offset_msg_id="x")),
+    ],
+    rpcmap.BROKER + "GetProducerConnections": [
+        ("for one group", bpb.GetProducerConnectionsRequest(producer_group="g", topic="t")),
+        ("for every producer", bpb.GetProducerConnectionsRequest()),
     ],
     rpcmap.BROKER + "UpdateSubscriptionGroup": [
         ("to create or replace a config", bpb.UpdateSubscriptionGroupRequest(

@@ -423,3 +423,27 @@ def test_update_broker_config_help_names_the_live_keys_and_the_restart(
     for key in ("diskSpaceWarningLevelRatio", "scrubBytesPerSec", "dedupWindowSeconds"):
         assert key in text
     assert "every other key needs a restart: edit broker.conf on every node" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["clusterRT", "-a", "1001"], "outside 1..1000 (messages per group)"),
+        (["clusterRT", "-a", "0"], "outside 1..1000"),
+        (["clusterRT", "-s", str(64 * 1024 + 1)], "outside 1..65536 (bytes per message)"),
+        (["clusterRT", "-i", "3601"], "outside 0..3600 (seconds between rounds)"),
+        (["clusterRT", "--rounds", "101"], "outside 1..100 (rounds)"),
+        (["clusterRT", "-p", "maybe"], "expected true or false"),
+        (["consumerStatus", "-g", "g", "-s"], "not taken by raftmq: a broker cannot take"),
+        (["producerConnection", "-g", "g"], "-t/--topic"),
+    ],
+)
+def test_client_commands_bound_their_letters_offline(
+    argv: list[str], reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """clusterRT's caps, consumerStatus's -s and producerConnection's required -t: usage
+    errors (exit 2) before any call."""
+    with pytest.raises(SystemExit) as exc:
+        mqadmin.main(["-n", "127.0.0.1:1", *argv])
+    assert exc.value.code == 2
+    assert reason in capsys.readouterr().err

@@ -49,6 +49,7 @@ subscriptionGroupsPerUser=11
 popWaitersPerUser=12
 longPollsPerUser=13
 consumersPerUser=14
+producersPerUser=25
 queueLocksPerUser=15
 pendingOffsetsPerUser=16
 topicsPerUser=17
@@ -206,7 +207,7 @@ def test_two_keys_never_go_to_one_field() -> None:
 
 
 def test_quota_bounds_are_their_tables_and_defaults_a_tenth() -> None:
-    assert len(QUOTAS) == 9
+    assert len(QUOTAS) == 10
     for name, quota in QUOTAS.items():
         parse = KEYS[name].parse
         assert isinstance(parse, IntIn) and (parse.low, parse.high) == (1, quota.table_size)

@@ -18,6 +18,7 @@ from client.message import Message, MessageExt, MessageQueue, SendResult
 from mqdashboard.__main__ import allowed_hosts, main
 from mqdashboard.rates import History, rate_per_s
 from mqdashboard.reader import (
+    ClientView,
     ConsumerGroupView,
     GroupReader,
     GroupView,
@@ -161,9 +162,15 @@ class FakeReader:
             NodeConfig("broker-a", "n2", "127.0.0.1:3", {}, "UNAVAILABLE: <down>"),
         ]
 
-    def clients(self) -> list[tuple[str, str, str]]:
+    def clients(self) -> list[tuple[str, ClientView]]:
         self._maybe_fail()
-        return [("g1", "broker-a", "10.0.0.1@1<x>"), ("g1", "broker-b", "10.0.0.1@1<x>")]
+        c = ClientView("g1", "10.0.0.1@1<x>", "10.0.0.1:5<0>", "PYTHON", "0.3.0<v>", "v1", 1500)
+        return [("broker-a", c), ("broker-b", ClientView("g1", "10.0.0.1@1<x>"))]
+
+    def producers(self) -> tuple[list[tuple[str, ClientView]], bool]:
+        self._maybe_fail()
+        p = ClientView("pg<1>", "10.0.0.2@7", "10.0.0.2:6", "JAVA", "5.0.7", "v2", 200)
+        return [("broker-a", p)], True
 
     def broker_names(self) -> list[str]:
         return ["broker-a", "broker-<b>"]
@@ -325,14 +332,18 @@ def test_the_config_page_shows_every_node_and_marks_keys_that_differ() -> None:
         assert "v&lt;y&gt;" in rows["k&lt;x&gt;"] and "UNAVAILABLE: &lt;down&gt;" in resp.text
 
 
-def test_the_clients_page_lists_consumers_and_says_what_is_not_tracked() -> None:
+def test_the_clients_page_lists_producers_and_consumers_with_their_versions() -> None:
     client, _ = client_for(FakeReader())
     with client:
         resp = client.get("/clients")
         assert resp.status_code == 200
         assert resp.text.count("10.0.0.1@1&lt;x&gt;") == 2
-        assert "Producers</strong> are not tracked" in resp.text
-        assert "Client versions</strong> are not shown" in resp.text
+        assert "<td>10.0.0.1:5&lt;0&gt;</td><td>PYTHON</td><td>0.3.0&lt;v&gt;</td>" in resp.text
+        assert "<td>unknown</td><td>unknown</td>" in resp.text  # a client before 0.3.0
+        producers = resp.text[resp.text.index('id="producers"') : resp.text.index('id="clients"')]
+        assert "<td>pg&lt;1&gt;</td><td>broker-a</td><td>10.0.0.2@7</td>" in producers
+        assert "<td>JAVA</td><td>5.0.7</td><td>0.2 s ago</td>" in producers
+        assert "some are left out" in resp.text
 
 
 def test_errors_from_the_group_are_shown_never_a_blank_page() -> None:

@@ -36,9 +36,11 @@ from broker.components.leaderops import (
     RenewRequest,
     SendRequest,
 )
+from broker.components.locks import LiveClient
 from broker.components.lookups import Found, Lookups
 from broker.components.offsets import ConsumerOffsets
 from broker.components.pop import Received
+from broker.components.producers import ProducerRegistry, check_producer_topics, peer_address
 from broker.components.pulling import PullPath, PullQuery, PullResult, PullStatus
 from broker.components.raftnode import RaftNode
 from broker.components.retry import Retries, SendBackItem
@@ -60,6 +62,7 @@ from broker.state.errors import (
     InvalidRequestError,
 )
 from broker.state.machine import SendResult
+from broker.state.message import validate_topic
 from broker.state.records import TopicConfig
 from broker.state.subgroups import (
     BACKOFF_CUSTOMIZED,
@@ -96,6 +99,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         offsets: ConsumerOffsets,
         lookups: Lookups,
         consumers: ConsumerGroups,
+        producers: ProducerRegistry,
         retries: Retries,
         subgroups: SubscriptionGroups,
         leader_ops: LeaderOps,
@@ -120,6 +124,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.offsets = offsets
         self.lookups = lookups
         self.consumers = consumers
+        self.producers = producers
         self.retries = retries
         self.pops = leader_ops.pops
         self.txns = leader_ops.txns
@@ -482,6 +487,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             [(s.topic, s.expression) for s in request.subscriptions],
             [(q.topic, q.queue_id) for q in request.locked_queues],
             self._caller(context),
+            (peer_address(context.peer()), request.language, request.client_version),
         )
         return pb.HeartbeatResponse()
 
@@ -498,8 +504,60 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def GetConsumerList(
         self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetConsumerListResponse:
-        clients = self.consumers.clients(request.consumer_group)
-        return pb.GetConsumerListResponse(client_ids=clients)
+        if not request.with_connections:
+            return pb.GetConsumerListResponse(
+                client_ids=self.consumers.clients(request.consumer_group)
+            )
+        live = self.consumers.connections(request.consumer_group)
+        return pb.GetConsumerListResponse(
+            client_ids=[c.client_id for c, _, _ in live],
+            connections=[_connection_pb(c, age_ms, held) for c, age_ms, held in live],
+        )
+
+    # ------------------------------------------------------------------ producers
+
+    @_rpc
+    async def ProducerHeartbeat(
+        self, request: pb.ProducerHeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProducerHeartbeatResponse:
+        check_producer_topics(request.topics)
+        self.producers.heartbeat(
+            request.producer_group,
+            request.client_id,
+            (peer_address(context.peer()), request.language, request.client_version),
+            self._caller(context),
+        )
+        return pb.ProducerHeartbeatResponse()
+
+    @_rpc
+    async def UnregisterProducer(
+        self, request: pb.UnregisterProducerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterProducerResponse:
+        check_producer_topics(request.topics)
+        removed = self.producers.unregister(
+            request.producer_group, request.client_id, self._caller(context)
+        )
+        return pb.UnregisterProducerResponse(removed=removed)
+
+    @_rpc
+    async def GetProducerConnections(
+        self, request: pb.GetProducerConnectionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetProducerConnectionsResponse:
+        if bool(request.producer_group) != bool(request.topic):
+            raise InvalidRequestError(
+                "name both producer_group and topic (mqadmin producerConnection -g -t), or"
+                " neither (every producer of the node)"
+            )
+        if request.topic:
+            validate_topic(request.topic)
+        live, truncated = self.producers.connections(request.producer_group)
+        return pb.GetProducerConnectionsResponse(
+            producers=[
+                pb.ProducerConnection(producer_group=c.group, connection=_connection_pb(c, age_ms))
+                for c, age_ms in live
+            ],
+            truncated=truncated,
+        )
 
     @_rpc
     async def GetBrokerConfig(
@@ -726,3 +784,20 @@ def subgroup_of_pb(c: pb.SubscriptionGroup, default_attempts: int) -> SubGroup:
         )
     attempts = c.max_delivery_attempts or default_attempts
     return SubGroup(c.group, c.consume_message_orderly, attempts, backoff)
+
+
+def _connection_pb(
+    c: LiveClient, age_ms: int, held: Sequence[tuple[str, int]] = ()
+) -> pb.ClientConnection:
+    info = c.info
+    return pb.ClientConnection(
+        client_id=c.client_id,
+        address=info.address,
+        language=info.language,
+        version=info.version,
+        last_heartbeat_age_ms=age_ms,
+        protocol=info.protocol,
+        subscriptions=[pb.Subscription(topic=t, expression=e) for t, e in info.subscriptions],
+        subscriptions_truncated=info.subscriptions_truncated,
+        locked_queues=[pb.QueueRef(topic=t, queue_id=q) for t, q in held],
+    )

@@ -76,12 +76,12 @@ class V2Port:
             NameServerRoutes(namesrv_addrs, self.security.client) if namesrv_addrs else None
         )
         parts = (node, broker.topics, broker.applied, broker.subgroups, self.forwarder)
-        self.servicer = MessagingServicer(*parts, cfg, self.routes)
+        self.servicer = MessagingServicer(*parts, cfg, self.routes, broker.producers)
         self.addr = f"{bind_host}:{cfg.port}"
         self._plain: MessagingServicer | None = None
         if self.security.plaintext_port:
             local = dataclasses.replace(cfg, host=PLAINTEXT_HOST, port=self.security.plaintext_port)
-            self._plain = MessagingServicer(*parts, local, None)
+            self._plain = MessagingServicer(*parts, local, None, broker.producers)
         self._servers: list[grpc.aio.Server] = []
 
     def _server(self, servicer: MessagingServicer) -> grpc.aio.Server:

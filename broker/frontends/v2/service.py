@@ -27,6 +27,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.components.applied import AppliedMessages
+from broker.components.consumers import MAX_CLIENT_INFO_CHARS
 from broker.components.leaderops import (
     ChangeInvisibleRequest,
     CreateGroupRequest,
@@ -36,6 +37,7 @@ from broker.components.leaderops import (
     RenewRequest,
 )
 from broker.components.pop import Received
+from broker.components.producers import ProducerRegistry, peer_address
 from broker.components.pulling import MAX_SUBSCRIPTION_CHARS
 from broker.components.raftnode import RaftNode
 from broker.components.sending import OutgoingMessage
@@ -268,8 +270,10 @@ class MessagingServicer:
         forwarder: Forwarder,
         cfg: V2Config,
         routes: NameServerRoutes | None = None,
+        registry: ProducerRegistry | None = None,
     ) -> None:
         self.node = node
+        self.registry = registry  # the node's producer registry (None: producers not listed)
         self.topics = topics
         self.subgroups = subgroups
         self.forwarder = forwarder
@@ -375,7 +379,7 @@ class MessagingServicer:
                 if isinstance(command, decodeguard.Undecodable):
                     yield v2_service.TelemetryCommand(status=status("BAD_REQUEST", "undecodable"))
                     return
-                reply = await self._command(client_id, stream, command)
+                reply = await self._command(client_id, stream, command, context.peer())
                 if reply is not None:
                     yield reply
         finally:
@@ -399,7 +403,9 @@ class MessagingServicer:
             )
         return ""
 
-    async def _command(self, client_id: str, stream: Any, command: Any) -> Any | None:
+    async def _command(
+        self, client_id: str, stream: Any, command: Any, peer: str = ""
+    ) -> Any | None:
         """One command the client sent on its Telemetry stream, checked against its user's
         rights (broker.frontends.rpcmap, TELEMETRY rows); the answer to send, if any. A refused
         command changes nothing."""
@@ -416,7 +422,27 @@ class MessagingServicer:
         reply = await self._settings_reply(client_id, command.settings, caller)
         if reply.status.code == v2.OK and command.settings.client_type == v2.PRODUCER:
             self.producers.publishing(stream, command.settings.publishing.topics, caller)
+            self._register_producer(client_id, command.settings, caller, peer)
         return reply
+
+    def _register_producer(self, client_id: str, settings: Any, caller: Caller, peer: str) -> None:
+        """A producer's Settings made known to the node's producer registry (mqadmin
+        producerConnection), under each topic it publishes to; a full registry or a used-up
+        producersPerUser is logged, the Settings still served (sends never need it)."""
+        if self.registry is None:
+            return
+        ua = settings.user_agent
+        known = ua.language in v2.Language.values()
+        language = v2.Language.Name(ua.language) if known else str(ua.language)
+        version = "".join(ch for ch in ua.version if " " <= ch <= "~")[:MAX_CLIENT_INFO_CHARS]
+        topics = [t.name for t in settings.publishing.topics]
+        who = (caller.user, caller.unbounded)
+        try:
+            self.registry.v2_settings(
+                client_id, topics, (peer_address(peer), language, version), who
+            )
+        except BrokerError as exc:
+            logger.info("producer %r not registered: %s", client_id, exc)
 
     async def _settings_reply(self, client_id: str, settings: Any, caller: Caller) -> Any:
         try:
@@ -495,7 +521,10 @@ class MessagingServicer:
 
     async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            record = self.clients.seen(_client_id(context), current_caller().user)
+            caller = current_caller()
+            record = self.clients.seen(_client_id(context), caller.user)
+            if record.client_type == v2.PRODUCER and self.registry is not None:
+                self.registry.v2_heartbeat(record.client_id, (caller.user, caller.unbounded))
             if request.client_type not in (0, record.client_type):
                 raise V2Error(
                     "UNRECOGNIZED_CLIENT_TYPE",
@@ -508,7 +537,10 @@ class MessagingServicer:
 
     async def NotifyClientTermination(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # Another user's client id: answered as an unknown one (OK), its record left alone.
-        self.clients.terminated(_client_id(context), current_caller().user)
+        caller = current_caller()
+        self.clients.terminated(_client_id(context), caller.user)
+        if self.registry is not None:
+            self.registry.v2_terminated(_client_id(context), (caller.user, caller.unbounded))
         return v2_service.NotifyClientTerminationResponse(status=status())
 
     # ------------------------------------------------------------------ sends

@@ -346,20 +346,104 @@ class Subscription(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., expression: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("client_id", "consumer_group", "subscriptions", "locked_queues")
+    __slots__ = ("client_id", "consumer_group", "subscriptions", "locked_queues", "language", "client_version")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     LOCKED_QUEUES_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     consumer_group: str
     subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
     locked_queues: _containers.RepeatedCompositeFieldContainer[QueueRef]
-    def __init__(self, client_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., locked_queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
+    language: str
+    client_version: str
+    def __init__(self, client_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., locked_queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., language: _Optional[str] = ..., client_version: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ProducerHeartbeatRequest(_message.Message):
+    __slots__ = ("client_id", "producer_group", "language", "client_version", "topics")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    producer_group: str
+    language: str
+    client_version: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., language: _Optional[str] = ..., client_version: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ProducerHeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnregisterProducerRequest(_message.Message):
+    __slots__ = ("client_id", "producer_group", "topics")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    producer_group: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UnregisterProducerResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
+class ClientConnection(_message.Message):
+    __slots__ = ("client_id", "address", "language", "version", "last_heartbeat_age_ms", "protocol", "subscriptions", "subscriptions_truncated", "locked_queues")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_QUEUES_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    address: str
+    language: str
+    version: str
+    last_heartbeat_age_ms: int
+    protocol: str
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    subscriptions_truncated: bool
+    locked_queues: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, client_id: _Optional[str] = ..., address: _Optional[str] = ..., language: _Optional[str] = ..., version: _Optional[str] = ..., last_heartbeat_age_ms: _Optional[int] = ..., protocol: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., subscriptions_truncated: _Optional[bool] = ..., locked_queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
+
+class GetProducerConnectionsRequest(_message.Message):
+    __slots__ = ("producer_group", "topic")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    topic: str
+    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class ProducerConnection(_message.Message):
+    __slots__ = ("producer_group", "connection")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    connection: ClientConnection
+    def __init__(self, producer_group: _Optional[str] = ..., connection: _Optional[_Union[ClientConnection, _Mapping]] = ...) -> None: ...
+
+class GetProducerConnectionsResponse(_message.Message):
+    __slots__ = ("producers", "truncated")
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerConnection]
+    truncated: bool
+    def __init__(self, producers: _Optional[_Iterable[_Union[ProducerConnection, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class UnregisterConsumerRequest(_message.Message):
     __slots__ = ("client_id", "consumer_group")
@@ -504,16 +588,20 @@ class ListConsumerGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[ConsumerGroupInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class GetConsumerListRequest(_message.Message):
-    __slots__ = ("consumer_group",)
+    __slots__ = ("consumer_group", "with_connections")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    WITH_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
-    def __init__(self, consumer_group: _Optional[str] = ...) -> None: ...
+    with_connections: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., with_connections: _Optional[bool] = ...) -> None: ...
 
 class GetConsumerListResponse(_message.Message):
-    __slots__ = ("client_ids",)
+    __slots__ = ("client_ids", "connections")
     CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     client_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    connections: _containers.RepeatedCompositeFieldContainer[ClientConnection]
+    def __init__(self, client_ids: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ClientConnection, _Mapping]]] = ...) -> None: ...
 
 class User(_message.Message):
     __slots__ = ("username", "user_type", "user_status")

@@ -114,6 +114,21 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.FromString,
                 _registered_method=True)
+        self.ProducerHeartbeat = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/ProducerHeartbeat',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ProducerHeartbeatRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ProducerHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.UnregisterProducer = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/UnregisterProducer',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterProducerRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterProducerResponse.FromString,
+                _registered_method=True)
+        self.GetProducerConnections = channel.unary_unary(
+                '/raftmq.broker.v1.Broker/GetProducerConnections',
+                request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetProducerConnectionsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetProducerConnectionsResponse.FromString,
+                _registered_method=True)
         self.LockBatchMQ = channel.unary_unary(
                 '/raftmq.broker.v1.Broker/LockBatchMQ',
                 request_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.LockBatchRequest.SerializeToString,
@@ -345,6 +360,24 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UnregisterConsumer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProducerHeartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterProducer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetProducerConnections(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -594,6 +627,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.UnregisterConsumer,
                     request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.FromString,
                     response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.SerializeToString,
+            ),
+            'ProducerHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProducerHeartbeat,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ProducerHeartbeatRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.ProducerHeartbeatResponse.SerializeToString,
+            ),
+            'UnregisterProducer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterProducer,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterProducerRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterProducerResponse.SerializeToString,
+            ),
+            'GetProducerConnections': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProducerConnections,
+                    request_deserializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetProducerConnectionsRequest.FromString,
+                    response_serializer=raftmq_dot_broker_dot_v1_dot_broker__pb2.GetProducerConnectionsResponse.SerializeToString,
             ),
             'LockBatchMQ': grpc.unary_unary_rpc_method_handler(
                     servicer.LockBatchMQ,
@@ -1163,6 +1211,87 @@ class Broker:
             '/raftmq.broker.v1.Broker/UnregisterConsumer',
             raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerRequest.SerializeToString,
             raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterConsumerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProducerHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/ProducerHeartbeat',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ProducerHeartbeatRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.ProducerHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterProducer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/UnregisterProducer',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterProducerRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.UnregisterProducerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProducerConnections(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.broker.v1.Broker/GetProducerConnections',
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetProducerConnectionsRequest.SerializeToString,
+            raftmq_dot_broker_dot_v1_dot_broker__pb2.GetProducerConnectionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

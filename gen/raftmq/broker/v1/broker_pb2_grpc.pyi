@@ -54,6 +54,9 @@ class BrokerStub:
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatResponse]
     GetConsumerList: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerListRequest, _broker_pb2.GetConsumerListResponse]
     UnregisterConsumer: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]
+    ProducerHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ProducerHeartbeatRequest, _broker_pb2.ProducerHeartbeatResponse]
+    UnregisterProducer: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterProducerRequest, _broker_pb2.UnregisterProducerResponse]
+    GetProducerConnections: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetProducerConnectionsRequest, _broker_pb2.GetProducerConnectionsResponse]
     LockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]
     ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]
@@ -101,6 +104,9 @@ class BrokerAsyncStub(BrokerStub):
     Heartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatResponse]  # type: ignore[assignment]
     GetConsumerList: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetConsumerListRequest, _broker_pb2.GetConsumerListResponse]  # type: ignore[assignment]
     UnregisterConsumer: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterConsumerRequest, _broker_pb2.UnregisterConsumerResponse]  # type: ignore[assignment]
+    ProducerHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ProducerHeartbeatRequest, _broker_pb2.ProducerHeartbeatResponse]  # type: ignore[assignment]
+    UnregisterProducer: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterProducerRequest, _broker_pb2.UnregisterProducerResponse]  # type: ignore[assignment]
+    GetProducerConnections: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetProducerConnectionsRequest, _broker_pb2.GetProducerConnectionsResponse]  # type: ignore[assignment]
     LockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.LockBatchRequest, _broker_pb2.LockBatchResponse]  # type: ignore[assignment]
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnlockBatchRequest, _broker_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerSendMsgBackRequest, _broker_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
@@ -241,6 +247,27 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.UnregisterConsumerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.UnregisterConsumerResponse, _abc.Awaitable[_broker_pb2.UnregisterConsumerResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ProducerHeartbeat(
+        self,
+        request: _broker_pb2.ProducerHeartbeatRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ProducerHeartbeatResponse, _abc.Awaitable[_broker_pb2.ProducerHeartbeatResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UnregisterProducer(
+        self,
+        request: _broker_pb2.UnregisterProducerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UnregisterProducerResponse, _abc.Awaitable[_broker_pb2.UnregisterProducerResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetProducerConnections(
+        self,
+        request: _broker_pb2.GetProducerConnectionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.GetProducerConnectionsResponse, _abc.Awaitable[_broker_pb2.GetProducerConnectionsResponse]]: ...
 
     @_abc_1.abstractmethod
     def LockBatchMQ(
