@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 M_ARENA_MAX = -8
 # Arenas a server may use. One is the main heap; a second lets a thread that finds the main
 # one locked (gRPC's threads while the loop allocates) go on without waiting. More arenas only
-# keep more freed memory per thread; measured on a 3-node group filled with 600,000 messages
-# of 128 B (docs/PERFORMANCE.md, "A deep backlog"), 2 arenas held no more CPU per message.
+# keep more freed memory per thread (docs/PERFORMANCE.md, "A deep backlog": 3-node groups
+# filled with 600,000 and 1,000,000 messages of 128 B side by side; the send rate moved with
+# the machine's load, not with the cap).
 SERVER_MALLOC_ARENAS = 2
 # How often a server gives its allocator's free pages back (``trim_periodically``): a
 # malloc_trim(0) of a node's ~100 MB heap took 0.8-1.5 ms here, off the event loop, so every
