@@ -24,6 +24,7 @@ from broker.config import KEYS, ConfigError, ignored_keys_warning, load_config
 from dledger.server import StartError
 from mqcli import server_parser
 from mqcli.logs import check_log_arguments, setup_server_logging
+from prockit import malloc
 from prockit.fatal import spawn
 from prockit.processes import serve_until_signalled
 
@@ -43,6 +44,8 @@ async def _serve(process: Process) -> None:
     if exporter is not None:
         exporter.start()
     scrubber.start()
+    # Free pages of the C allocator back to the kernel after bursts (prockit.malloc).
+    trimmer = spawn(malloc.trim_periodically(), "malloc-trim")
     if registrar is not None:
         registrar.start()
 
@@ -53,6 +56,7 @@ async def _serve(process: Process) -> None:
         node.removed_listeners.append(unregister)
 
     async def stop() -> None:
+        trimmer.cancel()
         if registrar is not None:
             await registrar.stop()  # unregister first: routes drop this node at once
         if exporter is not None:
@@ -120,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    malloc.cap_arenas()  # before gRPC's and the executors' threads exist (prockit.malloc)
     enable_crash_traces()
     check_log_arguments(parser, ns)
     setup_server_logging(ns)
