@@ -24,6 +24,7 @@ from typing import Any
 
 from broker.components.applied import NodeContext, require_leader
 from broker.components.disk import DiskGuard
+from broker.components.raftnode import RaftNode
 from broker.components.scrubber import Scrubber
 from broker.components.settings import ServiceConfig
 from broker.config import BrokerConfig, ConfigError, check_value_rules, resume_percent_for
@@ -34,7 +35,6 @@ from broker.state.errors import FeatureLevelTooLowError, InvalidRequestError
 from broker.state.machine import BrokerStateMachine
 from broker.state.records import ENTRY_BROKER_CONFIG
 from dledger.log import ConfigError as NodeConfigError
-from dledger.server.node import DLedgerNode
 from prockit.livekeys import RESTART_HINT
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class LiveSettings:
         self,
         cfg: BrokerConfig,
         sm: BrokerStateMachine,
-        node: DLedgerNode,
+        node: RaftNode,
         disk_guard: DiskGuard,
         scrubber: Scrubber,
     ) -> None:

@@ -19,7 +19,7 @@ by a snapshot install: read it on each use too.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from dledger.core import Role
 from dledger.log import Entry
@@ -139,6 +139,12 @@ class RaftNode(Protocol):
     def suspect_damage(self, position: int, found_by: str = "read") -> None:
         """The broker read bad bytes at body ``position`` (a message whose CRC failed): the
         member checks the entry holding it in the background and repairs or restarts."""
+        ...
+
+    def retune(self, **changes: Any) -> None:
+        """Change the member's live settings (``retention_early_used_percent``,
+        ``scrub_bytes_per_s``) while it runs: the broker's live config, applied on every
+        member at the same index; a ConfigError (dledger.log) leaves them as they were."""
         ...
 
     # ------------------------------------------------------------------ process lifecycle

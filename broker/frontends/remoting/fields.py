@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from broker.state.errors import BrokerError
+from mqerrors import codes as E
 from remoting.codes import ResponseCode
 
 INT32_MIN = -(1 << 31)
@@ -22,12 +24,15 @@ MAX_TEXT_CHARS = 32_767
 MAX_JSON_BODY_BYTES = 4 << 20
 
 
-class Refused(Exception):
-    """A request refused before anything changed: answered ``code`` with ``remark``."""
+class Refused(BrokerError):
+    """A request refused before anything changed: answered ``response_code`` (a remoting
+    response code) with ``remark``."""
 
-    def __init__(self, code: int, remark: str) -> None:
+    code = E.INVALID_REQUEST
+
+    def __init__(self, response_code: int, remark: str) -> None:
         super().__init__(remark)
-        self.code = code
+        self.response_code = response_code
         self.remark = remark
 
 

@@ -43,6 +43,7 @@ import struct
 import zlib
 from collections.abc import Mapping
 
+from broker.state.errors import BrokerError
 from msgcodec import Message
 from msgcodec.layout import KEY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 
@@ -69,7 +70,7 @@ _HOST = struct.Struct(">4si")
 _ZERO_HOST = _HOST.pack(b"\0\0\0\0", 0)
 
 
-class MessageExtError(ValueError):
+class MessageExtError(BrokerError, ValueError):
     """A stored message that RocketMQ's layout cannot carry (its properties, with its tags,
     keys and id added, beyond 32,767 bytes)."""
 

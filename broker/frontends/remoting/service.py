@@ -214,7 +214,7 @@ class RemotingBrokerService:
             caller = self._admit(cmd, conn, wants)
             return await handler(cmd, conn, caller)
         except Refused as refused:
-            return cmd.response(refused.code, refused.remark)
+            return cmd.response(refused.response_code, refused.remark)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -42,6 +42,8 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.components.sending import OutgoingMessage
 from broker.frontends.internal.codec import outgoing_of
+from broker.state.errors import BrokerError
+from mqerrors import codes as E
 
 # Nesting the runtime allows (upb's default depth limit, which the Python runtime keeps):
 # each submessage, map entry and group takes one level of it.
@@ -105,8 +107,10 @@ _ACTIONS = {
 }
 
 
-class WireFormatError(ValueError):
+class WireFormatError(BrokerError, ValueError):
     """The bytes are not an encoding of ``SendMessageRequest`` the runtime would accept."""
+
+    code = E.BAD_REQUEST
 
 
 @dataclass(frozen=True, slots=True)
