@@ -463,15 +463,6 @@ def test_a_follower_without_a_leader_answers_a_send_service_not_available(tmp_pa
     run(tmp_path, body)
 
 
-def test_a_guarded_follower_refuses_a_send_it_cannot_forward(tmp_path: Path) -> None:
-    async def body(n: Node) -> None:
-        n.node.role = Role.FOLLOWER
-        sent = await n.call(Q.SEND_MESSAGE_V2, send_v2(0, ""), b"x", (PUB_KEY, PUB_SECRET))
-        assert sent.code == R.SERVICE_NOT_AVAILABLE and "NOT_LEADER" in (sent.remark or "")
-
-    run(tmp_path, body, guard_on=True)
-
-
 def test_kept_subscriptions_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from broker.frontends.remoting import service
 

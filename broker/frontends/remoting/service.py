@@ -14,7 +14,10 @@ REQUEST_CODE_NOT_SUPPORTED.
 With users on (``authenticationEnabled``/``authorizationEnabled``) every request must carry
 RocketMQ's ACL fields (``AccessKey``, ``Signature``): checked by the node's guard against the
 same users and ACLs as every other port (:meth:`AuthGuard.check_remoting`), refused with
-NO_PERMISSION and a remark before its handler runs.
+NO_PERMISSION and a remark before its handler runs. A send or a transaction's verdict forwarded
+from a member that does not lead carries the request's proof (its AccessKey, Signature and the
+exact signed material): the leader checks the same signature and the same user's rights again,
+as for the direct request.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from broker.components.pulling import MAX_PULL_MSGS, PullQuery, PullResult, Pull
 from broker.components.retry import SendBackItem
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard
+from broker.frontends.internal.codec import RemotingProof
 from broker.frontends.internal.forwarder import Forwarder, Origin
 from broker.frontends.remoting import fields as F
 from broker.frontends.remoting import sends
@@ -100,6 +104,13 @@ class Caller:
 
     user: str = ""
     unbounded: bool = False
+    # What the request proved (None without users): a forward carries it to the leader.
+    proof: RemotingProof | None = None
+
+    @property
+    def origin(self) -> Origin:
+        """The caller as a forward names it."""
+        return Origin(self.user, self.unbounded, remoting=self.proof)
 
 
 _Handler = Callable[
@@ -238,15 +249,16 @@ class RemotingBrokerService:
             return Caller()
         ext = cmd.ext_fields
         signed = "".join(ext[k] for k in sorted(ext) if k != "Signature").encode() + cmd.body
+        proof = RemotingProof(ext.get("AccessKey", ""), ext.get("Signature", ""), signed)
         needed = wants(cmd) if wants is not None else []
         ip = conn.peer.rpartition(":")[0].strip("[]")
         method = f"remoting/{cmd.code}"
         admitted = guard.check_remoting(
-            ext.get("AccessKey", ""), ext.get("Signature", ""), signed, needed, ip, method
+            proof.access_key, proof.signature, proof.signed, needed, ip, method
         )
         if isinstance(admitted, Refusal):
             raise Refused(ResponseCode.NO_PERMISSION, f"{admitted.code} {admitted.reason}")
-        return Caller(*admitted)
+        return Caller(*admitted, proof)
 
     def _require_leader(self, what: str) -> None:
         if self.node.role is not Role.LEADER:
@@ -270,13 +282,8 @@ class RemotingBrokerService:
                 header, cmd.body, header.properties, header.flag, conn.peer, max_bytes
             )
             messages = (one,)
-        if self.guard is not None and self.guard.settings.active:
-            # A forward carries its caller's RocketMQ 5 signature, which a remoting request has
-            # not: with users on, a member that does not lead refuses (the client retries).
-            self._require_leader("a send")
-        results = await self.forwarder.call(
-            SendRequest(header.topic, messages), Origin(caller.user, caller.unbounded)
-        )
+        # A forward carries the caller's proof: the leader checks the same user's rights.
+        results = await self.forwarder.call(SendRequest(header.topic, messages), caller.origin)
         return _ok(cmd, self._send_answer(results))
 
     def _send_answer(self, results: list[SendResult]) -> dict[str, object]:
@@ -328,11 +335,9 @@ class RemotingBrokerService:
         named = F.text(ext, "msgId", "", 64).upper()
         if named and named not in (half.uniq_id, offset_msg_id(self.store_host, position)):
             raise Refused(ResponseCode.SYSTEM_ERROR, f"msgId {named} is not the half's")
-        if self.guard is not None and self.guard.settings.active:
-            self._require_leader("a transaction's verdict")
         commit = verdict == TRANSACTION_COMMIT_TYPE
         end = EndTransactionRequest(topic, half.uniq_id, transaction_id(position), commit)
-        await self.forwarder.call(end, Origin(caller.user, caller.unbounded))
+        await self.forwarder.call(end, caller.origin)
         return _ok(cmd)
 
     # ------------------------------------------------------------------ pulls
