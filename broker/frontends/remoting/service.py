@@ -39,6 +39,7 @@ from broker.frontends.internal.forwarder import Forwarder, Origin
 from broker.frontends.remoting import fields as F
 from broker.frontends.remoting import sends
 from broker.frontends.remoting.answers import failure_answer
+from broker.frontends.remoting.checkback import RemotingProducers
 from broker.frontends.remoting.fields import Refused
 from broker.frontends.remoting.messageext import (
     MessageExtError,
@@ -49,6 +50,7 @@ from broker.frontends.remoting.messageext import (
 from broker.state.auth.model import GET, PUB, SUB, Resource
 from broker.state.delayrules import RETRY_QUEUE_NUMS, retry_topic
 from broker.state.machine import SendResult
+from broker.state.names import MAX_GROUP_LENGTH
 from broker.state.transactions import HALF_TOPIC, transaction_id
 from dledger.core import Role
 from msgcodec import PROPERTY_REAL_TOPIC, Message, decode_rows
@@ -187,6 +189,8 @@ class RemotingBrokerService:
         # own (PullSysFlag without 0x4) filters by it. At most MAX_KEPT_SUBSCRIPTIONS; pruned
         # when its group has no consumer left.
         self._subscriptions: dict[tuple[str, str], str] = {}
+        # The connections carrying producers of each group (transaction check-backs).
+        self.producers = RemotingProducers(broker.applied, self.store_host, self.guard)
         # The connections carrying consumers of each group (for NOTIFY_CONSUMER_IDS_CHANGED);
         # closed ones are dropped when the group changes.
         self._members: dict[str, set[RemotingConnection]] = {}
@@ -522,6 +526,12 @@ class RemotingBrokerService:
             self._join(group, conn)
             if c.get("messageModel") != BROADCASTING:
                 await self._ensure_retry_topic(group, owner)
+        producers = F.json_list(
+            data.get("producerDataSet"), "producerDataSet", MAX_HEARTBEAT_GROUPS
+        )
+        for p in producers:
+            group = F.json_text(p, "groupName", "producerData", MAX_GROUP_LENGTH)
+            self.producers.producing(group, conn, caller.user)
         return _ok(cmd)
 
     def _remember(self, group: str, pairs: list[tuple[str, str]]) -> None:
@@ -589,6 +599,9 @@ class RemotingBrokerService:
     ) -> RemotingCommand:
         ext = cmd.ext_fields
         client_id = F.text(ext, "clientID")
+        producer_group = F.text(ext, "producerGroup", "", F.MAX_TEXT_CHARS)
+        if producer_group:
+            self.producers.leave(producer_group, conn)
         group = F.text(ext, "consumerGroup", "", F.MAX_TEXT_CHARS)
         if group:
             self.broker.consumers.unregister(group, client_id, (caller.user, caller.unbounded))
