@@ -28,7 +28,11 @@ drives it over gRPC with load-generator processes using the real client, and mea
   message;
 - the v2 receive path (issue #36): one backlog drained by the raftmq PushConsumer and by the
   official client's SimpleConsumer and PushConsumer (``bench/v2_consumer.py``), each with the
-  leader's CPU per message.
+  leader's CPU per message;
+- the remoting producer (issue #37): SEND_MESSAGE_V2 requests, as a RocketMQ 4.x producer sends
+  them, over the SYNC_FLUSH group's remoting port (``remotingListenPort``), 1 KiB, 1 and 16 in
+  flight on one connection of the ``remoting`` package's asyncio client
+  (``bench/remoting_producer.py``, a process of its own), in the same table as the v2 cases.
 
 Every group is secure, as ``mqcluster up`` makes it (every call over TLS, signed by the admin
 user); ``--insecure`` runs them all plaintext. Writes ``bench/results/<UTC timestamp>.json``,
@@ -157,6 +161,13 @@ V2_RECEIVE_MESSAGES = 20_000
 SMOKE_V2_RECEIVE_MESSAGES = 512
 V2_RECEIVE_THREADS = 4
 V2_RECEIVE_MAX_S = 120.0
+# The remoting producer case (issue #37): SEND_MESSAGE_V2 over the leader's remoting port with
+# the remoting package's asyncio client, in a process of its own (bench/remoting_producer.py),
+# at the v2 case's size, in-flight counts and group.
+REMOTING_CLIENT = "remoting asyncio client (SEND_MESSAGE_V2)"
+REMOTING_MODULE = "bench.remoting_producer"
+# The process's start-up (imports, the connection) before its warm-up; part of the timeout.
+REMOTING_STARTUP_S = 10.0
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -933,6 +944,71 @@ def rest_memory_case(
     }
 
 
+def remoting_producer_case(cluster: LocalCluster, in_flight: int, seconds: float) -> dict[str, Any]:
+    """SEND_MESSAGE_V2 requests, ``in_flight`` at a time on one connection of the remoting
+    package's client (its own process), ``V2_SIZE``-byte messages to the leader's remoting port
+    for ``seconds``; the figures computed as :func:`produce_case` computes them. A secure group:
+    TLS trusting its CA, every request signed by the admin user (RocketMQ's ACL signature)."""
+    port = cluster.node(cluster.wait_leader()).remoting_port
+    if not port:
+        return {"skipped": "the group serves no remoting port (remotingListenPort)"}
+    addr = f"127.0.0.1:{port}"
+    env = {**os.environ}
+    credentials = cluster.client_security().credentials
+    if cluster.secure and credentials is not None:
+        env |= {
+            "REMOTING_TLS_CA": str(cluster.layout.ca_cert),
+            "REMOTING_ACCESS_KEY": credentials.access_key,
+            "REMOTING_SECRET_KEY": credentials.secret_key,
+        }
+    argv = [addr, TOPIC, str(QUEUES), str(V2_SIZE), str(in_flight), str(seconds)]
+    proc = subprocess.run(
+        [sys.executable, "-m", REMOTING_MODULE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=seconds + REMOTING_STARTUP_S + LOADGEN_GRACE_S,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"remoting producer failed ({proc.returncode}): {proc.stderr[-500:]}")
+    out = json.loads(proc.stdout)
+    sent = int(out["sent"])
+    lat_ms = [us / 1000 for us in out["latencies_us"]]
+    return {
+        "client": REMOTING_CLIENT,
+        "flush": V2_FLUSH,
+        "message_bytes": V2_SIZE,
+        "in_flight": in_flight,
+        "seconds": seconds,
+        "messages": sent,
+        "failed": int(out["failed"]),
+        "messages_per_s": sent / seconds,
+        "mb_per_s": sent * V2_SIZE / seconds / 1e6,
+        "p50_ms": pct(lat_ms, 0.50),
+        "p99_ms": pct(lat_ms, 0.99),
+        "p999_ms": pct(lat_ms, 0.999),
+    }
+
+
+def _remoting_cases(cluster: LocalCluster, seconds: float) -> list[dict[str, Any]]:
+    """Every remoting producer case on ``cluster``, each printed as it ends."""
+    cases = []
+    for n in V2_IN_FLIGHT:
+        case = remoting_producer_case(cluster, n, seconds)
+        cases.append(case)
+        if "skipped" in case:
+            print(f"remoting producer: skipped ({case['skipped']})", flush=True)
+            break
+        print(
+            f"remoting producer ({REMOTING_CLIENT}) {V2_SIZE} B x {n} in flight: "
+            f"{case['messages_per_s']:,.0f} msg/s p50 {case['p50_ms']:.1f} "
+            f"p99 {case['p99_ms']:.1f} ms, failed {case['failed']}",
+            flush=True,
+        )
+    return cases
+
+
 def _v2_cases(cluster: LocalCluster, seconds: float) -> list[dict[str, Any]]:
     """Every v2 producer case on ``cluster``, each printed as it ends."""
     cases = []
@@ -1123,6 +1199,7 @@ def _run_group(
             if flush == V2_FLUSH:
                 result["produce_v2"] = _v2_cases(cluster, a.seconds)
                 result["receive_v2"] = v2_receive_cases(cluster, a.smoke)
+                result["produce_remoting"] = _remoting_cases(cluster, a.seconds)
             if flush == "SYNC_FLUSH":
                 _sync_extras(a, cluster, result)
             if a.smoke and flush == REST_FLUSH:  # the at-rest case's code path, small

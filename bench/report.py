@@ -448,21 +448,36 @@ def _memory_lines(result: dict[str, Any]) -> list[str]:
 def _v2_lines(result: dict[str, Any]) -> list[str]:
     """The v2 producer cases (issue #19) beside the raftmq client's case of the same group,
     size and in-flight count (``-`` when the run had no such case)."""
-    v2 = result.get("produce_v2")
-    if not v2:
+    title = "## v2 producer (official RocketMQ 5 Python client, same group, same run)"
+    return _client_lines(result, result.get("produce_v2"), title, "v2")
+
+
+def _remoting_lines(result: dict[str, Any]) -> list[str]:
+    """The remoting producer cases (issue #37: SEND_MESSAGE_V2 over the remoting port) beside
+    the raftmq client's case of the same group, size and in-flight count."""
+    title = "## remoting producer (RocketMQ 4.x SEND_MESSAGE_V2, same group, same run)"
+    return _client_lines(result, result.get("produce_remoting"), title, "remoting")
+
+
+def _client_lines(
+    result: dict[str, Any], cases: list[dict[str, Any]] | None, title: str, name: str
+) -> list[str]:
+    """Another client's produce cases, each beside the raftmq client's case of the same group,
+    size and in-flight count (``-`` when the run had no such case)."""
+    if not cases:
         return []
-    lines = ["", "## v2 producer (official RocketMQ 5 Python client, same group, same run)", ""]
-    skipped = [c["skipped"] for c in v2 if "skipped" in c]
+    lines = ["", title, ""]
+    skipped = [c["skipped"] for c in cases if "skipped" in c]
     if skipped:
         return [*lines, f"- skipped: {skipped[0]}"]
     lines += [
         "| client | flush | size B | in flight | msg/s | p50 ms | p99 ms | failed "
-        "| raftmq client msg/s | p50 ms | p99 ms | v2 / raftmq "
-        "| CPU ms per msg, all nodes: v2 / raftmq |",
+        f"| raftmq client msg/s | p50 ms | p99 ms | {name} / raftmq "
+        f"| CPU ms per msg, all nodes: {name} / raftmq |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         "| ---: |",
     ]
-    for c in v2:
+    for c in cases:
         ours = next(
             (
                 o
@@ -555,6 +570,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
         )
     lines += _v2_lines(result)
     lines += _v2_receive_lines(result)
+    lines += _remoting_lines(result)
     lines += _peer_lines(result)
     lines += _floor_lines(result)
     lines += _memory_lines(result)
@@ -607,6 +623,11 @@ def _chart_series(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     if v2:
         series[f"v2 Python client ({v2[0]['flush']})"] = {
             f"{c['message_bytes']}B x{c['in_flight']}": c["messages_per_s"] for c in v2
+        }
+    remoting = [c for c in result.get("produce_remoting", []) if "messages_per_s" in c]
+    if remoting:
+        series[f"remoting 4.x SEND_MESSAGE_V2 ({remoting[0]['flush']})"] = {
+            f"{c['message_bytes']}B x{c['in_flight']}": c["messages_per_s"] for c in remoting
         }
     return series
 

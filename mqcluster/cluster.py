@@ -1280,6 +1280,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {', '.join(written.made) or 'nothing new'} in {ns.out}")
             if written.kept:
                 print(f"kept as they were: {', '.join(written.kept)}")
+            print(f"NameServers: {written.namesrv_addr} (raftmq tools and clients, -n)")
+            print(
+                f"remoting (RocketMQ 4.x clients, TLS): namesrvAddr {written.remoting_namesrv_addr}"
+            )
             print("copy each directory to its host and run its 'command' (docs/DEPLOY.md)")
         elif ns.cmd in ("add-group", "remove-group", "add-user"):
             _cmd_groups(groups, ns)

@@ -26,7 +26,10 @@ It writes, under DIR:
 Run again with more groups in the layout (a group added to the cluster): the CA, the admin and
 the ACL key are kept, the existing processes' directories are left as they are, and only the
 new ones are written. Ports are RocketMQ's (each process has a host of its own): brokers 10911
-(client), 40911 (peer), 8081 (RocketMQ 5), 5557 (metrics); NameServers 9876, metrics 5556.
+(client), 40911 (peer), 8081 (RocketMQ 5), 10912 (RocketMQ 4.x remoting), 5557 (metrics);
+NameServers 9876, 9877 (remoting: 4.x clients' namesrvAddr), metrics 5556. The remoting ports
+serve TLS and, on a broker, the same users and ACLs as every other port (docs/REMOTING.md); a
+layout's ``settings`` may turn a broker's off (``"remotingListenPort": "0"``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,12 @@ CLIENT_PORT = 10911
 PEER_PORT = 40911
 GRPC_PORT = 8081
 METRICS_PORT = 5557
+# RocketMQ 4.x clients (docs/REMOTING.md): RocketMQ's brokers take 10911 for it, the client
+# port here, so the next port, as mqcluster's local layout does; the NameServer's next to its
+# gRPC 9876 (RocketMQ's remoting port there), as mqcluster's NAMESRV_REMOTING_PORT.
+REMOTING_PORT = CLIENT_PORT + 1
 NAMESRV_PORT = 9876
+NAMESRV_REMOTING_PORT = NAMESRV_PORT + 1
 NAMESRV_METRICS_PORT = 5556
 # Bounds of a layout: a group has at most 7 members (mqcluster.cluster.MAX_NODES), a cluster
 # at most 64 groups and 7 NameServers here (far above what one admin machine plans at once).
@@ -98,6 +106,11 @@ class Layout:
     @property
     def namesrv_addr(self) -> str:
         return ";".join(f"{h}:{NAMESRV_PORT}" for h in self.namesrvs)
+
+    @property
+    def remoting_namesrv_addr(self) -> str:
+        """What a RocketMQ 4.x client is given as its ``namesrvAddr``."""
+        return ";".join(f"{h}:{NAMESRV_REMOTING_PORT}" for h in self.namesrvs)
 
 
 def _ipv4(value: object, where: str) -> str:
@@ -162,10 +175,13 @@ def parse_layout(text: str) -> Layout:
 
 @dataclass(frozen=True, slots=True)
 class Written:
-    """What one run wrote: the process directories made now, and those kept."""
+    """What one run wrote: the process directories made now, and those kept; the NameServer
+    addresses the clients are given (raftmq's and RocketMQ 5's tools, and 4.x clients')."""
 
     made: list[str]
     kept: list[str]
+    namesrv_addr: str = ""
+    remoting_namesrv_addr: str = ""
 
 
 class HostFiles:
@@ -193,7 +209,7 @@ class HostFiles:
                     continue
                 self._broker(ca, admin, group, i)
                 made.append(name)
-        return Written(made, kept)
+        return Written(made, kept, self.layout.namesrv_addr, self.layout.remoting_namesrv_addr)
 
     def _cluster_secrets(self) -> tuple[pki.Authority, Credentials]:
         admin_file = self.ca_dir / "admin.json"
@@ -221,6 +237,7 @@ class HostFiles:
         files = pki.issue_server(ca, str(tls), "nameserver", [host])
         conf = {
             "listenPort": NAMESRV_PORT,
+            "remotingListenPort": NAMESRV_REMOTING_PORT,
             "listenHost": self.layout.bind_address or host,
             "metricsPort": NAMESRV_METRICS_PORT,
             "tlsEnable": "true",
@@ -253,6 +270,7 @@ class HostFiles:
             "brokerIP1": hosts[i],
             "listenPort": CLIENT_PORT,
             "grpcServerPort": GRPC_PORT,
+            "remotingListenPort": REMOTING_PORT,
             "metricsPort": METRICS_PORT,
             "namesrvAddr": self.layout.namesrv_addr,
             "storePathRootDir": str(d / "store"),

@@ -22,8 +22,10 @@ from datetime import UTC, datetime
 from secrets import token_hex
 
 import grpc
+from raftmq.broker.internal.v1 import leaderops_pb2 as ipb
 
 from broker.frontends import rpcmap
+from broker.frontends.internal.codec import proof_of
 from broker.state.auth.model import SUB, Resource, User, decide, peer_ip, subject_of
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import BrokerError
@@ -50,6 +52,10 @@ NOT_SIGNED_BY = "the signature does not match its secret"
 # anybody then: the call is refused, not counted as an authentication failure (a healthy
 # group starting would raise the refusal metric on every member).
 NO_USERS_YET = "this group has no users yet (its first leader creates the initial one): retry"
+
+# The one method whose request may carry a remoting caller's proof (a forwarded leader
+# operation).
+LEADER_CALL = rpcmap.LEADER_OPS + "Call"
 
 # A client signs each call with its clock in seconds, so the calls of one second share one
 # signature: a checked one is remembered (with its time, the skew is checked on every call),
@@ -100,6 +106,9 @@ class AuthGuard:
     ) -> Refusal | None:
         if not self.settings.active:
             return None
+        proven = self._remoting_forward(method, peer, request)
+        if proven is not None:
+            return proven if isinstance(proven, Refusal) else None
         user_or_refusal = self._authenticate(method, metadata, peer)
         if isinstance(user_or_refusal, Refusal):
             return user_or_refusal
@@ -108,9 +117,36 @@ class AuthGuard:
             return None
         return self._authorize(user_or_refusal, method, peer, request)
 
-    def identify(self, metadata: Mapping[str, str]) -> tuple[str, bool]:
-        """The user who signed a call :meth:`check` admitted, and whether it is a Super user
+    def _remoting_forward(
+        self, method: str, peer: str, request: object
+    ) -> tuple[str, bool] | Refusal | None:
+        """A forwarded leader operation of a remoting caller (its call carries the caller's
+        :class:`~broker.frontends.internal.codec.RemotingProof`): checked as the direct request
+        is (:meth:`check_remoting`), for the rights of the operation inside. None: the call
+        carries no remoting proof (its metadata's signature is checked)."""
+        if method != LEADER_CALL or not isinstance(request, ipb.LeaderCall):
+            return None
+        try:
+            proof = proof_of(request)
+        except BrokerError as exc:
+            return self._refuse(AUTHENTICATION, E.UNAUTHENTICATED, str(exc), method, peer)
+        if proof is None:
+            return None
+        needs = rpcmap.RPC_NEEDS[LEADER_CALL]
+        assert not isinstance(needs, str)
+        wants = needs(request, self.settings.cluster_name)
+        return self.check_remoting(
+            proof.access_key, proof.signature, proof.signed, wants, peer_ip(peer), method
+        )
+
+    def identify(self, metadata: Mapping[str, str], request: object = None) -> tuple[str, bool]:
+        """The user who signed a call :meth:`check` admitted (in its metadata, or for a
+        forwarded remoting request in ``request``'s proof), and whether it is a Super user
         (("", False) for an unsigned one: the guard is off)."""
+        if isinstance(request, ipb.LeaderCall) and request.HasField("remoting"):
+            key = request.remoting.access_key
+            user = self.sm.auth.users.get(key)
+            return key, user is not None and user.is_super
         try:
             signed = read_signed_request(dict(metadata))
         except SignatureError:
@@ -289,9 +325,11 @@ class AuthGuard:
         return list(dict.fromkeys(wants))
 
 
-def owner_of(guard: AuthGuard | None, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
-    """The user ``guard`` admitted the call of ``context`` for, and whether it is a Super user
-    (("", False) without users: nobody to hold to a quota)."""
+def owner_of(
+    guard: AuthGuard | None, context: grpc.aio.ServicerContext, request: object = None
+) -> tuple[str, bool]:
+    """The user ``guard`` admitted the call of ``context`` (carrying ``request``) for, and
+    whether it is a Super user (("", False) without users: nobody to hold to a quota)."""
     if guard is None or not guard.settings.active:
         return "", False
-    return guard.identify(text_metadata(context.invocation_metadata()))
+    return guard.identify(text_metadata(context.invocation_metadata()), request)

@@ -58,6 +58,10 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert all(c["messages"] == rx["backlog"] > 0 and c["failed"] == 0 for c in rx["cases"]), rx
     assert all(c["leader_cpu_ms_per_msg"] > 0 for c in rx["cases"]), rx
     assert all(sum(c["cpu_s_per_million_msgs"].values()) > 0 for c in v2), v2
+    # SEND_MESSAGE_V2 over the remoting port, on the same group (issue #37): signed and over TLS.
+    rem = result["produce_remoting"]
+    assert [(c["in_flight"], c["flush"]) for c in rem] == [(1, "SYNC_FLUSH"), (16, "SYNC_FLUSH")]
+    assert all(c["messages"] > 0 and c["failed"] == 0 and c["p99_ms"] > 0 for c in rem), rem
     # Issue #23: memory per node at rest and at peak, the floor, the peer table without peers.
     for flush in ("SYNC_FLUSH", "ASYNC_FLUSH"):
         mem = result["memory"][flush]
@@ -78,6 +82,7 @@ def test_mqbench_smoke_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert [r["peer_ops_s"] for r in result["peer_table"]] == [None, None]  # --no-peers
     md = result_json.with_suffix(".md").read_text()
     assert md.startswith("# mqbench") and "## v2 producer" in md and "## v2 receive" in md
+    assert "## remoting producer" in md
     assert "## The floor" in md and "## Memory per node" in md
     assert result_json.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from broker_world import world
@@ -24,11 +25,14 @@ from broker.components.settings import ServiceConfig
 from broker.frontends import authguard as guard_module
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard, AuthSettings
+from broker.frontends.remoting import service as remoting_service
 from broker.state.auth.secrets import SecretBox
 from broker.state.errors import InvalidRequestError
 from mqsecurity.credentials import Credentials
 from mqsecurity.refusals import AUTHENTICATION, AUTHORIZATION, REFUSALS
 from mqsecurity.signing import SignedRequest, check_signature, signed_metadata
+from remoting.codes import RequestCode
+from remoting.protocol import RemotingCommand
 from rpckit.callguard import OPEN_SERVICES, Refusal
 from rpckit.decodeguard import Undecodable
 
@@ -365,3 +369,23 @@ def test_a_group_without_users_yet_refuses_without_counting(tmp_path: Path) -> N
     # Unsigned calls are still counted: they are refused whatever the table holds.
     assert check(guard, SEND, None, bpb.SendMessageRequest(topic="orders")) is not None
     assert REFUSALS.snapshot().get(AUTHENTICATION, 0) == before + 1
+
+
+def test_a_forwarded_remoting_request_needs_what_the_direct_one_needs() -> None:
+    """A remoting send or transaction verdict that a member forwards is checked on the leader
+    (its LeaderCall row) for the rights the member checked on the direct request."""
+    needs = rpcmap.RPC_NEEDS[rpcmap.LEADER_OPS + "Call"]
+    assert not isinstance(needs, str)
+    forwarded = needs(ipb.LeaderCall(send=ipb.Send(topic="t")), "c1")
+    for code, ext in (
+        (RequestCode.SEND_MESSAGE, {"topic": "t"}),
+        (RequestCode.SEND_MESSAGE_V2, {"b": "t"}),
+        (RequestCode.SEND_BATCH_MESSAGE, {"topic": "t"}),
+    ):
+        cmd = RemotingCommand(code, 1, ext_fields=ext)
+        assert remoting_service._send_wants(cmd) == forwarded != [], code
+    half = SimpleNamespace(_half_at=lambda position: (None, "t"))
+    end = RemotingCommand(RequestCode.END_TRANSACTION, 1, ext_fields={"commitLogOffset": "7"})
+    direct = remoting_service.RemotingBrokerService._end_wants(half, end)  # type: ignore[arg-type]
+    call = ipb.LeaderCall(end_transaction=ipb.EndTransaction(topic="t"))
+    assert direct == needs(call, "c1") != []

@@ -234,3 +234,28 @@ def test_mqbench_refuses_a_rest_message_count_out_of_bounds(
     for bad in ("-1", str(MAX_REST_MESSAGES + 1)):
         assert main(["--rest-messages", bad]) == 2
         assert "--rest-messages must be in" in capsys.readouterr().err
+
+
+def test_the_remoting_cases_sit_beside_the_raftmq_client_of_the_same_case() -> None:
+    result = _result()
+    result["produce_remoting"] = [
+        {
+            "client": "remoting",
+            "flush": "SYNC_FLUSH",
+            "message_bytes": 1024,
+            "in_flight": n,
+            "messages_per_s": rate,
+            "p50_ms": 1.0,
+            "p99_ms": 2.0,
+            "failed": 0,
+        }
+        for n, rate in ((1, 250.0), (16, 3000.0))
+    ]
+    lines = report._remoting_lines(result)
+    assert lines[1].startswith("## remoting producer")
+    rows = [line for line in lines if line.startswith("| remoting |")]
+    # Ours: 500 msg/s at 1 in flight and 1,500 at 16 (SYNC_FLUSH, 1 KiB): ratios 0.5 and 2.
+    assert [row.split("|")[-3].strip() for row in rows] == ["0.50", "2.00"], rows
+    assert "remoting 4.x SEND_MESSAGE_V2 (SYNC_FLUSH)" in report._chart_series(result)
+    skipped = report._remoting_lines({"produce_remoting": [{"skipped": "no port"}]})
+    assert skipped[-1] == "- skipped: no port"

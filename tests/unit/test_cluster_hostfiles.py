@@ -107,3 +107,23 @@ def test_settings_the_broker_would_refuse_are_refused_before_anything_is_kept(
     with pytest.raises(ClusterError, match="timerMaxDelaySec"):
         run(_write(tmp_path, bad), str(out))
     assert not (out / "broker-a-n0").exists()
+
+
+def test_the_remoting_ports_are_served_and_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RocketMQ 4.x clients' ports: each broker's 10912 (registered with the NameServers for
+    the remoting routes) and each NameServer's 9877, the address 4.x clients are given."""
+    out = tmp_path / "out"
+    assert main(["hosts", "--layout", _write(tmp_path, LAYOUT), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "namesrvAddr 10.0.0.1:9877;10.0.0.2:9877" in printed
+    assert "NameServers: 10.0.0.1:9876;10.0.0.2:9876" in printed
+    cfg = load_config(out / "broker-a-n2" / "broker.conf")
+    assert cfg.remoting_addr == "10.0.0.13:10912" and cfg.tlsEnable
+    ns = load_namesrv_config(out / "namesrv-0" / "namesrv.conf")
+    assert ns.remotingListenPort == 9877 and ns.tlsEnable
+    # A layout may turn a broker's remoting port off.
+    off = {**LAYOUT, "settings": {"remotingListenPort": "0"}}
+    run(_write(tmp_path, off), str(tmp_path / "off"))
+    assert load_config(tmp_path / "off" / "broker-a-n0" / "broker.conf").remoting_addr == ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +18,7 @@ import pytest
 from broker_world import world
 from raftmq.broker.internal.v1 import leaderops_pb2 as ipb
 from raftmq.broker.internal.v1 import leaderops_pb2_grpc as ipb_grpc
+from remoting_support import sign
 
 from broker.app import Broker, assemble
 from broker.components.applied import NodeContext
@@ -39,7 +40,9 @@ from broker.components.settings import ServiceConfig
 from broker.frontends.authguard import AuthGuard, AuthSettings
 from broker.frontends.internal import codec
 from broker.frontends.internal.forwarder import Failure, Forwarder, Origin
+from broker.frontends.remoting.service import RemotingBrokerService
 from broker.state.auth.secrets import SecretBox
+from broker.state.errors import InvalidRequestError
 from broker.state.machine import SendResult
 from broker.state.message import Message, UniqIdGenerator
 from broker.state.popstate import MAX_HANDLE_CHARS, MAX_RECORD_ITEMS
@@ -47,6 +50,11 @@ from broker.state.transactions import transaction_id
 from dledger.core import Role
 from mqsecurity.credentials import Credentials
 from mqsecurity.signing import signed_metadata
+from remoting.client import RemotingClient
+from remoting.codes import RequestCode as Q
+from remoting.codes import ResponseCode as R
+from remoting.protocol import RemotingCommand
+from remoting.server import RemotingServer
 from rpckit.callguard import GuardInterceptor
 from rpckit.status import read_error
 
@@ -113,8 +121,12 @@ def _message(**properties: str) -> OutgoingMessage:
 
 
 async def _refused(leader: Leader, request: LeaderRequest[Any], creds: Credentials) -> Failure:
+    return await _refused_as(leader, request, origin(creds))
+
+
+async def _refused_as(leader: Leader, request: LeaderRequest[Any], caller: Origin) -> Failure:
     with pytest.raises(Failure) as failure:
-        await leader.forwarder.call(request, origin(creds))
+        await leader.forwarder.call(request, caller)
     return failure.value
 
 
@@ -315,3 +327,97 @@ def test_an_answer_that_does_not_fit_its_request_is_refused() -> None:
     bad = ipb.LeaderAnswer(received=ipb.Deliveries(deliveries=[ipb.Delivery(stored=b"junk")]))
     with pytest.raises(codec.MalformedAnswerError):
         codec.answer_of(ReceiveRequest(G, T, -1, 32, 30_000), bad)
+
+
+# ------------------------------------------------------------------ remoting callers
+
+
+def _proof(creds: Credentials, ext: dict[str, str], body: bytes) -> codec.RemotingProof:
+    """What a remoting request signed by ``creds`` proves (RocketMQ's ACL, as ali-ons signs)."""
+    fields = sign(ext, body, creds.access_key, creds.secret_key)
+    signed = "".join(fields[k] for k in sorted(fields) if k != "Signature").encode() + body
+    return codec.RemotingProof(creds.access_key, fields["Signature"], signed)
+
+
+def _remoting(creds: Credentials, ext: dict[str, str] | None = None) -> Origin:
+    proof = _proof(creds, ext or {"b": T, "e": "0"}, b"body")
+    return Origin(creds.access_key, False, remoting=proof)
+
+
+def test_a_forwarded_remoting_send_is_checked_for_its_original_caller(tmp_path: Path) -> None:
+    """A remoting caller's forward is checked on the leader by its own proof (RocketMQ's ACL
+    signature over the exact signed material) and its user's rights, as the direct request."""
+
+    async def test(leader: Leader) -> None:
+        send = SendRequest(T, (_message(),))
+        for creds in (NOBODY, READER):
+            failure = await _refused_as(leader, send, _remoting(creds))
+            assert failure.code == "PERMISSION_DENIED" and "Pub" in failure.text
+        good = _remoting(PUBLISHER)
+        assert good.remoting is not None
+        forged = [
+            replace(good.remoting, signed=good.remoting.signed + b"x"),  # other material
+            replace(good.remoting, signature=_proof(NOBODY, {}, b"").signature),
+            replace(good.remoting, access_key=READER.access_key),  # another user's name
+            replace(good.remoting, signature="A" * (codec.MAX_PROOF_SIGNATURE_CHARS + 1)),
+        ]
+        for proof in forged:
+            failure = await _refused_as(leader, send, replace(good, remoting=proof))
+            assert failure.code == "UNAUTHENTICATED", proof
+        assert _stored(leader) == 0  # refused before anything changed
+        [stored] = await leader.forwarder.call(send, good)
+        assert stored.uniq_id == send.messages[0].msg_id and _stored(leader) == 1
+        half = _message(TRAN_MSG="true")
+        [held] = await leader.forwarder.call(SendRequest(T, (half,)), good)
+        end = EndTransactionRequest(T, half.msg_id, transaction_id(held.position), True)
+        assert (await _refused_as(leader, end, _remoting(READER))).code == "PERMISSION_DENIED"
+        assert await leader.forwarder.call(end, good) == "COMMITTED"
+        assert _stored(leader) == 2
+
+    run(test, tmp_path)
+
+
+def test_a_guarded_member_forwards_a_remoting_send_to_its_leader(tmp_path: Path) -> None:
+    """A 4.x producer that reaches a member that does not lead is served with users on: the
+    member checks the request, forwards it with its proof, and the leader checks it again."""
+
+    async def test(leader: Leader) -> None:
+        # The member's remoting port: the leader's state (the same users), its forwarder away.
+        service = RemotingBrokerService(leader.parts, leader.forwarder, "10.1.2.3:9876")
+        server = RemotingServer(service.handle)
+        client = await RemotingClient.connect("127.0.0.1", await server.start("127.0.0.1", 0))
+        try:
+            ext = {"a": "PG", "b": T, "c": "TBW102", "d": "4", "e": "0", "f": "0"}
+            ext |= {"g": "1700000000000", "h": "5", "i": "", "j": "0", "k": "false"}
+            for n, creds in enumerate((PUBLISHER, READER)):
+                fields = sign(ext, b"x", creds.access_key, creds.secret_key)
+                cmd = RemotingCommand(Q.SEND_MESSAGE_V2, n + 1, ext_fields=fields, body=b"x")
+                answers.append(await client.request(cmd, CALL_TIMEOUT_S))
+        finally:
+            await client.close()
+            await server.stop()
+        assert answers[0].code == R.SUCCESS, answers[0].remark
+        assert answers[1].code == R.NO_PERMISSION
+        assert _stored(leader) == 1
+
+    answers: list[RemotingCommand] = []
+    run(test, tmp_path)
+
+
+def test_a_remoting_proof_crosses_the_codec_unchanged_and_bounded() -> None:
+    proof = codec.RemotingProof(PUBLISHER.access_key, "S" * 28, b"signed material")
+    wire = ipb.LeaderCall.FromString(
+        codec.call_pb(SendRequest(T, (_OUTGOING,)), proof).SerializeToString()
+    )
+    assert codec.proof_of(wire) == proof
+    assert codec.proof_of(codec.call_pb(SendRequest(T, (_OUTGOING,)))) is None
+    for over in (
+        replace(proof, access_key="k" * (codec.MAX_PROOF_ACCESS_KEY_CHARS + 1)),
+        replace(proof, signature="s" * (codec.MAX_PROOF_SIGNATURE_CHARS + 1)),
+        replace(proof, signed=b"m" * (codec.MAX_PROOF_SIGNED_BYTES + 1)),
+    ):
+        call = codec.call_pb(SendRequest(T, (_OUTGOING,)), over)
+        with pytest.raises(InvalidRequestError):
+            codec.proof_of(call)
+        with pytest.raises(InvalidRequestError):
+            codec.request_of(call)

@@ -27,6 +27,7 @@ from remoting_support import (
     sign,
 )
 
+from broker.frontends.remoting import checkback
 from broker.frontends.remoting.sends import encode_batch_message
 from broker.state.names import SCHEDULE_TOPIC
 from dledger.core import Role
@@ -463,15 +464,6 @@ def test_a_follower_without_a_leader_answers_a_send_service_not_available(tmp_pa
     run(tmp_path, body)
 
 
-def test_a_guarded_follower_refuses_a_send_it_cannot_forward(tmp_path: Path) -> None:
-    async def body(n: Node) -> None:
-        n.node.role = Role.FOLLOWER
-        sent = await n.call(Q.SEND_MESSAGE_V2, send_v2(0, ""), b"x", (PUB_KEY, PUB_SECRET))
-        assert sent.code == R.SERVICE_NOT_AVAILABLE and "NOT_LEADER" in (sent.remark or "")
-
-    run(tmp_path, body, guard_on=True)
-
-
 def test_kept_subscriptions_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from broker.frontends.remoting import service
 
@@ -520,5 +512,137 @@ def test_a_group_change_is_notified_to_its_other_consumers(tmp_path: Path) -> No
             assert len(seen) == 2
         finally:
             await first.close()
+
+    run(tmp_path, body)
+
+
+# ---------------------------------------------------------------------------- check-backs
+
+
+def _heartbeat(client_id: str, *producer_groups: str) -> bytes:
+    groups = [{"groupName": g} for g in (*producer_groups, "CLIENT_INNER_PRODUCER")]
+    return json.dumps({"clientID": client_id, "producerDataSet": groups}).encode()
+
+
+async def _transactional_producer(
+    n: Node, port: int, verdict: int, keys: tuple[str, str] | None = None
+) -> tuple[RemotingClient, list[RemotingCommand], asyncio.Event]:
+    """A 4.x producer of group PG on its own connection whose checker answers ``verdict`` to
+    every check-back, as a 4.x client does: END_TRANSACTION with fromTransactionCheck=true."""
+    checks: list[RemotingCommand] = []
+    answered = asyncio.Event()
+
+    async def checker(cmd: RemotingCommand, conn: Any) -> RemotingCommand | None:
+        assert cmd.code == Q.CHECK_TRANSACTION_STATE
+        checks.append(cmd)
+        ext = {
+            "producerGroup": "PG",
+            "tranStateTableOffset": cmd.ext_fields["tranStateTableOffset"],
+            "commitLogOffset": cmd.ext_fields["commitLogOffset"],
+            "commitOrRollback": str(verdict),
+            "fromTransactionCheck": "true",
+            "msgId": cmd.ext_fields["msgId"],
+            "transactionId": cmd.ext_fields["transactionId"],
+        }
+        if keys is not None:
+            ext = sign(ext, b"", *keys)
+        end = RemotingCommand(Q.END_TRANSACTION, 0, ext_fields=ext)
+        done = await conn.request(end, TIMEOUT_S)
+        assert done.code == R.SUCCESS, done.remark
+        answered.set()
+        return None  # the check is oneway
+
+    client = await RemotingClient.connect("127.0.0.1", port, handler=checker)
+    ext: dict[str, str] = {}
+    body = _heartbeat("producer@1", "PG")
+    beat = RemotingCommand(
+        Q.HEART_BEAT, 1, ext_fields=sign(ext, body, *keys) if keys else ext, body=body
+    )
+    assert (await client.request(beat, TIMEOUT_S)).code == R.SUCCESS
+    return client, checks, answered
+
+
+async def _half(n: Node, keys: tuple[str, str] | None = None) -> int:
+    ext = {**send_v2(0, "TRAN_MSG\x01true\x02PGROUP\x01PG\x02"), "a": "PG"}
+    sent = await n.call(Q.SEND_MESSAGE_V2, ext, b"half", keys)
+    assert sent.code == R.SUCCESS, sent.remark
+    return int(sent.ext_fields["msgId"][16:], 16)
+
+
+def test_an_unresolved_half_is_checked_back_on_its_producers_connection(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        port = n.server.port
+        client, checks, answered = await _transactional_producer(n, port, 8)
+        try:
+            position = await _half(n)
+            assert (await n.call(Q.PULL_MESSAGE, pull_ext(0))).code == R.PULL_NOT_FOUND
+            now_ms = int(time.time() * 1000)
+            await n.broker.txns.check_pass(now_ms + n.broker.cfg.txn_timeout_ms + 1000)
+            await asyncio.wait_for(answered.wait(), TIMEOUT_S)
+        finally:
+            await client.close()
+        [check] = checks
+        assert check.ext_fields["commitLogOffset"] == str(position)
+        assert check.ext_fields["transactionId"] == f"{position:016X}"
+        [half] = decode_messages(check.body)
+        assert (half["topic"], half["queue_id"], half["body"]) == (T, 0, b"half")
+        assert half["position"] == position and half["props"]["TRAN_MSG"] == "true"
+        assert check.ext_fields["msgId"] == half["props"]["UNIQ_KEY"]
+        pulled = decode_messages((await n.call(Q.PULL_MESSAGE, pull_ext(0))).body)
+        assert [m["body"] for m in pulled] == [b"half"]  # committed by the check's answer
+        assert n.service.producers.checks_sent == 1
+
+    run(tmp_path, body)
+
+
+def test_a_check_goes_only_to_a_producer_of_the_group_that_may_publish(tmp_path: Path) -> None:
+    async def body(n: Node) -> None:
+        pub, sub = (PUB_KEY, PUB_SECRET), (SUB_KEY, SUB_SECRET)
+        # A reader's connection names producer group PG too: it may not Pub on T, so it is
+        # never handed the half (which would let it end the transaction).
+        reader, reader_checks, _ = await _transactional_producer(n, n.server.port, 12, sub)
+        try:
+            position = await _half(n, pub)
+            now_ms = int(time.time() * 1000) + n.broker.cfg.txn_timeout_ms
+            await n.broker.txns.check_pass(now_ms + 1000)
+            assert reader_checks == [] and n.service.producers.checks_unsent == 1
+            producer, checks, answered = await _transactional_producer(n, n.server.port, 8, pub)
+            try:
+                await n.broker.txns.check_pass(now_ms + 100_000)
+                await asyncio.wait_for(answered.wait(), TIMEOUT_S)
+            finally:
+                await producer.close()
+        finally:
+            await reader.close()
+        assert reader_checks == [] and [c.ext_fields["commitLogOffset"] for c in checks] == [
+            str(position)
+        ]
+        pulled = await n.call(Q.PULL_MESSAGE, pull_ext(0), keys=sub)
+        assert [m["body"] for m in decode_messages(pulled.body)] == [b"half"]
+
+    run(tmp_path, body, guard_on=True)
+
+
+def test_producer_connections_are_bounded_and_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkback, "MAX_PRODUCER_GROUPS", 2)
+    monkeypatch.setattr(checkback, "MAX_PRODUCERS_PER_GROUP", 1)
+
+    async def body(n: Node) -> None:
+        first = RemotingClient.connect("127.0.0.1", n.server.port)
+        other = await first
+        try:
+            for client in (n.client, other):
+                beat = RemotingCommand(Q.HEART_BEAT, 1, body=_heartbeat("c", "A", "B", "C"))
+                assert (await client.request(beat, TIMEOUT_S)).code == R.SUCCESS
+            groups = n.service.producers._groups
+            assert set(groups) == {"A", "B"}  # the third group, and CLIENT_INNER_PRODUCER: not
+            assert all(len(members) == 1 for members in groups.values())  # the first one only
+            gone = {"clientID": "c", "producerGroup": "A"}
+            assert (await n.call(Q.UNREGISTER_CLIENT, gone)).code == R.SUCCESS
+            assert set(groups) == {"B"}
+        finally:
+            await other.close()
 
     run(tmp_path, body)

@@ -14,6 +14,7 @@ handle of a list, message sizes).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from raftmq.broker.internal.v1 import leaderops_pb2 as ipb
@@ -31,6 +32,7 @@ from broker.components.leaderops import (
 )
 from broker.components.pop import Received
 from broker.components.sending import MAX_SEND_BATCH, OutgoingMessage
+from broker.state.auth.model import MAX_USERNAME_CHARS
 from broker.state.errors import BrokerError, InvalidRequestError
 from broker.state.machine import SendResult
 from broker.state.message import decode_message, encode_message
@@ -43,6 +45,7 @@ from broker.state.popstate import (
 )
 from broker.state.transactions import InvalidTransactionIdError
 from mqerrors import codes as E
+from remoting.protocol import MAX_FRAME_BYTES
 
 _A = TypeVar("_A")
 
@@ -58,6 +61,22 @@ MAX_SUBSCRIPTION_CHARS = 4096
 MAX_CODE_CHARS = 64
 # A verdict of end_transaction (COMMITTED, ROLLED_BACK).
 MAX_OUTCOME_CHARS = 32
+# A remoting caller's proof (RemotingProof): its AccessKey names a user (at most
+# MAX_USERNAME_CHARS); a Signature is the base64 of a 20-byte HMAC-SHA1 (28 characters), with
+# room; the signed material is a request's ext values and body, at most one remoting frame.
+MAX_PROOF_ACCESS_KEY_CHARS = MAX_USERNAME_CHARS
+MAX_PROOF_SIGNATURE_CHARS = 64
+MAX_PROOF_SIGNED_BYTES = MAX_FRAME_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RemotingProof:
+    """What a remoting caller's request proves (docs/REMOTING.md, "ACL"): its AccessKey, its
+    Signature and the exact material the signature covers."""
+
+    access_key: str
+    signature: str
+    signed: bytes
 
 
 class MalformedAnswerError(BrokerError):
@@ -141,8 +160,36 @@ def outgoing_of(m: Any) -> OutgoingMessage:
     )
 
 
-def call_pb(r: LeaderRequest[Any]) -> ipb.LeaderCall:
-    """``r`` as one call."""
+def call_pb(r: LeaderRequest[Any], proof: RemotingProof | None = None) -> ipb.LeaderCall:
+    """``r`` as one call, carrying a remoting caller's ``proof`` when it has one."""
+    call = _op_pb(r)
+    if proof is not None:
+        call.remoting.CopyFrom(
+            ipb.RemotingProof(
+                access_key=proof.access_key, signature=proof.signature, signed=proof.signed
+            )
+        )
+    return call
+
+
+def proof_of(call: ipb.LeaderCall) -> RemotingProof | None:
+    """The remoting proof ``call`` carries (None: it carries none), every field bounded
+    (:class:`InvalidRequestError`): the leader's guard reads it before the servicer runs."""
+    if not call.HasField("remoting"):
+        return None
+    p = call.remoting
+    if len(p.signed) > MAX_PROOF_SIGNED_BYTES:
+        raise InvalidRequestError(
+            f"remoting signed material of {len(p.signed)} bytes, more than {MAX_PROOF_SIGNED_BYTES}"
+        )
+    return RemotingProof(
+        _text(p.access_key, MAX_PROOF_ACCESS_KEY_CHARS, "a remoting AccessKey"),
+        _text(p.signature, MAX_PROOF_SIGNATURE_CHARS, "a remoting Signature"),
+        p.signed,
+    )
+
+
+def _op_pb(r: LeaderRequest[Any]) -> ipb.LeaderCall:
     if isinstance(r, SendRequest):
         msgs = [_outgoing_pb(m) for m in r.messages]
         return ipb.LeaderCall(send=ipb.Send(topic=r.topic, messages=msgs))
@@ -241,6 +288,7 @@ def request_of(call: ipb.LeaderCall) -> LeaderRequest[Any]:
     kind = call.WhichOneof("op")
     if kind is None:
         raise InvalidRequestError("a leader call names no operation")
+    proof_of(call)
     return _REQUEST_OF[kind](getattr(call, kind))
 
 
@@ -387,9 +435,11 @@ def answer_of(r: LeaderRequest[Any], a: ipb.LeaderAnswer) -> Any:
 
 __all__ = [
     "MalformedAnswerError",
+    "RemotingProof",
     "answer_of",
     "answer_pb",
     "call_pb",
     "outgoing_of",
+    "proof_of",
     "request_of",
 ]

@@ -15,10 +15,12 @@ after a lost answer is stored once (the send path's dedup). A failure comes back
 :class:`Failure` carrying the error contract's stable code.
 
 A forward travels as the node's own security says (``ClientSecurity``: TLS with the node's
-member certificate on a secure group) and carries the original caller's signature entries
-(:class:`Origin`), never credentials of the node's own: the leader's guard checks the original
-user's rights for the operation inside (docs/SECURITY.md, "RocketMQ 5 clients"), so a forward can
-do nothing its caller may not.
+member certificate on a secure group) and carries the original caller's proof (:class:`Origin`):
+a RocketMQ 5 caller's signature entries, or a remoting caller's AccessKey, Signature and signed
+material (:class:`~broker.frontends.internal.codec.RemotingProof`), never credentials of the
+node's own: the leader's guard checks the original user's signature and rights for the operation
+inside (docs/SECURITY.md, "RocketMQ 5 clients"; docs/REMOTING.md, "ACL"), so a forward can do
+nothing its caller may not.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from raftmq.broker.internal.v1 import leaderops_pb2_grpc as ipb_grpc
 from broker.components.leaderops import LeaderOps, LeaderRequest, ReceiveRequest
 from broker.components.pop import Received
 from broker.components.raftnode import RaftNode
-from broker.frontends.internal.codec import answer_of, call_pb
+from broker.frontends.internal.codec import RemotingProof, answer_of, call_pb
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.state.errors import BrokerError
 from dledger.core import Role
@@ -102,11 +104,16 @@ class Failure(BrokerError):
 @dataclass(frozen=True, slots=True)
 class Origin:
     """The original caller of a leader operation: its user ("" without users), whether it is
-    a Super user, and the signature entries of its call (what a forward carries)."""
+    a Super user, and what a forward carries to prove it: the RocketMQ 5 signature entries of its
+    call, or (a remoting caller) its request's proof."""
 
     user: str = ""
     unbounded: bool = False
     signature: tuple[tuple[str, str], ...] = ()
+    remoting: RemotingProof | None = None
+
+    def __post_init__(self) -> None:
+        assert not (self.signature and self.remoting), "one proof per caller"
 
 
 ANYONE = Origin()
@@ -196,7 +203,9 @@ class Forwarder:
             return await self._here(request, origin)
         stub = self._leader_stub()
         try:
-            answer = await stub.Call(call_pb(request), timeout=timeout_s, metadata=origin.signature)
+            answer = await stub.Call(
+                call_pb(request, origin.remoting), timeout=timeout_s, metadata=origin.signature
+            )
         except grpc.RpcError as exc:
             raise _forward_failure(exc) from None
         try:

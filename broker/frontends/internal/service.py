@@ -2,7 +2,8 @@
 
 Served on every node's client port beside ``raftmq.broker.v1.Broker``. A call carries one typed
 request (:mod:`broker.frontends.internal.codec` decodes and bounds it) and the original caller's
-signature: the node's call guard has checked that user's rights for the one operation inside
+proof (a RocketMQ 5 signature in its metadata, or a remoting caller's proof inside it): the
+node's call guard has checked that user's rights for the one operation inside
 (:data:`broker.frontends.rpcmap.RPC_NEEDS`, the ``LeaderOps/`` rows) before this runs, and the
 operation runs for that user (:func:`broker.frontends.authguard.owner_of`), through the same
 :meth:`broker.components.leaderops.LeaderOps.run` as a call the leader serves itself. A node that
@@ -44,7 +45,7 @@ class LeaderOpsServicer(ipb_grpc.LeaderOpsServicer):
         self, request: ipb.LeaderCall, context: grpc.aio.ServicerContext
     ) -> ipb.LeaderAnswer:
         op = request_of(request)
-        answer = await self.ops.run(op, owner_of(self.guard, context))
+        answer = await self.ops.run(op, owner_of(self.guard, context, request))
         return answer_pb(op, answer, self.node.max_body_bytes)
 
 

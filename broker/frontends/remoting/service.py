@@ -14,7 +14,10 @@ REQUEST_CODE_NOT_SUPPORTED.
 With users on (``authenticationEnabled``/``authorizationEnabled``) every request must carry
 RocketMQ's ACL fields (``AccessKey``, ``Signature``): checked by the node's guard against the
 same users and ACLs as every other port (:meth:`AuthGuard.check_remoting`), refused with
-NO_PERMISSION and a remark before its handler runs.
+NO_PERMISSION and a remark before its handler runs. A send or a transaction's verdict forwarded
+from a member that does not lead carries the request's proof (its AccessKey, Signature and the
+exact signed material): the leader checks the same signature and the same user's rights again,
+as for the direct request.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from broker.components.pulling import MAX_PULL_MSGS, PullQuery, PullResult, Pull
 from broker.components.retry import SendBackItem
 from broker.frontends import rpcmap
 from broker.frontends.authguard import AuthGuard
+from broker.frontends.internal.codec import RemotingProof
 from broker.frontends.internal.forwarder import Forwarder, Origin
 from broker.frontends.remoting import fields as F
 from broker.frontends.remoting import sends
 from broker.frontends.remoting.answers import failure_answer
+from broker.frontends.remoting.checkback import RemotingProducers
 from broker.frontends.remoting.fields import Refused
 from broker.frontends.remoting.messageext import (
     MessageExtError,
@@ -45,6 +50,7 @@ from broker.frontends.remoting.messageext import (
 from broker.state.auth.model import GET, PUB, SUB, Resource
 from broker.state.delayrules import RETRY_QUEUE_NUMS, retry_topic
 from broker.state.machine import SendResult
+from broker.state.names import MAX_GROUP_LENGTH
 from broker.state.transactions import HALF_TOPIC, transaction_id
 from dledger.core import Role
 from msgcodec import PROPERTY_REAL_TOPIC, Message, decode_rows
@@ -100,6 +106,13 @@ class Caller:
 
     user: str = ""
     unbounded: bool = False
+    # What the request proved (None without users): a forward carries it to the leader.
+    proof: RemotingProof | None = None
+
+    @property
+    def origin(self) -> Origin:
+        """The caller as a forward names it."""
+        return Origin(self.user, self.unbounded, remoting=self.proof)
 
 
 _Handler = Callable[
@@ -176,6 +189,8 @@ class RemotingBrokerService:
         # own (PullSysFlag without 0x4) filters by it. At most MAX_KEPT_SUBSCRIPTIONS; pruned
         # when its group has no consumer left.
         self._subscriptions: dict[tuple[str, str], str] = {}
+        # The connections carrying producers of each group (transaction check-backs).
+        self.producers = RemotingProducers(broker.applied, self.store_host, self.guard)
         # The connections carrying consumers of each group (for NOTIFY_CONSUMER_IDS_CHANGED);
         # closed ones are dropped when the group changes.
         self._members: dict[str, set[RemotingConnection]] = {}
@@ -238,15 +253,16 @@ class RemotingBrokerService:
             return Caller()
         ext = cmd.ext_fields
         signed = "".join(ext[k] for k in sorted(ext) if k != "Signature").encode() + cmd.body
+        proof = RemotingProof(ext.get("AccessKey", ""), ext.get("Signature", ""), signed)
         needed = wants(cmd) if wants is not None else []
         ip = conn.peer.rpartition(":")[0].strip("[]")
         method = f"remoting/{cmd.code}"
         admitted = guard.check_remoting(
-            ext.get("AccessKey", ""), ext.get("Signature", ""), signed, needed, ip, method
+            proof.access_key, proof.signature, proof.signed, needed, ip, method
         )
         if isinstance(admitted, Refusal):
             raise Refused(ResponseCode.NO_PERMISSION, f"{admitted.code} {admitted.reason}")
-        return Caller(*admitted)
+        return Caller(*admitted, proof)
 
     def _require_leader(self, what: str) -> None:
         if self.node.role is not Role.LEADER:
@@ -270,13 +286,8 @@ class RemotingBrokerService:
                 header, cmd.body, header.properties, header.flag, conn.peer, max_bytes
             )
             messages = (one,)
-        if self.guard is not None and self.guard.settings.active:
-            # A forward carries its caller's RocketMQ 5 signature, which a remoting request has
-            # not: with users on, a member that does not lead refuses (the client retries).
-            self._require_leader("a send")
-        results = await self.forwarder.call(
-            SendRequest(header.topic, messages), Origin(caller.user, caller.unbounded)
-        )
+        # A forward carries the caller's proof: the leader checks the same user's rights.
+        results = await self.forwarder.call(SendRequest(header.topic, messages), caller.origin)
         return _ok(cmd, self._send_answer(results))
 
     def _send_answer(self, results: list[SendResult]) -> dict[str, object]:
@@ -328,11 +339,9 @@ class RemotingBrokerService:
         named = F.text(ext, "msgId", "", 64).upper()
         if named and named not in (half.uniq_id, offset_msg_id(self.store_host, position)):
             raise Refused(ResponseCode.SYSTEM_ERROR, f"msgId {named} is not the half's")
-        if self.guard is not None and self.guard.settings.active:
-            self._require_leader("a transaction's verdict")
         commit = verdict == TRANSACTION_COMMIT_TYPE
         end = EndTransactionRequest(topic, half.uniq_id, transaction_id(position), commit)
-        await self.forwarder.call(end, Origin(caller.user, caller.unbounded))
+        await self.forwarder.call(end, caller.origin)
         return _ok(cmd)
 
     # ------------------------------------------------------------------ pulls
@@ -517,6 +526,12 @@ class RemotingBrokerService:
             self._join(group, conn)
             if c.get("messageModel") != BROADCASTING:
                 await self._ensure_retry_topic(group, owner)
+        producers = F.json_list(
+            data.get("producerDataSet"), "producerDataSet", MAX_HEARTBEAT_GROUPS
+        )
+        for p in producers:
+            group = F.json_text(p, "groupName", "producerData", MAX_GROUP_LENGTH)
+            self.producers.producing(group, conn, caller.user)
         return _ok(cmd)
 
     def _remember(self, group: str, pairs: list[tuple[str, str]]) -> None:
@@ -584,6 +599,9 @@ class RemotingBrokerService:
     ) -> RemotingCommand:
         ext = cmd.ext_fields
         client_id = F.text(ext, "clientID")
+        producer_group = F.text(ext, "producerGroup", "", F.MAX_TEXT_CHARS)
+        if producer_group:
+            self.producers.leave(producer_group, conn)
         group = F.text(ext, "consumerGroup", "", F.MAX_TEXT_CHARS)
         if group:
             self.broker.consumers.unregister(group, client_id, (caller.user, caller.unbounded))

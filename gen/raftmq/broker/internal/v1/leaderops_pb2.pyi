@@ -133,8 +133,19 @@ class CreateGroup(_message.Message):
     group: str
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
+class RemotingProof(_message.Message):
+    __slots__ = ("access_key", "signature", "signed")
+    ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    access_key: str
+    signature: str
+    signed: bytes
+    def __init__(self, access_key: _Optional[str] = ..., signature: _Optional[str] = ..., signed: _Optional[bytes] = ...) -> None: ...
+
 class LeaderCall(_message.Message):
-    __slots__ = ("send", "receive", "ack", "renew", "change_invisible", "dead_letter", "end_transaction", "create_group")
+    __slots__ = ("remoting", "send", "receive", "ack", "renew", "change_invisible", "dead_letter", "end_transaction", "create_group")
+    REMOTING_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +154,7 @@ class LeaderCall(_message.Message):
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     CREATE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    remoting: RemotingProof
     send: Send
     receive: Receive
     ack: Ack
@@ -151,7 +163,7 @@ class LeaderCall(_message.Message):
     dead_letter: DeadLetter
     end_transaction: EndTransaction
     create_group: CreateGroup
-    def __init__(self, send: _Optional[_Union[Send, _Mapping]] = ..., receive: _Optional[_Union[Receive, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., renew: _Optional[_Union[Renew, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisible, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransaction, _Mapping]] = ..., create_group: _Optional[_Union[CreateGroup, _Mapping]] = ...) -> None: ...
+    def __init__(self, remoting: _Optional[_Union[RemotingProof, _Mapping]] = ..., send: _Optional[_Union[Send, _Mapping]] = ..., receive: _Optional[_Union[Receive, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., renew: _Optional[_Union[Renew, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisible, _Mapping]] = ..., dead_letter: _Optional[_Union[DeadLetter, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransaction, _Mapping]] = ..., create_group: _Optional[_Union[CreateGroup, _Mapping]] = ...) -> None: ...
 
 class Stored(_message.Message):
     __slots__ = ("msg_id", "queue_id", "queue_offset", "duplicate", "position", "topic", "store_timestamp_ms")
