@@ -8,7 +8,7 @@ locks; every node records the locks a heartbeat reports, so a new leader honours
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from broker.components.applied import require_leader
@@ -46,6 +46,11 @@ MAX_KEPT_SUBSCRIPTION_CHARS = 2048
 # Groups in one ListConsumerGroups answer: a dashboard's page, not an export (a cluster with
 # more groups than this is listed by name order up to it, with `truncated` set).
 MAX_LISTED_GROUPS = 10_000
+
+
+# The live RocketMQ 5 consumers of a group one v2 port knows, each with its heartbeat's age in
+# ms (broker.frontends.v2.clients.ClientTable.in_group).
+V2Source = Callable[[str], list[tuple[LiveClient, int]]]
 
 
 class GroupListing(NamedTuple):
@@ -114,6 +119,10 @@ class ConsumerGroups:
         self.consumers = ConsumerTable(max_per_user=cfg.consumers_per_user)
         self.locks = QueueLockTable(max_locks_per_user=cfg.queue_locks_per_user)
         self.clock_ms = monotonic_ms
+        # The v2 ports' client tables (a TLS port and its plaintext twin: one each), asked
+        # for the connection listings only: a RocketMQ 5 consumer receives by pop, it never
+        # takes part in the v1 rebalancing that clients() answers.
+        self.v2_sources: list[V2Source] = []
 
     def heartbeat(
         self,
@@ -177,6 +186,19 @@ class ConsumerGroups:
             held = self.locks.queues_of(group, c.client_id, user, now_ms)
             out.append((c, now_ms - c.last_heartbeat_ms, held))
         return out
+
+    def v2_connections(self, group: str) -> list[tuple[LiveClient, int]]:
+        """The live RocketMQ 5 consumers of ``group`` on this node's v2 ports, each with the
+        age of its last Settings or Heartbeat in ms, by client id (a client id on two ports:
+        as heard last)."""
+        validate_group_name(group)
+        best: dict[str, tuple[LiveClient, int]] = {}
+        for source in self.v2_sources:
+            for client, age_ms in source(group):
+                seen = best.get(client.client_id)
+                if seen is None or age_ms < seen[1]:
+                    best[client.client_id] = (client, age_ms)
+        return [best[c] for c in sorted(best)]
 
     def listed(self, limit: int = MAX_LISTED_GROUPS) -> tuple[list[GroupListing], bool]:
         """Every group with a committed offset (replicated state) or a live consumer on this
