@@ -684,12 +684,32 @@ class GroupReader:
     def clients(self) -> list[tuple[str, ClientView]]:
         """(broker group, consumer) of every live consumer, for the first MAX_CLIENT_GROUPS
         consumer groups with one online."""
-        online = [g.name for g in self.consumer_groups(exact_clients=False) if g.online_clients]
-        leaders = self._leaders()
+        members = self._leaders()
+        online = self._online_groups(members)
         out: list[tuple[str, ClientView]] = []
         for group in online[:MAX_CLIENT_GROUPS]:
-            out += self._connections_of(group, leaders)
+            out += self._connections_of(group, members)
         return out
+
+    def _online_groups(self, members: dict[str, list[str]]) -> list[str]:
+        """The consumer groups with a live consumer on some node of ``members``, by name:
+        every node is asked, as a RocketMQ 5 consumer is known to the nodes it is connected
+        to only."""
+        req = pb.ListConsumerGroupsRequest()
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.ListConsumerGroupsResponse:
+            resp: pb.ListConsumerGroupsResponse = stub.ListConsumerGroups(req, timeout=t)
+            return resp
+
+        online: set[str] = set()
+        for name, addrs in sorted(members.items()):
+            for answer in self._every_answer(name, addrs, call):
+                online.update(
+                    g.consumer_group
+                    for g in answer.groups
+                    if g.online_clients or g.online_v2_clients
+                )
+        return sorted(online)
 
     # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
 

@@ -2,7 +2,8 @@
 to a follower only: ``mqadmin consumerConnection`` and ``consumerStatus`` list it with its
 language, release and protocol v2 (every node of the group is asked: the leader never heard
 of it), while the client ids v1 consumers rebalance by stay without it; its termination takes
-it off the listing (issue #35; docs/RMQ5.md, "Consumers")."""
+it off the listing. The dashboard's Clients page lists it likewise (issue #35; docs/RMQ5.md,
+"What is served")."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from support import create_topic_on, wait_for
 
 from client.admin import MQAdmin
 from mqcluster.cluster import LocalCluster
+from mqdashboard.reader import GroupReader
 
 pytestmark = [pytest.mark.integration]
 
@@ -78,6 +80,14 @@ def test_consumer_connection_lists_a_simple_consumer_with_its_language_and_versi
         assert [(c["client_id"], c["protocol"]) for c in status["clients"]] == [
             (row["client_id"], "v2")
         ]
+        # The dashboard's Clients page: the group (only a RocketMQ 5 consumer, on a follower)
+        # is found and its client listed with its protocol.
+        reader = GroupReader(cluster.namesrv.addr)
+        try:
+            shown = [(c.group, c.client_id, c.protocol, c.language) for _, c in reader.clients()]
+        finally:
+            reader.close()
+        assert shown == [(group, row["client_id"], "v2", "PYTHON")], shown
         client.finish(CLIENT_TIMEOUT_S)
     # The client's NotifyClientTermination dropped it.
     wait_for(lambda: not _v2_rows(admin, group), LISTED_WAIT_S, f"{group}'s consumer unlisted")

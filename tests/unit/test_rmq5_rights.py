@@ -105,7 +105,7 @@ async def start(tmp_path: Path) -> Node:
     cfg = V2Config("g0", "127.0.0.1", port, 1 << 20)
     servicer = MessagingServicer(node, parts.topics, parts.applied, parts.subgroups, leader, cfg)
     servicer.register(server)
-    parts.consumers.v2_sources.append(servicer.clients.in_group)  # as broker.frontends.v2.server
+    parts.consumers.v2_sources.append(servicer.clients)  # as broker.frontends.v2.server
     broker.register(server)
     parts.leader_service.register(server)
     await server.start()
@@ -680,6 +680,15 @@ def test_row9_v2_consumers_are_listed_as_connections_not_as_rebalancing_ids(
                 assert [c.client_id for c in own.connections] == ["v1-a", "v2-reader-1"]
                 refused = await _v1_error(stub.GetConsumerList(ask, metadata=md(NOBODY)))
                 assert refused[0] == "PERMISSION_DENIED", refused
+                # The group list counts them apart; a group with only RocketMQ 5 consumers is in.
+                listing = await stub.ListConsumerGroups(
+                    pb.ListConsumerGroupsRequest(), metadata=md(ADMIN)
+                )
+                counts = {
+                    g.consumer_group: (g.online_clients, g.online_v2_clients)
+                    for g in listing.groups
+                }
+                assert (counts[GROUP], counts["G2"]) == ((1, 1), (0, 1)), counts
                 await reader.close()
         finally:
             await n.stop()

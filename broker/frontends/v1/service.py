@@ -595,7 +595,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.ListConsumerGroupsResponse(
             groups=[
                 pb.ConsumerGroupInfo(
-                    consumer_group=g.group, topics=g.topics, online_clients=g.online_clients
+                    consumer_group=g.group,
+                    topics=g.topics,
+                    online_clients=g.online_clients,
+                    online_v2_clients=g.online_v2_clients,
                 )
                 for g in groups
             ],

@@ -176,6 +176,12 @@ class ClientTable:
         out.sort(key=lambda pair: pair[0].client_id)
         return out
 
+    def group_counts(self) -> Counter[str]:
+        """The live clients per group their Settings named (consumers only: a producer's
+        names none)."""
+        self._expire(self._now())
+        return Counter(r.group for r in self._clients.values() if r.group)
+
     def held_by(self, owner: str) -> int:
         """Records ``owner`` holds here."""
         return self._per_owner[owner]

@@ -85,7 +85,7 @@ class V2Port:
         # The consumer listings (mqadmin consumerConnection) show these ports' clients.
         for servicer in (self.servicer, self._plain):
             if servicer is not None:
-                broker.consumers.v2_sources.append(servicer.clients.in_group)
+                broker.consumers.v2_sources.append(servicer.clients)
         self._servers: list[grpc.aio.Server] = []
 
     def _server(self, servicer: MessagingServicer) -> grpc.aio.Server:
