@@ -768,17 +768,40 @@ class MQAdmin:
     def consumer_connections(
         self, group: str, cluster: str = "", broker_addr: str = ""
     ) -> dict[str, list[pb.ClientConnection]]:
-        """``group``'s live consumers with their address, language, release, subscriptions and
-        locked queues, by broker group (a broker before 0.3.0 answers the client ids only)."""
+        """``group``'s live consumers with their address, language, release, protocol,
+        subscriptions and locked queues, by broker group (the address for ``broker_addr``:
+        that node only). Every node of each group of ``cluster`` (every cluster when empty) is
+        asked and the answers merged (:func:`merged_consumers`): raftmq's consumers heartbeat
+        every node, a RocketMQ 5 consumer only the nodes it is connected to; a node that does
+        not answer is skipped while another of its group does."""
         req = pb.GetConsumerListRequest(consumer_group=group, with_connections=True)
 
-        def call(stub: bpb_grpc.BrokerStub, t: float) -> list[pb.ClientConnection]:
-            resp = stub.GetConsumerList(req, timeout=t)
-            if len(resp.connections) == len(resp.client_ids):
-                return list(resp.connections)
-            return [pb.ClientConnection(client_id=c) for c in resp.client_ids]
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.GetConsumerListResponse:
+            resp: pb.GetConsumerListResponse = stub.GetConsumerList(req, timeout=t)
+            return resp
 
-        return self._on_groups(call, cluster, broker_addr)
+        targets = {broker_addr: [broker_addr]} if broker_addr else self._members(cluster)
+        if not targets:
+            raise MQClientError.local(E.NO_BROKER, "no broker group is registered")
+        channels = self._pool()
+        try:
+            return {
+                name: merged_consumers(_every_node(channels, addrs, name, call))
+                for name, addrs in sorted(targets.items())
+            }
+        finally:
+            channels.close()
+
+    def _members(self, cluster: str) -> dict[str, list[str]]:
+        """The client addresses of every registered node of each broker group of ``cluster``
+        (every cluster when empty), by group name."""
+        return {
+            g.broker_name: sorted(m.client_addr for m in g.members)
+            for c in self.cluster_info().clusters
+            if not cluster or c.name == cluster
+            for g in c.groups
+            if g.members
+        }
 
     def producer_connections(
         self, group: str, topic: str, broker_addr: str = ""
@@ -994,6 +1017,26 @@ def _every_node(
             raise MQClientError.local(E.NO_BROKER, f"{name}: no member is registered")
         raise MQClientError(error.code, error.status, f"{name}: {error.message}")
     return answers
+
+
+def merged_consumers(
+    answers: Sequence[pb.GetConsumerListResponse],
+) -> list[pb.ClientConnection]:
+    """The consumers several nodes of one broker group answered, each (protocol, client id)
+    once as the node that heard from it last knows it: raftmq's (v1) by client id, then the
+    RocketMQ 5 ones (v2). A broker before 0.3.0 answers client ids only: listed without the
+    rest."""
+    best: dict[tuple[str, str], pb.ClientConnection] = {}
+    for answer in answers:
+        connections = list(answer.connections) or [
+            pb.ClientConnection(client_id=c, protocol="v1") for c in answer.client_ids
+        ]
+        for c in connections:
+            key = (c.protocol, c.client_id)
+            seen = best.get(key)
+            if seen is None or c.last_heartbeat_age_ms < seen.last_heartbeat_age_ms:
+                best[key] = c
+    return [best[k] for k in sorted(best)]
 
 
 def merged_producers(

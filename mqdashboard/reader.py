@@ -16,6 +16,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from raftmq.broker.v1 import broker_pb2 as pb
@@ -25,7 +26,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
 from raftmq.nameserver.v1 import nameserver_pb2_grpc as ns_grpc
 
-from client.admin import MQAdmin, merged_producers
+from client.admin import MQAdmin, merged_consumers, merged_producers
 from client.consumer import PullConsumer
 from client.errors import MQClientError
 from client.message import DLQ_PREFIX, Message, MessageExt, MessageQueue, SendResult
@@ -81,6 +82,7 @@ NAMESRV_PROBE_TIMEOUT_S = 1.5
 
 ROLE_NAMES = {v: k for k, v in ns_pb.BrokerRole.items()}
 Call = Callable[[bpb_grpc.BrokerStub, float], object]
+T = TypeVar("T")
 # A member's view and, for a leader, each follower's lag in entries.
 Sampled = tuple["NodeView", dict[str, int]]
 
@@ -481,34 +483,52 @@ class GroupReader:
         return rows
 
     def consumer_clients(self, group: str) -> list[tuple[str, str]]:
-        """(broker group, client id) of every live consumer of ``group``."""
-        return self._clients_of(group, self._leaders())
+        """(broker group, client id) of every live consumer of ``group``: raftmq's and the
+        RocketMQ 5 clients."""
+        return [(name, c.client_id) for name, c in self._connections_of(group, self._leaders())]
 
     def _clients_of(self, group: str, leaders: dict[str, list[str]]) -> list[tuple[str, str]]:
-        """(broker group, client id) of the live consumers of ``group`` each of ``leaders``'
-        broker groups knows."""
-        return [(name, c.client_id) for name, c in self._connections_of(group, leaders)]
+        """(broker group, client id) of the live raftmq (v1) consumers of ``group`` each of
+        ``leaders``' broker groups knows: those ListConsumerGroups counts."""
+        return [
+            (name, c.client_id)
+            for name, c in self._connections_of(group, leaders)
+            if c.protocol != "v2"
+        ]
 
     def _connections_of(
-        self, group: str, leaders: dict[str, list[str]]
+        self, group: str, members: dict[str, list[str]]
     ) -> list[tuple[str, ClientView]]:
-        """(broker group, client) of the live consumers of ``group`` each of ``leaders``'
-        broker groups knows (a broker before 0.3.0 answers the client ids only)."""
+        """(broker group, client) of the live consumers of ``group`` the nodes of each of
+        ``members``' broker groups know, merged (every node is asked: a RocketMQ 5 consumer
+        talks to one node only; each client once as heard last, raftmq's then RocketMQ 5's)."""
+        req = pb.GetConsumerListRequest(consumer_group=group, with_connections=True)
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.GetConsumerListResponse:
+            resp: pb.GetConsumerListResponse = stub.GetConsumerList(req, timeout=t)
+            return resp
+
         out: list[tuple[str, ClientView]] = []
-        for name, addrs in sorted(leaders.items()):
-            resp = self._first_answer(
-                addrs,
-                lambda stub, t: stub.GetConsumerList(
-                    pb.GetConsumerListRequest(consumer_group=group, with_connections=True),
-                    timeout=t,
-                ),
-            )
-            assert isinstance(resp, pb.GetConsumerListResponse)
-            if len(resp.connections) == len(resp.client_ids):
-                out += [(name, ClientView.of(group, c)) for c in resp.connections]
-            else:
-                out += [(name, ClientView(group, c)) for c in resp.client_ids]
+        for name, addrs in sorted(members.items()):
+            answers = self._every_answer(name, addrs, call)
+            out += [(name, ClientView.of(group, c)) for c in merged_consumers(answers)]
         return out
+
+    def _every_answer(
+        self, name: str, addrs: list[str], call: Callable[[bpb_grpc.BrokerStub, float], T]
+    ) -> list[T]:
+        """``call``'s answers of every node of one broker group that answered (none
+        answering: the last error)."""
+        answers: list[T] = []
+        error: MQClientError | None = None
+        for addr in addrs:
+            try:
+                answers.append(call(self.channels.broker(addr), READ_TIMEOUT_S))
+            except grpc.RpcError as exc:
+                error = MQClientError.from_rpc(exc)
+        if not answers and error is not None:
+            raise MQClientError(error.code, error.status, f"{name}: {error.message}")
+        return answers
 
     def producers(self) -> tuple[list[tuple[str, ClientView]], bool]:
         """(broker group, producer) of every live producer the nodes of each broker group know
@@ -525,20 +545,13 @@ class GroupReader:
 
     def _producers_of(self, name: str, addrs: list[str]) -> list[pb.GetProducerConnectionsResponse]:
         """Every answering node's producers of one broker group (none answering: its error)."""
-        answers: list[pb.GetProducerConnectionsResponse] = []
-        error: MQClientError | None = None
-        for addr in addrs:
-            try:
-                answers.append(
-                    self.channels.broker(addr).GetProducerConnections(
-                        pb.GetProducerConnectionsRequest(), timeout=READ_TIMEOUT_S
-                    )
-                )
-            except grpc.RpcError as exc:
-                error = MQClientError.from_rpc(exc)
-        if not answers and error is not None:
-            raise MQClientError(error.code, error.status, f"{name}: {error.message}")
-        return answers
+        req = pb.GetProducerConnectionsRequest()
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.GetProducerConnectionsResponse:
+            resp: pb.GetProducerConnectionsResponse = stub.GetProducerConnections(req, timeout=t)
+            return resp
+
+        return self._every_answer(name, addrs, call)
 
     def dead_letters(self, group: str) -> list[ShownMessage]:
         """The first MAX_MESSAGES messages of ``%DLQ%{group}`` (none when it does not exist)."""
@@ -671,12 +684,32 @@ class GroupReader:
     def clients(self) -> list[tuple[str, ClientView]]:
         """(broker group, consumer) of every live consumer, for the first MAX_CLIENT_GROUPS
         consumer groups with one online."""
-        online = [g.name for g in self.consumer_groups(exact_clients=False) if g.online_clients]
-        leaders = self._leaders()
+        members = self._leaders()
+        online = self._online_groups(members)
         out: list[tuple[str, ClientView]] = []
         for group in online[:MAX_CLIENT_GROUPS]:
-            out += self._connections_of(group, leaders)
+            out += self._connections_of(group, members)
         return out
+
+    def _online_groups(self, members: dict[str, list[str]]) -> list[str]:
+        """The consumer groups with a live consumer on some node of ``members``, by name:
+        every node is asked, as a RocketMQ 5 consumer is known to the nodes it is connected
+        to only."""
+        req = pb.ListConsumerGroupsRequest()
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.ListConsumerGroupsResponse:
+            resp: pb.ListConsumerGroupsResponse = stub.ListConsumerGroups(req, timeout=t)
+            return resp
+
+        online: set[str] = set()
+        for name, addrs in sorted(members.items()):
+            for answer in self._every_answer(name, addrs, call):
+                online.update(
+                    g.consumer_group
+                    for g in answer.groups
+                    if g.online_clients or g.online_v2_clients
+                )
+        return sorted(online)
 
     # -- the operations (topics, subscription groups, a test send), confirmed likewise -------
 

@@ -8,8 +8,9 @@ locks; every node records the locks a heartbeat reports, so a new leader honours
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from broker.components.applied import require_leader
 from broker.components.locks import (
@@ -48,12 +49,25 @@ MAX_KEPT_SUBSCRIPTION_CHARS = 2048
 MAX_LISTED_GROUPS = 10_000
 
 
+class V2Clients(Protocol):
+    """The RocketMQ 5 clients one v2 port knows (broker.frontends.v2.clients.ClientTable)."""
+
+    def in_group(self, group: str) -> list[tuple[LiveClient, int]]:
+        """The group's live clients, each with its last Settings' or Heartbeat's age in ms."""
+        ...
+
+    def group_counts(self) -> Counter[str]:
+        """The live clients per group."""
+        ...
+
+
 class GroupListing(NamedTuple):
     """One consumer group as ``ListConsumerGroups`` shows it."""
 
     group: str
     topics: list[str]  # topics with a committed offset, sorted
     online_clients: int
+    online_v2_clients: int = 0  # RocketMQ 5 consumers connected to this node
 
 
 def validate_client_id(client_id: str) -> None:
@@ -114,6 +128,10 @@ class ConsumerGroups:
         self.consumers = ConsumerTable(max_per_user=cfg.consumers_per_user)
         self.locks = QueueLockTable(max_locks_per_user=cfg.queue_locks_per_user)
         self.clock_ms = monotonic_ms
+        # The v2 ports' client tables (a TLS port and its plaintext twin: one each), asked
+        # for the connection listings only: a RocketMQ 5 consumer receives by pop, it never
+        # takes part in the v1 rebalancing that clients() answers.
+        self.v2_sources: list[V2Clients] = []
 
     def heartbeat(
         self,
@@ -178,16 +196,33 @@ class ConsumerGroups:
             out.append((c, now_ms - c.last_heartbeat_ms, held))
         return out
 
+    def v2_connections(self, group: str) -> list[tuple[LiveClient, int]]:
+        """The live RocketMQ 5 consumers of ``group`` on this node's v2 ports, each with the
+        age of its last Settings or Heartbeat in ms, by client id (a client id on two ports:
+        as heard last)."""
+        validate_group_name(group)
+        best: dict[str, tuple[LiveClient, int]] = {}
+        for source in self.v2_sources:
+            for client, age_ms in source.in_group(group):
+                seen = best.get(client.client_id)
+                if seen is None or age_ms < seen[1]:
+                    best[client.client_id] = (client, age_ms)
+        return [best[c] for c in sorted(best)]
+
     def listed(self, limit: int = MAX_LISTED_GROUPS) -> tuple[list[GroupListing], bool]:
         """Every group with a committed offset (replicated state) or a live consumer on this
-        node, by name, at most ``limit``; and whether more exist."""
+        node (raftmq's or a RocketMQ 5 one), by name, at most ``limit``; and whether more
+        exist."""
         self.expire(self.clock_ms())
         topics: dict[str, set[str]] = {}
         for group, topic, _ in self.ctx.sm.offsets:
             topics.setdefault(group, set()).add(topic)
-        names = sorted(topics.keys() | self.consumers.groups())
+        v2: Counter[str] = Counter()
+        for source in self.v2_sources:
+            v2.update(source.group_counts())
+        names = sorted(topics.keys() | self.consumers.groups() | v2.keys())
         out = [
-            GroupListing(g, sorted(topics.get(g, ())), len(self.consumers.clients(g)))
+            GroupListing(g, sorted(topics.get(g, ())), len(self.consumers.clients(g)), v2[g])
             for g in names[:limit]
         ]
         return out, len(names) > limit

@@ -24,7 +24,7 @@ from broker.components.producers import (
     peer_address,
 )
 from broker.state.errors import ClientIdTakenError, InvalidRequestError, QuotaExceededError
-from client.admin import merged_producers
+from client.admin import merged_consumers, merged_producers
 
 V1 = ("127.0.0.1:5000", "PYTHON", "0.3.0")
 
@@ -181,4 +181,30 @@ def test_the_nodes_answers_are_merged_each_producer_once_as_heard_last() -> None
         ("T", "v2-only-here", "n1-view"),
         ("pg", "a", "n0-view"),
         ("pg", "b", "n1-view"),
+    ]
+
+
+def test_the_nodes_consumer_answers_are_merged_by_protocol_and_client_id() -> None:
+    """consumerConnection and the dashboard ask every node: raftmq's consumers heartbeat each,
+    a RocketMQ 5 consumer only the node it is connected to; an old broker answers ids only."""
+
+    def conn(client_id: str, protocol: str, age_ms: int, addr: str) -> pb.ClientConnection:
+        return pb.ClientConnection(
+            client_id=client_id, protocol=protocol, last_heartbeat_age_ms=age_ms, address=addr
+        )
+
+    n0 = pb.GetConsumerListResponse(
+        client_ids=["a"], connections=[conn("a", "v1", 900, "n0"), conn("same", "v2", 5, "n0")]
+    )
+    n1 = pb.GetConsumerListResponse(
+        client_ids=["a", "same"],
+        connections=[conn("a", "v1", 100, "n1"), conn("same", "v1", 50, "n1")],
+    )
+    old = pb.GetConsumerListResponse(client_ids=["b"])
+    merged = merged_consumers([n0, n1, old])
+    assert [(c.client_id, c.protocol, c.address) for c in merged] == [
+        ("a", "v1", "n1"),
+        ("b", "v1", ""),
+        ("same", "v1", "n1"),
+        ("same", "v2", "n0"),
     ]

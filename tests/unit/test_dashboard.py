@@ -165,7 +165,8 @@ class FakeReader:
     def clients(self) -> list[tuple[str, ClientView]]:
         self._maybe_fail()
         c = ClientView("g1", "10.0.0.1@1<x>", "10.0.0.1:5<0>", "PYTHON", "0.3.0<v>", "v1", 1500)
-        return [("broker-a", c), ("broker-b", ClientView("g1", "10.0.0.1@1<x>"))]
+        v2 = ClientView("g1", "rmq5-client-1", "10.0.0.3:7", "PYTHON", "5.0.3", "v2", 900)
+        return [("broker-a", c), ("broker-a", v2), ("broker-b", ClientView("g1", "10.0.0.1@1<x>"))]
 
     def producers(self) -> tuple[list[tuple[str, ClientView]], bool]:
         self._maybe_fail()
@@ -342,7 +343,10 @@ def test_the_clients_page_lists_producers_and_consumers_with_their_versions() ->
         assert "<td>unknown</td><td>unknown</td>" in resp.text  # a client before 0.3.0
         producers = resp.text[resp.text.index('id="producers"') : resp.text.index('id="clients"')]
         assert "<td>pg&lt;1&gt;</td><td>broker-a</td><td>10.0.0.2@7</td>" in producers
-        assert "<td>JAVA</td><td>5.0.7</td><td>0.2 s ago</td>" in producers
+        assert "<td>JAVA</td><td>5.0.7</td><td>v2</td><td>0.2 s ago</td>" in producers
+        consumers = resp.text[resp.text.index('id="clients"') :]
+        assert "<td>10.0.0.3:7</td><td>PYTHON</td><td>5.0.3</td><td>v2</td>" in consumers
+        assert "<td>PYTHON</td><td>0.3.0&lt;v&gt;</td><td>v1</td>" in consumers
         assert "some are left out" in resp.text
 
 

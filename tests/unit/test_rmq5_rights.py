@@ -105,6 +105,7 @@ async def start(tmp_path: Path) -> Node:
     cfg = V2Config("g0", "127.0.0.1", port, 1 << 20)
     servicer = MessagingServicer(node, parts.topics, parts.applied, parts.subgroups, leader, cfg)
     servicer.register(server)
+    parts.consumers.v2_sources.append(servicer.clients)  # as broker.frontends.v2.server
     broker.register(server)
     parts.leader_service.register(server)
     await server.start()
@@ -629,6 +630,66 @@ def test_quota_one_user_fills_its_telemetry_streams_and_another_is_served(
                 assert code(await other.ask(producer(T))) == "OK"
                 for s in [*held, extra, other]:
                     await s.close()
+        finally:
+            await n.stop()
+
+    asyncio.run(body())
+
+
+def test_row9_v2_consumers_are_listed_as_connections_not_as_rebalancing_ids(
+    tmp_path: Path,
+) -> None:
+    """A RocketMQ 5 consumer's Settings lists it in GetConsumerList's connections (mqadmin
+    consumerConnection, the dashboard) with what it said of itself, under the rights of the v1
+    listing; never among the client ids v1 consumers rebalance by (issue #35)."""
+
+    async def body() -> None:
+        n = await start(tmp_path)
+        try:
+            async with grpc.aio.insecure_channel(n.addr) as ch:
+                asked = consumer(GROUP, T)
+                asked.settings.user_agent.language = v2.PYTHON
+                asked.settings.user_agent.version = "5.0.3"
+                asked.settings.subscription.subscriptions[0].expression.expression = "A || B"
+                reader = Stream(ch, READER, "v2-reader-1")
+                assert code(await reader.ask(asked)) == "OK"
+                assert code(await Stream(ch, READER, "v2-other").ask(consumer("G2", T))) == "OK"
+                n.broker.consumers.heartbeat(
+                    GROUP, "v1-a", [(T, "*")], [], described=("10.0.0.9:1", "PYTHON", "0.3.0")
+                )
+                stub = pb_grpc.BrokerStub(ch)
+                ask = pb.GetConsumerListRequest(consumer_group=GROUP, with_connections=True)
+                listed = await stub.GetConsumerList(ask, metadata=md(ADMIN))
+                assert list(listed.client_ids) == ["v1-a"]
+                rows = [
+                    (c.client_id, c.protocol, c.language, c.version) for c in listed.connections
+                ]
+                assert rows == [
+                    ("v1-a", "v1", "PYTHON", "0.3.0"),
+                    ("v2-reader-1", "v2", "PYTHON", "5.0.3"),
+                ]
+                v2c = listed.connections[1]
+                assert v2c.address.startswith("127.0.0.1:") and v2c.last_heartbeat_age_ms >= 0
+                assert [(s.topic, s.expression) for s in v2c.subscriptions] == [(T, "A || B")]
+                ids = await stub.GetConsumerList(
+                    pb.GetConsumerListRequest(consumer_group=GROUP), metadata=md(ADMIN)
+                )
+                assert (list(ids.client_ids), list(ids.connections)) == (["v1-a"], [])
+                # The v1 listing's rights: Sub on the group (the reader), none for nobody.
+                own = await stub.GetConsumerList(ask, metadata=md(READER))
+                assert [c.client_id for c in own.connections] == ["v1-a", "v2-reader-1"]
+                refused = await _v1_error(stub.GetConsumerList(ask, metadata=md(NOBODY)))
+                assert refused[0] == "PERMISSION_DENIED", refused
+                # The group list counts them apart; a group with only RocketMQ 5 consumers is in.
+                listing = await stub.ListConsumerGroups(
+                    pb.ListConsumerGroupsRequest(), metadata=md(ADMIN)
+                )
+                counts = {
+                    g.consumer_group: (g.online_clients, g.online_v2_clients)
+                    for g in listing.groups
+                }
+                assert (counts[GROUP], counts["G2"]) == ((1, 1), (0, 1)), counts
+                await reader.close()
         finally:
             await n.stop()
 

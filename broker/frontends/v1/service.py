@@ -509,9 +509,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 client_ids=self.consumers.clients(request.consumer_group)
             )
         live = self.consumers.connections(request.consumer_group)
+        v2 = self.consumers.v2_connections(request.consumer_group)
         return pb.GetConsumerListResponse(
+            # The rebalancing ids: v1 consumers only (a RocketMQ 5 consumer never pulls the
+            # queues a v1 consumer would allocate to it).
             client_ids=[c.client_id for c, _, _ in live],
-            connections=[_connection_pb(c, age_ms, held) for c, age_ms, held in live],
+            connections=[_connection_pb(c, age_ms, held) for c, age_ms, held in live]
+            + [_connection_pb(c, age_ms) for c, age_ms in v2],
         )
 
     # ------------------------------------------------------------------ producers
@@ -591,7 +595,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         return pb.ListConsumerGroupsResponse(
             groups=[
                 pb.ConsumerGroupInfo(
-                    consumer_group=g.group, topics=g.topics, online_clients=g.online_clients
+                    consumer_group=g.group,
+                    topics=g.topics,
+                    online_clients=g.online_clients,
+                    online_v2_clients=g.online_v2_clients,
                 )
                 for g in groups
             ],

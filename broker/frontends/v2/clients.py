@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.components.consumers import MAX_CLIENT_ID_CHARS
+from broker.components.locks import ClientInfo, LiveClient
 from broker.state import errors
 from broker.state.errors import InvalidRequestError, ResourceExhaustedError
 from broker.state.names import MAX_GROUP_LENGTH
@@ -35,6 +36,10 @@ MAX_CLIENTS = 10_000
 # Records one user may hold (broker.conf grpcClientsPerUser): a tenth of the table, far above
 # one application's processes, so that one user's made-up client ids leave 90 % for the others.
 DEFAULT_MAX_CLIENTS_PER_USER = 1_000
+
+
+# The description of a client whose Settings said nothing of it.
+V2_INFO = ClientInfo(protocol="v2")
 
 
 class UnknownClientError(InvalidRequestError):
@@ -66,6 +71,9 @@ class ClientRecord:
     group: str
     last_seen_ms: int
     owner: str = ""
+    # What its Settings said of it (address, language, release, subscriptions), for the
+    # connection listings (mqadmin consumerConnection, the dashboard); bounded by the caller.
+    info: ClientInfo = V2_INFO
 
 
 class ClientTable:
@@ -97,9 +105,10 @@ class ClientTable:
         group: str,
         owner: str = "",
         unbounded: bool = False,
+        info: ClientInfo = V2_INFO,
     ) -> None:
         """Record (or refresh) a client from its Settings, for user ``owner``; ``unbounded``
-        (a Super user): no per-user quota."""
+        (a Super user): no per-user quota; ``info``: what the Settings said of the client."""
         check_client_id(client_id)
         if len(group) > MAX_GROUP_LENGTH:
             raise InvalidRequestError(f"group of {len(group)} characters (max {MAX_GROUP_LENGTH})")
@@ -111,7 +120,8 @@ class ClientTable:
         if known is None:
             self._check_room(owner, unbounded)
             self._per_owner[owner] += 1
-        self._clients[client_id] = ClientRecord(client_id, client_type, language, group, now, owner)
+        record = ClientRecord(client_id, client_type, language, group, now, owner, info)
+        self._clients[client_id] = record
         self._clients.move_to_end(client_id)
 
     def _check_room(self, owner: str, unbounded: bool) -> None:
@@ -148,6 +158,29 @@ class ClientTable:
             return False
         self._drop(record)
         return True
+
+    def in_group(self, group: str) -> list[tuple[LiveClient, int]]:
+        """The live clients whose Settings named ``group`` (consumers: a producer's names
+        none), each with the age of its last Settings or Heartbeat in ms, by client id. A scan
+        of the table (at most ``max_clients``): asked by the connection listings only, never
+        on a message's path."""
+        if not group:
+            return []
+        now = self._now()
+        self._expire(now)
+        out = [
+            (LiveClient(r.group, r.client_id, r.last_seen_ms, r.info), now - r.last_seen_ms)
+            for r in self._clients.values()
+            if r.group == group
+        ]
+        out.sort(key=lambda pair: pair[0].client_id)
+        return out
+
+    def group_counts(self) -> Counter[str]:
+        """The live clients per group their Settings named (consumers only: a producer's
+        names none)."""
+        self._expire(self._now())
+        return Counter(r.group for r in self._clients.values() if r.group)
 
     def held_by(self, owner: str) -> int:
         """Records ``owner`` holds here."""

@@ -82,6 +82,10 @@ class V2Port:
         if self.security.plaintext_port:
             local = dataclasses.replace(cfg, host=PLAINTEXT_HOST, port=self.security.plaintext_port)
             self._plain = MessagingServicer(*parts, local, None, broker.producers)
+        # The consumer listings (mqadmin consumerConnection) show these ports' clients.
+        for servicer in (self.servicer, self._plain):
+            if servicer is not None:
+                broker.consumers.v2_sources.append(servicer.clients)
         self._servers: list[grpc.aio.Server] = []
 
     def _server(self, servicer: MessagingServicer) -> grpc.aio.Server:

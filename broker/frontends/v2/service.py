@@ -27,7 +27,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.components.applied import AppliedMessages
-from broker.components.consumers import MAX_CLIENT_INFO_CHARS
+from broker.components.consumers import MAX_CLIENT_INFO_CHARS, client_info
 from broker.components.leaderops import (
     ChangeInvisibleRequest,
     CreateGroupRequest,
@@ -36,6 +36,7 @@ from broker.components.leaderops import (
     ReceiveRequest,
     RenewRequest,
 )
+from broker.components.locks import ClientInfo
 from broker.components.pop import Received
 from broker.components.producers import ProducerRegistry, peer_address
 from broker.components.pulling import MAX_SUBSCRIPTION_CHARS
@@ -48,7 +49,7 @@ from broker.frontends.internal.codec import call_pb
 from broker.frontends.internal.forwarder import Failure, Forwarder, Origin
 from broker.frontends.v1.rpcerrors import error_failure
 from broker.frontends.v2 import stubs
-from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, ClientTable
+from broker.frontends.v2.clients import DEFAULT_MAX_CLIENTS_PER_USER, V2_INFO, ClientTable
 from broker.frontends.v2.coalesce import Coalescers
 from broker.frontends.v2.codes import v2_code_name
 from broker.frontends.v2.consuming import (
@@ -419,7 +420,7 @@ class MessagingServicer:
             return refusal_response(rpcmap.V2 + "Telemetry", refused)
         if kind != "settings":
             return None  # a client's answer to a server command: none are sent yet
-        reply = await self._settings_reply(client_id, command.settings, caller)
+        reply = await self._settings_reply(client_id, command.settings, caller, peer)
         if reply.status.code == v2.OK and command.settings.client_type == v2.PRODUCER:
             self.producers.publishing(stream, command.settings.publishing.topics, caller)
             self._register_producer(client_id, command.settings, caller, peer)
@@ -431,20 +432,16 @@ class MessagingServicer:
         producersPerUser is logged, the Settings still served (sends never need it)."""
         if self.registry is None:
             return
-        ua = settings.user_agent
-        known = ua.language in v2.Language.values()
-        language = v2.Language.Name(ua.language) if known else str(ua.language)
-        version = "".join(ch for ch in ua.version if " " <= ch <= "~")[:MAX_CLIENT_INFO_CHARS]
         topics = [t.name for t in settings.publishing.topics]
         who = (caller.user, caller.unbounded)
         try:
-            self.registry.v2_settings(
-                client_id, topics, (peer_address(peer), language, version), who
-            )
+            self.registry.v2_settings(client_id, topics, _described(settings, peer), who)
         except BrokerError as exc:
             logger.info("producer %r not registered: %s", client_id, exc)
 
-    async def _settings_reply(self, client_id: str, settings: Any, caller: Caller) -> Any:
+    async def _settings_reply(
+        self, client_id: str, settings: Any, caller: Caller, peer: str = ""
+    ) -> Any:
         try:
             kind = settings.client_type if settings.HasField("client_type") else 0
             if kind not in (v2.PRODUCER, v2.SIMPLE_CONSUMER, v2.PUSH_CONSUMER):
@@ -454,7 +451,10 @@ class MessagingServicer:
             if group:
                 await self._ensure_group(group, caller)
             language = settings.user_agent.language
-            self.clients.settings(client_id, kind, language, group, caller.user, caller.unbounded)
+            info = _consumer_info(settings, peer) if group else V2_INFO
+            self.clients.settings(
+                client_id, kind, language, group, caller.user, caller.unbounded, info
+            )
             reply = self._settings_for(kind, settings)
         except Exception as exc:
             return v2_service.TelemetryCommand(status=_status_of(exc, self.node))
@@ -837,6 +837,26 @@ def _check_settings(kind: int, s: Any) -> None:
             raise V2Error("ILLEGAL_FILTER_EXPRESSION", f"over {MAX_SUBSCRIPTION_CHARS} characters")
     if kind != v2.PRODUCER and not is_valid_group_name(s.subscription.group.name):
         raise V2Error("ILLEGAL_CONSUMER_GROUP", "a consumer's Settings names no valid group")
+
+
+def _described(settings: Any, peer: str) -> tuple[str, str, str]:
+    """The address a client's Settings came from, its language (the protocol's name of it)
+    and its release (printable ASCII, bounded as a v1 client's)."""
+    ua = settings.user_agent
+    known = ua.language in v2.Language.values()
+    language = v2.Language.Name(ua.language) if known else str(ua.language)
+    version = "".join(ch for ch in ua.version if " " <= ch <= "~")[:MAX_CLIENT_INFO_CHARS]
+    return peer_address(peer), language, version
+
+
+def _consumer_info(settings: Any, peer: str) -> ClientInfo:
+    """What a consumer's Settings (checked by :func:`_check_settings`) says of it, for the
+    connection listings: its subscriptions as (topic, expression), kept as a v1 consumer's."""
+    subscriptions = [
+        (entry.topic.name, entry.expression.expression)
+        for entry in settings.subscription.subscriptions
+    ]
+    return client_info(*_described(settings, peer), subscriptions, protocol="v2")
 
 
 def _usable_endpoints(endpoints: Any) -> bool:

@@ -570,14 +570,16 @@ class ListConsumerGroupsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ConsumerGroupInfo(_message.Message):
-    __slots__ = ("consumer_group", "topics", "online_clients")
+    __slots__ = ("consumer_group", "topics", "online_clients", "online_v2_clients")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     ONLINE_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_V2_CLIENTS_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topics: _containers.RepeatedScalarFieldContainer[str]
     online_clients: int
-    def __init__(self, consumer_group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., online_clients: _Optional[int] = ...) -> None: ...
+    online_v2_clients: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., online_clients: _Optional[int] = ..., online_v2_clients: _Optional[int] = ...) -> None: ...
 
 class ListConsumerGroupsResponse(_message.Message):
     __slots__ = ("groups", "truncated")
