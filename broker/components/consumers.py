@@ -41,9 +41,11 @@ MAX_LOCK_BATCH = 4096
 MAX_CLIENT_INFO_CHARS = 64
 # A consumer's subscriptions kept for consumerStatus: up to this many characters of topics and
 # expressions (a heartbeat may carry 1,024 subscriptions of up to 4 KB each; kept whole, 10,000
-# consumers could hold gigabytes). 2 KB per consumer is at most 20 MB for a full table; the
-# rest is left out and marked truncated.
-MAX_KEPT_SUBSCRIPTION_CHARS = 2048
+# consumers could hold gigabytes). 512 characters per consumer (what an operator reads in a
+# listing: tens of topics with short expressions) is at most ~5 MB for a full table, and keeps
+# a table's cost a few hundred bytes per consumer as it was before versions were kept (2 KB
+# each measured 6.2 MB for 2,000 consumers); the rest is left out and marked truncated.
+MAX_KEPT_SUBSCRIPTION_CHARS = 512
 # Groups in one ListConsumerGroups answer: a dashboard's page, not an export (a cluster with
 # more groups than this is listed by name order up to it, with `truncated` set).
 MAX_LISTED_GROUPS = 10_000
