@@ -8,8 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from broker.state.errors import BrokerError
-from mqerrors import codes as E
+from broker.state.errors import InvalidRequestError
 from remoting.codes import ResponseCode
 
 INT32_MIN = -(1 << 31)
@@ -24,11 +23,9 @@ MAX_TEXT_CHARS = 32_767
 MAX_JSON_BODY_BYTES = 4 << 20
 
 
-class Refused(BrokerError):
+class Refused(InvalidRequestError):
     """A request refused before anything changed: answered ``response_code`` (a remoting
     response code) with ``remark``."""
-
-    code = E.INVALID_REQUEST
 
     def __init__(self, response_code: int, remark: str) -> None:
         super().__init__(remark)

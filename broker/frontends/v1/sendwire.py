@@ -42,7 +42,7 @@ from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.components.sending import OutgoingMessage
 from broker.frontends.internal.codec import outgoing_of
-from broker.state.errors import BrokerError
+from broker.state.errors import InvalidRequestError
 from mqerrors import codes as E
 
 # Nesting the runtime allows (upb's default depth limit, which the Python runtime keeps):
@@ -107,7 +107,7 @@ _ACTIONS = {
 }
 
 
-class WireFormatError(BrokerError, ValueError):
+class WireFormatError(InvalidRequestError, ValueError):
     """The bytes are not an encoding of ``SendMessageRequest`` the runtime would accept."""
 
     code = E.BAD_REQUEST
