@@ -9,7 +9,7 @@ RMQ5_STAMP := $(RMQ5_DIR)/.installed
 RMQ5_PINS := protos/rmq5_deps.py protos/generate.py $(wildcard protos/rmq5/*)
 ONS_DIR := build/ons
 ONS_STAMP := $(ONS_DIR)/.installed
-ONS_PINS := protos/ons_deps.py $(wildcard protos/ons/*)
+ONS_PINS := protos/ons_deps.py protos/rmq5_deps.py $(wildcard protos/ons/*)
 PACKAGES := mqerrors remoting mqrelease mqcli mqsecurity mqmetrics prockit rpckit dledger msgcodec broker mqcluster nameserver client jepsen_like spark_audit mqdashboard bench
 
 .PHONY: venv system-deps gen gen-check lint typecheck test test-setup test-fast demo bench bench-smoke bench-peers bench-store bench-broker bench-audit bench-steps bench-compare bench-backlog clean

@@ -16,11 +16,12 @@ Usage: python protos/ons_deps.py [--out DIR]
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# protos/ is not a package: its directory on the path. The npm steps are rmq5_deps's.
+from rmq5_deps import SetupError, check_pinned, npm_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS_DIR = ROOT / "protos" / "ons"
@@ -33,46 +34,18 @@ INTEGRITY = (
     "sha512-U/xWeHU5in6Ihtu7HhfAnpluYMgjv1zdMniNSrgYZ8kxlGiYz4jP+SywhqcZ/"
     "un/P561xvLZ/u6Kb01zELYxMQ=="
 )
-# A fresh npm ci over the network; generous, but never unbounded.
-STEP_TIMEOUT_S = 900
-
-
-class SetupError(Exception):
-    """The step failed; the message says why."""
 
 
 def check_lockfile(lock_path: Path) -> None:
     """The lockfile pins the client at :data:`VERSION` with the registry's integrity."""
-    lock = json.loads(lock_path.read_text())
-    entry = lock.get("packages", {}).get(f"node_modules/{PACKAGE}", {})
-    if entry.get("version") != VERSION or entry.get("integrity") != INTEGRITY:
-        raise SetupError(
-            f"{lock_path}: {PACKAGE} must be {VERSION} with integrity {INTEGRITY} "
-            f"(found {entry.get('version')} {entry.get('integrity')})"
-        )
+    check_pinned(lock_path, PACKAGE, VERSION, INTEGRITY)
 
 
 def install(out: Path) -> Path:
     """``npm ci`` the pinned packages into ``out/node``; the ``node_modules`` directory."""
-    npm = shutil.which("npm")
-    if npm is None:
-        raise SetupError("npm not found: node 20 and npm are needed (apt-get install nodejs npm)")
     check_lockfile(PINS_DIR / "package-lock.json")
     node_dir = out / "node"
-    shutil.rmtree(node_dir, ignore_errors=True)
-    node_dir.mkdir(parents=True)
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(PINS_DIR / name, node_dir / name)
-    argv = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
-    try:
-        done = subprocess.run(
-            argv, cwd=node_dir, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SetupError(f"{' '.join(argv)}: {exc}") from None
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise SetupError(f"{' '.join(argv)} failed (exit {done.returncode}):\n{tail}")
+    npm_ci(PINS_DIR, node_dir)
     modules = node_dir / "node_modules"
     if not (modules / PACKAGE / "lib" / "index.js").is_file():
         raise SetupError(f"{PACKAGE}@{VERSION} has no lib/index.js under {modules}")

@@ -85,30 +85,40 @@ def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = 
         raise SetupError(f"{' '.join(argv)} failed (exit {done.returncode}):\n{tail}")
 
 
+def check_pinned(lock_path: Path, package: str, version: str, integrity: str) -> None:
+    """The lockfile pins ``package`` at ``version`` with the registry's ``integrity``."""
+    lock = json.loads(lock_path.read_text())
+    entry = lock.get("packages", {}).get(f"node_modules/{package}", {})
+    if entry.get("version") != version or entry.get("integrity") != integrity:
+        raise SetupError(
+            f"{lock_path}: {package} must be {version} with integrity "
+            f"{integrity} (found {entry.get('version')} {entry.get('integrity')})"
+        )
+
+
 def check_lockfile(lock_path: Path) -> None:
     """The lockfile pins the client at ``NODE_VERSION`` with the registry's integrity."""
-    lock = json.loads(lock_path.read_text())
-    entry = lock.get("packages", {}).get(f"node_modules/{NODE_PACKAGE}", {})
-    if entry.get("version") != NODE_VERSION or entry.get("integrity") != NODE_INTEGRITY:
-        raise SetupError(
-            f"{lock_path}: {NODE_PACKAGE} must be {NODE_VERSION} with integrity "
-            f"{NODE_INTEGRITY} (found {entry.get('version')} {entry.get('integrity')})"
-        )
+    check_pinned(lock_path, NODE_PACKAGE, NODE_VERSION, NODE_INTEGRITY)
+
+
+def npm_ci(pins_dir: Path, node_dir: Path) -> None:
+    """``npm ci`` of ``pins_dir``'s package.json and package-lock.json into a fresh
+    ``node_dir``: exactly the lockfile, each tarball's integrity checked, no install scripts."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SetupError("npm not found: node 20 and npm are needed (apt-get install nodejs npm)")
+    shutil.rmtree(node_dir, ignore_errors=True)
+    node_dir.mkdir(parents=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(pins_dir / name, node_dir / name)
+    _run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=node_dir)
 
 
 def install_node(out: Path) -> Path:
     """``npm ci`` the pinned packages into ``out/node``; the directory holding the protos."""
-    npm = shutil.which("npm")
-    if npm is None:
-        raise SetupError("npm not found: node 20 and npm are needed (apt-get install nodejs npm)")
     check_lockfile(PINS_DIR / "package-lock.json")
     node_dir = out / "node"
-    shutil.rmtree(node_dir, ignore_errors=True)
-    node_dir.mkdir(parents=True)
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(PINS_DIR / name, node_dir / name)
-    # ci: exactly the lockfile, each tarball's integrity checked; no install scripts run.
-    _run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=node_dir)
+    npm_ci(PINS_DIR, node_dir)
     proto_dir = node_dir / "node_modules" / NODE_PACKAGE / "proto"
     missing = [p for p in V2_PROTOS if not (proto_dir / p).is_file()]
     if missing:
