@@ -445,6 +445,11 @@ def _memory_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _other_clients_lines(result: dict[str, Any]) -> list[str]:
+    """The official RocketMQ 5 client's send and receive cases, then the remoting producer's."""
+    return _v2_lines(result) + _v2_receive_lines(result) + _remoting_lines(result)
+
+
 def _v2_lines(result: dict[str, Any]) -> list[str]:
     """The v2 producer cases (issue #19) beside the raftmq client's case of the same group,
     size and in-flight count (``-`` when the run had no such case)."""
@@ -568,9 +573,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> str:
             f"{_fmt(c['messages_per_s'])} | {_fmt(c['mb_per_s'])} | {_fmt(c['p50_ms'])} | "
             f"{_fmt(c['p99_ms'])} | {_fmt(c['p999_ms'])} | {c['failed']} | {cpu} | {anon or '-'} |"
         )
-    lines += _v2_lines(result)
-    lines += _v2_receive_lines(result)
-    lines += _remoting_lines(result)
+    lines += _other_clients_lines(result)
     lines += _peer_lines(result)
     lines += _floor_lines(result)
     lines += _memory_lines(result)
