@@ -15,9 +15,10 @@ from dledger.server.client import ClientError, LogClient
 RETRY_PAUSE_S = 0.01
 # How long Writer.stop waits for its thread (one append's deadline and then some).
 STOP_JOIN_S = 30.0
-# Status codes a group answers while it changes leader (NOT_LEADER, LEADERSHIP_LOST, NO_QUORUM,
-# TRANSFER_IN_PROGRESS, a refused connection) or when an attempt outlives its deadline: the
-# append may be tried again. Anything else is a real refusal.
+# Status codes a group answers while it changes leader (LEADERSHIP_LOST, NO_QUORUM,
+# TRANSFER_IN_PROGRESS, a refused connection) or when an attempt outlives its deadline, and
+# NOT_LEADER with no leader known yet (FAILED_PRECONDITION): the append may be tried again.
+# Anything else is a real refusal.
 RETRYABLE_STATUSES = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
@@ -31,7 +32,8 @@ def append_until_acked(client: LogClient, value: bytes, timeout_s: float) -> int
         try:
             return client.append([value]).last_index
         except ClientError as exc:
-            if exc.status not in RETRYABLE_STATUSES or time.monotonic() >= deadline:
+            retryable = exc.status in RETRYABLE_STATUSES or exc.code == "NOT_LEADER"
+            if not retryable or time.monotonic() >= deadline:
                 raise
             time.sleep(RETRY_PAUSE_S)
 
