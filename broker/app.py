@@ -298,6 +298,7 @@ def _metrics(broker: Broker, node: DLedgerNode) -> BrokerMetrics:
         raft_families=functools.partial(raft_families, node),
         delay_levels=len(broker.cfg.delay_levels_ms),
         disk_guard=broker.disk_guard,
+        clients=lambda: (broker.producers.live_count(), broker.consumers.live_count()),
     )
 
 

@@ -105,6 +105,8 @@ class BrokerMetrics:
     raft_families: Callable[[], list[Metric]]
     delay_levels: int
     disk_guard: DiskGuard | None = None
+    # The node's client registries (heartbeats it received; each node keeps its own).
+    clients: Callable[[], tuple[int, int]] | None = None
 
     def families(self) -> list[Metric]:
         """Every family of the node: its Raft member's, the security refusals, the broker's."""
@@ -158,12 +160,32 @@ class BrokerMetrics:
                 stats.pull_s,
             ),
             gauge("broker_long_polls_held", "Pulls held waiting for messages", self.polls.held),
+            *self._clients(),
             labelled_counter(
                 "broker_dedup_hits",
                 "Messages answered as duplicates: 'applied' by the dedup window (every member), "
                 "'in_flight' a retry of a send still being stored (leader)",
                 ["stage"],
                 [(["applied"], sm.dedup_hits), (["in_flight"], stats.inflight_dedup_hits)],
+            ),
+        ]
+
+    def _clients(self) -> list[Metric]:
+        """This node's live producers and consumers (its own registries: a sum over a group's
+        nodes counts a client once per node it heartbeats to)."""
+        if self.clients is None:
+            return []
+        producers, consumers = self.clients()
+        return [
+            gauge(
+                "broker_producers_registered",
+                "Producers whose heartbeats this node heard within the expiry",
+                producers,
+            ),
+            gauge(
+                "broker_consumers_registered",
+                "Consumers whose heartbeats this node heard within the expiry",
+                consumers,
             ),
         ]
 

@@ -170,6 +170,11 @@ class ConsumerGroups:
         for group, client_id, user in self.consumers.expire(now_ms):
             self.locks.release_client(group, client_id, user)
 
+    def live_count(self) -> int:
+        """Consumers heard from within the expiry, the silent ones dropped first (locks freed)."""
+        self.expire(self.clock_ms())
+        return len(self.consumers)
+
     def unregister(self, group: str, client_id: str, owner: Owner = NOBODY) -> bool:
         """Forget a consumer that shuts down and free its locks, for a call of ``owner``:
         only what calls of the same user registered and took (another user's consumer is left

@@ -170,6 +170,11 @@ class ProducerRegistry:
     def __len__(self) -> int:
         return len(self.table)
 
+    def live_count(self) -> int:
+        """Producers heard from within the expiry, the silent ones dropped first."""
+        self._expire(self.clock_ms())
+        return len(self.table)
+
     def _expire(self, now_ms: int) -> None:
         for group, client_id, _ in self.table.expire(now_ms):
             self._forget_v2(group, client_id)

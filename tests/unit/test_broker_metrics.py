@@ -12,7 +12,10 @@ from broker_world import outgoing, world
 from prometheus_client.core import Metric
 
 from broker import metrics as broker_metrics
+from broker.components.consumers import ConsumerGroups
+from broker.components.locks import CONSUMER_EXPIRE_MS
 from broker.components.offsets import ConsumerOffsets
+from broker.components.producers import PRODUCER_EXPIRE_MS, ProducerRegistry
 from broker.components.pulling import PullPath, PullQuery
 from broker.components.sending import SendPath
 from broker.components.settings import ServiceConfig
@@ -248,3 +251,38 @@ def test_a_follower_exports_no_figure_of_the_replicated_state(tmp_path: Path) ->
     assert not set(broker_metrics.REPLICATED_FAMILIES) & following
     # The node's own figures stay on every member.
     assert {"raftmq_broker_sent_messages", "raftmq_store_disk_free_bytes"} <= following
+
+
+def test_the_nodes_live_producers_and_consumers_are_gauges(tmp_path: Path) -> None:
+    """Each node's own registries, counted at scrape time with the silent clients dropped
+    first: two producers and a consumer, then none once the expiry passed."""
+
+    async def body() -> list[dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+        node, sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        producers, consumers = ProducerRegistry(1000), ConsumerGroups(topics)
+        clock = [1_000_000]
+        producers.clock_ms = consumers.clock_ms = lambda: clock[0]
+        producers.heartbeat("pg", "p1", ("127.0.0.1:1", "PYTHON", "0.3.0"))
+        producers.heartbeat("pg", "p2", ("127.0.0.1:2", "PYTHON", "0.3.0"))
+        consumers.heartbeat("cg", "c1", [("T", "*")], [])
+        metrics = BrokerMetrics(
+            node,  # type: ignore[arg-type]
+            sm,
+            ConsumerOffsets(topics, applied),
+            BrokerStats(),
+            polls=PullPath(topics, applied).polls,
+            store_path=str(tmp_path),
+            raft_families=list,
+            delay_levels=len(ServiceConfig("127.0.0.1", 10911).delay_levels_ms),
+            clients=lambda: (producers.live_count(), consumers.live_count()),
+        )
+        before = samples(metrics.broker_families())
+        clock[0] += max(PRODUCER_EXPIRE_MS, CONSUMER_EXPIRE_MS)
+        return [before, samples(metrics.broker_families())]
+
+    before, after = asyncio.run(body())
+    assert before[("raftmq_broker_producers_registered", ())] == 2
+    assert before[("raftmq_broker_consumers_registered", ())] == 1
+    assert after[("raftmq_broker_producers_registered", ())] == 0
+    assert after[("raftmq_broker_consumers_registered", ())] == 0
