@@ -10,6 +10,7 @@ import json
 import struct
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -646,3 +647,34 @@ def test_producer_connections_are_bounded_and_leave(
             await other.close()
 
     run(tmp_path, body)
+
+
+class _Conn:
+    """A connection as the table sees it: hashable by identity, open."""
+
+    closed = False
+
+
+def test_one_user_holds_a_share_of_the_producer_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check-back table is shared: one user naming many groups (or taking a group's every
+    slot) keeps at most its share, and another user's producer is still kept; without users
+    (user "") there is one tenant and no share."""
+    monkeypatch.setattr(checkback, "MAX_PRODUCERS_PER_USER", 3)
+    txn = SimpleNamespace(add_check_listener=lambda listener: None)
+    applied = SimpleNamespace(ctx=SimpleNamespace(sm=SimpleNamespace(txn=txn)))
+    table = checkback.RemotingProducers(applied, b"\0" * 8)  # type: ignore[arg-type]
+    mallory, alice = _Conn(), _Conn()
+    for i in range(10):
+        table.producing(f"g{i}", mallory, "mallory")  # type: ignore[arg-type]
+    table.producing("g0", mallory, "mallory")  # a heartbeat again: still one entry
+    table.producing("alice-pg", alice, "alice")  # type: ignore[arg-type]
+    held = {g: [p.user for p in m.values()] for g, m in table._groups.items()}
+    assert held == {"g0": ["mallory"], "g1": ["mallory"], "g2": ["mallory"], "alice-pg": ["alice"]}
+    table.leave("g1", mallory)  # type: ignore[arg-type]
+    table.producing("g9", mallory, "mallory")  # type: ignore[arg-type]
+    assert "g9" in table._groups and "g1" not in table._groups
+    for i in range(10):
+        table.producing(f"open{i}", mallory, "")  # type: ignore[arg-type]
+    assert all(f"open{i}" in table._groups for i in range(10))

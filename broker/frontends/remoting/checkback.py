@@ -44,6 +44,11 @@ logger = logging.getLogger(__name__)
 # apply). A group's connections: past it, later ones are not kept (the first ones are asked).
 MAX_PRODUCER_GROUPS = 1024
 MAX_PRODUCERS_PER_GROUP = 64
+# Entries (a group's connection) one user's heartbeats may hold here: the table is shared, and
+# without a share per user one user naming many groups, or taking a group's every slot, would
+# leave other users' producers unasked. 256 is four times a group's slots; sixteen users are
+# needed to fill the table. Without users (user "") there is one tenant and no share.
+MAX_PRODUCERS_PER_USER = 256
 # A check record older than this (by this node's clock) is a replay (a restart applying the
 # log again, a member catching up): the producers were asked when it was new (as on the v2 port).
 CHECK_REPLAY_MS = 60_000
@@ -72,6 +77,7 @@ class RemotingProducers:
         self.store_host = store_host
         self.guard = guard
         self._groups: dict[str, dict[RemotingConnection, Producer]] = {}
+        self._held: dict[str, int] = {}  # entries per user ("" not counted)
         self._turn = itertools.count()
         self.checks_sent = 0  # check-backs written to a producer's connection, since start
         self.checks_unsent = 0  # check-backs no producer here could take
@@ -89,24 +95,41 @@ class RemotingProducers:
                     return
             members = self._groups[group] = {}
         for closed in [c for c in members if c.closed]:
-            del members[closed]
-        if conn in members or len(members) < MAX_PRODUCERS_PER_GROUP:
+            self._drop(members, closed)
+        if conn in members:
+            self._drop(members, conn)  # its user may have changed: counted again below
+        full = user and self._held.get(user, 0) >= MAX_PRODUCERS_PER_USER
+        if len(members) < MAX_PRODUCERS_PER_GROUP and not full:
             members[conn] = Producer(conn, user)
+            if user:
+                self._held[user] = self._held.get(user, 0) + 1
+        if not members:
+            del self._groups[group]
 
     def leave(self, group: str, conn: RemotingConnection) -> None:
         """``conn`` unregistered its producer of ``group``."""
         members = self._groups.get(group)
         if members is not None:
-            members.pop(conn, None)
+            if conn in members:
+                self._drop(members, conn)
             if not members:
                 del self._groups[group]
+
+    def _drop(self, members: dict[RemotingConnection, Producer], conn: RemotingConnection) -> None:
+        user = members.pop(conn).user
+        if user:
+            left = self._held[user] - 1
+            if left:
+                self._held[user] = left
+            else:
+                del self._held[user]
 
     def _prune(self) -> None:
         """Drop the closed connections, and the groups left with none."""
         for group in list(self._groups):
             members = self._groups[group]
             for closed in [c for c in members if c.closed]:
-                del members[closed]
+                self._drop(members, closed)
             if not members:
                 del self._groups[group]
 
@@ -171,4 +194,10 @@ class RemotingProducers:
         )
 
 
-__all__ = ["CHECK_REPLAY_MS", "MAX_PRODUCERS_PER_GROUP", "MAX_PRODUCER_GROUPS", "RemotingProducers"]
+__all__ = [
+    "CHECK_REPLAY_MS",
+    "MAX_PRODUCERS_PER_GROUP",
+    "MAX_PRODUCERS_PER_USER",
+    "MAX_PRODUCER_GROUPS",
+    "RemotingProducers",
+]
