@@ -237,10 +237,10 @@ class DLedgerNode:
         self.corruption_found: dict[str, int] = {}
         # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
         self.chain_check_mismatches: dict[str, int] = {}
-        # State rebuilds after a content repair the state machine could not roll back, by
-        # how (dledger.server.rewinds): counted by the start that carries them out.
+        # Rebuilds by how after content repairs the state machine could not roll back, and
+        # the restarts for them in the window, as counted at this start (dledger.server.rewinds).
         self.state_rebuilds: dict[str, int] = {}
-        self.rewind_restarts_recent = 0  # in the window at this start (rewinds.in_window)
+        self.rewind_restarts_recent = 0
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
         self._loop: asyncio.AbstractEventLoop | None = None
