@@ -237,8 +237,7 @@ class DLedgerNode:
         self.corruption_found: dict[str, int] = {}
         # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
         self.chain_check_mismatches: dict[str, int] = {}
-        # Rebuilds by how after content repairs the state machine could not roll back, and
-        # the restarts for them in the window, as counted at this start (dledger.server.rewinds).
+        # Rebuilds after content repairs by how, restarts for them in the window (rewinds).
         self.state_rebuilds: dict[str, int] = {}
         self.rewind_restarts_recent = 0
         self.scrubber: Scrubber | None = None
