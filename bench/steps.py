@@ -33,7 +33,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +42,7 @@ from typing import Any
 
 from bench import CLK_TCK, cpu_s
 from bench.__main__ import local_group, produce_case
+from bench.sweep import create_work_dir, sweep_stale
 
 RESULTS = Path(__file__).parent / "results"
 HOOK_DIR = Path(__file__).parent / "stepshook"
@@ -211,7 +211,7 @@ class Steps:
         self.flush = flush
         self.work = work
         self.code_root = code_root
-        self.dir = Path(tempfile.mkdtemp(prefix="raftmq-steps-"))
+        self.dir = create_work_dir("raftmq-steps-")
 
     @contextmanager
     def group(self) -> Iterator[Any]:
@@ -336,7 +336,7 @@ def run_cases(
     copies: bool,
 ) -> list[dict[str, Any]]:
     out = []
-    work = Path(tempfile.mkdtemp(prefix="raftmq-steps-group-"))
+    work = create_work_dir("raftmq-steps-group-")
     try:
         for flush in flushes:
             steps = Steps(flush, work, code_root)
@@ -463,6 +463,7 @@ def _cases(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    sweep_stale()  # groups a killed run left behind (bench.sweep)
     flushes = [f for f in a.flush.split(",") if f]
     cases = _cases(a.cases)
     modes = [m for m in a.modes.split(",") if m]
