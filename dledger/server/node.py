@@ -1268,7 +1268,9 @@ class DLedgerNode:
         path's ``DAMAGE_REPEATS`` precedent): the member's appends all claim its leader's id,
         so refusing "the sender" would refuse the leader that repairs it. The state machine
         already marked its rebuild; the log holds the bad copy, which the next start replays
-        and the leader's next append finds again (nothing is lost)."""
+        and the leader's next append finds again (nothing is lost). The count is dropped
+        first: a start by a person begins a new one (else its first repair would stop it)."""
+        rewinds.clear_marker(self.cfg.store_dir)
         fatal(
             "rewind",
             f"REWIND_REPEATS {marker.restarts} restarts to rebuild the state after content "
@@ -1278,7 +1280,7 @@ class DLedgerNode:
             "that claim the leader's id and carry other entries (a forgery: on an --insecure "
             "group any peer can claim any id). Turn on mTLS for the peer port, find the "
             "sender by its connections to this member's peer port, then start this member "
-            "again (it rebuilds its state by itself)",
+            "again (it rebuilds its state by itself; the count starts anew)",
         )
 
     def _restart_to_rebuild(self, index: int, outcome: RewindOutcome) -> None:
