@@ -246,6 +246,50 @@ def _numbered_files(
     return sorted(out)
 
 
+def _segments(
+    src: ReplicaSource,
+    data_dir: str,
+    data: list[tuple[int, str, int]],
+    seg_size: int,
+    findings: list[Finding],
+) -> list[SegmentFile]:
+    """The data segments (each one's first index from its first header), with a finding for
+    each file that is short or missing between two others."""
+    g, r = src.group, src.replica
+    segments: list[SegmentFile] = []
+    for start, name, size in data:
+        uri = fs.join(data_dir, name)
+        if seg_size and start % seg_size:
+            raise InputError(
+                f"{uri}: does not start at a multiple of the segment size {seg_size}; "
+                "pass --segment-bytes"
+            )
+        if size < seg_size:
+            findings.append(
+                Finding(What.SHORT_SEGMENT, g, r, name, uri, offset=size,
+                        detail=f"the file is {size} bytes, the segment size is {seg_size}")
+            )  # fmt: skip
+        first = 0
+        try:
+            h = codec.decode_header(fs.read_range(uri, 0, ENTRY_HEADER_SIZE))
+            if h.position == start:
+                first = h.index
+        except RecordError:
+            pass
+        except fs.FsError as exc:
+            raise InputError(str(exc)) from None
+        segments.append(SegmentFile(name, uri, start, size, first))
+    for a, b in itertools.pairwise(segments):
+        if b.start != a.start + seg_size:
+            missing = a.start + seg_size
+            findings.append(
+                Finding(What.MISSING_SEGMENT, g, r, f"{missing:0{SEGMENT_NAME_DIGITS}d}",
+                        fs.join(data_dir, f"{missing:0{SEGMENT_NAME_DIGITS}d}"), offset=0,
+                        detail=f"data segments {a.name} and {b.name} are not adjacent")
+            )  # fmt: skip
+    return segments
+
+
 def _unit(files: list[tuple[int, str, int]], override: int | None) -> int:
     """The segment size: every file is that long except a damaged one, so the largest."""
     if override:
@@ -278,37 +322,7 @@ def plan_replica(
     data_dir = fs.join(src.root, DATA_DIR)
     data = _numbered_files(src, data_dir, findings)
     seg_size = _unit(data, segment_size_bytes)
-    segments: list[SegmentFile] = []
-    for start, name, size in data:
-        uri = fs.join(data_dir, name)
-        if seg_size and start % seg_size:
-            raise InputError(
-                f"{uri}: does not start at a multiple of the segment size {seg_size}; "
-                "pass --segment-bytes"
-            )
-        if size < seg_size:
-            findings.append(
-                Finding(What.SHORT_SEGMENT, g, r, name, uri, offset=size,
-                        detail=f"the file is {size} bytes, the segment size is {seg_size}")
-            )  # fmt: skip
-        first = 0
-        try:
-            h = codec.decode_header(fs.read_range(uri, 0, ENTRY_HEADER_SIZE))
-            if h.position == start:
-                first = h.index
-        except RecordError:
-            pass
-        except fs.FsError as exc:
-            raise InputError(str(exc)) from None
-        segments.append(SegmentFile(name, uri, start, size, first))
-    for a, b in itertools.pairwise(segments):
-        if b.start != a.start + seg_size:
-            missing = a.start + seg_size
-            findings.append(
-                Finding(What.MISSING_SEGMENT, g, r, f"{missing:0{SEGMENT_NAME_DIGITS}d}",
-                        fs.join(data_dir, f"{missing:0{SEGMENT_NAME_DIGITS}d}"), offset=0,
-                        detail=f"data segments {a.name} and {b.name} are not adjacent")
-            )  # fmt: skip
+    segments = _segments(src, data_dir, data, seg_size, findings)
 
     index_dir = fs.join(src.root, INDEX_DIR)
     index_files_raw = _numbered_files(src, index_dir, findings) if fs.exists(index_dir) else []

@@ -17,6 +17,7 @@ from spark_audit.model import (
     U64_MASK,
     Finding,
     GroupPlan,
+    ReplicaPlan,
     Severity,
     What,
     severity_of,
@@ -260,6 +261,26 @@ def fs_name(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+def _replica_summary(rp: ReplicaPlan) -> ReplicaSummary:
+    return ReplicaSummary(
+        rp.replica,
+        rp.root,
+        rp.first_index,
+        rp.commit_index,
+        feature_level=rp.feature_level,
+        supported_feature_level=rp.supported_feature_level,
+        release=rp.release,
+    )
+
+
+def _status(replica: str, findings: Sequence[Finding]) -> str:
+    """The kinds of error found on ``replica``; without one, its notes (STATUS_NOTES); "ok"."""
+    mine = [f for f in findings if f.replica == replica]
+    bad = sorted({f.what.value for f in mine if f.severity is Severity.ERROR})
+    noted = sorted({f.what.value for f in mine if f.what in STATUS_NOTES})
+    return ",".join(bad or noted) or "ok"
+
+
 def build_report(
     plans: Sequence[GroupPlan],
     rows: Sequence[dict[str, Any]],
@@ -279,18 +300,7 @@ def build_report(
     groups = []
     for plan in plans:
         grows = by_group.get(plan.group, [])
-        replicas = {
-            rp.replica: ReplicaSummary(
-                rp.replica,
-                rp.root,
-                rp.first_index,
-                rp.commit_index,
-                feature_level=rp.feature_level,
-                supported_feature_level=rp.supported_feature_level,
-                release=rp.release,
-            )
-            for rp in plan.replicas
-        }
+        replicas = {rp.replica: _replica_summary(rp) for rp in plan.replicas}
         parts = sorted(
             (r for r in grows if r["kind"] == "part"), key=lambda r: (r["replica"], r["index"])
         )
@@ -337,21 +347,7 @@ def build_report(
             + range_findings
         )
         for rs in replicas.values():
-            bad = sorted(
-                {
-                    f.what.value
-                    for f in findings
-                    if f.replica == rs.replica and f.severity is Severity.ERROR
-                }
-            )
-            noted = sorted(
-                {
-                    f.what.value
-                    for f in findings
-                    if f.replica == rs.replica and f.what in STATUS_NOTES
-                }
-            )
-            rs.status = ",".join(bad or noted) or "ok"
+            rs.status = _status(rs.replica, findings)
         sample = [dict(m) for m in mismatch_sample if m["group"] == plan.group]
         for m in sample:
             m["digest"] = f"{to_u64(int(m['digest'])):016x}"
@@ -488,29 +484,31 @@ def _span(f: Finding) -> str:
     return str(f.index) if f.index else "-"
 
 
+# The replica table's columns (docs/AUDIT.md "Reading the report").
+SUMMARY_COLUMNS = (
+    "replica",
+    "first",
+    "last",
+    "commit",
+    "audited",
+    "bytes",
+    "terms",
+    "unordered",
+    "ordered",
+    "tail",
+    "level",
+    "MB/s",
+    "status",
+)
+
+
 def write_summary(report: AuditReport, out: TextIO) -> None:
     for g in report.groups:
         out.write(
             f"group {g.group}: audited commit index {g.audited_index} (from {g.audited_from}), "
             f"first index {g.first_index}, feature level {g.feature_level}\n"
         )
-        rows = [
-            [
-                "replica",
-                "first",
-                "last",
-                "commit",
-                "audited",
-                "bytes",
-                "terms",
-                "unordered",
-                "ordered",
-                "tail",
-                "level",
-                "MB/s",
-                "status",
-            ]
-        ]
+        rows = [list(SUMMARY_COLUMNS)]
         for r in g.replicas:
             c = r.committed
             rows.append(
