@@ -52,7 +52,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -71,6 +70,7 @@ from bench import cpu_s
 from bench import metricscost as mc
 from bench.closedloop import WARMUP_S
 from bench.memory import SAMPLE_INTERVAL_S, MemorySampler, at_rest, rest_samples
+from bench.sweep import create_work_dir, sweep_stale
 from client import (
     ConsumeStatus,
     Message,
@@ -1310,7 +1310,8 @@ def main(argv: list[str] | None = None) -> int:
         "secure": not a.insecure,
         "produce": [],
     }
-    tmp = Path(tempfile.mkdtemp(prefix="mqbench-"))
+    sweep_stale()  # groups a killed run left behind (bench.sweep)
+    tmp = create_work_dir("mqbench-")
     try:
         _run_all(a, tmp, sizes, in_flight, result)
     finally:

@@ -50,7 +50,6 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -67,6 +66,7 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as dpb_grpc
 
 from bench.__main__ import QUEUES, TOPIC, local_group, produce_case
 from bench.memory import MemorySampler, snapshot
+from bench.sweep import create_work_dir, sweep_stale
 from client import Message, MQClientError, Producer
 from mqcluster.cluster import LocalCluster
 
@@ -819,7 +819,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    work = Path(tempfile.mkdtemp(prefix="raftmq-backlog-", dir=a.work))
+    sweep_stale(a.work)  # groups a killed run left behind (bench.sweep)
+    work = create_work_dir("raftmq-backlog-", a.work)
     need = estimated_disk_bytes(a.messages, a.size)
     free = shutil.disk_usage(work).free
     if need > min(a.max_disk_gb * 1e9, free * 0.8):

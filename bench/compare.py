@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.sweep import create_work_dir, sweep_stale
 
 RESULTS_DIR = Path(__file__).parent / "results"
 # One round of one tree: set-up and teardown of a group (~10 s) and the cases; a hung round is
@@ -47,11 +49,14 @@ print(json.dumps(out))
 
 def _run_round(tree: Path, flush: str, size: int, seconds: float, levels: str) -> list[Any]:
     env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'gen'}")
-    with tempfile.TemporaryDirectory(prefix="raftmq-compare-") as base:
-        cmd = [sys.executable, "-c", WORKER, base, flush, str(size), str(seconds), levels]
+    base = create_work_dir("raftmq-compare-")  # swept by a later run if this one is killed
+    try:
+        cmd = [sys.executable, "-c", WORKER, str(base), flush, str(size), str(seconds), levels]
         done = subprocess.run(
             cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=ROUND_TIMEOUT_S
         )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     if done.returncode != 0:
         raise RuntimeError(f"{tree}: round failed: {done.stderr.strip()[-800:]}")
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", default=",".join(map(str, DEFAULT_IN_FLIGHT)))
     p.add_argument("--out", default=str(RESULTS_DIR), type=Path)
     a = p.parse_args(argv)
+    sweep_stale()  # groups a killed run left behind (bench.sweep)
     if not 1 <= a.rounds <= 20 or not 0.5 <= a.seconds <= 60:
         p.error("--rounds is 1 to 20, --seconds 0.5 to 60")
     trees = {"before": a.before.resolve(), "after": a.after.resolve()}

@@ -8,8 +8,9 @@ every node in turn:
 - ``plain``: CPU per message of each node (``/proc/PID/stat``) and of its event loop's thread,
   the loop thread's voluntary context switches (each is a sleep in ``epoll_wait`` and a wake-up:
   the event loop's wake-ups), and the read/write system calls of ``/proc/PID/io``;
-- ``profile``: cProfile's call counts (Readys, advances, peer messages encoded and decoded,
-  persist jobs, ``pwrite``, ``fdatasync``, applies, answers ...);
+- ``profile``: cProfile's call counts on the event loop's thread (Readys, advances, peer
+  messages encoded and decoded, core steps, applies, and the persist jobs, ``pwrite`` and
+  ``fdatasync`` that run there: ASYNC_FLUSH's appends; SYNC_FLUSH's run in the flush thread);
 - ``strace``: ``strace -c -f`` attached to each node for the window (every system call by
   name, every thread), when strace is installed;
 - ``copies`` (for bodies of ``COPIES_MIN_BYTES`` or more; ``--no-copies`` skips it): where
@@ -33,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +43,7 @@ from typing import Any
 
 from bench import CLK_TCK, cpu_s
 from bench.__main__ import local_group, produce_case
+from bench.sweep import create_work_dir, sweep_stale
 
 RESULTS = Path(__file__).parent / "results"
 HOOK_DIR = Path(__file__).parent / "stepshook"
@@ -66,42 +67,46 @@ MODES = ("plain", "profile", "strace")
 COPIES_MIN_BYTES = 8192
 
 # Call counts reported per message (cProfile keys "file:function"): the label and the keys
-# summed. Names, not lines: they survive code moving between modules.
-_UPB_SERIALIZE = "<method 'SerializeToString' of 'google._upb._message.Message' objects>"
+# summed. Names, not lines: they survive code moving between modules, and
+# tests/unit/test_bench_steps.py checks that each still names a function of the code (a key
+# whose function moved counts 0 silently). The profile is the event loop's thread's only:
+# what runs in the flush thread (SYNC_FLUSH's persist jobs, their pwrite and fdatasync) is
+# in the strace window, not here.
 CALLS: list[tuple[str, tuple[str, ...]]] = [
     ("Readys", ("raft.py:ready",)),
     ("advances", ("raft.py:advance",)),
-    ("persist jobs", ("node.py:_persist_job",)),
+    ("persist jobs on the loop thread (ASYNC_FLUSH appends)", ("persister.py:_persist_job",)),
     ("applies", ("node.py:_apply",)),
     ("peer messages in (decoded)", ("convert.py:from_pb",)),
     ("peer messages out (encoded)", ("convert.py:fill_pb", "peerwire.py:encode_append")),
-    ("entries encoded for peers", ("peerwire.py:entry_record",)),
+    ("entries encoded for peers", ("peerwire.py:_entry_fields",)),
     ("core steps", ("raft.py:step",)),
     ("store appends", ("store.py:_append_locked",)),
-    ("pwrite", ("<built-in method posix.pwrite>", "<built-in method posix.pwritev>")),
-    ("fdatasync", ("<built-in method posix.fdatasync>", "<built-in method posix.fsync>")),
+    (
+        "pwrite and pwritev on the loop thread",
+        ("<built-in method posix.pwrite>", "<built-in method posix.pwritev>"),
+    ),
+    (
+        "fdatasync and fsync on the loop thread",
+        ("<built-in method posix.fdatasync>", "<built-in method posix.fsync>"),
+    ),
     ("asyncio futures made", ("<method 'create_future' of 'uvloop.Loop' objects>",)),
     (
         "SerializeToString (Python callers)",
         ("<method 'SerializeToString' of 'google._upb._message.Message' objects>",),
     ),
 ]
-SYSCALLS = (
-    "epoll_wait",
-    "epoll_pwait",
-    "write",
-    "pwrite64",
-    "sendmsg",
-    "recvmsg",
-    "read",
-    "fdatasync",
-    "futex",
-    "writev",
-    "pwritev",
-    "eventfd2",
-    "poll",
-    "ppoll",
-)
+# The plain window's figures (keys of the JSON, kept for comparing runs) as the table shows
+# them: what each measures, from /proc (docs/PERFORMANCE.md "Steps per message").
+PLAIN_LABELS = {
+    "cpu_us": "CPU us, all threads",
+    "loop_cpu_us": "CPU us, event loop's thread",
+    "loop_wakeups": "loop thread wake-ups (voluntary context switches)",
+    "loop_preempted": "loop thread preemptions (involuntary context switches)",
+    "syscr": "read system calls (/proc io syscr, all threads)",
+    "syscw": "write system calls (/proc io syscw, all threads)",
+    "msg/s": "msg/s of the load (a rate, not per message)",
+}
 
 
 def _status(path: str) -> dict[str, int]:
@@ -211,7 +216,7 @@ class Steps:
         self.flush = flush
         self.work = work
         self.code_root = code_root
-        self.dir = Path(tempfile.mkdtemp(prefix="raftmq-steps-"))
+        self.dir = create_work_dir("raftmq-steps-")
 
     @contextmanager
     def group(self) -> Iterator[Any]:
@@ -336,7 +341,7 @@ def run_cases(
     copies: bool,
 ) -> list[dict[str, Any]]:
     out = []
-    work = Path(tempfile.mkdtemp(prefix="raftmq-steps-group-"))
+    work = create_work_dir("raftmq-steps-group-")
     try:
         for flush in flushes:
             steps = Steps(flush, work, code_root)
@@ -417,7 +422,7 @@ def markdown(results: dict[str, list[dict[str, Any]]], copies_detail: bool = Tru
             for t, r in cols:
                 v = merged[t].get((flush, size, in_flight, r), {}).get(name)
                 cells.append("" if v is None else f"{v:,.2f}" if v < 1000 else f"{v:,.0f}")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {PLAIN_LABELS.get(name, name)} | " + " | ".join(cells) + " |")
         lines.append("")
     if copies_detail:
         for tree, ws in results.items():
@@ -463,6 +468,7 @@ def _cases(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    sweep_stale()  # groups a killed run left behind (bench.sweep)
     flushes = [f for f in a.flush.split(",") if f]
     cases = _cases(a.cases)
     modes = [m for m in a.modes.split(",") if m]

@@ -91,6 +91,14 @@ def node_flags(m: dpb.MetadataResponse) -> list[str]:
     if rebuilt:
         by = ",".join(f"{k}={v}" for k, v in sorted(m.state_rebuilds.items()) if v)
         flags.append(f"state rebuilt after a content repair {rebuilt} ({by})")
+    if m.rewind_restarts_recent > 1:
+        # More than one rebuild within the member's window (docs/RAFT.md section 13): one
+        # fault explains one; the member stops with REWIND_REPEATS past its limit.
+        flags.append(
+            f"restarted {m.rewind_restarts_recent} times in a row to rebuild its state after "
+            "content repairs (it stops with REWIND_REPEATS past its limit): a peer may keep "
+            "forging appends; turn on mTLS"
+        )
     if m.chain_check_mismatches:
         flags.append(f"periodic chain check mismatches {m.chain_check_mismatches}")
     derived = sum(m.derived_mismatches.values())

@@ -7,6 +7,7 @@ import struct
 from dataclasses import dataclass
 
 from dledger.storage.codec import INDEX_RECORD_SIZE, crc32c
+from mqrelease import BASELINE_LEVEL
 from spark_audit.merkle import LEAF_ENTRIES
 
 U64_MASK = (1 << 64) - 1
@@ -60,6 +61,9 @@ class What(enum.Enum):
     KEY_INDEX_MISMATCH = "key_index_mismatch"  # a key index record or header that does not
     BAD_PROMISE = "bad_promise"  # the promise file beside the store fails its checks
     NOT_A_MEMBER = "not_a_member"  # info: a store of an id the group no longer has: not audited
+    # info: a member whose release supports less than the group's feature level (the leader
+    # sends it no entries), or, offline, whose store has not reached that level
+    BELOW_FEATURE_LEVEL = "below_feature_level"
 
 
 ERRORS = frozenset(
@@ -137,6 +141,12 @@ class ReplicaPlan:
     derived: bool = False  # a broker's ConsumeQueues or key index lie beside the store
     promised_index: int = 0  # the highest index the node acknowledged (its promise file)
     promise_uri: str = ""  # the promise file read ("": none beside the store)
+    # The group feature level this store reached (its checkpoint's and its saved committed
+    # configuration's, the higher; docs/RAFT.md section 14), and the highest its node's release
+    # supports, from a running node's Metadata (0: not known, the store does not record it).
+    feature_level: int = BASELINE_LEVEL
+    supported_feature_level: int = 0
+    release: str = ""  # the release a running node reported ("": not asked)
 
     def segment_at(self, position: int) -> int:
         """Position in ``segments`` of the file holding data ``position``, or -1."""
@@ -170,6 +180,7 @@ class GroupPlan:
     first_index: int  # lowest first index over the replicas
     findings: tuple[Finding, ...] = ()
     leaf_entries: int = LEAF_ENTRIES  # Raft indexes per leaf of the range digests
+    feature_level: int = BASELINE_LEVEL  # the highest any member's store reached
 
 
 # What a task does: scan an index range of every replica, or check one replica's derived

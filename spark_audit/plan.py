@@ -25,6 +25,7 @@ from dledger.storage.files import SEGMENT_NAME_DIGITS
 from dledger.storage.promise import FILE_BYTES as PROMISE_FILE_BYTES
 from dledger.storage.promise import PROMISE_SUFFIX, PromiseError, decode_promise
 from dledger.storage.store import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR
+from mqrelease import BASELINE_LEVEL
 from spark_audit import fs
 from spark_audit.derived import has_derived_state
 from spark_audit.errors import AuditError
@@ -62,6 +63,8 @@ MEMBERSHIP_FILE_MAX_BYTES = 64 << 10
 # Files the store leaves behind on purpose or deletes on open.
 STORE_FILES = frozenset({"commitlog", "index", "checkpoint", "meta", "abort", "lock"})
 TRANSIENT_SUFFIXES = (".tmp", ".alloc")
+# What a running node that reports no release runs: one before releases were reported.
+OLD_RELEASE = "0.2.0 or older"
 
 
 class InputError(AuditError):
@@ -76,6 +79,10 @@ class ReplicaSource:
     commit_index: int | None = None  # from a running node; None: read the checkpoint
     # The ``removed`` list of the mqcluster ``cluster.json`` it was found under names it.
     listed_removed: bool = False
+    # A running node's report: the highest feature level its release supports (0: not
+    # asked; a node of a release before levels reports 0 too, read as level 1) and the release.
+    supported_feature_level: int = 0
+    release: str = ""
 
 
 def _is_store(uri: str) -> bool:
@@ -202,6 +209,8 @@ def sources_from_running(
                     md.self_id or addr,
                     md.store_path,
                     int(md.commit_index),
+                    supported_feature_level=max(BASELINE_LEVEL, int(md.supported_feature_level)),
+                    release=md.release or OLD_RELEASE,
                 )
             )
     groups = {s.group for s in out}
@@ -237,6 +246,50 @@ def _numbered_files(
     return sorted(out)
 
 
+def _segments(
+    src: ReplicaSource,
+    data_dir: str,
+    data: list[tuple[int, str, int]],
+    seg_size: int,
+    findings: list[Finding],
+) -> list[SegmentFile]:
+    """The data segments (each one's first index from its first header), with a finding for
+    each file that is short or missing between two others."""
+    g, r = src.group, src.replica
+    segments: list[SegmentFile] = []
+    for start, name, size in data:
+        uri = fs.join(data_dir, name)
+        if seg_size and start % seg_size:
+            raise InputError(
+                f"{uri}: does not start at a multiple of the segment size {seg_size}; "
+                "pass --segment-bytes"
+            )
+        if size < seg_size:
+            findings.append(
+                Finding(What.SHORT_SEGMENT, g, r, name, uri, offset=size,
+                        detail=f"the file is {size} bytes, the segment size is {seg_size}")
+            )  # fmt: skip
+        first = 0
+        try:
+            h = codec.decode_header(fs.read_range(uri, 0, ENTRY_HEADER_SIZE))
+            if h.position == start:
+                first = h.index
+        except RecordError:
+            pass
+        except fs.FsError as exc:
+            raise InputError(str(exc)) from None
+        segments.append(SegmentFile(name, uri, start, size, first))
+    for a, b in itertools.pairwise(segments):
+        if b.start != a.start + seg_size:
+            missing = a.start + seg_size
+            findings.append(
+                Finding(What.MISSING_SEGMENT, g, r, f"{missing:0{SEGMENT_NAME_DIGITS}d}",
+                        fs.join(data_dir, f"{missing:0{SEGMENT_NAME_DIGITS}d}"), offset=0,
+                        detail=f"data segments {a.name} and {b.name} are not adjacent")
+            )  # fmt: skip
+    return segments
+
+
 def _unit(files: list[tuple[int, str, int]], override: int | None) -> int:
     """The segment size: every file is that long except a damaged one, so the largest."""
     if override:
@@ -269,37 +322,7 @@ def plan_replica(
     data_dir = fs.join(src.root, DATA_DIR)
     data = _numbered_files(src, data_dir, findings)
     seg_size = _unit(data, segment_size_bytes)
-    segments: list[SegmentFile] = []
-    for start, name, size in data:
-        uri = fs.join(data_dir, name)
-        if seg_size and start % seg_size:
-            raise InputError(
-                f"{uri}: does not start at a multiple of the segment size {seg_size}; "
-                "pass --segment-bytes"
-            )
-        if size < seg_size:
-            findings.append(
-                Finding(What.SHORT_SEGMENT, g, r, name, uri, offset=size,
-                        detail=f"the file is {size} bytes, the segment size is {seg_size}")
-            )  # fmt: skip
-        first = 0
-        try:
-            h = codec.decode_header(fs.read_range(uri, 0, ENTRY_HEADER_SIZE))
-            if h.position == start:
-                first = h.index
-        except RecordError:
-            pass
-        except fs.FsError as exc:
-            raise InputError(str(exc)) from None
-        segments.append(SegmentFile(name, uri, start, size, first))
-    for a, b in itertools.pairwise(segments):
-        if b.start != a.start + seg_size:
-            missing = a.start + seg_size
-            findings.append(
-                Finding(What.MISSING_SEGMENT, g, r, f"{missing:0{SEGMENT_NAME_DIGITS}d}",
-                        fs.join(data_dir, f"{missing:0{SEGMENT_NAME_DIGITS}d}"), offset=0,
-                        detail=f"data segments {a.name} and {b.name} are not adjacent")
-            )  # fmt: skip
+    segments = _segments(src, data_dir, data, seg_size, findings)
 
     index_dir = fs.join(src.root, INDEX_DIR)
     index_files_raw = _numbered_files(src, index_dir, findings) if fs.exists(index_dir) else []
@@ -331,8 +354,18 @@ def plan_replica(
         derived=has_derived_state(src.root),
         promised_index=promised,
         promise_uri=promise_uri,
+        feature_level=_store_level(src, ckpt),
+        supported_feature_level=src.supported_feature_level,
+        release=src.release,
     )
     return rp, findings
+
+
+def _store_level(src: ReplicaSource, ckpt: codec.Checkpoint) -> int:
+    """The group feature level the store reached: its checkpoint's (format 3 carries it) or
+    its saved committed configuration's, the higher (either may lag the other by a round)."""
+    conf = saved_configuration(src)
+    return max(ckpt.feature_level, conf.features if conf is not None else BASELINE_LEVEL)
 
 
 def _read_promise(src: ReplicaSource, findings: list[Finding]) -> tuple[int, str]:
@@ -498,6 +531,8 @@ def plan_group(
         audited = min(known) if known else 0
         origin = "metadata" if from_rpc else "checkpoints"
     first = min(rp.first_index for rp in replicas)
+    level = max(rp.feature_level for rp in replicas)
+    findings.extend(_below_level(group, replicas, level))
     log.info(
         "planned group=%s replicas=%d audited_index=%d from=%s first_index=%d",
         group,
@@ -506,7 +541,36 @@ def plan_group(
         origin,
         first,
     )
-    return GroupPlan(group, tuple(replicas), audited, origin, first, tuple(findings), leaf_entries)
+    return GroupPlan(
+        group, tuple(replicas), audited, origin, first, tuple(findings), leaf_entries, level
+    )
+
+
+def _below_level(group: str, replicas: Sequence[ReplicaPlan], level: int) -> list[Finding]:
+    """Members below the group's feature level ``level`` (the highest any store reached: a
+    raise is committed before a store records it). A running node that reports a lower
+    support gets nothing from its leader (docs/RAFT.md section 14); offline, a store that
+    has not reached the level is either behind or such a member, which the store cannot tell."""
+    out = []
+    for rp in replicas:
+        supported = rp.supported_feature_level
+        if supported and supported < level:
+            detail = (
+                f"runs {rp.release}, which supports feature levels up to {supported}, below "
+                f"the group's level {level}: its leader sends it no entries until it is "
+                "upgraded; upgrade it"
+            )
+        elif not supported and rp.feature_level < level:
+            detail = (
+                f"its store is at feature level {rp.feature_level}, below the group's level "
+                f"{level}: it is behind, or runs a release that supports less, which its "
+                "leader sends no entries; ask the running group (mqaudit --connect, mqadmin "
+                "replicaStatus)"
+            )
+        else:
+            continue
+        out.append(Finding(What.BELOW_FEATURE_LEVEL, group, rp.replica, "", rp.root, detail=detail))
+    return out
 
 
 def plan_tasks(

@@ -10,12 +10,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+from mqrelease import BASELINE_LEVEL
 from spark_audit.crc import crc32c_combine
 from spark_audit.model import (
     ORDERED_KEY_BYTES,
     U64_MASK,
     Finding,
     GroupPlan,
+    ReplicaPlan,
     Severity,
     What,
     severity_of,
@@ -42,6 +44,9 @@ MERGED_KINDS = frozenset(
 )
 # Findings that name the first index of a run spread over tasks: keep the lowest, add counts.
 FIRST_OF_KINDS = frozenset({What.DIVERGENT_ENTRY, What.UNCOMMITTED_TAIL})
+# Information findings a replica's status shows when it has no error (the rest are noted
+# only in the findings' lines).
+STATUS_NOTES = frozenset({What.BEHIND, What.BELOW_FEATURE_LEVEL})
 
 
 @dataclass(slots=True)
@@ -99,6 +104,10 @@ class ReplicaSummary:
     tail_count: int = 0
     segments: dict[str, SegmentSummary] = field(default_factory=dict)
     status: str = "ok"
+    # The feature level the store reached and its node's supported one (0: not known).
+    feature_level: int = BASELINE_LEVEL
+    supported_feature_level: int = 0
+    release: str = ""
     # "consumequeue"/"key_index" -> {"files": n, "records": n} checked (empty: none there)
     derived: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -129,6 +138,7 @@ class GroupReport:
     mismatch_count: int = 0
     mismatch_sample: list[dict[str, Any]] = field(default_factory=list)
     ranges: RangeSummary = field(default_factory=RangeSummary)
+    feature_level: int = BASELINE_LEVEL  # the group's: the highest any member's store reached
 
     @property
     def errors(self) -> list[Finding]:
@@ -251,6 +261,26 @@ def fs_name(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+def _replica_summary(rp: ReplicaPlan) -> ReplicaSummary:
+    return ReplicaSummary(
+        rp.replica,
+        rp.root,
+        rp.first_index,
+        rp.commit_index,
+        feature_level=rp.feature_level,
+        supported_feature_level=rp.supported_feature_level,
+        release=rp.release,
+    )
+
+
+def _status(replica: str, findings: Sequence[Finding]) -> str:
+    """The kinds of error found on ``replica``; without one, its notes (STATUS_NOTES); "ok"."""
+    mine = [f for f in findings if f.replica == replica]
+    bad = sorted({f.what.value for f in mine if f.severity is Severity.ERROR})
+    noted = sorted({f.what.value for f in mine if f.what in STATUS_NOTES})
+    return ",".join(bad or noted) or "ok"
+
+
 def build_report(
     plans: Sequence[GroupPlan],
     rows: Sequence[dict[str, Any]],
@@ -270,10 +300,7 @@ def build_report(
     groups = []
     for plan in plans:
         grows = by_group.get(plan.group, [])
-        replicas = {
-            rp.replica: ReplicaSummary(rp.replica, rp.root, rp.first_index, rp.commit_index)
-            for rp in plan.replicas
-        }
+        replicas = {rp.replica: _replica_summary(rp) for rp in plan.replicas}
         parts = sorted(
             (r for r in grows if r["kind"] == "part"), key=lambda r: (r["replica"], r["index"])
         )
@@ -320,15 +347,7 @@ def build_report(
             + range_findings
         )
         for rs in replicas.values():
-            bad = sorted(
-                {
-                    f.what.value
-                    for f in findings
-                    if f.replica == rs.replica and f.severity is Severity.ERROR
-                }
-            )
-            behind = any(f.replica == rs.replica and f.what is What.BEHIND for f in findings)
-            rs.status = ",".join(bad) if bad else ("behind" if behind else "ok")
+            rs.status = _status(rs.replica, findings)
         sample = [dict(m) for m in mismatch_sample if m["group"] == plan.group]
         for m in sample:
             m["digest"] = f"{to_u64(int(m['digest'])):016x}"
@@ -345,6 +364,7 @@ def build_report(
                 mismatch_count=mismatch_counts.get(plan.group, 0),
                 mismatch_sample=sample,
                 ranges=ranges,
+                feature_level=plan.feature_level,
             )
         )
     cpu_s = sum(int(r["count"] or 0) for r in rows if r["kind"] == "task") / 1e6
@@ -399,6 +419,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "audited_index": g.audited_index,
                 "audited_from": g.audited_from,
                 "first_index": g.first_index,
+                "feature_level": g.feature_level,
                 "replicas": [
                     {
                         "replica": r.replica,
@@ -411,6 +432,9 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                         "committed": r.committed.as_json(),
                         "tail_count": r.tail_count,
                         "derived": r.derived,
+                        "feature_level": r.feature_level,
+                        "supported_feature_level": r.supported_feature_level or None,
+                        "release": r.release or None,
                         "scanned_bytes": r.scanned_bytes,
                         "mb_per_s": round(report.mb_per_s(r.scanned_bytes), 1),
                         "segments": [
@@ -460,28 +484,31 @@ def _span(f: Finding) -> str:
     return str(f.index) if f.index else "-"
 
 
+# The replica table's columns (docs/AUDIT.md "Reading the report").
+SUMMARY_COLUMNS = (
+    "replica",
+    "first",
+    "last",
+    "commit",
+    "audited",
+    "bytes",
+    "terms",
+    "unordered",
+    "ordered",
+    "tail",
+    "level",
+    "MB/s",
+    "status",
+)
+
+
 def write_summary(report: AuditReport, out: TextIO) -> None:
     for g in report.groups:
         out.write(
             f"group {g.group}: audited commit index {g.audited_index} (from {g.audited_from}), "
-            f"first index {g.first_index}\n"
+            f"first index {g.first_index}, feature level {g.feature_level}\n"
         )
-        rows = [
-            [
-                "replica",
-                "first",
-                "last",
-                "commit",
-                "audited",
-                "bytes",
-                "terms",
-                "unordered",
-                "ordered",
-                "tail",
-                "MB/s",
-                "status",
-            ]
-        ]
+        rows = [list(SUMMARY_COLUMNS)]
         for r in g.replicas:
             c = r.committed
             rows.append(
@@ -496,6 +523,7 @@ def write_summary(report: AuditReport, out: TextIO) -> None:
                     f"{c.unordered:016x}",
                     f"{c.ordered:08x}",
                     str(r.tail_count),
+                    f"{r.feature_level}/{r.supported_feature_level or '-'}",
                     f"{report.mb_per_s(r.scanned_bytes):.0f}",
                     r.status,
                 ]

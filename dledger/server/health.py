@@ -72,4 +72,5 @@ def health_fields(node: DLedgerNode, chain_index: int) -> pb.MetadataResponse:
         scrub_bytes_verified=scrub.bytes_verified if scrub is not None else 0,
         derived_mismatches=derived_mismatches(node),
         state_rebuilds=node.state_rebuilds,
+        rewind_restarts_recent=node.rewind_restarts_recent,
     )

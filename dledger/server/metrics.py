@@ -16,7 +16,7 @@ from prometheus_client.core import Metric
 
 from dledger.core import Role, Status
 from dledger.log import Entry
-from dledger.server.rewinds import REBUILD_KINDS
+from dledger.server.rewinds import MAX_REWIND_RESTARTS, REBUILD_KINDS, REWIND_RESTART_WINDOW_S
 from mqmetrics.families import (
     counter,
     gauge,
@@ -209,6 +209,13 @@ def _damage_families(node: DLedgerNode) -> list[Metric]:
             "repair it could not roll back in place, by how (replay of the log, or snapshot)",
             ["how"],
             (([how], node.state_rebuilds.get(how, 0)) for how in REBUILD_KINDS),
+        ),
+        gauge(
+            "corruption_rewind_restarts_recent",
+            "Restarts to rebuild the state after content repairs within the last "
+            f"{REWIND_RESTART_WINDOW_S:.0f} s, as counted at this start (the member stops "
+            f"with REWIND_REPEATS past {MAX_REWIND_RESTARTS}: a peer keeps forging)",
+            node.rewind_restarts_recent,
         ),
         labelled_counter(
             "corruption_chain_check_mismatch",

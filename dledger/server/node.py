@@ -237,9 +237,9 @@ class DLedgerNode:
         self.corruption_found: dict[str, int] = {}
         # Chain mismatches the periodic chain check found, by peer id (docs/RAFT.md 13).
         self.chain_check_mismatches: dict[str, int] = {}
-        # State rebuilds after a content repair the state machine could not roll back, by
-        # how (dledger.server.rewinds): counted by the start that carries them out.
+        # Rebuilds after content repairs by how, restarts for them in the window (rewinds).
         self.state_rebuilds: dict[str, int] = {}
+        self.rewind_restarts_recent = 0
         self.scrubber: Scrubber | None = None
         self._damage_handled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -1253,12 +1253,35 @@ class DLedgerNode:
         the member comes back repairing once its log is dropped. Only here, where the
         leader's copy of every replaced entry is being taken (the Ready follows its append:
         it holds every committed entry), is dropping the log safe."""
+        leader = self.core.leader_id or ""
+        marker = rewinds.next_restart(self.cfg.store_dir, outcome.value, index, leader, time.time())
+        if marker.restarts > rewinds.MAX_REWIND_RESTARTS:
+            self._stop_rewind_repeats(marker)
         if outcome is RewindOutcome.NEEDS_SNAPSHOT:
             held = max(last, self.core.commit_index, self._applied)
             _raise_promise(self.cfg, held, "the log is dropped")
-        leader = self.core.leader_id or ""
-        marker = rewinds.RewoundMarker(outcome.value, index, leader)
         rewinds.write_marker(self.cfg.store_dir, marker)
+
+    def _stop_rewind_repeats(self, marker: rewinds.RewoundMarker) -> NoReturn:
+        """One restart to rebuild too many within the window: a peer keeps handing this member
+        entries that differ from its leader's. Stop rather than restart for ever (the damage
+        path's ``DAMAGE_REPEATS`` precedent): the member's appends all claim its leader's id,
+        so refusing "the sender" would refuse the leader that repairs it. The state machine
+        already marked its rebuild; the log holds the bad copy, which the next start replays
+        and the leader's next append finds again (nothing is lost). The count is dropped
+        first: a start by a person begins a new one (else its first repair would stop it)."""
+        rewinds.clear_marker(self.cfg.store_dir)
+        fatal(
+            "rewind",
+            f"REWIND_REPEATS {marker.restarts} restarts to rebuild the state after content "
+            f"repairs within {rewinds.REWIND_RESTART_WINDOW_S:.0f} s (the last: entries "
+            f"{marker.index + 1}..{self._applied} replaced by leader "
+            f"{marker.leader or 'unknown'}'s copy): a peer keeps sending this member appends "
+            "that claim the leader's id and carry other entries (a forgery: on an --insecure "
+            "group any peer can claim any id). Turn on mTLS for the peer port, find the "
+            "sender by its connections to this member's peer port, then start this member "
+            "again (it rebuilds its state by itself; the count starts anew)",
+        )
 
     def _restart_to_rebuild(self, index: int, outcome: RewindOutcome) -> None:
         """Restart this process in place (same PID, as for damage), the Ready's job done: the
@@ -1284,6 +1307,11 @@ class DLedgerNode:
         marker = rewinds.read_marker(self.cfg.store_dir)
         if marker is None:
             return
+        if rewinds.in_window(marker, time.time()):
+            self.rewind_restarts_recent = marker.restarts
+        if marker.how == rewinds.DONE:
+            rewinds.carried_out(self.cfg.store_dir, marker)
+            return
         self.state_rebuilds[marker.how] = self.state_rebuilds.get(marker.how, 0) + 1
         if marker.how == RewindOutcome.NEEDS_SNAPSHOT.value:
             rewinds.drop_log(self.cfg.store_dir)
@@ -1296,7 +1324,7 @@ class DLedgerNode:
             if marker.how == RewindOutcome.NEEDS_SNAPSHOT.value
             else "the application replays the log",
         )
-        rewinds.clear_marker(self.cfg.store_dir)
+        rewinds.carried_out(self.cfg.store_dir, marker)
 
     async def _install_snapshot(self, meta: SnapshotMeta) -> None:
         """A Ready's snapshot: the staged log and files replace this node's; the core reads

@@ -16,6 +16,7 @@ from dledger.storage import codec
 from dledger.storage.codec import ENTRY_HEADER_SIZE, INDEX_RECORD_SIZE
 from dledger.storage.files import segment_name
 from dledger.storage.store import SegmentedLogStore, StoreConfig
+from mqrelease import BASELINE_LEVEL, FEATURE_LEVEL, RELEASE
 from spark_audit.__main__ import main
 
 if TYPE_CHECKING:
@@ -125,6 +126,12 @@ def test_running_group_audit_asks_the_nodes(group_stores: GroupStores) -> None:
     assert {r["replica"] for r in group["replicas"]} == {"n0", "n1", "n2"}
     assert {r["committed"]["count"] for r in group["replicas"]} == {group_stores.last_index}
     assert len({r["committed"]["ordered"] for r in group["replicas"]}) == 1
+    # Each member's feature level: its store's, and its release's support as it reported it.
+    assert group["feature_level"] == BASELINE_LEVEL
+    levels = {
+        (r["feature_level"], r["supported_feature_level"], r["release"]) for r in group["replicas"]
+    }
+    assert levels == {(BASELINE_LEVEL, FEATURE_LEVEL, RELEASE)}
 
 
 def test_flipped_bit_in_a_committed_entry(

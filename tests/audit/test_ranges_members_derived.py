@@ -6,6 +6,8 @@ reported without a range, a replica verdict or a repair) before."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import mmap
 from pathlib import Path
@@ -25,6 +27,7 @@ from msgcodec.encode import encode_batch
 from msgcodec.layout import Message, tags_hash
 from spark_audit.__main__ import main
 from spark_audit.plan import plan_group, sources_from_paths
+from spark_audit.report import build_report, report_json, write_summary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -310,3 +313,67 @@ def test_digest_store_reuses_unchanged_ranges_and_reads_changed_ones(
     (bad,) = findings(third, "corrupt_entry")
     assert (bad["replica"], bad["index"]) == ("n1", 2000)
     assert 1 <= third["reused"]["ranges"] < len(stored)
+
+
+# ---------------------------------------------------------------------------------------
+# Feature levels (docs/RAFT.md section 14)
+# ---------------------------------------------------------------------------------------
+
+
+def raised_group(base: Path) -> None:
+    """n0 and n1 applied the raise to level 2 (CONFIG entry 3000); n2's store is still at
+    level 1 (its saved configuration is the bootstrap one)."""
+    for r in REPLICAS:
+        write_raw(base / r / f"dledger-{r}", RAW_ENTRIES, RAW_ENTRIES)
+    raised = ConfState(frozenset(REPLICAS), index=RAW_ENTRIES, features=2)
+    for r in ("n0", "n1"):
+        save_configuration(base / r / f"dledger-{r}", raised)
+    save_configuration(base / "n2" / "dledger-n2", ConfState(frozenset(REPLICAS), index=1))
+
+
+def test_a_store_below_the_groups_feature_level_is_flagged(tmp_path: Path) -> None:
+    raised_group(tmp_path)
+    plan = plan_group("g", sources_from_paths("g", [str(tmp_path)]))
+    assert plan.feature_level == 2
+    assert {rp.replica: rp.feature_level for rp in plan.replicas} == {"n0": 2, "n1": 2, "n2": 1}
+    assert {rp.supported_feature_level for rp in plan.replicas} == {0}  # offline: unknown
+    (below,) = plan.findings
+    assert (below.what.value, below.replica) == ("below_feature_level", "n2")
+    assert "store is at feature level 1, below the group's level 2" in below.detail
+    report = build_report(
+        [plan], [], mismatch_counts={}, mismatch_sample=[], master="-", session_start_s=0,
+        job_s=1, tasks=0, parquet_path=None,
+    )  # fmt: skip
+    assert report.exit_code == 0  # information: the leader's hold is not damage
+    (group,) = report_json(report)["groups"]
+    assert group["feature_level"] == 2
+    levels = {r["replica"]: (r["feature_level"], r["status"]) for r in group["replicas"]}
+    assert levels == {"n0": (2, "ok"), "n1": (2, "ok"), "n2": (1, "below_feature_level")}
+    out = io.StringIO()
+    write_summary(report, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("feature level 2")
+    assert lines[1].split()[-3:] == ["level", "MB/s", "status"]
+    assert lines[5].split()[0] == "n2" and lines[5].split()[-3] == "1/-"
+
+
+def test_a_running_member_whose_release_supports_less_is_flagged(tmp_path: Path) -> None:
+    """--connect: the nodes report their support; n2 runs a release that supports level 1
+    (its leader withholds entries from it). A member that supports the level but whose
+    store has not reached it yet is only behind: not flagged."""
+    raised_group(tmp_path)
+    sources = sources_from_paths("g", [str(tmp_path)])
+    support = {"n0": (2, "0.3.0"), "n1": (2, "0.3.0"), "n2": (1, "0.2.0 or older")}
+    running = [
+        dataclasses.replace(
+            s, supported_feature_level=support[s.replica][0], release=support[s.replica][1]
+        )
+        for s in sources
+    ]
+    plan = plan_group("g", running)
+    (below,) = plan.findings
+    assert below.replica == "n2"
+    assert "runs 0.2.0 or older, which supports feature levels up to 1" in below.detail
+    assert "sends it no entries" in below.detail
+    upgraded = [dataclasses.replace(s, supported_feature_level=2) for s in running]
+    assert plan_group("g", upgraded).findings == ()

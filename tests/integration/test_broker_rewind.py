@@ -38,6 +38,7 @@ from dledger.core import AppendRequest
 from dledger.log import Entry
 from dledger.server.client import ClientError, LogClient
 from dledger.server.convert import to_pb
+from dledger.server.rewinds import MAX_REWIND_RESTARTS
 from mqcluster.cluster import ClusterError, LocalCluster, NodeInfo
 
 pytestmark = pytest.mark.integration
@@ -391,3 +392,95 @@ def _queues_serve_exactly_the_acknowledged(
     missing = set(acked) - set(ids)
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:3]}"
     assert len(ids) == len(set(ids)), "a message is stored twice"
+
+
+def test_a_peer_that_keeps_forging_stops_the_member_and_a_person_restarts_it(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """Forged again as soon as the member is back: it restarts to rebuild its state up to
+    MAX_REWIND_RESTARTS times, then stops with REWIND_REPEATS naming its leader instead of
+    restarting for ever; the other two go on. Started again by a person (the forger gone), it
+    repairs once more, counting anew, and serves exactly the acknowledged messages."""
+    cluster, client = setup_group(local_group)
+    ids = UniqIdGenerator(ip="127.0.0.1")
+    forger = UniqIdGenerator(ip="203.0.113.66")
+    acked: list[str] = []
+    _send(client, acked, ids, 0, 40)
+    client.wait_same_offsets()
+    victim = next(n for n in cluster.nodes if n.node_id != cluster.wait_leader())
+    pid = cluster.pid(victim)
+    forged: set[str] = set()
+    with cluster.client() as log_client:
+        for k in range(1, MAX_REWIND_RESTARTS + 2):
+            leader_id = _forge_once(cluster, client, log_client, victim, forger, forged)
+            # The leader's appends find the copy; its log passes the forged entries (what the
+            # member promised), so the member is not repairing once rebuilt.
+            for r in range(ROUNDS_AFTER):
+                _send(client, acked, ids, 100_000 * k + 10 * r, 10)
+            if k > MAX_REWIND_RESTARTS:
+                break
+            _wait_rewound(cluster, victim, k)
+            assert cluster.pid(victim) == pid, "restarted in place (same PID)"
+        wait_for(lambda: cluster.pid(victim) is None, WAIT_S, "the member to stop")
+        text = Path(victim.log).read_text(errors="replace")
+        stop = f"FATAL component=rewind cause=REWIND_REPEATS {MAX_REWIND_RESTARTS + 1} restarts"
+        assert stop in text and f"leader {leader_id}'s copy" in text, text[-3000:]
+        _send(client, acked, ids, 50_000, 10)  # the other two commit without it
+        cluster.start(victim.node_id)  # a person, the forger gone
+        for r in range(ROUNDS_AFTER):
+            _send(client, acked, ids, 70_000 + 10 * r, 10)
+        # Its log still holds the last forged copy: the leader cuts it, and if the restarted
+        # state had applied it (as far as its checkpoint's commit index went), the member
+        # rebuilds once more, counting from 0 again.
+        wait_for(lambda: _voting_with_restarts(cluster, victim) in (0, 1), WAIT_S, "back")
+        client.wait_same_offsets(timeout_s=WAIT_S, addrs=cluster.client_addrs)
+        _same_committed_logs(cluster, log_client)
+    _queues_serve_exactly_the_acknowledged(cluster, client, acked, forged)
+
+
+def _voting_with_restarts(cluster: LocalCluster, victim: NodeInfo) -> int | None:
+    """The member's rebuild restarts in its window once it answers and is not repairing."""
+    if _metric(cluster, victim, "raftmq_raft_repairing", {}) != 0:
+        return None
+    gauge = _metric(cluster, victim, "raftmq_corruption_rewind_restarts_recent", {})
+    return None if gauge is None else int(gauge)
+
+
+def _forge_once(
+    cluster: LocalCluster,
+    client: Broker,
+    log_client: LogClient,
+    victim: NodeInfo,
+    forger: UniqIdGenerator,
+    forged: set[str],
+) -> str:
+    """One forged append of send records to ``victim``, applied and served by it; returns
+    the leader whose id it claimed."""
+    leader_id = cluster.wait_leader()
+    assert leader_id != victim.node_id
+    term, last = _stable_last(log_client, cluster.node(leader_id), victim)
+    entries, uniq = _forged_entries(term, last, forger)
+    _forge(cluster, leader_id, victim.node_id, term, entries)
+    wait_for(
+        lambda: uniq <= _served(client, victim.client_addr),
+        WAIT_S,
+        "the follower to serve the forged messages",
+    )
+    forged |= uniq
+    return leader_id
+
+
+def _wait_rewound(cluster: LocalCluster, victim: NodeInfo, restarts: int) -> None:
+    """The member restarted to rebuild for the ``restarts``-th time in its window and is
+    voting again; from the second on, replicaStatus flags it."""
+
+    def done() -> bool:
+        gauge = _metric(cluster, victim, "raftmq_corruption_rewind_restarts_recent", {})
+        repairing = _metric(cluster, victim, "raftmq_raft_repairing", {})
+        return gauge == restarts and repairing == 0
+
+    wait_for(done, REPAIRED_WITHIN_S, f"rebuild restart {restarts} done")
+    with cluster.client() as log:
+        flags = node_flags(log.metadata(victim.client_addr, timeout_s=5.0))
+    flagged = any(f.startswith(f"restarted {restarts} times in a row") for f in flags)
+    assert flagged == (restarts > 1), flags

@@ -38,11 +38,16 @@ IDENTITY = ("cluster", "broker", "node")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+# The NameServer's families whose own labels are a cluster and a broker group.
+NAMESERVER_GROUP_FAMILIES = ("raftmq_nameserver_cluster_groups", "raftmq_nameserver_group_brokers")
+
+
 def scrape(cluster: LocalCluster, url: str) -> Samples:
     """Every sample of one /metrics answer of ``cluster``'s process at ``url``, by (name,
     sorted labels); over HTTPS checked with the group's CA when the group has TLS. A node's
     samples each carry its cluster, broker and node labels (checked, then left out of the
-    keys); the NameServer's carry none of them."""
+    keys); the NameServer's carry none of them, but for its per-cluster and per-group gauges,
+    whose own labels are the cluster and the broker group."""
     with urllib.request.urlopen(url, timeout=5, context=cluster.metrics_ssl_context()) as resp:
         assert resp.status == 200
         text = resp.read().decode()
@@ -56,6 +61,9 @@ def scrape(cluster: LocalCluster, url: str) -> Samples:
     for f in text_string_to_metric_families(text):
         for s in f.samples:
             labels = dict(s.labels)
+            if node is None and s.name in NAMESERVER_GROUP_FAMILIES:
+                out[(s.name, tuple(sorted(labels.items())))] = s.value
+                continue
             own = {k: labels.pop(k) for k in IDENTITY if k in labels}
             assert own == identity, (s, identity)
             out[(s.name, tuple(sorted(labels.items())))] = s.value
@@ -195,6 +203,9 @@ def test_metrics_of_a_live_group_match_its_own_state(
         _check_paused_follower(cluster, broker)
         ns = scrape(cluster, cluster.namesrv.metrics_url)
         assert value(ns, "raftmq_nameserver_brokers_registered") == 3
+        group = {"cluster": "DefaultCluster", "broker": cluster.group}
+        assert value(ns, "raftmq_nameserver_group_brokers", **group) == 3
+        assert value(ns, "raftmq_nameserver_cluster_groups", cluster="DefaultCluster") == 1
         assert value(ns, "raftmq_nameserver_route_queries_total", result="found") >= 1
         assert value(ns, "raftmq_security_refusals_total", reason="registration") == 0
     finally:

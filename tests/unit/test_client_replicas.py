@@ -99,6 +99,16 @@ def test_repairing_damage_and_an_unreachable_member_are_flagged_per_node() -> No
     assert report.chain_index == 9 and not report.flags  # the two that answered agree
 
 
+def test_a_member_made_to_rebuild_more_than_once_in_its_window_is_flagged() -> None:
+    group = _FakeGroup({"n0": 9, "n1": 9, "n2": 9})
+    group.extra["n1"] = {"rewind_restarts_recent": 1}  # one repair: a fault, not a pattern
+    group.extra["n2"] = {"rewind_restarts_recent": 3}
+    flags = {r.node_id: r.flags for r in replicas.replica_status(group.call, MEMBERS).rows}
+    assert flags["n1"] == ()
+    assert flags["n2"][0].startswith("restarted 3 times in a row to rebuild its state")
+    assert "REWIND_REPEATS" in flags["n2"][0]
+
+
 def _run(group: _FakeGroup, monkeypatch: pytest.MonkeyPatch, *flags: str) -> int:
     rows = tuple(MemberRow(n, "VOTER", "p", a, 0, True) for n, a in MEMBERS)
     monkeypatch.setattr(replicas, "list_members", lambda ch, addr: Members(rows, "n0", 1, True, 3))

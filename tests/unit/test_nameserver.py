@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nameserver import metrics
 from nameserver.config import ConfigError, NameServerConfig, parse_config
 from nameserver.routes import (
     InvalidRequestError,
@@ -236,3 +237,49 @@ def test_config_keys_are_strict() -> None:
         parse_config("brokerExpiredTime=5\n")
     with pytest.raises(ConfigError, match="set twice"):
         parse_config("listenPort=1\nlistenPort=2\n")
+
+
+def _samples(table: RouteTable) -> dict[str, dict[tuple[str, ...], float]]:
+    """The NameServer's families: sample name -> label values -> value."""
+    out: dict[str, dict[tuple[str, ...], float]] = {}
+    for family in metrics.nameserver_families(table, metrics.NameServerStats()):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(s.labels.values())] = s.value
+    return out
+
+
+def test_groups_per_cluster_and_nodes_per_group_are_gauges(table: RouteTable, clock: Clock) -> None:
+    for node in ("n0", "n1", "n2"):
+        table.register(reg(node))
+    table.register(reg("n3", group="broker-b"))
+    table.register(reg("n4", group="broker-c", cluster="Other"))
+    got = _samples(table)
+    assert got["raftmq_nameserver_cluster_groups"] == {("DefaultCluster",): 2, ("Other",): 1}
+    assert got["raftmq_nameserver_group_brokers"] == {
+        ("DefaultCluster", "broker-a"): 3,
+        ("DefaultCluster", "broker-b"): 1,
+        ("Other", "broker-c"): 1,
+    }
+    # A group whose last node expired is gone from both.
+    clock.now_ms += 10 * table.broker_expired_time_ms
+    table.register(reg("n0"))
+    assert len(table.scan_expired()) == 4
+    got = _samples(table)
+    assert got["raftmq_nameserver_group_brokers"] == {("DefaultCluster", "broker-a"): 1}
+    assert got["raftmq_nameserver_cluster_groups"] == {("DefaultCluster",): 1}
+
+
+def test_the_group_families_are_capped_and_the_cut_counted(
+    table: RouteTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for g in range(5):
+        table.register(reg("n0", group=f"broker-{g}", cluster=f"C{g % 3}"))
+    monkeypatch.setattr(metrics, "MAX_GROUP_SERIES", 2)
+    got = _samples(table)
+    assert len(got["raftmq_nameserver_group_brokers"]) == 2
+    assert len(got["raftmq_nameserver_cluster_groups"]) == 2
+    omitted = got["raftmq_metrics_series_omitted"]
+    assert omitted == {
+        ("raftmq_nameserver_cluster_groups",): 1,
+        ("raftmq_nameserver_group_brokers",): 3,
+    }

@@ -63,6 +63,7 @@ class _Node:
         self.chain_check_mismatches: dict[str, int] = {}
         self.corruption_found: dict[str, int] = {}
         self.state_rebuilds: dict[str, int] = {}
+        self.rewind_restarts_recent = 0
         self.scrubber = None
 
     def peer_client_addr(self, node_id: str) -> str:

@@ -336,7 +336,7 @@ class PeerProgress(_message.Message):
     def __init__(self, id: _Optional[str] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes", "repairing", "promised_index", "repairs_completed", "commit_chain", "chain_index", "chain", "chain_known", "corruption_found", "chain_mismatches", "committed_repairs", "chain_check_mismatches", "scrub_last_pass_end_ms", "scrub_bytes_verified", "derived_mismatches", "release", "feature_level", "supported_feature_level", "state_rebuilds")
+    __slots__ = ("group", "self_id", "role", "term", "leader_id", "leader_client_addr", "commit_index", "applied_index", "first_index", "last_index", "flushed_index", "peers", "store_path", "refusals", "disk_total_bytes", "disk_free_bytes", "repairing", "promised_index", "repairs_completed", "commit_chain", "chain_index", "chain", "chain_known", "corruption_found", "chain_mismatches", "committed_repairs", "chain_check_mismatches", "scrub_last_pass_end_ms", "scrub_bytes_verified", "derived_mismatches", "release", "feature_level", "supported_feature_level", "state_rebuilds", "rewind_restarts_recent")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +399,7 @@ class MetadataResponse(_message.Message):
     FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
     STATE_REBUILDS_FIELD_NUMBER: _ClassVar[int]
+    REWIND_RESTARTS_RECENT_FIELD_NUMBER: _ClassVar[int]
     group: str
     self_id: str
     role: str
@@ -433,7 +434,8 @@ class MetadataResponse(_message.Message):
     feature_level: int
     supported_feature_level: int
     state_rebuilds: _containers.ScalarMap[str, int]
-    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., repairing: _Optional[bool] = ..., promised_index: _Optional[int] = ..., repairs_completed: _Optional[int] = ..., commit_chain: _Optional[int] = ..., chain_index: _Optional[int] = ..., chain: _Optional[int] = ..., chain_known: _Optional[bool] = ..., corruption_found: _Optional[_Mapping[str, int]] = ..., chain_mismatches: _Optional[int] = ..., committed_repairs: _Optional[int] = ..., chain_check_mismatches: _Optional[int] = ..., scrub_last_pass_end_ms: _Optional[int] = ..., scrub_bytes_verified: _Optional[int] = ..., derived_mismatches: _Optional[_Mapping[str, int]] = ..., release: _Optional[str] = ..., feature_level: _Optional[int] = ..., supported_feature_level: _Optional[int] = ..., state_rebuilds: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    rewind_restarts_recent: int
+    def __init__(self, group: _Optional[str] = ..., self_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_addr: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., flushed_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., store_path: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., repairing: _Optional[bool] = ..., promised_index: _Optional[int] = ..., repairs_completed: _Optional[int] = ..., commit_chain: _Optional[int] = ..., chain_index: _Optional[int] = ..., chain: _Optional[int] = ..., chain_known: _Optional[bool] = ..., corruption_found: _Optional[_Mapping[str, int]] = ..., chain_mismatches: _Optional[int] = ..., committed_repairs: _Optional[int] = ..., chain_check_mismatches: _Optional[int] = ..., scrub_last_pass_end_ms: _Optional[int] = ..., scrub_bytes_verified: _Optional[int] = ..., derived_mismatches: _Optional[_Mapping[str, int]] = ..., release: _Optional[str] = ..., feature_level: _Optional[int] = ..., supported_feature_level: _Optional[int] = ..., state_rebuilds: _Optional[_Mapping[str, int]] = ..., rewind_restarts_recent: _Optional[int] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("group", "target_id")
