@@ -27,7 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from raftmq.broker.v1 import broker_pb2 as pb
 from raftmq.nameserver.v1 import nameserver_pb2 as ns_pb
@@ -711,20 +711,35 @@ def cmd_producer_connection(admin: MQAdmin, args: argparse.Namespace, out: Outpu
     out.table(rows)
 
 
+class _LiveConsumer(NamedTuple):
+    """One live consumer of a group as consumerStatus shows it: its connection as the broker
+    group that heard from it last knows it, and the queues it holds locked on every broker
+    group (an orderly consumer locks its queues on each group it reads)."""
+
+    connection: pb.ClientConnection
+    locked: list[tuple[str, str, int]]  # (broker group, topic, queue id), sorted
+
+
 def _live_consumers(
     admin: MQAdmin, group: str, client_id: str, broker_addr: str
-) -> dict[str, tuple[str, pb.ClientConnection]]:
-    """The group's live consumers by client id (``client_id``: only it), each as the broker
-    group that heard from it last knows it: (broker group, connection)."""
-    live: dict[str, tuple[str, pb.ClientConnection]] = {}
+) -> dict[tuple[str, str], _LiveConsumer]:
+    """The group's live consumers by (protocol, client id) (``client_id``: only it). The
+    protocol is part of the key: a raftmq (v1) consumer and a RocketMQ 5 (v2) one may carry
+    the same id (ids are made from the host and the process, and a process may run both), and
+    they are two clients."""
+    freshest: dict[tuple[str, str], pb.ClientConnection] = {}
+    locked: dict[tuple[str, str], set[tuple[str, str, int]]] = {}
     for broker, clients in admin.consumer_connections(group, broker_addr=broker_addr).items():
         for c in clients:
             if client_id and c.client_id != client_id:
                 continue
-            seen = live.get(c.client_id)
-            if seen is None or c.last_heartbeat_age_ms < seen[1].last_heartbeat_age_ms:
-                live[c.client_id] = (broker, c)
-    return live
+            key = (c.protocol, c.client_id)
+            seen = freshest.get(key)
+            if seen is None or c.last_heartbeat_age_ms < seen.last_heartbeat_age_ms:
+                freshest[key] = c
+            held = locked.setdefault(key, set())
+            held.update((broker, q.topic, q.queue_id) for q in c.locked_queues)
+    return {key: _LiveConsumer(c, sorted(locked[key])) for key, c in freshest.items()}
 
 
 # clusterRT (RocketMQ's ClusterRTSubCommand): test messages timed per broker group.
@@ -839,13 +854,14 @@ def cmd_consumer_status(admin: MQAdmin, args: argparse.Namespace, out: Output) -
         return 1
     holders: dict[tuple[str, str, int], str] = {}
     clients: list[Row] = []
-    for client_id, (broker, c) in sorted(live.items()):
-        for q in c.locked_queues:
-            holders[(broker, q.topic, q.queue_id)] = client_id
+    for (_, client_id), (c, locked) in sorted(live.items()):
+        holders.update((queue, client_id) for queue in locked)
         row = {**connection_row(c), "subscriptions": _subscriptions(c)}
-        row["locked_queues"] = [f"{broker}/{q.topic}/{q.queue_id}" for q in c.locked_queues]
+        row["locked_queues"] = [
+            f"{broker}/{topic}/{queue_id}" for broker, topic, queue_id in locked
+        ]
         clients.append(row)
-    topics = sorted({s.topic for _, c in live.values() for s in c.subscriptions})
+    topics = sorted({s.topic for c, _ in live.values() for s in c.subscriptions})
     queues: list[Row] = []
     for topic in topics:
         try:

@@ -184,6 +184,35 @@ class ConsumerGroupView:
     online_clients: int
 
 
+@dataclass(slots=True)
+class _GroupTally:
+    """One consumer group as the nodes' ListConsumerGroups answers describe it."""
+
+    topics: set[str] = field(default_factory=set)
+    v1: dict[str, int] = field(default_factory=dict)  # broker group: its nodes' largest count
+    v2_by_node: list[int] = field(default_factory=list)  # each answering node's, when online
+    online_on: set[str] = field(default_factory=set)  # broker groups with a client online
+
+    def add(self, broker_name: str, g: pb.ConsumerGroupInfo) -> None:
+        self.topics.update(g.topics)
+        if g.online_clients:
+            self.v1[broker_name] = max(self.v1.get(broker_name, 0), g.online_clients)
+        if g.online_v2_clients:
+            self.v2_by_node.append(g.online_v2_clients)
+        if g.online_clients or g.online_v2_clients:
+            self.online_on.add(broker_name)
+
+    def estimate(self) -> int:
+        """Exact unless :meth:`ambiguous`: raftmq's clients are on every node of a broker
+        group (its largest count), a RocketMQ 5 client on the node it is connected to."""
+        return sum(self.v1.values()) + sum(self.v2_by_node)
+
+    def ambiguous(self) -> bool:
+        """Whether one client may be counted twice: by two broker groups (raftmq's heartbeat
+        each serving their topics), or by two nodes (a RocketMQ 5 client connected to both)."""
+        return len(self.online_on) > 1 or len(self.v2_by_node) > 1
+
+
 @dataclass(frozen=True, slots=True)
 class LagRow:
     topic: str
@@ -424,34 +453,45 @@ class GroupReader:
         )
 
     def consumer_groups(self, exact_clients: bool = True) -> list[ConsumerGroupView]:
-        """Every consumer group some broker group knows (offsets or live consumers).
+        """Every consumer group some node knows (offsets or live consumers).
 
-        A client heartbeats every broker group that serves its subscriptions, so each of them
-        counts it: with ``exact_clients``, a consumer group online on more than one broker
-        group has its distinct client ids read (one GetConsumerList per such broker group);
-        without, its count is the sum (the sampler, which shows no count, reads no lists)."""
-        leaders = self._leaders()
-        merged: dict[str, tuple[set[str], dict[str, int]]] = {}
-        for broker_name, addrs in leaders.items():
-            resp = self._first_answer(
-                addrs,
-                lambda stub, t: stub.ListConsumerGroups(pb.ListConsumerGroupsRequest(), timeout=t),
-            )
-            assert isinstance(resp, pb.ListConsumerGroupsResponse)
-            for g in resp.groups:
-                topics, online = merged.setdefault(g.consumer_group, (set(), {}))
-                topics.update(g.topics)
-                if g.online_clients:
-                    online[broker_name] = g.online_clients
+        Every node of each broker group is asked (broker groups in parallel): a RocketMQ 5
+        consumer is known only to the node it is connected to, often a follower, so a group
+        whose only clients are such consumers is listed by that node alone. A raftmq client
+        heartbeats every node of each broker group serving its topics, so each counts it:
+        with ``exact_clients``, a group online on more than one broker group, or with
+        RocketMQ 5 clients on more than one node, has its distinct clients read (GetConsumerList
+        on every node of those broker groups); otherwise, and without ``exact_clients`` (the
+        sampler, which shows no count, reads no lists), its count is each broker group's
+        largest raftmq count plus every node's RocketMQ 5 count."""
+        members = sorted(self._leaders().items())
+        answers = list(self._pool.map(lambda g: self._groups_listed(*g), members))
+        merged: dict[str, _GroupTally] = {}
+        for (broker_name, _), per_node in zip(members, answers, strict=True):
+            for answer in per_node:
+                for g in answer.groups:
+                    merged.setdefault(g.consumer_group, _GroupTally()).add(broker_name, g)
         views = []
-        for name, (topics, online) in sorted(merged.items()):
-            count = sum(online.values())
-            if exact_clients and len(online) > 1:
-                serving = {b: leaders[b] for b in online}
-                count = len({client for _, client in self._clients_of(name, serving)})
-            shown = sorted(t for t in topics if not t.startswith("%"))
+        for name, tally in sorted(merged.items()):
+            count = tally.estimate()
+            if exact_clients and tally.ambiguous():
+                serving = {b: addrs for b, addrs in members if b in tally.online_on}
+                clients = self._connections_of(name, serving)
+                count = len({(c.protocol, c.client_id) for _, c in clients})
+            shown = sorted(t for t in tally.topics if not t.startswith("%"))
             views.append(ConsumerGroupView(name, shown, count))
         return views
+
+    def _groups_listed(self, name: str, addrs: list[str]) -> list[pb.ListConsumerGroupsResponse]:
+        """Every answering node's consumer groups of one broker group (none answering: its
+        error)."""
+        req = pb.ListConsumerGroupsRequest()
+
+        def call(stub: bpb_grpc.BrokerStub, t: float) -> pb.ListConsumerGroupsResponse:
+            resp: pb.ListConsumerGroupsResponse = stub.ListConsumerGroups(req, timeout=t)
+            return resp
+
+        return self._every_answer(name, addrs, call)
 
     def consumer_lag(self, group: str, topics: list[str]) -> list[LagRow]:
         """Per queue of each topic: the group's committed offset and lag."""
@@ -486,15 +526,6 @@ class GroupReader:
         """(broker group, client id) of every live consumer of ``group``: raftmq's and the
         RocketMQ 5 clients."""
         return [(name, c.client_id) for name, c in self._connections_of(group, self._leaders())]
-
-    def _clients_of(self, group: str, leaders: dict[str, list[str]]) -> list[tuple[str, str]]:
-        """(broker group, client id) of the live raftmq (v1) consumers of ``group`` each of
-        ``leaders``' broker groups knows: those ListConsumerGroups counts."""
-        return [
-            (name, c.client_id)
-            for name, c in self._connections_of(group, leaders)
-            if c.protocol != "v2"
-        ]
 
     def _connections_of(
         self, group: str, members: dict[str, list[str]]

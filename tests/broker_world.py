@@ -73,6 +73,12 @@ class LeaderNode:
         self.removed_listeners: list[Callable[[], None]] = []
         self.proposals = 0
         self.gate: Any = None  # an asyncio.Event a proposal waits for, when set
+        self.readers_waiting = False  # as set_readers_waiting last said
+        self.readers_waiting_calls = 0
+
+    def set_readers_waiting(self, waiting: bool) -> None:
+        self.readers_waiting = waiting
+        self.readers_waiting_calls += 1
 
     def suspect_damage(self, position: int, found_by: str = "read") -> None:
         """The real node checks the log entry holding ``position``; this log has no damage."""

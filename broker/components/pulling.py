@@ -12,7 +12,7 @@ import asyncio
 import enum
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from broker.components.applied import MAX_ANSWER_BYTES, AppliedMessages
@@ -121,9 +121,16 @@ class _Waiter:
 class LongPolls:
     """The pulls waiting for messages, per queue, bounded per node, per peer and per user."""
 
-    def __init__(self, max_per_user: int = DEFAULT_LONG_POLLS_PER_USER) -> None:
+    def __init__(
+        self,
+        max_per_user: int = DEFAULT_LONG_POLLS_PER_USER,
+        on_waiting: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``on_waiting``: called with True when the first poll is held, False when the last
+        one leaves (the Raft member then asks its leader for commits without delay)."""
         assert max_per_user > 0
         self.max_per_user = max_per_user
+        self._on_waiting = on_waiting
         self._waiters: dict[QueueKey, dict[_Waiter, None]] = {}
         self._by_peer: dict[str, int] = {}
         self._by_user: dict[str, int] = {}  # held pulls by user (not "": no users)
@@ -197,6 +204,8 @@ class LongPolls:
         waiter = _Waiter(hashes, asyncio.get_running_loop().create_future(), peer)
         self._waiters.setdefault(key, {})[waiter] = None
         self.held += 1
+        if self.held == 1 and self._on_waiting is not None:
+            self._on_waiting(True)
         self._by_peer[peer] = held + 1
         return waiter
 
@@ -209,6 +218,9 @@ class LongPolls:
         if not waiters:
             del self._waiters[key]
         self.held -= 1
+        assert self.held >= 0, self.held
+        if self.held == 0 and self._on_waiting is not None:
+            self._on_waiting(False)
         left = self._by_peer[waiter.peer] - 1
         if left:
             self._by_peer[waiter.peer] = left
@@ -240,11 +252,17 @@ class PullPath:
         self.ctx = applied.ctx
         self.topics = topics
         self.applied = applied
-        self.polls = LongPolls(self.ctx.cfg.long_polls_per_user)
+        # A follower's held polls wait for its applies: while any is held, its Raft member
+        # asks the leader for each commit without the notice linger (docs/RAFT.md section 4),
+        # so a poll is answered about as soon after the send's ack as on the leader.
+        self.polls = LongPolls(self.ctx.cfg.long_polls_per_user, self._readers_waiting)
         total = total_memory_bytes() if memory_bytes is None else memory_bytes
         self._memory_limit_bytes = total * self.ctx.cfg.memory_ratio_percent // 100
         self.ctx.sm.add_listener(self.polls.wake)
         self.stats = stats
+
+    def _readers_waiting(self, waiting: bool) -> None:
+        self.ctx.node.set_readers_waiting(waiting)
 
     async def pull(self, query: PullQuery, peer: str) -> PullResult:
         """Answer ``query`` (from the connection ``peer``): at once when there is something

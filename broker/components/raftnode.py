@@ -130,6 +130,13 @@ class RaftNode(Protocol):
         :attr:`append_timeout_ms`."""
         ...
 
+    def set_readers_waiting(self, waiting: bool) -> None:
+        """Whether readers (long polls) wait for this member's next apply: while they do, a
+        follower asks its leader for each commit notice without the linger, so a poll it holds
+        is answered soon after the send's acknowledgement (docs/RAFT.md section 4). Only the
+        timing of commit notices changes."""
+        ...
+
     @property
     def store(self) -> LogStore:
         """The log store, once :meth:`start` opened it (replaced when a snapshot is

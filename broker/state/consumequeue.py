@@ -569,6 +569,15 @@ class ConsumeQueue:
             self._flush_locked()
             return self._max_offset
 
+    def flush_unless_closed(self) -> bool:
+        """:meth:`flush` if still open; False if closed (a close flushed it, a destroy deleted
+        it: either way nothing of it is left to make durable)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._flush_locked()
+            return True
+
     def close(self) -> None:
         """Flush and unmap. Idempotent."""
         with self._lock:
@@ -762,10 +771,19 @@ class ConsumeQueueStore:
             return sum(cq.delete_files_before(commitlog_min_position) for cq in self._all())
 
     def flush(self) -> None:
+        """Make every record appended to any queue before the call durable.
+
+        The store lock is held only to list the open queues (a queue that is not open has no
+        record waiting: its close flushed it); each is then flushed under its own lock alone.
+        Reads, appends and opens of other queues go on meanwhile, so a slow disk stalls a user
+        of the store for at most one queue's flush, however many queues there are. A queue
+        closed meanwhile (its topic dropped, the store closed) is skipped: its close flushed it.
+        """
         with self._lock:
             self._check_open()
-            for cq in list(self._queues.values()):
-                cq.flush()
+            queues = list(self._queues.values())
+        for cq in queues:
+            cq.flush_unless_closed()
 
     def close(self) -> None:
         """Close every open queue. Idempotent."""

@@ -30,9 +30,8 @@ MAX_INFLIGHT_APPENDS_LIMIT = 4096
 # out on a loaded machine (sends 5 ms apart); with 10 ms ~0.06 (docs/PERFORMANCE.md "Commit
 # notices at one in flight").
 # It is also the longest a follower's apply lags the leader's commit when no append follows
-# (the end of a burst; tick() releases them too). The readers a follower serves are mostly
-# those its leader sent there because they read far behind the tip (slaveReadEnable); a long
-# poll held on a follower answers at most this much (plus a round trip) after the send's ack.
+# (the end of a burst; tick() releases them too), unless its answers say readers wait for its
+# applies (long polls held there: AppendResponse.readers_waiting): its notices are not held.
 COMMIT_NOTICE_LINGER_MS = 10
 
 # Terms and indexes travel as uint64 but are Python ints in the core and i64 in some stores and

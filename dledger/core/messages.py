@@ -131,6 +131,10 @@ class AppendResponse:
     # level only once every member reported at least that, and sends entries only to members
     # that support the group's level (docs/RAFT.md "Feature level").
     supported_feature_level: int = 0
+    # The sender has readers waiting for its next apply (its application said so with
+    # set_readers_waiting): the leader sends it each commit notice at once instead of holding
+    # it for COMMIT_NOTICE_LINGER_MS (docs/RAFT.md section 4).
+    readers_waiting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

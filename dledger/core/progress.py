@@ -38,6 +38,7 @@ class Progress:
         "match",
         "next",
         "probe_sent",
+        "readers_waiting",
         "repairing",
         "snapshot_inflight",
         "stalled_ticks",
@@ -60,6 +61,8 @@ class Progress:
         self.stalled_ticks = 0  # ticks with appends unacknowledged and no progress
         self.snapshot_inflight = False  # SNAPSHOT state: the driver is transferring one
         self.repairing = False  # its last answer said so: not counted towards a commit
+        # Its last answer said readers wait for its applies: its commit notices are not held.
+        self.readers_waiting = False
         # How far the next probe goes back after a content mismatch (doubles each time, so
         # a divergence n entries back is found in log2(n) rounds; 1 again after an ack).
         self.back_step = 1

@@ -223,6 +223,9 @@ class RaftNode:
         self._commit_notice_owed = False
         # Notices held at a ready() until release_notices() or tick() (an append may carry them).
         self._notices_held = False
+        # Follower: the application has readers waiting for the next apply (set_readers_waiting);
+        # every answer to the leader says so.
+        self._readers_waiting = False
         self._outstanding: Ready | None = None
         self._last_soft = SoftState(Role.FOLLOWER, self._term, None)
         self._soft_reported: SoftState | None = None
@@ -1338,6 +1341,7 @@ class RaftNode:
         pr = self._progress[m.from_id]
         pr.last_heard_tick = self._leader_ticks
         pr.supported_feature_level = max(m.supported_feature_level, BASELINE_LEVEL)
+        pr.readers_waiting = m.readers_waiting
         repaired = pr.repairing and not m.repairing  # its match counts from now on
         pr.repairing = m.repairing
         if self._content_conflict(m):
@@ -1365,11 +1369,14 @@ class RaftNode:
         if advanced or repaired:
             self._maybe_commit()
         if advanced:
-            if min(self._commit, pr.match) > pr.commit_sent and not self._notices_held:
+            if min(self._commit, pr.match) > pr.commit_sent and (
+                pr.readers_waiting or not self._notices_held
+            ):
                 # A follower whose answer came after the commit (the slower of a majority)
                 # learns it now too, not at the next heartbeat. While a hold is pending its
                 # release covers this follower as well (release_notices asks every follower):
-                # no Ready for it (at one send in flight, one Ready per message less).
+                # no Ready for it (at one send in flight, one Ready per message less), unless
+                # readers wait for its apply.
                 self._commit_notice_owed = True
             if self._transferee == m.from_id and pr.match == self._log.last_index():
                 logger.info(
@@ -1497,10 +1504,23 @@ class RaftNode:
         if bcast:
             self._broadcast_append()
         if notice or self._notices_held:
+            commit = self._commit
+            for p, pr in self._progress.items():
+                if pr.readers_waiting and pr.notice_due(commit):
+                    # Readers wait for its apply: not held (one message per commit that no
+                    # append carried, while they wait; its answer would tell nothing new).
+                    self._send_heartbeat(p, no_reply=True)
             # Held while some follower still needs one; an append sent since (in flight, or
             # carrying the commit) ends the hold, and the next one lingers in full.
-            commit = self._commit
             self._notices_held = any(pr.notice_due(commit) for pr in self._progress.values())
+
+    def set_readers_waiting(self, waiting: bool) -> None:
+        """The application has readers waiting for this node's next apply (long polls held on
+        a follower) or no longer. A follower's answers to its leader say so, and the leader
+        then sends it each commit notice at once instead of holding it (a follower otherwise
+        learns a commit no append follows up to COMMIT_NOTICE_LINGER_MS late). Only the timing
+        of notices changes: nothing of what is committed or applied."""
+        self._readers_waiting = waiting
 
     def release_notices(self) -> None:
         """The linger of held commit notices is over (a Ready said ``notices_held``): a
@@ -1652,6 +1672,7 @@ class RaftNode:
                 repairing=self._repair is not None,
                 match_chain=chain,
                 supported_feature_level=self.cfg.supported_feature_level,
+                readers_waiting=self._readers_waiting,
             )
         )
 
@@ -1743,6 +1764,7 @@ class RaftNode:
                 repairing=self._repair is not None,
                 match_chain=self._log.chain_at(match),
                 supported_feature_level=self.cfg.supported_feature_level,
+                readers_waiting=self._readers_waiting,
             )
         )
 

@@ -105,6 +105,7 @@ def from_pb(pm: pb.PeerMessage) -> Message | None:
             repairing=r.repairing,
             match_chain=r.match_chain,
             supported_feature_level=r.supported_feature_level,
+            readers_waiting=r.readers_waiting,
         )
     if kind == "vote_request":
         v = pm.vote_request

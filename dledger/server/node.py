@@ -609,6 +609,12 @@ class DLedgerNode:
         """Run the ready loop (after an input to the core from outside it)."""
         self._wake_event.set()
 
+    def set_readers_waiting(self, waiting: bool) -> None:
+        """Readers wait for this node's next apply (or no longer): a follower's answers then
+        ask its leader for commit notices without their linger (docs/RAFT.md section 4). On
+        the node's event loop; it takes effect with the next answer (no Ready needed)."""
+        self.core.set_readers_waiting(waiting)
+
     @property
     def applied(self) -> int:
         """The last index applied by the state machine."""

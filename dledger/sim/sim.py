@@ -6,7 +6,8 @@ contract exactly (see ``dledger.core``): it sends a Ready's early messages at on
 its hard state, truncation and entries in one job that takes simulated time, and only then
 sends its other messages, applies and advances; when a Ready holds commit notices it calls
 ``release_notices()`` COMMIT_NOTICE_LINGER_MS of simulated time later (the call is cancelled
-when a later Ready holds none). A crash before the job
+when a later Ready holds none); about half the incarnations of a member say readers wait for
+their applies, so their leaders send them notices without the linger. A crash before the job
 completes loses the Ready (its unsaved hard state and entries, with the core's unstable tail,
 and its unsent messages).
 
@@ -507,6 +508,10 @@ class Simulation:
             node.incarnation -= 1
             self._start(node)
             return
+        # Readers wait on about half the incarnations (a broker follower holding long polls):
+        # their leaders send them commit notices without the linger (docs/RAFT.md section 4).
+        readers = random.Random(f"readers-{self.seed}-{node.id}-{node.incarnation}")
+        node.core.set_readers_waiting(readers.random() < 0.5)
         self._note(f"start {node.id} inc={node.incarnation} last={node.log.last_index()}")
 
     def _crash(self, node: _Node) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -321,6 +323,106 @@ def test_store_layout_and_operations(tmp_path: Path) -> None:
     assert store.delete_files_before(0) == 0
     store.flush()
     store.close()
+
+
+# Bound on every wait in the flush tests: far above any real wait, so only a lock held across
+# another queue's flush (the fault under test) reaches it.
+WAIT_S = 10.0
+
+
+def hold_flush(cq: ConsumeQueue) -> tuple[threading.Event, threading.Event]:
+    """Make ``cq``'s next flush announce itself and then wait (under its own lock) until
+    released: (started, release). The release is bounded too, so a failing test ends."""
+    started, release = threading.Event(), threading.Event()
+    real = cq._flush_locked
+
+    def slow() -> None:
+        started.set()
+        assert release.wait(WAIT_S), "flush never released"
+        real()
+
+    cq._flush_locked = slow  # type: ignore[method-assign]
+    return started, release
+
+
+def in_thread(fn: Callable[[], object]) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+def test_store_flush_stalls_no_other_queue(tmp_path: Path) -> None:
+    """While queue B's flush is stuck on the disk, queue A is read and appended to, a new
+    queue is opened and listed: the store lock is not held across a queue's flush."""
+    store = ConsumeQueueStore(tmp_path, records_per_file=PER_FILE)
+    store.append("TopicB", 0, 0, 10, 1)  # B is flushed first (the open queues in order)
+    store.append("TopicA", 0, 10, 10, 2)
+    started, release = hold_flush(store.queue("TopicB", 0))
+    flusher = in_thread(store.flush)
+    assert started.wait(WAIT_S)
+    done = threading.Event()
+
+    def use_others() -> None:
+        qa = store.find("TopicA", 0)
+        assert qa is not None and list(qa.read(0, 1)) == [(10, 10, 2)]
+        assert store.append("TopicA", 0, 20, 10, 3) == 1
+        assert store.append("TopicC", 0, 30, 10, 4) == 0
+        assert ("TopicC", 0) in store.queue_ids()
+        done.set()
+
+    in_thread(use_others)
+    try:
+        assert done.wait(WAIT_S), "queue A waited for queue B's flush"
+    finally:
+        release.set()
+    flusher.join(WAIT_S)
+    assert not flusher.is_alive()
+    store.close()
+
+
+def test_store_flush_makes_every_queue_durable(tmp_path: Path) -> None:
+    """Every queue appended to before the flush is synced by it; a queue whose topic is
+    dropped while the flush runs is skipped (its files are gone), not an error."""
+    store = ConsumeQueueStore(tmp_path, records_per_file=PER_FILE)
+    for i, topic in enumerate(["TopicA", "TopicB", "TopicC"]):
+        store.append(topic, 0, i * 10, 10, i)
+        store.append(topic, 1, 100 + i * 10, 10, i)
+    synced: list[str] = []
+    for topic, queue_id in store.queue_ids():
+        cq = store.queue(topic, queue_id)
+        real = cq._flush_locked
+
+        def spy(cq: ConsumeQueue = cq, real: Callable[[], None] = real) -> None:
+            had_dirty = bool(cq._dirty)
+            real()
+            assert not cq._dirty
+            if had_dirty:
+                synced.append(cq.name)
+
+        cq._flush_locked = spy  # type: ignore[method-assign]
+    started, release = hold_flush(store.queue("TopicA", 0))
+    errors: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            store.flush()
+        except BaseException as exc:  # reported below: a thread's exception is otherwise lost
+            errors.append(exc)
+
+    flusher = in_thread(flush)
+    assert started.wait(WAIT_S)
+    dropped = in_thread(lambda: store.drop_topic("TopicC"))
+    dropped.join(WAIT_S)
+    release.set()
+    assert not dropped.is_alive(), "the topic drop waited for another queue's flush"
+    flusher.join(WAIT_S)
+    assert not flusher.is_alive() and errors == []
+    # TopicC's queues were synced once, by their close when the topic was dropped.
+    assert sorted(synced) == [f"Topic{t}/{q}" for t in "ABC" for q in (0, 1)]
+    assert store.queue_ids() == [("TopicA", 0), ("TopicA", 1), ("TopicB", 0), ("TopicB", 1)]
+    store.close()
+    with pytest.raises(QueueStoreClosedError):
+        store.flush()
 
 
 def test_read_is_a_copy_safe_after_close(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,5 +88,44 @@ def test_a_long_poll_wakes_for_its_tag_only_and_leaves_no_waiter(
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
         assert len(puller.polls) == 0 and puller.polls.held_by("p1") == 0
+
+    asyncio.run(body())
+
+
+async def _until(cond: Callable[[], bool], what: str) -> None:
+    """Let the loop run until ``cond`` holds: at most 1,000 turns (no clock involved)."""
+    for _ in range(1000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never: {what}")
+
+
+def test_held_polls_tell_the_raft_member_readers_wait(tmp_path: Path) -> None:
+    """The first poll held says readers wait (a follower then asks its leader for commits
+    without the notice linger); the last one leaving says they no longer do, whichever way it
+    leaves (a message, its timeout, a cancel). Polls held in between say nothing more."""
+
+    async def body() -> None:
+        node, _sm, topics, applied = world(tmp_path)
+        await topics.upsert("T", 2, 2, 6)
+        puller = PullPath(topics, applied)
+        held = [
+            asyncio.ensure_future(
+                puller.pull(PullQuery("T", q, 0, suspend_timeout_ms=5000), f"p{q}")
+            )
+            for q in (0, 1)
+        ]
+        await _until(lambda: len(puller.polls) == 2, "two polls held")
+        assert node.readers_waiting and node.readers_waiting_calls == 1
+        await store(node, ["A"])  # wakes queue 0's poll only
+        await _until(lambda: held[0].done(), "queue 0's poll answered")
+        assert node.readers_waiting and node.readers_waiting_calls == 1
+        held[1].cancel()
+        await asyncio.gather(held[1], return_exceptions=True)
+        assert not node.readers_waiting and node.readers_waiting_calls == 2
+        quick = PullQuery("T", 1, 0, suspend_timeout_ms=1)
+        assert (await puller.pull(quick, "p1")).status is PullStatus.NO_NEW_MSG
+        assert not node.readers_waiting and node.readers_waiting_calls == 4
 
     asyncio.run(body())

@@ -184,6 +184,9 @@ class FakeNode:
     def leader_client_addr(self) -> tuple[str, str]:
         return ("n1", "127.0.0.1:10911")
 
+    def set_readers_waiting(self, waiting: bool) -> None:
+        """A leader's flag changes nothing (only a follower's answers carry it)."""
+
     async def propose(
         self, bodies: list[bytes], entry_type: int, *, headroom_bytes: int = 0
     ) -> tuple[int, int, int]:

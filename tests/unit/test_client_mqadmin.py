@@ -9,9 +9,11 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Sequence
 
 import pytest
 from mqadmin_table import compat_rows
+from raftmq.broker.v1 import broker_pb2 as pb
 
 from client import mqadmin
 from client.admin import MQAdmin, QueueProgress
@@ -447,3 +449,45 @@ def test_client_commands_bound_their_letters_offline(
         mqadmin.main(["-n", "127.0.0.1:1", *argv])
     assert exc.value.code == 2
     assert reason in capsys.readouterr().err
+
+
+def _conn(
+    client_id: str, protocol: str, age_ms: int, locks: Sequence[tuple[str, int]] = ()
+) -> pb.ClientConnection:
+    return pb.ClientConnection(
+        client_id=client_id,
+        protocol=protocol,
+        last_heartbeat_age_ms=age_ms,
+        subscriptions=[pb.Subscription(topic="T", expression="*")],
+        locked_queues=[pb.QueueRef(topic=t, queue_id=q) for t, q in locks],
+    )
+
+
+def test_consumer_status_keeps_clients_apart_and_every_groups_locks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One host process runs a raftmq consumer and a RocketMQ 5 one under the same id
+    (ip@pid): both are listed. An orderly consumer's locks on every broker group are shown,
+    not only those of the group that heard from it last."""
+    same = "10.0.0.7@4242"
+    answers = {
+        "broker-a": [_conn(same, "v1", 30, [("T", 0)]), _conn(same, "v2", 10)],
+        "broker-b": [_conn(same, "v1", 5, [("T", 1)])],
+    }
+    monkeypatch.setattr(
+        MQAdmin, "consumer_connections", lambda self, g, cluster="", broker_addr="": answers
+    )
+    rows = [QueueProgress("broker-a", 0, 5, 3, 2), QueueProgress("broker-b", 1, 4, 1, 3)]
+    monkeypatch.setattr(MQAdmin, "consumer_progress", lambda self, g, t, only=(): rows)
+    assert mqadmin.main(["-n", "x:1", "--json", "consumerStatus", "-g", "G"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    clients = [(c["client_id"], c["protocol"], c["locked_queues"]) for c in doc["clients"]]
+    assert clients == [
+        (same, "v1", ["broker-a/T/0", "broker-b/T/1"]),
+        (same, "v2", []),
+    ]
+    assert doc["clients"][0]["heartbeat_age_ms"] == 5  # as the freshest broker group knows it
+    assert [(q["broker"], q["locked_by"]) for q in doc["queues"]] == [
+        ("broker-a", same),
+        ("broker-b", same),
+    ]

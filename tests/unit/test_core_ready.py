@@ -322,3 +322,59 @@ def test_persist_job_can_run_again_after_a_refused_append() -> None:
     persist(store, *job, flush=True)  # the retry: the cut is a no-op now
     assert [(e.index, e.term) for e in store.entries()] == [(1, 1), (2, 2)]
     assert store.load_hard_state() == HardState(term=2, voted_for="n1")
+
+
+def test_a_follower_with_readers_waiting_gets_its_notice_without_the_linger() -> None:
+    """Its answer said readers wait for its apply: its notice goes out in the Ready of the
+    commit; the other follower's is held as before and only it goes at the release."""
+    c, leader, node = _leader_with_idle_followers()
+    eager, other = (x for x in c.ids if x != leader)
+    node.propose([b"a"])
+    finish_ready(node, c.logs[leader], node.ready())
+    last = node.last_index
+    node.step(
+        AppendResponse(eager, leader, node.term, True, match_index=last, readers_waiting=True)
+    )
+    node.step(AppendResponse(other, leader, node.term, True, match_index=last))
+    rd = node.ready()
+    assert [(m.to_id, m.leader_commit) for m in _notices(rd)] == [(eager, last)]
+    assert rd.notices_held  # the other one's
+    finish_ready(node, c.logs[leader], rd)
+    node.release_notices()
+    rd = node.ready()
+    assert [m.to_id for m in _notices(rd)] == [other]
+
+
+def test_a_late_answer_with_readers_waiting_is_told_while_a_hold_is_pending() -> None:
+    """The slower follower answers after the commit, while the faster one's notice is held:
+    with readers waiting it is told at once instead of at the release."""
+    c, leader, node = _leader_with_idle_followers()
+    fast, slow = (x for x in c.ids if x != leader)
+    node.propose([b"a"])
+    finish_ready(node, c.logs[leader], node.ready())
+    last = node.last_index
+    node.step(AppendResponse(fast, leader, node.term, True, match_index=last))
+    rd = node.ready()
+    assert rd.notices_held and _notices(rd) == []
+    finish_ready(node, c.logs[leader], rd)
+    node.step(AppendResponse(slow, leader, node.term, True, match_index=last, readers_waiting=True))
+    rd = node.ready()
+    assert [(m.to_id, m.leader_commit) for m in _notices(rd)] == [(slow, last)]
+    finish_ready(node, c.logs[leader], rd)
+    node.release_notices()
+    assert [m.to_id for m in _notices(node.ready())] == [fast]
+
+
+def test_a_followers_answers_say_whether_readers_wait() -> None:
+    node, log = _follower([5])
+    for waiting in (True, False):
+        node.set_readers_waiting(waiting)
+        node.step(_append(node.last_index, 5, [5]))
+        rd = node.ready()
+        finish_ready(node, log, rd)
+        (ack,) = [m for m in rd.messages if isinstance(m, AppendResponse)]
+        assert ack.success and ack.readers_waiting is waiting
+    node.set_readers_waiting(True)
+    node.step(_append(node.last_index + 5, 5, [5]))  # a gap: rejected, still says it
+    (nack,) = [m for m in node.ready().messages if isinstance(m, AppendResponse)]
+    assert not nack.success and nack.readers_waiting

@@ -21,6 +21,7 @@ MESSAGES: list[Message] = [
     AppendRequest("n0", "n1", 3, 0, 0, (), 0),
     AppendResponse("n1", "n0", 3, False, 0, 5, 2, 9, 7),
     AppendResponse("n1", "n0", 3, True, 9, 0, 0, 9, 0),
+    AppendResponse("n1", "n0", 3, True, 9, last_log_index=9, readers_waiting=True),
     VoteRequest("n2", "n0", 4, 9, 3, pre_vote=True, leadership_transfer=True),
     VoteResponse("n0", "n2", 4, False, pre_vote=True, reject_reason="stale_log"),
     TimeoutNow("n0", "n2", 4),

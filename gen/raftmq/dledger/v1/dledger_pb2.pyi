@@ -87,7 +87,7 @@ class AppendRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., leader_commit: _Optional[int] = ..., no_reply: _Optional[bool] = ..., prev_log_chain: _Optional[int] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing", "match_chain", "supported_feature_level")
+    __slots__ = ("from_id", "to_id", "term", "success", "match_index", "conflict_index", "conflict_term", "last_log_index", "rejected_index", "repairing", "match_chain", "supported_feature_level", "readers_waiting")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class AppendResponse(_message.Message):
     REPAIRING_FIELD_NUMBER: _ClassVar[int]
     MATCH_CHAIN_FIELD_NUMBER: _ClassVar[int]
     SUPPORTED_FEATURE_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    READERS_WAITING_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     to_id: str
     term: int
@@ -112,7 +113,8 @@ class AppendResponse(_message.Message):
     repairing: bool
     match_chain: int
     supported_feature_level: int
-    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ..., match_chain: _Optional[int] = ..., supported_feature_level: _Optional[int] = ...) -> None: ...
+    readers_waiting: bool
+    def __init__(self, from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., conflict_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., rejected_index: _Optional[int] = ..., repairing: _Optional[bool] = ..., match_chain: _Optional[int] = ..., supported_feature_level: _Optional[int] = ..., readers_waiting: _Optional[bool] = ...) -> None: ...
 
 class TimeoutNowRequest(_message.Message):
     __slots__ = ("group", "from_id", "to_id", "term")
