@@ -597,13 +597,16 @@ def test_a_raft_snapshot_carries_the_live_config_overrides(tmp_path: Path) -> No
 def test_a_loaded_dedup_window_shares_one_str_per_topic() -> None:
     """The dedup window (up to 100,000 ids) is the broker state's biggest table held in memory
     whatever the backlog: loaded from a snapshot, its ids share their topic's name."""
-    from broker.state.machine import SendResult, decode_dedup, encode_dedup
+    from broker.state.dedupwindow import DedupWindow, SendResult, decode_dedup, encode_dedup
 
     window = [
         SendResult(f"{i:032X}", "Bench" + "T" * (i % 2), i % 8, i, 100 * i, 1_700_000_000_000)
         for i in range(6)
     ]
-    loaded = list(decode_dedup(encode_dedup(window)).values())
+    held = DedupWindow()
+    for r in window:
+        held[r.uniq_id] = r
+    loaded = list(decode_dedup(encode_dedup(held.capture())).values())
     assert loaded == window
     assert loaded[0].topic is loaded[2].topic is loaded[4].topic
     assert loaded[1].topic is loaded[3].topic
