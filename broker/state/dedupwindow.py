@@ -298,7 +298,8 @@ class DedupWindow:
             head += 1
         self._head = head
         if not self._live:
-            self.clear()
+            if stamps:
+                self.clear()
         elif head >= COMPACT_MIN_ROWS and head >= len(stamps) - head:
             self._compact()
 
@@ -350,6 +351,23 @@ class DedupWindow:
             topics = self._topics[head:]
         uids = [self._uid_at(r) for r in rows] if self._odd_ids else None
         return DedupCapture(uids, ids, topics, *cols)
+
+    def _load(
+        self,
+        ids: bytes,
+        hashes: array.array[int],
+        index: dict[int, int],
+        topics: list[str],
+        *columns: array.array[int],
+    ) -> None:
+        """Take whole columns (an empty window's; rows numbered from 0, every id canonical
+        and its hash unshared: decode_dedup checked)."""
+        assert not self._live and not self._base and len(index) == len(topics)
+        self._ids, self._hashes, self._index, self._topics = bytearray(ids), hashes, index, topics
+        self._stamps, self._queue_ids, self._offsets, self._positions = columns
+        self._names = {t: t for t in topics}
+        self._names_rebuilt = len(self._names)
+        self._live = len(topics)
 
     def topic_names(self) -> set[str]:
         return set(self._topics[self._head :])
@@ -426,7 +444,14 @@ def decode_dedup(data: Mapping[str, Any]) -> DedupWindow:
         for name in ("queue_ids", "queue_offsets", "positions", "store_timestamps_ms")
     )
     text = raw.hex().upper()
-    for i, at in enumerate(range(0, len(text), 2 * ID_BYTES)):
-        uid = text[at : at + 2 * ID_BYTES]
+    uids = [text[at : at + 2 * ID_BYTES] for at in range(0, len(text), 2 * ID_BYTES)]
+    hashes = array.array("q", map(hash, uids))
+    index = dict(zip(hashes, range(count), strict=True))
+    if len(index) == count:  # no id twice, no hash shared: the columns as they are
+        names: dict[str, str] = {}
+        shared = [names.setdefault(t, t) for t in topics]
+        window._load(raw, hashes, index, shared, stamps, queue_ids, offsets, positions)
+        return window
+    for i, uid in enumerate(uids):  # row by row, as the OrderedDict was built
         window[uid] = SendResult(uid, topics[i], queue_ids[i], offsets[i], positions[i], stamps[i])
     return window
