@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import array
 import base64
-import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,8 +55,8 @@ class SendResult(NamedTuple):
     duplicate: bool = False
 
 
-# The id form apply makes (the message format's 16 bytes as uppercase hex): kept as bytes.
-_CANONICAL_ID = re.compile(r"[0-9A-F]{32}")
+# The id form apply makes (the message format's 16 bytes as 32 uppercase hex digits) is kept
+# as the 16 bytes.
 ID_BYTES = 16
 # The evicted rows at the head of the columns are cut off once they are at least this many
 # and at least as many as the live rows: the columns hold at most twice the live rows (plus
@@ -203,31 +202,37 @@ class DedupWindow:
         """Add ``uid`` as the newest row; an id already held keeps its place and takes the
         new values (as ``OrderedDict`` does)."""
         seq = self._seq_of(uid)
-        if seq is not None:
+        if seq is None:
+            self.add_new(uid, r)
+        else:
             self._overwrite(seq - self._base, r)
-            return
+
+    def add_new(self, uid: str, r: SendResult) -> None:
+        """Add ``uid``, which the caller has just looked up and not found, as the newest row
+        (apply's path: the lookup is not made twice)."""
         seq = self._base + len(self._stamps)
         h = hash(uid)
-        if _CANONICAL_ID.fullmatch(uid) is not None and h not in self._index:
+        try:
+            raw = bytes.fromhex(uid)
+        except ValueError:
+            raw = b""
+        # 32 hex digits (16 bytes from 32 characters: no spaces), none a lowercase letter.
+        canonical = len(raw) == ID_BYTES and len(uid) == 2 * ID_BYTES
+        if canonical and (uid.isupper() or uid.isdigit()) and h not in self._index:
             self._index[h] = seq
-            self._ids += bytes.fromhex(uid)
-        else:  # not hex, or a hash another live id has
+            self._ids += raw
+        else:  # not the canonical form, or a hash another live id has
             self._odd[uid] = seq
             self._odd_ids[seq] = uid
             self._ids += bytes(ID_BYTES)
         self._hashes.append(h)
-        self._append_values(r)
-        self._live += 1
-
-    def _append_values(self, r: SendResult) -> None:
         topic = self._names.get(r.topic)
-        if topic is None:
-            topic = self._share_name(r.topic)
-        self._topics.append(topic)
+        self._topics.append(self._share_name(r.topic) if topic is None else topic)
         self._queue_ids.append(r.queue_id)
         self._offsets.append(r.queue_offset)
         self._positions.append(r.position)
         self._stamps.append(r.store_timestamp_ms)
+        self._live += 1
 
     def _share_name(self, name: str) -> str:
         if len(self._names) >= max(NAMES_REBUILD_MIN, 2 * self._names_rebuilt):
@@ -284,20 +289,29 @@ class DedupWindow:
     def evict(self, cutoff_ms: int, max_ids: int) -> None:
         """Forget the oldest ids while more than ``max_ids`` are held or the oldest was stored
         before ``cutoff_ms``."""
-        stamps, dead, base = self._stamps, self._dead, self._base
-        head = self._head
-        while self._live:
+        stamps, dead, base, head, live = (
+            self._stamps,
+            self._dead,
+            self._base,
+            self._head,
+            self._live,
+        )
+        index, hashes, odd_ids = self._index, self._hashes, self._odd_ids
+        while live:  # at most one pass over the rows: head only moves on
             seq = head + base
             if dead and seq in dead:
                 dead.discard(seq)
-            elif self._live <= max_ids and stamps[head] >= cutoff_ms:
+            elif live <= max_ids and stamps[head] >= cutoff_ms:
                 break
-            else:
-                self._unindex(seq, head)
-                self._live -= 1
+            else:  # _unindex, inline: this loop runs once per stored message
+                if odd_ids and seq in odd_ids:
+                    del self._odd[odd_ids.pop(seq)]
+                else:
+                    del index[hashes[head]]
+                live -= 1
             head += 1
-        self._head = head
-        if not self._live:
+        self._head, self._live = head, live
+        if not live:
             if stamps:
                 self.clear()
         elif head >= COMPACT_MIN_ROWS and head >= len(stamps) - head:

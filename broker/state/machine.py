@@ -734,7 +734,7 @@ class BrokerStateMachine:
                 to_index.append((topic, keys, uniq_id, position, store_ts))
                 result = SendResult(uniq_id, topic, queue_id, offset, position, store_ts)
                 if dedup is not None:
-                    dedup[uniq_id] = result
+                    dedup.add_new(uniq_id, result)  # its get() above missed
                 results.append(result)
                 if store_ts > latest:
                     latest = store_ts
