@@ -54,7 +54,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -198,9 +198,12 @@ def local_group(
     name: str = "",
     metrics: bool = True,
     node_env: dict[str, str] | None = None,
+    env_of_node: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[LocalCluster]:
     """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics;
-    ``node_env``: extra environment of every broker (``bench.steps``' counting hook)."""
+    ``node_env``: extra environment of every broker (``bench.steps``' counting hook);
+    ``env_of_node``: node id -> extra environment of that broker only, on top of ``node_env``
+    (``bench.backlog --node-env``: a native heap profiler's preload on one node)."""
     cluster = LocalCluster(base / (name or flush.lower()))
     off = {} if metrics else {"metricsPort": "0"}
     cluster.configure(
@@ -218,8 +221,11 @@ def local_group(
         },
         namesrv_conf=off,
     )
-    if node_env:
-        cluster.node_env = {n.node_id: dict(node_env) for n in cluster.nodes}
+    if node_env or env_of_node:
+        cluster.node_env = {
+            n.node_id: {**(node_env or {}), **(env_of_node or {}).get(n.node_id, {})}
+            for n in cluster.nodes
+        }
     try:
         cluster.up()
         assert cluster.namesrv is not None

@@ -617,7 +617,11 @@ def growth(steps: Sequence[Mapping[str, Any]], target: int) -> dict[str, Any]:
 
 def run(a: argparse.Namespace, base: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"args": vars(a), "started": datetime.now(UTC).isoformat()}
-    with local_group(base, a.flush, secure=False, name="backlog", metrics=False) as cluster:
+    envs = parse_node_env(a.node_env)
+    group = local_group(
+        base, a.flush, secure=False, name="backlog", metrics=False, env_of_node=envs
+    )
+    with group as cluster:
         with MemorySampler(_pids(cluster)) as sampler:
             result["memory_empty"] = _anon(cluster)
             result["probe_empty"] = produce_case(
@@ -793,7 +797,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=str(RESULTS_DIR))
     p.add_argument("--work", default=None, help="where the group's files go (a temp dir)")
+    p.add_argument(
+        "--node-env",
+        action="append",
+        default=[],
+        metavar="NODE:KEY=VALUE",
+        help="extra environment of one broker (n0, n1 or n2), at each of its starts; repeat "
+        "for more. E.g. heaptrack's preload library and DUMP_HEAPTRACK_OUTPUT on one node "
+        "(docs/PERFORMANCE.md, 'A deep backlog')",
+    )
     return p
+
+
+# The group local_group starts (bench.__main__): --node-env names one of these.
+NODE_IDS = ("n0", "n1", "n2")
+
+
+def parse_node_env(items: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``NODE:KEY=VALUE`` items -> node -> environment; ValueError naming the bad item."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        node, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not sep or not eq or node not in NODE_IDS or not key:
+            raise ValueError(
+                f"--node-env {item[:100]!r} is not NODE:KEY=VALUE"
+                f" with NODE in {', '.join(NODE_IDS)}"
+            )
+        out.setdefault(node, {})[key] = value
+    return out
 
 
 def check_args(a: argparse.Namespace) -> str:
@@ -810,6 +842,10 @@ def check_args(a: argparse.Namespace) -> str:
         return "--probe-seconds must be in (0, 60] and --probe-in-flight in [1, 4096]"
     if a.max_disk_gb <= 0:
         return "--max-disk-gb must be positive"
+    try:
+        parse_node_env(a.node_env)
+    except ValueError as e:
+        return str(e)
     return ""
 
 

@@ -26,28 +26,26 @@ no snapshot) they are wiped and rebuilt from the whole log (:meth:`applied_index
 
 from __future__ import annotations
 
-import array
 import base64
 import concurrent.futures
 import contextlib
-import itertools
 import json
 import logging
-import operator
 import os
 import shutil
 import struct
-import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from broker.state import brokerconf, derived, indexfile, snapshotting, statecheck
 from broker.state.auth.table import AuthTable
 from broker.state.consumequeue import DEFAULT_RECORDS_PER_FILE, ConsumeQueueStore
+from broker.state.dedupwindow import DedupCapture, DedupWindow, decode_dedup, encode_dedup
+from broker.state.dedupwindow import SendResult as SendResult  # where the front ends import it
 from broker.state.delayrules import SCHEDULE_HEADER, decode_schedule_header
 from broker.state.errors import (
     BrokerError,
@@ -121,7 +119,8 @@ SKIP_LOG_WINDOW_S = 10.0
 # Idempotent sends: a uniq id seen within this much store time (and among the last
 # DEDUP_MAX_IDS ids) is a duplicate. 10 minutes covers any client's retry schedule.
 DEFAULT_DEDUP_WINDOW_MS = 10 * 60 * 1000
-# Bounds memory (about 150 bytes per id) and the snapshot (44 + topic bytes per id).
+# Bounds memory (broker.state.dedupwindow: about 185 bytes per id) and the snapshot (44 + topic
+# bytes per id).
 DEFAULT_DEDUP_MAX_IDS = 100_000
 # The leader's send handlers collect results of the entries they proposed from here; a
 # handler runs within a few entries of its own, so 1024 entries is far more than enough.
@@ -144,19 +143,6 @@ SNAPSHOT_VERSION = 2
 _DEDUP_ITEM = struct.Struct(">16sqiqqB")  # uniq id, store ts, queue id, offset, position, tlen
 
 
-class SendResult(NamedTuple):
-    """Where one message of a send is stored; ``duplicate``: an earlier send stored it.
-    (A tuple: every member makes one per message it applies.)"""
-
-    uniq_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
-    position: int
-    store_timestamp_ms: int
-    duplicate: bool = False
-
-
 @dataclass(frozen=True, slots=True)
 class _Captured:
     """The small state at one applied index, for a snapshot written in the background."""
@@ -169,7 +155,7 @@ class _Captured:
     topics: dict[str, TopicConfig]
     offsets: dict[OffsetKey, int]
     offset_owners: dict[str, str]  # the groups with an owner only
-    dedup: list[SendResult]
+    dedup: DedupCapture
     schedule: dict[int, int]
     timer: dict[int, int]
     auth: dict[str, Any]
@@ -318,7 +304,7 @@ class BrokerStateMachine:
         # Every consumer group with offsets in :attr:`offsets` -> the user whose commit first
         # gave it offsets ("": nobody, or from before owners were recorded).
         self.offset_groups: dict[str, str] = {}
-        self.dedup: OrderedDict[str, SendResult] = OrderedDict()
+        self.dedup = DedupWindow()
         # Delay level -> offset in SCHEDULE_TOPIC_XXXX's queue (level - 1) delivered so far.
         self.schedule_offsets: dict[int, int] = {}
         # Timer level -> offset in TIMER_TOPIC's queue (level) moved on so far
@@ -703,7 +689,7 @@ class BrokerStateMachine:
         self,
         rows: Sequence[DispatchRow],
         base: int,
-        dedup: MutableMapping[str, SendResult] | None,
+        dedup: DedupWindow | None,
     ) -> tuple[list[SendResult], dict[QueueKey, list[CqRow]], list[KeyRow]]:
         """Check every message of a batch and give it its queue offset; nothing is stored
         yet. Returns the send results (duplicates answered from ``dedup``, new ids added to
@@ -748,7 +734,7 @@ class BrokerStateMachine:
                 to_index.append((topic, keys, uniq_id, position, store_ts))
                 result = SendResult(uniq_id, topic, queue_id, offset, position, store_ts)
                 if dedup is not None:
-                    dedup[uniq_id] = result
+                    dedup.add_new(uniq_id, result)  # its get() above missed
                 results.append(result)
                 if store_ts > latest:
                     latest = store_ts
@@ -798,13 +784,7 @@ class BrokerStateMachine:
             )
 
     def _evict_dedup(self) -> None:
-        dedup = self.dedup
-        cutoff = self._latest_store_ts - self.dedup_window_ms
-        while dedup:
-            oldest = next(iter(dedup.values()))
-            if len(dedup) <= self.dedup_max_ids and oldest.store_timestamp_ms >= cutoff:
-                break
-            dedup.popitem(last=False)
+        self.dedup.evict(self._latest_store_ts - self.dedup_window_ms, self.dedup_max_ids)
 
     def _apply_topic(self, entry: Entry, touched: Touched) -> None:
         op, topic = decode_topic_record(entry.body)
@@ -902,7 +882,7 @@ class BrokerStateMachine:
             topics=dict(self.topics),
             offsets=dict(self.offsets),
             offset_owners={g: o for g, o in self.offset_groups.items() if o},
-            dedup=list(self.dedup.values()),
+            dedup=self.dedup.capture(),
             schedule=dict(self.schedule_offsets),
             timer=dict(self.timer_offsets),
             auth=self.auth.to_snapshot(),
@@ -1017,12 +997,9 @@ class BrokerStateMachine:
             dedup = _decode_dedup_v1(data["dedup"])
         else:
             dedup = decode_dedup(data["dedup"])
-        valid: dict[str, bool] = {}  # a window of 100,000 ids names a few topics
-        bad_ids = [
-            uid
-            for uid, r in dedup.items()
-            if not valid.setdefault(r.topic, is_valid_topic_name(r.topic))
-        ]
+        # A window of 100,000 ids names a few topics: each is checked once.
+        invalid = {t for t in dedup.topic_names() if not is_valid_topic_name(t)}
+        bad_ids = [uid for uid, r in dedup.items() if r.topic in invalid] if invalid else []
         for uid in bad_ids:
             del dedup[uid]
         _report_dropped("deduplication ids", bad_ids)
@@ -1152,7 +1129,7 @@ class BrokerStateMachine:
         (self.config_dir / SNAPSHOT_FILE).unlink(missing_ok=True)
         (self.config_dir / derived.REBUILD_MARKER).unlink(missing_ok=True)
         self._open_stores()
-        self.topics, self.offsets, self.dedup = {}, {}, OrderedDict()
+        self.topics, self.offsets, self.dedup = {}, {}, DedupWindow()
         self.offset_groups = {}
         self.schedule_offsets = {}
         self.timer_offsets = {}
@@ -1273,83 +1250,11 @@ def _report_dropped(what: str, names: Sequence[str]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _column(values: Sequence[int]) -> str:
-    """Little-endian i64s, base64."""
-    col = array.array("q", values)
-    if sys.byteorder != "little":
-        col.byteswap()
-    return base64.b64encode(col.tobytes()).decode("ascii")
-
-
-def _uncolumn(text: str, count: int, name: str) -> array.array[int]:
-    col = array.array("q")
-    col.frombytes(base64.b64decode(text, validate=True))
-    if sys.byteorder != "little":
-        col.byteswap()
-    if len(col) != count:
-        raise ValueError(f"dedup column {name} holds {len(col)} values, not {count}")
-    return col
-
-
-def encode_dedup(window: Sequence[SendResult]) -> dict[str, Any]:
-    """The window, oldest first, as columns: a transposition and a few C-level conversions
-    instead of a struct per id (100,000 ids: ~20 ms instead of ~160 ms of GIL)."""
-    if not window:
-        return {
-            "count": 0,
-            "ids": "",
-            "topics": "",
-            "store_timestamps_ms": "",
-            "queue_ids": "",
-            "queue_offsets": "",
-            "positions": "",
-        }
-    uids, topics, queue_ids, queue_offsets, positions, stamps = (
-        list(map(operator.itemgetter(i), window)) for i in range(6)
-    )
-    return {
-        "count": len(window),
-        "ids": base64.b64encode(bytes.fromhex("".join(uids))).decode("ascii"),
-        "topics": "\n".join(topics),
-        "store_timestamps_ms": _column(stamps),
-        "queue_ids": _column(queue_ids),
-        "queue_offsets": _column(queue_offsets),
-        "positions": _column(positions),
-    }
-
-
-def decode_dedup(data: Mapping[str, Any]) -> OrderedDict[str, SendResult]:
-    count = int(data["count"])
-    if count == 0:
-        return OrderedDict()
-    raw = base64.b64decode(data["ids"], validate=True)
-    if len(raw) != 16 * count:
-        raise ValueError(f"dedup ids hold {len(raw)} bytes, not {16 * count}")
-    text = raw.hex().upper()
-    uids = [text[i : i + 32] for i in range(0, len(text), 32)]
-    # One str per topic name, shared by its ids (100,000 ids of one topic: 5 MB less held).
-    names: dict[str, str] = {}
-    topics = [names.setdefault(t, t) for t in str(data["topics"]).split("\n")]
-    if len(topics) != count:
-        raise ValueError(f"dedup topics hold {len(topics)} names, not {count}")
-    columns = [
-        _uncolumn(data[name], count, name)
-        for name in ("queue_ids", "queue_offsets", "positions", "store_timestamps_ms")
-    ]
-    return OrderedDict(
-        zip(
-            uids,
-            itertools.starmap(SendResult, zip(uids, topics, *columns, strict=True)),
-            strict=True,
-        )
-    )
-
-
-def _decode_dedup_v1(text: str) -> OrderedDict[str, SendResult]:
+def _decode_dedup_v1(text: str) -> DedupWindow:
     """A version-1 snapshot's window: one packed record per id."""
     raw = base64.b64decode(text)
     at = 0
-    out: OrderedDict[str, SendResult] = OrderedDict()
+    out = DedupWindow()
     while at < len(raw):
         uniq, ts, queue_id, offset, position, tlen = _DEDUP_ITEM.unpack_from(raw, at)
         at += _DEDUP_ITEM.size
@@ -1360,7 +1265,7 @@ def _decode_dedup_v1(text: str) -> OrderedDict[str, SendResult]:
     return out
 
 
-def _forget_new_ids(dedup: MutableMapping[str, SendResult], results: list[SendResult]) -> None:
+def _forget_new_ids(dedup: DedupWindow, results: list[SendResult]) -> None:
     """A batch skipped whole: the ids it put in the dedup window come out again (they were
     added last, so the window is as it was)."""
     for r in results:

@@ -150,3 +150,13 @@ def test_check_args_bounds_every_figure() -> None:
     assert "--fill-seconds" in bl.check_args(_args(fill_seconds=0))
     assert "--probe-seconds" in bl.check_args(_args(probe_seconds=61))
     assert "--max-disk-gb" in bl.check_args(_args(max_disk_gb=0))
+
+
+def test_node_env_names_one_node_of_the_group() -> None:
+    """--node-env (a native heap profiler's preload on one node): per node, and refused
+    with the item named when it is not NODE:KEY=VALUE of a node the group has."""
+    envs = bl.parse_node_env(["n1:LD_PRELOAD=/x.so", "n1:OUT=/tmp/a=b", "n2:K="])
+    assert envs == {"n1": {"LD_PRELOAD": "/x.so", "OUT": "/tmp/a=b"}, "n2": {"K": ""}}
+    for bad in ("n3:K=V", "n1K=V", "n1:K", "n1:=V"):
+        with pytest.raises(ValueError, match="NODE:KEY=VALUE"):
+            bl.parse_node_env([bad])

@@ -597,13 +597,56 @@ def test_a_raft_snapshot_carries_the_live_config_overrides(tmp_path: Path) -> No
 def test_a_loaded_dedup_window_shares_one_str_per_topic() -> None:
     """The dedup window (up to 100,000 ids) is the broker state's biggest table held in memory
     whatever the backlog: loaded from a snapshot, its ids share their topic's name."""
-    from broker.state.machine import SendResult, decode_dedup, encode_dedup
+    from broker.state.dedupwindow import DedupWindow, SendResult, decode_dedup, encode_dedup
 
     window = [
         SendResult(f"{i:032X}", "Bench" + "T" * (i % 2), i % 8, i, 100 * i, 1_700_000_000_000)
         for i in range(6)
     ]
-    loaded = list(decode_dedup(encode_dedup(window)).values())
+    held = DedupWindow()
+    for r in window:
+        held[r.uniq_id] = r
+    loaded = list(decode_dedup(encode_dedup(held.capture())).values())
     assert loaded == window
     assert loaded[0].topic is loaded[2].topic is loaded[4].topic
     assert loaded[1].topic is loaded[3].topic
+
+
+def test_the_dedup_window_holds_few_bytes_per_id(tmp_path: Path) -> None:
+    """Issue 36: the window is the largest table a node holds whatever its backlog. What it
+    holds per id, as apply fills it: the same messages applied with a window of all of them and
+    with a window of one, the difference in traced Python memory (the OrderedDict of str ->
+    SendResult held ~350 B per id here; the columns ~210: broker/state/dedupwindow.py)."""
+    import gc
+    import tracemalloc
+
+    count, per_batch = 20_000, 500
+    log = MemoryLog()
+    for b in range(count // per_batch):
+        batch(log, [msg(i % 4, i, ts=1_000_000 + b) for i in range(per_batch)])
+    held: dict[int, int] = {}
+    for cap in (1, count):
+        sm = BrokerStateMachine(
+            tmp_path / str(cap),
+            dedup_max_ids=cap,
+            hash_slots=4096,
+            max_index_records=2 * count,
+            cq_records_per_file=2 * count,
+        )
+        sm.attach(log)
+        # A follower: a leader also keeps its last entries' results for the send handlers,
+        # the same objects the OrderedDict held (on a leader, for RESULTS_KEPT entries only).
+        sm.on_role_change(Role.FOLLOWER, 1, "n1")
+        sm.applied_index()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            sm.apply(log.entries)
+            gc.collect()
+            held[cap] = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert len(sm.dedup) == cap
+        sm.close()
+    per_id = (held[count] - held[1]) / (count - 1)
+    assert per_id < 250, f"{per_id:.0f} B per id"
