@@ -24,10 +24,10 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.raft import RaftNode
 from dledger.log import Entry, EntryType
 from dledger.server import node as node_module
 from dledger.server.convert import to_pb
-from dledger.core.raft import RaftNode
 from dledger.server.membership import load_conf
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.server.nodeconfig import LogOnlyStateMachine
