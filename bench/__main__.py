@@ -190,6 +190,15 @@ def _peak_rss_mb(pid: int | None) -> float:
     return 0.0
 
 
+def _drop_unknown_keys(cluster: LocalCluster, broker_keys: frozenset[str]) -> None:
+    """Rewrite the nodes' broker.conf without the keys not in ``broker_keys``."""
+    for node in cluster.nodes:
+        path = Path(node.conf)
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [ln for ln in lines if "=" not in ln or ln.partition("=")[0].strip() in broker_keys]
+        path.write_text("".join(kept))
+
+
 @contextlib.contextmanager
 def local_group(
     base: Path,
@@ -198,9 +207,13 @@ def local_group(
     name: str = "",
     metrics: bool = True,
     node_env: dict[str, str] | None = None,
+    broker_keys: frozenset[str] | None = None,
 ) -> Iterator[LocalCluster]:
     """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics;
-    ``node_env``: extra environment of every broker (``bench.steps``' counting hook)."""
+    ``node_env``: extra environment of every broker (``bench.steps``' counting hook);
+    ``broker_keys``: the broker.conf keys the brokers' code knows, any other key left out of
+    their files (``bench.steps --compare`` runs an older checkout's brokers, which refuse a key
+    added since; the NameServer is always this checkout's)."""
     cluster = LocalCluster(base / (name or flush.lower()))
     off = {} if metrics else {"metricsPort": "0"}
     cluster.configure(
@@ -218,6 +231,8 @@ def local_group(
         },
         namesrv_conf=off,
     )
+    if broker_keys is not None:
+        _drop_unknown_keys(cluster, broker_keys)
     if node_env:
         cluster.node_env = {n.node_id: dict(node_env) for n in cluster.nodes}
     try:
