@@ -312,8 +312,8 @@ def test_small_messages_are_parsed_by_the_runtime() -> None:
 # Issue 36 (docs/PERFORMANCE.md "ASYNC_FLUSH at 256 in flight"): a scan of the request's
 # fields in Python before the runtime's parser, and a frozen dataclass and the Mapping ABC
 # per message, made it 23 calls for one message with two properties and 121 for eight (now 7
-# and 35), and a producer's batch of 64 (a request past IN_PLACE_MIN_MESSAGE_BYTES) 5 calls
-# more per message for the scan: ~3.3 us of a leader's CPU per message at 256 in flight.
+# and 35), and 905 for a producer's batch of 64 (a request past IN_PLACE_MIN_MESSAGE_BYTES;
+# now 260): ~3.3 us of a leader's CPU per message at 256 in flight.
 SMALL_REQUEST_CALLS = 4
 SMALL_MESSAGE_CALLS = 4
 

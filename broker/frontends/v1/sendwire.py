@@ -334,7 +334,7 @@ def parse_send_request(
     end = len(data)
     if end < in_place_min_bytes:
         # No message of a request this small can take in_place_min_bytes: the runtime's
-        # parser, without this module's scan of the top-level fields (~2 us of Python per
+        # parser, without this module's scan of the top-level fields (~1 us of Python per
         # request, on every small send: docs/PERFORMANCE.md "ASYNC_FLUSH at 256 in flight").
         return _by_runtime(data)
     if _all_small(data, end, in_place_min_bytes):
@@ -368,8 +368,8 @@ def _all_small(data: bytes, end: int, in_place_min_bytes: int) -> bool:
     0x0A and 0x12) with lengths of one or two bytes, each under ``in_place_min_bytes``: then
     the runtime parses it (and refuses what it refuses). False for anything else, and the
     full scan decides. A producer batches up to hundreds of small messages in one request of
-    more than ``in_place_min_bytes``; this loop costs ~0.2 us per message, the full scan's
-    calls ~2 us (issue 36, docs/PERFORMANCE.md "ASYNC_FLUSH at 256 in flight")."""
+    more than ``in_place_min_bytes``; this loop costs ~0.16 us per message, the full scan's
+    calls ~0.74 us (issue 36, docs/PERFORMANCE.md "ASYNC_FLUSH at 256 in flight")."""
     pos = 0
     last = end - 2  # a tag and a length byte fit at or before this position
     while pos <= last:
