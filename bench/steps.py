@@ -71,7 +71,8 @@ _UPB_SERIALIZE = "<method 'SerializeToString' of 'google._upb._message.Message' 
 CALLS: list[tuple[str, tuple[str, ...]]] = [
     ("Readys", ("raft.py:ready",)),
     ("advances", ("raft.py:advance",)),
-    ("persist jobs", ("node.py:_persist_job",)),
+    # node.py before the persister had a module of its own (a --compare base can be older).
+    ("persist jobs", ("persister.py:_persist_job", "node.py:_persist_job")),
     ("applies", ("node.py:_apply",)),
     ("peer messages in (decoded)", ("convert.py:from_pb",)),
     ("peer messages out (encoded)", ("convert.py:fill_pb", "peerwire.py:encode_append")),
