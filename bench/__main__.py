@@ -190,6 +190,15 @@ def _peak_rss_mb(pid: int | None) -> float:
     return 0.0
 
 
+def _drop_unknown_keys(cluster: LocalCluster, broker_keys: frozenset[str]) -> None:
+    """Rewrite the nodes' broker.conf without the keys not in ``broker_keys``."""
+    for node in cluster.nodes:
+        path = Path(node.conf)
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [ln for ln in lines if "=" not in ln or ln.partition("=")[0].strip() in broker_keys]
+        path.write_text("".join(kept))
+
+
 @contextlib.contextmanager
 def local_group(
     base: Path,
@@ -199,11 +208,15 @@ def local_group(
     metrics: bool = True,
     node_env: dict[str, str] | None = None,
     env_of_node: Mapping[str, Mapping[str, str]] | None = None,
+    broker_keys: frozenset[str] | None = None,
 ) -> Iterator[LocalCluster]:
     """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics;
     ``node_env``: extra environment of every broker (``bench.steps``' counting hook);
     ``env_of_node``: node id -> extra environment of that broker only, on top of ``node_env``
-    (``bench.backlog --node-env``: a native heap profiler's preload on one node)."""
+    (``bench.backlog --node-env``: a native heap profiler's preload on one node);
+    ``broker_keys``: the broker.conf keys the brokers' code knows, any other key left out of
+    their files (``bench.steps --compare`` runs an older checkout's brokers, which refuse a key
+    added since; the NameServer is always this checkout's)."""
     cluster = LocalCluster(base / (name or flush.lower()))
     off = {} if metrics else {"metricsPort": "0"}
     cluster.configure(
@@ -221,6 +234,8 @@ def local_group(
         },
         namesrv_conf=off,
     )
+    if broker_keys is not None:
+        _drop_unknown_keys(cluster, broker_keys)
     if node_env or env_of_node:
         cluster.node_env = {
             n.node_id: {**(node_env or {}), **(env_of_node or {}).get(n.node_id, {})}

@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -72,10 +73,16 @@ COPIES_MIN_BYTES = 8192
 # whose function moved counts 0 silently). The profile is the event loop's thread's only:
 # what runs in the flush thread (SYNC_FLUSH's persist jobs, their pwrite and fdatasync) is
 # in the strace window, not here.
+# Keys of functions only older trees have (``--compare`` with a checkout from before a move).
+OLDER_TREE_KEYS = frozenset({"node.py:_persist_job"})
 CALLS: list[tuple[str, tuple[str, ...]]] = [
     ("Readys", ("raft.py:ready",)),
     ("advances", ("raft.py:advance",)),
-    ("persist jobs on the loop thread (ASYNC_FLUSH appends)", ("persister.py:_persist_job",)),
+    # node.py before the persister had a module of its own (a --compare base can be older).
+    (
+        "persist jobs on the loop thread (ASYNC_FLUSH appends)",
+        ("persister.py:_persist_job", "node.py:_persist_job"),
+    ),
     ("applies", ("node.py:_apply",)),
     ("peer messages in (decoded)", ("convert.py:from_pb",)),
     ("peer messages out (encoded)", ("convert.py:fill_pb", "peerwire.py:encode_append")),
@@ -209,6 +216,32 @@ def _wait_busy(pid: int | None, bytes_per_poll: int) -> bool:
     return False
 
 
+# A key row of ``mqbroker --help``'s "broker.conf keys:" list: two spaces, the key, its text.
+_HELP_KEY_ROW = re.compile(r"^  ([a-z][A-Za-z0-9.]*)\s")
+# ``mqbroker --help`` of another checkout returns within this (an import of the broker).
+HELP_TIMEOUT_S = 60.0
+
+
+def broker_keys(code_root: Path) -> frozenset[str]:
+    """The broker.conf keys ``code_root``'s broker knows (its ``mqbroker --help`` lists them):
+    a checkout older than this one refuses the keys added since, which this checkout's group
+    set-up writes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code_root), str(code_root / "gen")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "--help"],
+        cwd=tempfile.gettempdir(),  # not this checkout: PYTHONPATH decides whose broker runs
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HELP_TIMEOUT_S,
+        check=True,
+    )
+    _, _, keys_part = done.stdout.partition("broker.conf keys:")
+    keys = frozenset(m.group(1) for m in map(_HELP_KEY_ROW.match, keys_part.splitlines()) if m)
+    assert "dLegerPeers" in keys, f"{code_root}: no broker.conf keys in mqbroker --help"
+    return keys
+
+
 class Steps:
     """One group with the hook: windows opened on every node while the load runs."""
 
@@ -217,6 +250,9 @@ class Steps:
         self.work = work
         self.code_root = code_root
         self.dir = create_work_dir("raftmq-steps-")
+        this_tree = Path(__file__).resolve().parent.parent
+        # Another checkout's brokers get only the keys they know (None: this checkout's, all).
+        self.broker_keys = None if code_root == this_tree else broker_keys(code_root)
 
     @contextmanager
     def group(self) -> Iterator[Any]:
@@ -232,7 +268,14 @@ class Steps:
         cwd = os.getcwd()
         os.chdir(self.work)
         try:
-            with local_group(self.work, self.flush, False, metrics=False, node_env=env) as c:
+            with local_group(
+                self.work,
+                self.flush,
+                False,
+                metrics=False,
+                node_env=env,
+                broker_keys=self.broker_keys,
+            ) as c:
                 yield c
         finally:
             os.chdir(cwd)
@@ -280,6 +323,11 @@ class Steps:
             if node_id in traced:
                 dump["syscalls"] = traced[node_id]
             nodes[node_id] = dump
+        # The node whose send path proposed: the leader seen before the window, unless the
+        # leadership moved since (a loaded machine holds elections); then the one that did.
+        proposer = max(nodes, key=lambda k: int(nodes[k].get("messages", 0)))
+        if int(nodes[proposer].get("messages", 0)) > int(nodes[leader].get("messages", 0)):
+            leader = proposer
         messages = int(nodes[leader].get("messages", 0))
         return {
             "mode": mode,

@@ -37,6 +37,9 @@ from typing import Any
 ENV_DIR = "RAFTMQ_STEPS_DIR"
 WINDOW_FILE = "window.json"
 MODES = ("plain", "profile", "copies")
+# The modules that have held SendPath, newest first (``bench.steps --compare`` runs older
+# checkouts' brokers with this hook).
+SEND_PATH_MODULES = ("broker.components.sending", "broker.sending")
 # Frames kept per tracemalloc trace: the hook needs no tracebacks, only the totals.
 TRACE_FRAMES = 1
 # Functions listed by their own time in a profile window (what to look at first).
@@ -115,7 +118,10 @@ class Window:
 
     def _count_sends(self) -> None:
         """Count the messages and entries the send path proposes (the leader's)."""
-        sending = sys.modules.get("broker.components.sending")
+        # Where the send path lives, newest first (a checkout before the broker's layers
+        # had it in broker/sending.py, with the same _store_body).
+        found = [sys.modules.get(m) for m in SEND_PATH_MODULES]
+        sending = next((m for m in found if m is not None), None)
         if sending is None:
             return
         cls = sending.SendPath

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 from broker.components.applied import NodeContext, require_leader
 from broker.components.disk import DiskGuard
@@ -52,8 +53,11 @@ MAX_INFLIGHT_IDS = 200_000
 SEND_HEADROOM_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class OutgoingMessage:
+# The properties of a message that has none: one shared, read-only mapping.
+NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+
+
+class OutgoingMessage(NamedTuple):
     """One message of a send, as every front end hands it over: the neutral form that the
     ``raftmq.broker.v1`` port, the RocketMQ 5 port and a forwarded send
     (``raftmq.broker.internal.v1``) each convert their wire message into. What the producer
@@ -61,14 +65,18 @@ class OutgoingMessage:
     idempotence). It satisfies :class:`msgcodec.MessageFields`, so the send path encodes it
     straight into the batch. The codec checks the sizes (body, properties, host) when it
     encodes. ``body`` may be a view into the request's bytes (the v1 port's parser,
-    :mod:`broker.frontends.v1.sendwire`): the log entry's encoding is its first copy."""
+    :mod:`broker.frontends.v1.sendwire`): the log entry's encoding is its first copy.
+
+    A named tuple, not a frozen dataclass: one is made per message of every send, and a frozen
+    dataclass's ``__init__`` (an ``object.__setattr__`` per field) cost ~1.0 us of the leader's
+    CPU more per message (issue 36, docs/PERFORMANCE.md "ASYNC_FLUSH at 256 in flight")."""
 
     topic: str
     queue_id: int
     body: bytes | memoryview
     tags: str = ""
     keys: tuple[str, ...] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = NO_PROPERTIES
     born_host: str = ""
     born_timestamp_ms: int = 0
     producer_group: str = ""

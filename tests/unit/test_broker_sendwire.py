@@ -7,7 +7,7 @@ into the request's bytes; what the runtime refuses it must refuse."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import sys
 from typing import Any
 
 import grpc
@@ -48,7 +48,7 @@ def _ours(data: bytes, in_place_min_bytes: int = 0) -> tuple[str, list[OutgoingM
         for m in w.messages:
             assert isinstance(m.body, memoryview)
             assert m.body.obj is data  # a view into the request, not a copy
-    return w.topic, [dataclasses.replace(m, body=bytes(m.body)) for m in w.messages]
+    return w.topic, [m._replace(body=bytes(m.body)) for m in w.messages]
 
 
 def _same(data: bytes) -> bool:
@@ -304,6 +304,66 @@ def test_small_messages_are_parsed_by_the_runtime() -> None:
     data = pb.SendMessageRequest(topic="T", messages=[pb.Message(body=body)]).SerializeToString()
     (m,) = parse_send_request(data).messages
     assert isinstance(m.body, bytes) and m.body == body
+
+
+# The Python functions parse_send_request may run for a request of small messages: the
+# request (parse_send_request, _by_runtime, the generator over its messages and SendWire's
+# __init__) and each message (outgoing_of, OutgoingMessage's __new__, the generator's step).
+# Issue 36 (docs/PERFORMANCE.md "ASYNC_FLUSH at 256 in flight"): a scan of the request's
+# fields in Python before the runtime's parser, and a frozen dataclass and the Mapping ABC
+# per message, made it 23 calls for one message with two properties and 121 for eight (now 7
+# and 35), and 905 for a producer's batch of 64 (a request past IN_PLACE_MIN_MESSAGE_BYTES;
+# now 260): ~3.3 us of a leader's CPU per message at 256 in flight.
+SMALL_REQUEST_CALLS = 4
+SMALL_MESSAGE_CALLS = 4
+
+
+def _python_calls(fn: Any, *args: Any) -> int:
+    """How many Python functions ``fn(*args)`` ran (C functions not counted)."""
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return calls - 1  # fn itself is the request's first
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])  # 64 KiB: more than IN_PLACE_MIN_MESSAGE_BYTES
+@pytest.mark.parametrize("props", [{}, {"a": "b", "KEYS": "k1"}])
+def test_a_small_send_costs_a_bounded_number_of_python_calls(n: int, props: dict[str, str]) -> None:
+    """A send's steps per message on the leader (the v1 port parses every SendMessage here):
+    a count that must not grow. The runtime parses small requests without a scan in Python."""
+    msgs = [
+        pb.Message(body=b"x" * 1024, born_host="127.0.0.1", msg_id="A" * 32, properties=props)
+        for _ in range(n)
+    ]
+    data = pb.SendMessageRequest(topic="T", messages=msgs).SerializeToString()
+    calls = _python_calls(parse_send_request, data)
+    assert calls <= SMALL_REQUEST_CALLS + SMALL_MESSAGE_CALLS * n, calls
+    assert [m.properties for m in parse_send_request(data).messages] == [props] * n
+
+
+def test_a_batch_of_small_messages_is_parsed_by_the_runtime_and_checked_whole() -> None:
+    """A request past IN_PLACE_MIN_MESSAGE_BYTES made of small messages goes to the runtime
+    after the quick look at its lengths; cut short anywhere, or with another field among
+    them, it is still refused or parsed exactly as the runtime does."""
+    msgs = [pb.Message(body=bytes([i]) * 1024, queue_id=i) for i in range(32)]
+    data = pb.SendMessageRequest(topic="T", messages=msgs).SerializeToString()
+    assert len(data) > IN_PLACE_MIN_MESSAGE_BYTES
+    w = parse_send_request(data)
+    assert [(m.queue_id, m.body) for m in w.messages] == [(i, bytes([i]) * 1024) for i in range(32)]
+    assert all(isinstance(m.body, bytes) for m in w.messages)
+    for cut in (1, 2, 500, 1030):
+        assert _ours(data[:-cut], IN_PLACE_MIN_MESSAGE_BYTES) is None
+    for extra in (b"\x18\x01", b"\x12\x80", b"\x12\x80\x80\x01"):
+        assert _same(data + extra) is (extra == b"\x18\x01")
 
 
 def test_only_bytes_are_parsed() -> None:
