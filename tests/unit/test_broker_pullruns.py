@@ -225,3 +225,21 @@ def test_a_run_is_read_with_one_read_and_a_damaged_one_message_by_message(tmp_pa
         puller.pull_once(PullQuery("T", 0, 0, max_msgs=50), None)
     assert type(refused.value).__name__ == "CorruptMessageError"
     assert len(reads) == 1 + 26 + 1
+
+
+def test_a_run_past_what_is_applied_or_stored_is_not_read_as_one(tmp_path: Path) -> None:
+    node, sm, _topics, applied = world(tmp_path)
+    log = RetainedLog()
+    node.store = log
+    sm.attach(log)
+    msgs = [Message("T", 0, b"x" * 16, tags="A", uniq_id=IDS.next_id()) for _ in range(3)]
+    sm.apply([log.add(encode_batch(msgs)[0], ENTRY_MESSAGES)])
+    cq = sm.cqs.find("T", 0)
+    assert cq is not None
+    first, _size, _tag = cq.get(0)
+    end = sm.dispatch_end
+    assert applied.read_run(first, end - first) == bytes(log.data[first:end])
+    assert applied.read_run(first, end - first + 1) is None  # past the applied end
+    assert applied.read_run(-1, 10) is None and applied.read_run(first, 0) is None
+    log.deleted_below = first + 1  # the store cannot read it: the caller reads one by one
+    assert applied.read_run(first, end - first) is None
