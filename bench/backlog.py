@@ -25,7 +25,8 @@ A fresh insecure 3-node group with a NameServer (``bench.__main__.local_group``)
 6. **the catch-up read**: a reader from offset 0 of every queue to its end, ``READ_THREADS``
    threads, ``PullMessage`` calls of 1,024 messages to the leader; the broker's answer is counted
    (the stored messages' bytes, and the bodies'), not decoded by a client (a Python client's
-   decode would measure the client);
+   decode would measure the client); the leader's and the reader's CPU per message read (the
+   figures a loaded machine does not move, where the rate is its share of the machine);
 7. **memory after the restart**: every node's ``RssAnon`` once more.
 
 Figures per million stored messages are least-squares slopes over the steps (the first step
@@ -544,10 +545,26 @@ def _first_send(cluster: LocalCluster, t0: float) -> float:
 # The catch-up read
 
 
+def process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user and system) process ``pid`` has used, from /proc (None: unknown)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3 (the state).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def catch_up_read(cluster: LocalCluster, size: int) -> dict[str, Any]:
     """Every queue from offset 0 to its end, READ_THREADS threads pulling READ_BATCH messages
-    a call from the leader; messages, stored bytes and body bytes read, and the seconds."""
-    addr = cluster.node(cluster.wait_leader()).client_addr
+    a call from the leader; messages, stored bytes and body bytes read, the seconds, and the
+    CPU per message of the leader and of this (the reader's) process: robust figures on a
+    loaded machine, where the rate is the machine's share."""
+    leader = cluster.wait_leader()
+    addr = cluster.node(leader).client_addr
+    leader_pid = cluster.pid(cluster.node(leader))
     ends = queue_ends(addr)
     counts = [[0, 0] for _ in range(READ_THREADS)]  # messages, stored bytes
     deadline = time.monotonic() + READ_TIMEOUT_S
@@ -567,16 +584,24 @@ def catch_up_read(cluster: LocalCluster, size: int) -> dict[str, Any]:
                     counts[i][1] += len(resp.raw_messages)
                     offset = int(resp.next_begin_offset)
 
-    t0 = time.monotonic()
+    t0, leader_cpu0, reader_cpu0 = time.monotonic(), process_cpu_s(leader_pid), time.process_time()
     readers = [threading.Thread(target=drain, args=(i,)) for i in range(READ_THREADS)]
     for t in readers:
         t.start()
     for t in readers:
         t.join()
     seconds = time.monotonic() - t0
+    reader_cpu_s, leader_cpu1 = time.process_time() - reader_cpu0, process_cpu_s(leader_pid)
     messages = sum(c[0] for c in counts)
     stored = sum(c[1] for c in counts)
+    leader_cpu_s = None
+    if leader_cpu0 is not None and leader_cpu1 is not None:
+        leader_cpu_s = leader_cpu1 - leader_cpu0
     return {
+        "leader_cpu_us_per_message": leader_cpu_s / messages * 1e6
+        if leader_cpu_s is not None and messages
+        else None,
+        "reader_cpu_us_per_message": reader_cpu_s / messages * 1e6 if messages else None,
         "messages": messages,
         "expected": sum(ends.values()),
         "seconds": seconds,
@@ -713,7 +738,9 @@ def markdown(r: Mapping[str, Any]) -> str:
         ),
         f"- catch-up read: {rd['messages']:,} of {rd['expected']:,} messages in "
         f"{rd['seconds']:.1f} s: {rd['messages_per_s']:,.0f} msg/s, **{rd['stored_mb_per_s']:.1f} "
-        f"MB/s stored** ({rd['body_mb_per_s']:.1f} MB/s of bodies)",
+        f"MB/s stored** ({rd['body_mb_per_s']:.1f} MB/s of bodies); CPU per message: the "
+        f"leader {_num(rd.get('leader_cpu_us_per_message'), 2)} us, the reader "
+        f"{_num(rd.get('reader_cpu_us_per_message'), 2)} us",
         f"- RssAnon MB: empty {_per_node(r['memory_empty'])}; after the restart of one node "
         f"{_per_node(r['memory_after_restart_one'])}; after the group's "
         f"{_per_node(r['memory_after_restart_all'])}",

@@ -206,11 +206,16 @@ def guard_handler(
     handler: grpc.RpcMethodHandler,
     method: str,
     parser: Callable[[bytes], Any] | None = None,
+    serializer: Callable[[Any], bytes] | None = None,
 ) -> grpc.RpcMethodHandler:
     """``handler`` with a deserializer that never raises and a behavior that refuses what it
     could not decode. ``method`` names it in log lines (``/package.Service/Method``).
     ``parser``: decodes the request instead of the generated deserializer (a hand parser
-    reading the wire bytes; what it refuses is refused under the generated type's name)."""
+    reading the wire bytes; what it refuses is refused under the generated type's name).
+    ``serializer``: encodes the response instead of the generated serializer (a response
+    the servicer wrote to wire bytes itself)."""
+    if serializer is not None:
+        handler = handler._replace(response_serializer=serializer)
     deserializer = handler.request_deserializer
     if deserializer is None:  # raw bytes: nothing to decode, nothing to refuse
         return handler
@@ -253,12 +258,16 @@ def add_servicer(
     add: _Add,
     servicer: Any,
     parsers: Mapping[str, Callable[[bytes], Any]] | None = None,
+    *,
+    serializers: Mapping[str, Callable[[Any], bytes]] | None = None,
 ) -> list[str]:
     """Register ``servicer`` on ``server`` as the generated ``add`` function would, every
     method guarded (:func:`guard_handler`). Returns the full service names registered.
     ``parsers``: method name (``SendMessage``) -> its request's parser, used instead of the
-    generated deserializer."""
+    generated deserializer; ``serializers``: method name -> its response's serializer, used
+    instead of the generated one."""
     parsers = parsers or {}
+    serializers = serializers or {}
     capture = _Capture()
     add(servicer, capture)
     if not capture.services:
@@ -269,7 +278,8 @@ def add_servicer(
     names = []
     for service, handlers in capture.services:
         guarded = {
-            m: guard_handler(h, f"/{service}/{m}", parsers.get(m)) for m, h in handlers.items()
+            m: guard_handler(h, f"/{service}/{m}", parsers.get(m), serializers.get(m))
+            for m, h in handlers.items()
         }
         # Generic dispatch only (a dict look-up by method name per call). Registered methods
         # make grpc.aio's server keep one pending request task per method of the port and

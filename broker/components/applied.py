@@ -220,6 +220,18 @@ class AppliedMessages:
         except IndexOutOfRangeError as exc:
             raise MessageNotFoundError(f"no message at position {position}: {exc}") from None
 
+    def read_run(self, position: int, size: int) -> bytes | None:
+        """The ``size`` bytes from ``position`` on, applied messages back to back, in one
+        read and unchecked; None when they cannot be read as one (they reach past what is
+        applied, or past the end of the log file holding the first): the caller then reads
+        the messages one by one, as :meth:`read` does."""
+        if position < 0 or size <= 0 or position + size > self.ctx.sm.dispatch_end:
+            return None
+        try:
+            return self.ctx.node.store.read_at(position, size)
+        except IndexOutOfRangeError:
+            return None
+
     def size_at(self, position: int) -> int:
         """The stored size of the applied message at ``position``, from its head."""
         return int(MESSAGE_HEAD.unpack(self.read(position, MESSAGE_HEAD.size))[0])

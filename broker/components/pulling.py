@@ -12,7 +12,7 @@ import asyncio
 import enum
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from broker.components.applied import MAX_ANSWER_BYTES, AppliedMessages
@@ -328,31 +328,43 @@ class PullPath:
             return PullResult(PullStatus.NO_NEW_MSG, offset, low, high)
         max_msgs = min(query.max_msgs or DEFAULT_PULL_MAX_MSGS, MAX_PULL_MSGS)
         scan = max(max_msgs, PULL_MAX_SCAN_RECORDS) if hashes is not None else max_msgs
-        result = PullResult(PullStatus.NO_MATCHED_MSG, offset, low, high)
-        parts: list[bytes] = []
-        budget = MAX_ANSWER_BYTES
-        sm, read = self.ctx.sm, self.applied.raw
-        matcher = derived.RowMatcher(query.topic, query.queue_id)
-        for i, (position, size, tag_hash) in enumerate(cq.read(offset, scan)):
-            if hashes is not None and tag_hash not in hashes:
-                result.next_begin_offset = offset + i + 1
-                continue
-            cost = size + PULL_PER_MESSAGE_BYTES
-            if parts and cost > budget:
-                break  # would not fit: the next pull starts with it
-            result.next_begin_offset = offset + i + 1
-            row = (position, size, tag_hash)
-            parts.append(derived.checked_raw(sm, read, matcher, offset + i, row))
-            result.queue_offsets.append(offset + i)
-            result.positions.append(position)
-            budget -= cost
-            if len(parts) >= max_msgs:
-                break
-        if parts:
+        picked = _pick(cq.read(offset, scan), offset, hashes, max_msgs)
+        result = PullResult(PullStatus.NO_MATCHED_MSG, picked.next_offset, low, high)
+        if picked.offsets:
             result.status = PullStatus.FOUND
-            result.raw = b"".join(parts)
-            result.suggest_pull_from_follower = self.suggest_follower(result.positions[-1])
+            result.raw = self._read_checked(query, picked)
+            result.queue_offsets = picked.offsets
+            result.positions = picked.positions
+            result.suggest_pull_from_follower = self.suggest_follower(picked.positions[-1])
         return result
+
+    def _read_checked(self, query: PullQuery, picked: _Picked) -> bytes:
+        """The picked messages back to back, each checked against the commitlog and its
+        record. Messages side by side in the commitlog (a batch's, as a producer sends them)
+        are read as one run with one read and checked in place; a run that fails a check (or
+        cannot be read as one) is read again message by message, which finds the bad one and
+        answers for it as a read of one message does (:func:`derived.checked_raw`)."""
+        sm, applied = self.ctx.sm, self.applied
+        matcher = derived.RowMatcher(query.topic, query.queue_id)
+        positions, sizes, tags = picked.positions, picked.sizes, picked.tags
+        parts: list[bytes] = []
+        lo, count = 0, len(positions)
+        while lo < count:
+            first = positions[lo]
+            end, hi = first + sizes[lo], lo + 1
+            while hi < count and positions[hi] == end:
+                end += sizes[hi]
+                hi += 1
+            run = applied.read_run(first, end - first)
+            if run is not None and matcher.run_matches(run, sizes, tags, lo, hi):
+                parts.append(run)
+            else:
+                for k in range(lo, hi):
+                    row = (positions[k], sizes[k], tags[k])
+                    offset = picked.offsets[k]
+                    parts.append(derived.checked_raw(sm, applied.raw, matcher, offset, row))
+            lo = hi
+        return b"".join(parts)
 
     def suggest_follower(self, position: int) -> bool:
         """Whether a reader of ``position`` should go to a follower: the leader is far
@@ -361,3 +373,45 @@ class PullPath:
             return False
         behind = self.ctx.node.store.write_position - position
         return behind > self._memory_limit_bytes
+
+
+@dataclass(slots=True)
+class _Picked:
+    """The records a pull answers with (queue offsets, commitlog positions, sizes, tags),
+    and the queue offset its next pull starts from."""
+
+    offsets: list[int]
+    positions: list[int]
+    sizes: list[int]
+    tags: list[int]
+    next_offset: int
+
+
+def _pick(
+    records: Iterable[tuple[int, int, int]],
+    offset: int,
+    hashes: frozenset[int] | None,
+    max_msgs: int,
+) -> _Picked:
+    """Of ``records`` (from queue offset ``offset`` on), those matching ``hashes`` (None:
+    all), at most ``max_msgs`` and as many as fit in one answer (always one). Reads nothing:
+    the sizes are the records'."""
+    picked = _Picked([], [], [], [], offset)
+    offsets, positions, sizes, tags = picked.offsets, picked.positions, picked.sizes, picked.tags
+    budget = MAX_ANSWER_BYTES
+    for i, (position, size, tag_hash) in enumerate(records, offset):
+        if hashes is not None and tag_hash not in hashes:
+            picked.next_offset = i + 1
+            continue
+        cost = size + PULL_PER_MESSAGE_BYTES
+        if offsets and cost > budget:
+            break  # would not fit: the next pull starts with it
+        picked.next_offset = i + 1
+        offsets.append(i)
+        positions.append(position)
+        sizes.append(size)
+        tags.append(tag_hash)
+        budget -= cost
+        if len(offsets) >= max_msgs:
+            break
+    return picked

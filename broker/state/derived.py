@@ -47,9 +47,12 @@ from broker.state.transactions import OP_COMMIT, OP_PREPARE, decode_txn_record
 from dledger.log import DLedgerError
 from mqerrors import codes as E
 from msgcodec import (
+    MESSAGE_CRC_END,
     MESSAGE_FIXED_SIZE,
     MESSAGE_MAGIC,
     MESSAGE_VERSION,
+    MIN_MESSAGE_SIZE,
+    crc32c,
     dispatch_head_size,
     read_dispatch_head,
     scan_dispatch,
@@ -572,11 +575,19 @@ _TAGS_HASH_AT = 48
 _TOPIC_AT = MESSAGE_FIXED_SIZE
 
 
+# A message's total size, magic, CRC and queue id, then the 8 bytes a ConsumeQueue record's tag
+# holds: the tag hash, or the store time in the schedule and timer topics.
+_RUN_HEAD_TAGS = struct.Struct(f">III4xi{_TAGS_HASH_AT - _QUEUE_ID_AT - 4}xq")
+_RUN_HEAD_STORE_TS = struct.Struct(f">III4xi{_STORE_TS_AT - _QUEUE_ID_AT - 4}xq")
+assert _RUN_HEAD_TAGS.size == _TAGS_HASH_AT + 8 < MIN_MESSAGE_SIZE
+assert _RUN_HEAD_STORE_TS.size == _STORE_TS_AT + 8 < MIN_MESSAGE_SIZE
+
+
 class RowMatcher:
     """Compares the messages a read serves with their records, in a few slice compares per
     message (the read checked the head, size and CRC already): made once per read."""
 
-    __slots__ = ("queue_b", "queue_id", "tag_at", "topic", "topic_field")
+    __slots__ = ("queue_b", "queue_id", "run_head", "tag_at", "topic", "topic_field")
 
     def __init__(self, topic: str, queue_id: int) -> None:
         self.topic = topic
@@ -584,7 +595,40 @@ class RowMatcher:
         self.queue_b = queue_id.to_bytes(4, "big", signed=True)
         name = topic.encode()
         self.topic_field = bytes((len(name),)) + name
-        self.tag_at = _STORE_TS_AT if topic in (SCHEDULE_TOPIC, TIMER_TOPIC) else _TAGS_HASH_AT
+        timed = topic in (SCHEDULE_TOPIC, TIMER_TOPIC)
+        self.tag_at = _STORE_TS_AT if timed else _TAGS_HASH_AT
+        self.run_head = _RUN_HEAD_STORE_TS if timed else _RUN_HEAD_TAGS
+
+    def run_matches(
+        self, run: bytes, sizes: Sequence[int], tags: Sequence[int], lo: int, hi: int
+    ) -> bool:
+        """Whether ``run``, messages read back to back in one read, holds exactly one sound
+        message of this queue per record ``sizes[i]``, ``tags[i]`` (``lo <= i < hi``): every
+        check a read of one message makes (:func:`msgcodec.check_message`'s head, size and CRC, then
+        :meth:`matches`), none laxer. False says nothing about which message is wrong: the
+        caller reads them one by one to find out and answer as before."""
+        mv = memoryview(run)
+        unpack = self.run_head.unpack_from
+        queue_id, topic_field = self.queue_id, self.topic_field
+        field_end = _TOPIC_AT + len(topic_field)
+        at = 0
+        for i in range(lo, hi):
+            size = sizes[i]
+            end = at + size
+            if size < MIN_MESSAGE_SIZE or end > len(run) or field_end > size:
+                return False
+            total, magic, crc, qid, stored_tag = unpack(run, at)
+            if (
+                total != size
+                or magic != MESSAGE_MAGIC
+                or qid != queue_id
+                or stored_tag != tags[i]
+                or run[at + _TOPIC_AT : at + field_end] != topic_field
+                or crc32c(mv[at + MESSAGE_CRC_END : end]) != crc
+            ):
+                return False
+            at = end
+        return at == len(run)
 
     def matches(self, raw: bytes, tag: int) -> bool:
         at = self.tag_at

@@ -41,7 +41,7 @@ from broker.components.lookups import Found, Lookups
 from broker.components.offsets import ConsumerOffsets
 from broker.components.pop import Received
 from broker.components.producers import ProducerRegistry, check_producer_topics, peer_address
-from broker.components.pulling import PullPath, PullQuery, PullResult, PullStatus
+from broker.components.pulling import PullPath, PullQuery, PullResult
 from broker.components.raftnode import RaftNode
 from broker.components.retry import Retries, SendBackItem
 from broker.components.settings import ServiceConfig
@@ -51,6 +51,7 @@ from broker.configview import runtime_info
 from broker.frontends.authguard import AuthGuard, owner_of
 from broker.frontends.internal.codec import outgoing_of
 from broker.frontends.v1.pbmessage import message_pb
+from broker.frontends.v1.pullwire import PullAnswer, encode_pull_response, serialize_response
 from broker.frontends.v1.rpcerrors import (
     error_status as error_status,  # re-exported: the broker's mapping
 )
@@ -77,13 +78,6 @@ __all__ = ["BrokerServicer", "ServiceConfig", "error_status"]
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "raftmq.broker.v1.Broker"
-
-_PULL_STATUS = {
-    PullStatus.FOUND: pb.FOUND,
-    PullStatus.NO_NEW_MSG: pb.NO_NEW_MSG,
-    PullStatus.NO_MATCHED_MSG: pb.NO_MATCHED_MSG,
-    PullStatus.OFFSET_ILLEGAL: pb.OFFSET_ILLEGAL,
-}
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
@@ -137,12 +131,14 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         """Add the service to ``server``: undecodable requests are refused with
         ``INVALID_ARGUMENT BAD_REQUEST`` (:mod:`rpckit.decodeguard`). A SendMessage request
         is read by :mod:`broker.frontends.v1.sendwire` (its bodies not copied), the others by
-        the generated code."""
+        the generated code; a PullMessage answer is sent as the bytes
+        :mod:`broker.frontends.v1.pullwire` wrote (its messages copied once)."""
         return decodeguard.add_servicer(
             server,
             pb_grpc.add_BrokerServicer_to_server,
             self,
             {"SendMessage": parse_send_request},
+            serializers={"PullMessage": serialize_response},
         )
 
     # ------------------------------------------------------------------ domain -> protobuf
@@ -165,19 +161,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             duplicate=r.duplicate,
         )
 
-    def _pull_pb(self, r: PullResult) -> pb.PullMessageResponse:
-        return pb.PullMessageResponse(
-            status=_PULL_STATUS[r.status],
-            next_begin_offset=r.next_begin_offset,
-            min_offset=r.min_offset,
-            max_offset=r.max_offset,
-            suggest_pull_from_follower=r.suggest_pull_from_follower,
-            node_id=self.node.self_id,
-            raw_messages=r.raw,
-            raw_queue_offsets=r.queue_offsets,
-            raw_positions=r.positions,
-            offset_msg_id_prefix=self.applied.offset_msg_id_prefix if r.positions else "",
-        )
+    def _pull_answer(self, r: PullResult) -> PullAnswer:
+        wire = encode_pull_response(r, self.node.self_id, self.applied.offset_msg_id_prefix)
+        return PullAnswer(wire)
 
     # ------------------------------------------------------------------ messages
 
@@ -203,9 +189,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         )
 
     @_rpc
-    async def PullMessage(
+    # The answer is not a PullMessageResponse but its bytes (pullwire.serialize_response).
+    async def PullMessage(  # type: ignore[override]
         self, request: pb.PullMessageRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PullMessageResponse:
+    ) -> PullAnswer:
+        """The answer as its wire bytes (:mod:`broker.frontends.v1.pullwire`): the messages
+        are copied once on their way to gRPC."""
         owner, unbounded = self._caller(context)
         query = PullQuery(
             request.topic,
@@ -218,7 +207,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             owner,
             unbounded,
         )
-        return self._pull_pb(await self.puller.pull(query, context.peer()))
+        return self._pull_answer(await self.puller.pull(query, context.peer()))
 
     @_rpc
     async def QueryMessageByKey(
