@@ -47,7 +47,7 @@ from dledger.server.members import (
     stream_sender,
 )
 from mqsecurity.errors import CertificateError
-from mqsecurity.refusals import REFUSALS
+from mqsecurity.refusals import REFUSALS, TLS_HANDSHAKE
 from mqsecurity.tls import TlsFiles, read_pem
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ LIVENESS_TIMEOUT_S = 3.0
 # messages are dropped and counted (as a full queue drops them): Raft resends what matters,
 # and a paused peer must not pin memory. Eight maximal append batches of 4 MiB.
 WRITE_HIGH_WATER_BYTES = 32 << 20
+# After the TLS handshake's deadline, how long a connection's check for a handshake that
+# never finished waits more (the deadline's own abort runs first).
+TLS_CHECK_SLACK_S = 0.5
 # Connections that have not yet sent an accepted hello, at most: more are closed at once (a
 # flood of idle connections costs a few descriptors, not the process).
 MAX_PENDING_CONNECTIONS = 32
@@ -253,7 +256,7 @@ class PeerSocketServer:
         # A message frame's bound: the gRPC stream's message bound (transport).
         self.max_frame_bytes = max_frame_bytes
         self._server: asyncio.AbstractServer | None = None
-        self._ssl = server_context(node.cfg.tls) if node.cfg.tls is not None else None
+        self.ssl = server_context(node.cfg.tls) if node.cfg.tls is not None else None
         self.pending = 0
         # The accepted connection of each sender: a newer one replaces it (one per direction).
         self.by_sender: dict[str, _Inbound] = {}
@@ -263,15 +266,32 @@ class PeerSocketServer:
         """Listen (not serving yet: ``serve`` starts that once the node can take messages)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Inbound(self),
+            self._accepted,
             host,
             port,
-            ssl=self._ssl,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self._ssl is not None else None,
+            ssl=self.ssl,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
             reuse_address=True,
             start_serving=False,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+
+    def _accepted(self) -> _Inbound:
+        conn = _Inbound(self)
+        if self.ssl is not None:
+            # With TLS the protocol is made at accept and connected only once the handshake
+            # succeeded; asyncio reports no failed handshake, so one that never connected by
+            # the deadline is counted as the peer port's failed handshakes are.
+            loop = asyncio.get_running_loop()
+            loop.call_later(HANDSHAKE_TIMEOUT_S + TLS_CHECK_SLACK_S, self._check_made, conn)
+        return conn
+
+    def _check_made(self, conn: _Inbound) -> None:
+        if not conn.made and self._server is not None:
+            REFUSALS.count(
+                TLS_HANDSHAKE,
+                f"node={self.node.cfg.self_id} peer socket: TLS handshake failed or too slow",
+            )
 
     async def serve(self) -> None:
         assert self._server is not None
@@ -322,10 +342,12 @@ class _Inbound(asyncio.Protocol):
         self._reader = FrameReader(HELLO_MAX_BYTES)
         self._timer: asyncio.TimerHandle | None = None
         self._counted_pending = False
+        self.made = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are no subclasses of asyncio.Transport, but are one.)
         self._transport = transport = cast(asyncio.Transport, transport)
+        self.made = True
         if self.server.pending >= MAX_PENDING_CONNECTIONS:
             where = transport.get_extra_info("peername")
             self.node.note_drop(DROP_SOCKET_OVERFLOW, f"peer={where}")
@@ -334,6 +356,9 @@ class _Inbound(asyncio.Protocol):
         self.server.pending += 1
         self._counted_pending = True
         _keepalive(transport.get_extra_info("socket"))
+        self._start_hello_deadline()
+
+    def _start_hello_deadline(self) -> None:
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_late)
 

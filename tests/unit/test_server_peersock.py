@@ -35,7 +35,7 @@ from dledger.server.peersock import (
 from dledger.server.transport import SERVER_OPTIONS, STREAM_METHOD, PeerLink
 from mqsecurity import pki
 from mqsecurity.channels import ClientSecurity
-from mqsecurity.refusals import PEER_CERTIFICATE, PEER_IDENTITY, REFUSALS
+from mqsecurity.refusals import PEER_CERTIFICATE, PEER_IDENTITY, REFUSALS, TLS_HANDSHAKE
 from mqsecurity.tls import TlsFiles
 
 GROUP = "g0"
@@ -348,8 +348,9 @@ async def _tls_hello(port: int, files: TlsFiles, ca: TlsFiles, claim: str) -> in
 
 
 def test_tls_only_a_member_certificate_of_this_group_gets_in(
-    pki_files: dict[str, TlsFiles],
+    pki_files: dict[str, TlsFiles], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(peersock, "HANDSHAKE_TIMEOUT_S", 0.5)
     node = FakeNode(tls=pki_files["self"])
     before = REFUSALS.snapshot()
     got: dict[str, int | None] = {}
@@ -363,6 +364,10 @@ def test_tls_only_a_member_certificate_of_this_group_gets_in(
         got["client"] = await _tls_hello(server.port, pki_files["client"], own, PEER)
         got["self"] = await _tls_hello(server.port, pki_files["self"], own, SELF)
         got["stranger-ca"] = await _tls_hello(server.port, pki_files["stranger-ca"], own, PEER)
+        await _wait(
+            lambda: REFUSALS.snapshot()[TLS_HANDSHAKE] > before[TLS_HANDSHAKE],
+            "the failed handshake counted",
+        )
         await server.stop()
 
     run(body)
@@ -377,6 +382,7 @@ def test_tls_only_a_member_certificate_of_this_group_gets_in(
     after = REFUSALS.snapshot()
     assert after[PEER_IDENTITY] - before[PEER_IDENTITY] == 1
     assert after[PEER_CERTIFICATE] - before[PEER_CERTIFICATE] == 3
+    assert after[TLS_HANDSHAKE] - before[TLS_HANDSHAKE] == 1  # as the peer port counts them
     assert node.drops == {}
 
 
