@@ -531,7 +531,7 @@ class Outbound(asyncio.Protocol):
 
     def write_buffered(self) -> int:
         transport = self.transport
-        if transport is None:
+        if transport is None or transport.is_closing():
             return WRITE_HIGH_WATER_BYTES + 1
         return transport.get_write_buffer_size()
 

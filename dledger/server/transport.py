@@ -145,7 +145,9 @@ class PeerLink:
         then it is dropped and counted too."""
         conn = self._conn
         if conn is not None:
-            if conn.write_buffered() > peersock.WRITE_HIGH_WATER_BYTES:
+            if conn.closed.done() or conn.write_buffered() > peersock.WRITE_HIGH_WATER_BYTES:
+                # Closed (the link reconnects once it sees it; uvloop raises on a write to a
+                # closed transport) or a peer that stopped reading: dropped, as Raft allows.
                 self.stats.dropped += 1
                 return
             self._write(conn, m)

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+import uvloop
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.core import TimeoutNow
@@ -494,3 +495,37 @@ def test_a_link_with_the_socket_off_never_asks(tmp_path: Path) -> None:
         await server.stop(None)
 
     run(body)
+
+
+def test_a_message_to_a_socket_the_peer_just_closed_is_dropped_not_a_crash() -> None:
+    """Under uvloop (the nodes' loop) a write to a closed transport raises: a Ready sending to
+    a peer whose connection had closed before the link's watch woke ended the process."""
+    node = FakeNode()
+    raised: list[BaseException] = []
+
+    def send_now(link: PeerLink) -> None:
+        try:
+            for term in range(10):
+                link.send(TimeoutNow(PEER, SELF, term))
+        except BaseException as exc:
+            raised.append(exc)
+
+    async def body() -> None:
+        sock = await _serving(node)
+        server, port = await _grpc_server(_Offering(sock.port))
+        link = PeerLink(GROUP, PEER, "127.0.0.1:1", SELF, f"127.0.0.1:{port}")
+        link.start()
+        await _wait(lambda: link.stats.carrier == "socket", "the socket")
+        conn = link._conn
+        assert conn is not None
+        # Runs as the connection closes, before the link's task can notice.
+        conn.closed.add_done_callback(lambda _: send_now(link))
+        await sock.stop()  # closes the link's connection from the peer's side
+        await _wait(lambda: conn.closed.done(), "the close")
+        await asyncio.sleep(0)
+        assert link.stats.dropped >= 10
+        await link.stop()
+        await server.stop(None)
+
+    uvloop.run(body())
+    assert raised == []
