@@ -558,6 +558,8 @@ async def connect(
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if context is not None else None,
             )
             assert conn.transport is not None
+            if conn.closed.done():
+                raise ConnectionError(conn.problem or "closed at once")
             conn.transport.write(frame(hello))
             answer = await conn.answered
     except BaseException:
