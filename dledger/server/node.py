@@ -180,6 +180,9 @@ class _Waiter:
 class DLedgerNode:
     """A running member: call :meth:`start`, then :meth:`wait_closed` or :meth:`stop`."""
 
+    # The peer socket's receiving side (cfg.peer_socket_port; None when not offered).
+    _socket_server: PeerSocketServer | None = None
+
     def __init__(
         self,
         cfg: NodeConfig,
@@ -229,8 +232,6 @@ class DLedgerNode:
         self._peer_server: grpc.aio.Server | None = None
         self._client_server: grpc.aio.Server | None = None
         self._transport: PeerTransport | None = None
-        # The peer socket's receiving side (cfg.peer_socket_port; None when not offered).
-        self._socket_server: PeerSocketServer | None = None
         # Given when the process serves metrics (dledger.server.metrics): the append and
         # fsync histograms are fed only then.
         self.raft_stats = raft_stats
@@ -311,11 +312,7 @@ class DLedgerNode:
                 "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
                 cfg.self_id,
             )
-        assert self._peer_server is not None and self._client_server is not None
-        await self._peer_server.start()
-        if self._socket_server is not None:
-            await self._socket_server.serve()
-        await self._client_server.start()
+        await self._serve_ports()
         self._transport.start()
         self._spawn_tasks(conf)
         logger.info(
@@ -542,6 +539,14 @@ class DLedgerNode:
         if cfg.plaintext_client_port:
             plain = f"{PLAINTEXT_CLIENT_HOST}:{cfg.plaintext_client_port}"
             bind_insecure(self._client_server, plain, StartError)
+
+    async def _serve_ports(self) -> None:
+        """Start serving the ports bound at start (peers first, then clients)."""
+        assert self._peer_server is not None and self._client_server is not None
+        await self._peer_server.start()
+        if self._socket_server is not None:
+            await self._socket_server.serve()
+        await self._client_server.start()
 
     async def _bind_socket(self) -> None:
         """The peer socket's port (dledger.server.peersock), bound but not serving yet, when
