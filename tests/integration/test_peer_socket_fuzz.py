@@ -46,10 +46,12 @@ RAW_EXAMPLES = 80
 CALL_TIMEOUT_S = 6.0
 RSS_GROWTH_BOUND_MIB = 100
 SEED = [f"seed-{i}".encode() for i in range(20)]
+# LocalCluster's group (broker-a): hellos naming it and a member-like id are accepted.
+GROUP = "broker-a"
 ANSWERS = frozenset({ANSWER_ACCEPTED, ANSWER_REFUSED, ANSWER_VERSION})
 
 NAMES = st.one_of(
-    st.sampled_from(["g", "n0", "n1", "n2", "n9", "", "x" * 255]),
+    st.sampled_from([GROUP, "g", "n0", "n1", "n2", "n9", "", "x" * 255]),
     st.text(max_size=40),
 )
 PAYLOADS = st.one_of(
@@ -69,9 +71,12 @@ def _name(text: str) -> bytes:
 @st.composite
 def hellos(draw: st.DrawFn) -> tuple[bytes, int]:
     """A hello (maybe a lying one) and frames after it; the node it goes to."""
-    version = draw(st.sampled_from([0, 1, 2, 65535]))
-    group = draw(NAMES)
-    sender = draw(NAMES)
+    if draw(st.booleans()):  # one the node accepts (an unknown member's id is served too)
+        version, group, sender = 1, GROUP, draw(st.sampled_from(["n1", "n3", "n9"]))
+    else:
+        version = draw(st.sampled_from([0, 1, 2, 65535]))
+        group = draw(NAMES)
+        sender = draw(NAMES)
     hello = HELLO_MAGIC + struct.pack(">H", version) + _name(group) + _name(sender)
     frames = [frame(p) for p in draw(st.lists(PAYLOADS, max_size=4))]
     if draw(st.booleans()):
