@@ -198,11 +198,15 @@ def local_group(
     name: str = "",
     metrics: bool = True,
     node_env: dict[str, str] | None = None,
+    peer_socket: bool = True,
 ) -> Iterator[LocalCluster]:
     """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics;
-    ``node_env``: extra environment of every broker (``bench.steps``' counting hook)."""
+    ``node_env``: extra environment of every broker (``bench.steps``' counting hook);
+    ``peer_socket`` False: no dLegerPeerSocketPort (brokers of a tree without the key)."""
     cluster = LocalCluster(base / (name or flush.lower()))
     off = {} if metrics else {"metricsPort": "0"}
+    if not peer_socket:
+        off = {**off, "dLegerPeerSocketPort": "0"}
     cluster.configure(
         3,
         auto_ports=True,
@@ -216,7 +220,7 @@ def local_group(
             "delayLevelScale": "0.001",
             **off,
         },
-        namesrv_conf=off,
+        namesrv_conf={k: v for k, v in off.items() if k == "metricsPort"},
     )
     if node_env:
         cluster.node_env = {n.node_id: dict(node_env) for n in cluster.nodes}

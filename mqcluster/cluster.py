@@ -559,6 +559,8 @@ class LocalCluster:
         mport = int(str(values["metricsPort"]))
         rport = int(str(values["remotingListenPort"]))
         sport = int(str(values["dLegerPeerSocketPort"]))
+        if not sport:
+            del values["dLegerPeerSocketPort"]  # 0 is the default (and unknown before 0.3.0)
         if not parse_bool(str(values.get("dLegerPeerSocketEnable", "true"))):
             sport = 0  # turned off: not offered
         text = render_config(values)
