@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import TEST_INDEX_FILE_BYTES, TEST_SEGMENT_BYTES
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -103,12 +104,18 @@ def _rss_mib(pid: int) -> float:
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(tmp_path_factory.mktemp("sockfuzz"))
-    cluster.configure(3, auto_ports=True)
+    # Small segments and index files: the defaults (1 GiB, ~420 MB) are for production.
+    small = {
+        "mappedFileSizeCommitLog": str(TEST_SEGMENT_BYTES),
+        "mappedFileSizeEntryIndex": str(TEST_INDEX_FILE_BYTES),
+    }
+    cluster.configure(3, auto_ports=True, extra=small)
     try:
         cluster.up()
         yield cluster
     finally:
         cluster.down(grace_s=5.0)
+        cluster.purge()
 
 
 class Fuzzer:
