@@ -209,6 +209,7 @@ def local_group(
     node_env: dict[str, str] | None = None,
     env_of_node: Mapping[str, Mapping[str, str]] | None = None,
     broker_keys: frozenset[str] | None = None,
+    peer_socket: bool = True,
 ) -> Iterator[LocalCluster]:
     """A 3-node group with a NameServer; ``metrics`` False: no process serves /metrics;
     ``node_env``: extra environment of every broker (``bench.steps``' counting hook);
@@ -216,9 +217,12 @@ def local_group(
     (``bench.backlog --node-env``: a native heap profiler's preload on one node);
     ``broker_keys``: the broker.conf keys the brokers' code knows, any other key left out of
     their files (``bench.steps --compare`` runs an older checkout's brokers, which refuse a key
-    added since; the NameServer is always this checkout's)."""
+    added since; the NameServer is always this checkout's); ``peer_socket`` False: no
+    dLegerPeerSocketPort (the Raft messages on gRPC streams, as before the peer socket)."""
     cluster = LocalCluster(base / (name or flush.lower()))
     off = {} if metrics else {"metricsPort": "0"}
+    if not peer_socket:
+        off = {**off, "dLegerPeerSocketPort": "0"}
     cluster.configure(
         3,
         auto_ports=True,
@@ -232,7 +236,7 @@ def local_group(
             "delayLevelScale": "0.001",
             **off,
         },
-        namesrv_conf=off,
+        namesrv_conf={k: v for k, v in off.items() if k == "metricsPort"},
     )
     if broker_keys is not None:
         _drop_unknown_keys(cluster, broker_keys)

@@ -51,6 +51,8 @@ class BrokerConfig:
     dLegerSelfId: str
     dLegerPeerClientAddrs: tuple[Peer, ...]
     dLegerJoinAddr: str
+    dLegerPeerSocketPort: int
+    dLegerPeerSocketEnable: bool
     listenPort: int
     grpcServerPort: int
     grpcServerPlaintextPort: int
@@ -528,6 +530,11 @@ def _check_metrics_port(values: Mapping[str, Any], path: str) -> None:
     }
     if port and port in used:
         raise ConfigError(f"{path}: key 'metricsPort': {port} is already used by another port")
+    socket_port = values["dLegerPeerSocketPort"]
+    if socket_port and socket_port in used | {port}:
+        raise ConfigError(
+            f"{path}: key 'dLegerPeerSocketPort': {socket_port} is already used by another port"
+        )
 
 
 def _check_auth_keys(values: Mapping[str, Any], path: str) -> None:

@@ -598,6 +598,22 @@ _TABLE: Mapping[str, _Key] = {
         "an empty store asks it to be added as a learner (docs/CLUSTER.md); default: none",
         to=(Into("node", "join_addr"),),
     ),
+    # The peer socket (docs/RAFT.md "Peer sockets"): the Raft message stream on a TCP port of
+    # its own, bound on bindAddress like the peer port; mqcluster gives node i its peer
+    # port + 100. A member without it (0, or an older release) is sent to over the gRPC stream.
+    "dLegerPeerSocketPort": _Key(
+        parse_optional_port,
+        INHERITED,
+        "TCP port of the peer socket (the Raft messages without gRPC; mutual TLS with "
+        "tlsEnable); 0: not offered, peers send over the peer port's gRPC stream",
+        to=(Into("node", "peer_socket_port"),),
+    ),
+    "dLegerPeerSocketEnable": _Key(
+        _parse_bool,
+        INHERITED,
+        "offer dLegerPeerSocketPort and send to the peers' sockets; false: the gRPC stream only",
+        to=(Into("node", "peer_socket_enable"),),
+    ),
     "listenPort": _Key(
         parse_port,
         "10911",

@@ -109,6 +109,9 @@ REMOTING_PORT_OFFSET = 1
 # port), the NameServer on 5556.
 METRICS_PORT_BASE = 5557
 NAMESRV_METRICS_PORT = 5556
+# The peer socket (dLegerPeerSocketPort, docs/RAFT.md "Peer sockets"): node i's peer port + 100
+# (41011 + 10 k + i: above every fixed block's peer ports).
+SOCKET_PORT_OFFSET = 100
 NAMESRV_ID = "namesrv"
 # Seconds `up` and `start` wait for a leader; `down` waits after SIGTERM before SIGKILL.
 LEADER_WAIT_S = 30.0
@@ -179,6 +182,9 @@ class NodeInfo:
     # The RocketMQ remoting port (remotingListenPort, docs/REMOTING.md); 0: not served (and in a
     # cluster.json written before it).
     remoting_port: int = 0
+    # The peer socket's port (dLegerPeerSocketPort, docs/RAFT.md "Peer sockets"); 0: not
+    # offered (and in a cluster.json written before it).
+    socket_port: int = 0
 
     @property
     def client_addr(self) -> str:
@@ -245,14 +251,19 @@ def log_client(
     return LogClient(addrs, group=group, timeout_s=timeout_s, security=security)
 
 
+# A node's ports, by kind, in the order _write_node_conf takes them.
+NODE_PORT_KINDS = ("client", "peer", "grpc", "metrics", "remoting", "socket")
+
+
 def _node_ports(
     nodes: int, port_block: int | None, avoid: Collection[int]
 ) -> tuple[dict[str, list[int]], tuple[int, int, int]]:
-    """Each node's ports by kind (client, peer, grpc, metrics, remoting) and the NameServer's
+    """Each node's ports by kind (client, peer, grpc, metrics, remoting, socket) and the
+    NameServer's
     (port, metrics port, remoting port): drawn free, none of ``avoid``, when ``port_block`` is
     None; else the fixed ports of that block."""
     if port_block is None:
-        kinds = ("client", "peer", "grpc", "metrics", "remoting")
+        kinds = NODE_PORT_KINDS
         free = _free_ports(len(kinds) * nodes + 3, avoid=avoid)
         by_kind = {k: free[i * nodes : (i + 1) * nodes] for i, k in enumerate(kinds)}
         return by_kind, (free[-3], free[-2], free[-1])
@@ -264,6 +275,7 @@ def _node_ports(
         "grpc": [GRPC_PORT_BASE + block + i for i in range(nodes)],
         "metrics": [METRICS_PORT_BASE + block + i for i in range(nodes)],
         "remoting": [client + CLIENT_PORT_STEP * i + REMOTING_PORT_OFFSET for i in range(nodes)],
+        "socket": [PEER_PORT_BASE + SOCKET_PORT_OFFSET + block + i for i in range(nodes)],
     }
     return by_kind, (NAMESRV_PORT, NAMESRV_METRICS_PORT, NAMESRV_REMOTING_PORT)
 
@@ -504,23 +516,24 @@ class LocalCluster:
             f"{i}-127.0.0.1:{p}" for i, p in zip(ids, ports["client"], strict=True)
         )
         self.nodes = []
-        kinds = ("client", "peer", "grpc", "metrics", "remoting")
-        for node_id, *node_ports in zip(ids, *(ports[k] for k in kinds), strict=True):
+        for node_id, *node_ports in zip(ids, *(ports[k] for k in NODE_PORT_KINDS), strict=True):
             keys = {"dLegerPeers": peers, "dLegerPeerClientAddrs": client_addrs, **extra}
-            cport, pport, gport, mport, rport = node_ports
-            node = self._write_node_conf(node_id, (cport, pport, gport, mport, rport), keys, admin)
+            cport, pport, gport, mport, rport, sport = node_ports
+            ports_of = (cport, pport, gport, mport, rport, sport)
+            node = self._write_node_conf(node_id, ports_of, keys, admin)
             self.nodes.append(node)
 
     def _write_node_conf(
         self,
         node_id: str,
-        ports: tuple[int, int, int, int, int],
+        ports: tuple[int, int, int, int, int, int],
         keys: dict[str, str],
         admin: Credentials | None,
     ) -> NodeInfo:
-        """One node's broker.conf (``ports``: client, peer, RocketMQ 5, metrics, remoting);
+        """One node's broker.conf (``ports``: client, peer, RocketMQ 5, metrics, remoting,
+        peer socket);
         ``keys`` has its dLegerPeers and any extra key."""
-        cport, pport, gport, mport, rport = ports
+        cport, pport, gport, mport, rport, sport = ports
         conf = self.base / f"{node_id}.conf"
         values: dict[str, object] = {
             "brokerClusterName": "DefaultCluster",
@@ -532,6 +545,7 @@ class LocalCluster:
             "grpcServerPort": gport,
             "metricsPort": mport,
             "remotingListenPort": rport,
+            "dLegerPeerSocketPort": sport,
             "storePathRootDir": str(self.base / node_id),
         }
         if self.namesrv is not None:
@@ -544,6 +558,11 @@ class LocalCluster:
         gport = int(str(values["grpcServerPort"]))  # extra may turn it off (0)
         mport = int(str(values["metricsPort"]))
         rport = int(str(values["remotingListenPort"]))
+        sport = int(str(values["dLegerPeerSocketPort"]))
+        if not sport:
+            del values["dLegerPeerSocketPort"]  # 0 is the default (and unknown before 0.3.0)
+        if not parse_bool(str(values.get("dLegerPeerSocketEnable", "true"))):
+            sport = 0  # turned off: not offered
         text = render_config(values)
         if admin is not None:
             write_private_file(str(conf), text.encode())
@@ -560,6 +579,7 @@ class LocalCluster:
             mport,
             metrics_tls(values),
             rport,
+            sport,
         )
 
     # ------------------------------------------------------------------ membership
@@ -616,7 +636,14 @@ class LocalCluster:
         ports = {
             p
             for n in self.nodes
-            for p in (n.client_port, n.peer_port, n.grpc_port, n.metrics_port, n.remoting_port)
+            for p in (
+                n.client_port,
+                n.peer_port,
+                n.grpc_port,
+                n.metrics_port,
+                n.remoting_port,
+                n.socket_port,
+            )
             if p
         }
         if self.namesrv is not None:
@@ -629,7 +656,8 @@ class LocalCluster:
         ``extra``, then its own ports and join address; it is added to the state file."""
         node_id = self._next_id()
         # Not a port of a member that is stopped now (free, but its own when it starts).
-        cport, pport, gport, mport, rport = _free_ports(5, avoid=self.configured_ports())
+        ports = tuple(_free_ports(len(NODE_PORT_KINDS), avoid=self.configured_ports()))
+        cport, pport, gport, mport, rport, sport = ports
         admin = None
         if self.secure:
             try:
@@ -643,8 +671,9 @@ class LocalCluster:
             "dLegerJoinAddr": f"127.0.0.1:{leader.peer_port}",
         }
         keys.pop("dLegerPeerClientAddrs", None)  # the original members': not this node's
-        ports = (cport, pport, gport, mport, rport)
-        info = self._write_node_conf(node_id, ports, keys, admin)
+        info = self._write_node_conf(
+            node_id, (cport, pport, gport, mport, rport, sport), keys, admin
+        )
         self.nodes.append(info)
         self._save_state()
         return info

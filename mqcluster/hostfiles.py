@@ -26,7 +26,8 @@ It writes, under DIR:
 Run again with more groups in the layout (a group added to the cluster): the CA, the admin and
 the ACL key are kept, the existing processes' directories are left as they are, and only the
 new ones are written. Ports are RocketMQ's (each process has a host of its own): brokers 10911
-(client), 40911 (peer), 8081 (RocketMQ 5), 10912 (RocketMQ 4.x remoting), 5557 (metrics);
+(client), 40911 (peer), 41011 (peer socket), 8081 (RocketMQ 5), 10912 (RocketMQ 4.x remoting),
+5557 (metrics);
 NameServers 9876, 9877 (remoting: 4.x clients' namesrvAddr), metrics 5556. The remoting ports
 serve TLS and, on a broker, the same users and ACLs as every other port (docs/REMOTING.md); a
 layout's ``settings`` may turn a broker's off (``"remotingListenPort": "0"``).
@@ -58,6 +59,9 @@ from mqsecurity.credentials import (
 
 CLIENT_PORT = 10911
 PEER_PORT = 40911
+# The peer socket (dLegerPeerSocketPort, docs/RAFT.md "Peer sockets"): the peer port + 100, as
+# mqcluster's local layout gives it (cluster.SOCKET_PORT_OFFSET).
+PEER_SOCKET_PORT = PEER_PORT + 100
 GRPC_PORT = 8081
 METRICS_PORT = 5557
 # RocketMQ 4.x clients (docs/REMOTING.md): RocketMQ's brokers take 10911 for it, the client
@@ -272,6 +276,7 @@ class HostFiles:
             "grpcServerPort": GRPC_PORT,
             "remotingListenPort": REMOTING_PORT,
             "metricsPort": METRICS_PORT,
+            "dLegerPeerSocketPort": PEER_SOCKET_PORT,
             "namesrvAddr": self.layout.namesrv_addr,
             "storePathRootDir": str(d / "store"),
             "tlsEnable": "true",

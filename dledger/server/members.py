@@ -13,18 +13,26 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
+from dledger.server.convert import MAX_NODE_ID_CHARS, echo
 from mqerrors import codes as E
 from mqsecurity import refusals
 from mqsecurity.pki import member_identity
 from rpckit import status
 
+if TYPE_CHECKING:
+    from dledger.server.node import DLedgerNode
+
 # The headers a peer stream carries (PeerLink sets them; with TLS they only have to agree with
 # the certificate).
 GROUP_HEADER = "x-raftmq-group"
 FROM_HEADER = "x-raftmq-from"
+# A peer stream (or peer socket) refused at its start (a key of DLedgerNode.dropped(), beside
+# the node's and the core's other DROP_* reasons).
+DROP_STREAM_REFUSED = "stream_refused"
 # Characters of a claimed name quoted in a refusal (details and log lines stay short).
 QUOTE_MAX_CHARS = 64
 
@@ -89,3 +97,29 @@ def stream_sender(
             ),
         )
     return who.node_id
+
+
+def claimed_sender_refusal(node: DLedgerNode, group: str, sender: str) -> Refused | None:
+    """Plaintext: why a stream (or peer socket) claiming to come from ``sender`` of ``group``
+    is refused (counted as DROP_STREAM_REFUSED), or None when it is served."""
+    if group == node.cfg.group and len(sender) <= MAX_NODE_ID_CHARS and node.accepts_peer(sender):
+        return None
+    node.note_drop(DROP_STREAM_REFUSED, f"group={echo(group)} from={echo(sender)}")
+    return Refused(
+        DROP_STREAM_REFUSED,
+        status.RpcFailure(
+            grpc.StatusCode.PERMISSION_DENIED,
+            E.NOT_A_MEMBER,
+            f"of group {echo(node.cfg.group)}: group={echo(group)} from={echo(sender)}",
+        ),
+    )
+
+
+class AcceptedPeers:
+    """The members a peer stream may come from, as the configuration says (a container)."""
+
+    def __init__(self, node: DLedgerNode) -> None:
+        self.node = node
+
+    def __contains__(self, node_id: object) -> bool:
+        return isinstance(node_id, str) and self.node.accepts_peer(node_id)

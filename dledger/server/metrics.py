@@ -283,6 +283,12 @@ def _link_families(node: DLedgerNode) -> list[Metric]:
             ["peer"],
             (([p], link.dropped) for p, link in links),
         ),
+        labelled_gauge(
+            "raft_peer_link_socket",
+            "1 while the link to each peer rides its peer socket, 0 otherwise (gRPC stream)",
+            ["peer"],
+            (([p], 1 if link.carrier == "socket" else 0) for p, link in links),
+        ),
     ]
 
 

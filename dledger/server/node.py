@@ -92,6 +92,7 @@ from dledger.server.nodeconfig import (
     StateMachine,
 )
 from dledger.server.peer_service import PeerServicer
+from dledger.server.peersock import MAX_PROTOCOL_VERSION, PeerSocketServer
 from dledger.server.persister import ReadyPersister
 from dledger.server.promises import (
     PromiseError,
@@ -111,7 +112,12 @@ from dledger.server.snapshots import (
     install_app,
     pending_install,
 )
-from dledger.server.transport import SERVER_OPTIONS, LinkStats, PeerTransport
+from dledger.server.transport import (
+    MAX_GRPC_MESSAGE_BYTES,
+    SERVER_OPTIONS,
+    LinkStats,
+    PeerTransport,
+)
 from dledger.storage import (
     FlushDiskType,
     SegmentedLogStore,
@@ -124,6 +130,7 @@ from dledger.storage.store import META_FILE
 from mqerrors import codes as E
 from mqrelease import BASELINE_LEVEL, RELEASE
 from mqsecurity.channels import open_aio_channel
+from mqsecurity.errors import CertificateError
 from prockit import fatal as fatal_mod
 from prockit.fatal import fatal, spawn
 from rpckit import decodeguard, status
@@ -172,6 +179,9 @@ class _Waiter:
 
 class DLedgerNode:
     """A running member: call :meth:`start`, then :meth:`wait_closed` or :meth:`stop`."""
+
+    # The peer socket's receiving side (cfg.peer_socket_port; None when not offered).
+    _socket_server: PeerSocketServer | None = None
 
     def __init__(
         self,
@@ -252,6 +262,7 @@ class DLedgerNode:
         # Ports first: a busy port or a bad certificate must stop the node before it touches
         # its store.
         self._bind_ports()
+        await self._bind_socket()
         self._check_formats()
         self._carry_out_rebuild()
         interrupted = pending_install(cfg.store_dir)
@@ -292,6 +303,7 @@ class DLedgerNode:
             {},
             cfg.client_security,
             resolve=self._book.peer_addr,
+            use_socket=cfg.peer_socket_enable,
         )
         self._sync_members()
         if cfg.unsafe_ack_before_replication:
@@ -300,9 +312,7 @@ class DLedgerNode:
                 "BEFORE a majority holds them and CAN BE LOST. TEST ONLY, never in production",
                 cfg.self_id,
             )
-        assert self._peer_server is not None and self._client_server is not None
-        await self._peer_server.start()
-        await self._client_server.start()
+        await self._serve_ports()
         self._transport.start()
         self._spawn_tasks(conf)
         logger.info(
@@ -532,6 +542,34 @@ class DLedgerNode:
             plain = f"{PLAINTEXT_CLIENT_HOST}:{cfg.plaintext_client_port}"
             bind_insecure(self._client_server, plain, StartError)
 
+    async def _serve_ports(self) -> None:
+        """Start serving the ports bound at start (peers first, then clients)."""
+        assert self._peer_server is not None and self._client_server is not None
+        await self._peer_server.start()
+        if self._socket_server is not None:
+            await self._socket_server.serve()
+        await self._client_server.start()
+
+    async def _bind_socket(self) -> None:
+        """The peer socket's port (dledger.server.peersock), bound but not serving yet, when
+        the configuration offers one; StartError when it cannot be bound."""
+        cfg = self.cfg
+        if not (cfg.peer_socket_enable and cfg.peer_socket_port):
+            return
+        try:
+            server = PeerSocketServer(self, MAX_GRPC_MESSAGE_BYTES)
+            await server.bind(cfg.bind_host or cfg.client_host, cfg.peer_socket_port)
+        except (OSError, CertificateError) as exc:
+            raise StartError(f"peer socket port {cfg.peer_socket_port}: {exc}") from exc
+        self._socket_server = server
+
+    def peer_socket_offer(self) -> tuple[int, int]:
+        """The peer socket's port and highest protocol version, (0, 0) when not offered (what
+        DLedgerPeer.PeerSocket answers)."""
+        if self._socket_server is None:
+            return 0, 0
+        return self._socket_server.port, MAX_PROTOCOL_VERSION
+
     @property
     def call_guard(self) -> CallGuard | None:
         """The guard of the client port (other front ends of the process ask it too)."""
@@ -577,6 +615,8 @@ class DLedgerNode:
         for server in (self._client_server, self._peer_server):
             if server is not None:
                 await server.stop(grace=0.2)
+        if self._socket_server is not None:
+            await self._socket_server.stop()
         for task in self._tasks:
             task.cancel()
         if self._notice_release is not None:

@@ -182,6 +182,13 @@ class NodeConfig:
     tls: TlsFiles | None = None
     # With tls: an extra plaintext client port bound to 127.0.0.1 (0: none), for local tools.
     plaintext_client_port: int = 0
+    # The peer socket (dledger.server.peersock; broker keys dLegerPeerSocketPort and
+    # dLegerPeerSocketEnable): the Raft message stream on a TCP port of its own, bound on
+    # bind_host like the peer port, mutual TLS with tls. 0: not offered (peers use the gRPC
+    # stream to this node). With peer_socket_enable False this node neither offers it nor
+    # uses its peers' sockets.
+    peer_socket_port: int = 0
+    peer_socket_enable: bool = True
     # Join an existing group through this member's peer address (broker key
     # dLegerJoinAddr): a node started with an empty store asks the group to add it as a
     # learner, and takes its configuration from the log (docs/CLUSTER.md). "": no joining.
@@ -307,6 +314,16 @@ class NodeConfig:
             raise ConfigError("plaintext_client_port needs tls (the client port is plaintext)")
         if self.plaintext_client_port == self.client_port:
             raise ConfigError("plaintext_client_port must differ from client_port")
+        self._check_socket_port()
+
+    def _check_socket_port(self) -> None:
+        port = self.peer_socket_port
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"peer_socket_port {port} is not a port")
+        tail = self.peers[self.self_id].rpartition(":")[2]
+        peer_port = int(tail) if tail.isdigit() else 0
+        if port and port in (self.client_port, self.plaintext_client_port, peer_port):
+            raise ConfigError(f"peer_socket_port {port} must differ from the client and peer ports")
 
     @property
     def client_security(self) -> ClientSecurity:

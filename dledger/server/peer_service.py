@@ -15,10 +15,16 @@ from raftmq.dledger.v1 import dledger_pb2_grpc as pb_grpc
 
 from dledger.log import DLedgerError
 from dledger.server import errormap
-from dledger.server.convert import MAX_NODE_ID_CHARS, echo
+from dledger.server.convert import echo
 from dledger.server.goodcopy import holdings_of, to_response
 from dledger.server.health import chain_or_none
-from dledger.server.members import Refused, stream_sender
+from dledger.server.members import (
+    DROP_STREAM_REFUSED,
+    AcceptedPeers,
+    Refused,
+    claimed_sender_refusal,
+    stream_sender,
+)
 from dledger.server.snapshots import SnapshotRefused, refused_status
 from mqerrors import codes as E
 from mqsecurity.refusals import REFUSALS
@@ -27,11 +33,12 @@ from rpckit import status
 if TYPE_CHECKING:
     from dledger.server.node import DLedgerNode
 
-__all__ = ["DROP_STREAM_REFUSED", "PeerServicer"]
-
-# A peer stream refused at its start (a key of DLedgerNode.dropped(), beside the node's and
-# the core's other DROP_* reasons).
-DROP_STREAM_REFUSED = "stream_refused"
+__all__ = [
+    "DROP_STREAM_REFUSED",
+    "AcceptedPeers",
+    "PeerServicer",
+    "claimed_sender_refusal",
+]
 
 
 class PeerServicer(pb_grpc.DLedgerPeerServicer):
@@ -103,6 +110,25 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
         h = holdings_of(node)
         return to_response(h, chain_or_none(node, h.last_index) or 0)
 
+    async def PeerSocket(
+        self, request: pb.PeerSocketRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PeerSocketInfo:
+        """Whether and where this member offers the peer socket (dledger.server.peersock);
+        authenticated like Stream."""
+        await self._sender(context)
+        node = self.node
+        if request.group != node.cfg.group:
+            await status.abort(
+                context,
+                status.RpcFailure(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    E.NOT_A_MEMBER,
+                    f"this member is of group {echo(node.cfg.group)}, not {echo(request.group)}",
+                ),
+            )
+        port, max_version = node.peer_socket_offer()
+        return pb.PeerSocketInfo(port=port, max_version=max_version)
+
     async def _sender(self, context: grpc.aio.ServicerContext) -> str:
         """The member calling (the call is refused when it is none)."""
         if self.node.cfg.tls is None:
@@ -117,7 +143,7 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
             context.invocation_metadata() or (),
             cfg.group,
             cfg.self_id,
-            _AcceptedPeers(self.node),
+            AcceptedPeers(self.node),
         )
         if isinstance(sender, Refused):
             REFUSALS.count(
@@ -129,32 +155,10 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
     async def _claimed_sender(self, context: grpc.aio.ServicerContext) -> str:
         """Plaintext: the member the stream's headers name (anyone who can reach the peer port
         can claim to be a member; tlsEnable closes that)."""
-        node = self.node
         md = dict(context.invocation_metadata() or ())
         group, sender = md.get("x-raftmq-group", ""), md.get("x-raftmq-from", "")
         # x-raftmq-client-addr is ignored: redirects use configured addresses only.
-        if (
-            group != node.cfg.group
-            or len(sender) > MAX_NODE_ID_CHARS
-            or not node.accepts_peer(sender)
-        ):
-            node.note_drop(DROP_STREAM_REFUSED, f"group={echo(group)} from={echo(sender)}")
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.NOT_A_MEMBER,
-                    f"of group {echo(node.cfg.group)}: group={echo(group)} from={echo(sender)}",
-                ),
-            )
+        refused = claimed_sender_refusal(self.node, str(group), str(sender))
+        if refused is not None:
+            await status.abort(context, refused.failure)
         return str(sender)
-
-
-class _AcceptedPeers:
-    """The members a peer stream may come from, as the configuration says (a container)."""
-
-    def __init__(self, node: DLedgerNode) -> None:
-        self.node = node
-
-    def __contains__(self, node_id: object) -> bool:
-        return isinstance(node_id, str) and self.node.accepts_peer(node_id)

@@ -363,6 +363,8 @@ def _peer_call(servicer: Any, method: str, context: _PeerContext) -> bool:
         call = servicer.Join(dpb.JoinRequest(group=MEMBER_GROUP, node_id=NODE), context)
     elif method == "Holdings":
         call = servicer.Holdings(dpb.HoldingsRequest(group=MEMBER_GROUP), context)
+    elif method == "PeerSocket":
+        call = servicer.PeerSocket(dpb.PeerSocketRequest(group=MEMBER_GROUP), context)
     else:
         call = getattr(servicer, method)(_no_messages(), context)
     try:
@@ -387,6 +389,7 @@ def test_the_peer_port_serves_members_only(member: tuple[bytes, Any]) -> None:
         cfg=SimpleNamespace(tls=object(), group=MEMBER_GROUP, self_id=SELF),
         accepts_peer=lambda node_id: node_id in (NODE, "n2"),
         on_peer_message=lambda sender, message: None,
+        peer_socket_offer=lambda: (0, 0),
         join=lambda request: asyncio.sleep(0, dpb.JoinResponse()),
         snapshots_in=SimpleNamespace(
             receive=lambda sender, chunks: asyncio.sleep(0, dpb.SnapshotReply())

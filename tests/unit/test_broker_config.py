@@ -157,3 +157,19 @@ def test_timed_messages_may_not_outlive_retention() -> None:
         message = str(err.value)
         assert message.startswith("node.conf: key 'timerMaxDelaySec'")
         assert "fileReservedTime" in message and "\n" not in message
+
+
+def test_the_peer_socket_port_is_off_by_default_reaches_the_node_and_must_not_reuse_a_port() -> (
+    None
+):
+    from broker.config import node_config
+
+    cfg = parse_config(GOOD)
+    assert (cfg.dLegerPeerSocketPort, cfg.dLegerPeerSocketEnable) == (0, True)
+    node = node_config(parse_config(GOOD + "dLegerPeerSocketPort=41012\n"))
+    assert (node.peer_socket_port, node.peer_socket_enable) == (41012, True)
+    off = node_config(parse_config(GOOD + "dLegerPeerSocketEnable=false\n"))
+    assert off.peer_socket_enable is False
+    for clash in ("10921", "40912", "40913", "70000", "-1"):  # client, own and others' peer
+        with pytest.raises(ConfigError, match="dLegerPeerSocketPort"):
+            parse_config(GOOD + f"dLegerPeerSocketPort={clash}\n")

@@ -56,7 +56,7 @@ def test_automatic_ports_are_never_given_to_two_groups(
         groups = Groups(tmp_path / str(attempt))
         groups.configure(4, 5, namesrv=True, auto_ports=True)
         ports = [p for g in groups.all() for p in sorted(g.configured_ports())]
-        assert len(ports) == len(set(ports)) == 4 * 5 * 5 + 3  # 5 ports a node, 3 the NameServer
+        assert len(ports) == len(set(ports)) == 4 * 5 * 6 + 3  # 6 ports a node, 3 the NameServer
 
 
 @pytest.mark.parametrize("count", [0, 11])

@@ -257,6 +257,22 @@ class HoldingsRequest(_message.Message):
     group: str
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
+class PeerSocketRequest(_message.Message):
+    __slots__ = ("group", "max_version")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    max_version: int
+    def __init__(self, group: _Optional[str] = ..., max_version: _Optional[int] = ...) -> None: ...
+
+class PeerSocketInfo(_message.Message):
+    __slots__ = ("port", "max_version")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    max_version: int
+    def __init__(self, port: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
+
 class HoldingsResponse(_message.Message):
     __slots__ = ("first_index", "last_index", "last_term", "last_chain", "term", "repairing", "repair_target", "cut_from", "leader_id")
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]

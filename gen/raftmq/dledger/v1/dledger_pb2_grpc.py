@@ -54,6 +54,11 @@ class DLedgerPeerStub:
                 request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsResponse.FromString,
                 _registered_method=True)
+        self.PeerSocket = channel.unary_unary(
+                '/raftmq.dledger.v1.DLedgerPeer/PeerSocket',
+                request_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerSocketRequest.SerializeToString,
+                response_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerSocketInfo.FromString,
+                _registered_method=True)
 
 
 class DLedgerPeerServicer:
@@ -87,6 +92,13 @@ class DLedgerPeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerSocket(self, request, context):
+        """Whether and where the member offers the peer socket, the Stream's faster twin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +121,11 @@ def add_DLedgerPeerServicer_to_server(servicer, server):
                     servicer.Holdings,
                     request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsRequest.FromString,
                     response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsResponse.SerializeToString,
+            ),
+            'PeerSocket': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerSocket,
+                    request_deserializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerSocketRequest.FromString,
+                    response_serializer=raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerSocketInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +236,33 @@ class DLedgerPeer:
             '/raftmq.dledger.v1.DLedgerPeer/Holdings',
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsRequest.SerializeToString,
             raftmq_dot_dledger_dot_v1_dot_dledger__pb2.HoldingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerSocket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.dledger.v1.DLedgerPeer/PeerSocket',
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerSocketRequest.SerializeToString,
+            raftmq_dot_dledger_dot_v1_dot_dledger__pb2.PeerSocketInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,8 @@ class DLedgerPeerStub:
     """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
     Holdings: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.HoldingsRequest, _dledger_pb2.HoldingsResponse]
     """What the member's log holds, for a repairing member deciding whether a good copy exists."""
+    PeerSocket: _grpc.UnaryUnaryMultiCallable[_dledger_pb2.PeerSocketRequest, _dledger_pb2.PeerSocketInfo]
+    """Whether and where the member offers the peer socket, the Stream's faster twin."""
 
 @_typing.type_check_only
 class DLedgerPeerAsyncStub(DLedgerPeerStub):
@@ -55,6 +57,8 @@ class DLedgerPeerAsyncStub(DLedgerPeerStub):
     """A snapshot for a follower behind the leader's first index (authenticated like Stream)."""
     Holdings: _aio.UnaryUnaryMultiCallable[_dledger_pb2.HoldingsRequest, _dledger_pb2.HoldingsResponse]  # type: ignore[assignment]
     """What the member's log holds, for a repairing member deciding whether a good copy exists."""
+    PeerSocket: _aio.UnaryUnaryMultiCallable[_dledger_pb2.PeerSocketRequest, _dledger_pb2.PeerSocketInfo]  # type: ignore[assignment]
+    """Whether and where the member offers the peer socket, the Stream's faster twin."""
 
 class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -88,6 +92,14 @@ class DLedgerPeerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dledger_pb2.HoldingsResponse, _abc.Awaitable[_dledger_pb2.HoldingsResponse]]:
         """What the member's log holds, for a repairing member deciding whether a good copy exists."""
+
+    @_abc_1.abstractmethod
+    def PeerSocket(
+        self,
+        request: _dledger_pb2.PeerSocketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dledger_pb2.PeerSocketInfo, _abc.Awaitable[_dledger_pb2.PeerSocketInfo]]:
+        """Whether and where the member offers the peer socket, the Stream's faster twin."""
 
 def add_DLedgerPeerServicer_to_server(servicer: DLedgerPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
