@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, cast
 from google.protobuf.message import DecodeError
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
+from dledger.log import DLedgerError
 from dledger.server.convert import echo
 from dledger.server.members import (
     FROM_HEADER,
@@ -102,7 +103,7 @@ DROP_SOCKET_HANDSHAKE = "socket_handshake"
 DROP_SOCKET_OVERFLOW = "socket_overflow"
 
 
-class FrameError(Exception):
+class FrameError(DLedgerError):
     """Bytes that are no valid frame of the peer socket; the connection is closed."""
 
 
@@ -473,11 +474,11 @@ def _keepalive(sock: socket.socket | None) -> None:
 # ---------------------------------------------------------------------- sending side
 
 
-class SocketRefused(Exception):
+class SocketRefused(DLedgerError):
     """The member refused the link's hello (the reason is the member's answer)."""
 
 
-class VersionNotSpoken(Exception):
+class VersionNotSpoken(DLedgerError):
     """The member speaks no version the link does: the link uses the gRPC stream."""
 
 
