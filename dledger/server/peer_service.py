@@ -96,17 +96,8 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
     ) -> pb.HoldingsResponse:
         """What this member's log holds, for a repairing member (dledger.server.goodcopy);
         authenticated like Stream."""
-        await self._sender(context)
+        await self._member_of_this_group(request.group, context)
         node = self.node
-        if request.group != node.cfg.group:
-            await status.abort(
-                context,
-                status.RpcFailure(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    E.NOT_A_MEMBER,
-                    f"this member is of group {echo(node.cfg.group)}, not {echo(request.group)}",
-                ),
-            )
         h = holdings_of(node)
         return to_response(h, chain_or_none(node, h.last_index) or 0)
 
@@ -115,19 +106,25 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
     ) -> pb.PeerSocketInfo:
         """Whether and where this member offers the peer socket (dledger.server.peersock);
         authenticated like Stream."""
+        await self._member_of_this_group(request.group, context)
+        node = self.node
+        port, max_version = node.peer_socket_offer()
+        return pb.PeerSocketInfo(port=port, max_version=max_version)
+
+    async def _member_of_this_group(self, group: str, context: grpc.aio.ServicerContext) -> None:
+        """The caller is a member (as for Stream) asking about this member's group; the call
+        is refused otherwise."""
         await self._sender(context)
         node = self.node
-        if request.group != node.cfg.group:
+        if group != node.cfg.group:
             await status.abort(
                 context,
                 status.RpcFailure(
                     grpc.StatusCode.PERMISSION_DENIED,
                     E.NOT_A_MEMBER,
-                    f"this member is of group {echo(node.cfg.group)}, not {echo(request.group)}",
+                    f"this member is of group {echo(node.cfg.group)}, not {echo(group)}",
                 ),
             )
-        port, max_version = node.peer_socket_offer()
-        return pb.PeerSocketInfo(port=port, max_version=max_version)
 
     async def _sender(self, context: grpc.aio.ServicerContext) -> str:
         """The member calling (the call is refused when it is none)."""

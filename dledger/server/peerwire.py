@@ -19,6 +19,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.core import AppendRequest, Message
 from dledger.server.convert import to_pb
+from rpckit.varint import varint
 
 # Field keys (field number << 3 | wire type) of dledger.proto, written by hand below.
 _PEER_APPEND_REQUEST = b"\x1a"  # PeerMessage.append_request = 3, length-delimited
@@ -29,22 +30,6 @@ _ENTRY_TERM = b"\x08"  # Entry.term = 1, varint
 _ENTRY_INDEX = b"\x10"  # Entry.index = 2, varint
 _ENTRY_TYPE = b"\x18"  # Entry.type = 3, varint
 _ENTRY_BODY = b"\x22"  # Entry.body = 4, length-delimited
-
-# Varints below this are one byte: precomputed.
-_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
-
-
-def varint(n: int) -> bytes:
-    """``n`` (>= 0, < 2**64) as a protobuf base-128 varint."""
-    assert 0 <= n < 1 << 64, n
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encode_append(m: AppendRequest, group: str) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 from raftmq.broker.v1 import broker_pb2 as pb
 
 from broker.components.pulling import PullResult, PullStatus
+from rpckit.varint import varint
 
 # The wire values of PullStatus (broker.proto's PullStatus).
 PULL_STATUS_WIRE = {
@@ -37,25 +38,6 @@ _SUGGEST_FOLLOWER = b"\x30"  # 6, varint
 _NODE_ID = b"\x3a"  # 7, length-delimited
 _RAW_MESSAGES = b"\x42"  # 8, length-delimited
 _OFFSET_MSG_ID_PREFIX = b"\x5a"  # 11, length-delimited
-
-# Varints below this are one byte: precomputed.
-_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
-_U64 = 1 << 64
-
-
-def varint(n: int) -> bytes:
-    """``n`` as a protobuf varint: an int64 field's (a negative one is ten bytes, two's
-    complement in 64 bits, as the runtime writes it)."""
-    assert -(1 << 63) <= n < _U64, n
-    if 0 <= n < 0x80:
-        return _ONE_BYTE[n]
-    n %= _U64
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _text(key: bytes, value: str) -> bytes:
