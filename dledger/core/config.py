@@ -22,6 +22,18 @@ MAX_READY_COMMITTED_BYTES = 16 << 20
 # leader keeps one int per in-flight append.
 MAX_INFLIGHT_APPENDS_LIMIT = 4096
 
+# Upper bound on the in-flight bytes per follower (config values above it are rejected): the
+# leader's, the transport's and the follower's buffers hold up to this much per follower at
+# once, and 1 GiB per follower is already more than a node of a 3-7 node group should spend.
+MAX_INFLIGHT_BYTES_LIMIT = 1 << 30
+
+# Default bytes of entry bodies in flight per follower (etcd's MaxInflightBytes). Without it
+# 64 appends of 1 MiB (64 MiB per follower) sat in gRPC buffers, upb arenas and Python bytes
+# on both sides whenever a lagging follower was caught up: the RssAnon peaks of issue 36.
+# 8 MiB is far above the bandwidth-delay product of loopback or a LAN (1 Gbit/s x 1 ms is
+# 125 KB), so it costs no throughput there (docs/PERFORMANCE.md "A deep backlog").
+DEFAULT_MAX_INFLIGHT_BYTES = 8 << 20
+
 # How long a held commit notice waits (in the driver's clock: the core has none) for the next
 # append to carry its commit index instead. At one send in flight the client's next send
 # follows the ack by a client round trip; when it comes later than the linger, the notice
@@ -78,6 +90,10 @@ class RaftConfig:
     heartbeat_interval_ticks: int = 1
     # Appends in flight per follower in the replicate state (pipelining window).
     max_inflight_appends: int = 64
+    # ... and at most about this many bytes of entry bodies in flight per follower: an append
+    # goes only when its bodies fit in what is left, except when nothing is in flight (one
+    # append, even of an entry bigger than this, always goes, alone).
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     # Bodies in one AppendRequest: about this many bytes (always at least one entry) ...
     max_append_batch_bytes: int = 1 << 20
     # ... and at most this many entries.
@@ -111,6 +127,11 @@ class RaftConfig:
             raise ConfigError(
                 f"max_inflight_appends must be in [1, {MAX_INFLIGHT_APPENDS_LIMIT}], got "
                 f"{self.max_inflight_appends}"
+            )
+        if not 1 <= self.max_inflight_bytes <= MAX_INFLIGHT_BYTES_LIMIT:
+            raise ConfigError(
+                f"max_inflight_bytes must be in [1, {MAX_INFLIGHT_BYTES_LIMIT}], got "
+                f"{self.max_inflight_bytes}"
             )
         if self.max_append_batch_bytes < 1:
             raise ConfigError(

@@ -3,7 +3,8 @@ to match, what to send it next, and which of three states paces the sending.
 
 ``PROBE``: one append at a time (``probe_sent``) until an answer shows where the follower's
 log matches this leader's; ``REPLICATE``: appends pipelined from ``next`` on, at most the
-configured number in flight (``inflight`` holds the last index of each, ascending);
+configured number and bytes in flight (``inflight`` holds the last index of each, ascending,
+``inflight_sizes`` the body bytes of each, ``inflight_bytes`` their sum);
 ``SNAPSHOT``: the follower's next entry is no longer in the leader's log, so only a snapshot
 catches it up (``snapshot_inflight`` while the driver transfers one).
 
@@ -33,10 +34,13 @@ class Progress:
         "back_step",
         "commit_sent",
         "inflight",
+        "inflight_bytes",
+        "inflight_sizes",
         "last_heard_tick",
         "last_sent_tick",
         "match",
         "next",
+        "no_room",
         "probe_sent",
         "readers_waiting",
         "repairing",
@@ -53,6 +57,11 @@ class Progress:
         self.state = ProgressState.PROBE
         self.probe_sent = False
         self.inflight: deque[int] = deque()  # last index of each append in flight, ascending
+        self.inflight_sizes: deque[int] = deque()  # body bytes of each, in the same order
+        self.inflight_bytes = 0  # sum of inflight_sizes
+        # The last send was kept back because its next entry does not fit in the room left in
+        # the byte window (the window is not full, yet blocks): reset by a send or a clear.
+        self.no_room = False
         self.last_heard_tick = 0  # leader tick count when this follower last answered
         # Leader tick count when an append that asks for an answer (a heartbeat, a probe, a
         # batch) last went to this follower: its heartbeat is due heartbeat_interval_ticks on.
@@ -77,7 +86,7 @@ class Progress:
         self.state = ProgressState.PROBE
         self.next = next_index
         self.probe_sent = False
-        self.inflight.clear()
+        self.clear_inflight()
         self.stalled_ticks = 0
 
     def become_replicate(self) -> None:
@@ -85,14 +94,14 @@ class Progress:
         self.state = ProgressState.REPLICATE
         self.next = self.match + 1
         self.probe_sent = False
-        self.inflight.clear()
+        self.clear_inflight()
 
     def become_snapshot(self) -> bool:
         """Enter (or stay in) ``SNAPSHOT``; True when a transfer must be asked for (none is in
         flight), which is then counted as in flight."""
         if self.state is not ProgressState.SNAPSHOT:
             self.state = ProgressState.SNAPSHOT
-            self.inflight.clear()
+            self.clear_inflight()
             self.probe_sent = False
         if self.snapshot_inflight:
             return False
@@ -127,21 +136,52 @@ class Progress:
         self.back_step = 1
         return True
 
-    def sent(self, last_index: int, tick: int) -> None:
+    def sent(self, last_index: int, tick: int, size_bytes: int = 0) -> None:
         """An append asking for an answer went out, its last entry ``last_index`` (its prev
-        when empty), at leader tick ``tick``."""
+        when empty), its bodies ``size_bytes`` long, at leader tick ``tick``."""
+        assert size_bytes >= 0, f"negative append size {size_bytes}"
         self.last_sent_tick = tick
         if self.state is ProgressState.PROBE:
             self.probe_sent = True
         else:
             self.next = last_index + 1
             self.inflight.append(last_index)
+            self.inflight_sizes.append(size_bytes)
+            self.inflight_bytes += size_bytes
+            self.no_room = False
+
+    def inflight_full(self, max_appends: int, max_bytes: int) -> bool:
+        """Whether the pipelining window is full: ``max_appends`` appends in flight, or at
+        least ``max_bytes`` of bodies (with nothing in flight it never is, so one append,
+        however big, always goes)."""
+        return len(self.inflight) >= max_appends or (
+            bool(self.inflight) and self.inflight_bytes >= max_bytes
+        )
+
+    def blocked(self, max_appends: int, max_bytes: int) -> bool:
+        """Whether the window keeps the next append back: full, or its room too small for the
+        next entry (as the last send found)."""
+        return self.no_room or self.inflight_full(max_appends, max_bytes)
 
     def free_up_to(self, index: int) -> None:
         """Appends whose last index is at most ``index`` are answered: out of flight."""
         inflight = self.inflight
         while inflight and inflight[0] <= index:
-            inflight.popleft()
+            self.free_oldest()
+
+    def free_oldest(self) -> None:
+        """The oldest append in flight is taken out of flight (answered, or presumed lost)."""
+        self.inflight.popleft()
+        self.inflight_bytes -= self.inflight_sizes.popleft()
+        self.no_room = False  # the room grew: the next send finds out again
+        assert self.inflight_bytes >= 0, f"in-flight bytes below 0: {self.inflight_bytes}"
+
+    def clear_inflight(self) -> None:
+        """Nothing is in flight any more (its answers are stale or it is all answered)."""
+        self.inflight.clear()
+        self.inflight_sizes.clear()
+        self.inflight_bytes = 0
+        self.no_room = False
 
     def lower_match(self, match_index: int) -> None:
         """The follower no longer holds what it acked above ``match_index`` (it lost or cut

@@ -331,6 +331,7 @@ class RaftNode:
                 recent_active=self._recently_heard(pr),
                 supported_feature_level=pr.supported_feature_level,
                 withheld=self._withheld(pr),
+                inflight_bytes=pr.inflight_bytes,
             )
             for p, pr in self._progress.items()
         )
@@ -1288,22 +1289,34 @@ class RaftNode:
         if pr.state is ProgressState.PROBE:
             if pr.probe_sent:
                 return False
-        elif len(pr.inflight) >= self.cfg.max_inflight_appends or pr.next > last:
+        elif self._window_full(pr) or pr.next > last:
             return False
         prev = pr.next - 1
         assert 0 <= prev <= last, f"next {pr.next} out of range (last {last})"
         entries: tuple[Entry, ...] = ()
+        size_bytes = 0
         if pr.next <= last:
+            room_bytes = self.cfg.max_inflight_bytes - pr.inflight_bytes
             entries = tuple(
                 self._log.read_range(
-                    pr.next, self.cfg.max_append_batch_bytes, self.cfg.max_append_batch_entries
+                    pr.next,
+                    min(self.cfg.max_append_batch_bytes, room_bytes),
+                    self.cfg.max_append_batch_entries,
                 )
             )
+            size_bytes = sum(len(e.body) for e in entries)
+            if pr.inflight and size_bytes > room_bytes:
+                pr.no_room = True  # its first entry alone overflows: it goes once it fits
+                return False
         self._send(self._append_request(peer, prev, entries))
         sent_upto = prev + len(entries)
         pr.commit_sent = max(pr.commit_sent, min(self._commit, sent_upto))
-        pr.sent(sent_upto, self._leader_ticks)
+        pr.sent(sent_upto, self._leader_ticks, size_bytes)
         return True
+
+    def _window_full(self, pr: Progress) -> bool:
+        """Whether ``pr``'s pipelining window (appends and bytes in flight) is full."""
+        return pr.inflight_full(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
 
     def _broadcast_append(self) -> None:
         for p in list(self._progress):
@@ -1364,8 +1377,12 @@ class RaftNode:
                 pr.probe_sent = False
         else:
             pr.free_up_to(pr.match)
-            if not advanced and len(pr.inflight) >= self.cfg.max_inflight_appends:
-                pr.inflight.popleft()  # a heartbeat answer: maybe an append was lost
+            if (
+                not advanced
+                and pr.inflight
+                and pr.blocked(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
+            ):
+                pr.free_oldest()  # a heartbeat answer: maybe an append was lost
         if advanced or repaired:
             self._maybe_commit()
         if advanced:

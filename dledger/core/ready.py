@@ -138,6 +138,7 @@ class PeerStatus:
     # whether the leader holds entries back from it because that is below the group's level.
     supported_feature_level: int = 0
     withheld: bool = False
+    inflight_bytes: int = 0  # bytes of entry bodies in the appends in flight to it
 
 
 @dataclass(frozen=True, slots=True)

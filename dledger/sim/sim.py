@@ -54,6 +54,7 @@ from dledger.core import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.core.config import DEFAULT_MAX_INFLIGHT_BYTES
 from dledger.core.membership import decode as decode_conf
 from dledger.core.membership import joining
 from dledger.core.snapshot import InstallSnapshot, SnapshotMeta, SnapshotRequest
@@ -144,6 +145,7 @@ class SimParams:
     heartbeat_interval_ticks: int
     max_append_batch_entries: int
     max_inflight_appends: int
+    max_inflight_bytes: int
     preferred_leader_id: str | None
     net_delay_max_ms: int
     dup_pct: int
@@ -177,6 +179,10 @@ class SimParams:
             deaf_leader_at_heal=check_quorum and pre_vote and rng.random() < 0.4,
             client_interval_max_ms=rng.choice((20, 50)),
             compaction=rng.random() < 0.6,
+            # Drawn last, so every other parameter of a seed stays what it was before it.
+            # 32 bytes still carries MIN_ENTRIES_PER_RTT bodies (at most ~7 bytes each) per
+            # round trip; membership entries are bigger and go alone (the window's exception).
+            max_inflight_bytes=rng.choice((32, 256, 4096, DEFAULT_MAX_INFLIGHT_BYTES)),
         )
 
     def raft_config(self, mutations: frozenset[str]) -> RaftConfig:
@@ -184,6 +190,7 @@ class SimParams:
             election_timeout_ticks=ELECTION_TIMEOUT_TICKS,
             heartbeat_interval_ticks=self.heartbeat_interval_ticks,
             max_inflight_appends=self.max_inflight_appends,
+            max_inflight_bytes=self.max_inflight_bytes,
             max_append_batch_entries=self.max_append_batch_entries,
             max_append_batch_bytes=4096,
             max_pending_proposal_bytes=SIM_PENDING_PROPOSAL_BYTES,
