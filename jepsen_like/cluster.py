@@ -147,6 +147,12 @@ class JepsenCluster:
             ]
             lines.append(f"advertisedClientAddr={self.proxy_client_addrs[a.node_id]}")
             lines.append(f"dLegerPeerClientAddrs={client_addrs}")
+            # The peer socket is reached at the peer's own host and the port it offers
+            # (docs/RAFT.md "Peer sockets"), not through this view's proxy ports: it would go
+            # around the proxies and no partition would cut it. Through proxies the Raft
+            # messages take the gRPC stream; the network-namespace mode (real addresses, real
+            # cuts) runs the socket.
+            lines.append("dLegerPeerSocketEnable=false")
             conf.write_text("\n".join(lines) + "\n")
 
     def _setup_netns(self, net: NetnsNet) -> None:
