@@ -343,11 +343,20 @@ _PEER_SERVICE = dledger_pb2.DESCRIPTOR.services_by_name["DLedgerPeer"]
 _JOIN = _PEER_SERVICE.methods_by_name["Join"]
 JOIN_RPC = Rpc(_PEER_SERVICE.full_name, "Join", _JOIN.input_type, _JOIN.output_type, JOIN_ALLOWED)
 _HOLDINGS = _PEER_SERVICE.methods_by_name["Holdings"]
+_PEER_SOCKET = _PEER_SERVICE.methods_by_name["PeerSocket"]
 HOLDINGS_RPC = Rpc(
     _PEER_SERVICE.full_name,
     "Holdings",
     _HOLDINGS.input_type,
     _HOLDINGS.output_type,
+    PEER_ALLOWED | {SC.UNAUTHENTICATED},
+)
+# Where a member offers the peer socket: authenticated and group-checked as Holdings is.
+PEER_SOCKET_RPC = Rpc(
+    _PEER_SERVICE.full_name,
+    "PeerSocket",
+    _PEER_SOCKET.input_type,
+    _PEER_SOCKET.output_type,
     PEER_ALLOWED | {SC.UNAUTHENTICATED},
 )
 

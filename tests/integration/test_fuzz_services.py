@@ -10,9 +10,9 @@ NameServer, then checks that nothing gave way.
   requests of issue 16, and raw bytes that do not decode;
 - ``test_fuzz_peer_streams``: ``DLedgerPeer.Stream`` with the group's metadata headers (and
   hostile ones) carrying hostile PeerMessages, and raw bytes;
-- ``test_fuzz_peer_join_and_snapshots``: ``DLedgerPeer.Join`` and the ``InstallSnapshot``
-  client stream on a secure group (TLS, member certificates: without one a call never gets
-  past the handshake), called with a member's own certificate: hostile join requests,
+- ``test_fuzz_peer_join_and_snapshots``: ``DLedgerPeer.Join``, ``Holdings``, ``PeerSocket``
+  and the ``InstallSnapshot`` client stream on a secure group (TLS, member certificates:
+  without one a call never gets past the handshake), called with a member's own certificate: hostile join requests,
   transfers whose header, file names, offsets, sizes and trailers are hostile, raw bytes.
   Afterwards the membership, every node's seed entries and the files beside the stores are as
   before, no process exited, and the group still commits.
@@ -56,6 +56,7 @@ from fuzz_support import (
     MEMBER_IDS,
     NAMESERVER_RPCS,
     PEER_ALLOWED,
+    PEER_SOCKET_RPC,
     RAW_BYTES,
     SC,
     SMALL_STRINGS,
@@ -1041,6 +1042,23 @@ def test_fuzz_peer_join_and_snapshots(
         what = f"{pair} {md} {summarize(request)}"
         check("DLedgerPeer.Holdings", HOLDINGS_RPC.allowed, what, code, detail)
 
+    # Where a member offers its peer socket (dledger.server.peersock): the same callers.
+    socket_asks = _weighted(
+        [
+            (4, st.builds(dpb.PeerSocketRequest, group=st.sampled_from([group, "broker-b", ""]))),
+            (1, messages(dpb.PeerSocketRequest.DESCRIPTOR)),
+            (1, RAW_BYTES),
+        ]
+    )
+
+    @settings(HYPOTHESIS, max_examples=HOLDINGS_EXAMPLES)
+    @given(pairs, headers, socket_asks)
+    def fuzz_peer_socket(pair: tuple[str, str], md: Any, request: Any) -> None:
+        md = tuple((k, pair[0] if v is None else v) for k, v in md)
+        code, detail = call_unary(channels[pair], PEER_SOCKET_RPC, request, CALL_TIMEOUT_S, md)
+        what = f"{pair} {md} {summarize(request)}"
+        check("DLedgerPeer.PeerSocket", PEER_SOCKET_RPC.allowed, what, code, detail)
+
     staged = _snapshot_chunks(md.term, md.commit_index, SEGMENT_BYTES, staged=True)
     unstaged = _snapshot_chunks(md.term, md.commit_index, SEGMENT_BYTES, staged=False)
 
@@ -1098,6 +1116,7 @@ def test_fuzz_peer_join_and_snapshots(
             one_transfer(pair, walk_out)
         fuzz_join()
         fuzz_holdings()
+        fuzz_peer_socket()
         fuzz_staged()
         fuzz_unstaged()
     finally:
