@@ -13,7 +13,8 @@ NameServer, then checks that nothing gave way.
 - ``test_fuzz_peer_join_and_snapshots``: ``DLedgerPeer.Join``, ``Holdings``, ``PeerSocket``
   and the ``InstallSnapshot`` client stream on a secure group (TLS, member certificates:
   without one a call never gets past the handshake), called with a member's own certificate:
-  hostile join requests, transfers whose header, file names, offsets, sizes and trailers are hostile, raw bytes.
+  hostile join requests, transfers whose header, file names, offsets, sizes and trailers are
+  hostile, raw bytes.
   Afterwards the membership, every node's seed entries and the files beside the stores are as
   before, no process exited, and the group still commits.
 
