@@ -34,6 +34,8 @@ CONF_FILE_MAX_BYTES = 64 << 10
 # file or a CONFIG body of a newer format is refused (FormatTooNewError), never read as a
 # malformed file: docs/FORMAT.md "Membership file".
 CONF_FILE_VERSION = 1
+# Log indexes are int64 in the core: a saved index above it is damage.
+MAX_CONF_INDEX = (1 << 63) - 1
 # The shared settings a Join carries (JoinRequest.shared_settings): a handful of store and
 # apply settings today; the bounds only keep a hostile request's refusal short.
 MAX_SHARED_SETTINGS = 32
@@ -101,8 +103,16 @@ def check_joiner_level(group: str, node_id: str, supported: int, level: int) -> 
         )
 
 
+class DamagedConfFileError(ConfigError):
+    """``membership.json`` is there but not a membership file this release wrote (it does
+    not parse, a field is out of bounds or of the wrong type, the configuration fails
+    validation, or it contradicts the log): damage, repaired at start from what else knows
+    the configuration (dledger.server.confrepair)."""
+
+
 def load_conf(store_dir: str, node_id: str) -> ConfState | None:
-    """The configuration saved in ``store_dir`` (None: none saved yet)."""
+    """The configuration saved in ``store_dir`` (None: none saved yet). FormatTooNewError
+    for a file of a newer release; DamagedConfFileError for any other bad file."""
     path = Path(store_dir) / CONF_FILE
     try:
         raw = path.read_bytes()[: CONF_FILE_MAX_BYTES + 1]
@@ -113,14 +123,29 @@ def load_conf(store_dir: str, node_id: str) -> ConfState | None:
             raise ValueError(f"larger than {CONF_FILE_MAX_BYTES} bytes")
         doc = json.loads(raw)
         _refuse_newer(path, doc)
-        if doc.get("joining") is True:
-            return joining(node_id)
-        index = doc["index"]
-        if not isinstance(index, int) or index < 0:
-            raise ValueError("index is not an index")
-        return decode(json.dumps(doc["config"]).encode(), index)
+        return _conf_of(doc, node_id)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{path}: not a membership file: {exc}") from exc
+        raise DamagedConfFileError(f"{path}: not a membership file: {exc}") from exc
+
+
+def _conf_of(doc: object, node_id: str) -> ConfState:
+    """The configuration a parsed file holds; ValueError (or KeyError, TypeError) for
+    anything but what :func:`save_conf` writes."""
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    version = doc.get("v", 1)
+    if type(version) is not int or version != CONF_FILE_VERSION:
+        raise ValueError(f"format version {version!r} is not {CONF_FILE_VERSION}")
+    if "joining" in doc:
+        if doc["joining"] is not True or set(doc) - {"v", "joining"}:
+            raise ValueError('"joining" must be true and alone')
+        return joining(node_id)
+    index = doc["index"]
+    if type(index) is not int or not 0 <= index <= MAX_CONF_INDEX:
+        raise ValueError("index is not an index")
+    if not isinstance(doc["config"], dict):
+        raise ValueError("config is not an object")
+    return decode(json.dumps(doc["config"]).encode(), index)
 
 
 def _refuse_newer(path: Path, doc: object) -> None:

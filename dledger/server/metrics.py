@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from dledger.core import Role, Status
 from dledger.log import Entry
+from dledger.server.confrepair import REPAIR_SOURCES
 from dledger.server.rewinds import MAX_REWIND_RESTARTS, REBUILD_KINDS, REWIND_RESTART_WINDOW_S
 from mqmetrics.families import (
     counter,
@@ -167,7 +168,18 @@ def raft_families(node: DLedgerNode) -> list[Metric]:
 # What finds damage (dledger.server.node DLedgerNode.on_damage and the store's open): a
 # fixed vocabulary, so the label set is bounded.
 # ``promise``: the promise file damaged in both slots at start (docs/RAFT.md section 11).
-DAMAGE_FINDERS = ("open", "start", "scrub", "read", "replication", "get", "snapshot", "promise")
+# ``membership``: membership.json damaged at start (dledger.server.confrepair).
+DAMAGE_FINDERS = (
+    "open",
+    "start",
+    "scrub",
+    "read",
+    "replication",
+    "get",
+    "snapshot",
+    "promise",
+    "membership",
+)
 
 
 def _chain_check_counts(node: DLedgerNode) -> dict[str, int]:
@@ -184,6 +196,7 @@ def _damage_families(node: DLedgerNode) -> list[Metric]:
     "Damage and scrubbing"). Counted since the process started (a repair restarts it: the
     open that cut the damage counts it again as ``found_by="open"``)."""
     found = node.corruption_found
+    repairs = node.membership_repairs
     report = node.store.damage
     scrub = node.scrubber
     out = [
@@ -216,6 +229,13 @@ def _damage_families(node: DLedgerNode) -> list[Metric]:
             f"{REWIND_RESTART_WINDOW_S:.0f} s, as counted at this start (the member stops "
             f"with REWIND_REPEATS past {MAX_REWIND_RESTARTS}: a peer keeps forging)",
             node.rewind_restarts_recent,
+        ),
+        labelled_counter(
+            "corruption_membership_repairs",
+            "Damaged membership.json files this start repaired, by where the configuration "
+            "came from (log, settings, quorum)",
+            ["source"],
+            (([src], repairs.get(src, 0)) for src in REPAIR_SOURCES),
         ),
         labelled_counter(
             "corruption_chain_check_mismatch",

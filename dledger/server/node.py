@@ -23,10 +23,11 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NoReturn
 
 import grpc
@@ -62,7 +63,7 @@ from dledger.log import (
     HardState,
 )
 from dledger.rewind import NeedsSnapshotError, RewindOutcome
-from dledger.server import rewinds
+from dledger.server import confrepair, rewinds
 from dledger.server.chaincheck import (
     chain_check_loop,
     peer_asker,
@@ -74,8 +75,10 @@ from dledger.server.formats import check_store_formats
 from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
 from dledger.server.logroom import LogRoom
 from dledger.server.membership import (
+    CONF_FILE,
     JOIN_RETRY_MS,
     AddressBook,
+    DamagedConfFileError,
     IncompatibleStoreError,
     RefusedJoins,
     check_joiner_level,
@@ -96,6 +99,7 @@ from dledger.server.peersock import MAX_PROTOCOL_VERSION, PeerSocketServer
 from dledger.server.persister import ReadyPersister
 from dledger.server.promises import (
     PromiseError,
+    StartState,
     hold_promise,
     promise_ahead_entries,
     promise_file,
@@ -182,6 +186,9 @@ class DLedgerNode:
 
     # The peer socket's receiving side (cfg.peer_socket_port; None when not offered).
     _socket_server: PeerSocketServer | None = None
+    # The membership file this process's start repaired, by where the configuration came
+    # from (dledger.server.confrepair: log, settings, quorum); empty unless it did.
+    membership_repairs: Mapping[str, int] = MappingProxyType({})
 
     def __init__(
         self,
@@ -293,8 +300,9 @@ class DLedgerNode:
             self._applied = self.store.first_index() - 1
         if self.raft_stats is not None:
             self.store.on_sync = self.raft_stats.fsync_s.observe
-        conf = self._start_conf()
-        self._open_core(conf)
+        start = self._recover_promise()
+        conf = await self._start_conf(start.promised.index)
+        self._open_core(conf, start)
         self._open_feature_level()
         self._transport = PeerTransport(
             cfg.group,
@@ -363,7 +371,7 @@ class DLedgerNode:
         *repairing* (it neither votes nor counts toward a commit) and a leader installs a
         snapshot; alone, stop (nobody else holds a copy)."""
         cfg = self.cfg
-        conf = load_conf(cfg.store_dir, cfg.self_id)  # None: the dLegerPeers group's
+        conf = self._reseed_conf(cause)  # None: the dLegerPeers group's
         voters = conf.voters if conf is not None else frozenset(cfg.peers)
         others = sorted(voters - {cfg.self_id})
         if not others:
@@ -383,15 +391,48 @@ class DLedgerNode:
             f"log to take a snapshot from the leader (voters {', '.join(others)} hold it)",
         )
 
-    def _open_core(self, conf: ConfState | None) -> None:
-        """The promise file read (and the hard state recovered from it if need be), then
-        the Raft core over the open store; StartError when either refuses."""
+    def _recover_promise(self) -> StartState:
+        """The promise file read (and the hard state recovered from it if need be);
+        StartError when it refuses."""
         cfg = self.cfg
         try:
             promise = promise_file(cfg.store_dir, cfg.promise_path)
             start = recover(cfg.group, cfg.self_id, self.store, promise, self._applied)
-            if start.promise_damaged:
-                self.corruption_found["promise"] = 1
+        except (ConfigError, PromiseError, FormatTooNewError) as exc:
+            raise StartError(f"node {cfg.self_id}: {exc}") from exc
+        if start.promise_damaged:
+            self.corruption_found["promise"] = 1
+        return start
+
+    def _reseed_conf(self, cause: NeedsSnapshotError) -> ConfState | None:
+        """The configuration a reseed decides with: the saved one, or when it is damaged what
+        the log or the settings say (the file is repaired by the start after the reseed);
+        StartError when neither decides (no member is known to hold a copy)."""
+        cfg = self.cfg
+        try:
+            return load_conf(cfg.store_dir, cfg.self_id)
+        except DamagedConfFileError as exc:
+            local = confrepair.decide_locally(
+                cfg.self_id,
+                self.store,
+                applied=self._applied,
+                joins=bool(cfg.join_addr),
+                damage=str(exc),
+            )
+            if local is None:
+                raise StartError(
+                    f"node {cfg.self_id}: {cause}; and {exc}: which members hold a copy to "
+                    "take a snapshot from is unknown: restore membership.json or the store "
+                    "from a backup"
+                ) from exc
+            return local.conf
+
+    def _open_core(self, conf: ConfState | None, start: StartState) -> None:
+        """The Raft core over the open store, from the recovered promise and hard state;
+        StartError when it refuses."""
+        cfg = self.cfg
+        try:
+            promise = promise_file(cfg.store_dir, cfg.promise_path)
             self._persister = ReadyPersister(
                 self.store,
                 self._flush_pool,
@@ -938,15 +979,55 @@ class DLedgerNode:
 
     # ------------------------------------------------------------------ membership
 
-    def _start_conf(self) -> ConfState | None:
-        """The configuration saved with the store; a node started empty to join a group
-        starts as a learner knowing only itself (and saves that, so a restart before it was
-        added does not turn it into a voter of the ``dLegerPeers`` group)."""
-        conf = load_conf(self.cfg.store_dir, self.cfg.self_id)
-        if conf is None and self.cfg.join_addr and self.store.last_index() == 0:
-            conf = joining(self.cfg.self_id)
-            save_conf(self.cfg.store_dir, conf, is_joining=True)
+    async def _start_conf(self, promised: int) -> ConfState | None:
+        """The configuration saved with the store, checked against the log, or, when the
+        file is damaged, repaired (dledger.server.confrepair) and saved again; a node started
+        empty to join a group starts as a learner knowing only itself (and saves that, so a
+        restart before it was added does not turn it into a voter of the ``dLegerPeers``
+        group). StartError when nothing decides."""
+        cfg = self.cfg
+        try:
+            decided = await confrepair.decide(
+                cfg.store_dir,
+                cfg.self_id,
+                self.store,
+                applied=self._applied,
+                promised=promised,
+                joins=bool(cfg.join_addr),
+                ask=confrepair.quorum_asker(self, sorted(set(cfg.peers) - {cfg.self_id})),
+            )
+        except (ConfigError, FormatTooNewError) as exc:
+            raise StartError(f"node {cfg.self_id}: {exc}") from exc
+        except CorruptLogError as exc:
+            # The scan met damage: restart with every segment checked.
+            self.on_damage(exc, "start")
+            raise StartError(f"node {cfg.self_id}: {exc}") from exc
+        conf = decided.conf
+        if decided.source != confrepair.FROM_FILE:
+            self._note_conf_repair(decided)
+        if conf is None and cfg.join_addr and self.store.last_index() == 0:
+            conf = joining(cfg.self_id)
+            save_conf(cfg.store_dir, conf, is_joining=True)
         return conf
+
+    def _note_conf_repair(self, decided: confrepair.StartConf) -> None:
+        """Report a repaired membership file (an ERROR line, the metrics
+        ``raftmq_corruption_found_total{found_by="membership"}`` and
+        ``raftmq_corruption_membership_repairs_total{source}``) and save what replaced it (the
+        settings' is saved once the core holds it, as at any start without a file)."""
+        cfg = self.cfg
+        self.corruption_found["membership"] = self.corruption_found.get("membership", 0) + 1
+        self.membership_repairs = {decided.source: 1}  # one file, repaired once per start
+        logger.error(
+            "node=%s DAMAGE found by start in %s: %s; REPAIRED from %s: %s",
+            cfg.self_id,
+            CONF_FILE,
+            decided.damage,
+            decided.source,
+            "the settings (dLegerPeers)" if decided.conf is None else decided.conf.describe(),
+        )
+        if decided.conf is not None:
+            save_conf(cfg.store_dir, decided.conf, is_joining=decided.is_joining)
 
     def _save_start_conf(self) -> None:
         """A member of a ``dLegerPeers`` group that never changed its membership has no

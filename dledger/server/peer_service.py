@@ -99,7 +99,13 @@ class PeerServicer(pb_grpc.DLedgerPeerServicer):
         await self._member_of_this_group(request.group, context)
         node = self.node
         h = holdings_of(node)
-        return to_response(h, chain_or_none(node, h.last_index) or 0)
+        resp = to_response(h, chain_or_none(node, h.last_index) or 0)
+        # Its committed configuration, for a member whose membership.json was damaged
+        # (dledger.server.confrepair).
+        commit = node.core.commit_index
+        conf = node.core.conf_state_at(commit)
+        resp.config, resp.config_index, resp.commit_index = conf.encode(), conf.index, commit
+        return resp
 
     async def PeerSocket(
         self, request: pb.PeerSocketRequest, context: grpc.aio.ServicerContext

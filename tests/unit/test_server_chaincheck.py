@@ -62,6 +62,7 @@ class _Node:
         self.cfg = _Cfg()
         self.chain_check_mismatches: dict[str, int] = {}
         self.corruption_found: dict[str, int] = {}
+        self.membership_repairs: dict[str, int] = {}
         self.state_rebuilds: dict[str, int] = {}
         self.rewind_restarts_recent = 0
         self.scrubber = None

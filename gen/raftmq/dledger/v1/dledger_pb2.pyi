@@ -274,7 +274,7 @@ class PeerSocketInfo(_message.Message):
     def __init__(self, port: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
 
 class HoldingsResponse(_message.Message):
-    __slots__ = ("first_index", "last_index", "last_term", "last_chain", "term", "repairing", "repair_target", "cut_from", "leader_id")
+    __slots__ = ("first_index", "last_index", "last_term", "last_chain", "term", "repairing", "repair_target", "cut_from", "leader_id", "config", "config_index", "commit_index")
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_TERM_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,9 @@ class HoldingsResponse(_message.Message):
     REPAIR_TARGET_FIELD_NUMBER: _ClassVar[int]
     CUT_FROM_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     first_index: int
     last_index: int
     last_term: int
@@ -293,7 +296,10 @@ class HoldingsResponse(_message.Message):
     repair_target: int
     cut_from: int
     leader_id: str
-    def __init__(self, first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., last_term: _Optional[int] = ..., last_chain: _Optional[int] = ..., term: _Optional[int] = ..., repairing: _Optional[bool] = ..., repair_target: _Optional[int] = ..., cut_from: _Optional[int] = ..., leader_id: _Optional[str] = ...) -> None: ...
+    config: bytes
+    config_index: int
+    commit_index: int
+    def __init__(self, first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., last_term: _Optional[int] = ..., last_chain: _Optional[int] = ..., term: _Optional[int] = ..., repairing: _Optional[bool] = ..., repair_target: _Optional[int] = ..., cut_from: _Optional[int] = ..., leader_id: _Optional[str] = ..., config: _Optional[bytes] = ..., config_index: _Optional[int] = ..., commit_index: _Optional[int] = ...) -> None: ...
 
 class AppendEntriesRequest(_message.Message):
     __slots__ = ("group", "bodies", "type")
