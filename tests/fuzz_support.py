@@ -12,8 +12,10 @@ check), and plain random values. Sizes are bounded so that one request stays bel
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,6 +30,7 @@ from raftmq.dledger.v1 import dledger_pb2
 from raftmq.nameserver.v1 import nameserver_pb2
 
 from broker.frontends.v2 import stubs as rmq5_stubs
+from mqcluster.cluster import LocalCluster
 from rpckit.status import read_error
 
 # Names the fuzzed group serves, so that some requests reach past name validation.
@@ -486,3 +489,56 @@ def call_peer_stream(
     except grpc.RpcError as exc:
         return exc.code(), answered_detail(exc)
     return SC.OK, ""
+
+
+# ---- raw connections: the peer socket and remoting fuzz tests' client
+
+
+def raw_exchange(port: int, data: bytes, timeout_s: float) -> bytes | None:
+    """Send ``data`` on a fresh connection to ``127.0.0.1:port``, shut our side and read until
+    the server closes: what it answered (b"": nothing, or it reset the connection, which a
+    server may do to bytes it refuses). None: it held the connection open past ``timeout_s``
+    after the sender was done (a finding: a hostile client could pin it)."""
+    received = bytearray()
+    with socket.create_connection(("127.0.0.1", port), timeout_s) as s:
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(65536):
+                received += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        except TimeoutError:
+            return None
+    return bytes(received)
+
+
+def rss_mib(pid: int) -> float:
+    """The resident set of process ``pid`` (0 when it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return 0.0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def group_rss_mib(cluster: LocalCluster) -> dict[str, float]:
+    """Each running node's resident set, by node id."""
+    pids = {n.node_id: cluster.pid(n) for n in cluster.nodes}
+    return {node_id: rss_mib(pid) for node_id, pid in pids.items() if pid}
+
+
+def assert_group_survived(
+    cluster: LocalCluster, rss_before: dict[str, float], bound_mib: float
+) -> None:
+    """After fuzzing: no node exited and none grew its resident set by ``bound_mib`` or more
+    since ``rss_before`` (:func:`group_rss_mib`)."""
+    exited = [e for n in cluster.nodes if (e := cluster.exited(n))]
+    assert not exited, exited
+    after = group_rss_mib(cluster)
+    grown = {k: after[k] - rss_before[k] for k in after if k in rss_before}
+    print(f"RSS growth MiB: {grown}")
+    assert all(g < bound_mib for g in grown.values()), grown

@@ -15,14 +15,13 @@ still commits. Hypothesis runs derandomized with no example database.
 
 from __future__ import annotations
 
-import socket
 import struct
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import TEST_INDEX_FILE_BYTES, TEST_SEGMENT_BYTES
+from fuzz_support import assert_group_survived, group_rss_mib, raw_exchange
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -94,13 +93,6 @@ RAW = st.one_of(
 )
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(tmp_path_factory.mktemp("sockfuzz"))
@@ -128,19 +120,11 @@ class Fuzzer:
     def send(self, node: int, data: bytes) -> None:
         """``data`` on a fresh connection, then our side shut: the node answers well-formed
         (or not at all) and closes within CALL_TIMEOUT_S."""
-        received = bytearray()
-        with socket.create_connection(("127.0.0.1", self.ports[node]), CALL_TIMEOUT_S) as s:
-            try:
-                s.sendall(data)
-                s.shutdown(socket.SHUT_WR)
-                while chunk := s.recv(65536):
-                    received += chunk
-            except (ConnectionResetError, BrokenPipeError):
-                pass
-            except TimeoutError:
-                self.bad.append(f"{data[:40]!r}: the connection was held open")
-                return
-        self._check_answer(data, bytes(received))
+        received = raw_exchange(self.ports[node], data, CALL_TIMEOUT_S)
+        if received is None:
+            self.bad.append(f"{data[:40]!r}: the connection was held open")
+            return
+        self._check_answer(data, received)
 
     def _check_answer(self, data: bytes, received: bytes) -> None:
         if not received:
@@ -164,8 +148,7 @@ def test_fuzz_peer_sockets(group: LocalCluster) -> None:
     f = Fuzzer(group)
     with group.client() as client:
         first = client.append(SEED)
-        pids = {n.node_id: group.pid(n) for n in group.nodes}
-        rss_before = {k: _rss_mib(p) for k, p in pids.items() if p}
+        rss_before = group_rss_mib(group)
 
         @settings(max_examples=HELLO_EXAMPLES, derandomize=True, database=None, deadline=None,
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck))  # fmt: skip
@@ -183,12 +166,7 @@ def test_fuzz_peer_sockets(group: LocalCluster) -> None:
         fuzz_hellos()
         fuzz_raw()
         print(f"answers: {dict(f.answers)}")
-        exited = [e for n in group.nodes if (e := group.exited(n))]
-        assert not exited, exited
-        rss_after = {k: _rss_mib(p) for k, p in pids.items() if p}
-        grown = {k: rss_after[k] - rss_before[k] for k in rss_after if k in rss_before}
-        print(f"RSS growth MiB: {grown}")
-        assert all(g < RSS_GROWTH_BOUND_MIB for g in grown.values()), grown
+        assert_group_survived(group, rss_before, RSS_GROWTH_BOUND_MIB)
         assert not f.bad, "\n".join(f.bad[:20])
         assert f.answers["code 0"] and f.answers["code 1"] and f.answers["code 2"], f.answers
         after = client.append([b"after"])

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import struct
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from fuzz_support import assert_group_survived, group_rss_mib, raw_exchange
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from rmq5_support import GROUP_CONF
@@ -165,13 +164,6 @@ RAW = st.one_of(
 )
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(tmp_path_factory.mktemp("remfuzz"))
@@ -222,15 +214,8 @@ class Fuzzer:
 
     def raw(self, node: int, data: bytes) -> None:
         """``data`` on a fresh connection: the node answers or closes it, never hangs it."""
-        with socket.create_connection(("127.0.0.1", self.ports[node]), timeout=CALL_TIMEOUT_S) as s:
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-            try:
-                while s.recv(65536):
-                    pass
-            except (ConnectionResetError, TimeoutError) as exc:
-                if isinstance(exc, TimeoutError):
-                    self.bad.append(f"raw {data[:32]!r}: the connection was held open")
+        if raw_exchange(self.ports[node], data, CALL_TIMEOUT_S) is None:
+            self.bad.append(f"raw {data[:32]!r}: the connection was held open")
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -265,8 +250,7 @@ def test_fuzz_remoting_ports(group: LocalCluster) -> None:
     try:
         for body in SEED:
             assert _send(f, leader, body).code == R.SUCCESS
-        pids = {n.node_id: group.pid(n) for n in group.nodes}
-        rss_before = {k: _rss_mib(p) for k, p in pids.items() if p}
+        rss_before = group_rss_mib(group)
 
         @settings(
             max_examples=EXAMPLES,
@@ -294,12 +278,7 @@ def test_fuzz_remoting_ports(group: LocalCluster) -> None:
         fuzz()
         fuzz_raw()
         print(f"answers by code: {dict(f.codes)}")
-        exited = [e for n in group.nodes if (e := group.exited(n))]
-        assert not exited, exited
-        rss_after = {k: _rss_mib(p) for k, p in pids.items() if p}
-        grown = {k: rss_after[k] - rss_before[k] for k in rss_after if k in rss_before}
-        print(f"RSS growth MiB: {grown}")
-        assert all(g < RSS_GROWTH_BOUND_MIB for g in grown.values()), grown
+        assert_group_survived(group, rss_before, RSS_GROWTH_BOUND_MIB)
         assert not f.bad, "\n".join(f.bad[:20])
         leader = int(group.wait_leader()[1:])
         assert _send(f, leader, b"after").code == R.SUCCESS
