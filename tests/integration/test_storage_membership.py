@@ -141,31 +141,63 @@ def _expect_repaired(
     json.loads(_conf_path(cluster, victim).read_text())  # rewritten whole
 
 
+def _damage_while_down_and_check(
+    cluster: LocalCluster, client: LogClient, acked: list[bytes], damage: str, source: str
+) -> None:
+    """A follower stopped, its file damaged, restarted while sends go on: it serves, holds the
+    group's log and votes again within VOTES_AGAIN_S, repaired from ``source``; every
+    acknowledged entry is in every member's identical committed log, once."""
+    leader = cluster.wait_leader()
+    victim = next(n.node_id for n in cluster.nodes if n.node_id != leader)
+    _stop(cluster, victim)
+    DAMAGE[damage](_conf_path(cluster, victim))
+    restarted = time.monotonic()
+    cluster.start(victim)
+    _append(client, acked, len(acked), 200)  # sends go on meanwhile
+    _expect_repaired(cluster, client, victim, source, restarted)
+    _votes_again(cluster, client, leader, acked)
+    print(f"voted again {time.monotonic() - restarted:.1f} s after its restart")
+    assert time.monotonic() - restarted <= VOTES_AGAIN_S
+    wait_for(lambda: _converged(cluster, client), 30, "the group to converge")
+
+
+def _all_once(acked: list[bytes], bodies: list[bytes]) -> None:
+    missing = sorted(set(acked) - set(bodies))
+    assert not missing, f"{len(missing)} acknowledged entries lost, e.g. {missing[:3]}"
+    assert len(bodies) == len(set(bodies)), "an entry was applied twice"
+
+
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_membership_file_is_repaired_and_the_member_votes_again(
     local_group: Callable[..., LocalCluster], damage: str
 ) -> None:
+    """A static group: the log from index 1 holds no CONFIG entry, the settings decide."""
     cluster = local_group(3, flushDiskType="SYNC_FLUSH")
-    leader = cluster.wait_leader()
-    victim = next(n.node_id for n in cluster.nodes if n.node_id != leader)
     acked: list[bytes] = []
     with cluster.client() as client:
         _append(client, acked, 0, 200)
         wait_for(lambda: _converged(cluster, client), 20, "the group to converge")
-        _stop(cluster, victim)
-        DAMAGE[damage](_conf_path(cluster, victim))
-        restarted = time.monotonic()
-        cluster.start(victim)
-        _append(client, acked, 200, 200)  # sends go on meanwhile
-        _expect_repaired(cluster, client, victim, "settings", restarted)
-        _votes_again(cluster, client, leader, acked)
-        print(f"voted again {time.monotonic() - restarted:.1f} s after its restart")
-        assert time.monotonic() - restarted <= VOTES_AGAIN_S
-        wait_for(lambda: _converged(cluster, client), 30, "the group to converge")
-        bodies = _committed_bodies(cluster, client)
-    missing = sorted(set(acked) - set(bodies))
-    assert not missing, f"{len(missing)} acknowledged entries lost, e.g. {missing[:3]}"
-    assert len(bodies) == len(set(bodies)), "an entry was applied twice"
+        _damage_while_down_and_check(cluster, client, acked, damage, "settings")
+        _all_once(acked, _committed_bodies(cluster, client))
+
+
+def test_a_damaged_file_after_a_config_entry_is_repaired_from_the_log(
+    local_group: Callable[..., LocalCluster],
+) -> None:
+    """The group raised its feature level (a CONFIG entry the followers applied and saved):
+    the log's CONFIG entry decides, and the repaired file says the raised level."""
+    cluster = local_group(3, flushDiskType="SYNC_FLUSH")
+    acked: list[bytes] = []
+    with cluster.client() as client:
+        _append(client, acked, 0, 100)
+        raised = client.set_feature_level()
+        _append(client, acked, 100, 100)
+        wait_for(lambda: _converged(cluster, client), 20, "the group to converge")
+        _damage_while_down_and_check(cluster, client, acked, "garbled", "log")
+        _all_once(acked, _committed_bodies(cluster, client))
+    for n in cluster.nodes:
+        saved = json.loads(_conf_path(cluster, n.node_id).read_text())
+        assert saved["config"].get("features") == raised.level, (n.node_id, saved)
 
 
 def _age_segments(cluster: LocalCluster, node_id: str) -> None:
@@ -182,8 +214,6 @@ def test_a_damaged_file_with_the_log_s_start_deleted_is_repaired_from_the_quorum
     """Retention deleted the start of every log: neither the log nor the settings know the
     configuration; the other members' committed one does (their Holdings answers)."""
     cluster = local_group(3, flushDiskType="SYNC_FLUSH", **retention_keys(RETENTION_SEGMENT_BYTES))
-    leader = cluster.wait_leader()
-    victim = next(n.node_id for n in cluster.nodes if n.node_id != leader)
     acked: list[bytes] = []
     with cluster.client() as client:
         _append(client, acked, 0, 400)
@@ -201,17 +231,9 @@ def test_a_damaged_file_with_the_log_s_start_deleted_is_repaired_from_the_quorum
                 return False
 
         wait_for(trimmed, 30, "retention to delete the start of every log")
-        _stop(cluster, victim)
-        DAMAGE["zero-length"](_conf_path(cluster, victim))
-        restarted = time.monotonic()
-        cluster.start(victim)
-        _append(client, acked, 400, 200)
-        _expect_repaired(cluster, client, victim, "quorum", restarted)
-        _votes_again(cluster, client, leader, acked)
-        assert time.monotonic() - restarted <= VOTES_AGAIN_S
-        wait_for(lambda: _converged(cluster, client), 30, "the group to converge")
-        bodies = _committed_bodies(cluster, client)
+        before = len(acked)
+        _damage_while_down_and_check(cluster, client, acked, "zero-length", "quorum")
+        bodies = _committed_bodies(cluster, client)  # from the first index all still hold
     kept = set(bodies)
-    assert b"after-leader-killed" in kept
-    assert all(a in kept for a in acked[-200:]), "an acknowledged entry after the restart lost"
+    assert all(a in kept for a in acked[before:]), "an acknowledged entry after the restart lost"
     assert len(bodies) == len(kept), "an entry was applied twice"
