@@ -16,6 +16,7 @@ from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.core import AppendRequest, ChangeKind, ConfChange, ConfState
 from dledger.log import ConfigError, Entry, EntryType, FormatTooNewError
+from dledger.rewind import NeedsSnapshotError
 from dledger.server import confrepair
 from dledger.server.confrepair import (
     FROM_FILE,
@@ -34,6 +35,7 @@ from dledger.server.membership import CONF_FILE, DamagedConfFileError, load_conf
 from dledger.server.node import DLedgerNode, NodeConfig
 from dledger.server.nodeconfig import LogOnlyStateMachine
 from dledger.storage import StoreConfig
+from dledger.storage.store import SegmentedLogStore
 from mqcluster.cluster import _free_ports
 
 STATIC = ConfState(frozenset({"n0", "n1", "n2"}))
@@ -364,3 +366,27 @@ def test_a_joiner_nothing_decides_for_is_refused_with_a_clear_error(
         _run(joiner, lambda node: None, applied=10)
     assert "started to join a group" in str(err.value)
     assert (Path(cfg.store_dir) / CONF_FILE).read_text() == '{"v": 1, "joining": tru'
+
+
+def test_a_reseed_with_a_damaged_file_decides_its_voters_from_the_log_or_stops(
+    tmp_path: Path,
+) -> None:
+    """A reseed (the application's state cannot be rebuilt from this log) drops the log only
+    while another voter holds a copy: with the file damaged, the voters come from what the
+    log and the settings decide, and a start nothing decides for stops instead."""
+    cfg = _node_cfg(tmp_path)
+    _fill(cfg, [Entry(1, i, b"e%d" % i) for i in range(1, 11)])
+    (Path(cfg.store_dir) / CONF_FILE).write_bytes(b"")
+    cause = NeedsSnapshotError("the state machine's files are gone")
+    for joins, expect in ((False, "settings"), (True, "stop")):
+        node = DLedgerNode(dataclasses.replace(cfg, join_addr="127.0.0.1:1" if joins else ""))
+        node.store = SegmentedLogStore(cfg.store_dir, cfg.store)
+        node._applied = 10
+        try:
+            if expect == "settings":
+                assert node._reseed_conf(cause) is None  # the dLegerPeers voters
+            else:
+                with pytest.raises(StartError, match="which members hold a copy"):
+                    node._reseed_conf(cause)
+        finally:
+            node.store.close()
