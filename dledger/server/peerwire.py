@@ -114,9 +114,25 @@ class EntriesCache:
 
 def append_head(m: AppendRequest, group: str, entries_size: int) -> bytes:
     """``PeerMessage{append_request: m}``'s bytes up to its entries: the key and length of the
-    append (``entries_size`` bytes of entries follow) and ``m``'s other fields, serialized by
-    the protobuf runtime."""
-    head = pb.AppendRequest(
+    append (``entries_size`` bytes of entries follow) and ``m``'s other fields."""
+    fields = _append_fields(m, group)
+    return _PEER_APPEND_REQUEST + varint(len(fields) + entries_size) + fields
+
+
+def encode_append(m: AppendRequest, group: str, shared: SharedEntries | None = None) -> bytes:
+    """``PeerMessage{append_request: m}`` on the wire as one ``bytes`` (the gRPC stream's
+    write); each body is copied once, here. ``shared``: ``m.entries`` encoded already."""
+    if shared is None:
+        shared = SharedEntries(m.entries)
+    assert shared.same_entries(m.entries)
+    fields = _append_fields(m, group)
+    size = varint(len(fields) + shared.size)
+    return b"".join((_PEER_APPEND_REQUEST, size, fields, *shared.parts))
+
+
+def _append_fields(m: AppendRequest, group: str) -> bytes:
+    """``m``'s fields but its entries, serialized by the protobuf runtime."""
+    return pb.AppendRequest(
         group=group,
         from_id=m.from_id,
         to_id=m.to_id,
@@ -127,16 +143,6 @@ def append_head(m: AppendRequest, group: str, entries_size: int) -> bytes:
         no_reply=m.no_reply,
         prev_log_chain=m.prev_log_chain,
     ).SerializeToString()
-    return _PEER_APPEND_REQUEST + varint(len(head) + entries_size) + head
-
-
-def encode_append(m: AppendRequest, group: str, shared: SharedEntries | None = None) -> bytes:
-    """``PeerMessage{append_request: m}`` on the wire as one ``bytes`` (the gRPC stream's
-    write); each body is copied once, here. ``shared``: ``m.entries`` encoded already."""
-    if shared is None:
-        shared = SharedEntries(m.entries)
-    assert shared.same_entries(m.entries)
-    return b"".join((append_head(m, group, shared.size), *shared.parts))
 
 
 def _entry_fields(term: int, index: int, type: int, body_size: int) -> bytes:
