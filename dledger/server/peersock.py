@@ -3,8 +3,9 @@ TCP connection of the event loop's own, mutual TLS when the group is secure.
 
 Why: every gRPC completion costs a process a hand-off from grpc.aio's poller thread (a futex,
 a byte written to a socketpair, an epoll_wait, a read; docs/PERFORMANCE.md "Peer sockets
-(issue 36)"). Here a message to a peer is one ``send`` from the event loop and a message
-from a peer one ``recv`` handled in ``data_received``, with nothing in between.
+(issue 36)"). Here a message to a peer is one ``send`` (an append: one ``writev`` of its
+head and its entries' shared encoding) from the event loop and a message from a peer one
+``recv`` into the connection's buffer, handled in ``buffer_updated``, with nothing between.
 
 One connection per direction per peer pair, as with the gRPC stream: the sender's link opens
 it (:class:`dledger.server.transport.PeerLink`), the receiver only reads it and writes a small
@@ -163,7 +164,8 @@ READ_BUFFER_BYTES = 256 << 10
 # part (a frame's start) to the front of a fresh buffer first.
 READ_ROOM_MIN_BYTES = 64 << 10
 # A grown buffer is kept for the next frames up to this size; a larger one (a frame near the
-# 80 MiB bound) is let go once its frame is handled: a connection pins at most this much.
+# 80 MiB bound) is let go once its frame is handled: between frames a connection keeps at
+# most two buffers of this size (the one read into and the spare its next move reuses).
 READ_BUFFER_KEEP_MAX_BYTES = 8 << 20
 
 
