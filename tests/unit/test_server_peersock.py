@@ -477,6 +477,41 @@ def test_tls_only_a_member_certificate_of_this_group_gets_in(
     assert node.drops == {}
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_over_tls_a_links_appends_arrive_whole_and_are_read_in_place(
+    pki_files: dict[str, TlsFiles], loop: str
+) -> None:
+    """Under TLS the link writes an append as its head and the joined entries (two records'
+    worth of writes); the receiving side reads the decrypted bytes into its buffer."""
+    node = FakeNode(tls=pki_files["self"])
+    appends = [_large_append(k) for k in range(4)]
+
+    async def body() -> None:
+        server = await _serving(node)
+        conn = await peersock.connect(
+            "127.0.0.1",
+            server.port,
+            encode_hello(1, GROUP, PEER),
+            peersock.client_context(pki_files["peer"]),
+        )
+        security = SimpleNamespace(tls=pki_files["peer"])
+        links = PeerTransport(GROUP, PEER, "127.0.0.1:2", {SELF: "127.0.0.1:1"}, security)  # type: ignore[arg-type]
+        for m in appends:
+            links.links[SELF]._write(conn, m)
+        links.links[SELF]._write(conn, TimeoutNow(PEER, SELF, 1))
+        await _wait(lambda: len(node.in_place) == 4 and len(node.messages) == 1, "all 5")
+        assert conn.transport is not None
+        conn.transport.abort()
+        await server.stop()
+
+    if loop == "uvloop":
+        uvloop.run(body())
+    else:
+        run(body)
+    assert node.in_place == [(PEER, m) for m in appends]
+    assert node.drops == {}
+
+
 # ---------------------------------------------------------------------- the link's choice
 
 
