@@ -1,16 +1,23 @@
-"""Peer messages straight to their wire bytes, for the peer stream's writes.
+"""Peer messages straight to and from their wire bytes, for the peer socket and stream.
 
-An append's entry bodies are the bulk of what a leader sends, twice (one stream per
-follower). Built as protobuf objects they were copied into each message's upb arena
-(``entries.add(body=...)``) and again by ``SerializeToString``; here each follower's write is
-one ``bytes.join`` over small headers and the bodies themselves, so a body is copied once per
-follower on its way to gRPC (docs/PERFORMANCE.md "Steps per message").
+An append's entry bodies are the bulk of what a leader sends, once per follower. Built as
+protobuf objects they were copied into each message's upb arena and again by
+``SerializeToString``. Here an append's entries are encoded once (:class:`SharedEntries`:
+small headers, and the bodies themselves as parts) and shared by every follower whose append
+carries the same entries; each follower's own fields are a small head in front
+(:func:`append_head`). The peer socket writes head and parts with one ``writelines`` (no
+copy in Python); the gRPC stream, which takes one ``bytes`` per message, joins them
+(:func:`encode_append`: one copy per follower). docs/PERFORMANCE.md "16 KiB bodies, third
+pass".
 
 The bytes are a valid encoding of ``PeerMessage`` (raftmq/dledger/v1/dledger.proto): the
 append's scalar fields come first, serialized by the protobuf runtime, then its entries as
-repeated field 7; a protobuf parser accepts fields in any order, and the receiver parses
-these bytes with the generated ``PeerMessage`` as before. Every other kind is serialized by
-the runtime as it was.
+repeated field 7; a protobuf parser accepts fields in any order, and receivers of every
+release parse them with the generated ``PeerMessage``. Every other kind is serialized by the
+runtime as it was.
+
+:func:`decode_append` reads a large append in place on the receiving side (each body copied
+once, into its Entry), and leaves everything but the encoding senders write to the runtime.
 """
 
 from __future__ import annotations
