@@ -84,8 +84,16 @@ CALLS: list[tuple[str, tuple[str, ...]]] = [
         ("persister.py:_persist_job", "node.py:_persist_job"),
     ),
     ("applies", ("node.py:_apply",)),
-    ("peer messages in (decoded)", ("convert.py:from_pb",)),
-    ("peer messages out (encoded)", ("convert.py:fill_pb", "peerwire.py:encode_append")),
+    # A large append on the peer socket is read in place (decode_append), the rest by the
+    # runtime and from_pb.
+    ("peer messages in (decoded)", ("convert.py:from_pb", "peerwire.py:decode_append")),
+    # Every kind but appends; an append for the gRPC stream; one for the peer socket (its
+    # head: the entries are shared).
+    (
+        "peer messages out (encoded)",
+        ("convert.py:fill_pb", "peerwire.py:encode_append", "peerwire.py:append_head"),
+    ),
+    # Once per run of entries however many followers get it (peerwire.EntriesCache).
     ("entries encoded for peers", ("peerwire.py:_entry_fields",)),
     ("core steps", ("raft.py:step",)),
     ("store appends", ("store.py:_append_locked",)),

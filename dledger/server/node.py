@@ -45,6 +45,7 @@ from dledger.core import (
     ConfigError,
     ConfState,
     InstallSnapshot,
+    Message,
     Proposal,
     RaftNode,
     Ready,
@@ -761,8 +762,12 @@ class DLedgerNode:
 
     def _on_one_peer_message(self, sender: str, pm: pb.PeerMessage) -> None:
         m = from_pb(pm)
-        if m is None:
-            return
+        if m is not None:
+            self.on_peer_core_message(sender, m)
+
+    def on_peer_core_message(self, sender: str, m: Message) -> None:
+        """A peer's message already converted (``from_pb``, or read in place by the peer
+        socket: dledger.server.peerwire.decode_append): checked, then stepped."""
         if m.from_id != sender:
             self.note_drop(
                 DROP_SENDER_MISMATCH, f"claiming from={echo(m.from_id)} on stream of {sender}"

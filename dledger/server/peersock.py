@@ -3,8 +3,9 @@ TCP connection of the event loop's own, mutual TLS when the group is secure.
 
 Why: every gRPC completion costs a process a hand-off from grpc.aio's poller thread (a futex,
 a byte written to a socketpair, an epoll_wait, a read; docs/PERFORMANCE.md "Peer sockets
-(issue 36)"). Here a message to a peer is one ``send`` from the event loop and a message
-from a peer one ``recv`` handled in ``data_received``, with nothing in between.
+(issue 36)"). Here a message to a peer is one ``send`` (an append: one ``writev`` of its
+head and its entries' shared encoding) from the event loop and a message from a peer one
+``recv`` into the connection's buffer, handled in ``buffer_updated``, with nothing between.
 
 One connection per direction per peer pair, as with the gRPC stream: the sender's link opens
 it (:class:`dledger.server.transport.PeerLink`), the receiver only reads it and writes a small
@@ -38,6 +39,7 @@ from google.protobuf.message import DecodeError
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.log import DLedgerError
+from dledger.server import peerwire
 from dledger.server.convert import echo
 from dledger.server.members import (
     FROM_HEADER,
@@ -145,6 +147,92 @@ class FrameReader:
 
 def frame(payload: bytes) -> bytes:
     return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def frame_start(payload_size: int, head: bytes) -> bytes:
+    """A frame's length and the first bytes of its payload, ``head``; the payload's other
+    ``payload_size - len(head)`` bytes are written after it, as they are."""
+    assert len(head) <= payload_size <= 0xFFFFFFFF
+    return FRAME_HEADER.pack(payload_size) + head
+
+
+# An accepted connection's read buffer: the kernel reads straight into it (a frame's bytes
+# are copied by nobody else), as many frames per read as fit. A frame larger than the buffer
+# gets a larger one, up to four frames of its size so that it is not moved at every read.
+READ_BUFFER_BYTES = 256 << 10
+# A read goes into at least this much room; less left at the buffer's end moves the unread
+# part (a frame's start) to the front of a fresh buffer first.
+READ_ROOM_MIN_BYTES = 64 << 10
+# A grown buffer is kept for the next frames up to this size; a larger one (a frame near the
+# 80 MiB bound) is let go once its frame is handled: between frames a connection keeps at
+# most two buffers of this size (the one read into and the spare its next move reuses).
+READ_BUFFER_KEEP_MAX_BYTES = 8 << 20
+
+
+class FrameBuffer:
+    """Frames read in place, for an ``asyncio.BufferedProtocol``: the next read goes into
+    ``get_buffer()``'s view, ``filled(n)`` records it, ``next_frame()`` hands out each frame
+    it completed as a view of the buffer. A frame's view is valid until the next
+    ``get_buffer()`` (then its bytes may be moved or overwritten): who keeps something of it
+    copies it. Each frame is at most ``max_bytes`` (settable between frames)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        assert max_bytes > 0
+        self.max_bytes = max_bytes
+        self._buf = bytearray(READ_BUFFER_BYTES)
+        self._spare = bytearray()  # the buffer before the last move, reused by the next
+        self._start = 0  # the first byte not handed out
+        self._end = 0  # the first byte not read
+
+    def get_buffer(self) -> memoryview:
+        """Where the next read goes: the rest of a buffer with room for the frame begun."""
+        pending = self._end - self._start
+        if pending == 0:
+            self._start = self._end = 0
+            if len(self._buf) > READ_BUFFER_KEEP_MAX_BYTES:
+                self._buf = bytearray(READ_BUFFER_BYTES)
+        need = FRAME_HEADER.size
+        if pending >= FRAME_HEADER.size:
+            (size,) = FRAME_HEADER.unpack_from(self._buf, self._start)
+            need += size  # within max_bytes: next_frame refused a larger one
+        if len(self._buf) - self._start < max(need, READ_ROOM_MIN_BYTES):
+            self._move(need, pending)
+        return memoryview(self._buf)[self._end :]
+
+    def _move(self, need: int, pending: int) -> None:
+        """The unread bytes to the front of a buffer of room for ``need`` bytes."""
+        size = max(READ_BUFFER_BYTES, need, min(4 * need, READ_BUFFER_KEEP_MAX_BYTES))
+        spare = self._spare
+        if not size <= len(spare) <= max(size, READ_BUFFER_KEEP_MAX_BYTES):
+            spare = bytearray(size)
+        spare[:pending] = memoryview(self._buf)[self._start : self._end]
+        old = self._buf
+        self._buf, self._start, self._end = spare, 0, pending
+        self._spare = old if len(old) <= READ_BUFFER_KEEP_MAX_BYTES else bytearray()
+
+    def filled(self, nbytes: int) -> None:
+        """``nbytes`` were read into the view ``get_buffer()`` gave."""
+        assert 0 <= nbytes <= len(self._buf) - self._end
+        self._end += nbytes
+
+    def next_frame(self) -> memoryview | None:
+        """The next whole frame's payload; None until more is read; FrameError for a length
+        over ``max_bytes`` (as soon as the length is read)."""
+        start = self._start
+        if self._end - start < FRAME_HEADER.size:
+            return None
+        (size,) = FRAME_HEADER.unpack_from(self._buf, start)
+        if size > self.max_bytes:
+            raise FrameError(f"a frame of {size} bytes is over {self.max_bytes}")
+        stop = start + FRAME_HEADER.size + size
+        if stop > self._end:
+            return None
+        self._start = stop
+        return memoryview(self._buf)[start + FRAME_HEADER.size : stop]
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._end - self._start
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +419,11 @@ class PeerSocketServer:
         return hello.from_id if refused is None else refused
 
 
-class _Inbound(asyncio.Protocol):
-    """One accepted connection: a hello first, then the sender's messages."""
+class _Inbound(asyncio.BufferedProtocol):
+    """One accepted connection: a hello first, then the sender's messages. Reads go straight
+    into the connection's FrameBuffer; an append of IN_PLACE_MIN_PAYLOAD_BYTES or more is
+    read from it in place (dledger.server.peerwire.decode_append: its bodies' one copy),
+    every other message by the protobuf runtime."""
 
     def __init__(self, server: PeerSocketServer) -> None:
         self.server = server
@@ -340,7 +431,7 @@ class _Inbound(asyncio.Protocol):
         self.sender = ""
         self.received = 0
         self._transport: asyncio.Transport | None = None
-        self._reader = FrameReader(HELLO_MAX_BYTES)
+        self._frames = FrameBuffer(HELLO_MAX_BYTES)
         self._timer: asyncio.TimerHandle | None = None
         self._counted_pending = False
         self.made = False
@@ -373,26 +464,40 @@ class _Inbound(asyncio.Protocol):
             self._counted_pending = False
             self.server.pending -= 1
 
-    def data_received(self, data: bytes) -> None:
-        if self._transport is None or self._transport.is_closing():
-            return
-        try:
-            frames = self._reader.feed(data)
-        except FrameError as exc:
-            self._drop(DROP_SOCKET_BAD_FRAME, str(exc))
-            return
-        for payload in frames:
-            if not self.sender:
-                if not self._on_hello(payload):
-                    return
-                continue
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._frames.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        frames = self._frames
+        frames.filled(nbytes)
+        transport = self._transport
+        while transport is not None and not transport.is_closing():
             try:
-                pm = pb.PeerMessage.FromString(payload)
-            except DecodeError:
-                self._drop(DROP_SOCKET_BAD_FRAME, "a frame that is no PeerMessage")
+                payload = frames.next_frame()
+            except FrameError as exc:
+                self._drop(DROP_SOCKET_BAD_FRAME, str(exc))
                 return
-            self.received += 1
-            self.node.on_peer_message(self.sender, pm)
+            if payload is None:
+                return
+            if not self.sender:
+                self._on_hello(bytes(payload))
+            else:
+                self._on_message(payload)
+
+    def _on_message(self, payload: memoryview) -> None:
+        if len(payload) >= peerwire.IN_PLACE_MIN_PAYLOAD_BYTES:
+            m = peerwire.decode_append(payload)
+            if m is not None:
+                self.received += 1
+                self.node.on_peer_core_message(self.sender, m)
+                return
+        try:
+            pm = pb.PeerMessage.FromString(bytes(payload))
+        except DecodeError:
+            self._drop(DROP_SOCKET_BAD_FRAME, "a frame that is no PeerMessage")
+            return
+        self.received += 1
+        self.node.on_peer_message(self.sender, pm)
 
     def _on_hello(self, payload: bytes) -> bool:
         """Whether the hello is accepted (else the connection is closing)."""
@@ -413,7 +518,7 @@ class _Inbound(asyncio.Protocol):
             return False
         self._unpend()
         self.sender = sender
-        self._reader = FrameReader(self.server.max_frame_bytes)
+        self._frames.max_bytes = self.server.max_frame_bytes
         old = self.server.by_sender.get(sender)
         self.server.by_sender[sender] = self
         if old is not None:

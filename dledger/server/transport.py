@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
-from dledger.core import Message
+from dledger.core import AppendRequest, Message
 from dledger.server import peersock, peerwire
 from mqsecurity.channels import PLAINTEXT, ClientSecurity, open_aio_channel
 from prockit.fatal import spawn
@@ -99,9 +99,11 @@ class PeerLink:
         addr: str,
         security: ClientSecurity = PLAINTEXT,
         use_socket: bool = True,
+        entries: peerwire.EntriesCache | None = None,
     ):
         """``use_socket``: use the peer's socket when it offers one (else the gRPC stream
-        only)."""
+        only); ``entries``: the encodings of appends' entries this link shares with the
+        node's other links (each follower's append of the same entries reuses one)."""
         self.peer_id = peer_id
         self.addr = addr
         self._security = security
@@ -118,6 +120,7 @@ class PeerLink:
         self._channel: grpc.aio.Channel | None = None
         self._self_id = self_id
         self._use_socket = use_socket
+        self._entries = entries if entries is not None else peerwire.EntriesCache()
         # The peer socket connection while the link uses one (send writes to it directly).
         self._conn: peersock.Outbound | None = None
 
@@ -162,7 +165,11 @@ class PeerLink:
         exactly once; an append's bodies copied once, dledger.server.peerwire)."""
         queue = self._queue
         group = self._group
-        encode = peerwire.encode
+        entries = self._entries
+
+        def encode(m: Message, group: str) -> bytes:
+            return peerwire.encode(m, group, entries)
+
         while True:
             m = await queue.get()
             if queue.empty():
@@ -178,9 +185,22 @@ class PeerLink:
             yield peerwire.encode_batch(wires)
 
     def _write(self, conn: peersock.Outbound, m: Message) -> None:
+        """One frame of ``m``. An append's entries are not copied for it: their shared
+        encoding (peerwire.SharedEntries) follows this follower's head in one ``writelines``,
+        which uvloop hands the kernel as one ``writev`` of the bodies themselves; under TLS
+        (each part its own record) the entries go joined, once for every follower."""
         transport = conn.transport
         assert transport is not None
-        transport.write(peersock.frame(peerwire.encode(m, self._group)))
+        if isinstance(m, AppendRequest) and m.entries:
+            shared = self._entries.get(m.entries)
+            head = peerwire.append_head(m, self._group, shared.size)
+            first = peersock.frame_start(len(head) + shared.size, head)
+            if self._security.tls is None:
+                transport.writelines((first, *shared.parts))
+            else:
+                transport.writelines((first, shared.joined()))
+        else:
+            transport.write(peersock.frame(peerwire.encode(m, self._group)))
         self.stats.sent += 1
 
     async def _run(self) -> None:
@@ -348,6 +368,8 @@ class PeerTransport:
         self._resolve = resolve
         self._security = security
         self._started = False
+        # One encoding of an append's entries for all links (peerwire.EntriesCache).
+        self.entries = peerwire.EntriesCache()
         self.links: dict[str, PeerLink] = {}
         for pid, addr in peers.items():
             if pid != self_id:
@@ -368,7 +390,14 @@ class PeerTransport:
             spawn(link.stop(), f"peer-stop-{peer_id}")
         group, self_id, client_addr = self._link_args
         link = PeerLink(
-            group, self_id, client_addr, peer_id, addr, self._security, self._use_socket
+            group,
+            self_id,
+            client_addr,
+            peer_id,
+            addr,
+            self._security,
+            self._use_socket,
+            self.entries,
         )
         self.links[peer_id] = link
         if self._started:

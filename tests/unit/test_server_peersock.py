@@ -18,13 +18,16 @@ import pytest
 import uvloop
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
-from dledger.core import TimeoutNow
-from dledger.server import peersock
+from dledger.core import AppendRequest, Message, TimeoutNow
+from dledger.log import Entry
+from dledger.server import peersock, peerwire
+from dledger.server.convert import to_pb
 from dledger.server.members import DROP_STREAM_REFUSED
 from dledger.server.peersock import (
     ANSWER_ACCEPTED,
     ANSWER_REFUSED,
     ANSWER_VERSION,
+    FrameBuffer,
     FrameError,
     FrameReader,
     PeerSocketServer,
@@ -33,7 +36,7 @@ from dledger.server.peersock import (
     encode_hello,
     frame,
 )
-from dledger.server.transport import SERVER_OPTIONS, STREAM_METHOD, PeerLink
+from dledger.server.transport import SERVER_OPTIONS, STREAM_METHOD, PeerLink, PeerTransport
 from mqsecurity import pki
 from mqsecurity.channels import ClientSecurity
 from mqsecurity.refusals import PEER_CERTIFICATE, PEER_IDENTITY, REFUSALS, TLS_HANDSHAKE
@@ -66,6 +69,55 @@ def test_a_frame_over_the_bound_is_refused_before_its_bytes_arrive() -> None:
     assert reader.feed(frame(b"x" * 100)) == [b"x" * 100]
     with pytest.raises(FrameError, match="101 bytes is over 100"):
         reader.feed(frame(b"x" * 101)[:4])  # the length alone says it
+
+
+def _read_in_place(buf: FrameBuffer, stream: bytes, pieces: list[int]) -> list[bytes]:
+    """``stream`` read into ``buf`` as a socket would: each read at most the next piece and
+    at most the room get_buffer gives; each frame copied before the next read."""
+    got: list[bytes] = []
+    at = 0
+    turn = 0
+    while at < len(stream):
+        room = buf.get_buffer()
+        n = min(len(room), pieces[turn % len(pieces)], len(stream) - at)
+        turn += 1
+        room[:n] = stream[at : at + n]
+        buf.filled(n)
+        at += n
+        while (payload := buf.next_frame()) is not None:
+            got.append(bytes(payload))
+    return got
+
+
+def test_frames_read_in_place_split_anywhere_or_merged_come_out_whole_and_in_order() -> None:
+    big = peersock.READ_BUFFER_BYTES
+    payloads = [b"", b"a", bytes(range(256)) * 9, b"b" * (big - 2), b"c" * (3 * big + 5)]
+    payloads += [b"d" * 100] * 50 + [b"e" * big * 2, b"f"]
+    stream = b"".join(frame(p) for p in payloads)
+    for pieces in ([1, 2, 3, 5000], [7, 100_000], [big * 5], [4, 3 * big - 1, 17]):
+        buf = FrameBuffer(4 * big)
+        got = _read_in_place(buf, stream, pieces)
+        assert got == payloads, pieces
+        assert buf.pending_bytes == 0
+
+
+def test_a_frame_read_in_place_over_the_bound_is_refused_once_its_length_is_read() -> None:
+    buf = FrameBuffer(100)
+    assert _read_in_place(buf, frame(b"x" * 100), [1000]) == [b"x" * 100]
+    buf.max_bytes = 50  # between frames (after a hello)
+    with pytest.raises(FrameError, match="51 bytes is over 50"):
+        _read_in_place(buf, frame(b"x" * 51)[:4], [1000])
+
+
+def test_a_buffer_grown_for_a_huge_frame_is_let_go_after_it() -> None:
+    huge = peersock.READ_BUFFER_KEEP_MAX_BYTES + 1
+    buf = FrameBuffer(huge)
+    assert _read_in_place(buf, frame(b"h" * huge), [1 << 20]) == [b"h" * huge]
+    assert len(buf.get_buffer()) == peersock.READ_BUFFER_BYTES
+    # A frame a little over the read buffer grows it and keeps it (room for the next ones).
+    size = peersock.READ_BUFFER_BYTES + 10
+    assert _read_in_place(buf, frame(b"k" * size) * 2, [1 << 20]) == [b"k" * size] * 2
+    assert len(buf.get_buffer()) >= 2 * size
 
 
 def test_a_hello_round_trips_and_every_malformed_one_is_a_frame_error() -> None:
@@ -101,6 +153,8 @@ class FakeNode:
         self.cfg = SimpleNamespace(group=GROUP, self_id=SELF, tls=tls)
         self.removed = removed
         self.messages: list[tuple[str, pb.PeerMessage]] = []
+        # What the socket read in place (large appends: peerwire.decode_append).
+        self.in_place: list[tuple[str, Message]] = []
         self.drops: dict[str, int] = {}
 
     def accepts_peer(self, node_id: str) -> bool:
@@ -108,6 +162,9 @@ class FakeNode:
 
     def on_peer_message(self, sender: str, pm: pb.PeerMessage) -> None:
         self.messages.append((sender, pm))
+
+    def on_peer_core_message(self, sender: str, m: Message) -> None:
+        self.in_place.append((sender, m))
 
     def note_drop(self, reason: str, detail: str) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + 1
@@ -177,6 +234,39 @@ def test_plaintext_an_accepted_link_delivers_its_messages_in_order_and_hears_ack
         await server.stop()
 
     run(body)
+    assert node.drops == {}
+
+
+def _large_append(k: int) -> AppendRequest:
+    bodies = [bytes([k]) * (20_000 + i) for i in range(3)]
+    entries = tuple(Entry(2, k * 3 + i + 1, b, 0) for i, b in enumerate(bodies))
+    return AppendRequest(PEER, SELF, 2, k * 3, 2 if k else 0, entries, k)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_large_appends_are_read_in_place_small_messages_by_the_runtime(loop: str) -> None:
+    node = FakeNode()
+    appends = [_large_append(k) for k in range(4)]
+
+    async def body() -> None:
+        server = await _serving(node)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(frame(encode_hello(1, GROUP, PEER)))
+        assert decode_answer(await _read_frame(reader)).code == ANSWER_ACCEPTED
+        stream = b"".join(frame(peerwire.encode(m, GROUP)) + frame(_message(1)) for m in appends)
+        for at in range(0, len(stream), 7001):  # frames split and merged
+            writer.write(stream[at : at + 7001])
+            await writer.drain()
+        await _wait(lambda: len(node.messages) == 4, "4 small messages")
+        await _wait(lambda: len(node.in_place) == 4, "4 appends")
+        writer.close()
+        await server.stop()
+
+    if loop == "uvloop":
+        uvloop.run(body())
+    else:
+        run(body)
+    assert node.in_place == [(PEER, m) for m in appends]
     assert node.drops == {}
 
 
@@ -387,6 +477,41 @@ def test_tls_only_a_member_certificate_of_this_group_gets_in(
     assert node.drops == {}
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_over_tls_a_links_appends_arrive_whole_and_are_read_in_place(
+    pki_files: dict[str, TlsFiles], loop: str
+) -> None:
+    """Under TLS the link writes an append as its head and the joined entries (two records'
+    worth of writes); the receiving side reads the decrypted bytes into its buffer."""
+    node = FakeNode(tls=pki_files["self"])
+    appends = [_large_append(k) for k in range(4)]
+
+    async def body() -> None:
+        server = await _serving(node)
+        conn = await peersock.connect(
+            "127.0.0.1",
+            server.port,
+            encode_hello(1, GROUP, PEER),
+            peersock.client_context(pki_files["peer"]),
+        )
+        security = SimpleNamespace(tls=pki_files["peer"])
+        links = PeerTransport(GROUP, PEER, "127.0.0.1:2", {SELF: "127.0.0.1:1"}, security)  # type: ignore[arg-type]
+        for m in appends:
+            links.links[SELF]._write(conn, m)
+        links.links[SELF]._write(conn, TimeoutNow(PEER, SELF, 1))
+        await _wait(lambda: len(node.in_place) == 4 and len(node.messages) == 1, "all 5")
+        assert conn.transport is not None
+        conn.transport.abort()
+        await server.stop()
+
+    if loop == "uvloop":
+        uvloop.run(body())
+    else:
+        run(body)
+    assert node.in_place == [(PEER, m) for m in appends]
+    assert node.drops == {}
+
+
 # ---------------------------------------------------------------------- the link's choice
 
 
@@ -529,3 +654,66 @@ def test_a_message_to_a_socket_the_peer_just_closed_is_dropped_not_a_crash() -> 
 
     uvloop.run(body())
     assert raised == []
+
+
+# ---------------------------------------------------------------------- writing appends
+
+
+class _Recorder:
+    """A connection's transport that keeps what each write was given."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[bytes, ...]] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append((data,))
+
+    def writelines(self, parts: Any) -> None:
+        self.writes.append(tuple(parts))
+
+
+def _written_message(parts: tuple[bytes, ...]) -> pb.PeerMessage:
+    (payload,) = FrameReader(1 << 24).feed(b"".join(parts))
+    return pb.PeerMessage.FromString(payload)
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_followers_appends_share_one_encoding_of_their_entries(tls: bool) -> None:
+    """Each follower's frame is its own head, then the entries' one encoding: in plaintext the
+    bodies themselves (no copy), under TLS one joined copy for all."""
+    security = SimpleNamespace(tls=object() if tls else None)
+    peers = {"n1": "127.0.0.1:1", "n2": "127.0.0.1:2", SELF: "127.0.0.1:3"}
+    transport = PeerTransport(GROUP, SELF, "127.0.0.1:3", peers, security)  # type: ignore[arg-type]
+    entries = _large_append(1).entries
+    sent: dict[str, tuple[bytes, ...]] = {}
+    for peer, prev in (("n1", 3), ("n2", 4)):  # n2 holds the first entry already
+        m = AppendRequest(SELF, peer, 2, prev, 2, entries[prev - 3 :], 3)
+        recorder = _Recorder()
+        link = transport.links[peer]
+        link._write(SimpleNamespace(transport=recorder), m)  # type: ignore[arg-type]
+        (sent[peer],) = recorder.writes
+        assert _written_message(sent[peer]) == to_pb(m, GROUP)
+    # n2's entries are not n1's: encoded anew.
+    assert transport.entries.encoded == 2
+    m3 = AppendRequest(SELF, "n2", 2, 4, 2, entries[1:], 3, no_reply=True)
+    recorder = _Recorder()
+    transport.links["n2"]._write(SimpleNamespace(transport=recorder), m3)  # type: ignore[arg-type]
+    (again,) = recorder.writes
+    assert _written_message(again) == to_pb(m3, GROUP)
+    assert transport.entries.reused == 1
+    assert all(a is b for a, b in zip(again[1:], sent["n2"][1:], strict=True))
+    if tls:
+        assert len(again) == 2
+    else:
+        bodies = [p for p in again if len(p) >= 20_000]
+        assert [id(b) for b in bodies] == [id(e.body) for e in entries[1:]]
+
+
+def test_small_messages_and_heartbeats_are_one_write() -> None:
+    transport = PeerTransport(GROUP, SELF, "127.0.0.1:3", {"n1": "127.0.0.1:1"})
+    recorder = _Recorder()
+    for m in (TimeoutNow(SELF, "n1", 2), AppendRequest(SELF, "n1", 2, 5, 2, (), 5)):
+        transport.links["n1"]._write(SimpleNamespace(transport=recorder), m)  # type: ignore[arg-type]
+        assert _written_message(recorder.writes[-1]) == to_pb(m, GROUP)
+    assert [len(w) for w in recorder.writes] == [1, 1]
+    assert transport.entries.encoded == 0
