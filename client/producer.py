@@ -24,10 +24,14 @@ their own queue; each caller gets its own results. A coalesced call that fails w
 non-retryable error is split and every caller's messages are sent alone, so one bad message
 fails only its own send.
 
-Threads: a call to a known leader is a gRPC future; its answer completes the call's sends and
-starts the next call on the gRPC thread that received it. ``send_async`` therefore holds no
-thread while it waits (its callbacks run on one callback thread), and ``send`` holds only its
-caller's. Redirects, leader searches, retries and splits run on a small executor.
+Threads: the calls are blocking gRPC calls made by the producer's sender threads
+(:mod:`client.senders`: made when needed, kept while busy, so no thread is started per call),
+one per group with a call in flight. The sender that gets an answer hands the group's next call
+on, completes the call's sends and runs ``send_async``'s callbacks (one at a time, in the order
+the answers came, whichever thread runs them); a send a callback issues leaves from that same
+thread once the callbacks are over, with everything else they sent to the group. ``send`` holds
+its caller's thread, ``send_async`` none. Redirects, leader searches and splits run on the
+sender; the retries of async sends on a small executor.
 """
 
 from __future__ import annotations
@@ -513,6 +517,7 @@ class Producer:
         self._next_call(gq)
         for p, results, error in outcomes:
             self._complete(p, results, error)
+        self._run_callbacks()
 
     def _finish(
         self,
@@ -527,6 +532,7 @@ class Producer:
             n = len(p.pbs)
             self._complete(p, None if results is None else results[at : at + n], error)
             at += n
+        self._run_callbacks()  # after the sends are complete (a callback may shut down)
 
     def _complete(
         self,
@@ -725,8 +731,10 @@ class Producer:
         arg: Any = None,
     ) -> Future[SendResult]:
         """Send without waiting: a ``Future`` of the ``SendResult``. The callbacks, when given,
-        run on the producer's callback thread, one at a time and in the order the answers
-        came (keep them short: they delay the callbacks behind them; they may send again).
+        run on a producer thread (the sender that got the answer), one at a time and in the
+        order the answers came (keep them short: they delay the callbacks behind them and, by
+        up to CALLBACKS_DEFER_S, the sends they issue; they may send again, even with
+        ``send``).
         Failed attempts are retried like ``send``'s. Blocks while ``ASYNC_MAX_PENDING`` sends
         are pending (back pressure)."""
         if self._executor is None:
@@ -855,6 +863,7 @@ class Producer:
             self._settle_later(settle, None, exc)
         else:
             self._settle_later(settle, result, None)
+        self._run_callbacks()
 
     def _settle_later(
         self,
@@ -862,18 +871,19 @@ class Producer:
         result: SendResult | None,
         error: BaseException | None,
     ) -> None:
-        """Queues an async send's outcome; runs the queued callbacks, in order, unless another
-        thread is running them (one at a time, in the order the answers came)."""
+        """Queues an async send's outcome for :meth:`_run_callbacks`, which the thread that
+        completed the send calls once it is done with its sends."""
         with self._callback_lock:
             self._callbacks.append((settle, result, error))
-            if self._running_callbacks:
-                return
-            self._running_callbacks = True
-        self._run_callbacks()
 
     def _run_callbacks(self) -> None:
-        """Runs queued callbacks until none is left. Sends they issue wait for the end
-        (Senders.hand_after), for at most CALLBACKS_DEFER_S: then they leave at once."""
+        """Runs the queued callbacks until none is left, unless another thread is running
+        them (so: one at a time, in the order the answers came). Sends they issue wait for
+        the end (Senders.hand_after), for at most CALLBACKS_DEFER_S: then they leave."""
+        with self._callback_lock:
+            if self._running_callbacks or not self._callbacks:
+                return
+            self._running_callbacks = True
         runner = self._callback_runner
         runner.active = True
         started = time.monotonic()
@@ -889,7 +899,8 @@ class Producer:
                     settle(result, error)
                 except Exception:
                     log.exception("send callback failed")
-                if time.monotonic() - started > CALLBACKS_DEFER_S:
+                # More callbacks to run after a long one: the sends deferred so far leave now.
+                if self._callbacks and time.monotonic() - started > CALLBACKS_DEFER_S:
                     self._senders.release_deferred()
                     started = time.monotonic()
         finally:
