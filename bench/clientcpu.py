@@ -65,7 +65,7 @@ print(json.dumps(out))
 
 def _run_round(tree: Path, flush: str, size: int, levels: str) -> list[Any]:
     env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'gen'}")
-    base = create_work_dir("raftmq-clientcpu-")  # swept by a later run if this one is killed
+    base = create_work_dir("raftmq-compare-cpu-")  # bench.sweep: a later run sweeps it if killed
     argv = [str(base), flush, str(size), str(LONG_S), str(SHORT_S), levels]
     try:
         done = subprocess.run(
