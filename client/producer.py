@@ -24,10 +24,14 @@ their own queue; each caller gets its own results. A coalesced call that fails w
 non-retryable error is split and every caller's messages are sent alone, so one bad message
 fails only its own send.
 
-Threads: a call to a known leader is a gRPC future; its answer completes the call's sends and
-starts the next call on the gRPC thread that received it. ``send_async`` therefore holds no
-thread while it waits (its callbacks run on one callback thread), and ``send`` holds only its
-caller's. Redirects, leader searches, retries and splits run on a small executor.
+Threads: the calls are blocking gRPC calls made by the producer's sender threads
+(:mod:`client.senders`: made when needed, kept while busy, so no thread is started per call),
+one per group with a call in flight. The sender that gets an answer hands the group's next call
+on, completes the call's sends and runs ``send_async``'s callbacks (one at a time, in the order
+the answers came, whichever thread runs them); a send a callback issues leaves from that same
+thread once the callbacks are over, with everything else they sent to the group. ``send`` holds
+its caller's thread, ``send_async`` none. Redirects, leader searches and splits run on the
+sender; the retries of async sends on a small executor.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import queue
 import random
 import threading
 import time
@@ -59,6 +62,7 @@ from client.message import (
     new_msg_id,
 )
 from client.route import POLL_NAME_SERVER_INTERVAL_S, ChannelPool, RouteClient, retry_wait_s
+from client.senders import Senders
 from mqerrors import codes as E
 from mqsecurity.channels import PLAINTEXT, ClientSecurity
 
@@ -74,9 +78,23 @@ SEND_MSG_TIMEOUT_S = 3.0
 RETRY_TIMES_WHEN_SEND_FAILED = 2
 # Between retries (a new leader is usually elected within a second or two).
 RETRY_WAIT_S = 0.2
-# Threads for the rare, blocking paths of a send: no leader known, redirects, retries of
-# async sends (each sleeps RETRY_WAIT_S), splitting a call. Made only when needed.
+# Threads for the retries of async sends (each sleeps RETRY_WAIT_S first). Made only when
+# needed.
 ASYNC_SEND_THREADS = 64
+# Sender threads: they make the SendMessage calls (blocking calls; redirects, leader searches
+# and splits included), one call per group at a time (MAX_INFLIGHT_PER_GROUP), so a producer
+# uses about one per broker group and topic it sends to at once. Made only when needed; the
+# bound is for a producer sending to many topics of many groups while leaders are down (each
+# call then waits up to its timeout): beyond it, calls wait for a free sender.
+SENDER_THREADS = 64
+# A sender idle this long exits: long against the gap between a busy producer's calls (a
+# thread start per call is the cost senders exist to avoid), short enough that a producer
+# that stopped sending soon holds no sender.
+SENDER_IDLE_S = 30.0
+# Sends issued by send_async callbacks wait for the callbacks being run to be over (so that
+# they leave together, from the thread running them) at most this long; a slow callback does
+# not hold back the sends before it longer.
+CALLBACKS_DEFER_S = 0.002
 # What shutdown waits beyond the sends' own timeouts.
 SHUTDOWN_SLACK_S = 5.0
 # At most this many async/one-way sends in flight; send_async blocks beyond (back pressure).
@@ -155,6 +173,14 @@ class _Outcome:
         self.event.set()
 
 
+# An async send's outcome waiting for its callbacks to run: settle(result, error).
+_Settle = tuple[
+    Callable[[SendResult | None, BaseException | None], None],
+    SendResult | None,
+    BaseException | None,
+]
+
+
 class _GroupQueue:
     __slots__ = ("broker_name", "inflight", "topic", "waiting")
 
@@ -216,10 +242,14 @@ class Producer:
         self._outstanding = 0  # sends submitted and not yet completed
         self._groups: dict[tuple[str, str], _GroupQueue] = {}
         self._queues: dict[tuple[str, str, int], MessageQueue] = {}  # results share them
-        self._callbacks: queue.SimpleQueue[
-            tuple[Callable[[SendResult | None, BaseException | None], None], Any, Any] | None
-        ] = queue.SimpleQueue()
-        self._callback_thread: threading.Thread | None = None
+        # send_async's callbacks, run one at a time in the order the answers came, by the
+        # thread that found none running (_settle_later).
+        self._callback_lock = threading.Lock()
+        self._callbacks_done = threading.Condition(self._callback_lock)
+        self._callbacks: deque[_Settle] = deque()
+        self._running_callbacks = False
+        self._callback_runner = threading.local()  # .active: this thread runs callbacks
+        self._senders = Senders("producer-sender", SENDER_THREADS, SENDER_IDLE_S)
         # RocketMQ's ip@instance: who this producer is in producerConnection.
         self.client_id = client_id or new_client_id(self._born_host)
         self._heartbeats = ProducerHeartbeats(
@@ -233,10 +263,7 @@ class Producer:
             self.namesrv_addr, self._channels, self.poll_name_server_interval_s
         )
         self._executor = ThreadPoolExecutor(ASYNC_SEND_THREADS, thread_name_prefix="producer")
-        self._callback_thread = threading.Thread(
-            target=self._run_callbacks, name="producer-callbacks", daemon=True
-        )
-        self._callback_thread.start()
+        self._senders = Senders("producer-sender", SENDER_THREADS, SENDER_IDLE_S)
         self._heartbeats.start()
 
     def shutdown(self) -> None:
@@ -250,15 +277,24 @@ class Producer:
             self._executor.shutdown(wait=True)  # retries in progress
             self._executor = None
             self._wait_idle(bound_s)
-        if self._callback_thread is not None:
-            self._callbacks.put(None)
-            self._callback_thread.join(SHUTDOWN_SLACK_S)
-            self._callback_thread = None
+            self._senders.close(SHUTDOWN_SLACK_S)
+            self._wait_callbacks(SHUTDOWN_SLACK_S)
         self._heartbeats.stop()
         self._channels.close()
         self._routes = None
 
+    def _wait_callbacks(self, timeout_s: float) -> None:
+        """Until the callbacks of answered sends have run (not from a callback: it is one)."""
+        if getattr(self._callback_runner, "active", False):
+            return
+        with self._callbacks_done:
+            if not self._callbacks_done.wait_for(
+                lambda: not self._running_callbacks and not self._callbacks, timeout_s
+            ):
+                log.warning("shutdown: %d send callbacks still to run", len(self._callbacks))
+
     def _wait_idle(self, timeout_s: float) -> None:
+        self._senders.release_deferred()  # from a callback: its sends must leave to end
         with self._idle:
             if not self._idle.wait_for(lambda: self._outstanding == 0, timeout_s):
                 log.warning("shutdown: %d sends still unanswered", self._outstanding)
@@ -318,6 +354,9 @@ class Producer:
                 outcome,
             )
         )
+        # Called from a callback, this thread may hold deferred calls (Senders.hand_after):
+        # they leave now, as this one may wait behind them.
+        self._senders.release_deferred()
         outcome.event.wait()
         if outcome.error is not None:
             raise outcome.error
@@ -326,14 +365,20 @@ class Producer:
 
     # -- coalescing -----------------------------------------------------------------------------
     #
-    # A send joins its group's queue. When the group has no call in flight, the caller's thread
-    # starts one (non-blocking: a gRPC future to the known leader); when that call answers, the
-    # gRPC thread that got the answer completes every send of the call and starts the next call
-    # from whatever queued meanwhile. No thread waits per call, so a thousand async sends cost
-    # no threads at all. Only the rare paths (no leader known, redirects, failures, splitting a
-    # call a bad message failed) run blocking code, on the producer's executor.
+    # A send joins its group's queue. When the group has no call in flight, the send takes the
+    # group's slot and hands the call to a sender thread (client/senders.py), which takes
+    # everything queued by then and makes one blocking call: to the known leader, or with
+    # redirects and leader search. With the answer the sender hands the group's next call (if
+    # sends queued meanwhile) to another sender, then completes the call's sends, running
+    # send_async's callbacks itself when no other thread is running them. A send issued by such
+    # a callback is deferred (Senders.hand_after) until the callbacks are over and then leaves
+    # from the same thread with everything the callbacks sent: a chain of sends costs no
+    # thread wake-up, and no thread start, per send.
 
-    def _submit(self, pending: _PendingSend) -> None:
+    def _submit(self, pending: _PendingSend, deferrable: bool = False) -> None:
+        """Queues ``pending``; starts the group's call when none is in flight. ``deferrable``:
+        the caller does not wait for the answer (an async send), so a call started from a
+        callback may wait for the callbacks to be over (Senders.hand_after)."""
         key = (pending.mq.topic, pending.mq.broker_name)
         with self._coalesce_lock:
             gq = self._groups.get(key)
@@ -344,8 +389,10 @@ class Producer:
             if gq.inflight >= MAX_INFLIGHT_PER_GROUP:
                 return
             gq.inflight += 1
-            batch = self._take(gq)
-        self._dispatch(gq, batch)
+        if deferrable:
+            self._senders.hand_after(self._call_next, gq)
+        else:
+            self._senders.hand(self._call_next, gq)
 
     @staticmethod
     def _take(gq: _GroupQueue) -> list[_PendingSend]:
@@ -362,96 +409,99 @@ class Producer:
         return batch
 
     def _next_call(self, gq: _GroupQueue) -> None:
-        """The call of ``gq`` in flight is over: start the next one, or free the slot."""
+        """The call of ``gq`` in flight is over: hand on the next one, or free the slot."""
         with self._coalesce_lock:
             if not gq.waiting:
                 gq.inflight -= 1
                 return
-            batch = self._take(gq)
-        self._dispatch(gq, batch)
+        self._senders.hand(self._call_next, gq)
 
-    def _dispatch(self, gq: _GroupQueue, batch: list[_PendingSend]) -> None:
+    def _call_next(self, gq: _GroupQueue) -> None:
+        """On a sender thread holding ``gq``'s slot: one call of what is queued now."""
+        with self._coalesce_lock:
+            assert gq.inflight > 0 and gq.waiting, (gq.inflight, len(gq.waiting))
+            batch = self._take(gq)
+        self._call(gq, batch)
+
+    def _call(self, gq: _GroupQueue, batch: list[_PendingSend]) -> None:
+        """On a sender thread: one coalesced call, answered (:meth:`_finish`) or failed. A
+        blocking call to the known leader; when none is known, or its answer is a retryable
+        failure (a redirect, an election, a dead node, a busy leader), the call with redirects
+        and leader search for what is left of the send's timeout."""
         pbs = [m for p in batch for m in p.pbs]
         deadline = time.monotonic() + self.send_msg_timeout_s
-        routes = self._routes
-        addr = routes.known_leader(gq.broker_name) if routes is not None else ""
-        if not addr:
-            self._in_background(self._call_blocking, gq, batch, pbs, deadline)
+        try:
+            answer = self._ask_known_leader(gq, pbs)
+            if isinstance(answer, pb.SendMessageResponse):
+                # A bad answer fails the call as it is (resending each caller's part would
+                # store what may be stored already).
+                self._finish_parsed(gq, batch, answer, len(pbs))
+                return
+            results = self._call_searching(gq, pbs, deadline, answer)
+        except MQClientError as exc:  # refused, or no answer within the timeout
+            self._fail_or_split(gq, batch, exc)
             return
+        except BaseException as exc:  # the channel pool was closed under us (shutdown)
+            self._finish(gq, batch, None, exc)
+            return
+        self._finish(gq, batch, results, None)
+
+    def _finish_parsed(
+        self, gq: _GroupQueue, batch: list[_PendingSend], resp: pb.SendMessageResponse, n: int
+    ) -> None:
+        try:
+            results = self._results(gq.topic, gq.broker_name, resp, n)
+        except MQClientError as exc:
+            self._finish(gq, batch, None, exc)
+            return
+        self._finish(gq, batch, results, None)
+
+    def _ask_known_leader(
+        self, gq: _GroupQueue, pbs: list[pb.Message]
+    ) -> pb.SendMessageResponse | MQClientError | None:
+        """The answer of the group's known leader, its retryable failure (learnt from), or
+        None when no leader is known. A failure that is not retryable is raised."""
+        routes = self._route_client()
+        addr = routes.known_leader(gq.broker_name)
+        if not addr:
+            return None
         request = pb.SendMessageRequest(topic=gq.topic, messages=pbs)
         try:
-            call = self._channels.broker(addr).SendMessage.future(
+            resp: pb.SendMessageResponse = self._channels.broker(addr).SendMessage(
                 request, timeout=self.send_msg_timeout_s
             )
-        except Exception:  # the channel pool was closed under us: the blocking path reports it
-            self._in_background(self._call_blocking, gq, batch, pbs, deadline)
-            return
-        call.add_done_callback(lambda f: self._on_answer(gq, batch, pbs, addr, deadline, f))
-
-    def _on_answer(
-        self,
-        gq: _GroupQueue,
-        batch: list[_PendingSend],
-        pbs: list[pb.Message],
-        addr: str,
-        deadline: float,
-        call: grpc.Future,
-    ) -> None:
-        """On a gRPC thread: the fast path's answer."""
-        try:
-            resp = call.result()
         except grpc.RpcError as exc:
             err = MQClientError.from_rpc(exc)
             if not err.retryable or err.group_refuses_writes:
-                self._fail_or_split(gq, batch, err)
-                return
-            # Redirects, elections, dead nodes and a busy leader: the blocking path follows
-            # them (and keeps a leader that answered about itself).
-            if self._routes is not None:
-                self._routes.learn_from_error(gq.broker_name, err, addr)
-            self._in_background(self._call_blocking, gq, batch, pbs, deadline, err)
-            return
-        except Exception as exc:  # cancelled (the producer is shutting down)
-            self._finish(gq, batch, None, exc)
-            return
-        try:
-            results = self._results(gq.topic, gq.broker_name, resp, len(pbs))
-        except MQClientError as exc:
-            self._finish(gq, batch, None, exc)
-            return
-        self._finish(gq, batch, results, None)
+                raise err from None
+            routes.learn_from_error(gq.broker_name, err, addr)
+            return err
+        return resp
 
-    def _call_blocking(
+    def _call_searching(
         self,
         gq: _GroupQueue,
-        batch: list[_PendingSend],
         pbs: list[pb.Message],
         deadline: float,
-        after: MQClientError | None = None,
-    ) -> None:
-        """On the executor: the call with redirects and leader search, then the next call.
-        ``after``: the fast path's retryable failure, whose retry hint is waited out first."""
+        after: MQClientError | None,
+    ) -> list[SendResult]:
+        """The call with redirects and leader search; ``after``: the known leader's retryable
+        failure, whose retry hint is waited out first."""
         if after is not None and after.retry_after_ms:
             time.sleep(min(retry_wait_s(after, 0.0), max(deadline - time.monotonic(), 0.0)))
         try:
-            results = self._call_send(
+            return self._call_send(
                 gq.topic, gq.broker_name, pbs, max(deadline - time.monotonic(), 0.05)
             )
         except MQClientError as exc:
-            unknown = after is not None and after.outcome_unknown
-            self._fail_or_split(gq, batch, exc.marked_unknown(unknown))
-            return
-        except BaseException as exc:
-            self._finish(gq, batch, None, exc)
-            return
-        self._finish(gq, batch, results, None)
+            raise exc.marked_unknown(after is not None and after.outcome_unknown) from None
 
     def _fail_or_split(
         self, gq: _GroupQueue, batch: list[_PendingSend], exc: MQClientError
     ) -> None:
         if len(batch) > 1 and not exc.retryable:
             # One bad message must fail only its own send: each caller's messages alone.
-            self._in_background(self._split, gq, batch)
+            self._split(gq, batch)
             return
         self._finish(gq, batch, None, exc)
 
@@ -467,6 +517,7 @@ class Producer:
         self._next_call(gq)
         for p, results, error in outcomes:
             self._complete(p, results, error)
+        self._run_callbacks()
 
     def _finish(
         self,
@@ -481,6 +532,7 @@ class Producer:
             n = len(p.pbs)
             self._complete(p, None if results is None else results[at : at + n], error)
             at += n
+        self._run_callbacks()  # after the sends are complete (a callback may shut down)
 
     def _complete(
         self,
@@ -679,8 +731,10 @@ class Producer:
         arg: Any = None,
     ) -> Future[SendResult]:
         """Send without waiting: a ``Future`` of the ``SendResult``. The callbacks, when given,
-        run on the producer's callback thread, one at a time and in the order the answers
-        came (keep them short: they delay the callbacks behind them; they may send again).
+        run on a producer thread (the sender that got the answer), one at a time and in the
+        order the answers came (keep them short: they delay the callbacks behind them and, by
+        up to CALLBACKS_DEFER_S, the sends they issue; they may send again, even with
+        ``send``).
         Failed attempts are retried like ``send``'s. Blocks while ``ASYNC_MAX_PENDING`` sends
         are pending (back pressure)."""
         if self._executor is None:
@@ -765,7 +819,7 @@ class Producer:
         def on_done(results: list[SendResult] | None, error: BaseException | None) -> None:
             if error is None:
                 assert results is not None
-                self._callbacks.put((settle, results[0], None))
+                self._settle_later(settle, results[0], None)
                 return
             if isinstance(error, MQClientError):
                 self._note_failure(mq, error)
@@ -774,12 +828,13 @@ class Producer:
                         self._retry_async, msg, selector, arg, mq, retries, error, settle
                     )
                     return
-            self._callbacks.put((settle, None, error))
+            self._settle_later(settle, None, error)
 
         self._submit(
             _PendingSend(
                 mq, [msg.to_pb(mq.queue_id, self.group, self._born_host)], len(msg.body), on_done
-            )
+            ),
+            deferrable=True,
         )
 
     def _retry_async(
@@ -805,17 +860,48 @@ class Producer:
                 [msg], pick, retries - 1, after=error, failed_group=failed.broker_name
             )[0]
         except BaseException as exc:
-            self._callbacks.put((settle, None, exc))
+            self._settle_later(settle, None, exc)
         else:
-            self._callbacks.put((settle, result, None))
+            self._settle_later(settle, result, None)
+        self._run_callbacks()
+
+    def _settle_later(
+        self,
+        settle: Callable[[SendResult | None, BaseException | None], None],
+        result: SendResult | None,
+        error: BaseException | None,
+    ) -> None:
+        """Queues an async send's outcome for :meth:`_run_callbacks`, which the thread that
+        completed the send calls once it is done with its sends."""
+        with self._callback_lock:
+            self._callbacks.append((settle, result, error))
 
     def _run_callbacks(self) -> None:
-        while True:
-            item = self._callbacks.get()
-            if item is None:
+        """Runs the queued callbacks until none is left, unless another thread is running
+        them (so: one at a time, in the order the answers came). Sends they issue wait for
+        the end (Senders.hand_after), for at most CALLBACKS_DEFER_S: then they leave."""
+        with self._callback_lock:
+            if self._running_callbacks or not self._callbacks:
                 return
-            settle, result, error = item
-            try:
-                settle(result, error)
-            except Exception:
-                log.exception("send callback failed")
+            self._running_callbacks = True
+        runner = self._callback_runner
+        runner.active = True
+        started = time.monotonic()
+        try:
+            while True:
+                with self._callback_lock:
+                    if not self._callbacks:
+                        self._running_callbacks = False
+                        self._callbacks_done.notify_all()
+                        return
+                    settle, result, error = self._callbacks.popleft()
+                try:
+                    settle(result, error)
+                except Exception:
+                    log.exception("send callback failed")
+                # More callbacks to run after a long one: the sends deferred so far leave now.
+                if self._callbacks and time.monotonic() - started > CALLBACKS_DEFER_S:
+                    self._senders.release_deferred()
+                    started = time.monotonic()
+        finally:
+            runner.active = False

@@ -276,13 +276,20 @@ def test_async_sends_share_calls_and_hold_no_thread_each(world: World) -> None:
     n = 300
     threads_seen: set[str] = set()
     ok: list[str] = []
+    running = [0]  # callbacks running at once: never more than one
+    overlaps: list[int] = []
     with Producer("pg", world.namesrv_addr) as producer:
         before = threading.active_count()
         msgs = [Message("T", f"m{i}".encode()) for i in range(n)]
 
         def on_success(r: object) -> None:
+            running[0] += 1
+            if running[0] > 1:
+                overlaps.append(running[0])
             threads_seen.add(threading.current_thread().name)
             ok.append(r.msg_id)  # type: ignore[attr-defined]
+            time.sleep(0.0001)  # widen the window a second runner would show in
+            running[0] -= 1
 
         futures_ = [producer.send_async(m, on_success=on_success) for m in msgs]
         during = threading.active_count()
@@ -292,7 +299,9 @@ def test_async_sends_share_calls_and_hold_no_thread_each(world: World) -> None:
     assert sum(len(c) for c in calls) == n and len(calls) <= n // 50, [len(c) for c in calls]
     assert [r.msg_id for r in results] == [m.msg_id for m in msgs]
     assert sorted(ok) == sorted(m.msg_id for m in msgs)
-    assert threads_seen == {"producer-callbacks"}
+    # One at a time, on the producer's sender threads (the one that got the answer).
+    assert not overlaps
+    assert threads_seen and all(t.startswith("producer-sender-") for t in threads_seen)
 
 
 def test_async_send_follows_redirects_and_retries_on_another_group(world: World) -> None:
@@ -585,3 +594,101 @@ def test_producers_start_their_round_robin_at_a_random_queue(
         with Producer(f"pg{i}", world.namesrv_addr) as producer:
             groups.add(producer.send(Message("T", b"x")).message_queue.broker_name)
     assert groups == {"broker-a", "broker-b"}
+
+
+@pytest.fixture
+def thread_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads started from now on (gRPC's own threads included: its
+    synchronous channel starts them through ``threading.Thread`` too)."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    return started
+
+
+# Sends in a row that count their thread starts; a thread start per send (gRPC's "channel
+# spin" thread for a future at one call in flight) would start at least this many.
+SENDS_IN_A_ROW = 60
+# Thread starts allowed meanwhile, none of them per send: the fake servers' handler pools
+# (up to 4 threads each, made on demand), the producer's heartbeat thread (started with the
+# first topic), a second sender (a send handed on while the first was finishing).
+OTHER_THREAD_STARTS = 10
+
+
+def test_sends_in_a_row_start_no_thread_each(world: World, thread_starts: list[str]) -> None:
+    world.namesrv.groups = world.namesrv.groups[:1]
+    with Producer("pg", world.namesrv_addr) as producer:
+        for i in range(3):  # warm-up: the route, the channel, the server's handler threads
+            producer.send(Message("T", f"w{i}".encode()))
+        thread_starts.clear()
+        for i in range(SENDS_IN_A_ROW):
+            producer.send(Message("T", f"s{i}".encode()))
+        during = list(thread_starts)
+    assert len(during) <= OTHER_THREAD_STARTS, f"{SENDS_IN_A_ROW} sends started {during}"
+
+
+def test_a_chain_of_async_sends_starts_no_thread_and_stays_on_one_thread(
+    world: World, thread_starts: list[str]
+) -> None:
+    """Each callback sends the next message (bench.loadgen's closed loop): the next send
+    leaves from the thread that ran the callback, so the chain needs neither a thread start
+    nor a hand-over per send."""
+    world.namesrv.groups = world.namesrv.groups[:1]
+    done = threading.Event()
+    callback_threads: list[str] = []
+    errors: list[BaseException] = []
+    with Producer("pg", world.namesrv_addr) as producer:
+        producer.send(Message("T", b"warm-up"))
+        thread_starts.clear()
+
+        def next_send(left: int) -> None:
+            if left == 0:
+                done.set()
+                return
+
+            def ok(_: object) -> None:
+                callback_threads.append(threading.current_thread().name)
+                next_send(left - 1)
+
+            def failed(exc: BaseException) -> None:
+                errors.append(exc)
+                done.set()
+
+            producer.send_async(Message("T", f"c{left}".encode()), ok, failed)
+
+        next_send(SENDS_IN_A_ROW)
+        assert done.wait(30), f"{len(callback_threads)} of {SENDS_IN_A_ROW} sends answered"
+        during = list(thread_starts)
+    assert not errors
+    assert len(callback_threads) == SENDS_IN_A_ROW
+    assert len(during) <= OTHER_THREAD_STARTS, f"{SENDS_IN_A_ROW} sends started {during}"
+    # After the first send (handed from this thread) the chain runs on one sender.
+    assert len(set(callback_threads[1:])) == 1, sorted(set(callback_threads))
+
+
+def test_a_callback_sending_async_then_sync_to_one_group_does_not_deadlock(
+    world: World,
+) -> None:
+    """The async send takes the group's call and waits for the callback to be over; the
+    sync send behind it in the same callback would wait for it forever unless the deferred
+    call leaves first."""
+    world.namesrv.groups = world.namesrv.groups[:1]
+    inner: list[object] = []
+    finished = threading.Event()
+    with Producer("pg", world.namesrv_addr, send_msg_timeout_s=2.0) as producer:
+
+        def outer_done(_: object) -> None:
+            first = producer.send_async(Message("T", b"async-in-callback"))
+            inner.append(producer.send(Message("T", b"sync-in-callback")))
+            inner.append(first)
+            finished.set()
+
+        producer.send_async(Message("T", b"outer"), on_success=outer_done)
+        assert finished.wait(10), "a sync send from a callback deadlocked"
+        assert inner[0].msg_id  # type: ignore[attr-defined]
+        assert inner[1].result(timeout=10).msg_id  # type: ignore[attr-defined]
