@@ -13,7 +13,6 @@ Peer RPC and client RPC listen on separate ports so that either can be cut off o
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -70,6 +69,7 @@ from dledger.server.chaincheck import (
 from dledger.server.client_service import ClientServicer
 from dledger.server.convert import echo, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.flushthread import FlushThread
 from dledger.server.formats import check_store_formats
 from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
 from dledger.server.logroom import LogRoom
@@ -216,7 +216,7 @@ class DLedgerNode:
         self._removed_told = False
         self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
-        self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
+        self._flush = FlushThread(f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
         # The group's committed feature level and its CONFIG entry's index (0: never raised).
@@ -394,7 +394,7 @@ class DLedgerNode:
                 self.corruption_found["promise"] = 1
             self._persister = ReadyPersister(
                 self.store,
-                self._flush_pool,
+                self._flush,
                 sync=cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH,
                 node_id=cfg.self_id,
                 promises=start.writer,
@@ -631,7 +631,7 @@ class DLedgerNode:
         if self.scrubber is not None:
             self.scrubber.close()
         self._fail_waiters("node stopping")
-        self._flush_pool.shutdown(wait=True)
+        self._flush.shutdown()
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
         with contextlib.suppress(AttributeError):  # a start that failed before it was opened
@@ -969,9 +969,7 @@ class DLedgerNode:
         set: a restart then replays only the CONFIG entries above the applied index."""
         last = max(e.index for e in committed if e.type == EntryType.CONFIG)
         conf = self.core.conf_state_at(last)
-        await asyncio.get_running_loop().run_in_executor(
-            self._flush_pool, save_conf, self.cfg.store_dir, conf
-        )
+        await self._flush.run(functools.partial(save_conf, self.cfg.store_dir, conf))
         logger.info(
             "node=%s membership committed index=%d %s", self.cfg.self_id, last, conf.describe()
         )
@@ -1253,9 +1251,8 @@ class DLedgerNode:
         that earlier jobs already stored, so that what they answer does not wait for this
         job's fsync (the disk and the apply overlap, as etcd's apply and WAL write do;
         docs/PERFORMANCE.md "SYNC_FLUSH at 16 and 256 in flight")."""
-        job = asyncio.ensure_future(self._persister.persist(rd))
+        job = self._persister.begin(rd)  # in the flush thread's queue (or done) already
         try:
-            await asyncio.sleep(0)  # the job reaches the flush thread before the apply runs
             self._apply(stable)
         finally:
             await job
@@ -1479,11 +1476,10 @@ class DLedgerNode:
         if (now - self._last_checkpoint_s) * 1000 >= CHECKPOINT_INTERVAL_MS:
             self._last_checkpoint_s = now
             # In the flush thread: the checkpoint is an atomic file write with fsyncs.
-            await asyncio.get_running_loop().run_in_executor(
-                self._flush_pool,
-                self._persister.checkpoint_job,
-                self.core.commit_index,
-                self._applied,
+            await self._flush.run(
+                functools.partial(
+                    self._persister.checkpoint_job, self.core.commit_index, self._applied
+                )
             )
 
     async def wait_leader_change(self, timeout_s: float) -> None:
