@@ -5,8 +5,9 @@ The node follows the core's driver contract (``dledger.core`` docstring) in a si
 in one job in a thread (the loop keeps taking messages and proposals meanwhile, into the core's
 unstable tail, and the next job writes all of them: group commit), then send the other
 messages, apply committed entries, ``advance``. Nothing on the event loop waits for the disk.
-Commit notices a Ready holds are released by one ``loop.call_later`` timer of
-COMMIT_NOTICE_LINGER_MS (at most one pending, cancelled when a Ready says none is held).
+Commit notices a Ready holds are released by one ``loop.call_later`` timer
+COMMIT_NOTICE_LINGER_MS after the hold began (at most one pending; a Ready that holds none
+ends the hold, and the timer then finds nothing to release).
 Peer RPC and client RPC listen on separate ports so that either can be cut off on its own.
 """
 
@@ -141,6 +142,9 @@ logger = logging.getLogger(__name__)
 
 # How often the applied/commit checkpoint is written while entries are being applied.
 CHECKPOINT_INTERVAL_MS = 1000
+# How early a timer may fire and still count as due: the loop's timers have a resolution of
+# a millisecond (uvloop's clock), so a release timer can wake just under its delay.
+_TIMER_SLACK_S = 0.001
 # How long a node waits for the leader's view of the members before retention deletes
 # (the check's interval is NodeConfig.retention_check_interval_s).
 RETENTION_RPC_TIMEOUT_S = 3.0
@@ -201,7 +205,11 @@ class DLedgerNode:
         self._client_services = tuple(client_services)
         self.sm: StateMachine = LogOnlyStateMachine() if state_machine is None else state_machine
         self._seed = seed if seed is not None else random.randrange(1 << 62)
-        self._wake_event = asyncio.Event()
+        # The ready loop's wake-up: a flag, and the future the loop awaits while it is clear
+        # (set by _wake; an asyncio.Event made a future, looked its loop up and kept a list
+        # of waiters on every wait, for the one waiter there is).
+        self._woken = False
+        self._wake_fut: asyncio.Future[None] | None = None
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: list[_Waiter] = []
@@ -223,8 +231,10 @@ class DLedgerNode:
         self._feature_level = BASELINE_LEVEL
         self._feature_level_index = 0
         self._leader_changed = asyncio.Event()
-        # The one pending release_notices() call, while a Ready's commit notices are held.
+        # The one pending release_notices() call, and when the current hold of a Ready's
+        # commit notices began (loop time; None: none held).
         self._notice_release: asyncio.TimerHandle | None = None
+        self._notice_hold_since: float | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
         # The persist jobs and the promise file (dledger.server.persister), set at start.
@@ -645,11 +655,18 @@ class DLedgerNode:
     # ------------------------------------------------------------------ inputs
 
     def _wake(self) -> None:
-        self._wake_event.set()
+        if self._woken:
+            return
+        self._woken = True
+        fut = self._wake_fut
+        if fut is not None:
+            self._wake_fut = None
+            if not fut.done():  # cancelled with the ready loop's task (at stop)
+                fut.set_result(None)
 
     def wake(self) -> None:
         """Run the ready loop (after an input to the core from outside it)."""
-        self._wake_event.set()
+        self._wake()
 
     def set_readers_waiting(self, waiting: bool) -> None:
         """Readers wait for this node's next apply (or no longer): a follower's answers then
@@ -923,7 +940,12 @@ class DLedgerNode:
         return level, proposal.last_index
 
     async def _wait_applied(self, proposal: Proposal) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Until the apply of ``proposal``'s last entry settles its future (or the append
+        timeout does, with TimeoutError). The future is awaited directly under a timer of
+        its own: ``asyncio.wait_for`` made a second future and a done-callback, and woke the
+        waiting task one loop callback later."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         heapq.heappush(
             self._waiters,
             _Waiter(
@@ -934,7 +956,11 @@ class DLedgerNode:
                 future,
             ),
         )
-        await asyncio.wait_for(future, self.cfg.append_timeout_ms / 1000)
+        timer = loop.call_later(self.cfg.append_timeout_ms / 1000, _time_out, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
 
     # ------------------------------------------------------------------ membership
 
@@ -1112,9 +1138,12 @@ class DLedgerNode:
     # ------------------------------------------------------------------ the ready loop
 
     async def _ready_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wake_event.wait()
-            self._wake_event.clear()
+            if not self._woken:
+                fut = self._wake_fut = loop.create_future()
+                await fut
+            self._woken = False
             failpoints.hit("ready")
             try:
                 while self.core.has_ready():
@@ -1426,23 +1455,38 @@ class DLedgerNode:
         )
 
     def _arm_notice_release(self, held: bool) -> None:
-        """One pending release while notices are held; cancelled once none is (an append
-        carried the commit), so that the next hold lingers in full: a stale timer released
-        it early, a notice per send at 1 in flight (docs/PERFORMANCE.md)."""
-        if held:
-            if self._notice_release is None:
-                self._notice_release = asyncio.get_running_loop().call_later(
-                    COMMIT_NOTICE_LINGER_MS / 1000, self._release_notices
-                )
-        elif self._notice_release is not None:
-            self._notice_release.cancel()
-            self._notice_release = None
+        """Step 6 of the Ready contract: release the held commit notices
+        COMMIT_NOTICE_LINGER_MS after the hold began. A Ready that holds none ends the hold
+        (the next one lingers in full: a release timed from an earlier hold came early, a
+        notice per send at 1 in flight, docs/PERFORMANCE.md); the pending timer is not
+        cancelled but finds no hold, or a later one, which it waits out. At one send in
+        flight a hold begins and ends once per send: one clock read each, and one timer per
+        linger instead of a timer armed and cancelled per send."""
+        if not held:
+            self._notice_hold_since = None
+            return
+        if self._notice_hold_since is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._notice_hold_since = loop.time()
+        if self._notice_release is None:
+            linger_s = COMMIT_NOTICE_LINGER_MS / 1000
+            self._notice_release = loop.call_later(linger_s, self._release_notices)
 
     def _release_notices(self) -> None:
-        """The linger of the held commit notices is over: the core sends those still due."""
+        """The linger of the held commit notices is over: the core sends those still due.
+        A timer that finds no hold does nothing; one that finds a hold begun after it was
+        armed waits for the rest of that hold's linger."""
         self._notice_release = None
-        if self._stopped.is_set():
+        since = self._notice_hold_since
+        if since is None or self._stopped.is_set():
             return
+        loop = asyncio.get_running_loop()
+        due = since + COMMIT_NOTICE_LINGER_MS / 1000
+        if loop.time() < due - _TIMER_SLACK_S:
+            self._notice_release = loop.call_at(due, self._release_notices)
+            return
+        self._notice_hold_since = None
         self.core.release_notices()
         self._wake()
 
@@ -1520,6 +1564,12 @@ def _stored_hard_state(cfg: NodeConfig) -> HardState:
         return codec.decode_hard_state((Path(cfg.store_dir) / META_FILE).read_bytes())
     except (OSError, codec.RecordError):
         return HardState()
+
+
+def _time_out(future: asyncio.Future[None]) -> None:
+    """A proposal's append timeout ran out before its apply answered it."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _stable_prefix(rd: Ready) -> Sequence[Entry]:
