@@ -186,6 +186,13 @@ class DLedgerNode:
 
     # The peer socket's receiving side (cfg.peer_socket_port; None when not offered).
     _socket_server: PeerSocketServer | None = None
+    # The ready loop's wake-up: a flag, and the future the loop awaits while it is clear
+    # (settled by _wake; an asyncio.Event made a future, looked its loop up and kept a list
+    # of waiters on every wait, for the one waiter there is).
+    _woken = False
+    _wake_fut: asyncio.Future[None] | None = None
+    # When the current hold of a Ready's commit notices began (loop time; None: none held).
+    _notice_hold_since: float | None = None
 
     def __init__(
         self,
@@ -205,11 +212,6 @@ class DLedgerNode:
         self._client_services = tuple(client_services)
         self.sm: StateMachine = LogOnlyStateMachine() if state_machine is None else state_machine
         self._seed = seed if seed is not None else random.randrange(1 << 62)
-        # The ready loop's wake-up: a flag, and the future the loop awaits while it is clear
-        # (set by _wake; an asyncio.Event made a future, looked its loop up and kept a list
-        # of waiters on every wait, for the one waiter there is).
-        self._woken = False
-        self._wake_fut: asyncio.Future[None] | None = None
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: list[_Waiter] = []
@@ -231,10 +233,8 @@ class DLedgerNode:
         self._feature_level = BASELINE_LEVEL
         self._feature_level_index = 0
         self._leader_changed = asyncio.Event()
-        # The one pending release_notices() call, and when the current hold of a Ready's
-        # commit notices began (loop time; None: none held).
+        # The one pending release_notices() call, while a Ready's commit notices are held.
         self._notice_release: asyncio.TimerHandle | None = None
-        self._notice_hold_since: float | None = None
         self.store: SegmentedLogStore
         self.core: RaftNode
         # The persist jobs and the promise file (dledger.server.persister), set at start.
