@@ -1242,7 +1242,9 @@ class DLedgerNode:
             self.snapshots_out.start(req)
         if rd.snapshot is not None:
             await self._install_snapshot(rd.snapshot)
-        conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
+        conf_committed = bool(rd.committed) and any(
+            e.type == EntryType.CONFIG for e in rd.committed
+        )
         committed = rd.committed
         self._check_entries_level(rd.entries)
         # Before the job: a state machine that cannot roll back marks its rebuild durably
@@ -1273,7 +1275,8 @@ class DLedgerNode:
         if conf_committed or self.core.conf_state is not self._conf_seen:
             self._sync_members()
         self._arm_notice_release(rd.notices_held)
-        await self._maybe_checkpoint()
+        if (time.monotonic() - self._last_checkpoint_s) * 1000 >= CHECKPOINT_INTERVAL_MS:
+            await self._checkpoint()  # tested here: no coroutine made for a Ready that skips it
 
     async def _persist_applying(self, rd: Ready, stable: Sequence[Entry]) -> None:
         """The Ready's persist job, and meanwhile the apply of ``stable``: committed entries
@@ -1515,16 +1518,14 @@ class DLedgerNode:
                 w.future.set_exception(ProposalLostError(why))
         self._waiters.clear()
 
-    async def _maybe_checkpoint(self) -> None:
-        now = time.monotonic()
-        if (now - self._last_checkpoint_s) * 1000 >= CHECKPOINT_INTERVAL_MS:
-            self._last_checkpoint_s = now
-            # In the flush thread: the checkpoint is an atomic file write with fsyncs.
-            await self._flush.run(
-                functools.partial(
-                    self._persister.checkpoint_job, self.core.commit_index, self._applied
-                )
-            )
+    async def _checkpoint(self) -> None:
+        """The applied/commit checkpoint (at most every CHECKPOINT_INTERVAL_MS)."""
+        self._last_checkpoint_s = time.monotonic()
+        # In the flush thread: the checkpoint is an atomic file write with fsyncs.
+        job = functools.partial(
+            self._persister.checkpoint_job, self.core.commit_index, self._applied
+        )
+        await self._flush.run(job)
 
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
