@@ -75,6 +75,11 @@ COPIES_MIN_BYTES = 8192
 # in the strace window, not here.
 # Keys of functions only older trees have (``--compare`` with a checkout from before a move).
 OLDER_TREE_KEYS = frozenset({"node.py:_persist_job"})
+# Keys of the standard library's functions (the hand-off of a job to a thread before the
+# flush thread had its own, dledger.server.flushthread).
+STDLIB_KEYS = frozenset({"thread.py:submit", "futures.py:_chain_future"})
+# The row of every call the profile saw (Python functions and C functions called from Python).
+ALL_CALLS = "Python and C calls, all (cProfile)"
 CALLS: list[tuple[str, tuple[str, ...]]] = [
     ("Readys", ("raft.py:ready",)),
     ("advances", ("raft.py:advance",)),
@@ -110,6 +115,11 @@ CALLS: list[tuple[str, tuple[str, ...]]] = [
         "SerializeToString (Python callers)",
         ("<method 'SerializeToString' of 'google._upb._message.Message' objects>",),
     ),
+    # A job handed to a thread: the flush thread's own queue, or an executor's submit (the
+    # flush jobs before, and the default executor's rarer jobs); the second row counts the
+    # futures chained back to the loop by run_in_executor.
+    ("jobs handed to a thread", ("flushthread.py:run", "thread.py:submit")),
+    ("executor futures chained to the loop", ("futures.py:_chain_future",)),
 ]
 # The plain window's figures (keys of the JSON, kept for comparing runs) as the table shows
 # them: what each measures, from /proc (docs/PERFORMANCE.md "Steps per message").
@@ -200,6 +210,8 @@ def per_message(window: dict[str, Any], messages: int) -> dict[str, float]:
         n = sum(calls.get(k, 0) for k in keys)
         if calls:
             out[label] = n / messages
+    if calls:
+        out[ALL_CALLS] = sum(calls.values()) / messages
     for name, n in (window.get("syscalls") or {}).items():
         out[f"sys {name}"] = n / messages
     copies = window.get("copies")
@@ -420,7 +432,7 @@ def run_cases(
 # a node down), calls from the profile, system calls from strace, copies from their own.
 _FROM_MODE = {
     "plain": ("_us", "loop_", "syscr", "syscw"),
-    "profile": tuple(c[0] for c in CALLS),
+    "profile": (*(c[0] for c in CALLS), ALL_CALLS),
     "strace": ("sys ",),
     "copies": ("copies",),
 }

@@ -1281,6 +1281,11 @@ class RaftNode:
         if pr is None:
             return False  # removed meanwhile (its removal committed)
         last = self._log.last_index()
+        if pr.next > last and pr.state is ProgressState.REPLICATE:
+            # Sent up to the tip (the second turn of every broadcast's loop, and each answer
+            # at one in flight): nothing to send, and nothing below could change that (a
+            # next past the log's last entry never needs a snapshot).
+            return False
         if pr.state is ProgressState.SNAPSHOT or self._withheld(pr):
             return False
         if snap.needs_snapshot(self._log.first_index(), pr.next):

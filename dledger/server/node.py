@@ -5,15 +5,15 @@ The node follows the core's driver contract (``dledger.core`` docstring) in a si
 in one job in a thread (the loop keeps taking messages and proposals meanwhile, into the core's
 unstable tail, and the next job writes all of them: group commit), then send the other
 messages, apply committed entries, ``advance``. Nothing on the event loop waits for the disk.
-Commit notices a Ready holds are released by one ``loop.call_later`` timer of
-COMMIT_NOTICE_LINGER_MS (at most one pending, cancelled when a Ready says none is held).
+Commit notices a Ready holds are released by one ``loop.call_later`` timer
+COMMIT_NOTICE_LINGER_MS after the hold began (at most one pending; a Ready that holds none
+ends the hold, and the timer then finds nothing to release).
 Peer RPC and client RPC listen on separate ports so that either can be cut off on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -72,6 +72,7 @@ from dledger.server.chaincheck import (
 from dledger.server.client_service import ClientServicer
 from dledger.server.convert import echo, from_pb, validate
 from dledger.server.errors import ProposalLostError, StartError
+from dledger.server.flushthread import FlushThread
 from dledger.server.formats import check_store_formats
 from dledger.server.goodcopy import GoodCopyCheck, holdings_asker, holdings_of
 from dledger.server.logroom import LogRoom
@@ -146,6 +147,9 @@ logger = logging.getLogger(__name__)
 
 # How often the applied/commit checkpoint is written while entries are being applied.
 CHECKPOINT_INTERVAL_MS = 1000
+# How early a timer may fire and still count as due: the loop's timers have a resolution of
+# a millisecond (uvloop's clock), so a release timer can wake just under its delay.
+_TIMER_SLACK_S = 0.001
 # How long a node waits for the leader's view of the members before retention deletes
 # (the check's interval is NodeConfig.retention_check_interval_s).
 RETENTION_RPC_TIMEOUT_S = 3.0
@@ -190,6 +194,13 @@ class DLedgerNode:
     # The membership file this process's start repaired, by where the configuration came
     # from (dledger.server.confrepair: log, settings, quorum); empty unless it did.
     membership_repairs: Mapping[str, int] = MappingProxyType({})
+    # The ready loop's wake-up: a flag, and the future the loop awaits while it is clear
+    # (settled by _wake; an asyncio.Event made a future, looked its loop up and kept a list
+    # of waiters on every wait, for the one waiter there is).
+    _woken = False
+    _wake_fut: asyncio.Future[None] | None = None
+    # When the current hold of a Ready's commit notices began (loop time; None: none held).
+    _notice_hold_since: float | None = None
 
     def __init__(
         self,
@@ -209,7 +220,6 @@ class DLedgerNode:
         self._client_services = tuple(client_services)
         self.sm: StateMachine = LogOnlyStateMachine() if state_machine is None else state_machine
         self._seed = seed if seed is not None else random.randrange(1 << 62)
-        self._wake_event = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: list[_Waiter] = []
@@ -224,7 +234,7 @@ class DLedgerNode:
         self._removed_told = False
         self._refused_joins = RefusedJoins()
         self._dropped: dict[str, int] = {}
-        self._flush_pool = concurrent.futures.ThreadPoolExecutor(1, f"flush-{cfg.self_id}")
+        self._flush = FlushThread(f"flush-{cfg.self_id}")
         self._last_checkpoint_s = 0.0
         self._applied = 0
         # The group's committed feature level and its CONFIG entry's index (0: never raised).
@@ -436,7 +446,7 @@ class DLedgerNode:
             promise = promise_file(cfg.store_dir, cfg.promise_path)
             self._persister = ReadyPersister(
                 self.store,
-                self._flush_pool,
+                self._flush,
                 sync=cfg.store.flush_disk_type is FlushDiskType.SYNC_FLUSH,
                 node_id=cfg.self_id,
                 promises=start.writer,
@@ -673,7 +683,7 @@ class DLedgerNode:
         if self.scrubber is not None:
             self.scrubber.close()
         self._fail_waiters("node stopping")
-        self._flush_pool.shutdown(wait=True)
+        self._flush.shutdown()
         with contextlib.suppress(Exception):
             self.store.write_checkpoint(self.core.commit_index, self._applied)
         with contextlib.suppress(AttributeError):  # a start that failed before it was opened
@@ -687,11 +697,18 @@ class DLedgerNode:
     # ------------------------------------------------------------------ inputs
 
     def _wake(self) -> None:
-        self._wake_event.set()
+        if self._woken:
+            return
+        self._woken = True
+        fut = self._wake_fut
+        if fut is not None:
+            self._wake_fut = None
+            if not fut.done():  # cancelled with the ready loop's task (at stop)
+                fut.set_result(None)
 
     def wake(self) -> None:
         """Run the ready loop (after an input to the core from outside it)."""
-        self._wake_event.set()
+        self._wake()
 
     def set_readers_waiting(self, waiting: bool) -> None:
         """Readers wait for this node's next apply (or no longer): a follower's answers then
@@ -969,7 +986,12 @@ class DLedgerNode:
         return level, proposal.last_index
 
     async def _wait_applied(self, proposal: Proposal) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Until the apply of ``proposal``'s last entry settles its future (or the append
+        timeout does, with TimeoutError). The future is awaited directly under a timer of
+        its own: ``asyncio.wait_for`` made a second future and a done-callback, and woke the
+        waiting task one loop callback later."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         heapq.heappush(
             self._waiters,
             _Waiter(
@@ -980,7 +1002,11 @@ class DLedgerNode:
                 future,
             ),
         )
-        await asyncio.wait_for(future, self.cfg.append_timeout_ms / 1000)
+        timer = loop.call_later(self.cfg.append_timeout_ms / 1000, _time_out, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
 
     # ------------------------------------------------------------------ membership
 
@@ -1055,9 +1081,7 @@ class DLedgerNode:
         set: a restart then replays only the CONFIG entries above the applied index."""
         last = max(e.index for e in committed if e.type == EntryType.CONFIG)
         conf = self.core.conf_state_at(last)
-        await asyncio.get_running_loop().run_in_executor(
-            self._flush_pool, save_conf, self.cfg.store_dir, conf
-        )
+        await self._flush.run(functools.partial(save_conf, self.cfg.store_dir, conf))
         logger.info(
             "node=%s membership committed index=%d %s", self.cfg.self_id, last, conf.describe()
         )
@@ -1200,9 +1224,12 @@ class DLedgerNode:
     # ------------------------------------------------------------------ the ready loop
 
     async def _ready_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wake_event.wait()
-            self._wake_event.clear()
+            if not self._woken:
+                fut = self._wake_fut = loop.create_future()
+                await fut
+            self._woken = False
             failpoints.hit("ready")
             try:
                 while self.core.has_ready():
@@ -1301,7 +1328,9 @@ class DLedgerNode:
             self.snapshots_out.start(req)
         if rd.snapshot is not None:
             await self._install_snapshot(rd.snapshot)
-        conf_committed = any(e.type == EntryType.CONFIG for e in rd.committed)
+        conf_committed = bool(rd.committed) and any(
+            e.type == EntryType.CONFIG for e in rd.committed
+        )
         committed = rd.committed
         self._check_entries_level(rd.entries)
         # Before the job: a state machine that cannot roll back marks its rebuild durably
@@ -1332,16 +1361,16 @@ class DLedgerNode:
         if conf_committed or self.core.conf_state is not self._conf_seen:
             self._sync_members()
         self._arm_notice_release(rd.notices_held)
-        await self._maybe_checkpoint()
+        if (time.monotonic() - self._last_checkpoint_s) * 1000 >= CHECKPOINT_INTERVAL_MS:
+            await self._checkpoint()  # tested here: no coroutine made for a Ready that skips it
 
     async def _persist_applying(self, rd: Ready, stable: Sequence[Entry]) -> None:
         """The Ready's persist job, and meanwhile the apply of ``stable``: committed entries
         that earlier jobs already stored, so that what they answer does not wait for this
         job's fsync (the disk and the apply overlap, as etcd's apply and WAL write do;
         docs/PERFORMANCE.md "SYNC_FLUSH at 16 and 256 in flight")."""
-        job = asyncio.ensure_future(self._persister.persist(rd))
+        job = self._persister.begin(rd)  # in the flush thread's queue (or done) already
         try:
-            await asyncio.sleep(0)  # the job reaches the flush thread before the apply runs
             self._apply(stable)
         finally:
             await job
@@ -1515,23 +1544,38 @@ class DLedgerNode:
         )
 
     def _arm_notice_release(self, held: bool) -> None:
-        """One pending release while notices are held; cancelled once none is (an append
-        carried the commit), so that the next hold lingers in full: a stale timer released
-        it early, a notice per send at 1 in flight (docs/PERFORMANCE.md)."""
-        if held:
-            if self._notice_release is None:
-                self._notice_release = asyncio.get_running_loop().call_later(
-                    COMMIT_NOTICE_LINGER_MS / 1000, self._release_notices
-                )
-        elif self._notice_release is not None:
-            self._notice_release.cancel()
-            self._notice_release = None
+        """Step 6 of the Ready contract: release the held commit notices
+        COMMIT_NOTICE_LINGER_MS after the hold began. A Ready that holds none ends the hold
+        (the next one lingers in full: a release timed from an earlier hold came early, a
+        notice per send at 1 in flight, docs/PERFORMANCE.md); the pending timer is not
+        cancelled but finds no hold, or a later one, which it waits out. At one send in
+        flight a hold begins and ends once per send: one clock read each, and one timer per
+        linger instead of a timer armed and cancelled per send."""
+        if not held:
+            self._notice_hold_since = None
+            return
+        if self._notice_hold_since is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._notice_hold_since = loop.time()
+        if self._notice_release is None:
+            linger_s = COMMIT_NOTICE_LINGER_MS / 1000
+            self._notice_release = loop.call_later(linger_s, self._release_notices)
 
     def _release_notices(self) -> None:
-        """The linger of the held commit notices is over: the core sends those still due."""
+        """The linger of the held commit notices is over: the core sends those still due.
+        A timer that finds no hold does nothing; one that finds a hold begun after it was
+        armed waits for the rest of that hold's linger."""
         self._notice_release = None
-        if self._stopped.is_set():
+        since = self._notice_hold_since
+        if since is None or self._stopped.is_set():
             return
+        loop = asyncio.get_running_loop()
+        due = since + COMMIT_NOTICE_LINGER_MS / 1000
+        if loop.time() < due - _TIMER_SLACK_S:
+            self._notice_release = loop.call_at(due, self._release_notices)
+            return
+        self._notice_hold_since = None
         self.core.release_notices()
         self._wake()
 
@@ -1560,17 +1604,14 @@ class DLedgerNode:
                 w.future.set_exception(ProposalLostError(why))
         self._waiters.clear()
 
-    async def _maybe_checkpoint(self) -> None:
-        now = time.monotonic()
-        if (now - self._last_checkpoint_s) * 1000 >= CHECKPOINT_INTERVAL_MS:
-            self._last_checkpoint_s = now
-            # In the flush thread: the checkpoint is an atomic file write with fsyncs.
-            await asyncio.get_running_loop().run_in_executor(
-                self._flush_pool,
-                self._persister.checkpoint_job,
-                self.core.commit_index,
-                self._applied,
-            )
+    async def _checkpoint(self) -> None:
+        """The applied/commit checkpoint (at most every CHECKPOINT_INTERVAL_MS)."""
+        self._last_checkpoint_s = time.monotonic()
+        # In the flush thread: the checkpoint is an atomic file write with fsyncs.
+        job = functools.partial(
+            self._persister.checkpoint_job, self.core.commit_index, self._applied
+        )
+        await self._flush.run(job)
 
     async def wait_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -1610,6 +1651,12 @@ def _stored_hard_state(cfg: NodeConfig) -> HardState:
         return codec.decode_hard_state((Path(cfg.store_dir) / META_FILE).read_bytes())
     except (OSError, codec.RecordError):
         return HardState()
+
+
+def _time_out(future: asyncio.Future[None]) -> None:
+    """A proposal's append timeout ran out before its apply answered it."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _stable_prefix(rd: Ready) -> Sequence[Entry]:

@@ -14,10 +14,12 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from dledger.core import Ready
 from dledger.log import HardState, persist
+from dledger.server.flushthread import FlushThread
 from dledger.server.metrics import RaftStats
 from dledger.server.promises import held, write_promise, write_promise_ahead
 from dledger.storage import DiskFullError, SegmentedLogStore
@@ -46,7 +48,7 @@ class ReadyPersister:
     def __init__(
         self,
         store: SegmentedLogStore,
-        flush_pool: concurrent.futures.ThreadPoolExecutor,
+        flush: FlushThread,
         *,
         sync: bool,
         node_id: str,
@@ -61,7 +63,7 @@ class ReadyPersister:
         self.sync = sync  # SYNC_FLUSH: entries count as stable once flushed
         self.promises = promises
         self._node_id = node_id
-        self._flush_pool = flush_pool
+        self._flush = flush
         # The promise file's writes beside the log's flush (one at a time, like the flush).
         self._promise_pool = concurrent.futures.ThreadPoolExecutor(1, f"promise-{node_id}")
         self._hard_state = hard_state
@@ -71,17 +73,35 @@ class ReadyPersister:
         self._raft_stats = raft_stats
 
     async def persist(self, rd: Ready) -> None:
-        """The Ready's persist job in the flush thread: hard state, cut, append and (under
-        SYNC_FLUSH) flush, and the promise; under ASYNC_FLUSH an entry in the page cache
-        counts as stable (docs/STORAGE.md). A full disk refuses the job without writing the
-        append: it is retried until space returns, and nothing that depends on it is sent
+        """The Ready's persist job, awaited to its end (:meth:`begin`)."""
+        await self.begin(rd)
+
+    def begin(self, rd: Ready) -> Coroutine[Any, Any, None]:
+        """Start the Ready's persist job and return what waits for its end: hard state, cut,
+        append and (under SYNC_FLUSH) flush, and the promise, in the flush thread; under
+        ASYNC_FLUSH an entry in the page cache counts as stable (docs/STORAGE.md). When this
+        returns the job is queued in the flush thread (or done, inline), so the caller can
+        work meanwhile (the apply of entries stored before) and then await the coroutine,
+        which it must. A full disk refuses the job without writing the append: the
+        coroutine retries it until space returns, and nothing that depends on it is sent
         meanwhile."""
+        job = self._job(rd)
+        # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
+        # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
+        # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
+        inline = not self.sync and rd.hard_state is None and rd.truncate_from is None
+        if rd.entries and self._raft_stats is not None:
+            self._raft_stats.appended(rd.entries)
+        return self._finish(rd, job, inline, *self._attempt(job, inline))
+
+    def _job(self, rd: Ready) -> Callable[[], None]:
+        """The Ready's persist job. SYNC_FLUSH, a promise beyond what the promise file covers
+        durably, no hard state and no cut: the promise, PROMISE_AHEAD_ENTRIES ahead, is
+        written in its own thread while the flush thread writes the log (two fdatasync side
+        by side cost about one), recording what was durable before the job. The jobs after
+        it only refresh the exact promise (no fdatasync) until they pass it
+        (dledger.server.promises)."""
         sync = self.sync
-        # SYNC_FLUSH, a promise beyond what the promise file covers durably, no hard state
-        # and no cut: the promise, PROMISE_AHEAD_ENTRIES ahead, is written in its own thread
-        # while the flush thread writes the log (two fdatasync side by side cost about one),
-        # recording what was durable before the job. The jobs after it only refresh the
-        # exact promise (no fdatasync) until they pass it (dledger.server.promises).
         beside = (
             sync
             and rd.promise is not None
@@ -91,34 +111,54 @@ class ReadyPersister:
             and rd.snapshot is None
         )
         job: Callable[[], None] = functools.partial(self._persist_job, rd, sync, beside)
-        if beside:
-            assert rd.promise is not None
-            self._promise_wanted = max(self._promise_wanted, rd.promise)
-            promise = functools.partial(
-                write_promise_ahead,
-                self.promises,
-                rd.promise,
-                self._hard_state,
-                self.store.flushed_index(),
-                self._promise_ahead,
-            )
-            job = functools.partial(self._beside_job, job, promise)
-        # ASYNC_FLUSH with only entries to append: a copy into the page cache, which never
-        # waits for the disk; the hop to the thread and back cost more than the copy (ASYNC
-        # sends at 1-16 in flight were 20-35% slower with it). Hard state and cuts fsync.
-        inline = not sync and rd.hard_state is None and rd.truncate_from is None
-        if rd.entries and self._raft_stats is not None:
-            self._raft_stats.appended(rd.entries)
+        if not beside:
+            return job
+        assert rd.promise is not None
+        self._promise_wanted = max(self._promise_wanted, rd.promise)
+        promise = functools.partial(
+            write_promise_ahead,
+            self.promises,
+            rd.promise,
+            self._hard_state,
+            self.store.flushed_index(),
+            self._promise_ahead,
+        )
+        return functools.partial(self._beside_job, job, promise)
+
+    def _attempt(
+        self, job: Callable[[], None], inline: bool
+    ) -> tuple[asyncio.Future[None] | None, DiskFullError | None]:
+        """One try of ``job``: queued in the flush thread (its future), or run here (the
+        full disk's refusal, if any)."""
+        if not inline:
+            return self._flush.run(job), None
+        try:
+            job()
+        except DiskFullError as exc:
+            return None, exc
+        return None, None
+
+    async def _finish(
+        self,
+        rd: Ready,
+        job: Callable[[], None],
+        inline: bool,
+        attempt: asyncio.Future[None] | None,
+        refused: DiskFullError | None,
+    ) -> None:
+        """Wait for the job's try and, while the disk is full, try again every
+        PERSIST_RETRY_MS."""
         while True:
             try:
-                if inline:
-                    job()
-                else:
-                    await asyncio.get_running_loop().run_in_executor(self._flush_pool, job)
+                if attempt is not None:
+                    await attempt
+                elif refused is not None:
+                    raise refused
                 return
             except DiskFullError as exc:
                 self._note_drop(DROP_DISK_FULL, f"persist of {len(rd.entries)} entries: {exc}")
             await asyncio.sleep(PERSIST_RETRY_MS / 1000)
+            attempt, refused = self._attempt(job, inline)
 
     def _beside_job(self, log_job: Callable[[], None], promise_job: Callable[[], None]) -> None:
         """In the flush thread: hand the durable promise to its own thread, write and flush

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,10 @@ async def _until(cond: Callable[[], bool], what: str) -> None:
 
 
 def _run_follower(
-    tmp_path: Path, body: Callable[[DLedgerNode], Awaitable[None]], tick_ms: int = 50
+    tmp_path: Path,
+    body: Callable[[DLedgerNode], Awaitable[None]],
+    tick_ms: int = 50,
+    append_timeout_ms: int = 3000,
 ) -> None:
     """n0 of {n0, n1}; n1 never runs, so n0 stays a follower of whatever n1 the test plays."""
     n0_port, n1_port, client_port = _free_ports(3)
@@ -56,7 +60,11 @@ def _run_follower(
     # A long election timeout: n0 never campaigns during the test.
     cfg = NodeConfig("g", "n0", peers, "127.0.0.1", client_port, str(tmp_path / "s"), store)
     cfg = dataclasses.replace(
-        cfg, election_timeout_ms=60_000, heartbeat_interval_ms=max(100, tick_ms), tick_ms=tick_ms
+        cfg,
+        election_timeout_ms=60_000,
+        heartbeat_interval_ms=max(100, tick_ms),
+        tick_ms=tick_ms,
+        append_timeout_ms=append_timeout_ms,
     )
 
     asyncio.run(_with_node(DLedgerNode(cfg, seed=1), body))
@@ -199,14 +207,11 @@ def test_the_leader_releases_held_commit_notices_after_the_linger(tmp_path: Path
     _run_follower(tmp_path, body, tick_ms=20_000)
 
 
-def test_a_hold_that_an_append_ended_cancels_the_release_timer(tmp_path: Path) -> None:
+def test_a_hold_that_an_append_ended_is_not_released_by_its_timer(tmp_path: Path) -> None:
     """The leader holds a notice (its timer armed), then a proposal's append carries the
-    commit: the timer is cancelled, and the next commit's notice lingers its whole time
-    instead of leaving with the first timer (one notice per send at 1 in flight before)."""
-    import pytest
-
-    import dledger.server.node as node_module
-
+    commit: the hold is over, and the next commit's notice lingers its whole time instead of
+    leaving with the first hold's timer (one notice per send at 1 in flight before the
+    linger was timed from each hold)."""
     # Long enough that every step below happens well inside one linger, even on a busy host.
     linger_ms = 1000
 
@@ -214,14 +219,6 @@ def test_a_hold_that_an_append_ended_cancels_the_release_timer(tmp_path: Path) -
         sent: list[Message] = []
         assert node._transport is not None
         node._transport.send = sent.append  # type: ignore[method-assign]
-        fired: list[float] = []  # when a release timer ran
-        release = node._release_notices
-
-        def timed_release() -> None:
-            fired.append(time.monotonic())
-            release()
-
-        node._release_notices = timed_release  # type: ignore[method-assign]
         await _lead_with_first_entry_acked(node, sent)
         await _until(lambda: node._notice_release is not None, "the armed release timer")
         task = asyncio.create_task(node.propose([b"x"], int(EntryType.NORMAL)))
@@ -232,21 +229,96 @@ def test_a_hold_that_an_append_ended_cancels_the_release_timer(tmp_path: Path) -
         await _until(appends_of_2, "the append of entry 2")
         (append,) = appends_of_2()
         assert append.leader_commit == 1
-        # The append carried the commit: the timer is cancelled (once the Ready is carried
-        # out), not left to run.
-        await _until(lambda: node._notice_release is None, "the timer gone")
-        assert fired == []
+        # The append carried the commit: the hold is over once the Ready is carried out.
+        await _until(lambda: node._notice_hold_since is None, "the hold ended")
         held_at = time.monotonic()
         ack = AppendResponse("n1", "n0", 2, True, match_index=2, last_log_index=2)
         node.on_peer_message("n1", to_pb(ack, "g"))
         await task
         await _until(lambda: _notices(sent), "the notice of commit 2")
-        assert len(fired) == 1 and fired[0] - held_at >= linger_ms / 1000 * 0.9  # a whole linger
+        released_after_s = time.monotonic() - held_at
+        assert released_after_s >= linger_ms / 1000 * 0.9  # a whole linger
         assert [m.leader_commit for m in _notices(sent)] == [2]  # the first hold sent none
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(node_module, "COMMIT_NOTICE_LINGER_MS", linger_ms)
         _run_follower(tmp_path, body, tick_ms=20_000)
+
+
+def test_one_release_timer_per_linger_not_per_send(tmp_path: Path) -> None:
+    """At one send in flight each commit's Ready holds a notice and the next send's append
+    ends the hold: the release timer is armed once per linger (and finds the latest hold),
+    not armed and cancelled once per send."""
+    linger_ms = 1000
+    rounds = 20
+
+    async def body(node: DLedgerNode) -> None:
+        sent: list[Message] = []
+        assert node._transport is not None
+        node._transport.send = sent.append  # type: ignore[method-assign]
+        await _lead_with_first_entry_acked(node, sent)
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        real_at = loop.call_at  # the standard loop's call_later goes through it too
+
+        def at(when: float, cb: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+            if getattr(cb, "__name__", "") == "_release_notices":
+                armed.append(when)
+            return real_at(when, cb, *args, **kw)
+
+        loop.call_at = at  # type: ignore[method-assign,assignment]
+        started = time.monotonic()
+        for i in range(2, rounds + 2):
+            task = asyncio.create_task(node.propose([b"x"], int(EntryType.NORMAL)))
+            await _until(
+                lambda i=i: any(
+                    isinstance(m, AppendRequest) and m.prev_log_index == i - 1 for m in sent
+                ),
+                f"the append of entry {i}",
+            )
+            ack = AppendResponse("n1", "n0", 2, True, match_index=i, last_log_index=i)
+            node.on_peer_message("n1", to_pb(ack, "g"))
+            await task
+        lingers = int((time.monotonic() - started) * 1000 // linger_ms) + 1
+        assert 1 <= len(armed) <= lingers + 1 < rounds
+        assert _notices(sent) == []  # every commit went with the next send's append
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(node_module, "COMMIT_NOTICE_LINGER_MS", linger_ms)
+        _run_follower(tmp_path, body, tick_ms=20_000)
+
+
+def test_a_proposal_not_applied_in_time_raises_timeout_and_a_late_ack_is_harmless(
+    tmp_path: Path,
+) -> None:
+    """The proposal's future is awaited under a timer of its own: with no ack it raises
+    TimeoutError after append_timeout_ms; the ack that comes later commits and applies the
+    entry without touching the settled future, and the next proposal is answered."""
+    timeout_ms = 300
+
+    async def body(node: DLedgerNode) -> None:
+        sent: list[Message] = []
+        assert node._transport is not None
+        node._transport.send = sent.append  # type: ignore[method-assign]
+        await _lead_with_first_entry_acked(node, sent)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await node.propose([b"late"], int(EntryType.NORMAL))
+        assert time.monotonic() - started >= timeout_ms / 1000 * 0.9
+        ack = AppendResponse("n1", "n0", 2, True, match_index=2, last_log_index=2)
+        node.on_peer_message("n1", to_pb(ack, "g"))
+        await _until(lambda: node.applied == 2, "the late entry applied")
+        assert node._waiters == []
+        task = asyncio.create_task(node.propose([b"next"], int(EntryType.NORMAL)))
+        await _until(
+            lambda: any(isinstance(m, AppendRequest) and m.prev_log_index == 2 for m in sent),
+            "the append of entry 3",
+        )
+        ack = AppendResponse("n1", "n0", 2, True, match_index=3, last_log_index=3)
+        node.on_peer_message("n1", to_pb(ack, "g"))
+        assert (await task)[:2] == (3, 3)
+
+    _run_follower(tmp_path, body, tick_ms=20_000, append_timeout_ms=timeout_ms)
 
 
 def _notices(sent: list[Message]) -> list[AppendRequest]:
