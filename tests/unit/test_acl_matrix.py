@@ -394,7 +394,15 @@ def test_the_peer_port_serves_members_only(member: tuple[bytes, Any]) -> None:
         snapshots_in=SimpleNamespace(
             receive=lambda sender, chunks: asyncio.sleep(0, dpb.SnapshotReply())
         ),
-        core=SimpleNamespace(term=1, repairing=False, repair_target=0, leader_id=None),
+        core=SimpleNamespace(
+            term=1,
+            repairing=False,
+            repair_target=0,
+            leader_id=None,
+            commit_index=0,
+            # Holdings answers the committed configuration too (dledger.server.confrepair).
+            conf_state_at=lambda index: SimpleNamespace(encode=lambda: b"{}", index=0),
+        ),
         store=SimpleNamespace(
             first_index=lambda: 1,
             last_index=lambda: 0,
