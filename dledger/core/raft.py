@@ -1314,6 +1314,23 @@ class RaftNode:
         pr.sent(sent_upto, self._leader_ticks, size_bytes)
         return True
 
+    def _oldest_append_lost(self, pr: Progress, m: AppendResponse) -> bool:
+        """A success answer that acks nothing new (a heartbeat's) while the window keeps the
+        next append back: whether the oldest append in flight was lost, so that freeing its
+        room lets replication go on before the stall check. Only when the follower's log
+        ends before that append's last entry: a follower that holds it is still writing it
+        (a catch-up: its answer comes once the write is done), and freeing its room then
+        sent one more append per heartbeat beyond the byte window, without bound while the
+        follower lagged (issue 36: 32 MiB in the leader's socket buffer towards a follower
+        being caught up, 17 MiB in that follower's unwritten tail, against a window of 8).
+        An append lost while the follower holds stale entries past it is found by the
+        stall check instead (half an election timeout)."""
+        return (
+            bool(pr.inflight)
+            and pr.blocked(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
+            and m.last_log_index < pr.inflight[0]
+        )
+
     def _window_full(self, pr: Progress) -> bool:
         """Whether ``pr``'s pipelining window (appends and bytes in flight) is full."""
         return pr.inflight_full(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
@@ -1377,12 +1394,8 @@ class RaftNode:
                 pr.probe_sent = False
         else:
             pr.free_up_to(pr.match)
-            if (
-                not advanced
-                and pr.inflight
-                and pr.blocked(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
-            ):
-                pr.free_oldest()  # a heartbeat answer: maybe an append was lost
+            if not advanced and self._oldest_append_lost(pr, m):
+                pr.free_oldest()
         if advanced or repaired:
             self._maybe_commit()
         if advanced:

@@ -55,8 +55,10 @@ def _config(**kw: int) -> RaftConfig:
     return RaftConfig(pre_vote=False, **base)  # type: ignore[arg-type]
 
 
-def _ack(node: RaftNode, match: int) -> AppendResponse:
-    return AppendResponse("n1", "n0", node.term, success=True, match_index=match)
+def _ack(node: RaftNode, match: int, last_log_index: int = 0) -> AppendResponse:
+    return AppendResponse(
+        "n1", "n0", node.term, success=True, match_index=match, last_log_index=last_log_index
+    )
 
 
 def _appends_to(msgs: list[Message], to: str) -> list[AppendRequest]:
@@ -133,13 +135,51 @@ def test_a_rejected_append_clears_the_byte_count() -> None:
     assert _sent_indexes(node, log) == [4, 5]
 
 
-def test_a_heartbeat_answer_on_a_full_byte_window_frees_the_oldest_append() -> None:
+def test_a_heartbeat_answer_on_a_full_byte_window_frees_the_oldest_append_if_lost() -> None:
     node, log = _leader(_config())
     node.propose([BODY] * 6)
     assert _sent_indexes(node, log) == [3, 4]
-    node.step(_ack(node, 2))  # answers nothing new: maybe an append was lost
+    # Answers nothing new, and n1's log ends at 2: the append of entry 3 was lost.
+    node.step(_ack(node, 2, last_log_index=2))
     assert _n1_inflight_bytes(node) == 8  # the oldest's 4 bytes freed, the next one's taken
     assert _sent_indexes(node, log) == [5]
+
+
+def test_a_heartbeat_answer_from_a_follower_holding_the_appends_frees_nothing() -> None:
+    node, log = _leader(_config())
+    node.propose([BODY] * 6)
+    assert _sent_indexes(node, log) == [3, 4]
+    # Answers nothing new, but n1 holds 3 and 4 (it is still writing them).
+    node.step(_ack(node, 2, last_log_index=4))
+    assert _n1_inflight_bytes(node) == 8
+    assert _sent_indexes(node, log) == []
+
+
+def test_a_lagging_follower_never_holds_more_than_the_byte_window_unacked() -> None:
+    """Issue 36: a follower being caught up receives appends faster than it writes them and
+    answers the leader's heartbeats meanwhile (acking nothing new, its log holding all it
+    received). What was sent to it and not acked stays within the byte window however many
+    heartbeats it answers; once it acks, the rest goes. (Within the stall check's half
+    election timeout: past it the leader probes again from the match.)"""
+    node, log = _leader(_config(election_timeout_ticks=200))
+    bodies = 40
+    node.propose([BODY] * bodies)  # indexes 3..42
+    received = _sent_indexes(node, log)
+    for _ in range(60):
+        node.tick()
+        msgs = _appends_to(drain(node, log), "n1")
+        received += [e.index for m in msgs for e in m.entries]
+        for hb in (m for m in msgs if not m.entries):
+            node.step(_ack(node, hb.prev_log_index, last_log_index=max(received)))
+            received += _sent_indexes(node, log)
+        unacked_bytes = len(BODY) * len([i for i in received if i > 2])
+        assert unacked_bytes <= WINDOW_BYTES
+    for _ in range(bodies):  # the follower writes what it holds and acks it
+        if max(received) == bodies + 2:
+            break
+        node.step(_ack(node, max(received), last_log_index=max(received)))
+        received += _sent_indexes(node, log)
+    assert sorted(received) == list(range(3, bodies + 3))
 
 
 def test_progress_frees_and_clears_the_bytes_with_the_appends() -> None:
