@@ -1212,10 +1212,20 @@ class RaftNode:
                 )
                 self._transferee = None
         # An append lost in the replicate state leaves a gap that no answer will reveal
-        # if nothing else is sent: after a stall, fall back to probing from the match.
+        # if nothing else is sent: after a stall, fall back to probing from the match. A
+        # tick counts towards the stall only while the follower answers (heard within a
+        # heartbeat interval): one that answers nothing is busy (writing or applying what
+        # it received) or gone, and probing it only sent the window again behind what was
+        # still on its way (a follower being caught up fell to probe every few hundred
+        # milliseconds and got each window twice: issue 36's memory while it catches up).
         stall_limit = max(1, timeout // 2)
+        heard_ticks = self.cfg.heartbeat_interval_ticks
         for p, pr in self._progress.items():
-            if pr.state is ProgressState.REPLICATE and pr.match < pr.next - 1:
+            if (
+                pr.state is ProgressState.REPLICATE
+                and pr.match < pr.next - 1
+                and self._leader_ticks - pr.last_heard_tick <= heard_ticks
+            ):
                 pr.stalled_ticks += 1
                 if pr.stalled_ticks >= stall_limit:
                     pr.become_probe(pr.match + 1)

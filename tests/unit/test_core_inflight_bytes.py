@@ -216,3 +216,40 @@ def test_replication_completes_with_a_tiny_byte_window() -> None:
 def test_an_out_of_range_byte_window_is_refused(value: int) -> None:
     with pytest.raises(ConfigError, match="max_inflight_bytes"):
         RaftConfig(max_inflight_bytes=value)
+
+
+def _resent_to_n1(node: RaftNode, log: MemLog, ticks: int, answer_last: int | None) -> list[int]:
+    """Entries sent to n1 over ``ticks`` ticks; n1 answers each heartbeat (acking nothing,
+    its log ending at ``answer_last``) or, with None, answers nothing."""
+    sent: list[int] = []
+    for _ in range(ticks):
+        node.tick()
+        msgs = _appends_to(drain(node, log), "n1")
+        sent += [e.index for m in msgs for e in m.entries]
+        for hb in (m for m in msgs if not m.entries and answer_last is not None):
+            node.step(_ack(node, hb.prev_log_index, last_log_index=answer_last or 0))
+            sent += _sent_indexes(node, log)
+    return sent
+
+
+def test_a_silent_follower_is_not_sent_the_window_again() -> None:
+    """Issue 36: a follower that answers nothing (busy writing and applying what it got, as
+    one being caught up is) past the stall check's half election timeout is not probed: a
+    probe sent the window again behind what was still on its way to it."""
+    node, log = _leader(_config())
+    node.propose([BODY] * 6)
+    assert _sent_indexes(node, log) == [3, 4]
+    stall_ticks = node.cfg.election_timeout_ticks // 2
+    # Past the stall check, short of check-quorum's election timeout.
+    assert _resent_to_n1(node, log, stall_ticks + 3, answer_last=None) == []
+    assert node.role is Role.LEADER
+
+
+def test_a_follower_answering_without_the_appends_in_flight_is_probed_again() -> None:
+    """The stall check still finds a lost append: n1 answers its heartbeats, its log ending
+    before the append in flight (the window not full, so no answer frees it)."""
+    node, log = _leader(_config())
+    node.propose([BODY])
+    assert _sent_indexes(node, log) == [3]
+    stall_ticks = node.cfg.election_timeout_ticks // 2
+    assert 3 in _resent_to_n1(node, log, stall_ticks + 3, answer_last=2)
