@@ -37,7 +37,13 @@ from typing import TextIO
 
 OWNER_FILE = ".mqbench-owner"
 # The directory names the benchmarks make ("raftmq-steps-" covers "raftmq-steps-group-").
-PREFIXES = ("mqbench-", "raftmq-backlog-", "raftmq-steps-", "raftmq-compare-")
+PREFIXES = (
+    "mqbench-",
+    "raftmq-backlog-",
+    "raftmq-steps-",
+    "raftmq-compare-",
+    "raftmq-catchup-",
+)
 # The owner file is one short line; anything longer is not ours.
 MAX_OWNER_BYTES = 128
 # A work directory holds a few groups of 3 brokers and a NameServer: more pid files than

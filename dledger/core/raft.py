@@ -1212,10 +1212,20 @@ class RaftNode:
                 )
                 self._transferee = None
         # An append lost in the replicate state leaves a gap that no answer will reveal
-        # if nothing else is sent: after a stall, fall back to probing from the match.
+        # if nothing else is sent: after a stall, fall back to probing from the match. A
+        # tick counts towards the stall only while the follower answers (heard within a
+        # heartbeat interval): one that answers nothing is busy (writing or applying what
+        # it received) or gone, and probing it only sent the window again behind what was
+        # still on its way (a follower being caught up fell to probe every few hundred
+        # milliseconds and got each window twice: issue 36's memory while it catches up).
         stall_limit = max(1, timeout // 2)
+        heard_ticks = self.cfg.heartbeat_interval_ticks
         for p, pr in self._progress.items():
-            if pr.state is ProgressState.REPLICATE and pr.match < pr.next - 1:
+            if (
+                pr.state is ProgressState.REPLICATE
+                and pr.match < pr.next - 1
+                and self._leader_ticks - pr.last_heard_tick <= heard_ticks
+            ):
                 pr.stalled_ticks += 1
                 if pr.stalled_ticks >= stall_limit:
                     pr.become_probe(pr.match + 1)
@@ -1319,6 +1329,23 @@ class RaftNode:
         pr.sent(sent_upto, self._leader_ticks, size_bytes)
         return True
 
+    def _oldest_append_lost(self, pr: Progress, m: AppendResponse) -> bool:
+        """A success answer that acks nothing new (a heartbeat's) while the window keeps the
+        next append back: whether the oldest append in flight was lost, so that freeing its
+        room lets replication go on before the stall check. Only when the follower's log
+        ends before that append's last entry: a follower that holds it is still writing it
+        (a catch-up: its answer comes once the write is done), and freeing its room then
+        sent one more append per heartbeat beyond the byte window, without bound while the
+        follower lagged (issue 36: 32 MiB in the leader's socket buffer towards a follower
+        being caught up, 17 MiB in that follower's unwritten tail, against a window of 8).
+        An append lost while the follower holds stale entries past it is found by the
+        stall check instead (half an election timeout)."""
+        return (
+            bool(pr.inflight)
+            and pr.blocked(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
+            and m.last_log_index < pr.inflight[0]
+        )
+
     def _window_full(self, pr: Progress) -> bool:
         """Whether ``pr``'s pipelining window (appends and bytes in flight) is full."""
         return pr.inflight_full(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
@@ -1382,12 +1409,8 @@ class RaftNode:
                 pr.probe_sent = False
         else:
             pr.free_up_to(pr.match)
-            if (
-                not advanced
-                and pr.inflight
-                and pr.blocked(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes)
-            ):
-                pr.free_oldest()  # a heartbeat answer: maybe an append was lost
+            if not advanced and self._oldest_append_lost(pr, m):
+                pr.free_oldest()
         if advanced or repaired:
             self._maybe_commit()
         if advanced:

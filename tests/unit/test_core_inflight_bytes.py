@@ -55,8 +55,10 @@ def _config(**kw: int) -> RaftConfig:
     return RaftConfig(pre_vote=False, **base)  # type: ignore[arg-type]
 
 
-def _ack(node: RaftNode, match: int) -> AppendResponse:
-    return AppendResponse("n1", "n0", node.term, success=True, match_index=match)
+def _ack(node: RaftNode, match: int, last_log_index: int = 0) -> AppendResponse:
+    return AppendResponse(
+        "n1", "n0", node.term, success=True, match_index=match, last_log_index=last_log_index
+    )
 
 
 def _appends_to(msgs: list[Message], to: str) -> list[AppendRequest]:
@@ -133,13 +135,51 @@ def test_a_rejected_append_clears_the_byte_count() -> None:
     assert _sent_indexes(node, log) == [4, 5]
 
 
-def test_a_heartbeat_answer_on_a_full_byte_window_frees_the_oldest_append() -> None:
+def test_a_heartbeat_answer_on_a_full_byte_window_frees_the_oldest_append_if_lost() -> None:
     node, log = _leader(_config())
     node.propose([BODY] * 6)
     assert _sent_indexes(node, log) == [3, 4]
-    node.step(_ack(node, 2))  # answers nothing new: maybe an append was lost
+    # Answers nothing new, and n1's log ends at 2: the append of entry 3 was lost.
+    node.step(_ack(node, 2, last_log_index=2))
     assert _n1_inflight_bytes(node) == 8  # the oldest's 4 bytes freed, the next one's taken
     assert _sent_indexes(node, log) == [5]
+
+
+def test_a_heartbeat_answer_from_a_follower_holding_the_appends_frees_nothing() -> None:
+    node, log = _leader(_config())
+    node.propose([BODY] * 6)
+    assert _sent_indexes(node, log) == [3, 4]
+    # Answers nothing new, but n1 holds 3 and 4 (it is still writing them).
+    node.step(_ack(node, 2, last_log_index=4))
+    assert _n1_inflight_bytes(node) == 8
+    assert _sent_indexes(node, log) == []
+
+
+def test_a_lagging_follower_never_holds_more_than_the_byte_window_unacked() -> None:
+    """Issue 36: a follower being caught up receives appends faster than it writes them and
+    answers the leader's heartbeats meanwhile (acking nothing new, its log holding all it
+    received). What was sent to it and not acked stays within the byte window however many
+    heartbeats it answers; once it acks, the rest goes. (Within the stall check's half
+    election timeout: past it the leader probes again from the match.)"""
+    node, log = _leader(_config(election_timeout_ticks=200))
+    bodies = 40
+    node.propose([BODY] * bodies)  # indexes 3..42
+    received = _sent_indexes(node, log)
+    for _ in range(60):
+        node.tick()
+        msgs = _appends_to(drain(node, log), "n1")
+        received += [e.index for m in msgs for e in m.entries]
+        for hb in (m for m in msgs if not m.entries):
+            node.step(_ack(node, hb.prev_log_index, last_log_index=max(received)))
+            received += _sent_indexes(node, log)
+        unacked_bytes = len(BODY) * len([i for i in received if i > 2])
+        assert unacked_bytes <= WINDOW_BYTES
+    for _ in range(bodies):  # the follower writes what it holds and acks it
+        if max(received) == bodies + 2:
+            break
+        node.step(_ack(node, max(received), last_log_index=max(received)))
+        received += _sent_indexes(node, log)
+    assert sorted(received) == list(range(3, bodies + 3))
 
 
 def test_progress_frees_and_clears_the_bytes_with_the_appends() -> None:
@@ -176,3 +216,40 @@ def test_replication_completes_with_a_tiny_byte_window() -> None:
 def test_an_out_of_range_byte_window_is_refused(value: int) -> None:
     with pytest.raises(ConfigError, match="max_inflight_bytes"):
         RaftConfig(max_inflight_bytes=value)
+
+
+def _resent_to_n1(node: RaftNode, log: MemLog, ticks: int, answer_last: int | None) -> list[int]:
+    """Entries sent to n1 over ``ticks`` ticks; n1 answers each heartbeat (acking nothing,
+    its log ending at ``answer_last``) or, with None, answers nothing."""
+    sent: list[int] = []
+    for _ in range(ticks):
+        node.tick()
+        msgs = _appends_to(drain(node, log), "n1")
+        sent += [e.index for m in msgs for e in m.entries]
+        for hb in (m for m in msgs if not m.entries and answer_last is not None):
+            node.step(_ack(node, hb.prev_log_index, last_log_index=answer_last or 0))
+            sent += _sent_indexes(node, log)
+    return sent
+
+
+def test_a_silent_follower_is_not_sent_the_window_again() -> None:
+    """Issue 36: a follower that answers nothing (busy writing and applying what it got, as
+    one being caught up is) past the stall check's half election timeout is not probed: a
+    probe sent the window again behind what was still on its way to it."""
+    node, log = _leader(_config())
+    node.propose([BODY] * 6)
+    assert _sent_indexes(node, log) == [3, 4]
+    stall_ticks = node.cfg.election_timeout_ticks // 2
+    # Past the stall check, short of check-quorum's election timeout.
+    assert _resent_to_n1(node, log, stall_ticks + 3, answer_last=None) == []
+    assert node.role is Role.LEADER
+
+
+def test_a_follower_answering_without_the_appends_in_flight_is_probed_again() -> None:
+    """The stall check still finds a lost append: n1 answers its heartbeats, its log ending
+    before the append in flight (the window not full, so no answer frees it)."""
+    node, log = _leader(_config())
+    node.propose([BODY])
+    assert _sent_indexes(node, log) == [3]
+    stall_ticks = node.cfg.election_timeout_ticks // 2
+    assert 3 in _resent_to_n1(node, log, stall_ticks + 3, answer_last=2)
