@@ -25,7 +25,7 @@ from __future__ import annotations
 from raftmq.dledger.v1 import dledger_pb2 as pb
 
 from dledger.core import AppendRequest, Message
-from dledger.log import Entry
+from dledger.log import DLedgerError, Entry
 from dledger.server.convert import to_pb
 from rpckit.varint import varint
 
@@ -204,8 +204,9 @@ _APPEND_ENTRY = 0x3A
 _E_TERM, _E_INDEX, _E_TYPE, _E_BODY = 0x08, 0x10, 0x18, 0x22
 
 
-class _NotCanonical(Exception):
-    """Bytes decode_append leaves to the protobuf runtime (which may accept or refuse them)."""
+class _NotCanonical(DLedgerError):
+    """Bytes decode_append leaves to the protobuf runtime (which may accept or refuse them);
+    never leaves this module (a DLedgerError only as every dledger exception is one)."""
 
 
 def decode_append(payload: bytes | bytearray | memoryview) -> AppendRequest | None:
