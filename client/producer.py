@@ -736,7 +736,8 @@ class Producer:
         up to CALLBACKS_DEFER_S, the sends they issue; they may send again, even with
         ``send``).
         Failed attempts are retried like ``send``'s. Blocks while ``ASYNC_MAX_PENDING`` sends
-        are pending (back pressure)."""
+        are pending (back pressure); inside a send callback, where that wait could never end,
+        raises TOO_MANY_PENDING_SENDS instead."""
         if self._executor is None:
             raise MQClientError.local(E.NOT_STARTED, "call start() first")
         if not msg.msg_id:
@@ -782,7 +783,19 @@ class Producer:
             raise
 
     def _take_slot(self) -> None:
+        """One of the ASYNC_MAX_PENDING slots, waiting for one to be freed; on the thread
+        running send callbacks, TOO_MANY_PENDING_SENDS instead of the wait: slots are freed by
+        the answers' callbacks, which that thread runs only once the current one returns."""
         with self._slot_lock:
+            if self._async_pending >= ASYNC_MAX_PENDING and getattr(
+                self._callback_runner, "active", False
+            ):
+                raise MQClientError.local(
+                    E.TOO_MANY_PENDING_SENDS,
+                    f"{self._async_pending} sends are unanswered (at most {ASYNC_MAX_PENDING}):"
+                    " a send callback cannot wait for room, which only the callbacks after it"
+                    " free; nothing was sent (send later, or with send())",
+                )
             while self._async_pending >= ASYNC_MAX_PENDING:
                 self._slot_waiters += 1
                 try:

@@ -367,6 +367,34 @@ def test_async_sends_block_beyond_the_pending_limit(
         assert all(f.result(timeout=10).msg_id for f in issued)  # type: ignore[attr-defined]
 
 
+def test_a_callback_beyond_the_pending_limit_is_refused_not_hung(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send callback whose async send finds every slot taken would wait for slots that
+    only the callbacks after it free (the same thread runs them): it hears
+    TOO_MANY_PENDING_SENDS at once, and the sends it made before still complete."""
+    monkeypatch.setattr("client.producer.ASYNC_MAX_PENDING", 1)
+    world.namesrv.groups = world.namesrv.groups[:1]
+    made: list[object] = []
+    refused: list[MQClientError] = []
+    finished = threading.Event()
+    with Producer("pg", world.namesrv_addr, send_msg_timeout_s=2.0) as producer:
+
+        def outer_done(_: object) -> None:
+            try:
+                made.append(producer.send_async(Message("T", b"takes-the-slot")))
+                made.append(producer.send_async(Message("T", b"finds-none")))
+            except MQClientError as exc:
+                refused.append(exc)
+            finally:
+                finished.set()
+
+        producer.send_async(Message("T", b"outer"), on_success=outer_done)
+        assert finished.wait(10), "a send callback waited for a slot it alone could free"
+        assert len(made) == 1 and [e.code for e in refused] == ["TOO_MANY_PENDING_SENDS"]
+        assert made[0].result(timeout=10).msg_id  # type: ignore[attr-defined]
+
+
 def test_packed_answers_are_read_and_a_short_column_is_refused(world: World) -> None:
     world.namesrv.groups = world.namesrv.groups[:1]
     with Producer("pg", world.namesrv_addr) as producer:
