@@ -105,7 +105,8 @@ test-setup: venv system-deps gen-check lint typecheck
 # runs of whole groups (mqjepsen's short runs, the network-namespace hosts, the bench smoke, the
 # wheel built and run from a clean venv: 30-50 s on a quiet machine, 2-4 min on a loaded one,
 # two builds and two venvs from the network; the two network-namespace tests run one after the
-# other in that session). Its report goes into a file printed after the first's. The two draw
+# other in that session), and two storage-repair files (members restarted until they vote
+# again: moved 2026-11-29, when the first session took 17 min against the second's 13). Its report goes into a file printed after the first's. The two draw
 # the ports they give their groups from ranges of their own (RAFTMQ_PICK_PORTS,
 # prockit/processes.py), so they never pick the same one. Any of the three failing fails make
 # test; the last line before the second report gives the codes.
@@ -113,7 +114,8 @@ PROCESS_PORTS := 20000-26384
 SECOND_PORTS := 26384-32768
 SIDE_TESTS := tests/audit tests/integration/test_fuzz_services.py tests/jepsen \
   tests/integration/test_multihost_netns.py tests/integration/test_bench_smoke.py \
-  tests/integration/test_upgrade.py tests/integration/test_wheel_install.py
+  tests/integration/test_upgrade.py tests/integration/test_wheel_install.py \
+  tests/integration/test_storage_membership.py tests/integration/test_storage_no_good_copy.py
 test:
 	@$(MAKE) --no-print-directory -j$(TEST_SETUP_JOBS) -Otarget test-setup
 	@others=$$(mktemp /tmp/raftmq-test-others-XXXXXX); \
