@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 from raftmq.broker.v1 import broker_pb2 as bpb
 from raftmq.broker.v1 import broker_pb2_grpc as bpb_grpc
 from raftmq.dledger.v1 import dledger_pb2 as dpb
@@ -311,3 +313,18 @@ def own_labels(labels: dict[str, str]) -> dict[str, str]:
     """A sample's labels but for a broker node's constant ones: {} for a family without labels
     of its own."""
     return {k: v for k, v in labels.items() if k not in IDENTITY_LABELS}
+
+
+def node_metric(cluster: LocalCluster, node_id: str, name: str, **labels: str) -> float | None:
+    """The sample of ``name`` with exactly ``labels`` of its own (beside the node's constant
+    ones) from the node's /metrics; None when it does not answer."""
+    try:
+        with urllib.request.urlopen(cluster.node(node_id).metrics_url, timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and own_labels(s.labels) == labels:
+                return float(s.value)
+    return None

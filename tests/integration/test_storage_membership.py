@@ -12,14 +12,12 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from log_writer import append_until_acked
-from prometheus_client.parser import text_string_to_metric_families
-from support import own_labels, retention_keys, wait_for
+from support import node_metric, retention_keys, wait_for
 
 from dledger.server.client import ClientError, LogClient
 from mqcluster.cluster import LocalCluster
@@ -46,19 +44,6 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 
 def _conf_path(cluster: LocalCluster, node_id: str) -> Path:
     return cluster.base / node_id / f"dledger-{node_id}" / "membership.json"
-
-
-def _metric(cluster: LocalCluster, node_id: str, name: str, **labels: str) -> float | None:
-    try:
-        with urllib.request.urlopen(cluster.node(node_id).metrics_url, timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and own_labels(s.labels) == labels:
-                return float(s.value)
-    return None
 
 
 def _append(client: LogClient, acked: list[bytes], start: int, count: int) -> None:
@@ -132,9 +117,9 @@ def _expect_repaired(
     )
     print(f"\n{victim} repaired from {source} and caught up {time.monotonic() - restarted:.1f} s")
     found = "raftmq_corruption_found_total"
-    assert _metric(cluster, victim, found, found_by="membership") == 1
+    assert node_metric(cluster, victim, found, found_by="membership") == 1
     repairs = "raftmq_corruption_membership_repairs_total"
-    assert _metric(cluster, victim, repairs, source=source) == 1
+    assert node_metric(cluster, victim, repairs, source=source) == 1
     text = Path(cluster.node(victim).log).read_text(errors="replace")
     assert "DAMAGE found by start in membership.json" in text
     assert f"REPAIRED from {source}" in text

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from log_writer import append_until_acked
-from prometheus_client.parser import text_string_to_metric_families
-from support import own_labels, wait_for
+from support import node_metric, wait_for
 
 from dledger.log import HardState
 from dledger.server.client import ClientError, LogClient
@@ -36,21 +34,6 @@ REPAIRED_WITHIN_S = 60.0
 
 def _store_dir(cluster: LocalCluster, node_id: str) -> Path:
     return cluster.base / node_id / f"dledger-{node_id}"
-
-
-def _metric(cluster: LocalCluster, node_id: str, name: str, **labels: str) -> float | None:
-    """The sample of ``name`` with exactly ``labels`` of its own (beside the node's constant
-    ones) from the node's /metrics; None when it does not answer."""
-    try:
-        with urllib.request.urlopen(cluster.node(node_id).metrics_url, timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and own_labels(s.labels) == labels:
-                return float(s.value)
-    return None
 
 
 def _committed_logs_identical(cluster: LocalCluster, client: LogClient) -> list[tuple]:  # type: ignore[type-arg]
@@ -141,15 +124,15 @@ def test_a_follower_whose_store_went_back_loses_nothing_and_votes_again(
     # The member had promised what it forgot, and it knew: it repaired once, by itself.
     promise = read_promise(promise_path(cluster.base / forgetful, forgetful))
     assert promise is not None and promise.promised_index >= len(bodies)
-    assert _metric(cluster, forgetful, "raftmq_raft_repairs_completed_total") == 1
+    assert node_metric(cluster, forgetful, "raftmq_raft_repairs_completed_total") == 1
     assert "repairing: log ends at" in Path(cluster.node(forgetful).log).read_text()
 
 
 def _repaired(cluster: LocalCluster, node_id: str) -> Callable[[], bool]:
     def check() -> bool:
         return (
-            _metric(cluster, node_id, "raftmq_raft_repairing") == 0
-            and _metric(cluster, node_id, "raftmq_raft_repairs_completed_total") == 1
+            node_metric(cluster, node_id, "raftmq_raft_repairing") == 0
+            and node_metric(cluster, node_id, "raftmq_raft_repairs_completed_total") == 1
         )
 
     return check
@@ -236,7 +219,7 @@ def test_a_promise_file_damaged_in_both_slots_repairs_and_votes_again(
             "the member with the damaged promise file to be repaired",
         )
         found = "raftmq_corruption_found_total"
-        assert _metric(cluster, follower, found, found_by="promise") == 1
+        assert node_metric(cluster, follower, found, found_by="promise") == 1
         text = Path(cluster.node(follower).log).read_text()
         assert f"promise file {path} damaged" in text and "vote counted as lost" in text
         # Rewritten once the repair ended: at its next promise, or its next checkpoint (1 s).
